@@ -1,0 +1,285 @@
+// Copyright (c) CapyCTL authors
+// SPDX-License-Identifier: Apache-2.0
+
+package structs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"sort"
+	"strings"
+)
+
+// Code is a stable refusal or failure code. A code may carry a suffix after
+// a colon naming the subject ("engine_env_reserved:VLLM_API_KEY"); the
+// catalogue is keyed by the part before the colon.
+type Code string
+
+// CodeInfo is one row of the catalogue: the HTTP status an API answers with,
+// the CLI's exit code, and whether a client may retry.
+type CodeInfo struct {
+	Code      Code
+	HTTP      int
+	Exit      int
+	Retryable bool
+	Summary   string
+}
+
+// The catalogue. IMPORTANT: codes, HTTP statuses and exit codes are a public
+// contract (docs, controllers, systemd units); add rows, never renumber.
+const (
+	CodeOK                      Code = "ok"
+	CodeInvalidRequest          Code = "invalid_request"
+	CodeInvalidConfig           Code = "invalid_config"
+	CodeUnauthorized            Code = "unauthorized"
+	CodeNotFound                Code = "not_found"
+	CodeUnknownModel            Code = "unknown_model"
+	CodeAPIMismatch             Code = "api_mismatch"
+	CodeEngineRejected          Code = "engine_rejected"
+	CodeUnsupportedParameter    Code = "unsupported_parameter"
+	CodeRequestTooLarge         Code = "request_too_large"
+	CodeQueueFull               Code = "queue_full"
+	CodeInsufficientResources   Code = "insufficient_resources"
+	CodeDeploymentStopped       Code = "deployment_stopped"
+	CodeDeploymentInactive      Code = "deployment_inactive"
+	CodeConflict                Code = "conflict"
+	CodeRevisionConflict        Code = "revision_conflict"
+	CodeIdempotencyConflict     Code = "idempotency_conflict"
+	CodeUnavailable             Code = "unavailable"
+	CodeShuttingDown            Code = "shutting_down"
+	CodeEngineError             Code = "engine_error"
+	CodeActivationFailed        Code = "activation_failed"
+	CodeActivationTimeout       Code = "activation_timeout"
+	CodeInternal                Code = "internal"
+	CodeLaunchFailed            Code = "launch_failed"
+	CodeStartupTimeout          Code = "startup_timeout"
+	CodeOffLoopback             Code = "engine_listens_off_loopback"
+	CodePortConflict            Code = "port_conflict"
+	CodeCapacityBlocked         Code = "capacity_blocked"
+	CodeInsufficientDevice      Code = "insufficient_device_memory"
+	CodeStartupNeedsEmptyHost   Code = "startup_requires_empty_host"
+	CodeUnsupported             Code = "unsupported"
+	CodeCapabilityMissing       Code = "capability_missing"
+	CodeHostBackedUnavailable   Code = "host_backed_unavailable"
+	CodeStoreFromNewerVersion   Code = "store_from_newer_version"
+	CodeEngineEnvReserved       Code = "engine_env_reserved"
+	CodeEngineEnvNotApproved    Code = "engine_env_not_approved"
+	CodeEngineOptionReserved    Code = "engine_option_reserved"
+	CodeEngineOptionNotApproved Code = "engine_option_not_approved"
+	CodeEngineOptionOwned       Code = "engine_option_owned"
+	CodeExtraArgsNotAccepted    Code = "extra_args_not_accepted"
+	CodeRemoteCodeNotAllowed    Code = "remote_code_not_allowed"
+	CodeUnknownConfigKey        Code = "unknown_config_key"
+	CodeCheckpointMismatch      Code = "checkpoint_mismatch"
+	CodeCheckpointUnusable      Code = "checkpoint_unusable"
+	CodeHostNameChanged         Code = "host_name_changed"
+	CodeStillStopping           Code = "still_stopping"
+	CodeDeleteRequiresCleanup   Code = "delete_requires_cleanup"
+	CodeToolchainMissing        Code = "toolchain_missing"
+	CodeEngineNotFound          Code = "engine_not_found"
+	CodeEngineUnsupported       Code = "engine_unsupported"
+	CodeEngineVersionFailed     Code = "engine_version_failed"
+	CodeEngineExists            Code = "engine_exists"
+	CodeEngineInUse             Code = "engine_in_use"
+	CodeInstallationDrift       Code = "installation_drift"
+	CodeNotInteractive          Code = "not_interactive"
+	CodeWakeMismatch            Code = "wake_mismatch"
+	CodeWakeFailed              Code = "wake_failed"
+	CodeParkFailed              Code = "park_failed"
+	CodeDriverUnavailable       Code = "driver_unavailable"
+	CodeMethodNotAllowed        Code = "method_not_allowed"
+	CodeUnsupportedMediaType    Code = "unsupported_media_type"
+	CodeCursorExpired           Code = "cursor_expired"
+	CodeInvalidCursor           Code = "invalid_cursor"
+	CodeRoleNotRunning          Code = "role_not_running"
+	CodeCacheSaltUnsupported    Code = "cache_salt_unsupported"
+	CodeDownloadFailed          Code = "download_failed"
+)
+
+var catalogue = map[Code]CodeInfo{}
+
+func row(c Code, httpStatus, exit int, retryable bool, summary string) {
+	catalogue[c] = CodeInfo{Code: c, HTTP: httpStatus, Exit: exit, Retryable: retryable, Summary: summary}
+}
+
+func init() {
+	row(CodeOK, http.StatusOK, 0, false, "success")
+	row(CodeInvalidRequest, http.StatusBadRequest, 2, false, "the request is malformed or a field is invalid")
+	row(CodeInvalidConfig, http.StatusBadRequest, 2, false, "a job spec or configuration does not parse or validate")
+	row(CodeUnauthorized, http.StatusUnauthorized, 3, false, "missing or wrong API key or admin token")
+	row(CodeNotFound, http.StatusNotFound, 2, false, "no such deployment, instance or resource")
+	row(CodeUnknownModel, http.StatusNotFound, 2, false, "no deployment serves this model name")
+	row(CodeAPIMismatch, http.StatusBadRequest, 2, false, "the model serves the other inference API")
+	row(CodeEngineRejected, http.StatusBadRequest, 2, false, "the engine refused the request as invalid (its own message)")
+	row(CodeUnsupportedParameter, http.StatusBadRequest, 2, false, "a request field CapyCTL never forwards")
+	row(CodeRequestTooLarge, http.StatusRequestEntityTooLarge, 2, false, "the request body is over the buffered bound")
+	row(CodeQueueFull, http.StatusTooManyRequests, 4, true, "waiting limits reached; retry after Retry-After")
+	row(CodeInsufficientResources, http.StatusTooManyRequests, 4, true, "no memory to activate the model now; retry after Retry-After")
+	row(CodeDeploymentStopped, http.StatusConflict, 2, false, "an operator stopped the deployment")
+	row(CodeDeploymentInactive, http.StatusConflict, 2, false, "the deployment activates only on an operator's start")
+	row(CodeConflict, http.StatusConflict, 2, false, "the action conflicts with the deployment's current state")
+	row(CodeRevisionConflict, http.StatusConflict, 2, false, "the update names a revision that is no longer current")
+	row(CodeIdempotencyConflict, http.StatusConflict, 2, false, "the idempotency key was used with another body")
+	row(CodeUnavailable, http.StatusServiceUnavailable, 13, true, "the model cannot serve now (switching, draining, no runtime)")
+	row(CodeShuttingDown, http.StatusServiceUnavailable, 13, true, "the role is shutting down")
+	row(CodeEngineError, http.StatusBadGateway, 13, false, "the engine answered with an error (its own message); the model keeps serving")
+	row(CodeActivationFailed, http.StatusInternalServerError, 13, false, "the model could not start")
+	row(CodeActivationTimeout, http.StatusGatewayTimeout, 10, true, "the model did not become ready within the deadline")
+	row(CodeInternal, http.StatusInternalServerError, 13, false, "an internal error")
+	row(CodeLaunchFailed, http.StatusInternalServerError, 13, false, "the engine's launch failed (its last log lines attached)")
+	row(CodeStartupTimeout, http.StatusGatewayTimeout, 13, false, "the engine did not become ready within its startup deadline")
+	row(CodeOffLoopback, http.StatusInternalServerError, 13, false, "the engine listened on a non-loopback address and was stopped")
+	row(CodePortConflict, http.StatusConflict, 13, true, "another process listens on the leased engine port")
+	row(CodeCapacityBlocked, http.StatusConflict, 4, true, "the start does not fit in memory (host, domain, need, free, limit named)")
+	row(CodeInsufficientDevice, http.StatusBadRequest, 4, false, "the deployment's charge exceeds every domain's managed limit")
+	row(CodeStartupNeedsEmptyHost, http.StatusConflict, 4, true, "an unmeasured first start fits only on an empty host")
+	row(CodeUnsupported, http.StatusNotImplemented, 5, false, "the action is not supported")
+	row(CodeCapabilityMissing, http.StatusBadRequest, 5, false, "the engine or driver lacks a capability the deployment needs")
+	row(CodeHostBackedUnavailable, http.StatusBadRequest, 5, false, "host_backed residency needs a discrete GPU")
+	row(CodeStoreFromNewerVersion, http.StatusInternalServerError, 5, false, "the state store was written by a newer CapyCTL")
+	row(CodeEngineEnvReserved, http.StatusBadRequest, 2, false, "an environment name CapyCTL owns or reserves")
+	row(CodeEngineEnvNotApproved, http.StatusBadRequest, 2, false, "an environment name the host has not approved")
+	row(CodeEngineOptionReserved, http.StatusBadRequest, 2, false, "an engine option reserved in any spelling")
+	row(CodeEngineOptionNotApproved, http.StatusBadRequest, 2, false, "an engine option or path that needs a host approval")
+	row(CodeEngineOptionOwned, http.StatusBadRequest, 2, false, "an engine option CapyCTL renders itself")
+	row(CodeExtraArgsNotAccepted, http.StatusBadRequest, 2, false, "extra_args without accept_extra_args = true")
+	row(CodeRemoteCodeNotAllowed, http.StatusBadRequest, 2, false, "trust_remote_code without the host's --allow-remote-code")
+	row(CodeUnknownConfigKey, http.StatusBadRequest, 2, false, "an engine_config key the driver does not know")
+	row(CodeCheckpointMismatch, http.StatusConflict, 2, false, "the model directory's digest differs from the declared one")
+	row(CodeCheckpointUnusable, http.StatusBadRequest, 2, false, "the model directory cannot be read or measured")
+	row(CodeHostNameChanged, http.StatusInternalServerError, 2, false, "the state was written under another hostname")
+	row(CodeStillStopping, http.StatusServiceUnavailable, 25, true, "a previous stop is still in progress")
+	row(CodeDeleteRequiresCleanup, http.StatusConflict, 2, false, "stop the deployment before deleting it")
+	row(CodeToolchainMissing, http.StatusBadRequest, 26, false, "build tools the engine needs are not on its PATH")
+	row(CodeEngineNotFound, http.StatusNotFound, 16, false, "no such engine, or its program is missing")
+	row(CodeEngineUnsupported, http.StatusBadRequest, 17, false, "the installation is not an engine CapyCTL can run")
+	row(CodeEngineVersionFailed, http.StatusBadRequest, 18, false, "the engine's version could not be read")
+	row(CodeEngineExists, http.StatusConflict, 19, false, "an engine with this name is registered")
+	row(CodeEngineInUse, http.StatusConflict, 20, false, "a deployment uses this engine")
+	row(CodeInstallationDrift, http.StatusConflict, 17, false, "the installation changed since it was registered and pinned")
+	row(CodeNotInteractive, http.StatusBadRequest, 23, false, "a confirmation is needed and there is no terminal; pass --yes")
+	row(CodeWakeMismatch, http.StatusInternalServerError, 13, false, "the woken model answered the wake check differently; it was stopped")
+	row(CodeWakeFailed, http.StatusInternalServerError, 13, false, "the wake failed; the model was stopped")
+	row(CodeParkFailed, http.StatusInternalServerError, 13, false, "the park failed")
+	row(CodeDriverUnavailable, http.StatusServiceUnavailable, 13, true, "the engine's driver is not running")
+	row(CodeMethodNotAllowed, http.StatusMethodNotAllowed, 2, false, "method not allowed")
+	row(CodeUnsupportedMediaType, http.StatusUnsupportedMediaType, 2, false, "send application/json")
+	row(CodeCursorExpired, http.StatusGone, 2, false, "the event cursor is older than the journal; take a new snapshot")
+	row(CodeInvalidCursor, http.StatusBadRequest, 2, false, "the event cursor does not parse")
+	row(CodeRoleNotRunning, http.StatusServiceUnavailable, 22, true, "no running role was found through the state directory")
+	row(CodeCacheSaltUnsupported, http.StatusBadRequest, 2, false, "the engine does not take cache_salt")
+	row(CodeDownloadFailed, http.StatusBadGateway, 13, true, "a model download failed")
+}
+
+// Lookup returns the catalogue row of a code (suffix ignored); unknown codes
+// read as internal.
+func Lookup(c Code) CodeInfo {
+	base := Code(strings.SplitN(string(c), ":", 2)[0])
+	if info, ok := catalogue[base]; ok {
+		return info
+	}
+	info := catalogue[CodeInternal]
+	info.Code = c
+	return info
+}
+
+// Catalogue returns every row, sorted by exit code then code; the docs and
+// `capyctl help exit-codes` print it.
+func Catalogue() []CodeInfo {
+	out := make([]CodeInfo, 0, len(catalogue))
+	for _, info := range catalogue {
+		out = append(out, info)
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Exit != out[j].Exit {
+			return out[i].Exit < out[j].Exit
+		}
+		return out[i].Code < out[j].Code
+	})
+	return out
+}
+
+// Error is a product error: a catalogue code, a message for a person, and
+// optional structured details (figures of a capacity refusal, digests of a
+// checkpoint mismatch).
+type Error struct {
+	Code    Code           `json:"code"`
+	Message string         `json:"message"`
+	Details map[string]any `json:"details,omitempty"`
+	// RetryAfter is the Retry-After header in seconds, 0 for none.
+	RetryAfter int `json:"-"`
+	// Cause is the wrapped error, if any.
+	Cause error `json:"-"`
+}
+
+// Error implements error.
+func (e *Error) Error() string {
+	if e.Message == "" {
+		return string(e.Code)
+	}
+	return e.Message
+}
+
+// Unwrap returns the cause.
+func (e *Error) Unwrap() error { return e.Cause }
+
+// Info returns the catalogue row of the error's code.
+func (e *Error) Info() CodeInfo { return Lookup(e.Code) }
+
+// WithDetail adds a detail and returns e.
+func (e *Error) WithDetail(k string, v any) *Error {
+	if e.Details == nil {
+		e.Details = map[string]any{}
+	}
+	e.Details[k] = v
+	return e
+}
+
+// Errf builds an *Error.
+func Errf(code Code, format string, args ...any) *Error {
+	return &Error{Code: code, Message: fmt.Sprintf(format, args...)}
+}
+
+// Wrap builds an *Error around a cause.
+func Wrap(code Code, err error, format string, args ...any) *Error {
+	msg := fmt.Sprintf(format, args...)
+	if err != nil {
+		msg = msg + ": " + err.Error()
+	}
+	return &Error{Code: code, Message: msg, Cause: err}
+}
+
+// AsError returns err as an *Error, classifying foreign errors as internal
+// (or their context equivalents).
+func AsError(err error) *Error {
+	if err == nil {
+		return nil
+	}
+	var e *Error
+	if errors.As(err, &e) {
+		return e
+	}
+	if errors.Is(err, context.DeadlineExceeded) {
+		return &Error{Code: CodeActivationTimeout, Message: err.Error(), Cause: err}
+	}
+	return &Error{Code: CodeInternal, Message: err.Error(), Cause: err}
+}
+
+// CodeOf returns err's code, or "" for nil.
+func CodeOf(err error) Code {
+	if err == nil {
+		return ""
+	}
+	return AsError(err).Code
+}
+
+// HasCode reports whether err carries code c (suffix ignored).
+func HasCode(err error, c Code) bool {
+	if err == nil {
+		return false
+	}
+	got := string(AsError(err).Code)
+	return got == string(c) || strings.HasPrefix(got, string(c)+":")
+}

@@ -1,0 +1,117 @@
+// Copyright (c) CapyCTL authors
+// SPDX-License-Identifier: Apache-2.0
+
+package structs
+
+import (
+	"fmt"
+	"time"
+)
+
+// InstanceState is a state of the instance state machine
+// (core/lifecycle/states.go holds the legal transitions).
+type InstanceState string
+
+// Instance states.
+const (
+	StateStopped     InstanceState = "stopped"
+	StateStarting    InstanceState = "starting"
+	StateReady       InstanceState = "ready"
+	StateDraining    InstanceState = "draining"
+	StateParking     InstanceState = "parking"
+	StateParked      InstanceState = "parked"
+	StateWaking      InstanceState = "waking"
+	StateStopping    InstanceState = "stopping"
+	StateFailed      InstanceState = "failed"
+	StateReconciling InstanceState = "reconciling"
+)
+
+// InstanceID names an instance: "<deployment>/<index>".
+func InstanceID(deployment string, index int) string {
+	return fmt.Sprintf("%s/%d", deployment, index)
+}
+
+// ProcessIdentity identifies a process across PID reuse.
+type ProcessIdentity struct {
+	PID        int    `json:"pid"`
+	StartTicks uint64 `json:"start_ticks"`
+	Role       string `json:"role"`
+}
+
+// LaunchRecord is what the core records of one launch, before and after
+// the engine runs, so a restarted core can find it again.
+type LaunchRecord struct {
+	LaunchID    string            `json:"launch_id"`
+	Pgid        int               `json:"pgid"`
+	Processes   []ProcessIdentity `json:"processes"`
+	Port        int               `json:"port"`
+	LaunchDir   string            `json:"launch_dir"`
+	StartedAt   time.Time         `json:"started_at"`
+	DeviceUUIDs []string          `json:"device_uuids,omitempty"`
+	// EngineKey and AdminKey are this launch's secrets. They live only in
+	// the owner-only store and the engine's environment.
+	EngineKey string `json:"engine_key"`
+	AdminKey  string `json:"admin_key,omitempty"`
+	// Argv and Env are the rendered launch (secrets excluded).
+	Argv []string          `json:"argv,omitempty"`
+	Env  map[string]string `json:"env,omitempty"`
+}
+
+// EngineEndpoint tells the router how to reach a ready engine.
+type EngineEndpoint struct {
+	BaseURL         string `json:"base_url"`
+	AuthHeader      string `json:"auth_header,omitempty"`
+	AuthValue       string `json:"auth_value,omitempty"`
+	ChatPath        string `json:"chat_path"`
+	DecisionsPath   string `json:"decisions_path,omitempty"`
+	RequestIDField  string `json:"request_id_field,omitempty"`
+	RequestIDHeader string `json:"request_id_header,omitempty"`
+	// AbortByID is true when the driver must be asked to abort a request
+	// (beyond closing the connection).
+	AbortByID  bool   `json:"abort_by_id,omitempty"`
+	ServedName string `json:"served_name"`
+}
+
+// ErrorRecord is a stored error.
+type ErrorRecord struct {
+	Code    Code      `json:"code"`
+	Message string    `json:"message"`
+	At      time.Time `json:"at"`
+}
+
+// InstanceRecord is an instance as stored.
+type InstanceRecord struct {
+	Deployment string        `json:"deployment"`
+	Index      int           `json:"index"`
+	Revision   uint64        `json:"revision"`
+	Generation uint64        `json:"generation"`
+	State      InstanceState `json:"state"`
+	Since      time.Time     `json:"since"`
+	// Engine is the registration name the instance runs on; Driver its family.
+	Engine    string          `json:"engine"`
+	Driver    string          `json:"driver"`
+	Residency string          `json:"residency,omitempty"`
+	Launch    *LaunchRecord   `json:"launch,omitempty"`
+	Endpoint  *EngineEndpoint `json:"endpoint,omitempty"`
+	// Canary is the answer to the fixed canary prompt at first readiness.
+	Canary    string       `json:"canary,omitempty"`
+	LastError *ErrorRecord `json:"last_error,omitempty"`
+	// LastTransition describes the last state change ("ready -> draining:
+	// switch for B").
+	LastTransition string `json:"last_transition,omitempty"`
+	// Released says why the instance last gave up its memory ("parked",
+	// "stopped (no room to park)").
+	Released string `json:"released,omitempty"`
+	Attempts int    `json:"attempts,omitempty"`
+	// Host is the host the instance runs on.
+	Host string `json:"host,omitempty"`
+	// Domains / charges live in the ledger; the store keeps the last
+	// committed charges for recovery.
+	Charges map[string]int64 `json:"charges,omitempty"`
+	// Phase is the ledger phase the charges belong to.
+	Phase      string    `json:"phase,omitempty"`
+	LastUsedAt time.Time `json:"last_used_at,omitempty"`
+}
+
+// ID returns "<deployment>/<index>".
+func (r *InstanceRecord) ID() string { return InstanceID(r.Deployment, r.Index) }

@@ -1,0 +1,135 @@
+// Copyright (c) CapyCTL authors
+// SPDX-License-Identifier: Apache-2.0
+
+// Package sdk is what a CapyCTL driver author imports: the Driver interface,
+// the error type that carries a catalogue code across the wire, and helpers
+// in its sub-packages (plugin, flags, engineapi, proc, formats). It never
+// imports anything from CapyCTL's core or its first-party drivers.
+package sdk
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
+)
+
+// ProtocolVersion is the driver protocol this SDK speaks.
+const ProtocolVersion = 1
+
+// Driver is the Go form of the driver protocol. Each method is the RPC of
+// the same name in sdk/proto/driverv1/driver.proto, whose comments are the
+// contract. A driver that does not support a call returns ErrNotSupported
+// (embed UnimplementedDriver to get that for every call).
+type Driver interface {
+	Describe(ctx context.Context, req *pb.DescribeRequest) (*pb.DescribeResponse, error)
+	Detect(ctx context.Context, req *pb.DetectRequest) (*pb.DetectResponse, error)
+	Flags(ctx context.Context, req *pb.FlagsRequest) (*pb.FlagsResponse, error)
+	Plan(ctx context.Context, req *pb.PlanRequest) (*pb.PlanResponse, error)
+	Start(ctx context.Context, req *pb.StartRequest) (*pb.StartResponse, error)
+	Probe(ctx context.Context, req *pb.ProbeRequest) (*pb.ProbeResponse, error)
+	Park(ctx context.Context, req *pb.ParkRequest) (*pb.ParkResponse, error)
+	Wake(ctx context.Context, req *pb.WakeRequest) (*pb.WakeResponse, error)
+	Abort(ctx context.Context, req *pb.AbortRequest) (*pb.AbortResponse, error)
+	Load(ctx context.Context, req *pb.LoadRequest) (*pb.LoadResponse, error)
+	Stop(ctx context.Context, req *pb.StopRequest) (*pb.StopResponse, error)
+	Recover(ctx context.Context, req *pb.RecoverRequest) (*pb.RecoverResponse, error)
+	Logs(ctx context.Context, req *pb.LogsRequest) (*pb.LogsResponse, error)
+}
+
+// ErrNotSupported is returned for a call the driver does not implement. Over
+// gRPC it travels as codes.Unimplemented and comes back as ErrNotSupported.
+var ErrNotSupported = errors.New("not supported by this driver")
+
+// Error is a driver failure with a stable code from CapyCTL's catalogue
+// (for example "launch_failed", "instance_not_found", "park_failed"). The
+// code survives the gRPC hop; the core maps it to its HTTP status and exit
+// code.
+type Error struct {
+	Code    string
+	Message string
+}
+
+// Error implements error.
+func (e *Error) Error() string {
+	if e.Message == "" {
+		return e.Code
+	}
+	return e.Message
+}
+
+// Errorf builds an *Error with a code and a formatted message.
+func Errorf(code, format string, args ...any) *Error {
+	return &Error{Code: code, Message: fmt.Sprintf(format, args...)}
+}
+
+// CodeOf returns the catalogue code carried by err, or "" when it has none.
+func CodeOf(err error) string {
+	var e *Error
+	if errors.As(err, &e) {
+		return e.Code
+	}
+	return ""
+}
+
+// Common codes drivers return.
+const (
+	CodeInstanceNotFound = "instance_not_found"
+	CodeLaunchFailed     = "launch_failed"
+	CodeStartupTimeout   = "startup_timeout"
+	CodeOffLoopback      = "engine_listens_off_loopback"
+	CodeParkFailed       = "park_failed"
+	CodeWakeFailed       = "wake_failed"
+	CodeStopFailed       = "stop_failed"
+	CodeNotIdle          = "engine_not_idle"
+	CodeInvalidManifest  = "invalid_manifest"
+	CodeEngineNotFound   = "engine_not_found"
+	CodeToolchainMissing = "toolchain_missing"
+)
+
+// UnimplementedDriver answers ErrNotSupported for every call. Embed it to
+// implement only part of the protocol.
+type UnimplementedDriver struct{}
+
+var _ Driver = UnimplementedDriver{}
+
+func (UnimplementedDriver) Describe(context.Context, *pb.DescribeRequest) (*pb.DescribeResponse, error) {
+	return nil, ErrNotSupported
+}
+func (UnimplementedDriver) Detect(context.Context, *pb.DetectRequest) (*pb.DetectResponse, error) {
+	return nil, ErrNotSupported
+}
+func (UnimplementedDriver) Flags(context.Context, *pb.FlagsRequest) (*pb.FlagsResponse, error) {
+	return nil, ErrNotSupported
+}
+func (UnimplementedDriver) Plan(context.Context, *pb.PlanRequest) (*pb.PlanResponse, error) {
+	return nil, ErrNotSupported
+}
+func (UnimplementedDriver) Start(context.Context, *pb.StartRequest) (*pb.StartResponse, error) {
+	return nil, ErrNotSupported
+}
+func (UnimplementedDriver) Probe(context.Context, *pb.ProbeRequest) (*pb.ProbeResponse, error) {
+	return nil, ErrNotSupported
+}
+func (UnimplementedDriver) Park(context.Context, *pb.ParkRequest) (*pb.ParkResponse, error) {
+	return nil, ErrNotSupported
+}
+func (UnimplementedDriver) Wake(context.Context, *pb.WakeRequest) (*pb.WakeResponse, error) {
+	return nil, ErrNotSupported
+}
+func (UnimplementedDriver) Abort(context.Context, *pb.AbortRequest) (*pb.AbortResponse, error) {
+	return nil, ErrNotSupported
+}
+func (UnimplementedDriver) Load(context.Context, *pb.LoadRequest) (*pb.LoadResponse, error) {
+	return nil, ErrNotSupported
+}
+func (UnimplementedDriver) Stop(context.Context, *pb.StopRequest) (*pb.StopResponse, error) {
+	return nil, ErrNotSupported
+}
+func (UnimplementedDriver) Recover(context.Context, *pb.RecoverRequest) (*pb.RecoverResponse, error) {
+	return nil, ErrNotSupported
+}
+func (UnimplementedDriver) Logs(context.Context, *pb.LogsRequest) (*pb.LogsResponse, error) {
+	return nil, ErrNotSupported
+}
