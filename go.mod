@@ -1,6 +1,6 @@
 module github.com/capyctl/capyctl
 
-go 1.26
+go 1.26.0
 
 require (
 	github.com/Masterminds/goutils v1.1.1 // indirect

@@ -86,6 +86,9 @@ const (
 	CodeInvalidManifest  = "invalid_manifest"
 	CodeEngineNotFound   = "engine_not_found"
 	CodeToolchainMissing = "toolchain_missing"
+	// CodeDriverUnavailable: the driver process could not be reached (it
+	// died or is restarting); set by the client side, never by a driver.
+	CodeDriverUnavailable = "driver_unavailable"
 )
 
 // UnimplementedDriver answers ErrNotSupported for every call. Embed it to

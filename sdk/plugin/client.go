@@ -45,6 +45,8 @@ func fromStatus(err error) error {
 		return context.DeadlineExceeded
 	case codes.Canceled:
 		return context.Canceled
+	case codes.Unavailable:
+		return &sdk.Error{Code: sdk.CodeDriverUnavailable, Message: st.Message()}
 	}
 	for _, d := range st.Details() {
 		if info, ok := d.(*errdetails.ErrorInfo); ok && info.Domain == errorDomain {
