@@ -1,0 +1,456 @@
+// Copyright (c) CapyCTL authors
+// SPDX-License-Identifier: Apache-2.0
+
+package fakeengine
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"time"
+)
+
+// ChatRequest is the part of an OpenAI chat body the engine reads.
+type ChatRequest struct {
+	// Model is the requested model name.
+	Model string `json:"model"`
+	// Messages is the conversation.
+	Messages []Message `json:"messages"`
+	// Stream asks for server-sent events.
+	Stream bool `json:"stream"`
+	// StreamOptions tunes the stream.
+	StreamOptions *StreamOptions `json:"stream_options,omitempty"`
+	// MaxTokens bounds the answer.
+	MaxTokens *int `json:"max_tokens,omitempty"`
+	// MaxCompletionTokens is the newer name of MaxTokens; it wins.
+	MaxCompletionTokens *int `json:"max_completion_tokens,omitempty"`
+
+	// Raw holds every top-level field of the body, for a flavour's extras
+	// (SGLang's "rid", vLLM's "request_id").
+	Raw map[string]json.RawMessage `json:"-"`
+	// ID is the request's ID, set by Flavour.PrepareChat; Engine.Abort
+	// takes it.
+	ID string `json:"-"`
+	// ResponseModel is the "model" of the answer, set by PrepareChat.
+	ResponseModel string `json:"-"`
+}
+
+// StreamOptions is OpenAI's stream_options.
+type StreamOptions struct {
+	// IncludeUsage asks for a final usage chunk.
+	IncludeUsage bool `json:"include_usage"`
+}
+
+// Message is one chat message.
+type Message struct {
+	// Role is "system", "user", "assistant", "tool".
+	Role string `json:"role"`
+	// Content is a string, an array of parts, or null.
+	Content json.RawMessage `json:"content"`
+}
+
+// Text is the message's text: the string, or the text parts joined by
+// spaces.
+func (m Message) Text() string {
+	var s string
+	if json.Unmarshal(m.Content, &s) == nil {
+		return s
+	}
+	var parts []struct {
+		Type string `json:"type"`
+		Text string `json:"text"`
+	}
+	if json.Unmarshal(m.Content, &parts) == nil {
+		texts := make([]string, 0, len(parts))
+		for _, p := range parts {
+			if p.Text != "" {
+				texts = append(texts, p.Text)
+			}
+		}
+		return strings.Join(texts, " ")
+	}
+	return ""
+}
+
+// Limit is the answer bound the request asks for, or 0 for none.
+func (r *ChatRequest) Limit() int {
+	switch {
+	case r.MaxCompletionTokens != nil:
+		return *r.MaxCompletionTokens
+	case r.MaxTokens != nil:
+		return *r.MaxTokens
+	}
+	return 0
+}
+
+// IncludeUsage reports stream_options.include_usage.
+func (r *ChatRequest) IncludeUsage() bool {
+	return r.StreamOptions != nil && r.StreamOptions.IncludeUsage
+}
+
+// LastUserText is the text of the last user message.
+func (r *ChatRequest) LastUserText() string {
+	for i := len(r.Messages) - 1; i >= 0; i-- {
+		if r.Messages[i].Role == "user" {
+			return r.Messages[i].Text()
+		}
+	}
+	return ""
+}
+
+// DecodeChat parses and checks a chat body. Errors are *APIError of kind
+// KindInvalidJSON or KindInvalidRequest.
+func DecodeChat(body []byte) (*ChatRequest, error) {
+	if !json.Valid(body) {
+		return nil, &APIError{Kind: KindInvalidJSON, Message: "request body is not valid JSON"}
+	}
+	var req ChatRequest
+	if err := json.Unmarshal(body, &req); err != nil {
+		return nil, &APIError{Kind: KindInvalidRequest, Message: fmt.Sprintf("invalid request: %v", err)}
+	}
+	if err := json.Unmarshal(body, &req.Raw); err != nil {
+		return nil, &APIError{Kind: KindInvalidRequest, Message: "request body must be a JSON object"}
+	}
+	if len(req.Messages) == 0 {
+		return nil, &APIError{Kind: KindInvalidRequest, Message: "messages must be a non-empty array"}
+	}
+	for i, m := range req.Messages {
+		if m.Role == "" {
+			return nil, &APIError{Kind: KindInvalidRequest, Message: fmt.Sprintf("messages[%d].role is required", i)}
+		}
+	}
+	for _, p := range []*int{req.MaxTokens, req.MaxCompletionTokens} {
+		if p != nil && *p < 1 {
+			return nil, &APIError{Kind: KindInvalidRequest, Message: "max_tokens must be at least 1"}
+		}
+	}
+	return &req, nil
+}
+
+// ChatMeta is what every piece of one answer repeats.
+type ChatMeta struct {
+	// ID is the answer's id ("chatcmpl-<request id>").
+	ID string
+	// Created is the answer's Unix time.
+	Created int64
+	// Model is the answer's "model".
+	Model string
+}
+
+// ChatResult is a finished (or ended) answer.
+type ChatResult struct {
+	ChatMeta
+	// Request is the request answered.
+	Request *ChatRequest
+	// Text is the content generated.
+	Text string
+	// FinishReason is "stop", "length", or "abort" (ended by Abort).
+	FinishReason string
+	// PromptTokens counts the prompt.
+	PromptTokens int
+	// CompletionTokens counts the answer.
+	CompletionTokens int
+}
+
+// NewRequestID returns a random request ID (32 hex digits).
+func NewRequestID() string {
+	var b [16]byte
+	rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// ChatHandler serves a chat completion (POST /v1/chat/completions in most
+// flavours): it checks the request, queues it for a slot, generates the
+// deterministic answer token by token and writes it through the flavour,
+// streamed or whole. A client that goes away stops it at once, wherever it
+// is.
+func (e *Engine) ChatHandler() http.Handler { return http.HandlerFunc(e.serveChat) }
+
+func (e *Engine) serveChat(w http.ResponseWriter, r *http.Request) {
+	f := e.flavour
+	if e.Phase() == PhaseLoading {
+		f.WriteError(w, KindLoading, "model is loading")
+		return
+	}
+	body, err := io.ReadAll(io.LimitReader(r.Body, maxBodyBytes+1))
+	if err != nil {
+		return // the client went away while sending
+	}
+	if len(body) > maxBodyBytes {
+		f.WriteError(w, KindInvalidRequest, "request body too large")
+		return
+	}
+	req, err := DecodeChat(body)
+	if err == nil {
+		err = f.PrepareChat(e, r, req)
+	}
+	if err != nil {
+		var ae *APIError
+		if !errors.As(err, &ae) {
+			ae = &APIError{Kind: KindInvalidRequest, Message: err.Error()}
+		}
+		f.WriteError(w, ae.Kind, ae.Message)
+		return
+	}
+	if req.ID == "" {
+		req.ID = NewRequestID()
+	}
+	if req.ResponseModel == "" {
+		req.ResponseModel = e.cfg.ServedName
+	}
+
+	e.total.Add(1)
+	defer e.finishRequest(w) // runs last: after the answer is out
+	prompt := countPromptTokens(req.Messages)
+	e.promptTokens.Add(uint64(prompt))
+	if e.takeFailure() {
+		e.failed.Add(1)
+		f.WriteError(w, KindEngineFailure, "fake engine failure")
+		return
+	}
+
+	ctx, cancel := context.WithCancelCause(r.Context())
+	defer cancel(nil)
+	stopOnEnd := context.AfterFunc(e.life, func() { cancel(errShutdown) })
+	defer stopOnEnd()
+	fl := &inflight{id: req.ID, cancel: cancel}
+	e.inflightMu.Lock()
+	e.inflight[fl] = struct{}{}
+	e.inflightMu.Unlock()
+	defer func() {
+		e.inflightMu.Lock()
+		delete(e.inflight, fl)
+		e.inflightMu.Unlock()
+	}()
+
+	if err := e.slots.acquire(ctx); err != nil {
+		e.noteCancel(time.Now())
+		return
+	}
+	g := &generation{e: e, ctx: ctx}
+	defer g.release()
+
+	res := &ChatResult{
+		ChatMeta:     ChatMeta{ID: "chatcmpl-" + req.ID, Created: time.Now().Unix(), Model: req.ResponseModel},
+		Request:      req,
+		FinishReason: "stop",
+		PromptTokens: prompt,
+	}
+	toks := e.plan(req, res)
+	if req.Stream {
+		g.stream(w, req, res, toks)
+	} else {
+		g.complete(w, res, toks)
+	}
+}
+
+// plan lays out the answer's pieces and sets the finish reason.
+func (e *Engine) plan(req *ChatRequest, res *ChatResult) []string {
+	n := e.cfg.Tokens
+	if limit := req.Limit(); limit > 0 && limit < n {
+		n = limit
+		res.FinishReason = "length"
+	}
+	toks := answerTokens(e.cfg.ServedName, req.LastUserText(), e.cfg.Seed, n)
+	if e.cfg.BigChunkBytes > 0 {
+		toks = append([]string{bigChunk(e.cfg.BigChunkBytes)}, toks...)
+	}
+	return toks
+}
+
+// generation is one request holding a slot.
+type generation struct {
+	e        *Engine
+	ctx      context.Context
+	released bool
+}
+
+// release gives the slot back (once).
+func (g *generation) release() {
+	if !g.released {
+		g.released = true
+		g.e.slots.release()
+	}
+}
+
+// cancelled frees the slot at once and then counts the cancellation, so
+// that a reader who sees the count also sees the slot free.
+func (g *generation) cancelled(at time.Time) {
+	g.release()
+	g.e.noteCancel(at)
+}
+
+// aborted reports whether the generation was ended by Abort.
+func (g *generation) aborted() bool { return errors.Is(context.Cause(g.ctx), errAborted) }
+
+// run yields the pieces at the configured rate, calling emit for each. It
+// stops when the context ends, when emit fails (the client is gone), or at
+// the stall point, where it waits for the context. It returns true when
+// every piece was emitted, else the time the end was observed.
+func (g *generation) run(toks []string, emit func(tok string) bool) (bool, time.Time) {
+	e, ctx := g.e, g.ctx
+	var tick *time.Ticker
+	if e.cfg.TokenRate > 0 {
+		tick = time.NewTicker(time.Duration(float64(time.Second) / e.cfg.TokenRate))
+		defer tick.Stop()
+	}
+	for i, tok := range toks {
+		if tick != nil {
+			select {
+			case <-ctx.Done():
+				return false, time.Now()
+			case <-tick.C:
+			}
+		} else if ctx.Err() != nil {
+			return false, time.Now()
+		}
+		e.genTokens.Add(1)
+		if !emit(tok) {
+			return false, time.Now()
+		}
+		if s := e.cfg.StallAfterTokens; s > 0 && i+1 == s {
+			<-ctx.Done()
+			return false, time.Now()
+		}
+	}
+	return true, time.Time{}
+}
+
+// complete generates the whole answer and writes it as one JSON body.
+func (g *generation) complete(w http.ResponseWriter, res *ChatResult, toks []string) {
+	var sb strings.Builder
+	ok, at := g.run(toks, func(tok string) bool {
+		sb.WriteString(tok)
+		res.CompletionTokens++
+		return true
+	})
+	res.Text = sb.String()
+	switch {
+	case ok:
+		g.release()
+		g.e.completed.Add(1)
+	case g.aborted():
+		g.cancelled(at)
+		res.FinishReason = "abort"
+	default:
+		g.cancelled(at)
+		return
+	}
+	WriteJSON(w, http.StatusOK, g.e.flavour.ChatResponse(res))
+}
+
+// stream generates the answer as server-sent events, flushing each.
+func (g *generation) stream(w http.ResponseWriter, req *ChatRequest, res *ChatResult, toks []string) {
+	rc := http.NewResponseController(w)
+	enc := g.e.flavour.ChatStream(req, res.ChatMeta)
+	h := w.Header()
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("Cache-Control", "no-cache")
+	w.WriteHeader(http.StatusOK)
+	send := func(b []byte) bool {
+		if len(b) > 0 {
+			if _, err := w.Write(b); err != nil {
+				return false
+			}
+		}
+		return rc.Flush() == nil
+	}
+	if !send(enc.Open()) {
+		g.cancelled(time.Now())
+		return
+	}
+	var sb strings.Builder
+	ok, at := g.run(toks, func(tok string) bool {
+		sb.WriteString(tok)
+		res.CompletionTokens++
+		return send(enc.Token(tok))
+	})
+	res.Text = sb.String()
+	if !ok {
+		g.cancelled(at)
+		if g.aborted() {
+			res.FinishReason = "abort"
+			send(enc.Close(res))
+		}
+		return
+	}
+	g.release()
+	if send(enc.Close(res)) {
+		g.e.completed.Add(1)
+	} else {
+		g.e.noteCancel(time.Now())
+	}
+}
+
+// noteCancel counts a cancellation observed at a time.
+func (e *Engine) noteCancel(at time.Time) {
+	e.lastCancel.Store(at.UnixNano())
+	e.cancelled.Add(1)
+}
+
+// takeFailure consumes one injected failure, if any is left.
+func (e *Engine) takeFailure() bool {
+	for {
+		n := e.failLeft.Load()
+		if n <= 0 {
+			return false
+		}
+		if e.failLeft.CompareAndSwap(n, n-1) {
+			return true
+		}
+	}
+}
+
+// finishRequest flushes the answer and applies crash-after.
+func (e *Engine) finishRequest(w http.ResponseWriter) {
+	n := e.finished.Add(1)
+	if c := e.cfg.CrashAfter; c > 0 && n == uint64(c) {
+		http.NewResponseController(w).Flush()
+		e.exit(&ExitError{Code: 1, Reason: fmt.Sprintf("crash after %d requests", c)})
+	}
+}
+
+// Abort ends the in-flight requests with that ID (waiting or generating),
+// as an engine's abort route does, and returns how many there were. An
+// aborted answer ends with finish reason "abort" if the client is there.
+func (e *Engine) Abort(id string) int {
+	e.inflightMu.Lock()
+	defer e.inflightMu.Unlock()
+	n := 0
+	for fl := range e.inflight {
+		if fl.id == id {
+			fl.cancel(errAborted)
+			n++
+		}
+	}
+	return n
+}
+
+// AbortAll ends every in-flight request and returns how many there were.
+func (e *Engine) AbortAll() int {
+	e.inflightMu.Lock()
+	defer e.inflightMu.Unlock()
+	for fl := range e.inflight {
+		fl.cancel(errAborted)
+	}
+	return len(e.inflight)
+}
+
+// WriteJSON writes v as a JSON answer with status.
+func WriteJSON(w http.ResponseWriter, status int, v any) {
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(v); err != nil {
+		http.Error(w, err.Error(), http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	w.Write(buf.Bytes())
+}

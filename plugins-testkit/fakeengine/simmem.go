@@ -1,0 +1,266 @@
+// Copyright (c) CapyCTL authors
+// SPDX-License-Identifier: Apache-2.0
+
+package fakeengine
+
+import (
+	"errors"
+	"fmt"
+	"maps"
+	"os"
+	"slices"
+	"sync"
+
+	"github.com/capyctl/capyctl/plugins-testkit/simgpu"
+)
+
+// Tags of the engine's allocations on the simulated GPU. The first two are
+// also the tags of vLLM's wake_up and SGLang's memory occupation routes.
+const (
+	// TagWeights is the model weights.
+	TagWeights = "weights"
+	// TagKVCache is the KV cache.
+	TagKVCache = "kv_cache"
+	// TagStartupPeak is the transient memory of the startup (profiling,
+	// graph capture), freed when the engine is ready.
+	TagStartupPeak = "startup_peak"
+	// TagParkResidue is what stays on the GPU while parked.
+	TagParkResidue = "park_residue"
+)
+
+// SimConfig is the memory an engine holds on a simulated GPU. With an empty
+// StatePath the engine holds nothing and Park and Wake only change phase.
+type SimConfig struct {
+	// StatePath is the simgpu state file.
+	StatePath string
+	// Visible is the CUDA_VISIBLE_DEVICES value that picks the device (an
+	// index or a UUID; empty means index 0).
+	Visible string
+	// Weights is held from the start of loading until the engine stops
+	// (released while parked).
+	Weights int64
+	// KV is held like Weights.
+	KV int64
+	// StartupPeak is held during loading only.
+	StartupPeak int64
+	// ParkResidue is held while parked.
+	ParkResidue int64
+}
+
+// validate refuses negative sizes.
+func (c SimConfig) validate() error {
+	if c.Weights < 0 || c.KV < 0 || c.StartupPeak < 0 || c.ParkResidue < 0 {
+		return errors.New("simulated gpu sizes must not be negative")
+	}
+	return nil
+}
+
+// simMemory is the engine's view of what it holds on the simulated GPU.
+type simMemory struct {
+	cfg SimConfig
+
+	mu   sync.Mutex
+	gpu  *simgpu.GPU
+	dev  simgpu.Device
+	held map[string]int64
+}
+
+// open opens the state file and resolves the device.
+func (m *simMemory) open() error {
+	g, err := simgpu.Open(m.cfg.StatePath)
+	if err != nil {
+		return err
+	}
+	st, err := g.Snapshot()
+	if err != nil {
+		return err
+	}
+	dev, err := simgpu.ResolveDevice(st, m.cfg.Visible)
+	if err != nil {
+		return err
+	}
+	m.mu.Lock()
+	m.gpu, m.dev = g, dev
+	m.mu.Unlock()
+	return nil
+}
+
+// enabled reports whether a simulated GPU is in use.
+func (m *simMemory) enabled() bool { return m.cfg.StatePath != "" }
+
+// alloc takes n bytes under tag; nothing when disabled or n is 0.
+func (m *simMemory) alloc(tag string, n int64) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.gpu == nil || n == 0 {
+		return nil
+	}
+	if err := m.gpu.Allocate(os.Getpid(), m.dev.UUID, tag, n); err != nil {
+		return err
+	}
+	m.held[tag] += n
+	return nil
+}
+
+// free releases everything held under tag.
+func (m *simMemory) free(tag string) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.gpu == nil || m.held[tag] == 0 {
+		return nil
+	}
+	if err := m.gpu.Free(os.Getpid(), tag); err != nil {
+		return err
+	}
+	delete(m.held, tag)
+	return nil
+}
+
+// freeAll releases every tag the engine holds (only its own tags, so that
+// other users of the same process keep theirs).
+func (m *simMemory) freeAll() {
+	m.mu.Lock()
+	tags := slices.Collect(maps.Keys(m.held))
+	m.mu.Unlock()
+	for _, t := range tags {
+		m.free(t)
+	}
+}
+
+// snapshot copies what is held, nil when nothing.
+func (m *simMemory) snapshot() map[string]int64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if len(m.held) == 0 {
+		return nil
+	}
+	return maps.Clone(m.held)
+}
+
+// loadSim takes the startup allocations: weights, the startup peak, then
+// the KV cache, in the order an engine loads. An out-of-memory is logged
+// the way PyTorch reports it and ends the engine with exit code 1.
+func (e *Engine) loadSim() error {
+	if !e.mem.enabled() {
+		return nil
+	}
+	if err := e.mem.open(); err != nil {
+		e.Logf(LevelError, "simulated gpu: %v", err)
+		return &ExitError{Code: 1, Reason: fmt.Sprintf("simulated gpu: %v", err)}
+	}
+	e.Logf(LevelInfo, "using simulated device %d (%s)", e.mem.dev.Index, e.mem.dev.UUID)
+	steps := []struct {
+		tag string
+		n   int64
+	}{
+		{TagWeights, e.cfg.Sim.Weights},
+		{TagStartupPeak, e.cfg.Sim.StartupPeak},
+		{TagKVCache, e.cfg.Sim.KV},
+	}
+	for _, s := range steps {
+		if err := e.mem.alloc(s.tag, s.n); err != nil {
+			e.logOOM(err)
+			e.mem.freeAll()
+			return &ExitError{Code: 1, Reason: fmt.Sprintf("allocate %s: %v", s.tag, err)}
+		}
+		if s.n > 0 {
+			e.Logf(LevelInfo, "allocated %s for %s", FormatBytes(s.n), s.tag)
+		}
+	}
+	return nil
+}
+
+// logOOM writes a CUDA-like out-of-memory line (or the plain error).
+func (e *Engine) logOOM(err error) {
+	var oom *simgpu.OutOfMemoryError
+	if !errors.As(err, &oom) {
+		e.Logf(LevelError, "simulated gpu: %v", err)
+		return
+	}
+	e.mem.mu.Lock()
+	var mine int64
+	for _, n := range e.mem.held {
+		mine += n
+	}
+	e.mem.mu.Unlock()
+	e.writeLog(LevelError, fmt.Sprintf(
+		"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate %s. GPU %d has a total capacity of %s of which %s is free. This process has %s memory in use.",
+		gibString(oom.Requested), oom.Device.Index, gibString(oom.Device.TotalBytes), gibString(oom.Free()), gibString(mine)))
+}
+
+// Park releases the weights and the KV cache from the simulated GPU, keeps
+// the park residue, and pauses the slot queue: new requests wait (counted
+// as waiting) until Wake. level is recorded for the flavour (vLLM's 1 or
+// 2); both free the same GPU memory. Requests already generating are not
+// touched: a flavour that aborts or drains them first uses AbortAll.
+func (e *Engine) Park(level int) error {
+	e.parkMu.Lock()
+	defer e.parkMu.Unlock()
+	switch e.Phase() {
+	case PhaseReady:
+	case PhaseParked:
+		e.parkLevel = max(e.parkLevel, level)
+		return nil
+	default:
+		return fmt.Errorf("park: engine is %s", e.Phase())
+	}
+	e.slots.setPaused(true)
+	for _, tag := range []string{TagWeights, TagKVCache} {
+		if err := e.mem.free(tag); err != nil {
+			return fmt.Errorf("park: %w", err)
+		}
+		e.parked[tag] = true
+	}
+	if err := e.mem.alloc(TagParkResidue, e.cfg.Sim.ParkResidue); err != nil {
+		return fmt.Errorf("park: %w", err)
+	}
+	e.parkLevel = level
+	e.phase.Store(int32(PhaseParked))
+	e.parks.Add(1)
+	e.Logf(LevelInfo, "parked (level %d)", level)
+	return nil
+}
+
+// Wake re-allocates what Park released: the given tags (TagWeights,
+// TagKVCache), or both when none are given. When nothing is left released
+// the residue is freed, the engine is ready again and waiting requests
+// start. An out-of-memory is returned (it wraps simgpu.ErrOutOfMemory) and
+// leaves the engine parked. Waking a ready engine does nothing.
+func (e *Engine) Wake(tags ...string) error {
+	e.parkMu.Lock()
+	defer e.parkMu.Unlock()
+	if len(tags) == 0 {
+		tags = []string{TagWeights, TagKVCache}
+	}
+	for _, t := range tags {
+		if t != TagWeights && t != TagKVCache {
+			return fmt.Errorf("wake: unknown tag %q (want %q or %q)", t, TagWeights, TagKVCache)
+		}
+	}
+	if e.Phase() != PhaseParked {
+		return nil
+	}
+	sizes := map[string]int64{TagWeights: e.cfg.Sim.Weights, TagKVCache: e.cfg.Sim.KV}
+	for _, t := range tags {
+		if !e.parked[t] {
+			continue
+		}
+		if err := e.mem.alloc(t, sizes[t]); err != nil {
+			e.logOOM(err)
+			return fmt.Errorf("wake %s: %w", t, err)
+		}
+		delete(e.parked, t)
+	}
+	if len(e.parked) > 0 {
+		return nil
+	}
+	if err := e.mem.free(TagParkResidue); err != nil {
+		return fmt.Errorf("wake: %w", err)
+	}
+	e.parkLevel = 0
+	e.phase.Store(int32(PhaseReady))
+	e.wakes.Add(1)
+	e.slots.setPaused(false)
+	e.Logf(LevelInfo, "awake")
+	return nil
+}
