@@ -1,0 +1,153 @@
+# CapyCTL standalone role configuration.
+#
+# Every setting is listed with its default, commented out: uncomment a line
+# to change it. A value can also come from an environment variable (named
+# beside each setting) or a flag; a flag wins over the variable, which wins
+# over this file. "capyctl config show" prints each value and its source.
+
+# The role this configuration runs.
+# (env CAPYCTL_ROLE; one of standalone, server, host)
+role = "standalone"
+
+# Where the store, engine logs and runtime files live (created 0700).
+# Default: $XDG_STATE_HOME/capyctl, else ~/.local/state/capyctl.
+# (env CAPYCTL_STATE_DIR)
+# state_dir = "~/.local/state/capyctl"
+
+# The inference endpoint's address (the API key is always required).
+# (env CAPYCTL_LISTEN)
+# listen = "0.0.0.0:8443"
+
+# The management API's address; loopback only.
+# (env CAPYCTL_MANAGEMENT_LISTEN)
+# management_listen = "127.0.0.1:7443"
+
+# Where third-party drivers (capyctl-driver-<name>) are found.
+# Default: <state_dir>/plugins.
+# (env CAPYCTL_PLUGIN_DIR)
+# plugin_dir = "~/.local/state/capyctl/plugins"
+
+# The model store: relative model paths and Hugging Face downloads live here.
+# (env CAPYCTL_MODELS_ROOT)
+# models_root = "~/models"
+
+# Loopback ports leased to engines, first-last.
+# (env CAPYCTL_ENGINE_PORTS)
+# engine_ports = "8100-8199"
+
+# This machine's name in the state; a change is refused (host_name_changed).
+# Default: the machine's hostname.
+# (env CAPYCTL_HOSTNAME)
+# hostname = "gpu-a"
+
+# The role's log level.
+# (env CAPYCTL_LOG_LEVEL; one of trace, debug, info, warn, error)
+# log_level = "info"
+
+# Text on a terminal and JSON lines otherwise (auto), or always one.
+# (env CAPYCTL_LOG_FORMAT; one of auto, text, json)
+# log_format = "auto"
+
+# Off gives every engine DO_NOT_TRACK=1 (and vLLM's own opt-outs); allow leaves them out.
+# (env CAPYCTL_ENGINE_TELEMETRY; one of off, allow)
+# engine_telemetry = "off"
+
+# Engine output to <state_dir>/logs (file) or the last 4 MiB per launch in memory only.
+# (env CAPYCTL_ENGINE_LOGS; one of file, memory)
+# engine_logs = "file"
+
+# Zero keeps engine logs in memory, writes no core dumps and starts no LMCache.
+# (env CAPYCTL_RETENTION; one of standard, zero)
+# retention = "standard"
+
+gpu {
+  # GPU inventory: NVML when present (auto), NVML, the simulated GPU, or none.
+  # (env CAPYCTL_GPU_PROVIDER; one of auto, nvml, simulated, none)
+  # provider = "auto"
+
+  # The simulated GPU's shared state file (empty: in memory).
+  # (env CAPYCTL_GPU_SIM_STATE)
+  # sim_state = ""
+
+  # Number of simulated GPUs.
+  # (env CAPYCTL_GPU_SIM_DEVICES)
+  # sim_devices = 1
+
+  # Memory of each simulated GPU.
+  # (env CAPYCTL_GPU_SIM_DEVICE_MEMORY)
+  # sim_device_memory = "24GiB"
+
+  # Simulate one unified memory pool instead of discrete cards.
+  # (env CAPYCTL_GPU_SIM_UNIFIED)
+  # sim_unified = false
+}
+
+memory {
+  system {
+    # Host RAM CapyCTL may charge: auto (50%), a size or a percentage.
+    # (env CAPYCTL_MEMORY_SYSTEM_MANAGED_LIMIT)
+    # managed_limit = "auto"
+
+    # Host RAM always left free: auto (20%), a size or a percentage.
+    # (env CAPYCTL_MEMORY_SYSTEM_FREE_RESERVE)
+    # free_reserve = "auto"
+  }
+
+  gpu {
+    # Card memory CapyCTL may charge, per card: auto (derived), a size or a percentage.
+    # (env CAPYCTL_MEMORY_GPU_MANAGED_LIMIT)
+    # managed_limit = "auto"
+
+    # Card memory always left free, per card: auto (derived), a size or a percentage.
+    # (env CAPYCTL_MEMORY_GPU_FREE_RESERVE)
+    # free_reserve = "auto"
+  }
+}
+
+lifecycle_defaults {
+  # Park (or stop) a ready model idle this long, for deployments that do not say; empty: off.
+  # (env CAPYCTL_LIFECYCLE_DEFAULTS_READY_IDLE_TIMEOUT)
+  # ready_idle_timeout = ""
+
+  # Stop a parked model idle this long, for deployments that do not say; empty: off.
+  # (env CAPYCTL_LIFECYCLE_DEFAULTS_PARKED_IDLE_TIMEOUT)
+  # parked_idle_timeout = ""
+}
+
+limits {
+  # Requests waiting for a place, all deployments together.
+  # (env CAPYCTL_LIMITS_MAX_WAITING_TOTAL)
+  # max_waiting_total = 256
+
+  # Bytes of waiting request bodies, all together.
+  # (env CAPYCTL_LIMITS_MAX_WAITING_BYTES)
+  # max_waiting_bytes = "64MiB"
+
+  # A request's bound until its first output, for deployments that do not say.
+  # (env CAPYCTL_LIMITS_REQUEST_DEADLINE)
+  # request_deadline = "600s"
+
+  # The largest request body (413 request_too_large above).
+  # (env CAPYCTL_LIMITS_MAX_BODY_BYTES)
+  # max_body_bytes = "64MiB"
+}
+
+shutdown {
+  # How long a stopping role lets running requests finish.
+  # (env CAPYCTL_SHUTDOWN_DRAIN_TIMEOUT)
+  # drain_timeout = "30s"
+}
+
+request_ledger {
+  # Keep a record per request (outcome, timings, bytes; never prompts).
+  # (env CAPYCTL_REQUEST_LEDGER_ENABLED)
+  # enabled = true
+
+  # How long request records are kept (7d works too).
+  # (env CAPYCTL_REQUEST_LEDGER_RETENTION)
+  # retention = "168h"
+
+  # How many request records are kept.
+  # (env CAPYCTL_REQUEST_LEDGER_MAX_RECORDS)
+  # max_records = 100000
+}

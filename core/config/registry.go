@@ -1,0 +1,376 @@
+// Copyright (c) CapyCTL authors
+// SPDX-License-Identifier: Apache-2.0
+
+package config
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/capyctl/capyctl/core/structs"
+)
+
+// Kinds of values, for the docs and the commented default file.
+const (
+	KindString   = "string"
+	KindEnum     = "enum"
+	KindPath     = "path"
+	KindAddress  = "address"
+	KindPorts    = "port range"
+	KindInt      = "int"
+	KindBool     = "bool"
+	KindSize     = "size"
+	KindDuration = "duration"
+	KindAmount   = "auto | size | percent"
+)
+
+// Definition is one setting of the registry.
+type Definition struct {
+	// Path is the setting's name in the file ("gpu.provider"): attribute
+	// gpu's provider inside a gpu { } block.
+	Path string
+	// Env is the environment variable that sets it (CAPYCTL_GPU_PROVIDER).
+	Env string
+	// Default is the value when no source sets it ("" for a default
+	// derived at load; see DefaultText).
+	Default string
+	// Description is one line for `config show`, the docs and the default
+	// file.
+	Description string
+	Kind        string
+	// Values are an enum's allowed values.
+	Values []string
+	// Roles are the roles the setting matters to; every role accepts
+	// every setting.
+	Roles []string
+
+	defaultText string
+	// example is the commented value of a derived default.
+	example  string
+	computed func(c *Config, ctx *loadContext) (value, detail string)
+	parse    func(c *Config, ctx *loadContext, v string) (shown string, err error)
+}
+
+// DefaultText describes the default for people.
+func (d Definition) DefaultText() string {
+	if d.defaultText != "" {
+		return d.defaultText
+	}
+	return d.Default
+}
+
+// AppliesTo reports whether the setting matters to role.
+func (d Definition) AppliesTo(role string) bool { return slices.Contains(d.Roles, role) }
+
+// Definitions returns the registry: every setting, in file order.
+func Definitions() []Definition { return slices.Clone(registry) }
+
+// EnvName returns the environment variable of a setting path.
+func EnvName(path string) string {
+	return "CAPYCTL_" + strings.ToUpper(strings.ReplaceAll(path, ".", "_"))
+}
+
+func lookup(path string) *Definition {
+	for i := range registry {
+		if registry[i].Path == path {
+			return &registry[i]
+		}
+	}
+	return nil
+}
+
+var (
+	all        = []string{RoleStandalone, RoleServer, RoleHost}
+	engineSide = []string{RoleStandalone, RoleHost}
+	routerSide = []string{RoleStandalone, RoleServer}
+	hostnameRe = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9-]{0,62})(\.[A-Za-z0-9]([A-Za-z0-9-]{0,62}))*$`)
+)
+
+// registry lists every setting. IMPORTANT: paths and environment names
+// are a public contract (files, units, scripts); add, never rename. Order
+// matters where a default derives from an earlier setting (plugin_dir from
+// state_dir).
+var registry = []Definition{
+	enumSetting("role", RoleStandalone, "the role this configuration runs", all, Roles,
+		func(c *Config) *string { return &c.Role }),
+	{
+		Path: "state_dir", Kind: KindPath, Roles: all,
+		Description: "where the store, engine logs and runtime files live (created 0700)",
+		defaultText: "$XDG_STATE_HOME/capyctl, else ~/.local/state/capyctl",
+		example:     "~/.local/state/capyctl",
+		computed: func(c *Config, ctx *loadContext) (string, string) {
+			if x := ctx.env["XDG_STATE_HOME"]; x != "" {
+				return filepath.Join(x, "capyctl"), "$XDG_STATE_HOME/capyctl"
+			}
+			return "~/.local/state/capyctl", "~/.local/state/capyctl"
+		},
+		parse: pathParser(func(c *Config) *string { return &c.StateDir }, false),
+	},
+	addrSetting("listen", "0.0.0.0:8443", "the inference endpoint's address (the API key is always required)", all, false,
+		func(c *Config) *string { return &c.Listen }),
+	addrSetting("management_listen", "127.0.0.1:7443", "the management API's address; loopback only", routerSide, true,
+		func(c *Config) *string { return &c.ManagementListen }),
+	{
+		Path: "plugin_dir", Kind: KindPath, Roles: engineSide,
+		Description: "where third-party drivers (capyctl-driver-<name>) are found",
+		defaultText: "<state_dir>/plugins",
+		example:     "~/.local/state/capyctl/plugins",
+		computed: func(c *Config, ctx *loadContext) (string, string) {
+			return filepath.Join(c.StateDir, "plugins"), "<state_dir>/plugins"
+		},
+		parse: pathParser(func(c *Config) *string { return &c.PluginDir }, false),
+	},
+	{
+		Path: "models_root", Kind: KindPath, Default: "~/models", Roles: engineSide,
+		Description: "the model store: relative model paths and Hugging Face downloads live here",
+		parse:       pathParser(func(c *Config) *string { return &c.ModelsRoot }, false),
+	},
+	{
+		Path: "engine_ports", Kind: KindPorts, Default: "8100-8199", Roles: engineSide,
+		Description: "loopback ports leased to engines, first-last",
+		parse: func(c *Config, _ *loadContext, v string) (string, error) {
+			r, err := ParsePortRange(v)
+			c.EnginePorts = r
+			return r.String(), err
+		},
+	},
+	{
+		Path: "hostname", Kind: KindString, Roles: all,
+		Description: "this machine's name in the state; a change is refused (host_name_changed)",
+		defaultText: "the machine's hostname",
+		example:     "gpu-a",
+		computed: func(c *Config, ctx *loadContext) (string, string) {
+			h, err := os.Hostname()
+			if err != nil {
+				return "localhost", "os.Hostname failed: " + err.Error()
+			}
+			return h, "os.Hostname"
+		},
+		parse: func(c *Config, _ *loadContext, v string) (string, error) {
+			v = strings.TrimSpace(v)
+			if len(v) > 253 || !hostnameRe.MatchString(v) {
+				return v, fmt.Errorf("%q is not a hostname", v)
+			}
+			c.Hostname = v
+			return v, nil
+		},
+	},
+	enumSetting("log_level", "info", "the role's log level", all, []string{"trace", "debug", "info", "warn", "error"},
+		func(c *Config) *string { return &c.LogLevel }),
+	enumSetting("log_format", "auto", "text on a terminal and JSON lines otherwise (auto), or always one", all,
+		[]string{"auto", "text", "json"}, func(c *Config) *string { return &c.LogFormat }),
+	enumSetting("engine_telemetry", "off", "off gives every engine DO_NOT_TRACK=1 (and vLLM's own opt-outs); allow leaves them out", engineSide,
+		[]string{"off", "allow"}, func(c *Config) *string { return &c.EngineTelemetry }),
+	enumSetting("engine_logs", "file", "engine output to <state_dir>/logs (file) or the last 4 MiB per launch in memory only", engineSide,
+		[]string{"file", "memory"}, func(c *Config) *string { return &c.EngineLogs }),
+	enumSetting("retention", "standard", "zero keeps engine logs in memory, writes no core dumps and starts no LMCache", all,
+		[]string{"standard", "zero"}, func(c *Config) *string { return &c.Retention }),
+
+	enumSetting("gpu.provider", "auto", "GPU inventory: NVML when present (auto), NVML, the simulated GPU, or none", engineSide,
+		[]string{"auto", "nvml", "simulated", "none"}, func(c *Config) *string { return &c.GPU.Provider }),
+	{
+		Path: "gpu.sim_state", Kind: KindPath, Roles: engineSide,
+		Description: "the simulated GPU's shared state file (empty: in memory)",
+		parse:       pathParser(func(c *Config) *string { return &c.GPU.SimState }, true),
+	},
+	intSetting("gpu.sim_devices", 1, 1, 16, "number of simulated GPUs", engineSide,
+		func(c *Config) *int { return &c.GPU.SimDevices }),
+	sizeSetting("gpu.sim_device_memory", "24GiB", "memory of each simulated GPU", engineSide,
+		func(c *Config) *structs.ByteSize { return &c.GPU.SimDeviceMemory }),
+	boolSetting("gpu.sim_unified", false, "simulate one unified memory pool instead of discrete cards", engineSide,
+		func(c *Config) *bool { return &c.GPU.SimUnified }),
+
+	amountSetting("memory.system.managed_limit", "host RAM CapyCTL may charge: auto (50%), a size or a percentage",
+		func(c *Config) *Amount { return &c.Memory.System.ManagedLimit }),
+	amountSetting("memory.system.free_reserve", "host RAM always left free: auto (20%), a size or a percentage",
+		func(c *Config) *Amount { return &c.Memory.System.FreeReserve }),
+	amountSetting("memory.gpu.managed_limit", "card memory CapyCTL may charge, per card: auto (derived), a size or a percentage",
+		func(c *Config) *Amount { return &c.Memory.GPU.ManagedLimit }),
+	amountSetting("memory.gpu.free_reserve", "card memory always left free, per card: auto (derived), a size or a percentage",
+		func(c *Config) *Amount { return &c.Memory.GPU.FreeReserve }),
+
+	durationSetting("lifecycle_defaults.ready_idle_timeout", "", true,
+		"park (or stop) a ready model idle this long, for deployments that do not say; empty: off", routerSide,
+		func(c *Config) *structs.Duration { return &c.LifecycleDefaults.ReadyIdleTimeout }),
+	durationSetting("lifecycle_defaults.parked_idle_timeout", "", true,
+		"stop a parked model idle this long, for deployments that do not say; empty: off", routerSide,
+		func(c *Config) *structs.Duration { return &c.LifecycleDefaults.ParkedIdleTimeout }),
+
+	intSetting("limits.max_waiting_total", 256, 0, 1<<20, "requests waiting for a place, all deployments together", routerSide,
+		func(c *Config) *int { return &c.Limits.MaxWaitingTotal }),
+	sizeSetting("limits.max_waiting_bytes", "64MiB", "bytes of waiting request bodies, all together", routerSide,
+		func(c *Config) *structs.ByteSize { return &c.Limits.MaxWaitingBytes }),
+	durationSetting("limits.request_deadline", "600s", false,
+		"a request's bound until its first output, for deployments that do not say", routerSide,
+		func(c *Config) *structs.Duration { return &c.Limits.RequestDeadline }),
+	sizeSetting("limits.max_body_bytes", "64MiB", "the largest request body (413 request_too_large above)", routerSide,
+		func(c *Config) *structs.ByteSize { return &c.Limits.MaxBodyBytes }),
+
+	durationSetting("shutdown.drain_timeout", "30s", true, "how long a stopping role lets running requests finish", all,
+		func(c *Config) *structs.Duration { return &c.Shutdown.DrainTimeout }),
+
+	boolSetting("request_ledger.enabled", true, "keep a record per request (outcome, timings, bytes; never prompts)", routerSide,
+		func(c *Config) *bool { return &c.RequestLedger.Enabled }),
+	durationSetting("request_ledger.retention", "168h", false, "how long request records are kept (7d works too)", routerSide,
+		func(c *Config) *structs.Duration { return &c.RequestLedger.Retention }),
+	intSetting("request_ledger.max_records", 100_000, 0, 10_000_000, "how many request records are kept", routerSide,
+		func(c *Config) *int { return &c.RequestLedger.MaxRecords }),
+}
+
+func init() {
+	for i := range registry {
+		registry[i].Env = EnvName(registry[i].Path)
+	}
+}
+
+func enumSetting(path, def, desc string, roles, values []string, field func(*Config) *string) Definition {
+	return Definition{
+		Path: path, Default: def, Description: desc, Kind: KindEnum, Values: values, Roles: roles,
+		parse: func(c *Config, _ *loadContext, v string) (string, error) {
+			v = strings.TrimSpace(v)
+			if !slices.Contains(values, v) {
+				return v, fmt.Errorf("%q is not one of %s", v, strings.Join(values, ", "))
+			}
+			*field(c) = v
+			return v, nil
+		},
+	}
+}
+
+func addrSetting(path, def, desc string, roles []string, loopback bool, field func(*Config) *string) Definition {
+	return Definition{
+		Path: path, Default: def, Description: desc, Kind: KindAddress, Roles: roles,
+		parse: func(c *Config, _ *loadContext, v string) (string, error) {
+			v = strings.TrimSpace(v)
+			host, _, err := parseAddr(v)
+			if err != nil {
+				return v, err
+			}
+			if loopback && !isLoopback(host) {
+				return v, fmt.Errorf("%q is not a loopback address; the management API listens on 127.0.0.1, ::1 or localhost only", v)
+			}
+			*field(c) = v
+			return v, nil
+		},
+	}
+}
+
+// pathParser expands ~/ and requires an absolute path (or "" when
+// optional).
+func pathParser(field func(*Config) *string, optional bool) func(*Config, *loadContext, string) (string, error) {
+	return func(c *Config, ctx *loadContext, v string) (string, error) {
+		v = strings.TrimSpace(v)
+		if v == "" {
+			if optional {
+				*field(c) = ""
+				return "", nil
+			}
+			return v, fmt.Errorf("a path is required")
+		}
+		if v == "~" || strings.HasPrefix(v, "~/") {
+			if ctx.home == "" {
+				return v, fmt.Errorf("%q: no home directory to expand ~ (set HOME)", v)
+			}
+			v = filepath.Join(ctx.home, strings.TrimPrefix(v, "~"))
+		}
+		if !filepath.IsAbs(v) {
+			return v, fmt.Errorf("%q is not an absolute path (or ~/...)", v)
+		}
+		v = filepath.Clean(v)
+		*field(c) = v
+		return v, nil
+	}
+}
+
+func intSetting(path string, def, lo, hi int, desc string, roles []string, field func(*Config) *int) Definition {
+	return Definition{
+		Path: path, Default: strconv.Itoa(def), Description: desc, Kind: KindInt, Roles: roles,
+		parse: func(c *Config, _ *loadContext, v string) (string, error) {
+			n, err := strconv.Atoi(strings.TrimSpace(v))
+			if err != nil {
+				return v, fmt.Errorf("%q is not a whole number", v)
+			}
+			if n < lo || n > hi {
+				return v, fmt.Errorf("%d is outside %d..%d", n, lo, hi)
+			}
+			*field(c) = n
+			return strconv.Itoa(n), nil
+		},
+	}
+}
+
+func boolSetting(path string, def bool, desc string, roles []string, field func(*Config) *bool) Definition {
+	return Definition{
+		Path: path, Default: strconv.FormatBool(def), Description: desc, Kind: KindBool, Roles: roles,
+		parse: func(c *Config, _ *loadContext, v string) (string, error) {
+			b, err := strconv.ParseBool(strings.TrimSpace(v))
+			if err != nil {
+				return v, fmt.Errorf("%q is not true or false", v)
+			}
+			*field(c) = b
+			return strconv.FormatBool(b), nil
+		},
+	}
+}
+
+func sizeSetting(path, def, desc string, roles []string, field func(*Config) *structs.ByteSize) Definition {
+	return Definition{
+		Path: path, Default: def, Description: desc, Kind: KindSize, Roles: roles,
+		parse: func(c *Config, _ *loadContext, v string) (string, error) {
+			b, err := structs.ParseByteSize(v)
+			if err != nil {
+				return v, err
+			}
+			if b == 0 {
+				return v, fmt.Errorf("size %q is zero", v)
+			}
+			*field(c) = b
+			return b.String(), nil
+		},
+	}
+}
+
+// durationSetting: emptyIsZero accepts "" (and "0s") as 0, meaning off or
+// none; otherwise the duration must be positive.
+func durationSetting(path, def string, emptyIsZero bool, desc string, roles []string, field func(*Config) *structs.Duration) Definition {
+	return Definition{
+		Path: path, Default: def, Description: desc, Kind: KindDuration, Roles: roles,
+		parse: func(c *Config, _ *loadContext, v string) (string, error) {
+			if strings.TrimSpace(v) == "" && emptyIsZero {
+				*field(c) = 0
+				return "", nil
+			}
+			d, err := parseDuration(v)
+			if err != nil {
+				return v, err
+			}
+			if d == 0 && !emptyIsZero {
+				return v, fmt.Errorf("must be longer than 0s")
+			}
+			*field(c) = d
+			if d == 0 {
+				return "", nil
+			}
+			return d.String(), nil
+		},
+	}
+}
+
+func amountSetting(path, desc string, field func(*Config) *Amount) Definition {
+	return Definition{
+		Path: path, Default: "auto", Description: desc, Kind: KindAmount, Roles: engineSide,
+		parse: func(c *Config, _ *loadContext, v string) (string, error) {
+			a, err := ParseAmount(v)
+			if err != nil {
+				return v, err
+			}
+			*field(c) = a
+			return a.String(), nil
+		},
+	}
+}
