@@ -1,0 +1,336 @@
+// Copyright (c) CapyCTL authors
+// SPDX-License-Identifier: Apache-2.0
+
+package proc
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// startTimeout bounds how long Start waits for the shim's report.
+const startTimeout = 30 * time.Second
+
+// Knobs the package's tests turn down (they travel to the shim in the spec).
+var (
+	testRotateBytes int64
+	testLingerMS    int64
+)
+
+// Start launches spec: it starts the shim as the leader of a new session
+// and process group, and the shim starts the engine as its child in that
+// group. It returns once the engine process exists (not when it is ready),
+// or an error naming the program when it cannot be executed.
+//
+// The spec, which holds the engine's environment and secrets, reaches the
+// shim as JSON over an inherited pipe: never on a command line or on disk.
+// The engine's stdin is /dev/null; its stdout and stderr go to the shim.
+func Start(spec LaunchSpec) (*Launched, error) {
+	if os.Getenv(shimEnvMarker) != "" {
+		return nil, errors.New("start engine: this process was started as a shim but did not call proc.MaybeRunShim first in main")
+	}
+	if len(spec.Argv) == 0 || spec.Argv[0] == "" {
+		return nil, errors.New("start engine: empty argv")
+	}
+	if spec.LaunchDir == "" {
+		return nil, errors.New("start engine: no launch directory")
+	}
+	switch spec.LogMode {
+	case "":
+		spec.LogMode = LogModeFile
+	case LogModeFile, LogModeMemory:
+	default:
+		return nil, fmt.Errorf("start engine: unknown log mode %q", spec.LogMode)
+	}
+	dir, err := filepath.Abs(spec.LaunchDir)
+	if err != nil {
+		return nil, fmt.Errorf("start engine: launch directory: %w", err)
+	}
+	spec.LaunchDir = dir
+	if err := prepareLaunchDir(dir); err != nil {
+		return nil, err
+	}
+	workDir := spec.Dir
+	if workDir == "" {
+		workDir = dir
+	}
+	program, err := resolveProgram(spec.Argv[0], spec.Env["PATH"], workDir)
+	if err != nil {
+		return nil, fmt.Errorf("start engine: %w", err)
+	}
+	exe := spec.Executable
+	if exe == "" {
+		if exe, err = os.Executable(); err != nil {
+			return nil, fmt.Errorf("start engine: find own executable: %w", err)
+		}
+	}
+	payload, err := json.Marshal(shimSpec{
+		LaunchSpec:  spec,
+		Program:     program,
+		WorkDir:     workDir,
+		RotateBytes: testRotateBytes,
+		LingerMS:    testLingerMS,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("start engine: encode spec: %w", err)
+	}
+	return startShim(exe, dir, program, payload)
+}
+
+// startShim runs the shim executable and waits for its report.
+func startShim(exe, dir, program string, payload []byte) (*Launched, error) {
+	specR, specW, err := os.Pipe()
+	if err != nil {
+		return nil, fmt.Errorf("start engine: spec pipe: %w", err)
+	}
+	repR, repW, err := os.Pipe()
+	if err != nil {
+		specR.Close()
+		specW.Close()
+		return nil, fmt.Errorf("start engine: report pipe: %w", err)
+	}
+	defer repR.Close()
+	cmd := &exec.Cmd{
+		Path: exe,
+		Args: []string{exe, ShimArg},
+		// IMPORTANT: the shim inherits nothing from the driver: no
+		// environment (the marker only), no stdio (/dev/null: a pipe to the
+		// driver would break when the driver dies), cwd "/".
+		Env:         []string{shimEnvMarker + "=1"},
+		Dir:         "/",
+		ExtraFiles:  []*os.File{specR, repW}, // fds 3 and 4
+		SysProcAttr: &syscall.SysProcAttr{Setsid: true},
+	}
+	err = cmd.Start()
+	specR.Close()
+	repW.Close()
+	if err != nil {
+		specW.Close()
+		return nil, fmt.Errorf("start engine: start shim %s: %w", exe, err)
+	}
+	// Reap the shim whenever it ends while this process lives.
+	waited := make(chan struct{})
+	go func() {
+		_ = cmd.Wait()
+		close(waited)
+	}()
+	_, werr := specW.Write(payload)
+	specW.Close()
+
+	_ = repR.SetReadDeadline(time.Now().Add(startTimeout))
+	var rep shimReport
+	derr := json.NewDecoder(repR).Decode(&rep)
+	switch {
+	case derr != nil && (errors.Is(derr, io.EOF) || errors.Is(derr, io.ErrUnexpectedEOF)):
+		return nil, fmt.Errorf("start engine %s: the shim exited without a report (does %s call proc.MaybeRunShim first in main?)", program, exe)
+	case derr != nil:
+		_ = cmd.Process.Kill()
+		return nil, fmt.Errorf("start engine %s: no report from the shim: %w", program, derr)
+	case rep.Error != "":
+		waitFor(waited, 5*time.Second)
+		return nil, fmt.Errorf("start engine: %s", rep.Error)
+	case werr != nil:
+		return nil, fmt.Errorf("start engine %s: send spec to shim: %w", program, werr)
+	}
+	shimPID := cmd.Process.Pid
+	ticks, err := ReadStartTicks(shimPID)
+	if err != nil {
+		return nil, fmt.Errorf("start engine %s: read shim identity: %w", program, err)
+	}
+	return &Launched{
+		Pgid:      shimPID,
+		Shim:      Identity{PID: shimPID, StartTicks: ticks},
+		Engine:    Identity{PID: rep.EnginePID, StartTicks: rep.EngineTicks},
+		LaunchDir: dir,
+	}, nil
+}
+
+// prepareLaunchDir creates dir (0700), refuses one a live shim serves, and
+// removes a previous launch's exit record and socket.
+func prepareLaunchDir(dir string) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("start engine: create launch directory: %w", err)
+	}
+	if err := os.Chmod(dir, 0o700); err != nil {
+		return fmt.Errorf("start engine: launch directory: %w", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	var st Status
+	if err := shimRequest(ctx, dir, "status", &st); err == nil {
+		if !st.Exited {
+			return fmt.Errorf("start engine: launch directory %s is in use by a running engine (pid %d)", dir, st.EnginePID)
+		}
+		// A previous launch's shim lingers to serve its tail: let it go.
+		_ = shimRequest(ctx, dir, "bye", nil)
+	}
+	for _, name := range []string{ExitFileName, SocketName} {
+		if err := os.Remove(filepath.Join(dir, name)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("start engine: clean launch directory: %w", err)
+		}
+	}
+	return nil
+}
+
+// resolveProgram finds the file Argv[0] names: a path (relative ones from
+// the working directory) or a name looked up in the engine's own PATH,
+// never the caller's. The errors name the program.
+func resolveProgram(name, pathEnv, workDir string) (string, error) {
+	if strings.Contains(name, "/") {
+		p := name
+		if !filepath.IsAbs(p) {
+			p = filepath.Join(workDir, p)
+		}
+		if err := checkExecutable(p); err != nil {
+			return "", err
+		}
+		return p, nil
+	}
+	for _, d := range filepath.SplitList(pathEnv) {
+		if d == "" || !filepath.IsAbs(d) {
+			continue // never the current directory
+		}
+		p := filepath.Join(d, name)
+		if checkExecutable(p) == nil {
+			return p, nil
+		}
+	}
+	return "", fmt.Errorf("program %s: not found in the engine's PATH %q", name, pathEnv)
+}
+
+// checkExecutable reports why p cannot be executed, naming p.
+func checkExecutable(p string) error {
+	st, err := os.Stat(p)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("program %s: no such file", p)
+		}
+		return fmt.Errorf("program %s: %w", p, err)
+	}
+	if st.IsDir() {
+		return fmt.Errorf("program %s: is a directory", p)
+	}
+	if st.Mode()&0o111 == 0 {
+		return fmt.Errorf("program %s: not executable", p)
+	}
+	if err := syscall.Access(p, 1 /* X_OK */); err != nil {
+		return fmt.Errorf("program %s: not executable: %w", p, err)
+	}
+	return nil
+}
+
+// ReadStatus returns the engine's status: from the shim when it answers,
+// else from the exit record. ErrNoStatus means neither exists (the shim was
+// killed before the engine ended, or the directory is not a launch's).
+func ReadStatus(launchDir string) (Status, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), shimRequestTimeout)
+	defer cancel()
+	var st Status
+	if err := shimRequest(ctx, launchDir, "status", &st); err == nil {
+		return st, nil
+	}
+	rec, err := readExitRecord(launchDir)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return Status{ExitCode: -1}, ErrNoStatus
+		}
+		return Status{ExitCode: -1}, fmt.Errorf("read engine status: %w", err)
+	}
+	return Status{EnginePID: rec.PID, Exited: true, ExitCode: rec.Code, Signal: rec.Signal}, nil
+}
+
+// Tail returns the last maxBytes (at least 1; a negative value means all
+// that is kept) of the engine's redacted output: from the shim's ring when
+// the shim answers and the ring can hold that much, else from the log files
+// in file mode. truncated is true when older output was cut; the text then
+// starts at a line boundary. ErrNoLogs means nothing holds the output any
+// more (memory mode after the shim left).
+func Tail(launchDir string, maxBytes int) (text string, truncated bool, err error) {
+	if maxBytes == 0 {
+		maxBytes = 1
+	}
+	var b []byte
+	got := false
+	if maxBytes > 0 && maxBytes <= RingSize {
+		ctx, cancel := context.WithTimeout(context.Background(), shimRequestTimeout)
+		var res tailResult
+		if shimRequest(ctx, launchDir, "tail "+strconv.Itoa(maxBytes), &res) == nil {
+			b, truncated, got = res.Text, res.Truncated, true
+		}
+		cancel()
+	}
+	if !got {
+		b, truncated, err = tailFiles(launchDir, maxBytes)
+		if err != nil {
+			if errors.Is(err, ErrNoLogs) {
+				// The shim may still answer a request too large for its
+				// ring (memory mode): give what it has.
+				ctx, cancel := context.WithTimeout(context.Background(), shimRequestTimeout)
+				defer cancel()
+				var res tailResult
+				if shimRequest(ctx, launchDir, "tail "+strconv.Itoa(maxBytes), &res) == nil {
+					return string(alignTail(res.Text, res.Truncated)), res.Truncated, nil
+				}
+			}
+			return "", false, err
+		}
+	}
+	return string(alignTail(b, truncated)), truncated, nil
+}
+
+// alignTail drops the partial first line of a cut tail.
+func alignTail(b []byte, truncated bool) []byte {
+	if !truncated {
+		return b
+	}
+	if i := bytes.IndexByte(b, '\n'); i >= 0 && i+1 < len(b) {
+		return b[i+1:]
+	}
+	return b
+}
+
+// LastLines returns the last n non-empty lines of the engine's redacted
+// output (fewer when there are fewer), nil when none is available. Drivers
+// put them in a failed probe's answer.
+func LastLines(launchDir string, n int) []string {
+	if n <= 0 {
+		return nil
+	}
+	text, _, err := Tail(launchDir, 64<<10)
+	if err != nil {
+		return nil
+	}
+	text = strings.ReplaceAll(text, "\r\n", "\n")
+	var lines []string
+	for _, l := range strings.FieldsFunc(text, func(r rune) bool { return r == '\n' || r == '\r' }) {
+		if strings.TrimSpace(l) != "" {
+			lines = append(lines, l)
+		}
+	}
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return lines
+}
+
+// Release tells a memory-mode shim that lingers after its engine ended to
+// exit now. It is a no-op error (the dial fails) when no shim is there.
+func Release(launchDir string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), shimRequestTimeout)
+	defer cancel()
+	if err := shimRequest(ctx, launchDir, "bye", nil); err != nil {
+		return fmt.Errorf("release shim: %w", err)
+	}
+	return nil
+}

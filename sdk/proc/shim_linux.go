@@ -1,0 +1,426 @@
+// Copyright (c) CapyCTL authors
+// SPDX-License-Identifier: Apache-2.0
+
+package proc
+
+import (
+	"bufio"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// shimEnvMarker is the only variable in the shim's environment. Start
+// refuses to run in a process that has it: that is an executable which was
+// started as a shim but did not call MaybeRunShim, and would otherwise
+// launch itself again and again.
+const shimEnvMarker = "CAPYCTL_ENGINE_SHIM"
+
+// Descriptors the shim inherits from Start.
+const (
+	shimSpecFD   = 3 // the launch spec, JSON, read to EOF
+	shimReportFD = 4 // one shimReport, JSON
+)
+
+// shimSpec is what Start sends the shim over its spec pipe.
+type shimSpec struct {
+	LaunchSpec
+	// Program is the resolved absolute path of Argv[0].
+	Program string `json:"program"`
+	// Dir is the resolved working directory.
+	WorkDir string `json:"work_dir"`
+	// RotateBytes and LingerMS are knobs for tests (0: the defaults).
+	RotateBytes int64 `json:"rotate_bytes,omitempty"`
+	LingerMS    int64 `json:"linger_ms,omitempty"`
+}
+
+// shimReport is what the shim tells Start once the engine runs (or could
+// not be started).
+type shimReport struct {
+	EnginePID   int    `json:"engine_pid,omitempty"`
+	EngineTicks uint64 `json:"engine_ticks,omitempty"`
+	Error       string `json:"error,omitempty"`
+}
+
+// MaybeRunShim runs the shim and exits when the process was started as one
+// (os.Args[1] == ShimArg); otherwise it returns at once. Every binary that
+// calls Start must call it first thing in main, before flags are parsed or
+// anything else starts; a test binary calls it in TestMain.
+func MaybeRunShim() {
+	if len(os.Args) < 2 || os.Args[1] != ShimArg {
+		return
+	}
+	code := runShim()
+	// The shim has no exit hooks to run; syscall.Exit also spares a
+	// race-enabled build (tests) the race runtime's one-second exit sleep.
+	syscall.Exit(code)
+}
+
+// shim is the supervisor's state.
+type shim struct {
+	spec   shimSpec
+	ring   *Ring
+	pgid   int
+	linger time.Duration
+
+	mu      sync.Mutex
+	status  Status
+	byeSeen bool
+	bye     chan struct{}
+}
+
+func runShim() int {
+	// IMPORTANT: catch (not ignore) these signals. An ignored disposition is
+	// inherited by the engine through exec; a caught one is reset to the
+	// default, so the engine gets a clean signal table.
+	sigs := make(chan os.Signal, 8)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
+	// The spec and report pipes must not leak into the engine.
+	syscall.CloseOnExec(shimSpecFD)
+	syscall.CloseOnExec(shimReportFD)
+	reportFile := os.NewFile(shimReportFD, "shim-report")
+	report := func(r shimReport) {
+		if reportFile == nil {
+			return
+		}
+		_ = json.NewEncoder(reportFile).Encode(r)
+		reportFile.Close()
+		reportFile = nil
+	}
+
+	specFile := os.NewFile(shimSpecFD, "shim-spec")
+	var spec shimSpec
+	err := json.NewDecoder(specFile).Decode(&spec)
+	specFile.Close()
+	if err != nil {
+		report(shimReport{Error: fmt.Sprintf("read launch spec: %v", err)})
+		return 2
+	}
+	s := &shim{
+		spec:   spec,
+		ring:   NewRing(RingSize),
+		pgid:   syscall.Getpgrp(),
+		linger: MemoryLinger,
+		bye:    make(chan struct{}),
+		status: Status{ExitCode: -1},
+	}
+	if spec.LingerMS > 0 {
+		s.linger = time.Duration(spec.LingerMS) * time.Millisecond
+	}
+
+	// The sink: the ring always, the rotated file in file mode.
+	var file *rotatingFile
+	if spec.LogMode != LogModeMemory {
+		file, err = openRotatingFile(spec.LaunchDir, spec.RotateBytes, LogFiles)
+		if err != nil {
+			report(shimReport{Error: err.Error()})
+			return 2
+		}
+		defer file.Close()
+	}
+	out := NewRedactingWriter(&sink{ring: s.ring, file: file}, NewRedactor(spec.Secrets))
+
+	// Listen before the engine starts, so that the socket answers as soon
+	// as Start returns.
+	ln, err := listenShim(spec.LaunchDir)
+	if err != nil {
+		report(shimReport{Error: err.Error()})
+		return 2
+	}
+	defer os.Remove(filepath.Join(spec.LaunchDir, SocketName))
+	defer ln.Close()
+
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		report(shimReport{Error: fmt.Sprintf("output pipe: %v", err)})
+		return 2
+	}
+	cmd := &exec.Cmd{
+		Path:   spec.Program,
+		Args:   spec.Argv,
+		Env:    envList(spec.Env),
+		Dir:    spec.WorkDir,
+		Stdin:  nil, // /dev/null
+		Stdout: pw,
+		Stderr: pw,
+	}
+	err = cmd.Start()
+	pw.Close()
+	if err != nil {
+		pr.Close()
+		report(shimReport{Error: fmt.Sprintf("start %s: %v", spec.Program, err)})
+		return 127
+	}
+	pid := cmd.Process.Pid
+	ticks, _ := ReadStartTicks(pid)
+	s.setStatus(Status{EnginePID: pid, Running: true, ExitCode: -1})
+	report(shimReport{EnginePID: pid, EngineTicks: ticks})
+
+	go s.serve(ln)
+
+	copied := make(chan struct{})
+	go func() {
+		defer close(copied)
+		_, _ = io.Copy(out, pr)
+	}()
+	waited := make(chan *os.ProcessState, 1)
+	go func() {
+		_ = cmd.Wait()
+		waited <- cmd.ProcessState
+	}()
+
+	termSeen := false
+	var state *os.ProcessState
+	for state == nil {
+		select {
+		case sig := <-sigs:
+			// The engine gets the group's signal itself; the shim only
+			// notes that it was asked to stop.
+			if sig == syscall.SIGTERM {
+				termSeen = true
+			}
+		case state = <-waited:
+		}
+	}
+
+	// Take what the engine wrote before it exited. Other members of the
+	// group may hold the pipe open, so the wait for end of file is short.
+	waitFor(copied, 250*time.Millisecond)
+	code, sigName := exitStatus(state)
+	s.setStatus(Status{EnginePID: pid, Exited: true, ExitCode: code, Signal: sigName})
+	_ = writeExitRecord(spec.LaunchDir, exitRecord{Code: code, Signal: sigName, At: time.Now().UnixMilli(), PID: pid})
+
+	// IMPORTANT: the shim anchors the group's identity (its PID is the
+	// group's ID) as long as any other process is left in the group, so
+	// that Stop can still prove whose group it signals. It keeps copying
+	// their output meanwhile.
+	s.waitGroupEmpty(sigs, &termSeen)
+	waitFor(copied, 250*time.Millisecond)
+	_ = out.Close()
+	if file != nil {
+		_ = file.Close()
+	}
+
+	if spec.LogMode == LogModeMemory && !termSeen {
+		s.lingerForTail(sigs)
+	}
+	return 0
+}
+
+// waitGroupEmpty returns once the shim is the only live process of its
+// group, polling finely at first.
+func (s *shim) waitGroupEmpty(sigs <-chan os.Signal, termSeen *bool) {
+	interval := 5 * time.Millisecond
+	self := os.Getpid()
+	for {
+		others := 0
+		for _, p := range GroupPIDs(s.pgid) {
+			if p != self {
+				others++
+			}
+		}
+		if others == 0 {
+			return
+		}
+		t := time.NewTimer(interval)
+		select {
+		case sig := <-sigs:
+			if sig == syscall.SIGTERM {
+				*termSeen = true
+			}
+		case <-t.C:
+		}
+		t.Stop()
+		interval = min(interval*3/2, 200*time.Millisecond)
+	}
+}
+
+// lingerForTail keeps a memory-mode shim serving its ring for a while after
+// the engine is gone, so that a driver can read the last lines of a failed
+// start. SIGTERM or a "bye" command ends it at once.
+func (s *shim) lingerForTail(sigs <-chan os.Signal) {
+	t := time.NewTimer(s.linger)
+	defer t.Stop()
+	for {
+		select {
+		case sig := <-sigs:
+			if sig == syscall.SIGTERM {
+				return
+			}
+		case <-s.bye:
+			return
+		case <-t.C:
+			return
+		}
+	}
+}
+
+func (s *shim) setStatus(st Status) {
+	s.mu.Lock()
+	s.status = st
+	s.mu.Unlock()
+}
+
+func (s *shim) getStatus() Status {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.status
+}
+
+// serve answers commands on the shim socket until the listener closes.
+func (s *shim) serve(ln *net.UnixListener) {
+	for {
+		conn, err := ln.AcceptUnix()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			time.Sleep(10 * time.Millisecond) // EMFILE and the like: back off
+			continue
+		}
+		go s.handle(conn)
+	}
+}
+
+// handle answers one command: "status", "tail N" or "bye".
+func (s *shim) handle(conn *net.UnixConn) {
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(shimRequestTimeout))
+	line, err := bufio.NewReaderSize(conn, 256).ReadString('\n')
+	if err != nil {
+		return
+	}
+	fields := strings.Fields(line)
+	var result any
+	var failure string
+	switch {
+	case len(fields) == 1 && fields[0] == "status":
+		result = s.getStatus()
+	case len(fields) == 2 && fields[0] == "tail":
+		n, err := strconv.Atoi(fields[1])
+		if err != nil {
+			failure = "bad tail size"
+			break
+		}
+		text, truncated := s.ring.Tail(n)
+		result = tailResult{Text: text, Truncated: truncated}
+	case len(fields) == 1 && fields[0] == "bye":
+		s.mu.Lock()
+		if !s.byeSeen {
+			s.byeSeen = true
+			close(s.bye)
+		}
+		s.mu.Unlock()
+		result = true
+	default:
+		failure = "unknown command"
+	}
+	var resp shimResponse
+	if failure != "" {
+		resp.Error = failure
+	} else if b, err := json.Marshal(result); err != nil {
+		resp.Error = err.Error()
+	} else {
+		resp.Result = b
+	}
+	_ = json.NewEncoder(conn).Encode(resp)
+}
+
+// sink writes redacted output to the ring and, in file mode, the log file.
+// A failing file (disk full) never stops the copy: the ring still gets it.
+type sink struct {
+	ring *Ring
+	file *rotatingFile
+}
+
+func (k *sink) Write(p []byte) (int, error) {
+	_, _ = k.ring.Write(p)
+	if k.file != nil {
+		_, _ = k.file.Write(p)
+	}
+	return len(p), nil
+}
+
+// waitFor waits until ch is closed or d has passed.
+func waitFor(ch <-chan struct{}, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ch:
+	case <-t.C:
+	}
+}
+
+// exitStatus turns a process state into an exit code (128+signal when a
+// signal ended it) and the signal's name.
+func exitStatus(st *os.ProcessState) (int, string) {
+	if st == nil {
+		return -1, ""
+	}
+	if ws, ok := st.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+		return 128 + int(ws.Signal()), signalName(ws.Signal())
+	}
+	return st.ExitCode(), ""
+}
+
+// signalName returns "SIGKILL" and the like.
+func signalName(sig syscall.Signal) string {
+	if n := unix.SignalName(sig); n != "" {
+		return n
+	}
+	return "signal " + strconv.Itoa(int(sig))
+}
+
+// writeExitRecord writes dir/exit.json atomically (0600).
+func writeExitRecord(dir string, rec exitRecord) error {
+	b, err := json.Marshal(rec)
+	if err != nil {
+		return err
+	}
+	tmp := filepath.Join(dir, "."+ExitFileName+".tmp")
+	if err := os.WriteFile(tmp, append(b, '\n'), 0o600); err != nil {
+		return fmt.Errorf("write exit record: %w", err)
+	}
+	if err := os.Rename(tmp, filepath.Join(dir, ExitFileName)); err != nil {
+		return fmt.Errorf("write exit record: %w", err)
+	}
+	return nil
+}
+
+// readExitRecord reads dir/exit.json.
+func readExitRecord(dir string) (exitRecord, error) {
+	var rec exitRecord
+	b, err := os.ReadFile(filepath.Join(dir, ExitFileName))
+	if err != nil {
+		return rec, err
+	}
+	if err := json.Unmarshal(b, &rec); err != nil {
+		return rec, fmt.Errorf("decode exit record: %w", err)
+	}
+	return rec, nil
+}
+
+// envList turns an environment map into a sorted, never nil, KEY=VALUE list
+// (an empty list, not nil, so that nothing is inherited).
+func envList(env map[string]string) []string {
+	out := make([]string, 0, len(env))
+	for k, v := range env {
+		out = append(out, k+"="+v)
+	}
+	sort.Strings(out)
+	return out
+}

@@ -1,0 +1,55 @@
+// Copyright (c) CapyCTL authors
+// SPDX-License-Identifier: Apache-2.0
+
+//go:build !linux
+
+package proc
+
+import (
+	"net/netip"
+	"time"
+)
+
+// MaybeRunShim returns at once: there is no shim outside Linux.
+func MaybeRunShim() {}
+
+// Start returns ErrUnsupported outside Linux.
+func Start(LaunchSpec) (*Launched, error) { return nil, ErrUnsupported }
+
+// Alive returns false outside Linux.
+func Alive(Identity) bool { return false }
+
+// ReadStartTicks returns ErrUnsupported outside Linux.
+func ReadStartTicks(int) (uint64, error) { return 0, ErrUnsupported }
+
+// GroupPIDs returns nil outside Linux.
+func GroupPIDs(int) []int { return nil }
+
+// Descendants returns nil outside Linux.
+func Descendants(int) []int { return nil }
+
+// ProcessName returns "" outside Linux.
+func ProcessName(int) string { return "" }
+
+// TreeMemory returns ErrUnsupported outside Linux.
+func TreeMemory(int) (int64, int64, error) { return 0, 0, ErrUnsupported }
+
+// Stop returns ErrUnsupported outside Linux.
+func Stop(Launched, time.Duration) (StopResult, error) {
+	return StopResult{ExitCode: -1}, ErrUnsupported
+}
+
+// ReadStatus returns ErrUnsupported outside Linux.
+func ReadStatus(string) (Status, error) { return Status{ExitCode: -1}, ErrUnsupported }
+
+// Tail returns ErrUnsupported outside Linux.
+func Tail(string, int) (string, bool, error) { return "", false, ErrUnsupported }
+
+// LastLines returns nil outside Linux.
+func LastLines(string, int) []string { return nil }
+
+// Release returns ErrUnsupported outside Linux.
+func Release(string) error { return ErrUnsupported }
+
+// ListeningAddrs returns ErrUnsupported outside Linux.
+func ListeningAddrs(int) ([]netip.AddrPort, error) { return nil, ErrUnsupported }
