@@ -10,7 +10,7 @@
 //	capyctl.db
 //	├── meta
 //	│   ├── schema_version ........ "1" (decimal; see migrations.go)
-//	│   ├── incarnation ........... 32 hex digits drawn when the file was created;
+//	│   ├── incarnation ........... 26 base32 digits drawn when the file was created;
 //	│   │                           the event cursor is "<incarnation>:<seq>"
 //	│   ├── hostname .............. the machine name the state belongs to
 //	│   └── <key> ................. free-form (SetMeta)
@@ -49,10 +49,8 @@
 package store
 
 import (
-	"bytes"
 	"crypto/rand"
 	"encoding/binary"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -241,7 +239,9 @@ type Tx struct {
 }
 
 // Update runs fn in a read-write transaction: everything fn writes commits
-// together, or nothing does when fn returns an error.
+// together, or nothing does when fn returns an error. IMPORTANT: fn uses
+// tx's methods only; calling the Store from inside fn deadlocks (bbolt has
+// one writer).
 func (s *Store) Update(fn func(tx *Tx) error) error {
 	return s.db.Update(func(btx *bolt.Tx) error {
 		t := &Tx{tx: btx, s: s}
@@ -318,13 +318,24 @@ func (s *Store) PinHostname(name string) error {
 	})
 }
 
-// newIncarnation draws 128 random bits.
+// crockford is Crockford's base32 alphabet (ULID's).
+const crockford = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+
+// newIncarnation draws 128 random bits, written as 26 Crockford base32
+// digits so that a cursor "<incarnation>:<seq>" fits in 46 bytes.
 func newIncarnation() (string, error) {
 	var b [16]byte
 	if _, err := rand.Read(b[:]); err != nil {
 		return "", fmt.Errorf("draw incarnation: %w", err)
 	}
-	return hex.EncodeToString(b[:]), nil
+	hi, lo := binary.BigEndian.Uint64(b[:8]), binary.BigEndian.Uint64(b[8:])
+	out := make([]byte, 26)
+	for i := 25; i >= 0; i-- {
+		out[i] = crockford[lo&31]
+		lo = lo>>5 | hi<<59
+		hi >>= 5
+	}
+	return string(out), nil
 }
 
 func notFound(format string, args ...any) error {
@@ -374,8 +385,5 @@ func getJSON(b *bolt.Bucket, key []byte, v any) (bool, error) {
 
 // bucket returns a top-level bucket; every one exists after migration.
 func (t *Tx) bucket(name []byte) *bolt.Bucket { return t.tx.Bucket(name) }
-
-// hasPrefix is bytes.HasPrefix, kept for the cursor loops' readability.
-func hasPrefix(b, prefix []byte) bool { return bytes.HasPrefix(b, prefix) }
 
 func jsonUnmarshal(data []byte, v any) error { return json.Unmarshal(data, v) }

@@ -6,6 +6,8 @@ package store
 import (
 	"encoding/json"
 	"fmt"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/capyctl/capyctl/core/structs"
@@ -191,4 +193,46 @@ func (s *Store) notify(seq uint64) {
 		default:
 		}
 	}
+}
+
+// Cursor renders the resumable position after seq for the event stream's
+// Last-Event-ID: "<incarnation>:<seq>".
+func (s *Store) Cursor(seq uint64) string { return s.incarnation + ":" + strconv.FormatUint(seq, 10) }
+
+// ResolveCursor returns the Seq a cursor of this store stands for. A cursor
+// that does not parse is invalid_cursor; one from another incarnation of
+// the file (a restored or recreated store), or older than the kept events,
+// is cursor_expired with details.resnapshot_required: the client takes a
+// new snapshot and follows from there.
+func (s *Store) ResolveCursor(cursor string) (uint64, error) {
+	inc, num, ok := strings.Cut(cursor, ":")
+	seq, err := strconv.ParseUint(num, 10, 64)
+	if !ok || inc == "" || err != nil {
+		return 0, structs.Errf(structs.CodeInvalidCursor, "event cursor %q is not <incarnation>:<sequence>", cursor)
+	}
+	expired := func(why string) error {
+		return structs.Errf(structs.CodeCursorExpired, "event cursor %q %s; take a new snapshot", cursor, why).
+			WithDetail("resnapshot_required", true)
+	}
+	if inc != s.incarnation {
+		return 0, expired("belongs to another store")
+	}
+	var oldest, latest uint64
+	err = s.View(func(tx *Tx) error {
+		oldest, latest = tx.OldestEventSeq(), tx.LatestEventSeq()
+		return nil
+	})
+	if err != nil {
+		return 0, err
+	}
+	if seq > latest {
+		return 0, structs.Errf(structs.CodeInvalidCursor, "event cursor %q is ahead of the journal (%d)", cursor, latest)
+	}
+	// The events after seq must all still be kept: the next one is the
+	// oldest kept or newer. With an empty journal, everything up to latest
+	// was pruned.
+	if (oldest > 0 && seq+1 < oldest) || (oldest == 0 && seq < latest) {
+		return 0, expired("is older than the kept events")
+	}
+	return seq, nil
 }

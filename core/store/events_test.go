@@ -231,3 +231,44 @@ func TestStore_Subscribe(t *testing.T) {
 		t.Error("Subscribe on a closed store gave an open channel")
 	}
 }
+
+func TestStore_ResolveCursor(t *testing.T) {
+	s, _ := newTestStore(t, Options{EventMaxCount: 5})
+	if seq, err := s.ResolveCursor(s.Cursor(0)); err != nil || seq != 0 {
+		t.Fatalf("cursor 0 of an empty journal = %d, %v", seq, err)
+	}
+	appendN(t, s, 10) // keeps 6..10
+	cases := []struct {
+		name   string
+		cursor string
+		want   uint64
+		code   structs.Code
+	}{
+		{name: "latest", cursor: s.Cursor(10), want: 10},
+		{name: "just before the oldest kept", cursor: s.Cursor(5), want: 5},
+		{name: "pruned", cursor: s.Cursor(4), code: structs.CodeCursorExpired},
+		{name: "from the start after pruning", cursor: s.Cursor(0), code: structs.CodeCursorExpired},
+		{name: "ahead", cursor: s.Cursor(11), code: structs.CodeInvalidCursor},
+		{name: "another store", cursor: "0123456789abcdef0123456789abcdef:7", code: structs.CodeCursorExpired},
+		{name: "no separator", cursor: "7", code: structs.CodeInvalidCursor},
+		{name: "not a number", cursor: s.Incarnation() + ":x", code: structs.CodeInvalidCursor},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			seq, err := s.ResolveCursor(c.cursor)
+			if c.code != "" {
+				wantCode(t, err, c.code)
+				if c.code == structs.CodeCursorExpired && structs.AsError(err).Details["resnapshot_required"] != true {
+					t.Error("resnapshot_required missing")
+				}
+				return
+			}
+			if err != nil || seq != c.want {
+				t.Errorf("ResolveCursor = %d, %v; want %d", seq, err, c.want)
+			}
+		})
+	}
+	if len(s.Cursor(1<<63)) > 46 {
+		t.Errorf("cursor %q is longer than 46 bytes", s.Cursor(1<<63))
+	}
+}

@@ -4,6 +4,7 @@
 package store
 
 import (
+	"bytes"
 	"fmt"
 	"time"
 )
@@ -77,7 +78,7 @@ func (t *Tx) ListMeasurements(prefix string) (map[string]Measurement, error) {
 	out := map[string]Measurement{}
 	c := t.bucket(bucketMeasurements).Cursor()
 	p := []byte(prefix)
-	for k, v := c.Seek(p); k != nil && hasPrefix(k, p); k, v = c.Next() {
+	for k, v := c.Seek(p); k != nil && bytes.HasPrefix(k, p); k, v = c.Next() {
 		var m Measurement
 		if err := jsonUnmarshal(v, &m); err != nil {
 			return nil, fmt.Errorf("decode measurement %s: %w", k, err)

@@ -27,8 +27,8 @@ var migrations = []migration{
 	{version: 1, name: "initial buckets", apply: migrateV1},
 }
 
-// SchemaVersion is the schema this binary writes.
-func SchemaVersion() int { return migrations[len(migrations)-1].version }
+// CurrentSchemaVersion is the schema this binary writes.
+func CurrentSchemaVersion() int { return migrations[len(migrations)-1].version }
 
 func migrateV1(tx *bolt.Tx) error {
 	for _, name := range [][]byte{

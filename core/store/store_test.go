@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -74,11 +75,11 @@ func TestStore_Open(t *testing.T) {
 		t.Errorf("dir mode = %o, want 700", info.Mode().Perm())
 	}
 	inc := s.Incarnation()
-	if len(inc) != 32 {
-		t.Errorf("incarnation %q, want 32 hex digits", inc)
+	if len(inc) != 26 || strings.Trim(inc, crockford) != "" {
+		t.Errorf("incarnation %q, want 26 Crockford base32 digits", inc)
 	}
-	if v, err := s.SchemaVersion(); err != nil || v != SchemaVersion() {
-		t.Errorf("schema version = %d, %v; want %d", v, err, SchemaVersion())
+	if v, err := s.SchemaVersion(); err != nil || v != CurrentSchemaVersion() {
+		t.Errorf("schema version = %d, %v; want %d", v, err, CurrentSchemaVersion())
 	}
 	if err := s.PutEngine(&structs.EngineRecord{Name: "vllm-main", Family: "vllm"}); err != nil {
 		t.Fatal(err)
@@ -117,7 +118,7 @@ func TestStore_Open_NewerSchema(t *testing.T) {
 		t.Fatal(err)
 	}
 	err = db.Update(func(tx *bolt.Tx) error {
-		return tx.Bucket(bucketMeta).Put([]byte(MetaSchemaVersion), []byte(strconv.Itoa(SchemaVersion()+1)))
+		return tx.Bucket(bucketMeta).Put([]byte(MetaSchemaVersion), []byte(strconv.Itoa(CurrentSchemaVersion()+1)))
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -144,7 +145,7 @@ func TestStore_Open_Migrates(t *testing.T) {
 	}
 	ran := 0
 	migs := append(append([]migration(nil), migrations...), migration{
-		version: SchemaVersion() + 1,
+		version: CurrentSchemaVersion() + 1,
 		name:    "test bucket",
 		apply: func(tx *bolt.Tx) error {
 			ran++
@@ -156,8 +157,8 @@ func TestStore_Open_Migrates(t *testing.T) {
 	if err != nil {
 		t.Fatalf("migrate: %v", err)
 	}
-	if v, _ := s2.SchemaVersion(); v != SchemaVersion()+1 {
-		t.Errorf("schema version after migration = %d, want %d", v, SchemaVersion()+1)
+	if v, _ := s2.SchemaVersion(); v != CurrentSchemaVersion()+1 {
+		t.Errorf("schema version after migration = %d, want %d", v, CurrentSchemaVersion()+1)
 	}
 	if s2.Incarnation() != inc {
 		t.Errorf("migration changed the incarnation")
