@@ -12,7 +12,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -207,7 +209,7 @@ func (e *Engine) serveChat(w http.ResponseWriter, r *http.Request) {
 	}
 
 	e.total.Add(1)
-	defer e.finishRequest(w) // runs last: after the answer is out
+	defer e.finishRequest(r) // runs last
 	prompt := countPromptTokens(req.Messages)
 	e.promptTokens.Add(uint64(prompt))
 	if e.takeFailure() {
@@ -408,14 +410,29 @@ func (e *Engine) takeFailure() bool {
 	}
 }
 
-// finishRequest flushes the answer and applies crash-after.
-func (e *Engine) finishRequest(w http.ResponseWriter) {
+// finishRequest counts a finished chat request and applies crash-after:
+// under Serve the engine exits once the connection of the last request is
+// done with its answer (see Serve's ConnState), so the client gets it whole;
+// otherwise at once.
+func (e *Engine) finishRequest(r *http.Request) {
 	n := e.finished.Add(1)
-	if c := e.cfg.CrashAfter; c > 0 && n == uint64(c) {
-		http.NewResponseController(w).Flush()
-		e.exit(&ExitError{Code: 1, Reason: fmt.Sprintf("crash after %d requests", c)})
+	if c := e.cfg.CrashAfter; c <= 0 || n != uint64(c) {
+		return
 	}
+	if conn, ok := r.Context().Value(connKey{}).(net.Conn); ok {
+		e.crashConn.Store(&conn)
+		return
+	}
+	e.crash()
 }
+
+// crash ends the engine as the crash-after knob asks.
+func (e *Engine) crash() {
+	e.exit(&ExitError{Code: 1, Reason: fmt.Sprintf("crash after %d requests", e.cfg.CrashAfter)})
+}
+
+// connKey carries a request's connection in its context (Serve only).
+type connKey struct{}
 
 // Abort ends the in-flight requests with that ID (waiting or generating),
 // as an engine's abort route does, and returns how many there were. An
@@ -451,6 +468,7 @@ func WriteJSON(w http.ResponseWriter, status int, v any) {
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(buf.Len()))
 	w.WriteHeader(status)
 	w.Write(buf.Bytes())
 }

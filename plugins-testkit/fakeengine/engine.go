@@ -221,6 +221,7 @@ type Engine struct {
 	total, completed, cancelled, failed atomic.Uint64
 	finished, promptTokens, genTokens   atomic.Uint64
 	lastCancel                          atomic.Int64
+	crashConn                           atomic.Pointer[net.Conn]
 
 	inflightMu sync.Mutex
 	inflight   map[*inflight]struct{}
@@ -511,6 +512,26 @@ func (e *Engine) Serve(ctx context.Context, ln net.Listener) error {
 		Handler:           e.handler,
 		ReadHeaderTimeout: 30 * time.Second,
 		ErrorLog:          log.New(e.cfg.Stderr, "", 0),
+		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
+			return context.WithValue(ctx, connKey{}, c)
+		},
+		ConnState: func(c net.Conn, st http.ConnState) {
+			// The request that reached crash-after has been answered in
+			// full once its connection is idle or closed.
+			if st == http.StateIdle || st == http.StateClosed || st == http.StateHijacked {
+				if p := e.crashConn.Load(); p != nil && *p == c {
+					e.crash()
+				}
+			}
+		},
+	}
+	if e.flavour.AcceptWhileLoading() {
+		// A deferred listener (Listen) must listen before the log says so.
+		if d, ok := ln.(*deferredListener); ok {
+			if _, err := d.listening(); err != nil {
+				return fmt.Errorf("serve fake engine: %w", err)
+			}
+		}
 	}
 	e.Logf(LevelInfo, "listening on %s", ln.Addr())
 

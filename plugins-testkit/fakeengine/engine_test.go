@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -503,35 +504,51 @@ func TestEngine_FailRequests(t *testing.T) {
 }
 
 func TestEngine_CrashAfter(t *testing.T) {
-	e, err := fakeengine.New(fakeengine.Config{ServedName: "m", CrashAfter: 2, Stdout: &syncBuffer{}, Stderr: &syncBuffer{}})
-	if err != nil {
-		t.Fatal(err)
+	cases := []struct {
+		name   string
+		stream bool
+	}{
+		{name: "non-streamed"},
+		{name: "streamed", stream: true},
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	url := "http://" + ln.Addr().String()
-	served := make(chan error, 1)
-	go func() { served <- e.Serve(context.Background(), ln) }()
-	<-e.Ready()
-	for i := range 2 {
-		status, data, _ := do(t, "POST", url+"/v1/chat/completions", chatBody("m", "hi", nil), nil)
-		if status != 200 {
-			t.Fatalf("request %d: %d %s", i, status, data)
-		}
-	}
-	var x *fakeengine.ExitError
-	select {
-	case err := <-served:
-		if !errors.As(err, &x) || x.Code != 1 {
-			t.Fatalf("Serve = %v, want exit code 1", err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("engine did not crash")
-	}
-	if _, err := http.Get(url + "/health"); err == nil {
-		t.Fatal("engine still answers after the crash")
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			e, err := fakeengine.New(fakeengine.Config{ServedName: "m", CrashAfter: 2, Stdout: &syncBuffer{}, Stderr: &syncBuffer{}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			url := "http://" + ln.Addr().String()
+			served := make(chan error, 1)
+			go func() { served <- e.Serve(context.Background(), ln) }()
+			<-e.Ready()
+			for i := range 2 {
+				status, data, _ := do(t, "POST", url+"/v1/chat/completions", chatBody("m", "hi", map[string]any{"stream": c.stream}), nil)
+				if status != 200 {
+					t.Fatalf("request %d: %d %s", i, status, data)
+				}
+				if c.stream {
+					if ev := sseEvents(t, data); ev[len(ev)-1] != "[DONE]" {
+						t.Fatalf("request %d: stream cut: %s", i, data)
+					}
+				}
+			}
+			var x *fakeengine.ExitError
+			select {
+			case err := <-served:
+				if !errors.As(err, &x) || x.Code != 1 {
+					t.Fatalf("Serve = %v, want exit code 1", err)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatal("engine did not crash")
+			}
+			if _, err := http.Get(url + "/health"); err == nil {
+				t.Fatal("engine still answers after the crash")
+			}
+		})
 	}
 }
 
@@ -662,8 +679,17 @@ func TestEngine_SimulatedMemory(t *testing.T) {
 		t.Fatalf("when ready: %v", got)
 	}
 
-	if err := te.Park(1); err != nil {
+	if err := te.Park(1, fakeengine.TagKVCache); err != nil {
 		t.Fatal(err)
+	}
+	if got := held(t, g); !reflect.DeepEqual(got, map[string]int64{"weights": 400, "park_residue": 30}) {
+		t.Fatalf("kv cache parked: %v", got)
+	}
+	if err := te.Park(2); err != nil {
+		t.Fatal(err)
+	}
+	if err := te.Park(1, "cuda_graph"); err == nil {
+		t.Fatal("park of an unknown tag accepted")
 	}
 	if got := held(t, g); !reflect.DeepEqual(got, map[string]int64{"park_residue": 30}) {
 		t.Fatalf("parked: %v", got)
@@ -705,7 +731,7 @@ func TestEngine_SimulatedMemory(t *testing.T) {
 	if status := <-answered; status != 200 {
 		t.Fatalf("request parked then woken: %d", status)
 	}
-	if s := te.Stats(); s.Parks != 1 || s.Wakes != 1 || s.Phase != "ready" {
+	if s := te.Stats(); s.Parks != 1 || s.Wakes != 1 || s.Phase != "ready" || s.ParkLevel != 0 {
 		t.Fatalf("stats %+v", s)
 	}
 }
@@ -732,4 +758,72 @@ func TestEngine_SimulatedOutOfMemory(t *testing.T) {
 		t.Fatalf("memory left after the failed start: %v", got)
 	}
 	_ = dev
+}
+
+// loadsFirst is a flavour that does not answer while loading, as vLLM.
+type loadsFirst struct{ fakeengine.OpenAI }
+
+func (loadsFirst) AcceptWhileLoading() bool { return false }
+
+func TestListen(t *testing.T) {
+	cases := []struct {
+		name          string
+		flavour       fakeengine.Flavour
+		wantRefused   bool
+		wantLoadingOK bool
+	}{
+		{name: "answers while loading", flavour: fakeengine.OpenAI{}},
+		{name: "refuses while loading", flavour: loadsFirst{}, wantRefused: true},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			hold := filepath.Join(t.TempDir(), "go")
+			out := &syncBuffer{}
+			e, err := fakeengine.New(fakeengine.Config{ServedName: "m", Flavour: c.flavour, HoldStartupFile: hold, Stdout: out, Stderr: &syncBuffer{}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ln, err := fakeengine.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			addr := ln.Addr().String()
+			if strings.HasSuffix(addr, ":0") {
+				t.Fatalf("no port chosen: %s", addr)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			served := make(chan error, 1)
+			go func() { served <- e.Serve(ctx, ln) }()
+			defer func() {
+				cancel()
+				if err := <-served; err != nil {
+					t.Errorf("Serve = %v", err)
+				}
+			}()
+
+			waitFor(t, "the listening line", func() bool { return strings.Contains(out.String(), "listening on "+addr) })
+			conn, err := net.Dial("tcp", addr)
+			switch {
+			case c.wantRefused && !errors.Is(err, syscall.ECONNREFUSED):
+				t.Fatalf("dial while loading: %v, want connection refused", err)
+			case !c.wantRefused && err != nil:
+				t.Fatalf("dial while loading: %v", err)
+			case !c.wantRefused:
+				conn.Close()
+				if status, _, _ := do(t, "GET", "http://"+addr+"/health", "", nil); status != http.StatusServiceUnavailable {
+					t.Fatalf("health while loading: %d", status)
+				}
+			}
+			os.WriteFile(hold, nil, 0o600)
+			<-e.Ready()
+			waitFor(t, "health 200", func() bool {
+				resp, err := http.Get("http://" + addr + "/health")
+				if err != nil {
+					return false
+				}
+				resp.Body.Close()
+				return resp.StatusCode == 200
+			})
+		})
+	}
 }

@@ -188,37 +188,60 @@ func (e *Engine) logOOM(err error) {
 		gibString(oom.Requested), oom.Device.Index, gibString(oom.Device.TotalBytes), gibString(oom.Free()), gibString(mine)))
 }
 
-// Park releases the weights and the KV cache from the simulated GPU, keeps
-// the park residue, and pauses the slot queue: new requests wait (counted
-// as waiting) until Wake. level is recorded for the flavour (vLLM's 1 or
-// 2); both free the same GPU memory. Requests already generating are not
+// Park releases memory from the simulated GPU: the given tags (TagWeights,
+// TagKVCache; both when none are given, as vLLM's sleep does, while SGLang
+// may release one). The first Park of a cycle takes the park residue and
+// pauses the slot queue: new requests wait (counted as waiting) until Wake.
+// Parking a parked engine releases what is still held and keeps the
+// deepest level. level is recorded for the flavour (vLLM's 1 or 2); the
+// GPU memory freed is the same. Requests already generating are not
 // touched: a flavour that aborts or drains them first uses AbortAll.
-func (e *Engine) Park(level int) error {
+func (e *Engine) Park(level int, tags ...string) error {
 	e.parkMu.Lock()
 	defer e.parkMu.Unlock()
+	tags, err := memoryTags("park", tags)
+	if err != nil {
+		return err
+	}
 	switch e.Phase() {
 	case PhaseReady:
+		e.slots.setPaused(true)
+		if err := e.mem.alloc(TagParkResidue, e.cfg.Sim.ParkResidue); err != nil {
+			e.slots.setPaused(false)
+			return fmt.Errorf("park: %w", err)
+		}
+		e.parkLevel = level
+		e.phase.Store(int32(PhaseParked))
+		e.parks.Add(1)
 	case PhaseParked:
 		e.parkLevel = max(e.parkLevel, level)
-		return nil
 	default:
 		return fmt.Errorf("park: engine is %s", e.Phase())
 	}
-	e.slots.setPaused(true)
-	for _, tag := range []string{TagWeights, TagKVCache} {
+	for _, tag := range tags {
+		if e.parked[tag] {
+			continue
+		}
 		if err := e.mem.free(tag); err != nil {
 			return fmt.Errorf("park: %w", err)
 		}
 		e.parked[tag] = true
 	}
-	if err := e.mem.alloc(TagParkResidue, e.cfg.Sim.ParkResidue); err != nil {
-		return fmt.Errorf("park: %w", err)
-	}
-	e.parkLevel = level
-	e.phase.Store(int32(PhaseParked))
-	e.parks.Add(1)
-	e.Logf(LevelInfo, "parked (level %d)", level)
+	e.Logf(LevelInfo, "parked (level %d): released %v", e.parkLevel, tags)
 	return nil
+}
+
+// memoryTags checks tags for Park and Wake; none means both.
+func memoryTags(op string, tags []string) ([]string, error) {
+	if len(tags) == 0 {
+		return []string{TagWeights, TagKVCache}, nil
+	}
+	for _, t := range tags {
+		if t != TagWeights && t != TagKVCache {
+			return nil, fmt.Errorf("%s: unknown tag %q (want %q or %q)", op, t, TagWeights, TagKVCache)
+		}
+	}
+	return tags, nil
 }
 
 // Wake re-allocates what Park released: the given tags (TagWeights,
@@ -229,13 +252,9 @@ func (e *Engine) Park(level int) error {
 func (e *Engine) Wake(tags ...string) error {
 	e.parkMu.Lock()
 	defer e.parkMu.Unlock()
-	if len(tags) == 0 {
-		tags = []string{TagWeights, TagKVCache}
-	}
-	for _, t := range tags {
-		if t != TagWeights && t != TagKVCache {
-			return fmt.Errorf("wake: unknown tag %q (want %q or %q)", t, TagWeights, TagKVCache)
-		}
+	tags, err := memoryTags("wake", tags)
+	if err != nil {
+		return err
 	}
 	if e.Phase() != PhaseParked {
 		return nil

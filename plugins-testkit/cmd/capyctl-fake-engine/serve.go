@@ -74,7 +74,7 @@ func serveEngine(cfg fakeengine.Config, host string, port int, listenAll bool, s
 	if listenAll {
 		network, host = "tcp4", "0.0.0.0"
 	}
-	ln, err := net.Listen(network, net.JoinHostPort(host, strconv.Itoa(port)))
+	ln, err := fakeengine.Listen(network, net.JoinHostPort(host, strconv.Itoa(port)))
 	if err != nil {
 		fmt.Fprintf(stderr, "capyctl-fake-engine: %v\n", err)
 		return 1
