@@ -87,7 +87,8 @@ type RequestWriter struct {
 }
 
 // NewRequestWriter starts a writer on s. With MaxRecords or MaxAge at 0 the
-// ledger is off: it removes what is stored and records nothing.
+// ledger is off: it removes what is stored and records nothing. Close the
+// writer before the store, or its last records are dropped.
 func NewRequestWriter(s *Store, opts RequestWriterOptions) *RequestWriter {
 	if opts.Interval <= 0 {
 		opts.Interval = DefaultRequestInterval
