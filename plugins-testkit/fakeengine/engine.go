@@ -442,9 +442,11 @@ func (e *Engine) Run(ctx context.Context) error {
 	if err := e.mem.free(TagStartupPeak); err != nil {
 		e.Logf(LevelWarn, "free startup peak: %v", err)
 	}
+	// The line comes first, so that whoever sees the engine ready (health,
+	// Ready) also finds the line in its log.
+	e.Logf(LevelInfo, "ready: serving %s", e.cfg.ServedName)
 	e.phase.Store(int32(PhaseReady))
 	close(e.ready)
-	e.Logf(LevelInfo, "ready: serving %s", e.cfg.ServedName)
 	select {
 	case <-ctx.Done():
 		e.Logf(LevelInfo, "shutting down")
