@@ -15,8 +15,8 @@
 // A typical test:
 //
 //	e, _ := fakeengine.New(fakeengine.Config{ServedName: "m"})
-//	ln, _ := net.Listen("tcp", "127.0.0.1:0")
-//	go e.Serve(ctx, ln)
+//	ln, _ := fakeengine.Listen("tcp", "127.0.0.1:0")
+//	go e.Serve(ctx, ln) // or httptest.NewServer(e.Handler()) plus go e.Run(ctx)
 //	<-e.Ready()
 package fakeengine
 

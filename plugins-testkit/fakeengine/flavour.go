@@ -169,21 +169,21 @@ var (
 
 // RegisterFlavour makes a flavour available to FlavourByName (and so to
 // the binary's --flavour). Registering a name twice panics.
-func RegisterFlavour(name string, make func() Flavour) {
+func RegisterFlavour(name string, newFlavour func() Flavour) {
 	flavoursMu.Lock()
 	defer flavoursMu.Unlock()
 	if _, ok := flavours[name]; ok {
 		panic("fakeengine: flavour " + name + " registered twice")
 	}
-	flavours[name] = make
+	flavours[name] = newFlavour
 }
 
 // FlavourByName returns a new flavour of that name.
 func FlavourByName(name string) (Flavour, error) {
 	flavoursMu.RLock()
 	defer flavoursMu.RUnlock()
-	if make, ok := flavours[name]; ok {
-		return make(), nil
+	if newFlavour, ok := flavours[name]; ok {
+		return newFlavour(), nil
 	}
 	return nil, fmt.Errorf("unknown flavour %q (known: %s)", name, strings.Join(flavourNames(), ", "))
 }

@@ -124,6 +124,7 @@ func orDefault(v, def int) int {
 // byteSize is a flag.Value of a size in bytes ("512MiB").
 type byteSize struct{ p *int64 }
 
+// String implements flag.Value.
 func (b byteSize) String() string {
 	if b.p == nil {
 		return "0"
@@ -131,6 +132,7 @@ func (b byteSize) String() string {
 	return strconv.FormatInt(*b.p, 10)
 }
 
+// Set implements flag.Value.
 func (b byteSize) Set(s string) error {
 	n, err := ParseBytes(s)
 	if err != nil {
@@ -143,6 +145,7 @@ func (b byteSize) Set(s string) error {
 // intBytes is byteSize for an int.
 type intBytes struct{ p *int }
 
+// String implements flag.Value.
 func (b intBytes) String() string {
 	if b.p == nil {
 		return "0"
@@ -150,6 +153,7 @@ func (b intBytes) String() string {
 	return strconv.Itoa(*b.p)
 }
 
+// Set implements flag.Value.
 func (b intBytes) Set(s string) error {
 	n, err := ParseBytes(s)
 	if err != nil {
