@@ -1,0 +1,517 @@
+// Copyright (c) CapyCTL authors
+// SPDX-License-Identifier: Apache-2.0
+
+// Package pluginmgr is the driver catalog: it discovers drivers (built into
+// the capyctl binary, or capyctl-driver-<name> programs in the role's plugin
+// directory), launches each once through go-plugin, reads its Describe,
+// supervises it (a crashed driver is relaunched with backoff and the core is
+// told so it can Recover its instances), records go-plugin reattach configs
+// in the store, and after a core restart re-attaches to drivers that are
+// still running, falling back to a fresh launch.
+package pluginmgr
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	goplugin "github.com/hashicorp/go-plugin"
+
+	"github.com/capyctl/capyctl/core/store"
+	"github.com/capyctl/capyctl/core/structs"
+	"github.com/capyctl/capyctl/sdk"
+	sdkplugin "github.com/capyctl/capyctl/sdk/plugin"
+	"github.com/capyctl/capyctl/sdk/proc"
+	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
+)
+
+// ExternalPrefix is the file-name prefix of third-party driver programs.
+const ExternalPrefix = "capyctl-driver-"
+
+// ReattachStore is the part of the store the manager needs.
+type ReattachStore interface {
+	PutReattach(driver string, r store.ReattachRecord) error
+	GetReattach(driver string) (*store.ReattachRecord, error)
+	DeleteReattach(driver string) error
+}
+
+// Config configures a Manager.
+type Config struct {
+	// Executable is the capyctl binary built-in drivers re-execute
+	// (`<Executable> driver <family>`).
+	Executable string
+	// Builtins are the families compiled into Executable.
+	Builtins []string
+	// PluginDir holds capyctl-driver-<name> programs.
+	PluginDir string
+	// LogDir receives one JSON log file per driver.
+	LogDir string
+	// SocketDir is where go-plugin creates the drivers' unix sockets.
+	SocketDir string
+	Store     ReattachStore
+	Logger    hclog.Logger
+	// OnRelaunch is called (in its own goroutine) after a driver was
+	// relaunched because the previous process died, so the core can call
+	// Recover for that driver's instances.
+	OnRelaunch func(family string)
+	// Env is added to every driver's environment.
+	Env []string
+	// MaxBackoff bounds the relaunch backoff (default 10s).
+	MaxBackoff time.Duration
+}
+
+// Manager owns the driver processes.
+type Manager struct {
+	cfg    Config
+	logger hclog.Logger
+
+	mu      sync.Mutex
+	drivers map[string]*driverProc
+	closed  bool
+}
+
+// driverProc is one running (or relaunching) driver.
+type driverProc struct {
+	family  string
+	program string
+	args    []string
+
+	mu       sync.Mutex
+	client   *goplugin.Client
+	rpc      *sdkplugin.Client
+	describe *pb.DescribeResponse
+	pid      int
+	// generation counts launches; a relaunch bumps it.
+	generation int
+	launching  chan struct{}
+	lastErr    error
+	failures   int
+	stopWatch  chan struct{}
+}
+
+// New returns a Manager. Nothing is launched until a driver is first used
+// (or Reattach is called).
+func New(cfg Config) *Manager {
+	if cfg.Logger == nil {
+		cfg.Logger = hclog.NewNullLogger()
+	}
+	if cfg.MaxBackoff == 0 {
+		cfg.MaxBackoff = 10 * time.Second
+	}
+	return &Manager{cfg: cfg, logger: cfg.Logger.Named("pluginmgr"), drivers: map[string]*driverProc{}}
+}
+
+// Families lists every driver the manager can launch: the built-ins and the
+// external programs found in the plugin directory, sorted.
+func (m *Manager) Families() []string {
+	seen := map[string]bool{}
+	for _, f := range m.cfg.Builtins {
+		seen[f] = true
+	}
+	if m.cfg.PluginDir != "" {
+		entries, _ := os.ReadDir(m.cfg.PluginDir)
+		for _, e := range entries {
+			name := e.Name()
+			if strings.HasPrefix(name, ExternalPrefix) && !e.IsDir() {
+				seen[strings.TrimPrefix(name, ExternalPrefix)] = true
+			}
+		}
+	}
+	out := make([]string, 0, len(seen))
+	for f := range seen {
+		out = append(out, f)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// program returns how to run a family's driver.
+func (m *Manager) program(family string) (string, []string, error) {
+	if m.cfg.PluginDir != "" {
+		p := filepath.Join(m.cfg.PluginDir, ExternalPrefix+family)
+		if st, err := os.Stat(p); err == nil && !st.IsDir() && st.Mode()&0o111 != 0 {
+			return p, nil, nil
+		}
+	}
+	for _, b := range m.cfg.Builtins {
+		if b == family {
+			return m.cfg.Executable, []string{"driver", family}, nil
+		}
+	}
+	return "", nil, structs.Errf(structs.CodeCapabilityMissing+":driver_"+structs.Code(family),
+		"no driver for engine family %q (built-in: %s; external drivers are %s<name> in %s)",
+		family, strings.Join(m.cfg.Builtins, ", "), ExternalPrefix, m.cfg.PluginDir)
+}
+
+// Driver returns the driver of a family, launching or re-attaching it on
+// first use. The returned value stays valid across relaunches.
+func (m *Manager) Driver(ctx context.Context, family string) (sdk.Driver, error) {
+	d, err := m.proc(family)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := d.ensure(ctx, m); err != nil {
+		return nil, err
+	}
+	return &handle{m: m, d: d}, nil
+}
+
+// Describe returns the family's Describe answer (cached per launch).
+func (m *Manager) Describe(ctx context.Context, family string) (*pb.DescribeResponse, error) {
+	d, err := m.proc(family)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := d.ensure(ctx, m); err != nil {
+		return nil, err
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.describe, nil
+}
+
+// PID returns the process ID of a family's running driver, 0 when none.
+func (m *Manager) PID(family string) int {
+	m.mu.Lock()
+	d := m.drivers[family]
+	m.mu.Unlock()
+	if d == nil {
+		return 0
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.client == nil || d.client.Exited() {
+		return 0
+	}
+	return d.pid
+}
+
+// Generation returns how many times a family's driver has been launched or
+// re-attached in this core.
+func (m *Manager) Generation(family string) int {
+	m.mu.Lock()
+	d := m.drivers[family]
+	m.mu.Unlock()
+	if d == nil {
+		return 0
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.generation
+}
+
+func (m *Manager) proc(family string) (*driverProc, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		return nil, structs.Errf(structs.CodeShuttingDown, "the role is shutting down")
+	}
+	if d, ok := m.drivers[family]; ok {
+		return d, nil
+	}
+	prog, args, err := m.program(family)
+	if err != nil {
+		return nil, err
+	}
+	d := &driverProc{family: family, program: prog, args: args}
+	m.drivers[family] = d
+	return d, nil
+}
+
+// ensure returns a live RPC client, launching (or re-attaching, or
+// relaunching) the driver when needed. Concurrent callers share one launch.
+func (d *driverProc) ensure(ctx context.Context, m *Manager) (*sdkplugin.Client, error) {
+	for {
+		d.mu.Lock()
+		if d.client != nil && !d.client.Exited() && d.rpc != nil {
+			rpc := d.rpc
+			d.mu.Unlock()
+			return rpc, nil
+		}
+		if d.launching != nil {
+			ch := d.launching
+			d.mu.Unlock()
+			select {
+			case <-ch:
+				continue
+			case <-ctx.Done():
+				return nil, structs.Wrap(structs.CodeDriverUnavailable, ctx.Err(), "driver %s is relaunching", d.family)
+			}
+		}
+		relaunch := d.client != nil
+		ch := make(chan struct{})
+		d.launching = ch
+		failures := d.failures
+		d.mu.Unlock()
+
+		if relaunch && failures > 0 {
+			backoff := time.Duration(1<<min(failures, 8)) * 100 * time.Millisecond
+			if backoff > m.cfg.MaxBackoff {
+				backoff = m.cfg.MaxBackoff
+			}
+			select {
+			case <-time.After(backoff):
+			case <-ctx.Done():
+				d.mu.Lock()
+				d.launching = nil
+				d.mu.Unlock()
+				close(ch)
+				return nil, structs.Wrap(structs.CodeDriverUnavailable, ctx.Err(), "driver %s is relaunching", d.family)
+			}
+		}
+
+		err := m.launch(ctx, d, !relaunch)
+		d.mu.Lock()
+		d.launching = nil
+		if err != nil {
+			d.failures++
+			d.lastErr = err
+		} else {
+			d.failures = 0
+			d.lastErr = nil
+		}
+		rpc := d.rpc
+		d.mu.Unlock()
+		close(ch)
+		if err != nil {
+			return nil, err
+		}
+		if relaunch && m.cfg.OnRelaunch != nil {
+			go m.cfg.OnRelaunch(d.family)
+		}
+		return rpc, nil
+	}
+}
+
+// launch starts the driver (trying the recorded reattach config first when
+// allowed) and reads its Describe.
+func (m *Manager) launch(ctx context.Context, d *driverProc, tryReattach bool) error {
+	log := m.logger.With("driver", d.family)
+	if old := d.client; old != nil {
+		old.Kill()
+	}
+	if tryReattach && m.cfg.Store != nil {
+		if rec, err := m.cfg.Store.GetReattach(d.family); err == nil && rec != nil {
+			if err := m.reattach(ctx, d, rec); err == nil {
+				log.Info("re-attached to running driver", "pid", rec.Pid)
+				return nil
+			} else {
+				log.Warn("re-attach failed; launching a new driver", "pid", rec.Pid, "error", err)
+				_ = m.cfg.Store.DeleteReattach(d.family)
+			}
+		}
+	}
+
+	cmd := exec.Command(d.program, d.args...)
+	cmd.Env = append([]string{
+		"PATH=" + os.Getenv("PATH"),
+		"HOME=" + os.Getenv("HOME"),
+	}, m.cfg.Env...)
+	if m.cfg.LogDir != "" {
+		_ = os.MkdirAll(m.cfg.LogDir, 0o700)
+		cmd.Env = append(cmd.Env, sdkplugin.EnvDriverLogFile+"="+filepath.Join(m.cfg.LogDir, d.family+".log"))
+	}
+	// IMPORTANT: a driver has its own process group, so a terminal's Ctrl-C
+	// or a systemd stop of the core's group does not take it (and so its
+	// engines' supervision) down with the core.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	var sockCfg *goplugin.UnixSocketConfig
+	if m.cfg.SocketDir != "" {
+		_ = os.MkdirAll(m.cfg.SocketDir, 0o700)
+		sockCfg = &goplugin.UnixSocketConfig{TempDir: m.cfg.SocketDir}
+	}
+	client := goplugin.NewClient(&goplugin.ClientConfig{
+		HandshakeConfig:  sdkplugin.Handshake,
+		VersionedPlugins: sdkplugin.VersionedPlugins(nil),
+		Cmd:              cmd,
+		AllowedProtocols: []goplugin.Protocol{goplugin.ProtocolGRPC},
+		Logger:           log,
+		SkipHostEnv:      true,
+		StartTimeout:     30 * time.Second,
+		UnixSocketConfig: sockCfg,
+	})
+	rpc, desc, err := dispense(ctx, client)
+	if err != nil {
+		client.Kill()
+		return structs.Wrap(structs.CodeDriverUnavailable, err, "launch driver %s (%s)", d.family, d.program)
+	}
+	pid := 0
+	if rc := client.ReattachConfig(); rc != nil {
+		pid = rc.Pid
+		if m.cfg.Store != nil {
+			ticks, _ := proc.ReadStartTicks(rc.Pid)
+			rec := store.ReattachRecord{
+				Driver:          d.family,
+				Network:         rc.Addr.Network(),
+				Addr:            rc.Addr.String(),
+				Pid:             rc.Pid,
+				StartTicks:      ticks,
+				ProtocolVersion: rc.ProtocolVersion,
+				Program:         d.program,
+				UpdatedAt:       time.Now().UTC(),
+			}
+			if err := m.cfg.Store.PutReattach(d.family, rec); err != nil {
+				log.Warn("could not record the driver's reattach config", "error", err)
+			}
+		}
+	}
+	d.mu.Lock()
+	d.client, d.rpc, d.describe, d.pid = client, rpc, desc, pid
+	d.generation++
+	d.mu.Unlock()
+	log.Info("driver launched", "pid", pid, "version", desc.GetVersion(), "protocol", client.NegotiatedVersion())
+	return nil
+}
+
+// reattach connects to a driver a previous core launched.
+func (m *Manager) reattach(ctx context.Context, d *driverProc, rec *store.ReattachRecord) error {
+	// IMPORTANT: never re-attach to a recycled PID (go-plugin once killed an
+	// unrelated process that way); the start time must match.
+	ticks, err := proc.ReadStartTicks(rec.Pid)
+	if err != nil || (rec.StartTicks != 0 && ticks != rec.StartTicks) {
+		return fmt.Errorf("driver process %d is gone", rec.Pid)
+	}
+	var addr net.Addr
+	switch rec.Network {
+	case "unix":
+		addr = &net.UnixAddr{Name: rec.Addr, Net: "unix"}
+	default:
+		tcp, err := net.ResolveTCPAddr(rec.Network, rec.Addr)
+		if err != nil {
+			return err
+		}
+		addr = tcp
+	}
+	client := goplugin.NewClient(&goplugin.ClientConfig{
+		HandshakeConfig:  sdkplugin.Handshake,
+		VersionedPlugins: sdkplugin.VersionedPlugins(nil),
+		Reattach: &goplugin.ReattachConfig{
+			Protocol:        goplugin.ProtocolGRPC,
+			ProtocolVersion: rec.ProtocolVersion,
+			Addr:            addr,
+			Pid:             rec.Pid,
+		},
+		AllowedProtocols: []goplugin.Protocol{goplugin.ProtocolGRPC},
+		Logger:           m.logger.With("driver", d.family),
+	})
+	rpc, desc, err := dispense(ctx, client)
+	if err != nil {
+		// Do not Kill: the process may still be serving someone; it is not
+		// ours to end on a failed probe.
+		return err
+	}
+	d.mu.Lock()
+	d.client, d.rpc, d.describe, d.pid = client, rpc, desc, rec.Pid
+	d.generation++
+	d.mu.Unlock()
+	return nil
+}
+
+// dispense connects and probes a driver with Describe (a cheap RPC).
+func dispense(ctx context.Context, client *goplugin.Client) (*sdkplugin.Client, *pb.DescribeResponse, error) {
+	proto, err := client.Client()
+	if err != nil {
+		return nil, nil, err
+	}
+	raw, err := proto.Dispense(sdkplugin.PluginName)
+	if err != nil {
+		return nil, nil, err
+	}
+	rpc, ok := raw.(*sdkplugin.Client)
+	if !ok {
+		return nil, nil, fmt.Errorf("driver dispensed %T", raw)
+	}
+	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	desc, err := rpc.Describe(pctx, &pb.DescribeRequest{})
+	if err != nil {
+		return nil, nil, fmt.Errorf("describe: %w", err)
+	}
+	return rpc, desc, nil
+}
+
+// Watch starts a supervisor that relaunches a crashed driver promptly
+// instead of waiting for the next call. It returns when ctx ends.
+func (m *Manager) Watch(ctx context.Context, interval time.Duration) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		m.mu.Lock()
+		procs := make([]*driverProc, 0, len(m.drivers))
+		for _, d := range m.drivers {
+			procs = append(procs, d)
+		}
+		closed := m.closed
+		m.mu.Unlock()
+		if closed {
+			return
+		}
+		for _, d := range procs {
+			d.mu.Lock()
+			dead := d.client != nil && d.client.Exited() && d.launching == nil
+			d.mu.Unlock()
+			if dead {
+				m.logger.Warn("driver exited; relaunching", "driver", d.family)
+				go func(d *driverProc) {
+					lctx, cancel := context.WithTimeout(ctx, time.Minute)
+					defer cancel()
+					if _, err := d.ensure(lctx, m); err != nil {
+						m.logger.Error("driver relaunch failed", "driver", d.family, "error", err)
+					}
+				}(d)
+			}
+		}
+	}
+}
+
+// Shutdown ends every driver and forgets their reattach configs (a clean
+// stop; engines keep running in their own sessions and the next core
+// launches fresh drivers and recovers them). With detach, drivers are left
+// running and their reattach configs kept, as after a crash.
+func (m *Manager) Shutdown(detach bool) {
+	m.mu.Lock()
+	m.closed = true
+	procs := make([]*driverProc, 0, len(m.drivers))
+	for _, d := range m.drivers {
+		procs = append(procs, d)
+	}
+	m.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, d := range procs {
+		d.mu.Lock()
+		c := d.client
+		d.mu.Unlock()
+		if c == nil || detach {
+			continue
+		}
+		wg.Add(1)
+		go func(d *driverProc, c *goplugin.Client) {
+			defer wg.Done()
+			c.Kill()
+			if m.cfg.Store != nil {
+				_ = m.cfg.Store.DeleteReattach(d.family)
+			}
+		}(d, c)
+	}
+	wg.Wait()
+}
+
+// isTransport reports whether err means the driver process is unreachable
+// (dead or restarting) rather than a driver answer.
+func isTransport(err error) bool {
+	return sdk.CodeOf(err) == sdk.CodeDriverUnavailable
+}
