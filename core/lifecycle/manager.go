@@ -1,0 +1,826 @@
+// Copyright (c) CapyCTL authors
+// SPDX-License-Identifier: Apache-2.0
+
+// Package lifecycle owns the instance state machine: deploy, start, stop,
+// recovery after a restart, and (with the ledger) parking, waking and
+// switching. Each instance has one owner goroutine (its lane) that performs
+// at most one effect at a time; effects on different instances run
+// concurrently up to a bound. Every transition is checked against the table
+// in states.go and journaled in the store.
+package lifecycle
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/capyctl/capyctl/core/structs"
+	"github.com/capyctl/capyctl/sdk"
+	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
+)
+
+// Store is the part of the store the lifecycle needs.
+type Store interface {
+	ListDeployments() ([]structs.DeploymentRecord, error)
+	PutDeployment(*structs.DeploymentRecord) error
+	DeleteDeployment(name string) error
+	AllInstances() ([]structs.InstanceRecord, error)
+	PutInstance(*structs.InstanceRecord) error
+	DeleteInstance(dep string, idx int) error
+	GetEngine(name string) (*structs.EngineRecord, error)
+	ListEngines() ([]structs.EngineRecord, error)
+	AppendEvent(*structs.Event) (uint64, error)
+}
+
+// DriverSource hands out drivers by family (the plugin manager).
+type DriverSource interface {
+	Driver(ctx context.Context, family string) (sdk.Driver, error)
+	Describe(ctx context.Context, family string) (*pb.DescribeResponse, error)
+}
+
+// Host describes the machine the lifecycle runs engines on.
+type Host struct {
+	Name       string
+	StateDir   string
+	ModelsRoot string
+	// Policy is what the host allows and sets for every engine.
+	Policy *pb.HostPolicy
+}
+
+// Config configures a Manager.
+type Config struct {
+	Store   Store
+	Drivers DriverSource
+	Ports   *PortPool
+	Host    Host
+	// Placer reserves memory for starts (the ledger); nil admits every start.
+	Placer Placer
+	Logger hclog.Logger
+	// LivenessInterval is how often a ready engine's process is checked
+	// (default 500ms): an engine that dies is noticed within a second.
+	LivenessInterval time.Duration
+	// MaxConcurrentEffects bounds starts, wakes and stops running at once
+	// (default 8).
+	MaxConcurrentEffects int
+	// StopGrace is how long an engine may take to exit after SIGTERM
+	// (default 15s).
+	StopGrace time.Duration
+	// DefaultStartupTimeout bounds readiness when neither the deployment nor
+	// the driver's plan gives one (default 10m).
+	DefaultStartupTimeout time.Duration
+	// Now is the clock (tests inject one).
+	Now func() time.Time
+}
+
+// Manager is the lifecycle of every deployment on this role.
+type Manager struct {
+	cfg    Config
+	logger hclog.Logger
+	sem    chan struct{}
+
+	mu          sync.Mutex
+	deployments map[string]*deployment
+	routes      atomic.Pointer[RouteTable]
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+// deployment is the in-memory state of one deployment.
+type deployment struct {
+	rec        structs.DeploymentRecord
+	instances  []*instance
+	activation *activation
+}
+
+// activation is one deployment-level activation that concurrent requests
+// join (a model is never started twice for them).
+type activation struct {
+	done chan struct{}
+	err  error
+}
+
+// New returns a Manager; call Start to load the store and recover.
+func New(cfg Config) *Manager {
+	if cfg.Logger == nil {
+		cfg.Logger = hclog.NewNullLogger()
+	}
+	if cfg.LivenessInterval == 0 {
+		cfg.LivenessInterval = 500 * time.Millisecond
+	}
+	if cfg.MaxConcurrentEffects == 0 {
+		cfg.MaxConcurrentEffects = 8
+	}
+	if cfg.StopGrace == 0 {
+		cfg.StopGrace = 15 * time.Second
+	}
+	if cfg.DefaultStartupTimeout == 0 {
+		cfg.DefaultStartupTimeout = 10 * time.Minute
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	m := &Manager{
+		cfg:         cfg,
+		logger:      cfg.Logger.Named("lifecycle"),
+		sem:         make(chan struct{}, cfg.MaxConcurrentEffects),
+		deployments: map[string]*deployment{},
+		ctx:         ctx,
+		cancel:      cancel,
+	}
+	m.routes.Store(&RouteTable{byRoute: map[string]*Route{}})
+	return m
+}
+
+// Start loads deployments and instances from the store and re-attaches to
+// every recorded engine (recovery after a restart). Engines are never
+// stopped by a role restart.
+func (m *Manager) Start(ctx context.Context) error {
+	deps, err := m.cfg.Store.ListDeployments()
+	if err != nil {
+		return fmt.Errorf("load deployments: %w", err)
+	}
+	insts, err := m.cfg.Store.AllInstances()
+	if err != nil {
+		return fmt.Errorf("load instances: %w", err)
+	}
+	byDep := map[string][]*structs.InstanceRecord{}
+	for i := range insts {
+		r := &insts[i]
+		byDep[r.Deployment] = append(byDep[r.Deployment], r)
+	}
+	m.mu.Lock()
+	for i := range deps {
+		rec := &deps[i]
+		d := &deployment{rec: *rec}
+		m.deployments[rec.Name] = d
+		recorded := map[int]*structs.InstanceRecord{}
+		for _, r := range byDep[rec.Name] {
+			recorded[r.Index] = r
+		}
+		n := rec.Spec.Instances
+		for idx := range recorded {
+			if idx+1 > n {
+				n = idx + 1
+			}
+		}
+		for i := 0; i < n; i++ {
+			ir := recorded[i]
+			if ir == nil {
+				ir = m.newInstanceRecord(rec, i)
+			}
+			d.instances = append(d.instances, m.newInstance(ir))
+		}
+	}
+	m.mu.Unlock()
+	m.rebuildRoutes()
+
+	// Recover every instance that may hold processes.
+	var wg sync.WaitGroup
+	for _, in := range m.allInstances() {
+		rec := in.snapshot()
+		if rec.Launch == nil || !holdsProcesses(rec.State) {
+			if rec.State != structs.StateStopped && rec.State != structs.StateFailed {
+				_ = in.do(ctx, cmdSettleStopped, "recorded without a launch")
+			}
+			continue
+		}
+		if rec.Launch.Port != 0 {
+			m.cfg.Ports.Claim(rec.Launch.Port, rec.ID())
+		}
+		wg.Add(1)
+		go func(in *instance) {
+			defer wg.Done()
+			if err := in.do(ctx, cmdRecover, "role restart"); err != nil {
+				m.logger.Warn("recovery left an instance unsettled", "instance", in.id, "error", err)
+			}
+		}(in)
+	}
+	wg.Wait()
+
+	// Deployments an operator started come back up.
+	for _, d := range m.snapshotDeployments() {
+		if d.rec.Desired == structs.DesiredRunning {
+			m.startAll(d.rec.Name, "role restart (desired running)")
+		}
+	}
+	return nil
+}
+
+// Close stops the lanes and monitors; engines keep running.
+func (m *Manager) Close() {
+	m.cancel()
+	for _, in := range m.allInstances() {
+		in.close()
+	}
+	m.wg.Wait()
+}
+
+// StopAllEngines stops every running instance (dev mode's Ctrl-C); it does
+// not change any deployment's desired state.
+func (m *Manager) StopAllEngines(ctx context.Context) {
+	var wg sync.WaitGroup
+	for _, in := range m.allInstances() {
+		wg.Add(1)
+		go func(in *instance) {
+			defer wg.Done()
+			_ = in.do(ctx, cmdStop, "role shutdown")
+		}(in)
+	}
+	wg.Wait()
+}
+
+// RecoverFamily re-attaches every instance of a driver family, after the
+// plugin manager relaunched that driver.
+func (m *Manager) RecoverFamily(family string) {
+	for _, in := range m.allInstances() {
+		rec := in.snapshot()
+		if rec.Driver != family || rec.Launch == nil || !holdsProcesses(rec.State) {
+			continue
+		}
+		go func(in *instance) {
+			ctx, cancel := context.WithTimeout(m.ctx, 2*time.Minute)
+			defer cancel()
+			if err := in.do(ctx, cmdRehandle, "driver relaunched"); err != nil {
+				m.logger.Warn("could not re-attach after a driver relaunch", "instance", in.id, "error", err)
+			}
+		}(in)
+	}
+}
+
+// ----------------------------------------------------------------- deploy
+
+// DeployOptions are the choices of a deploy.
+type DeployOptions struct {
+	// Activate starts the deployment once written (desired running).
+	Activate bool
+	// ExpectedRevision must equal the current revision for an update (0 for
+	// a create, or to skip the check).
+	ExpectedRevision uint64
+	// Validate runs the driver's Plan as a dry run before writing.
+	Validate func(ctx context.Context, spec *structs.Deployment) error
+}
+
+// Deploy creates a deployment or writes a new revision of it.
+func (m *Manager) Deploy(ctx context.Context, spec *structs.Deployment, opts DeployOptions) (*structs.DeploymentRecord, bool, error) {
+	if opts.Validate != nil {
+		if err := opts.Validate(ctx, spec); err != nil {
+			return nil, false, err
+		}
+	}
+	now := m.cfg.Now().UTC()
+	m.mu.Lock()
+	d, exists := m.deployments[spec.Name]
+	if exists && opts.ExpectedRevision != 0 && d.rec.Revision != opts.ExpectedRevision {
+		cur := d.rec.Revision
+		m.mu.Unlock()
+		return nil, false, structs.Errf(structs.CodeRevisionConflict,
+			"deployment %s is at revision %d, not %d", spec.Name, cur, opts.ExpectedRevision).
+			WithDetail("current_revision", cur)
+	}
+	if !exists && opts.ExpectedRevision > 1 {
+		m.mu.Unlock()
+		return nil, false, structs.Errf(structs.CodeNotFound, "deployment %s does not exist", spec.Name)
+	}
+	for name, other := range m.deployments {
+		if name == spec.Name {
+			continue
+		}
+		for _, r := range other.rec.Spec.Routes {
+			for _, mine := range spec.Routes {
+				if r == mine {
+					m.mu.Unlock()
+					return nil, false, structs.Errf(structs.CodeConflict,
+						"route %q is already served by deployment %s", r, name)
+				}
+			}
+		}
+	}
+	rec := structs.DeploymentRecord{Name: spec.Name, Spec: *spec, CreatedAt: now, UpdatedAt: now, Desired: structs.DesiredOnDemand}
+	var old []*instance
+	if exists {
+		rec.Revision = d.rec.Revision + 1
+		rec.CreatedAt = d.rec.CreatedAt
+		rec.Desired = d.rec.Desired
+		if rec.Desired == structs.DesiredStopped && opts.Activate {
+			rec.Desired = structs.DesiredRunning
+		}
+		old = d.instances
+	} else {
+		rec.Revision = 1
+	}
+	if opts.Activate {
+		rec.Desired = structs.DesiredRunning
+	}
+	if spec.Lifecycle.Activation == structs.ActivationExplicit && rec.Desired == structs.DesiredOnDemand {
+		rec.Desired = structs.DesiredStopped
+	}
+	m.mu.Unlock()
+
+	// A new revision replaces the running instances: stop the old ones first.
+	for _, in := range old {
+		if err := in.do(ctx, cmdStop, fmt.Sprintf("revision %d replaces %d", rec.Revision, rec.Revision-1)); err != nil {
+			return nil, false, err
+		}
+	}
+	if err := m.cfg.Store.PutDeployment(&rec); err != nil {
+		return nil, false, structs.Wrap(structs.CodeInternal, err, "store deployment")
+	}
+	m.mu.Lock()
+	if exists {
+		for _, in := range old {
+			in.close()
+		}
+	}
+	nd := &deployment{rec: rec}
+	for i := 0; i < spec.Instances; i++ {
+		ir := m.newInstanceRecord(&rec, i)
+		if exists {
+			for _, in := range old {
+				if in.idx == i {
+					prev := in.snapshot()
+					ir.Attempts = 0
+					ir.LastError = prev.LastError
+					ir.Generation = prev.Generation
+				}
+			}
+		}
+		if err := m.cfg.Store.PutInstance(ir); err != nil {
+			m.mu.Unlock()
+			return nil, false, structs.Wrap(structs.CodeInternal, err, "store instance")
+		}
+		nd.instances = append(nd.instances, m.newInstance(ir))
+	}
+	if exists {
+		for _, in := range old {
+			if in.idx >= spec.Instances {
+				_ = m.cfg.Store.DeleteInstance(spec.Name, in.idx)
+			}
+		}
+	}
+	m.deployments[spec.Name] = nd
+	m.mu.Unlock()
+	kind := "deployment_created"
+	if exists {
+		kind = "deployment_revised"
+	}
+	m.event(kind, spec.Name, "", map[string]any{"revision": rec.Revision, "desired": rec.Desired})
+	m.rebuildRoutes()
+	if rec.Desired == structs.DesiredRunning {
+		m.startAll(spec.Name, "deploy --activate")
+	}
+	return &rec, !exists, nil
+}
+
+// ----------------------------------------------------------------- actions
+
+// StartDeployment marks a deployment running and starts (or wakes) every
+// instance. With wait it returns when all are ready or one gave up.
+func (m *Manager) StartDeployment(ctx context.Context, name string, wait bool) error {
+	d, err := m.setDesired(name, structs.DesiredRunning)
+	if err != nil {
+		return err
+	}
+	if !wait {
+		m.startAll(name, "operator start")
+		return nil
+	}
+	errs := make(chan error, len(d))
+	for _, in := range d {
+		go func(in *instance) { errs <- in.do(ctx, cmdStart, "operator start") }(in)
+	}
+	var first error
+	for range d {
+		if err := <-errs; err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
+}
+
+// StopDeployment marks a deployment stopped (requests get 409) and stops
+// every instance.
+func (m *Manager) StopDeployment(ctx context.Context, name string, wait bool) error {
+	insts, err := m.setDesired(name, structs.DesiredStopped)
+	if err != nil {
+		return err
+	}
+	run := func() error {
+		var first error
+		var mu sync.Mutex
+		var wg sync.WaitGroup
+		for _, in := range insts {
+			wg.Add(1)
+			go func(in *instance) {
+				defer wg.Done()
+				if err := in.do(ctx, cmdStop, "operator stop"); err != nil {
+					mu.Lock()
+					if first == nil {
+						first = err
+					}
+					mu.Unlock()
+				}
+			}(in)
+		}
+		wg.Wait()
+		return first
+	}
+	if wait {
+		return run()
+	}
+	go func() { _ = run() }()
+	return nil
+}
+
+// DeleteDeployment stops every instance, proves the processes gone, and
+// deletes the deployment.
+func (m *Manager) DeleteDeployment(ctx context.Context, name string) error {
+	insts, err := m.setDesired(name, structs.DesiredStopped)
+	if err != nil {
+		return err
+	}
+	for _, in := range insts {
+		if err := in.do(ctx, cmdStop, "delete"); err != nil {
+			return err
+		}
+		if s := in.snapshot().State; s != structs.StateStopped && s != structs.StateFailed {
+			return structs.Errf(structs.CodeDeleteRequiresCleanup, "instance %s is still %s", in.id, s)
+		}
+	}
+	m.mu.Lock()
+	delete(m.deployments, name)
+	m.mu.Unlock()
+	for _, in := range insts {
+		in.close()
+	}
+	if err := m.cfg.Store.DeleteDeployment(name); err != nil {
+		return structs.Wrap(structs.CodeInternal, err, "delete deployment")
+	}
+	m.event("deployment_deleted", name, "", nil)
+	m.rebuildRoutes()
+	return nil
+}
+
+// Activate makes sure a deployment has a ready instance, starting one when
+// none is: concurrent callers join the same activation. It returns when an
+// instance is ready, the activation failed, or ctx ended (the activation
+// itself goes on).
+func (m *Manager) Activate(ctx context.Context, name string) error {
+	m.mu.Lock()
+	d, ok := m.deployments[name]
+	if !ok {
+		m.mu.Unlock()
+		return structs.Errf(structs.CodeUnknownModel, "no deployment %s", name)
+	}
+	switch d.rec.Desired {
+	case structs.DesiredStopped:
+		m.mu.Unlock()
+		if d.rec.Spec.Lifecycle.Activation == structs.ActivationExplicit {
+			return structs.Errf(structs.CodeDeploymentInactive,
+				"deployment %s activates only on an operator's start: capyctl start deployment %s", name, name)
+		}
+		return structs.Errf(structs.CodeDeploymentStopped,
+			"deployment %s was stopped by an operator: capyctl start deployment %s", name, name)
+	}
+	for _, in := range d.instances {
+		if in.state() == structs.StateReady {
+			m.mu.Unlock()
+			return nil
+		}
+	}
+	act := d.activation
+	if act == nil {
+		act = &activation{done: make(chan struct{})}
+		d.activation = act
+		target := pickActivationTarget(d.instances)
+		go m.runActivation(name, d, act, target)
+	}
+	m.mu.Unlock()
+	select {
+	case <-act.done:
+		return act.err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// pickActivationTarget prefers a parked instance (wake), then a stopped or
+// failed one (start), then one already on its way.
+func pickActivationTarget(insts []*instance) *instance {
+	rank := func(s structs.InstanceState) int {
+		switch s {
+		case structs.StateWaking, structs.StateStarting:
+			return 0
+		case structs.StateParked:
+			return 1
+		case structs.StateStopped:
+			return 2
+		case structs.StateFailed:
+			return 3
+		}
+		return 4
+	}
+	var best *instance
+	for _, in := range insts {
+		if best == nil || rank(in.state()) < rank(best.state()) {
+			best = in
+		}
+	}
+	return best
+}
+
+func (m *Manager) runActivation(name string, d *deployment, act *activation, target *instance) {
+	var err error
+	if target == nil {
+		err = structs.Errf(structs.CodeUnavailable, "deployment %s has no instance", name)
+	} else {
+		err = target.do(m.ctx, cmdStart, "request")
+	}
+	if err != nil {
+		ae := structs.AsError(err)
+		if ae.Code == structs.CodeInternal || ae.Code == structs.CodeLaunchFailed || ae.Code == structs.CodeStartupTimeout {
+			err = &structs.Error{Code: structs.CodeActivationFailed, Message: ae.Message, Details: ae.Details, Cause: err}
+		}
+	}
+	m.mu.Lock()
+	act.err = err
+	if d.activation == act {
+		d.activation = nil
+	}
+	m.mu.Unlock()
+	close(act.done)
+}
+
+func (m *Manager) setDesired(name, desired string) ([]*instance, error) {
+	m.mu.Lock()
+	d, ok := m.deployments[name]
+	if !ok {
+		m.mu.Unlock()
+		return nil, structs.Errf(structs.CodeNotFound, "no deployment %s", name)
+	}
+	changed := d.rec.Desired != desired
+	d.rec.Desired = desired
+	d.rec.UpdatedAt = m.cfg.Now().UTC()
+	rec := d.rec
+	insts := append([]*instance(nil), d.instances...)
+	m.mu.Unlock()
+	if changed {
+		if err := m.cfg.Store.PutDeployment(&rec); err != nil {
+			return nil, structs.Wrap(structs.CodeInternal, err, "store deployment")
+		}
+		m.event("deployment_desired", name, "", map[string]any{"desired": desired})
+		m.rebuildRoutes()
+	}
+	return insts, nil
+}
+
+func (m *Manager) startAll(name, why string) {
+	m.mu.Lock()
+	d, ok := m.deployments[name]
+	var insts []*instance
+	if ok {
+		insts = append(insts, d.instances...)
+	}
+	m.mu.Unlock()
+	for _, in := range insts {
+		go func(in *instance) {
+			if err := in.do(m.ctx, cmdStart, why); err != nil {
+				m.logger.Warn("start failed", "instance", in.id, "error", err)
+			}
+		}(in)
+	}
+}
+
+// ----------------------------------------------------------------- views
+
+// DeploymentView is a deployment with its instances, for status and the
+// management API.
+type DeploymentView struct {
+	Record    structs.DeploymentRecord
+	Instances []structs.InstanceRecord
+}
+
+// Deployment returns one deployment's view.
+func (m *Manager) Deployment(name string) (*DeploymentView, error) {
+	m.mu.Lock()
+	d, ok := m.deployments[name]
+	if !ok {
+		m.mu.Unlock()
+		return nil, structs.Errf(structs.CodeNotFound, "no deployment %s", name)
+	}
+	v := &DeploymentView{Record: d.rec}
+	insts := append([]*instance(nil), d.instances...)
+	m.mu.Unlock()
+	for _, in := range insts {
+		v.Instances = append(v.Instances, in.snapshot())
+	}
+	return v, nil
+}
+
+// Deployments returns every deployment's view, sorted by name.
+func (m *Manager) Deployments() []*DeploymentView {
+	m.mu.Lock()
+	names := make([]string, 0, len(m.deployments))
+	for n := range m.deployments {
+		names = append(names, n)
+	}
+	m.mu.Unlock()
+	sort.Strings(names)
+	out := make([]*DeploymentView, 0, len(names))
+	for _, n := range names {
+		if v, err := m.Deployment(n); err == nil {
+			out = append(out, v)
+		}
+	}
+	return out
+}
+
+// Logs returns the redacted tail of an instance's engine output.
+func (m *Manager) Logs(ctx context.Context, dep string, idx int, maxBytes int64) (string, bool, error) {
+	in, err := m.instance(dep, idx)
+	if err != nil {
+		return "", false, err
+	}
+	rec := in.snapshot()
+	if rec.Launch == nil {
+		return "", false, structs.Errf(structs.CodeNotFound, "instance %s has never launched", in.id)
+	}
+	drv, err := m.cfg.Drivers.Driver(ctx, rec.Driver)
+	if err != nil {
+		return "", false, err
+	}
+	resp, err := drv.Logs(ctx, &pb.LogsRequest{InstanceId: in.id, MaxBytes: maxBytes, LaunchDir: rec.Launch.LaunchDir})
+	if err != nil {
+		return "", false, driverErr(err, "read engine log")
+	}
+	return resp.GetText(), resp.GetTruncated(), nil
+}
+
+// UsesEngine returns the deployments that name an engine registration.
+func (m *Manager) UsesEngine(name string) []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var out []string
+	for n, d := range m.deployments {
+		if d.rec.Spec.Engine == name {
+			out = append(out, n)
+			continue
+		}
+		for _, in := range d.instances {
+			if in.snapshot().Engine == name {
+				out = append(out, n)
+				break
+			}
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+func (m *Manager) instance(dep string, idx int) (*instance, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	d, ok := m.deployments[dep]
+	if !ok {
+		return nil, structs.Errf(structs.CodeNotFound, "no deployment %s", dep)
+	}
+	for _, in := range d.instances {
+		if in.idx == idx {
+			return in, nil
+		}
+	}
+	return nil, structs.Errf(structs.CodeNotFound, "deployment %s has no instance %d", dep, idx)
+}
+
+func (m *Manager) allInstances() []*instance {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var out []*instance
+	for _, d := range m.deployments {
+		out = append(out, d.instances...)
+	}
+	return out
+}
+
+func (m *Manager) snapshotDeployments() []*deployment {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := make([]*deployment, 0, len(m.deployments))
+	for _, d := range m.deployments {
+		out = append(out, d)
+	}
+	return out
+}
+
+// spec returns the current spec and desired state of a deployment.
+func (m *Manager) spec(name string) (structs.DeploymentRecord, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	d, ok := m.deployments[name]
+	if !ok {
+		return structs.DeploymentRecord{}, false
+	}
+	return d.rec, true
+}
+
+func (m *Manager) newInstanceRecord(rec *structs.DeploymentRecord, idx int) *structs.InstanceRecord {
+	return &structs.InstanceRecord{
+		Deployment: rec.Name,
+		Index:      idx,
+		Revision:   rec.Revision,
+		State:      structs.StateStopped,
+		Since:      m.cfg.Now().UTC(),
+		Host:       m.cfg.Host.Name,
+	}
+}
+
+// event journals an event; a journal failure is logged, never fatal.
+func (m *Manager) event(kind, dep, inst string, payload map[string]any) {
+	ev := &structs.Event{At: m.cfg.Now().UTC(), Kind: kind, Deployment: dep, Instance: inst, Payload: payload}
+	if _, err := m.cfg.Store.AppendEvent(ev); err != nil {
+		m.logger.Warn("could not journal an event", "kind", kind, "error", err)
+	}
+}
+
+// ----------------------------------------------------------------- helpers
+
+// randomKey returns a fresh URL-safe secret.
+func randomKey() string {
+	b := make([]byte, 32)
+	if _, err := rand.Read(b); err != nil {
+		panic(err)
+	}
+	return base64.RawURLEncoding.EncodeToString(b)
+}
+
+func randomID() string {
+	b := make([]byte, 6)
+	if _, err := rand.Read(b); err != nil {
+		panic(err)
+	}
+	return hex.EncodeToString(b)
+}
+
+// resolveModel returns the model directory of a spec on this host.
+func (m *Manager) resolveModel(spec *structs.Deployment) (string, error) {
+	p := spec.Model.Path
+	if p == "" {
+		if spec.Model.HF != "" {
+			return "", structs.Errf(structs.CodeCheckpointUnusable,
+				"model %s is a Hugging Face source; download it first (capyctl model pull) or name a local path", spec.Model.HF)
+		}
+		return "", nil
+	}
+	if strings.HasPrefix(p, "~/") {
+		home, _ := os.UserHomeDir()
+		p = filepath.Join(home, p[2:])
+	}
+	if !filepath.IsAbs(p) {
+		root := m.cfg.Host.ModelsRoot
+		if strings.HasPrefix(root, "~/") {
+			home, _ := os.UserHomeDir()
+			root = filepath.Join(home, root[2:])
+		}
+		p = filepath.Join(root, p)
+	}
+	if _, err := os.Stat(p); err != nil {
+		return "", structs.Errf(structs.CodeCheckpointUnusable, "model path %s: %v", p, errors.Unwrap(err))
+	}
+	return p, nil
+}
+
+// driverErr maps a driver error to a product error.
+func driverErr(err error, what string) error {
+	if err == nil {
+		return nil
+	}
+	var se *structs.Error
+	if errors.As(err, &se) {
+		return se
+	}
+	if code := sdk.CodeOf(err); code != "" {
+		return &structs.Error{Code: structs.Code(code), Message: fmt.Sprintf("%s: %s", what, err.Error()), Cause: err}
+	}
+	if errors.Is(err, sdk.ErrNotSupported) {
+		return structs.Wrap(structs.CodeUnsupported, err, "%s", what)
+	}
+	return structs.Wrap(structs.CodeInternal, err, "%s", what)
+}
+
+// Journal appends an event about something outside an instance's lane
+// (engine registry changes, operator actions).
+func (m *Manager) Journal(kind, dep string, payload map[string]any) { m.event(kind, dep, "", payload) }

@@ -1,0 +1,52 @@
+// Copyright (c) CapyCTL authors
+// SPDX-License-Identifier: Apache-2.0
+
+package lifecycle
+
+import (
+	"context"
+
+	"github.com/capyctl/capyctl/core/structs"
+	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
+)
+
+// Placer reserves memory for instances (the ledger and GPU inventory
+// implement it). The lifecycle calls Reserve before a launch, Phase as the
+// instance moves between ledger phases, and Release once its processes are
+// proven gone.
+type Placer interface {
+	// Reserve admits an instance's startup phase, or refuses it
+	// (capacity_blocked with the figures).
+	Reserve(ctx context.Context, req Reservation) (*Grant, error)
+	// Phase moves an owner to the charge of a phase ("ready", "parked").
+	Phase(owner string, phase string) error
+	// Release drops every charge of an owner.
+	Release(owner string)
+}
+
+// Reservation is what a start asks of the placer.
+type Reservation struct {
+	Owner      string
+	Deployment *structs.Deployment
+	Revision   uint64
+	Engine     *structs.EngineRecord
+	Hints      *pb.MemoryHints
+	Residency  string
+}
+
+// Grant is what the placer decided for a launch.
+type Grant struct {
+	DeviceUUIDs []string
+	DeviceBytes int64
+	DeviceTotal int64
+	KVBytes     int64
+	// Env is added to the engine's environment (CUDA_VISIBLE_DEVICES).
+	Env map[string]string
+}
+
+// noPlacer admits everything (no ledger configured).
+type noPlacer struct{}
+
+func (noPlacer) Reserve(context.Context, Reservation) (*Grant, error) { return &Grant{}, nil }
+func (noPlacer) Phase(string, string) error                             { return nil }
+func (noPlacer) Release(string)                                         {}

@@ -1,0 +1,65 @@
+// Copyright (c) CapyCTL authors
+// SPDX-License-Identifier: Apache-2.0
+
+package lifecycle
+
+import (
+	"sync"
+
+	"github.com/capyctl/capyctl/core/structs"
+	"github.com/capyctl/capyctl/sdk/proc"
+)
+
+// PortPool leases loopback ports to engine launches from a range. A port is
+// leased only when nothing listens on it; a port held by a foreign process
+// is skipped (and a recorded port found taken at start is port_conflict).
+type PortPool struct {
+	mu     sync.Mutex
+	lo, hi int
+	leased map[int]string
+	next   int
+	// free reports whether a port can be bound on 127.0.0.1.
+	free func(port int) bool
+}
+
+// NewPortPool returns a pool over [lo, hi].
+func NewPortPool(lo, hi int) *PortPool {
+	return &PortPool{lo: lo, hi: hi, leased: map[int]string{}, next: lo, free: proc.PortFree}
+}
+
+// Lease returns a free port for owner.
+func (p *PortPool) Lease(owner string) (int, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := p.hi - p.lo + 1
+	for i := 0; i < n; i++ {
+		port := p.next
+		p.next++
+		if p.next > p.hi {
+			p.next = p.lo
+		}
+		if _, taken := p.leased[port]; taken {
+			continue
+		}
+		if !p.free(port) {
+			continue
+		}
+		p.leased[port] = owner
+		return port, nil
+	}
+	return 0, structs.Errf(structs.CodePortConflict, "no free engine port in %d-%d", p.lo, p.hi)
+}
+
+// Claim records a port an existing launch holds (after a restart).
+func (p *PortPool) Claim(port int, owner string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.leased[port] = owner
+}
+
+// Release returns a port to the pool.
+func (p *PortPool) Release(port int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	delete(p.leased, port)
+}

@@ -1,0 +1,57 @@
+// Copyright (c) CapyCTL authors
+// SPDX-License-Identifier: Apache-2.0
+
+package lifecycle
+
+import (
+	"context"
+
+	"github.com/capyctl/capyctl/core/structs"
+	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
+)
+
+// ValidateDeployment checks a deployment against this host when it is
+// written: the engine exists, its driver can serve the API, and the driver's
+// Plan (a dry run, launch context incomplete) has no refusal. Bad input is
+// refused here, never when a request arrives at 3 a.m.
+func (m *Manager) ValidateDeployment(ctx context.Context, spec *structs.Deployment) error {
+	eng, err := m.resolveEngine(spec.Engine)
+	if err != nil {
+		return err
+	}
+	desc, err := m.cfg.Drivers.Describe(ctx, eng.Family)
+	if err != nil {
+		return driverErr(err, "describe driver")
+	}
+	if !contains(desc.GetCapabilities().GetApis(), spec.API) {
+		return structs.Errf(structs.CodeCapabilityMissing+":"+structs.Code(spec.API),
+			"the %s engine cannot serve api %q (it serves %v)", eng.Family, spec.API, desc.GetCapabilities().GetApis())
+	}
+	modelDir := ""
+	if spec.Model.Path != "" {
+		if modelDir, err = m.resolveModel(spec); err != nil {
+			return err
+		}
+	}
+	drv, err := m.cfg.Drivers.Driver(ctx, eng.Family)
+	if err != nil {
+		return err
+	}
+	pdep := ToDeployment(spec, 0, modelDir)
+	pdep.EngineConfigJson = familyConfig(spec, eng.Family)
+	plan, err := drv.Plan(ctx, &pb.PlanRequest{Installation: ToInstallation(eng), Deployment: pdep, Host: m.hostPolicy(eng)})
+	if err != nil {
+		return driverErr(err, "plan")
+	}
+	if err := refusalErr(plan.GetRefusals()); err != nil {
+		return err
+	}
+	if m.cfg.Placer != nil {
+		if v, ok := m.cfg.Placer.(interface {
+			Validate(spec *structs.Deployment, eng *structs.EngineRecord, hints *pb.MemoryHints, residency string) error
+		}); ok {
+			return v.Validate(spec, eng, plan.GetHints(), plan.GetResidency())
+		}
+	}
+	return nil
+}
