@@ -1,0 +1,47 @@
+// Copyright (c) CapyCTL authors
+// SPDX-License-Identifier: Apache-2.0
+
+package api
+
+import (
+	"net/http"
+
+	"github.com/gorilla/mux"
+
+	"github.com/capyctl/capyctl/core/router"
+	"github.com/capyctl/capyctl/core/structs"
+)
+
+// NewInferenceHandler returns the inference API: /v1/models,
+// /v1/chat/completions (and later /v1/systemone), behind the API key.
+func NewInferenceHandler(b *Backend, apiKey string) http.Handler {
+	r := mux.NewRouter()
+	r.HandleFunc("/v1/models", b.Router.Models).Methods(http.MethodGet)
+	r.HandleFunc("/v1/chat/completions", b.Router.ChatCompletions).Methods(http.MethodPost)
+	if h, ok := any(b.Router).(interface {
+		Decisions(http.ResponseWriter, *http.Request)
+	}); ok {
+		r.HandleFunc("/v1/systemone", h.Decisions).Methods(http.MethodPost)
+	}
+	r.NotFoundHandler = http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		router.WriteError(w, structs.Errf(structs.CodeNotFound, "no route %s %s", req.Method, req.URL.Path))
+	})
+	r.MethodNotAllowedHandler = http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		router.WriteError(w, structs.Errf(structs.CodeMethodNotAllowed, "%s is not allowed on %s", req.Method, req.URL.Path))
+	})
+	return inferenceAuth(r, apiKey)
+}
+
+// inferenceAuth requires the API key on every route. There is no fallback
+// key and no unauthenticated route.
+func inferenceAuth(next http.Handler, apiKey string) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !tokenEqual(bearer(r), apiKey) {
+			w.Header().Set(router.HeaderRequestID, router.NewRequestID())
+			w.Header().Set("WWW-Authenticate", `Bearer realm="capyctl"`)
+			router.WriteError(w, structs.Errf(structs.CodeUnauthorized, "missing or wrong API key (send Authorization: Bearer <key>)"))
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}

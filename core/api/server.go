@@ -1,0 +1,90 @@
+// Copyright (c) CapyCTL authors
+// SPDX-License-Identifier: Apache-2.0
+
+// Package api serves CapyCTL's two HTTP surfaces on gorilla/mux: the
+// OpenAI-compatible inference API (API key) and the management API
+// (loopback, admin token). Handlers decide nothing about lifecycles; they
+// translate HTTP to calls on the lifecycle, the engine registry and the
+// router, and errors to one envelope with stable codes.
+package api
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/json"
+	"net/http"
+	"strings"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/capyctl/capyctl/core/api/wire"
+	"github.com/capyctl/capyctl/core/engines"
+	"github.com/capyctl/capyctl/core/lifecycle"
+	"github.com/capyctl/capyctl/core/router"
+	"github.com/capyctl/capyctl/core/store"
+	"github.com/capyctl/capyctl/core/structs"
+)
+
+// Backend is what the handlers call.
+type Backend struct {
+	Lifecycle *lifecycle.Manager
+	Store     *store.Store
+	Engines   *engines.Registry
+	Router    *router.Router
+	Logger    hclog.Logger
+	// Role describes the running role for the snapshot.
+	Role wire.RoleInfo
+	// Hosts lists the machines that run engines (standalone: itself).
+	Hosts func() []wire.Host
+	// DeploymentExtras adds ledger and request figures to a status.
+	DeploymentExtras func(st *wire.DeploymentStatus)
+}
+
+// tokenEqual compares secrets in constant time (over fixed-size digests, so
+// the length does not leak either).
+func tokenEqual(got, want string) bool {
+	if want == "" {
+		return false
+	}
+	a := sha256.Sum256([]byte(got))
+	b := sha256.Sum256([]byte(want))
+	return subtle.ConstantTimeCompare(a[:], b[:]) == 1
+}
+
+// bearer extracts a bearer token; the scheme is case-insensitive.
+func bearer(r *http.Request) string {
+	h := r.Header.Get("Authorization")
+	if len(h) > 7 && strings.EqualFold(h[:7], "bearer ") {
+		return strings.TrimSpace(h[7:])
+	}
+	return ""
+}
+
+// writeJSON writes a JSON answer.
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+// writeMgmtError writes the management error envelope.
+func writeMgmtError(w http.ResponseWriter, err error) {
+	e := structs.AsError(err)
+	info := e.Info()
+	if info.Retryable && (info.HTTP == http.StatusTooManyRequests || info.HTTP == http.StatusServiceUnavailable) {
+		w.Header().Set("Retry-After", "1")
+	}
+	writeJSON(w, info.HTTP, wire.ErrorEnvelope{
+		APIVersion: wire.APIVersion,
+		Error:      wire.ErrorBody{Code: string(e.Code), Message: e.Message, Retryable: info.Retryable, Details: e.Details},
+	})
+}
+
+// ctxKey is a private context key type.
+type ctxKey int
+
+const keyRequestID ctxKey = iota
+
+// withValue is a small helper for tests.
+func withValue(ctx context.Context, k ctxKey, v any) context.Context { return context.WithValue(ctx, k, v) }

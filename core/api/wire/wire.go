@@ -1,0 +1,243 @@
+// Copyright (c) CapyCTL authors
+// SPDX-License-Identifier: Apache-2.0
+
+// Package wire holds the management API's request and response types, shared
+// by the server (core/api) and the Go client (core/api/client). It imports
+// only core/structs' pure types, so a controller program can use the client
+// without pulling in the core.
+package wire
+
+import (
+	"time"
+
+	"github.com/capyctl/capyctl/core/structs"
+)
+
+// APIVersion is the management API's version.
+const APIVersion = "1"
+
+// Prefix is the management API's path prefix.
+const Prefix = "/management/v1"
+
+// ErrorEnvelope is every management error answer.
+type ErrorEnvelope struct {
+	APIVersion string    `json:"api_version"`
+	Error      ErrorBody `json:"error"`
+}
+
+// ErrorBody is the error inside the envelope.
+type ErrorBody struct {
+	Code      string         `json:"code"`
+	Message   string         `json:"message"`
+	Retryable bool           `json:"retryable"`
+	Details   map[string]any `json:"details,omitempty"`
+}
+
+// DeployRequest creates a deployment or writes a new revision of it.
+type DeployRequest struct {
+	Deployment structs.Deployment `json:"deployment"`
+	// Activate starts it once written.
+	Activate bool `json:"activate,omitempty"`
+	// ExpectedRevision is the revision an update replaces (0 for a create).
+	ExpectedRevision uint64 `json:"expected_revision,omitempty"`
+}
+
+// DeployAccepted answers a deploy.
+type DeployAccepted struct {
+	APIVersion string `json:"api_version"`
+	Name       string `json:"name"`
+	Revision   uint64 `json:"revision"`
+	Created    bool   `json:"created"`
+	Desired    string `json:"desired"`
+}
+
+// ActionRequest is an action on a deployment or an instance.
+type ActionRequest struct {
+	// Action is start, stop, park or delete.
+	Action string `json:"action"`
+	// Evict lets a start make room by parking or stopping idle models.
+	Evict bool `json:"evict,omitempty"`
+	// Wait makes the call return when the action completed (or failed).
+	Wait bool `json:"wait,omitempty"`
+	// ExpectedRevision, when set, must be the current revision.
+	ExpectedRevision uint64 `json:"expected_revision,omitempty"`
+}
+
+// ActionAccepted answers an action.
+type ActionAccepted struct {
+	APIVersion string    `json:"api_version"`
+	Deployment string    `json:"deployment"`
+	Instance   *int      `json:"instance,omitempty"`
+	Action     string    `json:"action"`
+	Revision   uint64    `json:"revision"`
+	AcceptedAt time.Time `json:"accepted_at"`
+	// Done is true when the action completed before the answer.
+	Done bool `json:"done"`
+}
+
+// DeploymentStatus is a deployment and its instances.
+type DeploymentStatus struct {
+	Name     string   `json:"name"`
+	Engine   string   `json:"engine"`
+	API      string   `json:"api"`
+	Routes   []string `json:"routes"`
+	Revision uint64   `json:"revision"`
+	Desired  string   `json:"desired"`
+	// State aggregates the instances: ready, degraded, starting, waking,
+	// parked, stopping, stopped, failed.
+	State     string              `json:"state"`
+	ReadyN    int                 `json:"ready"`
+	Instances []InstanceStatus    `json:"instances"`
+	Spec      *structs.Deployment `json:"spec,omitempty"`
+	UpdatedAt time.Time           `json:"updated_at"`
+	// Memory is the ledger's view of the deployment, when a ledger runs.
+	Memory map[string]any `json:"memory,omitempty"`
+	// Requests are the router's counts for the deployment.
+	Requests map[string]any `json:"requests,omitempty"`
+}
+
+// InstanceStatus is one instance.
+type InstanceStatus struct {
+	ID             string               `json:"id"`
+	Index          int                  `json:"index"`
+	State          string               `json:"state"`
+	Since          time.Time            `json:"since"`
+	Revision       uint64               `json:"revision"`
+	Generation     uint64               `json:"generation"`
+	Engine         string               `json:"engine,omitempty"`
+	Driver         string               `json:"driver,omitempty"`
+	Residency      string               `json:"residency,omitempty"`
+	Port           int                  `json:"port,omitempty"`
+	PID            int                  `json:"pid,omitempty"`
+	Endpoint       string               `json:"endpoint,omitempty"`
+	LastTransition string               `json:"last_transition,omitempty"`
+	LastError      *structs.ErrorRecord `json:"last_error,omitempty"`
+	Released       string               `json:"released,omitempty"`
+	Charges        map[string]int64     `json:"charges,omitempty"`
+	Phase          string               `json:"phase,omitempty"`
+}
+
+// DeploymentList answers GET /deployments.
+type DeploymentList struct {
+	APIVersion  string             `json:"api_version"`
+	Deployments []DeploymentStatus `json:"deployments"`
+}
+
+// Engine is a registered engine (never secrets).
+type Engine struct {
+	Name      string            `json:"name"`
+	Family    string            `json:"family"`
+	Version   string            `json:"version"`
+	Verified  bool              `json:"verified"`
+	Path      string            `json:"path"`
+	Program   string            `json:"program,omitempty"`
+	Digest    string            `json:"digest"`
+	Details   map[string]string `json:"details,omitempty"`
+	Approvals structs.Approvals `json:"approvals"`
+	AddedAt   time.Time         `json:"added_at"`
+	UsedBy    []string          `json:"used_by,omitempty"`
+}
+
+// EngineList answers GET /engines.
+type EngineList struct {
+	APIVersion string   `json:"api_version"`
+	Engines    []Engine `json:"engines"`
+	// Hint says how to add an engine when none is registered.
+	Hint string `json:"hint,omitempty"`
+}
+
+// EngineAddRequest registers an installation. With DryRun the server only
+// detects it and answers what it would register (for the confirmation).
+type EngineAddRequest struct {
+	Name   string `json:"name"`
+	Family string `json:"family,omitempty"`
+	Path   string `json:"path"`
+	// Manifest is a custom engine's manifest (HCL text).
+	Manifest string `json:"manifest,omitempty"`
+	// ManifestFile names the manifest's file, for diagnostics.
+	ManifestFile string            `json:"manifest_file,omitempty"`
+	Approvals    structs.Approvals `json:"approvals"`
+	Env          map[string]string `json:"env,omitempty"`
+	// ExpectDigest, when set, must equal the detected digest (the digest the
+	// operator confirmed).
+	ExpectDigest string `json:"expect_digest,omitempty"`
+	DryRun       bool   `json:"dry_run,omitempty"`
+}
+
+// EngineDetected answers an add (dry run or not).
+type EngineDetected struct {
+	APIVersion       string            `json:"api_version"`
+	Engine           Engine            `json:"engine"`
+	ToolchainMissing []string          `json:"toolchain_missing,omitempty"`
+	Notes            []string          `json:"notes,omitempty"`
+	Registered       bool              `json:"registered"`
+	Details          map[string]string `json:"details,omitempty"`
+}
+
+// FlagRule is one row of an engine family's flag policy.
+type FlagRule struct {
+	Name     string   `json:"name"`
+	Kind     string   `json:"kind"`
+	Class    string   `json:"class"`
+	Reason   string   `json:"reason"`
+	Approval string   `json:"approval,omitempty"`
+	Aliases  []string `json:"aliases,omitempty"`
+}
+
+// FlagTable answers GET /engines/flags/{family}.
+type FlagTable struct {
+	APIVersion string     `json:"api_version"`
+	Family     string     `json:"family"`
+	Rules      []FlagRule `json:"rules"`
+}
+
+// Snapshot is the whole state at one event cursor.
+type Snapshot struct {
+	APIVersion  string             `json:"api_version"`
+	Cursor      string             `json:"cursor"`
+	TakenAt     time.Time          `json:"taken_at"`
+	Role        RoleInfo           `json:"role"`
+	Deployments []DeploymentStatus `json:"deployments"`
+	Engines     []Engine           `json:"engines"`
+	Hosts       []Host             `json:"hosts"`
+}
+
+// RoleInfo describes the running role.
+type RoleInfo struct {
+	Role      string    `json:"role"`
+	Version   string    `json:"version"`
+	Commit    string    `json:"commit"`
+	Host      string    `json:"host"`
+	Inference string    `json:"inference"`
+	StartedAt time.Time `json:"started_at"`
+	PID       int       `json:"pid"`
+}
+
+// Host is a machine that runs engines.
+type Host struct {
+	Name    string         `json:"name"`
+	Online  bool           `json:"online"`
+	Role    string         `json:"role"`
+	GPUs    []GPU          `json:"gpus,omitempty"`
+	Ledger  map[string]any `json:"ledger,omitempty"`
+	Engines []string       `json:"engines,omitempty"`
+}
+
+// GPU is one device of a host.
+type GPU struct {
+	Index      int    `json:"index"`
+	UUID       string `json:"uuid"`
+	Name       string `json:"name"`
+	TotalBytes int64  `json:"total_bytes"`
+	UsedBytes  int64  `json:"used_bytes"`
+	Unified    bool   `json:"unified,omitempty"`
+}
+
+// EngineLog answers GET /deployments/{name}/engine-log.
+type EngineLog struct {
+	APIVersion string `json:"api_version"`
+	Deployment string `json:"deployment"`
+	Instance   int    `json:"instance"`
+	Text       string `json:"text"`
+	Truncated  bool   `json:"truncated"`
+}

@@ -1,0 +1,250 @@
+// Copyright (c) CapyCTL authors
+// SPDX-License-Identifier: Apache-2.0
+
+// Package engines owns the registry of engine installations: detecting an
+// installation through its family's driver, pinning its digest, refusing a
+// changed one, and refusing to remove one a deployment uses.
+package engines
+
+import (
+	"context"
+	"regexp"
+	"sort"
+	"time"
+
+	"github.com/capyctl/capyctl/core/api/wire"
+	"github.com/capyctl/capyctl/core/structs"
+	"github.com/capyctl/capyctl/sdk"
+	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
+)
+
+// Store is the part of the store the registry needs.
+type Store interface {
+	PutEngine(*structs.EngineRecord) error
+	GetEngine(name string) (*structs.EngineRecord, error)
+	ListEngines() ([]structs.EngineRecord, error)
+	DeleteEngine(name string) error
+}
+
+// Drivers hands out drivers by family.
+type Drivers interface {
+	Driver(ctx context.Context, family string) (sdk.Driver, error)
+	Families() []string
+}
+
+// Users reports which deployments use an engine.
+type Users interface {
+	UsesEngine(name string) []string
+}
+
+// Registry is the engine registry.
+type Registry struct {
+	store   Store
+	drivers Drivers
+	users   Users
+	now     func() time.Time
+}
+
+// New returns a registry.
+func New(store Store, drivers Drivers, users Users) *Registry {
+	return &Registry{store: store, drivers: drivers, users: users, now: time.Now}
+}
+
+var nameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,62}$`)
+
+// detectionOrder is the order families are asked to recognise a path when
+// the operator names none.
+var detectionOrder = []string{structs.FamilyVLLM, structs.FamilySGLang, structs.FamilyTensorFold, structs.FamilyLlamaCpp}
+
+// Detect inspects an installation through its driver without registering
+// it.
+func (r *Registry) Detect(ctx context.Context, req wire.EngineAddRequest) (*pb.DetectResponse, string, error) {
+	family := req.Family
+	if req.Manifest != "" && family == "" {
+		family = structs.FamilyCustom
+	}
+	dreq := &pb.DetectRequest{Path: req.Path, Manifest: req.Manifest, Name: req.Name}
+	if family != "" {
+		drv, err := r.drivers.Driver(ctx, family)
+		if err != nil {
+			return nil, "", err
+		}
+		resp, err := drv.Detect(ctx, dreq)
+		if err != nil {
+			return nil, "", detectErr(err, req.Path)
+		}
+		return resp, family, nil
+	}
+	available := map[string]bool{}
+	for _, f := range r.drivers.Families() {
+		available[f] = true
+	}
+	var firstErr error
+	for _, f := range detectionOrder {
+		if !available[f] {
+			continue
+		}
+		drv, err := r.drivers.Driver(ctx, f)
+		if err != nil {
+			continue
+		}
+		resp, err := drv.Detect(ctx, dreq)
+		if err == nil && resp.GetFamily() != "" {
+			return resp, f, nil
+		}
+		if err != nil && firstErr == nil && sdk.CodeOf(err) != string(structs.CodeEngineUnsupported) {
+			firstErr = err
+		}
+	}
+	if firstErr != nil {
+		return nil, "", detectErr(firstErr, req.Path)
+	}
+	return nil, "", structs.Errf(structs.CodeEngineUnsupported,
+		"%s is not an installation CapyCTL recognises (a vLLM, SGLang or TensorFold venv, or a llama-server binary); for any other program use capyctl engine add --custom", req.Path)
+}
+
+func detectErr(err error, path string) error {
+	if code := sdk.CodeOf(err); code != "" && code != "driver_error" {
+		return &structs.Error{Code: structs.Code(code), Message: err.Error(), Cause: err}
+	}
+	var se *structs.Error
+	if e, ok := err.(*structs.Error); ok {
+		se = e
+		return se
+	}
+	return structs.Wrap(structs.CodeEngineUnsupported, err, "detect %s", path)
+}
+
+// Add detects and registers an installation (or, with DryRun, only says
+// what it would register).
+func (r *Registry) Add(ctx context.Context, req wire.EngineAddRequest) (*wire.EngineDetected, error) {
+	if req.Name != "" && !nameRE.MatchString(req.Name) {
+		return nil, structs.Errf(structs.CodeInvalidRequest, "engine name %q must match %s", req.Name, nameRE)
+	}
+	det, family, err := r.Detect(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	name := req.Name
+	if name == "" {
+		name = family
+	}
+	if !nameRE.MatchString(name) {
+		return nil, structs.Errf(structs.CodeInvalidRequest, "engine name %q must match %s", name, nameRE)
+	}
+	rec := &structs.EngineRecord{
+		Name: name, Family: det.GetFamily(), Path: req.Path, Program: det.GetProgram(), Version: det.GetVersion(),
+		Verified: det.GetVerified(), Digest: det.GetDigest(), Details: det.GetDetails(), Approvals: req.Approvals,
+		Env: req.Env, AddedAt: r.now().UTC(),
+	}
+	if rec.Family == "" {
+		rec.Family = family
+	}
+	out := &wire.EngineDetected{
+		APIVersion: wire.APIVersion, Engine: View(rec), ToolchainMissing: det.GetToolchainMissing(), Notes: det.GetNotes(),
+		Details: det.GetDetails(),
+	}
+	if len(det.GetToolchainMissing()) > 0 && !req.DryRun {
+		return nil, structs.Errf(structs.CodeToolchainMissing,
+			"the engine needs build tools that are not on its PATH: %v", det.GetToolchainMissing())
+	}
+	if req.DryRun {
+		return out, nil
+	}
+	if req.ExpectDigest != "" && req.ExpectDigest != rec.Digest {
+		return nil, structs.Errf(structs.CodeInstallationDrift,
+			"the installation changed while you confirmed it: confirmed %s, now %s", req.ExpectDigest, rec.Digest)
+	}
+	if existing, err := r.store.GetEngine(name); err == nil && existing != nil {
+		return nil, structs.Errf(structs.CodeEngineExists, "an engine named %s is registered (%s %s); remove it first", name, existing.Family, existing.Version)
+	}
+	if err := r.store.PutEngine(rec); err != nil {
+		return nil, structs.Wrap(structs.CodeInternal, err, "store engine")
+	}
+	out.Registered = true
+	return out, nil
+}
+
+// Remove deletes a registration no deployment uses.
+func (r *Registry) Remove(name string) error {
+	if _, err := r.store.GetEngine(name); err != nil {
+		return structs.Errf(structs.CodeEngineNotFound, "no engine %s is registered", name)
+	}
+	if users := r.users.UsesEngine(name); len(users) > 0 {
+		return structs.Errf(structs.CodeEngineInUse, "engine %s is used by %v; delete or redeploy them first", name, users).
+			WithDetail("deployments", users)
+	}
+	return r.store.DeleteEngine(name)
+}
+
+// List returns the registrations with the deployments using each.
+func (r *Registry) List() ([]wire.Engine, error) {
+	recs, err := r.store.ListEngines()
+	if err != nil {
+		return nil, err
+	}
+	out := make([]wire.Engine, 0, len(recs))
+	for i := range recs {
+		rec := &recs[i]
+		v := View(rec)
+		v.UsedBy = r.users.UsesEngine(rec.Name)
+		out = append(out, v)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out, nil
+}
+
+// Flags returns a family's flag table.
+func (r *Registry) Flags(ctx context.Context, family string) (*wire.FlagTable, error) {
+	drv, err := r.drivers.Driver(ctx, family)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := drv.Flags(ctx, &pb.FlagsRequest{})
+	if err != nil {
+		if sdk.CodeOf(err) == "" {
+			return nil, structs.Wrap(structs.CodeUnsupported, err, "flags of %s", family)
+		}
+		return nil, err
+	}
+	out := &wire.FlagTable{APIVersion: wire.APIVersion, Family: family}
+	for _, rule := range resp.GetRules() {
+		out.Rules = append(out.Rules, wire.FlagRule{
+			Name: rule.GetName(), Kind: kindName(rule.GetKind()), Class: className(rule.GetClass()),
+			Reason: rule.GetReason(), Approval: rule.GetApproval(), Aliases: rule.GetAliases(),
+		})
+	}
+	return out, nil
+}
+
+func kindName(k pb.FlagKind) string {
+	switch k {
+	case pb.FlagKind_FLAG_KIND_OPTION:
+		return "option"
+	case pb.FlagKind_FLAG_KIND_ENV:
+		return "env"
+	}
+	return "unknown"
+}
+
+func className(c pb.FlagClass) string {
+	switch c {
+	case pb.FlagClass_FLAG_CLASS_OWNED:
+		return "owned"
+	case pb.FlagClass_FLAG_CLASS_RESERVED:
+		return "reserved"
+	case pb.FlagClass_FLAG_CLASS_GATED:
+		return "gated"
+	case pb.FlagClass_FLAG_CLASS_PASSED:
+		return "passed"
+	}
+	return "unknown"
+}
+
+// View converts a registration for the API.
+func View(rec *structs.EngineRecord) wire.Engine {
+	return wire.Engine{
+		Name: rec.Name, Family: rec.Family, Version: rec.Version, Verified: rec.Verified, Path: rec.Path,
+		Program: rec.Program, Digest: rec.Digest, Details: rec.Details, Approvals: rec.Approvals, AddedAt: rec.AddedAt,
+	}
+}
