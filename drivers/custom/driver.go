@@ -1,0 +1,193 @@
+// Copyright (c) CapyCTL authors
+// SPDX-License-Identifier: Apache-2.0
+
+// Package custom is the driver for programs CapyCTL has no integration for
+// (SPEC E5): a manifest states the command, the API served, an optional
+// health path and an optional idle signal. CapyCTL owns the process: a
+// private loopback port, a clean environment, its own session and process
+// group, a per-launch key, readiness by a real answer, and a stop that
+// proves every process gone. A custom engine does not park (restart only)
+// and its options are not policed.
+package custom
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"io"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/capyctl/capyctl/core/version"
+	"github.com/capyctl/capyctl/sdk"
+	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
+)
+
+// Family is this driver's engine family.
+const Family = "custom"
+
+// detailManifest is the installation detail holding the manifest as JSON.
+const detailManifest = "manifest_json"
+
+// Driver is the custom-engine driver.
+type Driver struct {
+	mu      sync.Mutex
+	handles map[string]*handle
+	// stopGrace is the default grace period after SIGTERM.
+	stopGrace time.Duration
+}
+
+var _ sdk.Driver = (*Driver)(nil)
+
+// New returns the driver.
+func New() *Driver {
+	return &Driver{handles: map[string]*handle{}, stopGrace: 10 * time.Second}
+}
+
+// Describe implements sdk.Driver.
+func (d *Driver) Describe(context.Context, *pb.DescribeRequest) (*pb.DescribeResponse, error) {
+	return &pb.DescribeResponse{
+		Name:     Family,
+		Version:  version.Version,
+		Protocol: sdk.ProtocolVersion,
+		Capabilities: &pb.Capabilities{
+			Apis:       []string{"chat", "decisions"},
+			AbortMode:  pb.AbortMode_ABORT_MODE_CLOSE_CONNECTION,
+			IdleSignal: true,
+		},
+		ConfigSchema: `{"custom":{}}`,
+	}, nil
+}
+
+// Detect implements sdk.Driver: the program must exist and be executable;
+// the manifest must parse. The digest is the program's sha256.
+func (d *Driver) Detect(_ context.Context, req *pb.DetectRequest) (*pb.DetectResponse, error) {
+	prog := req.GetPath()
+	if prog == "" {
+		return nil, sdk.Errorf(sdk.CodeEngineNotFound, "no program named")
+	}
+	st, err := os.Stat(prog)
+	if err != nil {
+		return nil, sdk.Errorf(sdk.CodeEngineNotFound, "program %s: %v", prog, unwrapPathErr(err))
+	}
+	if st.IsDir() || st.Mode()&0o111 == 0 {
+		return nil, sdk.Errorf(sdk.CodeEngineNotFound, "program %s is not an executable file", prog)
+	}
+	if req.GetManifest() == "" {
+		return nil, sdk.Errorf("invalid_config", "a custom engine needs a manifest (--manifest <file>)")
+	}
+	m, err := ParseManifest([]byte(req.GetManifest()), "manifest.hcl")
+	if err != nil {
+		return nil, err
+	}
+	digest, err := fileDigest(prog)
+	if err != nil {
+		return nil, sdk.Errorf(sdk.CodeEngineNotFound, "read program %s: %v", prog, err)
+	}
+	mj, _ := json.Marshal(m)
+	notes := []string{
+		"custom engines run restart only: CapyCTL stops and starts them instead of parking",
+		"CapyCTL does not check a custom engine's options; it counts the memory its deployments state in resources",
+	}
+	if m.Idle == nil {
+		notes = append(notes, "no idle signal: a request a client abandons stays counted until the engine's next stop")
+	}
+	return &pb.DetectResponse{
+		Family:   Family,
+		Version:  m.Version,
+		Verified: false,
+		Digest:   digest,
+		Program:  prog,
+		Notes:    notes,
+		Details:  map[string]string{detailManifest: string(mj), "api": m.API},
+	}, nil
+}
+
+func unwrapPathErr(err error) error {
+	if pe, ok := err.(*os.PathError); ok {
+		return pe.Err
+	}
+	return err
+}
+
+// fileDigest is "sha256:<hex>" of a file.
+func fileDigest(path string) (string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		return "", err
+	}
+	return "sha256:" + hex.EncodeToString(h.Sum(nil)), nil
+}
+
+// Flags implements sdk.Driver: a custom engine's options are its own; only
+// the environment names CapyCTL owns are listed.
+func (d *Driver) Flags(context.Context, *pb.FlagsRequest) (*pb.FlagsResponse, error) {
+	rules := []*pb.FlagRule{
+		{Name: "DO_NOT_TRACK", Kind: pb.FlagKind_FLAG_KIND_ENV, Class: pb.FlagClass_FLAG_CLASS_OWNED, Reason: "set to 1 so the engine reports nothing off the host (engine_telemetry = \"allow\" lifts it)"},
+		{Name: "CAPYCTL_*", Kind: pb.FlagKind_FLAG_KIND_ENV, Class: pb.FlagClass_FLAG_CLASS_RESERVED, Reason: "CapyCTL's own variables"},
+		{Name: "CUDA_VISIBLE_DEVICES", Kind: pb.FlagKind_FLAG_KIND_ENV, Class: pb.FlagClass_FLAG_CLASS_OWNED, Reason: "the ledger pins the instance to a card"},
+		{Name: "LD_*", Kind: pb.FlagKind_FLAG_KIND_ENV, Class: pb.FlagClass_FLAG_CLASS_RESERVED, Reason: "dynamic-loader variables change what runs"},
+		{Name: "PATH", Kind: pb.FlagKind_FLAG_KIND_ENV, Class: pb.FlagClass_FLAG_CLASS_OWNED, Reason: "the engine runs with a closed PATH"},
+		{Name: "HOME", Kind: pb.FlagKind_FLAG_KIND_ENV, Class: pb.FlagClass_FLAG_CLASS_OWNED, Reason: "the engine's home is its launch directory"},
+		{Name: "<manifest key_env>", Kind: pb.FlagKind_FLAG_KIND_ENV, Class: pb.FlagClass_FLAG_CLASS_OWNED, Reason: "receives the per-launch key"},
+		{Name: "--*", Kind: pb.FlagKind_FLAG_KIND_OPTION, Class: pb.FlagClass_FLAG_CLASS_PASSED, Reason: "a custom engine's options are not policed; extra_args need accept_extra_args = true"},
+	}
+	return &pb.FlagsResponse{Family: Family, Rules: rules}, nil
+}
+
+// reservedEnv reports whether a deployment may not set an environment name.
+func reservedEnv(name, keyEnv string) bool {
+	switch {
+	case name == "DO_NOT_TRACK", name == "PATH", name == "HOME", name == "CUDA_VISIBLE_DEVICES",
+		strings.HasPrefix(name, "CAPYCTL_"), strings.HasPrefix(name, "LD_"), keyEnv != "" && name == keyEnv:
+		return true
+	}
+	return false
+}
+
+// Park implements sdk.Driver: custom engines do not park.
+func (d *Driver) Park(context.Context, *pb.ParkRequest) (*pb.ParkResponse, error) {
+	return nil, sdk.ErrNotSupported
+}
+
+// Wake implements sdk.Driver: custom engines do not park.
+func (d *Driver) Wake(context.Context, *pb.WakeRequest) (*pb.WakeResponse, error) {
+	return nil, sdk.ErrNotSupported
+}
+
+// Abort implements sdk.Driver: closing the connection is all a custom
+// engine is known to honour.
+func (d *Driver) Abort(context.Context, *pb.AbortRequest) (*pb.AbortResponse, error) {
+	return &pb.AbortResponse{Mode: pb.AbortMode_ABORT_MODE_CLOSE_CONNECTION}, nil
+}
+
+func (d *Driver) get(id string) (*handle, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	h, ok := d.handles[id]
+	if !ok {
+		return nil, sdk.Errorf(sdk.CodeInstanceNotFound, "no instance %s on this driver", id)
+	}
+	return h, nil
+}
+
+func (d *Driver) put(h *handle) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.handles[h.id] = h
+}
+
+func (d *Driver) drop(id string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	delete(d.handles, id)
+}
+
