@@ -257,7 +257,7 @@ func (c *Config) check() []Problem {
 	if _, port, err := parseAddr(c.ManagementListen); err == nil && c.EnginePorts.Contains(port) {
 		bad("engine_ports", "the range %s holds the management port %d (management_listen)", c.EnginePorts, port)
 	}
-	if c.Listen == c.ManagementListen {
+	if _, port, err := parseAddr(c.Listen); err == nil && port != 0 && c.Listen == c.ManagementListen {
 		bad("management_listen", "the management API and the inference endpoint cannot share %s", c.Listen)
 	}
 	if c.Limits.MaxBodyBytes > c.Limits.MaxWaitingBytes {

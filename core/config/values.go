@@ -128,15 +128,17 @@ func parseDuration(s string) (structs.Duration, error) {
 	return structs.ParseDuration(t)
 }
 
-// parseAddr checks "host:port" and returns the port.
+// parseAddr checks "host:port" and returns the port. Port 0 asks the
+// system for any free port (tests and capyctl dev use it; the role records
+// the port it got in its state directory).
 func parseAddr(s string) (host string, port int, err error) {
 	h, p, err := net.SplitHostPort(strings.TrimSpace(s))
 	if err != nil {
 		return "", 0, fmt.Errorf("address %q is not host:port", s)
 	}
 	n, err := strconv.Atoi(p)
-	if err != nil || n < 1 || n > 65535 {
-		return "", 0, fmt.Errorf("address %q has no valid port (1-65535)", s)
+	if err != nil || n < 0 || n > 65535 {
+		return "", 0, fmt.Errorf("address %q has no valid port (0-65535)", s)
 	}
 	return h, n, nil
 }

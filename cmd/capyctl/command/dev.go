@@ -1,0 +1,190 @@
+// Copyright (c) CapyCTL authors
+// SPDX-License-Identifier: Apache-2.0
+
+package command
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/capyctl/capyctl/core/agent"
+	"github.com/capyctl/capyctl/core/api/wire"
+	"github.com/capyctl/capyctl/core/jobspec"
+	"github.com/capyctl/capyctl/core/lifecycle"
+	"github.com/capyctl/capyctl/core/structs"
+)
+
+// DevCommand runs the embedded default: a standalone role in a temporary
+// state directory, the testkit's fake engine registered, a demo deployment
+// started, and a ready-to-paste curl printed.
+type DevCommand struct{ *Meta }
+
+// Synopsis implements cli.Command.
+func (c *DevCommand) Synopsis() string {
+	return "Run a standalone role with fake engines (no GPU needed) to try CapyCTL"
+}
+
+// Help implements cli.Command.
+func (c *DevCommand) Help() string {
+	return `Usage: capyctl dev [--listen ADDR] [--state-dir DIR]
+
+  Starts a standalone role in a temporary state directory with the
+  testkit's fake engine (capyctl-fake-engine, built beside capyctl by
+  make build) registered as a custom engine, deploys a demo model and
+  waits until it is ready, then prints the endpoint, the API key and a
+  curl line. Ctrl-C stops the engines and the role and leaves no process
+  (and, for a temporary state directory, no file) behind.
+
+Dev Options:
+
+  --listen ADDR        Inference address (default 127.0.0.1:8443).
+  --state-dir DIR      Keep the state here instead of a temporary directory.
+  --fake-engine PATH   The fake engine binary (default: beside capyctl, then PATH).
+`
+}
+
+// Run implements cli.Command.
+func (c *DevCommand) Run(args []string) int {
+	fs := c.FlagSet("dev")
+	var listen, fake string
+	fs.StringVar(&listen, "listen", "127.0.0.1:8443", "")
+	fs.StringVar(&fake, "fake-engine", "", "")
+	if _, code := c.parse(fs, args); code != 0 {
+		return helpOr(code)
+	}
+	stateDir := c.stateDir
+	temp := false
+	if stateDir == "" {
+		d, err := os.MkdirTemp("", "capyctl-dev-")
+		if err != nil {
+			return c.Fail(structs.Wrap(structs.CodeInternal, err, "create a temporary state directory"))
+		}
+		stateDir, temp = d, true
+	}
+	if temp {
+		defer os.RemoveAll(stateDir)
+	}
+	fakePath, err := findFakeEngine(fake)
+	if err != nil {
+		return c.Fail(err)
+	}
+	logger := roleLogger("info", "auto", c.Err)
+	a, err := agent.New(agent.Settings{
+		Role: "standalone", StateDir: stateDir, Listen: listen, ManagementListen: "127.0.0.1:0",
+		ModelsRoot: filepath.Join(stateDir, "models"),
+	}, logger)
+	if err != nil {
+		return c.Fail(err)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := a.Start(ctx); err != nil {
+		a.Shutdown(context.Background(), true)
+		return c.Fail(err)
+	}
+	if err := devSetup(ctx, a, stateDir, fakePath); err != nil {
+		a.Shutdown(context.Background(), true)
+		return c.Fail(err)
+	}
+	key := a.Creds.APIKey
+	addr := a.InferenceAddr()
+	fmt.Fprintf(c.Out, "\nCapyCTL dev is running (standalone role, fake engine, no GPU needed).\n\n")
+	fmt.Fprintf(c.Out, "Endpoint: http://%s/v1\n", addr)
+	fmt.Fprintf(c.Out, "API key: %s\n", key)
+	fmt.Fprintf(c.Out, "State:    %s\n", stateDir)
+	fmt.Fprintf(c.Out, "CLI:      CAPYCTL_STATE_DIR=%s capyctl status deployment demo\n\n", stateDir)
+	fmt.Fprintf(c.Out, "Try a streamed chat request:\n\n")
+	fmt.Fprintf(c.Out, "  curl -N http://%s/v1/chat/completions \\\n    -H 'Authorization: Bearer %s' \\\n    -H 'Content-Type: application/json' \\\n    -d '{\"model\":\"demo\",\"stream\":true,\"messages\":[{\"role\":\"user\",\"content\":\"Hello\"}]}'\n\n", addr, key)
+	fmt.Fprintf(c.Out, "Press Ctrl-C to stop: the engines stop and nothing is left behind.\n")
+	<-ctx.Done()
+	fmt.Fprintln(c.Err, "\nStopping: engines, drivers and the role...")
+	sctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	a.Shutdown(sctx, true)
+	return 0
+}
+
+// findFakeEngine locates the fake engine binary.
+func findFakeEngine(flagValue string) (string, error) {
+	if flagValue != "" {
+		return filepath.Abs(flagValue)
+	}
+	if exe, err := os.Executable(); err == nil {
+		p := filepath.Join(filepath.Dir(exe), "capyctl-fake-engine")
+		if st, err := os.Stat(p); err == nil && !st.IsDir() {
+			return p, nil
+		}
+	}
+	if p, err := exec.LookPath("capyctl-fake-engine"); err == nil {
+		return filepath.Abs(p)
+	}
+	return "", structs.Errf(structs.CodeEngineNotFound,
+		"capyctl-fake-engine was not found beside capyctl or on PATH: run make build (or pass --fake-engine PATH)")
+}
+
+// devManifest is the fake engine's custom-engine manifest.
+const devManifest = `# The testkit's fake OpenAI-compatible engine, as a custom engine.
+args        = ["serve", "--host", "{{host}}", "--port", "{{port}}", "--served-name", "{{served_name}}", "--token-rate", "200"]
+api         = "chat"
+health_path = "/health"
+key_env     = "FAKE_ENGINE_API_KEY"
+version     = "testkit"
+idle {
+  metrics_path = "/metrics"
+  running      = "fake:requests_running"
+  waiting      = "fake:requests_waiting"
+}
+`
+
+// devSpec is the demo deployment.
+const devSpec = `deployment "demo" {
+  engine = "fake"
+  api    = "chat"
+  model {
+    path = "demo"
+  }
+  resources {
+    gpu = "4GiB"
+    ram = "1GiB"
+  }
+  engine_config {
+    max_concurrent_requests = 8
+  }
+}
+`
+
+// devSetup registers the fake engine and starts the demo deployment.
+func devSetup(ctx context.Context, a *agent.Agent, stateDir, fakePath string) error {
+	modelDir := filepath.Join(stateDir, "models", "demo")
+	if err := os.MkdirAll(modelDir, 0o700); err != nil {
+		return structs.Wrap(structs.CodeInternal, err, "create demo model directory")
+	}
+	_ = os.WriteFile(filepath.Join(modelDir, "README"), []byte("A placeholder model for the fake engine.\n"), 0o600)
+	if _, err := a.Engines.Add(ctx, wire.EngineAddRequest{Name: "fake", Family: structs.FamilyCustom, Path: fakePath, Manifest: devManifest}); err != nil {
+		if !structs.HasCode(err, structs.CodeEngineExists) {
+			return err
+		}
+	}
+	specs, err := jobspec.Parse([]byte(devSpec), "dev.hcl")
+	if err != nil {
+		return err
+	}
+	for _, spec := range specs {
+		if _, err := a.Lifecycle.Deployment(spec.Name); err == nil {
+			continue
+		}
+		if _, _, err := a.Lifecycle.Deploy(ctx, spec, lifecycle.DeployOptions{Validate: a.Lifecycle.ValidateDeployment}); err != nil {
+			return err
+		}
+		if err := a.Lifecycle.StartDeployment(ctx, spec.Name, true); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -1,0 +1,40 @@
+// Copyright (c) CapyCTL authors
+// SPDX-License-Identifier: Apache-2.0
+
+package command
+
+import (
+	"github.com/capyctl/capyctl/drivers/custom"
+	"github.com/capyctl/capyctl/sdk"
+	"github.com/capyctl/capyctl/sdk/plugin"
+)
+
+// builtinDrivers are the first-party drivers compiled into capyctl.
+var builtinDrivers = map[string]func() sdk.Driver{
+	"custom": func() sdk.Driver { return custom.New() },
+}
+
+// DriverCommand serves a built-in driver over go-plugin. The core runs it
+// (`capyctl driver <family>`); it is hidden from help.
+type DriverCommand struct{ *Meta }
+
+// Synopsis implements cli.Command.
+func (c *DriverCommand) Synopsis() string { return "Serve a built-in engine driver (run by the core)" }
+
+// Help implements cli.Command.
+func (c *DriverCommand) Help() string {
+	return "Usage: capyctl driver <family>\n\n  Serves a built-in driver over go-plugin. The core runs this; people do not.\n"
+}
+
+// Run implements cli.Command.
+func (c *DriverCommand) Run(args []string) int {
+	if len(args) != 1 {
+		return c.Usage("usage: capyctl driver <family>")
+	}
+	mk, ok := builtinDrivers[args[0]]
+	if !ok {
+		return c.Usage("no built-in driver %q", args[0])
+	}
+	plugin.Serve(mk())
+	return 0
+}

@@ -1,0 +1,51 @@
+// Copyright (c) CapyCTL authors
+// SPDX-License-Identifier: Apache-2.0
+
+package command
+
+import (
+	"fmt"
+	"runtime"
+
+	"github.com/mitchellh/cli"
+
+	"github.com/capyctl/capyctl/core/version"
+)
+
+// VersionCommand prints the version and the commit.
+type VersionCommand struct{ *Meta }
+
+// Synopsis implements cli.Command.
+func (c *VersionCommand) Synopsis() string { return "Print the version and the commit it was built from" }
+
+// Help implements cli.Command.
+func (c *VersionCommand) Help() string {
+	return `Usage: capyctl version [--json]
+
+  Prints CapyCTL's version and the commit the binary was built from.
+  Include it in bug reports. (capyctl --version prints the version alone.)
+
+` + GeneralOptions
+}
+
+// Run implements cli.Command.
+func (c *VersionCommand) Run(args []string) int {
+	fs := c.FlagSet("version")
+	if _, code := c.parse(fs, args); code != 0 {
+		return helpOr(code)
+	}
+	if c.JSON() {
+		c.PrintJSON(map[string]string{"version": version.Version, "commit": version.GetCommit(), "go": runtime.Version()})
+		return 0
+	}
+	fmt.Fprintf(c.Out, "capyctl %s\ncommit %s\n%s %s/%s\n", version.Version, version.GetCommit(), runtime.Version(), runtime.GOOS, runtime.GOARCH)
+	return 0
+}
+
+// helpOr maps parse's -1 (help asked) to cli's help result.
+func helpOr(code int) int {
+	if code == -1 {
+		return cli.RunResultHelp
+	}
+	return code
+}

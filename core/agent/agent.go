@@ -1,0 +1,384 @@
+// Copyright (c) CapyCTL authors
+// SPDX-License-Identifier: Apache-2.0
+
+// Package agent wires a role: settings → state directory and credentials →
+// store → GPU inventory and ledger → plugin manager → lifecycle → engine
+// registry → router → HTTP listeners; it handles signals and shutdown. It
+// holds no policy of its own.
+package agent
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/capyctl/capyctl/core/api"
+	"github.com/capyctl/capyctl/core/api/client"
+	"github.com/capyctl/capyctl/core/api/wire"
+	"github.com/capyctl/capyctl/core/config"
+	"github.com/capyctl/capyctl/core/engines"
+	"github.com/capyctl/capyctl/core/lifecycle"
+	"github.com/capyctl/capyctl/core/pluginmgr"
+	"github.com/capyctl/capyctl/core/router"
+	"github.com/capyctl/capyctl/core/store"
+	"github.com/capyctl/capyctl/core/structs"
+	"github.com/capyctl/capyctl/core/version"
+	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
+)
+
+// Builtins are the driver families compiled into the capyctl binary.
+var Builtins = []string{structs.FamilyCustom}
+
+// Settings are a role's effective settings (core/config produces them).
+type Settings struct {
+	Role             string
+	StateDir         string
+	Listen           string
+	ManagementListen string
+	PluginDir        string
+	ModelsRoot       string
+	EnginePorts      string
+	Hostname         string
+	EngineTelemetry  string
+	EngineLogs       string
+	Retention        string
+	MaxBodyBytes     int64
+	RequestDeadline  time.Duration
+	DrainTimeout     time.Duration
+	// HostEnv is added to every engine's environment.
+	HostEnv map[string]string
+	// Executable is the capyctl binary drivers are re-executed from.
+	Executable string
+}
+
+// Agent is a running role.
+type Agent struct {
+	s      Settings
+	logger hclog.Logger
+
+	Store     *store.Store
+	Plugins   *pluginmgr.Manager
+	Lifecycle *lifecycle.Manager
+	Engines   *engines.Registry
+	Router    *router.Router
+	Creds     *client.Credentials
+
+	inferenceLn  net.Listener
+	managementLn net.Listener
+	inferenceSrv *http.Server
+	mgmtSrv      *http.Server
+
+	startedAt time.Time
+	cancel    context.CancelFunc
+	wg        sync.WaitGroup
+}
+
+// New prepares a role: it opens the state, credentials and store, and binds
+// the listeners. Nothing is started until Run.
+func New(s Settings, logger hclog.Logger) (*Agent, error) {
+	if logger == nil {
+		logger = hclog.NewNullLogger()
+	}
+	if s.Role == "" {
+		s.Role = "standalone"
+	}
+	if s.Executable == "" {
+		exe, err := os.Executable()
+		if err != nil {
+			return nil, fmt.Errorf("find own executable: %w", err)
+		}
+		s.Executable = exe
+	}
+	if s.Hostname == "" {
+		s.Hostname, _ = os.Hostname()
+	}
+	if s.PluginDir == "" {
+		s.PluginDir = filepath.Join(s.StateDir, "plugins")
+	}
+	if s.EnginePorts == "" {
+		s.EnginePorts = "8100-8199"
+	}
+	a := &Agent{s: s, logger: logger, startedAt: time.Now().UTC()}
+	if err := a.prepareStateDir(); err != nil {
+		return nil, err
+	}
+	creds, err := a.credentials()
+	if err != nil {
+		return nil, err
+	}
+	a.Creds = creds
+	st, err := store.Open(filepath.Join(s.StateDir, "capyctl.db"), store.Options{})
+	if err != nil {
+		return nil, err
+	}
+	a.Store = st
+	if err := a.checkHostname(); err != nil {
+		st.Close()
+		return nil, err
+	}
+	ports, err := config.ParsePortRange(s.EnginePorts)
+	if err != nil {
+		st.Close()
+		return nil, structs.Wrap(structs.CodeInvalidConfig, err, "engine_ports")
+	}
+
+	var lc *lifecycle.Manager
+	a.Plugins = pluginmgr.New(pluginmgr.Config{
+		Executable: s.Executable,
+		Builtins:   Builtins,
+		PluginDir:  s.PluginDir,
+		LogDir:     filepath.Join(s.StateDir, "logs", "drivers"),
+		SocketDir:  filepath.Join(s.StateDir, "run", "plugins"),
+		Store:      st,
+		Logger:     logger,
+		OnRelaunch: func(family string) {
+			if lc != nil {
+				lc.RecoverFamily(family)
+			}
+		},
+	})
+	policy := &pb.HostPolicy{
+		EngineTelemetry: orDefault(s.EngineTelemetry, "off"),
+		EngineLogs:      orDefault(s.EngineLogs, "file"),
+		Retention:       orDefault(s.Retention, "standard"),
+		HostEnv:         s.HostEnv,
+	}
+	if policy.Retention == "zero" {
+		policy.EngineLogs = "memory"
+	}
+	lc = lifecycle.New(lifecycle.Config{
+		Store:   st,
+		Drivers: a.Plugins,
+		Ports:   lifecycle.NewPortPool(ports.First, ports.Last),
+		Host:    lifecycle.Host{Name: s.Hostname, StateDir: s.StateDir, ModelsRoot: s.ModelsRoot, Policy: policy},
+		Logger:  logger,
+	})
+	a.Lifecycle = lc
+	a.Engines = engines.New(st, a.Plugins, lc)
+	a.Router = router.New(router.Config{Lifecycle: lc, Logger: logger, MaxBodyBytes: s.MaxBodyBytes, DefaultDeadline: s.RequestDeadline})
+
+	if err := a.listen(); err != nil {
+		st.Close()
+		return nil, err
+	}
+	return a, nil
+}
+
+func orDefault(v, d string) string {
+	if v == "" {
+		return d
+	}
+	return v
+}
+
+// prepareStateDir creates the state directory owner-only.
+func (a *Agent) prepareStateDir() error {
+	if a.s.StateDir == "" {
+		return structs.Errf(structs.CodeInvalidConfig, "no state directory")
+	}
+	for _, d := range []string{a.s.StateDir, filepath.Join(a.s.StateDir, "run"), filepath.Join(a.s.StateDir, "logs")} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return structs.Wrap(structs.CodeInvalidConfig, err, "create state directory")
+		}
+		if err := os.Chmod(d, 0o700); err != nil {
+			return structs.Wrap(structs.CodeInvalidConfig, err, "make state directory owner-only")
+		}
+	}
+	return nil
+}
+
+// credentials reads the role's credentials, generating them on the first
+// start. They are never printed to a log or put on a command line.
+func (a *Agent) credentials() (*client.Credentials, error) {
+	c, err := client.ReadCredentials(a.s.StateDir)
+	if err == nil {
+		return c, nil
+	}
+	if !errors.Is(err, fs.ErrNotExist) {
+		// IMPORTANT: no fallback key. An unreadable credentials file stops
+		// the role.
+		return nil, structs.Wrap(structs.CodeUnauthorized, err, "read credentials")
+	}
+	c = &client.Credentials{APIKey: "capy-" + secret(32), AdminToken: "capyadm-" + secret(32)}
+	if err := client.WriteCredentials(a.s.StateDir, c); err != nil {
+		return nil, structs.Wrap(structs.CodeInternal, err, "write credentials")
+	}
+	return c, nil
+}
+
+func secret(n int) string {
+	b := make([]byte, n)
+	if _, err := rand.Read(b); err != nil {
+		panic(err)
+	}
+	return base64.RawURLEncoding.EncodeToString(b)
+}
+
+// checkHostname refuses state written under another hostname (a new
+// container without --hostname).
+func (a *Agent) checkHostname() error { return a.Store.PinHostname(a.s.Hostname) }
+
+// listen binds the inference and management listeners.
+func (a *Agent) listen() error {
+	mhost, _, err := net.SplitHostPort(a.s.ManagementListen)
+	if err != nil {
+		return structs.Wrap(structs.CodeInvalidConfig, err, "management_listen %q", a.s.ManagementListen)
+	}
+	if ip := net.ParseIP(mhost); mhost != "localhost" && (ip == nil || !ip.IsLoopback()) {
+		return structs.Errf(structs.CodeInvalidConfig, "management_listen %q must be a loopback address", a.s.ManagementListen)
+	}
+	ln, err := net.Listen("tcp", a.s.Listen)
+	if err != nil {
+		return structs.Wrap(structs.CodeInvalidConfig, err, "listen on %s", a.s.Listen)
+	}
+	mln, err := net.Listen("tcp", a.s.ManagementListen)
+	if err != nil {
+		ln.Close()
+		return structs.Wrap(structs.CodeInvalidConfig, err, "listen on %s", a.s.ManagementListen)
+	}
+	a.inferenceLn, a.managementLn = ln, mln
+	return nil
+}
+
+// InferenceAddr returns the bound inference address.
+func (a *Agent) InferenceAddr() string { return a.inferenceLn.Addr().String() }
+
+// ManagementAddr returns the bound management address.
+func (a *Agent) ManagementAddr() string { return a.managementLn.Addr().String() }
+
+// Settings returns the effective settings.
+func (a *Agent) Settings() Settings { return a.s }
+
+// Start recovers the recorded instances and starts serving.
+func (a *Agent) Start(ctx context.Context) error {
+	rctx, cancel := context.WithCancel(context.Background())
+	a.cancel = cancel
+	a.wg.Add(1)
+	go func() {
+		defer a.wg.Done()
+		a.Plugins.Watch(rctx, 250*time.Millisecond)
+	}()
+	if err := a.Lifecycle.Start(ctx); err != nil {
+		return err
+	}
+	backend := &api.Backend{
+		Lifecycle: a.Lifecycle, Store: a.Store, Engines: a.Engines, Router: a.Router, Logger: a.logger,
+		Role: wire.RoleInfo{
+			Role: a.s.Role, Version: version.Version, Commit: version.GetCommit(), Host: a.s.Hostname,
+			Inference: a.InferenceAddr(), StartedAt: a.startedAt, PID: os.Getpid(),
+		},
+		Hosts: a.hosts,
+	}
+	a.inferenceSrv = &http.Server{Handler: api.NewInferenceHandler(backend, a.Creds.APIKey), ReadHeaderTimeout: 10 * time.Second}
+	a.mgmtSrv = &http.Server{Handler: api.NewManagementHandler(backend, a.Creds.AdminToken), ReadHeaderTimeout: 10 * time.Second}
+	for _, p := range []struct {
+		srv *http.Server
+		ln  net.Listener
+	}{{a.inferenceSrv, a.inferenceLn}, {a.mgmtSrv, a.managementLn}} {
+		a.wg.Add(1)
+		go func(srv *http.Server, ln net.Listener) {
+			defer a.wg.Done()
+			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				a.logger.Error("listener stopped", "address", ln.Addr().String(), "error", err)
+			}
+		}(p.srv, p.ln)
+	}
+	return a.writeRunInfo()
+}
+
+func (a *Agent) hosts() []wire.Host {
+	var engs []string
+	if list, err := a.Engines.List(); err == nil {
+		for _, e := range list {
+			engs = append(engs, e.Name)
+		}
+	}
+	return []wire.Host{{Name: a.s.Hostname, Online: true, Role: a.s.Role, Engines: engs}}
+}
+
+func (a *Agent) writeRunInfo() error {
+	ri := client.RunInfo{
+		Role: a.s.Role, PID: os.Getpid(), Management: a.ManagementAddr(), Inference: a.InferenceAddr(),
+		StartedAt: a.startedAt, Version: version.Version, Host: a.s.Hostname,
+	}
+	data, _ := json.MarshalIndent(ri, "", "  ")
+	path := filepath.Join(a.s.StateDir, client.RunInfoFile)
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, data, 0o600); err != nil {
+		return structs.Wrap(structs.CodeInternal, err, "write run info")
+	}
+	return os.Rename(tmp, path)
+}
+
+// Shutdown stops serving: admission closes, admitted requests get up to
+// the drain timeout, and the role exits without touching engines (unless
+// stopEngines, dev mode's Ctrl-C).
+func (a *Agent) Shutdown(ctx context.Context, stopEngines bool) {
+	_ = os.Remove(filepath.Join(a.s.StateDir, client.RunInfoFile))
+	drain := a.s.DrainTimeout
+	if drain <= 0 {
+		drain = 30 * time.Second
+	}
+	dctx, cancel := context.WithTimeout(ctx, drain)
+	if a.inferenceSrv != nil {
+		_ = a.inferenceSrv.Shutdown(dctx)
+	} else {
+		a.inferenceLn.Close()
+	}
+	cancel()
+	if stopEngines {
+		sctx, scancel := context.WithTimeout(ctx, time.Minute)
+		a.Lifecycle.StopAllEngines(sctx)
+		scancel()
+	}
+	if a.mgmtSrv != nil {
+		mctx, mcancel := context.WithTimeout(ctx, 2*time.Second)
+		_ = a.mgmtSrv.Shutdown(mctx)
+		mcancel()
+	} else {
+		a.managementLn.Close()
+	}
+	if a.cancel != nil {
+		a.cancel()
+	}
+	a.Lifecycle.Close()
+	a.Plugins.Shutdown(false)
+	a.Router.Close()
+	a.wg.Wait()
+	a.Store.Close()
+}
+
+// Banner describes the running role for people.
+func (a *Agent) Banner(w io.Writer) {
+	fmt.Fprintf(w, "CapyCTL %s (%s) %s role on %s\n", version.Version, version.GetCommit(), a.s.Role, a.s.Hostname)
+	fmt.Fprintf(w, "  Inference:   http://%s (Authorization: Bearer <api key>)\n", a.InferenceAddr())
+	fmt.Fprintf(w, "  Management:  http://%s (admin token, loopback only)\n", a.ManagementAddr())
+	fmt.Fprintf(w, "  State:       %s\n", a.s.StateDir)
+	fmt.Fprintf(w, "  Credentials: %s\n", filepath.Join(a.s.StateDir, client.CredentialsFile))
+	if list, err := a.Engines.List(); err == nil {
+		if len(list) == 0 {
+			fmt.Fprintln(w, "  Engines:     none registered; add one with capyctl engine add <venv|llama-server>")
+			fmt.Fprintln(w, "               or capyctl engine add --custom <program> --name <name> --manifest <file>")
+		} else {
+			names := make([]string, 0, len(list))
+			for _, e := range list {
+				names = append(names, fmt.Sprintf("%s (%s %s)", e.Name, e.Family, e.Version))
+			}
+			fmt.Fprintf(w, "  Engines:     %s\n", strings.Join(names, ", "))
+		}
+	}
+}

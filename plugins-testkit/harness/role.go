@@ -1,0 +1,296 @@
+// Copyright (c) CapyCTL authors
+// SPDX-License-Identifier: Apache-2.0
+
+package harness
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/capyctl/capyctl/core/api/client"
+)
+
+// Role is a capyctl role running as a subprocess.
+type Role struct {
+	t        testing.TB
+	Bin      string
+	FakeBin  string
+	StateDir string
+	// Args are the extra arguments the role was started with.
+	Args []string
+	Env  []string
+
+	cmd    *exec.Cmd
+	out    *bytes.Buffer
+	waitCh chan error
+
+	Info  *client.RunInfo
+	Creds *client.Credentials
+	Mgmt  *client.Client
+}
+
+// Options configure StartStandalone.
+type Options struct {
+	// StateDir reuses a state directory (a restart); default a fresh one.
+	StateDir string
+	// Args are extra `start standalone` arguments.
+	Args []string
+	// Env are extra environment variables of the role.
+	Env []string
+}
+
+// StartStandalone starts `capyctl start standalone` on loopback ports and
+// waits until its management API answers. The role, its drivers and its
+// engines are cleaned up when the test ends.
+func StartStandalone(t testing.TB, opts Options) *Role {
+	t.Helper()
+	bin, fake := Binaries(t)
+	dir := opts.StateDir
+	if dir == "" {
+		dir = t.TempDir()
+	}
+	r := &Role{t: t, Bin: bin, FakeBin: fake, StateDir: dir, Args: opts.Args, Env: opts.Env}
+	r.start()
+	t.Cleanup(func() { r.cleanup() })
+	return r
+}
+
+func (r *Role) start() {
+	r.t.Helper()
+	_ = os.Remove(filepath.Join(r.StateDir, client.RunInfoFile))
+	args := append([]string{"start", "standalone", "--state-dir", r.StateDir,
+		"--listen", "127.0.0.1:0", "--management-listen", "127.0.0.1:0",
+		"--models-root", filepath.Join(r.StateDir, "models")}, r.Args...)
+	cmd := exec.Command(r.Bin, args...)
+	cmd.Env = append(baseEnv(), r.Env...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	r.out = &bytes.Buffer{}
+	cmd.Stdout = &lockedWriter{w: r.out}
+	cmd.Stderr = cmd.Stdout
+	if err := cmd.Start(); err != nil {
+		r.t.Fatalf("start role: %v", err)
+	}
+	r.cmd = cmd
+	r.waitCh = make(chan error, 1)
+	go func() { r.waitCh <- cmd.Wait() }()
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		ri, err := client.ReadRunInfo(r.StateDir)
+		if err == nil && ri.PID == cmd.Process.Pid {
+			c, info, derr := client.Discover(r.StateDir)
+			if derr == nil {
+				if _, err := c.Engines(context.Background()); err == nil {
+					r.Mgmt, r.Info = c, info
+					r.Creds, _ = client.ReadCredentials(r.StateDir)
+					return
+				}
+			}
+		}
+		select {
+		case err := <-r.waitCh:
+			r.waitCh <- err
+			r.t.Fatalf("role exited while starting: %v\n%s", err, r.Output())
+		default:
+		}
+		if time.Now().After(deadline) {
+			r.t.Fatalf("role did not come up within 60s\n%s", r.Output())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// baseEnv is a small environment for subprocesses.
+func baseEnv() []string {
+	return []string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME"), "TMPDIR=" + os.TempDir()}
+}
+
+// Output returns what the role printed so far.
+func (r *Role) Output() string {
+	if lw, ok := r.cmd.Stdout.(*lockedWriter); ok {
+		return lw.String()
+	}
+	return ""
+}
+
+// PID returns the role's process ID.
+func (r *Role) PID() int { return r.cmd.Process.Pid }
+
+// Kill9 kills the role with SIGKILL (a crash) and waits for it.
+func (r *Role) Kill9() {
+	r.t.Helper()
+	_ = r.cmd.Process.Kill()
+	<-r.waitCh
+	r.waitCh <- nil
+}
+
+// Stop sends SIGTERM and waits for the role to exit.
+func (r *Role) Stop() {
+	r.t.Helper()
+	_ = r.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case err := <-r.waitCh:
+		r.waitCh <- err
+	case <-time.After(90 * time.Second):
+		r.t.Fatalf("role did not exit within 90s of SIGTERM\n%s", r.Output())
+	}
+}
+
+// Restart starts the role again on the same state directory (after Stop or
+// Kill9).
+func (r *Role) Restart() {
+	r.t.Helper()
+	r.start()
+}
+
+// Exited reports whether the role process has exited.
+func (r *Role) Exited() bool {
+	select {
+	case err := <-r.waitCh:
+		r.waitCh <- err
+		return true
+	default:
+		return false
+	}
+}
+
+// cleanup stops everything the role started, by stopping its deployments
+// and then killing whatever remains under its state directory.
+func (r *Role) cleanup() {
+	if !r.Exited() && r.Mgmt != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		if list, err := r.Mgmt.Deployments(ctx); err == nil {
+			for _, d := range list {
+				_, _ = r.Mgmt.Action(ctx, d.Name, actionStop())
+			}
+		}
+		cancel()
+		_ = r.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-r.waitCh:
+		case <-time.After(30 * time.Second):
+			_ = r.cmd.Process.Kill()
+		}
+	}
+	KillLeftovers(r.StateDir)
+}
+
+// CLI runs a capyctl command against this role and returns its output and
+// exit code.
+func (r *Role) CLI(args ...string) (stdout, stderr string, code int) {
+	r.t.Helper()
+	return RunCLI(r.t, r.Bin, append([]string{}, append(args, "--state-dir", r.StateDir)...), nil)
+}
+
+// RunCLI runs the capyctl binary.
+func RunCLI(t testing.TB, bin string, args []string, env []string) (string, string, int) {
+	t.Helper()
+	cmd := exec.Command(bin, args...)
+	cmd.Env = append(baseEnv(), env...)
+	var o, e bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &o, &e
+	err := cmd.Run()
+	code := 0
+	if err != nil {
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) {
+			t.Fatalf("run capyctl %v: %v", args, err)
+		}
+		code = ee.ExitCode()
+	}
+	return o.String(), e.String(), code
+}
+
+// InferenceURL returns the inference base URL.
+func (r *Role) InferenceURL() string { return "http://" + r.Info.Inference }
+
+// Chat sends a chat request with the role's API key (key "" uses it; pass
+// a key to test others).
+func (r *Role) Chat(ctx context.Context, body string, headers map[string]string) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, r.InferenceURL()+"/v1/chat/completions", strings.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if _, ok := headers["Authorization"]; !ok {
+		req.Header.Set("Authorization", "Bearer "+r.Creds.APIKey)
+	}
+	for k, v := range headers {
+		if v == "" {
+			req.Header.Del(k)
+			continue
+		}
+		req.Header.Set(k, v)
+	}
+	return http.DefaultClient.Do(req)
+}
+
+// ChatBody returns a chat request body.
+func ChatBody(model string, stream bool, content string) string {
+	b, _ := json.Marshal(map[string]any{
+		"model": model, "stream": stream, "max_tokens": 8,
+		"messages": []map[string]string{{"role": "user", "content": content}},
+	})
+	return string(b)
+}
+
+// ReadAll reads and closes a response body.
+func ReadAll(resp *http.Response) string {
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return string(b)
+}
+
+// WriteFile writes a file under the role's state directory and returns its
+// path.
+func (r *Role) WriteFile(name, content string) string {
+	r.t.Helper()
+	p := filepath.Join(r.StateDir, name)
+	if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
+		r.t.Fatal(err)
+	}
+	if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
+		r.t.Fatal(err)
+	}
+	return p
+}
+
+// Eventually polls cond until it is true or the timeout passes.
+func Eventually(t testing.TB, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	interval := 5 * time.Millisecond
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", timeout, what)
+		}
+		time.Sleep(interval)
+		if interval < 200*time.Millisecond {
+			interval *= 2
+		}
+	}
+}
+
+// Atoi parses an int or fails the test.
+func Atoi(t testing.TB, s string) int {
+	t.Helper()
+	n, err := strconv.Atoi(strings.TrimSpace(s))
+	if err != nil {
+		t.Fatalf("not a number %q", s)
+	}
+	return n
+}
+
+var _ = fmt.Sprintf
