@@ -87,4 +87,6 @@ type ctxKey int
 const keyRequestID ctxKey = iota
 
 // withValue is a small helper for tests.
-func withValue(ctx context.Context, k ctxKey, v any) context.Context { return context.WithValue(ctx, k, v) }
+func withValue(ctx context.Context, k ctxKey, v any) context.Context {
+	return context.WithValue(ctx, k, v)
+}

@@ -48,5 +48,5 @@ type Grant struct {
 type noPlacer struct{}
 
 func (noPlacer) Reserve(context.Context, Reservation) (*Grant, error) { return &Grant{}, nil }
-func (noPlacer) Phase(string, string) error                             { return nil }
-func (noPlacer) Release(string)                                         {}
+func (noPlacer) Phase(string, string) error                           { return nil }
+func (noPlacer) Release(string)                                       {}

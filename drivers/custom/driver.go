@@ -190,4 +190,3 @@ func (d *Driver) drop(id string) {
 	defer d.mu.Unlock()
 	delete(d.handles, id)
 }
-

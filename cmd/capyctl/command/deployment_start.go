@@ -16,7 +16,9 @@ import (
 type DeploymentStartCommand struct{ *Meta }
 
 // Synopsis implements cli.Command.
-func (c *DeploymentStartCommand) Synopsis() string { return "Start or wake every instance of a deployment" }
+func (c *DeploymentStartCommand) Synopsis() string {
+	return "Start or wake every instance of a deployment"
+}
 
 // Help implements cli.Command.
 func (c *DeploymentStartCommand) Help() string {

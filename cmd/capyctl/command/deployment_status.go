@@ -16,7 +16,9 @@ import (
 type DeploymentStatusCommand struct{ *Meta }
 
 // Synopsis implements cli.Command.
-func (c *DeploymentStatusCommand) Synopsis() string { return "Show a deployment, its instances and memory" }
+func (c *DeploymentStatusCommand) Synopsis() string {
+	return "Show a deployment, its instances and memory"
+}
 
 // Help implements cli.Command.
 func (c *DeploymentStatusCommand) Help() string {

@@ -18,7 +18,9 @@ import (
 type EngineAddCommand struct{ *Meta }
 
 // Synopsis implements cli.Command.
-func (c *EngineAddCommand) Synopsis() string { return "Register an engine installation (venv, binary or custom program)" }
+func (c *EngineAddCommand) Synopsis() string {
+	return "Register an engine installation (venv, binary or custom program)"
+}
 
 // Help implements cli.Command.
 func (c *EngineAddCommand) Help() string {

@@ -14,7 +14,9 @@ import (
 type ValidateConfigCommand struct{ *Meta }
 
 // Synopsis implements cli.Command.
-func (c *ValidateConfigCommand) Synopsis() string { return "Validate a job spec offline and print it completed" }
+func (c *ValidateConfigCommand) Synopsis() string {
+	return "Validate a job spec offline and print it completed"
+}
 
 // Help implements cli.Command.
 func (c *ValidateConfigCommand) Help() string {

@@ -16,7 +16,9 @@ import (
 type VersionCommand struct{ *Meta }
 
 // Synopsis implements cli.Command.
-func (c *VersionCommand) Synopsis() string { return "Print the version and the commit it was built from" }
+func (c *VersionCommand) Synopsis() string {
+	return "Print the version and the commit it was built from"
+}
 
 // Help implements cli.Command.
 func (c *VersionCommand) Help() string {
