@@ -10,6 +10,8 @@
 package harness
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"os"
 	"os/exec"
@@ -57,7 +59,9 @@ func findOrBuild() (string, error) {
 	if err != nil {
 		return "", err
 	}
-	dir := filepath.Join(os.TempDir(), fmt.Sprintf("capyctl-testbin-%d", os.Getuid()))
+	// One cache per checkout: several worktrees build different code.
+	sum := sha256.Sum256([]byte(root))
+	dir := filepath.Join(os.TempDir(), fmt.Sprintf("capyctl-testbin-%d-%s", os.Getuid(), hex.EncodeToString(sum[:6])))
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return "", err
 	}

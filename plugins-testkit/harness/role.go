@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net/http"
 	"os"
 	"os/exec"
@@ -35,6 +36,7 @@ type Role struct {
 
 	cmd    *exec.Cmd
 	out    *bytes.Buffer
+	ports  string
 	waitCh chan error
 
 	Info  *client.RunInfo
@@ -71,8 +73,14 @@ func StartStandalone(t testing.TB, opts Options) *Role {
 func (r *Role) start() {
 	r.t.Helper()
 	_ = os.Remove(filepath.Join(r.StateDir, client.RunInfoFile))
+	if r.ports == "" {
+		// Roles of parallel tests lease engine ports from disjoint ranges.
+		base := 20000 + rand.IntN(400)*100
+		r.ports = fmt.Sprintf("%d-%d", base, base+99)
+	}
 	args := append([]string{"start", "standalone", "--state-dir", r.StateDir,
 		"--listen", "127.0.0.1:0", "--management-listen", "127.0.0.1:0",
+		"--engine-ports", r.ports,
 		"--models-root", filepath.Join(r.StateDir, "models")}, r.Args...)
 	cmd := exec.Command(r.Bin, args...)
 	cmd.Env = append(baseEnv(), r.Env...)
