@@ -97,7 +97,7 @@ func (r *Redactor) Redact(line []byte) []byte {
 		}
 	}
 	// Cheap checks keep the regular expressions off the ordinary line.
-	lower := bytes.ToLower(out)
+	lower := asciiLower(out)
 	has := func(s string) bool { return bytes.Contains(lower, []byte(s)) }
 	if has("://") && bytes.IndexByte(out, '@') >= 0 {
 		out = urlCredRe.ReplaceAll(out, []byte("${1}"+Redacted+"@"))
@@ -135,7 +135,7 @@ type span struct {
 // redactNamedValues replaces the values of assignments and options whose
 // name contains a secret word.
 func redactNamedValues(b []byte) []byte {
-	lower := bytes.ToLower(b)
+	lower := asciiLower(b)
 	var spans []span
 	for _, w := range secretWords {
 		for off := 0; ; {
@@ -258,6 +258,19 @@ func isSpace(c byte) bool {
 
 func isNameByte(c byte) bool {
 	return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-'
+}
+
+// asciiLower lowers ASCII letters only, so that offsets in the result are
+// offsets in b (bytes.ToLower may change the length of invalid UTF-8).
+func asciiLower(b []byte) []byte {
+	out := make([]byte, len(b))
+	for i, c := range b {
+		if c >= 'A' && c <= 'Z' {
+			c += 'a' - 'A'
+		}
+		out[i] = c
+	}
+	return out
 }
 
 // isRunByte reports whether c belongs to a credential-like run.

@@ -175,3 +175,23 @@ func BenchmarkRedactor_Redact(b *testing.B) {
 		}
 	}
 }
+
+func FuzzRedactor_Redact(f *testing.F) {
+	for _, seed := range []string{
+		"token=abc --api-key x https://u:p@h/?key=1 Bearer zz hf_abcdefghijklmnopqrstuvwxyz",
+		"aGVsbG8gd29ybGQgdGhpcyBpcyBhIGxvbmcgc2VjcmV0IDEyMzQ1Njc4OTA=",
+		`{"api_key": "abc"} 'token': ['x']`,
+		"--token", "password:", "\xff", "",
+	} {
+		f.Add(seed, "s3cr3t-value")
+	}
+	f.Fuzz(func(t *testing.T, line, secret string) {
+		r := NewRedactor([]string{secret})
+		out := r.Redact([]byte(line))
+		if len(secret) >= 4 && !strings.Contains(Redacted, secret) && !strings.Contains(secret, "\x00") {
+			if strings.Contains(strings.ReplaceAll(string(out), Redacted, "\x00"), secret) {
+				t.Fatalf("secret %q survives in %q", secret, out)
+			}
+		}
+	})
+}
