@@ -1,0 +1,135 @@
+// Copyright (c) CapyCTL authors
+// SPDX-License-Identifier: Apache-2.0
+
+package engineapi
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+)
+
+// ModelsPath is the OpenAI model list.
+const ModelsPath = "/v1/models"
+
+// ModelsContain reports whether the engine's OpenAI model list (GET
+// /v1/models, data[].id) names name. A non-2xx answer is an *HTTPError.
+func ModelsContain(ctx context.Context, c *EngineClient, name string) (bool, error) {
+	var list struct {
+		Data []struct {
+			ID string `json:"id"`
+		} `json:"data"`
+	}
+	if _, err := c.GetJSON(ctx, ModelsPath, &list); err != nil {
+		return false, fmt.Errorf("list models: %w", err)
+	}
+	for _, m := range list.Data {
+		if m.ID == name {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+// ChatProbe sends one short, non-streamed chat request at temperature 0 and
+// returns the answer: choices[0].message.content, or, when that is empty,
+// reasoning_content or reasoning (a model that thinks first has still
+// answered, so the engine is ready). An engine error is an *HTTPError with
+// the status and the engine's message; an empty answer is an error too.
+func ChatProbe(ctx context.Context, c *EngineClient, path, servedName, prompt string, maxTokens int) (string, error) {
+	return ChatProbeExtra(ctx, c, path, servedName, prompt, maxTokens, nil)
+}
+
+// ChatProbeExtra is ChatProbe with extra request fields merged into the
+// body (SGLang's {"chat_template_kwargs": {"enable_thinking": false}}, a
+// request ID); they may override the defaults.
+func ChatProbeExtra(ctx context.Context, c *EngineClient, path, servedName, prompt string, maxTokens int, extra map[string]any) (string, error) {
+	body := map[string]any{
+		"model":       servedName,
+		"messages":    []map[string]string{{"role": "user", "content": prompt}},
+		"temperature": 0,
+		"stream":      false,
+	}
+	if maxTokens > 0 {
+		body["max_tokens"] = maxTokens
+	}
+	for k, v := range extra {
+		body[k] = v
+	}
+	var answer json.RawMessage
+	if _, err := c.PostJSON(ctx, path, body, &answer); err != nil {
+		return "", fmt.Errorf("chat probe: %w", err)
+	}
+	text, err := ChatAnswer(answer)
+	if err != nil {
+		return "", fmt.Errorf("chat probe: %w", err)
+	}
+	return text, nil
+}
+
+// ChatAnswer extracts the answer from an OpenAI chat completion: the first
+// choice's content (a string, or text parts), else its reasoning_content,
+// else its reasoning.
+func ChatAnswer(body []byte) (string, error) {
+	var resp struct {
+		Choices []struct {
+			Message struct {
+				Content          json.RawMessage `json:"content"`
+				ReasoningContent *string         `json:"reasoning_content"`
+				Reasoning        *string         `json:"reasoning"`
+			} `json:"message"`
+			FinishReason *string `json:"finish_reason"`
+		} `json:"choices"`
+	}
+	if err := json.Unmarshal(body, &resp); err != nil {
+		return "", fmt.Errorf("decode chat answer: %w", err)
+	}
+	if len(resp.Choices) == 0 {
+		if msg := EngineMessage(body); strings.Contains(string(body), `"error"`) && msg != "" {
+			return "", fmt.Errorf("no choices in chat answer: %s", msg)
+		}
+		return "", errors.New("no choices in chat answer")
+	}
+	ch := resp.Choices[0]
+	if s := contentText(ch.Message.Content); strings.TrimSpace(s) != "" {
+		return s, nil
+	}
+	for _, r := range []*string{ch.Message.ReasoningContent, ch.Message.Reasoning} {
+		if r != nil && strings.TrimSpace(*r) != "" {
+			return *r, nil
+		}
+	}
+	finish := ""
+	if ch.FinishReason != nil {
+		finish = *ch.FinishReason
+	}
+	return "", fmt.Errorf("empty chat answer (finish_reason %q)", finish)
+}
+
+// contentText reads a message content: a string, null, or a list of parts
+// of which the text ones are joined.
+func contentText(raw json.RawMessage) string {
+	if len(raw) == 0 {
+		return ""
+	}
+	var s string
+	if json.Unmarshal(raw, &s) == nil {
+		return s
+	}
+	var parts []struct {
+		Type string `json:"type"`
+		Text string `json:"text"`
+	}
+	if json.Unmarshal(raw, &parts) == nil {
+		var b strings.Builder
+		for _, p := range parts {
+			if p.Type == "" || p.Type == "text" {
+				b.WriteString(p.Text)
+			}
+		}
+		return b.String()
+	}
+	return ""
+}
