@@ -45,24 +45,23 @@ const maxManagementBody = 1 << 20
 //	GET    /metrics/load, /metrics/latency               live load and latency views
 func NewManagementHandler(b *Backend, adminToken string) http.Handler {
 	r := mux.NewRouter()
-	s := r.PathPrefix(wire.Prefix).Subrouter()
-	s.HandleFunc("/snapshot", b.snapshot).Methods(http.MethodGet)
-	s.HandleFunc("/events", b.events).Methods(http.MethodGet)
-	s.HandleFunc("/deployments", b.listDeployments).Methods(http.MethodGet)
-	s.HandleFunc("/deployments", b.createDeployment).Methods(http.MethodPost)
-	s.HandleFunc("/deployments/{name}", b.getDeployment).Methods(http.MethodGet)
-	s.HandleFunc("/deployments/{name}", b.updateDeployment).Methods(http.MethodPut)
-	s.HandleFunc("/deployments/{name}", b.deleteDeployment).Methods(http.MethodDelete)
-	s.HandleFunc("/deployments/{name}/actions", b.deploymentAction).Methods(http.MethodPost)
-	s.HandleFunc("/deployments/{name}/instances/{index}/actions", b.instanceAction).Methods(http.MethodPost)
-	s.HandleFunc("/deployments/{name}/effective-config", b.effectiveConfig).Methods(http.MethodGet)
-	s.HandleFunc("/deployments/{name}/engine-log", b.engineLog).Methods(http.MethodGet)
-	s.HandleFunc("/config", b.roleConfig).Methods(http.MethodGet)
-	s.HandleFunc("/engines", b.listEngines).Methods(http.MethodGet)
-	s.HandleFunc("/engines", b.addEngine).Methods(http.MethodPost)
-	s.HandleFunc("/engines/{name}", b.removeEngine).Methods(http.MethodDelete)
-	s.HandleFunc("/engine-flags/{family}", b.engineFlags).Methods(http.MethodGet)
-	s.HandleFunc("/hosts", b.listHosts).Methods(http.MethodGet)
+	r.HandleFunc(wire.Prefix+"/snapshot", b.snapshot).Methods(http.MethodGet)
+	r.HandleFunc(wire.Prefix+"/events", b.events).Methods(http.MethodGet)
+	r.HandleFunc(wire.Prefix+"/deployments", b.listDeployments).Methods(http.MethodGet)
+	r.HandleFunc(wire.Prefix+"/deployments", b.createDeployment).Methods(http.MethodPost)
+	r.HandleFunc(wire.Prefix+"/deployments/{name}", b.getDeployment).Methods(http.MethodGet)
+	r.HandleFunc(wire.Prefix+"/deployments/{name}", b.updateDeployment).Methods(http.MethodPut)
+	r.HandleFunc(wire.Prefix+"/deployments/{name}", b.deleteDeployment).Methods(http.MethodDelete)
+	r.HandleFunc(wire.Prefix+"/deployments/{name}/actions", b.deploymentAction).Methods(http.MethodPost)
+	r.HandleFunc(wire.Prefix+"/deployments/{name}/instances/{index}/actions", b.instanceAction).Methods(http.MethodPost)
+	r.HandleFunc(wire.Prefix+"/deployments/{name}/effective-config", b.effectiveConfig).Methods(http.MethodGet)
+	r.HandleFunc(wire.Prefix+"/deployments/{name}/engine-log", b.engineLog).Methods(http.MethodGet)
+	r.HandleFunc(wire.Prefix+"/config", b.roleConfig).Methods(http.MethodGet)
+	r.HandleFunc(wire.Prefix+"/engines", b.listEngines).Methods(http.MethodGet)
+	r.HandleFunc(wire.Prefix+"/engines", b.addEngine).Methods(http.MethodPost)
+	r.HandleFunc(wire.Prefix+"/engines/{name}", b.removeEngine).Methods(http.MethodDelete)
+	r.HandleFunc(wire.Prefix+"/engine-flags/{family}", b.engineFlags).Methods(http.MethodGet)
+	r.HandleFunc(wire.Prefix+"/hosts", b.listHosts).Methods(http.MethodGet)
 	for _, path := range []string{ViewLoad, ViewLatency} {
 		h := http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 			writeMgmtError(w, structs.Errf(structs.CodeUnsupported, "the %s view is not available in this build", req.URL.Path))
@@ -70,14 +69,16 @@ func NewManagementHandler(b *Backend, adminToken string) http.Handler {
 		if mk, ok := viewRoutes[path]; ok {
 			h = mk(b)
 		}
-		s.Handle(path, h).Methods(http.MethodGet)
+		r.Handle(wire.Prefix+path, h).Methods(http.MethodGet)
 	}
-	r.NotFoundHandler = http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+	notFound := http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		writeMgmtError(w, structs.Errf(structs.CodeNotFound, "no route %s %s", req.Method, req.URL.Path))
 	})
-	r.MethodNotAllowedHandler = http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+	notAllowed := http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		writeMgmtError(w, structs.Errf(structs.CodeMethodNotAllowed, "%s is not allowed on %s", req.Method, req.URL.Path))
 	})
+	r.NotFoundHandler = notFound
+	r.MethodNotAllowedHandler = notAllowed
 	return managementAuth(r, adminToken)
 }
 
@@ -258,6 +259,7 @@ func (b *Backend) deploy(w http.ResponseWriter, r *http.Request, name string) {
 			return 0, nil, err
 		}
 		spec := *parsed
+		keepClientDefaults(&spec, req.Deployment)
 		if name != "" && spec.Name != name {
 			return 0, nil, structs.Errf(structs.CodeInvalidRequest, "the body names deployment %q, the path %q", spec.Name, name)
 		}
@@ -418,4 +420,23 @@ func (b *Backend) snapshot(w http.ResponseWriter, r *http.Request) {
 		snap.Hosts = b.Hosts()
 	}
 	writeJSON(w, http.StatusOK, snap)
+}
+
+// keepClientDefaults keeps "default" for the fields a client marked so in
+// the provenance it sent: capyctl deploy sends the spec it completed from
+// the file, and a value it filled in is still a default, not the
+// operator's choice. Fields the client did not mark keep the server's
+// provenance ("file" for what the document carries).
+func keepClientDefaults(spec *structs.Deployment, doc json.RawMessage) {
+	var sent struct {
+		Provenance map[string]string `json:"provenance"`
+	}
+	if json.Unmarshal(doc, &sent) != nil {
+		return
+	}
+	for k, v := range sent.Provenance {
+		if cur, ok := spec.Provenance[k]; ok && cur == jobspec.FromFile && v == jobspec.FromDefault {
+			spec.Provenance[k] = jobspec.FromDefault
+		}
+	}
 }

@@ -100,6 +100,14 @@ func (c *Client) do(ctx context.Context, method, path string, in, out any, heade
 		if err := json.Unmarshal(data, out); err != nil {
 			return fmt.Errorf("decode answer: %w", err)
 		}
+		if resp.Header.Get(wire.HeaderReplayed) == "true" {
+			switch o := out.(type) {
+			case *wire.DeployAccepted:
+				o.Replayed = true
+			case *wire.ActionAccepted:
+				o.Replayed = true
+			}
+		}
 	}
 	return nil
 }
@@ -114,6 +122,33 @@ func (c *Client) Deploy(ctx context.Context, req wire.DeployRequest, idempotency
 		method, path = http.MethodPut, "/deployments/"+url.PathEscape(req.Deployment.Name)
 	}
 	if err := c.do(ctx, method, path, req, &out, h); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// DeployDocument creates (expectedRevision 0) or updates a deployment
+// from a JSON document in the job spec's shape ({"name": "demo", "engine":
+// "vllm", "model": {"path": "demo"}}): fields left out take their
+// defaults, as in an HCL file.
+func (c *Client) DeployDocument(ctx context.Context, doc json.RawMessage, activate bool, expectedRevision uint64, idempotencyKey string) (*wire.DeployAccepted, error) {
+	var head struct {
+		Name string `json:"name"`
+	}
+	if err := json.Unmarshal(doc, &head); err != nil || head.Name == "" {
+		return nil, structs.Errf(structs.CodeInvalidRequest, "the deployment document needs a name")
+	}
+	body := struct {
+		Deployment       json.RawMessage `json:"deployment"`
+		Activate         bool            `json:"activate,omitempty"`
+		ExpectedRevision uint64          `json:"expected_revision,omitempty"`
+	}{doc, activate, expectedRevision}
+	method, path := http.MethodPost, "/deployments"
+	if expectedRevision > 0 {
+		method, path = http.MethodPut, "/deployments/"+url.PathEscape(head.Name)
+	}
+	var out wire.DeployAccepted
+	if err := c.do(ctx, method, path, body, &out, headers([]CallOption{WithIdempotencyKey(idempotencyKey)})); err != nil {
 		return nil, err
 	}
 	return &out, nil

@@ -49,6 +49,9 @@ type DeployAccepted struct {
 	Revision   uint64 `json:"revision"`
 	Created    bool   `json:"created"`
 	Desired    string `json:"desired"`
+	// Replayed is set by the Go client when the answer was replayed from
+	// an earlier request with the same Idempotency-Key.
+	Replayed bool `json:"replayed,omitempty"`
 }
 
 // ActionRequest is an action on a deployment or an instance.
@@ -74,6 +77,9 @@ type ActionAccepted struct {
 	AcceptedAt time.Time `json:"accepted_at"`
 	// Done is true when the action completed before the answer.
 	Done bool `json:"done"`
+	// Replayed is set by the Go client when the answer was replayed from
+	// an earlier request with the same Idempotency-Key.
+	Replayed bool `json:"replayed,omitempty"`
 }
 
 // ErrorDetailsResnapshot is the details key of a cursor_expired answer: the
