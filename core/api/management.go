@@ -313,7 +313,7 @@ func (b *Backend) deploymentAction(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
 	switch req.Action {
 	case "start":
-		err = b.Lifecycle.StartDeployment(ctx, name, req.Wait)
+		err = b.Lifecycle.StartDeployment(ctx, name, req.Wait, req.Evict)
 	case "stop":
 		err = b.Lifecycle.StopDeployment(ctx, name, req.Wait)
 	case "delete":
