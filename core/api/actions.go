@@ -16,30 +16,6 @@ import (
 	"github.com/capyctl/capyctl/core/structs"
 )
 
-// The lifecycle methods below are optional: the handlers find them with an
-// interface check, so this package builds against a lifecycle that lacks
-// them, and the action answers unsupported (exit 5) until it lands.
-type (
-	deploymentParker interface {
-		ParkDeployment(ctx context.Context, name string, wait bool) error
-	}
-	deploymentEvictStarter interface {
-		StartDeploymentEvict(ctx context.Context, name string, wait bool) error
-	}
-	instanceStarter interface {
-		StartInstance(ctx context.Context, name string, index int, wait bool) error
-	}
-	instanceStopper interface {
-		StopInstance(ctx context.Context, name string, index int, wait bool) error
-	}
-	instanceParker interface {
-		ParkInstance(ctx context.Context, name string, index int, wait bool) error
-	}
-)
-
-// lifecycleAny is the lifecycle as an interface value, for the checks above.
-func (b *Backend) lifecycleAny() any { return b.Lifecycle }
-
 // readAction reads and checks an action body: the action must be one of
 // allowed, evict goes with start only, and expected_revision, when set,
 // must be the deployment's current revision.
@@ -69,6 +45,16 @@ func (b *Backend) readAction(data []byte, name string, allowed ...string) (*wire
 	return &req, v, nil
 }
 
+// actionContext is the context an action runs under: the request's while
+// the client waits for the outcome; without wait the action goes on after
+// the answer, so it must not end with the request.
+func actionContext(r *http.Request, req *wire.ActionRequest) context.Context {
+	if req.Wait {
+		return r.Context()
+	}
+	return context.WithoutCancel(r.Context())
+}
+
 // accepted is an action's answer: 200 when it completed (wait, delete),
 // 202 when it was accepted and goes on.
 func accepted(req *wire.ActionRequest, name string, instance *int, rev uint64, at time.Time) (int, any) {
@@ -94,29 +80,16 @@ func (b *Backend) deploymentAction(w http.ResponseWriter, r *http.Request) {
 			return 0, nil, err
 		}
 		at := time.Now().UTC()
-		ctx := r.Context()
-		lc := b.lifecycleAny()
+		ctx := actionContext(r, req)
 		switch req.Action {
 		case wire.ActionStart:
-			if req.Evict {
-				s, ok := lc.(deploymentEvictStarter)
-				if !ok {
-					return 0, nil, structs.Errf(structs.CodeUnsupported, "start with evict is not available in this build; start without it")
-				}
-				err = s.StartDeploymentEvict(ctx, name, req.Wait)
-			} else {
-				err = b.Lifecycle.StartDeployment(ctx, name, req.Wait)
-			}
+			err = b.Lifecycle.StartDeployment(ctx, name, req.Wait, req.Evict)
 		case wire.ActionStop:
 			err = b.Lifecycle.StopDeployment(ctx, name, req.Wait)
 		case wire.ActionDelete:
 			err = b.Lifecycle.DeleteDeployment(ctx, name)
 		case wire.ActionPark:
-			p, ok := lc.(deploymentParker)
-			if !ok {
-				return 0, nil, structs.Errf(structs.CodeUnsupported, "park is not available in this build; stop the deployment instead")
-			}
-			err = p.ParkDeployment(ctx, name, req.Wait)
+			err = b.Lifecycle.ParkDeployment(ctx, name, req.Wait)
 		}
 		if err != nil {
 			return 0, nil, err
@@ -143,9 +116,6 @@ func (b *Backend) instanceAction(w http.ResponseWriter, r *http.Request) {
 		if err != nil {
 			return 0, nil, err
 		}
-		if req.Evict {
-			return 0, nil, structs.Errf(structs.CodeInvalidRequest, "evict goes with a deployment's start, not an instance's")
-		}
 		found := false
 		for _, in := range v.Instances {
 			found = found || in.Index == idx
@@ -154,29 +124,14 @@ func (b *Backend) instanceAction(w http.ResponseWriter, r *http.Request) {
 			return 0, nil, structs.Errf(structs.CodeNotFound, "deployment %s has no instance %d (it has %d)", name, idx, len(v.Instances))
 		}
 		at := time.Now().UTC()
-		ctx := r.Context()
-		lc := b.lifecycleAny()
-		unsupported := structs.Errf(structs.CodeUnsupported,
-			"%s of a single instance is not available in this build; act on the deployment instead", req.Action)
+		ctx := actionContext(r, req)
 		switch req.Action {
 		case wire.ActionStart:
-			s, ok := lc.(instanceStarter)
-			if !ok {
-				return 0, nil, unsupported
-			}
-			err = s.StartInstance(ctx, name, idx, req.Wait)
+			err = b.Lifecycle.StartInstance(ctx, name, idx, req.Wait, req.Evict)
 		case wire.ActionStop:
-			s, ok := lc.(instanceStopper)
-			if !ok {
-				return 0, nil, unsupported
-			}
-			err = s.StopInstance(ctx, name, idx, req.Wait)
+			err = b.Lifecycle.StopInstance(ctx, name, idx, req.Wait)
 		case wire.ActionPark:
-			s, ok := lc.(instanceParker)
-			if !ok {
-				return 0, nil, unsupported
-			}
-			err = s.ParkInstance(ctx, name, idx, req.Wait)
+			err = b.Lifecycle.ParkInstance(ctx, name, idx, req.Wait)
 		}
 		if err != nil {
 			return 0, nil, err

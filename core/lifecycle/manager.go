@@ -82,6 +82,25 @@ type Config struct {
 	DefaultStartupTimeout time.Duration
 	// Now is the clock (tests inject one).
 	Now func() time.Time
+	// DrainTimeout bounds how long a victim or a parking instance waits for
+	// its requests to end (default 30s); past it the switch or park fails
+	// and the instance serves again.
+	DrainTimeout time.Duration
+	// AdmissionWindow is how long the last ready instance of a deployment
+	// keeps admitting before a switch drains it (default 2s, ends early once
+	// it is idle).
+	AdmissionWindow time.Duration
+	// RetryBudget is how many starts an instance of a running deployment
+	// attempts before it stays failed (default 3); RetryCooldown is the first
+	// cooldown, doubled each time (default 30s).
+	RetryBudget   int
+	RetryCooldown time.Duration
+	// ReadyIdleTimeout and ParkedIdleTimeout are the role's defaults for
+	// deployments that set none (0 = off).
+	ReadyIdleTimeout  time.Duration
+	ParkedIdleTimeout time.Duration
+	// IdleCheckInterval is how often idle timers are checked (default 1s).
+	IdleCheckInterval time.Duration
 }
 
 // Manager is the lifecycle of every deployment on this role.
@@ -92,7 +111,11 @@ type Manager struct {
 
 	mu          sync.Mutex
 	deployments map[string]*deployment
+	byID        map[string]*instance
 	routes      atomic.Pointer[RouteTable]
+	requests    requestsHolder
+	// switchMu serialises switches: one eviction plan at a time on a host.
+	switchMu sync.Mutex
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -133,12 +156,28 @@ func New(cfg Config) *Manager {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
+	if cfg.DrainTimeout == 0 {
+		cfg.DrainTimeout = 30 * time.Second
+	}
+	if cfg.AdmissionWindow == 0 {
+		cfg.AdmissionWindow = 2 * time.Second
+	}
+	if cfg.RetryBudget == 0 {
+		cfg.RetryBudget = 3
+	}
+	if cfg.RetryCooldown == 0 {
+		cfg.RetryCooldown = 30 * time.Second
+	}
+	if cfg.IdleCheckInterval == 0 {
+		cfg.IdleCheckInterval = time.Second
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	m := &Manager{
 		cfg:         cfg,
 		logger:      cfg.Logger.Named("lifecycle"),
 		sem:         make(chan struct{}, cfg.MaxConcurrentEffects),
 		deployments: map[string]*deployment{},
+		byID:        map[string]*instance{},
 		ctx:         ctx,
 		cancel:      cancel,
 	}
@@ -211,6 +250,9 @@ func (m *Manager) Start(ctx context.Context) error {
 		}(in)
 	}
 	wg.Wait()
+
+	m.wg.Add(1)
+	go m.runIdleTimers()
 
 	// Deployments an operator started come back up.
 	for _, d := range m.snapshotDeployments() {
@@ -343,6 +385,7 @@ func (m *Manager) Deploy(ctx context.Context, spec *structs.Deployment, opts Dep
 	m.mu.Lock()
 	if exists {
 		for _, in := range old {
+			delete(m.byID, in.id)
 			in.close()
 		}
 	}
@@ -389,19 +432,28 @@ func (m *Manager) Deploy(ctx context.Context, spec *structs.Deployment, opts Dep
 // ----------------------------------------------------------------- actions
 
 // StartDeployment marks a deployment running and starts (or wakes) every
-// instance. With wait it returns when all are ready or one gave up.
-func (m *Manager) StartDeployment(ctx context.Context, name string, wait bool) error {
+// instance. With wait it returns when all are ready or one gave up. Without
+// evict, a start that does not fit is refused capacity_blocked; with it,
+// idle models are parked or stopped to make room.
+func (m *Manager) StartDeployment(ctx context.Context, name string, wait bool, evict ...bool) error {
+	ev := len(evict) > 0 && evict[0]
+	return m.startDeployment(ctx, name, wait, ev)
+}
+
+func (m *Manager) startDeployment(ctx context.Context, name string, wait, evict bool) error {
 	d, err := m.setDesired(name, structs.DesiredRunning)
 	if err != nil {
 		return err
 	}
 	if !wait {
-		m.startAll(name, "operator start")
+		m.startAllEvict(name, "operator start", evict)
 		return nil
 	}
 	errs := make(chan error, len(d))
 	for _, in := range d {
-		go func(in *instance) { errs <- in.do(ctx, cmdStart, "operator start") }(in)
+		go func(in *instance) {
+			errs <- in.send(ctx, &command{kind: cmdStart, why: "operator start", evict: evict, done: make(chan error, 1)})
+		}(in)
 	}
 	var first error
 	for range d {
@@ -463,6 +515,9 @@ func (m *Manager) DeleteDeployment(ctx context.Context, name string) error {
 	}
 	m.mu.Lock()
 	delete(m.deployments, name)
+	for _, in := range insts {
+		delete(m.byID, in.id)
+	}
 	m.mu.Unlock()
 	for _, in := range insts {
 		in.close()
@@ -548,7 +603,7 @@ func (m *Manager) runActivation(name string, d *deployment, act *activation, tar
 	if target == nil {
 		err = structs.Errf(structs.CodeUnavailable, "deployment %s has no instance", name)
 	} else {
-		err = target.do(m.ctx, cmdStart, "request")
+		err = target.send(m.ctx, &command{kind: cmdStart, why: "request", evict: true, done: make(chan error, 1)})
 	}
 	if err != nil {
 		ae := structs.AsError(err)
@@ -588,7 +643,11 @@ func (m *Manager) setDesired(name, desired string) ([]*instance, error) {
 	return insts, nil
 }
 
-func (m *Manager) startAll(name, why string) {
+func (m *Manager) startAll(name, why string) { m.startAllEvict(name, why, false) }
+
+// startAllEvict starts every instance of a deployment in the background;
+// a failed start of a running deployment is retried (see retryStart).
+func (m *Manager) startAllEvict(name, why string, evict bool) {
 	m.mu.Lock()
 	d, ok := m.deployments[name]
 	var insts []*instance
@@ -598,8 +657,10 @@ func (m *Manager) startAll(name, why string) {
 	m.mu.Unlock()
 	for _, in := range insts {
 		go func(in *instance) {
-			if err := in.do(m.ctx, cmdStart, why); err != nil {
+			err := in.send(m.ctx, &command{kind: cmdStart, why: why, evict: evict, done: make(chan error, 1)})
+			if err != nil {
 				m.logger.Warn("start failed", "instance", in.id, "error", err)
+				m.retryStart(in, err, 1)
 			}
 		}(in)
 	}

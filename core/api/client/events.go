@@ -157,4 +157,3 @@ func IsCursorExpired(err error) bool {
 	var se *structs.Error
 	return errors.As(err, &se) && se.Code == structs.CodeCursorExpired
 }
-
