@@ -63,6 +63,9 @@ type Settings struct {
 	HostEnv map[string]string
 	// Executable is the capyctl binary drivers are re-executed from.
 	Executable string
+	// Config is the effective configuration with each value's source,
+	// published on the management API's GET /config (nil: not published).
+	Config *wire.RoleConfig
 }
 
 // Agent is a running role.
@@ -282,6 +285,9 @@ func (a *Agent) Start(ctx context.Context) error {
 			Inference: a.InferenceAddr(), StartedAt: a.startedAt, PID: os.Getpid(),
 		},
 		Hosts: a.hosts,
+	}
+	if rc := a.s.Config; rc != nil {
+		backend.Config = func() *wire.RoleConfig { return rc }
 	}
 	a.inferenceSrv = &http.Server{Handler: api.NewInferenceHandler(backend, a.Creds.APIKey), ReadHeaderTimeout: 10 * time.Second}
 	a.mgmtSrv = &http.Server{Handler: api.NewManagementHandler(backend, a.Creds.AdminToken), ReadHeaderTimeout: 10 * time.Second}
