@@ -56,7 +56,18 @@ func (c *DeploymentParkCommand) Run(args []string) int {
 	if c.JSON() {
 		c.PrintJSON(acc)
 	} else if acc.Done {
-		fmt.Fprintf(c.Out, "Deployment %s parked\n", rest[0])
+		st, err := cl.Deployment(c.ctx(), rest[0])
+		if err != nil {
+			return c.Fail(err)
+		}
+		switch st.State {
+		case "parked":
+			fmt.Fprintf(c.Out, "Deployment %s parked; the next request wakes it\n", rest[0])
+		case "stopped":
+			fmt.Fprintf(c.Out, "Deployment %s stopped: it runs restart_only, so a park stops it; the next request starts it\n", rest[0])
+		default:
+			fmt.Fprintf(c.Out, "Deployment %s: %s\n", rest[0], st.State)
+		}
 	} else {
 		fmt.Fprintf(c.Out, "Park of %s accepted\n", rest[0])
 	}
