@@ -16,16 +16,14 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 	"sort"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
 
+	"github.com/capyctl/capyctl/core/models"
 	"github.com/capyctl/capyctl/core/structs"
 	"github.com/capyctl/capyctl/sdk"
 	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
@@ -836,32 +834,16 @@ func randomID() string {
 	return hex.EncodeToString(b)
 }
 
-// resolveModel returns the model directory of a spec on this host.
+// resolveModel returns the model directory of a spec on this host
+// (core/models: a local path under the models root, or a Hugging Face
+// download, fetched on first use), checked against its content fingerprint.
 func (m *Manager) resolveModel(spec *structs.Deployment) (string, error) {
-	p := spec.Model.Path
-	if p == "" {
-		if spec.Model.HF != "" {
-			return "", structs.Errf(structs.CodeCheckpointUnusable,
-				"model %s is a Hugging Face source; download it first (capyctl model pull) or name a local path", spec.Model.HF)
-		}
-		return "", nil
+	st := models.NewStore(models.Options{Root: m.cfg.Host.ModelsRoot, StateDir: m.cfg.Host.StateDir})
+	r, err := st.Resolve(m.ctx, spec.Model)
+	if err != nil {
+		return "", err
 	}
-	if strings.HasPrefix(p, "~/") {
-		home, _ := os.UserHomeDir()
-		p = filepath.Join(home, p[2:])
-	}
-	if !filepath.IsAbs(p) {
-		root := m.cfg.Host.ModelsRoot
-		if strings.HasPrefix(root, "~/") {
-			home, _ := os.UserHomeDir()
-			root = filepath.Join(home, root[2:])
-		}
-		p = filepath.Join(root, p)
-	}
-	if _, err := os.Stat(p); err != nil {
-		return "", structs.Errf(structs.CodeCheckpointUnusable, "model path %s: %v", p, errors.Unwrap(err))
-	}
-	return p, nil
+	return r.Dir, nil
 }
 
 // driverErr maps a driver error to a product error.

@@ -57,6 +57,7 @@ func Commands(m *Meta) map[string]cli.CommandFactory {
 		"engine list":       f(&EngineListCommand{Meta: m}),
 		"engine remove":     f(&EngineRemoveCommand{Meta: m}),
 		"engine flags":      f(&EngineFlagsCommand{Meta: m}),
+		"model pull":        f(&ModelPullCommand{Meta: m}),
 		"config":            parent("config", "Show role settings"),
 		"config show":       f(&ConfigShowCommand{Meta: m}),
 		"validate":          parent("validate", "Validate a job spec offline"),
