@@ -71,6 +71,9 @@ type Settings struct {
 	Memory config.MemoryConfig
 	// Executable is the capyctl binary drivers are re-executed from.
 	Executable string
+	// Config is the effective configuration with each value's source,
+	// published on the management API's GET /config (nil: not published).
+	Config *wire.RoleConfig
 }
 
 // GPUSettings are the gpu.* settings.
@@ -376,6 +379,9 @@ func (a *Agent) Start(ctx context.Context) error {
 		},
 		Hosts:            a.hosts,
 		DeploymentExtras: a.Placer.DeploymentExtras,
+	}
+	if rc := a.s.Config; rc != nil {
+		backend.Config = func() *wire.RoleConfig { return rc }
 	}
 	a.inferenceSrv = &http.Server{Handler: api.NewInferenceHandler(backend, a.Creds.APIKey), ReadHeaderTimeout: 10 * time.Second}
 	a.mgmtSrv = &http.Server{Handler: api.NewManagementHandler(backend, a.Creds.AdminToken), ReadHeaderTimeout: 10 * time.Second}
