@@ -120,19 +120,25 @@ func (s *sampler) run(sample func(launchIDs) (int64, int64, bool), interval time
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
-		if dev, host, ok := sample(s.ids); ok {
-			s.mu.Lock()
-			s.peakDevice = max(s.peakDevice, dev)
-			s.peakHost = max(s.peakHost, host)
-			s.samples++
-			s.mu.Unlock()
-		}
+		s.record(sample(s.ids))
 		select {
 		case <-s.stop:
 			return
 		case <-t.C:
 		}
 	}
+}
+
+// record merges one reading into the peaks (ok false: no process left).
+func (s *sampler) record(dev, host int64, ok bool) {
+	if !ok {
+		return
+	}
+	s.mu.Lock()
+	s.peakDevice = max(s.peakDevice, dev)
+	s.peakHost = max(s.peakHost, host)
+	s.samples++
+	s.mu.Unlock()
 }
 
 // halt stops the sampler and waits for it.

@@ -510,6 +510,9 @@ func (p *Placer) Phase(owner, phase string) error {
 	if s != nil {
 		s.halt()
 		if info != nil && phase == ledger.PhaseReady {
+			// One last reading at ready: a start shorter than the sampling
+			// interval is still measured at least as it serves.
+			s.record(p.sample(s.ids))
 			p.storePeak(owner, info, s)
 		}
 	}
