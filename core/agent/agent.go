@@ -59,6 +59,13 @@ type Settings struct {
 	MaxBodyBytes     int64
 	RequestDeadline  time.Duration
 	DrainTimeout     time.Duration
+	// MaxWaitingTotal and MaxWaitingBytes bound the requests waiting for a
+	// place, all deployments together (0: the router's defaults).
+	MaxWaitingTotal int
+	MaxWaitingBytes int64
+	// RequestLedger keeps the request records (zero: the store's defaults;
+	// MaxRecords < 0 turns the ledger off).
+	RequestLedger store.RequestWriterOptions
 	// HostEnv is added to every engine's environment.
 	HostEnv map[string]string
 	// Executable is the capyctl binary drivers are re-executed from.
@@ -75,6 +82,7 @@ type Agent struct {
 	Lifecycle *lifecycle.Manager
 	Engines   *engines.Registry
 	Router    *router.Router
+	Requests  *store.RequestWriter
 	Creds     *client.Credentials
 
 	inferenceLn  net.Listener
@@ -169,13 +177,30 @@ func New(s Settings, logger hclog.Logger) (*Agent, error) {
 	})
 	a.Lifecycle = lc
 	a.Engines = engines.New(st, a.Plugins, lc)
-	a.Router = router.New(router.Config{Lifecycle: lc, Logger: logger, MaxBodyBytes: s.MaxBodyBytes, DefaultDeadline: s.RequestDeadline})
+	a.Requests = store.NewRequestWriter(st, ledgerOptions(s.RequestLedger, logger))
+	a.Router = router.New(router.Config{Lifecycle: lc, Logger: logger, MaxBodyBytes: s.MaxBodyBytes, DefaultDeadline: s.RequestDeadline,
+		Ledger: a.Requests, MaxWaitingTotal: s.MaxWaitingTotal, MaxWaitingBytes: s.MaxWaitingBytes})
+	lc.SetRequestTracker(a.Router)
 
 	if err := a.listen(); err != nil {
+		_ = a.Requests.Close()
 		st.Close()
 		return nil, err
 	}
 	return a, nil
+}
+
+// ledgerOptions completes the request ledger's options.
+func ledgerOptions(o store.RequestWriterOptions, logger hclog.Logger) store.RequestWriterOptions {
+	def := store.DefaultRequestWriterOptions()
+	if o.MaxRecords == 0 {
+		o.MaxRecords = def.MaxRecords
+	}
+	if o.MaxAge == 0 {
+		o.MaxAge = def.MaxAge
+	}
+	o.Logger = logger.Named("request_ledger")
+	return o
 }
 
 func orDefault(v, d string) string {
@@ -281,7 +306,8 @@ func (a *Agent) Start(ctx context.Context) error {
 			Role: a.s.Role, Version: version.Version, Commit: version.GetCommit(), Host: a.s.Hostname,
 			Inference: a.InferenceAddr(), StartedAt: a.startedAt, PID: os.Getpid(),
 		},
-		Hosts: a.hosts,
+		Hosts:            a.hosts,
+		DeploymentExtras: api.RequestExtras(a.Router),
 	}
 	a.inferenceSrv = &http.Server{Handler: api.NewInferenceHandler(backend, a.Creds.APIKey), ReadHeaderTimeout: 10 * time.Second}
 	a.mgmtSrv = &http.Server{Handler: api.NewManagementHandler(backend, a.Creds.AdminToken), ReadHeaderTimeout: 10 * time.Second}
@@ -359,6 +385,7 @@ func (a *Agent) Shutdown(ctx context.Context, stopEngines bool) {
 	a.Plugins.Shutdown(false)
 	a.Router.Close()
 	a.wg.Wait()
+	_ = a.Requests.Close()
 	a.Store.Close()
 }
 

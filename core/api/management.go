@@ -44,6 +44,9 @@ func NewManagementHandler(b *Backend, adminToken string) http.Handler {
 	s.HandleFunc("/engines/{name}", b.removeEngine).Methods(http.MethodDelete)
 	s.HandleFunc("/engine-flags/{family}", b.engineFlags).Methods(http.MethodGet)
 	s.HandleFunc("/hosts", b.listHosts).Methods(http.MethodGet)
+	s.HandleFunc("/metrics/load", LoadView(b)).Methods(http.MethodGet)
+	s.HandleFunc("/metrics/latency", LatencyView(b)).Methods(http.MethodGet)
+	r.Handle("/metrics", MetricsView(b)).Methods(http.MethodGet)
 	r.NotFoundHandler = http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		writeMgmtError(w, structs.Errf(structs.CodeNotFound, "no route %s %s", req.Method, req.URL.Path))
 	})
