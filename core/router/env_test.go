@@ -74,11 +74,11 @@ func (f *fakeLC) RestartForSettlement(string) {
 
 // env is a router in front of one fake engine.
 type env struct {
-	t   *testing.T
-	lc  *fakeLC
-	rt  *router.Router
-	srv *httptest.Server
-	eng *fakeengine.Engine
+	t    *testing.T
+	lc   *fakeLC
+	rt   *router.Router
+	srv  *httptest.Server
+	eng  *fakeengine.Engine
 	url  string
 	ep   structs.EngineEndpoint
 	spec func(*structs.Deployment)
