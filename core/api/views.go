@@ -9,7 +9,13 @@ import (
 
 	"github.com/capyctl/capyctl/core/api/wire"
 	"github.com/capyctl/capyctl/core/router"
+	"github.com/capyctl/capyctl/core/structs"
 )
+
+func init() {
+	viewRoutes[ViewLoad] = LoadView
+	viewRoutes[ViewLatency] = LatencyView
+}
 
 // LoadResponse answers GET /management/v1/metrics/load.
 type LoadResponse struct {
@@ -31,6 +37,10 @@ type LatencyResponse struct {
 // through its driver off the hot path.
 func LoadView(b *Backend) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
+		if b.Router == nil {
+			noRouter(w, r)
+			return
+		}
 		writeJSON(w, http.StatusOK, LoadResponse{
 			APIVersion: wire.APIVersion, At: time.Now().UTC(), Deployments: nonNil(b.Router.Load(r.Context())),
 		})
@@ -43,6 +53,10 @@ func LoadView(b *Backend) http.HandlerFunc {
 // milliseconds).
 func LatencyView(b *Backend) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
+		if b.Router == nil {
+			noRouter(w, r)
+			return
+		}
 		writeJSON(w, http.StatusOK, LatencyResponse{
 			APIVersion: wire.APIVersion, At: time.Now().UTC(), Deployments: nonNil(b.Router.Latency()),
 		})
@@ -51,7 +65,17 @@ func LatencyView(b *Backend) http.HandlerFunc {
 
 // MetricsView serves the core's Prometheus metrics (text exposition
 // format); mount it on the management listener, behind the admin token.
-func MetricsView(b *Backend) http.Handler { return b.Router.MetricsHandler() }
+func MetricsView(b *Backend) http.Handler {
+	if b.Router == nil {
+		return http.HandlerFunc(noRouter)
+	}
+	return b.Router.MetricsHandler()
+}
+
+// noRouter answers the views of a role that routes no requests.
+func noRouter(w http.ResponseWriter, r *http.Request) {
+	writeMgmtError(w, structs.Errf(structs.CodeUnsupported, "this role routes no inference requests"))
+}
 
 // RequestExtras returns a DeploymentExtras function that adds the router's
 // request counts to a deployment's status: requests.in_flight, waiting,
