@@ -42,6 +42,7 @@ const maxManagementBody = 1 << 20
 //	GET    /engines, POST /engines, DELETE /engines/{n}  the engine registry
 //	GET    /engine-flags/{family}                        a family's flag policy
 //	GET    /hosts                                        machines that run engines
+//	GET    /hosts/{name}/ledger                          a host's GPUs and memory ledger
 //	GET    /metrics/load, /metrics/latency               live load and latency views
 func NewManagementHandler(b *Backend, adminToken string) http.Handler {
 	r := mux.NewRouter()
@@ -62,6 +63,7 @@ func NewManagementHandler(b *Backend, adminToken string) http.Handler {
 	r.HandleFunc(wire.Prefix+"/engines/{name}", b.removeEngine).Methods(http.MethodDelete)
 	r.HandleFunc(wire.Prefix+"/engine-flags/{family}", b.engineFlags).Methods(http.MethodGet)
 	r.HandleFunc(wire.Prefix+"/hosts", b.listHosts).Methods(http.MethodGet)
+	r.HandleFunc(wire.Prefix+"/hosts/{name}/ledger", b.hostLedger).Methods(http.MethodGet)
 	for _, path := range []string{ViewLoad, ViewLatency} {
 		h := http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 			writeMgmtError(w, structs.Errf(structs.CodeUnsupported, "the %s view is not available in this build", req.URL.Path))

@@ -59,6 +59,7 @@ const (
 	CodePortConflict            Code = "port_conflict"
 	CodeCapacityBlocked         Code = "capacity_blocked"
 	CodeInsufficientDevice      Code = "insufficient_device_memory"
+	CodeInsufficientMemory      Code = "insufficient_memory"
 	CodeStartupNeedsEmptyHost   Code = "startup_requires_empty_host"
 	CodeUnsupported             Code = "unsupported"
 	CodeCapabilityMissing       Code = "capability_missing"
@@ -134,6 +135,7 @@ func init() {
 	row(CodePortConflict, http.StatusConflict, 13, true, "another process listens on the leased engine port")
 	row(CodeCapacityBlocked, http.StatusConflict, 4, true, "the start does not fit in memory (host, domain, need, free, limit named)")
 	row(CodeInsufficientDevice, http.StatusBadRequest, 4, false, "the deployment's charge exceeds every domain's managed limit")
+	row(CodeInsufficientMemory, http.StatusBadRequest, 4, false, "the deployment's host memory charge exceeds the host's managed limit")
 	row(CodeStartupNeedsEmptyHost, http.StatusConflict, 4, true, "an unmeasured first start fits only on an empty host")
 	row(CodeUnsupported, http.StatusNotImplemented, 5, false, "the action is not supported")
 	row(CodeCapabilityMissing, http.StatusBadRequest, 5, false, "the engine or driver lacks a capability the deployment needs")
