@@ -26,7 +26,10 @@ func TestTensorFold_MemoryCap(t *testing.T) {
 		"--parallel", "4", "--context", "4096", "--no-drafts", "--no-update-check", "--backend", "cuda", "--snapshot-dir", "none"},
 		"CAPYCTL_SIMGPU_STATE="+g.Path(), "CAPYCTL_FAKE_SIM_WEIGHTS=1GiB", "TENSORFOLD_CUDA_MEMORY_LIMIT_GB=2.5")
 	p.waitListening(t)
-	p.waitFor(t, "ready", func() bool { status, body := p.get("/health"); return status == 200 && strings.Contains(body, `"ok":true`) })
+	p.waitFor(t, "ready", func() bool {
+		status, body := p.get("/health")
+		return status == 200 && strings.Contains(body, `"ok":true`)
+	})
 	got := holdings(t, g, devs, p.cmd.Process.Pid)
 	if got["0/weights"] != 1<<30 || got["0/kv_cache"] != 3<<29 {
 		t.Fatalf("simulated GPU holds %v, want 1 GiB of weights and 1.5 GiB of KV", got)
