@@ -61,6 +61,13 @@ type Settings struct {
 	MaxBodyBytes     int64
 	RequestDeadline  time.Duration
 	DrainTimeout     time.Duration
+	// MaxWaitingTotal and MaxWaitingBytes bound the requests waiting for a
+	// place, all deployments together (0: the router's defaults).
+	MaxWaitingTotal int
+	MaxWaitingBytes int64
+	// RequestLedger keeps the request records (zero: the store's defaults;
+	// MaxRecords < 0 turns the ledger off).
+	RequestLedger store.RequestWriterOptions
 	// HostEnv is added to every engine's environment.
 	HostEnv map[string]string
 	// GPU selects the GPU inventory (gpu.provider and the simulated
@@ -104,6 +111,7 @@ type Agent struct {
 	Lifecycle *lifecycle.Manager
 	Engines   *engines.Registry
 	Router    *router.Router
+	Requests  *store.RequestWriter
 	Creds     *client.Credentials
 
 	inferenceLn  net.Listener
@@ -213,14 +221,31 @@ func New(s Settings, logger hclog.Logger) (*Agent, error) {
 	})
 	a.Lifecycle = lc
 	a.Engines = engines.New(st, a.Plugins, lc)
-	a.Router = router.New(router.Config{Lifecycle: lc, Logger: logger, MaxBodyBytes: s.MaxBodyBytes, DefaultDeadline: s.RequestDeadline})
+	a.Requests = store.NewRequestWriter(st, ledgerOptions(s.RequestLedger, logger))
+	a.Router = router.New(router.Config{Lifecycle: lc, Logger: logger, MaxBodyBytes: s.MaxBodyBytes, DefaultDeadline: s.RequestDeadline,
+		Ledger: a.Requests, MaxWaitingTotal: s.MaxWaitingTotal, MaxWaitingBytes: s.MaxWaitingBytes})
+	lc.SetRequestTracker(a.Router)
 
 	if err := a.listen(); err != nil {
+		_ = a.Requests.Close()
 		a.closeMemory()
 		st.Close()
 		return nil, err
 	}
 	return a, nil
+}
+
+// ledgerOptions completes the request ledger's options.
+func ledgerOptions(o store.RequestWriterOptions, logger hclog.Logger) store.RequestWriterOptions {
+	def := store.DefaultRequestWriterOptions()
+	if o.MaxRecords == 0 {
+		o.MaxRecords = def.MaxRecords
+	}
+	if o.MaxAge == 0 {
+		o.MaxAge = def.MaxAge
+	}
+	o.Logger = logger.Named("request_ledger")
+	return o
 }
 
 // openMemory opens the GPU inventory the settings name and the placer
@@ -371,14 +396,18 @@ func (a *Agent) Start(ctx context.Context) error {
 	if err := a.Lifecycle.Start(ctx); err != nil {
 		return err
 	}
+	requestExtras := api.RequestExtras(a.Router)
 	backend := &api.Backend{
 		Lifecycle: a.Lifecycle, Store: a.Store, Engines: a.Engines, Router: a.Router, Logger: a.logger,
 		Role: wire.RoleInfo{
 			Role: a.s.Role, Version: version.Version, Commit: version.GetCommit(), Host: a.s.Hostname,
 			Inference: a.InferenceAddr(), StartedAt: a.startedAt, PID: os.Getpid(),
 		},
-		Hosts:            a.hosts,
-		DeploymentExtras: a.Placer.DeploymentExtras,
+		Hosts: a.hosts,
+		DeploymentExtras: func(st *wire.DeploymentStatus) {
+			a.Placer.DeploymentExtras(st)
+			requestExtras(st)
+		},
 	}
 	if rc := a.s.Config; rc != nil {
 		backend.Config = func() *wire.RoleConfig { return rc }
@@ -461,6 +490,7 @@ func (a *Agent) Shutdown(ctx context.Context, stopEngines bool) {
 	a.Plugins.Shutdown(false)
 	a.Router.Close()
 	a.wg.Wait()
+	_ = a.Requests.Close()
 	a.closeMemory()
 	a.Store.Close()
 }

@@ -44,6 +44,7 @@ const maxManagementBody = 1 << 20
 //	GET    /hosts                                        machines that run engines
 //	GET    /hosts/{name}/ledger                          a host's GPUs and memory ledger
 //	GET    /metrics/load, /metrics/latency               live load and latency views
+//	GET    /metrics (outside the prefix)                 the core's Prometheus metrics
 func NewManagementHandler(b *Backend, adminToken string) http.Handler {
 	r := mux.NewRouter()
 	r.HandleFunc(wire.Prefix+"/snapshot", b.snapshot).Methods(http.MethodGet)
@@ -73,6 +74,7 @@ func NewManagementHandler(b *Backend, adminToken string) http.Handler {
 		}
 		r.Handle(wire.Prefix+path, h).Methods(http.MethodGet)
 	}
+	r.Handle("/metrics", MetricsView(b)).Methods(http.MethodGet)
 	notFound := http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		writeMgmtError(w, structs.Errf(structs.CodeNotFound, "no route %s %s", req.Method, req.URL.Path))
 	})

@@ -97,6 +97,9 @@ const (
 	CodeRoleNotRunning          Code = "role_not_running"
 	CodeCacheSaltUnsupported    Code = "cache_salt_unsupported"
 	CodeDownloadFailed          Code = "download_failed"
+	CodeDeadlineExceeded        Code = "deadline_exceeded"
+	CodeStreamStalled           Code = "stream_stalled"
+	CodeChunkTooLarge           Code = "chunk_too_large"
 )
 
 var catalogue = map[Code]CodeInfo{}
@@ -173,6 +176,9 @@ func init() {
 	row(CodeRoleNotRunning, http.StatusServiceUnavailable, 22, true, "no running role was found through the state directory")
 	row(CodeCacheSaltUnsupported, http.StatusBadRequest, 2, false, "the engine does not take cache_salt")
 	row(CodeDownloadFailed, http.StatusBadGateway, 13, true, "a model download failed")
+	row(CodeDeadlineExceeded, http.StatusGatewayTimeout, 13, true, "no output within the request deadline (queueing, waking and prefill included); cancelled on the engine")
+	row(CodeStreamStalled, http.StatusGatewayTimeout, 13, true, "the engine sent nothing for the stream idle bound; cancelled on the engine")
+	row(CodeChunkTooLarge, http.StatusBadGateway, 13, false, "the engine sent one piece of an answer over limits.max_chunk_bytes; cancelled on the engine")
 }
 
 // Lookup returns the catalogue row of a code (suffix ignored); unknown codes
