@@ -444,8 +444,9 @@ type started struct {
 	plan *pb.PlanResponse
 }
 
-// start plans and starts dep on the fake llama-server.
-func start(t *testing.T, d *Driver, dep *pb.Deployment, host *pb.HostPolicy) *started {
+// start plans and starts dep on the fake llama-server; beforeStart runs
+// between the plan and the start.
+func start(t *testing.T, d *Driver, dep *pb.Deployment, host *pb.HostPolicy, beforeStart ...func()) *started {
 	t.Helper()
 	inst := installation(fakeLlama(t))
 	det, err := d.Detect(context.Background(), &pb.DetectRequest{Path: inst.Path})
@@ -457,6 +458,9 @@ func start(t *testing.T, d *Driver, dep *pb.Deployment, host *pb.HostPolicy) *st
 	plan, err := d.Plan(context.Background(), &pb.PlanRequest{Installation: inst, Deployment: dep, Host: host, Launch: lctx})
 	if err != nil || len(plan.GetRefusals()) > 0 {
 		t.Fatalf("plan: %v %v", err, plan.GetRefusals())
+	}
+	for _, f := range beforeStart {
+		f()
 	}
 	resp, err := d.Start(context.Background(), &pb.StartRequest{Installation: inst, Deployment: dep, Host: host, Launch: lctx, Plan: plan, EngineKey: "engine-key-123"})
 	if err != nil {
@@ -608,9 +612,10 @@ func TestDriver_FailedLoad(t *testing.T) {
 	raw, _ := os.ReadFile(storiesGGUF)
 	model := filepath.Join(dir, "stories260K.gguf")
 	os.WriteFile(model, raw, 0o644)
-	s := start(t, d, deployment(dir), nil)
-	// (A start's plan was checked; the file is cut after it.)
-	os.WriteFile(model, raw[:len(raw)/2], 0o644)
+	s := start(t, d, deployment(dir), nil, func() {
+		// The plan read a good header; the file is cut before the start.
+		os.WriteFile(model, raw[:len(raw)/2], 0o644)
+	})
 	p := s.probe(t, pb.ProbeKind_PROBE_KIND_READINESS)
 	if p.GetReady() || !p.GetExited() || p.GetExitCode() != 134 || p.GetCode() != sdk.CodeLaunchFailed || !strings.Contains(strings.Join(p.GetLastLogLines(), "\n"), "error loading model") {
 		t.Fatalf("probe %+v", p)
