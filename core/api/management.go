@@ -55,6 +55,7 @@ func ManagementRoutes() []Route {
 		{http.MethodDelete, "/engines/{name}", "remove a registration (engine_in_use while a deployment uses it)", false, func(b *Backend) http.HandlerFunc { return b.removeEngine }},
 		{http.MethodGet, "/engine-flags/{family}", "a family's flag policy: owned, reserved, gated, passed, and why", false, func(b *Backend) http.HandlerFunc { return b.engineFlags }},
 		{http.MethodGet, "/hosts", "the machines that run engines", false, func(b *Backend) http.HandlerFunc { return b.listHosts }},
+		{http.MethodGet, "/hosts/{name}/ledger", "a host's GPUs and memory ledger: domains, limits, charges per owner", false, func(b *Backend) http.HandlerFunc { return b.hostLedger }},
 		{http.MethodGet, ViewLoad, "live load per deployment and instance (running, waiting, limits)", false, func(b *Backend) http.HandlerFunc { return b.view(ViewLoad) }},
 		{http.MethodGet, ViewLatency, "latency distributions (router and engine)", false, func(b *Backend) http.HandlerFunc { return b.view(ViewLatency) }},
 	}
@@ -67,6 +68,8 @@ func NewManagementHandler(b *Backend, adminToken string) http.Handler {
 	for _, rt := range ManagementRoutes() {
 		r.HandleFunc(wire.Prefix+rt.Path, rt.handle(b)).Methods(rt.Method)
 	}
+	// The core's Prometheus metrics, outside the prefix, behind the token.
+	r.Handle("/metrics", MetricsView(b)).Methods(http.MethodGet)
 	notFound := http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		writeMgmtError(w, structs.Errf(structs.CodeNotFound, "no route %s %s", req.Method, req.URL.Path))
 	})

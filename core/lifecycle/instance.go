@@ -435,6 +435,9 @@ func (in *instance) start(why string, evict bool) error {
 		r.Launch.Pgid = int(resp.GetLaunch().GetPgid())
 		r.Launch.Processes = fromLaunch(resp.GetLaunch())
 	})
+	if po, ok := placer.(ProcessObserver); ok {
+		po.Launched(in.id, int(resp.GetLaunch().GetPgid()), fromLaunch(resp.GetLaunch()))
+	}
 
 	deadline := time.Duration(plan.GetStartupTimeoutMs()) * time.Millisecond
 	if spec.Timeouts.Initialize > 0 {

@@ -117,11 +117,9 @@ func (c *Meta) printStatus(st *wire.DeploymentStatus) {
 			fmt.Fprintf(c.Out, "%s last error [%s]: %s\n", in.ID, in.LastError.Code, in.LastError.Message)
 		}
 	}
-	if len(st.Memory) > 0 || len(st.Requests) > 0 {
+	c.printMemory(st)
+	if len(st.Requests) > 0 {
 		fmt.Fprintln(c.Out)
-		for _, k := range sortedKeys(st.Memory) {
-			fmt.Fprintf(c.Out, "memory.%s: %v\n", k, st.Memory[k])
-		}
 		for _, k := range sortedKeys(st.Requests) {
 			fmt.Fprintf(c.Out, "requests.%s: %v\n", k, st.Requests[k])
 		}

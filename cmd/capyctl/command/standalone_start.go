@@ -170,6 +170,11 @@ func settingsFromConfig(cfg *config.Config) agent.Settings {
 		MaxBodyBytes:     int64(cfg.Limits.MaxBodyBytes),
 		RequestDeadline:  cfg.Limits.RequestDeadline.D(),
 		DrainTimeout:     cfg.Shutdown.DrainTimeout.D(),
+		GPU: agent.GPUSettings{
+			Provider: cfg.GPU.Provider, SimState: cfg.GPU.SimState, SimDevices: cfg.GPU.SimDevices,
+			SimDeviceMemory: int64(cfg.GPU.SimDeviceMemory), SimUnified: cfg.GPU.SimUnified,
+		},
+		Memory: cfg.Memory,
 	}
 }
 
