@@ -9,6 +9,7 @@ import (
 	"io"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/capyctl/capyctl/plugins-testkit/fakeengine"
 	"github.com/capyctl/capyctl/sdk/formats"
@@ -118,7 +119,9 @@ func llamaServerCommand(args []string, env func(string) string, stdout, stderr i
 		fmt.Fprintf(stderr, "version: %s (c392e5094)\nbuilt with cc (GCC) 12.2.0 for x86_64-linux-gnu\n", v)
 		return 0
 	}
-	cfg := fakeengine.Config{Stdout: stdout, Stderr: stderr}
+	// llama-server ends within about a second of SIGTERM, requests in
+	// flight or not.
+	cfg := fakeengine.Config{Stdout: stdout, Stderr: stderr, ShutdownGrace: time.Second}
 	fs := flag.NewFlagSet("llama-server knobs", flag.ContinueOnError)
 	knobs := fakeengine.RegisterKnobs(fs, &cfg)
 	if err := knobs.Resolve(env); err != nil {
