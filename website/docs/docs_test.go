@@ -217,7 +217,19 @@ func validateBlock(t *testing.T, b docs.Block) error {
 		return nil
 	case "dockerfile":
 		return validateDockerfile(b.Code)
-	case "sh":
+	case "console":
+		// "$ command" lines are commands; the others are their output.
+		for _, line := range strings.Split(b.Code, "\n") {
+			if cmd, ok := strings.CutPrefix(line, "$ "); ok {
+				for _, words := range shellLines(cmd) {
+					if err := validateCommand(words); err != nil {
+						return err
+					}
+				}
+			}
+		}
+		return nil
+	case "sh", "bash":
 		if _, ok := b.Attrs["run"]; ok {
 			return nil // executed by TestRunnableExamples
 		}
@@ -228,7 +240,7 @@ func validateBlock(t *testing.T, b docs.Block) error {
 		}
 		return nil
 	}
-	return fmt.Errorf("no validation for a %q block: use hcl, json, go, sh, ini, dockerfile or text", b.Lang)
+	return fmt.Errorf("no validation for a %q block: use hcl, json, go, sh, console, ini, dockerfile or text (website/README.md)", b.Lang)
 }
 
 func validateHCL(t *testing.T, b docs.Block) error {
@@ -372,8 +384,10 @@ func shellWords(line string) []string {
 
 // programs other than capyctl that the pages may show.
 var programs = []string{
-	"curl", "systemctl", "journalctl", "loginctl", "useradd", "mkdir", "chown", "cp", "install", "tar",
-	"sha256sum", "go", "make", "docker", "awk", "grep", "cat", "export", "cd", "echo", "test", "sh", "sudo",
+	"curl", "wget", "systemctl", "journalctl", "loginctl", "useradd", "mkdir", "chown", "chmod", "cp", "mv", "ln",
+	"rm", "ls", "install", "tar", "sha256sum", "go", "make", "docker", "podman", "awk", "grep", "cat", "jq",
+	"export", "cd", "echo", "test", "sh", "bash", "sudo", "git", "uname", "id", "kill", "ps", "free", "df",
+	"nvidia-smi", "python3", "pip", "uv", "huggingface-cli", "hf", "llama-server",
 }
 
 var assignRe = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*=`)
@@ -489,7 +503,7 @@ func TestRunnableExamples(t *testing.T) {
 	for _, p := range pages {
 		run := false
 		for _, b := range p.Blocks() {
-			if _, ok := b.Attrs["run"]; ok && b.Lang == "sh" {
+			if _, ok := b.Attrs["run"]; ok && (b.Lang == "sh" || b.Lang == "bash") {
 				run = true
 				for _, m := range modelPathRe.FindAllStringSubmatch(b.Code, -1) {
 					models[m[1]] = true
@@ -541,7 +555,7 @@ func TestRunnableExamples(t *testing.T) {
 				}
 				continue
 			}
-			if _, ok := b.Attrs["run"]; !ok || b.Lang != "sh" {
+			if _, ok := b.Attrs["run"]; !ok || (b.Lang != "sh" && b.Lang != "bash") {
 				continue
 			}
 			script := "set -euo pipefail\n" + rewrite.Replace(b.Code)
