@@ -96,6 +96,7 @@ const (
 	CodeRoleNotRunning          Code = "role_not_running"
 	CodeCacheSaltUnsupported    Code = "cache_salt_unsupported"
 	CodeDownloadFailed          Code = "download_failed"
+	CodeEngineNotIdle           Code = "engine_not_idle"
 )
 
 var catalogue = map[Code]CodeInfo{}
@@ -171,6 +172,7 @@ func init() {
 	row(CodeRoleNotRunning, http.StatusServiceUnavailable, 22, true, "no running role was found through the state directory")
 	row(CodeCacheSaltUnsupported, http.StatusBadRequest, 2, false, "the engine does not take cache_salt")
 	row(CodeDownloadFailed, http.StatusBadGateway, 13, true, "a model download failed")
+	row(CodeEngineNotIdle, http.StatusConflict, 13, true, "the engine still has requests running or waiting; drain it first")
 }
 
 // Lookup returns the catalogue row of a code (suffix ignored); unknown codes

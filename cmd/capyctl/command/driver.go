@@ -5,6 +5,7 @@ package command
 
 import (
 	"github.com/capyctl/capyctl/drivers/custom"
+	"github.com/capyctl/capyctl/drivers/vllm"
 	"github.com/capyctl/capyctl/sdk"
 	"github.com/capyctl/capyctl/sdk/plugin"
 )
@@ -12,6 +13,7 @@ import (
 // builtinDrivers are the first-party drivers compiled into capyctl.
 var builtinDrivers = map[string]func() sdk.Driver{
 	"custom": func() sdk.Driver { return custom.New() },
+	"vllm":   func() sdk.Driver { return vllm.New() },
 }
 
 // DriverCommand serves a built-in driver over go-plugin. The core runs it

@@ -53,6 +53,8 @@ var invocations = []invocation{
 			return serveCommand(args[1:], env, stdout, stderr)
 		},
 	},
+	vllmInvocation,
+	sglangInvocation,
 }
 
 // isEngineName reports a program name that a real engine uses: those
