@@ -41,7 +41,7 @@ import (
 )
 
 // Builtins are the driver families compiled into the capyctl binary.
-var Builtins = []string{structs.FamilyCustom, structs.FamilyVLLM}
+var Builtins = []string{structs.FamilyCustom, structs.FamilyVLLM, structs.FamilySGLang}
 
 // Settings are a role's effective settings (core/config produces them).
 type Settings struct {

@@ -137,8 +137,11 @@ func TestVLLMInvocation_Telemetry(t *testing.T) {
 	py := fakeVenv(t, "vllm", "0.30.0", nil)
 	p := startProc(t, py, []string{"-m", vllmModule, "--model", t.TempDir(), "--host", "127.0.0.1", "--port", "0"})
 	p.waitListening(t)
-	p.waitFor(t, "the usage stats warning", func() bool { return strings.Contains(p.stderr.String(), "Usage stats collection is enabled") })
-	if s, _ := p.get("/sleep"); s != 404 && s != 405 {
+	p.waitFor(t, "ready", func() bool { s, _ := p.get("/health"); return s == 200 })
+	if !strings.Contains(p.stderr.String(), "Usage stats collection is enabled") {
+		t.Fatalf("no usage stats warning without the opt-outs:\n%s", p.stderr)
+	}
+	if s, _ := p.get("/is_sleeping"); s != 404 {
 		t.Fatalf("sleep without dev mode: %d", s)
 	}
 }
