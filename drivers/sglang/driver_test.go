@@ -224,7 +224,10 @@ func TestPlan_Refusals(t *testing.T) {
 			d.EngineConfigJson = []byte(`{"tool_call_parser":"qwen25"}`)
 		}, codes: []string{"invalid_config"}},
 		{name: "decisions on 0.5.21", edit: func(d *pb.Deployment) { d.Api = "decisions" }, inst: f.old, codes: []string{"capability_missing:decisions"}},
-		{name: "speculative parking", edit: func(d *pb.Deployment) { d.Residency = "host_backed"; d.ExtraArgs = []string{"--speculative-algorithm", "NGRAM"} }, codes: []string{"capability_missing:deep_park"}},
+		{name: "speculative parking", edit: func(d *pb.Deployment) {
+			d.Residency = "host_backed"
+			d.ExtraArgs = []string{"--speculative-algorithm", "NGRAM"}
+		}, codes: []string{"capability_missing:deep_park"}},
 		{name: "another api", edit: func(d *pb.Deployment) { d.Api = "embeddings" }, codes: []string{"capability_missing:embeddings"}},
 	}
 	for _, c := range cases {
