@@ -22,6 +22,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -55,7 +56,7 @@ const DecisionsMinVersion = "0.7.0"
 // Bounds of the version check `engine add` runs.
 const (
 	versionTimeout   = 10 * time.Second
-	versionMaxOutput = 4 << 10
+	versionMaxOutput = 64 << 10
 )
 
 // Driver is the llama.cpp driver.
@@ -119,7 +120,7 @@ func (d *Driver) Detect(ctx context.Context, req *pb.DetectRequest) (*pb.DetectR
 	if st.Mode()&0o111 == 0 {
 		return nil, sdk.Errorf(sdk.CodeEngineNotFound, "%s is not executable", p)
 	}
-	out, err := runVersion(ctx, abs)
+	out, err := runBounded(ctx, abs, "--version")
 	if err != nil {
 		return nil, sdk.Errorf(codeVersionFailed, "%s --version: %v", p, err)
 	}
@@ -146,15 +147,44 @@ func (d *Driver) Detect(ctx context.Context, req *pb.DetectRequest) (*pb.DetectR
 	if m[2] != "" {
 		details["commit"] = strings.ToLower(m[2])
 	}
+	// The options this build takes, so a plan renders only those of the
+	// hardening flags the build knows (older builds lack --fit, --offline,
+	// ...). Without a usable --help every flag is rendered.
+	if help, err := runBounded(ctx, abs, "--help"); err == nil {
+		if opts := helpOptions(help); len(opts) > 0 {
+			details[detailOptions] = strings.Join(opts, " ")
+		}
+	}
 	return &pb.DetectResponse{
 		Family: Family, Version: ver, Verified: false, Digest: digest, Program: abs, Notes: notes, Details: details,
 	}, nil
 }
 
-// runVersion runs `program --version` with a clean environment in its own
+// detailOptions is the installation detail listing the build's options.
+const detailOptions = "options"
+
+// optionRE finds the long options of a --help text.
+var optionRE = regexp.MustCompile(`(?:^|[\s,])(--[a-z0-9][a-z0-9-]*)`)
+
+// helpOptions lists the long options a --help text names, sorted.
+func helpOptions(help string) []string {
+	seen := map[string]bool{}
+	var out []string
+	for _, m := range optionRE.FindAllStringSubmatch(help, -1) {
+		if !seen[m[1]] {
+			seen[m[1]] = true
+			out = append(out, m[1])
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// runBounded runs `program arg` with a clean environment in its own
 // process group, killing the group after versionTimeout, keeping at most
-// versionMaxOutput bytes of its output (llama-server prints to stderr).
-func runVersion(ctx context.Context, program string) (string, error) {
+// versionMaxOutput bytes of its output (llama-server prints its version to
+// stderr).
+func runBounded(ctx context.Context, program, arg string) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, versionTimeout)
 	defer cancel()
 	home, err := os.MkdirTemp("", "capyctl-llama-version-*")
@@ -162,7 +192,7 @@ func runVersion(ctx context.Context, program string) (string, error) {
 		return "", err
 	}
 	defer os.RemoveAll(home)
-	cmd := exec.Command(program, "--version")
+	cmd := exec.Command(program, arg)
 	cmd.Env = []string{"PATH=/usr/local/bin:/usr/bin:/bin", "HOME=" + home, "LANG=C.UTF-8"}
 	cmd.Dir = home
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}

@@ -245,6 +245,30 @@ func TestPlan_Golden(t *testing.T) {
 	}
 }
 
+// TestPlan_OlderBuild: a build whose --help lacks the newer hardening flags
+// (b4748 has no --fit, --cache-ram, --offline, --no-webui or kv-unified)
+// gets none of them; the flags CapyCTL needs are always rendered.
+func TestPlan_OlderBuild(t *testing.T) {
+	inst := installation("/opt/llama/b4748/llama-server")
+	inst.Version = "b4748"
+	inst.Details = map[string]string{detailOptions: "--alias --cache-type-k --cache-type-v --ctx-size --host --metrics --model --n-gpu-layers --no-context-shift --parallel --port --slots"}
+	p, err := newDriver().Plan(context.Background(), &pb.PlanRequest{Installation: inst, Deployment: deployment(modelDir(t)), Launch: &pb.LaunchContext{Port: 8080}})
+	if err != nil || len(p.GetRefusals()) > 0 {
+		t.Fatalf("%v %v", err, p.GetRefusals())
+	}
+	argv := strings.Join(p.GetArgv(), " ")
+	for _, absent := range []string{"--fit", "--cache-ram", "--offline", "--no-webui", "--no-kv-unified"} {
+		if strings.Contains(argv, absent) {
+			t.Fatalf("%s rendered for a build without it: %s", absent, argv)
+		}
+	}
+	for _, present := range []string{"--no-context-shift", "--metrics", "--slots", "--ctx-size 8192", "--parallel 4", "--n-gpu-layers 6"} {
+		if !strings.Contains(argv, present) {
+			t.Fatalf("%s missing: %s", present, argv)
+		}
+	}
+}
+
 func TestPlan_Refusals(t *testing.T) {
 	dir := modelDir(t)
 	cases := []struct {
@@ -385,6 +409,12 @@ func TestDetect(t *testing.T) {
 	digest, _ := fileDigest(fake)
 	if resp.GetFamily() != Family || resp.GetVersion() != "0.7.0" || resp.GetVerified() || resp.GetDigest() != digest || resp.GetProgram() != llama || resp.GetDetails()["commit"] != "c392e5094" {
 		t.Fatalf("detect %+v", resp)
+	}
+	// The build's options come from its --help.
+	for _, o := range []string{"--fit", "--cache-ram", "--no-kv-unified", "--offline", "--ctx-size"} {
+		if !strings.Contains(" "+resp.GetDetails()[detailOptions]+" ", " "+o+" ") {
+			t.Fatalf("options %q lack %s", resp.GetDetails()[detailOptions], o)
+		}
 	}
 	scripts := t.TempDir()
 	write := func(name, body string) string {

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/capyctl/capyctl/sdk"
@@ -190,7 +191,7 @@ func (d *Driver) Plan(_ context.Context, req *pb.PlanRequest) (*pb.PlanResponse,
 		Source:                "gguf_header",
 	}
 	resp.StartupTimeoutMs = startupTimeout(sz.WeightsBytes).Milliseconds()
-	resp.Argv = renderArgv(inst.GetPath(), dep, lctx, cfg, sz)
+	resp.Argv = renderArgv(inst, dep, lctx, cfg, sz)
 	resp.Env = renderEnv(dep, host, lctx)
 	resp.Workdir = lctx.GetLaunchDir()
 	return resp, nil
@@ -202,36 +203,69 @@ func startupTimeout(weights int64) time.Duration {
 	return min(t, startupMax)
 }
 
+// hardening are flags that keep llama-server from sharing, refitting,
+// caching, fetching or serving what CapyCTL does not size or control.
+// Older builds lack some; they lack the behaviour too, so a flag the
+// build's --help does not list is left out.
+var hardening = [][]string{
+	{"--no-kv-unified"},
+	{"--fit", "off"},
+	{"--cache-ram", "0"},
+	{"--no-context-shift"},
+	{"--offline"},
+	{"--no-webui"},
+}
+
+// supports reports whether the build takes an option (or its --no- or
+// positive spelling); unknown options lists mean every option.
+func supports(inst *pb.Installation, opt string) bool {
+	list := inst.GetDetails()[detailOptions]
+	if list == "" {
+		return true
+	}
+	alt := "--no-" + strings.TrimPrefix(opt, "--")
+	if rest, ok := strings.CutPrefix(opt, "--no-"); ok {
+		alt = "--" + rest
+	}
+	for _, o := range strings.Fields(list) {
+		if o == opt || o == alt {
+			return true
+		}
+	}
+	return false
+}
+
 // renderArgv is llama-server's command line. Options are long so the
 // rendered command reads like the flag table.
-func renderArgv(program string, dep *pb.Deployment, lctx *pb.LaunchContext, cfg Config, sz *Sizing) []string {
+func renderArgv(inst *pb.Installation, dep *pb.Deployment, lctx *pb.LaunchContext, cfg Config, sz *Sizing) []string {
 	port := "{{port}}"
 	if lctx.GetPort() > 0 {
 		port = strconv.Itoa(int(lctx.GetPort()))
 	}
-	ngl := "all"
+	// Every layer and the output layer: one more than the layers (a number
+	// every build takes, where "all" is newer).
+	ngl := strconv.FormatInt(sz.Layers+1, 10)
 	if sz.GPULayers < sz.Layers {
 		ngl = strconv.FormatInt(sz.GPULayers, 10)
 	}
 	argv := []string{
-		program,
+		inst.GetPath(),
 		"--model", sz.File,
 		"--host", "127.0.0.1",
 		"--port", port,
 		"--alias", dep.GetServedName(),
 		"--ctx-size", strconv.FormatInt(sz.CtxSize, 10),
 		"--parallel", strconv.Itoa(sz.Slots),
-		"--no-kv-unified",
 		"--n-gpu-layers", ngl,
 		"--cache-type-k", sz.KVType,
 		"--cache-type-v", sz.KVType,
-		"--fit", "off",
-		"--cache-ram", "0",
-		"--no-context-shift",
 		"--metrics",
 		"--slots",
-		"--offline",
-		"--no-webui",
+	}
+	for _, h := range hardening {
+		if supports(inst, h[0]) {
+			argv = append(argv, h...)
+		}
 	}
 	if cfg.MMProjFile != "" {
 		p, _ := inside(dep.GetModelDir(), cfg.MMProjFile)

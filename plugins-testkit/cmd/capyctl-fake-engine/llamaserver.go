@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -64,6 +65,7 @@ var llamaOpts = map[string]llamaOpt{
 	"log-timestamps":   {[]string{"--log-timestamps"}, false},
 	"log-prefix":       {[]string{"--log-prefix"}, false},
 	"version":          {[]string{"--version"}, false},
+	"help":             {[]string{"-h", "--help", "--usage"}, false},
 }
 
 // parseLlamaArgs reads llama-server's argv ("-c 512", "--ctx-size=512").
@@ -110,6 +112,10 @@ func llamaServerCommand(args []string, env func(string) string, stdout, stderr i
 	if err != nil {
 		fmt.Fprintf(stderr, "error: %v\n", err)
 		return 1
+	}
+	if a["help"] != "" {
+		printLlamaHelp(stdout)
+		return 0
 	}
 	if a["version"] != "" {
 		v := env(llamaVersionEnv)
@@ -212,4 +218,24 @@ func llamaKVPerToken(g *formats.GGUFFile, ctk, ctv string) int64 {
 	k, _ := g.KVBytesPerToken(kind(ctk))
 	v, _ := g.KVBytesPerToken(kind(ctv))
 	return int64(k/2 + v/2)
+}
+
+// printLlamaHelp prints the options the fake takes, one per line, as
+// llama-server's --help lists them ("-c,    --ctx-size N").
+func printLlamaHelp(w io.Writer) {
+	names := make([]string, 0, len(llamaOpts))
+	for canon := range llamaOpts {
+		names = append(names, canon)
+	}
+	sort.Strings(names)
+	fmt.Fprintln(w, "----- common params -----")
+	fmt.Fprintln(w)
+	for _, canon := range names {
+		o := llamaOpts[canon]
+		arg := ""
+		if o.value {
+			arg = " " + strings.ToUpper(strings.ReplaceAll(canon, "-", "_"))
+		}
+		fmt.Fprintf(w, "%-40s (fake)\n", strings.Join(o.names, ", ")+arg)
+	}
 }
