@@ -43,7 +43,10 @@ import (
 )
 
 // Builtins are the driver families compiled into the capyctl binary.
-var Builtins = []string{structs.FamilyCustom}
+var Builtins = []string{
+	structs.FamilyCustom,
+	structs.FamilyLlamaCpp,
+}
 
 // Settings are a role's effective settings (core/config produces them).
 type Settings struct {

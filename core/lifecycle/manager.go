@@ -843,6 +843,9 @@ func (m *Manager) resolveModel(spec *structs.Deployment) (string, error) {
 	if err != nil {
 		return "", err
 	}
+	if r.Hashed > 0 {
+		m.logger.Info("model measured", "deployment", spec.Name, "model_dir", r.Dir, "content_fingerprint", r.Fingerprint, "files_read", r.Hashed, "files_unchanged", r.Reused)
+	}
 	return r.Dir, nil
 }
 
