@@ -31,7 +31,9 @@ import (
 	"github.com/capyctl/capyctl/core/api/wire"
 	"github.com/capyctl/capyctl/core/config"
 	"github.com/capyctl/capyctl/core/engines"
+	"github.com/capyctl/capyctl/core/gpu"
 	"github.com/capyctl/capyctl/core/lifecycle"
+	"github.com/capyctl/capyctl/core/placement"
 	"github.com/capyctl/capyctl/core/pluginmgr"
 	"github.com/capyctl/capyctl/core/router"
 	"github.com/capyctl/capyctl/core/store"
@@ -41,7 +43,12 @@ import (
 )
 
 // Builtins are the driver families compiled into the capyctl binary.
-var Builtins = []string{structs.FamilyCustom, structs.FamilyVLLM, structs.FamilySGLang}
+var Builtins = []string{
+	structs.FamilyCustom,
+	structs.FamilyLlamaCpp,
+	structs.FamilyVLLM,
+	structs.FamilySGLang,
+}
 
 // Settings are a role's effective settings (core/config produces them).
 type Settings struct {
@@ -59,11 +66,43 @@ type Settings struct {
 	MaxBodyBytes     int64
 	RequestDeadline  time.Duration
 	DrainTimeout     time.Duration
+	// MaxWaitingTotal and MaxWaitingBytes bound the requests waiting for a
+	// place, all deployments together (0: the router's defaults).
+	MaxWaitingTotal int
+	MaxWaitingBytes int64
+	// RequestLedger keeps the request records (zero: the store's defaults;
+	// MaxRecords < 0 turns the ledger off).
+	RequestLedger store.RequestWriterOptions
 	// HostEnv is added to every engine's environment.
 	HostEnv map[string]string
+	// GPU selects the GPU inventory (gpu.provider and the simulated
+	// GPU's shape); an empty provider is auto.
+	GPU GPUSettings
+	// Memory holds the memory domains' limits (memory.system.*,
+	// memory.gpu.*); zero values are auto.
+	Memory config.MemoryConfig
 	// Executable is the capyctl binary drivers are re-executed from.
 	Executable string
+	// Config is the effective configuration with each value's source,
+	// published on the management API's GET /config (nil: not published).
+	Config *wire.RoleConfig
 }
+
+// GPUSettings are the gpu.* settings.
+type GPUSettings struct {
+	// Provider is auto, nvml, simulated or none.
+	Provider string
+	// SimState is the simulated GPU's state file; empty puts it in the
+	// state directory (simgpu.json).
+	SimState        string
+	SimDevices      int
+	SimDeviceMemory int64
+	SimUnified      bool
+}
+
+// SimStateEnv carries the simulated GPU's state file to every engine (the
+// testkit's fake engine reads it).
+const SimStateEnv = "CAPYCTL_SIMGPU_STATE"
 
 // Agent is a running role.
 type Agent struct {
@@ -72,9 +111,12 @@ type Agent struct {
 
 	Store     *store.Store
 	Plugins   *pluginmgr.Manager
+	GPU       gpu.Provider
+	Placer    *placement.Placer
 	Lifecycle *lifecycle.Manager
 	Engines   *engines.Registry
 	Router    *router.Router
+	Requests  *store.RequestWriter
 	Creds     *client.Credentials
 
 	inferenceLn  net.Listener
@@ -151,11 +193,25 @@ func New(s Settings, logger hclog.Logger) (*Agent, error) {
 			}
 		},
 	})
+	if err := a.openMemory(); err != nil {
+		st.Close()
+		return nil, err
+	}
+	hostEnv := map[string]string{}
+	for k, v := range s.HostEnv {
+		hostEnv[k] = v
+	}
+	if sim, ok := a.GPU.(*gpu.Simulated); ok {
+		hostEnv[SimStateEnv] = sim.Path()
+	}
+	if len(hostEnv) == 0 {
+		hostEnv = nil
+	}
 	policy := &pb.HostPolicy{
 		EngineTelemetry: orDefault(s.EngineTelemetry, "off"),
 		EngineLogs:      orDefault(s.EngineLogs, "file"),
 		Retention:       orDefault(s.Retention, "standard"),
-		HostEnv:         s.HostEnv,
+		HostEnv:         hostEnv,
 	}
 	if policy.Retention == "zero" {
 		policy.EngineLogs = "memory"
@@ -165,17 +221,87 @@ func New(s Settings, logger hclog.Logger) (*Agent, error) {
 		Drivers: a.Plugins,
 		Ports:   lifecycle.NewPortPool(ports.First, ports.Last),
 		Host:    lifecycle.Host{Name: s.Hostname, StateDir: s.StateDir, ModelsRoot: s.ModelsRoot, Policy: policy},
+		Placer:  a.Placer,
 		Logger:  logger,
 	})
 	a.Lifecycle = lc
 	a.Engines = engines.New(st, a.Plugins, lc)
-	a.Router = router.New(router.Config{Lifecycle: lc, Logger: logger, MaxBodyBytes: s.MaxBodyBytes, DefaultDeadline: s.RequestDeadline})
+	a.Requests = store.NewRequestWriter(st, ledgerOptions(s.RequestLedger, logger))
+	a.Router = router.New(router.Config{Lifecycle: lc, Logger: logger, MaxBodyBytes: s.MaxBodyBytes, DefaultDeadline: s.RequestDeadline,
+		Ledger: a.Requests, MaxWaitingTotal: s.MaxWaitingTotal, MaxWaitingBytes: s.MaxWaitingBytes})
+	lc.SetRequestTracker(a.Router)
 
 	if err := a.listen(); err != nil {
+		_ = a.Requests.Close()
+		a.closeMemory()
 		st.Close()
 		return nil, err
 	}
 	return a, nil
+}
+
+// ledgerOptions completes the request ledger's options.
+func ledgerOptions(o store.RequestWriterOptions, logger hclog.Logger) store.RequestWriterOptions {
+	def := store.DefaultRequestWriterOptions()
+	if o.MaxRecords == 0 {
+		o.MaxRecords = def.MaxRecords
+	}
+	if o.MaxAge == 0 {
+		o.MaxAge = def.MaxAge
+	}
+	o.Logger = logger.Named("request_ledger")
+	return o
+}
+
+// openMemory opens the GPU inventory the settings name and the placer
+// (the memory ledger) over it, and charges the instances the store says
+// may still run. Limits that do not fit this machine are invalid_config.
+func (a *Agent) openMemory() error {
+	g := a.s.GPU
+	opts := gpu.Options{
+		Provider: orDefault(g.Provider, gpu.KindAuto), SimState: g.SimState,
+		SimDevices: g.SimDevices, SimDeviceMemory: g.SimDeviceMemory, SimUnified: g.SimUnified,
+	}
+	if opts.Provider == gpu.KindSimulated {
+		if opts.SimState == "" {
+			opts.SimState = filepath.Join(a.s.StateDir, "simgpu.json")
+		}
+		if opts.SimDevices == 0 {
+			opts.SimDevices = 1
+		}
+		if opts.SimDeviceMemory == 0 {
+			opts.SimDeviceMemory = 24 * structs.GiB
+		}
+	}
+	prov, err := gpu.Open(opts)
+	if err != nil {
+		return structs.Wrap(structs.CodeInvalidConfig, err, "gpu.provider %s", opts.Provider)
+	}
+	placer, err := placement.New(placement.Config{
+		Host: a.s.Hostname, GPU: prov, Memory: a.s.Memory, Store: a.Store, Logger: a.logger,
+	})
+	if err != nil {
+		prov.Close()
+		return err
+	}
+	insts, err := a.Store.AllInstances()
+	if err != nil {
+		placer.Close()
+		prov.Close()
+		return structs.Wrap(structs.CodeInternal, err, "load instances")
+	}
+	placer.Restore(insts)
+	a.GPU, a.Placer = prov, placer
+	return nil
+}
+
+func (a *Agent) closeMemory() {
+	if a.Placer != nil {
+		a.Placer.Close()
+	}
+	if a.GPU != nil {
+		_ = a.GPU.Close()
+	}
 }
 
 func orDefault(v, d string) string {
@@ -275,6 +401,7 @@ func (a *Agent) Start(ctx context.Context) error {
 	if err := a.Lifecycle.Start(ctx); err != nil {
 		return err
 	}
+	requestExtras := api.RequestExtras(a.Router)
 	backend := &api.Backend{
 		Lifecycle: a.Lifecycle, Store: a.Store, Engines: a.Engines, Router: a.Router, Logger: a.logger,
 		Role: wire.RoleInfo{
@@ -282,6 +409,13 @@ func (a *Agent) Start(ctx context.Context) error {
 			Inference: a.InferenceAddr(), StartedAt: a.startedAt, PID: os.Getpid(),
 		},
 		Hosts: a.hosts,
+		DeploymentExtras: func(st *wire.DeploymentStatus) {
+			a.Placer.DeploymentExtras(st)
+			requestExtras(st)
+		},
+	}
+	if rc := a.s.Config; rc != nil {
+		backend.Config = func() *wire.RoleConfig { return rc }
 	}
 	a.inferenceSrv = &http.Server{Handler: api.NewInferenceHandler(backend, a.Creds.APIKey), ReadHeaderTimeout: 10 * time.Second}
 	a.mgmtSrv = &http.Server{Handler: api.NewManagementHandler(backend, a.Creds.AdminToken), ReadHeaderTimeout: 10 * time.Second}
@@ -307,7 +441,9 @@ func (a *Agent) hosts() []wire.Host {
 			engs = append(engs, e.Name)
 		}
 	}
-	return []wire.Host{{Name: a.s.Hostname, Online: true, Role: a.s.Role, Engines: engs}}
+	h := wire.Host{Name: a.s.Hostname, Online: true, Role: a.s.Role, Engines: engs}
+	h.GPUs, h.Ledger = a.Placer.HostView()
+	return []wire.Host{h}
 }
 
 func (a *Agent) writeRunInfo() error {
@@ -359,6 +495,8 @@ func (a *Agent) Shutdown(ctx context.Context, stopEngines bool) {
 	a.Plugins.Shutdown(false)
 	a.Router.Close()
 	a.wg.Wait()
+	_ = a.Requests.Close()
+	a.closeMemory()
 	a.Store.Close()
 }
 

@@ -8,8 +8,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"strconv"
-	"strings"
+	"sync"
 	"time"
 
 	"github.com/capyctl/capyctl/core/api/wire"
@@ -24,42 +23,50 @@ var (
 	eventPage = 256
 	// streamLifetime bounds one stream; the client reconnects with its cursor.
 	streamLifetime = 30 * time.Minute
+	// maxStreams bounds the event streams open at once.
+	maxStreams = 32
 )
 
 func bytesReader(b []byte) *bytes.Reader { return bytes.NewReader(b) }
 
+// streamSlots counts the open event streams.
+type streamSlots struct {
+	mu   sync.Mutex
+	open int
+}
+
+func (s *streamSlots) take() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.open >= maxStreams {
+		return false
+	}
+	s.open++
+	return true
+}
+
+func (s *streamSlots) give() {
+	s.mu.Lock()
+	s.open--
+	s.mu.Unlock()
+}
+
 // cursor returns the journal's current cursor "<incarnation>:<seq>".
 func (b *Backend) cursor() (string, error) {
-	inc := b.Store.Incarnation()
 	seq, err := b.Store.LatestEventSeq()
 	if err != nil {
 		return "", structs.Wrap(structs.CodeInternal, err, "read journal")
 	}
-	return fmt.Sprintf("%s:%d", inc, seq), nil
+	return b.Store.Cursor(seq), nil
 }
 
-// parseCursor parses "<incarnation>:<seq>" (or a bare sequence number).
-func (b *Backend) parseCursor(s string) (uint64, error) {
-	inc := b.Store.Incarnation()
-	seqPart := s
-	if i := strings.LastIndexByte(s, ':'); i >= 0 {
-		if s[:i] != inc {
-			return 0, structs.Errf(structs.CodeCursorExpired, "the cursor belongs to another store (it was recreated): take a new snapshot").
-				WithDetail("resnapshot_required", true)
-		}
-		seqPart = s[i+1:]
-	}
-	seq, err := strconv.ParseUint(seqPart, 10, 64)
-	if err != nil {
-		return 0, structs.Errf(structs.CodeInvalidCursor, "cursor %q does not parse", s)
-	}
-	return seq, nil
-}
-
-// events serves the resumable event stream: SSE frames with id
-// "<incarnation>:<seq>", resumed from Last-Event-ID or ?after=, heartbeats
-// while idle, and a cursor_expired answer (resnapshot_required) when the
-// cursor is older than the journal keeps.
+// events serves the resumable event stream: SSE frames whose id is the
+// cursor "<incarnation>:<seq>", resumed after the cursor in Last-Event-ID
+// (or ?after=, which wins), a ": heartbeat" comment while idle, and a
+// 410 cursor_expired answer with details.resnapshot_required when the
+// cursor is older than the journal keeps or belongs to another store.
+// Without a cursor the stream starts at the present: take a snapshot
+// first, and follow from its cursor.
 func (b *Backend) events(w http.ResponseWriter, r *http.Request) {
 	after := r.Header.Get("Last-Event-ID")
 	if q := r.URL.Query().Get("after"); q != "" {
@@ -67,19 +74,12 @@ func (b *Backend) events(w http.ResponseWriter, r *http.Request) {
 	}
 	var seq uint64
 	if after != "" {
-		s, err := b.parseCursor(after)
+		s, err := b.Store.ResolveCursor(after)
 		if err != nil {
 			writeMgmtError(w, err)
 			return
 		}
 		seq = s
-		oldest, err := b.Store.OldestEventSeq()
-		if err == nil && oldest > 0 && seq+1 < oldest {
-			writeMgmtError(w, structs.Errf(structs.CodeCursorExpired,
-				"events after %d were pruned (the journal starts at %d): take a new snapshot", seq, oldest).
-				WithDetail("resnapshot_required", true).WithDetail("oldest", oldest))
-			return
-		}
 	} else {
 		latest, err := b.Store.LatestEventSeq()
 		if err != nil {
@@ -88,20 +88,26 @@ func (b *Backend) events(w http.ResponseWriter, r *http.Request) {
 		}
 		seq = latest
 	}
-	inc := b.Store.Incarnation()
 	flusher, ok := w.(http.Flusher)
 	if !ok {
 		writeMgmtError(w, structs.Errf(structs.CodeInternal, "streaming unsupported"))
 		return
 	}
+	if !b.streams.take() {
+		writeMgmtError(w, structs.Errf(structs.CodeUnavailable, "%d event streams are open; close one or retry", maxStreams))
+		return
+	}
+	defer b.streams.give()
+	// Subscribe before the first read, so an event appended in between
+	// is not missed.
+	notify, cancel := b.Store.Subscribe()
+	defer cancel()
 	w.Header().Set("Content-Type", "text/event-stream")
 	w.Header().Set("X-Accel-Buffering", "no")
 	w.WriteHeader(http.StatusOK)
-	fmt.Fprintf(w, ": capyctl events from %s:%d\n\n", inc, seq)
+	fmt.Fprintf(w, "retry: 1000\n: capyctl events after %s\n\n", b.Store.Cursor(seq))
 	flusher.Flush()
 
-	notify, cancel := b.Store.Subscribe()
-	defer cancel()
 	hb := time.NewTicker(HeartbeatInterval)
 	defer hb.Stop()
 	end := time.NewTimer(streamLifetime)
@@ -113,11 +119,12 @@ func (b *Backend) events(w http.ResponseWriter, r *http.Request) {
 				return
 			}
 			for _, ev := range evs {
-				data, _ := json.Marshal(map[string]any{
-					"api_version": wire.APIVersion, "seq": ev.Seq, "recorded_at": ev.At, "kind": ev.Kind,
-					"deployment": ev.Deployment, "instance": ev.Instance, "payload": ev.Payload,
+				cur := b.Store.Cursor(ev.Seq)
+				data, _ := json.Marshal(wire.Event{
+					APIVersion: wire.APIVersion, Cursor: cur, Seq: ev.Seq, RecordedAt: ev.At, Kind: ev.Kind,
+					Deployment: ev.Deployment, Instance: ev.Instance, Payload: ev.Payload,
 				})
-				fmt.Fprintf(w, "id: %s:%d\nevent: %s\ndata: %s\n\n", inc, ev.Seq, ev.Kind, data)
+				fmt.Fprintf(w, "id: %s\nevent: %s\ndata: %s\n\n", cur, ev.Kind, data)
 				seq = ev.Seq
 			}
 			if len(evs) > 0 {
@@ -135,7 +142,10 @@ func (b *Backend) events(w http.ResponseWriter, r *http.Request) {
 		case <-hb.C:
 			fmt.Fprint(w, ": heartbeat\n\n")
 			flusher.Flush()
-		case <-notify:
+		case _, ok := <-notify:
+			if !ok {
+				return
+			}
 		}
 	}
 }

@@ -10,19 +10,18 @@ import (
 
 	"github.com/capyctl/capyctl/core/router"
 	"github.com/capyctl/capyctl/core/structs"
+	"github.com/capyctl/capyctl/sdk/decisions"
 )
 
 // NewInferenceHandler returns the inference API: /v1/models,
-// /v1/chat/completions (and later /v1/systemone), behind the API key.
+// /v1/chat/completions and /v1/systemone (decision requests), behind the
+// API key. The core's Prometheus metrics are on the management listener
+// (MetricsView), not here.
 func NewInferenceHandler(b *Backend, apiKey string) http.Handler {
 	r := mux.NewRouter()
 	r.HandleFunc("/v1/models", b.Router.Models).Methods(http.MethodGet)
 	r.HandleFunc("/v1/chat/completions", b.Router.ChatCompletions).Methods(http.MethodPost)
-	if h, ok := any(b.Router).(interface {
-		Decisions(http.ResponseWriter, *http.Request)
-	}); ok {
-		r.HandleFunc("/v1/systemone", h.Decisions).Methods(http.MethodPost)
-	}
+	r.HandleFunc(decisions.Path, b.Router.Decisions).Methods(http.MethodPost)
 	r.NotFoundHandler = http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		router.WriteError(w, structs.Errf(structs.CodeNotFound, "no route %s %s", req.Method, req.URL.Path))
 	})

@@ -5,8 +5,6 @@ package api
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"io"
 	"net/http"
@@ -18,40 +16,91 @@ import (
 	"github.com/capyctl/capyctl/core/api/wire"
 	"github.com/capyctl/capyctl/core/jobspec"
 	"github.com/capyctl/capyctl/core/lifecycle"
-	"github.com/capyctl/capyctl/core/store"
 	"github.com/capyctl/capyctl/core/structs"
 )
 
 // maxManagementBody bounds a management request body.
 const maxManagementBody = 1 << 20
 
-// NewManagementHandler returns the management API under /management/v1,
-// behind the admin token. Listen on loopback only.
+// Route is one route of the management API (the reference page is
+// generated from ManagementRoutes).
+type Route struct {
+	Method string
+	// Path is under wire.Prefix ("/deployments/{name}").
+	Path string
+	// Summary says what the route does, for the reference.
+	Summary string
+	// Idempotent is true for a mutation that takes an Idempotency-Key.
+	Idempotent bool
+	handle     func(b *Backend) http.HandlerFunc
+}
+
+// ManagementRoutes returns every management route, in reference order.
+func ManagementRoutes() []Route {
+	return []Route{
+		{http.MethodGet, "/snapshot", "the whole state (role, deployments, engines, hosts) and the event cursor it was taken at", false, func(b *Backend) http.HandlerFunc { return b.snapshot }},
+		{http.MethodGet, "/events", "the event stream (SSE) after a cursor: Last-Event-ID or ?after=; heartbeats; 410 cursor_expired with resnapshot_required", false, func(b *Backend) http.HandlerFunc { return b.events }},
+		{http.MethodGet, "/deployments", "every deployment's status", false, func(b *Backend) http.HandlerFunc { return b.listDeployments }},
+		{http.MethodPost, "/deployments", "create a deployment: {deployment, activate}; 201", true, func(b *Backend) http.HandlerFunc { return b.createDeployment }},
+		{http.MethodGet, "/deployments/{name}", "one deployment's status and instances", false, func(b *Backend) http.HandlerFunc { return b.getDeployment }},
+		{http.MethodPut, "/deployments/{name}", "a new revision: {deployment, expected_revision, activate}; 200", true, func(b *Backend) http.HandlerFunc { return b.updateDeployment }},
+		{http.MethodDelete, "/deployments/{name}", "stop every instance, prove the processes gone, delete", true, func(b *Backend) http.HandlerFunc { return b.deleteDeployment }},
+		{http.MethodPost, "/deployments/{name}/actions", "start (evict), stop, park or delete: {action, wait, evict, expected_revision}; 202, or 200 when done", true, func(b *Backend) http.HandlerFunc { return b.deploymentAction }},
+		{http.MethodPost, "/deployments/{name}/instances/{index}/actions", "start (evict), stop or park one instance", true, func(b *Backend) http.HandlerFunc { return b.instanceAction }},
+		{http.MethodGet, "/deployments/{name}/effective-config", "the completed spec, each field's provenance and each instance's rendered launch, secrets redacted", false, func(b *Backend) http.HandlerFunc { return b.effectiveConfig }},
+		{http.MethodGet, "/deployments/{name}/engine-log", "the redacted tail of an instance's engine output: ?instance=N&kib=1..256 (64)", false, func(b *Backend) http.HandlerFunc { return b.engineLog }},
+		{http.MethodGet, "/config", "the role's settings, each value's source, secrets redacted", false, func(b *Backend) http.HandlerFunc { return b.roleConfig }},
+		{http.MethodGet, "/engines", "the registered engines (a hint when there is none)", false, func(b *Backend) http.HandlerFunc { return b.listEngines }},
+		{http.MethodPost, "/engines", "detect (dry_run) or register an engine installation", false, func(b *Backend) http.HandlerFunc { return b.addEngine }},
+		{http.MethodDelete, "/engines/{name}", "remove a registration (engine_in_use while a deployment uses it)", false, func(b *Backend) http.HandlerFunc { return b.removeEngine }},
+		{http.MethodGet, "/engine-flags/{family}", "a family's flag policy: owned, reserved, gated, passed, and why", false, func(b *Backend) http.HandlerFunc { return b.engineFlags }},
+		{http.MethodGet, "/hosts", "the machines that run engines", false, func(b *Backend) http.HandlerFunc { return b.listHosts }},
+		{http.MethodGet, "/hosts/{name}/ledger", "a host's GPUs and memory ledger: domains, limits, charges per owner", false, func(b *Backend) http.HandlerFunc { return b.hostLedger }},
+		{http.MethodGet, ViewLoad, "live load per deployment and instance (running, waiting, limits)", false, func(b *Backend) http.HandlerFunc { return b.view(ViewLoad) }},
+		{http.MethodGet, ViewLatency, "latency distributions (router and engine)", false, func(b *Backend) http.HandlerFunc { return b.view(ViewLatency) }},
+	}
+}
+
+// NewManagementHandler returns the management API under /management/v1
+// (ManagementRoutes), behind the admin token. Listen on loopback only.
 func NewManagementHandler(b *Backend, adminToken string) http.Handler {
 	r := mux.NewRouter()
-	s := r.PathPrefix(wire.Prefix).Subrouter()
-	s.HandleFunc("/snapshot", b.snapshot).Methods(http.MethodGet)
-	s.HandleFunc("/events", b.events).Methods(http.MethodGet)
-	s.HandleFunc("/deployments", b.listDeployments).Methods(http.MethodGet)
-	s.HandleFunc("/deployments", b.createDeployment).Methods(http.MethodPost)
-	s.HandleFunc("/deployments/{name}", b.getDeployment).Methods(http.MethodGet)
-	s.HandleFunc("/deployments/{name}", b.updateDeployment).Methods(http.MethodPut)
-	s.HandleFunc("/deployments/{name}", b.deleteDeployment).Methods(http.MethodDelete)
-	s.HandleFunc("/deployments/{name}/actions", b.deploymentAction).Methods(http.MethodPost)
-	s.HandleFunc("/deployments/{name}/engine-log", b.engineLog).Methods(http.MethodGet)
-	s.HandleFunc("/engines", b.listEngines).Methods(http.MethodGet)
-	s.HandleFunc("/engines", b.addEngine).Methods(http.MethodPost)
-	s.HandleFunc("/engines/{name}", b.removeEngine).Methods(http.MethodDelete)
-	s.HandleFunc("/engine-flags/{family}", b.engineFlags).Methods(http.MethodGet)
-	s.HandleFunc("/hosts", b.listHosts).Methods(http.MethodGet)
-	r.NotFoundHandler = http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+	for _, rt := range ManagementRoutes() {
+		r.HandleFunc(wire.Prefix+rt.Path, rt.handle(b)).Methods(rt.Method)
+	}
+	// The core's Prometheus metrics, outside the prefix, behind the token.
+	r.Handle("/metrics", MetricsView(b)).Methods(http.MethodGet)
+	notFound := http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		writeMgmtError(w, structs.Errf(structs.CodeNotFound, "no route %s %s", req.Method, req.URL.Path))
 	})
-	r.MethodNotAllowedHandler = http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+	notAllowed := http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		writeMgmtError(w, structs.Errf(structs.CodeMethodNotAllowed, "%s is not allowed on %s", req.Method, req.URL.Path))
 	})
+	r.NotFoundHandler = notFound
+	r.MethodNotAllowedHandler = notAllowed
 	return managementAuth(r, adminToken)
 }
+
+// view returns a registered view's handler, or one answering unsupported.
+func (b *Backend) view(path string) http.HandlerFunc {
+	if mk, ok := viewRoutes[path]; ok {
+		return mk(b)
+	}
+	return func(w http.ResponseWriter, req *http.Request) {
+		writeMgmtError(w, structs.Errf(structs.CodeUnsupported, "the %s view is not available in this build", req.URL.Path))
+	}
+}
+
+// Paths of the read-only views other files of this package provide.
+const (
+	ViewLoad    = "/metrics/load"
+	ViewLatency = "/metrics/latency"
+)
+
+// viewRoutes maps a view's path (ViewLoad, ViewLatency) to its handler.
+// The file that implements a view registers it from init; a view nobody
+// registered answers unsupported.
+var viewRoutes = map[string]func(b *Backend) http.HandlerFunc{}
 
 func managementAuth(next http.Handler, token string) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -192,154 +241,75 @@ func (b *Backend) updateDeployment(w http.ResponseWriter, r *http.Request) {
 	b.deploy(w, r, mux.Vars(r)["name"])
 }
 
-// deploy handles create (name "") and update, with idempotency keys: an
-// exact retry replays the original answer, the same key with another body
-// is a conflict.
+// deploy handles create (name "") and update, under the request's
+// Idempotency-Key: an exact retry replays the original answer, the same key
+// with another body is a conflict. An update names the revision it
+// replaces.
 func (b *Backend) deploy(w http.ResponseWriter, r *http.Request, name string) {
 	data, err := readBody(r)
 	if err != nil {
 		writeMgmtError(w, err)
 		return
 	}
-	key := r.Header.Get("Idempotency-Key")
-	sum := sha256.Sum256(append([]byte(r.Method+" "+r.URL.Path+"\n"), data...))
-	hash := hex.EncodeToString(sum[:])
-	if key != "" {
-		if len(key) > 128 {
-			writeMgmtError(w, structs.Errf(structs.CodeInvalidRequest, "Idempotency-Key is longer than 128 characters"))
-			return
+	b.idempotent(w, r, data, func() (int, any, error) {
+		var req struct {
+			Deployment       json.RawMessage `json:"deployment"`
+			Activate         bool            `json:"activate"`
+			ExpectedRevision uint64          `json:"expected_revision"`
 		}
-		if rec, err := b.Store.GetIdempotency(key); err == nil && rec != nil {
-			if rec.BodyHash != hash {
-				writeMgmtError(w, structs.Errf(structs.CodeIdempotencyConflict,
-					"Idempotency-Key %q was used with another request body", key))
-				return
+		if err := decodeStrict(data, &req); err != nil {
+			return 0, nil, err
+		}
+		if len(req.Deployment) == 0 {
+			return 0, nil, structs.Errf(structs.CodeInvalidRequest, "the body has no deployment")
+		}
+		parsed, err := jobspec.FromJSON(req.Deployment)
+		if err != nil {
+			return 0, nil, err
+		}
+		spec := *parsed
+		keepClientDefaults(&spec, req.Deployment)
+		if name != "" && spec.Name != name {
+			return 0, nil, structs.Errf(structs.CodeInvalidRequest, "the body names deployment %q, the path %q", spec.Name, name)
+		}
+		if name != "" && req.ExpectedRevision == 0 {
+			return 0, nil, structs.Errf(structs.CodeInvalidRequest, "an update must name the revision it replaces (expected_revision)")
+		}
+		if name == "" {
+			if v, err := b.Lifecycle.Deployment(spec.Name); err == nil && req.ExpectedRevision == 0 {
+				return 0, nil, structs.Errf(structs.CodeConflict,
+					"deployment %s exists at revision %d: update it with PUT and expected_revision (capyctl deploy --revision %d)",
+					spec.Name, v.Record.Revision, v.Record.Revision).WithDetail("current_revision", v.Record.Revision)
 			}
-			w.Header().Set("Content-Type", "application/json")
-			w.Header().Set("Idempotent-Replayed", "true")
-			w.WriteHeader(rec.Status)
-			_, _ = w.Write(rec.Response)
-			return
 		}
-	}
-	var req struct {
-		Deployment       json.RawMessage `json:"deployment"`
-		Activate         bool            `json:"activate"`
-		ExpectedRevision uint64          `json:"expected_revision"`
-	}
-	if err := decodeStrict(data, &req); err != nil {
-		writeMgmtError(w, err)
-		return
-	}
-	if len(req.Deployment) == 0 {
-		writeMgmtError(w, structs.Errf(structs.CodeInvalidRequest, "the body has no deployment"))
-		return
-	}
-	parsed, err := jobspec.FromJSON(req.Deployment)
-	if err != nil {
-		writeMgmtError(w, err)
-		return
-	}
-	spec := *parsed
-	if name != "" && spec.Name != name {
-		writeMgmtError(w, structs.Errf(structs.CodeInvalidRequest, "the body names deployment %q, the path %q", spec.Name, name))
-		return
-	}
-	if name != "" && req.ExpectedRevision == 0 {
-		writeMgmtError(w, structs.Errf(structs.CodeInvalidRequest, "an update must name the revision it replaces (expected_revision)"))
-		return
-	}
-	if name == "" {
-		if _, err := b.Lifecycle.Deployment(spec.Name); err == nil && req.ExpectedRevision == 0 {
-			writeMgmtError(w, structs.Errf(structs.CodeConflict,
-				"deployment %s exists: update it with its current revision (capyctl deploy --revision N)", spec.Name))
-			return
+		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Minute)
+		defer cancel()
+		rec, created, err := b.Lifecycle.Deploy(ctx, &spec, lifecycle.DeployOptions{
+			Activate: req.Activate, ExpectedRevision: req.ExpectedRevision, Validate: b.Lifecycle.ValidateDeployment,
+		})
+		if err != nil {
+			return 0, nil, err
 		}
-	}
-	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Minute)
-	defer cancel()
-	rec, created, err := b.Lifecycle.Deploy(ctx, &spec, lifecycle.DeployOptions{
-		Activate: req.Activate, ExpectedRevision: req.ExpectedRevision, Validate: b.Lifecycle.ValidateDeployment,
+		status := http.StatusOK
+		if created {
+			status = http.StatusCreated
+		}
+		return status, wire.DeployAccepted{APIVersion: wire.APIVersion, Name: rec.Name, Revision: rec.Revision, Created: created, Desired: rec.Desired}, nil
 	})
-	if err != nil {
-		writeMgmtError(w, err)
-		return
-	}
-	status := http.StatusOK
-	if created {
-		status = http.StatusCreated
-	}
-	out := wire.DeployAccepted{APIVersion: wire.APIVersion, Name: rec.Name, Revision: rec.Revision, Created: created, Desired: rec.Desired}
-	resp, _ := json.Marshal(out)
-	if key != "" {
-		_ = b.Store.PutIdempotency(key, store.IdempotencyRecord{BodyHash: hash, Status: status, Response: resp, At: time.Now().UTC()})
-	}
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	_, _ = w.Write(resp)
 }
 
 func (b *Backend) deleteDeployment(w http.ResponseWriter, r *http.Request) {
 	name := mux.Vars(r)["name"]
-	if err := b.Lifecycle.DeleteDeployment(r.Context(), name); err != nil {
-		writeMgmtError(w, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, wire.ActionAccepted{APIVersion: wire.APIVersion, Deployment: name, Action: "delete", AcceptedAt: time.Now().UTC(), Done: true})
-}
-
-func (b *Backend) deploymentAction(w http.ResponseWriter, r *http.Request) {
-	name := mux.Vars(r)["name"]
-	data, err := readBody(r)
-	if err != nil {
-		writeMgmtError(w, err)
-		return
-	}
-	var req wire.ActionRequest
-	if err := decodeStrict(data, &req); err != nil {
-		writeMgmtError(w, err)
-		return
-	}
-	v, err := b.Lifecycle.Deployment(name)
-	if err != nil {
-		writeMgmtError(w, err)
-		return
-	}
-	if req.ExpectedRevision != 0 && req.ExpectedRevision != v.Record.Revision {
-		writeMgmtError(w, structs.Errf(structs.CodeRevisionConflict, "deployment %s is at revision %d, not %d", name, v.Record.Revision, req.ExpectedRevision))
-		return
-	}
-	accepted := time.Now().UTC()
-	ctx := r.Context()
-	switch req.Action {
-	case "start":
-		err = b.Lifecycle.StartDeployment(ctx, name, req.Wait)
-	case "stop":
-		err = b.Lifecycle.StopDeployment(ctx, name, req.Wait)
-	case "delete":
-		err = b.Lifecycle.DeleteDeployment(ctx, name)
-	case "park":
-		if p, ok := any(b.Lifecycle).(interface {
-			ParkDeployment(context.Context, string, bool) error
-		}); ok {
-			err = p.ParkDeployment(ctx, name, req.Wait)
-		} else {
-			err = structs.Errf(structs.CodeUnsupported, "park is not available yet")
+	b.idempotent(w, r, nil, func() (int, any, error) {
+		v, err := b.Lifecycle.Deployment(name)
+		if err != nil {
+			return 0, nil, err
 		}
-	default:
-		err = structs.Errf(structs.CodeInvalidRequest, "unknown action %q (start, stop, park, delete)", req.Action)
-	}
-	if err != nil {
-		writeMgmtError(w, err)
-		return
-	}
-	status := http.StatusAccepted
-	if req.Wait || req.Action == "delete" {
-		status = http.StatusOK
-	}
-	writeJSON(w, status, wire.ActionAccepted{
-		APIVersion: wire.APIVersion, Deployment: name, Action: req.Action, Revision: v.Record.Revision,
-		AcceptedAt: accepted, Done: status == http.StatusOK,
+		if err := b.Lifecycle.DeleteDeployment(r.Context(), name); err != nil {
+			return 0, nil, err
+		}
+		return http.StatusOK, wire.ActionAccepted{APIVersion: wire.APIVersion, Deployment: name, Action: wire.ActionDelete,
+			Revision: v.Record.Revision, AcceptedAt: time.Now().UTC(), Done: true}, nil
 	})
 }
 
@@ -416,7 +386,7 @@ func (b *Backend) removeEngine(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	b.Lifecycle.Journal("engine_removed", "", map[string]any{"engine": name})
-	writeJSON(w, http.StatusOK, map[string]any{"api_version": wire.APIVersion, "removed": name})
+	writeJSON(w, http.StatusOK, wire.Removed{APIVersion: wire.APIVersion, Removed: name})
 }
 
 func (b *Backend) engineFlags(w http.ResponseWriter, r *http.Request) {
@@ -433,7 +403,10 @@ func (b *Backend) listHosts(w http.ResponseWriter, r *http.Request) {
 	if b.Hosts != nil {
 		hosts = b.Hosts()
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"api_version": wire.APIVersion, "hosts": hosts})
+	if hosts == nil {
+		hosts = []wire.Host{}
+	}
+	writeJSON(w, http.StatusOK, wire.HostList{APIVersion: wire.APIVersion, Hosts: hosts})
 }
 
 // ---------------------------------------------------------------- snapshot
@@ -456,4 +429,23 @@ func (b *Backend) snapshot(w http.ResponseWriter, r *http.Request) {
 		snap.Hosts = b.Hosts()
 	}
 	writeJSON(w, http.StatusOK, snap)
+}
+
+// keepClientDefaults keeps "default" for the fields a client marked so in
+// the provenance it sent: capyctl deploy sends the spec it completed from
+// the file, and a value it filled in is still a default, not the
+// operator's choice. Fields the client did not mark keep the server's
+// provenance ("file" for what the document carries).
+func keepClientDefaults(spec *structs.Deployment, doc json.RawMessage) {
+	var sent struct {
+		Provenance map[string]string `json:"provenance"`
+	}
+	if json.Unmarshal(doc, &sent) != nil {
+		return
+	}
+	for k, v := range sent.Provenance {
+		if cur, ok := spec.Provenance[k]; ok && cur == jobspec.FromFile && v == jobspec.FromDefault {
+			spec.Provenance[k] = jobspec.FromDefault
+		}
+	}
 }

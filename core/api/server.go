@@ -39,6 +39,20 @@ type Backend struct {
 	Hosts func() []wire.Host
 	// DeploymentExtras adds ledger and request figures to a status.
 	DeploymentExtras func(st *wire.DeploymentStatus)
+	// Config returns the role's effective settings with their sources for
+	// GET /config; nil answers unsupported.
+	Config func() *wire.RoleConfig
+
+	keys    keyLocks
+	streams streamSlots
+}
+
+// logger returns the backend's logger, or a null one.
+func (b *Backend) logger() hclog.Logger {
+	if b.Logger == nil {
+		return hclog.NewNullLogger()
+	}
+	return b.Logger
 }
 
 // tokenEqual compares secrets in constant time (over fixed-size digests, so

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/capyctl/capyctl/core/structs"
@@ -26,10 +27,14 @@ const (
 	cmdRehandle
 	cmdExited
 	cmdSettleStopped
+	cmdPark
+	cmdEvict
+	cmdIdlePark
+	cmdIdleStop
 )
 
 func (k cmdKind) String() string {
-	return [...]string{"start", "stop", "recover", "rehandle", "exited", "settle"}[k]
+	return [...]string{"start", "stop", "recover", "rehandle", "exited", "settle", "park", "evict", "idle-park", "idle-stop"}[k]
 }
 
 type command struct {
@@ -38,6 +43,8 @@ type command struct {
 	done chan error
 	// exit carries what the monitor saw for cmdExited.
 	exit *pb.ProbeResponse
+	// evict lets a start or wake make room by evicting idle models.
+	evict bool
 }
 
 // instance is one instance and its lane: a goroutine that owns its state
@@ -57,6 +64,11 @@ type instance struct {
 
 	monMu     sync.Mutex
 	monCancel context.CancelFunc
+
+	// lastUsed is when a request last used the instance (unix nanos).
+	lastUsed atomic.Int64
+	// busy is true while the lane performs a command.
+	busy atomic.Bool
 }
 
 func (m *Manager) newInstance(rec *structs.InstanceRecord) *instance {
@@ -69,6 +81,11 @@ func (m *Manager) newInstance(rec *structs.InstanceRecord) *instance {
 		cmds: make(chan *command),
 		quit: make(chan struct{}),
 	}
+	if !rec.LastUsedAt.IsZero() {
+		in.lastUsed.Store(rec.LastUsedAt.UnixNano())
+	}
+	// IMPORTANT: callers hold m.mu.
+	m.byID[in.id] = in
 	m.wg.Add(1)
 	go in.run()
 	return in
@@ -79,7 +96,9 @@ func (in *instance) run() {
 	for {
 		select {
 		case c := <-in.cmds:
+			in.busy.Store(true)
 			err := in.handle(c)
+			in.busy.Store(false)
 			c.done <- err
 		case <-in.quit:
 			in.stopMonitor()
@@ -179,7 +198,15 @@ func (in *instance) transition(to structs.InstanceState, why string, f func(r *s
 func (in *instance) handle(c *command) error {
 	switch c.kind {
 	case cmdStart:
-		return in.start(c.why)
+		return in.start(c.why, c.evict)
+	case cmdPark:
+		return in.park(c.why, false)
+	case cmdEvict:
+		return in.evictSelf(c.why)
+	case cmdIdlePark:
+		return in.idlePark(c.why)
+	case cmdIdleStop:
+		return in.idleStop(c.why)
 	case cmdStop:
 		return in.stop(c.why)
 	case cmdRecover:
@@ -238,12 +265,16 @@ func (m *Manager) resolveEngine(name string) (*structs.EngineRecord, error) {
 		"engine %q is ambiguous: %d engines of that family are registered (%s); name one", name, len(matches), strings.Join(names, ", "))
 }
 
-// start launches the engine and waits for readiness.
-func (in *instance) start(why string) error {
+// start launches the engine and waits for readiness (or wakes a parked
+// instance). With evict, a start that does not fit makes room by parking or
+// stopping idle models.
+func (in *instance) start(why string, evict bool) error {
 	rec := in.snapshot()
 	switch rec.State {
 	case structs.StateReady:
 		return nil
+	case structs.StateParked:
+		return in.wake(why, evict)
 	case structs.StateStopped, structs.StateFailed:
 	default:
 		if rec.State == structs.StateStopping {
@@ -322,8 +353,13 @@ func (in *instance) start(why string) error {
 	if placer == nil {
 		placer = noPlacer{}
 	}
-	grant, err := placer.Reserve(ctx, Reservation{
-		Owner: in.id, Deployment: spec, Revision: dr.Revision, Engine: eng, Hints: plan.GetHints(), Residency: plan.GetResidency(),
+	var grant *Grant
+	err = m.withRoom(ctx, in, evict, func() error {
+		var rerr error
+		grant, rerr = placer.Reserve(ctx, Reservation{
+			Owner: in.id, Deployment: spec, Revision: dr.Revision, Engine: eng, Hints: plan.GetHints(), Residency: plan.GetResidency(),
+		})
+		return rerr
 	})
 	if err != nil {
 		cleanupPort()
@@ -399,6 +435,9 @@ func (in *instance) start(why string) error {
 		r.Launch.Pgid = int(resp.GetLaunch().GetPgid())
 		r.Launch.Processes = fromLaunch(resp.GetLaunch())
 	})
+	if po, ok := placer.(ProcessObserver); ok {
+		po.Launched(in.id, int(resp.GetLaunch().GetPgid()), fromLaunch(resp.GetLaunch()))
+	}
 
 	deadline := time.Duration(plan.GetStartupTimeoutMs()) * time.Millisecond
 	if spec.Timeouts.Initialize > 0 {
@@ -637,6 +676,10 @@ func (in *instance) recover(why string, settle bool) error {
 		InstanceId: in.id, Launch: toLaunch(rec.Launch), Host: m.hostPolicy(eng),
 		Context:   &pb.LaunchContext{Port: int32(rec.Launch.Port), LaunchDir: rec.Launch.LaunchDir, InstanceId: in.id, LaunchId: rec.Launch.LaunchID, DeviceUuids: rec.Launch.DeviceUUIDs},
 		EngineKey: rec.Launch.EngineKey, AdminKey: rec.Launch.AdminKey,
+		RecordedState: string(prior),
+	}
+	if prior == structs.StateParked || prior == structs.StateParking || prior == structs.StateWaking {
+		req.ParkTier = rec.Residency
 	}
 	if eng != nil {
 		req.Installation = ToInstallation(eng)
@@ -671,6 +714,20 @@ func (in *instance) recover(why string, settle bool) error {
 		return in.unsettled(structs.Errf(structs.CodeUnavailable, "re-attach uncertain: %s", resp.GetDetail()))
 	}
 	ep := toEndpoint(resp.GetEndpoint())
+	if settle && resp.GetParked() {
+		// The engine holds its memory released: it is parked, whatever
+		// step the restart interrupted (a park that completed, a wake that
+		// had not begun).
+		in.adopt("parked")
+		if err := in.transition(structs.StateParked, "re-attached: the engine is parked", func(r *structs.InstanceRecord) {
+			r.Endpoint = ep
+			r.Phase = "parked"
+		}); err != nil {
+			return err
+		}
+		in.startMonitor(drv)
+		return nil
+	}
 	if !settle {
 		if ep != nil && in.state() == structs.StateReady {
 			in.update(func(r *structs.InstanceRecord) { r.Endpoint = ep })
@@ -700,9 +757,7 @@ func (in *instance) recover(why string, settle bool) error {
 	if probe.GetEndpoint() != nil {
 		ep = toEndpoint(probe.GetEndpoint())
 	}
-	if m.cfg.Placer != nil {
-		_ = m.cfg.Placer.Phase(in.id, "ready")
-	}
+	in.adopt("ready")
 	if err := in.transition(structs.StateReady, "re-attached", func(r *structs.InstanceRecord) {
 		r.Endpoint = ep
 		r.Phase = "ready"
@@ -711,6 +766,21 @@ func (in *instance) recover(why string, settle bool) error {
 	}
 	in.startMonitor(drv)
 	return nil
+}
+
+// adopt tells the placer what a re-attached instance holds, so the ledger
+// a restarted core rebuilds charges what is really running.
+func (in *instance) adopt(phase string) {
+	p := in.m.placer()
+	if a, ok := p.(interface {
+		Adopt(owner, phase string, rec structs.InstanceRecord)
+	}); ok {
+		a.Adopt(in.id, phase, in.snapshot())
+		return
+	}
+	if err := p.Phase(in.id, phase); err != nil {
+		in.m.logger.Warn("ledger phase after re-attach", "instance", in.id, "error", err)
+	}
 }
 
 // unsettled records why recovery could not decide; the instance stays

@@ -16,16 +16,14 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 	"sort"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
 
+	"github.com/capyctl/capyctl/core/models"
 	"github.com/capyctl/capyctl/core/structs"
 	"github.com/capyctl/capyctl/sdk"
 	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
@@ -82,6 +80,25 @@ type Config struct {
 	DefaultStartupTimeout time.Duration
 	// Now is the clock (tests inject one).
 	Now func() time.Time
+	// DrainTimeout bounds how long a victim or a parking instance waits for
+	// its requests to end (default 30s); past it the switch or park fails
+	// and the instance serves again.
+	DrainTimeout time.Duration
+	// AdmissionWindow is how long the last ready instance of a deployment
+	// keeps admitting before a switch drains it (default 2s, ends early once
+	// it is idle).
+	AdmissionWindow time.Duration
+	// RetryBudget is how many starts an instance of a running deployment
+	// attempts before it stays failed (default 3); RetryCooldown is the first
+	// cooldown, doubled each time (default 30s).
+	RetryBudget   int
+	RetryCooldown time.Duration
+	// ReadyIdleTimeout and ParkedIdleTimeout are the role's defaults for
+	// deployments that set none (0 = off).
+	ReadyIdleTimeout  time.Duration
+	ParkedIdleTimeout time.Duration
+	// IdleCheckInterval is how often idle timers are checked (default 1s).
+	IdleCheckInterval time.Duration
 }
 
 // Manager is the lifecycle of every deployment on this role.
@@ -92,7 +109,11 @@ type Manager struct {
 
 	mu          sync.Mutex
 	deployments map[string]*deployment
+	byID        map[string]*instance
 	routes      atomic.Pointer[RouteTable]
+	requests    requestsHolder
+	// switchMu serialises switches: one eviction plan at a time on a host.
+	switchMu sync.Mutex
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -133,12 +154,28 @@ func New(cfg Config) *Manager {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
+	if cfg.DrainTimeout == 0 {
+		cfg.DrainTimeout = 30 * time.Second
+	}
+	if cfg.AdmissionWindow == 0 {
+		cfg.AdmissionWindow = 2 * time.Second
+	}
+	if cfg.RetryBudget == 0 {
+		cfg.RetryBudget = 3
+	}
+	if cfg.RetryCooldown == 0 {
+		cfg.RetryCooldown = 30 * time.Second
+	}
+	if cfg.IdleCheckInterval == 0 {
+		cfg.IdleCheckInterval = time.Second
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	m := &Manager{
 		cfg:         cfg,
 		logger:      cfg.Logger.Named("lifecycle"),
 		sem:         make(chan struct{}, cfg.MaxConcurrentEffects),
 		deployments: map[string]*deployment{},
+		byID:        map[string]*instance{},
 		ctx:         ctx,
 		cancel:      cancel,
 	}
@@ -211,6 +248,9 @@ func (m *Manager) Start(ctx context.Context) error {
 		}(in)
 	}
 	wg.Wait()
+
+	m.wg.Add(1)
+	go m.runIdleTimers()
 
 	// Deployments an operator started come back up.
 	for _, d := range m.snapshotDeployments() {
@@ -343,6 +383,7 @@ func (m *Manager) Deploy(ctx context.Context, spec *structs.Deployment, opts Dep
 	m.mu.Lock()
 	if exists {
 		for _, in := range old {
+			delete(m.byID, in.id)
 			in.close()
 		}
 	}
@@ -389,19 +430,28 @@ func (m *Manager) Deploy(ctx context.Context, spec *structs.Deployment, opts Dep
 // ----------------------------------------------------------------- actions
 
 // StartDeployment marks a deployment running and starts (or wakes) every
-// instance. With wait it returns when all are ready or one gave up.
-func (m *Manager) StartDeployment(ctx context.Context, name string, wait bool) error {
+// instance. With wait it returns when all are ready or one gave up. Without
+// evict, a start that does not fit is refused capacity_blocked; with it,
+// idle models are parked or stopped to make room.
+func (m *Manager) StartDeployment(ctx context.Context, name string, wait bool, evict ...bool) error {
+	ev := len(evict) > 0 && evict[0]
+	return m.startDeployment(ctx, name, wait, ev)
+}
+
+func (m *Manager) startDeployment(ctx context.Context, name string, wait, evict bool) error {
 	d, err := m.setDesired(name, structs.DesiredRunning)
 	if err != nil {
 		return err
 	}
 	if !wait {
-		m.startAll(name, "operator start")
+		m.startAllEvict(name, "operator start", evict)
 		return nil
 	}
 	errs := make(chan error, len(d))
 	for _, in := range d {
-		go func(in *instance) { errs <- in.do(ctx, cmdStart, "operator start") }(in)
+		go func(in *instance) {
+			errs <- in.send(ctx, &command{kind: cmdStart, why: "operator start", evict: evict, done: make(chan error, 1)})
+		}(in)
 	}
 	var first error
 	for range d {
@@ -419,7 +469,7 @@ func (m *Manager) StopDeployment(ctx context.Context, name string, wait bool) er
 	if err != nil {
 		return err
 	}
-	run := func() error {
+	run := func(ctx context.Context) error {
 		var first error
 		var mu sync.Mutex
 		var wg sync.WaitGroup
@@ -440,9 +490,10 @@ func (m *Manager) StopDeployment(ctx context.Context, name string, wait bool) er
 		return first
 	}
 	if wait {
-		return run()
+		return run(ctx)
 	}
-	go func() { _ = run() }()
+	// The caller's context ends with its answer; the stop goes on.
+	go func() { _ = run(m.ctx) }()
 	return nil
 }
 
@@ -463,6 +514,9 @@ func (m *Manager) DeleteDeployment(ctx context.Context, name string) error {
 	}
 	m.mu.Lock()
 	delete(m.deployments, name)
+	for _, in := range insts {
+		delete(m.byID, in.id)
+	}
 	m.mu.Unlock()
 	for _, in := range insts {
 		in.close()
@@ -548,7 +602,7 @@ func (m *Manager) runActivation(name string, d *deployment, act *activation, tar
 	if target == nil {
 		err = structs.Errf(structs.CodeUnavailable, "deployment %s has no instance", name)
 	} else {
-		err = target.do(m.ctx, cmdStart, "request")
+		err = target.send(m.ctx, &command{kind: cmdStart, why: "request", evict: true, done: make(chan error, 1)})
 	}
 	if err != nil {
 		ae := structs.AsError(err)
@@ -588,7 +642,11 @@ func (m *Manager) setDesired(name, desired string) ([]*instance, error) {
 	return insts, nil
 }
 
-func (m *Manager) startAll(name, why string) {
+func (m *Manager) startAll(name, why string) { m.startAllEvict(name, why, false) }
+
+// startAllEvict starts every instance of a deployment in the background;
+// a failed start of a running deployment is retried (see retryStart).
+func (m *Manager) startAllEvict(name, why string, evict bool) {
 	m.mu.Lock()
 	d, ok := m.deployments[name]
 	var insts []*instance
@@ -598,8 +656,10 @@ func (m *Manager) startAll(name, why string) {
 	m.mu.Unlock()
 	for _, in := range insts {
 		go func(in *instance) {
-			if err := in.do(m.ctx, cmdStart, why); err != nil {
+			err := in.send(m.ctx, &command{kind: cmdStart, why: why, evict: evict, done: make(chan error, 1)})
+			if err != nil {
 				m.logger.Warn("start failed", "instance", in.id, "error", err)
+				m.retryStart(in, err, 1)
 			}
 		}(in)
 	}
@@ -775,32 +835,19 @@ func randomID() string {
 	return hex.EncodeToString(b)
 }
 
-// resolveModel returns the model directory of a spec on this host.
+// resolveModel returns the model directory of a spec on this host
+// (core/models: a local path under the models root, or a Hugging Face
+// download, fetched on first use), checked against its content fingerprint.
 func (m *Manager) resolveModel(spec *structs.Deployment) (string, error) {
-	p := spec.Model.Path
-	if p == "" {
-		if spec.Model.HF != "" {
-			return "", structs.Errf(structs.CodeCheckpointUnusable,
-				"model %s is a Hugging Face source; download it first (capyctl model pull) or name a local path", spec.Model.HF)
-		}
-		return "", nil
+	st := models.NewStore(models.Options{Root: m.cfg.Host.ModelsRoot, StateDir: m.cfg.Host.StateDir})
+	r, err := st.Resolve(m.ctx, spec.Model)
+	if err != nil {
+		return "", err
 	}
-	if strings.HasPrefix(p, "~/") {
-		home, _ := os.UserHomeDir()
-		p = filepath.Join(home, p[2:])
+	if r.Hashed > 0 {
+		m.logger.Info("model measured", "deployment", spec.Name, "model_dir", r.Dir, "content_fingerprint", r.Fingerprint, "files_read", r.Hashed, "files_unchanged", r.Reused)
 	}
-	if !filepath.IsAbs(p) {
-		root := m.cfg.Host.ModelsRoot
-		if strings.HasPrefix(root, "~/") {
-			home, _ := os.UserHomeDir()
-			root = filepath.Join(home, root[2:])
-		}
-		p = filepath.Join(root, p)
-	}
-	if _, err := os.Stat(p); err != nil {
-		return "", structs.Errf(structs.CodeCheckpointUnusable, "model path %s: %v", p, errors.Unwrap(err))
-	}
-	return p, nil
+	return r.Dir, nil
 }
 
 // driverErr maps a driver error to a product error.

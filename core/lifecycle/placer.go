@@ -24,6 +24,15 @@ type Placer interface {
 	Release(owner string)
 }
 
+// ProcessObserver is implemented by placers that measure a start from the
+// engine's own processes (the startup peak, SPEC D2): the lifecycle calls
+// Launched once the driver reports the launch's process group and
+// identities; the measurement ends with Phase(owner, "ready") (stored) or
+// Release (discarded).
+type ProcessObserver interface {
+	Launched(owner string, pgid int, procs []structs.ProcessIdentity)
+}
+
 // Reservation is what a start asks of the placer.
 type Reservation struct {
 	Owner      string

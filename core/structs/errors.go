@@ -59,6 +59,7 @@ const (
 	CodePortConflict            Code = "port_conflict"
 	CodeCapacityBlocked         Code = "capacity_blocked"
 	CodeInsufficientDevice      Code = "insufficient_device_memory"
+	CodeInsufficientMemory      Code = "insufficient_memory"
 	CodeStartupNeedsEmptyHost   Code = "startup_requires_empty_host"
 	CodeUnsupported             Code = "unsupported"
 	CodeCapabilityMissing       Code = "capability_missing"
@@ -96,6 +97,9 @@ const (
 	CodeRoleNotRunning          Code = "role_not_running"
 	CodeCacheSaltUnsupported    Code = "cache_salt_unsupported"
 	CodeDownloadFailed          Code = "download_failed"
+	CodeDeadlineExceeded        Code = "deadline_exceeded"
+	CodeStreamStalled           Code = "stream_stalled"
+	CodeChunkTooLarge           Code = "chunk_too_large"
 	CodeEngineNotIdle           Code = "engine_not_idle"
 )
 
@@ -135,6 +139,7 @@ func init() {
 	row(CodePortConflict, http.StatusConflict, 13, true, "another process listens on the leased engine port")
 	row(CodeCapacityBlocked, http.StatusConflict, 4, true, "the start does not fit in memory (host, domain, need, free, limit named)")
 	row(CodeInsufficientDevice, http.StatusBadRequest, 4, false, "the deployment's charge exceeds every domain's managed limit")
+	row(CodeInsufficientMemory, http.StatusBadRequest, 4, false, "the deployment's host memory charge exceeds the host's managed limit")
 	row(CodeStartupNeedsEmptyHost, http.StatusConflict, 4, true, "an unmeasured first start fits only on an empty host")
 	row(CodeUnsupported, http.StatusNotImplemented, 5, false, "the action is not supported")
 	row(CodeCapabilityMissing, http.StatusBadRequest, 5, false, "the engine or driver lacks a capability the deployment needs")
@@ -172,6 +177,9 @@ func init() {
 	row(CodeRoleNotRunning, http.StatusServiceUnavailable, 22, true, "no running role was found through the state directory")
 	row(CodeCacheSaltUnsupported, http.StatusBadRequest, 2, false, "the engine does not take cache_salt")
 	row(CodeDownloadFailed, http.StatusBadGateway, 13, true, "a model download failed")
+	row(CodeDeadlineExceeded, http.StatusGatewayTimeout, 13, true, "no output within the request deadline (queueing, waking and prefill included); cancelled on the engine")
+	row(CodeStreamStalled, http.StatusGatewayTimeout, 13, true, "the engine sent nothing for the stream idle bound; cancelled on the engine")
+	row(CodeChunkTooLarge, http.StatusBadGateway, 13, false, "the engine sent one piece of an answer over limits.max_chunk_bytes; cancelled on the engine")
 	row(CodeEngineNotIdle, http.StatusConflict, 13, true, "the engine still has requests running or waiting; drain it first")
 }
 

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/capyctl/capyctl/sdk"
@@ -31,6 +32,9 @@ type handle struct {
 	servedName string
 	api        string
 	stopGrace  time.Duration
+
+	clientOnce sync.Once
+	engine     *engineapi.EngineClient
 }
 
 func (h *handle) baseURL() string { return "http://127.0.0.1:" + strconv.Itoa(h.port) }
@@ -50,9 +54,13 @@ func (h *handle) endpoint() *pb.Endpoint {
 	return ep
 }
 
+// client returns the instance's pooled engine client.
 func (h *handle) client() *engineapi.EngineClient {
-	ep := h.endpoint()
-	return engineapi.NewEngineClient(ep.BaseUrl, ep.AuthHeader, ep.AuthValue)
+	h.clientOnce.Do(func() {
+		ep := h.endpoint()
+		h.engine = engineapi.NewEngineClient(ep.BaseUrl, ep.AuthHeader, ep.AuthValue)
+	})
+	return h.engine
 }
 
 func (h *handle) launchPB(launchID string) *pb.Launch {
@@ -215,10 +223,9 @@ func (d *Driver) Load(ctx context.Context, req *pb.LoadRequest) (*pb.LoadRespons
 	if resp.StatusCode != http.StatusOK {
 		return &pb.LoadResponse{Known: false, KvUsage: -1}, nil
 	}
-	ms, err := engineapi.ParseMetrics(resp.Body)
-	if err != nil {
-		return &pb.LoadResponse{Known: false, KvUsage: -1}, nil
-	}
+	// A malformed line spoils only itself: the parser keeps the good
+	// samples.
+	ms, _ := engineapi.ParseMetrics(resp.Body)
 	out := &pb.LoadResponse{KvUsage: -1}
 	running, ok := ms.Value(idle.Running, nil)
 	if !ok {
@@ -252,6 +259,9 @@ func (d *Driver) Stop(_ context.Context, req *pb.StopRequest) (*pb.StopResponse,
 		return &pb.StopResponse{Gone: false, Detail: err.Error(), ExitCode: -1}, nil
 	}
 	if res.Gone {
+		if h, err := d.get(req.GetInstanceId()); err == nil && h.engine != nil {
+			h.engine.CloseIdleConnections()
+		}
 		d.drop(req.GetInstanceId())
 	}
 	return &pb.StopResponse{Gone: res.Gone, Forced: res.Forced, ExitCode: int32(res.ExitCode), Detail: res.Detail}, nil

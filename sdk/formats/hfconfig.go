@@ -1,8 +1,6 @@
 // Copyright (c) CapyCTL authors
 // SPDX-License-Identifier: Apache-2.0
 
-// Package formats reads the model files drivers size engines from: GGUF
-// headers, safetensors headers and Hugging Face config.json files.
 package formats
 
 import (

@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/capyctl/capyctl/sdk"
+	"github.com/capyctl/capyctl/sdk/proc"
 	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
 
@@ -72,6 +73,9 @@ func (p *GRPCDriverPlugin) GRPCClient(_ context.Context, _ *goplugin.GRPCBroker,
 // stderr (and to $CAPYCTL_DRIVER_LOG_FILE when set) and serves gRPC only.
 // Call it from a driver binary's main. It never returns normally.
 func Serve(d sdk.Driver) {
+	// A driver's engines run behind a launch supervisor that is this binary
+	// re-executed (sdk/proc); it takes over before go-plugin does.
+	proc.MaybeRunShim()
 	// IMPORTANT: a driver outlives the core that launched it (the core
 	// re-attaches after a restart). Once that core is gone, writes to the
 	// stderr pipe fail; with SIGPIPE ignored they fail quietly instead of

@@ -293,7 +293,7 @@ func redactLongRuns(b []byte) []byte {
 		}
 		if start >= 0 && i-start >= minRunBytes && credentialLike(b[start:i]) {
 			out = append(out, b[last:start]...)
-			out = append(out, Redacted...)
+			out = append(out, narrowRun(b[start:i])...)
 			last = i
 		}
 		start = -1
@@ -320,6 +320,28 @@ func keepValue(name, value string) bool {
 		return numberRe.MatchString(v)
 	}
 	return false
+}
+
+// narrowRun returns the replacement of a credential-like run. In a path or
+// URL ("org/model/resolve/<40 hex>/config") only the '/'-separated parts
+// that are credential-like themselves (20 bytes or more) go; when none is,
+// the whole run goes, since base64 holds '/' too.
+func narrowRun(run []byte) []byte {
+	if bytes.IndexByte(run, '/') < 0 {
+		return []byte(Redacted)
+	}
+	parts := bytes.Split(run, []byte("/"))
+	narrowed := false
+	for i, p := range parts {
+		if len(p) >= 20 && credentialLike(p) {
+			parts[i] = []byte(Redacted)
+			narrowed = true
+		}
+	}
+	if !narrowed {
+		return []byte(Redacted)
+	}
+	return bytes.Join(parts, []byte("/"))
 }
 
 // credentialLike reports whether a long run looks like a random credential:

@@ -44,6 +44,8 @@ func TestRedactor_Redact(t *testing.T) {
 		{name: "hf token option", in: "--hf-token abc", want: "--hf-token <redacted>"},
 		{name: "long base64", in: "blob aGVsbG8gd29ybGQgdGhpcyBpcyBhIGxvbmcgc2VjcmV0IDEyMzQ1Njc4OTA= end", want: "blob <redacted> end"},
 		{name: "long hex", in: "id 3f9a0c4e8b7d6a5f4e3d2c1b0a9f8e7d6c5b4a39 done", want: "id <redacted> done"},
+		{name: "hash in a url path", in: "GET https://huggingface.co/org/Llama-3-8B-Instruct/resolve/0e9e39f249a16976918f6564b8830bc894c89659/config.json", want: "GET https://huggingface.co/org/Llama-3-8B-Instruct/resolve/<redacted>/config.json"},
+		{name: "base64 with slashes", in: "blob ab1/Cd2eF3gH4/iJ5kL6mN7oP8q/R9sT0uV1wX2yZ3aB4 end", want: "blob <redacted> end"},
 		{name: "numeric password", in: "password=1234", want: "password=<redacted>"},
 
 		// Ordinary lines stay.

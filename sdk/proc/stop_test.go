@@ -124,6 +124,11 @@ func TestStop_RefusesMismatchedIdentity(t *testing.T) {
 			if !Alive(c.victim) {
 				t.Error("Stop signalled a process it could not prove was the launch's")
 			}
+			if c.launch.Pgid == orphanGroup {
+				if st, detail := Inspect(c.launch); st != LaunchUncertain {
+					t.Errorf("Inspect = %s (%s), want uncertain", st, detail)
+				}
+			}
 		})
 	}
 }
@@ -150,6 +155,34 @@ func TestStop_RefusesOwnGroup(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			if _, err := Stop(Launched{Pgid: c.pgid}, 0); err == nil {
 				t.Error("Stop accepted the group")
+			}
+		})
+	}
+}
+
+func TestInspect(t *testing.T) {
+	running := startEngine(t, engineSpec(t, "", nil))
+	waitTail(t, running.LaunchDir, "ready")
+	left := startEngine(t, engineSpec(t, "ignore-term,child,exit=0", nil))
+	eventually(t, "the engine's exit", func() bool {
+		st, err := ReadStatus(left.LaunchDir)
+		return err == nil && st.Exited
+	})
+	done := startEngine(t, engineSpec(t, "exit=0", nil))
+	eventually(t, "the shim to leave", func() bool { return !Alive(done.Shim) })
+	cases := []struct {
+		name string
+		l    Launched
+		want LaunchState
+	}{
+		{name: "running", l: *running, want: LaunchRunning},
+		{name: "engine exited, grandchild left", l: *left, want: LaunchExited},
+		{name: "all gone", l: *done, want: LaunchGone},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			if got, detail := Inspect(c.l); got != c.want {
+				t.Errorf("Inspect = %s (%s), want %s", got, detail, c.want)
 			}
 		})
 	}

@@ -134,6 +134,37 @@ type Status struct {
 	Signal string `json:"signal"`
 }
 
+// LaunchState is what Inspect finds of a recorded launch.
+type LaunchState int
+
+const (
+	// LaunchGone: no process of the launch is left.
+	LaunchGone LaunchState = iota
+	// LaunchRunning: the engine process is alive.
+	LaunchRunning
+	// LaunchExited: the engine has ended, but its shim still holds the
+	// group (other processes are left, or it lingers to serve its tail).
+	LaunchExited
+	// LaunchUncertain: the recorded processes are gone but their group
+	// still has members whose ownership cannot be proven (the shim was
+	// killed from outside). Stop refuses such a group.
+	LaunchUncertain
+)
+
+// String returns "gone", "running", "exited" or "uncertain".
+func (s LaunchState) String() string {
+	switch s {
+	case LaunchRunning:
+		return "running"
+	case LaunchExited:
+		return "exited"
+	case LaunchUncertain:
+		return "uncertain"
+	default:
+		return "gone"
+	}
+}
+
 // exitRecord is the content of exit.json.
 type exitRecord struct {
 	Code   int    `json:"code"`

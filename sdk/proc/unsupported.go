@@ -53,3 +53,6 @@ func Release(string) error { return ErrUnsupported }
 
 // ListeningAddrs returns ErrUnsupported outside Linux.
 func ListeningAddrs(int) ([]netip.AddrPort, error) { return nil, ErrUnsupported }
+
+// Inspect reports LaunchUncertain outside Linux.
+func Inspect(Launched) (LaunchState, string) { return LaunchUncertain, ErrUnsupported.Error() }

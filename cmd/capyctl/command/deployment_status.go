@@ -4,10 +4,16 @@
 package command
 
 import (
+	"context"
+	"errors"
 	"fmt"
+	"os"
+	"os/signal"
 	"strings"
+	"syscall"
 	"time"
 
+	"github.com/capyctl/capyctl/core/api/client"
 	"github.com/capyctl/capyctl/core/api/wire"
 	"github.com/capyctl/capyctl/core/structs"
 )
@@ -22,10 +28,17 @@ func (c *DeploymentStatusCommand) Synopsis() string {
 
 // Help implements cli.Command.
 func (c *DeploymentStatusCommand) Help() string {
-	return `Usage: capyctl status deployment <name> [--json]
+	return `Usage: capyctl status deployment <name> [--watch] [--json]
 
   Shows the deployment's state, revision and each instance: state,
   residency, memory charged, last transition and last error.
+
+Status Options:
+
+  --watch           Keep watching: after the status, print a line (with
+                    --json, the whole status) each time the deployment
+                    changes, following the management event stream. Ends
+                    on Ctrl-C, or when the deployment is deleted.
 
 ` + GeneralOptions
 }
@@ -33,6 +46,8 @@ func (c *DeploymentStatusCommand) Help() string {
 // Run implements cli.Command.
 func (c *DeploymentStatusCommand) Run(args []string) int {
 	fs := c.FlagSet("status deployment")
+	var watch bool
+	fs.BoolVar(&watch, "watch", false, "")
 	rest, code := c.parse(fs, args)
 	if code != 0 {
 		return helpOr(code)
@@ -43,6 +58,9 @@ func (c *DeploymentStatusCommand) Run(args []string) int {
 	cl, err := c.Client()
 	if err != nil {
 		return c.Fail(err)
+	}
+	if watch {
+		return c.watchDeployment(cl, rest[0])
 	}
 	st, err := cl.Deployment(c.ctx(), rest[0])
 	if err != nil {
@@ -99,11 +117,9 @@ func (c *Meta) printStatus(st *wire.DeploymentStatus) {
 			fmt.Fprintf(c.Out, "%s last error [%s]: %s\n", in.ID, in.LastError.Code, in.LastError.Message)
 		}
 	}
-	if len(st.Memory) > 0 || len(st.Requests) > 0 {
+	c.printMemory(st)
+	if len(st.Requests) > 0 {
 		fmt.Fprintln(c.Out)
-		for _, k := range sortedKeys(st.Memory) {
-			fmt.Fprintf(c.Out, "memory.%s: %v\n", k, st.Memory[k])
-		}
 		for _, k := range sortedKeys(st.Requests) {
 			fmt.Fprintf(c.Out, "requests.%s: %v\n", k, st.Requests[k])
 		}
@@ -122,4 +138,91 @@ func age(t time.Time) string {
 		return "-"
 	}
 	return time.Since(t).Round(time.Second).String() + " ago"
+}
+
+// errDeleted ends a watch when the deployment is deleted.
+var errDeleted = errors.New("deleted")
+
+// watchDeployment prints the status, then a line per change, following the
+// event stream from a snapshot's cursor (a new snapshot when the cursor
+// expires). It ends on SIGINT/SIGTERM (exit 0) or when the deployment is
+// deleted (exit 0).
+func (c *Meta) watchDeployment(cl *client.Client, name string) int {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	last := ""
+	show := func(st *wire.DeploymentStatus, ev *wire.Event) {
+		key := st.State + fmt.Sprint(st.ReadyN, st.Revision)
+		for _, in := range st.Instances {
+			key += in.State
+		}
+		if key == last {
+			return
+		}
+		first := last == ""
+		last = key
+		switch {
+		case c.JSON():
+			c.PrintJSON(st)
+		case first:
+			c.printStatus(st)
+			fmt.Fprintln(c.Out)
+		default:
+			why := ""
+			if ev != nil {
+				why = " (" + ev.Kind
+				if ev.Instance != "" {
+					why += " " + ev.Instance
+				}
+				why += ")"
+			}
+			fmt.Fprintf(c.Out, "%s  %s: %s, %d/%d ready, revision %d%s\n",
+				time.Now().Format("15:04:05"), name, st.State, st.ReadyN, len(st.Instances), st.Revision, why)
+		}
+	}
+	for {
+		snap, err := cl.Snapshot(ctx)
+		if err != nil {
+			return c.watchEnd(ctx, err)
+		}
+		st, err := cl.Deployment(ctx, name)
+		if err != nil {
+			return c.watchEnd(ctx, err)
+		}
+		show(st, nil)
+		err = cl.Follow(ctx, snap.Cursor, func(ev *wire.Event) error {
+			if ev.Deployment != name {
+				return nil
+			}
+			if ev.Kind == "deployment_deleted" {
+				return errDeleted
+			}
+			st, err := cl.Deployment(ctx, name)
+			if err != nil {
+				return err
+			}
+			show(st, ev)
+			return nil
+		})
+		if client.IsCursorExpired(err) {
+			continue
+		}
+		if errors.Is(err, errDeleted) {
+			if c.JSON() {
+				c.PrintJSON(map[string]any{"name": name, "deleted": true})
+			} else {
+				fmt.Fprintf(c.Out, "%s  %s: deleted\n", time.Now().Format("15:04:05"), name)
+			}
+			return 0
+		}
+		return c.watchEnd(ctx, err)
+	}
+}
+
+// watchEnd maps the end of a watch to an exit code: an interrupt is 0.
+func (c *Meta) watchEnd(ctx context.Context, err error) int {
+	if ctx.Err() != nil {
+		return 0
+	}
+	return c.Fail(err)
 }

@@ -32,7 +32,7 @@ func (c *DevCommand) Synopsis() string {
 
 // Help implements cli.Command.
 func (c *DevCommand) Help() string {
-	return `Usage: capyctl dev [--listen ADDR] [--state-dir DIR]
+	return `Usage: capyctl dev [--listen ADDR] [--state-dir DIR] [--sim-devices N] [--sim-device-memory SIZE]
 
   Starts a standalone role in a temporary state directory with the
   testkit's fake engine (capyctl-fake-engine, built beside capyctl by
@@ -41,22 +41,47 @@ func (c *DevCommand) Help() string {
   curl line. Ctrl-C stops the engines and the role and leaves no process
   (and, for a temporary state directory, no file) behind.
 
+  The role runs on a simulated GPU (one discrete 24 GiB card beside the
+  host's RAM unless the options below say otherwise): the fake engines
+  allocate on it, the memory ledger charges it, and capyctl status
+  deployment demo shows both.
+
+  With --json, one JSON object says the same (endpoint, api_key,
+  state_dir, management, gpu, model).
+
 Dev Options:
 
-  --listen ADDR        Inference address (default 127.0.0.1:8443).
-  --state-dir DIR      Keep the state here instead of a temporary directory.
-  --fake-engine PATH   The fake engine binary (default: beside capyctl, then PATH).
+  --listen ADDR             Inference address (default 127.0.0.1:8443).
+  --state-dir DIR           Keep the state here instead of a temporary directory.
+  --fake-engine PATH        The fake engine binary (default: beside capyctl, then PATH).
+  --gpu-provider P          simulated (default), auto, nvml or none.
+  --sim-devices N           Simulated cards (default 1).
+  --sim-device-memory SIZE  Memory of each simulated card (default 24GiB).
+  --sim-unified             Simulate one unified memory pool instead of cards.
 `
 }
 
 // Run implements cli.Command.
 func (c *DevCommand) Run(args []string) int {
 	fs := c.FlagSet("dev")
-	var listen, fake string
+	var listen, fake, provider, simMemory string
+	var simDevices int
+	var simUnified bool
 	fs.StringVar(&listen, "listen", "127.0.0.1:8443", "")
 	fs.StringVar(&fake, "fake-engine", "", "")
+	fs.StringVar(&provider, "gpu-provider", "simulated", "")
+	fs.IntVar(&simDevices, "sim-devices", 1, "")
+	fs.StringVar(&simMemory, "sim-device-memory", "24GiB", "")
+	fs.BoolVar(&simUnified, "sim-unified", false, "")
 	if _, code := c.parse(fs, args); code != 0 {
 		return helpOr(code)
+	}
+	simBytes, err := structs.ParseByteSize(simMemory)
+	if err != nil || simBytes <= 0 {
+		return c.Usage("--sim-device-memory %q is not a size (like 24GiB)", simMemory)
+	}
+	if simDevices < 1 || simDevices > 16 {
+		return c.Usage("--sim-devices %d is outside 1..16", simDevices)
 	}
 	stateDir := c.stateDir
 	temp := false
@@ -78,6 +103,9 @@ func (c *DevCommand) Run(args []string) int {
 	a, err := agent.New(agent.Settings{
 		Role: "standalone", StateDir: stateDir, Listen: listen, ManagementListen: "127.0.0.1:0",
 		ModelsRoot: filepath.Join(stateDir, "models"),
+		GPU: agent.GPUSettings{
+			Provider: provider, SimDevices: simDevices, SimDeviceMemory: int64(simBytes), SimUnified: simUnified,
+		},
 	}, logger)
 	if err != nil {
 		return c.Fail(err)
@@ -94,7 +122,18 @@ func (c *DevCommand) Run(args []string) int {
 	}
 	key := a.Creds.APIKey
 	addr := a.InferenceAddr()
-	fmt.Fprintf(c.Out, "\nCapyCTL dev is running (standalone role, fake engine, no GPU needed).\n\n")
+	if c.JSON() {
+		c.PrintJSON(map[string]string{
+			"endpoint": "http://" + addr + "/v1", "api_key": key, "state_dir": stateDir,
+			"management": "http://" + a.ManagementAddr(), "gpu": a.GPU.Kind(), "model": "demo",
+		})
+		<-ctx.Done()
+		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		a.Shutdown(sctx, true)
+		return 0
+	}
+	fmt.Fprintf(c.Out, "\nCapyCTL dev is running (standalone role, fake engine, %s GPU, no GPU needed).\n\n", a.GPU.Kind())
 	fmt.Fprintf(c.Out, "Endpoint: http://%s/v1\n", addr)
 	fmt.Fprintf(c.Out, "API key: %s\n", key)
 	fmt.Fprintf(c.Out, "State:    %s\n", stateDir)
@@ -130,7 +169,8 @@ func findFakeEngine(flagValue string) (string, error) {
 
 // devManifest is the fake engine's custom-engine manifest.
 const devManifest = `# The testkit's fake OpenAI-compatible engine, as a custom engine.
-args        = ["serve", "--host", "{{host}}", "--port", "{{port}}", "--served-name", "{{served_name}}", "--token-rate", "200"]
+args        = ["serve", "--host", "{{host}}", "--port", "{{port}}", "--served-name", "{{served_name}}", "--token-rate", "200",
+               "--sim-weights", "3GiB", "--sim-kv", "512MiB"]
 api         = "chat"
 health_path = "/health"
 key_env     = "FAKE_ENGINE_API_KEY"

@@ -5,6 +5,7 @@ package command
 
 import (
 	"github.com/capyctl/capyctl/drivers/custom"
+	"github.com/capyctl/capyctl/drivers/llamacpp"
 	"github.com/capyctl/capyctl/drivers/sglang"
 	"github.com/capyctl/capyctl/drivers/vllm"
 	"github.com/capyctl/capyctl/sdk"
@@ -13,9 +14,10 @@ import (
 
 // builtinDrivers are the first-party drivers compiled into capyctl.
 var builtinDrivers = map[string]func() sdk.Driver{
-	"custom": func() sdk.Driver { return custom.New() },
-	"vllm":   func() sdk.Driver { return vllm.New() },
-	"sglang": func() sdk.Driver { return sglang.New() },
+	"custom":   func() sdk.Driver { return custom.New() },
+	"llamacpp": func() sdk.Driver { return llamacpp.New() },
+	"vllm":     func() sdk.Driver { return vllm.New() },
+	"sglang":   func() sdk.Driver { return sglang.New() },
 }
 
 // DriverCommand serves a built-in driver over go-plugin. The core runs it

@@ -5,6 +5,8 @@ package command
 
 import (
 	"context"
+	"errors"
+	"flag"
 	"fmt"
 	"os"
 	"os/signal"
@@ -13,7 +15,10 @@ import (
 	"time"
 
 	"github.com/capyctl/capyctl/core/agent"
+	"github.com/capyctl/capyctl/core/api/wire"
 	"github.com/capyctl/capyctl/core/config"
+	"github.com/capyctl/capyctl/core/structs"
+	"github.com/capyctl/capyctl/core/version"
 )
 
 // StandaloneStartCommand runs the standalone role in the foreground.
@@ -70,47 +75,83 @@ var roleFlags = map[string]string{
 	"hostname":          "hostname",
 }
 
-// loadRoleConfig parses the role flags and loads the configuration.
-func (c *Meta) loadRoleConfig(name, role string, args []string) (*config.Config, []string, int) {
-	fs := c.FlagSet(name)
-	var cfgFile string
-	fs.StringVar(&cfgFile, "config", "", "")
-	vals := map[string]*string{}
+// roleOptions are the role flags of `start <role>` and `config show`.
+type roleOptions struct {
+	cfgFile string
+	vals    map[string]*string
+	sets    stringList
+}
+
+// addRoleFlags registers --config, the named role flags and --set.
+func addRoleFlags(fs *flag.FlagSet) *roleOptions {
+	o := &roleOptions{vals: map[string]*string{}}
+	fs.StringVar(&o.cfgFile, "config", "", "")
 	for flagName := range roleFlags {
 		v := new(string)
-		vals[flagName] = v
+		o.vals[flagName] = v
 		fs.StringVar(v, flagName, "", "")
 	}
-	var sets stringList
-	fs.Var(&sets, "set", "")
-	rest, code := c.parse(fs, args)
-	if code != 0 {
-		return nil, nil, helpOr(code)
+	fs.Var(&o.sets, "set", "")
+	return o
+}
+
+// load builds the configuration: role "" leaves the role to the file, the
+// environment or the default.
+func (c *Meta) loadConfig(o *roleOptions, role string) (*config.Config, string, error) {
+	flags := map[string]string{}
+	if role != "" {
+		flags["role"] = role
 	}
-	flags := map[string]string{"role": role}
-	for flagName, v := range vals {
+	for flagName, v := range o.vals {
 		if *v != "" {
 			flags[roleFlags[flagName]] = *v
 		}
 	}
-	for _, s := range sets {
+	for _, s := range o.sets {
 		k, v, ok := strings.Cut(s, "=")
-		if !ok {
-			return nil, nil, c.Usage("--set %q is not PATH=VALUE", s)
+		if !ok || k == "" {
+			return nil, "", structs.Errf(structs.CodeInvalidRequest, "--set %q is not PATH=VALUE", s)
 		}
 		flags[k] = v
 	}
 	if c.stateDir != "" {
 		flags["state_dir"] = c.stateDir
 	}
-	if cfgFile == "" {
-		cfgFile = c.Getenv("CAPYCTL_CONFIG")
+	file := o.cfgFile
+	if file == "" {
+		file = c.Getenv("CAPYCTL_CONFIG")
 	}
-	cfg, err := config.Load(config.LoadOptions{File: cfgFile, Env: os.Environ(), Flags: flags})
+	if file != "" {
+		if _, err := os.Stat(file); err != nil {
+			return nil, file, structs.Errf(structs.CodeInvalidConfig, "configuration file %s: %v", file, errors.Unwrap(err))
+		}
+	}
+	cfg, err := config.Load(config.LoadOptions{File: file, Env: os.Environ(), Flags: flags})
+	return cfg, file, err
+}
+
+// loadRoleConfig parses the role flags and loads the configuration.
+func (c *Meta) loadRoleConfig(name, role string, args []string) (*config.Config, *wire.RoleConfig, int) {
+	fs := c.FlagSet(name)
+	o := addRoleFlags(fs)
+	if _, code := c.parse(fs, args); code != 0 {
+		return nil, nil, helpOr(code)
+	}
+	cfg, file, err := c.loadConfig(o, role)
 	if err != nil {
 		return nil, nil, c.Fail(err)
 	}
-	return cfg, rest, 0
+	return cfg, roleConfigOf(cfg, file), 0
+}
+
+// roleConfigOf is the configuration as the management API publishes it.
+func roleConfigOf(cfg *config.Config, file string) *wire.RoleConfig {
+	rc := &wire.RoleConfig{APIVersion: wire.APIVersion, Role: cfg.Role, File: file}
+	for _, s := range cfg.Settings() {
+		rc.Settings = append(rc.Settings, wire.ConfigSetting{Path: s.Path, Env: s.Env, Value: s.Value, Default: s.Default,
+			From: s.From, Detail: s.Detail, Description: s.Description})
+	}
+	return rc
 }
 
 // settingsFromConfig turns a role configuration into the agent's settings.
@@ -130,17 +171,24 @@ func settingsFromConfig(cfg *config.Config) agent.Settings {
 		MaxBodyBytes:     int64(cfg.Limits.MaxBodyBytes),
 		RequestDeadline:  cfg.Limits.RequestDeadline.D(),
 		DrainTimeout:     cfg.Shutdown.DrainTimeout.D(),
+		GPU: agent.GPUSettings{
+			Provider: cfg.GPU.Provider, SimState: cfg.GPU.SimState, SimDevices: cfg.GPU.SimDevices,
+			SimDeviceMemory: int64(cfg.GPU.SimDeviceMemory), SimUnified: cfg.GPU.SimUnified,
+		},
+		Memory: cfg.Memory,
 	}
 }
 
 // Run implements cli.Command.
 func (c *StandaloneStartCommand) Run(args []string) int {
-	cfg, _, code := c.loadRoleConfig("start standalone", "standalone", args)
+	cfg, rc, code := c.loadRoleConfig("start standalone", "standalone", args)
 	if cfg == nil {
 		return code
 	}
 	logger := roleLogger(cfg.LogLevel, cfg.LogFormat, c.Err)
-	a, err := agent.New(settingsFromConfig(cfg), logger)
+	settings := settingsFromConfig(cfg)
+	settings.Config = rc
+	a, err := agent.New(settings, logger)
 	if err != nil {
 		return c.Fail(err)
 	}
@@ -150,7 +198,11 @@ func (c *StandaloneStartCommand) Run(args []string) int {
 		a.Shutdown(context.Background(), false)
 		return c.Fail(err)
 	}
-	a.Banner(c.Out)
+	if c.JSON() {
+		c.PrintJSON(banner(a))
+	} else {
+		a.Banner(c.Out)
+	}
 	logger.Info("role started", "role", "standalone", "inference", a.InferenceAddr(), "management", a.ManagementAddr())
 	<-ctx.Done()
 	stop()
@@ -162,4 +214,23 @@ func (c *StandaloneStartCommand) Run(args []string) int {
 	defer tcancel()
 	a.Shutdown(tctx, false)
 	return 0
+}
+
+// banner is the role's banner as JSON (start standalone --json).
+func banner(a *agent.Agent) map[string]any {
+	out := map[string]any{
+		"role": a.Settings().Role, "host": a.Settings().Hostname, "state_dir": a.Settings().StateDir,
+		"inference": a.InferenceAddr(), "management": a.ManagementAddr(), "version": version.Version, "commit": version.GetCommit(),
+	}
+	if list, err := a.Engines.List(); err == nil {
+		names := make([]string, 0, len(list))
+		for _, e := range list {
+			names = append(names, e.Name)
+		}
+		out["engines"] = names
+		if len(list) == 0 {
+			out["hint"] = noEngineHint
+		}
+	}
+	return out
 }

@@ -10,6 +10,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -99,22 +100,55 @@ func (c *Client) do(ctx context.Context, method, path string, in, out any, heade
 		if err := json.Unmarshal(data, out); err != nil {
 			return fmt.Errorf("decode answer: %w", err)
 		}
+		if resp.Header.Get(wire.HeaderReplayed) == "true" {
+			switch o := out.(type) {
+			case *wire.DeployAccepted:
+				o.Replayed = true
+			case *wire.ActionAccepted:
+				o.Replayed = true
+			}
+		}
 	}
 	return nil
 }
 
-// Deploy creates or updates a deployment. idempotencyKey may be "".
+// Deploy creates a deployment (POST; ExpectedRevision 0) or writes a new
+// revision replacing ExpectedRevision (PUT). idempotencyKey may be "".
 func (c *Client) Deploy(ctx context.Context, req wire.DeployRequest, idempotencyKey string) (*wire.DeployAccepted, error) {
 	var out wire.DeployAccepted
-	h := map[string]string{}
-	if idempotencyKey != "" {
-		h["Idempotency-Key"] = idempotencyKey
-	}
+	h := headers([]CallOption{WithIdempotencyKey(idempotencyKey)})
 	method, path := http.MethodPost, "/deployments"
 	if req.ExpectedRevision > 0 {
 		method, path = http.MethodPut, "/deployments/"+url.PathEscape(req.Deployment.Name)
 	}
 	if err := c.do(ctx, method, path, req, &out, h); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// DeployDocument creates (expectedRevision 0) or updates a deployment
+// from a JSON document in the job spec's shape ({"name": "demo", "engine":
+// "vllm", "model": {"path": "demo"}}): fields left out take their
+// defaults, as in an HCL file.
+func (c *Client) DeployDocument(ctx context.Context, doc json.RawMessage, activate bool, expectedRevision uint64, idempotencyKey string) (*wire.DeployAccepted, error) {
+	var head struct {
+		Name string `json:"name"`
+	}
+	if err := json.Unmarshal(doc, &head); err != nil || head.Name == "" {
+		return nil, structs.Errf(structs.CodeInvalidRequest, "the deployment document needs a name")
+	}
+	body := struct {
+		Deployment       json.RawMessage `json:"deployment"`
+		Activate         bool            `json:"activate,omitempty"`
+		ExpectedRevision uint64          `json:"expected_revision,omitempty"`
+	}{doc, activate, expectedRevision}
+	method, path := http.MethodPost, "/deployments"
+	if expectedRevision > 0 {
+		method, path = http.MethodPut, "/deployments/"+url.PathEscape(head.Name)
+	}
+	var out wire.DeployAccepted
+	if err := c.do(ctx, method, path, body, &out, headers([]CallOption{WithIdempotencyKey(idempotencyKey)})); err != nil {
 		return nil, err
 	}
 	return &out, nil
@@ -138,20 +172,43 @@ func (c *Client) Deployment(ctx context.Context, name string) (*wire.DeploymentS
 	return &out, nil
 }
 
+// CallOption changes one call.
+type CallOption func(h map[string]string)
+
+// WithIdempotencyKey sends an Idempotency-Key with a mutation: a retry with
+// the same key and the same request replays the first answer instead of
+// acting twice; the same key with another request is
+// idempotency_conflict. NewIdempotencyKey makes one.
+func WithIdempotencyKey(key string) CallOption {
+	return func(h map[string]string) {
+		if key != "" {
+			h[wire.HeaderIdempotencyKey] = key
+		}
+	}
+}
+
+func headers(opts []CallOption) map[string]string {
+	h := map[string]string{}
+	for _, o := range opts {
+		o(h)
+	}
+	return h
+}
+
 // Action performs start, stop, park or delete on a deployment.
-func (c *Client) Action(ctx context.Context, name string, req wire.ActionRequest) (*wire.ActionAccepted, error) {
+func (c *Client) Action(ctx context.Context, name string, req wire.ActionRequest, opts ...CallOption) (*wire.ActionAccepted, error) {
 	var out wire.ActionAccepted
-	if err := c.do(ctx, http.MethodPost, "/deployments/"+url.PathEscape(name)+"/actions", req, &out, nil); err != nil {
+	if err := c.do(ctx, http.MethodPost, "/deployments/"+url.PathEscape(name)+"/actions", req, &out, headers(opts)); err != nil {
 		return nil, err
 	}
 	return &out, nil
 }
 
-// InstanceAction performs an action on one instance.
-func (c *Client) InstanceAction(ctx context.Context, name string, index int, req wire.ActionRequest) (*wire.ActionAccepted, error) {
+// InstanceAction performs start, stop or park on one instance.
+func (c *Client) InstanceAction(ctx context.Context, name string, index int, req wire.ActionRequest, opts ...CallOption) (*wire.ActionAccepted, error) {
 	var out wire.ActionAccepted
 	path := "/deployments/" + url.PathEscape(name) + "/instances/" + strconv.Itoa(index) + "/actions"
-	if err := c.do(ctx, http.MethodPost, path, req, &out, nil); err != nil {
+	if err := c.do(ctx, http.MethodPost, path, req, &out, headers(opts)); err != nil {
 		return nil, err
 	}
 	return &out, nil
@@ -248,6 +305,46 @@ func (c *Client) WaitReady(ctx context.Context, name string, since time.Time, pr
 }
 
 // Delete stops and deletes a deployment.
-func (c *Client) Delete(ctx context.Context, name string) error {
-	return c.do(ctx, http.MethodDelete, "/deployments/"+url.PathEscape(name), nil, nil, nil)
+func (c *Client) Delete(ctx context.Context, name string, opts ...CallOption) error {
+	return c.do(ctx, http.MethodDelete, "/deployments/"+url.PathEscape(name), nil, nil, headers(opts))
+}
+
+// EffectiveConfig returns a deployment's completed spec, where each field
+// came from, and each instance's rendered launch, secrets redacted.
+func (c *Client) EffectiveConfig(ctx context.Context, name string) (*wire.EffectiveConfig, error) {
+	var out wire.EffectiveConfig
+	if err := c.do(ctx, http.MethodGet, "/deployments/"+url.PathEscape(name)+"/effective-config", nil, &out, nil); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// RoleConfig returns the running role's settings and their sources.
+func (c *Client) RoleConfig(ctx context.Context) (*wire.RoleConfig, error) {
+	var out wire.RoleConfig
+	if err := c.do(ctx, http.MethodGet, "/config", nil, &out, nil); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// Hosts lists the machines that run engines.
+func (c *Client) Hosts(ctx context.Context) ([]wire.Host, error) {
+	var out wire.HostList
+	if err := c.do(ctx, http.MethodGet, "/hosts", nil, &out, nil); err != nil {
+		return nil, err
+	}
+	return out.Hosts, nil
+}
+
+// Retryable reports whether an error from this client may be retried as is
+// (the catalogue's retryable column: queue_full, capacity_blocked,
+// unavailable, role_not_running, ...). Retry a mutation with the same
+// Idempotency-Key.
+func Retryable(err error) bool {
+	var se *structs.Error
+	if errors.As(err, &se) {
+		return se.Info().Retryable
+	}
+	return false
 }

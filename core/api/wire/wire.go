@@ -49,13 +49,17 @@ type DeployAccepted struct {
 	Revision   uint64 `json:"revision"`
 	Created    bool   `json:"created"`
 	Desired    string `json:"desired"`
+	// Replayed is set by the Go client when the answer was replayed from
+	// an earlier request with the same Idempotency-Key.
+	Replayed bool `json:"replayed,omitempty"`
 }
 
 // ActionRequest is an action on a deployment or an instance.
 type ActionRequest struct {
-	// Action is start, stop, park or delete.
+	// Action is start, stop, park or delete (delete: deployments only).
 	Action string `json:"action"`
-	// Evict lets a start make room by parking or stopping idle models.
+	// Evict lets a start make room by parking or stopping idle models
+	// (start only).
 	Evict bool `json:"evict,omitempty"`
 	// Wait makes the call return when the action completed (or failed).
 	Wait bool `json:"wait,omitempty"`
@@ -73,7 +77,14 @@ type ActionAccepted struct {
 	AcceptedAt time.Time `json:"accepted_at"`
 	// Done is true when the action completed before the answer.
 	Done bool `json:"done"`
+	// Replayed is set by the Go client when the answer was replayed from
+	// an earlier request with the same Idempotency-Key.
+	Replayed bool `json:"replayed,omitempty"`
 }
+
+// ErrorDetailsResnapshot is the details key of a cursor_expired answer: the
+// client takes a new snapshot and follows the stream from its cursor.
+const ErrorDetailsResnapshot = "resnapshot_required"
 
 // DeploymentStatus is a deployment and its instances.
 type DeploymentStatus struct {
@@ -241,3 +252,96 @@ type EngineLog struct {
 	Text       string `json:"text"`
 	Truncated  bool   `json:"truncated"`
 }
+
+// Event is one frame of the event stream (GET /events), and of nothing
+// else: the SSE frame's id is Cursor, its event name Kind.
+type Event struct {
+	APIVersion string `json:"api_version"`
+	// Cursor is "<store incarnation>:<seq>": send it back as Last-Event-ID
+	// (or ?after=) to resume after this event.
+	Cursor     string         `json:"cursor"`
+	Seq        uint64         `json:"seq"`
+	RecordedAt time.Time      `json:"recorded_at"`
+	Kind       string         `json:"kind"`
+	Deployment string         `json:"deployment,omitempty"`
+	Instance   string         `json:"instance,omitempty"`
+	Payload    map[string]any `json:"payload,omitempty"`
+}
+
+// HostList answers GET /hosts.
+type HostList struct {
+	APIVersion string `json:"api_version"`
+	Hosts      []Host `json:"hosts"`
+}
+
+// Removed answers a removal (DELETE /engines/{name}).
+type Removed struct {
+	APIVersion string `json:"api_version"`
+	Removed    string `json:"removed"`
+}
+
+// EffectiveConfig answers GET /deployments/{name}/effective-config: the
+// completed deployment as the lifecycle runs it, where each field came from,
+// and each instance's rendered launch, with secrets redacted.
+type EffectiveConfig struct {
+	APIVersion string `json:"api_version"`
+	Deployment string `json:"deployment"`
+	Revision   uint64 `json:"revision"`
+	// Spec is the completed deployment (engine_config.env values that look
+	// like secrets read "<redacted>").
+	Spec structs.Deployment `json:"spec"`
+	// Provenance maps each field path to "file" (or "api") or "default".
+	Provenance map[string]string `json:"provenance"`
+	// Instances are the rendered launches, for instances that launched.
+	Instances []EffectiveLaunch `json:"instances"`
+}
+
+// EffectiveLaunch is one instance's rendered command line and environment.
+type EffectiveLaunch struct {
+	ID       string            `json:"id"`
+	Index    int               `json:"index"`
+	Engine   string            `json:"engine,omitempty"`
+	Driver   string            `json:"driver,omitempty"`
+	Argv     []string          `json:"argv,omitempty"`
+	Env      map[string]string `json:"env,omitempty"`
+	LaunchID string            `json:"launch_id,omitempty"`
+}
+
+// ConfigSetting is one role setting with its effective value and where it
+// came from (GET /config, `capyctl config show`).
+type ConfigSetting struct {
+	Path    string `json:"path"`
+	Env     string `json:"env"`
+	Value   string `json:"value"`
+	Default string `json:"default"`
+	// From is "default", "file", "env" or "flag".
+	From        string `json:"from"`
+	Detail      string `json:"detail,omitempty"`
+	Description string `json:"description,omitempty"`
+}
+
+// RoleConfig answers GET /config: the running role's effective settings.
+type RoleConfig struct {
+	APIVersion string          `json:"api_version"`
+	Role       string          `json:"role"`
+	File       string          `json:"file,omitempty"`
+	Settings   []ConfigSetting `json:"settings"`
+}
+
+// Redacted replaces a secret's value wherever the API shows configuration.
+const Redacted = "<redacted>"
+
+// Action names accepted by the actions routes.
+const (
+	ActionStart  = "start"
+	ActionStop   = "stop"
+	ActionPark   = "park"
+	ActionDelete = "delete"
+)
+
+// HeaderIdempotencyKey carries a mutation's idempotency key; an answer
+// replayed from an earlier identical request carries HeaderReplayed: true.
+const (
+	HeaderIdempotencyKey = "Idempotency-Key"
+	HeaderReplayed       = "Idempotent-Replayed"
+)

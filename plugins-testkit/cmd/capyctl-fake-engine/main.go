@@ -11,8 +11,7 @@
 // "-m vllm.entrypoints.openai.api_server …", "llama-server -m …",
 // "tensorfold serve …"): main dispatches on the program's base name and on
 // "-m <module>", and each engine flavour adds its invocation to the table
-// in invocations. Only "serve" exists so far; anything else is refused with
-// exit status 2.
+// in invocations; anything else is refused with exit status 2.
 //
 // Exit status: 0 after SIGTERM or SIGINT (the flavour's SignalExitCode), the
 // engine's code when it exits on its own (1 for a crash or an out-of-memory
@@ -51,6 +50,20 @@ var invocations = []invocation{
 		},
 		run: func(args []string, env func(string) string, stdout, stderr io.Writer) int {
 			return serveCommand(args[1:], env, stdout, stderr)
+		},
+	},
+	{
+		usage: "llama-server --model FILE.gguf [--host H] [--port P] [--alias NAME] [-c N] [-np N] [--metrics] [--slots] ... | --version",
+		match: func(prog, module string, args []string) bool { return prog == "llama-server" },
+		run: func(args []string, env func(string) string, stdout, stderr io.Writer) int {
+			return llamaServerCommand(args, env, stdout, stderr)
+		},
+	},
+	{
+		usage: "tensorfold serve MODEL_DIR --name NAME [--host H] [--port P] [--parallel N] [--context N] [--no-drafts] ... | --version",
+		match: func(prog, module string, args []string) bool { return prog == "tensorfold" },
+		run: func(args []string, env func(string) string, stdout, stderr io.Writer) int {
+			return tensorFoldCommand(args, env, stdout, stderr)
 		},
 	},
 	vllmInvocation,

@@ -2611,8 +2611,11 @@ func (x *ParkRequest) GetTier() string {
 }
 
 type ParkResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Detail        string                 `protobuf:"bytes,1,opt,name=detail,proto3" json:"detail,omitempty"`
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Detail string                 `protobuf:"bytes,1,opt,name=detail,proto3" json:"detail,omitempty"`
+	// residue_bytes is what the engine says it still holds on the device,
+	// 0 when unknown (the core measures it anyway).
+	ResidueBytes  int64 `protobuf:"varint,2,opt,name=residue_bytes,json=residueBytes,proto3" json:"residue_bytes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2652,6 +2655,13 @@ func (x *ParkResponse) GetDetail() string {
 		return x.Detail
 	}
 	return ""
+}
+
+func (x *ParkResponse) GetResidueBytes() int64 {
+	if x != nil {
+		return x.ResidueBytes
+	}
+	return 0
 }
 
 type WakeRequest struct {
@@ -3127,15 +3137,21 @@ func (x *StopResponse) GetDetail() string {
 }
 
 type RecoverRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	InstanceId    string                 `protobuf:"bytes,1,opt,name=instance_id,json=instanceId,proto3" json:"instance_id,omitempty"`
-	Launch        *Launch                `protobuf:"bytes,2,opt,name=launch,proto3" json:"launch,omitempty"`
-	Installation  *Installation          `protobuf:"bytes,3,opt,name=installation,proto3" json:"installation,omitempty"`
-	Deployment    *Deployment            `protobuf:"bytes,4,opt,name=deployment,proto3" json:"deployment,omitempty"`
-	Host          *HostPolicy            `protobuf:"bytes,5,opt,name=host,proto3" json:"host,omitempty"`
-	Context       *LaunchContext         `protobuf:"bytes,6,opt,name=context,proto3" json:"context,omitempty"`
-	EngineKey     string                 `protobuf:"bytes,7,opt,name=engine_key,json=engineKey,proto3" json:"engine_key,omitempty"`
-	AdminKey      string                 `protobuf:"bytes,8,opt,name=admin_key,json=adminKey,proto3" json:"admin_key,omitempty"`
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	InstanceId   string                 `protobuf:"bytes,1,opt,name=instance_id,json=instanceId,proto3" json:"instance_id,omitempty"`
+	Launch       *Launch                `protobuf:"bytes,2,opt,name=launch,proto3" json:"launch,omitempty"`
+	Installation *Installation          `protobuf:"bytes,3,opt,name=installation,proto3" json:"installation,omitempty"`
+	Deployment   *Deployment            `protobuf:"bytes,4,opt,name=deployment,proto3" json:"deployment,omitempty"`
+	Host         *HostPolicy            `protobuf:"bytes,5,opt,name=host,proto3" json:"host,omitempty"`
+	Context      *LaunchContext         `protobuf:"bytes,6,opt,name=context,proto3" json:"context,omitempty"`
+	EngineKey    string                 `protobuf:"bytes,7,opt,name=engine_key,json=engineKey,proto3" json:"engine_key,omitempty"`
+	AdminKey     string                 `protobuf:"bytes,8,opt,name=admin_key,json=adminKey,proto3" json:"admin_key,omitempty"`
+	// recorded_state is the instance state the core recorded ("ready",
+	// "parked", "parking", "waking", "starting", ...), so a fresh driver knows
+	// what to expect of the engine.
+	RecordedState string `protobuf:"bytes,9,opt,name=recorded_state,json=recordedState,proto3" json:"recorded_state,omitempty"`
+	// park_tier is the tier the instance was parked at, when parked.
+	ParkTier      string `protobuf:"bytes,10,opt,name=park_tier,json=parkTier,proto3" json:"park_tier,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3226,11 +3242,28 @@ func (x *RecoverRequest) GetAdminKey() string {
 	return ""
 }
 
+func (x *RecoverRequest) GetRecordedState() string {
+	if x != nil {
+		return x.RecordedState
+	}
+	return ""
+}
+
+func (x *RecoverRequest) GetParkTier() string {
+	if x != nil {
+		return x.ParkTier
+	}
+	return ""
+}
+
 type RecoverResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	State         RecoverState           `protobuf:"varint,1,opt,name=state,proto3,enum=capyctl.driver.v1.RecoverState" json:"state,omitempty"`
-	Endpoint      *Endpoint              `protobuf:"bytes,2,opt,name=endpoint,proto3" json:"endpoint,omitempty"`
-	Detail        string                 `protobuf:"bytes,3,opt,name=detail,proto3" json:"detail,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	State    RecoverState           `protobuf:"varint,1,opt,name=state,proto3,enum=capyctl.driver.v1.RecoverState" json:"state,omitempty"`
+	Endpoint *Endpoint              `protobuf:"bytes,2,opt,name=endpoint,proto3" json:"endpoint,omitempty"`
+	Detail   string                 `protobuf:"bytes,3,opt,name=detail,proto3" json:"detail,omitempty"`
+	// parked is true when the engine reports its memory released (asleep);
+	// the core then records the instance parked, not ready.
+	Parked        bool `protobuf:"varint,4,opt,name=parked,proto3" json:"parked,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3284,6 +3317,13 @@ func (x *RecoverResponse) GetDetail() string {
 		return x.Detail
 	}
 	return ""
+}
+
+func (x *RecoverResponse) GetParked() bool {
+	if x != nil {
+		return x.Parked
+	}
+	return false
 }
 
 type LogsRequest struct {
@@ -3629,9 +3669,10 @@ const file_sdk_proto_driverv1_driver_proto_rawDesc = "" +
 	"\vParkRequest\x12\x1f\n" +
 	"\vinstance_id\x18\x01 \x01(\tR\n" +
 	"instanceId\x12\x12\n" +
-	"\x04tier\x18\x02 \x01(\tR\x04tier\"&\n" +
+	"\x04tier\x18\x02 \x01(\tR\x04tier\"K\n" +
 	"\fParkResponse\x12\x16\n" +
-	"\x06detail\x18\x01 \x01(\tR\x06detail\"B\n" +
+	"\x06detail\x18\x01 \x01(\tR\x06detail\x12#\n" +
+	"\rresidue_bytes\x18\x02 \x01(\x03R\fresidueBytes\"B\n" +
 	"\vWakeRequest\x12\x1f\n" +
 	"\vinstance_id\x18\x01 \x01(\tR\n" +
 	"instanceId\x12\x12\n" +
@@ -3669,7 +3710,7 @@ const file_sdk_proto_driverv1_driver_proto_rawDesc = "" +
 	"\x06forced\x18\x02 \x01(\bR\x06forced\x12\x1b\n" +
 	"\texit_code\x18\x03 \x01(\x05R\bexitCode\x12\x18\n" +
 	"\acleaned\x18\x04 \x03(\tR\acleaned\x12\x16\n" +
-	"\x06detail\x18\x05 \x01(\tR\x06detail\"\x93\x03\n" +
+	"\x06detail\x18\x05 \x01(\tR\x06detail\"\xd7\x03\n" +
 	"\x0eRecoverRequest\x12\x1f\n" +
 	"\vinstance_id\x18\x01 \x01(\tR\n" +
 	"instanceId\x121\n" +
@@ -3682,11 +3723,15 @@ const file_sdk_proto_driverv1_driver_proto_rawDesc = "" +
 	"\acontext\x18\x06 \x01(\v2 .capyctl.driver.v1.LaunchContextR\acontext\x12\x1d\n" +
 	"\n" +
 	"engine_key\x18\a \x01(\tR\tengineKey\x12\x1b\n" +
-	"\tadmin_key\x18\b \x01(\tR\badminKey\"\x99\x01\n" +
+	"\tadmin_key\x18\b \x01(\tR\badminKey\x12%\n" +
+	"\x0erecorded_state\x18\t \x01(\tR\rrecordedState\x12\x1b\n" +
+	"\tpark_tier\x18\n" +
+	" \x01(\tR\bparkTier\"\xb1\x01\n" +
 	"\x0fRecoverResponse\x125\n" +
 	"\x05state\x18\x01 \x01(\x0e2\x1f.capyctl.driver.v1.RecoverStateR\x05state\x127\n" +
 	"\bendpoint\x18\x02 \x01(\v2\x1b.capyctl.driver.v1.EndpointR\bendpoint\x12\x16\n" +
-	"\x06detail\x18\x03 \x01(\tR\x06detail\"j\n" +
+	"\x06detail\x18\x03 \x01(\tR\x06detail\x12\x16\n" +
+	"\x06parked\x18\x04 \x01(\bR\x06parked\"j\n" +
 	"\vLogsRequest\x12\x1f\n" +
 	"\vinstance_id\x18\x01 \x01(\tR\n" +
 	"instanceId\x12\x1b\n" +

@@ -1,0 +1,98 @@
+// Copyright (c) CapyCTL authors
+// SPDX-License-Identifier: Apache-2.0
+
+package command
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/capyctl/capyctl/core/api/wire"
+)
+
+// RoleStatusCommand summarises the running role.
+type RoleStatusCommand struct{ *Meta }
+
+// Synopsis implements cli.Command.
+func (c *RoleStatusCommand) Synopsis() string {
+	return "Show the running role: endpoints, engines and deployments"
+}
+
+// Help implements cli.Command.
+func (c *RoleStatusCommand) Help() string {
+	return `Usage: capyctl status [--json]
+
+  Shows the role running with the state directory: its version, its
+  endpoints, the registered engines (or how to add one) and each
+  deployment's state. capyctl status deployment <name> shows one
+  deployment in detail.
+
+` + GeneralOptions
+}
+
+// RoleStatus is status's JSON answer: the snapshot, and a hint when no
+// engine is registered.
+type RoleStatus struct {
+	*wire.Snapshot
+	Hint string `json:"hint,omitempty"`
+}
+
+// noEngineHint says how to add an engine.
+const noEngineHint = "no engine is registered: add one with capyctl engine add <venv|llama-server>, " +
+	"or capyctl engine add --custom <program> --name <name> --manifest <file>"
+
+// Run implements cli.Command.
+func (c *RoleStatusCommand) Run(args []string) int {
+	fs := c.FlagSet("status")
+	rest, code := c.parse(fs, args)
+	if code != 0 {
+		return helpOr(code)
+	}
+	if len(rest) != 0 {
+		return c.Usage("usage: capyctl status, or capyctl status deployment <name>")
+	}
+	cl, err := c.Client()
+	if err != nil {
+		return c.Fail(err)
+	}
+	snap, err := cl.Snapshot(c.ctx())
+	if err != nil {
+		return c.Fail(err)
+	}
+	out := RoleStatus{Snapshot: snap}
+	if len(snap.Engines) == 0 {
+		out.Hint = noEngineHint
+	}
+	if c.JSON() {
+		c.PrintJSON(out)
+		return 0
+	}
+	r := snap.Role
+	fmt.Fprintf(c.Out, "Role:        %s on %s (pid %d, up %s)\n", r.Role, r.Host, r.PID, time.Since(r.StartedAt).Round(time.Second))
+	fmt.Fprintf(c.Out, "Version:     %s (%s)\n", r.Version, r.Commit)
+	fmt.Fprintf(c.Out, "Inference:   http://%s/v1\n", r.Inference)
+	fmt.Fprintf(c.Out, "Management:  %s\n", cl.Base())
+	if len(snap.Engines) == 0 {
+		fmt.Fprintln(c.Out, "Engines:     none registered")
+		fmt.Fprintln(c.Out, "             add one with: capyctl engine add <venv|llama-server>")
+		fmt.Fprintln(c.Out, "                       or: capyctl engine add --custom <program> --name <name> --manifest <file>")
+	} else {
+		names := []string{}
+		for _, e := range snap.Engines {
+			names = append(names, fmt.Sprintf("%s (%s %s)", e.Name, e.Family, orDash(e.Version)))
+		}
+		fmt.Fprintf(c.Out, "Engines:     %s\n", strings.Join(names, ", "))
+	}
+	fmt.Fprintln(c.Out)
+	if len(snap.Deployments) == 0 {
+		fmt.Fprintln(c.Out, "No deployments. Write a job spec and run capyctl deploy --file <spec.hcl>.")
+		return 0
+	}
+	rows := [][]string{}
+	for _, d := range snap.Deployments {
+		rows = append(rows, []string{d.Name, d.State, fmt.Sprintf("%d/%d", d.ReadyN, len(d.Instances)), fmt.Sprint(d.Revision), d.Engine})
+	}
+	c.Table([]string{"DEPLOYMENT", "STATE", "READY", "REVISION", "ENGINE"}, rows)
+	return 0
+}

@@ -1,0 +1,355 @@
+// Copyright (c) CapyCTL authors
+// SPDX-License-Identifier: Apache-2.0
+
+package lifecycle
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/capyctl/capyctl/core/structs"
+	"github.com/capyctl/capyctl/sdk"
+)
+
+func TestTransitions_Table(t *testing.T) {
+	cases := []struct {
+		from, to structs.InstanceState
+		ok       bool
+	}{
+		{structs.StateStopped, structs.StateStarting, true},
+		{structs.StateStarting, structs.StateReady, true},
+		{structs.StateReady, structs.StateDraining, true},
+		{structs.StateDraining, structs.StateParking, true},
+		{structs.StateParking, structs.StateParked, true},
+		{structs.StateParked, structs.StateWaking, true},
+		{structs.StateWaking, structs.StateReady, true},
+		{structs.StateReady, structs.StateParked, false},
+		{structs.StateParked, structs.StateStarting, false},
+		{structs.StateStopped, structs.StateReady, false},
+		{structs.StateFailed, structs.StateReady, false},
+		{structs.StateReconciling, structs.StateParked, true},
+	}
+	for _, c := range cases {
+		if got := CanTransition(c.from, c.to); got != c.ok {
+			t.Errorf("%s -> %s = %v, want %v", c.from, c.to, got, c.ok)
+		}
+	}
+	for _, s := range States() {
+		if s != structs.StateReconciling && !CanTransition(s, structs.StateReconciling) {
+			t.Errorf("%s cannot reach reconciling", s)
+		}
+	}
+}
+
+func TestManager_ParkAndWakeOnRequest(t *testing.T) {
+	f := newFixture(t, 10, 6, 1)
+	f.deploy("a")
+	if err := f.activate("a"); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.m.ParkDeployment(context.Background(), "a", true); err != nil {
+		t.Fatal(err)
+	}
+	if s := f.state("a"); s != structs.StateParked {
+		t.Fatalf("state %s", s)
+	}
+	if ph := f.placer.phase("a/0"); ph != "parked" {
+		t.Fatalf("ledger phase %q", ph)
+	}
+	if len(f.m.Routes().Lookup("a").Ready) != 0 {
+		t.Fatalf("a parked instance is routable")
+	}
+	if err := f.activate("a"); err != nil {
+		t.Fatal(err)
+	}
+	if s := f.state("a"); s != structs.StateReady || f.drv.wakes.Load() != 1 || f.drv.starts.Load() != 1 {
+		t.Fatalf("state %s wakes %d starts %d", s, f.drv.wakes.Load(), f.drv.starts.Load())
+	}
+}
+
+func TestManager_ConcurrentRequestsJoinOneActivation(t *testing.T) {
+	f := newFixture(t, 10, 6, 1)
+	f.drv.startGate = make(chan struct{})
+	f.deploy("a")
+	var wg sync.WaitGroup
+	errs := make(chan error, 20)
+	for i := 0; i < 20; i++ {
+		wg.Add(1)
+		go func() { defer wg.Done(); errs <- f.activate("a") }()
+	}
+	f.eventually("the start to begin", func() bool { return f.drv.starts.Load() == 1 })
+	close(f.drv.startGate)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := f.drv.starts.Load(); n != 1 {
+		t.Fatalf("started %d times", n)
+	}
+}
+
+func TestManager_SwitchAlternatingModels(t *testing.T) {
+	// The card holds one ready model (6 of 10) and parked residues (1).
+	f := newFixture(t, 10, 6, 1)
+	f.deploy("a")
+	f.deploy("b")
+	for i := 0; i < 6; i++ {
+		for _, name := range []string{"a", "b"} {
+			if err := f.activate(name); err != nil {
+				t.Fatalf("round %d %s: %v", i, name, err)
+			}
+			other := map[string]string{"a": "b", "b": "a"}[name]
+			if s := f.state(name); s != structs.StateReady {
+				t.Fatalf("round %d: %s is %s", i, name, s)
+			}
+			if i > 0 || name == "b" {
+				if s := f.state(other); s != structs.StateParked {
+					t.Fatalf("round %d: %s is %s, want parked", i, other, s)
+				}
+				if r := f.inst(other).Released; r != "parked (switch)" {
+					t.Fatalf("released %q", r)
+				}
+			}
+		}
+	}
+	if f.placer.maxSeen > f.placer.capacity {
+		t.Fatalf("over capacity: %d > %d", f.placer.maxSeen, f.placer.capacity)
+	}
+	if f.drv.starts.Load() != 2 {
+		t.Fatalf("starts %d: switching must wake, not restart", f.drv.starts.Load())
+	}
+}
+
+func TestManager_VictimStoppedWhenParkedFootprintDoesNotFit(t *testing.T) {
+	f := newFixture(t, 10, 6, 1)
+	f.placer.parkedLimit = 0
+	f.deploy("a")
+	f.deploy("b")
+	if err := f.activate("a"); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.activate("b"); err != nil {
+		t.Fatal(err)
+	}
+	if s, r := f.state("a"), f.inst("a").Released; s != structs.StateStopped || r != "stopped (no room to park)" {
+		t.Fatalf("a: %s %q", s, r)
+	}
+}
+
+func TestManager_VictimRules(t *testing.T) {
+	cases := []struct {
+		name    string
+		setup   func(f *fixture)
+		wantErr bool
+	}{
+		{"warm is never evicted", func(f *fixture) {}, true},
+		{"a model with waiters is never a victim", func(f *fixture) { f.reqs.waiting["a"] = 1 }, true},
+		{"a serving model is not a victim", func(f *fixture) { f.reqs.active["a/0"] = 1 }, true},
+		{"an idle model is", func(f *fixture) {}, false},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			f := newFixture(t, 10, 6, 1)
+			warm := c.name == "warm is never evicted"
+			f.deploy("a", func(d *structs.Deployment) { d.Lifecycle.Warm = warm })
+			f.deploy("b")
+			if err := f.activate("a"); err != nil {
+				t.Fatal(err)
+			}
+			c.setup(f)
+			err := f.activate("b")
+			if c.wantErr {
+				if !structs.HasCode(err, structs.CodeCapacityBlocked) {
+					t.Fatalf("err = %v, want capacity_blocked", err)
+				}
+				if f.state("a") != structs.StateReady {
+					t.Fatalf("a was evicted")
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
+func TestManager_StartWithoutEvictIsCapacityBlocked(t *testing.T) {
+	f := newFixture(t, 10, 6, 1)
+	f.deploy("a")
+	f.deploy("b")
+	ctx := context.Background()
+	if err := f.m.StartDeployment(ctx, "a", true); err != nil {
+		t.Fatal(err)
+	}
+	err := f.m.StartDeployment(ctx, "b", true)
+	if !structs.HasCode(err, structs.CodeCapacityBlocked) || !strings.Contains(err.Error(), "could be evicted: a/0") {
+		t.Fatalf("err = %v", err)
+	}
+	if info := structs.AsError(err).Info(); info.Exit != 4 {
+		t.Fatalf("exit %d", info.Exit)
+	}
+	if err := f.m.StartDeployment(ctx, "b", true, true); err != nil {
+		t.Fatalf("start --evict: %v", err)
+	}
+	if f.state("a") != structs.StateParked || f.state("b") != structs.StateReady {
+		t.Fatalf("a %s b %s", f.state("a"), f.state("b"))
+	}
+}
+
+func TestManager_IdleTimers(t *testing.T) {
+	cases := []struct {
+		name      string
+		residency string
+		tiers     []string
+		want      []structs.InstanceState
+	}{
+		{"deep parks then stops", "deep", []string{"deep"}, []structs.InstanceState{structs.StateParked, structs.StateStopped}},
+		{"restart only stops", "restart_only", nil, []structs.InstanceState{structs.StateStopped, structs.StateStopped}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			f := newFixture(t, 10, 6, 1)
+			f.drv.tiers = c.tiers
+			f.deploy("a", func(d *structs.Deployment) {
+				d.Residency = c.residency
+				d.Lifecycle.ReadyIdleTimeout = structs.Duration(30 * time.Minute)
+				d.Lifecycle.ParkedIdleTimeout = structs.Duration(time.Hour)
+			})
+			if err := f.activate("a"); err != nil {
+				t.Fatal(err)
+			}
+			f.m.Touch("a/0")
+			f.clock.Advance(29 * time.Minute)
+			f.m.CheckIdle()
+			if s := f.state("a"); s != structs.StateReady {
+				t.Fatalf("before the timeout: %s", s)
+			}
+			// The role checks the timers every second; the test checks until
+			// the effect shows.
+			f.clock.Advance(2 * time.Minute)
+			f.eventually("the ready idle timer", func() bool { f.m.CheckIdle(); return f.state("a") == c.want[0] })
+			f.clock.Advance(61 * time.Minute)
+			f.eventually("the parked idle timer", func() bool { f.m.CheckIdle(); return f.state("a") == c.want[1] })
+		})
+	}
+}
+
+func TestManager_WakeMismatchStops(t *testing.T) {
+	f := newFixture(t, 10, 6, 1)
+	f.deploy("a")
+	if err := f.activate("a"); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.m.ParkDeployment(context.Background(), "a", true); err != nil {
+		t.Fatal(err)
+	}
+	f.drv.wakeCanary = "something else"
+	err := f.activate("a")
+	if !structs.HasCode(err, structs.CodeWakeMismatch) {
+		t.Fatalf("err = %v, want wake_mismatch", err)
+	}
+	rec := f.inst("a")
+	if rec.State != structs.StateStopped || rec.LastError == nil || rec.LastError.Code != structs.CodeWakeMismatch {
+		t.Fatalf("after a mismatched wake: %+v", rec)
+	}
+	if f.placer.phase("a/0") != "" {
+		t.Fatalf("memory still charged")
+	}
+	f.drv.wakeCanary = "ready"
+	if err := f.activate("a"); err != nil {
+		t.Fatalf("the next request must start it again: %v", err)
+	}
+}
+
+func TestManager_RetryBudget(t *testing.T) {
+	f := newFixture(t, 10, 6, 1)
+	f.drv.failStart = sdk.Errorf(sdk.CodeLaunchFailed, "boom")
+	f.deploy("a")
+	err := f.m.StartDeployment(context.Background(), "a", true)
+	if !structs.HasCode(err, structs.CodeLaunchFailed) {
+		t.Fatalf("first attempt: %v", err)
+	}
+	// --wait ends at once with the reason; the role goes on retrying in the
+	// background within the budget.
+	f.m.startAll("a", "test")
+	gaveUp := func() bool {
+		evs, _ := f.st.EventsAfter(0, 1000)
+		for _, ev := range evs {
+			if ev.Kind == "start_gave_up" {
+				return true
+			}
+		}
+		return false
+	}
+	f.eventually("the budget to run out", gaveUp)
+	// The operator's --wait attempt plus the budget of background attempts.
+	if n := f.drv.starts.Load(); n != int32(1+f.m.cfg.RetryBudget) {
+		t.Fatalf("%d starts, want %d", n, 1+f.m.cfg.RetryBudget)
+	}
+	if s := f.state("a"); s != structs.StateFailed {
+		t.Fatalf("state %s", s)
+	}
+}
+
+func TestManager_SettleAtStopStopsInsteadOfParking(t *testing.T) {
+	f := newFixture(t, 10, 6, 1)
+	f.deploy("a")
+	if err := f.activate("a"); err != nil {
+		t.Fatal(err)
+	}
+	f.reqs.atStop["a/0"] = 2
+	if err := f.m.ParkDeployment(context.Background(), "a", true); err != nil {
+		t.Fatal(err)
+	}
+	if r := f.inst("a"); r.State != structs.StateStopped || r.Released != "stopped (requests settle at stop)" {
+		t.Fatalf("%s %q", r.State, r.Released)
+	}
+}
+
+func TestManager_RecoverParkedAfterRestart(t *testing.T) {
+	f := newFixture(t, 10, 6, 1)
+	f.deploy("a")
+	if err := f.activate("a"); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.m.ParkDeployment(context.Background(), "a", true); err != nil {
+		t.Fatal(err)
+	}
+	f.m.Close()
+	m2 := New(f.cfg)
+	m2.SetRequests(f.reqs)
+	if err := m2.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	defer m2.Close()
+	v, err := m2.Deployment("a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := v.Instances[0].State; s != structs.StateParked {
+		t.Fatalf("recovered %s, want parked", s)
+	}
+}
+
+func TestManager_StoppedDeploymentRefusesActivation(t *testing.T) {
+	f := newFixture(t, 10, 6, 1)
+	f.deploy("a")
+	if err := f.m.StopDeployment(context.Background(), "a", true); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.activate("a"); !structs.HasCode(err, structs.CodeDeploymentStopped) {
+		t.Fatalf("err = %v", err)
+	}
+	var e *structs.Error
+	if !errors.As(f.activate("a"), &e) || e.Info().HTTP != 409 {
+		t.Fatalf("not a 409")
+	}
+}

@@ -1,0 +1,329 @@
+// Copyright (c) CapyCTL authors
+// SPDX-License-Identifier: Apache-2.0
+
+package lifecycle
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/capyctl/capyctl/core/store"
+	"github.com/capyctl/capyctl/core/structs"
+	"github.com/capyctl/capyctl/sdk"
+	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
+)
+
+// stubDriver is a scriptable driver without processes: the lifecycle's
+// logic is tested here; real processes are tested by the whole-role tests.
+type stubDriver struct {
+	sdk.UnimplementedDriver
+	mu        sync.Mutex
+	starts    atomic.Int32
+	parks     atomic.Int32
+	wakes     atomic.Int32
+	stops     atomic.Int32
+	failStart error
+	// canary answers readiness; wakeCanary answers wake checks.
+	canary     string
+	wakeCanary string
+	parked     map[string]bool
+	tiers      []string
+	// startGate, when set, is waited on by Start (to hold a start).
+	startGate chan struct{}
+}
+
+func newStub() *stubDriver {
+	return &stubDriver{canary: "ready", wakeCanary: "ready", parked: map[string]bool{}, tiers: []string{"deep"}}
+}
+
+func (d *stubDriver) Describe(context.Context, *pb.DescribeRequest) (*pb.DescribeResponse, error) {
+	return &pb.DescribeResponse{Name: "stub", Protocol: 1, Capabilities: &pb.Capabilities{Apis: []string{"chat"}, ParkTiers: d.tiers}}, nil
+}
+
+func (d *stubDriver) Plan(_ context.Context, r *pb.PlanRequest) (*pb.PlanResponse, error) {
+	res := r.GetDeployment().GetResidency()
+	if res == "" {
+		res = "deep"
+	}
+	return &pb.PlanResponse{Argv: []string{"stub"}, Residency: res, Hints: &pb.MemoryHints{}}, nil
+}
+
+func (d *stubDriver) Start(_ context.Context, r *pb.StartRequest) (*pb.StartResponse, error) {
+	d.starts.Add(1)
+	if d.startGate != nil {
+		<-d.startGate
+	}
+	d.mu.Lock()
+	err := d.failStart
+	d.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	return &pb.StartResponse{Launch: &pb.Launch{Pgid: 1}, Endpoint: &pb.Endpoint{BaseUrl: "http://127.0.0.1:1", ServedName: r.GetDeployment().GetServedName()}}, nil
+}
+
+func (d *stubDriver) Probe(_ context.Context, r *pb.ProbeRequest) (*pb.ProbeResponse, error) {
+	ep := &pb.Endpoint{BaseUrl: "http://127.0.0.1:1", ChatPath: "/v1/chat/completions"}
+	if r.GetKind() == pb.ProbeKind_PROBE_KIND_LIVENESS {
+		return &pb.ProbeResponse{Alive: true}, nil
+	}
+	return &pb.ProbeResponse{Alive: true, Ready: true, Endpoint: ep, Canary: d.canary}, nil
+}
+
+func (d *stubDriver) Park(_ context.Context, r *pb.ParkRequest) (*pb.ParkResponse, error) {
+	d.parks.Add(1)
+	d.mu.Lock()
+	d.parked[r.GetInstanceId()] = true
+	d.mu.Unlock()
+	return &pb.ParkResponse{}, nil
+}
+
+func (d *stubDriver) Wake(_ context.Context, r *pb.WakeRequest) (*pb.WakeResponse, error) {
+	d.wakes.Add(1)
+	d.mu.Lock()
+	delete(d.parked, r.GetInstanceId())
+	c := d.wakeCanary
+	d.mu.Unlock()
+	return &pb.WakeResponse{Canary: c}, nil
+}
+
+func (d *stubDriver) Stop(context.Context, *pb.StopRequest) (*pb.StopResponse, error) {
+	d.stops.Add(1)
+	return &pb.StopResponse{Gone: true}, nil
+}
+
+func (d *stubDriver) Recover(_ context.Context, r *pb.RecoverRequest) (*pb.RecoverResponse, error) {
+	d.mu.Lock()
+	parked := d.parked[r.GetInstanceId()]
+	d.mu.Unlock()
+	return &pb.RecoverResponse{State: pb.RecoverState_RECOVER_STATE_RUNNING, Parked: parked,
+		Endpoint: &pb.Endpoint{BaseUrl: "http://127.0.0.1:1"}}, nil
+}
+
+type stubSource struct{ d *stubDriver }
+
+func (s stubSource) Driver(context.Context, string) (sdk.Driver, error) { return s.d, nil }
+func (s stubSource) Describe(ctx context.Context, _ string) (*pb.DescribeResponse, error) {
+	return s.d.Describe(ctx, nil)
+}
+
+// unitPlacer charges whole units per phase against a capacity and fails the
+// test the moment anything would go over it.
+type unitPlacer struct {
+	t        *testing.T
+	mu       sync.Mutex
+	capacity int
+	ready    int
+	parked   int
+	// parkedLimit bounds the sum of parked charges (-1 = none).
+	parkedLimit int
+	charges     map[string]string
+	maxSeen     int
+}
+
+func newPlacer(t *testing.T, capacity, ready, parked int) *unitPlacer {
+	return &unitPlacer{t: t, capacity: capacity, ready: ready, parked: parked, parkedLimit: -1, charges: map[string]string{}}
+}
+
+func (p *unitPlacer) cost(phase string) int {
+	switch phase {
+	case "ready", "startup":
+		return p.ready
+	case "parked":
+		return p.parked
+	}
+	return 0
+}
+
+func (p *unitPlacer) used(except string) (total, parked int) {
+	for o, ph := range p.charges {
+		if o == except {
+			continue
+		}
+		total += p.cost(ph)
+		if ph == "parked" {
+			parked += p.cost(ph)
+		}
+	}
+	return
+}
+
+func (p *unitPlacer) set(owner, phase string) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	total, parked := p.used(owner)
+	if total+p.cost(phase) > p.capacity {
+		return structs.Errf(structs.CodeCapacityBlocked, "need %d units, %d free of %d", p.cost(phase), p.capacity-total, p.capacity)
+	}
+	if phase == "parked" && p.parkedLimit >= 0 && parked+p.cost(phase) > p.parkedLimit {
+		return structs.Errf(structs.CodeCapacityBlocked, "parked limit")
+	}
+	p.charges[owner] = phase
+	if t := total + p.cost(phase); t > p.maxSeen {
+		p.maxSeen = t
+	}
+	return nil
+}
+
+func (p *unitPlacer) Reserve(_ context.Context, r Reservation) (*Grant, error) {
+	return &Grant{}, p.set(r.Owner, "startup")
+}
+func (p *unitPlacer) Phase(owner, phase string) error { return p.set(owner, phase) }
+func (p *unitPlacer) Release(owner string) {
+	p.mu.Lock()
+	delete(p.charges, owner)
+	p.mu.Unlock()
+}
+func (p *unitPlacer) phase(owner string) string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.charges[owner]
+}
+
+// fakeRequests is a scriptable Requests.
+type fakeRequests struct {
+	mu      sync.Mutex
+	active  map[string]int
+	waiting map[string]int
+	atStop  map[string]int
+}
+
+func newFakeRequests() *fakeRequests {
+	return &fakeRequests{active: map[string]int{}, waiting: map[string]int{}, atStop: map[string]int{}}
+}
+func (f *fakeRequests) Active(i string) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.active[i]
+}
+func (f *fakeRequests) SettleAtStop(i string) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.atStop[i]
+}
+func (f *fakeRequests) Waiting(d string) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.waiting[d]
+}
+
+// clock is a settable clock.
+type clock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func (c *clock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+func (c *clock) Advance(d time.Duration) {
+	c.mu.Lock()
+	c.now = c.now.Add(d)
+	c.mu.Unlock()
+}
+
+type fixture struct {
+	t      *testing.T
+	m      *Manager
+	st     *store.Store
+	drv    *stubDriver
+	placer *unitPlacer
+	reqs   *fakeRequests
+	clock  *clock
+	cfg    Config
+}
+
+// newFixture builds a manager on a real store with a stub driver; capacity
+// is in units, a ready model costs ready units and a parked one parked.
+func newFixture(t *testing.T, capacity, ready, parked int, mutate ...func(*Config)) *fixture {
+	t.Helper()
+	dir := t.TempDir()
+	st, err := store.Open(filepath.Join(dir, "capyctl.db"), store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.PutEngine(&structs.EngineRecord{Name: "stub", Family: "stub"}); err != nil {
+		t.Fatal(err)
+	}
+	f := &fixture{t: t, st: st, drv: newStub(), placer: newPlacer(t, capacity, ready, parked), reqs: newFakeRequests(),
+		clock: &clock{now: time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)}}
+	pool := NewPortPool(30000, 30999)
+	pool.free = func(int) bool { return true }
+	f.cfg = Config{
+		Store: st, Drivers: stubSource{f.drv}, Ports: pool, Placer: f.placer,
+		Host:              Host{Name: "h", StateDir: dir, ModelsRoot: dir},
+		Now:               f.clock.Now,
+		LivenessInterval:  time.Hour,
+		IdleCheckInterval: time.Hour,
+		RetryCooldown:     time.Millisecond,
+		DrainTimeout:      time.Minute,
+		AdmissionWindow:   time.Millisecond,
+	}
+	for _, mu := range mutate {
+		mu(&f.cfg)
+	}
+	f.m = New(f.cfg)
+	f.m.SetRequests(f.reqs)
+	if err := f.m.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.m.Close(); st.Close() })
+	return f
+}
+
+// deploy writes a deployment on the stub engine.
+func (f *fixture) deploy(name string, mutate ...func(*structs.Deployment)) {
+	f.t.Helper()
+	spec := &structs.Deployment{Name: name, Engine: "stub", API: "chat", Routes: []string{name}, Instances: 1,
+		Lifecycle: structs.LifecycleSpec{Activation: structs.ActivationOnDemand}}
+	for _, mu := range mutate {
+		mu(spec)
+	}
+	if _, _, err := f.m.Deploy(context.Background(), spec, DeployOptions{}); err != nil {
+		f.t.Fatalf("deploy %s: %v", name, err)
+	}
+}
+
+func (f *fixture) state(name string) structs.InstanceState {
+	f.t.Helper()
+	v, err := f.m.Deployment(name)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return v.Instances[0].State
+}
+
+func (f *fixture) inst(name string) structs.InstanceRecord {
+	f.t.Helper()
+	v, err := f.m.Deployment(name)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return v.Instances[0]
+}
+
+func (f *fixture) activate(name string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	return f.m.Activate(ctx, name)
+}
+
+func (f *fixture) eventually(what string, cond func() bool) {
+	f.t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			f.t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+var _ = fmt.Sprintf

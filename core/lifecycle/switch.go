@@ -1,0 +1,176 @@
+// Copyright (c) CapyCTL authors
+// SPDX-License-Identifier: Apache-2.0
+
+package lifecycle
+
+import (
+	"context"
+	"errors"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/capyctl/capyctl/core/structs"
+)
+
+// errLaneBusy means a victim's lane is performing an effect: it is not idle
+// and is skipped.
+var errLaneBusy = errors.New("lane busy")
+
+// withRoom runs try (a ledger reservation) and, when it is refused
+// capacity_blocked and evict is allowed, makes room by evicting victims one
+// at a time, least recently used first, until try succeeds or no victim is
+// left. Victims are ready or parked instances of other deployments that are
+// not warm, not serving, and not wanted by waiting requests; a ready victim
+// parks when its parked footprint fits, else it stops; a parked victim
+// stops. One switch runs at a time.
+func (m *Manager) withRoom(ctx context.Context, requester *instance, evict bool, try func() error) error {
+	err := try()
+	if err == nil || !structs.HasCode(err, structs.CodeCapacityBlocked) {
+		return err
+	}
+	if !evict {
+		return m.withEvictable(err, requester)
+	}
+	m.switchMu.Lock()
+	defer m.switchMu.Unlock()
+	tried := map[string]bool{}
+	for {
+		if err = try(); err == nil || !structs.HasCode(err, structs.CodeCapacityBlocked) {
+			return err
+		}
+		v := m.pickVictim(requester, tried)
+		if v == nil {
+			return m.withEvictable(err, requester)
+		}
+		tried[v.id] = true
+		vrec := v.snapshot()
+		m.event("switch_planned", requester.dep, requester.id, map[string]any{"victim": v.id, "victim_state": string(vrec.State)})
+		if eerr := v.tryDo(ctx, &command{kind: cmdEvict, why: "switch for " + requester.dep, done: make(chan error, 1)}); eerr != nil {
+			m.logger.Info("victim not evicted", "victim", v.id, "for", requester.id, "error", eerr)
+			continue
+		}
+		after := v.snapshot()
+		m.event("switch_released", after.Deployment, v.id, map[string]any{"for": requester.dep, "released": after.Released})
+	}
+}
+
+// pickVictim chooses the next victim for a requester.
+func (m *Manager) pickVictim(requester *instance, tried map[string]bool) *instance {
+	reqs := m.requests.get()
+	type cand struct {
+		in     *instance
+		parked bool
+		used   int64
+	}
+	var cands []cand
+	for _, in := range m.allInstances() {
+		if in.dep == requester.dep || tried[in.id] {
+			continue
+		}
+		rec := in.snapshot()
+		dr, ok := m.spec(in.dep)
+		if !ok || dr.Spec.Lifecycle.Warm {
+			continue
+		}
+		if reqs.Waiting(in.dep) > 0 {
+			continue // IMPORTANT: a model with waiters is never a victim.
+		}
+		switch rec.State {
+		case structs.StateReady:
+			if reqs.Active(in.id) > 0 {
+				continue
+			}
+			cands = append(cands, cand{in: in, used: in.lastUsed.Load()})
+		case structs.StateParked:
+			cands = append(cands, cand{in: in, parked: true, used: in.lastUsed.Load()})
+		}
+	}
+	// Ready victims first (parking one frees the most for the least), then
+	// parked ones; least recently used first within each.
+	sort.Slice(cands, func(i, j int) bool {
+		if cands[i].parked != cands[j].parked {
+			return !cands[i].parked
+		}
+		if cands[i].used != cands[j].used {
+			return cands[i].used < cands[j].used
+		}
+		return cands[i].in.id < cands[j].in.id
+	})
+	if len(cands) == 0 {
+		return nil
+	}
+	return cands[0].in
+}
+
+// evictSelf runs in a victim's lane: it re-checks that the victim may be
+// evicted (a read that gates a mutation is decided by the owner), then
+// parks it when it is ready (stopping when the parked footprint does not
+// fit) or stops it when it is parked.
+func (in *instance) evictSelf(why string) error {
+	rec := in.snapshot()
+	reqs := in.m.requests.get()
+	if reqs.Waiting(in.dep) > 0 {
+		return structs.Errf(structs.CodeConflict, "%s now has waiting requests", in.dep)
+	}
+	switch rec.State {
+	case structs.StateReady:
+		if reqs.Active(in.id) > 0 {
+			return structs.Errf(structs.CodeConflict, "%s is serving", in.id)
+		}
+		return in.park(why, true)
+	case structs.StateParked:
+		return in.stopReleased(why, "stopped (no room to stay parked)")
+	}
+	return structs.Errf(structs.CodeConflict, "%s is %s", in.id, rec.State)
+}
+
+// tryDo sends a command only if the lane is idle (not performing an
+// effect), and waits for it. A busy lane is skipped, never waited on: a
+// switch must not wait on a lane that may itself wait on the switch.
+func (in *instance) tryDo(ctx context.Context, c *command) error {
+	if in.busy.Load() {
+		return errLaneBusy
+	}
+	t := time.NewTimer(100 * time.Millisecond)
+	defer t.Stop()
+	select {
+	case in.cmds <- c:
+	case <-in.quit:
+		return structs.Errf(structs.CodeShuttingDown, "instance %s is closed", in.id)
+	case <-t.C:
+		return errLaneBusy
+	}
+	select {
+	case err := <-c.done:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// withEvictable adds to a capacity refusal what could be evicted (H4).
+func (m *Manager) withEvictable(err error, requester *instance) error {
+	e := structs.AsError(err)
+	var names []string
+	for _, in := range m.allInstances() {
+		if in.dep == requester.dep {
+			continue
+		}
+		dr, ok := m.spec(in.dep)
+		if !ok || dr.Spec.Lifecycle.Warm {
+			continue
+		}
+		if s := in.state(); s == structs.StateReady || s == structs.StateParked {
+			names = append(names, in.id)
+		}
+	}
+	sort.Strings(names)
+	if len(names) > 0 && !strings.Contains(e.Message, "evict") {
+		out := *e
+		out.Message = e.Message + "; could be evicted: " + strings.Join(names, ", ") + " (start with --evict)"
+		out.WithDetail("evictable", names)
+		return &out
+	}
+	return e
+}

@@ -1,0 +1,369 @@
+// Copyright (c) CapyCTL authors
+// SPDX-License-Identifier: Apache-2.0
+
+package router
+
+import (
+	"encoding/json"
+	"math"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// chunkHead is the part of a streamed chat chunk the router reads.
+type chunkHead struct {
+	ID                string          `json:"id"`
+	Created           int64           `json:"created"`
+	SystemFingerprint json.RawMessage `json:"system_fingerprint"`
+	Choices           []chunkChoice   `json:"choices"`
+	Usage             json.RawMessage `json:"usage"`
+	Timings           json.RawMessage `json:"timings"`
+}
+
+type chunkChoice struct {
+	Index        int             `json:"index"`
+	Delta        delta           `json:"delta"`
+	FinishReason json.RawMessage `json:"finish_reason"`
+	Logprobs     json.RawMessage `json:"logprobs"`
+}
+
+// delta is a chunk's piece of the message.
+type delta struct {
+	Role             string          `json:"role"`
+	Content          *string         `json:"content"`
+	ReasoningContent *string         `json:"reasoning_content"`
+	Reasoning        *string         `json:"reasoning"`
+	Refusal          *string         `json:"refusal"`
+	ToolCalls        []toolCallDelta `json:"tool_calls"`
+}
+
+type toolCallDelta struct {
+	Index    int    `json:"index"`
+	ID       string `json:"id"`
+	Type     string `json:"type"`
+	Function struct {
+		Name      string `json:"name"`
+		Arguments string `json:"arguments"`
+	} `json:"function"`
+}
+
+// hasContent reports output beyond the role: text, reasoning, a refusal
+// or a tool call. A role-only opening chunk is not output.
+func (d *delta) hasContent() bool {
+	for _, s := range []*string{d.Content, d.ReasoningContent, d.Reasoning, d.Refusal} {
+		if s != nil && *s != "" {
+			return true
+		}
+	}
+	return len(d.ToolCalls) > 0
+}
+
+// usageFigures are the engine's token counts.
+type usageFigures struct {
+	known      bool
+	prompt     int64
+	completion int64
+	cached     int64
+	cachedOK   bool
+	raw        json.RawMessage
+}
+
+func (u *usageFigures) parse(raw json.RawMessage) {
+	var v struct {
+		PromptTokens        *int64 `json:"prompt_tokens"`
+		CompletionTokens    *int64 `json:"completion_tokens"`
+		PromptTokensDetails *struct {
+			CachedTokens *int64 `json:"cached_tokens"`
+		} `json:"prompt_tokens_details"`
+	}
+	if json.Unmarshal(raw, &v) != nil || v.PromptTokens == nil {
+		return
+	}
+	u.known = true
+	u.prompt = *v.PromptTokens
+	if v.CompletionTokens != nil {
+		u.completion = *v.CompletionTokens
+	}
+	if d := v.PromptTokensDetails; d != nil && d.CachedTokens != nil {
+		u.cached, u.cachedOK = *d.CachedTokens, true
+	}
+	u.raw = append(u.raw[:0], raw...)
+}
+
+// engineTimings are the engine's own per-request figures (llama.cpp's
+// timings, a decision engine's timings).
+type engineTimings struct {
+	prefillMS  float64
+	decodeRate float64
+	raw        json.RawMessage
+}
+
+func (t *engineTimings) parse(raw json.RawMessage) {
+	var v map[string]float64
+	if json.Unmarshal(raw, &v) != nil {
+		return
+	}
+	t.raw = append(t.raw[:0], raw...)
+	if x, ok := v["prompt_ms"]; ok && x > 0 {
+		t.prefillMS = x
+	}
+	if x, ok := v["prefill_ms"]; ok && x > 0 {
+		t.prefillMS = x
+	}
+	if x, ok := v["predicted_per_second"]; ok && x > 0 {
+		t.decodeRate = x
+	}
+}
+
+// appendMetrics appends capyctl.metrics: each figure with its source
+// (router or engine); unknown figures are left out, never written as 0.
+func (q *request) appendMetrics(b []byte) []byte {
+	end := q.endAt
+	if end.IsZero() {
+		end = time.Now()
+	}
+	b = append(b, '{')
+	first := true
+	fig := func(name string, v float64, source string) {
+		if math.IsNaN(v) || math.IsInf(v, 0) || v < 0 {
+			return
+		}
+		if !first {
+			b = append(b, ',')
+		}
+		first = false
+		b = append(b, '"')
+		b = append(b, name...)
+		b = append(b, `":{"value":`...)
+		b = strconv.AppendFloat(b, math.Round(v*1000)/1000, 'f', -1, 64)
+		b = append(b, `,"source":"`...)
+		b = append(b, source...)
+		b = append(b, `"}`...)
+	}
+	ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+	fig("total_ms", ms(end.Sub(q.start)), "router")
+	if !q.granted.IsZero() {
+		fig("queue_ms", ms(q.granted.Sub(q.start)-q.activation), "router")
+	}
+	if q.activated {
+		fig("activation_ms", ms(q.activation), "router")
+	}
+	if !q.forwardAt.IsZero() {
+		fig("engine_ms", ms(end.Sub(q.forwardAt)), "router")
+	}
+	if q.api != "decisions" && !q.firstContent.IsZero() && !q.forwardAt.IsZero() {
+		fig("ttft_ms", ms(q.firstContent.Sub(q.forwardAt)), "router")
+	}
+	if q.timings.prefillMS > 0 {
+		fig("prefill_ms", q.timings.prefillMS, "engine")
+	}
+	switch {
+	case q.timings.decodeRate > 0:
+		fig("decode_tokens_per_second", q.timings.decodeRate, "engine")
+	case q.usage.completion > 1 && !q.firstContent.IsZero() && q.lastContent.After(q.firstContent):
+		fig("decode_tokens_per_second", float64(q.usage.completion-1)/q.lastContent.Sub(q.firstContent).Seconds(), "router")
+	}
+	if q.usage.known {
+		fig("input_tokens", float64(q.usage.prompt), "engine")
+		fig("output_tokens", float64(q.usage.completion), "engine")
+	}
+	if q.usage.cachedOK {
+		fig("cached_tokens", float64(q.usage.cached), "engine")
+	}
+	return append(b, '}')
+}
+
+// aggregate builds one chat.completion from a streamed answer, for a
+// client that did not ask for a stream.
+type aggregate struct {
+	created     int64
+	fingerprint json.RawMessage
+	choices     map[int]*aggChoice
+	finished    bool
+}
+
+type aggChoice struct {
+	role      string
+	content   strings.Builder
+	hasText   bool
+	reasoning strings.Builder
+	hasReason bool
+	rcontent  strings.Builder
+	hasRC     bool
+	refusal   strings.Builder
+	hasRef    bool
+	tools     map[int]*toolCallDelta
+	finish    json.RawMessage
+}
+
+func newAggregate() *aggregate { return &aggregate{choices: map[int]*aggChoice{}} }
+
+// add folds one chunk in.
+func (a *aggregate) add(payload []byte, q *request) {
+	var c chunkHead
+	if json.Unmarshal(payload, &c) != nil {
+		return
+	}
+	if c.Created != 0 && a.created == 0 {
+		a.created = c.Created
+	}
+	if len(c.SystemFingerprint) > 0 && string(c.SystemFingerprint) != "null" {
+		a.fingerprint = append(a.fingerprint[:0], c.SystemFingerprint...)
+	}
+	if len(c.Usage) > 0 && string(c.Usage) != "null" {
+		q.usage.parse(c.Usage)
+	}
+	if len(c.Timings) > 0 {
+		q.timings.parse(c.Timings)
+	}
+	for i := range c.Choices {
+		ch := &c.Choices[i]
+		ac := a.choices[ch.Index]
+		if ac == nil {
+			ac = &aggChoice{role: "assistant"}
+			a.choices[ch.Index] = ac
+		}
+		d := &ch.Delta
+		if d.Role != "" {
+			ac.role = d.Role
+		}
+		if d.hasContent() {
+			q.contentN++
+			q.lastContent = time.Now()
+		}
+		if d.Content != nil {
+			ac.content.WriteString(*d.Content)
+			ac.hasText = true
+		}
+		if d.ReasoningContent != nil {
+			ac.rcontent.WriteString(*d.ReasoningContent)
+			ac.hasRC = true
+		}
+		if d.Reasoning != nil {
+			ac.reasoning.WriteString(*d.Reasoning)
+			ac.hasReason = true
+		}
+		if d.Refusal != nil {
+			ac.refusal.WriteString(*d.Refusal)
+			ac.hasRef = true
+		}
+		for _, tc := range d.ToolCalls {
+			if ac.tools == nil {
+				ac.tools = map[int]*toolCallDelta{}
+			}
+			t := ac.tools[tc.Index]
+			if t == nil {
+				t = &toolCallDelta{Index: tc.Index}
+				ac.tools[tc.Index] = t
+			}
+			if tc.ID != "" {
+				t.ID = tc.ID
+			}
+			if tc.Type != "" {
+				t.Type = tc.Type
+			}
+			t.Function.Name += tc.Function.Name
+			t.Function.Arguments += tc.Function.Arguments
+		}
+		if len(ch.FinishReason) > 0 && string(ch.FinishReason) != "null" {
+			ac.finish = append(ac.finish[:0], ch.FinishReason...)
+			a.finished = true
+			q.sawFinish = true
+		}
+	}
+}
+
+// json renders the chat.completion with capyctl.metrics.
+func (a *aggregate) json(q *request) []byte {
+	type toolCall struct {
+		ID       string `json:"id,omitempty"`
+		Type     string `json:"type"`
+		Function struct {
+			Name      string `json:"name"`
+			Arguments string `json:"arguments"`
+		} `json:"function"`
+	}
+	type message struct {
+		Role             string     `json:"role"`
+		Content          *string    `json:"content"`
+		ReasoningContent *string    `json:"reasoning_content,omitempty"`
+		Reasoning        *string    `json:"reasoning,omitempty"`
+		Refusal          *string    `json:"refusal,omitempty"`
+		ToolCalls        []toolCall `json:"tool_calls,omitempty"`
+	}
+	type choice struct {
+		Index        int             `json:"index"`
+		Message      message         `json:"message"`
+		FinishReason json.RawMessage `json:"finish_reason"`
+	}
+	str := func(has bool, sb *strings.Builder) *string {
+		if !has {
+			return nil
+		}
+		s := sb.String()
+		return &s
+	}
+	idx := make([]int, 0, len(a.choices))
+	for i := range a.choices {
+		idx = append(idx, i)
+	}
+	sort.Ints(idx)
+	choices := make([]choice, 0, len(idx))
+	for _, i := range idx {
+		ac := a.choices[i]
+		m := message{Role: ac.role, Content: str(ac.hasText, &ac.content), ReasoningContent: str(ac.hasRC, &ac.rcontent),
+			Reasoning: str(ac.hasReason, &ac.reasoning), Refusal: str(ac.hasRef, &ac.refusal)}
+		if m.Content == nil && len(ac.tools) == 0 {
+			empty := ""
+			m.Content = &empty
+		}
+		if len(ac.tools) > 0 {
+			ti := make([]int, 0, len(ac.tools))
+			for k := range ac.tools {
+				ti = append(ti, k)
+			}
+			sort.Ints(ti)
+			for _, k := range ti {
+				t := ac.tools[k]
+				tc := toolCall{ID: t.ID, Type: t.Type}
+				if tc.Type == "" {
+					tc.Type = "function"
+				}
+				tc.Function.Name, tc.Function.Arguments = t.Function.Name, t.Function.Arguments
+				m.ToolCalls = append(m.ToolCalls, tc)
+			}
+		}
+		fr := ac.finish
+		if len(fr) == 0 {
+			fr = json.RawMessage("null")
+		}
+		choices = append(choices, choice{Index: i, Message: m, FinishReason: fr})
+	}
+	created := a.created
+	if created == 0 {
+		created = q.start.Unix()
+	}
+	out := struct {
+		ID                string          `json:"id"`
+		Object            string          `json:"object"`
+		Created           int64           `json:"created"`
+		Model             string          `json:"model"`
+		SystemFingerprint json.RawMessage `json:"system_fingerprint,omitempty"`
+		Choices           []choice        `json:"choices"`
+		Usage             json.RawMessage `json:"usage,omitempty"`
+		Timings           json.RawMessage `json:"timings,omitempty"`
+		CapyCTL           json.RawMessage `json:"capyctl"`
+	}{
+		ID: q.id, Object: "chat.completion", Created: created, Model: q.model,
+		SystemFingerprint: a.fingerprint, Choices: choices, Timings: q.timings.raw,
+	}
+	if q.usage.known {
+		out.Usage = q.usage.raw
+	}
+	capy := append([]byte(`{"metrics":`), q.appendMetrics(nil)...)
+	out.CapyCTL = append(capy, '}')
+	b, _ := json.Marshal(out)
+	return append(b, '\n')
+}

@@ -1,0 +1,210 @@
+// Copyright (c) CapyCTL authors
+// SPDX-License-Identifier: Apache-2.0
+
+package router
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// engineClient is a small HTTP/1.1 client for the engines' loopback
+// endpoints: one request per connection at a time, keep-alive connections
+// pooled per address, no goroutine per connection.
+//
+// Why not http.Transport: the Transport runs two goroutines and two 4 KiB
+// buffers per connection and hands every response through channels. The
+// router keeps thousands of streams open at once and wants to add almost
+// nothing to each answer; here a request costs one writev, the handler's
+// own goroutine reads the answer, and an idle stream holds a 2 KiB reader.
+type engineClient struct {
+	dialer  net.Dialer
+	maxIdle int
+
+	mu   sync.Mutex
+	idle map[string][]net.Conn
+}
+
+func newEngineClient(maxIdlePerAddr int) *engineClient {
+	return &engineClient{
+		dialer:  net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second},
+		maxIdle: maxIdlePerAddr,
+		idle:    map[string][]net.Conn{},
+	}
+}
+
+var readerPool = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, 2048) }}
+
+var headPool = sync.Pool{New: func() any { b := make([]byte, 0, 512); return &b }}
+
+// postRequest is the request ReadResponse is given (only its method
+// matters).
+var postRequest = &http.Request{Method: http.MethodPost}
+
+// engineCall is one request in flight on an engine connection.
+type engineCall struct {
+	cl   *engineClient
+	addr string
+	conn net.Conn
+	br   *bufio.Reader
+	stop func() bool
+	// Resp is the engine's answer; its Body reads from the connection.
+	Resp *http.Response
+	// Sent is true once the request was written (the engine may have it).
+	Sent bool
+}
+
+// errEngineClosed marks a connection the engine closed before answering.
+var errEngineClosed = errors.New("the engine closed the connection before answering")
+
+// engineTarget is where a request goes.
+type engineTarget struct {
+	addr string // host:port
+	path string
+}
+
+func parseEngineURL(base, path string) (engineTarget, error) {
+	u, err := url.Parse(base)
+	if err != nil {
+		return engineTarget{}, err
+	}
+	if u.Scheme != "http" {
+		return engineTarget{}, errors.New("engine endpoint must be http on loopback, not " + u.Scheme)
+	}
+	host := u.Host
+	if u.Port() == "" {
+		host = net.JoinHostPort(u.Hostname(), "80")
+	}
+	p := u.Path
+	if p == "/" {
+		p = ""
+	}
+	return engineTarget{addr: host, path: p + path}, nil
+}
+
+// do sends a POST with a JSON body and reads the answer's head. ctx ending
+// closes the connection, which is how engines learn that a request was
+// abandoned. extra holds "Name: value\r\n" lines. A request that fails on a
+// reused connection before the engine answered anything is retried once on
+// a new connection.
+func (cl *engineClient) do(ctx context.Context, t engineTarget, extra []byte, body []byte) (*engineCall, error) {
+	hp := headPool.Get().(*[]byte)
+	head := (*hp)[:0]
+	head = append(head, "POST "...)
+	head = append(head, t.path...)
+	head = append(head, " HTTP/1.1\r\nHost: "...)
+	head = append(head, t.addr...)
+	head = append(head, "\r\nContent-Type: application/json\r\nAccept: text/event-stream, application/json\r\nContent-Length: "...)
+	head = strconv.AppendInt(head, int64(len(body)), 10)
+	head = append(head, "\r\n"...)
+	head = append(head, extra...)
+	head = append(head, "\r\n"...)
+	defer func() { *hp = head[:0]; headPool.Put(hp) }()
+
+	for attempt := 0; ; attempt++ {
+		conn, reused, err := cl.conn(ctx, t.addr)
+		if err != nil {
+			return &engineCall{}, err
+		}
+		call := &engineCall{cl: cl, addr: t.addr, conn: conn}
+		call.stop = context.AfterFunc(ctx, func() { conn.Close() })
+		bufs := net.Buffers{head, body}
+		_, werr := bufs.WriteTo(conn)
+		call.Sent = werr == nil || !reused
+		if werr == nil {
+			call.br = readerPool.Get().(*bufio.Reader)
+			call.br.Reset(conn)
+			call.Resp, err = http.ReadResponse(call.br, postRequest)
+			if err == nil {
+				return call, nil
+			}
+			werr = err
+		}
+		answered := call.br != nil && call.br.Buffered() > 0
+		call.finish(false)
+		if ctx.Err() != nil {
+			return call, context.Cause(ctx)
+		}
+		if reused && attempt == 0 && !answered && staleConnErr(werr) {
+			continue
+		}
+		call.Sent = true
+		return call, werr
+	}
+}
+
+// staleConnErr reports errors of a keep-alive connection the engine had
+// closed.
+func staleConnErr(err error) bool {
+	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) || errors.Is(err, net.ErrClosed)
+}
+
+// conn returns an idle connection to addr, or a new one.
+func (cl *engineClient) conn(ctx context.Context, addr string) (net.Conn, bool, error) {
+	cl.mu.Lock()
+	if list := cl.idle[addr]; len(list) > 0 {
+		c := list[len(list)-1]
+		cl.idle[addr] = list[:len(list)-1]
+		cl.mu.Unlock()
+		return c, true, nil
+	}
+	cl.mu.Unlock()
+	c, err := cl.dialer.DialContext(ctx, "tcp", addr)
+	return c, false, err
+}
+
+// finish ends the call: a connection whose answer was read to its end is
+// kept for the next request; any other is closed.
+func (c *engineCall) finish(reusable bool) {
+	if c.conn == nil {
+		return
+	}
+	if c.stop != nil && !c.stop() {
+		reusable = false // ctx ended: the connection is closed already
+	}
+	if c.Resp != nil && c.Resp.Close {
+		reusable = false
+	}
+	if c.br != nil {
+		if c.br.Buffered() > 0 {
+			reusable = false
+		}
+		c.br.Reset(nil)
+		readerPool.Put(c.br)
+		c.br = nil
+	}
+	conn := c.conn
+	c.conn = nil
+	if reusable {
+		c.cl.mu.Lock()
+		if len(c.cl.idle[c.addr]) < c.cl.maxIdle {
+			c.cl.idle[c.addr] = append(c.cl.idle[c.addr], conn)
+			c.cl.mu.Unlock()
+			return
+		}
+		c.cl.mu.Unlock()
+	}
+	conn.Close()
+}
+
+// closeIdle closes every pooled connection.
+func (cl *engineClient) closeIdle() {
+	cl.mu.Lock()
+	defer cl.mu.Unlock()
+	for addr, list := range cl.idle {
+		for _, c := range list {
+			c.Close()
+		}
+		delete(cl.idle, addr)
+	}
+}

@@ -1,0 +1,278 @@
+// Copyright (c) CapyCTL authors
+// SPDX-License-Identifier: Apache-2.0
+
+package router_test
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/capyctl/capyctl/core/lifecycle"
+	"github.com/capyctl/capyctl/core/router"
+	"github.com/capyctl/capyctl/core/structs"
+	"github.com/capyctl/capyctl/plugins-testkit/fakeengine"
+)
+
+// fakeLC is a lifecycle with one deployment on one in-process fake engine.
+type fakeLC struct {
+	table    atomic.Pointer[lifecycle.RouteTable]
+	eng      atomic.Pointer[fakeengine.Engine]
+	gen      atomic.Uint64
+	state    atomic.Value // structs.InstanceState
+	noIdle   atomic.Bool
+	aborts   atomic.Int64
+	restarts atomic.Int64
+
+	mu       sync.Mutex
+	activate func(ctx context.Context, dep string) error
+	acts     atomic.Int64
+}
+
+func (f *fakeLC) Routes() *lifecycle.RouteTable { return f.table.Load() }
+
+func (f *fakeLC) Activate(ctx context.Context, dep string) error {
+	f.acts.Add(1)
+	f.mu.Lock()
+	a := f.activate
+	f.mu.Unlock()
+	if a != nil {
+		return a(ctx, dep)
+	}
+	return nil
+}
+
+func (f *fakeLC) Abort(_ context.Context, _, requestID string) (bool, error) {
+	f.aborts.Add(1)
+	return f.eng.Load().Abort(requestID) > 0, nil
+}
+
+func (f *fakeLC) Load(context.Context, string) (lifecycle.InstanceLoad, error) {
+	if f.noIdle.Load() {
+		return lifecycle.InstanceLoad{}, nil
+	}
+	s := f.eng.Load().Stats()
+	return lifecycle.InstanceLoad{Known: true, Running: int64(s.Running), Waiting: int64(s.Waiting), At: time.Now()}, nil
+}
+
+func (f *fakeLC) InstanceRun(string) (uint64, structs.InstanceState, bool) {
+	return f.gen.Load(), f.state.Load().(structs.InstanceState), true
+}
+
+func (f *fakeLC) RestartForSettlement(string) {
+	f.restarts.Add(1)
+	f.gen.Add(1)
+}
+
+// env is a router in front of one fake engine.
+type env struct {
+	t    *testing.T
+	lc   *fakeLC
+	rt   *router.Router
+	srv  *httptest.Server
+	eng  *fakeengine.Engine
+	url  string
+	ep   structs.EngineEndpoint
+	spec func(*structs.Deployment)
+	api  string
+}
+
+// startEngine runs a fake engine on loopback until the test ends.
+func startEngine(t testing.TB, cfg fakeengine.Config) (*fakeengine.Engine, string) {
+	t.Helper()
+	if cfg.ServedName == "" {
+		cfg.ServedName = "m"
+	}
+	cfg.Stdout, cfg.Stderr = io.Discard, io.Discard
+	cfg.ShutdownGrace = time.Millisecond
+	e, err := fakeengine.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := fakeengine.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = e.Serve(ctx, ln); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	<-e.Ready()
+	return e, "http://" + ln.Addr().String()
+}
+
+type envOpts struct {
+	engine  fakeengine.Config
+	spec    func(*structs.Deployment)
+	ep      func(*structs.EngineEndpoint)
+	noReady bool
+	router  func(*router.Config)
+	api     string
+}
+
+func newEnv(t *testing.T, o envOpts) *env {
+	t.Helper()
+	eng, url := startEngine(t, o.engine)
+	lc := &fakeLC{}
+	lc.eng.Store(eng)
+	lc.gen.Store(1)
+	lc.state.Store(structs.StateReady)
+	e := &env{t: t, lc: lc, eng: eng, url: url}
+	e.ep = structs.EngineEndpoint{BaseURL: url, ChatPath: "/v1/chat/completions", DecisionsPath: "/v1/systemone", ServedName: "m"}
+	if o.ep != nil {
+		o.ep(&e.ep)
+	}
+	e.spec, e.api = o.spec, o.api
+	e.publish(!o.noReady)
+	cfg := router.Config{Lifecycle: lc, SettleInterval: 5 * time.Millisecond, ProgressAfter: -1}
+	if o.router != nil {
+		o.router(&cfg)
+	}
+	e.rt = router.New(cfg)
+	t.Cleanup(e.rt.Close)
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/chat/completions", e.rt.ChatCompletions)
+	mux.HandleFunc("POST /v1/systemone", e.rt.Decisions)
+	mux.HandleFunc("GET /v1/models", e.rt.Models)
+	e.srv = httptest.NewServer(mux)
+	t.Cleanup(e.srv.Close)
+	return e
+}
+
+// publish puts a new route table: the deployment with or without its ready
+// instance.
+func (e *env) publish(ready bool) {
+	api := e.api
+	if api == "" {
+		api = structs.APIChat
+	}
+	s := &structs.Deployment{Name: "demo", API: api, Routes: []string{"demo"}, Instances: 1}
+	if e.spec != nil {
+		e.spec(s)
+	}
+	r := &lifecycle.Route{Deployment: "demo", API: api, Routes: []string{"demo"}, Desired: structs.DesiredOnDemand, Spec: s, Instances: 1}
+	if ready {
+		r.Ready = []*lifecycle.Target{{Instance: "demo/0", Generation: e.lc.gen.Load(), Endpoint: e.ep}}
+	}
+	e.lc.table.Store(lifecycle.NewRouteTable(r))
+}
+
+// post sends a request with ctx.
+func (e *env) post(ctx context.Context, path, body string, hdr map[string]string) (*http.Response, error) {
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, e.srv.URL+path, strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	for k, v := range hdr {
+		req.Header.Set(k, v)
+	}
+	return http.DefaultClient.Do(req)
+}
+
+func chatBody(stream bool, extra string) string {
+	b := `{"model":"demo","messages":[{"role":"user","content":"hello"}]`
+	if stream {
+		b += `,"stream":true`
+	}
+	return b + extra + "}"
+}
+
+func readBody(t testing.TB, resp *http.Response) string {
+	t.Helper()
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("read body: %v", err)
+	}
+	return string(b)
+}
+
+// errCode returns the error envelope's code.
+func errCode(body string) string {
+	var env struct {
+		Error struct {
+			Code string `json:"code"`
+		} `json:"error"`
+	}
+	_ = json.Unmarshal([]byte(body), &env)
+	return env.Error.Code
+}
+
+// sseLines returns the data payloads and comments of a stream.
+func sseLines(body string) (data, comments []string) {
+	sc := bufio.NewScanner(strings.NewReader(body))
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		l := sc.Text()
+		switch {
+		case strings.HasPrefix(l, "data: "):
+			data = append(data, strings.TrimPrefix(l, "data: "))
+		case strings.HasPrefix(l, ":"):
+			comments = append(comments, l)
+		}
+	}
+	return
+}
+
+// waitFor polls cond until it holds or 10s pass.
+func waitFor(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	d := time.Millisecond
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(d)
+		if d < 50*time.Millisecond {
+			d *= 2
+		}
+	}
+}
+
+// counts returns the router's counts for the deployment.
+func (e *env) counts() map[string]any {
+	m := e.rt.DeploymentRequests("demo")
+	if m == nil {
+		return map[string]any{}
+	}
+	return m
+}
+
+func (e *env) count(k string) int {
+	v, _ := e.counts()[k].(int)
+	return v
+}
+
+// idle reports that the router holds nothing for the deployment and the
+// engine runs nothing.
+func (e *env) idle() bool {
+	s := e.eng.Stats()
+	c := e.counts()
+	for _, k := range []string{"in_flight", "waiting", "settle_when_idle", "settle_at_stop", "settle_on_abort"} {
+		if v, _ := c[k].(int); v != 0 {
+			return false
+		}
+	}
+	return s.Running == 0 && s.Waiting == 0
+}
+
+// settleAfterCuts waits until every cut request has settled or waits for
+// the instance's next stop (a hang-up that came before the router read the
+// engine's head), then stops the instance and waits for zero everywhere.
+func (e *env) settleAfterCuts(t testing.TB) {
+	t.Helper()
+	waitFor(t, "the cuts to settle or wait for the next stop", func() bool {
+		return e.count("in_flight") == 0 && e.count("waiting") == 0 && e.count("settle_when_idle") == 0 && e.count("settle_on_abort") == 0
+	})
+	if e.count("settle_at_stop") > 0 {
+		e.lc.state.Store(structs.StateStopped)
+	}
+	waitFor(t, "every count back to zero", e.idle)
+}

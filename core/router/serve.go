@@ -1,0 +1,652 @@
+// Copyright (c) CapyCTL authors
+// SPDX-License-Identifier: Apache-2.0
+
+package router
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/capyctl/capyctl/core/admission"
+	"github.com/capyctl/capyctl/core/lifecycle"
+	"github.com/capyctl/capyctl/core/structs"
+	"github.com/capyctl/capyctl/sdk/decisions"
+)
+
+// Outcomes of a request, as the ledger and the metrics name them.
+const (
+	OutcomeCompleted      = "completed"
+	OutcomeCancelled      = "cancelled"
+	OutcomeRefused        = "refused"
+	OutcomeEngineError    = "engine_error"
+	OutcomeEngineRejected = "engine_rejected"
+	OutcomeDeadline       = "deadline"
+	OutcomeStreamIdle     = "stream_idle"
+	OutcomeClientIdle     = "client_read_idle"
+	OutcomeChunkTooLarge  = "chunk_too_large"
+)
+
+// Causes of a cut, carried by the engine request's context.
+var (
+	errDeadline   = errors.New("no output within the request deadline")
+	errStreamIdle = errors.New("no output within the stream idle bound")
+	errChunk      = errors.New("an engine chunk over the chunk bound")
+	errClientIdle = errors.New("the client read nothing within the client read bound")
+	errClientGone = errors.New("the client went away")
+)
+
+// bounds are a deployment's per-request bounds.
+type bounds struct {
+	deadline   time.Duration
+	streamIdle time.Duration
+	clientIdle time.Duration
+	maxChunk   int
+	places     int
+	maxWaiting int
+}
+
+// depState is the router's state of one deployment.
+type depState struct {
+	name  string
+	adm   *admission.Deployment
+	route atomic.Pointer[lifecycle.Route]
+	b     atomic.Pointer[bounds]
+	m     *depMetrics
+}
+
+// depFor returns the state of a route's deployment, synced with it.
+func (rt *Router) depFor(route *lifecycle.Route) *depState {
+	v, ok := rt.deps.Load(route.Deployment)
+	if !ok {
+		v, _ = rt.deps.LoadOrStore(route.Deployment, &depState{
+			name: route.Deployment,
+			adm:  rt.adm.Deployment(route.Deployment),
+			m:    rt.stats.deployment(route.Deployment),
+		})
+	}
+	ds := v.(*depState)
+	if ds.route.Load() != route {
+		rt.sync(ds, route)
+	}
+	return ds
+}
+
+// sync applies a route table's view of a deployment: bounds, places, ready
+// instances.
+func (rt *Router) sync(ds *depState, route *lifecycle.Route) {
+	b := &bounds{
+		deadline:   rt.cfg.DefaultDeadline,
+		streamIdle: DefaultStreamIdle,
+		clientIdle: DefaultClientReadIdle,
+		maxChunk:   DefaultMaxChunkBytes,
+		places:     admission.DefaultPlaces,
+		maxWaiting: admission.DefaultMaxWaiting,
+	}
+	if s := route.Spec; s != nil {
+		fromFile := func(path string) bool { return s.Provenance == nil || s.Provenance[path] != "default" }
+		if s.RequestDeadline > 0 && fromFile("request_deadline") {
+			b.deadline = s.RequestDeadline.D()
+		}
+		if s.Limits.StreamIdle > 0 {
+			b.streamIdle = s.Limits.StreamIdle.D()
+		}
+		if s.Limits.ClientReadIdle > 0 {
+			b.clientIdle = s.Limits.ClientReadIdle.D()
+		}
+		if s.Limits.MaxChunkBytes > 0 {
+			b.maxChunk = int(s.Limits.MaxChunkBytes)
+		}
+		if s.EngineConfig.MaxConcurrentRequests > 0 {
+			b.places = s.EngineConfig.MaxConcurrentRequests
+		}
+		switch {
+		case s.Limits.MaxWaiting > 0:
+			b.maxWaiting = s.Limits.MaxWaiting
+		case s.Provenance != nil && s.Provenance["limits.max_waiting"] == "file":
+			b.maxWaiting = 0 // the operator asked that nobody wait
+		}
+	}
+	ds.b.Store(b)
+	ds.adm.SetLimits(b.places, b.maxWaiting)
+	targets := make([]admission.Target, 0, len(route.Ready))
+	for _, t := range route.Ready {
+		targets = append(targets, admission.Target{Instance: t.Instance, Generation: t.Generation})
+	}
+	ds.adm.Sync(route, targets)
+	ds.route.Store(route)
+}
+
+// request is one request on its way through the router.
+type request struct {
+	rt       *Router
+	w        http.ResponseWriter
+	r        *http.Request
+	rc       *http.ResponseController
+	api      string
+	id       string
+	clientID string
+	body     []byte
+	model    string
+	stream   bool
+	usageOpt bool // the client asked for the usage chunk
+
+	route  *lifecycle.Route
+	ds     *depState
+	b      *bounds
+	place  *admission.Place
+	target *lifecycle.Target
+
+	start        time.Time
+	activation   time.Duration
+	activated    bool
+	granted      time.Time
+	forwardAt    time.Time
+	headAt       time.Time
+	firstContent time.Time
+	lastContent  time.Time
+	endAt        time.Time
+
+	headersSent bool
+	writeErr    error
+	sawFinish   bool
+	progressed  bool
+	status      int
+	code        string
+	outcome     string
+	bytesOut    int64
+	contentN    int64
+
+	usage   usageFigures
+	timings engineTimings
+}
+
+// chatHead is the part of a chat body the router reads.
+type chatHead struct {
+	Model         string          `json:"model"`
+	Stream        bool            `json:"stream"`
+	StreamOptions *streamOptions  `json:"stream_options"`
+	Messages      arrayPresence   `json:"messages"`
+	N             *int            `json:"n"`
+	Functions     json.RawMessage `json:"functions"`
+}
+
+type streamOptions struct {
+	IncludeUsage bool `json:"include_usage"`
+}
+
+// arrayPresence records whether a field is a non-empty JSON array without
+// copying it.
+type arrayPresence int
+
+// UnmarshalJSON implements json.Unmarshaler.
+func (a *arrayPresence) UnmarshalJSON(b []byte) error {
+	switch {
+	case len(b) >= 2 && b[0] == '[' && !isEmptyArray(b):
+		*a = 2
+	case len(b) >= 2 && b[0] == '[':
+		*a = 1
+	default:
+		*a = -1
+	}
+	return nil
+}
+
+func isEmptyArray(b []byte) bool {
+	for _, c := range b[1:] {
+		switch c {
+		case ' ', '\t', '\n', '\r':
+		case ']':
+			return true
+		default:
+			return false
+		}
+	}
+	return false
+}
+
+func (rt *Router) serve(w http.ResponseWriter, r *http.Request, api string) {
+	q := &request{rt: rt, w: w, r: r, api: api, start: time.Now(), id: NewRequestID()}
+	h := w.Header()
+	h.Set(HeaderRequestID, q.id)
+	defer q.finish()
+	if cid := r.Header.Get(HeaderClientRequestID); cid != "" {
+		if !ValidClientRequestID(cid) {
+			q.fail(structs.Errf(structs.CodeInvalidRequest, "X-Request-Id must be 1 to 128 printable ASCII characters without spaces"))
+			return
+		}
+		q.clientID = cid
+		h.Set(HeaderClientRequestID, cid)
+	}
+	if !q.readBody() || !q.resolve() {
+		return
+	}
+	if !q.admit() {
+		return
+	}
+	q.forward()
+}
+
+// readBody reads the whole body: the model must be found, and a body kept
+// in memory can be sent again when a stale engine connection fails before
+// the engine read it (and Go issue 40747 cuts answers of proxies that
+// stream the request body).
+func (q *request) readBody() bool {
+	max := q.rt.cfg.MaxBodyBytes
+	r := q.r
+	if r.ContentLength > max {
+		q.fail(structs.Errf(structs.CodeRequestTooLarge, "the request body is over %d bytes", max))
+		return false
+	}
+	var body []byte
+	var err error
+	if n := r.ContentLength; n > 0 {
+		body = make([]byte, n)
+		_, err = io.ReadFull(r.Body, body)
+	} else {
+		body, err = io.ReadAll(io.LimitReader(r.Body, max+1))
+	}
+	if err != nil {
+		if r.Context().Err() != nil {
+			q.gone()
+			return false
+		}
+		q.fail(structs.Errf(structs.CodeInvalidRequest, "read the request body: %v", err))
+		return false
+	}
+	if int64(len(body)) > max {
+		q.fail(structs.Errf(structs.CodeRequestTooLarge, "the request body is over %d bytes", max))
+		return false
+	}
+	q.body = body
+	return true
+}
+
+// resolve finds the model's route and validates the body. api_mismatch is
+// decided from the model name alone, before the rest is validated, and
+// wakes nothing.
+func (q *request) resolve() bool {
+	var head chatHead
+	var headErr error
+	if q.api == structs.APIChat {
+		headErr = json.Unmarshal(q.body, &head)
+		q.model = head.Model
+	}
+	if q.api != structs.APIChat || headErr != nil {
+		m, err := decisions.Peek(q.body)
+		if err != nil {
+			q.fail(structs.Errf(structs.CodeInvalidRequest, "the request body is not a JSON object: %v", err))
+			return false
+		}
+		q.model = m
+	}
+	if q.model == "" {
+		q.fail(structs.Errf(structs.CodeInvalidRequest, "the request names no model"))
+		return false
+	}
+	route := q.rt.lc.Routes().Lookup(q.model)
+	if route == nil {
+		q.fail(structs.Errf(structs.CodeUnknownModel, "no model %q: GET /v1/models lists the models", q.model))
+		return false
+	}
+	q.route = route
+	api := route.API
+	if api == "" {
+		api = structs.APIChat
+	}
+	if api != q.api {
+		path := "/v1/chat/completions"
+		if api == structs.APIDecisions {
+			path = decisions.Path
+		}
+		q.fail(structs.Errf(structs.CodeAPIMismatch, "model %q serves the %s API: send its requests to %s", q.model, api, path).
+			WithDetail("endpoint", path))
+		return false
+	}
+	switch q.api {
+	case structs.APIChat:
+		if headErr != nil {
+			q.fail(structs.Errf(structs.CodeInvalidRequest, "the request body is not a valid chat request: %v", headErr))
+			return false
+		}
+		if head.Messages != 2 {
+			q.fail(structs.Errf(structs.CodeInvalidRequest, "messages must be a non-empty array"))
+			return false
+		}
+		if head.N != nil && *head.N != 1 {
+			q.fail(structs.Errf(structs.CodeUnsupportedParameter, "n must be 1: CapyCTL answers one choice per request"))
+			return false
+		}
+		if len(head.Functions) > 0 && string(head.Functions) != "null" {
+			q.fail(structs.Errf(structs.CodeUnsupportedParameter, "functions is deprecated: send tools"))
+			return false
+		}
+		q.stream = head.Stream
+		q.usageOpt = head.StreamOptions != nil && head.StreamOptions.IncludeUsage
+	case structs.APIDecisions:
+		var dr decisions.Request
+		if err := json.Unmarshal(q.body, &dr); err != nil {
+			q.fail(structs.Errf(structs.CodeInvalidRequest, "the request body is not a valid decision request: %v", err))
+			return false
+		}
+		if err := dr.Validate(); err != nil {
+			q.fail(structs.Errf(structs.CodeInvalidRequest, "%v", err))
+			return false
+		}
+	}
+	q.ds = q.rt.depFor(route)
+	q.b = q.ds.b.Load()
+	return true
+}
+
+// deadlineLeft is what remains of the request's deadline.
+func (q *request) deadlineLeft() time.Duration {
+	return q.b.deadline - time.Since(q.start)
+}
+
+// admit takes a place, waiting in the deployment's line (and for an
+// activation) when needed.
+func (q *request) admit() bool {
+	if q.route.Desired == structs.DesiredStopped {
+		// The lifecycle words the refusal (stopped or explicit activation).
+		if err := q.rt.lc.Activate(q.r.Context(), q.route.Deployment); err != nil {
+			q.fail(err)
+			return false
+		}
+		q.resync()
+	}
+	for try := 0; try < 3; try++ {
+		place, waiter, err := q.ds.adm.Enter(int64(len(q.body)))
+		if err != nil {
+			if !q.ds.adm.Ready() && q.b.maxWaiting == 0 {
+				// Nobody may wait: refuse, but start the model for the retry.
+				go func(dep string) {
+					ctx, cancel := context.WithTimeout(q.rt.ctx, 30*time.Minute)
+					defer cancel()
+					_ = q.rt.lc.Activate(ctx, dep)
+				}(q.route.Deployment)
+			}
+			q.fail(err)
+			return false
+		}
+		if waiter != nil {
+			if place = q.wait(waiter); place == nil {
+				return false
+			}
+		}
+		q.granted = time.Now()
+		if q.r.Context().Err() != nil {
+			place.Done()
+			q.gone()
+			return false
+		}
+		q.place = place
+		if q.target = q.targetFor(place); q.target != nil {
+			return true
+		}
+		// The instance left the ready set between the grant and now.
+		place.Done()
+		q.place = nil
+		q.resync()
+	}
+	q.fail(structs.Errf(structs.CodeUnavailable, "model %q has no ready instance", q.model))
+	return false
+}
+
+// resync reads the current route table.
+func (q *request) resync() bool {
+	route := q.rt.lc.Routes().Lookup(q.model)
+	if route == nil {
+		return false
+	}
+	q.route = route
+	q.ds = q.rt.depFor(route)
+	q.b = q.ds.b.Load()
+	return true
+}
+
+// targetFor returns the ready target a place is on.
+func (q *request) targetFor(p *admission.Place) *lifecycle.Target {
+	find := func(route *lifecycle.Route) *lifecycle.Target {
+		for _, t := range route.Ready {
+			if t.Instance == p.Instance && t.Generation == p.Generation {
+				return t
+			}
+		}
+		return nil
+	}
+	if route := q.ds.route.Load(); route != nil {
+		if t := find(route); t != nil {
+			return t
+		}
+	}
+	if q.resync() {
+		return find(q.route)
+	}
+	return nil
+}
+
+// wait waits in the line for a place, activating the model when it has no
+// ready instance. It returns nil when the request ended (answered).
+func (q *request) wait(wt *admission.Waiter) *admission.Place {
+	rt := q.rt
+	ctx := q.r.Context()
+	deadline := time.NewTimer(max(q.deadlineLeft(), 0))
+	defer deadline.Stop()
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	var act chan error
+	var actStart time.Time
+	startAct := func() {
+		if act != nil || ctx.Err() != nil {
+			return
+		}
+		act = make(chan error, 1)
+		actStart = time.Now()
+		q.activated = true
+		dep := q.route.Deployment
+		go func() { act <- rt.lc.Activate(ctx, dep) }()
+	}
+	if !q.ds.adm.Ready() {
+		startAct()
+	}
+	var progress <-chan time.Time
+	var progressTimer *time.Timer
+	if q.stream && rt.cfg.ProgressAfter > 0 {
+		progressTimer = time.NewTimer(rt.cfg.ProgressAfter)
+		defer progressTimer.Stop()
+		progress = progressTimer.C
+	}
+	for {
+		select {
+		case <-wt.C():
+			if act != nil {
+				q.activation += time.Since(actStart)
+			}
+			return wt.Place()
+		case err := <-act:
+			act = nil
+			q.activation += time.Since(actStart)
+			if err != nil {
+				wt.Leave()
+				if ctx.Err() != nil {
+					q.gone()
+				} else {
+					q.fail(err)
+				}
+				return nil
+			}
+			if !q.resync() {
+				wt.Leave()
+				q.fail(structs.Errf(structs.CodeUnknownModel, "model %q was deleted", q.model))
+				return nil
+			}
+		case <-tick.C:
+			if q.resync() && act == nil && !q.ds.adm.Ready() {
+				startAct()
+			}
+		case <-deadline.C:
+			wt.Leave()
+			if act != nil {
+				q.fail(structs.Errf(structs.CodeUnavailable, "model %q did not become ready within the request deadline (%s)", q.model, q.b.deadline))
+			} else {
+				q.fail(structs.Errf(structs.CodeQueueFull, "no running place for model %q within the request deadline (%s)", q.model, q.b.deadline))
+			}
+			return nil
+		case <-ctx.Done():
+			wt.Leave()
+			q.gone()
+			return nil
+		case <-progress:
+			q.sendProgress(wt, act != nil)
+			progressTimer.Reset(rt.cfg.ProgressEvery)
+		}
+	}
+}
+
+// sendProgress writes an SSE comment saying what the request waits for.
+// The first one commits the answer to 200 text/event-stream: later errors
+// travel inside the stream.
+func (q *request) sendProgress(wt *admission.Waiter, activating bool) {
+	state := "queued"
+	if activating {
+		state = q.rt.activationState(q.route.Deployment)
+	}
+	if !q.headersSent {
+		q.sseHeaders()
+	}
+	q.progressed = true
+	b := make([]byte, 0, 128)
+	b = append(b, ": capyctl progress {\"state\":\""...)
+	b = append(b, state...)
+	b = append(b, "\",\"deployment\":"...)
+	b = strconv.AppendQuote(b, q.route.Deployment)
+	b = append(b, ",\"position\":"...)
+	b = strconv.AppendInt(b, int64(max(wt.Position(), 0)), 10)
+	b = append(b, ",\"elapsed_ms\":"...)
+	b = strconv.AppendInt(b, time.Since(q.start).Milliseconds(), 10)
+	b = append(b, "}\n\n"...)
+	q.write(b)
+	q.flush()
+}
+
+// activationState names what an activation is doing, from the lifecycle's
+// view of the deployment.
+func (rt *Router) activationState(dep string) string {
+	v, ok := rt.lc.(interface {
+		Deployment(string) (*lifecycle.DeploymentView, error)
+	})
+	if !ok {
+		return "starting"
+	}
+	view, err := v.Deployment(dep)
+	if err != nil {
+		return "starting"
+	}
+	state := "starting"
+	for _, in := range view.Instances {
+		switch in.State {
+		case structs.StateWaking, structs.StateParked:
+			return "waking"
+		case structs.StateDraining, structs.StateParking, structs.StateStopping:
+			state = "switching"
+		}
+	}
+	return state
+}
+
+// sseHeaders commits the answer as a 200 event stream.
+func (q *request) sseHeaders() {
+	h := q.w.Header()
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("Cache-Control", "no-cache")
+	h.Set("X-Accel-Buffering", "no")
+	q.w.WriteHeader(http.StatusOK)
+	q.headersSent = true
+	q.status = http.StatusOK
+}
+
+// fail answers with an error: the envelope with its HTTP status, or, once
+// the answer has started as a stream, an SSE error event and [DONE].
+func (q *request) fail(err error) {
+	e := structs.AsError(err)
+	info := e.Info()
+	if q.code == "" {
+		q.code = string(e.Code)
+	}
+	if q.outcome == "" {
+		q.outcome = OutcomeRefused
+	}
+	if q.headersSent {
+		b := make([]byte, 0, 256)
+		b = append(b, "data: "...)
+		b = append(b, errorJSON(e, info)[:len(errorJSON(e, info))-1]...)
+		b = append(b, "\n\ndata: [DONE]\n\n"...)
+		q.write(b)
+		q.flush()
+		return
+	}
+	q.status = info.HTTP
+	q.headersSent = true
+	WriteError(q.w, e)
+}
+
+// gone records a client that went away.
+func (q *request) gone() {
+	if q.outcome == "" || q.outcome == OutcomeRefused {
+		q.outcome = OutcomeCancelled
+	}
+}
+
+// write sends bytes to the client; a failure ends the request's engine
+// work through the caller.
+func (q *request) write(b []byte) error {
+	n, err := q.w.Write(b)
+	q.bytesOut += int64(n)
+	if err != nil && q.writeErr == nil {
+		q.writeErr = err
+	}
+	return err
+}
+
+func (q *request) flush() error {
+	if q.rc == nil {
+		q.rc = http.NewResponseController(q.w)
+	}
+	err := q.rc.Flush()
+	if err != nil && q.writeErr == nil {
+		q.writeErr = err
+	}
+	return err
+}
+
+// setWriteDeadline bounds how long the client may take to accept what is
+// written next.
+func (q *request) setWriteDeadline() {
+	if q.rc == nil {
+		q.rc = http.NewResponseController(q.w)
+	}
+	_ = q.rc.SetWriteDeadline(time.Now().Add(q.b.clientIdle))
+}
+
+// finish records the request: metrics and the ledger, after the answer
+// reached the client.
+func (q *request) finish() {
+	if q.rc != nil {
+		// IMPORTANT: a deadline left on the connection would fail the
+		// next request on the same keep-alive connection.
+		_ = q.rc.SetWriteDeadline(time.Time{})
+	}
+	if q.endAt.IsZero() {
+		q.endAt = time.Now()
+	}
+	if q.outcome == "" {
+		q.outcome = OutcomeCompleted
+	}
+	q.rt.record(q)
+}

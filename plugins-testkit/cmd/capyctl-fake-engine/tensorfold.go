@@ -1,0 +1,130 @@
+// Copyright (c) CapyCTL authors
+// SPDX-License-Identifier: Apache-2.0
+
+package main
+
+import (
+	"flag"
+	"fmt"
+	"io"
+	"strconv"
+	"time"
+
+	"github.com/capyctl/capyctl/plugins-testkit/fakeengine"
+	"github.com/capyctl/capyctl/sdk/formats"
+)
+
+// Environment variables of the TensorFold fake.
+const (
+	// tfMemoryLimitEnv is TensorFold's memory cap, in GiB (fractions
+	// allowed).
+	tfMemoryLimitEnv = "TENSORFOLD_CUDA_MEMORY_LIMIT_GB"
+	// tfAPIKeyEnv turns on TensorFold's own authentication.
+	tfAPIKeyEnv = "TENSORFOLD_API_KEY"
+	// tfKernelBuildEnv is the fake's first-request kernel build time.
+	tfKernelBuildEnv = "CAPYCTL_FAKE_KERNEL_BUILD"
+	// tfKernelBuildFileEnv makes the build last until the file exists.
+	tfKernelBuildFileEnv = "CAPYCTL_FAKE_KERNEL_BUILD_FILE"
+)
+
+// tensorFoldCommand runs the fake as `tensorfold serve <model dir> ...`.
+// The knobs come from the environment (CAPYCTL_FAKE_*). Memory on the
+// simulated GPU: the model's safetensors weights (or the sim-weights
+// knob) and a KV cache that fills the TENSORFOLD_CUDA_MEMORY_LIMIT_GB cap
+// (or the sim-kv knob); a cap too small for the weights and the knob's KV
+// ends the engine with exit status 1.
+func tensorFoldCommand(args []string, env func(string) string, stdout, stderr io.Writer) int {
+	if len(args) == 1 && args[0] == "--version" {
+		fmt.Fprintf(stdout, "tensorfold %s\n", fakeengine.TensorFoldVersion)
+		return 0
+	}
+	if len(args) == 0 || args[0] != "serve" {
+		fmt.Fprintln(stderr, "usage: tensorfold serve <model dir> --name NAME [options]")
+		return 2
+	}
+	args = args[1:]
+	if len(args) == 0 || len(args[0]) == 0 || args[0][0] == '-' {
+		fmt.Fprintln(stderr, "tensorfold serve: the model directory comes first")
+		return 2
+	}
+	modelDir := args[0]
+	fs := flag.NewFlagSet("tensorfold serve", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var (
+		name       = fs.String("name", "", "served model name")
+		host       = fs.String("host", "127.0.0.1", "listen address")
+		port       = fs.Int("port", 8000, "listen port")
+		parallel   = fs.Int("parallel", 8, "requests decoded together")
+		contextLen = fs.Int("context", 0, "longest request in tokens")
+		noDrafts   = fs.Bool("no-drafts", false, "turn speculative drafts off")
+		apiKey     = fs.String("api-key", "", "require this key")
+		backend    = fs.String("backend", "cuda", "cuda or cpu")
+		_          = fs.Bool("no-update-check", false, "never check for updates")
+		_          = fs.String("snapshot-dir", "", "where kernel snapshots go (none: nowhere)")
+		_          = fs.String("drafter", "", "draft model (none: no drafts)")
+		_          = fs.String("kv-dtype", "", "KV cache element type")
+		_          = fs.String("name-priority", "", "ID=background")
+	)
+	if err := fs.Parse(args[1:]); err != nil {
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "tensorfold serve: unexpected arguments %q\n", fs.Args())
+		return 2
+	}
+	if *name == "" {
+		fmt.Fprintln(stderr, "tensorfold serve: --name is required")
+		return 2
+	}
+	if *backend != "cuda" && *backend != "cpu" {
+		fmt.Fprintf(stderr, "tensorfold serve: unknown backend %q\n", *backend)
+		return 2
+	}
+	cfg := fakeengine.Config{Stdout: stdout, Stderr: stderr, ServedName: *name, MaxRunning: *parallel}
+	kfs := flag.NewFlagSet("tensorfold knobs", flag.ContinueOnError)
+	knobs := fakeengine.RegisterKnobs(kfs, &cfg)
+	if err := knobs.Resolve(env); err != nil {
+		fmt.Fprintf(stderr, "capyctl-fake-engine: %v\n", err)
+		return 2
+	}
+	cfg.MaxRunning = *parallel
+	cfg.APIKey = env(tfAPIKeyEnv)
+	if *apiKey != "" {
+		cfg.APIKey = *apiKey
+	}
+	opts := fakeengine.TensorFoldOptions{Context: *contextLen, Parallel: *parallel, NoDrafts: *noDrafts}
+	if v := env(tfKernelBuildEnv); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			fmt.Fprintf(stderr, "capyctl-fake-engine: %s: %v\n", tfKernelBuildEnv, err)
+			return 2
+		}
+		opts.KernelBuild = d
+	}
+	opts.KernelBuildFile = env(tfKernelBuildFileEnv)
+	if cfg.Sim.Weights == 0 {
+		if m, err := formats.ReadSafetensorsDir(modelDir); err == nil {
+			cfg.Sim.Weights = int64(m.WeightsBytes())
+		}
+	}
+	if v := env(tfMemoryLimitEnv); v != "" {
+		gb, err := strconv.ParseFloat(v, 64)
+		if err != nil || gb <= 0 {
+			fmt.Fprintf(stderr, "tensorfold: %s=%q is not a positive number\n", tfMemoryLimitEnv, v)
+			return 1
+		}
+		opts.MemoryCap = int64(gb * (1 << 30))
+		need := cfg.Sim.Weights + cfg.Sim.KV + cfg.Sim.StartupPeak
+		if need > opts.MemoryCap {
+			fmt.Fprintf(stderr, "tensorfold: the memory cap (%s) cannot hold the weights and KV cache (%s)\n",
+				fakeengine.FormatBytes(opts.MemoryCap), fakeengine.FormatBytes(need))
+			return 1
+		}
+		if cfg.Sim.KV == 0 {
+			// TensorFold sizes its KV cache to whatever its cap leaves.
+			cfg.Sim.KV = opts.MemoryCap - cfg.Sim.Weights - cfg.Sim.StartupPeak
+		}
+	}
+	cfg.Flavour = fakeengine.NewTensorFold(opts)
+	return serveEngine(cfg, *host, *port, knobs.ListenAll, stderr)
+}
