@@ -46,6 +46,8 @@ import (
 var Builtins = []string{
 	structs.FamilyCustom,
 	structs.FamilyLlamaCpp,
+	structs.FamilyVLLM,
+	structs.FamilySGLang,
 }
 
 // Settings are a role's effective settings (core/config produces them).

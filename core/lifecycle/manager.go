@@ -469,7 +469,7 @@ func (m *Manager) StopDeployment(ctx context.Context, name string, wait bool) er
 	if err != nil {
 		return err
 	}
-	run := func() error {
+	run := func(ctx context.Context) error {
 		var first error
 		var mu sync.Mutex
 		var wg sync.WaitGroup
@@ -490,9 +490,10 @@ func (m *Manager) StopDeployment(ctx context.Context, name string, wait bool) er
 		return first
 	}
 	if wait {
-		return run()
+		return run(ctx)
 	}
-	go func() { _ = run() }()
+	// The caller's context ends with its answer; the stop goes on.
+	go func() { _ = run(m.ctx) }()
 	return nil
 }
 

@@ -145,17 +145,43 @@ func jobspecDefaults() (string, error) {
 	b.WriteString("| field | default |\n|---|---|\n")
 	for _, k := range keys {
 		v, ok := values[k]
-		if !ok || v == "" || v == "null" || v == "0" || v == "0s" || v == "false" && k != "lifecycle.warm" {
-			v = "unset: the engine's or driver's own choice applies"
-		} else {
+		switch {
+		case unsetNotes[k] != "":
+			v = unsetNotes[k]
+		case ok && v == "false":
+			v = "`false`"
+		case !ok || v == "" || v == "null" || v == "0" || v == "0s":
+			v = "unset: the engine's own default"
+		default:
 			v = "`" + v + "`"
-		}
-		if k == "routes" {
-			v = "`[\"<name>\"]`: the deployment's name"
 		}
 		fmt.Fprintf(&b, "| `%s` | %s |\n", k, cell(v))
 	}
 	return b.String(), nil
+}
+
+// unsetNotes say what applies when a field is left out and the completion
+// leaves it empty.
+var unsetNotes = map[string]string{
+	"routes":                                "`[\"<name>\"]`: the deployment's name",
+	"residency":                             "unset: the engine's default residency (see the engine guides)",
+	"resources":                             "unset: estimated by the driver from the checkpoint, then measured",
+	"model.hf":                              "none",
+	"model.revision":                        "none",
+	"lifecycle.ready_idle_timeout":          "off",
+	"lifecycle.parked_idle_timeout":         "off",
+	"timeouts.initialize":                   "derived from the model's size and the engine",
+	"timeouts.wake":                         "derived from the model's size and the engine",
+	"timeouts.stop":                         "derived from the engine",
+	"engine_config.max_concurrent_requests": "the driver's default (32 places at most per instance)",
+	"engine_config.memory.request":          "derived by the driver",
+	"engine_config.memory.kv_cache":         "derived by the driver",
+	"engine_config.memory.startup":          "derived by the driver, then measured",
+	"engine_config.env":                     "none",
+	"engine_config.extra_args":              "none",
+	"engine_config.accept_extra_args":       "`false`",
+	"engine_config.trust_remote_code":       "`false`",
+	"engine_config.cuda_graphs":             "the driver's default (on where the engine supports them)",
 }
 
 func flatten(d *structs.Deployment) map[string]string {

@@ -6,6 +6,8 @@ package command
 import (
 	"github.com/capyctl/capyctl/drivers/custom"
 	"github.com/capyctl/capyctl/drivers/llamacpp"
+	"github.com/capyctl/capyctl/drivers/sglang"
+	"github.com/capyctl/capyctl/drivers/vllm"
 	"github.com/capyctl/capyctl/sdk"
 	"github.com/capyctl/capyctl/sdk/plugin"
 )
@@ -14,6 +16,8 @@ import (
 var builtinDrivers = map[string]func() sdk.Driver{
 	"custom":   func() sdk.Driver { return custom.New() },
 	"llamacpp": func() sdk.Driver { return llamacpp.New() },
+	"vllm":     func() sdk.Driver { return vllm.New() },
+	"sglang":   func() sdk.Driver { return sglang.New() },
 }
 
 // DriverCommand serves a built-in driver over go-plugin. The core runs it

@@ -1,0 +1,80 @@
+// Copyright (c) CapyCTL authors
+// SPDX-License-Identifier: Apache-2.0
+
+package conformance_test
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/capyctl/capyctl/plugins-testkit/conformance"
+	"github.com/capyctl/capyctl/plugins-testkit/harness"
+)
+
+// TestRole_EngineAddAndServe registers a vLLM and an SGLang venv through
+// `capyctl engine add <venv>` (the family and version detected from the
+// dist-info), deploys a model on each, and serves a request through the
+// core's router to each fake engine.
+func TestRole_EngineAddAndServe(t *testing.T) {
+	r := harness.StartStandalone(t, harness.Options{})
+	for _, e := range []struct {
+		family, dist, version string
+	}{{"vllm", "vllm", "0.32.0"}, {"sglang", "sglang", "0.5.21"}} {
+		venv := conformance.FakeVenv(t, t.TempDir(), map[string]string{e.dist: e.version}, nil)
+		out, errOut, code := r.CLI("engine", "add", venv, "--yes", "--json")
+		if code != 0 {
+			t.Fatalf("engine add %s: exit %d\n%s%s", e.family, code, out, errOut)
+		}
+		var det struct {
+			Engine struct {
+				Name, Family, Version string
+				Verified              bool
+			} `json:"engine"`
+			Registered bool `json:"registered"`
+		}
+		if err := json.Unmarshal([]byte(out), &det); err != nil {
+			t.Fatalf("engine add --json: %v\n%s", err, out)
+		}
+		if !det.Registered || det.Engine.Family != e.family || det.Engine.Version != e.version || !det.Engine.Verified {
+			t.Fatalf("engine add %s registered %+v", e.family, det)
+		}
+		spec := harness.SimpleSpec("m-"+e.family, e.family)
+		if out, errOut, code := r.Deploy("m-"+e.family, spec, "--activate", "--wait"); code != 0 {
+			t.Fatalf("deploy on %s: exit %d\n%s%s\nrole:\n%s", e.family, code, out, errOut, r.Output())
+		}
+		resp, err := r.Chat(context.Background(), harness.ChatBody("m-"+e.family, false, "hello"), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if body := harness.ReadAll(resp); resp.StatusCode != http.StatusOK || !strings.Contains(body, `"content"`) {
+			t.Fatalf("chat through the router to %s: %d %s", e.family, resp.StatusCode, body)
+		}
+	}
+	out, _, code := r.CLI("engine", "list")
+	if code != 0 || !strings.Contains(out, "vllm") || !strings.Contains(out, "0.5.21") || !strings.Contains(out, "verified") {
+		t.Fatalf("engine list:\n%s", out)
+	}
+	out, _, code = r.CLI("engine", "flags", "sglang", "--json")
+	if code != 0 || !strings.Contains(out, "--debug-tensor-dump-*") || !strings.Contains(out, "SGLANG_PLUGINS") {
+		t.Fatalf("engine flags sglang:\n%s", out)
+	}
+	// A reserved option is refused when the deployment is written.
+	bad := `deployment "bad" {
+  engine = "vllm"
+  model {
+    path = "bad"
+  }
+  engine_config {
+    accept_extra_args = true
+    extra_args        = ["--api-key", "x"]
+  }
+}
+`
+	out, errOut, code := r.Deploy("bad", bad)
+	if code == 0 || !strings.Contains(out+errOut, "engine_option_reserved:--api-key") {
+		t.Fatalf("deploy with a reserved option: exit %d\n%s%s", code, out, errOut)
+	}
+}
