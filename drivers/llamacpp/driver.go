@@ -354,7 +354,7 @@ func (d *Driver) get(id string) (*handle, error) {
 func (d *Driver) put(h *handle) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	d.handles[h.id] = h
+	d.handles[h.ID] = h
 }
 
 func (d *Driver) drop(id string) {
