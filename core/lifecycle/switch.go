@@ -43,8 +43,10 @@ func (m *Manager) withRoom(ctx context.Context, requester *instance, evict bool,
 		if v == nil {
 			return m.withEvictable(err, requester)
 		}
-		tried[v.id] = true
 		vrec := v.snapshot()
+		// A victim is tried once per state: a parked victim may be chosen
+		// again to be stopped when its residue is still in the way.
+		tried[v.id+"@"+string(vrec.State)] = true
 		m.event("switch_planned", requester.dep, requester.id, map[string]any{"victim": v.id, "victim_state": string(vrec.State)})
 		if eerr := v.tryDo(ctx, &command{kind: cmdEvict, why: "switch for " + requester.dep, done: make(chan error, 1)}); eerr != nil {
 			m.logger.Info("victim not evicted", "victim", v.id, "for", requester.id, "error", eerr)
@@ -65,10 +67,13 @@ func (m *Manager) pickVictim(requester *instance, tried map[string]bool) *instan
 	}
 	var cands []cand
 	for _, in := range m.allInstances() {
-		if in.dep == requester.dep || tried[in.id] {
+		if in.dep == requester.dep {
 			continue
 		}
 		rec := in.snapshot()
+		if tried[in.id+"@"+string(rec.State)] {
+			continue
+		}
 		dr, ok := m.spec(in.dep)
 		if !ok || dr.Spec.Lifecycle.Warm {
 			continue

@@ -260,7 +260,11 @@ func (e *Engine) plan(req *ChatRequest, res *ChatResult) []string {
 		n = limit
 		res.FinishReason = "length"
 	}
-	toks := answerTokens(e.cfg.ServedName, req.LastUserText(), e.cfg.Seed, n)
+	seed := e.cfg.Seed
+	if e.cfg.WakeDrift {
+		seed += uint64(e.wakes.Load())
+	}
+	toks := answerTokens(e.cfg.ServedName, req.LastUserText(), seed, n)
 	if e.cfg.BigChunkBytes > 0 {
 		toks = append([]string{bigChunk(e.cfg.BigChunkBytes)}, toks...)
 	}

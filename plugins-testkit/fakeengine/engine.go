@@ -78,6 +78,9 @@ type Config struct {
 	Tokens int
 	// Seed varies the deterministic answers.
 	Seed uint64
+	// WakeDrift makes every wake change the answers (as a model that wakes
+	// wrongly would), so a wake check can be seen to fail.
+	WakeDrift bool
 	// MaxRunning requests generate at once (DefaultMaxRunning when 0);
 	// the rest wait in FIFO order.
 	MaxRunning int

@@ -60,6 +60,7 @@ func RegisterKnobs(fs *flag.FlagSet, cfg *Config) *Knobs {
 	fs.IntVar(&cfg.StallAfterTokens, def("stall-after-tokens"), cfg.StallAfterTokens, "stop producing after N tokens, keeping the connection open (0: never)")
 	fs.Var(intBytes{&cfg.BigChunkBytes}, def("big-chunk-bytes"), "send one content chunk of this many bytes first (0: off)")
 	fs.Uint64Var(&cfg.Seed, def("seed"), cfg.Seed, "seed of the deterministic answers")
+	fs.BoolVar(&cfg.WakeDrift, def("wake-drift"), cfg.WakeDrift, "change the answers after every wake (a model that wakes wrongly)")
 	fs.BoolVar(&cfg.LogSecret, def("log-secret"), cfg.LogSecret, "print the API key at startup (to test log redaction)")
 	fs.Var(byteSize{&cfg.HostAllocBytes}, def("host-alloc"), "allocate and hold this much host memory at startup (e.g. 256MiB)")
 	fs.BoolVar(&k.ListenAll, def("listen-all"), false, "bind 0.0.0.0 instead of the requested host")
