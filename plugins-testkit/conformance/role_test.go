@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/capyctl/capyctl/plugins-testkit/conformance"
 	"github.com/capyctl/capyctl/plugins-testkit/harness"
@@ -126,6 +127,19 @@ func TestRole_ParkWakeOnSimulatedGPU(t *testing.T) {
 			}
 			if parked := held(); parked <= 0 || parked >= ready {
 				t.Fatalf("parked: %d bytes held, ready %d: want a residue", parked, ready)
+			}
+			// A crash of the role: the engine stays parked; the role that
+			// comes back re-attaches to it parked and, the deployment being
+			// wanted running, wakes it (the wake check against the answer
+			// recorded at its first start).
+			r.Kill9()
+			r.Restart()
+			harness.Eventually(t, 30*time.Second, "the re-attached deployment woken", func() bool { return deploymentState(t, r, "m") == "ready" })
+			if n := held(); n != ready {
+				t.Fatalf("re-attached and woken: %d bytes held, want %d", n, ready)
+			}
+			if out, errOut, code := r.CLI("park", "deployment", "m", "--wait"); code != 0 {
+				t.Fatalf("park after the restart: exit %d\n%s%s", code, out, errOut)
 			}
 			resp, err := r.Chat(context.Background(), harness.ChatBody("m", false, "wake up"), nil)
 			if err != nil {

@@ -6,6 +6,8 @@ package pyengine
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -389,4 +391,36 @@ func (in *Instance) ChatReady(prompt string, maxTokens int, extra map[string]any
 		}
 		return true, answer, ""
 	}
+}
+
+// parkedFile in a launch directory records the tier the engine is parked
+// at, so that a restarted driver knows (SGLang has no route that says).
+const parkedFile = "capyctl-parked"
+
+// MarkParked records in the launch directory that the engine is parked at
+// tier ("" clears it), and keeps it on the instance.
+func (in *Instance) MarkParked(tier string) {
+	in.SetParked(tier)
+	p := filepath.Join(in.Launched.LaunchDir, parkedFile)
+	if in.Launched.LaunchDir == "" {
+		return
+	}
+	if tier == "" {
+		_ = os.Remove(p)
+		return
+	}
+	_ = os.WriteFile(p, []byte(tier), 0o600)
+}
+
+// RecordedPark returns the tier a launch directory records the engine
+// parked at, "" when none.
+func RecordedPark(launchDir string) string {
+	if launchDir == "" {
+		return ""
+	}
+	b, err := os.ReadFile(filepath.Join(launchDir, parkedFile))
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(b))
 }
