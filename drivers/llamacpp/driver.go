@@ -114,7 +114,8 @@ func (d *Driver) Detect(ctx context.Context, req *pb.DetectRequest) (*pb.DetectR
 	if err != nil {
 		return nil, sdk.Errorf(codeEngineUnsupported, "%s: %v", p, unwrapPathErr(err))
 	}
-	if st.IsDir() || !strings.Contains(strings.ToLower(filepath.Base(abs)), "llama") {
+	// llama.cpp names the binary llama-server (older builds: server).
+	if base := strings.ToLower(filepath.Base(abs)); st.IsDir() || !strings.Contains(base, "llama") && base != "server" {
 		return nil, sdk.Errorf(codeEngineUnsupported, "%s is not a llama-server binary", p)
 	}
 	if st.Mode()&0o111 == 0 {
@@ -353,7 +354,7 @@ func (d *Driver) get(id string) (*handle, error) {
 func (d *Driver) put(h *handle) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	d.handles[h.id] = h
+	d.handles[h.ID] = h
 }
 
 func (d *Driver) drop(id string) {

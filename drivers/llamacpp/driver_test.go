@@ -20,6 +20,7 @@ import (
 
 	"github.com/capyctl/capyctl/plugins-testkit/harness"
 	"github.com/capyctl/capyctl/sdk"
+	"github.com/capyctl/capyctl/sdk/flags"
 	"github.com/capyctl/capyctl/sdk/proc"
 	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
@@ -293,7 +294,7 @@ func TestPlan_Refusals(t *testing.T) {
 		{name: "reserved option", dep: func(d *pb.Deployment) { d.AcceptExtraArgs, d.ExtraArgs = true, []string{"--api-key", "x"} }, code: "engine_option_reserved:--api-key"},
 		{name: "reserved pattern", dep: func(d *pb.Deployment) { d.AcceptExtraArgs, d.ExtraArgs = true, []string{"--hf-repo=org/x"} }, code: "engine_option_reserved:--hf-repo"},
 		{name: "owned option", dep: func(d *pb.Deployment) { d.AcceptExtraArgs, d.ExtraArgs = true, []string{"--ctx-size", "100"} }, code: "engine_option_owned:--ctx-size"},
-		{name: "owned negation", dep: func(d *pb.Deployment) { d.AcceptExtraArgs, d.ExtraArgs = true, []string{"--no-metrics"} }, code: "engine_option_owned:--no-metrics"},
+		{name: "owned negation", dep: func(d *pb.Deployment) { d.AcceptExtraArgs, d.ExtraArgs = true, []string{"--no-metrics"} }, code: "engine_option_owned:--metrics"},
 		{name: "short option", dep: func(d *pb.Deployment) { d.AcceptExtraArgs, d.ExtraArgs = true, []string{"-c", "100"} }, code: "engine_option_reserved:-c"},
 		{name: "unapproved path", dep: func(d *pb.Deployment) {
 			d.AcceptExtraArgs, d.ExtraArgs = true, []string{"--lora", "/tmp/adapter.gguf"}
@@ -379,10 +380,13 @@ func TestFlags_Table(t *testing.T) {
 	p, _ := newDriver().Plan(context.Background(), &pb.PlanRequest{Installation: installation("/x/llama-server"), Deployment: deployment(modelDir(t))})
 	for _, a := range p.GetArgv()[1:] {
 		if strings.HasPrefix(a, "--") {
-			if r, ok := matchRule(a, false); !ok || r.class != pb.FlagClass_FLAG_CLASS_OWNED {
-				t.Fatalf("rendered %s is not an owned option", a)
+			if c := Table.ResolveOption(a).Class(flags.Option); c != flags.Owned {
+				t.Fatalf("rendered %s is %s, not owned", a, c)
 			}
 		}
+	}
+	if err := Table.Validate(); err != nil {
+		t.Fatal(err)
 	}
 }
 

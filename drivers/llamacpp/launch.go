@@ -14,8 +14,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/capyctl/capyctl/drivers/internal/pyengine"
 	"github.com/capyctl/capyctl/sdk"
-	"github.com/capyctl/capyctl/sdk/proc"
+	"github.com/capyctl/capyctl/sdk/flags"
 	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
 
@@ -107,6 +108,20 @@ func decodeConfig(raw []byte, r *refusals) Config {
 		}
 	}
 	return c
+}
+
+// checkOptions checks extra_args and engine_config.env against the flag
+// table.
+func checkOptions(dep *pb.Deployment, host *pb.HostPolicy) []*pb.Refusal {
+	var out []flags.Violation
+	if len(dep.GetExtraArgs()) > 0 && !dep.GetAcceptExtraArgs() {
+		out = append(out, flags.Violation{Code: flags.CodeExtraArgsRefused, Field: flags.FieldExtraArgs, Message: "extra_args need engine_config.accept_extra_args = true"})
+	}
+	ap := flags.HostApprovals(host)
+	_, vs := Table.CheckArgs(dep.GetExtraArgs(), ap, nil)
+	out = append(out, vs...)
+	out = append(out, Table.CheckEnv(dep.GetEnv(), ap)...)
+	return flags.Refusals(out)
 }
 
 // Plan implements sdk.Driver: it checks the deployment, sizes it from the
@@ -295,6 +310,10 @@ func renderEnv(dep *pb.Deployment, host *pb.HostPolicy, lctx *pb.LaunchContext) 
 	if host.GetEngineTelemetry() != "allow" {
 		env["DO_NOT_TRACK"] = "1"
 	}
+	if uuids := lctx.GetDeviceUuids(); len(uuids) > 0 {
+		env["CUDA_VISIBLE_DEVICES"] = strings.Join(uuids, ",")
+		env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+	}
 	for k, v := range host.GetHostEnv() {
 		env[k] = v
 	}
@@ -311,13 +330,7 @@ const keyEnv = "LLAMA_API_KEY"
 // runs, that the leased port is free, and launches llama-server behind the
 // launch shim with its key in the environment.
 func (d *Driver) Start(_ context.Context, req *pb.StartRequest) (*pb.StartResponse, error) {
-	inst, dep, host, lctx, plan := req.GetInstallation(), req.GetDeployment(), req.GetHost(), req.GetLaunch(), req.GetPlan()
-	if lctx.GetPort() <= 0 || lctx.GetLaunchDir() == "" {
-		return nil, sdk.Errorf(sdk.CodeLaunchFailed, "start needs a leased port and a launch directory")
-	}
-	if len(plan.GetArgv()) == 0 {
-		return nil, sdk.Errorf(sdk.CodeLaunchFailed, "the plan rendered no command (was the model resolved?)")
-	}
+	inst, dep, lctx, plan := req.GetInstallation(), req.GetDeployment(), req.GetLaunch(), req.GetPlan()
 	// IMPORTANT: the pinned installation must be what runs.
 	digest, err := fileDigest(inst.GetPath())
 	if err != nil {
@@ -327,45 +340,26 @@ func (d *Driver) Start(_ context.Context, req *pb.StartRequest) (*pb.StartRespon
 		return nil, sdk.Errorf(codeInstallationDrift,
 			"llama-server %s changed since it was registered (pinned %s, now %s); register it again with capyctl engine add", inst.GetPath(), inst.GetDigest(), digest)
 	}
-	if !proc.PortFree(int(lctx.GetPort())) {
-		return nil, sdk.Errorf(codePortConflict, "another process listens on the leased port %d", lctx.GetPort())
-	}
-	for _, sub := range launchDirs {
-		if err := os.MkdirAll(filepath.Join(lctx.GetLaunchDir(), sub), 0o700); err != nil {
-			return nil, sdk.Errorf(sdk.CodeLaunchFailed, "prepare the launch directory: %v", err)
+	if dir := lctx.GetLaunchDir(); dir != "" {
+		for _, sub := range launchDirs {
+			if err := os.MkdirAll(filepath.Join(dir, sub), 0o700); err != nil {
+				return nil, sdk.Errorf(sdk.CodeLaunchFailed, "prepare the launch directory: %v", err)
+			}
 		}
 	}
-	env := map[string]string{}
-	for k, v := range plan.GetEnv() {
-		env[k] = v
-	}
+	secret := map[string]string{}
 	if k := req.GetEngineKey(); k != "" {
-		env[keyEnv] = k
+		secret[keyEnv] = k
 	}
-	logMode := proc.LogModeFile
-	if host.GetEngineLogs() == "memory" || host.GetRetention() == "zero" {
-		logMode = proc.LogModeMemory
-	}
-	launched, err := proc.Start(proc.LaunchSpec{
-		Argv: plan.GetArgv(), Env: env, Dir: plan.GetWorkdir(), LaunchDir: lctx.GetLaunchDir(),
-		LogMode: logMode, Secrets: nonEmpty(req.GetEngineKey(), req.GetAdminKey()),
+	launched, err := pyengine.StartLaunch(pyengine.LaunchOptions{
+		Plan: plan, Host: req.GetHost(), Launch: lctx, SecretEnv: secret, Secrets: []string{req.GetEngineKey(), req.GetAdminKey()},
 	})
 	if err != nil {
-		return nil, sdk.Errorf(sdk.CodeLaunchFailed, "launch llama-server: %v", err)
+		return nil, err
 	}
-	h := newHandle(lctx.GetInstanceId(), *launched, int(lctx.GetPort()), req.GetEngineKey(), dep, plan, d.stopGrace)
+	h := newHandle(lctx.GetInstanceId(), lctx.GetLaunchId(), *launched, int(lctx.GetPort()), req.GetEngineKey(), dep, plan, d.stopGrace)
 	d.put(h)
-	return &pb.StartResponse{Launch: h.launchPB(lctx.GetLaunchId()), Endpoint: h.endpoint()}, nil
-}
-
-func nonEmpty(xs ...string) []string {
-	var out []string
-	for _, x := range xs {
-		if x != "" {
-			out = append(out, x)
-		}
-	}
-	return out
+	return &pb.StartResponse{Launch: h.LaunchPB(), Endpoint: h.Endpoint}, nil
 }
 
 // slotsOf reads -np and the slot window back from a rendered command.
