@@ -46,6 +46,7 @@ import (
 var Builtins = []string{
 	structs.FamilyCustom,
 	structs.FamilyLlamaCpp,
+	structs.FamilyTensorFold,
 	structs.FamilyVLLM,
 	structs.FamilySGLang,
 }

@@ -5,6 +5,7 @@ package llamacpp
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"sync"
@@ -73,7 +74,7 @@ func (d *Driver) Probe(ctx context.Context, req *pb.ProbeRequest) (*pb.ProbeResp
 	}
 	switch req.GetKind() {
 	case pb.ProbeKind_PROBE_KIND_LIVENESS:
-		return h.Liveness(), nil
+		return settled(h.Liveness(), h.Launched.LaunchDir), nil
 	case pb.ProbeKind_PROBE_KIND_READINESS, pb.ProbeKind_PROBE_KIND_WAKE_CHECK:
 		deadline := time.Duration(req.GetDeadlineMs()) * time.Millisecond
 		if deadline <= 0 {
@@ -84,7 +85,7 @@ func (d *Driver) Probe(ctx context.Context, req *pb.ProbeRequest) (*pb.ProbeResp
 			defer h.mu.Unlock()
 			return h.mismatch != "", h.mismatch
 		}
-		return h.WaitReady(ctx, deadline, h.readyOnce, watch, nil), nil
+		return settled(h.WaitReady(ctx, deadline, h.readyOnce, watch, nil), h.Launched.LaunchDir), nil
 	}
 	return nil, sdk.Errorf("invalid_request", "unknown probe kind %v", req.GetKind())
 }
@@ -224,4 +225,29 @@ func (d *Driver) Logs(_ context.Context, req *pb.LogsRequest) (*pb.LogsResponse,
 		return nil, sdk.Errorf(sdk.CodeInstanceNotFound, "no launch directory for %s", req.GetInstanceId())
 	}
 	return pyengine.Logs(dir, req.GetMaxBytes()), nil
+}
+
+// settled completes the answer about an engine that exited: its status is
+// recorded by the launch shim a moment after the process dies, so an exit
+// code of -1 is read again, for at most two seconds, with the log lines
+// written meanwhile. (A workaround kept here: the shared
+// pyengine.Instance.ExitInfo reads the status once.)
+func settled(p *pb.ProbeResponse, launchDir string) *pb.ProbeResponse {
+	if !p.GetExited() || p.GetExitCode() != -1 || launchDir == "" {
+		return p
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	_ = engineapi.Poll(ctx, func(context.Context) (bool, error) {
+		st, err := proc.ReadStatus(launchDir)
+		if err == nil && st.Exited || errors.Is(err, proc.ErrNoStatus) {
+			if st.Exited {
+				p.ExitCode = int32(st.ExitCode)
+			}
+			p.LastLogLines = proc.LastLines(launchDir, 20)
+			return true, nil
+		}
+		return false, nil
+	})
+	return p
 }
