@@ -5,6 +5,7 @@ package pyengine
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -132,18 +133,35 @@ func FromLaunch(l *pb.Launch) proc.Launched {
 // Alive reports whether the engine process runs.
 func (in *Instance) Alive() bool { return proc.Alive(in.Launched.Engine) }
 
+// exitRecordWait bounds how long ExitInfo waits for the shim to record
+// the exit of an engine that is already gone.
+const exitRecordWait = 2 * time.Second
+
 // ExitInfo describes a launch whose engine is gone: exit code and the
-// engine's last log lines.
+// engine's last log lines. The shim records the exit a moment after the
+// process dies (and copies its last output): until it has, or is gone
+// itself, the status is read again, for at most two seconds.
 func (in *Instance) ExitInfo(detail string) *pb.ProbeResponse {
-	st, _ := proc.ReadStatus(in.Launched.LaunchDir)
-	code := int32(-1)
-	if st.Exited {
-		code = int32(st.ExitCode)
-	}
 	return &pb.ProbeResponse{
-		Alive: false, Exited: true, ExitCode: code, Code: sdk.CodeLaunchFailed, Detail: detail,
+		Alive: false, Exited: true, ExitCode: int32(exitCode(in.Launched.LaunchDir)), Code: sdk.CodeLaunchFailed, Detail: detail,
 		LastLogLines: proc.LastLines(in.Launched.LaunchDir, lastLogLines),
 	}
+}
+
+// exitCode waits for the launch's recorded exit status; -1 when none comes.
+func exitCode(launchDir string) int {
+	code := -1
+	ctx, cancel := context.WithTimeout(context.Background(), exitRecordWait)
+	defer cancel()
+	_ = engineapi.Poll(ctx, func(context.Context) (bool, error) {
+		st, err := proc.ReadStatus(launchDir)
+		if err == nil && st.Exited {
+			code = st.ExitCode
+			return true, nil
+		}
+		return errors.Is(err, proc.ErrNoStatus), nil
+	})
+	return code
 }
 
 // Liveness answers a LIVENESS probe from the process table.
@@ -336,12 +354,7 @@ func (in *Instance) WaitReady(ctx context.Context, deadline time.Duration, ready
 				if fail != nil {
 					fail()
 				}
-				st, _ := proc.ReadStatus(in.Launched.LaunchDir)
-				code := int32(-1)
-				if st.Exited {
-					code = int32(st.ExitCode)
-				}
-				out = &pb.ProbeResponse{Exited: true, ExitCode: code, Code: sdk.CodeLaunchFailed, Detail: detail, LastLogLines: lines}
+				out = &pb.ProbeResponse{Exited: true, ExitCode: int32(exitCode(in.Launched.LaunchDir)), Code: sdk.CodeLaunchFailed, Detail: detail, LastLogLines: lines}
 				return true, nil
 			}
 		}
