@@ -11,6 +11,7 @@ require (
 	github.com/mattn/go-isatty v0.0.17
 	github.com/mitchellh/cli v1.1.5
 	github.com/prometheus/client_golang v1.25.0
+	github.com/yuin/goldmark v1.7.13
 	github.com/zclconf/go-cty v1.19.0
 	go.etcd.io/bbolt v1.5.0
 	golang.org/x/sys v0.50.0

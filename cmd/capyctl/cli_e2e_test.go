@@ -7,6 +7,8 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"fmt"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -296,9 +298,19 @@ func source(s wire.ConfigSetting) string {
 }
 
 func TestCLI_RoleWithoutEngine(t *testing.T) {
-	r := harness.StartStandalone(t, harness.Options{})
-	if out := r.Output(); !strings.Contains(out, "none registered; add one with capyctl engine add") {
-		t.Fatalf("the banner does not say how to add an engine:\n%s", out)
+	r := harness.StartStandalone(t, harness.Options{Args: []string{"--json"}})
+	// With --json the banner is one JSON object, and says how to add an
+	// engine.
+	// (stdout and the JSON log lines on stderr are mixed in r.Output().)
+	var banner map[string]any
+	for _, l := range strings.Split(r.Output(), "\n") {
+		var v map[string]any
+		if json.Unmarshal([]byte(l), &v) == nil && v["@level"] == nil {
+			banner = v
+		}
+	}
+	if banner["role"] != "standalone" || !strings.Contains(fmt.Sprint(banner["hint"]), "capyctl engine add") || banner["management"] != r.Info.Management {
+		t.Fatalf("start standalone --json banner: %v\n%s", banner, r.Output())
 	}
 
 	out, _, code := r.CLI("status")
@@ -379,6 +391,9 @@ func TestCLI_RoleWithoutEngine(t *testing.T) {
 
 func TestCLI_DeploymentLifecycle(t *testing.T) {
 	r := harness.StartStandalone(t, harness.Options{})
+	if out := r.Output(); !strings.Contains(out, "none registered; add one with capyctl engine add") {
+		t.Fatalf("the banner does not say how to add an engine:\n%s", out)
+	}
 	r.AddFakeEngine("fake")
 
 	// engine add/list/remove, text and JSON.
@@ -440,6 +455,15 @@ func TestCLI_DeploymentLifecycle(t *testing.T) {
 	if resp.StatusCode != 200 {
 		t.Fatalf("chat %d %s", resp.StatusCode, answer)
 	}
+	var completion struct {
+		Choices []struct {
+			Message struct{ Content string } `json:"message"`
+		} `json:"choices"`
+	}
+	if err := json.Unmarshal([]byte(answer), &completion); err != nil || len(completion.Choices) == 0 || completion.Choices[0].Message.Content == "" {
+		t.Fatalf("chat answer %s: %v", answer, err)
+	}
+	answerText := completion.Choices[0].Message.Content
 
 	// status --watch follows the changes until the deployment is deleted.
 	watch := exec.Command(r.Bin, "status", "deployment", "demo", "--watch", "--state-dir", r.StateDir)
@@ -557,6 +581,9 @@ func TestCLI_DeploymentLifecycle(t *testing.T) {
 	if strings.Contains(logs, prompt) {
 		t.Fatalf("the role logged a prompt")
 	}
+	if strings.Contains(logs, answerText) {
+		t.Fatalf("the role logged an answer")
+	}
 	jsonLines := 0
 	for _, l := range strings.Split(logs, "\n") {
 		if strings.HasPrefix(l, "{") {
@@ -572,5 +599,48 @@ func TestCLI_DeploymentLifecycle(t *testing.T) {
 	}
 	if jsonLines == 0 {
 		t.Fatalf("no JSON log lines:\n%s", logs)
+	}
+}
+
+// TestCLI_DevJSON: capyctl dev --json prints one JSON object with what the
+// text version prints, serves it, and leaves nothing after Ctrl-C.
+func TestCLI_DevJSON(t *testing.T) {
+	bin, _ := harness.Binaries(t)
+	cmd := exec.Command(bin, "dev", "--json", "--listen", "127.0.0.1:0")
+	cmd.Env = append(os.Environ(), "TMPDIR="+t.TempDir())
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = cmd.Process.Kill() }()
+	line, err := bufio.NewReader(stdout).ReadString('\n')
+	if err != nil {
+		t.Fatalf("dev --json printed nothing: %v", err)
+	}
+	var info map[string]string
+	if err := json.Unmarshal([]byte(line), &info); err != nil || info["endpoint"] == "" || info["api_key"] == "" || info["state_dir"] == "" {
+		t.Fatalf("dev --json: %q %v", line, err)
+	}
+	req, _ := http.NewRequest(http.MethodGet, info["endpoint"]+"/models", nil)
+	req.Header.Set("Authorization", "Bearer "+info["api_key"])
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if body := harness.ReadAll(resp); resp.StatusCode != 200 || !strings.Contains(body, `"id":"demo"`) {
+		t.Fatalf("models: %d %s", resp.StatusCode, body)
+	}
+	if err := cmd.Process.Signal(os.Interrupt); err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("dev exit: %v", err)
+	}
+	if left := harness.Leftovers(info["state_dir"]); len(left) != 0 {
+		t.Fatalf("processes left after Ctrl-C: %v", left)
 	}
 }

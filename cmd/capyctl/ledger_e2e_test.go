@@ -7,6 +7,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -232,9 +233,38 @@ func TestLedger_MultiCardPinsTheCardWithRoom(t *testing.T) {
 		}
 	}
 	// The host ledger is served by the management API too.
-	hosts, _, code := r.CLI("status", "deployment", "mid", "--json")
-	if code != 0 || !strings.Contains(hosts, `"gpu1"`) {
-		t.Fatalf("status mid:\n%s", hosts)
+	req, _ := http.NewRequest(http.MethodGet, "http://"+r.Info.Management+"/management/v1/hosts/"+r.Info.Host+"/ledger", nil)
+	req.Header.Set("Authorization", "Bearer "+r.Creds.AdminToken)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var hl struct {
+		Host   string     `json:"host"`
+		GPUs   []wire.GPU `json:"gpus"`
+		Ledger struct {
+			Domains []struct {
+				Name    string `json:"name"`
+				Charged int64  `json:"charged_bytes"`
+			} `json:"domains"`
+			Owners []struct {
+				ID string `json:"id"`
+			} `json:"owners"`
+		} `json:"ledger"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&hl); err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("host ledger: %d %v", resp.StatusCode, err)
+	}
+	resp.Body.Close()
+	charged := map[string]int64{}
+	for _, d := range hl.Ledger.Domains {
+		charged[d.Name] = d.Charged
+	}
+	if len(hl.GPUs) != 2 || charged["gpu0"] != 16*gib || charged["gpu1"] != 10*gib || charged["system"] != 256<<20 || len(hl.Ledger.Owners) != 2 {
+		t.Fatalf("host ledger: %+v", hl)
+	}
+	if hl.GPUs[1].UsedBytes != gib {
+		t.Fatalf("gpu1 used %d, want mid's engine's 1GiB", hl.GPUs[1].UsedBytes)
 	}
 }
 

@@ -43,7 +43,13 @@ import (
 )
 
 // Builtins are the driver families compiled into the capyctl binary.
-var Builtins = []string{structs.FamilyCustom}
+var Builtins = []string{
+	structs.FamilyCustom,
+	structs.FamilyLlamaCpp,
+	structs.FamilyTensorFold,
+	structs.FamilyVLLM,
+	structs.FamilySGLang,
+}
 
 // Settings are a role's effective settings (core/config produces them).
 type Settings struct {

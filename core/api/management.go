@@ -22,58 +22,53 @@ import (
 // maxManagementBody bounds a management request body.
 const maxManagementBody = 1 << 20
 
-// NewManagementHandler returns the management API under /management/v1,
-// behind the admin token. Listen on loopback only.
-//
-// Routes (see website/content/reference/management-api.md):
-//
-//	GET    /snapshot                                     whole state at one event cursor
-//	GET    /events                                       SSE stream, resumable (Last-Event-ID, ?after=)
-//	GET    /deployments                                  every deployment's status
-//	POST   /deployments                                  create (Idempotency-Key)
-//	GET    /deployments/{name}                           one deployment's status
-//	PUT    /deployments/{name}                           new revision (expected_revision; Idempotency-Key)
-//	DELETE /deployments/{name}                           stop and delete (Idempotency-Key)
-//	POST   /deployments/{name}/actions                   start, stop, park, delete (Idempotency-Key)
-//	POST   /deployments/{name}/instances/{index}/actions start, stop, park one instance (Idempotency-Key)
-//	GET    /deployments/{name}/effective-config          completed spec, provenance, rendered launches (redacted)
-//	GET    /deployments/{name}/engine-log                redacted tail of an instance's engine output
-//	GET    /config                                       the role's settings and their sources
-//	GET    /engines, POST /engines, DELETE /engines/{n}  the engine registry
-//	GET    /engine-flags/{family}                        a family's flag policy
-//	GET    /hosts                                        machines that run engines
-//	GET    /hosts/{name}/ledger                          a host's GPUs and memory ledger
-//	GET    /metrics/load, /metrics/latency               live load and latency views
-//	GET    /metrics (outside the prefix)                 the core's Prometheus metrics
+// Route is one route of the management API (the reference page is
+// generated from ManagementRoutes).
+type Route struct {
+	Method string
+	// Path is under wire.Prefix ("/deployments/{name}").
+	Path string
+	// Summary says what the route does, for the reference.
+	Summary string
+	// Idempotent is true for a mutation that takes an Idempotency-Key.
+	Idempotent bool
+	handle     func(b *Backend) http.HandlerFunc
+}
+
+// ManagementRoutes returns every management route, in reference order.
+func ManagementRoutes() []Route {
+	return []Route{
+		{http.MethodGet, "/snapshot", "the whole state (role, deployments, engines, hosts) and the event cursor it was taken at", false, func(b *Backend) http.HandlerFunc { return b.snapshot }},
+		{http.MethodGet, "/events", "the event stream (SSE) after a cursor: Last-Event-ID or ?after=; heartbeats; 410 cursor_expired with resnapshot_required", false, func(b *Backend) http.HandlerFunc { return b.events }},
+		{http.MethodGet, "/deployments", "every deployment's status", false, func(b *Backend) http.HandlerFunc { return b.listDeployments }},
+		{http.MethodPost, "/deployments", "create a deployment: {deployment, activate}; 201", true, func(b *Backend) http.HandlerFunc { return b.createDeployment }},
+		{http.MethodGet, "/deployments/{name}", "one deployment's status and instances", false, func(b *Backend) http.HandlerFunc { return b.getDeployment }},
+		{http.MethodPut, "/deployments/{name}", "a new revision: {deployment, expected_revision, activate}; 200", true, func(b *Backend) http.HandlerFunc { return b.updateDeployment }},
+		{http.MethodDelete, "/deployments/{name}", "stop every instance, prove the processes gone, delete", true, func(b *Backend) http.HandlerFunc { return b.deleteDeployment }},
+		{http.MethodPost, "/deployments/{name}/actions", "start (evict), stop, park or delete: {action, wait, evict, expected_revision}; 202, or 200 when done", true, func(b *Backend) http.HandlerFunc { return b.deploymentAction }},
+		{http.MethodPost, "/deployments/{name}/instances/{index}/actions", "start (evict), stop or park one instance", true, func(b *Backend) http.HandlerFunc { return b.instanceAction }},
+		{http.MethodGet, "/deployments/{name}/effective-config", "the completed spec, each field's provenance and each instance's rendered launch, secrets redacted", false, func(b *Backend) http.HandlerFunc { return b.effectiveConfig }},
+		{http.MethodGet, "/deployments/{name}/engine-log", "the redacted tail of an instance's engine output: ?instance=N&kib=1..256 (64)", false, func(b *Backend) http.HandlerFunc { return b.engineLog }},
+		{http.MethodGet, "/config", "the role's settings, each value's source, secrets redacted", false, func(b *Backend) http.HandlerFunc { return b.roleConfig }},
+		{http.MethodGet, "/engines", "the registered engines (a hint when there is none)", false, func(b *Backend) http.HandlerFunc { return b.listEngines }},
+		{http.MethodPost, "/engines", "detect (dry_run) or register an engine installation", false, func(b *Backend) http.HandlerFunc { return b.addEngine }},
+		{http.MethodDelete, "/engines/{name}", "remove a registration (engine_in_use while a deployment uses it)", false, func(b *Backend) http.HandlerFunc { return b.removeEngine }},
+		{http.MethodGet, "/engine-flags/{family}", "a family's flag policy: owned, reserved, gated, passed, and why", false, func(b *Backend) http.HandlerFunc { return b.engineFlags }},
+		{http.MethodGet, "/hosts", "the machines that run engines", false, func(b *Backend) http.HandlerFunc { return b.listHosts }},
+		{http.MethodGet, "/hosts/{name}/ledger", "a host's GPUs and memory ledger: domains, limits, charges per owner", false, func(b *Backend) http.HandlerFunc { return b.hostLedger }},
+		{http.MethodGet, ViewLoad, "live load per deployment and instance (running, waiting, limits)", false, func(b *Backend) http.HandlerFunc { return b.view(ViewLoad) }},
+		{http.MethodGet, ViewLatency, "latency distributions (router and engine)", false, func(b *Backend) http.HandlerFunc { return b.view(ViewLatency) }},
+	}
+}
+
+// NewManagementHandler returns the management API under /management/v1
+// (ManagementRoutes), behind the admin token. Listen on loopback only.
 func NewManagementHandler(b *Backend, adminToken string) http.Handler {
 	r := mux.NewRouter()
-	r.HandleFunc(wire.Prefix+"/snapshot", b.snapshot).Methods(http.MethodGet)
-	r.HandleFunc(wire.Prefix+"/events", b.events).Methods(http.MethodGet)
-	r.HandleFunc(wire.Prefix+"/deployments", b.listDeployments).Methods(http.MethodGet)
-	r.HandleFunc(wire.Prefix+"/deployments", b.createDeployment).Methods(http.MethodPost)
-	r.HandleFunc(wire.Prefix+"/deployments/{name}", b.getDeployment).Methods(http.MethodGet)
-	r.HandleFunc(wire.Prefix+"/deployments/{name}", b.updateDeployment).Methods(http.MethodPut)
-	r.HandleFunc(wire.Prefix+"/deployments/{name}", b.deleteDeployment).Methods(http.MethodDelete)
-	r.HandleFunc(wire.Prefix+"/deployments/{name}/actions", b.deploymentAction).Methods(http.MethodPost)
-	r.HandleFunc(wire.Prefix+"/deployments/{name}/instances/{index}/actions", b.instanceAction).Methods(http.MethodPost)
-	r.HandleFunc(wire.Prefix+"/deployments/{name}/effective-config", b.effectiveConfig).Methods(http.MethodGet)
-	r.HandleFunc(wire.Prefix+"/deployments/{name}/engine-log", b.engineLog).Methods(http.MethodGet)
-	r.HandleFunc(wire.Prefix+"/config", b.roleConfig).Methods(http.MethodGet)
-	r.HandleFunc(wire.Prefix+"/engines", b.listEngines).Methods(http.MethodGet)
-	r.HandleFunc(wire.Prefix+"/engines", b.addEngine).Methods(http.MethodPost)
-	r.HandleFunc(wire.Prefix+"/engines/{name}", b.removeEngine).Methods(http.MethodDelete)
-	r.HandleFunc(wire.Prefix+"/engine-flags/{family}", b.engineFlags).Methods(http.MethodGet)
-	r.HandleFunc(wire.Prefix+"/hosts", b.listHosts).Methods(http.MethodGet)
-	r.HandleFunc(wire.Prefix+"/hosts/{name}/ledger", b.hostLedger).Methods(http.MethodGet)
-	for _, path := range []string{ViewLoad, ViewLatency} {
-		h := http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
-			writeMgmtError(w, structs.Errf(structs.CodeUnsupported, "the %s view is not available in this build", req.URL.Path))
-		})
-		if mk, ok := viewRoutes[path]; ok {
-			h = mk(b)
-		}
-		r.Handle(wire.Prefix+path, h).Methods(http.MethodGet)
+	for _, rt := range ManagementRoutes() {
+		r.HandleFunc(wire.Prefix+rt.Path, rt.handle(b)).Methods(rt.Method)
 	}
+	// The core's Prometheus metrics, outside the prefix, behind the token.
 	r.Handle("/metrics", MetricsView(b)).Methods(http.MethodGet)
 	notFound := http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		writeMgmtError(w, structs.Errf(structs.CodeNotFound, "no route %s %s", req.Method, req.URL.Path))
@@ -84,6 +79,16 @@ func NewManagementHandler(b *Backend, adminToken string) http.Handler {
 	r.NotFoundHandler = notFound
 	r.MethodNotAllowedHandler = notAllowed
 	return managementAuth(r, adminToken)
+}
+
+// view returns a registered view's handler, or one answering unsupported.
+func (b *Backend) view(path string) http.HandlerFunc {
+	if mk, ok := viewRoutes[path]; ok {
+		return mk(b)
+	}
+	return func(w http.ResponseWriter, req *http.Request) {
+		writeMgmtError(w, structs.Errf(structs.CodeUnsupported, "the %s view is not available in this build", req.URL.Path))
+	}
 }
 
 // Paths of the read-only views other files of this package provide.

@@ -100,6 +100,9 @@ type SizingInput struct {
 	// HostLimit is the system domain's managed limit (discrete machines).
 	HostLimit int64
 	Measured  *Measured
+	// MeasuredParked is the residue measured after an earlier park (only
+	// its card side is used).
+	MeasuredParked *Measured
 }
 
 // Sizing is what a deployment is charged in each phase, and where each
@@ -299,6 +302,10 @@ func Size(in SizingInput) (Sizing, error) {
 			s.Parked.Host += copyBytes
 		}
 		s.ParkedProvenance = ProvPlaceholder
+		if m := in.MeasuredParked; m != nil && m.DeviceBytes > 0 {
+			s.Parked.Device = ParkedResidue(m.DeviceBytes, in.Unified, s.Ready.Device)
+			s.ParkedProvenance = ProvMeasured
+		}
 	}
 	s.Parked.Device = min(s.Parked.Device, s.Ready.Device)
 	return s, nil
@@ -309,4 +316,15 @@ func orDefault(v, def int64) int64 {
 		return v
 	}
 	return def
+}
+
+// ParkedResidue is the card charge of a parked engine from a measured
+// residue: never below the placeholder (1 GiB on a card, 2 GiB unified) and
+// never above the ready charge.
+func ParkedResidue(measured int64, unified bool, ready int64) int64 {
+	floor := ParkedDevicePlaceholder
+	if unified {
+		floor = ParkedUnifiedPlaceholder
+	}
+	return min(max(measured, floor), ready)
 }

@@ -129,6 +129,15 @@ func TestSize(t *testing.T) {
 			want: Sizing{StartupDeviceProvenance: ProvPlaceholder, StartupHostProvenance: ProvPlaceholder, ReadyProvenance: ProvPlaceholder},
 		},
 		{
+			name: "a measured residue, never below the placeholder nor above ready",
+			in: SizingInput{Residency: structs.ResidencyDeep, Declared: &Declared{GPU: 11 * gib, RAM: 2 * gib},
+				MeasuredParked: &Measured{DeviceBytes: 3 * gib}},
+			want: Sizing{
+				Startup: Need{11 * gib, 2 * gib}, Ready: Need{11 * gib, 2 * gib}, Parked: Need{3 * gib, 2 * gib},
+				StartupDeviceProvenance: ProvDeclared, StartupHostProvenance: ProvDeclared, ReadyProvenance: ProvDeclared, ParkedProvenance: ProvMeasured,
+			},
+		},
+		{
 			name: "host_backed parks a host copy of the weights",
 			in:   SizingInput{Residency: structs.ResidencyHostBacked, Hints: Hints{WeightsBytes: 8 * gib}, DeviceLimit: 80 * gib},
 			want: Sizing{
@@ -155,5 +164,27 @@ func TestSize_RequestTooSmall(t *testing.T) {
 	_, err := Size(SizingInput{Memory: MemorySpec{Request: 8 * gib}, Hints: Hints{WeightsBytes: 8 * gib}})
 	if !structs.HasCode(err, structs.CodeCheckpointUnusable) {
 		t.Fatalf("err = %v, want checkpoint_unusable", err)
+	}
+}
+
+func TestParkedResidue(t *testing.T) {
+	cases := []struct {
+		name     string
+		measured int64
+		unified  bool
+		ready    int64
+		want     int64
+	}{
+		{name: "measured", measured: 3 * gib, ready: 10 * gib, want: 3 * gib},
+		{name: "below the card placeholder", measured: gib / 4, ready: 10 * gib, want: gib},
+		{name: "below the unified placeholder", measured: gib, unified: true, ready: 10 * gib, want: 2 * gib},
+		{name: "above ready", measured: 12 * gib, ready: 10 * gib, want: 10 * gib},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			if got := ParkedResidue(c.measured, c.unified, c.ready); got != c.want {
+				t.Fatalf("ParkedResidue = %d, want %d", got, c.want)
+			}
+		})
 	}
 }

@@ -469,7 +469,7 @@ func (m *Manager) StopDeployment(ctx context.Context, name string, wait bool) er
 	if err != nil {
 		return err
 	}
-	run := func() error {
+	run := func(ctx context.Context) error {
 		var first error
 		var mu sync.Mutex
 		var wg sync.WaitGroup
@@ -490,9 +490,10 @@ func (m *Manager) StopDeployment(ctx context.Context, name string, wait bool) er
 		return first
 	}
 	if wait {
-		return run()
+		return run(ctx)
 	}
-	go func() { _ = run() }()
+	// The caller's context ends with its answer; the stop goes on.
+	go func() { _ = run(m.ctx) }()
 	return nil
 }
 
@@ -842,6 +843,9 @@ func (m *Manager) resolveModel(spec *structs.Deployment) (string, error) {
 	r, err := st.Resolve(m.ctx, spec.Model)
 	if err != nil {
 		return "", err
+	}
+	if r.Hashed > 0 {
+		m.logger.Info("model measured", "deployment", spec.Name, "model_dir", r.Dir, "content_fingerprint", r.Fingerprint, "files_read", r.Hashed, "files_unchanged", r.Reused)
 	}
 	return r.Dir, nil
 }

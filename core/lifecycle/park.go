@@ -26,7 +26,7 @@ func (m *Manager) ParkDeployment(ctx context.Context, name string, wait bool) er
 	if !ok {
 		return structs.Errf(structs.CodeNotFound, "no deployment %s", name)
 	}
-	run := func() error {
+	run := func(ctx context.Context) error {
 		var first error
 		for _, in := range insts {
 			if err := in.do(ctx, cmdPark, "operator park"); err != nil && first == nil {
@@ -36,9 +36,10 @@ func (m *Manager) ParkDeployment(ctx context.Context, name string, wait bool) er
 		return first
 	}
 	if wait {
-		return run()
+		return run(ctx)
 	}
-	go func() { _ = run() }()
+	// The caller's context ends with its answer; the park goes on.
+	go func() { _ = run(m.ctx) }()
 	return nil
 }
 

@@ -258,13 +258,13 @@ func newFixture(t *testing.T, capacity, ready, parked int, mutate ...func(*Confi
 	pool.free = func(int) bool { return true }
 	f.cfg = Config{
 		Store: st, Drivers: stubSource{f.drv}, Ports: pool, Placer: f.placer,
-		Host:               Host{Name: "h", StateDir: dir, ModelsRoot: dir},
-		Now:                f.clock.Now,
-		LivenessInterval:   time.Hour,
-		IdleCheckInterval:  time.Hour,
-		RetryCooldown:      time.Millisecond,
-		DrainTimeout:       time.Minute,
-		AdmissionWindow:    time.Millisecond,
+		Host:              Host{Name: "h", StateDir: dir, ModelsRoot: dir},
+		Now:               f.clock.Now,
+		LivenessInterval:  time.Hour,
+		IdleCheckInterval: time.Hour,
+		RetryCooldown:     time.Millisecond,
+		DrainTimeout:      time.Minute,
+		AdmissionWindow:   time.Millisecond,
 	}
 	for _, mu := range mutate {
 		mu(&f.cfg)

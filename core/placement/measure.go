@@ -120,19 +120,25 @@ func (s *sampler) run(sample func(launchIDs) (int64, int64, bool), interval time
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
-		if dev, host, ok := sample(s.ids); ok {
-			s.mu.Lock()
-			s.peakDevice = max(s.peakDevice, dev)
-			s.peakHost = max(s.peakHost, host)
-			s.samples++
-			s.mu.Unlock()
-		}
+		s.record(sample(s.ids))
 		select {
 		case <-s.stop:
 			return
 		case <-t.C:
 		}
 	}
+}
+
+// record merges one reading into the peaks (ok false: no process left).
+func (s *sampler) record(dev, host int64, ok bool) {
+	if !ok {
+		return
+	}
+	s.mu.Lock()
+	s.peakDevice = max(s.peakDevice, dev)
+	s.peakHost = max(s.peakHost, host)
+	s.samples++
+	s.mu.Unlock()
 }
 
 // halt stops the sampler and waits for it.
@@ -146,4 +152,71 @@ func (s *sampler) peak() (device, host int64, n int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.peakDevice, s.peakHost, s.samples
+}
+
+// Parked measures what a parked engine still holds (its residue) from its
+// own processes, stores it (merged with MAX) for the next parks of the
+// revision, and charges it now on the card: never below the placeholder
+// nor above the ready charge (SPEC D2). The lifecycle calls it once an
+// instance is parked.
+func (p *Placer) Parked(owner string) {
+	p.mu.Lock()
+	info := p.owners[owner]
+	ids, ok := p.launches[owner]
+	p.mu.Unlock()
+	if info == nil || !ok {
+		return
+	}
+	dev, host, alive := p.sample(ids)
+	if !alive {
+		return
+	}
+	if p.cfg.Store != nil && info.ParkedKey != "" && dev > 0 {
+		m := store.Measurement{Provenance: ledger.ProvMeasured, At: p.cfg.Now().UTC()}
+		if old, err := p.cfg.Store.GetMeasurement(info.ParkedKey); err == nil && old != nil {
+			m.DeviceBytes, m.HostBytes, m.Samples = old.DeviceBytes, old.HostBytes, old.Samples
+		}
+		m.DeviceBytes = max(m.DeviceBytes, dev)
+		m.HostBytes = max(m.HostBytes, host)
+		m.Samples++
+		if err := p.cfg.Store.PutMeasurement(info.ParkedKey, m); err != nil {
+			p.logger.Warn("could not store a parked residue", "instance", owner, "error", err)
+		}
+	}
+	if info.Card == "" || dev <= 0 {
+		return // a unified pool or nothing measured: the next sizing uses it
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.owners[owner] != info {
+		return
+	}
+	charge := ledger.ParkedResidue(dev, false, info.Plan[ledger.PhaseReady][info.Card])
+	if info.Plan[ledger.PhaseParked][info.Card] == charge {
+		return
+	}
+	named := map[string]map[string]int64{}
+	for ph, byDomain := range info.Plan {
+		named[ph] = map[string]int64{}
+		for d, b := range byDomain {
+			named[ph][d] = b
+		}
+	}
+	named[ledger.PhaseParked][info.Card] = charge
+	pl, err := p.planFrom(named)
+	if err == nil {
+		_, err = p.l.Place(owner, pl, info.Phase)
+	}
+	if err != nil {
+		p.logger.Warn("a measured parked residue does not fit; the placeholder stays charged", "instance", owner,
+			"residue", structs.FormatBytes(dev), "error", err)
+		return
+	}
+	info.Plan = named
+	p.persist(owner, info)
+	if v := p.views[info.Deployment]; v != nil {
+		v.Sizing.Parked.Device = charge
+		v.Sizing.ParkedProvenance = ledger.ProvMeasured
+	}
+	p.logger.Info("parked residue measured", "instance", owner, "residue", structs.FormatBytes(dev), "charged", structs.FormatBytes(charge))
 }

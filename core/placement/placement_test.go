@@ -487,3 +487,152 @@ func TestPlacer_DeploymentExtras(t *testing.T) {
 		t.Fatalf("host view = %+v %v", gpus, led)
 	}
 }
+
+func TestPlacer_MeasuresTheParkedResidue(t *testing.T) {
+	g := cards(1, 24*gib)
+	st := newMemStore()
+	p, err := New(Config{Host: "hostA", GPU: g, HostFS: gpu.HostFS{ProcRoot: "/proc", CgroupRoot: t.TempDir()}, Store: st, SampleInterval: 5 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	d := spec("p", 10*gib, gib)
+	res := func() (*lifecycle.Grant, error) {
+		return p.Reserve(context.Background(), lifecycle.Reservation{Owner: "p/0", Deployment: d, Revision: 1,
+			Engine: &structs.EngineRecord{Name: "e"}, Residency: structs.ResidencyDeep})
+	}
+	if _, err := res(); err != nil {
+		t.Fatal(err)
+	}
+	eng := startEngine(t)
+	pid := eng.Process.Pid
+	p.Launched("p/0", pid, []structs.ProcessIdentity{{PID: pid, Role: "engine"}})
+	if err := p.Phase("p/0", ledger.PhaseReady); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Phase("p/0", ledger.PhaseParked); err != nil {
+		t.Fatal(err)
+	}
+	if o, _ := p.l.Owner("p/0"); o.Charges["gpu0"] != gib {
+		t.Fatalf("parked placeholder: %v", o.Charges)
+	}
+	// The parked engine still holds 2.5 GiB: that is charged, and kept.
+	g.set(gpu.ProcessMemory{PID: pid, DeviceUUID: "GPU-a", Bytes: 5 * gib / 2})
+	p.Parked("p/0")
+	if o, _ := p.l.Owner("p/0"); o.Charges["gpu0"] != 5*gib/2 {
+		t.Fatalf("parked charge after the measurement: %v", o.Charges)
+	}
+	if m, err := st.GetMeasurement(ParkedKey("p", 1, "hostA", &structs.EngineRecord{Name: "e"})); err != nil || m.DeviceBytes != 5*gib/2 {
+		t.Fatalf("stored residue: %+v %v", m, err)
+	}
+	p.Release("p/0")
+	if _, err := res(); err != nil {
+		t.Fatal(err)
+	}
+	mv, _ := p.Memory("p", 1)
+	if mv.Parked.DeviceBytes != 5*gib/2 || mv.Parked.Provenance != ledger.ProvMeasured {
+		t.Fatalf("next start's parked charge: %+v", mv.Parked)
+	}
+}
+
+func TestPlacer_Adopt(t *testing.T) {
+	g := cards(1, 24*gib)
+	st := newMemStore()
+	p := newPlacer(t, g, st)
+	if _, err := reserve(p, "a/0", spec("a", 10*gib, gib)); err != nil {
+		t.Fatal(err)
+	}
+	// A restarted role: Restore saw the instance starting; the lifecycle's
+	// re-attach proves it ready.
+	q := newPlacer(t, g, st)
+	rec := structs.InstanceRecord{Deployment: "a", Index: 0, State: structs.StateStarting, Launch: &structs.LaunchRecord{Pgid: 1}}
+	q.Restore([]structs.InstanceRecord{rec})
+	if o, _ := q.l.Owner("a/0"); o.Phase != ledger.PhaseStartup {
+		t.Fatalf("restored phase %q", o.Phase)
+	}
+	q.Adopt("a/0", ledger.PhaseReady, rec)
+	if o, _ := q.l.Owner("a/0"); o.Phase != ledger.PhaseReady || o.Charges["gpu0"] != 10*gib {
+		t.Fatalf("adopted: %+v", o)
+	}
+	// Adopt alone (no Restore) reads the recorded charge too.
+	r := newPlacer(t, g, st)
+	r.Adopt("a/0", ledger.PhaseParked, rec)
+	if o, ok := r.l.Owner("a/0"); !ok || o.Phase != ledger.PhaseParked {
+		t.Fatalf("adopt without restore: %+v %v", o, ok)
+	}
+}
+
+// TestPlacer_CompilersAreLeftOut: a kernel build the engine runs during
+// its first start (here a process named ninja, the engine's child, holding
+// GPU memory in the provider's readings) is not part of the startup peak.
+func TestPlacer_CompilersAreLeftOut(t *testing.T) {
+	sleepPath, err := exec.LookPath("sleep")
+	if err != nil {
+		t.Skip("no sleep program")
+	}
+	if real, _ := filepath.EvalSymlinks(sleepPath); strings.Contains(filepath.Base(real), "busybox") {
+		t.Skip("sleep is busybox: a copy named ninja would not run")
+	}
+	data, err := os.ReadFile(sleepPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	ninja := filepath.Join(dir, "ninja")
+	if err := os.WriteFile(ninja, data, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("sh", "-c", ninja+" 60 & exec "+sleepPath+" 60")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	engine := cmd.Process.Pid
+	t.Cleanup(func() { _ = syscall.Kill(-engine, syscall.SIGKILL); _, _ = cmd.Process.Wait() })
+	var ninjaPID int
+	deadline := time.Now().Add(30 * time.Second)
+	for ninjaPID == 0 {
+		for _, pr := range gpu.DefaultHostFS.Processes() {
+			if pr.Comm == "ninja" && pr.PGID == engine {
+				ninjaPID = pr.PID
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the compiler process did not appear")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+
+	g := cards(1, 24*gib)
+	st := newMemStore()
+	p, err := New(Config{Host: "hostA", GPU: g, HostFS: gpu.HostFS{ProcRoot: "/proc", CgroupRoot: t.TempDir()}, Store: st, SampleInterval: 5 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	if _, err := reserve(p, "c/0", spec("c", 4*gib, gib)); err != nil {
+		t.Fatal(err)
+	}
+	g.set(gpu.ProcessMemory{PID: engine, DeviceUUID: "GPU-a", Bytes: 2 * gib}, gpu.ProcessMemory{PID: ninjaPID, DeviceUUID: "GPU-a", Bytes: 5 * gib})
+	p.Launched("c/0", engine, []structs.ProcessIdentity{{PID: engine, Role: "engine"}})
+	for {
+		mv, _ := p.Memory("c", 1)
+		if mv.Startup.ObservedSamples > 0 {
+			if mv.Startup.ObservedDeviceBytes != 2*gib {
+				t.Fatalf("observed %d on the card, want the engine's 2GiB without the compiler's 5GiB", mv.Startup.ObservedDeviceBytes)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no sample")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if err := p.Phase("c/0", ledger.PhaseReady); err != nil {
+		t.Fatal(err)
+	}
+	key := MeasurementKey("c", 1, "hostA", &structs.EngineRecord{Name: "e", Digest: "sha256:x"})
+	if m, err := st.GetMeasurement(key); err != nil || m.DeviceBytes != 2*gib {
+		t.Fatalf("measurement = %+v %v", m, err)
+	}
+}

@@ -96,8 +96,10 @@ type ownerInfo struct {
 	Card  string                      `json:"card,omitempty"`
 	Phase string                      `json:"phase"`
 	Plan  map[string]map[string]int64 `json:"plan"`
-	// Key is the measurement key of the instance's startup peak.
-	Key string `json:"measurement_key,omitempty"`
+	// Key is the measurement key of the instance's startup peak;
+	// ParkedKey the one of its parked residue.
+	Key       string `json:"measurement_key,omitempty"`
+	ParkedKey string `json:"parked_measurement_key,omitempty"`
 	// Declared sides of the startup are not replaced by measurements.
 	DeviceDeclared bool `json:"device_declared,omitempty"`
 	HostDeclared   bool `json:"host_declared,omitempty"`
@@ -310,18 +312,17 @@ func (p *Placer) plan(s ledger.Sizing, card string) (ledger.Plan, map[string]map
 		ledger.PhaseReady:   byName(s.Ready),
 		ledger.PhaseParked:  byName(s.Parked),
 	}
-	var pl ledger.Plan
-	var err error
-	if pl.Startup, err = p.l.Charges(named[ledger.PhaseStartup]); err != nil {
-		return pl, nil, err
-	}
-	if pl.Ready, err = p.l.Charges(named[ledger.PhaseReady]); err != nil {
-		return pl, nil, err
-	}
-	if pl.Parked, err = p.l.Charges(named[ledger.PhaseParked]); err != nil {
+	pl, err := p.planFrom(named)
+	if err != nil {
 		return pl, nil, err
 	}
 	return pl, named, nil
+}
+
+// ParkedKey is the store key of a parked residue, keyed like
+// MeasurementKey.
+func ParkedKey(deployment string, revision uint64, host string, eng *structs.EngineRecord) string {
+	return "parked/" + strings.TrimPrefix(MeasurementKey(deployment, revision, host, eng), "startup/")
 }
 
 // MeasurementKey is the store key of a startup peak: per deployment,
@@ -357,7 +358,9 @@ func (p *Placer) Reserve(_ context.Context, req lifecycle.Reservation) (*lifecyc
 		return nil, structs.Errf(structs.CodeInternal, "reserve %s: no deployment", req.Owner)
 	}
 	key := MeasurementKey(req.Deployment.Name, req.Revision, p.cfg.Host, req.Engine)
+	parkedKey := ParkedKey(req.Deployment.Name, req.Revision, p.cfg.Host, req.Engine)
 	measured := p.measurement(key)
+	measuredParked := p.measurement(parkedKey)
 	devs, derr := p.cfg.GPU.Devices()
 
 	p.mu.Lock()
@@ -373,6 +376,9 @@ func (p *Placer) Reserve(_ context.Context, req lifecycle.Reservation) (*lifecyc
 	}
 	delete(p.launches, req.Owner)
 	in := p.sizingInput(req.Deployment, req.Hints, req.Residency, measured)
+	if measuredParked != nil {
+		in.MeasuredParked = &ledger.Measured{DeviceBytes: measuredParked.DeviceBytes, HostBytes: measuredParked.HostBytes}
+	}
 	doms := p.l.Domains()
 
 	// Candidates: the unified pool, or every card from the most room to
@@ -424,7 +430,7 @@ func (p *Placer) Reserve(_ context.Context, req lifecycle.Reservation) (*lifecyc
 			return nil, structs.Wrap(structs.CodeInternal, err, "place %s", req.Owner)
 		}
 		info := &ownerInfo{
-			Deployment: req.Deployment.Name, Revision: req.Revision, Card: card, Phase: ledger.PhaseStartup, Plan: named, Key: key,
+			Deployment: req.Deployment.Name, Revision: req.Revision, Card: card, Phase: ledger.PhaseStartup, Plan: named, Key: key, ParkedKey: parkedKey,
 			DeviceDeclared: sz.StartupDeviceProvenance == ledger.ProvDeclared, HostDeclared: sz.StartupHostProvenance == ledger.ProvDeclared,
 		}
 		p.owners[req.Owner] = info
@@ -504,6 +510,9 @@ func (p *Placer) Phase(owner, phase string) error {
 	if s != nil {
 		s.halt()
 		if info != nil && phase == ledger.PhaseReady {
+			// One last reading at ready: a start shorter than the sampling
+			// interval is still measured at least as it serves.
+			s.record(p.sample(s.ids))
 			p.storePeak(owner, info, s)
 		}
 	}
@@ -576,50 +585,114 @@ func (p *Placer) Restore(records []structs.InstanceRecord) {
 		if r.Launch == nil || r.State == structs.StateStopped || r.State == structs.StateFailed {
 			continue
 		}
-		owner := r.ID()
-		raw, err := p.cfg.Store.Meta(metaPrefix + owner)
-		if err != nil || raw == "" {
-			p.logger.Warn("a recorded instance has no recorded charge; it is charged nothing until it restarts", "instance", owner)
-			continue
-		}
-		var info ownerInfo
-		if err := json.Unmarshal([]byte(raw), &info); err != nil {
-			p.logger.Warn("a recorded charge does not parse", "instance", owner, "error", err)
-			continue
-		}
-		var pl ledger.Plan
-		var cerr error
-		for phase, dst := range map[string]*ledger.Charges{ledger.PhaseStartup: &pl.Startup, ledger.PhaseReady: &pl.Ready, ledger.PhaseParked: &pl.Parked} {
-			c, err := p.l.Charges(info.Plan[phase])
-			if err != nil {
-				cerr = err
-			}
-			*dst = c
-		}
-		if cerr != nil {
-			p.logger.Warn("a recorded charge names a domain this host no longer has", "instance", owner, "error", cerr)
-			continue
-		}
-		if err := p.l.Restore(owner, pl, info.Phase); err != nil {
-			p.logger.Warn("could not restore a charge", "instance", owner, "error", err)
-			continue
-		}
-		p.owners[owner] = &info
-		ids := launchIDs{pgid: r.Launch.Pgid}
-		for _, pr := range r.Launch.Processes {
-			switch pr.Role {
-			case "engine":
-				ids.engine = pr.PID
-			case "shim":
-				ids.shim = pr.PID
-			}
-		}
-		p.launches[owner] = ids
-		p.logger.Info("restored a charge", "instance", owner, "phase", info.Phase)
+		p.restoreOne(r, "")
 	}
 	// The restored engines' GPU memory is CapyCTL's, not memory held
 	// outside it.
 	p.refreshDevices()
+}
+
+// restoreOne charges one recorded instance from its recorded plan, in its
+// recorded phase (or phase, when given), without the admission check.
+// Called with p.mu held; it reports whether the owner is charged.
+func (p *Placer) restoreOne(r structs.InstanceRecord, phase string) bool {
+	owner := r.ID()
+	if r.Launch != nil {
+		p.restoreLaunch(owner, r.Launch)
+	}
+	if p.cfg.Store == nil {
+		return false
+	}
+	raw, err := p.cfg.Store.Meta(metaPrefix + owner)
+	if err != nil || raw == "" {
+		p.logger.Warn("a recorded instance has no recorded charge; it is charged nothing until it restarts", "instance", owner)
+		return false
+	}
+	var info ownerInfo
+	if err := json.Unmarshal([]byte(raw), &info); err != nil {
+		p.logger.Warn("a recorded charge does not parse", "instance", owner, "error", err)
+		return false
+	}
+	pl, err := p.planFrom(info.Plan)
+	if err != nil {
+		p.logger.Warn("a recorded charge names a domain this host no longer has", "instance", owner, "error", err)
+		return false
+	}
+	if phase != "" {
+		info.Phase = phase
+	}
+	if err := p.l.Restore(owner, pl, info.Phase); err != nil {
+		p.logger.Warn("could not restore a charge", "instance", owner, "error", err)
+		return false
+	}
+	p.owners[owner] = &info
+	p.persist(owner, &info)
+	p.logger.Info("restored a charge", "instance", owner, "phase", info.Phase)
+	return true
+}
+
+// planFrom turns charges by phase and domain name into a ledger plan.
+func (p *Placer) planFrom(named map[string]map[string]int64) (ledger.Plan, error) {
+	var pl ledger.Plan
+	var err error
+	if pl.Startup, err = p.l.Charges(named[ledger.PhaseStartup]); err != nil {
+		return pl, err
+	}
+	if pl.Ready, err = p.l.Charges(named[ledger.PhaseReady]); err != nil {
+		return pl, err
+	}
+	if pl.Parked, err = p.l.Charges(named[ledger.PhaseParked]); err != nil {
+		return pl, err
+	}
+	return pl, nil
+}
+
+// Adopt charges an instance the lifecycle re-attached to (after a role or
+// driver restart) in the phase it really is in. An owner Restore already
+// charged moves to that phase; a raise that no longer fits is charged
+// anyway, since the memory is in use.
+func (p *Placer) Adopt(owner, phase string, rec structs.InstanceRecord) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	info := p.owners[owner]
+	if info == nil {
+		p.restoreOne(rec, phase)
+		p.refreshDevices()
+		return
+	}
+	if rec.Launch != nil {
+		p.restoreLaunch(owner, rec.Launch)
+	}
+	if info.Phase != phase {
+		if _, err := p.l.SetPhase(owner, phase); err != nil {
+			pl, perr := p.planFrom(info.Plan)
+			if perr == nil {
+				perr = p.l.Restore(owner, pl, phase)
+			}
+			if perr != nil {
+				p.logger.Warn("could not adopt a re-attached instance's phase", "instance", owner, "phase", phase, "error", perr)
+				return
+			}
+			p.logger.Warn("a re-attached instance is charged over the limit", "instance", owner, "phase", phase, "error", err)
+		}
+		info.Phase = phase
+		p.persist(owner, info)
+	}
+	p.refreshDevices()
+}
+
+// restoreLaunch records a launch's processes (called with p.mu held).
+func (p *Placer) restoreLaunch(owner string, l *structs.LaunchRecord) {
+	ids := launchIDs{pgid: l.Pgid}
+	for _, pr := range l.Processes {
+		switch pr.Role {
+		case "engine":
+			ids.engine = pr.PID
+		case "shim":
+			ids.shim = pr.PID
+		}
+	}
+	p.launches[owner] = ids
 }
 
 // refreshDevices reads the cards and records what they hold outside

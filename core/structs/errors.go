@@ -100,6 +100,7 @@ const (
 	CodeDeadlineExceeded        Code = "deadline_exceeded"
 	CodeStreamStalled           Code = "stream_stalled"
 	CodeChunkTooLarge           Code = "chunk_too_large"
+	CodeEngineNotIdle           Code = "engine_not_idle"
 )
 
 var catalogue = map[Code]CodeInfo{}
@@ -179,6 +180,7 @@ func init() {
 	row(CodeDeadlineExceeded, http.StatusGatewayTimeout, 13, true, "no output within the request deadline (queueing, waking and prefill included); cancelled on the engine")
 	row(CodeStreamStalled, http.StatusGatewayTimeout, 13, true, "the engine sent nothing for the stream idle bound; cancelled on the engine")
 	row(CodeChunkTooLarge, http.StatusBadGateway, 13, false, "the engine sent one piece of an answer over limits.max_chunk_bytes; cancelled on the engine")
+	row(CodeEngineNotIdle, http.StatusConflict, 13, true, "the engine still has requests running or waiting; drain it first")
 }
 
 // Lookup returns the catalogue row of a code (suffix ignored); unknown codes

@@ -46,6 +46,9 @@ func (c *DevCommand) Help() string {
   allocate on it, the memory ledger charges it, and capyctl status
   deployment demo shows both.
 
+  With --json, one JSON object says the same (endpoint, api_key,
+  state_dir, management, gpu, model).
+
 Dev Options:
 
   --listen ADDR             Inference address (default 127.0.0.1:8443).
@@ -119,6 +122,17 @@ func (c *DevCommand) Run(args []string) int {
 	}
 	key := a.Creds.APIKey
 	addr := a.InferenceAddr()
+	if c.JSON() {
+		c.PrintJSON(map[string]string{
+			"endpoint": "http://" + addr + "/v1", "api_key": key, "state_dir": stateDir,
+			"management": "http://" + a.ManagementAddr(), "gpu": a.GPU.Kind(), "model": "demo",
+		})
+		<-ctx.Done()
+		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		a.Shutdown(sctx, true)
+		return 0
+	}
 	fmt.Fprintf(c.Out, "\nCapyCTL dev is running (standalone role, fake engine, %s GPU, no GPU needed).\n\n", a.GPU.Kind())
 	fmt.Fprintf(c.Out, "Endpoint: http://%s/v1\n", addr)
 	fmt.Fprintf(c.Out, "API key: %s\n", key)

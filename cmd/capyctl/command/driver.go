@@ -5,13 +5,21 @@ package command
 
 import (
 	"github.com/capyctl/capyctl/drivers/custom"
+	"github.com/capyctl/capyctl/drivers/llamacpp"
+	"github.com/capyctl/capyctl/drivers/sglang"
+	"github.com/capyctl/capyctl/drivers/tensorfold"
+	"github.com/capyctl/capyctl/drivers/vllm"
 	"github.com/capyctl/capyctl/sdk"
 	"github.com/capyctl/capyctl/sdk/plugin"
 )
 
 // builtinDrivers are the first-party drivers compiled into capyctl.
 var builtinDrivers = map[string]func() sdk.Driver{
-	"custom": func() sdk.Driver { return custom.New() },
+	"custom":     func() sdk.Driver { return custom.New() },
+	"llamacpp":   func() sdk.Driver { return llamacpp.New() },
+	"tensorfold": func() sdk.Driver { return tensorfold.New() },
+	"vllm":       func() sdk.Driver { return vllm.New() },
+	"sglang":     func() sdk.Driver { return sglang.New() },
 }
 
 // DriverCommand serves a built-in driver over go-plugin. The core runs it

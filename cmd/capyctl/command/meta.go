@@ -132,9 +132,11 @@ func (m *Meta) Fail(err error) int {
 		var buf bytes.Buffer
 		enc := json.NewEncoder(&buf)
 		enc.SetEscapeHTML(false)
-		_ = enc.Encode(map[string]any{"error": map[string]any{
-			"code": string(e.Code), "message": e.Message, "retryable": e.Info().Retryable, "details": e.Details,
-		}})
+		body := map[string]any{"code": string(e.Code), "message": e.Message, "retryable": e.Info().Retryable}
+		if len(e.Details) > 0 {
+			body["details"] = e.Details
+		}
+		_ = enc.Encode(map[string]any{"error": body})
 		_, _ = m.Err.Write(buf.Bytes())
 	} else {
 		fmt.Fprintf(m.Err, "error [%s]: %s\n", e.Code, e.Message)

@@ -18,6 +18,7 @@ import (
 	"github.com/capyctl/capyctl/core/api/wire"
 	"github.com/capyctl/capyctl/core/config"
 	"github.com/capyctl/capyctl/core/structs"
+	"github.com/capyctl/capyctl/core/version"
 )
 
 // StandaloneStartCommand runs the standalone role in the foreground.
@@ -197,7 +198,11 @@ func (c *StandaloneStartCommand) Run(args []string) int {
 		a.Shutdown(context.Background(), false)
 		return c.Fail(err)
 	}
-	a.Banner(c.Out)
+	if c.JSON() {
+		c.PrintJSON(banner(a))
+	} else {
+		a.Banner(c.Out)
+	}
 	logger.Info("role started", "role", "standalone", "inference", a.InferenceAddr(), "management", a.ManagementAddr())
 	<-ctx.Done()
 	stop()
@@ -209,4 +214,23 @@ func (c *StandaloneStartCommand) Run(args []string) int {
 	defer tcancel()
 	a.Shutdown(tctx, false)
 	return 0
+}
+
+// banner is the role's banner as JSON (start standalone --json).
+func banner(a *agent.Agent) map[string]any {
+	out := map[string]any{
+		"role": a.Settings().Role, "host": a.Settings().Hostname, "state_dir": a.Settings().StateDir,
+		"inference": a.InferenceAddr(), "management": a.ManagementAddr(), "version": version.Version, "commit": version.GetCommit(),
+	}
+	if list, err := a.Engines.List(); err == nil {
+		names := make([]string, 0, len(list))
+		for _, e := range list {
+			names = append(names, e.Name)
+		}
+		out["engines"] = names
+		if len(list) == 0 {
+			out["hint"] = noEngineHint
+		}
+	}
+	return out
 }

@@ -7,8 +7,10 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"sort"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/capyctl/capyctl/plugins-testkit/fakeengine"
 	"github.com/capyctl/capyctl/sdk/formats"
@@ -63,6 +65,7 @@ var llamaOpts = map[string]llamaOpt{
 	"log-timestamps":   {[]string{"--log-timestamps"}, false},
 	"log-prefix":       {[]string{"--log-prefix"}, false},
 	"version":          {[]string{"--version"}, false},
+	"help":             {[]string{"-h", "--help", "--usage"}, false},
 }
 
 // parseLlamaArgs reads llama-server's argv ("-c 512", "--ctx-size=512").
@@ -110,6 +113,10 @@ func llamaServerCommand(args []string, env func(string) string, stdout, stderr i
 		fmt.Fprintf(stderr, "error: %v\n", err)
 		return 1
 	}
+	if a["help"] != "" {
+		printLlamaHelp(stdout)
+		return 0
+	}
 	if a["version"] != "" {
 		v := env(llamaVersionEnv)
 		if v == "" {
@@ -118,7 +125,9 @@ func llamaServerCommand(args []string, env func(string) string, stdout, stderr i
 		fmt.Fprintf(stderr, "version: %s (c392e5094)\nbuilt with cc (GCC) 12.2.0 for x86_64-linux-gnu\n", v)
 		return 0
 	}
-	cfg := fakeengine.Config{Stdout: stdout, Stderr: stderr}
+	// llama-server ends within about a second of SIGTERM, requests in
+	// flight or not.
+	cfg := fakeengine.Config{Stdout: stdout, Stderr: stderr, ShutdownGrace: time.Second}
 	fs := flag.NewFlagSet("llama-server knobs", flag.ContinueOnError)
 	knobs := fakeengine.RegisterKnobs(fs, &cfg)
 	if err := knobs.Resolve(env); err != nil {
@@ -209,4 +218,24 @@ func llamaKVPerToken(g *formats.GGUFFile, ctk, ctv string) int64 {
 	k, _ := g.KVBytesPerToken(kind(ctk))
 	v, _ := g.KVBytesPerToken(kind(ctv))
 	return int64(k/2 + v/2)
+}
+
+// printLlamaHelp prints the options the fake takes, one per line, as
+// llama-server's --help lists them ("-c,    --ctx-size N").
+func printLlamaHelp(w io.Writer) {
+	names := make([]string, 0, len(llamaOpts))
+	for canon := range llamaOpts {
+		names = append(names, canon)
+	}
+	sort.Strings(names)
+	fmt.Fprintln(w, "----- common params -----")
+	fmt.Fprintln(w)
+	for _, canon := range names {
+		o := llamaOpts[canon]
+		arg := ""
+		if o.value {
+			arg = " " + strings.ToUpper(strings.ReplaceAll(canon, "-", "_"))
+		}
+		fmt.Fprintf(w, "%-40s (fake)\n", strings.Join(o.names, ", ")+arg)
+	}
 }

@@ -66,6 +66,8 @@ var invocations = []invocation{
 			return tensorFoldCommand(args, env, stdout, stderr)
 		},
 	},
+	vllmInvocation,
+	sglangInvocation,
 }
 
 // isEngineName reports a program name that a real engine uses: those

@@ -64,6 +64,9 @@ func tensorFoldCommand(args []string, env func(string) string, stdout, stderr io
 		_          = fs.String("drafter", "", "draft model (none: no drafts)")
 		_          = fs.String("kv-dtype", "", "KV cache element type")
 		_          = fs.String("name-priority", "", "ID=background")
+		_          = fs.Int("max-tokens", 0, "the longest answer")
+		_          = fs.Bool("thinking", false, "reasoning on")
+		_          = fs.Bool("no-thinking", false, "reasoning off")
 	)
 	if err := fs.Parse(args[1:]); err != nil {
 		return 2

@@ -23,7 +23,8 @@ func TestTensorFold_Version(t *testing.T) {
 func TestTensorFold_MemoryCap(t *testing.T) {
 	g, devs := newSimGPU(t, 8<<30)
 	p := startProc(t, "tensorfold", []string{"serve", t.TempDir(), "--name", "fold", "--host", "127.0.0.1", "--port", "0",
-		"--parallel", "4", "--context", "4096", "--no-drafts", "--no-update-check", "--backend", "cuda", "--snapshot-dir", "none"},
+		"--parallel", "4", "--context", "4096", "--no-drafts", "--no-update-check", "--backend", "cuda", "--snapshot-dir", "none",
+		"--max-tokens", "512", "--no-thinking", "--kv-dtype", "fp8"},
 		"CAPYCTL_SIMGPU_STATE="+g.Path(), "CAPYCTL_FAKE_SIM_WEIGHTS=1GiB", "TENSORFOLD_CUDA_MEMORY_LIMIT_GB=2.5")
 	p.waitListening(t)
 	p.waitFor(t, "ready", func() bool {

@@ -1,0 +1,77 @@
+// Copyright (c) CapyCTL authors
+// SPDX-License-Identifier: Apache-2.0
+
+package pyengine
+
+import (
+	"context"
+	"net/http"
+	"time"
+
+	"github.com/capyctl/capyctl/sdk/engineapi"
+	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
+)
+
+// MetricNames are a family's Prometheus names for the idle signal.
+type MetricNames struct {
+	// Running and Waiting are the request gauges.
+	Running, Waiting string
+	// KVUsage are the KV usage gauges (0..1), the first found wins.
+	KVUsage []string
+	// Figures are further samples reported by name (counters, gauges).
+	Figures []string
+}
+
+// ReadLoad reads the idle signal from GET /metrics: running and waiting
+// requests of the served model (the samples labelled model_name, or all of
+// them when the engine does not label), the KV usage and the figures.
+// known is false when the engine does not answer or lacks the gauges.
+func ReadLoad(ctx context.Context, c *engineapi.EngineClient, served string, names MetricNames) *pb.LoadResponse {
+	unknown := &pb.LoadResponse{Known: false, KvUsage: -1}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	resp, err := c.Get(ctx, "/metrics")
+	if err != nil {
+		return unknown
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return unknown
+	}
+	ms, err := engineapi.ParseMetrics(resp.Body)
+	if err != nil {
+		return unknown
+	}
+	value := func(name string) (float64, bool) {
+		if v, ok := ms.SumMatching(name, map[string]string{"model_name": served}); ok {
+			return v, true
+		}
+		return ms.Sum(name)
+	}
+	running, ok := value(names.Running)
+	if !ok {
+		return unknown
+	}
+	out := &pb.LoadResponse{Known: true, Running: int64(running), KvUsage: -1, Figures: map[string]float64{}}
+	if w, ok := value(names.Waiting); ok {
+		out.Waiting = int64(w)
+	}
+	for _, n := range names.KVUsage {
+		if v, ok := value(n); ok {
+			out.KvUsage = v
+			break
+		}
+	}
+	for _, n := range names.Figures {
+		if v, ok := value(n); ok {
+			out.Figures[n] = v
+		}
+	}
+	return out
+}
+
+// Idle reports whether the engine reads idle (nothing running or waiting);
+// false when the signal is unknown.
+func Idle(l *pb.LoadResponse) bool {
+	return l.GetKnown() && l.GetRunning() == 0 && l.GetWaiting() == 0
+}

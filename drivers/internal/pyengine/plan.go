@@ -1,0 +1,346 @@
+// Copyright (c) CapyCTL authors
+// SPDX-License-Identifier: Apache-2.0
+
+package pyengine
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/capyctl/capyctl/sdk/flags"
+	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
+)
+
+// Residencies.
+const (
+	ResidencyDeep        = "deep"
+	ResidencyHostBacked  = "host_backed"
+	ResidencyRestartOnly = "restart_only"
+)
+
+// Catalogue codes Plan refusals use besides the flag codes.
+const (
+	CodeCapabilityMissing     = "capability_missing"
+	CodeHostBackedUnavailable = "host_backed_unavailable"
+	CodeUnknownConfigKey      = "unknown_config_key"
+	CodeCheckpointUnusable    = "checkpoint_unusable"
+)
+
+// systemPath ends every engine's PATH.
+const systemPath = "/usr/local/bin:/usr/bin:/bin"
+
+// DefaultMaxConcurrent is the running requests of an instance when the
+// deployment leaves max_concurrent_requests unset.
+const DefaultMaxConcurrent = 32
+
+// Refusals collects Plan refusals.
+type Refusals []*pb.Refusal
+
+// Add appends a refusal.
+func (r *Refusals) Add(code, field, format string, args ...any) {
+	*r = append(*r, &pb.Refusal{Code: code, Field: field, Message: fmt.Sprintf(format, args...)})
+}
+
+// Violations appends flag violations.
+func (r *Refusals) Violations(vs []flags.Violation) { *r = append(*r, flags.Refusals(vs)...) }
+
+// Common checks what every Python engine checks alike: extra_args need
+// accept_extra_args and pass the flag table; engine_config.env passes it;
+// trust_remote_code needs the host's permission; the residency is known and
+// host_backed needs a discrete card; the model directory, when resolved,
+// is a directory. typed maps each job-spec field the deployment sets to
+// true (Rule.Field). It returns extra_args parsed.
+func Common(t *flags.Table, dep *pb.Deployment, host *pb.HostPolicy, typed map[string]bool, r *Refusals) []flags.Arg {
+	ap := flags.HostApprovals(host)
+	if len(dep.GetExtraArgs()) > 0 && !dep.GetAcceptExtraArgs() {
+		r.Add(flags.CodeExtraArgsRefused, flags.FieldExtraArgs, "extra_args need engine_config.accept_extra_args = true")
+	}
+	args, vs := t.CheckArgs(dep.GetExtraArgs(), ap, typed)
+	r.Violations(vs)
+	r.Violations(t.CheckEnv(dep.GetEnv(), ap))
+	if dep.GetTrustRemoteCode() && !ap.RemoteCode {
+		r.Add(flags.CodeRemoteCode, "engine_config.trust_remote_code",
+			"trust_remote_code runs code the checkpoint ships; the host must allow it: capyctl engine add ... --allow-remote-code")
+	}
+	switch dep.GetResidency() {
+	case "", ResidencyDeep, ResidencyRestartOnly:
+	case ResidencyHostBacked:
+		if host.GetUnified() {
+			r.Add(CodeHostBackedUnavailable, "residency", "host_backed keeps weights in host RAM beside a discrete card; this host has unified memory: use deep or restart_only")
+		}
+	default:
+		r.Add(flags.CodeInvalidConfig, "residency", "unknown residency %q (deep, host_backed or restart_only)", dep.GetResidency())
+	}
+	if d := dep.GetModelDir(); d != "" {
+		if fi, err := os.Stat(d); err != nil || !fi.IsDir() {
+			r.Add(CodeCheckpointUnusable, "model", "the model directory %s cannot be read", d)
+		}
+	}
+	if dep.GetMaxConcurrentRequests() < 0 {
+		r.Add(flags.CodeInvalidConfig, "engine_config.max_concurrent_requests", "max_concurrent_requests must be positive")
+	}
+	return args
+}
+
+// TypedFields returns the typed job-spec fields a deployment sets, for
+// duplicate detection against extra_args.
+func TypedFields(dep *pb.Deployment, family map[string]bool) map[string]bool {
+	out := map[string]bool{}
+	set := func(field string, ok bool) {
+		if ok {
+			out[field] = true
+		}
+	}
+	set("engine_config.dtype", dep.GetDtype() != "")
+	set("engine_config.quantization", dep.GetQuantization() != "")
+	set("engine_config.kv_cache_dtype", dep.GetKvCacheDtype() != "")
+	set("engine_config.context_length", dep.GetContextLength() > 0)
+	set("engine_config.cuda_graphs", dep.GetCudaGraphs() != "")
+	set("engine_config.trust_remote_code", dep.GetTrustRemoteCode())
+	for k, v := range family {
+		set(k, v)
+	}
+	return out
+}
+
+// EnvOptions is what BaseEnv renders from.
+type EnvOptions struct {
+	// Venv is the environment's root (its bin leads PATH).
+	Venv string
+	// Host is the host's policy.
+	Host *pb.HostPolicy
+	// Launch is the launch context (launch directory, devices).
+	Launch *pb.LaunchContext
+}
+
+// BaseEnv is the environment every Python engine starts from: a closed
+// PATH (the venv's bin, the CUDA toolkit's, the system's), HOME in the
+// launch directory, unbuffered output, offline Hugging Face, the card
+// pinned, the host's own variables, and DO_NOT_TRACK=1 unless the host
+// allows engine telemetry.
+func BaseEnv(o EnvOptions) map[string]string {
+	path := filepath.Join(o.Venv, "bin")
+	if ch := o.Host.GetCudaHome(); ch != "" {
+		path += ":" + filepath.Join(ch, "bin")
+	}
+	env := map[string]string{
+		"PATH":             path + ":" + systemPath,
+		"LANG":             "C.UTF-8",
+		"PYTHONUNBUFFERED": "1",
+		"HF_HUB_OFFLINE":   "1",
+	}
+	if d := o.Launch.GetLaunchDir(); d != "" {
+		env["HOME"] = d
+	}
+	if ch := o.Host.GetCudaHome(); ch != "" {
+		env["CUDA_HOME"] = ch
+	}
+	if uuids := o.Launch.GetDeviceUuids(); len(uuids) > 0 {
+		env["CUDA_VISIBLE_DEVICES"] = strings.Join(uuids, ",")
+		env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+	}
+	for k, v := range o.Host.GetHostEnv() {
+		env[k] = v
+	}
+	if TelemetryOff(o.Host) {
+		env["DO_NOT_TRACK"] = "1"
+	}
+	return env
+}
+
+// TelemetryOff reports whether engines must not report off the host (the
+// default; engine_telemetry = "allow" lifts it).
+func TelemetryOff(h *pb.HostPolicy) bool { return h.GetEngineTelemetry() != "allow" }
+
+// Parks reports whether a residency parks (keeps the process, frees the
+// card).
+func Parks(residency string) bool {
+	return residency == ResidencyDeep || residency == ResidencyHostBacked
+}
+
+// Key describes one key of engine_config.<family>.
+type Key struct {
+	// Name is the key.
+	Name string
+	// Type is "int", "string" or "bool".
+	Type string
+	// Values, for a string, are the values allowed; any value when empty.
+	Values []string
+	// Min bounds an int from below.
+	Min int64
+	// Doc is shown in the config schema.
+	Doc string
+}
+
+// FamilyConfig is a decoded engine_config.<family> block.
+type FamilyConfig map[string]json.RawMessage
+
+// Int returns an int key.
+func (c FamilyConfig) Int(name string) (int64, bool) {
+	raw, ok := c[name]
+	if !ok {
+		return 0, false
+	}
+	var f float64
+	if json.Unmarshal(raw, &f) != nil {
+		return 0, false
+	}
+	return int64(f), true
+}
+
+// String returns a string key.
+func (c FamilyConfig) String(name string) string {
+	var s string
+	_ = json.Unmarshal(c[name], &s)
+	return s
+}
+
+// Has reports whether a key is set.
+func (c FamilyConfig) Has(name string) bool { _, ok := c[name]; return ok }
+
+// DecodeFamily checks engine_config.<family>: every key known and of its
+// type. Unknown keys are unknown_config_key:engine_config.<family>.<key>.
+func DecodeFamily(raw []byte, family string, keys []Key, r *Refusals) FamilyConfig {
+	cfg := FamilyConfig{}
+	if len(raw) == 0 {
+		return cfg
+	}
+	if err := json.Unmarshal(raw, &cfg); err != nil {
+		r.Add(flags.CodeInvalidConfig, "engine_config."+family, "engine_config.%s is not an object: %v", family, err)
+		return FamilyConfig{}
+	}
+	byName := map[string]Key{}
+	var known []string
+	for _, k := range keys {
+		byName[k.Name] = k
+		known = append(known, k.Name)
+	}
+	names := make([]string, 0, len(cfg))
+	for n := range cfg {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		field := "engine_config." + family + "." + n
+		k, ok := byName[n]
+		if !ok {
+			r.Add(CodeUnknownConfigKey+":"+field, field, "engine_config.%s has no key %q (known: %s)", family, n, strings.Join(known, ", "))
+			delete(cfg, n)
+			continue
+		}
+		raw := cfg[n]
+		switch k.Type {
+		case "int":
+			var f float64
+			if json.Unmarshal(raw, &f) != nil || f != float64(int64(f)) {
+				r.Add(flags.CodeInvalidConfig, field, "%s must be a whole number", field)
+				delete(cfg, n)
+			} else if int64(f) < k.Min {
+				r.Add(flags.CodeInvalidConfig, field, "%s must be at least %d", field, k.Min)
+				delete(cfg, n)
+			}
+		case "bool":
+			var b bool
+			if json.Unmarshal(raw, &b) != nil {
+				r.Add(flags.CodeInvalidConfig, field, "%s must be true or false", field)
+				delete(cfg, n)
+			}
+		default:
+			var s string
+			if json.Unmarshal(raw, &s) != nil {
+				r.Add(flags.CodeInvalidConfig, field, "%s must be a string", field)
+				delete(cfg, n)
+			} else if len(k.Values) > 0 && !containsString(k.Values, s) {
+				r.Add(flags.CodeInvalidConfig, field, "%s must be one of %s", field, strings.Join(k.Values, ", "))
+				delete(cfg, n)
+			}
+		}
+	}
+	return cfg
+}
+
+// ConfigSchema renders Describe's config_schema for a family's keys.
+func ConfigSchema(family string, keys []Key) string {
+	props := map[string]any{}
+	for _, k := range keys {
+		p := map[string]any{"type": k.Type}
+		if len(k.Values) > 0 {
+			p["values"] = k.Values
+		}
+		if k.Doc != "" {
+			p["doc"] = k.Doc
+		}
+		props[k.Name] = p
+	}
+	b, _ := json.Marshal(map[string]any{family: props})
+	return string(b)
+}
+
+// WeightsBytes is the size of a checkpoint's weight files: the
+// *.safetensors files, or the *.bin and *.pt files when there are none.
+// Links are followed (Hugging Face cache snapshots are links).
+func WeightsBytes(dir string) int64 {
+	if dir == "" {
+		return 0
+	}
+	sum := func(pattern string) int64 {
+		matches, _ := filepath.Glob(filepath.Join(dir, pattern))
+		var n int64
+		for _, m := range matches {
+			if fi, err := os.Stat(m); err == nil && fi.Mode().IsRegular() {
+				n += fi.Size()
+			}
+		}
+		return n
+	}
+	if n := sum("*.safetensors"); n > 0 {
+		return n
+	}
+	return sum("*.bin") + sum("*.pt")
+}
+
+// StartupTimeout is the readiness deadline derived from the weights: five
+// minutes, plus a minute per 4 GiB, at most an hour.
+func StartupTimeout(weights int64) time.Duration {
+	d := 5*time.Minute + time.Duration(weights/(4<<30))*time.Minute
+	return min(d, time.Hour)
+}
+
+// WakeTimeout bounds a wake: a minute, plus a minute per 8 GiB of weights
+// reloaded from disk (deep), at most half an hour.
+func WakeTimeout(weights int64, residency string) time.Duration {
+	d := time.Minute
+	if residency == ResidencyDeep {
+		d += time.Duration(weights/(8<<30)) * time.Minute
+	}
+	return min(d, 30*time.Minute)
+}
+
+// Fraction renders part/total as the fraction engines take
+// (--gpu-memory-utilization, --mem-fraction-static), four decimals at most,
+// within (0, 0.98]; "" when either is unknown.
+func Fraction(part, total int64) string {
+	if part <= 0 || total <= 0 {
+		return ""
+	}
+	f := float64(part) / float64(total)
+	f = min(f, 0.98)
+	f = max(f, 0.0001)
+	s := strconv.FormatFloat(f, 'f', 4, 64)
+	s = strings.TrimRight(strings.TrimRight(s, "0"), ".")
+	return s
+}
+
+// MaxConcurrent is the deployment's max_concurrent_requests or def.
+func MaxConcurrent(dep *pb.Deployment, def int) int {
+	if n := int(dep.GetMaxConcurrentRequests()); n > 0 {
+		return n
+	}
+	return def
+}

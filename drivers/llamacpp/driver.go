@@ -1,0 +1,364 @@
+// Copyright (c) CapyCTL authors
+// SPDX-License-Identifier: Apache-2.0
+
+// Package llamacpp is the driver of llama.cpp's llama-server (SPEC E3): a
+// GGUF model directory served on a private loopback port, its memory
+// derived from the GGUF header (the weights and a full-window KV cache for
+// every slot), readiness proven by a real answer, the idle signal read from
+// llama-server's metrics, and decision models on /v1/systemone.
+// llama-server has no way to release its memory while running, so a
+// llama.cpp model is restart only: CapyCTL stops it when it needs the
+// memory and starts it on the next request.
+package llamacpp
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/capyctl/capyctl/core/version"
+	"github.com/capyctl/capyctl/sdk"
+	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
+)
+
+// Family is this driver's engine family.
+const Family = "llamacpp"
+
+// Catalogue codes this driver returns besides the SDK's.
+const (
+	codeEngineUnsupported = "engine_unsupported"
+	codeVersionFailed     = "engine_version_failed"
+	codeInstallationDrift = "installation_drift"
+	codeInvalidConfig     = "invalid_config"
+	codeUnknownConfigKey  = "unknown_config_key"
+	codeCheckpoint        = "checkpoint_unusable"
+	codeCapabilityMissing = "capability_missing"
+	codePortConflict      = "port_conflict"
+)
+
+// DecisionsMinVersion is the first llama.cpp release that answers decision
+// requests.
+const DecisionsMinVersion = "0.7.0"
+
+// Bounds of the version check `engine add` runs.
+const (
+	versionTimeout   = 10 * time.Second
+	versionMaxOutput = 64 << 10
+)
+
+// Driver is the llama.cpp driver.
+type Driver struct {
+	mu      sync.Mutex
+	handles map[string]*handle
+	// stopGrace is the default grace period after SIGTERM.
+	stopGrace time.Duration
+	// systemConfig is a file llama-server would read besides its argv; a
+	// host that has it is refused (tests point it elsewhere).
+	systemConfig string
+}
+
+var _ sdk.Driver = (*Driver)(nil)
+
+// New returns the driver.
+func New() *Driver {
+	return &Driver{handles: map[string]*handle{}, stopGrace: 10 * time.Second, systemConfig: "/etc/llama.cpp/config.ini"}
+}
+
+// Describe implements sdk.Driver: restart only (no park tiers), chat and
+// decisions, aborts by closing the connection, an idle signal.
+func (d *Driver) Describe(context.Context, *pb.DescribeRequest) (*pb.DescribeResponse, error) {
+	return &pb.DescribeResponse{
+		Name:     Family,
+		Version:  version.Version,
+		Protocol: sdk.ProtocolVersion,
+		Capabilities: &pb.Capabilities{
+			Apis:       []string{"chat", "decisions"},
+			AbortMode:  pb.AbortMode_ABORT_MODE_CLOSE_CONNECTION,
+			IdleSignal: true,
+		},
+		ConfigSchema: configSchema,
+	}, nil
+}
+
+// versionRE reads `llama-server --version`: "version: 4748 (c392e5094)" or
+// "version: 0.7.0 (c392e5094)".
+var versionRE = regexp.MustCompile(`(?m)^version: ([0-9A-Za-z.+-]+)(?: \(([0-9a-fA-F]+)\))?`)
+
+// Detect implements sdk.Driver: the path must be an executable llama-server
+// binary; its version comes from `--version`, run with a clean
+// environment in its own process group and bounded in time and output.
+// The digest is the binary's sha256. Every build is listed as custom.
+func (d *Driver) Detect(ctx context.Context, req *pb.DetectRequest) (*pb.DetectResponse, error) {
+	p := req.GetPath()
+	if p == "" {
+		return nil, sdk.Errorf(codeEngineUnsupported, "no program named")
+	}
+	abs, err := filepath.Abs(p)
+	if err != nil {
+		return nil, sdk.Errorf(codeEngineUnsupported, "%s: %v", p, err)
+	}
+	st, err := os.Stat(abs)
+	if err != nil {
+		return nil, sdk.Errorf(codeEngineUnsupported, "%s: %v", p, unwrapPathErr(err))
+	}
+	// llama.cpp names the binary llama-server (older builds: server).
+	if base := strings.ToLower(filepath.Base(abs)); st.IsDir() || !strings.Contains(base, "llama") && base != "server" {
+		return nil, sdk.Errorf(codeEngineUnsupported, "%s is not a llama-server binary", p)
+	}
+	if st.Mode()&0o111 == 0 {
+		return nil, sdk.Errorf(sdk.CodeEngineNotFound, "%s is not executable", p)
+	}
+	out, err := runBounded(ctx, abs, "--version")
+	if err != nil {
+		return nil, sdk.Errorf(codeVersionFailed, "%s --version: %v", p, err)
+	}
+	m := versionRE.FindStringSubmatch(out)
+	if m == nil {
+		return nil, sdk.Errorf(codeVersionFailed, "%s --version printed no version line: %q", p, clip(out, 200))
+	}
+	ver := m[1]
+	if isDigits(ver) {
+		ver = "b" + ver // a build number
+	}
+	digest, err := fileDigest(abs)
+	if err != nil {
+		return nil, sdk.Errorf(sdk.CodeEngineNotFound, "read %s: %v", p, err)
+	}
+	notes := []string{
+		"llama.cpp models run restart only: CapyCTL stops them when it needs the memory and starts them on the next request",
+		"every llama.cpp build runs as custom (not verified)",
+	}
+	if !versionAtLeast(ver, DecisionsMinVersion) {
+		notes = append(notes, "decision models (api = \"decisions\") need llama.cpp "+DecisionsMinVersion+" or newer; this build serves chat only")
+	}
+	details := map[string]string{}
+	if m[2] != "" {
+		details["commit"] = strings.ToLower(m[2])
+	}
+	// The options this build takes, so a plan renders only those of the
+	// hardening flags the build knows (older builds lack --fit, --offline,
+	// ...). Without a usable --help every flag is rendered.
+	if help, err := runBounded(ctx, abs, "--help"); err == nil {
+		if opts := helpOptions(help); len(opts) > 0 {
+			details[detailOptions] = strings.Join(opts, " ")
+		}
+	}
+	return &pb.DetectResponse{
+		Family: Family, Version: ver, Verified: false, Digest: digest, Program: abs, Notes: notes, Details: details,
+	}, nil
+}
+
+// detailOptions is the installation detail listing the build's options.
+const detailOptions = "options"
+
+// optionRE finds the long options of a --help text.
+var optionRE = regexp.MustCompile(`(?:^|[\s,])(--[a-z0-9][a-z0-9-]*)`)
+
+// helpOptions lists the long options a --help text names, sorted.
+func helpOptions(help string) []string {
+	seen := map[string]bool{}
+	var out []string
+	for _, m := range optionRE.FindAllStringSubmatch(help, -1) {
+		if !seen[m[1]] {
+			seen[m[1]] = true
+			out = append(out, m[1])
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// runBounded runs `program arg` with a clean environment in its own
+// process group, killing the group after versionTimeout, keeping at most
+// versionMaxOutput bytes of its output (llama-server prints its version to
+// stderr).
+func runBounded(ctx context.Context, program, arg string) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, versionTimeout)
+	defer cancel()
+	home, err := os.MkdirTemp("", "capyctl-llama-version-*")
+	if err != nil {
+		return "", err
+	}
+	defer os.RemoveAll(home)
+	cmd := exec.Command(program, arg)
+	cmd.Env = []string{"PATH=/usr/local/bin:/usr/bin:/bin", "HOME=" + home, "LANG=C.UTF-8"}
+	cmd.Dir = home
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	var buf limitedBuffer
+	buf.max = versionMaxOutput
+	cmd.Stdout, cmd.Stderr = &buf, &buf
+	if err := cmd.Start(); err != nil {
+		return "", err
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err = <-done:
+	case <-ctx.Done():
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		<-done
+		return buf.String(), errors.New("no answer within " + versionTimeout.String())
+	}
+	if err != nil {
+		return buf.String(), err
+	}
+	return buf.String(), nil
+}
+
+// limitedBuffer keeps the first max bytes written.
+type limitedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+	max int
+}
+
+func (b *limitedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if room := b.max - b.buf.Len(); room > 0 {
+		if len(p) > room {
+			b.buf.Write(p[:room])
+		} else {
+			b.buf.Write(p)
+		}
+	}
+	return len(p), nil
+}
+
+func (b *limitedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// versionAtLeast compares dotted release numbers; a build number ("b4748")
+// or anything else that is not a release is never at least a release.
+func versionAtLeast(v, min string) bool {
+	a, ok1 := release(v)
+	b, ok2 := release(min)
+	if !ok1 || !ok2 {
+		return false
+	}
+	for i := 0; i < len(a) || i < len(b); i++ {
+		var x, y int
+		if i < len(a) {
+			x = a[i]
+		}
+		if i < len(b) {
+			y = b[i]
+		}
+		if x != y {
+			return x > y
+		}
+	}
+	return true
+}
+
+// release reads "0.7.0" (a pre-release suffix is cut).
+func release(v string) ([]int, bool) {
+	v = strings.TrimPrefix(v, "v")
+	if i := strings.IndexAny(v, "-+"); i >= 0 {
+		v = v[:i]
+	}
+	parts := strings.Split(v, ".")
+	if len(parts) < 2 {
+		return nil, false
+	}
+	out := make([]int, len(parts))
+	for i, p := range parts {
+		n, err := strconv.Atoi(p)
+		if err != nil {
+			return nil, false
+		}
+		out[i] = n
+	}
+	return out, true
+}
+
+func isDigits(s string) bool {
+	for _, c := range s {
+		if c < '0' || c > '9' {
+			return false
+		}
+	}
+	return s != ""
+}
+
+func clip(s string, n int) string {
+	if len(s) > n {
+		return s[:n] + "…"
+	}
+	return s
+}
+
+// fileDigest is "sha256:<hex>" of a file's content.
+func fileDigest(path string) (string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		return "", err
+	}
+	return "sha256:" + hex.EncodeToString(h.Sum(nil)), nil
+}
+
+// Flags implements sdk.Driver.
+func (d *Driver) Flags(context.Context, *pb.FlagsRequest) (*pb.FlagsResponse, error) {
+	return flagTable(), nil
+}
+
+// Park implements sdk.Driver: llama-server cannot release its memory and
+// keep running, so a llama.cpp model never parks (the core stops it).
+func (d *Driver) Park(context.Context, *pb.ParkRequest) (*pb.ParkResponse, error) {
+	return nil, sdk.ErrNotSupported
+}
+
+// Wake implements sdk.Driver: nothing parks, nothing wakes.
+func (d *Driver) Wake(context.Context, *pb.WakeRequest) (*pb.WakeResponse, error) {
+	return nil, sdk.ErrNotSupported
+}
+
+// Abort implements sdk.Driver: llama-server cancels a request whose
+// connection closes (a streamed one at once, a non-streamed one within
+// about a second when the server is otherwise quiet).
+func (d *Driver) Abort(context.Context, *pb.AbortRequest) (*pb.AbortResponse, error) {
+	return &pb.AbortResponse{Mode: pb.AbortMode_ABORT_MODE_CLOSE_CONNECTION}, nil
+}
+
+func (d *Driver) get(id string) (*handle, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	h, ok := d.handles[id]
+	if !ok {
+		return nil, sdk.Errorf(sdk.CodeInstanceNotFound, "no instance %s on this driver", id)
+	}
+	return h, nil
+}
+
+func (d *Driver) put(h *handle) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.handles[h.ID] = h
+}
+
+func (d *Driver) drop(id string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	delete(d.handles, id)
+}

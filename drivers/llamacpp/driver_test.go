@@ -1,0 +1,708 @@
+// Copyright (c) CapyCTL authors
+// SPDX-License-Identifier: Apache-2.0
+
+package llamacpp
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/capyctl/capyctl/plugins-testkit/harness"
+	"github.com/capyctl/capyctl/sdk"
+	"github.com/capyctl/capyctl/sdk/flags"
+	"github.com/capyctl/capyctl/sdk/proc"
+	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden files")
+
+// The test binary is also the launch shim of the engines it starts.
+func TestMain(m *testing.M) {
+	proc.MaybeRunShim()
+	os.Exit(m.Run())
+}
+
+// storiesGGUF is the real tiny model (sdk/formats/testdata).
+var storiesGGUF, _ = filepath.Abs("../../sdk/formats/testdata/stories260K.gguf")
+
+// modelDir makes a model directory holding stories260K.gguf (linked).
+func modelDir(t *testing.T, extra ...string) string {
+	t.Helper()
+	dir := t.TempDir()
+	if err := os.Symlink(storiesGGUF, filepath.Join(dir, "stories260K.gguf")); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range extra {
+		if err := os.WriteFile(filepath.Join(dir, f), []byte("x"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
+
+// TestSize_Stories260K derives the memory of stories260K.gguf from its
+// header, by hand:
+//
+//	weights     292,800 F32 parameters × 4 B                  = 1,171,200 B
+//	KV / token  5 layers × (4 KV heads × 8 dims) × (K + V) × 2 B (F16) = 640 B
+//	context     n_ctx_train 2048 (a multiple of 256) a slot; 4 slots: -c 8192
+//	KV cache    8192 tokens × 640 B                            = 5,242,880 B (5 MiB)
+//	card        1,171,200 + 5,242,880                          = 6,414,080 B
+//	host RAM    llama-server's own 256 MiB                     = 268,435,456 B
+func TestSize_Stories260K(t *testing.T) {
+	dir := modelDir(t)
+	s, err := Size(SizeInput{Dir: dir, GPULayers: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Sizing{
+		File: filepath.Join(dir, "stories260K.gguf"), Parts: []string{filepath.Join(dir, "stories260K.gguf")},
+		Architecture: "llama", TrainContext: 2048, Layers: 5, Context: 2048, Slots: 4, CtxSize: 8192, GPULayers: 5, KVType: "f16",
+		WeightsBytes: 1_171_200, DeviceWeights: 1_171_200, KVBytesPerToken: 640, KVCacheBytes: 5_242_880, DeviceKV: 5_242_880,
+	}
+	if fmt.Sprint(*s) != fmt.Sprint(want) {
+		t.Fatalf("sizing\n got %+v\nwant %+v", *s, want)
+	}
+	if s.ReadyDeviceBytes() != 6_414_080 || s.ReadyHostBytes() != 268_435_456 {
+		t.Fatalf("ready %d on the card, %d in host RAM", s.ReadyDeviceBytes(), s.ReadyHostBytes())
+	}
+	cases := []struct {
+		name                    string
+		in                      SizeInput
+		ctx, kvPerToken, kv     int64
+		deviceWeights, deviceKV int64
+	}{
+		// q8_0: 32 elements in 34 bytes: 5 × 2 × 34 = 340 B a token.
+		{"q8_0 cache, 1 slot", SizeInput{Slots: 1, KVType: "q8_0", GPULayers: -1}, 2048, 340, 2048 * 340, 1_171_200, 2048 * 340},
+		// 1000 tokens round up to 1024.
+		{"context padded", SizeInput{Context: 1000, Slots: 2, GPULayers: -1}, 1024, 640, 2048 * 640, 1_171_200, 2048 * 640},
+		// Two of five layers on the card: blk.3 and blk.4, 181,760 B each
+		// (q 16384 + k 8192 + v 8192 + o 16384 + gate, up, down 3 × 44032
+		// + two norms 2 × 256), and 2/5 of the KV cache.
+		{"two layers offloaded", SizeInput{GPULayers: 2}, 2048, 640, 5_242_880, 363_520, 2_097_152},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			c.in.Dir = dir
+			s, err := Size(c.in)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if s.Context != c.ctx || s.KVBytesPerToken != c.kvPerToken || s.KVCacheBytes != c.kv || s.DeviceWeights != c.deviceWeights || s.DeviceKV != c.deviceKV {
+				t.Fatalf("got %+v", *s)
+			}
+			if s.HostWeights+s.DeviceWeights != 1_171_200 {
+				t.Fatalf("weights split %d + %d", s.DeviceWeights, s.HostWeights)
+			}
+		})
+	}
+}
+
+func TestSize_Refusals(t *testing.T) {
+	stories := func(t *testing.T) string { return modelDir(t) }
+	cases := []struct {
+		name string
+		dir  func(t *testing.T) string
+		in   SizeInput
+		want string
+	}{
+		{"no gguf", func(t *testing.T) string { return t.TempDir() }, SizeInput{}, "holds no .gguf"},
+		{"two models", func(t *testing.T) string {
+			d := modelDir(t)
+			os.Symlink(storiesGGUF, filepath.Join(d, "other.gguf"))
+			return d
+		}, SizeInput{}, "name one with engine_config.llamacpp.gguf_file"},
+		{"escaping name", stories, SizeInput{File: "../x.gguf"}, "leaves the model directory"},
+		{"absolute name", stories, SizeInput{File: "/etc/passwd"}, "inside the model directory"},
+		{"missing file", stories, SizeInput{File: "nope.gguf"}, "no such file"},
+		{"not gguf", func(t *testing.T) string {
+			d := t.TempDir()
+			os.WriteFile(filepath.Join(d, "m.gguf"), []byte("not a model at all, really"), 0o644)
+			return d
+		}, SizeInput{}, "not a GGUF file"},
+		{"bad cache type", stories, SizeInput{KVType: "q2_k"}, "not a llama.cpp cache type"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			c.in.Dir = c.dir(t)
+			if _, err := Size(c.in); err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("err = %v, want %q", err, c.want)
+			}
+		})
+	}
+	// The projector and the other parts of a split model are not candidates.
+	d := modelDir(t, "mmproj-f16.gguf")
+	if s, err := Size(SizeInput{Dir: d, GPULayers: -1}); err != nil || filepath.Base(s.File) != "stories260K.gguf" {
+		t.Fatalf("with a projector beside it: %v", err)
+	}
+}
+
+// deployment is a chat deployment of stories260K.
+func deployment(dir string) *pb.Deployment {
+	return &pb.Deployment{Name: "stories", Revision: 1, Api: "chat", ServedName: "stories", ModelDir: dir}
+}
+
+func installation(path string) *pb.Installation {
+	return &pb.Installation{Name: "llamacpp", Family: Family, Path: path, Version: "0.7.0"}
+}
+
+// newDriver is a driver that never finds a system configuration file.
+func newDriver() *Driver {
+	d := New()
+	d.systemConfig = ""
+	d.stopGrace = 5 * time.Second
+	return d
+}
+
+// render is a plan as a golden file: argv one per line, then the sorted
+// environment, with the temporary directories named.
+func render(p *pb.PlanResponse, dirs map[string]string) string {
+	var b strings.Builder
+	b.WriteString("# argv\n")
+	for _, a := range p.GetArgv() {
+		b.WriteString(a + "\n")
+	}
+	b.WriteString("# env\n")
+	keys := make([]string, 0, len(p.GetEnv()))
+	for k := range p.GetEnv() {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		b.WriteString(k + "=" + p.GetEnv()[k] + "\n")
+	}
+	h := p.GetHints()
+	fmt.Fprintf(&b, "# hints\nweights=%d kv_per_token=%d kv_cache=%d ready_device=%d ready_host=%d startup_device=%d context=%d slots=%d source=%s\n",
+		h.GetWeightsBytes(), h.GetKvBytesPerToken(), h.GetKvCacheBytes(), h.GetReadyDeviceBytes(), h.GetReadyHostBytes(), h.GetStartupDeviceBytes(),
+		h.GetContextLength(), h.GetMaxConcurrentRequests(), h.GetSource())
+	fmt.Fprintf(&b, "# residency=%s startup_timeout_ms=%d\n", p.GetResidency(), p.GetStartupTimeoutMs())
+	out := b.String()
+	for name, d := range dirs {
+		out = strings.ReplaceAll(out, d, name)
+	}
+	return out
+}
+
+func golden(t *testing.T, name, got string) {
+	t.Helper()
+	p := filepath.Join("testdata", name+".golden")
+	if *update {
+		os.MkdirAll("testdata", 0o755)
+		if err := os.WriteFile(p, []byte(got), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatalf("%v (run go test -update)", err)
+	}
+	if string(want) != got {
+		t.Fatalf("%s differs:\n--- got\n%s--- want\n%s", p, got, want)
+	}
+}
+
+func TestPlan_Golden(t *testing.T) {
+	dir := modelDir(t)
+	launch := t.TempDir()
+	cases := []struct {
+		name string
+		dep  func(*pb.Deployment)
+		host *pb.HostPolicy
+		lctx *pb.LaunchContext
+	}{
+		{name: "chat", lctx: &pb.LaunchContext{Port: 8123, LaunchDir: launch}},
+		{name: "validate", lctx: nil}, // at deploy time: no port, no launch directory yet
+		{name: "decisions-q8-one-slot", dep: func(d *pb.Deployment) {
+			d.Api, d.ServedName = "decisions", "judge"
+			d.MaxConcurrentRequests, d.ContextLength, d.KvCacheDtype = 1, 4096, "q8_0"
+			d.EngineConfigJson = []byte(`{"gguf_file":"stories260K.gguf","n_gpu_layers":3}`)
+			d.AcceptExtraArgs, d.ExtraArgs = true, []string{"--batch-size", "4096", "--ubatch-size", "4096"}
+		}, host: &pb.HostPolicy{EngineTelemetry: "allow", HostEnv: map[string]string{"CUDA_VISIBLE_DEVICES": "GPU-1234"}, ApprovedEnv: []string{"GGML_*"}},
+			lctx: &pb.LaunchContext{Port: 8124, LaunchDir: launch}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			dep := deployment(dir)
+			if c.dep != nil {
+				c.dep(dep)
+			}
+			p, err := newDriver().Plan(context.Background(), &pb.PlanRequest{Installation: installation("/opt/llama/bin/llama-server"), Deployment: dep, Host: c.host, Launch: c.lctx})
+			if err != nil || len(p.GetRefusals()) > 0 {
+				t.Fatalf("plan: %v %v", err, p.GetRefusals())
+			}
+			golden(t, "plan-"+c.name, render(p, map[string]string{"{{model_dir}}": dir, "{{launch_dir}}": launch}))
+		})
+	}
+}
+
+// TestPlan_OlderBuild: a build whose --help lacks the newer hardening flags
+// (b4748 has no --fit, --cache-ram, --offline, --no-webui or kv-unified)
+// gets none of them; the flags CapyCTL needs are always rendered.
+func TestPlan_OlderBuild(t *testing.T) {
+	inst := installation("/opt/llama/b4748/llama-server")
+	inst.Version = "b4748"
+	inst.Details = map[string]string{detailOptions: "--alias --cache-type-k --cache-type-v --ctx-size --host --metrics --model --n-gpu-layers --no-context-shift --parallel --port --slots"}
+	p, err := newDriver().Plan(context.Background(), &pb.PlanRequest{Installation: inst, Deployment: deployment(modelDir(t)), Launch: &pb.LaunchContext{Port: 8080}})
+	if err != nil || len(p.GetRefusals()) > 0 {
+		t.Fatalf("%v %v", err, p.GetRefusals())
+	}
+	argv := strings.Join(p.GetArgv(), " ")
+	for _, absent := range []string{"--fit", "--cache-ram", "--offline", "--no-webui", "--no-kv-unified"} {
+		if strings.Contains(argv, absent) {
+			t.Fatalf("%s rendered for a build without it: %s", absent, argv)
+		}
+	}
+	for _, present := range []string{"--no-context-shift", "--metrics", "--slots", "--ctx-size 8192", "--parallel 4", "--n-gpu-layers 6"} {
+		if !strings.Contains(argv, present) {
+			t.Fatalf("%s missing: %s", present, argv)
+		}
+	}
+}
+
+func TestPlan_Refusals(t *testing.T) {
+	dir := modelDir(t)
+	cases := []struct {
+		name string
+		dep  func(*pb.Deployment)
+		inst func(*pb.Installation)
+		host *pb.HostPolicy
+		code string
+	}{
+		{name: "parks deep", dep: func(d *pb.Deployment) { d.Residency = "deep" }, code: "capability_missing:deep_park"},
+		{name: "host backed", dep: func(d *pb.Deployment) { d.Residency = "host_backed" }, code: "capability_missing:deep_park"},
+		{name: "decisions on 0.6.0", dep: func(d *pb.Deployment) { d.Api = "decisions" }, inst: func(i *pb.Installation) { i.Version = "0.6.0" }, code: "capability_missing:decisions"},
+		{name: "decisions on a build number", dep: func(d *pb.Deployment) { d.Api = "decisions" }, inst: func(i *pb.Installation) { i.Version = "b4748" }, code: "capability_missing:decisions"},
+		{name: "unknown key", dep: func(d *pb.Deployment) { d.EngineConfigJson = []byte(`{"threads":8}`) }, code: "unknown_config_key:threads"},
+		{name: "bad gpu layers", dep: func(d *pb.Deployment) { d.EngineConfigJson = []byte(`{"n_gpu_layers":"most"}`) }, code: "invalid_config"},
+		{name: "remote code", dep: func(d *pb.Deployment) { d.TrustRemoteCode = true }, code: "remote_code_not_allowed"},
+		{name: "dtype", dep: func(d *pb.Deployment) { d.Dtype = "bfloat16" }, code: "invalid_config"},
+		{name: "kv cache size", dep: func(d *pb.Deployment) { d.Memory = &pb.MemorySizes{KvCacheBytes: 1 << 30} }, code: "invalid_config"},
+		{name: "bad cache type", dep: func(d *pb.Deployment) { d.KvCacheDtype = "fp8" }, code: "checkpoint_unusable"},
+		{name: "escaping gguf", dep: func(d *pb.Deployment) { d.EngineConfigJson = []byte(`{"gguf_file":"../../etc/x.gguf"}`) }, code: "checkpoint_unusable"},
+		{name: "extra args not accepted", dep: func(d *pb.Deployment) { d.ExtraArgs = []string{"--threads", "4"} }, code: "extra_args_not_accepted"},
+		{name: "reserved option", dep: func(d *pb.Deployment) { d.AcceptExtraArgs, d.ExtraArgs = true, []string{"--api-key", "x"} }, code: "engine_option_reserved:--api-key"},
+		{name: "reserved pattern", dep: func(d *pb.Deployment) { d.AcceptExtraArgs, d.ExtraArgs = true, []string{"--hf-repo=org/x"} }, code: "engine_option_reserved:--hf-repo"},
+		{name: "owned option", dep: func(d *pb.Deployment) { d.AcceptExtraArgs, d.ExtraArgs = true, []string{"--ctx-size", "100"} }, code: "engine_option_owned:--ctx-size"},
+		{name: "owned negation", dep: func(d *pb.Deployment) { d.AcceptExtraArgs, d.ExtraArgs = true, []string{"--no-metrics"} }, code: "engine_option_owned:--metrics"},
+		{name: "short option", dep: func(d *pb.Deployment) { d.AcceptExtraArgs, d.ExtraArgs = true, []string{"-c", "100"} }, code: "engine_option_reserved:-c"},
+		{name: "unapproved path", dep: func(d *pb.Deployment) {
+			d.AcceptExtraArgs, d.ExtraArgs = true, []string{"--lora", "/tmp/adapter.gguf"}
+		}, host: &pb.HostPolicy{ApprovedPaths: []string{"/srv/adapters"}}, code: "engine_option_not_approved:--lora"},
+		{name: "reserved env", dep: func(d *pb.Deployment) { d.Env = map[string]string{"LLAMA_ARG_HOST": "0.0.0.0"} }, host: &pb.HostPolicy{ApprovedEnv: []string{"*"}}, code: "engine_env_reserved:LLAMA_ARG_HOST"},
+		{name: "key env", dep: func(d *pb.Deployment) { d.Env = map[string]string{"LLAMA_API_KEY": "x"} }, host: &pb.HostPolicy{ApprovedEnv: []string{"*"}}, code: "engine_env_reserved:LLAMA_API_KEY"},
+		{name: "unapproved env", dep: func(d *pb.Deployment) { d.Env = map[string]string{"GGML_CUDA_NO_PINNED": "1"} }, code: "engine_env_not_approved:GGML_CUDA_NO_PINNED"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			dep, inst := deployment(dir), installation("/opt/llama-server")
+			if c.dep != nil {
+				c.dep(dep)
+			}
+			if c.inst != nil {
+				c.inst(inst)
+			}
+			p, err := newDriver().Plan(context.Background(), &pb.PlanRequest{Installation: inst, Deployment: dep, Host: c.host})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(p.GetRefusals()) == 0 || p.GetRefusals()[0].GetCode() != c.code {
+				t.Fatalf("refusals %v, want %s first", p.GetRefusals(), c.code)
+			}
+			if len(p.GetArgv()) > 0 {
+				t.Fatalf("a refused plan rendered %v", p.GetArgv())
+			}
+		})
+	}
+	t.Run("approved path passes", func(t *testing.T) {
+		dep := deployment(dir)
+		dep.AcceptExtraArgs, dep.ExtraArgs = true, []string{"--lora", "/srv/adapters/a.gguf"}
+		p, _ := newDriver().Plan(context.Background(), &pb.PlanRequest{Installation: installation("/x/llama-server"), Deployment: dep, Host: &pb.HostPolicy{ApprovedPaths: []string{"/srv/adapters"}}})
+		if len(p.GetRefusals()) != 0 || p.GetArgv()[len(p.GetArgv())-1] != "/srv/adapters/a.gguf" {
+			t.Fatalf("refusals %v argv %v", p.GetRefusals(), p.GetArgv())
+		}
+	})
+	t.Run("a host llama.cpp configuration", func(t *testing.T) {
+		d := newDriver()
+		d.systemConfig = filepath.Join(t.TempDir(), "config.ini")
+		os.WriteFile(d.systemConfig, nil, 0o644)
+		p, _ := d.Plan(context.Background(), &pb.PlanRequest{Installation: installation("/x/llama-server"), Deployment: deployment(dir)})
+		if len(p.GetRefusals()) != 1 || p.GetRefusals()[0].GetCode() != codeEngineUnsupported {
+			t.Fatalf("refusals %v", p.GetRefusals())
+		}
+	})
+}
+
+func TestFlags_Table(t *testing.T) {
+	resp, err := newDriver().Flags(context.Background(), &pb.FlagsRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]bool{}
+	byName := map[string]*pb.FlagRule{}
+	for _, r := range resp.GetRules() {
+		for _, n := range append([]string{r.GetName()}, r.GetAliases()...) {
+			key := r.GetKind().String() + n
+			if seen[key] {
+				t.Fatalf("%s listed twice", n)
+			}
+			seen[key] = true
+			if r.GetKind() == pb.FlagKind_FLAG_KIND_OPTION && !strings.HasPrefix(n, "--") {
+				t.Fatalf("option %q is not a long option", n)
+			}
+		}
+		if r.GetReason() == "" || (r.GetClass() == pb.FlagClass_FLAG_CLASS_GATED) != (r.GetApproval() != "") {
+			t.Fatalf("rule %v", r)
+		}
+		byName[r.GetName()] = r
+	}
+	want := map[string]pb.FlagClass{
+		"--api-key": pb.FlagClass_FLAG_CLASS_RESERVED, "--ctx-size": pb.FlagClass_FLAG_CLASS_OWNED, "--parallel": pb.FlagClass_FLAG_CLASS_OWNED,
+		"--offline": pb.FlagClass_FLAG_CLASS_OWNED, "--sleep-idle-seconds": pb.FlagClass_FLAG_CLASS_RESERVED, "--model-draft": pb.FlagClass_FLAG_CLASS_GATED,
+		"--batch-size": pb.FlagClass_FLAG_CLASS_PASSED, "LLAMA_ARG_*": pb.FlagClass_FLAG_CLASS_RESERVED, "LLAMA_API_KEY": pb.FlagClass_FLAG_CLASS_OWNED,
+	}
+	for n, c := range want {
+		if r := byName[n]; r == nil || r.GetClass() != c {
+			t.Fatalf("%s: %v, want %s", n, r, c)
+		}
+	}
+	// Every option the plan renders is one CapyCTL owns.
+	p, _ := newDriver().Plan(context.Background(), &pb.PlanRequest{Installation: installation("/x/llama-server"), Deployment: deployment(modelDir(t))})
+	for _, a := range p.GetArgv()[1:] {
+		if strings.HasPrefix(a, "--") {
+			if c := Table.ResolveOption(a).Class(flags.Option); c != flags.Owned {
+				t.Fatalf("rendered %s is %s, not owned", a, c)
+			}
+		}
+	}
+	if err := Table.Validate(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// fakeLlama installs the testkit's fake engine as a llama-server binary.
+func fakeLlama(t *testing.T) string {
+	t.Helper()
+	_, fake := harness.Binaries(t)
+	p := filepath.Join(t.TempDir(), "bin", "llama-server")
+	os.MkdirAll(filepath.Dir(p), 0o755)
+	if err := os.Symlink(fake, p); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func TestDetect(t *testing.T) {
+	llama := fakeLlama(t)
+	d := newDriver()
+	resp, err := d.Detect(context.Background(), &pb.DetectRequest{Path: llama})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, fake := harness.Binaries(t)
+	digest, _ := fileDigest(fake)
+	if resp.GetFamily() != Family || resp.GetVersion() != "0.7.0" || resp.GetVerified() || resp.GetDigest() != digest || resp.GetProgram() != llama || resp.GetDetails()["commit"] != "c392e5094" {
+		t.Fatalf("detect %+v", resp)
+	}
+	// The build's options come from its --help.
+	for _, o := range []string{"--fit", "--cache-ram", "--no-kv-unified", "--offline", "--ctx-size"} {
+		if !strings.Contains(" "+resp.GetDetails()[detailOptions]+" ", " "+o+" ") {
+			t.Fatalf("options %q lack %s", resp.GetDetails()[detailOptions], o)
+		}
+	}
+	scripts := t.TempDir()
+	write := func(name, body string) string {
+		p := filepath.Join(scripts, name)
+		os.WriteFile(p, []byte("#!/bin/sh\n"+body+"\n"), 0o755)
+		return p
+	}
+	cases := []struct {
+		name, path, code string
+	}{
+		{"a directory", scripts, codeEngineUnsupported},
+		{"another program", write("vllm", "echo hi"), codeEngineUnsupported},
+		{"missing", filepath.Join(scripts, "llama-server-x"), codeEngineUnsupported},
+		{"no version line", write("llama-server-odd", "echo hello >&2"), codeVersionFailed},
+		{"fails", write("llama-server-bad", "exit 3"), codeVersionFailed},
+		{"build number", write("llama-server-b", "echo 'version: 4748 (c392e5094)' >&2"), ""},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			resp, err := d.Detect(context.Background(), &pb.DetectRequest{Path: c.path})
+			if c.code == "" {
+				if err != nil || resp.GetVersion() != "b4748" || !strings.Contains(strings.Join(resp.GetNotes(), "\n"), "chat only") {
+					t.Fatalf("%+v %v", resp, err)
+				}
+				return
+			}
+			if sdk.CodeOf(err) != c.code {
+				t.Fatalf("err = %v, want %s", err, c.code)
+			}
+		})
+	}
+	t.Run("the environment is cleared", func(t *testing.T) {
+		t.Setenv("SECRET_OF_THE_CORE", "x")
+		p := write("llama-server-env", `echo "version: 1.0.0 ($(env | grep -c SECRET_OF_THE_CORE)00)" >&2`)
+		resp, err := d.Detect(context.Background(), &pb.DetectRequest{Path: p})
+		if err != nil || resp.GetDetails()["commit"] != "000" {
+			t.Fatalf("%+v %v", resp, err)
+		}
+	})
+}
+
+// freePort returns a loopback port nobody listens on.
+func freePort(t *testing.T) int {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// started is a llama-server the driver launched.
+type started struct {
+	d    *Driver
+	id   string
+	resp *pb.StartResponse
+	plan *pb.PlanResponse
+}
+
+// start plans and starts dep on the fake llama-server; beforeStart runs
+// between the plan and the start.
+func start(t *testing.T, d *Driver, dep *pb.Deployment, host *pb.HostPolicy, beforeStart ...func()) *started {
+	t.Helper()
+	inst := installation(fakeLlama(t))
+	det, err := d.Detect(context.Background(), &pb.DetectRequest{Path: inst.Path})
+	if err != nil {
+		t.Fatal(err)
+	}
+	inst.Digest = det.GetDigest()
+	lctx := &pb.LaunchContext{Port: int32(freePort(t)), LaunchDir: t.TempDir(), InstanceId: dep.GetName() + "/0", LaunchId: "l1"}
+	plan, err := d.Plan(context.Background(), &pb.PlanRequest{Installation: inst, Deployment: dep, Host: host, Launch: lctx})
+	if err != nil || len(plan.GetRefusals()) > 0 {
+		t.Fatalf("plan: %v %v", err, plan.GetRefusals())
+	}
+	for _, f := range beforeStart {
+		f()
+	}
+	resp, err := d.Start(context.Background(), &pb.StartRequest{Installation: inst, Deployment: dep, Host: host, Launch: lctx, Plan: plan, EngineKey: "engine-key-123"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &started{d: d, id: lctx.InstanceId, resp: resp, plan: plan}
+	t.Cleanup(func() {
+		d.Stop(context.Background(), &pb.StopRequest{InstanceId: s.id, Launch: resp.GetLaunch(), GraceMs: 5000})
+	})
+	return s
+}
+
+func (s *started) probe(t *testing.T, kind pb.ProbeKind) *pb.ProbeResponse {
+	t.Helper()
+	p, err := s.d.Probe(context.Background(), &pb.ProbeRequest{InstanceId: s.id, Kind: kind, DeadlineMs: 30_000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// post sends a body to the endpoint with its auth.
+func post(t *testing.T, ep *pb.Endpoint, path, body string, stream bool) *http.Response {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodPost, ep.GetBaseUrl()+path, strings.NewReader(body))
+	req.Header.Set(ep.GetAuthHeader(), ep.GetAuthValue())
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp
+}
+
+// TestDriver_ChatLifecycle runs the driver against the fake llama-server:
+// start, ready (health, models, props, a real answer), serve, the idle
+// signal, logs, stop with exit 134, and nothing left.
+func TestDriver_ChatLifecycle(t *testing.T) {
+	d := newDriver()
+	// Answers run long (the probe's 8 tokens take 80 ms), so that two
+	// requests on one slot are one running and one waiting.
+	host := &pb.HostPolicy{HostEnv: map[string]string{"CAPYCTL_FAKE_TOKENS": "1000000", "CAPYCTL_FAKE_TOKEN_RATE": "100"}}
+	dep := deployment(modelDir(t))
+	dep.MaxConcurrentRequests = 1
+	s := start(t, d, dep, host)
+	if ep := s.resp.GetEndpoint(); ep.GetAuthValue() != "Bearer engine-key-123" || ep.GetDecisionsPath() != "/v1/systemone" || ep.GetServedName() != "stories" {
+		t.Fatalf("endpoint %+v", ep)
+	}
+	ready := s.probe(t, pb.ProbeKind_PROBE_KIND_READINESS)
+	if !ready.GetReady() || ready.GetCanary() == "" {
+		t.Fatalf("readiness %+v", ready)
+	}
+	if live := s.probe(t, pb.ProbeKind_PROBE_KIND_LIVENESS); !live.GetAlive() {
+		t.Fatalf("liveness %+v", live)
+	}
+	load := func() *pb.LoadResponse {
+		l, err := d.Load(context.Background(), &pb.LoadRequest{InstanceId: s.id})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l
+	}
+	if l := load(); !l.GetKnown() || l.GetRunning() != 0 || l.GetWaiting() != 0 {
+		t.Fatalf("idle load %+v", l)
+	}
+	// One slot: a long stream runs, a second waits.
+	ep := s.resp.GetEndpoint()
+	body := `{"model":"stories","stream":true,"messages":[{"role":"user","content":"Once upon a time"}]}`
+	a := post(t, ep, ep.GetChatPath(), body, true)
+	line, _ := bufio.NewReader(a.Body).ReadString('\n')
+	if !strings.Contains(line, `"content"`) {
+		t.Fatalf("first event %q", line)
+	}
+	ctx, hangUp := context.WithCancel(context.Background())
+	go func() {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, ep.GetBaseUrl()+ep.GetChatPath(), strings.NewReader(body))
+		req.Header.Set(ep.GetAuthHeader(), ep.GetAuthValue())
+		if b, err := http.DefaultClient.Do(req); err == nil {
+			b.Body.Close()
+		}
+	}()
+	harness.Eventually(t, 10*time.Second, "one running, one waiting", func() bool {
+		l := load()
+		return l.GetRunning() == 1 && l.GetWaiting() == 1
+	})
+	// Both clients hang up: llama-server frees the slot and the queue.
+	a.Body.Close()
+	hangUp()
+	harness.Eventually(t, 10*time.Second, "idle after the hang-ups", func() bool {
+		l := load()
+		return l.GetRunning() == 0 && l.GetWaiting() == 0
+	})
+	logs, err := d.Logs(context.Background(), &pb.LogsRequest{InstanceId: s.id})
+	if err != nil || !strings.Contains(logs.GetText(), "listening on 127.0.0.1:") || strings.Contains(logs.GetText(), "engine-key-123") {
+		t.Fatalf("logs %v %q", err, logs.GetText())
+	}
+	stop, err := d.Stop(context.Background(), &pb.StopRequest{InstanceId: s.id, GraceMs: 5000})
+	if err != nil || !stop.GetGone() || stop.GetExitCode() != 134 || stop.GetForced() {
+		t.Fatalf("stop %+v %v", stop, err)
+	}
+	if _, err := d.Probe(context.Background(), &pb.ProbeRequest{InstanceId: s.id, Kind: pb.ProbeKind_PROBE_KIND_LIVENESS}); sdk.CodeOf(err) != sdk.CodeInstanceNotFound {
+		t.Fatalf("probe after stop: %v", err)
+	}
+}
+
+// TestDriver_DecisionsReadiness: a decisions deployment is proven ready by
+// the readiness decision, never a chat request.
+func TestDriver_DecisionsReadiness(t *testing.T) {
+	d := newDriver()
+	dep := deployment(modelDir(t))
+	dep.Api, dep.ServedName = "decisions", "judge"
+	s := start(t, d, dep, nil)
+	ready := s.probe(t, pb.ProbeKind_PROBE_KIND_READINESS)
+	if !ready.GetReady() || !strings.HasPrefix(ready.GetCanary(), "yes=") {
+		t.Fatalf("readiness %+v", ready)
+	}
+	ep := s.resp.GetEndpoint()
+	resp := post(t, ep, ep.GetDecisionsPath(), `{"model":"judge","state":"s","questions":[{"id":"q","type":"noul","text":"t?"}]}`, false)
+	var ans struct {
+		Answers []struct {
+			Probabilities map[string]float64 `json:"probabilities"`
+		} `json:"answers"`
+	}
+	json.NewDecoder(resp.Body).Decode(&ans)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || len(ans.Answers) != 1 || len(ans.Answers[0].Probabilities) != 3 {
+		t.Fatalf("decision %d %+v", resp.StatusCode, ans)
+	}
+	// The fake's stats show no chat request was ever sent.
+	req, _ := http.NewRequest("GET", ep.GetBaseUrl()+"/fake/stats", nil)
+	req.Header.Set(ep.GetAuthHeader(), ep.GetAuthValue())
+	st, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stats struct{ Total int }
+	json.NewDecoder(st.Body).Decode(&stats)
+	st.Body.Close()
+	if stats.Total != 0 {
+		t.Fatalf("%d chat requests reached a decision model", stats.Total)
+	}
+}
+
+// TestDriver_FailedLoad: a model that breaks between the plan and the
+// start makes llama-server exit 134 at once; readiness says so with its
+// last log lines instead of waiting out the deadline.
+func TestDriver_FailedLoad(t *testing.T) {
+	d := newDriver()
+	dir := t.TempDir()
+	raw, _ := os.ReadFile(storiesGGUF)
+	model := filepath.Join(dir, "stories260K.gguf")
+	os.WriteFile(model, raw, 0o644)
+	s := start(t, d, deployment(dir), nil, func() {
+		// The plan read a good header; the file is cut before the start.
+		os.WriteFile(model, raw[:len(raw)/2], 0o644)
+	})
+	p := s.probe(t, pb.ProbeKind_PROBE_KIND_READINESS)
+	if p.GetReady() || !p.GetExited() || p.GetExitCode() != 134 || p.GetCode() != sdk.CodeLaunchFailed || !strings.Contains(strings.Join(p.GetLastLogLines(), "\n"), "error loading model") {
+		t.Fatalf("probe %+v", p)
+	}
+}
+
+// TestDriver_Recover: a fresh driver re-attaches to a running llama-server
+// from the recorded launch, serves it and stops it.
+func TestDriver_Recover(t *testing.T) {
+	d := newDriver()
+	dep := deployment(modelDir(t))
+	s := start(t, d, dep, nil)
+	if p := s.probe(t, pb.ProbeKind_PROBE_KIND_READINESS); !p.GetReady() {
+		t.Fatalf("readiness %+v", p)
+	}
+	fresh := newDriver()
+	rec, err := fresh.Recover(context.Background(), &pb.RecoverRequest{InstanceId: s.id, Launch: s.resp.GetLaunch(), Deployment: dep, EngineKey: "engine-key-123"})
+	if err != nil || rec.GetState() != pb.RecoverState_RECOVER_STATE_RUNNING || rec.GetEndpoint().GetAuthValue() != "Bearer engine-key-123" {
+		t.Fatalf("recover %+v %v", rec, err)
+	}
+	if p, err := fresh.Probe(context.Background(), &pb.ProbeRequest{InstanceId: s.id, Kind: pb.ProbeKind_PROBE_KIND_READINESS, DeadlineMs: 10_000}); err != nil || !p.GetReady() {
+		t.Fatalf("readiness after recover %+v %v", p, err)
+	}
+	stop, err := fresh.Stop(context.Background(), &pb.StopRequest{InstanceId: s.id, GraceMs: 5000})
+	if err != nil || !stop.GetGone() {
+		t.Fatalf("stop %+v %v", stop, err)
+	}
+	rec, _ = newDriver().Recover(context.Background(), &pb.RecoverRequest{InstanceId: s.id, Launch: s.resp.GetLaunch()})
+	if rec.GetState() != pb.RecoverState_RECOVER_STATE_GONE {
+		t.Fatalf("recover after stop %+v", rec)
+	}
+}
+
+func TestDriver_StartRefusals(t *testing.T) {
+	d := newDriver()
+	dep := deployment(modelDir(t))
+	inst := installation(fakeLlama(t))
+	inst.Digest = "sha256:0000"
+	lctx := &pb.LaunchContext{Port: int32(freePort(t)), LaunchDir: t.TempDir(), InstanceId: "stories/0"}
+	plan, _ := d.Plan(context.Background(), &pb.PlanRequest{Installation: inst, Deployment: dep, Launch: lctx})
+	if _, err := d.Start(context.Background(), &pb.StartRequest{Installation: inst, Deployment: dep, Launch: lctx, Plan: plan}); sdk.CodeOf(err) != codeInstallationDrift {
+		t.Fatalf("a changed binary: %v", err)
+	}
+	inst.Digest = ""
+	ln, _ := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", lctx.Port))
+	defer ln.Close()
+	if _, err := d.Start(context.Background(), &pb.StartRequest{Installation: inst, Deployment: dep, Launch: lctx, Plan: plan}); sdk.CodeOf(err) != codePortConflict {
+		t.Fatalf("a taken port: %v", err)
+	}
+	if _, err := d.Park(context.Background(), &pb.ParkRequest{}); err != sdk.ErrNotSupported {
+		t.Fatalf("park: %v", err)
+	}
+	if desc, _ := d.Describe(context.Background(), &pb.DescribeRequest{}); len(desc.GetCapabilities().GetParkTiers()) != 0 || !desc.GetCapabilities().GetIdleSignal() {
+		t.Fatalf("describe %+v", desc)
+	}
+}

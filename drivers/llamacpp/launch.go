@@ -1,0 +1,379 @@
+// Copyright (c) CapyCTL authors
+// SPDX-License-Identifier: Apache-2.0
+
+package llamacpp
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/capyctl/capyctl/drivers/internal/pyengine"
+	"github.com/capyctl/capyctl/sdk"
+	"github.com/capyctl/capyctl/sdk/flags"
+	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
+)
+
+// closedPath is the PATH every llama-server gets.
+const closedPath = "/usr/local/bin:/usr/bin:/bin"
+
+// Startup bounds: llama.cpp loads by mmap, so a start takes about the time
+// to read the weights once.
+const (
+	startupBase  = 120 * time.Second
+	startupPerGB = 10 * time.Second
+	startupMax   = 30 * time.Minute
+)
+
+// configSchema names the keys of engine_config.llamacpp.
+const configSchema = `{"llamacpp":{"gguf_file":"string","n_gpu_layers":"int|\"all\"","mmproj_file":"string"}}`
+
+// Config is engine_config.llamacpp.
+type Config struct {
+	// GGUFFile is the model file in the model directory ("" when it holds
+	// one).
+	GGUFFile string
+	// GPULayers is n_gpu_layers; -1 is "all" (the default).
+	GPULayers int64
+	// MMProjFile is a multimodal projector in the model directory.
+	MMProjFile string
+}
+
+// refusals collects a Plan's refusals.
+type refusals []*pb.Refusal
+
+func (r *refusals) add(code, field, format string, args ...any) {
+	*r = append(*r, &pb.Refusal{Code: code, Field: field, Message: fmt.Sprintf(format, args...)})
+}
+
+// decodeConfig reads engine_config.llamacpp; unknown keys and bad values
+// are refused.
+func decodeConfig(raw []byte, r *refusals) Config {
+	c := Config{GPULayers: -1}
+	if len(raw) == 0 {
+		return c
+	}
+	var obj map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &obj); err != nil {
+		r.add(codeInvalidConfig, "engine_config.llamacpp", "not an object: %v", err)
+		return c
+	}
+	keys := make([]string, 0, len(obj))
+	for k := range obj {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		v := obj[k]
+		field := "engine_config.llamacpp." + k
+		switch k {
+		case "gguf_file", "mmproj_file":
+			var s string
+			if json.Unmarshal(v, &s) != nil || s == "" {
+				r.add(codeInvalidConfig, field, "must be a file name in the model directory")
+				continue
+			}
+			if k == "gguf_file" {
+				c.GGUFFile = s
+			} else {
+				c.MMProjFile = s
+			}
+		case "n_gpu_layers":
+			var s string
+			if json.Unmarshal(v, &s) == nil {
+				if s == "all" {
+					continue
+				}
+				if n, err := strconv.ParseInt(s, 10, 64); err == nil && n >= 0 {
+					c.GPULayers = n
+					continue
+				}
+				r.add(codeInvalidConfig, field, `must be a number of layers or "all", not %q`, s)
+				continue
+			}
+			var n float64
+			if json.Unmarshal(v, &n) != nil || n < 0 || n != float64(int64(n)) {
+				r.add(codeInvalidConfig, field, `must be a number of layers or "all"`)
+				continue
+			}
+			c.GPULayers = int64(n)
+		default:
+			r.add(codeUnknownConfigKey+":"+k, field, "llama.cpp takes gguf_file, n_gpu_layers and mmproj_file")
+		}
+	}
+	return c
+}
+
+// checkOptions checks extra_args and engine_config.env against the flag
+// table.
+func checkOptions(dep *pb.Deployment, host *pb.HostPolicy) []*pb.Refusal {
+	var out []flags.Violation
+	if len(dep.GetExtraArgs()) > 0 && !dep.GetAcceptExtraArgs() {
+		out = append(out, flags.Violation{Code: flags.CodeExtraArgsRefused, Field: flags.FieldExtraArgs, Message: "extra_args need engine_config.accept_extra_args = true"})
+	}
+	ap := flags.HostApprovals(host)
+	_, vs := Table.CheckArgs(dep.GetExtraArgs(), ap, nil)
+	out = append(out, vs...)
+	out = append(out, Table.CheckEnv(dep.GetEnv(), ap)...)
+	return flags.Refusals(out)
+}
+
+// Plan implements sdk.Driver: it checks the deployment, sizes it from the
+// GGUF header, and renders llama-server's command line and environment.
+func (d *Driver) Plan(_ context.Context, req *pb.PlanRequest) (*pb.PlanResponse, error) {
+	inst, dep, host, lctx := req.GetInstallation(), req.GetDeployment(), req.GetHost(), req.GetLaunch()
+	resp := &pb.PlanResponse{Residency: "restart_only"}
+	var r refusals
+	cfg := decodeConfig(dep.GetEngineConfigJson(), &r)
+
+	switch dep.GetApi() {
+	case "", "chat":
+	case "decisions":
+		if !versionAtLeast(inst.GetVersion(), DecisionsMinVersion) {
+			r.add(codeCapabilityMissing+":decisions", "api", "decision models need llama.cpp %s or newer; engine %s is %s", DecisionsMinVersion, inst.GetName(), inst.GetVersion())
+		}
+	default:
+		r.add(codeCapabilityMissing+":"+dep.GetApi(), "api", "llama.cpp serves chat and decisions, not %q", dep.GetApi())
+	}
+	switch dep.GetResidency() {
+	case "", "restart_only":
+	case "deep", "host_backed":
+		r.add(codeCapabilityMissing+":deep_park", "residency", "llama.cpp cannot park: remove residency or set restart_only (CapyCTL stops the model when it needs the memory)")
+	default:
+		r.add(codeInvalidConfig, "residency", "unknown residency %q", dep.GetResidency())
+	}
+	if dep.GetTrustRemoteCode() {
+		r.add("remote_code_not_allowed", "engine_config.trust_remote_code", "llama.cpp runs no code from a checkpoint: remove trust_remote_code")
+	}
+	for _, f := range []struct{ field, v string }{
+		{"engine_config.dtype", dep.GetDtype()}, {"engine_config.quantization", dep.GetQuantization()}, {"engine_config.cuda_graphs", dep.GetCudaGraphs()},
+	} {
+		if f.v != "" {
+			r.add(codeInvalidConfig, f.field, "llama.cpp runs the GGUF file's own types and has no such setting: remove %s", f.field)
+		}
+	}
+	if m := dep.GetMemory(); m.GetKvCacheBytes() > 0 {
+		r.add(codeInvalidConfig, "engine_config.memory.kv_cache", "llama.cpp's KV cache is a full window per slot: set context_length and max_concurrent_requests instead")
+	}
+	if n := dep.GetMaxConcurrentRequests(); n < 0 || n > 256 {
+		r.add(codeInvalidConfig, "engine_config.max_concurrent_requests", "llama.cpp runs 1 to 256 slots, not %d", n)
+	}
+	r = append(r, checkOptions(dep, host)...)
+	if d.systemConfig != "" {
+		if _, err := os.Stat(d.systemConfig); err == nil {
+			r.add(codeEngineUnsupported, "engine", "llama-server would read %s, a configuration CapyCTL does not control: remove it from this host", d.systemConfig)
+		}
+	}
+
+	// The memory, from the header (when the model directory is known).
+	var sz *Sizing
+	if dir := dep.GetModelDir(); dir != "" && len(r) == 0 {
+		var err error
+		sz, err = Size(SizeInput{
+			Dir: dir, File: cfg.GGUFFile, Context: dep.GetContextLength(), Slots: int(dep.GetMaxConcurrentRequests()),
+			KVType: dep.GetKvCacheDtype(), GPULayers: cfg.GPULayers, MMProj: cfg.MMProjFile,
+		})
+		if err != nil {
+			r.add(codeCheckpoint, "model", "%v", err)
+		} else if dep.GetContextLength() > 0 && sz.TrainContext > 0 && dep.GetContextLength() > sz.TrainContext {
+			resp.Notes = append(resp.Notes, fmt.Sprintf("context_length %d is beyond the %d tokens %s was trained with", dep.GetContextLength(), sz.TrainContext, filepath.Base(sz.File)))
+		}
+	}
+	if len(r) > 0 {
+		resp.Refusals = r
+		return resp, nil
+	}
+	resp.Notes = append(resp.Notes, "restart only: llama.cpp cannot park; CapyCTL stops the model when it needs the memory")
+	if sz == nil {
+		// Written before the model is resolved: nothing to size yet.
+		return resp, nil
+	}
+	resp.Hints = &pb.MemoryHints{
+		WeightsBytes:          sz.WeightsBytes + sz.MMProjBytes,
+		KvBytesPerToken:       sz.KVBytesPerToken,
+		KvCacheBytes:          sz.KVCacheBytes,
+		ReadyDeviceBytes:      sz.ReadyDeviceBytes(),
+		ReadyHostBytes:        sz.ReadyHostBytes(),
+		StartupDeviceBytes:    sz.ReadyDeviceBytes(),
+		ContextLength:         sz.Context,
+		MaxConcurrentRequests: int32(sz.Slots),
+		Source:                "gguf_header",
+	}
+	resp.StartupTimeoutMs = startupTimeout(sz.WeightsBytes).Milliseconds()
+	resp.Argv = renderArgv(inst, dep, lctx, cfg, sz)
+	resp.Env = renderEnv(dep, host, lctx)
+	resp.Workdir = lctx.GetLaunchDir()
+	return resp, nil
+}
+
+// startupTimeout is 120 s plus 10 s per GB of weights, at most 30 min.
+func startupTimeout(weights int64) time.Duration {
+	t := startupBase + time.Duration(weights/1_000_000_000)*startupPerGB
+	return min(t, startupMax)
+}
+
+// hardening are flags that keep llama-server from sharing, refitting,
+// caching, fetching or serving what CapyCTL does not size or control.
+// Older builds lack some; they lack the behaviour too, so a flag the
+// build's --help does not list is left out.
+var hardening = [][]string{
+	{"--no-kv-unified"},
+	{"--fit", "off"},
+	{"--cache-ram", "0"},
+	{"--no-context-shift"},
+	{"--offline"},
+	{"--no-webui"},
+}
+
+// supports reports whether the build takes an option (or its --no- or
+// positive spelling); unknown options lists mean every option.
+func supports(inst *pb.Installation, opt string) bool {
+	list := inst.GetDetails()[detailOptions]
+	if list == "" {
+		return true
+	}
+	alt := "--no-" + strings.TrimPrefix(opt, "--")
+	if rest, ok := strings.CutPrefix(opt, "--no-"); ok {
+		alt = "--" + rest
+	}
+	for _, o := range strings.Fields(list) {
+		if o == opt || o == alt {
+			return true
+		}
+	}
+	return false
+}
+
+// renderArgv is llama-server's command line. Options are long so the
+// rendered command reads like the flag table.
+func renderArgv(inst *pb.Installation, dep *pb.Deployment, lctx *pb.LaunchContext, cfg Config, sz *Sizing) []string {
+	port := "{{port}}"
+	if lctx.GetPort() > 0 {
+		port = strconv.Itoa(int(lctx.GetPort()))
+	}
+	// Every layer and the output layer: one more than the layers (a number
+	// every build takes, where "all" is newer).
+	ngl := strconv.FormatInt(sz.Layers+1, 10)
+	if sz.GPULayers < sz.Layers {
+		ngl = strconv.FormatInt(sz.GPULayers, 10)
+	}
+	argv := []string{
+		inst.GetPath(),
+		"--model", sz.File,
+		"--host", "127.0.0.1",
+		"--port", port,
+		"--alias", dep.GetServedName(),
+		"--ctx-size", strconv.FormatInt(sz.CtxSize, 10),
+		"--parallel", strconv.Itoa(sz.Slots),
+		"--n-gpu-layers", ngl,
+		"--cache-type-k", sz.KVType,
+		"--cache-type-v", sz.KVType,
+		"--metrics",
+		"--slots",
+	}
+	for _, h := range hardening {
+		if supports(inst, h[0]) {
+			argv = append(argv, h...)
+		}
+	}
+	if cfg.MMProjFile != "" {
+		p, _ := inside(dep.GetModelDir(), cfg.MMProjFile)
+		argv = append(argv, "--mmproj", p)
+	}
+	return append(argv, dep.GetExtraArgs()...)
+}
+
+// launchDirs are the empty directories of a launch the engine is pointed
+// at, so that it reads no configuration and caches nothing elsewhere.
+var launchDirs = []string{"home", "config", "cache"}
+
+// renderEnv is the engine's environment apart from its key.
+func renderEnv(dep *pb.Deployment, host *pb.HostPolicy, lctx *pb.LaunchContext) map[string]string {
+	dir := lctx.GetLaunchDir()
+	if dir == "" {
+		dir = "{{launch_dir}}"
+	}
+	env := map[string]string{
+		"PATH":            closedPath,
+		"LANG":            "C.UTF-8",
+		"HOME":            filepath.Join(dir, "home"),
+		"XDG_CONFIG_HOME": filepath.Join(dir, "config"),
+		"XDG_CACHE_HOME":  filepath.Join(dir, "cache"),
+		"LLAMA_CACHE":     filepath.Join(dir, "cache"),
+	}
+	if host.GetEngineTelemetry() != "allow" {
+		env["DO_NOT_TRACK"] = "1"
+	}
+	if uuids := lctx.GetDeviceUuids(); len(uuids) > 0 {
+		env["CUDA_VISIBLE_DEVICES"] = strings.Join(uuids, ",")
+		env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+	}
+	for k, v := range host.GetHostEnv() {
+		env[k] = v
+	}
+	for k, v := range dep.GetEnv() {
+		env[k] = v
+	}
+	return env
+}
+
+// keyEnv carries the per-launch key to llama-server.
+const keyEnv = "LLAMA_API_KEY"
+
+// Start implements sdk.Driver: it proves the registered binary is what
+// runs, that the leased port is free, and launches llama-server behind the
+// launch shim with its key in the environment.
+func (d *Driver) Start(_ context.Context, req *pb.StartRequest) (*pb.StartResponse, error) {
+	inst, dep, lctx, plan := req.GetInstallation(), req.GetDeployment(), req.GetLaunch(), req.GetPlan()
+	// IMPORTANT: the pinned installation must be what runs.
+	digest, err := fileDigest(inst.GetPath())
+	if err != nil {
+		return nil, sdk.Errorf(sdk.CodeEngineNotFound, "llama-server %s: %v", inst.GetPath(), unwrapPathErr(err))
+	}
+	if inst.GetDigest() != "" && digest != inst.GetDigest() {
+		return nil, sdk.Errorf(codeInstallationDrift,
+			"llama-server %s changed since it was registered (pinned %s, now %s); register it again with capyctl engine add", inst.GetPath(), inst.GetDigest(), digest)
+	}
+	if dir := lctx.GetLaunchDir(); dir != "" {
+		for _, sub := range launchDirs {
+			if err := os.MkdirAll(filepath.Join(dir, sub), 0o700); err != nil {
+				return nil, sdk.Errorf(sdk.CodeLaunchFailed, "prepare the launch directory: %v", err)
+			}
+		}
+	}
+	secret := map[string]string{}
+	if k := req.GetEngineKey(); k != "" {
+		secret[keyEnv] = k
+	}
+	launched, err := pyengine.StartLaunch(pyengine.LaunchOptions{
+		Plan: plan, Host: req.GetHost(), Launch: lctx, SecretEnv: secret, Secrets: []string{req.GetEngineKey(), req.GetAdminKey()},
+	})
+	if err != nil {
+		return nil, err
+	}
+	h := newHandle(lctx.GetInstanceId(), lctx.GetLaunchId(), *launched, int(lctx.GetPort()), req.GetEngineKey(), dep, plan, d.stopGrace)
+	d.put(h)
+	return &pb.StartResponse{Launch: h.LaunchPB(), Endpoint: h.Endpoint}, nil
+}
+
+// slotsOf reads -np and the slot window back from a rendered command.
+func slotsOf(argv []string) (slots int, ctx int64) {
+	for i := 0; i+1 < len(argv); i++ {
+		switch argv[i] {
+		case "--parallel":
+			slots, _ = strconv.Atoi(argv[i+1])
+		case "--ctx-size":
+			ctx, _ = strconv.ParseInt(argv[i+1], 10, 64)
+		}
+	}
+	if slots > 0 {
+		ctx /= int64(slots)
+	}
+	return slots, ctx
+}

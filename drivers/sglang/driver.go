@@ -1,0 +1,164 @@
+// Copyright (c) CapyCTL authors
+// SPDX-License-Identifier: Apache-2.0
+
+// Package sglang is the driver of SGLang (verified 0.5.20 to 0.5.22): it
+// renders `<venv>/bin/python -m sglang.launch_server` on a leased loopback
+// port with the served name, the memory the ledger granted, 32 running
+// requests, the memory saver when the deployment parks, metrics on, one
+// tokenizer worker and SGLANG_PLUGINS naming no plugin; the per-launch key
+// reaches SGLang through a private configuration file, never argv. It
+// proves readiness with the served name and a real answer (or, for a
+// decision model, a complete decision), and fails a launch within seconds
+// when SGLang's scheduler dies while loading: it ends the remaining
+// processes and removes the shared-memory segments the launch made. It
+// parks with release_memory_occupation and wakes with
+// resume_memory_occupation, a reload from disk after a deep park, and a
+// cache flush; aborts by the request ID ("rid") the router puts in the
+// body; and reads the idle signal from /metrics.
+package sglang
+
+import (
+	"context"
+
+	"github.com/capyctl/capyctl/core/version"
+	"github.com/capyctl/capyctl/drivers/internal/pyengine"
+	"github.com/capyctl/capyctl/sdk"
+	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
+)
+
+// Family is this driver's engine family.
+const Family = "sglang"
+
+// Module is the module a launch runs.
+const Module = "sglang.launch_server"
+
+// VerifiedVersions are the SGLang releases CapyCTL is verified with; others
+// run as custom.
+var VerifiedVersions = []string{"0.5.20", "0.5.21", "0.5.22"}
+
+// DecisionsSince is the first SGLang release that serves decision models.
+const DecisionsSince = "0.5.22"
+
+// NoPlugins is the SGLANG_PLUGINS selection that names no plugin: SGLang
+// loads none.
+const NoPlugins = "capyctl-loads-no-plugins"
+
+// Paths of the engine's API the driver uses.
+const (
+	chatPath      = "/v1/chat/completions"
+	decisionsPath = "/v1/systemone"
+	releasePath   = "/release_memory_occupation"
+	resumePath    = "/resume_memory_occupation"
+	reloadPath    = "/update_weights_from_disk"
+	flushPath     = "/flush_cache"
+	abortPath     = "/abort_request"
+)
+
+// RequestIDField is the chat body field SGLang takes a request ID in.
+const RequestIDField = "rid"
+
+// configFile is the launch's private SGLang configuration (the key).
+const configFile = "capyctl-sglang.yaml"
+
+// canaryPrompt is the fixed prompt whose answer proves readiness and, after
+// a wake, that the same model answers the same way.
+const canaryPrompt = "Reply with exactly: OK"
+
+// canaryTokens bounds the canary answer.
+const canaryTokens = 8
+
+// canaryExtra keeps a thinking model from spending the canary's few tokens
+// on its thoughts.
+var canaryExtra = map[string]any{"chat_template_kwargs": map[string]any{"enable_thinking": false}}
+
+// schedulerComm is the start of SGLang's scheduler process name
+// ("sglang::scheduler", cut to 15 bytes by the kernel).
+const schedulerComm = "sglang::sched"
+
+// schedulerDied is what SGLang logs when its scheduler fails.
+const schedulerDied = "Scheduler hit an exception"
+
+// shmPrefixes are the names of the shared-memory segments SGLang makes.
+var shmPrefixes = []string{"sglang_"}
+
+// configKeys are the keys of engine_config.sglang.
+var configKeys = []pyengine.Key{
+	{Name: "max_total_tokens", Type: "int", Min: 1, Doc: "tokens of the KV pool (--max-total-tokens); derived from memory.kv_cache otherwise"},
+	{Name: "chunked_prefill_size", Type: "int", Min: -1, Doc: "chunked prefill size (--chunked-prefill-size; -1 turns it off)"},
+	{Name: "tokenizer_workers", Type: "int", Min: 1, Doc: "tokenizer workers (1 by default: aborts by request ID need one)"},
+	{Name: "tool_call_parser", Type: "string", Doc: "auto (by model family), none, or an SGLang tool-call parser"},
+	{Name: "reasoning_parser", Type: "string", Doc: "auto (by model family), none, or an SGLang reasoning parser"},
+}
+
+// parserNames are SGLang's names of the parsers picked by model family.
+var parserNames = pyengine.ParserNames{Qwen3Tool: "qwen25", CoderTool: "qwen3_coder", Reasoning: "qwen3"}
+
+// metricNames are SGLang's idle signal and figures.
+var metricNames = pyengine.MetricNames{
+	Running: "sglang:num_running_reqs",
+	Waiting: "sglang:num_queue_reqs",
+	KVUsage: []string{"sglang:token_usage"},
+	Figures: []string{"sglang:prompt_tokens_total", "sglang:generation_tokens_total", "sglang:num_used_tokens",
+		"sglang:gen_throughput", "sglang:cache_hit_rate"},
+}
+
+// Driver is the SGLang driver.
+type Driver struct {
+	reg *pyengine.Registry
+}
+
+var _ sdk.Driver = (*Driver)(nil)
+
+// New returns the driver.
+func New() *Driver { return &Driver{reg: pyengine.NewRegistry()} }
+
+// Describe implements sdk.Driver.
+func (d *Driver) Describe(context.Context, *pb.DescribeRequest) (*pb.DescribeResponse, error) {
+	return &pb.DescribeResponse{
+		Name:     Family,
+		Version:  version.Version,
+		Protocol: sdk.ProtocolVersion,
+		Capabilities: &pb.Capabilities{
+			ParkTiers:      []string{pyengine.ResidencyDeep, pyengine.ResidencyHostBacked},
+			Apis:           []string{"chat", "decisions"},
+			AbortMode:      pb.AbortMode_ABORT_MODE_REQUEST_ID,
+			IdleSignal:     true,
+			RequestIdField: RequestIDField,
+		},
+		ConfigSchema: pyengine.ConfigSchema(Family, configKeys),
+	}, nil
+}
+
+// Detect implements sdk.Driver: a venv with an sglang distribution, read
+// from its *.dist-info without running Python.
+func (d *Driver) Detect(_ context.Context, req *pb.DetectRequest) (*pb.DetectResponse, error) {
+	v, dist, digest, err := pyengine.Detect(req.GetPath(), pyengine.DetectSpec{Family: Family, Dist: "sglang", Verified: VerifiedVersions, Module: Module})
+	if err != nil {
+		return nil, err
+	}
+	verified := pyengine.VersionIn(dist.Version, VerifiedVersions)
+	notes := []string{"launches " + v.Python + " -m " + Module + " with SGLANG_PLUGINS=" + NoPlugins + " (no plugin is loaded)"}
+	if !verified {
+		notes = append(notes, "SGLang "+dist.Version+" is not a verified version (0.5.20 to 0.5.22): it runs as custom")
+	}
+	if !pyengine.VersionAtLeast(dist.Version, DecisionsSince) {
+		notes = append(notes, "decision models need SGLang "+DecisionsSince+" or newer")
+	}
+	if dirs := v.PthDirs("nvidia_cutlass_dsl"); len(dirs) > 0 {
+		notes = append(notes, "cutlass (nvidia-cutlass-dsl) is added to the engine's path without running its .pth hook")
+	}
+	return &pb.DetectResponse{
+		Family:   Family,
+		Version:  dist.Version,
+		Verified: verified,
+		Digest:   digest,
+		Program:  v.Python,
+		Notes:    notes,
+		Details:  map[string]string{"venv": v.Dir, "module": Module},
+	}, nil
+}
+
+// Flags implements sdk.Driver.
+func (d *Driver) Flags(context.Context, *pb.FlagsRequest) (*pb.FlagsResponse, error) {
+	return Table.Proto(), nil
+}

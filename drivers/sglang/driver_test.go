@@ -1,0 +1,306 @@
+// Copyright (c) CapyCTL authors
+// SPDX-License-Identifier: Apache-2.0
+
+package sglang
+
+import (
+	"context"
+	"flag"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/capyctl/capyctl/drivers/internal/pyengine"
+	"github.com/capyctl/capyctl/sdk"
+	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden files in testdata")
+
+// fixture is a registered SGLang venv and model directories in a temp dir.
+type fixture struct {
+	root  string
+	inst  *pb.Installation
+	old   *pb.Installation // 0.5.21: no decision models
+	qwen3 string
+	llama string
+}
+
+func newFixture(t *testing.T) *fixture {
+	t.Helper()
+	root := t.TempDir()
+	venv, err := pyengine.MakeVenv(filepath.Join(root, "venv"), "", map[string]string{"sglang": "0.5.22", "nvidia-cutlass-dsl": "4.2.1"}, map[string]string{
+		"nvidia_cutlass_dsl.pth":                   "nvidia_cutlass_dsl/python_packages\n",
+		"nvidia_cutlass_dsl/python_packages/.keep": "",
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	oldVenv, err := pyengine.MakeVenv(filepath.Join(root, "venv-0.5.21"), "", map[string]string{"sglang": "0.5.21"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &fixture{root: root, qwen3: filepath.Join(root, "models", "qwen3"), llama: filepath.Join(root, "models", "llama")}
+	writeModel(t, f.qwen3, `{"model_type":"qwen3","num_hidden_layers":28,"num_attention_heads":16,"num_key_value_heads":8,"hidden_size":1024,"head_dim":128,"torch_dtype":"bfloat16","max_position_embeddings":40960}`,
+		`{"chat_template":"<|im_start|><think>\n"}`, 3<<30)
+	writeModel(t, f.llama, `{"model_type":"llama","num_hidden_layers":32,"num_attention_heads":32,"num_key_value_heads":8,"hidden_size":4096,"torch_dtype":"bfloat16","max_position_embeddings":131072}`,
+		"", 16<<30)
+	for _, p := range []struct {
+		path string
+		into **pb.Installation
+	}{{venv, &f.inst}, {oldVenv, &f.old}} {
+		det, err := New().Detect(context.Background(), &pb.DetectRequest{Path: p.path})
+		if err != nil {
+			t.Fatal(err)
+		}
+		*p.into = &pb.Installation{Name: "sglang", Family: Family, Path: p.path, Version: det.GetVersion(), Verified: det.GetVerified(), Digest: det.GetDigest()}
+	}
+	return f
+}
+
+func writeModel(t *testing.T, dir, config, tokenizer string, weights int64) {
+	t.Helper()
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "config.json"), []byte(config), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if tokenizer != "" {
+		if err := os.WriteFile(filepath.Join(dir, "tokenizer_config.json"), []byte(tokenizer), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f, err := os.Create(filepath.Join(dir, "model.safetensors"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := f.Truncate(weights); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func launchCtx() *pb.LaunchContext {
+	return &pb.LaunchContext{
+		Port: 41300, DeviceUuids: []string{"GPU-11111111-2222-3333-4444-555555555555"},
+		DeviceBytes: 20 << 30, DeviceTotalBytes: 80 << 30, KvCacheBytes: 4 << 30,
+		LaunchDir: "/state/launches/chat/0-L1", InstanceId: "chat/0", LaunchId: "L1",
+	}
+}
+
+func TestPlan_Golden(t *testing.T) {
+	f := newFixture(t)
+	cases := []struct {
+		name string
+		dep  *pb.Deployment
+		host *pb.HostPolicy
+		lctx *pb.LaunchContext
+	}{
+		{
+			name: "default_deep_qwen3",
+			dep:  &pb.Deployment{Name: "chat", Api: "chat", ServedName: "chat", ModelDir: f.qwen3},
+			host: &pb.HostPolicy{},
+			lctx: launchCtx(),
+		},
+		{
+			name: "host_backed_typed_fields",
+			dep: &pb.Deployment{
+				Name: "chat", Api: "chat", ServedName: "public-chat", ModelDir: f.llama, Residency: "host_backed",
+				MaxConcurrentRequests: 16, ContextLength: 32768, KvCacheDtype: "fp8_e4m3", CudaGraphs: "false",
+				EngineConfigJson: []byte(`{"chunked_prefill_size":8192,"tool_call_parser":"auto","reasoning_parser":"none"}`),
+				AcceptExtraArgs:  true, ExtraArgs: []string{"--enable-mixed-chunk"},
+				Env: map[string]string{"TOKENIZERS_PARALLELISM": "false"},
+			},
+			host: &pb.HostPolicy{EngineTelemetry: "allow", CudaHome: "/usr/local/cuda"},
+			lctx: launchCtx(),
+		},
+		{
+			name: "decisions_restart_only_at_write_time",
+			dep:  &pb.Deployment{Name: "judge", Api: "decisions", ServedName: "judge", ModelDir: f.qwen3, Memory: &pb.MemorySizes{KvCacheBytes: 1 << 30}},
+			host: &pb.HostPolicy{},
+		},
+		{
+			name: "speculative_restarts",
+			dep: &pb.Deployment{Name: "spec", Api: "chat", ServedName: "spec", ModelDir: f.qwen3, AcceptExtraArgs: true,
+				ExtraArgs: []string{"--speculative-algorithm", "EAGLE", "--speculative-draft-model-path", "/models/drafts/eagle"}},
+			host: &pb.HostPolicy{ApprovedPaths: []string{"/models/drafts"}},
+			lctx: launchCtx(),
+		},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			resp, err := New().Plan(context.Background(), &pb.PlanRequest{Installation: f.inst, Deployment: c.dep, Host: c.host, Launch: c.lctx})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(resp.GetRefusals()) > 0 {
+				t.Fatalf("refused: %v", resp.GetRefusals())
+			}
+			got := pyengine.RenderPlan(resp, map[string]string{f.root: "<tmp>"})
+			golden := filepath.Join("testdata", c.name+".golden")
+			if *update {
+				if err := os.WriteFile(golden, []byte(got), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			want, err := os.ReadFile(golden)
+			if err != nil {
+				t.Fatalf("%v (run go test ./drivers/sglang -update)", err)
+			}
+			if got != string(want) {
+				t.Fatalf("plan differs from %s (run with -update after checking):\n--- got\n%s\n--- want\n%s", golden, got, want)
+			}
+		})
+	}
+}
+
+func TestPlan_Invariants(t *testing.T) {
+	f := newFixture(t)
+	for _, res := range []string{"", "deep", "host_backed", "restart_only"} {
+		dep := &pb.Deployment{Name: "d", Api: "chat", ServedName: "d", ModelDir: f.llama, Residency: res}
+		resp, err := New().Plan(context.Background(), &pb.PlanRequest{Installation: f.inst, Deployment: dep, Host: &pb.HostPolicy{}, Launch: launchCtx()})
+		if err != nil || len(resp.GetRefusals()) > 0 {
+			t.Fatalf("%s: %v %v", res, err, resp.GetRefusals())
+		}
+		argv := strings.Join(resp.GetArgv(), " ")
+		if strings.Contains(argv, "--enable-memory-saver") != (res != "restart_only") {
+			t.Errorf("%s: memory saver: %s", res, argv)
+		}
+		if strings.Contains(argv, "--enable-weights-cpu-backup") != (res == "host_backed") {
+			t.Errorf("%s: cpu backup: %s", res, argv)
+		}
+		for _, want := range []string{"--host 127.0.0.1", "--port 41300", "--max-running-requests 32", "--enable-metrics", "--tokenizer-worker-num 1", "--config /state/launches/chat/0-L1/" + configFile} {
+			if !strings.Contains(argv, want) {
+				t.Errorf("argv lacks %q: %s", want, argv)
+			}
+		}
+		if strings.Contains(argv, "--api-key") {
+			t.Errorf("a key on the command line: %s", argv)
+		}
+		if e := resp.GetEnv(); e["SGLANG_PLUGINS"] != NoPlugins || e["DO_NOT_TRACK"] != "1" {
+			t.Errorf("env %v", e)
+		}
+	}
+}
+
+func TestPlan_Refusals(t *testing.T) {
+	f := newFixture(t)
+	base := func() *pb.Deployment {
+		return &pb.Deployment{Name: "d", Api: "chat", ServedName: "d", ModelDir: f.llama, AcceptExtraArgs: true}
+	}
+	cases := []struct {
+		name  string
+		edit  func(d *pb.Deployment)
+		host  *pb.HostPolicy
+		inst  *pb.Installation
+		codes []string
+	}{
+		{name: "dump option", edit: func(d *pb.Deployment) { d.ExtraArgs = []string{"--debug-tensor-dump-output-folder", "/tmp/x"} }, codes: []string{"engine_option_reserved:--debug-tensor-dump-output-folder"}},
+		{name: "dump option even when approved", edit: func(d *pb.Deployment) { d.ExtraArgs = []string{"--export-metrics-to-file-dir=/srv/m"} },
+			host: &pb.HostPolicy{ApprovedPaths: []string{"/srv"}, ApprovedOptions: []string{"--export-metrics-to-file-dir"}}, codes: []string{"engine_option_reserved:--export-metrics-to-file-dir"}},
+		{name: "watermark config", edit: func(d *pb.Deployment) { d.ExtraArgs = []string{"--watermark-config", "{}"} }, codes: []string{"engine_option_reserved:--watermark-config"}},
+		{name: "api key", edit: func(d *pb.Deployment) { d.ExtraArgs = []string{"--api-key", "x"} }, codes: []string{"engine_option_reserved:--api-key"}},
+		{name: "config file", edit: func(d *pb.Deployment) { d.ExtraArgs = []string{"--config", "/tmp/c.yaml"} }, codes: []string{"engine_option_reserved:--config"}},
+		{name: "tp alias", edit: func(d *pb.Deployment) { d.ExtraArgs = []string{"--tp", "2"} }, codes: []string{"engine_option_reserved:--tp-size"}},
+		{name: "lmcache", edit: func(d *pb.Deployment) { d.ExtraArgs = []string{"--lmcache-mp-port", "1"} }, codes: []string{"engine_option_reserved:--lmcache-mp-port"}},
+		{name: "owned", edit: func(d *pb.Deployment) { d.ExtraArgs = []string{"--mem-fraction-static", "0.9"} }, codes: []string{"engine_option_owned:--mem-fraction-static"}},
+		{name: "unapproved path option", edit: func(d *pb.Deployment) { d.ExtraArgs = []string{"--speculative-draft-model-path", "/tmp/d"} }, codes: []string{"engine_option_not_approved:--speculative-draft-model-path"}},
+		{name: "unapproved dir option", edit: func(d *pb.Deployment) { d.ExtraArgs = []string{"--file-storage-dir", "/tmp/d"} }, codes: []string{"engine_option_not_approved:--file-storage-dir"}},
+		{name: "custom loader", edit: func(d *pb.Deployment) { d.ExtraArgs = []string{"--custom-weight-loader", "m.f"} }, codes: []string{"engine_option_not_approved:--custom-weight-loader"}},
+		{name: "dump variable", edit: func(d *pb.Deployment) { d.Env = map[string]string{"SGLANG_DUMPER_DIR": "/tmp"} }, codes: []string{"engine_env_reserved:SGLANG_DUMPER_DIR"}},
+		{name: "dumper variable", edit: func(d *pb.Deployment) { d.Env = map[string]string{"DUMPER_ENABLE": "1"} }, codes: []string{"engine_env_reserved:DUMPER_ENABLE"}},
+		{name: "kernel api variable", edit: func(d *pb.Deployment) { d.Env = map[string]string{"SGLANG_KERNEL_API_LOGDIR": "/tmp"} }, codes: []string{"engine_env_reserved:SGLANG_KERNEL_API_LOGDIR"}},
+		{name: "coredump variable", edit: func(d *pb.Deployment) { d.Env = map[string]string{"SGLANG_CUDA_COREDUMP": "1"} }, codes: []string{"engine_env_reserved:SGLANG_CUDA_COREDUMP"}},
+		{name: "plugins", edit: func(d *pb.Deployment) { d.Env = map[string]string{"SGLANG_PLUGINS": ""} }, codes: []string{"engine_env_reserved:SGLANG_PLUGINS"}},
+		{name: "platform", edit: func(d *pb.Deployment) { d.Env = map[string]string{"SGLANG_PLATFORM": "x"} }, codes: []string{"engine_env_reserved:SGLANG_PLATFORM"}},
+		{name: "smg", edit: func(d *pb.Deployment) { d.Env = map[string]string{"SMG_PORT": "1"} }, codes: []string{"engine_env_reserved:SMG_PORT"}},
+		{name: "unknown config key", edit: func(d *pb.Deployment) { d.EngineConfigJson = []byte(`{"mem_fraction":0.5}`) }, codes: []string{"unknown_config_key:engine_config.sglang.mem_fraction"}},
+		{name: "remote code", edit: func(d *pb.Deployment) { d.TrustRemoteCode = true }, codes: []string{"remote_code_not_allowed"}},
+		{name: "decisions parking", edit: func(d *pb.Deployment) { d.Api = "decisions"; d.Residency = "deep" }, codes: []string{"capability_missing:deep_park"}},
+		{name: "decisions with a parser", edit: func(d *pb.Deployment) {
+			d.Api = "decisions"
+			d.EngineConfigJson = []byte(`{"tool_call_parser":"qwen25"}`)
+		}, codes: []string{"invalid_config"}},
+		{name: "decisions on 0.5.21", edit: func(d *pb.Deployment) { d.Api = "decisions" }, inst: f.old, codes: []string{"capability_missing:decisions"}},
+		{name: "speculative parking", edit: func(d *pb.Deployment) {
+			d.Residency = "host_backed"
+			d.ExtraArgs = []string{"--speculative-algorithm", "NGRAM"}
+		}, codes: []string{"capability_missing:deep_park"}},
+		{name: "another api", edit: func(d *pb.Deployment) { d.Api = "embeddings" }, codes: []string{"capability_missing:embeddings"}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			dep := base()
+			c.edit(dep)
+			host, inst := c.host, c.inst
+			if host == nil {
+				host = &pb.HostPolicy{}
+			}
+			if inst == nil {
+				inst = f.inst
+			}
+			resp, err := New().Plan(context.Background(), &pb.PlanRequest{Installation: inst, Deployment: dep, Host: host})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got []string
+			for _, r := range resp.GetRefusals() {
+				got = append(got, r.GetCode())
+			}
+			if strings.Join(got, ",") != strings.Join(c.codes, ",") {
+				t.Fatalf("refusals %v, want %v (%v)", got, c.codes, resp.GetRefusals())
+			}
+		})
+	}
+}
+
+func TestDetect(t *testing.T) {
+	dir := t.TempDir()
+	mk := func(name string, dists map[string]string) string {
+		p, err := pyengine.MakeVenv(filepath.Join(dir, name), "", dists, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	cases := []struct {
+		name         string
+		path         string
+		wantCode     string
+		wantVersion  string
+		wantVerified bool
+	}{
+		{name: "0.5.22", path: mk("a", map[string]string{"sglang": "0.5.22"}), wantVersion: "0.5.22", wantVerified: true},
+		{name: "0.5.20 post", path: mk("b", map[string]string{"sglang": "0.5.20.post1"}), wantVersion: "0.5.20.post1", wantVerified: true},
+		{name: "0.5.23 custom", path: mk("c", map[string]string{"sglang": "0.5.23"}), wantVersion: "0.5.23"},
+		{name: "0.5.2 custom", path: mk("d", map[string]string{"sglang": "0.5.2"}), wantVersion: "0.5.2"},
+		{name: "a vllm venv", path: mk("e", map[string]string{"vllm": "0.31.0"}), wantCode: pyengine.CodeEngineUnsupported},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			resp, err := New().Detect(context.Background(), &pb.DetectRequest{Path: c.path})
+			if c.wantCode != "" {
+				if sdk.CodeOf(err) != c.wantCode {
+					t.Fatalf("Detect = %v, %v; want %s", resp, err, c.wantCode)
+				}
+				return
+			}
+			if err != nil || resp.GetFamily() != Family || resp.GetVersion() != c.wantVersion || resp.GetVerified() != c.wantVerified {
+				t.Fatalf("Detect = %+v, %v", resp, err)
+			}
+		})
+	}
+}
+
+func TestDescribeAndFlags(t *testing.T) {
+	d, _ := New().Describe(context.Background(), &pb.DescribeRequest{})
+	c := d.GetCapabilities()
+	if c.GetRequestIdField() != "rid" || c.GetAbortMode() != pb.AbortMode_ABORT_MODE_REQUEST_ID || strings.Join(c.GetApis(), ",") != "chat,decisions" {
+		t.Fatalf("Describe = %v", d)
+	}
+	if err := Table.Validate(); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -1,0 +1,303 @@
+// Copyright (c) CapyCTL authors
+// SPDX-License-Identifier: Apache-2.0
+
+package sglang
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"github.com/capyctl/capyctl/drivers/internal/pyengine"
+	"github.com/capyctl/capyctl/sdk"
+	"github.com/capyctl/capyctl/sdk/flags"
+	"github.com/capyctl/capyctl/sdk/formats"
+	"github.com/capyctl/capyctl/sdk/proc"
+	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
+)
+
+// speculative reports whether extra_args turn speculative decoding on: a
+// wake would not restore the draft model, so such a deployment restarts.
+func speculative(args []flags.Arg) bool {
+	return flags.Find(args, "--speculative-algorithm") != nil
+}
+
+// residency is the effective residency: the deployment's; by default deep,
+// or restart_only for a decision model or speculative decoding.
+func residency(dep *pb.Deployment, args []flags.Arg) string {
+	if r := dep.GetResidency(); r != "" {
+		return r
+	}
+	if dep.GetApi() == "decisions" || speculative(args) {
+		return pyengine.ResidencyRestartOnly
+	}
+	return pyengine.ResidencyDeep
+}
+
+// Plan implements sdk.Driver: it checks the deployment (refusals with
+// codes) and renders the launch.
+func (d *Driver) Plan(_ context.Context, req *pb.PlanRequest) (*pb.PlanResponse, error) {
+	inst, dep, host, lctx := req.GetInstallation(), req.GetDeployment(), req.GetHost(), req.GetLaunch()
+	var r pyengine.Refusals
+	cfg := pyengine.DecodeFamily(dep.GetEngineConfigJson(), Family, configKeys, &r)
+	declared := func(k string) bool { s := cfg.String(k); return s != "" && s != "auto" }
+	typed := pyengine.TypedFields(dep, map[string]bool{
+		"engine_config.sglang.chunked_prefill_size": cfg.Has("chunked_prefill_size"),
+		"engine_config.sglang.tool_call_parser":     declared("tool_call_parser"),
+		"engine_config.sglang.reasoning_parser":     declared("reasoning_parser"),
+	})
+	args := pyengine.Common(Table, dep, host, typed, &r)
+	res := residency(dep, args)
+	switch api := dep.GetApi(); api {
+	case "", "chat":
+	case "decisions":
+		if inst.GetVersion() != "" && !pyengine.VersionAtLeast(inst.GetVersion(), DecisionsSince) {
+			r.Add(pyengine.CodeCapabilityMissing+":decisions", "api", "decision models need SGLang %s or newer; engine %s is %s", DecisionsSince, inst.GetName(), inst.GetVersion())
+		}
+		if pyengine.Parks(res) {
+			r.Add(pyengine.CodeCapabilityMissing+":deep_park", "residency", "decision models restart instead of parking: remove residency or set restart_only")
+		}
+		for _, k := range []string{"tool_call_parser", "reasoning_parser"} {
+			if declared(k) {
+				r.Add(flags.CodeInvalidConfig, "engine_config.sglang."+k, "decision models run without a tool-call or reasoning parser")
+			}
+		}
+	default:
+		r.Add(pyengine.CodeCapabilityMissing+":"+api, "api", "SGLang serves the chat and decisions APIs, not %q", api)
+	}
+	if speculative(args) && pyengine.Parks(res) {
+		r.Add(pyengine.CodeCapabilityMissing+":deep_park", "residency",
+			"with speculative decoding a wake would not restore the draft model's weights: remove residency or set restart_only")
+	}
+	venv, err := pyengine.FindVenv(inst.GetPath())
+	if err != nil {
+		r.Add(sdk.CodeEngineNotFound, "engine", "engine %s: %v", inst.GetName(), err)
+	}
+	if len(r) > 0 {
+		return &pb.PlanResponse{Refusals: r}, nil
+	}
+
+	weights := pyengine.WeightsBytes(dep.GetModelDir())
+	hf, _ := formats.ReadHFConfig(dep.GetModelDir())
+	kvPerToken := hf.KVBytesPerToken(1, dep.GetKvCacheDtype())
+	kvBudget := lctx.GetKvCacheBytes()
+	if kvBudget <= 0 {
+		kvBudget = dep.GetMemory().GetKvCacheBytes()
+	}
+	totalTokens, _ := cfg.Int("max_total_tokens")
+	if totalTokens <= 0 && kvPerToken > 0 && kvBudget > 0 {
+		totalTokens = kvBudget / kvPerToken
+	}
+	workers, ok := cfg.Int("tokenizer_workers")
+	if !ok {
+		workers = 1
+	}
+	parsers := pyengine.ChooseParsers(pyengine.ParserInput{
+		ModelDir: dep.GetModelDir(), API: dep.GetApi(), Tool: cfg.String("tool_call_parser"), Reasoning: cfg.String("reasoning_parser"),
+		Args: args, ToolOption: "--tool-call-parser", ReasoningOption: "--reasoning-parser",
+	}, parserNames)
+
+	argv := []string{venv.Python, "-m", Module,
+		"--model-path", dep.GetModelDir(),
+		"--served-model-name", dep.GetServedName(),
+		"--host", "127.0.0.1",
+	}
+	if p := lctx.GetPort(); p > 0 {
+		argv = append(argv, "--port", strconv.Itoa(int(p)))
+	}
+	maxRunning := pyengine.MaxConcurrent(dep, pyengine.DefaultMaxConcurrent)
+	argv = append(argv, "--max-running-requests", strconv.Itoa(maxRunning))
+	if n := dep.GetContextLength(); n > 0 {
+		argv = append(argv, "--context-length", strconv.FormatInt(n, 10))
+	}
+	for _, o := range []struct{ flag, val string }{
+		{"--dtype", dep.GetDtype()}, {"--quantization", dep.GetQuantization()}, {"--kv-cache-dtype", dep.GetKvCacheDtype()},
+	} {
+		if o.val != "" {
+			argv = append(argv, o.flag, o.val)
+		}
+	}
+	if dep.GetCudaGraphs() == "false" {
+		argv = append(argv, "--disable-cuda-graph")
+	}
+	if f := pyengine.Fraction(lctx.GetDeviceBytes(), lctx.GetDeviceTotalBytes()); f != "" {
+		argv = append(argv, "--mem-fraction-static", f)
+	}
+	if totalTokens > 0 {
+		argv = append(argv, "--max-total-tokens", strconv.FormatInt(totalTokens, 10))
+	}
+	if n, ok := cfg.Int("chunked_prefill_size"); ok {
+		argv = append(argv, "--chunked-prefill-size", strconv.FormatInt(n, 10))
+	}
+	if pyengine.Parks(res) {
+		argv = append(argv, "--enable-memory-saver")
+	}
+	if res == pyengine.ResidencyHostBacked {
+		argv = append(argv, "--enable-weights-cpu-backup")
+	}
+	argv = append(argv, "--enable-metrics", "--tokenizer-worker-num", strconv.FormatInt(workers, 10))
+	if dep.GetTrustRemoteCode() {
+		argv = append(argv, "--trust-remote-code")
+	}
+	if parsers.Tool != "" {
+		argv = append(argv, "--tool-call-parser", parsers.Tool)
+	}
+	if parsers.Reasoning != "" {
+		argv = append(argv, "--reasoning-parser", parsers.Reasoning)
+	}
+	if dir := lctx.GetLaunchDir(); dir != "" {
+		argv = append(argv, "--config", filepath.Join(dir, configFile))
+	}
+	argv = append(argv, dep.GetExtraArgs()...)
+
+	env := pyengine.BaseEnv(pyengine.EnvOptions{Venv: venv.Dir, Host: host, Launch: lctx})
+	env["SGLANG_PLUGINS"] = NoPlugins
+	if dirs := venv.PthDirs("nvidia_cutlass_dsl"); len(dirs) > 0 {
+		// SGLang 0.5.22 imports cutlass from nvidia-cutlass-dsl, which only
+		// a .pth hook puts on the path: add that directory, run no hook.
+		env["PYTHONPATH"] = strings.Join(dirs, ":")
+	}
+	for k, v := range dep.GetEnv() {
+		env[k] = v
+	}
+
+	hints := &pb.MemoryHints{
+		WeightsBytes:          weights,
+		KvBytesPerToken:       kvPerToken,
+		KvCacheBytes:          kvBudget,
+		ContextLength:         dep.GetContextLength(),
+		MaxConcurrentRequests: int32(maxRunning),
+		Source:                "safetensors+config.json",
+	}
+	if hints.ContextLength <= 0 && hf != nil {
+		hints.ContextLength = hf.MaxPositionEmbeddings
+	}
+	resp := &pb.PlanResponse{
+		Argv:             argv,
+		Env:              env,
+		Workdir:          lctx.GetLaunchDir(),
+		Hints:            hints,
+		Parsers:          parsers.Report,
+		Residency:        res,
+		StartupTimeoutMs: pyengine.StartupTimeout(weights).Milliseconds(),
+		WakeTimeoutMs:    pyengine.WakeTimeout(weights, res).Milliseconds(),
+	}
+	if pyengine.Parks(res) {
+		resp.Notes = append(resp.Notes, "parks with SGLang's memory saver (release_memory_occupation / resume_memory_occupation)")
+	}
+	if workers != 1 {
+		resp.Notes = append(resp.Notes, "more than one tokenizer worker: an abort by request ID may not reach the worker that holds the request; hang-ups close the connection")
+	}
+	return resp, nil
+}
+
+// endpoint is how the router reaches an instance.
+func endpoint(port int, key string, dep *pb.Deployment, workers int64) *pb.Endpoint {
+	ep := &pb.Endpoint{
+		BaseUrl:        pyengine.BaseURL(port),
+		ChatPath:       chatPath,
+		RequestIdField: RequestIDField,
+		AbortMode:      pb.AbortMode_ABORT_MODE_REQUEST_ID,
+		ServedName:     dep.GetServedName(),
+	}
+	if dep.GetApi() == "decisions" {
+		ep.DecisionsPath = decisionsPath
+	}
+	if workers > 1 {
+		ep.AbortMode = pb.AbortMode_ABORT_MODE_CLOSE_CONNECTION
+	}
+	if key != "" {
+		ep.AuthHeader = "Authorization"
+		ep.AuthValue = "Bearer " + key
+	}
+	return ep
+}
+
+// tokenizerWorkers reads engine_config.sglang.tokenizer_workers (1 when
+// unset or unreadable).
+func tokenizerWorkers(dep *pb.Deployment) int64 {
+	var r pyengine.Refusals
+	if n, ok := pyengine.DecodeFamily(dep.GetEngineConfigJson(), Family, configKeys, &r).Int("tokenizer_workers"); ok {
+		return n
+	}
+	return 1
+}
+
+// shm is the shared-memory tracker of a launch.
+func shm(launchDir string) pyengine.Shm {
+	return pyengine.Shm{Dir: pyengine.ShmDir, LaunchDir: launchDir, Prefixes: shmPrefixes}
+}
+
+// writeConfig writes the launch's private configuration file: the key,
+// readable by the launch's user only, in the launch's private directory.
+func writeConfig(launchDir, key string) error {
+	var b strings.Builder
+	b.WriteString("# written by CapyCTL for one launch; removed once the engine is ready\n")
+	if key != "" {
+		b.WriteString("api-key: " + strconv.Quote(key) + "\n")
+	}
+	if err := os.MkdirAll(launchDir, 0o700); err != nil {
+		return err
+	}
+	p := filepath.Join(launchDir, configFile)
+	tmp := p + ".tmp"
+	if err := os.WriteFile(tmp, []byte(b.String()), 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, p)
+}
+
+// removeConfig removes the launch's configuration file (the engine read it
+// at start).
+func removeConfig(launchDir string) {
+	if launchDir != "" {
+		_ = os.Remove(filepath.Join(launchDir, configFile))
+	}
+}
+
+// Start implements sdk.Driver: the pinned installation must be what runs;
+// the key reaches SGLang through the launch's private configuration file;
+// the shared-memory segments that exist before the launch are noted so that
+// only the launch's own are cleaned up.
+func (d *Driver) Start(_ context.Context, req *pb.StartRequest) (*pb.StartResponse, error) {
+	inst, dep, lctx := req.GetInstallation(), req.GetDeployment(), req.GetLaunch()
+	if _, err := pyengine.CheckPinned(inst.GetPath(), inst.GetDigest()); err != nil {
+		return nil, err
+	}
+	if lctx.GetLaunchDir() == "" {
+		return nil, sdk.Errorf(sdk.CodeLaunchFailed, "start needs a launch directory")
+	}
+	if err := writeConfig(lctx.GetLaunchDir(), req.GetEngineKey()); err != nil {
+		return nil, sdk.Errorf(sdk.CodeLaunchFailed, "write the launch's configuration: %v", err)
+	}
+	_ = shm(lctx.GetLaunchDir()).RecordBefore()
+	launched, err := pyengine.StartLaunch(pyengine.LaunchOptions{
+		Plan: req.GetPlan(), Host: req.GetHost(), Launch: lctx,
+		Secrets: []string{req.GetEngineKey(), req.GetAdminKey()},
+	})
+	if err != nil {
+		removeConfig(lctx.GetLaunchDir())
+		return nil, err
+	}
+	in := d.instance(lctx.GetInstanceId(), lctx.GetLaunchId(), *launched, int(lctx.GetPort()), req.GetEngineKey(), dep, req.GetPlan().GetResidency())
+	d.reg.Put(in)
+	return &pb.StartResponse{Launch: in.LaunchPB(), Endpoint: in.Endpoint}, nil
+}
+
+// instance builds the driver's handle of a launch.
+func (d *Driver) instance(id, launchID string, l proc.Launched, port int, key string, dep *pb.Deployment, res string) *pyengine.Instance {
+	in := pyengine.NewInstance(id, launchID, l, port, endpoint(port, key, dep, tokenizerWorkers(dep)))
+	in.API = dep.GetApi()
+	if in.API == "" {
+		in.API = "chat"
+	}
+	if res == "" {
+		args, _ := Table.SplitArgs(dep.GetExtraArgs())
+		res = residency(dep, args)
+	}
+	in.Residency = res
+	in.ModelDir = dep.GetModelDir()
+	return in
+}

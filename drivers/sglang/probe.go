@@ -1,0 +1,266 @@
+// Copyright (c) CapyCTL authors
+// SPDX-License-Identifier: Apache-2.0
+
+package sglang
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/capyctl/capyctl/drivers/internal/pyengine"
+	"github.com/capyctl/capyctl/sdk"
+	"github.com/capyctl/capyctl/sdk/decisions"
+	"github.com/capyctl/capyctl/sdk/engineapi"
+	"github.com/capyctl/capyctl/sdk/proc"
+	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
+)
+
+// Probe implements sdk.Driver. READINESS waits for the served name in
+// /v1/models and a real answer to the canary prompt (a complete decision
+// for a decision model). It fails at once, with the engine's last log
+// lines, when the engine exits or when SGLang's scheduler dies while the
+// model loads: then the driver ends the launch's remaining processes and
+// removes the shared-memory segments it made, instead of waiting out the
+// deadline for a server that will never be ready.
+func (d *Driver) Probe(ctx context.Context, req *pb.ProbeRequest) (*pb.ProbeResponse, error) {
+	in, err := d.reg.Get(req.GetInstanceId())
+	if err != nil {
+		return nil, err
+	}
+	switch req.GetKind() {
+	case pb.ProbeKind_PROBE_KIND_LIVENESS:
+		if in.Alive() {
+			shm(in.Launched.LaunchDir).Observe(proc.GroupPIDs(in.Launched.Pgid))
+		}
+		return in.Liveness(), nil
+	case pb.ProbeKind_PROBE_KIND_READINESS:
+		if !in.Alive() {
+			return in.ExitInfo("the engine process is gone"), nil
+		}
+		if tier := in.Parked(); tier != "" {
+			return &pb.ProbeResponse{Alive: true, Detail: "the engine's memory is released (parked " + tier + "): wake it first"}, nil
+		}
+		deadline := time.Duration(req.GetDeadlineMs()) * time.Millisecond
+		if deadline <= 0 {
+			deadline = pyengine.StartupTimeout(pyengine.WeightsBytes(in.ModelDir))
+		}
+		ready := in.ChatReady(canaryPrompt, canaryTokens, canaryExtra)
+		if in.API == "decisions" {
+			ready = decisionReady(in)
+		}
+		fail := func() {
+			_ = pyengine.StopLaunch(in.Launched, in.StopGrace)
+			shm(in.Launched.LaunchDir).Clean()
+			removeConfig(in.Launched.LaunchDir)
+		}
+		resp := in.WaitReady(ctx, deadline, ready, schedulerWatch(in), fail)
+		if resp.GetReady() {
+			// SGLang read its key at start; the file has done its work.
+			removeConfig(in.Launched.LaunchDir)
+		}
+		return resp, nil
+	case pb.ProbeKind_PROBE_KIND_WAKE_CHECK:
+		if !in.Alive() {
+			return in.ExitInfo("the engine process is gone"), nil
+		}
+		answer, err := wakeCanary(ctx, in)
+		if err != nil {
+			return &pb.ProbeResponse{Alive: true, Detail: err.Error(), Code: sdk.CodeWakeFailed}, nil
+		}
+		return &pb.ProbeResponse{Alive: true, Ready: true, Canary: answer, Endpoint: in.Endpoint}, nil
+	}
+	return nil, sdk.Errorf("invalid_request", "unknown probe kind %v", req.GetKind())
+}
+
+// schedulerWatch notices SGLang's scheduler dying while the server waits
+// for it: a scheduler process seen in the launch's group that is gone, or
+// the scheduler's exception in the log. It also notes the shared-memory
+// segments the launch's processes hold.
+func schedulerWatch(in *pyengine.Instance) pyengine.WatchFunc {
+	seen := map[int]bool{}
+	s := shm(in.Launched.LaunchDir)
+	return func() (bool, string) {
+		pids := proc.GroupPIDs(in.Launched.Pgid)
+		s.Observe(pids)
+		live := map[int]bool{}
+		for _, pid := range pids {
+			live[pid] = true
+			if strings.HasPrefix(proc.ProcessName(pid), schedulerComm) {
+				seen[pid] = true
+			}
+		}
+		for pid := range seen {
+			if !live[pid] {
+				return true, fmt.Sprintf("SGLang's scheduler (pid %d) died while the model loaded; the launch was ended", pid)
+			}
+		}
+		for _, l := range proc.LastLines(in.Launched.LaunchDir, 40) {
+			if strings.Contains(l, schedulerDied) {
+				return true, "SGLang's scheduler failed while the model loaded; the launch was ended"
+			}
+		}
+		return false, ""
+	}
+}
+
+// decisionReady proves a decision model ready: the served name listed, and
+// a complete answer to the fixed readiness decision.
+func decisionReady(in *pyengine.Instance) pyengine.ReadyFunc {
+	return func(ctx context.Context) (bool, string, string) {
+		found, err := engineapi.ModelsContain(ctx, in.Client, in.ServedName)
+		if err != nil {
+			return false, "", "waiting for the model list: " + err.Error()
+		}
+		if !found {
+			return false, "", "waiting for " + in.ServedName + " in " + engineapi.ModelsPath
+		}
+		req := decisions.ReadinessRequest(in.ServedName)
+		var resp decisions.Response
+		if _, err := in.Client.PostJSON(ctx, decisionsPath, req, &resp); err != nil {
+			return false, "", "waiting for a first decision: " + err.Error()
+		}
+		if err := decisions.Check(req, &resp); err != nil {
+			return false, "", "the readiness decision is incomplete: " + err.Error()
+		}
+		return true, decisionCanary(resp), ""
+	}
+}
+
+// decisionCanary renders a decision's probabilities, rounded, as its canary.
+func decisionCanary(resp decisions.Response) string {
+	var parts []string
+	for _, a := range resp.Answers {
+		labels := make([]string, 0, len(a.Probabilities))
+		for l := range a.Probabilities {
+			labels = append(labels, l)
+		}
+		sort.Strings(labels)
+		for _, l := range labels {
+			parts = append(parts, a.ID+"."+l+"="+strconv.FormatFloat(a.Probabilities[l], 'f', 2, 64))
+		}
+	}
+	return strings.Join(parts, " ")
+}
+
+// wakeCanary asks the canary prompt once.
+func wakeCanary(ctx context.Context, in *pyengine.Instance) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	if in.API == "decisions" {
+		ok, canary, why := decisionReady(in)(ctx)
+		if !ok {
+			return "", fmt.Errorf("%s", why)
+		}
+		return canary, nil
+	}
+	return engineapi.ChatProbeExtra(ctx, in.Client, chatPath, in.ServedName, canaryPrompt, canaryTokens, canaryExtra)
+}
+
+// Abort implements sdk.Driver: POST /abort_request {"rid"} with the ID the
+// router put in the request body. With several tokenizer workers the abort
+// may not reach the request's worker: the connection close is then all.
+func (d *Driver) Abort(ctx context.Context, req *pb.AbortRequest) (*pb.AbortResponse, error) {
+	in, err := d.reg.Get(req.GetInstanceId())
+	if err != nil {
+		return nil, err
+	}
+	if in.Endpoint.GetAbortMode() != pb.AbortMode_ABORT_MODE_REQUEST_ID || req.GetRequestId() == "" {
+		return &pb.AbortResponse{Mode: pb.AbortMode_ABORT_MODE_CLOSE_CONNECTION}, nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	body := map[string]any{"rid": req.GetRequestId(), "abort_all": false}
+	if _, err := in.Client.PostJSON(ctx, abortPath, body, nil); err != nil {
+		return nil, sdk.Errorf("engine_error", "abort request %s: %v", req.GetRequestId(), err)
+	}
+	return &pb.AbortResponse{Mode: pb.AbortMode_ABORT_MODE_REQUEST_ID, Sent: true}, nil
+}
+
+// Load implements sdk.Driver: sglang:num_running_reqs and num_queue_reqs of
+// the served model, and the KV pool usage.
+func (d *Driver) Load(ctx context.Context, req *pb.LoadRequest) (*pb.LoadResponse, error) {
+	in, err := d.reg.Get(req.GetInstanceId())
+	if err != nil {
+		return nil, err
+	}
+	return pyengine.ReadLoad(ctx, in.Client, in.ServedName, metricNames), nil
+}
+
+// Stop implements sdk.Driver: the whole group ends, then the launch's
+// shared-memory segments that no process holds any more are removed.
+func (d *Driver) Stop(_ context.Context, req *pb.StopRequest) (*pb.StopResponse, error) {
+	var launched proc.Launched
+	grace := pyengine.DefaultStopGrace
+	if in, err := d.reg.Get(req.GetInstanceId()); err == nil {
+		launched, grace = in.Launched, in.StopGrace
+		in.Client.CloseIdleConnections()
+	} else if l := req.GetLaunch(); l != nil {
+		launched = pyengine.FromLaunch(l)
+	} else {
+		return nil, err
+	}
+	if req.GetGraceMs() > 0 {
+		grace = time.Duration(req.GetGraceMs()) * time.Millisecond
+	}
+	if launched.LaunchDir != "" && proc.Alive(launched.Engine) {
+		shm(launched.LaunchDir).Observe(proc.GroupPIDs(launched.Pgid))
+	}
+	resp := pyengine.StopLaunch(launched, grace)
+	if resp.GetGone() {
+		if launched.LaunchDir != "" {
+			resp.Cleaned = shm(launched.LaunchDir).Clean()
+			removeConfig(launched.LaunchDir)
+		}
+		d.reg.Drop(req.GetInstanceId())
+	}
+	return resp, nil
+}
+
+// Recover implements sdk.Driver: it rebuilds the handle from the recorded
+// launch.
+func (d *Driver) Recover(_ context.Context, req *pb.RecoverRequest) (*pb.RecoverResponse, error) {
+	id := req.GetInstanceId()
+	if in, err := d.reg.Get(id); err == nil {
+		if in.Alive() {
+			return &pb.RecoverResponse{State: pb.RecoverState_RECOVER_STATE_RUNNING, Endpoint: in.Endpoint, Parked: in.Parked() != "", Detail: "handle kept by this driver"}, nil
+		}
+		d.reg.Drop(id)
+		return &pb.RecoverResponse{State: pb.RecoverState_RECOVER_STATE_GONE, Detail: "the engine process is gone"}, nil
+	}
+	launched, state, detail := pyengine.RecoverLaunch(req.GetLaunch())
+	if state != pb.RecoverState_RECOVER_STATE_RUNNING {
+		return &pb.RecoverResponse{State: state, Detail: detail}, nil
+	}
+	in := d.instance(id, req.GetLaunch().GetLaunchId(), launched, int(req.GetLaunch().GetPort()), req.GetEngineKey(), req.GetDeployment(), "")
+	// SGLang has no route that says whether its memory is released: the
+	// launch directory records a completed park, and a park the core saw
+	// complete counts too.
+	tier := pyengine.RecordedPark(launched.LaunchDir)
+	if tier == "" && req.GetRecordedState() == "parked" {
+		if tier = req.GetParkTier(); tier == "" {
+			tier = in.Residency
+		}
+	}
+	if tier != "" && pyengine.Parks(in.Residency) {
+		in.SetParked(tier)
+		detail += "; the engine's memory is released (parked " + tier + ")"
+	}
+	d.reg.Put(in)
+	return &pb.RecoverResponse{State: pb.RecoverState_RECOVER_STATE_RUNNING, Endpoint: in.Endpoint, Parked: in.Parked() != "", Detail: detail}, nil
+}
+
+// Logs implements sdk.Driver.
+func (d *Driver) Logs(_ context.Context, req *pb.LogsRequest) (*pb.LogsResponse, error) {
+	dir := req.GetLaunchDir()
+	if in, err := d.reg.Get(req.GetInstanceId()); err == nil {
+		dir = in.Launched.LaunchDir
+	}
+	if dir == "" {
+		return nil, sdk.Errorf(sdk.CodeInstanceNotFound, "no launch directory for %s", req.GetInstanceId())
+	}
+	return pyengine.Logs(dir, req.GetMaxBytes()), nil
+}

@@ -1,0 +1,206 @@
+// Copyright (c) CapyCTL authors
+// SPDX-License-Identifier: Apache-2.0
+
+// Package tensorfold is the driver of TensorFold (SPEC E4; verified 0.6.0
+// to 0.6.3, 0.6.5 and 0.6.6): `<venv>/bin/tensorfold serve <model dir>` on
+// a private loopback port, capped by TENSORFOLD_CUDA_MEMORY_LIMIT_GB at the
+// deployment's ready allocation (a TensorFold deployment states its
+// resources and context_length), --parallel from max_concurrent_requests
+// (8 when undeclared), readiness that waits out the CUDA kernels
+// TensorFold builds on its first request, and the idle signal from
+// /health. TensorFold cannot release its memory while it runs: it is
+// restart only. Its build tools (ninja, nvcc, a C++ compiler) must be on
+// the engine's PATH when it is registered (toolchain_missing, exit 26).
+package tensorfold
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+
+	"github.com/capyctl/capyctl/core/version"
+	"github.com/capyctl/capyctl/drivers/internal/pyengine"
+	"github.com/capyctl/capyctl/sdk"
+	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
+)
+
+// Family is this driver's engine family.
+const Family = "tensorfold"
+
+// VerifiedVersions are the TensorFold releases CapyCTL is verified with
+// (0.6.4 was not checked); others run as custom.
+var VerifiedVersions = []string{"0.6.0", "0.6.1", "0.6.2", "0.6.3", "0.6.5", "0.6.6"}
+
+// Installation details recorded by Detect.
+const (
+	detailVenv     = "venv"
+	detailCUDAHome = "cuda_home"
+	detailToolDirs = "tool_dirs"
+)
+
+// Driver is the TensorFold driver.
+type Driver struct {
+	reg *pyengine.Registry
+	// systemPath ends the engine's PATH and is searched for build tools
+	// (tests point it at an empty directory).
+	systemPath string
+	// getenv reads the driver's environment (CUDA_HOME).
+	getenv func(string) string
+	// defaultCUDA is the toolkit directory used when CUDA_HOME names none.
+	defaultCUDA string
+}
+
+var _ sdk.Driver = (*Driver)(nil)
+
+// New returns the driver.
+func New() *Driver {
+	return &Driver{reg: pyengine.NewRegistry(), systemPath: "/usr/local/bin:/usr/bin:/bin", getenv: os.Getenv, defaultCUDA: "/usr/local/cuda"}
+}
+
+// Describe implements sdk.Driver: restart only, chat, aborts by closing
+// the connection, an idle signal.
+func (d *Driver) Describe(context.Context, *pb.DescribeRequest) (*pb.DescribeResponse, error) {
+	return &pb.DescribeResponse{
+		Name:     Family,
+		Version:  version.Version,
+		Protocol: sdk.ProtocolVersion,
+		Capabilities: &pb.Capabilities{
+			Apis:       []string{"chat"},
+			AbortMode:  pb.AbortMode_ABORT_MODE_CLOSE_CONNECTION,
+			IdleSignal: true,
+		},
+		ConfigSchema: pyengine.ConfigSchema(Family, configKeys),
+	}, nil
+}
+
+// Detect implements sdk.Driver: a venv with a tensorfold distribution and
+// its bin/tensorfold, read without running Python; the build tools
+// TensorFold compiles its kernels with are looked for on the engine's PATH
+// (the venv's bin, pip's CUDA compiler, the CUDA toolkit's bin, the
+// system's) and the missing ones reported.
+func (d *Driver) Detect(_ context.Context, req *pb.DetectRequest) (*pb.DetectResponse, error) {
+	v, dist, digest, err := pyengine.Detect(req.GetPath(), pyengine.DetectSpec{Family: Family, Dist: "tensorfold", Verified: VerifiedVersions})
+	if err != nil {
+		return nil, err
+	}
+	program := filepath.Join(v.Dir, "bin", "tensorfold")
+	if st, err := os.Stat(program); err != nil || st.IsDir() || st.Mode()&0o111 == 0 {
+		return nil, sdk.Errorf(sdk.CodeEngineNotFound, "%s has tensorfold %s installed but no executable bin/tensorfold", v.Dir, dist.Version)
+	}
+	verified := pyengine.VersionIn(dist.Version, VerifiedVersions)
+	cuda := d.cudaHome()
+	dirs := toolDirs(v)
+	missing := d.missingTools(v.Dir, dirs, cuda)
+	notes := []string{
+		"TensorFold runs restart only: CapyCTL stops it when it needs the memory and starts it on the next request",
+		"a TensorFold deployment states its resources and context_length; the engine is capped at its ready allocation",
+		"the first request after a start builds CUDA kernels; the first start may take up to 30 minutes",
+	}
+	if !verified {
+		notes = append(notes, "TensorFold "+dist.Version+" is not a verified version: it runs as custom")
+	}
+	details := map[string]string{detailVenv: v.Dir}
+	if cuda != "" {
+		details[detailCUDAHome] = cuda
+	}
+	if len(dirs) > 0 {
+		details[detailToolDirs] = strings.Join(dirs, ":")
+	}
+	return &pb.DetectResponse{
+		Family: Family, Version: dist.Version, Verified: verified, Digest: digest, Program: program,
+		ToolchainMissing: missing, Notes: notes, Details: details,
+	}, nil
+}
+
+// cudaHome is $CUDA_HOME when it has bin/nvcc, else the default toolkit
+// directory when it has, else "".
+func (d *Driver) cudaHome() string {
+	for _, c := range []string{d.getenv("CUDA_HOME"), d.defaultCUDA} {
+		if c == "" {
+			continue
+		}
+		if isExecutable(filepath.Join(c, "bin", "nvcc")) {
+			return c
+		}
+	}
+	return ""
+}
+
+// toolDirs are the directories inside the venv that pip's CUDA packages
+// put compilers in (cuda-toolkit[nvcc]: site-packages/nvidia/*/bin).
+func toolDirs(v *pyengine.Venv) []string {
+	var out []string
+	for _, sp := range v.SitePackages {
+		matches, _ := filepath.Glob(filepath.Join(sp, "nvidia", "*", "bin"))
+		sort.Strings(matches)
+		out = append(out, matches...)
+	}
+	return out
+}
+
+// enginePath is the engine's PATH: the venv's bin, pip's compiler
+// directories, the toolkit's bin, the system's.
+func (d *Driver) enginePath(venv string, toolDirs []string, cuda string) string {
+	parts := []string{filepath.Join(venv, "bin")}
+	parts = append(parts, toolDirs...)
+	if cuda != "" {
+		parts = append(parts, filepath.Join(cuda, "bin"))
+	}
+	if d.systemPath != "" {
+		parts = append(parts, d.systemPath)
+	}
+	return strings.Join(parts, ":")
+}
+
+// buildTools are the tools TensorFold compiles its kernels with: each row
+// is satisfied by any of its names.
+var buildTools = [][]string{{"ninja"}, {"nvcc"}, {"c++", "g++", "clang++"}}
+
+// missingTools lists the build tools the engine's PATH lacks.
+func (d *Driver) missingTools(venv string, toolDirs []string, cuda string) []string {
+	dirs := strings.Split(d.enginePath(venv, toolDirs, cuda), ":")
+	var missing []string
+	for _, names := range buildTools {
+		found := false
+		for _, n := range names {
+			for _, dir := range dirs {
+				if dir != "" && isExecutable(filepath.Join(dir, n)) {
+					found = true
+				}
+			}
+		}
+		if !found {
+			missing = append(missing, names[0])
+		}
+	}
+	return missing
+}
+
+// isExecutable reports an executable regular file (links followed).
+func isExecutable(p string) bool {
+	st, err := os.Stat(p)
+	return err == nil && st.Mode().IsRegular() && st.Mode()&0o111 != 0
+}
+
+// Flags implements sdk.Driver.
+func (d *Driver) Flags(context.Context, *pb.FlagsRequest) (*pb.FlagsResponse, error) {
+	return Table.Proto(), nil
+}
+
+// Park implements sdk.Driver: TensorFold cannot release its memory and keep
+// running (the core stops it instead).
+func (d *Driver) Park(context.Context, *pb.ParkRequest) (*pb.ParkResponse, error) {
+	return nil, sdk.ErrNotSupported
+}
+
+// Wake implements sdk.Driver: nothing parks, nothing wakes.
+func (d *Driver) Wake(context.Context, *pb.WakeRequest) (*pb.WakeResponse, error) {
+	return nil, sdk.ErrNotSupported
+}
+
+// Abort implements sdk.Driver: closing the connection stops the request.
+func (d *Driver) Abort(context.Context, *pb.AbortRequest) (*pb.AbortResponse, error) {
+	return &pb.AbortResponse{Mode: pb.AbortMode_ABORT_MODE_CLOSE_CONNECTION}, nil
+}

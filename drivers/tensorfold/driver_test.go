@@ -1,0 +1,361 @@
+// Copyright (c) CapyCTL authors
+// SPDX-License-Identifier: Apache-2.0
+
+package tensorfold
+
+import (
+	"context"
+	"encoding/binary"
+	"flag"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/capyctl/capyctl/plugins-testkit/harness"
+	"github.com/capyctl/capyctl/sdk"
+	"github.com/capyctl/capyctl/sdk/proc"
+	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden files")
+
+// The test binary is also the launch shim of the engines it starts.
+func TestMain(m *testing.M) {
+	proc.MaybeRunShim()
+	os.Exit(m.Run())
+}
+
+// newDriver is a driver whose system PATH and CUDA toolkit are empty, so
+// that only the venv's tools count.
+func newDriver(t *testing.T) *Driver {
+	d := New()
+	d.systemPath = t.TempDir()
+	d.defaultCUDA = ""
+	d.getenv = func(string) string { return "" }
+	return d
+}
+
+// venv builds a fake TensorFold venv around the testkit's fake engine.
+func venv(t *testing.T, version string, toolchain bool) string {
+	t.Helper()
+	_, fake := harness.Binaries(t)
+	return harness.MakeTensorFoldVenv(t, filepath.Join(t.TempDir(), "tf"), fake, version, toolchain)
+}
+
+// modelDir is a checkpoint with one safetensors file of n bytes of weights.
+func modelDir(t *testing.T, n int) string {
+	t.Helper()
+	dir := t.TempDir()
+	hdr := fmt.Sprintf(`{"w":{"dtype":"U8","shape":[%d],"data_offsets":[0,%d]}}`, n, n)
+	b := make([]byte, 8+len(hdr)+n)
+	binary.LittleEndian.PutUint64(b, uint64(len(hdr)))
+	copy(b[8:], hdr)
+	if err := os.WriteFile(filepath.Join(dir, "model.safetensors"), b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(dir, "config.json"), []byte(`{"model_type":"qwen3"}`), 0o644)
+	return dir
+}
+
+func TestDetect(t *testing.T) {
+	cases := []struct {
+		name      string
+		version   string
+		toolchain bool
+		verified  bool
+		missing   []string
+	}{
+		{"verified with its tools", "0.6.6", true, true, nil},
+		{"unverified 0.6.4", "0.6.4", true, false, nil},
+		{"no build tools", "0.6.1", false, true, []string{"ninja", "nvcc", "c++"}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			v := venv(t, c.version, c.toolchain)
+			resp, err := newDriver(t).Detect(context.Background(), &pb.DetectRequest{Path: v})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if resp.GetFamily() != Family || resp.GetVersion() != c.version || resp.GetVerified() != c.verified ||
+				resp.GetProgram() != filepath.Join(v, "bin", "tensorfold") || !strings.HasPrefix(resp.GetDigest(), "sha256:") ||
+				fmt.Sprint(resp.GetToolchainMissing()) != fmt.Sprint(c.missing) {
+				t.Fatalf("detect %+v", resp)
+			}
+		})
+	}
+	t.Run("pip's nvcc and the toolkit count", func(t *testing.T) {
+		v := venv(t, "0.6.6", false)
+		nv := filepath.Join(v, "lib", "python3.12", "site-packages", "nvidia", "cu13", "bin")
+		os.MkdirAll(nv, 0o755)
+		os.WriteFile(filepath.Join(nv, "nvcc"), []byte("#!/bin/sh\n"), 0o755)
+		cuda := t.TempDir()
+		os.MkdirAll(filepath.Join(cuda, "bin"), 0o755)
+		for _, tool := range []string{"nvcc", "ninja", "g++"} {
+			os.WriteFile(filepath.Join(cuda, "bin", tool), []byte("#!/bin/sh\n"), 0o755)
+		}
+		d := newDriver(t)
+		d.getenv = func(k string) string {
+			if k == "CUDA_HOME" {
+				return cuda
+			}
+			return ""
+		}
+		resp, err := d.Detect(context.Background(), &pb.DetectRequest{Path: v})
+		if err != nil || len(resp.GetToolchainMissing()) != 0 || resp.GetDetails()[detailCUDAHome] != cuda || resp.GetDetails()[detailToolDirs] != nv {
+			t.Fatalf("%+v %v", resp, err)
+		}
+	})
+	t.Run("not a tensorfold venv", func(t *testing.T) {
+		_, err := newDriver(t).Detect(context.Background(), &pb.DetectRequest{Path: t.TempDir()})
+		if sdk.CodeOf(err) != "engine_unsupported" {
+			t.Fatalf("err = %v", err)
+		}
+	})
+}
+
+func deployment(dir string) *pb.Deployment {
+	return &pb.Deployment{
+		Name: "fold", Revision: 1, Api: "chat", ServedName: "fold", ModelDir: dir, ContextLength: 16384,
+		Resources: &pb.Resources{Declared: true, DeviceBytes: 20 << 30, HostBytes: 4 << 30},
+	}
+}
+
+func installation(v string) *pb.Installation {
+	return &pb.Installation{Name: "tensorfold", Family: Family, Path: v, Version: "0.6.6", Digest: "sha256:0123456789abcdef0123", Details: map[string]string{detailVenv: v}}
+}
+
+func golden(t *testing.T, name, got string) {
+	t.Helper()
+	p := filepath.Join("testdata", name+".golden")
+	if *update {
+		os.MkdirAll("testdata", 0o755)
+		os.WriteFile(p, []byte(got), 0o644)
+	}
+	want, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatalf("%v (run go test -update)", err)
+	}
+	if string(want) != got {
+		t.Fatalf("%s differs:\n--- got\n%s--- want\n%s", p, got, want)
+	}
+}
+
+func render(p *pb.PlanResponse, dirs map[string]string) string {
+	var b strings.Builder
+	b.WriteString("# argv\n" + strings.Join(p.GetArgv(), "\n") + "\n# env\n")
+	keys := make([]string, 0, len(p.GetEnv()))
+	for k := range p.GetEnv() {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		b.WriteString(k + "=" + p.GetEnv()[k] + "\n")
+	}
+	h := p.GetHints()
+	fmt.Fprintf(&b, "# hints weights=%d context=%d parallel=%d ready_device=%d ready_host=%d source=%s\n# residency=%s startup_timeout_ms=%d\n",
+		h.GetWeightsBytes(), h.GetContextLength(), h.GetMaxConcurrentRequests(), h.GetReadyDeviceBytes(), h.GetReadyHostBytes(), h.GetSource(), p.GetResidency(), p.GetStartupTimeoutMs())
+	out := b.String()
+	for name, d := range dirs {
+		out = strings.ReplaceAll(out, d, name)
+	}
+	return out
+}
+
+func TestPlan_Golden(t *testing.T) {
+	v := "/opt/venvs/tensorfold"
+	dir := modelDir(t, 4096)
+	state := t.TempDir()
+	launch := filepath.Join(state, "launches", "fold", "0-abc")
+	cases := []struct {
+		name string
+		dep  func(*pb.Deployment)
+		host *pb.HostPolicy
+		lctx *pb.LaunchContext
+	}{
+		{name: "declared", lctx: &pb.LaunchContext{Port: 8200, LaunchDir: launch}},
+		// The ledger granted 11.5 GiB on the card: that is the cap.
+		{name: "granted-parallel-4", dep: func(d *pb.Deployment) {
+			d.MaxConcurrentRequests, d.KvCacheDtype = 4, "fp8"
+			d.EngineConfigJson = []byte(`{"max_tokens":4096,"thinking":false}`)
+			d.AcceptExtraArgs, d.ExtraArgs = true, []string{"--no-drafts"}
+		}, host: &pb.HostPolicy{CudaHome: "/usr/local/cuda-13", EngineTelemetry: "allow"},
+			lctx: &pb.LaunchContext{Port: 8201, LaunchDir: launch, DeviceBytes: 23 << 29, DeviceUuids: []string{"GPU-1"}}},
+		{name: "validate"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			dep := deployment(dir)
+			if c.dep != nil {
+				c.dep(dep)
+			}
+			d := New() // the real system PATH, as a launch renders it
+			p, err := d.Plan(context.Background(), &pb.PlanRequest{Installation: installation(v), Deployment: dep, Host: c.host, Launch: c.lctx})
+			if err != nil || len(p.GetRefusals()) > 0 {
+				t.Fatalf("%v %v", err, p.GetRefusals())
+			}
+			golden(t, "plan-"+c.name, render(p, map[string]string{"{{model_dir}}": dir, "{{state_dir}}": state}))
+		})
+	}
+}
+
+func TestPlan_Refusals(t *testing.T) {
+	dir := modelDir(t, 4096)
+	cases := []struct {
+		name string
+		dep  func(*pb.Deployment)
+		code string
+	}{
+		{"no resources", func(d *pb.Deployment) { d.Resources = nil }, "invalid_config"},
+		{"no context", func(d *pb.Deployment) { d.ContextLength = 0 }, "invalid_config"},
+		{"parks deep", func(d *pb.Deployment) { d.Residency = "deep" }, "capability_missing:deep_park"},
+		{"decisions", func(d *pb.Deployment) { d.Api = "decisions" }, "capability_missing:decisions"},
+		{"key variable", func(d *pb.Deployment) { d.Env = map[string]string{"TENSORFOLD_API_KEY": "x"} }, "engine_env_reserved:TENSORFOLD_API_KEY"},
+		{"cap variable", func(d *pb.Deployment) { d.Env = map[string]string{"TENSORFOLD_CUDA_MEMORY_LIMIT_GB": "99"} }, "engine_env_reserved:TENSORFOLD_CUDA_MEMORY_LIMIT_GB"},
+		{"key option", func(d *pb.Deployment) { d.AcceptExtraArgs, d.ExtraArgs = true, []string{"--api-key", "x"} }, "engine_option_reserved:--api-key"},
+		{"metrics-open", func(d *pb.Deployment) { d.AcceptExtraArgs, d.ExtraArgs = true, []string{"--metrics-open"} }, "engine_option_reserved:--metrics-open"},
+		{"parallel owned", func(d *pb.Deployment) { d.AcceptExtraArgs, d.ExtraArgs = true, []string{"--parallel", "2"} }, "engine_option_owned:--parallel"},
+		{"drafter unapproved", func(d *pb.Deployment) { d.AcceptExtraArgs, d.ExtraArgs = true, []string{"--drafter", "/tmp/d"} }, "engine_option_not_approved:--drafter"},
+		{"unknown key", func(d *pb.Deployment) { d.EngineConfigJson = []byte(`{"speed":3}`) }, "unknown_config_key:engine_config.tensorfold.speed"},
+		{"remote code", func(d *pb.Deployment) { d.TrustRemoteCode = true }, "remote_code_not_allowed"},
+		{"cap below the weights", func(d *pb.Deployment) { d.Resources.DeviceBytes = 1024 }, "invalid_config"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			dep := deployment(dir)
+			c.dep(dep)
+			p, err := newDriver(t).Plan(context.Background(), &pb.PlanRequest{Installation: installation("/v"), Deployment: dep, Host: &pb.HostPolicy{AllowRemoteCode: true}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			codes := []string{}
+			for _, r := range p.GetRefusals() {
+				codes = append(codes, r.GetCode())
+			}
+			if !contains(codes, c.code) || len(p.GetArgv()) > 0 {
+				t.Fatalf("refusals %v, want %s", p.GetRefusals(), c.code)
+			}
+		})
+	}
+}
+
+func contains(xs []string, s string) bool {
+	for _, x := range xs {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+func TestFlags(t *testing.T) {
+	if err := Table.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	resp, _ := New().Flags(context.Background(), &pb.FlagsRequest{})
+	want := map[string]pb.FlagClass{
+		"TENSORFOLD_API_KEY": pb.FlagClass_FLAG_CLASS_RESERVED, "TENSORFOLD_CUDA_MEMORY_LIMIT_GB": pb.FlagClass_FLAG_CLASS_OWNED,
+		"--api-key": pb.FlagClass_FLAG_CLASS_RESERVED, "--metrics-open": pb.FlagClass_FLAG_CLASS_RESERVED, "--parallel": pb.FlagClass_FLAG_CLASS_OWNED,
+		"--no-drafts": pb.FlagClass_FLAG_CLASS_PASSED, "--drafter": pb.FlagClass_FLAG_CLASS_GATED,
+	}
+	got := map[string]pb.FlagClass{}
+	for _, r := range resp.GetRules() {
+		got[r.GetName()] = r.GetClass()
+	}
+	for n, c := range want {
+		if got[n] != c {
+			t.Fatalf("%s is %v, want %v", n, got[n], c)
+		}
+	}
+}
+
+func freePort(t *testing.T) int {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// TestDriver_KernelBuildAndIdle runs the driver against the fake TensorFold:
+// readiness waits for the first-request kernel build (during which /health
+// reads busy), then the idle signal, then a stop that leaves nothing.
+func TestDriver_KernelBuildAndIdle(t *testing.T) {
+	d := newDriver(t)
+	v := venv(t, "0.6.6", true)
+	det, err := d.Detect(context.Background(), &pb.DetectRequest{Path: v})
+	if err != nil {
+		t.Fatal(err)
+	}
+	inst := &pb.Installation{Name: "tensorfold", Family: Family, Path: v, Version: det.GetVersion(), Digest: det.GetDigest(), Details: det.GetDetails()}
+	built := filepath.Join(t.TempDir(), "kernels-built")
+	host := &pb.HostPolicy{HostEnv: map[string]string{"CAPYCTL_FAKE_KERNEL_BUILD_FILE": built}}
+	dep := deployment(modelDir(t, 4096))
+	lctx := &pb.LaunchContext{Port: int32(freePort(t)), LaunchDir: t.TempDir(), InstanceId: "fold/0", LaunchId: "l1"}
+	plan, err := d.Plan(context.Background(), &pb.PlanRequest{Installation: inst, Deployment: dep, Host: host, Launch: lctx})
+	if err != nil || len(plan.GetRefusals()) > 0 {
+		t.Fatalf("plan %v %v", err, plan.GetRefusals())
+	}
+	resp, err := d.Start(context.Background(), &pb.StartRequest{Installation: inst, Deployment: dep, Host: host, Launch: lctx, Plan: plan, EngineKey: "k"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		d.Stop(context.Background(), &pb.StopRequest{InstanceId: "fold/0", Launch: resp.GetLaunch(), GraceMs: 5000})
+	})
+	if resp.GetEndpoint().GetAuthHeader() != "" {
+		t.Fatalf("TensorFold gets no key: %+v", resp.GetEndpoint())
+	}
+	probed := make(chan *pb.ProbeResponse, 1)
+	go func() {
+		p, _ := d.Probe(context.Background(), &pb.ProbeRequest{InstanceId: "fold/0", Kind: pb.ProbeKind_PROBE_KIND_READINESS, DeadlineMs: 60_000})
+		probed <- p
+	}()
+	load := func() *pb.LoadResponse {
+		l, err := d.Load(context.Background(), &pb.LoadRequest{InstanceId: "fold/0"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l
+	}
+	harness.Eventually(t, 10*time.Second, "busy while the kernels build", func() bool { l := load(); return l.GetKnown() && l.GetRunning() == 1 })
+	select {
+	case p := <-probed:
+		t.Fatalf("ready during the kernel build: %+v", p)
+	default:
+	}
+	os.WriteFile(built, nil, 0o644)
+	if p := <-probed; !p.GetReady() || p.GetCanary() == "" {
+		t.Fatalf("readiness %+v", p)
+	}
+	harness.Eventually(t, 10*time.Second, "idle", func() bool { l := load(); return l.GetKnown() && l.GetRunning() == 0 && l.GetWaiting() == 0 })
+	if _, err := d.Park(context.Background(), &pb.ParkRequest{InstanceId: "fold/0"}); err != sdk.ErrNotSupported {
+		t.Fatalf("park %v", err)
+	}
+	rec, err := New().Recover(context.Background(), &pb.RecoverRequest{InstanceId: "fold/0", Launch: resp.GetLaunch(), Deployment: dep})
+	if err != nil || rec.GetState() != pb.RecoverState_RECOVER_STATE_RUNNING {
+		t.Fatalf("recover %+v %v", rec, err)
+	}
+	stop, err := d.Stop(context.Background(), &pb.StopRequest{InstanceId: "fold/0", GraceMs: 5000})
+	if err != nil || !stop.GetGone() || stop.GetExitCode() != 0 {
+		t.Fatalf("stop %+v %v", stop, err)
+	}
+}
+
+// TestDriver_DriftRefused: a venv that changed since it was registered is
+// not started.
+func TestDriver_DriftRefused(t *testing.T) {
+	d := newDriver(t)
+	v := venv(t, "0.6.6", true)
+	inst := &pb.Installation{Path: v, Digest: "sha256:other", Details: map[string]string{detailVenv: v}}
+	_, err := d.Start(context.Background(), &pb.StartRequest{Installation: inst, Deployment: deployment(t.TempDir()),
+		Launch: &pb.LaunchContext{Port: int32(freePort(t)), LaunchDir: t.TempDir()}, Plan: &pb.PlanResponse{Argv: []string{"x"}}})
+	if sdk.CodeOf(err) != "installation_drift" {
+		t.Fatalf("err = %v", err)
+	}
+}

@@ -1,0 +1,222 @@
+// Copyright (c) CapyCTL authors
+// SPDX-License-Identifier: Apache-2.0
+
+package tensorfold
+
+import (
+	"context"
+	"math"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/capyctl/capyctl/drivers/internal/pyengine"
+	"github.com/capyctl/capyctl/sdk/flags"
+	"github.com/capyctl/capyctl/sdk/formats"
+	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
+)
+
+// DefaultParallel is --parallel when max_concurrent_requests is unset.
+const DefaultParallel = 8
+
+// StartupTimeout bounds a start: the first request builds CUDA kernels.
+const StartupTimeout = 30 * time.Minute
+
+// memoryLimitEnv is TensorFold's memory cap, in GiB.
+const memoryLimitEnv = "TENSORFOLD_CUDA_MEMORY_LIMIT_GB"
+
+// configKeys are the keys of engine_config.tensorfold.
+var configKeys = []pyengine.Key{
+	{Name: "max_tokens", Type: "int", Min: 1, Doc: "the longest answer (--max-tokens)"},
+	{Name: "thinking", Type: "bool", Doc: "reasoning on or off (--thinking, --no-thinking)"},
+}
+
+// Plan implements sdk.Driver: it checks the deployment (resources and
+// context_length stated, restart only, chat) and renders `tensorfold
+// serve` with its cap at the ready allocation.
+func (d *Driver) Plan(_ context.Context, req *pb.PlanRequest) (*pb.PlanResponse, error) {
+	inst, dep, host, lctx := req.GetInstallation(), req.GetDeployment(), req.GetHost(), req.GetLaunch()
+	resp := &pb.PlanResponse{Residency: pyengine.ResidencyRestartOnly, StartupTimeoutMs: StartupTimeout.Milliseconds()}
+	var r pyengine.Refusals
+	cfg := pyengine.DecodeFamily(dep.GetEngineConfigJson(), Family, configKeys, &r)
+	typed := pyengine.TypedFields(dep, map[string]bool{
+		"engine_config.tensorfold.max_tokens": cfg.Has("max_tokens"),
+		"engine_config.tensorfold.thinking":   cfg.Has("thinking"),
+	})
+	pyengine.Common(Table, dep, host, typed, &r)
+	switch dep.GetResidency() {
+	case pyengine.ResidencyDeep, pyengine.ResidencyHostBacked:
+		r.Add(pyengine.CodeCapabilityMissing+":deep_park", "residency", "TensorFold cannot park: remove residency or set restart_only (CapyCTL stops it when it needs the memory)")
+	}
+	if dep.GetApi() != "" && dep.GetApi() != "chat" {
+		r.Add(pyengine.CodeCapabilityMissing+":"+dep.GetApi(), "api", "TensorFold serves chat only")
+	}
+	if dep.GetTrustRemoteCode() {
+		r.Add(flags.CodeRemoteCode, "engine_config.trust_remote_code", "TensorFold runs no code from a checkpoint: remove trust_remote_code")
+	}
+	for _, f := range []struct{ field, v string }{{"engine_config.dtype", dep.GetDtype()}, {"engine_config.quantization", dep.GetQuantization()}, {"engine_config.cuda_graphs", dep.GetCudaGraphs()}} {
+		if f.v != "" {
+			r.Add(flags.CodeInvalidConfig, f.field, "TensorFold has no such setting: remove %s", f.field)
+		}
+	}
+	res := dep.GetResources()
+	if !res.GetDeclared() || res.GetDeviceBytes() <= 0 {
+		r.Add(flags.CodeInvalidConfig, "resources", "a TensorFold deployment states its memory: resources { gpu = \"...\" ram = \"...\" } (TensorFold is capped at its ready allocation)")
+	}
+	if dep.GetContextLength() <= 0 {
+		r.Add(flags.CodeInvalidConfig, "engine_config.context_length", "a TensorFold deployment states its context_length (the longest request)")
+	}
+	capBytes := res.GetDeviceBytes()
+	if lctx.GetDeviceBytes() > 0 {
+		capBytes = lctx.GetDeviceBytes()
+	}
+	weights := weightsBytes(dep.GetModelDir())
+	if capBytes > 0 && weights >= capBytes {
+		r.Add(flags.CodeInvalidConfig, "resources", "TensorFold's memory cap (%s) cannot hold the weights (%s) beside its KV cache: raise resources.gpu", gib(capBytes), gib(weights))
+	}
+	if len(r) > 0 {
+		resp.Refusals = r
+		return resp, nil
+	}
+	parallel := pyengine.MaxConcurrent(dep, DefaultParallel)
+	resp.Hints = &pb.MemoryHints{
+		WeightsBytes: weights, ContextLength: dep.GetContextLength(), MaxConcurrentRequests: int32(parallel), Source: "declared",
+		ReadyDeviceBytes: res.GetDeviceBytes(), ReadyHostBytes: res.GetHostBytes(),
+	}
+	venv := inst.GetDetails()[detailVenv]
+	if venv == "" {
+		venv = inst.GetPath()
+	}
+	resp.Argv = renderArgv(venv, dep, lctx, cfg, parallel)
+	resp.Env = d.renderEnv(venv, inst, dep, host, lctx, capBytes)
+	resp.Workdir = lctx.GetLaunchDir()
+	resp.Notes = []string{"restart only: TensorFold cannot park; CapyCTL stops it when it needs the memory",
+		"the first request builds CUDA kernels; readiness waits for it within the startup budget"}
+	return resp, nil
+}
+
+// weightsBytes is the checkpoint's safetensors weights (headers read), or
+// its weight files' sizes.
+func weightsBytes(dir string) int64 {
+	if dir == "" {
+		return 0
+	}
+	if m, err := formats.ReadSafetensorsDir(dir); err == nil {
+		return int64(m.WeightsBytes())
+	}
+	return pyengine.WeightsBytes(dir)
+}
+
+// gib renders bytes as the cap TensorFold reads: GiB, floored to two
+// decimals so the cap never exceeds the allocation.
+func gib(b int64) string {
+	return strconv.FormatFloat(math.Floor(float64(b)*100/(1<<30))/100, 'f', -1, 64)
+}
+
+// renderArgv is `tensorfold serve <model dir> ...`.
+func renderArgv(venv string, dep *pb.Deployment, lctx *pb.LaunchContext, cfg pyengine.FamilyConfig, parallel int) []string {
+	port := "{{port}}"
+	if lctx.GetPort() > 0 {
+		port = strconv.Itoa(int(lctx.GetPort()))
+	}
+	model := dep.GetModelDir()
+	if model == "" {
+		model = "{{model_dir}}"
+	}
+	argv := []string{
+		filepath.Join(venv, "bin", "tensorfold"), "serve", model,
+		"--name", dep.GetServedName(),
+		"--host", "127.0.0.1",
+		"--port", port,
+		"--no-update-check",
+		"--backend", "cuda",
+		"--snapshot-dir", "none",
+		"--context", strconv.FormatInt(dep.GetContextLength(), 10),
+		"--parallel", strconv.Itoa(parallel),
+	}
+	if t := dep.GetKvCacheDtype(); t != "" {
+		argv = append(argv, "--kv-dtype", t)
+	}
+	if n, ok := cfg.Int("max_tokens"); ok {
+		argv = append(argv, "--max-tokens", strconv.FormatInt(n, 10))
+	}
+	if cfg.Has("thinking") {
+		if string(cfg["thinking"]) == "true" {
+			argv = append(argv, "--thinking")
+		} else {
+			argv = append(argv, "--no-thinking")
+		}
+	}
+	return append(argv, dep.GetExtraArgs()...)
+}
+
+// renderEnv is the engine's environment: the Python engines' base, the
+// build tools on PATH, nothing fetched, the kernels kept between starts,
+// and the memory cap.
+func (d *Driver) renderEnv(venv string, inst *pb.Installation, dep *pb.Deployment, host *pb.HostPolicy, lctx *pb.LaunchContext, capBytes int64) map[string]string {
+	env := pyengine.BaseEnv(pyengine.EnvOptions{Venv: venv, Host: host, Launch: lctx})
+	cuda := host.GetCudaHome()
+	if cuda == "" {
+		cuda = inst.GetDetails()[detailCUDAHome]
+	}
+	var tools []string
+	if t := inst.GetDetails()[detailToolDirs]; t != "" {
+		tools = strings.Split(t, ":")
+	}
+	env["PATH"] = d.enginePath(venv, tools, cuda)
+	if cuda != "" {
+		env["CUDA_HOME"] = cuda
+	}
+	env["TENSORFOLD_NO_UPDATE_CHECK"] = "1"
+	env["TRANSFORMERS_OFFLINE"] = "1"
+	env["TORCH_EXTENSIONS_DIR"] = extensionsDir(lctx.GetLaunchDir(), inst.GetDigest())
+	env[memoryLimitEnv] = gib(capBytes)
+	for k, v := range dep.GetEnv() {
+		env[k] = v
+	}
+	return env
+}
+
+// extensionsDir keeps the kernels TensorFold builds between starts of the
+// same installation: <state_dir>/engines/tensorfold/<digest>/torch_extensions
+// beside the launches, else in the launch directory.
+func extensionsDir(launchDir, digest string) string {
+	if launchDir == "" {
+		return "{{launch_dir}}/torch_extensions"
+	}
+	id := strings.TrimPrefix(digest, "sha256:")
+	if len(id) > 16 {
+		id = id[:16]
+	}
+	if i := strings.LastIndex(launchDir, "/launches/"); i >= 0 && id != "" {
+		return filepath.Join(launchDir[:i], "engines", Family, id, "torch_extensions")
+	}
+	return filepath.Join(launchDir, "torch_extensions")
+}
+
+// Start implements sdk.Driver: the pinned installation must be what runs;
+// TensorFold gets no key (a key would lock CapyCTL out of /health).
+func (d *Driver) Start(_ context.Context, req *pb.StartRequest) (*pb.StartResponse, error) {
+	inst, dep, lctx := req.GetInstallation(), req.GetDeployment(), req.GetLaunch()
+	if _, err := pyengine.CheckPinned(inst.GetPath(), inst.GetDigest()); err != nil {
+		return nil, err
+	}
+	launched, err := pyengine.StartLaunch(pyengine.LaunchOptions{Plan: req.GetPlan(), Host: req.GetHost(), Launch: lctx,
+		Secrets: []string{req.GetEngineKey(), req.GetAdminKey()}})
+	if err != nil {
+		return nil, err
+	}
+	in := pyengine.NewInstance(lctx.GetInstanceId(), lctx.GetLaunchId(), *launched, int(lctx.GetPort()), endpoint(int(lctx.GetPort()), dep.GetServedName()))
+	in.API, in.ModelDir, in.Residency = dep.GetApi(), dep.GetModelDir(), pyengine.ResidencyRestartOnly
+	d.reg.Put(in)
+	return &pb.StartResponse{Launch: in.LaunchPB(), Endpoint: in.Endpoint}, nil
+}
+
+// endpoint is how the router reaches TensorFold: no key, chat only.
+func endpoint(port int, served string) *pb.Endpoint {
+	return &pb.Endpoint{
+		BaseUrl: pyengine.BaseURL(port), ChatPath: "/v1/chat/completions",
+		AbortMode: pb.AbortMode_ABORT_MODE_CLOSE_CONNECTION, ServedName: served,
+	}
+}

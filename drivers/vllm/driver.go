@@ -1,0 +1,128 @@
+// Copyright (c) CapyCTL authors
+// SPDX-License-Identifier: Apache-2.0
+
+// Package vllm is the driver of vLLM (verified 0.29 to 0.32): it renders
+// `<venv>/bin/python -m vllm.entrypoints.openai.api_server` on a leased
+// loopback port with the served name, the memory the ledger granted, 32
+// running requests, sleep mode when the deployment parks and request
+// logging off; it polices options and variables with its flag table;
+// proves readiness with the served name and a real answer; parks with
+// POST /sleep (level 2 deep, level 1 host_backed) and wakes with /wake_up,
+// a weight reload after a deep park, a prefix-cache reset and the wake
+// canary; reads the idle signal from /metrics; and aborts by closing the
+// connection. vLLM serves chat only: decision deployments are refused
+// (capability_missing:decisions).
+package vllm
+
+import (
+	"context"
+
+	"github.com/capyctl/capyctl/core/version"
+	"github.com/capyctl/capyctl/drivers/internal/pyengine"
+	"github.com/capyctl/capyctl/sdk"
+	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
+)
+
+// Family is this driver's engine family.
+const Family = "vllm"
+
+// Module is the module a launch runs.
+const Module = "vllm.entrypoints.openai.api_server"
+
+// VerifiedVersions are the vLLM releases CapyCTL is verified with; others
+// run as custom.
+var VerifiedVersions = []string{"0.29", "0.30", "0.31", "0.32"}
+
+// Paths of the engine's API the driver uses.
+const (
+	chatPath          = "/v1/chat/completions"
+	sleepPath         = "/sleep"
+	wakePath          = "/wake_up"
+	isSleepingPath    = "/is_sleeping"
+	resetPrefixPath   = "/reset_prefix_cache"
+	collectiveRPCPath = "/collective_rpc"
+	metricsPath       = "/metrics"
+)
+
+// canaryPrompt is the fixed prompt whose answer proves readiness and, after
+// a wake, that the same model answers the same way.
+const canaryPrompt = "Say ready."
+
+// canaryTokens bounds the canary answer.
+const canaryTokens = 8
+
+// configKeys are the keys of engine_config.vllm.
+var configKeys = []pyengine.Key{
+	{Name: "block_size_tokens", Type: "int", Min: 1, Doc: "KV block size in tokens (--block-size)"},
+	{Name: "max_num_batched_tokens", Type: "int", Min: 1, Doc: "tokens per scheduler step (--max-num-batched-tokens)"},
+	{Name: "safetensors_load_strategy", Type: "string", Values: []string{"eager", "lazy"}, Doc: "weight loading (eager by default while parking)"},
+	{Name: "tool_call_parser", Type: "string", Doc: "auto (by model family), none, or a vLLM tool-call parser"},
+	{Name: "reasoning_parser", Type: "string", Doc: "auto (by model family), none, or a vLLM reasoning parser"},
+}
+
+// parserNames are vLLM's names of the parsers picked by model family.
+var parserNames = pyengine.ParserNames{Qwen3Tool: "hermes", CoderTool: "qwen3_coder", Reasoning: "qwen3"}
+
+// metricNames are vLLM's idle signal and figures.
+var metricNames = pyengine.MetricNames{
+	Running: "vllm:num_requests_running",
+	Waiting: "vllm:num_requests_waiting",
+	KVUsage: []string{"vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"},
+	Figures: []string{"vllm:prompt_tokens_total", "vllm:generation_tokens_total", "vllm:num_preemptions_total",
+		"vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total"},
+}
+
+// Driver is the vLLM driver.
+type Driver struct {
+	reg *pyengine.Registry
+}
+
+var _ sdk.Driver = (*Driver)(nil)
+
+// New returns the driver.
+func New() *Driver { return &Driver{reg: pyengine.NewRegistry()} }
+
+// Describe implements sdk.Driver.
+func (d *Driver) Describe(context.Context, *pb.DescribeRequest) (*pb.DescribeResponse, error) {
+	return &pb.DescribeResponse{
+		Name:     Family,
+		Version:  version.Version,
+		Protocol: sdk.ProtocolVersion,
+		Capabilities: &pb.Capabilities{
+			ParkTiers:       []string{pyengine.ResidencyDeep, pyengine.ResidencyHostBacked},
+			Apis:            []string{"chat"},
+			AbortMode:       pb.AbortMode_ABORT_MODE_CLOSE_CONNECTION,
+			IdleSignal:      true,
+			RequestIdHeader: "X-Request-Id",
+		},
+		ConfigSchema: pyengine.ConfigSchema(Family, configKeys),
+	}, nil
+}
+
+// Detect implements sdk.Driver: a venv with a vllm distribution, read from
+// its *.dist-info without running Python.
+func (d *Driver) Detect(_ context.Context, req *pb.DetectRequest) (*pb.DetectResponse, error) {
+	v, dist, digest, err := pyengine.Detect(req.GetPath(), pyengine.DetectSpec{Family: Family, Dist: "vllm", Verified: VerifiedVersions, Module: Module})
+	if err != nil {
+		return nil, err
+	}
+	verified := pyengine.VersionIn(dist.Version, VerifiedVersions)
+	notes := []string{"launches " + v.Python + " -m " + Module}
+	if !verified {
+		notes = append(notes, "vLLM "+dist.Version+" is not a verified version (0.29 to 0.32): it runs as custom")
+	}
+	return &pb.DetectResponse{
+		Family:   Family,
+		Version:  dist.Version,
+		Verified: verified,
+		Digest:   digest,
+		Program:  v.Python,
+		Notes:    notes,
+		Details:  map[string]string{"venv": v.Dir, "module": Module},
+	}, nil
+}
+
+// Flags implements sdk.Driver.
+func (d *Driver) Flags(context.Context, *pb.FlagsRequest) (*pb.FlagsResponse, error) {
+	return Table.Proto(), nil
+}

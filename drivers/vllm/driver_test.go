@@ -1,0 +1,363 @@
+// Copyright (c) CapyCTL authors
+// SPDX-License-Identifier: Apache-2.0
+
+package vllm
+
+import (
+	"context"
+	"flag"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/capyctl/capyctl/drivers/internal/pyengine"
+	"github.com/capyctl/capyctl/sdk"
+	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden files in testdata")
+
+// fixture is a registered vLLM venv and model directories in a temp dir.
+type fixture struct {
+	root  string
+	inst  *pb.Installation
+	qwen3 string // a Qwen3 checkpoint with a thinking template
+	llama string // a Llama checkpoint (unknown family for parsers)
+}
+
+func newFixture(t *testing.T) *fixture {
+	t.Helper()
+	root := t.TempDir()
+	venv, err := pyengine.MakeVenv(filepath.Join(root, "venv"), "", map[string]string{"vllm": "0.31.0", "torch": "2.9.0"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &fixture{root: root, qwen3: filepath.Join(root, "models", "qwen3"), llama: filepath.Join(root, "models", "llama")}
+	writeModel(t, f.qwen3, `{"model_type":"qwen3","num_hidden_layers":28,"num_attention_heads":16,"num_key_value_heads":8,"hidden_size":1024,"head_dim":128,"torch_dtype":"bfloat16","max_position_embeddings":40960}`,
+		`{"chat_template":"{% for m in messages %}<|im_start|>{{m.role}}{% endfor %}<think>\n"}`, 3<<30)
+	writeModel(t, f.llama, `{"model_type":"llama","num_hidden_layers":32,"num_attention_heads":32,"num_key_value_heads":8,"hidden_size":4096,"torch_dtype":"bfloat16","max_position_embeddings":131072}`,
+		"", 16<<30)
+	det, err := New().Detect(context.Background(), &pb.DetectRequest{Path: venv})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.inst = &pb.Installation{Name: "vllm", Family: Family, Path: venv, Version: det.GetVersion(), Verified: det.GetVerified(), Digest: det.GetDigest()}
+	return f
+}
+
+// writeModel writes config.json, tokenizer_config.json (when given) and a
+// sparse weights file.
+func writeModel(t *testing.T, dir, config, tokenizer string, weights int64) {
+	t.Helper()
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "config.json"), []byte(config), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if tokenizer != "" {
+		if err := os.WriteFile(filepath.Join(dir, "tokenizer_config.json"), []byte(tokenizer), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f, err := os.Create(filepath.Join(dir, "model.safetensors"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := f.Truncate(weights); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func launchCtx() *pb.LaunchContext {
+	return &pb.LaunchContext{
+		Port: 41234, DeviceUuids: []string{"GPU-11111111-2222-3333-4444-555555555555"},
+		DeviceBytes: 20 << 30, DeviceTotalBytes: 80 << 30, KvCacheBytes: 4 << 30,
+		LaunchDir: "/state/launches/chat/0-L1", InstanceId: "chat/0", LaunchId: "L1",
+	}
+}
+
+func TestPlan_Golden(t *testing.T) {
+	f := newFixture(t)
+	cases := []struct {
+		name string
+		dep  *pb.Deployment
+		host *pb.HostPolicy
+		lctx *pb.LaunchContext
+	}{
+		{
+			name: "default_deep_qwen3",
+			dep:  &pb.Deployment{Name: "chat", Api: "chat", ServedName: "chat", ModelDir: f.qwen3},
+			host: &pb.HostPolicy{},
+			lctx: launchCtx(),
+		},
+		{
+			name: "restart_only_typed_fields_telemetry_allowed",
+			dep: &pb.Deployment{
+				Name: "chat", Api: "chat", ServedName: "public-chat", ModelDir: f.llama, Residency: "restart_only",
+				MaxConcurrentRequests: 8, ContextLength: 8192, Dtype: "bfloat16", KvCacheDtype: "fp8", CudaGraphs: "false",
+				AcceptExtraArgs: true, ExtraArgs: []string{"--enable-prefix-caching", "--seed", "7"},
+				Env: map[string]string{"VLLM_LOGGING_LEVEL": "INFO", "TOKENIZERS_PARALLELISM": "false"},
+			},
+			host: &pb.HostPolicy{EngineTelemetry: "allow", ApprovedEnv: []string{"VLLM_LOGGING_*"}, CudaHome: "/usr/local/cuda",
+				HostEnv: map[string]string{"CAPYCTL_SIMGPU_STATE": "/state/simgpu.json"}},
+			lctx: launchCtx(),
+		},
+		{
+			name: "host_backed_declared_parsers_at_write_time",
+			dep: &pb.Deployment{
+				Name: "tools", Api: "chat", ServedName: "tools", ModelDir: f.qwen3, Residency: "host_backed",
+				Memory:           &pb.MemorySizes{KvCacheBytes: 2 << 30},
+				EngineConfigJson: []byte(`{"tool_call_parser":"qwen3_coder","reasoning_parser":"none","block_size_tokens":32,"max_num_batched_tokens":4096,"safetensors_load_strategy":"lazy"}`),
+			},
+			host: &pb.HostPolicy{},
+			lctx: nil,
+		},
+		{
+			name: "parser_in_extra_args_and_fitted_context",
+			dep: &pb.Deployment{
+				Name: "llama", Api: "chat", ServedName: "llama", ModelDir: f.qwen3, TrustRemoteCode: true,
+				AcceptExtraArgs: true, ExtraArgs: []string{"--tool-call-parser", "pythonic", "--enable-auto-tool-choice"},
+			},
+			host: &pb.HostPolicy{AllowRemoteCode: true},
+			lctx: &pb.LaunchContext{Port: 41235, DeviceBytes: 10 << 30, DeviceTotalBytes: 24 << 30, KvCacheBytes: 1 << 30,
+				LaunchDir: "/state/launches/llama/0-L2", InstanceId: "llama/0", LaunchId: "L2"},
+		},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			resp, err := New().Plan(context.Background(), &pb.PlanRequest{Installation: f.inst, Deployment: c.dep, Host: c.host, Launch: c.lctx})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(resp.GetRefusals()) > 0 {
+				t.Fatalf("refused: %v", resp.GetRefusals())
+			}
+			got := pyengine.RenderPlan(resp, map[string]string{f.root: "<tmp>"})
+			golden := filepath.Join("testdata", c.name+".golden")
+			if *update {
+				if err := os.WriteFile(golden, []byte(got), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			want, err := os.ReadFile(golden)
+			if err != nil {
+				t.Fatalf("%v (run go test ./drivers/vllm -update)", err)
+			}
+			if got != string(want) {
+				t.Fatalf("plan differs from %s (run with -update after checking):\n--- got\n%s\n--- want\n%s", golden, got, want)
+			}
+		})
+	}
+}
+
+func TestPlan_Invariants(t *testing.T) {
+	f := newFixture(t)
+	for _, res := range []string{"", "deep", "host_backed", "restart_only"} {
+		for _, telemetry := range []string{"", "off", "allow"} {
+			dep := &pb.Deployment{Name: "d", Api: "chat", ServedName: "d", ModelDir: f.llama, Residency: res}
+			resp, err := New().Plan(context.Background(), &pb.PlanRequest{Installation: f.inst, Deployment: dep, Host: &pb.HostPolicy{EngineTelemetry: telemetry}, Launch: launchCtx()})
+			if err != nil || len(resp.GetRefusals()) > 0 {
+				t.Fatalf("%s/%s: %v %v", res, telemetry, err, resp.GetRefusals())
+			}
+			argv := strings.Join(resp.GetArgv(), " ")
+			env := resp.GetEnv()
+			parks := res != "restart_only"
+			if strings.Contains(argv, "--enable-sleep-mode") != parks || (env["VLLM_SERVER_DEV_MODE"] == "1") != parks {
+				t.Errorf("%s: sleep mode %v / dev mode %q", res, strings.Contains(argv, "--enable-sleep-mode"), env["VLLM_SERVER_DEV_MODE"])
+			}
+			off := telemetry != "allow"
+			for _, k := range []string{"DO_NOT_TRACK", "VLLM_DO_NOT_TRACK", "VLLM_NO_USAGE_STATS"} {
+				if (env[k] == "1") != off {
+					t.Errorf("%s/%s: %s=%q", res, telemetry, k, env[k])
+				}
+			}
+			for _, want := range []string{"--host 127.0.0.1", "--port 41234", "--max-num-seqs 32", "--no-enable-log-requests", "--no-enable-log-outputs", "--served-model-name d"} {
+				if !strings.Contains(argv, want) {
+					t.Errorf("argv lacks %q: %s", want, argv)
+				}
+			}
+			if _, ok := env["VLLM_API_KEY"]; ok || strings.Contains(argv, "--api-key") {
+				t.Errorf("a key in the plan: %s %v", argv, env)
+			}
+		}
+	}
+}
+
+func TestPlan_Refusals(t *testing.T) {
+	f := newFixture(t)
+	base := func() *pb.Deployment {
+		return &pb.Deployment{Name: "d", Api: "chat", ServedName: "d", ModelDir: f.llama, AcceptExtraArgs: true}
+	}
+	cases := []struct {
+		name  string
+		edit  func(d *pb.Deployment)
+		host  *pb.HostPolicy
+		codes []string
+	}{
+		{name: "decisions", edit: func(d *pb.Deployment) { d.Api = "decisions" }, codes: []string{"capability_missing:decisions"}},
+		{name: "reserved option", edit: func(d *pb.Deployment) { d.ExtraArgs = []string{"--api-key", "x"} }, codes: []string{"engine_option_reserved:--api-key"}},
+		{name: "reserved option with equals", edit: func(d *pb.Deployment) { d.ExtraArgs = []string{"--uvicorn-log-level=debug"} }, codes: []string{"engine_option_reserved:--uvicorn-log-level"}},
+		{name: "reserved abbreviation", edit: func(d *pb.Deployment) { d.ExtraArgs = []string{"--api-k=x"} }, codes: []string{"engine_option_reserved:--api-key"}},
+		{name: "reserved logging field", edit: func(d *pb.Deployment) { d.ExtraArgs = []string{"--logging-config.level", "DEBUG"} }, codes: []string{"engine_option_reserved:--logging-config"}},
+		{name: "reserved underscore spelling", edit: func(d *pb.Deployment) { d.ExtraArgs = []string{"--tensor_parallel_size", "2"} }, codes: []string{"engine_option_reserved:--tensor-parallel-size"}},
+		{name: "short option", edit: func(d *pb.Deployment) { d.ExtraArgs = []string{"-tp", "2"} }, codes: []string{"engine_option_reserved:-tp"}},
+		{name: "owned option", edit: func(d *pb.Deployment) { d.ExtraArgs = []string{"--max-num-seqs", "64"} }, codes: []string{"engine_option_owned:--max-num-seqs"}},
+		{name: "request logging back on", edit: func(d *pb.Deployment) { d.ExtraArgs = []string{"--enable-log-requests"} }, codes: []string{"engine_option_owned:--enable-log-requests"}},
+		{name: "typed field twice", edit: func(d *pb.Deployment) { d.Dtype = "float16"; d.ExtraArgs = []string{"--dtype", "bfloat16"} }, codes: []string{"engine_option_owned:--dtype"}},
+		{name: "unapproved path option", edit: func(d *pb.Deployment) { d.ExtraArgs = []string{"--download-dir", "/tmp/x"} }, codes: []string{"engine_option_not_approved:--download-dir"}},
+		{name: "approved path option", edit: func(d *pb.Deployment) { d.ExtraArgs = []string{"--download-dir", "/srv/cache/x"} }, host: &pb.HostPolicy{ApprovedPaths: []string{"/srv/cache"}}},
+		{name: "unapproved config option", edit: func(d *pb.Deployment) { d.ExtraArgs = []string{"--speculative-config", "{}"} }, codes: []string{"engine_option_not_approved:--speculative-config"}},
+		{name: "approved config option", edit: func(d *pb.Deployment) { d.ExtraArgs = []string{"--speculative-config", "{}"} }, host: &pb.HostPolicy{ApprovedOptions: []string{"--speculative-config"}}},
+		{name: "extra args not accepted", edit: func(d *pb.Deployment) { d.AcceptExtraArgs = false; d.ExtraArgs = []string{"--seed", "1"} }, codes: []string{"extra_args_not_accepted"}},
+		{name: "reserved env", edit: func(d *pb.Deployment) { d.Env = map[string]string{"VLLM_API_KEY": "x"} }, codes: []string{"engine_env_reserved:VLLM_API_KEY"}},
+		{name: "telemetry env", edit: func(d *pb.Deployment) { d.Env = map[string]string{"VLLM_NO_USAGE_STATS": "0"} }, codes: []string{"engine_env_reserved:VLLM_NO_USAGE_STATS"}},
+		{name: "do not track", edit: func(d *pb.Deployment) { d.Env = map[string]string{"DO_NOT_TRACK": "0"} }, codes: []string{"engine_env_reserved:DO_NOT_TRACK"}},
+		{name: "dev mode env", edit: func(d *pb.Deployment) { d.Env = map[string]string{"VLLM_SERVER_DEV_MODE": "1"} }, codes: []string{"engine_env_reserved:VLLM_SERVER_DEV_MODE"}},
+		{name: "env not approved", edit: func(d *pb.Deployment) { d.Env = map[string]string{"HF_TOKEN": "x"} }, codes: []string{"engine_env_not_approved:HF_TOKEN"}},
+		{name: "unknown config key", edit: func(d *pb.Deployment) { d.EngineConfigJson = []byte(`{"gpu_util":0.5}`) }, codes: []string{"unknown_config_key:engine_config.vllm.gpu_util"}},
+		{name: "config key of the wrong type", edit: func(d *pb.Deployment) { d.EngineConfigJson = []byte(`{"block_size_tokens":"big"}`) }, codes: []string{"invalid_config"}},
+		{name: "config value not allowed", edit: func(d *pb.Deployment) { d.EngineConfigJson = []byte(`{"safetensors_load_strategy":"mmap"}`) }, codes: []string{"invalid_config"}},
+		{name: "remote code not allowed", edit: func(d *pb.Deployment) { d.TrustRemoteCode = true }, codes: []string{"remote_code_not_allowed"}},
+		{name: "remote code allowed", edit: func(d *pb.Deployment) { d.TrustRemoteCode = true }, host: &pb.HostPolicy{AllowRemoteCode: true}},
+		{name: "remote code option", edit: func(d *pb.Deployment) { d.ExtraArgs = []string{"--trust-remote-code"} }, codes: []string{"remote_code_not_allowed"}},
+		{name: "host backed on unified memory", edit: func(d *pb.Deployment) { d.Residency = "host_backed" }, host: &pb.HostPolicy{Unified: true}, codes: []string{"host_backed_unavailable"}},
+		{name: "unknown residency", edit: func(d *pb.Deployment) { d.Residency = "frozen" }, codes: []string{"invalid_config"}},
+		{name: "missing model directory", edit: func(d *pb.Deployment) { d.ModelDir = "/nonexistent/model" }, codes: []string{"checkpoint_unusable"}},
+		{name: "several at once", edit: func(d *pb.Deployment) {
+			d.Api = "decisions"
+			d.ExtraArgs = []string{"--port", "1"}
+			d.Env = map[string]string{"LD_PRELOAD": "/x.so"}
+		}, codes: []string{"capability_missing:decisions", "engine_option_owned:--port", "engine_env_reserved:LD_PRELOAD"}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			dep := base()
+			c.edit(dep)
+			host := c.host
+			if host == nil {
+				host = &pb.HostPolicy{}
+			}
+			resp, err := New().Plan(context.Background(), &pb.PlanRequest{Installation: f.inst, Deployment: dep, Host: host})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got []string
+			for _, r := range resp.GetRefusals() {
+				got = append(got, r.GetCode())
+				if r.GetMessage() == "" || r.GetField() == "" {
+					t.Errorf("refusal %v lacks a message or field", r)
+				}
+			}
+			if strings.Join(got, ",") != strings.Join(c.codes, ",") {
+				t.Fatalf("refusals %v, want %v (%v)", got, c.codes, resp.GetRefusals())
+			}
+			if len(got) > 0 && len(resp.GetArgv()) > 0 {
+				t.Fatal("a refused plan rendered a command")
+			}
+		})
+	}
+}
+
+func TestDetect(t *testing.T) {
+	dir := t.TempDir()
+	mk := func(name string, dists map[string]string) string {
+		p, err := pyengine.MakeVenv(filepath.Join(dir, name), "", dists, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	verified := mk("v031", map[string]string{"vllm": "0.31.0", "torch": "2.9.0"})
+	post := mk("v032post", map[string]string{"vllm": "0.32.1.post1"})
+	newer := mk("v033", map[string]string{"vllm": "0.33.0"})
+	older := mk("v028", map[string]string{"vllm": "0.28.2"})
+	sglang := mk("sglang", map[string]string{"sglang": "0.5.22"})
+	notVenv := t.TempDir()
+	cases := []struct {
+		name         string
+		path         string
+		wantCode     string
+		wantVersion  string
+		wantVerified bool
+	}{
+		{name: "verified", path: verified, wantVersion: "0.31.0", wantVerified: true},
+		{name: "verified through bin/python", path: filepath.Join(verified, "bin", "python"), wantVersion: "0.31.0", wantVerified: true},
+		{name: "post release", path: post, wantVersion: "0.32.1.post1", wantVerified: true},
+		{name: "newer runs as custom", path: newer, wantVersion: "0.33.0"},
+		{name: "older runs as custom", path: older, wantVersion: "0.28.2"},
+		{name: "another family", path: sglang, wantCode: pyengine.CodeEngineUnsupported},
+		{name: "not a venv", path: notVenv, wantCode: pyengine.CodeEngineUnsupported},
+		{name: "missing", path: filepath.Join(dir, "nope"), wantCode: sdk.CodeEngineNotFound},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			resp, err := New().Detect(context.Background(), &pb.DetectRequest{Path: c.path})
+			if c.wantCode != "" {
+				if sdk.CodeOf(err) != c.wantCode {
+					t.Fatalf("Detect = %v, %v; want code %s", resp, err, c.wantCode)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if resp.GetFamily() != Family || resp.GetVersion() != c.wantVersion || resp.GetVerified() != c.wantVerified ||
+				!strings.HasPrefix(resp.GetDigest(), "sha256:") || !strings.HasSuffix(resp.GetProgram(), "/bin/python") {
+				t.Fatalf("Detect = %+v", resp)
+			}
+		})
+	}
+	// The digest pins the installation: a package installed later changes it.
+	a, _ := New().Detect(context.Background(), &pb.DetectRequest{Path: verified})
+	if _, err := pyengine.MakeVenv(verified, "", map[string]string{"extra-package": "1.0"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	b, _ := New().Detect(context.Background(), &pb.DetectRequest{Path: verified})
+	if a.GetDigest() == b.GetDigest() {
+		t.Fatal("the digest did not change when a package was installed")
+	}
+	if _, err := pyengine.CheckPinned(verified, a.GetDigest()); sdk.CodeOf(err) != pyengine.CodeInstallationDrift {
+		t.Fatalf("CheckPinned after a change: %v", err)
+	}
+}
+
+func TestDescribeAndFlags(t *testing.T) {
+	d, err := New().Describe(context.Background(), &pb.DescribeRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := d.GetCapabilities()
+	if d.GetName() != Family || d.GetProtocol() != sdk.ProtocolVersion || strings.Join(c.GetApis(), ",") != "chat" ||
+		c.GetAbortMode() != pb.AbortMode_ABORT_MODE_CLOSE_CONNECTION || !c.GetIdleSignal() || len(c.GetParkTiers()) != 2 {
+		t.Fatalf("Describe = %v", d)
+	}
+	if err := Table.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	fl, err := New().Flags(context.Background(), &pb.FlagsRequest{})
+	if err != nil || fl.GetFamily() != Family {
+		t.Fatal(fl, err)
+	}
+	want := map[string]pb.FlagClass{
+		"--api-key": pb.FlagClass_FLAG_CLASS_RESERVED, "--logging-config": pb.FlagClass_FLAG_CLASS_RESERVED,
+		"--uvicorn-log-level": pb.FlagClass_FLAG_CLASS_RESERVED, "--enable-scale-out": pb.FlagClass_FLAG_CLASS_RESERVED,
+		"--port": pb.FlagClass_FLAG_CLASS_OWNED, "--enable-log-requests": pb.FlagClass_FLAG_CLASS_OWNED,
+		"--*-config": pb.FlagClass_FLAG_CLASS_GATED, "--trust-remote-code": pb.FlagClass_FLAG_CLASS_GATED,
+		"VLLM_API_KEY": pb.FlagClass_FLAG_CLASS_OWNED, "VLLM_DO_NOT_TRACK": pb.FlagClass_FLAG_CLASS_OWNED,
+		"DO_NOT_TRACK": pb.FlagClass_FLAG_CLASS_OWNED, "VLLM_USAGE_STATS_SERVER": pb.FlagClass_FLAG_CLASS_RESERVED,
+	}
+	for _, r := range fl.GetRules() {
+		if w, ok := want[r.GetName()]; ok {
+			if r.GetClass() != w {
+				t.Errorf("%s is %v, want %v", r.GetName(), r.GetClass(), w)
+			}
+			delete(want, r.GetName())
+		}
+	}
+	if len(want) > 0 {
+		t.Fatalf("rules missing: %v", want)
+	}
+}

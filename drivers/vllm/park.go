@@ -1,0 +1,159 @@
+// Copyright (c) CapyCTL authors
+// SPDX-License-Identifier: Apache-2.0
+
+package vllm
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/capyctl/capyctl/drivers/internal/pyengine"
+	"github.com/capyctl/capyctl/sdk"
+	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
+)
+
+// stepTimeout bounds one park or wake step that moves no weights.
+const stepTimeout = 60 * time.Second
+
+// sleepLevel is vLLM's sleep level for a tier: level 2 drops weights and
+// KV cache (deep: the weights are reloaded from disk on wake), level 1
+// keeps the weights in host RAM and drops the KV cache (host_backed).
+func sleepLevel(tier string) (int, error) {
+	switch tier {
+	case pyengine.ResidencyDeep:
+		return 2, nil
+	case pyengine.ResidencyHostBacked:
+		return 1, nil
+	}
+	return 0, sdk.Errorf(sdk.CodeParkFailed, "vLLM parks at deep or host_backed, not %q", tier)
+}
+
+// parkable returns the instance and the tier to park or wake at, refusing an
+// instance launched without sleep mode.
+func (d *Driver) parkable(id, tier string) (*pyengine.Instance, string, int, error) {
+	in, err := d.reg.Get(id)
+	if err != nil {
+		return nil, "", 0, err
+	}
+	if !pyengine.Parks(in.Residency) {
+		return nil, "", 0, sdk.Errorf(sdk.CodeParkFailed, "instance %s was launched %s, without sleep mode: it restarts instead of parking", id, in.Residency)
+	}
+	if tier == "" {
+		tier = in.Residency
+	}
+	level, err := sleepLevel(tier)
+	if err != nil {
+		return nil, "", 0, err
+	}
+	if !in.Alive() {
+		return nil, "", 0, sdk.Errorf(sdk.CodeParkFailed, "the engine of %s is gone", id)
+	}
+	return in, tier, level, nil
+}
+
+// Park implements sdk.Driver: with nothing running or waiting, POST
+// /sleep?level=N, then GET /is_sleeping must say true. The core has stopped
+// routing to the instance first; a request sent while vLLM sleeps would
+// wait until it wakes.
+func (d *Driver) Park(ctx context.Context, req *pb.ParkRequest) (*pb.ParkResponse, error) {
+	in, tier, level, err := d.parkable(req.GetInstanceId(), req.GetTier())
+	if err != nil {
+		return nil, err
+	}
+	if load := pyengine.ReadLoad(ctx, in.Client, in.ServedName, metricNames); !pyengine.Idle(load) {
+		return nil, sdk.Errorf(sdk.CodeNotIdle, "instance %s is not idle (running %d, waiting %d, known %v): drain it before parking",
+			in.ID, load.GetRunning(), load.GetWaiting(), load.GetKnown())
+	}
+	ctx, cancel := context.WithTimeout(ctx, stepTimeout)
+	defer cancel()
+	if _, err := in.Client.PostJSON(ctx, fmt.Sprintf("%s?level=%d", sleepPath, level), nil, nil); err != nil {
+		return nil, sdk.Errorf(sdk.CodeParkFailed, "sleep level %d: %v", level, err)
+	}
+	asleep, err := isSleeping(ctx, in)
+	if err != nil {
+		return nil, sdk.Errorf(sdk.CodeParkFailed, "confirm the sleep: %v", err)
+	}
+	if !asleep {
+		return nil, sdk.Errorf(sdk.CodeParkFailed, "vLLM answered the sleep but /is_sleeping says it is awake")
+	}
+	in.MarkParked(tier)
+	return &pb.ParkResponse{Detail: fmt.Sprintf("asleep at level %d (%s)", level, tier)}, nil
+}
+
+// Wake implements sdk.Driver: POST /wake_up?tags=weights, then after a deep
+// park a reload of the weights from disk (POST /collective_rpc
+// reload_weights: level 2 kept no copy), POST /wake_up?tags=kv_cache, POST
+// /reset_prefix_cache, GET /is_sleeping must say false, and finally the
+// canary prompt, whose answer the core compares with the one recorded at
+// first readiness.
+func (d *Driver) Wake(ctx context.Context, req *pb.WakeRequest) (*pb.WakeResponse, error) {
+	tier := req.GetTier()
+	in, err := d.reg.Get(req.GetInstanceId())
+	if err == nil && tier == "" {
+		tier = in.Parked()
+	}
+	in, tier, level, err := d.parkable(req.GetInstanceId(), tier)
+	if err != nil {
+		return nil, wakeErr(err)
+	}
+	type step struct {
+		what, path string
+		body       any
+		timeout    time.Duration
+	}
+	steps := []step{{"wake the weights", wakePath + "?tags=weights", nil, stepTimeout}}
+	if level == 2 {
+		weights := pyengine.WeightsBytes(in.ModelDir)
+		steps = append(steps, step{"reload the weights from disk", collectiveRPCPath, map[string]any{"method": "reload_weights"}, pyengine.WakeTimeout(weights, tier)})
+	}
+	steps = append(steps,
+		step{"wake the KV cache", wakePath + "?tags=kv_cache", nil, stepTimeout},
+		step{"reset the prefix cache", resetPrefixPath, nil, stepTimeout},
+	)
+	for _, s := range steps {
+		sctx, cancel := context.WithTimeout(ctx, s.timeout)
+		_, err := in.Client.PostJSON(sctx, s.path, s.body, nil)
+		cancel()
+		if err != nil {
+			return nil, sdk.Errorf(sdk.CodeWakeFailed, "%s: %v", s.what, err)
+		}
+	}
+	asleep, err := isSleeping(ctx, in)
+	if err != nil {
+		return nil, sdk.Errorf(sdk.CodeWakeFailed, "confirm the wake: %v", err)
+	}
+	if asleep {
+		return nil, sdk.Errorf(sdk.CodeWakeFailed, "vLLM answered every wake step but /is_sleeping still says it sleeps")
+	}
+	in.MarkParked("")
+	canary, err := wakeCanary(ctx, in)
+	if err != nil {
+		return nil, sdk.Errorf(sdk.CodeWakeFailed, "wake check: %v", err)
+	}
+	return &pb.WakeResponse{Canary: canary, Detail: fmt.Sprintf("awake after level %d (%s)", level, tier)}, nil
+}
+
+// wakeErr keeps a coded error and codes any other as wake_failed.
+func wakeErr(err error) error {
+	if sdk.CodeOf(err) == sdk.CodeParkFailed {
+		return &sdk.Error{Code: sdk.CodeWakeFailed, Message: err.Error()}
+	}
+	return err
+}
+
+// isSleeping asks GET /is_sleeping.
+func isSleeping(ctx context.Context, in *pyengine.Instance) (bool, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	var out struct {
+		IsSleeping *bool `json:"is_sleeping"`
+	}
+	if _, err := in.Client.GetJSON(ctx, isSleepingPath, &out); err != nil {
+		return false, err
+	}
+	if out.IsSleeping == nil {
+		return false, fmt.Errorf("GET %s: no is_sleeping in the answer", isSleepingPath)
+	}
+	return *out.IsSleeping, nil
+}

@@ -1,0 +1,181 @@
+// Copyright (c) CapyCTL authors
+// SPDX-License-Identifier: Apache-2.0
+
+package main
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/capyctl/capyctl/plugins-testkit/fakeengine"
+	"github.com/capyctl/capyctl/sdk/formats"
+)
+
+// vllmModule is the module of vLLM's OpenAI server.
+const vllmModule = "vllm.entrypoints.openai.api_server"
+
+// vllmInvocation is `python -m vllm.entrypoints.openai.api_server ...` and
+// `vllm serve MODEL ...`.
+var vllmInvocation = invocation{
+	usage: "python -m " + vllmModule + " --model DIR [vLLM options]   (or: vllm serve DIR [vLLM options])",
+	match: func(prog, module string, args []string) bool {
+		return module == vllmModule || (prog == "vllm" && len(args) > 0 && args[0] == "serve")
+	},
+	run: func(args []string, env func(string) string, stdout, stderr io.Writer) int {
+		if len(args) > 0 && args[0] == "serve" {
+			rest := args[1:]
+			if len(rest) > 0 && !strings.HasPrefix(rest[0], "-") {
+				rest = append([]string{"--model", rest[0]}, rest[1:]...)
+			}
+			return vllmCommand(rest, env, stdout, stderr)
+		}
+		return vllmCommand(afterModule(args), env, stdout, stderr)
+	},
+}
+
+// vllmOptions are the options the fake vLLM accepts, with their arity.
+// Others are refused as vLLM refuses unknown options.
+var vllmOptions = func() map[string]int {
+	m := map[string]int{
+		"model": argValue, "served-model-name": argMany, "host": argValue, "port": argValue, "api-key": argValue,
+		"max-num-seqs": argValue, "max-model-len": argValue, "gpu-memory-utilization": argValue,
+		"kv-cache-memory-bytes": argValue, "safetensors-load-strategy": argValue, "dtype": argValue,
+		"quantization": argValue, "kv-cache-dtype": argValue, "block-size": argValue,
+		"max-num-batched-tokens": argValue, "tool-call-parser": argValue, "reasoning-parser": argValue,
+		"seed": argValue, "tokenizer": argValue, "download-dir": argValue, "chat-template": argValue,
+		"speculative-config": argValue, "kv-transfer-config": argValue, "compilation-config": argValue,
+		"tensor-parallel-size": argValue, "uvicorn-log-level": argValue, "max-log-len": argValue,
+		"generation-config": argValue, "swap-space": argValue, "cpu-offload-gb": argValue, "revision": argValue,
+		"config": argValue, "root-path": argValue, "uds": argValue, "middleware": argValue, "logging-config": argValue,
+		"trust-remote-code": argFlag, "enable-auto-tool-choice": argFlag, "enforce-eager": argFlag,
+		"disable-log-requests": argFlag, "enable-request-id-headers": argFlag, "enable-server-load-tracking": argFlag,
+		"disable-fastapi-docs": argFlag, "disable-uvicorn-access-log": argFlag, "disable-log-stats": argFlag,
+		"headless": argFlag,
+	}
+	// Boolean options take --opt and --no-opt (BooleanOptionalAction).
+	for _, b := range []string{"enable-sleep-mode", "enable-log-requests", "enable-log-outputs", "enable-prefix-caching",
+		"enable-prompt-tokens-details", "enable-chunked-prefill"} {
+		m[b], m["no-"+b] = argFlag, argFlag
+	}
+	return m
+}()
+
+// vllmCommand runs the fake vLLM from vLLM's own options and environment:
+// VLLM_API_KEY (or --api-key) guards /v1, VLLM_SERVER_DEV_MODE (an
+// integer, as vLLM parses it) enables the sleep routes, and without
+// VLLM_NO_USAGE_STATS=1 or a do-not-track variable it says it would report
+// usage. The simulated GPU holds the weights (the *.safetensors in --model,
+// or the sim-weights knob) and the KV cache (--kv-cache-memory-bytes, else
+// --gpu-memory-utilization of the card less the weights, else the sim-kv
+// knob). Knobs come from CAPYCTL_FAKE_* variables.
+func vllmCommand(args []string, env func(string) string, stdout, stderr io.Writer) int {
+	fail := func(format string, a ...any) int {
+		fmt.Fprintf(stderr, "api_server.py: error: "+format+"\n", a...)
+		return 2
+	}
+	pa, err := parsePyArgs(args, vllmOptions, true)
+	if err != nil {
+		return fail("%v", err)
+	}
+	model := pa.str("model", "")
+	if model == "" {
+		return fail("the following arguments are required: --model")
+	}
+	served := model
+	if names := pa.values["served-model-name"]; len(names) > 0 {
+		served = names[0]
+	}
+	devMode := false
+	if s := env("VLLM_SERVER_DEV_MODE"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil {
+			fmt.Fprintf(stderr, "ValueError: invalid literal for int() with base 10: '%s' (VLLM_SERVER_DEV_MODE)\n", s)
+			return 1
+		}
+		devMode = n != 0
+	}
+	cfg := fakeengine.Config{ServedName: served, Stdout: stdout, Stderr: stderr}
+	cfg.APIKey = pa.str("api-key", env("VLLM_API_KEY"))
+	knobs, given, err := envKnobs(&cfg, env)
+	if err != nil {
+		return fail("%v", err)
+	}
+	if !given["max-running"] {
+		n, err := pa.num("max-num-seqs", fakeengine.DefaultMaxRunning)
+		if err != nil || n < 1 {
+			return fail("argument --max-num-seqs: invalid value")
+		}
+		cfg.MaxRunning = int(n)
+	}
+	if cfg.Sim.StatePath != "" {
+		if !given["sim-weights"] {
+			cfg.Sim.Weights = weightsInDir(model)
+		}
+		if !given["sim-kv"] {
+			kv, err := pa.num("kv-cache-memory-bytes", 0)
+			if err != nil {
+				return fail("%v", err)
+			}
+			if kv <= 0 {
+				util, err := pa.num("gpu-memory-utilization", 0)
+				if err != nil {
+					return fail("%v", err)
+				}
+				kv = max(0, util*float64(simDeviceTotal(cfg.Sim))-float64(cfg.Sim.Weights))
+			}
+			cfg.Sim.KV = int64(kv)
+		}
+		if !given["sim-park-residue"] {
+			cfg.Sim.ParkResidue = defaultParkResidue
+		}
+	}
+	maxLen, err := pa.num("max-model-len", 0)
+	if err != nil {
+		return fail("%v", err)
+	}
+	if maxLen <= 0 {
+		maxLen = 4096
+		if hf, err := formats.ReadHFConfig(model); err == nil && hf.MaxPositionEmbeddings > 0 {
+			maxLen = float64(hf.MaxPositionEmbeddings)
+		}
+	}
+	version := venvDistVersion(os.Args[0], "vllm")
+	cfg.Flavour = fakeengine.NewVLLM(fakeengine.VLLMOptions{
+		Version: version, DevMode: devMode, SleepMode: pa.flags["enable-sleep-mode"], MaxModelLen: int(maxLen), Root: model,
+	})
+	f := cfg.Flavour
+	logf := func(level fakeengine.Level, format string, a ...any) {
+		w := stdout
+		if level != fakeengine.LevelInfo {
+			w = stderr
+		}
+		fmt.Fprintln(w, f.FormatLog(time.Now(), level, fmt.Sprintf(format, a...)))
+	}
+	logf(fakeengine.LevelInfo, "vLLM API server version %s", orString(version, fakeengine.DefaultVLLMVersion))
+	if env("VLLM_NO_USAGE_STATS") != "1" && env("VLLM_DO_NOT_TRACK") != "1" && env("DO_NOT_TRACK") != "1" {
+		logf(fakeengine.LevelWarn, "Usage stats collection is enabled: reports would go to https://stats.vllm.ai (the fake sends nothing)")
+	}
+	if pa.flags["enable-log-requests"] || pa.flags["enable-log-outputs"] {
+		logf(fakeengine.LevelWarn, "request logging is on: prompts and outputs would be logged")
+	}
+	port, err := pa.num("port", 8000)
+	if err != nil || port < 0 || port > 65535 {
+		return fail("argument --port: invalid value")
+	}
+	host := pa.str("host", "")
+	if host == "" {
+		host = "0.0.0.0" // vLLM binds every interface when no host is given
+	}
+	return serveEngine(cfg, host, int(port), knobs.ListenAll, stderr)
+}
+
+func orString(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
+}

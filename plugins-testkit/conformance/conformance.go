@@ -1,0 +1,756 @@
+// Copyright (c) CapyCTL authors
+// SPDX-License-Identifier: Apache-2.0
+
+// Package conformance is the driver conformance suite: any driver, built in
+// or third-party, runs it against the testkit's fake engines. The suite
+// launches the driver as a real go-plugin subprocess and drives the whole
+// protocol through it, as the core does: Describe, Flags, Detect of an
+// installation whose interpreter is the fake engine, Plan refusals, then a
+// lifecycle — start, ready, serve, abort, park (memory released on the
+// simulated GPU, a residue left), wake (the canary unchanged), serve, a
+// driver restart with Recover, logs without the key, stop with proof — and
+// failures at start. A driver's test names its Target and calls Run:
+//
+//	func TestConformance(t *testing.T) {
+//		conformance.Run(t, conformance.Target{
+//			Family:  "vllm",
+//			Driver:  conformance.BuiltinDriver("vllm"),
+//			Install: func(t testing.TB, dir string) string {
+//				return conformance.FakeVenv(t, dir, map[string]string{"vllm": "0.31.0"}, nil)
+//			},
+//		})
+//	}
+//
+// It imports nothing of CapyCTL's core but the harness, which finds the
+// binaries.
+package conformance
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	goplugin "github.com/hashicorp/go-plugin"
+
+	"github.com/capyctl/capyctl/plugins-testkit/fakeengine"
+	"github.com/capyctl/capyctl/sdk"
+	"github.com/capyctl/capyctl/sdk/engineapi"
+	sdkplugin "github.com/capyctl/capyctl/sdk/plugin"
+	"github.com/capyctl/capyctl/sdk/proc"
+	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
+)
+
+// Target is a driver under test.
+type Target struct {
+	// Family is the engine family the driver serves ("vllm").
+	Family string
+	// Driver returns the command that serves the driver over go-plugin
+	// (BuiltinDriver, ProgramDriver).
+	Driver func(t testing.TB) *exec.Cmd
+	// Install makes an installation of the engine under dir whose program
+	// runs the fake engine (FakeVenv) and returns the path Detect takes.
+	Install func(t testing.TB, dir string) string
+	// Model makes the model directory under dir (FakeModel with 2 GiB of
+	// weights when nil).
+	Model func(t testing.TB, dir string) string
+	// Deployment returns the deployment the lifecycle runs (a chat
+	// deployment named "conformance" when nil).
+	Deployment func(modelDir string) *pb.Deployment
+	// HostEnv are more variables every launch gets (the fake engine's
+	// knobs); the suite adds its own.
+	HostEnv map[string]string
+	// Refusals are deployments the driver must refuse at Plan.
+	Refusals []Refusal
+	// Failures are launches that must fail at start, besides the engine
+	// exiting while it loads, which every driver must report.
+	Failures []Failure
+	// NoSimGPU skips the memory checks (a fake that holds nothing on the
+	// simulated GPU).
+	NoSimGPU bool
+}
+
+// Refusal is a deployment Plan must refuse with Code.
+type Refusal struct {
+	// Name names the case.
+	Name string
+	// ExtraArgs and Env are set on the default deployment (with
+	// accept_extra_args).
+	ExtraArgs []string
+	Env       map[string]string
+	// Code is the refusal code expected first.
+	Code string
+}
+
+// Failure is a launch that must fail while it starts.
+type Failure struct {
+	// Name names the case.
+	Name string
+	// Env are the fake engine's knobs that make it fail.
+	Env map[string]string
+	// ExitCode, when not 0, is the exit code the probe must report.
+	ExitCode int
+	// Check runs after the probe reported the failure, before the stop.
+	Check func(t *testing.T, launch *pb.Launch)
+}
+
+const (
+	// rpcTimeout bounds one driver call.
+	rpcTimeout = 60 * time.Second
+	// readyDeadline bounds a readiness probe (fakes start at once).
+	readyDeadline = 60 * time.Second
+	// deviceTotal is the simulated card.
+	deviceTotal = 80 << 30
+	// defaultWeights are the fake model's weights.
+	defaultWeights = 2 << 30
+)
+
+// suite is one Run's state.
+type suite struct {
+	tg     Target
+	dir    string
+	sim    *simGPU
+	model  string
+	inst   *pb.Installation
+	desc   *pb.DescribeResponse
+	driver *driverProc
+	seq    int
+	// root is Run's test: a relaunched driver lives as long as it does.
+	root *testing.T
+}
+
+// Run runs the suite against a target.
+func Run(t *testing.T, tg Target) {
+	if tg.Family == "" || tg.Driver == nil || tg.Install == nil {
+		t.Fatal("conformance: a Target needs Family, Driver and Install")
+	}
+	s := &suite{tg: tg, dir: t.TempDir(), root: t}
+	if tg.Model == nil {
+		s.model = FakeModel(t, s.dir, defaultWeights)
+	} else {
+		s.model = tg.Model(t, s.dir)
+	}
+	if !tg.NoSimGPU {
+		s.sim = newSimGPU(t, s.dir, deviceTotal)
+	}
+	s.driver = launchDriver(t, tg.Driver(t))
+	path := tg.Install(t, s.dir)
+
+	t.Run("describe", s.testDescribe)
+	t.Run("flags", s.testFlags)
+	t.Run("detect", func(t *testing.T) { s.testDetect(t, path) })
+	if s.inst == nil || s.desc == nil {
+		t.Fatal("conformance: describe or detect failed; the rest cannot run")
+	}
+	t.Run("refusals", s.testRefusals)
+	t.Run("lifecycle", s.testLifecycle)
+	failures := append([]Failure{{
+		Name:     "engine exits while loading",
+		Env:      map[string]string{fakeengine.EnvName("exit-during-startup"): "3"},
+		ExitCode: 3,
+	}}, tg.Failures...)
+	for _, f := range failures {
+		t.Run("failure/"+f.Name, func(t *testing.T) { s.testFailure(t, f) })
+	}
+}
+
+// driverProc is a driver served over go-plugin.
+type driverProc struct {
+	client *goplugin.Client
+	drv    sdk.Driver
+}
+
+// launchDriver starts the driver command as a go-plugin subprocess.
+func launchDriver(t testing.TB, cmd *exec.Cmd) *driverProc {
+	t.Helper()
+	client := goplugin.NewClient(&goplugin.ClientConfig{
+		HandshakeConfig:  sdkplugin.Handshake,
+		VersionedPlugins: sdkplugin.VersionedPlugins(nil),
+		Cmd:              cmd,
+		AllowedProtocols: []goplugin.Protocol{goplugin.ProtocolGRPC},
+		Logger:           hclog.NewNullLogger(),
+		StartTimeout:     30 * time.Second,
+	})
+	t.Cleanup(client.Kill)
+	rpc, err := client.Client()
+	if err != nil {
+		t.Fatalf("launch driver %v: %v", cmd.Args, err)
+	}
+	raw, err := rpc.Dispense(sdkplugin.PluginName)
+	if err != nil {
+		t.Fatalf("dispense driver: %v", err)
+	}
+	drv, ok := raw.(sdk.Driver)
+	if !ok {
+		t.Fatalf("the plugin is a %T, not an sdk.Driver", raw)
+	}
+	return &driverProc{client: client, drv: drv}
+}
+
+func ctxT() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.Background(), rpcTimeout)
+}
+
+func (s *suite) testDescribe(t *testing.T) {
+	ctx, cancel := ctxT()
+	defer cancel()
+	d, err := s.driver.drv.Describe(ctx, &pb.DescribeRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := d.GetCapabilities()
+	switch {
+	case d.GetName() != s.tg.Family:
+		t.Fatalf("Describe name %q, want %q", d.GetName(), s.tg.Family)
+	case d.GetProtocol() != sdk.ProtocolVersion:
+		t.Fatalf("protocol %d, want %d", d.GetProtocol(), sdk.ProtocolVersion)
+	case len(c.GetApis()) == 0:
+		t.Fatal("no API in the capabilities")
+	case c.GetAbortMode() == pb.AbortMode_ABORT_MODE_UNSPECIFIED:
+		t.Fatal("no abort mode")
+	case c.GetAbortMode() == pb.AbortMode_ABORT_MODE_REQUEST_ID && c.GetRequestIdField() == "" && c.GetRequestIdHeader() == "":
+		t.Fatal("abort by request ID without a request ID field or header")
+	}
+	for _, tier := range c.GetParkTiers() {
+		if tier != "deep" && tier != "host_backed" {
+			t.Fatalf("unknown park tier %q", tier)
+		}
+	}
+	s.desc = d
+}
+
+func (s *suite) testFlags(t *testing.T) {
+	ctx, cancel := ctxT()
+	defer cancel()
+	fl, err := s.driver.drv.Flags(ctx, &pb.FlagsRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fl.GetFamily() != s.tg.Family || len(fl.GetRules()) == 0 {
+		t.Fatalf("Flags = %v", fl)
+	}
+	seen := map[string]bool{}
+	for _, r := range fl.GetRules() {
+		key := r.GetKind().String() + "/" + r.GetName()
+		switch {
+		case r.GetName() == "" || r.GetReason() == "":
+			t.Errorf("rule %v lacks a name or reason", r)
+		case r.GetKind() == pb.FlagKind_FLAG_KIND_UNSPECIFIED || r.GetClass() == pb.FlagClass_FLAG_CLASS_UNSPECIFIED:
+			t.Errorf("rule %s lacks a kind or class", r.GetName())
+		case (r.GetClass() == pb.FlagClass_FLAG_CLASS_GATED) != (r.GetApproval() != ""):
+			t.Errorf("rule %s: class %v with approval %q", r.GetName(), r.GetClass(), r.GetApproval())
+		case seen[key]:
+			t.Errorf("rule %s listed twice", key)
+		}
+		seen[key] = true
+	}
+}
+
+func (s *suite) testDetect(t *testing.T, path string) {
+	ctx, cancel := ctxT()
+	defer cancel()
+	det, err := s.driver.drv.Detect(ctx, &pb.DetectRequest{Path: path})
+	if err != nil {
+		t.Fatalf("Detect(%s): %v", path, err)
+	}
+	if det.GetFamily() != s.tg.Family || det.GetVersion() == "" || !strings.HasPrefix(det.GetDigest(), "sha256:") || det.GetProgram() == "" {
+		t.Fatalf("Detect = %v", det)
+	}
+	again, err := s.driver.drv.Detect(ctx, &pb.DetectRequest{Path: path})
+	if err != nil || again.GetDigest() != det.GetDigest() {
+		t.Fatalf("the digest of an unchanged installation changed: %v %v", again, err)
+	}
+	if _, err := s.driver.drv.Detect(ctx, &pb.DetectRequest{Path: t.TempDir()}); err == nil {
+		t.Fatal("Detect of an empty directory succeeded")
+	}
+	s.inst = &pb.Installation{Name: s.tg.Family, Family: s.tg.Family, Path: path, Version: det.GetVersion(),
+		Verified: det.GetVerified(), Digest: det.GetDigest(), Details: det.GetDetails()}
+}
+
+// deployment is the target's deployment.
+func (s *suite) deployment() *pb.Deployment {
+	if s.tg.Deployment != nil {
+		return s.tg.Deployment(s.model)
+	}
+	return &pb.Deployment{Name: "conformance", Revision: 1, Api: "chat", ServedName: "conformance", ModelDir: s.model}
+}
+
+// host is the host policy of a launch, with the suite's knobs and more.
+func (s *suite) host(extra map[string]string) *pb.HostPolicy {
+	env := map[string]string{
+		// Long answers at a moderate rate, so that a request can be
+		// aborted while it generates; bounded ones end quickly.
+		fakeengine.EnvName("tokens"):     "4000",
+		fakeengine.EnvName("token-rate"): "400",
+		// The engine prints its key: the logs must not show it.
+		fakeengine.EnvName("log-secret"): "true",
+	}
+	if s.sim != nil {
+		env[fakeengine.EnvSimState] = s.sim.gpu.Path()
+	}
+	for k, v := range s.tg.HostEnv {
+		env[k] = v
+	}
+	for k, v := range extra {
+		env[k] = v
+	}
+	return &pb.HostPolicy{EngineTelemetry: "off", EngineLogs: "file", Retention: "standard", HostEnv: env}
+}
+
+// launchContext is a fresh launch context.
+func (s *suite) launchContext(t *testing.T) *pb.LaunchContext {
+	s.seq++
+	id := fmt.Sprintf("conformance/%d", s.seq)
+	lctx := &pb.LaunchContext{
+		Port: int32(freePort(t)), LaunchDir: filepath.Join(s.dir, "launches", fmt.Sprintf("%d", s.seq)),
+		InstanceId: id, LaunchId: fmt.Sprintf("L%d", s.seq),
+	}
+	if s.sim != nil {
+		lctx.DeviceUuids = []string{s.sim.dev.UUID}
+		lctx.DeviceTotalBytes = deviceTotal
+		lctx.DeviceBytes = 20 << 30
+		lctx.KvCacheBytes = 4 << 30
+	}
+	return lctx
+}
+
+func (s *suite) testRefusals(t *testing.T) {
+	cases := append([]Refusal{{Name: "extra args without accept_extra_args"}}, s.tg.Refusals...)
+	for _, c := range cases {
+		t.Run(c.Name, func(t *testing.T) {
+			dep := s.deployment()
+			if c.Code == "" { // the built-in case
+				dep.ExtraArgs, dep.AcceptExtraArgs = []string{"--some-option"}, false
+				c.Code = "extra_args_not_accepted"
+			} else {
+				dep.AcceptExtraArgs = true
+				dep.ExtraArgs = c.ExtraArgs
+				dep.Env = c.Env
+			}
+			ctx, cancel := ctxT()
+			defer cancel()
+			plan, err := s.driver.drv.Plan(ctx, &pb.PlanRequest{Installation: s.inst, Deployment: dep, Host: s.host(nil)})
+			if err != nil {
+				t.Fatalf("Plan failed instead of refusing: %v", err)
+			}
+			rs := plan.GetRefusals()
+			if len(rs) == 0 || rs[0].GetCode() != c.Code || rs[0].GetMessage() == "" {
+				t.Fatalf("refusals %v, want %s first", rs, c.Code)
+			}
+		})
+	}
+}
+
+// started is a launch under test.
+type started struct {
+	lctx   *pb.LaunchContext
+	dep    *pb.Deployment
+	host   *pb.HostPolicy
+	plan   *pb.PlanResponse
+	launch *pb.Launch
+	key    string
+}
+
+// start plans and starts a launch.
+func (s *suite) start(t *testing.T, extraEnv map[string]string) *started {
+	t.Helper()
+	st := &started{lctx: s.launchContext(t), dep: s.deployment(), host: s.host(extraEnv), key: "conformance-key-" + fmt.Sprint(time.Now().UnixNano())}
+	ctx, cancel := ctxT()
+	defer cancel()
+	plan, err := s.driver.drv.Plan(ctx, &pb.PlanRequest{Installation: s.inst, Deployment: st.dep, Host: st.host, Launch: st.lctx})
+	if err != nil {
+		t.Fatalf("Plan: %v", err)
+	}
+	if len(plan.GetRefusals()) > 0 || len(plan.GetArgv()) == 0 || plan.GetResidency() == "" {
+		t.Fatalf("Plan = %v", plan)
+	}
+	for _, a := range plan.GetArgv() {
+		if strings.Contains(a, st.key) {
+			t.Fatal("the key is in the plan")
+		}
+	}
+	st.plan = plan
+	resp, err := s.driver.drv.Start(ctx, &pb.StartRequest{Installation: s.inst, Deployment: st.dep, Host: st.host, Launch: st.lctx,
+		Plan: plan, EngineKey: st.key, AdminKey: st.key + "-admin"})
+	if err != nil {
+		t.Fatalf("Start: %v", err)
+	}
+	st.launch = resp.GetLaunch()
+	if st.launch.GetPgid() <= 1 || len(st.launch.GetProcesses()) == 0 {
+		t.Fatalf("Start recorded no processes: %v", st.launch)
+	}
+	pgid := int(st.launch.GetPgid())
+	t.Cleanup(func() {
+		if len(proc.GroupPIDs(pgid)) > 0 {
+			_ = syscall.Kill(-pgid, syscall.SIGKILL)
+		}
+	})
+	return st
+}
+
+// enginePID is the launch's engine process.
+func (st *started) enginePID() int {
+	for _, p := range st.launch.GetProcesses() {
+		if p.GetRole() == "engine" {
+			return int(p.GetPid())
+		}
+	}
+	return 0
+}
+
+// held is what the launch's processes hold on the simulated GPU.
+func (s *suite) held(t *testing.T, st *started) int64 {
+	pids := append(proc.GroupPIDs(int(st.launch.GetPgid())), st.enginePID())
+	return s.sim.heldBy(t, pids)
+}
+
+func (s *suite) probe(t *testing.T, id string, kind pb.ProbeKind) *pb.ProbeResponse {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), readyDeadline+10*time.Second)
+	defer cancel()
+	p, err := s.driver.drv.Probe(ctx, &pb.ProbeRequest{InstanceId: id, Kind: kind, DeadlineMs: readyDeadline.Milliseconds()})
+	if err != nil {
+		t.Fatalf("Probe %v: %v", kind, err)
+	}
+	return p
+}
+
+func (s *suite) testLifecycle(t *testing.T) {
+	st := s.start(t, nil)
+	id := st.lctx.GetInstanceId()
+
+	// ready
+	ready := s.probe(t, id, pb.ProbeKind_PROBE_KIND_READINESS)
+	if !ready.GetReady() || ready.GetEndpoint() == nil {
+		t.Fatalf("not ready: %v", ready)
+	}
+	canary := ready.GetCanary()
+	if canary == "" {
+		t.Fatal("readiness recorded no canary answer")
+	}
+	ep := ready.GetEndpoint()
+	if !strings.HasPrefix(ep.GetBaseUrl(), "http://127.0.0.1:") || ep.GetServedName() != st.dep.GetServedName() {
+		t.Fatalf("endpoint %v", ep)
+	}
+	if live := s.probe(t, id, pb.ProbeKind_PROBE_KIND_LIVENESS); !live.GetAlive() {
+		t.Fatalf("liveness %v", live)
+	}
+
+	// serve
+	s.serve(t, ep)
+	s.waitIdle(t, id)
+	var readyBytes int64
+	if s.sim != nil {
+		readyBytes = s.held(t, st)
+		if readyBytes <= 0 {
+			t.Fatal("the ready engine holds nothing on the simulated GPU")
+		}
+	}
+
+	// abort
+	if contains(s.desc.GetCapabilities().GetApis(), "chat") {
+		s.testAbort(t, id, ep)
+	}
+
+	// park → parked → wake → serve, at each tier the driver has, when the
+	// launch parks.
+	tiers := s.desc.GetCapabilities().GetParkTiers()
+	parks := st.plan.GetResidency() == "deep" || st.plan.GetResidency() == "host_backed"
+	if parks {
+		for _, tier := range tiers {
+			s.park(t, st, tier, readyBytes)
+			s.wake(t, st, ep, tier, canary, readyBytes)
+		}
+		// A driver restart while parked: the new driver finds the engine
+		// parked, and wakes it.
+		if len(tiers) > 0 {
+			s.park(t, st, tiers[0], readyBytes)
+			if rec := s.restartAndRecover(t, st, "parked", tiers[0]); !rec.GetParked() {
+				t.Fatalf("Recover of a parked engine: %v, want parked", rec)
+			}
+			s.wake(t, st, ep, tiers[0], canary, readyBytes)
+		}
+	}
+
+	// A driver restart while ready: the engine survives, a new driver
+	// re-attaches.
+	if rec := s.restartAndRecover(t, st, "ready", ""); rec.GetParked() {
+		t.Fatalf("Recover of a ready engine says parked: %v", rec)
+	}
+	again := s.probe(t, id, pb.ProbeKind_PROBE_KIND_READINESS)
+	if !again.GetReady() {
+		t.Fatalf("not ready after re-attaching: %v", again)
+	}
+	s.serve(t, again.GetEndpoint())
+	s.waitIdle(t, id)
+
+	// logs: the engine's output, its key redacted
+	ctx, cancel := ctxT()
+	logs, err := s.driver.drv.Logs(ctx, &pb.LogsRequest{InstanceId: id, MaxBytes: 64 << 10})
+	cancel()
+	if err != nil || strings.TrimSpace(logs.GetText()) == "" {
+		t.Fatalf("Logs = %v, %v", logs, err)
+	}
+	if strings.Contains(logs.GetText(), st.key) {
+		t.Fatal("the engine key is in the logs")
+	}
+	if !strings.Contains(logs.GetText(), proc.Redacted) {
+		t.Fatalf("the engine printed its key (log-secret) but the logs show no redaction:\n%s", logs.GetText())
+	}
+
+	// stop with proof
+	ctx, cancel = ctxT()
+	stop, err := s.driver.drv.Stop(ctx, &pb.StopRequest{InstanceId: id, GraceMs: 10_000, Launch: st.launch})
+	cancel()
+	if err != nil || !stop.GetGone() {
+		t.Fatalf("Stop = %v, %v", stop, err)
+	}
+	if left := proc.GroupPIDs(int(st.launch.GetPgid())); len(left) > 0 {
+		t.Fatalf("processes left after a stop that reported them gone: %v", left)
+	}
+	if s.sim != nil {
+		if n := s.sim.heldBy(t, []int{st.enginePID()}); n != 0 {
+			t.Fatalf("%d bytes still held on the simulated GPU after the stop", n)
+		}
+	}
+}
+
+// park parks at a tier and checks that the card keeps only a residue.
+func (s *suite) park(t *testing.T, st *started, tier string, readyBytes int64) {
+	t.Helper()
+	ctx, cancel := ctxT()
+	_, err := s.driver.drv.Park(ctx, &pb.ParkRequest{InstanceId: st.lctx.GetInstanceId(), Tier: tier})
+	cancel()
+	if err != nil {
+		t.Fatalf("Park %s: %v", tier, err)
+	}
+	if s.sim != nil {
+		parked := s.held(t, st)
+		if parked <= 0 || parked >= readyBytes {
+			t.Fatalf("parked %s: %d bytes held on the simulated GPU, ready %d: want a residue above 0 and below the ready charge", tier, parked, readyBytes)
+		}
+	}
+}
+
+// wake wakes from a tier, checks the canary and the memory, and serves.
+func (s *suite) wake(t *testing.T, st *started, ep *pb.Endpoint, tier, canary string, readyBytes int64) {
+	t.Helper()
+	id := st.lctx.GetInstanceId()
+	ctx, cancel := ctxT()
+	woke, err := s.driver.drv.Wake(ctx, &pb.WakeRequest{InstanceId: id, Tier: tier})
+	cancel()
+	if err != nil {
+		t.Fatalf("Wake %s: %v", tier, err)
+	}
+	if woke.GetCanary() != canary {
+		t.Fatalf("wake %s: canary %q, want the readiness answer %q", tier, woke.GetCanary(), canary)
+	}
+	if s.sim != nil {
+		if n := s.held(t, st); n != readyBytes {
+			t.Fatalf("woken from %s: %d bytes held, want %d as when ready", tier, n, readyBytes)
+		}
+	}
+	s.serve(t, ep)
+	s.waitIdle(t, id)
+}
+
+// restartAndRecover kills the driver, launches a new one and re-attaches
+// to the launch as the core would after a restart.
+func (s *suite) restartAndRecover(t *testing.T, st *started, recorded, tier string) *pb.RecoverResponse {
+	t.Helper()
+	s.driver.client.Kill()
+	s.driver = launchDriver(s.root, s.tg.Driver(t))
+	ctx, cancel := ctxT()
+	defer cancel()
+	rec, err := s.driver.drv.Recover(ctx, &pb.RecoverRequest{InstanceId: st.lctx.GetInstanceId(), Launch: st.launch, Installation: s.inst,
+		Deployment: st.dep, Host: st.host, Context: st.lctx, EngineKey: st.key, AdminKey: st.key + "-admin",
+		RecordedState: recorded, ParkTier: tier})
+	if err != nil || rec.GetState() != pb.RecoverState_RECOVER_STATE_RUNNING {
+		t.Fatalf("Recover (%s) after a driver restart: %v %v", recorded, rec, err)
+	}
+	return rec
+}
+
+// chatRequest builds a chat request to an endpoint.
+func chatRequest(ctx context.Context, ep *pb.Endpoint, stream bool, maxTokens int, requestID string) (*http.Request, error) {
+	body := map[string]any{
+		"model":    ep.GetServedName(),
+		"messages": []map[string]string{{"role": "user", "content": "Hello from the conformance suite"}},
+		"stream":   stream,
+	}
+	if maxTokens > 0 {
+		body["max_tokens"] = maxTokens
+	}
+	if f := ep.GetRequestIdField(); f != "" && requestID != "" {
+		body[f] = requestID
+	}
+	b, _ := json.Marshal(body)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, ep.GetBaseUrl()+ep.GetChatPath(), strings.NewReader(string(b)))
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if ep.GetAuthHeader() != "" {
+		req.Header.Set(ep.GetAuthHeader(), ep.GetAuthValue())
+	}
+	if h := ep.GetRequestIdHeader(); h != "" && requestID != "" {
+		req.Header.Set(h, requestID)
+	}
+	return req, nil
+}
+
+// serve sends one short chat request through the endpoint, as the router
+// would, and wants an answer.
+func (s *suite) serve(t *testing.T, ep *pb.Endpoint) {
+	t.Helper()
+	ctx, cancel := ctxT()
+	defer cancel()
+	req, err := chatRequest(ctx, ep, false, 16, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("serve: %v", err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("serve: %d %s", resp.StatusCode, body)
+	}
+	if text, err := engineapi.ChatAnswer(body); err != nil || text == "" {
+		t.Fatalf("serve: no answer in %s (%v)", body, err)
+	}
+}
+
+// waitIdle polls Load until nothing runs or waits.
+func (s *suite) waitIdle(t *testing.T, id string) {
+	t.Helper()
+	ctx, cancel := ctxT()
+	defer cancel()
+	var last *pb.LoadResponse
+	err := engineapi.Poll(ctx, func(ctx context.Context) (bool, error) {
+		l, err := s.driver.drv.Load(ctx, &pb.LoadRequest{InstanceId: id})
+		if err != nil {
+			return false, err
+		}
+		last = l
+		return l.GetKnown() && l.GetRunning() == 0 && l.GetWaiting() == 0, nil
+	})
+	if err != nil {
+		t.Fatalf("the engine never read idle: %v (last %v)", err, last)
+	}
+}
+
+// testAbort starts a long streamed request, asks the driver to abort it and
+// wants the engine to stop working on it.
+func (s *suite) testAbort(t *testing.T, id string, ep *pb.Endpoint) {
+	t.Helper()
+	rctx, hangUp := context.WithCancel(context.Background())
+	defer hangUp()
+	const rid = "conformance-abort-1"
+	req, err := chatRequest(rctx, ep, true, 0, rid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("abort: the request: %v", err)
+	}
+	defer resp.Body.Close()
+	rd := bufio.NewReader(resp.Body)
+	for {
+		line, err := rd.ReadString('\n')
+		if err != nil {
+			t.Fatalf("abort: the stream ended before its first token: %v", err)
+		}
+		if strings.Contains(line, `"content"`) {
+			break
+		}
+	}
+	ctx, cancel := ctxT()
+	ab, err := s.driver.drv.Abort(ctx, &pb.AbortRequest{InstanceId: id, RequestId: rid})
+	cancel()
+	if err != nil {
+		t.Fatalf("Abort: %v", err)
+	}
+	switch ab.GetMode() {
+	case pb.AbortMode_ABORT_MODE_REQUEST_ID:
+		if !ab.GetSent() {
+			t.Fatal("abort by request ID sent nothing")
+		}
+		// The engine ends the stream itself.
+		rest, _ := io.ReadAll(rd)
+		if strings.Contains(string(rest), `"finish_reason":"stop"`) {
+			t.Fatal("the aborted request ran to its end")
+		}
+	case pb.AbortMode_ABORT_MODE_CLOSE_CONNECTION:
+		hangUp() // what the router does
+	default:
+		t.Fatalf("abort mode %v", ab.GetMode())
+	}
+	s.waitIdle(t, id)
+}
+
+// testFailure starts a launch that must fail while it loads and wants the
+// probe to say so at once, with the engine's last log lines.
+func (s *suite) testFailure(t *testing.T, f Failure) {
+	st := s.start(t, f.Env)
+	id := st.lctx.GetInstanceId()
+	p := s.probe(t, id, pb.ProbeKind_PROBE_KIND_READINESS)
+	if p.GetReady() || !p.GetExited() || p.GetCode() != sdk.CodeLaunchFailed {
+		t.Fatalf("probe of a failing launch: %v", p)
+	}
+	if len(p.GetLastLogLines()) == 0 {
+		t.Fatal("the failure carries no log lines")
+	}
+	if f.ExitCode != 0 && int(p.GetExitCode()) != f.ExitCode {
+		t.Fatalf("exit code %d, want %d", p.GetExitCode(), f.ExitCode)
+	}
+	if f.Check != nil {
+		f.Check(t, st.launch)
+	}
+	ctx, cancel := ctxT()
+	stop, err := s.driver.drv.Stop(ctx, &pb.StopRequest{InstanceId: id, GraceMs: 5_000, Launch: st.launch})
+	cancel()
+	if err != nil || !stop.GetGone() {
+		t.Fatalf("Stop after a failed start = %v, %v", stop, err)
+	}
+	if s.sim != nil {
+		if n := s.sim.heldBy(t, []int{st.enginePID()}); n != 0 {
+			t.Fatalf("%d bytes still held after the failed launch stopped", n)
+		}
+	}
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+// ShmSegmentsOf lists the /dev/shm entries whose name holds the pid (the
+// fake SGLang names its segment sglang_loads_<pid>.shm).
+func ShmSegmentsOf(pid int) []string {
+	matches, _ := filepath.Glob(filepath.Join("/dev/shm", fmt.Sprintf("*_%d.shm", pid)))
+	var out []string
+	for _, m := range matches {
+		if _, err := os.Stat(m); err == nil {
+			out = append(out, m)
+		}
+	}
+	return out
+}
