@@ -173,3 +173,39 @@ func deploymentState(t *testing.T, r *harness.Role, name string) string {
 	}
 	return st.State
 }
+
+// TestRole_SGLangDecisions deploys a decision model on SGLang 0.5.22: the
+// driver proves it ready with the readiness decision and the router serves
+// POST /v1/systemone to it.
+func TestRole_SGLangDecisions(t *testing.T) {
+	r := harness.StartStandalone(t, harness.Options{})
+	venv := conformance.FakeVenv(t, t.TempDir(), map[string]string{"sglang": "0.5.22"}, nil)
+	if out, errOut, code := r.CLI("engine", "add", venv, "--yes"); code != 0 {
+		t.Fatalf("engine add: exit %d\n%s%s", code, out, errOut)
+	}
+	spec := `deployment "judge" {
+  engine = "sglang"
+  api    = "decisions"
+  model {
+    path = "judge"
+  }
+}
+`
+	if out, errOut, code := r.Deploy("judge", spec, "--activate", "--wait"); code != 0 {
+		t.Fatalf("deploy: exit %d\n%s%s\nrole:\n%s", code, out, errOut, r.Output())
+	}
+	body := `{"model":"judge","state":"The kettle is boiling.","questions":[{"id":"q","type":"noul","text":"Is the water hot?"}]}`
+	req, err := http.NewRequest(http.MethodPost, r.InferenceURL()+"/v1/systemone", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer "+r.Creds.APIKey)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out := harness.ReadAll(resp); resp.StatusCode != http.StatusOK || !strings.Contains(out, `"probabilities"`) {
+		t.Fatalf("decision through the router: %d %s", resp.StatusCode, out)
+	}
+}
