@@ -4,6 +4,7 @@
 package router
 
 import (
+	"bytes"
 	"encoding/json"
 	"math"
 	"sort"
@@ -202,6 +203,17 @@ func newAggregate() *aggregate { return &aggregate{choices: map[int]*aggChoice{}
 
 // add folds one chunk in.
 func (a *aggregate) add(payload []byte, q *request) {
+	if text, ok := plainContent(payload); ok && len(a.choices) > 0 {
+		if ac := a.choices[0]; ac != nil {
+			ac.content.WriteString(text)
+			ac.hasText = true
+			if text != "" {
+				q.contentN++
+				q.lastContent = time.Now()
+			}
+			return
+		}
+	}
 	var c chunkHead
 	if json.Unmarshal(payload, &c) != nil {
 		return
@@ -366,4 +378,48 @@ func (a *aggregate) json(q *request) []byte {
 	out.CapyCTL = append(capy, '}')
 	b, _ := json.Marshal(out)
 	return append(b, '\n')
+}
+
+var (
+	plainDelta = []byte(`"delta":{"content":"`)
+	slowKeys   = [][]byte{usageKey, timingsKey, []byte(`"tool_calls"`), []byte(`"reasoning`), []byte(`"refusal"`), []byte(`"logprobs":{`), []byte(`"logprobs":[`), finishKey, []byte(`"index":1`)}
+)
+
+// plainContent reads the text of the common chunk whose only choice's
+// delta is {"content":"..."} without decoding the whole chunk; ok is false
+// for any other shape (decoded in full).
+func plainContent(p []byte) (string, bool) {
+	i := bytes.Index(p, plainDelta)
+	if i < 0 || bytes.Count(p, []byte(`"delta":`)) != 1 {
+		return "", false
+	}
+	for _, k := range slowKeys {
+		if bytes.Contains(p, k) {
+			return "", false
+		}
+	}
+	start := i + len(plainDelta)
+	esc := false
+	for j := start; j < len(p); j++ {
+		switch c := p[j]; {
+		case c == '\\':
+			esc = true
+			j++
+		case c == '"':
+			if j+1 >= len(p) || p[j+1] != '}' {
+				return "", false
+			}
+			if !esc {
+				return string(p[start:j]), true
+			}
+			var out string
+			if json.Unmarshal(p[start-1:j+1], &out) != nil {
+				return "", false
+			}
+			return out, true
+		case c < 0x20:
+			return "", false
+		}
+	}
+	return "", false
 }

@@ -61,7 +61,7 @@ func (d *Driver) Park(ctx context.Context, req *pb.ParkRequest) (*pb.ParkRespons
 	if _, err := in.Client.PostJSON(ctx, releasePath, map[string]any{"tags": memoryTags}, nil); err != nil {
 		return nil, sdk.Errorf(sdk.CodeParkFailed, "release memory: %v", err)
 	}
-	in.SetParked(tier)
+	in.MarkParked(tier)
 	return &pb.ParkResponse{Detail: fmt.Sprintf("released %v (%s)", memoryTags, tier)}, nil
 }
 
@@ -111,7 +111,7 @@ func (d *Driver) Wake(ctx context.Context, req *pb.WakeRequest) (*pb.WakeRespons
 	if err != nil {
 		return nil, sdk.Errorf(sdk.CodeWakeFailed, "flush the cache: %v", last)
 	}
-	in.SetParked("")
+	in.MarkParked("")
 	canary, err := wakeCanary(ctx, in)
 	if err != nil {
 		return nil, sdk.Errorf(sdk.CodeWakeFailed, "wake check: %v", err)

@@ -226,7 +226,7 @@ func (d *Driver) Recover(_ context.Context, req *pb.RecoverRequest) (*pb.Recover
 	id := req.GetInstanceId()
 	if in, err := d.reg.Get(id); err == nil {
 		if in.Alive() {
-			return &pb.RecoverResponse{State: pb.RecoverState_RECOVER_STATE_RUNNING, Endpoint: in.Endpoint, Detail: "handle kept by this driver"}, nil
+			return &pb.RecoverResponse{State: pb.RecoverState_RECOVER_STATE_RUNNING, Endpoint: in.Endpoint, Parked: in.Parked() != "", Detail: "handle kept by this driver"}, nil
 		}
 		d.reg.Drop(id)
 		return &pb.RecoverResponse{State: pb.RecoverState_RECOVER_STATE_GONE, Detail: "the engine process is gone"}, nil
@@ -236,8 +236,21 @@ func (d *Driver) Recover(_ context.Context, req *pb.RecoverRequest) (*pb.Recover
 		return &pb.RecoverResponse{State: state, Detail: detail}, nil
 	}
 	in := d.instance(id, req.GetLaunch().GetLaunchId(), launched, int(req.GetLaunch().GetPort()), req.GetEngineKey(), req.GetDeployment(), "")
+	// SGLang has no route that says whether its memory is released: the
+	// launch directory records a completed park, and a park the core saw
+	// complete counts too.
+	tier := pyengine.RecordedPark(launched.LaunchDir)
+	if tier == "" && req.GetRecordedState() == "parked" {
+		if tier = req.GetParkTier(); tier == "" {
+			tier = in.Residency
+		}
+	}
+	if tier != "" && pyengine.Parks(in.Residency) {
+		in.SetParked(tier)
+		detail += "; the engine's memory is released (parked " + tier + ")"
+	}
 	d.reg.Put(in)
-	return &pb.RecoverResponse{State: pb.RecoverState_RECOVER_STATE_RUNNING, Endpoint: in.Endpoint, Detail: detail}, nil
+	return &pb.RecoverResponse{State: pb.RecoverState_RECOVER_STATE_RUNNING, Endpoint: in.Endpoint, Parked: in.Parked() != "", Detail: detail}, nil
 }
 
 // Logs implements sdk.Driver.

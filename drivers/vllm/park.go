@@ -77,7 +77,7 @@ func (d *Driver) Park(ctx context.Context, req *pb.ParkRequest) (*pb.ParkRespons
 	if !asleep {
 		return nil, sdk.Errorf(sdk.CodeParkFailed, "vLLM answered the sleep but /is_sleeping says it is awake")
 	}
-	in.SetParked(tier)
+	in.MarkParked(tier)
 	return &pb.ParkResponse{Detail: fmt.Sprintf("asleep at level %d (%s)", level, tier)}, nil
 }
 
@@ -126,7 +126,7 @@ func (d *Driver) Wake(ctx context.Context, req *pb.WakeRequest) (*pb.WakeRespons
 	if asleep {
 		return nil, sdk.Errorf(sdk.CodeWakeFailed, "vLLM answered every wake step but /is_sleeping still says it sleeps")
 	}
-	in.SetParked("")
+	in.MarkParked("")
 	canary, err := wakeCanary(ctx, in)
 	if err != nil {
 		return nil, sdk.Errorf(sdk.CodeWakeFailed, "wake check: %v", err)

@@ -104,7 +104,7 @@ func (d *Driver) Recover(ctx context.Context, req *pb.RecoverRequest) (*pb.Recov
 	id := req.GetInstanceId()
 	if in, err := d.reg.Get(id); err == nil {
 		if in.Alive() {
-			return &pb.RecoverResponse{State: pb.RecoverState_RECOVER_STATE_RUNNING, Endpoint: in.Endpoint, Detail: "handle kept by this driver"}, nil
+			return &pb.RecoverResponse{State: pb.RecoverState_RECOVER_STATE_RUNNING, Endpoint: in.Endpoint, Parked: in.Parked() != "", Detail: "handle kept by this driver"}, nil
 		}
 		d.reg.Drop(id)
 		return &pb.RecoverResponse{State: pb.RecoverState_RECOVER_STATE_GONE, Detail: "the engine process is gone"}, nil
@@ -116,14 +116,30 @@ func (d *Driver) Recover(ctx context.Context, req *pb.RecoverRequest) (*pb.Recov
 	dep := req.GetDeployment()
 	port := int(req.GetLaunch().GetPort())
 	in := d.instance(id, req.GetLaunch().GetLaunchId(), launched, port, req.GetEngineKey(), dep)
+	parked := false
 	if pyengine.Parks(in.Residency) {
-		if asleep, err := isSleeping(ctx, in); err == nil && asleep {
-			in.SetParked(in.Residency)
-			detail += "; the engine is asleep (parked)"
+		// vLLM says whether it sleeps: that, not the record, decides.
+		asleep, err := isSleeping(ctx, in)
+		switch {
+		case err != nil:
+			return &pb.RecoverResponse{State: pb.RecoverState_RECOVER_STATE_UNCERTAIN, Detail: "the engine runs but does not say whether it sleeps: " + err.Error()}, nil
+		case asleep:
+			tier := req.GetParkTier()
+			if tier == "" {
+				tier = pyengine.RecordedPark(launched.LaunchDir)
+			}
+			if tier == "" {
+				tier = in.Residency
+			}
+			in.MarkParked(tier)
+			parked = true
+			detail += "; the engine is asleep (parked " + tier + ")"
+		default:
+			in.MarkParked("")
 		}
 	}
 	d.reg.Put(in)
-	return &pb.RecoverResponse{State: pb.RecoverState_RECOVER_STATE_RUNNING, Endpoint: in.Endpoint, Detail: detail}, nil
+	return &pb.RecoverResponse{State: pb.RecoverState_RECOVER_STATE_RUNNING, Endpoint: in.Endpoint, Parked: parked, Detail: detail}, nil
 }
 
 // Logs implements sdk.Driver.

@@ -364,7 +364,7 @@ type started struct {
 // start plans and starts a launch.
 func (s *suite) start(t *testing.T, extraEnv map[string]string) *started {
 	t.Helper()
-	st := &started{lctx: s.launchContext(t), dep: s.deployment(), host: s.host(extraEnv), key: "conformance-key-" + fmt.Sprint(time.Now().UnixNano())}
+	st := &started{lctx: s.launchContext(t), dep: s.deployment(), host: s.host(extraEnv), key: "-conformance-key-" + fmt.Sprint(time.Now().UnixNano())} // a leading "-", as one launch key in 64 has
 	ctx, cancel := ctxT()
 	defer cancel()
 	plan, err := s.driver.drv.Plan(ctx, &pb.PlanRequest{Installation: s.inst, Deployment: st.dep, Host: st.host, Launch: st.lctx})
@@ -464,21 +464,28 @@ func (s *suite) testLifecycle(t *testing.T) {
 
 	// park → parked → wake → serve, at each tier the driver has, when the
 	// launch parks.
-	if st.plan.GetResidency() == "deep" || st.plan.GetResidency() == "host_backed" {
-		for _, tier := range s.desc.GetCapabilities().GetParkTiers() {
-			s.parkWake(t, st, ep, tier, canary, readyBytes)
+	tiers := s.desc.GetCapabilities().GetParkTiers()
+	parks := st.plan.GetResidency() == "deep" || st.plan.GetResidency() == "host_backed"
+	if parks {
+		for _, tier := range tiers {
+			s.park(t, st, tier, readyBytes)
+			s.wake(t, st, ep, tier, canary, readyBytes)
+		}
+		// A driver restart while parked: the new driver finds the engine
+		// parked, and wakes it.
+		if len(tiers) > 0 {
+			s.park(t, st, tiers[0], readyBytes)
+			if rec := s.restartAndRecover(t, st, "parked", tiers[0]); !rec.GetParked() {
+				t.Fatalf("Recover of a parked engine: %v, want parked", rec)
+			}
+			s.wake(t, st, ep, tiers[0], canary, readyBytes)
 		}
 	}
 
-	// a driver restart: the engine survives, a new driver re-attaches
-	s.driver.client.Kill()
-	s.driver = launchDriver(s.root, s.tg.Driver(t))
-	ctx, cancel := ctxT()
-	rec, err := s.driver.drv.Recover(ctx, &pb.RecoverRequest{InstanceId: id, Launch: st.launch, Installation: s.inst, Deployment: st.dep,
-		Host: st.host, Context: st.lctx, EngineKey: st.key, AdminKey: st.key + "-admin"})
-	cancel()
-	if err != nil || rec.GetState() != pb.RecoverState_RECOVER_STATE_RUNNING {
-		t.Fatalf("Recover after a driver restart: %v %v", rec, err)
+	// A driver restart while ready: the engine survives, a new driver
+	// re-attaches.
+	if rec := s.restartAndRecover(t, st, "ready", ""); rec.GetParked() {
+		t.Fatalf("Recover of a ready engine says parked: %v", rec)
 	}
 	again := s.probe(t, id, pb.ProbeKind_PROBE_KIND_READINESS)
 	if !again.GetReady() {
@@ -488,7 +495,7 @@ func (s *suite) testLifecycle(t *testing.T) {
 	s.waitIdle(t, id)
 
 	// logs: the engine's output, its key redacted
-	ctx, cancel = ctxT()
+	ctx, cancel := ctxT()
 	logs, err := s.driver.drv.Logs(ctx, &pb.LogsRequest{InstanceId: id, MaxBytes: 64 << 10})
 	cancel()
 	if err != nil || strings.TrimSpace(logs.GetText()) == "" {
@@ -518,12 +525,11 @@ func (s *suite) testLifecycle(t *testing.T) {
 	}
 }
 
-// parkWake parks at a tier, checks the memory, wakes and serves.
-func (s *suite) parkWake(t *testing.T, st *started, ep *pb.Endpoint, tier, canary string, readyBytes int64) {
+// park parks at a tier and checks that the card keeps only a residue.
+func (s *suite) park(t *testing.T, st *started, tier string, readyBytes int64) {
 	t.Helper()
-	id := st.lctx.GetInstanceId()
 	ctx, cancel := ctxT()
-	_, err := s.driver.drv.Park(ctx, &pb.ParkRequest{InstanceId: id, Tier: tier})
+	_, err := s.driver.drv.Park(ctx, &pb.ParkRequest{InstanceId: st.lctx.GetInstanceId(), Tier: tier})
 	cancel()
 	if err != nil {
 		t.Fatalf("Park %s: %v", tier, err)
@@ -534,7 +540,13 @@ func (s *suite) parkWake(t *testing.T, st *started, ep *pb.Endpoint, tier, canar
 			t.Fatalf("parked %s: %d bytes held on the simulated GPU, ready %d: want a residue above 0 and below the ready charge", tier, parked, readyBytes)
 		}
 	}
-	ctx, cancel = ctxT()
+}
+
+// wake wakes from a tier, checks the canary and the memory, and serves.
+func (s *suite) wake(t *testing.T, st *started, ep *pb.Endpoint, tier, canary string, readyBytes int64) {
+	t.Helper()
+	id := st.lctx.GetInstanceId()
+	ctx, cancel := ctxT()
 	woke, err := s.driver.drv.Wake(ctx, &pb.WakeRequest{InstanceId: id, Tier: tier})
 	cancel()
 	if err != nil {
@@ -550,6 +562,23 @@ func (s *suite) parkWake(t *testing.T, st *started, ep *pb.Endpoint, tier, canar
 	}
 	s.serve(t, ep)
 	s.waitIdle(t, id)
+}
+
+// restartAndRecover kills the driver, launches a new one and re-attaches
+// to the launch as the core would after a restart.
+func (s *suite) restartAndRecover(t *testing.T, st *started, recorded, tier string) *pb.RecoverResponse {
+	t.Helper()
+	s.driver.client.Kill()
+	s.driver = launchDriver(s.root, s.tg.Driver(t))
+	ctx, cancel := ctxT()
+	defer cancel()
+	rec, err := s.driver.drv.Recover(ctx, &pb.RecoverRequest{InstanceId: st.lctx.GetInstanceId(), Launch: st.launch, Installation: s.inst,
+		Deployment: st.dep, Host: st.host, Context: st.lctx, EngineKey: st.key, AdminKey: st.key + "-admin",
+		RecordedState: recorded, ParkTier: tier})
+	if err != nil || rec.GetState() != pb.RecoverState_RECOVER_STATE_RUNNING {
+		t.Fatalf("Recover (%s) after a driver restart: %v %v", recorded, rec, err)
+	}
+	return rec
 }
 
 // chatRequest builds a chat request to an endpoint.

@@ -5,7 +5,10 @@ package pyengine
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -130,18 +133,35 @@ func FromLaunch(l *pb.Launch) proc.Launched {
 // Alive reports whether the engine process runs.
 func (in *Instance) Alive() bool { return proc.Alive(in.Launched.Engine) }
 
+// exitRecordWait bounds how long ExitInfo waits for the shim to record
+// the exit of an engine that is already gone.
+const exitRecordWait = 2 * time.Second
+
 // ExitInfo describes a launch whose engine is gone: exit code and the
-// engine's last log lines.
+// engine's last log lines. The shim records the exit a moment after the
+// process dies (and copies its last output): until it has, or is gone
+// itself, the status is read again, for at most two seconds.
 func (in *Instance) ExitInfo(detail string) *pb.ProbeResponse {
-	st, _ := proc.ReadStatus(in.Launched.LaunchDir)
-	code := int32(-1)
-	if st.Exited {
-		code = int32(st.ExitCode)
-	}
 	return &pb.ProbeResponse{
-		Alive: false, Exited: true, ExitCode: code, Code: sdk.CodeLaunchFailed, Detail: detail,
+		Alive: false, Exited: true, ExitCode: int32(exitCode(in.Launched.LaunchDir)), Code: sdk.CodeLaunchFailed, Detail: detail,
 		LastLogLines: proc.LastLines(in.Launched.LaunchDir, lastLogLines),
 	}
+}
+
+// exitCode waits for the launch's recorded exit status; -1 when none comes.
+func exitCode(launchDir string) int {
+	code := -1
+	ctx, cancel := context.WithTimeout(context.Background(), exitRecordWait)
+	defer cancel()
+	_ = engineapi.Poll(ctx, func(context.Context) (bool, error) {
+		st, err := proc.ReadStatus(launchDir)
+		if err == nil && st.Exited {
+			code = st.ExitCode
+			return true, nil
+		}
+		return errors.Is(err, proc.ErrNoStatus), nil
+	})
+	return code
 }
 
 // Liveness answers a LIVENESS probe from the process table.
@@ -334,12 +354,7 @@ func (in *Instance) WaitReady(ctx context.Context, deadline time.Duration, ready
 				if fail != nil {
 					fail()
 				}
-				st, _ := proc.ReadStatus(in.Launched.LaunchDir)
-				code := int32(-1)
-				if st.Exited {
-					code = int32(st.ExitCode)
-				}
-				out = &pb.ProbeResponse{Exited: true, ExitCode: code, Code: sdk.CodeLaunchFailed, Detail: detail, LastLogLines: lines}
+				out = &pb.ProbeResponse{Exited: true, ExitCode: int32(exitCode(in.Launched.LaunchDir)), Code: sdk.CodeLaunchFailed, Detail: detail, LastLogLines: lines}
 				return true, nil
 			}
 		}
@@ -389,4 +404,36 @@ func (in *Instance) ChatReady(prompt string, maxTokens int, extra map[string]any
 		}
 		return true, answer, ""
 	}
+}
+
+// parkedFile in a launch directory records the tier the engine is parked
+// at, so that a restarted driver knows (SGLang has no route that says).
+const parkedFile = "capyctl-parked"
+
+// MarkParked records in the launch directory that the engine is parked at
+// tier ("" clears it), and keeps it on the instance.
+func (in *Instance) MarkParked(tier string) {
+	in.SetParked(tier)
+	p := filepath.Join(in.Launched.LaunchDir, parkedFile)
+	if in.Launched.LaunchDir == "" {
+		return
+	}
+	if tier == "" {
+		_ = os.Remove(p)
+		return
+	}
+	_ = os.WriteFile(p, []byte(tier), 0o600)
+}
+
+// RecordedPark returns the tier a launch directory records the engine
+// parked at, "" when none.
+func RecordedPark(launchDir string) string {
+	if launchDir == "" {
+		return ""
+	}
+	b, err := os.ReadFile(filepath.Join(launchDir, parkedFile))
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(b))
 }

@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/capyctl/capyctl/sdk/flags"
+	"github.com/capyctl/capyctl/sdk/proc"
 	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
 
@@ -235,6 +236,23 @@ func TestShm_Clean(t *testing.T) {
 	for _, p := range []string{older, foreign, held} {
 		if _, err := os.Stat(p); err != nil {
 			t.Errorf("%s was removed: %v", p, err)
+		}
+	}
+}
+
+func TestLogMode(t *testing.T) {
+	cases := []struct {
+		host *pb.HostPolicy
+		want string
+	}{
+		{&pb.HostPolicy{}, proc.LogModeFile},
+		{&pb.HostPolicy{EngineLogs: "file", Retention: "standard"}, proc.LogModeFile},
+		{&pb.HostPolicy{EngineLogs: "memory"}, proc.LogModeMemory},
+		{&pb.HostPolicy{Retention: "zero"}, proc.LogModeMemory},
+	}
+	for _, c := range cases {
+		if got := LogMode(c.host); got != c.want {
+			t.Errorf("LogMode(%v) = %s, want %s", c.host, got, c.want)
 		}
 	}
 }
