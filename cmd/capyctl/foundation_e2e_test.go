@@ -208,6 +208,7 @@ func TestFoundation_KillDriverKeepsServing(t *testing.T) {
 func TestFoundation_KillCoreReattaches(t *testing.T) {
 	r := startWithDemo(t)
 	engine := status(t, r, "demo").Instances[0].PID
+	drivers := harness.DriverPIDs(r.StateDir, "custom")
 	r.Kill9()
 	if !harness.Alive(engine) {
 		t.Fatalf("the engine died with the core")
@@ -216,6 +217,10 @@ func TestFoundation_KillCoreReattaches(t *testing.T) {
 	st := status(t, r, "demo")
 	if st.State != "ready" || st.Instances[0].PID != engine {
 		t.Fatalf("after restart: state %s pid %d, want ready %d\n%s", st.State, st.Instances[0].PID, engine, r.Output())
+	}
+	// The restarted core re-attached to the driver that survived it.
+	if now := harness.DriverPIDs(r.StateDir, "custom"); len(drivers) != 1 || len(now) != 1 || now[0] != drivers[0] {
+		t.Fatalf("driver processes %v before the crash, %v after: not re-attached\n%s", drivers, now, r.Output())
 	}
 	chatOK(t, r, "demo")
 }

@@ -253,6 +253,11 @@ func TestSwitch_KillCoreDuringSwitch(t *testing.T) {
 		t.Fatal(err)
 	}
 	r.Restart()
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("role output:\n%s", r.Output())
+		}
+	})
 	harness.Eventually(t, 60*time.Second, "the restarted core to settle b ready and a parked", func() bool {
 		return deploymentStatus(t, r, "b").Instances[0].State == "ready" &&
 			deploymentStatus(t, r, "a").Instances[0].State == "parked"

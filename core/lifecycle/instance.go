@@ -179,6 +179,8 @@ func (in *instance) transition(to structs.InstanceState, why string, f func(r *s
 	}
 	r := in.rec
 	in.mu.Unlock()
+	// The router sees the change first: routing opens or closes at once.
+	in.m.rebuildRoutes()
 	if err := in.m.cfg.Store.PutInstance(&r); err != nil {
 		in.m.logger.Error("could not store an instance", "instance", in.id, "error", err)
 	}
@@ -191,7 +193,6 @@ func (in *instance) transition(to structs.InstanceState, why string, f func(r *s
 	}
 	in.m.event("instance_"+string(to), in.dep, in.id, payload)
 	in.m.logger.Info("instance transition", "instance", in.id, "from", from, "to", to, "why", why)
-	in.m.rebuildRoutes()
 	return nil
 }
 
@@ -714,6 +715,15 @@ func (in *instance) recover(why string, settle bool) error {
 		return in.unsettled(structs.Errf(structs.CodeUnavailable, "re-attach uncertain: %s", resp.GetDetail()))
 	}
 	ep := toEndpoint(resp.GetEndpoint())
+	if l := resp.GetLaunch(); l != nil && len(l.GetProcesses()) > 0 {
+		// The driver may have found identities the core never recorded.
+		in.update(func(r *structs.InstanceRecord) {
+			if r.Launch != nil {
+				r.Launch.Pgid = int(l.GetPgid())
+				r.Launch.Processes = fromLaunch(l)
+			}
+		})
+	}
 	if settle && resp.GetParked() {
 		// The engine holds its memory released: it is parked, whatever
 		// step the restart interrupted (a park that completed, a wake that

@@ -12,7 +12,6 @@ package lifecycle
 import (
 	"context"
 	"crypto/rand"
-	"encoding/base64"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -553,6 +552,11 @@ func (m *Manager) Activate(ctx context.Context, name string) error {
 	for _, in := range d.instances {
 		if in.state() == structs.StateReady {
 			m.mu.Unlock()
+			// The state changes before the route table is republished:
+			// make sure the table the router reads has the instance.
+			if r := m.Routes().Lookup(firstRoute(d.rec.Spec, name)); r == nil || len(r.Ready) == 0 {
+				m.rebuildRoutes()
+			}
 			return nil
 		}
 	}
@@ -595,6 +599,14 @@ func pickActivationTarget(insts []*instance) *instance {
 		}
 	}
 	return best
+}
+
+// firstRoute returns a deployment's first public name.
+func firstRoute(spec structs.Deployment, name string) string {
+	if len(spec.Routes) > 0 {
+		return spec.Routes[0]
+	}
+	return name
 }
 
 func (m *Manager) runActivation(name string, d *deployment, act *activation, target *instance) {
@@ -818,13 +830,15 @@ func (m *Manager) event(kind, dep, inst string, payload map[string]any) {
 
 // ----------------------------------------------------------------- helpers
 
-// randomKey returns a fresh URL-safe secret.
+// randomKey returns a fresh secret of 256 bits in hex. IMPORTANT: never
+// base64url: a key beginning with "-" reads as an option when an engine
+// turns its config file back into arguments (SGLang does).
 func randomKey() string {
 	b := make([]byte, 32)
 	if _, err := rand.Read(b); err != nil {
 		panic(err)
 	}
-	return base64.RawURLEncoding.EncodeToString(b)
+	return hex.EncodeToString(b)
 }
 
 func randomID() string {

@@ -355,7 +355,7 @@ func (m *Manager) launch(ctx context.Context, d *driverProc, tryReattach bool) e
 				Addr:            rc.Addr.String(),
 				Pid:             rc.Pid,
 				StartTicks:      ticks,
-				ProtocolVersion: rc.ProtocolVersion,
+				ProtocolVersion: client.NegotiatedVersion(),
 				Program:         d.program,
 				UpdatedAt:       time.Now().UTC(),
 			}
@@ -391,9 +391,16 @@ func (m *Manager) reattach(ctx context.Context, d *driverProc, rec *store.Reatta
 		}
 		addr = tcp
 	}
+	// IMPORTANT: a re-attached client negotiates nothing, so it is given
+	// the plugin set of the recorded protocol version directly (with
+	// VersionedPlugins it would know no "driver" plugin).
+	set, ok := sdkplugin.VersionedPlugins(nil)[rec.ProtocolVersion]
+	if !ok {
+		return fmt.Errorf("driver %s speaks protocol %d, which this core does not", d.family, rec.ProtocolVersion)
+	}
 	client := goplugin.NewClient(&goplugin.ClientConfig{
-		HandshakeConfig:  sdkplugin.Handshake,
-		VersionedPlugins: sdkplugin.VersionedPlugins(nil),
+		HandshakeConfig: sdkplugin.Handshake,
+		Plugins:         set,
 		Reattach: &goplugin.ReattachConfig{
 			Protocol:        goplugin.ProtocolGRPC,
 			ProtocolVersion: rec.ProtocolVersion,

@@ -288,7 +288,7 @@ func (d *Driver) Recover(_ context.Context, req *pb.RecoverRequest) (*pb.Recover
 	id := req.GetInstanceId()
 	if h, err := d.get(id); err == nil {
 		if proc.Alive(h.launched.Engine) {
-			return &pb.RecoverResponse{State: pb.RecoverState_RECOVER_STATE_RUNNING, Endpoint: h.endpoint(), Detail: "handle kept by this driver"}, nil
+			return &pb.RecoverResponse{State: pb.RecoverState_RECOVER_STATE_RUNNING, Endpoint: h.endpoint(), Launch: h.launchPB(req.GetLaunch().GetLaunchId()), Detail: "handle kept by this driver"}, nil
 		}
 		return &pb.RecoverResponse{State: pb.RecoverState_RECOVER_STATE_GONE, Detail: "the engine process is gone"}, nil
 	}
@@ -297,6 +297,12 @@ func (d *Driver) Recover(_ context.Context, req *pb.RecoverRequest) (*pb.Recover
 		return &pb.RecoverResponse{State: pb.RecoverState_RECOVER_STATE_GONE, Detail: "no launch recorded"}, nil
 	}
 	launched := fromLaunch(l)
+	if launched.Engine.PID == 0 && l.GetLaunchDir() != "" {
+		// The core died between the spawn and recording the identities.
+		if fromDir, err := proc.ReadLaunched(l.GetLaunchDir()); err == nil {
+			launched = fromDir
+		}
+	}
 	if !proc.Alive(launched.Engine) {
 		if len(proc.GroupPIDs(launched.Pgid)) > 0 && proc.Alive(launched.Shim) {
 			return &pb.RecoverResponse{State: pb.RecoverState_RECOVER_STATE_UNCERTAIN, Detail: "the engine is gone but its group still has processes"}, nil
@@ -312,7 +318,7 @@ func (d *Driver) Recover(_ context.Context, req *pb.RecoverRequest) (*pb.Recover
 		servedName: req.GetDeployment().GetServedName(), api: req.GetDeployment().GetApi(), stopGrace: m.stopGrace(d.stopGrace),
 	}
 	d.put(h)
-	return &pb.RecoverResponse{State: pb.RecoverState_RECOVER_STATE_RUNNING, Endpoint: h.endpoint(), Detail: "re-attached from the recorded launch"}, nil
+	return &pb.RecoverResponse{State: pb.RecoverState_RECOVER_STATE_RUNNING, Endpoint: h.endpoint(), Launch: h.launchPB(l.GetLaunchId()), Detail: "re-attached from the recorded launch"}, nil
 }
 
 // Logs implements sdk.Driver.

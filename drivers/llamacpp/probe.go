@@ -201,7 +201,7 @@ func (d *Driver) Recover(_ context.Context, req *pb.RecoverRequest) (*pb.Recover
 	id := req.GetInstanceId()
 	if h, err := d.get(id); err == nil {
 		if h.Alive() {
-			return &pb.RecoverResponse{State: pb.RecoverState_RECOVER_STATE_RUNNING, Endpoint: h.Endpoint, Detail: "handle kept by this driver"}, nil
+			return &pb.RecoverResponse{State: pb.RecoverState_RECOVER_STATE_RUNNING, Endpoint: h.Endpoint, Launch: h.LaunchPB(), Detail: "handle kept by this driver"}, nil
 		}
 		return &pb.RecoverResponse{State: pb.RecoverState_RECOVER_STATE_GONE, Detail: "the engine process is gone"}, nil
 	}
@@ -212,7 +212,7 @@ func (d *Driver) Recover(_ context.Context, req *pb.RecoverRequest) (*pb.Recover
 	l := req.GetLaunch()
 	h := newHandle(id, l.GetLaunchId(), launched, int(l.GetPort()), req.GetEngineKey(), req.GetDeployment(), nil, d.stopGrace)
 	d.put(h)
-	return &pb.RecoverResponse{State: pb.RecoverState_RECOVER_STATE_RUNNING, Endpoint: h.Endpoint, Detail: detail}, nil
+	return &pb.RecoverResponse{State: pb.RecoverState_RECOVER_STATE_RUNNING, Endpoint: h.Endpoint, Launch: h.LaunchPB(), Detail: detail}, nil
 }
 
 // Logs implements sdk.Driver.

@@ -226,7 +226,7 @@ func (d *Driver) Recover(_ context.Context, req *pb.RecoverRequest) (*pb.Recover
 	id := req.GetInstanceId()
 	if in, err := d.reg.Get(id); err == nil {
 		if in.Alive() {
-			return &pb.RecoverResponse{State: pb.RecoverState_RECOVER_STATE_RUNNING, Endpoint: in.Endpoint, Parked: in.Parked() != "", Detail: "handle kept by this driver"}, nil
+			return &pb.RecoverResponse{State: pb.RecoverState_RECOVER_STATE_RUNNING, Endpoint: in.Endpoint, Launch: in.LaunchPB(), Parked: in.Parked() != "", Detail: "handle kept by this driver"}, nil
 		}
 		d.reg.Drop(id)
 		return &pb.RecoverResponse{State: pb.RecoverState_RECOVER_STATE_GONE, Detail: "the engine process is gone"}, nil
@@ -250,7 +250,7 @@ func (d *Driver) Recover(_ context.Context, req *pb.RecoverRequest) (*pb.Recover
 		detail += "; the engine's memory is released (parked " + tier + ")"
 	}
 	d.reg.Put(in)
-	return &pb.RecoverResponse{State: pb.RecoverState_RECOVER_STATE_RUNNING, Endpoint: in.Endpoint, Parked: in.Parked() != "", Detail: detail}, nil
+	return &pb.RecoverResponse{State: pb.RecoverState_RECOVER_STATE_RUNNING, Endpoint: in.Endpoint, Launch: in.LaunchPB(), Parked: in.Parked() != "", Detail: detail}, nil
 }
 
 // Logs implements sdk.Driver.

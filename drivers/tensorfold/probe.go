@@ -112,7 +112,7 @@ func (d *Driver) Stop(_ context.Context, req *pb.StopRequest) (*pb.StopResponse,
 func (d *Driver) Recover(_ context.Context, req *pb.RecoverRequest) (*pb.RecoverResponse, error) {
 	if in, err := d.reg.Get(req.GetInstanceId()); err == nil {
 		if in.Alive() {
-			return &pb.RecoverResponse{State: pb.RecoverState_RECOVER_STATE_RUNNING, Endpoint: in.Endpoint, Detail: "handle kept by this driver"}, nil
+			return &pb.RecoverResponse{State: pb.RecoverState_RECOVER_STATE_RUNNING, Endpoint: in.Endpoint, Launch: in.LaunchPB(), Detail: "handle kept by this driver"}, nil
 		}
 		return &pb.RecoverResponse{State: pb.RecoverState_RECOVER_STATE_GONE, Detail: "the engine process is gone"}, nil
 	}
@@ -124,7 +124,7 @@ func (d *Driver) Recover(_ context.Context, req *pb.RecoverRequest) (*pb.Recover
 	in := pyengine.NewInstance(req.GetInstanceId(), l.GetLaunchId(), launched, int(l.GetPort()), endpoint(int(l.GetPort()), req.GetDeployment().GetServedName()))
 	in.API, in.ModelDir, in.Residency = req.GetDeployment().GetApi(), req.GetDeployment().GetModelDir(), pyengine.ResidencyRestartOnly
 	d.reg.Put(in)
-	return &pb.RecoverResponse{State: pb.RecoverState_RECOVER_STATE_RUNNING, Endpoint: in.Endpoint, Detail: detail}, nil
+	return &pb.RecoverResponse{State: pb.RecoverState_RECOVER_STATE_RUNNING, Endpoint: in.Endpoint, Launch: in.LaunchPB(), Detail: detail}, nil
 }
 
 // Logs implements sdk.Driver.

@@ -144,9 +144,13 @@ func startShim(exe, dir, program string, payload []byte) (*Launched, error) {
 		return nil, fmt.Errorf("start engine %s: send spec to shim: %w", program, werr)
 	}
 	shimPID := cmd.Process.Pid
-	ticks, err := ReadStartTicks(shimPID)
-	if err != nil {
-		return nil, fmt.Errorf("start engine %s: read shim identity: %w", program, err)
+	ticks := rep.ShimTicks
+	if ticks == 0 {
+		t, err := ReadStartTicks(shimPID)
+		if err != nil {
+			return nil, fmt.Errorf("start engine %s: read shim identity: %w", program, err)
+		}
+		ticks = t
 	}
 	return &Launched{
 		Pgid:      shimPID,

@@ -53,7 +53,10 @@ type shimSpec struct {
 type shimReport struct {
 	EnginePID   int    `json:"engine_pid,omitempty"`
 	EngineTicks uint64 `json:"engine_ticks,omitempty"`
-	Error       string `json:"error,omitempty"`
+	// ShimTicks is the shim's own start time, read by the shim itself so
+	// that Start knows it even when the shim has already exited.
+	ShimTicks uint64 `json:"shim_ticks,omitempty"`
+	Error     string `json:"error,omitempty"`
 }
 
 // MaybeRunShim runs the shim and exits when the process was started as one
@@ -167,8 +170,15 @@ func runShim() int {
 	}
 	pid := cmd.Process.Pid
 	ticks, _ := ReadStartTicks(pid)
+	selfTicks, _ := ReadStartTicks(os.Getpid())
 	s.setStatus(Status{EnginePID: pid, Running: true, ExitCode: -1})
-	report(shimReport{EnginePID: pid, EngineTicks: ticks})
+	// The identities go on disk before anyone learns them: a supervisor
+	// that dies before recording them can still find this launch.
+	writeLaunchedFile(spec.LaunchDir, Launched{
+		Pgid: os.Getpid(), Shim: Identity{PID: os.Getpid(), StartTicks: selfTicks},
+		Engine: Identity{PID: pid, StartTicks: ticks}, LaunchDir: spec.LaunchDir,
+	})
+	report(shimReport{EnginePID: pid, EngineTicks: ticks, ShimTicks: selfTicks})
 
 	go s.serve(ln)
 

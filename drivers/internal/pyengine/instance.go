@@ -289,6 +289,13 @@ func RecoverLaunch(l *pb.Launch) (proc.Launched, pb.RecoverState, string) {
 		return proc.Launched{}, pb.RecoverState_RECOVER_STATE_GONE, "no launch recorded"
 	}
 	launched := FromLaunch(l)
+	if launched.Engine.PID == 0 && l.GetLaunchDir() != "" {
+		// The core died between the spawn and recording the identities:
+		// the shim wrote them in the launch directory.
+		if fromDir, err := proc.ReadLaunched(l.GetLaunchDir()); err == nil {
+			launched = fromDir
+		}
+	}
 	if proc.Alive(launched.Engine) {
 		return launched, pb.RecoverState_RECOVER_STATE_RUNNING, "re-attached from the recorded launch"
 	}

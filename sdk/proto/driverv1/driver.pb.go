@@ -3263,7 +3263,11 @@ type RecoverResponse struct {
 	Detail   string                 `protobuf:"bytes,3,opt,name=detail,proto3" json:"detail,omitempty"`
 	// parked is true when the engine reports its memory released (asleep);
 	// the core then records the instance parked, not ready.
-	Parked        bool `protobuf:"varint,4,opt,name=parked,proto3" json:"parked,omitempty"`
+	Parked bool `protobuf:"varint,4,opt,name=parked,proto3" json:"parked,omitempty"`
+	// launch is the launch as the driver found it (its process identities,
+	// possibly read back from the launch directory when the core never
+	// recorded them); the core records it.
+	Launch        *Launch `protobuf:"bytes,5,opt,name=launch,proto3" json:"launch,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3324,6 +3328,13 @@ func (x *RecoverResponse) GetParked() bool {
 		return x.Parked
 	}
 	return false
+}
+
+func (x *RecoverResponse) GetLaunch() *Launch {
+	if x != nil {
+		return x.Launch
+	}
+	return nil
 }
 
 type LogsRequest struct {
@@ -3726,12 +3737,13 @@ const file_sdk_proto_driverv1_driver_proto_rawDesc = "" +
 	"\tadmin_key\x18\b \x01(\tR\badminKey\x12%\n" +
 	"\x0erecorded_state\x18\t \x01(\tR\rrecordedState\x12\x1b\n" +
 	"\tpark_tier\x18\n" +
-	" \x01(\tR\bparkTier\"\xb1\x01\n" +
+	" \x01(\tR\bparkTier\"\xe4\x01\n" +
 	"\x0fRecoverResponse\x125\n" +
 	"\x05state\x18\x01 \x01(\x0e2\x1f.capyctl.driver.v1.RecoverStateR\x05state\x127\n" +
 	"\bendpoint\x18\x02 \x01(\v2\x1b.capyctl.driver.v1.EndpointR\bendpoint\x12\x16\n" +
 	"\x06detail\x18\x03 \x01(\tR\x06detail\x12\x16\n" +
-	"\x06parked\x18\x04 \x01(\bR\x06parked\"j\n" +
+	"\x06parked\x18\x04 \x01(\bR\x06parked\x121\n" +
+	"\x06launch\x18\x05 \x01(\v2\x19.capyctl.driver.v1.LaunchR\x06launch\"j\n" +
 	"\vLogsRequest\x12\x1f\n" +
 	"\vinstance_id\x18\x01 \x01(\tR\n" +
 	"instanceId\x12\x1b\n" +
@@ -3888,37 +3900,38 @@ var file_sdk_proto_driverv1_driver_proto_depIdxs = []int32{
 	18, // 37: capyctl.driver.v1.RecoverRequest.context:type_name -> capyctl.driver.v1.LaunchContext
 	4,  // 38: capyctl.driver.v1.RecoverResponse.state:type_name -> capyctl.driver.v1.RecoverState
 	27, // 39: capyctl.driver.v1.RecoverResponse.endpoint:type_name -> capyctl.driver.v1.Endpoint
-	5,  // 40: capyctl.driver.v1.Driver.Describe:input_type -> capyctl.driver.v1.DescribeRequest
-	8,  // 41: capyctl.driver.v1.Driver.Detect:input_type -> capyctl.driver.v1.DetectRequest
-	10, // 42: capyctl.driver.v1.Driver.Flags:input_type -> capyctl.driver.v1.FlagsRequest
-	19, // 43: capyctl.driver.v1.Driver.Plan:input_type -> capyctl.driver.v1.PlanRequest
-	24, // 44: capyctl.driver.v1.Driver.Start:input_type -> capyctl.driver.v1.StartRequest
-	29, // 45: capyctl.driver.v1.Driver.Probe:input_type -> capyctl.driver.v1.ProbeRequest
-	31, // 46: capyctl.driver.v1.Driver.Park:input_type -> capyctl.driver.v1.ParkRequest
-	33, // 47: capyctl.driver.v1.Driver.Wake:input_type -> capyctl.driver.v1.WakeRequest
-	35, // 48: capyctl.driver.v1.Driver.Abort:input_type -> capyctl.driver.v1.AbortRequest
-	37, // 49: capyctl.driver.v1.Driver.Load:input_type -> capyctl.driver.v1.LoadRequest
-	39, // 50: capyctl.driver.v1.Driver.Stop:input_type -> capyctl.driver.v1.StopRequest
-	41, // 51: capyctl.driver.v1.Driver.Recover:input_type -> capyctl.driver.v1.RecoverRequest
-	43, // 52: capyctl.driver.v1.Driver.Logs:input_type -> capyctl.driver.v1.LogsRequest
-	6,  // 53: capyctl.driver.v1.Driver.Describe:output_type -> capyctl.driver.v1.DescribeResponse
-	9,  // 54: capyctl.driver.v1.Driver.Detect:output_type -> capyctl.driver.v1.DetectResponse
-	12, // 55: capyctl.driver.v1.Driver.Flags:output_type -> capyctl.driver.v1.FlagsResponse
-	23, // 56: capyctl.driver.v1.Driver.Plan:output_type -> capyctl.driver.v1.PlanResponse
-	28, // 57: capyctl.driver.v1.Driver.Start:output_type -> capyctl.driver.v1.StartResponse
-	30, // 58: capyctl.driver.v1.Driver.Probe:output_type -> capyctl.driver.v1.ProbeResponse
-	32, // 59: capyctl.driver.v1.Driver.Park:output_type -> capyctl.driver.v1.ParkResponse
-	34, // 60: capyctl.driver.v1.Driver.Wake:output_type -> capyctl.driver.v1.WakeResponse
-	36, // 61: capyctl.driver.v1.Driver.Abort:output_type -> capyctl.driver.v1.AbortResponse
-	38, // 62: capyctl.driver.v1.Driver.Load:output_type -> capyctl.driver.v1.LoadResponse
-	40, // 63: capyctl.driver.v1.Driver.Stop:output_type -> capyctl.driver.v1.StopResponse
-	42, // 64: capyctl.driver.v1.Driver.Recover:output_type -> capyctl.driver.v1.RecoverResponse
-	44, // 65: capyctl.driver.v1.Driver.Logs:output_type -> capyctl.driver.v1.LogsResponse
-	53, // [53:66] is the sub-list for method output_type
-	40, // [40:53] is the sub-list for method input_type
-	40, // [40:40] is the sub-list for extension type_name
-	40, // [40:40] is the sub-list for extension extendee
-	0,  // [0:40] is the sub-list for field type_name
+	26, // 40: capyctl.driver.v1.RecoverResponse.launch:type_name -> capyctl.driver.v1.Launch
+	5,  // 41: capyctl.driver.v1.Driver.Describe:input_type -> capyctl.driver.v1.DescribeRequest
+	8,  // 42: capyctl.driver.v1.Driver.Detect:input_type -> capyctl.driver.v1.DetectRequest
+	10, // 43: capyctl.driver.v1.Driver.Flags:input_type -> capyctl.driver.v1.FlagsRequest
+	19, // 44: capyctl.driver.v1.Driver.Plan:input_type -> capyctl.driver.v1.PlanRequest
+	24, // 45: capyctl.driver.v1.Driver.Start:input_type -> capyctl.driver.v1.StartRequest
+	29, // 46: capyctl.driver.v1.Driver.Probe:input_type -> capyctl.driver.v1.ProbeRequest
+	31, // 47: capyctl.driver.v1.Driver.Park:input_type -> capyctl.driver.v1.ParkRequest
+	33, // 48: capyctl.driver.v1.Driver.Wake:input_type -> capyctl.driver.v1.WakeRequest
+	35, // 49: capyctl.driver.v1.Driver.Abort:input_type -> capyctl.driver.v1.AbortRequest
+	37, // 50: capyctl.driver.v1.Driver.Load:input_type -> capyctl.driver.v1.LoadRequest
+	39, // 51: capyctl.driver.v1.Driver.Stop:input_type -> capyctl.driver.v1.StopRequest
+	41, // 52: capyctl.driver.v1.Driver.Recover:input_type -> capyctl.driver.v1.RecoverRequest
+	43, // 53: capyctl.driver.v1.Driver.Logs:input_type -> capyctl.driver.v1.LogsRequest
+	6,  // 54: capyctl.driver.v1.Driver.Describe:output_type -> capyctl.driver.v1.DescribeResponse
+	9,  // 55: capyctl.driver.v1.Driver.Detect:output_type -> capyctl.driver.v1.DetectResponse
+	12, // 56: capyctl.driver.v1.Driver.Flags:output_type -> capyctl.driver.v1.FlagsResponse
+	23, // 57: capyctl.driver.v1.Driver.Plan:output_type -> capyctl.driver.v1.PlanResponse
+	28, // 58: capyctl.driver.v1.Driver.Start:output_type -> capyctl.driver.v1.StartResponse
+	30, // 59: capyctl.driver.v1.Driver.Probe:output_type -> capyctl.driver.v1.ProbeResponse
+	32, // 60: capyctl.driver.v1.Driver.Park:output_type -> capyctl.driver.v1.ParkResponse
+	34, // 61: capyctl.driver.v1.Driver.Wake:output_type -> capyctl.driver.v1.WakeResponse
+	36, // 62: capyctl.driver.v1.Driver.Abort:output_type -> capyctl.driver.v1.AbortResponse
+	38, // 63: capyctl.driver.v1.Driver.Load:output_type -> capyctl.driver.v1.LoadResponse
+	40, // 64: capyctl.driver.v1.Driver.Stop:output_type -> capyctl.driver.v1.StopResponse
+	42, // 65: capyctl.driver.v1.Driver.Recover:output_type -> capyctl.driver.v1.RecoverResponse
+	44, // 66: capyctl.driver.v1.Driver.Logs:output_type -> capyctl.driver.v1.LogsResponse
+	54, // [54:67] is the sub-list for method output_type
+	41, // [41:54] is the sub-list for method input_type
+	41, // [41:41] is the sub-list for extension type_name
+	41, // [41:41] is the sub-list for extension extendee
+	0,  // [0:41] is the sub-list for field type_name
 }
 
 func init() { file_sdk_proto_driverv1_driver_proto_init() }
