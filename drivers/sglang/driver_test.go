@@ -304,3 +304,28 @@ func TestDescribeAndFlags(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+func TestEngineKey(t *testing.T) {
+	// SGLang re-parses its --config values as command-line tokens: a key
+	// that starts with "-" would read as a missing argument.
+	for in, want := range map[string]string{"abc": "abc", "-abc": "k-abc", "": ""} {
+		if got := engineKey(in); got != want {
+			t.Errorf("engineKey(%q) = %q, want %q", in, got, want)
+		}
+	}
+	ep := endpoint(1, "-abc", &pb.Deployment{ServedName: "m"}, 1)
+	if ep.GetAuthValue() != "Bearer k-abc" {
+		t.Fatalf("endpoint auth %q", ep.GetAuthValue())
+	}
+	dir := t.TempDir()
+	if err := writeConfig(dir, "-abc"); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(filepath.Join(dir, configFile))
+	if err != nil || !strings.Contains(string(b), `api-key: "k-abc"`) {
+		t.Fatalf("config %q, %v", b, err)
+	}
+	if fi, _ := os.Stat(filepath.Join(dir, configFile)); fi.Mode().Perm() != 0o600 {
+		t.Fatalf("config mode %v", fi.Mode())
+	}
+}

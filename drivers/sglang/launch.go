@@ -193,8 +193,22 @@ func (d *Driver) Plan(_ context.Context, req *pb.PlanRequest) (*pb.PlanResponse,
 	return resp, nil
 }
 
+// engineKey is the key SGLang is given for a launch key. IMPORTANT: SGLang
+// turns its --config file into command-line tokens ("--api-key", value) and
+// parses them again, so a value that starts with "-" reads as a missing
+// argument and the launch fails; launch keys are base64url and one in 64
+// starts with "-". Such a key gets a letter in front, the same way every
+// time, so that a re-attached driver derives the same key.
+func engineKey(key string) string {
+	if strings.HasPrefix(key, "-") {
+		return "k" + key
+	}
+	return key
+}
+
 // endpoint is how the router reaches an instance.
 func endpoint(port int, key string, dep *pb.Deployment, workers int64) *pb.Endpoint {
+	key = engineKey(key)
 	ep := &pb.Endpoint{
 		BaseUrl:        pyengine.BaseURL(port),
 		ChatPath:       chatPath,
@@ -236,7 +250,7 @@ func writeConfig(launchDir, key string) error {
 	var b strings.Builder
 	b.WriteString("# written by CapyCTL for one launch; removed once the engine is ready\n")
 	if key != "" {
-		b.WriteString("api-key: " + strconv.Quote(key) + "\n")
+		b.WriteString("api-key: " + strconv.Quote(engineKey(key)) + "\n")
 	}
 	if err := os.MkdirAll(launchDir, 0o700); err != nil {
 		return err
@@ -275,7 +289,7 @@ func (d *Driver) Start(_ context.Context, req *pb.StartRequest) (*pb.StartRespon
 	_ = shm(lctx.GetLaunchDir()).RecordBefore()
 	launched, err := pyengine.StartLaunch(pyengine.LaunchOptions{
 		Plan: req.GetPlan(), Host: req.GetHost(), Launch: lctx,
-		Secrets: []string{req.GetEngineKey(), req.GetAdminKey()},
+		Secrets: []string{engineKey(req.GetEngineKey()), req.GetEngineKey(), req.GetAdminKey()},
 	})
 	if err != nil {
 		removeConfig(lctx.GetLaunchDir())

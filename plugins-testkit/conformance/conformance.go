@@ -364,7 +364,7 @@ type started struct {
 // start plans and starts a launch.
 func (s *suite) start(t *testing.T, extraEnv map[string]string) *started {
 	t.Helper()
-	st := &started{lctx: s.launchContext(t), dep: s.deployment(), host: s.host(extraEnv), key: "conformance-key-" + fmt.Sprint(time.Now().UnixNano())}
+	st := &started{lctx: s.launchContext(t), dep: s.deployment(), host: s.host(extraEnv), key: "-conformance-key-" + fmt.Sprint(time.Now().UnixNano())} // a leading "-", as one launch key in 64 has
 	ctx, cancel := ctxT()
 	defer cancel()
 	plan, err := s.driver.drv.Plan(ctx, &pb.PlanRequest{Installation: s.inst, Deployment: st.dep, Host: st.host, Launch: st.lctx})
