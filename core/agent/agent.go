@@ -74,6 +74,10 @@ type Settings struct {
 	// RequestLedger keeps the request records (zero: the store's defaults;
 	// MaxRecords < 0 turns the ledger off).
 	RequestLedger store.RequestWriterOptions
+	// ReadyIdle and ParkedIdle are the role's default idle timers for
+	// deployments that set none (lifecycle_defaults.*; 0 = off).
+	ReadyIdle  time.Duration
+	ParkedIdle time.Duration
 	// HostEnv is added to every engine's environment.
 	HostEnv map[string]string
 	// GPU selects the GPU inventory (gpu.provider and the simulated
@@ -224,6 +228,9 @@ func New(s Settings, logger hclog.Logger) (*Agent, error) {
 		Host:    lifecycle.Host{Name: s.Hostname, StateDir: s.StateDir, ModelsRoot: s.ModelsRoot, Policy: policy},
 		Placer:  a.Placer,
 		Logger:  logger,
+		// The role's defaults for deployments that set no idle timers.
+		ReadyIdleTimeout:  s.ReadyIdle,
+		ParkedIdleTimeout: s.ParkedIdle,
 	})
 	a.Lifecycle = lc
 	a.Engines = engines.New(st, a.Plugins, lc)

@@ -325,7 +325,7 @@ func TestManager_RecoverParkedAfterRestart(t *testing.T) {
 	}
 	f.m.Close()
 	m2 := New(f.cfg)
-	m2.SetRequests(f.reqs)
+	m2.SetRequestTracker(f.reqs)
 	if err := m2.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}

@@ -5,7 +5,6 @@ package lifecycle
 
 import (
 	"context"
-	"sync"
 	"time"
 
 	"github.com/capyctl/capyctl/core/structs"
@@ -32,6 +31,8 @@ type RequestTracker interface {
 	// generation has ended (stopped, restarted, exited): every cut request
 	// it held is settled.
 	InstanceStopped(instanceID string, generation uint64)
+	// Waiting returns the number of requests queued for a deployment.
+	Waiting(deployment string) int
 }
 
 // InstanceRequests are the router's counts for one instance.
@@ -44,20 +45,18 @@ type InstanceRequests struct {
 	SettleAtStop int
 }
 
-// trackers holds the RequestTracker given to each Manager.
-// IMPORTANT: a side table only because the Manager's struct is edited
-// elsewhere; it moves into Manager when the lifecycle wires it.
-var trackers sync.Map // *Manager -> RequestTracker
-
 // SetRequestTracker gives the lifecycle the router's request counts.
-func (m *Manager) SetRequestTracker(t RequestTracker) { trackers.Store(m, t) }
+func (m *Manager) SetRequestTracker(t RequestTracker) {
+	m.requests.mu.Lock()
+	m.requests.t = t
+	m.requests.mu.Unlock()
+}
 
 // RequestTracker returns the tracker set with SetRequestTracker, or nil.
 func (m *Manager) RequestTracker() RequestTracker {
-	if v, ok := trackers.Load(m); ok {
-		return v.(RequestTracker)
-	}
-	return nil
+	m.requests.mu.RLock()
+	defer m.requests.mu.RUnlock()
+	return m.requests.t
 }
 
 // instanceByID finds an instance by its ID ("<deployment>/<index>").

@@ -196,16 +196,12 @@ type fakeRequests struct {
 func newFakeRequests() *fakeRequests {
 	return &fakeRequests{active: map[string]int{}, waiting: map[string]int{}, atStop: map[string]int{}}
 }
-func (f *fakeRequests) Active(i string) int {
+func (f *fakeRequests) Requests(i string) InstanceRequests {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return f.active[i]
+	return InstanceRequests{InFlight: f.active[i], SettleAtStop: f.atStop[i]}
 }
-func (f *fakeRequests) SettleAtStop(i string) int {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.atStop[i]
-}
+func (f *fakeRequests) InstanceStopped(string, uint64) {}
 func (f *fakeRequests) Waiting(d string) int {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -270,7 +266,7 @@ func newFixture(t *testing.T, capacity, ready, parked int, mutate ...func(*Confi
 		mu(&f.cfg)
 	}
 	f.m = New(f.cfg)
-	f.m.SetRequests(f.reqs)
+	f.m.SetRequestTracker(f.reqs)
 	if err := f.m.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}

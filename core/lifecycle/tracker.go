@@ -8,49 +8,56 @@ import (
 	"time"
 )
 
-// Requests is the router's view of the requests of instances and
-// deployments. The lifecycle asks it before draining, parking or choosing a
-// victim; it never waits on the router's locks for long.
-type Requests interface {
+// requestView is what the lifecycle reads of the router's request counts
+// before it drains, parks, switches or idles an instance; it never waits
+// on the router's locks for long.
+type requestView interface {
 	// Active is the number of requests admitted to an instance that the
 	// engine may still be working on: in flight, or cut and waiting to
-	// settle on the engine's idle reading.
+	// settle on the engine's idle reading or the end of an abort.
 	Active(instance string) int
 	// SettleAtStop is the number of cut requests of an instance that settle
-	// only when the engine stops (cut before the engine answered anything):
-	// such an instance stops instead of parking.
+	// only when the engine stops: such an instance stops instead of parking.
 	SettleAtStop(instance string) int
 	// Waiting is the number of requests queued for a deployment.
 	Waiting(deployment string) int
 }
 
-// noRequests is the Requests of a lifecycle without a router (tests).
+// noRequests is the view of a lifecycle without a router (tests).
 type noRequests struct{}
 
 func (noRequests) Active(string) int       { return 0 }
 func (noRequests) SettleAtStop(string) int { return 0 }
 func (noRequests) Waiting(string) int      { return 0 }
 
+// trackerView reads a RequestTracker.
+type trackerView struct{ t RequestTracker }
+
+func (v trackerView) Active(i string) int       { return v.t.Requests(i).InFlight }
+func (v trackerView) SettleAtStop(i string) int { return v.t.Requests(i).SettleAtStop }
+func (v trackerView) Waiting(d string) int      { return v.t.Waiting(d) }
+
 // requestsHolder lets the router be plugged in after the lifecycle exists.
 type requestsHolder struct {
 	mu sync.RWMutex
-	r  Requests
+	t  RequestTracker
 }
 
-func (h *requestsHolder) get() Requests {
+func (h *requestsHolder) get() requestView {
 	h.mu.RLock()
 	defer h.mu.RUnlock()
-	if h.r == nil {
+	if h.t == nil {
 		return noRequests{}
 	}
-	return h.r
+	return trackerView{h.t}
 }
 
-// SetRequests plugs in the router's view of requests.
-func (m *Manager) SetRequests(r Requests) {
-	m.requests.mu.Lock()
-	m.requests.r = r
-	m.requests.mu.Unlock()
+// stopped tells the router that an instance's launch ended (every cut
+// request it held is settled).
+func (m *Manager) stopped(instance string, generation uint64) {
+	if t := m.RequestTracker(); t != nil {
+		t.InstanceStopped(instance, generation)
+	}
 }
 
 // Touch records that a request used an instance (least-recently-used

@@ -39,6 +39,8 @@ type fakeLC struct {
 
 func (f *fakeLC) Routes() *lifecycle.RouteTable { return f.table.Load() }
 
+func (f *fakeLC) Touch(string) {}
+
 func (f *fakeLC) Activate(ctx context.Context, dep string) error {
 	f.acts.Add(1)
 	f.mu.Lock()

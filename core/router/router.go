@@ -55,6 +55,8 @@ const (
 type Lifecycle interface {
 	Routes() *lifecycle.RouteTable
 	Activate(ctx context.Context, deployment string) error
+	// Touch records that a request used an instance (an atomic store).
+	Touch(instance string)
 }
 
 // Requests is what the router asks of the lifecycle off the hot path (see

@@ -387,6 +387,8 @@ func (q *request) admit() bool {
 		}
 		q.place = place
 		if q.target = q.targetFor(place); q.target != nil {
+			// Least recently used victims and idle timers read it.
+			q.rt.lc.Touch(q.target.Instance)
 			return true
 		}
 		// The instance left the ready set between the grant and now.

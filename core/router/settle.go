@@ -137,6 +137,16 @@ func (rt *Router) InstanceStopped(instanceID string, generation uint64) {
 	}
 }
 
+// Waiting implements lifecycle.RequestTracker: the requests queued for a
+// deployment (a model with waiters is never a switch's victim).
+func (rt *Router) Waiting(deployment string) int {
+	d := rt.adm.Lookup(deployment)
+	if d == nil {
+		return 0
+	}
+	return d.Counts().Waiting
+}
+
 var _ lifecycle.RequestTracker = (*Router)(nil)
 
 // deploymentOf is the deployment of an instance ID ("<deployment>/<index>").

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/capyctl/capyctl/sdk"
+	"github.com/capyctl/capyctl/sdk/decisions"
 	"github.com/capyctl/capyctl/sdk/engineapi"
 	"github.com/capyctl/capyctl/sdk/proc"
 	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
@@ -178,7 +179,21 @@ func (h *handle) readyOnce(ctx context.Context, c *engineapi.EngineClient) (bool
 	if err != nil || !found {
 		return false, "", "waiting for " + h.servedName + " in " + h.manifest.ModelsPath
 	}
-	if h.api != "chat" && h.manifest.API != "chat" {
+	if h.api == "decisions" || (h.api == "" && h.manifest.API == "decisions") {
+		// A decision model is proven ready by the fixed readiness decision,
+		// answered with a complete set of probabilities; never a chat.
+		req := decisions.ReadinessRequest(h.servedName)
+		var resp decisions.Response
+		status, err := c.PostJSON(rctx, h.manifest.DecisionsPath, req, &resp)
+		if err != nil {
+			return false, "", fmt.Sprintf("waiting for the readiness decision: %v", err)
+		}
+		if status != http.StatusOK {
+			return false, "", fmt.Sprintf("the readiness decision answered %d", status)
+		}
+		if err := decisions.Check(req, &resp); err != nil {
+			return false, "", "the readiness decision is incomplete: " + err.Error()
+		}
 		return true, "", ""
 	}
 	answer, err := engineapi.ChatProbe(rctx, c, h.manifest.ChatPath, h.servedName, canaryPrompt, 8)

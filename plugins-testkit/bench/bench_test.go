@@ -36,6 +36,7 @@ type lc struct{ t *lifecycle.RouteTable }
 
 func (l *lc) Routes() *lifecycle.RouteTable                       { return l.t }
 func (l *lc) Activate(context.Context, string) error              { return nil }
+func (l *lc) Touch(string)                                        {}
 func (l *lc) Abort(context.Context, string, string) (bool, error) { return false, nil }
 func (l *lc) Load(context.Context, string) (lifecycle.InstanceLoad, error) {
 	return lifecycle.InstanceLoad{Known: true}, nil

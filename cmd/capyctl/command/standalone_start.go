@@ -17,6 +17,7 @@ import (
 	"github.com/capyctl/capyctl/core/agent"
 	"github.com/capyctl/capyctl/core/api/wire"
 	"github.com/capyctl/capyctl/core/config"
+	"github.com/capyctl/capyctl/core/store"
 	"github.com/capyctl/capyctl/core/structs"
 	"github.com/capyctl/capyctl/core/version"
 )
@@ -175,8 +176,22 @@ func settingsFromConfig(cfg *config.Config) agent.Settings {
 			Provider: cfg.GPU.Provider, SimState: cfg.GPU.SimState, SimDevices: cfg.GPU.SimDevices,
 			SimDeviceMemory: int64(cfg.GPU.SimDeviceMemory), SimUnified: cfg.GPU.SimUnified,
 		},
-		Memory: cfg.Memory,
+		Memory:          cfg.Memory,
+		MaxWaitingTotal: cfg.Limits.MaxWaitingTotal,
+		MaxWaitingBytes: int64(cfg.Limits.MaxWaitingBytes),
+		RequestLedger:   requestLedger(cfg.RequestLedger),
+		ReadyIdle:       cfg.LifecycleDefaults.ReadyIdleTimeout.D(),
+		ParkedIdle:      cfg.LifecycleDefaults.ParkedIdleTimeout.D(),
 	}
+}
+
+// requestLedger turns request_ledger.* into the writer's options: disabled
+// (or no records or no time kept) keeps nothing.
+func requestLedger(rl config.RequestLedger) store.RequestWriterOptions {
+	if !rl.Enabled || rl.MaxRecords == 0 || rl.Retention == 0 {
+		return store.RequestWriterOptions{MaxRecords: -1}
+	}
+	return store.RequestWriterOptions{MaxRecords: rl.MaxRecords, MaxAge: rl.Retention.D()}
 }
 
 // Run implements cli.Command.
