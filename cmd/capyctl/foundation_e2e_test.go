@@ -304,6 +304,24 @@ func TestFoundation_DevServesAndLeavesNothing(t *testing.T) {
 	if len(harness.EnginePIDs(state)) == 0 {
 		t.Fatalf("no engine process found under %s", state)
 	}
+	// The two switching models: each request wakes its model and parks the
+	// other to make room on the simulated card.
+	for _, model := range []string{"chat-a", "chat-b", "chat-a"} {
+		req, _ := http.NewRequest(http.MethodPost, endpoint+"/chat/completions", strings.NewReader(harness.ChatBody(model, false, "Hello")))
+		req.Header.Set("Authorization", "Bearer "+key)
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if body := harness.ReadAll(resp); resp.StatusCode != 200 {
+			t.Fatalf("dev request for %s: %d %s", model, resp.StatusCode, body)
+		}
+	}
+	out, errOut, code := harness.RunCLI(t, bin, []string{"status", "deployment", "chat-b", "--json", "--state-dir", state}, nil)
+	if code != 0 || !strings.Contains(out, `"state":"parked"`) {
+		t.Fatalf("chat-b after chat-a's request: exit %d %s %s", code, out, errOut)
+	}
 	if err := cmd.Process.Signal(os.Interrupt); err != nil {
 		t.Fatal(err)
 	}
