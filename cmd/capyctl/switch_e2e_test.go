@@ -151,6 +151,10 @@ func TestSwitch_AlternatingRequestsParkTheOther(t *testing.T) {
 			}
 			ledgerWithinLimits(t, r)
 			if round == 0 && name == "a" {
+				// The Qwen3-shaped model gets its family's parsers.
+				if out, _, _ := r.CLI("status", "deployment", "a"); !strings.Contains(out, "Parsers: tool calls hermes, reasoning qwen3 (model_family)") {
+					t.Fatalf("status has no Parsers line:\n%s", out)
+				}
 				continue
 			}
 			o := deploymentStatus(t, r, other[name]).Instances[0]
