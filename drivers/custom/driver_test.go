@@ -13,7 +13,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/capyctl/capyctl/drivers/internal/pyengine"
+	"github.com/capyctl/capyctl/drivers/internal/engine"
 	"github.com/capyctl/capyctl/plugins-testkit/harness"
 	"github.com/capyctl/capyctl/sdk"
 	"github.com/capyctl/capyctl/sdk/proc"
@@ -87,7 +87,7 @@ func TestPlan_Golden(t *testing.T) {
 				t.Fatal(err)
 			}
 			h := resp.GetHints()
-			got := pyengine.RenderPlan(resp, map[string]string{inst.GetPath(): "<fake-engine>"}) +
+			got := engine.RenderPlan(resp, map[string]string{inst.GetPath(): "<fake-engine>"}) +
 				fmt.Sprintf("declared: ready_device=%d ready_host=%d startup_device=%d\n", h.GetReadyDeviceBytes(), h.GetReadyHostBytes(), h.GetStartupDeviceBytes())
 			golden(t, c.name, got)
 		})

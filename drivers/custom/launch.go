@@ -7,17 +7,13 @@ import (
 	"context"
 	"fmt"
 	"path"
-	"sort"
 	"strconv"
 	"strings"
 
+	"github.com/capyctl/capyctl/drivers/internal/engine"
 	"github.com/capyctl/capyctl/sdk"
-	"github.com/capyctl/capyctl/sdk/proc"
 	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
-
-// closedPath is the PATH every custom engine gets.
-const closedPath = "/usr/local/bin:/usr/bin:/bin"
 
 // Plan implements sdk.Driver: it validates the deployment against the
 // manifest and renders argv and env (no secrets).
@@ -27,7 +23,7 @@ func (d *Driver) Plan(_ context.Context, req *pb.PlanRequest) (*pb.PlanResponse,
 	if err != nil {
 		return nil, err
 	}
-	resp := &pb.PlanResponse{Residency: "restart_only", StartupTimeoutMs: m.startupTimeout().Milliseconds()}
+	resp := &pb.PlanResponse{Residency: engine.ResidencyRestartOnly, StartupTimeoutMs: m.startupTimeout().Milliseconds()}
 	refuse := func(code, field, format string, args ...any) {
 		resp.Refusals = append(resp.Refusals, &pb.Refusal{Code: code, Field: field, Message: fmt.Sprintf(format, args...)})
 	}
@@ -82,27 +78,18 @@ func (d *Driver) Plan(_ context.Context, req *pb.PlanRequest) (*pb.PlanResponse,
 		argv = append(argv, repl.Replace(a))
 	}
 	argv = append(argv, dep.GetExtraArgs()...)
-	env := map[string]string{
-		"PATH": closedPath,
-		"LANG": "C.UTF-8",
-	}
+	env := engine.NewEnv(engine.SystemPath)
 	if lctx.GetLaunchDir() != "" {
 		env["HOME"] = lctx.GetLaunchDir()
 	}
-	if host.GetEngineTelemetry() != "allow" {
-		env["DO_NOT_TRACK"] = "1"
-	}
-	for k, v := range host.GetHostEnv() {
-		env[k] = v
-	}
+	env.NoTelemetry(host)
+	env.Merge(host.GetHostEnv())
 	for k, v := range m.Env {
 		if !strings.Contains(v, "{{engine_key}}") {
 			env[k] = repl.Replace(v)
 		}
 	}
-	for k, v := range dep.GetEnv() {
-		env[k] = v
-	}
+	env.Merge(dep.GetEnv())
 	resp.Argv = argv
 	resp.Env = env
 	resp.Workdir = lctx.GetLaunchDir()
@@ -130,68 +117,32 @@ func secretEnv(m *Manifest, key string) map[string]string {
 	return out
 }
 
-// Start implements sdk.Driver.
+// Start implements sdk.Driver: the registered program must be what runs;
+// the key reaches it through the manifest's key_env and env values.
 func (d *Driver) Start(_ context.Context, req *pb.StartRequest) (*pb.StartResponse, error) {
-	inst, dep, host, lctx, plan := req.GetInstallation(), req.GetDeployment(), req.GetHost(), req.GetLaunch(), req.GetPlan()
+	inst, dep, lctx := req.GetInstallation(), req.GetDeployment(), req.GetLaunch()
 	m, err := manifestFromDetails(inst.GetDetails())
 	if err != nil {
 		return nil, err
 	}
-	if lctx.GetPort() <= 0 || lctx.GetLaunchDir() == "" {
-		return nil, sdk.Errorf(sdk.CodeLaunchFailed, "start needs a leased port and a launch directory")
-	}
 	// IMPORTANT: the pinned installation must be what runs.
-	digest, err := fileDigest(inst.GetPath())
+	digest, err := engine.FileDigest(inst.GetPath())
 	if err != nil {
 		return nil, sdk.Errorf(sdk.CodeEngineNotFound, "program %s: %v", inst.GetPath(), err)
 	}
 	if inst.GetDigest() != "" && digest != inst.GetDigest() {
-		return nil, sdk.Errorf("installation_drift",
+		return nil, sdk.Errorf(engine.CodeInstallationDrift,
 			"program %s changed since it was registered (pinned %s, now %s); register it again with capyctl engine add --custom", inst.GetPath(), inst.GetDigest(), digest)
 	}
-	if !proc.PortFree(int(lctx.GetPort())) {
-		return nil, sdk.Errorf("port_conflict", "another process listens on the leased port %d", lctx.GetPort())
-	}
-	env := map[string]string{}
-	for k, v := range plan.GetEnv() {
-		env[k] = v
-	}
-	secrets := []string{req.GetEngineKey(), req.GetAdminKey()}
-	for k, v := range secretEnv(m, req.GetEngineKey()) {
-		env[k] = v
-	}
-	logMode := proc.LogModeFile
-	if host.GetEngineLogs() == "memory" || host.GetRetention() == "zero" {
-		logMode = proc.LogModeMemory
-	}
-	launched, err := proc.Start(proc.LaunchSpec{
-		Argv:        plan.GetArgv(),
-		Env:         env,
-		Dir:         plan.GetWorkdir(),
-		LaunchDir:   lctx.GetLaunchDir(),
-		LogMode:     logMode,
-		Secrets:     nonEmpty(secrets),
-		NoCoreDumps: host.GetRetention() == "zero",
+	launched, err := engine.StartLaunch(engine.LaunchOptions{
+		Plan: req.GetPlan(), Host: req.GetHost(), Launch: lctx, SecretEnv: secretEnv(m, req.GetEngineKey()),
+		Secrets: []string{req.GetEngineKey(), req.GetAdminKey()}, Program: path.Base(inst.GetPath()),
 	})
 	if err != nil {
-		return nil, sdk.Errorf(sdk.CodeLaunchFailed, "launch %s: %v", path.Base(inst.GetPath()), err)
+		return nil, err
 	}
-	h := &handle{
-		id: lctx.GetInstanceId(), launched: *launched, port: int(lctx.GetPort()), key: req.GetEngineKey(),
-		manifest: m, servedName: dep.GetServedName(), api: dep.GetApi(), stopGrace: m.stopGrace(d.stopGrace),
-	}
-	d.put(h)
-	return &pb.StartResponse{Launch: h.launchPB(lctx.GetLaunchId()), Endpoint: h.endpoint()}, nil
-}
-
-func nonEmpty(xs []string) []string {
-	var out []string
-	for _, x := range xs {
-		if x != "" {
-			out = append(out, x)
-		}
-	}
-	return out
+	h := newHandle(lctx.GetInstanceId(), lctx.GetLaunchId(), *launched, int(lctx.GetPort()), req.GetEngineKey(), m, dep, d.stopGrace)
+	return d.reg.Started(h), nil
 }
 
 // globMatch reports whether name matches one of the glob patterns.
@@ -203,14 +154,3 @@ func globMatch(patterns []string, name string) bool {
 	}
 	return false
 }
-
-func sortedKeys(m map[string]string) []string {
-	out := make([]string, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	sort.Strings(out)
-	return out
-}
-
-var _ = sortedKeys

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/capyctl/capyctl/drivers/internal/engine"
 	"github.com/capyctl/capyctl/drivers/internal/pyengine"
 	"github.com/capyctl/capyctl/sdk"
 	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
@@ -138,7 +139,7 @@ func TestPlan_Golden(t *testing.T) {
 			if len(resp.GetRefusals()) > 0 {
 				t.Fatalf("refused: %v", resp.GetRefusals())
 			}
-			got := pyengine.RenderPlan(resp, map[string]string{f.root: "<tmp>"})
+			got := engine.RenderPlan(resp, map[string]string{f.root: "<tmp>"})
 			golden := filepath.Join("testdata", c.name+".golden")
 			if *update {
 				if err := os.WriteFile(golden, []byte(got), 0o644); err != nil {
@@ -276,7 +277,7 @@ func TestDetect(t *testing.T) {
 		{name: "0.5.20 post", path: mk("b", map[string]string{"sglang": "0.5.20.post1"}), wantVersion: "0.5.20.post1", wantVerified: true},
 		{name: "0.5.23 custom", path: mk("c", map[string]string{"sglang": "0.5.23"}), wantVersion: "0.5.23"},
 		{name: "0.5.2 custom", path: mk("d", map[string]string{"sglang": "0.5.2"}), wantVersion: "0.5.2"},
-		{name: "a vllm venv", path: mk("e", map[string]string{"vllm": "0.31.0"}), wantCode: pyengine.CodeEngineUnsupported},
+		{name: "a vllm venv", path: mk("e", map[string]string{"vllm": "0.31.0"}), wantCode: engine.CodeEngineUnsupported},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

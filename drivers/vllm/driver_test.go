@@ -11,6 +11,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/capyctl/capyctl/drivers/internal/engine"
 	"github.com/capyctl/capyctl/drivers/internal/pyengine"
 	"github.com/capyctl/capyctl/sdk"
 	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
@@ -135,7 +136,7 @@ func TestPlan_Golden(t *testing.T) {
 			if len(resp.GetRefusals()) > 0 {
 				t.Fatalf("refused: %v", resp.GetRefusals())
 			}
-			got := pyengine.RenderPlan(resp, map[string]string{f.root: "<tmp>"})
+			got := engine.RenderPlan(resp, map[string]string{f.root: "<tmp>"})
 			golden := filepath.Join("testdata", c.name+".golden")
 			if *update {
 				if err := os.WriteFile(golden, []byte(got), 0o644); err != nil {
@@ -288,8 +289,8 @@ func TestDetect(t *testing.T) {
 		{name: "post release", path: post, wantVersion: "0.32.1.post1", wantVerified: true},
 		{name: "newer runs as custom", path: newer, wantVersion: "0.33.0"},
 		{name: "older runs as custom", path: older, wantVersion: "0.28.2"},
-		{name: "another family", path: sglang, wantCode: pyengine.CodeEngineUnsupported},
-		{name: "not a venv", path: notVenv, wantCode: pyengine.CodeEngineUnsupported},
+		{name: "another family", path: sglang, wantCode: engine.CodeEngineUnsupported},
+		{name: "not a venv", path: notVenv, wantCode: engine.CodeEngineUnsupported},
 		{name: "missing", path: filepath.Join(dir, "nope"), wantCode: sdk.CodeEngineNotFound},
 	}
 	for _, c := range cases {
@@ -319,7 +320,7 @@ func TestDetect(t *testing.T) {
 	if a.GetDigest() == b.GetDigest() {
 		t.Fatal("the digest did not change when a package was installed")
 	}
-	if _, err := pyengine.CheckPinned(verified, a.GetDigest()); sdk.CodeOf(err) != pyengine.CodeInstallationDrift {
+	if _, err := pyengine.CheckPinned(verified, a.GetDigest()); sdk.CodeOf(err) != engine.CodeInstallationDrift {
 		t.Fatalf("CheckPinned after a change: %v", err)
 	}
 }

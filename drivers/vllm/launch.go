@@ -7,6 +7,7 @@ import (
 	"context"
 	"strconv"
 
+	"github.com/capyctl/capyctl/drivers/internal/engine"
 	"github.com/capyctl/capyctl/drivers/internal/pyengine"
 	"github.com/capyctl/capyctl/sdk"
 	"github.com/capyctl/capyctl/sdk/formats"
@@ -19,16 +20,16 @@ func residency(dep *pb.Deployment) string {
 	if r := dep.GetResidency(); r != "" {
 		return r
 	}
-	return pyengine.ResidencyDeep
+	return engine.ResidencyDeep
 }
 
 // Plan implements sdk.Driver: it checks the deployment (refusals with
 // codes) and renders the launch.
 func (d *Driver) Plan(_ context.Context, req *pb.PlanRequest) (*pb.PlanResponse, error) {
 	inst, dep, host, lctx := req.GetInstallation(), req.GetDeployment(), req.GetHost(), req.GetLaunch()
-	var r pyengine.Refusals
+	var r engine.Refusals
 	if api := dep.GetApi(); api != "" && api != "chat" {
-		r.Add(pyengine.CodeCapabilityMissing+":"+api, "api",
+		r.Add(engine.CodeCapabilityMissing+":"+api, "api",
 			"vLLM answers decision models from their text output instead of their decision head: deploy api = %q on SGLang 0.5.22 or llama.cpp 0.7.0", api)
 	}
 	cfg := pyengine.DecodeFamily(dep.GetEngineConfigJson(), Family, configKeys, &r)
@@ -105,12 +106,12 @@ func (d *Driver) Plan(_ context.Context, req *pb.PlanRequest) (*pb.PlanResponse,
 	if kvBudget > 0 {
 		argv = append(argv, "--kv-cache-memory-bytes", strconv.FormatInt(kvBudget, 10))
 	}
-	if pyengine.Parks(res) {
+	if engine.Parks(res) {
 		argv = append(argv, "--enable-sleep-mode")
 	}
 	if s := cfg.String("safetensors_load_strategy"); s != "" {
 		argv = append(argv, "--safetensors-load-strategy", s)
-	} else if pyengine.Parks(res) {
+	} else if engine.Parks(res) {
 		// A deep wake under lazy loading reloads far slower.
 		argv = append(argv, "--safetensors-load-strategy", "eager")
 	}
@@ -128,17 +129,15 @@ func (d *Driver) Plan(_ context.Context, req *pb.PlanRequest) (*pb.PlanResponse,
 	argv = append(argv, dep.GetExtraArgs()...)
 
 	env := pyengine.BaseEnv(pyengine.EnvOptions{Venv: venv.Dir, Host: host, Launch: lctx})
-	if pyengine.TelemetryOff(host) {
+	if engine.TelemetryOff(host) {
 		env["VLLM_DO_NOT_TRACK"] = "1"
 		env["VLLM_NO_USAGE_STATS"] = "1"
 	}
-	if pyengine.Parks(res) {
+	if engine.Parks(res) {
 		// vLLM parses it with int(): "1", never "true".
 		env["VLLM_SERVER_DEV_MODE"] = "1"
 	}
-	for k, v := range dep.GetEnv() {
-		env[k] = v
-	}
+	env.Merge(dep.GetEnv())
 
 	hints := &pb.MemoryHints{
 		WeightsBytes:          weights,
@@ -161,7 +160,7 @@ func (d *Driver) Plan(_ context.Context, req *pb.PlanRequest) (*pb.PlanResponse,
 		StartupTimeoutMs: pyengine.StartupTimeout(weights).Milliseconds(),
 		WakeTimeoutMs:    pyengine.WakeTimeout(weights, res).Milliseconds(),
 	}
-	if pyengine.Parks(res) {
+	if engine.Parks(res) {
 		resp.Notes = append(resp.Notes, "parks with vLLM's sleep mode: its development routes (/sleep, /wake_up) are on, on loopback only")
 	}
 	if fitted {
@@ -170,19 +169,11 @@ func (d *Driver) Plan(_ context.Context, req *pb.PlanRequest) (*pb.PlanResponse,
 	return resp, nil
 }
 
-// endpoint is how the router reaches an instance.
+// endpoint is how the router reaches an instance: the request ID in
+// X-Request-Id.
 func endpoint(port int, key, served string) *pb.Endpoint {
-	ep := &pb.Endpoint{
-		BaseUrl:         pyengine.BaseURL(port),
-		ChatPath:        chatPath,
-		RequestIdHeader: "X-Request-Id",
-		AbortMode:       pb.AbortMode_ABORT_MODE_CLOSE_CONNECTION,
-		ServedName:      served,
-	}
-	if key != "" {
-		ep.AuthHeader = "Authorization"
-		ep.AuthValue = "Bearer " + key
-	}
+	ep := engine.NewEndpoint(port, served, key)
+	ep.RequestIdHeader = "X-Request-Id"
 	return ep
 }
 
@@ -197,7 +188,7 @@ func (d *Driver) Start(_ context.Context, req *pb.StartRequest) (*pb.StartRespon
 	if k := req.GetEngineKey(); k != "" {
 		secretEnv["VLLM_API_KEY"] = k
 	}
-	launched, err := pyengine.StartLaunch(pyengine.LaunchOptions{
+	launched, err := engine.StartLaunch(engine.LaunchOptions{
 		Plan: req.GetPlan(), Host: req.GetHost(), Launch: lctx, SecretEnv: secretEnv,
 		Secrets: []string{req.GetEngineKey(), req.GetAdminKey()},
 	})
@@ -208,13 +199,12 @@ func (d *Driver) Start(_ context.Context, req *pb.StartRequest) (*pb.StartRespon
 	if r := req.GetPlan().GetResidency(); r != "" {
 		in.Residency = r
 	}
-	d.reg.Put(in)
-	return &pb.StartResponse{Launch: in.LaunchPB(), Endpoint: in.Endpoint}, nil
+	return d.reg.Started(in), nil
 }
 
 // instance builds the driver's handle of a launch.
-func (d *Driver) instance(id, launchID string, l proc.Launched, port int, key string, dep *pb.Deployment) *pyengine.Instance {
-	in := pyengine.NewInstance(id, launchID, l, port, endpoint(port, key, dep.GetServedName()))
+func (d *Driver) instance(id, launchID string, l proc.Launched, port int, key string, dep *pb.Deployment) *engine.Instance {
+	in := engine.NewInstance(id, launchID, l, port, endpoint(port, key, dep.GetServedName()))
 	in.API = "chat"
 	in.Residency = residency(dep)
 	in.ModelDir = dep.GetModelDir()
