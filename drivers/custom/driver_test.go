@@ -5,22 +5,17 @@ package custom
 
 import (
 	"context"
-	"flag"
 	"fmt"
-	"net"
 	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 
-	"github.com/capyctl/capyctl/drivers/internal/engine"
+	"github.com/capyctl/capyctl/drivers/internal/drivertest"
 	"github.com/capyctl/capyctl/plugins-testkit/harness"
 	"github.com/capyctl/capyctl/sdk"
 	"github.com/capyctl/capyctl/sdk/proc"
 	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
-
-var update = flag.Bool("update", false, "rewrite the golden files")
 
 // The test binary is also the launch shim of the engines it starts.
 func TestMain(m *testing.M) {
@@ -46,24 +41,6 @@ func fakeProgram(t *testing.T) (*Driver, *pb.Installation) {
 	return d, &pb.Installation{Name: "fake", Family: Family, Path: fake, Version: det.GetVersion(), Digest: det.GetDigest(), Details: det.GetDetails()}
 }
 
-func golden(t *testing.T, name, got string) {
-	t.Helper()
-	p := filepath.Join("testdata", name+".golden")
-	if *update {
-		os.MkdirAll("testdata", 0o755)
-		if err := os.WriteFile(p, []byte(got), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	want, err := os.ReadFile(p)
-	if err != nil {
-		t.Fatalf("%v (run go test -update)", err)
-	}
-	if string(want) != got {
-		t.Fatalf("%s differs:\n--- got\n%s--- want\n%s", p, got, want)
-	}
-}
-
 // TestPlan_Golden renders the manifest's command and environment: the
 // placeholders filled, the key kept out of the plan, the host's and the
 // deployment's variables, the declared memory.
@@ -87,9 +64,9 @@ func TestPlan_Golden(t *testing.T) {
 				t.Fatal(err)
 			}
 			h := resp.GetHints()
-			got := engine.RenderPlan(resp, map[string]string{inst.GetPath(): "<fake-engine>"}) +
+			got := drivertest.RenderPlan(resp, map[string]string{inst.GetPath(): "<fake-engine>"}) +
 				fmt.Sprintf("declared: ready_device=%d ready_host=%d startup_device=%d\n", h.GetReadyDeviceBytes(), h.GetReadyHostBytes(), h.GetStartupDeviceBytes())
-			golden(t, c.name, got)
+			drivertest.Golden(t, c.name, got)
 		})
 	}
 }
@@ -125,15 +102,6 @@ func TestPlan_Refusals(t *testing.T) {
 	}
 }
 
-func freePort(t *testing.T) int {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
-}
-
 // TestDriver_Lifecycle runs the fake engine as a custom program: start
 // with the key in its variable, ready by a real answer, the manifest's idle
 // signal, logs without the key, a fresh driver that re-attaches (from the
@@ -143,7 +111,7 @@ func TestDriver_Lifecycle(t *testing.T) {
 	ctx := context.Background()
 	d, inst := fakeProgram(t)
 	dep := &pb.Deployment{Name: "m", ServedName: "m", ModelDir: t.TempDir()}
-	lctx := &pb.LaunchContext{Port: int32(freePort(t)), LaunchDir: t.TempDir(), InstanceId: "m/0", LaunchId: "l1"}
+	lctx := &pb.LaunchContext{Port: int32(drivertest.FreePort(t)), LaunchDir: t.TempDir(), InstanceId: "m/0", LaunchId: "l1"}
 	plan, err := d.Plan(ctx, &pb.PlanRequest{Installation: inst, Deployment: dep, Launch: lctx})
 	if err != nil || len(plan.GetRefusals()) > 0 {
 		t.Fatalf("plan %v %v", err, plan.GetRefusals())
@@ -220,7 +188,7 @@ func TestDriver_ExitAtStart(t *testing.T) {
 	ctx := context.Background()
 	d, inst := fakeProgram(t)
 	dep := &pb.Deployment{Name: "m", ServedName: "m"}
-	lctx := &pb.LaunchContext{Port: int32(freePort(t)), LaunchDir: t.TempDir(), InstanceId: "m/0", LaunchId: "l1"}
+	lctx := &pb.LaunchContext{Port: int32(drivertest.FreePort(t)), LaunchDir: t.TempDir(), InstanceId: "m/0", LaunchId: "l1"}
 	plan := &pb.PlanResponse{Argv: []string{inst.GetPath(), "no-such-command"}, Workdir: lctx.GetLaunchDir()}
 	st, err := d.Start(ctx, &pb.StartRequest{Installation: inst, Deployment: dep, Launch: lctx, Plan: plan})
 	if err != nil {
@@ -239,7 +207,7 @@ func TestDriver_StartRefusals(t *testing.T) {
 	ctx := context.Background()
 	d, inst := fakeProgram(t)
 	dep := &pb.Deployment{Name: "m", ServedName: "m"}
-	lctx := &pb.LaunchContext{Port: int32(freePort(t)), LaunchDir: t.TempDir(), InstanceId: "m/0"}
+	lctx := &pb.LaunchContext{Port: int32(drivertest.FreePort(t)), LaunchDir: t.TempDir(), InstanceId: "m/0"}
 	plan, _ := d.Plan(ctx, &pb.PlanRequest{Installation: inst, Deployment: dep, Launch: lctx})
 	changed := &pb.Installation{Path: inst.GetPath(), Digest: "sha256:0000", Details: inst.GetDetails()}
 	if _, err := d.Start(ctx, &pb.StartRequest{Installation: changed, Deployment: dep, Launch: lctx, Plan: plan}); sdk.CodeOf(err) != "installation_drift" ||

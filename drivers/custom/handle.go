@@ -11,7 +11,6 @@ import (
 
 	"github.com/capyctl/capyctl/drivers/internal/engine"
 	"github.com/capyctl/capyctl/sdk"
-	"github.com/capyctl/capyctl/sdk/decisions"
 	"github.com/capyctl/capyctl/sdk/engineapi"
 	"github.com/capyctl/capyctl/sdk/proc"
 	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
@@ -80,17 +79,8 @@ func (h *handle) readyOnce(ctx context.Context) (bool, string, string) {
 	if h.API == "decisions" {
 		// A decision model is proven ready by the fixed readiness decision,
 		// answered with a complete set of probabilities; never a chat.
-		req := decisions.ReadinessRequest(h.ServedName)
-		var resp decisions.Response
-		status, err := c.PostJSON(ctx, h.manifest.DecisionsPath, req, &resp)
-		if err != nil {
-			return false, "", fmt.Sprintf("waiting for the readiness decision: %v", err)
-		}
-		if status != http.StatusOK {
-			return false, "", fmt.Sprintf("the readiness decision answered %d", status)
-		}
-		if err := decisions.Check(req, &resp); err != nil {
-			return false, "", "the readiness decision is incomplete: " + err.Error()
+		if resp, why := engine.ReadinessDecision(ctx, c, h.manifest.DecisionsPath, h.ServedName, "waiting for the readiness decision"); resp == nil {
+			return false, "", why
 		}
 		return true, "", ""
 	}

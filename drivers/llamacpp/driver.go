@@ -235,22 +235,7 @@ func (b *limitedBuffer) String() string {
 func versionAtLeast(v, min string) bool {
 	a, ok1 := release(v)
 	b, ok2 := release(min)
-	if !ok1 || !ok2 {
-		return false
-	}
-	for i := 0; i < len(a) || i < len(b); i++ {
-		var x, y int
-		if i < len(a) {
-			x = a[i]
-		}
-		if i < len(b) {
-			y = b[i]
-		}
-		if x != y {
-			return x > y
-		}
-	}
-	return true
+	return ok1 && ok2 && engine.ReleaseAtLeast(a, b)
 }
 
 // release reads "0.7.0" (a pre-release suffix is cut).

@@ -7,7 +7,6 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
-	"flag"
 	"fmt"
 	"net"
 	"net/http"
@@ -18,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capyctl/capyctl/drivers/internal/drivertest"
 	"github.com/capyctl/capyctl/drivers/internal/engine"
 	"github.com/capyctl/capyctl/plugins-testkit/harness"
 	"github.com/capyctl/capyctl/sdk"
@@ -25,8 +25,6 @@ import (
 	"github.com/capyctl/capyctl/sdk/proc"
 	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
-
-var update = flag.Bool("update", false, "rewrite the golden files")
 
 // The test binary is also the launch shim of the engines it starts.
 func TestMain(m *testing.M) {
@@ -195,24 +193,6 @@ func render(p *pb.PlanResponse, dirs map[string]string) string {
 	return out
 }
 
-func golden(t *testing.T, name, got string) {
-	t.Helper()
-	p := filepath.Join("testdata", name+".golden")
-	if *update {
-		os.MkdirAll("testdata", 0o755)
-		if err := os.WriteFile(p, []byte(got), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	want, err := os.ReadFile(p)
-	if err != nil {
-		t.Fatalf("%v (run go test -update)", err)
-	}
-	if string(want) != got {
-		t.Fatalf("%s differs:\n--- got\n%s--- want\n%s", p, got, want)
-	}
-}
-
 func TestPlan_Golden(t *testing.T) {
 	dir := modelDir(t)
 	launch := t.TempDir()
@@ -242,7 +222,7 @@ func TestPlan_Golden(t *testing.T) {
 			if err != nil || len(p.GetRefusals()) > 0 {
 				t.Fatalf("plan: %v %v", err, p.GetRefusals())
 			}
-			golden(t, "plan-"+c.name, render(p, map[string]string{"{{model_dir}}": dir, "{{launch_dir}}": launch}))
+			drivertest.Golden(t, "plan-"+c.name, render(p, map[string]string{"{{model_dir}}": dir, "{{launch_dir}}": launch}))
 		})
 	}
 }
@@ -461,16 +441,6 @@ func TestDetect(t *testing.T) {
 	})
 }
 
-// freePort returns a loopback port nobody listens on.
-func freePort(t *testing.T) int {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
-}
-
 // started is a llama-server the driver launched.
 type started struct {
 	d    *Driver
@@ -489,7 +459,7 @@ func start(t *testing.T, d *Driver, dep *pb.Deployment, host *pb.HostPolicy, bef
 		t.Fatal(err)
 	}
 	inst.Digest = det.GetDigest()
-	lctx := &pb.LaunchContext{Port: int32(freePort(t)), LaunchDir: t.TempDir(), InstanceId: dep.GetName() + "/0", LaunchId: "l1"}
+	lctx := &pb.LaunchContext{Port: int32(drivertest.FreePort(t)), LaunchDir: t.TempDir(), InstanceId: dep.GetName() + "/0", LaunchId: "l1"}
 	plan, err := d.Plan(context.Background(), &pb.PlanRequest{Installation: inst, Deployment: dep, Host: host, Launch: lctx})
 	if err != nil || len(plan.GetRefusals()) > 0 {
 		t.Fatalf("plan: %v %v", err, plan.GetRefusals())
@@ -689,7 +659,7 @@ func TestDriver_StartRefusals(t *testing.T) {
 	dep := deployment(modelDir(t))
 	inst := installation(fakeLlama(t))
 	inst.Digest = "sha256:0000"
-	lctx := &pb.LaunchContext{Port: int32(freePort(t)), LaunchDir: t.TempDir(), InstanceId: "stories/0"}
+	lctx := &pb.LaunchContext{Port: int32(drivertest.FreePort(t)), LaunchDir: t.TempDir(), InstanceId: "stories/0"}
 	plan, _ := d.Plan(context.Background(), &pb.PlanRequest{Installation: inst, Deployment: dep, Launch: lctx})
 	if _, err := d.Start(context.Background(), &pb.StartRequest{Installation: inst, Deployment: dep, Launch: lctx, Plan: plan}); sdk.CodeOf(err) != engine.CodeInstallationDrift {
 		t.Fatalf("a changed binary: %v", err)

@@ -133,13 +133,9 @@ func (h *handle) readyOnce(ctx context.Context) (bool, string, string) {
 // readinessDecision sends the fixed readiness decision and checks that the
 // answer covers every label.
 func (h *handle) readinessDecision(ctx context.Context) (bool, string, string) {
-	req := decisions.ReadinessRequest(h.ServedName)
-	var resp decisions.Response
-	if _, err := h.Client.PostJSON(ctx, decisions.Path, req, &resp); err != nil {
-		return false, "", "waiting for the readiness decision: " + err.Error()
-	}
-	if err := decisions.Check(req, &resp); err != nil {
-		return false, "", "the readiness decision is incomplete: " + err.Error()
+	resp, why := engine.ReadinessDecision(ctx, h.Client, decisions.Path, h.ServedName, "waiting for the readiness decision")
+	if resp == nil {
+		return false, "", why
 	}
 	p := resp.Answers[0].Probabilities
 	return true, fmt.Sprintf("yes=%.3f no=%.3f unknown=%.3f", p["yes"], p["no"], p["unknown"]), ""

@@ -14,7 +14,6 @@ import (
 	"github.com/capyctl/capyctl/drivers/internal/pyengine"
 	"github.com/capyctl/capyctl/sdk"
 	"github.com/capyctl/capyctl/sdk/flags"
-	"github.com/capyctl/capyctl/sdk/formats"
 	"github.com/capyctl/capyctl/sdk/proc"
 	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
@@ -43,11 +42,10 @@ func (d *Driver) Plan(_ context.Context, req *pb.PlanRequest) (*pb.PlanResponse,
 	inst, dep, host, lctx := req.GetInstallation(), req.GetDeployment(), req.GetHost(), req.GetLaunch()
 	var r engine.Refusals
 	cfg := pyengine.DecodeFamily(dep.GetEngineConfigJson(), Family, configKeys, &r)
-	declared := func(k string) bool { s := cfg.String(k); return s != "" && s != "auto" }
 	typed := pyengine.TypedFields(dep, map[string]bool{
 		"engine_config.sglang.chunked_prefill_size": cfg.Has("chunked_prefill_size"),
-		"engine_config.sglang.tool_call_parser":     declared("tool_call_parser"),
-		"engine_config.sglang.reasoning_parser":     declared("reasoning_parser"),
+		"engine_config.sglang.tool_call_parser":     cfg.Declared("tool_call_parser"),
+		"engine_config.sglang.reasoning_parser":     cfg.Declared("reasoning_parser"),
 	})
 	args := pyengine.Common(Table, dep, host, typed, &r)
 	res := residency(dep, args)
@@ -61,7 +59,7 @@ func (d *Driver) Plan(_ context.Context, req *pb.PlanRequest) (*pb.PlanResponse,
 			r.Add(engine.CodeCapabilityMissing+":deep_park", "residency", "decision models restart instead of parking: remove residency or set restart_only")
 		}
 		for _, k := range []string{"tool_call_parser", "reasoning_parser"} {
-			if declared(k) {
+			if cfg.Declared(k) {
 				r.Add(flags.CodeInvalidConfig, "engine_config.sglang."+k, "decision models run without a tool-call or reasoning parser")
 			}
 		}
@@ -72,54 +70,29 @@ func (d *Driver) Plan(_ context.Context, req *pb.PlanRequest) (*pb.PlanResponse,
 		r.Add(engine.CodeCapabilityMissing+":deep_park", "residency",
 			"with speculative decoding a wake would not restore the draft model's weights: remove residency or set restart_only")
 	}
-	venv, err := pyengine.FindVenv(inst.GetPath())
-	if err != nil {
-		r.Add(sdk.CodeEngineNotFound, "engine", "engine %s: %v", inst.GetName(), err)
-	}
+	venv := pyengine.PlanVenv(inst, &r)
 	if len(r) > 0 {
 		return &pb.PlanResponse{Refusals: r}, nil
 	}
 
-	weights := pyengine.WeightsBytes(dep.GetModelDir())
-	hf, _ := formats.ReadHFConfig(dep.GetModelDir())
-	kvPerToken := hf.KVBytesPerToken(1, dep.GetKvCacheDtype())
-	kvBudget := lctx.GetKvCacheBytes()
-	if kvBudget <= 0 {
-		kvBudget = dep.GetMemory().GetKvCacheBytes()
-	}
+	ck := pyengine.ReadCheckpoint(dep, lctx)
 	totalTokens, _ := cfg.Int("max_total_tokens")
-	if totalTokens <= 0 && kvPerToken > 0 && kvBudget > 0 {
-		totalTokens = kvBudget / kvPerToken
+	if totalTokens <= 0 && ck.KVPerToken > 0 && ck.KVBudget > 0 {
+		totalTokens = ck.KVBudget / ck.KVPerToken
 	}
 	workers, ok := cfg.Int("tokenizer_workers")
 	if !ok {
 		workers = 1
 	}
-	parsers := pyengine.ChooseParsers(pyengine.ParserInput{
-		ModelDir: dep.GetModelDir(), API: dep.GetApi(), Tool: cfg.String("tool_call_parser"), Reasoning: cfg.String("reasoning_parser"),
-		Args: args, ToolOption: "--tool-call-parser", ReasoningOption: "--reasoning-parser",
-	}, parserNames)
+	parsers := pyengine.FamilyParsers(dep, cfg, args, parserNames)
 
-	argv := []string{venv.Python, "-m", Module,
-		"--model-path", dep.GetModelDir(),
-		"--served-model-name", dep.GetServedName(),
-		"--host", "127.0.0.1",
-	}
-	if p := lctx.GetPort(); p > 0 {
-		argv = append(argv, "--port", strconv.Itoa(int(p)))
-	}
+	argv := pyengine.ServerArgv(venv.Python, Module, "--model-path", dep, lctx)
 	maxRunning := pyengine.MaxConcurrent(dep, pyengine.DefaultMaxConcurrent)
 	argv = append(argv, "--max-running-requests", strconv.Itoa(maxRunning))
 	if n := dep.GetContextLength(); n > 0 {
 		argv = append(argv, "--context-length", strconv.FormatInt(n, 10))
 	}
-	for _, o := range []struct{ flag, val string }{
-		{"--dtype", dep.GetDtype()}, {"--quantization", dep.GetQuantization()}, {"--kv-cache-dtype", dep.GetKvCacheDtype()},
-	} {
-		if o.val != "" {
-			argv = append(argv, o.flag, o.val)
-		}
-	}
+	argv = append(argv, pyengine.TypedArgs(dep)...)
 	if dep.GetCudaGraphs() == "false" {
 		argv = append(argv, "--disable-cuda-graph")
 	}
@@ -162,27 +135,8 @@ func (d *Driver) Plan(_ context.Context, req *pb.PlanRequest) (*pb.PlanResponse,
 	}
 	env.Merge(dep.GetEnv())
 
-	hints := &pb.MemoryHints{
-		WeightsBytes:          weights,
-		KvBytesPerToken:       kvPerToken,
-		KvCacheBytes:          kvBudget,
-		ContextLength:         dep.GetContextLength(),
-		MaxConcurrentRequests: int32(maxRunning),
-		Source:                "safetensors+config.json",
-	}
-	if hints.ContextLength <= 0 && hf != nil {
-		hints.ContextLength = hf.MaxPositionEmbeddings
-	}
-	resp := &pb.PlanResponse{
-		Argv:             argv,
-		Env:              env,
-		Workdir:          lctx.GetLaunchDir(),
-		Hints:            hints,
-		Parsers:          parsers.Report,
-		Residency:        res,
-		StartupTimeoutMs: pyengine.StartupTimeout(weights).Milliseconds(),
-		WakeTimeoutMs:    pyengine.WakeTimeout(weights, res).Milliseconds(),
-	}
+	resp := pyengine.Rendered{Argv: argv, Env: env, Checkpoint: ck, ContextLength: dep.GetContextLength(), MaxConcurrent: maxRunning,
+		Parsers: parsers, Residency: res}.Plan(lctx)
 	if engine.Parks(res) {
 		resp.Notes = append(resp.Notes, "parks with SGLang's memory saver (release_memory_occupation / resume_memory_occupation)")
 	}

@@ -102,22 +102,14 @@ func schedulerWatch(in *engine.Instance) engine.WatchFunc {
 // a complete answer to the fixed readiness decision.
 func decisionReady(in *engine.Instance) engine.ReadyFunc {
 	return func(ctx context.Context) (bool, string, string) {
-		found, err := engineapi.ModelsContain(ctx, in.Client, in.ServedName)
-		if err != nil {
-			return false, "", "waiting for the model list: " + err.Error()
+		if why := in.ServedListed(ctx); why != "" {
+			return false, "", why
 		}
-		if !found {
-			return false, "", "waiting for " + in.ServedName + " in " + engineapi.ModelsPath
+		resp, why := engine.ReadinessDecision(ctx, in.Client, decisionsPath, in.ServedName, "waiting for a first decision")
+		if resp == nil {
+			return false, "", why
 		}
-		req := decisions.ReadinessRequest(in.ServedName)
-		var resp decisions.Response
-		if _, err := in.Client.PostJSON(ctx, decisionsPath, req, &resp); err != nil {
-			return false, "", "waiting for a first decision: " + err.Error()
-		}
-		if err := decisions.Check(req, &resp); err != nil {
-			return false, "", "the readiness decision is incomplete: " + err.Error()
-		}
-		return true, decisionCanary(resp), ""
+		return true, decisionCanary(*resp), ""
 	}
 }
 

@@ -116,6 +116,24 @@ func (RestartOnly) Abort(context.Context, *pb.AbortRequest) (*pb.AbortResponse, 
 	return &pb.AbortResponse{Mode: pb.AbortMode_ABORT_MODE_CLOSE_CONNECTION}, nil
 }
 
+// ReleaseAtLeast reports whether a release's numbers ([0 7 0] for 0.7.0)
+// are at least min's, a missing number reading 0.
+func ReleaseAtLeast(release, min []int) bool {
+	for i := 0; i < max(len(release), len(min)); i++ {
+		x, y := 0, 0
+		if i < len(release) {
+			x = release[i]
+		}
+		if i < len(min) {
+			y = min[i]
+		}
+		if x != y {
+			return x > y
+		}
+	}
+	return true
+}
+
 // FileDigest is "sha256:<hex>" of a file's content (an engine's binary).
 func FileDigest(path string) (string, error) {
 	f, err := os.Open(path)

@@ -6,9 +6,11 @@ package engine
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"time"
 
 	"github.com/capyctl/capyctl/sdk"
+	"github.com/capyctl/capyctl/sdk/decisions"
 	"github.com/capyctl/capyctl/sdk/engineapi"
 	"github.com/capyctl/capyctl/sdk/proc"
 	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
@@ -80,12 +82,8 @@ func (in *Instance) WaitReady(ctx context.Context, deadline time.Duration, ready
 // reasoning both count). extra fields are merged into the request.
 func (in *Instance) ChatReady(prompt string, maxTokens int, extra map[string]any) ReadyFunc {
 	return func(ctx context.Context) (bool, string, string) {
-		found, err := engineapi.ModelsContain(ctx, in.Client, in.ServedName)
-		if err != nil {
-			return false, "", "waiting for the model list: " + err.Error()
-		}
-		if !found {
-			return false, "", "waiting for " + in.ServedName + " in " + engineapi.ModelsPath
+		if why := in.ServedListed(ctx); why != "" {
+			return false, "", why
 		}
 		answer, err := engineapi.ChatProbeExtra(ctx, in.Client, in.Endpoint.GetChatPath(), in.ServedName, prompt, maxTokens, extra)
 		if err != nil {
@@ -115,4 +113,36 @@ func ProbeDeadline(req *pb.ProbeRequest, def time.Duration) time.Duration {
 		return d
 	}
 	return def
+}
+
+// ServedListed checks that /v1/models lists the served name: "" when it
+// does, else what readiness waits for.
+func (in *Instance) ServedListed(ctx context.Context) string {
+	found, err := engineapi.ModelsContain(ctx, in.Client, in.ServedName)
+	if err != nil {
+		return "waiting for the model list: " + err.Error()
+	}
+	if !found {
+		return "waiting for " + in.ServedName + " in " + engineapi.ModelsPath
+	}
+	return ""
+}
+
+// ReadinessDecision sends the fixed readiness decision (sdk/decisions) to
+// a decision model at path: the answer when it is complete, else what
+// readiness waits for (wait names a request that failed).
+func ReadinessDecision(ctx context.Context, c *engineapi.EngineClient, path, served, wait string) (*decisions.Response, string) {
+	req := decisions.ReadinessRequest(served)
+	var resp decisions.Response
+	status, err := c.PostJSON(ctx, path, req, &resp)
+	if err != nil {
+		return nil, wait + ": " + err.Error()
+	}
+	if status != http.StatusOK {
+		return nil, fmt.Sprintf("the readiness decision answered %d", status)
+	}
+	if err := decisions.Check(req, &resp); err != nil {
+		return nil, "the readiness decision is incomplete: " + err.Error()
+	}
+	return &resp, ""
 }

@@ -260,20 +260,7 @@ func VersionIn(version string, prefixes []string) bool {
 
 // VersionAtLeast reports whether version's release is at least min's.
 func VersionAtLeast(version, min string) bool {
-	a, b := releaseNumbers(version), releaseNumbers(min)
-	for i := 0; i < max(len(a), len(b)); i++ {
-		x, y := 0, 0
-		if i < len(a) {
-			x = a[i]
-		}
-		if i < len(b) {
-			y = b[i]
-		}
-		if x != y {
-			return x > y
-		}
-	}
-	return true
+	return engine.ReleaseAtLeast(releaseNumbers(version), releaseNumbers(min))
 }
 
 // releaseNumbers is the leading dotted numbers of a PEP 440 version.

@@ -150,6 +150,13 @@ func (c FamilyConfig) String(name string) string {
 // Has reports whether a key is set.
 func (c FamilyConfig) Has(name string) bool { _, ok := c[name]; return ok }
 
+// Declared reports whether a string key makes a choice: it is set, and not
+// to "auto".
+func (c FamilyConfig) Declared(name string) bool {
+	s := c.String(name)
+	return s != "" && s != "auto"
+}
+
 // DecodeFamily checks engine_config.<family>: every key known and of its
 // type. Unknown keys are unknown_config_key:engine_config.<family>.<key>.
 func DecodeFamily(raw []byte, family string, keys []Key, r *engine.Refusals) FamilyConfig {

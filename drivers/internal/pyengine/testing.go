@@ -62,3 +62,26 @@ func MakeVenv(dir, interpreter string, dists map[string]string, extra map[string
 	}
 	return dir, nil
 }
+
+// MakeModel writes a checkpoint under dir for tests: config.json,
+// tokenizer_config.json (when tokenizer is not ""), and a sparse
+// model.safetensors of weights bytes.
+func MakeModel(dir, config, tokenizer string, weights int64) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "config.json"), []byte(config), 0o644); err != nil {
+		return err
+	}
+	if tokenizer != "" {
+		if err := os.WriteFile(filepath.Join(dir, "tokenizer_config.json"), []byte(tokenizer), 0o644); err != nil {
+			return err
+		}
+	}
+	f, err := os.Create(filepath.Join(dir, "model.safetensors"))
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return f.Truncate(weights)
+}

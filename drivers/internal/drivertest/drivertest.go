@@ -1,15 +1,58 @@
 // Copyright (c) CapyCTL authors
 // SPDX-License-Identifier: Apache-2.0
 
-package engine
+// Package drivertest is what the first-party drivers' tests share: golden
+// files (go test -update rewrites them), a free loopback port, and a plan
+// rendered as stable text.
+package drivertest
 
 import (
+	"flag"
 	"fmt"
+	"net"
+	"os"
+	"path/filepath"
 	"sort"
 	"strings"
+	"testing"
 
 	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
+
+var update = flag.Bool("update", false, "rewrite the golden files in testdata")
+
+// Golden compares got with testdata/<name>.golden, which go test -update
+// rewrites first.
+func Golden(t testing.TB, name, got string) {
+	t.Helper()
+	p := filepath.Join("testdata", name+".golden")
+	if *update {
+		if err := os.MkdirAll("testdata", 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(got), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatalf("%v (run go test -update after checking)", err)
+	}
+	if string(want) != got {
+		t.Fatalf("%s differs (run go test -update after checking):\n--- got\n%s--- want\n%s", p, got, want)
+	}
+}
+
+// FreePort returns a loopback port nobody listens on.
+func FreePort(t testing.TB) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
 
 // RenderPlan renders a plan as stable text for golden files: argv one
 // token a line, env sorted, then the plan's other fields; every occurrence
