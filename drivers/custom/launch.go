@@ -5,7 +5,6 @@ package custom
 
 import (
 	"context"
-	"fmt"
 	"path"
 	"strconv"
 	"strings"
@@ -24,41 +23,40 @@ func (d *Driver) Plan(_ context.Context, req *pb.PlanRequest) (*pb.PlanResponse,
 		return nil, err
 	}
 	resp := &pb.PlanResponse{Residency: engine.ResidencyRestartOnly, StartupTimeoutMs: m.startupTimeout().Milliseconds()}
-	refuse := func(code, field, format string, args ...any) {
-		resp.Refusals = append(resp.Refusals, &pb.Refusal{Code: code, Field: field, Message: fmt.Sprintf(format, args...)})
-	}
+	var r engine.Refusals
 	if dep.GetApi() != "" && dep.GetApi() != m.API {
-		refuse("capability_missing:"+dep.GetApi(), "api", "engine %s serves the %s API, not %s", inst.GetName(), m.API, dep.GetApi())
+		r.Add("capability_missing:"+dep.GetApi(), "api", "engine %s serves the %s API, not %s", inst.GetName(), m.API, dep.GetApi())
 	}
 	switch dep.GetResidency() {
-	case "", "restart_only":
-	case "deep", "host_backed":
-		refuse("capability_missing:deep_park", "residency", "custom engines do not park: remove residency or set restart_only")
+	case "", engine.ResidencyRestartOnly:
+	case engine.ResidencyDeep, engine.ResidencyHostBacked:
+		r.Add("capability_missing:deep_park", "residency", "custom engines do not park: remove residency or set restart_only")
 	default:
-		refuse("invalid_config", "residency", "unknown residency %q", dep.GetResidency())
+		r.Add("invalid_config", "residency", "unknown residency %q", dep.GetResidency())
 	}
 	if len(dep.GetExtraArgs()) > 0 && !dep.GetAcceptExtraArgs() {
-		refuse("extra_args_not_accepted", "engine_config.extra_args", "extra_args need engine_config.accept_extra_args = true")
+		r.Add("extra_args_not_accepted", "engine_config.extra_args", "extra_args need engine_config.accept_extra_args = true")
 	}
 	for _, a := range dep.GetExtraArgs() {
 		if strings.Contains(a, "{{") {
-			refuse("invalid_config", "engine_config.extra_args", "extra_args may not use placeholders (%q)", a)
+			r.Add("invalid_config", "engine_config.extra_args", "extra_args may not use placeholders (%q)", a)
 		}
 	}
 	for name := range dep.GetEnv() {
 		if reservedEnv(name, m.KeyEnv) {
-			refuse("engine_env_reserved:"+name, "engine_config.env", "%s is owned by CapyCTL", name)
+			r.Add("engine_env_reserved:"+name, "engine_config.env", "%s is owned by CapyCTL", name)
 			continue
 		}
 		if !globMatch(host.GetApprovedEnv(), name) {
-			refuse("engine_env_not_approved:"+name, "engine_config.env",
+			r.Add("engine_env_not_approved:"+name, "engine_config.env",
 				"%s is not approved for engine %s (capyctl engine add ... --approve-env %s)", name, inst.GetName(), name)
 		}
 	}
 	if dep.GetTrustRemoteCode() {
-		refuse("remote_code_not_allowed", "engine_config.trust_remote_code", "custom engines have no trust_remote_code; configure the program itself")
+		r.Add("remote_code_not_allowed", "engine_config.trust_remote_code", "custom engines have no trust_remote_code; configure the program itself")
 	}
-	if len(resp.Refusals) > 0 {
+	if len(r) > 0 {
+		resp.Refusals = r
 		return resp, nil
 	}
 

@@ -118,14 +118,14 @@ func (d *Driver) Plan(_ context.Context, req *pb.PlanRequest) (*pb.PlanResponse,
 		r.Add(engine.CodeCapabilityMissing+":"+dep.GetApi(), "api", "llama.cpp serves chat and decisions, not %q", dep.GetApi())
 	}
 	switch dep.GetResidency() {
-	case "", "restart_only":
-	case "deep", "host_backed":
+	case "", engine.ResidencyRestartOnly:
+	case engine.ResidencyDeep, engine.ResidencyHostBacked:
 		r.Add(engine.CodeCapabilityMissing+":deep_park", "residency", "llama.cpp cannot park: remove residency or set restart_only (CapyCTL stops the model when it needs the memory)")
 	default:
 		r.Add(flags.CodeInvalidConfig, "residency", "unknown residency %q", dep.GetResidency())
 	}
 	if dep.GetTrustRemoteCode() {
-		r.Add("remote_code_not_allowed", "engine_config.trust_remote_code", "llama.cpp runs no code from a checkpoint: remove trust_remote_code")
+		r.Add(flags.CodeRemoteCode, "engine_config.trust_remote_code", "llama.cpp runs no code from a checkpoint: remove trust_remote_code")
 	}
 	for _, f := range []struct{ field, v string }{
 		{"engine_config.dtype", dep.GetDtype()}, {"engine_config.quantization", dep.GetQuantization()}, {"engine_config.cuda_graphs", dep.GetCudaGraphs()},

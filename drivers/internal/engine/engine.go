@@ -4,12 +4,13 @@
 // Package engine is what the first-party drivers share, whatever language
 // their engine is written in: the per-instance handle behind sdk/proc and
 // the driver's registry of them (start, stop with proof, re-attach from a
-// recorded launch or its launch directory, logs), the readiness loop (exit,
-// off-loopback listeners, deadline), the idle signal from /metrics, the
-// pieces of an engine's environment, the endpoint the router is handed,
-// plan refusals, the Describe answer, and the clean-up of the
-// shared-memory segments a launch leaves. What only Python engines need
-// (venvs, their plan checks and parsers) is in drivers/internal/pyengine.
+// recorded launch or its launch directory, logs, the idle signal from
+// /metrics), the readiness loop (exit, off-loopback listeners, deadline),
+// the pieces of an engine's environment, the endpoint the router is
+// handed, plan refusals, the Describe answer, the Park, Wake and Abort of
+// the engines that cannot park, and the clean-up of the shared-memory
+// segments a launch leaves. What only engines installed in a Python
+// environment need is in drivers/internal/pyengine.
 package engine
 
 import (
@@ -48,12 +49,20 @@ const (
 	CodeEngineUnsupported = "engine_unsupported"
 	// CodeInstallationDrift is an installation that changed since it was
 	// registered.
-	CodeInstallationDrift     = "installation_drift"
-	CodeCapabilityMissing     = "capability_missing"
+	CodeInstallationDrift = "installation_drift"
+	// CodeCapabilityMissing, followed by ":<capability>", is a deployment
+	// that needs what the engine lacks.
+	CodeCapabilityMissing = "capability_missing"
+	// CodeHostBackedUnavailable is host_backed on a host with unified
+	// memory.
 	CodeHostBackedUnavailable = "host_backed_unavailable"
-	CodeUnknownConfigKey      = "unknown_config_key"
-	CodeCheckpointUnusable    = "checkpoint_unusable"
-	CodePortConflict          = "port_conflict"
+	// CodeUnknownConfigKey, followed by ":<field>", is a key the family's
+	// engine_config block does not have.
+	CodeUnknownConfigKey = "unknown_config_key"
+	// CodeCheckpointUnusable is a model directory the engine cannot load.
+	CodeCheckpointUnusable = "checkpoint_unusable"
+	// CodePortConflict is a leased port another process listens on.
+	CodePortConflict = "port_conflict"
 )
 
 // Refusals collects Plan refusals.

@@ -6,8 +6,9 @@
 // finding an engine in a venv from its *.dist-info metadata without running
 // Python, the installation digest and its pinning, the environment a
 // Python engine starts from, the plan checks and engine_config keys common
-// to them, the memory and timeouts derived from a checkpoint, and the
-// tool-call and reasoning parsers picked by model family.
+// to them, the memory and timeouts derived from a checkpoint, the tool-call
+// and reasoning parsers picked by model family, and the parts of a
+// `python -m` server's command line and plan answer.
 package pyengine
 
 import (
