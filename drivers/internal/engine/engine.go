@@ -56,7 +56,7 @@ const (
 	// CodeHostBackedUnavailable is host_backed on a host with unified
 	// memory.
 	CodeHostBackedUnavailable = "host_backed_unavailable"
-	// CodeUnknownConfigKey, followed by ":<field>", is a key the family's
+	// CodeUnknownConfigKey, followed by ":" and the key, is a key the family's
 	// engine_config block does not have.
 	CodeUnknownConfigKey = "unknown_config_key"
 	// CodeCheckpointUnusable is a model directory the engine cannot load.
