@@ -77,9 +77,16 @@ func (h *handle) launchPB(launchID string) *pb.Launch {
 	}
 }
 
-// exitInfo describes a launch whose engine process is gone.
+// exitStatusWait bounds how long exitInfo waits for the shim to record
+// the exit of an engine that is already gone (it returns as soon as the
+// shim has; the bound only matters for a shim that hangs).
+const exitStatusWait = 10 * time.Second
+
+// exitInfo describes a launch whose engine process is gone. The shim
+// records the exit (and the last output) a moment after the process dies:
+// the status is waited for, or the exit code would read -1.
 func (h *handle) exitInfo(detail string) *pb.ProbeResponse {
-	st, _ := proc.ReadStatus(h.launched.LaunchDir)
+	st, _ := proc.WaitExitStatus(h.launched.LaunchDir, exitStatusWait)
 	code := int32(-1)
 	if st.Exited {
 		code = int32(st.ExitCode)
