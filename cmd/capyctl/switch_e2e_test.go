@@ -244,9 +244,14 @@ func TestSwitch_KillCoreDuringSwitch(t *testing.T) {
 			resp.Body.Close()
 		}
 	}()
+	// "starting" is published before the driver spawns the engine: wait
+	// for b's engine process too (a PID is shown once Start returned), or
+	// the kill may land before anything of b runs, and the restarted core
+	// rightly finds b gone.
 	harness.Eventually(t, 30*time.Second, "the switch to be under way", func() bool {
+		b := deploymentStatus(t, r, "b").Instances[0]
 		return deploymentStatus(t, r, "a").Instances[0].State == "parked" &&
-			deploymentStatus(t, r, "b").Instances[0].State == "starting"
+			b.State == "starting" && b.PID != 0
 	})
 	r.Kill9()
 	if err := os.WriteFile(hold, nil, 0o600); err != nil {
