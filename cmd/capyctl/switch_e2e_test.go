@@ -279,3 +279,18 @@ func TestSwitch_KillCoreDuringSwitch(t *testing.T) {
 	}
 	ledgerWithinLimits(t, r)
 }
+
+func TestSwitch_HostBackedRefusedOnUnifiedMemory(t *testing.T) {
+	r := harness.StartSimulated(t, harness.SimGPU{Unified: true, DeviceMemory: "24GiB", SystemLimit: "16GiB", SystemReserve: "1GiB"}, harness.Options{})
+	venv := conformance.FakeVenv(t, t.TempDir(), map[string]string{"vllm": "0.32.0"}, nil)
+	if out, errOut, code := r.CLI("engine", "add", venv, "--yes"); code != 0 {
+		t.Fatalf("engine add: %d %s%s", code, out, errOut)
+	}
+	conformance.FakeModel(t, filepath.Join(r.StateDir, "models", "hb"), 1<<20)
+	spec := "deployment \"hb\" {\n  engine    = \"vllm\"\n  residency = \"host_backed\"\n  model {\n    path = \"hb/model\"\n  }\n}\n"
+	f := r.WriteFile("specs/hb.hcl", spec)
+	_, errOut, code := r.CLI("deploy", "--file", f)
+	if code != 5 || !strings.Contains(errOut, "host_backed_unavailable") {
+		t.Fatalf("host_backed on unified memory: exit %d: %s", code, errOut)
+	}
+}
