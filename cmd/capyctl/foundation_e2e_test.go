@@ -393,3 +393,25 @@ func TestFoundation_DevServesAndLeavesNothing(t *testing.T) {
 		t.Fatalf("temporary state directory %s remains", state)
 	}
 }
+
+func TestFoundation_EngineDiesWhileReadyStartsAgain(t *testing.T) {
+	r := harness.StartStandalone(t, harness.Options{})
+	// Each engine answers its readiness check and one request, then dies.
+	r.AddFakeEngine("fragile", "--crash-after", "2")
+	r.MustDeploy("fragile", harness.SimpleSpec("fragile", "fragile"))
+	in := status(t, r, "fragile").Instances[0]
+	first, gen := in.PID, in.Generation
+	chatOK(t, r, "fragile")
+	harness.Eventually(t, 30*time.Second, "the death to be noticed", func() bool {
+		in := status(t, r, "fragile").Instances[0]
+		return in.State == "stopped" && in.LastError != nil && in.LastError.Code == "engine_error"
+	})
+	if harness.Alive(first) {
+		t.Fatalf("engine %d still alive", first)
+	}
+	// The next request starts it again (a new launch of the instance).
+	chatOK(t, r, "fragile")
+	if in := status(t, r, "fragile").Instances[0]; in.Generation <= gen {
+		t.Fatalf("no new launch: generation %d, was %d", in.Generation, gen)
+	}
+}
