@@ -165,12 +165,13 @@ func (d *Driver) Start(_ context.Context, req *pb.StartRequest) (*pb.StartRespon
 		logMode = proc.LogModeMemory
 	}
 	launched, err := proc.Start(proc.LaunchSpec{
-		Argv:      plan.GetArgv(),
-		Env:       env,
-		Dir:       plan.GetWorkdir(),
-		LaunchDir: lctx.GetLaunchDir(),
-		LogMode:   logMode,
-		Secrets:   nonEmpty(secrets),
+		Argv:        plan.GetArgv(),
+		Env:         env,
+		Dir:         plan.GetWorkdir(),
+		LaunchDir:   lctx.GetLaunchDir(),
+		LogMode:     logMode,
+		Secrets:     nonEmpty(secrets),
+		NoCoreDumps: host.GetRetention() == "zero",
 	})
 	if err != nil {
 		return nil, sdk.Errorf(sdk.CodeLaunchFailed, "launch %s: %v", path.Base(inst.GetPath()), err)

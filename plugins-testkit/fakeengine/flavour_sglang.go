@@ -290,18 +290,17 @@ func (s *SGLang) resume(e *Engine, w http.ResponseWriter, r *http.Request) {
 		s.WriteError(w, KindInvalidJSON, "invalid JSON body: "+err.Error())
 		return
 	}
-	// IMPORTANT: the weights turn stale before the resume lets requests
-	// that waited while released run, or the first of them answers as if
-	// the contents had been kept.
+	// IMPORTANT: decide staleness before the wake: the wake releases the
+	// requests that waited, and they must already see the stale weights.
 	s.mu.Lock()
-	stale, dropped := s.stale, s.dropped
+	wasDropped, wasStale := s.dropped, s.stale
 	if s.dropped && (len(tags) == 0 || containsTag(tags, TagWeights)) {
 		s.stale, s.dropped = true, false
 	}
 	s.mu.Unlock()
 	if err := e.Wake(tags...); err != nil {
 		s.mu.Lock()
-		s.stale, s.dropped = stale, dropped
+		s.dropped, s.stale = wasDropped, wasStale
 		s.mu.Unlock()
 		s.WriteError(w, KindEngineFailure, err.Error())
 		return

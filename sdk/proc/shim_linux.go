@@ -161,6 +161,11 @@ func runShim() int {
 		Stdout: pw,
 		Stderr: pw,
 	}
+	if spec.NoCoreDumps {
+		// The limit set here is inherited by the engine and its children;
+		// the hard limit too, so the engine cannot raise it again.
+		_ = syscall.Setrlimit(syscall.RLIMIT_CORE, &syscall.Rlimit{Cur: 0, Max: 0})
+	}
 	err = cmd.Start()
 	pw.Close()
 	if err != nil {

@@ -242,12 +242,13 @@ func StartLaunch(o LaunchOptions) (*proc.Launched, error) {
 		}
 	}
 	launched, err := proc.Start(proc.LaunchSpec{
-		Argv:      o.Plan.GetArgv(),
-		Env:       env,
-		Dir:       o.Plan.GetWorkdir(),
-		LaunchDir: lctx.GetLaunchDir(),
-		LogMode:   LogMode(o.Host),
-		Secrets:   secrets,
+		Argv:        o.Plan.GetArgv(),
+		Env:         env,
+		Dir:         o.Plan.GetWorkdir(),
+		LaunchDir:   lctx.GetLaunchDir(),
+		LogMode:     LogMode(o.Host),
+		Secrets:     secrets,
+		NoCoreDumps: o.Host.GetRetention() == "zero",
 	})
 	if err != nil {
 		return nil, sdk.Errorf(sdk.CodeLaunchFailed, "%v", err)
