@@ -5,7 +5,6 @@ package engine
 
 import (
 	"context"
-	"errors"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -158,13 +157,15 @@ func FromLaunch(l *pb.Launch) proc.Launched {
 func (in *Instance) Alive() bool { return proc.Alive(in.Launched.Engine) }
 
 // exitRecordWait bounds how long ExitInfo waits for the shim to record
-// the exit of an engine that is already gone.
-const exitRecordWait = 2 * time.Second
+// the exit of an engine that is already gone. It returns as soon as the
+// shim has; the bound only matters for a shim that hangs, and is generous
+// because a loaded machine may take a while to run the shim.
+const exitRecordWait = 10 * time.Second
 
 // ExitInfo describes a launch whose engine is gone: exit code and the
 // engine's last log lines. The shim records the exit a moment after the
 // process dies (and copies its last output): until it has, or is gone
-// itself, the status is read again, for at most two seconds.
+// itself, the status is read again (proc.WaitExitStatus).
 func (in *Instance) ExitInfo(detail string) *pb.ProbeResponse {
 	return &pb.ProbeResponse{
 		Alive: false, Exited: true, ExitCode: int32(exitCode(in.Launched.LaunchDir)), Code: sdk.CodeLaunchFailed, Detail: detail,
@@ -174,18 +175,10 @@ func (in *Instance) ExitInfo(detail string) *pb.ProbeResponse {
 
 // exitCode waits for the launch's recorded exit status; -1 when none comes.
 func exitCode(launchDir string) int {
-	code := -1
-	ctx, cancel := context.WithTimeout(context.Background(), exitRecordWait)
-	defer cancel()
-	_ = engineapi.Poll(ctx, func(context.Context) (bool, error) {
-		st, err := proc.ReadStatus(launchDir)
-		if err == nil && st.Exited {
-			code = st.ExitCode
-			return true, nil
-		}
-		return errors.Is(err, proc.ErrNoStatus), nil
-	})
-	return code
+	if st, err := proc.WaitExitStatus(launchDir, exitRecordWait); err == nil && st.Exited {
+		return st.ExitCode
+	}
+	return -1
 }
 
 // Liveness answers a LIVENESS probe from the process table.
