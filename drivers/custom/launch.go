@@ -6,6 +6,7 @@ package custom
 import (
 	"context"
 	"path"
+	"sort"
 	"strconv"
 	"strings"
 
@@ -42,7 +43,7 @@ func (d *Driver) Plan(_ context.Context, req *pb.PlanRequest) (*pb.PlanResponse,
 			r.Add("invalid_config", "engine_config.extra_args", "extra_args may not use placeholders (%q)", a)
 		}
 	}
-	for name := range dep.GetEnv() {
+	for _, name := range sortedKeys(dep.GetEnv()) {
 		if reservedEnv(name, m.KeyEnv) {
 			r.Add("engine_env_reserved:"+name, "engine_config.env", "%s is owned by CapyCTL", name)
 			continue
@@ -151,4 +152,15 @@ func globMatch(patterns []string, name string) bool {
 		}
 	}
 	return false
+}
+
+// sortedKeys returns a map's keys in order, so refusals come out the same
+// way every time.
+func sortedKeys(m map[string]string) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
 }
