@@ -5,6 +5,7 @@ package main_test
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -609,6 +610,8 @@ func TestCLI_DevJSON(t *testing.T) {
 	cmd := exec.Command(bin, "dev", "--json", "--listen", "127.0.0.1:0")
 	cmd.Env = append(os.Environ(), "TMPDIR="+t.TempDir())
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -619,7 +622,8 @@ func TestCLI_DevJSON(t *testing.T) {
 	defer func() { _ = cmd.Process.Kill() }()
 	line, err := bufio.NewReader(stdout).ReadString('\n')
 	if err != nil {
-		t.Fatalf("dev --json printed nothing: %v", err)
+		_ = cmd.Wait()
+		t.Fatalf("dev --json printed nothing: %v\n%s", err, stderr.String())
 	}
 	var info map[string]string
 	if err := json.Unmarshal([]byte(line), &info); err != nil || info["endpoint"] == "" || info["api_key"] == "" || info["state_dir"] == "" {

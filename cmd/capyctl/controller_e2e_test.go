@@ -14,6 +14,7 @@ import (
 	"github.com/capyctl/capyctl/core/api/client"
 	"github.com/capyctl/capyctl/core/api/wire"
 	"github.com/capyctl/capyctl/core/structs"
+	"github.com/capyctl/capyctl/plugins-testkit/conformance"
 	"github.com/capyctl/capyctl/plugins-testkit/harness"
 )
 
@@ -45,14 +46,16 @@ func nextEvents(t *testing.T, s *client.EventStream, kind, instance string) []*w
 // TestController_WholeLifecycleThroughTheAPI is a controller program's view:
 // everything goes through the management API's Go client.
 func TestController_WholeLifecycleThroughTheAPI(t *testing.T) {
-	r := harness.StartStandalone(t, harness.Options{})
+	// A simulated card and a fake vLLM, so the model really parks.
+	r := harness.StartSimulated(t, harness.SimGPU{SystemLimit: "16GiB", SystemReserve: "1GiB"}, harness.Options{})
 	cl := r.Mgmt
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 
 	// An engine, registered the way the CLI does it: detect, then pin the
 	// digest the operator confirmed.
-	add := wire.EngineAddRequest{Name: "fake", Family: structs.FamilyCustom, Path: r.FakeBin, Manifest: harness.FakeManifest(),
+	venv := conformance.FakeVenv(t, t.TempDir(), map[string]string{"vllm": "0.32.0"}, nil)
+	add := wire.EngineAddRequest{Name: "fake", Family: structs.FamilyVLLM, Path: venv,
 		Approvals: structs.Approvals{Env: []string{"HF_TOKEN"}}}
 	dry := add
 	dry.DryRun = true
@@ -64,7 +67,7 @@ func TestController_WholeLifecycleThroughTheAPI(t *testing.T) {
 	if _, err := cl.AddEngine(ctx, add); err != nil {
 		t.Fatal(err)
 	}
-	r.WriteFile("models/ctl/README", "fake model\n")
+	conformance.FakeModel(t, r.StateDir+"/models/ctl", 1<<20)
 
 	// The snapshot gives the state and the cursor to follow from.
 	snap, err := cl.Snapshot(ctx)
@@ -80,7 +83,7 @@ func TestController_WholeLifecycleThroughTheAPI(t *testing.T) {
 	}
 
 	// Create with an idempotency key; an exact retry replays the answer.
-	doc := json.RawMessage(`{"name":"ctl","engine":"fake","model":{"path":"ctl"},"engine_config":{"env":{"HF_TOKEN":"hf_secretsecretsecret"}}}`)
+	doc := json.RawMessage(`{"name":"ctl","engine":"fake","model":{"path":"ctl/model"},"engine_config":{"env":{"HF_TOKEN":"hf_secretsecretsecret"}}}`)
 	k1 := client.NewIdempotencyKey()
 	created, err := cl.DeployDocument(ctx, doc, false, 0, k1)
 	if err != nil {
@@ -110,7 +113,7 @@ func TestController_WholeLifecycleThroughTheAPI(t *testing.T) {
 	}
 
 	// An update names the revision it replaces.
-	doc2 := json.RawMessage(`{"name":"ctl","engine":"fake","model":{"path":"ctl"},"request_deadline":"90s","engine_config":{"env":{"HF_TOKEN":"hf_secretsecretsecret"}}}`)
+	doc2 := json.RawMessage(`{"name":"ctl","engine":"fake","model":{"path":"ctl/model"},"request_deadline":"90s","engine_config":{"env":{"HF_TOKEN":"hf_secretsecretsecret"}}}`)
 	up, err := cl.DeployDocument(ctx, doc2, false, 1, client.NewIdempotencyKey())
 	if err != nil {
 		t.Fatal(err)
@@ -181,18 +184,14 @@ func TestController_WholeLifecycleThroughTheAPI(t *testing.T) {
 	last := stream.Cursor
 	lastSeq := evs[len(evs)-1].Seq
 	stream.Close()
-	// Park: the fake engine runs as a custom engine, which is restart
-	// only, so its park is a stop (the lifecycle's rule); a parking
-	// engine would end parked.
+	// Park: the fake vLLM sleeps and frees its memory; its process stays.
 	if acc, err := cl.Action(ctx, "ctl", wire.ActionRequest{Action: wire.ActionPark, Wait: true}); err != nil || !acc.Done {
 		t.Fatalf("park: %+v %v", acc, err)
 	}
-	parkedTo := "instance_stopped"
-	if st, err := cl.Deployment(ctx, "ctl"); err != nil {
-		t.Fatal(err)
-	} else if st.Instances[0].Residency != structs.ResidencyRestartOnly {
-		parkedTo = "instance_parked"
+	if st, err := cl.Deployment(ctx, "ctl"); err != nil || st.Instances[0].State != "parked" || st.Instances[0].Residency != structs.ResidencyDeep {
+		t.Fatalf("after park: %+v %v", st, err)
 	}
+	parkedTo := "instance_parked"
 	if _, err := cl.Action(ctx, "ctl", wire.ActionRequest{Action: wire.ActionStop, Wait: true}); err != nil {
 		t.Fatalf("stop: %v", err)
 	}

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -56,6 +57,25 @@ func chatOK(t *testing.T, r *harness.Role, model string) {
 
 func TestFoundation_StreamedChatThroughRole(t *testing.T) {
 	r := startWithDemo(t)
+	// Credentials: made on the first start, owner-only, never in a log.
+	for path, want := range map[string]os.FileMode{r.StateDir: 0o700, filepath.Join(r.StateDir, "credentials"): 0o600} {
+		st, err := os.Stat(path)
+		if err != nil || st.Mode().Perm() != want {
+			t.Fatalf("%s: %v %v, want %v", path, st.Mode().Perm(), err, want)
+		}
+	}
+	t.Cleanup(func() {
+		out := r.Output()
+		if strings.Contains(out, r.Creds.APIKey) || strings.Contains(out, r.Creds.AdminToken) {
+			t.Errorf("a credential appeared in the role's log")
+		}
+		logs, _ := filepath.Glob(filepath.Join(r.StateDir, "launches", "*", "*", "engine.log"))
+		for _, l := range logs {
+			if b, _ := os.ReadFile(l); strings.Contains(string(b), r.Creds.APIKey) {
+				t.Errorf("the API key appeared in %s", l)
+			}
+		}
+	})
 	resp, err := r.Chat(context.Background(), harness.ChatBody("demo", true, "Hello there"), map[string]string{"X-Request-Id": "client-42"})
 	if err != nil {
 		t.Fatal(err)
@@ -160,6 +180,44 @@ func TestFoundation_BadInput(t *testing.T) {
 		_, errOut, code := r.CLI("engine", "add", "--custom", r.StateDir+"/no-such-program", "--name", "missing", "--manifest", m, "--yes")
 		if code != 16 || !strings.Contains(errOut, "engine_not_found") || !strings.Contains(errOut, "no-such-program") {
 			t.Fatalf("exit %d: %s", code, errOut)
+		}
+	})
+
+	t.Run("engine listens off loopback", func(t *testing.T) {
+		r.AddFakeEngine("wide", "--listen-all")
+		_, errOut, code := r.Deploy("wide", harness.SimpleSpec("wide", "wide"), "--activate", "--wait")
+		if code != 13 || !strings.Contains(errOut, "engine_listens_off_loopback") || !strings.Contains(errOut, "0.0.0.0") {
+			t.Fatalf("exit %d, want 13 engine_listens_off_loopback: %s", code, errOut)
+		}
+		st := status(t, r, "wide")
+		if st.Instances[0].State != "failed" || st.Instances[0].PID != 0 {
+			t.Fatalf("after the refused start: %+v", st.Instances[0])
+		}
+	})
+
+	t.Run("changed program is refused", func(t *testing.T) {
+		prog := filepath.Join(r.StateDir, "bin", "copied-fake")
+		if err := os.MkdirAll(filepath.Dir(prog), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		data, err := os.ReadFile(r.FakeBin)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(prog, data, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		m := r.WriteFile("manifests/copied.hcl", harness.FakeManifest())
+		if out, errOut, code := r.CLI("engine", "add", "--custom", prog, "--name", "copied", "--manifest", m, "--yes"); code != 0 {
+			t.Fatalf("engine add: %d %s%s", code, out, errOut)
+		}
+		// The pinned program changes after it was confirmed.
+		if err := os.WriteFile(prog, append(data, 0), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		_, errOut, code := r.Deploy("copied", harness.SimpleSpec("copied", "copied"), "--activate", "--wait")
+		if code != 17 || !strings.Contains(errOut, "installation_drift") {
+			t.Fatalf("exit %d, want 17 installation_drift: %s", code, errOut)
 		}
 	})
 
@@ -304,6 +362,24 @@ func TestFoundation_DevServesAndLeavesNothing(t *testing.T) {
 	if len(harness.EnginePIDs(state)) == 0 {
 		t.Fatalf("no engine process found under %s", state)
 	}
+	// The two switching models: each request wakes its model and parks the
+	// other to make room on the simulated card.
+	for _, model := range []string{"chat-a", "chat-b", "chat-a"} {
+		req, _ := http.NewRequest(http.MethodPost, endpoint+"/chat/completions", strings.NewReader(harness.ChatBody(model, false, "Hello")))
+		req.Header.Set("Authorization", "Bearer "+key)
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if body := harness.ReadAll(resp); resp.StatusCode != 200 {
+			t.Fatalf("dev request for %s: %d %s", model, resp.StatusCode, body)
+		}
+	}
+	out, errOut, code := harness.RunCLI(t, bin, []string{"status", "deployment", "chat-b", "--json", "--state-dir", state}, nil)
+	if code != 0 || !strings.Contains(out, `"state":"parked"`) {
+		t.Fatalf("chat-b after chat-a's request: exit %d %s %s", code, out, errOut)
+	}
 	if err := cmd.Process.Signal(os.Interrupt); err != nil {
 		t.Fatal(err)
 	}
@@ -315,5 +391,27 @@ func TestFoundation_DevServesAndLeavesNothing(t *testing.T) {
 	}
 	if _, err := os.Stat(state); !os.IsNotExist(err) {
 		t.Fatalf("temporary state directory %s remains", state)
+	}
+}
+
+func TestFoundation_EngineDiesWhileReadyStartsAgain(t *testing.T) {
+	r := harness.StartStandalone(t, harness.Options{})
+	// Each engine answers its readiness check and one request, then dies.
+	r.AddFakeEngine("fragile", "--crash-after", "2")
+	r.MustDeploy("fragile", harness.SimpleSpec("fragile", "fragile"))
+	in := status(t, r, "fragile").Instances[0]
+	first, gen := in.PID, in.Generation
+	chatOK(t, r, "fragile")
+	harness.Eventually(t, 30*time.Second, "the death to be noticed", func() bool {
+		in := status(t, r, "fragile").Instances[0]
+		return in.State == "stopped" && in.LastError != nil && in.LastError.Code == "engine_error"
+	})
+	if harness.Alive(first) {
+		t.Fatalf("engine %d still alive", first)
+	}
+	// The next request starts it again (a new launch of the instance).
+	chatOK(t, r, "fragile")
+	if in := status(t, r, "fragile").Instances[0]; in.Generation <= gen {
+		t.Fatalf("no new launch: generation %d, was %d", in.Generation, gen)
 	}
 }

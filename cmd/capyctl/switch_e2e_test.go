@@ -151,6 +151,10 @@ func TestSwitch_AlternatingRequestsParkTheOther(t *testing.T) {
 			}
 			ledgerWithinLimits(t, r)
 			if round == 0 && name == "a" {
+				// The Qwen3-shaped model gets its family's parsers.
+				if out, _, _ := r.CLI("status", "deployment", "a"); !strings.Contains(out, "Parsers: tool calls hermes, reasoning qwen3 (model_family)") {
+					t.Fatalf("status has no Parsers line:\n%s", out)
+				}
 				continue
 			}
 			o := deploymentStatus(t, r, other[name]).Instances[0]
@@ -244,9 +248,14 @@ func TestSwitch_KillCoreDuringSwitch(t *testing.T) {
 			resp.Body.Close()
 		}
 	}()
+	// "starting" is published before the driver spawns the engine: wait
+	// for b's engine process too (a PID is shown once Start returned), or
+	// the kill may land before anything of b runs, and the restarted core
+	// rightly finds b gone.
 	harness.Eventually(t, 30*time.Second, "the switch to be under way", func() bool {
+		b := deploymentStatus(t, r, "b").Instances[0]
 		return deploymentStatus(t, r, "a").Instances[0].State == "parked" &&
-			deploymentStatus(t, r, "b").Instances[0].State == "starting"
+			b.State == "starting" && b.PID != 0
 	})
 	r.Kill9()
 	if err := os.WriteFile(hold, nil, 0o600); err != nil {
@@ -274,4 +283,19 @@ func TestSwitch_KillCoreDuringSwitch(t *testing.T) {
 		t.Fatalf("b is %s after the switch back", st.State)
 	}
 	ledgerWithinLimits(t, r)
+}
+
+func TestSwitch_HostBackedRefusedOnUnifiedMemory(t *testing.T) {
+	r := harness.StartSimulated(t, harness.SimGPU{Unified: true, DeviceMemory: "24GiB", SystemLimit: "16GiB", SystemReserve: "1GiB"}, harness.Options{})
+	venv := conformance.FakeVenv(t, t.TempDir(), map[string]string{"vllm": "0.32.0"}, nil)
+	if out, errOut, code := r.CLI("engine", "add", venv, "--yes"); code != 0 {
+		t.Fatalf("engine add: %d %s%s", code, out, errOut)
+	}
+	conformance.FakeModel(t, filepath.Join(r.StateDir, "models", "hb"), 1<<20)
+	spec := "deployment \"hb\" {\n  engine    = \"vllm\"\n  residency = \"host_backed\"\n  model {\n    path = \"hb/model\"\n  }\n}\n"
+	f := r.WriteFile("specs/hb.hcl", spec)
+	_, errOut, code := r.CLI("deploy", "--file", f)
+	if code != 5 || !strings.Contains(errOut, "host_backed_unavailable") {
+		t.Fatalf("host_backed on unified memory: exit %d: %s", code, errOut)
+	}
 }

@@ -217,6 +217,7 @@ func New(s Settings, logger hclog.Logger) (*Agent, error) {
 		EngineLogs:      orDefault(s.EngineLogs, "file"),
 		Retention:       orDefault(s.Retention, "standard"),
 		HostEnv:         hostEnv,
+		Unified:         a.Placer != nil && a.Placer.Unified(),
 	}
 	if policy.Retention == "zero" {
 		policy.EngineLogs = "memory"

@@ -153,7 +153,7 @@ func Status(v *lifecycle.DeploymentView) wire.DeploymentStatus {
 		is := wire.InstanceStatus{
 			ID: r.ID(), Index: r.Index, State: string(r.State), Since: r.Since, Revision: r.Revision, Generation: r.Generation,
 			Engine: r.Engine, Driver: r.Driver, Residency: r.Residency, LastTransition: r.LastTransition, LastError: r.LastError,
-			Released: r.Released, Charges: r.Charges, Phase: r.Phase,
+			Released: r.Released, Charges: r.Charges, Phase: r.Phase, Parsers: r.Parsers,
 		}
 		if r.Launch != nil && r.State != structs.StateStopped && r.State != structs.StateFailed {
 			is.Port = r.Launch.Port

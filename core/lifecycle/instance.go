@@ -404,6 +404,10 @@ func (in *instance) start(why string, evict bool) error {
 		r.Revision = dr.Revision
 		r.Generation++
 		r.Residency = plan.GetResidency()
+		r.Parsers = nil
+		if p := plan.GetParsers(); p != nil && (p.GetToolCall() != "" || p.GetReasoning() != "" || p.GetProvenance() != "") {
+			r.Parsers = &structs.Parsers{ToolCall: p.GetToolCall(), Reasoning: p.GetReasoning(), Provenance: p.GetProvenance()}
+		}
 		r.LastError = nil
 		r.Released = ""
 		r.Phase = "startup"

@@ -110,7 +110,10 @@ type Manager struct {
 	deployments map[string]*deployment
 	byID        map[string]*instance
 	routes      atomic.Pointer[RouteTable]
-	requests    requestsHolder
+	// routesMu serialises rebuildRoutes: a table built from older
+	// snapshots must never be published after a newer one.
+	routesMu sync.Mutex
+	requests requestsHolder
 	// switchMu serialises switches: one eviction plan at a time on a host.
 	switchMu sync.Mutex
 

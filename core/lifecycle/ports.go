@@ -4,6 +4,7 @@
 package lifecycle
 
 import (
+	"math/rand/v2"
 	"sync"
 
 	"github.com/capyctl/capyctl/core/structs"
@@ -22,9 +23,16 @@ type PortPool struct {
 	free func(port int) bool
 }
 
-// NewPortPool returns a pool over [lo, hi].
+// NewPortPool returns a pool over [lo, hi]. Leases go round the range from
+// a random port: two roles started at once on the same range (two
+// `capyctl dev`) would otherwise both lease its first port, both find it
+// free, and the second launch would meet the first one's engine there.
 func NewPortPool(lo, hi int) *PortPool {
-	return &PortPool{lo: lo, hi: hi, leased: map[int]string{}, next: lo, free: proc.PortFree}
+	next := lo
+	if hi > lo {
+		next += rand.IntN(hi - lo + 1)
+	}
+	return &PortPool{lo: lo, hi: hi, leased: map[int]string{}, next: next, free: proc.PortFree}
 }
 
 // Lease returns a free port for owner.

@@ -50,7 +50,15 @@ func (t *RouteTable) List() []*Route { return t.list }
 func (m *Manager) Routes() *RouteTable { return m.routes.Load() }
 
 // rebuildRoutes publishes a new table from the in-memory state.
+//
+// IMPORTANT: the snapshots and the publication happen under routesMu.
+// Transitions of different instances rebuild from their own goroutines;
+// without the lock a rebuild that read an instance before its change could
+// publish after the rebuild that followed the change, and the router would
+// keep a ready instance out of its table until the next transition.
 func (m *Manager) rebuildRoutes() {
+	m.routesMu.Lock()
+	defer m.routesMu.Unlock()
 	m.mu.Lock()
 	deps := make([]*deployment, 0, len(m.deployments))
 	for _, d := range m.deployments {

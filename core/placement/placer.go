@@ -176,6 +176,10 @@ func (p *Placer) Close() {
 	}
 }
 
+// Unified reports whether the host's GPU memory is one pool with host RAM
+// (host_backed residency is refused there).
+func (p *Placer) Unified() bool { return p.unified() }
+
 // unified reports whether the host is one unified pool.
 func (p *Placer) unified() bool {
 	doms := p.l.Domains()

@@ -111,6 +111,17 @@ type InstanceRecord struct {
 	// Phase is the ledger phase the charges belong to.
 	Phase      string    `json:"phase,omitempty"`
 	LastUsedAt time.Time `json:"last_used_at,omitempty"`
+	// Parsers are the tool-call and reasoning parsers the launch renders.
+	Parsers *Parsers `json:"parsers,omitempty"`
+}
+
+// Parsers says which tool-call and reasoning parsers an engine runs with,
+// and why (declared, off, extra_args, model_family, unknown_family,
+// unsupported).
+type Parsers struct {
+	ToolCall   string `json:"tool_call,omitempty"`
+	Reasoning  string `json:"reasoning,omitempty"`
+	Provenance string `json:"provenance,omitempty"`
 }
 
 // ID returns "<deployment>/<index>".

@@ -290,15 +290,21 @@ func (s *SGLang) resume(e *Engine, w http.ResponseWriter, r *http.Request) {
 		s.WriteError(w, KindInvalidJSON, "invalid JSON body: "+err.Error())
 		return
 	}
-	if err := e.Wake(tags...); err != nil {
-		s.WriteError(w, KindEngineFailure, err.Error())
-		return
-	}
+	// IMPORTANT: decide staleness before the wake: the wake releases the
+	// requests that waited, and they must already see the stale weights.
 	s.mu.Lock()
+	wasDropped, wasStale := s.dropped, s.stale
 	if s.dropped && (len(tags) == 0 || containsTag(tags, TagWeights)) {
 		s.stale, s.dropped = true, false
 	}
 	s.mu.Unlock()
+	if err := e.Wake(tags...); err != nil {
+		s.mu.Lock()
+		s.dropped, s.stale = wasDropped, wasStale
+		s.mu.Unlock()
+		s.WriteError(w, KindEngineFailure, err.Error())
+		return
+	}
 	WriteJSON(w, http.StatusOK, nil)
 }
 

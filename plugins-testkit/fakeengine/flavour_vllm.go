@@ -203,20 +203,27 @@ func (v *VLLM) waitIdle(e *Engine, r *http.Request) bool {
 // wakeUp answers POST /wake_up[?tags=...].
 func (v *VLLM) wakeUp(e *Engine, w http.ResponseWriter, r *http.Request) {
 	tags := r.URL.Query()["tags"]
-	if err := e.Wake(tags...); err != nil {
-		v.WriteError(w, KindEngineFailure, err.Error())
-		return
-	}
 	wokeWeights := len(tags) == 0
 	for _, t := range tags {
 		wokeWeights = wokeWeights || t == TagWeights
 	}
+	// IMPORTANT: the weights turn stale before the wake lets requests that
+	// waited while asleep run, or the first of them answers as if the
+	// contents had been kept.
 	v.mu.Lock()
+	stale, dropped := v.stale, v.dropped
 	if wokeWeights && v.dropped {
 		// Level 2 kept no copy: the memory is back, its contents are not.
 		v.stale, v.dropped = true, false
 	}
 	v.mu.Unlock()
+	if err := e.Wake(tags...); err != nil {
+		v.mu.Lock()
+		v.stale, v.dropped = stale, dropped
+		v.mu.Unlock()
+		v.WriteError(w, KindEngineFailure, err.Error())
+		return
+	}
 	w.WriteHeader(http.StatusOK)
 }
 

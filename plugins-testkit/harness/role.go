@@ -74,8 +74,11 @@ func (r *Role) start() {
 	r.t.Helper()
 	_ = os.Remove(filepath.Join(r.StateDir, client.RunInfoFile))
 	if r.ports == "" {
-		// Roles of parallel tests lease engine ports from disjoint ranges.
-		base := 20000 + rand.IntN(400)*100
+		// Roles of parallel tests lease engine ports from ranges picked at
+		// random below Linux's ephemeral ports (32768 and up), so that no
+		// client connection or ":0" listener of another test takes a port
+		// between its lease and the engine's bind.
+		base := 10000 + rand.IntN(220)*100
 		r.ports = fmt.Sprintf("%d-%d", base, base+99)
 	}
 	args := append([]string{"start", "standalone", "--state-dir", r.StateDir,

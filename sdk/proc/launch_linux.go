@@ -254,6 +254,22 @@ func ReadStatus(launchDir string) (Status, error) {
 	return Status{EnginePID: rec.PID, Exited: true, ExitCode: rec.Code, Signal: rec.Signal}, nil
 }
 
+// WaitExitStatus returns the status of an engine whose process is gone.
+// The shim records the exit a moment after the process dies (once it has
+// copied the engine's last output), so until then ReadStatus still says
+// running: the status is read again until it says exited, the shim is gone
+// without a record (ErrNoStatus), or wait has passed (Exited is false
+// then).
+func WaitExitStatus(launchDir string, wait time.Duration) (Status, error) {
+	var st Status
+	var err error
+	poll(wait, func() bool {
+		st, err = ReadStatus(launchDir)
+		return (err == nil && st.Exited) || errors.Is(err, ErrNoStatus)
+	})
+	return st, err
+}
+
 // Tail returns the last maxBytes (at least 1; a negative value means all
 // that is kept) of the engine's redacted output: from the shim's ring when
 // the shim answers and the ring can hold that much, else from the log files

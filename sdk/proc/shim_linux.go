@@ -161,6 +161,11 @@ func runShim() int {
 		Stdout: pw,
 		Stderr: pw,
 	}
+	if spec.NoCoreDumps {
+		// The limit set here is inherited by the engine and its children;
+		// the hard limit too, so the engine cannot raise it again.
+		_ = syscall.Setrlimit(syscall.RLIMIT_CORE, &syscall.Rlimit{Cur: 0, Max: 0})
+	}
 	err = cmd.Start()
 	pw.Close()
 	if err != nil {
@@ -329,12 +334,10 @@ func (s *shim) handle(conn *net.UnixConn) {
 		text, truncated := s.ring.Tail(n)
 		result = tailResult{Text: text, Truncated: truncated}
 	case len(fields) == 1 && fields[0] == "bye":
-		s.mu.Lock()
-		if !s.byeSeen {
-			s.byeSeen = true
-			close(s.bye)
-		}
-		s.mu.Unlock()
+		// IMPORTANT: answer before letting the shim go. Closing s.bye first
+		// lets the shim exit before the answer is written, and the caller
+		// reads EOF instead of its acknowledgement.
+		defer s.sayBye()
 		result = true
 	default:
 		failure = "unknown command"
@@ -348,6 +351,16 @@ func (s *shim) handle(conn *net.UnixConn) {
 		resp.Result = b
 	}
 	_ = json.NewEncoder(conn).Encode(resp)
+}
+
+// sayBye ends the shim's linger (once).
+func (s *shim) sayBye() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.byeSeen {
+		s.byeSeen = true
+		close(s.bye)
+	}
 }
 
 // sink writes redacted output to the ring and, in file mode, the log file.

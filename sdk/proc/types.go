@@ -84,6 +84,9 @@ type LaunchSpec struct {
 	// Secrets are exact values redacted from the output (the engine key and
 	// others), besides the Redactor's patterns.
 	Secrets []string `json:"secrets"`
+	// NoCoreDumps sets the engine's core-file size limit to 0, so a crash
+	// leaves no memory image (prompts, keys) on disk: retention = "zero".
+	NoCoreDumps bool `json:"no_core_dumps,omitempty"`
 	// Executable overrides the executable started as the shim (default
 	// os.Executable()). It must call MaybeRunShim first thing in main.
 	Executable string `json:"-"`

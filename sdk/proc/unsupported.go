@@ -42,6 +42,11 @@ func Stop(Launched, time.Duration) (StopResult, error) {
 // ReadStatus returns ErrUnsupported outside Linux.
 func ReadStatus(string) (Status, error) { return Status{ExitCode: -1}, ErrUnsupported }
 
+// WaitExitStatus returns ErrUnsupported outside Linux.
+func WaitExitStatus(string, time.Duration) (Status, error) {
+	return Status{ExitCode: -1}, ErrUnsupported
+}
+
 // Tail returns ErrUnsupported outside Linux.
 func Tail(string, int) (string, bool, error) { return "", false, ErrUnsupported }
 

@@ -113,6 +113,9 @@ func (c *Meta) printStatus(st *wire.DeploymentStatus) {
 		if in.Released != "" {
 			fmt.Fprintf(c.Out, "%s released: %s\n", in.ID, in.Released)
 		}
+		if p := in.Parsers; p != nil {
+			fmt.Fprintf(c.Out, "%s Parsers: tool calls %s, reasoning %s (%s)\n", in.ID, orNone(p.ToolCall), orNone(p.Reasoning), orDash(p.Provenance))
+		}
 		if in.LastError != nil {
 			fmt.Fprintf(c.Out, "%s last error [%s]: %s\n", in.ID, in.LastError.Code, in.LastError.Message)
 		}
@@ -124,6 +127,13 @@ func (c *Meta) printStatus(st *wire.DeploymentStatus) {
 			fmt.Fprintf(c.Out, "requests.%s: %v\n", k, st.Requests[k])
 		}
 	}
+}
+
+func orNone(s string) string {
+	if s == "" {
+		return "none"
+	}
+	return s
 }
 
 func orDash(s string) string {

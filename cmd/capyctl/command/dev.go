@@ -126,6 +126,7 @@ func (c *DevCommand) Run(args []string) int {
 		c.PrintJSON(map[string]string{
 			"endpoint": "http://" + addr + "/v1", "api_key": key, "state_dir": stateDir,
 			"management": "http://" + a.ManagementAddr(), "gpu": a.GPU.Kind(), "model": "demo",
+			"switch_models": "chat-a,chat-b",
 		})
 		<-ctx.Done()
 		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -140,6 +141,9 @@ func (c *DevCommand) Run(args []string) int {
 	fmt.Fprintf(c.Out, "CLI:      CAPYCTL_STATE_DIR=%s capyctl status deployment demo\n\n", stateDir)
 	fmt.Fprintf(c.Out, "Try a streamed chat request:\n\n")
 	fmt.Fprintf(c.Out, "  curl -N http://%s/v1/chat/completions \\\n    -H 'Authorization: Bearer %s' \\\n    -H 'Content-Type: application/json' \\\n    -d '{\"model\":\"demo\",\"stream\":true,\"messages\":[{\"role\":\"user\",\"content\":\"Hello\"}]}'\n\n", addr, key)
+	fmt.Fprintf(c.Out, "Two more models, chat-a and chat-b, run on a fake vLLM and do not fit on the\n")
+	fmt.Fprintf(c.Out, "simulated card together. Ask one, then the other: CapyCTL wakes the one you\n")
+	fmt.Fprintf(c.Out, "name and parks the other to make room (capyctl status deployment chat-a).\n\n")
 	fmt.Fprintf(c.Out, "Press Ctrl-C to stop: the engines stop and nothing is left behind.\n")
 	<-ctx.Done()
 	fmt.Fprintln(c.Err, "\nStopping: engines, drivers and the role...")
@@ -199,8 +203,120 @@ const devSpec = `deployment "demo" {
 }
 `
 
-// devSetup registers the fake engine and starts the demo deployment.
+// devSwitchSpec are two models on the fake vLLM that do not fit on the
+// simulated card together (14 GiB each of a 24 GiB card beside demo's 4
+// GiB): requests for one and then the other show parking and waking.
+const devSwitchSpec = `deployment "chat-a" {
+  engine = "vllm"
+  model {
+    path = "chat-a"
+  }
+  engine_config {
+    memory {
+      request = "14GiB"
+      startup = "14GiB"
+    }
+  }
+}
+
+deployment "chat-b" {
+  engine = "vllm"
+  model {
+    path = "chat-b"
+  }
+  engine_config {
+    memory {
+      request = "14GiB"
+      startup = "14GiB"
+    }
+  }
+}
+`
+
+// devModelFiles are a small Qwen3-shaped model directory: the fake vLLM
+// reads its config and holds the weights its knob says on the simulated
+// card.
+var devModelFiles = map[string]string{
+	"config.json": `{"model_type":"qwen3","architectures":["Qwen3ForCausalLM"],"num_hidden_layers":28,"num_attention_heads":16,` +
+		`"num_key_value_heads":8,"hidden_size":1024,"head_dim":128,"torch_dtype":"bfloat16","max_position_embeddings":40960}`,
+	"tokenizer_config.json": `{"chat_template":"{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"}`,
+	"README":                "A placeholder model for the testkit's fake vLLM.\n",
+}
+
+// devFakeVenv makes a Python environment whose interpreter is the fake
+// engine: the vLLM driver runs `<venv>/bin/python -m vllm.entrypoints...`
+// exactly as for a real vLLM and gets the fake vLLM flavour.
+func devFakeVenv(dir, fakePath string) (string, error) {
+	venv := filepath.Join(dir, "engines", "vllm-fake")
+	site := filepath.Join(venv, "lib", "python3.12", "site-packages", "vllm-0.32.0.dist-info")
+	if err := os.MkdirAll(filepath.Join(venv, "bin"), 0o700); err != nil {
+		return "", err
+	}
+	if err := os.MkdirAll(site, 0o700); err != nil {
+		return "", err
+	}
+	py := filepath.Join(venv, "bin", "python")
+	_ = os.Remove(py)
+	if err := os.Symlink(fakePath, py); err != nil {
+		return "", err
+	}
+	files := map[string]string{
+		"METADATA": "Metadata-Version: 2.1\nName: vllm\nVersion: 0.32.0\n\n",
+		"RECORD":   "vllm/__init__.py,sha256=fake,1\n",
+	}
+	for n, body := range files {
+		if err := os.WriteFile(filepath.Join(site, n), []byte(body), 0o600); err != nil {
+			return "", err
+		}
+	}
+	return venv, nil
+}
+
+// devSetup registers the fake engines and deploys the demo models: demo
+// (started at once) and chat-a and chat-b (started by the first request
+// that names each).
 func devSetup(ctx context.Context, a *agent.Agent, stateDir, fakePath string) error {
+	if err := devSetupDemo(ctx, a, stateDir, fakePath); err != nil {
+		return err
+	}
+	venv, err := devFakeVenv(stateDir, fakePath)
+	if err != nil {
+		return structs.Wrap(structs.CodeInternal, err, "create the fake vLLM environment")
+	}
+	if _, err := a.Engines.Add(ctx, wire.EngineAddRequest{
+		Name: "vllm", Path: venv,
+		Env: map[string]string{"CAPYCTL_FAKE_SIM_WEIGHTS": "8GiB", "CAPYCTL_FAKE_TOKEN_RATE": "200"},
+	}); err != nil && !structs.HasCode(err, structs.CodeEngineExists) {
+		return err
+	}
+	for _, name := range []string{"chat-a", "chat-b"} {
+		dir := filepath.Join(stateDir, "models", name)
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return structs.Wrap(structs.CodeInternal, err, "create a demo model directory")
+		}
+		for n, body := range devModelFiles {
+			if err := os.WriteFile(filepath.Join(dir, n), []byte(body), 0o600); err != nil {
+				return structs.Wrap(structs.CodeInternal, err, "write a demo model")
+			}
+		}
+	}
+	specs, err := jobspec.Parse([]byte(devSwitchSpec), "dev-switch.hcl")
+	if err != nil {
+		return err
+	}
+	for _, spec := range specs {
+		if _, err := a.Lifecycle.Deployment(spec.Name); err == nil {
+			continue
+		}
+		if _, _, err := a.Lifecycle.Deploy(ctx, spec, lifecycle.DeployOptions{Validate: a.Lifecycle.ValidateDeployment}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// devSetupDemo registers the generic fake engine and starts demo.
+func devSetupDemo(ctx context.Context, a *agent.Agent, stateDir, fakePath string) error {
 	modelDir := filepath.Join(stateDir, "models", "demo")
 	if err := os.MkdirAll(modelDir, 0o700); err != nil {
 		return structs.Wrap(structs.CodeInternal, err, "create demo model directory")

@@ -126,6 +126,8 @@ type InstanceStatus struct {
 	Released       string               `json:"released,omitempty"`
 	Charges        map[string]int64     `json:"charges,omitempty"`
 	Phase          string               `json:"phase,omitempty"`
+	// Parsers are the tool-call and reasoning parsers the engine runs with.
+	Parsers *structs.Parsers `json:"parsers,omitempty"`
 }
 
 // DeploymentList answers GET /deployments.
