@@ -177,6 +177,8 @@ func (cl *engineClient) do(ctx context.Context, t engineTarget, extra, body []by
 			return &engineCall{}, err
 		}
 		call := &engineCall{cl: cl, addr: t.addr, conn: conn, cut: cut}
+		// Every call sets its own deadline before any I/O, so what a pooled
+		// connection's last user left there never matters.
 		_ = conn.SetDeadline(deadline)
 		bufs := net.Buffers{head, body}
 		_, werr := bufs.WriteTo(conn)
