@@ -13,14 +13,49 @@ import (
 	"time"
 )
 
-// chunkHead is the part of a streamed chat chunk the router reads.
+// chunkHead is the part of a streamed chat chunk the router reads
+// (decodeChunk fills it).
 type chunkHead struct {
-	ID                string          `json:"id"`
-	Created           int64           `json:"created"`
-	SystemFingerprint json.RawMessage `json:"system_fingerprint"`
-	Choices           []chunkChoice   `json:"choices"`
-	Usage             json.RawMessage `json:"usage"`
-	Timings           json.RawMessage `json:"timings"`
+	ID                string            `json:"id"`
+	Created           int64             `json:"created"`
+	SystemFingerprint json.RawMessage   `json:"system_fingerprint"`
+	RawChoices        []json.RawMessage `json:"choices"`
+	Usage             json.RawMessage   `json:"usage"`
+	Timings           json.RawMessage   `json:"timings"`
+	Choices           []chunkChoice     `json:"-"`
+}
+
+// decodeChunk decodes a streamed chunk one level at a time: the chunk,
+// then each choice (with its delta), then each tool call. IMPORTANT:
+// encoding/json's stack grows by about 1 KiB per nested object, and chunks
+// are decoded on the handler's goroutine, whose stack every open stream
+// pays for (see relaySSE); decoding the whole nesting at once pushed that
+// stack from 8 to 16 KiB.
+func decodeChunk(payload []byte, c *chunkHead) error {
+	if err := json.Unmarshal(payload, c); err != nil {
+		return err
+	}
+	if len(c.RawChoices) == 0 {
+		return nil
+	}
+	c.Choices = make([]chunkChoice, len(c.RawChoices))
+	for i, raw := range c.RawChoices {
+		ch := &c.Choices[i]
+		if err := json.Unmarshal(raw, ch); err != nil {
+			return err
+		}
+		d := &ch.Delta
+		if len(d.RawToolCalls) == 0 {
+			continue
+		}
+		d.ToolCalls = make([]toolCallDelta, len(d.RawToolCalls))
+		for j, rt := range d.RawToolCalls {
+			if err := json.Unmarshal(rt, &d.ToolCalls[j]); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 type chunkChoice struct {
@@ -32,12 +67,13 @@ type chunkChoice struct {
 
 // delta is a chunk's piece of the message.
 type delta struct {
-	Role             string          `json:"role"`
-	Content          *string         `json:"content"`
-	ReasoningContent *string         `json:"reasoning_content"`
-	Reasoning        *string         `json:"reasoning"`
-	Refusal          *string         `json:"refusal"`
-	ToolCalls        []toolCallDelta `json:"tool_calls"`
+	Role             string            `json:"role"`
+	Content          *string           `json:"content"`
+	ReasoningContent *string           `json:"reasoning_content"`
+	Reasoning        *string           `json:"reasoning"`
+	Refusal          *string           `json:"refusal"`
+	RawToolCalls     []json.RawMessage `json:"tool_calls"`
+	ToolCalls        []toolCallDelta   `json:"-"`
 }
 
 type toolCallDelta struct {
@@ -215,7 +251,7 @@ func (a *aggregate) add(payload []byte, q *request) {
 		}
 	}
 	var c chunkHead
-	if json.Unmarshal(payload, &c) != nil {
+	if decodeChunk(payload, &c) != nil {
 		return
 	}
 	if c.Created != 0 && a.created == 0 {

@@ -25,7 +25,8 @@ import (
 // buffers per connection and hands every response through channels. The
 // router keeps thousands of streams open at once and wants to add almost
 // nothing to each answer; here a request costs one writev, the handler's
-// own goroutine reads the answer, and an idle stream holds a 2 KiB reader.
+// own goroutine reads the answer, and an idle stream holds no buffer (see
+// sseReader).
 type engineClient struct {
 	dialer  net.Dialer
 	maxIdle int
@@ -42,6 +43,8 @@ func newEngineClient(maxIdlePerAddr int) *engineClient {
 	}
 }
 
+// readerPool holds the readers of answer heads; a call returns its reader
+// once the head is read (SSE) or the body is (JSON, errors).
 var readerPool = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, 2048) }}
 
 var headPool = sync.Pool{New: func() any { b := make([]byte, 0, 512); return &b }}
@@ -50,14 +53,68 @@ var headPool = sync.Pool{New: func() any { b := make([]byte, 0, 512); return &b 
 // matters).
 var postRequest = &http.Request{Method: http.MethodPost}
 
+// cutter ends a request's engine work from any goroutine: it records the
+// first cause and closes the engine connection, which is how engines learn
+// that a request was abandoned. A call attaches its connection while it
+// uses it and detaches it before pooling it, so a late cut never closes a
+// connection another request has taken.
+type cutter struct {
+	mu    sync.Mutex
+	cause error
+	conn  net.Conn
+}
+
+// cut records cause (the first one wins) and closes the attached
+// connection.
+func (c *cutter) cut(cause error) {
+	c.mu.Lock()
+	if c.cause == nil {
+		c.cause = cause
+		if c.conn != nil {
+			_ = c.conn.Close()
+		}
+	}
+	c.mu.Unlock()
+}
+
+// attach makes conn the connection a cut closes; a request cut already
+// closes conn and returns the cause.
+func (c *cutter) attach(conn net.Conn) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.cause != nil {
+		_ = conn.Close()
+		return c.cause
+	}
+	c.conn = conn
+	return nil
+}
+
+// detach forgets the connection; false when a cut closed it.
+func (c *cutter) detach() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.conn = nil
+	return c.cause == nil
+}
+
+// err is the cut's cause, nil while the request was not cut.
+func (c *cutter) err() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.cause
+}
+
 // engineCall is one request in flight on an engine connection.
 type engineCall struct {
-	cl   *engineClient
-	addr string
-	conn net.Conn
-	br   *bufio.Reader
-	stop func() bool
-	// Resp is the engine's answer; its Body reads from the connection.
+	cl    *engineClient
+	addr  string
+	conn  net.Conn
+	br    *bufio.Reader
+	cut   *cutter
+	close bool // the engine will close the connection after this answer
+	// Resp is the engine's answer head; its Body reads from the connection
+	// (the SSE relay reads the connection itself: newSSEReader).
 	Resp *http.Response
 	// Sent is true once the request was written (the engine may have it).
 	Sent bool
@@ -91,12 +148,13 @@ func parseEngineURL(base, path string) (engineTarget, error) {
 	return engineTarget{addr: host, path: p + path}, nil
 }
 
-// do sends a POST with a JSON body and reads the answer's head. ctx ending
-// closes the connection, which is how engines learn that a request was
-// abandoned. extra holds "Name: value\r\n" lines. A request that fails on a
-// reused connection before the engine answered anything is retried once on
-// a new connection.
-func (cl *engineClient) do(ctx context.Context, t engineTarget, extra []byte, body []byte) (*engineCall, error) {
+// do sends a POST with a JSON body and reads the answer's head. The
+// connection's deadline is set to deadline (the request's bound until its
+// first output); cut closes the connection, which is how engines learn that
+// a request was abandoned; ctx bounds a dial. extra holds "Name: value\r\n"
+// lines. A request that fails on a reused connection before the engine
+// answered anything is retried once on a new connection.
+func (cl *engineClient) do(ctx context.Context, t engineTarget, extra, body []byte, deadline time.Time, cut *cutter) (*engineCall, error) {
 	hp := headPool.Get().(*[]byte)
 	head := (*hp)[:0]
 	head = append(head, "POST "...)
@@ -111,12 +169,15 @@ func (cl *engineClient) do(ctx context.Context, t engineTarget, extra []byte, bo
 	defer func() { *hp = head[:0]; headPool.Put(hp) }()
 
 	for attempt := 0; ; attempt++ {
-		conn, reused, err := cl.conn(ctx, t.addr)
+		conn, reused, err := cl.conn(ctx, t.addr, deadline)
 		if err != nil {
 			return &engineCall{}, err
 		}
-		call := &engineCall{cl: cl, addr: t.addr, conn: conn}
-		call.stop = context.AfterFunc(ctx, func() { conn.Close() })
+		if err := cut.attach(conn); err != nil {
+			return &engineCall{}, err
+		}
+		call := &engineCall{cl: cl, addr: t.addr, conn: conn, cut: cut}
+		_ = conn.SetDeadline(deadline)
 		bufs := net.Buffers{head, body}
 		_, werr := bufs.WriteTo(conn)
 		call.Sent = werr == nil || !reused
@@ -125,14 +186,15 @@ func (cl *engineClient) do(ctx context.Context, t engineTarget, extra []byte, bo
 			call.br.Reset(conn)
 			call.Resp, err = http.ReadResponse(call.br, postRequest)
 			if err == nil {
+				call.close = call.Resp.Close
 				return call, nil
 			}
 			werr = err
 		}
 		answered := call.br != nil && call.br.Buffered() > 0
 		call.finish(false)
-		if ctx.Err() != nil {
-			return call, context.Cause(ctx)
+		if c := cut.err(); c != nil {
+			return call, c
 		}
 		if reused && attempt == 0 && !answered && staleConnErr(werr) {
 			continue
@@ -149,8 +211,9 @@ func staleConnErr(err error) bool {
 		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) || errors.Is(err, net.ErrClosed)
 }
 
-// conn returns an idle connection to addr, or a new one.
-func (cl *engineClient) conn(ctx context.Context, addr string) (net.Conn, bool, error) {
+// conn returns an idle connection to addr, or a new one dialed before
+// deadline.
+func (cl *engineClient) conn(ctx context.Context, addr string, deadline time.Time) (net.Conn, bool, error) {
 	cl.mu.Lock()
 	if list := cl.idle[addr]; len(list) > 0 {
 		c := list[len(list)-1]
@@ -159,8 +222,20 @@ func (cl *engineClient) conn(ctx context.Context, addr string) (net.Conn, bool, 
 		return c, true, nil
 	}
 	cl.mu.Unlock()
+	ctx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
 	c, err := cl.dialer.DialContext(ctx, "tcp", addr)
 	return c, false, err
+}
+
+// releaseReader returns the head's reader to its pool; the bytes it had
+// buffered are lost.
+func (c *engineCall) releaseReader() {
+	if c.br != nil {
+		c.br.Reset(nil)
+		readerPool.Put(c.br)
+		c.br = nil
+	}
 }
 
 // finish ends the call: a connection whose answer was read to its end is
@@ -169,20 +244,16 @@ func (c *engineCall) finish(reusable bool) {
 	if c.conn == nil {
 		return
 	}
-	if c.stop != nil && !c.stop() {
-		reusable = false // ctx ended: the connection is closed already
+	if !c.cut.detach() {
+		reusable = false // cut: the connection is closed already
 	}
-	if c.Resp != nil && c.Resp.Close {
+	if c.close {
 		reusable = false
 	}
-	if c.br != nil {
-		if c.br.Buffered() > 0 {
-			reusable = false
-		}
-		c.br.Reset(nil)
-		readerPool.Put(c.br)
-		c.br = nil
+	if c.br != nil && c.br.Buffered() > 0 {
+		reusable = false
 	}
+	c.releaseReader()
 	conn := c.conn
 	c.conn = nil
 	if reusable {
@@ -194,7 +265,7 @@ func (c *engineCall) finish(reusable bool) {
 		}
 		c.cl.mu.Unlock()
 	}
-	conn.Close()
+	_ = conn.Close()
 }
 
 // closeIdle closes every pooled connection.

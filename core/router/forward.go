@@ -13,7 +13,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/capyctl/capyctl/core/admission"
@@ -36,8 +35,12 @@ func engineURL(base, path string) (engineTarget, error) {
 	return t, err
 }
 
-// forward sends the request to the engine and relays the answer.
-func (q *request) forward() {
+// forward sends the request to the engine and reads the answer's head.
+// It returns nil when the request was answered already (refused, cut or
+// failed); serve then relays the answer. IMPORTANT: the relay does not run
+// inside forward, so that forward's frame is not on the handler's stack for
+// the stream's life (see relaySSE).
+func (q *request) forward() *engineCall {
 	ep := &q.target.Endpoint
 	path := ep.ChatPath
 	if path == "" {
@@ -54,14 +57,14 @@ func (q *request) forward() {
 		q.place.Done()
 		q.place = nil
 		q.fail(structs.Wrap(structs.CodeInternal, err, "engine endpoint of %s", q.target.Instance))
-		return
+		return nil
 	}
 	body, err := q.engineBody()
 	if err != nil {
 		q.place.Done()
 		q.place = nil
 		q.fail(structs.Errf(structs.CodeInvalidRequest, "the request body is not a JSON object: %v", err))
-		return
+		return nil
 	}
 	var extra []byte
 	if ep.AuthHeader != "" && headerSafe(ep.AuthHeader, ep.AuthValue) {
@@ -77,48 +80,47 @@ func (q *request) forward() {
 		extra = append(extra, "\r\n"...)
 	}
 
-	ctx, cancel := context.WithCancelCause(q.r.Context())
-	defer cancel(nil)
-	var contentSeen atomic.Bool
-	watch := time.AfterFunc(max(q.deadlineLeft(), 0), func() {
-		if contentSeen.Load() {
-			cancel(errStreamIdle)
-		} else {
-			cancel(errDeadline)
-		}
-	})
-	defer watch.Stop()
-
+	// A hang-up cuts the engine request: the cutter closes its connection.
+	q.stopGone = context.AfterFunc(q.r.Context(), q.clientGone)
 	q.forwardAt = time.Now()
-	call, err := q.rt.engine.do(ctx, t, extra, body)
+	call, err := q.rt.engine.do(q.r.Context(), t, extra, body, q.start.Add(q.b.deadline), &q.cutter)
+	q.body = nil // the engine has it; a long stream need not keep it
 	if err != nil {
-		cause := q.cause(ctx)
-		switch {
-		case cause == errClientGone:
-			q.cut(call.Sent, false)
+		q.cut(call.Sent, false)
+		switch q.cause(err) {
+		case errClientGone:
 			q.gone()
-		case cause == errDeadline:
-			q.cut(call.Sent, false)
+		case errDeadline:
 			q.outcome = OutcomeDeadline
 			q.fail(structs.Errf(structs.CodeDeadlineExceeded, "model %q gave no output within the request deadline (%s)", q.model, q.b.deadline))
 		default:
-			q.cut(call.Sent, false)
 			q.outcome = OutcomeEngineError
 			q.fail(structs.Errf(structs.CodeUnavailable, "the engine of %s did not answer: %v", q.target.Instance, err))
 		}
-		return
+		return nil
 	}
 	q.headAt = time.Now()
+	return call
+}
+
+// relay answers with the engine's answer: its error, its event stream, or
+// its JSON.
+func (q *request) relay(call *engineCall) {
 	resp := call.Resp
-	if resp.StatusCode >= 400 {
+	switch {
+	case resp.StatusCode >= 400:
 		q.engineStatusError(call)
-		return
+	case q.api == structs.APIChat && strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream"):
+		q.relaySSE(newSSEReader(call, q.b.maxChunk), call)
+	default:
+		q.relayJSON(call)
 	}
-	if q.api == structs.APIChat && strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
-		q.relaySSE(ctx, cancel, call, &contentSeen, watch)
-		return
-	}
-	q.relayJSON(ctx, call)
+}
+
+// clientGone is the hang-up callback (context.AfterFunc on the request's
+// context).
+func (q *request) clientGone() {
+	q.cutter.cut(errClientGone)
 }
 
 // headerSafe refuses header names and values that would break the request.
@@ -126,12 +128,23 @@ func headerSafe(name, value string) bool {
 	return !strings.ContainsAny(name, "\r\n: ") && !strings.ContainsAny(value, "\r\n")
 }
 
-// cause says why the engine request's context ended.
-func (q *request) cause(ctx context.Context) error {
+// cause says why an engine call failed with err: the cut's cause (the
+// client went away, a bound), a bound the connection's deadline enforced,
+// or nil for a failure of the engine.
+func (q *request) cause(err error) error {
 	if q.r.Context().Err() != nil {
 		return errClientGone
 	}
-	return context.Cause(ctx)
+	if c := q.cutter.err(); c != nil {
+		return c
+	}
+	if errors.Is(err, os.ErrDeadlineExceeded) || errors.Is(err, context.DeadlineExceeded) {
+		if q.firstContent.IsZero() {
+			return errDeadline
+		}
+		return errStreamIdle
+	}
+	return nil
 }
 
 // cut ends the request's place after the router cut it. sent says whether
@@ -292,139 +305,165 @@ func engineErrorCode(payload []byte) int {
 	return 0
 }
 
+// sseState is what the relay has learned of a streamed answer.
+type sseState struct {
+	agg       *aggregate // the answer so far, for a client that asked for no stream
+	rw        rewriter
+	cutErr    error  // why the router cut the answer
+	engineErr []byte // the engine's error event
+	sawDone   bool   // [DONE] arrived
+	finished  bool   // the aggregate saw a finish reason
+	wrote     bool   // bytes were written since the last flush
+	trailer   bool   // the answer's end was written to the client
+}
+
 // relaySSE relays (or aggregates) a chat answer streamed by the engine.
-func (q *request) relaySSE(ctx context.Context, cancel context.CancelCauseFunc, call *engineCall, contentSeen *atomic.Bool, watch *time.Timer) {
-	sr := newSSEReader(call.Resp.Body, q.b.maxChunk)
+//
+// IMPORTANT: this loop runs on the handler's goroutine for the whole
+// stream, and every open stream pays for that goroutine's stack. Keep the
+// loop's frame small and rare work out of line (sseEvent, sseEnd), and
+// decode JSON one level at a time (decodeChunk): a stack that never grows
+// past 8 KiB is half the cost of one that did, and the runtime only shrinks
+// one whose idle depth is small.
+func (q *request) relaySSE(sr *sseReader, call *engineCall) {
 	defer sr.release()
-	var agg *aggregate
-	if !q.stream {
-		agg = newAggregate()
-	}
-	rw := rewriter{newID: q.id, public: q.model, served: q.target.Endpoint.ServedName}
-	var (
-		cutErr    error
-		engineErr []byte
-		sawDone   bool
-		finished  bool
-		wrote     bool
-		trailer   bool
-	)
+	st := &sseState{rw: rewriter{newID: q.id, public: q.model, served: q.target.Endpoint.ServedName}}
 	if q.stream {
 		q.setWriteDeadline()
+	} else {
+		st.agg = newAggregate()
 	}
 	for {
 		ev, err := sr.next()
 		if err != nil {
-			switch {
-			case errors.Is(err, io.EOF):
-			case errors.Is(err, errTooLarge):
-				cancel(errChunk)
-				cutErr = errChunk
-			default:
-				if sawDone || (finished && engineErr == nil) {
-					break // the answer is complete; only the end of the body is missing
-				}
-				if c := q.cause(ctx); c != nil {
-					cutErr = c
-				} else {
-					cutErr = err
-				}
-			}
+			q.sseReadErr(st, err)
 			break
 		}
-		kind, payload := classify(ev)
-		switch kind {
-		case evComment:
-		case evDone:
-			sawDone = true
-		case evError:
-			if engineErr == nil && !sawDone {
-				engineErr = append([]byte(nil), payload...)
-			}
-		case evData:
-			if sawDone || engineErr != nil {
-				continue
-			}
-			relay := true
-			if agg != nil {
-				relay = false
-				agg.add(payload, q)
-			} else {
-				relay = q.scan(payload, &rw)
-			}
-			if agg != nil && agg.finished {
-				finished = true
-			}
-			if q.firstContent.IsZero() && q.contentN > 0 {
-				q.firstContent = time.Now()
-				contentSeen.Store(true)
-				watch.Reset(q.b.streamIdle)
-			}
-			if relay {
-				if !q.headersSent {
-					q.sseHeaders()
-				}
-				if err := q.writeEvent(payload, &rw); err != nil {
-					cutErr = q.clientErr(cancel)
-				}
-				wrote = true
-			}
-		}
-		if cutErr != nil {
+		q.sseEvent(st, sr, ev)
+		if st.cutErr != nil {
 			break
 		}
-		if (sawDone || engineErr != nil) && !trailer {
-			trailer = true
-			// The answer is complete: it reaches the client now, before the
-			// engine's body is drained.
-			if engineErr == nil {
-				q.endAt = time.Now()
-				if err := q.writeAnswer(agg); err != nil {
-					cutErr = q.clientErr(cancel)
-					break
-				}
+		if (st.sawDone || st.engineErr != nil) && !st.trailer {
+			if q.sseComplete(st, sr); st.cutErr != nil {
+				break
 			}
-			watch.Reset(time.Second)
 		}
 		if !sr.buffered() {
-			if wrote && q.stream {
-				wrote = false
+			if st.wrote && q.stream {
+				st.wrote = false
 				if err := q.flush(); err != nil {
-					cutErr = q.clientErr(cancel)
+					st.cutErr = q.clientErr()
 					break
 				}
 				q.setWriteDeadline()
 			}
-			if !contentSeen.Load() {
-				continue
-			}
-			if !trailer {
-				watch.Reset(q.b.streamIdle)
+			if !q.firstContent.IsZero() && !st.trailer {
+				sr.readWithin(q.b.streamIdle)
 			}
 		}
 	}
-	watch.Stop()
+	q.sseEnd(st, sr, call)
+}
+
+// sseReadErr records why the engine's stream ended.
+func (q *request) sseReadErr(st *sseState, err error) {
+	switch {
+	case errors.Is(err, io.EOF):
+	case errors.Is(err, errTooLarge):
+		q.cutter.cut(errChunk)
+		st.cutErr = errChunk
+	default:
+		if st.sawDone || (st.finished && st.engineErr == nil) {
+			return // the answer is complete; only the end of the body is missing
+		}
+		if c := q.cause(err); c != nil {
+			st.cutErr = c
+		} else {
+			st.cutErr = err
+		}
+	}
+}
+
+// sseEvent handles one event of the engine's stream.
+func (q *request) sseEvent(st *sseState, sr *sseReader, ev []byte) {
+	kind, payload := classify(ev)
+	switch kind {
+	case evComment:
+	case evDone:
+		st.sawDone = true
+	case evError:
+		if st.engineErr == nil && !st.sawDone {
+			st.engineErr = append([]byte(nil), payload...)
+		}
+	case evData:
+		if st.sawDone || st.engineErr != nil {
+			return
+		}
+		relay := true
+		if st.agg != nil {
+			relay = false
+			st.agg.add(payload, q)
+			if st.agg.finished {
+				st.finished = true
+			}
+		} else {
+			relay = q.scan(payload, &st.rw)
+		}
+		if q.firstContent.IsZero() && q.contentN > 0 {
+			// From the first output on, the stream idle bound replaces the
+			// request deadline.
+			q.firstContent = time.Now()
+			sr.readWithin(q.b.streamIdle)
+		}
+		if relay {
+			if !q.headersSent {
+				q.sseHeaders()
+			}
+			if err := q.writeEvent(payload, &st.rw); err != nil {
+				st.cutErr = q.clientErr()
+			}
+			st.wrote = true
+		}
+	}
+}
+
+// sseComplete writes the end of a complete answer: it reaches the client
+// now, before the engine's body is drained (for a second at most).
+func (q *request) sseComplete(st *sseState, sr *sseReader) {
+	st.trailer = true
+	if st.engineErr == nil {
+		q.endAt = time.Now()
+		if err := q.writeAnswer(st.agg); err != nil {
+			st.cutErr = q.clientErr()
+			return
+		}
+	}
+	sr.readWithin(time.Second)
+}
+
+// sseEnd settles and answers the request once the engine's stream ended.
+func (q *request) sseEnd(st *sseState, sr *sseReader, call *engineCall) {
 	if q.endAt.IsZero() {
 		q.endAt = time.Now()
 	}
 	switch {
-	case cutErr != nil:
+	case st.cutErr != nil:
 		call.finish(false)
-		q.cutEnd(cutErr)
-	case engineErr != nil:
-		call.finish(sr.eof)
+		q.cutEnd(st.cutErr)
+	case st.engineErr != nil:
+		call.finish(sr.reusable())
 		if q.place != nil {
 			q.place.Failed()
 			q.place = nil
 		}
 		code := structs.CodeEngineError
 		q.outcome = OutcomeEngineError
-		if c := engineErrorCode(engineErr); (c == 400 || c == 413 || c == 422) && q.firstContent.IsZero() {
+		if c := engineErrorCode(st.engineErr); (c == 400 || c == 413 || c == 422) && q.firstContent.IsZero() {
 			code = structs.CodeEngineRejected
 			q.outcome = OutcomeEngineRejected
 		}
-		q.fail(structs.Errf(code, "%s", engineMessage(engineErr, 0)))
-	case !sawDone && !finished && !q.sawFinish:
+		q.fail(structs.Errf(code, "%s", engineMessage(st.engineErr, 0)))
+	case !st.sawDone && !st.finished && !q.sawFinish:
 		call.finish(false)
 		if q.place != nil {
 			q.place.Failed()
@@ -433,11 +472,11 @@ func (q *request) relaySSE(ctx context.Context, cancel context.CancelCauseFunc, 
 		q.outcome = OutcomeEngineError
 		q.fail(structs.Errf(structs.CodeEngineError, "the engine ended its answer without finishing it"))
 	default:
-		call.finish(sr.eof)
+		call.finish(sr.reusable())
 		q.done()
-		if !trailer {
+		if !st.trailer {
 			q.endAt = time.Now()
-			if err := q.writeAnswer(agg); err != nil {
+			if err := q.writeAnswer(st.agg); err != nil {
 				q.outcome = OutcomeCancelled
 			}
 		}
@@ -446,14 +485,14 @@ func (q *request) relaySSE(ctx context.Context, cancel context.CancelCauseFunc, 
 
 // clientErr ends the engine work after a failed write to the client: the
 // client went away, or read nothing within the client read bound.
-func (q *request) clientErr(cancel context.CancelCauseFunc) error {
+func (q *request) clientErr() error {
 	// IMPORTANT: net/http cancels the request's context on any failed
 	// write, a write deadline included: look at the error first.
 	if !errors.Is(q.writeErr, os.ErrDeadlineExceeded) && q.r.Context().Err() != nil {
-		cancel(errClientGone)
+		q.cutter.cut(errClientGone)
 		return errClientGone
 	}
-	cancel(errClientIdle)
+	q.cutter.cut(errClientIdle)
 	return errClientIdle
 }
 
@@ -533,7 +572,7 @@ func (q *request) writeAnswer(agg *aggregate) error {
 func (q *request) scan(payload []byte, rw *rewriter) bool {
 	if rw.oldID == "" || q.contentN == 0 {
 		var c chunkHead
-		if json.Unmarshal(payload, &c) == nil {
+		if decodeChunk(payload, &c) == nil {
 			if rw.oldID == "" && c.ID != "" {
 				rw.setOldID(c.ID)
 			}
@@ -562,7 +601,7 @@ func (q *request) scan(payload []byte, rw *rewriter) bool {
 	q.lastContent = time.Now()
 	if bytes.Contains(payload, usageKey) || bytes.Contains(payload, finishKey) || bytes.Contains(payload, timingsKey) {
 		var c chunkHead
-		if json.Unmarshal(payload, &c) == nil {
+		if decodeChunk(payload, &c) == nil {
 			empty := true
 			for _, ch := range c.Choices {
 				if ch.Delta.hasContent() {
@@ -598,12 +637,12 @@ var (
 // relayJSON relays a whole JSON answer (a decision, or a chat engine that
 // does not stream) with the request ID, the public model name and
 // capyctl.metrics.
-func (q *request) relayJSON(ctx context.Context, call *engineCall) {
+func (q *request) relayJSON(call *engineCall) {
 	data, err := io.ReadAll(io.LimitReader(call.Resp.Body, 64<<20))
 	if err != nil {
 		call.finish(false)
 		q.endAt = time.Now()
-		c := q.cause(ctx)
+		c := q.cause(err)
 		if c == nil {
 			c = err
 		}

@@ -131,7 +131,8 @@ type request struct {
 	api      string
 	id       string
 	clientID string
-	body     []byte
+	body     []byte // released once the engine has it
+	bodyN    int
 	model    string
 	stream   bool
 	usageOpt bool // the client asked for the usage chunk
@@ -164,6 +165,9 @@ type request struct {
 
 	usage   usageFigures
 	timings engineTimings
+
+	cutter   cutter      // ends the engine work on a hang-up or a bound
+	stopGone func() bool // stops the hang-up callback
 }
 
 // chatHead is the part of a chat body the router reads.
@@ -229,7 +233,9 @@ func (rt *Router) serve(w http.ResponseWriter, r *http.Request, api string) {
 	if !q.admit() {
 		return
 	}
-	q.forward()
+	if call := q.forward(); call != nil {
+		q.relay(call)
+	}
 }
 
 // readBody reads the whole body: the model must be found, and a body kept
@@ -263,7 +269,7 @@ func (q *request) readBody() bool {
 		q.fail(structs.Errf(structs.CodeRequestTooLarge, "the request body is over %d bytes", max))
 		return false
 	}
-	q.body = body
+	q.body, q.bodyN = body, len(body)
 	return true
 }
 
@@ -639,6 +645,9 @@ func (q *request) setWriteDeadline() {
 // finish records the request: metrics and the ledger, after the answer
 // reached the client.
 func (q *request) finish() {
+	if q.stopGone != nil {
+		q.stopGone()
+	}
 	if q.rc != nil {
 		// IMPORTANT: a deadline left on the connection would fail the
 		// next request on the same keep-alive connection.

@@ -148,7 +148,7 @@ func (rt *Router) record(q *request) {
 	rec := structs.RequestRecord{
 		ID: q.id, Deployment: dep, API: q.api, Stream: q.stream,
 		Outcome: q.outcome, Code: q.code, Status: q.status, ReceivedAt: q.start.UTC(),
-		TotalMs: ms(q.endAt.Sub(q.start)), BytesIn: int64(len(q.body)), BytesOut: q.bytesOut,
+		TotalMs: ms(q.endAt.Sub(q.start)), BytesIn: int64(q.bodyN), BytesOut: q.bytesOut,
 	}
 	// IMPORTANT: the client's X-Request-Id is never stored (A5).
 	if q.target != nil {

@@ -6,22 +6,19 @@
 // health path and an optional idle signal. CapyCTL owns the process: a
 // private loopback port, a clean environment, its own session and process
 // group, a per-launch key, readiness by a real answer, and a stop that
-// proves every process gone. A custom engine does not park (restart only)
-// and its options are not policed.
+// proves every process gone. A custom engine does not park (restart only),
+// its options are not policed, and closing a request's connection is all
+// it is known to honour (no abort is sent).
 package custom
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
-	"io"
 	"os"
 	"strings"
-	"sync"
 	"time"
 
-	"github.com/capyctl/capyctl/core/version"
+	"github.com/capyctl/capyctl/drivers/internal/engine"
 	"github.com/capyctl/capyctl/sdk"
 	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
@@ -34,8 +31,8 @@ const detailManifest = "manifest_json"
 
 // Driver is the custom-engine driver.
 type Driver struct {
-	mu      sync.Mutex
-	handles map[string]*handle
+	engine.RestartOnly
+	reg *engine.Registry[*handle]
 	// stopGrace is the default grace period after SIGTERM.
 	stopGrace time.Duration
 }
@@ -44,22 +41,16 @@ var _ sdk.Driver = (*Driver)(nil)
 
 // New returns the driver.
 func New() *Driver {
-	return &Driver{handles: map[string]*handle{}, stopGrace: 10 * time.Second}
+	return &Driver{reg: engine.NewRegistry[*handle](), stopGrace: 10 * time.Second}
 }
 
 // Describe implements sdk.Driver.
 func (d *Driver) Describe(context.Context, *pb.DescribeRequest) (*pb.DescribeResponse, error) {
-	return &pb.DescribeResponse{
-		Name:     Family,
-		Version:  version.Version,
-		Protocol: sdk.ProtocolVersion,
-		Capabilities: &pb.Capabilities{
-			Apis:       []string{"chat", "decisions"},
-			AbortMode:  pb.AbortMode_ABORT_MODE_CLOSE_CONNECTION,
-			IdleSignal: true,
-		},
-		ConfigSchema: `{"custom":{}}`,
-	}, nil
+	return engine.Describe(Family, &pb.Capabilities{
+		Apis:       []string{"chat", "decisions"},
+		AbortMode:  pb.AbortMode_ABORT_MODE_CLOSE_CONNECTION,
+		IdleSignal: true,
+	}, `{"custom":{}}`), nil
 }
 
 // Detect implements sdk.Driver: the program must exist and be executable;
@@ -71,7 +62,7 @@ func (d *Driver) Detect(_ context.Context, req *pb.DetectRequest) (*pb.DetectRes
 	}
 	st, err := os.Stat(prog)
 	if err != nil {
-		return nil, sdk.Errorf(sdk.CodeEngineNotFound, "program %s: %v", prog, unwrapPathErr(err))
+		return nil, sdk.Errorf(sdk.CodeEngineNotFound, "program %s: %v", prog, engine.UnwrapPathErr(err))
 	}
 	if st.IsDir() || st.Mode()&0o111 == 0 {
 		return nil, sdk.Errorf(sdk.CodeEngineNotFound, "program %s is not an executable file", prog)
@@ -83,7 +74,7 @@ func (d *Driver) Detect(_ context.Context, req *pb.DetectRequest) (*pb.DetectRes
 	if err != nil {
 		return nil, err
 	}
-	digest, err := fileDigest(prog)
+	digest, err := engine.FileDigest(prog)
 	if err != nil {
 		return nil, sdk.Errorf(sdk.CodeEngineNotFound, "read program %s: %v", prog, err)
 	}
@@ -104,27 +95,6 @@ func (d *Driver) Detect(_ context.Context, req *pb.DetectRequest) (*pb.DetectRes
 		Notes:    notes,
 		Details:  map[string]string{detailManifest: string(mj), "api": m.API},
 	}, nil
-}
-
-func unwrapPathErr(err error) error {
-	if pe, ok := err.(*os.PathError); ok {
-		return pe.Err
-	}
-	return err
-}
-
-// fileDigest is "sha256:<hex>" of a file.
-func fileDigest(path string) (string, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return "", err
-	}
-	defer f.Close()
-	h := sha256.New()
-	if _, err := io.Copy(h, f); err != nil {
-		return "", err
-	}
-	return "sha256:" + hex.EncodeToString(h.Sum(nil)), nil
 }
 
 // Flags implements sdk.Driver: a custom engine's options are its own; only
@@ -151,42 +121,4 @@ func reservedEnv(name, keyEnv string) bool {
 		return true
 	}
 	return false
-}
-
-// Park implements sdk.Driver: custom engines do not park.
-func (d *Driver) Park(context.Context, *pb.ParkRequest) (*pb.ParkResponse, error) {
-	return nil, sdk.ErrNotSupported
-}
-
-// Wake implements sdk.Driver: custom engines do not park.
-func (d *Driver) Wake(context.Context, *pb.WakeRequest) (*pb.WakeResponse, error) {
-	return nil, sdk.ErrNotSupported
-}
-
-// Abort implements sdk.Driver: closing the connection is all a custom
-// engine is known to honour.
-func (d *Driver) Abort(context.Context, *pb.AbortRequest) (*pb.AbortResponse, error) {
-	return &pb.AbortResponse{Mode: pb.AbortMode_ABORT_MODE_CLOSE_CONNECTION}, nil
-}
-
-func (d *Driver) get(id string) (*handle, error) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	h, ok := d.handles[id]
-	if !ok {
-		return nil, sdk.Errorf(sdk.CodeInstanceNotFound, "no instance %s on this driver", id)
-	}
-	return h, nil
-}
-
-func (d *Driver) put(h *handle) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	d.handles[h.id] = h
-}
-
-func (d *Driver) drop(id string) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	delete(d.handles, id)
 }

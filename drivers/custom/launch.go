@@ -5,19 +5,15 @@ package custom
 
 import (
 	"context"
-	"fmt"
 	"path"
 	"sort"
 	"strconv"
 	"strings"
 
+	"github.com/capyctl/capyctl/drivers/internal/engine"
 	"github.com/capyctl/capyctl/sdk"
-	"github.com/capyctl/capyctl/sdk/proc"
 	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
-
-// closedPath is the PATH every custom engine gets.
-const closedPath = "/usr/local/bin:/usr/bin:/bin"
 
 // Plan implements sdk.Driver: it validates the deployment against the
 // manifest and renders argv and env (no secrets).
@@ -27,42 +23,41 @@ func (d *Driver) Plan(_ context.Context, req *pb.PlanRequest) (*pb.PlanResponse,
 	if err != nil {
 		return nil, err
 	}
-	resp := &pb.PlanResponse{Residency: "restart_only", StartupTimeoutMs: m.startupTimeout().Milliseconds()}
-	refuse := func(code, field, format string, args ...any) {
-		resp.Refusals = append(resp.Refusals, &pb.Refusal{Code: code, Field: field, Message: fmt.Sprintf(format, args...)})
-	}
+	resp := &pb.PlanResponse{Residency: engine.ResidencyRestartOnly, StartupTimeoutMs: m.startupTimeout().Milliseconds()}
+	var r engine.Refusals
 	if dep.GetApi() != "" && dep.GetApi() != m.API {
-		refuse("capability_missing:"+dep.GetApi(), "api", "engine %s serves the %s API, not %s", inst.GetName(), m.API, dep.GetApi())
+		r.Add("capability_missing:"+dep.GetApi(), "api", "engine %s serves the %s API, not %s", inst.GetName(), m.API, dep.GetApi())
 	}
 	switch dep.GetResidency() {
-	case "", "restart_only":
-	case "deep", "host_backed":
-		refuse("capability_missing:deep_park", "residency", "custom engines do not park: remove residency or set restart_only")
+	case "", engine.ResidencyRestartOnly:
+	case engine.ResidencyDeep, engine.ResidencyHostBacked:
+		r.Add("capability_missing:deep_park", "residency", "custom engines do not park: remove residency or set restart_only")
 	default:
-		refuse("invalid_config", "residency", "unknown residency %q", dep.GetResidency())
+		r.Add("invalid_config", "residency", "unknown residency %q", dep.GetResidency())
 	}
 	if len(dep.GetExtraArgs()) > 0 && !dep.GetAcceptExtraArgs() {
-		refuse("extra_args_not_accepted", "engine_config.extra_args", "extra_args need engine_config.accept_extra_args = true")
+		r.Add("extra_args_not_accepted", "engine_config.extra_args", "extra_args need engine_config.accept_extra_args = true")
 	}
 	for _, a := range dep.GetExtraArgs() {
 		if strings.Contains(a, "{{") {
-			refuse("invalid_config", "engine_config.extra_args", "extra_args may not use placeholders (%q)", a)
+			r.Add("invalid_config", "engine_config.extra_args", "extra_args may not use placeholders (%q)", a)
 		}
 	}
-	for name := range dep.GetEnv() {
+	for _, name := range sortedKeys(dep.GetEnv()) {
 		if reservedEnv(name, m.KeyEnv) {
-			refuse("engine_env_reserved:"+name, "engine_config.env", "%s is owned by CapyCTL", name)
+			r.Add("engine_env_reserved:"+name, "engine_config.env", "%s is owned by CapyCTL", name)
 			continue
 		}
 		if !globMatch(host.GetApprovedEnv(), name) {
-			refuse("engine_env_not_approved:"+name, "engine_config.env",
+			r.Add("engine_env_not_approved:"+name, "engine_config.env",
 				"%s is not approved for engine %s (capyctl engine add ... --approve-env %s)", name, inst.GetName(), name)
 		}
 	}
 	if dep.GetTrustRemoteCode() {
-		refuse("remote_code_not_allowed", "engine_config.trust_remote_code", "custom engines have no trust_remote_code; configure the program itself")
+		r.Add("remote_code_not_allowed", "engine_config.trust_remote_code", "custom engines have no trust_remote_code; configure the program itself")
 	}
-	if len(resp.Refusals) > 0 {
+	if len(r) > 0 {
+		resp.Refusals = r
 		return resp, nil
 	}
 
@@ -82,27 +77,18 @@ func (d *Driver) Plan(_ context.Context, req *pb.PlanRequest) (*pb.PlanResponse,
 		argv = append(argv, repl.Replace(a))
 	}
 	argv = append(argv, dep.GetExtraArgs()...)
-	env := map[string]string{
-		"PATH": closedPath,
-		"LANG": "C.UTF-8",
-	}
+	env := engine.NewEnv(engine.SystemPath)
 	if lctx.GetLaunchDir() != "" {
 		env["HOME"] = lctx.GetLaunchDir()
 	}
-	if host.GetEngineTelemetry() != "allow" {
-		env["DO_NOT_TRACK"] = "1"
-	}
-	for k, v := range host.GetHostEnv() {
-		env[k] = v
-	}
+	env.NoTelemetry(host)
+	env.Merge(host.GetHostEnv())
 	for k, v := range m.Env {
 		if !strings.Contains(v, "{{engine_key}}") {
 			env[k] = repl.Replace(v)
 		}
 	}
-	for k, v := range dep.GetEnv() {
-		env[k] = v
-	}
+	env.Merge(dep.GetEnv())
 	resp.Argv = argv
 	resp.Env = env
 	resp.Workdir = lctx.GetLaunchDir()
@@ -130,68 +116,32 @@ func secretEnv(m *Manifest, key string) map[string]string {
 	return out
 }
 
-// Start implements sdk.Driver.
+// Start implements sdk.Driver: the registered program must be what runs;
+// the key reaches it through the manifest's key_env and env values.
 func (d *Driver) Start(_ context.Context, req *pb.StartRequest) (*pb.StartResponse, error) {
-	inst, dep, host, lctx, plan := req.GetInstallation(), req.GetDeployment(), req.GetHost(), req.GetLaunch(), req.GetPlan()
+	inst, dep, lctx := req.GetInstallation(), req.GetDeployment(), req.GetLaunch()
 	m, err := manifestFromDetails(inst.GetDetails())
 	if err != nil {
 		return nil, err
 	}
-	if lctx.GetPort() <= 0 || lctx.GetLaunchDir() == "" {
-		return nil, sdk.Errorf(sdk.CodeLaunchFailed, "start needs a leased port and a launch directory")
-	}
 	// IMPORTANT: the pinned installation must be what runs.
-	digest, err := fileDigest(inst.GetPath())
+	digest, err := engine.FileDigest(inst.GetPath())
 	if err != nil {
 		return nil, sdk.Errorf(sdk.CodeEngineNotFound, "program %s: %v", inst.GetPath(), err)
 	}
 	if inst.GetDigest() != "" && digest != inst.GetDigest() {
-		return nil, sdk.Errorf("installation_drift",
+		return nil, sdk.Errorf(engine.CodeInstallationDrift,
 			"program %s changed since it was registered (pinned %s, now %s); register it again with capyctl engine add --custom", inst.GetPath(), inst.GetDigest(), digest)
 	}
-	if !proc.PortFree(int(lctx.GetPort())) {
-		return nil, sdk.Errorf("port_conflict", "another process listens on the leased port %d", lctx.GetPort())
-	}
-	env := map[string]string{}
-	for k, v := range plan.GetEnv() {
-		env[k] = v
-	}
-	secrets := []string{req.GetEngineKey(), req.GetAdminKey()}
-	for k, v := range secretEnv(m, req.GetEngineKey()) {
-		env[k] = v
-	}
-	logMode := proc.LogModeFile
-	if host.GetEngineLogs() == "memory" || host.GetRetention() == "zero" {
-		logMode = proc.LogModeMemory
-	}
-	launched, err := proc.Start(proc.LaunchSpec{
-		Argv:        plan.GetArgv(),
-		Env:         env,
-		Dir:         plan.GetWorkdir(),
-		LaunchDir:   lctx.GetLaunchDir(),
-		LogMode:     logMode,
-		Secrets:     nonEmpty(secrets),
-		NoCoreDumps: host.GetRetention() == "zero",
+	launched, err := engine.StartLaunch(engine.LaunchOptions{
+		Plan: req.GetPlan(), Host: req.GetHost(), Launch: lctx, SecretEnv: secretEnv(m, req.GetEngineKey()),
+		Secrets: []string{req.GetEngineKey(), req.GetAdminKey()}, Program: path.Base(inst.GetPath()),
 	})
 	if err != nil {
-		return nil, sdk.Errorf(sdk.CodeLaunchFailed, "launch %s: %v", path.Base(inst.GetPath()), err)
+		return nil, err
 	}
-	h := &handle{
-		id: lctx.GetInstanceId(), launched: *launched, port: int(lctx.GetPort()), key: req.GetEngineKey(),
-		manifest: m, servedName: dep.GetServedName(), api: dep.GetApi(), stopGrace: m.stopGrace(d.stopGrace),
-	}
-	d.put(h)
-	return &pb.StartResponse{Launch: h.launchPB(lctx.GetLaunchId()), Endpoint: h.endpoint()}, nil
-}
-
-func nonEmpty(xs []string) []string {
-	var out []string
-	for _, x := range xs {
-		if x != "" {
-			out = append(out, x)
-		}
-	}
-	return out
+	h := newHandle(lctx.GetInstanceId(), lctx.GetLaunchId(), *launched, int(lctx.GetPort()), req.GetEngineKey(), m, dep, d.stopGrace)
+	return d.reg.Started(h), nil
 }
 
 // globMatch reports whether name matches one of the glob patterns.
@@ -204,6 +154,8 @@ func globMatch(patterns []string, name string) bool {
 	return false
 }
 
+// sortedKeys returns a map's keys in order, so refusals come out the same
+// way every time.
 func sortedKeys(m map[string]string) []string {
 	out := make([]string, 0, len(m))
 	for k := range m {
@@ -212,5 +164,3 @@ func sortedKeys(m map[string]string) []string {
 	sort.Strings(out)
 	return out
 }
-
-var _ = sortedKeys

@@ -8,16 +8,16 @@
 // llama-server's metrics, and decision models on /v1/systemone.
 // llama-server has no way to release its memory while running, so a
 // llama.cpp model is restart only: CapyCTL stops it when it needs the
-// memory and starts it on the next request.
+// memory and starts it on the next request. llama-server cancels a request
+// whose connection closes (a streamed one at once, a non-streamed one
+// within about a second when the server is otherwise quiet): there is no
+// abort to send.
 package llamacpp
 
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -29,7 +29,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/capyctl/capyctl/core/version"
+	"github.com/capyctl/capyctl/drivers/internal/engine"
 	"github.com/capyctl/capyctl/sdk"
 	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
@@ -37,17 +37,9 @@ import (
 // Family is this driver's engine family.
 const Family = "llamacpp"
 
-// Catalogue codes this driver returns besides the SDK's.
-const (
-	codeEngineUnsupported = "engine_unsupported"
-	codeVersionFailed     = "engine_version_failed"
-	codeInstallationDrift = "installation_drift"
-	codeInvalidConfig     = "invalid_config"
-	codeUnknownConfigKey  = "unknown_config_key"
-	codeCheckpoint        = "checkpoint_unusable"
-	codeCapabilityMissing = "capability_missing"
-	codePortConflict      = "port_conflict"
-)
+// codeVersionFailed is the catalogue code of a build whose version check
+// fails.
+const codeVersionFailed = "engine_version_failed"
 
 // DecisionsMinVersion is the first llama.cpp release that answers decision
 // requests.
@@ -61,8 +53,8 @@ const (
 
 // Driver is the llama.cpp driver.
 type Driver struct {
-	mu      sync.Mutex
-	handles map[string]*handle
+	engine.RestartOnly
+	reg *engine.Registry[*handle]
 	// stopGrace is the default grace period after SIGTERM.
 	stopGrace time.Duration
 	// systemConfig is a file llama-server would read besides its argv; a
@@ -74,23 +66,17 @@ var _ sdk.Driver = (*Driver)(nil)
 
 // New returns the driver.
 func New() *Driver {
-	return &Driver{handles: map[string]*handle{}, stopGrace: 10 * time.Second, systemConfig: "/etc/llama.cpp/config.ini"}
+	return &Driver{reg: engine.NewRegistry[*handle](), stopGrace: 10 * time.Second, systemConfig: "/etc/llama.cpp/config.ini"}
 }
 
 // Describe implements sdk.Driver: restart only (no park tiers), chat and
 // decisions, aborts by closing the connection, an idle signal.
 func (d *Driver) Describe(context.Context, *pb.DescribeRequest) (*pb.DescribeResponse, error) {
-	return &pb.DescribeResponse{
-		Name:     Family,
-		Version:  version.Version,
-		Protocol: sdk.ProtocolVersion,
-		Capabilities: &pb.Capabilities{
-			Apis:       []string{"chat", "decisions"},
-			AbortMode:  pb.AbortMode_ABORT_MODE_CLOSE_CONNECTION,
-			IdleSignal: true,
-		},
-		ConfigSchema: configSchema,
-	}, nil
+	return engine.Describe(Family, &pb.Capabilities{
+		Apis:       []string{"chat", "decisions"},
+		AbortMode:  pb.AbortMode_ABORT_MODE_CLOSE_CONNECTION,
+		IdleSignal: true,
+	}, configSchema), nil
 }
 
 // versionRE reads `llama-server --version`: "version: 4748 (c392e5094)" or
@@ -104,19 +90,19 @@ var versionRE = regexp.MustCompile(`(?m)^version: ([0-9A-Za-z.+-]+)(?: \(([0-9a-
 func (d *Driver) Detect(ctx context.Context, req *pb.DetectRequest) (*pb.DetectResponse, error) {
 	p := req.GetPath()
 	if p == "" {
-		return nil, sdk.Errorf(codeEngineUnsupported, "no program named")
+		return nil, sdk.Errorf(engine.CodeEngineUnsupported, "no program named")
 	}
 	abs, err := filepath.Abs(p)
 	if err != nil {
-		return nil, sdk.Errorf(codeEngineUnsupported, "%s: %v", p, err)
+		return nil, sdk.Errorf(engine.CodeEngineUnsupported, "%s: %v", p, err)
 	}
 	st, err := os.Stat(abs)
 	if err != nil {
-		return nil, sdk.Errorf(codeEngineUnsupported, "%s: %v", p, unwrapPathErr(err))
+		return nil, sdk.Errorf(engine.CodeEngineUnsupported, "%s: %v", p, engine.UnwrapPathErr(err))
 	}
 	// llama.cpp names the binary llama-server (older builds: server).
 	if base := strings.ToLower(filepath.Base(abs)); st.IsDir() || !strings.Contains(base, "llama") && base != "server" {
-		return nil, sdk.Errorf(codeEngineUnsupported, "%s is not a llama-server binary", p)
+		return nil, sdk.Errorf(engine.CodeEngineUnsupported, "%s is not a llama-server binary", p)
 	}
 	if st.Mode()&0o111 == 0 {
 		return nil, sdk.Errorf(sdk.CodeEngineNotFound, "%s is not executable", p)
@@ -133,7 +119,7 @@ func (d *Driver) Detect(ctx context.Context, req *pb.DetectRequest) (*pb.DetectR
 	if isDigits(ver) {
 		ver = "b" + ver // a build number
 	}
-	digest, err := fileDigest(abs)
+	digest, err := engine.FileDigest(abs)
 	if err != nil {
 		return nil, sdk.Errorf(sdk.CodeEngineNotFound, "read %s: %v", p, err)
 	}
@@ -249,22 +235,7 @@ func (b *limitedBuffer) String() string {
 func versionAtLeast(v, min string) bool {
 	a, ok1 := release(v)
 	b, ok2 := release(min)
-	if !ok1 || !ok2 {
-		return false
-	}
-	for i := 0; i < len(a) || i < len(b); i++ {
-		var x, y int
-		if i < len(a) {
-			x = a[i]
-		}
-		if i < len(b) {
-			y = b[i]
-		}
-		if x != y {
-			return x > y
-		}
-	}
-	return true
+	return ok1 && ok2 && engine.ReleaseAtLeast(a, b)
 }
 
 // release reads "0.7.0" (a pre-release suffix is cut).
@@ -304,61 +275,7 @@ func clip(s string, n int) string {
 	return s
 }
 
-// fileDigest is "sha256:<hex>" of a file's content.
-func fileDigest(path string) (string, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return "", err
-	}
-	defer f.Close()
-	h := sha256.New()
-	if _, err := io.Copy(h, f); err != nil {
-		return "", err
-	}
-	return "sha256:" + hex.EncodeToString(h.Sum(nil)), nil
-}
-
 // Flags implements sdk.Driver.
 func (d *Driver) Flags(context.Context, *pb.FlagsRequest) (*pb.FlagsResponse, error) {
-	return flagTable(), nil
-}
-
-// Park implements sdk.Driver: llama-server cannot release its memory and
-// keep running, so a llama.cpp model never parks (the core stops it).
-func (d *Driver) Park(context.Context, *pb.ParkRequest) (*pb.ParkResponse, error) {
-	return nil, sdk.ErrNotSupported
-}
-
-// Wake implements sdk.Driver: nothing parks, nothing wakes.
-func (d *Driver) Wake(context.Context, *pb.WakeRequest) (*pb.WakeResponse, error) {
-	return nil, sdk.ErrNotSupported
-}
-
-// Abort implements sdk.Driver: llama-server cancels a request whose
-// connection closes (a streamed one at once, a non-streamed one within
-// about a second when the server is otherwise quiet).
-func (d *Driver) Abort(context.Context, *pb.AbortRequest) (*pb.AbortResponse, error) {
-	return &pb.AbortResponse{Mode: pb.AbortMode_ABORT_MODE_CLOSE_CONNECTION}, nil
-}
-
-func (d *Driver) get(id string) (*handle, error) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	h, ok := d.handles[id]
-	if !ok {
-		return nil, sdk.Errorf(sdk.CodeInstanceNotFound, "no instance %s on this driver", id)
-	}
-	return h, nil
-}
-
-func (d *Driver) put(h *handle) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	d.handles[h.ID] = h
-}
-
-func (d *Driver) drop(id string) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	delete(d.handles, id)
+	return Table.Proto(), nil
 }

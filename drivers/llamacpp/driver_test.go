@@ -7,7 +7,6 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
-	"flag"
 	"fmt"
 	"net"
 	"net/http"
@@ -18,14 +17,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capyctl/capyctl/drivers/internal/drivertest"
+	"github.com/capyctl/capyctl/drivers/internal/engine"
 	"github.com/capyctl/capyctl/plugins-testkit/harness"
 	"github.com/capyctl/capyctl/sdk"
 	"github.com/capyctl/capyctl/sdk/flags"
 	"github.com/capyctl/capyctl/sdk/proc"
 	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
-
-var update = flag.Bool("update", false, "rewrite the golden files")
 
 // The test binary is also the launch shim of the engines it starts.
 func TestMain(m *testing.M) {
@@ -194,24 +193,6 @@ func render(p *pb.PlanResponse, dirs map[string]string) string {
 	return out
 }
 
-func golden(t *testing.T, name, got string) {
-	t.Helper()
-	p := filepath.Join("testdata", name+".golden")
-	if *update {
-		os.MkdirAll("testdata", 0o755)
-		if err := os.WriteFile(p, []byte(got), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	want, err := os.ReadFile(p)
-	if err != nil {
-		t.Fatalf("%v (run go test -update)", err)
-	}
-	if string(want) != got {
-		t.Fatalf("%s differs:\n--- got\n%s--- want\n%s", p, got, want)
-	}
-}
-
 func TestPlan_Golden(t *testing.T) {
 	dir := modelDir(t)
 	launch := t.TempDir()
@@ -241,7 +222,7 @@ func TestPlan_Golden(t *testing.T) {
 			if err != nil || len(p.GetRefusals()) > 0 {
 				t.Fatalf("plan: %v %v", err, p.GetRefusals())
 			}
-			golden(t, "plan-"+c.name, render(p, map[string]string{"{{model_dir}}": dir, "{{launch_dir}}": launch}))
+			drivertest.Golden(t, "plan-"+c.name, render(p, map[string]string{"{{model_dir}}": dir, "{{launch_dir}}": launch}))
 		})
 	}
 }
@@ -337,7 +318,7 @@ func TestPlan_Refusals(t *testing.T) {
 		d.systemConfig = filepath.Join(t.TempDir(), "config.ini")
 		os.WriteFile(d.systemConfig, nil, 0o644)
 		p, _ := d.Plan(context.Background(), &pb.PlanRequest{Installation: installation("/x/llama-server"), Deployment: deployment(dir)})
-		if len(p.GetRefusals()) != 1 || p.GetRefusals()[0].GetCode() != codeEngineUnsupported {
+		if len(p.GetRefusals()) != 1 || p.GetRefusals()[0].GetCode() != engine.CodeEngineUnsupported {
 			t.Fatalf("refusals %v", p.GetRefusals())
 		}
 	})
@@ -410,7 +391,7 @@ func TestDetect(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, fake := harness.Binaries(t)
-	digest, _ := fileDigest(fake)
+	digest, _ := engine.FileDigest(fake)
 	if resp.GetFamily() != Family || resp.GetVersion() != "0.7.0" || resp.GetVerified() || resp.GetDigest() != digest || resp.GetProgram() != llama || resp.GetDetails()["commit"] != "c392e5094" {
 		t.Fatalf("detect %+v", resp)
 	}
@@ -429,9 +410,9 @@ func TestDetect(t *testing.T) {
 	cases := []struct {
 		name, path, code string
 	}{
-		{"a directory", scripts, codeEngineUnsupported},
-		{"another program", write("vllm", "echo hi"), codeEngineUnsupported},
-		{"missing", filepath.Join(scripts, "llama-server-x"), codeEngineUnsupported},
+		{"a directory", scripts, engine.CodeEngineUnsupported},
+		{"another program", write("vllm", "echo hi"), engine.CodeEngineUnsupported},
+		{"missing", filepath.Join(scripts, "llama-server-x"), engine.CodeEngineUnsupported},
 		{"no version line", write("llama-server-odd", "echo hello >&2"), codeVersionFailed},
 		{"fails", write("llama-server-bad", "exit 3"), codeVersionFailed},
 		{"build number", write("llama-server-b", "echo 'version: 4748 (c392e5094)' >&2"), ""},
@@ -460,16 +441,6 @@ func TestDetect(t *testing.T) {
 	})
 }
 
-// freePort returns a loopback port nobody listens on.
-func freePort(t *testing.T) int {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
-}
-
 // started is a llama-server the driver launched.
 type started struct {
 	d    *Driver
@@ -488,7 +459,7 @@ func start(t *testing.T, d *Driver, dep *pb.Deployment, host *pb.HostPolicy, bef
 		t.Fatal(err)
 	}
 	inst.Digest = det.GetDigest()
-	lctx := &pb.LaunchContext{Port: int32(freePort(t)), LaunchDir: t.TempDir(), InstanceId: dep.GetName() + "/0", LaunchId: "l1"}
+	lctx := &pb.LaunchContext{Port: int32(drivertest.FreePort(t)), LaunchDir: t.TempDir(), InstanceId: dep.GetName() + "/0", LaunchId: "l1"}
 	plan, err := d.Plan(context.Background(), &pb.PlanRequest{Installation: inst, Deployment: dep, Host: host, Launch: lctx})
 	if err != nil || len(plan.GetRefusals()) > 0 {
 		t.Fatalf("plan: %v %v", err, plan.GetRefusals())
@@ -688,15 +659,15 @@ func TestDriver_StartRefusals(t *testing.T) {
 	dep := deployment(modelDir(t))
 	inst := installation(fakeLlama(t))
 	inst.Digest = "sha256:0000"
-	lctx := &pb.LaunchContext{Port: int32(freePort(t)), LaunchDir: t.TempDir(), InstanceId: "stories/0"}
+	lctx := &pb.LaunchContext{Port: int32(drivertest.FreePort(t)), LaunchDir: t.TempDir(), InstanceId: "stories/0"}
 	plan, _ := d.Plan(context.Background(), &pb.PlanRequest{Installation: inst, Deployment: dep, Launch: lctx})
-	if _, err := d.Start(context.Background(), &pb.StartRequest{Installation: inst, Deployment: dep, Launch: lctx, Plan: plan}); sdk.CodeOf(err) != codeInstallationDrift {
+	if _, err := d.Start(context.Background(), &pb.StartRequest{Installation: inst, Deployment: dep, Launch: lctx, Plan: plan}); sdk.CodeOf(err) != engine.CodeInstallationDrift {
 		t.Fatalf("a changed binary: %v", err)
 	}
 	inst.Digest = ""
 	ln, _ := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", lctx.Port))
 	defer ln.Close()
-	if _, err := d.Start(context.Background(), &pb.StartRequest{Installation: inst, Deployment: dep, Launch: lctx, Plan: plan}); sdk.CodeOf(err) != codePortConflict {
+	if _, err := d.Start(context.Background(), &pb.StartRequest{Installation: inst, Deployment: dep, Launch: lctx, Plan: plan}); sdk.CodeOf(err) != engine.CodePortConflict {
 		t.Fatalf("a taken port: %v", err)
 	}
 	if _, err := d.Park(context.Background(), &pb.ParkRequest{}); err != sdk.ErrNotSupported {

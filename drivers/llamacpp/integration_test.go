@@ -13,6 +13,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/capyctl/capyctl/drivers/internal/drivertest"
 	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
 
@@ -39,7 +40,7 @@ func TestIntegration_RealLlamaServer(t *testing.T) {
 	inst := &pb.Installation{Name: "llamacpp", Family: Family, Path: det.GetProgram(), Version: det.GetVersion(), Digest: det.GetDigest()}
 	dep := deployment(modelDir(t))
 	dep.MaxConcurrentRequests, dep.ContextLength = 2, 256
-	lctx := &pb.LaunchContext{Port: int32(freePort(t)), LaunchDir: t.TempDir(), InstanceId: "stories/0", LaunchId: "it"}
+	lctx := &pb.LaunchContext{Port: int32(drivertest.FreePort(t)), LaunchDir: t.TempDir(), InstanceId: "stories/0", LaunchId: "it"}
 	plan, err := d.Plan(ctx, &pb.PlanRequest{Installation: inst, Deployment: dep, Launch: lctx})
 	if err != nil || len(plan.GetRefusals()) > 0 {
 		t.Fatalf("plan: %v %v", err, plan.GetRefusals())

@@ -14,14 +14,11 @@ import (
 	"strings"
 	"time"
 
-	"github.com/capyctl/capyctl/drivers/internal/pyengine"
+	"github.com/capyctl/capyctl/drivers/internal/engine"
 	"github.com/capyctl/capyctl/sdk"
 	"github.com/capyctl/capyctl/sdk/flags"
 	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
-
-// closedPath is the PATH every llama-server gets.
-const closedPath = "/usr/local/bin:/usr/bin:/bin"
 
 // Startup bounds: llama.cpp loads by mmap, so a start takes about the time
 // to read the weights once.
@@ -45,23 +42,16 @@ type Config struct {
 	MMProjFile string
 }
 
-// refusals collects a Plan's refusals.
-type refusals []*pb.Refusal
-
-func (r *refusals) add(code, field, format string, args ...any) {
-	*r = append(*r, &pb.Refusal{Code: code, Field: field, Message: fmt.Sprintf(format, args...)})
-}
-
 // decodeConfig reads engine_config.llamacpp; unknown keys and bad values
 // are refused.
-func decodeConfig(raw []byte, r *refusals) Config {
+func decodeConfig(raw []byte, r *engine.Refusals) Config {
 	c := Config{GPULayers: -1}
 	if len(raw) == 0 {
 		return c
 	}
 	var obj map[string]json.RawMessage
 	if err := json.Unmarshal(raw, &obj); err != nil {
-		r.add(codeInvalidConfig, "engine_config.llamacpp", "not an object: %v", err)
+		r.Add(flags.CodeInvalidConfig, "engine_config.llamacpp", "not an object: %v", err)
 		return c
 	}
 	keys := make([]string, 0, len(obj))
@@ -76,7 +66,7 @@ func decodeConfig(raw []byte, r *refusals) Config {
 		case "gguf_file", "mmproj_file":
 			var s string
 			if json.Unmarshal(v, &s) != nil || s == "" {
-				r.add(codeInvalidConfig, field, "must be a file name in the model directory")
+				r.Add(flags.CodeInvalidConfig, field, "must be a file name in the model directory")
 				continue
 			}
 			if k == "gguf_file" {
@@ -94,80 +84,66 @@ func decodeConfig(raw []byte, r *refusals) Config {
 					c.GPULayers = n
 					continue
 				}
-				r.add(codeInvalidConfig, field, `must be a number of layers or "all", not %q`, s)
+				r.Add(flags.CodeInvalidConfig, field, `must be a number of layers or "all", not %q`, s)
 				continue
 			}
 			var n float64
 			if json.Unmarshal(v, &n) != nil || n < 0 || n != float64(int64(n)) {
-				r.add(codeInvalidConfig, field, `must be a number of layers or "all"`)
+				r.Add(flags.CodeInvalidConfig, field, `must be a number of layers or "all"`)
 				continue
 			}
 			c.GPULayers = int64(n)
 		default:
-			r.add(codeUnknownConfigKey+":"+k, field, "llama.cpp takes gguf_file, n_gpu_layers and mmproj_file")
+			r.Add(engine.CodeUnknownConfigKey+":"+k, field, "llama.cpp takes gguf_file, n_gpu_layers and mmproj_file")
 		}
 	}
 	return c
-}
-
-// checkOptions checks extra_args and engine_config.env against the flag
-// table.
-func checkOptions(dep *pb.Deployment, host *pb.HostPolicy) []*pb.Refusal {
-	var out []flags.Violation
-	if len(dep.GetExtraArgs()) > 0 && !dep.GetAcceptExtraArgs() {
-		out = append(out, flags.Violation{Code: flags.CodeExtraArgsRefused, Field: flags.FieldExtraArgs, Message: "extra_args need engine_config.accept_extra_args = true"})
-	}
-	ap := flags.HostApprovals(host)
-	_, vs := Table.CheckArgs(dep.GetExtraArgs(), ap, nil)
-	out = append(out, vs...)
-	out = append(out, Table.CheckEnv(dep.GetEnv(), ap)...)
-	return flags.Refusals(out)
 }
 
 // Plan implements sdk.Driver: it checks the deployment, sizes it from the
 // GGUF header, and renders llama-server's command line and environment.
 func (d *Driver) Plan(_ context.Context, req *pb.PlanRequest) (*pb.PlanResponse, error) {
 	inst, dep, host, lctx := req.GetInstallation(), req.GetDeployment(), req.GetHost(), req.GetLaunch()
-	resp := &pb.PlanResponse{Residency: "restart_only"}
-	var r refusals
+	resp := &pb.PlanResponse{Residency: engine.ResidencyRestartOnly}
+	var r engine.Refusals
 	cfg := decodeConfig(dep.GetEngineConfigJson(), &r)
 
 	switch dep.GetApi() {
 	case "", "chat":
 	case "decisions":
 		if !versionAtLeast(inst.GetVersion(), DecisionsMinVersion) {
-			r.add(codeCapabilityMissing+":decisions", "api", "decision models need llama.cpp %s or newer; engine %s is %s", DecisionsMinVersion, inst.GetName(), inst.GetVersion())
+			r.Add(engine.CodeCapabilityMissing+":decisions", "api", "decision models need llama.cpp %s or newer; engine %s is %s", DecisionsMinVersion, inst.GetName(), inst.GetVersion())
 		}
 	default:
-		r.add(codeCapabilityMissing+":"+dep.GetApi(), "api", "llama.cpp serves chat and decisions, not %q", dep.GetApi())
+		r.Add(engine.CodeCapabilityMissing+":"+dep.GetApi(), "api", "llama.cpp serves chat and decisions, not %q", dep.GetApi())
 	}
 	switch dep.GetResidency() {
-	case "", "restart_only":
-	case "deep", "host_backed":
-		r.add(codeCapabilityMissing+":deep_park", "residency", "llama.cpp cannot park: remove residency or set restart_only (CapyCTL stops the model when it needs the memory)")
+	case "", engine.ResidencyRestartOnly:
+	case engine.ResidencyDeep, engine.ResidencyHostBacked:
+		r.Add(engine.CodeCapabilityMissing+":deep_park", "residency", "llama.cpp cannot park: remove residency or set restart_only (CapyCTL stops the model when it needs the memory)")
 	default:
-		r.add(codeInvalidConfig, "residency", "unknown residency %q", dep.GetResidency())
+		r.Add(flags.CodeInvalidConfig, "residency", "unknown residency %q", dep.GetResidency())
 	}
 	if dep.GetTrustRemoteCode() {
-		r.add("remote_code_not_allowed", "engine_config.trust_remote_code", "llama.cpp runs no code from a checkpoint: remove trust_remote_code")
+		r.Add(flags.CodeRemoteCode, "engine_config.trust_remote_code", "llama.cpp runs no code from a checkpoint: remove trust_remote_code")
 	}
 	for _, f := range []struct{ field, v string }{
 		{"engine_config.dtype", dep.GetDtype()}, {"engine_config.quantization", dep.GetQuantization()}, {"engine_config.cuda_graphs", dep.GetCudaGraphs()},
 	} {
 		if f.v != "" {
-			r.add(codeInvalidConfig, f.field, "llama.cpp runs the GGUF file's own types and has no such setting: remove %s", f.field)
+			r.Add(flags.CodeInvalidConfig, f.field, "llama.cpp runs the GGUF file's own types and has no such setting: remove %s", f.field)
 		}
 	}
 	if m := dep.GetMemory(); m.GetKvCacheBytes() > 0 {
-		r.add(codeInvalidConfig, "engine_config.memory.kv_cache", "llama.cpp's KV cache is a full window per slot: set context_length and max_concurrent_requests instead")
+		r.Add(flags.CodeInvalidConfig, "engine_config.memory.kv_cache", "llama.cpp's KV cache is a full window per slot: set context_length and max_concurrent_requests instead")
 	}
 	if n := dep.GetMaxConcurrentRequests(); n < 0 || n > 256 {
-		r.add(codeInvalidConfig, "engine_config.max_concurrent_requests", "llama.cpp runs 1 to 256 slots, not %d", n)
+		r.Add(flags.CodeInvalidConfig, "engine_config.max_concurrent_requests", "llama.cpp runs 1 to 256 slots, not %d", n)
 	}
-	r = append(r, checkOptions(dep, host)...)
+	engine.CheckOptions(Table, dep, host, nil, &r)
 	if d.systemConfig != "" {
 		if _, err := os.Stat(d.systemConfig); err == nil {
-			r.add(codeEngineUnsupported, "engine", "llama-server would read %s, a configuration CapyCTL does not control: remove it from this host", d.systemConfig)
+			r.Add(engine.CodeEngineUnsupported, "engine", "llama-server would read %s, a configuration CapyCTL does not control: remove it from this host", d.systemConfig)
 		}
 	}
 
@@ -180,7 +156,7 @@ func (d *Driver) Plan(_ context.Context, req *pb.PlanRequest) (*pb.PlanResponse,
 			KVType: dep.GetKvCacheDtype(), GPULayers: cfg.GPULayers, MMProj: cfg.MMProjFile,
 		})
 		if err != nil {
-			r.add(codeCheckpoint, "model", "%v", err)
+			r.Add(engine.CodeCheckpointUnusable, "model", "%v", err)
 		} else if dep.GetContextLength() > 0 && sz.TrainContext > 0 && dep.GetContextLength() > sz.TrainContext {
 			resp.Notes = append(resp.Notes, fmt.Sprintf("context_length %d is beyond the %d tokens %s was trained with", dep.GetContextLength(), sz.TrainContext, filepath.Base(sz.File)))
 		}
@@ -299,27 +275,15 @@ func renderEnv(dep *pb.Deployment, host *pb.HostPolicy, lctx *pb.LaunchContext) 
 	if dir == "" {
 		dir = "{{launch_dir}}"
 	}
-	env := map[string]string{
-		"PATH":            closedPath,
-		"LANG":            "C.UTF-8",
-		"HOME":            filepath.Join(dir, "home"),
-		"XDG_CONFIG_HOME": filepath.Join(dir, "config"),
-		"XDG_CACHE_HOME":  filepath.Join(dir, "cache"),
-		"LLAMA_CACHE":     filepath.Join(dir, "cache"),
-	}
-	if host.GetEngineTelemetry() != "allow" {
-		env["DO_NOT_TRACK"] = "1"
-	}
-	if uuids := lctx.GetDeviceUuids(); len(uuids) > 0 {
-		env["CUDA_VISIBLE_DEVICES"] = strings.Join(uuids, ",")
-		env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
-	}
-	for k, v := range host.GetHostEnv() {
-		env[k] = v
-	}
-	for k, v := range dep.GetEnv() {
-		env[k] = v
-	}
+	env := engine.NewEnv(engine.SystemPath)
+	env["HOME"] = filepath.Join(dir, "home")
+	env["XDG_CONFIG_HOME"] = filepath.Join(dir, "config")
+	env["XDG_CACHE_HOME"] = filepath.Join(dir, "cache")
+	env["LLAMA_CACHE"] = filepath.Join(dir, "cache")
+	env.NoTelemetry(host)
+	env.PinDevices(lctx)
+	env.Merge(host.GetHostEnv())
+	env.Merge(dep.GetEnv())
 	return env
 }
 
@@ -332,12 +296,12 @@ const keyEnv = "LLAMA_API_KEY"
 func (d *Driver) Start(_ context.Context, req *pb.StartRequest) (*pb.StartResponse, error) {
 	inst, dep, lctx, plan := req.GetInstallation(), req.GetDeployment(), req.GetLaunch(), req.GetPlan()
 	// IMPORTANT: the pinned installation must be what runs.
-	digest, err := fileDigest(inst.GetPath())
+	digest, err := engine.FileDigest(inst.GetPath())
 	if err != nil {
-		return nil, sdk.Errorf(sdk.CodeEngineNotFound, "llama-server %s: %v", inst.GetPath(), unwrapPathErr(err))
+		return nil, sdk.Errorf(sdk.CodeEngineNotFound, "llama-server %s: %v", inst.GetPath(), engine.UnwrapPathErr(err))
 	}
 	if inst.GetDigest() != "" && digest != inst.GetDigest() {
-		return nil, sdk.Errorf(codeInstallationDrift,
+		return nil, sdk.Errorf(engine.CodeInstallationDrift,
 			"llama-server %s changed since it was registered (pinned %s, now %s); register it again with capyctl engine add", inst.GetPath(), inst.GetDigest(), digest)
 	}
 	if dir := lctx.GetLaunchDir(); dir != "" {
@@ -351,15 +315,14 @@ func (d *Driver) Start(_ context.Context, req *pb.StartRequest) (*pb.StartRespon
 	if k := req.GetEngineKey(); k != "" {
 		secret[keyEnv] = k
 	}
-	launched, err := pyengine.StartLaunch(pyengine.LaunchOptions{
+	launched, err := engine.StartLaunch(engine.LaunchOptions{
 		Plan: plan, Host: req.GetHost(), Launch: lctx, SecretEnv: secret, Secrets: []string{req.GetEngineKey(), req.GetAdminKey()},
 	})
 	if err != nil {
 		return nil, err
 	}
 	h := newHandle(lctx.GetInstanceId(), lctx.GetLaunchId(), *launched, int(lctx.GetPort()), req.GetEngineKey(), dep, plan, d.stopGrace)
-	d.put(h)
-	return &pb.StartResponse{Launch: h.LaunchPB(), Endpoint: h.Endpoint}, nil
+	return d.reg.Started(h), nil
 }
 
 // slotsOf reads -np and the slot window back from a rendered command.

@@ -11,6 +11,7 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/capyctl/capyctl/drivers/internal/engine"
 	"github.com/capyctl/capyctl/sdk/formats"
 )
 
@@ -220,7 +221,7 @@ func chooseGGUF(dir, name string) (string, error) {
 			return "", fmt.Errorf("gguf_file: %w", err)
 		}
 		if _, err := os.Stat(p); err != nil {
-			return "", fmt.Errorf("gguf_file %s: %v", name, unwrapPathErr(err))
+			return "", fmt.Errorf("gguf_file %s: %v", name, engine.UnwrapPathErr(err))
 		}
 		return p, nil
 	}
@@ -280,11 +281,4 @@ func contains(list []string, s string) bool {
 		}
 	}
 	return false
-}
-
-func unwrapPathErr(err error) error {
-	if pe, ok := err.(*os.PathError); ok {
-		return pe.Err
-	}
-	return err
 }

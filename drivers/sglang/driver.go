@@ -20,7 +20,7 @@ package sglang
 import (
 	"context"
 
-	"github.com/capyctl/capyctl/core/version"
+	"github.com/capyctl/capyctl/drivers/internal/engine"
 	"github.com/capyctl/capyctl/drivers/internal/pyengine"
 	"github.com/capyctl/capyctl/sdk"
 	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
@@ -45,7 +45,6 @@ const NoPlugins = "capyctl-loads-no-plugins"
 
 // Paths of the engine's API the driver uses.
 const (
-	chatPath      = "/v1/chat/completions"
 	decisionsPath = "/v1/systemone"
 	releasePath   = "/release_memory_occupation"
 	resumePath    = "/resume_memory_occupation"
@@ -94,7 +93,7 @@ var configKeys = []pyengine.Key{
 var parserNames = pyengine.ParserNames{Qwen3Tool: "qwen25", CoderTool: "qwen3_coder", Reasoning: "qwen3"}
 
 // metricNames are SGLang's idle signal and figures.
-var metricNames = pyengine.MetricNames{
+var metricNames = engine.MetricNames{
 	Running: "sglang:num_running_reqs",
 	Waiting: "sglang:num_queue_reqs",
 	KVUsage: []string{"sglang:token_usage"},
@@ -104,58 +103,43 @@ var metricNames = pyengine.MetricNames{
 
 // Driver is the SGLang driver.
 type Driver struct {
-	reg *pyengine.Registry
+	reg *engine.Registry[*engine.Instance]
 }
 
 var _ sdk.Driver = (*Driver)(nil)
 
 // New returns the driver.
-func New() *Driver { return &Driver{reg: pyengine.NewRegistry()} }
+func New() *Driver { return &Driver{reg: engine.NewRegistry[*engine.Instance]()} }
 
 // Describe implements sdk.Driver.
 func (d *Driver) Describe(context.Context, *pb.DescribeRequest) (*pb.DescribeResponse, error) {
-	return &pb.DescribeResponse{
-		Name:     Family,
-		Version:  version.Version,
-		Protocol: sdk.ProtocolVersion,
-		Capabilities: &pb.Capabilities{
-			ParkTiers:      []string{pyengine.ResidencyDeep, pyengine.ResidencyHostBacked},
-			Apis:           []string{"chat", "decisions"},
-			AbortMode:      pb.AbortMode_ABORT_MODE_REQUEST_ID,
-			IdleSignal:     true,
-			RequestIdField: RequestIDField,
-		},
-		ConfigSchema: pyengine.ConfigSchema(Family, configKeys),
-	}, nil
+	return engine.Describe(Family, &pb.Capabilities{
+		ParkTiers:      []string{engine.ResidencyDeep, engine.ResidencyHostBacked},
+		Apis:           []string{"chat", "decisions"},
+		AbortMode:      pb.AbortMode_ABORT_MODE_REQUEST_ID,
+		IdleSignal:     true,
+		RequestIdField: RequestIDField,
+	}, pyengine.ConfigSchema(Family, configKeys)), nil
 }
 
 // Detect implements sdk.Driver: a venv with an sglang distribution, read
 // from its *.dist-info without running Python.
 func (d *Driver) Detect(_ context.Context, req *pb.DetectRequest) (*pb.DetectResponse, error) {
-	v, dist, digest, err := pyengine.Detect(req.GetPath(), pyengine.DetectSpec{Family: Family, Dist: "sglang", Verified: VerifiedVersions, Module: Module})
+	v, resp, err := pyengine.Detect(req.GetPath(), pyengine.DetectSpec{Family: Family, Dist: "sglang", Verified: VerifiedVersions, Module: Module})
 	if err != nil {
 		return nil, err
 	}
-	verified := pyengine.VersionIn(dist.Version, VerifiedVersions)
-	notes := []string{"launches " + v.Python + " -m " + Module + " with SGLANG_PLUGINS=" + NoPlugins + " (no plugin is loaded)"}
-	if !verified {
-		notes = append(notes, "SGLang "+dist.Version+" is not a verified version (0.5.20 to 0.5.22): it runs as custom")
+	resp.Notes = []string{"launches " + resp.GetProgram() + " -m " + Module + " with SGLANG_PLUGINS=" + NoPlugins + " (no plugin is loaded)"}
+	if !resp.GetVerified() {
+		resp.Notes = append(resp.Notes, "SGLang "+resp.GetVersion()+" is not a verified version (0.5.20 to 0.5.22): it runs as custom")
 	}
-	if !pyengine.VersionAtLeast(dist.Version, DecisionsSince) {
-		notes = append(notes, "decision models need SGLang "+DecisionsSince+" or newer")
+	if !pyengine.VersionAtLeast(resp.GetVersion(), DecisionsSince) {
+		resp.Notes = append(resp.Notes, "decision models need SGLang "+DecisionsSince+" or newer")
 	}
 	if dirs := v.PthDirs("nvidia_cutlass_dsl"); len(dirs) > 0 {
-		notes = append(notes, "cutlass (nvidia-cutlass-dsl) is added to the engine's path without running its .pth hook")
+		resp.Notes = append(resp.Notes, "cutlass (nvidia-cutlass-dsl) is added to the engine's path without running its .pth hook")
 	}
-	return &pb.DetectResponse{
-		Family:   Family,
-		Version:  dist.Version,
-		Verified: verified,
-		Digest:   digest,
-		Program:  v.Python,
-		Notes:    notes,
-		Details:  map[string]string{"venv": v.Dir, "module": Module},
-	}, nil
+	return resp, nil
 }
 
 // Flags implements sdk.Driver.

@@ -5,18 +5,17 @@ package sglang
 
 import (
 	"context"
-	"flag"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/capyctl/capyctl/drivers/internal/drivertest"
+	"github.com/capyctl/capyctl/drivers/internal/engine"
 	"github.com/capyctl/capyctl/drivers/internal/pyengine"
 	"github.com/capyctl/capyctl/sdk"
 	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
-
-var update = flag.Bool("update", false, "rewrite the golden files in testdata")
 
 // fixture is a registered SGLang venv and model directories in a temp dir.
 type fixture struct {
@@ -59,25 +58,11 @@ func newFixture(t *testing.T) *fixture {
 	return f
 }
 
+// writeModel writes config.json, tokenizer_config.json (when given) and a
+// sparse weights file.
 func writeModel(t *testing.T, dir, config, tokenizer string, weights int64) {
 	t.Helper()
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, "config.json"), []byte(config), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if tokenizer != "" {
-		if err := os.WriteFile(filepath.Join(dir, "tokenizer_config.json"), []byte(tokenizer), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	f, err := os.Create(filepath.Join(dir, "model.safetensors"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	if err := f.Truncate(weights); err != nil {
+	if err := pyengine.MakeModel(dir, config, tokenizer, weights); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -138,20 +123,7 @@ func TestPlan_Golden(t *testing.T) {
 			if len(resp.GetRefusals()) > 0 {
 				t.Fatalf("refused: %v", resp.GetRefusals())
 			}
-			got := pyengine.RenderPlan(resp, map[string]string{f.root: "<tmp>"})
-			golden := filepath.Join("testdata", c.name+".golden")
-			if *update {
-				if err := os.WriteFile(golden, []byte(got), 0o644); err != nil {
-					t.Fatal(err)
-				}
-			}
-			want, err := os.ReadFile(golden)
-			if err != nil {
-				t.Fatalf("%v (run go test ./drivers/sglang -update)", err)
-			}
-			if got != string(want) {
-				t.Fatalf("plan differs from %s (run with -update after checking):\n--- got\n%s\n--- want\n%s", golden, got, want)
-			}
+			drivertest.Golden(t, c.name, drivertest.RenderPlan(resp, map[string]string{f.root: "<tmp>"}))
 		})
 	}
 }
@@ -276,7 +248,7 @@ func TestDetect(t *testing.T) {
 		{name: "0.5.20 post", path: mk("b", map[string]string{"sglang": "0.5.20.post1"}), wantVersion: "0.5.20.post1", wantVerified: true},
 		{name: "0.5.23 custom", path: mk("c", map[string]string{"sglang": "0.5.23"}), wantVersion: "0.5.23"},
 		{name: "0.5.2 custom", path: mk("d", map[string]string{"sglang": "0.5.2"}), wantVersion: "0.5.2"},
-		{name: "a vllm venv", path: mk("e", map[string]string{"vllm": "0.31.0"}), wantCode: pyengine.CodeEngineUnsupported},
+		{name: "a vllm venv", path: mk("e", map[string]string{"vllm": "0.31.0"}), wantCode: engine.CodeEngineUnsupported},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -10,10 +10,10 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/capyctl/capyctl/drivers/internal/engine"
 	"github.com/capyctl/capyctl/drivers/internal/pyengine"
 	"github.com/capyctl/capyctl/sdk"
 	"github.com/capyctl/capyctl/sdk/flags"
-	"github.com/capyctl/capyctl/sdk/formats"
 	"github.com/capyctl/capyctl/sdk/proc"
 	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
@@ -31,22 +31,21 @@ func residency(dep *pb.Deployment, args []flags.Arg) string {
 		return r
 	}
 	if dep.GetApi() == "decisions" || speculative(args) {
-		return pyengine.ResidencyRestartOnly
+		return engine.ResidencyRestartOnly
 	}
-	return pyengine.ResidencyDeep
+	return engine.ResidencyDeep
 }
 
 // Plan implements sdk.Driver: it checks the deployment (refusals with
 // codes) and renders the launch.
 func (d *Driver) Plan(_ context.Context, req *pb.PlanRequest) (*pb.PlanResponse, error) {
 	inst, dep, host, lctx := req.GetInstallation(), req.GetDeployment(), req.GetHost(), req.GetLaunch()
-	var r pyengine.Refusals
+	var r engine.Refusals
 	cfg := pyengine.DecodeFamily(dep.GetEngineConfigJson(), Family, configKeys, &r)
-	declared := func(k string) bool { s := cfg.String(k); return s != "" && s != "auto" }
 	typed := pyengine.TypedFields(dep, map[string]bool{
 		"engine_config.sglang.chunked_prefill_size": cfg.Has("chunked_prefill_size"),
-		"engine_config.sglang.tool_call_parser":     declared("tool_call_parser"),
-		"engine_config.sglang.reasoning_parser":     declared("reasoning_parser"),
+		"engine_config.sglang.tool_call_parser":     cfg.Declared("tool_call_parser"),
+		"engine_config.sglang.reasoning_parser":     cfg.Declared("reasoning_parser"),
 	})
 	args := pyengine.Common(Table, dep, host, typed, &r)
 	res := residency(dep, args)
@@ -54,71 +53,46 @@ func (d *Driver) Plan(_ context.Context, req *pb.PlanRequest) (*pb.PlanResponse,
 	case "", "chat":
 	case "decisions":
 		if inst.GetVersion() != "" && !pyengine.VersionAtLeast(inst.GetVersion(), DecisionsSince) {
-			r.Add(pyengine.CodeCapabilityMissing+":decisions", "api", "decision models need SGLang %s or newer; engine %s is %s", DecisionsSince, inst.GetName(), inst.GetVersion())
+			r.Add(engine.CodeCapabilityMissing+":decisions", "api", "decision models need SGLang %s or newer; engine %s is %s", DecisionsSince, inst.GetName(), inst.GetVersion())
 		}
-		if pyengine.Parks(res) {
-			r.Add(pyengine.CodeCapabilityMissing+":deep_park", "residency", "decision models restart instead of parking: remove residency or set restart_only")
+		if engine.Parks(res) {
+			r.Add(engine.CodeCapabilityMissing+":deep_park", "residency", "decision models restart instead of parking: remove residency or set restart_only")
 		}
 		for _, k := range []string{"tool_call_parser", "reasoning_parser"} {
-			if declared(k) {
+			if cfg.Declared(k) {
 				r.Add(flags.CodeInvalidConfig, "engine_config.sglang."+k, "decision models run without a tool-call or reasoning parser")
 			}
 		}
 	default:
-		r.Add(pyengine.CodeCapabilityMissing+":"+api, "api", "SGLang serves the chat and decisions APIs, not %q", api)
+		r.Add(engine.CodeCapabilityMissing+":"+api, "api", "SGLang serves the chat and decisions APIs, not %q", api)
 	}
-	if speculative(args) && pyengine.Parks(res) {
-		r.Add(pyengine.CodeCapabilityMissing+":deep_park", "residency",
+	if speculative(args) && engine.Parks(res) {
+		r.Add(engine.CodeCapabilityMissing+":deep_park", "residency",
 			"with speculative decoding a wake would not restore the draft model's weights: remove residency or set restart_only")
 	}
-	venv, err := pyengine.FindVenv(inst.GetPath())
-	if err != nil {
-		r.Add(sdk.CodeEngineNotFound, "engine", "engine %s: %v", inst.GetName(), err)
-	}
+	venv := pyengine.PlanVenv(inst, &r)
 	if len(r) > 0 {
 		return &pb.PlanResponse{Refusals: r}, nil
 	}
 
-	weights := pyengine.WeightsBytes(dep.GetModelDir())
-	hf, _ := formats.ReadHFConfig(dep.GetModelDir())
-	kvPerToken := hf.KVBytesPerToken(1, dep.GetKvCacheDtype())
-	kvBudget := lctx.GetKvCacheBytes()
-	if kvBudget <= 0 {
-		kvBudget = dep.GetMemory().GetKvCacheBytes()
-	}
+	ck := pyengine.ReadCheckpoint(dep, lctx)
 	totalTokens, _ := cfg.Int("max_total_tokens")
-	if totalTokens <= 0 && kvPerToken > 0 && kvBudget > 0 {
-		totalTokens = kvBudget / kvPerToken
+	if totalTokens <= 0 && ck.KVPerToken > 0 && ck.KVBudget > 0 {
+		totalTokens = ck.KVBudget / ck.KVPerToken
 	}
 	workers, ok := cfg.Int("tokenizer_workers")
 	if !ok {
 		workers = 1
 	}
-	parsers := pyengine.ChooseParsers(pyengine.ParserInput{
-		ModelDir: dep.GetModelDir(), API: dep.GetApi(), Tool: cfg.String("tool_call_parser"), Reasoning: cfg.String("reasoning_parser"),
-		Args: args, ToolOption: "--tool-call-parser", ReasoningOption: "--reasoning-parser",
-	}, parserNames)
+	parsers := pyengine.FamilyParsers(dep, cfg, args, parserNames)
 
-	argv := []string{venv.Python, "-m", Module,
-		"--model-path", dep.GetModelDir(),
-		"--served-model-name", dep.GetServedName(),
-		"--host", "127.0.0.1",
-	}
-	if p := lctx.GetPort(); p > 0 {
-		argv = append(argv, "--port", strconv.Itoa(int(p)))
-	}
+	argv := pyengine.ServerArgv(venv.Python, Module, "--model-path", dep, lctx)
 	maxRunning := pyengine.MaxConcurrent(dep, pyengine.DefaultMaxConcurrent)
 	argv = append(argv, "--max-running-requests", strconv.Itoa(maxRunning))
 	if n := dep.GetContextLength(); n > 0 {
 		argv = append(argv, "--context-length", strconv.FormatInt(n, 10))
 	}
-	for _, o := range []struct{ flag, val string }{
-		{"--dtype", dep.GetDtype()}, {"--quantization", dep.GetQuantization()}, {"--kv-cache-dtype", dep.GetKvCacheDtype()},
-	} {
-		if o.val != "" {
-			argv = append(argv, o.flag, o.val)
-		}
-	}
+	argv = append(argv, pyengine.TypedArgs(dep)...)
 	if dep.GetCudaGraphs() == "false" {
 		argv = append(argv, "--disable-cuda-graph")
 	}
@@ -131,10 +105,10 @@ func (d *Driver) Plan(_ context.Context, req *pb.PlanRequest) (*pb.PlanResponse,
 	if n, ok := cfg.Int("chunked_prefill_size"); ok {
 		argv = append(argv, "--chunked-prefill-size", strconv.FormatInt(n, 10))
 	}
-	if pyengine.Parks(res) {
+	if engine.Parks(res) {
 		argv = append(argv, "--enable-memory-saver")
 	}
-	if res == pyengine.ResidencyHostBacked {
+	if res == engine.ResidencyHostBacked {
 		argv = append(argv, "--enable-weights-cpu-backup")
 	}
 	argv = append(argv, "--enable-metrics", "--tokenizer-worker-num", strconv.FormatInt(workers, 10))
@@ -159,32 +133,11 @@ func (d *Driver) Plan(_ context.Context, req *pb.PlanRequest) (*pb.PlanResponse,
 		// a .pth hook puts on the path: add that directory, run no hook.
 		env["PYTHONPATH"] = strings.Join(dirs, ":")
 	}
-	for k, v := range dep.GetEnv() {
-		env[k] = v
-	}
+	env.Merge(dep.GetEnv())
 
-	hints := &pb.MemoryHints{
-		WeightsBytes:          weights,
-		KvBytesPerToken:       kvPerToken,
-		KvCacheBytes:          kvBudget,
-		ContextLength:         dep.GetContextLength(),
-		MaxConcurrentRequests: int32(maxRunning),
-		Source:                "safetensors+config.json",
-	}
-	if hints.ContextLength <= 0 && hf != nil {
-		hints.ContextLength = hf.MaxPositionEmbeddings
-	}
-	resp := &pb.PlanResponse{
-		Argv:             argv,
-		Env:              env,
-		Workdir:          lctx.GetLaunchDir(),
-		Hints:            hints,
-		Parsers:          parsers.Report,
-		Residency:        res,
-		StartupTimeoutMs: pyengine.StartupTimeout(weights).Milliseconds(),
-		WakeTimeoutMs:    pyengine.WakeTimeout(weights, res).Milliseconds(),
-	}
-	if pyengine.Parks(res) {
+	resp := pyengine.Rendered{Argv: argv, Env: env, Checkpoint: ck, ContextLength: dep.GetContextLength(), MaxConcurrent: maxRunning,
+		Parsers: parsers, Residency: res}.Plan(lctx)
+	if engine.Parks(res) {
 		resp.Notes = append(resp.Notes, "parks with SGLang's memory saver (release_memory_occupation / resume_memory_occupation)")
 	}
 	if workers != 1 {
@@ -206,25 +159,19 @@ func engineKey(key string) string {
 	return key
 }
 
-// endpoint is how the router reaches an instance.
+// endpoint is how the router reaches an instance: the request ID in the
+// body's "rid", by which a request is aborted (with one tokenizer worker;
+// with more, an abort may miss the worker and hang-ups close the
+// connection), and decisions for a decision model.
 func endpoint(port int, key string, dep *pb.Deployment, workers int64) *pb.Endpoint {
-	key = engineKey(key)
-	ep := &pb.Endpoint{
-		BaseUrl:        pyengine.BaseURL(port),
-		ChatPath:       chatPath,
-		RequestIdField: RequestIDField,
-		AbortMode:      pb.AbortMode_ABORT_MODE_REQUEST_ID,
-		ServedName:     dep.GetServedName(),
-	}
+	ep := engine.NewEndpoint(port, dep.GetServedName(), engineKey(key))
+	ep.RequestIdField = RequestIDField
+	ep.AbortMode = pb.AbortMode_ABORT_MODE_REQUEST_ID
 	if dep.GetApi() == "decisions" {
 		ep.DecisionsPath = decisionsPath
 	}
 	if workers > 1 {
 		ep.AbortMode = pb.AbortMode_ABORT_MODE_CLOSE_CONNECTION
-	}
-	if key != "" {
-		ep.AuthHeader = "Authorization"
-		ep.AuthValue = "Bearer " + key
 	}
 	return ep
 }
@@ -232,7 +179,7 @@ func endpoint(port int, key string, dep *pb.Deployment, workers int64) *pb.Endpo
 // tokenizerWorkers reads engine_config.sglang.tokenizer_workers (1 when
 // unset or unreadable).
 func tokenizerWorkers(dep *pb.Deployment) int64 {
-	var r pyengine.Refusals
+	var r engine.Refusals
 	if n, ok := pyengine.DecodeFamily(dep.GetEngineConfigJson(), Family, configKeys, &r).Int("tokenizer_workers"); ok {
 		return n
 	}
@@ -240,8 +187,8 @@ func tokenizerWorkers(dep *pb.Deployment) int64 {
 }
 
 // shm is the shared-memory tracker of a launch.
-func shm(launchDir string) pyengine.Shm {
-	return pyengine.Shm{Dir: pyengine.ShmDir, LaunchDir: launchDir, Prefixes: shmPrefixes}
+func shm(launchDir string) engine.Shm {
+	return engine.Shm{Dir: engine.ShmDir, LaunchDir: launchDir, Prefixes: shmPrefixes}
 }
 
 // writeConfig writes the launch's private configuration file: the key,
@@ -287,7 +234,7 @@ func (d *Driver) Start(_ context.Context, req *pb.StartRequest) (*pb.StartRespon
 		return nil, sdk.Errorf(sdk.CodeLaunchFailed, "write the launch's configuration: %v", err)
 	}
 	_ = shm(lctx.GetLaunchDir()).RecordBefore()
-	launched, err := pyengine.StartLaunch(pyengine.LaunchOptions{
+	launched, err := engine.StartLaunch(engine.LaunchOptions{
 		Plan: req.GetPlan(), Host: req.GetHost(), Launch: lctx,
 		Secrets: []string{engineKey(req.GetEngineKey()), req.GetEngineKey(), req.GetAdminKey()},
 	})
@@ -296,13 +243,12 @@ func (d *Driver) Start(_ context.Context, req *pb.StartRequest) (*pb.StartRespon
 		return nil, err
 	}
 	in := d.instance(lctx.GetInstanceId(), lctx.GetLaunchId(), *launched, int(lctx.GetPort()), req.GetEngineKey(), dep, req.GetPlan().GetResidency())
-	d.reg.Put(in)
-	return &pb.StartResponse{Launch: in.LaunchPB(), Endpoint: in.Endpoint}, nil
+	return d.reg.Started(in), nil
 }
 
 // instance builds the driver's handle of a launch.
-func (d *Driver) instance(id, launchID string, l proc.Launched, port int, key string, dep *pb.Deployment, res string) *pyengine.Instance {
-	in := pyengine.NewInstance(id, launchID, l, port, endpoint(port, key, dep, tokenizerWorkers(dep)))
+func (d *Driver) instance(id, launchID string, l proc.Launched, port int, key string, dep *pb.Deployment, res string) *engine.Instance {
+	in := engine.NewInstance(id, launchID, l, port, endpoint(port, key, dep, tokenizerWorkers(dep)))
 	in.API = dep.GetApi()
 	if in.API == "" {
 		in.API = "chat"

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/capyctl/capyctl/drivers/internal/engine"
 	"github.com/capyctl/capyctl/drivers/internal/pyengine"
 	"github.com/capyctl/capyctl/sdk"
 	"github.com/capyctl/capyctl/sdk/engineapi"
@@ -22,18 +23,18 @@ var memoryTags = []string{"kv_cache", "weights"}
 
 // parkable returns the instance, refusing one launched without the memory
 // saver or parked at a tier SGLang does not have.
-func (d *Driver) parkable(id, tier string) (*pyengine.Instance, string, error) {
+func (d *Driver) parkable(id, tier string) (*engine.Instance, string, error) {
 	in, err := d.reg.Get(id)
 	if err != nil {
 		return nil, "", err
 	}
-	if !pyengine.Parks(in.Residency) {
+	if !engine.Parks(in.Residency) {
 		return nil, "", sdk.Errorf(sdk.CodeParkFailed, "instance %s was launched %s, without the memory saver: it restarts instead of parking", id, in.Residency)
 	}
 	if tier == "" {
 		tier = in.Residency
 	}
-	if !pyengine.Parks(tier) {
+	if !engine.Parks(tier) {
 		return nil, "", sdk.Errorf(sdk.CodeParkFailed, "SGLang parks at deep or host_backed, not %q", tier)
 	}
 	if !in.Alive() {
@@ -52,9 +53,8 @@ func (d *Driver) Park(ctx context.Context, req *pb.ParkRequest) (*pb.ParkRespons
 	if err != nil {
 		return nil, err
 	}
-	if load := pyengine.ReadLoad(ctx, in.Client, in.ServedName, metricNames); !pyengine.Idle(load) {
-		return nil, sdk.Errorf(sdk.CodeNotIdle, "instance %s is not idle (running %d, waiting %d, known %v): drain it before parking",
-			in.ID, load.GetRunning(), load.GetWaiting(), load.GetKnown())
+	if err := engine.CheckIdle(ctx, in, metricNames); err != nil {
+		return nil, err
 	}
 	ctx, cancel := context.WithTimeout(ctx, stepTimeout)
 	defer cancel()
@@ -84,9 +84,9 @@ func (d *Driver) Wake(ctx context.Context, req *pb.WakeRequest) (*pb.WakeRespons
 	if err != nil {
 		return nil, sdk.Errorf(sdk.CodeWakeFailed, "resume memory: %v", err)
 	}
-	if in.Residency != pyengine.ResidencyHostBacked {
+	if in.Residency != engine.ResidencyHostBacked {
 		weights := pyengine.WeightsBytes(in.ModelDir)
-		rctx, cancel := context.WithTimeout(ctx, pyengine.WakeTimeout(weights, pyengine.ResidencyDeep))
+		rctx, cancel := context.WithTimeout(ctx, pyengine.WakeTimeout(weights, engine.ResidencyDeep))
 		var out struct {
 			Success *bool  `json:"success"`
 			Message string `json:"message"`
@@ -112,7 +112,7 @@ func (d *Driver) Wake(ctx context.Context, req *pb.WakeRequest) (*pb.WakeRespons
 		return nil, sdk.Errorf(sdk.CodeWakeFailed, "flush the cache: %v", last)
 	}
 	in.MarkParked("")
-	canary, err := wakeCanary(ctx, in)
+	canary, err := wakeCanary(in)(ctx)
 	if err != nil {
 		return nil, sdk.Errorf(sdk.CodeWakeFailed, "wake check: %v", err)
 	}

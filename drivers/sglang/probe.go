@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/capyctl/capyctl/drivers/internal/engine"
 	"github.com/capyctl/capyctl/drivers/internal/pyengine"
 	"github.com/capyctl/capyctl/sdk"
 	"github.com/capyctl/capyctl/sdk/decisions"
@@ -44,16 +45,13 @@ func (d *Driver) Probe(ctx context.Context, req *pb.ProbeRequest) (*pb.ProbeResp
 		if tier := in.Parked(); tier != "" {
 			return &pb.ProbeResponse{Alive: true, Detail: "the engine's memory is released (parked " + tier + "): wake it first"}, nil
 		}
-		deadline := time.Duration(req.GetDeadlineMs()) * time.Millisecond
-		if deadline <= 0 {
-			deadline = pyengine.StartupTimeout(pyengine.WeightsBytes(in.ModelDir))
-		}
+		deadline := engine.ProbeDeadline(req, pyengine.StartupTimeout(pyengine.WeightsBytes(in.ModelDir)))
 		ready := in.ChatReady(canaryPrompt, canaryTokens, canaryExtra)
 		if in.API == "decisions" {
 			ready = decisionReady(in)
 		}
 		fail := func() {
-			_ = pyengine.StopLaunch(in.Launched, in.StopGrace)
+			_ = engine.StopLaunch(in.Launched, in.StopGrace)
 			shm(in.Launched.LaunchDir).Clean()
 			removeConfig(in.Launched.LaunchDir)
 		}
@@ -64,14 +62,7 @@ func (d *Driver) Probe(ctx context.Context, req *pb.ProbeRequest) (*pb.ProbeResp
 		}
 		return resp, nil
 	case pb.ProbeKind_PROBE_KIND_WAKE_CHECK:
-		if !in.Alive() {
-			return in.ExitInfo("the engine process is gone"), nil
-		}
-		answer, err := wakeCanary(ctx, in)
-		if err != nil {
-			return &pb.ProbeResponse{Alive: true, Detail: err.Error(), Code: sdk.CodeWakeFailed}, nil
-		}
-		return &pb.ProbeResponse{Alive: true, Ready: true, Canary: answer, Endpoint: in.Endpoint}, nil
+		return in.WakeCheck(ctx, wakeCanary(in)), nil
 	}
 	return nil, sdk.Errorf("invalid_request", "unknown probe kind %v", req.GetKind())
 }
@@ -80,7 +71,7 @@ func (d *Driver) Probe(ctx context.Context, req *pb.ProbeRequest) (*pb.ProbeResp
 // for it: a scheduler process seen in the launch's group that is gone, or
 // the scheduler's exception in the log. It also notes the shared-memory
 // segments the launch's processes hold.
-func schedulerWatch(in *pyengine.Instance) pyengine.WatchFunc {
+func schedulerWatch(in *engine.Instance) engine.WatchFunc {
 	seen := map[int]bool{}
 	s := shm(in.Launched.LaunchDir)
 	return func() (bool, string) {
@@ -109,24 +100,16 @@ func schedulerWatch(in *pyengine.Instance) pyengine.WatchFunc {
 
 // decisionReady proves a decision model ready: the served name listed, and
 // a complete answer to the fixed readiness decision.
-func decisionReady(in *pyengine.Instance) pyengine.ReadyFunc {
+func decisionReady(in *engine.Instance) engine.ReadyFunc {
 	return func(ctx context.Context) (bool, string, string) {
-		found, err := engineapi.ModelsContain(ctx, in.Client, in.ServedName)
-		if err != nil {
-			return false, "", "waiting for the model list: " + err.Error()
+		if why := in.ServedListed(ctx); why != "" {
+			return false, "", why
 		}
-		if !found {
-			return false, "", "waiting for " + in.ServedName + " in " + engineapi.ModelsPath
+		resp, why := engine.ReadinessDecision(ctx, in.Client, decisionsPath, in.ServedName, "waiting for a first decision")
+		if resp == nil {
+			return false, "", why
 		}
-		req := decisions.ReadinessRequest(in.ServedName)
-		var resp decisions.Response
-		if _, err := in.Client.PostJSON(ctx, decisionsPath, req, &resp); err != nil {
-			return false, "", "waiting for a first decision: " + err.Error()
-		}
-		if err := decisions.Check(req, &resp); err != nil {
-			return false, "", "the readiness decision is incomplete: " + err.Error()
-		}
-		return true, decisionCanary(resp), ""
+		return true, decisionCanary(*resp), ""
 	}
 }
 
@@ -146,18 +129,21 @@ func decisionCanary(resp decisions.Response) string {
 	return strings.Join(parts, " ")
 }
 
-// wakeCanary asks the canary prompt once.
-func wakeCanary(ctx context.Context, in *pyengine.Instance) (string, error) {
-	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
-	defer cancel()
-	if in.API == "decisions" {
-		ok, canary, why := decisionReady(in)(ctx)
-		if !ok {
-			return "", fmt.Errorf("%s", why)
+// wakeCanary asks the canary prompt once (the readiness decision of a
+// decision model).
+func wakeCanary(in *engine.Instance) func(context.Context) (string, error) {
+	return func(ctx context.Context) (string, error) {
+		ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+		defer cancel()
+		if in.API == "decisions" {
+			ok, canary, why := decisionReady(in)(ctx)
+			if !ok {
+				return "", fmt.Errorf("%s", why)
+			}
+			return canary, nil
 		}
-		return canary, nil
+		return engineapi.ChatProbeExtra(ctx, in.Client, engine.ChatPath, in.ServedName, canaryPrompt, canaryTokens, canaryExtra)
 	}
-	return engineapi.ChatProbeExtra(ctx, in.Client, chatPath, in.ServedName, canaryPrompt, canaryTokens, canaryExtra)
 }
 
 // Abort implements sdk.Driver: POST /abort_request {"rid"} with the ID the
@@ -183,84 +169,51 @@ func (d *Driver) Abort(ctx context.Context, req *pb.AbortRequest) (*pb.AbortResp
 // Load implements sdk.Driver: sglang:num_running_reqs and num_queue_reqs of
 // the served model, and the KV pool usage.
 func (d *Driver) Load(ctx context.Context, req *pb.LoadRequest) (*pb.LoadResponse, error) {
-	in, err := d.reg.Get(req.GetInstanceId())
-	if err != nil {
-		return nil, err
-	}
-	return pyengine.ReadLoad(ctx, in.Client, in.ServedName, metricNames), nil
+	return d.reg.Load(ctx, req, metricNames)
 }
 
 // Stop implements sdk.Driver: the whole group ends, then the launch's
 // shared-memory segments that no process holds any more are removed.
 func (d *Driver) Stop(_ context.Context, req *pb.StopRequest) (*pb.StopResponse, error) {
-	var launched proc.Launched
-	grace := pyengine.DefaultStopGrace
-	if in, err := d.reg.Get(req.GetInstanceId()); err == nil {
-		launched, grace = in.Launched, in.StopGrace
-		in.Client.CloseIdleConnections()
-	} else if l := req.GetLaunch(); l != nil {
-		launched = pyengine.FromLaunch(l)
-	} else {
-		return nil, err
-	}
-	if req.GetGraceMs() > 0 {
-		grace = time.Duration(req.GetGraceMs()) * time.Millisecond
-	}
-	if launched.LaunchDir != "" && proc.Alive(launched.Engine) {
-		shm(launched.LaunchDir).Observe(proc.GroupPIDs(launched.Pgid))
-	}
-	resp := pyengine.StopLaunch(launched, grace)
-	if resp.GetGone() {
-		if launched.LaunchDir != "" {
-			resp.Cleaned = shm(launched.LaunchDir).Clean()
-			removeConfig(launched.LaunchDir)
-		}
-		d.reg.Drop(req.GetInstanceId())
-	}
-	return resp, nil
+	return d.reg.Stop(req, engine.DefaultStopGrace, engine.StopHooks{
+		Before: func(launched proc.Launched) {
+			if launched.LaunchDir != "" && proc.Alive(launched.Engine) {
+				shm(launched.LaunchDir).Observe(proc.GroupPIDs(launched.Pgid))
+			}
+		},
+		Gone: func(launched proc.Launched, resp *pb.StopResponse) {
+			if launched.LaunchDir != "" {
+				resp.Cleaned = shm(launched.LaunchDir).Clean()
+				removeConfig(launched.LaunchDir)
+			}
+		},
+	})
 }
 
 // Recover implements sdk.Driver: it rebuilds the handle from the recorded
 // launch.
 func (d *Driver) Recover(_ context.Context, req *pb.RecoverRequest) (*pb.RecoverResponse, error) {
-	id := req.GetInstanceId()
-	if in, err := d.reg.Get(id); err == nil {
-		if in.Alive() {
-			return &pb.RecoverResponse{State: pb.RecoverState_RECOVER_STATE_RUNNING, Endpoint: in.Endpoint, Launch: in.LaunchPB(), Parked: in.Parked() != "", Detail: "handle kept by this driver"}, nil
+	return d.reg.Recover(req, func(launched proc.Launched, detail string) (*engine.Instance, string, error) {
+		l := req.GetLaunch()
+		in := d.instance(req.GetInstanceId(), l.GetLaunchId(), launched, int(l.GetPort()), req.GetEngineKey(), req.GetDeployment(), "")
+		// SGLang has no route that says whether its memory is released: the
+		// launch directory records a completed park, and a park the core saw
+		// complete counts too.
+		tier := engine.RecordedPark(launched.LaunchDir)
+		if tier == "" && req.GetRecordedState() == "parked" {
+			if tier = req.GetParkTier(); tier == "" {
+				tier = in.Residency
+			}
 		}
-		d.reg.Drop(id)
-		return &pb.RecoverResponse{State: pb.RecoverState_RECOVER_STATE_GONE, Detail: "the engine process is gone"}, nil
-	}
-	launched, state, detail := pyengine.RecoverLaunch(req.GetLaunch())
-	if state != pb.RecoverState_RECOVER_STATE_RUNNING {
-		return &pb.RecoverResponse{State: state, Detail: detail}, nil
-	}
-	in := d.instance(id, req.GetLaunch().GetLaunchId(), launched, int(req.GetLaunch().GetPort()), req.GetEngineKey(), req.GetDeployment(), "")
-	// SGLang has no route that says whether its memory is released: the
-	// launch directory records a completed park, and a park the core saw
-	// complete counts too.
-	tier := pyengine.RecordedPark(launched.LaunchDir)
-	if tier == "" && req.GetRecordedState() == "parked" {
-		if tier = req.GetParkTier(); tier == "" {
-			tier = in.Residency
+		if tier != "" && engine.Parks(in.Residency) {
+			in.SetParked(tier)
+			detail += "; the engine's memory is released (parked " + tier + ")"
 		}
-	}
-	if tier != "" && pyengine.Parks(in.Residency) {
-		in.SetParked(tier)
-		detail += "; the engine's memory is released (parked " + tier + ")"
-	}
-	d.reg.Put(in)
-	return &pb.RecoverResponse{State: pb.RecoverState_RECOVER_STATE_RUNNING, Endpoint: in.Endpoint, Launch: in.LaunchPB(), Parked: in.Parked() != "", Detail: detail}, nil
+		return in, detail, nil
+	})
 }
 
 // Logs implements sdk.Driver.
 func (d *Driver) Logs(_ context.Context, req *pb.LogsRequest) (*pb.LogsResponse, error) {
-	dir := req.GetLaunchDir()
-	if in, err := d.reg.Get(req.GetInstanceId()); err == nil {
-		dir = in.Launched.LaunchDir
-	}
-	if dir == "" {
-		return nil, sdk.Errorf(sdk.CodeInstanceNotFound, "no launch directory for %s", req.GetInstanceId())
-	}
-	return pyengine.Logs(dir, req.GetMaxBytes()), nil
+	return d.reg.Logs(req)
 }

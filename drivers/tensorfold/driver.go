@@ -20,7 +20,7 @@ import (
 	"sort"
 	"strings"
 
-	"github.com/capyctl/capyctl/core/version"
+	"github.com/capyctl/capyctl/drivers/internal/engine"
 	"github.com/capyctl/capyctl/drivers/internal/pyengine"
 	"github.com/capyctl/capyctl/sdk"
 	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
@@ -33,7 +33,8 @@ const Family = "tensorfold"
 // (0.6.4 was not checked); others run as custom.
 var VerifiedVersions = []string{"0.6.0", "0.6.1", "0.6.2", "0.6.3", "0.6.5", "0.6.6"}
 
-// Installation details recorded by Detect.
+// Installation details recorded by Detect (pyengine.Detect records the
+// venv).
 const (
 	detailVenv     = "venv"
 	detailCUDAHome = "cuda_home"
@@ -42,7 +43,8 @@ const (
 
 // Driver is the TensorFold driver.
 type Driver struct {
-	reg *pyengine.Registry
+	engine.RestartOnly
+	reg *engine.Registry[*engine.Instance]
 	// systemPath ends the engine's PATH and is searched for build tools
 	// (tests point it at an empty directory).
 	systemPath string
@@ -56,23 +58,17 @@ var _ sdk.Driver = (*Driver)(nil)
 
 // New returns the driver.
 func New() *Driver {
-	return &Driver{reg: pyengine.NewRegistry(), systemPath: "/usr/local/bin:/usr/bin:/bin", getenv: os.Getenv, defaultCUDA: "/usr/local/cuda"}
+	return &Driver{reg: engine.NewRegistry[*engine.Instance](), systemPath: engine.SystemPath, getenv: os.Getenv, defaultCUDA: "/usr/local/cuda"}
 }
 
 // Describe implements sdk.Driver: restart only, chat, aborts by closing
 // the connection, an idle signal.
 func (d *Driver) Describe(context.Context, *pb.DescribeRequest) (*pb.DescribeResponse, error) {
-	return &pb.DescribeResponse{
-		Name:     Family,
-		Version:  version.Version,
-		Protocol: sdk.ProtocolVersion,
-		Capabilities: &pb.Capabilities{
-			Apis:       []string{"chat"},
-			AbortMode:  pb.AbortMode_ABORT_MODE_CLOSE_CONNECTION,
-			IdleSignal: true,
-		},
-		ConfigSchema: pyengine.ConfigSchema(Family, configKeys),
-	}, nil
+	return engine.Describe(Family, &pb.Capabilities{
+		Apis:       []string{"chat"},
+		AbortMode:  pb.AbortMode_ABORT_MODE_CLOSE_CONNECTION,
+		IdleSignal: true,
+	}, pyengine.ConfigSchema(Family, configKeys)), nil
 }
 
 // Detect implements sdk.Driver: a venv with a tensorfold distribution and
@@ -81,37 +77,32 @@ func (d *Driver) Describe(context.Context, *pb.DescribeRequest) (*pb.DescribeRes
 // (the venv's bin, pip's CUDA compiler, the CUDA toolkit's bin, the
 // system's) and the missing ones reported.
 func (d *Driver) Detect(_ context.Context, req *pb.DetectRequest) (*pb.DetectResponse, error) {
-	v, dist, digest, err := pyengine.Detect(req.GetPath(), pyengine.DetectSpec{Family: Family, Dist: "tensorfold", Verified: VerifiedVersions})
+	v, resp, err := pyengine.Detect(req.GetPath(), pyengine.DetectSpec{Family: Family, Dist: "tensorfold", Verified: VerifiedVersions})
 	if err != nil {
 		return nil, err
 	}
-	program := filepath.Join(v.Dir, "bin", "tensorfold")
-	if st, err := os.Stat(program); err != nil || st.IsDir() || st.Mode()&0o111 == 0 {
-		return nil, sdk.Errorf(sdk.CodeEngineNotFound, "%s has tensorfold %s installed but no executable bin/tensorfold", v.Dir, dist.Version)
+	resp.Program = filepath.Join(v.Dir, "bin", "tensorfold")
+	if st, err := os.Stat(resp.Program); err != nil || st.IsDir() || st.Mode()&0o111 == 0 {
+		return nil, sdk.Errorf(sdk.CodeEngineNotFound, "%s has tensorfold %s installed but no executable bin/tensorfold", v.Dir, resp.GetVersion())
 	}
-	verified := pyengine.VersionIn(dist.Version, VerifiedVersions)
 	cuda := d.cudaHome()
 	dirs := toolDirs(v)
-	missing := d.missingTools(v.Dir, dirs, cuda)
-	notes := []string{
+	resp.ToolchainMissing = d.missingTools(v.Dir, dirs, cuda)
+	resp.Notes = []string{
 		"TensorFold runs restart only: CapyCTL stops it when it needs the memory and starts it on the next request",
 		"a TensorFold deployment states its resources and context_length; the engine is capped at its ready allocation",
 		"the first request after a start builds CUDA kernels; the first start may take up to 30 minutes",
 	}
-	if !verified {
-		notes = append(notes, "TensorFold "+dist.Version+" is not a verified version: it runs as custom")
+	if !resp.GetVerified() {
+		resp.Notes = append(resp.Notes, "TensorFold "+resp.GetVersion()+" is not a verified version: it runs as custom")
 	}
-	details := map[string]string{detailVenv: v.Dir}
 	if cuda != "" {
-		details[detailCUDAHome] = cuda
+		resp.Details[detailCUDAHome] = cuda
 	}
 	if len(dirs) > 0 {
-		details[detailToolDirs] = strings.Join(dirs, ":")
+		resp.Details[detailToolDirs] = strings.Join(dirs, ":")
 	}
-	return &pb.DetectResponse{
-		Family: Family, Version: dist.Version, Verified: verified, Digest: digest, Program: program,
-		ToolchainMissing: missing, Notes: notes, Details: details,
-	}, nil
+	return resp, nil
 }
 
 // cudaHome is $CUDA_HOME when it has bin/nvcc, else the default toolkit
@@ -187,20 +178,4 @@ func isExecutable(p string) bool {
 // Flags implements sdk.Driver.
 func (d *Driver) Flags(context.Context, *pb.FlagsRequest) (*pb.FlagsResponse, error) {
 	return Table.Proto(), nil
-}
-
-// Park implements sdk.Driver: TensorFold cannot release its memory and keep
-// running (the core stops it instead).
-func (d *Driver) Park(context.Context, *pb.ParkRequest) (*pb.ParkResponse, error) {
-	return nil, sdk.ErrNotSupported
-}
-
-// Wake implements sdk.Driver: nothing parks, nothing wakes.
-func (d *Driver) Wake(context.Context, *pb.WakeRequest) (*pb.WakeResponse, error) {
-	return nil, sdk.ErrNotSupported
-}
-
-// Abort implements sdk.Driver: closing the connection stops the request.
-func (d *Driver) Abort(context.Context, *pb.AbortRequest) (*pb.AbortResponse, error) {
-	return &pb.AbortResponse{Mode: pb.AbortMode_ABORT_MODE_CLOSE_CONNECTION}, nil
 }

@@ -6,9 +6,7 @@ package tensorfold
 import (
 	"context"
 	"encoding/binary"
-	"flag"
 	"fmt"
-	"net"
 	"os"
 	"path/filepath"
 	"sort"
@@ -16,13 +14,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capyctl/capyctl/drivers/internal/drivertest"
 	"github.com/capyctl/capyctl/plugins-testkit/harness"
 	"github.com/capyctl/capyctl/sdk"
 	"github.com/capyctl/capyctl/sdk/proc"
 	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
-
-var update = flag.Bool("update", false, "rewrite the golden files")
 
 // The test binary is also the launch shim of the engines it starts.
 func TestMain(m *testing.M) {
@@ -129,22 +126,6 @@ func installation(v string) *pb.Installation {
 	return &pb.Installation{Name: "tensorfold", Family: Family, Path: v, Version: "0.6.6", Digest: "sha256:0123456789abcdef0123", Details: map[string]string{detailVenv: v}}
 }
 
-func golden(t *testing.T, name, got string) {
-	t.Helper()
-	p := filepath.Join("testdata", name+".golden")
-	if *update {
-		os.MkdirAll("testdata", 0o755)
-		os.WriteFile(p, []byte(got), 0o644)
-	}
-	want, err := os.ReadFile(p)
-	if err != nil {
-		t.Fatalf("%v (run go test -update)", err)
-	}
-	if string(want) != got {
-		t.Fatalf("%s differs:\n--- got\n%s--- want\n%s", p, got, want)
-	}
-}
-
 func render(p *pb.PlanResponse, dirs map[string]string) string {
 	var b strings.Builder
 	b.WriteString("# argv\n" + strings.Join(p.GetArgv(), "\n") + "\n# env\n")
@@ -198,7 +179,7 @@ func TestPlan_Golden(t *testing.T) {
 			if err != nil || len(p.GetRefusals()) > 0 {
 				t.Fatalf("%v %v", err, p.GetRefusals())
 			}
-			golden(t, "plan-"+c.name, render(p, map[string]string{"{{model_dir}}": dir, "{{state_dir}}": state}))
+			drivertest.Golden(t, "plan-"+c.name, render(p, map[string]string{"{{model_dir}}": dir, "{{state_dir}}": state}))
 		})
 	}
 }
@@ -273,15 +254,6 @@ func TestFlags(t *testing.T) {
 	}
 }
 
-func freePort(t *testing.T) int {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
-}
-
 // TestDriver_KernelBuildAndIdle runs the driver against the fake TensorFold:
 // readiness waits for the first-request kernel build (during which /health
 // reads busy), then the idle signal, then a stop that leaves nothing.
@@ -296,7 +268,7 @@ func TestDriver_KernelBuildAndIdle(t *testing.T) {
 	built := filepath.Join(t.TempDir(), "kernels-built")
 	host := &pb.HostPolicy{HostEnv: map[string]string{"CAPYCTL_FAKE_KERNEL_BUILD_FILE": built}}
 	dep := deployment(modelDir(t, 4096))
-	lctx := &pb.LaunchContext{Port: int32(freePort(t)), LaunchDir: t.TempDir(), InstanceId: "fold/0", LaunchId: "l1"}
+	lctx := &pb.LaunchContext{Port: int32(drivertest.FreePort(t)), LaunchDir: t.TempDir(), InstanceId: "fold/0", LaunchId: "l1"}
 	plan, err := d.Plan(context.Background(), &pb.PlanRequest{Installation: inst, Deployment: dep, Host: host, Launch: lctx})
 	if err != nil || len(plan.GetRefusals()) > 0 {
 		t.Fatalf("plan %v %v", err, plan.GetRefusals())
@@ -354,7 +326,7 @@ func TestDriver_DriftRefused(t *testing.T) {
 	v := venv(t, "0.6.6", true)
 	inst := &pb.Installation{Path: v, Digest: "sha256:other", Details: map[string]string{detailVenv: v}}
 	_, err := d.Start(context.Background(), &pb.StartRequest{Installation: inst, Deployment: deployment(t.TempDir()),
-		Launch: &pb.LaunchContext{Port: int32(freePort(t)), LaunchDir: t.TempDir()}, Plan: &pb.PlanResponse{Argv: []string{"x"}}})
+		Launch: &pb.LaunchContext{Port: int32(drivertest.FreePort(t)), LaunchDir: t.TempDir()}, Plan: &pb.PlanResponse{Argv: []string{"x"}}})
 	if sdk.CodeOf(err) != "installation_drift" {
 		t.Fatalf("err = %v", err)
 	}

@@ -3,70 +3,49 @@
 
 package tensorfold
 
-import "github.com/capyctl/capyctl/sdk/flags"
+import (
+	"github.com/capyctl/capyctl/drivers/internal/rules"
+	"github.com/capyctl/capyctl/sdk/flags"
+)
 
 // Table is TensorFold's flag policy (reference/original.md §8 and the
 // release notes): what CapyCTL renders, what no deployment may set, what
 // needs a host's approval, and what passes.
-var Table = &flags.Table{Family: Family, Rules: append(optionRules(), envRules()...)}
+var Table = rules.Table(Family, optionRules, envRules)
 
-func optionRules() []flags.Rule {
-	owned := func(name, reason string) flags.Rule {
-		return flags.Rule{Name: name, Kind: flags.Option, Class: flags.Owned, Reason: reason}
-	}
-	ownedBy := func(name, field, reason string) flags.Rule {
-		return flags.Rule{Name: name, Kind: flags.Option, Class: flags.Owned, Field: field, Reason: reason}
-	}
-	reserved := func(name, reason string) flags.Rule {
-		return flags.Rule{Name: name, Kind: flags.Option, Class: flags.Reserved, Reason: reason}
-	}
-	gated := func(name, approval, reason string) flags.Rule {
-		return flags.Rule{Name: name, Kind: flags.Option, Class: flags.Gated, Approval: approval, Reason: reason}
-	}
-	passed := func(name, reason string) flags.Rule {
-		return flags.Rule{Name: name, Kind: flags.Option, Class: flags.Passed, Reason: reason}
-	}
-	return []flags.Rule{
-		owned("--name", "the deployment's public name"),
-		owned("--host", "engines listen on 127.0.0.1 only"),
-		owned("--port", "the loopback port CapyCTL leased"),
-		owned("--backend", "CapyCTL runs TensorFold's CUDA backend"),
-		ownedBy("--context", "engine_config.context_length", "rendered from engine_config.context_length (required)"),
-		ownedBy("--parallel", "engine_config.max_concurrent_requests", "rendered from engine_config.max_concurrent_requests (8 when undeclared)"),
-		ownedBy("--kv-dtype", "engine_config.kv_cache_dtype", "rendered from engine_config.kv_cache_dtype"),
-		ownedBy("--max-tokens", "engine_config.tensorfold.max_tokens", "rendered from engine_config.tensorfold.max_tokens"),
-		ownedBy("--thinking", "engine_config.tensorfold.thinking", "rendered from engine_config.tensorfold.thinking"),
-		owned("--snapshot-dir", "kernel snapshots are not written (--snapshot-dir none)"),
-		owned("--no-update-check", "the engine never asks for updates"),
-		reserved("--alias", "the served name is the deployment's route"),
-		reserved("--api-key", "a key on the engine locks CapyCTL out of its health and metrics"),
-		reserved("--api-key-file", "a key on the engine locks CapyCTL out of its health and metrics"),
-		reserved("--metrics-open", "the engine's metrics are read by CapyCTL on loopback"),
-		reserved("--tp", "group launches are CapyCTL's"),
-		reserved("--rank", "group launches are CapyCTL's"),
-		reserved("--master", "group launches are CapyCTL's"),
-		reserved("--master-port", "group launches are CapyCTL's"),
-		gated("--drafter", flags.ApprovePath, "a draft model's weights must lie under a directory the host approved"),
-		gated("--lane-kernels", flags.ApproveOption, "custom kernels run code on the card"),
-		gated("--vision-urls", flags.ApproveOption, "lets requests make the engine fetch images"),
-		passed("--no-drafts", "turns speculative drafts off"),
-		passed("--name-priority", "request priorities (ID=background)"),
-	}
+// optionRules are TensorFold's options.
+var optionRules = []flags.Rule{
+	rules.Owned("--name", "the deployment's public name"),
+	rules.Owned("--host", "engines listen on 127.0.0.1 only"),
+	rules.Owned("--port", "the loopback port CapyCTL leased"),
+	rules.Owned("--backend", "CapyCTL runs TensorFold's CUDA backend"),
+	rules.OwnedBy("--context", "engine_config.context_length", "rendered from engine_config.context_length (required)"),
+	rules.OwnedBy("--parallel", "engine_config.max_concurrent_requests", "rendered from engine_config.max_concurrent_requests (8 when undeclared)"),
+	rules.OwnedBy("--kv-dtype", "engine_config.kv_cache_dtype", "rendered from engine_config.kv_cache_dtype"),
+	rules.OwnedBy("--max-tokens", "engine_config.tensorfold.max_tokens", "rendered from engine_config.tensorfold.max_tokens"),
+	rules.OwnedBy("--thinking", "engine_config.tensorfold.thinking", "rendered from engine_config.tensorfold.thinking"),
+	rules.Owned("--snapshot-dir", "kernel snapshots are not written (--snapshot-dir none)"),
+	rules.Owned("--no-update-check", "the engine never asks for updates"),
+	rules.Reserved("--alias", "the served name is the deployment's route"),
+	rules.Reserved("--api-key", "a key on the engine locks CapyCTL out of its health and metrics"),
+	rules.Reserved("--api-key-file", "a key on the engine locks CapyCTL out of its health and metrics"),
+	rules.Reserved("--metrics-open", "the engine's metrics are read by CapyCTL on loopback"),
+	rules.Reserved("--tp", "group launches are CapyCTL's"),
+	rules.Reserved("--rank", "group launches are CapyCTL's"),
+	rules.Reserved("--master", "group launches are CapyCTL's"),
+	rules.Reserved("--master-port", "group launches are CapyCTL's"),
+	rules.Gated("--drafter", flags.ApprovePath, "a draft model's weights must lie under a directory the host approved"),
+	rules.Gated("--lane-kernels", flags.ApproveOption, "custom kernels run code on the card"),
+	rules.Gated("--vision-urls", flags.ApproveOption, "lets requests make the engine fetch images"),
+	rules.Passed("--no-drafts", "turns speculative drafts off"),
+	rules.Passed("--name-priority", "request priorities (ID=background)"),
 }
 
-func envRules() []flags.Rule {
-	owned := func(name, reason string) flags.Rule {
-		return flags.Rule{Name: name, Kind: flags.Env, Class: flags.Owned, Reason: reason}
-	}
-	reserved := func(name, reason string) flags.Rule {
-		return flags.Rule{Name: name, Kind: flags.Env, Class: flags.Reserved, Reason: reason}
-	}
-	rules := []flags.Rule{
-		owned("TENSORFOLD_CUDA_MEMORY_LIMIT_GB", "the engine's cap: the deployment's ready allocation on the card"),
-		reserved("TENSORFOLD_API_KEY", "it turns on TensorFold's own authentication and locks CapyCTL out of the engine's health and metrics, whatever the approvals"),
-		owned("TENSORFOLD_NO_UPDATE_CHECK", "the engine never asks for updates"),
-		owned("TRANSFORMERS_OFFLINE", "models come from the model store; the engine never downloads"),
-		owned("TORCH_EXTENSIONS_DIR", "where the kernels TensorFold builds are kept between starts"),
-	}
-	return append(rules, flags.CommonEnvRules()...)
+// envRules are TensorFold's variables, before the ones every engine shares.
+var envRules = []flags.Rule{
+	rules.OwnedEnv("TENSORFOLD_CUDA_MEMORY_LIMIT_GB", "the engine's cap: the deployment's ready allocation on the card"),
+	rules.ReservedEnv("TENSORFOLD_API_KEY", "it turns on TensorFold's own authentication and locks CapyCTL out of the engine's health and metrics, whatever the approvals"),
+	rules.OwnedEnv("TENSORFOLD_NO_UPDATE_CHECK", "the engine never asks for updates"),
+	rules.OwnedEnv("TRANSFORMERS_OFFLINE", "models come from the model store; the engine never downloads"),
+	rules.OwnedEnv("TORCH_EXTENSIONS_DIR", "where the kernels TensorFold builds are kept between starts"),
 }

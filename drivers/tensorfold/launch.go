@@ -11,9 +11,11 @@ import (
 	"strings"
 	"time"
 
+	"github.com/capyctl/capyctl/drivers/internal/engine"
 	"github.com/capyctl/capyctl/drivers/internal/pyengine"
 	"github.com/capyctl/capyctl/sdk/flags"
 	"github.com/capyctl/capyctl/sdk/formats"
+	"github.com/capyctl/capyctl/sdk/proc"
 	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
 
@@ -37,8 +39,8 @@ var configKeys = []pyengine.Key{
 // serve` with its cap at the ready allocation.
 func (d *Driver) Plan(_ context.Context, req *pb.PlanRequest) (*pb.PlanResponse, error) {
 	inst, dep, host, lctx := req.GetInstallation(), req.GetDeployment(), req.GetHost(), req.GetLaunch()
-	resp := &pb.PlanResponse{Residency: pyengine.ResidencyRestartOnly, StartupTimeoutMs: StartupTimeout.Milliseconds()}
-	var r pyengine.Refusals
+	resp := &pb.PlanResponse{Residency: engine.ResidencyRestartOnly, StartupTimeoutMs: StartupTimeout.Milliseconds()}
+	var r engine.Refusals
 	cfg := pyengine.DecodeFamily(dep.GetEngineConfigJson(), Family, configKeys, &r)
 	typed := pyengine.TypedFields(dep, map[string]bool{
 		"engine_config.tensorfold.max_tokens": cfg.Has("max_tokens"),
@@ -46,11 +48,11 @@ func (d *Driver) Plan(_ context.Context, req *pb.PlanRequest) (*pb.PlanResponse,
 	})
 	pyengine.Common(Table, dep, host, typed, &r)
 	switch dep.GetResidency() {
-	case pyengine.ResidencyDeep, pyengine.ResidencyHostBacked:
-		r.Add(pyengine.CodeCapabilityMissing+":deep_park", "residency", "TensorFold cannot park: remove residency or set restart_only (CapyCTL stops it when it needs the memory)")
+	case engine.ResidencyDeep, engine.ResidencyHostBacked:
+		r.Add(engine.CodeCapabilityMissing+":deep_park", "residency", "TensorFold cannot park: remove residency or set restart_only (CapyCTL stops it when it needs the memory)")
 	}
 	if dep.GetApi() != "" && dep.GetApi() != "chat" {
-		r.Add(pyengine.CodeCapabilityMissing+":"+dep.GetApi(), "api", "TensorFold serves chat only")
+		r.Add(engine.CodeCapabilityMissing+":"+dep.GetApi(), "api", "TensorFold serves chat only")
 	}
 	if dep.GetTrustRemoteCode() {
 		r.Add(flags.CodeRemoteCode, "engine_config.trust_remote_code", "TensorFold runs no code from a checkpoint: remove trust_remote_code")
@@ -172,9 +174,7 @@ func (d *Driver) renderEnv(venv string, inst *pb.Installation, dep *pb.Deploymen
 	env["TRANSFORMERS_OFFLINE"] = "1"
 	env["TORCH_EXTENSIONS_DIR"] = extensionsDir(lctx.GetLaunchDir(), inst.GetDigest())
 	env[memoryLimitEnv] = gib(capBytes)
-	for k, v := range dep.GetEnv() {
-		env[k] = v
-	}
+	env.Merge(dep.GetEnv())
 	return env
 }
 
@@ -202,21 +202,18 @@ func (d *Driver) Start(_ context.Context, req *pb.StartRequest) (*pb.StartRespon
 	if _, err := pyengine.CheckPinned(inst.GetPath(), inst.GetDigest()); err != nil {
 		return nil, err
 	}
-	launched, err := pyengine.StartLaunch(pyengine.LaunchOptions{Plan: req.GetPlan(), Host: req.GetHost(), Launch: lctx,
+	launched, err := engine.StartLaunch(engine.LaunchOptions{Plan: req.GetPlan(), Host: req.GetHost(), Launch: lctx,
 		Secrets: []string{req.GetEngineKey(), req.GetAdminKey()}})
 	if err != nil {
 		return nil, err
 	}
-	in := pyengine.NewInstance(lctx.GetInstanceId(), lctx.GetLaunchId(), *launched, int(lctx.GetPort()), endpoint(int(lctx.GetPort()), dep.GetServedName()))
-	in.API, in.ModelDir, in.Residency = dep.GetApi(), dep.GetModelDir(), pyengine.ResidencyRestartOnly
-	d.reg.Put(in)
-	return &pb.StartResponse{Launch: in.LaunchPB(), Endpoint: in.Endpoint}, nil
+	return d.reg.Started(instance(lctx.GetInstanceId(), lctx.GetLaunchId(), *launched, int(lctx.GetPort()), dep)), nil
 }
 
-// endpoint is how the router reaches TensorFold: no key, chat only.
-func endpoint(port int, served string) *pb.Endpoint {
-	return &pb.Endpoint{
-		BaseUrl: pyengine.BaseURL(port), ChatPath: "/v1/chat/completions",
-		AbortMode: pb.AbortMode_ABORT_MODE_CLOSE_CONNECTION, ServedName: served,
-	}
+// instance builds the driver's handle of a launch. The router reaches
+// TensorFold without a key (chat only).
+func instance(id, launchID string, l proc.Launched, port int, dep *pb.Deployment) *engine.Instance {
+	in := engine.NewInstance(id, launchID, l, port, engine.NewEndpoint(port, dep.GetServedName(), ""))
+	in.API, in.ModelDir, in.Residency = dep.GetApi(), dep.GetModelDir(), engine.ResidencyRestartOnly
+	return in
 }

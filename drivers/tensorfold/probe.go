@@ -5,13 +5,11 @@ package tensorfold
 
 import (
 	"context"
-	"errors"
 	"net/http"
 	"time"
 
-	"github.com/capyctl/capyctl/drivers/internal/pyengine"
+	"github.com/capyctl/capyctl/drivers/internal/engine"
 	"github.com/capyctl/capyctl/sdk"
-	"github.com/capyctl/capyctl/sdk/engineapi"
 	"github.com/capyctl/capyctl/sdk/proc"
 	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
@@ -38,12 +36,8 @@ func (d *Driver) Probe(ctx context.Context, req *pb.ProbeRequest) (*pb.ProbeResp
 	}
 	switch req.GetKind() {
 	case pb.ProbeKind_PROBE_KIND_LIVENESS:
-		return settled(in.Liveness(), in.Launched.LaunchDir), nil
+		return in.Liveness(), nil
 	case pb.ProbeKind_PROBE_KIND_READINESS, pb.ProbeKind_PROBE_KIND_WAKE_CHECK:
-		deadline := time.Duration(req.GetDeadlineMs()) * time.Millisecond
-		if deadline <= 0 {
-			deadline = StartupTimeout
-		}
 		chat := in.ChatReady(canaryPrompt, 8, nil)
 		ready := func(ctx context.Context) (bool, string, string) {
 			var h health
@@ -52,7 +46,7 @@ func (d *Driver) Probe(ctx context.Context, req *pb.ProbeRequest) (*pb.ProbeResp
 			}
 			return chat(ctx)
 		}
-		return settled(in.WaitReady(ctx, deadline, ready, nil, nil), in.Launched.LaunchDir), nil
+		return in.WaitReady(ctx, engine.ProbeDeadline(req, StartupTimeout), ready, nil, nil), nil
 	}
 	return nil, sdk.Errorf("invalid_request", "unknown probe kind %v", req.GetKind())
 }
@@ -85,81 +79,18 @@ func (d *Driver) Load(ctx context.Context, req *pb.LoadRequest) (*pb.LoadRespons
 
 // Stop implements sdk.Driver.
 func (d *Driver) Stop(_ context.Context, req *pb.StopRequest) (*pb.StopResponse, error) {
-	grace := pyengine.DefaultStopGrace
-	if req.GetGraceMs() > 0 {
-		grace = time.Duration(req.GetGraceMs()) * time.Millisecond
-	}
-	in, err := d.reg.Get(req.GetInstanceId())
-	var resp *pb.StopResponse
-	switch {
-	case err == nil:
-		resp = pyengine.StopLaunch(in.Launched, grace)
-	case req.GetLaunch() != nil:
-		resp = pyengine.StopLaunch(pyengine.FromLaunch(req.GetLaunch()), grace)
-	default:
-		return nil, err
-	}
-	if resp.GetGone() {
-		if in != nil {
-			in.Client.CloseIdleConnections()
-		}
-		d.reg.Drop(req.GetInstanceId())
-	}
-	return resp, nil
+	return d.reg.Stop(req, engine.DefaultStopGrace, engine.StopHooks{})
 }
 
 // Recover implements sdk.Driver.
 func (d *Driver) Recover(_ context.Context, req *pb.RecoverRequest) (*pb.RecoverResponse, error) {
-	if in, err := d.reg.Get(req.GetInstanceId()); err == nil {
-		if in.Alive() {
-			return &pb.RecoverResponse{State: pb.RecoverState_RECOVER_STATE_RUNNING, Endpoint: in.Endpoint, Launch: in.LaunchPB(), Detail: "handle kept by this driver"}, nil
-		}
-		return &pb.RecoverResponse{State: pb.RecoverState_RECOVER_STATE_GONE, Detail: "the engine process is gone"}, nil
-	}
-	launched, state, detail := pyengine.RecoverLaunch(req.GetLaunch())
-	if state != pb.RecoverState_RECOVER_STATE_RUNNING {
-		return &pb.RecoverResponse{State: state, Detail: detail}, nil
-	}
-	l := req.GetLaunch()
-	in := pyengine.NewInstance(req.GetInstanceId(), l.GetLaunchId(), launched, int(l.GetPort()), endpoint(int(l.GetPort()), req.GetDeployment().GetServedName()))
-	in.API, in.ModelDir, in.Residency = req.GetDeployment().GetApi(), req.GetDeployment().GetModelDir(), pyengine.ResidencyRestartOnly
-	d.reg.Put(in)
-	return &pb.RecoverResponse{State: pb.RecoverState_RECOVER_STATE_RUNNING, Endpoint: in.Endpoint, Launch: in.LaunchPB(), Detail: detail}, nil
+	return d.reg.Recover(req, func(launched proc.Launched, detail string) (*engine.Instance, string, error) {
+		l := req.GetLaunch()
+		return instance(req.GetInstanceId(), l.GetLaunchId(), launched, int(l.GetPort()), req.GetDeployment()), detail, nil
+	})
 }
 
 // Logs implements sdk.Driver.
 func (d *Driver) Logs(_ context.Context, req *pb.LogsRequest) (*pb.LogsResponse, error) {
-	dir := req.GetLaunchDir()
-	if in, err := d.reg.Get(req.GetInstanceId()); err == nil {
-		dir = in.Launched.LaunchDir
-	}
-	if dir == "" {
-		return nil, sdk.Errorf(sdk.CodeInstanceNotFound, "no launch directory for %s", req.GetInstanceId())
-	}
-	return pyengine.Logs(dir, req.GetMaxBytes()), nil
-}
-
-// settled completes the answer about an engine that exited: its status is
-// recorded by the launch shim a moment after the process dies, so an exit
-// code of -1 is read again, for at most two seconds, with the log lines
-// written meanwhile. (A workaround kept here: the shared
-// pyengine.Instance.ExitInfo reads the status once.)
-func settled(p *pb.ProbeResponse, launchDir string) *pb.ProbeResponse {
-	if !p.GetExited() || p.GetExitCode() != -1 || launchDir == "" {
-		return p
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
-	_ = engineapi.Poll(ctx, func(context.Context) (bool, error) {
-		st, err := proc.ReadStatus(launchDir)
-		if err == nil && st.Exited || errors.Is(err, proc.ErrNoStatus) {
-			if st.Exited {
-				p.ExitCode = int32(st.ExitCode)
-			}
-			p.LastLogLines = proc.LastLines(launchDir, 20)
-			return true, nil
-		}
-		return false, nil
-	})
-	return p
+	return d.reg.Logs(req)
 }

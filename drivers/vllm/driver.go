@@ -17,7 +17,7 @@ package vllm
 import (
 	"context"
 
-	"github.com/capyctl/capyctl/core/version"
+	"github.com/capyctl/capyctl/drivers/internal/engine"
 	"github.com/capyctl/capyctl/drivers/internal/pyengine"
 	"github.com/capyctl/capyctl/sdk"
 	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
@@ -35,7 +35,6 @@ var VerifiedVersions = []string{"0.29", "0.30", "0.31", "0.32"}
 
 // Paths of the engine's API the driver uses.
 const (
-	chatPath          = "/v1/chat/completions"
 	sleepPath         = "/sleep"
 	wakePath          = "/wake_up"
 	isSleepingPath    = "/is_sleeping"
@@ -64,7 +63,7 @@ var configKeys = []pyengine.Key{
 var parserNames = pyengine.ParserNames{Qwen3Tool: "hermes", CoderTool: "qwen3_coder", Reasoning: "qwen3"}
 
 // metricNames are vLLM's idle signal and figures.
-var metricNames = pyengine.MetricNames{
+var metricNames = engine.MetricNames{
 	Running: "vllm:num_requests_running",
 	Waiting: "vllm:num_requests_waiting",
 	KVUsage: []string{"vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"},
@@ -74,52 +73,37 @@ var metricNames = pyengine.MetricNames{
 
 // Driver is the vLLM driver.
 type Driver struct {
-	reg *pyengine.Registry
+	reg *engine.Registry[*engine.Instance]
 }
 
 var _ sdk.Driver = (*Driver)(nil)
 
 // New returns the driver.
-func New() *Driver { return &Driver{reg: pyengine.NewRegistry()} }
+func New() *Driver { return &Driver{reg: engine.NewRegistry[*engine.Instance]()} }
 
 // Describe implements sdk.Driver.
 func (d *Driver) Describe(context.Context, *pb.DescribeRequest) (*pb.DescribeResponse, error) {
-	return &pb.DescribeResponse{
-		Name:     Family,
-		Version:  version.Version,
-		Protocol: sdk.ProtocolVersion,
-		Capabilities: &pb.Capabilities{
-			ParkTiers:       []string{pyengine.ResidencyDeep, pyengine.ResidencyHostBacked},
-			Apis:            []string{"chat"},
-			AbortMode:       pb.AbortMode_ABORT_MODE_CLOSE_CONNECTION,
-			IdleSignal:      true,
-			RequestIdHeader: "X-Request-Id",
-		},
-		ConfigSchema: pyengine.ConfigSchema(Family, configKeys),
-	}, nil
+	return engine.Describe(Family, &pb.Capabilities{
+		ParkTiers:       []string{engine.ResidencyDeep, engine.ResidencyHostBacked},
+		Apis:            []string{"chat"},
+		AbortMode:       pb.AbortMode_ABORT_MODE_CLOSE_CONNECTION,
+		IdleSignal:      true,
+		RequestIdHeader: "X-Request-Id",
+	}, pyengine.ConfigSchema(Family, configKeys)), nil
 }
 
 // Detect implements sdk.Driver: a venv with a vllm distribution, read from
 // its *.dist-info without running Python.
 func (d *Driver) Detect(_ context.Context, req *pb.DetectRequest) (*pb.DetectResponse, error) {
-	v, dist, digest, err := pyengine.Detect(req.GetPath(), pyengine.DetectSpec{Family: Family, Dist: "vllm", Verified: VerifiedVersions, Module: Module})
+	_, resp, err := pyengine.Detect(req.GetPath(), pyengine.DetectSpec{Family: Family, Dist: "vllm", Verified: VerifiedVersions, Module: Module})
 	if err != nil {
 		return nil, err
 	}
-	verified := pyengine.VersionIn(dist.Version, VerifiedVersions)
-	notes := []string{"launches " + v.Python + " -m " + Module}
-	if !verified {
-		notes = append(notes, "vLLM "+dist.Version+" is not a verified version (0.29 to 0.32): it runs as custom")
+	resp.Notes = []string{"launches " + resp.GetProgram() + " -m " + Module}
+	if !resp.GetVerified() {
+		resp.Notes = append(resp.Notes, "vLLM "+resp.GetVersion()+" is not a verified version (0.29 to 0.32): it runs as custom")
 	}
-	return &pb.DetectResponse{
-		Family:   Family,
-		Version:  dist.Version,
-		Verified: verified,
-		Digest:   digest,
-		Program:  v.Python,
-		Notes:    notes,
-		Details:  map[string]string{"venv": v.Dir, "module": Module},
-	}, nil
+	return resp, nil
 }
 
 // Flags implements sdk.Driver.

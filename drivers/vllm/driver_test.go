@@ -5,18 +5,16 @@ package vllm
 
 import (
 	"context"
-	"flag"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/capyctl/capyctl/drivers/internal/drivertest"
+	"github.com/capyctl/capyctl/drivers/internal/engine"
 	"github.com/capyctl/capyctl/drivers/internal/pyengine"
 	"github.com/capyctl/capyctl/sdk"
 	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
-
-var update = flag.Bool("update", false, "rewrite the golden files in testdata")
 
 // fixture is a registered vLLM venv and model directories in a temp dir.
 type fixture struct {
@@ -50,23 +48,7 @@ func newFixture(t *testing.T) *fixture {
 // sparse weights file.
 func writeModel(t *testing.T, dir, config, tokenizer string, weights int64) {
 	t.Helper()
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, "config.json"), []byte(config), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if tokenizer != "" {
-		if err := os.WriteFile(filepath.Join(dir, "tokenizer_config.json"), []byte(tokenizer), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	f, err := os.Create(filepath.Join(dir, "model.safetensors"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	if err := f.Truncate(weights); err != nil {
+	if err := pyengine.MakeModel(dir, config, tokenizer, weights); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -135,20 +117,7 @@ func TestPlan_Golden(t *testing.T) {
 			if len(resp.GetRefusals()) > 0 {
 				t.Fatalf("refused: %v", resp.GetRefusals())
 			}
-			got := pyengine.RenderPlan(resp, map[string]string{f.root: "<tmp>"})
-			golden := filepath.Join("testdata", c.name+".golden")
-			if *update {
-				if err := os.WriteFile(golden, []byte(got), 0o644); err != nil {
-					t.Fatal(err)
-				}
-			}
-			want, err := os.ReadFile(golden)
-			if err != nil {
-				t.Fatalf("%v (run go test ./drivers/vllm -update)", err)
-			}
-			if got != string(want) {
-				t.Fatalf("plan differs from %s (run with -update after checking):\n--- got\n%s\n--- want\n%s", golden, got, want)
-			}
+			drivertest.Golden(t, c.name, drivertest.RenderPlan(resp, map[string]string{f.root: "<tmp>"}))
 		})
 	}
 }
@@ -288,8 +257,8 @@ func TestDetect(t *testing.T) {
 		{name: "post release", path: post, wantVersion: "0.32.1.post1", wantVerified: true},
 		{name: "newer runs as custom", path: newer, wantVersion: "0.33.0"},
 		{name: "older runs as custom", path: older, wantVersion: "0.28.2"},
-		{name: "another family", path: sglang, wantCode: pyengine.CodeEngineUnsupported},
-		{name: "not a venv", path: notVenv, wantCode: pyengine.CodeEngineUnsupported},
+		{name: "another family", path: sglang, wantCode: engine.CodeEngineUnsupported},
+		{name: "not a venv", path: notVenv, wantCode: engine.CodeEngineUnsupported},
 		{name: "missing", path: filepath.Join(dir, "nope"), wantCode: sdk.CodeEngineNotFound},
 	}
 	for _, c := range cases {
@@ -319,7 +288,7 @@ func TestDetect(t *testing.T) {
 	if a.GetDigest() == b.GetDigest() {
 		t.Fatal("the digest did not change when a package was installed")
 	}
-	if _, err := pyengine.CheckPinned(verified, a.GetDigest()); sdk.CodeOf(err) != pyengine.CodeInstallationDrift {
+	if _, err := pyengine.CheckPinned(verified, a.GetDigest()); sdk.CodeOf(err) != engine.CodeInstallationDrift {
 		t.Fatalf("CheckPinned after a change: %v", err)
 	}
 }

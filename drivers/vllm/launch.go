@@ -7,9 +7,8 @@ import (
 	"context"
 	"strconv"
 
+	"github.com/capyctl/capyctl/drivers/internal/engine"
 	"github.com/capyctl/capyctl/drivers/internal/pyengine"
-	"github.com/capyctl/capyctl/sdk"
-	"github.com/capyctl/capyctl/sdk/formats"
 	"github.com/capyctl/capyctl/sdk/proc"
 	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
@@ -19,77 +18,51 @@ func residency(dep *pb.Deployment) string {
 	if r := dep.GetResidency(); r != "" {
 		return r
 	}
-	return pyengine.ResidencyDeep
+	return engine.ResidencyDeep
 }
 
 // Plan implements sdk.Driver: it checks the deployment (refusals with
 // codes) and renders the launch.
 func (d *Driver) Plan(_ context.Context, req *pb.PlanRequest) (*pb.PlanResponse, error) {
 	inst, dep, host, lctx := req.GetInstallation(), req.GetDeployment(), req.GetHost(), req.GetLaunch()
-	var r pyengine.Refusals
+	var r engine.Refusals
 	if api := dep.GetApi(); api != "" && api != "chat" {
-		r.Add(pyengine.CodeCapabilityMissing+":"+api, "api",
+		r.Add(engine.CodeCapabilityMissing+":"+api, "api",
 			"vLLM answers decision models from their text output instead of their decision head: deploy api = %q on SGLang 0.5.22 or llama.cpp 0.7.0", api)
 	}
 	cfg := pyengine.DecodeFamily(dep.GetEngineConfigJson(), Family, configKeys, &r)
-	declared := func(k string) bool { s := cfg.String(k); return s != "" && s != "auto" }
 	typed := pyengine.TypedFields(dep, map[string]bool{
 		"engine_config.vllm.block_size_tokens":      cfg.Has("block_size_tokens"),
 		"engine_config.vllm.max_num_batched_tokens": cfg.Has("max_num_batched_tokens"),
-		"engine_config.vllm.tool_call_parser":       declared("tool_call_parser"),
-		"engine_config.vllm.reasoning_parser":       declared("reasoning_parser"),
+		"engine_config.vllm.tool_call_parser":       cfg.Declared("tool_call_parser"),
+		"engine_config.vllm.reasoning_parser":       cfg.Declared("reasoning_parser"),
 	})
 	args := pyengine.Common(Table, dep, host, typed, &r)
-	venv, err := pyengine.FindVenv(inst.GetPath())
-	if err != nil {
-		r.Add(sdk.CodeEngineNotFound, "engine", "engine %s: %v", inst.GetName(), err)
-	}
+	venv := pyengine.PlanVenv(inst, &r)
 	if len(r) > 0 {
 		return &pb.PlanResponse{Refusals: r}, nil
 	}
 
 	res := residency(dep)
-	weights := pyengine.WeightsBytes(dep.GetModelDir())
-	hf, _ := formats.ReadHFConfig(dep.GetModelDir())
-	kvPerToken := hf.KVBytesPerToken(1, dep.GetKvCacheDtype())
-	kvBudget := lctx.GetKvCacheBytes()
-	if kvBudget <= 0 {
-		kvBudget = dep.GetMemory().GetKvCacheBytes()
-	}
+	ck := pyengine.ReadCheckpoint(dep, lctx)
 	contextLen := dep.GetContextLength()
 	fitted := false
-	if contextLen <= 0 && hf != nil && kvPerToken > 0 && kvBudget > 0 {
+	if contextLen <= 0 && ck.HF != nil && ck.KVPerToken > 0 && ck.KVBudget > 0 {
 		// A context the KV budget cannot hold once makes vLLM refuse to
 		// start: fit it, in 16-token blocks.
-		if fit := kvBudget / kvPerToken / 16 * 16; fit > 0 && fit < hf.MaxPositionEmbeddings {
+		if fit := ck.KVBudget / ck.KVPerToken / 16 * 16; fit > 0 && fit < ck.HF.MaxPositionEmbeddings {
 			contextLen, fitted = fit, true
 		}
 	}
-	parsers := pyengine.ChooseParsers(pyengine.ParserInput{
-		ModelDir: dep.GetModelDir(), API: dep.GetApi(), Tool: cfg.String("tool_call_parser"), Reasoning: cfg.String("reasoning_parser"),
-		Args: args, ToolOption: "--tool-call-parser", ReasoningOption: "--reasoning-parser",
-	}, parserNames)
+	parsers := pyengine.FamilyParsers(dep, cfg, args, parserNames)
 
-	argv := []string{venv.Python, "-m", Module,
-		"--model", dep.GetModelDir(),
-		"--served-model-name", dep.GetServedName(),
-		"--host", "127.0.0.1",
-	}
-	if p := lctx.GetPort(); p > 0 {
-		argv = append(argv, "--port", strconv.Itoa(int(p)))
-	}
+	argv := pyengine.ServerArgv(venv.Python, Module, "--model", dep, lctx)
 	maxSeqs := pyengine.MaxConcurrent(dep, pyengine.DefaultMaxConcurrent)
 	argv = append(argv, "--max-num-seqs", strconv.Itoa(maxSeqs))
 	if contextLen > 0 {
 		argv = append(argv, "--max-model-len", strconv.FormatInt(contextLen, 10))
 	}
-	for _, o := range []struct{ flag, val string }{
-		{"--dtype", dep.GetDtype()}, {"--quantization", dep.GetQuantization()}, {"--kv-cache-dtype", dep.GetKvCacheDtype()},
-	} {
-		if o.val != "" {
-			argv = append(argv, o.flag, o.val)
-		}
-	}
+	argv = append(argv, pyengine.TypedArgs(dep)...)
 	if dep.GetCudaGraphs() == "false" {
 		argv = append(argv, "--enforce-eager")
 	}
@@ -102,15 +75,15 @@ func (d *Driver) Plan(_ context.Context, req *pb.PlanRequest) (*pb.PlanResponse,
 	if f := pyengine.Fraction(lctx.GetDeviceBytes(), lctx.GetDeviceTotalBytes()); f != "" {
 		argv = append(argv, "--gpu-memory-utilization", f)
 	}
-	if kvBudget > 0 {
-		argv = append(argv, "--kv-cache-memory-bytes", strconv.FormatInt(kvBudget, 10))
+	if ck.KVBudget > 0 {
+		argv = append(argv, "--kv-cache-memory-bytes", strconv.FormatInt(ck.KVBudget, 10))
 	}
-	if pyengine.Parks(res) {
+	if engine.Parks(res) {
 		argv = append(argv, "--enable-sleep-mode")
 	}
 	if s := cfg.String("safetensors_load_strategy"); s != "" {
 		argv = append(argv, "--safetensors-load-strategy", s)
-	} else if pyengine.Parks(res) {
+	} else if engine.Parks(res) {
 		// A deep wake under lazy loading reloads far slower.
 		argv = append(argv, "--safetensors-load-strategy", "eager")
 	}
@@ -128,40 +101,19 @@ func (d *Driver) Plan(_ context.Context, req *pb.PlanRequest) (*pb.PlanResponse,
 	argv = append(argv, dep.GetExtraArgs()...)
 
 	env := pyengine.BaseEnv(pyengine.EnvOptions{Venv: venv.Dir, Host: host, Launch: lctx})
-	if pyengine.TelemetryOff(host) {
+	if engine.TelemetryOff(host) {
 		env["VLLM_DO_NOT_TRACK"] = "1"
 		env["VLLM_NO_USAGE_STATS"] = "1"
 	}
-	if pyengine.Parks(res) {
+	if engine.Parks(res) {
 		// vLLM parses it with int(): "1", never "true".
 		env["VLLM_SERVER_DEV_MODE"] = "1"
 	}
-	for k, v := range dep.GetEnv() {
-		env[k] = v
-	}
+	env.Merge(dep.GetEnv())
 
-	hints := &pb.MemoryHints{
-		WeightsBytes:          weights,
-		KvBytesPerToken:       kvPerToken,
-		KvCacheBytes:          kvBudget,
-		ContextLength:         contextLen,
-		MaxConcurrentRequests: int32(maxSeqs),
-		Source:                "safetensors+config.json",
-	}
-	if contextLen <= 0 && hf != nil {
-		hints.ContextLength = hf.MaxPositionEmbeddings
-	}
-	resp := &pb.PlanResponse{
-		Argv:             argv,
-		Env:              env,
-		Workdir:          lctx.GetLaunchDir(),
-		Hints:            hints,
-		Parsers:          parsers.Report,
-		Residency:        res,
-		StartupTimeoutMs: pyengine.StartupTimeout(weights).Milliseconds(),
-		WakeTimeoutMs:    pyengine.WakeTimeout(weights, res).Milliseconds(),
-	}
-	if pyengine.Parks(res) {
+	resp := pyengine.Rendered{Argv: argv, Env: env, Checkpoint: ck, ContextLength: contextLen, MaxConcurrent: maxSeqs,
+		Parsers: parsers, Residency: res}.Plan(lctx)
+	if engine.Parks(res) {
 		resp.Notes = append(resp.Notes, "parks with vLLM's sleep mode: its development routes (/sleep, /wake_up) are on, on loopback only")
 	}
 	if fitted {
@@ -170,19 +122,11 @@ func (d *Driver) Plan(_ context.Context, req *pb.PlanRequest) (*pb.PlanResponse,
 	return resp, nil
 }
 
-// endpoint is how the router reaches an instance.
+// endpoint is how the router reaches an instance: the request ID in
+// X-Request-Id.
 func endpoint(port int, key, served string) *pb.Endpoint {
-	ep := &pb.Endpoint{
-		BaseUrl:         pyengine.BaseURL(port),
-		ChatPath:        chatPath,
-		RequestIdHeader: "X-Request-Id",
-		AbortMode:       pb.AbortMode_ABORT_MODE_CLOSE_CONNECTION,
-		ServedName:      served,
-	}
-	if key != "" {
-		ep.AuthHeader = "Authorization"
-		ep.AuthValue = "Bearer " + key
-	}
+	ep := engine.NewEndpoint(port, served, key)
+	ep.RequestIdHeader = "X-Request-Id"
 	return ep
 }
 
@@ -197,7 +141,7 @@ func (d *Driver) Start(_ context.Context, req *pb.StartRequest) (*pb.StartRespon
 	if k := req.GetEngineKey(); k != "" {
 		secretEnv["VLLM_API_KEY"] = k
 	}
-	launched, err := pyengine.StartLaunch(pyengine.LaunchOptions{
+	launched, err := engine.StartLaunch(engine.LaunchOptions{
 		Plan: req.GetPlan(), Host: req.GetHost(), Launch: lctx, SecretEnv: secretEnv,
 		Secrets: []string{req.GetEngineKey(), req.GetAdminKey()},
 	})
@@ -208,13 +152,12 @@ func (d *Driver) Start(_ context.Context, req *pb.StartRequest) (*pb.StartRespon
 	if r := req.GetPlan().GetResidency(); r != "" {
 		in.Residency = r
 	}
-	d.reg.Put(in)
-	return &pb.StartResponse{Launch: in.LaunchPB(), Endpoint: in.Endpoint}, nil
+	return d.reg.Started(in), nil
 }
 
 // instance builds the driver's handle of a launch.
-func (d *Driver) instance(id, launchID string, l proc.Launched, port int, key string, dep *pb.Deployment) *pyengine.Instance {
-	in := pyengine.NewInstance(id, launchID, l, port, endpoint(port, key, dep.GetServedName()))
+func (d *Driver) instance(id, launchID string, l proc.Launched, port int, key string, dep *pb.Deployment) *engine.Instance {
+	in := engine.NewInstance(id, launchID, l, port, endpoint(port, key, dep.GetServedName()))
 	in.API = "chat"
 	in.Residency = residency(dep)
 	in.ModelDir = dep.GetModelDir()

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/capyctl/capyctl/drivers/internal/engine"
 	"github.com/capyctl/capyctl/drivers/internal/pyengine"
 	"github.com/capyctl/capyctl/sdk"
 	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
@@ -21,9 +22,9 @@ const stepTimeout = 60 * time.Second
 // keeps the weights in host RAM and drops the KV cache (host_backed).
 func sleepLevel(tier string) (int, error) {
 	switch tier {
-	case pyengine.ResidencyDeep:
+	case engine.ResidencyDeep:
 		return 2, nil
-	case pyengine.ResidencyHostBacked:
+	case engine.ResidencyHostBacked:
 		return 1, nil
 	}
 	return 0, sdk.Errorf(sdk.CodeParkFailed, "vLLM parks at deep or host_backed, not %q", tier)
@@ -31,12 +32,12 @@ func sleepLevel(tier string) (int, error) {
 
 // parkable returns the instance and the tier to park or wake at, refusing an
 // instance launched without sleep mode.
-func (d *Driver) parkable(id, tier string) (*pyengine.Instance, string, int, error) {
+func (d *Driver) parkable(id, tier string) (*engine.Instance, string, int, error) {
 	in, err := d.reg.Get(id)
 	if err != nil {
 		return nil, "", 0, err
 	}
-	if !pyengine.Parks(in.Residency) {
+	if !engine.Parks(in.Residency) {
 		return nil, "", 0, sdk.Errorf(sdk.CodeParkFailed, "instance %s was launched %s, without sleep mode: it restarts instead of parking", id, in.Residency)
 	}
 	if tier == "" {
@@ -61,9 +62,8 @@ func (d *Driver) Park(ctx context.Context, req *pb.ParkRequest) (*pb.ParkRespons
 	if err != nil {
 		return nil, err
 	}
-	if load := pyengine.ReadLoad(ctx, in.Client, in.ServedName, metricNames); !pyengine.Idle(load) {
-		return nil, sdk.Errorf(sdk.CodeNotIdle, "instance %s is not idle (running %d, waiting %d, known %v): drain it before parking",
-			in.ID, load.GetRunning(), load.GetWaiting(), load.GetKnown())
+	if err := engine.CheckIdle(ctx, in, metricNames); err != nil {
+		return nil, err
 	}
 	ctx, cancel := context.WithTimeout(ctx, stepTimeout)
 	defer cancel()
@@ -127,7 +127,7 @@ func (d *Driver) Wake(ctx context.Context, req *pb.WakeRequest) (*pb.WakeRespons
 		return nil, sdk.Errorf(sdk.CodeWakeFailed, "vLLM answered every wake step but /is_sleeping still says it sleeps")
 	}
 	in.MarkParked("")
-	canary, err := wakeCanary(ctx, in)
+	canary, err := wakeCanary(in)(ctx)
 	if err != nil {
 		return nil, sdk.Errorf(sdk.CodeWakeFailed, "wake check: %v", err)
 	}
@@ -143,7 +143,7 @@ func wakeErr(err error) error {
 }
 
 // isSleeping asks GET /is_sleeping.
-func isSleeping(ctx context.Context, in *pyengine.Instance) (bool, error) {
+func isSleeping(ctx context.Context, in *engine.Instance) (bool, error) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	var out struct {

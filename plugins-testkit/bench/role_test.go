@@ -201,7 +201,11 @@ var (
 
 // BenchmarkRole_MemoryPerOpenStream opens 1,000 streams through a role
 // (the engine trickles two tokens a second into each) and reports the role's
-// memory per open stream: resident memory and Go heap plus stacks.
+// memory per open stream: resident memory and Go heap plus stacks (heap in
+// use, so garbage not yet collected counts too), and the goroutines each
+// stream holds. The fake engine is a process of its own and is not counted.
+// BenchmarkNetHTTPFloor_MemoryPerOpenStream is what net/http's server alone
+// holds per open stream.
 func BenchmarkRole_MemoryPerOpenStream(b *testing.B) {
 	const streams = 1000
 	roleMemOnce.Do(func() {
@@ -249,6 +253,7 @@ func BenchmarkRole_MemoryPerOpenStream(b *testing.B) {
 			"rss-KiB/stream":        per("process_resident_memory_bytes"),
 			"heap+stack-KiB/stream": per("go_memstats_heap_inuse_bytes") + per("go_memstats_stack_inuse_bytes"),
 			"stack-KiB/stream":      per("go_memstats_stack_inuse_bytes"),
+			"goroutines/stream":     (after["go_goroutines"] - before["go_goroutines"]) / streams,
 		}
 		for _, c := range conns {
 			c.Close()

@@ -1,39 +1,34 @@
 // Copyright (c) CapyCTL authors
 // SPDX-License-Identifier: Apache-2.0
 
-// Package pyengine is what the drivers of Python engines (vLLM, SGLang)
-// share: finding an engine in a venv from its *.dist-info metadata without
-// running Python, the installation digest, the engine's environment, plan
-// checks common to both, instance handles behind sdk/proc (start, stop with
-// proof, recover, logs), the readiness loop, the idle signal from /metrics,
-// tool-call and reasoning parsers by model family, and the clean-up of
-// shared-memory segments a launch leaves.
+// Package pyengine is what the drivers of engines installed in a Python
+// environment (vLLM, SGLang, TensorFold) share beside drivers/internal/engine:
+// finding an engine in a venv from its *.dist-info metadata without running
+// Python, the installation digest and its pinning, the environment a
+// Python engine starts from, the plan checks and engine_config keys common
+// to them, the memory and timeouts derived from a checkpoint, the tool-call
+// and reasoning parsers picked by model family, and the parts of a
+// `python -m` server's command line and plan answer.
 package pyengine
 
 import (
 	"bufio"
 	"crypto/sha256"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
 
+	"github.com/capyctl/capyctl/drivers/internal/engine"
 	"github.com/capyctl/capyctl/sdk"
+	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
-
-// CodeEngineUnsupported is the catalogue code of an installation that is
-// not the driver's family: the core then asks the next family.
-const CodeEngineUnsupported = "engine_unsupported"
-
-// CodeInstallationDrift is the catalogue code of an installation that
-// changed since it was registered.
-const CodeInstallationDrift = "installation_drift"
 
 // Venv is a Python virtual environment (or any prefix with bin/python and
 // lib/python3.*/site-packages).
@@ -50,15 +45,15 @@ type Venv struct {
 // It runs nothing.
 func FindVenv(path string) (*Venv, error) {
 	if path == "" {
-		return nil, sdk.Errorf(CodeEngineUnsupported, "no installation named")
+		return nil, sdk.Errorf(engine.CodeEngineUnsupported, "no installation named")
 	}
 	abs, err := filepath.Abs(path)
 	if err != nil {
-		return nil, sdk.Errorf(CodeEngineUnsupported, "%s: %v", path, err)
+		return nil, sdk.Errorf(engine.CodeEngineUnsupported, "%s: %v", path, err)
 	}
 	st, err := os.Stat(abs)
 	if err != nil {
-		return nil, sdk.Errorf(sdk.CodeEngineNotFound, "%s: %v", path, unwrapPathErr(err))
+		return nil, sdk.Errorf(sdk.CodeEngineNotFound, "%s: %v", path, engine.UnwrapPathErr(err))
 	}
 	dir := abs
 	if !st.IsDir() {
@@ -74,19 +69,19 @@ func FindVenv(path string) (*Venv, error) {
 		}
 	}
 	if v.Python == "" {
-		return nil, sdk.Errorf(CodeEngineUnsupported, "%s is not a Python environment (no executable bin/python)", path)
+		return nil, sdk.Errorf(engine.CodeEngineUnsupported, "%s is not a Python environment (no executable bin/python)", path)
 	}
 	for _, lib := range []string{"lib", "lib64"} {
 		matches, _ := filepath.Glob(filepath.Join(dir, lib, "python3*", "site-packages"))
 		for _, m := range matches {
-			if fi, err := os.Stat(m); err == nil && fi.IsDir() && !containsString(v.SitePackages, m) {
+			if fi, err := os.Stat(m); err == nil && fi.IsDir() && !slices.Contains(v.SitePackages, m) {
 				v.SitePackages = append(v.SitePackages, m)
 			}
 		}
 	}
 	sort.Strings(v.SitePackages)
 	if len(v.SitePackages) == 0 {
-		return nil, sdk.Errorf(CodeEngineUnsupported, "%s is not a Python environment (no lib/python3*/site-packages)", path)
+		return nil, sdk.Errorf(engine.CodeEngineUnsupported, "%s is not a Python environment (no lib/python3*/site-packages)", path)
 	}
 	return v, nil
 }
@@ -231,7 +226,7 @@ func (v *Venv) PthDirs(prefix string) []string {
 				if !strings.HasPrefix(p, filepath.Clean(v.Dir)+"/") {
 					continue // only directories inside the installation
 				}
-				if fi, err := os.Stat(p); err == nil && fi.IsDir() && !containsString(out, p) {
+				if fi, err := os.Stat(p); err == nil && fi.IsDir() && !slices.Contains(out, p) {
 					out = append(out, p)
 				}
 			}
@@ -266,20 +261,7 @@ func VersionIn(version string, prefixes []string) bool {
 
 // VersionAtLeast reports whether version's release is at least min's.
 func VersionAtLeast(version, min string) bool {
-	a, b := releaseNumbers(version), releaseNumbers(min)
-	for i := 0; i < max(len(a), len(b)); i++ {
-		x, y := 0, 0
-		if i < len(a) {
-			x = a[i]
-		}
-		if i < len(b) {
-			y = b[i]
-		}
-		if x != y {
-			return x > y
-		}
-	}
-	return true
+	return engine.ReleaseAtLeast(releaseNumbers(version), releaseNumbers(min))
 }
 
 // releaseNumbers is the leading dotted numbers of a PEP 440 version.
@@ -306,23 +288,6 @@ func releaseNumbers(v string) []int {
 	return out
 }
 
-func unwrapPathErr(err error) error {
-	var pe *os.PathError
-	if errors.As(err, &pe) {
-		return pe.Err
-	}
-	return err
-}
-
-func containsString(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
-}
-
 // DetectSpec says what one family looks for in an environment.
 type DetectSpec struct {
 	// Family is the engine family ("vllm").
@@ -336,25 +301,38 @@ type DetectSpec struct {
 	Module string
 }
 
-// Detect inspects an environment for a family without running Python: the
-// version from the distribution's METADATA, whether it is verified, the
-// installation digest, and the interpreter a launch runs. An environment
-// without the family's distribution is CodeEngineUnsupported.
-func Detect(path string, spec DetectSpec) (*Venv, *Dist, string, error) {
+// Detect inspects an environment for a family without running Python:
+// the version from the distribution's METADATA, whether it is one of
+// spec.Verified, and the installation digest. The answer names the
+// interpreter a launch runs as its program, and the environment (and
+// spec.Module, when set) in its details; the driver adds its notes. An
+// environment without the family's distribution is CodeEngineUnsupported.
+func Detect(path string, spec DetectSpec) (*Venv, *pb.DetectResponse, error) {
 	v, err := FindVenv(path)
 	if err != nil {
-		return nil, nil, "", err
+		return nil, nil, err
 	}
 	d, ok := v.Dist(spec.Dist)
 	if !ok {
-		return nil, nil, "", sdk.Errorf(CodeEngineUnsupported, "%s has no %s distribution (no %s-*.dist-info in %s)",
+		return nil, nil, sdk.Errorf(engine.CodeEngineUnsupported, "%s has no %s distribution (no %s-*.dist-info in %s)",
 			path, spec.Dist, NormalizeDistName(spec.Dist), strings.Join(v.SitePackages, ", "))
 	}
 	digest, err := v.Digest()
 	if err != nil {
-		return nil, nil, "", sdk.Errorf(sdk.CodeEngineNotFound, "%v", err)
+		return nil, nil, sdk.Errorf(sdk.CodeEngineNotFound, "%v", err)
 	}
-	return v, d, digest, nil
+	resp := &pb.DetectResponse{
+		Family:   spec.Family,
+		Version:  d.Version,
+		Verified: VersionIn(d.Version, spec.Verified),
+		Digest:   digest,
+		Program:  v.Python,
+		Details:  map[string]string{"venv": v.Dir},
+	}
+	if spec.Module != "" {
+		resp.Details["module"] = spec.Module
+	}
+	return v, resp, nil
 }
 
 // CheckPinned refuses a launch when the installation changed since it was
@@ -372,7 +350,7 @@ func CheckPinned(path, pinned string) (*Venv, error) {
 		return nil, sdk.Errorf(sdk.CodeEngineNotFound, "%v", err)
 	}
 	if digest != pinned {
-		return nil, sdk.Errorf(CodeInstallationDrift,
+		return nil, sdk.Errorf(engine.CodeInstallationDrift,
 			"the installation at %s changed since it was registered (pinned %s, now %s): register it again with capyctl engine add", path, pinned, digest)
 	}
 	return v, nil

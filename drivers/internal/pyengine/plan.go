@@ -5,50 +5,22 @@ package pyengine
 
 import (
 	"encoding/json"
-	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/capyctl/capyctl/drivers/internal/engine"
 	"github.com/capyctl/capyctl/sdk/flags"
 	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
 
-// Residencies.
-const (
-	ResidencyDeep        = "deep"
-	ResidencyHostBacked  = "host_backed"
-	ResidencyRestartOnly = "restart_only"
-)
-
-// Catalogue codes Plan refusals use besides the flag codes.
-const (
-	CodeCapabilityMissing     = "capability_missing"
-	CodeHostBackedUnavailable = "host_backed_unavailable"
-	CodeUnknownConfigKey      = "unknown_config_key"
-	CodeCheckpointUnusable    = "checkpoint_unusable"
-)
-
-// systemPath ends every engine's PATH.
-const systemPath = "/usr/local/bin:/usr/bin:/bin"
-
 // DefaultMaxConcurrent is the running requests of an instance when the
 // deployment leaves max_concurrent_requests unset.
 const DefaultMaxConcurrent = 32
-
-// Refusals collects Plan refusals.
-type Refusals []*pb.Refusal
-
-// Add appends a refusal.
-func (r *Refusals) Add(code, field, format string, args ...any) {
-	*r = append(*r, &pb.Refusal{Code: code, Field: field, Message: fmt.Sprintf(format, args...)})
-}
-
-// Violations appends flag violations.
-func (r *Refusals) Violations(vs []flags.Violation) { *r = append(*r, flags.Refusals(vs)...) }
 
 // Common checks what every Python engine checks alike: extra_args need
 // accept_extra_args and pass the flag table; engine_config.env passes it;
@@ -56,30 +28,24 @@ func (r *Refusals) Violations(vs []flags.Violation) { *r = append(*r, flags.Refu
 // host_backed needs a discrete card; the model directory, when resolved,
 // is a directory. typed maps each job-spec field the deployment sets to
 // true (Rule.Field). It returns extra_args parsed.
-func Common(t *flags.Table, dep *pb.Deployment, host *pb.HostPolicy, typed map[string]bool, r *Refusals) []flags.Arg {
-	ap := flags.HostApprovals(host)
-	if len(dep.GetExtraArgs()) > 0 && !dep.GetAcceptExtraArgs() {
-		r.Add(flags.CodeExtraArgsRefused, flags.FieldExtraArgs, "extra_args need engine_config.accept_extra_args = true")
-	}
-	args, vs := t.CheckArgs(dep.GetExtraArgs(), ap, typed)
-	r.Violations(vs)
-	r.Violations(t.CheckEnv(dep.GetEnv(), ap))
-	if dep.GetTrustRemoteCode() && !ap.RemoteCode {
+func Common(t *flags.Table, dep *pb.Deployment, host *pb.HostPolicy, typed map[string]bool, r *engine.Refusals) []flags.Arg {
+	args := engine.CheckOptions(t, dep, host, typed, r)
+	if dep.GetTrustRemoteCode() && !flags.HostApprovals(host).RemoteCode {
 		r.Add(flags.CodeRemoteCode, "engine_config.trust_remote_code",
 			"trust_remote_code runs code the checkpoint ships; the host must allow it: capyctl engine add ... --allow-remote-code")
 	}
 	switch dep.GetResidency() {
-	case "", ResidencyDeep, ResidencyRestartOnly:
-	case ResidencyHostBacked:
+	case "", engine.ResidencyDeep, engine.ResidencyRestartOnly:
+	case engine.ResidencyHostBacked:
 		if host.GetUnified() {
-			r.Add(CodeHostBackedUnavailable, "residency", "host_backed keeps weights in host RAM beside a discrete card; this host has unified memory: use deep or restart_only")
+			r.Add(engine.CodeHostBackedUnavailable, "residency", "host_backed keeps weights in host RAM beside a discrete card; this host has unified memory: use deep or restart_only")
 		}
 	default:
 		r.Add(flags.CodeInvalidConfig, "residency", "unknown residency %q (deep, host_backed or restart_only)", dep.GetResidency())
 	}
 	if d := dep.GetModelDir(); d != "" {
 		if fi, err := os.Stat(d); err != nil || !fi.IsDir() {
-			r.Add(CodeCheckpointUnusable, "model", "the model directory %s cannot be read", d)
+			r.Add(engine.CodeCheckpointUnusable, "model", "the model directory %s cannot be read", d)
 		}
 	}
 	if dep.GetMaxConcurrentRequests() < 0 {
@@ -124,44 +90,24 @@ type EnvOptions struct {
 // launch directory, unbuffered output, offline Hugging Face, the card
 // pinned, the host's own variables, and DO_NOT_TRACK=1 unless the host
 // allows engine telemetry.
-func BaseEnv(o EnvOptions) map[string]string {
+func BaseEnv(o EnvOptions) engine.Env {
 	path := filepath.Join(o.Venv, "bin")
 	if ch := o.Host.GetCudaHome(); ch != "" {
 		path += ":" + filepath.Join(ch, "bin")
 	}
-	env := map[string]string{
-		"PATH":             path + ":" + systemPath,
-		"LANG":             "C.UTF-8",
-		"PYTHONUNBUFFERED": "1",
-		"HF_HUB_OFFLINE":   "1",
-	}
+	env := engine.NewEnv(path + ":" + engine.SystemPath)
+	env["PYTHONUNBUFFERED"] = "1"
+	env["HF_HUB_OFFLINE"] = "1"
 	if d := o.Launch.GetLaunchDir(); d != "" {
 		env["HOME"] = d
 	}
 	if ch := o.Host.GetCudaHome(); ch != "" {
 		env["CUDA_HOME"] = ch
 	}
-	if uuids := o.Launch.GetDeviceUuids(); len(uuids) > 0 {
-		env["CUDA_VISIBLE_DEVICES"] = strings.Join(uuids, ",")
-		env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
-	}
-	for k, v := range o.Host.GetHostEnv() {
-		env[k] = v
-	}
-	if TelemetryOff(o.Host) {
-		env["DO_NOT_TRACK"] = "1"
-	}
+	env.PinDevices(o.Launch)
+	env.Merge(o.Host.GetHostEnv())
+	env.NoTelemetry(o.Host)
 	return env
-}
-
-// TelemetryOff reports whether engines must not report off the host (the
-// default; engine_telemetry = "allow" lifts it).
-func TelemetryOff(h *pb.HostPolicy) bool { return h.GetEngineTelemetry() != "allow" }
-
-// Parks reports whether a residency parks (keeps the process, frees the
-// card).
-func Parks(residency string) bool {
-	return residency == ResidencyDeep || residency == ResidencyHostBacked
 }
 
 // Key describes one key of engine_config.<family>.
@@ -204,9 +150,16 @@ func (c FamilyConfig) String(name string) string {
 // Has reports whether a key is set.
 func (c FamilyConfig) Has(name string) bool { _, ok := c[name]; return ok }
 
+// Declared reports whether a string key makes a choice: it is set, and not
+// to "auto".
+func (c FamilyConfig) Declared(name string) bool {
+	s := c.String(name)
+	return s != "" && s != "auto"
+}
+
 // DecodeFamily checks engine_config.<family>: every key known and of its
 // type. Unknown keys are unknown_config_key:engine_config.<family>.<key>.
-func DecodeFamily(raw []byte, family string, keys []Key, r *Refusals) FamilyConfig {
+func DecodeFamily(raw []byte, family string, keys []Key, r *engine.Refusals) FamilyConfig {
 	cfg := FamilyConfig{}
 	if len(raw) == 0 {
 		return cfg
@@ -230,7 +183,7 @@ func DecodeFamily(raw []byte, family string, keys []Key, r *Refusals) FamilyConf
 		field := "engine_config." + family + "." + n
 		k, ok := byName[n]
 		if !ok {
-			r.Add(CodeUnknownConfigKey+":"+field, field, "engine_config.%s has no key %q (known: %s)", family, n, strings.Join(known, ", "))
+			r.Add(engine.CodeUnknownConfigKey+":"+field, field, "engine_config.%s has no key %q (known: %s)", family, n, strings.Join(known, ", "))
 			delete(cfg, n)
 			continue
 		}
@@ -256,7 +209,7 @@ func DecodeFamily(raw []byte, family string, keys []Key, r *Refusals) FamilyConf
 			if json.Unmarshal(raw, &s) != nil {
 				r.Add(flags.CodeInvalidConfig, field, "%s must be a string", field)
 				delete(cfg, n)
-			} else if len(k.Values) > 0 && !containsString(k.Values, s) {
+			} else if len(k.Values) > 0 && !slices.Contains(k.Values, s) {
 				r.Add(flags.CodeInvalidConfig, field, "%s must be one of %s", field, strings.Join(k.Values, ", "))
 				delete(cfg, n)
 			}
@@ -316,7 +269,7 @@ func StartupTimeout(weights int64) time.Duration {
 // reloaded from disk (deep), at most half an hour.
 func WakeTimeout(weights int64, residency string) time.Duration {
 	d := time.Minute
-	if residency == ResidencyDeep {
+	if residency == engine.ResidencyDeep {
 		d += time.Duration(weights/(8<<30)) * time.Minute
 	}
 	return min(d, 30*time.Minute)

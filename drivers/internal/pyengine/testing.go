@@ -8,9 +8,6 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
-	"strings"
-
-	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
 
 // MakeVenv writes a minimal environment under dir for tests and fakes:
@@ -66,52 +63,25 @@ func MakeVenv(dir, interpreter string, dists map[string]string, extra map[string
 	return dir, nil
 }
 
-// RenderPlan renders a plan as stable text for golden files: argv one
-// token a line, env sorted, then the plan's other fields; every occurrence
-// of each replace key is written as its value.
-func RenderPlan(p *pb.PlanResponse, replace map[string]string) string {
-	var b strings.Builder
-	rep := func(s string) string {
-		keys := make([]string, 0, len(replace))
-		for k := range replace {
-			keys = append(keys, k)
+// MakeModel writes a checkpoint under dir for tests: config.json,
+// tokenizer_config.json (when tokenizer is not ""), and a sparse
+// model.safetensors of weights bytes.
+func MakeModel(dir, config, tokenizer string, weights int64) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "config.json"), []byte(config), 0o644); err != nil {
+		return err
+	}
+	if tokenizer != "" {
+		if err := os.WriteFile(filepath.Join(dir, "tokenizer_config.json"), []byte(tokenizer), 0o644); err != nil {
+			return err
 		}
-		// Longer first, so that a path is replaced before its parent.
-		sort.Slice(keys, func(i, j int) bool { return len(keys[i]) > len(keys[j]) })
-		for _, k := range keys {
-			s = strings.ReplaceAll(s, k, replace[k])
-		}
-		return s
 	}
-	for _, r := range p.GetRefusals() {
-		fmt.Fprintf(&b, "refusal %s [%s] %s\n", r.GetCode(), r.GetField(), rep(r.GetMessage()))
+	f, err := os.Create(filepath.Join(dir, "model.safetensors"))
+	if err != nil {
+		return err
 	}
-	b.WriteString("# argv\n")
-	for _, a := range p.GetArgv() {
-		b.WriteString(rep(a) + "\n")
-	}
-	b.WriteString("# env\n")
-	keys := make([]string, 0, len(p.GetEnv()))
-	for k := range p.GetEnv() {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	for _, k := range keys {
-		fmt.Fprintf(&b, "%s=%s\n", k, rep(p.GetEnv()[k]))
-	}
-	b.WriteString("# plan\n")
-	fmt.Fprintf(&b, "workdir: %s\n", rep(p.GetWorkdir()))
-	fmt.Fprintf(&b, "residency: %s\n", p.GetResidency())
-	if ps := p.GetParsers(); ps != nil {
-		fmt.Fprintf(&b, "parsers: tool_call=%q reasoning=%q provenance=%s\n", ps.GetToolCall(), ps.GetReasoning(), ps.GetProvenance())
-	}
-	if h := p.GetHints(); h != nil {
-		fmt.Fprintf(&b, "hints: weights=%d kv_per_token=%d kv_cache=%d context=%d max_concurrent=%d source=%s\n",
-			h.GetWeightsBytes(), h.GetKvBytesPerToken(), h.GetKvCacheBytes(), h.GetContextLength(), h.GetMaxConcurrentRequests(), h.GetSource())
-	}
-	fmt.Fprintf(&b, "startup_timeout_ms: %d\nwake_timeout_ms: %d\n", p.GetStartupTimeoutMs(), p.GetWakeTimeoutMs())
-	for _, n := range p.GetNotes() {
-		fmt.Fprintf(&b, "note: %s\n", rep(n))
-	}
-	return b.String()
+	defer f.Close()
+	return f.Truncate(weights)
 }

@@ -1,12 +1,13 @@
 // Copyright (c) CapyCTL authors
 // SPDX-License-Identifier: Apache-2.0
 
-package pyengine
+package engine
 
 import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -51,7 +52,7 @@ func (s Shm) Observe(pids []int) {
 	for _, pid := range pids {
 		for _, p := range heldPaths(pid, s.Dir) {
 			name := filepath.Base(p)
-			if before[name] || containsString(seen, name) {
+			if before[name] || slices.Contains(seen, name) {
 				continue
 			}
 			seen = append(seen, name)
@@ -72,7 +73,7 @@ func (s Shm) Clean() []string {
 	candidates := readNames(filepath.Join(s.LaunchDir, shmSeenFile))
 	haveBefore := fileExists(filepath.Join(s.LaunchDir, shmBeforeFile))
 	for _, name := range s.list() {
-		if !haveBefore || before[name] || containsString(candidates, name) {
+		if !haveBefore || before[name] || slices.Contains(candidates, name) {
 			continue
 		}
 		for _, p := range s.Prefixes {
@@ -126,7 +127,7 @@ func heldPaths(pid int, dir string) []string {
 				continue
 			}
 			target = strings.TrimSuffix(target, " (deleted)")
-			if strings.HasPrefix(target, dir+"/") && !containsString(out, target) {
+			if strings.HasPrefix(target, dir+"/") && !slices.Contains(out, target) {
 				out = append(out, target)
 			}
 		}
@@ -138,7 +139,7 @@ func heldPaths(pid int, dir string) []string {
 				continue
 			}
 			target := strings.TrimSuffix(strings.TrimSpace(line[i:]), " (deleted)")
-			if !containsString(out, target) {
+			if !slices.Contains(out, target) {
 				out = append(out, target)
 			}
 		}

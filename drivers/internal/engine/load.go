@@ -1,13 +1,14 @@
 // Copyright (c) CapyCTL authors
 // SPDX-License-Identifier: Apache-2.0
 
-package pyengine
+package engine
 
 import (
 	"context"
 	"net/http"
 	"time"
 
+	"github.com/capyctl/capyctl/sdk"
 	"github.com/capyctl/capyctl/sdk/engineapi"
 	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
@@ -74,4 +75,14 @@ func ReadLoad(ctx context.Context, c *engineapi.EngineClient, served string, nam
 // false when the signal is unknown.
 func Idle(l *pb.LoadResponse) bool {
 	return l.GetKnown() && l.GetRunning() == 0 && l.GetWaiting() == 0
+}
+
+// CheckIdle refuses to park an instance that is not idle (or whose idle
+// signal is unknown): the core drains it first.
+func CheckIdle(ctx context.Context, in *Instance, names MetricNames) error {
+	if load := ReadLoad(ctx, in.Client, in.ServedName, names); !Idle(load) {
+		return sdk.Errorf(sdk.CodeNotIdle, "instance %s is not idle (running %d, waiting %d, known %v): drain it before parking",
+			in.ID, load.GetRunning(), load.GetWaiting(), load.GetKnown())
+	}
+	return nil
 }

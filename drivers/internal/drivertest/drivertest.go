@@ -1,0 +1,105 @@
+// Copyright (c) CapyCTL authors
+// SPDX-License-Identifier: Apache-2.0
+
+// Package drivertest is what the first-party drivers' tests share: golden
+// files (go test -update rewrites them), a free loopback port, and a plan
+// rendered as stable text.
+package drivertest
+
+import (
+	"flag"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+
+	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden files in testdata")
+
+// Golden compares got with testdata/<name>.golden, which go test -update
+// rewrites first.
+func Golden(t testing.TB, name, got string) {
+	t.Helper()
+	p := filepath.Join("testdata", name+".golden")
+	if *update {
+		if err := os.MkdirAll("testdata", 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(got), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatalf("%v (run go test -update after checking)", err)
+	}
+	if string(want) != got {
+		t.Fatalf("%s differs (run go test -update after checking):\n--- got\n%s--- want\n%s", p, got, want)
+	}
+}
+
+// FreePort returns a loopback port nobody listens on.
+func FreePort(t testing.TB) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// RenderPlan renders a plan as stable text for golden files: argv one
+// token a line, env sorted, then the plan's other fields; every occurrence
+// of each replace key is written as its value.
+func RenderPlan(p *pb.PlanResponse, replace map[string]string) string {
+	var b strings.Builder
+	rep := func(s string) string {
+		keys := make([]string, 0, len(replace))
+		for k := range replace {
+			keys = append(keys, k)
+		}
+		// Longer first, so that a path is replaced before its parent.
+		sort.Slice(keys, func(i, j int) bool { return len(keys[i]) > len(keys[j]) })
+		for _, k := range keys {
+			s = strings.ReplaceAll(s, k, replace[k])
+		}
+		return s
+	}
+	for _, r := range p.GetRefusals() {
+		fmt.Fprintf(&b, "refusal %s [%s] %s\n", r.GetCode(), r.GetField(), rep(r.GetMessage()))
+	}
+	b.WriteString("# argv\n")
+	for _, a := range p.GetArgv() {
+		b.WriteString(rep(a) + "\n")
+	}
+	b.WriteString("# env\n")
+	keys := make([]string, 0, len(p.GetEnv()))
+	for k := range p.GetEnv() {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		fmt.Fprintf(&b, "%s=%s\n", k, rep(p.GetEnv()[k]))
+	}
+	b.WriteString("# plan\n")
+	fmt.Fprintf(&b, "workdir: %s\n", rep(p.GetWorkdir()))
+	fmt.Fprintf(&b, "residency: %s\n", p.GetResidency())
+	if ps := p.GetParsers(); ps != nil {
+		fmt.Fprintf(&b, "parsers: tool_call=%q reasoning=%q provenance=%s\n", ps.GetToolCall(), ps.GetReasoning(), ps.GetProvenance())
+	}
+	if h := p.GetHints(); h != nil {
+		fmt.Fprintf(&b, "hints: weights=%d kv_per_token=%d kv_cache=%d context=%d max_concurrent=%d source=%s\n",
+			h.GetWeightsBytes(), h.GetKvBytesPerToken(), h.GetKvCacheBytes(), h.GetContextLength(), h.GetMaxConcurrentRequests(), h.GetSource())
+	}
+	fmt.Fprintf(&b, "startup_timeout_ms: %d\nwake_timeout_ms: %d\n", p.GetStartupTimeoutMs(), p.GetWakeTimeoutMs())
+	for _, n := range p.GetNotes() {
+		fmt.Fprintf(&b, "note: %s\n", rep(n))
+	}
+	return b.String()
+}

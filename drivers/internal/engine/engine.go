@@ -1,0 +1,168 @@
+// Copyright (c) CapyCTL authors
+// SPDX-License-Identifier: Apache-2.0
+
+// Package engine is what the first-party drivers share, whatever language
+// their engine is written in: the per-instance handle behind sdk/proc and
+// the driver's registry of them (start, stop with proof, re-attach from a
+// recorded launch or its launch directory, logs, the idle signal from
+// /metrics), the readiness loop (exit, off-loopback listeners, deadline),
+// the pieces of an engine's environment, the endpoint the router is
+// handed, plan refusals, the Describe answer, the Park, Wake and Abort of
+// the engines that cannot park, and the clean-up of the shared-memory
+// segments a launch leaves. What only engines installed in a Python
+// environment need is in drivers/internal/pyengine.
+package engine
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+
+	"github.com/capyctl/capyctl/core/version"
+	"github.com/capyctl/capyctl/sdk"
+	"github.com/capyctl/capyctl/sdk/flags"
+	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
+)
+
+// Residencies.
+const (
+	ResidencyDeep        = "deep"
+	ResidencyHostBacked  = "host_backed"
+	ResidencyRestartOnly = "restart_only"
+)
+
+// Parks reports whether a residency parks (keeps the process, frees the
+// card).
+func Parks(residency string) bool {
+	return residency == ResidencyDeep || residency == ResidencyHostBacked
+}
+
+// Catalogue codes the drivers return besides the SDK's and the flag
+// table's.
+const (
+	// CodeEngineUnsupported is an installation that is not the driver's
+	// family: the core then asks the next family.
+	CodeEngineUnsupported = "engine_unsupported"
+	// CodeInstallationDrift is an installation that changed since it was
+	// registered.
+	CodeInstallationDrift = "installation_drift"
+	// CodeCapabilityMissing, followed by ":<capability>", is a deployment
+	// that needs what the engine lacks.
+	CodeCapabilityMissing = "capability_missing"
+	// CodeHostBackedUnavailable is host_backed on a host with unified
+	// memory.
+	CodeHostBackedUnavailable = "host_backed_unavailable"
+	// CodeUnknownConfigKey, followed by ":" and the key, is a key the family's
+	// engine_config block does not have.
+	CodeUnknownConfigKey = "unknown_config_key"
+	// CodeCheckpointUnusable is a model directory the engine cannot load.
+	CodeCheckpointUnusable = "checkpoint_unusable"
+	// CodePortConflict is a leased port another process listens on.
+	CodePortConflict = "port_conflict"
+)
+
+// Refusals collects Plan refusals.
+type Refusals []*pb.Refusal
+
+// Add appends a refusal.
+func (r *Refusals) Add(code, field, format string, args ...any) {
+	*r = append(*r, &pb.Refusal{Code: code, Field: field, Message: fmt.Sprintf(format, args...)})
+}
+
+// Violations appends flag violations.
+func (r *Refusals) Violations(vs []flags.Violation) { *r = append(*r, flags.Refusals(vs)...) }
+
+// CheckOptions checks a deployment's options against the driver's flag
+// table: extra_args need accept_extra_args and pass the table, and so does
+// engine_config.env. typed maps each job-spec field the deployment sets to
+// true (Rule.Field). It returns extra_args parsed.
+func CheckOptions(t *flags.Table, dep *pb.Deployment, host *pb.HostPolicy, typed map[string]bool, r *Refusals) []flags.Arg {
+	ap := flags.HostApprovals(host)
+	if len(dep.GetExtraArgs()) > 0 && !dep.GetAcceptExtraArgs() {
+		r.Add(flags.CodeExtraArgsRefused, flags.FieldExtraArgs, "extra_args need engine_config.accept_extra_args = true")
+	}
+	args, vs := t.CheckArgs(dep.GetExtraArgs(), ap, typed)
+	r.Violations(vs)
+	r.Violations(t.CheckEnv(dep.GetEnv(), ap))
+	return args
+}
+
+// Describe is a first-party driver's Describe answer: its family, this
+// build's version, the protocol it serves, its capabilities and the schema
+// of its engine_config block.
+func Describe(family string, caps *pb.Capabilities, configSchema string) *pb.DescribeResponse {
+	return &pb.DescribeResponse{
+		Name:         family,
+		Version:      version.Version,
+		Protocol:     sdk.ProtocolVersion,
+		Capabilities: caps,
+		ConfigSchema: configSchema,
+	}
+}
+
+// RestartOnly is embedded by the drivers of engines that cannot release
+// their memory while they run (the core stops them instead of parking) and
+// whose requests end when their connection closes: Park and Wake are not
+// supported, and Abort has nothing to send.
+type RestartOnly struct{}
+
+// Park implements sdk.Driver: nothing parks.
+func (RestartOnly) Park(context.Context, *pb.ParkRequest) (*pb.ParkResponse, error) {
+	return nil, sdk.ErrNotSupported
+}
+
+// Wake implements sdk.Driver: nothing parks, nothing wakes.
+func (RestartOnly) Wake(context.Context, *pb.WakeRequest) (*pb.WakeResponse, error) {
+	return nil, sdk.ErrNotSupported
+}
+
+// Abort implements sdk.Driver: closing the connection stops the request.
+func (RestartOnly) Abort(context.Context, *pb.AbortRequest) (*pb.AbortResponse, error) {
+	return &pb.AbortResponse{Mode: pb.AbortMode_ABORT_MODE_CLOSE_CONNECTION}, nil
+}
+
+// ReleaseAtLeast reports whether a release's numbers ([0 7 0] for 0.7.0)
+// are at least min's, a missing number reading 0.
+func ReleaseAtLeast(release, min []int) bool {
+	for i := 0; i < max(len(release), len(min)); i++ {
+		x, y := 0, 0
+		if i < len(release) {
+			x = release[i]
+		}
+		if i < len(min) {
+			y = min[i]
+		}
+		if x != y {
+			return x > y
+		}
+	}
+	return true
+}
+
+// FileDigest is "sha256:<hex>" of a file's content (an engine's binary).
+func FileDigest(path string) (string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		return "", err
+	}
+	return "sha256:" + hex.EncodeToString(h.Sum(nil)), nil
+}
+
+// UnwrapPathErr is the cause of a path error without the path, which the
+// message names already.
+func UnwrapPathErr(err error) error {
+	var pe *os.PathError
+	if errors.As(err, &pe) {
+		return pe.Err
+	}
+	return err
+}

@@ -1,0 +1,236 @@
+// Copyright (c) CapyCTL authors
+// SPDX-License-Identifier: Apache-2.0
+
+package engine
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/capyctl/capyctl/sdk"
+	"github.com/capyctl/capyctl/sdk/engineapi"
+	"github.com/capyctl/capyctl/sdk/proc"
+	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
+)
+
+// DefaultStopGrace is how long an engine may take after SIGTERM.
+const DefaultStopGrace = 30 * time.Second
+
+// lastLogLines is how many lines a failed probe carries.
+const lastLogLines = 20
+
+// Instance is one running engine the driver knows: its launch, how to reach
+// it, and what the driver learned (parked tier, canary).
+type Instance struct {
+	// ID is "<deployment>/<index>".
+	ID string
+	// LaunchID identifies the launch.
+	LaunchID string
+	// Launched are the launch's processes.
+	Launched proc.Launched
+	// Port is the leased loopback port.
+	Port int
+	// ServedName is the model name the engine serves.
+	ServedName string
+	// API is "chat" or "decisions".
+	API string
+	// Residency is the effective residency ("deep", "host_backed",
+	// "restart_only").
+	Residency string
+	// ModelDir is the model directory (SGLang reloads weights from it).
+	ModelDir string
+	// Endpoint tells the router how to reach the engine.
+	Endpoint *pb.Endpoint
+	// Client talks to the engine with its key.
+	Client *engineapi.EngineClient
+	// StopGrace is the grace period after SIGTERM.
+	StopGrace time.Duration
+
+	mu     sync.Mutex
+	parked string
+	canary string
+}
+
+// NewInstance builds an instance; ep.AuthHeader/AuthValue set the client's
+// credentials.
+func NewInstance(id, launchID string, l proc.Launched, port int, ep *pb.Endpoint) *Instance {
+	return &Instance{
+		ID: id, LaunchID: launchID, Launched: l, Port: port, Endpoint: ep, ServedName: ep.GetServedName(),
+		Client:    engineapi.NewEngineClient(ep.GetBaseUrl(), ep.GetAuthHeader(), ep.GetAuthValue()),
+		StopGrace: DefaultStopGrace,
+	}
+}
+
+// Base returns the instance itself: a driver's handle that embeds an
+// Instance is a Handle through it.
+func (in *Instance) Base() *Instance { return in }
+
+// BaseURL is the engine's loopback URL.
+func BaseURL(port int) string { return "http://127.0.0.1:" + strconv.Itoa(port) }
+
+// ChatPath is the OpenAI-compatible chat route the engines serve.
+const ChatPath = "/v1/chat/completions"
+
+// NewEndpoint is how the router reaches an engine on its loopback port:
+// chat at ChatPath, a request ended by closing its connection, and the
+// per-launch key, when there is one, as a bearer token. A driver sets what
+// its engine does otherwise (decisions, a request ID, an abort by ID).
+func NewEndpoint(port int, served, key string) *pb.Endpoint {
+	ep := &pb.Endpoint{
+		BaseUrl:    BaseURL(port),
+		ChatPath:   ChatPath,
+		AbortMode:  pb.AbortMode_ABORT_MODE_CLOSE_CONNECTION,
+		ServedName: served,
+	}
+	if key != "" {
+		ep.AuthHeader = "Authorization"
+		ep.AuthValue = "Bearer " + key
+	}
+	return ep
+}
+
+// Parked is the tier the instance is parked at, "" when it is not.
+func (in *Instance) Parked() string {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	return in.parked
+}
+
+// SetParked records the tier the instance is parked at ("" when woken).
+func (in *Instance) SetParked(tier string) {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	in.parked = tier
+}
+
+// Canary is the answer to the canary prompt recorded at first readiness.
+func (in *Instance) Canary() string {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	return in.canary
+}
+
+// SetCanary records the first readiness answer (later ones are ignored).
+func (in *Instance) SetCanary(s string) {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	if in.canary == "" {
+		in.canary = s
+	}
+}
+
+// LaunchPB is the launch to record.
+func (in *Instance) LaunchPB() *pb.Launch {
+	return &pb.Launch{
+		Pgid:      int32(in.Launched.Pgid),
+		LaunchDir: in.Launched.LaunchDir,
+		Port:      int32(in.Port),
+		LaunchId:  in.LaunchID,
+		Processes: []*pb.ProcessIdentity{
+			{Pid: int32(in.Launched.Shim.PID), StartTicks: in.Launched.Shim.StartTicks, Role: "shim"},
+			{Pid: int32(in.Launched.Engine.PID), StartTicks: in.Launched.Engine.StartTicks, Role: "engine"},
+		},
+	}
+}
+
+// FromLaunch rebuilds a proc.Launched from a recorded launch.
+func FromLaunch(l *pb.Launch) proc.Launched {
+	out := proc.Launched{Pgid: int(l.GetPgid()), LaunchDir: l.GetLaunchDir()}
+	for _, p := range l.GetProcesses() {
+		id := proc.Identity{PID: int(p.GetPid()), StartTicks: p.GetStartTicks()}
+		switch p.GetRole() {
+		case "shim":
+			out.Shim = id
+		case "engine":
+			out.Engine = id
+		}
+	}
+	return out
+}
+
+// Alive reports whether the engine process runs.
+func (in *Instance) Alive() bool { return proc.Alive(in.Launched.Engine) }
+
+// exitRecordWait bounds how long ExitInfo waits for the shim to record
+// the exit of an engine that is already gone. It returns as soon as the
+// shim has; the bound only matters for a shim that hangs, and is generous
+// because a loaded machine may take a while to run the shim.
+const exitRecordWait = 10 * time.Second
+
+// ExitInfo describes a launch whose engine is gone: exit code and the
+// engine's last log lines. The shim records the exit a moment after the
+// process dies (and copies its last output): until it has, or is gone
+// itself, the status is read again (proc.WaitExitStatus).
+func (in *Instance) ExitInfo(detail string) *pb.ProbeResponse {
+	return &pb.ProbeResponse{
+		Alive: false, Exited: true, ExitCode: int32(exitCode(in.Launched.LaunchDir)), Code: sdk.CodeLaunchFailed, Detail: detail,
+		LastLogLines: proc.LastLines(in.Launched.LaunchDir, lastLogLines),
+	}
+}
+
+// exitCode waits for the launch's recorded exit status; -1 when none comes.
+func exitCode(launchDir string) int {
+	if st, err := proc.WaitExitStatus(launchDir, exitRecordWait); err == nil && st.Exited {
+		return st.ExitCode
+	}
+	return -1
+}
+
+// Liveness answers a LIVENESS probe from the process table.
+func (in *Instance) Liveness() *pb.ProbeResponse {
+	if !in.Alive() {
+		return in.ExitInfo("the engine process is gone")
+	}
+	return &pb.ProbeResponse{Alive: true, Endpoint: in.Endpoint}
+}
+
+// WakeCheck answers a WAKE_CHECK probe of an engine that parks: the canary
+// asked once, its answer for the core to compare with the one recorded at
+// first readiness.
+func (in *Instance) WakeCheck(ctx context.Context, canary func(context.Context) (string, error)) *pb.ProbeResponse {
+	if !in.Alive() {
+		return in.ExitInfo("the engine process is gone")
+	}
+	answer, err := canary(ctx)
+	if err != nil {
+		return &pb.ProbeResponse{Alive: true, Detail: err.Error(), Code: sdk.CodeWakeFailed}
+	}
+	return &pb.ProbeResponse{Alive: true, Ready: true, Canary: answer, Endpoint: in.Endpoint}
+}
+
+// parkedFile in a launch directory records the tier the engine is parked
+// at, so that a restarted driver knows (SGLang has no route that says).
+const parkedFile = "capyctl-parked"
+
+// MarkParked records in the launch directory that the engine is parked at
+// tier ("" clears it), and keeps it on the instance.
+func (in *Instance) MarkParked(tier string) {
+	in.SetParked(tier)
+	p := filepath.Join(in.Launched.LaunchDir, parkedFile)
+	if in.Launched.LaunchDir == "" {
+		return
+	}
+	if tier == "" {
+		_ = os.Remove(p)
+		return
+	}
+	_ = os.WriteFile(p, []byte(tier), 0o600)
+}
+
+// RecordedPark returns the tier a launch directory records the engine
+// parked at, "" when none.
+func RecordedPark(launchDir string) string {
+	if launchDir == "" {
+		return ""
+	}
+	b, err := os.ReadFile(filepath.Join(launchDir, parkedFile))
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(b))
+}

@@ -1,0 +1,165 @@
+// Copyright (c) CapyCTL authors
+// SPDX-License-Identifier: Apache-2.0
+
+package engine
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/capyctl/capyctl/sdk"
+	"github.com/capyctl/capyctl/sdk/proc"
+	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
+)
+
+// Handle is what a driver keeps per instance: the shared Instance itself,
+// or a type of the driver's that embeds it beside what only its engine
+// needs.
+type Handle interface {
+	// Base is the shared Instance.
+	Base() *Instance
+}
+
+// Registry is the driver's instances by ID, and the calls that need
+// nothing of an engine but its handle: Stop, Recover, Logs and the idle
+// signal.
+type Registry[H Handle] struct {
+	mu sync.Mutex
+	m  map[string]H
+}
+
+// NewRegistry returns an empty registry.
+func NewRegistry[H Handle]() *Registry[H] { return &Registry[H]{m: map[string]H{}} }
+
+// Get returns an instance or instance_not_found.
+func (r *Registry[H]) Get(id string) (H, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	h, ok := r.m[id]
+	if !ok {
+		return h, sdk.Errorf(sdk.CodeInstanceNotFound, "no instance %s on this driver", id)
+	}
+	return h, nil
+}
+
+// Put records an instance, replacing one with the same ID.
+func (r *Registry[H]) Put(h H) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.m[h.Base().ID] = h
+}
+
+// Drop forgets an instance.
+func (r *Registry[H]) Drop(id string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.m, id)
+}
+
+// Started records a launched instance and answers its Start.
+func (r *Registry[H]) Started(h H) *pb.StartResponse {
+	r.Put(h)
+	in := h.Base()
+	return &pb.StartResponse{Launch: in.LaunchPB(), Endpoint: in.Endpoint}
+}
+
+// StopHooks adapt Stop to an engine that leaves more than processes
+// behind (SGLang's shared memory and configuration file).
+type StopHooks struct {
+	// Before runs before the group is signalled.
+	Before func(proc.Launched)
+	// Gone runs once the group is proven gone, before the handle is
+	// dropped; it may complete the answer (Cleaned).
+	Gone func(proc.Launched, *pb.StopResponse)
+}
+
+// Stop answers a Stop: the launch of the handle this driver keeps (with its
+// grace period), else the recorded launch (with grace), else
+// instance_not_found; the request's grace wins over both. The whole group
+// ends; once it is proven gone the handle is dropped.
+func (r *Registry[H]) Stop(req *pb.StopRequest, grace time.Duration, hooks StopHooks) (*pb.StopResponse, error) {
+	h, err := r.Get(req.GetInstanceId())
+	var launched proc.Launched
+	switch {
+	case err == nil:
+		launched, grace = h.Base().Launched, h.Base().StopGrace
+	case req.GetLaunch() != nil:
+		launched = FromLaunch(req.GetLaunch())
+	default:
+		return nil, err
+	}
+	if req.GetGraceMs() > 0 {
+		grace = time.Duration(req.GetGraceMs()) * time.Millisecond
+	}
+	if hooks.Before != nil {
+		hooks.Before(launched)
+	}
+	resp := StopLaunch(launched, grace)
+	if resp.GetGone() {
+		if hooks.Gone != nil {
+			hooks.Gone(launched, resp)
+		}
+		if err == nil {
+			h.Base().Client.CloseIdleConnections()
+		}
+		r.Drop(req.GetInstanceId())
+	}
+	return resp, nil
+}
+
+// AttachFunc builds the handle of a recorded launch whose engine runs, from
+// what RecoverLaunch found; it returns the answer's detail (the one given,
+// or more), or an error that makes the answer UNCERTAIN with the error as
+// its detail (the engine runs, but the driver cannot tell its state).
+type AttachFunc[H Handle] func(launched proc.Launched, detail string) (H, string, error)
+
+// Recover answers a Recover: a handle this driver keeps is RUNNING, or
+// GONE (and dropped) when its engine is; else the recorded launch decides
+// (RecoverLaunch), and the handle of a running one is built by attach and
+// kept.
+func (r *Registry[H]) Recover(req *pb.RecoverRequest, attach AttachFunc[H]) (*pb.RecoverResponse, error) {
+	id := req.GetInstanceId()
+	if h, err := r.Get(id); err == nil {
+		in := h.Base()
+		if in.Alive() {
+			return &pb.RecoverResponse{State: pb.RecoverState_RECOVER_STATE_RUNNING, Endpoint: in.Endpoint, Launch: in.LaunchPB(), Parked: in.Parked() != "", Detail: "handle kept by this driver"}, nil
+		}
+		r.Drop(id)
+		return &pb.RecoverResponse{State: pb.RecoverState_RECOVER_STATE_GONE, Detail: "the engine process is gone"}, nil
+	}
+	launched, state, detail := RecoverLaunch(req.GetLaunch())
+	if state != pb.RecoverState_RECOVER_STATE_RUNNING {
+		return &pb.RecoverResponse{State: state, Detail: detail}, nil
+	}
+	h, detail, err := attach(launched, detail)
+	if err != nil {
+		return &pb.RecoverResponse{State: pb.RecoverState_RECOVER_STATE_UNCERTAIN, Detail: err.Error()}, nil
+	}
+	r.Put(h)
+	in := h.Base()
+	return &pb.RecoverResponse{State: pb.RecoverState_RECOVER_STATE_RUNNING, Endpoint: in.Endpoint, Launch: in.LaunchPB(), Parked: in.Parked() != "", Detail: detail}, nil
+}
+
+// Logs answers a Logs: the redacted tail of the kept handle's launch, else
+// of the launch directory the request names.
+func (r *Registry[H]) Logs(req *pb.LogsRequest) (*pb.LogsResponse, error) {
+	dir := req.GetLaunchDir()
+	if h, err := r.Get(req.GetInstanceId()); err == nil {
+		dir = h.Base().Launched.LaunchDir
+	}
+	if dir == "" {
+		return nil, sdk.Errorf(sdk.CodeInstanceNotFound, "no launch directory for %s", req.GetInstanceId())
+	}
+	return Logs(dir, req.GetMaxBytes()), nil
+}
+
+// Load answers a Load from the engine's /metrics (ReadLoad).
+func (r *Registry[H]) Load(ctx context.Context, req *pb.LoadRequest, names MetricNames) (*pb.LoadResponse, error) {
+	h, err := r.Get(req.GetInstanceId())
+	if err != nil {
+		return nil, err
+	}
+	in := h.Base()
+	return ReadLoad(ctx, in.Client, in.ServedName, names), nil
+}

@@ -1,0 +1,142 @@
+// Copyright (c) CapyCTL authors
+// SPDX-License-Identifier: Apache-2.0
+
+package pyengine
+
+import (
+	"strconv"
+
+	"github.com/capyctl/capyctl/drivers/internal/engine"
+	"github.com/capyctl/capyctl/sdk"
+	"github.com/capyctl/capyctl/sdk/flags"
+	"github.com/capyctl/capyctl/sdk/formats"
+	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
+)
+
+// What follows renders the plans of the OpenAI-compatible servers started
+// as `python -m <module>` (vLLM, SGLang): the parts their command lines and
+// answers have in common. Each driver renders its own options between.
+
+// PlanVenv finds the installation's environment for a plan; a missing one
+// is refused (engine_not_found) and returns nil.
+func PlanVenv(inst *pb.Installation, r *engine.Refusals) *Venv {
+	venv, err := FindVenv(inst.GetPath())
+	if err != nil {
+		r.Add(sdk.CodeEngineNotFound, "engine", "engine %s: %v", inst.GetName(), err)
+	}
+	return venv
+}
+
+// Checkpoint is what a plan reads from the model directory and the grant.
+type Checkpoint struct {
+	// Weights are the bytes of the weight files (WeightsBytes).
+	Weights int64
+	// HF is the model's config.json; nil when it cannot be read.
+	HF *formats.HFConfig
+	// KVPerToken is the KV cache one token takes, from config.json and the
+	// deployment's KV cache type.
+	KVPerToken int64
+	// KVBudget is the KV cache granted: the launch's, else the
+	// deployment's memory.kv_cache; 0 when neither says.
+	KVBudget int64
+}
+
+// ReadCheckpoint reads a deployment's checkpoint and KV budget.
+func ReadCheckpoint(dep *pb.Deployment, lctx *pb.LaunchContext) Checkpoint {
+	hf, _ := formats.ReadHFConfig(dep.GetModelDir())
+	c := Checkpoint{
+		Weights:    WeightsBytes(dep.GetModelDir()),
+		HF:         hf,
+		KVPerToken: hf.KVBytesPerToken(1, dep.GetKvCacheDtype()),
+		KVBudget:   lctx.GetKvCacheBytes(),
+	}
+	if c.KVBudget <= 0 {
+		c.KVBudget = dep.GetMemory().GetKvCacheBytes()
+	}
+	return c
+}
+
+// FamilyParsers picks the parsers of a deployment (ChooseParsers) from
+// engine_config.<family>.tool_call_parser and reasoning_parser, and the
+// --tool-call-parser and --reasoning-parser options in extra_args.
+func FamilyParsers(dep *pb.Deployment, cfg FamilyConfig, args []flags.Arg, names ParserNames) Chosen {
+	return ChooseParsers(ParserInput{
+		ModelDir: dep.GetModelDir(), API: dep.GetApi(), Tool: cfg.String("tool_call_parser"), Reasoning: cfg.String("reasoning_parser"),
+		Args: args, ToolOption: "--tool-call-parser", ReasoningOption: "--reasoning-parser",
+	}, names)
+}
+
+// ServerArgv starts a server's command line: `<python> -m <module>
+// <modelOption> <model dir> --served-model-name <name> --host 127.0.0.1`,
+// and --port when the port is leased.
+func ServerArgv(python, module, modelOption string, dep *pb.Deployment, lctx *pb.LaunchContext) []string {
+	argv := []string{python, "-m", module,
+		modelOption, dep.GetModelDir(),
+		"--served-model-name", dep.GetServedName(),
+		"--host", "127.0.0.1",
+	}
+	if p := lctx.GetPort(); p > 0 {
+		argv = append(argv, "--port", strconv.Itoa(int(p)))
+	}
+	return argv
+}
+
+// TypedArgs renders the typed fields both servers spell alike: --dtype,
+// --quantization and --kv-cache-dtype, each when set.
+func TypedArgs(dep *pb.Deployment) []string {
+	var out []string
+	for _, o := range []struct{ flag, val string }{
+		{"--dtype", dep.GetDtype()}, {"--quantization", dep.GetQuantization()}, {"--kv-cache-dtype", dep.GetKvCacheDtype()},
+	} {
+		if o.val != "" {
+			out = append(out, o.flag, o.val)
+		}
+	}
+	return out
+}
+
+// Rendered is a server's rendered launch.
+type Rendered struct {
+	// Argv and Env are the command line and environment.
+	Argv []string
+	Env  map[string]string
+	// Checkpoint is what the plan read.
+	Checkpoint Checkpoint
+	// ContextLength is the context rendered; 0 when the model's own.
+	ContextLength int64
+	// MaxConcurrent is the running requests rendered.
+	MaxConcurrent int
+	// Parsers are the parsers chosen.
+	Parsers Chosen
+	// Residency is the effective residency.
+	Residency string
+}
+
+// Plan answers Plan with a rendered launch: the launch directory as the
+// working directory, the memory hints from the checkpoint (the model's own
+// context when none is rendered), the parsers, and the startup and wake
+// timeouts derived from the weights.
+func (r Rendered) Plan(lctx *pb.LaunchContext) *pb.PlanResponse {
+	ck := r.Checkpoint
+	hints := &pb.MemoryHints{
+		WeightsBytes:          ck.Weights,
+		KvBytesPerToken:       ck.KVPerToken,
+		KvCacheBytes:          ck.KVBudget,
+		ContextLength:         r.ContextLength,
+		MaxConcurrentRequests: int32(r.MaxConcurrent),
+		Source:                "safetensors+config.json",
+	}
+	if hints.ContextLength <= 0 && ck.HF != nil {
+		hints.ContextLength = ck.HF.MaxPositionEmbeddings
+	}
+	return &pb.PlanResponse{
+		Argv:             r.Argv,
+		Env:              r.Env,
+		Workdir:          lctx.GetLaunchDir(),
+		Hints:            hints,
+		Parsers:          r.Parsers.Report,
+		Residency:        r.Residency,
+		StartupTimeoutMs: StartupTimeout(ck.Weights).Milliseconds(),
+		WakeTimeoutMs:    WakeTimeout(ck.Weights, r.Residency).Milliseconds(),
+	}
+}
