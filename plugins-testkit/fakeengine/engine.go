@@ -513,6 +513,19 @@ func (e *Engine) exit(x *ExitError) {
 // Serve closes ln.
 func (e *Engine) Serve(ctx context.Context, ln net.Listener) error {
 	defer ln.Close()
+	// Connections that never sent a request (a client's spare, dialed
+	// while another connection came free) are not idle to Shutdown, which
+	// waits five seconds for their first request: they are closed at once.
+	var freshMu sync.Mutex
+	fresh := map[net.Conn]bool{}
+	closeFresh := func() {
+		freshMu.Lock()
+		defer freshMu.Unlock()
+		for c := range fresh {
+			_ = c.Close()
+			delete(fresh, c)
+		}
+	}
 	srv := &http.Server{
 		Handler:           e.handler,
 		ReadHeaderTimeout: 30 * time.Second,
@@ -521,6 +534,13 @@ func (e *Engine) Serve(ctx context.Context, ln net.Listener) error {
 			return context.WithValue(ctx, connKey{}, c)
 		},
 		ConnState: func(c net.Conn, st http.ConnState) {
+			freshMu.Lock()
+			if st == http.StateNew {
+				fresh[c] = true
+			} else {
+				delete(fresh, c)
+			}
+			freshMu.Unlock()
 			// The request that reached crash-after has been answered in
 			// full once its connection is idle or closed.
 			if st == http.StateIdle || st == http.StateClosed || st == http.StateHijacked {
@@ -569,8 +589,21 @@ func (e *Engine) Serve(ctx context.Context, ln net.Listener) error {
 	case <-ctx.Done():
 		grace, cancel := context.WithTimeout(context.Background(), e.cfg.ShutdownGrace)
 		defer cancel()
-		if err := srv.Shutdown(grace); err != nil {
-			srv.Close()
+		shut := make(chan error, 1)
+		go func() { shut <- srv.Shutdown(grace) }()
+		tick := time.NewTicker(10 * time.Millisecond)
+		defer tick.Stop()
+	shutdown:
+		for {
+			closeFresh()
+			select {
+			case err := <-shut:
+				if err != nil {
+					srv.Close()
+				}
+				break shutdown
+			case <-tick.C:
+			}
 		}
 		cancelRun()
 		err := <-runErr

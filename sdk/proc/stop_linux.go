@@ -13,8 +13,11 @@ import (
 
 const (
 	// exitRecordWait bounds how long Stop lets the shim record the exit of
-	// an engine it killed, before it kills the rest of the group.
-	exitRecordWait = time.Second
+	// an engine it killed, before it kills the rest of the group. The wait
+	// ends as soon as the record is there; the bound is generous because a
+	// loaded machine may take a while to run the shim, and a shim killed
+	// before it recorded leaves the exit code unknown (-1).
+	exitRecordWait = 5 * time.Second
 	// killWait bounds how long Stop waits for the group to disappear after
 	// SIGKILL (a process in uninterruptible sleep dies late).
 	killWait = 10 * time.Second
