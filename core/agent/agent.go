@@ -484,6 +484,9 @@ func (a *Agent) Shutdown(ctx context.Context, stopEngines bool) {
 	} else {
 		a.inferenceLn.Close()
 	}
+	// Streams the router took over from net/http are not Shutdown's: they
+	// get what is left of the drain timeout, then are cut cleanly.
+	a.Router.Drain(dctx)
 	cancel()
 	if stopEngines {
 		sctx, scancel := context.WithTimeout(ctx, time.Minute)

@@ -132,7 +132,7 @@ func headerSafe(name, value string) bool {
 // client went away, a bound), a bound the connection's deadline enforced,
 // or nil for a failure of the engine.
 func (q *request) cause(err error) error {
-	if q.r.Context().Err() != nil {
+	if q.clientWent() {
 		return errClientGone
 	}
 	if c := q.cutter.err(); c != nil {
@@ -307,6 +307,8 @@ func engineErrorCode(payload []byte) int {
 
 // sseState is what the relay has learned of a streamed answer.
 type sseState struct {
+	sr        *sseReader
+	call      *engineCall
 	agg       *aggregate // the answer so far, for a client that asked for no stream
 	rw        rewriter
 	cutErr    error  // why the router cut the answer
@@ -318,51 +320,68 @@ type sseState struct {
 }
 
 // relaySSE relays (or aggregates) a chat answer streamed by the engine.
-//
-// IMPORTANT: this loop runs on the handler's goroutine for the whole
-// stream, and every open stream pays for that goroutine's stack. Keep the
-// loop's frame small and rare work out of line (sseEvent, sseEnd), and
-// decode JSON one level at a time (decodeChunk): a stack that never grows
-// past 8 KiB is half the cost of one that did, and the runtime only shrinks
-// one whose idle depth is small.
+// A stream that goes on after its first flush is taken over from net/http
+// (hijack.go) and handed off: the handler returns, and relayOn relays the
+// rest on a goroutine of its own.
 func (q *request) relaySSE(sr *sseReader, call *engineCall) {
-	defer sr.release()
-	st := &sseState{rw: rewriter{newID: q.id, public: q.model, served: q.target.Endpoint.ServedName}}
+	st := &sseState{sr: sr, call: call, rw: rewriter{newID: q.id, public: q.model, served: q.target.Endpoint.ServedName}}
 	if q.stream {
 		q.setWriteDeadline()
 	} else {
 		st.agg = newAggregate()
 	}
+	if q.sseLoop(st) {
+		q.st, q.handedOff = st, true
+		return
+	}
+	q.sseEnd(st)
+	sr.release()
+}
+
+// sseLoop relays the engine's events until its stream ends or is cut. It
+// returns true, on the handler's goroutine only, once the stream was taken
+// over and must be handed off.
+//
+// IMPORTANT: every open stream pays for the stack of the goroutine this
+// loop waits on. Keep the loop's frame small and rare work out of line
+// (sseEvent, sseEnd), and decode JSON one level at a time (decodeChunk).
+func (q *request) sseLoop(st *sseState) bool {
+	sr := st.sr
 	for {
 		ev, err := sr.next()
 		if err != nil {
 			q.sseReadErr(st, err)
-			break
+			return false
 		}
 		q.sseEvent(st, sr, ev)
 		if st.cutErr != nil {
-			break
+			return false
 		}
 		if (st.sawDone || st.engineErr != nil) && !st.trailer {
 			if q.sseComplete(st, sr); st.cutErr != nil {
-				break
+				return false
 			}
 		}
 		if !sr.buffered() {
 			if st.wrote && q.stream {
 				st.wrote = false
+				if q.wantsTakeOver(st) {
+					q.takeOver() // else flush hands a pending head to net/http
+				}
 				if err := q.flush(); err != nil {
 					st.cutErr = q.clientErr()
-					break
+					return false
 				}
 				q.setWriteDeadline()
 			}
 			if !q.firstContent.IsZero() && !st.trailer {
 				sr.readWithin(q.b.streamIdle)
 			}
+			if q.cc != nil && !q.handedOff {
+				return true
+			}
 		}
 	}
-	q.sseEnd(st, sr, call)
 }
 
 // sseReadErr records why the engine's stream ended.
@@ -442,7 +461,8 @@ func (q *request) sseComplete(st *sseState, sr *sseReader) {
 }
 
 // sseEnd settles and answers the request once the engine's stream ended.
-func (q *request) sseEnd(st *sseState, sr *sseReader, call *engineCall) {
+func (q *request) sseEnd(st *sseState) {
+	sr, call := st.sr, st.call
 	if q.endAt.IsZero() {
 		q.endAt = time.Now()
 	}
@@ -488,7 +508,7 @@ func (q *request) sseEnd(st *sseState, sr *sseReader, call *engineCall) {
 func (q *request) clientErr() error {
 	// IMPORTANT: net/http cancels the request's context on any failed
 	// write, a write deadline included: look at the error first.
-	if !errors.Is(q.writeErr, os.ErrDeadlineExceeded) && q.r.Context().Err() != nil {
+	if !errors.Is(q.writeErr, os.ErrDeadlineExceeded) && q.clientWent() {
 		q.cutter.cut(errClientGone)
 		return errClientGone
 	}
@@ -514,6 +534,9 @@ func (q *request) cutEnd(cause error) {
 	case errChunk:
 		q.outcome = OutcomeChunkTooLarge
 		q.fail(structs.Errf(structs.CodeChunkTooLarge, "the engine sent one piece of the answer larger than %d bytes (limits.max_chunk_bytes)", q.b.maxChunk))
+	case errShutdown:
+		q.outcome = OutcomeShutdown
+		q.fail(structs.Errf(structs.CodeShuttingDown, "the role is shutting down and its drain timeout ended before the answer"))
 	default:
 		q.outcome = OutcomeEngineError
 		q.fail(structs.Errf(structs.CodeEngineError, "the engine's answer broke off: %v", cause))

@@ -100,6 +100,11 @@ type Config struct {
 	ProgressAfter time.Duration
 	// ProgressEvery spaces the progress comments (default 5s).
 	ProgressEvery time.Duration
+	// KeepStreamsOnNetHTTP relays every answer on its net/http handler, as
+	// before streams were taken over (hijack.go): about 20 KiB more per
+	// open stream, keep-alive kept after streams. For comparisons (make
+	// bench) and as a way back.
+	KeepStreamsOnNetHTTP bool
 }
 
 // Router serves the inference API's model routes.
@@ -112,7 +117,8 @@ type Router struct {
 	adm    *admission.Controller
 	stats  *stats
 
-	deps sync.Map // deployment name -> *depState
+	deps    sync.Map  // deployment name -> *depState
+	streams streamSet // streams taken over from net/http (hijack.go)
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -166,8 +172,13 @@ func New(cfg Config) *Router {
 	return rt
 }
 
-// Close stops the settlement loop and drops idle engine connections.
+// Close cuts the streams still open on connections taken over from
+// net/http (Drain with no time left), stops the settlement loop and drops
+// idle engine connections.
 func (rt *Router) Close() {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	rt.Drain(ctx)
 	rt.cancel()
 	rt.wg.Wait()
 	rt.engine.closeIdle()

@@ -30,6 +30,7 @@ const (
 	OutcomeStreamIdle     = "stream_idle"
 	OutcomeClientIdle     = "client_read_idle"
 	OutcomeChunkTooLarge  = "chunk_too_large"
+	OutcomeShutdown       = "shutting_down"
 )
 
 // Causes of a cut, carried by the engine request's context.
@@ -154,6 +155,13 @@ type request struct {
 	endAt        time.Time
 
 	headersSent bool
+	cw          int         // where answer bytes go: cwHTTP, cwPending, cwHijacked (hijack.go)
+	hjOK        bool        // the client connection may be taken over (hijack.go)
+	headViaHTTP bool        // net/http wrote a "Connection: close" head before any take-over
+	handedOff   bool        // the stream goes on on its own goroutine (relayOn)
+	out         outBuf      // bytes of a pending head or a taken-over connection
+	cc          *clientConn // the connection taken over from net/http
+	st          *sseState   // a handed-off stream's relay state
 	writeErr    error
 	sawFinish   bool
 	progressed  bool
@@ -216,9 +224,10 @@ func isEmptyArray(b []byte) bool {
 
 func (rt *Router) serve(w http.ResponseWriter, r *http.Request, api string) {
 	q := &request{rt: rt, w: w, r: r, api: api, start: time.Now(), id: NewRequestID()}
+	q.hjOK = hijackSupported && !rt.cfg.KeepStreamsOnNetHTTP && r.ProtoMajor == 1 && r.ProtoMinor >= 1 && hijackable(w)
 	h := w.Header()
 	h.Set(HeaderRequestID, q.id)
-	defer q.finish()
+	defer q.finishHere()
 	if cid := r.Header.Get(HeaderClientRequestID); cid != "" {
 		if !ValidClientRequestID(cid) {
 			q.fail(structs.Errf(structs.CodeInvalidRequest, "X-Request-Id must be 1 to 128 printable ASCII characters without spaces"))
@@ -235,6 +244,19 @@ func (rt *Router) serve(w http.ResponseWriter, r *http.Request, api string) {
 	}
 	if call := q.forward(); call != nil {
 		q.relay(call)
+		if q.handedOff {
+			// IMPORTANT: started here, at the bottom of the handler's
+			// stack, and nothing of q is touched by this goroutine after.
+			go q.relayOn()
+		}
+	}
+}
+
+// finishHere finishes the request on the handler's goroutine, unless its
+// stream was handed off to relayOn, which finishes it.
+func (q *request) finishHere() {
+	if !q.handedOff {
+		q.finish()
 	}
 }
 
@@ -526,6 +548,12 @@ func (q *request) sendProgress(wt *admission.Waiter, activating bool) {
 		state = q.rt.activationState(q.route.Deployment)
 	}
 	if !q.headersSent {
+		if q.hjOK {
+			// The head goes out now, through net/http: it says the
+			// connection closes, so the stream can be taken over later.
+			q.w.Header().Set("Connection", "close")
+			q.headViaHTTP = true
+		}
 		q.sseHeaders()
 	}
 	q.progressed = true
@@ -568,15 +596,22 @@ func (rt *Router) activationState(dep string) string {
 	return state
 }
 
-// sseHeaders commits the answer as a 200 event stream.
+// sseHeaders commits the answer as a 200 event stream. Where the stream
+// may be taken over, the head waits in the router's buffer with the first
+// events until the first flush: net/http writes it for an answer complete
+// by then, the router for one it takes over (hijack.go).
 func (q *request) sseHeaders() {
 	h := q.w.Header()
 	h.Set("Content-Type", "text/event-stream")
 	h.Set("Cache-Control", "no-cache")
 	h.Set("X-Accel-Buffering", "no")
-	q.w.WriteHeader(http.StatusOK)
 	q.headersSent = true
 	q.status = http.StatusOK
+	if q.hjOK && q.stream {
+		q.cw = cwPending
+		return
+	}
+	q.w.WriteHeader(http.StatusOK)
 }
 
 // fail answers with an error: the envelope with its HTTP status, or, once
@@ -614,6 +649,9 @@ func (q *request) gone() {
 // write sends bytes to the client; a failure ends the request's engine
 // work through the caller.
 func (q *request) write(b []byte) error {
+	if q.cw != cwHTTP {
+		return q.writeOut(b)
+	}
 	n, err := q.w.Write(b)
 	q.bytesOut += int64(n)
 	if err != nil && q.writeErr == nil {
@@ -622,20 +660,28 @@ func (q *request) write(b []byte) error {
 	return err
 }
 
+// flush sends what is buffered to the client. A pending head goes to
+// net/http here: the relay takes a stream over before its flush when the
+// answer goes on (wantsTakeOver).
 func (q *request) flush() error {
-	if q.rc == nil {
-		q.rc = http.NewResponseController(q.w)
+	switch q.cw {
+	case cwHijacked:
+		return q.flushOut(false)
+	case cwPending:
+		q.commitHTTP()
 	}
-	err := q.rc.Flush()
-	if err != nil && q.writeErr == nil {
-		q.writeErr = err
-	}
-	return err
+	return q.flushHTTP()
 }
 
 // setWriteDeadline bounds how long the client may take to accept what is
 // written next.
 func (q *request) setWriteDeadline() {
+	if q.cc != nil {
+		if q.cc.conn != nil {
+			_ = q.cc.conn.SetWriteDeadline(time.Now().Add(q.b.clientIdle))
+		}
+		return
+	}
 	if q.rc == nil {
 		q.rc = http.NewResponseController(q.w)
 	}
@@ -647,6 +693,12 @@ func (q *request) setWriteDeadline() {
 func (q *request) finish() {
 	if q.stopGone != nil {
 		q.stopGone()
+	}
+	switch {
+	case q.cc != nil:
+		q.endTakenOver()
+	case q.cw == cwPending:
+		q.commitHTTP()
 	}
 	if q.rc != nil {
 		// IMPORTANT: a deadline left on the connection would fail the
@@ -660,4 +712,9 @@ func (q *request) finish() {
 		q.outcome = OutcomeCompleted
 	}
 	q.rt.record(q)
+	if q.cc != nil {
+		// IMPORTANT: after the record, so that a role whose Drain returned
+		// has every taken-over stream's record before it closes the ledger.
+		q.rt.streams.remove(q.cc)
+	}
 }

@@ -1,0 +1,481 @@
+// Copyright (c) CapyCTL authors
+// SPDX-License-Identifier: Apache-2.0
+
+package router
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"net"
+	"net/http"
+	"os"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+)
+
+// Taking an open stream off net/http.
+//
+// An open stream relayed on a net/http handler costs about 25 KiB that are
+// net/http's own: the connection's 4 KiB reader and 4 KiB writer, the
+// answer's 2 KiB writer, the request, the handler's 8 KiB stack and the
+// goroutine net/http runs to notice a hang-up (measured by
+// BenchmarkNetHTTPFloor_MemoryPerOpenStream). Once a streamed answer has
+// started and must wait for more of the engine's output, the router takes
+// the client connection over (http.Hijacker), drops net/http's buffers, lets
+// the handler return and relays the rest on a goroutine of its own that
+// starts small and waits for the engine holding no buffer (sseReader). A
+// watcher goroutine waits for the client socket to become readable, holding
+// no buffer either: a readable socket whose read says end of file or an
+// error is a hang-up, cut on the engine at once.
+//
+// The wire stays what net/http sends: the same head (plus "Connection:
+// close") and the chunked coding, so that a client still tells a complete
+// answer from a broken one. The connection closes after the answer: a
+// connection taken from net/http cannot be given back to it.
+//
+// A stream is taken over only when its head has not been written yet, or
+// was written with "Connection: close" (progress comments while it waited
+// for its model); an answer that is complete by its first flush stays on
+// net/http and keeps its keep-alive connection. Non-streamed answers, HTTP
+// versions other than 1.1, and systems without the watcher (hijack_other.go)
+// stay on net/http.
+
+// Where a request's answer bytes go.
+const (
+	cwHTTP     = iota // net/http's ResponseWriter
+	cwPending         // the router's buffer: a 200 event stream whose head waits for the first flush
+	cwHijacked        // the client connection the router took over
+)
+
+// errShutdown cuts the streams still open when the role's drain timeout
+// ends.
+var errShutdown = errors.New("the role is shutting down")
+
+// clientConn is a client connection the router took over from net/http.
+type clientConn struct {
+	q    *request
+	conn net.Conn
+	raw  syscall.RawConn
+	gone atomic.Bool // the client hung up (or a write to it failed)
+
+	mu     sync.Mutex
+	closed bool // closeNow ran: close conn as soon as it is set
+
+	watchFn func(fd uintptr) bool // the watcher's read callback, bound once
+	hungUp  bool                  // the watcher's result
+}
+
+// setConn records the connection once hijacked; false when the stream was
+// closed meanwhile (the connection is closed then).
+func (c *clientConn) setConn(conn net.Conn) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.conn = conn
+	if c.closed {
+		_ = conn.Close()
+		return false
+	}
+	return true
+}
+
+// closeNow closes the client connection from any goroutine: the relay's
+// writes and the watcher end at once.
+func (c *clientConn) closeNow() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.closed = true
+	if c.conn != nil {
+		_ = c.conn.Close()
+	}
+}
+
+// hijackable reports whether w, or a writer it wraps, can hand its
+// connection over.
+func hijackable(w http.ResponseWriter) bool {
+	for {
+		switch v := w.(type) {
+		case http.Hijacker:
+			return true
+		case interface{ Unwrap() http.ResponseWriter }:
+			w = v.Unwrap()
+		default:
+			return false
+		}
+	}
+}
+
+// wantsTakeOver reports whether the relay should take the client connection
+// over before its flush: a stream whose answer goes on (not complete yet)
+// and whose head is still the router's to write, or was written with
+// "Connection: close".
+func (q *request) wantsTakeOver(st *sseState) bool {
+	return q.cc == nil && !st.trailer && (q.cw == cwPending || q.headViaHTTP)
+}
+
+// takeOver hijacks the client connection and writes the head and what is
+// buffered; false (nothing changed) when the role is draining or net/http
+// refuses. IMPORTANT: the stream is registered before the hijack, while
+// net/http still counts the connection as active, so that a Shutdown that
+// returns has every taken-over stream in the registry for Drain.
+func (q *request) takeOver() bool {
+	cc := &clientConn{q: q}
+	if !q.rt.streams.add(cc) {
+		return false
+	}
+	if q.cw == cwHTTP && q.flushHTTP() != nil {
+		q.rt.streams.remove(cc)
+		return false
+	}
+	conn, brw, err := http.NewResponseController(q.w).Hijack()
+	if err != nil {
+		q.rt.streams.remove(cc)
+		return false
+	}
+	// Bytes net/http read past the request are a pipelined request: the
+	// head says the connection closes, so it is dropped, as net/http drops
+	// one that follows a "Connection: close" answer.
+	_, _ = brw.Reader.Discard(brw.Reader.Buffered())
+	if !cc.setConn(conn) {
+		cc.gone.Store(true)
+	}
+	if sc, ok := conn.(syscall.Conn); ok {
+		cc.raw, _ = sc.SyscallConn()
+	}
+	var hdr http.Header
+	if !q.headViaHTTP {
+		hdr = q.w.Header()
+	}
+	q.cc, q.cw = cc, cwHijacked
+	// net/http cancels the request's context when the handler returns:
+	// from here on the watcher notices hang-ups. A hook that already ran
+	// saw one.
+	if q.stopGone != nil && !q.stopGone() {
+		cc.gone.Store(true)
+	}
+	q.stopGone = nil
+	if q.r.Context().Err() != nil {
+		cc.gone.Store(true)
+	}
+	q.r, q.w, q.rc = nil, nil, nil
+	q.setWriteDeadline()
+	if cc.raw != nil {
+		go cc.watch()
+	}
+	if hdr != nil {
+		q.writeHead(hdr)
+	}
+	return true
+}
+
+// writeHead writes the answer's head as net/http would have, with
+// "Connection: close", and the bytes buffered so far, in one write.
+func (q *request) writeHead(hdr http.Header) {
+	b := bytes.NewBuffer(make([]byte, 0, 384))
+	b.WriteString("HTTP/1.1 200 OK\r\n")
+	_ = hdr.WriteSubset(b, nil)
+	b.WriteString("Date: ")
+	b.WriteString(time.Now().UTC().Format(http.TimeFormat))
+	b.WriteString("\r\nConnection: close\r\nTransfer-Encoding: chunked\r\n\r\n")
+	bufs := net.Buffers{b.Bytes(), q.out.frame(false)}
+	_, err := bufs.WriteTo(q.cc.conn)
+	q.out.release()
+	q.noteWriteErr(err)
+}
+
+// flushHTTP flushes what net/http buffered.
+func (q *request) flushHTTP() error {
+	if q.rc == nil {
+		q.rc = http.NewResponseController(q.w)
+	}
+	err := q.rc.Flush()
+	q.noteWriteErr(err)
+	return err
+}
+
+// commitHTTP hands a pending head and what is buffered to net/http: the
+// answer was complete by its first flush (or could not be taken over).
+func (q *request) commitHTTP() {
+	q.cw = cwHTTP
+	q.w.WriteHeader(http.StatusOK)
+	if d := q.out.data(); len(d) > 0 {
+		if _, err := q.w.Write(d); err != nil {
+			q.noteWriteErr(err)
+		}
+	}
+	q.out.release()
+}
+
+// writeOut buffers bytes for a pending head or a taken-over connection,
+// flushing a chunk when the buffer is full (which takes a pending stream
+// over).
+func (q *request) writeOut(b []byte) error {
+	for len(b) > 0 {
+		if q.writeErr != nil {
+			return q.writeErr
+		}
+		if q.out.full() {
+			if q.cw == cwPending && !q.takeOver() {
+				q.commitHTTP()
+				return q.write(b)
+			}
+			if err := q.flushOut(false); err != nil {
+				return err
+			}
+			continue
+		}
+		n := q.out.add(b)
+		q.bytesOut += int64(n)
+		b = b[n:]
+	}
+	return nil
+}
+
+// flushOut writes what is buffered to the taken-over connection as one
+// chunk, and the chunked coding's last chunk when last.
+func (q *request) flushOut(last bool) error {
+	if q.writeErr != nil {
+		q.out.release()
+		return q.writeErr
+	}
+	b := q.out.frame(last)
+	var err error
+	if len(b) > 0 {
+		_, err = q.cc.conn.Write(b)
+	}
+	q.out.release()
+	q.noteWriteErr(err)
+	return err
+}
+
+// noteWriteErr records the first failed write to the client. On a
+// taken-over connection a failure other than the client read bound is a
+// hang-up, as net/http counts it.
+func (q *request) noteWriteErr(err error) {
+	if err == nil {
+		return
+	}
+	if q.writeErr == nil {
+		q.writeErr = err
+	}
+	if q.cc != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
+		q.cc.gone.Store(true)
+	}
+}
+
+// clientWent reports a client that hung up.
+func (q *request) clientWent() bool {
+	if q.cc != nil {
+		return q.cc.gone.Load()
+	}
+	return q.r.Context().Err() != nil
+}
+
+// endTakenOver ends a taken-over answer: the last chunk, then the
+// connection closes (its watcher with it). finish records the request and
+// only then does Drain stop counting it.
+func (q *request) endTakenOver() {
+	cc := q.cc
+	if q.writeErr == nil && !cc.gone.Load() {
+		_ = q.flushOut(true)
+	} else {
+		q.out.release()
+	}
+	cc.closeNow()
+}
+
+// relayOn relays the rest of a stream taken over from net/http, on its own
+// goroutine, and records it.
+func (q *request) relayOn() {
+	st := q.st
+	q.st = nil
+	q.sseLoop(st)
+	q.sseEnd(st)
+	st.sr.release()
+	q.finish()
+}
+
+// outBuf holds what the router writes to a pending or taken-over client
+// until the next flush, in a pooled buffer taken at the first write and
+// given back at the flush: an idle stream holds none. The buffer's first
+// chunkRoom bytes are room for the chunk-size line, so that a flush is one
+// write.
+type outBuf struct {
+	bp  *[]byte
+	buf []byte // nil while empty
+}
+
+const (
+	chunkRoom = 8                    // a chunk-size line: up to 6 hex digits and CRLF
+	chunkTail = len("\r\n0\r\n\r\n") // the chunk's CRLF and the last chunk
+)
+
+var lastChunk = []byte("0\r\n\r\n")
+
+// add buffers what fits of b and returns how much that was.
+func (o *outBuf) add(b []byte) int {
+	if o.buf == nil {
+		o.bp = eventBufPool.Get().(*[]byte)
+		o.buf = (*o.bp)[:chunkRoom]
+	}
+	n := min(len(b), cap(o.buf)-chunkTail-len(o.buf))
+	o.buf = append(o.buf, b[:n]...)
+	return n
+}
+
+// full reports a buffer with no room left.
+func (o *outBuf) full() bool {
+	return o.buf != nil && len(o.buf) >= cap(o.buf)-chunkTail
+}
+
+// data is what is buffered.
+func (o *outBuf) data() []byte {
+	if o.buf == nil {
+		return nil
+	}
+	return o.buf[chunkRoom:]
+}
+
+// frame returns what is buffered as one chunk of the chunked coding,
+// followed by the last chunk when last; valid until release.
+func (o *outBuf) frame(last bool) []byte {
+	var b []byte
+	if n := len(o.data()); n > 0 {
+		var size [chunkRoom]byte
+		s := strconv.AppendUint(size[:0], uint64(n), 16)
+		s = append(s, '\r', '\n')
+		start := chunkRoom - len(s)
+		copy(o.buf[start:], s)
+		o.buf = append(o.buf, '\r', '\n')
+		b = o.buf[start:]
+	}
+	if last {
+		if b == nil {
+			return lastChunk
+		}
+		b = append(b, lastChunk...)
+	}
+	return b
+}
+
+// release gives the buffer back.
+func (o *outBuf) release() {
+	if o.bp != nil {
+		eventBufPool.Put(o.bp)
+	}
+	o.bp, o.buf = nil, nil
+}
+
+// streamSet is the registry of taken-over streams, which net/http's
+// Shutdown no longer sees.
+type streamSet struct {
+	mu     sync.Mutex
+	set    map[*clientConn]struct{}
+	closed bool          // draining: no new take-overs
+	empty  chan struct{} // closed when the set empties, for a waiter
+}
+
+// add registers a stream; false once draining.
+func (s *streamSet) add(c *clientConn) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return false
+	}
+	if s.set == nil {
+		s.set = map[*clientConn]struct{}{}
+	}
+	s.set[c] = struct{}{}
+	return true
+}
+
+// remove forgets a stream.
+func (s *streamSet) remove(c *clientConn) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.set, c)
+	if len(s.set) == 0 && s.empty != nil {
+		close(s.empty)
+		s.empty = nil
+	}
+}
+
+// close refuses new take-overs.
+func (s *streamSet) close() {
+	s.mu.Lock()
+	s.closed = true
+	s.mu.Unlock()
+}
+
+// each calls f on every registered stream.
+func (s *streamSet) each(f func(*clientConn)) {
+	s.mu.Lock()
+	list := make([]*clientConn, 0, len(s.set))
+	for c := range s.set {
+		list = append(list, c)
+	}
+	s.mu.Unlock()
+	for _, c := range list {
+		f(c)
+	}
+}
+
+// wait waits until no stream is registered; false when ctx ended first.
+func (s *streamSet) wait(ctx context.Context) bool {
+	for {
+		s.mu.Lock()
+		if len(s.set) == 0 {
+			s.mu.Unlock()
+			return true
+		}
+		if s.empty == nil {
+			s.empty = make(chan struct{})
+		}
+		ch := s.empty
+		s.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return false
+		}
+	}
+}
+
+// Open returns the number of open streams the router relays on connections
+// it took over from net/http.
+func (rt *Router) Open() int {
+	rt.streams.mu.Lock()
+	defer rt.streams.mu.Unlock()
+	return len(rt.streams.set)
+}
+
+// drainGrace is how long streams cut by Drain get to write their error
+// event before their connections are closed.
+const drainGrace = time.Second
+
+// Drain is the role's shutdown for the streams the router took over from
+// net/http (http.Server.Shutdown no longer sees them; call Drain after it):
+// it takes no more over and waits for those open to end until ctx ends;
+// then it cuts the rest like a bound does (the engine's work ends, the
+// client gets a shutting_down error event and [DONE]) and closes their
+// connections after a second at most.
+func (rt *Router) Drain(ctx context.Context) {
+	s := &rt.streams
+	s.close()
+	if s.wait(ctx) {
+		return
+	}
+	s.each(func(c *clientConn) { c.q.cutter.cut(errShutdown) })
+	gctx, cancel := context.WithTimeout(context.Background(), drainGrace)
+	defer cancel()
+	if s.wait(gctx) {
+		return
+	}
+	s.each((*clientConn).closeNow)
+	gctx2, cancel2 := context.WithTimeout(context.Background(), drainGrace)
+	defer cancel2()
+	s.wait(gctx2)
+}

@@ -1,0 +1,484 @@
+// Copyright (c) CapyCTL authors
+// SPDX-License-Identifier: Apache-2.0
+
+//go:build unix
+
+package router_test
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/capyctl/capyctl/core/router"
+	"github.com/capyctl/capyctl/core/structs"
+)
+
+// scripted is an engine that streams what the test tells it, when it says
+// so: each string sent on steps is written and flushed; closing steps ends
+// the answer. gone is closed when the router dropped the request.
+type scripted struct {
+	url   string
+	steps chan string
+	gone  chan struct{}
+}
+
+func startScripted(t *testing.T) *scripted {
+	t.Helper()
+	s := &scripted{steps: make(chan string), gone: make(chan struct{})}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.WriteHeader(http.StatusOK)
+		rc := http.NewResponseController(w)
+		_ = rc.Flush()
+		for {
+			select {
+			case step, ok := <-s.steps:
+				if !ok {
+					return
+				}
+				_, _ = io.WriteString(w, step)
+				_ = rc.Flush()
+			case <-r.Context().Done():
+				close(s.gone)
+				return
+			}
+		}
+	}))
+	t.Cleanup(srv.Close)
+	s.url = srv.URL
+	return s
+}
+
+// send makes the engine write one step (it blocks until the engine took
+// it).
+func (s *scripted) send(t *testing.T, step string) {
+	t.Helper()
+	select {
+	case s.steps <- step:
+	case <-s.gone:
+		t.Fatal("the router dropped the engine request")
+	case <-time.After(10 * time.Second):
+		t.Fatal("the engine request never came")
+	}
+}
+
+const (
+	roleChunk    = "data: {\"id\":\"e-1\",\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\"}}]}\n\n"
+	contentChunk = "data: {\"id\":\"e-1\",\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"}}]}\n\n"
+	finishChunk  = "data: {\"id\":\"e-1\",\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":2}}\n\ndata: [DONE]\n\n"
+)
+
+// scriptedEnv is a router in front of a scripted engine.
+func scriptedEnv(t *testing.T, o envOpts) (*env, *scripted) {
+	t.Helper()
+	s := startScripted(t)
+	inner := o.ep
+	o.ep = func(ep *structs.EngineEndpoint) {
+		ep.BaseURL = s.url
+		if inner != nil {
+			inner(ep)
+		}
+	}
+	return newEnv(t, o), s
+}
+
+// rawStream sends a streamed chat request on a plain connection, makes the
+// engine send its first event, and returns the connection with a reader
+// past the answer's head, and the head.
+func rawStream(t *testing.T, e *env, s *scripted, extraHeaders string) (net.Conn, *bufio.Reader, string) {
+	t.Helper()
+	u, _ := url.Parse(e.srv.URL)
+	c, err := net.Dial("tcp", u.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	body := chatBody(true, "")
+	fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n%sContent-Length: %d\r\n\r\n%s", extraHeaders, len(body), body)
+	s.send(t, roleChunk)
+	br := bufio.NewReader(c)
+	var head strings.Builder
+	for {
+		line, err := br.ReadString('\n')
+		if err != nil {
+			t.Fatalf("head: %v (so far %q)", err, head.String())
+		}
+		head.WriteString(line)
+		if line == "\r\n" {
+			return c, br, head.String()
+		}
+	}
+}
+
+// readChunk reads one chunk of the chunked coding ("" for the last one).
+func readChunk(t *testing.T, br *bufio.Reader) string {
+	t.Helper()
+	line, err := br.ReadString('\n')
+	if err != nil {
+		t.Fatalf("chunk size: %v", err)
+	}
+	var n int
+	if _, err := fmt.Sscanf(strings.TrimSpace(line), "%x", &n); err != nil {
+		t.Fatalf("chunk size line %q: %v", line, err)
+	}
+	b := make([]byte, n+2)
+	if _, err := io.ReadFull(br, b); err != nil {
+		t.Fatalf("chunk: %v", err)
+	}
+	if string(b[n:]) != "\r\n" {
+		t.Fatalf("chunk %q does not end with CRLF", b)
+	}
+	if n == 0 {
+		// The last chunk: an empty trailer.
+		return ""
+	}
+	return string(b[:n])
+}
+
+// readUntil reads chunks until one contains want and returns all read.
+func readUntil(t *testing.T, br *bufio.Reader, want string) string {
+	t.Helper()
+	var all strings.Builder
+	for !strings.Contains(all.String(), want) {
+		c := readChunk(t, br)
+		if c == "" {
+			t.Fatalf("the answer ended before %q: %q", want, all.String())
+		}
+		all.WriteString(c)
+	}
+	return all.String()
+}
+
+func TestRouter_StreamTakenOverFromNetHTTP(t *testing.T) {
+	e, s := scriptedEnv(t, envOpts{})
+	_, br, head := rawStream(t, e, s, "X-Request-Id: client-9\r\n")
+	for _, h := range []string{"HTTP/1.1 200 OK\r\n", "Connection: close\r\n", "Transfer-Encoding: chunked\r\n",
+		"Content-Type: text/event-stream\r\n", "Cache-Control: no-cache\r\n", "X-Request-Id: client-9\r\n", "X-Capyctl-Request-Id: capy-"} {
+		if !strings.Contains(head, h) {
+			t.Fatalf("head %q lacks %q", head, h)
+		}
+	}
+	readUntil(t, br, `"role"`)
+	s.send(t, contentChunk)
+	body := readUntil(t, br, `"hi"`)
+	if n := e.rt.Open(); n != 1 {
+		t.Fatalf("open taken-over streams = %d, want 1", n)
+	}
+	s.send(t, finishChunk)
+	close(s.steps)
+	rest := readUntil(t, br, "data: [DONE]")
+	if i, j := strings.Index(rest, ": x-capyctl-metrics {"), strings.Index(rest, "data: [DONE]"); i < 0 || i > j {
+		t.Fatalf("no metrics comment before [DONE]: %q", rest)
+	}
+	if last := readChunk(t, br); last != "" {
+		t.Fatalf("after [DONE]: %q", last)
+	}
+	// The connection closes after the answer.
+	if n, err := br.Read(make([]byte, 1)); n != 0 || err != io.EOF {
+		t.Fatalf("after the last chunk: %d, %v; want EOF", n, err)
+	}
+	if strings.Contains(body, `"e-1"`) || strings.Contains(rest, `"model":"m"`) {
+		t.Fatalf("engine id or model relayed: %q %q", body, rest)
+	}
+	waitFor(t, "the stream to be forgotten", func() bool { return e.rt.Open() == 0 })
+	waitFor(t, "the outcome", func() bool {
+		return strings.Contains(scrape(t, e), `capyctl_requests_total{api="chat",deployment="demo",outcome="completed"} 1`)
+	})
+	waitFor(t, "idle", e.idle)
+}
+
+// openTakenOver opens a stream and reads until its first content, so that
+// it is taken over.
+func openTakenOver(t *testing.T, e *env, s *scripted) (net.Conn, *bufio.Reader) {
+	t.Helper()
+	c, br, head := rawStream(t, e, s, "")
+	if !strings.Contains(head, "Connection: close\r\n") {
+		t.Fatalf("head %q: not taken over", head)
+	}
+	readUntil(t, br, `"role"`)
+	s.send(t, contentChunk)
+	readUntil(t, br, `"hi"`)
+	if n := e.rt.Open(); n != 1 {
+		t.Fatalf("open taken-over streams = %d, want 1", n)
+	}
+	return c, br
+}
+
+// lastEvents reads the rest of the answer to its last chunk and the close
+// of the connection, and returns the data payloads.
+func lastEvents(t *testing.T, br *bufio.Reader) []string {
+	t.Helper()
+	var all strings.Builder
+	for {
+		c := readChunk(t, br)
+		if c == "" {
+			break
+		}
+		all.WriteString(c)
+	}
+	if n, err := br.Read(make([]byte, 1)); n != 0 || err != io.EOF {
+		t.Fatalf("after the last chunk: %d, %v; want EOF", n, err)
+	}
+	data, _ := sseLines(all.String())
+	return data
+}
+
+func TestRouter_TakenOverStreamCuts(t *testing.T) {
+	cases := []struct {
+		name    string
+		spec    func(*structs.Deployment)
+		engine  func(t *testing.T, s *scripted)
+		code    string
+		outcome string
+	}{
+		{
+			name: "engine error event",
+			engine: func(t *testing.T, s *scripted) {
+				s.send(t, "data: {\"error\":{\"message\":\"boom\",\"code\":500}}\n\n")
+				close(s.steps)
+			},
+			code:    "engine_error",
+			outcome: "engine_error",
+		},
+		{
+			name:    "engine stalls",
+			spec:    func(d *structs.Deployment) { d.Limits.StreamIdle = structs.Duration(50 * time.Millisecond) },
+			engine:  func(t *testing.T, s *scripted) {},
+			code:    "stream_stalled",
+			outcome: "stream_idle",
+		},
+		{
+			name: "chunk over the bound",
+			engine: func(t *testing.T, s *scripted) {
+				s.send(t, "data: {\"choices\":[{\"delta\":{\"content\":\""+strings.Repeat("x", 70<<10)+"\"}}]}\n\n")
+			},
+			code:    "chunk_too_large",
+			outcome: "chunk_too_large",
+		},
+		{
+			name:    "engine ends without finishing",
+			engine:  func(t *testing.T, s *scripted) { close(s.steps) },
+			code:    "engine_error",
+			outcome: "engine_error",
+		},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			e, s := scriptedEnv(t, envOpts{spec: c.spec})
+			_, br := openTakenOver(t, e, s)
+			c.engine(t, s)
+			data := lastEvents(t, br)
+			if len(data) < 2 || data[len(data)-1] != "[DONE]" || errCode(data[len(data)-2]) != c.code {
+				t.Fatalf("events %q, want a %s error event then [DONE]", data, c.code)
+			}
+			if c.code != "engine_error" {
+				<-s.gone // cut on the engine
+			}
+			waitFor(t, "the outcome", func() bool {
+				return strings.Contains(scrape(t, e), `outcome="`+c.outcome+`"} 1`)
+			})
+			waitFor(t, "the stream to be forgotten", func() bool { return e.rt.Open() == 0 })
+			waitFor(t, "idle", e.idle)
+		})
+	}
+}
+
+func TestRouter_HangUpAfterTakeOver(t *testing.T) {
+	cases := []struct {
+		name    string
+		content bool
+	}{
+		{"while the engine is silent before its first token", false},
+		{"mid-stream", true},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			e, s := scriptedEnv(t, envOpts{})
+			conn, br, head := rawStream(t, e, s, "")
+			if !strings.Contains(head, "Connection: close\r\n") {
+				t.Fatalf("head %q: not taken over", head)
+			}
+			readUntil(t, br, `"role"`)
+			if c.content {
+				s.send(t, contentChunk)
+				readUntil(t, br, `"hi"`)
+			}
+			conn.Close()
+			select {
+			case <-s.gone:
+			case <-time.After(10 * time.Second):
+				t.Fatal("the engine request was not dropped after the hang-up")
+			}
+			waitFor(t, "the outcome", func() bool {
+				return strings.Contains(scrape(t, e), `outcome="cancelled"} 1`)
+			})
+			waitFor(t, "the stream to be forgotten", func() bool { return e.rt.Open() == 0 })
+			e.settleAfterCuts(t)
+		})
+	}
+}
+
+func TestRouter_StreamCompleteAtItsFirstFlushStaysOnNetHTTP(t *testing.T) {
+	e, s := scriptedEnv(t, envOpts{})
+	done := make(chan *http.Response, 1)
+	go func() {
+		resp, err := e.post(context.Background(), "/v1/chat/completions", chatBody(true, ""), nil)
+		if err != nil {
+			done <- nil
+			return
+		}
+		done <- resp
+	}()
+	s.send(t, roleChunk+contentChunk+finishChunk)
+	close(s.steps)
+	resp := <-done
+	if resp == nil {
+		t.Fatal("request failed")
+	}
+	body := readBody(t, resp)
+	if resp.Close || resp.Header.Get("Connection") != "" {
+		t.Fatalf("a complete answer closed its connection: %v %q", resp.Close, resp.Header)
+	}
+	if data, _ := sseLines(body); len(data) < 3 || data[len(data)-1] != "[DONE]" {
+		t.Fatalf("stream %q", body)
+	}
+	waitFor(t, "idle", e.idle)
+}
+
+func TestRouter_DrainLetsTakenOverStreamsFinish(t *testing.T) {
+	e, s := scriptedEnv(t, envOpts{})
+	_, br := openTakenOver(t, e, s)
+	drained := make(chan struct{})
+	go func() {
+		e.rt.Drain(context.Background())
+		close(drained)
+	}()
+	// The stream goes on while the router drains.
+	s.send(t, contentChunk)
+	readUntil(t, br, `"hi"`)
+	s.send(t, finishChunk)
+	close(s.steps)
+	data := lastEvents(t, br)
+	if len(data) < 2 || data[len(data)-1] != "[DONE]" || errCode(data[len(data)-2]) != "" {
+		t.Fatalf("events %q", data)
+	}
+	<-drained
+	waitFor(t, "idle", e.idle)
+	// Once draining, streams stay on net/http.
+	s2 := startScripted(t)
+	e.ep.BaseURL = s2.url
+	e.publish(true)
+	_, br2, head := rawStream(t, e, s2, "")
+	if strings.Contains(head, "Connection: close") || e.rt.Open() != 0 {
+		t.Fatalf("a stream was taken over while draining: %q", head)
+	}
+	readUntil(t, br2, `"role"`)
+	s2.send(t, finishChunk)
+	close(s2.steps)
+	readUntil(t, br2, "[DONE]")
+	waitFor(t, "idle", e.idle)
+}
+
+func TestRouter_DrainCutsTakenOverStreamsWhenItsTimeEnds(t *testing.T) {
+	e, s := scriptedEnv(t, envOpts{})
+	_, br := openTakenOver(t, e, s)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	e.rt.Drain(ctx)
+	data := lastEvents(t, br)
+	if len(data) < 2 || data[len(data)-1] != "[DONE]" || errCode(data[len(data)-2]) != "shutting_down" {
+		t.Fatalf("events %q, want a shutting_down error event then [DONE]", data)
+	}
+	<-s.gone
+	if n := e.rt.Open(); n != 0 {
+		t.Fatalf("%d streams open after Drain", n)
+	}
+	waitFor(t, "the outcome", func() bool {
+		return strings.Contains(scrape(t, e), `outcome="`+router.OutcomeShutdown+`"} 1`)
+	})
+	e.settleAfterCuts(t)
+}
+
+func TestRouter_PipelinedRequestAfterATakenOverStream(t *testing.T) {
+	e, s := scriptedEnv(t, envOpts{})
+	u, _ := url.Parse(e.srv.URL)
+	c, err := net.Dial("tcp", u.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	body := chatBody(true, "")
+	req := fmt.Sprintf("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+	// Two requests in one write: the second is pipelined.
+	if _, err := io.WriteString(c, req+req); err != nil {
+		t.Fatal(err)
+	}
+	s.send(t, roleChunk)
+	br := bufio.NewReader(c)
+	if line, err := br.ReadString('\n'); err != nil || line != "HTTP/1.1 200 OK\r\n" {
+		t.Fatalf("status line %q: %v", line, err)
+	}
+	if _, err := br.ReadString('\n'); err != nil { // the headers, up to the blank line
+		t.Fatal(err)
+	}
+	for {
+		line, err := br.ReadString('\n')
+		if err != nil {
+			t.Fatal(err)
+		}
+		if line == "\r\n" {
+			break
+		}
+	}
+	readUntil(t, br, `"role"`)
+	s.send(t, contentChunk)
+	s.send(t, finishChunk)
+	close(s.steps)
+	data := lastEvents(t, br)
+	if len(data) < 2 || data[len(data)-1] != "[DONE]" {
+		t.Fatalf("events %q", data)
+	}
+	waitFor(t, "idle", e.idle)
+}
+
+func TestRouter_KeepStreamsOnNetHTTP(t *testing.T) {
+	keep := func(c *router.Config) { c.KeepStreamsOnNetHTTP = true }
+	t.Run("complete", func(t *testing.T) {
+		e, s := scriptedEnv(t, envOpts{router: keep})
+		_, br, head := rawStream(t, e, s, "")
+		if strings.Contains(head, "Connection: close") {
+			t.Fatalf("head %q: the stream was taken over", head)
+		}
+		readUntil(t, br, `"role"`)
+		s.send(t, contentChunk)
+		readUntil(t, br, `"hi"`)
+		if n := e.rt.Open(); n != 0 {
+			t.Fatalf("open taken-over streams = %d, want 0", n)
+		}
+		s.send(t, finishChunk)
+		close(s.steps)
+		readUntil(t, br, "data: [DONE]")
+		if last := readChunk(t, br); last != "" {
+			t.Fatalf("after [DONE]: %q", last)
+		}
+		waitFor(t, "idle", e.idle)
+	})
+	t.Run("hang-up", func(t *testing.T) {
+		e, s := scriptedEnv(t, envOpts{router: keep})
+		c, br, _ := rawStream(t, e, s, "")
+		readUntil(t, br, `"role"`)
+		c.Close()
+		<-s.gone
+		e.settleAfterCuts(t)
+	})
+}
