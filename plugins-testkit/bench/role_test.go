@@ -269,11 +269,21 @@ func BenchmarkRole_MemoryPerOpenStream(b *testing.B) {
 // open starts a stream through the role and returns once its first
 // content arrived; the connection stays open.
 func (s *roleSetup) open(b testing.TB, body string) net.Conn {
-	c, err := net.Dial("tcp", s.r.Info.Inference)
+	return openStream(b, s.r.Info.Inference, s.key, body)
+}
+
+// openStream starts a stream at addr (with the API key, when not empty)
+// and returns once its first content arrived; the connection stays open.
+func openStream(b testing.TB, addr, key, body string) net.Conn {
+	c, err := net.Dial("tcp", addr)
 	if err != nil {
 		b.Fatal(err)
 	}
-	fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", s.key, len(body), body)
+	auth := ""
+	if key != "" {
+		auth = "Authorization: Bearer " + key + "\r\n"
+	}
+	fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n%sContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", auth, len(body), body)
 	br := bufio.NewReader(c)
 	for {
 		line, err := br.ReadString('\n')
