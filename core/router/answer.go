@@ -27,10 +27,11 @@ type chunkHead struct {
 
 // decodeChunk decodes a streamed chunk one level at a time: the chunk,
 // then each choice (with its delta), then each tool call. IMPORTANT:
-// encoding/json's stack grows by about 1 KiB per nested object, and chunks
-// are decoded on the handler's goroutine, whose stack every open stream
-// pays for (see relaySSE); decoding the whole nesting at once pushed that
-// stack from 8 to 16 KiB.
+// encoding/json's stack grows by about 1 KiB per nested object, and the
+// chunks of a stream kept on net/http are decoded on its handler's
+// goroutine, whose stack every open stream pays for (see sseLoop);
+// decoding the whole nesting at once pushed that stack from 8 to 16 KiB.
+// A stream taken over from net/http decodes off its goroutine (decodeOff).
 func decodeChunk(payload []byte, c *chunkHead) error {
 	if err := json.Unmarshal(payload, c); err != nil {
 		return err

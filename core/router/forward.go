@@ -39,7 +39,7 @@ func engineURL(base, path string) (engineTarget, error) {
 // It returns nil when the request was answered already (refused, cut or
 // failed); serve then relays the answer. IMPORTANT: the relay does not run
 // inside forward, so that forward's frame is not on the handler's stack for
-// the stream's life (see relaySSE).
+// the stream's life (see sseLoop).
 func (q *request) forward() *engineCall {
 	ep := &q.target.Endpoint
 	path := ep.ChatPath

@@ -160,7 +160,8 @@ func readUntil(t *testing.T, br *bufio.Reader, want string) string {
 }
 
 func TestRouter_StreamTakenOverFromNetHTTP(t *testing.T) {
-	e, s := scriptedEnv(t, envOpts{})
+	led := &ledger{}
+	e, s := scriptedEnv(t, envOpts{router: func(c *router.Config) { c.Ledger = led }})
 	_, br, head := rawStream(t, e, s, "X-Request-Id: client-9\r\n")
 	for _, h := range []string{"HTTP/1.1 200 OK\r\n", "Connection: close\r\n", "Transfer-Encoding: chunked\r\n",
 		"Content-Type: text/event-stream\r\n", "Cache-Control: no-cache\r\n", "X-Request-Id: client-9\r\n", "X-Capyctl-Request-Id: capy-"} {
@@ -168,7 +169,7 @@ func TestRouter_StreamTakenOverFromNetHTTP(t *testing.T) {
 			t.Fatalf("head %q lacks %q", head, h)
 		}
 	}
-	readUntil(t, br, `"role"`)
+	first := readUntil(t, br, `"role"`)
 	s.send(t, contentChunk)
 	body := readUntil(t, br, `"hi"`)
 	if n := e.rt.Open(); n != 1 {
@@ -191,6 +192,12 @@ func TestRouter_StreamTakenOverFromNetHTTP(t *testing.T) {
 		t.Fatalf("engine id or model relayed: %q %q", body, rest)
 	}
 	waitFor(t, "the stream to be forgotten", func() bool { return e.rt.Open() == 0 })
+	// The record comes after the answer, before the stream is forgotten.
+	recs := led.all()
+	if len(recs) != 1 || recs[0].Outcome != "completed" || recs[0].Status != 200 || !recs[0].Stream ||
+		recs[0].BytesOut != int64(len(first)+len(body)+len(rest)) || recs[0].PromptTokens != 3 || recs[0].TTFBMs <= 0 {
+		t.Fatalf("records %+v (answer of %d bytes)", recs, len(first)+len(body)+len(rest))
+	}
 	waitFor(t, "the outcome", func() bool {
 		return strings.Contains(scrape(t, e), `capyctl_requests_total{api="chat",deployment="demo",outcome="completed"} 1`)
 	})
@@ -390,11 +397,16 @@ func TestRouter_DrainLetsTakenOverStreamsFinish(t *testing.T) {
 }
 
 func TestRouter_DrainCutsTakenOverStreamsWhenItsTimeEnds(t *testing.T) {
-	e, s := scriptedEnv(t, envOpts{})
+	led := &ledger{}
+	e, s := scriptedEnv(t, envOpts{router: func(c *router.Config) { c.Ledger = led }})
 	_, br := openTakenOver(t, e, s)
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	e.rt.Drain(ctx)
+	// Drain returns once the cut streams are recorded.
+	if recs := led.all(); len(recs) != 1 || recs[0].Outcome != router.OutcomeShutdown || recs[0].Code != "shutting_down" {
+		t.Fatalf("records %+v", recs)
+	}
 	data := lastEvents(t, br)
 	if len(data) < 2 || data[len(data)-1] != "[DONE]" || errCode(data[len(data)-2]) != "shutting_down" {
 		t.Fatalf("events %q, want a shutting_down error event then [DONE]", data)

@@ -11,6 +11,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httputil"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -40,10 +41,16 @@ func fakeManifest(api string, extra ...string) string {
 
 func startRoleEnv(t *testing.T, api, spec string, activate bool, fakeArgs ...string) *roleEnv {
 	t.Helper()
+	return startRoleEnvWith(t, harness.Options{}, api, spec, activate, fakeArgs...)
+}
+
+// startRoleEnvWith is startRoleEnv with the role's options.
+func startRoleEnvWith(t *testing.T, opts harness.Options, api, spec string, activate bool, fakeArgs ...string) *roleEnv {
+	t.Helper()
 	if testing.Short() {
 		t.Skip("runs a role")
 	}
-	r := harness.StartStandalone(t, harness.Options{})
+	r := harness.StartStandalone(t, opts)
 	f := r.WriteFile("manifests/fake.hcl", fakeManifest(api, fakeArgs...))
 	if out, errOut, code := r.CLI("engine", "add", "--custom", r.FakeBin, "--name", "fake", "--manifest", f, "--yes"); code != 0 {
 		t.Fatalf("engine add: %d %s %s", code, out, errOut)
@@ -349,4 +356,93 @@ func TestRole_DecisionDeployment(t *testing.T) {
 			t.Fatalf("metrics: %s", b)
 		}
 	}
+}
+
+// openRoleStream opens a stream through the role on a plain connection and
+// reads it to its first content (by then the stream is taken over from
+// net/http); it returns the connection's reader and the answer's (past
+// what was read).
+func (e *roleEnv) openRoleStream() (conn, answer *bufio.Reader) {
+	e.t.Helper()
+	c, err := net.Dial("tcp", e.r.Info.Inference)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(func() { c.Close() })
+	body := fmt.Sprintf(roleChat, true)
+	fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", e.r.Creds.APIKey, len(body), body)
+	conn = bufio.NewReader(c)
+	var head strings.Builder
+	for {
+		line, err := conn.ReadString('\n')
+		if err != nil {
+			e.t.Fatalf("head %q: %v", head.String(), err)
+		}
+		head.WriteString(line)
+		if line == "\r\n" {
+			break
+		}
+	}
+	if !strings.Contains(head.String(), "Connection: close\r\n") || !strings.Contains(head.String(), "Transfer-Encoding: chunked\r\n") {
+		e.t.Fatalf("head %q: not a taken-over stream", head.String())
+	}
+	answer = bufio.NewReader(httputil.NewChunkedReader(conn))
+	for {
+		line, err := answer.ReadString('\n')
+		if err != nil {
+			e.t.Fatalf("stream: %v", err)
+		}
+		if strings.Contains(line, `"content"`) {
+			return conn, answer
+		}
+	}
+}
+
+// restOfStream reads a chunked answer to its end and the connection to its
+// close, and returns the answer's data payloads.
+func restOfStream(t *testing.T, conn, answer *bufio.Reader) []string {
+	t.Helper()
+	b, err := io.ReadAll(answer)
+	if err != nil {
+		t.Fatalf("the answer broke off: %v (read %q)", err, b)
+	}
+	// The last chunk's empty trailer, then the connection closes.
+	if rest, err := io.ReadAll(conn); err != nil || string(rest) != "\r\n" {
+		t.Fatalf("after the answer: %q, %v; want the end of the trailer and the connection closed", rest, err)
+	}
+	var data []string
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(l, "data: ") {
+			data = append(data, strings.TrimPrefix(l, "data: "))
+		}
+	}
+	return data
+}
+
+func TestRole_ShutdownAndTakenOverStreams(t *testing.T) {
+	t.Run("a stream finishes within the drain timeout", func(t *testing.T) {
+		e := startRoleEnv(t, "chat", harness.SimpleSpec("demo", "fake"), true, "--token-rate", "20", "--tokens", "20")
+		conn, answer := e.openRoleStream()
+		stopped := make(chan struct{})
+		go func() { e.r.Stop(); close(stopped) }()
+		data := restOfStream(t, conn, answer)
+		if len(data) < 2 || data[len(data)-1] != "[DONE]" || strings.Contains(data[len(data)-2], `"error"`) {
+			t.Fatalf("events %q", data)
+		}
+		<-stopped
+	})
+	t.Run("streams are cut when the drain timeout ends", func(t *testing.T) {
+		e := startRoleEnvWith(t, harness.Options{Args: []string{"--set", "shutdown.drain_timeout=200ms"}}, "chat",
+			harness.SimpleSpec("demo", "fake"), true, "--token-rate", "20", "--tokens", "100000")
+		conn, answer := e.openRoleStream()
+		stopped := make(chan struct{})
+		go func() { e.r.Stop(); close(stopped) }()
+		data := restOfStream(t, conn, answer)
+		if len(data) < 2 || data[len(data)-1] != "[DONE]" || !strings.Contains(data[len(data)-2], `"shutting_down"`) {
+			t.Fatalf("events %q", data)
+		}
+		<-stopped
+		// The engine outlives the role and saw the cut.
+		harness.Eventually(t, 10*time.Second, "the engine to see the cut", func() bool { s := e.stats(); return s.Cancelled == 1 && s.Running == 0 })
+	})
 }
