@@ -365,8 +365,10 @@ func (q *request) sseLoop(st *sseState) bool {
 		if !sr.buffered() {
 			if st.wrote && q.stream {
 				st.wrote = false
-				if q.wantsTakeOver(st) {
-					q.takeOver() // else flush hands a pending head to net/http
+				if q.wantsTakeOver(st) && !q.takeOver() {
+					// flush hands a pending head to net/http; a head net/http
+					// wrote stays there.
+					q.headViaHTTP = false
 				}
 				if err := q.flush(); err != nil {
 					st.cutErr = q.clientErr()
@@ -617,10 +619,24 @@ func (q *request) scan(payload []byte, rw *rewriter) bool {
 // leave every open stream with a 4 to 8 KiB stack; the short-lived
 // goroutine's stack is freed when it ends.
 func (q *request) decodeOff(payload []byte, rw *rewriter) bool {
-	done := make(chan bool, 1)
-	go func() { done <- q.scanChunk(payload, rw) }()
-	return <-done
+	done := make(chan any, 1)
+	go func() {
+		defer func() {
+			if p := recover(); p != nil {
+				done <- panicked{p} // re-raised on the relay's goroutine
+			}
+		}()
+		done <- q.scanChunk(payload, rw)
+	}()
+	v := <-done
+	if p, ok := v.(panicked); ok {
+		panic(p.v)
+	}
+	return v.(bool)
 }
+
+// panicked carries a panic from decodeOff's goroutine.
+type panicked struct{ v any }
 
 // scanChunk is scan for a chunk that may need decoding.
 func (q *request) scanChunk(payload []byte, rw *rewriter) bool {

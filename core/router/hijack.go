@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"runtime/debug"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -93,6 +94,24 @@ func (c *clientConn) closeNow() {
 	}
 }
 
+// watchPlain is the watcher of a connection that offers no
+// syscall.RawConn (one a listener wrapped): a one-byte read.
+func (c *clientConn) watchPlain() {
+	var b [1]byte
+	for {
+		n, err := c.conn.Read(b[:])
+		switch {
+		case err == nil && n > 0:
+			continue // a pipelined request, dropped
+		case errors.Is(err, net.ErrClosed):
+			return // closed by the relay: the stream ended
+		}
+		c.gone.Store(true)
+		c.q.cutter.cut(errClientGone)
+		return
+	}
+}
+
 // hijackable reports whether w, or a writer it wraps, can hand its
 // connection over.
 func hijackable(w http.ResponseWriter) bool {
@@ -164,6 +183,8 @@ func (q *request) takeOver() bool {
 	q.setWriteDeadline()
 	if cc.raw != nil {
 		go cc.watch()
+	} else {
+		go cc.watchPlain()
 	}
 	if hdr != nil {
 		q.writeHead(hdr)
@@ -290,12 +311,29 @@ func (q *request) endTakenOver() {
 // relayOn relays the rest of a stream taken over from net/http, on its own
 // goroutine, and records it.
 func (q *request) relayOn() {
+	defer q.recoverRelay()
 	st := q.st
 	q.st = nil
 	q.sseLoop(st)
 	q.sseEnd(st)
 	st.sr.release()
 	q.finish()
+}
+
+// recoverRelay does for a taken-over stream what net/http does for a
+// handler that panics: it logs the panic and closes the connection, and
+// the role serves on. The engine request is cut and its place settles as
+// a cut one does.
+func (q *request) recoverRelay() {
+	p := recover()
+	if p == nil {
+		return
+	}
+	q.rt.logger.Error("panic relaying a stream", "request_id", q.id, "panic", p, "stack", string(debug.Stack()))
+	q.cutter.cut(errClientGone)
+	q.cut(true, !q.headAt.IsZero())
+	q.cc.closeNow()
+	q.rt.streams.remove(q.cc)
 }
 
 // outBuf holds what the router writes to a pending or taken-over client

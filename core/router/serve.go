@@ -224,7 +224,7 @@ func isEmptyArray(b []byte) bool {
 
 func (rt *Router) serve(w http.ResponseWriter, r *http.Request, api string) {
 	q := &request{rt: rt, w: w, r: r, api: api, start: time.Now(), id: NewRequestID()}
-	q.hjOK = hijackSupported && !rt.cfg.KeepStreamsOnNetHTTP && r.ProtoMajor == 1 && r.ProtoMinor >= 1 && hijackable(w)
+	q.hjOK = hijackSupported && !rt.cfg.KeepStreamsOnNetHTTP && r.ProtoMajor == 1 && r.ProtoMinor >= 1 && r.TLS == nil && hijackable(w)
 	h := w.Header()
 	h.Set(HeaderRequestID, q.id)
 	defer q.finishHere()
