@@ -205,7 +205,9 @@ var (
 // use, so garbage not yet collected counts too), and the goroutines each
 // stream holds. The fake engine is a process of its own and is not counted.
 // BenchmarkNetHTTPFloor_MemoryPerOpenStream is what net/http's server alone
-// holds per open stream.
+// holds per open stream, and BenchmarkRouter_MemoryPerOpenStream the
+// router's live memory per stream, taken over from net/http or not, in one
+// run.
 func BenchmarkRole_MemoryPerOpenStream(b *testing.B) {
 	const streams = 1000
 	roleMemOnce.Do(func() {
@@ -253,6 +255,7 @@ func BenchmarkRole_MemoryPerOpenStream(b *testing.B) {
 			"rss-KiB/stream":        per("process_resident_memory_bytes"),
 			"heap+stack-KiB/stream": per("go_memstats_heap_inuse_bytes") + per("go_memstats_stack_inuse_bytes"),
 			"stack-KiB/stream":      per("go_memstats_stack_inuse_bytes"),
+			"heap-KiB/stream":       per("go_memstats_heap_inuse_bytes"),
 			"goroutines/stream":     (after["go_goroutines"] - before["go_goroutines"]) / streams,
 		}
 		for _, c := range conns {
