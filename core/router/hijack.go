@@ -30,20 +30,23 @@ import (
 // the handler return and relays the rest on a goroutine of its own that
 // starts small and waits for the engine holding no buffer (sseReader). A
 // watcher goroutine waits for the client socket to become readable, holding
-// no buffer either: a readable socket whose read says end of file or an
-// error is a hang-up, cut on the engine at once.
+// no buffer either (hijack_unix.go): end of file or an error is a hang-up,
+// cut on the engine at once.
 //
-// The wire stays what net/http sends: the same head (plus "Connection:
-// close") and the chunked coding, so that a client still tells a complete
-// answer from a broken one. The connection closes after the answer: a
-// connection taken from net/http cannot be given back to it.
+// The wire stays what net/http sends: the same head and the chunked coding,
+// so that a client still tells a complete answer from a broken one, and the
+// connection stays open after the answer. Once the answer is complete, the
+// watcher waits for the client's next request, still without a buffer, and
+// hands the connection back to the http.Server that accepted it (Serve with
+// a listener of that one connection); a client that closes it instead, or
+// a role that drains, closes it.
 //
 // A stream is taken over only when its head has not been written yet, or
-// was written with "Connection: close" (progress comments while it waited
-// for its model); an answer that is complete by its first flush stays on
-// net/http and keeps its keep-alive connection. Non-streamed answers, HTTP
-// versions other than 1.1, and systems without the watcher (hijack_other.go)
-// stay on net/http.
+// was written by net/http while it waited for its model (progress
+// comments; the taken-over answer goes on in the chunked coding net/http
+// began); an answer complete by its first flush stays on net/http.
+// Non-streamed answers, HTTP versions other than 1.1, TLS, and systems
+// without the watcher (hijack_other.go) stay on net/http.
 
 // Where a request's answer bytes go.
 const (
@@ -58,16 +61,24 @@ var errShutdown = errors.New("the role is shutting down")
 
 // clientConn is a client connection the router took over from net/http.
 type clientConn struct {
-	q    *request
+	rt   *Router
 	conn net.Conn
-	raw  syscall.RawConn
-	gone atomic.Bool // the client hung up (or a write to it failed)
+	raw  syscall.RawConn // nil: the plain watcher, and no keep-alive
+	srv  *http.Server    // where the connection goes back after the answer (nil: it closes)
+	keep bool            // the request allows keep-alive and no byte of the client's was dropped
+	gone atomic.Bool     // the client hung up (or a write to it failed)
 
-	mu     sync.Mutex
-	closed bool // closeNow ran: close conn as soon as it is set
+	mu         sync.Mutex
+	q          *request // nil once the answer ended
+	closed     bool     // closeNow ran: close conn as soon as it is set
+	ended      bool     // the answer is complete: the watcher waits for the next request
+	watching   bool     // the watcher waits
+	next       bool     // the watcher saw the client's bytes (its next or a pipelined request)
+	handedBack bool     // the connection is net/http's again
 
 	watchFn func(fd uintptr) bool // the watcher's read callback, bound once
-	hungUp  bool                  // the watcher's result
+	hungUp  bool                  // the watcher's result: end of file or an error
+	bytes   bool                  // the watcher's result: bytes to read
 }
 
 // setConn records the connection once hijacked; false when the stream was
@@ -84,18 +95,45 @@ func (c *clientConn) setConn(conn net.Conn) bool {
 }
 
 // closeNow closes the client connection from any goroutine: the relay's
-// writes and the watcher end at once.
+// writes and the watcher end at once. A connection handed back to net/http
+// is net/http's to close.
 func (c *clientConn) closeNow() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.closed = true
-	if c.conn != nil {
+	if c.conn != nil && !c.handedBack {
 		_ = c.conn.Close()
 	}
 }
 
+// watched acts on what the watcher found when it returned: a hang-up, the
+// client's bytes, or neither (the connection was closed).
+func (c *clientConn) watched(hungUp, bytes bool) {
+	c.mu.Lock()
+	c.watching = false
+	c.next = bytes
+	q, ended, closed := c.q, c.ended, c.closed
+	c.mu.Unlock()
+	switch {
+	case closed || (!hungUp && !bytes):
+	case hungUp:
+		c.gone.Store(true)
+		if ended {
+			c.closeIdle()
+		} else {
+			q.cutter.cut(errClientGone)
+		}
+	case ended:
+		c.handBack()
+	}
+	// Bytes while the answer goes on: net/http stops noticing hang-ups
+	// once a pipelined request arrives too. The bytes stay in the socket
+	// for the next request.
+}
+
 // watchPlain is the watcher of a connection that offers no
-// syscall.RawConn (one a listener wrapped): a one-byte read.
+// syscall.RawConn (one a listener wrapped): a one-byte read, so that the
+// client's bytes are lost and the connection closes after the answer.
 func (c *clientConn) watchPlain() {
 	var b [1]byte
 	for {
@@ -104,13 +142,75 @@ func (c *clientConn) watchPlain() {
 		case err == nil && n > 0:
 			continue // a pipelined request, dropped
 		case errors.Is(err, net.ErrClosed):
-			return // closed by the relay: the stream ended
+			c.watched(false, false)
+			return
 		}
-		c.gone.Store(true)
-		c.q.cutter.cut(errClientGone)
+		c.watched(true, false)
 		return
 	}
 }
+
+// end follows a complete answer: the connection waits for the client's
+// next request (the watcher hands it back to net/http), or closes.
+func (c *clientConn) end() {
+	if c.raw == nil || c.srv == nil || !c.keep || !c.rt.streams.addIdle(c) {
+		c.closeNow()
+		return
+	}
+	c.mu.Lock()
+	c.ended, c.q = true, nil
+	back := !c.watching && c.next && !c.closed
+	dead := !c.watching && !c.next
+	c.mu.Unlock()
+	switch {
+	case back:
+		c.handBack()
+	case dead:
+		c.closeIdle()
+	}
+}
+
+// closeIdle closes a connection that waited for a next request.
+func (c *clientConn) closeIdle() {
+	c.closeNow()
+	c.rt.streams.removeIdle(c)
+}
+
+// handBack gives the connection back to the http.Server that accepted it,
+// which reads the client's next request as on a new connection; it closes
+// the connection when that server is shutting down.
+func (c *clientConn) handBack() {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return
+	}
+	c.handedBack = true
+	c.mu.Unlock()
+	c.rt.streams.removeIdle(c)
+	l := &oneConnListener{conn: c.conn}
+	_ = c.srv.Serve(l)
+	if l.conn != nil {
+		_ = c.conn.Close()
+	}
+}
+
+// oneConnListener hands one connection to http.Server.Serve, which returns
+// at its next Accept.
+type oneConnListener struct{ conn net.Conn }
+
+func (l *oneConnListener) Accept() (net.Conn, error) {
+	c := l.conn
+	if c == nil {
+		return nil, net.ErrClosed
+	}
+	l.conn = nil
+	return c, nil
+}
+
+func (l *oneConnListener) Close() error { return nil }
+
+func (l *oneConnListener) Addr() net.Addr { return &net.TCPAddr{} }
 
 // hijackable reports whether w, or a writer it wraps, can hand its
 // connection over.
@@ -129,8 +229,8 @@ func hijackable(w http.ResponseWriter) bool {
 
 // wantsTakeOver reports whether the relay should take the client connection
 // over before its flush: a stream whose answer goes on (not complete yet)
-// and whose head is still the router's to write, or was written with
-// "Connection: close".
+// and whose head is still the router's to write, or net/http's (written
+// while it waited for its model).
 func (q *request) wantsTakeOver(st *sseState) bool {
 	return q.cc == nil && !st.trailer && (q.cw == cwPending || q.headViaHTTP)
 }
@@ -141,7 +241,7 @@ func (q *request) wantsTakeOver(st *sseState) bool {
 // net/http still counts the connection as active, so that a Shutdown that
 // returns has every taken-over stream in the registry for Drain.
 func (q *request) takeOver() bool {
-	cc := &clientConn{q: q}
+	cc := &clientConn{rt: q.rt, q: q}
 	if !q.rt.streams.add(cc) {
 		return false
 	}
@@ -149,15 +249,20 @@ func (q *request) takeOver() bool {
 		q.rt.streams.remove(cc)
 		return false
 	}
+	cc.srv, _ = q.r.Context().Value(http.ServerContextKey).(*http.Server)
+	cc.keep = !q.r.Close
 	conn, brw, err := http.NewResponseController(q.w).Hijack()
 	if err != nil {
 		q.rt.streams.remove(cc)
 		return false
 	}
-	// Bytes net/http read past the request are a pipelined request: the
-	// head says the connection closes, so it is dropped, as net/http drops
-	// one that follows a "Connection: close" answer.
-	_, _ = brw.Reader.Discard(brw.Reader.Buffered())
+	// Bytes net/http read past the request are a pipelined request: they
+	// are dropped and the connection closes after the answer, which a
+	// pipelining client must expect.
+	if n := brw.Reader.Buffered(); n > 0 {
+		_, _ = brw.Reader.Discard(n)
+		cc.keep = false
+	}
 	if !cc.setConn(conn) {
 		cc.gone.Store(true)
 	}
@@ -181,26 +286,30 @@ func (q *request) takeOver() bool {
 	}
 	q.r, q.w, q.rc = nil, nil, nil
 	q.setWriteDeadline()
+	cc.watching = true
 	if cc.raw != nil {
 		go cc.watch()
 	} else {
 		go cc.watchPlain()
 	}
 	if hdr != nil {
-		q.writeHead(hdr)
+		q.writeHead(hdr, !cc.keep)
 	}
 	return true
 }
 
-// writeHead writes the answer's head as net/http would have, with
-// "Connection: close", and the bytes buffered so far, in one write.
-func (q *request) writeHead(hdr http.Header) {
+// writeHead writes the answer's head as net/http would have, and the
+// bytes buffered so far, in one write.
+func (q *request) writeHead(hdr http.Header, closing bool) {
 	b := bytes.NewBuffer(make([]byte, 0, 384))
 	b.WriteString("HTTP/1.1 200 OK\r\n")
 	_ = hdr.WriteSubset(b, nil)
+	if closing {
+		b.WriteString("Connection: close\r\n")
+	}
 	b.WriteString("Date: ")
 	b.WriteString(time.Now().UTC().Format(http.TimeFormat))
-	b.WriteString("\r\nConnection: close\r\nTransfer-Encoding: chunked\r\n\r\n")
+	b.WriteString("\r\nTransfer-Encoding: chunked\r\n\r\n")
 	bufs := net.Buffers{b.Bytes(), q.out.frame(false)}
 	_, err := bufs.WriteTo(q.cc.conn)
 	q.out.release()
@@ -296,16 +405,16 @@ func (q *request) clientWent() bool {
 }
 
 // endTakenOver ends a taken-over answer: the last chunk, then the
-// connection closes (its watcher with it). finish records the request and
-// only then does Drain stop counting it.
+// connection waits for the client's next request or closes. finish
+// records the request and only then does Drain stop counting it.
 func (q *request) endTakenOver() {
 	cc := q.cc
-	if q.writeErr == nil && !cc.gone.Load() {
-		_ = q.flushOut(true)
-	} else {
+	if q.writeErr != nil || cc.gone.Load() || q.flushOut(true) != nil {
 		q.out.release()
+		cc.closeNow()
+		return
 	}
-	cc.closeNow()
+	cc.end()
 }
 
 // relayOn relays the rest of a stream taken over from net/http, on its own
@@ -411,9 +520,32 @@ func (o *outBuf) release() {
 // Shutdown no longer sees.
 type streamSet struct {
 	mu     sync.Mutex
-	set    map[*clientConn]struct{}
-	closed bool          // draining: no new take-overs
-	empty  chan struct{} // closed when the set empties, for a waiter
+	set    map[*clientConn]struct{} // streams
+	idle   map[*clientConn]struct{} // connections waiting for a next request
+	closed bool                     // draining: no new take-overs, no idle connections
+	empty  chan struct{}            // closed when set empties, for a waiter
+}
+
+// addIdle registers a connection that waits for a next request; false once
+// draining.
+func (s *streamSet) addIdle(c *clientConn) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return false
+	}
+	if s.idle == nil {
+		s.idle = map[*clientConn]struct{}{}
+	}
+	s.idle[c] = struct{}{}
+	return true
+}
+
+// removeIdle forgets an idle connection.
+func (s *streamSet) removeIdle(c *clientConn) {
+	s.mu.Lock()
+	delete(s.idle, c)
+	s.mu.Unlock()
 }
 
 // add registers a stream; false once draining.
@@ -441,11 +573,19 @@ func (s *streamSet) remove(c *clientConn) {
 	}
 }
 
-// close refuses new take-overs.
+// close refuses new take-overs and closes the idle connections, as
+// http.Server.Shutdown closes its own.
 func (s *streamSet) close() {
 	s.mu.Lock()
 	s.closed = true
+	idle := make([]*clientConn, 0, len(s.idle))
+	for c := range s.idle {
+		idle = append(idle, c)
+	}
 	s.mu.Unlock()
+	for _, c := range idle {
+		c.closeIdle()
+	}
 }
 
 // each calls f on every registered stream.
@@ -496,7 +636,8 @@ const drainGrace = time.Second
 
 // Drain is the role's shutdown for the streams the router took over from
 // net/http (http.Server.Shutdown no longer sees them; call Drain after it):
-// it takes no more over and waits for those open to end until ctx ends;
+// it takes no more over, closes their connections that wait for a next
+// request, and waits for the streams open to end until ctx ends;
 // then it cuts the rest like a bound does (the engine's work ends, the
 // client gets a shutting_down error event and [DONE]) and closes their
 // connections after a second at most.
@@ -506,7 +647,14 @@ func (rt *Router) Drain(ctx context.Context) {
 	if s.wait(ctx) {
 		return
 	}
-	s.each(func(c *clientConn) { c.q.cutter.cut(errShutdown) })
+	s.each(func(c *clientConn) {
+		c.mu.Lock()
+		q := c.q
+		c.mu.Unlock()
+		if q != nil {
+			q.cutter.cut(errShutdown)
+		}
+	})
 	gctx, cancel := context.WithTimeout(context.Background(), drainGrace)
 	defer cancel()
 	if s.wait(gctx) {

@@ -162,12 +162,16 @@ func readUntil(t *testing.T, br *bufio.Reader, want string) string {
 func TestRouter_StreamTakenOverFromNetHTTP(t *testing.T) {
 	led := &ledger{}
 	e, s := scriptedEnv(t, envOpts{router: func(c *router.Config) { c.Ledger = led }})
-	_, br, head := rawStream(t, e, s, "X-Request-Id: client-9\r\n")
-	for _, h := range []string{"HTTP/1.1 200 OK\r\n", "Connection: close\r\n", "Transfer-Encoding: chunked\r\n",
+	c, br, head := rawStream(t, e, s, "X-Request-Id: client-9\r\n")
+	// net/http's head, written by the router.
+	for _, h := range []string{"HTTP/1.1 200 OK\r\n", "Transfer-Encoding: chunked\r\n", "Date: ",
 		"Content-Type: text/event-stream\r\n", "Cache-Control: no-cache\r\n", "X-Request-Id: client-9\r\n", "X-Capyctl-Request-Id: capy-"} {
 		if !strings.Contains(head, h) {
 			t.Fatalf("head %q lacks %q", head, h)
 		}
+	}
+	if strings.Contains(head, "Connection:") {
+		t.Fatalf("head %q: the connection is kept alive", head)
 	}
 	first := readUntil(t, br, `"role"`)
 	s.send(t, contentChunk)
@@ -184,10 +188,6 @@ func TestRouter_StreamTakenOverFromNetHTTP(t *testing.T) {
 	if last := readChunk(t, br); last != "" {
 		t.Fatalf("after [DONE]: %q", last)
 	}
-	// The connection closes after the answer.
-	if n, err := br.Read(make([]byte, 1)); n != 0 || err != io.EOF {
-		t.Fatalf("after the last chunk: %d, %v; want EOF", n, err)
-	}
 	if strings.Contains(body, `"e-1"`) || strings.Contains(rest, `"model":"m"`) {
 		t.Fatalf("engine id or model relayed: %q %q", body, rest)
 	}
@@ -202,27 +202,33 @@ func TestRouter_StreamTakenOverFromNetHTTP(t *testing.T) {
 		return strings.Contains(scrape(t, e), `capyctl_requests_total{api="chat",deployment="demo",outcome="completed"} 1`)
 	})
 	waitFor(t, "idle", e.idle)
+	// The connection waits for the next request, which net/http serves.
+	if n := e.rt.IdleConns(); n != 1 {
+		t.Fatalf("idle connections = %d, want 1", n)
+	}
+	nextRequest(t, c, br)
+	if n := e.rt.IdleConns(); n != 0 {
+		t.Fatalf("idle connections = %d after the next request, want 0", n)
+	}
 }
 
 // openTakenOver opens a stream and reads until its first content, so that
 // it is taken over.
 func openTakenOver(t *testing.T, e *env, s *scripted) (net.Conn, *bufio.Reader) {
 	t.Helper()
-	c, br, head := rawStream(t, e, s, "")
-	if !strings.Contains(head, "Connection: close\r\n") {
-		t.Fatalf("head %q: not taken over", head)
-	}
+	c, br, _ := rawStream(t, e, s, "")
 	readUntil(t, br, `"role"`)
-	s.send(t, contentChunk)
-	readUntil(t, br, `"hi"`)
+	// The router took the stream over before it wrote its first bytes.
 	if n := e.rt.Open(); n != 1 {
 		t.Fatalf("open taken-over streams = %d, want 1", n)
 	}
+	s.send(t, contentChunk)
+	readUntil(t, br, `"hi"`)
 	return c, br
 }
 
-// lastEvents reads the rest of the answer to its last chunk and the close
-// of the connection, and returns the data payloads.
+// lastEvents reads the rest of the answer to its last chunk and returns
+// the data payloads.
 func lastEvents(t *testing.T, br *bufio.Reader) []string {
 	t.Helper()
 	var all strings.Builder
@@ -233,11 +239,16 @@ func lastEvents(t *testing.T, br *bufio.Reader) []string {
 		}
 		all.WriteString(c)
 	}
-	if n, err := br.Read(make([]byte, 1)); n != 0 || err != io.EOF {
-		t.Fatalf("after the last chunk: %d, %v; want EOF", n, err)
-	}
 	data, _ := sseLines(all.String())
 	return data
+}
+
+// closed reads the connection's end.
+func closed(t *testing.T, br *bufio.Reader) {
+	t.Helper()
+	if n, err := br.Read(make([]byte, 1)); n != 0 || err != io.EOF {
+		t.Fatalf("after the answer: %d, %v; want the connection closed", n, err)
+	}
 }
 
 func TestRouter_TakenOverStreamCuts(t *testing.T) {
@@ -311,11 +322,11 @@ func TestRouter_HangUpAfterTakeOver(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			e, s := scriptedEnv(t, envOpts{})
-			conn, br, head := rawStream(t, e, s, "")
-			if !strings.Contains(head, "Connection: close\r\n") {
-				t.Fatalf("head %q: not taken over", head)
-			}
+			conn, br, _ := rawStream(t, e, s, "")
 			readUntil(t, br, `"role"`)
+			if n := e.rt.Open(); n != 1 {
+				t.Fatalf("open taken-over streams = %d, want 1", n)
+			}
 			if c.content {
 				s.send(t, contentChunk)
 				readUntil(t, br, `"hi"`)
@@ -379,17 +390,18 @@ func TestRouter_DrainLetsTakenOverStreamsFinish(t *testing.T) {
 	if len(data) < 2 || data[len(data)-1] != "[DONE]" || errCode(data[len(data)-2]) != "" {
 		t.Fatalf("events %q", data)
 	}
+	closed(t, br) // draining: no keep-alive
 	<-drained
 	waitFor(t, "idle", e.idle)
 	// Once draining, streams stay on net/http.
 	s2 := startScripted(t)
 	e.ep.BaseURL = s2.url
 	e.publish(true)
-	_, br2, head := rawStream(t, e, s2, "")
-	if strings.Contains(head, "Connection: close") || e.rt.Open() != 0 {
-		t.Fatalf("a stream was taken over while draining: %q", head)
-	}
+	_, br2, _ := rawStream(t, e, s2, "")
 	readUntil(t, br2, `"role"`)
+	if n := e.rt.Open(); n != 0 {
+		t.Fatalf("a stream was taken over while draining")
+	}
 	s2.send(t, finishChunk)
 	close(s2.steps)
 	readUntil(t, br2, "[DONE]")
@@ -411,6 +423,7 @@ func TestRouter_DrainCutsTakenOverStreamsWhenItsTimeEnds(t *testing.T) {
 	if len(data) < 2 || data[len(data)-1] != "[DONE]" || errCode(data[len(data)-2]) != "shutting_down" {
 		t.Fatalf("events %q, want a shutting_down error event then [DONE]", data)
 	}
+	closed(t, br)
 	<-s.gone
 	if n := e.rt.Open(); n != 0 {
 		t.Fatalf("%d streams open after Drain", n)
@@ -437,20 +450,21 @@ func TestRouter_PipelinedRequestAfterATakenOverStream(t *testing.T) {
 	}
 	s.send(t, roleChunk)
 	br := bufio.NewReader(c)
-	if line, err := br.ReadString('\n'); err != nil || line != "HTTP/1.1 200 OK\r\n" {
-		t.Fatalf("status line %q: %v", line, err)
-	}
-	if _, err := br.ReadString('\n'); err != nil { // the headers, up to the blank line
-		t.Fatal(err)
-	}
+	var head strings.Builder
 	for {
 		line, err := br.ReadString('\n')
 		if err != nil {
 			t.Fatal(err)
 		}
+		head.WriteString(line)
 		if line == "\r\n" {
 			break
 		}
+	}
+	// The pipelined request is dropped and the connection closes after
+	// the answer, as the head says.
+	if !strings.HasPrefix(head.String(), "HTTP/1.1 200 OK\r\n") || !strings.Contains(head.String(), "Connection: close\r\n") {
+		t.Fatalf("head %q", head.String())
 	}
 	readUntil(t, br, `"role"`)
 	s.send(t, contentChunk)
@@ -460,6 +474,7 @@ func TestRouter_PipelinedRequestAfterATakenOverStream(t *testing.T) {
 	if len(data) < 2 || data[len(data)-1] != "[DONE]" {
 		t.Fatalf("events %q", data)
 	}
+	closed(t, br)
 	waitFor(t, "idle", e.idle)
 }
 
@@ -467,10 +482,7 @@ func TestRouter_KeepStreamsOnNetHTTP(t *testing.T) {
 	keep := func(c *router.Config) { c.KeepStreamsOnNetHTTP = true }
 	t.Run("complete", func(t *testing.T) {
 		e, s := scriptedEnv(t, envOpts{router: keep})
-		_, br, head := rawStream(t, e, s, "")
-		if strings.Contains(head, "Connection: close") {
-			t.Fatalf("head %q: the stream was taken over", head)
-		}
+		_, br, _ := rawStream(t, e, s, "")
 		readUntil(t, br, `"role"`)
 		s.send(t, contentChunk)
 		readUntil(t, br, `"hi"`)
@@ -493,4 +505,81 @@ func TestRouter_KeepStreamsOnNetHTTP(t *testing.T) {
 		<-s.gone
 		e.settleAfterCuts(t)
 	})
+}
+
+func TestRouter_NextRequestOnATakenOverStreamsConnection(t *testing.T) {
+	t.Run("sent before the answer ended", func(t *testing.T) {
+		e, s := scriptedEnv(t, envOpts{})
+		c, br := openTakenOver(t, e, s)
+		io.WriteString(c, modelsRequest)
+		s.send(t, finishChunk)
+		close(s.steps)
+		if data := lastEvents(t, br); len(data) == 0 || data[len(data)-1] != "[DONE]" {
+			t.Fatalf("events %q", data)
+		}
+		modelsAnswer(t, br)
+		waitFor(t, "idle", e.idle)
+	})
+	t.Run("the client closes the idle connection", func(t *testing.T) {
+		e, s := scriptedEnv(t, envOpts{})
+		c, br := openTakenOver(t, e, s)
+		s.send(t, finishChunk)
+		close(s.steps)
+		lastEvents(t, br)
+		waitFor(t, "the connection to wait for a next request", func() bool { return e.rt.IdleConns() == 1 })
+		c.Close()
+		waitFor(t, "the idle connection to be closed", func() bool { return e.rt.IdleConns() == 0 })
+		waitFor(t, "idle", e.idle)
+	})
+	t.Run("the role drains", func(t *testing.T) {
+		e, s := scriptedEnv(t, envOpts{})
+		_, br := openTakenOver(t, e, s)
+		s.send(t, finishChunk)
+		close(s.steps)
+		lastEvents(t, br)
+		waitFor(t, "the connection to wait for a next request", func() bool { return e.rt.IdleConns() == 1 })
+		e.rt.Drain(context.Background())
+		closed(t, br)
+		if n := e.rt.IdleConns(); n != 0 {
+			t.Fatalf("idle connections = %d after Drain", n)
+		}
+	})
+	t.Run("the client asked to close", func(t *testing.T) {
+		e, s := scriptedEnv(t, envOpts{})
+		_, br, head := rawStream(t, e, s, "Connection: close\r\n")
+		if !strings.Contains(head, "Connection: close\r\n") {
+			t.Fatalf("head %q", head)
+		}
+		readUntil(t, br, `"role"`)
+		s.send(t, finishChunk)
+		close(s.steps)
+		lastEvents(t, br)
+		closed(t, br)
+		waitFor(t, "idle", e.idle)
+	})
+}
+
+// modelsRequest is a request net/http serves without the engine.
+const modelsRequest = "GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n"
+
+// nextRequest sends the next request on a connection and reads its
+// answer.
+func nextRequest(t *testing.T, c net.Conn, br *bufio.Reader) {
+	t.Helper()
+	if _, err := io.WriteString(c, modelsRequest); err != nil {
+		t.Fatal(err)
+	}
+	modelsAnswer(t, br)
+}
+
+// modelsAnswer reads the answer to modelsRequest.
+func modelsAnswer(t *testing.T, br *bufio.Reader) {
+	t.Helper()
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatalf("the next request on the connection: %v", err)
+	}
+	if b := readBody(t, resp); resp.StatusCode != 200 || !strings.Contains(b, `"demo"`) {
+		t.Fatalf("the next request on the connection: %d %s", resp.StatusCode, b)
+	}
 }

@@ -11,32 +11,30 @@ import "syscall"
 const hijackSupported = true
 
 // watch waits for the client socket to become readable, holding no buffer
-// (syscall.RawConn parks it in the netpoller), and cuts the stream's engine
-// work when the client hung up. It ends when the relay closes the
-// connection.
+// (syscall.RawConn parks it in the netpoller), and reads nothing: a
+// hang-up cuts the stream's engine work, the client's bytes stay for
+// net/http (watched).
 func (c *clientConn) watch() {
 	c.watchFn = c.readable
-	if err := c.raw.Read(c.watchFn); err != nil || !c.hungUp {
-		return // closed by the relay: the stream ended
-	}
-	c.gone.Store(true)
-	c.q.cutter.cut(errClientGone)
+	err := c.raw.Read(c.watchFn)
+	c.watched(err == nil && c.hungUp, err == nil && c.bytes)
 }
 
-// readable is the watcher's callback: end of file or an error is a
-// hang-up (a half-close too, as net/http counts it); bytes are a pipelined
-// request after a "Connection: close" answer, dropped; EAGAIN waits.
+// readable is the watcher's callback: it peeks at one byte. End of file or
+// an error is a hang-up (a half-close too, as net/http counts it); a byte
+// is the client's next request (or a pipelined one); EAGAIN waits.
 func (c *clientConn) readable(fd uintptr) bool {
-	var b [64]byte
+	var b [1]byte
 	for {
-		n, err := syscall.Read(int(fd), b[:])
+		n, _, err := syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK)
 		switch {
 		case err == syscall.EINTR:
 			continue
 		case err == syscall.EAGAIN:
 			return false
 		case err == nil && n > 0:
-			continue
+			c.bytes = true
+			return true
 		}
 		c.hungUp = true
 		return true

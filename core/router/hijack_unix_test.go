@@ -23,9 +23,10 @@ func TestClientConn_Watch(t *testing.T) {
 		peer     func(c net.Conn) // what the client does
 		closeOwn bool             // the relay closes the connection instead
 		gone     bool
+		next     bool // the watcher saw the client's bytes
 	}{
 		{name: "raw: hang-up", raw: true, peer: func(c net.Conn) { c.Close() }, gone: true},
-		{name: "raw: a pipelined request, then a hang-up", raw: true, peer: func(c net.Conn) { c.Write([]byte("POST / HTTP/1.1\r\n\r\n")); c.Close() }, gone: true},
+		{name: "raw: the next request, left for net/http", raw: true, peer: func(c net.Conn) { c.Write([]byte("POST / HTTP/1.1\r\n\r\n")) }, next: true},
 		{name: "raw: the relay closes", raw: true, closeOwn: true},
 		{name: "plain: hang-up", peer: func(c net.Conn) { c.Close() }, gone: true},
 		{name: "plain: a pipelined request, then a hang-up", peer: func(c net.Conn) { c.Write([]byte("POST / HTTP/1.1\r\n\r\n")); c.Close() }, gone: true},
@@ -47,7 +48,7 @@ func TestClientConn_Watch(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			cc := &clientConn{q: &request{}}
+			cc := &clientConn{q: &request{}, watching: true}
 			done := make(chan struct{})
 			if c.raw {
 				cc.setConn(server)
@@ -68,8 +69,15 @@ func TestClientConn_Watch(t *testing.T) {
 				t.Fatal("the watcher did not end")
 			}
 			cause := cc.q.cutter.err()
-			if cc.gone.Load() != c.gone || (cause == errClientGone) != c.gone {
-				t.Fatalf("gone %v, cut %v; want gone %v", cc.gone.Load(), cause, c.gone)
+			if cc.gone.Load() != c.gone || (cause == errClientGone) != c.gone || cc.next != c.next {
+				t.Fatalf("gone %v, cut %v, next %v; want gone %v, next %v", cc.gone.Load(), cause, cc.next, c.gone, c.next)
+			}
+			if c.next {
+				// Nothing was read: the request is there for net/http.
+				b := make([]byte, 64)
+				if n, err := server.Read(b); err != nil || string(b[:n]) != "POST / HTTP/1.1\r\n\r\n" {
+					t.Fatalf("after the watcher: %q, %v", b[:n], err)
+				}
 			}
 			cc.closeNow()
 		})

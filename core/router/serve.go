@@ -157,7 +157,7 @@ type request struct {
 	headersSent bool
 	cw          int         // where answer bytes go: cwHTTP, cwPending, cwHijacked (hijack.go)
 	hjOK        bool        // the client connection may be taken over (hijack.go)
-	headViaHTTP bool        // net/http wrote a "Connection: close" head before any take-over
+	headViaHTTP bool        // net/http wrote the head (progress) before any take-over
 	handedOff   bool        // the stream goes on on its own goroutine (relayOn)
 	out         outBuf      // bytes of a pending head or a taken-over connection
 	cc          *clientConn // the connection taken over from net/http
@@ -548,12 +548,9 @@ func (q *request) sendProgress(wt *admission.Waiter, activating bool) {
 		state = q.rt.activationState(q.route.Deployment)
 	}
 	if !q.headersSent {
-		if q.hjOK {
-			// The head goes out now, through net/http: it says the
-			// connection closes, so the stream can be taken over later.
-			q.w.Header().Set("Connection", "close")
-			q.headViaHTTP = true
-		}
+		// The head goes out now, through net/http; the stream can still
+		// be taken over later, in the chunked coding net/http began.
+		q.headViaHTTP = q.hjOK
 		q.sseHeaders()
 	}
 	q.progressed = true
