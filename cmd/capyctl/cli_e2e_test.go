@@ -608,7 +608,8 @@ func TestCLI_DeploymentLifecycle(t *testing.T) {
 func TestCLI_DevJSON(t *testing.T) {
 	bin, _ := harness.Binaries(t)
 	cmd := exec.Command(bin, "dev", "--json", "--listen", "127.0.0.1:0")
-	cmd.Env = append(os.Environ(), "TMPDIR="+t.TempDir())
+	tmp := t.TempDir()
+	cmd.Env = append(os.Environ(), "TMPDIR="+tmp)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
@@ -619,7 +620,10 @@ func TestCLI_DevJSON(t *testing.T) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	defer func() { _ = cmd.Process.Kill() }()
+	defer func() {
+		_ = cmd.Process.Kill()
+		harness.KillLeftovers(tmp) // what a failed run left: drivers, engines
+	}()
 	line, err := bufio.NewReader(stdout).ReadString('\n')
 	if err != nil {
 		_ = cmd.Wait()

@@ -314,7 +314,8 @@ func TestFoundation_RoleStopLeavesEnginesStopDeploymentEndsThem(t *testing.T) {
 func TestFoundation_DevServesAndLeavesNothing(t *testing.T) {
 	bin, _ := harness.Binaries(t)
 	cmd := exec.Command(bin, "dev", "--listen", "127.0.0.1:0")
-	cmd.Env = append(os.Environ(), "TMPDIR="+t.TempDir())
+	tmp := t.TempDir()
+	cmd.Env = append(os.Environ(), "TMPDIR="+tmp)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
@@ -324,7 +325,10 @@ func TestFoundation_DevServesAndLeavesNothing(t *testing.T) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	defer func() { _ = cmd.Process.Kill() }()
+	defer func() {
+		_ = cmd.Process.Kill()
+		harness.KillLeftovers(tmp) // what a failed run left: drivers, engines
+	}()
 	var endpoint, key, state string
 	sc := bufio.NewScanner(stdout)
 	for sc.Scan() {

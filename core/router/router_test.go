@@ -606,6 +606,10 @@ func TestRouter_CutsWaitingToSettleAtStopRestartTheInstance(t *testing.T) {
 		cancel()
 		<-done
 		waitFor(t, "it to be cut", func() bool { return e.count("settle_at_stop") == i+1 })
+		// The engine learns of the hang-up on its own time: until it has,
+		// its queue still counts this request, and the next round would
+		// take that for its own request and cut it before it was sent.
+		waitFor(t, "the engine to drop the cut request", func() bool { return e.eng.Stats().Waiting == 0 })
 	}
 	ctx3, cancel3 := context.WithCancel(context.Background())
 	third := make(chan int, 1)

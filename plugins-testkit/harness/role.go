@@ -73,6 +73,7 @@ func StartStandalone(t testing.TB, opts Options) *Role {
 func (r *Role) start() {
 	r.t.Helper()
 	_ = os.Remove(filepath.Join(r.StateDir, client.RunInfoFile))
+	r.Mgmt, r.Info = nil, nil // a restart's role listens on new ports
 	if r.ports == "" {
 		// Roles of parallel tests lease engine ports from ranges picked at
 		// random below Linux's ephemeral ports (32768 and up), so that no
@@ -98,17 +99,26 @@ func (r *Role) start() {
 	r.waitCh = make(chan error, 1)
 	go func() { r.waitCh <- cmd.Wait() }()
 	deadline := time.Now().Add(60 * time.Second)
+	// The role writes its run information and serves before it prints its
+	// banner: once the API answers, wait for the "role started" line that
+	// follows the banner, so that Output() holds it (unless the role was
+	// told to log above info, when the line never comes).
+	waitBanner := !r.raisedLogLevel()
 	for {
-		ri, err := client.ReadRunInfo(r.StateDir)
-		if err == nil && ri.PID == cmd.Process.Pid {
-			c, info, derr := client.Discover(r.StateDir)
-			if derr == nil {
-				if _, err := c.Engines(context.Background()); err == nil {
-					r.Mgmt, r.Info = c, info
-					r.Creds, _ = client.ReadCredentials(r.StateDir)
-					return
+		if r.Mgmt == nil {
+			ri, err := client.ReadRunInfo(r.StateDir)
+			if err == nil && ri.PID == cmd.Process.Pid {
+				c, info, derr := client.Discover(r.StateDir)
+				if derr == nil {
+					if _, err := c.Engines(context.Background()); err == nil {
+						r.Mgmt, r.Info = c, info
+						r.Creds, _ = client.ReadCredentials(r.StateDir)
+					}
 				}
 			}
+		}
+		if r.Mgmt != nil && (!waitBanner || strings.Contains(r.Output(), "role started")) {
+			return
 		}
 		select {
 		case err := <-r.waitCh:
@@ -121,6 +131,17 @@ func (r *Role) start() {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// raisedLogLevel reports whether the role's arguments or environment set
+// its log level (which may hide the info-level "role started" line).
+func (r *Role) raisedLogLevel() bool {
+	for _, a := range append(append([]string{}, r.Args...), r.Env...) {
+		if strings.Contains(strings.ToLower(a), "log-level") || strings.Contains(strings.ToLower(a), "log_level") {
+			return true
+		}
+	}
+	return false
 }
 
 // baseEnv is a small environment for subprocesses.

@@ -208,7 +208,11 @@ func (c *EngineClient) WaitHTTP(ctx context.Context, path string, want func(stat
 		defer cancel()
 		resp, err := c.Get(actx, path)
 		if err != nil {
-			last = err.Error()
+			// An attempt cut by the end of the wait says nothing about the
+			// engine: the error keeps what the attempts before it saw.
+			if ctx.Err() == nil || last == "no answer yet" {
+				last = err.Error()
+			}
 			return false, nil
 		}
 		defer resp.Body.Close()
