@@ -102,8 +102,7 @@ type Config struct {
 	ProgressEvery time.Duration
 	// KeepStreamsOnNetHTTP relays every answer on its net/http handler, as
 	// before streams were taken over (hijack.go): about 20 KiB more per
-	// open stream, keep-alive kept after streams. For comparisons (make
-	// bench) and as a way back.
+	// open stream. For comparisons in the same run (make bench).
 	KeepStreamsOnNetHTTP bool
 }
 
