@@ -528,18 +528,7 @@ type streamSet struct {
 
 // addIdle registers a connection that waits for a next request; false once
 // draining.
-func (s *streamSet) addIdle(c *clientConn) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed {
-		return false
-	}
-	if s.idle == nil {
-		s.idle = map[*clientConn]struct{}{}
-	}
-	s.idle[c] = struct{}{}
-	return true
-}
+func (s *streamSet) addIdle(c *clientConn) bool { return s.register(&s.idle, c) }
 
 // removeIdle forgets an idle connection.
 func (s *streamSet) removeIdle(c *clientConn) {
@@ -549,16 +538,19 @@ func (s *streamSet) removeIdle(c *clientConn) {
 }
 
 // add registers a stream; false once draining.
-func (s *streamSet) add(c *clientConn) bool {
+func (s *streamSet) add(c *clientConn) bool { return s.register(&s.set, c) }
+
+// register adds c to one of the set's maps; false once draining.
+func (s *streamSet) register(m *map[*clientConn]struct{}, c *clientConn) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
 		return false
 	}
-	if s.set == nil {
-		s.set = map[*clientConn]struct{}{}
+	if *m == nil {
+		*m = map[*clientConn]struct{}{}
 	}
-	s.set[c] = struct{}{}
+	(*m)[c] = struct{}{}
 	return true
 }
 

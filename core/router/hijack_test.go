@@ -229,6 +229,19 @@ func openTakenOver(t *testing.T, e *env, s *scripted) (net.Conn, *bufio.Reader) 
 
 // lastEvents reads the rest of the answer to its last chunk and returns
 // the data payloads.
+// idleAfterTakenOver ends a taken-over stream and waits for its connection
+// to wait for the client's next request.
+func idleAfterTakenOver(t *testing.T) (*env, net.Conn, *bufio.Reader) {
+	t.Helper()
+	e, s := scriptedEnv(t, envOpts{})
+	c, br := openTakenOver(t, e, s)
+	s.send(t, finishChunk)
+	close(s.steps)
+	lastEvents(t, br)
+	waitFor(t, "the connection to wait for a next request", func() bool { return e.rt.IdleConns() == 1 })
+	return e, c, br
+}
+
 func lastEvents(t *testing.T, br *bufio.Reader) []string {
 	t.Helper()
 	var all strings.Builder
@@ -521,23 +534,13 @@ func TestRouter_NextRequestOnATakenOverStreamsConnection(t *testing.T) {
 		waitFor(t, "idle", e.idle)
 	})
 	t.Run("the client closes the idle connection", func(t *testing.T) {
-		e, s := scriptedEnv(t, envOpts{})
-		c, br := openTakenOver(t, e, s)
-		s.send(t, finishChunk)
-		close(s.steps)
-		lastEvents(t, br)
-		waitFor(t, "the connection to wait for a next request", func() bool { return e.rt.IdleConns() == 1 })
+		e, c, _ := idleAfterTakenOver(t)
 		c.Close()
 		waitFor(t, "the idle connection to be closed", func() bool { return e.rt.IdleConns() == 0 })
 		waitFor(t, "idle", e.idle)
 	})
 	t.Run("the role drains", func(t *testing.T) {
-		e, s := scriptedEnv(t, envOpts{})
-		_, br := openTakenOver(t, e, s)
-		s.send(t, finishChunk)
-		close(s.steps)
-		lastEvents(t, br)
-		waitFor(t, "the connection to wait for a next request", func() bool { return e.rt.IdleConns() == 1 })
+		e, _, br := idleAfterTakenOver(t)
 		e.rt.Drain(context.Background())
 		closed(t, br)
 		if n := e.rt.IdleConns(); n != 0 {
