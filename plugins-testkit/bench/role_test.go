@@ -91,28 +91,37 @@ func (s *roleSetup) scrape(b testing.TB) map[string]float64 {
 
 var (
 	roleC1Once sync.Once
-	roleC1     [2][]time.Duration
+	roleC1     [3][]time.Duration // direct, through the role, through a bare proxy
 )
 
 // BenchmarkRole_SmallAnswer_C1 is the added latency of a whole role (its
 // inference listener, auth, router and ledger) for a small non-streamed
-// answer at concurrency 1, against the same engine reached directly. The
-// role is measured once; later rounds report the same figures.
+// answer at concurrency 1, against the same engine reached directly and
+// through a bare Go reverse proxy run as a process of its own (the floor of
+// a proxy hop between processes on this machine), requests interleaved.
+// The role is measured once; later rounds report the same figures.
 func BenchmarkRole_SmallAnswer_C1(b *testing.B) {
 	roleC1Once.Do(func() {
 		s := startRole(b, harness.SimpleSpec("demo", "fake"), "--tokens", "4")
+		bases := [3]string{s.engine, s.r.InferenceURL(), startBareProxy(b, s.engine)}
 		for i := 0; i < 100; i++ {
-			s.post(b, s.engine, smallBodyFor("demo"))
-			s.post(b, s.r.InferenceURL(), smallBodyFor("demo"))
+			for _, base := range bases {
+				s.post(b, base, smallBodyFor("demo"))
+			}
 		}
 		for i := 0; i < 2000; i++ {
-			roleC1[0] = append(roleC1[0], s.post(b, s.engine, smallBodyFor("demo")))
-			roleC1[1] = append(roleC1[1], s.post(b, s.r.InferenceURL(), smallBodyFor("demo")))
+			for k, base := range bases {
+				roleC1[k] = append(roleC1[k], s.post(b, base, smallBodyFor("demo")))
+			}
 		}
 	})
 	for i := 0; i < b.N; i++ {
 	}
 	report(b, roleC1[0], roleC1[1])
+	d50, r50, p50 := pct(roleC1[0], .5), pct(roleC1[1], .5), pct(roleC1[2], .5)
+	b.ReportMetric(p50, "bare-proxy-p50-ms")
+	b.ReportMetric(p50-d50, "bare-proxy-added-p50-ms")
+	b.ReportMetric(r50-p50, "role-minus-bare-proxy-p50-ms")
 }
 
 func smallBodyFor(model string) string {

@@ -1,0 +1,76 @@
+// Copyright (c) CapyCTL authors
+// SPDX-License-Identifier: Apache-2.0
+
+package bench
+
+import (
+	"bufio"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"testing"
+)
+
+// bareProxyEnv turns this package's test binary into a bare reverse proxy
+// (net/http/httputil.ReverseProxy, nothing else) in front of the URL it
+// names: the floor for any Go proxy run as a process of its own, measured
+// in the same run as the role (reference/proxy-lessons.md, "bare proxy").
+const bareProxyEnv = "CAPYCTL_BENCH_BARE_PROXY"
+
+func TestMain(m *testing.M) {
+	if target := os.Getenv(bareProxyEnv); target != "" {
+		if err := serveBareProxy(target); err != nil {
+			fmt.Fprintln(os.Stderr, "bare proxy:", err)
+			os.Exit(1)
+		}
+		return
+	}
+	os.Exit(m.Run())
+}
+
+// serveBareProxy listens on a loopback port, prints its address on the
+// first line of stdout and proxies every request to target.
+func serveBareProxy(target string) error {
+	u, err := url.Parse(target)
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	rp := httputil.NewSingleHostReverseProxy(u)
+	rp.Transport = &http.Transport{MaxIdleConnsPerHost: 256, DisableCompression: true}
+	rp.FlushInterval = -1 // relay streamed answers chunk by chunk, as the router does
+	fmt.Println(ln.Addr().String())
+	return http.Serve(ln, rp)
+}
+
+// startBareProxy runs a bare proxy in front of target until the benchmark
+// ends and returns its base URL.
+func startBareProxy(b testing.TB, target string) string {
+	b.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), bareProxyEnv+"="+target)
+	cmd.Stderr = os.Stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil {
+		b.Fatalf("the bare proxy did not start: %v", err)
+	}
+	return "http://" + strings.TrimSpace(line)
+}
