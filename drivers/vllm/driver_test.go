@@ -31,11 +31,8 @@ func newFixture(t *testing.T) *fixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := &fixture{root: root, qwen3: filepath.Join(root, "models", "qwen3"), llama: filepath.Join(root, "models", "llama")}
-	writeModel(t, f.qwen3, `{"model_type":"qwen3","num_hidden_layers":28,"num_attention_heads":16,"num_key_value_heads":8,"hidden_size":1024,"head_dim":128,"torch_dtype":"bfloat16","max_position_embeddings":40960}`,
-		`{"chat_template":"{% for m in messages %}<|im_start|>{{m.role}}{% endfor %}<think>\n"}`, 3<<30)
-	writeModel(t, f.llama, `{"model_type":"llama","num_hidden_layers":32,"num_attention_heads":32,"num_key_value_heads":8,"hidden_size":4096,"torch_dtype":"bfloat16","max_position_embeddings":131072}`,
-		"", 16<<30)
+	f := &fixture{root: root}
+	f.qwen3, f.llama = drivertest.WriteModels(t, root, `{"chat_template":"{% for m in messages %}<|im_start|>{{m.role}}{% endfor %}<think>\n"}`)
 	det, err := New().Detect(context.Background(), &pb.DetectRequest{Path: venv})
 	if err != nil {
 		t.Fatal(err)
@@ -44,22 +41,7 @@ func newFixture(t *testing.T) *fixture {
 	return f
 }
 
-// writeModel writes config.json, tokenizer_config.json (when given) and a
-// sparse weights file.
-func writeModel(t *testing.T, dir, config, tokenizer string, weights int64) {
-	t.Helper()
-	if err := pyengine.MakeModel(dir, config, tokenizer, weights); err != nil {
-		t.Fatal(err)
-	}
-}
-
-func launchCtx() *pb.LaunchContext {
-	return &pb.LaunchContext{
-		Port: 41234, DeviceUuids: []string{"GPU-11111111-2222-3333-4444-555555555555"},
-		DeviceBytes: 20 << 30, DeviceTotalBytes: 80 << 30, KvCacheBytes: 4 << 30,
-		LaunchDir: "/state/launches/chat/0-L1", InstanceId: "chat/0", LaunchId: "L1",
-	}
-}
+func launchCtx() *pb.LaunchContext { return drivertest.LaunchContext(41234) }
 
 func TestPlan_Golden(t *testing.T) {
 	f := newFixture(t)

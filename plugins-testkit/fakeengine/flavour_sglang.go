@@ -429,22 +429,9 @@ func (s *SGLang) FormatLog(t time.Time, level Level, msg string) string {
 // WriteError writes SGLang's ErrorResponse {"object":"error","message","type","param","code"};
 // an unknown path is FastAPI's {"detail":"Not Found"}.
 func (s *SGLang) WriteError(w http.ResponseWriter, kind ErrorKind, msg string) {
-	status, typ := http.StatusBadRequest, "BadRequestError"
-	switch kind {
-	case KindRouteNotFound:
-		WriteJSON(w, http.StatusNotFound, map[string]string{"detail": "Not Found"})
+	status, typ, ok := fastAPIError(w, kind)
+	if !ok {
 		return
-	case KindUnauthorized:
-		WriteJSON(w, http.StatusUnauthorized, map[string]string{"error": "Unauthorized"})
-		return
-	case KindModelNotFound:
-		status, typ = http.StatusNotFound, "NotFoundError"
-	case KindLoading:
-		status, typ = http.StatusServiceUnavailable, "ServiceUnavailableError"
-	case KindEngineFailure:
-		status, typ = http.StatusInternalServerError, "InternalServerError"
-	case KindNotSupported:
-		status, typ = http.StatusNotImplemented, "NotImplementedError"
 	}
 	WriteJSON(w, status, map[string]any{"object": "error", "message": msg, "type": typ, "param": nil, "code": status})
 }
@@ -471,23 +458,12 @@ func (s *SGLang) PrepareChat(e *Engine, r *http.Request, req *ChatRequest) error
 
 // ChatResponse is an OpenAI chat.completion (garbage after a resume
 // without a reload).
-func (s *SGLang) ChatResponse(res *ChatResult) any {
-	if s.Stale() {
-		c := *res
-		c.Text = garbage(res.Text)
-		res = &c
-	}
-	return OpenAI{}.ChatResponse(res)
-}
+func (s *SGLang) ChatResponse(res *ChatResult) any { return staleResponse(s.Stale(), res) }
 
 // ChatStream is an OpenAI stream with the role chunk and, on request, the
 // usage chunk.
 func (s *SGLang) ChatStream(req *ChatRequest, meta ChatMeta) ChatStream {
-	st := &OpenAIStream{Meta: meta, RoleChunk: true, UsageChunk: req.IncludeUsage()}
-	if s.Stale() {
-		return garbageStream{st}
-	}
-	return st
+	return staleStream(s.Stale(), req, meta)
 }
 
 // SGLangMetrics are SGLang's metrics (--enable-metrics) for the served

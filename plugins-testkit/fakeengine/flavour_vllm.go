@@ -306,14 +306,27 @@ func (v *VLLM) FormatLog(t time.Time, level Level, msg string) string {
 // WriteError writes vLLM's ErrorResponse {"error":{"message","type","param","code"}};
 // an unknown path is FastAPI's {"detail":"Not Found"}.
 func (v *VLLM) WriteError(w http.ResponseWriter, kind ErrorKind, msg string) {
-	status, typ := http.StatusBadRequest, "BadRequestError"
+	status, typ, ok := fastAPIError(w, kind)
+	if !ok {
+		return
+	}
+	WriteJSON(w, status, map[string]any{"error": map[string]any{"message": msg, "type": typ, "param": nil, "code": status}})
+}
+
+// fastAPIError writes the answers vLLM and SGLang (both FastAPI servers)
+// give alike: FastAPI's {"detail":"Not Found"} for an unknown path and the
+// API key middleware's 401. For the other kinds it writes nothing and
+// returns the status and error type of the engine's own error body; ok is
+// false when it answered.
+func fastAPIError(w http.ResponseWriter, kind ErrorKind) (status int, typ string, ok bool) {
+	status, typ = http.StatusBadRequest, "BadRequestError"
 	switch kind {
 	case KindRouteNotFound:
 		WriteJSON(w, http.StatusNotFound, map[string]string{"detail": "Not Found"})
-		return
+		return 0, "", false
 	case KindUnauthorized:
 		WriteJSON(w, http.StatusUnauthorized, map[string]string{"error": "Unauthorized"})
-		return
+		return 0, "", false
 	case KindModelNotFound:
 		status, typ = http.StatusNotFound, "NotFoundError"
 	case KindLoading:
@@ -323,7 +336,7 @@ func (v *VLLM) WriteError(w http.ResponseWriter, kind ErrorKind, msg string) {
 	case KindNotSupported:
 		status, typ = http.StatusNotImplemented, "NotImplementedError"
 	}
-	WriteJSON(w, status, map[string]any{"error": map[string]any{"message": msg, "type": typ, "param": nil, "code": status}})
+	return status, typ, true
 }
 
 // PrepareChat requires the served name and takes the request ID from
@@ -339,8 +352,18 @@ func (v *VLLM) PrepareChat(e *Engine, r *http.Request, req *ChatRequest) error {
 
 // ChatResponse is an OpenAI chat.completion (garbage after an unreloaded
 // level-2 wake).
-func (v *VLLM) ChatResponse(res *ChatResult) any {
-	if v.Stale() {
+func (v *VLLM) ChatResponse(res *ChatResult) any { return staleResponse(v.Stale(), res) }
+
+// ChatStream is an OpenAI stream with the role chunk and, on request, the
+// usage chunk.
+func (v *VLLM) ChatStream(req *ChatRequest, meta ChatMeta) ChatStream {
+	return staleStream(v.Stale(), req, meta)
+}
+
+// staleResponse is an OpenAI chat.completion, garbage when the weights
+// are stale (vLLM and SGLang woken without a reload).
+func staleResponse(stale bool, res *ChatResult) any {
+	if stale {
 		c := *res
 		c.Text = garbage(res.Text)
 		res = &c
@@ -348,11 +371,11 @@ func (v *VLLM) ChatResponse(res *ChatResult) any {
 	return OpenAI{}.ChatResponse(res)
 }
 
-// ChatStream is an OpenAI stream with the role chunk and, on request, the
-// usage chunk.
-func (v *VLLM) ChatStream(req *ChatRequest, meta ChatMeta) ChatStream {
+// staleStream is an OpenAI stream with the role chunk and, on request, the
+// usage chunk, garbage when the weights are stale.
+func staleStream(stale bool, req *ChatRequest, meta ChatMeta) ChatStream {
 	s := &OpenAIStream{Meta: meta, RoleChunk: true, UsageChunk: req.IncludeUsage()}
-	if v.Stale() {
+	if stale {
 		return garbageStream{s}
 	}
 	return s

@@ -343,20 +343,27 @@ type GGUFFile struct {
 
 // ReadGGUFFile reads the header of the GGUF file at path.
 func ReadGGUFFile(path string) (*GGUFFile, error) {
+	return readFile(path, "gguf", ReadGGUF)
+}
+
+// readFile opens path and reads it with read, which is given the file's
+// size; read's errors name the format and the path.
+func readFile[T any](path, format string, read func(io.Reader, int64) (T, error)) (T, error) {
+	var zero T
 	f, err := os.Open(path)
 	if err != nil {
-		return nil, err
+		return zero, err
 	}
 	defer f.Close()
 	st, err := f.Stat()
 	if err != nil {
-		return nil, err
+		return zero, err
 	}
-	g, err := ReadGGUF(f, st.Size())
+	v, err := read(f, st.Size())
 	if err != nil {
-		return nil, fmt.Errorf("read gguf %s: %w", path, err)
+		return zero, fmt.Errorf("read %s %s: %w", format, path, err)
 	}
-	return g, nil
+	return v, nil
 }
 
 // ReadGGUF reads a GGUF header from r, whose whole size is size. Every

@@ -122,20 +122,7 @@ func (h *SafetensorsHeader) WholeBytes() uint64 {
 // ReadSafetensorsFile reads the header of the safetensors file at path and
 // checks it against the file's size.
 func ReadSafetensorsFile(path string) (*SafetensorsHeader, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	st, err := f.Stat()
-	if err != nil {
-		return nil, err
-	}
-	h, err := ReadSafetensors(f, st.Size())
-	if err != nil {
-		return nil, fmt.Errorf("read safetensors %s: %w", path, err)
-	}
-	return h, nil
+	return readFile(path, "safetensors", ReadSafetensors)
 }
 
 // ReadSafetensors reads a safetensors header from r, whose whole size is

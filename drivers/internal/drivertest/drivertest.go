@@ -2,8 +2,9 @@
 // SPDX-License-Identifier: Apache-2.0
 
 // Package drivertest is what the first-party drivers' tests share: golden
-// files (go test -update rewrites them), a free loopback port, and a plan
-// rendered as stable text.
+// files (go test -update rewrites them), a free loopback port, a plan
+// rendered as stable text, and the Python servers' fixture checkpoints and
+// launch context.
 package drivertest
 
 import (
@@ -16,6 +17,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/capyctl/capyctl/drivers/internal/pyengine"
 	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
 
@@ -102,4 +104,38 @@ func RenderPlan(p *pb.PlanResponse, replace map[string]string) string {
 		fmt.Fprintf(&b, "note: %s\n", rep(n))
 	}
 	return b.String()
+}
+
+// Checkpoints of the Python servers' fixtures: a Qwen3 model (whose chat
+// template decides the parsers) and a Llama model (an unknown family for
+// the parsers).
+const (
+	Qwen3Config = `{"model_type":"qwen3","num_hidden_layers":28,"num_attention_heads":16,"num_key_value_heads":8,"hidden_size":1024,"head_dim":128,"torch_dtype":"bfloat16","max_position_embeddings":40960}`
+	LlamaConfig = `{"model_type":"llama","num_hidden_layers":32,"num_attention_heads":32,"num_key_value_heads":8,"hidden_size":4096,"torch_dtype":"bfloat16","max_position_embeddings":131072}`
+)
+
+// WriteModels writes the two fixture checkpoints under root/models, the
+// Qwen3 one (3 GiB of sparse weights) with qwen3Tokenizer as its
+// tokenizer_config.json, the Llama one (16 GiB) without one, and returns
+// their directories.
+func WriteModels(t testing.TB, root, qwen3Tokenizer string) (qwen3, llama string) {
+	t.Helper()
+	qwen3, llama = filepath.Join(root, "models", "qwen3"), filepath.Join(root, "models", "llama")
+	if err := pyengine.MakeModel(qwen3, Qwen3Config, qwen3Tokenizer, 3<<30); err != nil {
+		t.Fatal(err)
+	}
+	if err := pyengine.MakeModel(llama, LlamaConfig, "", 16<<30); err != nil {
+		t.Fatal(err)
+	}
+	return qwen3, llama
+}
+
+// LaunchContext is a launch of instance chat/0 on one 80 GiB card, 20 GiB
+// of it for the engine, on port.
+func LaunchContext(port int) *pb.LaunchContext {
+	return &pb.LaunchContext{
+		Port: int32(port), DeviceUuids: []string{"GPU-11111111-2222-3333-4444-555555555555"},
+		DeviceBytes: 20 << 30, DeviceTotalBytes: 80 << 30, KvCacheBytes: 4 << 30,
+		LaunchDir: "/state/launches/chat/0-L1", InstanceId: "chat/0", LaunchId: "L1",
+	}
 }
