@@ -12,7 +12,6 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"sort"
 	"strings"
 	"testing"
 	"time"
@@ -164,35 +163,6 @@ func newDriver() *Driver {
 	return d
 }
 
-// render is a plan as a golden file: argv one per line, then the sorted
-// environment, with the temporary directories named.
-func render(p *pb.PlanResponse, dirs map[string]string) string {
-	var b strings.Builder
-	b.WriteString("# argv\n")
-	for _, a := range p.GetArgv() {
-		b.WriteString(a + "\n")
-	}
-	b.WriteString("# env\n")
-	keys := make([]string, 0, len(p.GetEnv()))
-	for k := range p.GetEnv() {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	for _, k := range keys {
-		b.WriteString(k + "=" + p.GetEnv()[k] + "\n")
-	}
-	h := p.GetHints()
-	fmt.Fprintf(&b, "# hints\nweights=%d kv_per_token=%d kv_cache=%d ready_device=%d ready_host=%d startup_device=%d context=%d slots=%d source=%s\n",
-		h.GetWeightsBytes(), h.GetKvBytesPerToken(), h.GetKvCacheBytes(), h.GetReadyDeviceBytes(), h.GetReadyHostBytes(), h.GetStartupDeviceBytes(),
-		h.GetContextLength(), h.GetMaxConcurrentRequests(), h.GetSource())
-	fmt.Fprintf(&b, "# residency=%s startup_timeout_ms=%d\n", p.GetResidency(), p.GetStartupTimeoutMs())
-	out := b.String()
-	for name, d := range dirs {
-		out = strings.ReplaceAll(out, d, name)
-	}
-	return out
-}
-
 func TestPlan_Golden(t *testing.T) {
 	dir := modelDir(t)
 	launch := t.TempDir()
@@ -222,7 +192,7 @@ func TestPlan_Golden(t *testing.T) {
 			if err != nil || len(p.GetRefusals()) > 0 {
 				t.Fatalf("plan: %v %v", err, p.GetRefusals())
 			}
-			drivertest.Golden(t, "plan-"+c.name, render(p, map[string]string{"{{model_dir}}": dir, "{{launch_dir}}": launch}))
+			drivertest.Golden(t, "plan-"+c.name, drivertest.RenderPlan(p, map[string]string{dir: "{{model_dir}}", launch: "{{launch_dir}}"}))
 		})
 	}
 }

@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"sort"
 	"strings"
 	"testing"
 	"time"
@@ -126,27 +125,6 @@ func installation(v string) *pb.Installation {
 	return &pb.Installation{Name: "tensorfold", Family: Family, Path: v, Version: "0.6.6", Digest: "sha256:0123456789abcdef0123", Details: map[string]string{detailVenv: v}}
 }
 
-func render(p *pb.PlanResponse, dirs map[string]string) string {
-	var b strings.Builder
-	b.WriteString("# argv\n" + strings.Join(p.GetArgv(), "\n") + "\n# env\n")
-	keys := make([]string, 0, len(p.GetEnv()))
-	for k := range p.GetEnv() {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	for _, k := range keys {
-		b.WriteString(k + "=" + p.GetEnv()[k] + "\n")
-	}
-	h := p.GetHints()
-	fmt.Fprintf(&b, "# hints weights=%d context=%d parallel=%d ready_device=%d ready_host=%d source=%s\n# residency=%s startup_timeout_ms=%d\n",
-		h.GetWeightsBytes(), h.GetContextLength(), h.GetMaxConcurrentRequests(), h.GetReadyDeviceBytes(), h.GetReadyHostBytes(), h.GetSource(), p.GetResidency(), p.GetStartupTimeoutMs())
-	out := b.String()
-	for name, d := range dirs {
-		out = strings.ReplaceAll(out, d, name)
-	}
-	return out
-}
-
 func TestPlan_Golden(t *testing.T) {
 	v := "/opt/venvs/tensorfold"
 	dir := modelDir(t, 4096)
@@ -179,7 +157,7 @@ func TestPlan_Golden(t *testing.T) {
 			if err != nil || len(p.GetRefusals()) > 0 {
 				t.Fatalf("%v %v", err, p.GetRefusals())
 			}
-			drivertest.Golden(t, "plan-"+c.name, render(p, map[string]string{"{{model_dir}}": dir, "{{state_dir}}": state}))
+			drivertest.Golden(t, "plan-"+c.name, drivertest.RenderPlan(p, map[string]string{dir: "{{model_dir}}", state: "{{state_dir}}"}))
 		})
 	}
 }

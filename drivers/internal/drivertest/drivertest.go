@@ -98,6 +98,10 @@ func RenderPlan(p *pb.PlanResponse, replace map[string]string) string {
 	if h := p.GetHints(); h != nil {
 		fmt.Fprintf(&b, "hints: weights=%d kv_per_token=%d kv_cache=%d context=%d max_concurrent=%d source=%s\n",
 			h.GetWeightsBytes(), h.GetKvBytesPerToken(), h.GetKvCacheBytes(), h.GetContextLength(), h.GetMaxConcurrentRequests(), h.GetSource())
+		if h.GetReadyDeviceBytes() != 0 || h.GetReadyHostBytes() != 0 || h.GetStartupDeviceBytes() != 0 {
+			fmt.Fprintf(&b, "hints: ready_device=%d ready_host=%d startup_device=%d\n",
+				h.GetReadyDeviceBytes(), h.GetReadyHostBytes(), h.GetStartupDeviceBytes())
+		}
 	}
 	fmt.Fprintf(&b, "startup_timeout_ms: %d\nwake_timeout_ms: %d\n", p.GetStartupTimeoutMs(), p.GetWakeTimeoutMs())
 	for _, n := range p.GetNotes() {
