@@ -5,7 +5,6 @@ package lifecycle
 
 import (
 	"context"
-	"fmt"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
@@ -14,6 +13,7 @@ import (
 
 	"github.com/capyctl/capyctl/core/store"
 	"github.com/capyctl/capyctl/core/structs"
+	"github.com/capyctl/capyctl/plugins-testkit/poll"
 	"github.com/capyctl/capyctl/sdk"
 	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
@@ -313,13 +313,5 @@ func (f *fixture) activate(name string) error {
 
 func (f *fixture) eventually(what string, cond func() bool) {
 	f.t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			f.t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
+	poll.Until(f.t, 10*time.Second, what, cond)
 }
-
-var _ = fmt.Sprintf

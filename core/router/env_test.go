@@ -20,6 +20,7 @@ import (
 	"github.com/capyctl/capyctl/core/router"
 	"github.com/capyctl/capyctl/core/structs"
 	"github.com/capyctl/capyctl/plugins-testkit/fakeengine"
+	"github.com/capyctl/capyctl/plugins-testkit/poll"
 )
 
 // fakeLC is a lifecycle with one deployment on one in-process fake engine.
@@ -225,17 +226,7 @@ func sseLines(body string) (data, comments []string) {
 // waitFor polls cond until it holds or 10s pass.
 func waitFor(t testing.TB, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	d := time.Millisecond
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(d)
-		if d < 50*time.Millisecond {
-			d *= 2
-		}
-	}
+	poll.Until(t, 10*time.Second, what, cond)
 }
 
 // counts returns the router's counts for the deployment.

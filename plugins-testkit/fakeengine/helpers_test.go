@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/capyctl/capyctl/plugins-testkit/fakeengine"
+	"github.com/capyctl/capyctl/plugins-testkit/poll"
 )
 
 // syncBuffer is a bytes.Buffer safe for concurrent writers and readers.
@@ -173,13 +174,7 @@ func (te *testEngine) metrics(t *testing.T) map[string]float64 {
 // waitFor polls cond until it holds or a generous deadline passes.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
+	poll.Until(t, 10*time.Second, what, cond)
 }
 
 // sseEvents splits a complete SSE body into its events' data, checking

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/capyctl/capyctl/plugins-testkit/poll"
 )
 
 func TestParseBytes(t *testing.T) {
@@ -218,11 +220,5 @@ func TestSlots_Acquire(t *testing.T) {
 // waitUntil polls cond with a deadline.
 func waitUntil(t *testing.T, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not reached")
-		}
-		time.Sleep(time.Millisecond)
-	}
+	poll.Until(t, 10*time.Second, "the condition", cond)
 }

@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/capyctl/capyctl/core/api/client"
+	"github.com/capyctl/capyctl/plugins-testkit/poll"
 )
 
 // Role is a capyctl role running as a subprocess.
@@ -299,20 +300,12 @@ func (r *Role) WriteFile(name, content string) string {
 	return p
 }
 
-// Eventually polls cond until it is true or the timeout passes.
+// Eventually polls cond until it is true or the timeout passes, backing
+// off up to every 200 ms (poll.UntilSlow): conditions on a role cost a
+// request or a CLI process.
 func Eventually(t testing.TB, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	interval := 5 * time.Millisecond
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-		time.Sleep(interval)
-		if interval < 200*time.Millisecond {
-			interval *= 2
-		}
-	}
+	poll.UntilSlow(t, timeout, what, cond)
 }
 
 // Atoi parses an int or fails the test.
