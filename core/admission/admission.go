@@ -55,12 +55,13 @@ const (
 	// SettleNow frees the place at once: the engine never had the request,
 	// or finished it.
 	SettleNow Settle = iota
-	// SettleWhenIdle waits for the engine's idle reading: the engine had
-	// started answering the request (or answered it with an error).
+	// SettleWhenIdle waits for the engine's idle reading: a load reading,
+	// begun at least Transit after the cut, that shows no more requests
+	// than CapyCTL still serves on the engine. The engine may have had the
+	// request (queued or answering it).
 	SettleWhenIdle
-	// SettleAtStop waits for the engine's next stop or restart: the request
-	// was cut before the engine answered anything, so an idle reading
-	// proves nothing about it.
+	// SettleAtStop waits for the engine's next stop or restart: its engine
+	// has no load reading, so nothing else proves the request ended.
 	SettleAtStop
 	// SettleOnAbort waits for the engine's end of an aborted request (abort
 	// by request ID).
@@ -93,9 +94,19 @@ type Config struct {
 	// at the engine's next stop: the lifecycle restarts the instance, which
 	// settles them. It is called once per instance generation.
 	OnSaturated func(deployment, instance string)
+	// Transit is how long after a cut an idle reading must begin to count
+	// for it (DefaultTransit when 0): a request written to the engine just
+	// before the cut may still be on its way into the engine's counts.
+	Transit time.Duration
 	// Now is the clock (tests inject one).
 	Now func() time.Time
 }
+
+// DefaultTransit is Config.Transit's default: an engine reads a request
+// off its socket and counts it within a scheduler step; the margin covers
+// a loaded machine and stays far below the 2 s in which a place must be
+// free again once the engine reads idle.
+const DefaultTransit = 250 * time.Millisecond
 
 // Controller holds every deployment's places and line.
 type Controller struct {
@@ -117,6 +128,12 @@ func New(cfg Config) *Controller {
 	}
 	if cfg.MaxWaitingBytes <= 0 {
 		cfg.MaxWaitingBytes = DefaultMaxWaitingBytes
+	}
+	if cfg.Transit == 0 {
+		cfg.Transit = DefaultTransit
+	}
+	if cfg.Transit < 0 {
+		cfg.Transit = 0
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
@@ -416,7 +433,8 @@ func (d *Deployment) settleAll(in *instance) {
 }
 
 // SettleIdle settles the requests of an instance waiting for an idle
-// reading that were cut before the reading began, and returns how many.
+// reading that were cut at least Transit before the reading began, and
+// returns how many.
 func (d *Deployment) SettleIdle(instanceID string, readingStarted time.Time) int {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -426,7 +444,7 @@ func (d *Deployment) SettleIdle(instanceID string, readingStarted time.Time) int
 	}
 	n := 0
 	in.pending = slices.DeleteFunc(in.pending, func(pe *Pending) bool {
-		if pe.Kind == SettleWhenIdle && pe.At.Before(readingStarted) {
+		if pe.Kind == SettleWhenIdle && pe.At.Add(d.c.cfg.Transit).Before(readingStarted) {
 			pe.settled = true
 			n++
 			return true

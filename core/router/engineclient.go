@@ -13,6 +13,7 @@ import (
 	"net/url"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -33,6 +34,10 @@ type engineClient struct {
 
 	mu   sync.Mutex
 	idle map[string][]net.Conn
+
+	// stale counts pooled connections found closed by the engine (before
+	// use, or by a request that was then sent again).
+	stale atomic.Int64
 }
 
 func newEngineClient(maxIdlePerAddr int) *engineClient {
@@ -152,8 +157,17 @@ func parseEngineURL(base, path string) (engineTarget, error) {
 // connection's deadline is set to deadline (the request's bound until its
 // first output); cut closes the connection, which is how engines learn that
 // a request was abandoned; ctx bounds a dial. extra holds "Name: value\r\n"
-// lines. A request that fails on a reused connection before the engine
-// answered anything is retried once on a new connection.
+// lines.
+//
+// A pooled connection is checked before it is used (alive): engines close
+// connections on their own, llama-server after every streamed answer while
+// its head still says keep-alive. A request that failed on a reused
+// connection before the engine answered anything, with the signs of a
+// connection the engine had closed (end of file, reset, broken pipe), is
+// sent again once on a new connection: the engine closed that connection
+// before it read the request, so it never had it. The call's Sent says
+// whether the engine may have the request: false when no connection was
+// made, or when the request never left CapyCTL.
 func (cl *engineClient) do(ctx context.Context, t engineTarget, extra, body []byte, deadline time.Time, cut *cutter) (*engineCall, error) {
 	hp := headPool.Get().(*[]byte)
 	head := (*hp)[:0]
@@ -168,8 +182,9 @@ func (cl *engineClient) do(ctx context.Context, t engineTarget, extra, body []by
 	head = append(head, "\r\n"...)
 	defer func() { *hp = head[:0]; headPool.Put(hp) }()
 
-	for attempt := 0; ; attempt++ {
-		conn, reused, err := cl.conn(ctx, t.addr, deadline)
+	fresh := false
+	for {
+		conn, reused, err := cl.conn(ctx, t.addr, deadline, fresh)
 		if err != nil {
 			return &engineCall{}, err
 		}
@@ -182,7 +197,9 @@ func (cl *engineClient) do(ctx context.Context, t engineTarget, extra, body []by
 		_ = conn.SetDeadline(deadline)
 		bufs := net.Buffers{head, body}
 		_, werr := bufs.WriteTo(conn)
-		call.Sent = werr == nil || !reused
+		// Only a whole request can reach the engine's handler: one cut off
+		// while being written is a malformed request the engine drops.
+		call.Sent = werr == nil
 		if werr == nil {
 			call.br = readerPool.Get().(*bufio.Reader)
 			call.br.Reset(conn)
@@ -198,10 +215,11 @@ func (cl *engineClient) do(ctx context.Context, t engineTarget, extra, body []by
 		if c := cut.err(); c != nil {
 			return call, c
 		}
-		if reused && attempt == 0 && !answered && staleConnErr(werr) {
+		if reused && !answered && staleConnErr(werr) {
+			cl.stale.Add(1)
+			fresh = true
 			continue
 		}
-		call.Sent = true
 		return call, werr
 	}
 }
@@ -213,17 +231,25 @@ func staleConnErr(err error) bool {
 		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) || errors.Is(err, net.ErrClosed)
 }
 
-// conn returns an idle connection to addr, or a new one dialed before
-// deadline.
-func (cl *engineClient) conn(ctx context.Context, addr string, deadline time.Time) (net.Conn, bool, error) {
-	cl.mu.Lock()
-	if list := cl.idle[addr]; len(list) > 0 {
+// conn returns an idle connection to addr that is still open, or a new one
+// dialed before deadline (always a new one when fresh).
+func (cl *engineClient) conn(ctx context.Context, addr string, deadline time.Time, fresh bool) (net.Conn, bool, error) {
+	for !fresh {
+		cl.mu.Lock()
+		list := cl.idle[addr]
+		if len(list) == 0 {
+			cl.mu.Unlock()
+			break
+		}
 		c := list[len(list)-1]
 		cl.idle[addr] = list[:len(list)-1]
 		cl.mu.Unlock()
-		return c, true, nil
+		if alive(c) {
+			return c, true, nil
+		}
+		cl.stale.Add(1)
+		_ = c.Close()
 	}
-	cl.mu.Unlock()
 	ctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
 	c, err := cl.dialer.DialContext(ctx, "tcp", addr)

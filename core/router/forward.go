@@ -86,7 +86,7 @@ func (q *request) forward() *engineCall {
 	call, err := q.rt.engine.do(q.r.Context(), t, extra, body, q.start.Add(q.b.deadline), &q.cutter)
 	q.body = nil // the engine has it; a long stream need not keep it
 	if err != nil {
-		q.cut(call.Sent, false)
+		q.cut(call.Sent)
 		switch q.cause(err) {
 		case errClientGone:
 			q.gone()
@@ -148,9 +148,16 @@ func (q *request) cause(err error) error {
 }
 
 // cut ends the request's place after the router cut it. sent says whether
-// the engine may have the request; started whether it had answered any of
-// it. The place stays held until there is evidence the engine stopped.
-func (q *request) cut(sent, started bool) {
+// the engine may have the request (it was written whole). A request the engine never had frees
+// its place at once. One it may have holds the place until there is
+// evidence the engine is done with it: the engine's answer to an abort by
+// request ID where it has one, else its load reading showing no more
+// requests than CapyCTL still serves there (settleLoop); only an engine
+// without a load reading makes it wait for the next stop. Whether the
+// engine had answered any of it does not matter: a request the engine
+// queued but never answered is counted in its load reading like one it
+// answers.
+func (q *request) cut(sent bool) {
 	p := q.place
 	if p == nil {
 		return
@@ -160,16 +167,12 @@ func (q *request) cut(sent, started bool) {
 		p.Done()
 		return
 	}
-	fallback := admission.SettleAtStop
-	if started {
-		fallback = admission.SettleWhenIdle
-	}
 	if q.target.Endpoint.AbortByID && q.rt.req != nil {
 		pe := p.Cut(admission.SettleOnAbort)
-		go q.rt.abort(pe, q.target.Instance, q.id, fallback)
+		go q.rt.abort(pe, q.target.Instance, q.id, admission.SettleWhenIdle)
 		return
 	}
-	p.Cut(fallback)
+	p.Cut(admission.SettleWhenIdle)
 }
 
 // done frees the place of a request the engine finished.
@@ -520,7 +523,7 @@ func (q *request) clientErr() error {
 
 // cutEnd settles and answers a request the router cut.
 func (q *request) cutEnd(cause error) {
-	q.cut(true, !q.headAt.IsZero())
+	q.cut(true)
 	switch cause {
 	case errClientGone:
 		q.gone()

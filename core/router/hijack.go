@@ -440,7 +440,7 @@ func (q *request) recoverRelay() {
 	}
 	q.rt.logger.Error("panic relaying a stream", "request_id", q.id, "panic", p, "stack", string(debug.Stack()))
 	q.cutter.cut(errClientGone)
-	q.cut(true, !q.headAt.IsZero())
+	q.cut(true)
 	q.cc.closeNow()
 	q.rt.streams.remove(q.cc)
 }

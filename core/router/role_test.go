@@ -116,20 +116,10 @@ func (e *roleEnv) settled() bool {
 	return q["in_flight"] == 0 && q["waiting"] == 0 && q["settle_when_idle"] == 0 && q["settle_at_stop"] == 0 && q["settle_on_abort"] == 0
 }
 
-// settleAfterCuts waits for every cut request to settle; those cut
-// before the engine answered anything wait for the instance's next stop,
-// so the deployment is stopped when any remain.
+// settleAfterCuts waits for every cut request to settle on the engine's
+// load reading, with no stop of the deployment.
 func (e *roleEnv) settleAfterCuts() {
 	e.t.Helper()
-	harness.Eventually(e.t, 30*time.Second, "the cuts to settle or wait for the next stop", func() bool {
-		q := e.requests()
-		return q["in_flight"] == 0 && q["waiting"] == 0 && q["settle_when_idle"] == 0 && q["settle_on_abort"] == 0
-	})
-	if e.requests()["settle_at_stop"] > 0 {
-		if out, errOut, code := e.r.CLI("stop", "deployment", "demo", "--wait"); code != 0 {
-			e.t.Fatalf("stop: %d %s %s", code, out, errOut)
-		}
-	}
 	harness.Eventually(e.t, 30*time.Second, "every count back to zero", e.settled)
 }
 

@@ -94,6 +94,9 @@ type Config struct {
 	// SettleInterval is how often cut requests are checked against the
 	// engines' idle readings and stops (default 200ms).
 	SettleInterval time.Duration
+	// SettleTransit is how long after a cut an engine's idle reading must
+	// begin to settle it (admission.DefaultTransit when 0; negative: none).
+	SettleTransit time.Duration
 	// ProgressAfter is how long a streamed request waits for an activation
 	// before CapyCTL answers 200 and starts sending SSE progress comments
 	// (default 250ms; negative: never).
@@ -163,6 +166,7 @@ func New(cfg Config) *Router {
 	rt.adm = admission.New(admission.Config{
 		MaxWaitingTotal: cfg.MaxWaitingTotal,
 		MaxWaitingBytes: cfg.MaxWaitingBytes,
+		Transit:         cfg.SettleTransit,
 		OnSaturated:     rt.onSaturated,
 	})
 	rt.stats.reg.MustRegister(&gauges{rt: rt})

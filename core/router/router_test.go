@@ -235,7 +235,7 @@ func TestRouter_HangUpCancelsOnTheEngine(t *testing.T) {
 	}
 }
 
-func TestRouter_HangUpBeforeTheFirstTokenSettlesAtStop(t *testing.T) {
+func TestRouter_HangUpBeforeTheFirstTokenSettlesOnTheIdleReading(t *testing.T) {
 	// One engine slot, held by a first request: the second waits in the
 	// engine's own queue and gets nothing, not even the answer's head.
 	e := newEnv(t, envOpts{engine: fakeengine.Config{MaxRunning: 1, StallAfterTokens: 1}})
@@ -260,18 +260,23 @@ func TestRouter_HangUpBeforeTheFirstTokenSettlesAtStop(t *testing.T) {
 	waitFor(t, "the second request to wait on the engine", func() bool { return e.eng.Stats().Waiting == 1 })
 	cancel2()
 	<-done
+	// The engine may have had it: its place stays held until the engine's
+	// load reading shows no more requests than the router still serves
+	// there. The first request still runs, so the engine never reads
+	// idle; the reading "one running, none waiting" against one live
+	// request is the evidence.
 	waitFor(t, "the engine to drop it", func() bool { s := e.eng.Stats(); return s.Waiting == 0 && s.Cancelled == 1 })
-	waitFor(t, "settle_at_stop", func() bool { return e.count("settle_at_stop") == 1 })
-	// An idle reading proves nothing for it: end the first request and
-	// let readings happen; it stays counted until the next stop.
-	cancel1()
-	waitFor(t, "the first to settle on the idle reading", func() bool { return e.count("settle_when_idle") == 0 && e.count("in_flight") == 0 })
-	if n := e.count("settle_at_stop"); n != 1 {
-		t.Fatalf("settle_at_stop = %d after an idle reading, want 1", n)
+	waitFor(t, "the cut request to settle while the first still runs", func() bool {
+		return e.count("settle_when_idle") == 0 && e.count("settle_at_stop") == 0 && e.count("in_flight") == 1
+	})
+	if s := e.eng.Stats(); s.Running != 1 {
+		t.Fatalf("the first request no longer runs: %+v", s)
 	}
-	// The instance stops: that settles it.
-	e.lc.state.Store(structs.StateStopped)
-	waitFor(t, "settle at stop", e.idle)
+	cancel1()
+	waitFor(t, "idle", e.idle)
+	if e.lc.restarts.Load() != 0 {
+		t.Fatal("the instance was restarted: a cut request waited for a stop")
+	}
 }
 
 func TestRouter_HangUpWhileQueued(t *testing.T) {
@@ -575,13 +580,17 @@ func TestRouter_ProgressWhileWaking(t *testing.T) {
 }
 
 func TestRouter_CutsWaitingToSettleAtStopRestartTheInstance(t *testing.T) {
-	// Two places; both requests are cut before the engine answered
-	// anything (they wait in the engine's queue behind a busy slot):
-	// with a third request waiting, the instance is restarted.
+	// Two places on an engine without a load reading; both requests are
+	// cut before the engine answered anything (they wait in the engine's
+	// queue behind a busy slot): with a third request waiting, the
+	// instance is restarted.
 	e := newEnv(t, envOpts{
 		engine: fakeengine.Config{MaxRunning: 1, StallAfterTokens: 1},
 		spec:   func(d *structs.Deployment) { d.EngineConfig.MaxConcurrentRequests = 2 },
 	})
+	// An engine without a load reading: nothing but its next stop proves
+	// that a request it may have had is over.
+	e.lc.noIdle.Store(true)
 	// Occupy the engine's only slot from outside the router.
 	hold, holdCancel := context.WithCancel(context.Background())
 	defer holdCancel()

@@ -186,6 +186,7 @@ var (
 	descUnsettle = prometheus.NewDesc("capyctl_requests_unsettled", "Cut requests still holding a place, by the evidence they wait for.", []string{"deployment", "settle"}, nil)
 	descPlaces   = prometheus.NewDesc("capyctl_running_places", "Running places per instance.", []string{"deployment"}, nil)
 	descWaitAll  = prometheus.NewDesc("capyctl_queue_waiting_bytes", "Bytes of waiting request bodies, all deployments.", nil, nil)
+	descStale    = prometheus.NewDesc("capyctl_engine_connections_stale_total", "Pooled engine connections found closed by the engine (dropped before use, or a request sent again on a new connection).", nil, nil)
 )
 
 func (g *gauges) Describe(ch chan<- *prometheus.Desc) {
@@ -194,6 +195,7 @@ func (g *gauges) Describe(ch chan<- *prometheus.Desc) {
 	ch <- descUnsettle
 	ch <- descPlaces
 	ch <- descWaitAll
+	ch <- descStale
 }
 
 func (g *gauges) Collect(ch chan<- prometheus.Metric) {
@@ -209,6 +211,7 @@ func (g *gauges) Collect(ch chan<- prometheus.Metric) {
 	}
 	_, bytes := g.rt.adm.Waiting()
 	ch <- prometheus.MustNewConstMetric(descWaitAll, prometheus.GaugeValue, float64(bytes))
+	ch <- prometheus.MustNewConstMetric(descStale, prometheus.CounterValue, float64(g.rt.engine.stale.Load()))
 }
 
 // Summary is one latency series of completed requests, in milliseconds.

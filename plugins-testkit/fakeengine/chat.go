@@ -390,9 +390,37 @@ func (g *generation) stream(w http.ResponseWriter, req *ChatRequest, res *ChatRe
 	g.release()
 	if send(enc.Close(res)) {
 		g.e.completed.Add(1)
+		if g.e.closesAfterStream() {
+			closeAfterAnswer(rc)
+		}
 	} else {
 		g.e.noteCancel(time.Now())
 	}
+}
+
+// closesAfterStream reports whether the engine closes the connection after
+// a streamed answer (the knob, or a flavour that always does).
+func (e *Engine) closesAfterStream() bool {
+	if e.cfg.CloseAfterStream {
+		return true
+	}
+	c, ok := e.flavour.(interface{ ClosesAfterStream() bool })
+	return ok && c.ClosesAfterStream()
+}
+
+// closeAfterAnswer ends a complete chunked answer and closes its
+// connection without telling the client first: the head said keep-alive,
+// the body's last chunk arrives, then the FIN. That is what llama-server
+// b4748 does; a client that pools the connection finds it closed when it
+// sends the next request.
+func closeAfterAnswer(rc *http.ResponseController) {
+	conn, bw, err := rc.Hijack()
+	if err != nil {
+		return
+	}
+	_, _ = bw.WriteString("0\r\n\r\n")
+	_ = bw.Flush()
+	_ = conn.Close()
 }
 
 // noteCancel counts a cancellation observed at a time.

@@ -99,6 +99,12 @@ type Config struct {
 	// bytes at the start of every answer (one chunk when streamed), counted
 	// as one token.
 	BigChunkBytes int
+	// CloseAfterStream closes the connection after every streamed answer,
+	// although the answer's head advertises keep-alive, as llama-server
+	// b4748 does (llamaserver-observed.md, "Connections after a streamed
+	// answer"). The llama.cpp flavour always does; this knob makes any
+	// flavour do it.
+	CloseAfterStream bool
 
 	// LogSecret prints the API key at startup, so that log redaction can
 	// be tested.

@@ -106,6 +106,10 @@ func (l *LlamaCpp) Options() LlamaCppOptions { return l.opts }
 // SlotContext is each slot's context: -c divided among the -np slots.
 func (l *LlamaCpp) SlotContext() int { return l.opts.CtxSize / l.opts.Parallel }
 
+// ClosesAfterStream is true: build b4748 closes the connection after every
+// streamed answer although the answer advertised keep-alive.
+func (l *LlamaCpp) ClosesAfterStream() bool { return true }
+
 // Name is "llamacpp".
 func (l *LlamaCpp) Name() string { return "llamacpp" }
 

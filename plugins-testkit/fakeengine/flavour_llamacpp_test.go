@@ -4,12 +4,19 @@
 package fakeengine_test
 
 import (
+	"bufio"
 	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/capyctl/capyctl/plugins-testkit/fakeengine"
 	"github.com/capyctl/capyctl/sdk/decisions"
@@ -300,5 +307,63 @@ func TestLlamaCpp_Decisions(t *testing.T) {
 	status, data, _ = do(t, "POST", te.url+decisions.Path, `{"model":"judge","questions":[]}`, nil)
 	if status != 500 || !strings.Contains(string(data), "questions") {
 		t.Fatalf("invalid decision: %d %s", status, data)
+	}
+}
+
+// TestLlamaCpp_ClosesAfterStream: like b4748, the fake closes the
+// connection after a streamed answer whose head advertised keep-alive, and
+// keeps it open after a non-streamed one; the knob does the same for any
+// flavour.
+func TestLlamaCpp_ClosesAfterStream(t *testing.T) {
+	cases := []struct {
+		name   string
+		start  func(t *testing.T) *testEngine
+		stream bool
+		closed bool
+	}{
+		{"llamacpp streamed", func(t *testing.T) *testEngine {
+			return llamaEngine(t, fakeengine.LlamaCppOptions{}, fakeengine.Config{Tokens: 3}, true)
+		}, true, true},
+		{"llamacpp non-streamed", func(t *testing.T) *testEngine {
+			return llamaEngine(t, fakeengine.LlamaCppOptions{}, fakeengine.Config{Tokens: 3}, true)
+		}, false, false},
+		{"openai streamed", func(t *testing.T) *testEngine {
+			return startEngine(t, fakeengine.Config{Tokens: 3}, true)
+		}, true, false},
+		{"openai streamed with the knob", func(t *testing.T) *testEngine {
+			return startEngine(t, fakeengine.Config{Tokens: 3, CloseAfterStream: true}, true)
+		}, true, true},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			te := c.start(t)
+			u, _ := url.Parse(te.url)
+			conn, err := net.Dial("tcp", u.Host)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			body := fmt.Sprintf(`{"model":%q,"stream":%v,"messages":[{"role":"user","content":"hi"}]}`, te.ServedName(), c.stream)
+			fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", u.Host, len(body), body)
+			br := bufio.NewReader(conn)
+			resp, err := http.ReadResponse(br, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if resp.StatusCode != 200 || resp.Close {
+				t.Fatalf("status %d, close %v: want 200 advertising keep-alive", resp.StatusCode, resp.Close)
+			}
+			if _, err := io.ReadAll(resp.Body); err != nil {
+				t.Fatalf("the answer's body did not end cleanly: %v", err)
+			}
+			_ = conn.SetReadDeadline(time.Now().Add(2 * time.Second))
+			_, err = br.ReadByte()
+			switch {
+			case c.closed && err != io.EOF:
+				t.Fatalf("after the answer: %v, want EOF (the engine closes the connection)", err)
+			case !c.closed && !errors.Is(err, os.ErrDeadlineExceeded):
+				t.Fatalf("after the answer: %v, want the connection kept open", err)
+			}
+		})
 	}
 }

@@ -59,6 +59,7 @@ func RegisterKnobs(fs *flag.FlagSet, cfg *Config) *Knobs {
 	fs.IntVar(&cfg.FailRequests, def("fail-requests"), cfg.FailRequests, "answer the next N chat requests with an engine failure (HTTP 500)")
 	fs.IntVar(&cfg.StallAfterTokens, def("stall-after-tokens"), cfg.StallAfterTokens, "stop producing after N tokens, keeping the connection open (0: never)")
 	fs.Var(intBytes{&cfg.BigChunkBytes}, def("big-chunk-bytes"), "send one content chunk of this many bytes first (0: off)")
+	fs.BoolVar(&cfg.CloseAfterStream, def("close-after-stream"), cfg.CloseAfterStream, "close the connection after every streamed answer while advertising keep-alive (llama-server does)")
 	fs.Uint64Var(&cfg.Seed, def("seed"), cfg.Seed, "seed of the deterministic answers")
 	fs.BoolVar(&cfg.WakeDrift, def("wake-drift"), cfg.WakeDrift, "change the answers after every wake (a model that wakes wrongly)")
 	fs.BoolVar(&cfg.LogSecret, def("log-secret"), cfg.LogSecret, "print the API key at startup (to test log redaction)")
