@@ -121,6 +121,9 @@ func toEndpoint(e *pb.Endpoint) *structs.EngineEndpoint {
 		RequestIDHeader: e.GetRequestIdHeader(),
 		AbortByID:       e.GetAbortMode() == pb.AbortMode_ABORT_MODE_REQUEST_ID,
 		ServedName:      e.GetServedName(),
+		// IMPORTANT: only an engine declared to stop a non-streamed request
+		// on a hang-up gets it as is; unspecified means stream.
+		ForwardNonStreamed: e.GetNonStreamedHangup() == pb.NonStreamedHangup_NON_STREAMED_HANGUP_STOPS,
 	}
 }
 

@@ -5,6 +5,7 @@ package router_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -16,6 +17,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/capyctl/capyctl/core/structs"
 	"github.com/capyctl/capyctl/plugins-testkit/fakeengine"
 )
 
@@ -80,4 +82,64 @@ func staleCount(t *testing.T, e *env) int {
 	}
 	n, _ := strconv.Atoi(m[1])
 	return n
+}
+
+// TestRouter_NonStreamedForwarding: a non-streamed request reaches an
+// engine that stops one on a hang-up as it is (the engine does the least
+// work), and any other engine as a stream the router assembles; the client
+// gets the same answer either way.
+func TestRouter_NonStreamedForwarding(t *testing.T) {
+	cases := []struct {
+		name     string
+		forward  bool
+		streamed uint64 // streams the engine served
+	}{
+		{"streamed from an engine that notices hang-ups only while streaming", false, 1},
+		{"forwarded to an engine that stops it on a hang-up", true, 0},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			e := newEnv(t, envOpts{engine: fakeengine.Config{Tokens: 5, ServedName: "served-m"}, ep: func(ep *structs.EngineEndpoint) {
+				ep.ServedName = "served-m"
+				ep.ForwardNonStreamed = c.forward
+			}})
+			resp, err := e.post(context.Background(), "/v1/chat/completions", chatBody(false, ""), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			body := readBody(t, resp)
+			if resp.StatusCode != 200 || resp.Header.Get("Content-Type") != "application/json" {
+				t.Fatalf("%d %s: %s", resp.StatusCode, resp.Header.Get("Content-Type"), body)
+			}
+			var a struct {
+				ID      string `json:"id"`
+				Object  string `json:"object"`
+				Model   string `json:"model"`
+				Choices []struct {
+					Message struct {
+						Content string `json:"content"`
+					} `json:"message"`
+					FinishReason string `json:"finish_reason"`
+				} `json:"choices"`
+				Usage struct {
+					CompletionTokens int `json:"completion_tokens"`
+				} `json:"usage"`
+				Capyctl struct {
+					Metrics map[string]any `json:"metrics"`
+				} `json:"capyctl"`
+			}
+			if err := json.Unmarshal([]byte(body), &a); err != nil {
+				t.Fatalf("%v: %s", err, body)
+			}
+			if a.ID != resp.Header.Get("X-CapyCTL-Request-Id") || a.Object != "chat.completion" || a.Model != "demo" ||
+				len(a.Choices) != 1 || a.Choices[0].Message.Content == "" || a.Choices[0].FinishReason != "stop" ||
+				a.Usage.CompletionTokens != 5 || a.Capyctl.Metrics == nil {
+				t.Fatalf("answer %s", body)
+			}
+			if s := e.eng.Stats(); s.Total != 1 || s.Streamed != c.streamed {
+				t.Fatalf("the engine served %d requests, %d streamed; want 1, %d", s.Total, s.Streamed, c.streamed)
+			}
+			waitFor(t, "idle", e.idle)
+		})
+	}
 }

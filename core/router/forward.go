@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"net/http"
 	"os"
 	"strconv"
 	"strings"
@@ -184,13 +185,15 @@ func (q *request) done() {
 }
 
 // engineBody is the body sent to the engine: the engine's served name,
-// always streamed with usage (chat), and the request ID where the engine
-// takes it in the body.
+// the request ID where the engine takes it in the body, and for chat a
+// stream with usage (the router's figures come from it), except for a
+// non-streamed request to an engine that stops one on a hang-up
+// (ForwardNonStreamed), which goes as the client sent it.
 func (q *request) engineBody() ([]byte, error) {
 	ep := &q.target.Endpoint
 	needModel := ep.ServedName != "" && ep.ServedName != q.model
 	needRid := ep.RequestIDField != ""
-	needStream := q.api == structs.APIChat && (!q.stream || !q.usageOpt)
+	needStream := q.api == structs.APIChat && ((!q.stream && !ep.ForwardNonStreamed) || (q.stream && !q.usageOpt))
 	if !needModel && !needRid && !needStream {
 		return q.body, nil
 	}
@@ -707,11 +710,14 @@ var (
 	timingsKey = []byte(`"timings"`)
 )
 
-// relayJSON relays a whole JSON answer (a decision, or a chat engine that
-// does not stream) with the request ID, the public model name and
-// capyctl.metrics.
+// relayJSON relays a whole JSON answer (a decision, or a chat answer the
+// engine did not stream) with the request ID, the public model name and
+// capyctl.metrics. The answer is spliced, not decoded and encoded again:
+// one scan finds its top-level members (topLevel), only usage and timings
+// are decoded, and the output is the engine's bytes with three members
+// replaced or added.
 func (q *request) relayJSON(call *engineCall) {
-	data, err := io.ReadAll(io.LimitReader(call.Resp.Body, 64<<20))
+	data, err := readBody(call.Resp, 64<<20)
 	if err != nil {
 		call.finish(false)
 		q.endAt = time.Now()
@@ -726,16 +732,111 @@ func (q *request) relayJSON(call *engineCall) {
 	q.endAt = time.Now()
 	q.firstContent = q.endAt
 	q.done()
-	var m map[string]json.RawMessage
-	if json.Unmarshal(data, &m) != nil {
-		q.status = 200
-		q.headersSent = true
-		h := q.w.Header()
-		h.Set("Content-Type", call.Resp.Header.Get("Content-Type"))
-		q.w.WriteHeader(200)
-		_ = q.write(data)
-		return
+	out, ok := q.spliceJSON(data)
+	if !ok {
+		var m map[string]json.RawMessage
+		if json.Unmarshal(data, &m) != nil {
+			q.status = 200
+			q.headersSent = true
+			h := q.w.Header()
+			h.Set("Content-Type", call.Resp.Header.Get("Content-Type"))
+			q.w.WriteHeader(200)
+			_ = q.write(data)
+			return
+		}
+		out = q.rebuildJSON(m)
 	}
+	q.setWriteDeadline()
+	h := q.w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("Content-Length", strconv.Itoa(len(out)))
+	q.w.WriteHeader(200)
+	q.status = 200
+	q.headersSent = true
+	_ = q.write(out)
+}
+
+// readBody reads a whole answer body of at most limit bytes, sized by its
+// Content-Length when it has one.
+func readBody(resp *http.Response, limit int64) ([]byte, error) {
+	if n := resp.ContentLength; n >= 0 && n <= limit {
+		b := make([]byte, n)
+		if _, err := io.ReadFull(resp.Body, b); err != nil {
+			return nil, err
+		}
+		return b, nil
+	}
+	return io.ReadAll(io.LimitReader(resp.Body, limit))
+}
+
+// spliceJSON is the answer with its top-level "id" set to the request ID,
+// "model" (where present, always for a decision) to the public name,
+// "rid" removed and "capyctl" added; usage and timings are read. ok is
+// false for an answer the splice does not handle (not one object, no id,
+// a "capyctl" member of its own).
+func (q *request) spliceJSON(data []byte) ([]byte, bool) {
+	var buf [16]member
+	ms, ok := topLevel(data, buf[:0])
+	if !ok {
+		return nil, false
+	}
+	var id, model, rid, usage, timings = -1, -1, -1, -1, -1
+	for i, m := range ms {
+		switch string(m.key) {
+		case "id":
+			id = i
+		case "model":
+			model = i
+		case "rid":
+			rid = i
+		case "usage":
+			usage = i
+		case "timings":
+			timings = i
+		case "capyctl":
+			return nil, false
+		}
+	}
+	if id < 0 || (model < 0 && q.api == structs.APIDecisions) {
+		return nil, false
+	}
+	if usage >= 0 {
+		q.usage.parse(data[ms[usage].val:ms[usage].end])
+	}
+	if timings >= 0 {
+		q.timings.parse(data[ms[timings].val:ms[timings].end])
+	}
+	q.contentN = q.usage.completion
+	out := make([]byte, 0, len(data)+len(q.id)+len(q.model)+320)
+	out = append(out, '{')
+	first := true
+	for i, m := range ms {
+		if i == rid {
+			continue
+		}
+		if !first {
+			out = append(out, ',')
+		}
+		first = false
+		switch i {
+		case id:
+			out = append(out, `"id":`...)
+			out = appendJSONString(out, q.id)
+		case model:
+			out = append(out, `"model":`...)
+			out = appendJSONString(out, q.model)
+		default:
+			out = append(out, data[m.start:m.end]...)
+		}
+	}
+	out = append(out, `,"capyctl":{"metrics":`...)
+	out = q.appendMetrics(out)
+	out = append(out, "}}\n"...)
+	return out, true
+}
+
+// rebuildJSON is spliceJSON for an answer it could not handle, decoded.
+func (q *request) rebuildJSON(m map[string]json.RawMessage) []byte {
 	m["id"], _ = json.Marshal(q.id)
 	if _, ok := m["model"]; ok || q.api == structs.APIDecisions {
 		m["model"], _ = json.Marshal(q.model)
@@ -751,15 +852,21 @@ func (q *request) relayJSON(call *engineCall) {
 	cap := append([]byte(`{"metrics":`), q.appendMetrics(nil)...)
 	m["capyctl"] = append(cap, '}')
 	out, _ := json.Marshal(m)
-	out = append(out, '\n')
-	q.setWriteDeadline()
-	h := q.w.Header()
-	h.Set("Content-Type", "application/json")
-	h.Set("Content-Length", strconv.Itoa(len(out)))
-	q.w.WriteHeader(200)
-	q.status = 200
-	q.headersSent = true
-	_ = q.write(out)
+	return append(out, '\n')
+}
+
+// appendJSONString appends s as a JSON string. Request IDs and model
+// names are plain ASCII; anything else goes through encoding/json.
+func appendJSONString(b []byte, s string) []byte {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x20 || c == '"' || c == '\\' || c >= 0x7f || c == '<' || c == '>' || c == '&' {
+			e, _ := json.Marshal(s)
+			return append(b, e...)
+		}
+	}
+	b = append(b, '"')
+	b = append(b, s...)
+	return append(b, '"')
 }
 
 // rewriter replaces the engine's answer ID with CapyCTL's request ID and

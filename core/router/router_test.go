@@ -195,6 +195,7 @@ func TestRouter_HangUpCancelsOnTheEngine(t *testing.T) {
 	cases := []struct {
 		name    string
 		stream  bool
+		forward bool // the engine stops a non-streamed request on a hang-up
 		engine  fakeengine.Config
 		settle  string // what the cut waits for
 		started func(e *env) bool
@@ -207,10 +208,15 @@ func TestRouter_HangUpCancelsOnTheEngine(t *testing.T) {
 			name: "during a non-streamed answer", stream: false, engine: fakeengine.Config{StallAfterTokens: 3}, settle: "settle_when_idle",
 			started: func(e *env) bool { return e.eng.Stats().GenerationTokens >= 3 },
 		},
+		{
+			name: "during a non-streamed answer forwarded as it is", stream: false, forward: true,
+			engine: fakeengine.Config{StallAfterTokens: 3}, settle: "settle_when_idle",
+			started: func(e *env) bool { return e.eng.Stats().GenerationTokens >= 3 },
+		},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			e := newEnv(t, envOpts{engine: c.engine})
+			e := newEnv(t, envOpts{engine: c.engine, ep: func(ep *structs.EngineEndpoint) { ep.ForwardNonStreamed = c.forward }})
 			ctx, cancel := context.WithCancel(context.Background())
 			done := make(chan struct{})
 			go func() {

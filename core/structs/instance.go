@@ -70,6 +70,11 @@ type EngineEndpoint struct {
 	// (beyond closing the connection).
 	AbortByID  bool   `json:"abort_by_id,omitempty"`
 	ServedName string `json:"served_name"`
+	// ForwardNonStreamed is true when the engine stops a non-streamed
+	// request as soon as its connection closes: the router then forwards
+	// such a request as it is instead of streaming it from the engine and
+	// assembling the answer (the driver's non_streamed_hangup).
+	ForwardNonStreamed bool `json:"forward_non_streamed,omitempty"`
 }
 
 // ErrorRecord is a stored error.

@@ -48,6 +48,13 @@ type handle struct {
 func newHandle(id, launchID string, l proc.Launched, port int, key string, dep *pb.Deployment, plan *pb.PlanResponse, grace time.Duration) *handle {
 	ep := engine.NewEndpoint(port, dep.GetServedName(), key)
 	ep.DecisionsPath = decisions.Path
+	// IMPORTANT: llama-server checks a non-streamed client only when its
+	// one-second wait for results times out, and any result (another
+	// request's token, a /slots or /metrics call) restarts that wait: under
+	// load an abandoned non-streamed request runs to max_tokens
+	// (llamaserver-observed.md, "Cancellation"). Streamed, it stops at the
+	// next token. So the router streams from it whatever the client asked.
+	ep.NonStreamedHangup = pb.NonStreamedHangup_NON_STREAMED_HANGUP_STREAM
 	in := engine.NewInstance(id, launchID, l, port, ep)
 	in.API, in.ModelDir, in.Residency, in.StopGrace = dep.GetApi(), dep.GetModelDir(), engine.ResidencyRestartOnly, grace
 	h := &handle{Instance: in, startup: startupBase}

@@ -167,11 +167,18 @@ func endpoint(port int, key string, dep *pb.Deployment, workers int64) *pb.Endpo
 	ep := engine.NewEndpoint(port, dep.GetServedName(), engineKey(key))
 	ep.RequestIdField = RequestIDField
 	ep.AbortMode = pb.AbortMode_ABORT_MODE_REQUEST_ID
+	// With the abort by rid a non-streamed request stops as promptly as a
+	// streamed one, so it goes to the engine as it is. Without it, SGLang
+	// notices a non-streamed client's hang-up only when
+	// TokenizerManager._wait_one_response wakes up to check
+	// (engines.md §2.4, its period unconfirmed): stream instead.
+	ep.NonStreamedHangup = pb.NonStreamedHangup_NON_STREAMED_HANGUP_STOPS
 	if dep.GetApi() == "decisions" {
 		ep.DecisionsPath = decisionsPath
 	}
 	if workers > 1 {
 		ep.AbortMode = pb.AbortMode_ABORT_MODE_CLOSE_CONNECTION
+		ep.NonStreamedHangup = pb.NonStreamedHangup_NON_STREAMED_HANGUP_STREAM
 	}
 	return ep
 }

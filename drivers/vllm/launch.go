@@ -123,10 +123,15 @@ func (d *Driver) Plan(_ context.Context, req *pb.PlanRequest) (*pb.PlanResponse,
 }
 
 // endpoint is how the router reaches an instance: the request ID in
-// X-Request-Id.
+// X-Request-Id, and a non-streamed request forwarded as it is: vLLM's
+// chat route runs under with_cancellation (vllm/entrypoints/utils.py),
+// which races the handler against the client's http.disconnect and aborts
+// the request in the engine the moment the connection closes, streamed or
+// not (engines.md §1.7, note 1; every verified release has it).
 func endpoint(port int, key, served string) *pb.Endpoint {
 	ep := engine.NewEndpoint(port, served, key)
 	ep.RequestIdHeader = "X-Request-Id"
+	ep.NonStreamedHangup = pb.NonStreamedHangup_NON_STREAMED_HANGUP_STOPS
 	return ep
 }
 

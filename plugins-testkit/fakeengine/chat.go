@@ -209,6 +209,9 @@ func (e *Engine) serveChat(w http.ResponseWriter, r *http.Request) {
 	}
 
 	e.total.Add(1)
+	if req.Stream {
+		e.streamed.Add(1)
+	}
 	defer e.finishRequest(r) // runs last
 	prompt := countPromptTokens(req.Messages)
 	e.promptTokens.Add(uint64(prompt))

@@ -182,6 +182,8 @@ type Stats struct {
 	MaxRunning int `json:"max_running"`
 	// Total counts chat requests accepted (valid and for this model).
 	Total uint64 `json:"total"`
+	// Streamed counts the accepted chat requests that asked for a stream.
+	Streamed uint64 `json:"streamed"`
 	// Completed counts answers delivered in full.
 	Completed uint64 `json:"completed"`
 	// Cancelled counts requests ended early: client hang-up, Abort, or
@@ -228,6 +230,7 @@ type Engine struct {
 	failLeft atomic.Int64
 
 	total, completed, cancelled, failed atomic.Uint64
+	streamed                            atomic.Uint64
 	finished, promptTokens, genTokens   atomic.Uint64
 	lastCancel                          atomic.Int64
 	crashConn                           atomic.Pointer[net.Conn]
@@ -394,6 +397,7 @@ func (e *Engine) Stats() Stats {
 		Waiting:            waiting,
 		MaxRunning:         e.cfg.MaxRunning,
 		Total:              e.total.Load(),
+		Streamed:           e.streamed.Load(),
 		Completed:          e.completed.Load(),
 		Cancelled:          e.cancelled.Load(),
 		Failed:             e.failed.Load(),

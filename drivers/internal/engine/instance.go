@@ -77,15 +77,18 @@ func BaseURL(port int) string { return "http://127.0.0.1:" + strconv.Itoa(port) 
 const ChatPath = "/v1/chat/completions"
 
 // NewEndpoint is how the router reaches an engine on its loopback port:
-// chat at ChatPath, a request ended by closing its connection, and the
-// per-launch key, when there is one, as a bearer token. A driver sets what
-// its engine does otherwise (decisions, a request ID, an abort by ID).
+// chat at ChatPath, a request ended by closing its connection, a
+// non-streamed request streamed from the engine (the safe choice: see
+// pb.NonStreamedHangup), and the per-launch key, when there is one, as a
+// bearer token. A driver sets what its engine does otherwise (decisions, a
+// request ID, an abort by ID, a non-streamed request stopped on hang-up).
 func NewEndpoint(port int, served, key string) *pb.Endpoint {
 	ep := &pb.Endpoint{
-		BaseUrl:    BaseURL(port),
-		ChatPath:   ChatPath,
-		AbortMode:  pb.AbortMode_ABORT_MODE_CLOSE_CONNECTION,
-		ServedName: served,
+		BaseUrl:           BaseURL(port),
+		ChatPath:          ChatPath,
+		AbortMode:         pb.AbortMode_ABORT_MODE_CLOSE_CONNECTION,
+		NonStreamedHangup: pb.NonStreamedHangup_NON_STREAMED_HANGUP_STREAM,
+		ServedName:        served,
 	}
 	if key != "" {
 		ep.AuthHeader = "Authorization"

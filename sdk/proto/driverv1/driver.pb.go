@@ -96,6 +96,70 @@ func (AbortMode) EnumDescriptor() ([]byte, []int) {
 	return file_sdk_proto_driverv1_driver_proto_rawDescGZIP(), []int{0}
 }
 
+// NonStreamedHangup says how promptly the engine stops a request whose
+// client asked for one whole answer (no stream) and went away. It decides
+// how the router forwards such a request: as it is (the engine does the
+// least work), or as a stream it assembles itself (the only way some
+// engines notice a hang-up).
+type NonStreamedHangup int32
+
+const (
+	// UNSPECIFIED is treated as STREAM: the safe choice for an engine
+	// nobody described.
+	NonStreamedHangup_NON_STREAMED_HANGUP_UNSPECIFIED NonStreamedHangup = 0
+	// STREAM: the engine notices a hang-up promptly only while it streams
+	// (llama-server b4748 checks a non-streamed client only when no other
+	// result arrived for a second: under load, never). The router streams
+	// from the engine and assembles the whole answer.
+	NonStreamedHangup_NON_STREAMED_HANGUP_STREAM NonStreamedHangup = 1
+	// STOPS: closing the connection (with the abort by request ID where
+	// abort_mode says so) stops a non-streamed request as promptly as a
+	// streamed one (vLLM's with_cancellation). The router forwards the
+	// request as the client sent it.
+	NonStreamedHangup_NON_STREAMED_HANGUP_STOPS NonStreamedHangup = 2
+)
+
+// Enum value maps for NonStreamedHangup.
+var (
+	NonStreamedHangup_name = map[int32]string{
+		0: "NON_STREAMED_HANGUP_UNSPECIFIED",
+		1: "NON_STREAMED_HANGUP_STREAM",
+		2: "NON_STREAMED_HANGUP_STOPS",
+	}
+	NonStreamedHangup_value = map[string]int32{
+		"NON_STREAMED_HANGUP_UNSPECIFIED": 0,
+		"NON_STREAMED_HANGUP_STREAM":      1,
+		"NON_STREAMED_HANGUP_STOPS":       2,
+	}
+)
+
+func (x NonStreamedHangup) Enum() *NonStreamedHangup {
+	p := new(NonStreamedHangup)
+	*p = x
+	return p
+}
+
+func (x NonStreamedHangup) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (NonStreamedHangup) Descriptor() protoreflect.EnumDescriptor {
+	return file_sdk_proto_driverv1_driver_proto_enumTypes[1].Descriptor()
+}
+
+func (NonStreamedHangup) Type() protoreflect.EnumType {
+	return &file_sdk_proto_driverv1_driver_proto_enumTypes[1]
+}
+
+func (x NonStreamedHangup) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use NonStreamedHangup.Descriptor instead.
+func (NonStreamedHangup) EnumDescriptor() ([]byte, []int) {
+	return file_sdk_proto_driverv1_driver_proto_rawDescGZIP(), []int{1}
+}
+
 // FlagClass is the policy class of one option or environment name.
 type FlagClass int32
 
@@ -140,11 +204,11 @@ func (x FlagClass) String() string {
 }
 
 func (FlagClass) Descriptor() protoreflect.EnumDescriptor {
-	return file_sdk_proto_driverv1_driver_proto_enumTypes[1].Descriptor()
+	return file_sdk_proto_driverv1_driver_proto_enumTypes[2].Descriptor()
 }
 
 func (FlagClass) Type() protoreflect.EnumType {
-	return &file_sdk_proto_driverv1_driver_proto_enumTypes[1]
+	return &file_sdk_proto_driverv1_driver_proto_enumTypes[2]
 }
 
 func (x FlagClass) Number() protoreflect.EnumNumber {
@@ -153,7 +217,7 @@ func (x FlagClass) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use FlagClass.Descriptor instead.
 func (FlagClass) EnumDescriptor() ([]byte, []int) {
-	return file_sdk_proto_driverv1_driver_proto_rawDescGZIP(), []int{1}
+	return file_sdk_proto_driverv1_driver_proto_rawDescGZIP(), []int{2}
 }
 
 // FlagKind says whether a rule is about an option or an environment name.
@@ -190,11 +254,11 @@ func (x FlagKind) String() string {
 }
 
 func (FlagKind) Descriptor() protoreflect.EnumDescriptor {
-	return file_sdk_proto_driverv1_driver_proto_enumTypes[2].Descriptor()
+	return file_sdk_proto_driverv1_driver_proto_enumTypes[3].Descriptor()
 }
 
 func (FlagKind) Type() protoreflect.EnumType {
-	return &file_sdk_proto_driverv1_driver_proto_enumTypes[2]
+	return &file_sdk_proto_driverv1_driver_proto_enumTypes[3]
 }
 
 func (x FlagKind) Number() protoreflect.EnumNumber {
@@ -203,7 +267,7 @@ func (x FlagKind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use FlagKind.Descriptor instead.
 func (FlagKind) EnumDescriptor() ([]byte, []int) {
-	return file_sdk_proto_driverv1_driver_proto_rawDescGZIP(), []int{2}
+	return file_sdk_proto_driverv1_driver_proto_rawDescGZIP(), []int{3}
 }
 
 type ProbeKind int32
@@ -242,11 +306,11 @@ func (x ProbeKind) String() string {
 }
 
 func (ProbeKind) Descriptor() protoreflect.EnumDescriptor {
-	return file_sdk_proto_driverv1_driver_proto_enumTypes[3].Descriptor()
+	return file_sdk_proto_driverv1_driver_proto_enumTypes[4].Descriptor()
 }
 
 func (ProbeKind) Type() protoreflect.EnumType {
-	return &file_sdk_proto_driverv1_driver_proto_enumTypes[3]
+	return &file_sdk_proto_driverv1_driver_proto_enumTypes[4]
 }
 
 func (x ProbeKind) Number() protoreflect.EnumNumber {
@@ -255,7 +319,7 @@ func (x ProbeKind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ProbeKind.Descriptor instead.
 func (ProbeKind) EnumDescriptor() ([]byte, []int) {
-	return file_sdk_proto_driverv1_driver_proto_rawDescGZIP(), []int{3}
+	return file_sdk_proto_driverv1_driver_proto_rawDescGZIP(), []int{4}
 }
 
 type RecoverState int32
@@ -294,11 +358,11 @@ func (x RecoverState) String() string {
 }
 
 func (RecoverState) Descriptor() protoreflect.EnumDescriptor {
-	return file_sdk_proto_driverv1_driver_proto_enumTypes[4].Descriptor()
+	return file_sdk_proto_driverv1_driver_proto_enumTypes[5].Descriptor()
 }
 
 func (RecoverState) Type() protoreflect.EnumType {
-	return &file_sdk_proto_driverv1_driver_proto_enumTypes[4]
+	return &file_sdk_proto_driverv1_driver_proto_enumTypes[5]
 }
 
 func (x RecoverState) Number() protoreflect.EnumNumber {
@@ -307,7 +371,7 @@ func (x RecoverState) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use RecoverState.Descriptor instead.
 func (RecoverState) EnumDescriptor() ([]byte, []int) {
-	return file_sdk_proto_driverv1_driver_proto_rawDescGZIP(), []int{4}
+	return file_sdk_proto_driverv1_driver_proto_rawDescGZIP(), []int{5}
 }
 
 type DescribeRequest struct {
@@ -2231,9 +2295,12 @@ type Endpoint struct {
 	RequestIdHeader string    `protobuf:"bytes,7,opt,name=request_id_header,json=requestIdHeader,proto3" json:"request_id_header,omitempty"`
 	AbortMode       AbortMode `protobuf:"varint,8,opt,name=abort_mode,json=abortMode,proto3,enum=capyctl.driver.v1.AbortMode" json:"abort_mode,omitempty"`
 	// served_name is the model name the engine expects in requests.
-	ServedName    string `protobuf:"bytes,9,opt,name=served_name,json=servedName,proto3" json:"served_name,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	ServedName string `protobuf:"bytes,9,opt,name=served_name,json=servedName,proto3" json:"served_name,omitempty"`
+	// non_streamed_hangup: how the engine learns that the client of a
+	// non-streamed request went away (and so how the router forwards one).
+	NonStreamedHangup NonStreamedHangup `protobuf:"varint,16,opt,name=non_streamed_hangup,json=nonStreamedHangup,proto3,enum=capyctl.driver.v1.NonStreamedHangup" json:"non_streamed_hangup,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *Endpoint) Reset() {
@@ -2327,6 +2394,13 @@ func (x *Endpoint) GetServedName() string {
 		return x.ServedName
 	}
 	return ""
+}
+
+func (x *Endpoint) GetNonStreamedHangup() NonStreamedHangup {
+	if x != nil {
+		return x.NonStreamedHangup
+	}
+	return NonStreamedHangup_NON_STREAMED_HANGUP_UNSPECIFIED
 }
 
 type StartResponse struct {
@@ -3643,7 +3717,7 @@ const file_sdk_proto_driverv1_driver_proto_rawDesc = "" +
 	"\n" +
 	"launch_dir\x18\x03 \x01(\tR\tlaunchDir\x12\x12\n" +
 	"\x04port\x18\x04 \x01(\x05R\x04port\x12\x1b\n" +
-	"\tlaunch_id\x18\x05 \x01(\tR\blaunchId\"\xdd\x02\n" +
+	"\tlaunch_id\x18\x05 \x01(\tR\blaunchId\"\xb3\x03\n" +
 	"\bEndpoint\x12\x19\n" +
 	"\bbase_url\x18\x01 \x01(\tR\abaseUrl\x12\x1f\n" +
 	"\vauth_header\x18\x02 \x01(\tR\n" +
@@ -3657,7 +3731,8 @@ const file_sdk_proto_driverv1_driver_proto_rawDesc = "" +
 	"\n" +
 	"abort_mode\x18\b \x01(\x0e2\x1c.capyctl.driver.v1.AbortModeR\tabortMode\x12\x1f\n" +
 	"\vserved_name\x18\t \x01(\tR\n" +
-	"servedName\"{\n" +
+	"servedName\x12T\n" +
+	"\x13non_streamed_hangup\x18\x10 \x01(\x0e2$.capyctl.driver.v1.NonStreamedHangupR\x11nonStreamedHangup\"{\n" +
 	"\rStartResponse\x121\n" +
 	"\x06launch\x18\x01 \x01(\v2\x19.capyctl.driver.v1.LaunchR\x06launch\x127\n" +
 	"\bendpoint\x18\x02 \x01(\v2\x1b.capyctl.driver.v1.EndpointR\bendpoint\"\x82\x01\n" +
@@ -3756,7 +3831,11 @@ const file_sdk_proto_driverv1_driver_proto_rawDesc = "" +
 	"\tAbortMode\x12\x1a\n" +
 	"\x16ABORT_MODE_UNSPECIFIED\x10\x00\x12\x1f\n" +
 	"\x1bABORT_MODE_CLOSE_CONNECTION\x10\x01\x12\x19\n" +
-	"\x15ABORT_MODE_REQUEST_ID\x10\x02*\x83\x01\n" +
+	"\x15ABORT_MODE_REQUEST_ID\x10\x02*w\n" +
+	"\x11NonStreamedHangup\x12#\n" +
+	"\x1fNON_STREAMED_HANGUP_UNSPECIFIED\x10\x00\x12\x1e\n" +
+	"\x1aNON_STREAMED_HANGUP_STREAM\x10\x01\x12\x1d\n" +
+	"\x19NON_STREAMED_HANGUP_STOPS\x10\x02*\x83\x01\n" +
 	"\tFlagClass\x12\x1a\n" +
 	"\x16FLAG_CLASS_UNSPECIFIED\x10\x00\x12\x14\n" +
 	"\x10FLAG_CLASS_OWNED\x10\x01\x12\x17\n" +
@@ -3804,134 +3883,136 @@ func file_sdk_proto_driverv1_driver_proto_rawDescGZIP() []byte {
 	return file_sdk_proto_driverv1_driver_proto_rawDescData
 }
 
-var file_sdk_proto_driverv1_driver_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
+var file_sdk_proto_driverv1_driver_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
 var file_sdk_proto_driverv1_driver_proto_msgTypes = make([]protoimpl.MessageInfo, 46)
 var file_sdk_proto_driverv1_driver_proto_goTypes = []any{
 	(AbortMode)(0),           // 0: capyctl.driver.v1.AbortMode
-	(FlagClass)(0),           // 1: capyctl.driver.v1.FlagClass
-	(FlagKind)(0),            // 2: capyctl.driver.v1.FlagKind
-	(ProbeKind)(0),           // 3: capyctl.driver.v1.ProbeKind
-	(RecoverState)(0),        // 4: capyctl.driver.v1.RecoverState
-	(*DescribeRequest)(nil),  // 5: capyctl.driver.v1.DescribeRequest
-	(*DescribeResponse)(nil), // 6: capyctl.driver.v1.DescribeResponse
-	(*Capabilities)(nil),     // 7: capyctl.driver.v1.Capabilities
-	(*DetectRequest)(nil),    // 8: capyctl.driver.v1.DetectRequest
-	(*DetectResponse)(nil),   // 9: capyctl.driver.v1.DetectResponse
-	(*FlagsRequest)(nil),     // 10: capyctl.driver.v1.FlagsRequest
-	(*FlagRule)(nil),         // 11: capyctl.driver.v1.FlagRule
-	(*FlagsResponse)(nil),    // 12: capyctl.driver.v1.FlagsResponse
-	(*Installation)(nil),     // 13: capyctl.driver.v1.Installation
-	(*HostPolicy)(nil),       // 14: capyctl.driver.v1.HostPolicy
-	(*Deployment)(nil),       // 15: capyctl.driver.v1.Deployment
-	(*Resources)(nil),        // 16: capyctl.driver.v1.Resources
-	(*MemorySizes)(nil),      // 17: capyctl.driver.v1.MemorySizes
-	(*LaunchContext)(nil),    // 18: capyctl.driver.v1.LaunchContext
-	(*PlanRequest)(nil),      // 19: capyctl.driver.v1.PlanRequest
-	(*Refusal)(nil),          // 20: capyctl.driver.v1.Refusal
-	(*MemoryHints)(nil),      // 21: capyctl.driver.v1.MemoryHints
-	(*Parsers)(nil),          // 22: capyctl.driver.v1.Parsers
-	(*PlanResponse)(nil),     // 23: capyctl.driver.v1.PlanResponse
-	(*StartRequest)(nil),     // 24: capyctl.driver.v1.StartRequest
-	(*ProcessIdentity)(nil),  // 25: capyctl.driver.v1.ProcessIdentity
-	(*Launch)(nil),           // 26: capyctl.driver.v1.Launch
-	(*Endpoint)(nil),         // 27: capyctl.driver.v1.Endpoint
-	(*StartResponse)(nil),    // 28: capyctl.driver.v1.StartResponse
-	(*ProbeRequest)(nil),     // 29: capyctl.driver.v1.ProbeRequest
-	(*ProbeResponse)(nil),    // 30: capyctl.driver.v1.ProbeResponse
-	(*ParkRequest)(nil),      // 31: capyctl.driver.v1.ParkRequest
-	(*ParkResponse)(nil),     // 32: capyctl.driver.v1.ParkResponse
-	(*WakeRequest)(nil),      // 33: capyctl.driver.v1.WakeRequest
-	(*WakeResponse)(nil),     // 34: capyctl.driver.v1.WakeResponse
-	(*AbortRequest)(nil),     // 35: capyctl.driver.v1.AbortRequest
-	(*AbortResponse)(nil),    // 36: capyctl.driver.v1.AbortResponse
-	(*LoadRequest)(nil),      // 37: capyctl.driver.v1.LoadRequest
-	(*LoadResponse)(nil),     // 38: capyctl.driver.v1.LoadResponse
-	(*StopRequest)(nil),      // 39: capyctl.driver.v1.StopRequest
-	(*StopResponse)(nil),     // 40: capyctl.driver.v1.StopResponse
-	(*RecoverRequest)(nil),   // 41: capyctl.driver.v1.RecoverRequest
-	(*RecoverResponse)(nil),  // 42: capyctl.driver.v1.RecoverResponse
-	(*LogsRequest)(nil),      // 43: capyctl.driver.v1.LogsRequest
-	(*LogsResponse)(nil),     // 44: capyctl.driver.v1.LogsResponse
-	nil,                      // 45: capyctl.driver.v1.DetectResponse.DetailsEntry
-	nil,                      // 46: capyctl.driver.v1.Installation.DetailsEntry
-	nil,                      // 47: capyctl.driver.v1.HostPolicy.HostEnvEntry
-	nil,                      // 48: capyctl.driver.v1.Deployment.EnvEntry
-	nil,                      // 49: capyctl.driver.v1.PlanResponse.EnvEntry
-	nil,                      // 50: capyctl.driver.v1.LoadResponse.FiguresEntry
+	(NonStreamedHangup)(0),   // 1: capyctl.driver.v1.NonStreamedHangup
+	(FlagClass)(0),           // 2: capyctl.driver.v1.FlagClass
+	(FlagKind)(0),            // 3: capyctl.driver.v1.FlagKind
+	(ProbeKind)(0),           // 4: capyctl.driver.v1.ProbeKind
+	(RecoverState)(0),        // 5: capyctl.driver.v1.RecoverState
+	(*DescribeRequest)(nil),  // 6: capyctl.driver.v1.DescribeRequest
+	(*DescribeResponse)(nil), // 7: capyctl.driver.v1.DescribeResponse
+	(*Capabilities)(nil),     // 8: capyctl.driver.v1.Capabilities
+	(*DetectRequest)(nil),    // 9: capyctl.driver.v1.DetectRequest
+	(*DetectResponse)(nil),   // 10: capyctl.driver.v1.DetectResponse
+	(*FlagsRequest)(nil),     // 11: capyctl.driver.v1.FlagsRequest
+	(*FlagRule)(nil),         // 12: capyctl.driver.v1.FlagRule
+	(*FlagsResponse)(nil),    // 13: capyctl.driver.v1.FlagsResponse
+	(*Installation)(nil),     // 14: capyctl.driver.v1.Installation
+	(*HostPolicy)(nil),       // 15: capyctl.driver.v1.HostPolicy
+	(*Deployment)(nil),       // 16: capyctl.driver.v1.Deployment
+	(*Resources)(nil),        // 17: capyctl.driver.v1.Resources
+	(*MemorySizes)(nil),      // 18: capyctl.driver.v1.MemorySizes
+	(*LaunchContext)(nil),    // 19: capyctl.driver.v1.LaunchContext
+	(*PlanRequest)(nil),      // 20: capyctl.driver.v1.PlanRequest
+	(*Refusal)(nil),          // 21: capyctl.driver.v1.Refusal
+	(*MemoryHints)(nil),      // 22: capyctl.driver.v1.MemoryHints
+	(*Parsers)(nil),          // 23: capyctl.driver.v1.Parsers
+	(*PlanResponse)(nil),     // 24: capyctl.driver.v1.PlanResponse
+	(*StartRequest)(nil),     // 25: capyctl.driver.v1.StartRequest
+	(*ProcessIdentity)(nil),  // 26: capyctl.driver.v1.ProcessIdentity
+	(*Launch)(nil),           // 27: capyctl.driver.v1.Launch
+	(*Endpoint)(nil),         // 28: capyctl.driver.v1.Endpoint
+	(*StartResponse)(nil),    // 29: capyctl.driver.v1.StartResponse
+	(*ProbeRequest)(nil),     // 30: capyctl.driver.v1.ProbeRequest
+	(*ProbeResponse)(nil),    // 31: capyctl.driver.v1.ProbeResponse
+	(*ParkRequest)(nil),      // 32: capyctl.driver.v1.ParkRequest
+	(*ParkResponse)(nil),     // 33: capyctl.driver.v1.ParkResponse
+	(*WakeRequest)(nil),      // 34: capyctl.driver.v1.WakeRequest
+	(*WakeResponse)(nil),     // 35: capyctl.driver.v1.WakeResponse
+	(*AbortRequest)(nil),     // 36: capyctl.driver.v1.AbortRequest
+	(*AbortResponse)(nil),    // 37: capyctl.driver.v1.AbortResponse
+	(*LoadRequest)(nil),      // 38: capyctl.driver.v1.LoadRequest
+	(*LoadResponse)(nil),     // 39: capyctl.driver.v1.LoadResponse
+	(*StopRequest)(nil),      // 40: capyctl.driver.v1.StopRequest
+	(*StopResponse)(nil),     // 41: capyctl.driver.v1.StopResponse
+	(*RecoverRequest)(nil),   // 42: capyctl.driver.v1.RecoverRequest
+	(*RecoverResponse)(nil),  // 43: capyctl.driver.v1.RecoverResponse
+	(*LogsRequest)(nil),      // 44: capyctl.driver.v1.LogsRequest
+	(*LogsResponse)(nil),     // 45: capyctl.driver.v1.LogsResponse
+	nil,                      // 46: capyctl.driver.v1.DetectResponse.DetailsEntry
+	nil,                      // 47: capyctl.driver.v1.Installation.DetailsEntry
+	nil,                      // 48: capyctl.driver.v1.HostPolicy.HostEnvEntry
+	nil,                      // 49: capyctl.driver.v1.Deployment.EnvEntry
+	nil,                      // 50: capyctl.driver.v1.PlanResponse.EnvEntry
+	nil,                      // 51: capyctl.driver.v1.LoadResponse.FiguresEntry
 }
 var file_sdk_proto_driverv1_driver_proto_depIdxs = []int32{
-	7,  // 0: capyctl.driver.v1.DescribeResponse.capabilities:type_name -> capyctl.driver.v1.Capabilities
+	8,  // 0: capyctl.driver.v1.DescribeResponse.capabilities:type_name -> capyctl.driver.v1.Capabilities
 	0,  // 1: capyctl.driver.v1.Capabilities.abort_mode:type_name -> capyctl.driver.v1.AbortMode
-	45, // 2: capyctl.driver.v1.DetectResponse.details:type_name -> capyctl.driver.v1.DetectResponse.DetailsEntry
-	2,  // 3: capyctl.driver.v1.FlagRule.kind:type_name -> capyctl.driver.v1.FlagKind
-	1,  // 4: capyctl.driver.v1.FlagRule.class:type_name -> capyctl.driver.v1.FlagClass
-	11, // 5: capyctl.driver.v1.FlagsResponse.rules:type_name -> capyctl.driver.v1.FlagRule
-	46, // 6: capyctl.driver.v1.Installation.details:type_name -> capyctl.driver.v1.Installation.DetailsEntry
-	47, // 7: capyctl.driver.v1.HostPolicy.host_env:type_name -> capyctl.driver.v1.HostPolicy.HostEnvEntry
-	48, // 8: capyctl.driver.v1.Deployment.env:type_name -> capyctl.driver.v1.Deployment.EnvEntry
-	16, // 9: capyctl.driver.v1.Deployment.resources:type_name -> capyctl.driver.v1.Resources
-	17, // 10: capyctl.driver.v1.Deployment.memory:type_name -> capyctl.driver.v1.MemorySizes
-	13, // 11: capyctl.driver.v1.PlanRequest.installation:type_name -> capyctl.driver.v1.Installation
-	15, // 12: capyctl.driver.v1.PlanRequest.deployment:type_name -> capyctl.driver.v1.Deployment
-	14, // 13: capyctl.driver.v1.PlanRequest.host:type_name -> capyctl.driver.v1.HostPolicy
-	18, // 14: capyctl.driver.v1.PlanRequest.launch:type_name -> capyctl.driver.v1.LaunchContext
-	20, // 15: capyctl.driver.v1.PlanResponse.refusals:type_name -> capyctl.driver.v1.Refusal
-	49, // 16: capyctl.driver.v1.PlanResponse.env:type_name -> capyctl.driver.v1.PlanResponse.EnvEntry
-	21, // 17: capyctl.driver.v1.PlanResponse.hints:type_name -> capyctl.driver.v1.MemoryHints
-	22, // 18: capyctl.driver.v1.PlanResponse.parsers:type_name -> capyctl.driver.v1.Parsers
-	13, // 19: capyctl.driver.v1.StartRequest.installation:type_name -> capyctl.driver.v1.Installation
-	15, // 20: capyctl.driver.v1.StartRequest.deployment:type_name -> capyctl.driver.v1.Deployment
-	14, // 21: capyctl.driver.v1.StartRequest.host:type_name -> capyctl.driver.v1.HostPolicy
-	18, // 22: capyctl.driver.v1.StartRequest.launch:type_name -> capyctl.driver.v1.LaunchContext
-	23, // 23: capyctl.driver.v1.StartRequest.plan:type_name -> capyctl.driver.v1.PlanResponse
-	25, // 24: capyctl.driver.v1.Launch.processes:type_name -> capyctl.driver.v1.ProcessIdentity
+	46, // 2: capyctl.driver.v1.DetectResponse.details:type_name -> capyctl.driver.v1.DetectResponse.DetailsEntry
+	3,  // 3: capyctl.driver.v1.FlagRule.kind:type_name -> capyctl.driver.v1.FlagKind
+	2,  // 4: capyctl.driver.v1.FlagRule.class:type_name -> capyctl.driver.v1.FlagClass
+	12, // 5: capyctl.driver.v1.FlagsResponse.rules:type_name -> capyctl.driver.v1.FlagRule
+	47, // 6: capyctl.driver.v1.Installation.details:type_name -> capyctl.driver.v1.Installation.DetailsEntry
+	48, // 7: capyctl.driver.v1.HostPolicy.host_env:type_name -> capyctl.driver.v1.HostPolicy.HostEnvEntry
+	49, // 8: capyctl.driver.v1.Deployment.env:type_name -> capyctl.driver.v1.Deployment.EnvEntry
+	17, // 9: capyctl.driver.v1.Deployment.resources:type_name -> capyctl.driver.v1.Resources
+	18, // 10: capyctl.driver.v1.Deployment.memory:type_name -> capyctl.driver.v1.MemorySizes
+	14, // 11: capyctl.driver.v1.PlanRequest.installation:type_name -> capyctl.driver.v1.Installation
+	16, // 12: capyctl.driver.v1.PlanRequest.deployment:type_name -> capyctl.driver.v1.Deployment
+	15, // 13: capyctl.driver.v1.PlanRequest.host:type_name -> capyctl.driver.v1.HostPolicy
+	19, // 14: capyctl.driver.v1.PlanRequest.launch:type_name -> capyctl.driver.v1.LaunchContext
+	21, // 15: capyctl.driver.v1.PlanResponse.refusals:type_name -> capyctl.driver.v1.Refusal
+	50, // 16: capyctl.driver.v1.PlanResponse.env:type_name -> capyctl.driver.v1.PlanResponse.EnvEntry
+	22, // 17: capyctl.driver.v1.PlanResponse.hints:type_name -> capyctl.driver.v1.MemoryHints
+	23, // 18: capyctl.driver.v1.PlanResponse.parsers:type_name -> capyctl.driver.v1.Parsers
+	14, // 19: capyctl.driver.v1.StartRequest.installation:type_name -> capyctl.driver.v1.Installation
+	16, // 20: capyctl.driver.v1.StartRequest.deployment:type_name -> capyctl.driver.v1.Deployment
+	15, // 21: capyctl.driver.v1.StartRequest.host:type_name -> capyctl.driver.v1.HostPolicy
+	19, // 22: capyctl.driver.v1.StartRequest.launch:type_name -> capyctl.driver.v1.LaunchContext
+	24, // 23: capyctl.driver.v1.StartRequest.plan:type_name -> capyctl.driver.v1.PlanResponse
+	26, // 24: capyctl.driver.v1.Launch.processes:type_name -> capyctl.driver.v1.ProcessIdentity
 	0,  // 25: capyctl.driver.v1.Endpoint.abort_mode:type_name -> capyctl.driver.v1.AbortMode
-	26, // 26: capyctl.driver.v1.StartResponse.launch:type_name -> capyctl.driver.v1.Launch
-	27, // 27: capyctl.driver.v1.StartResponse.endpoint:type_name -> capyctl.driver.v1.Endpoint
-	3,  // 28: capyctl.driver.v1.ProbeRequest.kind:type_name -> capyctl.driver.v1.ProbeKind
-	27, // 29: capyctl.driver.v1.ProbeResponse.endpoint:type_name -> capyctl.driver.v1.Endpoint
-	0,  // 30: capyctl.driver.v1.AbortResponse.mode:type_name -> capyctl.driver.v1.AbortMode
-	50, // 31: capyctl.driver.v1.LoadResponse.figures:type_name -> capyctl.driver.v1.LoadResponse.FiguresEntry
-	26, // 32: capyctl.driver.v1.StopRequest.launch:type_name -> capyctl.driver.v1.Launch
-	26, // 33: capyctl.driver.v1.RecoverRequest.launch:type_name -> capyctl.driver.v1.Launch
-	13, // 34: capyctl.driver.v1.RecoverRequest.installation:type_name -> capyctl.driver.v1.Installation
-	15, // 35: capyctl.driver.v1.RecoverRequest.deployment:type_name -> capyctl.driver.v1.Deployment
-	14, // 36: capyctl.driver.v1.RecoverRequest.host:type_name -> capyctl.driver.v1.HostPolicy
-	18, // 37: capyctl.driver.v1.RecoverRequest.context:type_name -> capyctl.driver.v1.LaunchContext
-	4,  // 38: capyctl.driver.v1.RecoverResponse.state:type_name -> capyctl.driver.v1.RecoverState
-	27, // 39: capyctl.driver.v1.RecoverResponse.endpoint:type_name -> capyctl.driver.v1.Endpoint
-	26, // 40: capyctl.driver.v1.RecoverResponse.launch:type_name -> capyctl.driver.v1.Launch
-	5,  // 41: capyctl.driver.v1.Driver.Describe:input_type -> capyctl.driver.v1.DescribeRequest
-	8,  // 42: capyctl.driver.v1.Driver.Detect:input_type -> capyctl.driver.v1.DetectRequest
-	10, // 43: capyctl.driver.v1.Driver.Flags:input_type -> capyctl.driver.v1.FlagsRequest
-	19, // 44: capyctl.driver.v1.Driver.Plan:input_type -> capyctl.driver.v1.PlanRequest
-	24, // 45: capyctl.driver.v1.Driver.Start:input_type -> capyctl.driver.v1.StartRequest
-	29, // 46: capyctl.driver.v1.Driver.Probe:input_type -> capyctl.driver.v1.ProbeRequest
-	31, // 47: capyctl.driver.v1.Driver.Park:input_type -> capyctl.driver.v1.ParkRequest
-	33, // 48: capyctl.driver.v1.Driver.Wake:input_type -> capyctl.driver.v1.WakeRequest
-	35, // 49: capyctl.driver.v1.Driver.Abort:input_type -> capyctl.driver.v1.AbortRequest
-	37, // 50: capyctl.driver.v1.Driver.Load:input_type -> capyctl.driver.v1.LoadRequest
-	39, // 51: capyctl.driver.v1.Driver.Stop:input_type -> capyctl.driver.v1.StopRequest
-	41, // 52: capyctl.driver.v1.Driver.Recover:input_type -> capyctl.driver.v1.RecoverRequest
-	43, // 53: capyctl.driver.v1.Driver.Logs:input_type -> capyctl.driver.v1.LogsRequest
-	6,  // 54: capyctl.driver.v1.Driver.Describe:output_type -> capyctl.driver.v1.DescribeResponse
-	9,  // 55: capyctl.driver.v1.Driver.Detect:output_type -> capyctl.driver.v1.DetectResponse
-	12, // 56: capyctl.driver.v1.Driver.Flags:output_type -> capyctl.driver.v1.FlagsResponse
-	23, // 57: capyctl.driver.v1.Driver.Plan:output_type -> capyctl.driver.v1.PlanResponse
-	28, // 58: capyctl.driver.v1.Driver.Start:output_type -> capyctl.driver.v1.StartResponse
-	30, // 59: capyctl.driver.v1.Driver.Probe:output_type -> capyctl.driver.v1.ProbeResponse
-	32, // 60: capyctl.driver.v1.Driver.Park:output_type -> capyctl.driver.v1.ParkResponse
-	34, // 61: capyctl.driver.v1.Driver.Wake:output_type -> capyctl.driver.v1.WakeResponse
-	36, // 62: capyctl.driver.v1.Driver.Abort:output_type -> capyctl.driver.v1.AbortResponse
-	38, // 63: capyctl.driver.v1.Driver.Load:output_type -> capyctl.driver.v1.LoadResponse
-	40, // 64: capyctl.driver.v1.Driver.Stop:output_type -> capyctl.driver.v1.StopResponse
-	42, // 65: capyctl.driver.v1.Driver.Recover:output_type -> capyctl.driver.v1.RecoverResponse
-	44, // 66: capyctl.driver.v1.Driver.Logs:output_type -> capyctl.driver.v1.LogsResponse
-	54, // [54:67] is the sub-list for method output_type
-	41, // [41:54] is the sub-list for method input_type
-	41, // [41:41] is the sub-list for extension type_name
-	41, // [41:41] is the sub-list for extension extendee
-	0,  // [0:41] is the sub-list for field type_name
+	1,  // 26: capyctl.driver.v1.Endpoint.non_streamed_hangup:type_name -> capyctl.driver.v1.NonStreamedHangup
+	27, // 27: capyctl.driver.v1.StartResponse.launch:type_name -> capyctl.driver.v1.Launch
+	28, // 28: capyctl.driver.v1.StartResponse.endpoint:type_name -> capyctl.driver.v1.Endpoint
+	4,  // 29: capyctl.driver.v1.ProbeRequest.kind:type_name -> capyctl.driver.v1.ProbeKind
+	28, // 30: capyctl.driver.v1.ProbeResponse.endpoint:type_name -> capyctl.driver.v1.Endpoint
+	0,  // 31: capyctl.driver.v1.AbortResponse.mode:type_name -> capyctl.driver.v1.AbortMode
+	51, // 32: capyctl.driver.v1.LoadResponse.figures:type_name -> capyctl.driver.v1.LoadResponse.FiguresEntry
+	27, // 33: capyctl.driver.v1.StopRequest.launch:type_name -> capyctl.driver.v1.Launch
+	27, // 34: capyctl.driver.v1.RecoverRequest.launch:type_name -> capyctl.driver.v1.Launch
+	14, // 35: capyctl.driver.v1.RecoverRequest.installation:type_name -> capyctl.driver.v1.Installation
+	16, // 36: capyctl.driver.v1.RecoverRequest.deployment:type_name -> capyctl.driver.v1.Deployment
+	15, // 37: capyctl.driver.v1.RecoverRequest.host:type_name -> capyctl.driver.v1.HostPolicy
+	19, // 38: capyctl.driver.v1.RecoverRequest.context:type_name -> capyctl.driver.v1.LaunchContext
+	5,  // 39: capyctl.driver.v1.RecoverResponse.state:type_name -> capyctl.driver.v1.RecoverState
+	28, // 40: capyctl.driver.v1.RecoverResponse.endpoint:type_name -> capyctl.driver.v1.Endpoint
+	27, // 41: capyctl.driver.v1.RecoverResponse.launch:type_name -> capyctl.driver.v1.Launch
+	6,  // 42: capyctl.driver.v1.Driver.Describe:input_type -> capyctl.driver.v1.DescribeRequest
+	9,  // 43: capyctl.driver.v1.Driver.Detect:input_type -> capyctl.driver.v1.DetectRequest
+	11, // 44: capyctl.driver.v1.Driver.Flags:input_type -> capyctl.driver.v1.FlagsRequest
+	20, // 45: capyctl.driver.v1.Driver.Plan:input_type -> capyctl.driver.v1.PlanRequest
+	25, // 46: capyctl.driver.v1.Driver.Start:input_type -> capyctl.driver.v1.StartRequest
+	30, // 47: capyctl.driver.v1.Driver.Probe:input_type -> capyctl.driver.v1.ProbeRequest
+	32, // 48: capyctl.driver.v1.Driver.Park:input_type -> capyctl.driver.v1.ParkRequest
+	34, // 49: capyctl.driver.v1.Driver.Wake:input_type -> capyctl.driver.v1.WakeRequest
+	36, // 50: capyctl.driver.v1.Driver.Abort:input_type -> capyctl.driver.v1.AbortRequest
+	38, // 51: capyctl.driver.v1.Driver.Load:input_type -> capyctl.driver.v1.LoadRequest
+	40, // 52: capyctl.driver.v1.Driver.Stop:input_type -> capyctl.driver.v1.StopRequest
+	42, // 53: capyctl.driver.v1.Driver.Recover:input_type -> capyctl.driver.v1.RecoverRequest
+	44, // 54: capyctl.driver.v1.Driver.Logs:input_type -> capyctl.driver.v1.LogsRequest
+	7,  // 55: capyctl.driver.v1.Driver.Describe:output_type -> capyctl.driver.v1.DescribeResponse
+	10, // 56: capyctl.driver.v1.Driver.Detect:output_type -> capyctl.driver.v1.DetectResponse
+	13, // 57: capyctl.driver.v1.Driver.Flags:output_type -> capyctl.driver.v1.FlagsResponse
+	24, // 58: capyctl.driver.v1.Driver.Plan:output_type -> capyctl.driver.v1.PlanResponse
+	29, // 59: capyctl.driver.v1.Driver.Start:output_type -> capyctl.driver.v1.StartResponse
+	31, // 60: capyctl.driver.v1.Driver.Probe:output_type -> capyctl.driver.v1.ProbeResponse
+	33, // 61: capyctl.driver.v1.Driver.Park:output_type -> capyctl.driver.v1.ParkResponse
+	35, // 62: capyctl.driver.v1.Driver.Wake:output_type -> capyctl.driver.v1.WakeResponse
+	37, // 63: capyctl.driver.v1.Driver.Abort:output_type -> capyctl.driver.v1.AbortResponse
+	39, // 64: capyctl.driver.v1.Driver.Load:output_type -> capyctl.driver.v1.LoadResponse
+	41, // 65: capyctl.driver.v1.Driver.Stop:output_type -> capyctl.driver.v1.StopResponse
+	43, // 66: capyctl.driver.v1.Driver.Recover:output_type -> capyctl.driver.v1.RecoverResponse
+	45, // 67: capyctl.driver.v1.Driver.Logs:output_type -> capyctl.driver.v1.LogsResponse
+	55, // [55:68] is the sub-list for method output_type
+	42, // [42:55] is the sub-list for method input_type
+	42, // [42:42] is the sub-list for extension type_name
+	42, // [42:42] is the sub-list for extension extendee
+	0,  // [0:42] is the sub-list for field type_name
 }
 
 func init() { file_sdk_proto_driverv1_driver_proto_init() }
@@ -3944,7 +4025,7 @@ func file_sdk_proto_driverv1_driver_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sdk_proto_driverv1_driver_proto_rawDesc), len(file_sdk_proto_driverv1_driver_proto_rawDesc)),
-			NumEnums:      5,
+			NumEnums:      6,
 			NumMessages:   46,
 			NumExtensions: 0,
 			NumServices:   1,

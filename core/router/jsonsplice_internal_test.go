@@ -1,0 +1,89 @@
+// Copyright (c) CapyCTL authors
+// SPDX-License-Identifier: Apache-2.0
+
+package router
+
+import (
+	"encoding/json"
+	"reflect"
+	"testing"
+	"time"
+
+	"github.com/capyctl/capyctl/core/structs"
+)
+
+func TestTopLevel(t *testing.T) {
+	cases := []struct {
+		name string
+		in   string
+		keys []string
+		ok   bool
+	}{
+		{"compact", `{"id":"a","n":1,"o":{"id":"nested"},"l":[1,{"x":"}"}],"t":true,"z":null}`, []string{"id", "n", "o", "l", "t", "z"}, true},
+		{"python separators", "{\"id\": \"a\", \"model\": \"m\" }\n", []string{"id", "model"}, true},
+		{"braces and quotes in strings", `{"a":"{\"}[","b":"\\","c":"]}"}`, []string{"a", "b", "c"}, true},
+		{"empty", `{}`, nil, true},
+		{"array", `[1]`, nil, false},
+		{"truncated", `{"id":"a","o":{"x":1}`, nil, false},
+		{"trailing garbage", `{"id":"a"} x`, nil, false},
+		{"missing comma", `{"a":1 "b":2}`, nil, false},
+		{"unterminated string", `{"a":"x}`, nil, false},
+		{"missing value", `{"a":}`, nil, false},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			ms, ok := topLevel([]byte(c.in), nil)
+			if ok != c.ok {
+				t.Fatalf("ok = %v, want %v", ok, c.ok)
+			}
+			var keys []string
+			for _, m := range ms {
+				keys = append(keys, string(m.key))
+			}
+			if c.ok && !reflect.DeepEqual(keys, c.keys) {
+				t.Fatalf("keys %q, want %q", keys, c.keys)
+			}
+		})
+	}
+}
+
+// TestSpliceJSON: the spliced answer means what the decoded and encoded one
+// meant (same members and values), for the shapes engines send.
+func TestSpliceJSON(t *testing.T) {
+	answers := []string{
+		`{"id":"chatcmpl-1","object":"chat.completion","created":1,"model":"served","choices":[{"index":0,"message":{"role":"assistant","content":"a \"b\" {c}","tool_calls":[{"id":"call","function":{"name":"f","arguments":"{\"id\":1}"}}]},"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":2,"total_tokens":5}}`,
+		"{\"id\": \"x\", \"model\": \"served\", \"choices\": [], \"rid\": \"capy-1\", \"timings\": {\"prompt_ms\": 1.5, \"predicted_per_second\": 20}}",
+		`{"id":"x","choices":[{"message":{"content":"\u00e9\n"}}]}`,
+	}
+	for _, a := range answers {
+		q := &request{id: "capy-0123", model: "public<&>", api: structs.APIChat, start: time.Now()}
+		q.endAt = q.start
+		got, ok := q.spliceJSON([]byte(a))
+		if !ok {
+			t.Fatalf("not spliced: %s", a)
+		}
+		var m map[string]json.RawMessage
+		if err := json.Unmarshal([]byte(a), &m); err != nil {
+			t.Fatal(err)
+		}
+		q2 := &request{id: q.id, model: q.model, api: q.api, start: q.start, endAt: q.endAt}
+		want := q2.rebuildJSON(m)
+		var g, w map[string]any
+		if err := json.Unmarshal(got, &g); err != nil {
+			t.Fatalf("spliced answer is not JSON: %v\n%s", err, got)
+		}
+		_ = json.Unmarshal(want, &w)
+		if !reflect.DeepEqual(g, w) {
+			t.Fatalf("spliced\n%s\nwant\n%s", got, want)
+		}
+		if !reflect.DeepEqual(q.usage, q2.usage) {
+			t.Fatalf("usage %+v, want %+v", q.usage, q2.usage)
+		}
+	}
+	for _, bad := range []string{`{"object":"chat.completion"}`, `{"id":"x","capyctl":{}}`, `[{"id":"x"}]`} {
+		q := &request{id: "capy-1", model: "m", api: structs.APIChat}
+		if _, ok := q.spliceJSON([]byte(bad)); ok {
+			t.Fatalf("spliced %s", bad)
+		}
+	}
+}
