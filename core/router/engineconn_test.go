@@ -143,3 +143,62 @@ func TestRouter_NonStreamedForwarding(t *testing.T) {
 		})
 	}
 }
+
+// TestRouter_NonStreamedHangupOnLlamaCpp: llama-server b4748 notices a
+// non-streamed client's hang-up only after a second without results, so
+// under load never; streamed from the router (its driver's declaration),
+// an abandoned non-streamed request stops at once even while another
+// request streams. Declared wrongly (forwarded as it is), it runs on: the
+// declaration is what keeps the engine's work bounded.
+func TestRouter_NonStreamedHangupOnLlamaCpp(t *testing.T) {
+	cases := []struct {
+		name    string
+		forward bool
+		stops   bool
+	}{
+		{"streamed from the engine", false, true},
+		{"forwarded as it is", true, false},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			llama := fakeengine.NewLlamaCpp(fakeengine.LlamaCppOptions{ModelPath: "m", Parallel: 2})
+			e := newEnv(t, envOpts{
+				engine: fakeengine.Config{Flavour: llama, Tokens: 5000, TokenRate: 100, MaxRunning: 2},
+				spec:   func(d *structs.Deployment) { d.EngineConfig.MaxConcurrentRequests = 2 },
+				ep:     func(ep *structs.EngineEndpoint) { ep.ForwardNonStreamed = c.forward },
+			})
+			// Another client's stream keeps the engine posting results.
+			sctx, scancel := context.WithCancel(context.Background())
+			defer scancel()
+			go func() {
+				if resp, err := e.post(sctx, "/v1/chat/completions", chatBody(true, ""), nil); err == nil {
+					_, _ = io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+				}
+			}()
+			waitFor(t, "the stream to run", func() bool { s := e.eng.Stats(); return s.Running == 1 && s.GenerationTokens > 0 })
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				if resp, err := e.post(ctx, "/v1/chat/completions", chatBody(false, ""), nil); err == nil {
+					resp.Body.Close()
+				}
+			}()
+			waitFor(t, "both to run", func() bool { return e.eng.Stats().Running == 2 })
+			cancel()
+			<-done
+			if c.stops {
+				waitFor(t, "the engine to stop the abandoned request", func() bool { s := e.eng.Stats(); return s.Cancelled == 1 && s.Running == 1 })
+			} else {
+				from := e.eng.Stats().GenerationTokens
+				waitFor(t, "250 more tokens", func() bool { return e.eng.Stats().GenerationTokens >= from+250 })
+				if s := e.eng.Stats(); s.Cancelled != 0 || s.Running != 2 {
+					t.Fatalf("the abandoned request stopped: %+v", s)
+				}
+			}
+			scancel()
+			waitFor(t, "idle", e.idle)
+		})
+	}
+}

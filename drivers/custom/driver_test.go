@@ -9,6 +9,7 @@ import (
 	"os"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/capyctl/capyctl/drivers/internal/drivertest"
 	"github.com/capyctl/capyctl/plugins-testkit/harness"
@@ -123,7 +124,8 @@ func TestDriver_Lifecycle(t *testing.T) {
 	t.Cleanup(func() { d.Stop(ctx, &pb.StopRequest{InstanceId: "m/0", Launch: st.GetLaunch(), GraceMs: 5000}) })
 	ep := st.GetEndpoint()
 	if ep.GetAuthValue() != "Bearer engine-key-123" || ep.GetChatPath() != "/v1/chat/completions" || ep.GetServedName() != "m" ||
-		ep.GetAbortMode() != pb.AbortMode_ABORT_MODE_CLOSE_CONNECTION || st.GetLaunch().GetLaunchId() != "l1" || len(st.GetLaunch().GetProcesses()) != 2 {
+		ep.GetAbortMode() != pb.AbortMode_ABORT_MODE_CLOSE_CONNECTION || st.GetLaunch().GetLaunchId() != "l1" || len(st.GetLaunch().GetProcesses()) != 2 ||
+		ep.GetNonStreamedHangup() != pb.NonStreamedHangup_NON_STREAMED_HANGUP_STREAM {
 		t.Fatalf("start %+v", st)
 	}
 	probe := func(d *Driver, kind pb.ProbeKind) *pb.ProbeResponse {
@@ -222,5 +224,40 @@ func TestDriver_StartRefusals(t *testing.T) {
 	}
 	if a, _ := d.Abort(ctx, &pb.AbortRequest{}); a.GetMode() != pb.AbortMode_ABORT_MODE_CLOSE_CONNECTION {
 		t.Fatalf("abort %+v", a)
+	}
+}
+
+// TestParseManifest_NonStreamedHangup: the manifest says how the program
+// learns of a non-streamed client's hang-up; anything but stream or stops
+// is refused.
+func TestParseManifest_NonStreamedHangup(t *testing.T) {
+	cases := []struct {
+		name, value string
+		want        pb.NonStreamedHangup
+		code        string
+	}{
+		{"default", "", pb.NonStreamedHangup_NON_STREAMED_HANGUP_STREAM, ""},
+		{"stream", `non_streamed_hangup = "stream"`, pb.NonStreamedHangup_NON_STREAMED_HANGUP_STREAM, ""},
+		{"stops", `non_streamed_hangup = "stops"`, pb.NonStreamedHangup_NON_STREAMED_HANGUP_STOPS, ""},
+		{"unknown", `non_streamed_hangup = "sometimes"`, 0, "invalid_config"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			src := "args = [\"--port\", \"{{port}}\"]\n" + c.value + "\n"
+			m, err := ParseManifest([]byte(src), "m.hcl")
+			if c.code != "" {
+				if err == nil || !strings.Contains(err.Error(), "non_streamed_hangup") {
+					t.Fatalf("err %v, want a refusal naming non_streamed_hangup", err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			h := newHandle("m/0", "l1", proc.Launched{}, 8000, "", m, &pb.Deployment{ServedName: "m"}, time.Second)
+			if got := h.Endpoint.GetNonStreamedHangup(); got != c.want {
+				t.Fatalf("endpoint says %v, want %v", got, c.want)
+			}
+		})
 	}
 }

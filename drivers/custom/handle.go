@@ -35,6 +35,9 @@ func newHandle(id, launchID string, l proc.Launched, port int, key string, m *Ma
 	}
 	ep := engine.NewEndpoint(port, dep.GetServedName(), key)
 	ep.ChatPath, ep.DecisionsPath = m.ChatPath, m.DecisionsPath
+	if m.NonStreamedHangup == "stops" {
+		ep.NonStreamedHangup = pb.NonStreamedHangup_NON_STREAMED_HANGUP_STOPS
+	}
 	in := engine.NewInstance(id, launchID, l, port, ep)
 	in.API, in.Residency, in.StopGrace = dep.GetApi(), engine.ResidencyRestartOnly, m.stopGrace(grace)
 	if in.API == "" {

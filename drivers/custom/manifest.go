@@ -24,6 +24,7 @@ import (
 //	env         = { LOG_LEVEL = "info" }
 //	health_path = "/health"            # optional
 //	key_env     = "MY_SERVER_API_KEY"  # optional: receives the per-launch key
+//	non_streamed_hangup = "stops"      # optional: stream (default) | stops
 //	idle {                              # optional idle signal
 //	  metrics_path = "/metrics"
 //	  running      = "my_server:requests_running"
@@ -45,6 +46,11 @@ type Manifest struct {
 	Version        string            `hcl:"version,optional" json:"version,omitempty"`
 	StartupTimeout string            `hcl:"startup_timeout,optional" json:"startup_timeout,omitempty"`
 	StopGrace      string            `hcl:"stop_grace,optional" json:"stop_grace,omitempty"`
+	// NonStreamedHangup says whether the program stops a non-streamed
+	// request when its connection closes ("stops") or notices a hang-up
+	// only while it streams ("stream", the default): see
+	// pb.NonStreamedHangup.
+	NonStreamedHangup string `hcl:"non_streamed_hangup,optional" json:"non_streamed_hangup,omitempty"`
 	Idle           *IdleSignal       `hcl:"idle,block" json:"idle,omitempty"`
 }
 
@@ -133,6 +139,11 @@ func (m *Manifest) validate(file string) error {
 		if v, err := time.ParseDuration(d.v); err != nil || v <= 0 {
 			return sdk.Errorf("invalid_config", "%s: %s %q is not a positive duration", file, d.name, d.v)
 		}
+	}
+	switch m.NonStreamedHangup {
+	case "", "stream", "stops":
+	default:
+		return sdk.Errorf("invalid_config", "%s: non_streamed_hangup must be \"stream\" or \"stops\", not %q", file, m.NonStreamedHangup)
 	}
 	if m.Idle != nil {
 		if m.Idle.Running == "" {

@@ -480,7 +480,8 @@ func TestDriver_ChatLifecycle(t *testing.T) {
 	dep := deployment(modelDir(t))
 	dep.MaxConcurrentRequests = 1
 	s := start(t, d, dep, host)
-	if ep := s.resp.GetEndpoint(); ep.GetAuthValue() != "Bearer engine-key-123" || ep.GetDecisionsPath() != "/v1/systemone" || ep.GetServedName() != "stories" {
+	if ep := s.resp.GetEndpoint(); ep.GetAuthValue() != "Bearer engine-key-123" || ep.GetDecisionsPath() != "/v1/systemone" || ep.GetServedName() != "stories" ||
+		ep.GetNonStreamedHangup() != pb.NonStreamedHangup_NON_STREAMED_HANGUP_STREAM {
 		t.Fatalf("endpoint %+v", ep)
 	}
 	ready := s.probe(t, pb.ProbeKind_PROBE_KIND_READINESS)

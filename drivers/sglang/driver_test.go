@@ -283,3 +283,23 @@ func TestEngineKey(t *testing.T) {
 		t.Fatalf("config mode %v", fi.Mode())
 	}
 }
+
+// TestEndpoint_NonStreamedHangup: with one tokenizer worker a cut request
+// is aborted by rid, so a non-streamed request goes to SGLang as it is;
+// with more, hang-ups only close the connection and the router streams.
+func TestEndpoint_NonStreamedHangup(t *testing.T) {
+	cases := []struct {
+		workers int64
+		abort   pb.AbortMode
+		hangup  pb.NonStreamedHangup
+	}{
+		{1, pb.AbortMode_ABORT_MODE_REQUEST_ID, pb.NonStreamedHangup_NON_STREAMED_HANGUP_STOPS},
+		{2, pb.AbortMode_ABORT_MODE_CLOSE_CONNECTION, pb.NonStreamedHangup_NON_STREAMED_HANGUP_STREAM},
+	}
+	for _, c := range cases {
+		ep := endpoint(1, "k", &pb.Deployment{ServedName: "m"}, c.workers)
+		if ep.GetAbortMode() != c.abort || ep.GetNonStreamedHangup() != c.hangup {
+			t.Errorf("%d workers: abort %v, hang-up %v; want %v, %v", c.workers, ep.GetAbortMode(), ep.GetNonStreamedHangup(), c.abort, c.hangup)
+		}
+	}
+}

@@ -312,3 +312,13 @@ func TestDescribeAndFlags(t *testing.T) {
 		t.Fatalf("rules missing: %v", want)
 	}
 }
+
+// TestEndpoint_NonStreamedHangup: vLLM aborts a non-streamed request when
+// its client disconnects (with_cancellation), so the router forwards one
+// as it is.
+func TestEndpoint_NonStreamedHangup(t *testing.T) {
+	ep := endpoint(1, "k", "m")
+	if ep.GetNonStreamedHangup() != pb.NonStreamedHangup_NON_STREAMED_HANGUP_STOPS || ep.GetRequestIdHeader() != "X-Request-Id" {
+		t.Fatalf("endpoint %v", ep)
+	}
+}

@@ -223,6 +223,15 @@ func (e *Engine) serveChat(w http.ResponseWriter, r *http.Request) {
 
 	ctx, cancel := context.WithCancelCause(r.Context())
 	defer cancel(nil)
+	if poll := e.lateHangup(); poll > 0 && !req.Stream {
+		// The engine checks a non-streamed client only when poll passes
+		// without any result (see lateHangup).
+		ctx, cancel = context.WithCancelCause(context.WithoutCancel(r.Context()))
+		defer cancel(nil)
+		stop := make(chan struct{})
+		defer close(stop)
+		go e.noticeHangupLate(r.Context(), poll, stop, cancel)
+	}
 	stopOnEnd := context.AfterFunc(e.life, func() { cancel(errShutdown) })
 	defer stopOnEnd()
 	fl := &inflight{id: req.ID, cancel: cancel}
@@ -341,6 +350,7 @@ func (g *generation) complete(w http.ResponseWriter, res *ChatResult, toks []str
 		return true
 	})
 	res.Text = sb.String()
+	g.e.Activity() // a non-streamed answer is one result, posted at its end
 	switch {
 	case ok:
 		g.release()
@@ -364,6 +374,7 @@ func (g *generation) stream(w http.ResponseWriter, req *ChatRequest, res *ChatRe
 	h.Set("Cache-Control", "no-cache")
 	w.WriteHeader(http.StatusOK)
 	send := func(b []byte) bool {
+		g.e.Activity() // each streamed piece is a result the engine posts
 		if len(b) > 0 {
 			if _, err := w.Write(b); err != nil {
 				return false
@@ -400,6 +411,48 @@ func (g *generation) stream(w http.ResponseWriter, req *ChatRequest, res *ChatRe
 		g.e.noteCancel(time.Now())
 	}
 }
+
+// lateHangup is how often the engine checks whether the client of a
+// non-streamed request is still there, and then only when no result was
+// posted for that long: 0 when it notices at once. llama-server b4748 waits
+// for results in one-second waits that any result restarts (another
+// request's token, a /slots or /metrics call), so under load an abandoned
+// non-streamed request runs to max_tokens (llamaserver-observed.md,
+// "Cancellation").
+func (e *Engine) lateHangup() time.Duration {
+	if l, ok := e.flavour.(interface{ NonStreamedHangupPoll() time.Duration }); ok {
+		return l.NonStreamedHangupPoll()
+	}
+	return 0
+}
+
+// noticeHangupLate cancels a non-streamed request whose client went away,
+// at the first poll that finds no result posted for poll.
+func (e *Engine) noticeHangupLate(client context.Context, poll time.Duration, stop <-chan struct{}, cancel context.CancelCauseFunc) {
+	select {
+	case <-client.Done():
+	case <-stop:
+		return
+	}
+	for {
+		quiet := time.Duration(time.Now().UnixNano() - e.activity.Load())
+		if quiet >= poll {
+			cancel(context.Canceled)
+			return
+		}
+		t := time.NewTimer(poll - quiet)
+		select {
+		case <-t.C:
+		case <-stop:
+			t.Stop()
+			return
+		}
+	}
+}
+
+// Activity marks a result posted outside a generation (llama-server's
+// /slots and /metrics answers are results too).
+func (e *Engine) Activity() { e.activity.Store(time.Now().UnixNano()) }
 
 // closesAfterStream reports whether the engine closes the connection after
 // a streamed answer (the knob, or a flavour that always does).

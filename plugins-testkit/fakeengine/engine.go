@@ -231,6 +231,7 @@ type Engine struct {
 
 	total, completed, cancelled, failed atomic.Uint64
 	streamed                            atomic.Uint64
+	activity                            atomic.Int64 // last result posted, Unix ns
 	finished, promptTokens, genTokens   atomic.Uint64
 	lastCancel                          atomic.Int64
 	crashConn                           atomic.Pointer[net.Conn]

@@ -110,6 +110,10 @@ func (l *LlamaCpp) SlotContext() int { return l.opts.CtxSize / l.opts.Parallel }
 // streamed answer although the answer advertised keep-alive.
 func (l *LlamaCpp) ClosesAfterStream() bool { return true }
 
+// NonStreamedHangupPoll is one second (HTTP_POLLING_SECONDS): b4748 checks
+// a non-streamed client only when a second passes without any result.
+func (l *LlamaCpp) NonStreamedHangupPoll() time.Duration { return time.Second }
+
 // Name is "llamacpp".
 func (l *LlamaCpp) Name() string { return "llamacpp" }
 
@@ -421,6 +425,7 @@ func (l *LlamaCpp) slots(e *Engine, w http.ResponseWriter, r *http.Request) {
 		l.WriteError(w, KindNotSupported, "This server does not support slots endpoint. Start it with `--slots`")
 		return
 	}
+	e.Activity() // a task's result, as every /slots answer is
 	running, _ := e.slots.counts()
 	if r.URL.Query().Get("fail_on_no_slot") != "" && running >= l.opts.Parallel {
 		WriteJSON(w, http.StatusServiceUnavailable, llamaError{Error: llamaErrorBody{Code: 503, Message: "no slot available", Type: "unavailable_error"}})
@@ -463,6 +468,7 @@ func (l *LlamaCpp) metrics(e *Engine, w http.ResponseWriter, r *http.Request) {
 		l.WriteError(w, KindNotSupported, "This server does not support metrics endpoint. Start it with `--metrics`")
 		return
 	}
+	e.Activity() // a task's result, as every /metrics answer is
 	w.Header().Set("Content-Type", "text/plain; version=0.0.4")
 	// b4748 sends a bogus value here; so does the fake.
 	w.Header().Set("Process-Start-Time-Unix", "417228438")

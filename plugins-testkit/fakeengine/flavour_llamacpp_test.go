@@ -5,6 +5,7 @@ package fakeengine_test
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -366,4 +367,43 @@ func TestLlamaCpp_ClosesAfterStream(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestLlamaCpp_NonStreamedHangupNoticedLate: like b4748, an abandoned
+// non-streamed request keeps generating while any other result is posted
+// (another request's tokens) and stops once a second passes without one; a
+// streamed one stops at its next token.
+func TestLlamaCpp_NonStreamedHangupNoticedLate(t *testing.T) {
+	te := llamaEngine(t, fakeengine.LlamaCppOptions{Parallel: 2}, fakeengine.Config{Tokens: 5000, TokenRate: 100}, true)
+	body := func(stream bool) string {
+		return fmt.Sprintf(`{"model":"x","stream":%v,"messages":[{"role":"user","content":"hi"}]}`, stream)
+	}
+	stream, ready := startStream(t, te.url, body(true), nil)
+	if err := <-ready; err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, te.url+"/v1/chat/completions", strings.NewReader(body(false)))
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if resp, err := http.DefaultClient.Do(req); err == nil {
+			resp.Body.Close()
+		}
+	}()
+	waitFor(t, "both requests running", func() bool { return te.Stats().Running == 2 })
+	cancel()
+	<-done
+	// The stream keeps posting results: 250 more tokens (over a second at
+	// this rate, for both requests together) and the abandoned request
+	// still runs.
+	from := te.Stats().GenerationTokens
+	waitFor(t, "250 more tokens", func() bool { return te.Stats().GenerationTokens >= from+250 })
+	if s := te.Stats(); s.Running != 2 || s.Cancelled != 0 {
+		t.Fatalf("the abandoned non-streamed request was noticed while results were posted: %+v", s)
+	}
+	// The stream's client goes: it stops at once; a second later, with
+	// nothing posted, the non-streamed one is noticed too.
+	stream.cancel()
+	waitFor(t, "both cancelled", func() bool { s := te.Stats(); return s.Running == 0 && s.Cancelled == 2 })
 }
