@@ -50,8 +50,8 @@ type Manifest struct {
 	// request when its connection closes ("stops") or notices a hang-up
 	// only while it streams ("stream", the default): see
 	// pb.NonStreamedHangup.
-	NonStreamedHangup string `hcl:"non_streamed_hangup,optional" json:"non_streamed_hangup,omitempty"`
-	Idle           *IdleSignal       `hcl:"idle,block" json:"idle,omitempty"`
+	NonStreamedHangup string      `hcl:"non_streamed_hangup,optional" json:"non_streamed_hangup,omitempty"`
+	Idle              *IdleSignal `hcl:"idle,block" json:"idle,omitempty"`
 }
 
 // IdleSignal names the Prometheus gauges of running and waiting requests.
