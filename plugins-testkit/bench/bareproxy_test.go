@@ -6,6 +6,8 @@ package bench
 import (
 	"bufio"
 	"fmt"
+	"io"
+	"log"
 	"net"
 	"net/http"
 	"net/http/httputil"
@@ -48,6 +50,7 @@ func serveBareProxy(target string) error {
 	rp := httputil.NewSingleHostReverseProxy(u)
 	rp.Transport = &http.Transport{MaxIdleConnsPerHost: 256, DisableCompression: true}
 	rp.FlushInterval = -1 // relay streamed answers chunk by chunk, as the router does
+	rp.ErrorLog = log.New(io.Discard, "", 0) // its errors are counted by the client
 	fmt.Println(ln.Addr().String())
 	return http.Serve(ln, rp)
 }
