@@ -49,7 +49,7 @@ func serveBareProxy(target string) error {
 	}
 	rp := httputil.NewSingleHostReverseProxy(u)
 	rp.Transport = &http.Transport{MaxIdleConnsPerHost: 256, DisableCompression: true}
-	rp.FlushInterval = -1 // relay streamed answers chunk by chunk, as the router does
+	rp.FlushInterval = -1                    // relay streamed answers chunk by chunk, as the router does
 	rp.ErrorLog = log.New(io.Discard, "", 0) // its errors are counted by the client
 	fmt.Println(ln.Addr().String())
 	return http.Serve(ln, rp)
