@@ -154,3 +154,23 @@ func sameStamps(a, b []os.FileInfo) bool {
 	}
 	return true
 }
+
+// PlainListenerWarning is the warning for an inference endpoint that
+// listens beyond loopback without TLS, or "".
+func PlainListenerWarning(listen string, tlsOn bool) string {
+	if tlsOn {
+		return ""
+	}
+	host, _, err := net.SplitHostPort(listen)
+	if err != nil {
+		return ""
+	}
+	if host == "localhost" {
+		return ""
+	}
+	if ip := net.ParseIP(host); ip != nil && ip.IsLoopback() {
+		return ""
+	}
+	return fmt.Sprintf("the inference endpoint listens on %s without TLS: the API key and the prompts cross the network in clear "+
+		"(set tls.cert_file and tls.key_file, or listen on 127.0.0.1 behind a TLS reverse proxy)", listen)
+}

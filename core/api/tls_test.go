@@ -226,3 +226,25 @@ func TestTLSListener_RefusesMissingFiles(t *testing.T) {
 		t.Fatal("a TLS listener without its files")
 	}
 }
+
+func TestPlainListenerWarning(t *testing.T) {
+	cases := []struct {
+		listen string
+		tls    bool
+		warn   bool
+	}{
+		{"0.0.0.0:8443", false, true},
+		{":8443", false, true},
+		{"[::]:8443", false, true},
+		{"10.1.2.3:8443", false, true},
+		{"0.0.0.0:8443", true, false},
+		{"127.0.0.1:8443", false, false},
+		{"[::1]:8443", false, false},
+		{"localhost:8443", false, false},
+	}
+	for _, c := range cases {
+		if got := PlainListenerWarning(c.listen, c.tls) != ""; got != c.warn {
+			t.Errorf("PlainListenerWarning(%q, tls %v) warns %v, want %v", c.listen, c.tls, got, c.warn)
+		}
+	}
+}
