@@ -75,7 +75,7 @@ type Settings struct {
 	// TLS serves the inference endpoint over TLS (empty: plain HTTP).
 	TLS             api.TLSFiles
 	RequestDeadline time.Duration
-	DrainTimeout     time.Duration
+	DrainTimeout    time.Duration
 	// MaxWaitingTotal and MaxWaitingBytes bound the requests waiting for a
 	// place, all deployments together (0: the router's defaults).
 	MaxWaitingTotal int
