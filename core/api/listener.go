@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -222,6 +223,20 @@ func (c *trackedConn) Close() error {
 		c.l.closed(c.addr, unauth)
 	}
 	return c.Conn.Close()
+}
+
+// errNoSyscallConn: the wrapped connection has no file descriptor.
+var errNoSyscallConn = errors.New("the connection is not a syscall.Conn")
+
+// SyscallConn implements syscall.Conn with the wrapped connection's.
+// IMPORTANT: the router's streams taken over from net/http wait on the raw
+// socket holding no buffer (core/router/hijack.go); hiding it would cost
+// every open stream a read buffer.
+func (c *trackedConn) SyscallConn() (syscall.RawConn, error) {
+	if sc, ok := c.Conn.(syscall.Conn); ok {
+		return sc.SyscallConn()
+	}
+	return nil, errNoSyscallConn
 }
 
 // markAuthenticated records that the connection carried an authenticated

@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -252,5 +253,35 @@ func TestLimitListener_UnauthenticatedPerAddress(t *testing.T) {
 	fmt.Fprintf(c3, "GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n\r\n", testKey)
 	if resp, err := http.ReadResponse(br3, nil); err != nil || resp.StatusCode != 200 {
 		t.Fatalf("a new connection after one authenticated: %v %v", resp, err)
+	}
+}
+
+// TestLimitListener_KeepsTheRawSocket: the router's streams wait on the raw
+// socket of a connection taken over from net/http; the wrapper passes it
+// on.
+func TestLimitListener_KeepsTheRawSocket(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	lim := NewLimitListener(ln, ListenerOptions{})
+	defer lim.Close()
+	go func() {
+		if c, err := net.Dial("tcp", ln.Addr().String()); err == nil {
+			defer c.Close()
+			_, _ = c.Read(make([]byte, 1))
+		}
+	}()
+	c, err := lim.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	sc, ok := c.(syscall.Conn)
+	if !ok {
+		t.Fatal("the counted connection hides its syscall.Conn")
+	}
+	if raw, err := sc.SyscallConn(); err != nil || raw == nil {
+		t.Fatalf("SyscallConn: %v", err)
 	}
 }
