@@ -86,11 +86,11 @@ listener {
 
   # Open connections per listener (inference, management); more are closed at once; 0: no cap.
   # (env CAPYCTL_LISTENER_MAX_CONNECTIONS)
-  # max_connections = 1024
+  # max_connections = 4096
 
   # Connections of one client address that carried no authenticated request yet; 0: no cap (behind a reverse proxy all clients share the proxy's address).
   # (env CAPYCTL_LISTENER_MAX_UNAUTHENTICATED_PER_ADDRESS)
-  # max_unauthenticated_per_address = 64
+  # max_unauthenticated_per_address = 512
 }
 
 tls {

@@ -23,6 +23,6 @@ listener {
   # Clients on the network: keep the caps and deadlines tight.
   idle_timeout                    = "60s"
   body_read_timeout               = "60s"
-  max_connections                 = 1024
-  max_unauthenticated_per_address = 64
+  max_connections                 = 4096
+  max_unauthenticated_per_address = 512
 }

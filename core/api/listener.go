@@ -22,8 +22,8 @@ const (
 	DefaultReadHeaderTimeout            = 10 * time.Second
 	DefaultIdleTimeout                  = 60 * time.Second
 	DefaultBodyReadTimeout              = 60 * time.Second
-	DefaultMaxConnections               = 1024
-	DefaultMaxUnauthenticatedPerAddress = 64
+	DefaultMaxConnections               = 4096
+	DefaultMaxUnauthenticatedPerAddress = 512
 )
 
 // ListenerOptions bound the connections of one listener (inference or

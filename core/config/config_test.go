@@ -143,7 +143,7 @@ func TestLoad_Defaults(t *testing.T) {
 		t.Errorf("limits.max_body_bytes_in_flight = %s", c.Limits.MaxBodyBytesInFlight)
 	}
 	if l := c.Listener; l.ReadHeaderTimeout.String() != "10s" || l.IdleTimeout.String() != "1m0s" || l.BodyReadTimeout.String() != "1m0s" ||
-		l.MaxConnections != 1024 || l.MaxUnauthenticatedPerAddress != 64 {
+		l.MaxConnections != 4096 || l.MaxUnauthenticatedPerAddress != 512 {
 		t.Errorf("listener = %+v", l)
 	}
 	if c.TLS != (TLS{}) {

@@ -223,10 +223,10 @@ var registry = []Definition{
 	durationSetting("listener.body_read_timeout", "60s", false,
 		"the time a whole request body may take to arrive (408 body_read_timeout above; the connection is closed)", all,
 		func(c *Config) *structs.Duration { return &c.Listener.BodyReadTimeout }),
-	intSetting("listener.max_connections", 1024, 0, 1<<20,
+	intSetting("listener.max_connections", 4096, 0, 1<<20,
 		"open connections per listener (inference, management); more are closed at once; 0: no cap", all,
 		func(c *Config) *int { return &c.Listener.MaxConnections }),
-	intSetting("listener.max_unauthenticated_per_address", 64, 0, 1<<20,
+	intSetting("listener.max_unauthenticated_per_address", 512, 0, 1<<20,
 		"connections of one client address that carried no authenticated request yet; 0: no cap (behind a reverse proxy all clients share the proxy's address)", all,
 		func(c *Config) *int { return &c.Listener.MaxUnauthenticatedPerAddress }),
 
