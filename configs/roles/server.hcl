@@ -65,6 +65,46 @@ limits {
   # The largest request body (413 request_too_large above).
   # (env CAPYCTL_LIMITS_MAX_BODY_BYTES)
   # max_body_bytes = "64MiB"
+
+  # Request bodies held in memory, all together: being received, waiting or on their way to the engine (429 bodies_in_flight_full above).
+  # (env CAPYCTL_LIMITS_MAX_BODY_BYTES_IN_FLIGHT)
+  # max_body_bytes_in_flight = "256MiB"
+}
+
+listener {
+  # The time a client may take to send a request's head, the first one of a new connection included.
+  # (env CAPYCTL_LISTENER_READ_HEADER_TIMEOUT)
+  # read_header_timeout = "10s"
+
+  # A kept-alive connection that sends no next request this long is closed.
+  # (env CAPYCTL_LISTENER_IDLE_TIMEOUT)
+  # idle_timeout = "60s"
+
+  # The time a whole request body may take to arrive (408 body_read_timeout above; the connection is closed).
+  # (env CAPYCTL_LISTENER_BODY_READ_TIMEOUT)
+  # body_read_timeout = "60s"
+
+  # Open connections per listener (inference, management); more are closed at once; 0: no cap.
+  # (env CAPYCTL_LISTENER_MAX_CONNECTIONS)
+  # max_connections = 4096
+
+  # Connections of one client address that carried no authenticated request yet; 0: no cap (behind a reverse proxy all clients share the proxy's address).
+  # (env CAPYCTL_LISTENER_MAX_UNAUTHENTICATED_PER_ADDRESS)
+  # max_unauthenticated_per_address = 512
+}
+
+tls {
+  # The inference endpoint's certificate (PEM, chain included); empty: plain HTTP; read again when the file changes.
+  # (env CAPYCTL_TLS_CERT_FILE)
+  # cert_file = ""
+
+  # The private key of tls.cert_file (PEM).
+  # (env CAPYCTL_TLS_KEY_FILE)
+  # key_file = ""
+
+  # CA certificates (PEM) that sign the clients' certificates; set: every client must present one.
+  # (env CAPYCTL_TLS_CLIENT_CA_FILE)
+  # client_ca_file = ""
 }
 
 shutdown {

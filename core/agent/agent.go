@@ -65,8 +65,17 @@ type Settings struct {
 	EngineLogs       string
 	Retention        string
 	MaxBodyBytes     int64
-	RequestDeadline  time.Duration
-	DrainTimeout     time.Duration
+	// MaxBodyBytesInFlight bounds the request bodies held in memory, all
+	// together (0: the router's default).
+	MaxBodyBytesInFlight int64
+	// Listener bounds each listener's connections and the time a client
+	// may take (zero values: the defaults of api.ListenerOptions and
+	// config's).
+	Listener ListenerSettings
+	// TLS serves the inference endpoint over TLS (empty: plain HTTP).
+	TLS             api.TLSFiles
+	RequestDeadline time.Duration
+	DrainTimeout    time.Duration
 	// MaxWaitingTotal and MaxWaitingBytes bound the requests waiting for a
 	// place, all deployments together (0: the router's defaults).
 	MaxWaitingTotal int
@@ -91,6 +100,31 @@ type Settings struct {
 	// Config is the effective configuration with each value's source,
 	// published on the management API's GET /config (nil: not published).
 	Config *wire.RoleConfig
+}
+
+// ListenerSettings are the listener.* settings; zero values take the
+// defaults, and a negative cap is no cap.
+type ListenerSettings struct {
+	ReadHeaderTimeout            time.Duration
+	IdleTimeout                  time.Duration
+	BodyReadTimeout              time.Duration
+	MaxConnections               int
+	MaxUnauthenticatedPerAddress int
+}
+
+// options returns a listener's options, with the defaults for zero values.
+func (l ListenerSettings) options(name string, logger hclog.Logger) api.ListenerOptions {
+	o := api.ListenerOptions{
+		Name: name, ReadHeaderTimeout: l.ReadHeaderTimeout, IdleTimeout: l.IdleTimeout, BodyReadTimeout: l.BodyReadTimeout,
+		MaxConnections: l.MaxConnections, MaxUnauthenticatedPerAddress: l.MaxUnauthenticatedPerAddress, Logger: logger,
+	}
+	if o.MaxConnections == 0 {
+		o.MaxConnections = api.DefaultMaxConnections
+	}
+	if o.MaxUnauthenticatedPerAddress == 0 {
+		o.MaxUnauthenticatedPerAddress = api.DefaultMaxUnauthenticatedPerAddress
+	}
+	return o.WithDefaults()
 }
 
 // GPUSettings are the gpu.* settings.
@@ -124,8 +158,11 @@ type Agent struct {
 	Requests  *store.RequestWriter
 	Creds     *client.Credentials
 
-	inferenceLn  net.Listener
+	inferenceLn  net.Listener // the TCP listener (its address)
 	managementLn net.Listener
+	inferenceLim *api.LimitListener
+	mgmtLim      *api.LimitListener
+	inferenceTLS net.Listener // inferenceLim in TLS, when tls is set
 	inferenceSrv *http.Server
 	mgmtSrv      *http.Server
 
@@ -237,7 +274,8 @@ func New(s Settings, logger hclog.Logger) (*Agent, error) {
 	a.Engines = engines.New(st, a.Plugins, lc)
 	a.Requests = store.NewRequestWriter(st, ledgerOptions(s.RequestLedger, logger))
 	a.Router = router.New(router.Config{Lifecycle: lc, Logger: logger, MaxBodyBytes: s.MaxBodyBytes, DefaultDeadline: s.RequestDeadline,
-		Ledger: a.Requests, MaxWaitingTotal: s.MaxWaitingTotal, MaxWaitingBytes: s.MaxWaitingBytes})
+		Ledger: a.Requests, MaxWaitingTotal: s.MaxWaitingTotal, MaxWaitingBytes: s.MaxWaitingBytes,
+		MaxBodyBytesInFlight: s.MaxBodyBytesInFlight, BodyReadTimeout: s.Listener.options("inference", logger).BodyReadTimeout})
 	lc.SetRequestTracker(a.Router)
 
 	if err := a.listen(); err != nil {
@@ -386,7 +424,39 @@ func (a *Agent) listen() error {
 		return structs.Wrap(structs.CodeInvalidConfig, err, "listen on %s", a.s.ManagementListen)
 	}
 	a.inferenceLn, a.managementLn = ln, mln
+	a.inferenceLim = api.NewLimitListener(ln, a.s.Listener.options("inference", a.logger))
+	a.mgmtLim = api.NewLimitListener(mln, a.s.Listener.options("management", a.logger))
+	if a.s.TLS.Enabled() {
+		tln, err := api.TLSListener(a.inferenceLim, a.s.TLS, a.logger)
+		if err != nil {
+			ln.Close()
+			mln.Close()
+			return structs.Wrap(structs.CodeInvalidConfig, err, "tls")
+		}
+		a.inferenceTLS = tln
+	}
+	for _, w := range a.Warnings() {
+		a.logger.Warn(w)
+	}
 	return nil
+}
+
+// Warnings are what an operator should fix in the running role; the log
+// has them at start and `capyctl status` shows them.
+func (a *Agent) Warnings() []string {
+	var out []string
+	if w := api.PlainListenerWarning(a.s.Listen, a.s.TLS.Enabled()); w != "" {
+		out = append(out, w)
+	}
+	return out
+}
+
+// InferenceScheme is https with TLS, else http.
+func (a *Agent) InferenceScheme() string {
+	if a.s.TLS.Enabled() {
+		return "https"
+	}
+	return "http"
 }
 
 // InferenceAddr returns the bound inference address.
@@ -416,6 +486,7 @@ func (a *Agent) Start(ctx context.Context) error {
 		Role: wire.RoleInfo{
 			Role: a.s.Role, Version: version.Version, Commit: version.GetCommit(), Host: a.s.Hostname,
 			Inference: a.InferenceAddr(), StartedAt: a.startedAt, PID: os.Getpid(),
+			TLS: a.s.TLS.Enabled(), ClientCertificates: a.s.TLS.ClientCAFile != "", Warnings: a.Warnings(),
 		},
 		Hosts: a.hosts,
 		DeploymentExtras: func(st *wire.DeploymentStatus) {
@@ -426,12 +497,17 @@ func (a *Agent) Start(ctx context.Context) error {
 	if rc := a.s.Config; rc != nil {
 		backend.Config = func() *wire.RoleConfig { return rc }
 	}
-	a.inferenceSrv = &http.Server{Handler: api.NewInferenceHandler(backend, a.Creds.APIKey), ReadHeaderTimeout: 10 * time.Second}
-	a.mgmtSrv = &http.Server{Handler: api.NewManagementHandler(backend, a.Creds.AdminToken), ReadHeaderTimeout: 10 * time.Second}
+	iopts, mopts := a.s.Listener.options("inference", a.logger), a.s.Listener.options("management", a.logger)
+	a.inferenceSrv = api.NewServer(api.NewInferenceHandler(backend, a.Creds.APIKey), iopts)
+	a.mgmtSrv = api.NewServer(api.BodyDeadline(api.NewManagementHandler(backend, a.Creds.AdminToken), mopts.BodyReadTimeout), mopts)
+	var iln net.Listener = a.inferenceLim
+	if a.inferenceTLS != nil {
+		iln = a.inferenceTLS
+	}
 	for _, p := range []struct {
 		srv *http.Server
 		ln  net.Listener
-	}{{a.inferenceSrv, a.inferenceLn}, {a.mgmtSrv, a.managementLn}} {
+	}{{a.inferenceSrv, iln}, {a.mgmtSrv, a.mgmtLim}} {
 		a.wg.Add(1)
 		go func(srv *http.Server, ln net.Listener) {
 			defer a.wg.Done()
@@ -515,7 +591,10 @@ func (a *Agent) Shutdown(ctx context.Context, stopEngines bool) {
 // Banner describes the running role for people.
 func (a *Agent) Banner(w io.Writer) {
 	fmt.Fprintf(w, "CapyCTL %s (%s) %s role on %s\n", version.Version, version.GetCommit(), a.s.Role, a.s.Hostname)
-	fmt.Fprintf(w, "  Inference:   http://%s (Authorization: Bearer <api key>)\n", a.InferenceAddr())
+	fmt.Fprintf(w, "  Inference:   %s://%s (Authorization: Bearer <api key>)\n", a.InferenceScheme(), a.InferenceAddr())
+	for _, warn := range a.Warnings() {
+		fmt.Fprintf(w, "  Warning:     %s\n", warn)
+	}
 	fmt.Fprintf(w, "  Management:  http://%s (admin token, loopback only)\n", a.ManagementAddr())
 	fmt.Fprintf(w, "  State:       %s\n", a.s.StateDir)
 	fmt.Fprintf(w, "  Credentials: %s\n", filepath.Join(a.s.StateDir, client.CredentialsFile))

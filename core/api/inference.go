@@ -32,15 +32,20 @@ func NewInferenceHandler(b *Backend, apiKey string) http.Handler {
 }
 
 // inferenceAuth requires the API key on every route. There is no fallback
-// key and no unauthenticated route.
+// key and no unauthenticated route. A request without the key is answered
+// 401 without reading its body, on a connection closed after the answer.
 func inferenceAuth(next http.Handler, apiKey string) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !tokenEqual(bearer(r), apiKey) {
+			// IMPORTANT: the body of an unauthenticated request is never
+			// read, and its connection is closed after the 401.
+			closeUnread(w)
 			w.Header().Set(router.HeaderRequestID, router.NewRequestID())
 			w.Header().Set("WWW-Authenticate", `Bearer realm="capyctl"`)
 			router.WriteError(w, structs.Errf(structs.CodeUnauthorized, "missing or wrong API key (send Authorization: Bearer <key>)"))
 			return
 		}
+		markAuthenticated(r)
 		next.ServeHTTP(w, r)
 	})
 }

@@ -6,7 +6,9 @@ package api
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
+	"net"
 	"net/http"
 	"strconv"
 	"time"
@@ -107,9 +109,11 @@ func managementAuth(next http.Handler, token string) http.Handler {
 		w.Header().Set("Cache-Control", "no-store")
 		w.Header().Set("X-Content-Type-Options", "nosniff")
 		if !tokenEqual(bearer(r), token) {
+			closeUnread(w) // the body is never read; the connection closes
 			writeMgmtError(w, structs.Errf(structs.CodeUnauthorized, "missing or wrong admin token"))
 			return
 		}
+		markAuthenticated(r)
 		next.ServeHTTP(w, r)
 	})
 }
@@ -121,6 +125,10 @@ func readBody(r *http.Request) ([]byte, error) {
 	}
 	data, err := io.ReadAll(io.LimitReader(r.Body, maxManagementBody+1))
 	if err != nil {
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() {
+			return nil, structs.Errf(structs.CodeBodyReadTimeout, "the request body did not arrive in time")
+		}
 		return nil, structs.Errf(structs.CodeInvalidRequest, "read body: %v", err)
 	}
 	if len(data) > maxManagementBody {

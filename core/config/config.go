@@ -60,6 +60,8 @@ type Config struct {
 	Memory            MemoryConfig
 	LifecycleDefaults LifecycleDefaults
 	Limits            Limits
+	Listener          Listener
+	TLS               TLS
 	Shutdown          Shutdown
 	RequestLedger     RequestLedger
 
@@ -102,6 +104,27 @@ type Limits struct {
 	MaxWaitingBytes structs.ByteSize
 	RequestDeadline structs.Duration
 	MaxBodyBytes    structs.ByteSize
+	// MaxBodyBytesInFlight bounds the request bodies held in memory, all
+	// together (429 bodies_in_flight_full past it).
+	MaxBodyBytesInFlight structs.ByteSize
+}
+
+// Listener bounds the connections of each listener (inference and
+// management) and how long a client may take.
+type Listener struct {
+	ReadHeaderTimeout            structs.Duration
+	IdleTimeout                  structs.Duration
+	BodyReadTimeout              structs.Duration
+	MaxConnections               int
+	MaxUnauthenticatedPerAddress int
+}
+
+// TLS is the inference endpoint's certificate: empty CertFile serves plain
+// HTTP.
+type TLS struct {
+	CertFile     string
+	KeyFile      string
+	ClientCAFile string
 }
 
 // Shutdown bounds a role's stop.
@@ -263,6 +286,20 @@ func (c *Config) check() []Problem {
 	if c.Limits.MaxBodyBytes > c.Limits.MaxWaitingBytes {
 		bad("limits.max_body_bytes", "one body (%s) is larger than all waiting bodies together may be (limits.max_waiting_bytes %s)",
 			c.Limits.MaxBodyBytes, c.Limits.MaxWaitingBytes)
+	}
+	if c.Limits.MaxBodyBytes > c.Limits.MaxBodyBytesInFlight {
+		bad("limits.max_body_bytes_in_flight", "all bodies in flight together (%s) cannot hold one of limits.max_body_bytes (%s)",
+			c.Limits.MaxBodyBytesInFlight, c.Limits.MaxBodyBytes)
+	}
+	if (c.TLS.CertFile == "") != (c.TLS.KeyFile == "") {
+		path := "tls.key_file"
+		if c.TLS.CertFile == "" {
+			path = "tls.cert_file"
+		}
+		bad(path, "TLS needs both tls.cert_file and tls.key_file")
+	}
+	if c.TLS.ClientCAFile != "" && c.TLS.CertFile == "" {
+		bad("tls.client_ca_file", "client certificates need TLS: set tls.cert_file and tls.key_file")
 	}
 	if c.Retention == "zero" && c.EngineLogs == "file" {
 		if c.sources["engine_logs"].From == FromDefault {

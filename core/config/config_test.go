@@ -139,6 +139,16 @@ func TestLoad_Defaults(t *testing.T) {
 	if c.Shutdown.DrainTimeout.String() != "30s" || c.LifecycleDefaults != (LifecycleDefaults{}) {
 		t.Errorf("shutdown, lifecycle = %+v, %+v", c.Shutdown, c.LifecycleDefaults)
 	}
+	if c.Limits.MaxBodyBytesInFlight != structs.ByteSize(256*structs.MiB) {
+		t.Errorf("limits.max_body_bytes_in_flight = %s", c.Limits.MaxBodyBytesInFlight)
+	}
+	if l := c.Listener; l.ReadHeaderTimeout.String() != "10s" || l.IdleTimeout.String() != "1m0s" || l.BodyReadTimeout.String() != "1m0s" ||
+		l.MaxConnections != 4096 || l.MaxUnauthenticatedPerAddress != 512 {
+		t.Errorf("listener = %+v", l)
+	}
+	if c.TLS != (TLS{}) {
+		t.Errorf("tls = %+v, want plain HTTP by default", c.TLS)
+	}
 	if !c.RequestLedger.Enabled || c.RequestLedger.Retention.String() != "168h0m0s" || c.RequestLedger.MaxRecords != 100000 {
 		t.Errorf("request ledger = %+v", c.RequestLedger)
 	}
@@ -269,6 +279,13 @@ func TestLoad_Invalid(t *testing.T) {
 		{name: "percentages over 100", file: "memory {\n  gpu {\n    managed_limit = \"90%\"\n    free_reserve = \"20%\"\n  }\n}\n",
 			setting: "memory.gpu.free_reserve", from: FromFile, contains: "add up to more than 100%"},
 		{name: "body larger than the waiting bytes", flags: map[string]string{"limits.max_body_bytes": "128MiB"}, setting: "limits.max_body_bytes", from: FromFlag, contains: "larger than all waiting bodies"},
+		{name: "bodies in flight smaller than a body", flags: map[string]string{"limits.max_body_bytes_in_flight": "32MiB"}, setting: "limits.max_body_bytes_in_flight", from: FromFlag, contains: "cannot hold one"},
+		{name: "tls cert without key", file: "tls {\n  cert_file = \"/etc/capyctl/cert.pem\"\n}\n", setting: "tls.key_file", from: FromDefault, contains: "needs both"},
+		{name: "tls key without cert", flags: map[string]string{"tls.key_file": "/k.pem"}, setting: "tls.cert_file", from: FromDefault, contains: "needs both"},
+		{name: "client CA without tls", flags: map[string]string{"tls.client_ca_file": "/ca.pem"}, setting: "tls.client_ca_file", from: FromFlag, contains: "need TLS"},
+		{name: "relative cert path", flags: map[string]string{"tls.cert_file": "cert.pem", "tls.key_file": "/k.pem"}, setting: "tls.cert_file", from: FromFlag, contains: "not an absolute path"},
+		{name: "negative connection cap", flags: map[string]string{"listener.max_connections": "-1"}, setting: "listener.max_connections", from: FromFlag, contains: "outside"},
+		{name: "zero idle timeout", flags: map[string]string{"listener.idle_timeout": "0s"}, setting: "listener.idle_timeout", from: FromFlag, contains: "longer than 0s"},
 		{name: "engine ports hold the listen port", flags: map[string]string{"listen": "0.0.0.0:8150"}, setting: "engine_ports", from: FromDefault, contains: "holds the inference port 8150"},
 		{name: "shared address", flags: map[string]string{"listen": "127.0.0.1:7443"}, setting: "management_listen", from: FromDefault, contains: "cannot share"},
 		{name: "zero retention with file logs", flags: map[string]string{"retention": "zero", "engine_logs": "file"}, setting: "engine_logs", from: FromFlag, contains: "in memory only"},

@@ -84,6 +84,14 @@ type Config struct {
 	Logger hclog.Logger
 	// MaxBodyBytes bounds a request body (default 64 MiB).
 	MaxBodyBytes int64
+	// MaxBodyBytesInFlight bounds the bytes of request bodies held in
+	// memory, all requests together: being received, waiting for a place
+	// or for the engine (default 256 MiB; past it 429
+	// bodies_in_flight_full).
+	MaxBodyBytesInFlight int64
+	// BodyReadTimeout bounds the time a whole request body may take to
+	// arrive (default 60s; past it 408 body_read_timeout).
+	BodyReadTimeout time.Duration
 	// DefaultDeadline bounds a request until its first output when the
 	// deployment does not set its own (default 600s).
 	DefaultDeadline time.Duration
@@ -119,8 +127,9 @@ type Router struct {
 	adm    *admission.Controller
 	stats  *stats
 
-	deps    sync.Map  // deployment name -> *depState
-	streams streamSet // streams taken over from net/http (hijack.go)
+	bodies  bodyBudget // bytes of request bodies held (body.go)
+	deps    sync.Map   // deployment name -> *depState
+	streams streamSet  // streams taken over from net/http (hijack.go)
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -134,6 +143,12 @@ func New(cfg Config) *Router {
 	}
 	if cfg.MaxBodyBytes <= 0 {
 		cfg.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if cfg.MaxBodyBytesInFlight <= 0 {
+		cfg.MaxBodyBytesInFlight = DefaultMaxBodyBytesInFlight
+	}
+	if cfg.BodyReadTimeout <= 0 {
+		cfg.BodyReadTimeout = DefaultBodyReadTimeout
 	}
 	if cfg.DefaultDeadline <= 0 {
 		cfg.DefaultDeadline = DefaultDeadline
@@ -160,6 +175,7 @@ func New(cfg Config) *Router {
 		logger: cfg.Logger.Named("router"),
 		engine: newEngineClient(1024),
 		stats:  newStats(),
+		bodies: bodyBudget{limit: cfg.MaxBodyBytesInFlight},
 		ctx:    ctx,
 		cancel: cancel,
 	}

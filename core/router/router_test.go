@@ -158,6 +158,10 @@ func TestRouter_BadInput(t *testing.T) {
 	}{
 		{"not JSON", "/v1/chat/completions", "this is not json", nil, 400, "invalid_request"},
 		{"no model", "/v1/chat/completions", `{"messages":[{"role":"user","content":"x"}]}`, nil, 400, "invalid_request"},
+		// The engines read field names exactly (pydantic): so does the router.
+		{"model in capitals", "/v1/chat/completions", `{"MODEL":"demo","messages":[{"role":"user","content":"x"}]}`, nil, 400, "invalid_request"},
+		{"Model", "/v1/chat/completions", `{"Model":"demo","messages":[{"role":"user","content":"x"}]}`, nil, 400, "invalid_request"},
+		{"decision with MODEL", "/v1/systemone", `{"MODEL":"demo","questions":[]}`, nil, 400, "invalid_request"},
 		{"no messages", "/v1/chat/completions", `{"model":"demo"}`, nil, 400, "invalid_request"},
 		{"unknown model", "/v1/chat/completions", `{"model":"nope","messages":[{"role":"user","content":"x"}]}`, nil, 404, "unknown_model"},
 		{"n above 1", "/v1/chat/completions", chatBody(false, `,"n":2`), nil, 400, "unsupported_parameter"},

@@ -7,7 +7,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"io"
 	"net/http"
 	"strconv"
 	"sync/atomic"
@@ -134,6 +133,7 @@ type request struct {
 	clientID string
 	body     []byte // released once the engine has it
 	bodyN    int
+	bodyHeld int64 // bytes of the role's body bound the body holds (body.go, serve)
 	model    string
 	stream   bool
 	usageOpt bool // the client asked for the usage chunk
@@ -178,7 +178,8 @@ type request struct {
 	stopGone func() bool // stops the hang-up callback
 }
 
-// chatHead is the part of a chat body the router reads.
+// chatHead is the part of a chat body the router reads (parseChatHead
+// fills it, by the members' exact names).
 type chatHead struct {
 	Model         string          `json:"model"`
 	Stream        bool            `json:"stream"`
@@ -236,13 +237,21 @@ func (rt *Router) serve(w http.ResponseWriter, r *http.Request, api string) {
 		q.clientID = cid
 		h.Set(HeaderClientRequestID, cid)
 	}
-	if !q.readBody() || !q.resolve() {
+	if !q.readBody() {
 		return
 	}
-	if !q.admit() {
+	// The body's bytes go back to the role's bound once the engine has it,
+	// or when the request ends before. IMPORTANT: through a local, since
+	// nothing of q is touched here after a stream is handed off.
+	held := q.bodyHeld
+	defer func() { rt.bodies.give(held) }()
+	if !q.resolve() || !q.admit() {
 		return
 	}
-	if call := q.forward(); call != nil {
+	call := q.forward()
+	rt.bodies.give(held)
+	held = 0
+	if call != nil {
 		q.relay(call)
 		if q.handedOff {
 			// IMPORTANT: started here, at the bottom of the handler's
@@ -260,41 +269,6 @@ func (q *request) finishHere() {
 	}
 }
 
-// readBody reads the whole body: the model must be found, and a body kept
-// in memory can be sent again when a stale engine connection fails before
-// the engine read it (and Go issue 40747 cuts answers of proxies that
-// stream the request body).
-func (q *request) readBody() bool {
-	max := q.rt.cfg.MaxBodyBytes
-	r := q.r
-	if r.ContentLength > max {
-		q.fail(structs.Errf(structs.CodeRequestTooLarge, "the request body is over %d bytes", max))
-		return false
-	}
-	var body []byte
-	var err error
-	if n := r.ContentLength; n > 0 {
-		body = make([]byte, n)
-		_, err = io.ReadFull(r.Body, body)
-	} else {
-		body, err = io.ReadAll(io.LimitReader(r.Body, max+1))
-	}
-	if err != nil {
-		if r.Context().Err() != nil {
-			q.gone()
-			return false
-		}
-		q.fail(structs.Errf(structs.CodeInvalidRequest, "read the request body: %v", err))
-		return false
-	}
-	if int64(len(body)) > max {
-		q.fail(structs.Errf(structs.CodeRequestTooLarge, "the request body is over %d bytes", max))
-		return false
-	}
-	q.body, q.bodyN = body, len(body)
-	return true
-}
-
 // resolve finds the model's route and validates the body. api_mismatch is
 // decided from the model name alone, before the rest is validated, and
 // wakes nothing.
@@ -302,11 +276,11 @@ func (q *request) resolve() bool {
 	var head chatHead
 	var headErr error
 	if q.api == structs.APIChat {
-		headErr = json.Unmarshal(q.body, &head)
+		headErr = parseChatHead(q.body, &head)
 		q.model = head.Model
 	}
 	if q.api != structs.APIChat || headErr != nil {
-		m, err := decisions.Peek(q.body)
+		m, err := peekModel(q.body)
 		if err != nil {
 			q.fail(structs.Errf(structs.CodeInvalidRequest, "the request body is not a JSON object: %v", err))
 			return false

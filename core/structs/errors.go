@@ -101,6 +101,8 @@ const (
 	CodeStreamStalled           Code = "stream_stalled"
 	CodeChunkTooLarge           Code = "chunk_too_large"
 	CodeEngineNotIdle           Code = "engine_not_idle"
+	CodeBodiesInFlightFull      Code = "bodies_in_flight_full"
+	CodeBodyReadTimeout         Code = "body_read_timeout"
 )
 
 var catalogue = map[Code]CodeInfo{}
@@ -181,6 +183,8 @@ func init() {
 	row(CodeStreamStalled, http.StatusGatewayTimeout, 13, true, "the engine sent nothing for the stream idle bound; cancelled on the engine")
 	row(CodeChunkTooLarge, http.StatusBadGateway, 13, false, "the engine sent one piece of an answer over limits.max_chunk_bytes; cancelled on the engine")
 	row(CodeEngineNotIdle, http.StatusConflict, 13, true, "the engine still has requests running or waiting; drain it first")
+	row(CodeBodiesInFlightFull, http.StatusTooManyRequests, 4, true, "the request bodies the role holds, all together, reached limits.max_body_bytes_in_flight; retry after Retry-After")
+	row(CodeBodyReadTimeout, http.StatusRequestTimeout, 2, true, "the request body did not arrive within listener.body_read_timeout; the connection is closed")
 }
 
 // Lookup returns the catalogue row of a code (suffix ignored); unknown codes

@@ -71,7 +71,14 @@ func (c *RoleStatusCommand) Run(args []string) int {
 	r := snap.Role
 	fmt.Fprintf(c.Out, "Role:        %s on %s (pid %d, up %s)\n", r.Role, r.Host, r.PID, time.Since(r.StartedAt).Round(time.Second))
 	fmt.Fprintf(c.Out, "Version:     %s (%s)\n", r.Version, r.Commit)
-	fmt.Fprintf(c.Out, "Inference:   http://%s/v1\n", r.Inference)
+	scheme := "http"
+	if r.TLS {
+		scheme = "https"
+	}
+	fmt.Fprintf(c.Out, "Inference:   %s://%s/v1\n", scheme, r.Inference)
+	for _, w := range r.Warnings {
+		fmt.Fprintf(c.Out, "Warning:     %s\n", w)
+	}
 	fmt.Fprintf(c.Out, "Management:  %s\n", cl.Base())
 	if len(snap.Engines) == 0 {
 		fmt.Fprintln(c.Out, "Engines:     none registered")

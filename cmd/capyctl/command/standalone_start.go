@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/capyctl/capyctl/core/agent"
+	"github.com/capyctl/capyctl/core/api"
 	"github.com/capyctl/capyctl/core/api/wire"
 	"github.com/capyctl/capyctl/core/config"
 	"github.com/capyctl/capyctl/core/store"
@@ -158,20 +159,27 @@ func roleConfigOf(cfg *config.Config, file string) *wire.RoleConfig {
 // settingsFromConfig turns a role configuration into the agent's settings.
 func settingsFromConfig(cfg *config.Config) agent.Settings {
 	return agent.Settings{
-		Role:             cfg.Role,
-		StateDir:         cfg.StateDir,
-		Listen:           cfg.Listen,
-		ManagementListen: cfg.ManagementListen,
-		PluginDir:        cfg.PluginDir,
-		ModelsRoot:       cfg.ModelsRoot,
-		EnginePorts:      fmt.Sprintf("%d-%d", cfg.EnginePorts.First, cfg.EnginePorts.Last),
-		Hostname:         cfg.Hostname,
-		EngineTelemetry:  cfg.EngineTelemetry,
-		EngineLogs:       cfg.EngineLogs,
-		Retention:        cfg.Retention,
-		MaxBodyBytes:     int64(cfg.Limits.MaxBodyBytes),
-		RequestDeadline:  cfg.Limits.RequestDeadline.D(),
-		DrainTimeout:     cfg.Shutdown.DrainTimeout.D(),
+		Role:                 cfg.Role,
+		StateDir:             cfg.StateDir,
+		Listen:               cfg.Listen,
+		ManagementListen:     cfg.ManagementListen,
+		PluginDir:            cfg.PluginDir,
+		ModelsRoot:           cfg.ModelsRoot,
+		EnginePorts:          fmt.Sprintf("%d-%d", cfg.EnginePorts.First, cfg.EnginePorts.Last),
+		Hostname:             cfg.Hostname,
+		EngineTelemetry:      cfg.EngineTelemetry,
+		EngineLogs:           cfg.EngineLogs,
+		Retention:            cfg.Retention,
+		MaxBodyBytes:         int64(cfg.Limits.MaxBodyBytes),
+		MaxBodyBytesInFlight: int64(cfg.Limits.MaxBodyBytesInFlight),
+		Listener: agent.ListenerSettings{
+			ReadHeaderTimeout: cfg.Listener.ReadHeaderTimeout.D(), IdleTimeout: cfg.Listener.IdleTimeout.D(),
+			BodyReadTimeout: cfg.Listener.BodyReadTimeout.D(), MaxConnections: noCap(cfg.Listener.MaxConnections),
+			MaxUnauthenticatedPerAddress: noCap(cfg.Listener.MaxUnauthenticatedPerAddress),
+		},
+		TLS:             api.TLSFiles{CertFile: cfg.TLS.CertFile, KeyFile: cfg.TLS.KeyFile, ClientCAFile: cfg.TLS.ClientCAFile},
+		RequestDeadline: cfg.Limits.RequestDeadline.D(),
+		DrainTimeout:    cfg.Shutdown.DrainTimeout.D(),
 		GPU: agent.GPUSettings{
 			Provider: cfg.GPU.Provider, SimState: cfg.GPU.SimState, SimDevices: cfg.GPU.SimDevices,
 			SimDeviceMemory: int64(cfg.GPU.SimDeviceMemory), SimUnified: cfg.GPU.SimUnified,
@@ -183,6 +191,15 @@ func settingsFromConfig(cfg *config.Config) agent.Settings {
 		ReadyIdle:       cfg.LifecycleDefaults.ReadyIdleTimeout.D(),
 		ParkedIdle:      cfg.LifecycleDefaults.ParkedIdleTimeout.D(),
 	}
+}
+
+// noCap turns a cap of 0 (none, in the configuration) into the agent's
+// "no cap" (a negative value; 0 takes the default there).
+func noCap(n int) int {
+	if n == 0 {
+		return -1
+	}
+	return n
 }
 
 // requestLedger turns request_ledger.* into the writer's options: disabled

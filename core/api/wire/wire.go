@@ -224,6 +224,13 @@ type RoleInfo struct {
 	Inference string    `json:"inference"`
 	StartedAt time.Time `json:"started_at"`
 	PID       int       `json:"pid"`
+	// TLS is true when the inference endpoint serves TLS, and
+	// ClientCertificates when it requires a client certificate.
+	TLS                bool `json:"tls,omitempty"`
+	ClientCertificates bool `json:"client_certificates,omitempty"`
+	// Warnings are what the operator should fix (a non-loopback inference
+	// endpoint without TLS).
+	Warnings []string `json:"warnings,omitempty"`
 }
 
 // Host is a machine that runs engines.

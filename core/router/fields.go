@@ -1,0 +1,195 @@
+// Copyright (c) CapyCTL authors
+// SPDX-License-Identifier: Apache-2.0
+
+package router
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+)
+
+// The router reads a request's fields the way the engines do: by their exact
+// names. IMPORTANT: encoding/json matches struct fields without regard to
+// case, so {"MODEL":"demo"} would route to demo while a Python engine
+// (pydantic, case-sensitive) sees no model; and {"Stream":true} would make
+// the router stream an answer the engine was told nothing about. Never
+// decode a request body into a struct; read its members with eachMember.
+
+// errNotObject is the refusal of a body that is valid JSON but no object.
+var errNotObject = errors.New("the body is not a JSON object")
+
+// eachMember calls fn with every member of the JSON object in body, in
+// order, with the member's name unescaped and its value as written (a
+// sub-slice of body: nothing is copied). It fails when body is not valid
+// JSON or not an object. A name written twice is passed twice: the last one
+// wins where fn assigns, as in Python's json module.
+func eachMember(body []byte, fn func(name string, value []byte) error) error {
+	if !json.Valid(body) {
+		// The decoder's message says where the body stops being JSON.
+		var v any
+		err := json.Unmarshal(body, &v)
+		if err == nil {
+			err = errors.New("invalid JSON")
+		}
+		return err
+	}
+	i := skipSpace(body, 0)
+	if i >= len(body) || body[i] != '{' {
+		return errNotObject
+	}
+	i = skipSpace(body, i+1)
+	if body[i] == '}' {
+		return nil
+	}
+	for {
+		// body is valid JSON: a member is "name" ws : ws value ws [,}]
+		end := skipString(body, i)
+		rawName := body[i:end]
+		name := string(rawName[1 : len(rawName)-1])
+		if bytes.IndexByte(rawName, '\\') >= 0 {
+			if err := json.Unmarshal(rawName, &name); err != nil {
+				return err
+			}
+		}
+		i = skipSpace(body, end)
+		i = skipSpace(body, i+1) // the colon
+		vend := skipValue(body, i)
+		if err := fn(name, body[i:vend]); err != nil {
+			return err
+		}
+		i = skipSpace(body, vend)
+		if body[i] == '}' {
+			return nil
+		}
+		i = skipSpace(body, i+1) // the comma
+	}
+}
+
+func skipSpace(b []byte, i int) int {
+	for i < len(b) {
+		switch b[i] {
+		case ' ', '\t', '\n', '\r':
+			i++
+		default:
+			return i
+		}
+	}
+	return i
+}
+
+// skipString returns the index after the string that starts at b[i] (a
+// quote), in valid JSON.
+func skipString(b []byte, i int) int {
+	for j := i + 1; j < len(b); j++ {
+		switch b[j] {
+		case '\\':
+			j++
+		case '"':
+			return j + 1
+		}
+	}
+	return len(b)
+}
+
+// skipValue returns the index after the value that starts at b[i], in valid
+// JSON.
+func skipValue(b []byte, i int) int {
+	switch b[i] {
+	case '"':
+		return skipString(b, i)
+	case '{', '[':
+		depth := 0
+		for j := i; j < len(b); j++ {
+			switch b[j] {
+			case '"':
+				j = skipString(b, j) - 1
+			case '{', '[':
+				depth++
+			case '}', ']':
+				depth--
+				if depth == 0 {
+					return j + 1
+				}
+			}
+		}
+		return len(b)
+	default: // a number, true, false or null
+		j := i
+		for j < len(b) {
+			switch b[j] {
+			case ',', '}', ']', ' ', '\t', '\n', '\r':
+				return j
+			}
+			j++
+		}
+		return j
+	}
+}
+
+// peekModel returns the body's "model" member, by its exact name.
+func peekModel(body []byte) (string, error) {
+	var model string
+	err := eachMember(body, func(name string, v []byte) error {
+		if name != "model" {
+			return nil
+		}
+		model = ""
+		if err := json.Unmarshal(v, &model); err != nil {
+			return fmt.Errorf("model: %w", err)
+		}
+		return nil
+	})
+	return model, err
+}
+
+// parseChatHead reads the members of a chat body the router needs, by their
+// exact names. A member of the wrong type is an error, after the model was
+// read when it is a string (api_mismatch is decided from the model alone).
+func parseChatHead(body []byte, head *chatHead) error {
+	var typeErr error
+	err := eachMember(body, func(name string, v []byte) error {
+		var err error
+		switch name {
+		case "model":
+			head.Model = ""
+			err = json.Unmarshal(v, &head.Model)
+		case "stream":
+			head.Stream = false
+			err = json.Unmarshal(v, &head.Stream)
+		case "stream_options":
+			head.StreamOptions = nil
+			if string(v) != "null" {
+				head.StreamOptions = &streamOptions{}
+				err = eachMember(v, func(name string, v []byte) error {
+					if name != "include_usage" {
+						return nil
+					}
+					head.StreamOptions.IncludeUsage = false
+					return json.Unmarshal(v, &head.StreamOptions.IncludeUsage)
+				})
+				if err == errNotObject {
+					err = errors.New("not an object")
+				}
+			}
+		case "messages":
+			err = head.Messages.UnmarshalJSON(v)
+		case "n":
+			head.N = nil
+			err = json.Unmarshal(v, &head.N)
+		case "functions":
+			head.Functions = json.RawMessage(v)
+		default:
+			return nil
+		}
+		if err != nil && typeErr == nil {
+			typeErr = fmt.Errorf("%s: %w", name, err)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	return typeErr
+}
