@@ -121,7 +121,17 @@ func toEndpoint(e *pb.Endpoint) *structs.EngineEndpoint {
 		RequestIDHeader: e.GetRequestIdHeader(),
 		AbortByID:       e.GetAbortMode() == pb.AbortMode_ABORT_MODE_REQUEST_ID,
 		ServedName:      e.GetServedName(),
+		Exposure:        toExposure(e),
 	}
+}
+
+// toExposure is what the driver says of who can reach the engine; a driver
+// that says nothing listens on TCP with nothing reported.
+func toExposure(e *pb.Endpoint) *structs.Exposure {
+	if e.GetListener() == "" && len(e.GetOpenRoutes()) == 0 && e.GetExposureNote() == "" {
+		return nil
+	}
+	return &structs.Exposure{Listener: e.GetListener(), OpenRoutes: e.GetOpenRoutes(), Note: e.GetExposureNote()}
 }
 
 // toLaunch converts a recorded launch for a driver.

@@ -70,6 +70,21 @@ type EngineEndpoint struct {
 	// (beyond closing the connection).
 	AbortByID  bool   `json:"abort_by_id,omitempty"`
 	ServedName string `json:"served_name"`
+	// Exposure says who besides CapyCTL reaches the engine (nil from a
+	// driver that does not say).
+	Exposure *Exposure `json:"exposure,omitempty"`
+}
+
+// Exposure is who besides CapyCTL can reach an engine's routes, as its
+// driver reports it.
+type Exposure struct {
+	// Listener is "unix" (a socket in the 0700 launch directory: only the
+	// role's user) or "tcp" (the loopback port: every local user).
+	Listener string `json:"listener"`
+	// OpenRoutes answer any local user without the key ("*": every route).
+	OpenRoutes []string `json:"open_routes,omitempty"`
+	// Note says why the engine is on TCP, or what else is open.
+	Note string `json:"note,omitempty"`
 }
 
 // ErrorRecord is a stored error.
