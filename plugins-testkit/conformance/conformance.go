@@ -600,6 +600,7 @@ func checkListener(t *testing.T, st *started, ep *pb.Endpoint) {
 			c.Close()
 			t.Fatalf("the engine serves on %s and something listens on the leased port %d too", sock, port)
 		}
+		t.Logf("the engine listens on %s only", sock)
 		return
 	}
 	if ep.GetBaseUrl() != fmt.Sprintf("http://127.0.0.1:%d", port) {
@@ -611,6 +612,7 @@ func checkListener(t *testing.T, st *started, ep *pb.Endpoint) {
 	if ep.GetListener() == "tcp" && len(ep.GetOpenRoutes()) == 0 {
 		t.Fatalf("endpoint %v: on TCP without saying which routes answer any local user", ep)
 	}
+	t.Logf("the engine listens on the loopback port %d; open without the key: %v (%s)", port, ep.GetOpenRoutes(), ep.GetExposureNote())
 }
 
 // engineClient is a client of the endpoint's engine, on its port or its
