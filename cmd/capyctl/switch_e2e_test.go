@@ -152,8 +152,14 @@ func TestSwitch_AlternatingRequestsParkTheOther(t *testing.T) {
 			ledgerWithinLimits(t, r)
 			if round == 0 && name == "a" {
 				// The Qwen3-shaped model gets its family's parsers.
-				if out, _, _ := r.CLI("status", "deployment", "a"); !strings.Contains(out, "Parsers: tool calls hermes, reasoning qwen3 (model_family)") {
+				out, _, _ := r.CLI("status", "deployment", "a")
+				if !strings.Contains(out, "Parsers: tool calls hermes, reasoning qwen3 (model_family)") {
 					t.Fatalf("status has no Parsers line:\n%s", out)
+				}
+				// vLLM 0.32 serves on a socket in its launch directory, and
+				// every request, park and wake of this test goes there.
+				if !strings.Contains(out, "a/0 exposure: unix socket in the launch directory (only the role's user)") {
+					t.Fatalf("status has no socket exposure line:\n%s", out)
 				}
 				continue
 			}

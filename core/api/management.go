@@ -173,6 +173,9 @@ func Status(v *lifecycle.DeploymentView) wire.DeploymentStatus {
 		}
 		if r.Endpoint != nil {
 			is.Endpoint = r.Endpoint.BaseURL
+			if r.State != structs.StateStopped && r.State != structs.StateFailed {
+				is.Exposure = r.Endpoint.Exposure
+			}
 		}
 		if r.State == structs.StateReady {
 			st.ReadyN++

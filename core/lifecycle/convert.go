@@ -124,7 +124,17 @@ func toEndpoint(e *pb.Endpoint) *structs.EngineEndpoint {
 		// IMPORTANT: only an engine declared to stop a non-streamed request
 		// on a hang-up gets it as is; unspecified means stream.
 		ForwardNonStreamed: e.GetNonStreamedHangup() == pb.NonStreamedHangup_NON_STREAMED_HANGUP_STOPS,
+		Exposure:           toExposure(e),
 	}
+}
+
+// toExposure is what the driver says of who can reach the engine; a driver
+// that says nothing listens on TCP with nothing reported.
+func toExposure(e *pb.Endpoint) *structs.Exposure {
+	if e.GetListener() == "" && len(e.GetOpenRoutes()) == 0 && e.GetExposureNote() == "" {
+		return nil
+	}
+	return &structs.Exposure{Listener: e.GetListener(), OpenRoutes: e.GetOpenRoutes(), Note: e.GetExposureNote()}
 }
 
 // toLaunch converts a recorded launch for a driver.

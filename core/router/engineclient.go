@@ -12,10 +12,13 @@ import (
 	"net/http"
 	"net/url"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/capyctl/capyctl/sdk/engineapi"
 )
 
 // engineClient is a small HTTP/1.1 client for the engines' loopback
@@ -135,6 +138,18 @@ type engineTarget struct {
 }
 
 func parseEngineURL(base, path string) (engineTarget, error) {
+	if rest, ok := strings.CutPrefix(base, engineapi.UnixScheme); ok {
+		// addr is the escaped socket path: a valid Host header, the pool's
+		// key, and what conn dials (unixSocketAddr).
+		host, prefix, _ := strings.Cut(rest, "/")
+		if _, err := engineapi.UnixSocketFromHost(host); err != nil {
+			return engineTarget{}, err
+		}
+		if prefix != "" {
+			prefix = "/" + prefix
+		}
+		return engineTarget{addr: host, path: prefix + path}, nil
+	}
 	u, err := url.Parse(base)
 	if err != nil {
 		return engineTarget{}, err
@@ -151,6 +166,17 @@ func parseEngineURL(base, path string) (engineTarget, error) {
 		p = ""
 	}
 	return engineTarget{addr: host, path: p + path}, nil
+}
+
+// unixSocketAddr decodes the address of an engine on a Unix socket (an
+// escaped absolute path, "%2F..."); false for host:port. Only a dial pays
+// for it: pooled connections are reused without it.
+func unixSocketAddr(addr string) (string, bool) {
+	if !strings.HasPrefix(addr, "%2F") {
+		return "", false
+	}
+	p, err := engineapi.UnixSocketFromHost(addr)
+	return p, err == nil
 }
 
 // do sends a POST with a JSON body and reads the answer's head. The
@@ -252,7 +278,11 @@ func (cl *engineClient) conn(ctx context.Context, addr string, deadline time.Tim
 	}
 	ctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
-	c, err := cl.dialer.DialContext(ctx, "tcp", addr)
+	network, dial := "tcp", addr
+	if sock, ok := unixSocketAddr(addr); ok {
+		network, dial = "unix", sock
+	}
+	c, err := cl.dialer.DialContext(ctx, network, dial)
 	return c, false, err
 }
 

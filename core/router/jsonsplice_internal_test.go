@@ -29,6 +29,7 @@ func TestTopLevel(t *testing.T) {
 		{"missing comma", `{"a":1 "b":2}`, nil, false},
 		{"unterminated string", `{"a":"x}`, nil, false},
 		{"missing value", `{"a":}`, nil, false},
+		{"escaped key", `{"i\\u0064":"a"}`, nil, false},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -75,6 +75,21 @@ type EngineEndpoint struct {
 	// such a request as it is instead of streaming it from the engine and
 	// assembling the answer (the driver's non_streamed_hangup).
 	ForwardNonStreamed bool `json:"forward_non_streamed,omitempty"`
+	// Exposure says who besides CapyCTL reaches the engine (nil from a
+	// driver that does not say).
+	Exposure *Exposure `json:"exposure,omitempty"`
+}
+
+// Exposure is who besides CapyCTL can reach an engine's routes, as its
+// driver reports it.
+type Exposure struct {
+	// Listener is "unix" (a socket in the 0700 launch directory: only the
+	// role's user) or "tcp" (the loopback port: every local user).
+	Listener string `json:"listener"`
+	// OpenRoutes answer any local user without the key ("*": every route).
+	OpenRoutes []string `json:"open_routes,omitempty"`
+	// Note says why the engine is on TCP, or what else is open.
+	Note string `json:"note,omitempty"`
 }
 
 // ErrorRecord is a stored error.

@@ -141,6 +141,12 @@ func (d *Driver) Detect(ctx context.Context, req *pb.DetectRequest) (*pb.DetectR
 		if opts := helpOptions(help); len(opts) > 0 {
 			details[detailOptions] = strings.Join(opts, " ")
 		}
+		if unixSocketRE.MatchString(help) {
+			details[detailUnixSocket] = "true"
+		}
+	}
+	if details[detailUnixSocket] != "true" {
+		notes = append(notes, "this build cannot listen on a Unix socket: its models listen on a loopback port, where /health and /v1/models answer any local user")
 	}
 	return &pb.DetectResponse{
 		Family: Family, Version: ver, Verified: false, Digest: digest, Program: abs, Notes: notes, Details: details,
@@ -149,6 +155,15 @@ func (d *Driver) Detect(ctx context.Context, req *pb.DetectRequest) (*pb.DetectR
 
 // detailOptions is the installation detail listing the build's options.
 const detailOptions = "options"
+
+// detailUnixSocket is the installation detail saying the build binds a
+// Unix socket for a --host ending in .sock ("true"): its --help says
+// "ip address to listen, or bind to an UNIX socket if the address ends
+// with .sock" (common/arg.cpp, since ggml-org/llama.cpp#12613, March 2025).
+const detailUnixSocket = "unix_socket"
+
+// unixSocketRE finds that sentence in a --help text.
+var unixSocketRE = regexp.MustCompile(`(?i)UNIX socket if the address ends with \.sock`)
 
 // optionRE finds the long options of a --help text.
 var optionRE = regexp.MustCompile(`(?:^|[\s,])(--[a-z0-9][a-z0-9-]*)`)

@@ -371,6 +371,11 @@ func TestDetect(t *testing.T) {
 			t.Fatalf("options %q lack %s", resp.GetDetails()[detailOptions], o)
 		}
 	}
+	// The build binds a Unix socket for a --host ending in .sock: its
+	// --help says so.
+	if resp.GetDetails()[detailUnixSocket] != "true" {
+		t.Fatalf("details %v: the fake's --help names the .sock host form", resp.GetDetails())
+	}
 	scripts := t.TempDir()
 	write := func(name, body string) string {
 		p := filepath.Join(scripts, name)
@@ -391,7 +396,8 @@ func TestDetect(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			resp, err := d.Detect(context.Background(), &pb.DetectRequest{Path: c.path})
 			if c.code == "" {
-				if err != nil || resp.GetVersion() != "b4748" || !strings.Contains(strings.Join(resp.GetNotes(), "\n"), "chat only") {
+				if err != nil || resp.GetVersion() != "b4748" || !strings.Contains(strings.Join(resp.GetNotes(), "\n"), "chat only") ||
+					resp.GetDetails()[detailUnixSocket] != "" || !strings.Contains(strings.Join(resp.GetNotes(), "\n"), "cannot listen on a Unix socket") {
 					t.Fatalf("%+v %v", resp, err)
 				}
 				return

@@ -19,7 +19,7 @@ var Table = rules.Table(Family, optionRules, envRules)
 var optionRules = []flags.Rule{
 	// Rendered by CapyCTL.
 	rules.Owned("--model", "CapyCTL loads the deployment's GGUF file (engine_config.llamacpp.gguf_file)"),
-	rules.Owned("--host", "the engine listens on loopback only"),
+	rules.Owned("--host", "the engine listens on loopback only, or on a socket in its launch directory where the build binds one"),
 	rules.Owned("--port", "CapyCTL leases the engine's private port"),
 	rules.Owned("--alias", "the served name is the deployment's route"),
 	rules.OwnedBy("--ctx-size", "engine_config.context_length", "rendered as the slot window × slots (engine_config.context_length, max_concurrent_requests)"),

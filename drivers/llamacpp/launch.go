@@ -166,6 +166,11 @@ func (d *Driver) Plan(_ context.Context, req *pb.PlanRequest) (*pb.PlanResponse,
 		return resp, nil
 	}
 	resp.Notes = append(resp.Notes, "restart only: llama.cpp cannot park; CapyCTL stops the model when it needs the memory")
+	if socketFor(inst, lctx) != "" {
+		resp.Notes = append(resp.Notes, "serves on a Unix socket in its launch directory (--host ending in .sock): no other local user reaches any of its routes")
+	} else {
+		resp.Notes = append(resp.Notes, "listens on its loopback port: any local user can call "+strings.Join(publicRoutes, ", ")+", which llama-server does not guard with its key")
+	}
 	if sz == nil {
 		// Written before the model is resolved: nothing to size yet.
 		return resp, nil
@@ -239,11 +244,17 @@ func renderArgv(inst *pb.Installation, dep *pb.Deployment, lctx *pb.LaunchContex
 	if sz.GPULayers < sz.Layers {
 		ngl = strconv.FormatInt(sz.GPULayers, 10)
 	}
+	listen := []string{"--host", "127.0.0.1", "--port", port}
+	if sock := socketFor(inst, lctx); sock != "" {
+		// The port is ignored for a socket; none is rendered.
+		listen = []string{"--host", sock}
+	}
 	argv := []string{
 		inst.GetPath(),
 		"--model", sz.File,
-		"--host", "127.0.0.1",
-		"--port", port,
+	}
+	argv = append(argv, listen...)
+	argv = append(argv,
 		"--alias", dep.GetServedName(),
 		"--ctx-size", strconv.FormatInt(sz.CtxSize, 10),
 		"--parallel", strconv.Itoa(sz.Slots),
@@ -252,7 +263,7 @@ func renderArgv(inst *pb.Installation, dep *pb.Deployment, lctx *pb.LaunchContex
 		"--cache-type-v", sz.KVType,
 		"--metrics",
 		"--slots",
-	}
+	)
 	for _, h := range hardening {
 		if supports(inst, h[0]) {
 			argv = append(argv, h...)
@@ -263,6 +274,17 @@ func renderArgv(inst *pb.Installation, dep *pb.Deployment, lctx *pb.LaunchContex
 		argv = append(argv, "--mmproj", p)
 	}
 	return append(argv, dep.GetExtraArgs()...)
+}
+
+// socketFor is the socket a launch listens on: in its launch directory
+// when the build binds a Unix socket for a --host ending in .sock and the
+// path fits, else "".
+func socketFor(inst *pb.Installation, lctx *pb.LaunchContext) string {
+	if inst.GetDetails()[detailUnixSocket] != "true" {
+		return ""
+	}
+	sock, _ := engine.SocketPath(lctx)
+	return sock
 }
 
 // launchDirs are the empty directories of a launch the engine is pointed

@@ -55,6 +55,15 @@ func newHandle(id, launchID string, l proc.Launched, port int, key string, dep *
 	// (llamaserver-observed.md, "Cancellation"). Streamed, it stops at the
 	// next token. So the router streams from it whatever the client asked.
 	ep.NonStreamedHangup = pb.NonStreamedHangup_NON_STREAMED_HANGUP_STREAM
+	sock := engine.SocketOf(l.LaunchDir)
+	if plan != nil {
+		sock = engine.SocketInArgv(plan.GetArgv(), "--host")
+	}
+	x := engine.Exposure{Socket: sock}
+	if sock == "" {
+		x.OpenRoutes, x.Note = openRoutes(key), "this llama-server build has no Unix-socket --host"
+	}
+	x.Apply(ep)
 	in := engine.NewInstance(id, launchID, l, port, ep)
 	in.API, in.ModelDir, in.Residency, in.StopGrace = dep.GetApi(), dep.GetModelDir(), engine.ResidencyRestartOnly, grace
 	h := &handle{Instance: in, startup: startupBase}
@@ -163,6 +172,19 @@ func (d *Driver) Stop(_ context.Context, req *pb.StopRequest) (*pb.StopResponse,
 		resp.Detail += " (llama-server exits 134 after SIGTERM)"
 	}
 	return resp, err
+}
+
+// publicRoutes are the routes llama-server answers without its key
+// (get_public_endpoints in tools/server/server-http.cpp; older builds add
+// /api/tags), besides the web UI's assets, which CapyCTL turns off.
+var publicRoutes = []string{"/health", "/v1/health", "/models", "/v1/models", "/api/tags", "/"}
+
+// openRoutes are the routes a llama-server on TCP answers without the key.
+func openRoutes(key string) []string {
+	if key == "" {
+		return engine.OpenToAll
+	}
+	return publicRoutes
 }
 
 // Recover implements sdk.Driver: it rebuilds the handle from the recorded

@@ -140,6 +140,7 @@ func (d *Driver) Plan(_ context.Context, req *pb.PlanRequest) (*pb.PlanResponse,
 	if engine.Parks(res) {
 		resp.Notes = append(resp.Notes, "parks with SGLang's memory saver (release_memory_occupation / resume_memory_occupation)")
 	}
+	resp.Notes = append(resp.Notes, "listens on its loopback port: any local user can call "+strings.Join(publicRoutes, ", ")+" without the key ("+noSocketNote+")")
 	if workers != 1 {
 		resp.Notes = append(resp.Notes, "more than one tokenizer worker: an abort by request ID may not reach the worker that holds the request; hang-ups close the connection")
 	}
@@ -180,8 +181,26 @@ func endpoint(port int, key string, dep *pb.Deployment, workers int64) *pb.Endpo
 		ep.AbortMode = pb.AbortMode_ABORT_MODE_CLOSE_CONNECTION
 		ep.NonStreamedHangup = pb.NonStreamedHangup_NON_STREAMED_HANGUP_STREAM
 	}
-	return ep
+	x := engine.Exposure{OpenRoutes: engine.OpenToAll, Note: noSocketNote}
+	if key != "" {
+		x.OpenRoutes = publicRoutes
+	}
+	return x.Apply(ep)
 }
+
+// noSocketNote says why SGLang stays on its port: its launch_server has no
+// Unix-socket option (uvicorn.run with host and port only in
+// python/sglang/srt/entrypoints/http_server.py; sgl-project/sglang#14258
+// asked for one, #26006 proposed --uds and was closed unmerged).
+const noSocketNote = "SGLang cannot listen on a Unix socket; every other route, release and resume included, needs the key"
+
+// publicRoutes are the routes SGLang answers without its key: its auth
+// middleware lets OPTIONS and every path starting /health (GET /health
+// and /health_generate run a one-token generation), /metrics and, in
+// newer releases, /ready through (decide_request_auth in
+// python/sglang/srt/utils/auth.py; older add_api_key_middleware in
+// python/sglang/srt/utils.py).
+var publicRoutes = []string{"/health", "/health_generate", "/metrics", "/ready"}
 
 // tokenizerWorkers reads engine_config.sglang.tokenizer_workers (1 when
 // unset or unreadable).

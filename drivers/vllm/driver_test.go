@@ -125,7 +125,10 @@ func TestPlan_Invariants(t *testing.T) {
 					t.Errorf("%s/%s: %s=%q", res, telemetry, k, env[k])
 				}
 			}
-			for _, want := range []string{"--host 127.0.0.1", "--port 41234", "--max-num-seqs 32", "--no-enable-log-requests", "--no-enable-log-outputs", "--served-model-name d"} {
+			if strings.Contains(argv, "--host") || strings.Contains(argv, "--port") {
+				t.Errorf("%s: a socket launch names a host or port: %s", res, argv)
+			}
+			for _, want := range []string{"--uds /state/launches/chat/0-L1/engine.sock", "--max-num-seqs 32", "--no-enable-log-requests", "--no-enable-log-outputs", "--served-model-name d"} {
 				if !strings.Contains(argv, want) {
 					t.Errorf("argv lacks %q: %s", want, argv)
 				}

@@ -30,7 +30,7 @@ var optionRules = []flags.Rule{
 	rules.Reserved("--api-key", "the per-launch key reaches the engine through VLLM_API_KEY, never the command line"),
 	rules.Reserved("--config", "a configuration file would bypass this policy"),
 	rules.Reserved("--middleware", "code loaded into the HTTP server"),
-	rules.Reserved("--uds", "engines listen on CapyCTL's loopback port"),
+	rules.Owned("--uds", "CapyCTL serves the engine on a socket in its launch directory (vLLM 0.11 and later)"),
 	rules.Reserved("--root-path", "the router calls the engine's own paths"),
 	rules.Reserved("--ssl-*", "the engine speaks plain HTTP on loopback; TLS belongs in front of CapyCTL"),
 	rules.Reserved("--headless", "group launches are CapyCTL's"),

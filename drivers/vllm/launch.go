@@ -6,6 +6,7 @@ package vllm
 import (
 	"context"
 	"strconv"
+	"strings"
 
 	"github.com/capyctl/capyctl/drivers/internal/engine"
 	"github.com/capyctl/capyctl/drivers/internal/pyengine"
@@ -56,7 +57,11 @@ func (d *Driver) Plan(_ context.Context, req *pb.PlanRequest) (*pb.PlanResponse,
 	}
 	parsers := pyengine.FamilyParsers(dep, cfg, args, parserNames)
 
+	sock, tcpWhy := socketFor(inst, lctx)
 	argv := pyengine.ServerArgv(venv.Python, Module, "--model", dep, lctx)
+	if sock != "" {
+		argv = pyengine.OnSocket(argv, "--uds", sock)
+	}
 	maxSeqs := pyengine.MaxConcurrent(dep, pyengine.DefaultMaxConcurrent)
 	argv = append(argv, "--max-num-seqs", strconv.Itoa(maxSeqs))
 	if contextLen > 0 {
@@ -113,8 +118,13 @@ func (d *Driver) Plan(_ context.Context, req *pb.PlanRequest) (*pb.PlanResponse,
 
 	resp := pyengine.Rendered{Argv: argv, Env: env, Checkpoint: ck, ContextLength: contextLen, MaxConcurrent: maxSeqs,
 		Parsers: parsers, Residency: res}.Plan(lctx)
-	if engine.Parks(res) {
-		resp.Notes = append(resp.Notes, "parks with vLLM's sleep mode: its development routes (/sleep, /wake_up) are on, on loopback only")
+	switch {
+	case sock != "":
+		resp.Notes = append(resp.Notes, "serves on a Unix socket in its launch directory (--uds): no other local user reaches any of its routes")
+	case engine.Parks(res):
+		resp.Notes = append(resp.Notes, "listens on its loopback port ("+tcpWhy+"): any local user can call /sleep, /wake_up and /collective_rpc, which vLLM does not guard with its key (parking turns on its development routes)")
+	default:
+		resp.Notes = append(resp.Notes, "listens on its loopback port ("+tcpWhy+"): any local user can call the routes outside /v1, which vLLM does not guard with its key")
 	}
 	if fitted {
 		resp.Notes = append(resp.Notes, "context fitted to the KV budget: --max-model-len "+strconv.FormatInt(contextLen, 10))
@@ -122,17 +132,59 @@ func (d *Driver) Plan(_ context.Context, req *pb.PlanRequest) (*pb.PlanResponse,
 	return resp, nil
 }
 
-// endpoint is how the router reaches an instance: the request ID in
-// X-Request-Id, and a non-streamed request forwarded as it is: vLLM's
-// chat route runs under with_cancellation (vllm/entrypoints/utils.py),
-// which races the handler against the client's http.disconnect and aborts
-// the request in the engine the moment the connection closes, streamed or
-// not (engines.md §1.7, note 1; every verified release has it).
-func endpoint(port int, key, served string) *pb.Endpoint {
+// UDSSince is the first vLLM release CapyCTL serves on a Unix socket
+// (--uds, "Unix domain socket path. If set, host and port arguments are
+// ignored.", FrontendArgs in vllm/entrypoints/openai/cli_args.py, added by
+// vllm-project/vllm#18097 in May 2025). It was read first-hand in the 0.11
+// series; the first release that has it is unconfirmed, so older ones keep
+// the loopback port and report the exposure.
+var UDSSince = []int{0, 11}
+
+// socketFor is the socket a launch serves on, or "" and why it keeps the
+// port.
+func socketFor(inst *pb.Installation, lctx *pb.LaunchContext) (string, string) {
+	if !engine.VersionAtLeast(inst.GetVersion(), UDSSince) {
+		return "", "vLLM " + inst.GetVersion() + " predates --uds, which CapyCTL uses from 0.11"
+	}
+	return engine.SocketPath(lctx)
+}
+
+// guardedPrefixes are the paths vLLM's AuthenticationMiddleware checks the
+// key on (/v1 alone up to 0.15); every other route answers without it.
+var guardedPrefixes = []string{"/v1", "/v2", "/inference", "/cohere"}
+
+// openRoutes are the routes a vLLM on TCP answers without the key: its
+// always-on routes outside the guarded prefixes (/invocations serves the
+// same inference as /v1) and, in development mode (parking), the sleep,
+// reload and cache routes.
+func openRoutes(key string, parks bool) []string {
+	if key == "" {
+		return engine.OpenToAll
+	}
+	r := []string{"/health", "/metrics", "/version", "/ping", "/invocations", "/tokenize", "/detokenize"}
+	if parks {
+		r = append(r, sleepPath, wakePath, isSleepingPath, collectiveRPCPath, resetPrefixPath, "/server_info", "/pause", "/resume")
+	}
+	return r
+}
+
+// endpoint is how the router reaches an instance: its socket when it has
+// one, else its port with what that leaves open; the request ID in
+// X-Request-Id; and a non-streamed request forwarded as it is: vLLM's chat
+// route runs under with_cancellation (vllm/entrypoints/utils.py), which
+// races the handler against the client's http.disconnect and aborts the
+// request in the engine the moment the connection closes, streamed or not
+// (engines.md §1.7, note 1; every verified release has it).
+func endpoint(port int, key, served, sock string, parks bool) *pb.Endpoint {
 	ep := engine.NewEndpoint(port, served, key)
 	ep.RequestIdHeader = "X-Request-Id"
 	ep.NonStreamedHangup = pb.NonStreamedHangup_NON_STREAMED_HANGUP_STOPS
-	return ep
+	x := engine.Exposure{Socket: sock}
+	if sock == "" {
+		x.OpenRoutes = openRoutes(key, parks)
+		x.Note = "vLLM guards only " + strings.Join(guardedPrefixes, ", ") + " with its key"
+	}
+	return x.Apply(ep)
 }
 
 // Start implements sdk.Driver: the pinned installation must be what runs;
@@ -153,18 +205,21 @@ func (d *Driver) Start(_ context.Context, req *pb.StartRequest) (*pb.StartRespon
 	if err != nil {
 		return nil, err
 	}
-	in := d.instance(lctx.GetInstanceId(), lctx.GetLaunchId(), *launched, int(lctx.GetPort()), req.GetEngineKey(), dep)
+	res := residency(dep)
 	if r := req.GetPlan().GetResidency(); r != "" {
-		in.Residency = r
+		res = r
 	}
+	sock := engine.SocketInArgv(req.GetPlan().GetArgv(), "--uds")
+	in := d.instance(lctx.GetInstanceId(), lctx.GetLaunchId(), *launched, int(lctx.GetPort()), req.GetEngineKey(), dep, sock, res)
 	return d.reg.Started(in), nil
 }
 
-// instance builds the driver's handle of a launch.
-func (d *Driver) instance(id, launchID string, l proc.Launched, port int, key string, dep *pb.Deployment) *engine.Instance {
-	in := engine.NewInstance(id, launchID, l, port, endpoint(port, key, dep.GetServedName()))
+// instance builds the driver's handle of a launch that serves on sock (""
+// for its port) at residency res.
+func (d *Driver) instance(id, launchID string, l proc.Launched, port int, key string, dep *pb.Deployment, sock, res string) *engine.Instance {
+	in := engine.NewInstance(id, launchID, l, port, endpoint(port, key, dep.GetServedName(), sock, engine.Parks(res)))
 	in.API = "chat"
-	in.Residency = residency(dep)
+	in.Residency = res
 	in.ModelDir = dep.GetModelDir()
 	return in
 }

@@ -76,7 +76,8 @@ func (d *Driver) Stop(_ context.Context, req *pb.StopRequest) (*pb.StopResponse,
 func (d *Driver) Recover(ctx context.Context, req *pb.RecoverRequest) (*pb.RecoverResponse, error) {
 	return d.reg.Recover(req, func(launched proc.Launched, detail string) (*engine.Instance, string, error) {
 		l := req.GetLaunch()
-		in := d.instance(req.GetInstanceId(), l.GetLaunchId(), launched, int(l.GetPort()), req.GetEngineKey(), req.GetDeployment())
+		in := d.instance(req.GetInstanceId(), l.GetLaunchId(), launched, int(l.GetPort()), req.GetEngineKey(), req.GetDeployment(),
+			engine.SocketOf(launched.LaunchDir), residency(req.GetDeployment()))
 		if !engine.Parks(in.Residency) {
 			return in, detail, nil
 		}

@@ -31,6 +31,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -439,9 +440,10 @@ func (s *suite) testLifecycle(t *testing.T) {
 		t.Fatal("readiness recorded no canary answer")
 	}
 	ep := ready.GetEndpoint()
-	if !strings.HasPrefix(ep.GetBaseUrl(), "http://127.0.0.1:") || ep.GetServedName() != st.dep.GetServedName() {
+	if ep.GetServedName() != st.dep.GetServedName() {
 		t.Fatalf("endpoint %v", ep)
 	}
+	checkListener(t, st, ep)
 	if live := s.probe(t, id, pb.ProbeKind_PROBE_KIND_LIVENESS); !live.GetAlive() {
 		t.Fatalf("liveness %v", live)
 	}
@@ -581,7 +583,46 @@ func (s *suite) restartAndRecover(t *testing.T, st *started, recorded, tier stri
 	return rec
 }
 
-// chatRequest builds a chat request to an endpoint.
+// checkListener wants the engine where its endpoint says: on a Unix
+// socket in its 0700 launch directory with nothing on the leased port, or
+// on the leased loopback port, saying which routes answer any local user.
+func checkListener(t *testing.T, st *started, ep *pb.Endpoint) {
+	t.Helper()
+	port := st.lctx.GetPort()
+	if sock, ok := engineapi.UnixSocket(ep.GetBaseUrl()); ok {
+		if ep.GetListener() != "unix" || filepath.Dir(sock) != st.lctx.GetLaunchDir() {
+			t.Fatalf("endpoint %v: a socket outside the launch directory %s, or not reported", ep, st.lctx.GetLaunchDir())
+		}
+		if fi, err := os.Stat(st.lctx.GetLaunchDir()); err != nil || fi.Mode().Perm() != 0o700 {
+			t.Fatalf("launch directory %v, %v: want mode 0700", fi, err)
+		}
+		if c, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", port)); err == nil {
+			c.Close()
+			t.Fatalf("the engine serves on %s and something listens on the leased port %d too", sock, port)
+		}
+		t.Logf("the engine listens on %s only", sock)
+		return
+	}
+	if ep.GetBaseUrl() != fmt.Sprintf("http://127.0.0.1:%d", port) {
+		t.Fatalf("endpoint %v: neither the leased loopback port %d nor a socket", ep, port)
+	}
+	if ep.GetListener() == "unix" {
+		t.Fatalf("endpoint %v: says unix but is a port", ep)
+	}
+	if ep.GetListener() == "tcp" && len(ep.GetOpenRoutes()) == 0 {
+		t.Fatalf("endpoint %v: on TCP without saying which routes answer any local user", ep)
+	}
+	t.Logf("the engine listens on the loopback port %d; open without the key: %v (%s)", port, ep.GetOpenRoutes(), ep.GetExposureNote())
+}
+
+// engineClient is a client of the endpoint's engine, on its port or its
+// socket, with its key.
+func engineClient(ep *pb.Endpoint) *engineapi.EngineClient {
+	return engineapi.NewEngineClient(ep.GetBaseUrl(), ep.GetAuthHeader(), ep.GetAuthValue())
+}
+
+// chatRequest builds a chat request to an endpoint; engineClient(ep) sends
+// it.
 func chatRequest(ctx context.Context, ep *pb.Endpoint, stream bool, maxTokens int, requestID string) (*http.Request, error) {
 	body := map[string]any{
 		"model":    ep.GetServedName(),
@@ -595,14 +636,11 @@ func chatRequest(ctx context.Context, ep *pb.Endpoint, stream bool, maxTokens in
 		body[f] = requestID
 	}
 	b, _ := json.Marshal(body)
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, ep.GetBaseUrl()+ep.GetChatPath(), strings.NewReader(string(b)))
+	req, err := engineClient(ep).NewRequest(ctx, http.MethodPost, ep.GetChatPath(), strings.NewReader(string(b)))
 	if err != nil {
 		return nil, err
 	}
 	req.Header.Set("Content-Type", "application/json")
-	if ep.GetAuthHeader() != "" {
-		req.Header.Set(ep.GetAuthHeader(), ep.GetAuthValue())
-	}
 	if h := ep.GetRequestIdHeader(); h != "" && requestID != "" {
 		req.Header.Set(h, requestID)
 	}
@@ -619,7 +657,7 @@ func (s *suite) serve(t *testing.T, ep *pb.Endpoint) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := engineClient(ep).HTTPClient().Do(req)
 	if err != nil {
 		t.Fatalf("serve: %v", err)
 	}
@@ -663,7 +701,7 @@ func (s *suite) testAbort(t *testing.T, id string, ep *pb.Endpoint) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := engineClient(ep).HTTPClient().Do(req)
 	if err != nil {
 		t.Fatalf("abort: the request: %v", err)
 	}

@@ -400,10 +400,12 @@ func containsTag(tags []string, t string) bool {
 	return false
 }
 
-// Middleware guards everything but /health* and /metrics* with the key.
+// Middleware guards everything but /health*, /ready* and /metrics* with
+// the key, as decide_request_auth (python/sglang/srt/utils/auth.py) does.
 func (s *SGLang) Middleware(e *Engine, next http.Handler) http.Handler {
 	public := func(r *http.Request) bool {
-		return r.Method == http.MethodOptions || strings.HasPrefix(r.URL.Path, "/health") || strings.HasPrefix(r.URL.Path, "/metrics")
+		p := r.URL.Path
+		return r.Method == http.MethodOptions || strings.HasPrefix(p, "/health") || strings.HasPrefix(p, "/ready") || strings.HasPrefix(p, "/metrics")
 	}
 	deny := func(w http.ResponseWriter, r *http.Request) {
 		WriteJSON(w, http.StatusUnauthorized, map[string]string{"error": "Unauthorized"})

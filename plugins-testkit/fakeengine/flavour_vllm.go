@@ -17,6 +17,12 @@ import (
 // DefaultVLLMVersion is what the vLLM flavour reports when told nothing.
 const DefaultVLLMVersion = "0.32.0"
 
+// VLLMUDSSince is the first release the fake vLLM takes --uds in (serving
+// on a Unix socket instead of its port); it refuses the option in older
+// ones, as an argparse that lacks it does. It is the release CapyCTL's
+// driver uses it from (drivers/vllm.UDSSince).
+var VLLMUDSSince = []int{0, 11}
+
 // VLLMOptions are what a vLLM launch decides with its argv and environment.
 type VLLMOptions struct {
 	// Version is reported on GET /version (DefaultVLLMVersion when empty).

@@ -57,6 +57,25 @@ func Listen(network, address string) (net.Listener, error) {
 	return &deferredListener{fd: fd, addr: tcpAddrOf(bound)}, nil
 }
 
+// ListenUnix binds a Unix socket at path at once and listens at the first
+// Accept, as Listen does for TCP: vLLM binds --uds before the model loads
+// (create_server_unix_socket, a plain bind, which fails when the path
+// exists) and llama-server binds a --host ending in .sock. Until the
+// engine is ready a connection attempt is refused. The socket's mode
+// follows the umask, as a Python or C bind does: the launch directory's
+// 0700 is what keeps other users out.
+func ListenUnix(path string) (net.Listener, error) {
+	fd, err := syscall.Socket(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("listen %s: socket: %w", path, err)
+	}
+	if err := syscall.Bind(fd, &syscall.SockaddrUnix{Name: path}); err != nil {
+		syscall.Close(fd)
+		return nil, fmt.Errorf("listen %s: bind: %w", path, err)
+	}
+	return &deferredListener{fd: fd, addr: &net.UnixAddr{Name: path, Net: "unix"}}, nil
+}
+
 // tcpAddrOf converts a socket address.
 func tcpAddrOf(sa syscall.Sockaddr) *net.TCPAddr {
 	switch s := sa.(type) {
@@ -72,7 +91,7 @@ func tcpAddrOf(sa syscall.Sockaddr) *net.TCPAddr {
 type deferredListener struct {
 	mu     sync.Mutex
 	fd     int
-	addr   *net.TCPAddr
+	addr   net.Addr
 	ln     net.Listener
 	closed bool
 }
@@ -105,6 +124,11 @@ func (l *deferredListener) listening() (net.Listener, error) {
 	l.fd = -1
 	if err != nil {
 		return nil, fmt.Errorf("listen %s: %w", l.addr, err)
+	}
+	if ul, ok := ln.(*net.UnixListener); ok {
+		// The engine does not remove its socket on exit; the launch
+		// directory goes with the launch.
+		ul.SetUnlinkOnClose(false)
 	}
 	l.ln = ln
 	return ln, nil

@@ -46,17 +46,27 @@ type EngineClient struct {
 }
 
 // NewEngineClient returns a client for the engine at baseURL
-// ("http://127.0.0.1:8000"). authHeader and authValue ("Authorization",
-// "Bearer <key>") are set on every request; an empty authHeader sets none.
+// ("http://127.0.0.1:8000", or UnixBaseURL of its socket). authHeader and
+// authValue ("Authorization", "Bearer <key>") are set on every request; an
+// empty authHeader sets none.
 func NewEngineClient(baseURL, authHeader, authValue string) *EngineClient {
+	dialer := &net.Dialer{
+		Timeout:   5 * time.Second,
+		KeepAlive: 30 * time.Second,
+	}
+	dial := dialer.DialContext
+	if sock, ok := UnixSocket(baseURL); ok {
+		// Every connection goes to the socket, whatever the URL's host.
+		baseURL = "http://" + UnixHost
+		dial = func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return dialer.DialContext(ctx, "unix", sock)
+		}
+	}
 	tr := &http.Transport{
 		// IMPORTANT: never a proxy: the engine is on loopback, and an
 		// operator's HTTP_PROXY must not see the engine key.
-		Proxy: nil,
-		DialContext: (&net.Dialer{
-			Timeout:   5 * time.Second,
-			KeepAlive: 30 * time.Second,
-		}).DialContext,
+		Proxy:               nil,
+		DialContext:         dial,
 		MaxIdleConns:        64,
 		MaxIdleConnsPerHost: 64,
 		IdleConnTimeout:     90 * time.Second,
@@ -74,7 +84,8 @@ func NewEngineClient(baseURL, authHeader, authValue string) *EngineClient {
 	}
 }
 
-// BaseURL returns the engine's base URL.
+// BaseURL returns the base of the client's request URLs (the engine's base
+// URL, or "http://localhost" for an engine on a Unix socket).
 func (c *EngineClient) BaseURL() string { return c.baseURL }
 
 // HTTPClient returns the pooled client, for callers that stream.

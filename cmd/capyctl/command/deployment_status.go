@@ -113,6 +113,9 @@ func (c *Meta) printStatus(st *wire.DeploymentStatus) {
 		if in.Released != "" {
 			fmt.Fprintf(c.Out, "%s released: %s\n", in.ID, in.Released)
 		}
+		if x := in.Exposure; x != nil {
+			fmt.Fprintf(c.Out, "%s exposure: %s\n", in.ID, exposureLine(x))
+		}
 		if p := in.Parsers; p != nil {
 			fmt.Fprintf(c.Out, "%s Parsers: tool calls %s, reasoning %s (%s)\n", in.ID, orNone(p.ToolCall), orNone(p.Reasoning), orDash(p.Provenance))
 		}
@@ -127,6 +130,26 @@ func (c *Meta) printStatus(st *wire.DeploymentStatus) {
 			fmt.Fprintf(c.Out, "requests.%s: %v\n", k, st.Requests[k])
 		}
 	}
+}
+
+// exposureLine says who besides CapyCTL reaches an engine: nobody on a
+// socket; on TCP, the routes any local user can call without the key.
+func exposureLine(x *structs.Exposure) string {
+	var s string
+	switch {
+	case x.Listener == "unix":
+		s = "unix socket in the launch directory (only the role's user)"
+	case len(x.OpenRoutes) == 1 && x.OpenRoutes[0] == "*":
+		s = "loopback TCP: every route answers any local user"
+	case len(x.OpenRoutes) > 0:
+		s = "loopback TCP: " + strings.Join(x.OpenRoutes, ", ") + " answer any local user without the key"
+	default:
+		s = "loopback TCP"
+	}
+	if x.Note != "" {
+		s += " (" + x.Note + ")"
+	}
+	return s
 }
 
 func orNone(s string) string {

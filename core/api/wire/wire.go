@@ -128,6 +128,8 @@ type InstanceStatus struct {
 	Phase          string               `json:"phase,omitempty"`
 	// Parsers are the tool-call and reasoning parsers the engine runs with.
 	Parsers *structs.Parsers `json:"parsers,omitempty"`
+	// Exposure is who besides CapyCTL can reach the engine's routes.
+	Exposure *structs.Exposure `json:"exposure,omitempty"`
 }
 
 // DeploymentList answers GET /deployments.

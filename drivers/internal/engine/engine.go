@@ -21,6 +21,8 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
+	"strings"
 
 	"github.com/capyctl/capyctl/core/version"
 	"github.com/capyctl/capyctl/sdk"
@@ -141,6 +143,28 @@ func ReleaseAtLeast(release, min []int) bool {
 		}
 	}
 	return true
+}
+
+// VersionAtLeast reports whether a version ("0.31.0", "v0.7.0rc1") is a
+// release at least min; anything that is not a release is not.
+func VersionAtLeast(v string, min []int) bool {
+	v = strings.TrimPrefix(v, "v")
+	if i := strings.IndexFunc(v, func(r rune) bool { return r != '.' && (r < '0' || r > '9') }); i >= 0 {
+		v = v[:i]
+	}
+	parts := strings.Split(strings.TrimSuffix(v, "."), ".")
+	if len(parts) < 2 {
+		return false
+	}
+	rel := make([]int, len(parts))
+	for i, p := range parts {
+		n, err := strconv.Atoi(p)
+		if err != nil {
+			return false
+		}
+		rel[i] = n
+	}
+	return ReleaseAtLeast(rel, min)
 }
 
 // FileDigest is "sha256:<hex>" of a file's content (an engine's binary).

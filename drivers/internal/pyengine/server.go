@@ -81,6 +81,20 @@ func ServerArgv(python, module, modelOption string, dep *pb.Deployment, lctx *pb
 	return argv
 }
 
+// OnSocket turns a command line from ServerArgv into one that listens on
+// the Unix socket sock instead: --host and --port go, option sock comes.
+func OnSocket(argv []string, option, sock string) []string {
+	out := make([]string, 0, len(argv))
+	for i := 0; i < len(argv); i++ {
+		if (argv[i] == "--host" || argv[i] == "--port") && i+1 < len(argv) {
+			i++
+			continue
+		}
+		out = append(out, argv[i])
+	}
+	return append(out, option, sock)
+}
+
 // TypedArgs renders the typed fields both servers spell alike: --dtype,
 // --quantization and --kv-cache-dtype, each when set.
 func TypedArgs(dep *pb.Deployment) []string {

@@ -203,7 +203,12 @@ func llamaServerCommand(args []string, env func(string) string, stdout, stderr i
 		cfg.Sim.KV = int64(ctx) * llamaKVPerToken(g, a["cache-type-k"], a["cache-type-v"])
 	}
 	cfg.Flavour = fakeengine.NewLlamaCpp(opts)
-	return serveEngine(cfg, host, port, knobs.ListenAll, stderr)
+	// A --host ending in .sock binds a Unix socket (server-http.cpp).
+	sock := ""
+	if strings.HasSuffix(host, ".sock") {
+		sock = host
+	}
+	return serveEngineOn(cfg, host, port, sock, knobs.ListenAll, stderr)
 }
 
 // llamaKVPerToken is the KV bytes per token with the K and V cache types
@@ -236,6 +241,11 @@ func printLlamaHelp(w io.Writer) {
 		if o.value {
 			arg = " " + strings.ToUpper(strings.ReplaceAll(canon, "-", "_"))
 		}
-		fmt.Fprintf(w, "%-40s (fake)\n", strings.Join(o.names, ", ")+arg)
+		help := "(fake)"
+		if canon == "host" {
+			// llama.cpp's own words since ggml-org/llama.cpp#12613.
+			help = "ip address to listen, or bind to an UNIX socket if the address ends with .sock (default: 127.0.0.1)"
+		}
+		fmt.Fprintf(w, "%-40s %s\n", strings.Join(o.names, ", ")+arg, help)
 	}
 }

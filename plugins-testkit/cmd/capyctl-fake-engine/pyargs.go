@@ -252,3 +252,23 @@ func envKnobs(cfg *fakeengine.Config, env func(string) string) (*fakeengine.Knob
 	}
 	return k, given, nil
 }
+
+// releaseAtLeast reports whether version ("0.31.0") is at least min
+// ([0 11]); a version that does not read as a release is.
+func releaseAtLeast(version string, min []int) bool {
+	parts := strings.Split(version, ".")
+	for i, m := range min {
+		if i >= len(parts) {
+			return m == 0
+		}
+		digits := strings.TrimRightFunc(parts[i], func(r rune) bool { return r < '0' || r > '9' })
+		n, err := strconv.Atoi(digits)
+		if err != nil {
+			return true
+		}
+		if n != m {
+			return n > m
+		}
+	}
+	return true
+}

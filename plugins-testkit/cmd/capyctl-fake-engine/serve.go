@@ -65,6 +65,11 @@ func serveCommand(args []string, env func(string) string, stdout, stderr io.Writ
 // serveEngine listens, serves until a signal or an exit, and maps the end
 // to an exit status. Flavours' invocations end here too.
 func serveEngine(cfg fakeengine.Config, host string, port int, listenAll bool, stderr io.Writer) int {
+	return serveEngineOn(cfg, host, port, "", listenAll, stderr)
+}
+
+// serveEngineOn is serveEngine on the Unix socket sock when it is not "".
+func serveEngineOn(cfg fakeengine.Config, host string, port int, sock string, listenAll bool, stderr io.Writer) int {
 	e, err := fakeengine.New(cfg)
 	if err != nil {
 		fmt.Fprintf(stderr, "capyctl-fake-engine: %v\n", err)
@@ -74,7 +79,12 @@ func serveEngine(cfg fakeengine.Config, host string, port int, listenAll bool, s
 	if listenAll {
 		network, host = "tcp4", "0.0.0.0"
 	}
-	ln, err := fakeengine.Listen(network, net.JoinHostPort(host, strconv.Itoa(port)))
+	var ln net.Listener
+	if sock != "" && !listenAll {
+		ln, err = fakeengine.ListenUnix(sock)
+	} else {
+		ln, err = fakeengine.Listen(network, net.JoinHostPort(host, strconv.Itoa(port)))
+	}
 	if err != nil {
 		fmt.Fprintf(stderr, "capyctl-fake-engine: %v\n", err)
 		return 1

@@ -170,7 +170,13 @@ func vllmCommand(args []string, env func(string) string, stdout, stderr io.Write
 	if host == "" {
 		host = "0.0.0.0" // vLLM binds every interface when no host is given
 	}
-	return serveEngine(cfg, host, int(port), knobs.ListenAll, stderr)
+	// --uds: "Unix domain socket path. If set, host and port arguments are
+	// ignored." Releases before it refuse the option as argparse does.
+	uds := pa.str("uds", "")
+	if uds != "" && version != "" && !releaseAtLeast(version, fakeengine.VLLMUDSSince) {
+		return fail("unrecognized arguments: --uds %s", uds)
+	}
+	return serveEngineOn(cfg, host, int(port), uds, knobs.ListenAll, stderr)
 }
 
 func orString(s, def string) string {

@@ -2282,7 +2282,9 @@ func (x *Launch) GetLaunchId() string {
 // Endpoint tells the router how to reach a ready engine.
 type Endpoint struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// base_url is "http://127.0.0.1:<port>".
+	// base_url is "http://127.0.0.1:<port>", or "http+unix://" and the
+	// query-escaped path of a Unix socket the engine listens on instead of a
+	// port (sdk/engineapi.UnixBaseURL).
 	BaseUrl string `protobuf:"bytes,1,opt,name=base_url,json=baseUrl,proto3" json:"base_url,omitempty"`
 	// auth_header and auth_value are set on every forwarded request.
 	AuthHeader    string `protobuf:"bytes,2,opt,name=auth_header,json=authHeader,proto3" json:"auth_header,omitempty"`
@@ -2296,6 +2298,18 @@ type Endpoint struct {
 	AbortMode       AbortMode `protobuf:"varint,8,opt,name=abort_mode,json=abortMode,proto3,enum=capyctl.driver.v1.AbortMode" json:"abort_mode,omitempty"`
 	// served_name is the model name the engine expects in requests.
 	ServedName string `protobuf:"bytes,9,opt,name=served_name,json=servedName,proto3" json:"served_name,omitempty"`
+	// listener is how the engine listens: "unix" (a socket in the launch
+	// directory, 0700: only the role's user reaches any route) or "tcp" (the
+	// loopback port: every local user can connect). Empty from drivers that
+	// predate it (read as "tcp").
+	Listener string `protobuf:"bytes,10,opt,name=listener,proto3" json:"listener,omitempty"`
+	// open_routes are the routes any local user can call without the key
+	// while the engine listens on TCP ("*" for every route: no key); none on
+	// a socket.
+	OpenRoutes []string `protobuf:"bytes,11,rep,name=open_routes,json=openRoutes,proto3" json:"open_routes,omitempty"`
+	// exposure_note says why the engine is not on a socket (its version has
+	// no such option, the path is too long) or what else is open to whom.
+	ExposureNote string `protobuf:"bytes,12,opt,name=exposure_note,json=exposureNote,proto3" json:"exposure_note,omitempty"`
 	// non_streamed_hangup: how the engine learns that the client of a
 	// non-streamed request went away (and so how the router forwards one).
 	NonStreamedHangup NonStreamedHangup `protobuf:"varint,16,opt,name=non_streamed_hangup,json=nonStreamedHangup,proto3,enum=capyctl.driver.v1.NonStreamedHangup" json:"non_streamed_hangup,omitempty"`
@@ -2392,6 +2406,27 @@ func (x *Endpoint) GetAbortMode() AbortMode {
 func (x *Endpoint) GetServedName() string {
 	if x != nil {
 		return x.ServedName
+	}
+	return ""
+}
+
+func (x *Endpoint) GetListener() string {
+	if x != nil {
+		return x.Listener
+	}
+	return ""
+}
+
+func (x *Endpoint) GetOpenRoutes() []string {
+	if x != nil {
+		return x.OpenRoutes
+	}
+	return nil
+}
+
+func (x *Endpoint) GetExposureNote() string {
+	if x != nil {
+		return x.ExposureNote
 	}
 	return ""
 }
@@ -3717,7 +3752,7 @@ const file_sdk_proto_driverv1_driver_proto_rawDesc = "" +
 	"\n" +
 	"launch_dir\x18\x03 \x01(\tR\tlaunchDir\x12\x12\n" +
 	"\x04port\x18\x04 \x01(\x05R\x04port\x12\x1b\n" +
-	"\tlaunch_id\x18\x05 \x01(\tR\blaunchId\"\xb3\x03\n" +
+	"\tlaunch_id\x18\x05 \x01(\tR\blaunchId\"\x95\x04\n" +
 	"\bEndpoint\x12\x19\n" +
 	"\bbase_url\x18\x01 \x01(\tR\abaseUrl\x12\x1f\n" +
 	"\vauth_header\x18\x02 \x01(\tR\n" +
@@ -3731,7 +3766,12 @@ const file_sdk_proto_driverv1_driver_proto_rawDesc = "" +
 	"\n" +
 	"abort_mode\x18\b \x01(\x0e2\x1c.capyctl.driver.v1.AbortModeR\tabortMode\x12\x1f\n" +
 	"\vserved_name\x18\t \x01(\tR\n" +
-	"servedName\x12T\n" +
+	"servedName\x12\x1a\n" +
+	"\blistener\x18\n" +
+	" \x01(\tR\blistener\x12\x1f\n" +
+	"\vopen_routes\x18\v \x03(\tR\n" +
+	"openRoutes\x12#\n" +
+	"\rexposure_note\x18\f \x01(\tR\fexposureNote\x12T\n" +
 	"\x13non_streamed_hangup\x18\x10 \x01(\x0e2$.capyctl.driver.v1.NonStreamedHangupR\x11nonStreamedHangup\"{\n" +
 	"\rStartResponse\x121\n" +
 	"\x06launch\x18\x01 \x01(\v2\x19.capyctl.driver.v1.LaunchR\x06launch\x127\n" +
