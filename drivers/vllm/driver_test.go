@@ -320,7 +320,7 @@ func TestDescribeAndFlags(t *testing.T) {
 // its client disconnects (with_cancellation), so the router forwards one
 // as it is.
 func TestEndpoint_NonStreamedHangup(t *testing.T) {
-	ep := endpoint(1, "k", "m")
+	ep := endpoint(1, "k", "m", "", true)
 	if ep.GetNonStreamedHangup() != pb.NonStreamedHangup_NON_STREAMED_HANGUP_STOPS || ep.GetRequestIdHeader() != "X-Request-Id" {
 		t.Fatalf("endpoint %v", ep)
 	}
