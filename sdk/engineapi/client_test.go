@@ -213,10 +213,10 @@ func TestNextInterval(t *testing.T) {
 		in   time.Duration
 		want time.Duration
 	}{
-		{name: "zero starts fine", in: 0, want: 5 * time.Millisecond},
-		{name: "grows by half", in: 5 * time.Millisecond, want: 7500 * time.Microsecond},
-		{name: "keeps growing", in: 100 * time.Millisecond, want: 150 * time.Millisecond},
-		{name: "capped", in: 200 * time.Millisecond, want: 250 * time.Millisecond},
+		{name: "zero starts fine", in: 0, want: time.Millisecond},
+		{name: "grows by a quarter", in: 4 * time.Millisecond, want: 5 * time.Millisecond},
+		{name: "keeps growing", in: 100 * time.Millisecond, want: 125 * time.Millisecond},
+		{name: "capped", in: 220 * time.Millisecond, want: 250 * time.Millisecond},
 		{name: "stays capped", in: 250 * time.Millisecond, want: 250 * time.Millisecond},
 	}
 	for _, c := range cases {

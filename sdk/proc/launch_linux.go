@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 )
@@ -88,8 +89,45 @@ func Start(spec LaunchSpec) (*Launched, error) {
 	return startShim(exe, dir, program, payload)
 }
 
-// startShim runs the shim executable and waits for its report.
+// startShim hands the launch to a shim and waits for its report: the spare
+// one started ahead for exe (see spare) when there is one, else a new one.
+// Either way a new spare is started for the next launch.
 func startShim(exe, dir, program string, payload []byte) (*Launched, error) {
+	sh := takeSpare(exe)
+	if sh == nil {
+		var err error
+		if sh, err = newShim(exe); err != nil {
+			return nil, err
+		}
+	}
+	go refillSpare(exe)
+	l, err := sh.launch(dir, program, payload)
+	if err != nil && sh.spare && errors.Is(err, errShimGone) {
+		// The spare died while it waited (killed by someone): a new one.
+		if sh, err = newShim(exe); err != nil {
+			return nil, err
+		}
+		return sh.launch(dir, program, payload)
+	}
+	return l, err
+}
+
+// shimProc is a started shim waiting for its launch spec.
+type shimProc struct {
+	cmd    *exec.Cmd
+	specW  *os.File
+	repR   *os.File
+	waited chan struct{}
+	spare  bool
+}
+
+// errShimGone marks a shim that exited before it read its spec.
+var errShimGone = errors.New("the shim exited before its launch")
+
+// newShim execs exe as a shim: the leader of a new session and process
+// group, with no environment but the marker, no stdio and "/" as its
+// working directory; it waits for its spec on fd 3 and reports on fd 4.
+func newShim(exe string) (*shimProc, error) {
 	specR, specW, err := os.Pipe()
 	if err != nil {
 		return nil, fmt.Errorf("start engine: spec pipe: %w", err)
@@ -100,13 +138,14 @@ func startShim(exe, dir, program string, payload []byte) (*Launched, error) {
 		specW.Close()
 		return nil, fmt.Errorf("start engine: report pipe: %w", err)
 	}
-	defer repR.Close()
 	cmd := &exec.Cmd{
 		Path: exe,
 		Args: []string{exe, ShimArg},
 		// IMPORTANT: the shim inherits nothing from the driver: no
 		// environment (the marker only), no stdio (/dev/null: a pipe to the
-		// driver would break when the driver dies), cwd "/".
+		// driver would break when the driver dies), cwd "/". That is what
+		// makes a shim started ahead of its launch the same as one started
+		// for it.
 		Env:         []string{shimEnvMarker + "=1"},
 		Dir:         "/",
 		ExtraFiles:  []*os.File{specR, repW}, // fds 3 and 4
@@ -117,23 +156,34 @@ func startShim(exe, dir, program string, payload []byte) (*Launched, error) {
 	repW.Close()
 	if err != nil {
 		specW.Close()
+		repR.Close()
 		return nil, fmt.Errorf("start engine: start shim %s: %w", exe, err)
 	}
+	sh := &shimProc{cmd: cmd, specW: specW, repR: repR, waited: make(chan struct{})}
 	// Reap the shim whenever it ends while this process lives.
-	waited := make(chan struct{})
 	go func() {
 		_ = cmd.Wait()
-		close(waited)
+		close(sh.waited)
 	}()
-	_, werr := specW.Write(payload)
-	specW.Close()
+	return sh, nil
+}
 
-	_ = repR.SetReadDeadline(time.Now().Add(startTimeout))
+// launch sends the spec and reads the shim's report.
+func (sh *shimProc) launch(dir, program string, payload []byte) (*Launched, error) {
+	defer sh.repR.Close()
+	cmd, waited := sh.cmd, sh.waited
+	_, werr := sh.specW.Write(payload)
+	sh.specW.Close()
+
+	_ = sh.repR.SetReadDeadline(time.Now().Add(startTimeout))
 	var rep shimReport
-	derr := json.NewDecoder(repR).Decode(&rep)
+	derr := json.NewDecoder(sh.repR).Decode(&rep)
 	switch {
 	case derr != nil && (errors.Is(derr, io.EOF) || errors.Is(derr, io.ErrUnexpectedEOF)):
-		return nil, fmt.Errorf("start engine %s: the shim exited without a report (does %s call proc.MaybeRunShim first in main?)", program, exe)
+		if werr != nil {
+			return nil, fmt.Errorf("start engine %s: %w", program, errShimGone)
+		}
+		return nil, fmt.Errorf("start engine %s: the shim exited without a report (does %s call proc.MaybeRunShim first in main?)", program, cmd.Path)
 	case derr != nil:
 		_ = cmd.Process.Kill()
 		return nil, fmt.Errorf("start engine %s: no report from the shim: %w", program, derr)
@@ -353,4 +403,67 @@ func Release(launchDir string) error {
 		return fmt.Errorf("release shim: %w", err)
 	}
 	return nil
+}
+
+// A spare shim: exec'ing the driver's executable as a shim costs about ten
+// milliseconds of every cold start (a large Go binary's loading and
+// initialisation), so a driver that launched once keeps one shim started
+// ahead, waiting for its spec, and hands the next launch to it. A shim
+// inherits nothing from the driver (newShim), so a spare is the same as a
+// shim started for its launch; it exits when the driver does (its spec
+// pipe closes).
+var spares struct {
+	mu sync.Mutex
+	by map[string]*shimProc // executable -> its spare
+}
+
+// NoSpareShim turns the spare shim off (a test that counts processes).
+var NoSpareShim bool
+
+// takeSpare returns exe's spare, nil when there is none or it died.
+func takeSpare(exe string) *shimProc {
+	spares.mu.Lock()
+	sh := spares.by[exe]
+	delete(spares.by, exe)
+	spares.mu.Unlock()
+	if sh == nil {
+		return nil
+	}
+	select {
+	case <-sh.waited:
+		sh.specW.Close()
+		sh.repR.Close()
+		return nil
+	default:
+	}
+	return sh
+}
+
+// refillSpare starts exe's next spare unless it has one.
+func refillSpare(exe string) {
+	if NoSpareShim {
+		return
+	}
+	spares.mu.Lock()
+	if spares.by[exe] != nil {
+		spares.mu.Unlock()
+		return
+	}
+	spares.mu.Unlock()
+	sh, err := newShim(exe)
+	if err != nil {
+		return
+	}
+	sh.spare = true
+	spares.mu.Lock()
+	defer spares.mu.Unlock()
+	if spares.by == nil {
+		spares.by = map[string]*shimProc{}
+	}
+	if spares.by[exe] != nil {
+		sh.specW.Close() // another refill won: this one reads EOF and exits
+		sh.repR.Close()
+		return
+	}
+	spares.by[exe] = sh
 }

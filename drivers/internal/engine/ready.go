@@ -24,16 +24,18 @@ type ReadyFunc func(ctx context.Context) (ready bool, canary, why string)
 // (SGLang's scheduler dying); it returns a detail when it did.
 type WatchFunc func() (failed bool, detail string)
 
-// WaitReady polls finely (5 ms, growing to 250 ms) until ready says so, the
-// engine exits, watch reports a failure, the group listens off loopback
-// (checked before each attempt and once more when ready says so), or the
-// deadline passes. On a failure seen by watch, fail runs (to end the
-// launch and clean up) before the answer is returned.
+// WaitReady polls finely (engineapi.Poll: 1 ms, growing to 250 ms) until
+// ready says so, the engine exits, watch reports a failure, the group
+// listens off loopback (checked every offLoopbackEvery while waiting and
+// once more when ready says so), or the deadline passes. On a failure seen
+// by watch, fail runs (to end the launch and clean up) before the answer is
+// returned.
 func (in *Instance) WaitReady(ctx context.Context, deadline time.Duration, ready ReadyFunc, watch WatchFunc, fail func()) *pb.ProbeResponse {
 	ctx, cancel := context.WithTimeout(ctx, deadline)
 	defer cancel()
 	why := "starting"
 	var out *pb.ProbeResponse
+	var lastListen time.Time
 	_ = engineapi.Poll(ctx, func(ctx context.Context) (bool, error) {
 		if !in.Alive() {
 			out = in.ExitInfo("the engine exited while " + why)
@@ -49,8 +51,13 @@ func (in *Instance) WaitReady(ctx context.Context, deadline time.Duration, ready
 				return true, nil
 			}
 		}
-		if out = in.offLoopback(); out != nil {
-			return true, nil
+		// The listeners are read from /proc (a millisecond for a large
+		// group): not on every fine poll.
+		if time.Since(lastListen) >= offLoopbackEvery {
+			lastListen = time.Now()
+			if out = in.offLoopback(); out != nil {
+				return true, nil
+			}
 		}
 		rctx, rcancel := context.WithTimeout(ctx, 30*time.Second)
 		ok, canary, w := ready(rctx)
@@ -76,6 +83,11 @@ func (in *Instance) WaitReady(ctx context.Context, deadline time.Duration, ready
 		LastLogLines: proc.LastLines(in.Launched.LaunchDir, lastLogLines),
 	}
 }
+
+// offLoopbackEvery spaces the listener checks of a launch that is not
+// ready yet; a launch that becomes ready is checked then, whatever the
+// time.
+const offLoopbackEvery = 50 * time.Millisecond
 
 // ChatReady is the usual ReadyFunc of a chat engine: the served name in
 // /v1/models, then a real short answer to the canary prompt (content or

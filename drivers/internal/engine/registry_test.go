@@ -4,9 +4,13 @@
 package engine
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"os"
+	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/capyctl/capyctl/sdk"
 	"github.com/capyctl/capyctl/sdk/proc"
@@ -161,4 +165,46 @@ func TestReleaseAtLeast(t *testing.T) {
 			t.Errorf("ReleaseAtLeast(%v, %v) = %v, want %v", c.release, c.min, got, c.want)
 		}
 	}
+}
+
+// TestFileDigest_FollowsTheFile: a digest kept for a file's version is never
+// given for another version.
+func TestFileDigest_FollowsTheFile(t *testing.T) {
+	old := racyWindow
+	racyWindow = -time.Hour // keep every digest, even of a file just written
+	t.Cleanup(func() { racyWindow = old })
+	p := filepath.Join(t.TempDir(), "engine")
+	if err := os.WriteFile(p, []byte("version one"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	d1, err := FileDigest(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again, _ := FileDigest(p); again != d1 {
+		t.Fatalf("the same file has two digests: %s, %s", d1, again)
+	}
+	if n := cachedDigests(); n == 0 {
+		t.Fatal("the digest was not kept")
+	}
+	if err := os.WriteFile(p, []byte("version 2, longer"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	d2, err := FileDigest(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d2 == d1 {
+		t.Fatal("the rewritten file kept its old digest")
+	}
+	sum := sha256.Sum256([]byte("version 2, longer"))
+	if d2 != "sha256:"+hex.EncodeToString(sum[:]) {
+		t.Fatalf("digest %s", d2)
+	}
+}
+
+func cachedDigests() int {
+	n := 0
+	digests.Range(func(any, any) bool { n++; return true })
+	return n
 }

@@ -1,0 +1,51 @@
+// Copyright (c) CapyCTL authors
+// SPDX-License-Identifier: Apache-2.0
+
+package proc
+
+import (
+	"syscall"
+	"testing"
+)
+
+// spareOf returns the spare shim waiting for exe's next launch, once the
+// refill after a launch has started it.
+func spareOf(t *testing.T, exe string) *shimProc {
+	t.Helper()
+	var sh *shimProc
+	eventually(t, "a spare shim", func() bool {
+		spares.mu.Lock()
+		defer spares.mu.Unlock()
+		sh = spares.by[exe]
+		return sh != nil
+	})
+	return sh
+}
+
+// TestStart_SpareShim: after a launch a shim waits for the next one, and
+// the next launch runs under it; a spare that died is replaced and the
+// launch still succeeds.
+func TestStart_SpareShim(t *testing.T) {
+	exe := testExe(t)
+	startEngine(t, engineSpec(t, "listen", nil))
+	spare := spareOf(t, exe)
+	second := startEngine(t, engineSpec(t, "listen", nil))
+	if second.Shim.PID != spare.cmd.Process.Pid {
+		t.Fatalf("the second launch's shim is %d, not the spare %d", second.Shim.PID, spare.cmd.Process.Pid)
+	}
+	if st, err := ReadStatus(second.LaunchDir); err != nil || !st.Running {
+		t.Fatalf("status %+v, %v", st, err)
+	}
+
+	// The next spare is killed while it waits: the launch still runs.
+	dead := spareOf(t, exe)
+	_ = syscall.Kill(dead.cmd.Process.Pid, syscall.SIGKILL)
+	<-dead.waited
+	third := startEngine(t, engineSpec(t, "listen", nil))
+	if third.Shim.PID == dead.cmd.Process.Pid {
+		t.Fatal("the launch went to the dead spare")
+	}
+	if st, err := ReadStatus(third.LaunchDir); err != nil || !st.Running {
+		t.Fatalf("status %+v, %v", st, err)
+	}
+}
