@@ -330,8 +330,9 @@ type RoleConfig struct {
 	Settings   []ConfigSetting `json:"settings"`
 }
 
-// Redacted replaces a secret's value wherever the API shows configuration.
-const Redacted = "<redacted>"
+// Redacted replaces a secret's value wherever the API shows configuration
+// (structs.Deployment.Redacted and its helpers put it there).
+const Redacted = structs.Redacted
 
 // Action names accepted by the actions routes.
 const (
