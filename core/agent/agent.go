@@ -417,7 +417,8 @@ func (a *Agent) Start(ctx context.Context) error {
 			Role: a.s.Role, Version: version.Version, Commit: version.GetCommit(), Host: a.s.Hostname,
 			Inference: a.InferenceAddr(), StartedAt: a.startedAt, PID: os.Getpid(),
 		},
-		Hosts: a.hosts,
+		Hosts:         a.hosts,
+		RequestLedger: a.requestLedgerStatus,
 		DeploymentExtras: func(st *wire.DeploymentStatus) {
 			a.Placer.DeploymentExtras(st)
 			requestExtras(st)
@@ -441,6 +442,19 @@ func (a *Agent) Start(ctx context.Context) error {
 		}(p.srv, p.ln)
 	}
 	return a.writeRunInfo()
+}
+
+// requestLedgerStatus describes the request ledger's writer; nil without
+// one.
+func (a *Agent) requestLedgerStatus() *wire.RequestLedgerStatus {
+	if a.Requests == nil {
+		return nil
+	}
+	st := &wire.RequestLedgerStatus{Enabled: a.Requests.Enabled(), Dropped: a.Requests.Dropped()}
+	if err := a.Requests.Err(); err != nil {
+		st.LastError = err.Error()
+	}
+	return st
 }
 
 func (a *Agent) hosts() []wire.Host {

@@ -428,6 +428,9 @@ func (b *Backend) snapshot(w http.ResponseWriter, r *http.Request) {
 	if b.Hosts != nil {
 		snap.Hosts = b.Hosts()
 	}
+	if b.RequestLedger != nil {
+		snap.RequestLedger = b.RequestLedger()
+	}
 	writeJSON(w, http.StatusOK, snap)
 }
 
