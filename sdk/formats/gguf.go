@@ -5,7 +5,10 @@
 // from, without loading any weights: GGUF (llama.cpp), safetensors and
 // their sharded index, and Hugging Face config.json. Every reader is bounded
 // by the size of what it reads: a length or count field that claims more
-// than the file holds is an error, never an allocation.
+// than the file holds is an error, never an allocation. What an honest file
+// may hold is bounded too, whatever its size (GGUFMax*, SafetensorsMax*): a
+// file over a bound is refused (ErrGGUFLimit, ErrSafetensorsLimit) before
+// anything is allocated for what is over.
 package formats
 
 import (
