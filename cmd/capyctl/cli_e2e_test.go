@@ -315,14 +315,16 @@ func TestCLI_RoleWithoutEngine(t *testing.T) {
 	}
 
 	out, _, code := r.CLI("status")
-	want(t, "status", code, 0, out, "Role:        standalone", "Engines:     none registered", "capyctl engine add <venv|llama-server>", "No deployments")
+	want(t, "status", code, 0, out, "Role:        standalone", "Engines:     none registered", "capyctl engine add <venv|llama-server>", "No deployments",
+		"Requests:    ledger on, 0 records dropped")
 	out, _, code = r.CLI("status", "--json")
 	var rs struct {
 		wire.Snapshot
 		Hint string `json:"hint"`
 	}
 	oneLineJSON(t, "status --json", out, &rs)
-	if code != 0 || !strings.Contains(rs.Hint, "capyctl engine add") || rs.Role.Role != "standalone" || rs.Cursor == "" {
+	if code != 0 || !strings.Contains(rs.Hint, "capyctl engine add") || rs.Role.Role != "standalone" || rs.Cursor == "" ||
+		rs.RequestLedger == nil || !rs.RequestLedger.Enabled || rs.RequestLedger.Dropped != 0 {
 		t.Fatalf("status --json: %+v", rs)
 	}
 

@@ -488,7 +488,8 @@ func (a *Agent) Start(ctx context.Context) error {
 			Inference: a.InferenceAddr(), StartedAt: a.startedAt, PID: os.Getpid(),
 			TLS: a.s.TLS.Enabled(), ClientCertificates: a.s.TLS.ClientCAFile != "", Warnings: a.Warnings(),
 		},
-		Hosts: a.hosts,
+		Hosts:         a.hosts,
+		RequestLedger: a.requestLedgerStatus,
 		DeploymentExtras: func(st *wire.DeploymentStatus) {
 			a.Placer.DeploymentExtras(st)
 			requestExtras(st)
@@ -517,6 +518,19 @@ func (a *Agent) Start(ctx context.Context) error {
 		}(p.srv, p.ln)
 	}
 	return a.writeRunInfo()
+}
+
+// requestLedgerStatus describes the request ledger's writer; nil without
+// one.
+func (a *Agent) requestLedgerStatus() *wire.RequestLedgerStatus {
+	if a.Requests == nil {
+		return nil
+	}
+	st := &wire.RequestLedgerStatus{Enabled: a.Requests.Enabled(), Dropped: a.Requests.Dropped()}
+	if err := a.Requests.Err(); err != nil {
+		st.LastError = err.Error()
+	}
+	return st
 }
 
 func (a *Agent) hosts() []wire.Host {

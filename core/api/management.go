@@ -152,7 +152,7 @@ func decodeStrict(data []byte, v any) error {
 
 // Status converts a lifecycle view for the API.
 func Status(v *lifecycle.DeploymentView) wire.DeploymentStatus {
-	spec := v.Record.Spec
+	spec := v.Record.Spec.Redacted()
 	st := wire.DeploymentStatus{
 		Name: v.Record.Name, Engine: spec.Engine, API: spec.API, Routes: spec.Routes, Revision: v.Record.Revision,
 		Desired: v.Record.Desired, Spec: &spec, UpdatedAt: v.Record.UpdatedAt,
@@ -438,6 +438,9 @@ func (b *Backend) snapshot(w http.ResponseWriter, r *http.Request) {
 	}
 	if b.Hosts != nil {
 		snap.Hosts = b.Hosts()
+	}
+	if b.RequestLedger != nil {
+		snap.RequestLedger = b.RequestLedger()
 	}
 	writeJSON(w, http.StatusOK, snap)
 }

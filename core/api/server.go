@@ -42,6 +42,9 @@ type Backend struct {
 	// Config returns the role's effective settings with their sources for
 	// GET /config; nil answers unsupported.
 	Config func() *wire.RoleConfig
+	// RequestLedger describes the request ledger's writer for the
+	// snapshot; nil leaves it out.
+	RequestLedger func() *wire.RequestLedgerStatus
 
 	keys    keyLocks
 	streams streamSlots

@@ -323,3 +323,20 @@ func TestLoad_JSONSyntax(t *testing.T) {
 		t.Errorf("provenance = %+v", got)
 	}
 }
+
+// TestLoad_Bounds: a role configuration nested too deep or too large is
+// refused with its position, without crashing this process.
+func TestLoad_Bounds(t *testing.T) {
+	cases := []struct{ name, file, src, contains string }{
+		{"nested list", "role.hcl", "listen = " + strings.Repeat("[", 100000) + "\n", "role.hcl:1:"},
+		{"nested blocks", "role.hcl", strings.Repeat("gpu {\n", 100000), "role.hcl:101:5: Configuration nested too deeply"},
+		{"nested json", "role.json", `{"gpu": ` + strings.Repeat("{", 100000), "role.json:1:"},
+		{"oversize", "role.hcl", strings.Repeat("# padding padding padding\n", 50000), "Configuration too large"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := Load(LoadOptions{File: writeFile(t, tc.file, tc.src), Env: []string{"HOME=/h"}})
+			wantInvalid(t, err, "", FromFile, tc.contains)
+		})
+	}
+}

@@ -5,7 +5,6 @@ package config
 
 import (
 	"fmt"
-	"os"
 	"sort"
 	"strings"
 
@@ -13,6 +12,8 @@ import (
 	"github.com/hashicorp/hcl/v2/hclsyntax"
 	hcljson "github.com/hashicorp/hcl/v2/json"
 	"github.com/zclconf/go-cty/cty"
+
+	"github.com/capyctl/capyctl/sdk/hclbound"
 )
 
 // fileValue is a setting's value in the file and where it was written.
@@ -68,7 +69,7 @@ func sortedSet[V any](m map[string]V) []string {
 
 // readFile parses a role configuration into setting values.
 func readFile(path string) (map[string]fileValue, []Problem) {
-	src, err := os.ReadFile(path)
+	src, err := hclbound.ReadFile(path)
 	if err != nil {
 		return nil, []Problem{{From: FromFile, Detail: path, Message: "cannot read the configuration file: " + err.Error()}}
 	}
@@ -80,6 +81,10 @@ func parseFile(src []byte, path string) (map[string]fileValue, []Problem) {
 		file  *hcl.File
 		diags hcl.Diagnostics
 	)
+	// IMPORTANT: bound the source before a parser descends into it.
+	if diags := hclbound.Check(src, path); diags.HasErrors() {
+		return nil, fromDiags(diags)
+	}
 	if strings.HasSuffix(path, ".json") {
 		file, diags = hcljson.Parse(src, path)
 	} else {

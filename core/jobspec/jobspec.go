@@ -20,11 +20,11 @@ package jobspec
 
 import (
 	"fmt"
-	"os"
 	"sort"
 	"strings"
 
 	"github.com/capyctl/capyctl/core/structs"
+	"github.com/capyctl/capyctl/sdk/hclbound"
 	"github.com/hashicorp/hcl/v2"
 	"github.com/hashicorp/hcl/v2/hclsyntax"
 	hcljson "github.com/hashicorp/hcl/v2/json"
@@ -62,7 +62,7 @@ func (d Diagnostic) String() string {
 // ParseFile reads and parses a job spec. A name ending in ".json" is read
 // as HCL's JSON syntax.
 func ParseFile(path string) ([]*structs.Deployment, error) {
-	src, err := os.ReadFile(path)
+	src, err := hclbound.ReadFile(path)
 	if err != nil {
 		e := diagError([]Diagnostic{{File: path, Summary: "cannot read the job spec", Detail: err.Error()}})
 		e.Cause = err
@@ -79,6 +79,11 @@ func Parse(src []byte, filename string) ([]*structs.Deployment, error) {
 		file  *hcl.File
 		diags hcl.Diagnostics
 	)
+	// IMPORTANT: bound the source before a parser descends into it (see
+	// sdk/hclbound: a deep one is a fatal stack overflow).
+	if diags := hclbound.Check(src, filename); diags.HasErrors() {
+		return nil, diagError(fromHCL(diags))
+	}
 	if strings.HasSuffix(filename, ".json") {
 		file, diags = hcljson.Parse(src, filename)
 	} else {

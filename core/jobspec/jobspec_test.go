@@ -249,3 +249,28 @@ func TestParseFile_Missing(t *testing.T) {
 	_, err := ParseFile(path)
 	wantInvalid(t, err, path+": ", "cannot read the job spec")
 }
+
+// TestParseFile_Bounds: a deeply nested list and an oversized file are
+// refused with their position and exit 2, without crashing this process
+// (100,000 "[" took hclsyntax past Go's stack limit, a fatal error).
+func TestParseFile_Bounds(t *testing.T) {
+	const head = "deployment \"a\" {\n  engine = \"vllm\"\n  model { path = \"m\" }\n"
+	cases := []struct {
+		name, file, src, prefix, contains string
+	}{
+		{"nested list", "deep.hcl", head + "  routes = " + strings.Repeat("[", 100000) + "\n}\n", "deep.hcl:4:", "nested too deeply"},
+		{"nested unary operators", "deep.hcl", head + "  instances = " + strings.Repeat("-", 100000) + "1\n}\n", "deep.hcl:4:", "nested too deeply"},
+		{"nested json", "deep.json", `{"deployment": {"a": {"routes": ` + strings.Repeat("[", 100000) + "}}}", "deep.json:1:", "nested too deeply"},
+		{"oversize", "big.hcl", head + "}\n" + strings.Repeat("# padding padding padding\n", 50000), "big.hcl:", "too large"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), c.file)
+			if err := os.WriteFile(path, []byte(c.src), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			_, err := ParseFile(path)
+			wantInvalid(t, err, path[:len(path)-len(c.file)]+c.prefix, c.contains)
+		})
+	}
+}

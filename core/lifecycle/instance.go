@@ -145,30 +145,58 @@ func (in *instance) state() structs.InstanceState {
 }
 
 // update changes the record under the lock and persists it (the lane is the
-// only writer).
-func (in *instance) update(f func(r *structs.InstanceRecord)) {
+// only writer). A store failure is logged and returned as store_unavailable;
+// the record in memory has changed either way. Only a launch's own records
+// must be stored (see start); elsewhere callers may go on without.
+func (in *instance) update(f func(r *structs.InstanceRecord)) error {
 	in.mu.Lock()
 	f(&in.rec)
 	r := in.rec
 	in.mu.Unlock()
-	if err := in.m.cfg.Store.PutInstance(&r); err != nil {
-		in.m.logger.Error("could not store an instance", "instance", in.id, "error", err)
+	return in.persist(&r)
+}
+
+// persist writes r to the store; a failure is logged and coded.
+func (in *instance) persist(r *structs.InstanceRecord) error {
+	if err := in.m.cfg.Store.PutInstance(r); err != nil {
+		in.m.logger.Error("could not store an instance", "instance", in.id, "state", r.State, "error", err)
+		return structs.Wrap(structs.CodeStoreUnavailable, err, "store the record of instance %s", in.id)
 	}
+	return nil
 }
 
 // transition moves the instance to a new state, checked against the table,
-// persisted and journaled; the route table follows.
+// persisted and journaled; the route table follows. A store failure is
+// logged, not returned: the state has changed in memory and the router
+// already follows it (transitionStored returns it).
 func (in *instance) transition(to structs.InstanceState, why string, f func(r *structs.InstanceRecord)) error {
+	_, err := in.move(to, why, f)
+	return err
+}
+
+// transitionStored is transition for a record a launch cannot go without:
+// a store failure is returned (store_unavailable) as well.
+func (in *instance) transitionStored(to structs.InstanceState, why string, f func(r *structs.InstanceRecord)) error {
+	stored, err := in.move(to, why, f)
+	if err != nil {
+		return err
+	}
+	return stored
+}
+
+// move is transition, returning the store's failure apart from the
+// table's refusal.
+func (in *instance) move(to structs.InstanceState, why string, f func(r *structs.InstanceRecord)) (stored, err error) {
 	in.mu.Lock()
 	from := in.rec.State
 	if from == to && f == nil {
 		in.mu.Unlock()
-		return nil
+		return nil, nil
 	}
 	if from != to {
 		if err := checkTransition(from, to); err != nil {
 			in.mu.Unlock()
-			return err
+			return nil, err
 		}
 	}
 	in.rec.State = to
@@ -181,9 +209,7 @@ func (in *instance) transition(to structs.InstanceState, why string, f func(r *s
 	in.mu.Unlock()
 	// The router sees the change first: routing opens or closes at once.
 	in.m.rebuildRoutes()
-	if err := in.m.cfg.Store.PutInstance(&r); err != nil {
-		in.m.logger.Error("could not store an instance", "instance", in.id, "error", err)
-	}
+	stored = in.persist(&r)
 	payload := map[string]any{"from": string(from), "to": string(to), "generation": r.Generation}
 	if why != "" {
 		payload["why"] = why
@@ -193,7 +219,7 @@ func (in *instance) transition(to structs.InstanceState, why string, f func(r *s
 	}
 	in.m.event("instance_"+string(to), in.dep, in.id, payload)
 	in.m.logger.Info("instance transition", "instance", in.id, "from", from, "to", to, "why", why)
-	return nil
+	return stored, nil
 }
 
 func (in *instance) handle(c *command) error {
@@ -396,7 +422,11 @@ func (in *instance) start(why string, evict bool) error {
 		DeviceUUIDs: lctx.DeviceUuids, EngineKey: engineKey, AdminKey: adminKey,
 		Argv: plan.GetArgv(), Env: plan.GetEnv(),
 	}
-	if err := in.transition(structs.StateStarting, why, func(r *structs.InstanceRecord) {
+	// IMPORTANT: the launch is recorded before the engine exists, and its
+	// process identities as soon as it does; an engine whose record cannot
+	// be written is never left running (after a restart it would hold
+	// memory outside the ledger).
+	if err := in.transitionStored(structs.StateStarting, why, func(r *structs.InstanceRecord) {
 		r.Launch = launch
 		r.Endpoint = nil
 		r.Engine = eng.Name
@@ -414,6 +444,9 @@ func (in *instance) start(why string, evict bool) error {
 	}); err != nil {
 		placer.Release(in.id)
 		cleanupPort()
+		if structs.HasCode(err, structs.CodeStoreUnavailable) {
+			in.unrecorded(err)
+		}
 		return err
 	}
 
@@ -436,10 +469,16 @@ func (in *instance) start(why string, evict bool) error {
 		})
 		return e
 	}
-	in.update(func(r *structs.InstanceRecord) {
+	if err := in.update(func(r *structs.InstanceRecord) {
 		r.Launch.Pgid = int(resp.GetLaunch().GetPgid())
 		r.Launch.Processes = fromLaunch(resp.GetLaunch())
-	})
+	}); err != nil {
+		in.cleanupLaunch(drv, nil)
+		placer.Release(in.id)
+		m.cfg.Ports.Release(port)
+		in.unrecorded(err)
+		return err
+	}
 	if po, ok := placer.(ProcessObserver); ok {
 		po.Launched(in.id, int(resp.GetLaunch().GetPgid()), fromLaunch(resp.GetLaunch()))
 	}
@@ -492,6 +531,18 @@ func (in *instance) start(why string, evict bool) error {
 	}
 	in.startMonitor(drv)
 	return nil
+}
+
+// unrecorded marks a launch undone because its record could not be
+// stored: failed, with the reason (a write that may fail too: it is
+// logged, and the instance stays failed in memory).
+func (in *instance) unrecorded(err error) {
+	e := structs.AsError(err)
+	_ = in.transition(structs.StateFailed, e.Message, func(r *structs.InstanceRecord) {
+		r.LastError = &structs.ErrorRecord{Code: e.Code, Message: e.Message, At: in.m.cfg.Now().UTC()}
+		r.Phase = ""
+		r.Endpoint = nil
+	})
 }
 
 // probeFailure turns a failed readiness probe into a coded error with the

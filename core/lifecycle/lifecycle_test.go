@@ -8,9 +8,11 @@ import (
 	"errors"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/capyctl/capyctl/core/store"
 	"github.com/capyctl/capyctl/core/structs"
 	"github.com/capyctl/capyctl/sdk"
 )
@@ -351,5 +353,77 @@ func TestManager_StoppedDeploymentRefusesActivation(t *testing.T) {
 	var e *structs.Error
 	if !errors.As(f.activate("a"), &e) || e.Info().HTTP != 409 {
 		t.Fatalf("not a 409")
+	}
+}
+
+// failingStore is the store with PutInstance failing for the records fail
+// picks, as on a full disk.
+type failingStore struct {
+	*store.Store
+	fail func(r *structs.InstanceRecord) bool
+}
+
+var errDiskFull = errors.New("write capyctl.db: no space left on device")
+
+func (s *failingStore) PutInstance(r *structs.InstanceRecord) error {
+	if s.fail(r) {
+		return errDiskFull
+	}
+	return s.Store.PutInstance(r)
+}
+
+// TestManager_StartFailsWhenItsRecordCannotBeStored: a request-driven
+// start whose launch record, or whose engine's process identities, cannot
+// be written fails with store_unavailable, and no engine is left running.
+func TestManager_StartFailsWhenItsRecordCannotBeStored(t *testing.T) {
+	cases := []struct {
+		name string
+		fail func(r *structs.InstanceRecord) bool
+		// starts and stops the driver saw.
+		starts, stops int32
+	}{
+		// Nothing is launched without its record.
+		{"the launch record", func(r *structs.InstanceRecord) bool { return r.State == structs.StateStarting }, 0, 0},
+		// A launched engine whose identities cannot be stored is stopped.
+		{"the process identities", func(r *structs.InstanceRecord) bool { return r.Launch != nil && r.Launch.Pgid != 0 }, 1, 1},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			var failing atomic.Bool
+			f := newFixture(t, 10, 6, 1, func(cfg *Config) {
+				st := cfg.Store.(*store.Store)
+				cfg.Store = &failingStore{Store: st, fail: func(r *structs.InstanceRecord) bool { return failing.Load() && c.fail(r) }}
+			})
+			f.deploy("a")
+			failing.Store(true)
+			err := f.activate("a")
+			if !structs.HasCode(err, structs.CodeStoreUnavailable) || !errors.Is(err, errDiskFull) {
+				t.Fatalf("err = %v, want store_unavailable wrapping the disk error", err)
+			}
+			if info := structs.AsError(err).Info(); info.HTTP != 503 || info.Exit != 27 {
+				t.Fatalf("catalogue row %+v", info)
+			}
+			if got, stops := f.drv.starts.Load(), f.drv.stops.Load(); got != c.starts || stops < c.stops {
+				t.Fatalf("driver starts %d stops %d, want %d and at least %d", got, stops, c.starts, c.stops)
+			}
+			rec := f.inst("a")
+			if rec.State != structs.StateFailed || rec.LastError == nil || rec.LastError.Code != structs.CodeStoreUnavailable {
+				t.Fatalf("instance %s, last error %+v", rec.State, rec.LastError)
+			}
+			if ph := f.placer.phase("a/0"); ph != "" {
+				t.Fatalf("the ledger still charges the instance (%q)", ph)
+			}
+			if len(f.m.Routes().Lookup("a").Ready) != 0 {
+				t.Fatal("the instance is routable")
+			}
+			// The disk freed, the next request starts it.
+			failing.Store(false)
+			if err := f.activate("a"); err != nil {
+				t.Fatal(err)
+			}
+			if s := f.state("a"); s != structs.StateReady {
+				t.Fatalf("state %s after the disk freed", s)
+			}
+		})
 	}
 }

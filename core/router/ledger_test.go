@@ -6,11 +6,18 @@ package router_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/capyctl/capyctl/core/router"
+	"github.com/capyctl/capyctl/core/store"
 	"github.com/capyctl/capyctl/core/structs"
 )
 
@@ -61,4 +68,65 @@ func TestRouter_LedgerRecordsEachRequestWithoutText(t *testing.T) {
 	if strings.Contains(string(raw), secret) || strings.Contains(string(raw), "client-secret-id") {
 		t.Fatalf("the ledger holds request text or the client's ID: %s", raw)
 	}
+}
+
+// TestRouter_LedgerDropsAreCounted: when the request ledger's queue is full
+// (its writer held behind the store's write lock), the records it loses are
+// exported as capyctl_request_ledger_dropped_total.
+func TestRouter_LedgerDropsAreCounted(t *testing.T) {
+	st, err := store.Open(filepath.Join(t.TempDir(), "capyctl.db"), store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	opts := store.DefaultRequestWriterOptions()
+	opts.Buffer, opts.MaxBatch = 4, 1
+	w := store.NewRequestWriter(st, opts)
+	e := newEnv(t, envOpts{router: func(c *router.Config) { c.Ledger = w }})
+	if got := scrapeDropped(t, e.rt); got != 0 {
+		t.Fatalf("dropped %v before any record", got)
+	}
+	// Hold the store's writer lock: the writer takes one record and waits
+	// on its commit, the queue takes four, the rest are dropped.
+	held, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		_ = st.Update(func(*store.Tx) error {
+			close(held)
+			<-done
+			return nil
+		})
+	}()
+	<-held
+	for i := 0; i < 20; i++ {
+		w.Record(structs.RequestRecord{ID: fmt.Sprintf("r%d", i), Deployment: "demo", ReceivedAt: time.Now()})
+	}
+	dropped := w.Dropped()
+	if dropped < 20-1-4 {
+		t.Fatalf("the writer dropped %d of 20 records with room for 5", dropped)
+	}
+	if got := scrapeDropped(t, e.rt); got != float64(dropped) {
+		t.Fatalf("capyctl_request_ledger_dropped_total = %v, the writer counted %d", got, dropped)
+	}
+	close(done)
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// scrapeDropped reads capyctl_request_ledger_dropped_total from the
+// router's metrics (-1 when absent).
+func scrapeDropped(t *testing.T, rt *router.Router) float64 {
+	t.Helper()
+	rec := httptest.NewRecorder()
+	rt.MetricsHandler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
+	for _, line := range strings.Split(rec.Body.String(), "\n") {
+		if v, ok := strings.CutPrefix(line, "capyctl_request_ledger_dropped_total "); ok {
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return f
+		}
+	}
+	return -1
 }

@@ -187,7 +187,18 @@ var (
 	descPlaces   = prometheus.NewDesc("capyctl_running_places", "Running places per instance.", []string{"deployment"}, nil)
 	descWaitAll  = prometheus.NewDesc("capyctl_queue_waiting_bytes", "Bytes of waiting request bodies, all deployments.", nil, nil)
 	descStale    = prometheus.NewDesc("capyctl_engine_connections_stale_total", "Pooled engine connections found closed by the engine (dropped before use, or a request sent again on a new connection).", nil, nil)
+	// descLedgerDropped is read from the ledger at scrape time: the ledger
+	// counts its drops itself, off the hot path.
+	descLedgerDropped = prometheus.NewDesc("capyctl_request_ledger_dropped_total",
+		"Request ledger records lost: the writer's queue was full, the writer closed, or their commit failed.", nil, nil)
 )
+
+// DroppingLedger is a Ledger that counts the records it lost
+// (store.RequestWriter); the router exports the count.
+type DroppingLedger interface {
+	Ledger
+	Dropped() uint64
+}
 
 func (g *gauges) Describe(ch chan<- *prometheus.Desc) {
 	ch <- descInFlight
@@ -196,6 +207,7 @@ func (g *gauges) Describe(ch chan<- *prometheus.Desc) {
 	ch <- descPlaces
 	ch <- descWaitAll
 	ch <- descStale
+	ch <- descLedgerDropped
 }
 
 func (g *gauges) Collect(ch chan<- prometheus.Metric) {
@@ -212,6 +224,9 @@ func (g *gauges) Collect(ch chan<- prometheus.Metric) {
 	_, bytes := g.rt.adm.Waiting()
 	ch <- prometheus.MustNewConstMetric(descWaitAll, prometheus.GaugeValue, float64(bytes))
 	ch <- prometheus.MustNewConstMetric(descStale, prometheus.CounterValue, float64(g.rt.engine.stale.Load()))
+	if l, ok := g.rt.cfg.Ledger.(DroppingLedger); ok {
+		ch <- prometheus.MustNewConstMetric(descLedgerDropped, prometheus.CounterValue, float64(l.Dropped()))
+	}
 }
 
 // Summary is one latency series of completed requests, in milliseconds.

@@ -103,6 +103,7 @@ const (
 	CodeEngineNotIdle           Code = "engine_not_idle"
 	CodeBodiesInFlightFull      Code = "bodies_in_flight_full"
 	CodeBodyReadTimeout         Code = "body_read_timeout"
+	CodeStoreUnavailable        Code = "store_unavailable"
 )
 
 var catalogue = map[Code]CodeInfo{}
@@ -171,6 +172,7 @@ func init() {
 	row(CodeWakeMismatch, http.StatusInternalServerError, 13, false, "the woken model answered the wake check differently; it was stopped")
 	row(CodeWakeFailed, http.StatusInternalServerError, 13, false, "the wake failed; the model was stopped")
 	row(CodeParkFailed, http.StatusInternalServerError, 13, false, "the park failed")
+	row(CodeStoreUnavailable, http.StatusServiceUnavailable, 27, true, "the state store could not record the launch (a full disk, a read-only file): the engine was stopped")
 	row(CodeDriverUnavailable, http.StatusServiceUnavailable, 13, true, "the engine's driver is not running")
 	row(CodeMethodNotAllowed, http.StatusMethodNotAllowed, 2, false, "method not allowed")
 	row(CodeUnsupportedMediaType, http.StatusUnsupportedMediaType, 2, false, "send application/json")

@@ -261,3 +261,21 @@ func TestParseManifest_NonStreamedHangup(t *testing.T) {
 		})
 	}
 }
+
+// TestParseManifest_Bounds: a deeply nested or oversized manifest is
+// refused with its position, without crashing the driver (this process).
+func TestParseManifest_Bounds(t *testing.T) {
+	cases := []struct{ name, src, want string }{
+		{"nested list", "args = " + strings.Repeat("[", 100000) + "\n", "m.hcl:1:"},
+		{"nested object", "env = " + strings.Repeat("{a = ", 100000) + "\n", "m.hcl:1:"},
+		{"oversize", `args = ["serve"]` + "\n" + strings.Repeat("# padding padding padding\n", 50000), "m.hcl:"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := ParseManifest([]byte(c.src), "m.hcl")
+			if err == nil || !strings.Contains(err.Error(), c.want) || sdk.CodeOf(err) != "invalid_config" {
+				t.Fatalf("err = %v, want invalid_config at %q", err, c.want)
+			}
+		})
+	}
+}

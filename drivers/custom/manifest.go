@@ -14,6 +14,7 @@ import (
 	"github.com/hashicorp/hcl/v2/hclsyntax"
 
 	"github.com/capyctl/capyctl/sdk"
+	"github.com/capyctl/capyctl/sdk/hclbound"
 )
 
 // Manifest describes a custom engine: how to start it and what it serves.
@@ -69,6 +70,11 @@ var argPlaceholders = []string{"{{host}}", "{{port}}", "{{served_name}}", "{{mod
 func ParseManifest(src []byte, filename string) (*Manifest, error) {
 	if filename == "" {
 		filename = "manifest.hcl"
+	}
+	// IMPORTANT: bound the source before the parser descends into it (a
+	// 1 MB nested manifest once crashed this driver).
+	if diags := hclbound.Check(src, filename); diags.HasErrors() {
+		return nil, manifestErr(diags)
 	}
 	f, diags := hclsyntax.ParseConfig(src, filename, hcl.Pos{Line: 1, Column: 1})
 	if diags.HasErrors() {

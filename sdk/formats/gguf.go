@@ -5,7 +5,10 @@
 // from, without loading any weights: GGUF (llama.cpp), safetensors and
 // their sharded index, and Hugging Face config.json. Every reader is bounded
 // by the size of what it reads: a length or count field that claims more
-// than the file holds is an error, never an allocation.
+// than the file holds is an error, never an allocation. What an honest file
+// may hold is bounded too, whatever its size (GGUFMax*, SafetensorsMax*): a
+// file over a bound is refused (ErrGGUFLimit, ErrSafetensorsLimit) before
+// anything is allocated for what is over.
 package formats
 
 import (
@@ -16,6 +19,7 @@ import (
 	"io"
 	"math"
 	"os"
+	"slices"
 	"sort"
 	"strings"
 )
@@ -34,15 +38,80 @@ const (
 	ggufMaxKeyLen = 65535
 	// ggufMaxDims bounds a tensor's rank (the spec uses at most 4).
 	ggufMaxDims = 8
-	// ggufMaxNesting bounds arrays of arrays.
-	ggufMaxNesting = 4
+	// ggufMaxNesting bounds arrays of arrays: 2 is an array of arrays of
+	// scalars. llama.cpp's own reader (ggml/src/gguf.cpp) refuses any
+	// array of arrays, so no file an engine loads goes deeper.
+	ggufMaxNesting = 2
 	// ggufMaxString bounds one string value (chat templates are the
 	// longest, well under a megabyte).
 	ggufMaxString = 16 << 20
 	// ggufPrealloc bounds what is allocated ahead of reading for a count:
-	// beyond it slices grow with what is actually read.
-	ggufPrealloc = 1 << 16
+	// beyond it slices grow with what is actually read (see appendCounted).
+	// It holds a real tokenizer's arrays (up to 262,144 entries) in one
+	// allocation; what a lying count gets ahead is at most 6 MiB.
+	ggufPrealloc = 1 << 18
+
+	// The caps below hold whatever the file's size: an honest file of
+	// 91 MiB of nested empty arrays once took 803 MiB of heap, because
+	// every 12-byte empty array becomes a 48-byte value in memory. Real
+	// files sit far below them: the largest tokenizers (Gemma 3, 262,144
+	// tokens) store about a million metadata elements in all (tokens,
+	// scores, token types, merges) and some 20 MiB as decoded here.
+	// llama.cpp itself has no such caps (only SIZE_MAX overflow checks),
+	// so these are CapyCTL's own, sized at 16x the largest real file.
+
+	// GGUFMaxArrayLen bounds the elements of one array.
+	GGUFMaxArrayLen = 1 << 22
+	// GGUFMaxMetadataElements bounds the elements of every array of the
+	// file together, nested ones included.
+	GGUFMaxMetadataElements = 1 << 23
+	// GGUFMaxArrays bounds the array values of the file, nested ones
+	// included (a real file holds a handful).
+	GGUFMaxArrays = 1 << 16
+	// GGUFMaxMetadataBytes bounds the metadata as held in memory: keys,
+	// values, string headers and array headers, counted at their decoded
+	// size (which is never less than their size on disk).
+	GGUFMaxMetadataBytes = 128 << 20
+	// GGUFMaxKeys bounds the metadata key-value pairs (real files: about
+	// fifty).
+	GGUFMaxKeys = 1 << 16
+	// GGUFMaxTensors bounds the tensor infos (real files: about a
+	// thousand; GGUF stores a mixture's experts fused).
+	GGUFMaxTensors = 1 << 16
 )
+
+// ggufLimits are the caps one read applies; ReadGGUF uses
+// defaultGGUFLimits, tests smaller ones to reach each cap with a small
+// file.
+type ggufLimits struct {
+	arrayLen, elements, arrays, bytes, keys, tensors uint64
+}
+
+// defaultGGUFLimits are the exported caps above.
+var defaultGGUFLimits = ggufLimits{
+	arrayLen: GGUFMaxArrayLen,
+	elements: GGUFMaxMetadataElements,
+	arrays:   GGUFMaxArrays,
+	bytes:    GGUFMaxMetadataBytes,
+	keys:     GGUFMaxKeys,
+	tensors:  GGUFMaxTensors,
+}
+
+// In-memory cost of a decoded value, charged against GGUFMaxMetadataBytes.
+const (
+	// ggufStringCost is a Go string header.
+	ggufStringCost = 16
+	// ggufArrayCost is a GGUFArrayValue plus the boxed slice header its
+	// Values holds.
+	ggufArrayCost = 48
+	// ggufKVCost is one key-value pair's share of Keys and Metadata (the
+	// map entry, the boxed value) beside the key's own bytes.
+	ggufKVCost = 64
+)
+
+// ErrGGUFLimit is wrapped by every refusal of a file over one of the caps
+// above.
+var ErrGGUFLimit = errors.New("over the reader's bound")
 
 // ErrNotGGUF is returned for a file that does not start with the GGUF
 // magic.
@@ -369,11 +438,19 @@ func readFile[T any](path, format string, read func(io.Reader, int64) (T, error)
 // ReadGGUF reads a GGUF header from r, whose whole size is size. Every
 // length and count is checked against what is left of size before anything
 // is allocated for it; the tensors must lie inside the file.
+// Whatever the size, the metadata is bounded by the GGUFMax* caps, and a
+// file over one is refused (ErrGGUFLimit) before anything is allocated for
+// what is over.
 func ReadGGUF(r io.Reader, size int64) (*GGUFFile, error) {
+	return readGGUF(r, size, defaultGGUFLimits)
+}
+
+// readGGUF is ReadGGUF under the given caps.
+func readGGUF(r io.Reader, size int64, lim ggufLimits) (*GGUFFile, error) {
 	if size < 0 {
 		return nil, errors.New("negative size")
 	}
-	d := &ggufDecoder{r: bufio.NewReaderSize(io.LimitReader(r, size), 64<<10), left: uint64(size)}
+	d := &ggufDecoder{r: bufio.NewReaderSize(io.LimitReader(r, size), 64<<10), left: uint64(size), lim: lim}
 	magic, err := d.u32()
 	if err != nil {
 		return nil, ErrNotGGUF
@@ -413,6 +490,12 @@ func ReadGGUF(r io.Reader, size int64) (*GGUFFile, error) {
 	if nTensors > d.left/25 {
 		return nil, fmt.Errorf("tensor count %d does not fit in %d bytes", nTensors, size)
 	}
+	if nTensors > lim.tensors {
+		return nil, fmt.Errorf("%d tensors: %w of %d tensors", nTensors, ErrGGUFLimit, lim.tensors)
+	}
+	if nKV > lim.keys {
+		return nil, fmt.Errorf("%d metadata keys: %w of %d keys", nKV, ErrGGUFLimit, lim.keys)
+	}
 	g.Keys = make([]string, 0, min(nKV, ggufPrealloc))
 	for i := uint64(0); i < nKV; i++ {
 		key, err := d.str()
@@ -424,6 +507,9 @@ func ReadGGUF(r io.Reader, size int64) (*GGUFFile, error) {
 		}
 		if _, dup := g.Metadata[key]; dup {
 			return nil, fmt.Errorf("metadata key %q is repeated", key)
+		}
+		if err := d.charge(ggufKVCost); err != nil {
+			return nil, d.wrap("metadata "+key, err)
 		}
 		t, err := d.u32()
 		if err != nil {
@@ -447,6 +533,9 @@ func ReadGGUF(r io.Reader, size int64) (*GGUFFile, error) {
 	for i := uint64(0); i < nTensors; i++ {
 		ti, err := d.tensorInfo()
 		if err != nil {
+			return nil, d.wrap(fmt.Sprintf("tensor info %d", i), err)
+		}
+		if err := d.charge(8 * uint64(len(ti.Dims))); err != nil {
 			return nil, d.wrap(fmt.Sprintf("tensor info %d", i), err)
 		}
 		g.Tensors = append(g.Tensors, ti)
@@ -477,6 +566,22 @@ type ggufDecoder struct {
 	left uint64
 	v1   bool
 	buf  [8]byte
+	// scratch carries string bytes from r into the string being built.
+	scratch [4096]byte
+	lim     ggufLimits
+	// mem, elems and arrays are what the metadata read so far holds,
+	// against lim's bytes, elements and arrays.
+	mem, elems, arrays uint64
+}
+
+// charge counts n more bytes of decoded metadata, refusing the file past
+// GGUFMaxMetadataBytes. IMPORTANT: charge before allocating.
+func (d *ggufDecoder) charge(n uint64) error {
+	if n > d.lim.bytes-d.mem {
+		return fmt.Errorf("metadata of more than %d bytes: %w", d.lim.bytes, ErrGGUFLimit)
+	}
+	d.mem += n
+	return nil
 }
 
 // errTruncated is the cause of every read past the end.
@@ -540,7 +645,8 @@ func (d *ggufDecoder) count() (uint64, error) {
 	return d.u64()
 }
 
-// str reads a gguf_string, refusing a length beyond the file.
+// str reads a gguf_string, refusing a length beyond the file; every
+// string (key, value, tensor name) is charged to the metadata bytes.
 func (d *ggufDecoder) str() (string, error) {
 	n, err := d.count()
 	if err != nil {
@@ -552,13 +658,24 @@ func (d *ggufDecoder) str() (string, error) {
 	if n > ggufMaxString {
 		return "", fmt.Errorf("string of %d bytes is longer than %d", n, ggufMaxString)
 	}
-	b := make([]byte, n)
-	if _, err := io.ReadFull(d.r, b); err != nil {
-		return "", errTruncated
+	if err := d.charge(ggufStringCost + n); err != nil {
+		return "", err
+	}
+	// One allocation, the string's own: the bytes pass through the
+	// decoder's scratch buffer.
+	var b strings.Builder
+	b.Grow(int(n))
+	for rest := n; rest > 0; {
+		chunk := d.scratch[:min(rest, uint64(len(d.scratch)))]
+		if _, err := io.ReadFull(d.r, chunk); err != nil {
+			return "", errTruncated
+		}
+		b.Write(chunk)
+		rest -= uint64(len(chunk))
 	}
 	d.off += n
 	d.left -= n
-	return string(b), nil
+	return b.String(), nil
 }
 
 // value reads one value of type t.
@@ -607,7 +724,7 @@ func (d *ggufDecoder) value(t GGUFValueType, depth int) (any, error) {
 // array reads an array header and its elements into a typed slice.
 func (d *ggufDecoder) array(depth int) (GGUFArrayValue, error) {
 	if depth > ggufMaxNesting {
-		return GGUFArrayValue{}, fmt.Errorf("arrays nested deeper than %d", ggufMaxNesting)
+		return GGUFArrayValue{}, fmt.Errorf("arrays nested deeper than %d: %w", ggufMaxNesting, ErrGGUFLimit)
 	}
 	et, err := d.u32()
 	if err != nil {
@@ -624,6 +741,24 @@ func (d *ggufDecoder) array(depth int) (GGUFArrayValue, error) {
 	}
 	if n > d.left/uint64(minSize) {
 		return GGUFArrayValue{}, fmt.Errorf("array of %d %s does not fit in the %d bytes left: %w", n, t, d.left, errTruncated)
+	}
+	// Every cap is checked on the header's claim, before the elements are
+	// read or anything is allocated for them.
+	if n > d.lim.arrayLen {
+		return GGUFArrayValue{}, fmt.Errorf("array of %d %s: %w of %d elements per array", n, t, ErrGGUFLimit, d.lim.arrayLen)
+	}
+	if d.arrays++; d.arrays > d.lim.arrays {
+		return GGUFArrayValue{}, fmt.Errorf("more than %d arrays: %w", d.lim.arrays, ErrGGUFLimit)
+	}
+	if n > d.lim.elements-d.elems {
+		return GGUFArrayValue{}, fmt.Errorf("more than %d array elements in all: %w", d.lim.elements, ErrGGUFLimit)
+	}
+	d.elems += n
+	// Fixed-size elements are charged here at their in-memory size; strings
+	// as they are read (their length is known only then), arrays in
+	// their own header.
+	if err := d.charge(ggufArrayCost + n*uint64(max(t.fixedSize(), 0))); err != nil {
+		return GGUFArrayValue{}, err
 	}
 	out := GGUFArrayValue{ElemType: t}
 	switch t {
@@ -656,7 +791,7 @@ func (d *ggufDecoder) array(depth int) (GGUFArrayValue, error) {
 			if err != nil {
 				return GGUFArrayValue{}, fmt.Errorf("element %d: %w", i, err)
 			}
-			s = append(s, v)
+			s = appendCounted(s, v, n)
 		}
 		out.Values = s
 	case GGUFArray:
@@ -666,11 +801,22 @@ func (d *ggufDecoder) array(depth int) (GGUFArrayValue, error) {
 			if err != nil {
 				return GGUFArrayValue{}, fmt.Errorf("element %d: %w", i, err)
 			}
-			s = append(s, v)
+			s = appendCounted(s, v, n)
 		}
 		out.Values = s
 	}
 	return out, err
+}
+
+// appendCounted appends v to s, which is to hold n elements in all: when
+// full it doubles (up to n) rather than growing by append's 1.25x steps for
+// large slices, so a slice read to n elements has allocated at most twice
+// its final size rather than five times.
+func appendCounted[T any](s []T, v T, n uint64) []T {
+	if len(s) == cap(s) {
+		s = slices.Grow(s, int(min(uint64(max(cap(s), 1)), n-uint64(len(s)))))
+	}
+	return append(s, v)
 }
 
 // readFixed reads n fixed-size elements; n was checked against the bytes
@@ -682,7 +828,7 @@ func readFixed[T any](d *ggufDecoder, n uint64, conv func([]byte) T, size int) (
 		if err != nil {
 			return nil, err
 		}
-		out = append(out, conv(b))
+		out = appendCounted(out, conv(b), n)
 	}
 	return out, nil
 }

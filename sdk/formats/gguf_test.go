@@ -9,6 +9,7 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"math"
 	"os"
 	"runtime"
@@ -399,10 +400,11 @@ func TestReadGGUF_Hostile(t *testing.T) {
 func TestReadGGUF_NoHugeAllocation(t *testing.T) {
 	w := &ggufWriter{}
 	w.header(3, 0, 1)
-	w.kv("a", GGUFArray, func() { w.u32(uint32(GGUFString)); w.count(1 << 30) })
+	w.kv("a", GGUFArray, func() { w.u32(uint32(GGUFString)); w.count(GGUFMaxArrayLen) })
 	w.buf.Write(make([]byte, 4096))
 	raw := w.buf.Bytes()
-	// The reader is told the file is 64 GiB: the count fits that size.
+	// The reader is told the file is 64 GiB: the count fits that size and
+	// the per-array cap.
 	var before, after runtime.MemStats
 	runtime.GC()
 	runtime.ReadMemStats(&before)
@@ -412,7 +414,7 @@ func TestReadGGUF_NoHugeAllocation(t *testing.T) {
 		t.Fatal("a short file was read without error")
 	}
 	if got := after.TotalAlloc - before.TotalAlloc; got > 16<<20 {
-		t.Fatalf("reading a lying 2^30-element array allocated %d bytes", got)
+		t.Fatalf("reading a lying %d-element array allocated %d bytes", GGUFMaxArrayLen, got)
 	}
 	if !errors.Is(err, errTruncated) {
 		t.Fatalf("err = %v, want a truncation", err)
@@ -485,4 +487,223 @@ func FuzzGGUF(f *testing.F) {
 		_, _ = g.KVBytesPerToken(1)
 		_ = g.HeadCountKV()
 	})
+}
+
+// allocated is what f allocates on the heap, in bytes (TotalAlloc counts
+// every allocation, freed or not, so a collection during f hides nothing).
+func allocated(f func()) uint64 {
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	f()
+	runtime.ReadMemStats(&after)
+	return after.TotalAlloc - before.TotalAlloc
+}
+
+// tokenizerFile is an honest file shaped like the largest real tokenizers
+// (Gemma 3: 262,144 tokens): tokens, scores, token types and merges.
+func tokenizerFile() []byte {
+	const vocab = 262144
+	w := &ggufWriter{}
+	w.header(3, 0, 5)
+	w.kv("general.architecture", GGUFString, func() { w.str("llama") })
+	w.kv("tokenizer.ggml.tokens", GGUFArray, func() {
+		w.u32(uint32(GGUFString))
+		w.count(vocab)
+		for i := 0; i < vocab; i++ {
+			w.str(fmt.Sprintf("tok%05d", i))
+		}
+	})
+	w.kv("tokenizer.ggml.scores", GGUFArray, func() {
+		w.u32(uint32(GGUFFloat32))
+		w.count(vocab)
+		w.buf.Write(make([]byte, 4*vocab))
+	})
+	w.kv("tokenizer.ggml.token_type", GGUFArray, func() {
+		w.u32(uint32(GGUFInt32))
+		w.count(vocab)
+		w.buf.Write(make([]byte, 4*vocab))
+	})
+	w.kv("tokenizer.ggml.merges", GGUFArray, func() {
+		w.u32(uint32(GGUFString))
+		w.count(vocab)
+		for i := 0; i < vocab; i++ {
+			w.str(fmt.Sprintf("t%05d u%05d", i, i))
+		}
+	})
+	return w.data(32, 0)
+}
+
+// nestedEmptyArrays is an honest file whose one key holds n empty arrays:
+// 12 bytes each on disk, the shape of the 91 MiB file that took the
+// llama.cpp driver to 803 MiB of heap.
+func nestedEmptyArrays(n uint64) []byte {
+	w := &ggufWriter{}
+	w.header(3, 0, 1)
+	w.kv("a", GGUFArray, func() {
+		w.u32(uint32(GGUFArray))
+		w.count(n)
+		for i := uint64(0); i < n; i++ {
+			w.u32(uint32(GGUFUint8))
+			w.count(0)
+		}
+	})
+	return w.data(32, 0)
+}
+
+// TestReadGGUF_Bounds builds honest files over each metadata cap and
+// checks each is refused, naming the bound, and that refusing it
+// allocates, per byte on disk, at most twice what reading an honest
+// tokenizer does (the baseline, measured in the same run).
+func TestReadGGUF_Bounds(t *testing.T) {
+	tok := tokenizerFile()
+	var g *GGUFFile
+	var err error
+	baseline := allocated(func() { g, err = ReadGGUF(bytes.NewReader(tok), int64(len(tok))) })
+	if err != nil {
+		t.Fatalf("the largest real tokenizer's shape is refused: %v", err)
+	}
+	if arr := g.Metadata["tokenizer.ggml.merges"].Value.(GGUFArrayValue); arr.Len() != 262144 {
+		t.Fatalf("merges: %d", arr.Len())
+	}
+	t.Logf("honest tokenizer: %d bytes on disk, %d bytes allocated", len(tok), baseline)
+
+	// Hostile files at the real caps, at least as large on disk as the
+	// tokenizer.
+	nested := nestedEmptyArrays(uint64(len(tok))/12 + 1)
+	u8 := func(n uint64) func(w *ggufWriter) {
+		return func(w *ggufWriter) {
+			w.u32(uint32(GGUFUint8))
+			w.count(n)
+			w.buf.Write(make([]byte, n))
+		}
+	}
+	w := &ggufWriter{}
+	w.header(3, 0, 1)
+	w.kv("a", GGUFArray, func() { u8(GGUFMaxArrayLen + 1)(w) })
+	longArray := w.data(32, 0)
+	w = &ggufWriter{}
+	w.header(3, 0, 3)
+	for _, k := range []string{"a", "b", "c"} {
+		w.kv(k, GGUFArray, func() { u8(GGUFMaxMetadataElements / 2)(w) })
+	}
+	manyElements := w.data(32, 0)
+
+	cases := []struct {
+		name string
+		raw  []byte
+		want string
+	}{
+		{"nested empty arrays", nested, fmt.Sprintf("more than %d arrays", GGUFMaxArrays)},
+		{"one array over the per-array cap", longArray, fmt.Sprintf("of %d elements per array", GGUFMaxArrayLen)},
+		{"arrays over the total element cap", manyElements, fmt.Sprintf("more than %d array elements", GGUFMaxMetadataElements)},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			var err error
+			got := allocated(func() { _, err = ReadGGUF(bytes.NewReader(c.raw), int64(len(c.raw))) })
+			if !errors.Is(err, ErrGGUFLimit) || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("err = %v, want %v saying %q", err, ErrGGUFLimit, c.want)
+			}
+			t.Logf("%d bytes on disk, %d bytes allocated", len(c.raw), got)
+			// Per byte on disk, at most twice what the honest file costs.
+			// Before the caps the nested arrays took 164 MB for 12 MB (13
+			// bytes per byte), and were accepted.
+			if limit := 2 * baseline / uint64(len(tok)) * uint64(len(c.raw)); got > limit {
+				t.Fatalf("refusing a %d-byte hostile file allocated %d bytes, over %d: twice what reading an honest tokenizer costs per byte (%d bytes for %d)", len(c.raw), got, limit, baseline, len(tok))
+			}
+		})
+	}
+}
+
+// TestReadGGUF_EachLimit reaches every cap with a small file under
+// smaller caps: each refusal names its bound and wraps ErrGGUFLimit.
+func TestReadGGUF_EachLimit(t *testing.T) {
+	small := ggufLimits{arrayLen: 100, elements: 150, arrays: 10, bytes: 900, keys: 20, tensors: 5}
+	cases := []struct {
+		name  string
+		build func(w *ggufWriter) []byte
+		want  string
+	}{
+		{"tensors", func(w *ggufWriter) []byte {
+			w.header(3, 6, 0)
+			for i := 0; i < 6; i++ {
+				w.tensor(fmt.Sprintf("t%d", i), []uint64{4}, 0, uint64(32*i))
+			}
+			return w.data(32, 6*32)
+		}, "of 5 tensors"},
+		{"keys", func(w *ggufWriter) []byte {
+			w.header(3, 0, 21)
+			for i := 0; i < 21; i++ {
+				w.kv(fmt.Sprintf("k%d", i), GGUFUint8, func() { w.u8(1) })
+			}
+			return w.buf.Bytes()
+		}, "of 20 keys"},
+		{"array length", func(w *ggufWriter) []byte {
+			w.header(3, 0, 1)
+			w.kv("a", GGUFArray, func() { w.u32(uint32(GGUFUint8)); w.count(101); w.buf.Write(make([]byte, 101)) })
+			return w.buf.Bytes()
+		}, "of 100 elements per array"},
+		{"elements in all", func(w *ggufWriter) []byte {
+			w.header(3, 0, 2)
+			for _, k := range []string{"a", "b"} {
+				w.kv(k, GGUFArray, func() { w.u32(uint32(GGUFUint8)); w.count(80); w.buf.Write(make([]byte, 80)) })
+			}
+			return w.buf.Bytes()
+		}, "more than 150 array elements"},
+		{"arrays", func(w *ggufWriter) []byte {
+			w.header(3, 0, 1)
+			w.kv("a", GGUFArray, func() {
+				w.u32(uint32(GGUFArray))
+				w.count(10)
+				for i := 0; i < 10; i++ { // 1 + 10 arrays, 11 × 48 bytes
+					w.u32(uint32(GGUFUint8))
+					w.count(0)
+				}
+			})
+			return w.buf.Bytes()
+		}, "more than 10 arrays"},
+		{"metadata bytes in strings", func(w *ggufWriter) []byte {
+			w.header(3, 0, 3)
+			for _, k := range []string{"a", "b", "c"} {
+				w.kv(k, GGUFString, func() { w.str(strings.Repeat("x", 400)) })
+			}
+			return w.buf.Bytes()
+		}, "more than 900 bytes"},
+		{"metadata bytes in a fixed-size array", func(w *ggufWriter) []byte {
+			w.header(3, 0, 1)
+			w.kv("a", GGUFArray, func() { w.u32(uint32(GGUFUint64)); w.count(100); w.buf.Write(make([]byte, 8*100)) })
+			return w.buf.Bytes()
+		}, "more than 900 bytes"},
+		{"nesting", func(w *ggufWriter) []byte {
+			w.header(3, 0, 1)
+			w.kv("a", GGUFArray, func() {
+				for i := 0; i < 2; i++ {
+					w.u32(uint32(GGUFArray))
+					w.count(1)
+				}
+				w.u32(uint32(GGUFUint8))
+				w.count(0)
+			})
+			return w.buf.Bytes()
+		}, "nested deeper than 2"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			raw := c.build(&ggufWriter{})
+			_, err := readGGUF(bytes.NewReader(raw), int64(len(raw)), small)
+			if !errors.Is(err, ErrGGUFLimit) || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("err = %v, want %v saying %q", err, ErrGGUFLimit, c.want)
+			}
+		})
+	}
+	// The same caps read a file just under each of them.
+	w := &ggufWriter{}
+	w.header(3, 0, 2)
+	w.kv("a", GGUFArray, func() { w.u32(uint32(GGUFUint8)); w.count(100); w.buf.Write(make([]byte, 100)) })
+	w.kv("b", GGUFArray, func() { w.u32(uint32(GGUFUint8)); w.count(50); w.buf.Write(make([]byte, 50)) })
+	raw := w.buf.Bytes()
+	if _, err := readGGUF(bytes.NewReader(raw), int64(len(raw)), small); err != nil {
+		t.Fatalf("a file at the caps is refused: %v", err)
+	}
 }

@@ -21,6 +21,34 @@ import (
 // implementation refuses headers over 100 MB).
 const SafetensorsMaxHeader = 100 << 20
 
+// Bounds on what a header holds, whatever its size: the header's bytes are
+// read whole (at most SafetensorsMaxHeader), and nothing decoded from them
+// grows past these caps.
+const (
+	// SafetensorsMaxTensors bounds the tensors of one file. The largest
+	// real checkpoints (unfused mixtures of experts with quantization
+	// scales) have under 300,000 tensors in all, split across shards.
+	SafetensorsMaxTensors = 1 << 20
+	// SafetensorsMaxRank bounds a tensor's shape.
+	SafetensorsMaxRank = 16
+	// SafetensorsMaxMetadata bounds the "__metadata__" entries (writers
+	// store a handful; training tools a few hundred).
+	SafetensorsMaxMetadata = 1 << 14
+)
+
+// ErrSafetensorsLimit is wrapped by every refusal of a header over one of
+// the caps above.
+var ErrSafetensorsLimit = errors.New("over the reader's bound")
+
+// safetensorsLimits are the caps one read applies; tests lower them to
+// reach each with a small header.
+type safetensorsLimits struct {
+	tensors, metadata int
+}
+
+// defaultSafetensorsLimits are the exported caps.
+var defaultSafetensorsLimits = safetensorsLimits{tensors: SafetensorsMaxTensors, metadata: SafetensorsMaxMetadata}
+
 // SafetensorsIndexFile is the name of a sharded checkpoint's index.
 const SafetensorsIndexFile = "model.safetensors.index.json"
 
@@ -131,6 +159,11 @@ func ReadSafetensorsFile(path string) (*SafetensorsHeader, error) {
 // key twice; each tensor's offsets must match its dtype and shape, and the
 // tensors must fill the data buffer with no hole or overlap.
 func ReadSafetensors(r io.Reader, size int64) (*SafetensorsHeader, error) {
+	return readSafetensors(r, size, defaultSafetensorsLimits)
+}
+
+// readSafetensors is ReadSafetensors under the given caps.
+func readSafetensors(r io.Reader, size int64, lim safetensorsLimits) (*SafetensorsHeader, error) {
 	if size < 8 {
 		return nil, fmt.Errorf("%w: %d bytes is shorter than the 8-byte header length", ErrNotSafetensors, size)
 	}
@@ -152,7 +185,7 @@ func ReadSafetensors(r io.Reader, size int64) (*SafetensorsHeader, error) {
 	if _, err := io.ReadFull(r, raw); err != nil {
 		return nil, fmt.Errorf("%w: header: unexpected end of file", ErrNotSafetensors)
 	}
-	h, err := ParseSafetensorsHeader(raw)
+	h, err := parseSafetensorsHeader(raw, lim)
 	if err != nil {
 		return nil, err
 	}
@@ -168,6 +201,11 @@ func ReadSafetensors(r io.Reader, size int64) (*SafetensorsHeader, error) {
 // length). It checks each tensor on its own but not the buffer layout,
 // which needs the file's size.
 func ParseSafetensorsHeader(raw []byte) (*SafetensorsHeader, error) {
+	return parseSafetensorsHeader(raw, defaultSafetensorsLimits)
+}
+
+// parseSafetensorsHeader is ParseSafetensorsHeader under the given caps.
+func parseSafetensorsHeader(raw []byte, lim safetensorsLimits) (*SafetensorsHeader, error) {
 	trimmed := bytes.TrimRight(raw, " ")
 	if len(trimmed) == 0 || trimmed[0] != '{' {
 		return nil, fmt.Errorf("%w: the header does not start with '{'", ErrNotSafetensors)
@@ -193,22 +231,29 @@ func ParseSafetensorsHeader(raw []byte) (*SafetensorsHeader, error) {
 		}
 		seen[key] = true
 		if key == "__metadata__" {
-			var md map[string]string
-			if err := dec.Decode(&md); err != nil {
-				return nil, fmt.Errorf("%w: __metadata__ must map strings to strings: %v", ErrNotSafetensors, err)
+			md, err := decodeMetadata(dec, lim.metadata)
+			if err != nil {
+				return nil, err
 			}
 			h.Metadata = md
 			continue
 		}
-		var entry struct {
-			DType       string        `json:"dtype"`
-			Shape       []json.Number `json:"shape"`
-			DataOffsets []json.Number `json:"data_offsets"`
+		if len(h.Tensors) == lim.tensors {
+			return nil, fmt.Errorf("%w: more than %d tensors: %w", ErrNotSafetensors, lim.tensors, ErrSafetensorsLimit)
 		}
+		var entry struct {
+			DType       string    `json:"dtype"`
+			Shape       jsonUints `json:"shape"`
+			DataOffsets jsonUints `json:"data_offsets"`
+		}
+		entry.Shape.max, entry.DataOffsets.max = SafetensorsMaxRank, 2
 		if err := dec.Decode(&entry); err != nil {
+			if errors.Is(err, ErrSafetensorsLimit) {
+				return nil, fmt.Errorf("%w: tensor %q: %w", ErrNotSafetensors, key, err)
+			}
 			return nil, fmt.Errorf("%w: tensor %q: %v", ErrNotSafetensors, key, err)
 		}
-		t, err := entryTensor(key, entry.DType, entry.Shape, entry.DataOffsets)
+		t, err := entryTensor(key, entry.DType, entry.Shape.v, entry.DataOffsets.v)
 		if err != nil {
 			return nil, err
 		}
@@ -229,22 +274,94 @@ func ParseSafetensorsHeader(raw []byte) (*SafetensorsHeader, error) {
 	return h, nil
 }
 
+// decodeMetadata reads the "__metadata__" object, a map of strings to
+// strings of at most max entries, token by token so that an oversized or
+// ill-typed one is refused as soon as it is seen.
+func decodeMetadata(dec *json.Decoder, max int) (map[string]string, error) {
+	bad := func(err error) error {
+		return fmt.Errorf("%w: __metadata__ must map strings to strings: %v", ErrNotSafetensors, err)
+	}
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+		return nil, bad(fmt.Errorf("not an object (%v)", tok))
+	}
+	md := map[string]string{}
+	for dec.More() {
+		if len(md) == max {
+			return nil, fmt.Errorf("%w: __metadata__ has more than %d entries: %w", ErrNotSafetensors, max, ErrSafetensorsLimit)
+		}
+		k, err := dec.Token()
+		if err != nil {
+			return nil, bad(err)
+		}
+		v, err := dec.Token()
+		if err != nil {
+			return nil, bad(err)
+		}
+		vs, ok := v.(string)
+		if !ok {
+			return nil, bad(fmt.Errorf("%q is not a string", k))
+		}
+		md[k.(string)] = vs
+	}
+	if _, err := dec.Token(); err != nil {
+		return nil, bad(err)
+	}
+	return md, nil
+}
+
+// jsonUints is a JSON array of non-negative integers of at most max
+// elements, refused past max before anything is allocated for them (a
+// []json.Number would hold every element of a 100 MB shape first).
+type jsonUints struct {
+	max int
+	v   []uint64
+}
+
+// UnmarshalJSON parses the array; the decoder has already checked that
+// raw is valid JSON.
+func (u *jsonUints) UnmarshalJSON(raw []byte) error {
+	raw = bytes.TrimSpace(raw)
+	if string(raw) == "null" {
+		return nil // as encoding/json leaves a null slice: absent
+	}
+	if len(raw) < 2 || raw[0] != '[' || raw[len(raw)-1] != ']' {
+		return fmt.Errorf("%s is not an array", truncateJSON(raw))
+	}
+	inner := bytes.TrimSpace(raw[1 : len(raw)-1])
+	if len(inner) == 0 {
+		u.v = []uint64{}
+		return nil
+	}
+	if n := bytes.Count(inner, []byte(",")) + 1; n > u.max {
+		return fmt.Errorf("an array of %d elements: %w of %d", n, ErrSafetensorsLimit, u.max)
+	}
+	for _, e := range bytes.Split(inner, []byte(",")) {
+		v, err := parseUint(json.Number(bytes.TrimSpace(e)))
+		if err != nil {
+			return err
+		}
+		u.v = append(u.v, v)
+	}
+	return nil
+}
+
+// truncateJSON quotes at most 32 bytes of raw for an error.
+func truncateJSON(raw []byte) string {
+	if len(raw) > 32 {
+		return fmt.Sprintf("%q...", raw[:32])
+	}
+	return fmt.Sprintf("%q", raw)
+}
+
 // entryTensor checks one header entry.
-func entryTensor(name, dtype string, shape, offsets []json.Number) (SafetensorsTensor, error) {
+func entryTensor(name, dtype string, shape, offsets []uint64) (SafetensorsTensor, error) {
 	t := SafetensorsTensor{Name: name, DType: dtype}
 	bits, ok := safetensorsBits[dtype]
 	if !ok {
 		return t, fmt.Errorf("%w: tensor %q: unknown dtype %q", ErrNotSafetensors, name, dtype)
 	}
-	if len(shape) > 16 {
-		return t, fmt.Errorf("%w: tensor %q: rank %d", ErrNotSafetensors, name, len(shape))
-	}
 	elems := uint64(1)
-	for _, s := range shape {
-		d, err := parseUint(s)
-		if err != nil {
-			return t, fmt.Errorf("%w: tensor %q: shape: %v", ErrNotSafetensors, name, err)
-		}
+	for _, d := range shape {
 		if d != 0 && elems > math.MaxUint64/d {
 			return t, fmt.Errorf("%w: tensor %q: shape overflows", ErrNotSafetensors, name)
 		}
@@ -254,13 +371,7 @@ func entryTensor(name, dtype string, shape, offsets []json.Number) (SafetensorsT
 	if len(offsets) != 2 {
 		return t, fmt.Errorf("%w: tensor %q: data_offsets must be [begin, end]", ErrNotSafetensors, name)
 	}
-	var err error
-	if t.Begin, err = parseUint(offsets[0]); err != nil {
-		return t, fmt.Errorf("%w: tensor %q: data_offsets: %v", ErrNotSafetensors, name, err)
-	}
-	if t.End, err = parseUint(offsets[1]); err != nil {
-		return t, fmt.Errorf("%w: tensor %q: data_offsets: %v", ErrNotSafetensors, name, err)
-	}
+	t.Begin, t.End = offsets[0], offsets[1]
 	if t.End < t.Begin {
 		return t, fmt.Errorf("%w: tensor %q: data_offsets end %d before begin %d", ErrNotSafetensors, name, t.End, t.Begin)
 	}

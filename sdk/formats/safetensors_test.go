@@ -6,6 +6,7 @@ package formats
 import (
 	"bytes"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -218,4 +219,76 @@ func FuzzSafetensors(f *testing.F) {
 			panic(fmt.Sprintf("accepted a header whose tensors (%d bytes) do not fill its %d-byte buffer", h.WeightsBytes(), h.DataSize))
 		}
 	})
+}
+
+// honestHeader is a header of n tensors of one U8 element each, with its
+// data length.
+func honestHeader(n int) (string, int) {
+	var b strings.Builder
+	b.WriteString("{")
+	for i := 0; i < n; i++ {
+		if i > 0 {
+			b.WriteString(",")
+		}
+		fmt.Fprintf(&b, `"model.layers.%d.mlp.experts.0.down_proj.weight":{"dtype":"U8","shape":[1,1],"data_offsets":[%d,%d]}`, i, i, i+1)
+	}
+	b.WriteString("}")
+	return b.String(), n
+}
+
+// TestReadSafetensors_Bounds: a header within SafetensorsMaxHeader whose
+// shape lists millions of dimensions is refused, allocating per byte at
+// most what an honest header of the same size costs (measured in the same
+// run); each cap is reached with a small header under smaller
+// caps.
+func TestReadSafetensors_Bounds(t *testing.T) {
+	honest, data := honestHeader(100000)
+	honestRaw := stFile(honest, data, 0)
+	var err error
+	baseline := allocated(func() { _, err = ReadSafetensors(bytes.NewReader(honestRaw), int64(len(honestRaw))) })
+	if err != nil {
+		t.Fatalf("honest header: %v", err)
+	}
+	t.Logf("honest header: %d bytes, %d bytes allocated", len(honestRaw), baseline)
+
+	dims := (len(honest) - 64) / 2
+	hostile := `{"t":{"dtype":"U8","shape":[` + strings.TrimSuffix(strings.Repeat("1,", dims), ",") + `],"data_offsets":[0,1]}}`
+	hostileRaw := stFile(hostile, 1, 0)
+	got := allocated(func() { _, err = ReadSafetensors(bytes.NewReader(hostileRaw), int64(len(hostileRaw))) })
+	if !errors.Is(err, ErrSafetensorsLimit) || !strings.Contains(err.Error(), fmt.Sprintf("of %d", SafetensorsMaxRank)) {
+		t.Fatalf("err = %v, want %v naming the rank cap", err, ErrSafetensorsLimit)
+	}
+	t.Logf("a shape of %d dimensions: %d bytes, %d bytes allocated", dims, len(hostileRaw), got)
+	// Before the cap: 573 MB for this 11 MB header (52 bytes per byte).
+	if limit := baseline / uint64(len(honestRaw)) * uint64(len(hostileRaw)); got > limit {
+		t.Fatalf("refusing a %d-byte hostile header allocated %d bytes, over %d", len(hostileRaw), got, limit)
+	}
+
+	small := safetensorsLimits{tensors: 3, metadata: 2}
+	four, _ := honestHeader(4)
+	cases := []struct {
+		name   string
+		header string
+		data   int
+		want   string
+	}{
+		{"tensors", four, 4, "more than 3 tensors"},
+		{"metadata entries", `{"__metadata__":{"a":"1","b":"2","c":"3"}}`, 0, "more than 2 entries"},
+		{"rank", `{"t":{"dtype":"U8","shape":[1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1],"data_offsets":[0,1]}}`, 1, "of 16"},
+		{"offsets", `{"t":{"dtype":"U8","shape":[1],"data_offsets":[0,1,2]}}`, 1, "of 2"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			raw := stFile(c.header, c.data, 0)
+			_, err := readSafetensors(bytes.NewReader(raw), int64(len(raw)), small)
+			if !errors.Is(err, ErrSafetensorsLimit) || !errors.Is(err, ErrNotSafetensors) || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("err = %v, want %v saying %q", err, ErrSafetensorsLimit, c.want)
+			}
+		})
+	}
+	three, _ := honestHeader(3)
+	raw := stFile(`{"__metadata__":{"a":"1","b":"2"},`+three[1:], 3, 0)
+	if _, err := readSafetensors(bytes.NewReader(raw), int64(len(raw)), small); err != nil {
+		t.Fatalf("a header at the caps is refused: %v", err)
+	}
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/capyctl/capyctl/core/config"
 	"github.com/capyctl/capyctl/core/jobspec"
 	"github.com/capyctl/capyctl/core/structs"
+	"github.com/capyctl/capyctl/sdk/hclbound"
 )
 
 // Generators produce the parts of pages that come from the code; a page
@@ -222,6 +223,8 @@ func jobspecLimits() (string, error) {
 		{"`engine_config.env` (bytes per value)", jobspec.MaxEnvValueBytes},
 		{"deployment name", "`" + jobspec.NameRe.String() + "`"},
 		{"route name", "`" + jobspec.RouteRe.String() + "`"},
+		{"the file (before it is parsed)", fmt.Sprintf("%d bytes (1 MiB)", hclbound.MaxBytes)},
+		{"nesting (before it is parsed)", fmt.Sprintf("%d levels", hclbound.MaxDepth)},
 	}
 	var b strings.Builder
 	b.WriteString("| what | at most / form |\n|---|---|\n")

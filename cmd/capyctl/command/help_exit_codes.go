@@ -60,6 +60,7 @@ var exitMeanings = map[int]string{
 	23: "a confirmation is needed and there is no terminal (pass --yes)",
 	25: "a previous stop is still in progress",
 	26: "build tools the engine needs are missing",
+	27: "the state store cannot be written (a full disk, a read-only file); nothing was left running",
 }
 
 // ExitCodes returns the exit-code table built from structs.Catalogue().

@@ -91,6 +91,9 @@ func (c *RoleStatusCommand) Run(args []string) int {
 		}
 		fmt.Fprintf(c.Out, "Engines:     %s\n", strings.Join(names, ", "))
 	}
+	if rl := snap.RequestLedger; rl != nil {
+		fmt.Fprintf(c.Out, "Requests:    %s\n", requestLedgerLine(rl))
+	}
 	fmt.Fprintln(c.Out)
 	if len(snap.Deployments) == 0 {
 		fmt.Fprintln(c.Out, "No deployments. Write a job spec and run capyctl deploy --file <spec.hcl>.")
@@ -102,4 +105,20 @@ func (c *RoleStatusCommand) Run(args []string) int {
 	}
 	c.Table([]string{"DEPLOYMENT", "STATE", "READY", "REVISION", "ENGINE"}, rows)
 	return 0
+}
+
+// requestLedgerLine summarises the request ledger's writer: whether it
+// keeps records and how many it lost.
+func requestLedgerLine(rl *wire.RequestLedgerStatus) string {
+	if !rl.Enabled {
+		return "ledger off"
+	}
+	line := fmt.Sprintf("ledger on, %d records dropped", rl.Dropped)
+	if rl.Dropped > 0 {
+		line += " (its queue was full or a commit failed; see capyctl_request_ledger_dropped_total)"
+	}
+	if rl.LastError != "" {
+		line += "; last commit error: " + rl.LastError
+	}
+	return line
 }

@@ -9,7 +9,6 @@ import (
 	"sort"
 	"strings"
 
-	"github.com/capyctl/capyctl/core/api"
 	"github.com/capyctl/capyctl/core/jobspec"
 	"github.com/capyctl/capyctl/core/structs"
 )
@@ -59,9 +58,9 @@ func (c *ValidateConfigCommand) Run(args []string) int {
 	if err != nil {
 		return c.Fail(err)
 	}
-	for _, d := range specs {
-		d.EngineConfig.Env = api.RedactEnv(d.EngineConfig.Env)
-		d.EngineConfig.ExtraArgs = api.RedactArgv(d.EngineConfig.ExtraArgs)
+	for i, d := range specs {
+		red := d.Redacted()
+		specs[i] = &red
 	}
 	if c.JSON() {
 		c.PrintJSON(specs)

@@ -215,6 +215,20 @@ type Snapshot struct {
 	Deployments []DeploymentStatus `json:"deployments"`
 	Engines     []Engine           `json:"engines"`
 	Hosts       []Host             `json:"hosts"`
+	// RequestLedger is the request ledger's writer, when the role keeps
+	// one.
+	RequestLedger *RequestLedgerStatus `json:"request_ledger,omitempty"`
+}
+
+// RequestLedgerStatus is the request ledger's writer: records are
+// group-committed off the hot path, and lost (never waited for) when its
+// queue is full or a commit fails.
+type RequestLedgerStatus struct {
+	Enabled bool `json:"enabled"`
+	// Dropped counts the records lost since the role started.
+	Dropped uint64 `json:"dropped"`
+	// LastError is the last failed commit, if any.
+	LastError string `json:"last_error,omitempty"`
 }
 
 // RoleInfo describes the running role.
@@ -339,8 +353,9 @@ type RoleConfig struct {
 	Settings   []ConfigSetting `json:"settings"`
 }
 
-// Redacted replaces a secret's value wherever the API shows configuration.
-const Redacted = "<redacted>"
+// Redacted replaces a secret's value wherever the API shows configuration
+// (structs.Deployment.Redacted and its helpers put it there).
+const Redacted = structs.Redacted
 
 // Action names accepted by the actions routes.
 const (
