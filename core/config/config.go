@@ -62,6 +62,7 @@ type Config struct {
 	Limits            Limits
 	Shutdown          Shutdown
 	RequestLedger     RequestLedger
+	Drivers           Drivers
 
 	sources map[string]Source
 }
@@ -107,6 +108,18 @@ type Limits struct {
 // Shutdown bounds a role's stop.
 type Shutdown struct {
 	DrainTimeout structs.Duration
+}
+
+// Drivers bound the calls to driver plugins by kind and set how drivers are
+// pinged (a driver that stops answering is killed and relaunched).
+type Drivers struct {
+	CallTimeout  structs.Duration
+	PlanTimeout  structs.Duration
+	StartTimeout structs.Duration
+	ParkTimeout  structs.Duration
+	StopTimeout  structs.Duration
+	PingInterval structs.Duration
+	PingTimeout  structs.Duration
 }
 
 // RequestLedger configures the request ledger.

@@ -17,6 +17,7 @@ import (
 	"github.com/capyctl/capyctl/core/agent"
 	"github.com/capyctl/capyctl/core/api/wire"
 	"github.com/capyctl/capyctl/core/config"
+	"github.com/capyctl/capyctl/core/pluginmgr"
 	"github.com/capyctl/capyctl/core/store"
 	"github.com/capyctl/capyctl/core/structs"
 	"github.com/capyctl/capyctl/core/version"
@@ -182,6 +183,11 @@ func settingsFromConfig(cfg *config.Config) agent.Settings {
 		RequestLedger:   requestLedger(cfg.RequestLedger),
 		ReadyIdle:       cfg.LifecycleDefaults.ReadyIdleTimeout.D(),
 		ParkedIdle:      cfg.LifecycleDefaults.ParkedIdleTimeout.D(),
+		DriverDeadlines: pluginmgr.Deadlines{
+			Call: cfg.Drivers.CallTimeout.D(), Plan: cfg.Drivers.PlanTimeout.D(), Start: cfg.Drivers.StartTimeout.D(),
+			Park: cfg.Drivers.ParkTimeout.D(), Stop: cfg.Drivers.StopTimeout.D(),
+			PingInterval: cfg.Drivers.PingInterval.D(), PingTimeout: cfg.Drivers.PingTimeout.D(),
+		},
 	}
 }
 
