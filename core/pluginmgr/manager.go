@@ -32,6 +32,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	goplugin "github.com/hashicorp/go-plugin"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 
 	"github.com/capyctl/capyctl/core/store"
 	"github.com/capyctl/capyctl/core/structs"
@@ -378,6 +379,7 @@ func (m *Manager) launch(ctx context.Context, d *driverProc, tryReattach bool) e
 		SkipHostEnv:      true,
 		StartTimeout:     30 * time.Second,
 		TLSConfig:        tlsc.config,
+		GRPCDialOptions:  m.dialOptions(),
 	})
 	conn, rpc, desc, err := m.dispense(ctx, client)
 	if err != nil {
@@ -477,6 +479,7 @@ func (m *Manager) reattach(ctx context.Context, d *driverProc, rec *store.Reatta
 		AllowedProtocols: []goplugin.Protocol{goplugin.ProtocolGRPC},
 		Logger:           m.logger.With("driver", d.family),
 		TLSConfig:        tlsConfig,
+		GRPCDialOptions:  m.dialOptions(),
 	})
 	conn, rpc, desc, err := m.dispense(ctx, client)
 	if err != nil {
@@ -490,6 +493,16 @@ func (m *Manager) reattach(ctx context.Context, d *driverProc, rec *store.Reatta
 	d.generation++
 	d.mu.Unlock()
 	return nil
+}
+
+// dialOptions bound the connection handshake by the call deadline: go-plugin
+// opens its stdio stream on connecting, without a deadline, and a stopped
+// driver accepts the connection but never answers the TLS handshake; gRPC's
+// own bound is 20s.
+func (m *Manager) dialOptions() []grpc.DialOption {
+	return []grpc.DialOption{grpc.WithConnectParams(grpc.ConnectParams{
+		Backoff: backoff.DefaultConfig, MinConnectTimeout: m.cfg.Deadlines.Call,
+	})}
 }
 
 // dispense connects and probes a driver with Describe (a cheap RPC).
