@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/capyctl/capyctl/core/structs"
+	"github.com/capyctl/capyctl/sdk"
 	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
 
@@ -98,7 +99,7 @@ func withDeadline(ctx context.Context, family, method string, bound time.Duratio
 		if err == nil || ctx.Err() != nil || !errors.Is(context.Cause(cctx), errDeadline) {
 			return err
 		}
-		return structs.Wrap(structs.CodeDriverTimeout, err,
+		return codedErr(structs.CodeDriverTimeout, err,
 			"the %s driver did not answer %s within %s (drivers.%s_timeout)", family, method, bound, kindSetting(method))
 	}
 	return cctx, cancel, check
@@ -117,4 +118,13 @@ func kindSetting(method string) string {
 		return "stop"
 	}
 	return "call"
+}
+
+// codedErr is a catalogue error that also carries its code as an sdk.Error
+// in its chain: the core reads driver errors with either structs.AsError or
+// sdk.CodeOf, and both must see the code.
+func codedErr(code structs.Code, cause error, format string, args ...any) error {
+	e := structs.Wrap(code, cause, format, args...)
+	e.Cause = &sdk.Error{Code: string(code), Message: e.Message}
+	return e
 }
