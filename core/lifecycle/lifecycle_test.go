@@ -358,7 +358,9 @@ func TestManager_StoppedDeploymentRefusesActivation(t *testing.T) {
 // familySource hands out a stub driver per family.
 type familySource map[string]*stubDriver
 
-func (s familySource) Driver(_ context.Context, family string) (sdk.Driver, error) { return s[family], nil }
+func (s familySource) Driver(_ context.Context, family string) (sdk.Driver, error) {
+	return s[family], nil
+}
 func (s familySource) Describe(ctx context.Context, family string) (*pb.DescribeResponse, error) {
 	return s[family].Describe(ctx, nil)
 }

@@ -84,6 +84,8 @@ type rig struct {
 	t     *testing.T
 	dir   string
 	store *store.Store
+	// sockets overrides the socket directory (default run/plugins).
+	sockets string
 }
 
 func newRig(t *testing.T) *rig {
@@ -106,7 +108,12 @@ func newRig(t *testing.T) *rig {
 	return &rig{t: t, dir: dir, store: st}
 }
 
-func (r *rig) socketDir() string { return filepath.Join(r.dir, "run", "plugins") }
+func (r *rig) socketDir() string {
+	if r.sockets != "" {
+		return r.sockets
+	}
+	return filepath.Join(r.dir, "run", "plugins")
+}
 
 // manager returns a Manager over the rig's state, as a core would make it.
 // Its drivers are killed when the test ends, whatever the test did.

@@ -90,6 +90,12 @@ type Manager struct {
 	mu      sync.Mutex
 	drivers map[string]*driverProc
 	closed  bool
+
+	// sockDir is the directory drivers listen in, chosen at the first
+	// launch (socketDir); sockFallback when it is a temporary one.
+	sockMu       sync.Mutex
+	sockDir      string
+	sockFallback bool
 }
 
 // driverProc is one running (or relaunching) driver.
@@ -361,10 +367,11 @@ func (m *Manager) launch(ctx context.Context, d *driverProc, tryReattach bool) e
 		// PLUGIN_UNIX_SOCKET_DIR itself (server.go, unixSocketConfigFromEnv).
 		// Without it the socket lands in /tmp with a mode that follows the
 		// umask, open to every local user.
-		if err := ownerOnlyDir(m.cfg.SocketDir); err != nil {
+		dir, err := m.socketDir()
+		if err != nil {
 			return structs.Wrap(structs.CodeDriverUnavailable, err, "launch driver %s: socket directory", d.family)
 		}
-		cmd.Env = append(cmd.Env, goplugin.EnvUnixSocketDir+"="+m.cfg.SocketDir)
+		cmd.Env = append(cmd.Env, goplugin.EnvUnixSocketDir+"="+dir)
 	}
 	// IMPORTANT: a driver has its own process group, so a terminal's Ctrl-C
 	// or a systemd stop of the core's group does not take it (and so its
@@ -419,15 +426,6 @@ func (m *Manager) launch(ctx context.Context, d *driverProc, tryReattach bool) e
 	d.mu.Unlock()
 	log.Info("driver launched", "pid", pid, "version", desc.GetVersion(), "protocol", client.NegotiatedVersion())
 	return nil
-}
-
-// ownerOnlyDir creates dir (and parents) and makes it 0700 even when it
-// existed with a wider mode.
-func ownerOnlyDir(dir string) error {
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return err
-	}
-	return os.Chmod(dir, 0o700)
 }
 
 // reattach connects to a driver a previous core launched.

@@ -93,6 +93,38 @@ func TestManager_DriverSocketIsOwnerOnly(t *testing.T) {
 	})
 }
 
+func TestManager_LongSocketDirectoryFallsBackToAPrivateOne(t *testing.T) {
+	r := newRig(t)
+	r.sockets = filepath.Join(r.dir, strings.Repeat("long-state-directory-", 5), "run", "plugins")
+	m := r.manager(Deadlines{}, nil)
+	d := mustDriver(t, m, "alpha")
+	if _, err := d.Flags(context.Background(), &pb.FlagsRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	rec := r.record("alpha")
+	dir := filepath.Dir(rec.Addr)
+	if !strings.HasPrefix(filepath.Base(dir), fallbackSocketPrefix) {
+		t.Fatalf("driver socket %s, want one in a private temporary directory", rec.Addr)
+	}
+	st, err := os.Stat(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Mode().Perm() != 0o700 || st.Sys().(*syscall.Stat_t).Uid != uint32(os.Geteuid()) {
+		t.Fatalf("fallback socket directory mode %v uid %d", st.Mode().Perm(), st.Sys().(*syscall.Stat_t).Uid)
+	}
+	// A re-attach finds it there.
+	second := r.manager(Deadlines{}, nil)
+	mustDriver(t, second, "alpha")
+	if second.PID("alpha") != m.PID("alpha") {
+		t.Fatalf("not re-attached: pid %d, was %d", second.PID("alpha"), m.PID("alpha"))
+	}
+	second.Shutdown(false)
+	if _, err := os.Stat(dir); !os.IsNotExist(err) {
+		t.Fatalf("fallback socket directory left after a clean stop: %v", err)
+	}
+}
+
 // exposedCopyOfTestBinary copies the test binary where uid 65534 can run it
 // (go test builds it in a directory only its owner can enter).
 func exposedCopyOfTestBinary(t *testing.T) string {

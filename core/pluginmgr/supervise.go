@@ -5,9 +5,6 @@ package pluginmgr
 
 import (
 	"context"
-	"os"
-	"path/filepath"
-	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -161,17 +158,6 @@ func (m *Manager) endStray(rec *store.ReattachRecord) {
 	m.removeSocket(rec.Network, rec.Addr)
 }
 
-// removeSocket removes a dead driver's socket file from the socket
-// directory (a killed driver leaves it behind).
-func (m *Manager) removeSocket(network, addr string) {
-	if network != "unix" || m.cfg.SocketDir == "" {
-		return
-	}
-	if rel, err := filepath.Rel(m.cfg.SocketDir, addr); err == nil && !strings.HasPrefix(rel, "..") && !strings.Contains(rel, "/") {
-		_ = os.Remove(addr)
-	}
-}
-
 // AdoptRecorded re-attaches to every driver the store records that is not
 // attached yet: after a crash of the core, drivers without running
 // instances (say the vLLM driver of on-demand models, launched for
@@ -252,4 +238,7 @@ func (m *Manager) Shutdown(detach bool) {
 		}(d, c)
 	}
 	wg.Wait()
+	if !detach {
+		m.removeFallbackDir()
+	}
 }
