@@ -390,7 +390,14 @@ func (m *Manager) launch(ctx context.Context, d *driverProc, tryReattach bool) e
 	})
 	conn, rpc, desc, err := m.dispense(ctx, client)
 	if err != nil {
-		client.Kill()
+		// A driver that started but does not answer is ended without
+		// waiting on it (endClient).
+		if rc := client.ReattachConfig(); rc != nil {
+			ticks, _ := proc.ReadStartTicks(rc.Pid)
+			m.endClient(d.family, client, rc.Pid, ticks)
+		} else {
+			client.Kill()
+		}
 		return structs.Wrap(structs.CodeDriverUnavailable, err, "launch driver %s (%s)", d.family, d.program)
 	}
 	pid, addr := 0, ""
