@@ -89,6 +89,9 @@ const (
 	// CodeDriverUnavailable: the driver process could not be reached (it
 	// died or is restarting); set by the client side, never by a driver.
 	CodeDriverUnavailable = "driver_unavailable"
+	// CodeDriverTimeout: the driver did not answer within the core's
+	// deadline for the call; set by the client side, never by a driver.
+	CodeDriverTimeout = "driver_timeout"
 )
 
 // UnimplementedDriver answers ErrNotSupported for every call. Embed it to

@@ -141,3 +141,33 @@ shutdown {
   # (env CAPYCTL_SHUTDOWN_DRAIN_TIMEOUT)
   # drain_timeout = "30s"
 }
+
+drivers {
+  # Bound of a quick driver call (describe, flags, load, logs, abort, liveness probe; a readiness probe adds its own wait).
+  # (env CAPYCTL_DRIVERS_CALL_TIMEOUT)
+  # call_timeout = "15s"
+
+  # Bound of a driver's plan, detect and recover calls.
+  # (env CAPYCTL_DRIVERS_PLAN_TIMEOUT)
+  # plan_timeout = "1m"
+
+  # Bound of a driver's start call (spawning the engine; readiness has its own startup timeout).
+  # (env CAPYCTL_DRIVERS_START_TIMEOUT)
+  # start_timeout = "2m"
+
+  # Bound of a driver's park and wake calls.
+  # (env CAPYCTL_DRIVERS_PARK_TIMEOUT)
+  # park_timeout = "5m"
+
+  # Bound of a driver's stop call, on top of the engine's grace period.
+  # (env CAPYCTL_DRIVERS_STOP_TIMEOUT)
+  # stop_timeout = "30s"
+
+  # How often every driver is pinged; one that misses two pings in a row is killed and relaunched.
+  # (env CAPYCTL_DRIVERS_PING_INTERVAL)
+  # ping_interval = "5s"
+
+  # Bound of one driver ping.
+  # (env CAPYCTL_DRIVERS_PING_TIMEOUT)
+  # ping_timeout = "5s"
+}

@@ -39,6 +39,7 @@ import (
 	"github.com/capyctl/capyctl/core/store"
 	"github.com/capyctl/capyctl/core/structs"
 	"github.com/capyctl/capyctl/core/version"
+	"github.com/capyctl/capyctl/sdk/proc"
 	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
 
@@ -95,6 +96,9 @@ type Settings struct {
 	// Memory holds the memory domains' limits (memory.system.*,
 	// memory.gpu.*); zero values are auto.
 	Memory config.MemoryConfig
+	// DriverDeadlines bound driver calls by kind and set the pings
+	// (drivers.*; zero fields take pluginmgr's defaults).
+	DriverDeadlines pluginmgr.Deadlines
 	// Executable is the capyctl binary drivers are re-executed from.
 	Executable string
 	// Config is the effective configuration with each value's source,
@@ -196,6 +200,13 @@ func New(s Settings, logger hclog.Logger) (*Agent, error) {
 	if s.EnginePorts == "" {
 		s.EnginePorts = "8100-8199"
 	}
+	// IMPORTANT: the role holds the API key, the admin token and every
+	// engine's key: no core file, and no dumping through ptrace or /proc
+	// by other users. Its drivers inherit the zero core-file limit and
+	// disable dumpability themselves (sdk/plugin.Serve).
+	if err := proc.DisableCoreDumps(); err != nil {
+		logger.Warn("could not disable core dumps", "error", err)
+	}
 	a := &Agent{s: s, logger: logger, startedAt: time.Now().UTC()}
 	if err := a.prepareStateDir(); err != nil {
 		return nil, err
@@ -229,6 +240,7 @@ func New(s Settings, logger hclog.Logger) (*Agent, error) {
 		SocketDir:  filepath.Join(s.StateDir, "run", "plugins"),
 		Store:      st,
 		Logger:     logger,
+		Deadlines:  s.DriverDeadlines,
 		OnRelaunch: func(family string) {
 			if lc != nil {
 				lc.RecoverFamily(family)
@@ -477,6 +489,10 @@ func (a *Agent) Start(ctx context.Context) error {
 		defer a.wg.Done()
 		a.Plugins.Watch(rctx, 250*time.Millisecond)
 	}()
+	// Every driver a previous core left running is re-attached (or ended)
+	// before recovery, not only those of running instances: the others
+	// would outlive the next clean stop.
+	a.Plugins.AdoptRecorded(ctx)
 	if err := a.Lifecycle.Start(ctx); err != nil {
 		return err
 	}

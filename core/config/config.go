@@ -64,6 +64,7 @@ type Config struct {
 	TLS               TLS
 	Shutdown          Shutdown
 	RequestLedger     RequestLedger
+	Drivers           Drivers
 
 	sources map[string]Source
 }
@@ -130,6 +131,18 @@ type TLS struct {
 // Shutdown bounds a role's stop.
 type Shutdown struct {
 	DrainTimeout structs.Duration
+}
+
+// Drivers bound the calls to driver plugins by kind and set how drivers are
+// pinged (a driver that stops answering is killed and relaunched).
+type Drivers struct {
+	CallTimeout  structs.Duration
+	PlanTimeout  structs.Duration
+	StartTimeout structs.Duration
+	ParkTimeout  structs.Duration
+	StopTimeout  structs.Duration
+	PingInterval structs.Duration
+	PingTimeout  structs.Duration
 }
 
 // RequestLedger configures the request ledger.

@@ -251,14 +251,27 @@ func (in *instance) handle(c *command) error {
 	return fmt.Errorf("unknown command %v", c.kind)
 }
 
-// acquire takes one of the bounded effect slots.
-func (in *instance) acquire(ctx context.Context) (func(), error) {
+// acquire takes one of the bounded start slots of a driver family.
+func (in *instance) acquire(ctx context.Context, family string) (func(), error) {
+	sem := in.m.startSlots(family)
 	select {
-	case in.m.sem <- struct{}{}:
-		return func() { <-in.m.sem }, nil
+	case sem <- struct{}{}:
+		return func() { <-sem }, nil
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}
+}
+
+// startSlots returns a family's start slots, made on first use.
+func (m *Manager) startSlots(family string) chan struct{} {
+	m.slotsMu.Lock()
+	defer m.slotsMu.Unlock()
+	sem, ok := m.slots[family]
+	if !ok {
+		sem = make(chan struct{}, m.cfg.MaxConcurrentEffects)
+		m.slots[family] = sem
+	}
+	return sem
 }
 
 // resolveEngine finds the engine registration a spec names: a registration
@@ -343,7 +356,7 @@ func (in *instance) start(why string, evict bool) error {
 	if err != nil {
 		return fail(err)
 	}
-	release, err := in.acquire(ctx)
+	release, err := in.acquire(ctx, eng.Family)
 	if err != nil {
 		return err
 	}

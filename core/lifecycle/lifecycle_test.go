@@ -15,6 +15,7 @@ import (
 	"github.com/capyctl/capyctl/core/store"
 	"github.com/capyctl/capyctl/core/structs"
 	"github.com/capyctl/capyctl/sdk"
+	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
 
 func TestTransitions_Table(t *testing.T) {
@@ -425,5 +426,40 @@ func TestManager_StartFailsWhenItsRecordCannotBeStored(t *testing.T) {
 				t.Fatalf("state %s after the disk freed", s)
 			}
 		})
+	}
+}
+
+// familySource hands out a stub driver per family.
+type familySource map[string]*stubDriver
+
+func (s familySource) Driver(_ context.Context, family string) (sdk.Driver, error) {
+	return s[family], nil
+}
+func (s familySource) Describe(ctx context.Context, family string) (*pb.DescribeResponse, error) {
+	return s[family].Describe(ctx, nil)
+}
+
+func TestManager_HeldStartDoesNotBlockAnotherFamily(t *testing.T) {
+	held, other := newStub(), newStub()
+	held.startGate = make(chan struct{})
+	defer close(held.startGate)
+	// One start slot: a start held in one family used to take the role's
+	// only slot, and every other start waited behind it.
+	f := newFixture(t, 10, 1, 0, func(c *Config) {
+		c.MaxConcurrentEffects = 1
+		c.Drivers = familySource{"stub": held, "other": other}
+	})
+	if err := f.st.PutEngine(&structs.EngineRecord{Name: "other", Family: "other"}); err != nil {
+		t.Fatal(err)
+	}
+	f.deploy("a")
+	f.deploy("b", func(d *structs.Deployment) { d.Engine = "other" })
+	go func() { _ = f.activate("a") }()
+	f.eventually("the start of a held in its driver", func() bool { return held.starts.Load() == 1 })
+	if err := f.activate("b"); err != nil {
+		t.Fatalf("start on another family while one is held: %v", err)
+	}
+	if s := f.state("b"); s != structs.StateReady {
+		t.Fatalf("b is %s", s)
 	}
 }

@@ -68,8 +68,9 @@ type Config struct {
 	// LivenessInterval is how often a ready engine's process is checked
 	// (default 500ms): an engine that dies is noticed within a second.
 	LivenessInterval time.Duration
-	// MaxConcurrentEffects bounds starts, wakes and stops running at once
-	// (default 8).
+	// MaxConcurrentEffects bounds the starts running at once per driver
+	// family (default 8): a family whose driver hangs holds only its own
+	// slots, never another family's.
 	MaxConcurrentEffects int
 	// StopGrace is how long an engine may take to exit after SIGTERM
 	// (default 15s).
@@ -104,7 +105,9 @@ type Config struct {
 type Manager struct {
 	cfg    Config
 	logger hclog.Logger
-	sem    chan struct{}
+	// slots bound concurrent starts per driver family (startSlots).
+	slotsMu sync.Mutex
+	slots   map[string]chan struct{}
 
 	mu          sync.Mutex
 	deployments map[string]*deployment
@@ -175,7 +178,7 @@ func New(cfg Config) *Manager {
 	m := &Manager{
 		cfg:         cfg,
 		logger:      cfg.Logger.Named("lifecycle"),
-		sem:         make(chan struct{}, cfg.MaxConcurrentEffects),
+		slots:       map[string]chan struct{}{},
 		deployments: map[string]*deployment{},
 		byID:        map[string]*instance{},
 		ctx:         ctx,

@@ -22,62 +22,67 @@ type handle struct {
 
 var _ sdk.Driver = (*handle)(nil)
 
-func call[Req any, Resp any](ctx context.Context, h *handle, retry bool, req Req,
+// call runs one driver call under its deadline (Deadlines, by kind): a
+// driver that does not answer in time (hung, stopped) gives driver_timeout
+// instead of holding the caller, and the supervisor's pings replace it.
+func call[Req any, Resp any](ctx context.Context, h *handle, method string, retry bool, req Req,
 	f func(c sdk.Driver, ctx context.Context, req Req) (Resp, error)) (Resp, error) {
 	var zero Resp
-	c, err := h.d.ensure(ctx, h.m)
+	cctx, cancel, check := withDeadline(ctx, h.d.family, method, h.m.cfg.Deadlines.bound(method, req))
+	defer cancel()
+	c, err := h.d.ensure(cctx, h.m)
 	if err != nil {
-		return zero, err
+		return zero, check(err)
 	}
-	resp, err := f(c, ctx, req)
+	resp, err := f(c, cctx, req)
 	if err != nil && isTransport(err) && retry {
-		c, err2 := h.d.ensure(ctx, h.m)
+		c, err2 := h.d.ensure(cctx, h.m)
 		if err2 != nil {
-			return zero, err
+			return zero, check(err)
 		}
-		return f(c, ctx, req)
+		resp, err = f(c, cctx, req)
 	}
-	return resp, err
+	return resp, check(err)
 }
 
 func (h *handle) Describe(ctx context.Context, r *pb.DescribeRequest) (*pb.DescribeResponse, error) {
-	return call(ctx, h, true, r, sdk.Driver.Describe)
+	return call(ctx, h, "Describe", true, r, sdk.Driver.Describe)
 }
 func (h *handle) Detect(ctx context.Context, r *pb.DetectRequest) (*pb.DetectResponse, error) {
-	return call(ctx, h, true, r, sdk.Driver.Detect)
+	return call(ctx, h, "Detect", true, r, sdk.Driver.Detect)
 }
 func (h *handle) Flags(ctx context.Context, r *pb.FlagsRequest) (*pb.FlagsResponse, error) {
-	return call(ctx, h, true, r, sdk.Driver.Flags)
+	return call(ctx, h, "Flags", true, r, sdk.Driver.Flags)
 }
 func (h *handle) Plan(ctx context.Context, r *pb.PlanRequest) (*pb.PlanResponse, error) {
-	return call(ctx, h, true, r, sdk.Driver.Plan)
+	return call(ctx, h, "Plan", true, r, sdk.Driver.Plan)
 }
 func (h *handle) Start(ctx context.Context, r *pb.StartRequest) (*pb.StartResponse, error) {
-	return call(ctx, h, false, r, sdk.Driver.Start)
+	return call(ctx, h, "Start", false, r, sdk.Driver.Start)
 }
 func (h *handle) Probe(ctx context.Context, r *pb.ProbeRequest) (*pb.ProbeResponse, error) {
-	return call(ctx, h, true, r, sdk.Driver.Probe)
+	return call(ctx, h, "Probe", true, r, sdk.Driver.Probe)
 }
 func (h *handle) Park(ctx context.Context, r *pb.ParkRequest) (*pb.ParkResponse, error) {
-	return call(ctx, h, false, r, sdk.Driver.Park)
+	return call(ctx, h, "Park", false, r, sdk.Driver.Park)
 }
 func (h *handle) Wake(ctx context.Context, r *pb.WakeRequest) (*pb.WakeResponse, error) {
-	return call(ctx, h, false, r, sdk.Driver.Wake)
+	return call(ctx, h, "Wake", false, r, sdk.Driver.Wake)
 }
 func (h *handle) Abort(ctx context.Context, r *pb.AbortRequest) (*pb.AbortResponse, error) {
-	return call(ctx, h, false, r, sdk.Driver.Abort)
+	return call(ctx, h, "Abort", false, r, sdk.Driver.Abort)
 }
 func (h *handle) Load(ctx context.Context, r *pb.LoadRequest) (*pb.LoadResponse, error) {
-	return call(ctx, h, true, r, sdk.Driver.Load)
+	return call(ctx, h, "Load", true, r, sdk.Driver.Load)
 }
 func (h *handle) Stop(ctx context.Context, r *pb.StopRequest) (*pb.StopResponse, error) {
 	// Stop with a recorded launch is safe to repeat: it proves the group
 	// gone whether or not an earlier attempt signalled it.
-	return call(ctx, h, true, r, sdk.Driver.Stop)
+	return call(ctx, h, "Stop", true, r, sdk.Driver.Stop)
 }
 func (h *handle) Recover(ctx context.Context, r *pb.RecoverRequest) (*pb.RecoverResponse, error) {
-	return call(ctx, h, true, r, sdk.Driver.Recover)
+	return call(ctx, h, "Recover", true, r, sdk.Driver.Recover)
 }
 func (h *handle) Logs(ctx context.Context, r *pb.LogsRequest) (*pb.LogsResponse, error) {
-	return call(ctx, h, true, r, sdk.Driver.Logs)
+	return call(ctx, h, "Logs", true, r, sdk.Driver.Logs)
 }

@@ -4,14 +4,20 @@
 // Package pluginmgr is the driver catalog: it discovers drivers (built into
 // the capyctl binary, or capyctl-driver-<name> programs in the role's plugin
 // directory), launches each once through go-plugin, reads its Describe,
-// supervises it (a crashed driver is relaunched with backoff and the core is
-// told so it can Recover its instances), records go-plugin reattach configs
-// in the store, and after a core restart re-attaches to drivers that are
+// supervises it (a crashed driver, or one that stops answering pings, is
+// relaunched with backoff and the core is told so it can Recover its
+// instances), bounds every call by a deadline, records go-plugin reattach
+// configs in the store, and after a core restart re-attaches to the drivers
 // still running, falling back to a fresh launch.
+//
+// A driver listens on a unix socket in the role's run/plugins directory
+// (0700) and speaks gRPC over mutual TLS (see tls.go), so no other local
+// user, and no process without the core's certificate, can call it.
 package pluginmgr
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"net"
 	"os"
@@ -25,6 +31,8 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	goplugin "github.com/hashicorp/go-plugin"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 
 	"github.com/capyctl/capyctl/core/store"
 	"github.com/capyctl/capyctl/core/structs"
@@ -42,6 +50,7 @@ type ReattachStore interface {
 	PutReattach(driver string, r store.ReattachRecord) error
 	GetReattach(driver string) (*store.ReattachRecord, error)
 	DeleteReattach(driver string) error
+	ListReattach() ([]store.ReattachRecord, error)
 }
 
 // Config configures a Manager.
@@ -55,7 +64,9 @@ type Config struct {
 	PluginDir string
 	// LogDir receives one JSON log file per driver.
 	LogDir string
-	// SocketDir is where go-plugin creates the drivers' unix sockets.
+	// SocketDir is where drivers create their unix sockets; it is made
+	// owner-only (0700). Empty leaves them in go-plugin's default (the
+	// system temporary directory), which only tests should do.
 	SocketDir string
 	Store     ReattachStore
 	Logger    hclog.Logger
@@ -67,6 +78,8 @@ type Config struct {
 	Env []string
 	// MaxBackoff bounds the relaunch backoff (default 10s).
 	MaxBackoff time.Duration
+	// Deadlines bound each driver call by kind and set the pings.
+	Deadlines Deadlines
 }
 
 // Manager owns the driver processes.
@@ -77,6 +90,12 @@ type Manager struct {
 	mu      sync.Mutex
 	drivers map[string]*driverProc
 	closed  bool
+
+	// sockDir is the directory drivers listen in, chosen at the first
+	// launch (socketDir); sockFallback when it is a temporary one.
+	sockMu       sync.Mutex
+	sockDir      string
+	sockFallback bool
 }
 
 // driverProc is one running (or relaunching) driver.
@@ -88,14 +107,24 @@ type driverProc struct {
 	mu       sync.Mutex
 	client   *goplugin.Client
 	rpc      *sdkplugin.Client
+	conn     *grpc.ClientConn
 	describe *pb.DescribeResponse
 	pid      int
+	// ticks is the driver process's start time, so that a kill never
+	// reaches a recycled PID.
+	ticks uint64
+	// addr is the driver's socket.
+	addr string
+	// pingFailures counts pings missed in a row; pinging is true while
+	// one is in flight.
+	pingFailures int
+	pinging      bool
+	lastPing     time.Time
 	// generation counts launches; a relaunch bumps it.
 	generation int
 	launching  chan struct{}
 	lastErr    error
 	failures   int
-	stopWatch  chan struct{}
 }
 
 // New returns a Manager. Nothing is launched until a driver is first used
@@ -107,6 +136,7 @@ func New(cfg Config) *Manager {
 	if cfg.MaxBackoff == 0 {
 		cfg.MaxBackoff = 10 * time.Second
 	}
+	cfg.Deadlines = cfg.Deadlines.withDefaults()
 	return &Manager{cfg: cfg, logger: cfg.Logger.Named("pluginmgr"), drivers: map[string]*driverProc{}}
 }
 
@@ -296,8 +326,12 @@ func (d *driverProc) ensure(ctx context.Context, m *Manager) (*sdkplugin.Client,
 // allowed) and reads its Describe.
 func (m *Manager) launch(ctx context.Context, d *driverProc, tryReattach bool) error {
 	log := m.logger.With("driver", d.family)
-	if old := d.client; old != nil {
-		old.Kill()
+	d.mu.Lock()
+	old, oldPID, oldTicks, oldAddr := d.client, d.pid, d.ticks, d.addr
+	d.mu.Unlock()
+	if old != nil {
+		m.endClient(d.family, old, oldPID, oldTicks)
+		m.removeSocket("unix", oldAddr)
 	}
 	if tryReattach && m.cfg.Store != nil {
 		if rec, err := m.cfg.Store.GetReattach(d.family); err == nil && rec != nil {
@@ -306,29 +340,43 @@ func (m *Manager) launch(ctx context.Context, d *driverProc, tryReattach bool) e
 				return nil
 			} else {
 				log.Warn("re-attach failed; launching a new driver", "pid", rec.Pid, "error", err)
-				_ = m.cfg.Store.DeleteReattach(d.family)
+				m.endStray(rec)
 			}
 		}
 	}
 
+	tlsc, err := newClientTLS()
+	if err != nil {
+		return structs.Wrap(structs.CodeDriverUnavailable, err, "launch driver %s", d.family)
+	}
 	cmd := exec.Command(d.program, d.args...)
 	cmd.Env = append([]string{
 		"PATH=" + os.Getenv("PATH"),
 		"HOME=" + os.Getenv("HOME"),
+		// The plugin half of go-plugin's AutoMTLS: the driver serves only
+		// the holder of this certificate's key (see tls.go).
+		envClientCert + "=" + string(tlsc.certPEM),
 	}, m.cfg.Env...)
 	if m.cfg.LogDir != "" {
 		_ = os.MkdirAll(m.cfg.LogDir, 0o700)
 		cmd.Env = append(cmd.Env, sdkplugin.EnvDriverLogFile+"="+filepath.Join(m.cfg.LogDir, d.family+".log"))
 	}
+	if m.cfg.SocketDir != "" {
+		// IMPORTANT: go-plugin v1.8.0 honours UnixSocketConfig.TempDir
+		// only with a RunnerFunc; a plain Cmd's plugin reads
+		// PLUGIN_UNIX_SOCKET_DIR itself (server.go, unixSocketConfigFromEnv).
+		// Without it the socket lands in /tmp with a mode that follows the
+		// umask, open to every local user.
+		dir, err := m.socketDir()
+		if err != nil {
+			return structs.Wrap(structs.CodeDriverUnavailable, err, "launch driver %s: socket directory", d.family)
+		}
+		cmd.Env = append(cmd.Env, goplugin.EnvUnixSocketDir+"="+dir)
+	}
 	// IMPORTANT: a driver has its own process group, so a terminal's Ctrl-C
 	// or a systemd stop of the core's group does not take it (and so its
 	// engines' supervision) down with the core.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	var sockCfg *goplugin.UnixSocketConfig
-	if m.cfg.SocketDir != "" {
-		_ = os.MkdirAll(m.cfg.SocketDir, 0o700)
-		sockCfg = &goplugin.UnixSocketConfig{TempDir: m.cfg.SocketDir}
-	}
 	client := goplugin.NewClient(&goplugin.ClientConfig{
 		HandshakeConfig:  sdkplugin.Handshake,
 		VersionedPlugins: sdkplugin.VersionedPlugins(nil),
@@ -337,27 +385,41 @@ func (m *Manager) launch(ctx context.Context, d *driverProc, tryReattach bool) e
 		Logger:           log,
 		SkipHostEnv:      true,
 		StartTimeout:     30 * time.Second,
-		UnixSocketConfig: sockCfg,
+		TLSConfig:        tlsc.config,
+		GRPCDialOptions:  m.dialOptions(),
 	})
-	rpc, desc, err := dispense(ctx, client)
+	conn, rpc, desc, err := m.dispense(ctx, client)
 	if err != nil {
-		client.Kill()
+		// A driver that started but does not answer is ended without
+		// waiting on it (endClient).
+		if rc := client.ReattachConfig(); rc != nil {
+			ticks, _ := proc.ReadStartTicks(rc.Pid)
+			m.endClient(d.family, client, rc.Pid, ticks)
+		} else {
+			client.Kill()
+		}
 		return structs.Wrap(structs.CodeDriverUnavailable, err, "launch driver %s (%s)", d.family, d.program)
 	}
-	pid := 0
+	pid, addr := 0, ""
+	var ticks uint64
 	if rc := client.ReattachConfig(); rc != nil {
-		pid = rc.Pid
+		pid, addr = rc.Pid, rc.Addr.String()
+		ticks, _ = proc.ReadStartTicks(rc.Pid)
+		if rc.Addr.Network() == "unix" {
+			// Defence in depth: the directory already keeps others out.
+			_ = os.Chmod(addr, 0o600)
+		}
 		if m.cfg.Store != nil {
-			ticks, _ := proc.ReadStartTicks(rc.Pid)
 			rec := store.ReattachRecord{
 				Driver:          d.family,
 				Network:         rc.Addr.Network(),
-				Addr:            rc.Addr.String(),
+				Addr:            addr,
 				Pid:             rc.Pid,
 				StartTicks:      ticks,
 				ProtocolVersion: client.NegotiatedVersion(),
 				Program:         d.program,
 				UpdatedAt:       time.Now().UTC(),
+				TLS:             tlsc.record(),
 			}
 			if err := m.cfg.Store.PutReattach(d.family, rec); err != nil {
 				log.Warn("could not record the driver's reattach config", "error", err)
@@ -365,7 +427,8 @@ func (m *Manager) launch(ctx context.Context, d *driverProc, tryReattach bool) e
 		}
 	}
 	d.mu.Lock()
-	d.client, d.rpc, d.describe, d.pid = client, rpc, desc, pid
+	d.client, d.rpc, d.conn, d.describe, d.pid, d.ticks, d.addr = client, rpc, conn, desc, pid, ticks, addr
+	d.pingFailures = 0
 	d.generation++
 	d.mu.Unlock()
 	log.Info("driver launched", "pid", pid, "version", desc.GetVersion(), "protocol", client.NegotiatedVersion())
@@ -398,6 +461,17 @@ func (m *Manager) reattach(ctx context.Context, d *driverProc, rec *store.Reatta
 	if !ok {
 		return fmt.Errorf("driver %s speaks protocol %d, which this core does not", d.family, rec.ProtocolVersion)
 	}
+	// The TLS material recorded at launch; a record written by a core
+	// before mutual TLS has none, and that driver speaks plain gRPC until
+	// it is next relaunched.
+	var tlsConfig *tls.Config
+	if rec.TLS != nil {
+		tlsc, err := clientTLSFrom(rec.TLS)
+		if err != nil {
+			return err
+		}
+		tlsConfig = tlsc.config
+	}
 	client := goplugin.NewClient(&goplugin.ClientConfig{
 		HandshakeConfig: sdkplugin.Handshake,
 		Plugins:         set,
@@ -409,112 +483,58 @@ func (m *Manager) reattach(ctx context.Context, d *driverProc, rec *store.Reatta
 		},
 		AllowedProtocols: []goplugin.Protocol{goplugin.ProtocolGRPC},
 		Logger:           m.logger.With("driver", d.family),
+		TLSConfig:        tlsConfig,
+		GRPCDialOptions:  m.dialOptions(),
 	})
-	rpc, desc, err := dispense(ctx, client)
+	conn, rpc, desc, err := m.dispense(ctx, client)
 	if err != nil {
-		// Do not Kill: the process may still be serving someone; it is not
-		// ours to end on a failed probe.
+		// The caller ends the process (endStray): it is ours, and no core
+		// can reach it.
 		return err
 	}
 	d.mu.Lock()
-	d.client, d.rpc, d.describe, d.pid = client, rpc, desc, rec.Pid
+	d.client, d.rpc, d.conn, d.describe, d.pid, d.ticks, d.addr = client, rpc, conn, desc, rec.Pid, ticks, rec.Addr
+	d.pingFailures = 0
 	d.generation++
 	d.mu.Unlock()
 	return nil
 }
 
+// dialOptions bound the connection handshake by the call deadline: go-plugin
+// opens its stdio stream on connecting, without a deadline, and a stopped
+// driver accepts the connection but never answers the TLS handshake; gRPC's
+// own bound is 20s.
+func (m *Manager) dialOptions() []grpc.DialOption {
+	return []grpc.DialOption{grpc.WithConnectParams(grpc.ConnectParams{
+		Backoff: backoff.DefaultConfig, MinConnectTimeout: m.cfg.Deadlines.Call,
+	})}
+}
+
 // dispense connects and probes a driver with Describe (a cheap RPC).
-func dispense(ctx context.Context, client *goplugin.Client) (*sdkplugin.Client, *pb.DescribeResponse, error) {
-	proto, err := client.Client()
+func (m *Manager) dispense(ctx context.Context, client *goplugin.Client) (*grpc.ClientConn, *sdkplugin.Client, *pb.DescribeResponse, error) {
+	cp, err := client.Client()
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
-	raw, err := proto.Dispense(sdkplugin.PluginName)
+	gc, ok := cp.(*goplugin.GRPCClient)
+	if !ok {
+		return nil, nil, nil, fmt.Errorf("driver speaks %T, not gRPC", cp)
+	}
+	raw, err := gc.Dispense(sdkplugin.PluginName)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	rpc, ok := raw.(*sdkplugin.Client)
 	if !ok {
-		return nil, nil, fmt.Errorf("driver dispensed %T", raw)
+		return nil, nil, nil, fmt.Errorf("driver dispensed %T", raw)
 	}
-	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	pctx, cancel := context.WithTimeout(ctx, m.cfg.Deadlines.Call)
 	defer cancel()
 	desc, err := rpc.Describe(pctx, &pb.DescribeRequest{})
 	if err != nil {
-		return nil, nil, fmt.Errorf("describe: %w", err)
+		return nil, nil, nil, fmt.Errorf("describe: %w", err)
 	}
-	return rpc, desc, nil
-}
-
-// Watch starts a supervisor that relaunches a crashed driver promptly
-// instead of waiting for the next call. It returns when ctx ends.
-func (m *Manager) Watch(ctx context.Context, interval time.Duration) {
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		m.mu.Lock()
-		procs := make([]*driverProc, 0, len(m.drivers))
-		for _, d := range m.drivers {
-			procs = append(procs, d)
-		}
-		closed := m.closed
-		m.mu.Unlock()
-		if closed {
-			return
-		}
-		for _, d := range procs {
-			d.mu.Lock()
-			dead := d.client != nil && d.client.Exited() && d.launching == nil
-			d.mu.Unlock()
-			if dead {
-				m.logger.Warn("driver exited; relaunching", "driver", d.family)
-				go func(d *driverProc) {
-					lctx, cancel := context.WithTimeout(ctx, time.Minute)
-					defer cancel()
-					if _, err := d.ensure(lctx, m); err != nil {
-						m.logger.Error("driver relaunch failed", "driver", d.family, "error", err)
-					}
-				}(d)
-			}
-		}
-	}
-}
-
-// Shutdown ends every driver and forgets their reattach configs (a clean
-// stop; engines keep running in their own sessions and the next core
-// launches fresh drivers and recovers them). With detach, drivers are left
-// running and their reattach configs kept, as after a crash.
-func (m *Manager) Shutdown(detach bool) {
-	m.mu.Lock()
-	m.closed = true
-	procs := make([]*driverProc, 0, len(m.drivers))
-	for _, d := range m.drivers {
-		procs = append(procs, d)
-	}
-	m.mu.Unlock()
-	var wg sync.WaitGroup
-	for _, d := range procs {
-		d.mu.Lock()
-		c := d.client
-		d.mu.Unlock()
-		if c == nil || detach {
-			continue
-		}
-		wg.Add(1)
-		go func(d *driverProc, c *goplugin.Client) {
-			defer wg.Done()
-			c.Kill()
-			if m.cfg.Store != nil {
-				_ = m.cfg.Store.DeleteReattach(d.family)
-			}
-		}(d, c)
-	}
-	wg.Wait()
+	return gc.Conn, rpc, desc, nil
 }
 
 // isTransport reports whether err means the driver process is unreachable

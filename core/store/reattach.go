@@ -22,6 +22,22 @@ type ReattachRecord struct {
 	ProtocolVersion int       `json:"protocol_version"`
 	Program         string    `json:"program"`
 	UpdatedAt       time.Time `json:"updated_at"`
+	// TLS is the driver connection's mutual-TLS material: the core's client
+	// certificate and key and the driver's server certificate. It is a
+	// secret (whoever holds the key can drive the driver), kept only in
+	// this owner-only file; nil for a driver launched without TLS.
+	TLS *DriverTLS `json:"tls,omitempty"`
+}
+
+// DriverTLS is the material a re-attaching core needs to speak mutual TLS
+// to a running driver (go-plugin's ReattachConfig has no place for it).
+type DriverTLS struct {
+	// ClientCertPEM and ClientKeyPEM are the core's certificate (the one
+	// the driver was given in PLUGIN_CLIENT_CERT) and its private key.
+	ClientCertPEM []byte `json:"client_cert_pem"`
+	ClientKeyPEM  []byte `json:"client_key_pem"`
+	// ServerCertDER is the certificate the driver answered with at launch.
+	ServerCertDER []byte `json:"server_cert_der"`
 }
 
 // PutReattach stores the reattach config of a driver.

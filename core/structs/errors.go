@@ -90,6 +90,7 @@ const (
 	CodeWakeFailed              Code = "wake_failed"
 	CodeParkFailed              Code = "park_failed"
 	CodeDriverUnavailable       Code = "driver_unavailable"
+	CodeDriverTimeout           Code = "driver_timeout"
 	CodeMethodNotAllowed        Code = "method_not_allowed"
 	CodeUnsupportedMediaType    Code = "unsupported_media_type"
 	CodeCursorExpired           Code = "cursor_expired"
@@ -174,6 +175,7 @@ func init() {
 	row(CodeParkFailed, http.StatusInternalServerError, 13, false, "the park failed")
 	row(CodeStoreUnavailable, http.StatusServiceUnavailable, 27, true, "the state store could not record the launch (a full disk, a read-only file): the engine was stopped")
 	row(CodeDriverUnavailable, http.StatusServiceUnavailable, 13, true, "the engine's driver is not running")
+	row(CodeDriverTimeout, http.StatusGatewayTimeout, 13, true, "the engine's driver did not answer within its deadline (drivers.*_timeout); a driver that stops answering is killed and relaunched")
 	row(CodeMethodNotAllowed, http.StatusMethodNotAllowed, 2, false, "method not allowed")
 	row(CodeUnsupportedMediaType, http.StatusUnsupportedMediaType, 2, false, "send application/json")
 	row(CodeCursorExpired, http.StatusGone, 2, false, "the event cursor is older than the journal; take a new snapshot")

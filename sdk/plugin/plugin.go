@@ -81,12 +81,19 @@ func Serve(d sdk.Driver) {
 	// stderr pipe fail; with SIGPIPE ignored they fail quietly instead of
 	// killing the driver and stranding its engines.
 	signal.Ignore(syscall.SIGPIPE)
+	// IMPORTANT: a driver holds every key of its engines; no core file
+	// and no ptrace/proc access for other users (the shim, above, is a
+	// fresh exec and sets its engine's limit itself).
+	logger := NewLogger("driver")
+	if err := proc.DisableCoreDumps(); err != nil {
+		logger.Warn("could not disable core dumps", "error", err)
+	}
 
 	goplugin.Serve(&goplugin.ServeConfig{
 		HandshakeConfig:  Handshake,
 		VersionedPlugins: VersionedPlugins(d),
 		GRPCServer:       goplugin.DefaultGRPCServer,
-		Logger:           NewLogger("driver"),
+		Logger:           logger,
 	})
 }
 

@@ -38,6 +38,8 @@ func TestMain(m *testing.M) {
 		os.Exit(fakeAlloc())
 	case "starter":
 		os.Exit(starter())
+	case "nocore":
+		os.Exit(noCore())
 	default:
 		fmt.Fprintln(os.Stderr, "unknown helper", os.Getenv(helperEnv))
 		os.Exit(2)

@@ -4,7 +4,9 @@
 package proc
 
 import (
+	"fmt"
 	"os"
+	"os/exec"
 	"strconv"
 	"strings"
 	"testing"
@@ -51,5 +53,38 @@ func TestStart_NoCoreDumps(t *testing.T) {
 				t.Fatalf("core limit %v, want the inherited %v", f, own)
 			}
 		})
+	}
+}
+
+// noCore is the "nocore" helper: it calls DisableCoreDumps and prints its
+// dumpable flag, then its core-file limits.
+func noCore() int {
+	if err := DisableCoreDumps(); err != nil {
+		fmt.Println("error", err)
+		return 1
+	}
+	d, err := Dumpable()
+	if err != nil {
+		fmt.Println("error", err)
+		return 1
+	}
+	b, _ := os.ReadFile("/proc/self/limits")
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(l, "Max core file size") {
+			fmt.Println("dumpable", d, "limit", strings.Join(strings.Fields(strings.TrimPrefix(l, "Max core file size"))[:2], " "))
+		}
+	}
+	return 0
+}
+
+func TestDisableCoreDumps(t *testing.T) {
+	cmd := exec.Command(os.Args[0])
+	cmd.Env = append(os.Environ(), helperEnv+"=nocore")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("helper: %v %s", err, out)
+	}
+	if got, want := strings.TrimSpace(string(out)), "dumpable false limit 0 0"; got != want {
+		t.Fatalf("after DisableCoreDumps: %q, want %q", got, want)
 	}
 }

@@ -61,3 +61,9 @@ func ListeningAddrs(int) ([]netip.AddrPort, error) { return nil, ErrUnsupported 
 
 // Inspect reports LaunchUncertain outside Linux.
 func Inspect(Launched) (LaunchState, string) { return LaunchUncertain, ErrUnsupported.Error() }
+
+// DisableCoreDumps does nothing outside Linux.
+func DisableCoreDumps() error { return nil }
+
+// Dumpable reports true outside Linux (there is no such flag).
+func Dumpable() (bool, error) { return true, nil }

@@ -18,6 +18,7 @@ import (
 	"github.com/capyctl/capyctl/core/api"
 	"github.com/capyctl/capyctl/core/api/wire"
 	"github.com/capyctl/capyctl/core/config"
+	"github.com/capyctl/capyctl/core/pluginmgr"
 	"github.com/capyctl/capyctl/core/store"
 	"github.com/capyctl/capyctl/core/structs"
 	"github.com/capyctl/capyctl/core/version"
@@ -190,6 +191,11 @@ func settingsFromConfig(cfg *config.Config) agent.Settings {
 		RequestLedger:   requestLedger(cfg.RequestLedger),
 		ReadyIdle:       cfg.LifecycleDefaults.ReadyIdleTimeout.D(),
 		ParkedIdle:      cfg.LifecycleDefaults.ParkedIdleTimeout.D(),
+		DriverDeadlines: pluginmgr.Deadlines{
+			Call: cfg.Drivers.CallTimeout.D(), Plan: cfg.Drivers.PlanTimeout.D(), Start: cfg.Drivers.StartTimeout.D(),
+			Park: cfg.Drivers.ParkTimeout.D(), Stop: cfg.Drivers.StopTimeout.D(),
+			PingInterval: cfg.Drivers.PingInterval.D(), PingTimeout: cfg.Drivers.PingTimeout.D(),
+		},
 	}
 }
 

@@ -1,0 +1,183 @@
+// Copyright (c) CapyCTL authors
+// SPDX-License-Identifier: Apache-2.0
+
+package pluginmgr
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/capyctl/capyctl/core/store"
+	"github.com/capyctl/capyctl/plugins-testkit/poll"
+	"github.com/capyctl/capyctl/sdk"
+	sdkplugin "github.com/capyctl/capyctl/sdk/plugin"
+	"github.com/capyctl/capyctl/sdk/proc"
+	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
+)
+
+// helperEnv selects what the test binary does when re-executed: "driver"
+// serves testDriver through sdk/plugin.Serve (a real driver process, as
+// `capyctl driver <family>` is); "connect" dials the unix socket named by
+// its last argument and exits 0 when connected, 3 when refused for
+// permissions, 4 otherwise.
+const helperEnv = "CAPYCTL_PLUGINMGR_HELPER"
+
+func TestMain(m *testing.M) {
+	switch os.Getenv(helperEnv) {
+	case "":
+		os.Exit(m.Run())
+	case "driver":
+		sdkplugin.Serve(testDriver{})
+	case "connect":
+		os.Exit(connect(os.Args[len(os.Args)-1]))
+	default:
+		fmt.Fprintln(os.Stderr, "unknown helper", os.Getenv(helperEnv))
+		os.Exit(2)
+	}
+}
+
+func connect(path string) int {
+	c, err := net.Dial("unix", path)
+	if err == nil {
+		c.Close()
+		return 0
+	}
+	fmt.Fprintln(os.Stderr, err)
+	if errors.Is(err, syscall.EACCES) || errors.Is(err, syscall.EPERM) {
+		return 3
+	}
+	return 4
+}
+
+// testDriver answers Describe with its own dumpable flag (what the served
+// process set for itself), Flags and Start with fixed answers.
+type testDriver struct{ sdk.UnimplementedDriver }
+
+func (testDriver) Describe(context.Context, *pb.DescribeRequest) (*pb.DescribeResponse, error) {
+	dumpable, err := proc.Dumpable()
+	if err != nil {
+		return nil, err
+	}
+	return &pb.DescribeResponse{Name: "test", Version: "dumpable=" + strconv.FormatBool(dumpable)}, nil
+}
+
+func (testDriver) Flags(context.Context, *pb.FlagsRequest) (*pb.FlagsResponse, error) {
+	return &pb.FlagsResponse{}, nil
+}
+
+func (testDriver) Start(_ context.Context, r *pb.StartRequest) (*pb.StartResponse, error) {
+	return &pb.StartResponse{Launch: &pb.Launch{LaunchId: r.GetLaunch().GetLaunchId()}}, nil
+}
+
+// rig is a state directory with a store, and managers over it that launch
+// the test binary as the drivers "alpha" and "beta".
+type rig struct {
+	t     *testing.T
+	dir   string
+	store *store.Store
+	// sockets overrides the socket directory (default run/plugins).
+	sockets string
+}
+
+func newRig(t *testing.T) *rig {
+	t.Helper()
+	// A state directory other users can traverse, so that only the
+	// socket directory and the socket keep them out.
+	dir, err := os.MkdirTemp("", "pluginmgr-test-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	st, err := store.Open(filepath.Join(dir, "capyctl.db"), store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	return &rig{t: t, dir: dir, store: st}
+}
+
+func (r *rig) socketDir() string {
+	if r.sockets != "" {
+		return r.sockets
+	}
+	return filepath.Join(r.dir, "run", "plugins")
+}
+
+// manager returns a Manager over the rig's state, as a core would make it.
+// Its drivers are killed when the test ends, whatever the test did.
+func (r *rig) manager(d Deadlines, onRelaunch func(string)) *Manager {
+	exe, err := os.Executable()
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	m := New(Config{
+		Executable: exe,
+		Builtins:   []string{"alpha", "beta"},
+		LogDir:     filepath.Join(r.dir, "logs", "drivers"),
+		SocketDir:  r.socketDir(),
+		Store:      r.store,
+		Env:        []string{helperEnv + "=driver"},
+		Deadlines:  d,
+		OnRelaunch: onRelaunch,
+	})
+	r.t.Cleanup(func() {
+		for _, f := range []string{"alpha", "beta"} {
+			if pid := m.PID(f); pid > 0 {
+				_ = syscall.Kill(pid, syscall.SIGKILL)
+			}
+		}
+	})
+	return m
+}
+
+// record returns a driver's reattach record.
+func (r *rig) record(family string) *store.ReattachRecord {
+	r.t.Helper()
+	rec, err := r.store.GetReattach(family)
+	if err != nil {
+		r.t.Fatalf("reattach record of %s: %v", family, err)
+	}
+	return rec
+}
+
+func mustDriver(t *testing.T, m *Manager, family string) sdk.Driver {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	d, err := m.Driver(ctx, family)
+	if err != nil {
+		t.Fatalf("driver %s: %v", family, err)
+	}
+	return d
+}
+
+// alive reports whether a process exists and is not a zombie.
+func alive(pid int) bool {
+	if syscall.Kill(pid, 0) != nil {
+		return false
+	}
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return false
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	return i > 0 && i+2 < len(s) && s[i+2] != 'Z' && s[i+2] != 'X'
+}
+
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	poll.Until(t, 30*time.Second, what, cond)
+}
