@@ -324,97 +324,121 @@ func (a *aggregate) add(payload []byte, q *request) {
 	}
 }
 
-// json renders the chat.completion with capyctl.metrics.
+// json renders the chat.completion with capyctl.metrics, written by hand
+// (no reflection: an assembled answer is on every non-streamed request to
+// an engine that must stream).
 func (a *aggregate) json(q *request) []byte {
-	type toolCall struct {
-		ID       string `json:"id,omitempty"`
-		Type     string `json:"type"`
-		Function struct {
-			Name      string `json:"name"`
-			Arguments string `json:"arguments"`
-		} `json:"function"`
-	}
-	type message struct {
-		Role             string     `json:"role"`
-		Content          *string    `json:"content"`
-		ReasoningContent *string    `json:"reasoning_content,omitempty"`
-		Reasoning        *string    `json:"reasoning,omitempty"`
-		Refusal          *string    `json:"refusal,omitempty"`
-		ToolCalls        []toolCall `json:"tool_calls,omitempty"`
-	}
-	type choice struct {
-		Index        int             `json:"index"`
-		Message      message         `json:"message"`
-		FinishReason json.RawMessage `json:"finish_reason"`
-	}
-	str := func(has bool, sb *strings.Builder) *string {
-		if !has {
-			return nil
-		}
-		s := sb.String()
-		return &s
-	}
 	idx := make([]int, 0, len(a.choices))
 	for i := range a.choices {
 		idx = append(idx, i)
 	}
 	sort.Ints(idx)
-	choices := make([]choice, 0, len(idx))
-	for _, i := range idx {
-		ac := a.choices[i]
-		m := message{Role: ac.role, Content: str(ac.hasText, &ac.content), ReasoningContent: str(ac.hasRC, &ac.rcontent),
-			Reasoning: str(ac.hasReason, &ac.reasoning), Refusal: str(ac.hasRef, &ac.refusal)}
-		if m.Content == nil && len(ac.tools) == 0 {
-			empty := ""
-			m.Content = &empty
-		}
-		if len(ac.tools) > 0 {
-			ti := make([]int, 0, len(ac.tools))
-			for k := range ac.tools {
-				ti = append(ti, k)
-			}
-			sort.Ints(ti)
-			for _, k := range ti {
-				t := ac.tools[k]
-				tc := toolCall{ID: t.ID, Type: t.Type}
-				if tc.Type == "" {
-					tc.Type = "function"
-				}
-				tc.Function.Name, tc.Function.Arguments = t.Function.Name, t.Function.Arguments
-				m.ToolCalls = append(m.ToolCalls, tc)
-			}
-		}
-		fr := ac.finish
-		if len(fr) == 0 {
-			fr = json.RawMessage("null")
-		}
-		choices = append(choices, choice{Index: i, Message: m, FinishReason: fr})
-	}
 	created := a.created
 	if created == 0 {
 		created = q.start.Unix()
 	}
-	out := struct {
-		ID                string          `json:"id"`
-		Object            string          `json:"object"`
-		Created           int64           `json:"created"`
-		Model             string          `json:"model"`
-		SystemFingerprint json.RawMessage `json:"system_fingerprint,omitempty"`
-		Choices           []choice        `json:"choices"`
-		Usage             json.RawMessage `json:"usage,omitempty"`
-		Timings           json.RawMessage `json:"timings,omitempty"`
-		CapyCTL           json.RawMessage `json:"capyctl"`
-	}{
-		ID: q.id, Object: "chat.completion", Created: created, Model: q.model,
-		SystemFingerprint: a.fingerprint, Choices: choices, Timings: q.timings.raw,
+	size := 256
+	for _, i := range idx {
+		ac := a.choices[i]
+		size += ac.content.Len() + ac.rcontent.Len() + ac.reasoning.Len() + ac.refusal.Len() + 96
 	}
-	if q.usage.known {
-		out.Usage = q.usage.raw
+	b := make([]byte, 0, size+len(q.usage.raw)+len(q.timings.raw))
+	b = append(b, `{"id":`...)
+	b = appendJSONString(b, q.id)
+	b = append(b, `,"object":"chat.completion","created":`...)
+	b = strconv.AppendInt(b, created, 10)
+	b = append(b, `,"model":`...)
+	b = appendJSONString(b, q.model)
+	if len(a.fingerprint) > 0 {
+		b = append(b, `,"system_fingerprint":`...)
+		b = append(b, a.fingerprint...)
 	}
-	capy := append([]byte(`{"metrics":`), q.appendMetrics(nil)...)
-	out.CapyCTL = append(capy, '}')
-	b, _ := json.Marshal(out)
-	return append(b, '\n')
+	b = append(b, `,"choices":[`...)
+	for n, i := range idx {
+		if n > 0 {
+			b = append(b, ',')
+		}
+		b = a.choices[i].appendJSON(b, i)
+	}
+	b = append(b, ']')
+	if q.usage.known && len(q.usage.raw) > 0 {
+		b = append(b, `,"usage":`...)
+		b = append(b, q.usage.raw...)
+	}
+	if len(q.timings.raw) > 0 {
+		b = append(b, `,"timings":`...)
+		b = append(b, q.timings.raw...)
+	}
+	b = append(b, `,"capyctl":{"metrics":`...)
+	b = q.appendMetrics(b)
+	return append(b, "}}\n"...)
+}
+
+// appendJSON appends one choice of the assembled answer.
+func (ac *aggChoice) appendJSON(b []byte, index int) []byte {
+	b = append(b, `{"index":`...)
+	b = strconv.AppendInt(b, int64(index), 10)
+	b = append(b, `,"message":{"role":`...)
+	b = appendJSONString(b, ac.role)
+	b = append(b, `,"content":`...)
+	switch {
+	case ac.hasText:
+		b = appendJSONString(b, ac.content.String())
+	case len(ac.tools) > 0:
+		b = append(b, "null"...)
+	default:
+		b = append(b, `""`...)
+	}
+	for _, f := range []struct {
+		name string
+		has  bool
+		sb   *strings.Builder
+	}{{"reasoning_content", ac.hasRC, &ac.rcontent}, {"reasoning", ac.hasReason, &ac.reasoning}, {"refusal", ac.hasRef, &ac.refusal}} {
+		if f.has {
+			b = append(b, ',')
+			b = appendJSONString(b, f.name)
+			b = append(b, ':')
+			b = appendJSONString(b, f.sb.String())
+		}
+	}
+	if len(ac.tools) > 0 {
+		ti := make([]int, 0, len(ac.tools))
+		for k := range ac.tools {
+			ti = append(ti, k)
+		}
+		sort.Ints(ti)
+		b = append(b, `,"tool_calls":[`...)
+		for n, k := range ti {
+			t := ac.tools[k]
+			if n > 0 {
+				b = append(b, ',')
+			}
+			b = append(b, '{')
+			if t.ID != "" {
+				b = append(b, `"id":`...)
+				b = appendJSONString(b, t.ID)
+				b = append(b, ',')
+			}
+			typ := t.Type
+			if typ == "" {
+				typ = "function"
+			}
+			b = append(b, `"type":`...)
+			b = appendJSONString(b, typ)
+			b = append(b, `,"function":{"name":`...)
+			b = appendJSONString(b, t.Function.Name)
+			b = append(b, `,"arguments":`...)
+			b = appendJSONString(b, t.Function.Arguments)
+			b = append(b, "}}"...)
+		}
+		b = append(b, ']')
+	}
+	b = append(b, `},"finish_reason":`...)
+	if len(ac.finish) == 0 {
+		return append(b, "null}"...)
+	}
+	b = append(b, ac.finish...)
+	return append(b, '}')
 }
 
 var (

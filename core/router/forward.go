@@ -15,6 +15,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/capyctl/capyctl/core/admission"
 	"github.com/capyctl/capyctl/core/structs"
@@ -197,6 +198,76 @@ func (q *request) engineBody() ([]byte, error) {
 	if !needModel && !needRid && !needStream {
 		return q.body, nil
 	}
+	// The body is spliced: its members are copied as the client wrote them,
+	// those the router sets are written anew at the end (a member written
+	// twice by the client is dropped twice: the router's value wins, as the
+	// last one would).
+	var buf [24]member
+	ms, ok := topLevel(q.body, buf[:0])
+	if !ok {
+		return q.engineBodyDecoded(needModel, needRid, needStream)
+	}
+	out := make([]byte, 0, len(q.body)+len(q.id)+len(ep.ServedName)+64)
+	out = append(out, '{')
+	var opts []byte // the client's stream_options, the last one
+	for _, m := range ms {
+		k := m.key
+		switch {
+		case needModel && string(k) == "model",
+			needRid && string(k) == ep.RequestIDField,
+			needStream && string(k) == "stream":
+			continue
+		case needStream && string(k) == "stream_options":
+			opts = q.body[m.val:m.end]
+			continue
+		}
+		if len(out) > 1 {
+			out = append(out, ',')
+		}
+		out = append(out, q.body[m.start:m.end]...)
+	}
+	if needModel {
+		out = appendMember(out, "model")
+		out = appendJSONString(out, ep.ServedName)
+	}
+	if needRid {
+		out = appendMember(out, ep.RequestIDField)
+		out = appendJSONString(out, q.id)
+	}
+	if needStream {
+		out = appendMember(out, "stream")
+		out = append(out, `true,"stream_options":{"include_usage":true`...)
+		if len(opts) > 0 && opts[0] == '{' {
+			var obuf [8]member
+			oms, ok := topLevel(opts, obuf[:0])
+			if !ok {
+				return q.engineBodyDecoded(needModel, needRid, needStream)
+			}
+			for _, m := range oms {
+				if string(m.key) != "include_usage" {
+					out = append(out, ',')
+					out = append(out, opts[m.start:m.end]...)
+				}
+			}
+		}
+		out = append(out, '}')
+	}
+	return append(out, '}'), nil
+}
+
+// appendMember appends `"name":` after a comma where one is needed.
+func appendMember(b []byte, name string) []byte {
+	if len(b) > 1 {
+		b = append(b, ',')
+	}
+	b = appendJSONString(b, name)
+	return append(b, ':')
+}
+
+// engineBodyDecoded is engineBody for a body the splice does not handle
+// (a member name with an escape): decoded and encoded again.
+func (q *request) engineBodyDecoded(needModel, needRid, needStream bool) ([]byte, error) {
+	ep := &q.target.Endpoint
 	var m map[string]json.RawMessage
 	if err := json.Unmarshal(q.body, &m); err != nil {
 		return nil, err
@@ -855,17 +926,56 @@ func (q *request) rebuildJSON(m map[string]json.RawMessage) []byte {
 	return append(out, '\n')
 }
 
-// appendJSONString appends s as a JSON string. Request IDs and model
-// names are plain ASCII; anything else goes through encoding/json.
+// appendJSONString appends s as a JSON string, without allocating:
+// quotes, backslashes and control characters escaped, invalid UTF-8
+// replaced by U+FFFD and U+2028/U+2029 escaped, as encoding/json does (it
+// also escapes <, > and &, which JSON does not need).
 func appendJSONString(b []byte, s string) []byte {
-	for i := 0; i < len(s); i++ {
-		if c := s[i]; c < 0x20 || c == '"' || c == '\\' || c >= 0x7f || c == '<' || c == '>' || c == '&' {
-			e, _ := json.Marshal(s)
-			return append(b, e...)
-		}
-	}
+	const hexd = "0123456789abcdef"
 	b = append(b, '"')
-	b = append(b, s...)
+	start := 0
+	for i := 0; i < len(s); {
+		c := s[i]
+		if c >= 0x20 && c != '"' && c != '\\' && c < utf8.RuneSelf {
+			i++
+			continue
+		}
+		if c < utf8.RuneSelf {
+			b = append(b, s[start:i]...)
+			switch c {
+			case '"', '\\':
+				b = append(b, '\\', c)
+			case '\n':
+				b = append(b, '\\', 'n')
+			case '\r':
+				b = append(b, '\\', 'r')
+			case '\t':
+				b = append(b, '\\', 't')
+			default:
+				b = append(b, '\\', 'u', '0', '0', hexd[c>>4], hexd[c&0xf])
+			}
+			i++
+			start = i
+			continue
+		}
+		r, size := utf8.DecodeRuneInString(s[i:])
+		if r == utf8.RuneError && size == 1 {
+			b = append(b, s[start:i]...)
+			b = append(b, `\ufffd`...)
+			i += size
+			start = i
+			continue
+		}
+		if r == '\u2028' || r == '\u2029' {
+			b = append(b, s[start:i]...)
+			b = append(b, '\\', 'u', '2', '0', '2', hexd[r&0xf])
+			i += size
+			start = i
+			continue
+		}
+		i += size
+	}
+	b = append(b, s[start:]...)
 	return append(b, '"')
 }
 

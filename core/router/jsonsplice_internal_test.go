@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capyctl/capyctl/core/lifecycle"
 	"github.com/capyctl/capyctl/core/structs"
 )
 
@@ -85,6 +86,70 @@ func TestSpliceJSON(t *testing.T) {
 		q := &request{id: "capy-1", model: "m", api: structs.APIChat}
 		if _, ok := q.spliceJSON([]byte(bad)); ok {
 			t.Fatalf("spliced %s", bad)
+		}
+	}
+}
+
+// TestEngineBody_Splice: the spliced engine body means what the decoded
+// and encoded one means, for the bodies clients send.
+func TestEngineBody_Splice(t *testing.T) {
+	bodies := []string{
+		`{"model":"pub","messages":[{"role":"user","content":"hi {\"model\":1}"}]}`,
+		`{"model":"pub","stream":true,"messages":[]}`,
+		`{"model":"pub","stream":true,"stream_options":{"include_usage":false,"continuous_usage_stats":true},"messages":[]}`,
+		`{"model":"pub","stream":false,"stream_options":null,"max_tokens":4}`,
+		"{ \"model\" : \"pub\" , \"model\": \"pub\", \"rid\": \"client's\", \"n\": 1 }",
+		`{"messages":[],"model":"pub","tools":[{"type":"function","function":{"name":"f","parameters":{"model":"x"}}}]}`,
+		`{"mod\u0065l":"pub","messages":[]}`,
+	}
+	eps := []structs.EngineEndpoint{
+		{ServedName: "served"},
+		{ServedName: "pub", RequestIDField: "rid"},
+		{ServedName: "served", ForwardNonStreamed: true},
+	}
+	for _, ep := range eps {
+		for _, b := range bodies {
+			var head chatHead
+			_ = parseChatHead([]byte(b), &head)
+			q := &request{id: "capy-0123", model: "pub", api: structs.APIChat, body: []byte(b), stream: head.Stream,
+				usageOpt: head.StreamOptions != nil && head.StreamOptions.IncludeUsage}
+			q.target = &lifecycle.Target{Endpoint: ep}
+			got, err := q.engineBody()
+			if err != nil {
+				t.Fatalf("%s: %v", b, err)
+			}
+			needModel := ep.ServedName != "" && ep.ServedName != q.model
+			needStream := (!q.stream && !ep.ForwardNonStreamed) || (q.stream && !q.usageOpt)
+			want, err := q.engineBodyDecoded(needModel, ep.RequestIDField != "", needStream)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var g, w map[string]any
+			if err := json.Unmarshal(got, &g); err != nil {
+				t.Fatalf("spliced body is not JSON: %v\n%s", err, got)
+			}
+			_ = json.Unmarshal(want, &w)
+			if !reflect.DeepEqual(g, w) {
+				t.Fatalf("endpoint %+v, body %s:\nspliced %s\nwant    %s", ep, b, got, want)
+			}
+		}
+	}
+}
+
+// TestAppendJSONString: what encoding/json decodes back to the same string
+// (invalid UTF-8 to U+FFFD, as encoding/json writes it).
+func TestAppendJSONString(t *testing.T) {
+	for _, s := range []string{"", "plain", `q"uo\te`, "line\nfeed\r\ttab\x00\x1f", "é ü 漢字 🙂", "bad \xff\xfe utf8", "sep \u2028 \u2029", "<a&b>"} {
+		got := appendJSONString(nil, s)
+		var back string
+		if err := json.Unmarshal(got, &back); err != nil {
+			t.Fatalf("%q -> %s: %v", s, got, err)
+		}
+		var want string
+		enc, _ := json.Marshal(s)
+		_ = json.Unmarshal(enc, &want)
+		if back != want {
+			t.Fatalf("%q -> %s -> %q, want %q", s, got, back, want)
 		}
 	}
 }
