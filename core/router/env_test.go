@@ -119,6 +119,8 @@ type envOpts struct {
 	noReady bool
 	router  func(*router.Config)
 	api     string
+	// idleTimeout is the HTTP server's (0: none).
+	idleTimeout time.Duration
 }
 
 func newEnv(t *testing.T, o envOpts) *env {
@@ -145,7 +147,9 @@ func newEnv(t *testing.T, o envOpts) *env {
 	mux.HandleFunc("POST /v1/chat/completions", e.rt.ChatCompletions)
 	mux.HandleFunc("POST /v1/systemone", e.rt.Decisions)
 	mux.HandleFunc("GET /v1/models", e.rt.Models)
-	e.srv = httptest.NewServer(mux)
+	e.srv = httptest.NewUnstartedServer(mux)
+	e.srv.Config.IdleTimeout = o.idleTimeout
+	e.srv.Start()
 	t.Cleanup(e.srv.Close)
 	return e
 }

@@ -161,6 +161,11 @@ func (c *clientConn) end() {
 	c.ended, c.q = true, nil
 	back := !c.watching && c.next && !c.closed
 	dead := !c.watching && !c.next
+	if !back && !dead && c.srv.IdleTimeout > 0 {
+		// The wait for the next request ends with the server's idle
+		// timeout, as it would on net/http (the watcher sees the deadline).
+		_ = c.conn.SetReadDeadline(time.Now().Add(c.srv.IdleTimeout))
+	}
 	c.mu.Unlock()
 	switch {
 	case back:
@@ -168,6 +173,15 @@ func (c *clientConn) end() {
 	case dead:
 		c.closeIdle()
 	}
+}
+
+// idleTimedOut closes a connection whose wait for a next request passed the
+// server's idle timeout.
+func (c *clientConn) idleTimedOut() {
+	c.mu.Lock()
+	c.watching = false
+	c.mu.Unlock()
+	c.closeIdle()
 }
 
 // closeIdle closes a connection that waited for a next request.
@@ -188,6 +202,7 @@ func (c *clientConn) handBack() {
 	c.handedBack = true
 	c.mu.Unlock()
 	c.rt.streams.removeIdle(c)
+	_ = c.conn.SetReadDeadline(time.Time{})
 	l := &oneConnListener{conn: c.conn}
 	_ = c.srv.Serve(l)
 	if l.conn != nil {

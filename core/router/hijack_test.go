@@ -231,9 +231,9 @@ func openTakenOver(t *testing.T, e *env, s *scripted) (net.Conn, *bufio.Reader) 
 // the data payloads.
 // idleAfterTakenOver ends a taken-over stream and waits for its connection
 // to wait for the client's next request.
-func idleAfterTakenOver(t *testing.T) (*env, net.Conn, *bufio.Reader) {
+func idleAfterTakenOver(t *testing.T, o ...envOpts) (*env, net.Conn, *bufio.Reader) {
 	t.Helper()
-	e, s := scriptedEnv(t, envOpts{})
+	e, s := scriptedEnv(t, append(o, envOpts{})[0])
 	c, br := openTakenOver(t, e, s)
 	s.send(t, finishChunk)
 	close(s.steps)
@@ -538,6 +538,15 @@ func TestRouter_NextRequestOnATakenOverStreamsConnection(t *testing.T) {
 		c.Close()
 		waitFor(t, "the idle connection to be closed", func() bool { return e.rt.IdleConns() == 0 })
 		waitFor(t, "idle", e.idle)
+	})
+	t.Run("the server's idle timeout passes", func(t *testing.T) {
+		// A connection waiting for a next request after a taken-over
+		// stream is closed when the server's idle timeout passes, as
+		// net/http closes its own idle connections.
+		e, c, br := idleAfterTakenOver(t, envOpts{idleTimeout: 100 * time.Millisecond})
+		_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		closed(t, br)
+		waitFor(t, "the idle connection to be forgotten", func() bool { return e.rt.IdleConns() == 0 })
 	})
 	t.Run("the role drains", func(t *testing.T) {
 		e, _, br := idleAfterTakenOver(t)

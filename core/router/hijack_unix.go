@@ -5,7 +5,11 @@
 
 package router
 
-import "syscall"
+import (
+	"errors"
+	"os"
+	"syscall"
+)
 
 // hijackSupported: the watcher below notices a hang-up without net/http.
 const hijackSupported = true
@@ -17,6 +21,12 @@ const hijackSupported = true
 func (c *clientConn) watch() {
 	c.watchFn = c.readable
 	err := c.raw.Read(c.watchFn)
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		// Only an idle connection has a read deadline (end): the server's
+		// idle timeout passed.
+		c.idleTimedOut()
+		return
+	}
 	c.watched(err == nil && c.hungUp, err == nil && c.bytes)
 }
 
