@@ -19,9 +19,9 @@ import (
 const tcpListen = "0A"
 
 // ListeningAddrs returns the TCP addresses (IPv4 and IPv6) on which any
-// process of the group listens: the LISTEN rows of /proc/<pid>/net/tcp and
-// tcp6 (the group's network namespace) whose socket inode one of the
-// group's processes holds open. Sorted, without duplicates. Drivers use it
+// process of the group listens: the namespace's TCP listeners (from the
+// kernel's sock_diag, else the LISTEN rows of /proc/<pid>/net/tcp and
+// tcp6) whose socket inode one of the group's processes holds open. Sorted, without duplicates. Drivers use it
 // to refuse an engine that listens off loopback.
 func ListeningAddrs(pgid int) ([]netip.AddrPort, error) {
 	pids := GroupPIDs(pgid)
@@ -35,6 +35,19 @@ func ListeningAddrs(pgid int) ([]netip.AddrPort, error) {
 	if len(inodes) == 0 {
 		return nil, nil
 	}
+	if all, err := diagListeners(); err == nil {
+		var out []netip.AddrPort
+		seen := map[netip.AddrPort]bool{}
+		for inode, a := range all {
+			if inodes[inode] && !seen[a] {
+				seen[a] = true
+				out = append(out, a)
+			}
+		}
+		sort.Slice(out, func(i, j int) bool { return out[i].Compare(out[j]) < 0 })
+		return out, nil
+	}
+	// Without sock_diag (a kernel or sandbox without it): the text tables.
 	seen := map[netip.AddrPort]bool{}
 	var out []netip.AddrPort
 	var lastErr error

@@ -8,8 +8,12 @@ package proc
 import (
 	"net"
 	"net/netip"
+	"os"
 	"regexp"
+	"slices"
+	"sort"
 	"strconv"
+	"strings"
 	"testing"
 )
 
@@ -147,5 +151,50 @@ func TestPortFree(t *testing.T) {
 		if PortFree(p) {
 			t.Errorf("PortFree(%s) = true", strconv.Itoa(p))
 		}
+	}
+}
+
+// TestDiagListeners_AgreesWithProcNet: the kernel's sock_diag answer and
+// the text tables of /proc/net list the same listeners of this process.
+func TestDiagListeners_AgreesWithProcNet(t *testing.T) {
+	var lns []net.Listener
+	for _, a := range []string{"127.0.0.1:0", "0.0.0.0:0", "[::1]:0", "[::]:0"} {
+		network := "tcp4"
+		if strings.HasPrefix(a, "[") {
+			network = "tcp6"
+		}
+		ln, err := net.Listen(network, a)
+		if err != nil {
+			continue // no IPv6 here
+		}
+		defer ln.Close()
+		lns = append(lns, ln)
+	}
+	diag, err := diagListeners()
+	if err != nil {
+		t.Skip("no sock_diag here:", err)
+	}
+	inodes := map[string]bool{}
+	socketInodes(os.Getpid(), inodes)
+	var fromProc []netip.AddrPort
+	for _, name := range []string{"tcp", "tcp6"} {
+		addrs, err := parseListeners(procRoot+"/self/net/"+name, inodes)
+		if err == nil {
+			fromProc = append(fromProc, addrs...)
+		}
+	}
+	var fromDiag []netip.AddrPort
+	for inode, a := range diag {
+		if inodes[inode] {
+			fromDiag = append(fromDiag, a)
+		}
+	}
+	sortAddrs := func(v []netip.AddrPort) {
+		sort.Slice(v, func(i, j int) bool { return v[i].Compare(v[j]) < 0 })
+	}
+	sortAddrs(fromProc)
+	sortAddrs(fromDiag)
+	if len(fromDiag) != len(lns) || !slices.Equal(fromDiag, fromProc) {
+		t.Fatalf("sock_diag %v, /proc/net %v, %d listeners", fromDiag, fromProc, len(lns))
 	}
 }

@@ -35,7 +35,9 @@ func (in *Instance) WaitReady(ctx context.Context, deadline time.Duration, ready
 	defer cancel()
 	why := "starting"
 	var out *pb.ProbeResponse
-	var lastListen time.Time
+	// A launch just started listens nowhere yet: the first check is due
+	// after offLoopbackEvery (or when ready says so, whatever the time).
+	lastListen := time.Now()
 	_ = engineapi.Poll(ctx, func(ctx context.Context) (bool, error) {
 		if !in.Alive() {
 			out = in.ExitInfo("the engine exited while " + why)
