@@ -10,16 +10,23 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
+	goplugin "github.com/hashicorp/go-plugin"
+
 	"github.com/capyctl/capyctl/plugins-testkit/conformance"
 	"github.com/capyctl/capyctl/plugins-testkit/fakeengine"
 	"github.com/capyctl/capyctl/plugins-testkit/harness"
 	"github.com/capyctl/capyctl/plugins-testkit/testbin"
+	"github.com/capyctl/capyctl/sdk"
+	sdkplugin "github.com/capyctl/capyctl/sdk/plugin"
+	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
 
 // program is the name a role looks for in its plugin directory.
@@ -213,4 +220,53 @@ func enginePID(t *testing.T, r *harness.Role, name string) int {
 		t.Fatalf("status %+v: want one instance with a pid", st)
 	}
 	return st.Instances[0].PID
+}
+
+// TestProtocol_OneLoadsBesideANewerOne is the compatibility promise of the
+// driver-author guide: this driver, built against protocol 1, keeps
+// loading when the core also speaks a newer protocol. The core's side here
+// offers protocol 1 and a test-only protocol 2 through go-plugin's
+// VersionedPlugins; the driver serves 1 only, so 1 is negotiated and every
+// call works.
+func TestProtocol_OneLoadsBesideANewerOne(t *testing.T) {
+	bin := driverBinary(t)
+	core := sdkplugin.VersionedPlugins(nil)
+	core[2] = goplugin.PluginSet{sdkplugin.PluginName: &sdkplugin.GRPCDriverPlugin{}} // the test-only newer protocol
+	client := goplugin.NewClient(&goplugin.ClientConfig{
+		HandshakeConfig:  sdkplugin.Handshake,
+		VersionedPlugins: core,
+		Cmd:              exec.Command(bin),
+		AllowedProtocols: []goplugin.Protocol{goplugin.ProtocolGRPC},
+		Logger:           hclog.NewNullLogger(),
+	})
+	defer client.Kill()
+	rpc, err := client.Client()
+	if err != nil {
+		t.Fatalf("a protocol 1 driver did not load beside protocol 2: %v", err)
+	}
+	if v := client.NegotiatedVersion(); v != 1 {
+		t.Fatalf("negotiated protocol %d, want 1", v)
+	}
+	raw, err := rpc.Dispense(sdkplugin.PluginName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	desc, err := raw.(sdk.Driver).Describe(context.Background(), &pb.DescribeRequest{})
+	if err != nil || desc.GetName() != Family || desc.GetProtocol() != 1 {
+		t.Fatalf("Describe over protocol 1: %v %v", desc, err)
+	}
+
+	// The same driver and a core that no longer speaks protocol 1 do not
+	// agree on any: the driver is refused, never half-loaded.
+	newer := goplugin.NewClient(&goplugin.ClientConfig{
+		HandshakeConfig:  sdkplugin.Handshake,
+		VersionedPlugins: map[int]goplugin.PluginSet{2: core[2]},
+		Cmd:              exec.Command(bin),
+		AllowedProtocols: []goplugin.Protocol{goplugin.ProtocolGRPC},
+		Logger:           hclog.NewNullLogger(),
+	})
+	defer newer.Kill()
+	if _, err := newer.Client(); err == nil {
+		t.Fatal("a core of protocol 2 only loaded a protocol 1 driver")
+	}
 }
