@@ -84,7 +84,7 @@ func launchFault(d *driverProc, err error, stderr string) error {
 	}
 	switch {
 	case strings.Contains(msg, goPluginExited), strings.Contains(msg, goPluginNoLine):
-		return structs.Wrap(structs.CodeDriverExitedAtStart, err,
+		return fault(structs.CodeDriverExitedAtStart, err,
 			"%s exited at launch, before the plugin handshake: run it by hand to see why (it must start without arguments and call sdk/plugin.Serve)%s",
 			d.name(), tail)
 	case strings.Contains(msg, goPluginIncompatible):
@@ -92,12 +92,12 @@ func launchFault(d *driverProc, err error, stderr string) error {
 		if m := pluginVersionRE.FindStringSubmatch(msg); m != nil {
 			announced = "protocol " + m[1]
 		}
-		return structs.Wrap(structs.CodeDriverProtocolUnsupported, err,
+		return fault(structs.CodeDriverProtocolUnsupported, err,
 			"%s speaks driver %s, and this CapyCTL speaks %s: rebuild the driver against an SDK that serves a protocol this CapyCTL speaks (sdk.ProtocolVersion), or upgrade CapyCTL",
 			d.name(), announced, protocolList())
 	case strings.Contains(msg, goPluginUnrecognized), strings.Contains(msg, goPluginCore), strings.Contains(msg, goPluginProtocol):
 		first := strings.TrimSpace(strings.TrimPrefix(strings.SplitN(msg, "\n", 2)[0], goPluginUnrecognized+":"))
-		return structs.Wrap(structs.CodeDriverHandshakeFailed, err,
+		return fault(structs.CodeDriverHandshakeFailed, err,
 			"%s failed the plugin handshake at launch (its first line on stdout: %q): a driver's main must call sdk/plugin.Serve, and write nothing else to stdout (log to stderr)%s",
 			d.name(), first, tail)
 	}
@@ -112,6 +112,16 @@ func launchFault(d *driverProc, err error, stderr string) error {
 		return err
 	}
 	return structs.Wrap(structs.CodeDriverUnavailable, err, "launch %s", d.name())
+}
+
+// fault is a catalogue error whose message is the author's explanation
+// alone: go-plugin's own text (a page on architectures and permissions)
+// stays in the chain, and in the role's log, but not in what the operator
+// reads.
+func fault(code structs.Code, cause error, format string, args ...any) error {
+	e := structs.Errf(code, format, args...)
+	e.Cause = cause
+	return e
 }
 
 // protocolList is the driver protocols this core speaks ("1", "1 and 2").
