@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -268,5 +269,47 @@ func TestProtocol_OneLoadsBesideANewerOne(t *testing.T) {
 	defer newer.Kill()
 	if _, err := newer.Client(); err == nil {
 		t.Fatal("a core of protocol 2 only loaded a protocol 1 driver")
+	}
+}
+
+// TestGuide_QuotesTheDriver keeps the driver-author guide's walk-through
+// true: every code block marked as quoted from driver.go appears in it, line
+// after line in order (blanks and spacing aside).
+func TestGuide_QuotesTheDriver(t *testing.T) {
+	guide, err := os.ReadFile("../../content/guides/driver-author.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	src, err := os.ReadFile("driver.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	norm := func(s string) string { return strings.Join(strings.Fields(s), " ") }
+	var lines []string
+	for _, l := range strings.Split(string(src), "\n") {
+		if n := norm(l); n != "" && !strings.HasPrefix(n, "//") {
+			lines = append(lines, n)
+		}
+	}
+	const marker = "<!-- from: website/examples/driver/driver.go -->\n```go\n"
+	blocks := strings.Split(string(guide), marker)[1:]
+	if len(blocks) < 10 {
+		t.Fatalf("the guide quotes driver.go %d times; the walk-through lost its steps", len(blocks))
+	}
+	for _, b := range blocks {
+		code, _, _ := strings.Cut(b, "```")
+		at := 0
+		for _, l := range strings.Split(code, "\n") {
+			n := norm(l)
+			if n == "" {
+				continue
+			}
+			i := slices.Index(lines[at:], n)
+			if i < 0 {
+				t.Errorf("the guide quotes a line driver.go does not have (in this order): %q", l)
+				break
+			}
+			at += i + 1
+		}
 	}
 }
