@@ -42,6 +42,17 @@ func call[Req any, Resp any](ctx context.Context, h *handle, method string, retr
 		}
 		resp, err = f(c, cctx, req)
 	}
+	if fault := replyFault(h.d, method, err); fault != nil {
+		return zero, fault
+	}
+	if err == nil {
+		h.d.mu.Lock()
+		negotiated := h.d.protocol
+		h.d.mu.Unlock()
+		if what := checkReply(method, negotiated, resp); what != "" {
+			return zero, malformed(h.d, method, nil, what)
+		}
+	}
 	return resp, check(err)
 }
 

@@ -36,6 +36,9 @@ func TestMain(m *testing.M) {
 	case "":
 		os.Exit(m.Run())
 	case "driver":
+		if os.Args[len(os.Args)-1] == malformedFamily {
+			sdkplugin.Serve(malformedDriver{})
+		}
 		sdkplugin.Serve(testDriver{})
 	case "connect":
 		os.Exit(connect(os.Args[len(os.Args)-1]))
@@ -67,7 +70,7 @@ func (testDriver) Describe(context.Context, *pb.DescribeRequest) (*pb.DescribeRe
 	if err != nil {
 		return nil, err
 	}
-	return &pb.DescribeResponse{Name: "test", Version: "dumpable=" + strconv.FormatBool(dumpable)}, nil
+	return &pb.DescribeResponse{Name: "test", Version: "dumpable=" + strconv.FormatBool(dumpable), Protocol: sdk.ProtocolVersion}, nil
 }
 
 func (testDriver) Flags(context.Context, *pb.FlagsRequest) (*pb.FlagsResponse, error) {
@@ -75,7 +78,10 @@ func (testDriver) Flags(context.Context, *pb.FlagsRequest) (*pb.FlagsResponse, e
 }
 
 func (testDriver) Start(_ context.Context, r *pb.StartRequest) (*pb.StartResponse, error) {
-	return &pb.StartResponse{Launch: &pb.Launch{LaunchId: r.GetLaunch().GetLaunchId()}}, nil
+	// A well-formed launch: a process group and its processes (this
+	// driver's own, which no test signals through it).
+	return &pb.StartResponse{Launch: &pb.Launch{LaunchId: r.GetLaunch().GetLaunchId(), Pgid: int32(syscall.Getpgrp()),
+		Processes: []*pb.ProcessIdentity{{Pid: int32(os.Getpid()), Role: "engine"}}}}, nil
 }
 
 // rig is a state directory with a store, and managers over it that launch

@@ -115,6 +115,8 @@ type driverProc struct {
 	ticks uint64
 	// addr is the driver's socket.
 	addr string
+	// protocol is the driver protocol the launch negotiated.
+	protocol int
 	// pingFailures counts pings missed in a row; pinging is true while
 	// one is in flight.
 	pingFailures int
@@ -377,10 +379,14 @@ func (m *Manager) launch(ctx context.Context, d *driverProc, tryReattach bool) e
 	// or a systemd stop of the core's group does not take it (and so its
 	// engines' supervision) down with the core.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	// The driver's stderr while it launches, quoted by the error of a
+	// driver that dies before its handshake (go-plugin also logs it).
+	stderr := &stderrTail{}
 	client := goplugin.NewClient(&goplugin.ClientConfig{
 		HandshakeConfig:  sdkplugin.Handshake,
 		VersionedPlugins: sdkplugin.VersionedPlugins(nil),
 		Cmd:              cmd,
+		Stderr:           stderr,
 		AllowedProtocols: []goplugin.Protocol{goplugin.ProtocolGRPC},
 		Logger:           log,
 		SkipHostEnv:      true,
@@ -389,6 +395,11 @@ func (m *Manager) launch(ctx context.Context, d *driverProc, tryReattach bool) e
 		GRPCDialOptions:  m.dialOptions(),
 	})
 	conn, rpc, desc, err := m.dispense(ctx, client)
+	if err == nil {
+		if what := checkReply("Describe", client.NegotiatedVersion(), desc); what != "" {
+			err = malformed(d, "Describe", nil, what)
+		}
+	}
 	if err != nil {
 		// A driver that started but does not answer is ended without
 		// waiting on it (endClient).
@@ -398,7 +409,7 @@ func (m *Manager) launch(ctx context.Context, d *driverProc, tryReattach bool) e
 		} else {
 			client.Kill()
 		}
-		return structs.Wrap(structs.CodeDriverUnavailable, err, "launch driver %s (%s)", d.family, d.program)
+		return launchFault(d, err, stderr.String())
 	}
 	pid, addr := 0, ""
 	var ticks uint64
@@ -428,6 +439,7 @@ func (m *Manager) launch(ctx context.Context, d *driverProc, tryReattach bool) e
 	}
 	d.mu.Lock()
 	d.client, d.rpc, d.conn, d.describe, d.pid, d.ticks, d.addr = client, rpc, conn, desc, pid, ticks, addr
+	d.protocol = client.NegotiatedVersion()
 	d.pingFailures = 0
 	d.generation++
 	d.mu.Unlock()
@@ -494,6 +506,7 @@ func (m *Manager) reattach(ctx context.Context, d *driverProc, rec *store.Reatta
 	}
 	d.mu.Lock()
 	d.client, d.rpc, d.conn, d.describe, d.pid, d.ticks, d.addr = client, rpc, conn, desc, rec.Pid, ticks, rec.Addr
+	d.protocol = rec.ProtocolVersion
 	d.pingFailures = 0
 	d.generation++
 	d.mu.Unlock()

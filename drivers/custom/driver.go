@@ -18,8 +18,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/capyctl/capyctl/drivers/internal/engine"
+	"github.com/capyctl/capyctl/core/version"
 	"github.com/capyctl/capyctl/sdk"
+	"github.com/capyctl/capyctl/sdk/enginekit"
 	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
 
@@ -31,8 +32,8 @@ const detailManifest = "manifest_json"
 
 // Driver is the custom-engine driver.
 type Driver struct {
-	engine.RestartOnly
-	reg *engine.Registry[*handle]
+	enginekit.RestartOnly
+	reg *enginekit.Registry[*handle]
 	// stopGrace is the default grace period after SIGTERM.
 	stopGrace time.Duration
 }
@@ -41,12 +42,12 @@ var _ sdk.Driver = (*Driver)(nil)
 
 // New returns the driver.
 func New() *Driver {
-	return &Driver{reg: engine.NewRegistry[*handle](), stopGrace: 10 * time.Second}
+	return &Driver{reg: enginekit.NewRegistry[*handle](), stopGrace: 10 * time.Second}
 }
 
 // Describe implements sdk.Driver.
 func (d *Driver) Describe(context.Context, *pb.DescribeRequest) (*pb.DescribeResponse, error) {
-	return engine.Describe(Family, &pb.Capabilities{
+	return enginekit.Describe(Family, version.Version, &pb.Capabilities{
 		Apis:       []string{"chat", "decisions"},
 		AbortMode:  pb.AbortMode_ABORT_MODE_CLOSE_CONNECTION,
 		IdleSignal: true,
@@ -62,7 +63,7 @@ func (d *Driver) Detect(_ context.Context, req *pb.DetectRequest) (*pb.DetectRes
 	}
 	st, err := os.Stat(prog)
 	if err != nil {
-		return nil, sdk.Errorf(sdk.CodeEngineNotFound, "program %s: %v", prog, engine.UnwrapPathErr(err))
+		return nil, sdk.Errorf(sdk.CodeEngineNotFound, "program %s: %v", prog, enginekit.UnwrapPathErr(err))
 	}
 	if st.IsDir() || st.Mode()&0o111 == 0 {
 		return nil, sdk.Errorf(sdk.CodeEngineNotFound, "program %s is not an executable file", prog)
@@ -74,7 +75,7 @@ func (d *Driver) Detect(_ context.Context, req *pb.DetectRequest) (*pb.DetectRes
 	if err != nil {
 		return nil, err
 	}
-	digest, err := engine.FileDigest(prog)
+	digest, err := enginekit.FileDigest(prog)
 	if err != nil {
 		return nil, sdk.Errorf(sdk.CodeEngineNotFound, "read program %s: %v", prog, err)
 	}

@@ -9,9 +9,9 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/capyctl/capyctl/drivers/internal/engine"
 	"github.com/capyctl/capyctl/sdk"
 	"github.com/capyctl/capyctl/sdk/engineapi"
+	"github.com/capyctl/capyctl/sdk/enginekit"
 	"github.com/capyctl/capyctl/sdk/proc"
 	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
@@ -22,7 +22,7 @@ const canaryPrompt = "Reply with one word: ready"
 // handle is one running instance of a custom engine: the shared instance
 // handle of the first-party drivers, and the manifest it was started from.
 type handle struct {
-	*engine.Instance
+	*enginekit.Instance
 	manifest *Manifest
 }
 
@@ -33,13 +33,13 @@ func newHandle(id, launchID string, l proc.Launched, port int, key string, m *Ma
 	if m.KeyEnv == "" {
 		key = ""
 	}
-	ep := engine.NewEndpoint(port, dep.GetServedName(), key)
+	ep := enginekit.NewEndpoint(port, dep.GetServedName(), key)
 	ep.ChatPath, ep.DecisionsPath = m.ChatPath, m.DecisionsPath
 	if m.NonStreamedHangup == "stops" {
 		ep.NonStreamedHangup = pb.NonStreamedHangup_NON_STREAMED_HANGUP_STOPS
 	}
-	in := engine.NewInstance(id, launchID, l, port, ep)
-	in.API, in.Residency, in.StopGrace = dep.GetApi(), engine.ResidencyRestartOnly, m.stopGrace(grace)
+	in := enginekit.NewInstance(id, launchID, l, port, ep)
+	in.API, in.Residency, in.StopGrace = dep.GetApi(), enginekit.ResidencyRestartOnly, m.stopGrace(grace)
 	if in.API == "" {
 		in.API = m.API
 	}
@@ -56,7 +56,7 @@ func (d *Driver) Probe(ctx context.Context, req *pb.ProbeRequest) (*pb.ProbeResp
 	case pb.ProbeKind_PROBE_KIND_LIVENESS:
 		return h.Liveness(), nil
 	case pb.ProbeKind_PROBE_KIND_READINESS, pb.ProbeKind_PROBE_KIND_WAKE_CHECK:
-		return h.WaitReady(ctx, engine.ProbeDeadline(req, h.manifest.startupTimeout()), h.readyOnce, nil, nil), nil
+		return h.WaitReady(ctx, enginekit.ProbeDeadline(req, h.manifest.startupTimeout()), h.readyOnce, nil, nil), nil
 	}
 	return nil, sdk.Errorf("invalid_request", "unknown probe kind %v", req.GetKind())
 }
@@ -82,7 +82,7 @@ func (h *handle) readyOnce(ctx context.Context) (bool, string, string) {
 	if h.API == "decisions" {
 		// A decision model is proven ready by the fixed readiness decision,
 		// answered with a complete set of probabilities; never a chat.
-		if resp, why := engine.ReadinessDecision(ctx, c, h.manifest.DecisionsPath, h.ServedName, "waiting for the readiness decision"); resp == nil {
+		if resp, why := enginekit.ReadinessDecision(ctx, c, h.manifest.DecisionsPath, h.ServedName, "waiting for the readiness decision"); resp == nil {
 			return false, "", why
 		}
 		return true, "", ""
@@ -134,7 +134,7 @@ func (d *Driver) Load(ctx context.Context, req *pb.LoadRequest) (*pb.LoadRespons
 
 // Stop implements sdk.Driver.
 func (d *Driver) Stop(_ context.Context, req *pb.StopRequest) (*pb.StopResponse, error) {
-	return d.reg.Stop(req, d.stopGrace, engine.StopHooks{})
+	return d.reg.Stop(req, d.stopGrace, enginekit.StopHooks{})
 }
 
 // Recover implements sdk.Driver: it rebuilds the handle from the recorded

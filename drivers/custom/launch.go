@@ -10,8 +10,8 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/capyctl/capyctl/drivers/internal/engine"
 	"github.com/capyctl/capyctl/sdk"
+	"github.com/capyctl/capyctl/sdk/enginekit"
 	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
 
@@ -23,14 +23,14 @@ func (d *Driver) Plan(_ context.Context, req *pb.PlanRequest) (*pb.PlanResponse,
 	if err != nil {
 		return nil, err
 	}
-	resp := &pb.PlanResponse{Residency: engine.ResidencyRestartOnly, StartupTimeoutMs: m.startupTimeout().Milliseconds()}
-	var r engine.Refusals
+	resp := &pb.PlanResponse{Residency: enginekit.ResidencyRestartOnly, StartupTimeoutMs: m.startupTimeout().Milliseconds()}
+	var r enginekit.Refusals
 	if dep.GetApi() != "" && dep.GetApi() != m.API {
 		r.Add("capability_missing:"+dep.GetApi(), "api", "engine %s serves the %s API, not %s", inst.GetName(), m.API, dep.GetApi())
 	}
 	switch dep.GetResidency() {
-	case "", engine.ResidencyRestartOnly:
-	case engine.ResidencyDeep, engine.ResidencyHostBacked:
+	case "", enginekit.ResidencyRestartOnly:
+	case enginekit.ResidencyDeep, enginekit.ResidencyHostBacked:
 		r.Add("capability_missing:deep_park", "residency", "custom engines do not park: remove residency or set restart_only")
 	default:
 		r.Add("invalid_config", "residency", "unknown residency %q", dep.GetResidency())
@@ -77,7 +77,7 @@ func (d *Driver) Plan(_ context.Context, req *pb.PlanRequest) (*pb.PlanResponse,
 		argv = append(argv, repl.Replace(a))
 	}
 	argv = append(argv, dep.GetExtraArgs()...)
-	env := engine.NewEnv(engine.SystemPath)
+	env := enginekit.NewEnv(enginekit.SystemPath)
 	if lctx.GetLaunchDir() != "" {
 		env["HOME"] = lctx.GetLaunchDir()
 	}
@@ -125,15 +125,15 @@ func (d *Driver) Start(_ context.Context, req *pb.StartRequest) (*pb.StartRespon
 		return nil, err
 	}
 	// IMPORTANT: the pinned installation must be what runs.
-	digest, err := engine.FileDigest(inst.GetPath())
+	digest, err := enginekit.FileDigest(inst.GetPath())
 	if err != nil {
 		return nil, sdk.Errorf(sdk.CodeEngineNotFound, "program %s: %v", inst.GetPath(), err)
 	}
 	if inst.GetDigest() != "" && digest != inst.GetDigest() {
-		return nil, sdk.Errorf(engine.CodeInstallationDrift,
+		return nil, sdk.Errorf(enginekit.CodeInstallationDrift,
 			"program %s changed since it was registered (pinned %s, now %s); register it again with capyctl engine add --custom", inst.GetPath(), inst.GetDigest(), digest)
 	}
-	launched, err := engine.StartLaunch(engine.LaunchOptions{
+	launched, err := enginekit.StartLaunch(enginekit.LaunchOptions{
 		Plan: req.GetPlan(), Host: req.GetHost(), Launch: lctx, SecretEnv: secretEnv(m, req.GetEngineKey()),
 		Secrets: []string{req.GetEngineKey(), req.GetAdminKey()}, Program: path.Base(inst.GetPath()),
 	})

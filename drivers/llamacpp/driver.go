@@ -29,8 +29,10 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/capyctl/capyctl/core/version"
 	"github.com/capyctl/capyctl/drivers/internal/engine"
 	"github.com/capyctl/capyctl/sdk"
+	"github.com/capyctl/capyctl/sdk/enginekit"
 	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
 
@@ -53,8 +55,8 @@ const (
 
 // Driver is the llama.cpp driver.
 type Driver struct {
-	engine.RestartOnly
-	reg *engine.Registry[*handle]
+	enginekit.RestartOnly
+	reg *enginekit.Registry[*handle]
 	// stopGrace is the default grace period after SIGTERM.
 	stopGrace time.Duration
 	// systemConfig is a file llama-server would read besides its argv; a
@@ -66,13 +68,13 @@ var _ sdk.Driver = (*Driver)(nil)
 
 // New returns the driver.
 func New() *Driver {
-	return &Driver{reg: engine.NewRegistry[*handle](), stopGrace: 10 * time.Second, systemConfig: "/etc/llama.cpp/config.ini"}
+	return &Driver{reg: enginekit.NewRegistry[*handle](), stopGrace: 10 * time.Second, systemConfig: "/etc/llama.cpp/config.ini"}
 }
 
 // Describe implements sdk.Driver: restart only (no park tiers), chat and
 // decisions, aborts by closing the connection, an idle signal.
 func (d *Driver) Describe(context.Context, *pb.DescribeRequest) (*pb.DescribeResponse, error) {
-	return engine.Describe(Family, &pb.Capabilities{
+	return enginekit.Describe(Family, version.Version, &pb.Capabilities{
 		Apis:       []string{"chat", "decisions"},
 		AbortMode:  pb.AbortMode_ABORT_MODE_CLOSE_CONNECTION,
 		IdleSignal: true,
@@ -90,19 +92,19 @@ var versionRE = regexp.MustCompile(`(?m)^version: ([0-9A-Za-z.+-]+)(?: \(([0-9a-
 func (d *Driver) Detect(ctx context.Context, req *pb.DetectRequest) (*pb.DetectResponse, error) {
 	p := req.GetPath()
 	if p == "" {
-		return nil, sdk.Errorf(engine.CodeEngineUnsupported, "no program named")
+		return nil, sdk.Errorf(enginekit.CodeEngineUnsupported, "no program named")
 	}
 	abs, err := filepath.Abs(p)
 	if err != nil {
-		return nil, sdk.Errorf(engine.CodeEngineUnsupported, "%s: %v", p, err)
+		return nil, sdk.Errorf(enginekit.CodeEngineUnsupported, "%s: %v", p, err)
 	}
 	st, err := os.Stat(abs)
 	if err != nil {
-		return nil, sdk.Errorf(engine.CodeEngineUnsupported, "%s: %v", p, engine.UnwrapPathErr(err))
+		return nil, sdk.Errorf(enginekit.CodeEngineUnsupported, "%s: %v", p, enginekit.UnwrapPathErr(err))
 	}
 	// llama.cpp names the binary llama-server (older builds: server).
 	if base := strings.ToLower(filepath.Base(abs)); st.IsDir() || !strings.Contains(base, "llama") && base != "server" {
-		return nil, sdk.Errorf(engine.CodeEngineUnsupported, "%s is not a llama-server binary", p)
+		return nil, sdk.Errorf(enginekit.CodeEngineUnsupported, "%s is not a llama-server binary", p)
 	}
 	if st.Mode()&0o111 == 0 {
 		return nil, sdk.Errorf(sdk.CodeEngineNotFound, "%s is not executable", p)
@@ -119,7 +121,7 @@ func (d *Driver) Detect(ctx context.Context, req *pb.DetectRequest) (*pb.DetectR
 	if isDigits(ver) {
 		ver = "b" + ver // a build number
 	}
-	digest, err := engine.FileDigest(abs)
+	digest, err := enginekit.FileDigest(abs)
 	if err != nil {
 		return nil, sdk.Errorf(sdk.CodeEngineNotFound, "read %s: %v", p, err)
 	}

@@ -17,9 +17,9 @@ import (
 	"time"
 
 	"github.com/capyctl/capyctl/drivers/internal/drivertest"
-	"github.com/capyctl/capyctl/drivers/internal/engine"
 	"github.com/capyctl/capyctl/plugins-testkit/harness"
 	"github.com/capyctl/capyctl/sdk"
+	"github.com/capyctl/capyctl/sdk/enginekit"
 	"github.com/capyctl/capyctl/sdk/flags"
 	"github.com/capyctl/capyctl/sdk/proc"
 	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
@@ -288,7 +288,7 @@ func TestPlan_Refusals(t *testing.T) {
 		d.systemConfig = filepath.Join(t.TempDir(), "config.ini")
 		os.WriteFile(d.systemConfig, nil, 0o644)
 		p, _ := d.Plan(context.Background(), &pb.PlanRequest{Installation: installation("/x/llama-server"), Deployment: deployment(dir)})
-		if len(p.GetRefusals()) != 1 || p.GetRefusals()[0].GetCode() != engine.CodeEngineUnsupported {
+		if len(p.GetRefusals()) != 1 || p.GetRefusals()[0].GetCode() != enginekit.CodeEngineUnsupported {
 			t.Fatalf("refusals %v", p.GetRefusals())
 		}
 	})
@@ -361,7 +361,7 @@ func TestDetect(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, fake := harness.Binaries(t)
-	digest, _ := engine.FileDigest(fake)
+	digest, _ := enginekit.FileDigest(fake)
 	if resp.GetFamily() != Family || resp.GetVersion() != "0.7.0" || resp.GetVerified() || resp.GetDigest() != digest || resp.GetProgram() != llama || resp.GetDetails()["commit"] != "c392e5094" {
 		t.Fatalf("detect %+v", resp)
 	}
@@ -385,9 +385,9 @@ func TestDetect(t *testing.T) {
 	cases := []struct {
 		name, path, code string
 	}{
-		{"a directory", scripts, engine.CodeEngineUnsupported},
-		{"another program", write("vllm", "echo hi"), engine.CodeEngineUnsupported},
-		{"missing", filepath.Join(scripts, "llama-server-x"), engine.CodeEngineUnsupported},
+		{"a directory", scripts, enginekit.CodeEngineUnsupported},
+		{"another program", write("vllm", "echo hi"), enginekit.CodeEngineUnsupported},
+		{"missing", filepath.Join(scripts, "llama-server-x"), enginekit.CodeEngineUnsupported},
 		{"no version line", write("llama-server-odd", "echo hello >&2"), codeVersionFailed},
 		{"fails", write("llama-server-bad", "exit 3"), codeVersionFailed},
 		{"build number", write("llama-server-b", "echo 'version: 4748 (c392e5094)' >&2"), ""},
@@ -638,13 +638,13 @@ func TestDriver_StartRefusals(t *testing.T) {
 	inst.Digest = "sha256:0000"
 	lctx := &pb.LaunchContext{Port: int32(drivertest.FreePort(t)), LaunchDir: t.TempDir(), InstanceId: "stories/0"}
 	plan, _ := d.Plan(context.Background(), &pb.PlanRequest{Installation: inst, Deployment: dep, Launch: lctx})
-	if _, err := d.Start(context.Background(), &pb.StartRequest{Installation: inst, Deployment: dep, Launch: lctx, Plan: plan}); sdk.CodeOf(err) != engine.CodeInstallationDrift {
+	if _, err := d.Start(context.Background(), &pb.StartRequest{Installation: inst, Deployment: dep, Launch: lctx, Plan: plan}); sdk.CodeOf(err) != enginekit.CodeInstallationDrift {
 		t.Fatalf("a changed binary: %v", err)
 	}
 	inst.Digest = ""
 	ln, _ := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", lctx.Port))
 	defer ln.Close()
-	if _, err := d.Start(context.Background(), &pb.StartRequest{Installation: inst, Deployment: dep, Launch: lctx, Plan: plan}); sdk.CodeOf(err) != engine.CodePortConflict {
+	if _, err := d.Start(context.Background(), &pb.StartRequest{Installation: inst, Deployment: dep, Launch: lctx, Plan: plan}); sdk.CodeOf(err) != enginekit.CodePortConflict {
 		t.Fatalf("a taken port: %v", err)
 	}
 	if _, err := d.Park(context.Background(), &pb.ParkRequest{}); err != sdk.ErrNotSupported {

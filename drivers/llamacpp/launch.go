@@ -14,8 +14,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/capyctl/capyctl/drivers/internal/engine"
 	"github.com/capyctl/capyctl/sdk"
+	"github.com/capyctl/capyctl/sdk/enginekit"
 	"github.com/capyctl/capyctl/sdk/flags"
 	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
@@ -44,7 +44,7 @@ type Config struct {
 
 // decodeConfig reads engine_config.llamacpp; unknown keys and bad values
 // are refused.
-func decodeConfig(raw []byte, r *engine.Refusals) Config {
+func decodeConfig(raw []byte, r *enginekit.Refusals) Config {
 	c := Config{GPULayers: -1}
 	if len(raw) == 0 {
 		return c
@@ -94,7 +94,7 @@ func decodeConfig(raw []byte, r *engine.Refusals) Config {
 			}
 			c.GPULayers = int64(n)
 		default:
-			r.Add(engine.CodeUnknownConfigKey+":"+k, field, "llama.cpp takes gguf_file, n_gpu_layers and mmproj_file")
+			r.Add(enginekit.CodeUnknownConfigKey+":"+k, field, "llama.cpp takes gguf_file, n_gpu_layers and mmproj_file")
 		}
 	}
 	return c
@@ -104,23 +104,23 @@ func decodeConfig(raw []byte, r *engine.Refusals) Config {
 // GGUF header, and renders llama-server's command line and environment.
 func (d *Driver) Plan(_ context.Context, req *pb.PlanRequest) (*pb.PlanResponse, error) {
 	inst, dep, host, lctx := req.GetInstallation(), req.GetDeployment(), req.GetHost(), req.GetLaunch()
-	resp := &pb.PlanResponse{Residency: engine.ResidencyRestartOnly}
-	var r engine.Refusals
+	resp := &pb.PlanResponse{Residency: enginekit.ResidencyRestartOnly}
+	var r enginekit.Refusals
 	cfg := decodeConfig(dep.GetEngineConfigJson(), &r)
 
 	switch dep.GetApi() {
 	case "", "chat":
 	case "decisions":
 		if !versionAtLeast(inst.GetVersion(), DecisionsMinVersion) {
-			r.Add(engine.CodeCapabilityMissing+":decisions", "api", "decision models need llama.cpp %s or newer; engine %s is %s", DecisionsMinVersion, inst.GetName(), inst.GetVersion())
+			r.Add(enginekit.CodeCapabilityMissing+":decisions", "api", "decision models need llama.cpp %s or newer; engine %s is %s", DecisionsMinVersion, inst.GetName(), inst.GetVersion())
 		}
 	default:
-		r.Add(engine.CodeCapabilityMissing+":"+dep.GetApi(), "api", "llama.cpp serves chat and decisions, not %q", dep.GetApi())
+		r.Add(enginekit.CodeCapabilityMissing+":"+dep.GetApi(), "api", "llama.cpp serves chat and decisions, not %q", dep.GetApi())
 	}
 	switch dep.GetResidency() {
-	case "", engine.ResidencyRestartOnly:
-	case engine.ResidencyDeep, engine.ResidencyHostBacked:
-		r.Add(engine.CodeCapabilityMissing+":deep_park", "residency", "llama.cpp cannot park: remove residency or set restart_only (CapyCTL stops the model when it needs the memory)")
+	case "", enginekit.ResidencyRestartOnly:
+	case enginekit.ResidencyDeep, enginekit.ResidencyHostBacked:
+		r.Add(enginekit.CodeCapabilityMissing+":deep_park", "residency", "llama.cpp cannot park: remove residency or set restart_only (CapyCTL stops the model when it needs the memory)")
 	default:
 		r.Add(flags.CodeInvalidConfig, "residency", "unknown residency %q", dep.GetResidency())
 	}
@@ -140,10 +140,10 @@ func (d *Driver) Plan(_ context.Context, req *pb.PlanRequest) (*pb.PlanResponse,
 	if n := dep.GetMaxConcurrentRequests(); n < 0 || n > 256 {
 		r.Add(flags.CodeInvalidConfig, "engine_config.max_concurrent_requests", "llama.cpp runs 1 to 256 slots, not %d", n)
 	}
-	engine.CheckOptions(Table, dep, host, nil, &r)
+	enginekit.CheckOptions(Table, dep, host, nil, &r)
 	if d.systemConfig != "" {
 		if _, err := os.Stat(d.systemConfig); err == nil {
-			r.Add(engine.CodeEngineUnsupported, "engine", "llama-server would read %s, a configuration CapyCTL does not control: remove it from this host", d.systemConfig)
+			r.Add(enginekit.CodeEngineUnsupported, "engine", "llama-server would read %s, a configuration CapyCTL does not control: remove it from this host", d.systemConfig)
 		}
 	}
 
@@ -156,7 +156,7 @@ func (d *Driver) Plan(_ context.Context, req *pb.PlanRequest) (*pb.PlanResponse,
 			KVType: dep.GetKvCacheDtype(), GPULayers: cfg.GPULayers, MMProj: cfg.MMProjFile,
 		})
 		if err != nil {
-			r.Add(engine.CodeCheckpointUnusable, "model", "%v", err)
+			r.Add(enginekit.CodeCheckpointUnusable, "model", "%v", err)
 		} else if dep.GetContextLength() > 0 && sz.TrainContext > 0 && dep.GetContextLength() > sz.TrainContext {
 			resp.Notes = append(resp.Notes, fmt.Sprintf("context_length %d is beyond the %d tokens %s was trained with", dep.GetContextLength(), sz.TrainContext, filepath.Base(sz.File)))
 		}
@@ -283,7 +283,7 @@ func socketFor(inst *pb.Installation, lctx *pb.LaunchContext) string {
 	if inst.GetDetails()[detailUnixSocket] != "true" {
 		return ""
 	}
-	sock, _ := engine.SocketPath(lctx)
+	sock, _ := enginekit.SocketPath(lctx)
 	return sock
 }
 
@@ -297,7 +297,7 @@ func renderEnv(dep *pb.Deployment, host *pb.HostPolicy, lctx *pb.LaunchContext) 
 	if dir == "" {
 		dir = "{{launch_dir}}"
 	}
-	env := engine.NewEnv(engine.SystemPath)
+	env := enginekit.NewEnv(enginekit.SystemPath)
 	env["HOME"] = filepath.Join(dir, "home")
 	env["XDG_CONFIG_HOME"] = filepath.Join(dir, "config")
 	env["XDG_CACHE_HOME"] = filepath.Join(dir, "cache")
@@ -318,12 +318,12 @@ const keyEnv = "LLAMA_API_KEY"
 func (d *Driver) Start(_ context.Context, req *pb.StartRequest) (*pb.StartResponse, error) {
 	inst, dep, lctx, plan := req.GetInstallation(), req.GetDeployment(), req.GetLaunch(), req.GetPlan()
 	// IMPORTANT: the pinned installation must be what runs.
-	digest, err := engine.FileDigest(inst.GetPath())
+	digest, err := enginekit.FileDigest(inst.GetPath())
 	if err != nil {
-		return nil, sdk.Errorf(sdk.CodeEngineNotFound, "llama-server %s: %v", inst.GetPath(), engine.UnwrapPathErr(err))
+		return nil, sdk.Errorf(sdk.CodeEngineNotFound, "llama-server %s: %v", inst.GetPath(), enginekit.UnwrapPathErr(err))
 	}
 	if inst.GetDigest() != "" && digest != inst.GetDigest() {
-		return nil, sdk.Errorf(engine.CodeInstallationDrift,
+		return nil, sdk.Errorf(enginekit.CodeInstallationDrift,
 			"llama-server %s changed since it was registered (pinned %s, now %s); register it again with capyctl engine add", inst.GetPath(), inst.GetDigest(), digest)
 	}
 	if dir := lctx.GetLaunchDir(); dir != "" {
@@ -337,7 +337,7 @@ func (d *Driver) Start(_ context.Context, req *pb.StartRequest) (*pb.StartRespon
 	if k := req.GetEngineKey(); k != "" {
 		secret[keyEnv] = k
 	}
-	launched, err := engine.StartLaunch(engine.LaunchOptions{
+	launched, err := enginekit.StartLaunch(enginekit.LaunchOptions{
 		Plan: plan, Host: req.GetHost(), Launch: lctx, SecretEnv: secret, Secrets: []string{req.GetEngineKey(), req.GetAdminKey()},
 	})
 	if err != nil {

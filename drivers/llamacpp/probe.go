@@ -10,10 +10,10 @@ import (
 	"sync"
 	"time"
 
-	"github.com/capyctl/capyctl/drivers/internal/engine"
 	"github.com/capyctl/capyctl/sdk"
 	"github.com/capyctl/capyctl/sdk/decisions"
 	"github.com/capyctl/capyctl/sdk/engineapi"
+	"github.com/capyctl/capyctl/sdk/enginekit"
 	"github.com/capyctl/capyctl/sdk/proc"
 	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
@@ -22,7 +22,7 @@ import (
 const canaryPrompt = "Reply with one word: ready"
 
 // metricNames are llama-server's idle signal (--metrics; no labels).
-var metricNames = engine.MetricNames{
+var metricNames = enginekit.MetricNames{
 	Running: "llamacpp:requests_processing",
 	Waiting: "llamacpp:requests_deferred",
 	KVUsage: []string{"llamacpp:kv_cache_usage_ratio"},
@@ -32,7 +32,7 @@ var metricNames = engine.MetricNames{
 // handle is one running llama-server: the shared instance handle of the
 // first-party drivers, and what readiness expects of /props.
 type handle struct {
-	*engine.Instance
+	*enginekit.Instance
 	// slots and slotCtx are what /props must report (0 when unknown,
 	// after a re-attach without a plan).
 	slots   int
@@ -46,7 +46,7 @@ type handle struct {
 }
 
 func newHandle(id, launchID string, l proc.Launched, port int, key string, dep *pb.Deployment, plan *pb.PlanResponse, grace time.Duration) *handle {
-	ep := engine.NewEndpoint(port, dep.GetServedName(), key)
+	ep := enginekit.NewEndpoint(port, dep.GetServedName(), key)
 	ep.DecisionsPath = decisions.Path
 	// IMPORTANT: llama-server checks a non-streamed client only when its
 	// one-second wait for results times out, and any result (another
@@ -55,17 +55,17 @@ func newHandle(id, launchID string, l proc.Launched, port int, key string, dep *
 	// (llamaserver-observed.md, "Cancellation"). Streamed, it stops at the
 	// next token. So the router streams from it whatever the client asked.
 	ep.NonStreamedHangup = pb.NonStreamedHangup_NON_STREAMED_HANGUP_STREAM
-	sock := engine.SocketOf(l.LaunchDir)
+	sock := enginekit.SocketOf(l.LaunchDir)
 	if plan != nil {
-		sock = engine.SocketInArgv(plan.GetArgv(), "--host")
+		sock = enginekit.SocketInArgv(plan.GetArgv(), "--host")
 	}
-	x := engine.Exposure{Socket: sock}
+	x := enginekit.Exposure{Socket: sock}
 	if sock == "" {
 		x.OpenRoutes, x.Note = openRoutes(key), "this llama-server build has no Unix-socket --host"
 	}
 	x.Apply(ep)
-	in := engine.NewInstance(id, launchID, l, port, ep)
-	in.API, in.ModelDir, in.Residency, in.StopGrace = dep.GetApi(), dep.GetModelDir(), engine.ResidencyRestartOnly, grace
+	in := enginekit.NewInstance(id, launchID, l, port, ep)
+	in.API, in.ModelDir, in.Residency, in.StopGrace = dep.GetApi(), dep.GetModelDir(), enginekit.ResidencyRestartOnly, grace
 	h := &handle{Instance: in, startup: startupBase}
 	if plan != nil {
 		h.slots, h.slotCtx = slotsOf(plan.GetArgv())
@@ -91,7 +91,7 @@ func (d *Driver) Probe(ctx context.Context, req *pb.ProbeRequest) (*pb.ProbeResp
 			defer h.mu.Unlock()
 			return h.mismatch != "", h.mismatch
 		}
-		return h.WaitReady(ctx, engine.ProbeDeadline(req, h.startup), h.readyOnce, watch, nil), nil
+		return h.WaitReady(ctx, enginekit.ProbeDeadline(req, h.startup), h.readyOnce, watch, nil), nil
 	}
 	return nil, sdk.Errorf("invalid_request", "unknown probe kind %v", req.GetKind())
 }
@@ -149,7 +149,7 @@ func (h *handle) readyOnce(ctx context.Context) (bool, string, string) {
 // readinessDecision sends the fixed readiness decision and checks that the
 // answer covers every label.
 func (h *handle) readinessDecision(ctx context.Context) (bool, string, string) {
-	resp, why := engine.ReadinessDecision(ctx, h.Client, decisions.Path, h.ServedName, "waiting for the readiness decision")
+	resp, why := enginekit.ReadinessDecision(ctx, h.Client, decisions.Path, h.ServedName, "waiting for the readiness decision")
 	if resp == nil {
 		return false, "", why
 	}
@@ -167,7 +167,7 @@ func (d *Driver) Load(ctx context.Context, req *pb.LoadRequest) (*pb.LoadRespons
 // grace, proof that every process is gone. llama-server's exit status
 // after SIGTERM is 134 (it aborts on its way out); that is a clean stop.
 func (d *Driver) Stop(_ context.Context, req *pb.StopRequest) (*pb.StopResponse, error) {
-	resp, err := d.reg.Stop(req, d.stopGrace, engine.StopHooks{})
+	resp, err := d.reg.Stop(req, d.stopGrace, enginekit.StopHooks{})
 	if err == nil && resp.GetExitCode() == 134 && !resp.GetForced() {
 		resp.Detail += " (llama-server exits 134 after SIGTERM)"
 	}
@@ -182,7 +182,7 @@ var publicRoutes = []string{"/health", "/v1/health", "/models", "/v1/models", "/
 // openRoutes are the routes a llama-server on TCP answers without the key.
 func openRoutes(key string) []string {
 	if key == "" {
-		return engine.OpenToAll
+		return enginekit.OpenToAll
 	}
 	return publicRoutes
 }

@@ -11,7 +11,7 @@ import (
 	"sort"
 	"strings"
 
-	"github.com/capyctl/capyctl/drivers/internal/engine"
+	"github.com/capyctl/capyctl/sdk/enginekit"
 	"github.com/capyctl/capyctl/sdk/formats"
 )
 
@@ -221,7 +221,7 @@ func chooseGGUF(dir, name string) (string, error) {
 			return "", fmt.Errorf("gguf_file: %w", err)
 		}
 		if _, err := os.Stat(p); err != nil {
-			return "", fmt.Errorf("gguf_file %s: %v", name, engine.UnwrapPathErr(err))
+			return "", fmt.Errorf("gguf_file %s: %v", name, enginekit.UnwrapPathErr(err))
 		}
 		return p, nil
 	}

@@ -20,9 +20,10 @@ package sglang
 import (
 	"context"
 
-	"github.com/capyctl/capyctl/drivers/internal/engine"
+	"github.com/capyctl/capyctl/core/version"
 	"github.com/capyctl/capyctl/drivers/internal/pyengine"
 	"github.com/capyctl/capyctl/sdk"
+	"github.com/capyctl/capyctl/sdk/enginekit"
 	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
 
@@ -93,7 +94,7 @@ var configKeys = []pyengine.Key{
 var parserNames = pyengine.ParserNames{Qwen3Tool: "qwen25", CoderTool: "qwen3_coder", Reasoning: "qwen3"}
 
 // metricNames are SGLang's idle signal and figures.
-var metricNames = engine.MetricNames{
+var metricNames = enginekit.MetricNames{
 	Running: "sglang:num_running_reqs",
 	Waiting: "sglang:num_queue_reqs",
 	KVUsage: []string{"sglang:token_usage"},
@@ -103,18 +104,18 @@ var metricNames = engine.MetricNames{
 
 // Driver is the SGLang driver.
 type Driver struct {
-	reg *engine.Registry[*engine.Instance]
+	reg *enginekit.Registry[*enginekit.Instance]
 }
 
 var _ sdk.Driver = (*Driver)(nil)
 
 // New returns the driver.
-func New() *Driver { return &Driver{reg: engine.NewRegistry[*engine.Instance]()} }
+func New() *Driver { return &Driver{reg: enginekit.NewRegistry[*enginekit.Instance]()} }
 
 // Describe implements sdk.Driver.
 func (d *Driver) Describe(context.Context, *pb.DescribeRequest) (*pb.DescribeResponse, error) {
-	return engine.Describe(Family, &pb.Capabilities{
-		ParkTiers:      []string{engine.ResidencyDeep, engine.ResidencyHostBacked},
+	return enginekit.Describe(Family, version.Version, &pb.Capabilities{
+		ParkTiers:      []string{enginekit.ResidencyDeep, enginekit.ResidencyHostBacked},
 		Apis:           []string{"chat", "decisions"},
 		AbortMode:      pb.AbortMode_ABORT_MODE_REQUEST_ID,
 		IdleSignal:     true,

@@ -11,9 +11,9 @@ import (
 	"testing"
 
 	"github.com/capyctl/capyctl/drivers/internal/drivertest"
-	"github.com/capyctl/capyctl/drivers/internal/engine"
 	"github.com/capyctl/capyctl/drivers/internal/pyengine"
 	"github.com/capyctl/capyctl/sdk"
+	"github.com/capyctl/capyctl/sdk/enginekit"
 	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
 
@@ -230,7 +230,7 @@ func TestDetect(t *testing.T) {
 		{name: "0.5.20 post", path: mk("b", map[string]string{"sglang": "0.5.20.post1"}), wantVersion: "0.5.20.post1", wantVerified: true},
 		{name: "0.5.23 custom", path: mk("c", map[string]string{"sglang": "0.5.23"}), wantVersion: "0.5.23"},
 		{name: "0.5.2 custom", path: mk("d", map[string]string{"sglang": "0.5.2"}), wantVersion: "0.5.2"},
-		{name: "a vllm venv", path: mk("e", map[string]string{"vllm": "0.31.0"}), wantCode: engine.CodeEngineUnsupported},
+		{name: "a vllm venv", path: mk("e", map[string]string{"vllm": "0.31.0"}), wantCode: enginekit.CodeEngineUnsupported},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -13,6 +13,7 @@ import (
 	"github.com/capyctl/capyctl/drivers/internal/engine"
 	"github.com/capyctl/capyctl/drivers/internal/pyengine"
 	"github.com/capyctl/capyctl/sdk"
+	"github.com/capyctl/capyctl/sdk/enginekit"
 	"github.com/capyctl/capyctl/sdk/flags"
 	"github.com/capyctl/capyctl/sdk/proc"
 	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
@@ -31,16 +32,16 @@ func residency(dep *pb.Deployment, args []flags.Arg) string {
 		return r
 	}
 	if dep.GetApi() == "decisions" || speculative(args) {
-		return engine.ResidencyRestartOnly
+		return enginekit.ResidencyRestartOnly
 	}
-	return engine.ResidencyDeep
+	return enginekit.ResidencyDeep
 }
 
 // Plan implements sdk.Driver: it checks the deployment (refusals with
 // codes) and renders the launch.
 func (d *Driver) Plan(_ context.Context, req *pb.PlanRequest) (*pb.PlanResponse, error) {
 	inst, dep, host, lctx := req.GetInstallation(), req.GetDeployment(), req.GetHost(), req.GetLaunch()
-	var r engine.Refusals
+	var r enginekit.Refusals
 	cfg := pyengine.DecodeFamily(dep.GetEngineConfigJson(), Family, configKeys, &r)
 	typed := pyengine.TypedFields(dep, map[string]bool{
 		"engine_config.sglang.chunked_prefill_size": cfg.Has("chunked_prefill_size"),
@@ -53,10 +54,10 @@ func (d *Driver) Plan(_ context.Context, req *pb.PlanRequest) (*pb.PlanResponse,
 	case "", "chat":
 	case "decisions":
 		if inst.GetVersion() != "" && !pyengine.VersionAtLeast(inst.GetVersion(), DecisionsSince) {
-			r.Add(engine.CodeCapabilityMissing+":decisions", "api", "decision models need SGLang %s or newer; engine %s is %s", DecisionsSince, inst.GetName(), inst.GetVersion())
+			r.Add(enginekit.CodeCapabilityMissing+":decisions", "api", "decision models need SGLang %s or newer; engine %s is %s", DecisionsSince, inst.GetName(), inst.GetVersion())
 		}
-		if engine.Parks(res) {
-			r.Add(engine.CodeCapabilityMissing+":deep_park", "residency", "decision models restart instead of parking: remove residency or set restart_only")
+		if enginekit.Parks(res) {
+			r.Add(enginekit.CodeCapabilityMissing+":deep_park", "residency", "decision models restart instead of parking: remove residency or set restart_only")
 		}
 		for _, k := range []string{"tool_call_parser", "reasoning_parser"} {
 			if cfg.Declared(k) {
@@ -64,10 +65,10 @@ func (d *Driver) Plan(_ context.Context, req *pb.PlanRequest) (*pb.PlanResponse,
 			}
 		}
 	default:
-		r.Add(engine.CodeCapabilityMissing+":"+api, "api", "SGLang serves the chat and decisions APIs, not %q", api)
+		r.Add(enginekit.CodeCapabilityMissing+":"+api, "api", "SGLang serves the chat and decisions APIs, not %q", api)
 	}
-	if speculative(args) && engine.Parks(res) {
-		r.Add(engine.CodeCapabilityMissing+":deep_park", "residency",
+	if speculative(args) && enginekit.Parks(res) {
+		r.Add(enginekit.CodeCapabilityMissing+":deep_park", "residency",
 			"with speculative decoding a wake would not restore the draft model's weights: remove residency or set restart_only")
 	}
 	venv := pyengine.PlanVenv(inst, &r)
@@ -105,10 +106,10 @@ func (d *Driver) Plan(_ context.Context, req *pb.PlanRequest) (*pb.PlanResponse,
 	if n, ok := cfg.Int("chunked_prefill_size"); ok {
 		argv = append(argv, "--chunked-prefill-size", strconv.FormatInt(n, 10))
 	}
-	if engine.Parks(res) {
+	if enginekit.Parks(res) {
 		argv = append(argv, "--enable-memory-saver")
 	}
-	if res == engine.ResidencyHostBacked {
+	if res == enginekit.ResidencyHostBacked {
 		argv = append(argv, "--enable-weights-cpu-backup")
 	}
 	argv = append(argv, "--enable-metrics", "--tokenizer-worker-num", strconv.FormatInt(workers, 10))
@@ -137,7 +138,7 @@ func (d *Driver) Plan(_ context.Context, req *pb.PlanRequest) (*pb.PlanResponse,
 
 	resp := pyengine.Rendered{Argv: argv, Env: env, Checkpoint: ck, ContextLength: dep.GetContextLength(), MaxConcurrent: maxRunning,
 		Parsers: parsers, Residency: res}.Plan(lctx)
-	if engine.Parks(res) {
+	if enginekit.Parks(res) {
 		resp.Notes = append(resp.Notes, "parks with SGLang's memory saver (release_memory_occupation / resume_memory_occupation)")
 	}
 	resp.Notes = append(resp.Notes, "listens on its loopback port: any local user can call "+strings.Join(publicRoutes, ", ")+" without the key ("+noSocketNote+")")
@@ -165,7 +166,7 @@ func engineKey(key string) string {
 // with more, an abort may miss the worker and hang-ups close the
 // connection), and decisions for a decision model.
 func endpoint(port int, key string, dep *pb.Deployment, workers int64) *pb.Endpoint {
-	ep := engine.NewEndpoint(port, dep.GetServedName(), engineKey(key))
+	ep := enginekit.NewEndpoint(port, dep.GetServedName(), engineKey(key))
 	ep.RequestIdField = RequestIDField
 	ep.AbortMode = pb.AbortMode_ABORT_MODE_REQUEST_ID
 	// With the abort by rid a non-streamed request stops as promptly as a
@@ -181,7 +182,7 @@ func endpoint(port int, key string, dep *pb.Deployment, workers int64) *pb.Endpo
 		ep.AbortMode = pb.AbortMode_ABORT_MODE_CLOSE_CONNECTION
 		ep.NonStreamedHangup = pb.NonStreamedHangup_NON_STREAMED_HANGUP_STREAM
 	}
-	x := engine.Exposure{OpenRoutes: engine.OpenToAll, Note: noSocketNote}
+	x := enginekit.Exposure{OpenRoutes: enginekit.OpenToAll, Note: noSocketNote}
 	if key != "" {
 		x.OpenRoutes = publicRoutes
 	}
@@ -205,7 +206,7 @@ var publicRoutes = []string{"/health", "/health_generate", "/metrics", "/ready"}
 // tokenizerWorkers reads engine_config.sglang.tokenizer_workers (1 when
 // unset or unreadable).
 func tokenizerWorkers(dep *pb.Deployment) int64 {
-	var r engine.Refusals
+	var r enginekit.Refusals
 	if n, ok := pyengine.DecodeFamily(dep.GetEngineConfigJson(), Family, configKeys, &r).Int("tokenizer_workers"); ok {
 		return n
 	}
@@ -260,7 +261,7 @@ func (d *Driver) Start(_ context.Context, req *pb.StartRequest) (*pb.StartRespon
 		return nil, sdk.Errorf(sdk.CodeLaunchFailed, "write the launch's configuration: %v", err)
 	}
 	_ = shm(lctx.GetLaunchDir()).RecordBefore()
-	launched, err := engine.StartLaunch(engine.LaunchOptions{
+	launched, err := enginekit.StartLaunch(enginekit.LaunchOptions{
 		Plan: req.GetPlan(), Host: req.GetHost(), Launch: lctx,
 		Secrets: []string{engineKey(req.GetEngineKey()), req.GetEngineKey(), req.GetAdminKey()},
 	})
@@ -273,8 +274,8 @@ func (d *Driver) Start(_ context.Context, req *pb.StartRequest) (*pb.StartRespon
 }
 
 // instance builds the driver's handle of a launch.
-func (d *Driver) instance(id, launchID string, l proc.Launched, port int, key string, dep *pb.Deployment, res string) *engine.Instance {
-	in := engine.NewInstance(id, launchID, l, port, endpoint(port, key, dep, tokenizerWorkers(dep)))
+func (d *Driver) instance(id, launchID string, l proc.Launched, port int, key string, dep *pb.Deployment, res string) *enginekit.Instance {
+	in := enginekit.NewInstance(id, launchID, l, port, endpoint(port, key, dep, tokenizerWorkers(dep)))
 	in.API = dep.GetApi()
 	if in.API == "" {
 		in.API = "chat"

@@ -8,10 +8,10 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/capyctl/capyctl/drivers/internal/engine"
 	"github.com/capyctl/capyctl/drivers/internal/pyengine"
 	"github.com/capyctl/capyctl/sdk"
 	"github.com/capyctl/capyctl/sdk/engineapi"
+	"github.com/capyctl/capyctl/sdk/enginekit"
 	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
 
@@ -23,18 +23,18 @@ var memoryTags = []string{"kv_cache", "weights"}
 
 // parkable returns the instance, refusing one launched without the memory
 // saver or parked at a tier SGLang does not have.
-func (d *Driver) parkable(id, tier string) (*engine.Instance, string, error) {
+func (d *Driver) parkable(id, tier string) (*enginekit.Instance, string, error) {
 	in, err := d.reg.Get(id)
 	if err != nil {
 		return nil, "", err
 	}
-	if !engine.Parks(in.Residency) {
+	if !enginekit.Parks(in.Residency) {
 		return nil, "", sdk.Errorf(sdk.CodeParkFailed, "instance %s was launched %s, without the memory saver: it restarts instead of parking", id, in.Residency)
 	}
 	if tier == "" {
 		tier = in.Residency
 	}
-	if !engine.Parks(tier) {
+	if !enginekit.Parks(tier) {
 		return nil, "", sdk.Errorf(sdk.CodeParkFailed, "SGLang parks at deep or host_backed, not %q", tier)
 	}
 	if !in.Alive() {
@@ -53,7 +53,7 @@ func (d *Driver) Park(ctx context.Context, req *pb.ParkRequest) (*pb.ParkRespons
 	if err != nil {
 		return nil, err
 	}
-	if err := engine.CheckIdle(ctx, in, metricNames); err != nil {
+	if err := enginekit.CheckIdle(ctx, in, metricNames); err != nil {
 		return nil, err
 	}
 	ctx, cancel := context.WithTimeout(ctx, stepTimeout)
@@ -84,9 +84,9 @@ func (d *Driver) Wake(ctx context.Context, req *pb.WakeRequest) (*pb.WakeRespons
 	if err != nil {
 		return nil, sdk.Errorf(sdk.CodeWakeFailed, "resume memory: %v", err)
 	}
-	if in.Residency != engine.ResidencyHostBacked {
+	if in.Residency != enginekit.ResidencyHostBacked {
 		weights := pyengine.WeightsBytes(in.ModelDir)
-		rctx, cancel := context.WithTimeout(ctx, pyengine.WakeTimeout(weights, engine.ResidencyDeep))
+		rctx, cancel := context.WithTimeout(ctx, pyengine.WakeTimeout(weights, enginekit.ResidencyDeep))
 		var out struct {
 			Success *bool  `json:"success"`
 			Message string `json:"message"`

@@ -11,11 +11,11 @@ import (
 	"strings"
 	"time"
 
-	"github.com/capyctl/capyctl/drivers/internal/engine"
 	"github.com/capyctl/capyctl/drivers/internal/pyengine"
 	"github.com/capyctl/capyctl/sdk"
 	"github.com/capyctl/capyctl/sdk/decisions"
 	"github.com/capyctl/capyctl/sdk/engineapi"
+	"github.com/capyctl/capyctl/sdk/enginekit"
 	"github.com/capyctl/capyctl/sdk/proc"
 	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
@@ -45,13 +45,13 @@ func (d *Driver) Probe(ctx context.Context, req *pb.ProbeRequest) (*pb.ProbeResp
 		if tier := in.Parked(); tier != "" {
 			return &pb.ProbeResponse{Alive: true, Detail: "the engine's memory is released (parked " + tier + "): wake it first"}, nil
 		}
-		deadline := engine.ProbeDeadline(req, pyengine.StartupTimeout(pyengine.WeightsBytes(in.ModelDir)))
+		deadline := enginekit.ProbeDeadline(req, pyengine.StartupTimeout(pyengine.WeightsBytes(in.ModelDir)))
 		ready := in.ChatReady(canaryPrompt, canaryTokens, canaryExtra)
 		if in.API == "decisions" {
 			ready = decisionReady(in)
 		}
 		fail := func() {
-			_ = engine.StopLaunch(in.Launched, in.StopGrace)
+			_ = enginekit.StopLaunch(in.Launched, in.StopGrace)
 			shm(in.Launched.LaunchDir).Clean()
 			removeConfig(in.Launched.LaunchDir)
 		}
@@ -71,7 +71,7 @@ func (d *Driver) Probe(ctx context.Context, req *pb.ProbeRequest) (*pb.ProbeResp
 // for it: a scheduler process seen in the launch's group that is gone, or
 // the scheduler's exception in the log. It also notes the shared-memory
 // segments the launch's processes hold.
-func schedulerWatch(in *engine.Instance) engine.WatchFunc {
+func schedulerWatch(in *enginekit.Instance) enginekit.WatchFunc {
 	seen := map[int]bool{}
 	s := shm(in.Launched.LaunchDir)
 	return func() (bool, string) {
@@ -100,12 +100,12 @@ func schedulerWatch(in *engine.Instance) engine.WatchFunc {
 
 // decisionReady proves a decision model ready: the served name listed, and
 // a complete answer to the fixed readiness decision.
-func decisionReady(in *engine.Instance) engine.ReadyFunc {
+func decisionReady(in *enginekit.Instance) enginekit.ReadyFunc {
 	return func(ctx context.Context) (bool, string, string) {
 		if why := in.ServedListed(ctx); why != "" {
 			return false, "", why
 		}
-		resp, why := engine.ReadinessDecision(ctx, in.Client, decisionsPath, in.ServedName, "waiting for a first decision")
+		resp, why := enginekit.ReadinessDecision(ctx, in.Client, decisionsPath, in.ServedName, "waiting for a first decision")
 		if resp == nil {
 			return false, "", why
 		}
@@ -131,7 +131,7 @@ func decisionCanary(resp decisions.Response) string {
 
 // wakeCanary asks the canary prompt once (the readiness decision of a
 // decision model).
-func wakeCanary(in *engine.Instance) func(context.Context) (string, error) {
+func wakeCanary(in *enginekit.Instance) func(context.Context) (string, error) {
 	return func(ctx context.Context) (string, error) {
 		ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 		defer cancel()
@@ -142,7 +142,7 @@ func wakeCanary(in *engine.Instance) func(context.Context) (string, error) {
 			}
 			return canary, nil
 		}
-		return engineapi.ChatProbeExtra(ctx, in.Client, engine.ChatPath, in.ServedName, canaryPrompt, canaryTokens, canaryExtra)
+		return engineapi.ChatProbeExtra(ctx, in.Client, enginekit.ChatPath, in.ServedName, canaryPrompt, canaryTokens, canaryExtra)
 	}
 }
 
@@ -175,7 +175,7 @@ func (d *Driver) Load(ctx context.Context, req *pb.LoadRequest) (*pb.LoadRespons
 // Stop implements sdk.Driver: the whole group ends, then the launch's
 // shared-memory segments that no process holds any more are removed.
 func (d *Driver) Stop(_ context.Context, req *pb.StopRequest) (*pb.StopResponse, error) {
-	return d.reg.Stop(req, engine.DefaultStopGrace, engine.StopHooks{
+	return d.reg.Stop(req, enginekit.DefaultStopGrace, enginekit.StopHooks{
 		Before: func(launched proc.Launched) {
 			if launched.LaunchDir != "" && proc.Alive(launched.Engine) {
 				shm(launched.LaunchDir).Observe(proc.GroupPIDs(launched.Pgid))
@@ -193,19 +193,19 @@ func (d *Driver) Stop(_ context.Context, req *pb.StopRequest) (*pb.StopResponse,
 // Recover implements sdk.Driver: it rebuilds the handle from the recorded
 // launch.
 func (d *Driver) Recover(_ context.Context, req *pb.RecoverRequest) (*pb.RecoverResponse, error) {
-	return d.reg.Recover(req, func(launched proc.Launched, detail string) (*engine.Instance, string, error) {
+	return d.reg.Recover(req, func(launched proc.Launched, detail string) (*enginekit.Instance, string, error) {
 		l := req.GetLaunch()
 		in := d.instance(req.GetInstanceId(), l.GetLaunchId(), launched, int(l.GetPort()), req.GetEngineKey(), req.GetDeployment(), "")
 		// SGLang has no route that says whether its memory is released: the
 		// launch directory records a completed park, and a park the core saw
 		// complete counts too.
-		tier := engine.RecordedPark(launched.LaunchDir)
+		tier := enginekit.RecordedPark(launched.LaunchDir)
 		if tier == "" && req.GetRecordedState() == "parked" {
 			if tier = req.GetParkTier(); tier == "" {
 				tier = in.Residency
 			}
 		}
-		if tier != "" && engine.Parks(in.Residency) {
+		if tier != "" && enginekit.Parks(in.Residency) {
 			in.SetParked(tier)
 			detail += "; the engine's memory is released (parked " + tier + ")"
 		}

@@ -20,9 +20,10 @@ import (
 	"sort"
 	"strings"
 
-	"github.com/capyctl/capyctl/drivers/internal/engine"
+	"github.com/capyctl/capyctl/core/version"
 	"github.com/capyctl/capyctl/drivers/internal/pyengine"
 	"github.com/capyctl/capyctl/sdk"
+	"github.com/capyctl/capyctl/sdk/enginekit"
 	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
 
@@ -43,8 +44,8 @@ const (
 
 // Driver is the TensorFold driver.
 type Driver struct {
-	engine.RestartOnly
-	reg *engine.Registry[*engine.Instance]
+	enginekit.RestartOnly
+	reg *enginekit.Registry[*enginekit.Instance]
 	// systemPath ends the engine's PATH and is searched for build tools
 	// (tests point it at an empty directory).
 	systemPath string
@@ -58,13 +59,13 @@ var _ sdk.Driver = (*Driver)(nil)
 
 // New returns the driver.
 func New() *Driver {
-	return &Driver{reg: engine.NewRegistry[*engine.Instance](), systemPath: engine.SystemPath, getenv: os.Getenv, defaultCUDA: "/usr/local/cuda"}
+	return &Driver{reg: enginekit.NewRegistry[*enginekit.Instance](), systemPath: enginekit.SystemPath, getenv: os.Getenv, defaultCUDA: "/usr/local/cuda"}
 }
 
 // Describe implements sdk.Driver: restart only, chat, aborts by closing
 // the connection, an idle signal.
 func (d *Driver) Describe(context.Context, *pb.DescribeRequest) (*pb.DescribeResponse, error) {
-	return engine.Describe(Family, &pb.Capabilities{
+	return enginekit.Describe(Family, version.Version, &pb.Capabilities{
 		Apis:       []string{"chat"},
 		AbortMode:  pb.AbortMode_ABORT_MODE_CLOSE_CONNECTION,
 		IdleSignal: true,

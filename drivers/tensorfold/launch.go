@@ -11,8 +11,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/capyctl/capyctl/drivers/internal/engine"
 	"github.com/capyctl/capyctl/drivers/internal/pyengine"
+	"github.com/capyctl/capyctl/sdk/enginekit"
 	"github.com/capyctl/capyctl/sdk/flags"
 	"github.com/capyctl/capyctl/sdk/formats"
 	"github.com/capyctl/capyctl/sdk/proc"
@@ -39,8 +39,8 @@ var configKeys = []pyengine.Key{
 // serve` with its cap at the ready allocation.
 func (d *Driver) Plan(_ context.Context, req *pb.PlanRequest) (*pb.PlanResponse, error) {
 	inst, dep, host, lctx := req.GetInstallation(), req.GetDeployment(), req.GetHost(), req.GetLaunch()
-	resp := &pb.PlanResponse{Residency: engine.ResidencyRestartOnly, StartupTimeoutMs: StartupTimeout.Milliseconds()}
-	var r engine.Refusals
+	resp := &pb.PlanResponse{Residency: enginekit.ResidencyRestartOnly, StartupTimeoutMs: StartupTimeout.Milliseconds()}
+	var r enginekit.Refusals
 	cfg := pyengine.DecodeFamily(dep.GetEngineConfigJson(), Family, configKeys, &r)
 	typed := pyengine.TypedFields(dep, map[string]bool{
 		"engine_config.tensorfold.max_tokens": cfg.Has("max_tokens"),
@@ -48,11 +48,11 @@ func (d *Driver) Plan(_ context.Context, req *pb.PlanRequest) (*pb.PlanResponse,
 	})
 	pyengine.Common(Table, dep, host, typed, &r)
 	switch dep.GetResidency() {
-	case engine.ResidencyDeep, engine.ResidencyHostBacked:
-		r.Add(engine.CodeCapabilityMissing+":deep_park", "residency", "TensorFold cannot park: remove residency or set restart_only (CapyCTL stops it when it needs the memory)")
+	case enginekit.ResidencyDeep, enginekit.ResidencyHostBacked:
+		r.Add(enginekit.CodeCapabilityMissing+":deep_park", "residency", "TensorFold cannot park: remove residency or set restart_only (CapyCTL stops it when it needs the memory)")
 	}
 	if dep.GetApi() != "" && dep.GetApi() != "chat" {
-		r.Add(engine.CodeCapabilityMissing+":"+dep.GetApi(), "api", "TensorFold serves chat only")
+		r.Add(enginekit.CodeCapabilityMissing+":"+dep.GetApi(), "api", "TensorFold serves chat only")
 	}
 	if dep.GetTrustRemoteCode() {
 		r.Add(flags.CodeRemoteCode, "engine_config.trust_remote_code", "TensorFold runs no code from a checkpoint: remove trust_remote_code")
@@ -202,7 +202,7 @@ func (d *Driver) Start(_ context.Context, req *pb.StartRequest) (*pb.StartRespon
 	if _, err := pyengine.CheckPinned(inst.GetPath(), inst.GetDigest()); err != nil {
 		return nil, err
 	}
-	launched, err := engine.StartLaunch(engine.LaunchOptions{Plan: req.GetPlan(), Host: req.GetHost(), Launch: lctx,
+	launched, err := enginekit.StartLaunch(enginekit.LaunchOptions{Plan: req.GetPlan(), Host: req.GetHost(), Launch: lctx,
 		Secrets: []string{req.GetEngineKey(), req.GetAdminKey()}})
 	if err != nil {
 		return nil, err
@@ -212,8 +212,8 @@ func (d *Driver) Start(_ context.Context, req *pb.StartRequest) (*pb.StartRespon
 
 // instance builds the driver's handle of a launch. The router reaches
 // TensorFold without a key (chat only).
-func instance(id, launchID string, l proc.Launched, port int, dep *pb.Deployment) *engine.Instance {
-	in := engine.NewInstance(id, launchID, l, port, engine.NewEndpoint(port, dep.GetServedName(), ""))
-	in.API, in.ModelDir, in.Residency = dep.GetApi(), dep.GetModelDir(), engine.ResidencyRestartOnly
+func instance(id, launchID string, l proc.Launched, port int, dep *pb.Deployment) *enginekit.Instance {
+	in := enginekit.NewInstance(id, launchID, l, port, enginekit.NewEndpoint(port, dep.GetServedName(), ""))
+	in.API, in.ModelDir, in.Residency = dep.GetApi(), dep.GetModelDir(), enginekit.ResidencyRestartOnly
 	return in
 }

@@ -8,8 +8,8 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/capyctl/capyctl/drivers/internal/engine"
 	"github.com/capyctl/capyctl/sdk"
+	"github.com/capyctl/capyctl/sdk/enginekit"
 	"github.com/capyctl/capyctl/sdk/proc"
 	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
@@ -46,7 +46,7 @@ func (d *Driver) Probe(ctx context.Context, req *pb.ProbeRequest) (*pb.ProbeResp
 			}
 			return chat(ctx)
 		}
-		return in.WaitReady(ctx, engine.ProbeDeadline(req, StartupTimeout), ready, nil, nil), nil
+		return in.WaitReady(ctx, enginekit.ProbeDeadline(req, StartupTimeout), ready, nil, nil), nil
 	}
 	return nil, sdk.Errorf("invalid_request", "unknown probe kind %v", req.GetKind())
 }
@@ -79,12 +79,12 @@ func (d *Driver) Load(ctx context.Context, req *pb.LoadRequest) (*pb.LoadRespons
 
 // Stop implements sdk.Driver.
 func (d *Driver) Stop(_ context.Context, req *pb.StopRequest) (*pb.StopResponse, error) {
-	return d.reg.Stop(req, engine.DefaultStopGrace, engine.StopHooks{})
+	return d.reg.Stop(req, enginekit.DefaultStopGrace, enginekit.StopHooks{})
 }
 
 // Recover implements sdk.Driver.
 func (d *Driver) Recover(_ context.Context, req *pb.RecoverRequest) (*pb.RecoverResponse, error) {
-	return d.reg.Recover(req, func(launched proc.Launched, detail string) (*engine.Instance, string, error) {
+	return d.reg.Recover(req, func(launched proc.Launched, detail string) (*enginekit.Instance, string, error) {
 		l := req.GetLaunch()
 		return instance(req.GetInstanceId(), l.GetLaunchId(), launched, int(l.GetPort()), req.GetDeployment()), detail, nil
 	})

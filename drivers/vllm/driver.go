@@ -17,9 +17,10 @@ package vllm
 import (
 	"context"
 
-	"github.com/capyctl/capyctl/drivers/internal/engine"
+	"github.com/capyctl/capyctl/core/version"
 	"github.com/capyctl/capyctl/drivers/internal/pyengine"
 	"github.com/capyctl/capyctl/sdk"
+	"github.com/capyctl/capyctl/sdk/enginekit"
 	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
 
@@ -63,7 +64,7 @@ var configKeys = []pyengine.Key{
 var parserNames = pyengine.ParserNames{Qwen3Tool: "hermes", CoderTool: "qwen3_coder", Reasoning: "qwen3"}
 
 // metricNames are vLLM's idle signal and figures.
-var metricNames = engine.MetricNames{
+var metricNames = enginekit.MetricNames{
 	Running: "vllm:num_requests_running",
 	Waiting: "vllm:num_requests_waiting",
 	KVUsage: []string{"vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"},
@@ -73,18 +74,18 @@ var metricNames = engine.MetricNames{
 
 // Driver is the vLLM driver.
 type Driver struct {
-	reg *engine.Registry[*engine.Instance]
+	reg *enginekit.Registry[*enginekit.Instance]
 }
 
 var _ sdk.Driver = (*Driver)(nil)
 
 // New returns the driver.
-func New() *Driver { return &Driver{reg: engine.NewRegistry[*engine.Instance]()} }
+func New() *Driver { return &Driver{reg: enginekit.NewRegistry[*enginekit.Instance]()} }
 
 // Describe implements sdk.Driver.
 func (d *Driver) Describe(context.Context, *pb.DescribeRequest) (*pb.DescribeResponse, error) {
-	return engine.Describe(Family, &pb.Capabilities{
-		ParkTiers:       []string{engine.ResidencyDeep, engine.ResidencyHostBacked},
+	return enginekit.Describe(Family, version.Version, &pb.Capabilities{
+		ParkTiers:       []string{enginekit.ResidencyDeep, enginekit.ResidencyHostBacked},
 		Apis:            []string{"chat"},
 		AbortMode:       pb.AbortMode_ABORT_MODE_CLOSE_CONNECTION,
 		IdleSignal:      true,

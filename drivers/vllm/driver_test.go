@@ -10,9 +10,9 @@ import (
 	"testing"
 
 	"github.com/capyctl/capyctl/drivers/internal/drivertest"
-	"github.com/capyctl/capyctl/drivers/internal/engine"
 	"github.com/capyctl/capyctl/drivers/internal/pyengine"
 	"github.com/capyctl/capyctl/sdk"
+	"github.com/capyctl/capyctl/sdk/enginekit"
 	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
 
@@ -242,8 +242,8 @@ func TestDetect(t *testing.T) {
 		{name: "post release", path: post, wantVersion: "0.32.1.post1", wantVerified: true},
 		{name: "newer runs as custom", path: newer, wantVersion: "0.33.0"},
 		{name: "older runs as custom", path: older, wantVersion: "0.28.2"},
-		{name: "another family", path: sglang, wantCode: engine.CodeEngineUnsupported},
-		{name: "not a venv", path: notVenv, wantCode: engine.CodeEngineUnsupported},
+		{name: "another family", path: sglang, wantCode: enginekit.CodeEngineUnsupported},
+		{name: "not a venv", path: notVenv, wantCode: enginekit.CodeEngineUnsupported},
 		{name: "missing", path: filepath.Join(dir, "nope"), wantCode: sdk.CodeEngineNotFound},
 	}
 	for _, c := range cases {
@@ -273,7 +273,7 @@ func TestDetect(t *testing.T) {
 	if a.GetDigest() == b.GetDigest() {
 		t.Fatal("the digest did not change when a package was installed")
 	}
-	if _, err := pyengine.CheckPinned(verified, a.GetDigest()); sdk.CodeOf(err) != engine.CodeInstallationDrift {
+	if _, err := pyengine.CheckPinned(verified, a.GetDigest()); sdk.CodeOf(err) != enginekit.CodeInstallationDrift {
 		t.Fatalf("CheckPinned after a change: %v", err)
 	}
 }

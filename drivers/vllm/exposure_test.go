@@ -15,9 +15,9 @@ import (
 	"time"
 
 	"github.com/capyctl/capyctl/drivers/internal/drivertest"
-	"github.com/capyctl/capyctl/drivers/internal/engine"
 	"github.com/capyctl/capyctl/plugins-testkit/harness"
 	"github.com/capyctl/capyctl/sdk/engineapi"
+	"github.com/capyctl/capyctl/sdk/enginekit"
 	"github.com/capyctl/capyctl/sdk/proc"
 	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
@@ -88,7 +88,7 @@ func TestStart_Exposure(t *testing.T) {
 				t.Fatal(err)
 			}
 			inst := &pb.Installation{Name: "vllm", Family: Family, Path: venv, Version: det.GetVersion(), Digest: det.GetDigest()}
-			dep := &pb.Deployment{Name: "chat", Api: "chat", ServedName: "chat", ModelDir: llama, Residency: engine.ResidencyHostBacked}
+			dep := &pb.Deployment{Name: "chat", Api: "chat", ServedName: "chat", ModelDir: llama, Residency: enginekit.ResidencyHostBacked}
 			port := drivertest.FreePort(t)
 			lctx := &pb.LaunchContext{Port: int32(port), LaunchDir: filepath.Join(root, "launches", "chat", "0-L1"), InstanceId: "chat/0", LaunchId: "L1"}
 			host := &pb.HostPolicy{EngineLogs: "file"}
@@ -118,7 +118,7 @@ func TestStart_Exposure(t *testing.T) {
 				if err != nil || sleep.StatusCode != http.StatusOK {
 					t.Fatalf("the foreign /sleep on TCP: %v %v (want it answered: that is the exposure)", sleep, err)
 				}
-				if ep.GetListener() != engine.ListenerTCP || !slices.Contains(ep.GetOpenRoutes(), sleepPath) {
+				if ep.GetListener() != enginekit.ListenerTCP || !slices.Contains(ep.GetOpenRoutes(), sleepPath) {
 					t.Fatalf("endpoint %v does not report /sleep open to local users", ep)
 				}
 				return
@@ -127,7 +127,7 @@ func TestStart_Exposure(t *testing.T) {
 				t.Fatalf("the foreign /sleep reached the engine over TCP: %d", sleep.StatusCode)
 			}
 			sock, ok := engineapi.UnixSocket(ep.GetBaseUrl())
-			if !ok || ep.GetListener() != engine.ListenerUnix || filepath.Dir(sock) != lctx.GetLaunchDir() {
+			if !ok || ep.GetListener() != enginekit.ListenerUnix || filepath.Dir(sock) != lctx.GetLaunchDir() {
 				t.Fatalf("endpoint %v: want the socket in %s", ep, lctx.GetLaunchDir())
 			}
 			if fi, err := os.Stat(lctx.GetLaunchDir()); err != nil || fi.Mode().Perm() != 0o700 {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/capyctl/capyctl/drivers/internal/engine"
 	"github.com/capyctl/capyctl/drivers/internal/pyengine"
+	"github.com/capyctl/capyctl/sdk/enginekit"
 	"github.com/capyctl/capyctl/sdk/proc"
 	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
@@ -19,16 +20,16 @@ func residency(dep *pb.Deployment) string {
 	if r := dep.GetResidency(); r != "" {
 		return r
 	}
-	return engine.ResidencyDeep
+	return enginekit.ResidencyDeep
 }
 
 // Plan implements sdk.Driver: it checks the deployment (refusals with
 // codes) and renders the launch.
 func (d *Driver) Plan(_ context.Context, req *pb.PlanRequest) (*pb.PlanResponse, error) {
 	inst, dep, host, lctx := req.GetInstallation(), req.GetDeployment(), req.GetHost(), req.GetLaunch()
-	var r engine.Refusals
+	var r enginekit.Refusals
 	if api := dep.GetApi(); api != "" && api != "chat" {
-		r.Add(engine.CodeCapabilityMissing+":"+api, "api",
+		r.Add(enginekit.CodeCapabilityMissing+":"+api, "api",
 			"vLLM answers decision models from their text output instead of their decision head: deploy api = %q on SGLang 0.5.22 or llama.cpp 0.7.0", api)
 	}
 	cfg := pyengine.DecodeFamily(dep.GetEngineConfigJson(), Family, configKeys, &r)
@@ -83,12 +84,12 @@ func (d *Driver) Plan(_ context.Context, req *pb.PlanRequest) (*pb.PlanResponse,
 	if ck.KVBudget > 0 {
 		argv = append(argv, "--kv-cache-memory-bytes", strconv.FormatInt(ck.KVBudget, 10))
 	}
-	if engine.Parks(res) {
+	if enginekit.Parks(res) {
 		argv = append(argv, "--enable-sleep-mode")
 	}
 	if s := cfg.String("safetensors_load_strategy"); s != "" {
 		argv = append(argv, "--safetensors-load-strategy", s)
-	} else if engine.Parks(res) {
+	} else if enginekit.Parks(res) {
 		// A deep wake under lazy loading reloads far slower.
 		argv = append(argv, "--safetensors-load-strategy", "eager")
 	}
@@ -106,11 +107,11 @@ func (d *Driver) Plan(_ context.Context, req *pb.PlanRequest) (*pb.PlanResponse,
 	argv = append(argv, dep.GetExtraArgs()...)
 
 	env := pyengine.BaseEnv(pyengine.EnvOptions{Venv: venv.Dir, Host: host, Launch: lctx})
-	if engine.TelemetryOff(host) {
+	if enginekit.TelemetryOff(host) {
 		env["VLLM_DO_NOT_TRACK"] = "1"
 		env["VLLM_NO_USAGE_STATS"] = "1"
 	}
-	if engine.Parks(res) {
+	if enginekit.Parks(res) {
 		// vLLM parses it with int(): "1", never "true".
 		env["VLLM_SERVER_DEV_MODE"] = "1"
 	}
@@ -121,7 +122,7 @@ func (d *Driver) Plan(_ context.Context, req *pb.PlanRequest) (*pb.PlanResponse,
 	switch {
 	case sock != "":
 		resp.Notes = append(resp.Notes, "serves on a Unix socket in its launch directory (--uds): no other local user reaches any of its routes")
-	case engine.Parks(res):
+	case enginekit.Parks(res):
 		resp.Notes = append(resp.Notes, "listens on its loopback port ("+tcpWhy+"): any local user can call /sleep, /wake_up and /collective_rpc, which vLLM does not guard with its key (parking turns on its development routes)")
 	default:
 		resp.Notes = append(resp.Notes, "listens on its loopback port ("+tcpWhy+"): any local user can call the routes outside /v1, which vLLM does not guard with its key")
@@ -146,7 +147,7 @@ func socketFor(inst *pb.Installation, lctx *pb.LaunchContext) (string, string) {
 	if !engine.VersionAtLeast(inst.GetVersion(), UDSSince) {
 		return "", "vLLM " + inst.GetVersion() + " predates --uds, which CapyCTL uses from 0.11"
 	}
-	return engine.SocketPath(lctx)
+	return enginekit.SocketPath(lctx)
 }
 
 // guardedPrefixes are the paths vLLM's AuthenticationMiddleware checks the
@@ -159,7 +160,7 @@ var guardedPrefixes = []string{"/v1", "/v2", "/inference", "/cohere"}
 // reload and cache routes.
 func openRoutes(key string, parks bool) []string {
 	if key == "" {
-		return engine.OpenToAll
+		return enginekit.OpenToAll
 	}
 	r := []string{"/health", "/metrics", "/version", "/ping", "/invocations", "/tokenize", "/detokenize"}
 	if parks {
@@ -176,10 +177,10 @@ func openRoutes(key string, parks bool) []string {
 // request in the engine the moment the connection closes, streamed or not
 // (engines.md §1.7, note 1; every verified release has it).
 func endpoint(port int, key, served, sock string, parks bool) *pb.Endpoint {
-	ep := engine.NewEndpoint(port, served, key)
+	ep := enginekit.NewEndpoint(port, served, key)
 	ep.RequestIdHeader = "X-Request-Id"
 	ep.NonStreamedHangup = pb.NonStreamedHangup_NON_STREAMED_HANGUP_STOPS
-	x := engine.Exposure{Socket: sock}
+	x := enginekit.Exposure{Socket: sock}
 	if sock == "" {
 		x.OpenRoutes = openRoutes(key, parks)
 		x.Note = "vLLM guards only " + strings.Join(guardedPrefixes, ", ") + " with its key"
@@ -198,7 +199,7 @@ func (d *Driver) Start(_ context.Context, req *pb.StartRequest) (*pb.StartRespon
 	if k := req.GetEngineKey(); k != "" {
 		secretEnv["VLLM_API_KEY"] = k
 	}
-	launched, err := engine.StartLaunch(engine.LaunchOptions{
+	launched, err := enginekit.StartLaunch(enginekit.LaunchOptions{
 		Plan: req.GetPlan(), Host: req.GetHost(), Launch: lctx, SecretEnv: secretEnv,
 		Secrets: []string{req.GetEngineKey(), req.GetAdminKey()},
 	})
@@ -209,15 +210,15 @@ func (d *Driver) Start(_ context.Context, req *pb.StartRequest) (*pb.StartRespon
 	if r := req.GetPlan().GetResidency(); r != "" {
 		res = r
 	}
-	sock := engine.SocketInArgv(req.GetPlan().GetArgv(), "--uds")
+	sock := enginekit.SocketInArgv(req.GetPlan().GetArgv(), "--uds")
 	in := d.instance(lctx.GetInstanceId(), lctx.GetLaunchId(), *launched, int(lctx.GetPort()), req.GetEngineKey(), dep, sock, res)
 	return d.reg.Started(in), nil
 }
 
 // instance builds the driver's handle of a launch that serves on sock (""
 // for its port) at residency res.
-func (d *Driver) instance(id, launchID string, l proc.Launched, port int, key string, dep *pb.Deployment, sock, res string) *engine.Instance {
-	in := engine.NewInstance(id, launchID, l, port, endpoint(port, key, dep.GetServedName(), sock, engine.Parks(res)))
+func (d *Driver) instance(id, launchID string, l proc.Launched, port int, key string, dep *pb.Deployment, sock, res string) *enginekit.Instance {
+	in := enginekit.NewInstance(id, launchID, l, port, endpoint(port, key, dep.GetServedName(), sock, enginekit.Parks(res)))
 	in.API = "chat"
 	in.Residency = res
 	in.ModelDir = dep.GetModelDir()

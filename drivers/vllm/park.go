@@ -8,9 +8,9 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/capyctl/capyctl/drivers/internal/engine"
 	"github.com/capyctl/capyctl/drivers/internal/pyengine"
 	"github.com/capyctl/capyctl/sdk"
+	"github.com/capyctl/capyctl/sdk/enginekit"
 	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
 
@@ -22,9 +22,9 @@ const stepTimeout = 60 * time.Second
 // keeps the weights in host RAM and drops the KV cache (host_backed).
 func sleepLevel(tier string) (int, error) {
 	switch tier {
-	case engine.ResidencyDeep:
+	case enginekit.ResidencyDeep:
 		return 2, nil
-	case engine.ResidencyHostBacked:
+	case enginekit.ResidencyHostBacked:
 		return 1, nil
 	}
 	return 0, sdk.Errorf(sdk.CodeParkFailed, "vLLM parks at deep or host_backed, not %q", tier)
@@ -32,12 +32,12 @@ func sleepLevel(tier string) (int, error) {
 
 // parkable returns the instance and the tier to park or wake at, refusing an
 // instance launched without sleep mode.
-func (d *Driver) parkable(id, tier string) (*engine.Instance, string, int, error) {
+func (d *Driver) parkable(id, tier string) (*enginekit.Instance, string, int, error) {
 	in, err := d.reg.Get(id)
 	if err != nil {
 		return nil, "", 0, err
 	}
-	if !engine.Parks(in.Residency) {
+	if !enginekit.Parks(in.Residency) {
 		return nil, "", 0, sdk.Errorf(sdk.CodeParkFailed, "instance %s was launched %s, without sleep mode: it restarts instead of parking", id, in.Residency)
 	}
 	if tier == "" {
@@ -62,7 +62,7 @@ func (d *Driver) Park(ctx context.Context, req *pb.ParkRequest) (*pb.ParkRespons
 	if err != nil {
 		return nil, err
 	}
-	if err := engine.CheckIdle(ctx, in, metricNames); err != nil {
+	if err := enginekit.CheckIdle(ctx, in, metricNames); err != nil {
 		return nil, err
 	}
 	ctx, cancel := context.WithTimeout(ctx, stepTimeout)
@@ -143,7 +143,7 @@ func wakeErr(err error) error {
 }
 
 // isSleeping asks GET /is_sleeping.
-func isSleeping(ctx context.Context, in *engine.Instance) (bool, error) {
+func isSleeping(ctx context.Context, in *enginekit.Instance) (bool, error) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	var out struct {

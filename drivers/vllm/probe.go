@@ -8,10 +8,10 @@ import (
 	"errors"
 	"time"
 
-	"github.com/capyctl/capyctl/drivers/internal/engine"
 	"github.com/capyctl/capyctl/drivers/internal/pyengine"
 	"github.com/capyctl/capyctl/sdk"
 	"github.com/capyctl/capyctl/sdk/engineapi"
+	"github.com/capyctl/capyctl/sdk/enginekit"
 	"github.com/capyctl/capyctl/sdk/proc"
 	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
@@ -36,7 +36,7 @@ func (d *Driver) Probe(ctx context.Context, req *pb.ProbeRequest) (*pb.ProbeResp
 		if tier := in.Parked(); tier != "" {
 			return &pb.ProbeResponse{Alive: true, Detail: "the engine is asleep (parked " + tier + "): wake it first"}, nil
 		}
-		deadline := engine.ProbeDeadline(req, pyengine.StartupTimeout(pyengine.WeightsBytes(in.ModelDir)))
+		deadline := enginekit.ProbeDeadline(req, pyengine.StartupTimeout(pyengine.WeightsBytes(in.ModelDir)))
 		return in.WaitReady(ctx, deadline, in.ChatReady(canaryPrompt, canaryTokens, nil), nil, nil), nil
 	case pb.ProbeKind_PROBE_KIND_WAKE_CHECK:
 		return in.WakeCheck(ctx, wakeCanary(in)), nil
@@ -45,11 +45,11 @@ func (d *Driver) Probe(ctx context.Context, req *pb.ProbeRequest) (*pb.ProbeResp
 }
 
 // wakeCanary asks the canary prompt once.
-func wakeCanary(in *engine.Instance) func(context.Context) (string, error) {
+func wakeCanary(in *enginekit.Instance) func(context.Context) (string, error) {
 	return func(ctx context.Context) (string, error) {
 		ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 		defer cancel()
-		return engineapi.ChatProbe(ctx, in.Client, engine.ChatPath, in.ServedName, canaryPrompt, canaryTokens)
+		return engineapi.ChatProbe(ctx, in.Client, enginekit.ChatPath, in.ServedName, canaryPrompt, canaryTokens)
 	}
 }
 
@@ -67,18 +67,18 @@ func (d *Driver) Load(ctx context.Context, req *pb.LoadRequest) (*pb.LoadRespons
 
 // Stop implements sdk.Driver.
 func (d *Driver) Stop(_ context.Context, req *pb.StopRequest) (*pb.StopResponse, error) {
-	return d.reg.Stop(req, engine.DefaultStopGrace, engine.StopHooks{})
+	return d.reg.Stop(req, enginekit.DefaultStopGrace, enginekit.StopHooks{})
 }
 
 // Recover implements sdk.Driver: it rebuilds the handle from the recorded
 // launch and, for a deployment that parks, asks the engine whether it is
 // asleep.
 func (d *Driver) Recover(ctx context.Context, req *pb.RecoverRequest) (*pb.RecoverResponse, error) {
-	return d.reg.Recover(req, func(launched proc.Launched, detail string) (*engine.Instance, string, error) {
+	return d.reg.Recover(req, func(launched proc.Launched, detail string) (*enginekit.Instance, string, error) {
 		l := req.GetLaunch()
 		in := d.instance(req.GetInstanceId(), l.GetLaunchId(), launched, int(l.GetPort()), req.GetEngineKey(), req.GetDeployment(),
-			engine.SocketOf(launched.LaunchDir), residency(req.GetDeployment()))
-		if !engine.Parks(in.Residency) {
+			enginekit.SocketOf(launched.LaunchDir), residency(req.GetDeployment()))
+		if !enginekit.Parks(in.Residency) {
 			return in, detail, nil
 		}
 		// vLLM says whether it sleeps: that, not the record, decides.
@@ -89,7 +89,7 @@ func (d *Driver) Recover(ctx context.Context, req *pb.RecoverRequest) (*pb.Recov
 		case asleep:
 			tier := req.GetParkTier()
 			if tier == "" {
-				tier = engine.RecordedPark(launched.LaunchDir)
+				tier = enginekit.RecordedPark(launched.LaunchDir)
 			}
 			if tier == "" {
 				tier = in.Residency

@@ -21,8 +21,8 @@
 //		})
 //	}
 //
-// It imports nothing of CapyCTL's core but the harness, which finds the
-// binaries.
+// It imports nothing of CapyCTL's core: a third-party driver's module can
+// run it (testbin finds or builds the fake engine).
 package conformance
 
 import (

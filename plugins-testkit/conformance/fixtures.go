@@ -12,16 +12,16 @@ import (
 	"sort"
 	"testing"
 
-	"github.com/capyctl/capyctl/plugins-testkit/harness"
 	"github.com/capyctl/capyctl/plugins-testkit/simgpu"
+	"github.com/capyctl/capyctl/plugins-testkit/testbin"
 )
 
 // BuiltinDriver returns a Target.Driver that serves one of capyctl's
-// built-in drivers (`capyctl driver <family>`), from the binaries the
-// harness finds or builds.
+// built-in drivers (`capyctl driver <family>`), from the binaries testbin
+// finds or builds.
 func BuiltinDriver(family string) func(t testing.TB) *exec.Cmd {
 	return func(t testing.TB) *exec.Cmd {
-		capyctl, _ := harness.Binaries(t)
+		capyctl, _ := testbin.Binaries(t)
 		return exec.Command(capyctl, "driver", family)
 	}
 }
@@ -41,7 +41,7 @@ func ProgramDriver(path string, args ...string) func(t testing.TB) *exec.Cmd {
 // environment's root.
 func FakeVenv(t testing.TB, dir string, dists, extra map[string]string) string {
 	t.Helper()
-	_, fake := harness.Binaries(t)
+	_, fake := testbin.Binaries(t)
 	root := filepath.Join(dir, "venv")
 	sp := filepath.Join(root, "lib", "python3.12", "site-packages")
 	if err := os.MkdirAll(filepath.Join(root, "bin"), 0o755); err != nil {

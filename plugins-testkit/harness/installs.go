@@ -8,12 +8,14 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+
+	"github.com/capyctl/capyctl/plugins-testkit/testbin"
 )
 
 // StoriesGGUF is the path of the real tiny model stories260K.gguf
 // (sdk/formats/testdata; llama architecture, 5 layers, F32).
 func StoriesGGUF() string {
-	root, err := moduleRoot()
+	root, err := testbin.ModuleRoot()
 	if err != nil {
 		panic(err)
 	}

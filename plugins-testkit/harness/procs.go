@@ -136,3 +136,21 @@ func Alive(pid int) bool {
 	}
 	return !zombie(pid)
 }
+
+// ProgramPIDs returns the live processes of a state directory that run
+// program with no arguments: a third-party driver (capyctl-driver-<name>),
+// not the launch shims it re-executes itself as.
+func ProgramPIDs(stateDir, program string) []int {
+	var out []int
+	for _, pid := range Leftovers(stateDir) {
+		b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
+		if err != nil {
+			continue
+		}
+		args := strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
+		if len(args) == 1 && filepath.Base(args[0]) == program {
+			out = append(out, pid)
+		}
+	}
+	return out
+}

@@ -104,6 +104,21 @@ func (c *RoleStatusCommand) Run(args []string) int {
 		rows = append(rows, []string{d.Name, d.State, fmt.Sprintf("%d/%d", d.ReadyN, len(d.Instances)), fmt.Sprint(d.Revision), d.Engine})
 	}
 	c.Table([]string{"DEPLOYMENT", "STATE", "READY", "REVISION", "ENGINE"}, rows)
+	// The last error of each instance, with its code: a driver's fault
+	// names the driver, the call and what to do.
+	first := true
+	for _, d := range snap.Deployments {
+		for _, in := range d.Instances {
+			if in.LastError == nil {
+				continue
+			}
+			if first {
+				fmt.Fprintln(c.Out)
+				first = false
+			}
+			fmt.Fprintf(c.Out, "%s last error [%s]: %s\n", in.ID, in.LastError.Code, in.LastError.Message)
+		}
+	}
 	return 0
 }
 

@@ -9,9 +9,6 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-
-	"github.com/capyctl/capyctl/sdk/proc"
-	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
 
 func TestShm_Clean(t *testing.T) {
@@ -72,19 +69,21 @@ func TestShm_Clean(t *testing.T) {
 	}
 }
 
-func TestLogMode(t *testing.T) {
+func TestReleaseAtLeast(t *testing.T) {
 	cases := []struct {
-		host *pb.HostPolicy
-		want string
+		release, min []int
+		want         bool
 	}{
-		{&pb.HostPolicy{}, proc.LogModeFile},
-		{&pb.HostPolicy{EngineLogs: "file", Retention: "standard"}, proc.LogModeFile},
-		{&pb.HostPolicy{EngineLogs: "memory"}, proc.LogModeMemory},
-		{&pb.HostPolicy{Retention: "zero"}, proc.LogModeMemory},
+		{[]int{0, 7, 0}, []int{0, 7, 0}, true},
+		{[]int{0, 7}, []int{0, 7, 0}, true},
+		{[]int{0, 7, 1}, []int{0, 7}, true},
+		{[]int{0, 6, 9}, []int{0, 7}, false},
+		{[]int{1}, []int{0, 7, 0}, true},
+		{nil, []int{0, 1}, false},
 	}
 	for _, c := range cases {
-		if got := LogMode(c.host); got != c.want {
-			t.Errorf("LogMode(%v) = %s, want %s", c.host, got, c.want)
+		if got := ReleaseAtLeast(c.release, c.min); got != c.want {
+			t.Errorf("ReleaseAtLeast(%v, %v) = %v, want %v", c.release, c.min, got, c.want)
 		}
 	}
 }

@@ -2,7 +2,7 @@
 // SPDX-License-Identifier: Apache-2.0
 
 // Package pyengine is what the drivers of engines installed in a Python
-// environment (vLLM, SGLang, TensorFold) share beside drivers/internal/engine:
+// environment (vLLM, SGLang, TensorFold) share beside sdk/enginekit:
 // finding an engine in a venv from its *.dist-info metadata without running
 // Python, the installation digest and its pinning, the environment a
 // Python engine starts from, the plan checks and engine_config keys common
@@ -27,6 +27,7 @@ import (
 
 	"github.com/capyctl/capyctl/drivers/internal/engine"
 	"github.com/capyctl/capyctl/sdk"
+	"github.com/capyctl/capyctl/sdk/enginekit"
 	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
 
@@ -45,15 +46,15 @@ type Venv struct {
 // It runs nothing.
 func FindVenv(path string) (*Venv, error) {
 	if path == "" {
-		return nil, sdk.Errorf(engine.CodeEngineUnsupported, "no installation named")
+		return nil, sdk.Errorf(enginekit.CodeEngineUnsupported, "no installation named")
 	}
 	abs, err := filepath.Abs(path)
 	if err != nil {
-		return nil, sdk.Errorf(engine.CodeEngineUnsupported, "%s: %v", path, err)
+		return nil, sdk.Errorf(enginekit.CodeEngineUnsupported, "%s: %v", path, err)
 	}
 	st, err := os.Stat(abs)
 	if err != nil {
-		return nil, sdk.Errorf(sdk.CodeEngineNotFound, "%s: %v", path, engine.UnwrapPathErr(err))
+		return nil, sdk.Errorf(sdk.CodeEngineNotFound, "%s: %v", path, enginekit.UnwrapPathErr(err))
 	}
 	dir := abs
 	if !st.IsDir() {
@@ -69,7 +70,7 @@ func FindVenv(path string) (*Venv, error) {
 		}
 	}
 	if v.Python == "" {
-		return nil, sdk.Errorf(engine.CodeEngineUnsupported, "%s is not a Python environment (no executable bin/python)", path)
+		return nil, sdk.Errorf(enginekit.CodeEngineUnsupported, "%s is not a Python environment (no executable bin/python)", path)
 	}
 	for _, lib := range []string{"lib", "lib64"} {
 		matches, _ := filepath.Glob(filepath.Join(dir, lib, "python3*", "site-packages"))
@@ -81,7 +82,7 @@ func FindVenv(path string) (*Venv, error) {
 	}
 	sort.Strings(v.SitePackages)
 	if len(v.SitePackages) == 0 {
-		return nil, sdk.Errorf(engine.CodeEngineUnsupported, "%s is not a Python environment (no lib/python3*/site-packages)", path)
+		return nil, sdk.Errorf(enginekit.CodeEngineUnsupported, "%s is not a Python environment (no lib/python3*/site-packages)", path)
 	}
 	return v, nil
 }
@@ -314,7 +315,7 @@ func Detect(path string, spec DetectSpec) (*Venv, *pb.DetectResponse, error) {
 	}
 	d, ok := v.Dist(spec.Dist)
 	if !ok {
-		return nil, nil, sdk.Errorf(engine.CodeEngineUnsupported, "%s has no %s distribution (no %s-*.dist-info in %s)",
+		return nil, nil, sdk.Errorf(enginekit.CodeEngineUnsupported, "%s has no %s distribution (no %s-*.dist-info in %s)",
 			path, spec.Dist, NormalizeDistName(spec.Dist), strings.Join(v.SitePackages, ", "))
 	}
 	digest, err := v.Digest()
@@ -350,7 +351,7 @@ func CheckPinned(path, pinned string) (*Venv, error) {
 		return nil, sdk.Errorf(sdk.CodeEngineNotFound, "%v", err)
 	}
 	if digest != pinned {
-		return nil, sdk.Errorf(engine.CodeInstallationDrift,
+		return nil, sdk.Errorf(enginekit.CodeInstallationDrift,
 			"the installation at %s changed since it was registered (pinned %s, now %s): register it again with capyctl engine add", path, pinned, digest)
 	}
 	return v, nil

@@ -13,7 +13,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/capyctl/capyctl/drivers/internal/engine"
+	"github.com/capyctl/capyctl/sdk/enginekit"
 	"github.com/capyctl/capyctl/sdk/flags"
 	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
@@ -28,24 +28,24 @@ const DefaultMaxConcurrent = 32
 // host_backed needs a discrete card; the model directory, when resolved,
 // is a directory. typed maps each job-spec field the deployment sets to
 // true (Rule.Field). It returns extra_args parsed.
-func Common(t *flags.Table, dep *pb.Deployment, host *pb.HostPolicy, typed map[string]bool, r *engine.Refusals) []flags.Arg {
-	args := engine.CheckOptions(t, dep, host, typed, r)
+func Common(t *flags.Table, dep *pb.Deployment, host *pb.HostPolicy, typed map[string]bool, r *enginekit.Refusals) []flags.Arg {
+	args := enginekit.CheckOptions(t, dep, host, typed, r)
 	if dep.GetTrustRemoteCode() && !flags.HostApprovals(host).RemoteCode {
 		r.Add(flags.CodeRemoteCode, "engine_config.trust_remote_code",
 			"trust_remote_code runs code the checkpoint ships; the host must allow it: capyctl engine add ... --allow-remote-code")
 	}
 	switch dep.GetResidency() {
-	case "", engine.ResidencyDeep, engine.ResidencyRestartOnly:
-	case engine.ResidencyHostBacked:
+	case "", enginekit.ResidencyDeep, enginekit.ResidencyRestartOnly:
+	case enginekit.ResidencyHostBacked:
 		if host.GetUnified() {
-			r.Add(engine.CodeHostBackedUnavailable, "residency", "host_backed keeps weights in host RAM beside a discrete card; this host has unified memory: use deep or restart_only")
+			r.Add(enginekit.CodeHostBackedUnavailable, "residency", "host_backed keeps weights in host RAM beside a discrete card; this host has unified memory: use deep or restart_only")
 		}
 	default:
 		r.Add(flags.CodeInvalidConfig, "residency", "unknown residency %q (deep, host_backed or restart_only)", dep.GetResidency())
 	}
 	if d := dep.GetModelDir(); d != "" {
 		if fi, err := os.Stat(d); err != nil || !fi.IsDir() {
-			r.Add(engine.CodeCheckpointUnusable, "model", "the model directory %s cannot be read", d)
+			r.Add(enginekit.CodeCheckpointUnusable, "model", "the model directory %s cannot be read", d)
 		}
 	}
 	if dep.GetMaxConcurrentRequests() < 0 {
@@ -90,12 +90,12 @@ type EnvOptions struct {
 // launch directory, unbuffered output, offline Hugging Face, the card
 // pinned, the host's own variables, and DO_NOT_TRACK=1 unless the host
 // allows engine telemetry.
-func BaseEnv(o EnvOptions) engine.Env {
+func BaseEnv(o EnvOptions) enginekit.Env {
 	path := filepath.Join(o.Venv, "bin")
 	if ch := o.Host.GetCudaHome(); ch != "" {
 		path += ":" + filepath.Join(ch, "bin")
 	}
-	env := engine.NewEnv(path + ":" + engine.SystemPath)
+	env := enginekit.NewEnv(path + ":" + enginekit.SystemPath)
 	env["PYTHONUNBUFFERED"] = "1"
 	env["HF_HUB_OFFLINE"] = "1"
 	if d := o.Launch.GetLaunchDir(); d != "" {
@@ -159,7 +159,7 @@ func (c FamilyConfig) Declared(name string) bool {
 
 // DecodeFamily checks engine_config.<family>: every key known and of its
 // type. Unknown keys are unknown_config_key:engine_config.<family>.<key>.
-func DecodeFamily(raw []byte, family string, keys []Key, r *engine.Refusals) FamilyConfig {
+func DecodeFamily(raw []byte, family string, keys []Key, r *enginekit.Refusals) FamilyConfig {
 	cfg := FamilyConfig{}
 	if len(raw) == 0 {
 		return cfg
@@ -183,7 +183,7 @@ func DecodeFamily(raw []byte, family string, keys []Key, r *engine.Refusals) Fam
 		field := "engine_config." + family + "." + n
 		k, ok := byName[n]
 		if !ok {
-			r.Add(engine.CodeUnknownConfigKey+":"+field, field, "engine_config.%s has no key %q (known: %s)", family, n, strings.Join(known, ", "))
+			r.Add(enginekit.CodeUnknownConfigKey+":"+field, field, "engine_config.%s has no key %q (known: %s)", family, n, strings.Join(known, ", "))
 			delete(cfg, n)
 			continue
 		}
@@ -269,7 +269,7 @@ func StartupTimeout(weights int64) time.Duration {
 // reloaded from disk (deep), at most half an hour.
 func WakeTimeout(weights int64, residency string) time.Duration {
 	d := time.Minute
-	if residency == engine.ResidencyDeep {
+	if residency == enginekit.ResidencyDeep {
 		d += time.Duration(weights/(8<<30)) * time.Minute
 	}
 	return min(d, 30*time.Minute)

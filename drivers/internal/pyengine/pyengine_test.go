@@ -9,7 +9,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/capyctl/capyctl/drivers/internal/engine"
+	"github.com/capyctl/capyctl/sdk/enginekit"
 	"github.com/capyctl/capyctl/sdk/flags"
 	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
@@ -88,7 +88,7 @@ func TestDecodeFamily(t *testing.T) {
 		{raw: `[1]`, codes: []string{"invalid_config"}},
 	}
 	for _, c := range cases {
-		var r engine.Refusals
+		var r enginekit.Refusals
 		cfg := DecodeFamily([]byte(c.raw), "fam", keys, &r)
 		var got []string
 		for _, x := range r {

@@ -6,8 +6,8 @@ package pyengine
 import (
 	"strconv"
 
-	"github.com/capyctl/capyctl/drivers/internal/engine"
 	"github.com/capyctl/capyctl/sdk"
+	"github.com/capyctl/capyctl/sdk/enginekit"
 	"github.com/capyctl/capyctl/sdk/flags"
 	"github.com/capyctl/capyctl/sdk/formats"
 	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
@@ -19,7 +19,7 @@ import (
 
 // PlanVenv finds the installation's environment for a plan; a missing one
 // is refused (engine_not_found) and returns nil.
-func PlanVenv(inst *pb.Installation, r *engine.Refusals) *Venv {
+func PlanVenv(inst *pb.Installation, r *enginekit.Refusals) *Venv {
 	venv, err := FindVenv(inst.GetPath())
 	if err != nil {
 		r.Add(sdk.CodeEngineNotFound, "engine", "engine %s: %v", inst.GetName(), err)

@@ -5,125 +5,174 @@ package main
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
-	"io"
 	"os"
-	"sync"
+	"strconv"
 	"time"
 
 	"github.com/capyctl/capyctl/sdk"
-	"github.com/capyctl/capyctl/sdk/engineapi"
+	"github.com/capyctl/capyctl/sdk/enginekit"
+	"github.com/capyctl/capyctl/sdk/flags"
+	"github.com/capyctl/capyctl/sdk/proc"
 	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
 
-// Family is the engine family this driver serves: deployments say
-// engine = "hello" (or the name the engine was registered under).
+// Family is the engine family this driver serves: capyctl engine add
+// <program> --family hello registers a program for it.
 const Family = "hello"
 
-// Driver serves "hello" engines: any program that speaks the OpenAI chat
-// API. It answers Describe, Detect, Flags and Probe; the embedded
-// UnimplementedDriver answers every other call with ErrNotSupported,
-// which the role reads as "this driver cannot" (drivers/custom shows Plan,
-// Start, Stop, Recover and Logs built on sdk/proc).
+const (
+	// version is this driver's version, reported by Describe.
+	version = "0.2.0"
+	// keyEnv hands the engine its per-launch API key.
+	keyEnv = "FAKE_ENGINE_API_KEY"
+	// startupTimeout bounds readiness when the core sets no deadline.
+	startupTimeout = 2 * time.Minute
+	// stopGrace is how long the engine may take to end after SIGTERM.
+	stopGrace = 10 * time.Second
+)
+
+// table is the flag policy: what the driver renders itself (owned), and the
+// environment names every engine treats alike. Plan refuses a deployment
+// that sets an owned one; capyctl engine flags hello prints it.
+var table = &flags.Table{Family: Family, Rules: append([]flags.Rule{
+	{Name: "--host", Kind: flags.Option, Class: flags.Owned, Reason: "the engine listens on loopback only"},
+	{Name: "--port", Kind: flags.Option, Class: flags.Owned, Reason: "CapyCTL leases the port"},
+	{Name: "--served-name", Kind: flags.Option, Class: flags.Owned, Reason: "rendered from the deployment"},
+	{Name: keyEnv, Kind: flags.Env, Class: flags.Owned, Reason: "receives the per-launch key"},
+}, flags.CommonEnvRules()...)}
+
+// metrics are the engine's Prometheus gauges of the idle signal.
+var metrics = enginekit.MetricNames{Running: "fake:requests_running", Waiting: "fake:requests_waiting"}
+
+// Driver serves "hello" engines: programs started as
+// `<program> serve --host H --port P --served-name N` that speak the OpenAI
+// chat API, read their key from $FAKE_ENGINE_API_KEY and count requests in
+// /metrics (the testkit's capyctl-fake-engine is one). They cannot park:
+// RestartOnly answers Park, Wake and Abort.
 type Driver struct {
-	sdk.UnimplementedDriver
-
-	mu        sync.Mutex
-	endpoints map[string]*pb.Endpoint // by instance ID, filled by Start
+	enginekit.RestartOnly
+	reg *enginekit.Registry[*enginekit.Instance]
 }
 
-// New returns a driver.
-func New() *Driver { return &Driver{endpoints: map[string]*pb.Endpoint{}} }
+// New returns a driver with no instances.
+func New() *Driver { return &Driver{reg: enginekit.NewRegistry[*enginekit.Instance]()} }
 
-// Describe names the driver and declares what it can do. The role reads
-// capabilities from here and refuses a deployment that needs one the
-// driver lacks, instead of guessing.
+// Describe names the driver and declares what it can do.
 func (d *Driver) Describe(context.Context, *pb.DescribeRequest) (*pb.DescribeResponse, error) {
-	return &pb.DescribeResponse{
-		Name:     Family,
-		Version:  "0.1.0",
-		Protocol: sdk.ProtocolVersion,
-		Capabilities: &pb.Capabilities{
-			// No park tiers: the engine is restart only.
-			Apis:      []string{"chat"},
-			AbortMode: pb.AbortMode_ABORT_MODE_CLOSE_CONNECTION,
-		},
-	}, nil
+	caps := &pb.Capabilities{Apis: []string{"chat"}, AbortMode: pb.AbortMode_ABORT_MODE_CLOSE_CONNECTION, IdleSignal: true}
+	return enginekit.Describe(Family, version, caps, ""), nil
 }
 
-// Detect inspects what the operator named in capyctl engine add: the
-// program must exist and be executable. The digest pins it: the role
-// refuses to launch a changed program.
+// Detect checks the program capyctl engine add names and pins its digest.
 func (d *Driver) Detect(_ context.Context, req *pb.DetectRequest) (*pb.DetectResponse, error) {
 	st, err := os.Stat(req.GetPath())
-	if err != nil {
-		return nil, sdk.Errorf(sdk.CodeEngineNotFound, "program %s: %v", req.GetPath(), err)
-	}
-	if st.IsDir() || st.Mode()&0o111 == 0 {
+	if err != nil || st.IsDir() || st.Mode()&0o111 == 0 {
 		return nil, sdk.Errorf(sdk.CodeEngineNotFound, "%s is not an executable program", req.GetPath())
 	}
-	f, err := os.Open(req.GetPath())
+	digest, err := enginekit.FileDigest(req.GetPath())
 	if err != nil {
 		return nil, sdk.Errorf(sdk.CodeEngineNotFound, "read %s: %v", req.GetPath(), err)
 	}
-	defer f.Close()
-	h := sha256.New()
-	if _, err := io.Copy(h, f); err != nil {
-		return nil, sdk.Errorf(sdk.CodeEngineNotFound, "read %s: %v", req.GetPath(), err)
-	}
-	return &pb.DetectResponse{
-		Family:  Family,
-		Version: "unknown",
-		Digest:  "sha256:" + hex.EncodeToString(h.Sum(nil)),
-		Program: req.GetPath(),
-		Notes:   []string{"hello engines run restart only"},
-	}, nil
+	return &pb.DetectResponse{Family: Family, Version: "unknown", Digest: digest, Program: req.GetPath(),
+		Notes: []string{"hello engines run restart only"}}, nil
 }
 
-// Flags is the flag policy capyctl engine flags prints: options the driver
-// renders itself are owned, and a deployment may not pass them.
+// Flags returns the flag policy.
 func (d *Driver) Flags(context.Context, *pb.FlagsRequest) (*pb.FlagsResponse, error) {
-	owned := func(name, why string) *pb.FlagRule {
-		return &pb.FlagRule{Name: name, Kind: pb.FlagKind_FLAG_KIND_OPTION, Class: pb.FlagClass_FLAG_CLASS_OWNED, Reason: why}
+	return table.Proto(), nil
+}
+
+// Plan refuses what the engine cannot do, then renders the command line and
+// the environment (never the key: Start adds it).
+func (d *Driver) Plan(_ context.Context, req *pb.PlanRequest) (*pb.PlanResponse, error) {
+	dep, host, lctx := req.GetDeployment(), req.GetHost(), req.GetLaunch()
+	var r enginekit.Refusals
+	enginekit.CheckOptions(table, dep, host, nil, &r)
+	if res := dep.GetResidency(); res != "" && res != enginekit.ResidencyRestartOnly {
+		r.Add(enginekit.CodeCapabilityMissing+":deep_park", "residency", "hello engines do not park: set residency = %q", enginekit.ResidencyRestartOnly)
 	}
-	return &pb.FlagsResponse{Family: Family, Rules: []*pb.FlagRule{
-		owned("--host", "the engine listens on loopback only"),
-		owned("--port", "the role leases the port"),
-		owned("--model", "rendered from the deployment's model"),
-	}}, nil
+	if api := dep.GetApi(); api != "" && api != "chat" {
+		r.Add(enginekit.CodeCapabilityMissing+":"+api, "api", "hello engines serve the chat API only")
+	}
+	resp := &pb.PlanResponse{Residency: enginekit.ResidencyRestartOnly, StartupTimeoutMs: startupTimeout.Milliseconds(), Refusals: r}
+	if len(r) > 0 {
+		return resp, nil
+	}
+	port := "{{port}}" // a plan checked before there is a launch
+	if lctx.GetPort() > 0 {
+		port = strconv.Itoa(int(lctx.GetPort()))
+	}
+	resp.Argv = append([]string{req.GetInstallation().GetPath(), "serve", "--host", "127.0.0.1", "--port", port,
+		"--served-name", dep.GetServedName()}, dep.GetExtraArgs()...)
+	env := enginekit.NewEnv(enginekit.SystemPath)
+	env.PinDevices(lctx)
+	env.NoTelemetry(host)
+	env.Merge(host.GetHostEnv())
+	env.Merge(dep.GetEnv())
+	resp.Env, resp.Workdir = env, lctx.GetLaunchDir()
+	return resp, nil
 }
 
-// Track records the endpoint of a started instance (Start would call it).
-func (d *Driver) Track(instanceID string, ep *pb.Endpoint) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	d.endpoints[instanceID] = ep
+// Start runs the plan behind the launch shim, the key in the environment
+// and redacted from the output, and keeps the instance.
+func (d *Driver) Start(_ context.Context, req *pb.StartRequest) (*pb.StartResponse, error) {
+	inst, lctx, key := req.GetInstallation(), req.GetLaunch(), req.GetEngineKey()
+	// IMPORTANT: the program registered and pinned must be what runs.
+	if digest, err := enginekit.FileDigest(inst.GetPath()); err != nil || digest != inst.GetDigest() {
+		return nil, sdk.Errorf(enginekit.CodeInstallationDrift, "%s changed since it was registered: capyctl engine add it again", inst.GetPath())
+	}
+	launched, err := enginekit.StartLaunch(enginekit.LaunchOptions{Plan: req.GetPlan(), Host: req.GetHost(), Launch: lctx,
+		SecretEnv: map[string]string{keyEnv: key}, Secrets: []string{key, req.GetAdminKey()}})
+	if err != nil {
+		return nil, err
+	}
+	served := req.GetDeployment().GetServedName()
+	return d.reg.Started(instance(lctx.GetInstanceId(), lctx.GetLaunchId(), *launched, int(lctx.GetPort()), served, key)), nil
 }
 
-// Probe answers liveness and readiness. Readiness is never "the port
-// answers": the engine must list the served name and answer a real
-// request.
+// instance is the handle of a launch: the router reaches the engine on its
+// loopback port with the key; only /health answers without it.
+func instance(id, launchID string, l proc.Launched, port int, served, key string) *enginekit.Instance {
+	ep := enginekit.Exposure{OpenRoutes: []string{"/health"}, Note: "the engine has no Unix socket option"}.
+		Apply(enginekit.NewEndpoint(port, served, key))
+	in := enginekit.NewInstance(id, launchID, l, port, ep)
+	in.API, in.Residency, in.StopGrace = "chat", enginekit.ResidencyRestartOnly, stopGrace
+	return in
+}
+
+// Probe answers liveness from the process table, and readiness once the
+// engine lists the served name and answers a real request.
 func (d *Driver) Probe(ctx context.Context, req *pb.ProbeRequest) (*pb.ProbeResponse, error) {
-	d.mu.Lock()
-	ep, ok := d.endpoints[req.GetInstanceId()]
-	d.mu.Unlock()
-	if !ok {
-		return nil, sdk.Errorf(sdk.CodeInstanceNotFound, "no instance %s", req.GetInstanceId())
-	}
-	c := engineapi.NewEngineClient(ep.GetBaseUrl(), ep.GetAuthHeader(), ep.GetAuthValue())
-	pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	listed, err := engineapi.ModelsContain(pctx, c, ep.GetServedName())
-	if err != nil || !listed {
-		return &pb.ProbeResponse{Alive: err == nil, Detail: "the model is not listed yet"}, nil
+	in, err := d.reg.Get(req.GetInstanceId())
+	if err != nil {
+		return nil, err
 	}
 	if req.GetKind() == pb.ProbeKind_PROBE_KIND_LIVENESS {
-		return &pb.ProbeResponse{Alive: true}, nil
+		return in.Liveness(), nil
 	}
-	answer, err := engineapi.ChatProbe(pctx, c, ep.GetChatPath(), ep.GetServedName(), "Say ready.", 8)
-	if err != nil {
-		return &pb.ProbeResponse{Alive: true, Detail: err.Error()}, nil
-	}
-	return &pb.ProbeResponse{Alive: true, Ready: true, Canary: answer, Endpoint: ep}, nil
+	return in.WaitReady(ctx, enginekit.ProbeDeadline(req, startupTimeout), in.ChatReady("Say ready.", 8, nil), nil, nil), nil
+}
+
+// Load reads the idle signal from the engine's /metrics.
+func (d *Driver) Load(ctx context.Context, req *pb.LoadRequest) (*pb.LoadResponse, error) {
+	return d.reg.Load(ctx, req, metrics)
+}
+
+// Stop ends the engine's whole process group and proves it gone.
+func (d *Driver) Stop(_ context.Context, req *pb.StopRequest) (*pb.StopResponse, error) {
+	return d.reg.Stop(req, stopGrace, enginekit.StopHooks{})
+}
+
+// Recover re-attaches a restarted driver to an engine that kept running.
+func (d *Driver) Recover(_ context.Context, req *pb.RecoverRequest) (*pb.RecoverResponse, error) {
+	return d.reg.Recover(req, func(l proc.Launched, detail string) (*enginekit.Instance, string, error) {
+		launch := req.GetLaunch()
+		served := req.GetDeployment().GetServedName()
+		return instance(req.GetInstanceId(), launch.GetLaunchId(), l, int(launch.GetPort()), served, req.GetEngineKey()), detail, nil
+	})
+}
+
+// Logs returns the redacted tail of the engine's output.
+func (d *Driver) Logs(_ context.Context, req *pb.LogsRequest) (*pb.LogsResponse, error) {
+	return d.reg.Logs(req)
 }

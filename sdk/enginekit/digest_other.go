@@ -3,7 +3,7 @@
 
 //go:build !linux
 
-package engine
+package enginekit
 
 import "os"
 

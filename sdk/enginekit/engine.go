@@ -1,17 +1,7 @@
 // Copyright (c) CapyCTL authors
 // SPDX-License-Identifier: Apache-2.0
 
-// Package engine is what the first-party drivers share, whatever language
-// their engine is written in: the per-instance handle behind sdk/proc and
-// the driver's registry of them (start, stop with proof, re-attach from a
-// recorded launch or its launch directory, logs, the idle signal from
-// /metrics), the readiness loop (exit, off-loopback listeners, deadline),
-// the pieces of an engine's environment, the endpoint the router is
-// handed, plan refusals, the Describe answer, the Park, Wake and Abort of
-// the engines that cannot park, and the clean-up of the shared-memory
-// segments a launch leaves. What only engines installed in a Python
-// environment need is in drivers/internal/pyengine.
-package engine
+package enginekit
 
 import (
 	"context"
@@ -21,12 +11,9 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"strconv"
-	"strings"
 	"sync"
 	"time"
 
-	"github.com/capyctl/capyctl/core/version"
 	"github.com/capyctl/capyctl/sdk"
 	"github.com/capyctl/capyctl/sdk/flags"
 	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
@@ -95,13 +82,14 @@ func CheckOptions(t *flags.Table, dep *pb.Deployment, host *pb.HostPolicy, typed
 	return args
 }
 
-// Describe is a first-party driver's Describe answer: its family, this
-// build's version, the protocol it serves, its capabilities and the schema
-// of its engine_config block.
-func Describe(family string, caps *pb.Capabilities, configSchema string) *pb.DescribeResponse {
+// Describe is a driver's Describe answer: its family, the driver's own
+// version, the protocol this SDK serves (sdk.ProtocolVersion), its
+// capabilities and the schema of its engine_config block ("" when it has
+// none).
+func Describe(family, version string, caps *pb.Capabilities, configSchema string) *pb.DescribeResponse {
 	return &pb.DescribeResponse{
 		Name:         family,
-		Version:      version.Version,
+		Version:      version,
 		Protocol:     sdk.ProtocolVersion,
 		Capabilities: caps,
 		ConfigSchema: configSchema,
@@ -127,46 +115,6 @@ func (RestartOnly) Wake(context.Context, *pb.WakeRequest) (*pb.WakeResponse, err
 // Abort implements sdk.Driver: closing the connection stops the request.
 func (RestartOnly) Abort(context.Context, *pb.AbortRequest) (*pb.AbortResponse, error) {
 	return &pb.AbortResponse{Mode: pb.AbortMode_ABORT_MODE_CLOSE_CONNECTION}, nil
-}
-
-// ReleaseAtLeast reports whether a release's numbers ([0 7 0] for 0.7.0)
-// are at least min's, a missing number reading 0.
-func ReleaseAtLeast(release, min []int) bool {
-	for i := 0; i < max(len(release), len(min)); i++ {
-		x, y := 0, 0
-		if i < len(release) {
-			x = release[i]
-		}
-		if i < len(min) {
-			y = min[i]
-		}
-		if x != y {
-			return x > y
-		}
-	}
-	return true
-}
-
-// VersionAtLeast reports whether a version ("0.31.0", "v0.7.0rc1") is a
-// release at least min; anything that is not a release is not.
-func VersionAtLeast(v string, min []int) bool {
-	v = strings.TrimPrefix(v, "v")
-	if i := strings.IndexFunc(v, func(r rune) bool { return r != '.' && (r < '0' || r > '9') }); i >= 0 {
-		v = v[:i]
-	}
-	parts := strings.Split(strings.TrimSuffix(v, "."), ".")
-	if len(parts) < 2 {
-		return false
-	}
-	rel := make([]int, len(parts))
-	for i, p := range parts {
-		n, err := strconv.Atoi(p)
-		if err != nil {
-			return false
-		}
-		rel[i] = n
-	}
-	return ReleaseAtLeast(rel, min)
 }
 
 // FileDigest is "sha256:<hex>" of a file's content (an engine's binary).

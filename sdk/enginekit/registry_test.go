@@ -1,7 +1,7 @@
 // Copyright (c) CapyCTL authors
 // SPDX-License-Identifier: Apache-2.0
 
-package engine
+package enginekit
 
 import (
 	"crypto/sha256"
@@ -148,25 +148,6 @@ func TestEnv(t *testing.T) {
 	}
 }
 
-func TestReleaseAtLeast(t *testing.T) {
-	cases := []struct {
-		release, min []int
-		want         bool
-	}{
-		{[]int{0, 7, 0}, []int{0, 7, 0}, true},
-		{[]int{0, 7}, []int{0, 7, 0}, true},
-		{[]int{0, 7, 1}, []int{0, 7}, true},
-		{[]int{0, 6, 9}, []int{0, 7}, false},
-		{[]int{1}, []int{0, 7, 0}, true},
-		{nil, []int{0, 1}, false},
-	}
-	for _, c := range cases {
-		if got := ReleaseAtLeast(c.release, c.min); got != c.want {
-			t.Errorf("ReleaseAtLeast(%v, %v) = %v, want %v", c.release, c.min, got, c.want)
-		}
-	}
-}
-
 // TestFileDigest_FollowsTheFile: a digest kept for a file's version is never
 // given for another version.
 func TestFileDigest_FollowsTheFile(t *testing.T) {
@@ -207,4 +188,21 @@ func cachedDigests() int {
 	n := 0
 	digests.Range(func(any, any) bool { n++; return true })
 	return n
+}
+
+func TestLogMode(t *testing.T) {
+	cases := []struct {
+		host *pb.HostPolicy
+		want string
+	}{
+		{&pb.HostPolicy{}, proc.LogModeFile},
+		{&pb.HostPolicy{EngineLogs: "file", Retention: "standard"}, proc.LogModeFile},
+		{&pb.HostPolicy{EngineLogs: "memory"}, proc.LogModeMemory},
+		{&pb.HostPolicy{Retention: "zero"}, proc.LogModeMemory},
+	}
+	for _, c := range cases {
+		if got := LogMode(c.host); got != c.want {
+			t.Errorf("LogMode(%v) = %s, want %s", c.host, got, c.want)
+		}
+	}
 }
