@@ -171,9 +171,9 @@ func (c *Controller) Deployments() []*Deployment {
 	return out
 }
 
-// Waiting returns the requests waiting and their bytes, all deployments
+// WaitingAll returns the requests waiting and their bytes, all deployments
 // together.
-func (c *Controller) Waiting() (int, int64) {
+func (c *Controller) WaitingAll() (int, int64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.waiting, c.waitingBytes

@@ -82,7 +82,7 @@ func TestDeployment_FIFOAndLeave(t *testing.T) {
 	w1.Place().Done()
 	<-w3.C()
 	w3.Leave() // granted, then left: the place is freed
-	if n, b := c.Waiting(); n != 0 || b != 0 {
+	if n, b := c.WaitingAll(); n != 0 || b != 0 {
 		t.Fatalf("waiting %d bytes %d", n, b)
 	}
 	if cnt := d.Counts(); cnt.Live != 0 || cnt.Waiting != 0 {

@@ -26,6 +26,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
+	"github.com/capyctl/capyctl/core/admission"
 	"github.com/capyctl/capyctl/core/api"
 	"github.com/capyctl/capyctl/core/api/client"
 	"github.com/capyctl/capyctl/core/api/wire"
@@ -271,13 +272,27 @@ func New(s Settings, logger hclog.Logger) (*Agent, error) {
 	if policy.Retention == "zero" {
 		policy.EngineLogs = "memory"
 	}
+	// One admission controller owns the request counts: the router admits
+	// and settles through it, the lifecycle reads it before it drains,
+	// parks, switches or idles, and restarts an instance whose places cut
+	// requests fill.
+	adm := admission.New(admission.Config{
+		MaxWaitingTotal: s.MaxWaitingTotal,
+		MaxWaitingBytes: s.MaxWaitingBytes,
+		OnSaturated: func(dep, instance string) {
+			logger.Named("router").Warn("cancelled requests waiting for the next stop hold every place: restarting the instance",
+				"deployment", dep, "instance", instance)
+			lc.RestartForSettlement(instance)
+		},
+	})
 	lc = lifecycle.New(lifecycle.Config{
-		Store:   st,
-		Drivers: a.Plugins,
-		Ports:   lifecycle.NewPortPool(ports.First, ports.Last),
-		Host:    lifecycle.Host{Name: s.Hostname, StateDir: s.StateDir, ModelsRoot: s.ModelsRoot, Policy: policy},
-		Placer:  a.Placer,
-		Logger:  logger,
+		Requests: adm,
+		Store:    st,
+		Drivers:  a.Plugins,
+		Ports:    lifecycle.NewPortPool(ports.First, ports.Last),
+		Host:     lifecycle.Host{Name: s.Hostname, StateDir: s.StateDir, ModelsRoot: s.ModelsRoot, Policy: policy},
+		Placer:   a.Placer,
+		Logger:   logger,
 		// The role's defaults for deployments that set no idle timers.
 		ReadyIdleTimeout:  s.ReadyIdle,
 		ParkedIdleTimeout: s.ParkedIdle,
@@ -285,10 +300,9 @@ func New(s Settings, logger hclog.Logger) (*Agent, error) {
 	a.Lifecycle = lc
 	a.Engines = engines.New(st, a.Plugins, lc)
 	a.Requests = store.NewRequestWriter(st, ledgerOptions(s.RequestLedger, logger))
-	a.Router = router.New(router.Config{Lifecycle: lc, Logger: logger, MaxBodyBytes: s.MaxBodyBytes, DefaultDeadline: s.RequestDeadline,
+	a.Router = router.New(router.Config{Lifecycle: lc, Admission: adm, Logger: logger, MaxBodyBytes: s.MaxBodyBytes, DefaultDeadline: s.RequestDeadline,
 		Ledger: a.Requests, MaxWaitingTotal: s.MaxWaitingTotal, MaxWaitingBytes: s.MaxWaitingBytes,
 		MaxBodyBytesInFlight: s.MaxBodyBytesInFlight, BodyReadTimeout: s.Listener.options("inference", logger).BodyReadTimeout})
-	lc.SetRequestTracker(a.Router)
 
 	if err := a.listen(); err != nil {
 		_ = a.Requests.Close()

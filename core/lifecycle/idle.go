@@ -29,7 +29,7 @@ func (m *Manager) idleTimeouts(spec *structs.Deployment) (ready, parked time.Dur
 // clock.
 func (m *Manager) CheckIdle() {
 	now := m.cfg.Now()
-	reqs := m.requests.get()
+	reqs := m.cfg.Requests
 	for _, in := range m.allInstances() {
 		dr, ok := m.spec(in.dep)
 		if !ok || dr.Spec.Lifecycle.Warm {
@@ -62,7 +62,7 @@ func (m *Manager) CheckIdle() {
 
 // idlePark runs in the lane: re-check idleness, then park (or stop).
 func (in *instance) idlePark(why string) error {
-	if in.state() != structs.StateReady || in.m.requests.get().Active(in.id) > 0 {
+	if in.state() != structs.StateReady || in.m.cfg.Requests.Active(in.id) > 0 {
 		return nil
 	}
 	return in.park(why, false)
@@ -70,7 +70,7 @@ func (in *instance) idlePark(why string) error {
 
 // idleStop runs in the lane: re-check, then stop a parked instance.
 func (in *instance) idleStop(why string) error {
-	if in.state() != structs.StateParked || in.m.requests.get().Waiting(in.dep) > 0 {
+	if in.state() != structs.StateParked || in.m.cfg.Requests.Waiting(in.dep) > 0 {
 		return nil
 	}
 	return in.stopReleased(why, "stopped (parked idle)")

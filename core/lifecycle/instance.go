@@ -678,7 +678,7 @@ func (in *instance) stop(why string) error {
 // release gives back the memory and port of a launch whose processes are
 // proven gone.
 func (in *instance) release(rec structs.InstanceRecord) {
-	in.m.stopped(in.id, rec.Generation)
+	in.m.cfg.Requests.Stopped(in.id, rec.Generation)
 	if in.m.cfg.Placer != nil {
 		in.m.cfg.Placer.Release(in.id)
 	}

@@ -229,7 +229,8 @@ func TestManager_IdleTimers(t *testing.T) {
 			if err := f.activate("a"); err != nil {
 				t.Fatal(err)
 			}
-			f.m.Touch("a/0")
+			// A request uses the instance: the router touches its target.
+			f.m.Routes().Lookup("a").Ready[0].Touch(f.clock.Now())
 			f.clock.Advance(29 * time.Minute)
 			f.m.CheckIdle()
 			if s := f.state("a"); s != structs.StateReady {
@@ -328,7 +329,6 @@ func TestManager_RecoverParkedAfterRestart(t *testing.T) {
 	}
 	f.m.Close()
 	m2 := New(f.cfg)
-	m2.SetRequestTracker(f.reqs)
 	if err := m2.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}

@@ -17,12 +17,12 @@ import (
 	"fmt"
 	"sort"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/capyctl/capyctl/core/models"
+	"github.com/capyctl/capyctl/core/routes"
 	"github.com/capyctl/capyctl/core/structs"
 	"github.com/capyctl/capyctl/sdk"
 	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
@@ -64,7 +64,10 @@ type Config struct {
 	Host    Host
 	// Placer reserves memory for starts (the ledger); nil admits every start.
 	Placer Placer
-	Logger hclog.Logger
+	// Requests are the counts of the requests admitted to the instances
+	// (the admission controller the router shares); nil counts none.
+	Requests Requests
+	Logger   hclog.Logger
 	// LivenessInterval is how often a ready engine's process is checked
 	// (default 500ms): an engine that dies is noticed within a second.
 	LivenessInterval time.Duration
@@ -112,11 +115,10 @@ type Manager struct {
 	mu          sync.Mutex
 	deployments map[string]*deployment
 	byID        map[string]*instance
-	routes      atomic.Pointer[RouteTable]
+	board       routes.Board
 	// routesMu serialises rebuildRoutes: a table built from older
 	// snapshots must never be published after a newer one.
 	routesMu sync.Mutex
-	requests requestsHolder
 	// switchMu serialises switches: one eviction plan at a time on a host.
 	switchMu sync.Mutex
 
@@ -143,6 +145,9 @@ type activation struct {
 func New(cfg Config) *Manager {
 	if cfg.Logger == nil {
 		cfg.Logger = hclog.NewNullLogger()
+	}
+	if cfg.Requests == nil {
+		cfg.Requests = noRequests{}
 	}
 	if cfg.LivenessInterval == 0 {
 		cfg.LivenessInterval = 500 * time.Millisecond
@@ -184,7 +189,6 @@ func New(cfg Config) *Manager {
 		ctx:         ctx,
 		cancel:      cancel,
 	}
-	m.routes.Store(&RouteTable{byRoute: map[string]*Route{}})
 	return m
 }
 
@@ -707,6 +711,20 @@ func (m *Manager) Deployment(name string) (*DeploymentView, error) {
 		v.Instances = append(v.Instances, in.snapshot())
 	}
 	return v, nil
+}
+
+// InstanceStates returns the states of a deployment's instances (nil for
+// an unknown deployment): what a waiting request's progress comment says.
+func (m *Manager) InstanceStates(name string) []structs.InstanceState {
+	v, err := m.Deployment(name)
+	if err != nil {
+		return nil
+	}
+	out := make([]structs.InstanceState, len(v.Instances))
+	for i, in := range v.Instances {
+		out[i] = in.State
+	}
+	return out
 }
 
 // Deployments returns every deployment's view, sorted by name.

@@ -111,7 +111,7 @@ func (in *instance) park(why string, forSwitch bool) error {
 		return structs.Errf(structs.CodeConflict, "instance %s is %s, not ready", in.id, rec.State)
 	}
 	m := in.m
-	reqs := m.requests.get()
+	reqs := m.cfg.Requests
 	if !in.canPark(rec) {
 		return in.stopReleased(why, "stopped (restart only)")
 	}
@@ -186,7 +186,7 @@ func (in *instance) stopReleased(why, released string) error {
 // once it is idle.
 func (in *instance) drain(why string) error {
 	m := in.m
-	reqs := m.requests.get()
+	reqs := m.cfg.Requests
 	if reqs.Active(in.id) > 0 && in.lastReady() {
 		deadline := m.cfg.Now().Add(m.cfg.AdmissionWindow)
 		for reqs.Active(in.id) > 0 && m.cfg.Now().Before(deadline) {

@@ -6,48 +6,16 @@ package lifecycle
 import (
 	"sort"
 
+	"github.com/capyctl/capyctl/core/routes"
 	"github.com/capyctl/capyctl/core/structs"
 )
 
-// RouteTable is an immutable snapshot of what the router may send where. The
-// lifecycle publishes a new one after every transition; the router reads the
-// current one without a lock.
-type RouteTable struct {
-	byRoute map[string]*Route
-	list    []*Route
-}
+// Routes returns the current route table.
+func (m *Manager) Routes() *routes.Table { return m.board.Load() }
 
-// Route is one deployment as the router sees it.
-type Route struct {
-	Deployment string
-	API        string
-	// Routes are the public model names.
-	Routes     []string
-	Desired    string
-	Activation string
-	Revision   uint64
-	Spec       *structs.Deployment
-	// Ready are the instances that accept requests now.
-	Ready []*Target
-	// Instances is the number of instances the deployment has.
-	Instances int
-}
-
-// Target is a ready instance.
-type Target struct {
-	Instance   string
-	Generation uint64
-	Endpoint   structs.EngineEndpoint
-}
-
-// Lookup returns the deployment serving a public model name.
-func (t *RouteTable) Lookup(model string) *Route { return t.byRoute[model] }
-
-// List returns every route, sorted by deployment name.
-func (t *RouteTable) List() []*Route { return t.list }
-
-// Routes returns the current table.
-func (m *Manager) Routes() *RouteTable { return m.routes.Load() }
+// Board is where the route tables are published: the router reads the
+// current one without a lock and waits on its change signal.
+func (m *Manager) Board() *routes.Board { return &m.board }
 
 // rebuildRoutes publishes a new table from the in-memory state.
 //
@@ -65,14 +33,14 @@ func (m *Manager) rebuildRoutes() {
 		deps = append(deps, d)
 	}
 	m.mu.Unlock()
-	t := &RouteTable{byRoute: map[string]*Route{}}
+	list := make([]*routes.Route, 0, len(deps))
 	for _, d := range deps {
 		m.mu.Lock()
 		rec := d.rec
 		insts := append([]*instance(nil), d.instances...)
 		m.mu.Unlock()
 		spec := rec.Spec
-		r := &Route{
+		r := &routes.Route{
 			Deployment: rec.Name,
 			API:        spec.API,
 			Routes:     spec.Routes,
@@ -85,17 +53,11 @@ func (m *Manager) rebuildRoutes() {
 		for _, in := range insts {
 			snap := in.snapshot()
 			if snap.State == structs.StateReady && snap.Endpoint != nil {
-				r.Ready = append(r.Ready, &Target{Instance: snap.ID(), Generation: snap.Generation, Endpoint: *snap.Endpoint})
+				r.Ready = append(r.Ready, &routes.Target{Instance: snap.ID(), Generation: snap.Generation, Endpoint: *snap.Endpoint, LastUsed: &in.lastUsed})
 			}
 		}
-		for _, name := range spec.Routes {
-			t.byRoute[name] = r
-		}
-		if len(spec.Routes) == 0 {
-			t.byRoute[rec.Name] = r
-		}
-		t.list = append(t.list, r)
+		list = append(list, r)
 	}
-	sort.Slice(t.list, func(i, j int) bool { return t.list[i].Deployment < t.list[j].Deployment })
-	m.routes.Store(t)
+	sort.Slice(list, func(i, j int) bool { return list[i].Deployment < list[j].Deployment })
+	m.board.Publish(routes.NewTable(list...))
 }

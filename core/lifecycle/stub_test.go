@@ -196,12 +196,17 @@ type fakeRequests struct {
 func newFakeRequests() *fakeRequests {
 	return &fakeRequests{active: map[string]int{}, waiting: map[string]int{}, atStop: map[string]int{}}
 }
-func (f *fakeRequests) Requests(i string) InstanceRequests {
+func (f *fakeRequests) Active(i string) int {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return InstanceRequests{InFlight: f.active[i], SettleAtStop: f.atStop[i]}
+	return f.active[i]
 }
-func (f *fakeRequests) InstanceStopped(string, uint64) {}
+func (f *fakeRequests) SettleAtStop(i string) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.atStop[i]
+}
+func (f *fakeRequests) Stopped(string, uint64) {}
 func (f *fakeRequests) Waiting(d string) int {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -253,7 +258,7 @@ func newFixture(t *testing.T, capacity, ready, parked int, mutate ...func(*Confi
 	pool := NewPortPool(30000, 30999)
 	pool.free = func(int) bool { return true }
 	f.cfg = Config{
-		Store: st, Drivers: stubSource{f.drv}, Ports: pool, Placer: f.placer,
+		Store: st, Drivers: stubSource{f.drv}, Ports: pool, Placer: f.placer, Requests: f.reqs,
 		Host:              Host{Name: "h", StateDir: dir, ModelsRoot: dir},
 		Now:               f.clock.Now,
 		LivenessInterval:  time.Hour,
@@ -266,7 +271,6 @@ func newFixture(t *testing.T, capacity, ready, parked int, mutate ...func(*Confi
 		mu(&f.cfg)
 	}
 	f.m = New(f.cfg)
-	f.m.SetRequestTracker(f.reqs)
 	if err := f.m.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}

@@ -59,7 +59,7 @@ func (m *Manager) withRoom(ctx context.Context, requester *instance, evict bool,
 
 // pickVictim chooses the next victim for a requester.
 func (m *Manager) pickVictim(requester *instance, tried map[string]bool) *instance {
-	reqs := m.requests.get()
+	reqs := m.cfg.Requests
 	type cand struct {
 		in     *instance
 		parked bool
@@ -114,7 +114,7 @@ func (m *Manager) pickVictim(requester *instance, tried map[string]bool) *instan
 // fit) or stops it when it is parked.
 func (in *instance) evictSelf(why string) error {
 	rec := in.snapshot()
-	reqs := in.m.requests.get()
+	reqs := in.m.cfg.Requests
 	if reqs.Waiting(in.dep) > 0 {
 		return structs.Errf(structs.CodeConflict, "%s now has waiting requests", in.dep)
 	}

@@ -16,7 +16,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/capyctl/capyctl/core/lifecycle"
+	"github.com/capyctl/capyctl/core/routes"
 	"github.com/capyctl/capyctl/core/router"
 	"github.com/capyctl/capyctl/core/structs"
 	"github.com/capyctl/capyctl/plugins-testkit/fakeengine"
@@ -25,7 +25,7 @@ import (
 
 // fakeLC is a lifecycle with one deployment on one in-process fake engine.
 type fakeLC struct {
-	table    atomic.Pointer[lifecycle.RouteTable]
+	board    routes.Board
 	eng      atomic.Pointer[fakeengine.Engine]
 	gen      atomic.Uint64
 	state    atomic.Value // structs.InstanceState
@@ -38,9 +38,7 @@ type fakeLC struct {
 	acts     atomic.Int64
 }
 
-func (f *fakeLC) Routes() *lifecycle.RouteTable { return f.table.Load() }
-
-func (f *fakeLC) Touch(string) {}
+func (f *fakeLC) Board() *routes.Board { return &f.board }
 
 func (f *fakeLC) Activate(ctx context.Context, dep string) error {
 	f.acts.Add(1)
@@ -58,12 +56,12 @@ func (f *fakeLC) Abort(_ context.Context, _, requestID string) (bool, error) {
 	return f.eng.Load().Abort(requestID) > 0, nil
 }
 
-func (f *fakeLC) Load(context.Context, string) (lifecycle.InstanceLoad, error) {
+func (f *fakeLC) Load(context.Context, string) (routes.InstanceLoad, error) {
 	if f.noIdle.Load() {
-		return lifecycle.InstanceLoad{}, nil
+		return routes.InstanceLoad{}, nil
 	}
 	s := f.eng.Load().Stats()
-	return lifecycle.InstanceLoad{Known: true, Running: int64(s.Running), Waiting: int64(s.Waiting), At: time.Now()}, nil
+	return routes.InstanceLoad{Known: true, Running: int64(s.Running), Waiting: int64(s.Waiting), At: time.Now()}, nil
 }
 
 func (f *fakeLC) InstanceRun(string) (uint64, structs.InstanceState, bool) {
@@ -165,11 +163,11 @@ func (e *env) publish(ready bool) {
 	if e.spec != nil {
 		e.spec(s)
 	}
-	r := &lifecycle.Route{Deployment: "demo", API: api, Routes: []string{"demo"}, Desired: structs.DesiredOnDemand, Spec: s, Instances: 1}
+	r := &routes.Route{Deployment: "demo", API: api, Routes: []string{"demo"}, Desired: structs.DesiredOnDemand, Spec: s, Instances: 1}
 	if ready {
-		r.Ready = []*lifecycle.Target{{Instance: "demo/0", Generation: e.lc.gen.Load(), Endpoint: e.ep}}
+		r.Ready = []*routes.Target{{Instance: "demo/0", Generation: e.lc.gen.Load(), Endpoint: e.ep}}
 	}
-	e.lc.table.Store(lifecycle.NewRouteTable(r))
+	e.lc.board.Publish(routes.NewTable(r))
 }
 
 // post sends a request with ctx.

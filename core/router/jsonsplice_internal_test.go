@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/capyctl/capyctl/core/lifecycle"
+	"github.com/capyctl/capyctl/core/routes"
 	"github.com/capyctl/capyctl/core/structs"
 )
 
@@ -113,7 +113,7 @@ func TestEngineBody_Splice(t *testing.T) {
 			_ = parseChatHead([]byte(b), &head)
 			q := &request{id: "capy-0123", model: "pub", api: structs.APIChat, body: []byte(b), stream: head.Stream,
 				usageOpt: head.StreamOptions != nil && head.StreamOptions.IncludeUsage}
-			q.target = &lifecycle.Target{Endpoint: ep}
+			q.target = &routes.Target{Endpoint: ep}
 			got, err := q.engineBody()
 			if err != nil {
 				t.Fatalf("%s: %v", b, err)

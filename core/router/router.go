@@ -27,7 +27,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/capyctl/capyctl/core/admission"
-	"github.com/capyctl/capyctl/core/lifecycle"
+	"github.com/capyctl/capyctl/core/routes"
 	"github.com/capyctl/capyctl/core/structs"
 )
 
@@ -53,17 +53,20 @@ const (
 
 // Lifecycle is what the router needs of the lifecycle on the hot path.
 type Lifecycle interface {
-	Routes() *lifecycle.RouteTable
 	Activate(ctx context.Context, deployment string) error
-	// Touch records that a request used an instance (an atomic store).
-	Touch(instance string)
+}
+
+// instanceStates is what an activation's progress comment reads of the
+// lifecycle, where it offers it: the states of a deployment's instances.
+type instanceStates interface {
+	InstanceStates(deployment string) []structs.InstanceState
 }
 
 // Requests is what the router asks of the lifecycle off the hot path (see
 // core/lifecycle/requests.go); *lifecycle.Manager implements it.
 type Requests interface {
 	Abort(ctx context.Context, instanceID, requestID string) (bool, error)
-	Load(ctx context.Context, instanceID string) (lifecycle.InstanceLoad, error)
+	Load(ctx context.Context, instanceID string) (routes.InstanceLoad, error)
 	InstanceRun(instanceID string) (uint64, structs.InstanceState, bool)
 	RestartForSettlement(instanceID string)
 }
@@ -77,6 +80,14 @@ type Ledger interface {
 // Config configures a Router.
 type Config struct {
 	Lifecycle Lifecycle
+	// Routes is where the lifecycle publishes its route tables (default:
+	// the Lifecycle's Board, where it has one).
+	Routes *routes.Board
+	// Admission holds the places and lines of every deployment; the agent
+	// builds it and hands it to the lifecycle too. nil: the router builds
+	// its own (tests, benchmarks), whose saturation restarts through
+	// Requests.
+	Admission *admission.Controller
 	// Requests defaults to Lifecycle when it implements Requests.
 	Requests Requests
 	// Ledger receives request records; nil records nothing.
@@ -167,6 +178,13 @@ func New(cfg Config) *Router {
 			cfg.Requests = r
 		}
 	}
+	if cfg.Routes == nil {
+		if b, ok := cfg.Lifecycle.(interface{ Board() *routes.Board }); ok {
+			cfg.Routes = b.Board()
+		} else {
+			cfg.Routes = &routes.Board{}
+		}
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	rt := &Router{
 		cfg:    cfg,
@@ -179,12 +197,15 @@ func New(cfg Config) *Router {
 		ctx:    ctx,
 		cancel: cancel,
 	}
-	rt.adm = admission.New(admission.Config{
-		MaxWaitingTotal: cfg.MaxWaitingTotal,
-		MaxWaitingBytes: cfg.MaxWaitingBytes,
-		Transit:         cfg.SettleTransit,
-		OnSaturated:     rt.onSaturated,
-	})
+	rt.adm = cfg.Admission
+	if rt.adm == nil {
+		rt.adm = admission.New(admission.Config{
+			MaxWaitingTotal: cfg.MaxWaitingTotal,
+			MaxWaitingBytes: cfg.MaxWaitingBytes,
+			Transit:         cfg.SettleTransit,
+			OnSaturated:     rt.onSaturated,
+		})
+	}
 	rt.stats.reg.MustRegister(&gauges{rt: rt})
 	rt.wg.Add(1)
 	go rt.settleLoop()
@@ -277,7 +298,7 @@ func (rt *Router) Models(w http.ResponseWriter, r *http.Request) {
 		Object string  `json:"object"`
 		Data   []model `json:"data"`
 	}{Object: "list", Data: []model{}}
-	for _, route := range rt.lc.Routes().List() {
+	for _, route := range rt.cfg.Routes.Load().List() {
 		state := "stopped"
 		switch {
 		case len(route.Ready) > 0:

@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/capyctl/capyctl/core/admission"
-	"github.com/capyctl/capyctl/core/lifecycle"
+	"github.com/capyctl/capyctl/core/routes"
 	"github.com/capyctl/capyctl/core/structs"
 	"github.com/capyctl/capyctl/sdk/decisions"
 )
@@ -55,13 +55,13 @@ type bounds struct {
 type depState struct {
 	name  string
 	adm   *admission.Deployment
-	route atomic.Pointer[lifecycle.Route]
+	route atomic.Pointer[routes.Route]
 	b     atomic.Pointer[bounds]
 	m     *depMetrics
 }
 
 // depFor returns the state of a route's deployment, synced with it.
-func (rt *Router) depFor(route *lifecycle.Route) *depState {
+func (rt *Router) depFor(route *routes.Route) *depState {
 	v, ok := rt.deps.Load(route.Deployment)
 	if !ok {
 		v, _ = rt.deps.LoadOrStore(route.Deployment, &depState{
@@ -79,7 +79,7 @@ func (rt *Router) depFor(route *lifecycle.Route) *depState {
 
 // sync applies a route table's view of a deployment: bounds, places, ready
 // instances.
-func (rt *Router) sync(ds *depState, route *lifecycle.Route) {
+func (rt *Router) sync(ds *depState, route *routes.Route) {
 	b := &bounds{
 		deadline:   rt.cfg.DefaultDeadline,
 		streamIdle: DefaultStreamIdle,
@@ -138,11 +138,11 @@ type request struct {
 	stream   bool
 	usageOpt bool // the client asked for the usage chunk
 
-	route  *lifecycle.Route
+	route  *routes.Route
 	ds     *depState
 	b      *bounds
 	place  *admission.Place
-	target *lifecycle.Target
+	target *routes.Target
 
 	start        time.Time
 	activation   time.Duration
@@ -291,7 +291,7 @@ func (q *request) resolve() bool {
 		q.fail(structs.Errf(structs.CodeInvalidRequest, "the request names no model"))
 		return false
 	}
-	route := q.rt.lc.Routes().Lookup(q.model)
+	route := q.rt.cfg.Routes.Load().Lookup(q.model)
 	if route == nil {
 		q.fail(structs.Errf(structs.CodeUnknownModel, "no model %q: GET /v1/models lists the models", q.model))
 		return false
@@ -390,7 +390,7 @@ func (q *request) admit() bool {
 		q.place = place
 		if q.target = q.targetFor(place); q.target != nil {
 			// Least recently used victims and idle timers read it.
-			q.rt.lc.Touch(q.target.Instance)
+			q.target.Touch(time.Now())
 			return true
 		}
 		// The instance left the ready set between the grant and now.
@@ -404,7 +404,7 @@ func (q *request) admit() bool {
 
 // resync reads the current route table.
 func (q *request) resync() bool {
-	route := q.rt.lc.Routes().Lookup(q.model)
+	route := q.rt.cfg.Routes.Load().Lookup(q.model)
 	if route == nil {
 		return false
 	}
@@ -415,8 +415,8 @@ func (q *request) resync() bool {
 }
 
 // targetFor returns the ready target a place is on.
-func (q *request) targetFor(p *admission.Place) *lifecycle.Target {
-	find := func(route *lifecycle.Route) *lifecycle.Target {
+func (q *request) targetFor(p *admission.Place) *routes.Target {
+	find := func(route *routes.Route) *routes.Target {
 		for _, t := range route.Ready {
 			if t.Instance == p.Instance && t.Generation == p.Generation {
 				return t
@@ -442,8 +442,11 @@ func (q *request) wait(wt *admission.Waiter) *admission.Place {
 	ctx := q.r.Context()
 	deadline := time.NewTimer(max(q.deadlineLeft(), 0))
 	defer deadline.Stop()
-	tick := time.NewTicker(100 * time.Millisecond)
-	defer tick.Stop()
+	// The route table's change signal wakes the request the moment its
+	// route changes (an instance ready, restarted, gone); the channel is
+	// taken before the table is read again, so no change is missed.
+	changed := rt.cfg.Routes.Changed()
+	q.resync()
 	var act chan error
 	var actStart time.Time
 	startAct := func() {
@@ -490,7 +493,8 @@ func (q *request) wait(wt *admission.Waiter) *admission.Place {
 				q.fail(structs.Errf(structs.CodeUnknownModel, "model %q was deleted", q.model))
 				return nil
 			}
-		case <-tick.C:
+		case <-changed:
+			changed = rt.cfg.Routes.Changed()
 			if q.resync() && act == nil && !q.ds.adm.Ready() {
 				startAct()
 			}
@@ -542,22 +546,16 @@ func (q *request) sendProgress(wt *admission.Waiter, activating bool) {
 	q.flush()
 }
 
-// activationState names what an activation is doing, from the lifecycle's
-// view of the deployment.
+// activationState names what an activation is doing, from the states of
+// the deployment's instances where the lifecycle offers them.
 func (rt *Router) activationState(dep string) string {
-	v, ok := rt.lc.(interface {
-		Deployment(string) (*lifecycle.DeploymentView, error)
-	})
+	v, ok := rt.lc.(instanceStates)
 	if !ok {
 		return "starting"
 	}
-	view, err := v.Deployment(dep)
-	if err != nil {
-		return "starting"
-	}
 	state := "starting"
-	for _, in := range view.Instances {
-		switch in.State {
+	for _, st := range v.InstanceStates(dep) {
+		switch st {
 		case structs.StateWaking, structs.StateParked:
 			return "waking"
 		case structs.StateDraining, structs.StateParking, structs.StateStopping:

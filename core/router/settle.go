@@ -6,11 +6,9 @@ package router
 import (
 	"context"
 	"math"
-	"strings"
 	"time"
 
 	"github.com/capyctl/capyctl/core/admission"
-	"github.com/capyctl/capyctl/core/lifecycle"
 	"github.com/capyctl/capyctl/core/structs"
 )
 
@@ -113,46 +111,4 @@ func (rt *Router) onSaturated(dep, instance string) {
 	if rt.req != nil {
 		rt.req.RestartForSettlement(instance)
 	}
-}
-
-// Requests implements lifecycle.RequestTracker: the counts of one
-// instance.
-func (rt *Router) Requests(instanceID string) lifecycle.InstanceRequests {
-	d := rt.adm.Lookup(deploymentOf(instanceID))
-	if d == nil {
-		return lifecycle.InstanceRequests{}
-	}
-	ic, ok := d.Instance(instanceID)
-	if !ok {
-		return lifecycle.InstanceRequests{}
-	}
-	return lifecycle.InstanceRequests{InFlight: ic.Live + ic.SettleWhenIdle + ic.SettleOnAbort, SettleAtStop: ic.SettleAtStop}
-}
-
-// InstanceStopped implements lifecycle.RequestTracker: the launch of an
-// instance up to generation ended, which settles what it held.
-func (rt *Router) InstanceStopped(instanceID string, generation uint64) {
-	if d := rt.adm.Lookup(deploymentOf(instanceID)); d != nil {
-		d.Stopped(instanceID, generation)
-	}
-}
-
-// Waiting implements lifecycle.RequestTracker: the requests queued for a
-// deployment (a model with waiters is never a switch's victim).
-func (rt *Router) Waiting(deployment string) int {
-	d := rt.adm.Lookup(deployment)
-	if d == nil {
-		return 0
-	}
-	return d.Counts().Waiting
-}
-
-var _ lifecycle.RequestTracker = (*Router)(nil)
-
-// deploymentOf is the deployment of an instance ID ("<deployment>/<index>").
-func deploymentOf(instanceID string) string {
-	if i := strings.LastIndexByte(instanceID, '/'); i > 0 {
-		return instanceID[:i]
-	}
-	return instanceID
 }

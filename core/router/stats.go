@@ -15,7 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/capyctl/capyctl/core/admission"
-	"github.com/capyctl/capyctl/core/lifecycle"
+	"github.com/capyctl/capyctl/core/routes"
 	"github.com/capyctl/capyctl/core/structs"
 )
 
@@ -221,7 +221,7 @@ func (g *gauges) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descUnsettle, prometheus.GaugeValue, float64(c.SettleAtStop), n, "settle_at_stop")
 		ch <- prometheus.MustNewConstMetric(descUnsettle, prometheus.GaugeValue, float64(c.SettleOnAbort), n, "settle_on_abort")
 	}
-	_, bytes := g.rt.adm.Waiting()
+	_, bytes := g.rt.adm.WaitingAll()
 	ch <- prometheus.MustNewConstMetric(descWaitAll, prometheus.GaugeValue, float64(bytes))
 	ch <- prometheus.MustNewConstMetric(descStale, prometheus.CounterValue, float64(g.rt.engine.stale.Load()))
 	if l, ok := g.rt.cfg.Ledger.(DroppingLedger); ok {
@@ -289,7 +289,7 @@ type DeploymentLoad struct {
 	Deployment string           `json:"deployment"`
 	Requests   admission.Counts `json:"requests"`
 	// Engines maps an instance to its engine's idle signal and figures.
-	Engines map[string]lifecycle.InstanceLoad `json:"engines,omitempty"`
+	Engines map[string]routes.InstanceLoad `json:"engines,omitempty"`
 }
 
 // Load returns the load view, reading each ready instance's engine (off
@@ -316,7 +316,7 @@ func (rt *Router) Load(ctx context.Context) []DeploymentLoad {
 					}
 					mu.Lock()
 					if dl.Engines == nil {
-						dl.Engines = map[string]lifecycle.InstanceLoad{}
+						dl.Engines = map[string]routes.InstanceLoad{}
 					}
 					dl.Engines[id] = l
 					mu.Unlock()

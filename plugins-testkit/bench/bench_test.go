@@ -27,21 +27,27 @@ import (
 	"testing"
 	"time"
 
-	"github.com/capyctl/capyctl/core/lifecycle"
 	"github.com/capyctl/capyctl/core/router"
+	"github.com/capyctl/capyctl/core/routes"
 	"github.com/capyctl/capyctl/core/structs"
 	"github.com/capyctl/capyctl/plugins-testkit/fakeengine"
 )
 
 // lc is a lifecycle with one ready deployment.
-type lc struct{ t *lifecycle.RouteTable }
+type lc struct{ b routes.Board }
 
-func (l *lc) Routes() *lifecycle.RouteTable                       { return l.t }
+func (l *lc) Board() *routes.Board { return &l.b }
+
+func newLC(rs ...*routes.Route) *lc {
+	l := &lc{}
+	l.b.Publish(routes.NewTable(rs...))
+	return l
+}
+
 func (l *lc) Activate(context.Context, string) error              { return nil }
-func (l *lc) Touch(string)                                        {}
 func (l *lc) Abort(context.Context, string, string) (bool, error) { return false, nil }
-func (l *lc) Load(context.Context, string) (lifecycle.InstanceLoad, error) {
-	return lifecycle.InstanceLoad{Known: true}, nil
+func (l *lc) Load(context.Context, string) (routes.InstanceLoad, error) {
+	return routes.InstanceLoad{Known: true}, nil
 }
 func (l *lc) InstanceRun(string) (uint64, structs.InstanceState, bool) {
 	return 1, structs.StateReady, true
@@ -82,9 +88,9 @@ func newSetup(b testing.TB, cfg fakeengine.Config, places int) *setup {
 	spec := &structs.Deployment{Name: "m", API: structs.APIChat, Routes: []string{"m"}, Instances: 1}
 	spec.EngineConfig.MaxConcurrentRequests = places
 	spec.Limits.MaxWaiting = 4096
-	route := &lifecycle.Route{Deployment: "m", API: structs.APIChat, Routes: []string{"m"}, Desired: structs.DesiredRunning, Spec: spec, Instances: 1,
-		Ready: []*lifecycle.Target{{Instance: "m/0", Generation: 1, Endpoint: structs.EngineEndpoint{BaseURL: direct, ChatPath: "/v1/chat/completions", ServedName: "m"}}}}
-	rt := router.New(router.Config{Lifecycle: &lc{t: lifecycle.NewRouteTable(route)}, MaxWaitingTotal: 4096})
+	route := &routes.Route{Deployment: "m", API: structs.APIChat, Routes: []string{"m"}, Desired: structs.DesiredRunning, Spec: spec, Instances: 1,
+		Ready: []*routes.Target{{Instance: "m/0", Generation: 1, Endpoint: structs.EngineEndpoint{BaseURL: direct, ChatPath: "/v1/chat/completions", ServedName: "m"}}}}
+	rt := router.New(router.Config{Lifecycle: newLC(route), MaxWaitingTotal: 4096})
 	b.Cleanup(rt.Close)
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/chat/completions", rt.ChatCompletions)

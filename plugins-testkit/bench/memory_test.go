@@ -16,8 +16,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/capyctl/capyctl/core/lifecycle"
 	"github.com/capyctl/capyctl/core/router"
+	"github.com/capyctl/capyctl/core/routes"
 	"github.com/capyctl/capyctl/core/structs"
 	"github.com/capyctl/capyctl/plugins-testkit/harness"
 )
@@ -69,9 +69,9 @@ func openStreamsMemory(b *testing.B, direct string, keep bool) [3]float64 {
 	spec := &structs.Deployment{Name: "m", API: structs.APIChat, Routes: []string{"m"}, Instances: 1}
 	spec.EngineConfig.MaxConcurrentRequests = 2 * streams
 	spec.Limits.MaxWaiting = 4096
-	route := &lifecycle.Route{Deployment: "m", API: structs.APIChat, Routes: []string{"m"}, Desired: structs.DesiredRunning, Spec: spec, Instances: 1,
-		Ready: []*lifecycle.Target{{Instance: "m/0", Generation: 1, Endpoint: structs.EngineEndpoint{BaseURL: direct, ChatPath: "/v1/chat/completions", ServedName: "m"}}}}
-	rt := router.New(router.Config{Lifecycle: &lc{t: lifecycle.NewRouteTable(route)}, MaxWaitingTotal: 4096, KeepStreamsOnNetHTTP: keep})
+	route := &routes.Route{Deployment: "m", API: structs.APIChat, Routes: []string{"m"}, Desired: structs.DesiredRunning, Spec: spec, Instances: 1,
+		Ready: []*routes.Target{{Instance: "m/0", Generation: 1, Endpoint: structs.EngineEndpoint{BaseURL: direct, ChatPath: "/v1/chat/completions", ServedName: "m"}}}}
+	rt := router.New(router.Config{Lifecycle: newLC(route), MaxWaitingTotal: 4096, KeepStreamsOnNetHTTP: keep})
 	defer rt.Close()
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/chat/completions", rt.ChatCompletions)

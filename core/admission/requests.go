@@ -1,0 +1,59 @@
+// Copyright (c) CapyCTL authors
+// SPDX-License-Identifier: Apache-2.0
+
+package admission
+
+import "strings"
+
+// The controller is the one owner of request counts: the router admits and
+// settles requests through it, the lifecycle reads it before it drains,
+// parks, switches or idles an instance (lifecycle.Requests), and tells it
+// when a launch ended. Instance IDs are "<deployment>/<index>".
+
+// DeploymentOf is the deployment of an instance ID.
+func DeploymentOf(instanceID string) string {
+	if i := strings.LastIndexByte(instanceID, '/'); i > 0 {
+		return instanceID[:i]
+	}
+	return instanceID
+}
+
+// instance returns an instance's counts; ok is false for an unknown one.
+func (c *Controller) instance(instanceID string) (InstanceCounts, bool) {
+	d := c.Lookup(DeploymentOf(instanceID))
+	if d == nil {
+		return InstanceCounts{}, false
+	}
+	return d.Instance(instanceID)
+}
+
+// Active is the number of requests admitted to an instance that its
+// engine may still be working on: in flight, or cut and waiting for the
+// engine's load reading or the end of an abort.
+func (c *Controller) Active(instanceID string) int {
+	ic, _ := c.instance(instanceID)
+	return ic.Live + ic.SettleWhenIdle + ic.SettleOnAbort
+}
+
+// SettleAtStop is the number of an instance's cut requests that only its
+// next stop settles.
+func (c *Controller) SettleAtStop(instanceID string) int {
+	ic, _ := c.instance(instanceID)
+	return ic.SettleAtStop
+}
+
+// Waiting is the number of requests queued for a deployment.
+func (c *Controller) Waiting(deployment string) int {
+	d := c.Lookup(deployment)
+	if d == nil {
+		return 0
+	}
+	return d.Counts().Waiting
+}
+
+// Stopped settles what the launches of an instance up to generation held.
+func (c *Controller) Stopped(instanceID string, generation uint64) {
+	if d := c.Lookup(DeploymentOf(instanceID)); d != nil {
+		d.Stopped(instanceID, generation)
+	}
+}
