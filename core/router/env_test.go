@@ -16,8 +16,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/capyctl/capyctl/core/routes"
 	"github.com/capyctl/capyctl/core/router"
+	"github.com/capyctl/capyctl/core/routes"
 	"github.com/capyctl/capyctl/core/structs"
 	"github.com/capyctl/capyctl/plugins-testkit/fakeengine"
 	"github.com/capyctl/capyctl/plugins-testkit/poll"
