@@ -324,7 +324,7 @@ func TestDashboard_Browser(t *testing.T) {
 	for i := 0; i < 3; i++ {
 		d.chat(t, "demo")
 	}
-	waitJS("the latency chart drew demo's requests", `document.querySelector('#chart-latency polyline[data-series="demo:p50"]')`)
+	waitJS("the latency chart drew demo's requests over two samples", `Number(document.querySelector('#chart-latency polyline[data-series="demo:p50"]')?.dataset.points) >= 2`)
 	shot("4-parked-from-page")
 
 	// The same page in the dark theme and on a phone.

@@ -389,11 +389,15 @@
     const segs = [];
     const owners = (ledger.owners || []).filter((o) => (o.charges || {})[d.name] > 0)
       .sort((a, b) => (PHASE_ORDER[a.phase] ?? 9) - (PHASE_ORDER[b.phase] ?? 9) || a.id.localeCompare(b.id));
-    for (const o of owners) {
+    let alt = false;
+    owners.forEach((o, n) => {
       const prov = provenance(snap, o.id, o.phase, d);
-      segs.push({ cls: 'phase-' + o.phase, bytes: o.charges[d.name], owner: o.id, phase: o.phase, prov,
+      // Neighbours in the same phase alternate shades, so each instance
+      // stays a segment of its own.
+      alt = n > 0 && owners[n - 1].phase === o.phase ? !alt : false;
+      segs.push({ cls: 'phase-' + o.phase + (alt ? ' alt' : ''), bytes: o.charges[d.name], owner: o.id, phase: o.phase, prov,
         label: o.id + ' · ' + (PHASE_WORD[o.phase] || o.phase), tip: o.id + '\n' + (PHASE_WORD[o.phase] || o.phase) + ' · ' + bytes(o.charges[d.name]) + '\nfigure: ' + prov });
-    }
+    });
     if (d.external_bytes > 0) segs.push({ cls: 'outside', bytes: d.external_bytes, label: 'outside CapyCTL', tip: 'held outside CapyCTL\n' + bytes(d.external_bytes) + '\nfigure: measured' });
     if (d.free_bytes > 0) segs.push({ cls: 'free', bytes: d.free_bytes, label: 'free', tip: 'free under the managed limit\n' + bytes(d.free_bytes) });
     const beyond = Math.max(0, cap - managed);
@@ -562,7 +566,8 @@
   async function refreshLog() {
     const sel = state.logSel;
     const pre = $('log-text');
-    if (!sel) { pre.textContent = ''; return; }
+    if (!sel) { pre.textContent = 'No instance.'; return; }
+    if (!pre.textContent) pre.textContent = 'Loading…';
     const i = sel.lastIndexOf('/');
     try {
       const { data } = await api('GET', API + '/deployments/' + encodeURIComponent(sel.slice(0, i)) + '/engine-log?instance=' + sel.slice(i + 1) + '&kib=' + LOG_KIB);
@@ -625,7 +630,7 @@
       if (state.prevCounts) {
         const dt = (t - state.prevCounts.t) / 1000;
         for (const [n, c] of Object.entries(counts)) {
-          const before = state.prevCounts.c[n] ?? c;
+          const before = state.prevCounts.c[n] ?? 0; // a counter appears at its first request
           get(n).rate = dt > 0 ? Math.max(0, c - before) / dt : 0;
         }
       }
@@ -671,7 +676,11 @@
       for (const k of keys) {
         const pts = [];
         samples.forEach((s, i) => { const v = s.dep[n]?.[k.key]; if (v != null) pts.push(x(i).toFixed(1) + ',' + y(v).toFixed(1)); });
-        if (pts.length) kids.push(sv('polyline', { cls: 'series ' + colour(n) + (k.dashed ? ' dashed' : ''), points: pts.join(' '), 'data-series': n + ':' + k.key }));
+        if (!pts.length) continue;
+        kids.push(sv('polyline', { cls: 'series ' + colour(n) + (k.dashed ? ' dashed' : ''), points: pts.join(' '), 'data-series': n + ':' + k.key, 'data-points': pts.length }));
+        // The latest value as a dot, so that one sample shows too.
+        const [lx, ly] = pts[pts.length - 1].split(',');
+        kids.push(sv('circle', { cls: 'dot ' + colour(n), cx: lx, cy: ly, r: 2.2 }));
       }
     }
     svg.replaceChildren(...kids);
