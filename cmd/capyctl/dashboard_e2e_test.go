@@ -6,9 +6,11 @@ package main_test
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/cookiejar"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -23,12 +25,16 @@ import (
 	"github.com/chromedp/chromedp"
 
 	"github.com/capyctl/capyctl/core/api/client"
+	"github.com/capyctl/capyctl/core/api/dashboard"
 	"github.com/capyctl/capyctl/plugins-testkit/harness"
 )
 
 // EnvChrome names a Chromium or Chrome binary for the browser test; without
 // it the test looks for chromium, chromium-browser, google-chrome on PATH.
 const EnvChrome = "CAPYCTL_CHROME"
+
+// dashboardCSRF is the dashboard session's CSRF header.
+const dashboardCSRF = dashboard.HeaderCSRF
 
 // EnvScreenshots names the directory the browser test saves its
 // screenshots in; without it, a new temporary directory (kept, and named in
@@ -341,5 +347,69 @@ func TestDashboard_Browser(t *testing.T) {
 	defer mu.Unlock()
 	if len(problems) > 0 {
 		t.Errorf("the page reported problems (exceptions or CSP violations):\n%s", strings.Join(problems, "\n"))
+	}
+}
+
+// TestDashboard_SessionActionIdempotent: on a real role, the dashboard's
+// session (no bearer token) carries an action through the management API
+// under an Idempotency-Key; the retry replays it; the same action from
+// another origin is refused and changes nothing.
+func TestDashboard_SessionActionIdempotent(t *testing.T) {
+	r := startWithDemo(t)
+	base := "http://" + r.Info.Management
+	jar, _ := cookiejar.New(nil)
+	hc := &http.Client{Jar: jar}
+	call := func(method, path, body string, headers map[string]string) (*http.Response, string) {
+		t.Helper()
+		req, err := http.NewRequest(method, base+path, strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Content-Type", "application/json")
+		for k, v := range headers {
+			req.Header.Set(k, v)
+		}
+		resp, err := hc.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp, harness.ReadAll(resp)
+	}
+	resp, body := call(http.MethodPost, "/dashboard/login", `{"token":"wrong"}`, map[string]string{"Origin": base})
+	if resp.StatusCode != http.StatusUnauthorized || len(resp.Cookies()) != 0 {
+		t.Fatalf("wrong token: %d %s", resp.StatusCode, body)
+	}
+	resp, body = call(http.MethodPost, "/dashboard/login", `{"token":"`+r.Creds.AdminToken+`"}`, map[string]string{"Origin": base})
+	var info struct {
+		CSRF string `json:"csrf"`
+	}
+	if resp.StatusCode != http.StatusOK || json.Unmarshal([]byte(body), &info) != nil {
+		t.Fatalf("login: %d %s", resp.StatusCode, body)
+	}
+	const path = "/management/v1/deployments/demo/instances/0/actions"
+	action := `{"action":"stop","wait":true}`
+
+	// From another site: refused, the instance still ready.
+	resp, body = call(http.MethodPost, path, action, map[string]string{
+		"Origin": "http://127.0.0.1:1", "Sec-Fetch-Site": "cross-site", dashboardCSRF: info.CSRF, "Idempotency-Key": "dash-cross"})
+	if resp.StatusCode != http.StatusForbidden || !strings.Contains(body, "cross_site_refused") {
+		t.Fatalf("cross-site action: %d %s", resp.StatusCode, body)
+	}
+	if st := status(t, r, "demo"); st.Instances[0].State != "ready" {
+		t.Fatalf("after the refused action demo/0 is %s", st.Instances[0].State)
+	}
+
+	// From the page: done once, replayed on the retry.
+	page := map[string]string{"Origin": base, "Sec-Fetch-Site": "same-origin", dashboardCSRF: info.CSRF, "Idempotency-Key": "dash-stop-1"}
+	resp, body = call(http.MethodPost, path, action, page)
+	if resp.StatusCode != http.StatusOK || resp.Header.Get("Idempotent-Replayed") != "" {
+		t.Fatalf("action: %d %s (replayed %q)", resp.StatusCode, body, resp.Header.Get("Idempotent-Replayed"))
+	}
+	if st := status(t, r, "demo"); st.Instances[0].State != "stopped" {
+		t.Fatalf("after the stop demo/0 is %s", st.Instances[0].State)
+	}
+	resp2, body2 := call(http.MethodPost, path, action, page)
+	if resp2.StatusCode != http.StatusOK || resp2.Header.Get("Idempotent-Replayed") != "true" || body2 != body {
+		t.Fatalf("retry: %d %s (replayed %q), first answer %s", resp2.StatusCode, body2, resp2.Header.Get("Idempotent-Replayed"), body)
 	}
 }
