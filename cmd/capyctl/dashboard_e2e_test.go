@@ -37,8 +37,8 @@ const EnvChrome = "CAPYCTL_CHROME"
 const dashboardCSRF = dashboard.HeaderCSRF
 
 // EnvScreenshots names the directory the browser test saves its
-// screenshots in; without it, a new temporary directory (kept, and named in
-// the test log).
+// screenshots in; without it, $TMPDIR/capyctl-dashboard-screenshots (named
+// in the test log).
 const EnvScreenshots = "CAPYCTL_DASHBOARD_SCREENSHOTS"
 
 func findBrowser(t *testing.T) string {
@@ -176,11 +176,11 @@ func TestDashboard_Browser(t *testing.T) {
 
 	shots := os.Getenv(EnvScreenshots)
 	if shots == "" {
-		shots, err = os.MkdirTemp("", "capyctl-dashboard-screenshots-")
-		if err != nil {
-			t.Fatal(err)
-		}
-	} else if err := os.MkdirAll(shots, 0o755); err != nil {
+		// One fixed place, overwritten by each run: kept for a person to
+		// look at, without piling up.
+		shots = filepath.Join(os.TempDir(), "capyctl-dashboard-screenshots")
+	}
+	if err := os.MkdirAll(shots, 0o755); err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("screenshots in %s", shots)
@@ -254,6 +254,9 @@ func TestDashboard_Browser(t *testing.T) {
 	step("open the login", 20*time.Second,
 		chromedp.Navigate(d.dashboard),
 		chromedp.WaitVisible(chromedp.ID("token")),
+	)
+	shot("0-login")
+	step("log in", 20*time.Second,
 		chromedp.SendKeys(chromedp.ID("token"), creds.AdminToken),
 		chromedp.Click(chromedp.ID("login-submit")),
 	)

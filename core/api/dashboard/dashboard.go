@@ -38,7 +38,7 @@ const Prefix = "/dashboard/"
 // ContentSecurityPolicy is sent with every dashboard answer. IMPORTANT: no
 // 'unsafe-inline' and no other origin: the page's script and style are the
 // embedded files, and the charts are SVG drawn by that script.
-const ContentSecurityPolicy = "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; " +
+const ContentSecurityPolicy = "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self'; " +
 	"connect-src 'self'; font-src 'self'; object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
 
 // contentTypes are the assets' types, fixed here rather than read from the

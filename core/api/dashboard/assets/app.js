@@ -342,9 +342,17 @@
     if (!snap) return;
     const r = snap.role || {};
     $('role').textContent = [r.role && r.role + ' role', r.host && 'on ' + r.host, r.version && 'v' + r.version, r.inference && 'inference ' + r.inference].filter(Boolean).join(' · ');
+    // A re-render replaces the elements: keep the keyboard's place.
+    const a = document.activeElement;
+    const keep = a && a.dataset ? ['owner', 'instance', 'action'].filter((k) => a.dataset[k]).map((k) => '[data-' + k + '="' + CSS.escape(a.dataset[k]) + '"]').join('') : '';
+    const where = keep && a.closest('[data-domain]') ? '[data-domain="' + CSS.escape(a.closest('[data-domain]').dataset.domain) + '"] ' : '';
     renderMemory(snap);
     renderModels(snap);
     renderLogChoices(snap);
+    if (keep) {
+      const again = document.querySelector(where + a.tagName.toLowerCase() + keep);
+      if (again) again.focus();
+    }
   }
 
   // provenance finds where an owner's figure on a domain comes from: the
