@@ -29,6 +29,7 @@ import (
 	"github.com/capyctl/capyctl/core/admission"
 	"github.com/capyctl/capyctl/core/api"
 	"github.com/capyctl/capyctl/core/api/client"
+	"github.com/capyctl/capyctl/core/api/dashboard"
 	"github.com/capyctl/capyctl/core/api/wire"
 	"github.com/capyctl/capyctl/core/config"
 	"github.com/capyctl/capyctl/core/engines"
@@ -640,6 +641,7 @@ func (a *Agent) Banner(w io.Writer) {
 		fmt.Fprintf(w, "  Warning:     %s\n", warn)
 	}
 	fmt.Fprintf(w, "  Management:  http://%s (admin token, loopback only)\n", a.ManagementAddr())
+	fmt.Fprintf(w, "  Dashboard:   http://%s%s (log in with the admin token)\n", a.ManagementAddr(), dashboard.Prefix)
 	fmt.Fprintf(w, "  State:       %s\n", a.s.StateDir)
 	fmt.Fprintf(w, "  Credentials: %s\n", filepath.Join(a.s.StateDir, client.CredentialsFile))
 	if list, err := a.Engines.List(); err == nil {

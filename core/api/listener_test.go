@@ -108,8 +108,8 @@ func TestInferenceAuth_ClosesUnauthenticatedConnections(t *testing.T) {
 		// for the rest.
 		{"inference, dripping body", inferenceAuth(okHandler, testKey), "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{"},
 		{"inference, dripping chunked body", inferenceAuth(okHandler, testKey), "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n1\r\n{\r\n"},
-		{"management, no body", managementAuth(okHandler, testKey), "GET /management/v1/snapshot HTTP/1.1\r\nHost: x\r\n\r\n"},
-		{"management, dripping body", managementAuth(okHandler, testKey), "POST /management/v1/deployments HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{"},
+		{"management, no body", managementAuth(okHandler, testKey, nil), "GET /management/v1/snapshot HTTP/1.1\r\nHost: x\r\n\r\n"},
+		{"management, dripping body", managementAuth(okHandler, testKey, nil), "POST /management/v1/deployments HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -162,7 +162,7 @@ func TestBodyDeadline_Management(t *testing.T) {
 			return
 		}
 		w.WriteHeader(http.StatusNoContent)
-	}), testKey), 200*time.Millisecond)
+	}), testKey, nil), 200*time.Millisecond)
 	s := serveTest(t, h, ListenerOptions{}, TLSFiles{})
 	conn, br := dial(t, s.addr)
 	fmt.Fprintf(conn, "POST /x HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\nContent-Length: 100\r\n\r\n{", testKey)

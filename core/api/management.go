@@ -11,10 +11,12 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/gorilla/mux"
 
+	"github.com/capyctl/capyctl/core/api/dashboard"
 	"github.com/capyctl/capyctl/core/api/wire"
 	"github.com/capyctl/capyctl/core/jobspec"
 	"github.com/capyctl/capyctl/core/lifecycle"
@@ -80,7 +82,17 @@ func NewManagementHandler(b *Backend, adminToken string) http.Handler {
 	})
 	r.NotFoundHandler = notFound
 	r.MethodNotAllowedHandler = notAllowed
-	return managementAuth(r, adminToken)
+	// The dashboard's page and login, outside the token: the page asks for
+	// the token once and the API then takes its session cookie.
+	dash := dashboard.New(dashboard.Options{AdminToken: adminToken, TokenEqual: tokenEqual, Logger: b.logger().Named("dashboard")})
+	api := managementAuth(r, adminToken, dash)
+	return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		if req.URL.Path == strings.TrimSuffix(dashboard.Prefix, "/") || strings.HasPrefix(req.URL.Path, dashboard.Prefix) {
+			dash.ServeHTTP(w, req)
+			return
+		}
+		api.ServeHTTP(w, req)
+	})
 }
 
 // view returns a registered view's handler, or one answering unsupported.
@@ -104,11 +116,24 @@ const (
 // registered answers unsupported.
 var viewRoutes = map[string]func(b *Backend) http.HandlerFunc{}
 
-func managementAuth(next http.Handler, token string) http.Handler {
+// managementAuth lets through a request with the admin token, or one with
+// the dashboard's session cookie from the dashboard's own page (dash may be
+// nil: token only).
+func managementAuth(next http.Handler, token string, dash *dashboard.Dashboard) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Cache-Control", "no-store")
 		w.Header().Set("X-Content-Type-Options", "nosniff")
-		if !tokenEqual(bearer(r), token) {
+		ok := tokenEqual(bearer(r), token)
+		if !ok && dash != nil {
+			err := dash.Authorize(r)
+			if err != nil && !errors.Is(err, dashboard.ErrNoSession) {
+				closeUnread(w)
+				writeMgmtError(w, err)
+				return
+			}
+			ok = err == nil
+		}
+		if !ok {
 			closeUnread(w) // the body is never read; the connection closes
 			writeMgmtError(w, structs.Errf(structs.CodeUnauthorized, "missing or wrong admin token"))
 			return

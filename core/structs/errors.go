@@ -109,6 +109,7 @@ const (
 	CodeBodiesInFlightFull        Code = "bodies_in_flight_full"
 	CodeBodyReadTimeout           Code = "body_read_timeout"
 	CodeStoreUnavailable          Code = "store_unavailable"
+	CodeCrossSiteRefused          Code = "cross_site_refused"
 )
 
 var catalogue = map[Code]CodeInfo{}
@@ -196,6 +197,7 @@ func init() {
 	row(CodeChunkTooLarge, http.StatusBadGateway, 13, false, "the engine sent one piece of an answer over limits.max_chunk_bytes; cancelled on the engine")
 	row(CodeEngineNotIdle, http.StatusConflict, 13, true, "the engine still has requests running or waiting; drain it first")
 	row(CodeBodiesInFlightFull, http.StatusTooManyRequests, 4, true, "the request bodies the role holds, all together, reached limits.max_body_bytes_in_flight; retry after Retry-After")
+	row(CodeCrossSiteRefused, http.StatusForbidden, 3, false, "a call with the dashboard's session cookie came from another origin or without the session's CSRF token")
 	row(CodeBodyReadTimeout, http.StatusRequestTimeout, 2, true, "the request body did not arrive within listener.body_read_timeout; the connection is closed")
 }
 

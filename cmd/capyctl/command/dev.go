@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/capyctl/capyctl/core/agent"
+	"github.com/capyctl/capyctl/core/api/client"
+	apidashboard "github.com/capyctl/capyctl/core/api/dashboard"
 	"github.com/capyctl/capyctl/core/api/wire"
 	"github.com/capyctl/capyctl/core/jobspec"
 	"github.com/capyctl/capyctl/core/lifecycle"
@@ -37,8 +39,9 @@ func (c *DevCommand) Help() string {
   Starts a standalone role in a temporary state directory with the
   testkit's fake engine (capyctl-fake-engine, built beside capyctl by
   make build) registered as a custom engine, deploys a demo model and
-  waits until it is ready, then prints the endpoint, the API key and a
-  curl line. Ctrl-C stops the engines and the role and leaves no process
+  waits until it is ready, then prints the endpoint, the API key, the
+  dashboard's address (log in with the admin token from the state
+  directory's credentials file) and a curl line. Ctrl-C stops the engines and the role and leaves no process
   (and, for a temporary state directory, no file) behind.
 
   The role runs on a simulated GPU (one discrete 24 GiB card beside the
@@ -47,7 +50,7 @@ func (c *DevCommand) Help() string {
   deployment demo shows both.
 
   With --json, one JSON object says the same (endpoint, api_key,
-  state_dir, management, gpu, model).
+  state_dir, management, dashboard, gpu, model).
 
 Dev Options:
 
@@ -122,10 +125,11 @@ func (c *DevCommand) Run(args []string) int {
 	}
 	key := a.Creds.APIKey
 	addr := a.InferenceAddr()
+	dashboard := "http://" + a.ManagementAddr() + apidashboard.Prefix
 	if c.JSON() {
 		c.PrintJSON(map[string]string{
 			"endpoint": "http://" + addr + "/v1", "api_key": key, "state_dir": stateDir,
-			"management": "http://" + a.ManagementAddr(), "gpu": a.GPU.Kind(), "model": "demo",
+			"management": "http://" + a.ManagementAddr(), "dashboard": dashboard, "gpu": a.GPU.Kind(), "model": "demo",
 			"switch_models": "chat-a,chat-b",
 		})
 		<-ctx.Done()
@@ -137,6 +141,8 @@ func (c *DevCommand) Run(args []string) int {
 	fmt.Fprintf(c.Out, "\nCapyCTL dev is running (standalone role, fake engine, %s GPU, no GPU needed).\n\n", a.GPU.Kind())
 	fmt.Fprintf(c.Out, "Endpoint: http://%s/v1\n", addr)
 	fmt.Fprintf(c.Out, "API key: %s\n", key)
+	fmt.Fprintf(c.Out, "Dashboard: %s\n", dashboard)
+	fmt.Fprintf(c.Out, "          (log in with the admin token: the admin_token line of %s)\n", filepath.Join(stateDir, client.CredentialsFile))
 	fmt.Fprintf(c.Out, "State:    %s\n", stateDir)
 	fmt.Fprintf(c.Out, "CLI:      CAPYCTL_STATE_DIR=%s capyctl status deployment demo\n\n", stateDir)
 	fmt.Fprintf(c.Out, "Try a streamed chat request:\n\n")

@@ -1,0 +1,698 @@
+// CapyCTL dashboard. Plain JavaScript, no build step, no library: the page
+// calls the management API with its session cookie and the session's CSRF
+// header, follows the event stream (resumed with Last-Event-ID), and draws
+// its bars and charts as SVG. Every text from the API goes in through
+// textContent, never as markup.
+'use strict';
+
+(() => {
+  const API = '/management/v1';
+  const SVGNS = 'http://www.w3.org/2000/svg';
+  const MAX_EVENTS = 200;
+  const HISTORY_EVENTS = 30;
+  const SAMPLE_MS = 2000;
+  const MAX_SAMPLES = 90;
+  const LOG_KIB = 16;
+
+  const state = {
+    csrf: '',
+    snap: null,
+    snapSeq: 0,
+    streamAbort: null,
+    refreshTimer: null,
+    logTimer: null,
+    sampleTimer: null,
+    samples: [],
+    prevCounts: null,
+    series: new Map(), // deployment -> colour index
+    logSel: '',
+  };
+
+  const $ = (id) => document.getElementById(id);
+
+  // el builds an element; attrs.text sets textContent, attrs.cls the class.
+  function el(tag, attrs, ...children) {
+    const e = document.createElement(tag);
+    setAttrs(e, attrs);
+    for (const c of children) if (c != null) e.append(c);
+    return e;
+  }
+  function sv(tag, attrs, ...children) {
+    const e = document.createElementNS(SVGNS, tag);
+    setAttrs(e, attrs);
+    for (const c of children) if (c != null) e.append(c);
+    return e;
+  }
+  function setAttrs(e, attrs) {
+    if (!attrs) return;
+    for (const [k, v] of Object.entries(attrs)) {
+      if (v == null || v === false) continue;
+      if (k === 'text') e.textContent = String(v);
+      else if (k === 'cls') e.setAttribute('class', v);
+      else if (k.startsWith('on')) e.addEventListener(k.slice(2), v);
+      else e.setAttribute(k, v === true ? '' : String(v));
+    }
+  }
+
+  function bytes(n) {
+    if (n == null || Number.isNaN(n)) return '–';
+    const units = ['B', 'KiB', 'MiB', 'GiB', 'TiB'];
+    let i = 0;
+    let v = Math.abs(n);
+    while (v >= 1024 && i < units.length - 1) { v /= 1024; i++; }
+    return (n < 0 ? '-' : '') + (i === 0 ? v.toFixed(0) : v.toFixed(1)) + ' ' + units[i];
+  }
+  function clock(t) {
+    const d = new Date(t);
+    return Number.isNaN(d.getTime()) ? '' : d.toLocaleTimeString([], { hour12: false });
+  }
+  function ago(t) {
+    const s = Math.round((Date.now() - new Date(t).getTime()) / 1000);
+    if (!Number.isFinite(s)) return '';
+    if (s < 60) return s + ' s ago';
+    if (s < 3600) return Math.round(s / 60) + ' min ago';
+    if (s < 86400) return Math.round(s / 3600) + ' h ago';
+    return Math.round(s / 86400) + ' d ago';
+  }
+  function randomKey() {
+    const b = new Uint8Array(16);
+    crypto.getRandomValues(b);
+    return 'dash-' + Array.from(b, (x) => x.toString(16).padStart(2, '0')).join('');
+  }
+  const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+
+  class APIError extends Error {
+    constructor(status, body) {
+      super((body && body.message) || ('HTTP ' + status));
+      this.status = status;
+      this.code = (body && body.code) || '';
+    }
+  }
+
+  // api calls the management API (or a dashboard route) with the session.
+  async function api(method, path, body, extra) {
+    const headers = Object.assign({ 'X-CapyCTL-CSRF': state.csrf, Accept: 'application/json' }, extra || {});
+    if (body !== undefined) headers['Content-Type'] = 'application/json';
+    const res = await fetch(path, {
+      method, headers, body: body === undefined ? undefined : JSON.stringify(body),
+      credentials: 'same-origin', cache: 'no-store',
+    });
+    const text = await res.text();
+    let data = null;
+    try { data = text && res.headers.get('Content-Type')?.startsWith('application/json') ? JSON.parse(text) : text; } catch (e) { data = text; }
+    if (res.status === 401) { loggedOut('The session ended: log in again.'); throw new APIError(401, data && data.error); }
+    if (!res.ok) throw new APIError(res.status, data && data.error);
+    return { data, res };
+  }
+
+  function setConn(s, text) {
+    const c = $('conn');
+    c.dataset.state = s;
+    c.textContent = text;
+  }
+
+  // ------------------------------------------------------------ login
+
+  function loggedOut(msg) {
+    if (state.streamAbort) state.streamAbort.abort();
+    state.streamAbort = null;
+    clearInterval(state.sampleTimer);
+    state.sampleTimer = null;
+    state.csrf = '';
+    $('app').hidden = true;
+    $('logout').hidden = true;
+    $('login').hidden = false;
+    $('login-error').textContent = msg || '';
+    setConn('idle', 'logged out');
+    $('token').focus();
+  }
+
+  async function login(ev) {
+    ev.preventDefault();
+    const input = $('token');
+    $('login-error').textContent = '';
+    $('login-submit').disabled = true;
+    try {
+      const res = await fetch('/dashboard/login', {
+        method: 'POST', credentials: 'same-origin', cache: 'no-store',
+        headers: { 'Content-Type': 'application/json' },
+        body: JSON.stringify({ token: input.value }),
+      });
+      const data = await res.json().catch(() => null);
+      if (!res.ok) {
+        $('login-error').textContent = (data && data.error && data.error.message) || ('HTTP ' + res.status);
+        input.select();
+        return;
+      }
+      input.value = '';
+      state.csrf = data.csrf;
+      await start();
+    } catch (e) {
+      $('login-error').textContent = 'The role did not answer: ' + e.message;
+    } finally {
+      $('login-submit').disabled = false;
+    }
+  }
+
+  async function logout() {
+    try { await api('POST', '/dashboard/logout'); } catch (e) { /* the cookie goes either way */ }
+    loggedOut('Logged out.');
+  }
+
+  async function boot() {
+    $('login-form').addEventListener('submit', login);
+    $('logout').addEventListener('click', logout);
+    $('log-refresh').addEventListener('click', () => refreshLog());
+    $('log-instance').addEventListener('change', (e) => { state.logSel = e.target.value; refreshLog(); });
+    document.addEventListener('visibilitychange', () => { if (state.csrf) startSampling(); });
+    document.addEventListener('keydown', (e) => { if (e.key === 'Escape') hideTip(); });
+    try {
+      const res = await fetch('/dashboard/session', { credentials: 'same-origin', cache: 'no-store' });
+      if (!res.ok) { loggedOut(''); return; }
+      state.csrf = (await res.json()).csrf;
+      await start();
+    } catch (e) {
+      loggedOut('The role did not answer: ' + e.message);
+    }
+  }
+
+  async function start() {
+    $('login').hidden = true;
+    $('app').hidden = false;
+    $('logout').hidden = false;
+    setConn('connecting', 'connecting…');
+    const snap = await refreshSnapshot();
+    followEvents(snap.cursor);
+    startSampling();
+  }
+
+  // ------------------------------------------------------------ snapshot
+
+  async function refreshSnapshot() {
+    const { data } = await api('GET', API + '/snapshot');
+    state.snap = data;
+    state.snapSeq = seqOf(data.cursor);
+    render();
+    return data;
+  }
+
+  // scheduleRefresh takes a new snapshot shortly after an event, once for
+  // a burst of events.
+  function scheduleRefresh() {
+    if (state.refreshTimer) return;
+    state.refreshTimer = setTimeout(async () => {
+      state.refreshTimer = null;
+      try { await refreshSnapshot(); } catch (e) { /* the next event retries */ }
+    }, 120);
+  }
+
+  function seqOf(cursor) {
+    const i = (cursor || '').lastIndexOf(':');
+    return i < 0 ? 0 : Number(cursor.slice(i + 1)) || 0;
+  }
+  function withSeq(cursor, seq) {
+    const i = (cursor || '').lastIndexOf(':');
+    return i < 0 ? cursor : cursor.slice(0, i + 1) + seq;
+  }
+
+  // ------------------------------------------------------------ events
+
+  // followEvents reads the event stream and resumes it after the last event
+  // seen (Last-Event-ID) when it ends or breaks; a cursor the journal no
+  // longer keeps (410) means a new snapshot and its cursor.
+  async function followEvents(snapCursor) {
+    if (state.streamAbort) state.streamAbort.abort();
+    const ctrl = new AbortController();
+    state.streamAbort = ctrl;
+    // Start a little in the past so the list shows the latest events.
+    let cursor = withSeq(snapCursor, Math.max(0, seqOf(snapCursor) - HISTORY_EVENTS));
+    let history = true;
+    let backoff = 500;
+    while (!ctrl.signal.aborted) {
+      try {
+        const res = await fetch(API + '/events', {
+          headers: { 'X-CapyCTL-CSRF': state.csrf, Accept: 'text/event-stream', 'Last-Event-ID': cursor },
+          credentials: 'same-origin', cache: 'no-store', signal: ctrl.signal,
+        });
+        if (res.status === 401) { loggedOut('The session ended: log in again.'); return; }
+        if (res.status === 410 || (history && res.status === 400)) {
+          const wasHistory = history;
+          history = false;
+          if (wasHistory) {
+            // The journal no longer keeps that much history: follow from
+            // the snapshot's cursor.
+            cursor = state.snap.cursor;
+          } else {
+            // The cursor expired while away: a new snapshot and its cursor.
+            cursor = (await refreshSnapshot()).cursor;
+            addNote('the event cursor expired: took a new snapshot');
+          }
+          continue;
+        }
+        if (!res.ok) throw new Error('HTTP ' + res.status);
+        history = false;
+        backoff = 500;
+        setConn('live', 'live');
+        const reader = res.body.pipeThrough(new TextDecoderStream()).getReader();
+        let buf = '';
+        for (;;) {
+          const { value, done } = await reader.read();
+          if (done) break;
+          buf += value.replace(/\r\n?/g, '\n');
+          let i;
+          while ((i = buf.indexOf('\n\n')) >= 0) {
+            const frame = parseFrame(buf.slice(0, i));
+            buf = buf.slice(i + 2);
+            if (frame && frame.data) {
+              if (frame.id) cursor = frame.id;
+              onEvent(frame);
+            }
+          }
+        }
+        setConn('connecting', 'reconnecting…');
+      } catch (e) {
+        if (ctrl.signal.aborted) return;
+        setConn('reconnecting', 'reconnecting…');
+        await sleep(backoff);
+        backoff = Math.min(backoff * 2, 10000);
+      }
+    }
+  }
+
+  function parseFrame(text) {
+    const f = { id: '', event: '', data: '' };
+    const data = [];
+    for (const line of text.split('\n')) {
+      if (line === '' || line.startsWith(':')) continue;
+      const i = line.indexOf(':');
+      const k = i < 0 ? line : line.slice(0, i);
+      let v = i < 0 ? '' : line.slice(i + 1);
+      if (v.startsWith(' ')) v = v.slice(1);
+      if (k === 'id') f.id = v;
+      else if (k === 'event') f.event = v;
+      else if (k === 'data') data.push(v);
+    }
+    f.data = data.join('\n');
+    return f;
+  }
+
+  function onEvent(frame) {
+    let ev;
+    try { ev = JSON.parse(frame.data); } catch (e) { return; }
+    const fresh = ev.seq > state.snapSeq;
+    addEvent(ev, fresh);
+    if (fresh) {
+      scheduleRefresh();
+      if (ev.deployment && state.logSel.startsWith(ev.deployment + '/')) scheduleLog();
+    }
+  }
+
+  function eventDetail(ev) {
+    const p = ev.payload || {};
+    const parts = [];
+    if (p.from || p.to) parts.push((p.from || '?') + ' → ' + (p.to || '?'));
+    if (p.why) parts.push(p.why);
+    for (const [k, v] of Object.entries(p)) {
+      if (['from', 'to', 'why', 'generation'].includes(k)) continue;
+      if (v == null || typeof v === 'object') continue;
+      parts.push(k + ' ' + v);
+    }
+    return parts.join(' · ');
+  }
+
+  function addEvent(ev, fresh) {
+    const list = $('event-list');
+    const who = ev.instance || ev.deployment || '';
+    const li = el('li', { cls: fresh ? 'new' : '', 'data-kind': ev.kind, 'data-seq': ev.seq, 'data-instance': ev.instance || '' },
+      el('time', { datetime: ev.recorded_at, text: clock(ev.recorded_at) }),
+      el('span', { cls: 'kind', text: ev.kind }),
+      el('span', { cls: 'detail', text: (who ? who + ' ' : '') + eventDetail(ev) }));
+    list.prepend(li);
+    while (list.children.length > MAX_EVENTS) list.lastElementChild.remove();
+  }
+
+  function addNote(text) {
+    $('event-list').prepend(el('li', { 'data-kind': 'note' }, el('time', { text: clock(Date.now()) }), el('span', { cls: 'kind', text: 'note' }), el('span', { cls: 'detail', text })));
+  }
+
+  // ------------------------------------------------------------ render
+
+  function render() {
+    const snap = state.snap;
+    if (!snap) return;
+    const r = snap.role || {};
+    $('role').textContent = [r.role && r.role + ' role', r.host && 'on ' + r.host, r.version && 'v' + r.version, r.inference && 'inference ' + r.inference].filter(Boolean).join(' · ');
+    // A re-render replaces the elements: keep the keyboard's place.
+    const a = document.activeElement;
+    const keep = a && a.dataset ? ['owner', 'instance', 'action'].filter((k) => a.dataset[k]).map((k) => '[data-' + k + '="' + CSS.escape(a.dataset[k]) + '"]').join('') : '';
+    const where = keep && a.closest('[data-domain]') ? '[data-domain="' + CSS.escape(a.closest('[data-domain]').dataset.domain) + '"] ' : '';
+    renderMemory(snap);
+    renderModels(snap);
+    renderLogChoices(snap);
+    if (keep) {
+      const again = document.querySelector(where + a.tagName.toLowerCase() + keep);
+      if (again) again.focus();
+    }
+  }
+
+  // provenance finds where an owner's figure on a domain comes from: the
+  // deployment's memory view says it per phase (and per side for startup).
+  function provenance(snap, ownerID, phase, domain) {
+    const dep = (snap.deployments || []).find((d) => (d.instances || []).some((i) => i.id === ownerID));
+    const m = dep && dep.memory;
+    if (!m) return 'unknown';
+    const host = domain.kind === 'system';
+    if (phase === 'startup') return (host ? m.startup?.host_provenance : m.startup?.device_provenance) || 'unknown';
+    if (phase === 'ready') return m.ready?.provenance || 'unknown';
+    if (phase === 'parked') return m.parked?.provenance || 'unknown';
+    return 'unknown';
+  }
+
+  const PHASE_ORDER = { ready: 0, startup: 1, parked: 2 };
+  const PHASE_WORD = { ready: 'ready', startup: 'starting', parked: 'parked', stopped: 'stopped' };
+
+  function domainTitle(d) {
+    if (d.kind === 'system') return 'Host RAM';
+    if (d.kind === 'unified') return 'Unified memory';
+    return (d.device_name ? d.device_name + ' ' : '') + '(' + d.name + ')';
+  }
+
+  function renderMemory(snap) {
+    const root = $('hosts');
+    root.replaceChildren();
+    for (const h of snap.hosts || []) {
+      const ledger = h.ledger || {};
+      const box = el('div', { cls: 'host', 'data-host': h.name },
+        el('h3', { text: h.name + (h.online ? '' : ' (offline)') + (ledger.gpu_provider ? ' · ' + ledger.gpu_provider + ' GPU' : '') }));
+      const domains = (ledger.domains || []).slice().sort((a, b) => (a.kind === 'system') - (b.kind === 'system') || a.name.localeCompare(b.name));
+      for (const d of domains) box.append(renderDomain(snap, h, ledger, d));
+      if (!domains.length) box.append(el('p', { cls: 'hint', text: 'No memory ledger on this host.' }));
+      root.append(box);
+    }
+  }
+
+  function renderDomain(snap, host, ledger, d) {
+    const cap = Math.max(d.capacity_bytes || 0, 1);
+    const managed = d.managed_limit_bytes || 0;
+    const segs = [];
+    const owners = (ledger.owners || []).filter((o) => (o.charges || {})[d.name] > 0)
+      .sort((a, b) => (PHASE_ORDER[a.phase] ?? 9) - (PHASE_ORDER[b.phase] ?? 9) || a.id.localeCompare(b.id));
+    let alt = false;
+    owners.forEach((o, n) => {
+      const prov = provenance(snap, o.id, o.phase, d);
+      // Neighbours in the same phase alternate shades, so each instance
+      // stays a segment of its own.
+      alt = n > 0 && owners[n - 1].phase === o.phase ? !alt : false;
+      segs.push({ cls: 'phase-' + o.phase + (alt ? ' alt' : ''), bytes: o.charges[d.name], owner: o.id, phase: o.phase, prov,
+        label: o.id + ' · ' + (PHASE_WORD[o.phase] || o.phase), tip: o.id + '\n' + (PHASE_WORD[o.phase] || o.phase) + ' · ' + bytes(o.charges[d.name]) + '\nfigure: ' + prov });
+    });
+    if (d.external_bytes > 0) segs.push({ cls: 'outside', bytes: d.external_bytes, label: 'outside CapyCTL', tip: 'held outside CapyCTL\n' + bytes(d.external_bytes) + '\nfigure: measured' });
+    if (d.free_bytes > 0) segs.push({ cls: 'free', bytes: d.free_bytes, label: 'free', tip: 'free under the managed limit\n' + bytes(d.free_bytes) });
+    const beyond = Math.max(0, cap - managed);
+    const reserve = Math.min(d.free_reserve_bytes || 0, beyond);
+    if (reserve > 0) segs.push({ cls: 'reserve', bytes: reserve, label: 'reserve', tip: 'free reserve (never charged)\n' + bytes(reserve) });
+    if (beyond - reserve > 0) segs.push({ cls: 'unmanaged', bytes: beyond - reserve, label: 'not managed', tip: 'beyond the managed limit\n' + bytes(beyond - reserve) });
+
+    const W = 1000;
+    const svg = sv('svg', { cls: 'bar', viewBox: '0 0 ' + W + ' 20', preserveAspectRatio: 'none', role: 'group',
+      'aria-label': domainTitle(d) + ' memory', 'data-domain': d.name });
+    let x = 0;
+    const list = el('ul', { cls: 'segments' });
+    for (const s of segs) {
+      const w = (s.bytes / cap) * W;
+      const rect = sv('rect', { x: x.toFixed(2), y: 0, width: Math.max(w, 0).toFixed(2), height: 20, cls: 'seg ' + s.cls, tabindex: s.owner ? 0 : null,
+        'data-owner': s.owner, 'data-phase': s.phase, 'data-provenance': s.prov, 'aria-label': s.tip.replace(/\n/g, ', ') },
+      sv('title', { text: s.tip }));
+      rect.addEventListener('pointerenter', (e) => showTip(s.tip, e.clientX, e.clientY));
+      rect.addEventListener('pointermove', (e) => moveTip(e.clientX, e.clientY));
+      rect.addEventListener('pointerleave', hideTip);
+      rect.addEventListener('focus', () => { const b = rect.getBoundingClientRect(); showTip(s.tip, b.left + b.width / 2, b.bottom); });
+      rect.addEventListener('blur', hideTip);
+      svg.append(rect);
+      x += w;
+      if (s.owner) list.append(el('li', { 'data-owner': s.owner, 'data-phase': s.phase, text: s.label + ' ' + bytes(s.bytes) + ' (' + s.prov + ')' }));
+    }
+    if (managed > 0 && managed < cap) {
+      const lx = (managed / cap) * W;
+      svg.append(sv('line', { cls: 'limit', x1: lx, x2: lx, y1: 0, y2: 20, 'vector-effect': 'non-scaling-stroke' }, sv('title', { text: 'managed limit ' + bytes(managed) })));
+    }
+    const gpu = (host.gpus || []).find((g) => g.uuid && g.uuid === d.device_uuid);
+    const used = (d.charged_bytes || 0) + (d.external_bytes || 0);
+    return el('div', { cls: 'domain', 'data-domain': d.name },
+      el('div', { cls: 'domain-head' },
+        el('span', { cls: 'name', text: domainTitle(d) }),
+        el('span', { cls: 'figures', text: bytes(used) + ' held of ' + bytes(managed) + ' managed · ' + bytes(d.capacity_bytes) + ' total' +
+          (gpu ? ' · card reports ' + bytes(gpu.used_bytes) + ' used' : '') })),
+      svg, list);
+  }
+
+  function showTip(text, x, y) {
+    const t = $('tooltip');
+    t.textContent = text;
+    t.hidden = false;
+    moveTip(x, y);
+  }
+  function moveTip(x, y) {
+    const t = $('tooltip');
+    const w = t.offsetWidth;
+    t.style.left = Math.max(4, Math.min(window.innerWidth - w - 4, x + 12)) + 'px';
+    t.style.top = (y + 14) + 'px';
+  }
+  function hideTip() { $('tooltip').hidden = true; }
+
+  // Actions offered for an instance state: [label, action, evict, words].
+  function actionsFor(state) {
+    switch (state) {
+      case 'ready': return [['Park', 'park', false], ['Stop', 'stop', false]];
+      case 'parked': return [['Wake', 'start', false], ['Stop', 'stop', false]];
+      case 'stopped': case 'failed': return [['Start', 'start', false], ['Start, evicting idle models', 'start', true]];
+      default: return [['Stop', 'stop', false]];
+    }
+  }
+  const ACTION_WORDS = {
+    park: 'Its engine sleeps and gives back GPU memory; the next request wakes it (an engine that cannot sleep is stopped).',
+    stop: 'Its engine stops; requests in flight are drained first.',
+    start: 'Its engine starts, or wakes in place if it is parked.',
+    evict: 'Its engine starts; CapyCTL parks or stops idle models to make room.',
+  };
+
+  function renderModels(snap) {
+    const root = $('deployments');
+    root.replaceChildren();
+    const deps = snap.deployments || [];
+    if (!deps.length) root.append(el('p', { cls: 'hint', text: 'No deployment yet: capyctl deploy <file.hcl>.' }));
+    for (const d of deps) {
+      const req = d.requests || {};
+      const head = el('div', { cls: 'dep-head' },
+        el('h3', { text: d.name }),
+        el('span', { cls: 'badge st-' + d.state, text: d.state }),
+        el('span', { cls: 'meta', text: 'engine ' + d.engine + ' · ' + d.api + ' · routes ' + (d.routes || []).join(', ') + ' · revision ' + d.revision + ' · desired ' + d.desired }),
+        el('span', { cls: 'meta', 'data-requests': d.name, text: 'in flight ' + (req.in_flight ?? 0) + ' · waiting ' + (req.waiting ?? 0) }));
+      const tbody = el('tbody');
+      for (const i of d.instances || []) {
+        const acts = el('td', { cls: 'actions' });
+        for (const [label, action, evict] of actionsFor(i.state)) {
+          acts.append(el('button', { type: 'button', cls: action === 'stop' ? 'danger' : '', 'data-action': evict ? 'evict' : action,
+            'data-instance': i.id, text: label, onclick: () => confirmAction(d, i, action, evict, label) }));
+        }
+        const charges = Object.entries(i.charges || {}).map(([k, v]) => k + ' ' + bytes(v)).join(', ');
+        tbody.append(el('tr', { 'data-instance': i.id, 'data-state': i.state },
+          el('td', { cls: 'mono', text: i.id }),
+          el('td', {}, el('span', { cls: 'badge st-' + i.state, text: i.state })),
+          el('td', { text: i.residency || '–' }),
+          el('td', { text: charges || '–' }),
+          el('td', { text: (i.last_transition || '–') }),
+          el('td', { title: i.since, text: ago(i.since) }),
+          el('td', { text: i.released || '–' }),
+          el('td', {}, i.last_error ? el('span', { cls: 'err', title: i.last_error.at, text: i.last_error.code + ': ' + i.last_error.message }) : '–'),
+          acts));
+      }
+      const table = el('table', {},
+        el('thead', {}, el('tr', {}, ...['Instance', 'State', 'Residency', 'Memory', 'Last transition', 'Since', 'Released', 'Last error', 'Actions'].map((h) => el('th', { scope: 'col', text: h })))),
+        tbody);
+      root.append(el('article', { cls: 'dep', 'data-deployment': d.name }, head, el('div', { cls: 'table-wrap' }, table)));
+    }
+  }
+
+  // confirmAction asks, then posts the action with an idempotency key; a
+  // call that broke off is sent again with the same key, so it applies once.
+  function confirmAction(dep, inst, action, evict, label) {
+    const dlg = $('confirm');
+    $('confirm-text').textContent = label + ' ' + inst.id + '?';
+    $('confirm-detail').textContent = ACTION_WORDS[evict ? 'evict' : action];
+    $('confirm-ok').textContent = label;
+    dlg.returnValue = '';
+    dlg.onclose = async () => {
+      if (dlg.returnValue !== 'ok') return;
+      const key = randomKey();
+      const status = $('action-status');
+      status.classList.remove('error');
+      status.textContent = label + ' ' + inst.id + '…';
+      const path = API + '/deployments/' + encodeURIComponent(dep.name) + '/instances/' + inst.index + '/actions';
+      const body = { action, evict: evict || undefined };
+      for (let attempt = 0; attempt < 2; attempt++) {
+        try {
+          const { res } = await api('POST', path, body, { 'Idempotency-Key': key });
+          status.textContent = label + ' ' + inst.id + ': accepted' + (res.headers.get('Idempotent-Replayed') ? ' (replayed)' : '');
+          return;
+        } catch (e) {
+          if (e instanceof APIError) {
+            status.classList.add('error');
+            status.textContent = label + ' ' + inst.id + ' refused: ' + (e.code ? e.code + ': ' : '') + e.message;
+            return;
+          }
+          if (attempt === 1) {
+            status.classList.add('error');
+            status.textContent = label + ' ' + inst.id + ': the role did not answer (' + e.message + ')';
+          }
+        }
+      }
+    };
+    dlg.showModal();
+    $('confirm-cancel').focus();
+  }
+
+  // ------------------------------------------------------------ engine log
+
+  function renderLogChoices(snap) {
+    const sel = $('log-instance');
+    const opts = [];
+    for (const d of snap.deployments || []) for (const i of d.instances || []) opts.push([d.name + '/' + i.index, i.id + ' (' + i.state + ')', i.state]);
+    if (!state.logSel || !opts.some((o) => o[0] === state.logSel)) {
+      const ready = opts.find((o) => o[2] === 'ready') || opts[0];
+      state.logSel = ready ? ready[0] : '';
+      scheduleLog();
+    }
+    sel.replaceChildren(...opts.map(([v, t]) => el('option', { value: v, text: t, selected: v === state.logSel })));
+  }
+
+  function scheduleLog() {
+    if (state.logTimer) return;
+    state.logTimer = setTimeout(() => { state.logTimer = null; refreshLog(); }, 250);
+  }
+
+  async function refreshLog() {
+    const sel = state.logSel;
+    const pre = $('log-text');
+    if (!sel) { pre.textContent = 'No instance.'; return; }
+    if (!pre.textContent) pre.textContent = 'Loading…';
+    const i = sel.lastIndexOf('/');
+    try {
+      const { data } = await api('GET', API + '/deployments/' + encodeURIComponent(sel.slice(0, i)) + '/engine-log?instance=' + sel.slice(i + 1) + '&kib=' + LOG_KIB);
+      pre.textContent = (data.truncated ? '… (older lines cut)\n' : '') + (data.text || '(no output yet)');
+      pre.scrollTop = pre.scrollHeight;
+    } catch (e) {
+      pre.textContent = 'No log: ' + e.message;
+    }
+  }
+
+  // ------------------------------------------------------------ charts
+
+  // startSampling reads the load and latency views (and the request
+  // counters) every SAMPLE_MS while the page is visible.
+  function startSampling() {
+    clearInterval(state.sampleTimer);
+    state.sampleTimer = null;
+    if (document.visibilityState !== 'visible' || !state.csrf) return;
+    sample();
+    state.sampleTimer = setInterval(sample, SAMPLE_MS);
+  }
+
+  function parseCounters(text) {
+    const out = {};
+    for (const line of String(text).split('\n')) {
+      if (!line.startsWith('capyctl_requests_total{')) continue;
+      const m = /deployment="([^"]*)"/.exec(line);
+      const v = Number(line.slice(line.lastIndexOf(' ') + 1));
+      if (m && Number.isFinite(v)) out[m[1]] = (out[m[1]] || 0) + v;
+    }
+    return out;
+  }
+
+  async function sample() {
+    try {
+      const [load, lat, metrics] = await Promise.all([
+        api('GET', API + '/metrics/load'), api('GET', API + '/metrics/latency'), api('GET', '/metrics', undefined, { Accept: 'text/plain' }),
+      ]);
+      const t = Date.now();
+      const counts = parseCounters(metrics.data);
+      const s = { t, dep: {} };
+      const get = (n) => (s.dep[n] = s.dep[n] || {});
+      // Every deployment has a line, at zero until the router has seen a
+      // request for it.
+      for (const d of (state.snap && state.snap.deployments) || []) {
+        const x = get(d.name);
+        x.inflight = 0;
+        x.waiting = 0;
+        if (state.prevCounts) x.rate = 0;
+      }
+      for (const d of load.data.deployments || []) {
+        const x = get(d.deployment);
+        x.inflight = d.requests.in_flight || 0;
+        x.waiting = d.requests.waiting || 0;
+      }
+      for (const d of lat.data.deployments || []) {
+        const tot = (d.series || {}).total;
+        if (tot) { get(d.deployment).p50 = tot.p50_ms; get(d.deployment).p99 = tot.p99_ms; }
+      }
+      if (state.prevCounts) {
+        const dt = (t - state.prevCounts.t) / 1000;
+        for (const [n, c] of Object.entries(counts)) {
+          const before = state.prevCounts.c[n] ?? 0; // a counter appears at its first request
+          get(n).rate = dt > 0 ? Math.max(0, c - before) / dt : 0;
+        }
+      }
+      state.prevCounts = { t, c: counts };
+      state.samples.push(s);
+      while (state.samples.length > MAX_SAMPLES) state.samples.shift();
+      drawCharts();
+    } catch (e) { console.warn('dashboard: sampling the views failed (the next tick tries again):', e.message); }
+  }
+
+  function colour(name) {
+    if (!state.series.has(name)) state.series.set(name, state.series.size % 6);
+    return 's' + state.series.get(name);
+  }
+
+  function drawCharts() {
+    const names = new Set();
+    for (const s of state.samples) for (const n of Object.keys(s.dep)) names.add(n);
+    const sorted = [...names].sort();
+    drawChart($('chart-rate'), sorted, [{ key: 'rate' }], (v) => v.toFixed(v < 10 ? 2 : 0) + '/s');
+    drawChart($('chart-load'), sorted, [{ key: 'inflight' }, { key: 'waiting', dashed: true }], (v) => v.toFixed(0));
+    drawChart($('chart-latency'), sorted, [{ key: 'p50' }, { key: 'p99', dashed: true }], (v) => v < 1000 ? v.toFixed(v < 10 ? 1 : 0) + ' ms' : (v / 1000).toFixed(1) + ' s');
+    $('chart-legend').replaceChildren(...sorted.map((n) => el('li', {}, el('span', { cls: 'swatch line ' + colour(n) }), n)));
+  }
+
+  function drawChart(svg, names, keys, fmt) {
+    const W = 320, H = 130, L = 44, R = 6, T = 8, B = 16;
+    const samples = state.samples;
+    let max = 0;
+    for (const s of samples) for (const n of names) for (const k of keys) max = Math.max(max, s.dep[n]?.[k.key] ?? 0);
+    max = max > 0 ? max * 1.1 : 1;
+    const x = (i) => L + (MAX_SAMPLES <= 1 ? 0 : ((i + MAX_SAMPLES - samples.length) / (MAX_SAMPLES - 1)) * (W - L - R));
+    const y = (v) => T + (1 - v / max) * (H - T - B);
+    const kids = [
+      sv('line', { cls: 'axis', x1: L, x2: W - R, y1: H - B, y2: H - B }),
+      sv('line', { cls: 'axis', x1: L, x2: L, y1: T, y2: H - B }),
+      sv('text', { cls: 'axis-label', x: L - 4, y: T + 8, 'text-anchor': 'end', text: fmt(max) }),
+      sv('text', { cls: 'axis-label', x: L - 4, y: H - B, 'text-anchor': 'end', text: '0' }),
+      sv('text', { cls: 'axis-label', x: W - R, y: H - 3, 'text-anchor': 'end', text: 'now' }),
+      sv('text', { cls: 'axis-label', x: L, y: H - 3, text: '−' + Math.round((MAX_SAMPLES * SAMPLE_MS) / 60000) + ' min' }),
+    ];
+    for (const n of names) {
+      for (const k of keys) {
+        const pts = [];
+        samples.forEach((s, i) => { const v = s.dep[n]?.[k.key]; if (v != null) pts.push(x(i).toFixed(1) + ',' + y(v).toFixed(1)); });
+        if (!pts.length) continue;
+        kids.push(sv('polyline', { cls: 'series ' + colour(n) + (k.dashed ? ' dashed' : ''), points: pts.join(' '), 'data-series': n + ':' + k.key, 'data-points': pts.length }));
+        // The latest value as a dot, so that one sample shows too.
+        const [lx, ly] = pts[pts.length - 1].split(',');
+        kids.push(sv('circle', { cls: 'dot ' + colour(n), cx: lx, cy: ly, r: 2.2 }));
+      }
+    }
+    svg.replaceChildren(...kids);
+  }
+
+  document.addEventListener('DOMContentLoaded', boot);
+})();
