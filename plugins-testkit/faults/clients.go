@@ -165,8 +165,10 @@ func BigBodies() Fault {
 		}
 		wg.Wait()
 		e.Note("%d bodies of 64 MiB: %s", e.Scale.BigClients*e.Scale.BigBodies, countsList(results))
-		e.Note("role resident memory %d MiB before, %d MiB peak (VmHWM, since the role started), %d MiB after",
+		e.Note("role resident memory %d MiB before, %d MiB peak (VmHWM), %d MiB just after",
 			rssBefore>>20, rss(e.Role.PID(), "VmHWM")>>20, rss(e.Role.PID(), "VmRSS")>>20)
+	}, After: func(e *Env) {
+		e.Note("%d MiB at the end of the settle window", rss(e.Role.PID(), "VmRSS")>>20)
 	}}
 }
 

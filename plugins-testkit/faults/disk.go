@@ -29,17 +29,27 @@ func FullDisk() Fault {
 			probe := prepareProbe(e)
 			filler := filepath.Join(e.Role.StateDir, "filler")
 			n, err := fill(filler)
-			defer func() {
-				if err := os.Remove(filler); err != nil {
-					e.T.Errorf("free the disk: %v", err)
+			freed := false
+			free := func() {
+				if !freed {
+					freed = true
+					if err := os.Remove(filler); err != nil {
+						e.T.Errorf("free the disk: %v", err)
+					}
 				}
-			}()
-			e.Note("disk filled with %d MiB (%v)", n>>20, err)
-			probeDeploy(e, probe)
+			}
+			defer free()
+			if err != nil {
+				e.T.Fatalf("fill the disk: %v", err)
+			}
+			e.Note("disk filled (%d MiB written)", n>>20)
+			probeDeploy(e, probe, "on the full disk")
 			// The fault lasts a window of traffic.
 			time.Sleep(e.Scale.Hold)
 			out, code, _ := e.CLI(30*time.Second, "status")
 			e.Note("capyctl status on the full disk: exit %d%s", code, requestsLine(out))
+			free()
+			probeDeploy(e, probe, "once the disk is freed")
 		},
 	}
 }
@@ -177,7 +187,7 @@ func ReadOnlyStore() Fault {
 			}
 			defer restore()
 			e.Note("capyctl.db made read-only with %s while the role runs", how)
-			probeDeploy(e, probe)
+			probeDeploy(e, probe, "while the file is read-only")
 			// The fault lasts a window of traffic.
 			time.Sleep(e.Scale.Hold)
 			out, code, _ := e.CLI(30*time.Second, "status")
@@ -192,6 +202,7 @@ func ReadOnlyStore() Fault {
 			restore()
 			e.Role.Restart()
 			e.Retarget()
+			probeDeploy(e, probe, "after the file is restored and the role restarted")
 		},
 	}
 }

@@ -155,14 +155,14 @@ func firstLine(s string) string {
 // role acknowledged must exist after the fault. The spec and model
 // directory are written by prepareProbe, before the fault (a full disk
 // takes no more files).
-func probeDeploy(e *Env, specPath string) {
+func probeDeploy(e *Env, specPath, when string) {
 	out, code, took := e.CLI(60*time.Second, "deploy", "--file", specPath, "--activate", "--wait")
 	if code == 0 {
 		e.Acknowledged("probe")
-		e.Note("deploy --activate --wait of a new deployment during the fault: ok in %.1f s", took.Seconds())
+		e.Note("deploy --activate --wait of a new deployment %s: ok in %.1f s", when, took.Seconds())
 		return
 	}
-	e.Note("deploy --activate --wait of a new deployment during the fault: exit %d: %s", code, firstLine(lastError(out)))
+	e.Note("deploy --activate --wait of a new deployment %s: exit %d: %s", when, code, firstLine(lastError(out)))
 }
 
 // prepareProbe writes the probe's spec and model directory.

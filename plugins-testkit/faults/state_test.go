@@ -8,6 +8,7 @@ import (
 	"os"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/capyctl/capyctl/core/api/wire"
 )
@@ -134,6 +135,33 @@ func TestReadStream(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			if got := readStream(context.Background(), strings.NewReader(c.body)); got != c.want {
 				t.Fatalf("got %q, want %q", got, c.want)
+			}
+		})
+	}
+}
+
+func TestTraffic_LongestGap(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	at := func(s float64) time.Time { return t0.Add(time.Duration(s * float64(time.Second))) }
+	cases := []struct {
+		name string
+		ends []float64
+		want time.Duration
+	}{
+		{name: "served all along", ends: []float64{0.5, 1, 1.5, 2, 2.5, 3, 3.5, 4}, want: 500 * time.Millisecond},
+		{name: "an outage in the middle", ends: []float64{0.2, 3.2, 3.4, 4.0}, want: 3 * time.Second},
+		{name: "down from the start", ends: []float64{2.5, 3.0, 4.0}, want: 2500 * time.Millisecond},
+		{name: "never served", want: 4 * time.Second},
+		{name: "answers outside the window are ignored", ends: []float64{-1, 5}, want: 4 * time.Second},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			tr := &Traffic{}
+			for _, e := range c.ends {
+				tr.successes = append(tr.successes, span{start: at(e - 0.1), end: at(e)})
+			}
+			if got := tr.LongestGap(t0, at(4)); got != c.want {
+				t.Fatalf("got %s, want %s", got, c.want)
 			}
 		})
 	}

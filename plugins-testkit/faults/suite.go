@@ -78,6 +78,9 @@ type Fault struct {
 	// Inject does the fault and undoes it where it lasts (SIGCONT, a disk
 	// freed, a file mode restored); it returns when the fault is over.
 	Inject func(e *Env)
+	// After, when set, runs after the role served again and the settle
+	// window, before the traffic stops (a second reading).
+	After func(e *Env)
 }
 
 // Env is what a fault works with.
@@ -98,7 +101,9 @@ type Env struct {
 }
 
 // Note adds to the row's notes.
-func (e *Env) Note(format string, args ...any) { e.notes = append(e.notes, fmt.Sprintf(format, args...)) }
+func (e *Env) Note(format string, args ...any) {
+	e.notes = append(e.notes, fmt.Sprintf(format, args...))
+}
 
 // Acknowledged records a deployment the role accepted during the fault.
 func (e *Env) Acknowledged(name string) { e.acked = append(e.acked, name) }
@@ -135,8 +140,9 @@ type Row struct {
 	Settings string
 	// Failed are the requests that failed during the fault, by code.
 	Failed string
-	// ServedAgain is how long after the fault began a request sent after
-	// it was answered.
+	// ServedAgain is the longest span, from the fault's beginning to the
+	// end of the settle window, in which no request was answered: how long
+	// the role did not serve.
 	ServedAgain string
 	// Engines are the engines that survived (same PIDs).
 	Engines string
@@ -231,13 +237,10 @@ func Run(t testing.TB, f Fault, s Scale) Row {
 	e := &Env{T: t, Role: r, Traffic: traffic, Scale: s, Before: before, Start: time.Now()}
 	f.Inject(e)
 
-	// Served again: a request sent after the fault began answered 200.
-	served, ok := time.Duration(0), false
-	waitUntil(s.Recover, func() bool { served, ok = traffic.ServedAfter(e.Start); return ok })
-	if ok {
-		row.ServedAgain = fmt.Sprintf("%.1f s", served.Seconds())
-	} else {
-		row.ServedAgain = fmt.Sprintf("not within %s", s.Recover)
+	// Served again: a request sent after the fault ended answered 200.
+	ended := time.Now()
+	if !waitUntil(s.Recover, func() bool { _, ok := traffic.ServedAfter(ended); return ok }) {
+		row.ServedAgain = fmt.Sprintf("not within %s of the fault's end", s.Recover)
 		row.Problems = append(row.Problems, "never served again")
 	}
 	// Back: every deployment ready before is ready again.
@@ -258,9 +261,16 @@ func Run(t testing.TB, f Fault, s Scale) Row {
 	}
 	// The settle window is traffic after recovery, not a wait.
 	time.Sleep(s.Settle)
+	if row.ServedAgain == "" {
+		row.ServedAgain = fmt.Sprintf("%.1f s", traffic.LongestGap(e.Start, time.Now()).Seconds())
+	}
+	if f.After != nil {
+		f.After(e)
+	}
+	open := traffic.Open()
 	traffic.Stop()
 	out := traffic.Outcomes().Sub(base)
-	row.Failed = out.Failed()
+	row.Failed = fmt.Sprintf("%s; %d streams open and unbroken at the end", out.Failed(), open)
 
 	after, err := Observe(ctx, r)
 	if err != nil {
@@ -315,7 +325,7 @@ func waitUntil(bound time.Duration, cond func() bool) bool {
 // Markdown renders rows as a table.
 func Markdown(rows []Row) string {
 	var b strings.Builder
-	b.WriteString("| fault | settings changed | failed during the fault (by code) | served again after | engines survived | deployments and records lost | ledger consistent | notes |\n")
+	b.WriteString("| fault | settings changed | failed during the fault (by code) | served again after (longest span with no answer) | engines survived | deployments and records lost | ledger consistent | notes |\n")
 	b.WriteString("|---|---|---|---|---|---|---|---|\n")
 	cell := func(s string) string { return strings.ReplaceAll(strings.ReplaceAll(s, "|", "\\|"), "\n", " ") }
 	for _, r := range rows {

@@ -132,6 +132,28 @@ func (t *Traffic) Outcomes() Outcomes {
 	return Outcomes{Streams: copyCounts(t.streams), Requests: copyCounts(t.requests)}
 }
 
+// LongestGap is the longest span within [from, to] in which no
+// non-streamed request was answered 200: how long the role did not serve.
+func (t *Traffic) LongestGap(from, to time.Time) time.Duration {
+	t.mu.Lock()
+	ends := make([]time.Time, 0, len(t.successes))
+	for _, s := range t.successes {
+		if !s.end.Before(from) && !s.end.After(to) {
+			ends = append(ends, s.end)
+		}
+	}
+	t.mu.Unlock()
+	sort.Slice(ends, func(i, j int) bool { return ends[i].Before(ends[j]) })
+	longest, last := time.Duration(0), from
+	for _, e := range append(ends, to) {
+		if d := e.Sub(last); d > longest {
+			longest = d
+		}
+		last = e
+	}
+	return longest
+}
+
 // ServedAfter returns how long after since the first non-streamed request
 // sent at or after since was answered 200, and whether one was.
 func (t *Traffic) ServedAfter(since time.Time) (time.Duration, bool) {
@@ -170,10 +192,10 @@ func (t *Traffic) streamLoop() {
 	for t.ctx.Err() == nil {
 		if t.stream() != "ok" {
 			// A role that refuses at once (down, restarting) is not
-			// hammered: wait a little before the next attempt.
+			// hammered: each stream slot tries again after a second.
 			select {
 			case <-t.ctx.Done():
-			case <-time.After(100 * time.Millisecond):
+			case <-time.After(time.Second):
 			}
 		}
 	}
