@@ -144,8 +144,8 @@ func firstLine(s string) string {
 	if i := strings.IndexByte(s, '\n'); i >= 0 {
 		s = s[:i]
 	}
-	if len(s) > 160 {
-		s = s[:160] + "…"
+	if len(s) > 240 {
+		s = s[:240] + "…"
 	}
 	return s
 }
@@ -157,12 +157,18 @@ func firstLine(s string) string {
 // takes no more files).
 func probeDeploy(e *Env, specPath, when string) {
 	out, code, took := e.CLI(60*time.Second, "deploy", "--file", specPath, "--activate", "--wait")
+	what := "deploy --activate --wait of a new deployment"
+	if code == 2 && strings.Contains(out, "conflict") {
+		// An earlier attempt wrote the deployment but did not start it.
+		what = "start --wait of the deployment an earlier deploy wrote"
+		out, code, took = e.CLI(60*time.Second, "start", "deployment", "probe", "--wait")
+	}
 	if code == 0 {
 		e.Acknowledged("probe")
-		e.Note("deploy --activate --wait of a new deployment %s: ok in %.1f s", when, took.Seconds())
+		e.Note("%s %s: ok in %.1f s", what, when, took.Seconds())
 		return
 	}
-	e.Note("deploy --activate --wait of a new deployment %s: exit %d: %s", when, code, firstLine(lastError(out)))
+	e.Note("%s %s: exit %d: %s", what, when, code, firstLine(lastError(out)))
 }
 
 // prepareProbe writes the probe's spec and model directory.

@@ -100,9 +100,9 @@ type Env struct {
 	acked []string
 }
 
-// Note adds to the row's notes.
+// Note adds to the row's notes (the state directory written <state>).
 func (e *Env) Note(format string, args ...any) {
-	e.notes = append(e.notes, fmt.Sprintf(format, args...))
+	e.notes = append(e.notes, strings.ReplaceAll(fmt.Sprintf(format, args...), e.Role.StateDir, "<state>"))
 }
 
 // Acknowledged records a deployment the role accepted during the fault.
