@@ -370,7 +370,11 @@ func (in *instance) start(why string, evict bool) error {
 	launchDir := filepath.Join(m.cfg.Host.StateDir, "launches", in.dep, fmt.Sprintf("%d-%s", in.idx, launchID))
 	if err := os.MkdirAll(launchDir, 0o700); err != nil {
 		m.cfg.Ports.Release(port)
-		return fail(structs.Wrap(structs.CodeInternal, err, "create launch directory"))
+		code := structs.CodeInternal
+		if structs.StorageRefused(err) {
+			code = structs.CodeStoreUnavailable
+		}
+		return fail(structs.Wrap(code, err, "create launch directory"))
 	}
 	installation := ToInstallation(eng)
 	host := m.hostPolicy(eng)

@@ -34,17 +34,44 @@ var errBodiesFull = errors.New("request bodies at their bound")
 // bodyBudget bounds the bytes of request bodies held in memory, all
 // requests together: a buffer's growth takes bytes from it before it is
 // allocated, and the bytes go back once the engine has the body (or the
-// request ended).
+// request ended). A copy of a body made for the engine (engineBody) counts
+// too, while it lives.
+//
+// A flood of large bodies must not stop every other request: bodies up to
+// smallBody bytes (and no larger than the reserve) may also draw on a
+// reserve of limit/smallShare bytes (16 MiB of the default 256 MiB) that
+// large bodies never take, so chat requests of usual sizes keep flowing
+// while the large ones are refused.
 type bodyBudget struct {
 	limit int64
 	held  atomic.Int64
 }
 
-// take reserves n bytes; false when they would go over the limit.
-func (b *bodyBudget) take(n int64) bool {
+const (
+	// smallBody is the largest body the reserve admits (a long chat
+	// history is tens of KiB).
+	smallBody = 1 << 20
+	// smallShare is the reserve's share of the limit (one sixteenth).
+	smallShare = 16
+)
+
+// reserve is the room only small bodies may use, on top of the limit.
+func (b *bodyBudget) reserve() int64 { return b.limit / smallShare }
+
+// take reserves n more bytes of a body that will hold total bytes; false
+// when they would go over the limit (over the limit and the reserve for a
+// small body).
+func (b *bodyBudget) take(n int64) bool { return b.takeFor(n, n) }
+
+// takeFor is take for a body whose buffer will hold total bytes.
+func (b *bodyBudget) takeFor(n, total int64) bool {
+	limit := b.limit
+	if r := b.reserve(); total <= min(smallBody, r) {
+		limit += r
+	}
 	for {
 		cur := b.held.Load()
-		if cur+n > b.limit {
+		if cur+n > limit {
 			return false
 		}
 		if b.held.CompareAndSwap(cur, cur+n) {
@@ -83,7 +110,7 @@ func readGrowing(src io.Reader, declared, max int64, budget *bodyBudget) (buf []
 			if n < firstBodyBuffer {
 				n = min(firstBodyBuffer, limit)
 			}
-			if !budget.take(n - held) {
+			if !budget.takeFor(n-held, n) {
 				return nil, held, errBodiesFull
 			}
 			nb := make([]byte, len(buf), n)

@@ -104,3 +104,33 @@ func TestRouter_BodiesInFlightBound(t *testing.T) {
 	}
 	waitFor(t, "every body's bytes given back", func() bool { return e.rt.BodyBytesInFlight() == 0 })
 }
+
+// TestRouter_SmallBodiesPassAFloodOfLargeOnes: while large bodies hold the
+// role's bound, a request of a usual size is still served from the reserve
+// only small bodies draw on; another large one is refused.
+func TestRouter_SmallBodiesPassAFloodOfLargeOnes(t *testing.T) {
+	e := newEnv(t, envOpts{router: func(c *router.Config) {
+		c.MaxBodyBytesInFlight = 1 << 20 // a reserve of 64 KiB for bodies up to 64 KiB
+		c.MaxBodyBytes = 1 << 20
+		c.BodyReadTimeout = time.Minute
+	}})
+	// A slow client's large body holds the whole bound.
+	slow, _ := e.rawPost(t, 1<<20, `{"model":"demo","pad":"`+strings.Repeat("x", 600<<10))
+	defer slow.Close()
+	waitFor(t, "the large body to hold the bound", func() bool { return e.rt.BodyBytesInFlight() >= 1<<20 })
+	resp, err := e.post(context.Background(), "/v1/chat/completions", chatBody(false, ""), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if body := readBody(t, resp); resp.StatusCode != 200 {
+		t.Fatalf("a small request during the flood: %d %s", resp.StatusCode, body)
+	}
+	large := chatBody(false, `,"pad":"`+strings.Repeat("x", 200<<10)+`"`)
+	resp, err = e.post(context.Background(), "/v1/chat/completions", large, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if body := readBody(t, resp); resp.StatusCode != http.StatusTooManyRequests || errCode(body) != "bodies_in_flight_full" {
+		t.Fatalf("another large body during the flood: %d %s", resp.StatusCode, body)
+	}
+}

@@ -68,6 +68,24 @@ func (q *request) forward() *engineCall {
 		q.fail(structs.Errf(structs.CodeInvalidRequest, "the request body is not a JSON object: %v", err))
 		return nil
 	}
+	// A body rewritten for the engine is a new copy, and the client's is
+	// dropped: the copy counts against the role's bound of bodies in flight
+	// in its place (what it holds beyond the client's buffer, which serve
+	// gives back after the send) until the engine has it.
+	var copyHeld int64
+	if len(body) > 0 && len(q.body) > 0 && &body[0] != &q.body[0] {
+		copyHeld = max(int64(cap(body))-q.bodyHeld, 0)
+		if !q.rt.bodies.takeFor(copyHeld, int64(cap(body))) {
+			q.place.Done()
+			q.place = nil
+			q.w.Header().Set("Retry-After", "1")
+			q.fail(structs.Errf(structs.CodeBodiesInFlightFull,
+				"the role holds %d bytes of request bodies, its bound (limits.max_body_bytes_in_flight); retry shortly", q.rt.cfg.MaxBodyBytesInFlight))
+			return nil
+		}
+		q.body = nil // the copy replaces it
+	}
+	defer q.rt.bodies.give(copyHeld)
 	var extra []byte
 	if ep.AuthHeader != "" && headerSafe(ep.AuthHeader, ep.AuthValue) {
 		extra = append(extra, ep.AuthHeader...)

@@ -171,6 +171,9 @@ func openWith(path string, opts Options, migs []migration) (*Store, error) {
 		if errors.Is(err, boltErrors.ErrTimeout) {
 			return nil, fmt.Errorf("open store %s: another process holds it: %w", path, err)
 		}
+		if structs.StorageRefused(err) {
+			return nil, structs.Wrap(structs.CodeStoreUnavailable, err, "open store %s", path)
+		}
 		return nil, fmt.Errorf("open store %s: %w", path, err)
 	}
 	// IMPORTANT: the file holds launch keys; keep it owner-only even when it
@@ -243,7 +246,7 @@ type Tx struct {
 // tx's methods only; calling the Store from inside fn deadlocks (bbolt has
 // one writer).
 func (s *Store) Update(fn func(tx *Tx) error) error {
-	return s.db.Update(func(btx *bolt.Tx) error {
+	return diskErr(s.db.Update(func(btx *bolt.Tx) error {
 		t := &Tx{tx: btx, s: s}
 		if err := fn(t); err != nil {
 			return err
@@ -253,7 +256,18 @@ func (s *Store) Update(fn func(tx *Tx) error) error {
 			btx.OnCommit(func() { s.notify(seq) })
 		}
 		return nil
-	})
+	}))
+}
+
+// diskErr codes a write the file system refused (a full disk, a read-only
+// or immutable file or file system, a failing device) store_unavailable:
+// the operator frees room or restores the file, and the same call then
+// succeeds. Other errors (fn's own refusals) pass unchanged.
+func diskErr(err error) error {
+	if err == nil || !structs.StorageRefused(err) {
+		return err
+	}
+	return structs.Wrap(structs.CodeStoreUnavailable, err, "write the state store")
 }
 
 // View runs fn in a read-only transaction: a consistent snapshot.

@@ -178,7 +178,7 @@ func init() {
 	row(CodeWakeMismatch, http.StatusInternalServerError, 13, false, "the woken model answered the wake check differently; it was stopped")
 	row(CodeWakeFailed, http.StatusInternalServerError, 13, false, "the wake failed; the model was stopped")
 	row(CodeParkFailed, http.StatusInternalServerError, 13, false, "the park failed")
-	row(CodeStoreUnavailable, http.StatusServiceUnavailable, 27, true, "the state store could not record the launch (a full disk, a read-only file): the engine was stopped")
+	row(CodeStoreUnavailable, http.StatusServiceUnavailable, 27, true, "the state directory or store refuses writes (a full disk, a read-only or immutable file): nothing was launched or changed, or a launched engine was stopped; free room or restore the file and retry")
 	row(CodeDriverUnavailable, http.StatusServiceUnavailable, 13, true, "the engine's driver is not running")
 	row(CodeDriverTimeout, http.StatusGatewayTimeout, 13, true, "the engine's driver did not answer within its deadline (drivers.*_timeout); a driver that stops answering is killed and relaunched")
 	row(CodeDriverHandshakeFailed, http.StatusBadGateway, 13, false, "the driver program did not complete the plugin handshake (it must call sdk/plugin.Serve and write nothing else to stdout)")
