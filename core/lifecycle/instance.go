@@ -6,13 +6,12 @@ package lifecycle
 import (
 	"context"
 	"fmt"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/capyctl/capyctl/core/ledger"
 	"github.com/capyctl/capyctl/core/structs"
 	"github.com/capyctl/capyctl/sdk"
 	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
@@ -305,251 +304,6 @@ func (m *Manager) resolveEngine(name string) (*structs.EngineRecord, error) {
 		"engine %q is ambiguous: %d engines of that family are registered (%s); name one", name, len(matches), strings.Join(names, ", "))
 }
 
-// start launches the engine and waits for readiness (or wakes a parked
-// instance). With evict, a start that does not fit makes room by parking or
-// stopping idle models.
-func (in *instance) start(why string, evict bool) error {
-	rec := in.snapshot()
-	switch rec.State {
-	case structs.StateReady:
-		return nil
-	case structs.StateParked:
-		return in.wake(why, evict)
-	case structs.StateStopped, structs.StateFailed:
-	default:
-		if rec.State == structs.StateStopping {
-			return structs.Errf(structs.CodeStillStopping, "instance %s is still stopping", in.id)
-		}
-		return structs.Errf(structs.CodeConflict, "instance %s is %s", in.id, rec.State)
-	}
-	m := in.m
-	ctx := m.ctx
-	dr, ok := m.spec(in.dep)
-	if !ok {
-		return structs.Errf(structs.CodeNotFound, "no deployment %s", in.dep)
-	}
-	spec := &dr.Spec
-	fail := func(err error) error {
-		e := structs.AsError(err)
-		in.update(func(r *structs.InstanceRecord) {
-			r.LastError = &structs.ErrorRecord{Code: e.Code, Message: e.Message, At: m.cfg.Now().UTC()}
-		})
-		return err
-	}
-	eng, err := m.resolveEngine(spec.Engine)
-	if err != nil {
-		return fail(err)
-	}
-	drv, err := m.cfg.Drivers.Driver(ctx, eng.Family)
-	if err != nil {
-		return fail(err)
-	}
-	desc, err := m.cfg.Drivers.Describe(ctx, eng.Family)
-	if err != nil {
-		return fail(driverErr(err, "describe driver"))
-	}
-	if !contains(desc.GetCapabilities().GetApis(), spec.API) {
-		return fail(structs.Errf(structs.CodeCapabilityMissing+":"+structs.Code(spec.API),
-			"the %s driver cannot serve api %q", eng.Family, spec.API))
-	}
-	modelDir, err := m.resolveModel(spec)
-	if err != nil {
-		return fail(err)
-	}
-	release, err := in.acquire(ctx, eng.Family)
-	if err != nil {
-		return err
-	}
-	defer release()
-
-	port, err := m.cfg.Ports.Lease(in.id)
-	if err != nil {
-		return fail(err)
-	}
-	launchID := randomID()
-	launchDir := filepath.Join(m.cfg.Host.StateDir, "launches", in.dep, fmt.Sprintf("%d-%s", in.idx, launchID))
-	if err := os.MkdirAll(launchDir, 0o700); err != nil {
-		m.cfg.Ports.Release(port)
-		code := structs.CodeInternal
-		if structs.StorageRefused(err) {
-			code = structs.CodeStoreUnavailable
-		}
-		return fail(structs.Wrap(code, err, "create launch directory"))
-	}
-	installation := ToInstallation(eng)
-	host := m.hostPolicy(eng)
-	pdep := ToDeployment(spec, dr.Revision, modelDir)
-	pdep.EngineConfigJson = familyConfig(spec, eng.Family)
-	lctx := &pb.LaunchContext{Port: int32(port), LaunchDir: launchDir, InstanceId: in.id, LaunchId: launchID}
-	cleanupPort := func() { m.cfg.Ports.Release(port); _ = os.RemoveAll(launchDir) }
-
-	// First plan: validation and memory hints.
-	plan, err := drv.Plan(ctx, &pb.PlanRequest{Installation: installation, Deployment: pdep, Host: host, Launch: lctx})
-	if err != nil {
-		cleanupPort()
-		return fail(driverErr(err, "plan"))
-	}
-	if err := refusalErr(plan.GetRefusals()); err != nil {
-		cleanupPort()
-		return fail(err)
-	}
-	placer := m.cfg.Placer
-	if placer == nil {
-		placer = noPlacer{}
-	}
-	var grant *Grant
-	err = m.withRoom(ctx, in, evict, func() error {
-		var rerr error
-		grant, rerr = placer.Reserve(ctx, Reservation{
-			Owner: in.id, Deployment: spec, Revision: dr.Revision, Engine: eng, Hints: plan.GetHints(), Residency: plan.GetResidency(),
-		})
-		return rerr
-	})
-	if err != nil {
-		cleanupPort()
-		return fail(err)
-	}
-	if grant != nil && (grant.DeviceBytes > 0 || len(grant.DeviceUUIDs) > 0 || len(grant.Env) > 0) {
-		lctx.DeviceUuids = grant.DeviceUUIDs
-		lctx.DeviceBytes = grant.DeviceBytes
-		lctx.DeviceTotalBytes = grant.DeviceTotal
-		lctx.KvCacheBytes = grant.KVBytes
-		if len(grant.Env) > 0 {
-			if host.HostEnv == nil {
-				host.HostEnv = map[string]string{}
-			}
-			for k, v := range grant.Env {
-				host.HostEnv[k] = v
-			}
-		}
-		plan, err = drv.Plan(ctx, &pb.PlanRequest{Installation: installation, Deployment: pdep, Host: host, Launch: lctx})
-		if err == nil {
-			err = refusalErr(plan.GetRefusals())
-		}
-		if err != nil {
-			placer.Release(in.id)
-			cleanupPort()
-			return fail(driverErr(err, "plan"))
-		}
-	}
-
-	engineKey, adminKey := randomKey(), randomKey()
-	launch := &structs.LaunchRecord{
-		LaunchID: launchID, Port: port, LaunchDir: launchDir, StartedAt: m.cfg.Now().UTC(),
-		DeviceUUIDs: lctx.DeviceUuids, EngineKey: engineKey, AdminKey: adminKey,
-		Argv: plan.GetArgv(), Env: plan.GetEnv(),
-	}
-	// IMPORTANT: the launch is recorded before the engine exists, and its
-	// process identities as soon as it does; an engine whose record cannot
-	// be written is never left running (after a restart it would hold
-	// memory outside the ledger).
-	if err := in.transitionStored(structs.StateStarting, why, func(r *structs.InstanceRecord) {
-		r.Launch = launch
-		r.Endpoint = nil
-		r.Engine = eng.Name
-		r.Driver = eng.Family
-		r.Revision = dr.Revision
-		r.Generation++
-		r.Residency = plan.GetResidency()
-		r.Parsers = nil
-		if p := plan.GetParsers(); p != nil && (p.GetToolCall() != "" || p.GetReasoning() != "" || p.GetProvenance() != "") {
-			r.Parsers = &structs.Parsers{ToolCall: p.GetToolCall(), Reasoning: p.GetReasoning(), Provenance: p.GetProvenance()}
-		}
-		r.LastError = nil
-		r.Released = ""
-		r.Phase = "startup"
-	}); err != nil {
-		placer.Release(in.id)
-		cleanupPort()
-		if structs.HasCode(err, structs.CodeStoreUnavailable) {
-			in.unrecorded(err)
-		}
-		return err
-	}
-
-	resp, err := drv.Start(ctx, &pb.StartRequest{
-		Installation: installation, Deployment: pdep, Host: host, Launch: lctx, Plan: plan,
-		EngineKey: engineKey, AdminKey: adminKey,
-	})
-	if err != nil {
-		// A failed Start may still have spawned something: prove it gone.
-		in.cleanupLaunch(drv, nil)
-		placer.Release(in.id)
-		m.cfg.Ports.Release(port)
-		e := structs.AsError(driverErr(err, "start engine"))
-		if e.Code == structs.CodeInternal {
-			e.Code = structs.CodeLaunchFailed
-		}
-		_ = in.transition(structs.StateFailed, e.Message, func(r *structs.InstanceRecord) {
-			r.LastError = &structs.ErrorRecord{Code: e.Code, Message: e.Message, At: m.cfg.Now().UTC()}
-			r.Phase = ""
-		})
-		return e
-	}
-	if err := in.update(func(r *structs.InstanceRecord) {
-		r.Launch.Pgid = int(resp.GetLaunch().GetPgid())
-		r.Launch.Processes = fromLaunch(resp.GetLaunch())
-	}); err != nil {
-		in.cleanupLaunch(drv, nil)
-		placer.Release(in.id)
-		m.cfg.Ports.Release(port)
-		in.unrecorded(err)
-		return err
-	}
-	if po, ok := placer.(ProcessObserver); ok {
-		po.Launched(in.id, int(resp.GetLaunch().GetPgid()), fromLaunch(resp.GetLaunch()))
-	}
-
-	deadline := time.Duration(plan.GetStartupTimeoutMs()) * time.Millisecond
-	if spec.Timeouts.Initialize > 0 {
-		deadline = spec.Timeouts.Initialize.D()
-	}
-	if deadline <= 0 {
-		deadline = m.cfg.DefaultStartupTimeout
-	}
-	pctx, cancel := context.WithTimeout(ctx, deadline+10*time.Second)
-	probe, err := drv.Probe(pctx, &pb.ProbeRequest{InstanceId: in.id, Kind: pb.ProbeKind_PROBE_KIND_READINESS, DeadlineMs: deadline.Milliseconds()})
-	cancel()
-	if err == nil && !probe.GetReady() {
-		err = probeFailure(probe, deadline)
-	}
-	if err != nil {
-		e := structs.AsError(driverErr(err, "readiness"))
-		if e.Code == structs.CodeInternal {
-			e.Code = structs.CodeLaunchFailed
-		}
-		in.cleanupLaunch(drv, nil)
-		placer.Release(in.id)
-		m.cfg.Ports.Release(port)
-		_ = in.transition(structs.StateFailed, e.Message, func(r *structs.InstanceRecord) {
-			r.LastError = &structs.ErrorRecord{Code: e.Code, Message: e.Message, At: m.cfg.Now().UTC()}
-			r.Phase = ""
-			r.Endpoint = nil
-		})
-		return e
-	}
-	ep := toEndpoint(probe.GetEndpoint())
-	if ep == nil {
-		ep = toEndpoint(resp.GetEndpoint())
-	}
-	if err := placer.Phase(in.id, "ready"); err != nil {
-		m.logger.Warn("ledger phase change failed", "instance", in.id, "error", err)
-	}
-	if err := in.transition(structs.StateReady, why, func(r *structs.InstanceRecord) {
-		r.Endpoint = ep
-		if probe.GetCanary() != "" && r.Canary == "" {
-			r.Canary = probe.GetCanary()
-		}
-		r.Phase = "ready"
-		r.Attempts = 0
-		r.LastUsedAt = m.cfg.Now().UTC()
-	}); err != nil {
-		return err
-	}
-	in.startMonitor(drv)
-	return nil
-}
-
 // unrecorded marks a launch undone because its record could not be
 // stored: failed, with the reason (a write that may fail too: it is
 // logged, and the instance stays failed in memory).
@@ -801,10 +555,10 @@ func (in *instance) recover(why string, settle bool) error {
 		// The engine holds its memory released: it is parked, whatever
 		// step the restart interrupted (a park that completed, a wake that
 		// had not begun).
-		in.adopt("parked")
+		in.adopt(ledger.PhaseParked)
 		if err := in.transition(structs.StateParked, "re-attached: the engine is parked", func(r *structs.InstanceRecord) {
 			r.Endpoint = ep
-			r.Phase = "parked"
+			r.Phase = ledger.PhaseParked
 		}); err != nil {
 			return err
 		}
@@ -840,10 +594,10 @@ func (in *instance) recover(why string, settle bool) error {
 	if probe.GetEndpoint() != nil {
 		ep = toEndpoint(probe.GetEndpoint())
 	}
-	in.adopt("ready")
+	in.adopt(ledger.PhaseReady)
 	if err := in.transition(structs.StateReady, "re-attached", func(r *structs.InstanceRecord) {
 		r.Endpoint = ep
-		r.Phase = "ready"
+		r.Phase = ledger.PhaseReady
 	}); err != nil {
 		return err
 	}

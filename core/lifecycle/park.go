@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/capyctl/capyctl/core/ledger"
 	"github.com/capyctl/capyctl/core/structs"
 	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
@@ -124,7 +125,7 @@ func (in *instance) park(why string, forSwitch bool) error {
 		return err
 	}
 	placer := m.placer()
-	if err := placer.Phase(in.id, "parked"); err != nil {
+	if err := placer.Phase(in.id, ledger.PhaseParked); err != nil {
 		// The parked footprint does not fit: stop instead.
 		m.logger.Info("parked footprint does not fit; stopping instead", "instance", in.id, "error", err)
 		return in.stopReleased(why, "stopped (no room to park)")
@@ -147,7 +148,7 @@ func (in *instance) park(why string, forSwitch bool) error {
 		released = "parked (switch)"
 	}
 	if err := in.transition(structs.StateParked, why, func(r *structs.InstanceRecord) {
-		r.Phase = "parked"
+		r.Phase = ledger.PhaseParked
 		r.Released = released
 	}); err != nil {
 		return err
@@ -248,7 +249,7 @@ func (in *instance) wake(why string, evict bool) error {
 	}
 	m := in.m
 	placer := m.placer()
-	if err := m.withRoom(m.ctx, in, evict, func() error { return placer.Phase(in.id, "ready") }); err != nil {
+	if err := m.withRoom(m.ctx, in, evict, func() error { return placer.Phase(in.id, ledger.PhaseReady) }); err != nil {
 		return err
 	}
 	if err := in.transition(structs.StateWaking, why, nil); err != nil {
@@ -273,7 +274,7 @@ func (in *instance) wake(why string, evict bool) error {
 			fmt.Sprintf("the woken model answered the wake check %q, not %q as at its first start", resp.GetCanary(), rec.Canary))
 	}
 	return in.transition(structs.StateReady, why, func(r *structs.InstanceRecord) {
-		r.Phase = "ready"
+		r.Phase = ledger.PhaseReady
 		r.Released = ""
 	})
 }

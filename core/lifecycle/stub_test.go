@@ -28,6 +28,9 @@ type stubDriver struct {
 	wakes     atomic.Int32
 	stops     atomic.Int32
 	failStart error
+	// failPlan fails every Plan; notReady makes readiness fail.
+	failPlan error
+	notReady bool
 	// canary answers readiness; wakeCanary answers wake checks.
 	canary     string
 	wakeCanary string
@@ -46,6 +49,12 @@ func (d *stubDriver) Describe(context.Context, *pb.DescribeRequest) (*pb.Describ
 }
 
 func (d *stubDriver) Plan(_ context.Context, r *pb.PlanRequest) (*pb.PlanResponse, error) {
+	d.mu.Lock()
+	fail := d.failPlan
+	d.mu.Unlock()
+	if fail != nil {
+		return nil, fail
+	}
 	res := r.GetDeployment().GetResidency()
 	if res == "" {
 		res = "deep"
@@ -71,6 +80,12 @@ func (d *stubDriver) Probe(_ context.Context, r *pb.ProbeRequest) (*pb.ProbeResp
 	ep := &pb.Endpoint{BaseUrl: "http://127.0.0.1:1", ChatPath: "/v1/chat/completions"}
 	if r.GetKind() == pb.ProbeKind_PROBE_KIND_LIVENESS {
 		return &pb.ProbeResponse{Alive: true}, nil
+	}
+	d.mu.Lock()
+	notReady := d.notReady
+	d.mu.Unlock()
+	if notReady {
+		return &pb.ProbeResponse{Exited: true, Code: "launch_failed", Detail: "the stub exited"}, nil
 	}
 	return &pb.ProbeResponse{Alive: true, Ready: true, Endpoint: ep, Canary: d.canary}, nil
 }

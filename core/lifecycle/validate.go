@@ -15,28 +15,12 @@ import (
 // Plan (a dry run, launch context incomplete) has no refusal. Bad input is
 // refused here, never when a request arrives at 3 a.m.
 func (m *Manager) ValidateDeployment(ctx context.Context, spec *structs.Deployment) error {
-	eng, err := m.resolveEngine(spec.Engine)
+	// The first steps of a start (start.go), with the model optional.
+	res, err := m.resolve(ctx, spec, false)
 	if err != nil {
 		return err
 	}
-	desc, err := m.cfg.Drivers.Describe(ctx, eng.Family)
-	if err != nil {
-		return driverErr(err, "describe driver")
-	}
-	if !contains(desc.GetCapabilities().GetApis(), spec.API) {
-		return structs.Errf(structs.CodeCapabilityMissing+":"+structs.Code(spec.API),
-			"the %s engine cannot serve api %q (it serves %v)", eng.Family, spec.API, desc.GetCapabilities().GetApis())
-	}
-	modelDir := ""
-	if spec.Model.Path != "" {
-		if modelDir, err = m.resolveModel(spec); err != nil {
-			return err
-		}
-	}
-	drv, err := m.cfg.Drivers.Driver(ctx, eng.Family)
-	if err != nil {
-		return err
-	}
+	eng, drv, modelDir := res.eng, res.drv, res.modelDir
 	pdep := ToDeployment(spec, 0, modelDir)
 	pdep.EngineConfigJson = familyConfig(spec, eng.Family)
 	plan, err := drv.Plan(ctx, &pb.PlanRequest{Installation: ToInstallation(eng), Deployment: pdep, Host: m.hostPolicy(eng)})

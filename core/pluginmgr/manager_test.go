@@ -293,7 +293,9 @@ func coreLimit(t *testing.T, pid int) []string {
 func TestManager_HungDriver(t *testing.T) {
 	r := newRig(t)
 	relaunched := make(chan string, 4)
-	m := r.manager(Deadlines{Call: 300 * time.Millisecond, PingInterval: 50 * time.Millisecond, PingTimeout: 100 * time.Millisecond},
+	// Pings miss twice before the kill: well after the call's deadline, so the
+	// call meets the stopped driver, not its replacement.
+	m := r.manager(Deadlines{Call: 300 * time.Millisecond, PingInterval: 400 * time.Millisecond, PingTimeout: 200 * time.Millisecond},
 		func(f string) { relaunched <- f })
 	defer m.Shutdown(false)
 	alpha, beta := mustDriver(t, m, "alpha"), mustDriver(t, m, "beta")

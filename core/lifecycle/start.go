@@ -1,0 +1,417 @@
+// Copyright (c) CapyCTL authors
+// SPDX-License-Identifier: Apache-2.0
+
+package lifecycle
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/capyctl/capyctl/core/ledger"
+	"github.com/capyctl/capyctl/core/structs"
+	"github.com/capyctl/capyctl/sdk"
+	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
+)
+
+// A start is a pipeline of steps, in the spirit of Nomad's task-runner
+// hooks: resolve → lease a port → plan → reserve memory (evicting where
+// allowed) → plan again with the grant → record the launch → launch →
+// probe → ready. Each step that takes something pushes its own undo; a
+// failing step unwinds the stack once, newest first, and then the step's
+// failure is recorded the way it asks (startRun.onFail). Nothing in a start
+// downloads a model: a model source is fetched before the start, with its
+// progress in the events.
+
+// resolved is what a deployment needs before anything is taken: its
+// engine, the driver of its family, and its model directory.
+type resolved struct {
+	eng      *structs.EngineRecord
+	drv      sdk.Driver
+	modelDir string
+}
+
+// resolve finds a deployment's engine, driver and model, and checks the
+// driver serves its API; needModel is false for a validation of a spec
+// that names no model yet. ValidateDeployment and every start use it.
+func (m *Manager) resolve(ctx context.Context, spec *structs.Deployment, needModel bool) (*resolved, error) {
+	eng, err := m.resolveEngine(spec.Engine)
+	if err != nil {
+		return nil, err
+	}
+	desc, err := m.cfg.Drivers.Describe(ctx, eng.Family)
+	if err != nil {
+		return nil, driverErr(err, "describe driver")
+	}
+	if !contains(desc.GetCapabilities().GetApis(), spec.API) {
+		return nil, structs.Errf(structs.CodeCapabilityMissing+":"+structs.Code(spec.API),
+			"the %s engine cannot serve api %q (it serves %v)", eng.Family, spec.API, desc.GetCapabilities().GetApis())
+	}
+	r := &resolved{eng: eng}
+	if needModel || spec.Model.Path != "" {
+		if r.modelDir, err = m.resolveModel(spec); err != nil {
+			return nil, err
+		}
+	}
+	if r.drv, err = m.cfg.Drivers.Driver(ctx, eng.Family); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// startRun is one start of an instance as it goes through its steps.
+type startRun struct {
+	in    *instance
+	m     *Manager
+	ctx   context.Context
+	why   string
+	evict bool
+
+	dr   *structs.DeploymentRecord
+	spec *structs.Deployment
+	*resolved
+	placer Placer
+
+	port         int
+	launchID     string
+	launchDir    string
+	recorded     bool // the launch is in the store: its directory stays
+	installation *pb.Installation
+	host         *pb.HostPolicy
+	pdep         *pb.Deployment
+	lctx         *pb.LaunchContext
+	plan         *pb.PlanResponse
+	grant        *Grant
+	engineKey    string
+	adminKey     string
+	resp         *pb.StartResponse
+	probe        *pb.ProbeResponse
+
+	undo []func()
+	// onFail records a failed step after the undo: the default keeps the
+	// error as the instance's last error.
+	onFail func(err error) error
+}
+
+// startStep is one step; it returns the step's error.
+type startStep struct {
+	name string
+	run  func(r *startRun) error
+}
+
+// startSteps are a start's steps, in order.
+var startSteps = []startStep{
+	{"resolve", (*startRun).resolveStep},
+	{"lease a port", (*startRun).leasePort},
+	{"plan", (*startRun).firstPlan},
+	{"reserve memory", (*startRun).reserve},
+	{"plan with the grant", (*startRun).replan},
+	{"record the launch", (*startRun).record},
+	{"launch", (*startRun).launch},
+	{"probe", (*startRun).probeReady},
+}
+
+// start launches the engine and waits for readiness (or wakes a parked
+// instance). With evict, a start that does not fit makes room by parking or
+// stopping idle models.
+func (in *instance) start(why string, evict bool) error {
+	rec := in.snapshot()
+	switch rec.State {
+	case structs.StateReady:
+		return nil
+	case structs.StateParked:
+		return in.wake(why, evict)
+	case structs.StateStopped, structs.StateFailed:
+	default:
+		if rec.State == structs.StateStopping {
+			return structs.Errf(structs.CodeStillStopping, "instance %s is still stopping", in.id)
+		}
+		return structs.Errf(structs.CodeConflict, "instance %s is %s", in.id, rec.State)
+	}
+	dr, ok := in.m.spec(in.dep)
+	if !ok {
+		return structs.Errf(structs.CodeNotFound, "no deployment %s", in.dep)
+	}
+	r := &startRun{in: in, m: in.m, ctx: in.m.ctx, why: why, evict: evict, dr: &dr, spec: &dr.Spec, placer: in.m.cfg.Placer}
+	if r.placer == nil {
+		r.placer = noPlacer{}
+	}
+	for _, s := range startSteps {
+		r.onFail = r.keepLastError
+		if err := s.run(r); err != nil {
+			r.rollback()
+			return r.onFail(err)
+		}
+	}
+	r.undo = nil // the launch stands: nothing to undo
+	return r.ready()
+}
+
+// push registers the undo of what a step took.
+func (r *startRun) push(undo func()) { r.undo = append(r.undo, undo) }
+
+// rollback undoes every step taken, newest first, once.
+func (r *startRun) rollback() {
+	for i := len(r.undo) - 1; i >= 0; i-- {
+		r.undo[i]()
+	}
+	r.undo = nil
+}
+
+// keepLastError records err as the instance's last error.
+func (r *startRun) keepLastError(err error) error {
+	e := structs.AsError(err)
+	r.in.update(func(rec *structs.InstanceRecord) {
+		rec.LastError = &structs.ErrorRecord{Code: e.Code, Message: e.Message, At: r.m.cfg.Now().UTC()}
+	})
+	return err
+}
+
+// asIs returns err unrecorded (the instance's record says why already).
+func asIs(err error) error { return err }
+
+// launchFailed ends a launch that failed after it was recorded: the
+// instance is failed with the error (internal errors become launch_failed).
+func (r *startRun) launchFailed(what string, clearEndpoint bool) func(error) error {
+	return func(err error) error {
+		e := structs.AsError(driverErr(err, what))
+		if e.Code == structs.CodeInternal {
+			e.Code = structs.CodeLaunchFailed
+		}
+		_ = r.in.transition(structs.StateFailed, e.Message, func(rec *structs.InstanceRecord) {
+			rec.LastError = &structs.ErrorRecord{Code: e.Code, Message: e.Message, At: r.m.cfg.Now().UTC()}
+			rec.Phase = ""
+			if clearEndpoint {
+				rec.Endpoint = nil
+			}
+		})
+		return e
+	}
+}
+
+// resolveStep finds the engine, driver and model, and takes a start slot
+// of the driver's family.
+func (r *startRun) resolveStep() error {
+	res, err := r.m.resolve(r.ctx, r.spec, true)
+	if err != nil {
+		return err
+	}
+	r.resolved = res
+	release, err := r.in.acquire(r.ctx, res.eng.Family)
+	if err != nil {
+		r.onFail = asIs
+		return err
+	}
+	r.push(release)
+	return nil
+}
+
+// leasePort leases the engine's loopback port and creates its launch
+// directory.
+func (r *startRun) leasePort() error {
+	m, in := r.m, r.in
+	port, err := m.cfg.Ports.Lease(in.id)
+	if err != nil {
+		return err
+	}
+	r.port = port
+	r.push(func() { m.cfg.Ports.Release(port) })
+	r.launchID = randomID()
+	r.launchDir = filepath.Join(m.cfg.Host.StateDir, "launches", in.dep, fmt.Sprintf("%d-%s", in.idx, r.launchID))
+	if err := os.MkdirAll(r.launchDir, 0o700); err != nil {
+		code := structs.CodeInternal
+		if structs.StorageRefused(err) {
+			code = structs.CodeStoreUnavailable
+		}
+		return structs.Wrap(code, err, "create launch directory")
+	}
+	r.push(func() {
+		if !r.recorded {
+			_ = os.RemoveAll(r.launchDir)
+		}
+	})
+	r.installation = ToInstallation(r.eng)
+	r.host = m.hostPolicy(r.eng)
+	r.pdep = ToDeployment(r.spec, r.dr.Revision, r.modelDir)
+	r.pdep.EngineConfigJson = familyConfig(r.spec, r.eng.Family)
+	r.lctx = &pb.LaunchContext{Port: int32(port), LaunchDir: r.launchDir, InstanceId: in.id, LaunchId: r.launchID}
+	return nil
+}
+
+// planOnce asks the driver for the launch plan.
+func (r *startRun) planOnce() error {
+	plan, err := r.drv.Plan(r.ctx, &pb.PlanRequest{Installation: r.installation, Deployment: r.pdep, Host: r.host, Launch: r.lctx})
+	if err != nil {
+		return driverErr(err, "plan")
+	}
+	if err := refusalErr(plan.GetRefusals()); err != nil {
+		return err
+	}
+	r.plan = plan
+	return nil
+}
+
+// firstPlan validates the launch and gets the memory hints.
+func (r *startRun) firstPlan() error { return r.planOnce() }
+
+// reserve charges the memory ledger, evicting idle models where allowed.
+func (r *startRun) reserve() error {
+	in := r.in
+	err := r.m.withRoom(r.ctx, in, r.evict, func() error {
+		var rerr error
+		r.grant, rerr = r.placer.Reserve(r.ctx, Reservation{
+			Owner: in.id, Deployment: r.spec, Revision: r.dr.Revision, Engine: r.eng, Hints: r.plan.GetHints(), Residency: r.plan.GetResidency(),
+		})
+		return rerr
+	})
+	if err != nil {
+		return err
+	}
+	r.push(func() { r.placer.Release(in.id) })
+	return nil
+}
+
+// replan plans again with what the grant placed (devices, bytes, host
+// variables); a grant that places nothing keeps the first plan.
+func (r *startRun) replan() error {
+	g := r.grant
+	if g == nil || (g.DeviceBytes <= 0 && len(g.DeviceUUIDs) == 0 && len(g.Env) == 0) {
+		return nil
+	}
+	r.lctx.DeviceUuids = g.DeviceUUIDs
+	r.lctx.DeviceBytes = g.DeviceBytes
+	r.lctx.DeviceTotalBytes = g.DeviceTotal
+	r.lctx.KvCacheBytes = g.KVBytes
+	if len(g.Env) > 0 {
+		if r.host.HostEnv == nil {
+			r.host.HostEnv = map[string]string{}
+		}
+		for k, v := range g.Env {
+			r.host.HostEnv[k] = v
+		}
+	}
+	return r.planOnce()
+}
+
+// record stores the launch before the engine exists. IMPORTANT: the launch
+// is recorded before the engine exists, and its process identities as soon
+// as it does (launch); an engine whose record cannot be written is never
+// left running (after a restart it would hold memory outside the ledger).
+func (r *startRun) record() error {
+	m := r.m
+	r.engineKey, r.adminKey = randomKey(), randomKey()
+	plan := r.plan
+	launch := &structs.LaunchRecord{
+		LaunchID: r.launchID, Port: r.port, LaunchDir: r.launchDir, StartedAt: m.cfg.Now().UTC(),
+		DeviceUUIDs: r.lctx.DeviceUuids, EngineKey: r.engineKey, AdminKey: r.adminKey,
+		Argv: plan.GetArgv(), Env: plan.GetEnv(),
+	}
+	err := r.in.transitionStored(structs.StateStarting, r.why, func(rec *structs.InstanceRecord) {
+		rec.Launch = launch
+		rec.Endpoint = nil
+		rec.Engine = r.eng.Name
+		rec.Driver = r.eng.Family
+		rec.Revision = r.dr.Revision
+		rec.Generation++
+		rec.Residency = plan.GetResidency()
+		rec.Parsers = nil
+		if p := plan.GetParsers(); p != nil && (p.GetToolCall() != "" || p.GetReasoning() != "" || p.GetProvenance() != "") {
+			rec.Parsers = &structs.Parsers{ToolCall: p.GetToolCall(), Reasoning: p.GetReasoning(), Provenance: p.GetProvenance()}
+		}
+		rec.LastError = nil
+		rec.Released = ""
+		rec.Phase = ledger.PhaseStartup
+	})
+	if err != nil {
+		r.onFail = r.unrecorded
+		return err
+	}
+	r.recorded = true
+	return nil
+}
+
+// unrecorded fails the instance when a record could not be stored.
+func (r *startRun) unrecorded(err error) error {
+	if structs.HasCode(err, structs.CodeStoreUnavailable) {
+		r.in.unrecorded(err)
+	}
+	return err
+}
+
+// launch starts the engine through the driver and records its process
+// identities.
+func (r *startRun) launch() error {
+	// A failed Start may still have spawned something: prove it gone.
+	r.push(func() { r.in.cleanupLaunch(r.drv, nil) })
+	resp, err := r.drv.Start(r.ctx, &pb.StartRequest{
+		Installation: r.installation, Deployment: r.pdep, Host: r.host, Launch: r.lctx, Plan: r.plan,
+		EngineKey: r.engineKey, AdminKey: r.adminKey,
+	})
+	if err != nil {
+		r.onFail = r.launchFailed("start engine", false)
+		return err
+	}
+	r.resp = resp
+	if err := r.in.update(func(rec *structs.InstanceRecord) {
+		rec.Launch.Pgid = int(resp.GetLaunch().GetPgid())
+		rec.Launch.Processes = fromLaunch(resp.GetLaunch())
+	}); err != nil {
+		r.onFail = func(err error) error { r.in.unrecorded(err); return err }
+		return err
+	}
+	if po, ok := r.placer.(ProcessObserver); ok {
+		po.Launched(r.in.id, int(resp.GetLaunch().GetPgid()), fromLaunch(resp.GetLaunch()))
+	}
+	return nil
+}
+
+// probeReady waits for the engine's readiness within its startup deadline.
+func (r *startRun) probeReady() error {
+	deadline := time.Duration(r.plan.GetStartupTimeoutMs()) * time.Millisecond
+	if r.spec.Timeouts.Initialize > 0 {
+		deadline = r.spec.Timeouts.Initialize.D()
+	}
+	if deadline <= 0 {
+		deadline = r.m.cfg.DefaultStartupTimeout
+	}
+	pctx, cancel := context.WithTimeout(r.ctx, deadline+10*time.Second)
+	probe, err := r.drv.Probe(pctx, &pb.ProbeRequest{InstanceId: r.in.id, Kind: pb.ProbeKind_PROBE_KIND_READINESS, DeadlineMs: deadline.Milliseconds()})
+	cancel()
+	if err == nil && !probe.GetReady() {
+		err = probeFailure(probe, deadline)
+	}
+	if err != nil {
+		r.onFail = r.launchFailed("readiness", true)
+		return err
+	}
+	r.probe = probe
+	return nil
+}
+
+// ready makes the instance ready: its endpoint published, its ledger phase
+// ready, its monitor started.
+func (r *startRun) ready() error {
+	m, in := r.m, r.in
+	ep := toEndpoint(r.probe.GetEndpoint())
+	if ep == nil {
+		ep = toEndpoint(r.resp.GetEndpoint())
+	}
+	if err := r.placer.Phase(in.id, ledger.PhaseReady); err != nil {
+		m.logger.Warn("ledger phase change failed", "instance", in.id, "error", err)
+	}
+	if err := in.transition(structs.StateReady, r.why, func(rec *structs.InstanceRecord) {
+		rec.Endpoint = ep
+		if r.probe.GetCanary() != "" && rec.Canary == "" {
+			rec.Canary = r.probe.GetCanary()
+		}
+		rec.Phase = ledger.PhaseReady
+		rec.Attempts = 0
+		rec.LastUsedAt = m.cfg.Now().UTC()
+	}); err != nil {
+		return err
+	}
+	in.startMonitor(r.drv)
+	return nil
+}
