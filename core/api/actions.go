@@ -83,7 +83,7 @@ func (b *Backend) deploymentAction(w http.ResponseWriter, r *http.Request) {
 		ctx := actionContext(r, req)
 		switch req.Action {
 		case wire.ActionStart:
-			err = b.Lifecycle.StartDeployment(ctx, name, req.Wait, req.Evict)
+			err = b.Lifecycle.StartDeployment(ctx, name, lifecycle.StartOptions{Wait: req.Wait, Evict: req.Evict})
 		case wire.ActionStop:
 			err = b.Lifecycle.StopDeployment(ctx, name, req.Wait)
 		case wire.ActionDelete:
@@ -127,7 +127,7 @@ func (b *Backend) instanceAction(w http.ResponseWriter, r *http.Request) {
 		ctx := actionContext(r, req)
 		switch req.Action {
 		case wire.ActionStart:
-			err = b.Lifecycle.StartInstance(ctx, name, idx, req.Wait, req.Evict)
+			err = b.Lifecycle.StartInstance(ctx, name, idx, lifecycle.StartOptions{Wait: req.Wait, Evict: req.Evict})
 		case wire.ActionStop:
 			err = b.Lifecycle.StopInstance(ctx, name, idx, req.Wait)
 		case wire.ActionPark:

@@ -189,17 +189,17 @@ func TestManager_StartWithoutEvictIsCapacityBlocked(t *testing.T) {
 	f.deploy("a")
 	f.deploy("b")
 	ctx := context.Background()
-	if err := f.m.StartDeployment(ctx, "a", true); err != nil {
+	if err := f.m.StartDeployment(ctx, "a", StartOptions{Wait: true}); err != nil {
 		t.Fatal(err)
 	}
-	err := f.m.StartDeployment(ctx, "b", true)
+	err := f.m.StartDeployment(ctx, "b", StartOptions{Wait: true})
 	if !structs.HasCode(err, structs.CodeCapacityBlocked) || !strings.Contains(err.Error(), "could be evicted: a/0") {
 		t.Fatalf("err = %v", err)
 	}
 	if info := structs.AsError(err).Info(); info.Exit != 4 {
 		t.Fatalf("exit %d", info.Exit)
 	}
-	if err := f.m.StartDeployment(ctx, "b", true, true); err != nil {
+	if err := f.m.StartDeployment(ctx, "b", StartOptions{Wait: true, Evict: true}); err != nil {
 		t.Fatalf("start --evict: %v", err)
 	}
 	if f.state("a") != structs.StateParked || f.state("b") != structs.StateReady {
@@ -277,7 +277,7 @@ func TestManager_RetryBudget(t *testing.T) {
 	f := newFixture(t, 10, 6, 1)
 	f.drv.failStart = sdk.Errorf(sdk.CodeLaunchFailed, "boom")
 	f.deploy("a")
-	err := f.m.StartDeployment(context.Background(), "a", true)
+	err := f.m.StartDeployment(context.Background(), "a", StartOptions{Wait: true})
 	if !structs.HasCode(err, structs.CodeLaunchFailed) {
 		t.Fatalf("first attempt: %v", err)
 	}

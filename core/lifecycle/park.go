@@ -45,13 +45,13 @@ func (m *Manager) ParkDeployment(ctx context.Context, name string, wait bool) er
 }
 
 // StartInstance starts (or wakes) one instance.
-func (m *Manager) StartInstance(ctx context.Context, name string, idx int, wait, evict bool) error {
+func (m *Manager) StartInstance(ctx context.Context, name string, idx int, opts StartOptions) error {
 	in, err := m.instance(name, idx)
 	if err != nil {
 		return err
 	}
-	c := &command{kind: cmdStart, why: "operator start", evict: evict, done: make(chan error, 1)}
-	if wait {
+	c := &command{kind: cmdStart, why: "operator start", evict: opts.Evict, done: make(chan error, 1)}
+	if opts.Wait {
 		return in.send(ctx, c)
 	}
 	go func() { _ = in.send(m.ctx, c) }()
@@ -241,8 +241,10 @@ func (in *instance) lastReady() bool {
 }
 
 // wake restores a parked instance, proves it with the wake check, and
-// serves it again; a failed wake or a different answer stops it.
-func (in *instance) wake(why string, evict bool) error {
+// serves it again; a failed wake or a different answer stops it (for the
+// lane's command c: why, and whether it may evict to make room).
+func (in *instance) wake(c *command) error {
+	why, evict := c.why, c.evict
 	rec := in.snapshot()
 	if rec.State != structs.StateParked {
 		return structs.Errf(structs.CodeConflict, "instance %s is %s, not parked", in.id, rec.State)

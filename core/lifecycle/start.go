@@ -114,15 +114,16 @@ var startSteps = []startStep{
 }
 
 // start launches the engine and waits for readiness (or wakes a parked
-// instance). With evict, a start that does not fit makes room by parking or
-// stopping idle models.
-func (in *instance) start(why string, evict bool) error {
+// instance), for the lane's command c. With c.evict, a start that does not
+// fit makes room by parking or stopping idle models.
+func (in *instance) start(c *command) error {
+	why, evict := c.why, c.evict
 	rec := in.snapshot()
 	switch rec.State {
 	case structs.StateReady:
 		return nil
 	case structs.StateParked:
-		return in.wake(why, evict)
+		return in.wake(c)
 	case structs.StateStopped, structs.StateFailed:
 	default:
 		if rec.State == structs.StateStopping {

@@ -161,7 +161,7 @@ func readUntil(t *testing.T, br *bufio.Reader, want string) string {
 
 func TestRouter_StreamTakenOverFromNetHTTP(t *testing.T) {
 	led := &ledger{}
-	e, s := scriptedEnv(t, envOpts{router: func(c *router.Config) { c.Ledger = led }})
+	e, s := scriptedEnv(t, envOpts{router: func(c *router.Config) { c.RequestLog = led }})
 	c, br, head := rawStream(t, e, s, "X-Request-Id: client-9\r\n")
 	// net/http's head, written by the router.
 	for _, h := range []string{"HTTP/1.1 200 OK\r\n", "Transfer-Encoding: chunked\r\n", "Date: ",
@@ -423,7 +423,7 @@ func TestRouter_DrainLetsTakenOverStreamsFinish(t *testing.T) {
 
 func TestRouter_DrainCutsTakenOverStreamsWhenItsTimeEnds(t *testing.T) {
 	led := &ledger{}
-	e, s := scriptedEnv(t, envOpts{router: func(c *router.Config) { c.Ledger = led }})
+	e, s := scriptedEnv(t, envOpts{router: func(c *router.Config) { c.RequestLog = led }})
 	_, br := openTakenOver(t, e, s)
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()

@@ -40,7 +40,7 @@ func (l *ledger) all() []structs.RequestRecord {
 
 func TestRouter_LedgerRecordsEachRequestWithoutText(t *testing.T) {
 	led := &ledger{}
-	e := newEnv(t, envOpts{router: func(c *router.Config) { c.Ledger = led }})
+	e := newEnv(t, envOpts{router: func(c *router.Config) { c.RequestLog = led }})
 	const secret = "my secret prompt"
 	body := `{"model":"demo","messages":[{"role":"user","content":"` + secret + `"}]}`
 	resp, err := e.post(context.Background(), "/v1/chat/completions", body, map[string]string{"X-Request-Id": "client-secret-id"})
@@ -82,7 +82,7 @@ func TestRouter_LedgerDropsAreCounted(t *testing.T) {
 	opts := store.DefaultRequestWriterOptions()
 	opts.Buffer, opts.MaxBatch = 4, 1
 	w := store.NewRequestWriter(st, opts)
-	e := newEnv(t, envOpts{router: func(c *router.Config) { c.Ledger = w }})
+	e := newEnv(t, envOpts{router: func(c *router.Config) { c.RequestLog = w }})
 	if got := scrapeDropped(t, e.rt); got != 0 {
 		t.Fatalf("dropped %v before any record", got)
 	}

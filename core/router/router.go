@@ -71,9 +71,10 @@ type Requests interface {
 	RestartForSettlement(instanceID string)
 }
 
-// Ledger receives one record per request (store.RequestWriter). Record must
-// never block.
-type Ledger interface {
+// RequestLog receives one record per request (store.RequestWriter). Record
+// must never block. ("Ledger" is the memory ledger's word; the records of
+// requests are a log. The role's setting keeps its name, request_ledger.)
+type RequestLog interface {
 	Record(structs.RequestRecord)
 }
 
@@ -90,8 +91,8 @@ type Config struct {
 	Admission *admission.Controller
 	// Requests defaults to Lifecycle when it implements Requests.
 	Requests Requests
-	// Ledger receives request records; nil records nothing.
-	Ledger Ledger
+	// RequestLog receives request records; nil records nothing.
+	RequestLog RequestLog
 	Logger hclog.Logger
 	// MaxBodyBytes bounds a request body (default 64 MiB).
 	MaxBodyBytes int64

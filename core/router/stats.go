@@ -141,7 +141,7 @@ func (rt *Router) record(q *request) {
 			m.mu.Unlock()
 		}
 	}
-	if rt.cfg.Ledger == nil {
+	if rt.cfg.RequestLog == nil {
 		return
 	}
 	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
@@ -166,7 +166,7 @@ func (rt *Router) record(q *request) {
 	if q.usage.known {
 		rec.PromptTokens, rec.CompletionToks = q.usage.prompt, q.usage.completion
 	}
-	rt.cfg.Ledger.Record(rec)
+	rt.cfg.RequestLog.Record(rec)
 }
 
 // MetricsHandler serves the core's Prometheus metrics: requests by
@@ -193,10 +193,10 @@ var (
 		"Request ledger records lost: the writer's queue was full, the writer closed, or their commit failed.", nil, nil)
 )
 
-// DroppingLedger is a Ledger that counts the records it lost
+// DroppingLog is a RequestLog that counts the records it lost
 // (store.RequestWriter); the router exports the count.
-type DroppingLedger interface {
-	Ledger
+type DroppingLog interface {
+	RequestLog
 	Dropped() uint64
 }
 
@@ -224,7 +224,7 @@ func (g *gauges) Collect(ch chan<- prometheus.Metric) {
 	_, bytes := g.rt.adm.WaitingAll()
 	ch <- prometheus.MustNewConstMetric(descWaitAll, prometheus.GaugeValue, float64(bytes))
 	ch <- prometheus.MustNewConstMetric(descStale, prometheus.CounterValue, float64(g.rt.engine.stale.Load()))
-	if l, ok := g.rt.cfg.Ledger.(DroppingLedger); ok {
+	if l, ok := g.rt.cfg.RequestLog.(DroppingLog); ok {
 		ch <- prometheus.MustNewConstMetric(descLedgerDropped, prometheus.CounterValue, float64(l.Dropped()))
 	}
 }

@@ -102,25 +102,25 @@ func (d *Driver) Load(ctx context.Context, req *pb.LoadRequest) (*pb.LoadRespons
 	}
 	idle := h.manifest.Idle
 	if idle == nil {
-		return &pb.LoadResponse{Known: false, KvUsage: -1}, nil
+		return &pb.LoadResponse{Known: false, KvUsage: enginekit.KVUsageUnknown}, nil
 	}
 	lctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
 	resp, err := h.Client.Get(lctx, idle.MetricsPath)
 	if err != nil {
-		return &pb.LoadResponse{Known: false, KvUsage: -1}, nil
+		return &pb.LoadResponse{Known: false, KvUsage: enginekit.KVUsageUnknown}, nil
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return &pb.LoadResponse{Known: false, KvUsage: -1}, nil
+		return &pb.LoadResponse{Known: false, KvUsage: enginekit.KVUsageUnknown}, nil
 	}
 	// A malformed line spoils only itself: the parser keeps the good
 	// samples.
 	ms, _ := engineapi.ParseMetrics(resp.Body)
-	out := &pb.LoadResponse{KvUsage: -1}
+	out := &pb.LoadResponse{KvUsage: enginekit.KVUsageUnknown}
 	running, ok := ms.Value(idle.Running, nil)
 	if !ok {
-		return &pb.LoadResponse{Known: false, KvUsage: -1}, nil
+		return &pb.LoadResponse{Known: false, KvUsage: enginekit.KVUsageUnknown}, nil
 	}
 	out.Known = true
 	out.Running = int64(running)

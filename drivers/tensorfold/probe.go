@@ -59,7 +59,7 @@ func (d *Driver) Load(ctx context.Context, req *pb.LoadRequest) (*pb.LoadRespons
 	if err != nil {
 		return nil, err
 	}
-	unknown := &pb.LoadResponse{Known: false, KvUsage: -1}
+	unknown := &pb.LoadResponse{Known: false, KvUsage: enginekit.KVUsageUnknown}
 	lctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
 	var h health
@@ -67,7 +67,7 @@ func (d *Driver) Load(ctx context.Context, req *pb.LoadRequest) (*pb.LoadRespons
 	if err != nil || status != http.StatusOK || h.RequestsRunning == nil || h.Busy == nil {
 		return unknown, nil
 	}
-	out := &pb.LoadResponse{Known: true, Running: *h.RequestsRunning, KvUsage: -1}
+	out := &pb.LoadResponse{Known: true, Running: *h.RequestsRunning, KvUsage: enginekit.KVUsageUnknown}
 	if h.RequestsWaiting != nil {
 		out.Waiting = *h.RequestsWaiting
 	}

@@ -17,15 +17,25 @@ import (
 // stepTimeout bounds one park or wake step that moves no weights.
 const stepTimeout = 60 * time.Second
 
-// sleepLevel is vLLM's sleep level for a tier: level 2 drops weights and
-// KV cache (deep: the weights are reloaded from disk on wake), level 1
-// keeps the weights in host RAM and drops the KV cache (host_backed).
+// vLLM's sleep levels (POST /sleep?level=N, engines.md §1.7 note 3).
+const (
+	// sleepOffloadWeights (level 1) offloads the weights to host memory
+	// and discards the KV cache: a host_backed park.
+	sleepOffloadWeights = 1
+	// sleepDiscardAll (level 2) discards the weights and the KV cache; a
+	// wake reloads the weights from disk: a deep park.
+	sleepDiscardAll = 2
+)
+
+// sleepLevel is vLLM's sleep level for a tier: deep drops the weights and
+// the KV cache (reloaded from disk on wake), host_backed keeps the weights
+// in host RAM.
 func sleepLevel(tier string) (int, error) {
 	switch tier {
 	case enginekit.ResidencyDeep:
-		return 2, nil
+		return sleepDiscardAll, nil
 	case enginekit.ResidencyHostBacked:
-		return 1, nil
+		return sleepOffloadWeights, nil
 	}
 	return 0, sdk.Errorf(sdk.CodeParkFailed, "vLLM parks at deep or host_backed, not %q", tier)
 }
@@ -103,7 +113,7 @@ func (d *Driver) Wake(ctx context.Context, req *pb.WakeRequest) (*pb.WakeRespons
 		timeout    time.Duration
 	}
 	steps := []step{{"wake the weights", wakePath + "?tags=weights", nil, stepTimeout}}
-	if level == 2 {
+	if level == sleepDiscardAll {
 		weights := pyengine.WeightsBytes(in.ModelDir)
 		steps = append(steps, step{"reload the weights from disk", collectiveRPCPath, map[string]any{"method": "reload_weights"}, pyengine.WakeTimeout(weights, tier)})
 	}

@@ -13,6 +13,10 @@ import (
 	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
 
+// KVUsageUnknown is a LoadResponse's kv_usage when the engine reports none
+// (the protocol's "-1 when unknown").
+const KVUsageUnknown = -1
+
 // MetricNames are a family's Prometheus names for the idle signal.
 type MetricNames struct {
 	// Running and Waiting are the request gauges.
@@ -28,7 +32,7 @@ type MetricNames struct {
 // them when the engine does not label), the KV usage and the figures.
 // known is false when the engine does not answer or lacks the gauges.
 func ReadLoad(ctx context.Context, c *engineapi.EngineClient, served string, names MetricNames) *pb.LoadResponse {
-	unknown := &pb.LoadResponse{Known: false, KvUsage: -1}
+	unknown := &pb.LoadResponse{Known: false, KvUsage: KVUsageUnknown}
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	resp, err := c.Get(ctx, "/metrics")
@@ -53,7 +57,7 @@ func ReadLoad(ctx context.Context, c *engineapi.EngineClient, served string, nam
 	if !ok {
 		return unknown
 	}
-	out := &pb.LoadResponse{Known: true, Running: int64(running), KvUsage: -1, Figures: map[string]float64{}}
+	out := &pb.LoadResponse{Known: true, Running: int64(running), KvUsage: KVUsageUnknown, Figures: map[string]float64{}}
 	if w, ok := value(names.Waiting); ok {
 		out.Waiting = int64(w)
 	}

@@ -344,7 +344,7 @@ func devSetupDemo(ctx context.Context, a *agent.Agent, stateDir, fakePath string
 		if _, _, err := a.Lifecycle.Deploy(ctx, spec, lifecycle.DeployOptions{Validate: a.Lifecycle.ValidateDeployment}); err != nil {
 			return err
 		}
-		if err := a.Lifecycle.StartDeployment(ctx, spec.Name, true); err != nil {
+		if err := a.Lifecycle.StartDeployment(ctx, spec.Name, lifecycle.StartOptions{Wait: true}); err != nil {
 			return err
 		}
 	}

@@ -1,0 +1,120 @@
+// Copyright (c) CapyCTL authors
+// SPDX-License-Identifier: Apache-2.0
+
+package lifecycle
+
+import (
+	"context"
+
+	"github.com/capyctl/capyctl/core/structs"
+)
+
+// activation is one deployment-level activation that concurrent requests
+// join (a model is never started twice for them).
+type activation struct {
+	done chan struct{}
+	err  error
+}
+
+// Activate makes sure a deployment has a ready instance, starting one when
+// none is: concurrent callers join the same activation. It returns when an
+// instance is ready, the activation failed, or ctx ended (the activation
+// itself goes on).
+func (m *Manager) Activate(ctx context.Context, name string) error {
+	m.mu.Lock()
+	d, ok := m.deployments[name]
+	if !ok {
+		m.mu.Unlock()
+		return structs.Errf(structs.CodeUnknownModel, "no deployment %s", name)
+	}
+	switch d.rec.Desired {
+	case structs.DesiredStopped:
+		m.mu.Unlock()
+		if d.rec.Spec.Lifecycle.Activation == structs.ActivationExplicit {
+			return structs.Errf(structs.CodeDeploymentInactive,
+				"deployment %s activates only on an operator's start: capyctl start deployment %s", name, name)
+		}
+		return structs.Errf(structs.CodeDeploymentStopped,
+			"deployment %s was stopped by an operator: capyctl start deployment %s", name, name)
+	}
+	for _, in := range d.instances {
+		if in.state() == structs.StateReady {
+			m.mu.Unlock()
+			// The state changes before the route table is republished:
+			// make sure the table the router reads has the instance.
+			if r := m.Routes().Lookup(firstRoute(d.rec.Spec, name)); r == nil || len(r.Ready) == 0 {
+				m.rebuildRoutes()
+			}
+			return nil
+		}
+	}
+	act := d.activation
+	if act == nil {
+		act = &activation{done: make(chan struct{})}
+		d.activation = act
+		target := pickActivationTarget(d.instances)
+		go m.runActivation(name, d, act, target)
+	}
+	m.mu.Unlock()
+	select {
+	case <-act.done:
+		return act.err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// pickActivationTarget prefers a parked instance (wake), then a stopped or
+// failed one (start), then one already on its way.
+func pickActivationTarget(insts []*instance) *instance {
+	rank := func(s structs.InstanceState) int {
+		switch s {
+		case structs.StateWaking, structs.StateStarting:
+			return 0
+		case structs.StateParked:
+			return 1
+		case structs.StateStopped:
+			return 2
+		case structs.StateFailed:
+			return 3
+		}
+		return 4
+	}
+	var best *instance
+	for _, in := range insts {
+		if best == nil || rank(in.state()) < rank(best.state()) {
+			best = in
+		}
+	}
+	return best
+}
+
+// firstRoute returns a deployment's first public name.
+func firstRoute(spec structs.Deployment, name string) string {
+	if len(spec.Routes) > 0 {
+		return spec.Routes[0]
+	}
+	return name
+}
+
+func (m *Manager) runActivation(name string, d *deployment, act *activation, target *instance) {
+	var err error
+	if target == nil {
+		err = structs.Errf(structs.CodeUnavailable, "deployment %s has no instance", name)
+	} else {
+		err = target.send(m.ctx, &command{kind: cmdStart, why: "request", evict: true, done: make(chan error, 1)})
+	}
+	if err != nil {
+		ae := structs.AsError(err)
+		if ae.Code == structs.CodeInternal || ae.Code == structs.CodeLaunchFailed || ae.Code == structs.CodeStartupTimeout {
+			err = &structs.Error{Code: structs.CodeActivationFailed, Message: ae.Message, Details: ae.Details, Cause: err}
+		}
+	}
+	m.mu.Lock()
+	act.err = err
+	if d.activation == act {
+		d.activation = nil
+	}
+	m.mu.Unlock()
+	close(act.done)
+}

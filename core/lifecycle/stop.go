@@ -1,0 +1,119 @@
+// Copyright (c) CapyCTL authors
+// SPDX-License-Identifier: Apache-2.0
+
+package lifecycle
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/capyctl/capyctl/core/structs"
+	"github.com/capyctl/capyctl/sdk"
+	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
+)
+
+// cleanupLaunch ends whatever a launch left, proving it gone.
+func (in *instance) cleanupLaunch(drv sdk.Driver, r *structs.InstanceRecord) *pb.StopResponse {
+	rec := in.snapshot()
+	if r != nil {
+		rec = *r
+	}
+	if rec.Launch == nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(in.m.ctx, in.m.cfg.StopGrace+30*time.Second)
+	defer cancel()
+	resp, err := drv.Stop(ctx, &pb.StopRequest{InstanceId: in.id, GraceMs: in.m.cfg.StopGrace.Milliseconds(), Launch: toLaunch(rec.Launch)})
+	if err != nil {
+		in.m.logger.Warn("stop after a failed launch failed", "instance", in.id, "error", err)
+		return nil
+	}
+	return resp
+}
+
+// stop ends the engine and proves it gone.
+func (in *instance) stop(why string) error {
+	rec := in.snapshot()
+	m := in.m
+	switch rec.State {
+	case structs.StateStopped:
+		return nil
+	case structs.StateFailed:
+		return in.transition(structs.StateStopped, why, nil)
+	}
+	in.stopMonitor()
+	if rec.Launch == nil {
+		return in.transition(structs.StateStopped, why, nil)
+	}
+	if rec.State != structs.StateStopping {
+		if err := in.transition(structs.StateStopping, why, nil); err != nil {
+			return err
+		}
+	}
+	drv, err := m.cfg.Drivers.Driver(m.ctx, rec.Driver)
+	if err != nil {
+		return err
+	}
+	resp := in.cleanupLaunch(drv, nil)
+	if resp == nil || !resp.GetGone() {
+		detail := "the engine's processes could not be proven gone"
+		if resp != nil && resp.GetDetail() != "" {
+			detail = resp.GetDetail()
+		}
+		e := structs.Errf(structs.CodeStillStopping, "instance %s: %s", in.id, detail)
+		in.update(func(r *structs.InstanceRecord) {
+			r.LastError = &structs.ErrorRecord{Code: e.Code, Message: e.Message, At: m.cfg.Now().UTC()}
+		})
+		return e
+	}
+	in.release(rec)
+	return in.transition(structs.StateStopped, why, func(r *structs.InstanceRecord) {
+		r.Endpoint = nil
+		r.Phase = ""
+		r.Released = "stopped"
+	})
+}
+
+// release gives back the memory and port of a launch whose processes are
+// proven gone.
+func (in *instance) release(rec structs.InstanceRecord) {
+	in.m.cfg.Requests.Stopped(in.id, rec.Generation)
+	if in.m.cfg.Placer != nil {
+		in.m.cfg.Placer.Release(in.id)
+	}
+	if rec.Launch != nil && rec.Launch.Port != 0 {
+		in.m.cfg.Ports.Release(rec.Launch.Port)
+	}
+}
+
+// exited handles an engine that died while it should be running.
+func (in *instance) exited(p *pb.ProbeResponse) error {
+	rec := in.snapshot()
+	if rec.State != structs.StateReady && rec.State != structs.StateParked {
+		return nil
+	}
+	m := in.m
+	in.stopMonitor()
+	msg := fmt.Sprintf("the engine exited with code %d", p.GetExitCode())
+	if lines := p.GetLastLogLines(); len(lines) > 0 {
+		msg += "; last log lines:\n  " + strings.Join(lines, "\n  ")
+	}
+	drv, err := m.cfg.Drivers.Driver(m.ctx, rec.Driver)
+	if err == nil {
+		// Helpers the engine started may remain: end the whole group.
+		if resp := in.cleanupLaunch(drv, nil); resp != nil && !resp.GetGone() {
+			m.logger.Warn("processes of an exited engine remain", "instance", in.id)
+			return in.transition(structs.StateStopping, "engine exited; helpers remain", nil)
+		}
+	}
+	in.release(rec)
+	m.event("engine_exited", in.dep, in.id, map[string]any{"exit_code": p.GetExitCode()})
+	return in.transition(structs.StateStopped, "engine exited", func(r *structs.InstanceRecord) {
+		r.LastError = &structs.ErrorRecord{Code: structs.CodeEngineError, Message: msg, At: m.cfg.Now().UTC()}
+		r.Endpoint = nil
+		r.Phase = ""
+		r.Released = "engine exited"
+	})
+}
