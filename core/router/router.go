@@ -93,7 +93,7 @@ type Config struct {
 	Requests Requests
 	// RequestLog receives request records; nil records nothing.
 	RequestLog RequestLog
-	Logger hclog.Logger
+	Logger     hclog.Logger
 	// MaxBodyBytes bounds a request body (default 64 MiB).
 	MaxBodyBytes int64
 	// MaxBodyBytesInFlight bounds the bytes of request bodies held in
