@@ -86,13 +86,13 @@ func (m *Manager) newInstance(rec *structs.InstanceRecord) *instance {
 	}
 	// IMPORTANT: callers hold m.mu.
 	m.byID[in.id] = in
-	m.wg.Add(1)
-	go in.run()
+	if !m.goTracked(in.run) {
+		in.close() // a closed manager: commands answer shutting_down
+	}
 	return in
 }
 
 func (in *instance) run() {
-	defer in.m.wg.Done()
 	for {
 		select {
 		case c := <-in.cmds:
@@ -880,7 +880,7 @@ func (in *instance) startMonitor(drv sdk.Driver) {
 	in.monMu.Lock()
 	in.monCancel = cancel
 	in.monMu.Unlock()
-	go func() {
+	in.m.goTracked(func() {
 		t := time.NewTicker(in.m.cfg.LivenessInterval)
 		defer t.Stop()
 		for {
@@ -899,11 +899,11 @@ func (in *instance) startMonitor(drv sdk.Driver) {
 			}
 			if resp.GetExited() || !resp.GetAlive() {
 				c := &command{kind: cmdExited, why: "engine exited", done: make(chan error, 1), exit: resp}
-				go func() { _ = in.send(in.m.ctx, c) }()
+				in.m.goTracked(func() { _ = in.send(in.m.ctx, c) })
 				return
 			}
 		}
-	}()
+	})
 }
 
 func (in *instance) stopMonitor() {

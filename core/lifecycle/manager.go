@@ -122,7 +122,29 @@ type Manager struct {
 
 	ctx    context.Context
 	cancel context.CancelFunc
-	wg     sync.WaitGroup
+	// wg counts every goroutine the manager starts (lanes, monitors,
+	// timers, background actions); Close waits for it. closing, under
+	// goMu, refuses new ones once Close began (a WaitGroup must not grow
+	// while it is waited on).
+	goMu    sync.Mutex
+	closing bool
+	wg      sync.WaitGroup
+}
+
+// goTracked runs fn on a goroutine Close waits for; once Close began it
+// runs nothing and returns false.
+func (m *Manager) goTracked(fn func()) bool {
+	m.goMu.Lock()
+	defer m.goMu.Unlock()
+	if m.closing {
+		return false
+	}
+	m.wg.Add(1)
+	go func() {
+		defer m.wg.Done()
+		fn()
+	}()
+	return true
 }
 
 // deployment is the in-memory state of one deployment.
@@ -254,8 +276,7 @@ func (m *Manager) Start(ctx context.Context) error {
 	}
 	wg.Wait()
 
-	m.wg.Add(1)
-	go m.runIdleTimers()
+	m.goTracked(m.runIdleTimers)
 
 	// Deployments an operator started come back up.
 	for _, d := range m.snapshotDeployments() {
@@ -266,8 +287,13 @@ func (m *Manager) Start(ctx context.Context) error {
 	return nil
 }
 
-// Close stops the lanes and monitors; engines keep running.
+// Close stops the lanes, monitors, timers and background actions, and
+// returns once every goroutine the manager started has ended; engines keep
+// running.
 func (m *Manager) Close() {
+	m.goMu.Lock()
+	m.closing = true
+	m.goMu.Unlock()
 	m.cancel()
 	for _, in := range m.allInstances() {
 		in.close()
@@ -297,13 +323,13 @@ func (m *Manager) RecoverFamily(family string) {
 		if rec.Driver != family || rec.Launch == nil || !holdsProcesses(rec.State) {
 			continue
 		}
-		go func(in *instance) {
+		m.goTracked(func() {
 			ctx, cancel := context.WithTimeout(m.ctx, 2*time.Minute)
 			defer cancel()
 			if err := in.do(ctx, cmdRehandle, "driver relaunched"); err != nil {
 				m.logger.Warn("could not re-attach after a driver relaunch", "instance", in.id, "error", err)
 			}
-		}(in)
+		})
 	}
 }
 
@@ -498,7 +524,7 @@ func (m *Manager) StopDeployment(ctx context.Context, name string, wait bool) er
 		return run(ctx)
 	}
 	// The caller's context ends with its answer; the stop goes on.
-	go func() { _ = run(m.ctx) }()
+	m.goTracked(func() { _ = run(m.ctx) })
 	return nil
 }
 
@@ -571,7 +597,11 @@ func (m *Manager) Activate(ctx context.Context, name string) error {
 		act = &activation{done: make(chan struct{})}
 		d.activation = act
 		target := pickActivationTarget(d.instances)
-		go m.runActivation(name, d, act, target)
+		if !m.goTracked(func() { m.runActivation(name, d, act, target) }) {
+			act.err = structs.Errf(structs.CodeShuttingDown, "the role is shutting down")
+			d.activation = nil
+			close(act.done)
+		}
 	}
 	m.mu.Unlock()
 	select {
@@ -673,13 +703,13 @@ func (m *Manager) startAllEvict(name, why string, evict bool) {
 	}
 	m.mu.Unlock()
 	for _, in := range insts {
-		go func(in *instance) {
+		m.goTracked(func() {
 			err := in.send(m.ctx, &command{kind: cmdStart, why: why, evict: evict, done: make(chan error, 1)})
 			if err != nil {
 				m.logger.Warn("start failed", "instance", in.id, "error", err)
 				m.retryStart(in, err, 1)
 			}
-		}(in)
+		})
 	}
 }
 
