@@ -127,9 +127,10 @@ type Router struct {
 	adm    *admission.Controller
 	stats  *stats
 
-	bodies  bodyBudget // bytes of request bodies held (body.go)
-	deps    sync.Map   // deployment name -> *depState
-	streams streamSet  // streams taken over from net/http (hijack.go)
+	bodies  bodyBudget  // bytes of request bodies held (body.go)
+	deps    sync.Map    // deployment name -> *depState
+	streams streamSet   // streams taken over from net/http (hijack.go)
+	targets targetCache // parsed engine URLs (forward.go)
 
 	ctx    context.Context
 	cancel context.CancelFunc
