@@ -51,6 +51,8 @@ func startRoleEnvWith(t *testing.T, opts harness.Options, api, spec string, acti
 		t.Skip("runs a role")
 	}
 	r := harness.StartStandalone(t, opts)
+	// Keep-alive connections to the role end with the test (goleak).
+	t.Cleanup(http.DefaultClient.CloseIdleConnections)
 	f := r.WriteFile("manifests/fake.hcl", fakeManifest(api, fakeArgs...))
 	if out, errOut, code := r.CLI("engine", "add", "--custom", r.FakeBin, "--name", "fake", "--manifest", f, "--yes"); code != 0 {
 		t.Fatalf("engine add: %d %s %s", code, out, errOut)
@@ -332,6 +334,8 @@ func TestRole_DecisionDeployment(t *testing.T) {
 		mreq, _ := http.NewRequest(http.MethodGet, "http://"+e.r.Info.Management+path, nil)
 		if resp, err := http.DefaultClient.Do(mreq); err != nil || resp.StatusCode != 401 {
 			t.Fatalf("%s without the token: %v %v", path, resp, err)
+		} else {
+			resp.Body.Close() // else its connection's goroutines outlive the test
 		}
 		mreq.Header.Set("Authorization", "Bearer "+e.r.Creds.AdminToken)
 		resp, err := http.DefaultClient.Do(mreq)

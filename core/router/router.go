@@ -201,6 +201,7 @@ func (rt *Router) Close() {
 	rt.Drain(ctx)
 	rt.cancel()
 	rt.wg.Wait()
+	rt.adm.Close()
 	rt.engine.closeIdle()
 }
 
