@@ -9,7 +9,6 @@
 package api
 
 import (
-	"context"
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/json"
@@ -98,12 +97,3 @@ func writeMgmtError(w http.ResponseWriter, err error) {
 	})
 }
 
-// ctxKey is a private context key type.
-type ctxKey int
-
-const keyRequestID ctxKey = iota
-
-// withValue is a small helper for tests.
-func withValue(ctx context.Context, k ctxKey, v any) context.Context {
-	return context.WithValue(ctx, k, v)
-}
