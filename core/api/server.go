@@ -96,4 +96,3 @@ func writeMgmtError(w http.ResponseWriter, err error) {
 		Error:      wire.ErrorBody{Code: string(e.Code), Message: e.Message, Retryable: info.Retryable, Details: e.Details},
 	})
 }
-
