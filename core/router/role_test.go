@@ -221,7 +221,9 @@ func TestRole_ThreeHundredClientsAgainstThirtyTwoPlaces(t *testing.T) {
 }
 `
 	e := startRoleEnv(t, "chat", spec, true, "--token-rate", "20", "--tokens", "100000", "--max-running", "300")
-	ctx, cancel := context.WithCancel(context.Background())
+	// The clients' own deadline: a test that goes wrong ends its 300
+	// requests and fails, instead of hanging until the package timeout.
+	ctx, cancel := context.WithTimeout(context.Background(), testDeadline)
 	defer cancel()
 	tr := &http.Transport{MaxIdleConnsPerHost: 300}
 	defer tr.CloseIdleConnections()
@@ -261,7 +263,7 @@ func TestRole_ThreeHundredClientsAgainstThirtyTwoPlaces(t *testing.T) {
 		t.Fatalf("%d refusals without queue_full and Retry-After", bad.Load())
 	}
 	cancel()
-	wg.Wait()
+	within(t, "the 300 clients to end", wgDone(&wg))
 	e.settleAfterCuts()
 }
 
