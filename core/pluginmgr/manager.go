@@ -289,12 +289,8 @@ func (d *driverProc) ensure(ctx context.Context, m *Manager) (*sdkplugin.Client,
 		d.mu.Unlock()
 
 		if relaunch && failures > 0 {
-			backoff := time.Duration(1<<min(failures, 8)) * 100 * time.Millisecond
-			if backoff > m.cfg.MaxBackoff {
-				backoff = m.cfg.MaxBackoff
-			}
 			select {
-			case <-time.After(backoff):
+			case <-time.After(relaunchBackoff(failures, m.cfg.MaxBackoff)):
 			case <-ctx.Done():
 				d.mu.Lock()
 				d.launching = nil
@@ -333,6 +329,16 @@ func (d *driverProc) ensure(ctx context.Context, m *Manager) (*sdkplugin.Client,
 		}
 		return rpc, nil
 	}
+}
+
+// relaunchBackoff is the wait before a relaunch after failures failed
+// launches in a row: 200 ms doubling each time, at most max.
+func relaunchBackoff(failures int, max time.Duration) time.Duration {
+	backoff := time.Duration(1<<min(failures, 8)) * 100 * time.Millisecond
+	if backoff > max {
+		backoff = max
+	}
+	return backoff
 }
 
 // launch starts the driver (trying the recorded reattach config first when
