@@ -1,7 +1,7 @@
 # The smallest deployment: a name, an engine and a model. Everything else
 # takes its default (see vllm-full.hcl for every knob).
 #
-#   capyctl deploy model --file configs/jobs/vllm-minimal.hcl --activate --wait
+#   capyctl deploy --file configs/jobs/vllm-minimal.hcl --activate --wait
 deployment "chat-small" {
   engine = "vllm"
 

@@ -116,6 +116,36 @@ type Controller struct {
 	waiting      int
 	waitingBytes int64
 	deps         map[string]*Deployment
+
+	// callbacks counts OnSaturated calls in flight: each runs on a
+	// goroutine of its own, since the decision is taken under a
+	// deployment's lock. Close waits for them; once closed (under cbMu)
+	// no new one starts.
+	cbMu      sync.Mutex
+	cbClosed  bool
+	callbacks sync.WaitGroup
+}
+
+// Close waits for the OnSaturated calls in flight and starts no new one.
+func (c *Controller) Close() {
+	c.cbMu.Lock()
+	c.cbClosed = true
+	c.cbMu.Unlock()
+	c.callbacks.Wait()
+}
+
+// goCallback runs fn on a goroutine Close waits for.
+func (c *Controller) goCallback(fn func()) {
+	c.cbMu.Lock()
+	defer c.cbMu.Unlock()
+	if c.cbClosed {
+		return
+	}
+	c.callbacks.Add(1)
+	go func() {
+		defer c.callbacks.Done()
+		fn()
+	}()
 }
 
 // New returns a Controller.
@@ -534,7 +564,8 @@ func (d *Deployment) checkSaturated() {
 		}
 		in.saturated = true
 		if cb != nil {
-			go cb(d.name, in.id)
+			name, id := d.name, in.id
+			d.c.goCallback(func() { cb(name, id) })
 		}
 	}
 }

@@ -60,8 +60,8 @@ func ManagementRoutes() []Route {
 		{http.MethodGet, "/engine-flags/{family}", "a family's flag policy: owned, reserved, gated, passed, and why", false, func(b *Backend) http.HandlerFunc { return b.engineFlags }},
 		{http.MethodGet, "/hosts", "the machines that run engines", false, func(b *Backend) http.HandlerFunc { return b.listHosts }},
 		{http.MethodGet, "/hosts/{name}/ledger", "a host's GPUs and memory ledger: domains, limits, charges per owner", false, func(b *Backend) http.HandlerFunc { return b.hostLedger }},
-		{http.MethodGet, ViewLoad, "live load per deployment and instance (running, waiting, limits)", false, func(b *Backend) http.HandlerFunc { return b.view(ViewLoad) }},
-		{http.MethodGet, ViewLatency, "latency distributions (router and engine)", false, func(b *Backend) http.HandlerFunc { return b.view(ViewLatency) }},
+		{http.MethodGet, ViewLoad, "live load per deployment and instance (running, waiting, limits)", false, LoadView},
+		{http.MethodGet, ViewLatency, "latency distributions (router and engine)", false, LatencyView},
 	}
 }
 
@@ -95,26 +95,11 @@ func NewManagementHandler(b *Backend, adminToken string) http.Handler {
 	})
 }
 
-// view returns a registered view's handler, or one answering unsupported.
-func (b *Backend) view(path string) http.HandlerFunc {
-	if mk, ok := viewRoutes[path]; ok {
-		return mk(b)
-	}
-	return func(w http.ResponseWriter, req *http.Request) {
-		writeMgmtError(w, structs.Errf(structs.CodeUnsupported, "the %s view is not available in this build", req.URL.Path))
-	}
-}
-
-// Paths of the read-only views other files of this package provide.
+// Paths of the read-only views (views.go).
 const (
 	ViewLoad    = "/metrics/load"
 	ViewLatency = "/metrics/latency"
 )
-
-// viewRoutes maps a view's path (ViewLoad, ViewLatency) to its handler.
-// The file that implements a view registers it from init; a view nobody
-// registered answers unsupported.
-var viewRoutes = map[string]func(b *Backend) http.HandlerFunc{}
 
 // managementAuth lets through a request with the admin token, or one with
 // the dashboard's session cookie from the dashboard's own page (dash may be

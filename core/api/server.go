@@ -9,7 +9,6 @@
 package api
 
 import (
-	"context"
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/json"
@@ -96,14 +95,4 @@ func writeMgmtError(w http.ResponseWriter, err error) {
 		APIVersion: wire.APIVersion,
 		Error:      wire.ErrorBody{Code: string(e.Code), Message: e.Message, Retryable: info.Retryable, Details: e.Details},
 	})
-}
-
-// ctxKey is a private context key type.
-type ctxKey int
-
-const keyRequestID ctxKey = iota
-
-// withValue is a small helper for tests.
-func withValue(ctx context.Context, k ctxKey, v any) context.Context {
-	return context.WithValue(ctx, k, v)
 }

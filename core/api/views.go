@@ -12,11 +12,6 @@ import (
 	"github.com/capyctl/capyctl/core/structs"
 )
 
-func init() {
-	viewRoutes[ViewLoad] = LoadView
-	viewRoutes[ViewLatency] = LatencyView
-}
-
 // LoadResponse answers GET /management/v1/metrics/load.
 type LoadResponse struct {
 	APIVersion  string                  `json:"api_version"`

@@ -76,7 +76,7 @@ func (m *Manager) StopDeployment(ctx context.Context, name string, wait bool) er
 		return run(ctx)
 	}
 	// The caller's context ends with its answer; the stop goes on.
-	go func() { _ = run(m.ctx) }()
+	m.goTracked(func() { _ = run(m.ctx) })
 	return nil
 }
 
@@ -148,12 +148,12 @@ func (m *Manager) startAllEvict(name, why string, evict bool) {
 	}
 	m.mu.Unlock()
 	for _, in := range insts {
-		go func(in *instance) {
+		m.goTracked(func() {
 			err := in.send(m.ctx, &command{kind: cmdStart, why: why, evict: evict, done: make(chan error, 1)})
 			if err != nil {
 				m.logger.Warn("start failed", "instance", in.id, "error", err)
 				m.retryStart(in, err, 1)
 			}
-		}(in)
+		})
 	}
 }

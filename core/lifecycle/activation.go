@@ -53,7 +53,11 @@ func (m *Manager) Activate(ctx context.Context, name string) error {
 		act = &activation{done: make(chan struct{})}
 		d.activation = act
 		target := pickActivationTarget(d.instances)
-		go m.runActivation(name, d, act, target)
+		if !m.goTracked(func() { m.runActivation(name, d, act, target) }) {
+			act.err = structs.Errf(structs.CodeShuttingDown, "the role is shutting down")
+			d.activation = nil
+			close(act.done)
+		}
 	}
 	m.mu.Unlock()
 	select {

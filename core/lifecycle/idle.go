@@ -46,16 +46,16 @@ func (m *Manager) CheckIdle() {
 			if readyIdle <= 0 || now.Sub(last) < readyIdle || reqs.Active(in.id) > 0 || reqs.Waiting(in.dep) > 0 {
 				continue
 			}
-			go func(in *instance) {
+			m.goTracked(func() {
 				_ = in.tryDo(m.ctx, &command{kind: cmdIdlePark, why: "ready_idle_timeout", done: make(chan error, 1)})
-			}(in)
+			})
 		case structs.StateParked:
 			if parkedIdle <= 0 || now.Sub(rec.Since) < parkedIdle || reqs.Waiting(in.dep) > 0 {
 				continue
 			}
-			go func(in *instance) {
+			m.goTracked(func() {
 				_ = in.tryDo(m.ctx, &command{kind: cmdIdleStop, why: "parked_idle_timeout", done: make(chan error, 1)})
-			}(in)
+			})
 		}
 	}
 }
@@ -79,7 +79,6 @@ func (in *instance) idleStop(why string) error {
 // runIdleTimers calls CheckIdle every IdleCheckInterval until the manager
 // closes.
 func (m *Manager) runIdleTimers() {
-	defer m.wg.Done()
 	t := time.NewTicker(m.cfg.IdleCheckInterval)
 	defer t.Stop()
 	for {

@@ -83,13 +83,13 @@ func (m *Manager) newInstance(rec *structs.InstanceRecord) *instance {
 	}
 	// IMPORTANT: callers hold m.mu.
 	m.byID[in.id] = in
-	m.wg.Add(1)
-	go in.run()
+	if !m.goTracked(in.run) {
+		in.close() // a closed manager: commands answer shutting_down
+	}
 	return in
 }
 
 func (in *instance) run() {
-	defer in.m.wg.Done()
 	for {
 		select {
 		case c := <-in.cmds:

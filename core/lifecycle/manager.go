@@ -123,7 +123,29 @@ type Manager struct {
 
 	ctx    context.Context
 	cancel context.CancelFunc
-	wg     sync.WaitGroup
+	// wg counts every goroutine the manager starts (lanes, monitors,
+	// timers, background actions); Close waits for it. closing, under
+	// goMu, refuses new ones once Close began (a WaitGroup must not grow
+	// while it is waited on).
+	goMu    sync.Mutex
+	closing bool
+	wg      sync.WaitGroup
+}
+
+// goTracked runs fn on a goroutine Close waits for; once Close began it
+// runs nothing and returns false.
+func (m *Manager) goTracked(fn func()) bool {
+	m.goMu.Lock()
+	defer m.goMu.Unlock()
+	if m.closing {
+		return false
+	}
+	m.wg.Add(1)
+	go func() {
+		defer m.wg.Done()
+		fn()
+	}()
+	return true
 }
 
 // deployment is the in-memory state of one deployment.
@@ -250,8 +272,7 @@ func (m *Manager) Start(ctx context.Context) error {
 	}
 	wg.Wait()
 
-	m.wg.Add(1)
-	go m.runIdleTimers()
+	m.goTracked(m.runIdleTimers)
 
 	// Deployments an operator started come back up.
 	for _, d := range m.snapshotDeployments() {
@@ -262,8 +283,13 @@ func (m *Manager) Start(ctx context.Context) error {
 	return nil
 }
 
-// Close stops the lanes and monitors; engines keep running.
+// Close stops the lanes, monitors, timers and background actions, and
+// returns once every goroutine the manager started has ended; engines keep
+// running.
 func (m *Manager) Close() {
+	m.goMu.Lock()
+	m.closing = true
+	m.goMu.Unlock()
 	m.cancel()
 	for _, in := range m.allInstances() {
 		in.close()
@@ -293,13 +319,13 @@ func (m *Manager) RecoverFamily(family string) {
 		if rec.Driver != family || rec.Launch == nil || !holdsProcesses(rec.State) {
 			continue
 		}
-		go func(in *instance) {
+		m.goTracked(func() {
 			ctx, cancel := context.WithTimeout(m.ctx, 2*time.Minute)
 			defer cancel()
 			if err := in.do(ctx, cmdRehandle, "driver relaunched"); err != nil {
 				m.logger.Warn("could not re-attach after a driver relaunch", "instance", in.id, "error", err)
 			}
-		}(in)
+		})
 	}
 }
 

@@ -19,7 +19,7 @@ func (in *instance) startMonitor(drv sdk.Driver) {
 	in.monMu.Lock()
 	in.monCancel = cancel
 	in.monMu.Unlock()
-	go func() {
+	in.m.goTracked(func() {
 		t := time.NewTicker(in.m.cfg.LivenessInterval)
 		defer t.Stop()
 		for {
@@ -38,11 +38,11 @@ func (in *instance) startMonitor(drv sdk.Driver) {
 			}
 			if resp.GetExited() || !resp.GetAlive() {
 				c := &command{kind: cmdExited, why: "engine exited", done: make(chan error, 1), exit: resp}
-				go func() { _ = in.send(in.m.ctx, c) }()
+				in.m.goTracked(func() { _ = in.send(in.m.ctx, c) })
 				return
 			}
 		}
-	}()
+	})
 }
 
 func (in *instance) stopMonitor() {

@@ -40,7 +40,7 @@ func (m *Manager) ParkDeployment(ctx context.Context, name string, wait bool) er
 		return run(ctx)
 	}
 	// The caller's context ends with its answer; the park goes on.
-	go func() { _ = run(m.ctx) }()
+	m.goTracked(func() { _ = run(m.ctx) })
 	return nil
 }
 
@@ -54,7 +54,7 @@ func (m *Manager) StartInstance(ctx context.Context, name string, idx int, opts 
 	if opts.Wait {
 		return in.send(ctx, c)
 	}
-	go func() { _ = in.send(m.ctx, c) }()
+	m.goTracked(func() { _ = in.send(m.ctx, c) })
 	return nil
 }
 
@@ -67,7 +67,7 @@ func (m *Manager) StopInstance(ctx context.Context, name string, idx int, wait b
 	if wait {
 		return in.do(ctx, cmdStop, "operator stop")
 	}
-	go func() { _ = in.do(m.ctx, cmdStop, "operator stop") }()
+	m.goTracked(func() { _ = in.do(m.ctx, cmdStop, "operator stop") })
 	return nil
 }
 
@@ -80,7 +80,7 @@ func (m *Manager) ParkInstance(ctx context.Context, name string, idx int, wait b
 	if wait {
 		return in.do(ctx, cmdPark, "operator park")
 	}
-	go func() { _ = in.do(m.ctx, cmdPark, "operator park") }()
+	m.goTracked(func() { _ = in.do(m.ctx, cmdPark, "operator park") })
 	return nil
 }
 

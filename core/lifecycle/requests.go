@@ -98,7 +98,7 @@ func (m *Manager) RestartForSettlement(instanceID string) {
 	if in == nil {
 		return
 	}
-	go func() {
+	m.goTracked(func() {
 		const why = "restart: cancelled requests waiting for the next stop hold every place"
 		m.logger.Info("restarting an instance to settle cancelled requests", "instance", instanceID)
 		if err := in.do(m.ctx, cmdStop, why); err != nil {
@@ -109,5 +109,5 @@ func (m *Manager) RestartForSettlement(instanceID string) {
 		if err := in.do(m.ctx, cmdStart, why); err != nil {
 			m.logger.Warn("restart for settlement: start failed", "instance", instanceID, "error", err)
 		}
-	}()
+	})
 }

@@ -44,7 +44,7 @@ func (m *Manager) retryStart(in *instance, err error, attempt int) {
 	}
 	cooldown := m.cfg.RetryCooldown << (attempt - 1)
 	m.event("start_retry_scheduled", in.dep, in.id, map[string]any{"attempt": attempt + 1, "cooldown_ms": cooldown.Milliseconds()})
-	go func() {
+	m.goTracked(func() {
 		select {
 		case <-time.After(cooldown):
 		case <-m.ctx.Done():
@@ -60,5 +60,5 @@ func (m *Manager) retryStart(in *instance, err error, attempt int) {
 		if err := in.do(m.ctx, cmdStart, "retry after a failed start"); err != nil {
 			m.retryStart(in, err, attempt+1)
 		}
-	}()
+	})
 }

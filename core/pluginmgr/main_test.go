@@ -16,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/goleak"
+
 	"github.com/capyctl/capyctl/core/store"
 	"github.com/capyctl/capyctl/plugins-testkit/poll"
 	"github.com/capyctl/capyctl/sdk"
@@ -34,7 +36,9 @@ const helperEnv = "CAPYCTL_PLUGINMGR_HELPER"
 func TestMain(m *testing.M) {
 	switch os.Getenv(helperEnv) {
 	case "":
-		os.Exit(m.Run())
+		// The package fails when a goroutine outlives its tests: every
+		// goroutine the manager starts has an owner that stops it.
+		goleak.VerifyTestMain(m)
 	case "driver":
 		if os.Args[len(os.Args)-1] == malformedFamily {
 			sdkplugin.Serve(malformedDriver{})
@@ -144,8 +148,29 @@ func (r *rig) manager(d Deadlines, onRelaunch func(string)) *Manager {
 				_ = syscall.Kill(pid, syscall.SIGKILL)
 			}
 		}
+		m.dropConnections()
 	})
 	return m
+}
+
+// dropConnections closes the manager's gRPC connections, as the death of
+// its process would: a test that plays a core dying "without a word"
+// leaves its first manager as is, and goleak would find that manager's
+// connection goroutines still waiting on the killed drivers.
+func (m *Manager) dropConnections() {
+	m.mu.Lock()
+	procs := make([]*driverProc, 0, len(m.drivers))
+	for _, d := range m.drivers {
+		procs = append(procs, d)
+	}
+	m.mu.Unlock()
+	for _, d := range procs {
+		d.mu.Lock()
+		if d.conn != nil {
+			_ = d.conn.Close()
+		}
+		d.mu.Unlock()
+	}
 }
 
 // record returns a driver's reattach record.

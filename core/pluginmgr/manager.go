@@ -90,6 +90,9 @@ type Manager struct {
 	mu      sync.Mutex
 	drivers map[string]*driverProc
 	closed  bool
+	// callbacks counts OnRelaunch calls in flight (added under mu while
+	// not closed); Shutdown waits for them.
+	callbacks sync.WaitGroup
 
 	// sockDir is the directory drivers listen in, chosen at the first
 	// launch (socketDir); sockFallback when it is a temporary one.
@@ -286,12 +289,8 @@ func (d *driverProc) ensure(ctx context.Context, m *Manager) (*sdkplugin.Client,
 		d.mu.Unlock()
 
 		if relaunch && failures > 0 {
-			backoff := time.Duration(1<<min(failures, 8)) * 100 * time.Millisecond
-			if backoff > m.cfg.MaxBackoff {
-				backoff = m.cfg.MaxBackoff
-			}
 			select {
-			case <-time.After(backoff):
+			case <-time.After(relaunchBackoff(failures, m.cfg.MaxBackoff)):
 			case <-ctx.Done():
 				d.mu.Lock()
 				d.launching = nil
@@ -318,10 +317,28 @@ func (d *driverProc) ensure(ctx context.Context, m *Manager) (*sdkplugin.Client,
 			return nil, err
 		}
 		if relaunch && m.cfg.OnRelaunch != nil {
-			go m.cfg.OnRelaunch(d.family)
+			m.mu.Lock()
+			if !m.closed {
+				m.callbacks.Add(1)
+				go func(family string) {
+					defer m.callbacks.Done()
+					m.cfg.OnRelaunch(family)
+				}(d.family)
+			}
+			m.mu.Unlock()
 		}
 		return rpc, nil
 	}
+}
+
+// relaunchBackoff is the wait before a relaunch after failures failed
+// launches in a row: 200 ms doubling each time, at most max.
+func relaunchBackoff(failures int, max time.Duration) time.Duration {
+	backoff := time.Duration(1<<min(failures, 8)) * 100 * time.Millisecond
+	if backoff > max {
+		backoff = max
+	}
+	return backoff
 }
 
 // launch starts the driver (trying the recorded reattach config first when
@@ -523,8 +540,11 @@ func (m *Manager) dialOptions() []grpc.DialOption {
 	})}
 }
 
-// dispense connects and probes a driver with Describe (a cheap RPC).
-func (m *Manager) dispense(ctx context.Context, client *goplugin.Client) (*grpc.ClientConn, *sdkplugin.Client, *pb.DescribeResponse, error) {
+// dispense connects and probes a driver with Describe (a cheap RPC). On
+// failure the connection is closed: a re-attach that fails is ended with a
+// kill of the process, never through go-plugin, and its connection would
+// otherwise go on redialling a dead socket for the life of the core.
+func (m *Manager) dispense(ctx context.Context, client *goplugin.Client) (_ *grpc.ClientConn, _ *sdkplugin.Client, _ *pb.DescribeResponse, err error) {
 	cp, err := client.Client()
 	if err != nil {
 		return nil, nil, nil, err
@@ -533,6 +553,13 @@ func (m *Manager) dispense(ctx context.Context, client *goplugin.Client) (*grpc.
 	if !ok {
 		return nil, nil, nil, fmt.Errorf("driver speaks %T, not gRPC", cp)
 	}
+	defer func() {
+		if err != nil && gc.Conn != nil {
+			// IMPORTANT: the raw connection, not gc.Close, which asks the
+			// driver to shut down and waits on a hung one.
+			_ = gc.Conn.Close()
+		}
+	}()
 	raw, err := gc.Dispense(sdkplugin.PluginName)
 	if err != nil {
 		return nil, nil, nil, err

@@ -26,9 +26,13 @@ const killGrace = 5 * time.Second
 // stopped with SIGSTOP, deadlocked) is killed and relaunched like a crashed
 // one. Its engines keep running behind their launch shims and the
 // relaunched driver recovers them (Config.OnRelaunch).
+//
+// Watch returns once the pings and relaunches it started have ended.
 func (m *Manager) Watch(ctx context.Context, interval time.Duration) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
+	var work sync.WaitGroup
+	defer work.Wait()
 	for {
 		select {
 		case <-ctx.Done():
@@ -57,7 +61,9 @@ func (m *Manager) Watch(ctx context.Context, interval time.Duration) {
 			switch {
 			case dead:
 				m.logger.Warn("driver exited; relaunching", "driver", d.family)
+				work.Add(1)
 				go func(d *driverProc) {
+					defer work.Done()
 					lctx, cancel := context.WithTimeout(ctx, time.Minute)
 					defer cancel()
 					if _, err := d.ensure(lctx, m); err != nil {
@@ -65,7 +71,11 @@ func (m *Manager) Watch(ctx context.Context, interval time.Duration) {
 					}
 				}(d)
 			case ping:
-				go m.ping(ctx, d)
+				work.Add(1)
+				go func(d *driverProc) {
+					defer work.Done()
+					m.ping(ctx, d)
+				}(d)
 			}
 		}
 	}
@@ -238,6 +248,8 @@ func (m *Manager) Shutdown(detach bool) {
 		}(d, c)
 	}
 	wg.Wait()
+	// The OnRelaunch calls in flight end before the manager is done.
+	m.callbacks.Wait()
 	if !detach {
 		m.removeFallbackDir()
 	}

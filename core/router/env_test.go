@@ -35,6 +35,7 @@ type fakeLC struct {
 
 	mu       sync.Mutex
 	activate func(ctx context.Context, dep string) error
+	abortIDs []string
 	acts     atomic.Int64
 }
 
@@ -52,8 +53,18 @@ func (f *fakeLC) Activate(ctx context.Context, dep string) error {
 }
 
 func (f *fakeLC) Abort(_ context.Context, _, requestID string) (bool, error) {
+	f.mu.Lock()
+	f.abortIDs = append(f.abortIDs, requestID)
+	f.mu.Unlock()
 	f.aborts.Add(1)
 	return f.eng.Load().Abort(requestID) > 0, nil
+}
+
+// abortedIDs returns the request IDs Abort was called with, in order.
+func (f *fakeLC) abortedIDs() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]string(nil), f.abortIDs...)
 }
 
 func (f *fakeLC) Load(context.Context, string) (routes.InstanceLoad, error) {
@@ -229,6 +240,30 @@ func sseLines(body string) (data, comments []string) {
 func waitFor(t testing.TB, what string, cond func() bool) {
 	t.Helper()
 	poll.Until(t, 10*time.Second, what, cond)
+}
+
+// testDeadline bounds a test's clients and its waits on them, so that a test
+// that goes wrong fails with what it waited for instead of hanging until
+// the package's timeout.
+const testDeadline = 60 * time.Second
+
+// within waits for ch to close, failing the test past testDeadline.
+func within(t testing.TB, what string, ch <-chan struct{}) {
+	t.Helper()
+	timer := time.NewTimer(testDeadline)
+	defer timer.Stop()
+	select {
+	case <-ch:
+	case <-timer.C:
+		t.Fatalf("gave up waiting for %s after %s", what, testDeadline)
+	}
+}
+
+// wgDone returns a channel closed once wg is done.
+func wgDone(wg *sync.WaitGroup) <-chan struct{} {
+	ch := make(chan struct{})
+	go func() { wg.Wait(); close(ch) }()
+	return ch
 }
 
 // counts returns the router's counts for the deployment.

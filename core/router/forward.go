@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -22,19 +23,42 @@ import (
 	"github.com/capyctl/capyctl/sdk/decisions"
 )
 
-// targets caches parsed engine URLs.
-var targets sync.Map // base+path -> engineTarget
+// targetCache caches parsed engine URLs for one Router. It is bounded:
+// engine endpoints come and go with instances (a fresh port per start), so
+// a cache that only grows would keep every endpoint a long-lived role ever
+// used; past maxTargets entries it starts over. A sync.Map keeps the hit,
+// taken on every request, free of locks.
+type targetCache struct {
+	m sync.Map     // base+path -> engineTarget
+	n atomic.Int64 // entries stored since the last reset
+}
 
-func engineURL(base, path string) (engineTarget, error) {
+// maxTargets bounds a targetCache: far above the endpoints live at once on
+// one role (instances × API paths).
+const maxTargets = 1024
+
+func (c *targetCache) engineURL(base, path string) (engineTarget, error) {
 	key := base + path
-	if v, ok := targets.Load(key); ok {
+	if v, ok := c.m.Load(key); ok {
 		return v.(engineTarget), nil
 	}
 	t, err := parseEngineURL(base, path)
-	if err == nil {
-		targets.Store(key, t)
+	if err != nil {
+		return t, err
 	}
-	return t, err
+	if c.n.Add(1) > maxTargets {
+		c.m.Clear()
+		c.n.Store(1)
+	}
+	c.m.Store(key, t)
+	return t, nil
+}
+
+// len counts the cached targets.
+func (c *targetCache) len() int {
+	n := 0
+	c.m.Range(func(any, any) bool { n++; return true })
+	return n
 }
 
 // forward sends the request to the engine and reads the answer's head.
@@ -54,7 +78,7 @@ func (q *request) forward() *engineCall {
 			path = decisions.Path
 		}
 	}
-	t, err := engineURL(ep.BaseURL, path)
+	t, err := q.rt.targets.engineURL(ep.BaseURL, path)
 	if err != nil {
 		q.place.Done()
 		q.place = nil

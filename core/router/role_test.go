@@ -51,6 +51,8 @@ func startRoleEnvWith(t *testing.T, opts harness.Options, api, spec string, acti
 		t.Skip("runs a role")
 	}
 	r := harness.StartStandalone(t, opts)
+	// Keep-alive connections to the role end with the test (goleak).
+	t.Cleanup(http.DefaultClient.CloseIdleConnections)
 	f := r.WriteFile("manifests/fake.hcl", fakeManifest(api, fakeArgs...))
 	if out, errOut, code := r.CLI("engine", "add", "--custom", r.FakeBin, "--name", "fake", "--manifest", f, "--yes"); code != 0 {
 		t.Fatalf("engine add: %d %s %s", code, out, errOut)
@@ -219,7 +221,9 @@ func TestRole_ThreeHundredClientsAgainstThirtyTwoPlaces(t *testing.T) {
 }
 `
 	e := startRoleEnv(t, "chat", spec, true, "--token-rate", "20", "--tokens", "100000", "--max-running", "300")
-	ctx, cancel := context.WithCancel(context.Background())
+	// The clients' own deadline: a test that goes wrong ends its 300
+	// requests and fails, instead of hanging until the package timeout.
+	ctx, cancel := context.WithTimeout(context.Background(), testDeadline)
 	defer cancel()
 	tr := &http.Transport{MaxIdleConnsPerHost: 300}
 	defer tr.CloseIdleConnections()
@@ -259,7 +263,7 @@ func TestRole_ThreeHundredClientsAgainstThirtyTwoPlaces(t *testing.T) {
 		t.Fatalf("%d refusals without queue_full and Retry-After", bad.Load())
 	}
 	cancel()
-	wg.Wait()
+	within(t, "the 300 clients to end", wgDone(&wg))
 	e.settleAfterCuts()
 }
 
@@ -332,6 +336,8 @@ func TestRole_DecisionDeployment(t *testing.T) {
 		mreq, _ := http.NewRequest(http.MethodGet, "http://"+e.r.Info.Management+path, nil)
 		if resp, err := http.DefaultClient.Do(mreq); err != nil || resp.StatusCode != 401 {
 			t.Fatalf("%s without the token: %v %v", path, resp, err)
+		} else {
+			resp.Body.Close() // else its connection's goroutines outlive the test
 		}
 		mreq.Header.Set("Authorization", "Bearer "+e.r.Creds.AdminToken)
 		resp, err := http.DefaultClient.Do(mreq)

@@ -139,9 +139,10 @@ type Router struct {
 	adm    *admission.Controller
 	stats  *stats
 
-	bodies  bodyBudget // bytes of request bodies held (body.go)
-	deps    sync.Map   // deployment name -> *depState
-	streams streamSet  // streams taken over from net/http (hijack.go)
+	bodies  bodyBudget  // bytes of request bodies held (body.go)
+	deps    sync.Map    // deployment name -> *depState
+	streams streamSet   // streams taken over from net/http (hijack.go)
+	targets targetCache // parsed engine URLs (forward.go)
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -222,6 +223,7 @@ func (rt *Router) Close() {
 	rt.Drain(ctx)
 	rt.cancel()
 	rt.wg.Wait()
+	rt.adm.Close()
 	rt.engine.closeIdle()
 }
 

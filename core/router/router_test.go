@@ -393,12 +393,15 @@ func TestRouter_AbortByRequestID(t *testing.T) {
 			ep.AbortByID = true
 		},
 	})
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := context.WithTimeout(context.Background(), testDeadline)
+	defer cancel()
 	done := make(chan struct{})
 	first := make(chan struct{})
+	var requestID string
 	go func() {
 		defer close(done)
 		if resp, err := e.post(ctx, "/v1/chat/completions", chatBody(true, ""), nil); err == nil {
+			requestID = resp.Header.Get(router.HeaderRequestID)
 			var b [1]byte
 			_, _ = resp.Body.Read(b[:])
 			close(first)
@@ -406,11 +409,19 @@ func TestRouter_AbortByRequestID(t *testing.T) {
 			resp.Body.Close()
 		}
 	}()
-	<-first
+	select {
+	case <-first:
+	case <-done:
+		t.Fatal("the stream failed before its first byte")
+	}
 	waitFor(t, "generation", func() bool { return e.eng.Stats().GenerationTokens >= 2 })
 	cancel()
-	<-done
+	within(t, "the client to hang up", done)
 	waitFor(t, "the abort", func() bool { return e.lc.aborts.Load() == 1 })
+	// The abort names the request that was cut, not any request.
+	if ids := e.lc.abortedIDs(); len(ids) != 1 || requestID == "" || ids[0] != requestID {
+		t.Fatalf("aborted %q, want the cut request %q", ids, requestID)
+	}
 	waitFor(t, "idle", e.idle)
 }
 
@@ -514,7 +525,9 @@ func TestRouter_ThreeHundredClientsAgainstThirtyTwoPlaces(t *testing.T) {
 	})
 	var wg sync.WaitGroup
 	var refused, badRefusal atomic.Int64
-	ctx, cancel := context.WithCancel(context.Background())
+	// The clients' own deadline: a test that goes wrong ends its 300
+	// requests and fails, instead of hanging until the package timeout.
+	ctx, cancel := context.WithTimeout(context.Background(), testDeadline)
 	defer cancel()
 	tr := &http.Transport{MaxConnsPerHost: 0, MaxIdleConnsPerHost: 300}
 	defer tr.CloseIdleConnections()
@@ -550,7 +563,7 @@ func TestRouter_ThreeHundredClientsAgainstThirtyTwoPlaces(t *testing.T) {
 		t.Fatalf("%d refusals without queue_full and Retry-After", badRefusal.Load())
 	}
 	cancel()
-	wg.Wait()
+	within(t, "the 300 clients to end", wgDone(&wg))
 	e.settleAfterCuts(t)
 	if s := e.eng.Stats(); s.Total < 32 || s.Total > 96 {
 		t.Fatalf("engine saw %d requests", s.Total)

@@ -58,6 +58,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/capyctl/capyctl/core/structs"
@@ -149,6 +150,10 @@ type Store struct {
 	subs     map[*subscriber]struct{}
 	notified uint64
 	closed   bool
+
+	// commits counts committed read-write transactions (the request
+	// writer's tests assert its group commit with it).
+	commits atomic.Uint64
 }
 
 // PathIn returns the store's path inside a state directory.
@@ -251,6 +256,7 @@ func (s *Store) Update(fn func(tx *Tx) error) error {
 		if err := fn(t); err != nil {
 			return err
 		}
+		btx.OnCommit(func() { s.commits.Add(1) })
 		if t.lastEvent > 0 {
 			seq := t.lastEvent
 			btx.OnCommit(func() { s.notify(seq) })

@@ -235,3 +235,42 @@ func TestRequestWriter_Off(t *testing.T) {
 		})
 	}
 }
+
+// TestRequestWriter_GroupCommit pins the writer's group commit: the records
+// queued before a Flush are committed in one transaction, and a batch
+// commits as soon as MaxBatch records wait. A writer that committed each
+// record alone would pass every other test here.
+func TestRequestWriter_GroupCommit(t *testing.T) {
+	cases := []struct {
+		name     string
+		records  int
+		maxBatch int
+		commits  uint64
+	}{
+		{name: "one commit for the queue", records: 100, maxBatch: 256, commits: 1},
+		{name: "a commit per full batch", records: 10, maxBatch: 4, commits: 3},
+		{name: "exactly full batches", records: 8, maxBatch: 4, commits: 2},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			clock := newFakeClock()
+			s, _ := newTestStore(t, Options{Now: clock.Now})
+			opts := DefaultRequestWriterOptions()
+			opts.Interval = time.Hour // only Flush and MaxBatch commit
+			opts.MaxBatch = c.maxBatch
+			w := NewRequestWriter(s, opts)
+			defer w.Close()
+			before := s.commits.Load()
+			for i := 0; i < c.records; i++ {
+				w.Record(request("a", i, clock.Now()))
+			}
+			w.Flush()
+			if got := s.commits.Load() - before; got != c.commits {
+				t.Fatalf("%d records in %d commits, want %d", c.records, got, c.commits)
+			}
+			if got, _ := s.ListRequests("a", 1000); len(got) != c.records || w.Dropped() != 0 {
+				t.Fatalf("%d records stored, %d dropped; want %d, 0", len(got), w.Dropped(), c.records)
+			}
+		})
+	}
+}

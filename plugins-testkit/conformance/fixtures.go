@@ -5,13 +5,13 @@ package conformance
 
 import (
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"sort"
 	"testing"
 
+	"github.com/capyctl/capyctl/plugins-testkit/ports"
 	"github.com/capyctl/capyctl/plugins-testkit/simgpu"
 	"github.com/capyctl/capyctl/plugins-testkit/testbin"
 )
@@ -146,13 +146,10 @@ func (s *simGPU) heldBy(t testing.TB, pids []int) int64 {
 	return n
 }
 
-// freePort returns a loopback port nobody listens on now.
+// freePort leases a loopback port for the test's life (see
+// plugins-testkit/ports): the engine binds it later, and no other test,
+// here or in another test process, is given it meanwhile.
 func freePort(t testing.TB) int {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
+	return ports.Lease(t)
 }

@@ -24,7 +24,7 @@ func (c *DeploymentParkCommand) Help() string {
   Parks the deployment's ready instances: the engine drops its weights and
   KV cache (deep) or moves its weights to host RAM (host_backed) and stays
   alive; the next request wakes it. A restart_only deployment is stopped
-  instead. A build without parking refuses with unsupported (exit 5).
+  instead.
 
 Park Options:
 

@@ -27,8 +27,7 @@ func (c *InstanceActionCommand) Help() string {
 	return fmt.Sprintf(`Usage: capyctl %s instance <deployment>/<index> [--wait]
 
   Acts on one instance (instances are numbered from 0; status deployment
-  lists them as <deployment>/<index>). A build without instance actions
-  refuses with unsupported (exit 5): act on the deployment instead.
+  lists them as <deployment>/<index>).
 
 Options:
 

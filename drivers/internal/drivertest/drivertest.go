@@ -10,7 +10,6 @@ package drivertest
 import (
 	"flag"
 	"fmt"
-	"net"
 	"os"
 	"path/filepath"
 	"sort"
@@ -18,6 +17,7 @@ import (
 	"testing"
 
 	"github.com/capyctl/capyctl/drivers/internal/pyengine"
+	"github.com/capyctl/capyctl/plugins-testkit/ports"
 	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
 
@@ -45,15 +45,12 @@ func Golden(t testing.TB, name, got string) {
 	}
 }
 
-// FreePort returns a loopback port nobody listens on.
+// FreePort leases a loopback port nothing listens on, for the test's life
+// (plugins-testkit/ports: never handed to another test meanwhile, never one
+// the kernel gives an outgoing connection).
 func FreePort(t testing.TB) int {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
+	return ports.Lease(t)
 }
 
 // RenderPlan renders a plan as stable text for golden files: argv one

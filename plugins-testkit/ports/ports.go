@@ -1,0 +1,119 @@
+// Copyright (c) CapyCTL authors
+// SPDX-License-Identifier: Apache-2.0
+
+// Package ports leases loopback ports to tests that launch an engine on a
+// port of their choosing, as the core's port pool (core/lifecycle.PortPool)
+// leases them to launches.
+//
+// Why not "listen on :0, close, hand the port over": the kernel takes :0
+// from the ephemeral range, the same range it takes the source ports of
+// outgoing connections from, and other test processes pick the same way;
+// between the close and the engine's bind any of them may take the port.
+// Handing the listener itself over is not possible either: an engine binds
+// its own socket from a --port argument.
+//
+// So a lease here is race-free against the test suite itself: ports come
+// from a range below the ephemeral one (no outgoing connection is ever
+// given one), a port is leased to one test at a time in a process, and
+// across processes (go test runs packages in parallel) by an exclusive
+// lock on a file per port held until the test ends. A port some other
+// program listens on is skipped.
+package ports
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+
+	"github.com/capyctl/capyctl/sdk/proc"
+)
+
+// The leased range: below Linux's default ephemeral range (32768-60999)
+// and above the engine ports a role uses by default (8100-8199).
+const (
+	lo = 20000
+	hi = 29999
+)
+
+var (
+	mu     sync.Mutex
+	leased = map[int]bool{}
+	next   = lo + rand.IntN(hi-lo+1)
+)
+
+// Lease returns a loopback port nothing listens on, reserved for t until it
+// ends: no other test of this or another test process leases it meanwhile.
+func Lease(t testing.TB) int {
+	t.Helper()
+	port, release, err := lease()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(release)
+	return port
+}
+
+func lease() (int, func(), error) {
+	dir := filepath.Join(os.TempDir(), "capyctl-test-ports")
+	if err := os.MkdirAll(dir, 0o777); err != nil {
+		return 0, nil, fmt.Errorf("port lease directory: %w", err)
+	}
+	eLo, eHi := ephemeralRange()
+	mu.Lock()
+	defer mu.Unlock()
+	for i := 0; i <= hi-lo; i++ {
+		port := next
+		if next++; next > hi {
+			next = lo
+		}
+		if leased[port] || (port >= eLo && port <= eHi) {
+			continue
+		}
+		f, err := os.OpenFile(filepath.Join(dir, strconv.Itoa(port)+".lock"), os.O_CREATE|os.O_RDWR, 0o666)
+		if err != nil {
+			continue
+		}
+		if syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB) != nil {
+			f.Close() // another test process holds it
+			continue
+		}
+		if !proc.PortFree(port) {
+			_ = syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
+			f.Close()
+			continue
+		}
+		leased[port] = true
+		return port, func() {
+			_ = syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
+			f.Close()
+			mu.Lock()
+			delete(leased, port)
+			mu.Unlock()
+		}, nil
+	}
+	return 0, nil, fmt.Errorf("no free loopback port in %d-%d", lo, hi)
+}
+
+// ephemeralRange is the kernel's range for outgoing connections' ports.
+func ephemeralRange() (int, int) {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return 32768, 60999
+	}
+	f := strings.Fields(string(b))
+	if len(f) != 2 {
+		return 32768, 60999
+	}
+	a, err1 := strconv.Atoi(f[0])
+	z, err2 := strconv.Atoi(f[1])
+	if err1 != nil || err2 != nil {
+		return 32768, 60999
+	}
+	return a, z
+}
