@@ -89,6 +89,11 @@ func TestImportGuards(t *testing.T) {
 			forbidden: under(module+"/drivers", module+"/cmd"),
 		},
 		{
+			name: "the agent links no management client (the state directory's files are core/runinfo)",
+			pkgs: []string{module + "/core/agent"}, deps: true,
+			forbidden: under(module + "/core/api/client"),
+		},
+		{
 			name: "the memory ledger links no network",
 			pkgs: []string{module + "/core/ledger"}, deps: true,
 			forbidden: func(pkg string) bool { return pkg == "net" || pkg == "net/http" },
