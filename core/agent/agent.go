@@ -495,7 +495,7 @@ func (a *Agent) Start(ctx context.Context) error {
 	if err := a.Lifecycle.Start(ctx); err != nil {
 		return err
 	}
-	requestExtras := api.RequestExtras(a.Router)
+	requestExtras, memoryExtras := api.RequestExtras(a.Router), api.MemoryExtras(a.Placer)
 	backend := &api.Backend{
 		Lifecycle: a.Lifecycle, Store: a.Store, Engines: a.Engines, Router: a.Router, Logger: a.logger,
 		Role: wire.RoleInfo{
@@ -506,7 +506,7 @@ func (a *Agent) Start(ctx context.Context) error {
 		Hosts:         a.hosts,
 		RequestLedger: a.requestLedgerStatus,
 		DeploymentExtras: func(st *wire.DeploymentStatus) {
-			a.Placer.DeploymentExtras(st)
+			memoryExtras(st)
 			requestExtras(st)
 		},
 	}
@@ -556,7 +556,7 @@ func (a *Agent) hosts() []wire.Host {
 		}
 	}
 	h := wire.Host{Name: a.s.Hostname, Online: true, Role: a.s.Role, Engines: engs}
-	h.GPUs, h.Ledger = a.Placer.HostView()
+	h.GPUs, h.Ledger = api.HostView(a.Placer)
 	return []wire.Host{h}
 }
 
