@@ -11,6 +11,7 @@ import (
 
 	"github.com/capyctl/capyctl/core/ledger"
 	"github.com/capyctl/capyctl/core/placement"
+	"github.com/capyctl/capyctl/core/router"
 	"github.com/capyctl/capyctl/core/store"
 )
 
@@ -96,5 +97,26 @@ func TestMemoryView_SameJSON(t *testing.T) {
 	}
 	if v, ok := got["ledger"]; !ok || v != nil {
 		t.Errorf("an empty memory view's ledger = %v (present %v), want null", v, ok)
+	}
+}
+
+// TestLoadViews_SameJSON: the load view's wire types answer the JSON the
+// router's values marshal to (built from JSON here, so the test names no
+// type of the router's or the lifecycle's).
+func TestLoadViews_SameJSON(t *testing.T) {
+	src := `[{"deployment":"a","requests":{"places":4,"max_waiting":16,"waiting":2,"in_flight":3,"settle_when_idle":5,
+	  "settle_at_stop":6,"settle_on_abort":7,"instances":[{"id":"a/0","generation":2,"ready":true,"in_flight":8,
+	  "settle_when_idle":9,"settle_at_stop":10,"settle_on_abort":11}]},
+	  "engines":{"a/0":{"known":true,"running":3,"waiting":1,"kv_usage":0.25,"figures":{"tokens_per_second":12.5},"at":"2025-01-02T03:04:05Z"}}},
+	 {"deployment":"b","requests":{"places":1,"max_waiting":0,"waiting":0,"in_flight":0,"settle_when_idle":0,"settle_at_stop":0,"settle_on_abort":0}}]`
+	var loads []router.DeploymentLoad
+	if err := json.Unmarshal([]byte(src), &loads); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := jsonOf(t, loadViews(loads)), jsonOf(t, loads); !reflect.DeepEqual(got, want) {
+		t.Errorf("load view:\n got %v\nwant %v", got, want)
+	}
+	if got := jsonOf(t, loadViews(nil)); !reflect.DeepEqual(got, []any{}) {
+		t.Errorf("no deployment: %v, want []", got)
 	}
 }

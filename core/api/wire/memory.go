@@ -102,3 +102,62 @@ type LedgerView struct {
 	Domains []LedgerDomain `json:"domains"`
 	Owners  []LedgerOwner  `json:"owners"`
 }
+
+// LoadResponse answers GET /management/v1/metrics/load.
+type LoadResponse struct {
+	APIVersion  string           `json:"api_version"`
+	At          time.Time        `json:"at"`
+	Deployments []DeploymentLoad `json:"deployments"`
+}
+
+// DeploymentLoad is one deployment's load: the router's request counts and
+// each ready engine's idle signal and figures.
+type DeploymentLoad struct {
+	Deployment string        `json:"deployment"`
+	Requests   RequestCounts `json:"requests"`
+	// Engines maps an instance to its engine's idle signal and figures.
+	Engines map[string]EngineLoad `json:"engines,omitempty"`
+}
+
+// RequestCounts are a deployment's requests as admission counts them.
+type RequestCounts struct {
+	// Places is the running places per instance.
+	Places int `json:"places"`
+	// MaxWaiting bounds the line.
+	MaxWaiting int `json:"max_waiting"`
+	// Waiting requests are in the line.
+	Waiting int `json:"waiting"`
+	// InFlight requests hold a place and are being served.
+	InFlight int `json:"in_flight"`
+	// SettleWhenIdle, SettleAtStop and SettleOnAbort count cut requests
+	// still holding a place, by the evidence they wait for.
+	SettleWhenIdle int `json:"settle_when_idle"`
+	SettleAtStop   int `json:"settle_at_stop"`
+	SettleOnAbort  int `json:"settle_on_abort"`
+	// Instances are the figures per instance.
+	Instances []InstanceRequestCounts `json:"instances,omitempty"`
+}
+
+// InstanceRequestCounts are one instance's requests.
+type InstanceRequestCounts struct {
+	ID             string `json:"id"`
+	Generation     uint64 `json:"generation"`
+	Ready          bool   `json:"ready"`
+	InFlight       int    `json:"in_flight"`
+	SettleWhenIdle int    `json:"settle_when_idle"`
+	SettleAtStop   int    `json:"settle_at_stop"`
+	SettleOnAbort  int    `json:"settle_on_abort"`
+}
+
+// EngineLoad is an engine's idle signal and load figures, read through its
+// driver.
+type EngineLoad struct {
+	// Known is false when the engine has no idle signal or did not answer.
+	Known   bool               `json:"known"`
+	Running int64              `json:"running"`
+	Waiting int64              `json:"waiting"`
+	KVUsage float64            `json:"kv_usage"`
+	Figures map[string]float64 `json:"figures,omitempty"`
+	// At is when the reading was taken.
+	At time.Time `json:"at"`
+}
