@@ -21,9 +21,10 @@ const module = "github.com/capyctl/capyctl"
 // import directly: the agent's one entry point, the management client and
 // its wire types, the job spec and configuration packages, the error
 // catalogue and the build stamp (both pure values the client shares), the
-// SDK (the driver plugin server of `capyctl driver`, the shim), and the
-// first-party drivers (served by `capyctl driver <family>` and asked
-// in-process by `capyctl engine flags`). Nothing else of the core.
+// SDK (the driver plugin server of `capyctl driver`, the shim, the flag
+// policy's names), and the first-party drivers (served by `capyctl driver
+// <family>` and asked in process by `capyctl engine flags` when no role
+// runs). Nothing else of the core.
 var cliAllowed = []string{
 	module + "/cmd/capyctl/command",
 	module + "/core/agent",
@@ -34,6 +35,7 @@ var cliAllowed = []string{
 	module + "/core/structs",
 	module + "/core/version",
 	module + "/sdk",
+	module + "/sdk/flags",
 	module + "/sdk/plugin",
 	module + "/sdk/proc",
 	module + "/sdk/proto/driverv1",
