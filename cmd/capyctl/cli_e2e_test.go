@@ -251,7 +251,7 @@ func TestCLI_Offline(t *testing.T) {
 		for _, args := range [][]string{
 			{"status"}, {"list", "deployments"}, {"list", "engines"}, {"list", "hosts"}, {"status", "deployment", "x"},
 			{"start", "deployment", "x"}, {"stop", "deployment", "x"}, {"park", "deployment", "x"}, {"delete", "deployment", "x"},
-			{"engine", "list"}, {"engine", "remove", "x"}, {"engine", "flags", "custom"},
+			{"engine", "list"}, {"engine", "remove", "x"}, {"engine", "flags", "hello"},
 		} {
 			_, errOut, code := run(t, nil, append(args, "--state-dir", dir)...)
 			want(t, strings.Join(args, " "), code, 22, errOut, "error [role_not_running]", "capyctl start standalone")
@@ -373,6 +373,21 @@ func TestCLI_RoleWithoutEngine(t *testing.T) {
 	if code != 0 || ft.Family != "custom" {
 		t.Fatalf("engine flags json: %+v", ft)
 	}
+	// Without a running role, a built-in family answers from the driver
+	// compiled into capyctl: the same table the role's driver gives.
+	noRole := t.TempDir()
+	for _, family := range []string{"custom", "llamacpp", "sglang", "tensorfold", "vllm"} {
+		viaRole, _, code := r.CLI("engine", "flags", family, "--format", "json")
+		if code != 0 {
+			t.Fatalf("engine flags %s through the role: exit %d", family, code)
+		}
+		offline, errOut, code := run(t, nil, "engine", "flags", family, "--format", "json", "--state-dir", noRole)
+		if code != 0 || offline != viaRole {
+			t.Fatalf("engine flags %s without a role: exit %d %s\n got %s\nwant %s", family, code, errOut, offline, viaRole)
+		}
+	}
+	out, _, code = run(t, nil, "engine", "flags", "vllm", "--state-dir", noRole)
+	want(t, "engine flags without a role", code, 0, out, "NAME", "CLASS", "REASON")
 
 	_, errOut, code := r.CLI("status", "deployment", "nope")
 	want(t, "status of a missing deployment", code, 2, errOut, "error [not_found]", "nope")

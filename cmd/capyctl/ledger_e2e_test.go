@@ -15,7 +15,6 @@ import (
 	"time"
 
 	"github.com/capyctl/capyctl/core/api/wire"
-	"github.com/capyctl/capyctl/core/placement"
 	"github.com/capyctl/capyctl/core/structs"
 	"github.com/capyctl/capyctl/plugins-testkit/harness"
 )
@@ -37,9 +36,9 @@ func gpuSpec(name, engine, resources string) string {
 }
 
 // memoryOf decodes a status's memory object.
-func memoryOf(t *testing.T, st wire.DeploymentStatus) placement.MemoryView {
+func memoryOf(t *testing.T, st wire.DeploymentStatus) wire.MemoryView {
 	t.Helper()
-	var mv placement.MemoryView
+	var mv wire.MemoryView
 	data, _ := json.Marshal(st.Memory)
 	if err := json.Unmarshal(data, &mv); err != nil {
 		t.Fatalf("memory view: %v\n%s", err, data)
@@ -139,7 +138,7 @@ func TestLedger_MeasuredPeakReplacesThePlaceholder(t *testing.T) {
 	}
 	// While it starts: the placeholder is charged, and the sampler sees
 	// the peak (the engine holds it until the release file exists).
-	var mv placement.MemoryView
+	var mv wire.MemoryView
 	harness.Eventually(t, 60*time.Second, "the sampler to see the startup peak", func() bool {
 		mv = memoryOf(t, status(t, r, "peaky"))
 		return mv.Startup.ObservedDeviceBytes >= 6*gib && mv.Startup.ObservedHostBytes >= 64<<20

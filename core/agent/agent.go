@@ -11,7 +11,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/base64"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -28,7 +27,6 @@ import (
 
 	"github.com/capyctl/capyctl/core/admission"
 	"github.com/capyctl/capyctl/core/api"
-	"github.com/capyctl/capyctl/core/api/client"
 	"github.com/capyctl/capyctl/core/api/dashboard"
 	"github.com/capyctl/capyctl/core/api/wire"
 	"github.com/capyctl/capyctl/core/config"
@@ -38,6 +36,7 @@ import (
 	"github.com/capyctl/capyctl/core/placement"
 	"github.com/capyctl/capyctl/core/pluginmgr"
 	"github.com/capyctl/capyctl/core/router"
+	"github.com/capyctl/capyctl/core/runinfo"
 	"github.com/capyctl/capyctl/core/store"
 	"github.com/capyctl/capyctl/core/structs"
 	"github.com/capyctl/capyctl/core/version"
@@ -162,7 +161,7 @@ type Agent struct {
 	Engines   *engines.Registry
 	Router    *router.Router
 	Requests  *store.RequestWriter
-	Creds     *client.Credentials
+	Creds     *runinfo.Credentials
 
 	inferenceLn  net.Listener // the TCP listener (its address)
 	managementLn net.Listener
@@ -403,8 +402,8 @@ func (a *Agent) prepareStateDir() error {
 
 // credentials reads the role's credentials, generating them on the first
 // start. They are never printed to a log or put on a command line.
-func (a *Agent) credentials() (*client.Credentials, error) {
-	c, err := client.ReadCredentials(a.s.StateDir)
+func (a *Agent) credentials() (*runinfo.Credentials, error) {
+	c, err := runinfo.ReadCredentials(a.s.StateDir)
 	if err == nil {
 		return c, nil
 	}
@@ -413,8 +412,8 @@ func (a *Agent) credentials() (*client.Credentials, error) {
 		// the role.
 		return nil, structs.Wrap(structs.CodeUnauthorized, err, "read credentials")
 	}
-	c = &client.Credentials{APIKey: "capy-" + secret(32), AdminToken: "capyadm-" + secret(32)}
-	if err := client.WriteCredentials(a.s.StateDir, c); err != nil {
+	c = &runinfo.Credentials{APIKey: "capy-" + secret(32), AdminToken: "capyadm-" + secret(32)}
+	if err := runinfo.WriteCredentials(a.s.StateDir, c); err != nil {
 		return nil, structs.Wrap(structs.CodeInternal, err, "write credentials")
 	}
 	return c, nil
@@ -511,7 +510,7 @@ func (a *Agent) Start(ctx context.Context) error {
 	if err := a.Lifecycle.Start(ctx); err != nil {
 		return err
 	}
-	requestExtras := api.RequestExtras(a.Router)
+	requestExtras, memoryExtras := api.RequestExtras(a.Router), api.MemoryExtras(a.Placer)
 	backend := &api.Backend{
 		Lifecycle: a.Lifecycle, Store: a.Store, Engines: a.Engines, Router: a.Router, Logger: a.logger,
 		Role: wire.RoleInfo{
@@ -522,7 +521,7 @@ func (a *Agent) Start(ctx context.Context) error {
 		Hosts:         a.hosts,
 		RequestLedger: a.requestLedgerStatus,
 		DeploymentExtras: func(st *wire.DeploymentStatus) {
-			a.Placer.DeploymentExtras(st)
+			memoryExtras(st)
 			requestExtras(st)
 		},
 	}
@@ -572,29 +571,26 @@ func (a *Agent) hosts() []wire.Host {
 		}
 	}
 	h := wire.Host{Name: a.s.Hostname, Online: true, Role: a.s.Role, Engines: engs}
-	h.GPUs, h.Ledger = a.Placer.HostView()
+	h.GPUs, h.Ledger = api.HostView(a.Placer)
 	return []wire.Host{h}
 }
 
 func (a *Agent) writeRunInfo() error {
-	ri := client.RunInfo{
+	ri := runinfo.RunInfo{
 		Role: a.s.Role, PID: os.Getpid(), Management: a.ManagementAddr(), Inference: a.InferenceAddr(),
 		StartedAt: a.startedAt, Version: version.Version, Host: a.s.Hostname,
 	}
-	data, _ := json.MarshalIndent(ri, "", "  ")
-	path := filepath.Join(a.s.StateDir, client.RunInfoFile)
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, data, 0o600); err != nil {
+	if err := runinfo.WriteRunInfo(a.s.StateDir, ri); err != nil {
 		return structs.Wrap(structs.CodeInternal, err, "write run info")
 	}
-	return os.Rename(tmp, path)
+	return nil
 }
 
 // Shutdown stops serving: admission closes, admitted requests get up to
 // the drain timeout, and the role exits without touching engines (unless
 // stopEngines, dev mode's Ctrl-C).
 func (a *Agent) Shutdown(ctx context.Context, stopEngines bool) {
-	_ = os.Remove(filepath.Join(a.s.StateDir, client.RunInfoFile))
+	runinfo.RemoveRunInfo(a.s.StateDir)
 	drain := a.s.DrainTimeout
 	if drain <= 0 {
 		drain = 30 * time.Second
@@ -643,7 +639,7 @@ func (a *Agent) Banner(w io.Writer) {
 	fmt.Fprintf(w, "  Management:  http://%s (admin token, loopback only)\n", a.ManagementAddr())
 	fmt.Fprintf(w, "  Dashboard:   http://%s%s (log in with the admin token)\n", a.ManagementAddr(), dashboard.Prefix)
 	fmt.Fprintf(w, "  State:       %s\n", a.s.StateDir)
-	fmt.Fprintf(w, "  Credentials: %s\n", filepath.Join(a.s.StateDir, client.CredentialsFile))
+	fmt.Fprintf(w, "  Credentials: %s\n", filepath.Join(a.s.StateDir, runinfo.CredentialsFile))
 	if list, err := a.Engines.List(); err == nil {
 		if len(list) == 0 {
 			fmt.Fprintln(w, "  Engines:     none registered; add one with capyctl engine add <venv|llama-server>")

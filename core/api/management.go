@@ -364,11 +364,12 @@ func (b *Backend) engineLog(w http.ResponseWriter, r *http.Request) {
 // ---------------------------------------------------------------- engines
 
 func (b *Backend) listEngines(w http.ResponseWriter, r *http.Request) {
-	list, err := b.Engines.List()
+	regs, err := b.Engines.List()
 	if err != nil {
 		writeMgmtError(w, err)
 		return
 	}
+	list := engineViews(regs)
 	out := wire.EngineList{APIVersion: wire.APIVersion, Engines: list}
 	if len(list) == 0 {
 		out.Hint = "no engine is registered: add one with capyctl engine add <venv|llama-server> or capyctl engine add --custom <program> --name <name> --manifest <file>"
@@ -387,11 +388,12 @@ func (b *Backend) addEngine(w http.ResponseWriter, r *http.Request) {
 		writeMgmtError(w, err)
 		return
 	}
-	out, err := b.Engines.Add(r.Context(), req)
+	added, err := b.Engines.Add(r.Context(), addRequest(req))
 	if err != nil {
 		writeMgmtError(w, err)
 		return
 	}
+	out := engineDetected(added)
 	status := http.StatusOK
 	if out.Registered {
 		status = http.StatusCreated
@@ -411,12 +413,13 @@ func (b *Backend) removeEngine(w http.ResponseWriter, r *http.Request) {
 }
 
 func (b *Backend) engineFlags(w http.ResponseWriter, r *http.Request) {
-	out, err := b.Engines.Flags(r.Context(), mux.Vars(r)["family"])
+	family := mux.Vars(r)["family"]
+	resp, err := b.Engines.Flags(r.Context(), family)
 	if err != nil {
 		writeMgmtError(w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, out)
+	writeJSON(w, http.StatusOK, flagTable(family, resp))
 }
 
 func (b *Backend) listHosts(w http.ResponseWriter, r *http.Request) {
@@ -443,8 +446,8 @@ func (b *Backend) snapshot(w http.ResponseWriter, r *http.Request) {
 	for _, v := range b.Lifecycle.Deployments() {
 		snap.Deployments = append(snap.Deployments, b.status(v))
 	}
-	if list, err := b.Engines.List(); err == nil {
-		snap.Engines = list
+	if regs, err := b.Engines.List(); err == nil {
+		snap.Engines = engineViews(regs)
 	}
 	if b.Hosts != nil {
 		snap.Hosts = b.Hosts()

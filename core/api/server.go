@@ -88,10 +88,11 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 func writeMgmtError(w http.ResponseWriter, err error) {
 	e := structs.AsError(err)
 	info := e.Info()
-	if info.Retryable && (info.HTTP == http.StatusTooManyRequests || info.HTTP == http.StatusServiceUnavailable) {
+	status := wire.HTTPStatus(e.Code)
+	if info.Retryable && (status == http.StatusTooManyRequests || status == http.StatusServiceUnavailable) {
 		w.Header().Set("Retry-After", "1")
 	}
-	writeJSON(w, info.HTTP, wire.ErrorEnvelope{
+	writeJSON(w, status, wire.ErrorEnvelope{
 		APIVersion: wire.APIVersion,
 		Error:      wire.ErrorBody{Code: string(e.Code), Message: e.Message, Retryable: info.Retryable, Details: e.Details},
 	})

@@ -12,13 +12,6 @@ import (
 	"github.com/capyctl/capyctl/core/structs"
 )
 
-// LoadResponse answers GET /management/v1/metrics/load.
-type LoadResponse struct {
-	APIVersion  string                  `json:"api_version"`
-	At          time.Time               `json:"at"`
-	Deployments []router.DeploymentLoad `json:"deployments"`
-}
-
 // LatencyResponse answers GET /management/v1/metrics/latency.
 type LatencyResponse struct {
 	APIVersion  string                     `json:"api_version"`
@@ -36,10 +29,40 @@ func LoadView(b *Backend) http.HandlerFunc {
 			noRouter(w, r)
 			return
 		}
-		writeJSON(w, http.StatusOK, LoadResponse{
-			APIVersion: wire.APIVersion, At: time.Now().UTC(), Deployments: nonNil(b.Router.Load(r.Context())),
+		writeJSON(w, http.StatusOK, wire.LoadResponse{
+			APIVersion: wire.APIVersion, At: time.Now().UTC(), Deployments: loadViews(b.Router.Load(r.Context())),
 		})
 	}
+}
+
+// loadViews builds the wire form of the router's load view ([] when no
+// deployment).
+func loadViews(loads []router.DeploymentLoad) []wire.DeploymentLoad {
+	out := make([]wire.DeploymentLoad, 0, len(loads))
+	for _, dl := range loads {
+		c := dl.Requests
+		v := wire.DeploymentLoad{Deployment: dl.Deployment, Requests: wire.RequestCounts{
+			Places: c.Places, MaxWaiting: c.MaxWaiting, Waiting: c.Waiting, InFlight: c.Live,
+			SettleWhenIdle: c.SettleWhenIdle, SettleAtStop: c.SettleAtStop, SettleOnAbort: c.SettleOnAbort,
+		}}
+		if c.Instances != nil {
+			v.Requests.Instances = make([]wire.InstanceRequestCounts, 0, len(c.Instances))
+			for _, ic := range c.Instances {
+				v.Requests.Instances = append(v.Requests.Instances, wire.InstanceRequestCounts{
+					ID: ic.ID, Generation: ic.Generation, Ready: ic.Ready, InFlight: ic.Live,
+					SettleWhenIdle: ic.SettleWhenIdle, SettleAtStop: ic.SettleAtStop, SettleOnAbort: ic.SettleOnAbort,
+				})
+			}
+		}
+		if dl.Engines != nil {
+			v.Engines = make(map[string]wire.EngineLoad, len(dl.Engines))
+			for id, l := range dl.Engines {
+				v.Engines[id] = wire.EngineLoad{Known: l.Known, Running: l.Running, Waiting: l.Waiting, KVUsage: l.KVUsage, Figures: l.Figures, At: l.At}
+			}
+		}
+		out = append(out, v)
+	}
+	return out
 }
 
 // LatencyView serves the latency view: per deployment, the queue wait,

@@ -12,7 +12,6 @@ import (
 	"sort"
 	"time"
 
-	"github.com/capyctl/capyctl/core/api/wire"
 	"github.com/capyctl/capyctl/core/structs"
 	"github.com/capyctl/capyctl/sdk"
 	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
@@ -58,7 +57,7 @@ var detectionOrder = []string{structs.FamilyVLLM, structs.FamilySGLang, structs.
 
 // Detect inspects an installation through its driver without registering
 // it.
-func (r *Registry) Detect(ctx context.Context, req wire.EngineAddRequest) (*pb.DetectResponse, string, error) {
+func (r *Registry) Detect(ctx context.Context, req AddRequest) (*pb.DetectResponse, string, error) {
 	family := req.Family
 	if req.Manifest != "" && family == "" {
 		family = structs.FamilyCustom
@@ -115,9 +114,36 @@ func detectErr(err error, path string) error {
 	return structs.Wrap(structs.CodeEngineUnsupported, err, "detect %s", path)
 }
 
+// AddRequest names an installation to detect and register.
+type AddRequest struct {
+	Name   string
+	Family string
+	Path   string
+	// Manifest is a custom engine's manifest (HCL text).
+	Manifest string
+	// ManifestFile names the manifest's file, for diagnostics.
+	ManifestFile string
+	Approvals    structs.Approvals
+	Env          map[string]string
+	// ExpectDigest, when set, must equal the detected digest (the digest
+	// the operator confirmed).
+	ExpectDigest string
+	DryRun       bool
+}
+
+// Added is what an add detected, and whether it registered it.
+type Added struct {
+	// Record is the registration (stored when Registered).
+	Record           *structs.EngineRecord
+	ToolchainMissing []string
+	Notes            []string
+	Details          map[string]string
+	Registered       bool
+}
+
 // Add detects and registers an installation (or, with DryRun, only says
 // what it would register).
-func (r *Registry) Add(ctx context.Context, req wire.EngineAddRequest) (*wire.EngineDetected, error) {
+func (r *Registry) Add(ctx context.Context, req AddRequest) (*Added, error) {
 	if req.Name != "" && !nameRE.MatchString(req.Name) {
 		return nil, structs.Errf(structs.CodeInvalidRequest, "engine name %q must match %s", req.Name, nameRE)
 	}
@@ -140,10 +166,7 @@ func (r *Registry) Add(ctx context.Context, req wire.EngineAddRequest) (*wire.En
 	if rec.Family == "" {
 		rec.Family = family
 	}
-	out := &wire.EngineDetected{
-		APIVersion: wire.APIVersion, Engine: View(rec), ToolchainMissing: det.GetToolchainMissing(), Notes: det.GetNotes(),
-		Details: det.GetDetails(),
-	}
+	out := &Added{Record: rec, ToolchainMissing: det.GetToolchainMissing(), Notes: det.GetNotes(), Details: det.GetDetails()}
 	if len(det.GetToolchainMissing()) > 0 && !req.DryRun {
 		return nil, structs.Errf(structs.CodeToolchainMissing,
 			"the engine needs build tools that are not on its PATH: %v", det.GetToolchainMissing())
@@ -177,25 +200,29 @@ func (r *Registry) Remove(name string) error {
 	return r.store.DeleteEngine(name)
 }
 
-// List returns the registrations with the deployments using each.
-func (r *Registry) List() ([]wire.Engine, error) {
+// Registration is a registered installation and the deployments using it.
+type Registration struct {
+	structs.EngineRecord
+	UsedBy []string
+}
+
+// List returns the registrations with the deployments using each, sorted
+// by name.
+func (r *Registry) List() ([]Registration, error) {
 	recs, err := r.store.ListEngines()
 	if err != nil {
 		return nil, err
 	}
-	out := make([]wire.Engine, 0, len(recs))
-	for i := range recs {
-		rec := &recs[i]
-		v := View(rec)
-		v.UsedBy = r.users.UsesEngine(rec.Name)
-		out = append(out, v)
+	out := make([]Registration, 0, len(recs))
+	for _, rec := range recs {
+		out = append(out, Registration{EngineRecord: rec, UsedBy: r.users.UsesEngine(rec.Name)})
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out, nil
 }
 
-// Flags returns a family's flag table.
-func (r *Registry) Flags(ctx context.Context, family string) (*wire.FlagTable, error) {
+// Flags returns a family's flag policy as its driver answers it.
+func (r *Registry) Flags(ctx context.Context, family string) (*pb.FlagsResponse, error) {
 	drv, err := r.drivers.Driver(ctx, family)
 	if err != nil {
 		return nil, err
@@ -207,44 +234,5 @@ func (r *Registry) Flags(ctx context.Context, family string) (*wire.FlagTable, e
 		}
 		return nil, err
 	}
-	out := &wire.FlagTable{APIVersion: wire.APIVersion, Family: family}
-	for _, rule := range resp.GetRules() {
-		out.Rules = append(out.Rules, wire.FlagRule{
-			Name: rule.GetName(), Kind: kindName(rule.GetKind()), Class: className(rule.GetClass()),
-			Reason: rule.GetReason(), Approval: rule.GetApproval(), Aliases: rule.GetAliases(),
-		})
-	}
-	return out, nil
-}
-
-func kindName(k pb.FlagKind) string {
-	switch k {
-	case pb.FlagKind_FLAG_KIND_OPTION:
-		return "option"
-	case pb.FlagKind_FLAG_KIND_ENV:
-		return "env"
-	}
-	return "unknown"
-}
-
-func className(c pb.FlagClass) string {
-	switch c {
-	case pb.FlagClass_FLAG_CLASS_OWNED:
-		return "owned"
-	case pb.FlagClass_FLAG_CLASS_RESERVED:
-		return "reserved"
-	case pb.FlagClass_FLAG_CLASS_GATED:
-		return "gated"
-	case pb.FlagClass_FLAG_CLASS_PASSED:
-		return "passed"
-	}
-	return "unknown"
-}
-
-// View converts a registration for the API.
-func View(rec *structs.EngineRecord) wire.Engine {
-	return wire.Engine{
-		Name: rec.Name, Family: rec.Family, Version: rec.Version, Verified: rec.Verified, Path: rec.Path,
-		Program: rec.Program, Digest: rec.Digest, Details: rec.Details, Approvals: rec.Approvals, AddedAt: rec.AddedAt,
-	}
+	return resp, nil
 }

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capyctl/capyctl/core/api/wire"
 	"github.com/capyctl/capyctl/core/store"
 	"github.com/capyctl/capyctl/core/structs"
 	"github.com/capyctl/capyctl/sdk"
@@ -352,7 +353,7 @@ func TestManager_StoppedDeploymentRefusesActivation(t *testing.T) {
 		t.Fatalf("err = %v", err)
 	}
 	var e *structs.Error
-	if !errors.As(f.activate("a"), &e) || e.Info().HTTP != 409 {
+	if !errors.As(f.activate("a"), &e) || wire.HTTPStatus(e.Code) != 409 {
 		t.Fatalf("not a 409")
 	}
 }
@@ -401,7 +402,7 @@ func TestManager_StartFailsWhenItsRecordCannotBeStored(t *testing.T) {
 			if !structs.HasCode(err, structs.CodeStoreUnavailable) || !errors.Is(err, errDiskFull) {
 				t.Fatalf("err = %v, want store_unavailable wrapping the disk error", err)
 			}
-			if info := structs.AsError(err).Info(); info.HTTP != 503 || info.Exit != 27 {
+			if info := structs.AsError(err).Info(); wire.HTTPStatus(info.Code) != 503 || info.Exit != 27 {
 				t.Fatalf("catalogue row %+v", info)
 			}
 			if got, stops := f.drv.starts.Load(), f.drv.stops.Load(); got != c.starts || stops < c.stops {

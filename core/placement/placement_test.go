@@ -482,9 +482,9 @@ func TestPlacer_DeploymentExtras(t *testing.T) {
 	if owners["a/0"].Charges["gpu0"] != 10*gib {
 		t.Fatalf("owners = %+v", owners)
 	}
-	gpus, led := p.HostView()
-	if len(gpus) != 1 || led["gpu_provider"] != "fake" {
-		t.Fatalf("host view = %+v %v", gpus, led)
+	h := p.Host()
+	if len(h.GPUs) != 1 || h.GPUKind != "fake" {
+		t.Fatalf("host = %+v", h)
 	}
 }
 

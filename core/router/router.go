@@ -27,6 +27,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/capyctl/capyctl/core/admission"
+	"github.com/capyctl/capyctl/core/api/wire"
 	"github.com/capyctl/capyctl/core/routes"
 	"github.com/capyctl/capyctl/core/structs"
 )
@@ -272,13 +273,14 @@ func ValidClientRequestID(s string) bool {
 func WriteError(w http.ResponseWriter, err error) {
 	e := structs.AsError(err)
 	info := e.Info()
+	status := wire.HTTPStatus(e.Code)
 	if e.RetryAfter > 0 {
 		w.Header().Set("Retry-After", strconv.Itoa(e.RetryAfter))
-	} else if info.HTTP == http.StatusTooManyRequests {
+	} else if status == http.StatusTooManyRequests {
 		w.Header().Set("Retry-After", "1")
 	}
 	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(info.HTTP)
+	w.WriteHeader(status)
 	_, _ = w.Write(errorJSON(e, info))
 }
 

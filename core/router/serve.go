@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/capyctl/capyctl/core/admission"
+	"github.com/capyctl/capyctl/core/api/wire"
 	"github.com/capyctl/capyctl/core/routes"
 	"github.com/capyctl/capyctl/core/structs"
 	"github.com/capyctl/capyctl/sdk/decisions"
@@ -603,7 +604,7 @@ func (q *request) fail(err error) {
 		q.flush()
 		return
 	}
-	q.status = info.HTTP
+	q.status = wire.HTTPStatus(e.Code)
 	q.headersSent = true
 	WriteError(q.w, e)
 }

@@ -7,7 +7,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/http"
 	"sort"
 	"strings"
 )
@@ -17,18 +16,20 @@ import (
 // catalogue is keyed by the part before the colon.
 type Code string
 
-// CodeInfo is one row of the catalogue: the HTTP status an API answers with,
-// the CLI's exit code, and whether a client may retry.
+// CodeInfo is one row of the catalogue: the CLI's exit code, and whether a
+// client may retry. The HTTP status an API answers with belongs to the API
+// (core/api/wire.HTTPStatus).
 type CodeInfo struct {
 	Code      Code
-	HTTP      int
 	Exit      int
 	Retryable bool
 	Summary   string
 }
 
 // The catalogue. IMPORTANT: codes, HTTP statuses and exit codes are a public
-// contract (docs, controllers, systemd units); add rows, never renumber.
+// contract (docs, controllers, systemd units); add rows, never renumber. A
+// new code adds its row here and its HTTP status in core/api/wire (a test
+// there fails on a code without one).
 const (
 	CodeOK                        Code = "ok"
 	CodeInvalidRequest            Code = "invalid_request"
@@ -114,91 +115,91 @@ const (
 
 var catalogue = map[Code]CodeInfo{}
 
-func row(c Code, httpStatus, exit int, retryable bool, summary string) {
-	catalogue[c] = CodeInfo{Code: c, HTTP: httpStatus, Exit: exit, Retryable: retryable, Summary: summary}
+func row(c Code, exit int, retryable bool, summary string) {
+	catalogue[c] = CodeInfo{Code: c, Exit: exit, Retryable: retryable, Summary: summary}
 }
 
 func init() {
-	row(CodeOK, http.StatusOK, 0, false, "success")
-	row(CodeInvalidRequest, http.StatusBadRequest, 2, false, "the request is malformed or a field is invalid")
-	row(CodeInvalidConfig, http.StatusBadRequest, 2, false, "a job spec or configuration does not parse or validate")
-	row(CodeUnauthorized, http.StatusUnauthorized, 3, false, "missing or wrong API key or admin token")
-	row(CodeNotFound, http.StatusNotFound, 2, false, "no such deployment, instance or resource")
-	row(CodeUnknownModel, http.StatusNotFound, 2, false, "no deployment serves this model name")
-	row(CodeAPIMismatch, http.StatusBadRequest, 2, false, "the model serves the other inference API")
-	row(CodeEngineRejected, http.StatusBadRequest, 2, false, "the engine refused the request as invalid (its own message)")
-	row(CodeUnsupportedParameter, http.StatusBadRequest, 2, false, "a request field CapyCTL never forwards")
-	row(CodeRequestTooLarge, http.StatusRequestEntityTooLarge, 2, false, "the request body is over the buffered bound")
-	row(CodeQueueFull, http.StatusTooManyRequests, 4, true, "waiting limits reached; retry after Retry-After")
-	row(CodeInsufficientResources, http.StatusTooManyRequests, 4, true, "no memory to activate the model now; retry after Retry-After")
-	row(CodeDeploymentStopped, http.StatusConflict, 2, false, "an operator stopped the deployment")
-	row(CodeDeploymentInactive, http.StatusConflict, 2, false, "the deployment activates only on an operator's start")
-	row(CodeConflict, http.StatusConflict, 2, false, "the action conflicts with the deployment's current state")
-	row(CodeRevisionConflict, http.StatusConflict, 2, false, "the update names a revision that is no longer current")
-	row(CodeIdempotencyConflict, http.StatusConflict, 2, false, "the idempotency key was used with another body")
-	row(CodeUnavailable, http.StatusServiceUnavailable, 13, true, "the model cannot serve now (switching, draining, no runtime)")
-	row(CodeShuttingDown, http.StatusServiceUnavailable, 13, true, "the role is shutting down")
-	row(CodeEngineError, http.StatusBadGateway, 13, false, "the engine answered with an error (its own message); the model keeps serving")
-	row(CodeActivationFailed, http.StatusInternalServerError, 13, false, "the model could not start")
-	row(CodeActivationTimeout, http.StatusGatewayTimeout, 10, true, "the model did not become ready within the deadline")
-	row(CodeInternal, http.StatusInternalServerError, 13, false, "an internal error")
-	row(CodeLaunchFailed, http.StatusInternalServerError, 13, false, "the engine's launch failed (its last log lines attached)")
-	row(CodeStartupTimeout, http.StatusGatewayTimeout, 13, false, "the engine did not become ready within its startup deadline")
-	row(CodeOffLoopback, http.StatusInternalServerError, 13, false, "the engine listened on a non-loopback address and was stopped")
-	row(CodePortConflict, http.StatusConflict, 13, true, "another process listens on the leased engine port")
-	row(CodeCapacityBlocked, http.StatusConflict, 4, true, "the start does not fit in memory (host, domain, need, free, limit named)")
-	row(CodeInsufficientDevice, http.StatusBadRequest, 4, false, "the deployment's charge exceeds every domain's managed limit")
-	row(CodeInsufficientMemory, http.StatusBadRequest, 4, false, "the deployment's host memory charge exceeds the host's managed limit")
-	row(CodeStartupNeedsEmptyHost, http.StatusConflict, 4, true, "an unmeasured first start fits only on an empty host")
-	row(CodeUnsupported, http.StatusNotImplemented, 5, false, "the action is not supported")
-	row(CodeCapabilityMissing, http.StatusBadRequest, 5, false, "the engine or driver lacks a capability the deployment needs")
-	row(CodeHostBackedUnavailable, http.StatusBadRequest, 5, false, "host_backed residency needs a discrete GPU")
-	row(CodeStoreFromNewerVersion, http.StatusInternalServerError, 5, false, "the state store was written by a newer CapyCTL")
-	row(CodeEngineEnvReserved, http.StatusBadRequest, 2, false, "an environment name CapyCTL owns or reserves")
-	row(CodeEngineEnvNotApproved, http.StatusBadRequest, 2, false, "an environment name the host has not approved")
-	row(CodeEngineOptionReserved, http.StatusBadRequest, 2, false, "an engine option reserved in any spelling")
-	row(CodeEngineOptionNotApproved, http.StatusBadRequest, 2, false, "an engine option or path that needs a host approval")
-	row(CodeEngineOptionOwned, http.StatusBadRequest, 2, false, "an engine option CapyCTL renders itself")
-	row(CodeExtraArgsNotAccepted, http.StatusBadRequest, 2, false, "extra_args without accept_extra_args = true")
-	row(CodeRemoteCodeNotAllowed, http.StatusBadRequest, 2, false, "trust_remote_code without the host's --allow-remote-code")
-	row(CodeUnknownConfigKey, http.StatusBadRequest, 2, false, "an engine_config key the driver does not know")
-	row(CodeCheckpointMismatch, http.StatusConflict, 2, false, "the model directory's digest differs from the declared one")
-	row(CodeCheckpointUnusable, http.StatusBadRequest, 2, false, "the model directory cannot be read or measured")
-	row(CodeHostNameChanged, http.StatusInternalServerError, 2, false, "the state was written under another hostname")
-	row(CodeStillStopping, http.StatusServiceUnavailable, 25, true, "a previous stop is still in progress")
-	row(CodeDeleteRequiresCleanup, http.StatusConflict, 2, false, "stop the deployment before deleting it")
-	row(CodeToolchainMissing, http.StatusBadRequest, 26, false, "build tools the engine needs are not on its PATH")
-	row(CodeEngineNotFound, http.StatusNotFound, 16, false, "no such engine, or its program is missing")
-	row(CodeEngineUnsupported, http.StatusBadRequest, 17, false, "the installation is not an engine CapyCTL can run")
-	row(CodeEngineVersionFailed, http.StatusBadRequest, 18, false, "the engine's version could not be read")
-	row(CodeEngineExists, http.StatusConflict, 19, false, "an engine with this name is registered")
-	row(CodeEngineInUse, http.StatusConflict, 20, false, "a deployment uses this engine")
-	row(CodeInstallationDrift, http.StatusConflict, 17, false, "the installation changed since it was registered and pinned")
-	row(CodeNotInteractive, http.StatusBadRequest, 23, false, "a confirmation is needed and there is no terminal; pass --yes")
-	row(CodeWakeMismatch, http.StatusInternalServerError, 13, false, "the woken model answered the wake check differently; it was stopped")
-	row(CodeWakeFailed, http.StatusInternalServerError, 13, false, "the wake failed; the model was stopped")
-	row(CodeParkFailed, http.StatusInternalServerError, 13, false, "the park failed")
-	row(CodeStoreUnavailable, http.StatusServiceUnavailable, 27, true, "the state directory or store refuses writes (a full disk, a read-only or immutable file): nothing was launched or changed, or a launched engine was stopped; free room or restore the file and retry")
-	row(CodeDriverUnavailable, http.StatusServiceUnavailable, 13, true, "the engine's driver is not running")
-	row(CodeDriverTimeout, http.StatusGatewayTimeout, 13, true, "the engine's driver did not answer within its deadline (drivers.*_timeout); a driver that stops answering is killed and relaunched")
-	row(CodeDriverHandshakeFailed, http.StatusBadGateway, 13, false, "the driver program did not complete the plugin handshake (it must call sdk/plugin.Serve and write nothing else to stdout)")
-	row(CodeDriverProtocolUnsupported, http.StatusBadGateway, 13, false, "the driver speaks a driver protocol this CapyCTL does not; rebuild it against a supported SDK or upgrade CapyCTL")
-	row(CodeDriverExitedAtStart, http.StatusBadGateway, 13, false, "the driver program exited at launch, before the plugin handshake (its stderr attached)")
-	row(CodeDriverReplyMalformed, http.StatusBadGateway, 13, false, "the driver answered a call with a reply the protocol does not allow (the driver and call named); a fault of the driver")
-	row(CodeMethodNotAllowed, http.StatusMethodNotAllowed, 2, false, "method not allowed")
-	row(CodeUnsupportedMediaType, http.StatusUnsupportedMediaType, 2, false, "send application/json")
-	row(CodeCursorExpired, http.StatusGone, 2, false, "the event cursor is older than the journal; take a new snapshot")
-	row(CodeInvalidCursor, http.StatusBadRequest, 2, false, "the event cursor does not parse")
-	row(CodeRoleNotRunning, http.StatusServiceUnavailable, 22, true, "no running role was found through the state directory")
-	row(CodeCacheSaltUnsupported, http.StatusBadRequest, 2, false, "the engine does not take cache_salt")
-	row(CodeDownloadFailed, http.StatusBadGateway, 13, true, "a model download failed")
-	row(CodeDeadlineExceeded, http.StatusGatewayTimeout, 13, true, "no output within the request deadline (queueing, waking and prefill included); cancelled on the engine")
-	row(CodeStreamStalled, http.StatusGatewayTimeout, 13, true, "the engine sent nothing for the stream idle bound; cancelled on the engine")
-	row(CodeChunkTooLarge, http.StatusBadGateway, 13, false, "the engine sent one piece of an answer over limits.max_chunk_bytes; cancelled on the engine")
-	row(CodeEngineNotIdle, http.StatusConflict, 13, true, "the engine still has requests running or waiting; drain it first")
-	row(CodeBodiesInFlightFull, http.StatusTooManyRequests, 4, true, "the request bodies the role holds, all together, reached limits.max_body_bytes_in_flight; retry after Retry-After")
-	row(CodeCrossSiteRefused, http.StatusForbidden, 3, false, "a call with the dashboard's session cookie came from another origin or without the session's CSRF token")
-	row(CodeBodyReadTimeout, http.StatusRequestTimeout, 2, true, "the request body did not arrive within listener.body_read_timeout; the connection is closed")
+	row(CodeOK, 0, false, "success")
+	row(CodeInvalidRequest, 2, false, "the request is malformed or a field is invalid")
+	row(CodeInvalidConfig, 2, false, "a job spec or configuration does not parse or validate")
+	row(CodeUnauthorized, 3, false, "missing or wrong API key or admin token")
+	row(CodeNotFound, 2, false, "no such deployment, instance or resource")
+	row(CodeUnknownModel, 2, false, "no deployment serves this model name")
+	row(CodeAPIMismatch, 2, false, "the model serves the other inference API")
+	row(CodeEngineRejected, 2, false, "the engine refused the request as invalid (its own message)")
+	row(CodeUnsupportedParameter, 2, false, "a request field CapyCTL never forwards")
+	row(CodeRequestTooLarge, 2, false, "the request body is over the buffered bound")
+	row(CodeQueueFull, 4, true, "waiting limits reached; retry after Retry-After")
+	row(CodeInsufficientResources, 4, true, "no memory to activate the model now; retry after Retry-After")
+	row(CodeDeploymentStopped, 2, false, "an operator stopped the deployment")
+	row(CodeDeploymentInactive, 2, false, "the deployment activates only on an operator's start")
+	row(CodeConflict, 2, false, "the action conflicts with the deployment's current state")
+	row(CodeRevisionConflict, 2, false, "the update names a revision that is no longer current")
+	row(CodeIdempotencyConflict, 2, false, "the idempotency key was used with another body")
+	row(CodeUnavailable, 13, true, "the model cannot serve now (switching, draining, no runtime)")
+	row(CodeShuttingDown, 13, true, "the role is shutting down")
+	row(CodeEngineError, 13, false, "the engine answered with an error (its own message); the model keeps serving")
+	row(CodeActivationFailed, 13, false, "the model could not start")
+	row(CodeActivationTimeout, 10, true, "the model did not become ready within the deadline")
+	row(CodeInternal, 13, false, "an internal error")
+	row(CodeLaunchFailed, 13, false, "the engine's launch failed (its last log lines attached)")
+	row(CodeStartupTimeout, 13, false, "the engine did not become ready within its startup deadline")
+	row(CodeOffLoopback, 13, false, "the engine listened on a non-loopback address and was stopped")
+	row(CodePortConflict, 13, true, "another process listens on the leased engine port")
+	row(CodeCapacityBlocked, 4, true, "the start does not fit in memory (host, domain, need, free, limit named)")
+	row(CodeInsufficientDevice, 4, false, "the deployment's charge exceeds every domain's managed limit")
+	row(CodeInsufficientMemory, 4, false, "the deployment's host memory charge exceeds the host's managed limit")
+	row(CodeStartupNeedsEmptyHost, 4, true, "an unmeasured first start fits only on an empty host")
+	row(CodeUnsupported, 5, false, "the action is not supported")
+	row(CodeCapabilityMissing, 5, false, "the engine or driver lacks a capability the deployment needs")
+	row(CodeHostBackedUnavailable, 5, false, "host_backed residency needs a discrete GPU")
+	row(CodeStoreFromNewerVersion, 5, false, "the state store was written by a newer CapyCTL")
+	row(CodeEngineEnvReserved, 2, false, "an environment name CapyCTL owns or reserves")
+	row(CodeEngineEnvNotApproved, 2, false, "an environment name the host has not approved")
+	row(CodeEngineOptionReserved, 2, false, "an engine option reserved in any spelling")
+	row(CodeEngineOptionNotApproved, 2, false, "an engine option or path that needs a host approval")
+	row(CodeEngineOptionOwned, 2, false, "an engine option CapyCTL renders itself")
+	row(CodeExtraArgsNotAccepted, 2, false, "extra_args without accept_extra_args = true")
+	row(CodeRemoteCodeNotAllowed, 2, false, "trust_remote_code without the host's --allow-remote-code")
+	row(CodeUnknownConfigKey, 2, false, "an engine_config key the driver does not know")
+	row(CodeCheckpointMismatch, 2, false, "the model directory's digest differs from the declared one")
+	row(CodeCheckpointUnusable, 2, false, "the model directory cannot be read or measured")
+	row(CodeHostNameChanged, 2, false, "the state was written under another hostname")
+	row(CodeStillStopping, 25, true, "a previous stop is still in progress")
+	row(CodeDeleteRequiresCleanup, 2, false, "stop the deployment before deleting it")
+	row(CodeToolchainMissing, 26, false, "build tools the engine needs are not on its PATH")
+	row(CodeEngineNotFound, 16, false, "no such engine, or its program is missing")
+	row(CodeEngineUnsupported, 17, false, "the installation is not an engine CapyCTL can run")
+	row(CodeEngineVersionFailed, 18, false, "the engine's version could not be read")
+	row(CodeEngineExists, 19, false, "an engine with this name is registered")
+	row(CodeEngineInUse, 20, false, "a deployment uses this engine")
+	row(CodeInstallationDrift, 17, false, "the installation changed since it was registered and pinned")
+	row(CodeNotInteractive, 23, false, "a confirmation is needed and there is no terminal; pass --yes")
+	row(CodeWakeMismatch, 13, false, "the woken model answered the wake check differently; it was stopped")
+	row(CodeWakeFailed, 13, false, "the wake failed; the model was stopped")
+	row(CodeParkFailed, 13, false, "the park failed")
+	row(CodeStoreUnavailable, 27, true, "the state directory or store refuses writes (a full disk, a read-only or immutable file): nothing was launched or changed, or a launched engine was stopped; free room or restore the file and retry")
+	row(CodeDriverUnavailable, 13, true, "the engine's driver is not running")
+	row(CodeDriverTimeout, 13, true, "the engine's driver did not answer within its deadline (drivers.*_timeout); a driver that stops answering is killed and relaunched")
+	row(CodeDriverHandshakeFailed, 13, false, "the driver program did not complete the plugin handshake (it must call sdk/plugin.Serve and write nothing else to stdout)")
+	row(CodeDriverProtocolUnsupported, 13, false, "the driver speaks a driver protocol this CapyCTL does not; rebuild it against a supported SDK or upgrade CapyCTL")
+	row(CodeDriverExitedAtStart, 13, false, "the driver program exited at launch, before the plugin handshake (its stderr attached)")
+	row(CodeDriverReplyMalformed, 13, false, "the driver answered a call with a reply the protocol does not allow (the driver and call named); a fault of the driver")
+	row(CodeMethodNotAllowed, 2, false, "method not allowed")
+	row(CodeUnsupportedMediaType, 2, false, "send application/json")
+	row(CodeCursorExpired, 2, false, "the event cursor is older than the journal; take a new snapshot")
+	row(CodeInvalidCursor, 2, false, "the event cursor does not parse")
+	row(CodeRoleNotRunning, 22, true, "no running role was found through the state directory")
+	row(CodeCacheSaltUnsupported, 2, false, "the engine does not take cache_salt")
+	row(CodeDownloadFailed, 13, true, "a model download failed")
+	row(CodeDeadlineExceeded, 13, true, "no output within the request deadline (queueing, waking and prefill included); cancelled on the engine")
+	row(CodeStreamStalled, 13, true, "the engine sent nothing for the stream idle bound; cancelled on the engine")
+	row(CodeChunkTooLarge, 13, false, "the engine sent one piece of an answer over limits.max_chunk_bytes; cancelled on the engine")
+	row(CodeEngineNotIdle, 13, true, "the engine still has requests running or waiting; drain it first")
+	row(CodeBodiesInFlightFull, 4, true, "the request bodies the role holds, all together, reached limits.max_body_bytes_in_flight; retry after Retry-After")
+	row(CodeBodyReadTimeout, 2, true, "the request body did not arrive within listener.body_read_timeout; the connection is closed")
+	row(CodeCrossSiteRefused, 3, false, "a call with the dashboard's session cookie came from another origin or without the session's CSRF token")
 }
 
 // Lookup returns the catalogue row of a code (suffix ignored); unknown codes

@@ -18,7 +18,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/capyctl/capyctl/core/version"
 	"github.com/capyctl/capyctl/sdk"
 	"github.com/capyctl/capyctl/sdk/enginekit"
 	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
@@ -33,7 +32,11 @@ const detailManifest = "manifest_json"
 // Driver is the custom-engine driver.
 type Driver struct {
 	enginekit.RestartOnly
-	reg *enginekit.Registry[*handle]
+	// Version is the driver\'s version in Describe: the capyctl build that
+	// serves it sets its own (`capyctl driver <family>`); the driver does
+	// not import the core to learn it.
+	Version string
+	reg     *enginekit.Registry[*handle]
 	// stopGrace is the default grace period after SIGTERM.
 	stopGrace time.Duration
 }
@@ -47,7 +50,7 @@ func New() *Driver {
 
 // Describe implements sdk.Driver.
 func (d *Driver) Describe(context.Context, *pb.DescribeRequest) (*pb.DescribeResponse, error) {
-	return enginekit.Describe(Family, version.Version, &pb.Capabilities{
+	return enginekit.Describe(Family, d.Version, &pb.Capabilities{
 		Apis:       []string{"chat", "decisions"},
 		AbortMode:  pb.AbortMode_ABORT_MODE_CLOSE_CONNECTION,
 		IdleSignal: true,

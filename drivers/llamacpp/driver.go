@@ -29,7 +29,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/capyctl/capyctl/core/version"
 	"github.com/capyctl/capyctl/drivers/internal/engine"
 	"github.com/capyctl/capyctl/sdk"
 	"github.com/capyctl/capyctl/sdk/enginekit"
@@ -56,7 +55,11 @@ const (
 // Driver is the llama.cpp driver.
 type Driver struct {
 	enginekit.RestartOnly
-	reg *enginekit.Registry[*handle]
+	// Version is the driver\'s version in Describe: the capyctl build that
+	// serves it sets its own (`capyctl driver <family>`); the driver does
+	// not import the core to learn it.
+	Version string
+	reg     *enginekit.Registry[*handle]
 	// stopGrace is the default grace period after SIGTERM.
 	stopGrace time.Duration
 	// systemConfig is a file llama-server would read besides its argv; a
@@ -74,7 +77,7 @@ func New() *Driver {
 // Describe implements sdk.Driver: restart only (no park tiers), chat and
 // decisions, aborts by closing the connection, an idle signal.
 func (d *Driver) Describe(context.Context, *pb.DescribeRequest) (*pb.DescribeResponse, error) {
-	return enginekit.Describe(Family, version.Version, &pb.Capabilities{
+	return enginekit.Describe(Family, d.Version, &pb.Capabilities{
 		Apis:       []string{"chat", "decisions"},
 		AbortMode:  pb.AbortMode_ABORT_MODE_CLOSE_CONNECTION,
 		IdleSignal: true,

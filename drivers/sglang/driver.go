@@ -20,7 +20,6 @@ package sglang
 import (
 	"context"
 
-	"github.com/capyctl/capyctl/core/version"
 	"github.com/capyctl/capyctl/drivers/internal/pyengine"
 	"github.com/capyctl/capyctl/sdk"
 	"github.com/capyctl/capyctl/sdk/enginekit"
@@ -104,7 +103,11 @@ var metricNames = enginekit.MetricNames{
 
 // Driver is the SGLang driver.
 type Driver struct {
-	reg *enginekit.Registry[*enginekit.Instance]
+	// Version is the driver\'s version in Describe: the capyctl build that
+	// serves it sets its own (`capyctl driver <family>`); the driver does
+	// not import the core to learn it.
+	Version string
+	reg     *enginekit.Registry[*enginekit.Instance]
 }
 
 var _ sdk.Driver = (*Driver)(nil)
@@ -114,7 +117,7 @@ func New() *Driver { return &Driver{reg: enginekit.NewRegistry[*enginekit.Instan
 
 // Describe implements sdk.Driver.
 func (d *Driver) Describe(context.Context, *pb.DescribeRequest) (*pb.DescribeResponse, error) {
-	return enginekit.Describe(Family, version.Version, &pb.Capabilities{
+	return enginekit.Describe(Family, d.Version, &pb.Capabilities{
 		ParkTiers:      []string{enginekit.ResidencyDeep, enginekit.ResidencyHostBacked},
 		Apis:           []string{"chat", "decisions"},
 		AbortMode:      pb.AbortMode_ABORT_MODE_REQUEST_ID,

@@ -20,7 +20,6 @@ import (
 	"sort"
 	"strings"
 
-	"github.com/capyctl/capyctl/core/version"
 	"github.com/capyctl/capyctl/drivers/internal/pyengine"
 	"github.com/capyctl/capyctl/sdk"
 	"github.com/capyctl/capyctl/sdk/enginekit"
@@ -45,7 +44,11 @@ const (
 // Driver is the TensorFold driver.
 type Driver struct {
 	enginekit.RestartOnly
-	reg *enginekit.Registry[*enginekit.Instance]
+	// Version is the driver\'s version in Describe: the capyctl build that
+	// serves it sets its own (`capyctl driver <family>`); the driver does
+	// not import the core to learn it.
+	Version string
+	reg     *enginekit.Registry[*enginekit.Instance]
 	// systemPath ends the engine's PATH and is searched for build tools
 	// (tests point it at an empty directory).
 	systemPath string
@@ -65,7 +68,7 @@ func New() *Driver {
 // Describe implements sdk.Driver: restart only, chat, aborts by closing
 // the connection, an idle signal.
 func (d *Driver) Describe(context.Context, *pb.DescribeRequest) (*pb.DescribeResponse, error) {
-	return enginekit.Describe(Family, version.Version, &pb.Capabilities{
+	return enginekit.Describe(Family, d.Version, &pb.Capabilities{
 		Apis:       []string{"chat"},
 		AbortMode:  pb.AbortMode_ABORT_MODE_CLOSE_CONNECTION,
 		IdleSignal: true,

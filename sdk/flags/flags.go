@@ -93,6 +93,22 @@ func (c Class) Proto() pb.FlagClass {
 	return pb.FlagClass_FLAG_CLASS_UNSPECIFIED
 }
 
+// ClassName names a class received on the wire as `capyctl engine flags`
+// prints it: "owned", "reserved", "gated", "passed" or "unknown".
+func ClassName(c pb.FlagClass) string {
+	switch c {
+	case pb.FlagClass_FLAG_CLASS_OWNED:
+		return Owned.String()
+	case pb.FlagClass_FLAG_CLASS_RESERVED:
+		return Reserved.String()
+	case pb.FlagClass_FLAG_CLASS_GATED:
+		return Gated.String()
+	case pb.FlagClass_FLAG_CLASS_PASSED:
+		return Passed.String()
+	}
+	return "unknown"
+}
+
 // Kind says whether a rule is about an option or an environment name.
 type Kind int
 
@@ -110,6 +126,18 @@ func (k Kind) Proto() pb.FlagKind {
 		return pb.FlagKind_FLAG_KIND_ENV
 	}
 	return pb.FlagKind_FLAG_KIND_OPTION
+}
+
+// KindName names a kind received on the wire as `capyctl engine flags`
+// prints it: "option", "env" or "unknown".
+func KindName(k pb.FlagKind) string {
+	switch k {
+	case pb.FlagKind_FLAG_KIND_OPTION:
+		return "option"
+	case pb.FlagKind_FLAG_KIND_ENV:
+		return "env"
+	}
+	return "unknown"
 }
 
 // Approvals a Gated rule may need (Rule.Approval), named as the host's

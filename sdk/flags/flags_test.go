@@ -262,3 +262,25 @@ func TestWildcard(t *testing.T) {
 		}
 	}
 }
+
+// TestNames: the names `capyctl engine flags` prints for what a driver
+// sends on the wire.
+func TestNames(t *testing.T) {
+	for _, c := range []Class{Owned, Reserved, Gated, Passed} {
+		if got := ClassName(c.Proto()); got != c.String() {
+			t.Errorf("ClassName(%v) = %q, want %q", c.Proto(), got, c.String())
+		}
+	}
+	if got := ClassName(pb.FlagClass_FLAG_CLASS_UNSPECIFIED); got != "unknown" {
+		t.Errorf("unspecified class = %q", got)
+	}
+	cases := []struct {
+		kind pb.FlagKind
+		want string
+	}{{Option.Proto(), "option"}, {Env.Proto(), "env"}, {pb.FlagKind(99), "unknown"}}
+	for _, c := range cases {
+		if got := KindName(c.kind); got != c.want {
+			t.Errorf("KindName(%v) = %q, want %q", c.kind, got, c.want)
+		}
+	}
+}

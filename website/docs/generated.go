@@ -104,7 +104,7 @@ func errorCodes() (string, error) {
 		if c.Retryable {
 			retry = "yes"
 		}
-		fmt.Fprintf(&b, "| `%s` | %d | %d | %s | %s |\n", c.Code, c.HTTP, c.Exit, retry, cell(c.Summary))
+		fmt.Fprintf(&b, "| `%s` | %d | %d | %s | %s |\n", c.Code, wire.HTTPStatus(c.Code), c.Exit, retry, cell(c.Summary))
 	}
 	return b.String(), nil
 }

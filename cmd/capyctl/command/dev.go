@@ -15,10 +15,8 @@ import (
 
 	"github.com/capyctl/capyctl/core/agent"
 	"github.com/capyctl/capyctl/core/api/client"
-	apidashboard "github.com/capyctl/capyctl/core/api/dashboard"
 	"github.com/capyctl/capyctl/core/api/wire"
 	"github.com/capyctl/capyctl/core/jobspec"
-	"github.com/capyctl/capyctl/core/lifecycle"
 	"github.com/capyctl/capyctl/core/structs"
 )
 
@@ -103,42 +101,57 @@ func (c *DevCommand) Run(args []string) int {
 		return c.Fail(err)
 	}
 	logger := roleLogger("info", "auto", c.Err)
-	a, err := agent.New(agent.Settings{
-		Role: "standalone", StateDir: stateDir, Listen: listen, ManagementListen: "127.0.0.1:0",
-		ModelsRoot: filepath.Join(stateDir, "models"),
-		GPU: agent.GPUSettings{
-			Provider: provider, SimDevices: simDevices, SimDeviceMemory: int64(simBytes), SimUnified: simUnified,
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	err = agent.Run(ctx, agent.Options{
+		Settings: agent.Settings{
+			Role: "standalone", StateDir: stateDir, Listen: listen, ManagementListen: "127.0.0.1:0",
+			ModelsRoot: filepath.Join(stateDir, "models"),
+			GPU: agent.GPUSettings{
+				Provider: provider, SimDevices: simDevices, SimDeviceMemory: int64(simBytes), SimUnified: simUnified,
+			},
 		},
-	}, logger)
+		Logger:      logger,
+		StopEngines: true,
+		Ready: func(ctx context.Context, r agent.Running) error {
+			// The CLI is a client: dev sets the role up through its
+			// management API, as an operator's commands would.
+			cl := client.New(r.ManagementAddr(), r.AdminToken())
+			if err := devSetup(ctx, cl, stateDir, fakePath); err != nil {
+				return err
+			}
+			c.devReady(r, stateDir)
+			return nil
+		},
+		Stopping: func() (context.Context, context.CancelFunc) {
+			if !c.JSON() {
+				fmt.Fprintln(c.Err, "\nStopping: engines, drivers and the role...")
+			}
+			return context.WithTimeout(context.Background(), 2*time.Minute)
+		},
+	})
 	if err != nil {
 		return c.Fail(err)
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := a.Start(ctx); err != nil {
-		a.Shutdown(context.Background(), true)
-		return c.Fail(err)
-	}
-	if err := devSetup(ctx, a, stateDir, fakePath); err != nil {
-		a.Shutdown(context.Background(), true)
-		return c.Fail(err)
-	}
-	key := a.Creds.APIKey
-	addr := a.InferenceAddr()
-	dashboard := "http://" + a.ManagementAddr() + apidashboard.Prefix
+	return 0
+}
+
+// devReady prints what dev runs and how to use it.
+func (c *DevCommand) devReady(r agent.Running, stateDir string) {
+	key := r.APIKey()
+	addr := r.InferenceAddr()
+	// The dashboard is served under /dashboard/ on the management listener
+	// (core/api/dashboard.Prefix).
+	dashboard := "http://" + r.ManagementAddr() + "/dashboard/"
 	if c.JSON() {
 		c.PrintJSON(map[string]string{
 			"endpoint": "http://" + addr + "/v1", "api_key": key, "state_dir": stateDir,
-			"management": "http://" + a.ManagementAddr(), "dashboard": dashboard, "gpu": a.GPU.Kind(), "model": "demo",
+			"management": "http://" + r.ManagementAddr(), "dashboard": dashboard, "gpu": r.GPUKind(), "model": "demo",
 			"switch_models": "chat-a,chat-b",
 		})
-		<-ctx.Done()
-		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-		defer cancel()
-		a.Shutdown(sctx, true)
-		return 0
+		return
 	}
-	fmt.Fprintf(c.Out, "\nCapyCTL dev is running (standalone role, fake engine, %s GPU, no GPU needed).\n\n", a.GPU.Kind())
+	fmt.Fprintf(c.Out, "\nCapyCTL dev is running (standalone role, fake engine, %s GPU, no GPU needed).\n\n", r.GPUKind())
 	fmt.Fprintf(c.Out, "Endpoint: http://%s/v1\n", addr)
 	fmt.Fprintf(c.Out, "API key: %s\n", key)
 	fmt.Fprintf(c.Out, "Dashboard: %s\n", dashboard)
@@ -151,12 +164,6 @@ func (c *DevCommand) Run(args []string) int {
 	fmt.Fprintf(c.Out, "simulated card together. Ask one, then the other: CapyCTL wakes the one you\n")
 	fmt.Fprintf(c.Out, "name and parks the other to make room (capyctl status deployment chat-a).\n\n")
 	fmt.Fprintf(c.Out, "Press Ctrl-C to stop: the engines stop and nothing is left behind.\n")
-	<-ctx.Done()
-	fmt.Fprintln(c.Err, "\nStopping: engines, drivers and the role...")
-	sctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	a.Shutdown(sctx, true)
-	return 0
 }
 
 // findFakeEngine locates the fake engine binary.
@@ -281,15 +288,15 @@ func devFakeVenv(dir, fakePath string) (string, error) {
 // devSetup registers the fake engines and deploys the demo models: demo
 // (started at once) and chat-a and chat-b (started by the first request
 // that names each).
-func devSetup(ctx context.Context, a *agent.Agent, stateDir, fakePath string) error {
-	if err := devSetupDemo(ctx, a, stateDir, fakePath); err != nil {
+func devSetup(ctx context.Context, cl *client.Client, stateDir, fakePath string) error {
+	if err := devSetupDemo(ctx, cl, stateDir, fakePath); err != nil {
 		return err
 	}
 	venv, err := devFakeVenv(stateDir, fakePath)
 	if err != nil {
 		return structs.Wrap(structs.CodeInternal, err, "create the fake vLLM environment")
 	}
-	if _, err := a.Engines.Add(ctx, wire.EngineAddRequest{
+	if _, err := cl.AddEngine(ctx, wire.EngineAddRequest{
 		Name: "vllm", Path: venv,
 		Env: map[string]string{"CAPYCTL_FAKE_SIM_WEIGHTS": "8GiB", "CAPYCTL_FAKE_TOKEN_RATE": "200"},
 	}); err != nil && !structs.HasCode(err, structs.CodeEngineExists) {
@@ -311,10 +318,10 @@ func devSetup(ctx context.Context, a *agent.Agent, stateDir, fakePath string) er
 		return err
 	}
 	for _, spec := range specs {
-		if _, err := a.Lifecycle.Deployment(spec.Name); err == nil {
+		if _, err := cl.Deployment(ctx, spec.Name); err == nil {
 			continue
 		}
-		if _, _, err := a.Lifecycle.Deploy(ctx, spec, lifecycle.DeployOptions{Validate: a.Lifecycle.ValidateDeployment}); err != nil {
+		if _, err := cl.Deploy(ctx, wire.DeployRequest{Deployment: *spec}, ""); err != nil {
 			return err
 		}
 	}
@@ -322,13 +329,13 @@ func devSetup(ctx context.Context, a *agent.Agent, stateDir, fakePath string) er
 }
 
 // devSetupDemo registers the generic fake engine and starts demo.
-func devSetupDemo(ctx context.Context, a *agent.Agent, stateDir, fakePath string) error {
+func devSetupDemo(ctx context.Context, cl *client.Client, stateDir, fakePath string) error {
 	modelDir := filepath.Join(stateDir, "models", "demo")
 	if err := os.MkdirAll(modelDir, 0o700); err != nil {
 		return structs.Wrap(structs.CodeInternal, err, "create demo model directory")
 	}
 	_ = os.WriteFile(filepath.Join(modelDir, "README"), []byte("A placeholder model for the fake engine.\n"), 0o600)
-	if _, err := a.Engines.Add(ctx, wire.EngineAddRequest{Name: "fake", Family: structs.FamilyCustom, Path: fakePath, Manifest: devManifest}); err != nil {
+	if _, err := cl.AddEngine(ctx, wire.EngineAddRequest{Name: "fake", Family: structs.FamilyCustom, Path: fakePath, Manifest: devManifest}); err != nil {
 		if !structs.HasCode(err, structs.CodeEngineExists) {
 			return err
 		}
@@ -338,13 +345,13 @@ func devSetupDemo(ctx context.Context, a *agent.Agent, stateDir, fakePath string
 		return err
 	}
 	for _, spec := range specs {
-		if _, err := a.Lifecycle.Deployment(spec.Name); err == nil {
+		if _, err := cl.Deployment(ctx, spec.Name); err == nil {
 			continue
 		}
-		if _, _, err := a.Lifecycle.Deploy(ctx, spec, lifecycle.DeployOptions{Validate: a.Lifecycle.ValidateDeployment}); err != nil {
+		if _, err := cl.Deploy(ctx, wire.DeployRequest{Deployment: *spec}, ""); err != nil {
 			return err
 		}
-		if err := a.Lifecycle.StartDeployment(ctx, spec.Name, lifecycle.StartOptions{Wait: true}); err != nil {
+		if _, err := cl.Action(ctx, spec.Name, wire.ActionRequest{Action: wire.ActionStart, Wait: true}); err != nil {
 			return err
 		}
 	}

@@ -4,6 +4,7 @@
 package command
 
 import (
+	"github.com/capyctl/capyctl/core/version"
 	"github.com/capyctl/capyctl/drivers/custom"
 	"github.com/capyctl/capyctl/drivers/llamacpp"
 	"github.com/capyctl/capyctl/drivers/sglang"
@@ -13,13 +14,14 @@ import (
 	"github.com/capyctl/capyctl/sdk/plugin"
 )
 
-// builtinDrivers are the first-party drivers compiled into capyctl.
+// builtinDrivers are the first-party drivers compiled into capyctl, each
+// stamped with this build's version (a driver does not import the core).
 var builtinDrivers = map[string]func() sdk.Driver{
-	"custom":     func() sdk.Driver { return custom.New() },
-	"llamacpp":   func() sdk.Driver { return llamacpp.New() },
-	"tensorfold": func() sdk.Driver { return tensorfold.New() },
-	"vllm":       func() sdk.Driver { return vllm.New() },
-	"sglang":     func() sdk.Driver { return sglang.New() },
+	"custom":     func() sdk.Driver { d := custom.New(); d.Version = version.Version; return d },
+	"llamacpp":   func() sdk.Driver { d := llamacpp.New(); d.Version = version.Version; return d },
+	"tensorfold": func() sdk.Driver { d := tensorfold.New(); d.Version = version.Version; return d },
+	"vllm":       func() sdk.Driver { d := vllm.New(); d.Version = version.Version; return d },
+	"sglang":     func() sdk.Driver { d := sglang.New(); d.Version = version.Version; return d },
 }
 
 // DriverCommand serves a built-in driver over go-plugin. The core runs it

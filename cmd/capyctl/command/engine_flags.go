@@ -3,7 +3,16 @@
 
 package command
 
-import "strings"
+import (
+	"context"
+	"strings"
+
+	"github.com/capyctl/capyctl/core/api/wire"
+	"github.com/capyctl/capyctl/core/structs"
+	"github.com/capyctl/capyctl/sdk"
+	"github.com/capyctl/capyctl/sdk/flags"
+	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
+)
 
 // EngineFlagsCommand prints a family's flag policy.
 type EngineFlagsCommand struct{ *Meta }
@@ -21,6 +30,11 @@ func (c *EngineFlagsCommand) Help() string {
   environment name CapyCTL owns (renders itself), reserves (refused in any
   spelling), gates behind a host approval, or passes unchanged, and why.
 
+  A running role answers through its driver (a third-party driver's family
+  needs one). Without a running role, the families whose drivers are built
+  into capyctl (custom, llamacpp, sglang, tensorfold, vllm) answer from
+  the driver compiled into this binary: the same table.
+
 ` + GeneralOptions
 }
 
@@ -34,11 +48,15 @@ func (c *EngineFlagsCommand) Run(args []string) int {
 	if len(rest) != 1 {
 		return c.Usage("usage: capyctl engine flags <family>")
 	}
+	family := rest[0]
+	var t *wire.FlagTable
 	cl, err := c.Client()
-	if err != nil {
-		return c.Fail(err)
+	switch {
+	case err == nil:
+		t, err = cl.Flags(c.ctx(), family)
+	case structs.HasCode(err, structs.CodeRoleNotRunning) && builtinDrivers[family] != nil:
+		t, err = builtinFlagTable(c.ctx(), family)
 	}
-	t, err := cl.Flags(c.ctx(), rest[0])
 	if err != nil {
 		return c.Fail(err)
 	}
@@ -60,4 +78,26 @@ func (c *EngineFlagsCommand) Run(args []string) int {
 	}
 	c.Table([]string{"NAME", "KIND", "CLASS", "REASON"}, rows)
 	return 0
+}
+
+// builtinFlagTable asks a built-in driver for its flag policy in process,
+// as the role would through the driver's plugin (the same code: the role
+// runs this binary as `capyctl driver <family>`), and builds the table the
+// management API answers with.
+func builtinFlagTable(ctx context.Context, family string) (*wire.FlagTable, error) {
+	resp, err := builtinDrivers[family]().Flags(ctx, &pb.FlagsRequest{})
+	if err != nil {
+		if sdk.CodeOf(err) == "" {
+			return nil, structs.Wrap(structs.CodeUnsupported, err, "flags of %s", family)
+		}
+		return nil, &structs.Error{Code: structs.Code(sdk.CodeOf(err)), Message: err.Error(), Cause: err}
+	}
+	out := &wire.FlagTable{APIVersion: wire.APIVersion, Family: family}
+	for _, rule := range resp.GetRules() {
+		out.Rules = append(out.Rules, wire.FlagRule{
+			Name: rule.GetName(), Kind: flags.KindName(rule.GetKind()), Class: flags.ClassName(rule.GetClass()),
+			Reason: rule.GetReason(), Approval: rule.GetApproval(), Aliases: rule.GetAliases(),
+		})
+	}
+	return out, nil
 }

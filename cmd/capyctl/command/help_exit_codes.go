@@ -11,6 +11,7 @@ import (
 
 	"github.com/mitchellh/cli"
 
+	"github.com/capyctl/capyctl/core/api/wire"
 	"github.com/capyctl/capyctl/core/structs"
 )
 
@@ -36,9 +37,9 @@ func (c *ExitCodesCommand) Help() string {
 
 // ExitCodeRow is one exit code and the error codes that end with it.
 type ExitCodeRow struct {
-	Exit    int                `json:"exit"`
-	Meaning string             `json:"meaning"`
-	Codes   []structs.CodeInfo `json:"codes"`
+	Exit    int            `json:"exit"`
+	Meaning string         `json:"meaning"`
+	Codes   []wire.CodeRow `json:"codes"`
 }
 
 // exitMeanings name what each exit code means as a whole.
@@ -63,16 +64,16 @@ var exitMeanings = map[int]string{
 	27: "the state store cannot be written (a full disk, a read-only file); nothing was left running",
 }
 
-// ExitCodes returns the exit-code table built from structs.Catalogue().
+// ExitCodes returns the exit-code table built from the catalogue (wire.Catalogue).
 func ExitCodes() []ExitCodeRow {
 	byExit := map[int]*ExitCodeRow{}
 	for e, m := range exitMeanings {
-		byExit[e] = &ExitCodeRow{Exit: e, Meaning: m, Codes: []structs.CodeInfo{}}
+		byExit[e] = &ExitCodeRow{Exit: e, Meaning: m, Codes: []wire.CodeRow{}}
 	}
-	for _, info := range structs.Catalogue() {
+	for _, info := range wire.Catalogue() {
 		r := byExit[info.Exit]
 		if r == nil {
-			r = &ExitCodeRow{Exit: info.Exit, Meaning: info.Summary, Codes: []structs.CodeInfo{}}
+			r = &ExitCodeRow{Exit: info.Exit, Meaning: info.Summary, Codes: []wire.CodeRow{}}
 			byExit[info.Exit] = r
 		}
 		if info.Code != structs.CodeOK {

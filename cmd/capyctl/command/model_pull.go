@@ -11,7 +11,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/capyctl/capyctl/core/models"
+	"github.com/capyctl/capyctl/core/agent"
 	"github.com/capyctl/capyctl/core/structs"
 )
 
@@ -31,7 +31,9 @@ func (c *ModelPullCommand) Help() string {
   Downloads a Hugging Face repository revision into the models root
   (<models_root>/sources/huggingface/<org>/<name>/<commit>), from
   $HF_ENDPOINT (default https://huggingface.co) with $HF_TOKEN when set.
-  A pull that is interrupted keeps what it fetched: pull again and it
+  It needs no running role (an offline command: the files land where a
+  role on this machine looks for them). A pull that is interrupted keeps
+  what it fetched: pull again and it
   resumes where it stopped. Every file is checked against the hub's size
   and digest. A deployment with model { hf = "org/name" } uses the copy,
   and downloads it on its first start when there is none.
@@ -68,9 +70,8 @@ func (c *ModelPullCommand) Run(args []string) int {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	st := models.NewStore(models.Options{Root: *root, Getenv: c.Getenv})
 	bar := newProgressBar(c.Meta, !c.JSON() && isTerminal(c.Err))
-	dir, err := st.Pull(ctx, rest[0], *revision, bar.update)
+	dir, err := agent.PullModel(ctx, agent.PullOptions{Root: *root, Getenv: c.Getenv}, rest[0], *revision, bar.update)
 	bar.finish(err == nil)
 	if err != nil {
 		return c.Fail(err)
@@ -92,7 +93,7 @@ func (c *ModelPullCommand) Run(args []string) int {
 type progressBar struct {
 	m     *Meta
 	tty   bool
-	last  models.Progress
+	last  agent.PullProgress
 	drawn time.Time
 	file  string
 }
@@ -100,7 +101,7 @@ type progressBar struct {
 func newProgressBar(m *Meta, tty bool) *progressBar { return &progressBar{m: m, tty: tty} }
 
 // update is the pull's progress callback.
-func (b *progressBar) update(p models.Progress) {
+func (b *progressBar) update(p agent.PullProgress) {
 	prev := b.last
 	b.last = p
 	if b.m.JSON() {
@@ -127,7 +128,7 @@ func (b *progressBar) update(p models.Progress) {
 }
 
 // draw renders one line of the bar.
-func (b *progressBar) draw(p models.Progress) {
+func (b *progressBar) draw(p agent.PullProgress) {
 	const width = 30
 	frac := 0.0
 	if p.Total > 0 {

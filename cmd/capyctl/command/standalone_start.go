@@ -7,7 +7,6 @@ import (
 	"context"
 	"errors"
 	"flag"
-	"fmt"
 	"os"
 	"os/signal"
 	"strings"
@@ -15,11 +14,8 @@ import (
 	"time"
 
 	"github.com/capyctl/capyctl/core/agent"
-	"github.com/capyctl/capyctl/core/api"
 	"github.com/capyctl/capyctl/core/api/wire"
 	"github.com/capyctl/capyctl/core/config"
-	"github.com/capyctl/capyctl/core/pluginmgr"
-	"github.com/capyctl/capyctl/core/store"
 	"github.com/capyctl/capyctl/core/structs"
 	"github.com/capyctl/capyctl/core/version"
 )
@@ -157,66 +153,6 @@ func roleConfigOf(cfg *config.Config, file string) *wire.RoleConfig {
 	return rc
 }
 
-// settingsFromConfig turns a role configuration into the agent's settings.
-func settingsFromConfig(cfg *config.Config) agent.Settings {
-	return agent.Settings{
-		Role:                 cfg.Role,
-		StateDir:             cfg.StateDir,
-		Listen:               cfg.Listen,
-		ManagementListen:     cfg.ManagementListen,
-		PluginDir:            cfg.PluginDir,
-		ModelsRoot:           cfg.ModelsRoot,
-		EnginePorts:          fmt.Sprintf("%d-%d", cfg.EnginePorts.First, cfg.EnginePorts.Last),
-		Hostname:             cfg.Hostname,
-		EngineTelemetry:      cfg.EngineTelemetry,
-		EngineLogs:           cfg.EngineLogs,
-		Retention:            cfg.Retention,
-		MaxBodyBytes:         int64(cfg.Limits.MaxBodyBytes),
-		MaxBodyBytesInFlight: int64(cfg.Limits.MaxBodyBytesInFlight),
-		Listener: agent.ListenerSettings{
-			ReadHeaderTimeout: cfg.Listener.ReadHeaderTimeout.D(), IdleTimeout: cfg.Listener.IdleTimeout.D(),
-			BodyReadTimeout: cfg.Listener.BodyReadTimeout.D(), MaxConnections: noCap(cfg.Listener.MaxConnections),
-			MaxUnauthenticatedPerAddress: noCap(cfg.Listener.MaxUnauthenticatedPerAddress),
-		},
-		TLS:             api.TLSFiles{CertFile: cfg.TLS.CertFile, KeyFile: cfg.TLS.KeyFile, ClientCAFile: cfg.TLS.ClientCAFile},
-		RequestDeadline: cfg.Limits.RequestDeadline.D(),
-		DrainTimeout:    cfg.Shutdown.DrainTimeout.D(),
-		GPU: agent.GPUSettings{
-			Provider: cfg.GPU.Provider, SimState: cfg.GPU.SimState, SimDevices: cfg.GPU.SimDevices,
-			SimDeviceMemory: int64(cfg.GPU.SimDeviceMemory), SimUnified: cfg.GPU.SimUnified,
-		},
-		Memory:          cfg.Memory,
-		MaxWaitingTotal: cfg.Limits.MaxWaitingTotal,
-		MaxWaitingBytes: int64(cfg.Limits.MaxWaitingBytes),
-		RequestLedger:   requestLedger(cfg.RequestLedger),
-		ReadyIdle:       cfg.LifecycleDefaults.ReadyIdleTimeout.D(),
-		ParkedIdle:      cfg.LifecycleDefaults.ParkedIdleTimeout.D(),
-		DriverDeadlines: pluginmgr.Deadlines{
-			Call: cfg.Drivers.CallTimeout.D(), Plan: cfg.Drivers.PlanTimeout.D(), Start: cfg.Drivers.StartTimeout.D(),
-			Park: cfg.Drivers.ParkTimeout.D(), Stop: cfg.Drivers.StopTimeout.D(),
-			PingInterval: cfg.Drivers.PingInterval.D(), PingTimeout: cfg.Drivers.PingTimeout.D(),
-		},
-	}
-}
-
-// noCap turns a cap of 0 (none, in the configuration) into the agent's
-// "no cap" (a negative value; 0 takes the default there).
-func noCap(n int) int {
-	if n == 0 {
-		return -1
-	}
-	return n
-}
-
-// requestLedger turns request_ledger.* into the writer's options: disabled
-// (or no records or no time kept) keeps nothing.
-func requestLedger(rl config.RequestLedger) store.RequestWriterOptions {
-	if !rl.Enabled || rl.MaxRecords == 0 || rl.Retention == 0 {
-		return store.RequestWriterOptions{MaxRecords: -1}
-	}
-	return store.RequestWriterOptions{MaxRecords: rl.MaxRecords, MaxAge: rl.Retention.D()}
-}
-
 // Run implements cli.Command.
 func (c *StandaloneStartCommand) Run(args []string) int {
 	cfg, rc, code := c.loadRoleConfig("start standalone", "standalone", args)
@@ -224,49 +160,46 @@ func (c *StandaloneStartCommand) Run(args []string) int {
 		return code
 	}
 	logger := roleLogger(cfg.LogLevel, cfg.LogFormat, c.Err)
-	settings := settingsFromConfig(cfg)
+	settings := agent.SettingsFromConfig(cfg)
 	settings.Config = rc
-	a, err := agent.New(settings, logger)
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	err := agent.Run(ctx, agent.Options{
+		Settings: settings, Logger: logger,
+		Ready: func(ctx context.Context, r agent.Running) error {
+			if c.JSON() {
+				c.PrintJSON(banner(r))
+			} else {
+				r.Banner(c.Out)
+			}
+			logger.Info("role started", "role", "standalone", "inference", r.InferenceAddr(), "management", r.ManagementAddr())
+			return nil
+		},
+		Stopping: func() (context.Context, context.CancelFunc) {
+			stop()
+			logger.Info("stopping the role; engines keep running")
+			// A second signal cuts the drain short.
+			sctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+			tctx, tcancel := context.WithTimeout(sctx, cfg.Shutdown.DrainTimeout.D()+30*time.Second)
+			return tctx, func() { tcancel(); cancel() }
+		},
+	})
 	if err != nil {
 		return c.Fail(err)
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := a.Start(ctx); err != nil {
-		a.Shutdown(context.Background(), false)
-		return c.Fail(err)
-	}
-	if c.JSON() {
-		c.PrintJSON(banner(a))
-	} else {
-		a.Banner(c.Out)
-	}
-	logger.Info("role started", "role", "standalone", "inference", a.InferenceAddr(), "management", a.ManagementAddr())
-	<-ctx.Done()
-	stop()
-	logger.Info("stopping the role; engines keep running")
-	// A second signal cuts the drain short.
-	sctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer cancel()
-	tctx, tcancel := context.WithTimeout(sctx, cfg.Shutdown.DrainTimeout.D()+30*time.Second)
-	defer tcancel()
-	a.Shutdown(tctx, false)
 	return 0
 }
 
 // banner is the role's banner as JSON (start standalone --json).
-func banner(a *agent.Agent) map[string]any {
+func banner(r agent.Running) map[string]any {
+	s := r.Settings()
 	out := map[string]any{
-		"role": a.Settings().Role, "host": a.Settings().Hostname, "state_dir": a.Settings().StateDir,
-		"inference": a.InferenceAddr(), "management": a.ManagementAddr(), "version": version.Version, "commit": version.GetCommit(),
+		"role": s.Role, "host": s.Hostname, "state_dir": s.StateDir,
+		"inference": r.InferenceAddr(), "management": r.ManagementAddr(), "version": version.Version, "commit": version.GetCommit(),
 	}
-	if list, err := a.Engines.List(); err == nil {
-		names := make([]string, 0, len(list))
-		for _, e := range list {
-			names = append(names, e.Name)
-		}
+	if names, err := r.EngineNames(); err == nil {
 		out["engines"] = names
-		if len(list) == 0 {
+		if len(names) == 0 {
 			out["hint"] = noEngineHint
 		}
 	}

@@ -8,7 +8,6 @@ import (
 	"fmt"
 
 	"github.com/capyctl/capyctl/core/api/wire"
-	"github.com/capyctl/capyctl/core/placement"
 	"github.com/capyctl/capyctl/core/structs"
 )
 
@@ -20,7 +19,7 @@ func (c *Meta) printMemory(st *wire.DeploymentStatus) {
 	if len(st.Memory) == 0 {
 		return
 	}
-	var mv placement.MemoryView
+	var mv wire.MemoryView
 	data, err := json.Marshal(st.Memory)
 	if err == nil {
 		err = json.Unmarshal(data, &mv)

@@ -10,8 +10,8 @@ import (
 )
 
 // TestImportGuards keeps the management client usable by a controller
-// program: it may import the API's wire types and core/structs' pure types,
-// nothing else of the core.
+// program: it may import the API's wire types, core/structs' pure types
+// and the state directory's files (core/runinfo), nothing else of the core.
 func TestImportGuards(t *testing.T) {
 	if _, err := exec.LookPath("go"); err != nil {
 		t.Skip("go tool not on PATH")
@@ -23,6 +23,7 @@ func TestImportGuards(t *testing.T) {
 	allowed := map[string]bool{
 		"github.com/capyctl/capyctl/core/api/client": true,
 		"github.com/capyctl/capyctl/core/api/wire":   true,
+		"github.com/capyctl/capyctl/core/runinfo":    true,
 		"github.com/capyctl/capyctl/core/structs":    true,
 	}
 	for _, pkg := range strings.Fields(string(out)) {

@@ -258,6 +258,6 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 func writeError(w http.ResponseWriter, err error) {
 	e := structs.AsError(err)
 	info := e.Info()
-	writeJSON(w, info.HTTP, wire.ErrorEnvelope{APIVersion: wire.APIVersion,
+	writeJSON(w, wire.HTTPStatus(e.Code), wire.ErrorEnvelope{APIVersion: wire.APIVersion,
 		Error: wire.ErrorBody{Code: string(e.Code), Message: e.Message, Retryable: info.Retryable, Details: e.Details}})
 }

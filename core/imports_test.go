@@ -1,0 +1,171 @@
+// Copyright (c) CapyCTL authors
+// SPDX-License-Identifier: Apache-2.0
+
+// Package core_test holds the layering rules of the whole module as one
+// table test: the arrows of ARCHITECTURE.md (cmd → core → sdk, drivers →
+// sdk) and the leaves that must stay leaves. The SDK's module set and the
+// management client's dependencies have guards of their own
+// (sdk/imports_test.go, core/api/client/imports_test.go).
+package core_test
+
+import (
+	"os/exec"
+	"sort"
+	"strings"
+	"testing"
+)
+
+const module = "github.com/capyctl/capyctl"
+
+// cliAllowed is every package of this module the CLI's commands may
+// import directly: the agent's one entry point, the management client and
+// its wire types, the job spec and configuration packages, the error
+// catalogue and the build stamp (both pure values the client shares), the
+// SDK (the driver plugin server of `capyctl driver`, the shim, the flag
+// policy's names), and the first-party drivers (served by `capyctl driver
+// <family>` and asked in process by `capyctl engine flags` when no role
+// runs). Nothing else of the core.
+var cliAllowed = []string{
+	module + "/cmd/capyctl/command",
+	module + "/core/agent",
+	module + "/core/api/client",
+	module + "/core/api/wire",
+	module + "/core/jobspec",
+	module + "/core/config",
+	module + "/core/structs",
+	module + "/core/version",
+	module + "/sdk",
+	module + "/sdk/flags",
+	module + "/sdk/plugin",
+	module + "/sdk/proc",
+	module + "/sdk/proto/driverv1",
+	module + "/drivers/custom",
+	module + "/drivers/llamacpp",
+	module + "/drivers/sglang",
+	module + "/drivers/tensorfold",
+	module + "/drivers/vllm",
+}
+
+// importRule is one layering rule: what pkgs import (directly, or linked
+// when deps is set) must pass allow.
+type importRule struct {
+	name string
+	pkgs []string
+	// deps checks everything the packages link, not only their imports.
+	deps bool
+	// forbidden says whether a package breaks the rule.
+	forbidden func(pkg string) bool
+	// skip, when set, is why the rule cannot hold yet.
+	skip string
+}
+
+// TestImportGuards checks every layering rule with `go list`.
+func TestImportGuards(t *testing.T) {
+	if _, err := exec.LookPath("go"); err != nil {
+		t.Skip("go tool not on PATH")
+	}
+	under := func(prefixes ...string) func(string) bool {
+		return func(pkg string) bool {
+			for _, p := range prefixes {
+				if pkg == p || strings.HasPrefix(pkg, p+"/") {
+					return true
+				}
+			}
+			return false
+		}
+	}
+	cases := []importRule{
+		{
+			name: "the sdk links nothing of the core, the drivers or the CLI",
+			pkgs: []string{module + "/sdk/..."}, deps: true,
+			forbidden: under(module+"/core", module+"/drivers", module+"/cmd"),
+		},
+		{
+			name: "the drivers link nothing of the core or the CLI",
+			pkgs: []string{module + "/drivers/..."}, deps: true,
+			forbidden: under(module+"/core", module+"/cmd"),
+		},
+		{
+			name: "the core links no driver and nothing of the CLI",
+			pkgs: []string{module + "/core/..."}, deps: true,
+			forbidden: under(module+"/drivers", module+"/cmd"),
+		},
+		{
+			name: "the agent links no management client (the state directory's files are core/runinfo)",
+			pkgs: []string{module + "/core/agent"}, deps: true,
+			forbidden: under(module + "/core/api/client"),
+		},
+		{
+			name: "the memory ledger links no network",
+			pkgs: []string{module + "/core/ledger"}, deps: true,
+			forbidden: func(pkg string) bool { return pkg == "net" || pkg == "net/http" },
+		},
+		{
+			name: "the router links no lifecycle, plugin manager, model downloader or gRPC",
+			pkgs: []string{module + "/core/router"}, deps: true,
+			forbidden: under(module+"/core/lifecycle", module+"/core/pluginmgr", module+"/core/models", "google.golang.org/grpc", "github.com/hashicorp/go-plugin"),
+		},
+		{
+			name: "the CLI imports only the agent entry, the client, wire types, job specs and config",
+			pkgs: []string{module + "/cmd/capyctl", module + "/cmd/capyctl/command"},
+			forbidden: func(pkg string) bool {
+				if !strings.HasPrefix(pkg, module+"/") {
+					return false
+				}
+				for _, ok := range cliAllowed {
+					if pkg == ok {
+						return false
+					}
+				}
+				return true
+			},
+		},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			if c.skip != "" {
+				t.Skip(c.skip)
+			}
+			bad := violations(t, c)
+			if len(bad) > 0 {
+				t.Fatalf("%s:\n%s", c.name, strings.Join(bad, "\n"))
+			}
+		})
+	}
+}
+
+// violations lists what breaks a rule, as "importer -> imported" for
+// direct imports and as the linked package for deps.
+func violations(t *testing.T, c importRule) []string {
+	t.Helper()
+	format := "{{.ImportPath}}:{{join .Imports \" \"}}"
+	args := []string{"list", "-f", format}
+	if c.deps {
+		args = []string{"list", "-deps", "-f", "{{.ImportPath}}:"}
+	}
+	out, err := exec.Command("go", append(args, c.pkgs...)...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("go list: %v\n%s", err, out)
+	}
+	seen := map[string]bool{}
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		pkg, imports, _ := strings.Cut(line, ":")
+		if c.deps {
+			if c.forbidden(pkg) {
+				seen[pkg] = true
+			}
+			continue
+		}
+		for _, imp := range strings.Fields(imports) {
+			if c.forbidden(imp) {
+				seen[pkg+" -> "+imp] = true
+			}
+		}
+	}
+	bad := make([]string, 0, len(seen))
+	for s := range seen {
+		bad = append(bad, s)
+	}
+	sort.Strings(bad)
+	return bad
+}
