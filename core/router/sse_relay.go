@@ -1,0 +1,300 @@
+// Copyright (c) CapyCTL authors
+// SPDX-License-Identifier: Apache-2.0
+
+package router
+
+import (
+	"errors"
+	"io"
+	"os"
+	"strconv"
+	"time"
+
+	"github.com/capyctl/capyctl/core/structs"
+)
+
+// sseState is what the relay has learned of a streamed answer.
+type sseState struct {
+	sr        *sseReader
+	call      *engineCall
+	agg       *aggregate // the answer so far, for a client that asked for no stream
+	rw        rewriter
+	cutErr    error  // why the router cut the answer
+	engineErr []byte // the engine's error event
+	sawDone   bool   // [DONE] arrived
+	finished  bool   // the aggregate saw a finish reason
+	wrote     bool   // bytes were written since the last flush
+	trailer   bool   // the answer's end was written to the client
+}
+
+// relaySSE relays (or aggregates) a chat answer streamed by the engine.
+// A stream that goes on after its first flush is taken over from net/http
+// (hijack.go) and handed off: the handler returns, and relayOn relays the
+// rest on a goroutine of its own.
+func (q *request) relaySSE(sr *sseReader, call *engineCall) {
+	st := &sseState{sr: sr, call: call, rw: rewriter{newID: q.id, public: q.model, served: q.target.Endpoint.ServedName}}
+	if q.stream {
+		q.setWriteDeadline()
+	} else {
+		st.agg = newAggregate()
+	}
+	if q.sseLoop(st) {
+		q.st, q.handedOff = st, true
+		return
+	}
+	q.sseEnd(st)
+	sr.release()
+}
+
+// sseLoop relays the engine's events until its stream ends or is cut. It
+// returns true, on the handler's goroutine only, once the stream was taken
+// over and must be handed off.
+//
+// IMPORTANT: every open stream pays for the stack of the goroutine this
+// loop waits on. Keep the loop's frame small and rare work out of line
+// (sseEvent, sseEnd), and decode JSON one level at a time (decodeChunk).
+func (q *request) sseLoop(st *sseState) bool {
+	sr := st.sr
+	for {
+		ev, err := sr.next()
+		if err != nil {
+			q.sseReadErr(st, err)
+			return false
+		}
+		q.sseEvent(st, sr, ev)
+		if st.cutErr != nil {
+			return false
+		}
+		if (st.sawDone || st.engineErr != nil) && !st.trailer {
+			if q.sseComplete(st, sr); st.cutErr != nil {
+				return false
+			}
+		}
+		if !sr.buffered() {
+			if st.wrote && q.stream {
+				st.wrote = false
+				if q.wantsTakeOver(st) && !q.takeOver() {
+					// flush hands a pending head to net/http; a head net/http
+					// wrote stays there.
+					q.headViaHTTP = false
+				}
+				if err := q.flush(); err != nil {
+					st.cutErr = q.clientErr()
+					return false
+				}
+				q.setWriteDeadline()
+			}
+			if !q.firstContent.IsZero() && !st.trailer {
+				sr.readWithin(q.b.streamIdle)
+			}
+			if q.cc != nil && !q.handedOff {
+				return true
+			}
+		}
+	}
+}
+
+// sseReadErr records why the engine's stream ended.
+func (q *request) sseReadErr(st *sseState, err error) {
+	switch {
+	case errors.Is(err, io.EOF):
+	case errors.Is(err, errTooLarge):
+		q.cutter.cut(errChunk)
+		st.cutErr = errChunk
+	default:
+		if st.sawDone || (st.finished && st.engineErr == nil) {
+			return // the answer is complete; only the end of the body is missing
+		}
+		if c := q.cause(err); c != nil {
+			st.cutErr = c
+		} else {
+			st.cutErr = err
+		}
+	}
+}
+
+// sseEvent handles one event of the engine's stream.
+func (q *request) sseEvent(st *sseState, sr *sseReader, ev []byte) {
+	kind, payload := classify(ev)
+	switch kind {
+	case evComment:
+	case evDone:
+		st.sawDone = true
+	case evError:
+		if st.engineErr == nil && !st.sawDone {
+			st.engineErr = append([]byte(nil), payload...)
+		}
+	case evData:
+		if st.sawDone || st.engineErr != nil {
+			return
+		}
+		relay := true
+		if st.agg != nil {
+			relay = false
+			st.agg.add(payload, q)
+			if st.agg.finished {
+				st.finished = true
+			}
+		} else {
+			relay = q.scan(payload, &st.rw)
+		}
+		if q.firstContent.IsZero() && q.contentN > 0 {
+			// From the first output on, the stream idle bound replaces the
+			// request deadline.
+			q.firstContent = time.Now()
+			sr.readWithin(q.b.streamIdle)
+		}
+		if relay {
+			if !q.headersSent {
+				q.sseHeaders()
+			}
+			if err := q.writeEvent(payload, &st.rw); err != nil {
+				st.cutErr = q.clientErr()
+			}
+			st.wrote = true
+		}
+	}
+}
+
+// sseComplete writes the end of a complete answer: it reaches the client
+// now, before the engine's body is drained (for a second at most).
+func (q *request) sseComplete(st *sseState, sr *sseReader) {
+	st.trailer = true
+	if st.engineErr == nil {
+		q.endAt = time.Now()
+		if err := q.writeAnswer(st.agg); err != nil {
+			st.cutErr = q.clientErr()
+			return
+		}
+	}
+	sr.readWithin(time.Second)
+}
+
+// sseEnd settles and answers the request once the engine's stream ended.
+func (q *request) sseEnd(st *sseState) {
+	sr, call := st.sr, st.call
+	if q.endAt.IsZero() {
+		q.endAt = time.Now()
+	}
+	switch {
+	case st.cutErr != nil:
+		call.finish(false)
+		q.cutEnd(st.cutErr)
+	case st.engineErr != nil:
+		call.finish(sr.reusable())
+		if q.place != nil {
+			q.place.Failed()
+			q.place = nil
+		}
+		code := structs.CodeEngineError
+		q.outcome = OutcomeEngineError
+		if c := engineErrorCode(st.engineErr); (c == 400 || c == 413 || c == 422) && q.firstContent.IsZero() {
+			code = structs.CodeEngineRejected
+			q.outcome = OutcomeEngineRejected
+		}
+		q.fail(structs.Errf(code, "%s", engineMessage(st.engineErr, 0)))
+	case !st.sawDone && !st.finished && !q.sawFinish:
+		call.finish(false)
+		if q.place != nil {
+			q.place.Failed()
+			q.place = nil
+		}
+		q.outcome = OutcomeEngineError
+		q.fail(structs.Errf(structs.CodeEngineError, "the engine ended its answer without finishing it"))
+	default:
+		call.finish(sr.reusable())
+		q.done()
+		if !st.trailer {
+			q.endAt = time.Now()
+			if err := q.writeAnswer(st.agg); err != nil {
+				q.outcome = OutcomeCancelled
+			}
+		}
+	}
+}
+
+// clientErr ends the engine work after a failed write to the client: the
+// client went away, or read nothing within the client read bound.
+func (q *request) clientErr() error {
+	// IMPORTANT: net/http cancels the request's context on any failed
+	// write, a write deadline included: look at the error first.
+	if !errors.Is(q.writeErr, os.ErrDeadlineExceeded) && q.clientWent() {
+		q.cutter.cut(errClientGone)
+		return errClientGone
+	}
+	q.cutter.cut(errClientIdle)
+	return errClientIdle
+}
+
+// cutEnd settles and answers a request the router cut.
+func (q *request) cutEnd(cause error) {
+	q.cut(true)
+	switch cause {
+	case errClientGone:
+		q.gone()
+	case errClientIdle:
+		q.outcome = OutcomeClientIdle
+		q.code = OutcomeClientIdle
+	case errDeadline:
+		q.outcome = OutcomeDeadline
+		q.fail(structs.Errf(structs.CodeDeadlineExceeded, "model %q gave no output within the request deadline (%s)", q.model, q.b.deadline))
+	case errStreamIdle:
+		q.outcome = OutcomeStreamIdle
+		q.fail(structs.Errf(structs.CodeStreamStalled, "model %q sent nothing for %s (limits.stream_idle)", q.model, q.b.streamIdle))
+	case errChunk:
+		q.outcome = OutcomeChunkTooLarge
+		q.fail(structs.Errf(structs.CodeChunkTooLarge, "the engine sent one piece of the answer larger than %d bytes (limits.max_chunk_bytes)", q.b.maxChunk))
+	case errShutdown:
+		q.outcome = OutcomeShutdown
+		q.fail(structs.Errf(structs.CodeShuttingDown, "the role is shutting down and its drain timeout ended before the answer"))
+	default:
+		q.outcome = OutcomeEngineError
+		q.fail(structs.Errf(structs.CodeEngineError, "the engine's answer broke off: %v", cause))
+	}
+}
+
+// writeEvent relays one chunk with CapyCTL's request ID and the public
+// model name.
+func (q *request) writeEvent(payload []byte, rw *rewriter) error {
+	if err := q.write(dataPrefix); err != nil {
+		return err
+	}
+	if err := rw.write(q, payload); err != nil {
+		return err
+	}
+	return q.write(eventEnd)
+}
+
+var (
+	dataPrefix = []byte("data: ")
+	eventEnd   = []byte("\n\n")
+	doneEvent  = []byte("data: [DONE]\n\n")
+)
+
+// writeAnswer ends a complete answer: the metrics comment and [DONE] for a
+// stream, the aggregated JSON for a client that asked for none.
+func (q *request) writeAnswer(agg *aggregate) error {
+	q.setWriteDeadline()
+	if agg == nil {
+		if !q.headersSent {
+			q.sseHeaders()
+		}
+		b := make([]byte, 0, 512)
+		b = append(b, ": x-capyctl-metrics "...)
+		b = q.appendMetrics(b)
+		b = append(b, "\n\n"...)
+		b = append(b, doneEvent...)
+		if err := q.write(b); err != nil {
+			return err
+		}
+		return q.flush()
+	}
+	out := agg.json(q)
+	h := q.w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("Content-Length", strconv.Itoa(len(out)))
+	q.w.WriteHeader(200)
+	q.status = 200
+	q.headersSent = true
+	return q.write(out)
+}
