@@ -91,7 +91,8 @@ func Start(spec LaunchSpec) (*Launched, error) {
 
 // startShim hands the launch to a shim and waits for its report: the spare
 // one started ahead for exe (see spare) when there is one, else a new one.
-// Either way a new spare is started for the next launch.
+// Either way a new spare is started for the next launch, refillDelay later:
+// exec'ing it competes for the CPU with the engine that just started.
 func startShim(exe, dir, program string, payload []byte) (*Launched, error) {
 	sh := takeSpare(exe)
 	if sh == nil {
@@ -100,7 +101,7 @@ func startShim(exe, dir, program string, payload []byte) (*Launched, error) {
 			return nil, err
 		}
 	}
-	go refillSpare(exe)
+	time.AfterFunc(refillDelay, func() { refillSpare(exe) })
 	l, err := sh.launch(dir, program, payload)
 	if err != nil && sh.spare && errors.Is(err, errShimGone) {
 		// The spare died while it waited (killed by someone): a new one.
@@ -419,6 +420,9 @@ var spares struct {
 
 // NoSpareShim turns the spare shim off (a test that counts processes).
 var NoSpareShim bool
+
+// refillDelay is how long after a launch its successor's spare is started.
+var refillDelay = 250 * time.Millisecond
 
 // takeSpare returns exe's spare, nil when there is none or it died.
 func takeSpare(exe string) *shimProc {

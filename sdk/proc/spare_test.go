@@ -26,6 +26,9 @@ func spareOf(t *testing.T, exe string) *shimProc {
 // the next launch runs under it; a spare that died is replaced and the
 // launch still succeeds.
 func TestStart_SpareShim(t *testing.T) {
+	old := refillDelay
+	refillDelay = 0
+	t.Cleanup(func() { refillDelay = old })
 	exe := testExe(t)
 	startEngine(t, engineSpec(t, "listen", nil))
 	spare := spareOf(t, exe)
