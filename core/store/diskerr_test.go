@@ -49,3 +49,15 @@ func TestDiskErr(t *testing.T) {
 		t.Fatalf("catalogue row %+v", info)
 	}
 }
+
+// TestDiskErr_StaysThroughAnInternalWrap: a caller that wraps a refused
+// write as internal still answers store_unavailable.
+func TestDiskErr_StaysThroughAnInternalWrap(t *testing.T) {
+	err := structs.Wrap(structs.CodeInternal, diskErr(syscall.EPERM), "store deployment")
+	if !structs.HasCode(err, structs.CodeStoreUnavailable) {
+		t.Fatalf("%v: want store_unavailable", err)
+	}
+	if err := structs.Wrap(structs.CodeInternal, errors.New("x"), "y"); !structs.HasCode(err, structs.CodeInternal) {
+		t.Fatalf("%v: want internal", err)
+	}
+}

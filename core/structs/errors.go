@@ -273,6 +273,12 @@ func Errf(code Code, format string, args ...any) *Error {
 
 // Wrap builds an *Error around a cause.
 func Wrap(code Code, err error, format string, args ...any) *Error {
+	// A store that refuses writes stays store_unavailable however a caller
+	// wraps the failure as internal: the operator's remedy (free room,
+	// restore the file) is the same.
+	if code == CodeInternal && HasCode(err, CodeStoreUnavailable) {
+		code = CodeStoreUnavailable
+	}
 	msg := fmt.Sprintf(format, args...)
 	if err != nil {
 		msg = msg + ": " + err.Error()
