@@ -124,15 +124,15 @@ func BenchmarkRole_WakeAndSwitch(b *testing.B) {
 		engineWake = append(engineWake, timedPost(b, ec, "/wake_up"))
 		engineSleep = append(engineSleep, timedPost(b, ec, "/sleep?level=2"))
 	}
-	pr, pw, ps := pct(ready, 50), pct(wake, 50), pct(sw, 50)
-	pes, pew := pct(engineSleep, 50), pct(engineWake, 50)
+	pr, pw, ps := pct(ready, .5), pct(wake, .5), pct(sw, .5)
+	pes, pew := pct(engineSleep, .5), pct(engineWake, .5)
 	b.ReportMetric(pr, "ready-p50-ms")
 	b.ReportMetric(pw, "wake-p50-ms")
 	b.ReportMetric(ps, "switch-p50-ms")
 	b.ReportMetric(pw-pr-pew, "added-per-wake-ms")
 	b.ReportMetric(ps-pr-pew-pes, "added-per-switch-ms")
 	b.Logf("ready request p50 %.2f ms; wake request p50 %.2f ms (p99 %.2f); switch request p50 %.2f ms (p99 %.2f)",
-		pr, pw, pct(wake, 99), ps, pct(sw, 99))
+		pr, pw, pct(wake, .99), ps, pct(sw, .99))
 	b.Logf("engine's own: sleep p50 %.2f ms, wake_up p50 %.2f ms", pes, pew)
 	b.Logf("CapyCTL adds per wake %.2f ms (target < 5 ms), per switch %.2f ms, beyond the engine's own park/wake and a ready request",
 		pw-pr-pew, ps-pr-pew-pes)
