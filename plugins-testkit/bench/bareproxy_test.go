@@ -4,7 +4,6 @@
 package bench
 
 import (
-	"bufio"
 	"fmt"
 	"io"
 	"log"
@@ -13,9 +12,6 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"os"
-	"os/exec"
-	"strings"
-	"syscall"
 	"testing"
 )
 
@@ -59,21 +55,6 @@ func serveBareProxy(target string) error {
 // ends and returns its base URL.
 func startBareProxy(b testing.TB, target string) string {
 	b.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), bareProxyEnv+"="+target)
-	cmd.Stderr = os.Stderr
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		b.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	line, err := bufio.NewReader(out).ReadString('\n')
-	if err != nil {
-		b.Fatalf("the bare proxy did not start: %v", err)
-	}
-	return "http://" + strings.TrimSpace(line)
+	url, _ := startBareProxyPID(b, target)
+	return url
 }

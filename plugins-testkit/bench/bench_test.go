@@ -63,14 +63,13 @@ type setup struct {
 	directMod string
 }
 
-func newSetup(b testing.TB, cfg fakeengine.Config, places int) *setup {
+// benchEngine runs a fake engine serving "m" on loopback until the
+// benchmark ends and returns it with its base URL.
+func benchEngine(b testing.TB, cfg fakeengine.Config) (*fakeengine.Engine, string) {
 	b.Helper()
 	cfg.ServedName = "m"
 	cfg.Stdout, cfg.Stderr = io.Discard, io.Discard
 	cfg.ShutdownGrace = time.Millisecond
-	if cfg.MaxRunning == 0 {
-		cfg.MaxRunning = 1024
-	}
 	e, err := fakeengine.New(cfg)
 	if err != nil {
 		b.Fatal(err)
@@ -84,7 +83,15 @@ func newSetup(b testing.TB, cfg fakeengine.Config, places int) *setup {
 	go func() { _ = e.Serve(ctx, ln); close(done) }()
 	b.Cleanup(func() { cancel(); <-done })
 	<-e.Ready()
-	direct := "http://" + ln.Addr().String()
+	return e, "http://" + ln.Addr().String()
+}
+
+func newSetup(b testing.TB, cfg fakeengine.Config, places int) *setup {
+	b.Helper()
+	if cfg.MaxRunning == 0 {
+		cfg.MaxRunning = 1024
+	}
+	e, direct := benchEngine(b, cfg)
 	spec := &structs.Deployment{Name: "m", API: structs.APIChat, Routes: []string{"m"}, Instances: 1}
 	spec.EngineConfig.MaxConcurrentRequests = places
 	spec.Limits.MaxWaiting = 4096

@@ -385,7 +385,7 @@ func freePort(b *testing.B) int {
 }
 
 // startBareProxyPID is startBareProxy with the proxy's pid.
-func startBareProxyPID(b *testing.B, target string) (string, int) {
+func startBareProxyPID(b testing.TB, target string) (string, int) {
 	b.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), bareProxyEnv+"="+target)

@@ -78,27 +78,6 @@ func BenchmarkRouter_ReadyToForward(b *testing.B) {
 	b.ReportMetric(pct(lat, 0.99), "ready-to-forward-p99-ms")
 }
 
-// benchEngine runs a fake engine on loopback until the benchmark ends.
-func benchEngine(b *testing.B, cfg fakeengine.Config) (*fakeengine.Engine, string) {
-	cfg.ServedName = "m"
-	cfg.Stdout, cfg.Stderr = io.Discard, io.Discard
-	cfg.ShutdownGrace = time.Millisecond
-	e, err := fakeengine.New(cfg)
-	if err != nil {
-		b.Fatal(err)
-	}
-	ln, err := fakeengine.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { _ = e.Serve(ctx, ln); close(done) }()
-	b.Cleanup(func() { cancel(); <-done })
-	<-e.Ready()
-	return e, "http://" + ln.Addr().String()
-}
-
 // waitBench polls cond every 20 µs (a benchmark measures what follows).
 func waitBench(b *testing.B, cond func() bool) {
 	deadline := time.Now().Add(10 * time.Second)
