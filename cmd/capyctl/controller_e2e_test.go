@@ -57,16 +57,7 @@ func TestController_WholeLifecycleThroughTheAPI(t *testing.T) {
 	venv := conformance.FakeVenv(t, t.TempDir(), map[string]string{"vllm": "0.32.0"}, nil)
 	add := wire.EngineAddRequest{Name: "fake", Family: structs.FamilyVLLM, Path: venv,
 		Approvals: structs.Approvals{Env: []string{"HF_TOKEN"}}}
-	dry := add
-	dry.DryRun = true
-	det, err := cl.AddEngine(ctx, dry)
-	if err != nil {
-		t.Fatal(err)
-	}
-	add.ExpectDigest = det.Engine.Digest
-	if _, err := cl.AddEngine(ctx, add); err != nil {
-		t.Fatal(err)
-	}
+	addConfirmed(ctx, t, cl, add)
 	conformance.FakeModel(t, r.StateDir+"/models/ctl", 1<<20)
 
 	// The snapshot gives the state and the cursor to follow from.
@@ -250,5 +241,21 @@ func TestController_WholeLifecycleThroughTheAPI(t *testing.T) {
 	// Retryable errors are the catalogue's.
 	if client.Retryable(structs.Errf(structs.CodeIdempotencyConflict, "x")) || !client.Retryable(structs.Errf(structs.CodeCapacityBlocked, "x")) {
 		t.Fatal("Retryable disagrees with the catalogue")
+	}
+}
+
+// addConfirmed registers an engine as a controller does: a dry run shows
+// the digest, and the add confirms it.
+func addConfirmed(ctx context.Context, t *testing.T, cl *client.Client, add wire.EngineAddRequest) {
+	t.Helper()
+	dry := add
+	dry.DryRun = true
+	det, err := cl.AddEngine(ctx, dry)
+	if err != nil {
+		t.Fatal(err)
+	}
+	add.ExpectDigest = det.Engine.Digest
+	if _, err := cl.AddEngine(ctx, add); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -34,16 +34,7 @@ func TestSecrets_RedactedInEveryOutput(t *testing.T) {
 	venv := conformance.FakeVenv(t, t.TempDir(), map[string]string{"vllm": "0.32.0"}, nil)
 	add := wire.EngineAddRequest{Name: "fake", Family: structs.FamilyVLLM, Path: venv,
 		Approvals: structs.Approvals{Env: []string{"HF_TOKEN", "MY_API_KEY"}}}
-	dry := add
-	dry.DryRun = true
-	det, err := cl.AddEngine(ctx, dry)
-	if err != nil {
-		t.Fatal(err)
-	}
-	add.ExpectDigest = det.Engine.Digest
-	if _, err := cl.AddEngine(ctx, add); err != nil {
-		t.Fatal(err)
-	}
+	addConfirmed(ctx, t, cl, add)
 	conformance.FakeModel(t, r.StateDir+"/models/sec", 1<<20)
 	snap, err := cl.Snapshot(ctx)
 	if err != nil {
