@@ -117,6 +117,7 @@ func toEndpoint(e *pb.Endpoint) *structs.EngineEndpoint {
 		AuthValue:       e.GetAuthValue(),
 		ChatPath:        e.GetChatPath(),
 		DecisionsPath:   e.GetDecisionsPath(),
+		CompletionsPath: e.GetCompletionsPath(),
 		RequestIDField:  e.GetRequestIdField(),
 		RequestIDHeader: e.GetRequestIdHeader(),
 		AbortByID:       e.GetAbortMode() == pb.AbortMode_ABORT_MODE_REQUEST_ID,

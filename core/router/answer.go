@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/capyctl/capyctl/core/structs"
 )
 
 // chunkHead is the part of a streamed chat chunk the router reads
@@ -62,6 +64,7 @@ func decodeChunk(payload []byte, c *chunkHead) error {
 type chunkChoice struct {
 	Index        int             `json:"index"`
 	Delta        delta           `json:"delta"`
+	Text         *string         `json:"text"` // a text completion's piece (/v1/completions)
 	FinishReason json.RawMessage `json:"finish_reason"`
 	Logprobs     json.RawMessage `json:"logprobs"`
 }
@@ -85,6 +88,11 @@ type toolCallDelta struct {
 		Name      string `json:"name"`
 		Arguments string `json:"arguments"`
 	} `json:"function"`
+}
+
+// hasContent reports output: the delta's, or a text completion's text.
+func (ch *chunkChoice) hasContent() bool {
+	return ch.Delta.hasContent() || (ch.Text != nil && *ch.Text != "")
 }
 
 // hasContent reports output beyond the role: text, reasoning, a refusal
@@ -278,9 +286,13 @@ func (a *aggregate) add(payload []byte, q *request) {
 		if d.Role != "" {
 			ac.role = d.Role
 		}
-		if d.hasContent() {
+		if ch.hasContent() {
 			q.contentN++
 			q.lastContent = time.Now()
+		}
+		if ch.Text != nil {
+			ac.content.WriteString(*ch.Text)
+			ac.hasText = true
 		}
 		if d.Content != nil {
 			ac.content.WriteString(*d.Content)
@@ -345,7 +357,11 @@ func (a *aggregate) json(q *request) []byte {
 	b := make([]byte, 0, size+len(q.usage.raw)+len(q.timings.raw))
 	b = append(b, `{"id":`...)
 	b = appendJSONString(b, q.id)
-	b = append(b, `,"object":"chat.completion","created":`...)
+	if q.api == structs.APICompletions {
+		b = append(b, `,"object":"text_completion","created":`...)
+	} else {
+		b = append(b, `,"object":"chat.completion","created":`...)
+	}
 	b = strconv.AppendInt(b, created, 10)
 	b = append(b, `,"model":`...)
 	b = appendJSONString(b, q.model)
@@ -358,7 +374,11 @@ func (a *aggregate) json(q *request) []byte {
 		if n > 0 {
 			b = append(b, ',')
 		}
-		b = a.choices[i].appendJSON(b, i)
+		if q.api == structs.APICompletions {
+			b = a.choices[i].appendText(b, i)
+		} else {
+			b = a.choices[i].appendJSON(b, i)
+		}
 	}
 	b = append(b, ']')
 	if q.usage.known && len(q.usage.raw) > 0 {
@@ -372,6 +392,20 @@ func (a *aggregate) json(q *request) []byte {
 	b = append(b, `,"capyctl":{"metrics":`...)
 	b = q.appendMetrics(b)
 	return append(b, "}}\n"...)
+}
+
+// appendText appends one choice of an assembled text completion.
+func (ac *aggChoice) appendText(b []byte, index int) []byte {
+	b = append(b, `{"index":`...)
+	b = strconv.AppendInt(b, int64(index), 10)
+	b = append(b, `,"text":`...)
+	b = appendJSONString(b, ac.content.String())
+	b = append(b, `,"logprobs":null,"finish_reason":`...)
+	if len(ac.finish) == 0 {
+		return append(b, "null}"...)
+	}
+	b = append(b, ac.finish...)
+	return append(b, '}')
 }
 
 // appendJSON appends one choice of the assembled answer.

@@ -67,10 +67,16 @@ func (q *request) forward() *engineCall {
 	if path == "" {
 		path = "/v1/chat/completions"
 	}
-	if q.api == structs.APIDecisions {
+	switch q.api {
+	case structs.APIDecisions:
 		path = ep.DecisionsPath
 		if path == "" {
 			path = decisions.Path
+		}
+	case structs.APICompletions:
+		path = ep.CompletionsPath
+		if path == "" {
+			path = "/v1/completions"
 		}
 	}
 	t, err := q.rt.targets.engineURL(ep.BaseURL, path)
@@ -149,7 +155,7 @@ func (q *request) relay(call *engineCall) {
 	switch {
 	case resp.StatusCode >= 400:
 		q.engineStatusError(call)
-	case q.api == structs.APIChat && strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream"):
+	case (q.api == structs.APIChat || q.api == structs.APICompletions) && strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream"):
 		q.relaySSE(newSSEReader(call, q.b.maxChunk), call)
 	default:
 		q.relayJSON(call)
@@ -231,7 +237,7 @@ func (q *request) engineBody() ([]byte, error) {
 	ep := &q.target.Endpoint
 	needModel := ep.ServedName != "" && ep.ServedName != q.model
 	needRid := ep.RequestIDField != ""
-	needStream := q.api == structs.APIChat && ((!q.stream && !ep.ForwardNonStreamed) || (q.stream && !q.usageOpt))
+	needStream := (q.api == structs.APIChat || q.api == structs.APICompletions) && ((!q.stream && !ep.ForwardNonStreamed) || (q.stream && !q.usageOpt))
 	if !needModel && !needRid && !needStream {
 		return q.body, nil
 	}

@@ -324,7 +324,7 @@ func (rt *Router) Models(w http.ResponseWriter, r *http.Request) {
 		for _, name := range names {
 			out.Data = append(out.Data, model{
 				ID: name, Object: "model", OwnedBy: "capyctl",
-				CapyCTL: map[string]any{"api": api, "deployment": route.Deployment, "state": state},
+				CapyCTL: map[string]any{"api": api, "deployment": route.Deployment, "state": state, "endpoints": Endpoints(api)},
 			})
 		}
 	}
@@ -335,6 +335,12 @@ func (rt *Router) Models(w http.ResponseWriter, r *http.Request) {
 // ChatCompletions serves POST /v1/chat/completions.
 func (rt *Router) ChatCompletions(w http.ResponseWriter, r *http.Request) {
 	rt.serve(w, r, structs.APIChat)
+}
+
+// Completions serves POST /v1/completions (text completions), to chat
+// deployments.
+func (rt *Router) Completions(w http.ResponseWriter, r *http.Request) {
+	rt.serve(w, r, structs.APICompletions)
 }
 
 // Decisions serves POST /v1/systemone (decision requests, sdk/decisions).

@@ -64,7 +64,7 @@ func (q *request) scanChunk(payload []byte, rw *rewriter) bool {
 				rw.setOldID(c.ID)
 			}
 			for _, ch := range c.Choices {
-				if ch.Delta.hasContent() {
+				if ch.hasContent() {
 					q.contentN++
 					q.lastContent = time.Now()
 				}
@@ -91,7 +91,7 @@ func (q *request) scanChunk(payload []byte, rw *rewriter) bool {
 		if decodeChunk(payload, &c) == nil {
 			empty := true
 			for _, ch := range c.Choices {
-				if ch.Delta.hasContent() {
+				if ch.hasContent() {
 					empty = false
 				}
 				if len(ch.FinishReason) > 0 && string(ch.FinishReason) != "null" {

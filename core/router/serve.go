@@ -276,11 +276,12 @@ func (q *request) finishHere() {
 func (q *request) resolve() bool {
 	var head chatHead
 	var headErr error
-	if q.api == structs.APIChat {
+	generates := q.api == structs.APIChat || q.api == structs.APICompletions
+	if generates {
 		headErr = parseChatHead(q.body, &head)
 		q.model = head.Model
 	}
-	if q.api != structs.APIChat || headErr != nil {
+	if !generates || headErr != nil {
 		m, err := peekModel(q.body)
 		if err != nil {
 			q.fail(structs.Errf(structs.CodeInvalidRequest, "the request body is not a JSON object: %v", err))
@@ -302,11 +303,8 @@ func (q *request) resolve() bool {
 	if api == "" {
 		api = structs.APIChat
 	}
-	if api != q.api {
-		path := "/v1/chat/completions"
-		if api == structs.APIDecisions {
-			path = decisions.Path
-		}
+	if !serves(api, q.api) {
+		path := Endpoints(api)[0]
 		q.fail(structs.Errf(structs.CodeAPIMismatch, "model %q serves the %s API: send its requests to %s", q.model, api, path).
 			WithDetail("endpoint", path))
 		return false
@@ -331,6 +329,17 @@ func (q *request) resolve() bool {
 		}
 		q.stream = head.Stream
 		q.usageOpt = head.StreamOptions != nil && head.StreamOptions.IncludeUsage
+	case structs.APICompletions:
+		if headErr != nil {
+			q.fail(structs.Errf(structs.CodeInvalidRequest, "the request body is not a valid completions request: %v", headErr))
+			return false
+		}
+		if head.N != nil && *head.N != 1 {
+			q.fail(structs.Errf(structs.CodeUnsupportedParameter, "n must be 1: CapyCTL answers one choice per request"))
+			return false
+		}
+		q.stream = head.Stream
+		q.usageOpt = head.StreamOptions != nil && head.StreamOptions.IncludeUsage
 	case structs.APIDecisions:
 		var dr decisions.Request
 		if err := json.Unmarshal(q.body, &dr); err != nil {
@@ -345,6 +354,24 @@ func (q *request) resolve() bool {
 	q.ds = q.rt.depFor(route)
 	q.b = q.ds.b.Load()
 	return true
+}
+
+// serves reports whether a deployment serving api answers requests of kind
+// (the endpoint they came to): a chat deployment serves text completions
+// too.
+func serves(api, kind string) bool {
+	return api == kind || (api == structs.APIChat && kind == structs.APICompletions)
+}
+
+// Endpoints are the inference endpoints of a deployment serving api, as
+// /v1/models lists them (capyctl.endpoints); the first is its main one.
+func Endpoints(api string) []string {
+	switch api {
+	case structs.APIDecisions:
+		return []string{decisions.Path}
+	default:
+		return []string{"/v1/chat/completions", "/v1/completions"}
+	}
 }
 
 // deadlineLeft is what remains of the request's deadline.

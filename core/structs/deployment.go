@@ -16,6 +16,11 @@ const (
 	APIDecisions = "decisions"
 )
 
+// APICompletions is the kind of a text completion request (POST
+// /v1/completions). It is not a deployment's api: a chat deployment serves
+// it beside chat, as every engine that serves chat completions does.
+const APICompletions = "completions"
+
 // Residencies: how a deployment parks.
 const (
 	ResidencyDeep        = "deep"

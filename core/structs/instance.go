@@ -64,6 +64,7 @@ type EngineEndpoint struct {
 	AuthValue       string `json:"auth_value,omitempty"`
 	ChatPath        string `json:"chat_path"`
 	DecisionsPath   string `json:"decisions_path,omitempty"`
+	CompletionsPath string `json:"completions_path,omitempty"` // empty: /v1/completions
 	RequestIDField  string `json:"request_id_field,omitempty"`
 	RequestIDHeader string `json:"request_id_header,omitempty"`
 	// AbortByID is true when the driver must be asked to abort a request

@@ -173,9 +173,13 @@ func NewRequestID() string {
 // deterministic answer token by token and writes it through the flavour,
 // streamed or whole. A client that goes away stops it at once, wherever it
 // is.
-func (e *Engine) ChatHandler() http.Handler { return http.HandlerFunc(e.serveChat) }
+func (e *Engine) ChatHandler() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { e.serveGen(w, r, false) })
+}
 
-func (e *Engine) serveChat(w http.ResponseWriter, r *http.Request) {
+// serveGen serves a chat completion, or a text completion when completions
+// is true: the same generation, decoded and encoded for its endpoint.
+func (e *Engine) serveGen(w http.ResponseWriter, r *http.Request, completions bool) {
 	f := e.flavour
 	if e.Phase() == PhaseLoading {
 		f.WriteError(w, KindLoading, "model is loading")
@@ -189,7 +193,11 @@ func (e *Engine) serveChat(w http.ResponseWriter, r *http.Request) {
 		f.WriteError(w, KindInvalidRequest, "request body too large")
 		return
 	}
-	req, err := DecodeChat(body)
+	decode := DecodeChat
+	if completions {
+		decode = DecodeCompletion
+	}
+	req, err := decode(body)
 	if err == nil {
 		err = f.PrepareChat(e, r, req)
 	}
@@ -248,11 +256,11 @@ func (e *Engine) serveChat(w http.ResponseWriter, r *http.Request) {
 		e.noteCancel(time.Now())
 		return
 	}
-	g := &generation{e: e, ctx: ctx}
+	g := &generation{e: e, ctx: ctx, completions: completions}
 	defer g.release()
 
 	res := &ChatResult{
-		ChatMeta:     ChatMeta{ID: "chatcmpl-" + req.ID, Created: time.Now().Unix(), Model: req.ResponseModel},
+		ChatMeta:     ChatMeta{ID: idPrefix(completions) + req.ID, Created: time.Now().Unix(), Model: req.ResponseModel},
 		Request:      req,
 		FinishReason: "stop",
 		PromptTokens: prompt,
@@ -285,9 +293,10 @@ func (e *Engine) plan(req *ChatRequest, res *ChatResult) []string {
 
 // generation is one request holding a slot.
 type generation struct {
-	e        *Engine
-	ctx      context.Context
-	released bool
+	e           *Engine
+	ctx         context.Context
+	released    bool
+	completions bool // a text completion (/v1/completions), not a chat one
 }
 
 // release gives the slot back (once).
@@ -362,6 +371,10 @@ func (g *generation) complete(w http.ResponseWriter, res *ChatResult, toks []str
 		g.cancelled(at)
 		return
 	}
+	if g.completions {
+		WriteJSON(w, http.StatusOK, CompletionResponse(res))
+		return
+	}
 	WriteJSON(w, http.StatusOK, g.e.flavour.ChatResponse(res))
 }
 
@@ -369,6 +382,9 @@ func (g *generation) complete(w http.ResponseWriter, res *ChatResult, toks []str
 func (g *generation) stream(w http.ResponseWriter, req *ChatRequest, res *ChatResult, toks []string) {
 	rc := http.NewResponseController(w)
 	enc := g.e.flavour.ChatStream(req, res.ChatMeta)
+	if g.completions {
+		enc = &CompletionStream{Meta: res.ChatMeta, UsageChunk: req.IncludeUsage()}
+	}
 	h := w.Header()
 	h.Set("Content-Type", "text/event-stream")
 	h.Set("Cache-Control", "no-cache")

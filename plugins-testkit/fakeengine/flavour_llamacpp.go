@@ -68,6 +68,7 @@ type LlamaCppMeta struct {
 //	GET  /slots[?fail_on_no_slot=1] one object per slot (needs --slots, else 501)
 //	GET  /metrics                   llamacpp:* without labels (needs --metrics, else 501)
 //	POST /v1/chat/completions, /chat/completions
+//	POST /v1/completions            text completions (completions.go)
 //	POST /v1/systemone              decision requests (decision models)
 //
 // The port is bound before the model loads and every route answers 503
@@ -138,6 +139,7 @@ func (l *LlamaCpp) Routes(e *Engine) []Route {
 		{Pattern: "GET /metrics", Handler: h(l.metrics)},
 		{Pattern: "POST /v1/chat/completions", Handler: chat},
 		{Pattern: "POST /chat/completions", Handler: chat},
+		{Pattern: "POST /v1/completions", Handler: e.CompletionsHandler()},
 		{Pattern: "POST " + decisions.Path, Handler: h(l.decide)},
 		{Pattern: "GET /fake/stats", Handler: e.StatsHandler()},
 	}

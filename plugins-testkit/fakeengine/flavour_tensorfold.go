@@ -94,6 +94,12 @@ func (t *TensorFold) Routes(e *Engine) []Route {
 			}
 			chat.ServeHTTP(w, r)
 		})},
+		{Pattern: "POST /v1/completions", Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if e.Phase() != PhaseLoading && !t.waitKernels(e, r.Context()) {
+				return // the client went away during the build
+			}
+			e.CompletionsHandler().ServeHTTP(w, r)
+		})},
 		{Pattern: "GET /metrics", Handler: MetricsHandler(e, t.metrics)},
 		{Pattern: "GET /fake/stats", Handler: e.StatsHandler()},
 	}

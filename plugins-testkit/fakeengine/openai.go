@@ -14,6 +14,7 @@ import (
 //	GET  /health               503 {"status":"loading"} while loading, then 200 {"status":"ok"}
 //	GET  /v1/models            the served model; 503 while loading
 //	POST /v1/chat/completions  Engine.ChatHandler
+//	POST /v1/completions       Engine.CompletionsHandler
 //	GET  /metrics              fake:requests_running, fake:requests_waiting, counters
 //	GET  /fake/stats           Engine.StatsHandler
 //
@@ -33,6 +34,7 @@ func (OpenAI) Routes(e *Engine) []Route {
 		{Pattern: "GET /health", Handler: OpenAIHealthHandler(e)},
 		{Pattern: "GET /v1/models", Handler: OpenAIModelsHandler(e, "fake")},
 		{Pattern: "POST /v1/chat/completions", Handler: e.ChatHandler()},
+		{Pattern: "POST /v1/completions", Handler: e.CompletionsHandler()},
 		{Pattern: "GET /metrics", Handler: MetricsHandler(e, OpenAIMetrics)},
 		{Pattern: "GET /fake/stats", Handler: e.StatsHandler()},
 	}

@@ -2313,8 +2313,12 @@ type Endpoint struct {
 	// non_streamed_hangup: how the engine learns that the client of a
 	// non-streamed request went away (and so how the router forwards one).
 	NonStreamedHangup NonStreamedHangup `protobuf:"varint,16,opt,name=non_streamed_hangup,json=nonStreamedHangup,proto3,enum=capyctl.driver.v1.NonStreamedHangup" json:"non_streamed_hangup,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// completions_path is the engine's text completions route (OpenAI's
+	// POST /v1/completions), which the router sends a chat deployment's text
+	// completion requests to; empty means "/v1/completions".
+	CompletionsPath string `protobuf:"bytes,20,opt,name=completions_path,json=completionsPath,proto3" json:"completions_path,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *Endpoint) Reset() {
@@ -2436,6 +2440,13 @@ func (x *Endpoint) GetNonStreamedHangup() NonStreamedHangup {
 		return x.NonStreamedHangup
 	}
 	return NonStreamedHangup_NON_STREAMED_HANGUP_UNSPECIFIED
+}
+
+func (x *Endpoint) GetCompletionsPath() string {
+	if x != nil {
+		return x.CompletionsPath
+	}
+	return ""
 }
 
 type StartResponse struct {
@@ -3752,7 +3763,7 @@ const file_sdk_proto_driverv1_driver_proto_rawDesc = "" +
 	"\n" +
 	"launch_dir\x18\x03 \x01(\tR\tlaunchDir\x12\x12\n" +
 	"\x04port\x18\x04 \x01(\x05R\x04port\x12\x1b\n" +
-	"\tlaunch_id\x18\x05 \x01(\tR\blaunchId\"\x95\x04\n" +
+	"\tlaunch_id\x18\x05 \x01(\tR\blaunchId\"\xc0\x04\n" +
 	"\bEndpoint\x12\x19\n" +
 	"\bbase_url\x18\x01 \x01(\tR\abaseUrl\x12\x1f\n" +
 	"\vauth_header\x18\x02 \x01(\tR\n" +
@@ -3772,7 +3783,8 @@ const file_sdk_proto_driverv1_driver_proto_rawDesc = "" +
 	"\vopen_routes\x18\v \x03(\tR\n" +
 	"openRoutes\x12#\n" +
 	"\rexposure_note\x18\f \x01(\tR\fexposureNote\x12T\n" +
-	"\x13non_streamed_hangup\x18\x10 \x01(\x0e2$.capyctl.driver.v1.NonStreamedHangupR\x11nonStreamedHangup\"{\n" +
+	"\x13non_streamed_hangup\x18\x10 \x01(\x0e2$.capyctl.driver.v1.NonStreamedHangupR\x11nonStreamedHangup\x12)\n" +
+	"\x10completions_path\x18\x14 \x01(\tR\x0fcompletionsPath\"{\n" +
 	"\rStartResponse\x121\n" +
 	"\x06launch\x18\x01 \x01(\v2\x19.capyctl.driver.v1.LaunchR\x06launch\x127\n" +
 	"\bendpoint\x18\x02 \x01(\v2\x1b.capyctl.driver.v1.EndpointR\bendpoint\"\x82\x01\n" +
