@@ -386,9 +386,18 @@ func (p *Placer) Reserve(_ context.Context, req lifecycle.Reservation) (*lifecyc
 	doms := p.l.Domains()
 
 	// Candidates: the unified pool, or every card from the most room to
-	// the least (ties by index), or none on a host without cards.
+	// the least (ties by index), or none on a host without cards or for a
+	// model that runs off the card (host RAM only, no card pinned).
 	candidates := []string{""}
+	hostOnly := false
 	if !p.unified() {
+		probe, err := ledger.Size(in)
+		if err != nil {
+			return nil, err
+		}
+		hostOnly = probe.HostOnly
+	}
+	if !p.unified() && !hostOnly {
 		cards := p.cards()
 		sort.SliceStable(cards, func(a, b int) bool {
 			fa := doms[cards[a]].Room() - p.l.Charged(cards[a])
