@@ -446,6 +446,14 @@ func TestDetect(t *testing.T) {
 			}
 		})
 	}
+	t.Run("a build from a source tarball is an unknown build", func(t *testing.T) {
+		p := write("llama-server-tarball", "echo 'version: 0 (unknown)' >&2\necho 'built with cc for x86_64-linux-gnu' >&2")
+		resp, err := d.Detect(context.Background(), &pb.DetectRequest{Path: p})
+		if err != nil || resp.GetVersion() != UnknownBuild || resp.GetDetails()["commit"] != "" ||
+			!strings.Contains(strings.Join(resp.GetNotes(), "\n"), "does not say which llama.cpp it is") {
+			t.Fatalf("%+v %v", resp, err)
+		}
+	})
 	t.Run("the environment is cleared", func(t *testing.T) {
 		t.Setenv("SECRET_OF_THE_CORE", "x")
 		p := write("llama-server-env", `echo "version: 1.0.0 ($(env | grep -c SECRET_OF_THE_CORE)00)" >&2`)
