@@ -298,8 +298,13 @@ func TestPlacer_NoGPU(t *testing.T) {
 	if _, err := reserve(p, "g/0", spec("g", gib, 0)); !structs.HasCode(err, structs.CodeInsufficientDevice) {
 		t.Fatalf("a gpu charge without a gpu: %v", err)
 	}
-	if err := p.Validate(spec("g", gib, 0), nil, nil, ""); !structs.HasCode(err, structs.CodeInsufficientDevice) {
+	if err := p.Validate(spec("g", gib, 0), nil, nil, ""); !structs.HasCode(err, structs.CodeInsufficientDevice) || strings.Contains(err.Error(), "n_gpu_layers") {
 		t.Fatalf("validate a gpu charge without a gpu: %v", err)
+	}
+	// A llama.cpp model is told how to run on the CPU.
+	llama := &structs.EngineRecord{Name: "llamacpp", Family: structs.FamilyLlamaCpp}
+	if err := p.Validate(spec("g", gib, 0), llama, nil, ""); !structs.HasCode(err, structs.CodeInsufficientDevice) || !strings.Contains(err.Error(), "n_gpu_layers = 0") {
+		t.Fatalf("validate a llama.cpp gpu charge without a gpu: %v", err)
 	}
 }
 

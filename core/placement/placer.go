@@ -425,8 +425,8 @@ func (p *Placer) Reserve(_ context.Context, req lifecycle.Reservation) (*lifecyc
 		}
 		if card == "" && !p.unified() && sz.Startup.Device > 0 {
 			return nil, structs.Errf(structs.CodeInsufficientDevice,
-				"deployment %s needs %s of GPU memory and host %s has no GPU", req.Deployment.Name,
-				structs.FormatBytes(sz.Startup.Device), p.cfg.Host)
+				"deployment %s needs %s of GPU memory and host %s has no GPU%s", req.Deployment.Name,
+				structs.FormatBytes(sz.Startup.Device), p.cfg.Host, cpuHint(req.Engine))
 		}
 		plan, named, err := p.plan(sz, card)
 		if err != nil {
