@@ -8,6 +8,8 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -119,5 +121,37 @@ func TestLlamaCpp_WholeRoleRefusals(t *testing.T) {
 				t.Fatalf("exit %d: %s", code, errOut)
 			}
 		})
+	}
+}
+
+// TestLlamaCpp_UnknownBuild: a llama-server built from a source tarball
+// prints "version: 0 (unknown)". It registers as an "unknown build" (engine
+// list, engine add, role status say so plainly, not "b0"), its options are
+// read from its --help, and it serves.
+func TestLlamaCpp_UnknownBuild(t *testing.T) {
+	r := harness.StartSimulated(t, harness.SimGPU{}, harness.Options{})
+	// The fake answers as llama-server from its program name; a wrapper
+	// prints a tarball build's version and runs the fake for the rest.
+	fake := r.InstallFake(filepath.Join(r.StateDir, "fake"), "llama-server")
+	bin := r.WriteFile("tarball/llama-server", "#!/bin/sh\n"+
+		"if [ \"$1\" = --version ]; then echo 'version: 0 (unknown)' >&2; echo 'built with cc (GCC) 12.2.0 for x86_64-linux-gnu' >&2; exit 0; fi\n"+
+		"exec "+fake+" \"$@\"\n")
+	if err := os.Chmod(bin, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	out, errOut, code := r.CLI("engine", "add", bin, "--name", "llamacpp", "--yes")
+	if code != 0 || !strings.Contains(out, "llamacpp unknown build") {
+		t.Fatalf("engine add: %d %s%s", code, out, errOut)
+	}
+	out, errOut, code = r.CLI("engine", "list")
+	if code != 0 || !strings.Contains(out, "unknown build") || strings.Contains(out, "b0") {
+		t.Fatalf("engine list: %d %s%s", code, out, errOut)
+	}
+	r.PutModel("stories", map[string]string{"stories260K.gguf": harness.StoriesGGUF()})
+	r.MustDeployFile("stories", storiesSpec)
+	chatOK(t, r, "stories")
+	out, errOut, code = r.CLI("status")
+	if code != 0 || !strings.Contains(out, "(llamacpp unknown build)") {
+		t.Fatalf("status: %d %s%s", code, out, errOut)
 	}
 }

@@ -121,6 +121,10 @@ type Sizing struct {
 	// Weights and KVCache are the figures a derived request used.
 	Weights int64 `json:"weights_bytes,omitempty"`
 	KVCache int64 `json:"kv_cache_bytes,omitempty"`
+	// HostOnly is a model the driver runs without a card (a llama.cpp
+	// model with n_gpu_layers = 0): nothing on a card in any phase, so
+	// placement pins no card and a host without a GPU can run it.
+	HostOnly bool `json:"host_only,omitempty"`
 }
 
 // margin is the unified request's margin: 8 GiB, or weights×0.15 + 4 GiB
@@ -142,7 +146,9 @@ func margin(weights int64) int64 {
 //   - otherwise the ready charge is derived from the weights W and the KV
 //     cache K: discrete W×1.10 + K plus 1.25 GiB of CUDA context and graphs
 //     on the card and 4 GiB of host RAM; unified W + K + margin;
-//   - the startup placeholder is max(request + graphs, W×2.25 + margin);
+//   - the startup placeholder is max(request + graphs, W×2.25 + margin),
+//     or the driver's own startup figure; a driver estimate that holds
+//     nothing on the card (a CPU-only model) puts nothing there at startup;
 //     a measured peak replaces it, side by side, once one exists (never
 //     below the ready charge); an estimate above the managed limit sets
 //     aside the whole limit instead (whole_host);
@@ -167,6 +173,10 @@ func Size(in SizingInput) (Sizing, error) {
 
 	// Ready.
 	var request int64 // the engine's own memory before graphs
+	// offCard is a driver's own estimate that holds nothing on a card (a
+	// llama.cpp model with n_gpu_layers = 0): it starts off the card too,
+	// so no startup placeholder is put there.
+	offCard := false
 	decl := in.Declared
 	var declReady, declStartup, declParked *Need
 	if decl != nil {
@@ -216,6 +226,7 @@ func Size(in SizingInput) (Sizing, error) {
 		s.Ready = Need{Device: h.ReadyDeviceBytes, Host: h.ReadyHostBytes}
 		s.ReadyProvenance = ProvDerived
 		request = h.ReadyDeviceBytes
+		offCard = h.ReadyDeviceBytes == 0 && h.StartupDeviceBytes == 0
 	case w > 0:
 		s.ReadyProvenance = ProvDerived
 		if in.Unified {
@@ -246,6 +257,8 @@ func Size(in SizingInput) (Sizing, error) {
 			s.StartupDeviceProvenance = ProvDeclared
 		case h.StartupDeviceBytes > 0 && declReady == nil:
 			s.Startup.Device = h.StartupDeviceBytes
+		case offCard:
+			s.Startup.Device = 0
 		case w > 0:
 			peak := request + GraphsAllowance
 			if alt := w*225/100 + margin(w); alt > peak {
@@ -308,6 +321,7 @@ func Size(in SizingInput) (Sizing, error) {
 		}
 	}
 	s.Parked.Device = min(s.Parked.Device, s.Ready.Device)
+	s.HostOnly = offCard && s.Startup.Device == 0 && s.Ready.Device == 0 && s.Parked.Device == 0
 	return s, nil
 }
 

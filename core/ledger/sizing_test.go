@@ -124,6 +124,36 @@ func TestSize(t *testing.T) {
 			},
 		},
 		{
+			name: "a driver estimate with nothing on the card runs off it: host RAM only",
+			// llama.cpp with n_gpu_layers = 0: weights and KV in host RAM.
+			in: SizingInput{Residency: structs.ResidencyRestartOnly, Hints: Hints{WeightsBytes: 4 * gib, KVCacheBytes: gib, ReadyHostBytes: 5 * gib}, DeviceLimit: card},
+			want: Sizing{
+				Startup: Need{0, 5 * gib}, Ready: Need{0, 5 * gib},
+				StartupDeviceProvenance: ProvPlaceholder, StartupHostProvenance: ProvPlaceholder, ReadyProvenance: ProvDerived,
+				Weights: 4 * gib, KVCache: gib, HostOnly: true,
+			},
+		},
+		{
+			name: "a measured card peak puts an off-card estimate back on a card",
+			in: SizingInput{Residency: structs.ResidencyRestartOnly, Hints: Hints{WeightsBytes: 4 * gib, KVCacheBytes: gib, ReadyHostBytes: 5 * gib},
+				Measured: &Measured{DeviceBytes: 300 * mib}, DeviceLimit: card},
+			want: Sizing{
+				Startup: Need{300 * mib, 5 * gib}, Ready: Need{0, 5 * gib},
+				StartupDeviceProvenance: ProvMeasured, StartupHostProvenance: ProvPlaceholder, ReadyProvenance: ProvDerived,
+				Weights: 4 * gib, KVCache: gib,
+			},
+		},
+		{
+			name: "a partial offload charges each side the driver's share",
+			in: SizingInput{Residency: structs.ResidencyRestartOnly, Hints: Hints{WeightsBytes: 4 * gib, KVCacheBytes: gib,
+				ReadyDeviceBytes: 2*gib + gib/2, ReadyHostBytes: 2*gib + gib/2 + 256*mib, StartupDeviceBytes: 2*gib + gib/2}, DeviceLimit: card},
+			want: Sizing{
+				Startup: Need{2*gib + gib/2, 2*gib + gib/2 + 256*mib}, Ready: Need{2*gib + gib/2, 2*gib + gib/2 + 256*mib},
+				StartupDeviceProvenance: ProvPlaceholder, StartupHostProvenance: ProvPlaceholder, ReadyProvenance: ProvDerived,
+				Weights: 4 * gib, KVCache: gib,
+			},
+		},
+		{
 			name: "nothing known charges nothing until measured",
 			in:   SizingInput{Residency: structs.ResidencyRestartOnly},
 			want: Sizing{StartupDeviceProvenance: ProvPlaceholder, StartupHostProvenance: ProvPlaceholder, ReadyProvenance: ProvPlaceholder},

@@ -298,8 +298,67 @@ func TestPlacer_NoGPU(t *testing.T) {
 	if _, err := reserve(p, "g/0", spec("g", gib, 0)); !structs.HasCode(err, structs.CodeInsufficientDevice) {
 		t.Fatalf("a gpu charge without a gpu: %v", err)
 	}
-	if err := p.Validate(spec("g", gib, 0), nil, nil, ""); !structs.HasCode(err, structs.CodeInsufficientDevice) {
+	if err := p.Validate(spec("g", gib, 0), nil, nil, ""); !structs.HasCode(err, structs.CodeInsufficientDevice) || strings.Contains(err.Error(), "n_gpu_layers") {
 		t.Fatalf("validate a gpu charge without a gpu: %v", err)
+	}
+	// A llama.cpp model is told how to run on the CPU.
+	llama := &structs.EngineRecord{Name: "llamacpp", Family: structs.FamilyLlamaCpp}
+	if err := p.Validate(spec("g", gib, 0), llama, nil, ""); !structs.HasCode(err, structs.CodeInsufficientDevice) || !strings.Contains(err.Error(), "n_gpu_layers = 0") {
+		t.Fatalf("validate a llama.cpp gpu charge without a gpu: %v", err)
+	}
+}
+
+// TestPlacer_OffCardModel: a driver estimate with nothing on the card (a
+// llama.cpp model with n_gpu_layers = 0) is charged host RAM only, pins no
+// card, and runs on a host without a GPU; a partial offload charges each
+// side its share.
+func TestPlacer_OffCardModel(t *testing.T) {
+	cpuHints := &pb.MemoryHints{WeightsBytes: 4 * gib, KvCacheBytes: gib, ReadyHostBytes: 5 * gib}
+	partHints := &pb.MemoryHints{WeightsBytes: 4 * gib, KvCacheBytes: gib, ReadyDeviceBytes: 3 * gib, ReadyHostBytes: 2 * gib, StartupDeviceBytes: 3 * gib}
+	cases := []struct {
+		name  string
+		gpu   *fakeGPU
+		hints *pb.MemoryHints
+		want  map[string]int64
+		card  string
+	}{
+		{name: "cpu only on a card host", gpu: cards(1, 24*gib), hints: cpuHints, want: map[string]int64{"system": 5 * gib}},
+		{name: "cpu only without a gpu", gpu: nil, hints: cpuHints, want: map[string]int64{"system": 5 * gib}},
+		{name: "partial offload", gpu: cards(1, 24*gib), hints: partHints, want: map[string]int64{"system": 2 * gib, "gpu0": 3 * gib}, card: "GPU-a"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			var g gpu.Provider
+			if c.gpu != nil {
+				g = c.gpu
+			}
+			p := newPlacer(t, g, newMemStore())
+			d := &structs.Deployment{Name: "m"}
+			if err := p.Validate(d, nil, c.hints, structs.ResidencyRestartOnly); err != nil {
+				t.Fatalf("validate: %v", err)
+			}
+			gr, err := p.Reserve(context.Background(), lifecycle.Reservation{
+				Owner: "m/0", Deployment: d, Revision: 1, Engine: &structs.EngineRecord{Name: "e", Digest: "sha256:x"},
+				Hints: c.hints, Residency: structs.ResidencyRestartOnly,
+			})
+			if err != nil {
+				t.Fatalf("reserve: %v", err)
+			}
+			if gr.Env["CUDA_VISIBLE_DEVICES"] != c.card {
+				t.Fatalf("grant = %+v, want card %q", gr, c.card)
+			}
+			st, _ := p.l.Owner("m/0")
+			for dom, b := range st.Charges {
+				if b != c.want[dom] {
+					t.Fatalf("charges = %v, want %v", st.Charges, c.want)
+				}
+			}
+			for dom, b := range c.want {
+				if st.Charges[dom] != b {
+					t.Fatalf("charges = %v, want %v", st.Charges, c.want)
+				}
+			}
+		})
 	}
 }
 

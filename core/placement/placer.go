@@ -386,9 +386,18 @@ func (p *Placer) Reserve(_ context.Context, req lifecycle.Reservation) (*lifecyc
 	doms := p.l.Domains()
 
 	// Candidates: the unified pool, or every card from the most room to
-	// the least (ties by index), or none on a host without cards.
+	// the least (ties by index), or none on a host without cards or for a
+	// model that runs off the card (host RAM only, no card pinned).
 	candidates := []string{""}
+	hostOnly := false
 	if !p.unified() {
+		probe, err := ledger.Size(in)
+		if err != nil {
+			return nil, err
+		}
+		hostOnly = probe.HostOnly
+	}
+	if !p.unified() && !hostOnly {
 		cards := p.cards()
 		sort.SliceStable(cards, func(a, b int) bool {
 			fa := doms[cards[a]].Room() - p.l.Charged(cards[a])
@@ -416,8 +425,8 @@ func (p *Placer) Reserve(_ context.Context, req lifecycle.Reservation) (*lifecyc
 		}
 		if card == "" && !p.unified() && sz.Startup.Device > 0 {
 			return nil, structs.Errf(structs.CodeInsufficientDevice,
-				"deployment %s needs %s of GPU memory and host %s has no GPU", req.Deployment.Name,
-				structs.FormatBytes(sz.Startup.Device), p.cfg.Host)
+				"deployment %s needs %s of GPU memory and host %s has no GPU%s", req.Deployment.Name,
+				structs.FormatBytes(sz.Startup.Device), p.cfg.Host, cpuHint(req.Engine))
 		}
 		plan, named, err := p.plan(sz, card)
 		if err != nil {

@@ -68,7 +68,7 @@ func (p *Placer) Validate(spec *structs.Deployment, eng *structs.EngineRecord, h
 	switch {
 	case n.Device > 0 && best == nil:
 		return structs.Errf(structs.CodeInsufficientDevice,
-			"deployment %s needs %s of GPU memory and host %s has no GPU", spec.Name, structs.FormatBytes(n.Device), p.cfg.Host).
+			"deployment %s needs %s of GPU memory and host %s has no GPU%s", spec.Name, structs.FormatBytes(n.Device), p.cfg.Host, cpuHint(eng)).
 			WithDetail("host", p.cfg.Host).WithDetail("need_bytes", n.Device)
 	case best != nil && n.Device > best.ManagedLimit:
 		return structs.Errf(structs.CodeInsufficientDevice,
@@ -85,4 +85,12 @@ func (p *Placer) Validate(spec *structs.Deployment, eng *structs.EngineRecord, h
 			WithDetail("need_bytes", n.Host).WithDetail("limit_bytes", sys.ManagedLimit)
 	}
 	return nil
+}
+
+// cpuHint tells how a llama.cpp model runs on a host without a GPU.
+func cpuHint(eng *structs.EngineRecord) string {
+	if eng != nil && eng.Family == structs.FamilyLlamaCpp {
+		return ": set engine_config.llamacpp.n_gpu_layers = 0 to run it on the CPU"
+	}
+	return ""
 }

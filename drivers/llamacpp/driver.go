@@ -46,6 +46,10 @@ const codeVersionFailed = "engine_version_failed"
 // requests.
 const DecisionsMinVersion = "0.7.0"
 
+// UnknownBuild is the version of a build that does not say which llama.cpp
+// it is (`--version` prints "version: 0 (unknown)").
+const UnknownBuild = "unknown build"
+
 // Bounds of the version check `engine add` runs.
 const (
 	versionTimeout   = 10 * time.Second
@@ -121,7 +125,13 @@ func (d *Driver) Detect(ctx context.Context, req *pb.DetectRequest) (*pb.DetectR
 		return nil, sdk.Errorf(codeVersionFailed, "%s --version printed no version line: %q", p, clip(out, 200))
 	}
 	ver := m[1]
-	if isDigits(ver) {
+	unknown := ver == "0"
+	switch {
+	case unknown:
+		// A build made without git (from a source tarball) prints
+		// "version: 0 (unknown)": it does not say which llama.cpp it is.
+		ver = UnknownBuild
+	case isDigits(ver):
 		ver = "b" + ver // a build number
 	}
 	digest, err := enginekit.FileDigest(abs)
@@ -131,6 +141,9 @@ func (d *Driver) Detect(ctx context.Context, req *pb.DetectRequest) (*pb.DetectR
 	notes := []string{
 		"llama.cpp models run restart only: CapyCTL stops them when it needs the memory and starts them on the next request",
 		"every llama.cpp build runs as custom (not verified)",
+	}
+	if unknown {
+		notes = append(notes, "this build does not say which llama.cpp it is (`--version` prints \"version: 0 (unknown)\", a build made without git): it is listed as an "+UnknownBuild+" and the options CapyCTL renders are those its --help lists")
 	}
 	if !versionAtLeast(ver, DecisionsMinVersion) {
 		notes = append(notes, "decision models (api = \"decisions\") need llama.cpp "+DecisionsMinVersion+" or newer; this build serves chat only")

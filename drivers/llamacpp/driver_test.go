@@ -197,6 +197,45 @@ func TestPlan_Golden(t *testing.T) {
 	}
 }
 
+// TestPlan_OffloadHints: the memory hints follow n_gpu_layers, from the
+// header of stories260K.gguf (TestSize_Stories260K): all layers on the
+// card; none (host RAM only, no startup figure on the card, the cards
+// hidden); two of five (blk.3 and blk.4, 363,520 B, and 2/5 of the
+// 5,242,880 B KV cache on the card, the rest in host RAM).
+func TestPlan_OffloadHints(t *testing.T) {
+	const overhead = HostOverheadBytes
+	cases := []struct {
+		name, layers, ngl string
+		device, host      int64
+		hidden            bool
+	}{
+		{name: "all", layers: `"all"`, ngl: "6", device: 6_414_080, host: overhead},
+		{name: "none", layers: `0`, ngl: "0", device: 0, host: overhead + 1_171_200 + 5_242_880, hidden: true},
+		{name: "two of five", layers: `2`, ngl: "2", device: 363_520 + 2_097_152, host: overhead + 807_680 + 3_145_728},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			dep := deployment(modelDir(t))
+			dep.EngineConfigJson = []byte(`{"n_gpu_layers":` + c.layers + `}`)
+			p, err := newDriver().Plan(context.Background(), &pb.PlanRequest{Installation: installation("/opt/llama/bin/llama-server"), Deployment: dep,
+				Launch: &pb.LaunchContext{Port: 8080, LaunchDir: t.TempDir()}})
+			if err != nil || len(p.GetRefusals()) > 0 {
+				t.Fatalf("plan: %v %v", err, p.GetRefusals())
+			}
+			h := p.GetHints()
+			if h.GetReadyDeviceBytes() != c.device || h.GetStartupDeviceBytes() != c.device || h.GetReadyHostBytes() != c.host || h.GetWeightsBytes() != 1_171_200 {
+				t.Fatalf("hints %+v, want %d on the card and %d in host RAM", h, c.device, c.host)
+			}
+			if argv := strings.Join(p.GetArgv(), " "); !strings.Contains(argv, "--n-gpu-layers "+c.ngl+" ") {
+				t.Fatalf("argv %s, want --n-gpu-layers %s", argv, c.ngl)
+			}
+			if v, ok := p.GetEnv()["CUDA_VISIBLE_DEVICES"]; ok != c.hidden || v != "" {
+				t.Fatalf("CUDA_VISIBLE_DEVICES = %q (set %v), want hidden %v", v, ok, c.hidden)
+			}
+		})
+	}
+}
+
 // TestPlan_OlderBuild: a build whose --help lacks the newer hardening flags
 // (b4748 has no --fit, --cache-ram, --offline, --no-webui or kv-unified)
 // gets none of them; the flags CapyCTL needs are always rendered.
@@ -407,6 +446,14 @@ func TestDetect(t *testing.T) {
 			}
 		})
 	}
+	t.Run("a build from a source tarball is an unknown build", func(t *testing.T) {
+		p := write("llama-server-tarball", "echo 'version: 0 (unknown)' >&2\necho 'built with cc for x86_64-linux-gnu' >&2")
+		resp, err := d.Detect(context.Background(), &pb.DetectRequest{Path: p})
+		if err != nil || resp.GetVersion() != UnknownBuild || resp.GetDetails()["commit"] != "" ||
+			!strings.Contains(strings.Join(resp.GetNotes(), "\n"), "does not say which llama.cpp it is") {
+			t.Fatalf("%+v %v", resp, err)
+		}
+	})
 	t.Run("the environment is cleared", func(t *testing.T) {
 		t.Setenv("SECRET_OF_THE_CORE", "x")
 		p := write("llama-server-env", `echo "version: 1.0.0 ($(env | grep -c SECRET_OF_THE_CORE)00)" >&2`)

@@ -14,6 +14,7 @@ import (
 	"testing"
 
 	"github.com/capyctl/capyctl/drivers/internal/drivertest"
+	"github.com/capyctl/capyctl/sdk/engineapi"
 	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
 
@@ -21,7 +22,10 @@ import (
 // llama-server (CAPYCTL_LLAMA_SERVER=/path/to/llama-server) with
 // stories260K.gguf: detect, plan, start, readiness (health, models, props,
 // a real answer), a streamed answer with usage and timings, the idle
-// signal, and a stop that leaves nothing. It skips without the variable.
+// signal, and a stop that leaves nothing. The plan renders only the
+// options the build's --help lists (Detect's details), so an older build
+// or one from a source tarball ("version: 0 (unknown)") runs too. It skips
+// without the variable.
 //
 //	CAPYCTL_LLAMA_SERVER=/opt/llama.cpp/build/bin/llama-server make test-integration
 func TestIntegration_RealLlamaServer(t *testing.T) {
@@ -37,7 +41,11 @@ func TestIntegration_RealLlamaServer(t *testing.T) {
 		t.Fatalf("detect %s: %v", bin, err)
 	}
 	t.Logf("llama-server %s (%s), notes %v", det.GetVersion(), det.GetDetails()["commit"], det.GetNotes())
-	inst := &pb.Installation{Name: "llamacpp", Family: Family, Path: det.GetProgram(), Version: det.GetVersion(), Digest: det.GetDigest()}
+	// The installation as engine add registers it: with the details Detect
+	// read (the options of this build's --help), so the plan renders only
+	// options this build takes (an older build refuses --no-kv-unified,
+	// --fit, --cache-ram, --offline).
+	inst := &pb.Installation{Name: "llamacpp", Family: Family, Path: det.GetProgram(), Version: det.GetVersion(), Digest: det.GetDigest(), Details: det.GetDetails()}
 	dep := deployment(modelDir(t))
 	dep.MaxConcurrentRequests, dep.ContextLength = 2, 256
 	lctx := &pb.LaunchContext{Port: int32(drivertest.FreePort(t)), LaunchDir: t.TempDir(), InstanceId: "stories/0", LaunchId: "it"}
@@ -46,6 +54,13 @@ func TestIntegration_RealLlamaServer(t *testing.T) {
 		t.Fatalf("plan: %v %v", err, plan.GetRefusals())
 	}
 	t.Logf("argv: %s", strings.Join(plan.GetArgv(), " "))
+	if opts := det.GetDetails()[detailOptions]; opts != "" {
+		for _, a := range plan.GetArgv()[1:] {
+			if strings.HasPrefix(a, "--") && !supports(inst, a) {
+				t.Fatalf("the plan renders %s, which this build's --help does not list", a)
+			}
+		}
+	}
 	resp, err := d.Start(ctx, &pb.StartRequest{Installation: inst, Deployment: dep, Launch: lctx, Plan: plan, EngineKey: "integration-key"})
 	if err != nil {
 		t.Fatal(err)
@@ -56,11 +71,18 @@ func TestIntegration_RealLlamaServer(t *testing.T) {
 		t.Fatalf("readiness %+v %v\n(a build older than the flags the driver renders refuses them: see the log lines)", ready, err)
 	}
 	t.Logf("canary: %q", ready.GetCanary())
+	// The endpoint is a loopback port, or a Unix socket on a build that
+	// binds one (engineapi's client dials either).
 	ep := resp.GetEndpoint()
-	req, _ := http.NewRequest(http.MethodPost, ep.GetBaseUrl()+ep.GetChatPath(),
+	t.Logf("endpoint %s (%s)", ep.GetBaseUrl(), ep.GetListener())
+	client := engineapi.NewEngineClient(ep.GetBaseUrl(), ep.GetAuthHeader(), ep.GetAuthValue())
+	defer client.CloseIdleConnections()
+	req, err := client.NewRequest(ctx, http.MethodPost, ep.GetChatPath(),
 		strings.NewReader(`{"model":"stories","stream":false,"max_tokens":16,"temperature":0,"messages":[{"role":"user","content":"Once upon a time"}]}`))
-	req.Header.Set(ep.GetAuthHeader(), ep.GetAuthValue())
-	r, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := client.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -166,6 +166,9 @@ func (d *Driver) Plan(_ context.Context, req *pb.PlanRequest) (*pb.PlanResponse,
 		return resp, nil
 	}
 	resp.Notes = append(resp.Notes, "restart only: llama.cpp cannot park; CapyCTL stops the model when it needs the memory")
+	if cfg.GPULayers == 0 {
+		resp.Notes = append(resp.Notes, "runs on the CPU (n_gpu_layers = 0): charged host RAM only, and the cards are hidden from it")
+	}
 	if socketFor(inst, lctx) != "" {
 		resp.Notes = append(resp.Notes, "serves on a Unix socket in its launch directory (--host ending in .sock): no other local user reaches any of its routes")
 	} else {
@@ -188,7 +191,7 @@ func (d *Driver) Plan(_ context.Context, req *pb.PlanRequest) (*pb.PlanResponse,
 	}
 	resp.StartupTimeoutMs = startupTimeout(sz.WeightsBytes).Milliseconds()
 	resp.Argv = renderArgv(inst, dep, lctx, cfg, sz)
-	resp.Env = renderEnv(dep, host, lctx)
+	resp.Env = renderEnv(dep, host, lctx, cfg)
 	resp.Workdir = lctx.GetLaunchDir()
 	return resp, nil
 }
@@ -291,8 +294,11 @@ func socketFor(inst *pb.Installation, lctx *pb.LaunchContext) string {
 // at, so that it reads no configuration and caches nothing elsewhere.
 var launchDirs = []string{"home", "config", "cache"}
 
-// renderEnv is the engine's environment apart from its key.
-func renderEnv(dep *pb.Deployment, host *pb.HostPolicy, lctx *pb.LaunchContext) map[string]string {
+// renderEnv is the engine's environment apart from its key. A CPU-only
+// model (n_gpu_layers = 0) sees no card: a CUDA build would otherwise
+// still take a context and compute buffers on the first card for prompt
+// processing, memory its host-RAM-only charge does not hold.
+func renderEnv(dep *pb.Deployment, host *pb.HostPolicy, lctx *pb.LaunchContext, cfg Config) map[string]string {
 	dir := lctx.GetLaunchDir()
 	if dir == "" {
 		dir = "{{launch_dir}}"
@@ -305,6 +311,9 @@ func renderEnv(dep *pb.Deployment, host *pb.HostPolicy, lctx *pb.LaunchContext) 
 	env.NoTelemetry(host)
 	env.PinDevices(lctx)
 	env.Merge(host.GetHostEnv())
+	if cfg.GPULayers == 0 {
+		env["CUDA_VISIBLE_DEVICES"] = ""
+	}
 	env.Merge(dep.GetEnv())
 	return env
 }

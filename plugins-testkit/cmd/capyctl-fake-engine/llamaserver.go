@@ -197,10 +197,17 @@ func llamaServerCommand(args []string, env func(string) string, stdout, stderr i
 		cfg.ServedName = model
 	}
 	// Memory on the simulated GPU follows the model unless a knob says
-	// otherwise: the weights, and the KV cache of every slot's context.
+	// otherwise: the weights, and the KV cache of every slot's context,
+	// of the layers offloaded (-ngl: the last n layers; more than the
+	// layers, or "all", offloads every tensor).
 	if ngl := a["gpu-layers"]; ngl != "0" && cfg.Sim.Weights == 0 && cfg.Sim.KV == 0 {
 		cfg.Sim.Weights = int64(g.WeightsBytes())
 		cfg.Sim.KV = int64(ctx) * llamaKVPerToken(g, a["cache-type-k"], a["cache-type-v"])
+		layers := int64(g.BlockCount())
+		if n, err := strconv.ParseInt(ngl, 10, 64); err == nil && n >= 0 && n < layers {
+			cfg.Sim.Weights = offloadedBytes(g, layers-n)
+			cfg.Sim.KV = cfg.Sim.KV * n / layers
+		}
 	}
 	cfg.Flavour = fakeengine.NewLlamaCpp(opts)
 	// A --host ending in .sock binds a Unix socket (server-http.cpp).
@@ -209,6 +216,23 @@ func llamaServerCommand(args []string, env func(string) string, stdout, stderr i
 		sock = host
 	}
 	return serveEngineOn(cfg, host, port, sock, knobs.ListenAll, stderr)
+}
+
+// offloadedBytes is the bytes of the tensors of layers from..end
+// ("blk.<n>.").
+func offloadedBytes(g *formats.GGUFFile, from int64) int64 {
+	var b int64
+	for _, t := range g.Tensors {
+		rest, ok := strings.CutPrefix(t.Name, "blk.")
+		if !ok {
+			continue
+		}
+		num, _, _ := strings.Cut(rest, ".")
+		if n, err := strconv.ParseInt(num, 10, 64); err == nil && n >= from {
+			b += int64(t.Bytes)
+		}
+	}
+	return b
 }
 
 // llamaKVPerToken is the KV bytes per token with the K and V cache types
