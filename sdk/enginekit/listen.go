@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/capyctl/capyctl/sdk/engineapi"
+	"github.com/capyctl/capyctl/sdk/proc"
 	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
 
@@ -29,8 +30,10 @@ const (
 )
 
 // NetnsPossible reports whether this driver can launch an engine in a
-// network namespace of its own: it runs as root.
-func NetnsPossible() bool { return os.Geteuid() == 0 }
+// network namespace of its own: it runs as root and may make one
+// (proc.NetnsSupported; elsewhere the engine stays on loopback and its
+// exposure is reported).
+func NetnsPossible() bool { return proc.NetnsSupported() }
 
 // NetnsNote is the exposure note of a namespaced engine.
 const NetnsNote = "network namespace of its own: only the role's user reaches it"

@@ -11,6 +11,7 @@ import (
 	"os"
 	"runtime"
 	"strconv"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -85,8 +86,12 @@ func OwnNetns(id Identity) (bool, error) {
 	if err != nil {
 		return false, err
 	}
+	// This thread's namespace, which is the process's (a thread that
+	// visits another namespace is locked while it does).
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
 	var st unix.Stat_t
-	if err := unix.Stat("/proc/self/ns/net", &st); err != nil {
+	if err := unix.Stat("/proc/thread-self/ns/net", &st); err != nil {
 		return false, err
 	}
 	return theirs != st.Ino, nil
@@ -213,4 +218,49 @@ func connectLoopback(ctx context.Context, fd, port int) error {
 		}
 		return nil
 	}
+}
+
+var netnsProbe struct {
+	once sync.Once
+	ok   bool
+}
+
+// NetnsSupported reports whether this process can start an engine in a
+// network namespace of its own: it runs as root and the kernel lets it
+// make one (a container may forbid unshare even to root). It tries once,
+// on a thread of its own that then ends.
+func NetnsSupported() bool {
+	netnsProbe.once.Do(func() {
+		if os.Geteuid() != 0 {
+			return
+		}
+		done := make(chan bool, 1)
+		go func() {
+			// IMPORTANT: the thread goes back to its namespace; when it
+			// cannot, the goroutine ends locked and the runtime ends the
+			// thread (or, on the main thread, never runs Go code on it
+			// again).
+			runtime.LockOSThread()
+			self, err := unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+			if err != nil {
+				runtime.UnlockOSThread()
+				done <- false
+				return
+			}
+			defer unix.Close(self)
+			if unix.Unshare(unix.CLONE_NEWNET) != nil {
+				runtime.UnlockOSThread()
+				done <- false
+				return
+			}
+			if unix.Setns(self, unix.CLONE_NEWNET) != nil {
+				done <- false
+				return
+			}
+			runtime.UnlockOSThread()
+			done <- true
+		}()
+		netnsProbe.ok = <-done
+	})
+	return netnsProbe.ok
 }

@@ -75,3 +75,6 @@ func OwnNetns(Identity) (bool, error) { return false, ErrUnsupported }
 
 // DialNetns returns ErrUnsupported outside Linux.
 func DialNetns(context.Context, Identity, int) (net.Conn, error) { return nil, ErrUnsupported }
+
+// NetnsSupported returns false outside Linux.
+func NetnsSupported() bool { return false }
