@@ -150,6 +150,19 @@ func parseEngineURL(base, path string) (engineTarget, error) {
 		}
 		return engineTarget{addr: host, path: prefix + path}, nil
 	}
+	if rest, ok := strings.CutPrefix(base, engineapi.NetnsScheme); ok {
+		// addr is "<pid>.<ticks>.netns.invalid:<port>": a valid Host
+		// header, the pool's key, and what conn dials in the engine's
+		// network namespace (netnsAddr).
+		host, prefix, _ := strings.Cut(rest, "/")
+		if _, ok := engineapi.ParseNetnsHost(host); !ok {
+			return engineTarget{}, errors.New("bad namespaced engine address " + host)
+		}
+		if prefix != "" {
+			prefix = "/" + prefix
+		}
+		return engineTarget{addr: host, path: prefix + path}, nil
+	}
 	u, err := url.Parse(base)
 	if err != nil {
 		return engineTarget{}, err
@@ -281,6 +294,9 @@ func (cl *engineClient) conn(ctx context.Context, addr string, deadline time.Tim
 	network, dial := "tcp", addr
 	if sock, ok := unixSocketAddr(addr); ok {
 		network, dial = "unix", sock
+	} else if ns, ok := engineapi.ParseNetnsHost(addr); ok {
+		c, err := engineapi.DialNetns(ctx, ns)
+		return c, false, err
 	}
 	c, err := cl.dialer.DialContext(ctx, network, dial)
 	return c, false, err

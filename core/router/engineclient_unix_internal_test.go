@@ -28,6 +28,8 @@ func TestParseEngineURL(t *testing.T) {
 		{"port and prefix", "http://127.0.0.1:8000/api", "/v1/chat/completions", engineTarget{addr: "127.0.0.1:8000", path: "/api/v1/chat/completions"}, ""},
 		{"socket", engineapi.UnixBaseURL("/state/launches/chat/0-L1/engine.sock"), "/v1/chat/completions",
 			engineTarget{addr: "%2Fstate%2Flaunches%2Fchat%2F0-L1%2Fengine.sock", path: "/v1/chat/completions"}, "/state/launches/chat/0-L1/engine.sock"},
+		{"network namespace", "http+netns://4242.977.netns.invalid:30001", "/v1/chat/completions",
+			engineTarget{addr: "4242.977.netns.invalid:30001", path: "/v1/chat/completions"}, ""},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -43,6 +45,15 @@ func TestParseEngineURL(t *testing.T) {
 	}
 	if _, err := parseEngineURL(engineapi.UnixScheme+"relative.sock", "/x"); err == nil {
 		t.Fatal("a relative socket path was accepted")
+	}
+	if _, err := parseEngineURL(engineapi.NetnsScheme+"127.0.0.1:8000", "/x"); err == nil {
+		t.Fatal("a namespaced address without the engine's identity was accepted")
+	}
+	if ns, ok := engineapi.ParseNetnsHost("4242.977.netns.invalid:30001"); !ok || ns.Engine.PID != 4242 || ns.Engine.StartTicks != 977 || ns.Port != 30001 {
+		t.Fatalf("ParseNetnsHost = %+v, %v", ns, ok)
+	}
+	if _, ok := engineapi.ParseNetnsHost("127.0.0.1:8000"); ok {
+		t.Fatal("a loopback port read as a namespaced engine")
 	}
 }
 

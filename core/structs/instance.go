@@ -85,7 +85,8 @@ type EngineEndpoint struct {
 // driver reports it.
 type Exposure struct {
 	// Listener is "unix" (a socket in the 0700 launch directory: only the
-	// role's user) or "tcp" (the loopback port: every local user).
+	// role's user), "netns" (a network namespace of the engine's own: only
+	// the role's user, root) or "tcp" (the loopback port: every local user).
 	Listener string `json:"listener"`
 	// OpenRoutes answer any local user without the key ("*": every route).
 	OpenRoutes []string `json:"open_routes,omitempty"`

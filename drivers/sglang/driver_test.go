@@ -13,6 +13,7 @@ import (
 	"github.com/capyctl/capyctl/drivers/internal/drivertest"
 	"github.com/capyctl/capyctl/drivers/internal/pyengine"
 	"github.com/capyctl/capyctl/sdk"
+	"github.com/capyctl/capyctl/sdk/engineapi"
 	"github.com/capyctl/capyctl/sdk/enginekit"
 	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
@@ -267,7 +268,7 @@ func TestEngineKey(t *testing.T) {
 			t.Errorf("engineKey(%q) = %q, want %q", in, got, want)
 		}
 	}
-	ep := endpoint(1, "-abc", &pb.Deployment{ServedName: "m"}, 1)
+	ep := endpoint(1, "-abc", &pb.Deployment{ServedName: "m"}, 1, engineapi.NetnsAddr{})
 	if ep.GetAuthValue() != "Bearer k-abc" {
 		t.Fatalf("endpoint auth %q", ep.GetAuthValue())
 	}
@@ -297,7 +298,7 @@ func TestEndpoint_NonStreamedHangup(t *testing.T) {
 		{2, pb.AbortMode_ABORT_MODE_CLOSE_CONNECTION, pb.NonStreamedHangup_NON_STREAMED_HANGUP_STREAM},
 	}
 	for _, c := range cases {
-		ep := endpoint(1, "k", &pb.Deployment{ServedName: "m"}, c.workers)
+		ep := endpoint(1, "k", &pb.Deployment{ServedName: "m"}, c.workers, engineapi.NetnsAddr{})
 		if ep.GetAbortMode() != c.abort || ep.GetNonStreamedHangup() != c.hangup {
 			t.Errorf("%d workers: abort %v, hang-up %v; want %v, %v", c.workers, ep.GetAbortMode(), ep.GetNonStreamedHangup(), c.abort, c.hangup)
 		}

@@ -13,6 +13,7 @@ import (
 	"github.com/capyctl/capyctl/drivers/internal/engine"
 	"github.com/capyctl/capyctl/drivers/internal/pyengine"
 	"github.com/capyctl/capyctl/sdk"
+	"github.com/capyctl/capyctl/sdk/engineapi"
 	"github.com/capyctl/capyctl/sdk/enginekit"
 	"github.com/capyctl/capyctl/sdk/flags"
 	"github.com/capyctl/capyctl/sdk/proc"
@@ -141,7 +142,10 @@ func (d *Driver) Plan(_ context.Context, req *pb.PlanRequest) (*pb.PlanResponse,
 	if enginekit.Parks(res) {
 		resp.Notes = append(resp.Notes, "parks with SGLang's memory saver (release_memory_occupation / resume_memory_occupation)")
 	}
-	resp.Notes = append(resp.Notes, "listens on its loopback port: any local user can call "+strings.Join(publicRoutes, ", ")+" without the key ("+noSocketNote+")")
+	// The same note whoever plans: the golden plans do not depend on the
+	// user the tests run as.
+	resp.Notes = append(resp.Notes, "listens on its port in a network namespace of its own when the role runs as root (no other local user reaches it), "+
+		"else on its loopback port, where any local user can call "+strings.Join(publicRoutes, ", ")+" without the key ("+noSocketNote+")")
 	if workers != 1 {
 		resp.Notes = append(resp.Notes, "more than one tokenizer worker: an abort by request ID may not reach the worker that holds the request; hang-ups close the connection")
 	}
@@ -165,7 +169,7 @@ func engineKey(key string) string {
 // body's "rid", by which a request is aborted (with one tokenizer worker;
 // with more, an abort may miss the worker and hang-ups close the
 // connection), and decisions for a decision model.
-func endpoint(port int, key string, dep *pb.Deployment, workers int64) *pb.Endpoint {
+func endpoint(port int, key string, dep *pb.Deployment, workers int64, netns engineapi.NetnsAddr) *pb.Endpoint {
 	ep := enginekit.NewEndpoint(port, dep.GetServedName(), engineKey(key))
 	ep.RequestIdField = RequestIDField
 	ep.AbortMode = pb.AbortMode_ABORT_MODE_REQUEST_ID
@@ -182,7 +186,7 @@ func endpoint(port int, key string, dep *pb.Deployment, workers int64) *pb.Endpo
 		ep.AbortMode = pb.AbortMode_ABORT_MODE_CLOSE_CONNECTION
 		ep.NonStreamedHangup = pb.NonStreamedHangup_NON_STREAMED_HANGUP_STREAM
 	}
-	x := enginekit.Exposure{OpenRoutes: enginekit.OpenToAll, Note: noSocketNote}
+	x := enginekit.Exposure{OpenRoutes: enginekit.OpenToAll, Note: noSocketNote, Netns: netns}
 	if key != "" {
 		x.OpenRoutes = publicRoutes
 	}
@@ -261,21 +265,30 @@ func (d *Driver) Start(_ context.Context, req *pb.StartRequest) (*pb.StartRespon
 		return nil, sdk.Errorf(sdk.CodeLaunchFailed, "write the launch's configuration: %v", err)
 	}
 	_ = shm(lctx.GetLaunchDir()).RecordBefore()
+	// SGLang cannot listen on a Unix socket: a driver that runs as root
+	// launches it in a network namespace of its own instead.
+	netns := enginekit.NetnsPossible()
 	launched, err := enginekit.StartLaunch(enginekit.LaunchOptions{
 		Plan: req.GetPlan(), Host: req.GetHost(), Launch: lctx,
-		Secrets: []string{engineKey(req.GetEngineKey()), req.GetEngineKey(), req.GetAdminKey()},
+		Secrets:      []string{engineKey(req.GetEngineKey()), req.GetEngineKey(), req.GetAdminKey()},
+		NetNamespace: netns,
 	})
 	if err != nil {
 		removeConfig(lctx.GetLaunchDir())
 		return nil, err
 	}
-	in := d.instance(lctx.GetInstanceId(), lctx.GetLaunchId(), *launched, int(lctx.GetPort()), req.GetEngineKey(), dep, req.GetPlan().GetResidency())
+	in := d.instance(lctx.GetInstanceId(), lctx.GetLaunchId(), *launched, int(lctx.GetPort()), req.GetEngineKey(), dep, req.GetPlan().GetResidency(), netns)
 	return d.reg.Started(in), nil
 }
 
 // instance builds the driver's handle of a launch.
-func (d *Driver) instance(id, launchID string, l proc.Launched, port int, key string, dep *pb.Deployment, res string) *enginekit.Instance {
-	in := enginekit.NewInstance(id, launchID, l, port, endpoint(port, key, dep, tokenizerWorkers(dep)))
+// netns says the engine listens in a network namespace of its own.
+func (d *Driver) instance(id, launchID string, l proc.Launched, port int, key string, dep *pb.Deployment, res string, netns bool) *enginekit.Instance {
+	var ns engineapi.NetnsAddr
+	if netns {
+		ns = engineapi.NetnsAddr{Engine: l.Engine, Port: port}
+	}
+	in := enginekit.NewInstance(id, launchID, l, port, endpoint(port, key, dep, tokenizerWorkers(dep), ns))
 	in.API = dep.GetApi()
 	if in.API == "" {
 		in.API = "chat"

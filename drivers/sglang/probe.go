@@ -195,7 +195,13 @@ func (d *Driver) Stop(_ context.Context, req *pb.StopRequest) (*pb.StopResponse,
 func (d *Driver) Recover(_ context.Context, req *pb.RecoverRequest) (*pb.RecoverResponse, error) {
 	return d.reg.Recover(req, func(launched proc.Launched, detail string) (*enginekit.Instance, string, error) {
 		l := req.GetLaunch()
-		in := d.instance(req.GetInstanceId(), l.GetLaunchId(), launched, int(l.GetPort()), req.GetEngineKey(), req.GetDeployment(), "")
+		// A launch in a network namespace of its own is reached only
+		// there: the namespace is the engine's, read again from /proc.
+		netns, err := proc.OwnNetns(launched.Engine)
+		if err != nil {
+			return nil, "", fmt.Errorf("the engine's network namespace: %w", err)
+		}
+		in := d.instance(req.GetInstanceId(), l.GetLaunchId(), launched, int(l.GetPort()), req.GetEngineKey(), req.GetDeployment(), "", netns)
 		// SGLang has no route that says whether its memory is released: the
 		// launch directory records a completed park, and a park the core saw
 		// complete counts too.

@@ -79,6 +79,10 @@ type Target struct {
 	// NoSimGPU skips the memory checks (a fake that holds nothing on the
 	// simulated GPU).
 	NoSimGPU bool
+	// IsolatedAsRoot wants the engine out of every other user's reach when
+	// the suite runs as root: on a Unix socket or in a network namespace
+	// of its own, never on the host's loopback.
+	IsolatedAsRoot bool
 }
 
 // Refusal is a deployment Plan must refuse with Code.
@@ -443,7 +447,7 @@ func (s *suite) testLifecycle(t *testing.T) {
 	if ep.GetServedName() != st.dep.GetServedName() {
 		t.Fatalf("endpoint %v", ep)
 	}
-	checkListener(t, st, ep)
+	s.checkListener(t, st, ep)
 	if live := s.probe(t, id, pb.ProbeKind_PROBE_KIND_LIVENESS); !live.GetAlive() {
 		t.Fatalf("liveness %v", live)
 	}
@@ -493,6 +497,7 @@ func (s *suite) testLifecycle(t *testing.T) {
 	if !again.GetReady() {
 		t.Fatalf("not ready after re-attaching: %v", again)
 	}
+	s.checkListener(t, st, again.GetEndpoint())
 	s.serve(t, again.GetEndpoint())
 	s.waitIdle(t, id)
 
@@ -586,9 +591,39 @@ func (s *suite) restartAndRecover(t *testing.T, st *started, recorded, tier stri
 // checkListener wants the engine where its endpoint says: on a Unix
 // socket in its 0700 launch directory with nothing on the leased port, or
 // on the leased loopback port, saying which routes answer any local user.
-func checkListener(t *testing.T, st *started, ep *pb.Endpoint) {
+func (s *suite) checkListener(t *testing.T, st *started, ep *pb.Endpoint) {
 	t.Helper()
 	port := st.lctx.GetPort()
+	if ns, ok := engineapi.NetnsFromURL(ep.GetBaseUrl()); ok {
+		var engine proc.Identity
+		for _, p := range st.launch.GetProcesses() {
+			if p.GetRole() == "engine" {
+				engine = proc.Identity{PID: int(p.GetPid()), StartTicks: p.GetStartTicks()}
+			}
+		}
+		if ep.GetListener() != "netns" || ns.Port != int(port) || ns.Engine != engine {
+			t.Fatalf("endpoint %v: a namespaced engine not on the leased port %d of the launched engine %+v, or not reported", ep, port, engine)
+		}
+		if len(ep.GetOpenRoutes()) > 0 {
+			t.Fatalf("endpoint %v: in a namespace of its own yet routes open to other users", ep)
+		}
+		// A foreign client on the host's loopback reaches nothing: the
+		// leased port is closed there.
+		if c, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", port)); err == nil {
+			c.Close()
+			t.Fatalf("the engine is said to be in a namespace of its own, but 127.0.0.1:%d answers on the host", port)
+		}
+		ctx, cancel := ctxT()
+		defer cancel()
+		if _, err := engineClient(ep).GetJSON(ctx, "/v1/models", nil); err != nil {
+			t.Fatalf("the namespaced engine does not answer through its namespace: %v", err)
+		}
+		t.Logf("the engine listens on port %d in a network namespace of its own", port)
+		return
+	}
+	if s.tg.IsolatedAsRoot && os.Geteuid() == 0 && ep.GetListener() != "unix" {
+		t.Fatalf("endpoint %v: as root the engine must be on a Unix socket or in a network namespace of its own, not on the host's loopback where any user reaches it", ep)
+	}
 	if sock, ok := engineapi.UnixSocket(ep.GetBaseUrl()); ok {
 		if ep.GetListener() != "unix" || filepath.Dir(sock) != st.lctx.GetLaunchDir() {
 			t.Fatalf("endpoint %v: a socket outside the launch directory %s, or not reported", ep, st.lctx.GetLaunchDir())

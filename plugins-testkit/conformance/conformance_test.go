@@ -32,6 +32,8 @@ func TestConformance_SGLang(t *testing.T) {
 	conformance.Run(t, conformance.Target{
 		Family: "sglang",
 		Driver: conformance.BuiltinDriver("sglang"),
+		// No socket option: as root, a network namespace of its own.
+		IsolatedAsRoot: true,
 		Install: func(t testing.TB, dir string) string {
 			return conformance.FakeVenv(t, dir, map[string]string{"sglang": "0.5.22", "smg-grpc-servicer": "0.3.0"}, map[string]string{
 				// SGLang 0.5.22 installs plugins of its own: none may load.

@@ -12,6 +12,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -49,7 +50,8 @@ type EngineClient struct {
 }
 
 // NewEngineClient returns a client for the engine at baseURL
-// ("http://127.0.0.1:8000", or UnixBaseURL of its socket). authHeader and
+// ("http://127.0.0.1:8000", UnixBaseURL of its socket, or NetnsBaseURL of
+// an engine in a network namespace of its own). authHeader and
 // authValue ("Authorization", "Bearer <key>") are set on every request; an
 // empty authHeader sets none.
 func NewEngineClient(baseURL, authHeader, authValue string) *EngineClient {
@@ -63,6 +65,14 @@ func NewEngineClient(baseURL, authHeader, authValue string) *EngineClient {
 		baseURL = "http://" + UnixHost
 		dial = func(ctx context.Context, _, _ string) (net.Conn, error) {
 			return dialer.DialContext(ctx, "unix", sock)
+		}
+	} else if ns, ok := NetnsFromURL(baseURL); ok {
+		// Every connection is made in the engine's network namespace.
+		baseURL = "http://127.0.0.1:" + strconv.Itoa(ns.Port)
+		dial = func(ctx context.Context, _, _ string) (net.Conn, error) {
+			ctx, cancel := context.WithTimeout(ctx, dialer.Timeout)
+			defer cancel()
+			return DialNetns(ctx, ns)
 		}
 	}
 	tr := &http.Transport{

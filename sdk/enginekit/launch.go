@@ -68,6 +68,10 @@ type LaunchOptions struct {
 	// Program, when set, names the program in the error of a launch that
 	// fails ("launch <program>: ...").
 	Program string
+	// NetNamespace launches the engine in a network namespace of its own
+	// (NetnsPossible: the driver runs as root); the endpoint then names
+	// it (Exposure.Netns).
+	NetNamespace bool
 }
 
 // StartLaunch runs a plan behind the shim: the leased port must be free,
@@ -99,13 +103,14 @@ func StartLaunch(o LaunchOptions) (*proc.Launched, error) {
 		}
 	}
 	launched, err := proc.Start(proc.LaunchSpec{
-		Argv:        o.Plan.GetArgv(),
-		Env:         env,
-		Dir:         o.Plan.GetWorkdir(),
-		LaunchDir:   lctx.GetLaunchDir(),
-		LogMode:     LogMode(o.Host),
-		Secrets:     secrets,
-		NoCoreDumps: o.Host.GetRetention() == "zero",
+		Argv:         o.Plan.GetArgv(),
+		Env:          env,
+		Dir:          o.Plan.GetWorkdir(),
+		LaunchDir:    lctx.GetLaunchDir(),
+		LogMode:      LogMode(o.Host),
+		Secrets:      secrets,
+		NoCoreDumps:  o.Host.GetRetention() == "zero",
+		NetNamespace: o.NetNamespace,
 	})
 	if err != nil {
 		if o.Program != "" {

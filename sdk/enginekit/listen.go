@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/capyctl/capyctl/sdk/engineapi"
+	"github.com/capyctl/capyctl/sdk/proc"
 	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
 
@@ -22,7 +23,20 @@ const (
 	// connect, and the routes the engine does not guard with its key answer
 	// them.
 	ListenerTCP = "tcp"
+	// ListenerNetns is the leased port on 127.0.0.1 in a network namespace
+	// of the engine's own (a root role, an engine with no socket option):
+	// only a process that may enter the namespace (root) reaches it.
+	ListenerNetns = "netns"
 )
+
+// NetnsPossible reports whether this driver can launch an engine in a
+// network namespace of its own: it runs as root and may make one
+// (proc.NetnsSupported; elsewhere the engine stays on loopback and its
+// exposure is reported).
+func NetnsPossible() bool { return proc.NetnsSupported() }
+
+// NetnsNote is the exposure note of a namespaced engine.
+const NetnsNote = "network namespace of its own: only the role's user reaches it"
 
 // SocketName is the engine's socket in its launch directory.
 const SocketName = "engine.sock"
@@ -86,16 +100,27 @@ type Exposure struct {
 	OpenRoutes []string
 	// Note says why the engine is on TCP.
 	Note string
+	// Netns, when its PID is set, is the engine process whose network
+	// namespace of its own holds the listener (Socket is ""): no other
+	// user reaches any route.
+	Netns engineapi.NetnsAddr
 }
 
-// Apply points ep at the socket (when there is one) and records the
-// exposure on it.
+// Apply points ep at the socket or the engine's network namespace (when
+// there is one) and records the exposure on it.
 func (x Exposure) Apply(ep *pb.Endpoint) *pb.Endpoint {
 	if x.Socket != "" {
 		ep.BaseUrl = engineapi.UnixBaseURL(x.Socket)
 		ep.Listener = ListenerUnix
 		ep.OpenRoutes = nil
 		ep.ExposureNote = ""
+		return ep
+	}
+	if x.Netns.Engine.PID > 0 {
+		ep.BaseUrl = engineapi.NetnsBaseURL(x.Netns)
+		ep.Listener = ListenerNetns
+		ep.OpenRoutes = nil
+		ep.ExposureNote = NetnsNote
 		return ep
 	}
 	ep.Listener = ListenerTCP

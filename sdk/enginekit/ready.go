@@ -111,6 +111,12 @@ func (in *Instance) ChatReady(prompt string, maxTokens int, extra map[string]any
 // and describes it; nil when every listener is on loopback. The last lines
 // are read before the stop (in memory mode they leave with the shim).
 func (in *Instance) offLoopback() *pb.ProbeResponse {
+	if in.Endpoint.GetListener() == ListenerNetns {
+		// The listeners are read through sock_diag in the driver's
+		// namespace, which cannot see the engine's; and in a namespace of
+		// its own the engine has nothing but loopback to listen on.
+		return nil
+	}
 	bad := OffLoopback(in.Launched.Pgid)
 	if bad == "" {
 		return nil

@@ -14,6 +14,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"runtime"
 	"sort"
 	"strconv"
 	"strings"
@@ -165,6 +166,20 @@ func runShim() int {
 		// The limit set here is inherited by the engine and its children;
 		// the hard limit too, so the engine cannot raise it again.
 		_ = syscall.Setrlimit(syscall.RLIMIT_CORE, &syscall.Rlimit{Cur: 0, Max: 0})
+	}
+	if spec.NetNamespace {
+		// IMPORTANT: this goroutine stays locked to its thread for the
+		// shim's life: the thread enters the new namespace and the engine
+		// is forked from it (a fork takes the calling thread's
+		// namespaces); no other goroutine may run on it. The runtime
+		// starts new threads from a template thread, not from a locked one.
+		runtime.LockOSThread()
+		if err := enterNewNetns(); err != nil {
+			pr.Close()
+			pw.Close()
+			report(shimReport{Error: err.Error()})
+			return 2
+		}
 	}
 	err = cmd.Start()
 	pw.Close()

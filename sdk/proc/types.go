@@ -87,6 +87,11 @@ type LaunchSpec struct {
 	// NoCoreDumps sets the engine's core-file size limit to 0, so a crash
 	// leaves no memory image (prompts, keys) on disk: retention = "zero".
 	NoCoreDumps bool `json:"no_core_dumps,omitempty"`
+	// NetNamespace starts the engine in a network namespace of its own
+	// with only loopback up (needs root): no other process of the host
+	// reaches its ports, CapyCTL reaches them with DialNetns. The shim
+	// stays in the host's namespace.
+	NetNamespace bool `json:"net_namespace,omitempty"`
 	// Executable overrides the executable started as the shim (default
 	// os.Executable()). It must call MaybeRunShim first thing in main.
 	Executable string `json:"-"`

@@ -6,6 +6,8 @@
 package proc
 
 import (
+	"context"
+	"net"
 	"net/netip"
 	"time"
 )
@@ -67,3 +69,12 @@ func DisableCoreDumps() error { return nil }
 
 // Dumpable reports true outside Linux (there is no such flag).
 func Dumpable() (bool, error) { return true, nil }
+
+// OwnNetns returns ErrUnsupported outside Linux.
+func OwnNetns(Identity) (bool, error) { return false, ErrUnsupported }
+
+// DialNetns returns ErrUnsupported outside Linux.
+func DialNetns(context.Context, Identity, int) (net.Conn, error) { return nil, ErrUnsupported }
+
+// NetnsSupported returns false outside Linux.
+func NetnsSupported() bool { return false }

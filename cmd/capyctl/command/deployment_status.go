@@ -139,6 +139,9 @@ func exposureLine(x *structs.Exposure) string {
 	switch {
 	case x.Listener == "unix":
 		s = "unix socket in the launch directory (only the role's user)"
+	case x.Listener == "netns":
+		s = "network namespace of its own (only the role's user)"
+		return s
 	case len(x.OpenRoutes) == 1 && x.OpenRoutes[0] == "*":
 		s = "loopback TCP: every route answers any local user"
 	case len(x.OpenRoutes) > 0:

@@ -16,6 +16,8 @@ func TestExposureLine(t *testing.T) {
 		want string
 	}{
 		{"socket", structs.Exposure{Listener: "unix"}, "unix socket in the launch directory (only the role's user)"},
+		{"network namespace", structs.Exposure{Listener: "netns", Note: "network namespace of its own: only the role's user reaches it"},
+			"network namespace of its own (only the role's user)"},
 		{"no key", structs.Exposure{Listener: "tcp", OpenRoutes: []string{"*"}}, "loopback TCP: every route answers any local user"},
 		{"open routes", structs.Exposure{Listener: "tcp", OpenRoutes: []string{"/health", "/sleep"}, Note: "vLLM 0.10.2 predates --uds"},
 			"loopback TCP: /health, /sleep answer any local user without the key (vLLM 0.10.2 predates --uds)"},

@@ -2284,7 +2284,9 @@ type Endpoint struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// base_url is "http://127.0.0.1:<port>", or "http+unix://" and the
 	// query-escaped path of a Unix socket the engine listens on instead of a
-	// port (sdk/engineapi.UnixBaseURL).
+	// port (sdk/engineapi.UnixBaseURL), or "http+netns://" and
+	// "<engine pid>.<start ticks>.netns.invalid:<port>" for an engine on
+	// 127.0.0.1 in a network namespace of its own (sdk/engineapi.NetnsBaseURL).
 	BaseUrl string `protobuf:"bytes,1,opt,name=base_url,json=baseUrl,proto3" json:"base_url,omitempty"`
 	// auth_header and auth_value are set on every forwarded request.
 	AuthHeader    string `protobuf:"bytes,2,opt,name=auth_header,json=authHeader,proto3" json:"auth_header,omitempty"`
@@ -2299,9 +2301,10 @@ type Endpoint struct {
 	// served_name is the model name the engine expects in requests.
 	ServedName string `protobuf:"bytes,9,opt,name=served_name,json=servedName,proto3" json:"served_name,omitempty"`
 	// listener is how the engine listens: "unix" (a socket in the launch
-	// directory, 0700: only the role's user reaches any route) or "tcp" (the
-	// loopback port: every local user can connect). Empty from drivers that
-	// predate it (read as "tcp").
+	// directory, 0700: only the role's user reaches any route), "netns" (its
+	// port in a network namespace of its own: only root, the role's user,
+	// reaches it) or "tcp" (the loopback port: every local user can connect).
+	// Empty from drivers that predate it (read as "tcp").
 	Listener string `protobuf:"bytes,10,opt,name=listener,proto3" json:"listener,omitempty"`
 	// open_routes are the routes any local user can call without the key
 	// while the engine listens on TCP ("*" for every route: no key); none on
