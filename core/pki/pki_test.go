@@ -385,13 +385,13 @@ func TestStore_RedeemOnce(t *testing.T) {
 				t.Fatal(err)
 			}
 			const n = 16
+			_, csr := newCSR(t, "gpu-a")
 			errs := make(chan error, n)
 			var wg sync.WaitGroup
 			for i := 0; i < n; i++ {
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
-					_, csr := newCSR(t, "gpu-a")
 					_, err := f.auth.Enroll(EnrollRequest{Token: tok, CSR: csr})
 					errs <- err
 				}()
