@@ -543,3 +543,27 @@ func TestServerTLS_Handshake(t *testing.T) {
 		})
 	}
 }
+
+// TestFileStore_KeepsOnlyTheHash: the server's file holds the secret's hash,
+// never the token or its secret.
+func TestFileStore_KeepsOnlyTheHash(t *testing.T) {
+	path := filepath.Join(ownerDir(t), "tokens.json")
+	store, err := NewFileStore(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := newFixture(t, store)
+	tok, err := f.auth.NewJoinTokenFor("gpu-a", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	parsed, _ := ParseJoinToken(tok)
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	secret := strings.Split(tok, ".")[2]
+	if strings.Contains(string(data), secret) || !strings.Contains(string(data), parsed.secretHash()) {
+		t.Fatalf("the store holds %s", data)
+	}
+}
