@@ -111,6 +111,11 @@ const (
 	CodeBodyReadTimeout           Code = "body_read_timeout"
 	CodeStoreUnavailable          Code = "store_unavailable"
 	CodeCrossSiteRefused          Code = "cross_site_refused"
+	CodeJoinTokenInvalid          Code = "join_token_invalid"
+	CodeJoinTokenExpired          Code = "join_token_expired"
+	CodeJoinTokenUsed             Code = "join_token_used"
+	CodeJoinCAMismatch            Code = "join_ca_mismatch"
+	CodeHostRevoked               Code = "host_revoked"
 )
 
 var catalogue = map[Code]CodeInfo{}
@@ -200,6 +205,11 @@ func init() {
 	row(CodeBodiesInFlightFull, 4, true, "the request bodies the role holds, all together, reached limits.max_body_bytes_in_flight; retry after Retry-After")
 	row(CodeBodyReadTimeout, 2, true, "the request body did not arrive within listener.body_read_timeout; the connection is closed")
 	row(CodeCrossSiteRefused, 3, false, "a call with the dashboard's session cookie came from another origin or without the session's CSRF token")
+	row(CodeJoinTokenInvalid, 3, false, "the join token does not parse, or this server never issued it; create one with `capyctl create join-token`")
+	row(CodeJoinTokenExpired, 3, false, "the join token is past its expiry; create a new one")
+	row(CodeJoinTokenUsed, 3, false, "the join token was already redeemed (each token joins one host once); create a new one")
+	row(CodeJoinCAMismatch, 3, false, "the server's CA is not the one the join token names: the host refused to talk to it")
+	row(CodeHostRevoked, 3, false, "the host was removed from the server; its certificate is refused on every new connection")
 }
 
 // Lookup returns the catalogue row of a code (suffix ignored); unknown codes
