@@ -4,15 +4,13 @@
 package main_test
 
 import (
-	"os"
-	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/capyctl/capyctl/plugins-testkit/harness"
+	"github.com/capyctl/capyctl/sdk/proc"
 )
 
 // A driver stopped with SIGSTOP neither hangs a command nor another
@@ -109,15 +107,9 @@ func TestDrivers_RoleAndDriversDumpNoCore(t *testing.T) {
 // coreLimit returns the soft and hard "Max core file size" of a process.
 func coreLimit(t *testing.T, pid int) []string {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "limits"))
+	soft, hard, err := proc.CoreFileLimit(pid)
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, l := range strings.Split(string(b), "\n") {
-		if strings.HasPrefix(l, "Max core file size") {
-			return strings.Fields(strings.TrimPrefix(l, "Max core file size"))
-		}
-	}
-	t.Fatalf("no core limit in %s", b)
-	return nil
+	return []string{soft, hard}
 }

@@ -11,7 +11,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -24,6 +23,7 @@ import (
 	"google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/capyctl/capyctl/core/structs"
+	"github.com/capyctl/capyctl/sdk/proc"
 	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
 
@@ -277,17 +277,11 @@ func TestManager_DriversDumpNoCore(t *testing.T) {
 // coreLimit returns the soft and hard "Max core file size" of a process.
 func coreLimit(t *testing.T, pid int) []string {
 	t.Helper()
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/limits")
+	soft, hard, err := proc.CoreFileLimit(pid)
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, l := range strings.Split(string(b), "\n") {
-		if strings.HasPrefix(l, "Max core file size") {
-			return strings.Fields(strings.TrimPrefix(l, "Max core file size"))
-		}
-	}
-	t.Fatalf("no core limit in %s", b)
-	return nil
+	return []string{soft, hard}
 }
 
 func TestManager_HungDriver(t *testing.T) {

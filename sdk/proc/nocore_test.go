@@ -7,25 +7,18 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"strconv"
 	"strings"
 	"testing"
 )
 
-// coreLimit returns the "Max core file size" line of a process's limits.
+// coreLimit returns the soft and hard "Max core file size" of a process.
 func coreLimit(t *testing.T, pid int) []string {
 	t.Helper()
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/limits")
+	soft, hard, err := CoreFileLimit(pid)
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, l := range strings.Split(string(b), "\n") {
-		if strings.HasPrefix(l, "Max core file size") {
-			return strings.Fields(strings.TrimPrefix(l, "Max core file size"))
-		}
-	}
-	t.Fatalf("no core limit in %s", b)
-	return nil
+	return []string{soft, hard}
 }
 
 func TestStart_NoCoreDumps(t *testing.T) {

@@ -282,3 +282,20 @@ func parseKB(s string) int64 {
 	}
 	return n
 }
+
+// CoreFileLimit returns a process's soft and hard "Max core file size" as
+// /proc/<pid>/limits writes them ("0", "unlimited").
+func CoreFileLimit(pid int) (soft, hard string, err error) {
+	b, err := os.ReadFile(procRoot + "/" + strconv.Itoa(pid) + "/limits")
+	if err != nil {
+		return "", "", err
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(l, "Max core file size"); ok {
+			if f := strings.Fields(rest); len(f) >= 2 {
+				return f[0], f[1], nil
+			}
+		}
+	}
+	return "", "", fmt.Errorf("no core file limit in /proc/%d/limits", pid)
+}

@@ -78,3 +78,6 @@ func DialNetns(context.Context, Identity, int) (net.Conn, error) { return nil, E
 
 // NetnsSupported returns false outside Linux.
 func NetnsSupported() bool { return false }
+
+// CoreFileLimit returns ErrUnsupported outside Linux.
+func CoreFileLimit(int) (string, string, error) { return "", "", ErrUnsupported }
