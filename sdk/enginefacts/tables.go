@@ -16,12 +16,12 @@ var VLLM = &Engine{
 		{Key: "sleep", Value: "/sleep", Note: "POST ?level=N; development mode and --enable-sleep-mode", Source: ref + "§1.4; vllm/entrypoints/serve/sleep/api_router.py (commit 09cb327f)"},
 		{Key: "wake", Value: "/wake_up", Note: "POST ?tags=weights, then ?tags=kv_cache", Source: ref + "§1.4; vllm/entrypoints/serve/sleep/api_router.py"},
 		{Key: "is_sleeping", Value: "/is_sleeping", Note: "GET {\"is_sleeping\": bool}", Source: ref + "§1.4; vllm/entrypoints/serve/sleep/api_router.py"},
-		{Key: "collective_rpc", Value: "/collective_rpc", Note: "POST {\"method\":\"reload_weights\"} after a level 2 sleep", Source: ref + "§1.4; vllm/entrypoints/serve/dev/api_router.py"},
-		{Key: "reset_prefix_cache", Value: "/reset_prefix_cache", Note: "POST after a wake", Source: ref + "§1.4; vllm/entrypoints/serve/cache/api_router.py"},
+		{Key: "collective_rpc", Value: "/collective_rpc", Note: "POST {\"method\":\"reload_weights\"} after a level 2 sleep", Source: ref + "§1.7 note 3 (docs.vllm.ai features/sleep_mode, via production-stack issue #953)"},
+		{Key: "reset_prefix_cache", Value: "/reset_prefix_cache", Note: "POST after a wake", Source: ref + "§1.4 (development routes); §1.7 note 3"},
 	},
 	Levels: []Fact{
-		{Value: "1", Note: "offloads the weights to host memory, discards the KV cache: host_backed", Source: ref + "§1.7 note 3"},
-		{Value: "2", Note: "discards the weights and the KV cache; a wake reloads the weights from disk: deep", Source: ref + "§1.7 note 3"},
+		{Value: "1", Note: "offloads the weights to host memory, discards the KV cache: host_backed", Source: ref + "§1.7 note 3 (docs.vllm.ai features/sleep_mode)"},
+		{Value: "2", Note: "discards the weights and the KV cache; a wake reloads the weights from disk: deep", Source: ref + "§1.7 note 3 (docs.vllm.ai features/sleep_mode)"},
 	},
 	Abort: []Fact{
 		{Value: "close the connection", Note: "with_cancellation aborts the request on http.disconnect, streamed or not", Source: ref + "§1.7 note 1; vllm/entrypoints/utils.py"},
@@ -72,18 +72,18 @@ var SGLang = &Engine{
 	Verified: []string{"0.5.20", "0.5.21", "0.5.22"},
 	Versions: "0.5.20 to 0.5.22",
 	Park: []Fact{
-		{Key: "release", Value: "/release_memory_occupation", Note: "POST {\"tags\":[\"weights\",\"kv_cache\"]}; needs --enable-memory-saver", Source: ref + "§2.2; python/sglang/srt/entrypoints/http_server.py"},
-		{Key: "resume", Value: "/resume_memory_occupation", Note: "POST {\"tags\":[...]}", Source: ref + "§2.2; python/sglang/srt/entrypoints/http_server.py"},
-		{Key: "reload", Value: "/update_weights_from_disk", Note: "POST {\"model_path\":...} after a deep park", Source: ref + "§2.2; python/sglang/srt/entrypoints/http_server.py"},
-		{Key: "flush", Value: "/flush_cache", Note: "POST after a resume", Source: ref + "§2.2; python/sglang/srt/entrypoints/http_server.py"},
+		{Key: "release", Value: "/release_memory_occupation", Note: "POST {\"tags\":[\"weights\",\"kv_cache\"]}; needs --enable-memory-saver", Source: ref + "§2.2; python/sglang/srt/entrypoints/http_server.py (commit 0025436e)"},
+		{Key: "resume", Value: "/resume_memory_occupation", Note: "POST {\"tags\":[...]}", Source: ref + "§2.2; python/sglang/srt/entrypoints/http_server.py (commit 0025436e)"},
+		{Key: "reload", Value: "/update_weights_from_disk", Note: "POST {\"model_path\":...} after a deep park", Source: ref + "§2.2; python/sglang/srt/entrypoints/http_server.py (commit 0025436e)"},
+		{Key: "flush", Value: "/flush_cache", Note: "POST after a resume", Source: ref + "§2.2; python/sglang/srt/entrypoints/http_server.py (commit 0025436e)"},
 	},
 	Levels: []Fact{
 		{Value: "release with --enable-weights-cpu-backup", Note: "weights kept in host memory: host_backed", Source: ref + "§2.1, §2.4 note 3 (--enable-weights-cpu-backup help)"},
 		{Value: "release without a CPU backup", Note: "weights reloaded from disk on resume: deep", Source: ref + "§2.4 note 3"},
 	},
 	Abort: []Fact{
-		{Key: "abort", Value: "/abort_request", Note: "POST {\"rid\":\"<id>\"}; the rid is set on the chat request", Source: ref + "§2.2; python/sglang/srt/entrypoints/http_server.py"},
-		{Value: "close the connection", Note: "the tokenizer manager aborts a disconnected request", Source: ref + "§2.4 note 1; tokenizer_manager.py"},
+		{Key: "abort", Value: "/abort_request", Note: "POST {\"rid\":\"<id>\"}; the rid is set on the chat request", Source: ref + "§2.2; python/sglang/srt/entrypoints/http_server.py (commit 0025436e)"},
+		{Value: "close the connection", Note: "the tokenizer manager aborts a disconnected request", Source: ref + "§2.4 note 1 (TokenizerManager._wait_one_response)"},
 	},
 	Metrics: Metrics{
 		Running: Fact{Value: "sglang:num_running_reqs", Note: "needs --enable-metrics", Source: ref + "§2.3"},
@@ -122,7 +122,7 @@ var LlamaCpp = &Engine{
 		{Value: "close the connection", Note: "the slot's task is cancelled within about a second", Source: ref + "§3.6"},
 	},
 	Metrics: Metrics{
-		Running: Fact{Value: "llamacpp:requests_processing", Note: "needs --metrics; no labels", Source: ref + "§3.5; tools/server/server-context.cpp"},
+		Running: Fact{Value: "llamacpp:requests_processing", Note: "needs --metrics; no labels", Source: ref + "§3.5"},
 		Waiting: Fact{Value: "llamacpp:requests_deferred", Source: ref + "§3.5"},
 		KVUsage: []Fact{{Value: "llamacpp:kv_cache_usage_ratio", Source: ref + "§3.5"}},
 		Figures: []Fact{
@@ -145,6 +145,10 @@ var LlamaCpp = &Engine{
 // llamaAuth is where llama-server lists its public endpoints.
 const llamaAuth = "get_public_endpoints in tools/server/server-http.cpp; " + ref + "§3.4"
 
+// tfMetrics: no reference documents TensorFold's /metrics; these are the
+// names its fake serves, unconfirmed on a real TensorFold.
+const tfMetrics = "unconfirmed: the fake engine's names (plugins-testkit/fakeengine/flavour_tensorfold.go)"
+
 // TensorFold is TensorFold's table. It has no park API (restart only), no
 // Prometheus idle signal (the driver reads /health) and no open route:
 // with a key set every route needs it, so CapyCTL launches it without one
@@ -155,11 +159,11 @@ var TensorFold = &Engine{
 	Verified: []string{"0.6.0", "0.6.1", "0.6.2", "0.6.3", "0.6.5", "0.6.6"},
 	Versions: "0.6.0 to 0.6.6 (0.6.4 not checked)",
 	Abort: []Fact{
-		{Value: "close the connection", Note: "whether a non-streamed request stops is undocumented", Source: "website/content/engines/tensorfold.md (observed)"},
+		{Value: "close the connection", Note: "whether a non-streamed request stops is undocumented", Source: "nothing documented; the driver declares non_streamed_hangup = STREAM (drivers/tensorfold)"},
 	},
 	Metrics: Metrics{
-		Running: Fact{Value: "tensorfold:requests_running", Note: "the driver reads /health's requests_running and busy instead", Source: "TensorFold /metrics (observed, 0.6.x)"},
-		Waiting: Fact{Value: "tensorfold:requests_waiting", Source: "TensorFold /metrics (observed, 0.6.x)"},
-		KVUsage: []Fact{{Value: "tensorfold:kv_cache_usage_ratio", Source: "TensorFold /metrics (observed, 0.6.x)"}},
+		Running: Fact{Value: "tensorfold:requests_running", Note: "the driver reads /health's requests_running and busy instead", Source: tfMetrics},
+		Waiting: Fact{Value: "tensorfold:requests_waiting", Source: tfMetrics},
+		KVUsage: []Fact{{Value: "tensorfold:kv_cache_usage_ratio", Source: tfMetrics}},
 	},
 }
