@@ -13,6 +13,7 @@ import (
 	"github.com/capyctl/capyctl/sdk"
 	"github.com/capyctl/capyctl/sdk/decisions"
 	"github.com/capyctl/capyctl/sdk/engineapi"
+	"github.com/capyctl/capyctl/sdk/enginefacts"
 	"github.com/capyctl/capyctl/sdk/enginekit"
 	"github.com/capyctl/capyctl/sdk/proc"
 	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
@@ -21,13 +22,9 @@ import (
 // canaryPrompt is the fixed prompt whose answer proves a chat model ready.
 const canaryPrompt = "Reply with one word: ready"
 
-// metricNames are llama-server's idle signal (--metrics; no labels).
-var metricNames = enginekit.MetricNames{
-	Running: "llamacpp:requests_processing",
-	Waiting: "llamacpp:requests_deferred",
-	KVUsage: []string{"llamacpp:kv_cache_usage_ratio"},
-	Figures: []string{"llamacpp:prompt_tokens_total", "llamacpp:tokens_predicted_total", "llamacpp:prompt_tokens_seconds", "llamacpp:predicted_tokens_seconds"},
-}
+// metricNames are llama-server's idle signal (--metrics; no labels), from
+// the engine table.
+var metricNames = enginekit.MetricNamesOf(enginefacts.LlamaCpp.Metrics)
 
 // handle is one running llama-server: the shared instance handle of the
 // first-party drivers, and what readiness expects of /props.
@@ -177,7 +174,8 @@ func (d *Driver) Stop(_ context.Context, req *pb.StopRequest) (*pb.StopResponse,
 // publicRoutes are the routes llama-server answers without its key
 // (get_public_endpoints in tools/server/server-http.cpp; older builds add
 // /api/tags), besides the web UI's assets, which CapyCTL turns off.
-var publicRoutes = []string{"/health", "/v1/health", "/models", "/v1/models", "/api/tags", "/"}
+// The list is the engine table's (sdk/enginefacts).
+var publicRoutes = enginefacts.Values(enginefacts.LlamaCpp.OpenRoutes)
 
 // openRoutes are the routes a llama-server on TCP answers without the key.
 func openRoutes(key string) []string {

@@ -22,6 +22,7 @@ import (
 
 	"github.com/capyctl/capyctl/drivers/internal/pyengine"
 	"github.com/capyctl/capyctl/sdk"
+	"github.com/capyctl/capyctl/sdk/enginefacts"
 	"github.com/capyctl/capyctl/sdk/enginekit"
 	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
@@ -34,7 +35,7 @@ const Module = "sglang.launch_server"
 
 // VerifiedVersions are the SGLang releases CapyCTL is verified with; others
 // run as custom.
-var VerifiedVersions = []string{"0.5.20", "0.5.21", "0.5.22"}
+var VerifiedVersions = enginefacts.SGLang.Verified
 
 // DecisionsSince is the first SGLang release that serves decision models.
 const DecisionsSince = "0.5.22"
@@ -43,14 +44,16 @@ const DecisionsSince = "0.5.22"
 // loads none.
 const NoPlugins = "capyctl-loads-no-plugins"
 
-// Paths of the engine's API the driver uses.
-const (
-	decisionsPath = "/v1/systemone"
-	releasePath   = "/release_memory_occupation"
-	resumePath    = "/resume_memory_occupation"
-	reloadPath    = "/update_weights_from_disk"
-	flushPath     = "/flush_cache"
-	abortPath     = "/abort_request"
+// decisionsPath is the route of decision models.
+const decisionsPath = "/v1/systemone"
+
+// Paths of the engine's API the driver uses, from the engine table.
+var (
+	releasePath = enginefacts.SGLang.Path("release")
+	resumePath  = enginefacts.SGLang.Path("resume")
+	reloadPath  = enginefacts.SGLang.Path("reload")
+	flushPath   = enginefacts.SGLang.Path("flush")
+	abortPath   = enginefacts.SGLang.Path("abort")
 )
 
 // RequestIDField is the chat body field SGLang takes a request ID in.
@@ -92,14 +95,8 @@ var configKeys = []pyengine.Key{
 // parserNames are SGLang's names of the parsers picked by model family.
 var parserNames = pyengine.ParserNames{Qwen3Tool: "qwen25", CoderTool: "qwen3_coder", Reasoning: "qwen3"}
 
-// metricNames are SGLang's idle signal and figures.
-var metricNames = enginekit.MetricNames{
-	Running: "sglang:num_running_reqs",
-	Waiting: "sglang:num_queue_reqs",
-	KVUsage: []string{"sglang:token_usage"},
-	Figures: []string{"sglang:prompt_tokens_total", "sglang:generation_tokens_total", "sglang:num_used_tokens",
-		"sglang:gen_throughput", "sglang:cache_hit_rate"},
-}
+// metricNames are SGLang's idle signal and figures, from the engine table.
+var metricNames = enginekit.MetricNamesOf(enginefacts.SGLang.Metrics)
 
 // Driver is the SGLang driver.
 type Driver struct {

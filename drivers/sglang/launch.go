@@ -14,6 +14,7 @@ import (
 	"github.com/capyctl/capyctl/drivers/internal/pyengine"
 	"github.com/capyctl/capyctl/sdk"
 	"github.com/capyctl/capyctl/sdk/engineapi"
+	"github.com/capyctl/capyctl/sdk/enginefacts"
 	"github.com/capyctl/capyctl/sdk/enginekit"
 	"github.com/capyctl/capyctl/sdk/flags"
 	"github.com/capyctl/capyctl/sdk/proc"
@@ -205,7 +206,8 @@ const noSocketNote = "SGLang cannot listen on a Unix socket; every other route, 
 // newer releases, /ready through (decide_request_auth in
 // python/sglang/srt/utils/auth.py; older add_api_key_middleware in
 // python/sglang/srt/utils.py).
-var publicRoutes = []string{"/health", "/health_generate", "/metrics", "/ready"}
+// The list is the engine table's (sdk/enginefacts).
+var publicRoutes = enginefacts.Values(enginefacts.SGLang.OpenRoutes)
 
 // tokenizerWorkers reads engine_config.sglang.tokenizer_workers (1 when
 // unset or unreadable).

@@ -22,6 +22,7 @@ import (
 
 	"github.com/capyctl/capyctl/drivers/internal/pyengine"
 	"github.com/capyctl/capyctl/sdk"
+	"github.com/capyctl/capyctl/sdk/enginefacts"
 	"github.com/capyctl/capyctl/sdk/enginekit"
 	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
@@ -31,7 +32,7 @@ const Family = "tensorfold"
 
 // VerifiedVersions are the TensorFold releases CapyCTL is verified with
 // (0.6.4 was not checked); others run as custom.
-var VerifiedVersions = []string{"0.6.0", "0.6.1", "0.6.2", "0.6.3", "0.6.5", "0.6.6"}
+var VerifiedVersions = enginefacts.TensorFold.Verified
 
 // Installation details recorded by Detect (pyengine.Detect records the
 // venv).

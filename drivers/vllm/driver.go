@@ -19,6 +19,7 @@ import (
 
 	"github.com/capyctl/capyctl/drivers/internal/pyengine"
 	"github.com/capyctl/capyctl/sdk"
+	"github.com/capyctl/capyctl/sdk/enginefacts"
 	"github.com/capyctl/capyctl/sdk/enginekit"
 	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
@@ -31,17 +32,20 @@ const Module = "vllm.entrypoints.openai.api_server"
 
 // VerifiedVersions are the vLLM releases CapyCTL is verified with; others
 // run as custom.
-var VerifiedVersions = []string{"0.29", "0.30", "0.31", "0.32"}
+// (from the engine table, sdk/enginefacts).
+var VerifiedVersions = enginefacts.VLLM.Verified
 
-// Paths of the engine's API the driver uses.
-const (
-	sleepPath         = "/sleep"
-	wakePath          = "/wake_up"
-	isSleepingPath    = "/is_sleeping"
-	resetPrefixPath   = "/reset_prefix_cache"
-	collectiveRPCPath = "/collective_rpc"
-	metricsPath       = "/metrics"
+// Paths of the engine's API the driver uses, from the engine table.
+var (
+	sleepPath         = enginefacts.VLLM.Path("sleep")
+	wakePath          = enginefacts.VLLM.Path("wake")
+	isSleepingPath    = enginefacts.VLLM.Path("is_sleeping")
+	resetPrefixPath   = enginefacts.VLLM.Path("reset_prefix_cache")
+	collectiveRPCPath = enginefacts.VLLM.Path("collective_rpc")
 )
+
+// metricsPath is where the engine serves its metrics.
+const metricsPath = "/metrics"
 
 // canaryPrompt is the fixed prompt whose answer proves readiness and, after
 // a wake, that the same model answers the same way.
@@ -62,14 +66,8 @@ var configKeys = []pyengine.Key{
 // parserNames are vLLM's names of the parsers picked by model family.
 var parserNames = pyengine.ParserNames{Qwen3Tool: "hermes", CoderTool: "qwen3_coder", Reasoning: "qwen3"}
 
-// metricNames are vLLM's idle signal and figures.
-var metricNames = enginekit.MetricNames{
-	Running: "vllm:num_requests_running",
-	Waiting: "vllm:num_requests_waiting",
-	KVUsage: []string{"vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"},
-	Figures: []string{"vllm:prompt_tokens_total", "vllm:generation_tokens_total", "vllm:num_preemptions_total",
-		"vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total"},
-}
+// metricNames are vLLM's idle signal and figures, from the engine table.
+var metricNames = enginekit.MetricNamesOf(enginefacts.VLLM.Metrics)
 
 // Driver is the vLLM driver.
 type Driver struct {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/capyctl/capyctl/drivers/internal/engine"
 	"github.com/capyctl/capyctl/drivers/internal/pyengine"
+	"github.com/capyctl/capyctl/sdk/enginefacts"
 	"github.com/capyctl/capyctl/sdk/enginekit"
 	"github.com/capyctl/capyctl/sdk/proc"
 	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
@@ -152,7 +153,7 @@ func socketFor(inst *pb.Installation, lctx *pb.LaunchContext) (string, string) {
 
 // guardedPrefixes are the paths vLLM's AuthenticationMiddleware checks the
 // key on (/v1 alone up to 0.15); every other route answers without it.
-var guardedPrefixes = []string{"/v1", "/v2", "/inference", "/cohere"}
+var guardedPrefixes = enginefacts.Values(enginefacts.VLLM.GuardedPrefixes)
 
 // openRoutes are the routes a vLLM on TCP answers without the key: its
 // always-on routes outside the guarded prefixes (/invocations serves the
@@ -162,9 +163,9 @@ func openRoutes(key string, parks bool) []string {
 	if key == "" {
 		return enginekit.OpenToAll
 	}
-	r := []string{"/health", "/metrics", "/version", "/ping", "/invocations", "/tokenize", "/detokenize"}
+	r := enginefacts.Values(enginefacts.VLLM.OpenRoutes)
 	if parks {
-		r = append(r, sleepPath, wakePath, isSleepingPath, collectiveRPCPath, resetPrefixPath, "/server_info", "/pause", "/resume")
+		r = append(r, enginefacts.Values(enginefacts.VLLM.ParkOpenRoutes)...)
 	}
 	return r
 }

@@ -10,10 +10,12 @@ import (
 	"hash/fnv"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/capyctl/capyctl/sdk/decisions"
+	"github.com/capyctl/capyctl/sdk/enginefacts"
 )
 
 // LlamaCppBuild is the build the flavour reproduces (llama.cpp b4748, as
@@ -145,13 +147,10 @@ func (l *LlamaCpp) Routes(e *Engine) []Route {
 	}
 }
 
-// llamaPublic are the paths llama-server serves without a key.
+// llamaPublic are the paths llama-server serves without a key: the
+// engine table's open routes (sdk/enginefacts), which the driver reports.
 func llamaPublic(path string) bool {
-	switch path {
-	case "/health", "/v1/health", "/models", "/v1/models", "/api/tags", "/":
-		return true
-	}
-	return false
+	return slices.Contains(enginefacts.Values(enginefacts.LlamaCpp.OpenRoutes), path)
 }
 
 // Middleware answers 503 on every route while loading (before the key

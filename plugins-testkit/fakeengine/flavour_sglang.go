@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/capyctl/capyctl/sdk/decisions"
+
+	"github.com/capyctl/capyctl/sdk/enginefacts"
 )
 
 // DefaultSGLangVersion is what the SGLang flavour reports when told nothing.
@@ -407,7 +409,15 @@ func containsTag(tags []string, t string) bool {
 func (s *SGLang) Middleware(e *Engine, next http.Handler) http.Handler {
 	public := func(r *http.Request) bool {
 		p := r.URL.Path
-		return r.Method == http.MethodOptions || strings.HasPrefix(p, "/health") || strings.HasPrefix(p, "/ready") || strings.HasPrefix(p, "/metrics")
+		if r.Method == http.MethodOptions {
+			return true
+		}
+		for _, open := range enginefacts.SGLang.OpenPrefixes {
+			if strings.HasPrefix(p, open.Value) {
+				return true
+			}
+		}
+		return false
 	}
 	deny := func(w http.ResponseWriter, r *http.Request) {
 		WriteJSON(w, http.StatusUnauthorized, map[string]string{"error": "Unauthorized"})
@@ -479,9 +489,9 @@ func SGLangMetrics(served string, st Stats) []Metric {
 		usage = float64(st.Running) / float64(st.MaxRunning)
 	}
 	return []Metric{
-		{Name: "sglang:num_running_reqs", Type: "gauge", Help: "The number of running requests.", Labels: labels, Value: float64(st.Running)},
-		{Name: "sglang:num_queue_reqs", Type: "gauge", Help: "The number of requests in the waiting queue.", Labels: labels, Value: float64(st.Waiting)},
-		{Name: "sglang:token_usage", Type: "gauge", Help: "The token usage.", Labels: labels, Value: usage},
+		{Name: enginefacts.SGLang.Metrics.Running.Value, Type: "gauge", Help: "The number of running requests.", Labels: labels, Value: float64(st.Running)},
+		{Name: enginefacts.SGLang.Metrics.Waiting.Value, Type: "gauge", Help: "The number of requests in the waiting queue.", Labels: labels, Value: float64(st.Waiting)},
+		{Name: enginefacts.SGLang.Metrics.KVUsage[0].Value, Type: "gauge", Help: "The token usage.", Labels: labels, Value: usage},
 		{Name: "sglang:num_used_tokens", Type: "gauge", Help: "The number of used tokens.", Labels: labels, Value: float64(st.Running * 16)},
 		{Name: "sglang:gen_throughput", Type: "gauge", Help: "The generation throughput (token/s).", Labels: labels, Value: 0},
 		{Name: "sglang:cache_hit_rate", Type: "gauge", Help: "The prefix cache hit rate.", Labels: labels, Value: 0},

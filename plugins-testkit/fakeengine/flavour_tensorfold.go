@@ -11,6 +11,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/capyctl/capyctl/sdk/enginefacts"
 )
 
 // TensorFoldVersion is the version the fake reports.
@@ -211,9 +213,9 @@ func (t *TensorFold) metrics(s Stats) []Metric {
 		kv = float64(s.Running) / float64(s.MaxRunning)
 	}
 	return []Metric{
-		{Name: "tensorfold:requests_running", Type: "gauge", Help: "Requests decoding now.", Value: float64(s.Running)},
-		{Name: "tensorfold:requests_waiting", Type: "gauge", Help: "Requests waiting for a stream.", Value: float64(s.Waiting)},
-		{Name: "tensorfold:kv_cache_usage_ratio", Type: "gauge", Help: "KV cache in use.", Value: kv},
+		{Name: enginefacts.TensorFold.Metrics.Running.Value, Type: "gauge", Help: "Requests decoding now.", Value: float64(s.Running)},
+		{Name: enginefacts.TensorFold.Metrics.Waiting.Value, Type: "gauge", Help: "Requests waiting for a stream.", Value: float64(s.Waiting)},
+		{Name: enginefacts.TensorFold.Metrics.KVUsage[0].Value, Type: "gauge", Help: "KV cache in use.", Value: kv},
 		{Name: "tensorfold:requests_total", Type: "counter", Help: "Requests accepted.", Value: float64(s.Total)},
 		{Name: "tensorfold:generation_tokens_total", Type: "counter", Help: "Tokens generated.", Value: float64(s.GenerationTokens)},
 	}

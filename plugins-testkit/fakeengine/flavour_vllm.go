@@ -12,6 +12,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/capyctl/capyctl/sdk/enginefacts"
 )
 
 // DefaultVLLMVersion is what the vLLM flavour reports when told nothing.
@@ -286,7 +288,7 @@ func (v *VLLM) Middleware(e *Engine, next http.Handler) http.Handler {
 		if r.Method == http.MethodOptions {
 			return true
 		}
-		for _, p := range []string{"/v1", "/v2", "/inference", "/cohere"} {
+		for _, p := range enginefacts.Values(enginefacts.VLLM.GuardedPrefixes) {
 			if r.URL.Path == p || strings.HasPrefix(r.URL.Path, p+"/") {
 				return false
 			}
@@ -415,9 +417,9 @@ func VLLMMetrics(served string, s Stats) []Metric {
 		usage = float64(s.Running) / float64(s.MaxRunning)
 	}
 	return []Metric{
-		{Name: "vllm:num_requests_running", Type: "gauge", Help: "Number of requests in model execution batches.", Labels: labels, Value: float64(s.Running)},
-		{Name: "vllm:num_requests_waiting", Type: "gauge", Help: "Number of requests waiting to be processed.", Labels: labels, Value: float64(s.Waiting)},
-		{Name: "vllm:kv_cache_usage_perc", Type: "gauge", Help: "KV-cache usage. 1 means 100 percent usage.", Labels: labels, Value: usage},
+		{Name: enginefacts.VLLM.Metrics.Running.Value, Type: "gauge", Help: "Number of requests in model execution batches.", Labels: labels, Value: float64(s.Running)},
+		{Name: enginefacts.VLLM.Metrics.Waiting.Value, Type: "gauge", Help: "Number of requests waiting to be processed.", Labels: labels, Value: float64(s.Waiting)},
+		{Name: enginefacts.VLLM.Metrics.KVUsage[0].Value, Type: "gauge", Help: "KV-cache usage. 1 means 100 percent usage.", Labels: labels, Value: usage},
 		{Name: "vllm:num_preemptions_total", Type: "counter", Help: "Cumulative number of preemption from the engine.", Labels: labels, Value: 0},
 		{Name: "vllm:prompt_tokens_total", Type: "counter", Help: "Number of prefill tokens processed.", Labels: labels, Value: float64(s.PromptTokens)},
 		{Name: "vllm:generation_tokens_total", Type: "counter", Help: "Number of generation tokens processed.", Labels: labels, Value: float64(s.GenerationTokens)},

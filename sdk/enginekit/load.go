@@ -10,6 +10,7 @@ import (
 
 	"github.com/capyctl/capyctl/sdk"
 	"github.com/capyctl/capyctl/sdk/engineapi"
+	"github.com/capyctl/capyctl/sdk/enginefacts"
 	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
 
@@ -25,6 +26,12 @@ type MetricNames struct {
 	KVUsage []string
 	// Figures are further samples reported by name (counters, gauges).
 	Figures []string
+}
+
+// MetricNamesOf returns the names of an engine table's metrics.
+func MetricNamesOf(m enginefacts.Metrics) MetricNames {
+	return MetricNames{Running: m.Running.Value, Waiting: m.Waiting.Value,
+		KVUsage: enginefacts.Values(m.KVUsage), Figures: enginefacts.Values(m.Figures)}
 }
 
 // ReadLoad reads the idle signal from GET /metrics: running and waiting

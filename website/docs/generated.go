@@ -15,20 +15,37 @@ import (
 	"github.com/capyctl/capyctl/core/config"
 	"github.com/capyctl/capyctl/core/jobspec"
 	"github.com/capyctl/capyctl/core/structs"
+	"github.com/capyctl/capyctl/sdk/enginefacts"
 	"github.com/capyctl/capyctl/sdk/hclbound"
 )
 
 // Generators produce the parts of pages that come from the code; a page
 // asks for one with <!-- generated: name -->.
 var Generators = map[string]func() (string, error){
-	"cli-index":         cliIndex,
-	"cli-commands":      cliCommands,
-	"exit-codes":        exitCodes,
-	"error-codes":       errorCodes,
-	"settings":          settings,
-	"jobspec-defaults":  jobspecDefaults,
-	"jobspec-limits":    jobspecLimits,
-	"management-routes": managementRoutes,
+	"cli-index":               cliIndex,
+	"cli-commands":            cliCommands,
+	"exit-codes":              exitCodes,
+	"error-codes":             errorCodes,
+	"settings":                settings,
+	"jobspec-defaults":        jobspecDefaults,
+	"jobspec-limits":          jobspecLimits,
+	"management-routes":       managementRoutes,
+	"engine-facts-vllm":       engineFacts("vllm"),
+	"engine-facts-sglang":     engineFacts("sglang"),
+	"engine-facts-llamacpp":   engineFacts("llamacpp"),
+	"engine-facts-tensorfold": engineFacts("tensorfold"),
+}
+
+// engineFacts renders a family's engine table (sdk/enginefacts), the one
+// its driver and its fake engine read.
+func engineFacts(family string) func() (string, error) {
+	return func() (string, error) {
+		e := enginefacts.Lookup(family)
+		if e == nil {
+			return "", fmt.Errorf("no engine table %q", family)
+		}
+		return e.Markdown(), nil
+	}
 }
 
 // GeneratorNames returns the generators' names, sorted.
