@@ -274,3 +274,36 @@ func TestParseFile_Bounds(t *testing.T) {
 		})
 	}
 }
+
+// TestParse_API: api takes chat, decisions and embeddings; anything else
+// is refused at the field.
+func TestParse_API(t *testing.T) {
+	cases := []struct {
+		name, api string
+		ok        bool
+	}{
+		{name: "chat", api: "chat", ok: true},
+		{name: "decisions", api: "decisions", ok: true},
+		{name: "embeddings", api: "embeddings", ok: true},
+		{name: "rerank is not an api", api: "rerank"},
+		{name: "completions is not an api", api: "completions"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			src := "deployment \"a\" {\n  engine = \"vllm\"\n  model { path = \"m\" }\n  api = \"" + c.api + "\"\n}\n"
+			ds, err := Parse([]byte(src), "a.hcl")
+			if c.ok {
+				if err != nil {
+					t.Fatal(err)
+				}
+				if ds[0].API != c.api || ds[0].Provenance["api"] != FromFile {
+					t.Fatalf("api %q from %q", ds[0].API, ds[0].Provenance["api"])
+				}
+				return
+			}
+			if e := structs.AsError(err); e == nil || e.Details["field"] != "api" {
+				t.Fatalf("want a refusal at api, got %v", err)
+			}
+		})
+	}
+}

@@ -199,7 +199,7 @@ func (q *request) appendMetrics(b []byte) []byte {
 	if !q.forwardAt.IsZero() {
 		fig("engine_ms", ms(end.Sub(q.forwardAt)), "router")
 	}
-	if q.api != "decisions" && !q.firstContent.IsZero() && !q.forwardAt.IsZero() {
+	if q.api != structs.APIDecisions && q.api != structs.APIEmbeddings && !q.firstContent.IsZero() && !q.forwardAt.IsZero() {
 		fig("ttft_ms", ms(q.firstContent.Sub(q.forwardAt)), "router")
 	}
 	if q.timings.prefillMS > 0 {

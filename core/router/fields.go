@@ -144,6 +144,19 @@ func peekModel(body []byte) (string, error) {
 	return model, err
 }
 
+// hasMember reports whether body, a JSON object, has a top-level member
+// name whose value is not null.
+func hasMember(body []byte, name string) bool {
+	found := false
+	_ = eachMember(body, func(n string, v []byte) error {
+		if n == name && string(v) != "null" {
+			found = true
+		}
+		return nil
+	})
+	return found
+}
+
 // parseChatHead reads the members of a chat body the router needs, by their
 // exact names. A member of the wrong type is an error, after the model was
 // read when it is a string (api_mismatch is decided from the model alone).

@@ -78,6 +78,9 @@ func (q *request) forward() *engineCall {
 		if path == "" {
 			path = "/v1/completions"
 		}
+	case structs.APIEmbeddings:
+		// vLLM, SGLang and llama-server all serve it there.
+		path = embeddingsPath
 	}
 	t, err := q.rt.targets.engineURL(ep.BaseURL, path)
 	if err != nil {
@@ -212,7 +215,7 @@ func (q *request) cut(sent bool) {
 		p.Done()
 		return
 	}
-	if q.target.Endpoint.AbortByID && q.rt.req != nil {
+	if q.target.Endpoint.AbortByID && q.api != structs.APIEmbeddings && q.rt.req != nil {
 		pe := p.Cut(admission.SettleOnAbort)
 		go q.rt.abort(pe, q.target.Instance, q.id, admission.SettleWhenIdle)
 		return
@@ -236,7 +239,10 @@ func (q *request) done() {
 func (q *request) engineBody() ([]byte, error) {
 	ep := &q.target.Endpoint
 	needModel := ep.ServedName != "" && ep.ServedName != q.model
-	needRid := ep.RequestIDField != ""
+	// An embeddings request goes without the request ID in its body: it
+	// is not a generation an engine aborts by ID (a hang-up closes its
+	// connection), and SGLang's embeddings request has no rid.
+	needRid := ep.RequestIDField != "" && q.api != structs.APIEmbeddings
 	needStream := (q.api == structs.APIChat || q.api == structs.APICompletions) && ((!q.stream && !ep.ForwardNonStreamed) || (q.stream && !q.usageOpt))
 	if !needModel && !needRid && !needStream {
 		return q.body, nil

@@ -14,8 +14,8 @@ import (
 	"github.com/capyctl/capyctl/core/structs"
 )
 
-// relayJSON relays a whole JSON answer (a decision, or a chat answer the
-// engine did not stream) with the request ID, the public model name and
+// relayJSON relays a whole JSON answer (a decision, embeddings, or a chat
+// answer the engine did not stream) with the request ID, the public model name and
 // capyctl.metrics. The answer is spliced, not decoded and encoded again:
 // one scan finds its top-level members (topLevel), only usage and timings
 // are decoded, and the output is the engine's bytes with three members
@@ -73,11 +73,12 @@ func readBody(resp *http.Response, limit int64) ([]byte, error) {
 	return io.ReadAll(io.LimitReader(resp.Body, limit))
 }
 
-// spliceJSON is the answer with its top-level "id" set to the request ID,
+// spliceJSON is the answer with its top-level "id" set to the request ID
+// (an embeddings answer without one stays without),
 // "model" (where present, always for a decision) to the public name,
 // "rid" removed and "capyctl" added; usage and timings are read. ok is
-// false for an answer the splice does not handle (not one object, no id,
-// a "capyctl" member of its own).
+// false for an answer the splice does not handle (not one object, no id
+// where one is needed, a "capyctl" member of its own).
 func (q *request) spliceJSON(data []byte) ([]byte, bool) {
 	var buf [16]member
 	ms, ok := topLevel(data, buf[:0])
@@ -101,7 +102,9 @@ func (q *request) spliceJSON(data []byte) ([]byte, bool) {
 			return nil, false
 		}
 	}
-	if id < 0 || (model < 0 && q.api == structs.APIDecisions) {
+	// An embeddings answer has no id in OpenAI's shape (SGLang's and
+	// llama-server's have none; vLLM's has one): none is added.
+	if (id < 0 && q.api != structs.APIEmbeddings) || (model < 0 && q.api == structs.APIDecisions) {
 		return nil, false
 	}
 	if usage >= 0 {
@@ -141,7 +144,9 @@ func (q *request) spliceJSON(data []byte) ([]byte, bool) {
 
 // rebuildJSON is spliceJSON for an answer it could not handle, decoded.
 func (q *request) rebuildJSON(m map[string]json.RawMessage) []byte {
-	m["id"], _ = json.Marshal(q.id)
+	if _, ok := m["id"]; ok || q.api != structs.APIEmbeddings {
+		m["id"], _ = json.Marshal(q.id)
+	}
 	if _, ok := m["model"]; ok || q.api == structs.APIDecisions {
 		m["model"], _ = json.Marshal(q.model)
 	}

@@ -343,6 +343,12 @@ func (rt *Router) Completions(w http.ResponseWriter, r *http.Request) {
 	rt.serve(w, r, structs.APICompletions)
 }
 
+// Embeddings serves POST /v1/embeddings, to embeddings deployments: a
+// whole JSON answer, never streamed.
+func (rt *Router) Embeddings(w http.ResponseWriter, r *http.Request) {
+	rt.serve(w, r, structs.APIEmbeddings)
+}
+
 // Decisions serves POST /v1/systemone (decision requests, sdk/decisions).
 func (rt *Router) Decisions(w http.ResponseWriter, r *http.Request) {
 	rt.serve(w, r, structs.APIDecisions)

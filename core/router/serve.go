@@ -340,6 +340,11 @@ func (q *request) resolve() bool {
 		}
 		q.stream = head.Stream
 		q.usageOpt = head.StreamOptions != nil && head.StreamOptions.IncludeUsage
+	case structs.APIEmbeddings:
+		if !hasMember(q.body, "input") {
+			q.fail(structs.Errf(structs.CodeInvalidRequest, "an embeddings request needs an input: a string or a list of strings"))
+			return false
+		}
 	case structs.APIDecisions:
 		var dr decisions.Request
 		if err := json.Unmarshal(q.body, &dr); err != nil {
@@ -356,6 +361,10 @@ func (q *request) resolve() bool {
 	return true
 }
 
+// embeddingsPath is the embeddings endpoint, the router's and the
+// engines'.
+const embeddingsPath = "/v1/embeddings"
+
 // serves reports whether a deployment serving api answers requests of kind
 // (the endpoint they came to): a chat deployment serves text completions
 // too.
@@ -369,6 +378,8 @@ func Endpoints(api string) []string {
 	switch api {
 	case structs.APIDecisions:
 		return []string{decisions.Path}
+	case structs.APIEmbeddings:
+		return []string{embeddingsPath}
 	default:
 		return []string{"/v1/chat/completions", "/v1/completions"}
 	}

@@ -14,6 +14,8 @@ import (
 const (
 	APIChat      = "chat"
 	APIDecisions = "decisions"
+	// APIEmbeddings is an embedding model's: POST /v1/embeddings only.
+	APIEmbeddings = "embeddings"
 )
 
 // APICompletions is the kind of a text completion request (POST
@@ -39,7 +41,7 @@ const (
 type Deployment struct {
 	Name   string `json:"name"`
 	Engine string `json:"engine"`
-	// API is "chat" or "decisions".
+	// API is "chat", "decisions" or "embeddings".
 	API    string   `json:"api"`
 	Routes []string `json:"routes"`
 	// Residency is "deep", "host_backed", "restart_only", or "" for the

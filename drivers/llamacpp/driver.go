@@ -78,11 +78,11 @@ func New() *Driver {
 	return &Driver{reg: enginekit.NewRegistry[*handle](), stopGrace: 10 * time.Second, systemConfig: "/etc/llama.cpp/config.ini"}
 }
 
-// Describe implements sdk.Driver: restart only (no park tiers), chat and
-// decisions, aborts by closing the connection, an idle signal.
+// Describe implements sdk.Driver: restart only (no park tiers), chat,
+// decisions and embeddings, aborts by closing the connection, an idle signal.
 func (d *Driver) Describe(context.Context, *pb.DescribeRequest) (*pb.DescribeResponse, error) {
 	return enginekit.Describe(Family, d.Version, &pb.Capabilities{
-		Apis:       []string{"chat", "decisions"},
+		Apis:       []string{"chat", "decisions", "embeddings"},
 		AbortMode:  pb.AbortMode_ABORT_MODE_CLOSE_CONNECTION,
 		IdleSignal: true,
 	}, configSchema), nil

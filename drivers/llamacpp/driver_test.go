@@ -701,3 +701,21 @@ func TestDriver_StartRefusals(t *testing.T) {
 		t.Fatalf("describe %+v", desc)
 	}
 }
+
+// TestPlan_Embeddings: an embeddings deployment is started with
+// --embeddings (llama-server answers /v1/embeddings only then); a chat one
+// without.
+func TestPlan_Embeddings(t *testing.T) {
+	dir := modelDir(t)
+	for _, api := range []string{"chat", "embeddings"} {
+		dep := deployment(dir)
+		dep.Api = api
+		p, err := newDriver().Plan(context.Background(), &pb.PlanRequest{Installation: installation("/opt/llama/bin/llama-server"), Deployment: dep, Launch: &pb.LaunchContext{Port: 8080}})
+		if err != nil || len(p.GetRefusals()) > 0 {
+			t.Fatalf("%s: %v %v", api, err, p.GetRefusals())
+		}
+		if got := strings.Contains(strings.Join(p.GetArgv(), " ")+" ", " --embeddings "); got != (api == "embeddings") {
+			t.Fatalf("%s: --embeddings %v: %v", api, got, p.GetArgv())
+		}
+	}
+}

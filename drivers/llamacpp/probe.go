@@ -136,7 +136,13 @@ func (h *handle) readyOnce(ctx context.Context) (bool, string, string) {
 	if h.API == "decisions" {
 		return h.readinessDecision(ctx)
 	}
-	answer, err := engineapi.ChatProbe(ctx, c, h.Endpoint.GetChatPath(), h.ServedName, canaryPrompt, 8)
+	probe := func() (string, error) {
+		return engineapi.ChatProbe(ctx, c, h.Endpoint.GetChatPath(), h.ServedName, canaryPrompt, 8)
+	}
+	if h.API == "embeddings" {
+		probe = func() (string, error) { return engineapi.EmbeddingsProbe(ctx, c, h.ServedName, canaryPrompt) }
+	}
+	answer, err := probe()
 	if err != nil {
 		return false, "", "waiting for a first answer: " + err.Error()
 	}

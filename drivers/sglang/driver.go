@@ -116,7 +116,7 @@ func New() *Driver { return &Driver{reg: enginekit.NewRegistry[*enginekit.Instan
 func (d *Driver) Describe(context.Context, *pb.DescribeRequest) (*pb.DescribeResponse, error) {
 	return enginekit.Describe(Family, d.Version, &pb.Capabilities{
 		ParkTiers:      []string{enginekit.ResidencyDeep, enginekit.ResidencyHostBacked},
-		Apis:           []string{"chat", "decisions"},
+		Apis:           []string{"chat", "decisions", "embeddings"},
 		AbortMode:      pb.AbortMode_ABORT_MODE_REQUEST_ID,
 		IdleSignal:     true,
 		RequestIdField: RequestIDField,

@@ -183,7 +183,11 @@ func TestPlan_Refusals(t *testing.T) {
 			d.Residency = "host_backed"
 			d.ExtraArgs = []string{"--speculative-algorithm", "NGRAM"}
 		}, codes: []string{"capability_missing:deep_park"}},
-		{name: "another api", edit: func(d *pb.Deployment) { d.Api = "embeddings" }, codes: []string{"capability_missing:embeddings"}},
+		{name: "embeddings with a parser", edit: func(d *pb.Deployment) {
+			d.Api = "embeddings"
+			d.EngineConfigJson = []byte(`{"reasoning_parser":"qwen3"}`)
+		}, codes: []string{"invalid_config"}},
+		{name: "another api", edit: func(d *pb.Deployment) { d.Api = "rerank" }, codes: []string{"capability_missing:rerank"}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -252,7 +256,7 @@ func TestDetect(t *testing.T) {
 func TestDescribeAndFlags(t *testing.T) {
 	d, _ := New().Describe(context.Background(), &pb.DescribeRequest{})
 	c := d.GetCapabilities()
-	if c.GetRequestIdField() != "rid" || c.GetAbortMode() != pb.AbortMode_ABORT_MODE_REQUEST_ID || strings.Join(c.GetApis(), ",") != "chat,decisions" {
+	if c.GetRequestIdField() != "rid" || c.GetAbortMode() != pb.AbortMode_ABORT_MODE_REQUEST_ID || strings.Join(c.GetApis(), ",") != "chat,decisions,embeddings" {
 		t.Fatalf("Describe = %v", d)
 	}
 	if err := Table.Validate(); err != nil {
@@ -301,6 +305,24 @@ func TestEndpoint_NonStreamedHangup(t *testing.T) {
 		ep := endpoint(1, "k", &pb.Deployment{ServedName: "m"}, c.workers, engineapi.NetnsAddr{})
 		if ep.GetAbortMode() != c.abort || ep.GetNonStreamedHangup() != c.hangup {
 			t.Errorf("%d workers: abort %v, hang-up %v; want %v, %v", c.workers, ep.GetAbortMode(), ep.GetNonStreamedHangup(), c.abort, c.hangup)
+		}
+	}
+}
+
+// TestPlan_Embeddings: an embedding model runs with --is-embedding and
+// without the parsers its family would get for chat.
+func TestPlan_Embeddings(t *testing.T) {
+	f := newFixture(t)
+	for _, api := range []string{"chat", "embeddings"} {
+		dep := &pb.Deployment{Name: "d", Api: api, ServedName: "d", ModelDir: f.qwen3, Residency: "restart_only"}
+		resp, err := New().Plan(context.Background(), &pb.PlanRequest{Installation: f.inst, Deployment: dep, Host: &pb.HostPolicy{}, Launch: launchCtx()})
+		if err != nil || len(resp.GetRefusals()) > 0 {
+			t.Fatalf("%s: %v %v", api, err, resp.GetRefusals())
+		}
+		argv := strings.Join(resp.GetArgv(), " ")
+		embeds := api == "embeddings"
+		if strings.Contains(argv, "--is-embedding") != embeds || strings.Contains(argv, "--reasoning-parser") == embeds {
+			t.Errorf("%s: %s", api, argv)
 		}
 	}
 }

@@ -66,8 +66,14 @@ func (d *Driver) Plan(_ context.Context, req *pb.PlanRequest) (*pb.PlanResponse,
 				r.Add(flags.CodeInvalidConfig, "engine_config.sglang."+k, "decision models run without a tool-call or reasoning parser")
 			}
 		}
+	case "embeddings":
+		for _, k := range []string{"tool_call_parser", "reasoning_parser"} {
+			if cfg.Declared(k) {
+				r.Add(flags.CodeInvalidConfig, "engine_config.sglang."+k, "embedding models run without a tool-call or reasoning parser")
+			}
+		}
 	default:
-		r.Add(enginekit.CodeCapabilityMissing+":"+api, "api", "SGLang serves the chat and decisions APIs, not %q", api)
+		r.Add(enginekit.CodeCapabilityMissing+":"+api, "api", "SGLang serves the chat, decisions and embeddings APIs, not %q", api)
 	}
 	if speculative(args) && enginekit.Parks(res) {
 		r.Add(enginekit.CodeCapabilityMissing+":deep_park", "residency",
@@ -117,6 +123,11 @@ func (d *Driver) Plan(_ context.Context, req *pb.PlanRequest) (*pb.PlanResponse,
 	argv = append(argv, "--enable-metrics", "--tokenizer-worker-num", strconv.FormatInt(workers, 10))
 	if dep.GetTrustRemoteCode() {
 		argv = append(argv, "--trust-remote-code")
+	}
+	if dep.GetApi() == "embeddings" {
+		// An embedding model: SGLang serves /v1/embeddings (and no
+		// generation) only with --is-embedding.
+		argv = append(argv, "--is-embedding")
 	}
 	if parsers.Tool != "" {
 		argv = append(argv, "--tool-call-parser", parsers.Tool)

@@ -142,6 +142,9 @@ func wakeCanary(in *enginekit.Instance) func(context.Context) (string, error) {
 			}
 			return canary, nil
 		}
+		if in.API == "embeddings" {
+			return engineapi.EmbeddingsProbe(ctx, in.Client, in.ServedName, canaryPrompt)
+		}
 		return engineapi.ChatProbeExtra(ctx, in.Client, enginekit.ChatPath, in.ServedName, canaryPrompt, canaryTokens, canaryExtra)
 	}
 }

@@ -284,7 +284,7 @@ func TestDescribeAndFlags(t *testing.T) {
 		t.Fatal(err)
 	}
 	c := d.GetCapabilities()
-	if d.GetName() != Family || d.GetProtocol() != sdk.ProtocolVersion || strings.Join(c.GetApis(), ",") != "chat" ||
+	if d.GetName() != Family || d.GetProtocol() != sdk.ProtocolVersion || strings.Join(c.GetApis(), ",") != "chat,embeddings" ||
 		c.GetAbortMode() != pb.AbortMode_ABORT_MODE_CLOSE_CONNECTION || !c.GetIdleSignal() || len(c.GetParkTiers()) != 2 {
 		t.Fatalf("Describe = %v", d)
 	}
@@ -323,5 +323,20 @@ func TestEndpoint_NonStreamedHangup(t *testing.T) {
 	ep := endpoint(1, "k", "m", "", true)
 	if ep.GetNonStreamedHangup() != pb.NonStreamedHangup_NON_STREAMED_HANGUP_STOPS || ep.GetRequestIdHeader() != "X-Request-Id" {
 		t.Fatalf("endpoint %v", ep)
+	}
+}
+
+// TestPlan_Embeddings: vLLM serves /v1/embeddings for a pooling model: an
+// embeddings deployment is planned (nothing new rendered), without the
+// parsers its family would get for chat.
+func TestPlan_Embeddings(t *testing.T) {
+	f := newFixture(t)
+	dep := &pb.Deployment{Name: "d", Api: "embeddings", ServedName: "d", ModelDir: f.qwen3, Residency: "restart_only"}
+	resp, err := New().Plan(context.Background(), &pb.PlanRequest{Installation: f.inst, Deployment: dep, Host: &pb.HostPolicy{}, Launch: launchCtx()})
+	if err != nil || len(resp.GetRefusals()) > 0 {
+		t.Fatalf("%v %v", err, resp.GetRefusals())
+	}
+	if argv := strings.Join(resp.GetArgv(), " "); strings.Contains(argv, "--reasoning-parser") || strings.Contains(argv, "--tool-call-parser") {
+		t.Fatalf("parsers for an embedding model: %s", argv)
 	}
 }

@@ -49,6 +49,9 @@ func wakeCanary(in *enginekit.Instance) func(context.Context) (string, error) {
 	return func(ctx context.Context) (string, error) {
 		ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 		defer cancel()
+		if in.API == "embeddings" {
+			return engineapi.EmbeddingsProbe(ctx, in.Client, in.ServedName, canaryPrompt)
+		}
 		return engineapi.ChatProbe(ctx, in.Client, enginekit.ChatPath, in.ServedName, canaryPrompt, canaryTokens)
 	}
 }

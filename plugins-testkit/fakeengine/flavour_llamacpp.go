@@ -38,6 +38,9 @@ type LlamaCppOptions struct {
 	Metrics bool
 	// Slots enables GET /slots (--slots); 501 otherwise.
 	Slots bool
+	// Embeddings enables POST /v1/embeddings (--embeddings); 501
+	// otherwise.
+	Embeddings bool
 	// Props enables POST /props (--props).
 	Props bool
 	// NoContextShift refuses prompts longer than a slot's context
@@ -71,6 +74,7 @@ type LlamaCppMeta struct {
 //	GET  /metrics                   llamacpp:* without labels (needs --metrics, else 501)
 //	POST /v1/chat/completions, /chat/completions
 //	POST /v1/completions            text completions (completions.go)
+//	POST /v1/embeddings             embeddings, no id (needs --embeddings, else 501)
 //	POST /v1/systemone              decision requests (decision models)
 //
 // The port is bound before the model loads and every route answers 503
@@ -142,6 +146,7 @@ func (l *LlamaCpp) Routes(e *Engine) []Route {
 		{Pattern: "POST /v1/chat/completions", Handler: chat},
 		{Pattern: "POST /chat/completions", Handler: chat},
 		{Pattern: "POST /v1/completions", Handler: e.CompletionsHandler()},
+		{Pattern: "POST /v1/embeddings", Handler: h(l.embeddings)},
 		{Pattern: "POST " + decisions.Path, Handler: h(l.decide)},
 		{Pattern: "GET /fake/stats", Handler: e.StatsHandler()},
 	}
@@ -462,6 +467,15 @@ func LlamaCppMetrics(s Stats, slotCtx int) []Metric {
 		m("requests_processing", "gauge", "Number of requests processing.", float64(s.Running)),
 		m("requests_deferred", "gauge", "Number of requests deferred.", float64(s.Waiting)),
 	}
+}
+
+// embeddings serves POST /v1/embeddings when started with --embeddings.
+func (l *LlamaCpp) embeddings(e *Engine, w http.ResponseWriter, r *http.Request) {
+	if !l.opts.Embeddings {
+		l.WriteError(w, KindNotSupported, "This server does not support embeddings. Start it with `--embeddings`")
+		return
+	}
+	e.EmbeddingsHandler(false).ServeHTTP(w, r)
 }
 
 func (l *LlamaCpp) metrics(e *Engine, w http.ResponseWriter, r *http.Request) {

@@ -54,6 +54,7 @@ type SGLangOptions struct {
 //	GET  /v1/models[/{model}]         owned_by "sglang", root, max_model_len
 //	POST /v1/chat/completions         the request ID is the body's "rid"; JSON only (400 otherwise)
 //	POST /v1/completions              text completions (completions.go), the same "rid"
+//	POST /v1/embeddings               embeddings (embeddings.go), no id in the answer
 //	POST /v1/systemone                decision requests (rid in the body)
 //	GET|POST /flush_cache             400 while requests run or wait
 //	POST /abort_request               {"rid": "...", "abort_all": false}
@@ -131,6 +132,7 @@ func (s *SGLang) Routes(e *Engine) []Route {
 		})},
 		{Pattern: "POST /v1/chat/completions", Handler: jsonOnly(s, e.ChatHandler())},
 		{Pattern: "POST /v1/completions", Handler: jsonOnly(s, e.CompletionsHandler())},
+		{Pattern: "POST /v1/embeddings", Handler: jsonOnly(s, e.EmbeddingsHandler(false))},
 		{Pattern: "POST /v1/systemone", Handler: jsonOnly(s, h(s.decide))},
 		{Pattern: "GET /flush_cache", Handler: h(s.flushCache)},
 		{Pattern: "POST /flush_cache", Handler: h(s.flushCache)},

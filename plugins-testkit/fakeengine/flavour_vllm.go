@@ -49,6 +49,7 @@ type VLLMOptions struct {
 //	GET  /v1/models            owned_by "vllm", root, parent, max_model_len, permission
 //	POST /v1/chat/completions  the request ID is the X-Request-Id header
 //	POST /v1/completions       text completions (completions.go), the same request ID
+//	POST /v1/embeddings        embeddings (embeddings.go), id "embd-…"
 //	GET  /metrics              vllm:num_requests_running/_waiting, vllm:kv_cache_usage_perc, counters
 //	dev mode only:
 //	POST /sleep?level=1|2[&mode=abort|wait|keep]   (500 without --enable-sleep-mode)
@@ -107,6 +108,7 @@ func (v *VLLM) Routes(e *Engine) []Route {
 		{Pattern: "GET /v1/models", Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { v.models(e, w) })},
 		{Pattern: "POST /v1/chat/completions", Handler: e.ChatHandler()},
 		{Pattern: "POST /v1/completions", Handler: e.CompletionsHandler()},
+		{Pattern: "POST /v1/embeddings", Handler: e.EmbeddingsHandler(true)},
 		{Pattern: "GET /metrics", Handler: MetricsHandler(e, func(s Stats) []Metric { return VLLMMetrics(e.ServedName(), s) })},
 		{Pattern: "GET /fake/stats", Handler: e.StatsHandler()},
 	}

@@ -15,6 +15,7 @@ import (
 //	GET  /v1/models            the served model; 503 while loading
 //	POST /v1/chat/completions  Engine.ChatHandler
 //	POST /v1/completions       Engine.CompletionsHandler
+//	POST /v1/embeddings        Engine.EmbeddingsHandler (vLLM's shape, with an id)
 //	GET  /metrics              fake:requests_running, fake:requests_waiting, counters
 //	GET  /fake/stats           Engine.StatsHandler
 //
@@ -35,6 +36,7 @@ func (OpenAI) Routes(e *Engine) []Route {
 		{Pattern: "GET /v1/models", Handler: OpenAIModelsHandler(e, "fake")},
 		{Pattern: "POST /v1/chat/completions", Handler: e.ChatHandler()},
 		{Pattern: "POST /v1/completions", Handler: e.CompletionsHandler()},
+		{Pattern: "POST /v1/embeddings", Handler: e.EmbeddingsHandler(true)},
 		{Pattern: "GET /metrics", Handler: MetricsHandler(e, OpenAIMetrics)},
 		{Pattern: "GET /fake/stats", Handler: e.StatsHandler()},
 	}

@@ -133,3 +133,28 @@ func contentText(raw json.RawMessage) string {
 	}
 	return ""
 }
+
+// EmbeddingsPath is the OpenAI embeddings endpoint (vLLM, SGLang and
+// llama-server serve it there).
+const EmbeddingsPath = "/v1/embeddings"
+
+// EmbeddingsProbe asks an embedding model for the embedding of input and
+// returns the start of the vector (at most 16 values) as text: the canary
+// of an engine that answers no chat. An answer without a vector is an
+// error.
+func EmbeddingsProbe(ctx context.Context, c *EngineClient, servedName, input string) (string, error) {
+	var answer struct {
+		Data []struct {
+			Embedding []float64 `json:"embedding"`
+		} `json:"data"`
+	}
+	if _, err := c.PostJSON(ctx, EmbeddingsPath, map[string]any{"model": servedName, "input": input}, &answer); err != nil {
+		return "", fmt.Errorf("embeddings probe: %w", err)
+	}
+	if len(answer.Data) == 0 || len(answer.Data[0].Embedding) == 0 {
+		return "", errors.New("embeddings probe: the answer has no vector")
+	}
+	v := answer.Data[0].Embedding
+	b, _ := json.Marshal(v[:min(len(v), 16)])
+	return string(b), nil
+}

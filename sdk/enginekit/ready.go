@@ -93,13 +93,21 @@ const offLoopbackEvery = 50 * time.Millisecond
 
 // ChatReady is the usual ReadyFunc of a chat engine: the served name in
 // /v1/models, then a real short answer to the canary prompt (content or
-// reasoning both count). extra fields are merged into the request.
+// reasoning both count). extra fields are merged into the request. An
+// embedding model (API "embeddings"), which answers no chat, is asked for
+// the prompt's embedding instead (engineapi.EmbeddingsProbe).
 func (in *Instance) ChatReady(prompt string, maxTokens int, extra map[string]any) ReadyFunc {
 	return func(ctx context.Context) (bool, string, string) {
 		if why := in.ServedListed(ctx); why != "" {
 			return false, "", why
 		}
-		answer, err := engineapi.ChatProbeExtra(ctx, in.Client, in.Endpoint.GetChatPath(), in.ServedName, prompt, maxTokens, extra)
+		var answer string
+		var err error
+		if in.API == "embeddings" {
+			answer, err = engineapi.EmbeddingsProbe(ctx, in.Client, in.ServedName, prompt)
+		} else {
+			answer, err = engineapi.ChatProbeExtra(ctx, in.Client, in.Endpoint.GetChatPath(), in.ServedName, prompt, maxTokens, extra)
+		}
 		if err != nil {
 			return false, "", "waiting for a first answer: " + err.Error()
 		}

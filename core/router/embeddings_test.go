@@ -1,0 +1,193 @@
+// Copyright (c) CapyCTL authors
+// SPDX-License-Identifier: Apache-2.0
+
+package router_test
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"strings"
+	"testing"
+
+	"github.com/capyctl/capyctl/core/router"
+	"github.com/capyctl/capyctl/core/structs"
+	"github.com/capyctl/capyctl/plugins-testkit/fakeengine"
+)
+
+// embeddingsAnswer is an embeddings answer as the tests read it.
+type embeddingsAnswer struct {
+	ID     *string `json:"id"`
+	Object string  `json:"object"`
+	Model  string  `json:"model"`
+	Data   []struct {
+		Object    string    `json:"object"`
+		Index     int       `json:"index"`
+		Embedding []float64 `json:"embedding"`
+	} `json:"data"`
+	Usage *struct {
+		PromptTokens int `json:"prompt_tokens"`
+		TotalTokens  int `json:"total_tokens"`
+	} `json:"usage"`
+	CapyCTL *struct {
+		Metrics map[string]struct {
+			Value  float64 `json:"value"`
+			Source string  `json:"source"`
+		} `json:"metrics"`
+	} `json:"capyctl"`
+}
+
+// TestRouter_Embeddings routes POST /v1/embeddings to an embeddings
+// deployment, on an engine whose answer has an id (vLLM's shape: it becomes
+// the request ID) and on one whose answer has none (SGLang's and
+// llama-server's: none is added), for one input and for several: OpenAI's
+// list of vectors under the public model name, with usage,
+// capyctl.metrics and the request ID header.
+func TestRouter_Embeddings(t *testing.T) {
+	cases := []struct {
+		name    string
+		flavour fakeengine.Flavour
+		input   string
+		n       int
+		engID   bool
+	}{
+		{name: "one input, answer with an id", input: `"hello world"`, n: 1, engID: true},
+		{name: "three inputs, answer with an id", input: `["a","b c","d"]`, n: 3, engID: true},
+		{name: "one input, answer without an id", flavour: fakeengine.NewSGLang(fakeengine.SGLangOptions{}), input: `"hello world"`, n: 1},
+		{name: "two inputs, answer without an id", flavour: fakeengine.NewSGLang(fakeengine.SGLangOptions{}), input: `["x","y"]`, n: 2},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			e := newEnv(t, envOpts{api: structs.APIEmbeddings, engine: fakeengine.Config{Flavour: c.flavour},
+				ep: func(ep *structs.EngineEndpoint) {
+					if c.flavour != nil { // SGLang takes the request ID in the body, and aborts by it
+						ep.RequestIDField, ep.AbortByID = "rid", true
+					}
+				}})
+			resp, err := e.post(context.Background(), "/v1/embeddings", `{"model":"demo","input":`+c.input+`}`, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			body := readBody(t, resp)
+			if resp.StatusCode != 200 {
+				t.Fatalf("status %d: %s", resp.StatusCode, body)
+			}
+			if ct := resp.Header.Get("Content-Type"); !strings.HasPrefix(ct, "application/json") {
+				t.Fatalf("content type %q", ct)
+			}
+			rid := resp.Header.Get(router.HeaderRequestID)
+			if rid == "" {
+				t.Fatal("no request ID header")
+			}
+			var out embeddingsAnswer
+			if err := json.Unmarshal([]byte(body), &out); err != nil {
+				t.Fatalf("%v: %s", err, body)
+			}
+			if out.Object != "list" || out.Model != "demo" || len(out.Data) != c.n {
+				t.Fatalf("answer: %s", body)
+			}
+			switch {
+			case c.engID && (out.ID == nil || *out.ID != rid):
+				t.Fatalf("id %v, want the request ID %s: %s", out.ID, rid, body)
+			case !c.engID && out.ID != nil:
+				t.Fatalf("an id was added to an answer without one: %s", body)
+			}
+			for i, d := range out.Data {
+				if d.Object != "embedding" || d.Index != i || len(d.Embedding) != fakeengine.EmbeddingDims {
+					t.Fatalf("data[%d]: %s", i, body)
+				}
+			}
+			if out.Usage == nil || out.Usage.PromptTokens == 0 || out.Usage.TotalTokens != out.Usage.PromptTokens {
+				t.Fatalf("usage: %s", body)
+			}
+			if out.CapyCTL == nil || out.CapyCTL.Metrics["input_tokens"].Value != float64(out.Usage.PromptTokens) ||
+				out.CapyCTL.Metrics["total_ms"].Source != "router" {
+				t.Fatalf("metrics: %s", body)
+			}
+			if _, ok := out.CapyCTL.Metrics["ttft_ms"]; ok {
+				t.Fatalf("an embeddings answer has no first token: %s", body)
+			}
+			if st := e.eng.Stats(); st.Total != 1 || st.Completed != 1 {
+				t.Fatalf("engine stats: %+v", st)
+			}
+			waitFor(t, "idle", e.idle)
+		})
+	}
+}
+
+// TestRouter_EmbeddingsHangUpCancelsOnTheEngine: a client that goes away
+// ends the embeddings request on the engine by closing its connection; no
+// abort by request ID is asked for (the engine never had it).
+func TestRouter_EmbeddingsHangUpCancelsOnTheEngine(t *testing.T) {
+	e := newEnv(t, envOpts{api: structs.APIEmbeddings, engine: fakeengine.Config{StallAfterTokens: 1},
+		ep: func(ep *structs.EngineEndpoint) { ep.RequestIDField, ep.AbortByID = "rid", true }})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if resp, err := e.post(ctx, "/v1/embeddings", `{"model":"demo","input":["a","b"]}`, nil); err == nil {
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}
+	}()
+	waitFor(t, "the engine to work on it", func() bool { return e.eng.Stats().GenerationTokens >= 1 })
+	cancel()
+	within(t, "the client to end", done)
+	waitFor(t, "the engine to cancel", func() bool { return e.eng.Stats().Cancelled == 1 })
+	e.settleAfterCuts(t)
+	if n := e.lc.aborts.Load(); n != 0 {
+		t.Fatalf("%d aborts by request ID for an embeddings request", n)
+	}
+}
+
+// TestRouter_EmbeddingsAPIMismatch: embeddings for a chat model, and chat
+// or a text completion for an embeddings model, are refused with
+// api_mismatch naming the model's endpoint, before anything wakes.
+func TestRouter_EmbeddingsAPIMismatch(t *testing.T) {
+	cases := []struct {
+		name, api, path, body, wantEndpoint string
+	}{
+		{name: "embeddings to a chat model", api: structs.APIChat, path: "/v1/embeddings", body: `{"model":"demo","input":"x"}`, wantEndpoint: "/v1/chat/completions"},
+		{name: "chat to an embeddings model", api: structs.APIEmbeddings, path: "/v1/chat/completions", body: chatBody(false, ""), wantEndpoint: "/v1/embeddings"},
+		{name: "completions to an embeddings model", api: structs.APIEmbeddings, path: "/v1/completions", body: completionsBody(false, ""), wantEndpoint: "/v1/embeddings"},
+		{name: "embeddings to a decision model", api: structs.APIDecisions, path: "/v1/embeddings", body: `{"model":"demo","input":"x"}`, wantEndpoint: "/v1/systemone"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			e := newEnv(t, envOpts{api: c.api, noReady: true})
+			resp, err := e.post(context.Background(), c.path, c.body, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			body := readBody(t, resp)
+			if resp.StatusCode != 400 || errCode(body) != string(structs.CodeAPIMismatch) || !strings.Contains(body, c.wantEndpoint) {
+				t.Fatalf("%d %s", resp.StatusCode, body)
+			}
+			if resp.Header.Get(router.HeaderRequestID) == "" {
+				t.Fatal("no request ID on the refusal")
+			}
+			if e.lc.acts.Load() != 0 || e.eng.Stats().Total != 0 {
+				t.Fatalf("the refusal woke something: acts %d, engine %+v", e.lc.acts.Load(), e.eng.Stats())
+			}
+		})
+	}
+}
+
+// TestRouter_EmbeddingsNeedAnInput: a body without an input is refused
+// before anything wakes.
+func TestRouter_EmbeddingsNeedAnInput(t *testing.T) {
+	for _, b := range []string{`{"model":"demo"}`, `{"model":"demo","input":null}`} {
+		e := newEnv(t, envOpts{api: structs.APIEmbeddings, noReady: true})
+		resp, err := e.post(context.Background(), "/v1/embeddings", b, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body := readBody(t, resp)
+		if resp.StatusCode != 400 || errCode(body) != string(structs.CodeInvalidRequest) {
+			t.Fatalf("%s: %d %s", b, resp.StatusCode, body)
+		}
+		if e.lc.acts.Load() != 0 {
+			t.Fatalf("%s: the refusal woke the deployment", b)
+		}
+	}
+}
