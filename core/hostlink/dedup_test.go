@@ -14,6 +14,7 @@ import (
 
 	"github.com/capyctl/capyctl/core/hostlink/proto/hostv1"
 	"github.com/capyctl/capyctl/core/structs"
+	"github.com/capyctl/capyctl/plugins-testkit/poll"
 )
 
 // counter is a command body that counts its runs and answers ok, or the
@@ -84,18 +85,6 @@ func TestDeduper_DoRefusesAnEmptyID(t *testing.T) {
 	}
 }
 
-// waitFor polls cond until it holds or the deadline passes.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
-}
-
 // TestDeduper_ConcurrentRetries delivers one command from several
 // goroutines while the first delivery still runs: the body runs once and
 // every delivery answers its result, exactly one of them not replayed.
@@ -135,7 +124,7 @@ func TestDeduper_ConcurrentRetries(t *testing.T) {
 			results[i] = r
 		}()
 	}
-	waitFor(t, "every retry to wait", func() bool { return d.waiters("start-1") == deliveries-1 })
+	poll.Until(t, 10*time.Second, "every retry to wait", func() bool { return d.waiters("start-1") == deliveries-1 })
 	close(release)
 	wg.Wait()
 
@@ -178,7 +167,7 @@ func TestDeduper_WaitingRetryLeavesWithItsContext(t *testing.T) {
 		_, err := d.Do(ctx, "c1", (&counter{}).fn)
 		errc <- err
 	}()
-	waitFor(t, "the retry to wait", func() bool { return d.waiters("c1") == 1 })
+	poll.Until(t, 10*time.Second, "the retry to wait", func() bool { return d.waiters("c1") == 1 })
 	cancel()
 	if err := <-errc; !errors.Is(err, context.Canceled) {
 		t.Fatalf("retry: got %v, want context.Canceled", err)
