@@ -14,7 +14,7 @@ import (
 )
 
 // TestEngine_Rerank: the flavours whose engine serves POST /v1/rerank (and
-// /rerank) answer in its shape (vLLM's with an id, each result's document
+// llama-server's /rerank) answer in its shape (vLLM's with an id, each result's document
 // and usage with total_tokens only; llama-server's without an id, with
 // object "list" and prompt_tokens), each document's deterministic score,
 // best first, top_n of them when asked; llama-server only when started
@@ -28,10 +28,10 @@ func TestEngine_Rerank(t *testing.T) {
 		status  int    // for a valid request
 		wantID  string // the answer's id ("" none)
 		vllm    bool   // vLLM's shape
-		short   bool   // serves /rerank too
+		short   bool   // serves /rerank too (llama-server)
 	}{
 		{name: "openai", flavour: fakeengine.OpenAI{}, header: map[string]string{"X-Request-Id": "r1"}, status: 200, wantID: "rerank-r1", vllm: true},
-		{name: "vllm", flavour: fakeengine.NewVLLM(fakeengine.VLLMOptions{}), header: map[string]string{"X-Request-Id": "r1"}, status: 200, wantID: "rerank-r1", vllm: true, short: true},
+		{name: "vllm", flavour: fakeengine.NewVLLM(fakeengine.VLLMOptions{}), header: map[string]string{"X-Request-Id": "r1"}, status: 200, wantID: "rerank-r1", vllm: true},
 		{name: "llamacpp --reranking", flavour: fakeengine.NewLlamaCpp(fakeengine.LlamaCppOptions{Reranking: true}), status: 200, short: true},
 		{name: "llamacpp without --reranking", flavour: fakeengine.NewLlamaCpp(fakeengine.LlamaCppOptions{}), status: 501},
 		{name: "sglang", flavour: fakeengine.NewSGLang(fakeengine.SGLangOptions{}), status: 404},
