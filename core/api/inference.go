@@ -23,6 +23,7 @@ func NewInferenceHandler(b *Backend, apiKey string) http.Handler {
 	r.HandleFunc("/v1/chat/completions", b.Router.ChatCompletions).Methods(http.MethodPost)
 	r.HandleFunc("/v1/completions", b.Router.Completions).Methods(http.MethodPost)
 	r.HandleFunc("/v1/embeddings", b.Router.Embeddings).Methods(http.MethodPost)
+	r.HandleFunc("/v1/rerank", b.Router.Rerank).Methods(http.MethodPost)
 	r.HandleFunc(decisions.Path, b.Router.Decisions).Methods(http.MethodPost)
 	r.NotFoundHandler = http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		router.WriteError(w, structs.Errf(structs.CodeNotFound, "no route %s %s", req.Method, req.URL.Path))

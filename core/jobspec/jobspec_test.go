@@ -275,7 +275,7 @@ func TestParseFile_Bounds(t *testing.T) {
 	}
 }
 
-// TestParse_API: api takes chat, decisions and embeddings; anything else
+// TestParse_API: api takes chat, decisions, embeddings and rerank; anything else
 // is refused at the field.
 func TestParse_API(t *testing.T) {
 	cases := []struct {
@@ -285,7 +285,8 @@ func TestParse_API(t *testing.T) {
 		{name: "chat", api: "chat", ok: true},
 		{name: "decisions", api: "decisions", ok: true},
 		{name: "embeddings", api: "embeddings", ok: true},
-		{name: "rerank is not an api", api: "rerank"},
+		{name: "rerank", api: "rerank", ok: true},
+		{name: "score is not an api", api: "score"},
 		{name: "completions is not an api", api: "completions"},
 	}
 	for _, c := range cases {

@@ -148,7 +148,7 @@ func validateTop(c *checker, d *structs.Deployment) {
 	case !NameRe.MatchString(d.Engine):
 		c.bad("engine", "%q is not an engine name (lowercase letters, digits, '.', '_', '-')", d.Engine)
 	}
-	c.oneOf("api", d.API, structs.APIChat, structs.APIDecisions, structs.APIEmbeddings)
+	c.oneOf("api", d.API, structs.APIChat, structs.APIDecisions, structs.APIEmbeddings, structs.APIRerank)
 	if d.Residency != "" {
 		c.oneOf("residency", d.Residency, structs.ResidencyDeep, structs.ResidencyHostBacked, structs.ResidencyRestartOnly)
 	}

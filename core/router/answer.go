@@ -119,12 +119,21 @@ type usageFigures struct {
 func (u *usageFigures) parse(raw json.RawMessage) {
 	var v struct {
 		PromptTokens        *int64 `json:"prompt_tokens"`
+		TotalTokens         *int64 `json:"total_tokens"`
 		CompletionTokens    *int64 `json:"completion_tokens"`
 		PromptTokensDetails *struct {
 			CachedTokens *int64 `json:"cached_tokens"`
 		} `json:"prompt_tokens_details"`
 	}
-	if json.Unmarshal(raw, &v) != nil || v.PromptTokens == nil {
+	if json.Unmarshal(raw, &v) != nil {
+		return
+	}
+	if v.PromptTokens == nil && v.CompletionTokens == nil && v.TotalTokens != nil {
+		// vLLM's rerank usage counts only total_tokens: all of it is
+		// input (a pooling model generates nothing).
+		v.PromptTokens = v.TotalTokens
+	}
+	if v.PromptTokens == nil {
 		return
 	}
 	u.known = true
@@ -199,7 +208,7 @@ func (q *request) appendMetrics(b []byte) []byte {
 	if !q.forwardAt.IsZero() {
 		fig("engine_ms", ms(end.Sub(q.forwardAt)), "router")
 	}
-	if q.api != structs.APIDecisions && q.api != structs.APIEmbeddings && !q.firstContent.IsZero() && !q.forwardAt.IsZero() {
+	if q.api != structs.APIDecisions && !pooling(q.api) && !q.firstContent.IsZero() && !q.forwardAt.IsZero() {
 		fig("ttft_ms", ms(q.firstContent.Sub(q.forwardAt)), "router")
 	}
 	if q.timings.prefillMS > 0 {

@@ -204,6 +204,7 @@ func TestRouter_ModelsEndpoints(t *testing.T) {
 		{api: structs.APIChat, want: []string{"/v1/chat/completions", "/v1/completions"}},
 		{api: structs.APIDecisions, want: []string{decisions.Path}},
 		{api: structs.APIEmbeddings, want: []string{"/v1/embeddings"}},
+		{api: structs.APIRerank, want: []string{"/v1/rerank"}},
 	}
 	for _, c := range cases {
 		t.Run(c.api, func(t *testing.T) {

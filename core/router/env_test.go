@@ -156,6 +156,7 @@ func newEnv(t *testing.T, o envOpts) *env {
 	mux.HandleFunc("POST /v1/chat/completions", e.rt.ChatCompletions)
 	mux.HandleFunc("POST /v1/completions", e.rt.Completions)
 	mux.HandleFunc("POST /v1/embeddings", e.rt.Embeddings)
+	mux.HandleFunc("POST /v1/rerank", e.rt.Rerank)
 	mux.HandleFunc("POST /v1/systemone", e.rt.Decisions)
 	mux.HandleFunc("GET /v1/models", e.rt.Models)
 	e.srv = httptest.NewUnstartedServer(mux)

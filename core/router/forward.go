@@ -81,6 +81,9 @@ func (q *request) forward() *engineCall {
 	case structs.APIEmbeddings:
 		// vLLM, SGLang and llama-server all serve it there.
 		path = embeddingsPath
+	case structs.APIRerank:
+		// vLLM and llama-server (--reranking) both serve it there.
+		path = rerankPath
 	}
 	t, err := q.rt.targets.engineURL(ep.BaseURL, path)
 	if err != nil {
@@ -215,7 +218,7 @@ func (q *request) cut(sent bool) {
 		p.Done()
 		return
 	}
-	if q.target.Endpoint.AbortByID && q.api != structs.APIEmbeddings && q.rt.req != nil {
+	if q.target.Endpoint.AbortByID && !pooling(q.api) && q.rt.req != nil {
 		pe := p.Cut(admission.SettleOnAbort)
 		go q.rt.abort(pe, q.target.Instance, q.id, admission.SettleWhenIdle)
 		return
@@ -239,10 +242,10 @@ func (q *request) done() {
 func (q *request) engineBody() ([]byte, error) {
 	ep := &q.target.Endpoint
 	needModel := ep.ServedName != "" && ep.ServedName != q.model
-	// An embeddings request goes without the request ID in its body: it
-	// is not a generation an engine aborts by ID (a hang-up closes its
-	// connection), and SGLang's embeddings request has no rid.
-	needRid := ep.RequestIDField != "" && q.api != structs.APIEmbeddings
+	// An embeddings or rerank request goes without the request ID in its
+	// body: it is not a generation an engine aborts by ID (a hang-up
+	// closes its connection), and SGLang's embeddings request has no rid.
+	needRid := ep.RequestIDField != "" && !pooling(q.api)
 	needStream := (q.api == structs.APIChat || q.api == structs.APICompletions) && ((!q.stream && !ep.ForwardNonStreamed) || (q.stream && !q.usageOpt))
 	if !needModel && !needRid && !needStream {
 		return q.body, nil

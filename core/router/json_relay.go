@@ -14,7 +14,7 @@ import (
 	"github.com/capyctl/capyctl/core/structs"
 )
 
-// relayJSON relays a whole JSON answer (a decision, embeddings, or a chat
+// relayJSON relays a whole JSON answer (a decision, embeddings, a rerank, or a chat
 // answer the engine did not stream) with the request ID, the public model name and
 // capyctl.metrics. The answer is spliced, not decoded and encoded again:
 // one scan finds its top-level members (topLevel), only usage and timings
@@ -103,8 +103,9 @@ func (q *request) spliceJSON(data []byte) ([]byte, bool) {
 		}
 	}
 	// An embeddings answer has no id in OpenAI's shape (SGLang's and
-	// llama-server's have none; vLLM's has one): none is added.
-	if (id < 0 && q.api != structs.APIEmbeddings) || (model < 0 && q.api == structs.APIDecisions) {
+	// llama-server's have none; vLLM's has one), nor has llama-server's
+	// rerank answer: none is added.
+	if (id < 0 && !pooling(q.api)) || (model < 0 && q.api == structs.APIDecisions) {
 		return nil, false
 	}
 	if usage >= 0 {
@@ -144,7 +145,7 @@ func (q *request) spliceJSON(data []byte) ([]byte, bool) {
 
 // rebuildJSON is spliceJSON for an answer it could not handle, decoded.
 func (q *request) rebuildJSON(m map[string]json.RawMessage) []byte {
-	if _, ok := m["id"]; ok || q.api != structs.APIEmbeddings {
+	if _, ok := m["id"]; ok || !pooling(q.api) {
 		m["id"], _ = json.Marshal(q.id)
 	}
 	if _, ok := m["model"]; ok || q.api == structs.APIDecisions {

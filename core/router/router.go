@@ -349,6 +349,12 @@ func (rt *Router) Embeddings(w http.ResponseWriter, r *http.Request) {
 	rt.serve(w, r, structs.APIEmbeddings)
 }
 
+// Rerank serves POST /v1/rerank, to rerank deployments: a whole JSON
+// answer, never streamed.
+func (rt *Router) Rerank(w http.ResponseWriter, r *http.Request) {
+	rt.serve(w, r, structs.APIRerank)
+}
+
 // Decisions serves POST /v1/systemone (decision requests, sdk/decisions).
 func (rt *Router) Decisions(w http.ResponseWriter, r *http.Request) {
 	rt.serve(w, r, structs.APIDecisions)

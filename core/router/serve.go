@@ -345,6 +345,11 @@ func (q *request) resolve() bool {
 			q.fail(structs.Errf(structs.CodeInvalidRequest, "an embeddings request needs an input: a string or a list of strings"))
 			return false
 		}
+	case structs.APIRerank:
+		if !hasMember(q.body, "query") || !hasMember(q.body, "documents") {
+			q.fail(structs.Errf(structs.CodeInvalidRequest, "a rerank request needs a query and documents"))
+			return false
+		}
 	case structs.APIDecisions:
 		var dr decisions.Request
 		if err := json.Unmarshal(q.body, &dr); err != nil {
@@ -365,6 +370,18 @@ func (q *request) resolve() bool {
 // engines'.
 const embeddingsPath = "/v1/embeddings"
 
+// rerankPath is the rerank endpoint, the router's and the engines' (vLLM
+// and llama-server serve it there, Jina's and Cohere's shape).
+const rerankPath = "/v1/rerank"
+
+// pooling reports whether api is one a pooling model serves (embeddings,
+// rerank): one whole JSON answer, no first token, no request ID in the
+// engine's body, a hang-up closes the engine connection, and no id is
+// added to an answer without one.
+func pooling(api string) bool {
+	return api == structs.APIEmbeddings || api == structs.APIRerank
+}
+
 // serves reports whether a deployment serving api answers requests of kind
 // (the endpoint they came to): a chat deployment serves text completions
 // too.
@@ -380,6 +397,8 @@ func Endpoints(api string) []string {
 		return []string{decisions.Path}
 	case structs.APIEmbeddings:
 		return []string{embeddingsPath}
+	case structs.APIRerank:
+		return []string{rerankPath}
 	default:
 		return []string{"/v1/chat/completions", "/v1/completions"}
 	}

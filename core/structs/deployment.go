@@ -16,6 +16,9 @@ const (
 	APIDecisions = "decisions"
 	// APIEmbeddings is an embedding model's: POST /v1/embeddings only.
 	APIEmbeddings = "embeddings"
+	// APIRerank is a reranker's (a cross-encoder scoring documents
+	// against a query): POST /v1/rerank only.
+	APIRerank = "rerank"
 )
 
 // APICompletions is the kind of a text completion request (POST
@@ -41,7 +44,7 @@ const (
 type Deployment struct {
 	Name   string `json:"name"`
 	Engine string `json:"engine"`
-	// API is "chat", "decisions" or "embeddings".
+	// API is "chat", "decisions", "embeddings" or "rerank".
 	API    string   `json:"api"`
 	Routes []string `json:"routes"`
 	// Residency is "deep", "host_backed", "restart_only", or "" for the

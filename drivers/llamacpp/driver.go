@@ -79,10 +79,11 @@ func New() *Driver {
 }
 
 // Describe implements sdk.Driver: restart only (no park tiers), chat,
-// decisions and embeddings, aborts by closing the connection, an idle signal.
+// decisions, embeddings and rerank, aborts by closing the connection, an
+// idle signal.
 func (d *Driver) Describe(context.Context, *pb.DescribeRequest) (*pb.DescribeResponse, error) {
 	return enginekit.Describe(Family, d.Version, &pb.Capabilities{
-		Apis:       []string{"chat", "decisions", "embeddings"},
+		Apis:       []string{"chat", "decisions", "embeddings", "rerank"},
 		AbortMode:  pb.AbortMode_ABORT_MODE_CLOSE_CONNECTION,
 		IdleSignal: true,
 	}, configSchema), nil

@@ -719,3 +719,29 @@ func TestPlan_Embeddings(t *testing.T) {
 		}
 	}
 }
+
+// TestPlan_Rerank: a rerank deployment is started with --reranking
+// (llama-server answers /v1/rerank only then) and without --embeddings;
+// the other apis without --reranking. Describe lists rerank.
+func TestPlan_Rerank(t *testing.T) {
+	dir := modelDir(t)
+	for _, api := range []string{"chat", "embeddings", "rerank"} {
+		dep := deployment(dir)
+		dep.Api = api
+		p, err := newDriver().Plan(context.Background(), &pb.PlanRequest{Installation: installation("/opt/llama/bin/llama-server"), Deployment: dep, Launch: &pb.LaunchContext{Port: 8080}})
+		if err != nil || len(p.GetRefusals()) > 0 {
+			t.Fatalf("%s: %v %v", api, err, p.GetRefusals())
+		}
+		argv := strings.Join(p.GetArgv(), " ") + " "
+		if got := strings.Contains(argv, " --reranking "); got != (api == "rerank") {
+			t.Fatalf("%s: --reranking %v: %v", api, got, p.GetArgv())
+		}
+		if got := strings.Contains(argv, " --embeddings "); got != (api == "embeddings") {
+			t.Fatalf("%s: --embeddings %v: %v", api, got, p.GetArgv())
+		}
+	}
+	desc, _ := newDriver().Describe(context.Background(), &pb.DescribeRequest{})
+	if got := strings.Join(desc.GetCapabilities().GetApis(), ","); got != "chat,decisions,embeddings,rerank" {
+		t.Fatalf("apis %s", got)
+	}
+}

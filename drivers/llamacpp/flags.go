@@ -50,7 +50,7 @@ var optionRules = []flags.Rule{
 	rules.Reserved("--tensor-split", "one device per instance"),
 	rules.Reserved("--main-gpu", "one device per instance"),
 	rules.Reserved("--embedding", "CapyCTL serves chat and decisions", "--embeddings"),
-	rules.Reserved("--reranking", "CapyCTL serves chat and decisions", "--rerank"),
+	rules.Reserved("--reranking", "CapyCTL renders it for api = \"rerank\"", "--rerank"),
 	rules.Reserved("--pooling", "CapyCTL serves chat and decisions"),
 	rules.Reserved("--props", "POST /props would change the server's settings behind CapyCTL"),
 	rules.Reserved("--path", "the engine serves no files"),

@@ -109,13 +109,13 @@ func (d *Driver) Plan(_ context.Context, req *pb.PlanRequest) (*pb.PlanResponse,
 	cfg := decodeConfig(dep.GetEngineConfigJson(), &r)
 
 	switch dep.GetApi() {
-	case "", "chat", "embeddings":
+	case "", "chat", "embeddings", "rerank":
 	case "decisions":
 		if !versionAtLeast(inst.GetVersion(), DecisionsMinVersion) {
 			r.Add(enginekit.CodeCapabilityMissing+":decisions", "api", "decision models need llama.cpp %s or newer; engine %s is %s", DecisionsMinVersion, inst.GetName(), inst.GetVersion())
 		}
 	default:
-		r.Add(enginekit.CodeCapabilityMissing+":"+dep.GetApi(), "api", "llama.cpp serves chat, decisions and embeddings, not %q", dep.GetApi())
+		r.Add(enginekit.CodeCapabilityMissing+":"+dep.GetApi(), "api", "llama.cpp serves chat, decisions, embeddings and rerank, not %q", dep.GetApi())
 	}
 	switch dep.GetResidency() {
 	case "", enginekit.ResidencyRestartOnly:
@@ -276,6 +276,11 @@ func renderArgv(inst *pb.Installation, dep *pb.Deployment, lctx *pb.LaunchContex
 		// An embedding model: llama-server serves /v1/embeddings only
 		// with --embeddings (an option of every build since 2023).
 		argv = append(argv, "--embeddings")
+	}
+	if dep.GetApi() == "rerank" {
+		// A reranker: llama-server serves /v1/rerank only with
+		// --reranking (which also sets the rank pooling).
+		argv = append(argv, "--reranking")
 	}
 	if cfg.MMProjFile != "" {
 		p, _ := inside(dep.GetModelDir(), cfg.MMProjFile)

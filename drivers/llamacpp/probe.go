@@ -139,8 +139,13 @@ func (h *handle) readyOnce(ctx context.Context) (bool, string, string) {
 	probe := func() (string, error) {
 		return engineapi.ChatProbe(ctx, c, h.Endpoint.GetChatPath(), h.ServedName, canaryPrompt, 8)
 	}
-	if h.API == "embeddings" {
+	switch h.API {
+	case "embeddings":
 		probe = func() (string, error) { return engineapi.EmbeddingsProbe(ctx, c, h.ServedName, canaryPrompt) }
+	case "rerank":
+		probe = func() (string, error) {
+			return engineapi.RerankProbe(ctx, c, h.ServedName, canaryPrompt, engineapi.RerankCanaryDocuments)
+		}
 	}
 	answer, err := probe()
 	if err != nil {

@@ -87,7 +87,7 @@ func New() *Driver { return &Driver{reg: enginekit.NewRegistry[*enginekit.Instan
 func (d *Driver) Describe(context.Context, *pb.DescribeRequest) (*pb.DescribeResponse, error) {
 	return enginekit.Describe(Family, d.Version, &pb.Capabilities{
 		ParkTiers:       []string{enginekit.ResidencyDeep, enginekit.ResidencyHostBacked},
-		Apis:            []string{"chat", "embeddings"},
+		Apis:            []string{"chat", "embeddings", "rerank"},
 		AbortMode:       pb.AbortMode_ABORT_MODE_CLOSE_CONNECTION,
 		IdleSignal:      true,
 		RequestIdHeader: "X-Request-Id",

@@ -284,7 +284,7 @@ func TestDescribeAndFlags(t *testing.T) {
 		t.Fatal(err)
 	}
 	c := d.GetCapabilities()
-	if d.GetName() != Family || d.GetProtocol() != sdk.ProtocolVersion || strings.Join(c.GetApis(), ",") != "chat,embeddings" ||
+	if d.GetName() != Family || d.GetProtocol() != sdk.ProtocolVersion || strings.Join(c.GetApis(), ",") != "chat,embeddings,rerank" ||
 		c.GetAbortMode() != pb.AbortMode_ABORT_MODE_CLOSE_CONNECTION || !c.GetIdleSignal() || len(c.GetParkTiers()) != 2 {
 		t.Fatalf("Describe = %v", d)
 	}
@@ -338,5 +338,25 @@ func TestPlan_Embeddings(t *testing.T) {
 	}
 	if argv := strings.Join(resp.GetArgv(), " "); strings.Contains(argv, "--reasoning-parser") || strings.Contains(argv, "--tool-call-parser") {
 		t.Fatalf("parsers for an embedding model: %s", argv)
+	}
+}
+
+// TestPlan_Rerank: vLLM serves /v1/rerank for a cross-encoder: a rerank
+// deployment is planned (nothing new rendered), without the parsers its
+// family would get for chat; a decision model is still refused.
+func TestPlan_Rerank(t *testing.T) {
+	f := newFixture(t)
+	dep := &pb.Deployment{Name: "d", Api: "rerank", ServedName: "d", ModelDir: f.qwen3, Residency: "restart_only"}
+	resp, err := New().Plan(context.Background(), &pb.PlanRequest{Installation: f.inst, Deployment: dep, Host: &pb.HostPolicy{}, Launch: launchCtx()})
+	if err != nil || len(resp.GetRefusals()) > 0 {
+		t.Fatalf("%v %v", err, resp.GetRefusals())
+	}
+	if argv := strings.Join(resp.GetArgv(), " "); strings.Contains(argv, "--reasoning-parser") || strings.Contains(argv, "--tool-call-parser") {
+		t.Fatalf("parsers for a reranker: %s", argv)
+	}
+	dep.Api = "decisions"
+	resp, err = New().Plan(context.Background(), &pb.PlanRequest{Installation: f.inst, Deployment: dep, Host: &pb.HostPolicy{}, Launch: launchCtx()})
+	if err != nil || len(resp.GetRefusals()) == 0 || resp.GetRefusals()[0].GetCode() != "capability_missing:decisions" {
+		t.Fatalf("decisions: %v %v", err, resp.GetRefusals())
 	}
 }

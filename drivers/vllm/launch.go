@@ -29,7 +29,7 @@ func residency(dep *pb.Deployment) string {
 func (d *Driver) Plan(_ context.Context, req *pb.PlanRequest) (*pb.PlanResponse, error) {
 	inst, dep, host, lctx := req.GetInstallation(), req.GetDeployment(), req.GetHost(), req.GetLaunch()
 	var r enginekit.Refusals
-	if api := dep.GetApi(); api != "" && api != "chat" && api != "embeddings" {
+	if api := dep.GetApi(); api != "" && api != "chat" && api != "embeddings" && api != "rerank" {
 		r.Add(enginekit.CodeCapabilityMissing+":"+api, "api",
 			"vLLM answers decision models from their text output instead of their decision head: deploy api = %q on SGLang 0.5.22 or llama.cpp 0.7.0", api)
 	}
@@ -221,8 +221,11 @@ func (d *Driver) Start(_ context.Context, req *pb.StartRequest) (*pb.StartRespon
 func (d *Driver) instance(id, launchID string, l proc.Launched, port int, key string, dep *pb.Deployment, sock, res string) *enginekit.Instance {
 	in := enginekit.NewInstance(id, launchID, l, port, endpoint(port, key, dep.GetServedName(), sock, enginekit.Parks(res)))
 	in.API = "chat"
-	if dep.GetApi() == "embeddings" {
+	switch dep.GetApi() {
+	case "embeddings":
 		in.API = "embeddings" // a pooling model: vLLM serves /v1/embeddings for it
+	case "rerank":
+		in.API = "rerank" // a cross-encoder: vLLM serves /v1/rerank for it
 	}
 	in.Residency = res
 	in.ModelDir = dep.GetModelDir()

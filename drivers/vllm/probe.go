@@ -49,8 +49,11 @@ func wakeCanary(in *enginekit.Instance) func(context.Context) (string, error) {
 	return func(ctx context.Context) (string, error) {
 		ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 		defer cancel()
-		if in.API == "embeddings" {
+		switch in.API {
+		case "embeddings":
 			return engineapi.EmbeddingsProbe(ctx, in.Client, in.ServedName, canaryPrompt)
+		case "rerank":
+			return engineapi.RerankProbe(ctx, in.Client, in.ServedName, canaryPrompt, engineapi.RerankCanaryDocuments)
 		}
 		return engineapi.ChatProbe(ctx, in.Client, enginekit.ChatPath, in.ServedName, canaryPrompt, canaryTokens)
 	}

@@ -41,6 +41,9 @@ type LlamaCppOptions struct {
 	// Embeddings enables POST /v1/embeddings (--embeddings); 501
 	// otherwise.
 	Embeddings bool
+	// Reranking enables POST /v1/rerank and /rerank (--reranking); 501
+	// otherwise.
+	Reranking bool
 	// Props enables POST /props (--props).
 	Props bool
 	// NoContextShift refuses prompts longer than a slot's context
@@ -75,6 +78,7 @@ type LlamaCppMeta struct {
 //	POST /v1/chat/completions, /chat/completions
 //	POST /v1/completions            text completions (completions.go)
 //	POST /v1/embeddings             embeddings, no id (needs --embeddings, else 501)
+//	POST /v1/rerank, /rerank        rerank, no id (needs --reranking, else 501)
 //	POST /v1/systemone              decision requests (decision models)
 //
 // The port is bound before the model loads and every route answers 503
@@ -147,6 +151,8 @@ func (l *LlamaCpp) Routes(e *Engine) []Route {
 		{Pattern: "POST /chat/completions", Handler: chat},
 		{Pattern: "POST /v1/completions", Handler: e.CompletionsHandler()},
 		{Pattern: "POST /v1/embeddings", Handler: h(l.embeddings)},
+		{Pattern: "POST /v1/rerank", Handler: h(l.rerank)},
+		{Pattern: "POST /rerank", Handler: h(l.rerank)},
 		{Pattern: "POST " + decisions.Path, Handler: h(l.decide)},
 		{Pattern: "GET /fake/stats", Handler: e.StatsHandler()},
 	}
@@ -476,6 +482,16 @@ func (l *LlamaCpp) embeddings(e *Engine, w http.ResponseWriter, r *http.Request)
 		return
 	}
 	e.EmbeddingsHandler(false).ServeHTTP(w, r)
+}
+
+// rerank serves POST /v1/rerank and /rerank when started with
+// --reranking.
+func (l *LlamaCpp) rerank(e *Engine, w http.ResponseWriter, r *http.Request) {
+	if !l.opts.Reranking {
+		l.WriteError(w, KindNotSupported, "This server does not support reranking. Start it with `--reranking`")
+		return
+	}
+	e.RerankHandler(false).ServeHTTP(w, r)
 }
 
 func (l *LlamaCpp) metrics(e *Engine, w http.ResponseWriter, r *http.Request) {

@@ -50,6 +50,9 @@ type VLLMOptions struct {
 //	POST /v1/chat/completions  the request ID is the X-Request-Id header
 //	POST /v1/completions       text completions (completions.go), the same request ID
 //	POST /v1/embeddings        embeddings (embeddings.go), id "embd-…"
+//	POST /v1/rerank            rerank (rerank.go), id "rerank-…", each result's document
+//	                           (vLLM's /rerank is not served: it lies outside the guarded
+//	                           prefixes, which enginefacts.VLLM does not list as open)
 //	GET  /metrics              vllm:num_requests_running/_waiting, vllm:kv_cache_usage_perc, counters
 //	dev mode only:
 //	POST /sleep?level=1|2[&mode=abort|wait|keep]   (500 without --enable-sleep-mode)
@@ -109,6 +112,7 @@ func (v *VLLM) Routes(e *Engine) []Route {
 		{Pattern: "POST /v1/chat/completions", Handler: e.ChatHandler()},
 		{Pattern: "POST /v1/completions", Handler: e.CompletionsHandler()},
 		{Pattern: "POST /v1/embeddings", Handler: e.EmbeddingsHandler(true)},
+		{Pattern: "POST /v1/rerank", Handler: e.RerankHandler(true)},
 		{Pattern: "GET /metrics", Handler: MetricsHandler(e, func(s Stats) []Metric { return VLLMMetrics(e.ServedName(), s) })},
 		{Pattern: "GET /fake/stats", Handler: e.StatsHandler()},
 	}

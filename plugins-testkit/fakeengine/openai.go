@@ -16,6 +16,7 @@ import (
 //	POST /v1/chat/completions  Engine.ChatHandler
 //	POST /v1/completions       Engine.CompletionsHandler
 //	POST /v1/embeddings        Engine.EmbeddingsHandler (vLLM's shape, with an id)
+//	POST /v1/rerank            Engine.RerankHandler (vLLM's shape, with an id)
 //	GET  /metrics              fake:requests_running, fake:requests_waiting, counters
 //	GET  /fake/stats           Engine.StatsHandler
 //
@@ -37,6 +38,7 @@ func (OpenAI) Routes(e *Engine) []Route {
 		{Pattern: "POST /v1/chat/completions", Handler: e.ChatHandler()},
 		{Pattern: "POST /v1/completions", Handler: e.CompletionsHandler()},
 		{Pattern: "POST /v1/embeddings", Handler: e.EmbeddingsHandler(true)},
+		{Pattern: "POST /v1/rerank", Handler: e.RerankHandler(true)},
 		{Pattern: "GET /metrics", Handler: MetricsHandler(e, OpenAIMetrics)},
 		{Pattern: "GET /fake/stats", Handler: e.StatsHandler()},
 	}

@@ -158,3 +158,31 @@ func EmbeddingsProbe(ctx context.Context, c *EngineClient, servedName, input str
 	b, _ := json.Marshal(v[:min(len(v), 16)])
 	return string(b), nil
 }
+
+// RerankPath is the rerank endpoint (vLLM serves it for a cross-encoder,
+// llama-server when started with --reranking).
+const RerankPath = "/v1/rerank"
+
+// RerankProbe asks a reranker to score documents against query and
+// returns the scores, best first, as text: the canary of an engine that
+// answers no chat. An answer without a score is an error.
+func RerankProbe(ctx context.Context, c *EngineClient, servedName, query string, documents []string) (string, error) {
+	var answer struct {
+		Results []struct {
+			Index          int      `json:"index"`
+			RelevanceScore *float64 `json:"relevance_score"`
+		} `json:"results"`
+	}
+	if _, err := c.PostJSON(ctx, RerankPath, map[string]any{"model": servedName, "query": query, "documents": documents}, &answer); err != nil {
+		return "", fmt.Errorf("rerank probe: %w", err)
+	}
+	if len(answer.Results) == 0 || answer.Results[0].RelevanceScore == nil {
+		return "", errors.New("rerank probe: the answer has no score")
+	}
+	b, _ := json.Marshal(answer.Results)
+	return string(b), nil
+}
+
+// RerankCanaryDocuments are the documents a readiness or wake check asks
+// a reranker to score against its canary prompt.
+var RerankCanaryDocuments = []string{"a short answer", "an unrelated sentence"}

@@ -120,3 +120,41 @@ func TestChatProbeExtra(t *testing.T) {
 		t.Errorf("request %v", req)
 	}
 }
+
+func TestRerankProbe(t *testing.T) {
+	cases := []struct {
+		name, answer, want, wantErr string
+		status                      int
+	}{
+		{name: "scores", status: 200, answer: `{"results":[{"index":1,"document":{"text":"b"},"relevance_score":0.75},{"index":0,"relevance_score":0.25}]}`,
+			want: `[{"index":1,"relevance_score":0.75},{"index":0,"relevance_score":0.25}]`},
+		{name: "no results", status: 200, answer: `{"results":[]}`, wantErr: "no score"},
+		{name: "no score", status: 200, answer: `{"results":[{"index":0}]}`, wantErr: "no score"},
+		{name: "not started with --reranking", status: 501, answer: `{"error":{"code":501,"message":"This server does not support reranking. Start it with ` + "`--reranking`" + `","type":"not_supported_error"}}`, wantErr: "engine answered 501 to POST /v1/rerank"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			var req map[string]any
+			var path string
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				path = r.URL.Path
+				_ = json.NewDecoder(r.Body).Decode(&req)
+				w.WriteHeader(c.status)
+				_, _ = io.WriteString(w, c.answer)
+			}))
+			defer srv.Close()
+			got, err := RerankProbe(testContext(t), NewEngineClient(srv.URL, "", ""), "served", "q", []string{"a", "b"})
+			if c.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), c.wantErr) {
+					t.Errorf("err = %v, want %q", err, c.wantErr)
+				}
+			} else if err != nil || got != c.want {
+				t.Errorf("RerankProbe = %q, %v; want %q", got, err, c.want)
+			}
+			docs, _ := req["documents"].([]any)
+			if path != RerankPath || req["model"] != "served" || req["query"] != "q" || len(docs) != 2 {
+				t.Errorf("request %s %v", path, req)
+			}
+		})
+	}
+}

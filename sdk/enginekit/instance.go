@@ -37,7 +37,7 @@ type Instance struct {
 	Port int
 	// ServedName is the model name the engine serves.
 	ServedName string
-	// API is "chat" or "decisions".
+	// API is "chat", "decisions", "embeddings" or "rerank".
 	API string
 	// Residency is the effective residency ("deep", "host_backed",
 	// "restart_only").

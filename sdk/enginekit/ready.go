@@ -95,7 +95,9 @@ const offLoopbackEvery = 50 * time.Millisecond
 // /v1/models, then a real short answer to the canary prompt (content or
 // reasoning both count). extra fields are merged into the request. An
 // embedding model (API "embeddings"), which answers no chat, is asked for
-// the prompt's embedding instead (engineapi.EmbeddingsProbe).
+// the prompt's embedding instead (engineapi.EmbeddingsProbe), and a
+// reranker (API "rerank") to score documents against it
+// (engineapi.RerankProbe).
 func (in *Instance) ChatReady(prompt string, maxTokens int, extra map[string]any) ReadyFunc {
 	return func(ctx context.Context) (bool, string, string) {
 		if why := in.ServedListed(ctx); why != "" {
@@ -103,9 +105,12 @@ func (in *Instance) ChatReady(prompt string, maxTokens int, extra map[string]any
 		}
 		var answer string
 		var err error
-		if in.API == "embeddings" {
+		switch in.API {
+		case "embeddings":
 			answer, err = engineapi.EmbeddingsProbe(ctx, in.Client, in.ServedName, prompt)
-		} else {
+		case "rerank":
+			answer, err = engineapi.RerankProbe(ctx, in.Client, in.ServedName, prompt, engineapi.RerankCanaryDocuments)
+		default:
 			answer, err = engineapi.ChatProbeExtra(ctx, in.Client, in.Endpoint.GetChatPath(), in.ServedName, prompt, maxTokens, extra)
 		}
 		if err != nil {

@@ -38,8 +38,8 @@ type ParserNames struct {
 type ParserInput struct {
 	// ModelDir holds config.json and the chat template.
 	ModelDir string
-	// API is "chat", "decisions" or "embeddings" (decision and embedding
-	// models run without parsers).
+	// API is "chat", "decisions", "embeddings" or "rerank" (decision,
+	// embedding and rerank models run without parsers).
 	API string
 	// Tool and Reasoning are engine_config.<family>.tool_call_parser and
 	// reasoning_parser: "", "auto", "none" or a parser name.
@@ -68,7 +68,7 @@ type Chosen struct {
 // any Qwen3 template with "<function=" get names.CoderTool, and a template
 // without "<think>" gets no reasoning parser. Other families get none.
 func ChooseParsers(in ParserInput, names ParserNames) Chosen {
-	if in.API == "decisions" || in.API == "embeddings" {
+	if in.API == "decisions" || in.API == "embeddings" || in.API == "rerank" {
 		return Chosen{Report: &pb.Parsers{Provenance: ProvenanceUnsupported}}
 	}
 	famTool, famReasoning, known := familyParsers(in.ModelDir, names)

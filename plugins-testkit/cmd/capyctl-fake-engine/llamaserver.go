@@ -53,6 +53,7 @@ var llamaOpts = map[string]llamaOpt{
 	"no-slots":         {[]string{"--no-slots"}, false},
 	"props":            {[]string{"--props"}, false},
 	"embeddings":       {[]string{"--embedding", "--embeddings"}, false},
+	"reranking":        {[]string{"--rerank", "--reranking"}, false},
 	"kv-unified":       {[]string{"-kvu", "--kv-unified"}, false},
 	"no-kv-unified":    {[]string{"--no-kv-unified"}, false},
 	"no-context-shift": {[]string{"--no-context-shift"}, false},
@@ -189,7 +190,7 @@ func llamaServerCommand(args []string, env func(string) string, stdout, stderr i
 	opts := fakeengine.LlamaCppOptions{
 		ModelPath: model, Alias: a["alias"], CtxSize: ctx, Parallel: np,
 		Metrics: a["metrics"] != "", Slots: a["slots"] != "" && a["no-slots"] == "", Props: a["props"] != "",
-		Embeddings:     a["embeddings"] != "",
+		Embeddings: a["embeddings"] != "", Reranking: a["reranking"] != "",
 		NoContextShift: a["no-context-shift"] != "", ChatTemplate: tmpl, TokenRate: cfg.TokenRate,
 		Meta: fakeengine.LlamaCppMeta{VocabType: 1, NVocab: vocab, NCtxTrain: int(g.ContextLength()), NEmbd: int(g.EmbeddingLength()),
 			NParams: g.Parameters(), Size: g.WeightsBytes()},
