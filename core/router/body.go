@@ -58,6 +58,17 @@ const (
 // reserve is the room only small bodies may use, on top of the limit.
 func (b *bodyBudget) reserve() int64 { return b.limit / smallShare }
 
+// fits reports whether a body announcing total bytes could be held now: a
+// body that cannot is refused before any of it is read (a client that sent
+// Expect: 100-continue then sends nothing).
+func (b *bodyBudget) fits(total int64) bool {
+	limit := b.limit
+	if r := b.reserve(); total <= min(smallBody, r) {
+		limit += r
+	}
+	return b.held.Load()+total <= limit
+}
+
 // take reserves n more bytes of a body that will hold total bytes; false
 // when they would go over the limit (over the limit and the reserve for a
 // small body).
@@ -156,7 +167,14 @@ func (q *request) readBody() bool {
 		q.rc = http.NewResponseController(q.w)
 	}
 	_ = q.rc.SetReadDeadline(time.Now().Add(timeout))
-	body, held, err := readGrowing(r.Body, r.ContentLength, max, &q.rt.bodies)
+	var body []byte
+	var held int64
+	var err error
+	if r.ContentLength > 0 && !q.rt.bodies.fits(r.ContentLength) {
+		err = errBodiesFull // refused before a byte of it is read
+	} else {
+		body, held, err = readGrowing(r.Body, r.ContentLength, max, &q.rt.bodies)
+	}
 	q.bodyHeld = held
 	if err != nil {
 		var ne net.Error
