@@ -111,6 +111,10 @@ func do(t *testing.T, method, url, body string, header map[string]string) (int, 
 	for k, v := range header {
 		req.Header.Set(k, v)
 	}
+	// One connection per request: the llama.cpp flavour closes its
+	// connection after every stream (as llama-server does), and a client
+	// reusing it could send the next request on a connection being closed.
+	req.Close = true
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
