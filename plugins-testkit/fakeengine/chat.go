@@ -180,17 +180,8 @@ func (e *Engine) ChatHandler() http.Handler {
 // serveGen serves a chat completion, or a text completion when completions
 // is true: the same generation, decoded and encoded for its endpoint.
 func (e *Engine) serveGen(w http.ResponseWriter, r *http.Request, completions bool) {
-	f := e.flavour
-	if e.Phase() == PhaseLoading {
-		f.WriteError(w, KindLoading, "model is loading")
-		return
-	}
-	body, err := io.ReadAll(io.LimitReader(r.Body, maxBodyBytes+1))
-	if err != nil {
-		return // the client went away while sending
-	}
-	if len(body) > maxBodyBytes {
-		f.WriteError(w, KindInvalidRequest, "request body too large")
+	body, ok := e.readBody(w, r)
+	if !ok {
 		return
 	}
 	decode := DecodeChat
@@ -198,67 +189,19 @@ func (e *Engine) serveGen(w http.ResponseWriter, r *http.Request, completions bo
 		decode = DecodeCompletion
 	}
 	req, err := decode(body)
-	if err == nil {
-		err = f.PrepareChat(e, r, req)
-	}
-	if err != nil {
-		var ae *APIError
-		if !errors.As(err, &ae) {
-			ae = &APIError{Kind: KindInvalidRequest, Message: err.Error()}
-		}
-		f.WriteError(w, ae.Kind, ae.Message)
+	if !e.prepare(w, r, req, err) {
 		return
 	}
-	if req.ID == "" {
-		req.ID = NewRequestID()
-	}
-	if req.ResponseModel == "" {
-		req.ResponseModel = e.cfg.ServedName
-	}
-
-	e.total.Add(1)
 	if req.Stream {
 		e.streamed.Add(1)
 	}
-	defer e.finishRequest(r) // runs last
 	prompt := countPromptTokens(req.Messages)
-	e.promptTokens.Add(uint64(prompt))
-	if e.takeFailure() {
-		e.failed.Add(1)
-		f.WriteError(w, KindEngineFailure, "fake engine failure")
+	g, end := e.begin(w, r, req, prompt, !req.Stream)
+	defer end()
+	if g == nil {
 		return
 	}
-
-	ctx, cancel := context.WithCancelCause(r.Context())
-	defer cancel(nil)
-	if poll := e.lateHangup(); poll > 0 && !req.Stream {
-		// The engine checks a non-streamed client only when poll passes
-		// without any result (see lateHangup).
-		ctx, cancel = context.WithCancelCause(context.WithoutCancel(r.Context()))
-		defer cancel(nil)
-		stop := make(chan struct{})
-		defer close(stop)
-		go e.noticeHangupLate(r.Context(), poll, stop, cancel)
-	}
-	stopOnEnd := context.AfterFunc(e.life, func() { cancel(errShutdown) })
-	defer stopOnEnd()
-	fl := &inflight{id: req.ID, cancel: cancel}
-	e.inflightMu.Lock()
-	e.inflight[fl] = struct{}{}
-	e.inflightMu.Unlock()
-	defer func() {
-		e.inflightMu.Lock()
-		delete(e.inflight, fl)
-		e.inflightMu.Unlock()
-	}()
-
-	if err := e.slots.acquire(ctx); err != nil {
-		e.noteCancel(time.Now())
-		return
-	}
-	g := &generation{e: e, ctx: ctx, completions: completions}
-	defer g.release()
-
+	g.completions = completions
 	res := &ChatResult{
 		ChatMeta:     ChatMeta{ID: idPrefix(completions) + req.ID, Created: time.Now().Unix(), Model: req.ResponseModel},
 		Request:      req,
@@ -271,6 +214,101 @@ func (e *Engine) serveGen(w http.ResponseWriter, r *http.Request, completions bo
 	} else {
 		g.complete(w, res, toks)
 	}
+}
+
+// readBody reads a request's body, bounded; false when it answered (the
+// model is loading, the body is too large) or the client went away.
+func (e *Engine) readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
+	if e.Phase() == PhaseLoading {
+		e.flavour.WriteError(w, KindLoading, "model is loading")
+		return nil, false
+	}
+	body, err := io.ReadAll(io.LimitReader(r.Body, maxBodyBytes+1))
+	if err != nil {
+		return nil, false // the client went away while sending
+	}
+	if len(body) > maxBodyBytes {
+		e.flavour.WriteError(w, KindInvalidRequest, "request body too large")
+		return nil, false
+	}
+	return body, true
+}
+
+// prepare checks a decoded request (err is the decoder's) with the flavour
+// and completes its ID and answering model; false when it answered the
+// refusal.
+func (e *Engine) prepare(w http.ResponseWriter, r *http.Request, req *ChatRequest, err error) bool {
+	if err == nil {
+		err = e.flavour.PrepareChat(e, r, req)
+	}
+	if err != nil {
+		var ae *APIError
+		if !errors.As(err, &ae) {
+			ae = &APIError{Kind: KindInvalidRequest, Message: err.Error()}
+		}
+		e.flavour.WriteError(w, ae.Kind, ae.Message)
+		return false
+	}
+	if req.ID == "" {
+		req.ID = NewRequestID()
+	}
+	if req.ResponseModel == "" {
+		req.ResponseModel = e.cfg.ServedName
+	}
+	return true
+}
+
+// begin counts an accepted request of prompt tokens, makes it abortable
+// (by its ID, at shutdown, and by its client's hang-up: noticed late when
+// late and the flavour notices non-streamed hang-ups late) and waits for a
+// slot. It returns the generation that runs it, nil when it answered an
+// injected failure or the request ended while waiting, and end, which the
+// handler defers in every case.
+func (e *Engine) begin(w http.ResponseWriter, r *http.Request, req *ChatRequest, prompt int, late bool) (*generation, func()) {
+	e.total.Add(1)
+	var undo []func()
+	end := func() {
+		for i := len(undo) - 1; i >= 0; i-- {
+			undo[i]()
+		}
+	}
+	undo = append(undo, func() { e.finishRequest(r) }) // runs last
+	e.promptTokens.Add(uint64(prompt))
+	if e.takeFailure() {
+		e.failed.Add(1)
+		e.flavour.WriteError(w, KindEngineFailure, "fake engine failure")
+		return nil, end
+	}
+	ctx, cancel := context.WithCancelCause(r.Context())
+	first := cancel
+	undo = append(undo, func() { first(nil) })
+	if poll := e.lateHangup(); poll > 0 && late {
+		// The engine checks a non-streamed client only when poll passes
+		// without any result (see lateHangup).
+		ctx, cancel = context.WithCancelCause(context.WithoutCancel(r.Context()))
+		second := cancel
+		stop := make(chan struct{})
+		undo = append(undo, func() { second(nil) }, func() { close(stop) })
+		go e.noticeHangupLate(r.Context(), poll, stop, cancel)
+	}
+	stopOnEnd := context.AfterFunc(e.life, func() { cancel(errShutdown) })
+	undo = append(undo, func() { stopOnEnd() })
+	fl := &inflight{id: req.ID, cancel: cancel}
+	e.inflightMu.Lock()
+	e.inflight[fl] = struct{}{}
+	e.inflightMu.Unlock()
+	undo = append(undo, func() {
+		e.inflightMu.Lock()
+		delete(e.inflight, fl)
+		e.inflightMu.Unlock()
+	})
+	if err := e.slots.acquire(ctx); err != nil {
+		e.noteCancel(time.Now())
+		return nil, end
+	}
+	g := &generation{e: e, ctx: ctx}
+	undo = append(undo, g.release)
+	return g, end
 }
 
 // plan lays out the answer's pieces and sets the finish reason.

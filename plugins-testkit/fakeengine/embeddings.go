@@ -4,11 +4,9 @@
 package fakeengine
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"hash/fnv"
-	"io"
 	"math"
 	"net/http"
 	"strings"
@@ -38,67 +36,23 @@ const EmbeddingDims = 8
 func (e *Engine) EmbeddingsHandler(withID bool) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		f := e.flavour
-		if e.Phase() == PhaseLoading {
-			f.WriteError(w, KindLoading, "model is loading")
-			return
-		}
-		body, err := io.ReadAll(io.LimitReader(r.Body, maxBodyBytes+1))
-		if err != nil {
-			return // the client went away while sending
-		}
-		if len(body) > maxBodyBytes {
-			f.WriteError(w, KindInvalidRequest, "request body too large")
+		body, ok := e.readBody(w, r)
+		if !ok {
 			return
 		}
 		req, inputs, err := DecodeEmbeddings(body)
-		if err == nil {
-			err = f.PrepareChat(e, r, req)
-		}
-		if err != nil {
-			ae, ok := err.(*APIError)
-			if !ok {
-				ae = &APIError{Kind: KindInvalidRequest, Message: err.Error()}
-			}
-			f.WriteError(w, ae.Kind, ae.Message)
+		if !e.prepare(w, r, req, err) {
 			return
 		}
-		if req.ID == "" {
-			req.ID = NewRequestID()
-		}
-		if req.ResponseModel == "" {
-			req.ResponseModel = e.cfg.ServedName
-		}
-		e.total.Add(1)
-		defer e.finishRequest(r)
 		prompt := 0
 		for _, in := range inputs {
 			prompt += len(strings.Fields(in)) + 1
 		}
-		e.promptTokens.Add(uint64(prompt))
-		if e.takeFailure() {
-			e.failed.Add(1)
-			f.WriteError(w, KindEngineFailure, "fake engine failure")
+		g, end := e.begin(w, r, req, prompt, false)
+		defer end()
+		if g == nil {
 			return
 		}
-		ctx, cancel := context.WithCancelCause(r.Context())
-		defer cancel(nil)
-		stopOnEnd := context.AfterFunc(e.life, func() { cancel(errShutdown) })
-		defer stopOnEnd()
-		fl := &inflight{id: req.ID, cancel: cancel}
-		e.inflightMu.Lock()
-		e.inflight[fl] = struct{}{}
-		e.inflightMu.Unlock()
-		defer func() {
-			e.inflightMu.Lock()
-			delete(e.inflight, fl)
-			e.inflightMu.Unlock()
-		}()
-		if err := e.slots.acquire(ctx); err != nil {
-			e.noteCancel(time.Now())
-			return
-		}
-		g := &generation{e: e, ctx: ctx}
-		defer g.release()
 		if ok, at := g.run(inputs, func(string) bool { return true }); !ok {
 			g.cancelled(at)
 			if g.aborted() {
