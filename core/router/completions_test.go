@@ -167,31 +167,10 @@ func TestRouter_CompletionsHangUpCancelsOnTheEngine(t *testing.T) {
 // serves decisions, and a decision for a chat model, are refused with
 // api_mismatch before anything wakes.
 func TestRouter_CompletionsAPIMismatch(t *testing.T) {
-	cases := []struct {
-		name, api, path, body, wantEndpoint string
-	}{
+	checkAPIMismatch(t, []apiMismatchCase{
 		{name: "completions to a decision model", api: structs.APIDecisions, path: "/v1/completions", body: completionsBody(false, ""), wantEndpoint: decisions.Path},
 		{name: "decision to a chat model", api: structs.APIChat, path: decisions.Path, body: decisionBody, wantEndpoint: "/v1/chat/completions"},
-	}
-	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			e := newEnv(t, envOpts{api: c.api, noReady: true})
-			resp, err := e.post(context.Background(), c.path, c.body, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			body := readBody(t, resp)
-			if resp.StatusCode != 400 || errCode(body) != string(structs.CodeAPIMismatch) || !strings.Contains(body, c.wantEndpoint) {
-				t.Fatalf("%d %s", resp.StatusCode, body)
-			}
-			if resp.Header.Get(router.HeaderRequestID) == "" {
-				t.Fatal("no request ID on the refusal")
-			}
-			if e.lc.acts.Load() != 0 || e.eng.Stats().Total != 0 {
-				t.Fatalf("the refusal woke something: acts %d, engine %+v", e.lc.acts.Load(), e.eng.Stats())
-			}
-		})
-	}
+	})
 }
 
 // TestRouter_ModelsEndpoints: /v1/models says which endpoints each model
@@ -229,5 +208,56 @@ func TestRouter_ModelsEndpoints(t *testing.T) {
 				t.Fatalf("models: %s", body)
 			}
 		})
+	}
+}
+
+// apiMismatchCase is a request sent to a model that serves another API.
+type apiMismatchCase struct {
+	name, api, path, body, wantEndpoint string
+}
+
+// checkAPIMismatch sends each case to a model of the case's API and
+// requires a 400 api_mismatch naming the model's endpoint, with a
+// request ID, before anything wakes.
+func checkAPIMismatch(t *testing.T, cases []apiMismatchCase) {
+	t.Helper()
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			e := newEnv(t, envOpts{api: c.api, noReady: true})
+			resp, err := e.post(context.Background(), c.path, c.body, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			body := readBody(t, resp)
+			if resp.StatusCode != 400 || errCode(body) != string(structs.CodeAPIMismatch) || !strings.Contains(body, c.wantEndpoint) {
+				t.Fatalf("%d %s", resp.StatusCode, body)
+			}
+			if resp.Header.Get(router.HeaderRequestID) == "" {
+				t.Fatal("no request ID on the refusal")
+			}
+			if e.lc.acts.Load() != 0 || e.eng.Stats().Total != 0 {
+				t.Fatalf("the refusal woke something: acts %d, engine %+v", e.lc.acts.Load(), e.eng.Stats())
+			}
+		})
+	}
+}
+
+// checkInvalidBeforeWake posts each body to path on a model of the given
+// API and requires a 400 invalid_request before the deployment wakes.
+func checkInvalidBeforeWake(t *testing.T, api, path string, bodies ...string) {
+	t.Helper()
+	for _, b := range bodies {
+		e := newEnv(t, envOpts{api: api, noReady: true})
+		resp, err := e.post(context.Background(), path, b, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body := readBody(t, resp)
+		if resp.StatusCode != 400 || errCode(body) != string(structs.CodeInvalidRequest) {
+			t.Fatalf("%s: %d %s", b, resp.StatusCode, body)
+		}
+		if e.lc.acts.Load() != 0 {
+			t.Fatalf("%s: the refusal woke the deployment", b)
+		}
 	}
 }

@@ -144,50 +144,17 @@ func TestRouter_EmbeddingsHangUpCancelsOnTheEngine(t *testing.T) {
 // or a text completion for an embeddings model, are refused with
 // api_mismatch naming the model's endpoint, before anything wakes.
 func TestRouter_EmbeddingsAPIMismatch(t *testing.T) {
-	cases := []struct {
-		name, api, path, body, wantEndpoint string
-	}{
+	checkAPIMismatch(t, []apiMismatchCase{
 		{name: "embeddings to a chat model", api: structs.APIChat, path: "/v1/embeddings", body: `{"model":"demo","input":"x"}`, wantEndpoint: "/v1/chat/completions"},
 		{name: "chat to an embeddings model", api: structs.APIEmbeddings, path: "/v1/chat/completions", body: chatBody(false, ""), wantEndpoint: "/v1/embeddings"},
 		{name: "completions to an embeddings model", api: structs.APIEmbeddings, path: "/v1/completions", body: completionsBody(false, ""), wantEndpoint: "/v1/embeddings"},
 		{name: "embeddings to a decision model", api: structs.APIDecisions, path: "/v1/embeddings", body: `{"model":"demo","input":"x"}`, wantEndpoint: "/v1/systemone"},
-	}
-	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			e := newEnv(t, envOpts{api: c.api, noReady: true})
-			resp, err := e.post(context.Background(), c.path, c.body, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			body := readBody(t, resp)
-			if resp.StatusCode != 400 || errCode(body) != string(structs.CodeAPIMismatch) || !strings.Contains(body, c.wantEndpoint) {
-				t.Fatalf("%d %s", resp.StatusCode, body)
-			}
-			if resp.Header.Get(router.HeaderRequestID) == "" {
-				t.Fatal("no request ID on the refusal")
-			}
-			if e.lc.acts.Load() != 0 || e.eng.Stats().Total != 0 {
-				t.Fatalf("the refusal woke something: acts %d, engine %+v", e.lc.acts.Load(), e.eng.Stats())
-			}
-		})
-	}
+	})
 }
 
 // TestRouter_EmbeddingsNeedAnInput: a body without an input is refused
 // before anything wakes.
 func TestRouter_EmbeddingsNeedAnInput(t *testing.T) {
-	for _, b := range []string{`{"model":"demo"}`, `{"model":"demo","input":null}`} {
-		e := newEnv(t, envOpts{api: structs.APIEmbeddings, noReady: true})
-		resp, err := e.post(context.Background(), "/v1/embeddings", b, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		body := readBody(t, resp)
-		if resp.StatusCode != 400 || errCode(body) != string(structs.CodeInvalidRequest) {
-			t.Fatalf("%s: %d %s", b, resp.StatusCode, body)
-		}
-		if e.lc.acts.Load() != 0 {
-			t.Fatalf("%s: the refusal woke the deployment", b)
-		}
-	}
+	checkInvalidBeforeWake(t, structs.APIEmbeddings, "/v1/embeddings",
+		`{"model":"demo"}`, `{"model":"demo","input":null}`)
 }

@@ -152,58 +152,24 @@ func TestRouter_RerankHangUpCancelsOnTheEngine(t *testing.T) {
 // anything wakes.
 func TestRouter_RerankAPIMismatch(t *testing.T) {
 	rerank := `{"model":"demo","query":"q","documents":["a"]}`
-	cases := []struct {
-		name, api, path, body, wantEndpoint string
-	}{
+	checkAPIMismatch(t, []apiMismatchCase{
 		{name: "rerank to a chat model", api: structs.APIChat, path: "/v1/rerank", body: rerank, wantEndpoint: "/v1/chat/completions"},
 		{name: "rerank to an embeddings model", api: structs.APIEmbeddings, path: "/v1/rerank", body: rerank, wantEndpoint: "/v1/embeddings"},
 		{name: "rerank to a decision model", api: structs.APIDecisions, path: "/v1/rerank", body: rerank, wantEndpoint: "/v1/systemone"},
 		{name: "chat to a rerank model", api: structs.APIRerank, path: "/v1/chat/completions", body: chatBody(false, ""), wantEndpoint: "/v1/rerank"},
 		{name: "completions to a rerank model", api: structs.APIRerank, path: "/v1/completions", body: completionsBody(false, ""), wantEndpoint: "/v1/rerank"},
 		{name: "embeddings to a rerank model", api: structs.APIRerank, path: "/v1/embeddings", body: `{"model":"demo","input":"x"}`, wantEndpoint: "/v1/rerank"},
-	}
-	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			e := newEnv(t, envOpts{api: c.api, noReady: true})
-			resp, err := e.post(context.Background(), c.path, c.body, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			body := readBody(t, resp)
-			if resp.StatusCode != 400 || errCode(body) != string(structs.CodeAPIMismatch) || !strings.Contains(body, c.wantEndpoint) {
-				t.Fatalf("%d %s", resp.StatusCode, body)
-			}
-			if resp.Header.Get(router.HeaderRequestID) == "" {
-				t.Fatal("no request ID on the refusal")
-			}
-			if e.lc.acts.Load() != 0 || e.eng.Stats().Total != 0 {
-				t.Fatalf("the refusal woke something: acts %d, engine %+v", e.lc.acts.Load(), e.eng.Stats())
-			}
-		})
-	}
+	})
 }
 
 // TestRouter_RerankNeedsQueryAndDocuments: a body without a query or
 // without documents is refused before anything wakes.
 func TestRouter_RerankNeedsQueryAndDocuments(t *testing.T) {
-	for _, b := range []string{
+	checkInvalidBeforeWake(t, structs.APIRerank, "/v1/rerank",
 		`{"model":"demo"}`,
 		`{"model":"demo","documents":["a"]}`,
 		`{"model":"demo","query":null,"documents":["a"]}`,
 		`{"model":"demo","query":"q"}`,
 		`{"model":"demo","query":"q","documents":null}`,
-	} {
-		e := newEnv(t, envOpts{api: structs.APIRerank, noReady: true})
-		resp, err := e.post(context.Background(), "/v1/rerank", b, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		body := readBody(t, resp)
-		if resp.StatusCode != 400 || errCode(body) != string(structs.CodeInvalidRequest) {
-			t.Fatalf("%s: %d %s", b, resp.StatusCode, body)
-		}
-		if e.lc.acts.Load() != 0 {
-			t.Fatalf("%s: the refusal woke the deployment", b)
-		}
-	}
+	)
 }
