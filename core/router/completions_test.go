@@ -261,3 +261,30 @@ func checkInvalidBeforeWake(t *testing.T, api, path string, bodies ...string) {
 		}
 	}
 }
+
+// checkHangUpClosesOnTheEngine posts body to path on a model of the given
+// API whose engine stalls after its first token, hangs up, and requires
+// the engine to see the request cancelled, every count to settle, and no
+// abort by request ID (the engine never had one for this API).
+func checkHangUpClosesOnTheEngine(t *testing.T, api, path, body string) {
+	t.Helper()
+	e := newEnv(t, envOpts{api: api, engine: fakeengine.Config{StallAfterTokens: 1},
+		ep: func(ep *structs.EngineEndpoint) { ep.RequestIDField, ep.AbortByID = "rid", true }})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if resp, err := e.post(ctx, path, body, nil); err == nil {
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}
+	}()
+	waitFor(t, "the engine to work on it", func() bool { return e.eng.Stats().GenerationTokens >= 1 })
+	cancel()
+	within(t, "the client to end", done)
+	waitFor(t, "the engine to cancel", func() bool { return e.eng.Stats().Cancelled == 1 })
+	e.settleAfterCuts(t)
+	if n := e.lc.aborts.Load(); n != 0 {
+		t.Fatalf("%d aborts by request ID for a %s request", n, api)
+	}
+}

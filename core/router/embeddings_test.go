@@ -6,7 +6,6 @@ package router_test
 import (
 	"context"
 	"encoding/json"
-	"io"
 	"strings"
 	"testing"
 
@@ -119,25 +118,7 @@ func TestRouter_Embeddings(t *testing.T) {
 // ends the embeddings request on the engine by closing its connection; no
 // abort by request ID is asked for (the engine never had it).
 func TestRouter_EmbeddingsHangUpCancelsOnTheEngine(t *testing.T) {
-	e := newEnv(t, envOpts{api: structs.APIEmbeddings, engine: fakeengine.Config{StallAfterTokens: 1},
-		ep: func(ep *structs.EngineEndpoint) { ep.RequestIDField, ep.AbortByID = "rid", true }})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		if resp, err := e.post(ctx, "/v1/embeddings", `{"model":"demo","input":["a","b"]}`, nil); err == nil {
-			_, _ = io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-		}
-	}()
-	waitFor(t, "the engine to work on it", func() bool { return e.eng.Stats().GenerationTokens >= 1 })
-	cancel()
-	within(t, "the client to end", done)
-	waitFor(t, "the engine to cancel", func() bool { return e.eng.Stats().Cancelled == 1 })
-	e.settleAfterCuts(t)
-	if n := e.lc.aborts.Load(); n != 0 {
-		t.Fatalf("%d aborts by request ID for an embeddings request", n)
-	}
+	checkHangUpClosesOnTheEngine(t, structs.APIEmbeddings, "/v1/embeddings", `{"model":"demo","input":["a","b"]}`)
 }
 
 // TestRouter_EmbeddingsAPIMismatch: embeddings for a chat model, and chat

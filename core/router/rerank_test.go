@@ -6,7 +6,6 @@ package router_test
 import (
 	"context"
 	"encoding/json"
-	"io"
 	"strings"
 	"testing"
 
@@ -125,25 +124,7 @@ func TestRouter_Rerank(t *testing.T) {
 // the rerank request on the engine by closing its connection; no abort by
 // request ID is asked for (the engine never had it).
 func TestRouter_RerankHangUpCancelsOnTheEngine(t *testing.T) {
-	e := newEnv(t, envOpts{api: structs.APIRerank, engine: fakeengine.Config{StallAfterTokens: 1},
-		ep: func(ep *structs.EngineEndpoint) { ep.RequestIDField, ep.AbortByID = "rid", true }})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		if resp, err := e.post(ctx, "/v1/rerank", `{"model":"demo","query":"q","documents":["a","b"]}`, nil); err == nil {
-			_, _ = io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-		}
-	}()
-	waitFor(t, "the engine to work on it", func() bool { return e.eng.Stats().GenerationTokens >= 1 })
-	cancel()
-	within(t, "the client to end", done)
-	waitFor(t, "the engine to cancel", func() bool { return e.eng.Stats().Cancelled == 1 })
-	e.settleAfterCuts(t)
-	if n := e.lc.aborts.Load(); n != 0 {
-		t.Fatalf("%d aborts by request ID for a rerank request", n)
-	}
+	checkHangUpClosesOnTheEngine(t, structs.APIRerank, "/v1/rerank", `{"model":"demo","query":"q","documents":["a","b"]}`)
 }
 
 // TestRouter_RerankAPIMismatch: rerank for a chat, embeddings or decision
