@@ -288,3 +288,28 @@ func checkHangUpClosesOnTheEngine(t *testing.T, api, path, body string) {
 		t.Fatalf("%d aborts by request ID for a %s request", n, api)
 	}
 }
+
+// postForJSON posts body to path, requires a 200 JSON answer with a
+// request ID, decodes it into out and returns the body and the request ID.
+func postForJSON(t *testing.T, e *env, path, body string, out any) (string, string) {
+	t.Helper()
+	resp, err := e.post(context.Background(), path, body, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := readBody(t, resp)
+	if resp.StatusCode != 200 {
+		t.Fatalf("status %d: %s", resp.StatusCode, got)
+	}
+	if ct := resp.Header.Get("Content-Type"); !strings.HasPrefix(ct, "application/json") {
+		t.Fatalf("content type %q", ct)
+	}
+	rid := resp.Header.Get(router.HeaderRequestID)
+	if rid == "" {
+		t.Fatal("no request ID header")
+	}
+	if err := json.Unmarshal([]byte(got), out); err != nil {
+		t.Fatalf("%v: %s", err, got)
+	}
+	return got, rid
+}

@@ -4,12 +4,8 @@
 package router_test
 
 import (
-	"context"
-	"encoding/json"
-	"strings"
 	"testing"
 
-	"github.com/capyctl/capyctl/core/router"
 	"github.com/capyctl/capyctl/core/structs"
 	"github.com/capyctl/capyctl/plugins-testkit/fakeengine"
 )
@@ -63,25 +59,8 @@ func TestRouter_Embeddings(t *testing.T) {
 						ep.RequestIDField, ep.AbortByID = "rid", true
 					}
 				}})
-			resp, err := e.post(context.Background(), "/v1/embeddings", `{"model":"demo","input":`+c.input+`}`, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			body := readBody(t, resp)
-			if resp.StatusCode != 200 {
-				t.Fatalf("status %d: %s", resp.StatusCode, body)
-			}
-			if ct := resp.Header.Get("Content-Type"); !strings.HasPrefix(ct, "application/json") {
-				t.Fatalf("content type %q", ct)
-			}
-			rid := resp.Header.Get(router.HeaderRequestID)
-			if rid == "" {
-				t.Fatal("no request ID header")
-			}
 			var out embeddingsAnswer
-			if err := json.Unmarshal([]byte(body), &out); err != nil {
-				t.Fatalf("%v: %s", err, body)
-			}
+			body, rid := postForJSON(t, e, "/v1/embeddings", `{"model":"demo","input":`+c.input+`}`, &out)
 			if out.Object != "list" || out.Model != "demo" || len(out.Data) != c.n {
 				t.Fatalf("answer: %s", body)
 			}

@@ -4,12 +4,9 @@
 package router_test
 
 import (
-	"context"
-	"encoding/json"
 	"strings"
 	"testing"
 
-	"github.com/capyctl/capyctl/core/router"
 	"github.com/capyctl/capyctl/core/structs"
 	"github.com/capyctl/capyctl/plugins-testkit/fakeengine"
 )
@@ -61,26 +58,9 @@ func TestRouter_Rerank(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			e := newEnv(t, envOpts{api: structs.APIRerank, engine: fakeengine.Config{Flavour: c.flavour}})
-			resp, err := e.post(context.Background(), "/v1/rerank",
-				`{"model":"demo","query":"what is a panda?","documents":["`+strings.Join(docs, `","`)+`"]`+c.extra+`}`, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			body := readBody(t, resp)
-			if resp.StatusCode != 200 {
-				t.Fatalf("status %d: %s", resp.StatusCode, body)
-			}
-			if ct := resp.Header.Get("Content-Type"); !strings.HasPrefix(ct, "application/json") {
-				t.Fatalf("content type %q", ct)
-			}
-			rid := resp.Header.Get(router.HeaderRequestID)
-			if rid == "" {
-				t.Fatal("no request ID header")
-			}
 			var out rerankAnswer
-			if err := json.Unmarshal([]byte(body), &out); err != nil {
-				t.Fatalf("%v: %s", err, body)
-			}
+			body, rid := postForJSON(t, e, "/v1/rerank",
+				`{"model":"demo","query":"what is a panda?","documents":["`+strings.Join(docs, `","`)+`"]`+c.extra+`}`, &out)
 			if out.Model != "demo" || len(out.Results) != c.n {
 				t.Fatalf("answer: %s", body)
 			}
