@@ -36,6 +36,8 @@ type Backend struct {
 	Role wire.RoleInfo
 	// Hosts lists the machines that run engines (standalone: itself).
 	Hosts func() []wire.Host
+	// Fleet is the server role's joined hosts (nil: a standalone role).
+	Fleet Fleet
 	// DeploymentExtras adds ledger and request figures to a status.
 	DeploymentExtras func(st *wire.DeploymentStatus)
 	// Config returns the role's effective settings with their sources for

@@ -116,6 +116,8 @@ const (
 	CodeJoinTokenUsed             Code = "join_token_used"
 	CodeJoinCAMismatch            Code = "join_ca_mismatch"
 	CodeHostRevoked               Code = "host_revoked"
+	CodeHostUnreachable           Code = "host_unreachable"
+	CodeHostDraining              Code = "host_draining"
 )
 
 var catalogue = map[Code]CodeInfo{}
@@ -209,6 +211,8 @@ func init() {
 	row(CodeJoinTokenExpired, 3, false, "the join token is past its expiry; create a new one")
 	row(CodeJoinTokenUsed, 3, false, "the join token was already redeemed (each token joins one host once); create a new one")
 	row(CodeJoinCAMismatch, 3, false, "the server's CA is not the one the join token names: the host refused to talk to it")
+	row(CodeHostUnreachable, 4, true, "the host that runs the instance is not connected to the server; retry after Retry-After (another replica is tried first)")
+	row(CodeHostDraining, 4, false, "the host is draining: it takes no new placement (capyctl drain host --resume)")
 	row(CodeHostRevoked, 3, false, "the host was removed from the server; its certificate is refused on every new connection")
 }
 

@@ -80,6 +80,8 @@ var httpStatus = map[structs.Code]int{
 	structs.CodeJoinTokenUsed:             http.StatusUnauthorized,
 	structs.CodeJoinCAMismatch:            http.StatusBadGateway,
 	structs.CodeHostRevoked:               http.StatusForbidden,
+	structs.CodeHostUnreachable:           http.StatusServiceUnavailable,
+	structs.CodeHostDraining:              http.StatusConflict,
 	structs.CodeDriverUnavailable:         http.StatusServiceUnavailable,
 	structs.CodeDriverTimeout:             http.StatusGatewayTimeout,
 	structs.CodeDriverHandshakeFailed:     http.StatusBadGateway,

@@ -257,6 +257,23 @@ type Host struct {
 	GPUs    []GPU          `json:"gpus,omitempty"`
 	Ledger  map[string]any `json:"ledger,omitempty"`
 	Engines []string       `json:"engines,omitempty"`
+	// The fields below are the server's (several machines); a standalone
+	// role leaves them empty.
+	//
+	// State is ready, draining or lost (HostReady...).
+	State string `json:"state,omitempty"`
+	// Address is the host's address as the server sees its link.
+	Address string `json:"address,omitempty"`
+	// Version is the host's CapyCTL version.
+	Version string `json:"version,omitempty"`
+	// ChargedBytes is what the host's ledger charges, all domains
+	// together, as its last heartbeat said.
+	ChargedBytes int64 `json:"charged_bytes,omitempty"`
+	// LastSeen is when the server last heard from the host.
+	LastSeen *time.Time `json:"last_seen,omitempty"`
+	// CertExpiresAt is when the host's current certificate expires (the
+	// host renews it by itself at two thirds of its life).
+	CertExpiresAt *time.Time `json:"cert_expires_at,omitempty"`
 }
 
 // GPU is one device of a host.
