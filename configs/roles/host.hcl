@@ -18,6 +18,15 @@ role = "host"
 # (env CAPYCTL_LISTEN)
 # listen = "0.0.0.0:8443"
 
+# The management API's address; loopback only.
+# (env CAPYCTL_MANAGEMENT_LISTEN)
+# management_listen = "127.0.0.1:7443"
+
+# The server's cluster address this host joins and dials (its cluster_listen).
+# Default: none: a host needs one.
+# (env CAPYCTL_SERVER_ADDRESS)
+# server_address = "gpu-server.example.com:8444"
+
 # Where third-party drivers (capyctl-driver-<name>) are found.
 # Default: <state_dir>/plugins.
 # (env CAPYCTL_PLUGIN_DIR)

@@ -22,6 +22,15 @@ role = "server"
 # (env CAPYCTL_MANAGEMENT_LISTEN)
 # management_listen = "127.0.0.1:7443"
 
+# The address GPU hosts dial: joining, the host link and the relay, mutual TLS only.
+# (env CAPYCTL_CLUSTER_LISTEN)
+# cluster_listen = "0.0.0.0:8444"
+
+# The address hosts are told to dial (join tokens print it, the server certificate names it).
+# Default: cluster_listen, with this machine's name for 0.0.0.0.
+# (env CAPYCTL_CLUSTER_ADVERTISE)
+# cluster_advertise = "gpu-server.example.com:8444"
+
 # This machine's name in the state; a change is refused (host_name_changed).
 # Default: the machine's hostname.
 # (env CAPYCTL_HOSTNAME)

@@ -31,6 +31,7 @@ import (
 	"github.com/capyctl/capyctl/core/api/wire"
 	"github.com/capyctl/capyctl/core/config"
 	"github.com/capyctl/capyctl/core/engines"
+	"github.com/capyctl/capyctl/core/fleet"
 	"github.com/capyctl/capyctl/core/gpu"
 	"github.com/capyctl/capyctl/core/lifecycle"
 	"github.com/capyctl/capyctl/core/placement"
@@ -102,6 +103,17 @@ type Settings struct {
 	DriverDeadlines pluginmgr.Deadlines
 	// Executable is the capyctl binary drivers are re-executed from.
 	Executable string
+	// ClusterListen and ClusterAdvertise are the server role's cluster
+	// listener and the address hosts dial (several machines).
+	ClusterListen    string
+	ClusterAdvertise string
+	// ServerAddress and JoinToken are the host role's server and the
+	// one-time token it joins with when it holds no certificate yet.
+	ServerAddress string
+	JoinToken     string
+	// HostHeartbeat is the server's heartbeat interval for its hosts (0:
+	// fleet's default).
+	HostHeartbeat time.Duration
 	// Config is the effective configuration with each value's source,
 	// published on the management API's GET /config (nil: not published).
 	Config *wire.RoleConfig
@@ -162,6 +174,16 @@ type Agent struct {
 	Router    *router.Router
 	Requests  *store.RequestWriter
 	Creds     *runinfo.Credentials
+	// Fleet is the server role's side of the fleet (nil otherwise);
+	// FleetHost the host role's.
+	Fleet     *fleet.Server
+	FleetHost *fleet.Host
+
+	// relay is the host role's relay handler (its own inference and
+	// management APIs, credentials supplied); fatal carries a host's
+	// refusal by its server.
+	relay http.Handler
+	fatal chan error
 
 	inferenceLn  net.Listener // the TCP listener (its address)
 	managementLn net.Listener
@@ -208,7 +230,7 @@ func New(s Settings, logger hclog.Logger) (*Agent, error) {
 	if err := proc.DisableCoreDumps(); err != nil {
 		logger.Warn("could not disable core dumps", "error", err)
 	}
-	a := &Agent{s: s, logger: logger, startedAt: time.Now().UTC()}
+	a := &Agent{s: s, logger: logger, startedAt: time.Now().UTC(), fatal: make(chan error, 1)}
 	if err := a.prepareStateDir(); err != nil {
 		return nil, err
 	}
@@ -225,6 +247,9 @@ func New(s Settings, logger hclog.Logger) (*Agent, error) {
 	if err := a.checkHostname(); err != nil {
 		st.Close()
 		return nil, err
+	}
+	if s.Role == config.RoleServer {
+		return a, a.openServer()
 	}
 	ports, err := config.ParsePortRange(s.EnginePorts)
 	if err != nil {
@@ -496,6 +521,9 @@ func (a *Agent) Settings() Settings { return a.s }
 
 // Start recovers the recorded instances and starts serving.
 func (a *Agent) Start(ctx context.Context) error {
+	if a.Fleet != nil {
+		return a.startServer()
+	}
 	rctx, cancel := context.WithCancel(context.Background())
 	a.cancel = cancel
 	a.wg.Add(1)
@@ -529,23 +557,18 @@ func (a *Agent) Start(ctx context.Context) error {
 		backend.Config = func() *wire.RoleConfig { return rc }
 	}
 	iopts, mopts := a.s.Listener.options("inference", a.logger), a.s.Listener.options("management", a.logger)
-	a.inferenceSrv = api.NewServer(api.NewInferenceHandler(backend, a.Creds.APIKey), iopts)
-	a.mgmtSrv = api.NewServer(api.BodyDeadline(api.NewManagementHandler(backend, a.Creds.AdminToken), mopts.BodyReadTimeout), mopts)
-	var iln net.Listener = a.inferenceLim
-	if a.inferenceTLS != nil {
-		iln = a.inferenceTLS
+	inference := api.NewInferenceHandler(backend, a.Creds.APIKey)
+	management := api.NewManagementHandler(backend, a.Creds.AdminToken)
+	a.inferenceSrv = api.NewServer(inference, iopts)
+	a.mgmtSrv = api.NewServer(api.BodyDeadline(management, mopts.BodyReadTimeout), mopts)
+	if a.s.Role == config.RoleHost {
+		a.relay = relayHandler(inference, management, a.Creds)
 	}
-	for _, p := range []struct {
-		srv *http.Server
-		ln  net.Listener
-	}{{a.inferenceSrv, iln}, {a.mgmtSrv, a.mgmtLim}} {
-		a.wg.Add(1)
-		go func(srv *http.Server, ln net.Listener) {
-			defer a.wg.Done()
-			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				a.logger.Error("listener stopped", "address", ln.Addr().String(), "error", err)
-			}
-		}(p.srv, p.ln)
+	a.serve()
+	if a.s.Role == config.RoleHost {
+		if err := a.joinServer(ctx, rctx); err != nil {
+			return err
+		}
 	}
 	return a.writeRunInfo()
 }
@@ -603,9 +626,14 @@ func (a *Agent) Shutdown(ctx context.Context, stopEngines bool) {
 	}
 	// Streams the router took over from net/http are not Shutdown's: they
 	// get what is left of the drain timeout, then are cut cleanly.
-	a.Router.Drain(dctx)
+	if a.Router != nil {
+		a.Router.Drain(dctx)
+	}
 	cancel()
-	if stopEngines {
+	if a.Fleet != nil {
+		a.Fleet.Close()
+	}
+	if stopEngines && a.Lifecycle != nil {
 		sctx, scancel := context.WithTimeout(ctx, time.Minute)
 		a.Lifecycle.StopAllEngines(sctx)
 		scancel()
@@ -620,11 +648,15 @@ func (a *Agent) Shutdown(ctx context.Context, stopEngines bool) {
 	if a.cancel != nil {
 		a.cancel()
 	}
-	a.Lifecycle.Close()
-	a.Plugins.Shutdown(false)
-	a.Router.Close()
+	if a.Lifecycle != nil {
+		a.Lifecycle.Close()
+		a.Plugins.Shutdown(false)
+		a.Router.Close()
+	}
 	a.wg.Wait()
-	_ = a.Requests.Close()
+	if a.Requests != nil {
+		_ = a.Requests.Close()
+	}
 	a.closeMemory()
 	a.Store.Close()
 }
@@ -640,6 +672,14 @@ func (a *Agent) Banner(w io.Writer) {
 	fmt.Fprintf(w, "  Dashboard:   http://%s%s (log in with the admin token)\n", a.ManagementAddr(), dashboard.Prefix)
 	fmt.Fprintf(w, "  State:       %s\n", a.s.StateDir)
 	fmt.Fprintf(w, "  Credentials: %s\n", filepath.Join(a.s.StateDir, runinfo.CredentialsFile))
+	if a.Fleet != nil {
+		fmt.Fprintf(w, "  Cluster:     %s (hosts dial %s; mutual TLS; CA sha256 %s)\n", a.Fleet.Addr(), a.Fleet.Advertise(), a.Fleet.CAFingerprint())
+		fmt.Fprintf(w, "  Join a host: capyctl create join-token, then on the host: capyctl start host --server %s --join-token <token>\n", a.Fleet.Advertise())
+		return
+	}
+	if a.FleetHost != nil {
+		fmt.Fprintf(w, "  Server:      %s (joined; certificate expires %s)\n", a.s.ServerAddress, a.FleetHost.CertExpiry().UTC().Format(time.RFC3339))
+	}
 	if list, err := a.Engines.List(); err == nil {
 		if len(list) == 0 {
 			fmt.Fprintln(w, "  Engines:     none registered; add one with capyctl engine add <venv|llama-server>")

@@ -63,7 +63,12 @@ func (r Running) APIKey() string { return r.a.Creds.APIKey }
 func (r Running) AdminToken() string { return r.a.Creds.AdminToken }
 
 // GPUKind names the GPU provider ("nvml", "simulated", "none").
-func (r Running) GPUKind() string { return r.a.GPU.Kind() }
+func (r Running) GPUKind() string {
+	if r.a.GPU == nil {
+		return "none"
+	}
+	return r.a.GPU.Kind()
+}
 
 // Settings are the role's effective settings.
 func (r Running) Settings() Settings { return r.a.Settings() }
@@ -73,6 +78,9 @@ func (r Running) Banner(w io.Writer) { r.a.Banner(w) }
 
 // EngineNames lists the registered engines' names.
 func (r Running) EngineNames() ([]string, error) {
+	if r.a.Engines == nil {
+		return nil, nil
+	}
 	list, err := r.a.Engines.List()
 	if err != nil {
 		return nil, err
@@ -106,7 +114,11 @@ func Run(ctx context.Context, opts Options) error {
 			return err
 		}
 	}
-	<-ctx.Done()
+	var fatal error
+	select {
+	case <-ctx.Done():
+	case fatal = <-a.Fatal():
+	}
 	stopping := opts.Stopping
 	if stopping == nil {
 		stopping = func() (context.Context, context.CancelFunc) {
@@ -120,7 +132,7 @@ func Run(ctx context.Context, opts Options) error {
 	sctx, cancel := stopping()
 	defer cancel()
 	a.Shutdown(sctx, opts.StopEngines)
-	return nil
+	return fatal
 }
 
 // SettingsFromConfig turns a role configuration into the agent's settings.
@@ -130,6 +142,9 @@ func SettingsFromConfig(cfg *config.Config) Settings {
 		StateDir:             cfg.StateDir,
 		Listen:               cfg.Listen,
 		ManagementListen:     cfg.ManagementListen,
+		ClusterListen:        cfg.ClusterListen,
+		ClusterAdvertise:     cfg.ClusterAdvertise,
+		ServerAddress:        cfg.ServerAddress,
 		PluginDir:            cfg.PluginDir,
 		ModelsRoot:           cfg.ModelsRoot,
 		EnginePorts:          fmt.Sprintf("%d-%d", cfg.EnginePorts.First, cfg.EnginePorts.Last),

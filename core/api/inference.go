@@ -34,6 +34,11 @@ func NewInferenceHandler(b *Backend, apiKey string) http.Handler {
 	return inferenceAuth(r, apiKey)
 }
 
+// InferenceAuth is inferenceAuth for a handler of another role's making
+// (the server's relay): the same key check, answers and connection
+// accounting.
+func InferenceAuth(next http.Handler, apiKey string) http.Handler { return inferenceAuth(next, apiKey) }
+
 // inferenceAuth requires the API key on every route. There is no fallback
 // key and no unauthenticated route. A request without the key is answered
 // 401 without reading its body, on a connection closed after the answer.

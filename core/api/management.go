@@ -74,10 +74,18 @@ func ManagementRoutes() []Route {
 func NewManagementHandler(b *Backend, adminToken string) http.Handler {
 	r := mux.NewRouter()
 	for _, rt := range ManagementRoutes() {
-		r.HandleFunc(wire.Prefix+rt.Path, rt.handle(b)).Methods(rt.Method)
+		h := rt.handle(b)
+		if o := b.Override[rt.Method+" "+rt.Path]; o != nil {
+			h = o
+		}
+		r.HandleFunc(wire.Prefix+rt.Path, h).Methods(rt.Method)
 	}
 	// The core's Prometheus metrics, outside the prefix, behind the token.
-	r.Handle("/metrics", MetricsView(b)).Methods(http.MethodGet)
+	if o := b.Override["GET /metrics"]; o != nil {
+		r.Handle("/metrics", o).Methods(http.MethodGet)
+	} else {
+		r.Handle("/metrics", MetricsView(b)).Methods(http.MethodGet)
+	}
 	notFound := http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		writeMgmtError(w, structs.Errf(structs.CodeNotFound, "no route %s %s", req.Method, req.URL.Path))
 	})

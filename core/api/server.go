@@ -38,6 +38,10 @@ type Backend struct {
 	Hosts func() []wire.Host
 	// Fleet is the server role's joined hosts (nil: a standalone role).
 	Fleet Fleet
+	// Override replaces the handler of a management route, keyed "METHOD
+	// path" as in ManagementRoutes ("GET /deployments"): the server role
+	// answers the routes that need a lifecycle from its hosts.
+	Override map[string]http.HandlerFunc
 	// DeploymentExtras adds ledger and request figures to a status.
 	DeploymentExtras func(st *wire.DeploymentStatus)
 	// Config returns the role's effective settings with their sources for

@@ -41,12 +41,18 @@ type Config struct {
 	StateDir         string
 	Listen           string
 	ManagementListen string
-	PluginDir        string
-	ModelsRoot       string
-	EnginePorts      PortRange
-	Hostname         string
-	LogLevel         string
-	LogFormat        string
+	// ClusterListen and ClusterAdvertise are the server's cluster
+	// listener and the address hosts are told to dial.
+	ClusterListen    string
+	ClusterAdvertise string
+	// ServerAddress is the server a host dials.
+	ServerAddress string
+	PluginDir     string
+	ModelsRoot    string
+	EnginePorts   PortRange
+	Hostname      string
+	LogLevel      string
+	LogFormat     string
 	// EngineTelemetry is "off" (engines get DO_NOT_TRACK=1 and friends) or
 	// "allow".
 	EngineTelemetry string

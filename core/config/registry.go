@@ -113,8 +113,50 @@ var registry = []Definition{
 	},
 	addrSetting("listen", "0.0.0.0:8443", "the inference endpoint's address (the API key is always required)", all, false,
 		func(c *Config) *string { return &c.Listen }),
-	addrSetting("management_listen", "127.0.0.1:7443", "the management API's address; loopback only", routerSide, true,
+	addrSetting("management_listen", "127.0.0.1:7443", "the management API's address; loopback only", all, true,
 		func(c *Config) *string { return &c.ManagementListen }),
+	addrSetting("cluster_listen", "0.0.0.0:8444", "the address GPU hosts dial: joining, the host link and the relay, mutual TLS only", []string{RoleServer}, false,
+		func(c *Config) *string { return &c.ClusterListen }),
+	{
+		Path: "cluster_advertise", Kind: KindAddress, Roles: []string{RoleServer},
+		Description: "the address hosts are told to dial (join tokens print it, the server certificate names it)",
+		defaultText: "cluster_listen, with this machine's name for 0.0.0.0",
+		example:     "gpu-server.example.com:8444",
+		computed: func(*Config, *loadContext) (string, string) {
+			return "", "cluster_listen, with this machine's name for 0.0.0.0"
+		},
+		parse: func(c *Config, _ *loadContext, v string) (string, error) {
+			v = strings.TrimSpace(v)
+			if v == "" {
+				return v, nil
+			}
+			if _, _, err := parseAddr(v); err != nil {
+				return v, err
+			}
+			c.ClusterAdvertise = v
+			return v, nil
+		},
+	},
+	{
+		Path: "server_address", Kind: KindAddress, Roles: []string{RoleHost},
+		Description: "the server's cluster address this host joins and dials (its cluster_listen)",
+		defaultText: "none: a host needs one",
+		example:     "gpu-server.example.com:8444",
+		computed: func(*Config, *loadContext) (string, string) {
+			return "", "none: a host needs one"
+		},
+		parse: func(c *Config, _ *loadContext, v string) (string, error) {
+			v = strings.TrimSpace(v)
+			if v == "" {
+				return v, nil
+			}
+			if _, _, err := parseAddr(v); err != nil {
+				return v, err
+			}
+			c.ServerAddress = v
+			return v, nil
+		},
+	},
 	{
 		Path: "plugin_dir", Kind: KindPath, Roles: engineSide,
 		Description: "where third-party drivers (capyctl-driver-<name>) are found",

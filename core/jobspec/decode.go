@@ -62,8 +62,9 @@ var (
 	}
 	deploymentSchema = &hcl.BodySchema{
 		Attributes: attrs("engine", "api", "routes", "residency", "instances", "request_deadline"),
-		Blocks:     blocks("model", "resources", "lifecycle", "timeouts", "limits", "engine_config"),
+		Blocks:     blocks("model", "resources", "lifecycle", "timeouts", "limits", "engine_config", "placement"),
 	}
+	placementSchema = &hcl.BodySchema{Attributes: attrs("hosts")}
 	modelSchema     = &hcl.BodySchema{Attributes: attrs("path", "hf", "revision", "content_fingerprint")}
 	resourcesSchema = &hcl.BodySchema{Attributes: attrs("gpu", "ram"), Blocks: blocks(Phases...)}
 	phaseSchema     = &hcl.BodySchema{Attributes: attrs("gpu", "ram")}
@@ -163,6 +164,10 @@ func decodeDeployment(b *hcl.Block) (*spec, hcl.Diagnostics) {
 			dc.integer(c, "max_waiting", "limits.max_waiting", &d.Limits.MaxWaiting)
 		case "engine_config":
 			dc.decodeEngineConfig(blk.Body, &d.EngineConfig)
+		case "placement":
+			c := dc.content(blk.Body, placementSchema)
+			d.Placement = &structs.PlacementSpec{}
+			dc.strList(c, "hosts", "placement.hosts", &d.Placement.Hosts)
 		}
 	}
 	return &spec{d: d, set: dc.set, block: &block}, dc.diags

@@ -161,7 +161,7 @@ func TestParse_Invalid(t *testing.T) {
 		{name: "no deployment", src: "# nothing\n", prefix: "bad.hcl:", contains: "no deployment"},
 		{name: "unknown top-level attribute", src: "name = \"x\"\n", prefix: "bad.hcl:1:1: ", contains: "Unsupported argument"},
 		{name: "unknown attribute", src: head + "  colour = \"red\"\n}", prefix: "bad.hcl:4:3: ", contains: "colour"},
-		{name: "unknown block", src: head + "  placement { hosts = [] }\n}", prefix: "bad.hcl:4:3: ", contains: "placement"},
+		{name: "unknown block", src: head + "  scheduling { hosts = [] }\n}", prefix: "bad.hcl:4:3: ", contains: "scheduling"},
 		{name: "unknown attribute in a nested block", src: head + "  lifecycle { warmth = true }\n}", prefix: "bad.hcl:4:15: ", contains: "warmth"},
 		{name: "bad name", src: "deployment \"Chat Small\" {\n  engine = \"vllm\"\n  model { path = \"m\" }\n}", prefix: "bad.hcl:1:12: ", contains: "invalid name"},
 		{name: "missing engine", src: "deployment \"a\" {\n  model { path = \"m\" }\n}", prefix: "bad.hcl:1:1: ", contains: "engine is required"},

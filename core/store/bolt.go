@@ -9,7 +9,7 @@
 //
 //	capyctl.db
 //	├── meta
-//	│   ├── schema_version ........ "1" (decimal; see migrations.go)
+//	│   ├── schema_version ........ "2" (decimal; see migrations.go)
 //	│   ├── incarnation ........... 26 base32 digits drawn when the file was created;
 //	│   │                           the event cursor is "<incarnation>:<seq>"
 //	│   ├── hostname .............. the machine name the state belongs to
@@ -36,9 +36,13 @@
 //	│   └── <key> ................. Measurement
 //	├── requests ................. sequence = last request record written
 //	│   └── <seq u64> ............. structs.RequestRecord
-//	└── requests_by_deployment
-//	    └── <deployment>/
-//	        └── <seq u64> ......... (empty) index into requests
+//	├── requests_by_deployment
+//	│   └── <deployment>/
+//	│       └── <seq u64> ......... (empty) index into requests
+//	├── fleet_log ................ sequence = index of the last applied command
+//	│   └── <index u64> ........... a server command, as core/fleet encoded it
+//	└── fleet_state
+//	    └── <key> ................. the server's state machine, JSON per key
 //
 // Events and request records are only ever removed from the oldest end, so
 // their keys stay contiguous and a count is last-first+1 without a scan.
@@ -83,6 +87,8 @@ var (
 	bucketMeasurements     = []byte("measurements")
 	bucketRequests         = []byte("requests")
 	bucketRequestsByDeploy = []byte("requests_by_deployment")
+	bucketFleetLog         = []byte("fleet_log")
+	bucketFleetState       = []byte("fleet_state")
 )
 
 // Reserved meta keys.

@@ -25,6 +25,7 @@ type migration struct {
 // test that opens it.
 var migrations = []migration{
 	{version: 1, name: "initial buckets", apply: migrateV1},
+	{version: 2, name: "the server's command log and state (several machines)", apply: migrateV2},
 }
 
 // CurrentSchemaVersion is the schema this binary writes.
@@ -36,6 +37,15 @@ func migrateV1(tx *bolt.Tx) error {
 		bucketReattach, bucketEvents, bucketIdempotency, bucketIdempotencyTime,
 		bucketMeasurements, bucketRequests, bucketRequestsByDeploy,
 	} {
+		if _, err := tx.CreateBucketIfNotExists(name); err != nil {
+			return fmt.Errorf("create bucket %s: %w", name, err)
+		}
+	}
+	return nil
+}
+
+func migrateV2(tx *bolt.Tx) error {
+	for _, name := range [][]byte{bucketFleetLog, bucketFleetState} {
 		if _, err := tx.CreateBucketIfNotExists(name); err != nil {
 			return fmt.Errorf("create bucket %s: %w", name, err)
 		}

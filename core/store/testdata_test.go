@@ -121,6 +121,7 @@ func TestStore_OpenOldVersions(t *testing.T) {
 		file string
 	}{
 		{name: "schema v1", file: "v1.db"},
+		{name: "schema v2", file: "v2.db"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -49,11 +49,14 @@ type Deployment struct {
 	Routes []string `json:"routes"`
 	// Residency is "deep", "host_backed", "restart_only", or "" for the
 	// engine's default (resolved at placement).
-	Residency string        `json:"residency,omitempty"`
-	Instances int           `json:"instances"`
-	Model     ModelSpec     `json:"model"`
-	Resources *ResourceSpec `json:"resources,omitempty"`
-	Lifecycle LifecycleSpec `json:"lifecycle"`
+	Residency string `json:"residency,omitempty"`
+	Instances int    `json:"instances"`
+	// Placement constrains the hosts a server places the instances on
+	// (several machines); a standalone role has one host and ignores it.
+	Placement *PlacementSpec `json:"placement,omitempty"`
+	Model     ModelSpec      `json:"model"`
+	Resources *ResourceSpec  `json:"resources,omitempty"`
+	Lifecycle LifecycleSpec  `json:"lifecycle"`
 	// RequestDeadline bounds a request until its first output (queueing,
 	// activation and prefill included).
 	RequestDeadline Duration     `json:"request_deadline"`
@@ -65,6 +68,12 @@ type Deployment struct {
 	Provenance map[string]string `json:"provenance,omitempty"`
 	// Source is "file:line" of the deployment block, when parsed from HCL.
 	Source string `json:"source,omitempty"`
+}
+
+// PlacementSpec is the placement block.
+type PlacementSpec struct {
+	// Hosts are the host names the instances may run on (empty: any).
+	Hosts []string `json:"hosts,omitempty"`
 }
 
 // ModelSpec says where the weights are.

@@ -3,16 +3,8 @@
 
 package command
 
-import (
-	"fmt"
-
-	"github.com/capyctl/capyctl/core/structs"
-)
-
 // RoleStartCommand is `start server` and `start host`: the roles of a
-// CapyCTL spread over several machines. This release runs one machine
-// (standalone); these commands check their configuration and then refuse
-// with a code (unsupported, exit 5, which systemd does not restart).
+// CapyCTL spread over several machines.
 type RoleStartCommand struct {
 	*Meta
 	role string
@@ -20,31 +12,67 @@ type RoleStartCommand struct {
 
 // Synopsis implements cli.Command.
 func (c *RoleStartCommand) Synopsis() string {
-	return fmt.Sprintf("Run the %s role (several machines: not in this release)", c.role)
+	if c.role == "server" {
+		return "Run the server role: the endpoint, placement and the store for GPU hosts that join it"
+	}
+	return "Run the host role: this machine's GPUs and engines, joined to a server over mutual TLS"
 }
 
 // Help implements cli.Command.
 func (c *RoleStartCommand) Help() string {
-	return fmt.Sprintf(`Usage: capyctl start %s [--config FILE] [options]
+	if c.role == "server" {
+		return `Usage: capyctl start server [--config FILE] [options]
 
-  The %s role belongs to a CapyCTL spread over several machines (a server
-  that routes, hosts that run engines). This release runs on one machine:
-  use capyctl start standalone on each GPU machine. The command reads and
-  checks its configuration (exit 2 when it is invalid), then refuses with
-  unsupported (exit 5).
+  Runs the server of a CapyCTL spread over several machines: the
+  OpenAI-compatible endpoint (listen), the management API (loopback), the
+  store, and the cluster listener GPU hosts dial (cluster_listen, default
+  0.0.0.0:8444; TLS 1.3 with client certificates from the server's own CA,
+  kept owner-only in <state_dir>/pki). The server runs no engine: it places
+  each deployment on hosts and relays every request to the host that runs
+  it, over the connection the host opened.
 
-  It takes the same options as capyctl start standalone.
+  Join a host: capyctl create join-token prints a one-time token; on the
+  host, capyctl start host --server ADDR --join-token-file FILE.
 
-`, c.role, c.role) + GeneralOptions
+  Options (each also a setting of the config file and a CAPYCTL_* variable):
+    --cluster-listen ADDR   The address hosts dial.
+    --set cluster_advertise=HOST:PORT
+                            The address hosts are told to dial, when it is
+                            not cluster_listen's (NAT, a load balancer).
+  and the options of capyctl start standalone.
+
+` + GeneralOptions
+	}
+	return `Usage: capyctl start host --server ADDR [--join-token-file FILE] [options]
+
+  Runs a GPU host of a CapyCTL spread over several machines: its GPUs,
+  ledger, drivers and engines, as a standalone role does, but its models are
+  placed and reached through the server. The host dials the server (it may
+  sit behind NAT) and keeps two connections open, both mutual TLS: the host
+  link (inventory, ledger readings, instance journals, heartbeats) and the
+  relay the server sends requests and management calls on.
+
+  The first start joins: the join token (capyctl create join-token on the
+  server) pins the server's CA by its fingerprint, and the host gets a
+  certificate for its hostname (24 h, renewed by itself at two thirds of its
+  life). Later starts use that certificate; the token is not needed again.
+  A host whose name changed is refused (host_name_changed); a removed host
+  must join again with a new token.
+
+  Options:
+    --server ADDR           The server's cluster address (server_address).
+    --join-token-file FILE  A file holding the join token (or the
+                            CAPYCTL_JOIN_TOKEN variable). --join-token T works
+                            too, but shows on the process list while it runs.
+  and the options of capyctl start standalone.
+
+` + GeneralOptions
 }
 
 // Run implements cli.Command.
 func (c *RoleStartCommand) Run(args []string) int {
-	cfg, _, code := c.loadRoleConfig("start "+c.role, c.role, args)
-	if cfg == nil {
-		return code
+	if c.role != "server" && c.role != "host" {
+		return c.Usage("unknown role %q", c.role)
 	}
-	return c.Fail(structs.Errf(structs.CodeUnsupported,
-		"the %s role (CapyCTL on several machines) is not in this release; run capyctl start standalone on each GPU machine", c.role).
-		WithDetail("role", c.role))
+	return c.runRole(c.role, args)
 }

@@ -72,11 +72,16 @@ var roleFlags = map[string]string{
 	"log-level":         "log_level",
 	"log-format":        "log_format",
 	"hostname":          "hostname",
+	"server":            "server_address",
+	"cluster-listen":    "cluster_listen",
 }
 
 // roleOptions are the role flags of `start <role>` and `config show`.
 type roleOptions struct {
 	cfgFile string
+	// joinToken and joinTokenFile are start host's one-time join token.
+	joinToken     string
+	joinTokenFile string
 	vals    map[string]*string
 	sets    stringList
 }
@@ -91,6 +96,8 @@ func addRoleFlags(fs *flag.FlagSet) *roleOptions {
 		fs.StringVar(v, flagName, "", "")
 	}
 	fs.Var(&o.sets, "set", "")
+	fs.StringVar(&o.joinToken, "join-token", "", "")
+	fs.StringVar(&o.joinTokenFile, "join-token-file", "", "")
 	return o
 }
 
@@ -131,16 +138,41 @@ func (c *Meta) loadConfig(o *roleOptions, role string) (*config.Config, string, 
 
 // loadRoleConfig parses the role flags and loads the configuration.
 func (c *Meta) loadRoleConfig(name, role string, args []string) (*config.Config, *wire.RoleConfig, int) {
+	cfg, rc, _, code := c.loadRoleConfigOpts(name, role, args)
+	return cfg, rc, code
+}
+
+// loadRoleConfigOpts is loadRoleConfig that also returns the options the
+// configuration does not hold (the join token).
+func (c *Meta) loadRoleConfigOpts(name, role string, args []string) (*config.Config, *wire.RoleConfig, *roleOptions, int) {
 	fs := c.FlagSet(name)
 	o := addRoleFlags(fs)
 	if _, code := c.parse(fs, args); code != 0 {
-		return nil, nil, helpOr(code)
+		return nil, nil, nil, helpOr(code)
 	}
 	cfg, file, err := c.loadConfig(o, role)
 	if err != nil {
-		return nil, nil, c.Fail(err)
+		return nil, nil, nil, c.Fail(err)
 	}
-	return cfg, roleConfigOf(cfg, file), 0
+	return cfg, roleConfigOf(cfg, file), o, 0
+}
+
+// joinToken is the host's join token: --join-token, else the file of
+// --join-token-file, else CAPYCTL_JOIN_TOKEN. IMPORTANT: prefer the file
+// or the variable; a flag shows on the machine's process list while the
+// host joins.
+func (c *Meta) joinToken(o *roleOptions) (string, error) {
+	switch {
+	case o.joinToken != "":
+		return o.joinToken, nil
+	case o.joinTokenFile != "":
+		data, err := os.ReadFile(o.joinTokenFile)
+		if err != nil {
+			return "", structs.Errf(structs.CodeInvalidConfig, "join token file %s: %v", o.joinTokenFile, errors.Unwrap(err))
+		}
+		return strings.TrimSpace(string(data)), nil
+	}
+	return strings.TrimSpace(c.Getenv("CAPYCTL_JOIN_TOKEN")), nil
 }
 
 // roleConfigOf is the configuration as the management API publishes it.
@@ -154,14 +186,25 @@ func roleConfigOf(cfg *config.Config, file string) *wire.RoleConfig {
 }
 
 // Run implements cli.Command.
-func (c *StandaloneStartCommand) Run(args []string) int {
-	cfg, rc, code := c.loadRoleConfig("start standalone", "standalone", args)
+func (c *StandaloneStartCommand) Run(args []string) int { return c.runRole("standalone", args) }
+
+// runRole runs a role until SIGINT or SIGTERM: start standalone, start
+// server and start host.
+func (c *Meta) runRole(role string, args []string) int {
+	cfg, rc, o, code := c.loadRoleConfigOpts("start "+role, role, args)
 	if cfg == nil {
 		return code
 	}
 	logger := roleLogger(cfg.LogLevel, cfg.LogFormat, c.Err)
 	settings := agent.SettingsFromConfig(cfg)
 	settings.Config = rc
+	if role == config.RoleHost {
+		tok, err := c.joinToken(o)
+		if err != nil {
+			return c.Fail(err)
+		}
+		settings.JoinToken = tok
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	err := agent.Run(ctx, agent.Options{
@@ -172,7 +215,7 @@ func (c *StandaloneStartCommand) Run(args []string) int {
 			} else {
 				r.Banner(c.Out)
 			}
-			logger.Info("role started", "role", "standalone", "inference", r.InferenceAddr(), "management", r.ManagementAddr())
+			logger.Info("role started", "role", role, "inference", r.InferenceAddr(), "management", r.ManagementAddr())
 			return nil
 		},
 		Stopping: func() (context.Context, context.CancelFunc) {

@@ -109,8 +109,11 @@ type DeploymentStatus struct {
 
 // InstanceStatus is one instance.
 type InstanceStatus struct {
-	ID             string               `json:"id"`
-	Index          int                  `json:"index"`
+	ID    string `json:"id"`
+	Index int    `json:"index"`
+	// Host is the host that runs the instance (a server's answer; a
+	// standalone role leaves it empty).
+	Host           string               `json:"host,omitempty"`
 	State          string               `json:"state"`
 	Since          time.Time            `json:"since"`
 	Revision       uint64               `json:"revision"`

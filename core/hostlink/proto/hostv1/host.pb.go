@@ -37,12 +37,22 @@
 // Command it does not know is answered with CommandResult code
 // "invalid_request", never left unanswered.
 //
-// Not here yet: the relay of inference requests from the server to a host's
-// engines (issue 16 item 4). It will travel over the connection the host
-// opened, either as a second RPC on this service (one host-opened stream per
-// relayed request, which keeps head-of-line blocking and the per-stream
-// memory off Connect) or multiplexed on Connect; item 4 measures and
-// decides. TODO(issue 16 item 4): add the relay.
+// The relay. Inference requests and the management calls a host answers
+// do not travel on Connect: the host opens a second TLS connection to the
+// same listener with ALPN "capyctl-relay/1" (its certificate verified as
+// for Connect) and serves HTTP/2 on it; the server is the HTTP/2 client
+// (core/fleet). One HTTP/2 stream per request keeps head-of-line blocking
+// and per-stream memory off Connect, a client's hang-up at the server
+// resets the stream and the host's router cancels the engine's work, and
+// the answer streams back chunk by chunk.
+//
+// Commands. This release carries the server's mutations (deploy, update,
+// park, wake, stop, delete) as management calls over the relay, each with
+// an Idempotency-Key the host's management API remembers for 24 h: a retry
+// replays the first answer and never starts a second engine. The Command
+// and CommandResult messages below are the shape those calls will take
+// when they move onto Connect; no server sends them yet, and a host
+// answers one through core/hostlink's Deduper.
 //
 // Why the home is core/hostlink and not sdk/proto: the driver protocol is a
 // contract with third-party drivers and belongs to the SDK; the host link is
@@ -586,7 +596,11 @@ type LedgerReading struct {
 	// external_bytes is what it holds outside CapyCTL.
 	ExternalBytes int64 `protobuf:"varint,5,opt,name=external_bytes,json=externalBytes,proto3" json:"external_bytes,omitempty"`
 	// charged_bytes is what the host's ledger charges there.
-	ChargedBytes  int64 `protobuf:"varint,6,opt,name=charged_bytes,json=chargedBytes,proto3" json:"charged_bytes,omitempty"`
+	ChargedBytes int64 `protobuf:"varint,6,opt,name=charged_bytes,json=chargedBytes,proto3" json:"charged_bytes,omitempty"`
+	// room_bytes is what the host's ledger may charge there in all:
+	// min(managed limit, capacity - max(free reserve, external)). The server
+	// places on room_bytes - charged_bytes; the host's ledger decides.
+	RoomBytes     int64 `protobuf:"varint,7,opt,name=room_bytes,json=roomBytes,proto3" json:"room_bytes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -659,6 +673,13 @@ func (x *LedgerReading) GetExternalBytes() int64 {
 func (x *LedgerReading) GetChargedBytes() int64 {
 	if x != nil {
 		return x.ChargedBytes
+	}
+	return 0
+}
+
+func (x *LedgerReading) GetRoomBytes() int64 {
+	if x != nil {
+		return x.RoomBytes
 	}
 	return 0
 }
@@ -1711,7 +1732,7 @@ const file_core_hostlink_proto_hostv1_host_proto_rawDesc = "" +
 	"\tHeartbeat\x12 \n" +
 	"\ftime_unix_ms\x18\x01 \x01(\x03R\n" +
 	"timeUnixMs\x12:\n" +
-	"\breadings\x18\x02 \x03(\v2\x1e.capyctl.host.v1.LedgerReadingR\breadings\"\xda\x01\n" +
+	"\breadings\x18\x02 \x03(\v2\x1e.capyctl.host.v1.LedgerReadingR\breadings\"\xf9\x01\n" +
 	"\rLedgerReading\x12\x16\n" +
 	"\x06domain\x18\x01 \x01(\tR\x06domain\x12\x1f\n" +
 	"\vdevice_uuid\x18\x02 \x01(\tR\n" +
@@ -1720,7 +1741,9 @@ const file_core_hostlink_proto_hostv1_host_proto_rawDesc = "" +
 	"\n" +
 	"used_bytes\x18\x04 \x01(\x03R\tusedBytes\x12%\n" +
 	"\x0eexternal_bytes\x18\x05 \x01(\x03R\rexternalBytes\x12#\n" +
-	"\rcharged_bytes\x18\x06 \x01(\x03R\fchargedBytes\"\x97\x03\n" +
+	"\rcharged_bytes\x18\x06 \x01(\x03R\fchargedBytes\x12\x1d\n" +
+	"\n" +
+	"room_bytes\x18\a \x01(\x03R\troomBytes\"\x97\x03\n" +
 	"\x0fInstanceJournal\x12\x1f\n" +
 	"\vinstance_id\x18\x01 \x01(\tR\n" +
 	"instanceId\x12\x1e\n" +

@@ -37,12 +37,22 @@
 // Command it does not know is answered with CommandResult code
 // "invalid_request", never left unanswered.
 //
-// Not here yet: the relay of inference requests from the server to a host's
-// engines (issue 16 item 4). It will travel over the connection the host
-// opened, either as a second RPC on this service (one host-opened stream per
-// relayed request, which keeps head-of-line blocking and the per-stream
-// memory off Connect) or multiplexed on Connect; item 4 measures and
-// decides. TODO(issue 16 item 4): add the relay.
+// The relay. Inference requests and the management calls a host answers
+// do not travel on Connect: the host opens a second TLS connection to the
+// same listener with ALPN "capyctl-relay/1" (its certificate verified as
+// for Connect) and serves HTTP/2 on it; the server is the HTTP/2 client
+// (core/fleet). One HTTP/2 stream per request keeps head-of-line blocking
+// and per-stream memory off Connect, a client's hang-up at the server
+// resets the stream and the host's router cancels the engine's work, and
+// the answer streams back chunk by chunk.
+//
+// Commands. This release carries the server's mutations (deploy, update,
+// park, wake, stop, delete) as management calls over the relay, each with
+// an Idempotency-Key the host's management API remembers for 24 h: a retry
+// replays the first answer and never starts a second engine. The Command
+// and CommandResult messages below are the shape those calls will take
+// when they move onto Connect; no server sends them yet, and a host
+// answers one through core/hostlink's Deduper.
 //
 // Why the home is core/hostlink and not sdk/proto: the driver protocol is a
 // contract with third-party drivers and belongs to the SDK; the host link is

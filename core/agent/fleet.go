@@ -1,0 +1,194 @@
+// Copyright (c) CapyCTL authors
+// SPDX-License-Identifier: Apache-2.0
+
+package agent
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+
+	"github.com/capyctl/capyctl/core/api"
+	"github.com/capyctl/capyctl/core/api/wire"
+	"github.com/capyctl/capyctl/core/fleet"
+	"github.com/capyctl/capyctl/core/hostlink/proto/hostv1"
+	"github.com/capyctl/capyctl/core/runinfo"
+	"github.com/capyctl/capyctl/core/structs"
+	"github.com/capyctl/capyctl/core/version"
+)
+
+// openServer prepares the server role: no GPU, drivers or engines; the
+// cluster listener, the CA and the state machine, and the two HTTP
+// listeners.
+func (a *Agent) openServer() error {
+	listen := a.s.ClusterListen
+	if listen == "" {
+		listen = "0.0.0.0:8444"
+	}
+	srv, err := fleet.NewServer(fleet.ServerOptions{StateDir: a.s.StateDir, Listen: listen, Advertise: a.s.ClusterAdvertise,
+		Store: a.Store, Logger: a.logger, Heartbeat: a.s.HostHeartbeat})
+	if err != nil {
+		a.Store.Close()
+		return err
+	}
+	a.Fleet = srv
+	if err := a.listen(); err != nil {
+		srv.Close()
+		a.Store.Close()
+		return err
+	}
+	return nil
+}
+
+// startServer serves the server role: the cluster listener, the relayed
+// inference API and the management API answered from the hosts.
+func (a *Agent) startServer() error {
+	_, cancel := context.WithCancel(context.Background())
+	a.cancel = cancel
+	a.Fleet.Start()
+	role := func() wire.RoleInfo {
+		return wire.RoleInfo{Role: a.s.Role, Version: version.Version, Commit: version.GetCommit(), Host: a.s.Hostname,
+			Inference: a.InferenceAddr(), StartedAt: a.startedAt, PID: os.Getpid(),
+			TLS: a.s.TLS.Enabled(), ClientCertificates: a.s.TLS.ClientCAFile != "", Warnings: a.Warnings()}
+	}
+	backend := &api.Backend{
+		Store: a.Store, Logger: a.logger, Role: role(), Hosts: a.Fleet.Hosts, Fleet: a.Fleet,
+		Override: a.Fleet.ManagementOverrides(role),
+	}
+	if rc := a.s.Config; rc != nil {
+		backend.Config = func() *wire.RoleConfig { return rc }
+	}
+	iopts, mopts := a.s.Listener.options("inference", a.logger), a.s.Listener.options("management", a.logger)
+	a.inferenceSrv = api.NewServer(a.Fleet.InferenceHandler(a.Creds.APIKey, a.s.MaxBodyBytes), iopts)
+	a.mgmtSrv = api.NewServer(api.BodyDeadline(api.NewManagementHandler(backend, a.Creds.AdminToken), mopts.BodyReadTimeout), mopts)
+	a.serve()
+	return a.writeRunInfo()
+}
+
+// serve runs the inference and management servers on their listeners.
+func (a *Agent) serve() {
+	servers := []struct {
+		srv *http.Server
+		ln  net.Listener
+	}{{a.inferenceSrv, a.inferenceLim}, {a.mgmtSrv, a.mgmtLim}}
+	if a.inferenceTLS != nil {
+		servers[0].ln = a.inferenceTLS
+	}
+	for _, p := range servers {
+		a.wg.Add(1)
+		go func(srv *http.Server, ln net.Listener) {
+			defer a.wg.Done()
+			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				a.logger.Error("listener stopped", "address", ln.Addr().String(), "error", err)
+			}
+		}(p.srv, p.ln)
+	}
+}
+
+// joinServer joins the server (with the join token when this host holds
+// no certificate yet) and keeps the host link and relay up until the role
+// stops. The server's lasting refusal (host_name_changed, host_revoked)
+// stops the role.
+func (a *Agent) joinServer(ctx, rctx context.Context) error {
+	h, err := fleet.NewHost(ctx, fleet.HostOptions{StateDir: a.s.StateDir, Server: a.s.ServerAddress, JoinToken: a.s.JoinToken,
+		Name: a.s.Hostname, Local: a, Logger: a.logger})
+	if err != nil {
+		return err
+	}
+	a.FleetHost = h
+	a.wg.Add(1)
+	go func() {
+		defer a.wg.Done()
+		if err := h.Run(rctx); err != nil {
+			a.logger.Error("the server refuses this host", "error", err)
+			select {
+			case a.fatal <- err:
+			default:
+			}
+		}
+	}()
+	return nil
+}
+
+// Fatal carries an error that must stop the role (a host its server
+// refuses for good).
+func (a *Agent) Fatal() <-chan error { return a.fatal }
+
+// relayHandler serves the relay on a host: /v1/* goes to the host's
+// inference API and the rest to its management API, each with the host's
+// own credential, since the relay's mutual TLS authenticated the server.
+func relayHandler(inference, management http.Handler, creds *runinfo.Credentials) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasPrefix(r.URL.Path, "/v1/") {
+			r.Header.Set("Authorization", "Bearer "+creds.APIKey)
+			inference.ServeHTTP(w, r)
+			return
+		}
+		r.Header.Set("Authorization", "Bearer "+creds.AdminToken)
+		management.ServeHTTP(w, r)
+	})
+}
+
+// RelayHandler implements fleet.Local.
+func (a *Agent) RelayHandler() http.Handler { return a.relay }
+
+// Inventory implements fleet.Local: the cards, the host's RAM, the
+// registered engines.
+func (a *Agent) Inventory() *hostv1.Inventory {
+	inv := &hostv1.Inventory{Unified: a.Placer != nil && a.Placer.Unified()}
+	if a.Placer != nil {
+		h := a.Placer.Host()
+		for _, d := range h.GPUs {
+			inv.Cards = append(inv.Cards, &hostv1.Card{Uuid: d.UUID, Index: uint32(d.Index), Name: d.Name, MemoryBytes: d.TotalBytes})
+		}
+		for _, dom := range h.Ledger.Domains {
+			if dom.Name == "system" {
+				inv.HostMemoryBytes = dom.Capacity
+			}
+		}
+	}
+	if list, err := a.Engines.List(); err == nil {
+		for _, e := range list {
+			inv.Engines = append(inv.Engines, &hostv1.Engine{Name: e.Name, Family: e.Family, Version: e.Version, Digest: e.Digest})
+		}
+	}
+	return inv
+}
+
+// Readings implements fleet.Local: each ledger domain as it stands.
+func (a *Agent) Readings() []*hostv1.LedgerReading {
+	if a.Placer == nil {
+		return nil
+	}
+	h := a.Placer.Host()
+	used := map[string]int64{}
+	for _, d := range h.GPUs {
+		used[d.UUID] = d.UsedBytes
+	}
+	out := make([]*hostv1.LedgerReading, 0, len(h.Ledger.Domains))
+	for _, d := range h.Ledger.Domains {
+		out = append(out, &hostv1.LedgerReading{Domain: d.Name, DeviceUuid: d.DeviceUUID, CapacityBytes: d.Capacity,
+			UsedBytes: used[d.DeviceUUID], ExternalBytes: d.External, ChargedBytes: d.Charged, RoomBytes: d.Room})
+	}
+	return out
+}
+
+// Journals implements fleet.Local: every instance the host holds.
+func (a *Agent) Journals() []*hostv1.InstanceJournal {
+	var out []*hostv1.InstanceJournal
+	for _, v := range a.Lifecycle.Deployments() {
+		for _, in := range v.Instances {
+			j := &hostv1.InstanceJournal{InstanceId: structs.InstanceID(in.Deployment, in.Index), Generation: in.Generation,
+				Deployment: in.Deployment, State: string(in.State), SinceUnixMs: in.Since.UnixMilli(), Residency: in.Residency,
+				Charges: in.Charges, Message: in.LastTransition}
+			if in.LastError != nil {
+				j.Why = string(in.LastError.Code)
+			}
+			out = append(out, j)
+		}
+	}
+	return out
+}

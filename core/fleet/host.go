@@ -1,0 +1,562 @@
+// Copyright (c) CapyCTL authors
+// SPDX-License-Identifier: Apache-2.0
+
+package fleet
+
+import (
+	"bytes"
+	"context"
+	"crypto"
+	"crypto/sha256"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"golang.org/x/net/http2"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+
+	"github.com/capyctl/capyctl/core/api/wire"
+	"github.com/capyctl/capyctl/core/hostlink/proto/hostv1"
+	"github.com/capyctl/capyctl/core/pki"
+	"github.com/capyctl/capyctl/core/structs"
+	"github.com/capyctl/capyctl/core/version"
+)
+
+// Local is what a host offers the server: its inventory, its ledger
+// readings, its instances, and the handler the relay serves (the host's
+// own inference and management APIs, credentials supplied).
+type Local interface {
+	Inventory() *hostv1.Inventory
+	Readings() []*hostv1.LedgerReading
+	Journals() []*hostv1.InstanceJournal
+	RelayHandler() http.Handler
+}
+
+// HostOptions configure a host's side of the fleet.
+type HostOptions struct {
+	// StateDir holds the host's key, certificate and the pinned CA
+	// (<state_dir>/host-pki, owner-only).
+	StateDir string
+	// Server is the server's cluster address.
+	Server string
+	// JoinToken joins a host that holds no valid certificate yet.
+	JoinToken string
+	// Name is the host name its certificate carries.
+	Name   string
+	Local  Local
+	Logger hclog.Logger
+}
+
+// Host is a host's side: enrolment, renewal, the link and the relay.
+type Host struct {
+	o      HostOptions
+	logger hclog.Logger
+	ca     *x509.Certificate
+	creds  *pki.Credentials
+	key    crypto.Signer
+
+	mu       sync.Mutex
+	linked   bool
+	lastErr  error
+	beat     time.Duration
+	welcomed chan struct{}
+	fatal    chan error
+	once     sync.Once
+}
+
+// hostPKIDir is where a host keeps its credentials.
+func hostPKIDir(stateDir string) string { return filepath.Join(stateDir, "host-pki") }
+
+// NewHost loads the host's credentials, joining the server with the join
+// token when it has none (or only an expired one). A refused join is the
+// catalogue's code (join_token_used, join_ca_mismatch...).
+func NewHost(ctx context.Context, o HostOptions) (*Host, error) {
+	if o.Logger == nil {
+		o.Logger = hclog.NewNullLogger()
+	}
+	if o.Server == "" {
+		return nil, structs.Errf(structs.CodeInvalidConfig, "a host needs its server's address (--server ADDR, server_address, CAPYCTL_SERVER_ADDRESS)")
+	}
+	h := &Host{o: o, logger: o.Logger.Named("fleet"), welcomed: make(chan struct{}), fatal: make(chan error, 1)}
+	err := h.load()
+	switch {
+	case err == nil && time.Now().Before(h.creds.Current().Leaf.NotAfter):
+		if h.creds.Current().Leaf.Subject.CommonName != o.Name {
+			return nil, structs.Errf(structs.CodeHostNameChanged, "this host joined as %q and now names itself %q: run it with hostname = %q, or remove the host on the server and join again with a new token",
+				h.creds.Current().Leaf.Subject.CommonName, o.Name, h.creds.Current().Leaf.Subject.CommonName)
+		}
+		return h, nil
+	case err != nil && !errors.Is(err, fs.ErrNotExist):
+		return nil, structs.Wrap(structs.CodeInvalidConfig, err, "read the host's credentials in %s", hostPKIDir(o.StateDir))
+	}
+	if o.JoinToken == "" {
+		if err == nil {
+			return nil, structs.Errf(structs.CodeUnauthorized, "this host's certificate expired at %s: join again with a new token (capyctl create join-token on the server)",
+				h.creds.Current().Leaf.NotAfter.UTC().Format(time.RFC3339))
+		}
+		return nil, structs.Errf(structs.CodeJoinTokenInvalid, "this host has not joined a server yet: pass --join-token (capyctl create join-token on the server prints one)")
+	}
+	if err := h.join(ctx); err != nil {
+		return nil, err
+	}
+	return h, nil
+}
+
+// load reads the key, the certificate and the pinned CA.
+func (h *Host) load() error {
+	dir := hostPKIDir(h.o.StateDir)
+	read := func(name, typ string) ([]byte, error) {
+		data, err := os.ReadFile(filepath.Join(dir, name))
+		if err != nil {
+			return nil, err
+		}
+		b, _ := pem.Decode(data)
+		if b == nil || b.Type != typ {
+			return nil, fmt.Errorf("%s is not a PEM %s", name, typ)
+		}
+		return b.Bytes, nil
+	}
+	keyDER, err := read("host.key", "PRIVATE KEY")
+	if err != nil {
+		return err
+	}
+	certDER, err := read("host.crt", "CERTIFICATE")
+	if err != nil {
+		return err
+	}
+	caDER, err := read("ca.crt", "CERTIFICATE")
+	if err != nil {
+		return err
+	}
+	k, err := x509.ParsePKCS8PrivateKey(keyDER)
+	if err != nil {
+		return err
+	}
+	key, ok := k.(crypto.Signer)
+	if !ok {
+		return errors.New("host.key is not a signing key")
+	}
+	cert, err := x509.ParseCertificate(certDER)
+	if err != nil {
+		return err
+	}
+	ca, err := x509.ParseCertificate(caDER)
+	if err != nil {
+		return err
+	}
+	h.key, h.ca = key, ca
+	h.creds = pki.NewCredentials(key, &pki.Issued{Certificate: cert, CA: caDER})
+	return nil
+}
+
+// save writes the credentials owner-only, each file replaced atomically.
+func (h *Host) save(key crypto.Signer, cert *x509.Certificate, caDER []byte) error {
+	dir := hostPKIDir(h.o.StateDir)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	keyDER, err := x509.MarshalPKCS8PrivateKey(key)
+	if err != nil {
+		return err
+	}
+	for _, f := range []struct {
+		name, typ string
+		der       []byte
+	}{{"host.key", "PRIVATE KEY", keyDER}, {"host.crt", "CERTIFICATE", cert.Raw}, {"ca.crt", "CERTIFICATE", caDER}} {
+		tmp := filepath.Join(dir, f.name+".tmp")
+		if err := os.WriteFile(tmp, pem.EncodeToMemory(&pem.Block{Type: f.typ, Bytes: f.der}), 0o600); err != nil {
+			return err
+		}
+		if err := os.Rename(tmp, filepath.Join(dir, f.name)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// serverName is the name the host checks the server's certificate for.
+func (h *Host) serverName() string {
+	host, _, err := net.SplitHostPort(h.o.Server)
+	if err != nil {
+		return h.o.Server
+	}
+	return host
+}
+
+// join enrols with the join token: the server's CA is pinned by the
+// token's fingerprint before the token is sent.
+func (h *Host) join(ctx context.Context) error {
+	tok, err := pki.ParseJoinToken(h.o.JoinToken)
+	if err != nil {
+		return err
+	}
+	key, err := pki.NewKey()
+	if err != nil {
+		return err
+	}
+	csr, err := pki.NewCSR(key, h.o.Name)
+	if err != nil {
+		return err
+	}
+	req := JoinRequest{Token: h.o.JoinToken, CSR: csr}
+	if h.creds != nil {
+		req.Previous = h.creds.Current().Leaf.Raw
+	}
+	cfg := pki.HostJoinTLS(tok.Fingerprint)
+	cfg.NextProtos = []string{ALPNJoin, ALPNHTTP1}
+	cfg.ServerName = h.serverName()
+	ans, err := h.post(ctx, cfg, "/join", "application/json", mustJSON(req))
+	if err != nil {
+		return err
+	}
+	ca, err := pki.PinCA(ans.CA, tok.Fingerprint)
+	if err != nil {
+		return err
+	}
+	cert, err := x509.ParseCertificate(ans.Certificate)
+	if err != nil {
+		return structs.Wrap(structs.CodeJoinCAMismatch, err, "parse the host certificate")
+	}
+	if err := cert.CheckSignatureFrom(ca); err != nil {
+		return structs.Wrap(structs.CodeJoinCAMismatch, err, "the host certificate is not from the pinned CA")
+	}
+	if err := h.save(key, cert, ans.CA); err != nil {
+		return structs.Wrap(structs.CodeInvalidConfig, err, "save the host's credentials")
+	}
+	h.key, h.ca = key, ca
+	h.creds = pki.NewCredentials(key, &pki.Issued{Certificate: cert, CA: ans.CA})
+	h.logger.Info("joined the server", "server", h.o.Server, "host", h.o.Name, "certificate_expires", cert.NotAfter.UTC().Format(time.RFC3339))
+	return nil
+}
+
+// post sends one join or renewal and decodes its answer or its coded
+// refusal.
+func (h *Host) post(ctx context.Context, cfg *tls.Config, path, ctype string, body []byte) (*JoinAnswer, error) {
+	tr := &http.Transport{TLSClientConfig: cfg, ForceAttemptHTTP2: false, TLSHandshakeTimeout: handshakeTimeout}
+	defer tr.CloseIdleConnections()
+	cl := &http.Client{Transport: tr, Timeout: 30 * time.Second}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "https://"+h.o.Server+path, bytes.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Content-Type", ctype)
+	resp, err := cl.Do(req)
+	if err != nil {
+		var se *structs.Error
+		if errors.As(err, &se) {
+			return nil, se
+		}
+		return nil, structs.Wrap(structs.CodeUnavailable, err, "reach the server at %s", h.o.Server)
+	}
+	defer resp.Body.Close()
+	data, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if resp.StatusCode != http.StatusOK {
+		return nil, hostError("server", resp.StatusCode, data)
+	}
+	var ans JoinAnswer
+	if err := json.Unmarshal(data, &ans); err != nil {
+		return nil, structs.Wrap(structs.CodeInternal, err, "the server's answer")
+	}
+	return &ans, nil
+}
+
+func mustJSON(v any) []byte {
+	b, _ := json.Marshal(v)
+	return b
+}
+
+// tlsFor is the host's mutual TLS config for one conversation.
+func (h *Host) tlsFor(alpn string) *tls.Config {
+	c := pki.HostTLS(h.ca, h.creds)
+	c.NextProtos = []string{alpn}
+	c.ServerName = h.serverName()
+	return c
+}
+
+// CertExpiry is when the host's current certificate expires.
+func (h *Host) CertExpiry() time.Time { return h.creds.Current().Leaf.NotAfter }
+
+// Run keeps the link, the relay and the certificate up until ctx ends. It
+// returns early with the server's refusal when the server will never take
+// this host (host_name_changed, host_revoked).
+func (h *Host) Run(ctx context.Context) error {
+	var wg sync.WaitGroup
+	for _, f := range []func(context.Context){h.runLink, h.runRelay, h.runRenew} {
+		wg.Add(1)
+		go func(f func(context.Context)) {
+			defer wg.Done()
+			f(ctx)
+		}(f)
+	}
+	defer wg.Wait()
+	select {
+	case <-ctx.Done():
+		return nil
+	case err := <-h.fatal:
+		return err
+	}
+}
+
+// Linked reports whether the host's link is up now, and the last error.
+func (h *Host) Linked() (bool, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.linked, h.lastErr
+}
+
+// Welcomed is closed once the server first accepted the host's link.
+func (h *Host) Welcomed() <-chan struct{} { return h.welcomed }
+
+// backoff waits before a reconnect: 250 ms doubling to 5 s.
+func backoff(ctx context.Context, attempt int) bool {
+	d := 250 * time.Millisecond << min(attempt, 5)
+	if d > 5*time.Second {
+		d = 5 * time.Second
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+// runLink keeps the Connect stream open, reconnecting with backoff.
+func (h *Host) runLink(ctx context.Context) {
+	for attempt := 0; ctx.Err() == nil; attempt++ {
+		err := h.link(ctx, func() { attempt = 0 })
+		h.mu.Lock()
+		h.linked, h.lastErr = false, err
+		h.mu.Unlock()
+		if ctx.Err() != nil {
+			return
+		}
+		if se := structs.AsError(err); se.Code == structs.CodeHostNameChanged || se.Code == structs.CodeHostRevoked {
+			select {
+			case h.fatal <- err:
+			default:
+			}
+			return
+		}
+		h.logger.Warn("host link down; reconnecting", "server", h.o.Server, "error", err)
+		if !backoff(ctx, attempt) {
+			return
+		}
+	}
+}
+
+// link runs one Connect stream until it breaks.
+func (h *Host) link(ctx context.Context, up func()) error {
+	conn, err := grpc.NewClient(h.o.Server, grpc.WithTransportCredentials(credentials.NewTLS(h.tlsFor(ALPNLink))))
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream, err := hostv1.NewHostLinkClient(conn).Connect(sctx)
+	if err != nil {
+		return err
+	}
+	seq := uint64(0)
+	send := func(m *hostv1.HostMessage) error {
+		seq++
+		m.Seq = seq
+		return stream.Send(m)
+	}
+	journals := h.o.Local.Journals()
+	if err := send(&hostv1.HostMessage{Body: &hostv1.HostMessage_Hello{Hello: &hostv1.Hello{
+		HostName: h.o.Name, Version: version.Version, Protocol: 1, Inventory: h.o.Local.Inventory(), Instances: journals}}}); err != nil {
+		return err
+	}
+	first, err := stream.Recv()
+	if err != nil {
+		return err
+	}
+	wel := first.GetWelcome()
+	if wel == nil {
+		return structs.Errf(structs.CodeInternal, "the server's first message is not Welcome")
+	}
+	if !wel.GetAccepted() {
+		return structs.Errf(structs.Code(wel.GetCode()), "the server refused the host: %s", wel.GetMessage())
+	}
+	beat := time.Duration(wel.GetHeartbeatIntervalMs()) * time.Millisecond
+	if beat <= 0 {
+		beat = DefaultHeartbeat
+	}
+	h.mu.Lock()
+	h.linked, h.lastErr, h.beat = true, nil, beat
+	h.mu.Unlock()
+	h.once.Do(func() { close(h.welcomed) })
+	up()
+	h.logger.Info("host link up", "server", h.o.Server)
+	errc := make(chan error, 1)
+	go func() {
+		for {
+			if _, err := stream.Recv(); err != nil {
+				errc <- err
+				return
+			}
+		}
+	}()
+	sent := map[string][32]byte{}
+	for _, j := range journals {
+		sent[j.GetInstanceId()] = journalDigest(j)
+	}
+	t := time.NewTicker(beat)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			_ = stream.CloseSend()
+			return nil
+		case err := <-errc:
+			return err
+		case <-t.C:
+		}
+		if err := send(&hostv1.HostMessage{Body: &hostv1.HostMessage_Heartbeat{Heartbeat: &hostv1.Heartbeat{
+			TimeUnixMs: time.Now().UnixMilli(), Readings: h.o.Local.Readings()}}}); err != nil {
+			return err
+		}
+		now := map[string]bool{}
+		for _, j := range h.o.Local.Journals() {
+			now[j.GetInstanceId()] = true
+			d := journalDigest(j)
+			if sent[j.GetInstanceId()] == d {
+				continue
+			}
+			if err := send(&hostv1.HostMessage{Body: &hostv1.HostMessage_Journal{Journal: j}}); err != nil {
+				return err
+			}
+			sent[j.GetInstanceId()] = d
+		}
+		for id := range sent {
+			if !now[id] { // gone: the instance's deployment was deleted
+				if err := send(&hostv1.HostMessage{Body: &hostv1.HostMessage_Journal{Journal: &hostv1.InstanceJournal{
+					InstanceId: id, State: string(structs.StateStopped), SinceUnixMs: time.Now().UnixMilli()}}}); err != nil {
+					return err
+				}
+				delete(sent, id)
+			}
+		}
+	}
+}
+
+func journalDigest(j *hostv1.InstanceJournal) [32]byte {
+	b, _ := json.Marshal(j)
+	return sha256.Sum256(b)
+}
+
+// runRelay keeps the relay connection open: the host dials, then serves
+// HTTP/2 on it until it breaks.
+func (h *Host) runRelay(ctx context.Context) {
+	select {
+	case <-h.welcomed:
+	case <-ctx.Done():
+		return
+	}
+	srv := &http2.Server{MaxConcurrentStreams: 4096, ReadIdleTimeout: 10 * time.Second, PingTimeout: 5 * time.Second}
+	for attempt := 0; ctx.Err() == nil; attempt++ {
+		d := &tls.Dialer{NetDialer: &net.Dialer{Timeout: handshakeTimeout, KeepAlive: 15 * time.Second}, Config: h.tlsFor(ALPNRelay)}
+		c, err := d.DialContext(ctx, "tcp", h.o.Server)
+		if err == nil {
+			attempt = 0
+			h.logger.Debug("relay up", "server", h.o.Server)
+			stop := context.AfterFunc(ctx, func() { c.Close() })
+			srv.ServeConn(c, &http2.ServeConnOpts{Context: ctx, Handler: h.o.Local.RelayHandler(), BaseConfig: &http.Server{}})
+			stop()
+			c.Close()
+		} else if ctx.Err() == nil {
+			h.logger.Debug("relay dial failed", "server", h.o.Server, "error", err)
+		}
+		if !backoff(ctx, attempt) {
+			return
+		}
+	}
+}
+
+// runRenew renews the host certificate at two thirds of its life, over
+// mutual TLS with the current one; a failed renewal is retried every
+// minute until the certificate expires.
+func (h *Host) runRenew(ctx context.Context) {
+	for {
+		at := pki.RenewAt(h.creds.Current().Leaf)
+		wait := time.Until(at)
+		if wait < 0 {
+			wait = 0
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		if err := h.renew(ctx); err != nil {
+			h.logger.Warn("certificate renewal failed; retrying in a minute", "error", err,
+				"expires", h.creds.Current().Leaf.NotAfter.UTC().Format(time.RFC3339))
+			t := time.NewTimer(time.Minute)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return
+			case <-t.C:
+			}
+		}
+	}
+}
+
+// renew asks the server for a new certificate for a new key.
+func (h *Host) renew(ctx context.Context) error {
+	key, err := pki.NewKey()
+	if err != nil {
+		return err
+	}
+	csr, err := pki.NewCSR(key, h.o.Name)
+	if err != nil {
+		return err
+	}
+	ans, err := h.post(ctx, h.tlsFor(ALPNHTTP1), "/renew", "application/octet-stream", csr)
+	if err != nil {
+		return err
+	}
+	cert, err := x509.ParseCertificate(ans.Certificate)
+	if err != nil {
+		return err
+	}
+	if err := cert.CheckSignatureFrom(h.ca); err != nil {
+		return structs.Wrap(structs.CodeJoinCAMismatch, err, "the renewed certificate is not from the pinned CA")
+	}
+	if err := h.save(key, cert, h.ca.Raw); err != nil {
+		return err
+	}
+	h.creds.Set(key, &pki.Issued{Certificate: cert, CA: h.ca.Raw})
+	h.logger.Info("certificate renewed", "expires", cert.NotAfter.UTC().Format(time.RFC3339))
+	return nil
+}
+
+// Status is the host's link as `capyctl status` on the host shows it.
+func (h *Host) Status() wire.Host {
+	linked, _ := h.Linked()
+	exp := h.CertExpiry().UTC()
+	st := wire.HostLost
+	if linked {
+		st = wire.HostReady
+	}
+	return wire.Host{Name: h.o.Name, Role: "host", Online: linked, State: st, Address: h.o.Server, CertExpiresAt: &exp}
+}

@@ -1,0 +1,241 @@
+// Copyright (c) CapyCTL authors
+// SPDX-License-Identifier: Apache-2.0
+
+package fleet
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"sort"
+	"sync"
+
+	"github.com/capyctl/capyctl/core/api"
+	"github.com/capyctl/capyctl/core/router"
+	"github.com/capyctl/capyctl/core/structs"
+)
+
+// relayBufSize is the copy buffer of a relayed answer, pooled: a stream
+// holds one only while a read is under way.
+const relayBufSize = 8 << 10
+
+var relayBufs = sync.Pool{New: func() any { b := make([]byte, relayBufSize); return &b }}
+
+// hopHeaders are not relayed (RFC 9110 7.6.1), nor are the client's
+// credentials: the host link is the server's own authentication.
+var hopHeaders = []string{"Connection", "Keep-Alive", "Proxy-Connection", "Transfer-Encoding", "Upgrade", "Te", "Trailer",
+	"Authorization", "Content-Length", "Cookie"}
+
+// InferenceHandler is the server's inference API: every request is
+// relayed to a host that runs the model, behind the API key.
+func (s *Server) InferenceHandler(apiKey string, maxBody int64) http.Handler {
+	if maxBody <= 0 {
+		maxBody = 64 << 20
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /v1/models", s.models)
+	mux.HandleFunc("POST /v1/", func(w http.ResponseWriter, r *http.Request) { s.relayInference(w, r, maxBody) })
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		router.WriteError(w, structs.Errf(structs.CodeNotFound, "no route %s %s", r.Method, r.URL.Path))
+	})
+	return api.InferenceAuth(mux, apiKey)
+}
+
+// relayInference relays one inference request to the least busy reachable
+// host of the model's placement.
+func (s *Server) relayInference(w http.ResponseWriter, r *http.Request, maxBody int64) {
+	id := r.Header.Get(router.HeaderRequestID)
+	if id == "" {
+		id = router.NewRequestID()
+	}
+	w.Header().Set(router.HeaderRequestID, id)
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			router.WriteError(w, structs.Errf(structs.CodeRequestTooLarge, "the request body is over %d bytes", maxBody))
+			return
+		}
+		router.WriteError(w, structs.Errf(structs.CodeInvalidRequest, "read the request body: %v", err))
+		return
+	}
+	var head struct {
+		Model string `json:"model"`
+	}
+	if err := json.Unmarshal(body, &head); err != nil {
+		router.WriteError(w, structs.Errf(structs.CodeInvalidRequest, "the body is not valid JSON: %v", err))
+		return
+	}
+	if head.Model == "" {
+		router.WriteError(w, structs.Errf(structs.CodeInvalidRequest, "the request names no model"))
+		return
+	}
+	p, ok := s.State.RouteOwner(head.Model)
+	if !ok {
+		router.WriteError(w, structs.Errf(structs.CodeUnknownModel, "no deployment serves model %q (GET /v1/models lists them)", head.Model))
+		return
+	}
+	host, done := s.pick(p.HostNames())
+	if host == "" {
+		e := structs.Errf(structs.CodeHostUnreachable, "every host of deployment %s is out of reach of the server (%v); its instances are uncertain", p.Deployment, p.HostNames()).
+			WithDetail("deployment", p.Deployment).WithDetail("hosts", p.HostNames())
+		e.RetryAfter = int(2*s.o.Heartbeat.Seconds()) + 1
+		router.WriteError(w, e)
+		return
+	}
+	defer done()
+	resp, err := s.roundTrip(r.Context(), host, r.Method, r.URL.RequestURI(), r.Header, id, body)
+	if err != nil {
+		if r.Context().Err() != nil {
+			return // the client hung up: the reset stream cancelled the host's work
+		}
+		e := structs.Errf(structs.CodeHostUnreachable, "the relay to host %s failed: %v", host, err).WithDetail("host", host)
+		e.RetryAfter = 1
+		router.WriteError(w, e)
+		return
+	}
+	defer resp.Body.Close()
+	copyAnswer(w, resp)
+}
+
+// pick returns the reachable host with the fewest requests in flight and
+// the function that ends this request's count; "" when none is reachable.
+func (s *Server) pick(hosts []string) (string, func()) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var best *liveHost
+	for _, name := range hosts {
+		h := s.hosts[name]
+		if h == nil || h.linkCancel == nil || h.relay == nil || !h.relay.CanTakeNewRequest() {
+			continue
+		}
+		if best == nil || h.inFlight < best.inFlight {
+			best = h
+		}
+	}
+	if best == nil {
+		return "", func() {}
+	}
+	best.inFlight++
+	return best.name, func() {
+		s.mu.Lock()
+		best.inFlight--
+		s.mu.Unlock()
+	}
+}
+
+// roundTrip sends one request to a host over its relay. The request's
+// context is the client's: a hang-up resets the stream.
+func (s *Server) roundTrip(ctx context.Context, host, method, uri string, hdr http.Header, id string, body []byte) (*http.Response, error) {
+	cc, ok := s.relayOf(host)
+	if !ok {
+		return nil, structs.Errf(structs.CodeHostUnreachable, "host %s is not connected", host)
+	}
+	var rd io.Reader
+	if body != nil {
+		rd = bytes.NewReader(body)
+	}
+	out, err := http.NewRequestWithContext(ctx, method, "https://"+host+uri, rd)
+	if err != nil {
+		return nil, err
+	}
+	for k, v := range hdr {
+		out.Header[k] = v
+	}
+	for _, k := range hopHeaders {
+		out.Header.Del(k)
+	}
+	if id != "" {
+		out.Header.Set(router.HeaderRequestID, id)
+	}
+	if body != nil && out.Header.Get("Content-Type") == "" {
+		out.Header.Set("Content-Type", "application/json")
+	}
+	out.ContentLength = int64(len(body))
+	return cc.RoundTrip(out)
+}
+
+// copyAnswer writes a host's answer to the client as it arrives, flushing
+// after every read so streamed chunks are not held.
+func copyAnswer(w http.ResponseWriter, resp *http.Response) {
+	h := w.Header()
+	for k, v := range resp.Header {
+		h[k] = v
+	}
+	for _, k := range hopHeaders {
+		if k != "Content-Length" {
+			h.Del(k)
+		}
+	}
+	w.WriteHeader(resp.StatusCode)
+	rc := http.NewResponseController(w)
+	bp := relayBufs.Get().(*[]byte)
+	defer relayBufs.Put(bp)
+	buf := *bp
+	for {
+		n, err := resp.Body.Read(buf)
+		if n > 0 {
+			if _, werr := w.Write(buf[:n]); werr != nil {
+				return
+			}
+			_ = rc.Flush()
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// models answers GET /v1/models with every reachable host's models, each
+// once.
+func (s *Server) models(w http.ResponseWriter, r *http.Request) {
+	type model = map[string]any
+	seen := map[string]model{}
+	for _, name := range s.reachable() {
+		resp, err := s.roundTrip(r.Context(), name, http.MethodGet, "/v1/models", nil, "", nil)
+		if err != nil {
+			continue
+		}
+		var list struct {
+			Data []model `json:"data"`
+		}
+		if resp.StatusCode == http.StatusOK {
+			_ = json.NewDecoder(resp.Body).Decode(&list)
+		}
+		resp.Body.Close()
+		for _, m := range list.Data {
+			id, _ := m["id"].(string)
+			if _, dup := seen[id]; id != "" && !dup {
+				seen[id] = m
+			}
+		}
+	}
+	ids := make([]string, 0, len(seen))
+	for id := range seen {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids)
+	data := make([]model, 0, len(ids))
+	for _, id := range ids {
+		data = append(data, seen[id])
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(map[string]any{"object": "list", "data": data})
+}
+
+// reachable lists the hosts whose link and relay are up, by name.
+func (s *Server) reachable() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []string
+	for name, h := range s.hosts {
+		if h.linkCancel != nil && h.relay != nil {
+			out = append(out, name)
+		}
+	}
+	sort.Strings(out)
+	return out
+}

@@ -1,0 +1,769 @@
+// Copyright (c) CapyCTL authors
+// SPDX-License-Identifier: Apache-2.0
+
+package fleet
+
+import (
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"golang.org/x/net/http2"
+	"google.golang.org/grpc"
+
+	"github.com/capyctl/capyctl/core/api/wire"
+	"github.com/capyctl/capyctl/core/hostlink/proto/hostv1"
+	"github.com/capyctl/capyctl/core/pki"
+	"github.com/capyctl/capyctl/core/store"
+	"github.com/capyctl/capyctl/core/structs"
+)
+
+// Defaults of ServerOptions.
+const (
+	DefaultHeartbeat = 2 * time.Second
+	// lostAfterBeats is how many heartbeat intervals without a word make a
+	// host lost.
+	lostAfterBeats   = 3
+	handshakeTimeout = 10 * time.Second
+)
+
+// ServerOptions configure the server's side of the fleet.
+type ServerOptions struct {
+	// StateDir holds the CA and the join tokens (<state_dir>/pki,
+	// owner-only).
+	StateDir string
+	// Listen is the cluster listener's address (cluster_listen).
+	Listen string
+	// Advertise is the address hosts dial, printed with join tokens; empty:
+	// the bound address (with this machine's name for a wildcard).
+	Advertise string
+	Store     *store.Store
+	Logger    hclog.Logger
+	// Heartbeat is the interval hosts send heartbeats at (0: 2 s).
+	Heartbeat time.Duration
+	// HostCertLifetime is a host certificate's validity (0: pki's 24 h).
+	HostCertLifetime time.Duration
+}
+
+// Server is the server's side: the cluster listener, the hosts' links and
+// relays, the state machine.
+type Server struct {
+	o      ServerOptions
+	logger hclog.Logger
+	auth   *pki.Authority
+	State  *State
+
+	ln        net.Listener
+	advertise string
+	grpcSrv   *grpc.Server
+	linkQ     *connQueue
+	joinSrv   *http.Server
+	joinQ     *connQueue
+	renewSrv  *http.Server
+	renewQ    *connQueue
+
+	mu    sync.Mutex
+	hosts map[string]*liveHost
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	hostv1.UnimplementedHostLinkServer
+}
+
+// liveHost is what the server knows of a host's link and relay now.
+type liveHost struct {
+	name       string
+	addr       string
+	version    string
+	inventory  *hostv1.Inventory
+	readings   []*hostv1.LedgerReading
+	journals   map[string]*hostv1.InstanceJournal
+	lastSeen   time.Time
+	certExpiry time.Time
+
+	linkGen    uint64
+	linkCancel context.CancelFunc // nil: no link
+	relay      *http2.ClientConn
+	relayConn  net.Conn
+	inFlight   int64
+}
+
+// NewServer opens the CA (creating it on the first start), the join token
+// store and the state machine, and binds the cluster listener.
+func NewServer(o ServerOptions) (*Server, error) {
+	if o.Logger == nil {
+		o.Logger = hclog.NewNullLogger()
+	}
+	if o.Heartbeat <= 0 {
+		o.Heartbeat = DefaultHeartbeat
+	}
+	dir := filepath.Join(o.StateDir, "pki")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, structs.Wrap(structs.CodeInvalidConfig, err, "create %s", dir)
+	}
+	ca, err := pki.LoadOrCreateCA(dir, nil)
+	if err != nil {
+		return nil, err
+	}
+	tokens, err := pki.NewFileStore(filepath.Join(dir, "tokens.json"))
+	if err != nil {
+		return nil, err
+	}
+	ln, err := net.Listen("tcp", o.Listen)
+	if err != nil {
+		return nil, structs.Wrap(structs.CodeInvalidConfig, err, "cluster_listen %s", o.Listen)
+	}
+	advertise := o.Advertise
+	if advertise == "" {
+		advertise = advertiseOf(ln.Addr().String())
+	}
+	names, ips := serverNames(advertise)
+	auth, err := pki.NewAuthority(pki.AuthorityOptions{CA: ca, Store: tokens, ServerNames: names, ServerIPs: ips, HostCertLifetime: o.HostCertLifetime})
+	if err != nil {
+		ln.Close()
+		return nil, err
+	}
+	state, err := OpenState(o.Store)
+	if err != nil {
+		ln.Close()
+		return nil, err
+	}
+	s := &Server{o: o, logger: o.Logger.Named("fleet"), auth: auth, State: state, ln: ln, advertise: advertise, hosts: map[string]*liveHost{}}
+	return s, nil
+}
+
+// advertiseOf turns a bound address into one hosts can dial: a wildcard
+// host becomes this machine's name.
+func advertiseOf(bound string) string {
+	host, port, err := net.SplitHostPort(bound)
+	if err != nil {
+		return bound
+	}
+	if ip := net.ParseIP(host); ip != nil && ip.IsUnspecified() {
+		if h, err := os.Hostname(); err == nil && h != "" {
+			host = h
+		} else {
+			host = "127.0.0.1"
+		}
+	}
+	return net.JoinHostPort(host, port)
+}
+
+// serverNames are the server certificate's SANs: the advertised host, and
+// loopback for hosts on the same machine.
+func serverNames(advertise string) ([]string, []net.IP) {
+	host, _, _ := net.SplitHostPort(advertise)
+	names := []string{"localhost"}
+	ips := []net.IP{net.ParseIP("127.0.0.1"), net.ParseIP("::1")}
+	if ip := net.ParseIP(host); ip != nil {
+		if !ip.IsLoopback() {
+			ips = append(ips, ip)
+		}
+	} else if host != "" && host != "localhost" {
+		names = append(names, host)
+	}
+	return names, ips
+}
+
+// Addr is the cluster listener's bound address.
+func (s *Server) Addr() string { return s.ln.Addr().String() }
+
+// Advertise is the address hosts dial.
+func (s *Server) Advertise() string { return s.advertise }
+
+// CAFingerprint is the hex SHA-256 of the CA certificate.
+func (s *Server) CAFingerprint() string { return s.auth.CA().FingerprintHex() }
+
+// Start serves the cluster listener until Close.
+func (s *Server) Start() {
+	s.ctx, s.cancel = context.WithCancel(context.Background())
+	addr := s.ln.Addr()
+	s.linkQ, s.joinQ, s.renewQ = newConnQueue(addr), newConnQueue(addr), newConnQueue(addr)
+	s.grpcSrv = grpc.NewServer(grpc.Creds(handshaken{}))
+	hostv1.RegisterHostLinkServer(s.grpcSrv, s)
+	quiet := log.New(io.Discard, "", 0)
+	s.joinSrv = &http.Server{Handler: http.HandlerFunc(s.serveJoin), ReadHeaderTimeout: handshakeTimeout, ErrorLog: quiet}
+	s.renewSrv = &http.Server{Handler: http.HandlerFunc(s.serveRenew), ReadHeaderTimeout: handshakeTimeout, ErrorLog: quiet}
+	s.goRun(func() { _ = s.grpcSrv.Serve(s.linkQ) })
+	s.goRun(func() { _ = s.joinSrv.Serve(s.joinQ) })
+	s.goRun(func() { _ = s.renewSrv.Serve(s.renewQ) })
+	s.goRun(s.accept)
+	s.goRun(s.watchLost)
+}
+
+func (s *Server) goRun(f func()) {
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		f()
+	}()
+}
+
+// Close stops the listener and every link and relay. The hosts' engines
+// keep running; the hosts reconnect to the next server start.
+func (s *Server) Close() {
+	if s.cancel == nil {
+		s.ln.Close()
+		return
+	}
+	s.cancel()
+	s.ln.Close()
+	s.mu.Lock()
+	for _, h := range s.hosts {
+		if h.relayConn != nil {
+			h.relayConn.Close()
+		}
+		if h.linkCancel != nil {
+			h.linkCancel()
+		}
+	}
+	s.mu.Unlock()
+	s.grpcSrv.Stop()
+	_ = s.joinSrv.Close()
+	_ = s.renewSrv.Close()
+	s.linkQ.Close()
+	s.joinQ.Close()
+	s.renewQ.Close()
+	s.wg.Wait()
+}
+
+// accept takes each connection through its handshake (off the accept
+// loop) and hands it on by ALPN.
+func (s *Server) accept() {
+	for {
+		c, err := s.ln.Accept()
+		if err != nil {
+			return
+		}
+		go s.handshake(c)
+	}
+}
+
+func (s *Server) handshake(raw net.Conn) {
+	tc := tls.Server(raw, clusterTLS(s.auth))
+	_ = tc.SetDeadline(time.Now().Add(handshakeTimeout))
+	if err := tc.HandshakeContext(s.ctx); err != nil {
+		s.logger.Debug("cluster handshake refused", "remote", raw.RemoteAddr().String(), "error", err)
+		raw.Close()
+		return
+	}
+	_ = tc.SetDeadline(time.Time{})
+	cs := tc.ConnectionState()
+	switch cs.NegotiatedProtocol {
+	case ALPNHTTP1:
+		q := s.joinQ // no client certificate: the join config
+		if len(cs.PeerCertificates) > 0 {
+			q = s.renewQ
+		}
+		if !q.push(s.ctx, tc) {
+			tc.Close()
+		}
+	case ALPNLink:
+		if !s.linkQ.push(s.ctx, tc) {
+			tc.Close()
+		}
+	case ALPNRelay:
+		s.attachRelay(tc, cs)
+	default:
+		tc.Close()
+	}
+}
+
+// ---------------------------------------------------------------- join and renew
+
+// JoinRequest is the body of a host's POST /join.
+type JoinRequest struct {
+	Token    string `json:"token"`
+	CSR      []byte `json:"csr"`
+	Previous []byte `json:"previous,omitempty"`
+}
+
+// JoinAnswer is the answer to a join or a renewal: the host certificate's
+// and the CA's DER.
+type JoinAnswer struct {
+	Certificate []byte `json:"certificate"`
+	CA          []byte `json:"ca"`
+}
+
+func (s *Server) serveJoin(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodPost || r.URL.Path != "/join" {
+		writeLinkError(w, structs.Errf(structs.CodeNotFound, "no route %s %s", r.Method, r.URL.Path))
+		return
+	}
+	var req JoinRequest
+	if err := json.NewDecoder(io.LimitReader(r.Body, 64<<10)).Decode(&req); err != nil {
+		writeLinkError(w, structs.Errf(structs.CodeInvalidRequest, "the join request is not valid JSON: %v", err))
+		return
+	}
+	iss, err := s.auth.Enroll(pki.EnrollRequest{Token: req.Token, CSR: req.CSR, Previous: req.Previous})
+	if err != nil {
+		s.logger.Warn("join refused", "remote", r.RemoteAddr, "code", string(structs.AsError(err).Code))
+		writeLinkError(w, err)
+		return
+	}
+	name := iss.Certificate.Subject.CommonName
+	if err := s.State.Apply(Command{Op: OpHostJoined, Host: name}); err != nil {
+		writeLinkError(w, err)
+		return
+	}
+	s.event("host_joined", name, map[string]any{"remote": r.RemoteAddr, "certificate_expires": iss.Certificate.NotAfter})
+	s.logger.Info("host joined", "host", name, "remote", r.RemoteAddr)
+	writeJSONAnswer(w, JoinAnswer{Certificate: iss.Certificate.Raw, CA: iss.CA})
+}
+
+func (s *Server) serveRenew(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodPost || r.URL.Path != "/renew" || r.TLS == nil {
+		writeLinkError(w, structs.Errf(structs.CodeNotFound, "no route %s %s", r.Method, r.URL.Path))
+		return
+	}
+	csr, err := io.ReadAll(io.LimitReader(r.Body, 64<<10))
+	if err != nil {
+		writeLinkError(w, structs.Errf(structs.CodeInvalidRequest, "read the renewal: %v", err))
+		return
+	}
+	iss, err := s.auth.Renew(*r.TLS, csr)
+	if err != nil {
+		writeLinkError(w, err)
+		return
+	}
+	s.mu.Lock()
+	if h := s.hosts[iss.Certificate.Subject.CommonName]; h != nil {
+		h.certExpiry = iss.Certificate.NotAfter
+	}
+	s.mu.Unlock()
+	writeJSONAnswer(w, JoinAnswer{Certificate: iss.Certificate.Raw, CA: iss.CA})
+}
+
+func writeJSONAnswer(w http.ResponseWriter, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+// writeLinkError answers a join or renewal with the catalogue's envelope.
+func writeLinkError(w http.ResponseWriter, err error) {
+	e := structs.AsError(err)
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(wire.HTTPStatus(e.Code))
+	_ = json.NewEncoder(w).Encode(wire.ErrorEnvelope{APIVersion: wire.APIVersion,
+		Error: wire.ErrorBody{Code: string(e.Code), Message: e.Message, Retryable: e.Info().Retryable, Details: e.Details}})
+}
+
+// NewJoinToken makes a one-time join token (api.Fleet).
+func (s *Server) NewJoinToken(hostName string, ttl time.Duration) (wire.JoinToken, error) {
+	tok, err := s.auth.NewJoinTokenFor(hostName, ttl)
+	if err != nil {
+		return wire.JoinToken{}, err
+	}
+	return wire.JoinToken{Token: tok, ExpiresAt: time.Now().UTC().Add(ttl), CAFingerprint: s.CAFingerprint(),
+		HostName: hostName, ClusterAddress: s.advertise}, nil
+}
+
+// ---------------------------------------------------------------- relay
+
+// attachRelay takes a host's relay connection: the server is the HTTP/2
+// client on a connection the host opened.
+func (s *Server) attachRelay(tc *tls.Conn, cs tls.ConnectionState) {
+	if len(cs.PeerCertificates) == 0 {
+		tc.Close()
+		return
+	}
+	name := cs.PeerCertificates[0].Subject.CommonName
+	if _, known := s.State.Host(name); !known {
+		s.logger.Warn("relay from a host the server does not know", "host", name)
+		tc.Close()
+		return
+	}
+	t := &http2.Transport{ReadIdleTimeout: 10 * time.Second, PingTimeout: 5 * time.Second}
+	cc, err := t.NewClientConn(tc)
+	if err != nil {
+		tc.Close()
+		return
+	}
+	s.mu.Lock()
+	h := s.hostLocked(name)
+	old := h.relayConn
+	h.relay, h.relayConn = cc, tc
+	s.mu.Unlock()
+	if old != nil {
+		old.Close()
+	}
+	s.logger.Debug("relay attached", "host", name)
+}
+
+// hostLocked returns the live record of a host, made on first use; the
+// caller holds mu.
+func (s *Server) hostLocked(name string) *liveHost {
+	h := s.hosts[name]
+	if h == nil {
+		h = &liveHost{name: name, journals: map[string]*hostv1.InstanceJournal{}}
+		s.hosts[name] = h
+	}
+	return h
+}
+
+// relayOf returns a host's relay when its link is up and its relay works.
+func (s *Server) relayOf(name string) (*http2.ClientConn, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	h := s.hosts[name]
+	if h == nil || h.linkCancel == nil || h.relay == nil || !h.relay.CanTakeNewRequest() {
+		return nil, false
+	}
+	return h.relay, true
+}
+
+// ---------------------------------------------------------------- host link
+
+// Connect serves one host's link (hostv1.HostLinkServer).
+func (s *Server) Connect(stream hostv1.HostLink_ConnectServer) error {
+	name, err := peerHostName(stream.Context())
+	if err != nil {
+		return err
+	}
+	first, err := stream.Recv()
+	if err != nil {
+		return err
+	}
+	hello := first.GetHello()
+	refuse := func(err error) error {
+		e := structs.AsError(err)
+		_ = stream.Send(&hostv1.ServerMessage{Body: &hostv1.ServerMessage_Welcome{Welcome: &hostv1.Welcome{
+			Code: string(e.Code), Message: e.Message, ServerTimeUnixMs: time.Now().UnixMilli(), Protocol: 1}}})
+		return nil
+	}
+	switch {
+	case hello == nil:
+		return refuse(structs.Errf(structs.CodeInvalidRequest, "the first message on a host link is Hello"))
+	case hello.GetProtocol() != 1:
+		return refuse(structs.Errf(structs.CodeInvalidRequest, "this server speaks host link protocol 1, the host %d", hello.GetProtocol()))
+	case hello.GetHostName() != name:
+		s.logger.Warn("host name changed", "certificate", name, "hello", hello.GetHostName())
+		return refuse(structs.Errf(structs.CodeHostNameChanged, "this host's certificate names %q and it now calls itself %q; run it with its old name, or remove the host and join again",
+			name, hello.GetHostName()))
+	}
+	if _, known := s.State.Host(name); !known {
+		return refuse(structs.Errf(structs.CodeHostRevoked, "host %q is not a member of this server (removed); join again with a new token", name))
+	}
+	ctx, cancel := context.WithCancel(stream.Context())
+	defer cancel()
+	var expiry time.Time
+	if cert := peerCert(stream.Context()); cert != nil {
+		expiry = cert.NotAfter
+	}
+	s.mu.Lock()
+	h := s.hostLocked(name)
+	if h.linkCancel != nil {
+		h.linkCancel() // one link per host: the newer one wins
+	}
+	h.linkGen++
+	gen := h.linkGen
+	wasLost := !h.lastSeen.IsZero()
+	h.linkCancel, h.addr, h.version, h.inventory = cancel, peerAddr(stream.Context()), hello.GetVersion(), hello.GetInventory()
+	h.lastSeen, h.certExpiry = time.Now(), expiry
+	h.journals = map[string]*hostv1.InstanceJournal{}
+	for _, j := range hello.GetInstances() {
+		h.journals[j.GetInstanceId()] = j
+	}
+	s.mu.Unlock()
+	defer s.linkDown(name, gen)
+	if wasLost {
+		s.event("host_reconnected", name, map[string]any{"instances": len(hello.GetInstances())})
+	}
+	s.logger.Info("host link up", "host", name, "address", h.addr, "instances", len(hello.GetInstances()))
+	if err := stream.Send(&hostv1.ServerMessage{Body: &hostv1.ServerMessage_Welcome{Welcome: &hostv1.Welcome{
+		Accepted: true, ServerTimeUnixMs: time.Now().UnixMilli(), HeartbeatIntervalMs: s.o.Heartbeat.Milliseconds(), Protocol: 1}}}); err != nil {
+		return err
+	}
+	msgs := make(chan *hostv1.HostMessage)
+	errc := make(chan error, 1)
+	go func() {
+		for {
+			m, err := stream.Recv()
+			if err != nil {
+				errc <- err
+				return
+			}
+			select {
+			case msgs <- m:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case err := <-errc:
+			if errors.Is(err, io.EOF) {
+				return nil
+			}
+			return err
+		case m := <-msgs:
+			s.onHostMessage(name, gen, m)
+			if err := stream.Send(&hostv1.ServerMessage{Body: &hostv1.ServerMessage_Ack{Ack: &hostv1.Ack{Seq: m.GetSeq()}}}); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// onHostMessage applies one message of a host's link.
+func (s *Server) onHostMessage(name string, gen uint64, m *hostv1.HostMessage) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	h := s.hosts[name]
+	if h == nil || h.linkGen != gen {
+		return
+	}
+	h.lastSeen = time.Now()
+	switch b := m.GetBody().(type) {
+	case *hostv1.HostMessage_Heartbeat:
+		h.readings = b.Heartbeat.GetReadings()
+	case *hostv1.HostMessage_Journal:
+		j := b.Journal
+		if j.GetState() == string(structs.StateStopped) && j.GetDeployment() == "" {
+			delete(h.journals, j.GetInstanceId())
+		} else {
+			h.journals[j.GetInstanceId()] = j
+		}
+	case *hostv1.HostMessage_Event:
+		go s.event(b.Event.GetKind(), name, map[string]any{"instance": b.Event.GetInstanceId(), "message": b.Event.GetMessage()})
+	}
+}
+
+// linkDown marks a host's link down when the link of generation gen ends.
+func (s *Server) linkDown(name string, gen uint64) {
+	s.mu.Lock()
+	h := s.hosts[name]
+	if h == nil || h.linkGen != gen || h.linkCancel == nil {
+		s.mu.Unlock()
+		return
+	}
+	h.linkCancel = nil
+	relay := h.relayConn
+	h.relay, h.relayConn = nil, nil
+	s.mu.Unlock()
+	if relay != nil {
+		relay.Close()
+	}
+	if s.ctx.Err() == nil {
+		s.logger.Warn("host link down: its instances are uncertain until it comes back", "host", name)
+		s.event("host_lost", name, nil)
+	}
+}
+
+// watchLost ends the link of a host silent for lostAfterBeats heartbeat
+// intervals (a partition may leave the TCP connection open).
+func (s *Server) watchLost() {
+	t := time.NewTicker(s.o.Heartbeat)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.ctx.Done():
+			return
+		case <-t.C:
+		}
+		limit := time.Now().Add(-lostAfterBeats * s.o.Heartbeat)
+		s.mu.Lock()
+		for _, h := range s.hosts {
+			if h.linkCancel != nil && h.lastSeen.Before(limit) {
+				h.linkCancel()
+			}
+		}
+		s.mu.Unlock()
+	}
+}
+
+// event appends a fleet event to the server's journal.
+func (s *Server) event(kind, host string, payload map[string]any) {
+	if payload == nil {
+		payload = map[string]any{}
+	}
+	payload["host"] = host
+	if _, err := s.o.Store.AppendEvent(&structs.Event{At: time.Now().UTC(), Kind: kind, Payload: payload}); err != nil {
+		s.logger.Warn("record a fleet event", "kind", kind, "error", err)
+	}
+}
+
+// ---------------------------------------------------------------- host records (api.Fleet)
+
+// Hosts lists every joined host with its link's figures.
+func (s *Server) Hosts() []wire.Host {
+	out := []wire.Host{}
+	for _, rec := range s.State.Hosts() {
+		out = append(out, s.hostView(rec))
+	}
+	return out
+}
+
+func (s *Server) hostView(rec HostRecord) wire.Host {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	v := wire.Host{Name: rec.Name, Role: "host", State: wire.HostLost}
+	h := s.hosts[rec.Name]
+	if h == nil {
+		return v
+	}
+	v.Address, v.Version = h.addr, h.version
+	if !h.lastSeen.IsZero() {
+		t := h.lastSeen.UTC()
+		v.LastSeen = &t
+	}
+	if !h.certExpiry.IsZero() {
+		t := h.certExpiry.UTC()
+		v.CertExpiresAt = &t
+	}
+	up := h.linkCancel != nil && h.relay != nil
+	v.Online = up
+	switch {
+	case !up:
+		v.State = wire.HostLost
+	case rec.Drained:
+		v.State = wire.HostDraining
+	default:
+		v.State = wire.HostReady
+	}
+	used := map[string]int64{}
+	for _, r := range h.readings {
+		v.ChargedBytes += r.GetChargedBytes()
+		used[r.GetDeviceUuid()] = r.GetUsedBytes()
+	}
+	for _, c := range h.inventory.GetCards() {
+		v.GPUs = append(v.GPUs, wire.GPU{Index: int(c.GetIndex()), UUID: c.GetUuid(), Name: c.GetName(), TotalBytes: c.GetMemoryBytes(),
+			UsedBytes: used[c.GetUuid()], Unified: h.inventory.GetUnified()})
+	}
+	for _, e := range h.inventory.GetEngines() {
+		v.Engines = append(v.Engines, e.GetName())
+	}
+	ledger := map[string]any{}
+	for _, r := range h.readings {
+		ledger[r.GetDomain()] = map[string]any{"capacity_bytes": r.GetCapacityBytes(), "used_bytes": r.GetUsedBytes(),
+			"external_bytes": r.GetExternalBytes(), "charged_bytes": r.GetChargedBytes()}
+	}
+	if len(ledger) > 0 {
+		v.Ledger = ledger
+	}
+	return v
+}
+
+// Host returns one host's record and instances (api.Fleet).
+func (s *Server) Host(name string) (wire.HostDetail, error) {
+	rec, ok := s.State.Host(name)
+	if !ok {
+		return wire.HostDetail{}, structs.Errf(structs.CodeNotFound, "no host %s (capyctl list hosts)", name)
+	}
+	d := wire.HostDetail{Host: s.hostView(rec)}
+	s.mu.Lock()
+	if h := s.hosts[name]; h != nil {
+		for _, j := range h.journals {
+			d.Instances = append(d.Instances, wire.HostInstance{Deployment: j.GetDeployment(), InstanceID: j.GetInstanceId(),
+				State: j.GetState(), Since: time.UnixMilli(j.GetSinceUnixMs()).UTC(), Charges: j.GetCharges()})
+		}
+	}
+	s.mu.Unlock()
+	sort.Slice(d.Instances, func(i, j int) bool { return d.Instances[i].InstanceID < d.Instances[j].InstanceID })
+	return d, nil
+}
+
+// Drain stops or resumes new placements on a host (api.Fleet).
+func (s *Server) Drain(name string, drain bool) error {
+	if _, ok := s.State.Host(name); !ok {
+		return structs.Errf(structs.CodeNotFound, "no host %s (capyctl list hosts)", name)
+	}
+	if err := s.State.Apply(Command{Op: OpHostDrain, Host: name, Drain: drain}); err != nil {
+		return err
+	}
+	kind := "host_drained"
+	if !drain {
+		kind = "host_resumed"
+	}
+	s.event(kind, name, nil)
+	return nil
+}
+
+// Remove revokes a host's certificate, ends its link and relay and forgets
+// it (api.Fleet). Deployments placed on it must be moved or deleted
+// first.
+func (s *Server) Remove(name string) error {
+	if _, ok := s.State.Host(name); !ok {
+		return structs.Errf(structs.CodeNotFound, "no host %s (capyctl list hosts)", name)
+	}
+	var deps []string
+	for _, p := range s.State.Placements() {
+		for _, hs := range p.Hosts {
+			if hs.Host == name {
+				deps = append(deps, p.Deployment)
+			}
+		}
+	}
+	if len(deps) > 0 {
+		return structs.Errf(structs.CodeConflict, "host %s runs %s: delete or move them first (capyctl delete deployment NAME)", name, strings.Join(deps, ", ")).
+			WithDetail("deployments", deps)
+	}
+	if err := s.auth.Revoke(name); err != nil {
+		return structs.Wrap(structs.CodeStoreUnavailable, err, "revoke host %s", name)
+	}
+	if err := s.State.Apply(Command{Op: OpHostRemoved, Host: name}); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	h := s.hosts[name]
+	delete(s.hosts, name)
+	s.mu.Unlock()
+	if h != nil {
+		if h.linkCancel != nil {
+			h.linkCancel()
+		}
+		if h.relayConn != nil {
+			h.relayConn.Close()
+		}
+	}
+	s.event("host_removed", name, nil)
+	return nil
+}
+
+// placeable returns the most free card memory of a host (its ledger's
+// room less its charges, as its last heartbeat said) and whether it takes
+// placements (link and relay up, not draining).
+func (s *Server) placeable(name string) (free int64, ok bool) {
+	rec, known := s.State.Host(name)
+	if !known || rec.Drained {
+		return 0, false
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	h := s.hosts[name]
+	if h == nil || h.linkCancel == nil || h.relay == nil {
+		return 0, false
+	}
+	for _, r := range h.readings {
+		if strings.HasPrefix(r.GetDomain(), "gpu") || r.GetDomain() == "unified" {
+			room := r.GetRoomBytes()
+			if room == 0 {
+				room = r.GetCapacityBytes()
+			}
+			if f := room - r.GetChargedBytes(); f > free {
+				free = f
+			}
+		}
+	}
+	return free, true
+}
+
+func (s *Server) String() string { return fmt.Sprintf("fleet server on %s", s.Addr()) }

@@ -1,0 +1,246 @@
+// Copyright (c) CapyCTL authors
+// SPDX-License-Identifier: Apache-2.0
+
+package fleet
+
+import (
+	"encoding/json"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/capyctl/capyctl/core/store"
+	"github.com/capyctl/capyctl/core/structs"
+)
+
+// Command ops: every change to the server's state is one of them.
+const (
+	OpHostJoined  = "host_joined"
+	OpHostDrain   = "host_drain"
+	OpHostRemoved = "host_removed"
+	OpPlaced      = "placed"
+	OpUnplaced    = "unplaced"
+)
+
+// Command is one entry of the server's log.
+type Command struct {
+	Op   string    `json:"op"`
+	At   time.Time `json:"at"`
+	Host string    `json:"host,omitempty"`
+	// Drain is OpHostDrain's value.
+	Drain bool `json:"drain,omitempty"`
+	// Placement is OpPlaced's value; OpUnplaced names Deployment only.
+	Placement  *Placement `json:"placement,omitempty"`
+	Deployment string     `json:"deployment,omitempty"`
+}
+
+// HostRecord is the server's durable record of a joined host.
+type HostRecord struct {
+	Name     string    `json:"name"`
+	JoinedAt time.Time `json:"joined_at"`
+	Drained  bool      `json:"drained,omitempty"`
+}
+
+// Placement says which hosts run a deployment and how many instances
+// each: the server's decision, kept across restarts so that the hosts'
+// engines are found again, never started twice.
+type Placement struct {
+	Deployment string `json:"deployment"`
+	// Hosts are the hosts in instance order: the deployment's instance
+	// indexes run through them (host 0's instances first).
+	Hosts []HostShare `json:"hosts"`
+	// Routes are the model names the deployment answers.
+	Routes []string `json:"routes"`
+	// Endpoints are the inference endpoints its engine serves.
+	Endpoints []string `json:"endpoints,omitempty"`
+	// Revision is the revision the hosts run.
+	Revision uint64    `json:"revision"`
+	At       time.Time `json:"at"`
+}
+
+// HostShare is one host's part of a placement.
+type HostShare struct {
+	Host      string `json:"host"`
+	Instances int    `json:"instances"`
+}
+
+// HostNames lists the placement's hosts.
+func (p *Placement) HostNames() []string {
+	out := make([]string, 0, len(p.Hosts))
+	for _, h := range p.Hosts {
+		out = append(out, h.Host)
+	}
+	return out
+}
+
+// State is the server's state machine: hosts and placements, applied from
+// Commands. Reads are from memory; Apply writes the command and the state
+// change in one transaction, then updates memory.
+type State struct {
+	st *store.Store
+
+	mu         sync.RWMutex
+	hosts      map[string]HostRecord
+	placements map[string]*Placement
+	// routes maps each model name to its deployment (rebuilt on every
+	// placement change; the scale benchmark measures it).
+	routes map[string]string
+}
+
+// OpenState loads the state the store holds.
+func OpenState(st *store.Store) (*State, error) {
+	s := &State{st: st, hosts: map[string]HostRecord{}, placements: map[string]*Placement{}, routes: map[string]string{}}
+	raw, err := st.FleetStateList("")
+	if err != nil {
+		return nil, err
+	}
+	for k, v := range raw {
+		switch {
+		case strings.HasPrefix(k, "host/"):
+			var h HostRecord
+			if err := json.Unmarshal(v, &h); err != nil {
+				return nil, fmt.Errorf("server state %s: %w", k, err)
+			}
+			s.hosts[h.Name] = h
+		case strings.HasPrefix(k, "placement/"):
+			var p Placement
+			if err := json.Unmarshal(v, &p); err != nil {
+				return nil, fmt.Errorf("server state %s: %w", k, err)
+			}
+			s.placements[p.Deployment] = &p
+		}
+	}
+	s.rebuildRoutes()
+	return s, nil
+}
+
+// Apply runs one command through the log and the state machine.
+func (s *State) Apply(c Command) error {
+	if c.At.IsZero() {
+		c.At = time.Now().UTC()
+	}
+	data, err := json.Marshal(c)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var after func()
+	_, err = s.st.ApplyFleet(data, func(fs *store.FleetState) error {
+		var err error
+		after, err = s.apply(fs, c)
+		return err
+	})
+	if err != nil {
+		return structs.Wrap(structs.CodeStoreUnavailable, err, "apply %s", c.Op)
+	}
+	after()
+	return nil
+}
+
+// apply validates c against memory, writes its change and returns the
+// memory update to run once the transaction committed.
+func (s *State) apply(fs *store.FleetState, c Command) (func(), error) {
+	switch c.Op {
+	case OpHostJoined:
+		h, ok := s.hosts[c.Host]
+		if !ok {
+			h = HostRecord{Name: c.Host, JoinedAt: c.At}
+		}
+		return func() { s.hosts[c.Host] = h }, fs.Put("host/"+c.Host, h)
+	case OpHostDrain:
+		h, ok := s.hosts[c.Host]
+		if !ok {
+			return nil, structs.Errf(structs.CodeNotFound, "no host %s", c.Host)
+		}
+		h.Drained = c.Drain
+		return func() { s.hosts[c.Host] = h }, fs.Put("host/"+c.Host, h)
+	case OpHostRemoved:
+		return func() { delete(s.hosts, c.Host) }, fs.Delete("host/" + c.Host)
+	case OpPlaced:
+		p := *c.Placement
+		return func() { s.placements[p.Deployment] = &p; s.rebuildRoutes() }, fs.Put("placement/"+p.Deployment, p)
+	case OpUnplaced:
+		return func() { delete(s.placements, c.Deployment); s.rebuildRoutes() }, fs.Delete("placement/" + c.Deployment)
+	}
+	return nil, structs.Errf(structs.CodeInternal, "unknown server command %q", c.Op)
+}
+
+// Host returns a host's record.
+func (s *State) Host(name string) (HostRecord, bool) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	h, ok := s.hosts[name]
+	return h, ok
+}
+
+// Hosts returns every host's record, by name.
+func (s *State) Hosts() []HostRecord {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	out := make([]HostRecord, 0, len(s.hosts))
+	for _, h := range s.hosts {
+		out = append(out, h)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
+// Placement returns a deployment's placement (a copy).
+func (s *State) Placement(dep string) (*Placement, bool) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	p, ok := s.placements[dep]
+	if !ok {
+		return nil, false
+	}
+	cp := *p
+	cp.Hosts = append([]HostShare(nil), p.Hosts...)
+	return &cp, true
+}
+
+// Placements returns every placement, by deployment name.
+func (s *State) Placements() []*Placement {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	out := make([]*Placement, 0, len(s.placements))
+	for _, p := range s.placements {
+		cp := *p
+		cp.Hosts = append([]HostShare(nil), p.Hosts...)
+		out = append(out, &cp)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Deployment < out[j].Deployment })
+	return out
+}
+
+// rebuildRoutes rebuilds the model name index; the caller holds mu. A
+// deployment's own name answers first, then its routes.
+func (s *State) rebuildRoutes() {
+	routes := make(map[string]string, len(s.placements)*2)
+	for _, p := range s.placements {
+		for _, r := range p.Routes {
+			if _, taken := routes[r]; !taken {
+				routes[r] = p.Deployment
+			}
+		}
+	}
+	for name := range s.placements {
+		routes[name] = name
+	}
+	s.routes = routes
+}
+
+// RouteOwner returns the placement that answers a model name (shared:
+// callers must not change it).
+func (s *State) RouteOwner(model string) (*Placement, bool) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	dep, ok := s.routes[model]
+	if !ok {
+		return nil, false
+	}
+	p, ok := s.placements[dep]
+	return p, ok
+}
