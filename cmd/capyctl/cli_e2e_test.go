@@ -89,7 +89,8 @@ func TestCLI_Offline(t *testing.T) {
 
 	t.Run("help and exit codes", func(t *testing.T) {
 		out, _, code := run(t, nil, "--help")
-		want(t, "--help", code, 0, out, "deploy", "status deployment", "config show", "help exit-codes")
+		want(t, "--help", code, 0, out, "deploy", "status deployment", "config show", "help exit-codes",
+			"create join-token", "status host", "drain host", "remove host")
 		if strings.Contains(out, "\n    driver ") {
 			t.Fatalf("the hidden driver command is listed:\n%s", out)
 		}
@@ -252,6 +253,7 @@ func TestCLI_Offline(t *testing.T) {
 			{"status"}, {"list", "deployments"}, {"list", "engines"}, {"list", "hosts"}, {"status", "deployment", "x"},
 			{"start", "deployment", "x"}, {"stop", "deployment", "x"}, {"park", "deployment", "x"}, {"delete", "deployment", "x"},
 			{"engine", "list"}, {"engine", "remove", "x"}, {"engine", "flags", "hello"},
+			{"status", "host", "x"}, {"create", "join-token"}, {"drain", "host", "x"}, {"remove", "host", "x"},
 		} {
 			_, errOut, code := run(t, nil, append(args, "--state-dir", dir)...)
 			want(t, strings.Join(args, " "), code, 22, errOut, "error [role_not_running]", "capyctl start standalone")
@@ -345,12 +347,47 @@ func TestCLI_RoleWithoutEngine(t *testing.T) {
 	}
 
 	out, _, code = r.CLI("list", "hosts")
-	want(t, "list hosts", code, 0, out, "NAME", "ROLE", "standalone", "yes")
+	want(t, "list hosts", code, 0, out, "NAME", "ROLE", "STATE", "ADDRESS", "CARDS", "CHARGED", "LAST SEEN", "CERT EXPIRES", "standalone", "yes")
+	// A standalone role keeps none of a server's figures about its hosts.
+	if !containsRow(out, r.Info.Host, "standalone", "yes", "-", "-") {
+		t.Fatalf("list hosts: no row for %s with STATE and ADDRESS -:\n%s", r.Info.Host, out)
+	}
 	out, _, code = r.CLI("list", "hosts", "--json")
 	var hosts []wire.Host
 	oneLineJSON(t, "list hosts --json", out, &hosts)
 	if code != 0 || len(hosts) != 1 || hosts[0].Role != "standalone" || !hosts[0].Online {
 		t.Fatalf("list hosts --json: %+v", hosts)
+	}
+
+	// The fleet's commands: a standalone role answers for itself and has
+	// no joined host, no join token to make.
+	out, _, code = r.CLI("status", "host", r.Info.Host)
+	want(t, "status host", code, 0, out, "Name:          "+r.Info.Host+"\n", "Role:          standalone\n", "State:         -\n")
+	out, _, code = r.CLI("status", "host", r.Info.Host, "--json")
+	var hd wire.HostDetail
+	oneLineJSON(t, "status host --json", out, &hd)
+	if code != 0 || hd.Name != r.Info.Host || hd.Role != "standalone" || hd.Instances == nil {
+		t.Fatalf("status host --json: %+v", hd)
+	}
+	_, errOut, code := r.CLI("status", "host", "no-such-host")
+	want(t, "status host no-such-host", code, 2, errOut, "error [not_found]")
+	for _, args := range [][]string{
+		{"create", "join-token"}, {"create", "join-token", "--ttl", "15m", "--host", r.Info.Host},
+		{"drain", "host", r.Info.Host}, {"drain", "host", r.Info.Host, "--resume"}, {"remove", "host", r.Info.Host},
+	} {
+		out, errOut, code := r.CLI(args...)
+		want(t, strings.Join(args, " "), code, 5, errOut, "error [unsupported]", "capyctl start server")
+		if out != "" {
+			t.Fatalf("%v printed %q", args, out)
+		}
+		_, errOut, _ = r.CLI(append(args, "--json")...)
+		if c := errorJSON(t, strings.Join(args, " ")+" --json", errOut); c != "unsupported" {
+			t.Fatalf("%v --json: %s", args, c)
+		}
+	}
+	out, _, code = r.CLI("list", "hosts", "--json")
+	if code != 0 || !strings.Contains(out, `"name":"`+r.Info.Host+`"`) {
+		t.Fatalf("the host is gone after remove host was refused: %s", out)
 	}
 
 	out, _, code = r.CLI("config", "show", "--running")
@@ -389,7 +426,7 @@ func TestCLI_RoleWithoutEngine(t *testing.T) {
 	out, _, code = run(t, nil, "engine", "flags", "vllm", "--state-dir", noRole)
 	want(t, "engine flags without a role", code, 0, out, "NAME", "CLASS", "REASON")
 
-	_, errOut, code := r.CLI("status", "deployment", "nope")
+	_, errOut, code = r.CLI("status", "deployment", "nope")
 	want(t, "status of a missing deployment", code, 2, errOut, "error [not_found]", "nope")
 	_, errOut, code = r.CLI("status", "deployment", "nope", "--json")
 	if c := errorJSON(t, "status --json of a missing deployment", errOut); c != "not_found" || code != 2 {

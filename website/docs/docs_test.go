@@ -158,6 +158,10 @@ var wireTypes = map[string]func() any{
 	"EngineLog":        func() any { return &wire.EngineLog{} },
 	"RoleConfig":       func() any { return &wire.RoleConfig{} },
 	"DeploymentStatus": func() any { return &wire.DeploymentStatus{} },
+	"HostDetail":       func() any { return &wire.HostDetail{} },
+	"JoinTokenRequest": func() any { return &wire.JoinTokenRequest{} },
+	"JoinToken":        func() any { return &wire.JoinToken{} },
+	"HostAction":       func() any { return &wire.HostAction{} },
 }
 
 func validateBlock(t *testing.T, b docs.Block) error {

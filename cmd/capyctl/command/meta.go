@@ -16,6 +16,7 @@ import (
 	"path/filepath"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	"github.com/mattn/go-isatty"
 
@@ -32,6 +33,9 @@ type Meta struct {
 
 	// Getenv reads the environment (tests inject one).
 	Getenv func(string) string
+	// Now reads the clock for ages and expiries (nil: time.Now; tests
+	// inject one).
+	Now func() time.Time
 
 	stateDir string
 	jsonOut  bool
@@ -186,6 +190,14 @@ func (m *Meta) parse(fs *flag.FlagSet, args []string) ([]string, int) {
 		return nil, m.Usage("%v", err)
 	}
 	return positional, 0
+}
+
+// now returns the current time from the injected clock.
+func (m *Meta) now() time.Time {
+	if m.Now != nil {
+		return m.Now()
+	}
+	return time.Now()
 }
 
 // ctx returns the command's context.

@@ -50,7 +50,7 @@ func (c *RoleStatusCommand) Run(args []string) int {
 		return helpOr(code)
 	}
 	if len(rest) != 0 {
-		return c.Usage("usage: capyctl status, or capyctl status deployment <name>")
+		return c.Usage("usage: capyctl status, capyctl status deployment <name> or capyctl status host <name>")
 	}
 	cl, err := c.Client()
 	if err != nil {

@@ -337,6 +337,54 @@ func (c *Client) Hosts(ctx context.Context) ([]wire.Host, error) {
 	return out.Hosts, nil
 }
 
+// Host returns one host's record: on a server, a joined host with its link
+// and the instances its last journal reported; on a standalone role, the
+// role itself (not_found for any other name).
+func (c *Client) Host(ctx context.Context, name string) (*wire.HostDetail, error) {
+	var out wire.HostDetail
+	if err := c.do(ctx, http.MethodGet, "/hosts/"+url.PathEscape(name), nil, &out, nil); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// CreateJoinToken makes a one-time join token (server role; a standalone
+// role answers unsupported). The answer's Token is shown once: the server
+// keeps only its digest.
+func (c *Client) CreateJoinToken(ctx context.Context, req wire.JoinTokenRequest) (*wire.JoinToken, error) {
+	var out wire.JoinToken
+	if err := c.do(ctx, http.MethodPost, "/join-tokens", req, &out, nil); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// Host actions for HostAction.
+const (
+	// HostActionDrain stops new placements on a host; running instances
+	// stay.
+	HostActionDrain = "drain"
+	// HostActionResume lets a drained host take new placements again.
+	HostActionResume = "resume"
+)
+
+// HostAction drains or resumes a host (HostActionDrain, HostActionResume)
+// and returns its record after the change (server role).
+func (c *Client) HostAction(ctx context.Context, name, action string) (*wire.HostDetail, error) {
+	var out wire.HostDetail
+	if err := c.do(ctx, http.MethodPost, "/hosts/"+url.PathEscape(name)+"/actions", wire.HostAction{Action: action}, &out, nil); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// RemoveHost removes a joined host: the server revokes its certificate at
+// once, closes its link and forgets it (server role). The host joins again
+// only with a new token.
+func (c *Client) RemoveHost(ctx context.Context, name string) error {
+	return c.do(ctx, http.MethodDelete, "/hosts/"+url.PathEscape(name), nil, nil, nil)
+}
+
 // Retryable reports whether an error from this client may be retried as is
 // (the catalogue's retryable column: queue_full, capacity_blocked,
 // unavailable, role_not_running, ...). Retry a mutation with the same
