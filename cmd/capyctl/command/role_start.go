@@ -35,6 +35,7 @@ func (c *RoleStartCommand) Help() string {
   host, capyctl start host --server ADDR --join-token-file FILE.
 
   Options (each also a setting of the config file and a CAPYCTL_* variable):
+    --config FILE           The role's configuration (capyctl init server).
     --cluster-listen ADDR   The address hosts dial.
     --set cluster_advertise=HOST:PORT
                             The address hosts are told to dial, when it is
@@ -60,6 +61,7 @@ func (c *RoleStartCommand) Help() string {
   must join again with a new token.
 
   Options:
+    --config FILE           The role's configuration (capyctl init host).
     --server ADDR           The server's cluster address (server_address).
     --join-token-file FILE  A file holding the join token (or the
                             CAPYCTL_JOIN_TOKEN variable). --join-token T works

@@ -82,8 +82,8 @@ type roleOptions struct {
 	// joinToken and joinTokenFile are start host's one-time join token.
 	joinToken     string
 	joinTokenFile string
-	vals    map[string]*string
-	sets    stringList
+	vals          map[string]*string
+	sets          stringList
 }
 
 // addRoleFlags registers --config, the named role flags and --set.
