@@ -48,6 +48,10 @@ role = "server"
 # (env CAPYCTL_RETENTION; one of standard, zero)
 # retention = "standard"
 
+# How often joined hosts send a heartbeat; a host silent for three is lost and its instances read uncertain.
+# (env CAPYCTL_HOST_HEARTBEAT)
+# host_heartbeat = "2s"
+
 lifecycle_defaults {
   # Park (or stop) a ready model idle this long, for deployments that do not say; empty: off.
   # (env CAPYCTL_LIFECYCLE_DEFAULTS_READY_IDLE_TIMEOUT)

@@ -145,6 +145,7 @@ func SettingsFromConfig(cfg *config.Config) Settings {
 		ClusterListen:        cfg.ClusterListen,
 		ClusterAdvertise:     cfg.ClusterAdvertise,
 		ServerAddress:        cfg.ServerAddress,
+		HostHeartbeat:        cfg.HostHeartbeat.D(),
 		PluginDir:            cfg.PluginDir,
 		ModelsRoot:           cfg.ModelsRoot,
 		EnginePorts:          fmt.Sprintf("%d-%d", cfg.EnginePorts.First, cfg.EnginePorts.Last),

@@ -45,6 +45,8 @@ type Config struct {
 	// listener and the address hosts are told to dial.
 	ClusterListen    string
 	ClusterAdvertise string
+	// HostHeartbeat is the server's heartbeat interval for its hosts.
+	HostHeartbeat structs.Duration
 	// ServerAddress is the server a host dials.
 	ServerAddress string
 	PluginDir     string

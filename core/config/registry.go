@@ -288,6 +288,10 @@ var registry = []Definition{
 		parse:       pathParser(func(c *Config) *string { return &c.TLS.ClientCAFile }, true),
 	},
 
+	durationSetting("host_heartbeat", "2s", false,
+		"how often joined hosts send a heartbeat; a host silent for three is lost and its instances read uncertain", []string{RoleServer},
+		func(c *Config) *structs.Duration { return &c.HostHeartbeat }),
+
 	durationSetting("shutdown.drain_timeout", "30s", true, "how long a stopping role lets running requests finish", all,
 		func(c *Config) *structs.Duration { return &c.Shutdown.DrainTimeout }),
 

@@ -199,7 +199,7 @@ func (s *Server) deploymentStatus(ctx context.Context, p *Placement) wire.Deploy
 		}
 		out.ReadyN += a.st.ReadyN
 		for _, in := range a.st.Instances {
-			in.Index, in.Host = idx, hs.Host
+			in.Index, in.Host, in.ID = idx, hs.Host, structs.InstanceID(p.Deployment, idx)
 			idx++
 			states[in.State]++
 			out.Instances = append(out.Instances, in)
