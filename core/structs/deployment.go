@@ -31,6 +31,11 @@ const (
 	ResidencyDeep        = "deep"
 	ResidencyHostBacked  = "host_backed"
 	ResidencyRestartOnly = "restart_only"
+
+	// LMCache modes of a deployment (and "off" on a host).
+	LMCacheAuto     = "auto"
+	LMCacheOff      = "off"
+	LMCacheRequired = "required"
 )
 
 // Activation modes.
@@ -49,11 +54,16 @@ type Deployment struct {
 	Routes []string `json:"routes"`
 	// Residency is "deep", "host_backed", "restart_only", or "" for the
 	// engine's default (resolved at placement).
-	Residency string        `json:"residency,omitempty"`
-	Instances int           `json:"instances"`
-	Model     ModelSpec     `json:"model"`
-	Resources *ResourceSpec `json:"resources,omitempty"`
-	Lifecycle LifecycleSpec `json:"lifecycle"`
+	Residency string `json:"residency,omitempty"`
+	// LMCache is "auto", "off" or "required": whether each instance gets
+	// a private LMCache server (SPEC E8).
+	LMCache string `json:"lmcache"`
+	// LMCachePool is the LMCache pool in host RAM (4 GiB by default).
+	LMCachePool ByteSize      `json:"lmcache_pool"`
+	Instances   int           `json:"instances"`
+	Model       ModelSpec     `json:"model"`
+	Resources   *ResourceSpec `json:"resources,omitempty"`
+	Lifecycle   LifecycleSpec `json:"lifecycle"`
 	// RequestDeadline bounds a request until its first output (queueing,
 	// activation and prefill included).
 	RequestDeadline Duration     `json:"request_deadline"`

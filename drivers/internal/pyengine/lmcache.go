@@ -179,11 +179,11 @@ func PlanLMCache(in LMCacheInput, r *enginekit.Refusals) LMCacheDecision {
 	delete(p.Env, "CUDA_VISIBLE_DEVICES")
 	delete(p.Env, "CUDA_DEVICE_ORDER")
 	dec.Env = map[string]string{
-		"LMCACHE_CHUNK_SIZE":          strconv.Itoa(LMCacheChunkTokens),
-		"LMCACHE_LOCAL_CPU":           "True",
-		"LMCACHE_MAX_LOCAL_CPU_SIZE":  gigabytes(pool),
-		"LMCACHE_REMOTE_URL":          "lm://127.0.0.1:" + ps,
-		"LMCACHE_REMOTE_SERDE":        "naive",
+		"LMCACHE_CHUNK_SIZE":         strconv.Itoa(LMCacheChunkTokens),
+		"LMCACHE_LOCAL_CPU":          "True",
+		"LMCACHE_MAX_LOCAL_CPU_SIZE": gigabytes(pool),
+		"LMCACHE_REMOTE_URL":         "lm://127.0.0.1:" + ps,
+		"LMCACHE_REMOTE_SERDE":       "naive",
 	}
 	return dec
 }
