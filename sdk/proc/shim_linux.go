@@ -257,8 +257,6 @@ func runShim() int {
 		case state = <-waited:
 		}
 	}
-	// A companion outlives its engine only as long as it takes to stop.
-	comp.end()
 
 	// Take what the engine wrote before it exited. Other members of the
 	// group may hold the pipe open, so the wait for end of file is short.
@@ -266,6 +264,10 @@ func runShim() int {
 	code, sigName := exitStatus(state)
 	s.setStatus(Status{EnginePID: pid, Exited: true, ExitCode: code, Signal: sigName})
 	_ = writeExitRecord(spec.LaunchDir, exitRecord{Code: code, Signal: sigName, At: time.Now().UnixMilli(), PID: pid})
+	// A companion outlives its engine only as long as it takes to stop
+	// (after the exit record: Stop waits for that record before it kills
+	// what is left of the group).
+	comp.end()
 
 	// IMPORTANT: the shim anchors the group's identity (its PID is the
 	// group's ID) as long as any other process is left in the group, so
