@@ -19,6 +19,13 @@ deployment "chat-large" {
   # to let the engine and the machine decide.
   residency = "host_backed"
 
+  # A private LMCache server per instance: auto (the default: where it is
+  # qualified, today restart_only on vLLM 0.32 / SGLang 0.5.22 with LMCache
+  # 0.5.6+), off, or required (refused where it cannot run). Its pool in
+  # host RAM is charged beside the engine.
+  lmcache      = "auto"
+  lmcache_pool = "4GiB"
+
   # Independent engine processes behind the routes (1-64).
   instances = 1
 

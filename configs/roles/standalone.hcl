@@ -56,6 +56,10 @@ role = "standalone"
 # (env CAPYCTL_ENGINE_LOGS; one of file, memory)
 # engine_logs = "file"
 
+# Off runs no LMCache for any deployment on this host; auto leaves it to each deployment's lmcache.
+# (env CAPYCTL_LMCACHE; one of auto, off)
+# lmcache = "auto"
+
 # Zero keeps engine logs in memory, writes no core dumps and starts no LMCache.
 # (env CAPYCTL_RETENTION; one of standard, zero)
 # retention = "standard"

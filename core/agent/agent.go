@@ -67,7 +67,10 @@ type Settings struct {
 	EngineTelemetry  string
 	EngineLogs       string
 	Retention        string
-	MaxBodyBytes     int64
+	// LMCache is "off" when the host runs no LMCache ("auto" or empty
+	// otherwise).
+	LMCache      string
+	MaxBodyBytes int64
 	// MaxBodyBytesInFlight bounds the request bodies held in memory, all
 	// together (0: the router's default).
 	MaxBodyBytesInFlight int64
@@ -292,6 +295,7 @@ func New(s Settings, logger hclog.Logger) (*Agent, error) {
 		EngineLogs:      orDefault(s.EngineLogs, "file"),
 		Retention:       orDefault(s.Retention, "standard"),
 		HostEnv:         hostEnv,
+		Lmcache:         offOrEmpty(s.LMCache),
 		Unified:         a.Placer != nil && a.Placer.Unified(),
 	}
 	if policy.Retention == "zero" {
@@ -692,4 +696,13 @@ func (a *Agent) Banner(w io.Writer) {
 			fmt.Fprintf(w, "  Engines:     %s\n", strings.Join(names, ", "))
 		}
 	}
+}
+
+// offOrEmpty is a host's lmcache as the driver protocol says it: "off",
+// or empty when each deployment decides.
+func offOrEmpty(v string) string {
+	if v == "off" {
+		return v
+	}
+	return ""
 }

@@ -153,6 +153,7 @@ func SettingsFromConfig(cfg *config.Config) Settings {
 		EngineTelemetry:      cfg.EngineTelemetry,
 		EngineLogs:           cfg.EngineLogs,
 		Retention:            cfg.Retention,
+		LMCache:              cfg.LMCache,
 		MaxBodyBytes:         int64(cfg.Limits.MaxBodyBytes),
 		MaxBodyBytesInFlight: int64(cfg.Limits.MaxBodyBytesInFlight),
 		Listener: ListenerSettings{

@@ -61,6 +61,9 @@ type Config struct {
 	// EngineLogs is "file" or "memory" (the last 4 MiB per launch, never
 	// on disk).
 	EngineLogs string
+	// LMCache is "auto" (each deployment decides) or "off" (no LMCache
+	// on this host).
+	LMCache string
 	// Retention is "standard" or "zero" (engine logs in memory, no core
 	// dumps, no LMCache).
 	Retention         string

@@ -210,6 +210,8 @@ var registry = []Definition{
 		[]string{"off", "allow"}, func(c *Config) *string { return &c.EngineTelemetry }),
 	enumSetting("engine_logs", "file", "engine output to <state_dir>/logs (file) or the last 4 MiB per launch in memory only", engineSide,
 		[]string{"file", "memory"}, func(c *Config) *string { return &c.EngineLogs }),
+	enumSetting("lmcache", "auto", "off runs no LMCache for any deployment on this host; auto leaves it to each deployment's lmcache", engineSide,
+		[]string{"auto", "off"}, func(c *Config) *string { return &c.LMCache }),
 	enumSetting("retention", "standard", "zero keeps engine logs in memory, writes no core dumps and starts no LMCache", all,
 		[]string{"standard", "zero"}, func(c *Config) *string { return &c.Retention }),
 

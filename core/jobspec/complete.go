@@ -21,6 +21,11 @@ const (
 	DefaultMaxChunkBytes      = structs.ByteSize(64 * structs.KiB)
 	DefaultMaxWaiting         = 64
 	DefaultContentFingerprint = "measured"
+	// DefaultLMCache runs LMCache where it is qualified (restart_only on
+	// vLLM 0.32 and SGLang 0.5.22 with LMCache 0.5.6+).
+	DefaultLMCache = structs.LMCacheAuto
+	// DefaultLMCachePool is the LMCache pool in host RAM.
+	DefaultLMCachePool = structs.ByteSize(4 * structs.GiB)
 )
 
 // Provenance values.
@@ -33,7 +38,7 @@ const (
 // spec; Provenance names each of them (and each resources phase field and
 // engine_config.<family> key the operator wrote).
 var fieldPaths = []string{
-	"name", "engine", "api", "routes", "residency", "instances", "request_deadline",
+	"name", "engine", "api", "routes", "residency", "lmcache", "lmcache_pool", "instances", "request_deadline",
 	"model.path", "model.hf", "model.revision", "model.content_fingerprint",
 	"resources",
 	"lifecycle.warm", "lifecycle.activation", "lifecycle.ready_idle_timeout", "lifecycle.parked_idle_timeout",
@@ -58,6 +63,12 @@ func complete(d *structs.Deployment, has func(path string) bool) {
 	}
 	if !has("instances") {
 		d.Instances = DefaultInstances
+	}
+	if !has("lmcache") {
+		d.LMCache = DefaultLMCache
+	}
+	if !has("lmcache_pool") {
+		d.LMCachePool = DefaultLMCachePool
 	}
 	if !has("request_deadline") {
 		d.RequestDeadline = DefaultRequestDeadline

@@ -61,7 +61,7 @@ var (
 		Blocks: []hcl.BlockHeaderSchema{{Type: "deployment", LabelNames: []string{"name"}}},
 	}
 	deploymentSchema = &hcl.BodySchema{
-		Attributes: attrs("engine", "api", "routes", "residency", "instances", "request_deadline"),
+		Attributes: attrs("engine", "api", "routes", "residency", "lmcache", "lmcache_pool", "instances", "request_deadline"),
 		Blocks:     blocks("model", "resources", "lifecycle", "timeouts", "limits", "engine_config", "placement"),
 	}
 	placementSchema = &hcl.BodySchema{Attributes: attrs("hosts")}
@@ -137,6 +137,8 @@ func decodeDeployment(b *hcl.Block) (*spec, hcl.Diagnostics) {
 	dc.str(a, "api", "api", &d.API)
 	dc.strList(a, "routes", "routes", &d.Routes)
 	dc.str(a, "residency", "residency", &d.Residency)
+	dc.str(a, "lmcache", "lmcache", &d.LMCache)
+	dc.size(a, "lmcache_pool", "lmcache_pool", &d.LMCachePool)
 	dc.integer(a, "instances", "instances", &d.Instances)
 	dc.duration(a, "request_deadline", "request_deadline", &d.RequestDeadline)
 

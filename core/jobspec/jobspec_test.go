@@ -167,6 +167,8 @@ func TestParse_Invalid(t *testing.T) {
 		{name: "missing engine", src: "deployment \"a\" {\n  model { path = \"m\" }\n}", prefix: "bad.hcl:1:1: ", contains: "engine is required"},
 		{name: "bad api", src: head + "  api = \"completions\"\n}", prefix: "bad.hcl:4:9: ", contains: "invalid api"},
 		{name: "bad residency", src: head + "  residency = \"shallow\"\n}", prefix: "bad.hcl:4:15: ", contains: "invalid residency"},
+		{name: "bad lmcache", src: head + "  lmcache = \"always\"\n}", prefix: "bad.hcl:4:13: ", contains: "invalid lmcache"},
+		{name: "small lmcache_pool", src: head + "  lmcache_pool = \"512MiB\"\n}", prefix: "bad.hcl:4:18: ", contains: "lmcache_pool"},
 		{name: "instances zero", src: head + "  instances = 0\n}", prefix: "bad.hcl:4:15: ", contains: "0 is outside 1..64"},
 		{name: "instances too many", src: head + "  instances = 65\n}", prefix: "bad.hcl:4:15: ", contains: "outside 1..64"},
 		{name: "instances fractional", src: head + "  instances = 1.5\n}", prefix: "bad.hcl:4:15: ", contains: "whole number"},

@@ -20,7 +20,9 @@ import (
 
 // Bounds a deployment must stay within.
 const (
-	MaxInstances             = 64
+	MaxInstances = 64
+	// MinLMCachePool is the smallest lmcache_pool: one GiB.
+	MinLMCachePool           = structs.ByteSize(structs.GiB)
 	MaxConcurrentRequests    = 1024
 	MaxContextLength         = 1 << 24
 	MaxWaiting               = 65536
@@ -151,6 +153,10 @@ func validateTop(c *checker, d *structs.Deployment) {
 	c.oneOf("api", d.API, structs.APIChat, structs.APIDecisions, structs.APIEmbeddings, structs.APIRerank)
 	if d.Residency != "" {
 		c.oneOf("residency", d.Residency, structs.ResidencyDeep, structs.ResidencyHostBacked, structs.ResidencyRestartOnly)
+	}
+	c.oneOf("lmcache", d.LMCache, structs.LMCacheAuto, structs.LMCacheOff, structs.LMCacheRequired)
+	if d.LMCachePool < MinLMCachePool {
+		c.bad("lmcache_pool", "lmcache_pool is %s: LMCache needs at least %s", d.LMCachePool, MinLMCachePool)
 	}
 	c.intRange("instances", d.Instances, 1, MaxInstances)
 	c.positive("request_deadline", d.RequestDeadline)

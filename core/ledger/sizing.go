@@ -74,6 +74,10 @@ type Hints struct {
 	ReadyDeviceBytes   int64
 	ReadyHostBytes     int64
 	StartupDeviceBytes int64
+	// BesideHostBytes is host RAM a launch holds beside its engine (a
+	// private LMCache's pool and server): added to the host side of every
+	// phase the launch's processes run in.
+	BesideHostBytes int64
 }
 
 // Measured is a startup peak measured on an earlier start (0 = not
@@ -121,6 +125,9 @@ type Sizing struct {
 	// Weights and KVCache are the figures a derived request used.
 	Weights int64 `json:"weights_bytes,omitempty"`
 	KVCache int64 `json:"kv_cache_bytes,omitempty"`
+	// BesideHost is the host RAM held beside the engine (a private
+	// LMCache), included in the host figures above.
+	BesideHost int64 `json:"beside_host_bytes,omitempty"`
 	// HostOnly is a model the driver runs without a card (a llama.cpp
 	// model with n_gpu_layers = 0): nothing on a card in any phase, so
 	// placement pins no card and a host without a GPU can run it.
@@ -242,6 +249,13 @@ func Size(in SizingInput) (Sizing, error) {
 		s.ReadyProvenance = ProvPlaceholder
 	}
 	s.KVCache = kv
+	if b := h.BesideHostBytes; b > 0 {
+		// IMPORTANT: charged on top of whatever sized the engine, declared
+		// resources included: the operator declares the engine, the
+		// lmcache_pool the cache.
+		s.Ready.Host += b
+		s.BesideHost = b
+	}
 
 	// Startup.
 	s.StartupDeviceProvenance, s.StartupHostProvenance = ProvPlaceholder, ProvPlaceholder

@@ -36,6 +36,8 @@ func ToDeployment(spec *structs.Deployment, revision uint64, modelDir string) *p
 		ServedName:            servedName(spec),
 		ModelDir:              modelDir,
 		Residency:             spec.Residency,
+		Lmcache:               spec.LMCache,
+		LmcachePoolBytes:      int64(spec.LMCachePool),
 		MaxConcurrentRequests: int32(ec.MaxConcurrentRequests),
 		ContextLength:         ec.ContextLength,
 		Dtype:                 ec.Dtype,
@@ -143,7 +145,7 @@ func toLaunch(l *structs.LaunchRecord) *pb.Launch {
 	if l == nil {
 		return nil
 	}
-	out := &pb.Launch{Pgid: int32(l.Pgid), LaunchDir: l.LaunchDir, Port: int32(l.Port), LaunchId: l.LaunchID}
+	out := &pb.Launch{Pgid: int32(l.Pgid), LaunchDir: l.LaunchDir, Port: int32(l.Port), LmcachePort: int32(l.LMCachePort), LaunchId: l.LaunchID}
 	for _, p := range l.Processes {
 		out.Processes = append(out.Processes, &pb.ProcessIdentity{Pid: int32(p.PID), StartTicks: p.StartTicks, Role: p.Role})
 	}

@@ -259,6 +259,9 @@ func (m *Manager) Start(ctx context.Context) error {
 			}
 			continue
 		}
+		if rec.Launch.LMCachePort != 0 {
+			m.cfg.Ports.Claim(rec.Launch.LMCachePort, rec.ID()+" lmcache")
+		}
 		if rec.Launch.Port != 0 {
 			m.cfg.Ports.Claim(rec.Launch.Port, rec.ID())
 		}

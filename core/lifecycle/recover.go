@@ -39,7 +39,7 @@ func (in *instance) recover(why string, settle bool) error {
 	dr, _ := m.spec(in.dep)
 	req := &pb.RecoverRequest{
 		InstanceId: in.id, Launch: toLaunch(rec.Launch), Host: m.hostPolicy(eng),
-		Context:   &pb.LaunchContext{Port: int32(rec.Launch.Port), LaunchDir: rec.Launch.LaunchDir, InstanceId: in.id, LaunchId: rec.Launch.LaunchID, DeviceUuids: rec.Launch.DeviceUUIDs},
+		Context:   &pb.LaunchContext{Port: int32(rec.Launch.Port), LmcachePort: int32(rec.Launch.LMCachePort), LaunchDir: rec.Launch.LaunchDir, InstanceId: in.id, LaunchId: rec.Launch.LaunchID, DeviceUuids: rec.Launch.DeviceUUIDs},
 		EngineKey: rec.Launch.EngineKey, AdminKey: rec.Launch.AdminKey,
 		RecordedState: string(prior),
 	}

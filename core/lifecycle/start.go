@@ -49,6 +49,10 @@ func (m *Manager) resolve(ctx context.Context, spec *structs.Deployment, needMod
 		return nil, structs.Errf(structs.CodeCapabilityMissing+":"+structs.Code(spec.API),
 			"the %s engine cannot serve api %q (it serves %v)", eng.Family, spec.API, desc.GetCapabilities().GetApis())
 	}
+	if spec.LMCache == structs.LMCacheRequired && !desc.GetCapabilities().GetLmcache() {
+		return nil, structs.Errf(structs.CodeCapabilityMissing+":lmcache",
+			"lmcache = \"required\", but the %s driver cannot run a private LMCache (vLLM 0.32 and SGLang 0.5.22 can)", eng.Family)
+	}
 	r := &resolved{eng: eng}
 	if needModel || spec.Model.Path != "" {
 		if r.modelDir, err = m.resolveModel(spec); err != nil {
@@ -75,6 +79,7 @@ type startRun struct {
 	placer Placer
 
 	port         int
+	lmcachePort  int
 	launchID     string
 	launchDir    string
 	recorded     bool // the launch is in the store: its directory stays
@@ -106,6 +111,7 @@ var startSteps = []startStep{
 	{"resolve", (*startRun).resolveStep},
 	{"lease a port", (*startRun).leasePort},
 	{"plan", (*startRun).firstPlan},
+	{"lease the LMCache port", (*startRun).leaseLMCachePort},
 	{"reserve memory", (*startRun).reserve},
 	{"plan with the grant", (*startRun).replan},
 	{"record the launch", (*startRun).record},
@@ -257,6 +263,24 @@ func (r *startRun) planOnce() error {
 // firstPlan validates the launch and gets the memory hints.
 func (r *startRun) firstPlan() error { return r.planOnce() }
 
+// leaseLMCachePort leases a second loopback port for the instance's
+// private LMCache server when the plan runs one; the plan with the grant
+// then renders the server on it.
+func (r *startRun) leaseLMCachePort() error {
+	if !r.plan.GetLmcache().GetRuns() {
+		return nil
+	}
+	m := r.m
+	port, err := m.cfg.Ports.Lease(r.in.id + " lmcache")
+	if err != nil {
+		return err
+	}
+	r.lmcachePort = port
+	r.push(func() { m.cfg.Ports.Release(port) })
+	r.lctx.LmcachePort = int32(port)
+	return nil
+}
+
 // reserve charges the memory ledger, evicting idle models where allowed.
 func (r *startRun) reserve() error {
 	in := r.in
@@ -279,6 +303,9 @@ func (r *startRun) reserve() error {
 func (r *startRun) replan() error {
 	g := r.grant
 	if g == nil || (g.DeviceBytes <= 0 && len(g.DeviceUUIDs) == 0 && len(g.Env) == 0) {
+		if r.lmcachePort != 0 {
+			return r.planOnce() // renders the LMCache server on its port
+		}
 		return nil
 	}
 	r.lctx.DeviceUuids = g.DeviceUUIDs
@@ -305,7 +332,7 @@ func (r *startRun) record() error {
 	r.engineKey, r.adminKey = randomKey(), randomKey()
 	plan := r.plan
 	launch := &structs.LaunchRecord{
-		LaunchID: r.launchID, Port: r.port, LaunchDir: r.launchDir, StartedAt: m.cfg.Now().UTC(),
+		LaunchID: r.launchID, Port: r.port, LMCachePort: r.lmcachePort, LaunchDir: r.launchDir, StartedAt: m.cfg.Now().UTC(),
 		DeviceUUIDs: r.lctx.DeviceUuids, EngineKey: r.engineKey, AdminKey: r.adminKey,
 		Argv: plan.GetArgv(), Env: plan.GetEnv(),
 	}

@@ -83,6 +83,9 @@ func (in *instance) release(rec structs.InstanceRecord) {
 	if in.m.cfg.Placer != nil {
 		in.m.cfg.Placer.Release(in.id)
 	}
+	if rec.Launch != nil && rec.Launch.LMCachePort != 0 {
+		in.m.cfg.Ports.Release(rec.Launch.LMCachePort)
+	}
 	if rec.Launch != nil && rec.Launch.Port != 0 {
 		in.m.cfg.Ports.Release(rec.Launch.Port)
 	}

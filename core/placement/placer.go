@@ -284,7 +284,7 @@ func (p *Placer) sizingInput(spec *structs.Deployment, hints *pb.MemoryHints, re
 		in.Hints = ledger.Hints{
 			WeightsBytes: hints.GetWeightsBytes(), KVCacheBytes: hints.GetKvCacheBytes(),
 			ReadyDeviceBytes: hints.GetReadyDeviceBytes(), ReadyHostBytes: hints.GetReadyHostBytes(),
-			StartupDeviceBytes: hints.GetStartupDeviceBytes(),
+			StartupDeviceBytes: hints.GetStartupDeviceBytes(), BesideHostBytes: hints.GetBesideHostBytes(),
 		}
 	}
 	if measured != nil {

@@ -31,6 +31,11 @@ const (
 	ResidencyDeep        = "deep"
 	ResidencyHostBacked  = "host_backed"
 	ResidencyRestartOnly = "restart_only"
+
+	// LMCache modes of a deployment (and "off" on a host).
+	LMCacheAuto     = "auto"
+	LMCacheOff      = "off"
+	LMCacheRequired = "required"
 )
 
 // Activation modes.
@@ -50,7 +55,12 @@ type Deployment struct {
 	// Residency is "deep", "host_backed", "restart_only", or "" for the
 	// engine's default (resolved at placement).
 	Residency string `json:"residency,omitempty"`
-	Instances int    `json:"instances"`
+	// LMCache is "auto", "off" or "required": whether each instance gets
+	// a private LMCache server (SPEC E8).
+	LMCache string `json:"lmcache"`
+	// LMCachePool is the LMCache pool in host RAM (4 GiB by default).
+	LMCachePool ByteSize `json:"lmcache_pool"`
+	Instances   int      `json:"instances"`
 	// Placement constrains the hosts a server places the instances on
 	// (several machines); a standalone role has one host and ignores it.
 	Placement *PlacementSpec `json:"placement,omitempty"`

@@ -65,6 +65,7 @@ const (
 	CodeUnsupported               Code = "unsupported"
 	CodeCapabilityMissing         Code = "capability_missing"
 	CodeHostBackedUnavailable     Code = "host_backed_unavailable"
+	CodeLMCacheUnavailable        Code = "lmcache_unavailable"
 	CodeStoreFromNewerVersion     Code = "store_from_newer_version"
 	CodeEngineEnvReserved         Code = "engine_env_reserved"
 	CodeEngineEnvNotApproved      Code = "engine_env_not_approved"
@@ -161,6 +162,7 @@ func init() {
 	row(CodeUnsupported, 5, false, "the action is not supported")
 	row(CodeCapabilityMissing, 5, false, "the engine or driver lacks a capability the deployment needs")
 	row(CodeHostBackedUnavailable, 5, false, "host_backed residency needs a discrete GPU")
+	row(CodeLMCacheUnavailable, 5, false, "lmcache = \"required\" where the instance cannot run a private LMCache (the reason follows the colon: host_off, retention_zero, engine_version, not_installed, lmcache_version, residency_not_qualified, decisions, own_connector)")
 	row(CodeStoreFromNewerVersion, 5, false, "the state store was written by a newer CapyCTL")
 	row(CodeEngineEnvReserved, 2, false, "an environment name CapyCTL owns or reserves")
 	row(CodeEngineEnvNotApproved, 2, false, "an environment name the host has not approved")

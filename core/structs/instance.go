@@ -41,13 +41,16 @@ type ProcessIdentity struct {
 // LaunchRecord is what the core records of one launch, before and after
 // the engine runs, so a restarted core can find it again.
 type LaunchRecord struct {
-	LaunchID    string            `json:"launch_id"`
-	Pgid        int               `json:"pgid"`
-	Processes   []ProcessIdentity `json:"processes"`
-	Port        int               `json:"port"`
-	LaunchDir   string            `json:"launch_dir"`
-	StartedAt   time.Time         `json:"started_at"`
-	DeviceUUIDs []string          `json:"device_uuids,omitempty"`
+	LaunchID  string            `json:"launch_id"`
+	Pgid      int               `json:"pgid"`
+	Processes []ProcessIdentity `json:"processes"`
+	Port      int               `json:"port"`
+	// LMCachePort is the loopback port of the launch's private LMCache
+	// server, 0 when it runs none.
+	LMCachePort int       `json:"lmcache_port,omitempty"`
+	LaunchDir   string    `json:"launch_dir"`
+	StartedAt   time.Time `json:"started_at"`
+	DeviceUUIDs []string  `json:"device_uuids,omitempty"`
 	// EngineKey and AdminKey are this launch's secrets. They live only in
 	// the owner-only store and the engine's environment.
 	EngineKey string `json:"engine_key"`

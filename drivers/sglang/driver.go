@@ -119,6 +119,7 @@ func (d *Driver) Describe(context.Context, *pb.DescribeRequest) (*pb.DescribeRes
 		Apis:           []string{"chat", "decisions", "embeddings"},
 		AbortMode:      pb.AbortMode_ABORT_MODE_REQUEST_ID,
 		IdleSignal:     true,
+		Lmcache:        true,
 		RequestIdField: RequestIDField,
 	}, pyengine.ConfigSchema(Family, configKeys)), nil
 }

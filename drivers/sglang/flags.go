@@ -50,7 +50,7 @@ var optionRules = []flags.Rule{
 	rules.Reserved("--crash-dump-folder", "crash dumps would keep requests on disk"),
 	rules.Reserved("--enable-hierarchical-cache", "a host-RAM KV cache the ledger does not charge"),
 	rules.Reserved("--hicache-*", "a host-RAM KV cache the ledger does not charge"),
-	rules.Reserved("--enable-lmcache", "LMCache runs as CapyCTL's own per-instance server"),
+	rules.Owned("--enable-lmcache", "rendered when the instance runs its private LMCache server (lmcache)"),
 	rules.Reserved("--lmcache-*", "LMCache runs as CapyCTL's own per-instance server"),
 	rules.Reserved("--enable-flexkv", "a KV cache outside the engine the ledger does not charge"),
 	rules.Reserved("--quantize-and-serve", "writes a quantized checkpoint"),
@@ -80,6 +80,7 @@ var optionRules = []flags.Rule{
 
 // envRules are SGLang's variables, before the ones every engine shares.
 var envRules = []flags.Rule{
+	rules.OwnedEnv("LMCACHE_*", "configures the private LMCache server CapyCTL runs per instance (lmcache, lmcache_pool)"),
 	rules.OwnedEnv("SGLANG_PLUGINS", "set to capyctl-loads-no-plugins, a selection that names no plugin, so SGLang loads none"),
 	rules.ReservedEnv("SGLANG_PLATFORM", "selects a platform plugin: code loaded into the engine"),
 	rules.ReservedEnv("SMG_*", "settings of the plugins SGLang 0.5.22 installs, which CapyCTL does not load"),

@@ -80,6 +80,9 @@ func (d *Driver) Plan(_ context.Context, req *pb.PlanRequest) (*pb.PlanResponse,
 			"with speculative decoding a wake would not restore the draft model's weights: remove residency or set restart_only")
 	}
 	venv := pyengine.PlanVenv(inst, &r)
+	lmc := pyengine.PlanLMCache(pyengine.LMCacheInput{
+		Family: lmcacheFamily, Inst: inst, Dep: dep, Host: host, Launch: lctx, Venv: venv, Residency: res,
+	}, &r)
 	if len(r) > 0 {
 		return &pb.PlanResponse{Refusals: r}, nil
 	}
@@ -135,6 +138,11 @@ func (d *Driver) Plan(_ context.Context, req *pb.PlanRequest) (*pb.PlanResponse,
 	if parsers.Reasoning != "" {
 		argv = append(argv, "--reasoning-parser", parsers.Reasoning)
 	}
+	if lmc.Runs() {
+		// SGLang's LMCache integration (ServerArgs.enable_lmcache); it
+		// configures LMCache from the LMCACHE_* variables.
+		argv = append(argv, "--enable-lmcache")
+	}
 	if dir := lctx.GetLaunchDir(); dir != "" {
 		argv = append(argv, "--config", filepath.Join(dir, configFile))
 	}
@@ -151,6 +159,7 @@ func (d *Driver) Plan(_ context.Context, req *pb.PlanRequest) (*pb.PlanResponse,
 
 	resp := pyengine.Rendered{Argv: argv, Env: env, Checkpoint: ck, ContextLength: dep.GetContextLength(), MaxConcurrent: maxRunning,
 		Parsers: parsers, Residency: res}.Plan(lctx)
+	pyengine.ApplyLMCache(resp, lmc)
 	if enginekit.Parks(res) {
 		resp.Notes = append(resp.Notes, "parks with SGLang's memory saver (release_memory_occupation / resume_memory_occupation)")
 	}
@@ -163,6 +172,11 @@ func (d *Driver) Plan(_ context.Context, req *pb.PlanRequest) (*pb.PlanResponse,
 	}
 	return resp, nil
 }
+
+// lmcacheFamily is SGLang in the LMCache decision: 0.5.22 is the first
+// release CapyCTL runs a private LMCache with, and decision models run
+// without it.
+var lmcacheFamily = pyengine.LMCacheFamily{Name: "SGLang", Since: "0.5.22", NoDecisions: true}
 
 // engineKey is the key SGLang is given for a launch key. IMPORTANT: SGLang
 // turns its --config file into command-line tokens ("--api-key", value) and
@@ -291,6 +305,9 @@ func (d *Driver) Start(_ context.Context, req *pb.StartRequest) (*pb.StartRespon
 		return nil, err
 	}
 	in := d.instance(lctx.GetInstanceId(), lctx.GetLaunchId(), *launched, int(lctx.GetPort()), req.GetEngineKey(), dep, req.GetPlan().GetResidency(), netns)
+	if req.GetPlan().GetLmcache().GetRuns() {
+		in.LMCachePort = int(lctx.GetLmcachePort())
+	}
 	return d.reg.Started(in), nil
 }
 

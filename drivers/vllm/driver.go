@@ -90,6 +90,7 @@ func (d *Driver) Describe(context.Context, *pb.DescribeRequest) (*pb.DescribeRes
 		Apis:            []string{"chat", "embeddings", "rerank"},
 		AbortMode:       pb.AbortMode_ABORT_MODE_CLOSE_CONNECTION,
 		IdleSignal:      true,
+		Lmcache:         true,
 		RequestIdHeader: "X-Request-Id",
 	}, pyengine.ConfigSchema(Family, configKeys)), nil
 }

@@ -87,6 +87,7 @@ var optionRules = []flags.Rule{
 
 // envRules are vLLM's variables, before the ones every engine shares.
 var envRules = []flags.Rule{
+	rules.OwnedEnv("LMCACHE_*", "configures the private LMCache server CapyCTL runs per instance (lmcache, lmcache_pool)"),
 	rules.OwnedEnv("VLLM_API_KEY", "carries the per-launch key"),
 	rules.OwnedEnv("VLLM_SERVER_DEV_MODE", "set to 1 only when the residency parks: it enables /sleep and /wake_up on loopback"),
 	rules.OwnedEnv("VLLM_DO_NOT_TRACK", `set to 1 so vLLM reports nothing off the host (engine_telemetry = "allow" lifts it)`),

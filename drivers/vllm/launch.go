@@ -12,6 +12,7 @@ import (
 	"github.com/capyctl/capyctl/drivers/internal/pyengine"
 	"github.com/capyctl/capyctl/sdk/enginefacts"
 	"github.com/capyctl/capyctl/sdk/enginekit"
+	"github.com/capyctl/capyctl/sdk/flags"
 	"github.com/capyctl/capyctl/sdk/proc"
 	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
@@ -42,11 +43,15 @@ func (d *Driver) Plan(_ context.Context, req *pb.PlanRequest) (*pb.PlanResponse,
 	})
 	args := pyengine.Common(Table, dep, host, typed, &r)
 	venv := pyengine.PlanVenv(inst, &r)
+	res := residency(dep)
+	lmc := pyengine.PlanLMCache(pyengine.LMCacheInput{
+		Family: lmcacheFamily, Inst: inst, Dep: dep, Host: host, Launch: lctx, Venv: venv, Residency: res,
+		OwnConnector: flags.Find(args, "--kv-transfer-config") != nil,
+	}, &r)
 	if len(r) > 0 {
 		return &pb.PlanResponse{Refusals: r}, nil
 	}
 
-	res := residency(dep)
 	ck := pyengine.ReadCheckpoint(dep, lctx)
 	contextLen := dep.GetContextLength()
 	fitted := false
@@ -105,6 +110,11 @@ func (d *Driver) Plan(_ context.Context, req *pb.PlanRequest) (*pb.PlanResponse,
 	if parsers.Reasoning != "" {
 		argv = append(argv, "--reasoning-parser", parsers.Reasoning)
 	}
+	if lmc.Runs() {
+		// LMCache's connector for vLLM v1 (vllm/distributed/kv_transfer/
+		// kv_connector/v1/lmcache_connector.py), storing and loading KV.
+		argv = append(argv, "--kv-transfer-config", lmcacheConnector)
+	}
 	argv = append(argv, dep.GetExtraArgs()...)
 
 	env := pyengine.BaseEnv(pyengine.EnvOptions{Venv: venv.Dir, Host: host, Launch: lctx})
@@ -128,11 +138,21 @@ func (d *Driver) Plan(_ context.Context, req *pb.PlanRequest) (*pb.PlanResponse,
 	default:
 		resp.Notes = append(resp.Notes, "listens on its loopback port ("+tcpWhy+"): any local user can call the routes outside /v1, which vLLM does not guard with its key")
 	}
+	pyengine.ApplyLMCache(resp, lmc)
 	if fitted {
 		resp.Notes = append(resp.Notes, "context fitted to the KV budget: --max-model-len "+strconv.FormatInt(contextLen, 10))
 	}
 	return resp, nil
 }
+
+// lmcacheFamily is vLLM in the LMCache decision: 0.32.0 is the first
+// release CapyCTL runs a private LMCache with.
+var lmcacheFamily = pyengine.LMCacheFamily{Name: "vLLM", Since: "0.32.0"}
+
+// lmcacheConnector is the --kv-transfer-config that connects vLLM to
+// LMCache, storing and loading (LMCache's quickstart; NVIDIA Dynamo's
+// LMCache page uses the same JSON).
+const lmcacheConnector = `{"kv_connector":"LMCacheConnectorV1","kv_role":"kv_both"}`
 
 // UDSSince is the first vLLM release CapyCTL serves on a Unix socket
 // (--uds, "Unix domain socket path. If set, host and port arguments are
@@ -213,6 +233,9 @@ func (d *Driver) Start(_ context.Context, req *pb.StartRequest) (*pb.StartRespon
 	}
 	sock := enginekit.SocketInArgv(req.GetPlan().GetArgv(), "--uds")
 	in := d.instance(lctx.GetInstanceId(), lctx.GetLaunchId(), *launched, int(lctx.GetPort()), req.GetEngineKey(), dep, sock, res)
+	if req.GetPlan().GetLmcache().GetRuns() {
+		in.LMCachePort = int(lctx.GetLmcachePort())
+	}
 	return d.reg.Started(in), nil
 }
 

@@ -157,6 +157,9 @@ type ChatResult struct {
 	FinishReason string
 	// PromptTokens counts the prompt.
 	PromptTokens int
+	// CachedTokens counts the prompt tokens whose KV came from the
+	// external KV cache instead of a prefill (Config.KVConnector).
+	CachedTokens int
 	// CompletionTokens counts the answer.
 	CompletionTokens int
 }
@@ -207,6 +210,13 @@ func (e *Engine) serveGen(w http.ResponseWriter, r *http.Request, completions bo
 		Request:      req,
 		FinishReason: "stop",
 		PromptTokens: prompt,
+	}
+	if kv := e.cfg.KVConnector; kv != nil {
+		// The prefill: what the cache holds is loaded, the rest computed,
+		// and the prompt's chunks stored for the next request.
+		pt := promptTokenList(req.Messages)
+		res.CachedTokens = min(kv.Lookup(pt), prompt)
+		kv.Store(pt)
 	}
 	toks := e.plan(req, res)
 	if req.Stream {

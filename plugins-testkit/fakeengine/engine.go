@@ -106,6 +106,12 @@ type Config struct {
 	// flavour do it.
 	CloseAfterStream bool
 
+	// KVConnector, when set, is an external KV cache the engine uses as a
+	// real engine uses LMCache: before prefill it looks up how much of the
+	// prompt's prefix the cache holds (reported as cached tokens, not
+	// prefilled), after prefill it stores the prompt's chunks.
+	KVConnector KVConnector
+
 	// LogSecret prints the API key at startup, so that log redaction can
 	// be tested.
 	LogSecret bool

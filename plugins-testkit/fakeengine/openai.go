@@ -204,15 +204,29 @@ type Usage struct {
 	CompletionTokens int `json:"completion_tokens"`
 	// TotalTokens is the sum.
 	TotalTokens int `json:"total_tokens"`
+	// PromptTokensDetails says how many prompt tokens came from a cache
+	// (OpenAI's usage.prompt_tokens_details.cached_tokens, which vLLM and
+	// SGLang report), absent when none did.
+	PromptTokensDetails *PromptTokensDetails `json:"prompt_tokens_details,omitempty"`
+}
+
+// PromptTokensDetails is usage.prompt_tokens_details.
+type PromptTokensDetails struct {
+	// CachedTokens were not prefilled.
+	CachedTokens int `json:"cached_tokens"`
 }
 
 // UsageOf counts a result.
 func UsageOf(res *ChatResult) *Usage {
-	return &Usage{
+	u := &Usage{
 		PromptTokens:     res.PromptTokens,
 		CompletionTokens: res.CompletionTokens,
 		TotalTokens:      res.PromptTokens + res.CompletionTokens,
 	}
+	if res.CachedTokens > 0 {
+		u.PromptTokensDetails = &PromptTokensDetails{CachedTokens: res.CachedTokens}
+	}
+	return u
 }
 
 // OpenAIStream encodes an OpenAI chat stream: an optional role chunk, a

@@ -64,6 +64,17 @@ func bigChunk(n int) string {
 	return sb.String()
 }
 
+// promptTokenList is the prompt as countPromptTokens counts it: each
+// message's template marker tokens, then its words.
+func promptTokenList(msgs []Message) []string {
+	var out []string
+	for _, m := range msgs {
+		out = append(out, "<|im_start|>", m.Role, "\n", "<|sep|>")
+		out = append(out, strings.Fields(m.Text())...)
+	}
+	return out
+}
+
 // countPromptTokens approximates a tokenizer: the words of every message
 // plus 4 per message for the chat template.
 func countPromptTokens(msgs []Message) int {

@@ -47,6 +47,9 @@ const (
 	// CodeHostBackedUnavailable is host_backed on a host with unified
 	// memory.
 	CodeHostBackedUnavailable = "host_backed_unavailable"
+	// CodeLMCacheUnavailable, followed by ":" and the reason's key, is
+	// lmcache = "required" where the instance cannot run its LMCache.
+	CodeLMCacheUnavailable = "lmcache_unavailable"
 	// CodeUnknownConfigKey, followed by ":" and the key, is a key the family's
 	// engine_config block does not have.
 	CodeUnknownConfigKey = "unknown_config_key"

@@ -35,6 +35,8 @@ type Instance struct {
 	Launched proc.Launched
 	// Port is the leased loopback port.
 	Port int
+	// LMCachePort is the port of the launch's LMCache server, 0 for none.
+	LMCachePort int
 	// ServedName is the model name the engine serves.
 	ServedName string
 	// API is "chat", "decisions", "embeddings" or "rerank".
@@ -129,17 +131,26 @@ func (in *Instance) SetCanary(s string) {
 
 // LaunchPB is the launch to record.
 func (in *Instance) LaunchPB() *pb.Launch {
-	return &pb.Launch{
-		Pgid:      int32(in.Launched.Pgid),
-		LaunchDir: in.Launched.LaunchDir,
-		Port:      int32(in.Port),
-		LaunchId:  in.LaunchID,
+	l := &pb.Launch{
+		Pgid:        int32(in.Launched.Pgid),
+		LaunchDir:   in.Launched.LaunchDir,
+		Port:        int32(in.Port),
+		LaunchId:    in.LaunchID,
+		LmcachePort: int32(in.LMCachePort),
 		Processes: []*pb.ProcessIdentity{
 			{Pid: int32(in.Launched.Shim.PID), StartTicks: in.Launched.Shim.StartTicks, Role: "shim"},
 			{Pid: int32(in.Launched.Engine.PID), StartTicks: in.Launched.Engine.StartTicks, Role: "engine"},
 		},
 	}
+	if c := in.Launched.Companion; c.PID != 0 {
+		l.Processes = append(l.Processes, &pb.ProcessIdentity{Pid: int32(c.PID), StartTicks: c.StartTicks, Role: RoleLMCache})
+	}
+	return l
 }
+
+// RoleLMCache is the role of a launch's LMCache server among its recorded
+// processes.
+const RoleLMCache = "lmcache"
 
 // FromLaunch rebuilds a proc.Launched from a recorded launch.
 func FromLaunch(l *pb.Launch) proc.Launched {
@@ -151,6 +162,8 @@ func FromLaunch(l *pb.Launch) proc.Launched {
 			out.Shim = id
 		case "engine":
 			out.Engine = id
+		case RoleLMCache:
+			out.Companion = id
 		}
 	}
 	return out

@@ -102,7 +102,12 @@ func StartLaunch(o LaunchOptions) (*proc.Launched, error) {
 			secrets = append(secrets, s)
 		}
 	}
+	companion, err := lmcacheCompanion(o.Plan.GetLmcache(), lctx)
+	if err != nil {
+		return nil, err
+	}
 	launched, err := proc.Start(proc.LaunchSpec{
+		Companion:    companion,
 		Argv:         o.Plan.GetArgv(),
 		Env:          env,
 		Dir:          o.Plan.GetWorkdir(),
@@ -119,6 +124,22 @@ func StartLaunch(o LaunchOptions) (*proc.Launched, error) {
 		return nil, sdk.Errorf(sdk.CodeLaunchFailed, "%v", err)
 	}
 	return launched, nil
+}
+
+// lmcacheCompanion is the launch's LMCache server from its plan, nil when
+// it runs none. Its port must be leased and free.
+func lmcacheCompanion(p *pb.LMCachePlan, lctx *pb.LaunchContext) (*proc.CompanionSpec, error) {
+	if !p.GetRuns() {
+		return nil, nil
+	}
+	port := int(lctx.GetLmcachePort())
+	if port <= 0 || len(p.GetArgv()) == 0 {
+		return nil, sdk.Errorf(sdk.CodeLaunchFailed, "the plan runs LMCache but has no leased LMCache port or command")
+	}
+	if !proc.PortFree(port) {
+		return nil, sdk.Errorf(CodePortConflict, "another process listens on the leased LMCache port %d", port)
+	}
+	return &proc.CompanionSpec{Role: RoleLMCache, Argv: p.GetArgv(), Env: p.GetEnv()}, nil
 }
 
 // LogMode is proc's log mode for a host: memory when the host keeps engine

@@ -47,6 +47,7 @@ var httpStatus = map[structs.Code]int{
 	structs.CodeStartupNeedsEmptyHost:     http.StatusConflict,
 	structs.CodeUnsupported:               http.StatusNotImplemented,
 	structs.CodeCapabilityMissing:         http.StatusBadRequest,
+	structs.CodeLMCacheUnavailable:        http.StatusBadRequest,
 	structs.CodeHostBackedUnavailable:     http.StatusBadRequest,
 	structs.CodeStoreFromNewerVersion:     http.StatusInternalServerError,
 	structs.CodeEngineEnvReserved:         http.StatusBadRequest,

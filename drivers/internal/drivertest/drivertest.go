@@ -100,6 +100,20 @@ func RenderPlan(p *pb.PlanResponse, replace map[string]string) string {
 				h.GetReadyDeviceBytes(), h.GetReadyHostBytes(), h.GetStartupDeviceBytes())
 		}
 	}
+	if l := p.GetLmcache(); l.GetRuns() {
+		fmt.Fprintf(&b, "lmcache: pool=%d server=%d beside_host=%d\n", l.GetPoolBytes(), l.GetServerBytes(), p.GetHints().GetBesideHostBytes())
+		for _, a := range l.GetArgv() {
+			b.WriteString("lmcache argv: " + rep(a) + "\n")
+		}
+		keys := make([]string, 0, len(l.GetEnv()))
+		for k := range l.GetEnv() {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		for _, k := range keys {
+			fmt.Fprintf(&b, "lmcache env: %s=%s\n", k, rep(l.GetEnv()[k]))
+		}
+	}
 	fmt.Fprintf(&b, "startup_timeout_ms: %d\nwake_timeout_ms: %d\n", p.GetStartupTimeoutMs(), p.GetWakeTimeoutMs())
 	for _, n := range p.GetNotes() {
 		fmt.Fprintf(&b, "note: %s\n", rep(n))

@@ -68,6 +68,7 @@ var invocations = []invocation{
 	},
 	vllmInvocation,
 	sglangInvocation,
+	lmcacheInvocation,
 }
 
 // isEngineName reports a program name that a real engine uses: those

@@ -196,7 +196,7 @@ func TestRun_Dispatch(t *testing.T) {
 	}{
 		{name: "no arguments", argv0: "capyctl-fake-engine", wantCode: 2, wantStderr: `unknown invocation "capyctl-fake-engine"`},
 		{name: "unknown subcommand", argv0: "/usr/bin/capyctl-fake-engine", args: []string{"launch"}, wantCode: 2, wantStderr: `unknown invocation "capyctl-fake-engine launch"`},
-		{name: "python module", argv0: "/venv/bin/python3", args: []string{"-u", "-m", "lmcache.v1.server", "--port", "1"}, wantCode: 2, wantStderr: `"python3 -m lmcache.v1.server"`},
+		{name: "python module", argv0: "/venv/bin/python3", args: []string{"-u", "-m", "lmcache.v1.api_server", "--port", "1"}, wantCode: 2, wantStderr: `"python3 -m lmcache.v1.api_server"`},
 		{name: "python serve is not the generic serve", argv0: "python", args: []string{"serve"}, wantCode: 2, wantStderr: `unknown invocation "python serve"`},
 		{name: "llama-server", argv0: "llama-server", args: []string{"-m", "model.gguf", "--port", "8080"}, wantCode: 134, wantStderr: "error loading model"},
 		{name: "tensorfold serve", argv0: "tensorfold", args: []string{"serve", "--model", "x"}, wantCode: 2, wantStderr: "model directory comes first"},

@@ -56,7 +56,7 @@ var sglangOptions = map[string]int{
 	"kv-cache-dtype": argValue, "quantization": argValue, "chunked-prefill-size": argValue,
 	"speculative-algorithm": argValue, "speculative-draft-model-path": argValue, "tp-size": argValue, "tp": argValue,
 	"log-level": argValue, "random-seed": argValue, "watermark-config": argValue, "tokenizer-path": argValue,
-	"enable-memory-saver": argFlag, "enable-weights-cpu-backup": argFlag, "enable-metrics": argFlag,
+	"enable-memory-saver": argFlag, "enable-lmcache": argFlag, "enable-weights-cpu-backup": argFlag, "enable-metrics": argFlag,
 	"trust-remote-code": argFlag, "disable-cuda-graph": argFlag, "log-requests": argFlag, "enable-cache-report": argFlag,
 	"enable-mixed-chunk": argFlag, "skip-server-warmup": argFlag,
 }
@@ -187,6 +187,16 @@ func sglangCommand(args []string, env func(string) string, stdout, stderr io.Wri
 	port, err := pa.num("port", 30000)
 	if err != nil || port < 0 || port > 65535 {
 		return fail("argument --port: invalid value")
+	}
+	if pa.flags["enable-lmcache"] {
+		// SGLang's LMCache integration, configured from LMCACHE_*.
+		kv, err := connectLMCache(env)
+		if err != nil {
+			logf(fakeengine.LevelError, "LMCache: %v", err)
+			return 1
+		}
+		defer kv.Close()
+		cfg.KVConnector = kv
 	}
 	return serveSGLang(cfg, pa.str("host", "127.0.0.1"), int(port), knobs.ListenAll, schedulerDies, logf, stderr)
 }

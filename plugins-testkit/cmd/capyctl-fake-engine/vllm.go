@@ -162,6 +162,17 @@ func vllmCommand(args []string, env func(string) string, stdout, stderr io.Write
 	if pa.flags["enable-log-requests"] || pa.flags["enable-log-outputs"] {
 		logf(fakeengine.LevelWarn, "request logging is on: prompts and outputs would be logged")
 	}
+	if strings.Contains(pa.str("kv-transfer-config", ""), "LMCacheConnector") {
+		// LMCache's connector, configured from LMCACHE_* variables.
+		kv, err := connectLMCache(env)
+		if err != nil {
+			logf(fakeengine.LevelError, "LMCache connector: %v", err)
+			return 1
+		}
+		defer kv.Close()
+		cfg.KVConnector = kv
+		logf(fakeengine.LevelInfo, "LMCache connector: remote %s", env("LMCACHE_REMOTE_URL"))
+	}
 	port, err := pa.num("port", 8000)
 	if err != nil || port < 0 || port > 65535 {
 		return fail("argument --port: invalid value")

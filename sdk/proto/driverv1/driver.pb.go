@@ -1076,7 +1076,10 @@ type HostPolicy struct {
 	// simulated GPU's state file in dev mode); never secrets.
 	HostEnv map[string]string `protobuf:"bytes,9,rep,name=host_env,json=hostEnv,proto3" json:"host_env,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	// cuda_home is the CUDA toolkit directory, when the host has one.
-	CudaHome      string `protobuf:"bytes,10,opt,name=cuda_home,json=cudaHome,proto3" json:"cuda_home,omitempty"`
+	CudaHome string `protobuf:"bytes,10,opt,name=cuda_home,json=cudaHome,proto3" json:"cuda_home,omitempty"`
+	// lmcache is "off" when the host runs no LMCache for any deployment;
+	// empty leaves it to each deployment.
+	Lmcache       string `protobuf:"bytes,11,opt,name=lmcache,proto3" json:"lmcache,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1181,6 +1184,13 @@ func (x *HostPolicy) GetCudaHome() string {
 	return ""
 }
 
+func (x *HostPolicy) GetLmcache() string {
+	if x != nil {
+		return x.Lmcache
+	}
+	return ""
+}
+
 // Deployment is the completed job spec, as far as a driver needs it.
 type Deployment struct {
 	state    protoimpl.MessageState `protogen:"open.v1"`
@@ -1213,9 +1223,15 @@ type Deployment struct {
 	// resources are the declared charges, when the deployment declares them.
 	Resources *Resources `protobuf:"bytes,18,opt,name=resources,proto3" json:"resources,omitempty"`
 	// memory are engine_config.memory's declared sizes (0 when unset).
-	Memory        *MemorySizes `protobuf:"bytes,19,opt,name=memory,proto3" json:"memory,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Memory *MemorySizes `protobuf:"bytes,19,opt,name=memory,proto3" json:"memory,omitempty"`
+	// lmcache is "auto" (or empty), "off" or "required": whether the instance
+	// gets a private LMCache server (Capabilities.lmcache).
+	Lmcache string `protobuf:"bytes,20,opt,name=lmcache,proto3" json:"lmcache,omitempty"`
+	// lmcache_pool_bytes is the LMCache pool in host RAM, 0 for the
+	// driver's default (4 GiB).
+	LmcachePoolBytes int64 `protobuf:"varint,21,opt,name=lmcache_pool_bytes,json=lmcachePoolBytes,proto3" json:"lmcache_pool_bytes,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *Deployment) Reset() {
@@ -1381,6 +1397,20 @@ func (x *Deployment) GetMemory() *MemorySizes {
 	return nil
 }
 
+func (x *Deployment) GetLmcache() string {
+	if x != nil {
+		return x.Lmcache
+	}
+	return ""
+}
+
+func (x *Deployment) GetLmcachePoolBytes() int64 {
+	if x != nil {
+		return x.LmcachePoolBytes
+	}
+	return 0
+}
+
 type Resources struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// declared is true when the deployment has a resources block.
@@ -1522,7 +1552,11 @@ type LaunchContext struct {
 	// instance_id identifies the instance ("<deployment>/<index>").
 	InstanceId string `protobuf:"bytes,7,opt,name=instance_id,json=instanceId,proto3" json:"instance_id,omitempty"`
 	// launch_id identifies this launch of the instance.
-	LaunchId      string `protobuf:"bytes,8,opt,name=launch_id,json=launchId,proto3" json:"launch_id,omitempty"`
+	LaunchId string `protobuf:"bytes,8,opt,name=launch_id,json=launchId,proto3" json:"launch_id,omitempty"`
+	// lmcache_port is the second loopback port the core leased for the
+	// instance's LMCache server, once a plan said it runs one (PlanResponse.
+	// lmcache.runs); 0 otherwise.
+	LmcachePort   int32 `protobuf:"varint,9,opt,name=lmcache_port,json=lmcachePort,proto3" json:"lmcache_port,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1611,6 +1645,13 @@ func (x *LaunchContext) GetLaunchId() string {
 		return x.LaunchId
 	}
 	return ""
+}
+
+func (x *LaunchContext) GetLmcachePort() int32 {
+	if x != nil {
+		return x.LmcachePort
+	}
+	return 0
 }
 
 type PlanRequest struct {
@@ -1762,9 +1803,15 @@ type MemoryHints struct {
 	MaxConcurrentRequests int32 `protobuf:"varint,8,opt,name=max_concurrent_requests,json=maxConcurrentRequests,proto3" json:"max_concurrent_requests,omitempty"`
 	// source says where the figures came from ("gguf_header",
 	// "safetensors", "declared", ...).
-	Source        string `protobuf:"bytes,9,opt,name=source,proto3" json:"source,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Source string `protobuf:"bytes,9,opt,name=source,proto3" json:"source,omitempty"`
+	// beside_host_bytes is host RAM held beside the engine for as long as
+	// the launch runs (a private LMCache: its pool and its server's own
+	// memory); the core adds it to the host side (or the unified pool) of
+	// the startup and ready charges, and of the parked one where the
+	// process stays.
+	BesideHostBytes int64 `protobuf:"varint,10,opt,name=beside_host_bytes,json=besideHostBytes,proto3" json:"beside_host_bytes,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *MemoryHints) Reset() {
@@ -1860,6 +1907,13 @@ func (x *MemoryHints) GetSource() string {
 	return ""
 }
 
+func (x *MemoryHints) GetBesideHostBytes() int64 {
+	if x != nil {
+		return x.BesideHostBytes
+	}
+	return 0
+}
+
 type Parsers struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	ToolCall  string                 `protobuf:"bytes,1,opt,name=tool_call,json=toolCall,proto3" json:"tool_call,omitempty"`
@@ -1937,8 +1991,11 @@ type PlanResponse struct {
 	StartupTimeoutMs int64    `protobuf:"varint,8,opt,name=startup_timeout_ms,json=startupTimeoutMs,proto3" json:"startup_timeout_ms,omitempty"`
 	WakeTimeoutMs    int64    `protobuf:"varint,9,opt,name=wake_timeout_ms,json=wakeTimeoutMs,proto3" json:"wake_timeout_ms,omitempty"`
 	Notes            []string `protobuf:"bytes,10,rep,name=notes,proto3" json:"notes,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// lmcache is the plan's decision about a private LMCache server, absent
+	// from drivers without Capabilities.lmcache.
+	Lmcache       *LMCachePlan `protobuf:"bytes,11,opt,name=lmcache,proto3" json:"lmcache,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *PlanResponse) Reset() {
@@ -2041,6 +2098,109 @@ func (x *PlanResponse) GetNotes() []string {
 	return nil
 }
 
+func (x *PlanResponse) GetLmcache() *LMCachePlan {
+	if x != nil {
+		return x.Lmcache
+	}
+	return nil
+}
+
+// LMCachePlan is a launch's private LMCache server: a companion process the
+// driver starts in the engine's launch (same process group, supervised with
+// it, stopped and proven gone with it) on the loopback port the core leased
+// (LaunchContext.lmcache_port).
+type LMCachePlan struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// runs is true when the instance gets its LMCache server.
+	Runs bool `protobuf:"varint,1,opt,name=runs,proto3" json:"runs,omitempty"`
+	// reason says why it runs or why not ("residency deep is not qualified
+	// with LMCache", "retention = zero", ...).
+	Reason string `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	// pool_bytes is the KV pool the server keeps in host RAM; server_bytes
+	// is the server's own memory beside it. The core charges both to the
+	// host RAM domain (or the unified pool) while the instance holds memory.
+	PoolBytes   int64 `protobuf:"varint,3,opt,name=pool_bytes,json=poolBytes,proto3" json:"pool_bytes,omitempty"`
+	ServerBytes int64 `protobuf:"varint,4,opt,name=server_bytes,json=serverBytes,proto3" json:"server_bytes,omitempty"`
+	// argv and env start the server once lmcache_port is known (empty
+	// before); never secrets.
+	Argv          []string          `protobuf:"bytes,5,rep,name=argv,proto3" json:"argv,omitempty"`
+	Env           map[string]string `protobuf:"bytes,6,rep,name=env,proto3" json:"env,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LMCachePlan) Reset() {
+	*x = LMCachePlan{}
+	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LMCachePlan) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LMCachePlan) ProtoMessage() {}
+
+func (x *LMCachePlan) ProtoReflect() protoreflect.Message {
+	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LMCachePlan.ProtoReflect.Descriptor instead.
+func (*LMCachePlan) Descriptor() ([]byte, []int) {
+	return file_sdk_proto_driverv1_driver_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *LMCachePlan) GetRuns() bool {
+	if x != nil {
+		return x.Runs
+	}
+	return false
+}
+
+func (x *LMCachePlan) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *LMCachePlan) GetPoolBytes() int64 {
+	if x != nil {
+		return x.PoolBytes
+	}
+	return 0
+}
+
+func (x *LMCachePlan) GetServerBytes() int64 {
+	if x != nil {
+		return x.ServerBytes
+	}
+	return 0
+}
+
+func (x *LMCachePlan) GetArgv() []string {
+	if x != nil {
+		return x.Argv
+	}
+	return nil
+}
+
+func (x *LMCachePlan) GetEnv() map[string]string {
+	if x != nil {
+		return x.Env
+	}
+	return nil
+}
+
 type StartRequest struct {
 	state        protoimpl.MessageState `protogen:"open.v1"`
 	Installation *Installation          `protobuf:"bytes,1,opt,name=installation,proto3" json:"installation,omitempty"`
@@ -2061,7 +2221,7 @@ type StartRequest struct {
 
 func (x *StartRequest) Reset() {
 	*x = StartRequest{}
-	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[19]
+	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2073,7 +2233,7 @@ func (x *StartRequest) String() string {
 func (*StartRequest) ProtoMessage() {}
 
 func (x *StartRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[19]
+	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2086,7 +2246,7 @@ func (x *StartRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartRequest.ProtoReflect.Descriptor instead.
 func (*StartRequest) Descriptor() ([]byte, []int) {
-	return file_sdk_proto_driverv1_driver_proto_rawDescGZIP(), []int{19}
+	return file_sdk_proto_driverv1_driver_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *StartRequest) GetInstallation() *Installation {
@@ -2151,7 +2311,7 @@ type ProcessIdentity struct {
 
 func (x *ProcessIdentity) Reset() {
 	*x = ProcessIdentity{}
-	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[20]
+	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2163,7 +2323,7 @@ func (x *ProcessIdentity) String() string {
 func (*ProcessIdentity) ProtoMessage() {}
 
 func (x *ProcessIdentity) ProtoReflect() protoreflect.Message {
-	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[20]
+	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2176,7 +2336,7 @@ func (x *ProcessIdentity) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProcessIdentity.ProtoReflect.Descriptor instead.
 func (*ProcessIdentity) Descriptor() ([]byte, []int) {
-	return file_sdk_proto_driverv1_driver_proto_rawDescGZIP(), []int{20}
+	return file_sdk_proto_driverv1_driver_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ProcessIdentity) GetPid() int32 {
@@ -2206,17 +2366,20 @@ type Launch struct {
 	Pgid int32 `protobuf:"varint,1,opt,name=pgid,proto3" json:"pgid,omitempty"`
 	// processes are the launch's recorded processes: the supervisor ("shim")
 	// and the engine.
-	Processes     []*ProcessIdentity `protobuf:"bytes,2,rep,name=processes,proto3" json:"processes,omitempty"`
-	LaunchDir     string             `protobuf:"bytes,3,opt,name=launch_dir,json=launchDir,proto3" json:"launch_dir,omitempty"`
-	Port          int32              `protobuf:"varint,4,opt,name=port,proto3" json:"port,omitempty"`
-	LaunchId      string             `protobuf:"bytes,5,opt,name=launch_id,json=launchId,proto3" json:"launch_id,omitempty"`
+	Processes []*ProcessIdentity `protobuf:"bytes,2,rep,name=processes,proto3" json:"processes,omitempty"`
+	LaunchDir string             `protobuf:"bytes,3,opt,name=launch_dir,json=launchDir,proto3" json:"launch_dir,omitempty"`
+	Port      int32              `protobuf:"varint,4,opt,name=port,proto3" json:"port,omitempty"`
+	LaunchId  string             `protobuf:"bytes,5,opt,name=launch_id,json=launchId,proto3" json:"launch_id,omitempty"`
+	// lmcache_port is the loopback port of the launch's LMCache server, 0
+	// when it runs none.
+	LmcachePort   int32 `protobuf:"varint,6,opt,name=lmcache_port,json=lmcachePort,proto3" json:"lmcache_port,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Launch) Reset() {
 	*x = Launch{}
-	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[21]
+	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2228,7 +2391,7 @@ func (x *Launch) String() string {
 func (*Launch) ProtoMessage() {}
 
 func (x *Launch) ProtoReflect() protoreflect.Message {
-	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[21]
+	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2241,7 +2404,7 @@ func (x *Launch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Launch.ProtoReflect.Descriptor instead.
 func (*Launch) Descriptor() ([]byte, []int) {
-	return file_sdk_proto_driverv1_driver_proto_rawDescGZIP(), []int{21}
+	return file_sdk_proto_driverv1_driver_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *Launch) GetPgid() int32 {
@@ -2277,6 +2440,13 @@ func (x *Launch) GetLaunchId() string {
 		return x.LaunchId
 	}
 	return ""
+}
+
+func (x *Launch) GetLmcachePort() int32 {
+	if x != nil {
+		return x.LmcachePort
+	}
+	return 0
 }
 
 // Endpoint tells the router how to reach a ready engine.
@@ -2326,7 +2496,7 @@ type Endpoint struct {
 
 func (x *Endpoint) Reset() {
 	*x = Endpoint{}
-	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[22]
+	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2338,7 +2508,7 @@ func (x *Endpoint) String() string {
 func (*Endpoint) ProtoMessage() {}
 
 func (x *Endpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[22]
+	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2351,7 +2521,7 @@ func (x *Endpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Endpoint.ProtoReflect.Descriptor instead.
 func (*Endpoint) Descriptor() ([]byte, []int) {
-	return file_sdk_proto_driverv1_driver_proto_rawDescGZIP(), []int{22}
+	return file_sdk_proto_driverv1_driver_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *Endpoint) GetBaseUrl() string {
@@ -2462,7 +2632,7 @@ type StartResponse struct {
 
 func (x *StartResponse) Reset() {
 	*x = StartResponse{}
-	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[23]
+	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2474,7 +2644,7 @@ func (x *StartResponse) String() string {
 func (*StartResponse) ProtoMessage() {}
 
 func (x *StartResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[23]
+	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2487,7 +2657,7 @@ func (x *StartResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartResponse.ProtoReflect.Descriptor instead.
 func (*StartResponse) Descriptor() ([]byte, []int) {
-	return file_sdk_proto_driverv1_driver_proto_rawDescGZIP(), []int{23}
+	return file_sdk_proto_driverv1_driver_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *StartResponse) GetLaunch() *Launch {
@@ -2516,7 +2686,7 @@ type ProbeRequest struct {
 
 func (x *ProbeRequest) Reset() {
 	*x = ProbeRequest{}
-	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[24]
+	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2528,7 +2698,7 @@ func (x *ProbeRequest) String() string {
 func (*ProbeRequest) ProtoMessage() {}
 
 func (x *ProbeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[24]
+	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2541,7 +2711,7 @@ func (x *ProbeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProbeRequest.ProtoReflect.Descriptor instead.
 func (*ProbeRequest) Descriptor() ([]byte, []int) {
-	return file_sdk_proto_driverv1_driver_proto_rawDescGZIP(), []int{24}
+	return file_sdk_proto_driverv1_driver_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ProbeRequest) GetInstanceId() string {
@@ -2590,7 +2760,7 @@ type ProbeResponse struct {
 
 func (x *ProbeResponse) Reset() {
 	*x = ProbeResponse{}
-	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[25]
+	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2602,7 +2772,7 @@ func (x *ProbeResponse) String() string {
 func (*ProbeResponse) ProtoMessage() {}
 
 func (x *ProbeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[25]
+	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2615,7 +2785,7 @@ func (x *ProbeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProbeResponse.ProtoReflect.Descriptor instead.
 func (*ProbeResponse) Descriptor() ([]byte, []int) {
-	return file_sdk_proto_driverv1_driver_proto_rawDescGZIP(), []int{25}
+	return file_sdk_proto_driverv1_driver_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ProbeResponse) GetAlive() bool {
@@ -2691,7 +2861,7 @@ type ParkRequest struct {
 
 func (x *ParkRequest) Reset() {
 	*x = ParkRequest{}
-	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[26]
+	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2703,7 +2873,7 @@ func (x *ParkRequest) String() string {
 func (*ParkRequest) ProtoMessage() {}
 
 func (x *ParkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[26]
+	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2716,7 +2886,7 @@ func (x *ParkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ParkRequest.ProtoReflect.Descriptor instead.
 func (*ParkRequest) Descriptor() ([]byte, []int) {
-	return file_sdk_proto_driverv1_driver_proto_rawDescGZIP(), []int{26}
+	return file_sdk_proto_driverv1_driver_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ParkRequest) GetInstanceId() string {
@@ -2745,7 +2915,7 @@ type ParkResponse struct {
 
 func (x *ParkResponse) Reset() {
 	*x = ParkResponse{}
-	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[27]
+	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2757,7 +2927,7 @@ func (x *ParkResponse) String() string {
 func (*ParkResponse) ProtoMessage() {}
 
 func (x *ParkResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[27]
+	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2770,7 +2940,7 @@ func (x *ParkResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ParkResponse.ProtoReflect.Descriptor instead.
 func (*ParkResponse) Descriptor() ([]byte, []int) {
-	return file_sdk_proto_driverv1_driver_proto_rawDescGZIP(), []int{27}
+	return file_sdk_proto_driverv1_driver_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ParkResponse) GetDetail() string {
@@ -2797,7 +2967,7 @@ type WakeRequest struct {
 
 func (x *WakeRequest) Reset() {
 	*x = WakeRequest{}
-	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[28]
+	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2809,7 +2979,7 @@ func (x *WakeRequest) String() string {
 func (*WakeRequest) ProtoMessage() {}
 
 func (x *WakeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[28]
+	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2822,7 +2992,7 @@ func (x *WakeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WakeRequest.ProtoReflect.Descriptor instead.
 func (*WakeRequest) Descriptor() ([]byte, []int) {
-	return file_sdk_proto_driverv1_driver_proto_rawDescGZIP(), []int{28}
+	return file_sdk_proto_driverv1_driver_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *WakeRequest) GetInstanceId() string {
@@ -2850,7 +3020,7 @@ type WakeResponse struct {
 
 func (x *WakeResponse) Reset() {
 	*x = WakeResponse{}
-	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[29]
+	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2862,7 +3032,7 @@ func (x *WakeResponse) String() string {
 func (*WakeResponse) ProtoMessage() {}
 
 func (x *WakeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[29]
+	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2875,7 +3045,7 @@ func (x *WakeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WakeResponse.ProtoReflect.Descriptor instead.
 func (*WakeResponse) Descriptor() ([]byte, []int) {
-	return file_sdk_proto_driverv1_driver_proto_rawDescGZIP(), []int{29}
+	return file_sdk_proto_driverv1_driver_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *WakeResponse) GetCanary() string {
@@ -2902,7 +3072,7 @@ type AbortRequest struct {
 
 func (x *AbortRequest) Reset() {
 	*x = AbortRequest{}
-	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[30]
+	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2914,7 +3084,7 @@ func (x *AbortRequest) String() string {
 func (*AbortRequest) ProtoMessage() {}
 
 func (x *AbortRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[30]
+	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2927,7 +3097,7 @@ func (x *AbortRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AbortRequest.ProtoReflect.Descriptor instead.
 func (*AbortRequest) Descriptor() ([]byte, []int) {
-	return file_sdk_proto_driverv1_driver_proto_rawDescGZIP(), []int{30}
+	return file_sdk_proto_driverv1_driver_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *AbortRequest) GetInstanceId() string {
@@ -2955,7 +3125,7 @@ type AbortResponse struct {
 
 func (x *AbortResponse) Reset() {
 	*x = AbortResponse{}
-	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[31]
+	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2967,7 +3137,7 @@ func (x *AbortResponse) String() string {
 func (*AbortResponse) ProtoMessage() {}
 
 func (x *AbortResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[31]
+	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2980,7 +3150,7 @@ func (x *AbortResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AbortResponse.ProtoReflect.Descriptor instead.
 func (*AbortResponse) Descriptor() ([]byte, []int) {
-	return file_sdk_proto_driverv1_driver_proto_rawDescGZIP(), []int{31}
+	return file_sdk_proto_driverv1_driver_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *AbortResponse) GetMode() AbortMode {
@@ -3006,7 +3176,7 @@ type LoadRequest struct {
 
 func (x *LoadRequest) Reset() {
 	*x = LoadRequest{}
-	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[32]
+	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3018,7 +3188,7 @@ func (x *LoadRequest) String() string {
 func (*LoadRequest) ProtoMessage() {}
 
 func (x *LoadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[32]
+	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3031,7 +3201,7 @@ func (x *LoadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoadRequest.ProtoReflect.Descriptor instead.
 func (*LoadRequest) Descriptor() ([]byte, []int) {
-	return file_sdk_proto_driverv1_driver_proto_rawDescGZIP(), []int{32}
+	return file_sdk_proto_driverv1_driver_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *LoadRequest) GetInstanceId() string {
@@ -3057,7 +3227,7 @@ type LoadResponse struct {
 
 func (x *LoadResponse) Reset() {
 	*x = LoadResponse{}
-	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[33]
+	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3069,7 +3239,7 @@ func (x *LoadResponse) String() string {
 func (*LoadResponse) ProtoMessage() {}
 
 func (x *LoadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[33]
+	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3082,7 +3252,7 @@ func (x *LoadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoadResponse.ProtoReflect.Descriptor instead.
 func (*LoadResponse) Descriptor() ([]byte, []int) {
-	return file_sdk_proto_driverv1_driver_proto_rawDescGZIP(), []int{33}
+	return file_sdk_proto_driverv1_driver_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *LoadResponse) GetKnown() bool {
@@ -3133,7 +3303,7 @@ type StopRequest struct {
 
 func (x *StopRequest) Reset() {
 	*x = StopRequest{}
-	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[34]
+	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3145,7 +3315,7 @@ func (x *StopRequest) String() string {
 func (*StopRequest) ProtoMessage() {}
 
 func (x *StopRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[34]
+	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3158,7 +3328,7 @@ func (x *StopRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StopRequest.ProtoReflect.Descriptor instead.
 func (*StopRequest) Descriptor() ([]byte, []int) {
-	return file_sdk_proto_driverv1_driver_proto_rawDescGZIP(), []int{34}
+	return file_sdk_proto_driverv1_driver_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *StopRequest) GetInstanceId() string {
@@ -3196,7 +3366,7 @@ type StopResponse struct {
 
 func (x *StopResponse) Reset() {
 	*x = StopResponse{}
-	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[35]
+	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3208,7 +3378,7 @@ func (x *StopResponse) String() string {
 func (*StopResponse) ProtoMessage() {}
 
 func (x *StopResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[35]
+	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3221,7 +3391,7 @@ func (x *StopResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StopResponse.ProtoReflect.Descriptor instead.
 func (*StopResponse) Descriptor() ([]byte, []int) {
-	return file_sdk_proto_driverv1_driver_proto_rawDescGZIP(), []int{35}
+	return file_sdk_proto_driverv1_driver_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *StopResponse) GetGone() bool {
@@ -3281,7 +3451,7 @@ type RecoverRequest struct {
 
 func (x *RecoverRequest) Reset() {
 	*x = RecoverRequest{}
-	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[36]
+	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3293,7 +3463,7 @@ func (x *RecoverRequest) String() string {
 func (*RecoverRequest) ProtoMessage() {}
 
 func (x *RecoverRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[36]
+	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3306,7 +3476,7 @@ func (x *RecoverRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RecoverRequest.ProtoReflect.Descriptor instead.
 func (*RecoverRequest) Descriptor() ([]byte, []int) {
-	return file_sdk_proto_driverv1_driver_proto_rawDescGZIP(), []int{36}
+	return file_sdk_proto_driverv1_driver_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *RecoverRequest) GetInstanceId() string {
@@ -3397,7 +3567,7 @@ type RecoverResponse struct {
 
 func (x *RecoverResponse) Reset() {
 	*x = RecoverResponse{}
-	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[37]
+	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3409,7 +3579,7 @@ func (x *RecoverResponse) String() string {
 func (*RecoverResponse) ProtoMessage() {}
 
 func (x *RecoverResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[37]
+	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3422,7 +3592,7 @@ func (x *RecoverResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RecoverResponse.ProtoReflect.Descriptor instead.
 func (*RecoverResponse) Descriptor() ([]byte, []int) {
-	return file_sdk_proto_driverv1_driver_proto_rawDescGZIP(), []int{37}
+	return file_sdk_proto_driverv1_driver_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *RecoverResponse) GetState() RecoverState {
@@ -3473,7 +3643,7 @@ type LogsRequest struct {
 
 func (x *LogsRequest) Reset() {
 	*x = LogsRequest{}
-	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[38]
+	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3485,7 +3655,7 @@ func (x *LogsRequest) String() string {
 func (*LogsRequest) ProtoMessage() {}
 
 func (x *LogsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[38]
+	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3498,7 +3668,7 @@ func (x *LogsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogsRequest.ProtoReflect.Descriptor instead.
 func (*LogsRequest) Descriptor() ([]byte, []int) {
-	return file_sdk_proto_driverv1_driver_proto_rawDescGZIP(), []int{38}
+	return file_sdk_proto_driverv1_driver_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *LogsRequest) GetInstanceId() string {
@@ -3532,7 +3702,7 @@ type LogsResponse struct {
 
 func (x *LogsResponse) Reset() {
 	*x = LogsResponse{}
-	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[39]
+	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3544,7 +3714,7 @@ func (x *LogsResponse) String() string {
 func (*LogsResponse) ProtoMessage() {}
 
 func (x *LogsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[39]
+	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3557,7 +3727,7 @@ func (x *LogsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogsResponse.ProtoReflect.Descriptor instead.
 func (*LogsResponse) Descriptor() ([]byte, []int) {
-	return file_sdk_proto_driverv1_driver_proto_rawDescGZIP(), []int{39}
+	return file_sdk_proto_driverv1_driver_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *LogsResponse) GetText() string {
@@ -3636,7 +3806,7 @@ const file_sdk_proto_driverv1_driver_proto_rawDesc = "" +
 	"\adetails\x18\a \x03(\v2,.capyctl.driver.v1.Installation.DetailsEntryR\adetails\x1a:\n" +
 	"\fDetailsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xd1\x03\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xeb\x03\n" +
 	"\n" +
 	"HostPolicy\x12)\n" +
 	"\x10approved_options\x18\x01 \x03(\tR\x0fapprovedOptions\x12%\n" +
@@ -3650,10 +3820,11 @@ const file_sdk_proto_driverv1_driver_proto_rawDesc = "" +
 	"\aunified\x18\b \x01(\bR\aunified\x12E\n" +
 	"\bhost_env\x18\t \x03(\v2*.capyctl.driver.v1.HostPolicy.HostEnvEntryR\ahostEnv\x12\x1b\n" +
 	"\tcuda_home\x18\n" +
-	" \x01(\tR\bcudaHome\x1a:\n" +
+	" \x01(\tR\bcudaHome\x12\x18\n" +
+	"\almcache\x18\v \x01(\tR\almcache\x1a:\n" +
 	"\fHostEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x95\x06\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xdd\x06\n" +
 	"\n" +
 	"Deployment\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1a\n" +
@@ -3678,7 +3849,9 @@ const file_sdk_proto_driverv1_driver_proto_rawDesc = "" +
 	"\x03env\x18\x10 \x03(\v2&.capyctl.driver.v1.Deployment.EnvEntryR\x03env\x12,\n" +
 	"\x12engine_config_json\x18\x11 \x01(\fR\x10engineConfigJson\x12:\n" +
 	"\tresources\x18\x12 \x01(\v2\x1c.capyctl.driver.v1.ResourcesR\tresources\x126\n" +
-	"\x06memory\x18\x13 \x01(\v2\x1e.capyctl.driver.v1.MemorySizesR\x06memory\x1a6\n" +
+	"\x06memory\x18\x13 \x01(\v2\x1e.capyctl.driver.v1.MemorySizesR\x06memory\x12\x18\n" +
+	"\almcache\x18\x14 \x01(\tR\almcache\x12,\n" +
+	"\x12lmcache_pool_bytes\x18\x15 \x01(\x03R\x10lmcachePoolBytes\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"i\n" +
@@ -3690,7 +3863,7 @@ const file_sdk_proto_driverv1_driver_proto_rawDesc = "" +
 	"\vMemorySizes\x12#\n" +
 	"\rrequest_bytes\x18\x01 \x01(\x03R\frequestBytes\x12$\n" +
 	"\x0ekv_cache_bytes\x18\x02 \x01(\x03R\fkvCacheBytes\x12#\n" +
-	"\rstartup_bytes\x18\x03 \x01(\x03R\fstartupBytes\"\x9a\x02\n" +
+	"\rstartup_bytes\x18\x03 \x01(\x03R\fstartupBytes\"\xbd\x02\n" +
 	"\rLaunchContext\x12\x12\n" +
 	"\x04port\x18\x01 \x01(\x05R\x04port\x12!\n" +
 	"\fdevice_uuids\x18\x02 \x03(\tR\vdeviceUuids\x12!\n" +
@@ -3701,7 +3874,8 @@ const file_sdk_proto_driverv1_driver_proto_rawDesc = "" +
 	"launch_dir\x18\x06 \x01(\tR\tlaunchDir\x12\x1f\n" +
 	"\vinstance_id\x18\a \x01(\tR\n" +
 	"instanceId\x12\x1b\n" +
-	"\tlaunch_id\x18\b \x01(\tR\blaunchId\"\xfe\x01\n" +
+	"\tlaunch_id\x18\b \x01(\tR\blaunchId\x12!\n" +
+	"\flmcache_port\x18\t \x01(\x05R\vlmcachePort\"\xfe\x01\n" +
 	"\vPlanRequest\x12C\n" +
 	"\finstallation\x18\x01 \x01(\v2\x1f.capyctl.driver.v1.InstallationR\finstallation\x12=\n" +
 	"\n" +
@@ -3712,7 +3886,7 @@ const file_sdk_proto_driverv1_driver_proto_rawDesc = "" +
 	"\aRefusal\x12\x12\n" +
 	"\x04code\x18\x01 \x01(\tR\x04code\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\tR\amessage\x12\x14\n" +
-	"\x05field\x18\x03 \x01(\tR\x05field\"\x86\x03\n" +
+	"\x05field\x18\x03 \x01(\tR\x05field\"\xb2\x03\n" +
 	"\vMemoryHints\x12#\n" +
 	"\rweights_bytes\x18\x01 \x01(\x03R\fweightsBytes\x12+\n" +
 	"\x12kv_bytes_per_token\x18\x02 \x01(\x03R\x0fkvBytesPerToken\x12$\n" +
@@ -3722,13 +3896,15 @@ const file_sdk_proto_driverv1_driver_proto_rawDesc = "" +
 	"\x14startup_device_bytes\x18\x06 \x01(\x03R\x12startupDeviceBytes\x12%\n" +
 	"\x0econtext_length\x18\a \x01(\x03R\rcontextLength\x126\n" +
 	"\x17max_concurrent_requests\x18\b \x01(\x05R\x15maxConcurrentRequests\x12\x16\n" +
-	"\x06source\x18\t \x01(\tR\x06source\"d\n" +
+	"\x06source\x18\t \x01(\tR\x06source\x12*\n" +
+	"\x11beside_host_bytes\x18\n" +
+	" \x01(\x03R\x0fbesideHostBytes\"d\n" +
 	"\aParsers\x12\x1b\n" +
 	"\ttool_call\x18\x01 \x01(\tR\btoolCall\x12\x1c\n" +
 	"\treasoning\x18\x02 \x01(\tR\treasoning\x12\x1e\n" +
 	"\n" +
 	"provenance\x18\x03 \x01(\tR\n" +
-	"provenance\"\xde\x03\n" +
+	"provenance\"\x98\x04\n" +
 	"\fPlanResponse\x126\n" +
 	"\brefusals\x18\x01 \x03(\v2\x1a.capyctl.driver.v1.RefusalR\brefusals\x12\x12\n" +
 	"\x04argv\x18\x02 \x03(\tR\x04argv\x12:\n" +
@@ -3740,7 +3916,19 @@ const file_sdk_proto_driverv1_driver_proto_rawDesc = "" +
 	"\x12startup_timeout_ms\x18\b \x01(\x03R\x10startupTimeoutMs\x12&\n" +
 	"\x0fwake_timeout_ms\x18\t \x01(\x03R\rwakeTimeoutMs\x12\x14\n" +
 	"\x05notes\x18\n" +
-	" \x03(\tR\x05notes\x1a6\n" +
+	" \x03(\tR\x05notes\x128\n" +
+	"\almcache\x18\v \x01(\v2\x1e.capyctl.driver.v1.LMCachePlanR\almcache\x1a6\n" +
+	"\bEnvEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x82\x02\n" +
+	"\vLMCachePlan\x12\x12\n" +
+	"\x04runs\x18\x01 \x01(\bR\x04runs\x12\x16\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\x12\x1d\n" +
+	"\n" +
+	"pool_bytes\x18\x03 \x01(\x03R\tpoolBytes\x12!\n" +
+	"\fserver_bytes\x18\x04 \x01(\x03R\vserverBytes\x12\x12\n" +
+	"\x04argv\x18\x05 \x03(\tR\x04argv\x129\n" +
+	"\x03env\x18\x06 \x03(\v2'.capyctl.driver.v1.LMCachePlan.EnvEntryR\x03env\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xf0\x02\n" +
@@ -3759,14 +3947,15 @@ const file_sdk_proto_driverv1_driver_proto_rawDesc = "" +
 	"\x03pid\x18\x01 \x01(\x05R\x03pid\x12\x1f\n" +
 	"\vstart_ticks\x18\x02 \x01(\x04R\n" +
 	"startTicks\x12\x12\n" +
-	"\x04role\x18\x03 \x01(\tR\x04role\"\xae\x01\n" +
+	"\x04role\x18\x03 \x01(\tR\x04role\"\xd1\x01\n" +
 	"\x06Launch\x12\x12\n" +
 	"\x04pgid\x18\x01 \x01(\x05R\x04pgid\x12@\n" +
 	"\tprocesses\x18\x02 \x03(\v2\".capyctl.driver.v1.ProcessIdentityR\tprocesses\x12\x1d\n" +
 	"\n" +
 	"launch_dir\x18\x03 \x01(\tR\tlaunchDir\x12\x12\n" +
 	"\x04port\x18\x04 \x01(\x05R\x04port\x12\x1b\n" +
-	"\tlaunch_id\x18\x05 \x01(\tR\blaunchId\"\xc0\x04\n" +
+	"\tlaunch_id\x18\x05 \x01(\tR\blaunchId\x12!\n" +
+	"\flmcache_port\x18\x06 \x01(\x05R\vlmcachePort\"\xc0\x04\n" +
 	"\bEndpoint\x12\x19\n" +
 	"\bbase_url\x18\x01 \x01(\tR\abaseUrl\x12\x1f\n" +
 	"\vauth_header\x18\x02 \x01(\tR\n" +
@@ -3939,7 +4128,7 @@ func file_sdk_proto_driverv1_driver_proto_rawDescGZIP() []byte {
 }
 
 var file_sdk_proto_driverv1_driver_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_sdk_proto_driverv1_driver_proto_msgTypes = make([]protoimpl.MessageInfo, 46)
+var file_sdk_proto_driverv1_driver_proto_msgTypes = make([]protoimpl.MessageInfo, 48)
 var file_sdk_proto_driverv1_driver_proto_goTypes = []any{
 	(AbortMode)(0),           // 0: capyctl.driver.v1.AbortMode
 	(NonStreamedHangup)(0),   // 1: capyctl.driver.v1.NonStreamedHangup
@@ -3966,44 +4155,46 @@ var file_sdk_proto_driverv1_driver_proto_goTypes = []any{
 	(*MemoryHints)(nil),      // 22: capyctl.driver.v1.MemoryHints
 	(*Parsers)(nil),          // 23: capyctl.driver.v1.Parsers
 	(*PlanResponse)(nil),     // 24: capyctl.driver.v1.PlanResponse
-	(*StartRequest)(nil),     // 25: capyctl.driver.v1.StartRequest
-	(*ProcessIdentity)(nil),  // 26: capyctl.driver.v1.ProcessIdentity
-	(*Launch)(nil),           // 27: capyctl.driver.v1.Launch
-	(*Endpoint)(nil),         // 28: capyctl.driver.v1.Endpoint
-	(*StartResponse)(nil),    // 29: capyctl.driver.v1.StartResponse
-	(*ProbeRequest)(nil),     // 30: capyctl.driver.v1.ProbeRequest
-	(*ProbeResponse)(nil),    // 31: capyctl.driver.v1.ProbeResponse
-	(*ParkRequest)(nil),      // 32: capyctl.driver.v1.ParkRequest
-	(*ParkResponse)(nil),     // 33: capyctl.driver.v1.ParkResponse
-	(*WakeRequest)(nil),      // 34: capyctl.driver.v1.WakeRequest
-	(*WakeResponse)(nil),     // 35: capyctl.driver.v1.WakeResponse
-	(*AbortRequest)(nil),     // 36: capyctl.driver.v1.AbortRequest
-	(*AbortResponse)(nil),    // 37: capyctl.driver.v1.AbortResponse
-	(*LoadRequest)(nil),      // 38: capyctl.driver.v1.LoadRequest
-	(*LoadResponse)(nil),     // 39: capyctl.driver.v1.LoadResponse
-	(*StopRequest)(nil),      // 40: capyctl.driver.v1.StopRequest
-	(*StopResponse)(nil),     // 41: capyctl.driver.v1.StopResponse
-	(*RecoverRequest)(nil),   // 42: capyctl.driver.v1.RecoverRequest
-	(*RecoverResponse)(nil),  // 43: capyctl.driver.v1.RecoverResponse
-	(*LogsRequest)(nil),      // 44: capyctl.driver.v1.LogsRequest
-	(*LogsResponse)(nil),     // 45: capyctl.driver.v1.LogsResponse
-	nil,                      // 46: capyctl.driver.v1.DetectResponse.DetailsEntry
-	nil,                      // 47: capyctl.driver.v1.Installation.DetailsEntry
-	nil,                      // 48: capyctl.driver.v1.HostPolicy.HostEnvEntry
-	nil,                      // 49: capyctl.driver.v1.Deployment.EnvEntry
-	nil,                      // 50: capyctl.driver.v1.PlanResponse.EnvEntry
-	nil,                      // 51: capyctl.driver.v1.LoadResponse.FiguresEntry
+	(*LMCachePlan)(nil),      // 25: capyctl.driver.v1.LMCachePlan
+	(*StartRequest)(nil),     // 26: capyctl.driver.v1.StartRequest
+	(*ProcessIdentity)(nil),  // 27: capyctl.driver.v1.ProcessIdentity
+	(*Launch)(nil),           // 28: capyctl.driver.v1.Launch
+	(*Endpoint)(nil),         // 29: capyctl.driver.v1.Endpoint
+	(*StartResponse)(nil),    // 30: capyctl.driver.v1.StartResponse
+	(*ProbeRequest)(nil),     // 31: capyctl.driver.v1.ProbeRequest
+	(*ProbeResponse)(nil),    // 32: capyctl.driver.v1.ProbeResponse
+	(*ParkRequest)(nil),      // 33: capyctl.driver.v1.ParkRequest
+	(*ParkResponse)(nil),     // 34: capyctl.driver.v1.ParkResponse
+	(*WakeRequest)(nil),      // 35: capyctl.driver.v1.WakeRequest
+	(*WakeResponse)(nil),     // 36: capyctl.driver.v1.WakeResponse
+	(*AbortRequest)(nil),     // 37: capyctl.driver.v1.AbortRequest
+	(*AbortResponse)(nil),    // 38: capyctl.driver.v1.AbortResponse
+	(*LoadRequest)(nil),      // 39: capyctl.driver.v1.LoadRequest
+	(*LoadResponse)(nil),     // 40: capyctl.driver.v1.LoadResponse
+	(*StopRequest)(nil),      // 41: capyctl.driver.v1.StopRequest
+	(*StopResponse)(nil),     // 42: capyctl.driver.v1.StopResponse
+	(*RecoverRequest)(nil),   // 43: capyctl.driver.v1.RecoverRequest
+	(*RecoverResponse)(nil),  // 44: capyctl.driver.v1.RecoverResponse
+	(*LogsRequest)(nil),      // 45: capyctl.driver.v1.LogsRequest
+	(*LogsResponse)(nil),     // 46: capyctl.driver.v1.LogsResponse
+	nil,                      // 47: capyctl.driver.v1.DetectResponse.DetailsEntry
+	nil,                      // 48: capyctl.driver.v1.Installation.DetailsEntry
+	nil,                      // 49: capyctl.driver.v1.HostPolicy.HostEnvEntry
+	nil,                      // 50: capyctl.driver.v1.Deployment.EnvEntry
+	nil,                      // 51: capyctl.driver.v1.PlanResponse.EnvEntry
+	nil,                      // 52: capyctl.driver.v1.LMCachePlan.EnvEntry
+	nil,                      // 53: capyctl.driver.v1.LoadResponse.FiguresEntry
 }
 var file_sdk_proto_driverv1_driver_proto_depIdxs = []int32{
 	8,  // 0: capyctl.driver.v1.DescribeResponse.capabilities:type_name -> capyctl.driver.v1.Capabilities
 	0,  // 1: capyctl.driver.v1.Capabilities.abort_mode:type_name -> capyctl.driver.v1.AbortMode
-	46, // 2: capyctl.driver.v1.DetectResponse.details:type_name -> capyctl.driver.v1.DetectResponse.DetailsEntry
+	47, // 2: capyctl.driver.v1.DetectResponse.details:type_name -> capyctl.driver.v1.DetectResponse.DetailsEntry
 	3,  // 3: capyctl.driver.v1.FlagRule.kind:type_name -> capyctl.driver.v1.FlagKind
 	2,  // 4: capyctl.driver.v1.FlagRule.class:type_name -> capyctl.driver.v1.FlagClass
 	12, // 5: capyctl.driver.v1.FlagsResponse.rules:type_name -> capyctl.driver.v1.FlagRule
-	47, // 6: capyctl.driver.v1.Installation.details:type_name -> capyctl.driver.v1.Installation.DetailsEntry
-	48, // 7: capyctl.driver.v1.HostPolicy.host_env:type_name -> capyctl.driver.v1.HostPolicy.HostEnvEntry
-	49, // 8: capyctl.driver.v1.Deployment.env:type_name -> capyctl.driver.v1.Deployment.EnvEntry
+	48, // 6: capyctl.driver.v1.Installation.details:type_name -> capyctl.driver.v1.Installation.DetailsEntry
+	49, // 7: capyctl.driver.v1.HostPolicy.host_env:type_name -> capyctl.driver.v1.HostPolicy.HostEnvEntry
+	50, // 8: capyctl.driver.v1.Deployment.env:type_name -> capyctl.driver.v1.Deployment.EnvEntry
 	17, // 9: capyctl.driver.v1.Deployment.resources:type_name -> capyctl.driver.v1.Resources
 	18, // 10: capyctl.driver.v1.Deployment.memory:type_name -> capyctl.driver.v1.MemorySizes
 	14, // 11: capyctl.driver.v1.PlanRequest.installation:type_name -> capyctl.driver.v1.Installation
@@ -4011,63 +4202,65 @@ var file_sdk_proto_driverv1_driver_proto_depIdxs = []int32{
 	15, // 13: capyctl.driver.v1.PlanRequest.host:type_name -> capyctl.driver.v1.HostPolicy
 	19, // 14: capyctl.driver.v1.PlanRequest.launch:type_name -> capyctl.driver.v1.LaunchContext
 	21, // 15: capyctl.driver.v1.PlanResponse.refusals:type_name -> capyctl.driver.v1.Refusal
-	50, // 16: capyctl.driver.v1.PlanResponse.env:type_name -> capyctl.driver.v1.PlanResponse.EnvEntry
+	51, // 16: capyctl.driver.v1.PlanResponse.env:type_name -> capyctl.driver.v1.PlanResponse.EnvEntry
 	22, // 17: capyctl.driver.v1.PlanResponse.hints:type_name -> capyctl.driver.v1.MemoryHints
 	23, // 18: capyctl.driver.v1.PlanResponse.parsers:type_name -> capyctl.driver.v1.Parsers
-	14, // 19: capyctl.driver.v1.StartRequest.installation:type_name -> capyctl.driver.v1.Installation
-	16, // 20: capyctl.driver.v1.StartRequest.deployment:type_name -> capyctl.driver.v1.Deployment
-	15, // 21: capyctl.driver.v1.StartRequest.host:type_name -> capyctl.driver.v1.HostPolicy
-	19, // 22: capyctl.driver.v1.StartRequest.launch:type_name -> capyctl.driver.v1.LaunchContext
-	24, // 23: capyctl.driver.v1.StartRequest.plan:type_name -> capyctl.driver.v1.PlanResponse
-	26, // 24: capyctl.driver.v1.Launch.processes:type_name -> capyctl.driver.v1.ProcessIdentity
-	0,  // 25: capyctl.driver.v1.Endpoint.abort_mode:type_name -> capyctl.driver.v1.AbortMode
-	1,  // 26: capyctl.driver.v1.Endpoint.non_streamed_hangup:type_name -> capyctl.driver.v1.NonStreamedHangup
-	27, // 27: capyctl.driver.v1.StartResponse.launch:type_name -> capyctl.driver.v1.Launch
-	28, // 28: capyctl.driver.v1.StartResponse.endpoint:type_name -> capyctl.driver.v1.Endpoint
-	4,  // 29: capyctl.driver.v1.ProbeRequest.kind:type_name -> capyctl.driver.v1.ProbeKind
-	28, // 30: capyctl.driver.v1.ProbeResponse.endpoint:type_name -> capyctl.driver.v1.Endpoint
-	0,  // 31: capyctl.driver.v1.AbortResponse.mode:type_name -> capyctl.driver.v1.AbortMode
-	51, // 32: capyctl.driver.v1.LoadResponse.figures:type_name -> capyctl.driver.v1.LoadResponse.FiguresEntry
-	27, // 33: capyctl.driver.v1.StopRequest.launch:type_name -> capyctl.driver.v1.Launch
-	27, // 34: capyctl.driver.v1.RecoverRequest.launch:type_name -> capyctl.driver.v1.Launch
-	14, // 35: capyctl.driver.v1.RecoverRequest.installation:type_name -> capyctl.driver.v1.Installation
-	16, // 36: capyctl.driver.v1.RecoverRequest.deployment:type_name -> capyctl.driver.v1.Deployment
-	15, // 37: capyctl.driver.v1.RecoverRequest.host:type_name -> capyctl.driver.v1.HostPolicy
-	19, // 38: capyctl.driver.v1.RecoverRequest.context:type_name -> capyctl.driver.v1.LaunchContext
-	5,  // 39: capyctl.driver.v1.RecoverResponse.state:type_name -> capyctl.driver.v1.RecoverState
-	28, // 40: capyctl.driver.v1.RecoverResponse.endpoint:type_name -> capyctl.driver.v1.Endpoint
-	27, // 41: capyctl.driver.v1.RecoverResponse.launch:type_name -> capyctl.driver.v1.Launch
-	6,  // 42: capyctl.driver.v1.Driver.Describe:input_type -> capyctl.driver.v1.DescribeRequest
-	9,  // 43: capyctl.driver.v1.Driver.Detect:input_type -> capyctl.driver.v1.DetectRequest
-	11, // 44: capyctl.driver.v1.Driver.Flags:input_type -> capyctl.driver.v1.FlagsRequest
-	20, // 45: capyctl.driver.v1.Driver.Plan:input_type -> capyctl.driver.v1.PlanRequest
-	25, // 46: capyctl.driver.v1.Driver.Start:input_type -> capyctl.driver.v1.StartRequest
-	30, // 47: capyctl.driver.v1.Driver.Probe:input_type -> capyctl.driver.v1.ProbeRequest
-	32, // 48: capyctl.driver.v1.Driver.Park:input_type -> capyctl.driver.v1.ParkRequest
-	34, // 49: capyctl.driver.v1.Driver.Wake:input_type -> capyctl.driver.v1.WakeRequest
-	36, // 50: capyctl.driver.v1.Driver.Abort:input_type -> capyctl.driver.v1.AbortRequest
-	38, // 51: capyctl.driver.v1.Driver.Load:input_type -> capyctl.driver.v1.LoadRequest
-	40, // 52: capyctl.driver.v1.Driver.Stop:input_type -> capyctl.driver.v1.StopRequest
-	42, // 53: capyctl.driver.v1.Driver.Recover:input_type -> capyctl.driver.v1.RecoverRequest
-	44, // 54: capyctl.driver.v1.Driver.Logs:input_type -> capyctl.driver.v1.LogsRequest
-	7,  // 55: capyctl.driver.v1.Driver.Describe:output_type -> capyctl.driver.v1.DescribeResponse
-	10, // 56: capyctl.driver.v1.Driver.Detect:output_type -> capyctl.driver.v1.DetectResponse
-	13, // 57: capyctl.driver.v1.Driver.Flags:output_type -> capyctl.driver.v1.FlagsResponse
-	24, // 58: capyctl.driver.v1.Driver.Plan:output_type -> capyctl.driver.v1.PlanResponse
-	29, // 59: capyctl.driver.v1.Driver.Start:output_type -> capyctl.driver.v1.StartResponse
-	31, // 60: capyctl.driver.v1.Driver.Probe:output_type -> capyctl.driver.v1.ProbeResponse
-	33, // 61: capyctl.driver.v1.Driver.Park:output_type -> capyctl.driver.v1.ParkResponse
-	35, // 62: capyctl.driver.v1.Driver.Wake:output_type -> capyctl.driver.v1.WakeResponse
-	37, // 63: capyctl.driver.v1.Driver.Abort:output_type -> capyctl.driver.v1.AbortResponse
-	39, // 64: capyctl.driver.v1.Driver.Load:output_type -> capyctl.driver.v1.LoadResponse
-	41, // 65: capyctl.driver.v1.Driver.Stop:output_type -> capyctl.driver.v1.StopResponse
-	43, // 66: capyctl.driver.v1.Driver.Recover:output_type -> capyctl.driver.v1.RecoverResponse
-	45, // 67: capyctl.driver.v1.Driver.Logs:output_type -> capyctl.driver.v1.LogsResponse
-	55, // [55:68] is the sub-list for method output_type
-	42, // [42:55] is the sub-list for method input_type
-	42, // [42:42] is the sub-list for extension type_name
-	42, // [42:42] is the sub-list for extension extendee
-	0,  // [0:42] is the sub-list for field type_name
+	25, // 19: capyctl.driver.v1.PlanResponse.lmcache:type_name -> capyctl.driver.v1.LMCachePlan
+	52, // 20: capyctl.driver.v1.LMCachePlan.env:type_name -> capyctl.driver.v1.LMCachePlan.EnvEntry
+	14, // 21: capyctl.driver.v1.StartRequest.installation:type_name -> capyctl.driver.v1.Installation
+	16, // 22: capyctl.driver.v1.StartRequest.deployment:type_name -> capyctl.driver.v1.Deployment
+	15, // 23: capyctl.driver.v1.StartRequest.host:type_name -> capyctl.driver.v1.HostPolicy
+	19, // 24: capyctl.driver.v1.StartRequest.launch:type_name -> capyctl.driver.v1.LaunchContext
+	24, // 25: capyctl.driver.v1.StartRequest.plan:type_name -> capyctl.driver.v1.PlanResponse
+	27, // 26: capyctl.driver.v1.Launch.processes:type_name -> capyctl.driver.v1.ProcessIdentity
+	0,  // 27: capyctl.driver.v1.Endpoint.abort_mode:type_name -> capyctl.driver.v1.AbortMode
+	1,  // 28: capyctl.driver.v1.Endpoint.non_streamed_hangup:type_name -> capyctl.driver.v1.NonStreamedHangup
+	28, // 29: capyctl.driver.v1.StartResponse.launch:type_name -> capyctl.driver.v1.Launch
+	29, // 30: capyctl.driver.v1.StartResponse.endpoint:type_name -> capyctl.driver.v1.Endpoint
+	4,  // 31: capyctl.driver.v1.ProbeRequest.kind:type_name -> capyctl.driver.v1.ProbeKind
+	29, // 32: capyctl.driver.v1.ProbeResponse.endpoint:type_name -> capyctl.driver.v1.Endpoint
+	0,  // 33: capyctl.driver.v1.AbortResponse.mode:type_name -> capyctl.driver.v1.AbortMode
+	53, // 34: capyctl.driver.v1.LoadResponse.figures:type_name -> capyctl.driver.v1.LoadResponse.FiguresEntry
+	28, // 35: capyctl.driver.v1.StopRequest.launch:type_name -> capyctl.driver.v1.Launch
+	28, // 36: capyctl.driver.v1.RecoverRequest.launch:type_name -> capyctl.driver.v1.Launch
+	14, // 37: capyctl.driver.v1.RecoverRequest.installation:type_name -> capyctl.driver.v1.Installation
+	16, // 38: capyctl.driver.v1.RecoverRequest.deployment:type_name -> capyctl.driver.v1.Deployment
+	15, // 39: capyctl.driver.v1.RecoverRequest.host:type_name -> capyctl.driver.v1.HostPolicy
+	19, // 40: capyctl.driver.v1.RecoverRequest.context:type_name -> capyctl.driver.v1.LaunchContext
+	5,  // 41: capyctl.driver.v1.RecoverResponse.state:type_name -> capyctl.driver.v1.RecoverState
+	29, // 42: capyctl.driver.v1.RecoverResponse.endpoint:type_name -> capyctl.driver.v1.Endpoint
+	28, // 43: capyctl.driver.v1.RecoverResponse.launch:type_name -> capyctl.driver.v1.Launch
+	6,  // 44: capyctl.driver.v1.Driver.Describe:input_type -> capyctl.driver.v1.DescribeRequest
+	9,  // 45: capyctl.driver.v1.Driver.Detect:input_type -> capyctl.driver.v1.DetectRequest
+	11, // 46: capyctl.driver.v1.Driver.Flags:input_type -> capyctl.driver.v1.FlagsRequest
+	20, // 47: capyctl.driver.v1.Driver.Plan:input_type -> capyctl.driver.v1.PlanRequest
+	26, // 48: capyctl.driver.v1.Driver.Start:input_type -> capyctl.driver.v1.StartRequest
+	31, // 49: capyctl.driver.v1.Driver.Probe:input_type -> capyctl.driver.v1.ProbeRequest
+	33, // 50: capyctl.driver.v1.Driver.Park:input_type -> capyctl.driver.v1.ParkRequest
+	35, // 51: capyctl.driver.v1.Driver.Wake:input_type -> capyctl.driver.v1.WakeRequest
+	37, // 52: capyctl.driver.v1.Driver.Abort:input_type -> capyctl.driver.v1.AbortRequest
+	39, // 53: capyctl.driver.v1.Driver.Load:input_type -> capyctl.driver.v1.LoadRequest
+	41, // 54: capyctl.driver.v1.Driver.Stop:input_type -> capyctl.driver.v1.StopRequest
+	43, // 55: capyctl.driver.v1.Driver.Recover:input_type -> capyctl.driver.v1.RecoverRequest
+	45, // 56: capyctl.driver.v1.Driver.Logs:input_type -> capyctl.driver.v1.LogsRequest
+	7,  // 57: capyctl.driver.v1.Driver.Describe:output_type -> capyctl.driver.v1.DescribeResponse
+	10, // 58: capyctl.driver.v1.Driver.Detect:output_type -> capyctl.driver.v1.DetectResponse
+	13, // 59: capyctl.driver.v1.Driver.Flags:output_type -> capyctl.driver.v1.FlagsResponse
+	24, // 60: capyctl.driver.v1.Driver.Plan:output_type -> capyctl.driver.v1.PlanResponse
+	30, // 61: capyctl.driver.v1.Driver.Start:output_type -> capyctl.driver.v1.StartResponse
+	32, // 62: capyctl.driver.v1.Driver.Probe:output_type -> capyctl.driver.v1.ProbeResponse
+	34, // 63: capyctl.driver.v1.Driver.Park:output_type -> capyctl.driver.v1.ParkResponse
+	36, // 64: capyctl.driver.v1.Driver.Wake:output_type -> capyctl.driver.v1.WakeResponse
+	38, // 65: capyctl.driver.v1.Driver.Abort:output_type -> capyctl.driver.v1.AbortResponse
+	40, // 66: capyctl.driver.v1.Driver.Load:output_type -> capyctl.driver.v1.LoadResponse
+	42, // 67: capyctl.driver.v1.Driver.Stop:output_type -> capyctl.driver.v1.StopResponse
+	44, // 68: capyctl.driver.v1.Driver.Recover:output_type -> capyctl.driver.v1.RecoverResponse
+	46, // 69: capyctl.driver.v1.Driver.Logs:output_type -> capyctl.driver.v1.LogsResponse
+	57, // [57:70] is the sub-list for method output_type
+	44, // [44:57] is the sub-list for method input_type
+	44, // [44:44] is the sub-list for extension type_name
+	44, // [44:44] is the sub-list for extension extendee
+	0,  // [0:44] is the sub-list for field type_name
 }
 
 func init() { file_sdk_proto_driverv1_driver_proto_init() }
@@ -4081,7 +4274,7 @@ func file_sdk_proto_driverv1_driver_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sdk_proto_driverv1_driver_proto_rawDesc), len(file_sdk_proto_driverv1_driver_proto_rawDesc)),
 			NumEnums:      6,
-			NumMessages:   46,
+			NumMessages:   48,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -1,0 +1,217 @@
+// Copyright (c) CapyCTL authors
+// SPDX-License-Identifier: Apache-2.0
+
+package pyengine
+
+import (
+	"fmt"
+	"strconv"
+
+	"github.com/capyctl/capyctl/sdk/enginekit"
+	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
+)
+
+// What follows decides whether an instance gets a private LMCache server
+// and renders it (SPEC E8, release notes 0.1.7). The server is LMCache's
+// own standalone store, started from the engine's environment as
+//
+//	<venv>/bin/python -m lmcache.v1.server 127.0.0.1 <leased port> cpu
+//
+// (lmcache/v1/server/__main__.py: positional host, port and storage,
+// "cpu" by default; console script lmcache_server). The engine reaches it
+// through LMCache's connector configured by LMCACHE_* variables (no
+// config file: a file makes LMCache ignore the variables), with
+// LMCACHE_REMOTE_URL = "lm://127.0.0.1:<port>". Sources are in
+// website/content/engines/lmcache.md.
+
+// LMCache modes of a deployment (lmcache = ...).
+const (
+	LMCacheAuto     = "auto"
+	LMCacheOff      = "off"
+	LMCacheRequired = "required"
+)
+
+// LMCacheDist is LMCache's distribution name in an engine's environment.
+const LMCacheDist = "lmcache"
+
+// LMCacheSeries and LMCacheMin bound the LMCache releases CapyCTL runs:
+// 0.5.6 or a later 0.5.x.
+var (
+	LMCacheSeries = []string{"0.5"}
+	LMCacheMin    = "0.5.6"
+)
+
+// LMCacheModule is the module of LMCache's standalone server.
+const LMCacheModule = "lmcache.v1.server"
+
+// DefaultLMCachePool is the pool when a deployment sets no lmcache_pool.
+const DefaultLMCachePool int64 = 4 << 30
+
+// LMCacheServerBytes is what the LMCache server itself holds besides the
+// pool: a Python process that imports torch. IMPORTANT: an estimate, not a
+// measurement (the server's peak is measured with the launch's processes
+// like the engine's; this figure only sets aside room before that).
+const LMCacheServerBytes int64 = 1 << 30
+
+// LMCacheChunkTokens is the chunk LMCache stores and looks up KV by
+// (LMCACHE_CHUNK_SIZE; 256 is LMCache's default).
+const LMCacheChunkTokens = 256
+
+// LMCacheFamily is what an engine family brings to the decision.
+type LMCacheFamily struct {
+	// Name is the engine's name in messages ("vLLM").
+	Name string
+	// Since is the first engine release that runs LMCache with CapyCTL.
+	Since string
+	// NoDecisions: the family runs decision deployments without LMCache
+	// (SGLang fails with it while its radix cache is disabled,
+	// sgl-project/sglang#45929).
+	NoDecisions bool
+}
+
+// LMCacheInput is what PlanLMCache decides from.
+type LMCacheInput struct {
+	Family    LMCacheFamily
+	Inst      *pb.Installation
+	Dep       *pb.Deployment
+	Host      *pb.HostPolicy
+	Launch    *pb.LaunchContext
+	Venv      *Venv
+	Residency string
+	// OwnConnector: the deployment renders its own KV connector
+	// (an approved --kv-transfer-config), which LMCache's would replace.
+	OwnConnector bool
+}
+
+// LMCacheDecision is a plan's LMCache: the server and what the engine
+// needs to reach it.
+type LMCacheDecision struct {
+	Plan *pb.LMCachePlan
+	// Env are the engine's LMCACHE_* variables (empty when it does not
+	// run, or before the port is leased).
+	Env map[string]string
+}
+
+// Runs reports whether the instance gets its LMCache.
+func (d LMCacheDecision) Runs() bool { return d.Plan.GetRuns() }
+
+// LMCacheMode is a deployment's mode, auto when unset.
+func LMCacheMode(dep *pb.Deployment) string {
+	if m := dep.GetLmcache(); m != "" {
+		return m
+	}
+	return LMCacheAuto
+}
+
+// PlanLMCache decides whether the instance gets a private LMCache server
+// and renders it; lmcache = "required" where it cannot run adds a refusal
+// lmcache_unavailable:<why>.
+func PlanLMCache(in LMCacheInput, r *enginekit.Refusals) LMCacheDecision {
+	mode := LMCacheMode(in.Dep)
+	if mode != LMCacheAuto && mode != LMCacheOff && mode != LMCacheRequired {
+		r.Add(enginekit.CodeLMCacheUnavailable+":mode", "lmcache", "lmcache is %q: want auto, off or required", mode)
+		return LMCacheDecision{Plan: &pb.LMCachePlan{Reason: "invalid mode"}}
+	}
+	off := func(key, why string) LMCacheDecision {
+		if mode == LMCacheRequired {
+			r.Add(enginekit.CodeLMCacheUnavailable+":"+key, "lmcache", "lmcache = \"required\", but %s", why)
+		}
+		return LMCacheDecision{Plan: &pb.LMCachePlan{Reason: why}}
+	}
+	if mode == LMCacheOff {
+		return LMCacheDecision{Plan: &pb.LMCachePlan{Reason: "the deployment sets lmcache = \"off\""}}
+	}
+	if in.Host.GetLmcache() == LMCacheOff {
+		return off("host_off", "the host sets lmcache = \"off\"")
+	}
+	if in.Host.GetRetention() == "zero" {
+		// IMPORTANT: its cache would hold request content in host RAM.
+		return off("retention_zero", "the host keeps no request data (retention = \"zero\"), and LMCache holds prompts' KV in host RAM")
+	}
+	if v := in.Inst.GetVersion(); v != "" && !VersionAtLeast(v, in.Family.Since) {
+		return off("engine_version", fmt.Sprintf("%s %s predates %s, the first release CapyCTL runs LMCache with", in.Family.Name, v, in.Family.Since))
+	}
+	if in.Family.NoDecisions && in.Dep.GetApi() == "decisions" {
+		return off("decisions", fmt.Sprintf("%s fails with LMCache while its radix cache is disabled, as decision models run (sgl-project/sglang#45929)", in.Family.Name))
+	}
+	var lmv string
+	if in.Venv != nil {
+		if d, ok := in.Venv.Dist(LMCacheDist); ok {
+			lmv = d.Version
+		}
+	}
+	switch {
+	case lmv == "":
+		return off("not_installed", fmt.Sprintf("LMCache is not installed in the environment of engine %s (install lmcache %s or a later 0.5.x there and register the engine again)", in.Inst.GetName(), LMCacheMin))
+	case !VersionIn(lmv, LMCacheSeries) || !VersionAtLeast(lmv, LMCacheMin):
+		return off("lmcache_version", fmt.Sprintf("engine %s has LMCache %s; CapyCTL runs %s or a later 0.5.x", in.Inst.GetName(), lmv, LMCacheMin))
+	}
+	if in.OwnConnector {
+		return off("own_connector", "the deployment sets its own KV connector (--kv-transfer-config)")
+	}
+	if in.Residency != enginekit.ResidencyRestartOnly {
+		// Deep (and host_backed) parking with LMCache is qualified per
+		// engine, model type and GPU; this release qualifies none.
+		return off("residency_not_qualified", fmt.Sprintf("residency %q is not qualified with LMCache yet: declare residency = \"restart_only\" to use it", in.Residency))
+	}
+	if mode == LMCacheRequired && len(*r) > 0 {
+		return LMCacheDecision{Plan: &pb.LMCachePlan{Reason: "refused"}}
+	}
+	pool := in.Dep.GetLmcachePoolBytes()
+	if pool <= 0 {
+		pool = DefaultLMCachePool
+	}
+	p := &pb.LMCachePlan{
+		Runs:        true,
+		Reason:      fmt.Sprintf("LMCache %s, residency restart_only, lmcache = %q", lmv, mode),
+		PoolBytes:   pool,
+		ServerBytes: LMCacheServerBytes,
+	}
+	dec := LMCacheDecision{Plan: p}
+	port := in.Launch.GetLmcachePort()
+	if port <= 0 || in.Venv == nil {
+		return dec // rendered once the core leased the port
+	}
+	ps := strconv.Itoa(int(port))
+	p.Argv = []string{in.Venv.Python, "-u", "-m", LMCacheModule, "127.0.0.1", ps, "cpu"}
+	p.Env = map[string]string(BaseEnv(EnvOptions{Venv: in.Venv.Dir, Host: in.Host, Launch: in.Launch}))
+	// The server needs no GPU.
+	delete(p.Env, "CUDA_VISIBLE_DEVICES")
+	delete(p.Env, "CUDA_DEVICE_ORDER")
+	dec.Env = map[string]string{
+		"LMCACHE_CHUNK_SIZE":         strconv.Itoa(LMCacheChunkTokens),
+		"LMCACHE_LOCAL_CPU":          "True",
+		"LMCACHE_MAX_LOCAL_CPU_SIZE": gigabytes(pool),
+		"LMCACHE_REMOTE_URL":         "lm://127.0.0.1:" + ps,
+		"LMCACHE_REMOTE_SERDE":       "naive",
+	}
+	return dec
+}
+
+// gigabytes renders bytes as LMCache's size in GB (float, 2^30 bytes).
+func gigabytes(b int64) string {
+	return strconv.FormatFloat(float64(b)/float64(1<<30), 'f', -1, 64)
+}
+
+// ApplyLMCache puts a decision into a rendered plan: the server, the
+// engine's variables and the host RAM beside the engine.
+func ApplyLMCache(resp *pb.PlanResponse, d LMCacheDecision) {
+	resp.Lmcache = d.Plan
+	if !d.Runs() {
+		if d.Plan.GetReason() != "" {
+			resp.Notes = append(resp.Notes, "no LMCache: "+d.Plan.GetReason())
+		}
+		return
+	}
+	if resp.Env == nil {
+		resp.Env = map[string]string{}
+	}
+	for k, v := range d.Env {
+		resp.Env[k] = v
+	}
+	if resp.Hints == nil {
+		resp.Hints = &pb.MemoryHints{}
+	}
+	resp.Hints.BesideHostBytes = d.Plan.GetPoolBytes() + d.Plan.GetServerBytes()
+	resp.Notes = append(resp.Notes, "a private LMCache server runs beside the engine on loopback: "+d.Plan.GetReason())
+}

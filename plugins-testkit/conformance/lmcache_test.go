@@ -1,0 +1,124 @@
+// Copyright (c) CapyCTL authors
+// SPDX-License-Identifier: Apache-2.0
+
+package conformance_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/capyctl/capyctl/plugins-testkit/conformance"
+	"github.com/capyctl/capyctl/plugins-testkit/harness"
+)
+
+// TestRole_LMCache registers vLLM 0.32.0 and SGLang 0.5.22 venvs with
+// LMCache 0.5.6 installed, deploys a restart_only model on each with
+// lmcache = "required", and shows, through the router: the instance's own
+// LMCache server runs beside the engine (a process of the launch, on
+// loopback); a prompt whose 256-token prefix was seen before is answered
+// with that prefix cached (usage.prompt_tokens_details.cached_tokens), so
+// less of it is prefilled; and a stop ends the server with the engine.
+// Where LMCache cannot run, lmcache = "required" is refused at deploy.
+func TestRole_LMCache(t *testing.T) {
+	r := harness.StartStandalone(t, harness.Options{})
+	for _, e := range []struct{ family, version string }{{"vllm", "0.32.0"}, {"sglang", "0.5.22"}} {
+		t.Run(e.family, func(t *testing.T) {
+			venv := conformance.FakeVenv(t, t.TempDir(), map[string]string{e.family: e.version, "lmcache": "0.5.6"}, nil)
+			name := "lmc-" + e.family
+			if out, errOut, code := r.CLI("engine", "add", venv, "--yes", "--name", name); code != 0 {
+				t.Fatalf("engine add: exit %d\n%s%s", code, out, errOut)
+			}
+			// Deep parking is not qualified with LMCache: required is refused
+			// when the deployment is written, with its code and exit 5.
+			deep := fmt.Sprintf("deployment %q {\n  engine = %q\n  lmcache = \"required\"\n  model {\n    path = %q\n  }\n}\n", "deep-"+e.family, name, "deep-"+e.family)
+			out, errOut, code := r.Deploy("deep-"+e.family, deep)
+			if code != 5 || !strings.Contains(out+errOut, "lmcache_unavailable:residency_not_qualified") {
+				t.Fatalf("deploy lmcache = required, residency deep: exit %d, want 5 and lmcache_unavailable\n%s%s", code, out, errOut)
+			}
+
+			dep := "cache-" + e.family
+			spec := fmt.Sprintf("deployment %q {\n  engine = %q\n  residency = \"restart_only\"\n  lmcache = \"required\"\n  model {\n    path = %q\n  }\n}\n", dep, name, dep)
+			if out, errOut, code := r.Deploy(dep, spec, "--activate", "--wait"); code != 0 {
+				t.Fatalf("deploy: exit %d\n%s%s\nrole:\n%s", code, out, errOut, r.Output())
+			}
+			server := lmcacheServers(r)
+			if len(server) != 1 {
+				t.Fatalf("want one LMCache server of the launch, found %v\nrole:\n%s", server, r.Output())
+			}
+
+			words := make([]string, 300)
+			for i := range words {
+				words[i] = "w" + strconv.Itoa(i)
+			}
+			prefix := strings.Join(words, " ")
+			first := cachedTokens(t, r, dep, prefix+" first question")
+			second := cachedTokens(t, r, dep, prefix+" second question")
+			if first.cached != 0 {
+				t.Fatalf("first prompt: %d tokens cached before anything was stored", first.cached)
+			}
+			if second.cached < 256 || second.prompt-second.cached >= first.prompt-first.cached {
+				t.Fatalf("repeated prefix: %d of %d prompt tokens cached (first: %d of %d): want the 256-token chunk from LMCache",
+					second.cached, second.prompt, first.cached, first.prompt)
+			}
+
+			if out, errOut, code := r.CLI("stop", "deployment", dep, "--wait"); code != 0 {
+				t.Fatalf("stop: exit %d\n%s%s", code, out, errOut)
+			}
+			for _, pid := range server {
+				if harness.Alive(pid) {
+					t.Fatalf("the LMCache server %d outlived its stopped instance", pid)
+				}
+			}
+		})
+	}
+}
+
+// lmcacheServers are the live LMCache servers of the role's launches.
+func lmcacheServers(r *harness.Role) []int {
+	var out []int
+	for _, pid := range harness.EnginePIDs(r.StateDir) {
+		b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
+		if err == nil && strings.Contains(string(b), "lmcache.v1.server\x00127.0.0.1\x00") {
+			out = append(out, pid)
+		}
+	}
+	return out
+}
+
+// usage is an answer's prompt and cached token counts.
+type usage struct{ prompt, cached int }
+
+// cachedTokens sends one chat request and returns its usage.
+func cachedTokens(t *testing.T, r *harness.Role, model, content string) usage {
+	t.Helper()
+	resp, err := r.Chat(context.Background(), harness.ChatBody(model, false, content), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := harness.ReadAll(resp)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("chat: %d %s", resp.StatusCode, body)
+	}
+	var a struct {
+		Usage struct {
+			PromptTokens        int `json:"prompt_tokens"`
+			PromptTokensDetails *struct {
+				CachedTokens int `json:"cached_tokens"`
+			} `json:"prompt_tokens_details"`
+		} `json:"usage"`
+	}
+	if err := json.Unmarshal([]byte(body), &a); err != nil {
+		t.Fatalf("answer: %v\n%s", err, body)
+	}
+	u := usage{prompt: a.Usage.PromptTokens}
+	if d := a.Usage.PromptTokensDetails; d != nil {
+		u.cached = d.CachedTokens
+	}
+	return u
+}
