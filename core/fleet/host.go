@@ -380,8 +380,10 @@ func (h *Host) link(ctx context.Context, up func()) error {
 		return stream.Send(m)
 	}
 	journals := h.o.Local.Journals()
+	inv := h.o.Local.Inventory()
+	invSent := inventoryDigest(inv)
 	if err := send(&hostv1.HostMessage{Body: &hostv1.HostMessage_Hello{Hello: &hostv1.Hello{
-		HostName: h.o.Name, Version: version.Version, Protocol: 1, Inventory: h.o.Local.Inventory(), Instances: journals}}}); err != nil {
+		HostName: h.o.Name, Version: version.Version, Protocol: 1, Inventory: inv, Instances: journals}}}); err != nil {
 		return err
 	}
 	first, err := stream.Recv()
@@ -429,8 +431,11 @@ func (h *Host) link(ctx context.Context, up func()) error {
 			return err
 		case <-t.C:
 		}
-		if err := send(&hostv1.HostMessage{Body: &hostv1.HostMessage_Heartbeat{Heartbeat: &hostv1.Heartbeat{
-			TimeUnixMs: time.Now().UnixMilli(), Readings: h.o.Local.Readings()}}}); err != nil {
+		hb := &hostv1.Heartbeat{TimeUnixMs: time.Now().UnixMilli(), Readings: h.o.Local.Readings()}
+		if inv := h.o.Local.Inventory(); inventoryDigest(inv) != invSent {
+			hb.Inventory, invSent = inv, inventoryDigest(inv)
+		}
+		if err := send(&hostv1.HostMessage{Body: &hostv1.HostMessage_Heartbeat{Heartbeat: hb}}); err != nil {
 			return err
 		}
 		now := map[string]bool{}
@@ -455,6 +460,11 @@ func (h *Host) link(ctx context.Context, up func()) error {
 			}
 		}
 	}
+}
+
+func inventoryDigest(inv *hostv1.Inventory) [32]byte {
+	b, _ := json.Marshal(inv)
+	return sha256.Sum256(b)
 }
 
 func journalDigest(j *hostv1.InstanceJournal) [32]byte {

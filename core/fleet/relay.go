@@ -47,11 +47,11 @@ func (s *Server) InferenceHandler(apiKey string, maxBody int64) http.Handler {
 // relayInference relays one inference request to the least busy reachable
 // host of the model's placement.
 func (s *Server) relayInference(w http.ResponseWriter, r *http.Request, maxBody int64) {
-	id := r.Header.Get(router.HeaderRequestID)
-	if id == "" {
-		id = router.NewRequestID()
-	}
-	w.Header().Set(router.HeaderRequestID, id)
+	// The host's router names the request (its request ledger holds it
+	// under that ID) and its answer carries it; an answer the server
+	// makes itself gets an ID of its own. The client's X-Request-Id
+	// travels as it is.
+	w.Header().Set(router.HeaderRequestID, router.NewRequestID())
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
 	if err != nil {
 		var mbe *http.MaxBytesError
@@ -87,7 +87,7 @@ func (s *Server) relayInference(w http.ResponseWriter, r *http.Request, maxBody 
 		return
 	}
 	defer done()
-	resp, err := s.roundTrip(r.Context(), host, r.Method, r.URL.RequestURI(), r.Header, id, body)
+	resp, err := s.roundTrip(r.Context(), host, r.Method, r.URL.RequestURI(), r.Header, "", body)
 	if err != nil {
 		if r.Context().Err() != nil {
 			return // the client hung up: the reset stream cancelled the host's work
@@ -148,6 +148,7 @@ func (s *Server) roundTrip(ctx context.Context, host, method, uri string, hdr ht
 	for _, k := range hopHeaders {
 		out.Header.Del(k)
 	}
+	out.Header.Del(router.HeaderRequestID)
 	if id != "" {
 		out.Header.Set(router.HeaderRequestID, id)
 	}

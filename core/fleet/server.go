@@ -535,6 +535,9 @@ func (s *Server) onHostMessage(name string, gen uint64, m *hostv1.HostMessage) {
 	switch b := m.GetBody().(type) {
 	case *hostv1.HostMessage_Heartbeat:
 		h.readings = b.Heartbeat.GetReadings()
+		if inv := b.Heartbeat.GetInventory(); inv != nil {
+			h.inventory = inv
+		}
 	case *hostv1.HostMessage_Journal:
 		j := b.Journal
 		if j.GetState() == string(structs.StateStopped) && j.GetDeployment() == "" {

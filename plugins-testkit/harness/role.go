@@ -34,6 +34,11 @@ type Role struct {
 	// Args are the extra arguments the role was started with.
 	Args []string
 	Env  []string
+	// RoleName is standalone, server or host.
+	RoleName string
+	// ClusterAddr is a server's cluster listener; a restart binds the same
+	// one, as a server with a configured port does.
+	ClusterAddr string
 
 	cmd    *exec.Cmd
 	out    *bytes.Buffer
@@ -53,6 +58,9 @@ type Options struct {
 	Args []string
 	// Env are extra environment variables of the role.
 	Env []string
+	// Role is the role to start: standalone (the default), server or host
+	// (StartServer and StartHost set it).
+	Role string
 }
 
 // StartStandalone starts `capyctl start standalone` on loopback ports and
@@ -65,7 +73,11 @@ func StartStandalone(t testing.TB, opts Options) *Role {
 	if dir == "" {
 		dir = t.TempDir()
 	}
-	r := &Role{t: t, Bin: bin, FakeBin: fake, StateDir: dir, Args: opts.Args, Env: opts.Env}
+	role := opts.Role
+	if role == "" {
+		role = "standalone"
+	}
+	r := &Role{t: t, Bin: bin, FakeBin: fake, StateDir: dir, Args: opts.Args, Env: opts.Env, RoleName: role}
 	r.start()
 	t.Cleanup(func() { r.cleanup() })
 	return r
@@ -83,10 +95,17 @@ func (r *Role) start() {
 		base := 10000 + rand.IntN(220)*100
 		r.ports = fmt.Sprintf("%d-%d", base, base+99)
 	}
-	args := append([]string{"start", "standalone", "--state-dir", r.StateDir,
-		"--listen", "127.0.0.1:0", "--management-listen", "127.0.0.1:0",
-		"--engine-ports", r.ports,
-		"--models-root", filepath.Join(r.StateDir, "models")}, r.Args...)
+	args := []string{"start", r.RoleName, "--state-dir", r.StateDir, "--listen", "127.0.0.1:0", "--management-listen", "127.0.0.1:0"}
+	if r.RoleName == "server" {
+		addr := r.ClusterAddr
+		if addr == "" {
+			addr = "127.0.0.1:0"
+		}
+		args = append(args, "--cluster-listen", addr)
+	} else {
+		args = append(args, "--engine-ports", r.ports, "--models-root", filepath.Join(r.StateDir, "models"))
+	}
+	args = append(args, r.Args...)
 	cmd := exec.Command(r.Bin, args...)
 	cmd.Env = append(baseEnv(), r.Env...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}

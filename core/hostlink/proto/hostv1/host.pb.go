@@ -533,8 +533,11 @@ type Heartbeat struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// time_unix_ms is the host's clock when it sent the heartbeat; the
 	// server compares it with its own to report skew, never to order events.
-	TimeUnixMs    int64            `protobuf:"varint,1,opt,name=time_unix_ms,json=timeUnixMs,proto3" json:"time_unix_ms,omitempty"`
-	Readings      []*LedgerReading `protobuf:"bytes,2,rep,name=readings,proto3" json:"readings,omitempty"`
+	TimeUnixMs int64            `protobuf:"varint,1,opt,name=time_unix_ms,json=timeUnixMs,proto3" json:"time_unix_ms,omitempty"`
+	Readings   []*LedgerReading `protobuf:"bytes,2,rep,name=readings,proto3" json:"readings,omitempty"`
+	// inventory is set when it changed since the last one the host sent
+	// (an engine registered or removed); absent otherwise.
+	Inventory     *Inventory `protobuf:"bytes,3,opt,name=inventory,proto3" json:"inventory,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -579,6 +582,13 @@ func (x *Heartbeat) GetTimeUnixMs() int64 {
 func (x *Heartbeat) GetReadings() []*LedgerReading {
 	if x != nil {
 		return x.Readings
+	}
+	return nil
+}
+
+func (x *Heartbeat) GetInventory() *Inventory {
+	if x != nil {
+		return x.Inventory
 	}
 	return nil
 }
@@ -1728,11 +1738,12 @@ const file_core_hostlink_proto_hostv1_host_proto_rawDesc = "" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
 	"\x06family\x18\x02 \x01(\tR\x06family\x12\x18\n" +
 	"\aversion\x18\x03 \x01(\tR\aversion\x12\x16\n" +
-	"\x06digest\x18\x04 \x01(\tR\x06digest\"i\n" +
+	"\x06digest\x18\x04 \x01(\tR\x06digest\"\xa3\x01\n" +
 	"\tHeartbeat\x12 \n" +
 	"\ftime_unix_ms\x18\x01 \x01(\x03R\n" +
 	"timeUnixMs\x12:\n" +
-	"\breadings\x18\x02 \x03(\v2\x1e.capyctl.host.v1.LedgerReadingR\breadings\"\xf9\x01\n" +
+	"\breadings\x18\x02 \x03(\v2\x1e.capyctl.host.v1.LedgerReadingR\breadings\x128\n" +
+	"\tinventory\x18\x03 \x01(\v2\x1a.capyctl.host.v1.InventoryR\tinventory\"\xf9\x01\n" +
 	"\rLedgerReading\x12\x16\n" +
 	"\x06domain\x18\x01 \x01(\tR\x06domain\x12\x1f\n" +
 	"\vdevice_uuid\x18\x02 \x01(\tR\n" +
@@ -1901,24 +1912,25 @@ var file_core_hostlink_proto_hostv1_host_proto_depIdxs = []int32{
 	3,  // 7: capyctl.host.v1.Inventory.cards:type_name -> capyctl.host.v1.Card
 	4,  // 8: capyctl.host.v1.Inventory.engines:type_name -> capyctl.host.v1.Engine
 	6,  // 9: capyctl.host.v1.Heartbeat.readings:type_name -> capyctl.host.v1.LedgerReading
-	19, // 10: capyctl.host.v1.InstanceJournal.charges:type_name -> capyctl.host.v1.InstanceJournal.ChargesEntry
-	20, // 11: capyctl.host.v1.Event.attributes:type_name -> capyctl.host.v1.Event.AttributesEntry
-	11, // 12: capyctl.host.v1.ServerMessage.welcome:type_name -> capyctl.host.v1.Welcome
-	12, // 13: capyctl.host.v1.ServerMessage.command:type_name -> capyctl.host.v1.Command
-	18, // 14: capyctl.host.v1.ServerMessage.ack:type_name -> capyctl.host.v1.Ack
-	13, // 15: capyctl.host.v1.Command.start:type_name -> capyctl.host.v1.StartInstance
-	14, // 16: capyctl.host.v1.Command.park:type_name -> capyctl.host.v1.ParkInstance
-	15, // 17: capyctl.host.v1.Command.wake:type_name -> capyctl.host.v1.WakeInstance
-	16, // 18: capyctl.host.v1.Command.stop:type_name -> capyctl.host.v1.StopInstance
-	17, // 19: capyctl.host.v1.Command.abort:type_name -> capyctl.host.v1.AbortRequest
-	21, // 20: capyctl.host.v1.StartInstance.charges:type_name -> capyctl.host.v1.StartInstance.ChargesEntry
-	0,  // 21: capyctl.host.v1.HostLink.Connect:input_type -> capyctl.host.v1.HostMessage
-	10, // 22: capyctl.host.v1.HostLink.Connect:output_type -> capyctl.host.v1.ServerMessage
-	22, // [22:23] is the sub-list for method output_type
-	21, // [21:22] is the sub-list for method input_type
-	21, // [21:21] is the sub-list for extension type_name
-	21, // [21:21] is the sub-list for extension extendee
-	0,  // [0:21] is the sub-list for field type_name
+	2,  // 10: capyctl.host.v1.Heartbeat.inventory:type_name -> capyctl.host.v1.Inventory
+	19, // 11: capyctl.host.v1.InstanceJournal.charges:type_name -> capyctl.host.v1.InstanceJournal.ChargesEntry
+	20, // 12: capyctl.host.v1.Event.attributes:type_name -> capyctl.host.v1.Event.AttributesEntry
+	11, // 13: capyctl.host.v1.ServerMessage.welcome:type_name -> capyctl.host.v1.Welcome
+	12, // 14: capyctl.host.v1.ServerMessage.command:type_name -> capyctl.host.v1.Command
+	18, // 15: capyctl.host.v1.ServerMessage.ack:type_name -> capyctl.host.v1.Ack
+	13, // 16: capyctl.host.v1.Command.start:type_name -> capyctl.host.v1.StartInstance
+	14, // 17: capyctl.host.v1.Command.park:type_name -> capyctl.host.v1.ParkInstance
+	15, // 18: capyctl.host.v1.Command.wake:type_name -> capyctl.host.v1.WakeInstance
+	16, // 19: capyctl.host.v1.Command.stop:type_name -> capyctl.host.v1.StopInstance
+	17, // 20: capyctl.host.v1.Command.abort:type_name -> capyctl.host.v1.AbortRequest
+	21, // 21: capyctl.host.v1.StartInstance.charges:type_name -> capyctl.host.v1.StartInstance.ChargesEntry
+	0,  // 22: capyctl.host.v1.HostLink.Connect:input_type -> capyctl.host.v1.HostMessage
+	10, // 23: capyctl.host.v1.HostLink.Connect:output_type -> capyctl.host.v1.ServerMessage
+	23, // [23:24] is the sub-list for method output_type
+	22, // [22:23] is the sub-list for method input_type
+	22, // [22:22] is the sub-list for extension type_name
+	22, // [22:22] is the sub-list for extension extendee
+	0,  // [0:22] is the sub-list for field type_name
 }
 
 func init() { file_core_hostlink_proto_hostv1_host_proto_init() }

@@ -1,0 +1,238 @@
+// Copyright (c) CapyCTL authors
+// SPDX-License-Identifier: Apache-2.0
+
+package main_test
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/capyctl/capyctl/core/api/wire"
+	"github.com/capyctl/capyctl/plugins-testkit/harness"
+	"github.com/capyctl/capyctl/plugins-testkit/poll"
+)
+
+// fleet is a server and its hosts, each a separate capyctl process on
+// loopback, driven through the CLI and the APIs only.
+type fleet struct {
+	t      *testing.T
+	server *harness.Role
+	hosts  map[string]*harness.Role
+}
+
+// startFleet starts a server (heartbeats every 300 ms, so a lost host is
+// noticed within a second) and hosts with the given simulated cards, and
+// registers the fake engine on every host through the server.
+func startFleet(t *testing.T, cards map[string]string) *fleet {
+	t.Helper()
+	f := &fleet{t: t, hosts: map[string]*harness.Role{}}
+	f.server = harness.StartServer(t, harness.Options{Args: []string{"--set", "host_heartbeat=300ms"}})
+	for name, mem := range cards {
+		f.hosts[name] = harness.StartHost(t, f.server, harness.HostOptions{Name: name, GPU: harness.SimGPU{DeviceMemory: mem}})
+	}
+	f.waitHosts(len(cards), wire.HostReady)
+	f.server.AddFakeEngine("fake")
+	poll.Until(t, 10*time.Second, "every host lists the fake engine", func() bool {
+		for _, h := range f.hostList() {
+			if !slices.Contains(h.Engines, "fake") {
+				return false
+			}
+		}
+		return true
+	})
+	return f
+}
+
+// hostList is `list hosts --json` on the server.
+func (f *fleet) hostList() []wire.Host {
+	f.t.Helper()
+	out, errOut, code := f.server.CLI("list", "hosts", "--json")
+	if code != 0 {
+		f.t.Fatalf("list hosts: exit %d: %s", code, errOut)
+	}
+	var hosts []wire.Host
+	if err := json.Unmarshal([]byte(out), &hosts); err != nil {
+		f.t.Fatalf("list hosts --json: %v\n%s", err, out)
+	}
+	return hosts
+}
+
+func (f *fleet) hostState(name string) string {
+	for _, h := range f.hostList() {
+		if h.Name == name {
+			return h.State
+		}
+	}
+	return ""
+}
+
+// waitHosts waits until n hosts are in state.
+func (f *fleet) waitHosts(n int, state string) {
+	f.t.Helper()
+	poll.Until(f.t, 30*time.Second, "hosts "+state, func() bool {
+		c := 0
+		for _, h := range f.hostList() {
+			if h.State == state {
+				c++
+			}
+		}
+		return c == n
+	})
+}
+
+// deploy writes the model directory on every host and deploys through the
+// server.
+func (f *fleet) deploy(name, spec string, args ...string) (string, string, int) {
+	f.t.Helper()
+	for _, h := range f.hosts {
+		h.WriteFile("models/"+name+"/README", "fake model\n")
+	}
+	return f.server.Deploy(name, spec, args...)
+}
+
+func (f *fleet) status(name string) wire.DeploymentStatus {
+	f.t.Helper()
+	return status(f.t, f.server, name)
+}
+
+// hostsOf lists the hosts of a deployment's instances, in order.
+func hostsOf(st wire.DeploymentStatus) []string {
+	var out []string
+	for _, in := range st.Instances {
+		out = append(out, in.Host)
+	}
+	return out
+}
+
+func TestFleet_ServerAndThreeHosts(t *testing.T) {
+	f := startFleet(t, map[string]string{"gpu-a": "24GiB", "gpu-b": "24GiB", "gpu-c": "80GiB"})
+
+	// Every host joined over mutual TLS with its own certificate.
+	for _, h := range f.hostList() {
+		if !h.Online || h.CertExpiresAt == nil || h.LastSeen == nil || len(h.GPUs) != 1 || !slices.Contains(h.Engines, "fake") {
+			t.Fatalf("host %+v: want online, a certificate expiry, a last-seen time, one card and the fake engine", h)
+		}
+	}
+
+	// Two replicas spread over two hosts, the one with the most free card
+	// memory first; requests go through the server's relay.
+	spec := strings.Replace(harness.SimpleSpec("demo", "fake"), "  engine = ", "  instances = 2\n  engine = ", 1)
+	if out, errOut, code := f.deploy("demo", spec, "--activate", "--wait"); code != 0 {
+		t.Fatalf("deploy demo: exit %d\n%s%s\nserver:\n%s", code, out, errOut, f.server.Output())
+	}
+	st := f.status("demo")
+	hs := hostsOf(st)
+	if len(hs) != 2 || hs[0] != "gpu-c" || hs[0] == hs[1] || st.ReadyN != 2 {
+		t.Fatalf("demo placed on %v (ready %d), want gpu-c first and two distinct hosts, both ready", hs, st.ReadyN)
+	}
+	chatOK(t, f.server, "demo")
+	resp, err := f.server.Chat(context.Background(), harness.ChatBody("demo", true, "hello"), map[string]string{"X-Request-Id": "client-7"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := harness.ReadAll(resp)
+	if resp.StatusCode != http.StatusOK || !strings.Contains(body, "data: [DONE]") || resp.Header.Get("X-Request-Id") != "client-7" ||
+		resp.Header.Get("X-CapyCTL-Request-Id") == "" {
+		t.Fatalf("streamed chat through the server: %d %v %s", resp.StatusCode, resp.Header, body)
+	}
+
+	// placement.hosts pins a deployment; a spec no host has room for is
+	// capacity_blocked, naming each host's refusal.
+	pinned := strings.Replace(harness.SimpleSpec("pinned", "fake"), "  model {", "  placement {\n    hosts = [\"gpu-a\"]\n  }\n  model {", 1)
+	if out, errOut, code := f.deploy("pinned", pinned, "--activate", "--wait"); code != 0 {
+		t.Fatalf("deploy pinned: exit %d\n%s%s", code, out, errOut)
+	}
+	if hs := hostsOf(f.status("pinned")); len(hs) != 1 || hs[0] != "gpu-a" {
+		t.Fatalf("pinned placed on %v, want [gpu-a]", hs)
+	}
+	huge := strings.Replace(harness.SimpleSpec("huge", "fake"), "  model {", "  resources {\n    gpu = \"200GiB\"\n    ram = \"1GiB\"\n  }\n  model {", 1)
+	_, errOut, code := f.deploy("huge", huge, "--activate", "--json")
+	if code != 4 || !strings.Contains(errOut, "capacity_blocked") || !strings.Contains(errOut, "gpu-a") || !strings.Contains(errOut, "gpu-c") {
+		t.Fatalf("huge: exit %d, want 4 capacity_blocked naming every host\n%s", code, errOut)
+	}
+
+	// Park and wake through the server: the request wakes the instance on
+	// its host.
+	if out, errOut, code := f.server.CLI("park", "deployment", "pinned", "--wait"); code != 0 {
+		t.Fatalf("park pinned: exit %d\n%s%s", code, out, errOut)
+	}
+	if st := f.status("pinned"); st.State != "parked" && st.State != "stopped" {
+		t.Fatalf("pinned after park: %s", st.State)
+	}
+	chatOK(t, f.server, "pinned")
+
+	// A host agent that goes away: its instance reads uncertain, requests
+	// go to the other replica, and it comes back with its journal, its
+	// engine never restarted.
+	c := f.hosts["gpu-c"]
+	enginesBefore := harness.EnginePIDs(c.StateDir)
+	if len(enginesBefore) == 0 {
+		t.Fatalf("no engine process under gpu-c's state directory")
+	}
+	c.Kill9()
+	poll.Until(t, 15*time.Second, "gpu-c lost", func() bool { return f.hostState("gpu-c") == wire.HostLost })
+	st = f.status("demo")
+	if st.Instances[0].State != "uncertain" || st.Instances[1].State != "ready" {
+		t.Fatalf("demo with gpu-c lost: %+v", st.Instances)
+	}
+	for i := 0; i < 4; i++ {
+		chatOK(t, f.server, "demo") // the replica on the other host answers
+	}
+	c.Restart()
+	poll.Until(t, 30*time.Second, "gpu-c ready again", func() bool { return f.hostState("gpu-c") == wire.HostReady })
+	poll.Until(t, 30*time.Second, "demo ready on both hosts", func() bool { return f.status("demo").ReadyN == 2 })
+	for _, pid := range enginesBefore {
+		if !harness.Alive(pid) {
+			t.Fatalf("engine %d on gpu-c did not survive its host agent's restart", pid)
+		}
+	}
+
+	// A server restart loses no deployment and restarts no engine; the
+	// hosts reconnect by themselves.
+	all := map[int]bool{}
+	for _, h := range f.hosts {
+		for _, pid := range harness.EnginePIDs(h.StateDir) {
+			all[pid] = true
+		}
+	}
+	f.server.Stop()
+	f.server.Restart()
+	f.waitHosts(3, wire.HostReady)
+	for _, name := range []string{"demo", "pinned"} {
+		if st := f.status(name); st.ReadyN == 0 {
+			t.Fatalf("%s after a server restart: %+v", name, st)
+		}
+	}
+	chatOK(t, f.server, "demo")
+	for pid := range all {
+		if !harness.Alive(pid) {
+			t.Fatalf("engine %d did not survive the server's restart", pid)
+		}
+	}
+
+	// Drain: no new placement on gpu-b, running ones stay.
+	if _, errOut, code := f.server.CLI("drain", "host", "gpu-b"); code != 0 {
+		t.Fatalf("drain host: exit %d: %s", code, errOut)
+	}
+	if out, errOut, code := f.deploy("third", harness.SimpleSpec("third", "fake"), "--activate", "--wait"); code != 0 {
+		t.Fatalf("deploy third: exit %d\n%s%s", code, out, errOut)
+	}
+	if hs := hostsOf(f.status("third")); len(hs) != 1 || hs[0] == "gpu-b" {
+		t.Fatalf("third placed on %v, not on the draining gpu-b", hs)
+	}
+
+	// Delete through the server stops the engines on the hosts.
+	for _, name := range []string{"demo", "pinned", "third"} {
+		if _, errOut, code := f.server.CLI("delete", "deployment", name); code != 0 {
+			t.Fatalf("delete %s: exit %d: %s", name, code, errOut)
+		}
+	}
+	for name, h := range f.hosts {
+		poll.Until(t, 30*time.Second, "no engine left on "+name, func() bool { return len(harness.EnginePIDs(h.StateDir)) == 0 })
+	}
+}
