@@ -293,7 +293,12 @@ func (h *Host) CertExpiry() time.Time { return h.creds.Current().Leaf.NotAfter }
 // returns early with the server's refusal when the server will never take
 // this host (host_name_changed, host_revoked).
 func (h *Host) Run(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
+	defer func() {
+		cancel()
+		wg.Wait()
+	}()
 	for _, f := range []func(context.Context){h.runLink, h.runRelay, h.runRenew} {
 		wg.Add(1)
 		go func(f func(context.Context)) {
@@ -301,7 +306,6 @@ func (h *Host) Run(ctx context.Context) error {
 			f(ctx)
 		}(f)
 	}
-	defer wg.Wait()
 	select {
 	case <-ctx.Done():
 		return nil
@@ -504,9 +508,16 @@ func (h *Host) runRelay(ctx context.Context) {
 // mutual TLS with the current one; a failed renewal is retried every
 // minute until the certificate expires.
 func (h *Host) runRenew(ctx context.Context) {
+	renewed := false
 	for {
-		at := pki.RenewAt(h.creds.Current().Leaf)
-		wait := time.Until(at)
+		leaf := h.creds.Current().Leaf
+		wait := time.Until(pki.RenewAt(leaf))
+		// A host whose clock runs ahead of the server's would see every
+		// new certificate due at once: renew no more often than a tenth
+		// of a lifetime.
+		if floor := leaf.NotAfter.Sub(leaf.NotBefore) / 10; renewed && wait < floor {
+			wait = floor
+		}
 		if wait < 0 {
 			wait = 0
 		}
@@ -517,7 +528,9 @@ func (h *Host) runRenew(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		if err := h.renew(ctx); err != nil {
+		err := h.renew(ctx)
+		renewed = err == nil
+		if err != nil {
 			h.logger.Warn("certificate renewal failed; retrying in a minute", "error", err,
 				"expires", h.creds.Current().Leaf.NotAfter.UTC().Format(time.RFC3339))
 			t := time.NewTimer(time.Minute)
