@@ -806,10 +806,11 @@ func (s *Server) perHost(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]any{"api_version": wire.APIVersion, "hosts": out})
 }
 
-// perHostText answers /metrics with every reachable host's metrics, each
-// series labelled with its host.
+// perHostText answers /metrics with the server's own series, then every
+// reachable host's, each of those labelled with its host.
 func (s *Server) perHostText(w http.ResponseWriter, r *http.Request) {
-	w.Header().Set("Content-Type", "text/plain; version=0.0.4")
+	r.Header.Del("Accept") // the text format, which the hosts' series follow
+	s.metrics.ServeHTTP(w, r)
 	for _, host := range s.reachable() {
 		resp, err := s.roundTrip(r.Context(), host, http.MethodGet, "/metrics", nil, "", nil)
 		if err != nil {

@@ -11,6 +11,7 @@ import (
 	"io"
 	"net/http"
 	"sort"
+	"strings"
 	"sync"
 
 	"github.com/capyctl/capyctl/core/api"
@@ -18,9 +19,10 @@ import (
 	"github.com/capyctl/capyctl/core/structs"
 )
 
-// relayBufSize is the copy buffer of a relayed answer, pooled: a stream
-// holds one only while a read is under way.
-const relayBufSize = 8 << 10
+// relayBufSize is the copy buffer of a relayed stream, pooled; an open
+// stream holds one while it waits for its next chunk, so it is small (an
+// SSE chunk is a few hundred bytes; a larger one takes several reads).
+const relayBufSize = 2 << 10
 
 var relayBufs = sync.Pool{New: func() any { b := make([]byte, relayBufSize); return &b }}
 
@@ -172,6 +174,10 @@ func copyAnswer(w http.ResponseWriter, resp *http.Response) {
 		}
 	}
 	w.WriteHeader(resp.StatusCode)
+	if !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
+		_, _ = io.Copy(w, resp.Body) // a whole answer: net/http's buffers, one flush at the end
+		return
+	}
 	rc := http.NewResponseController(w)
 	bp := relayBufs.Get().(*[]byte)
 	defer relayBufs.Put(bp)

@@ -78,6 +78,8 @@ type Server struct {
 	mu    sync.Mutex
 	hosts map[string]*liveHost
 
+	metrics http.Handler
+
 	ctx    context.Context
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -144,6 +146,7 @@ func NewServer(o ServerOptions) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{o: o, logger: o.Logger.Named("fleet"), auth: auth, State: state, ln: ln, advertise: advertise, hosts: map[string]*liveHost{}}
+	s.metrics = s.metricsHandler()
 	return s, nil
 }
 
