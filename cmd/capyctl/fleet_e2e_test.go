@@ -236,3 +236,94 @@ func TestFleet_ServerAndThreeHosts(t *testing.T) {
 		poll.Until(t, 30*time.Second, "no engine left on "+name, func() bool { return len(harness.EnginePIDs(h.StateDir)) == 0 })
 	}
 }
+
+// hostLedger reads a host's ledger through the server.
+func (f *fleet) hostCharged(name string) (charged, room int64) {
+	f.t.Helper()
+	out, errOut, code := f.server.CLI("status", "host", name, "--json")
+	if code != 0 {
+		f.t.Fatalf("status host %s: exit %d: %s", name, code, errOut)
+	}
+	var h wire.HostDetail
+	if err := json.Unmarshal([]byte(out), &h); err != nil {
+		f.t.Fatalf("status host --json: %v\n%s", err, out)
+	}
+	for _, d := range h.Ledger {
+		m, _ := d.(map[string]any)
+		c, _ := m["charged_bytes"].(float64)
+		charged += int64(c)
+	}
+	return charged, 0
+}
+
+// TestFleet_PartitionHeals cuts a host off the server with a proxy that
+// stops carrying traffic (nothing is closed), then heals it: the server
+// finds the host lost and places nothing there, requests for its model
+// fail fast, and once healed the host reconnects with its journal, its
+// engine neither restarted nor started twice.
+func TestFleet_PartitionHeals(t *testing.T) {
+	f := &fleet{t: t, hosts: map[string]*harness.Role{}}
+	f.server = harness.StartServer(t, harness.Options{Args: []string{"--set", "host_heartbeat=300ms"}})
+	f.hosts["gpu-a"] = harness.StartHost(t, f.server, harness.HostOptions{Name: "gpu-a"})
+	token, cluster := f.server.JoinToken("")
+	proxy := harness.NewPartition(t, cluster)
+	f.hosts["gpu-b"] = harness.StartHostWith(t, proxy.Addr(), token, harness.HostOptions{Name: "gpu-b", GPU: harness.SimGPU{DeviceMemory: "80GiB"}})
+	f.waitHosts(2, wire.HostReady)
+	f.server.AddFakeEngine("fake")
+	poll.Until(t, 10*time.Second, "both hosts list the fake engine", func() bool {
+		for _, h := range f.hostList() {
+			if !slices.Contains(h.Engines, "fake") {
+				return false
+			}
+		}
+		return true
+	})
+	pinned := strings.Replace(harness.SimpleSpec("demo", "fake"), "  model {", "  placement {\n    hosts = [\"gpu-b\"]\n  }\n  model {", 1)
+	if out, errOut, code := f.deploy("demo", pinned, "--activate", "--wait"); code != 0 {
+		t.Fatalf("deploy demo: exit %d\n%s%s", code, out, errOut)
+	}
+	b := f.hosts["gpu-b"]
+	engines := harness.EnginePIDs(b.StateDir)
+	if len(engines) != 1 {
+		t.Fatalf("engines on gpu-b: %v, want one", engines)
+	}
+	chargedBefore, _ := f.hostCharged("gpu-b")
+
+	proxy.Cut(false)
+	poll.Until(t, 15*time.Second, "gpu-b lost", func() bool { return f.hostState("gpu-b") == wire.HostLost })
+	// Requests for its model fail fast, coded, with Retry-After.
+	resp, err := f.server.Chat(context.Background(), harness.ChatBody("demo", false, "hi"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := harness.ReadAll(resp)
+	if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" || !strings.Contains(body, "host_unreachable") {
+		t.Fatalf("request during the partition: %d %v %s", resp.StatusCode, resp.Header, body)
+	}
+	// Nothing is placed on the lost host, and it cannot be deleted while
+	// its engine would be left behind.
+	more := strings.Replace(harness.SimpleSpec("more", "fake"), "  model {", "  placement {\n    hosts = [\"gpu-b\"]\n  }\n  model {", 1)
+	if _, errOut, code := f.deploy("more", more, "--activate"); code != 4 || !strings.Contains(errOut, "capacity_blocked") {
+		t.Fatalf("deploy on the lost host: exit %d: %s", code, errOut)
+	}
+	if _, errOut, code := f.server.CLI("delete", "deployment", "demo"); code != 4 || !strings.Contains(errOut, "host_unreachable") {
+		t.Fatalf("delete during the partition: exit %d: %s", code, errOut)
+	}
+	if st := f.status("demo"); st.Instances[0].State != "uncertain" {
+		t.Fatalf("demo during the partition: %+v", st.Instances)
+	}
+
+	proxy.Heal()
+	poll.Until(t, 30*time.Second, "gpu-b back", func() bool { return f.hostState("gpu-b") == wire.HostReady })
+	poll.Until(t, 30*time.Second, "demo ready again", func() bool { return f.status("demo").ReadyN == 1 })
+	chatOK(t, f.server, "demo")
+	if now := harness.EnginePIDs(b.StateDir); len(now) != 1 || now[0] != engines[0] {
+		t.Fatalf("engines on gpu-b after the partition: %v, before %v: restarted or started twice", now, engines)
+	}
+	if len(harness.EnginePIDs(f.hosts["gpu-a"].StateDir)) != 0 {
+		t.Fatal("an engine started on gpu-a during the partition")
+	}
+	if charged, _ := f.hostCharged("gpu-b"); charged != chargedBefore {
+		t.Fatalf("gpu-b's ledger charges %d after the partition, %d before", charged, chargedBefore)
+	}
+}

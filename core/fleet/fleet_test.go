@@ -85,7 +85,7 @@ func (l *fakeLocal) RelayHandler() http.Handler {
 }
 
 // testServer runs a fleet server on loopback with a fresh store.
-func testServer(t *testing.T, o ServerOptions) *Server {
+func testServer(t testing.TB, o ServerOptions) *Server {
 	t.Helper()
 	dir := t.TempDir()
 	st, err := store.Open(filepath.Join(dir, "capyctl.db"), store.Options{})
@@ -107,7 +107,7 @@ func testServer(t *testing.T, o ServerOptions) *Server {
 
 // joinHost joins a host named name with a fresh token and runs it until
 // the test ends.
-func joinHost(t *testing.T, s *Server, name string, local Local) *Host {
+func joinHost(t testing.TB, s *Server, name string, local Local) *Host {
 	t.Helper()
 	tok, err := s.NewJoinToken("", time.Minute)
 	if err != nil {
@@ -121,7 +121,7 @@ func joinHost(t *testing.T, s *Server, name string, local Local) *Host {
 	return h
 }
 
-func runHost(t *testing.T, h *Host) (stop func()) {
+func runHost(t testing.TB, h *Host) (stop func()) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- h.Run(ctx) }()
