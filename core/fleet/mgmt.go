@@ -566,6 +566,7 @@ func (s *Server) toEveryHost(w http.ResponseWriter, r *http.Request) {
 	}
 	path := strings.TrimPrefix(r.URL.Path, wire.Prefix)
 	code := http.StatusOK
+	var answer []byte
 	for _, hs := range p.Hosts {
 		b := body
 		if r.Method == http.MethodPut {
@@ -585,9 +586,18 @@ func (s *Server) toEveryHost(w http.ResponseWriter, r *http.Request) {
 		if status == http.StatusAccepted {
 			code = status
 		}
+		answer = data
+	}
+	if r.Method != http.MethodPut {
+		// An action's answer is the host's (the action and its outcome);
+		// the last host's stands for all, each having answered alike.
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(code)
+		_, _ = w.Write(answer)
+		return
 	}
 	st := s.deploymentStatus(r.Context(), p)
-	if r.Method == http.MethodPut && st.Revision != 0 {
+	if st.Revision != 0 {
 		p.Revision = st.Revision
 		_ = s.State.Apply(Command{Op: OpPlaced, Placement: p})
 	}
@@ -649,7 +659,16 @@ func (s *Server) instanceAction(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	writeJSON(w, status, s.deploymentStatus(r.Context(), p))
+	// The host's answer, with the deployment-wide index.
+	var ans map[string]any
+	if json.Unmarshal(data, &ans) != nil {
+		writeError(w, structs.Errf(structs.CodeInternal, "host %s answered an action with %q", host, data))
+		return
+	}
+	if _, ok := ans["instance"]; ok {
+		ans["instance"] = idx
+	}
+	writeJSON(w, status, ans)
 }
 
 // toFirstHost answers a read from the first reachable host of the

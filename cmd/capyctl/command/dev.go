@@ -32,7 +32,7 @@ func (c *DevCommand) Synopsis() string {
 
 // Help implements cli.Command.
 func (c *DevCommand) Help() string {
-	return `Usage: capyctl dev [--listen ADDR] [--state-dir DIR] [--sim-devices N] [--sim-device-memory SIZE]
+	return `Usage: capyctl dev [--listen ADDR] [--state-dir DIR] [--sim-devices N] [--sim-device-memory SIZE] [--hosts N]
 
   Starts a standalone role in a temporary state directory with the
   testkit's fake engine (capyctl-fake-engine, built beside capyctl by
@@ -59,6 +59,11 @@ Dev Options:
   --sim-devices N           Simulated cards (default 1).
   --sim-device-memory SIZE  Memory of each simulated card (default 24GiB).
   --sim-unified             Simulate one unified memory pool instead of cards.
+  --hosts N                 Run a server and N host processes instead (1..8):
+                            the hosts join over mutual TLS with one-time
+                            tokens and get simulated cards of 80, 24 and
+                            48 GiB in turn; the --sim-* options then do not
+                            apply.
 `
 }
 
@@ -66,7 +71,7 @@ Dev Options:
 func (c *DevCommand) Run(args []string) int {
 	fs := c.FlagSet("dev")
 	var listen, fake, provider, simMemory string
-	var simDevices int
+	var simDevices, hosts int
 	var simUnified bool
 	fs.StringVar(&listen, "listen", "127.0.0.1:8443", "")
 	fs.StringVar(&fake, "fake-engine", "", "")
@@ -74,6 +79,7 @@ func (c *DevCommand) Run(args []string) int {
 	fs.IntVar(&simDevices, "sim-devices", 1, "")
 	fs.StringVar(&simMemory, "sim-device-memory", "24GiB", "")
 	fs.BoolVar(&simUnified, "sim-unified", false, "")
+	fs.IntVar(&hosts, "hosts", 0, "")
 	if _, code := c.parse(fs, args); code != 0 {
 		return helpOr(code)
 	}
@@ -83,6 +89,9 @@ func (c *DevCommand) Run(args []string) int {
 	}
 	if simDevices < 1 || simDevices > 16 {
 		return c.Usage("--sim-devices %d is outside 1..16", simDevices)
+	}
+	if hosts < 0 || hosts > 8 {
+		return c.Usage("--hosts %d is outside 0..8", hosts)
 	}
 	stateDir := c.stateDir
 	temp := false
@@ -99,6 +108,9 @@ func (c *DevCommand) Run(args []string) int {
 	fakePath, err := findFakeEngine(fake)
 	if err != nil {
 		return c.Fail(err)
+	}
+	if hosts > 0 {
+		return c.runDevFleet(stateDir, listen, fakePath, hosts)
 	}
 	logger := roleLogger("info", "auto", c.Err)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)

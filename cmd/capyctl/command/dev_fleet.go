@@ -1,0 +1,209 @@
+// Copyright (c) CapyCTL authors
+// SPDX-License-Identifier: Apache-2.0
+
+package command
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/capyctl/capyctl/core/agent"
+	"github.com/capyctl/capyctl/core/api/client"
+	"github.com/capyctl/capyctl/core/api/wire"
+	"github.com/capyctl/capyctl/core/structs"
+)
+
+// devHostCards are the simulated cards of dev's hosts, in turn: hosts of
+// different sizes show placement (the most free card first).
+var devHostCards = []string{"80GiB", "24GiB", "48GiB"}
+
+// devHost is one host process of dev --hosts.
+type devHost struct {
+	name string
+	dir  string
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+// runDevFleet is dev --hosts N: a server role in this process and N host
+// processes on loopback, joined over mutual TLS with one-time tokens, each
+// with a simulated card and the fake engines; Ctrl-C stops the engines, the
+// hosts and the server.
+func (c *DevCommand) runDevFleet(stateDir, listen, fakePath string, n int) int {
+	logger := roleLogger("info", "auto", c.Err)
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	exe, err := os.Executable()
+	if err != nil {
+		return c.Fail(structs.Wrap(structs.CodeInternal, err, "find own executable"))
+	}
+	var hosts []*devHost
+	var cl *client.Client
+	err = agent.Run(ctx, agent.Options{
+		Settings: agent.Settings{
+			Role: "server", StateDir: stateDir, Listen: listen, ManagementListen: "127.0.0.1:0",
+			ClusterListen: "127.0.0.1:0", HostHeartbeat: time.Second, Hostname: "dev-server",
+		},
+		Logger: logger,
+		Ready: func(ctx context.Context, r agent.Running) error {
+			cl = client.New(r.ManagementAddr(), r.AdminToken())
+			for i := 0; i < n; i++ {
+				h, err := startDevHost(ctx, cl, exe, stateDir, i)
+				if h != nil {
+					hosts = append(hosts, h)
+				}
+				if err != nil {
+					return err
+				}
+			}
+			if err := waitDevHosts(ctx, cl, hosts); err != nil {
+				return err
+			}
+			if err := devSetup(ctx, cl, stateDir, fakePath); err != nil {
+				return err
+			}
+			c.devFleetReady(r, stateDir, hosts)
+			return nil
+		},
+		Stopping: func() (context.Context, context.CancelFunc) {
+			if !c.JSON() {
+				fmt.Fprintln(c.Err, "\nStopping: engines, hosts and the server...")
+			}
+			sctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			stopDevFleet(sctx, cl, hosts)
+			return sctx, cancel
+		},
+	})
+	if err != nil {
+		stopDevFleet(context.Background(), cl, hosts)
+		return c.Fail(err)
+	}
+	return 0
+}
+
+// startDevHost joins host i: a fresh join token, a state directory of its
+// own, the shared models root, its own engine ports and simulated card.
+func startDevHost(ctx context.Context, cl *client.Client, exe, stateDir string, i int) (*devHost, error) {
+	tok, err := cl.CreateJoinToken(ctx, wire.JoinTokenRequest{TTL: "5m"})
+	if err != nil {
+		return nil, err
+	}
+	name := fmt.Sprintf("dev-gpu-%d", i+1)
+	dir := filepath.Join(stateDir, "hosts", name)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, structs.Wrap(structs.CodeInternal, err, "create %s", dir)
+	}
+	logf, err := os.OpenFile(filepath.Join(dir, "host.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return nil, structs.Wrap(structs.CodeInternal, err, "open the host's log")
+	}
+	first := 8300 + i*50
+	cmd := exec.Command(exe, "start", "host", "--state-dir", dir, "--server", tok.ClusterAddress, "--hostname", name,
+		"--listen", "127.0.0.1:0", "--management-listen", "127.0.0.1:0", "--models-root", filepath.Join(stateDir, "models"),
+		"--engine-ports", fmt.Sprintf("%d-%d", first, first+49), "--gpu-provider", "simulated",
+		"--set", "gpu.sim_device_memory="+devHostCards[i%len(devHostCards)], "--log-format", "json")
+	// The token travels in the environment, never on the command line.
+	cmd.Env = append(os.Environ(), "CAPYCTL_JOIN_TOKEN="+tok.Token)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		logf.Close()
+		return nil, structs.Wrap(structs.CodeInternal, err, "start host %s", name)
+	}
+	h := &devHost{name: name, dir: dir, cmd: cmd, done: make(chan struct{})}
+	go func() {
+		_ = cmd.Wait()
+		logf.Close()
+		close(h.done)
+	}()
+	return h, nil
+}
+
+// waitDevHosts waits until every host is ready on the server.
+func waitDevHosts(ctx context.Context, cl *client.Client, hosts []*devHost) error {
+	deadline := time.Now().Add(time.Minute)
+	for {
+		list, err := cl.Hosts(ctx)
+		ready := 0
+		if err == nil {
+			for _, h := range list {
+				if h.State == wire.HostReady {
+					ready++
+				}
+			}
+		}
+		if ready == len(hosts) {
+			return nil
+		}
+		for _, h := range hosts {
+			select {
+			case <-h.done:
+				return structs.Errf(structs.CodeLaunchFailed, "host %s exited while joining; its log: %s", h.name, filepath.Join(h.dir, "host.log"))
+			default:
+			}
+		}
+		if time.Now().After(deadline) {
+			return structs.Errf(structs.CodeStartupTimeout, "%d of %d hosts joined within a minute", ready, len(hosts))
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// stopDevFleet stops every deployment (their engines, proven gone), then
+// the host processes.
+func stopDevFleet(ctx context.Context, cl *client.Client, hosts []*devHost) {
+	if cl != nil {
+		if list, err := cl.Deployments(ctx); err == nil {
+			for _, d := range list {
+				_, _ = cl.Action(ctx, d.Name, wire.ActionRequest{Action: "stop", Wait: true})
+			}
+		}
+	}
+	for _, h := range hosts {
+		_ = h.cmd.Process.Signal(syscall.SIGTERM)
+	}
+	for _, h := range hosts {
+		select {
+		case <-h.done:
+		case <-ctx.Done():
+			_ = syscall.Kill(-h.cmd.Process.Pid, syscall.SIGKILL)
+			<-h.done
+		}
+	}
+}
+
+// devFleetReady prints what dev --hosts runs and how to use it.
+func (c *DevCommand) devFleetReady(r agent.Running, stateDir string, hosts []*devHost) {
+	key, addr := r.APIKey(), r.InferenceAddr()
+	names := make([]string, 0, len(hosts))
+	for i, h := range hosts {
+		names = append(names, fmt.Sprintf("%s (%s card)", h.name, devHostCards[i%len(devHostCards)]))
+	}
+	if c.JSON() {
+		c.PrintJSON(map[string]any{
+			"endpoint": "http://" + addr + "/v1", "api_key": key, "state_dir": stateDir, "role": "server",
+			"management": "http://" + r.ManagementAddr(), "hosts": names, "model": "demo", "switch_models": "chat-a,chat-b",
+		})
+		return
+	}
+	fmt.Fprintf(c.Out, "\nCapyCTL dev is running: a server and %d hosts on loopback, joined over mutual TLS\n", len(hosts))
+	fmt.Fprintf(c.Out, "(simulated GPUs, fake engines, no GPU needed).\n\n")
+	fmt.Fprintf(c.Out, "Endpoint: http://%s/v1\n", addr)
+	fmt.Fprintf(c.Out, "API key: %s\n", key)
+	fmt.Fprintf(c.Out, "Hosts:    %v\n", names)
+	fmt.Fprintf(c.Out, "State:    %s (each host's under hosts/)\n", stateDir)
+	fmt.Fprintf(c.Out, "CLI:      CAPYCTL_STATE_DIR=%s capyctl list hosts\n\n", stateDir)
+	fmt.Fprintf(c.Out, "Try a streamed chat request (the server relays it to the host that runs demo):\n\n")
+	fmt.Fprintf(c.Out, "  curl -N http://%s/v1/chat/completions \\\n    -H 'Authorization: Bearer %s' \\\n    -H 'Content-Type: application/json' \\\n    -d '{\"model\":\"demo\",\"stream\":true,\"messages\":[{\"role\":\"user\",\"content\":\"Hello\"}]}'\n\n", addr, key)
+	fmt.Fprintf(c.Out, "Press Ctrl-C to stop: the engines, the hosts and the server stop and nothing is left behind.\n")
+}
