@@ -295,7 +295,7 @@ func (d *Driver) Start(_ context.Context, req *pb.StartRequest) (*pb.StartRespon
 	// SGLang cannot listen on a Unix socket: a driver that runs as root
 	// launches it in a network namespace of its own instead.
 	netns := enginekit.NetnsPossible()
-	launched, err := enginekit.StartLaunch(enginekit.LaunchOptions{
+	launched, server, err := enginekit.StartWithLMCache(enginekit.LaunchOptions{
 		Plan: req.GetPlan(), Host: req.GetHost(), Launch: lctx,
 		Secrets:      []string{engineKey(req.GetEngineKey()), req.GetEngineKey(), req.GetAdminKey()},
 		NetNamespace: netns,
@@ -305,8 +305,8 @@ func (d *Driver) Start(_ context.Context, req *pb.StartRequest) (*pb.StartRespon
 		return nil, err
 	}
 	in := d.instance(lctx.GetInstanceId(), lctx.GetLaunchId(), *launched, int(lctx.GetPort()), req.GetEngineKey(), dep, req.GetPlan().GetResidency(), netns)
-	if req.GetPlan().GetLmcache().GetRuns() {
-		in.LMCachePort = int(lctx.GetLmcachePort())
+	if server != nil {
+		in.LMCachePort, in.LMCacheServer = int(lctx.GetLmcachePort()), server
 	}
 	return d.reg.Started(in), nil
 }

@@ -220,7 +220,7 @@ func (d *Driver) Start(_ context.Context, req *pb.StartRequest) (*pb.StartRespon
 	if k := req.GetEngineKey(); k != "" {
 		secretEnv["VLLM_API_KEY"] = k
 	}
-	launched, err := enginekit.StartLaunch(enginekit.LaunchOptions{
+	launched, server, err := enginekit.StartWithLMCache(enginekit.LaunchOptions{
 		Plan: req.GetPlan(), Host: req.GetHost(), Launch: lctx, SecretEnv: secretEnv,
 		Secrets: []string{req.GetEngineKey(), req.GetAdminKey()},
 	})
@@ -233,8 +233,8 @@ func (d *Driver) Start(_ context.Context, req *pb.StartRequest) (*pb.StartRespon
 	}
 	sock := enginekit.SocketInArgv(req.GetPlan().GetArgv(), "--uds")
 	in := d.instance(lctx.GetInstanceId(), lctx.GetLaunchId(), *launched, int(lctx.GetPort()), req.GetEngineKey(), dep, sock, res)
-	if req.GetPlan().GetLmcache().GetRuns() {
-		in.LMCachePort = int(lctx.GetLmcachePort())
+	if server != nil {
+		in.LMCachePort, in.LMCacheServer = int(lctx.GetLmcachePort()), server
 	}
 	return d.reg.Started(in), nil
 }
