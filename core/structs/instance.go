@@ -80,6 +80,10 @@ type EngineEndpoint struct {
 	// such a request as it is instead of streaming it from the engine and
 	// assembling the answer (the driver's non_streamed_hangup).
 	ForwardNonStreamed bool `json:"forward_non_streamed,omitempty"`
+	// CacheSalt is true when the engine takes a request's cache_salt (the
+	// router forwards a digest of the deployment, its revision and the
+	// salt).
+	CacheSalt bool `json:"cache_salt,omitempty"`
 	// Exposure says who besides CapyCTL reaches the engine (nil from a
 	// driver that does not say).
 	Exposure *Exposure `json:"exposure,omitempty"`

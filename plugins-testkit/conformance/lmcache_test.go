@@ -67,6 +67,20 @@ func TestRole_LMCache(t *testing.T) {
 					second.cached, second.prompt, first.cached, first.prompt)
 			}
 
+			// cache_salt separates cached prefixes: the router forwards a
+			// digest of the deployment, its revision and the salt, and the
+			// engine keys its LMCache chunks by what it receives.
+			salted := strings.Repeat("s ", 300) + "salted question"
+			if u := saltedCachedTokens(t, r, dep, salted, "tenant-a"); u.cached != 0 {
+				t.Fatalf("first salted prompt: %d tokens cached", u.cached)
+			}
+			if u := saltedCachedTokens(t, r, dep, salted, "tenant-b"); u.cached != 0 {
+				t.Fatalf("another salt shares %d cached tokens with tenant-a", u.cached)
+			}
+			if u := saltedCachedTokens(t, r, dep, salted, "tenant-a"); u.cached < 256 {
+				t.Fatalf("the same salt again: %d tokens cached, want its stored prefix", u.cached)
+			}
+
 			if out, errOut, code := r.CLI("stop", "deployment", dep, "--wait"); code != 0 {
 				t.Fatalf("stop: exit %d\n%s%s", code, out, errOut)
 			}
@@ -180,7 +194,23 @@ type usage struct{ prompt, cached int }
 // cachedTokens sends one chat request and returns its usage.
 func cachedTokens(t *testing.T, r *harness.Role, model, content string) usage {
 	t.Helper()
-	resp, err := r.Chat(context.Background(), harness.ChatBody(model, false, content), nil)
+	return chatUsage(t, r, harness.ChatBody(model, false, content))
+}
+
+// saltedCachedTokens is cachedTokens with a cache_salt.
+func saltedCachedTokens(t *testing.T, r *harness.Role, model, content, salt string) usage {
+	t.Helper()
+	b, err := json.Marshal(map[string]any{"model": model, "messages": []map[string]string{{"role": "user", "content": content}}, "cache_salt": salt})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return chatUsage(t, r, string(b))
+}
+
+// chatUsage sends one chat body and returns its usage.
+func chatUsage(t *testing.T, r *harness.Role, req string) usage {
+	t.Helper()
+	resp, err := r.Chat(context.Background(), req, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -2506,8 +2506,15 @@ type Endpoint struct {
 	// POST /v1/completions), which the router sends a chat deployment's text
 	// completion requests to; empty means "/v1/completions".
 	CompletionsPath string `protobuf:"bytes,20,opt,name=completions_path,json=completionsPath,proto3" json:"completions_path,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// cache_salt is true when the engine takes a request's cache_salt in a
+	// chat or completions body (vLLM, SGLang): the router then forwards the
+	// client's salt as hex(sha256(deployment "\x00" revision "\x00" salt)),
+	// so no two deployments share a cache entry. False (every driver that
+	// predates it), a request with cache_salt is refused with
+	// cache_salt_unsupported.
+	CacheSalt     bool `protobuf:"varint,21,opt,name=cache_salt,json=cacheSalt,proto3" json:"cache_salt,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Endpoint) Reset() {
@@ -2636,6 +2643,13 @@ func (x *Endpoint) GetCompletionsPath() string {
 		return x.CompletionsPath
 	}
 	return ""
+}
+
+func (x *Endpoint) GetCacheSalt() bool {
+	if x != nil {
+		return x.CacheSalt
+	}
+	return false
 }
 
 type StartResponse struct {
@@ -3998,7 +4012,7 @@ const file_sdk_proto_driverv1_driver_proto_rawDesc = "" +
 	"launch_dir\x18\x03 \x01(\tR\tlaunchDir\x12\x12\n" +
 	"\x04port\x18\x04 \x01(\x05R\x04port\x12\x1b\n" +
 	"\tlaunch_id\x18\x05 \x01(\tR\blaunchId\x12!\n" +
-	"\flmcache_port\x18\x06 \x01(\x05R\vlmcachePort\"\xc0\x04\n" +
+	"\flmcache_port\x18\x06 \x01(\x05R\vlmcachePort\"\xdf\x04\n" +
 	"\bEndpoint\x12\x19\n" +
 	"\bbase_url\x18\x01 \x01(\tR\abaseUrl\x12\x1f\n" +
 	"\vauth_header\x18\x02 \x01(\tR\n" +
@@ -4019,7 +4033,9 @@ const file_sdk_proto_driverv1_driver_proto_rawDesc = "" +
 	"openRoutes\x12#\n" +
 	"\rexposure_note\x18\f \x01(\tR\fexposureNote\x12T\n" +
 	"\x13non_streamed_hangup\x18\x10 \x01(\x0e2$.capyctl.driver.v1.NonStreamedHangupR\x11nonStreamedHangup\x12)\n" +
-	"\x10completions_path\x18\x14 \x01(\tR\x0fcompletionsPath\"\xbd\x01\n" +
+	"\x10completions_path\x18\x14 \x01(\tR\x0fcompletionsPath\x12\x1d\n" +
+	"\n" +
+	"cache_salt\x18\x15 \x01(\bR\tcacheSalt\"\xbd\x01\n" +
 	"\rStartResponse\x121\n" +
 	"\x06launch\x18\x01 \x01(\v2\x19.capyctl.driver.v1.LaunchR\x06launch\x127\n" +
 	"\bendpoint\x18\x02 \x01(\v2\x1b.capyctl.driver.v1.EndpointR\bendpoint\x12@\n" +
