@@ -161,7 +161,8 @@ func margin(weights int64) int64 {
 //     aside the whole limit instead (whole_host);
 //   - parked is the residue placeholder (1 GiB on a card, 2 GiB unified),
 //     plus the host copy of the weights for host_backed; restart only
-//     parks nothing.
+//     parks nothing but what is held beside the engine (a private
+//     LMCache's pool and server, kept across its park).
 func Size(in SizingInput) (Sizing, error) {
 	var s Sizing
 	h := in.Hints
@@ -310,8 +311,14 @@ func Size(in SizingInput) (Sizing, error) {
 	// Parked.
 	switch {
 	case in.Residency == structs.ResidencyRestartOnly:
-		s.Parked = Need{}
+		// IMPORTANT: a restart_only instance parks by stopping its
+		// engine; only what is held beside it stays: its LMCache server
+		// and pool, kept for its next launch.
+		s.Parked = Need{Host: s.BesideHost}
 		s.ParkedProvenance = ""
+		if s.BesideHost > 0 {
+			s.ParkedProvenance = ProvDerived
+		}
 	case declParked != nil:
 		s.Parked = *declParked
 		s.ParkedProvenance = ProvDeclared

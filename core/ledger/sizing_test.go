@@ -177,20 +177,20 @@ func TestSize(t *testing.T) {
 			},
 		},
 		{
-			name: "a private LMCache is charged to host RAM beside declared resources, restart only",
+			name: "a private LMCache is charged to host RAM beside declared resources, restart only, and stays charged parked",
 			in: SizingInput{Residency: structs.ResidencyRestartOnly, Declared: &Declared{GPU: 11 * gib, RAM: 2 * gib},
 				Hints: Hints{BesideHostBytes: 5 * gib}, DeviceLimit: card},
 			want: Sizing{
-				Startup: Need{11 * gib, 7 * gib}, Ready: Need{11 * gib, 7 * gib}, BesideHost: 5 * gib,
-				StartupDeviceProvenance: ProvDeclared, StartupHostProvenance: ProvDeclared, ReadyProvenance: ProvDeclared,
+				Startup: Need{11 * gib, 7 * gib}, Ready: Need{11 * gib, 7 * gib}, Parked: Need{0, 5 * gib}, BesideHost: 5 * gib,
+				StartupDeviceProvenance: ProvDeclared, StartupHostProvenance: ProvDeclared, ReadyProvenance: ProvDeclared, ParkedProvenance: ProvDerived,
 			},
 		},
 		{
 			name: "a private LMCache beside a derived engine, and in the unified pool",
 			in:   SizingInput{Unified: true, Residency: structs.ResidencyRestartOnly, Declared: &Declared{GPU: 11 * gib}, Hints: Hints{BesideHostBytes: 5 * gib}},
 			want: Sizing{
-				Startup: Need{11 * gib, 5 * gib}, Ready: Need{11 * gib, 5 * gib}, BesideHost: 5 * gib,
-				StartupDeviceProvenance: ProvDeclared, StartupHostProvenance: ProvDeclared, ReadyProvenance: ProvDeclared,
+				Startup: Need{11 * gib, 5 * gib}, Ready: Need{11 * gib, 5 * gib}, Parked: Need{0, 5 * gib}, BesideHost: 5 * gib,
+				StartupDeviceProvenance: ProvDeclared, StartupHostProvenance: ProvDeclared, ReadyProvenance: ProvDeclared, ParkedProvenance: ProvDerived,
 			},
 		},
 	}

@@ -128,6 +128,7 @@ func toEndpoint(e *pb.Endpoint) *structs.EngineEndpoint {
 		// on a hang-up gets it as is; unspecified means stream.
 		ForwardNonStreamed: e.GetNonStreamedHangup() == pb.NonStreamedHangup_NON_STREAMED_HANGUP_STOPS,
 		Exposure:           toExposure(e),
+		CacheSalt:          e.GetCacheSalt(),
 	}
 }
 

@@ -32,7 +32,9 @@ func TestTransitions_Table(t *testing.T) {
 		{structs.StateParked, structs.StateWaking, true},
 		{structs.StateWaking, structs.StateReady, true},
 		{structs.StateReady, structs.StateParked, false},
-		{structs.StateParked, structs.StateStarting, false},
+		// A restart_only instance parked with its LMCache server starts a
+		// new engine launch.
+		{structs.StateParked, structs.StateStarting, true},
 		{structs.StateStopped, structs.StateReady, false},
 		{structs.StateFailed, structs.StateReady, false},
 		{structs.StateReconciling, structs.StateParked, true},

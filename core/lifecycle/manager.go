@@ -259,7 +259,10 @@ func (m *Manager) Start(ctx context.Context) error {
 			}
 			continue
 		}
-		if rec.Launch.LMCachePort != 0 {
+		switch {
+		case rec.LMCache != nil && rec.LMCache.Port != 0:
+			m.cfg.Ports.Claim(rec.LMCache.Port, rec.ID()+" lmcache")
+		case rec.Launch.LMCachePort != 0:
 			m.cfg.Ports.Claim(rec.Launch.LMCachePort, rec.ID()+" lmcache")
 		}
 		if rec.Launch.Port != 0 {

@@ -114,6 +114,10 @@ func (in *instance) park(why string, forSwitch bool) error {
 	m := in.m
 	reqs := m.cfg.Requests
 	if !in.canPark(rec) {
+		if rec.LMCache != nil && rec.Residency == structs.ResidencyRestartOnly {
+			// Its engine stops; its LMCache server, and the cache, stay.
+			return in.parkKeepingLMCache(why, forSwitch)
+		}
 		return in.stopReleased(why, "stopped (restart only)")
 	}
 	if reqs.SettleAtStop(in.id) > 0 {

@@ -22,6 +22,9 @@ func (in *instance) recover(why string, settle bool) error {
 	if rec.Launch == nil || !holdsProcesses(rec.State) {
 		return nil
 	}
+	if parkedWithLMCacheOnly(rec) {
+		return in.recoverParkedLMCache(why, settle)
+	}
 	prior := rec.State
 	if settle && prior != structs.StateReconciling {
 		if err := in.transition(structs.StateReconciling, why, nil); err != nil {
@@ -65,7 +68,11 @@ func (in *instance) recover(why string, settle bool) error {
 	switch resp.GetState() {
 	case pb.RecoverState_RECOVER_STATE_GONE:
 		in.stopMonitor()
-		in.release(rec)
+		// Its LMCache server ends too: never an orphan.
+		if !in.endLMCache(drv) {
+			return in.unsettled(structs.Errf(structs.CodeStillStopping, "the engine of %s is gone, its LMCache server could not be proven gone", in.id))
+		}
+		in.release(in.snapshot())
 		return in.transition(structs.StateStopped, "engine gone: "+resp.GetDetail(), func(r *structs.InstanceRecord) {
 			r.Endpoint = nil
 			r.Phase = ""

@@ -53,7 +53,7 @@ func (m *Manager) rebuildRoutes() {
 		for _, in := range insts {
 			snap := in.snapshot()
 			if snap.State == structs.StateReady && snap.Endpoint != nil {
-				r.Ready = append(r.Ready, &routes.Target{Instance: snap.ID(), Generation: snap.Generation, Endpoint: *snap.Endpoint, LastUsed: &in.lastUsed})
+				r.Ready = append(r.Ready, &routes.Target{Instance: snap.ID(), Generation: snap.Generation, Revision: snap.Revision, Endpoint: *snap.Endpoint, LastUsed: &in.lastUsed})
 			}
 		}
 		list = append(list, r)

@@ -80,6 +80,7 @@ type startRun struct {
 
 	port         int
 	lmcachePort  int
+	server       *structs.LaunchRecord // the instance's LMCache server, nil for none
 	launchID     string
 	launchDir    string
 	recorded     bool // the launch is in the store: its directory stays
@@ -129,7 +130,11 @@ func (in *instance) start(c *command) error {
 	case structs.StateReady:
 		return nil
 	case structs.StateParked:
-		return in.wake(c)
+		if !parkedWithLMCacheOnly(rec) {
+			return in.wake(c)
+		}
+		// Parked with its engine stopped: a new engine launch, connected
+		// to the LMCache server the instance kept.
 	case structs.StateStopped, structs.StateFailed:
 	default:
 		if rec.State == structs.StateStopping {
@@ -149,6 +154,7 @@ func (in *instance) start(c *command) error {
 		r.onFail = r.keepLastError
 		if err := s.run(r); err != nil {
 			r.rollback()
+			r.unpark()
 			return r.onFail(err)
 		}
 	}
@@ -263,24 +269,6 @@ func (r *startRun) planOnce() error {
 // firstPlan validates the launch and gets the memory hints.
 func (r *startRun) firstPlan() error { return r.planOnce() }
 
-// leaseLMCachePort leases a second loopback port for the instance's
-// private LMCache server when the plan runs one; the plan with the grant
-// then renders the server on it.
-func (r *startRun) leaseLMCachePort() error {
-	if !r.plan.GetLmcache().GetRuns() {
-		return nil
-	}
-	m := r.m
-	port, err := m.cfg.Ports.Lease(r.in.id + " lmcache")
-	if err != nil {
-		return err
-	}
-	r.lmcachePort = port
-	r.push(func() { m.cfg.Ports.Release(port) })
-	r.lctx.LmcachePort = int32(port)
-	return nil
-}
-
 // reserve charges the memory ledger, evicting idle models where allowed.
 func (r *startRun) reserve() error {
 	in := r.in
@@ -338,6 +326,7 @@ func (r *startRun) record() error {
 	}
 	err := r.in.transitionStored(structs.StateStarting, r.why, func(rec *structs.InstanceRecord) {
 		rec.Launch = launch
+		rec.LMCache = r.server
 		rec.Endpoint = nil
 		rec.Engine = r.eng.Name
 		rec.Driver = r.eng.Family
@@ -385,6 +374,10 @@ func (r *startRun) launch() error {
 	if err := r.in.update(func(rec *structs.InstanceRecord) {
 		rec.Launch.Pgid = int(resp.GetLaunch().GetPgid())
 		rec.Launch.Processes = fromLaunch(resp.GetLaunch())
+		if s := resp.GetLmcacheServer(); s != nil && rec.LMCache != nil {
+			rec.LMCache.Pgid = int(s.GetPgid())
+			rec.LMCache.Processes = fromLaunch(s)
+		}
 	}); err != nil {
 		r.onFail = func(err error) error { r.in.unrecorded(err); return err }
 		return err

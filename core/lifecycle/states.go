@@ -15,6 +15,8 @@ import (
 //
 //	stopped -> starting -> ready -> draining -> parking -> parked -> waking -> ready
 //	draining -> stopping -> stopped;  parked -> stopping;  ready -> stopping
+//	parked -> starting (restart_only parked with its LMCache server: a new
+//	engine launch reconnects to it)
 //	any (but reconciling) -> reconciling -> stopped | ready | failed | stopping
 //	any live state -> failed (with the reason); failed -> starting (an
 //	operator start or a new request tries again) | stopping | stopped
@@ -24,7 +26,7 @@ var transitions = map[structs.InstanceState][]structs.InstanceState{
 	structs.StateReady:       {structs.StateDraining, structs.StateStopping, structs.StateStopped, structs.StateFailed, structs.StateReconciling},
 	structs.StateDraining:    {structs.StateParking, structs.StateStopping, structs.StateReady, structs.StateFailed, structs.StateReconciling},
 	structs.StateParking:     {structs.StateParked, structs.StateReady, structs.StateStopping, structs.StateFailed, structs.StateReconciling},
-	structs.StateParked:      {structs.StateWaking, structs.StateStopping, structs.StateStopped, structs.StateFailed, structs.StateReconciling},
+	structs.StateParked:      {structs.StateWaking, structs.StateStarting, structs.StateStopping, structs.StateStopped, structs.StateFailed, structs.StateReconciling},
 	structs.StateWaking:      {structs.StateReady, structs.StateStopping, structs.StateFailed, structs.StateReconciling},
 	structs.StateStopping:    {structs.StateStopped, structs.StateFailed, structs.StateReconciling},
 	structs.StateFailed:      {structs.StateStarting, structs.StateStopping, structs.StateStopped, structs.StateReconciling},

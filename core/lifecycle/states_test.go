@@ -19,7 +19,7 @@ var legalTransitions = []string{
 	"ready -> draining", "ready -> stopping", "ready -> stopped", "ready -> failed", "ready -> reconciling",
 	"draining -> parking", "draining -> stopping", "draining -> ready", "draining -> failed", "draining -> reconciling",
 	"parking -> parked", "parking -> ready", "parking -> stopping", "parking -> failed", "parking -> reconciling",
-	"parked -> waking", "parked -> stopping", "parked -> stopped", "parked -> failed", "parked -> reconciling",
+	"parked -> waking", "parked -> starting", "parked -> stopping", "parked -> stopped", "parked -> failed", "parked -> reconciling",
 	"waking -> ready", "waking -> stopping", "waking -> failed", "waking -> reconciling",
 	"stopping -> stopped", "stopping -> failed", "stopping -> reconciling",
 	"failed -> starting", "failed -> stopping", "failed -> stopped", "failed -> reconciling",

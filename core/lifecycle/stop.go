@@ -14,7 +14,8 @@ import (
 	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
 
-// cleanupLaunch ends whatever a launch left, proving it gone.
+// cleanupLaunch ends whatever a launch left, and the instance's LMCache
+// server, proving them gone.
 func (in *instance) cleanupLaunch(drv sdk.Driver, r *structs.InstanceRecord) *pb.StopResponse {
 	rec := in.snapshot()
 	if r != nil {
@@ -25,7 +26,10 @@ func (in *instance) cleanupLaunch(drv sdk.Driver, r *structs.InstanceRecord) *pb
 	}
 	ctx, cancel := context.WithTimeout(in.m.ctx, in.m.cfg.StopGrace+30*time.Second)
 	defer cancel()
-	resp, err := drv.Stop(ctx, &pb.StopRequest{InstanceId: in.id, GraceMs: in.m.cfg.StopGrace.Milliseconds(), Launch: toLaunch(rec.Launch)})
+	// The instance's LMCache server ends with it (a restart_only park,
+	// which keeps it, stops the engine alone: parkKeepingLMCache).
+	resp, err := drv.Stop(ctx, &pb.StopRequest{InstanceId: in.id, GraceMs: in.m.cfg.StopGrace.Milliseconds(), Launch: toLaunch(rec.Launch),
+		LmcacheServer: toLaunch(rec.LMCache)})
 	if err != nil {
 		in.m.logger.Warn("stop after a failed launch failed", "instance", in.id, "error", err)
 		return nil
@@ -76,14 +80,18 @@ func (in *instance) stop(why string) error {
 	})
 }
 
-// release gives back the memory and port of a launch whose processes are
-// proven gone.
+// release gives back the memory and ports of a launch whose processes,
+// and the instance's LMCache server, are proven gone.
 func (in *instance) release(rec structs.InstanceRecord) {
 	in.m.cfg.Requests.Stopped(in.id, rec.Generation)
 	if in.m.cfg.Placer != nil {
 		in.m.cfg.Placer.Release(in.id)
 	}
-	if rec.Launch != nil && rec.Launch.LMCachePort != 0 {
+	switch {
+	case rec.LMCache != nil:
+		in.forgetLMCache(rec.LMCache)
+	case rec.Launch != nil && rec.Launch.LMCachePort != 0:
+		// A launch recorded before the server belonged to the instance.
 		in.m.cfg.Ports.Release(rec.Launch.LMCachePort)
 	}
 	if rec.Launch != nil && rec.Launch.Port != 0 {

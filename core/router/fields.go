@@ -193,6 +193,13 @@ func parseChatHead(body []byte, head *chatHead) error {
 			err = json.Unmarshal(v, &head.N)
 		case "functions":
 			head.Functions = json.RawMessage(v)
+		case "cache_salt":
+			head.CacheSalt = nil
+			if string(v) != "null" {
+				var salt string
+				err = json.Unmarshal(v, &salt)
+				head.CacheSalt = &salt
+			}
 		default:
 			return nil
 		}

@@ -5,9 +5,12 @@ package router
 
 import (
 	"context"
+	"crypto/sha256"
+	hexenc "encoding/hex"
 	"encoding/json"
 	"errors"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -90,6 +93,12 @@ func (q *request) forward() *engineCall {
 		q.place.Done()
 		q.place = nil
 		q.fail(structs.Wrap(structs.CodeInternal, err, "engine endpoint of %s", q.target.Instance))
+		return nil
+	}
+	if q.hasSalt && !ep.CacheSalt {
+		q.place.Done()
+		q.place = nil
+		q.fail(structs.Errf(structs.CodeCacheSaltUnsupported, "model %q runs on an engine that does not take cache_salt (vLLM and SGLang do): remove it", q.model))
 		return nil
 	}
 	body, err := q.engineBody()
@@ -247,7 +256,8 @@ func (q *request) engineBody() ([]byte, error) {
 	// closes its connection), and SGLang's embeddings request has no rid.
 	needRid := ep.RequestIDField != "" && !pooling(q.api)
 	needStream := (q.api == structs.APIChat || q.api == structs.APICompletions) && ((!q.stream && !ep.ForwardNonStreamed) || (q.stream && !q.usageOpt))
-	if !needModel && !needRid && !needStream {
+	needSalt := q.hasSalt
+	if !needModel && !needRid && !needStream && !needSalt {
 		return q.body, nil
 	}
 	// The body is spliced: its members are copied as the client wrote them,
@@ -259,7 +269,7 @@ func (q *request) engineBody() ([]byte, error) {
 	if !ok {
 		return q.engineBodyDecoded(needModel, needRid, needStream)
 	}
-	out := make([]byte, 0, len(q.body)+len(q.id)+len(ep.ServedName)+64)
+	out := make([]byte, 0, len(q.body)+len(q.id)+len(ep.ServedName)+64+len(`,"cache_salt":""`)+sha256.Size*2)
 	out = append(out, '{')
 	var opts []byte // the client's stream_options, the last one
 	for _, m := range ms {
@@ -267,7 +277,8 @@ func (q *request) engineBody() ([]byte, error) {
 		switch {
 		case needModel && string(k) == "model",
 			needRid && string(k) == ep.RequestIDField,
-			needStream && string(k) == "stream":
+			needStream && string(k) == "stream",
+			needSalt && string(k) == "cache_salt":
 			continue
 		case needStream && string(k) == "stream_options":
 			opts = q.body[m.val:m.end]
@@ -285,6 +296,10 @@ func (q *request) engineBody() ([]byte, error) {
 	if needRid {
 		out = appendMember(out, ep.RequestIDField)
 		out = appendJSONString(out, q.id)
+	}
+	if needSalt {
+		out = appendMember(out, "cache_salt")
+		out = appendJSONString(out, q.saltDigest())
 	}
 	if needStream {
 		out = appendMember(out, "stream")
@@ -330,6 +345,9 @@ func (q *request) engineBodyDecoded(needModel, needRid, needStream bool) ([]byte
 	if needRid {
 		m[ep.RequestIDField], _ = json.Marshal(q.id)
 	}
+	if q.hasSalt {
+		m["cache_salt"], _ = json.Marshal(q.saltDigest())
+	}
 	if needStream {
 		m["stream"] = json.RawMessage("true")
 		so := map[string]json.RawMessage{}
@@ -343,4 +361,42 @@ func (q *request) engineBodyDecoded(needModel, needRid, needStream bool) ([]byte
 		m["stream_options"], _ = json.Marshal(so)
 	}
 	return json.Marshal(m)
+}
+
+// maxCacheSalt bounds a request's cache_salt.
+const maxCacheSalt = 1024
+
+// takeSalt keeps a request's cache_salt (nil: none); false when it
+// answered a salt that is empty or longer than maxCacheSalt bytes.
+func (q *request) takeSalt(salt *string) bool {
+	if salt == nil {
+		return true
+	}
+	if *salt == "" || len(*salt) > maxCacheSalt {
+		q.fail(structs.Errf(structs.CodeInvalidRequest, "cache_salt must be a non-empty string of at most %d bytes", maxCacheSalt))
+		return false
+	}
+	q.salt, q.hasSalt = *salt, true
+	return true
+}
+
+// saltDigest is the cache_salt the engine gets: hex(sha256(deployment
+// "\x00" revision "\x00" salt)). IMPORTANT: the deployment and the
+// revision the instance serves are in it, so two deployments (or two
+// revisions of one, another model perhaps) never share a cache entry, in
+// the engine's prefix cache or in LMCache, whatever salts clients send.
+func (q *request) saltDigest() string {
+	return CacheSaltDigest(q.route.Deployment, q.target.Revision, q.salt)
+}
+
+// CacheSaltDigest is the cache_salt an engine gets for a client's salt on
+// a deployment's revision.
+func CacheSaltDigest(deployment string, revision uint64, salt string) string {
+	h := sha256.New()
+	h.Write([]byte(deployment))
+	h.Write([]byte{0})
+	h.Write([]byte(strconv.FormatUint(revision, 10)))
+	h.Write([]byte{0})
+	h.Write([]byte(salt))
+	return hexenc.EncodeToString(h.Sum(nil))
 }

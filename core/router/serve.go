@@ -138,6 +138,11 @@ type request struct {
 	model    string
 	stream   bool
 	usageOpt bool // the client asked for the usage chunk
+	// salt is the client's cache_salt (chat and completions), forwarded
+	// as a digest of the deployment, its revision and the salt; hasSalt
+	// says there is one.
+	salt    string
+	hasSalt bool
 
 	route  *routes.Route
 	ds     *depState
@@ -188,6 +193,8 @@ type chatHead struct {
 	Messages      arrayPresence   `json:"messages"`
 	N             *int            `json:"n"`
 	Functions     json.RawMessage `json:"functions"`
+	// CacheSalt is the client's cache_salt, nil when absent or null.
+	CacheSalt *string `json:"cache_salt"`
 }
 
 type streamOptions struct {
@@ -329,6 +336,9 @@ func (q *request) resolve() bool {
 		}
 		q.stream = head.Stream
 		q.usageOpt = head.StreamOptions != nil && head.StreamOptions.IncludeUsage
+		if !q.takeSalt(head.CacheSalt) {
+			return false
+		}
 	case structs.APICompletions:
 		if headErr != nil {
 			q.fail(structs.Errf(structs.CodeInvalidRequest, "the request body is not a valid completions request: %v", headErr))
@@ -340,6 +350,9 @@ func (q *request) resolve() bool {
 		}
 		q.stream = head.Stream
 		q.usageOpt = head.StreamOptions != nil && head.StreamOptions.IncludeUsage
+		if !q.takeSalt(head.CacheSalt) {
+			return false
+		}
 	case structs.APIEmbeddings:
 		if !hasMember(q.body, "input") {
 			q.fail(structs.Errf(structs.CodeInvalidRequest, "an embeddings request needs an input: a string or a list of strings"))

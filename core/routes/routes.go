@@ -41,7 +41,10 @@ type Route struct {
 type Target struct {
 	Instance   string
 	Generation uint64
-	Endpoint   structs.EngineEndpoint
+	// Revision is the deployment revision the instance serves (a
+	// request's cache_salt digest names it).
+	Revision uint64
+	Endpoint structs.EngineEndpoint
 	// LastUsed is the instance's last use (Unix nanoseconds), shared with
 	// its owner, which reads it for idle timers and switch victims; nil
 	// records nothing.

@@ -45,8 +45,9 @@ type LaunchRecord struct {
 	Pgid      int               `json:"pgid"`
 	Processes []ProcessIdentity `json:"processes"`
 	Port      int               `json:"port"`
-	// LMCachePort is the loopback port of the launch's private LMCache
-	// server, 0 when it runs none.
+	// LMCachePort is the loopback port of the instance's private LMCache
+	// server the launch connects to, 0 when it runs none (the server is
+	// InstanceRecord.LMCache).
 	LMCachePort int       `json:"lmcache_port,omitempty"`
 	LaunchDir   string    `json:"launch_dir"`
 	StartedAt   time.Time `json:"started_at"`
@@ -79,6 +80,10 @@ type EngineEndpoint struct {
 	// such a request as it is instead of streaming it from the engine and
 	// assembling the answer (the driver's non_streamed_hangup).
 	ForwardNonStreamed bool `json:"forward_non_streamed,omitempty"`
+	// CacheSalt is true when the engine takes a request's cache_salt (the
+	// router forwards a digest of the deployment, its revision and the
+	// salt).
+	CacheSalt bool `json:"cache_salt,omitempty"`
 	// Exposure says who besides CapyCTL reaches the engine (nil from a
 	// driver that does not say).
 	Exposure *Exposure `json:"exposure,omitempty"`
@@ -113,11 +118,16 @@ type InstanceRecord struct {
 	State      InstanceState `json:"state"`
 	Since      time.Time     `json:"since"`
 	// Engine is the registration name the instance runs on; Driver its family.
-	Engine    string          `json:"engine"`
-	Driver    string          `json:"driver"`
-	Residency string          `json:"residency,omitempty"`
-	Launch    *LaunchRecord   `json:"launch,omitempty"`
-	Endpoint  *EngineEndpoint `json:"endpoint,omitempty"`
+	Engine    string        `json:"engine"`
+	Driver    string        `json:"driver"`
+	Residency string        `json:"residency,omitempty"`
+	Launch    *LaunchRecord `json:"launch,omitempty"`
+	// LMCache is the instance's private LMCache server, a launch of its
+	// own (its Port the server's loopback port), nil when it runs none. It
+	// belongs to the instance, not to Launch: a restart_only park stops
+	// the engine and keeps it, and the next launch reconnects to it.
+	LMCache  *LaunchRecord   `json:"lmcache_server,omitempty"`
+	Endpoint *EngineEndpoint `json:"endpoint,omitempty"`
 	// Canary is the answer to the fixed canary prompt at first readiness.
 	Canary    string       `json:"canary,omitempty"`
 	LastError *ErrorRecord `json:"last_error,omitempty"`

@@ -142,6 +142,12 @@ func (d *Driver) Plan(_ context.Context, req *pb.PlanRequest) (*pb.PlanResponse,
 		// SGLang's LMCache integration (ServerArgs.enable_lmcache); it
 		// configures LMCache from the LMCACHE_* variables.
 		argv = append(argv, "--enable-lmcache")
+		// SGLang reports usage.prompt_tokens_details.cached_tokens only
+		// with --enable-cache-report (ServerArgs.enable_cache_report,
+		// False by default).
+		if !hasArg(dep.GetExtraArgs(), "--enable-cache-report") {
+			argv = append(argv, "--enable-cache-report")
+		}
 	}
 	if dir := lctx.GetLaunchDir(); dir != "" {
 		argv = append(argv, "--config", filepath.Join(dir, configFile))
@@ -199,6 +205,9 @@ func endpoint(port int, key string, dep *pb.Deployment, workers int64, netns eng
 	ep := enginekit.NewEndpoint(port, dep.GetServedName(), engineKey(key))
 	ep.RequestIdField = RequestIDField
 	ep.AbortMode = pb.AbortMode_ABORT_MODE_REQUEST_ID
+	// ChatCompletionRequest and CompletionRequest have cache_salt
+	// (python/sglang/srt/entrypoints/openai/protocol.py).
+	ep.CacheSalt = true
 	// With the abort by rid a non-streamed request stops as promptly as a
 	// streamed one, so it goes to the engine as it is. Without it, SGLang
 	// notices a non-streamed client's hang-up only when
@@ -295,7 +304,7 @@ func (d *Driver) Start(_ context.Context, req *pb.StartRequest) (*pb.StartRespon
 	// SGLang cannot listen on a Unix socket: a driver that runs as root
 	// launches it in a network namespace of its own instead.
 	netns := enginekit.NetnsPossible()
-	launched, err := enginekit.StartLaunch(enginekit.LaunchOptions{
+	launched, server, err := enginekit.StartWithLMCache(enginekit.LaunchOptions{
 		Plan: req.GetPlan(), Host: req.GetHost(), Launch: lctx,
 		Secrets:      []string{engineKey(req.GetEngineKey()), req.GetEngineKey(), req.GetAdminKey()},
 		NetNamespace: netns,
@@ -305,8 +314,8 @@ func (d *Driver) Start(_ context.Context, req *pb.StartRequest) (*pb.StartRespon
 		return nil, err
 	}
 	in := d.instance(lctx.GetInstanceId(), lctx.GetLaunchId(), *launched, int(lctx.GetPort()), req.GetEngineKey(), dep, req.GetPlan().GetResidency(), netns)
-	if req.GetPlan().GetLmcache().GetRuns() {
-		in.LMCachePort = int(lctx.GetLmcachePort())
+	if server != nil {
+		in.LMCachePort, in.LMCacheServer = int(lctx.GetLmcachePort()), server
 	}
 	return d.reg.Started(in), nil
 }
@@ -330,4 +339,14 @@ func (d *Driver) instance(id, launchID string, l proc.Launched, port int, key st
 	in.Residency = res
 	in.ModelDir = dep.GetModelDir()
 	return in
+}
+
+// hasArg reports whether args hold the option name, alone or as name=value.
+func hasArg(args []string, name string) bool {
+	for _, a := range args {
+		if a == name || strings.HasPrefix(a, name+"=") {
+			return true
+		}
+	}
+	return false
 }

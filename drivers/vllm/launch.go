@@ -114,6 +114,12 @@ func (d *Driver) Plan(_ context.Context, req *pb.PlanRequest) (*pb.PlanResponse,
 		// LMCache's connector for vLLM v1 (vllm/distributed/kv_transfer/
 		// kv_connector/v1/lmcache_connector.py), storing and loading KV.
 		argv = append(argv, "--kv-transfer-config", lmcacheConnector)
+		// vLLM reports usage.prompt_tokens_details.cached_tokens (the
+		// prefix LMCache or its own cache answered) only with this flag
+		// (OpenAIServing's enable_prompt_tokens_details, False by default).
+		if flags.Find(args, "--enable-prompt-tokens-details") == nil {
+			argv = append(argv, "--enable-prompt-tokens-details")
+		}
 	}
 	argv = append(argv, dep.GetExtraArgs()...)
 
@@ -201,6 +207,9 @@ func endpoint(port int, key, served, sock string, parks bool) *pb.Endpoint {
 	ep := enginekit.NewEndpoint(port, served, key)
 	ep.RequestIdHeader = "X-Request-Id"
 	ep.NonStreamedHangup = pb.NonStreamedHangup_NON_STREAMED_HANGUP_STOPS
+	// Chat and completion requests take cache_salt, which salts the
+	// prefix cache's block hashes (vllm/v1/request.py Request.cache_salt).
+	ep.CacheSalt = true
 	x := enginekit.Exposure{Socket: sock}
 	if sock == "" {
 		x.OpenRoutes = openRoutes(key, parks)
@@ -220,7 +229,7 @@ func (d *Driver) Start(_ context.Context, req *pb.StartRequest) (*pb.StartRespon
 	if k := req.GetEngineKey(); k != "" {
 		secretEnv["VLLM_API_KEY"] = k
 	}
-	launched, err := enginekit.StartLaunch(enginekit.LaunchOptions{
+	launched, server, err := enginekit.StartWithLMCache(enginekit.LaunchOptions{
 		Plan: req.GetPlan(), Host: req.GetHost(), Launch: lctx, SecretEnv: secretEnv,
 		Secrets: []string{req.GetEngineKey(), req.GetAdminKey()},
 	})
@@ -233,8 +242,8 @@ func (d *Driver) Start(_ context.Context, req *pb.StartRequest) (*pb.StartRespon
 	}
 	sock := enginekit.SocketInArgv(req.GetPlan().GetArgv(), "--uds")
 	in := d.instance(lctx.GetInstanceId(), lctx.GetLaunchId(), *launched, int(lctx.GetPort()), req.GetEngineKey(), dep, sock, res)
-	if req.GetPlan().GetLmcache().GetRuns() {
-		in.LMCachePort = int(lctx.GetLmcachePort())
+	if server != nil {
+		in.LMCachePort, in.LMCacheServer = int(lctx.GetLmcachePort()), server
 	}
 	return d.reg.Started(in), nil
 }

@@ -67,6 +67,20 @@ func TestRole_LMCache(t *testing.T) {
 					second.cached, second.prompt, first.cached, first.prompt)
 			}
 
+			// cache_salt separates cached prefixes: the router forwards a
+			// digest of the deployment, its revision and the salt, and the
+			// engine keys its LMCache chunks by what it receives.
+			salted := strings.Repeat("s ", 300) + "salted question"
+			if u := saltedCachedTokens(t, r, dep, salted, "tenant-a"); u.cached != 0 {
+				t.Fatalf("first salted prompt: %d tokens cached", u.cached)
+			}
+			if u := saltedCachedTokens(t, r, dep, salted, "tenant-b"); u.cached != 0 {
+				t.Fatalf("another salt shares %d cached tokens with tenant-a", u.cached)
+			}
+			if u := saltedCachedTokens(t, r, dep, salted, "tenant-a"); u.cached < 256 {
+				t.Fatalf("the same salt again: %d tokens cached, want its stored prefix", u.cached)
+			}
+
 			if out, errOut, code := r.CLI("stop", "deployment", dep, "--wait"); code != 0 {
 				t.Fatalf("stop: exit %d\n%s%s", code, out, errOut)
 			}
@@ -81,14 +95,97 @@ func TestRole_LMCache(t *testing.T) {
 
 // lmcacheServers are the live LMCache servers of the role's launches.
 func lmcacheServers(r *harness.Role) []int {
+	return launchedPIDs(r, "lmcache.v1.server\x00127.0.0.1\x00")
+}
+
+// enginePrograms are the engine modules the fake venvs run, by family.
+var enginePrograms = map[string]string{"vllm": "-m\x00vllm.entrypoints.openai.api_server\x00", "sglang": "-m\x00sglang.launch_server\x00"}
+
+// launchedPIDs are the live processes of the role's launches whose
+// command line contains marker.
+func launchedPIDs(r *harness.Role, marker string) []int {
 	var out []int
 	for _, pid := range harness.EnginePIDs(r.StateDir) {
 		b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
-		if err == nil && strings.Contains(string(b), "lmcache.v1.server\x00127.0.0.1\x00") {
+		if err == nil && strings.Contains(string(b), marker) {
 			out = append(out, pid)
 		}
 	}
 	return out
+}
+
+// TestRole_LMCacheAcrossRestartOnlyPark shows that an instance's LMCache
+// server belongs to the instance, not to one engine launch: a
+// restart_only deployment answers a 300-word prompt, is parked (its
+// engine stops), and a request wakes it with a new engine process that
+// reconnects to the same server, so the same prompt is answered with its
+// prefix cached. A stop then ends the server, and nothing of the role's
+// launches is left.
+func TestRole_LMCacheAcrossRestartOnlyPark(t *testing.T) {
+	r := harness.StartStandalone(t, harness.Options{})
+	for _, e := range []struct{ family, version string }{{"vllm", "0.32.0"}, {"sglang", "0.5.22"}} {
+		t.Run(e.family, func(t *testing.T) {
+			venv := conformance.FakeVenv(t, t.TempDir(), map[string]string{e.family: e.version, "lmcache": "0.5.6"}, nil)
+			name := "lmc-park-" + e.family
+			if out, errOut, code := r.CLI("engine", "add", venv, "--yes", "--name", name); code != 0 {
+				t.Fatalf("engine add: exit %d\n%s%s", code, out, errOut)
+			}
+			dep := "park-" + e.family
+			spec := fmt.Sprintf("deployment %q {\n  engine = %q\n  residency = \"restart_only\"\n  lmcache = \"required\"\n  model {\n    path = %q\n  }\n}\n", dep, name, dep)
+			if out, errOut, code := r.Deploy(dep, spec, "--activate", "--wait"); code != 0 {
+				t.Fatalf("deploy: exit %d\n%s%s\nrole:\n%s", code, out, errOut, r.Output())
+			}
+			servers, engines := lmcacheServers(r), launchedPIDs(r, enginePrograms[e.family])
+			if len(servers) != 1 || len(engines) != 1 {
+				t.Fatalf("want one LMCache server and one engine, found %v and %v\nrole:\n%s", servers, engines, r.Output())
+			}
+
+			words := make([]string, 300)
+			for i := range words {
+				words[i] = "p" + strconv.Itoa(i)
+			}
+			prompt := strings.Join(words, " ")
+			first := cachedTokens(t, r, dep, prompt)
+			if first.cached != 0 {
+				t.Fatalf("first prompt: %d tokens cached before anything was stored", first.cached)
+			}
+
+			// A restart_only park stops the engine; the server stays.
+			if out, errOut, code := r.CLI("park", "deployment", dep, "--wait"); code != 0 {
+				t.Fatalf("park: exit %d\n%s%s", code, out, errOut)
+			}
+			if harness.Alive(engines[0]) {
+				t.Fatalf("the engine %d still runs after a restart_only park", engines[0])
+			}
+			if !harness.Alive(servers[0]) {
+				t.Fatalf("the LMCache server %d ended with the parked engine: its cache is lost\nrole:\n%s", servers[0], r.Output())
+			}
+
+			// A request wakes it: a new engine, the same server.
+			again := cachedTokens(t, r, dep, prompt)
+			woken := launchedPIDs(r, enginePrograms[e.family])
+			if len(woken) != 1 || woken[0] == engines[0] {
+				t.Fatalf("after the wake: engines %v, want one new process (was %d)", woken, engines[0])
+			}
+			if now := lmcacheServers(r); len(now) != 1 || now[0] != servers[0] {
+				t.Fatalf("after the wake: LMCache servers %v, want the kept %d", now, servers[0])
+			}
+			if again.cached <= 0 || again.prompt != first.prompt {
+				t.Fatalf("the same prompt after a restart_only park: %d of %d prompt tokens cached, want the stored prefix from LMCache",
+					again.cached, again.prompt)
+			}
+
+			if out, errOut, code := r.CLI("stop", "deployment", dep, "--wait"); code != 0 {
+				t.Fatalf("stop: exit %d\n%s%s", code, out, errOut)
+			}
+			if harness.Alive(servers[0]) {
+				t.Fatalf("the LMCache server %d outlived its stopped deployment", servers[0])
+			}
+			if left := harness.EnginePIDs(r.StateDir); len(left) > 0 {
+				t.Fatalf("processes of the role's launches left after the stop: %v", left)
+			}
+		})
+	}
 }
 
 // usage is an answer's prompt and cached token counts.
@@ -97,7 +194,23 @@ type usage struct{ prompt, cached int }
 // cachedTokens sends one chat request and returns its usage.
 func cachedTokens(t *testing.T, r *harness.Role, model, content string) usage {
 	t.Helper()
-	resp, err := r.Chat(context.Background(), harness.ChatBody(model, false, content), nil)
+	return chatUsage(t, r, harness.ChatBody(model, false, content))
+}
+
+// saltedCachedTokens is cachedTokens with a cache_salt.
+func saltedCachedTokens(t *testing.T, r *harness.Role, model, content, salt string) usage {
+	t.Helper()
+	b, err := json.Marshal(map[string]any{"model": model, "messages": []map[string]string{{"role": "user", "content": content}}, "cache_salt": salt})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return chatUsage(t, r, string(b))
+}
+
+// chatUsage sends one chat body and returns its usage.
+func chatUsage(t *testing.T, r *harness.Role, req string) usage {
+	t.Helper()
+	resp, err := r.Chat(context.Background(), req, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

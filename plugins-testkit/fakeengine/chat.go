@@ -33,6 +33,9 @@ type ChatRequest struct {
 	MaxTokens *int `json:"max_tokens,omitempty"`
 	// MaxCompletionTokens is the newer name of MaxTokens; it wins.
 	MaxCompletionTokens *int `json:"max_completion_tokens,omitempty"`
+	// CacheSalt separates the request's cached prefix from other salts'
+	// (vLLM's and SGLang's cache_salt).
+	CacheSalt string `json:"cache_salt,omitempty"`
 
 	// Raw holds every top-level field of the body, for a flavour's extras
 	// (SGLang's "rid", vLLM's "request_id").
@@ -214,9 +217,14 @@ func (e *Engine) serveGen(w http.ResponseWriter, r *http.Request, completions bo
 	if kv := e.cfg.KVConnector; kv != nil {
 		// The prefill: what the cache holds is loaded, the rest computed,
 		// and the prompt's chunks stored for the next request.
+		// The chunks are keyed by the request's cache_salt, as vLLM salts
+		// its block hashes with it: another salt shares nothing.
 		pt := promptTokenList(req.Messages)
-		res.CachedTokens = min(kv.Lookup(pt), prompt)
-		kv.Store(pt)
+		cached := min(kv.Lookup(req.CacheSalt, pt), prompt)
+		kv.Store(req.CacheSalt, pt)
+		if e.cfg.ReportCachedTokens {
+			res.CachedTokens = cached
+		}
 	}
 	toks := e.plan(req, res)
 	if req.Stream {

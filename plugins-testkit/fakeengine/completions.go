@@ -45,11 +45,12 @@ func DecodeCompletion(body []byte) (*ChatRequest, error) {
 		Stream        bool            `json:"stream"`
 		StreamOptions *StreamOptions  `json:"stream_options,omitempty"`
 		MaxTokens     *int            `json:"max_tokens,omitempty"`
+		CacheSalt     string          `json:"cache_salt,omitempty"`
 	}
 	if err := json.Unmarshal(body, &in); err != nil {
 		return nil, &APIError{Kind: KindInvalidRequest, Message: fmt.Sprintf("invalid request: %v", err)}
 	}
-	req := &ChatRequest{Model: in.Model, Stream: in.Stream, StreamOptions: in.StreamOptions, MaxTokens: in.MaxTokens}
+	req := &ChatRequest{Model: in.Model, Stream: in.Stream, StreamOptions: in.StreamOptions, MaxTokens: in.MaxTokens, CacheSalt: in.CacheSalt}
 	if err := json.Unmarshal(body, &req.Raw); err != nil {
 		return nil, &APIError{Kind: KindInvalidRequest, Message: "request body must be a JSON object"}
 	}

@@ -111,6 +111,11 @@ type Config struct {
 	// prompt's prefix the cache holds (reported as cached tokens, not
 	// prefilled), after prefill it stores the prompt's chunks.
 	KVConnector KVConnector
+	// ReportCachedTokens reports the cached part of a prompt as
+	// usage.prompt_tokens_details.cached_tokens, as the real engines do
+	// only when told to (vLLM --enable-prompt-tokens-details, SGLang
+	// --enable-cache-report).
+	ReportCachedTokens bool
 
 	// LogSecret prints the API key at startup, so that log redaction can
 	// be tested.

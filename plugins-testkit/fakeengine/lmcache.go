@@ -37,10 +37,11 @@ import (
 // KVConnector is an external KV cache (Config.KVConnector):
 // *LMCacheClient is one.
 type KVConnector interface {
-	// Lookup returns how many leading prompt tokens the cache holds.
-	Lookup(tokens []string) int
-	// Store saves the prompt's KV.
-	Store(tokens []string)
+	// Lookup returns how many leading prompt tokens the cache holds for
+	// the request's cache_salt ("" for none).
+	Lookup(salt string, tokens []string) int
+	// Store saves the prompt's KV under its cache_salt.
+	Store(salt string, tokens []string)
 }
 
 // LMCacheDefaultChunk is LMCache's default chunk size in tokens
@@ -188,10 +189,15 @@ func (c *LMCacheClient) call(cmd string) (string, error) {
 	return strings.TrimSpace(line), nil
 }
 
-// chunkKeys are the prefix-hash keys of tokens' whole chunks.
-func (c *LMCacheClient) chunkKeys(tokens []string) []string {
+// chunkKeys are the prefix-hash keys of tokens' whole chunks; the chain
+// starts from the salt, so a chunk matches only under the same salt.
+func (c *LMCacheClient) chunkKeys(salt string, tokens []string) []string {
 	var keys []string
 	prev := ""
+	if salt != "" {
+		sum := sha256.Sum256([]byte("salt\x00" + salt))
+		prev = hex.EncodeToString(sum[:])
+	}
 	for i := 0; i+c.chunk <= len(tokens); i += c.chunk {
 		h := sha256.New()
 		h.Write([]byte(prev))
@@ -207,9 +213,9 @@ func (c *LMCacheClient) chunkKeys(tokens []string) []string {
 
 // Lookup returns how many leading tokens the server holds KV for: whole
 // chunks, up to the first missing one (LMCache retrieves a prefix).
-func (c *LMCacheClient) Lookup(tokens []string) int {
+func (c *LMCacheClient) Lookup(salt string, tokens []string) int {
 	n := 0
-	for _, k := range c.chunkKeys(tokens) {
+	for _, k := range c.chunkKeys(salt, tokens) {
 		if r, err := c.call("EXIST " + k); err != nil || r != "YES" {
 			break
 		}
@@ -219,8 +225,8 @@ func (c *LMCacheClient) Lookup(tokens []string) int {
 }
 
 // Store saves the KV of tokens' whole chunks.
-func (c *LMCacheClient) Store(tokens []string) {
-	for _, k := range c.chunkKeys(tokens) {
+func (c *LMCacheClient) Store(salt string, tokens []string) {
+	for _, k := range c.chunkKeys(salt, tokens) {
 		if _, err := c.call("PUT " + k); err != nil {
 			return
 		}

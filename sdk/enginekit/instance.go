@@ -35,8 +35,11 @@ type Instance struct {
 	Launched proc.Launched
 	// Port is the leased loopback port.
 	Port int
-	// LMCachePort is the port of the launch's LMCache server, 0 for none.
+	// LMCachePort is the port of the instance's LMCache server, 0 for none.
 	LMCachePort int
+	// LMCacheServer is the instance's LMCache server the engine connects
+	// to (a launch of its own: StartLMCacheServer), nil for none.
+	LMCacheServer *pb.Launch
 	// ServedName is the model name the engine serves.
 	ServedName string
 	// API is "chat", "decisions", "embeddings" or "rerank".
@@ -147,10 +150,6 @@ func (in *Instance) LaunchPB() *pb.Launch {
 	}
 	return l
 }
-
-// RoleLMCache is the role of a launch's LMCache server among its recorded
-// processes.
-const RoleLMCache = "lmcache"
 
 // FromLaunch rebuilds a proc.Launched from a recorded launch.
 func FromLaunch(l *pb.Launch) proc.Launched {

@@ -72,6 +72,10 @@ type LaunchOptions struct {
 	// (NetnsPossible: the driver runs as root); the endpoint then names
 	// it (Exposure.Netns).
 	NetNamespace bool
+	// LMCacheServer is the instance's running LMCache server
+	// (StartLMCacheServer), nil for none: with NetNamespace the engine
+	// joins the server's namespace instead of getting one of its own.
+	LMCacheServer *proc.Launched
 }
 
 // StartLaunch runs a plan behind the shim: the leased port must be free,
@@ -102,12 +106,13 @@ func StartLaunch(o LaunchOptions) (*proc.Launched, error) {
 			secrets = append(secrets, s)
 		}
 	}
-	companion, err := lmcacheCompanion(o.Plan.GetLmcache(), lctx)
-	if err != nil {
-		return nil, err
+	var join proc.Identity
+	if o.LMCacheServer != nil && o.NetNamespace {
+		// The engine reaches its server on 127.0.0.1 of the server's own
+		// namespace, which outlives this launch.
+		join = o.LMCacheServer.Engine
 	}
 	launched, err := proc.Start(proc.LaunchSpec{
-		Companion:    companion,
 		Argv:         o.Plan.GetArgv(),
 		Env:          env,
 		Dir:          o.Plan.GetWorkdir(),
@@ -115,7 +120,8 @@ func StartLaunch(o LaunchOptions) (*proc.Launched, error) {
 		LogMode:      LogMode(o.Host),
 		Secrets:      secrets,
 		NoCoreDumps:  o.Host.GetRetention() == "zero",
-		NetNamespace: o.NetNamespace,
+		NetNamespace: o.NetNamespace && join.PID == 0,
+		JoinNetns:    join,
 	})
 	if err != nil {
 		if o.Program != "" {
@@ -124,22 +130,6 @@ func StartLaunch(o LaunchOptions) (*proc.Launched, error) {
 		return nil, sdk.Errorf(sdk.CodeLaunchFailed, "%v", err)
 	}
 	return launched, nil
-}
-
-// lmcacheCompanion is the launch's LMCache server from its plan, nil when
-// it runs none. Its port must be leased and free.
-func lmcacheCompanion(p *pb.LMCachePlan, lctx *pb.LaunchContext) (*proc.CompanionSpec, error) {
-	if !p.GetRuns() {
-		return nil, nil
-	}
-	port := int(lctx.GetLmcachePort())
-	if port <= 0 || len(p.GetArgv()) == 0 {
-		return nil, sdk.Errorf(sdk.CodeLaunchFailed, "the plan runs LMCache but has no leased LMCache port or command")
-	}
-	if !proc.PortFree(port) {
-		return nil, sdk.Errorf(CodePortConflict, "another process listens on the leased LMCache port %d", port)
-	}
-	return &proc.CompanionSpec{Role: RoleLMCache, Argv: p.GetArgv(), Env: p.GetEnv()}, nil
 }
 
 // LogMode is proc's log mode for a host: memory when the host keeps engine

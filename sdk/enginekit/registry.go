@@ -61,7 +61,7 @@ func (r *Registry[H]) Drop(id string) {
 func (r *Registry[H]) Started(h H) *pb.StartResponse {
 	r.Put(h)
 	in := h.Base()
-	return &pb.StartResponse{Launch: in.LaunchPB(), Endpoint: in.Endpoint}
+	return &pb.StartResponse{Launch: in.LaunchPB(), Endpoint: in.Endpoint, LmcacheServer: in.LMCacheServer}
 }
 
 // StopHooks adapt Stop to an engine that leaves more than processes
@@ -80,12 +80,17 @@ type StopHooks struct {
 // ends; once it is proven gone the handle is dropped.
 func (r *Registry[H]) Stop(req *pb.StopRequest, grace time.Duration, hooks StopHooks) (*pb.StopResponse, error) {
 	h, err := r.Get(req.GetInstanceId())
+	server := req.GetLmcacheServer()
 	var launched proc.Launched
 	switch {
 	case err == nil:
 		launched, grace = h.Base().Launched, h.Base().StopGrace
 	case req.GetLaunch() != nil:
 		launched = FromLaunch(req.GetLaunch())
+	case server != nil:
+		// Only the server is left (an instance parked with its engine
+		// stopped).
+		return StopLMCacheServer(server), nil
 	default:
 		return nil, err
 	}
@@ -104,6 +109,14 @@ func (r *Registry[H]) Stop(req *pb.StopRequest, grace time.Duration, hooks StopH
 			h.Base().Client.CloseIdleConnections()
 		}
 		r.Drop(req.GetInstanceId())
+		// The server ends after its engine, which may write to it as it
+		// stops.
+		if server != nil {
+			if sr := StopLMCacheServer(server); !sr.GetGone() {
+				resp.Gone = false
+				resp.Detail = "the engine is gone, its LMCache server is not: " + sr.GetDetail()
+			}
+		}
 	}
 	return resp, nil
 }

@@ -46,6 +46,20 @@ func enterNewNetns() error {
 	return nil
 }
 
+// joinNetns moves the calling thread into the network namespace of the
+// live process id (see enterNewNetns for why the thread matters).
+func joinNetns(id Identity) error {
+	fd, err := openNetns(id)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	if err := unix.Setns(fd, unix.CLONE_NEWNET); err != nil {
+		return fmt.Errorf("network namespace of pid %d: setns: %w", id.PID, err)
+	}
+	return nil
+}
+
 // netnsInode returns the inode that identifies the network namespace the
 // file at path (a /proc/.../ns/net) or fd refers to.
 func netnsInode(fd int) (uint64, error) {

@@ -187,6 +187,16 @@ func runShim() int {
 			return 2
 		}
 	}
+	if id := spec.JoinNetns; id.PID != 0 && !spec.NetNamespace {
+		// IMPORTANT: locked for the shim's life, as above.
+		runtime.LockOSThread()
+		if err := joinNetns(id); err != nil {
+			pr.Close()
+			pw.Close()
+			report(shimReport{Error: err.Error()})
+			return 2
+		}
+	}
 	// The companion starts first: the engine connects to it as it starts.
 	var comp *companion
 	if spec.Companion != nil {

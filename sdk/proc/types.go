@@ -92,6 +92,11 @@ type LaunchSpec struct {
 	// reaches its ports, CapyCTL reaches them with DialNetns. The shim
 	// stays in the host's namespace.
 	NetNamespace bool `json:"net_namespace,omitempty"`
+	// JoinNetns, when set, starts the engine in the network namespace of
+	// that live process instead (a server of the instance the engine must
+	// reach on 127.0.0.1, itself launched with NetNamespace). The identity
+	// is checked after the namespace is opened, so a reused PID is refused.
+	JoinNetns Identity `json:"join_netns,omitempty"`
 	// Companion, when set, is a second program the shim starts before the
 	// engine, in the same process group: a server the engine depends on
 	// (a private LMCache). It shares the engine's log (its lines prefixed

@@ -197,6 +197,7 @@ func sglangCommand(args []string, env func(string) string, stdout, stderr io.Wri
 		}
 		defer kv.Close()
 		cfg.KVConnector = kv
+		cfg.ReportCachedTokens = pa.flags["enable-cache-report"]
 	}
 	return serveSGLang(cfg, pa.str("host", "127.0.0.1"), int(port), knobs.ListenAll, schedulerDies, logf, stderr)
 }

@@ -171,6 +171,7 @@ func vllmCommand(args []string, env func(string) string, stdout, stderr io.Write
 		}
 		defer kv.Close()
 		cfg.KVConnector = kv
+		cfg.ReportCachedTokens = pa.flags["enable-prompt-tokens-details"]
 		logf(fakeengine.LevelInfo, "LMCache connector: remote %s", env("LMCACHE_REMOTE_URL"))
 	}
 	port, err := pa.num("port", 8000)

@@ -1556,7 +1556,15 @@ type LaunchContext struct {
 	// lmcache_port is the second loopback port the core leased for the
 	// instance's LMCache server, once a plan said it runs one (PlanResponse.
 	// lmcache.runs); 0 otherwise.
-	LmcachePort   int32 `protobuf:"varint,9,opt,name=lmcache_port,json=lmcachePort,proto3" json:"lmcache_port,omitempty"`
+	LmcachePort int32 `protobuf:"varint,9,opt,name=lmcache_port,json=lmcachePort,proto3" json:"lmcache_port,omitempty"`
+	// lmcache_server is the instance's LMCache server, a launch of its own
+	// that belongs to the instance rather than to one engine launch: it
+	// outlives a restart_only park, so the next engine launch reconnects to
+	// the same cache on the same port (lmcache_port). Start reuses it when
+	// its recorded processes still run, and otherwise starts the server anew
+	// in its launch_dir on its port (a first launch names no processes).
+	// Absent when the plan runs no LMCache.
+	LmcacheServer *Launch `protobuf:"bytes,10,opt,name=lmcache_server,json=lmcacheServer,proto3" json:"lmcache_server,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1652,6 +1660,13 @@ func (x *LaunchContext) GetLmcachePort() int32 {
 		return x.LmcachePort
 	}
 	return 0
+}
+
+func (x *LaunchContext) GetLmcacheServer() *Launch {
+	if x != nil {
+		return x.LmcacheServer
+	}
+	return nil
 }
 
 type PlanRequest struct {
@@ -2105,10 +2120,11 @@ func (x *PlanResponse) GetLmcache() *LMCachePlan {
 	return nil
 }
 
-// LMCachePlan is a launch's private LMCache server: a companion process the
-// driver starts in the engine's launch (same process group, supervised with
-// it, stopped and proven gone with it) on the loopback port the core leased
-// (LaunchContext.lmcache_port).
+// LMCachePlan is an instance's private LMCache server: a launch of its own
+// (its own supervisor and process group) that the driver starts beside the
+// engine's on the loopback port the core leased (LaunchContext.lmcache_port)
+// and that the instance keeps across restart_only parks
+// (LaunchContext.lmcache_server); Stop ends it when given it.
 type LMCachePlan struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// runs is true when the instance gets its LMCache server.
@@ -2490,8 +2506,15 @@ type Endpoint struct {
 	// POST /v1/completions), which the router sends a chat deployment's text
 	// completion requests to; empty means "/v1/completions".
 	CompletionsPath string `protobuf:"bytes,20,opt,name=completions_path,json=completionsPath,proto3" json:"completions_path,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// cache_salt is true when the engine takes a request's cache_salt in a
+	// chat or completions body (vLLM, SGLang): the router then forwards the
+	// client's salt as hex(sha256(deployment "\x00" revision "\x00" salt)),
+	// so no two deployments share a cache entry. False (every driver that
+	// predates it), a request with cache_salt is refused with
+	// cache_salt_unsupported.
+	CacheSalt     bool `protobuf:"varint,21,opt,name=cache_salt,json=cacheSalt,proto3" json:"cache_salt,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Endpoint) Reset() {
@@ -2622,10 +2645,21 @@ func (x *Endpoint) GetCompletionsPath() string {
 	return ""
 }
 
+func (x *Endpoint) GetCacheSalt() bool {
+	if x != nil {
+		return x.CacheSalt
+	}
+	return false
+}
+
 type StartResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Launch        *Launch                `protobuf:"bytes,1,opt,name=launch,proto3" json:"launch,omitempty"`
-	Endpoint      *Endpoint              `protobuf:"bytes,2,opt,name=endpoint,proto3" json:"endpoint,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Launch   *Launch                `protobuf:"bytes,1,opt,name=launch,proto3" json:"launch,omitempty"`
+	Endpoint *Endpoint              `protobuf:"bytes,2,opt,name=endpoint,proto3" json:"endpoint,omitempty"`
+	// lmcache_server is the instance's LMCache server the engine connects
+	// to (LaunchContext.lmcache_server, reused or started): the core records
+	// it with the instance, not with the engine's launch.
+	LmcacheServer *Launch `protobuf:"bytes,3,opt,name=lmcache_server,json=lmcacheServer,proto3" json:"lmcache_server,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2670,6 +2704,13 @@ func (x *StartResponse) GetLaunch() *Launch {
 func (x *StartResponse) GetEndpoint() *Endpoint {
 	if x != nil {
 		return x.Endpoint
+	}
+	return nil
+}
+
+func (x *StartResponse) GetLmcacheServer() *Launch {
+	if x != nil {
+		return x.LmcacheServer
 	}
 	return nil
 }
@@ -3296,7 +3337,14 @@ type StopRequest struct {
 	// grace_ms is how long the engine may take after the graceful signal.
 	GraceMs int64 `protobuf:"varint,2,opt,name=grace_ms,json=graceMs,proto3" json:"grace_ms,omitempty"`
 	// launch is the recorded launch, used when the driver has no handle.
-	Launch        *Launch `protobuf:"bytes,3,opt,name=launch,proto3" json:"launch,omitempty"`
+	// Absent when only lmcache_server is to end (an instance parked with its
+	// engine already stopped).
+	Launch *Launch `protobuf:"bytes,3,opt,name=launch,proto3" json:"launch,omitempty"`
+	// lmcache_server is the instance's LMCache server (StartResponse.
+	// lmcache_server): Stop ends it too, after the engine, and gone is true
+	// only once both are proven gone. Absent, a server is left running: a
+	// restart_only park stops the engine and keeps its cache.
+	LmcacheServer *Launch `protobuf:"bytes,4,opt,name=lmcache_server,json=lmcacheServer,proto3" json:"lmcache_server,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3348,6 +3396,13 @@ func (x *StopRequest) GetGraceMs() int64 {
 func (x *StopRequest) GetLaunch() *Launch {
 	if x != nil {
 		return x.Launch
+	}
+	return nil
+}
+
+func (x *StopRequest) GetLmcacheServer() *Launch {
+	if x != nil {
+		return x.LmcacheServer
 	}
 	return nil
 }
@@ -3863,7 +3918,7 @@ const file_sdk_proto_driverv1_driver_proto_rawDesc = "" +
 	"\vMemorySizes\x12#\n" +
 	"\rrequest_bytes\x18\x01 \x01(\x03R\frequestBytes\x12$\n" +
 	"\x0ekv_cache_bytes\x18\x02 \x01(\x03R\fkvCacheBytes\x12#\n" +
-	"\rstartup_bytes\x18\x03 \x01(\x03R\fstartupBytes\"\xbd\x02\n" +
+	"\rstartup_bytes\x18\x03 \x01(\x03R\fstartupBytes\"\xff\x02\n" +
 	"\rLaunchContext\x12\x12\n" +
 	"\x04port\x18\x01 \x01(\x05R\x04port\x12!\n" +
 	"\fdevice_uuids\x18\x02 \x03(\tR\vdeviceUuids\x12!\n" +
@@ -3875,7 +3930,9 @@ const file_sdk_proto_driverv1_driver_proto_rawDesc = "" +
 	"\vinstance_id\x18\a \x01(\tR\n" +
 	"instanceId\x12\x1b\n" +
 	"\tlaunch_id\x18\b \x01(\tR\blaunchId\x12!\n" +
-	"\flmcache_port\x18\t \x01(\x05R\vlmcachePort\"\xfe\x01\n" +
+	"\flmcache_port\x18\t \x01(\x05R\vlmcachePort\x12@\n" +
+	"\x0elmcache_server\x18\n" +
+	" \x01(\v2\x19.capyctl.driver.v1.LaunchR\rlmcacheServer\"\xfe\x01\n" +
 	"\vPlanRequest\x12C\n" +
 	"\finstallation\x18\x01 \x01(\v2\x1f.capyctl.driver.v1.InstallationR\finstallation\x12=\n" +
 	"\n" +
@@ -3955,7 +4012,7 @@ const file_sdk_proto_driverv1_driver_proto_rawDesc = "" +
 	"launch_dir\x18\x03 \x01(\tR\tlaunchDir\x12\x12\n" +
 	"\x04port\x18\x04 \x01(\x05R\x04port\x12\x1b\n" +
 	"\tlaunch_id\x18\x05 \x01(\tR\blaunchId\x12!\n" +
-	"\flmcache_port\x18\x06 \x01(\x05R\vlmcachePort\"\xc0\x04\n" +
+	"\flmcache_port\x18\x06 \x01(\x05R\vlmcachePort\"\xdf\x04\n" +
 	"\bEndpoint\x12\x19\n" +
 	"\bbase_url\x18\x01 \x01(\tR\abaseUrl\x12\x1f\n" +
 	"\vauth_header\x18\x02 \x01(\tR\n" +
@@ -3976,10 +4033,13 @@ const file_sdk_proto_driverv1_driver_proto_rawDesc = "" +
 	"openRoutes\x12#\n" +
 	"\rexposure_note\x18\f \x01(\tR\fexposureNote\x12T\n" +
 	"\x13non_streamed_hangup\x18\x10 \x01(\x0e2$.capyctl.driver.v1.NonStreamedHangupR\x11nonStreamedHangup\x12)\n" +
-	"\x10completions_path\x18\x14 \x01(\tR\x0fcompletionsPath\"{\n" +
+	"\x10completions_path\x18\x14 \x01(\tR\x0fcompletionsPath\x12\x1d\n" +
+	"\n" +
+	"cache_salt\x18\x15 \x01(\bR\tcacheSalt\"\xbd\x01\n" +
 	"\rStartResponse\x121\n" +
 	"\x06launch\x18\x01 \x01(\v2\x19.capyctl.driver.v1.LaunchR\x06launch\x127\n" +
-	"\bendpoint\x18\x02 \x01(\v2\x1b.capyctl.driver.v1.EndpointR\bendpoint\"\x82\x01\n" +
+	"\bendpoint\x18\x02 \x01(\v2\x1b.capyctl.driver.v1.EndpointR\bendpoint\x12@\n" +
+	"\x0elmcache_server\x18\x03 \x01(\v2\x19.capyctl.driver.v1.LaunchR\rlmcacheServer\"\x82\x01\n" +
 	"\fProbeRequest\x12\x1f\n" +
 	"\vinstance_id\x18\x01 \x01(\tR\n" +
 	"instanceId\x120\n" +
@@ -4029,12 +4089,13 @@ const file_sdk_proto_driverv1_driver_proto_rawDesc = "" +
 	"\afigures\x18\x05 \x03(\v2,.capyctl.driver.v1.LoadResponse.FiguresEntryR\afigures\x1a:\n" +
 	"\fFiguresEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\x01R\x05value:\x028\x01\"|\n" +
+	"\x05value\x18\x02 \x01(\x01R\x05value:\x028\x01\"\xbe\x01\n" +
 	"\vStopRequest\x12\x1f\n" +
 	"\vinstance_id\x18\x01 \x01(\tR\n" +
 	"instanceId\x12\x19\n" +
 	"\bgrace_ms\x18\x02 \x01(\x03R\agraceMs\x121\n" +
-	"\x06launch\x18\x03 \x01(\v2\x19.capyctl.driver.v1.LaunchR\x06launch\"\x89\x01\n" +
+	"\x06launch\x18\x03 \x01(\v2\x19.capyctl.driver.v1.LaunchR\x06launch\x12@\n" +
+	"\x0elmcache_server\x18\x04 \x01(\v2\x19.capyctl.driver.v1.LaunchR\rlmcacheServer\"\x89\x01\n" +
 	"\fStopResponse\x12\x12\n" +
 	"\x04gone\x18\x01 \x01(\bR\x04gone\x12\x16\n" +
 	"\x06forced\x18\x02 \x01(\bR\x06forced\x12\x1b\n" +
@@ -4197,70 +4258,73 @@ var file_sdk_proto_driverv1_driver_proto_depIdxs = []int32{
 	50, // 8: capyctl.driver.v1.Deployment.env:type_name -> capyctl.driver.v1.Deployment.EnvEntry
 	17, // 9: capyctl.driver.v1.Deployment.resources:type_name -> capyctl.driver.v1.Resources
 	18, // 10: capyctl.driver.v1.Deployment.memory:type_name -> capyctl.driver.v1.MemorySizes
-	14, // 11: capyctl.driver.v1.PlanRequest.installation:type_name -> capyctl.driver.v1.Installation
-	16, // 12: capyctl.driver.v1.PlanRequest.deployment:type_name -> capyctl.driver.v1.Deployment
-	15, // 13: capyctl.driver.v1.PlanRequest.host:type_name -> capyctl.driver.v1.HostPolicy
-	19, // 14: capyctl.driver.v1.PlanRequest.launch:type_name -> capyctl.driver.v1.LaunchContext
-	21, // 15: capyctl.driver.v1.PlanResponse.refusals:type_name -> capyctl.driver.v1.Refusal
-	51, // 16: capyctl.driver.v1.PlanResponse.env:type_name -> capyctl.driver.v1.PlanResponse.EnvEntry
-	22, // 17: capyctl.driver.v1.PlanResponse.hints:type_name -> capyctl.driver.v1.MemoryHints
-	23, // 18: capyctl.driver.v1.PlanResponse.parsers:type_name -> capyctl.driver.v1.Parsers
-	25, // 19: capyctl.driver.v1.PlanResponse.lmcache:type_name -> capyctl.driver.v1.LMCachePlan
-	52, // 20: capyctl.driver.v1.LMCachePlan.env:type_name -> capyctl.driver.v1.LMCachePlan.EnvEntry
-	14, // 21: capyctl.driver.v1.StartRequest.installation:type_name -> capyctl.driver.v1.Installation
-	16, // 22: capyctl.driver.v1.StartRequest.deployment:type_name -> capyctl.driver.v1.Deployment
-	15, // 23: capyctl.driver.v1.StartRequest.host:type_name -> capyctl.driver.v1.HostPolicy
-	19, // 24: capyctl.driver.v1.StartRequest.launch:type_name -> capyctl.driver.v1.LaunchContext
-	24, // 25: capyctl.driver.v1.StartRequest.plan:type_name -> capyctl.driver.v1.PlanResponse
-	27, // 26: capyctl.driver.v1.Launch.processes:type_name -> capyctl.driver.v1.ProcessIdentity
-	0,  // 27: capyctl.driver.v1.Endpoint.abort_mode:type_name -> capyctl.driver.v1.AbortMode
-	1,  // 28: capyctl.driver.v1.Endpoint.non_streamed_hangup:type_name -> capyctl.driver.v1.NonStreamedHangup
-	28, // 29: capyctl.driver.v1.StartResponse.launch:type_name -> capyctl.driver.v1.Launch
-	29, // 30: capyctl.driver.v1.StartResponse.endpoint:type_name -> capyctl.driver.v1.Endpoint
-	4,  // 31: capyctl.driver.v1.ProbeRequest.kind:type_name -> capyctl.driver.v1.ProbeKind
-	29, // 32: capyctl.driver.v1.ProbeResponse.endpoint:type_name -> capyctl.driver.v1.Endpoint
-	0,  // 33: capyctl.driver.v1.AbortResponse.mode:type_name -> capyctl.driver.v1.AbortMode
-	53, // 34: capyctl.driver.v1.LoadResponse.figures:type_name -> capyctl.driver.v1.LoadResponse.FiguresEntry
-	28, // 35: capyctl.driver.v1.StopRequest.launch:type_name -> capyctl.driver.v1.Launch
-	28, // 36: capyctl.driver.v1.RecoverRequest.launch:type_name -> capyctl.driver.v1.Launch
-	14, // 37: capyctl.driver.v1.RecoverRequest.installation:type_name -> capyctl.driver.v1.Installation
-	16, // 38: capyctl.driver.v1.RecoverRequest.deployment:type_name -> capyctl.driver.v1.Deployment
-	15, // 39: capyctl.driver.v1.RecoverRequest.host:type_name -> capyctl.driver.v1.HostPolicy
-	19, // 40: capyctl.driver.v1.RecoverRequest.context:type_name -> capyctl.driver.v1.LaunchContext
-	5,  // 41: capyctl.driver.v1.RecoverResponse.state:type_name -> capyctl.driver.v1.RecoverState
-	29, // 42: capyctl.driver.v1.RecoverResponse.endpoint:type_name -> capyctl.driver.v1.Endpoint
-	28, // 43: capyctl.driver.v1.RecoverResponse.launch:type_name -> capyctl.driver.v1.Launch
-	6,  // 44: capyctl.driver.v1.Driver.Describe:input_type -> capyctl.driver.v1.DescribeRequest
-	9,  // 45: capyctl.driver.v1.Driver.Detect:input_type -> capyctl.driver.v1.DetectRequest
-	11, // 46: capyctl.driver.v1.Driver.Flags:input_type -> capyctl.driver.v1.FlagsRequest
-	20, // 47: capyctl.driver.v1.Driver.Plan:input_type -> capyctl.driver.v1.PlanRequest
-	26, // 48: capyctl.driver.v1.Driver.Start:input_type -> capyctl.driver.v1.StartRequest
-	31, // 49: capyctl.driver.v1.Driver.Probe:input_type -> capyctl.driver.v1.ProbeRequest
-	33, // 50: capyctl.driver.v1.Driver.Park:input_type -> capyctl.driver.v1.ParkRequest
-	35, // 51: capyctl.driver.v1.Driver.Wake:input_type -> capyctl.driver.v1.WakeRequest
-	37, // 52: capyctl.driver.v1.Driver.Abort:input_type -> capyctl.driver.v1.AbortRequest
-	39, // 53: capyctl.driver.v1.Driver.Load:input_type -> capyctl.driver.v1.LoadRequest
-	41, // 54: capyctl.driver.v1.Driver.Stop:input_type -> capyctl.driver.v1.StopRequest
-	43, // 55: capyctl.driver.v1.Driver.Recover:input_type -> capyctl.driver.v1.RecoverRequest
-	45, // 56: capyctl.driver.v1.Driver.Logs:input_type -> capyctl.driver.v1.LogsRequest
-	7,  // 57: capyctl.driver.v1.Driver.Describe:output_type -> capyctl.driver.v1.DescribeResponse
-	10, // 58: capyctl.driver.v1.Driver.Detect:output_type -> capyctl.driver.v1.DetectResponse
-	13, // 59: capyctl.driver.v1.Driver.Flags:output_type -> capyctl.driver.v1.FlagsResponse
-	24, // 60: capyctl.driver.v1.Driver.Plan:output_type -> capyctl.driver.v1.PlanResponse
-	30, // 61: capyctl.driver.v1.Driver.Start:output_type -> capyctl.driver.v1.StartResponse
-	32, // 62: capyctl.driver.v1.Driver.Probe:output_type -> capyctl.driver.v1.ProbeResponse
-	34, // 63: capyctl.driver.v1.Driver.Park:output_type -> capyctl.driver.v1.ParkResponse
-	36, // 64: capyctl.driver.v1.Driver.Wake:output_type -> capyctl.driver.v1.WakeResponse
-	38, // 65: capyctl.driver.v1.Driver.Abort:output_type -> capyctl.driver.v1.AbortResponse
-	40, // 66: capyctl.driver.v1.Driver.Load:output_type -> capyctl.driver.v1.LoadResponse
-	42, // 67: capyctl.driver.v1.Driver.Stop:output_type -> capyctl.driver.v1.StopResponse
-	44, // 68: capyctl.driver.v1.Driver.Recover:output_type -> capyctl.driver.v1.RecoverResponse
-	46, // 69: capyctl.driver.v1.Driver.Logs:output_type -> capyctl.driver.v1.LogsResponse
-	57, // [57:70] is the sub-list for method output_type
-	44, // [44:57] is the sub-list for method input_type
-	44, // [44:44] is the sub-list for extension type_name
-	44, // [44:44] is the sub-list for extension extendee
-	0,  // [0:44] is the sub-list for field type_name
+	28, // 11: capyctl.driver.v1.LaunchContext.lmcache_server:type_name -> capyctl.driver.v1.Launch
+	14, // 12: capyctl.driver.v1.PlanRequest.installation:type_name -> capyctl.driver.v1.Installation
+	16, // 13: capyctl.driver.v1.PlanRequest.deployment:type_name -> capyctl.driver.v1.Deployment
+	15, // 14: capyctl.driver.v1.PlanRequest.host:type_name -> capyctl.driver.v1.HostPolicy
+	19, // 15: capyctl.driver.v1.PlanRequest.launch:type_name -> capyctl.driver.v1.LaunchContext
+	21, // 16: capyctl.driver.v1.PlanResponse.refusals:type_name -> capyctl.driver.v1.Refusal
+	51, // 17: capyctl.driver.v1.PlanResponse.env:type_name -> capyctl.driver.v1.PlanResponse.EnvEntry
+	22, // 18: capyctl.driver.v1.PlanResponse.hints:type_name -> capyctl.driver.v1.MemoryHints
+	23, // 19: capyctl.driver.v1.PlanResponse.parsers:type_name -> capyctl.driver.v1.Parsers
+	25, // 20: capyctl.driver.v1.PlanResponse.lmcache:type_name -> capyctl.driver.v1.LMCachePlan
+	52, // 21: capyctl.driver.v1.LMCachePlan.env:type_name -> capyctl.driver.v1.LMCachePlan.EnvEntry
+	14, // 22: capyctl.driver.v1.StartRequest.installation:type_name -> capyctl.driver.v1.Installation
+	16, // 23: capyctl.driver.v1.StartRequest.deployment:type_name -> capyctl.driver.v1.Deployment
+	15, // 24: capyctl.driver.v1.StartRequest.host:type_name -> capyctl.driver.v1.HostPolicy
+	19, // 25: capyctl.driver.v1.StartRequest.launch:type_name -> capyctl.driver.v1.LaunchContext
+	24, // 26: capyctl.driver.v1.StartRequest.plan:type_name -> capyctl.driver.v1.PlanResponse
+	27, // 27: capyctl.driver.v1.Launch.processes:type_name -> capyctl.driver.v1.ProcessIdentity
+	0,  // 28: capyctl.driver.v1.Endpoint.abort_mode:type_name -> capyctl.driver.v1.AbortMode
+	1,  // 29: capyctl.driver.v1.Endpoint.non_streamed_hangup:type_name -> capyctl.driver.v1.NonStreamedHangup
+	28, // 30: capyctl.driver.v1.StartResponse.launch:type_name -> capyctl.driver.v1.Launch
+	29, // 31: capyctl.driver.v1.StartResponse.endpoint:type_name -> capyctl.driver.v1.Endpoint
+	28, // 32: capyctl.driver.v1.StartResponse.lmcache_server:type_name -> capyctl.driver.v1.Launch
+	4,  // 33: capyctl.driver.v1.ProbeRequest.kind:type_name -> capyctl.driver.v1.ProbeKind
+	29, // 34: capyctl.driver.v1.ProbeResponse.endpoint:type_name -> capyctl.driver.v1.Endpoint
+	0,  // 35: capyctl.driver.v1.AbortResponse.mode:type_name -> capyctl.driver.v1.AbortMode
+	53, // 36: capyctl.driver.v1.LoadResponse.figures:type_name -> capyctl.driver.v1.LoadResponse.FiguresEntry
+	28, // 37: capyctl.driver.v1.StopRequest.launch:type_name -> capyctl.driver.v1.Launch
+	28, // 38: capyctl.driver.v1.StopRequest.lmcache_server:type_name -> capyctl.driver.v1.Launch
+	28, // 39: capyctl.driver.v1.RecoverRequest.launch:type_name -> capyctl.driver.v1.Launch
+	14, // 40: capyctl.driver.v1.RecoverRequest.installation:type_name -> capyctl.driver.v1.Installation
+	16, // 41: capyctl.driver.v1.RecoverRequest.deployment:type_name -> capyctl.driver.v1.Deployment
+	15, // 42: capyctl.driver.v1.RecoverRequest.host:type_name -> capyctl.driver.v1.HostPolicy
+	19, // 43: capyctl.driver.v1.RecoverRequest.context:type_name -> capyctl.driver.v1.LaunchContext
+	5,  // 44: capyctl.driver.v1.RecoverResponse.state:type_name -> capyctl.driver.v1.RecoverState
+	29, // 45: capyctl.driver.v1.RecoverResponse.endpoint:type_name -> capyctl.driver.v1.Endpoint
+	28, // 46: capyctl.driver.v1.RecoverResponse.launch:type_name -> capyctl.driver.v1.Launch
+	6,  // 47: capyctl.driver.v1.Driver.Describe:input_type -> capyctl.driver.v1.DescribeRequest
+	9,  // 48: capyctl.driver.v1.Driver.Detect:input_type -> capyctl.driver.v1.DetectRequest
+	11, // 49: capyctl.driver.v1.Driver.Flags:input_type -> capyctl.driver.v1.FlagsRequest
+	20, // 50: capyctl.driver.v1.Driver.Plan:input_type -> capyctl.driver.v1.PlanRequest
+	26, // 51: capyctl.driver.v1.Driver.Start:input_type -> capyctl.driver.v1.StartRequest
+	31, // 52: capyctl.driver.v1.Driver.Probe:input_type -> capyctl.driver.v1.ProbeRequest
+	33, // 53: capyctl.driver.v1.Driver.Park:input_type -> capyctl.driver.v1.ParkRequest
+	35, // 54: capyctl.driver.v1.Driver.Wake:input_type -> capyctl.driver.v1.WakeRequest
+	37, // 55: capyctl.driver.v1.Driver.Abort:input_type -> capyctl.driver.v1.AbortRequest
+	39, // 56: capyctl.driver.v1.Driver.Load:input_type -> capyctl.driver.v1.LoadRequest
+	41, // 57: capyctl.driver.v1.Driver.Stop:input_type -> capyctl.driver.v1.StopRequest
+	43, // 58: capyctl.driver.v1.Driver.Recover:input_type -> capyctl.driver.v1.RecoverRequest
+	45, // 59: capyctl.driver.v1.Driver.Logs:input_type -> capyctl.driver.v1.LogsRequest
+	7,  // 60: capyctl.driver.v1.Driver.Describe:output_type -> capyctl.driver.v1.DescribeResponse
+	10, // 61: capyctl.driver.v1.Driver.Detect:output_type -> capyctl.driver.v1.DetectResponse
+	13, // 62: capyctl.driver.v1.Driver.Flags:output_type -> capyctl.driver.v1.FlagsResponse
+	24, // 63: capyctl.driver.v1.Driver.Plan:output_type -> capyctl.driver.v1.PlanResponse
+	30, // 64: capyctl.driver.v1.Driver.Start:output_type -> capyctl.driver.v1.StartResponse
+	32, // 65: capyctl.driver.v1.Driver.Probe:output_type -> capyctl.driver.v1.ProbeResponse
+	34, // 66: capyctl.driver.v1.Driver.Park:output_type -> capyctl.driver.v1.ParkResponse
+	36, // 67: capyctl.driver.v1.Driver.Wake:output_type -> capyctl.driver.v1.WakeResponse
+	38, // 68: capyctl.driver.v1.Driver.Abort:output_type -> capyctl.driver.v1.AbortResponse
+	40, // 69: capyctl.driver.v1.Driver.Load:output_type -> capyctl.driver.v1.LoadResponse
+	42, // 70: capyctl.driver.v1.Driver.Stop:output_type -> capyctl.driver.v1.StopResponse
+	44, // 71: capyctl.driver.v1.Driver.Recover:output_type -> capyctl.driver.v1.RecoverResponse
+	46, // 72: capyctl.driver.v1.Driver.Logs:output_type -> capyctl.driver.v1.LogsResponse
+	60, // [60:73] is the sub-list for method output_type
+	47, // [47:60] is the sub-list for method input_type
+	47, // [47:47] is the sub-list for extension type_name
+	47, // [47:47] is the sub-list for extension extendee
+	0,  // [0:47] is the sub-list for field type_name
 }
 
 func init() { file_sdk_proto_driverv1_driver_proto_init() }
