@@ -143,14 +143,20 @@ func TestCLI_Offline(t *testing.T) {
 		}
 	})
 
-	t.Run("start server and host are refused", func(t *testing.T) {
+	t.Run("start host refuses without a server or a way to join", func(t *testing.T) {
+		_, errOut, code := run(t, nil, "start", "host", "--state-dir", t.TempDir())
+		want(t, "start host without --server", code, 2, errOut, "invalid_config", "server_address")
+		_, errOut, code = run(t, nil, "start", "host", "--json", "--state-dir", t.TempDir())
+		if c := errorJSON(t, "start host --json", errOut); c != "invalid_config" || code != 2 {
+			t.Fatalf("start host --json: %s exit %d", c, code)
+		}
+		_, errOut, code = run(t, nil, "start", "host", "--state-dir", t.TempDir(), "--server", "127.0.0.1:9",
+			"--listen", "127.0.0.1:0", "--management-listen", "127.0.0.1:0", "--gpu-provider", "simulated")
+		want(t, "start host with no token and no certificate", code, 3, errOut, "join_token_invalid", "--join-token")
+		_, errOut, code = run(t, nil, "start", "host", "--state-dir", t.TempDir(), "--server", "127.0.0.1:9", "--join-token", "nonsense",
+			"--listen", "127.0.0.1:0", "--management-listen", "127.0.0.1:0", "--gpu-provider", "simulated")
+		want(t, "start host with a malformed token", code, 3, errOut, "join_token_invalid")
 		for _, role := range []string{"server", "host"} {
-			_, errOut, code := run(t, nil, "start", role, "--state-dir", t.TempDir())
-			want(t, "start "+role, code, 5, errOut, "error [unsupported]", "capyctl start standalone")
-			_, errOut, code = run(t, nil, "start", role, "--json", "--state-dir", t.TempDir())
-			if c := errorJSON(t, "start "+role+" --json", errOut); c != "unsupported" || code != 5 {
-				t.Fatalf("start %s --json: %s exit %d", role, c, code)
-			}
 			_, errOut, code = run(t, []string{"CAPYCTL_LOG_LEVEL=loud"}, "start", role)
 			want(t, "start "+role+" with a bad setting", code, 2, errOut, "invalid_config", "CAPYCTL_LOG_LEVEL")
 		}

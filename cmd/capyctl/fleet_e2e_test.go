@@ -225,6 +225,10 @@ func TestFleet_ServerAndThreeHosts(t *testing.T) {
 	if hs := hostsOf(f.status("third")); len(hs) != 1 || hs[0] == "gpu-b" {
 		t.Fatalf("third placed on %v, not on the draining gpu-b", hs)
 	}
+	onB := strings.Replace(harness.SimpleSpec("on-b", "fake"), "  model {", "  placement {\n    hosts = [\"gpu-b\"]\n  }\n  model {", 1)
+	if _, errOut, code := f.deploy("on-b", onB, "--activate"); code != 4 || !strings.Contains(errOut, "host_draining") {
+		t.Fatalf("a deployment pinned to the draining host: exit %d: %s", code, errOut)
+	}
 
 	// Delete through the server stops the engines on the hosts.
 	for _, name := range []string{"demo", "pinned", "third"} {

@@ -313,6 +313,11 @@ func (s *Server) createDeployment(w http.ResponseWriter, r *http.Request) {
 		n = 1
 	}
 	cands := s.candidates(spec.Placement)
+	if len(cands) == 0 && spec.Placement != nil && len(spec.Placement.Hosts) > 0 && s.allDraining(spec.Placement.Hosts) {
+		writeError(w, structs.Errf(structs.CodeHostDraining, "every host placement.hosts names (%s) is draining: capyctl drain host NAME --resume",
+			strings.Join(spec.Placement.Hosts, ", ")).WithDetail("hosts", spec.Placement.Hosts))
+		return
+	}
 	if len(cands) == 0 {
 		writeError(w, structs.Errf(structs.CodeCapacityBlocked, "no host takes placements now (none joined, every one lost or draining%s): capyctl list hosts",
 			hostsClause(spec.Placement)).WithDetail("hosts", map[string]any{}))
@@ -390,6 +395,17 @@ func (s *Server) candidates(ps *structs.PlacementSpec) []candidate {
 		return out[i].host < out[j].host
 	})
 	return out
+}
+
+// allDraining reports whether every named host is joined and draining.
+func (s *Server) allDraining(names []string) bool {
+	for _, n := range names {
+		rec, ok := s.State.Host(n)
+		if !ok || !rec.Drained {
+			return false
+		}
+	}
+	return true
 }
 
 // capacityCodes are the refusals that send a share to the next host.

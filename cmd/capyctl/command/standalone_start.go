@@ -199,6 +199,10 @@ func (c *Meta) runRole(role string, args []string) int {
 	settings := agent.SettingsFromConfig(cfg)
 	settings.Config = rc
 	if role == config.RoleHost {
+		if cfg.ServerAddress == "" {
+			return c.Fail(structs.Errf(structs.CodeInvalidConfig,
+				"a host needs its server's cluster address: --server ADDR, server_address in its configuration, or CAPYCTL_SERVER_ADDRESS"))
+		}
 		tok, err := c.joinToken(o)
 		if err != nil {
 			return c.Fail(err)
