@@ -6,13 +6,16 @@ package main_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/capyctl/capyctl/core/api/wire"
+	"github.com/capyctl/capyctl/plugins-testkit/conformance"
 	"github.com/capyctl/capyctl/plugins-testkit/harness"
 	"github.com/capyctl/capyctl/plugins-testkit/poll"
 )
@@ -33,7 +36,8 @@ func startFleet(t *testing.T, cards map[string]string) *fleet {
 	f := &fleet{t: t, hosts: map[string]*harness.Role{}}
 	f.server = harness.StartServer(t, harness.Options{Args: []string{"--set", "host_heartbeat=300ms"}})
 	for name, mem := range cards {
-		f.hosts[name] = harness.StartHost(t, f.server, harness.HostOptions{Name: name, GPU: harness.SimGPU{DeviceMemory: mem}})
+		f.hosts[name] = harness.StartHost(t, f.server, harness.HostOptions{Name: name,
+			GPU: harness.SimGPU{DeviceMemory: mem, SystemLimit: "16GiB", SystemReserve: "1GiB"}})
 	}
 	f.waitHosts(len(cards), wire.HostReady)
 	f.server.AddFakeEngine("fake")
@@ -166,6 +170,31 @@ func TestFleet_ServerAndThreeHosts(t *testing.T) {
 	}
 	chatOK(t, f.server, "pinned")
 
+	// Two vLLM models that do not fit on gpu-b's card together: asking one
+	// and then the other switches them on that host (the first parks deep).
+	venv := conformance.FakeVenv(t, t.TempDir(), map[string]string{"vllm": "0.32.0"}, nil)
+	if out, errOut, code := f.server.CLI("engine", "add", venv, "--name", "vllm", "--yes", "--env", "CAPYCTL_FAKE_SIM_WEIGHTS=8GiB"); code != 0 {
+		t.Fatalf("engine add vllm: exit %d\n%s%s", code, out, errOut)
+	}
+	for _, name := range []string{"chat-a", "chat-b"} {
+		conformance.FakeModel(t, filepath.Join(f.hosts["gpu-b"].StateDir, "models", name), 1<<20)
+		spec := fmt.Sprintf("deployment %q {\n  engine = \"vllm\"\n  placement {\n    hosts = [\"gpu-b\"]\n  }\n  model {\n    path = \"%s/model\"\n  }\n%s}\n", name, name, switchMemory)
+		if out, errOut, code := f.server.Deploy(name, spec); code != 0 {
+			t.Fatalf("deploy %s: exit %d\n%s%s", name, code, out, errOut)
+		}
+	}
+	chatOK(t, f.server, "chat-a")
+	chatOK(t, f.server, "chat-b")
+	if a, b := f.status("chat-a"), f.status("chat-b"); a.Instances[0].State != "parked" || b.Instances[0].State != "ready" ||
+		a.Instances[0].Host != "gpu-b" || b.Instances[0].Host != "gpu-b" {
+		t.Fatalf("after chat-b: chat-a %s on %s, chat-b %s on %s; want parked and ready on gpu-b",
+			a.Instances[0].State, a.Instances[0].Host, b.Instances[0].State, b.Instances[0].Host)
+	}
+	chatOK(t, f.server, "chat-a") // and back: chat-a wakes, chat-b parks
+	if a := f.status("chat-a"); a.Instances[0].State != "ready" {
+		t.Fatalf("chat-a after its request: %s", a.Instances[0].State)
+	}
+
 	// A host agent that goes away: its instance reads uncertain, requests
 	// go to the other replica, and it comes back with its journal, its
 	// engine never restarted.
@@ -231,7 +260,7 @@ func TestFleet_ServerAndThreeHosts(t *testing.T) {
 	}
 
 	// Delete through the server stops the engines on the hosts.
-	for _, name := range []string{"demo", "pinned", "third"} {
+	for _, name := range []string{"demo", "pinned", "third", "chat-a", "chat-b"} {
 		if _, errOut, code := f.server.CLI("delete", "deployment", name); code != 0 {
 			t.Fatalf("delete %s: exit %d: %s", name, code, errOut)
 		}
