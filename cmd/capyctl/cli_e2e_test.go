@@ -666,8 +666,15 @@ func TestCLI_DeploymentLifecycle(t *testing.T) {
 // TestCLI_DevJSON: capyctl dev --json prints one JSON object with what the
 // text version prints, serves it, and leaves nothing after Ctrl-C.
 func TestCLI_DevJSON(t *testing.T) {
+	t.Run("standalone", func(t *testing.T) { testDevJSON(t) })
+	t.Run("server and two hosts", func(t *testing.T) { testDevJSON(t, "--hosts", "2") })
+}
+
+// testDevJSON runs capyctl dev --json (with args), asks its endpoint for
+// the models, stops it with Ctrl-C and requires nothing left behind.
+func testDevJSON(t *testing.T, args ...string) {
 	bin, _ := harness.Binaries(t)
-	cmd := exec.Command(bin, "dev", "--json", "--listen", "127.0.0.1:0")
+	cmd := exec.Command(bin, append([]string{"dev", "--json", "--listen", "127.0.0.1:0"}, args...)...)
 	tmp := t.TempDir()
 	cmd.Env = append(os.Environ(), "TMPDIR="+tmp)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
@@ -710,5 +717,11 @@ func TestCLI_DevJSON(t *testing.T) {
 	}
 	if left := harness.Leftovers(info["state_dir"]); len(left) != 0 {
 		t.Fatalf("processes left after Ctrl-C: %v", left)
+	}
+	if _, err := os.Stat(info["state_dir"]); !os.IsNotExist(err) {
+		t.Fatalf("the temporary state directory %s is still there: %v", info["state_dir"], err)
+	}
+	if len(args) > 0 && info["hosts"] != "dev-gpu-1,dev-gpu-2" {
+		t.Fatalf("dev --hosts 2: hosts %q", info["hosts"])
 	}
 }

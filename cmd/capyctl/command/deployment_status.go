@@ -88,6 +88,7 @@ func (c *Meta) printStatus(st *wire.DeploymentStatus) {
 	}
 	fmt.Fprintln(c.Out)
 	rows := [][]string{}
+	onHosts := false
 	for _, in := range st.Instances {
 		pid := "-"
 		if in.PID > 0 {
@@ -104,8 +105,18 @@ func (c *Meta) printStatus(st *wire.DeploymentStatus) {
 		rows = append(rows, []string{
 			in.ID, in.State, orDash(in.Residency), pid, charged, age(in.Since),
 		})
+		if in.Host != "" {
+			onHosts = true
+		}
 	}
-	c.Table([]string{"INSTANCE", "STATE", "RESIDENCY", "PID", "CHARGED", "SINCE"}, rows)
+	head := []string{"INSTANCE", "STATE", "RESIDENCY", "PID", "CHARGED", "SINCE"}
+	if onHosts { // a server's answer: each instance's host
+		head = append(head[:1], append([]string{"HOST"}, head[1:]...)...)
+		for i, in := range st.Instances {
+			rows[i] = append(rows[i][:1], append([]string{in.Host}, rows[i][1:]...)...)
+		}
+	}
+	c.Table(head, rows)
 	for _, in := range st.Instances {
 		if in.LastTransition != "" {
 			fmt.Fprintf(c.Out, "\n%s last transition: %s\n", in.ID, in.LastTransition)

@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
@@ -190,9 +191,14 @@ func (c *DevCommand) devFleetReady(r agent.Running, stateDir string, hosts []*de
 		names = append(names, fmt.Sprintf("%s (%s card)", h.name, devHostCards[i%len(devHostCards)]))
 	}
 	if c.JSON() {
-		c.PrintJSON(map[string]any{
+		hostNames := make([]string, 0, len(hosts))
+		for _, h := range hosts {
+			hostNames = append(hostNames, h.name)
+		}
+		c.PrintJSON(map[string]string{
 			"endpoint": "http://" + addr + "/v1", "api_key": key, "state_dir": stateDir, "role": "server",
-			"management": "http://" + r.ManagementAddr(), "hosts": names, "model": "demo", "switch_models": "chat-a,chat-b",
+			"management": "http://" + r.ManagementAddr(), "hosts": strings.Join(hostNames, ","), "model": "demo",
+			"switch_models": "chat-a,chat-b",
 		})
 		return
 	}
