@@ -88,9 +88,15 @@ func (s *Server) relayInference(w http.ResponseWriter, r *http.Request, maxBody 
 		router.WriteError(w, e)
 		return
 	}
-	defer done()
-	resp, err := s.roundTrip(r.Context(), host, r.Method, r.URL.RequestURI(), r.Header, "", body)
+	// The relayed stream's context is the client's until the answer's head
+	// arrives; a streamed answer then outlives the handler (takeOver).
+	rctx, cancel := context.WithCancel(context.WithoutCancel(r.Context()))
+	unhook := context.AfterFunc(r.Context(), cancel)
+	resp, err := s.roundTrip(rctx, host, r.Method, r.URL.RequestURI(), r.Header, "", body)
 	if err != nil {
+		unhook()
+		cancel()
+		done()
 		if r.Context().Err() != nil {
 			return // the client hung up: the reset stream cancelled the host's work
 		}
@@ -99,6 +105,15 @@ func (s *Server) relayInference(w http.ResponseWriter, r *http.Request, maxBody 
 		router.WriteError(w, e)
 		return
 	}
+	if strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") && unhook() {
+		if takeOver(w, r, resp, cancel, done) {
+			return
+		}
+		unhook = context.AfterFunc(r.Context(), cancel)
+	}
+	defer done()
+	defer cancel()
+	defer unhook()
 	defer resp.Body.Close()
 	copyAnswer(w, resp)
 }

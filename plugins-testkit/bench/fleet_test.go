@@ -180,6 +180,7 @@ func BenchmarkFleet_MemoryPerOpenStream(b *testing.B) {
 			"server-rss-KiB/stream": float64(srv1-srv0) / streams, "host-rss-KiB/stream": float64(host1-host0) / streams,
 			"server-heap+stack-KiB/stream": live(srvM0, srvM1), "host-heap+stack-KiB/stream": live(hostM0, hostM1),
 			"server-goroutines/stream": (srvM1["go_goroutines"] - srvM0["go_goroutines"]) / streams,
+			"server-stack-KiB/stream":  (srvM1["go_memstats_stack_inuse_bytes"] - srvM0["go_memstats_stack_inuse_bytes"]) / streams / 1024,
 		}
 	})
 	for i := 0; i < b.N; i++ {
