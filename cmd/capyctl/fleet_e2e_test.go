@@ -104,6 +104,24 @@ func (f *fleet) status(name string) wire.DeploymentStatus {
 	return status(f.t, f.server, name)
 }
 
+// mgmtGet reads a management route of the server into v.
+func (f *fleet) mgmtGet(path string, v any) {
+	f.t.Helper()
+	req, _ := http.NewRequest(http.MethodGet, "http://"+f.server.Info.Management+path, nil)
+	req.Header.Set("Authorization", "Bearer "+f.server.Creds.AdminToken)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	body := harness.ReadAll(resp)
+	if resp.StatusCode != http.StatusOK {
+		f.t.Fatalf("GET %s: %d %s", path, resp.StatusCode, body)
+	}
+	if err := json.Unmarshal([]byte(body), v); err != nil {
+		f.t.Fatalf("GET %s: %v\n%s", path, err, body)
+	}
+}
+
 // hostsOf lists the hosts of a deployment's instances, in order.
 func hostsOf(st wire.DeploymentStatus) []string {
 	var out []string
@@ -143,6 +161,23 @@ func TestFleet_ServerAndThreeHosts(t *testing.T) {
 	if resp.StatusCode != http.StatusOK || !strings.Contains(body, "data: [DONE]") || resp.Header.Get("X-Request-Id") != "client-7" ||
 		resp.Header.Get("X-CapyCTL-Request-Id") == "" {
 		t.Fatalf("streamed chat through the server: %d %v %s", resp.StatusCode, resp.Header, body)
+	}
+
+	// The management views answer for the whole fleet: the snapshot lists
+	// the hosts and the deployment, the load view numbers demo's instances
+	// deployment-wide.
+	for i := 0; i < 4; i++ {
+		chatOK(t, f.server, "demo") // ties go round the hosts: both replicas answer
+	}
+	snap, err := f.server.Mgmt.Snapshot(context.Background())
+	if err != nil || len(snap.Hosts) != 3 || len(snap.Deployments) != 1 || snap.Role.Role != "server" {
+		t.Fatalf("snapshot: %v %+v", err, snap)
+	}
+	var load wire.LoadResponse
+	f.mgmtGet("/management/v1/metrics/load", &load)
+	if len(load.Deployments) != 1 || len(load.Deployments[0].Requests.Instances) != 2 ||
+		load.Deployments[0].Requests.Instances[0].ID != "demo/0" || load.Deployments[0].Requests.Instances[1].ID != "demo/1" {
+		t.Fatalf("load view: %+v", load)
 	}
 
 	// placement.hosts pins a deployment; a spec no host has room for is

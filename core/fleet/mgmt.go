@@ -56,8 +56,8 @@ func (s *Server) ManagementOverrides(role func() wire.RoleInfo) map[string]http.
 		"DELETE /engines/{name}":                             s.toAllHosts,
 		"GET /engine-flags/{family}":                         s.toAnyHost,
 		"GET /hosts/{name}/ledger":                           s.hostLedger,
-		"GET " + api.ViewLoad:                                s.perHost,
-		"GET " + api.ViewLatency:                             s.perHost,
+		"GET " + api.ViewLoad:                                s.loadView,
+		"GET " + api.ViewLatency:                             s.latencyView,
 		"GET /metrics":                                       s.perHostText,
 	}
 }
@@ -195,8 +195,9 @@ func (s *Server) deploymentStatus(ctx context.Context, p *Placement) wire.Deploy
 			if len(a.st.Routes) > 0 {
 				out.Routes = a.st.Routes
 			}
-			out.Memory, out.Requests = a.st.Memory, a.st.Requests
+			out.Memory = a.st.Memory
 		}
+		out.Requests = sumCounts(out.Requests, a.st.Requests)
 		out.ReadyN += a.st.ReadyN
 		for _, in := range a.st.Instances {
 			in.Index, in.Host, in.ID = idx, hs.Host, structs.InstanceID(p.Deployment, idx)
@@ -212,6 +213,26 @@ func (s *Server) deploymentStatus(ctx context.Context, p *Placement) wire.Deploy
 		out.Spec = &spec
 	}
 	return out
+}
+
+// sumCounts adds a host's request counts to the sum so far (numbers are
+// summed; anything else keeps the first host's).
+func sumCounts(sum, add map[string]any) map[string]any {
+	if add == nil {
+		return sum
+	}
+	if sum == nil {
+		sum = map[string]any{}
+	}
+	for k, v := range add {
+		n, isNum := v.(float64)
+		if prev, ok := sum[k].(float64); ok && isNum {
+			sum[k] = prev + n
+		} else if _, had := sum[k]; !had {
+			sum[k] = v
+		}
+	}
+	return sum
 }
 
 // mergeState aggregates instance states the way a single role does: all
@@ -828,17 +849,108 @@ func (s *Server) hostLedger(w http.ResponseWriter, r *http.Request) {
 	s.relayAnswer(w, r, name, "/hosts/"+url.PathEscape(name)+"/ledger")
 }
 
-// perHost answers a view with each reachable host's own: {"hosts": {name:
-// view}}.
-func (s *Server) perHost(w http.ResponseWriter, r *http.Request) {
-	out := map[string]json.RawMessage{}
+// hostViews asks each reachable host for a view and returns the answers
+// that decoded, by host.
+func (s *Server) hostViews(r *http.Request, v func() any) map[string]any {
+	out := map[string]any{}
 	for _, host := range s.reachable() {
 		status, data, err := s.hostCall(r.Context(), host, http.MethodGet, strings.TrimPrefix(r.URL.RequestURI(), wire.Prefix), nil, nil)
-		if err == nil && status == http.StatusOK {
-			out[host] = data
+		if err != nil || status != http.StatusOK {
+			continue
+		}
+		dst := v()
+		if json.Unmarshal(data, dst) == nil {
+			out[host] = dst
 		}
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"api_version": wire.APIVersion, "hosts": out})
+	return out
+}
+
+// loadView merges the hosts' load views: a deployment's counts summed over
+// its hosts, its instances numbered deployment-wide as in its status.
+func (s *Server) loadView(w http.ResponseWriter, r *http.Request) {
+	merged := map[string]*wire.DeploymentLoad{}
+	var order []string
+	views := s.hostViews(r, func() any { return &wire.LoadResponse{} })
+	for _, p := range s.State.Placements() {
+		offset := 0
+		for _, hs := range p.Hosts {
+			lv, ok := views[hs.Host].(*wire.LoadResponse)
+			if !ok {
+				offset += hs.Instances
+				continue
+			}
+			for _, dl := range lv.Deployments {
+				if dl.Deployment != p.Deployment {
+					continue
+				}
+				m := merged[dl.Deployment]
+				if m == nil {
+					m = &wire.DeploymentLoad{Deployment: dl.Deployment, Requests: wire.RequestCounts{Places: dl.Requests.Places, MaxWaiting: dl.Requests.MaxWaiting}}
+					merged[dl.Deployment] = m
+					order = append(order, dl.Deployment)
+				}
+				c := dl.Requests
+				m.Requests.Waiting += c.Waiting
+				m.Requests.InFlight += c.InFlight
+				m.Requests.SettleWhenIdle += c.SettleWhenIdle
+				m.Requests.SettleAtStop += c.SettleAtStop
+				m.Requests.SettleOnAbort += c.SettleOnAbort
+				for _, ic := range c.Instances {
+					ic.ID = globalID(p.Deployment, ic.ID, offset)
+					m.Requests.Instances = append(m.Requests.Instances, ic)
+				}
+				for id, el := range dl.Engines {
+					if m.Engines == nil {
+						m.Engines = map[string]wire.EngineLoad{}
+					}
+					m.Engines[globalID(p.Deployment, id, offset)] = el
+				}
+			}
+			offset += hs.Instances
+		}
+	}
+	out := wire.LoadResponse{APIVersion: wire.APIVersion, At: time.Now().UTC(), Deployments: []wire.DeploymentLoad{}}
+	for _, name := range order {
+		out.Deployments = append(out.Deployments, *merged[name])
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// globalID turns a host's instance ID ("demo/0") into the deployment-wide
+// one, given the host's first index.
+func globalID(dep, id string, offset int) string {
+	i := strings.LastIndexByte(id, '/')
+	if i < 0 {
+		return id
+	}
+	n, err := strconv.Atoi(id[i+1:])
+	if err != nil {
+		return id
+	}
+	return structs.InstanceID(dep, n+offset)
+}
+
+// latencyView lists every host's latency distributions, each naming its
+// host.
+func (s *Server) latencyView(w http.ResponseWriter, r *http.Request) {
+	type latency struct {
+		Deployments []map[string]any `json:"deployments"`
+	}
+	deps := []map[string]any{}
+	views := s.hostViews(r, func() any { return &latency{} })
+	hosts := make([]string, 0, len(views))
+	for h := range views {
+		hosts = append(hosts, h)
+	}
+	sort.Strings(hosts)
+	for _, h := range hosts {
+		for _, d := range views[h].(*latency).Deployments {
+			d["host"] = h
+			deps = append(deps, d)
+		}
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"api_version": wire.APIVersion, "at": time.Now().UTC(), "deployments": deps})
 }
 
 // perHostText answers /metrics with the server's own series, then every

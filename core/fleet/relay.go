@@ -118,14 +118,16 @@ func (s *Server) relayInference(w http.ResponseWriter, r *http.Request, maxBody 
 	copyAnswer(w, resp)
 }
 
-// pick returns the reachable host with the fewest requests in flight and
-// the function that ends this request's count; "" when none is reachable.
+// pick returns the reachable host with the fewest requests in flight (ties
+// taken in turn) and the function that ends this request's count; "" when
+// none is reachable.
 func (s *Server) pick(hosts []string) (string, func()) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var best *liveHost
-	for _, name := range hosts {
-		h := s.hosts[name]
+	s.turn++
+	for i := range hosts {
+		h := s.hosts[hosts[(i+int(s.turn))%len(hosts)]]
 		if h == nil || h.linkCancel == nil || h.relay == nil || !h.relay.CanTakeNewRequest() {
 			continue
 		}

@@ -77,6 +77,7 @@ type Server struct {
 
 	mu    sync.Mutex
 	hosts map[string]*liveHost
+	turn  uint // rotates the relay's ties
 
 	metrics http.Handler
 
