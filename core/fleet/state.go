@@ -5,6 +5,7 @@ package fleet
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"sort"
 	"strings"
@@ -87,6 +88,8 @@ type State struct {
 	// routes maps each model name to its deployment (rebuilt on every
 	// placement change; the scale benchmark measures it).
 	routes map[string]string
+	// log replicates commands (nil: this server alone).
+	log Log
 }
 
 // OpenState loads the state the store holds.
@@ -116,6 +119,22 @@ func OpenState(st *store.Store) (*State, error) {
 	return s, nil
 }
 
+// Log replicates the server's commands before they are applied (several
+// servers). Propose returns once data is committed and every replica's
+// state machine applied it through ApplyEncoded; its error is the apply's
+// on this server.
+type Log interface {
+	Propose(data []byte) error
+}
+
+// SetLog routes every command through l from now on (nil: this server's
+// store alone).
+func (s *State) SetLog(l Log) {
+	s.mu.Lock()
+	s.log = l
+	s.mu.Unlock()
+}
+
 // Apply runs one command through the log and the state machine.
 func (s *State) Apply(c Command) error {
 	if c.At.IsZero() {
@@ -125,15 +144,37 @@ func (s *State) Apply(c Command) error {
 	if err != nil {
 		return err
 	}
+	s.mu.RLock()
+	log := s.log
+	s.mu.RUnlock()
+	if log != nil {
+		return log.Propose(data)
+	}
+	return s.ApplyEncoded(data)
+}
+
+// ApplyEncoded applies one encoded command (a committed log entry): the
+// command and the state change are written in one store transaction, then
+// memory follows. A command the state refuses (a drain of an unknown
+// host) changes nothing and returns the refusal.
+func (s *State) ApplyEncoded(data []byte) error {
+	var c Command
+	if err := json.Unmarshal(data, &c); err != nil {
+		return structs.Errf(structs.CodeInternal, "a server command does not decode: %v", err)
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var after func()
-	_, err = s.st.ApplyFleet(data, func(fs *store.FleetState) error {
+	_, err := s.st.ApplyFleet(data, func(fs *store.FleetState) error {
 		var err error
 		after, err = s.apply(fs, c)
 		return err
 	})
 	if err != nil {
+		var se *structs.Error
+		if errors.As(err, &se) {
+			return se
+		}
 		return structs.Wrap(structs.CodeStoreUnavailable, err, "apply %s", c.Op)
 	}
 	after()
