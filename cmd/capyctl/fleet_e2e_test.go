@@ -196,10 +196,27 @@ func TestFleet_ServerAndThreeHosts(t *testing.T) {
 	}
 
 	// Park and wake through the server: the request wakes the instance on
-	// its host.
+	// its host, and the host's events reach the server's journal.
+	ectx, ecancel := context.WithTimeout(context.Background(), 30*time.Second)
+	events, err := f.server.Mgmt.Events(ectx, snap.Cursor)
+	if err != nil {
+		t.Fatal(err)
+	}
 	if out, errOut, code := f.server.CLI("park", "deployment", "pinned", "--wait"); code != 0 {
 		t.Fatalf("park pinned: exit %d\n%s%s", code, out, errOut)
 	}
+	for {
+		ev, err := events.Next()
+		if err != nil {
+			t.Fatalf("waiting for gpu-a's instance_stopped (park) on the server's event stream: %v", err)
+		}
+		// The fake custom engine is restart only: its park stops it.
+		if ev.Kind == "instance_stopped" && ev.Payload["host"] == "gpu-a" && ev.Payload["deployment"] == "pinned" && ev.Payload["why"] == "operator park" {
+			break
+		}
+	}
+	events.Close()
+	ecancel()
 	if st := f.status("pinned"); st.State != "parked" && st.State != "stopped" {
 		t.Fatalf("pinned after park: %s", st.State)
 	}

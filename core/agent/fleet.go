@@ -6,6 +6,7 @@ package agent
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"net/http"
 	"os"
@@ -174,6 +175,33 @@ func (a *Agent) Readings() []*hostv1.LedgerReading {
 			UsedBytes: used[d.DeviceUUID], ExternalBytes: d.External, ChargedBytes: d.Charged, RoomBytes: d.Room})
 	}
 	return out
+}
+
+// Events implements fleet.Local: the host's event journal after cursor,
+// each with its deployment and payload as attributes.
+func (a *Agent) Events(cursor uint64, max int) ([]*hostv1.Event, uint64) {
+	if max <= 0 {
+		seq, _ := a.Store.LatestEventSeq()
+		return nil, seq
+	}
+	evs, err := a.Store.EventsAfter(cursor, max)
+	if err != nil {
+		return nil, cursor
+	}
+	out := make([]*hostv1.Event, 0, len(evs))
+	for _, e := range evs {
+		attrs := map[string]string{}
+		if e.Deployment != "" {
+			attrs["deployment"] = e.Deployment
+		}
+		for k, v := range e.Payload {
+			attrs[k] = fmt.Sprint(v)
+		}
+		msg, _ := e.Payload["message"].(string)
+		out = append(out, &hostv1.Event{TimeUnixMs: e.At.UnixMilli(), Kind: e.Kind, InstanceId: e.Instance, Message: msg, Attributes: attrs})
+		cursor = e.Seq
+	}
+	return out, cursor
 }
 
 // Journals implements fleet.Local: every instance the host holds.

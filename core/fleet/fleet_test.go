@@ -53,6 +53,9 @@ func (l *fakeLocal) Journals() []*hostv1.InstanceJournal {
 	return append([]*hostv1.InstanceJournal(nil), l.journals...)
 }
 
+// Events forwards nothing: a host without events.
+func (l *fakeLocal) Events(cursor uint64, _ int) ([]*hostv1.Event, uint64) { return nil, cursor }
+
 // RelayHandler answers /v1/chat/completions: non-streamed "ok", or, with
 // ?stream, one SSE chunk every 10 ms until 200 are sent or the request
 // ends (a hang-up at the server).

@@ -43,6 +43,9 @@ type Local interface {
 	Readings() []*hostv1.LedgerReading
 	Journals() []*hostv1.InstanceJournal
 	RelayHandler() http.Handler
+	// Events returns the host's events after cursor (at most max) and the
+	// cursor after them; max 0 asks only for the cursor of now.
+	Events(cursor uint64, max int) ([]*hostv1.Event, uint64)
 }
 
 // HostOptions configure a host's side of the fleet.
@@ -69,6 +72,8 @@ type Host struct {
 	key    crypto.Signer
 
 	mu       sync.Mutex
+	cursor   uint64 // the host's events forwarded so far
+	cursorOK bool   // cursor was read
 	linked   bool
 	lastErr  error
 	beat     time.Duration
@@ -424,6 +429,12 @@ func (h *Host) link(ctx context.Context, up func()) error {
 	for _, j := range journals {
 		sent[j.GetInstanceId()] = journalDigest(j)
 	}
+	h.mu.Lock()
+	if !h.cursorOK { // the first link: events from now on
+		_, h.cursor = h.o.Local.Events(0, 0)
+		h.cursorOK = true
+	}
+	h.mu.Unlock()
 	t := time.NewTicker(beat)
 	defer t.Stop()
 	for {
@@ -454,6 +465,20 @@ func (h *Host) link(ctx context.Context, up func()) error {
 			}
 			sent[j.GetInstanceId()] = d
 		}
+		// The host's events since the last beat; an event is forwarded once
+		// it was sent (a link that breaks mid-way resends from there).
+		h.mu.Lock()
+		cursor := h.cursor
+		h.mu.Unlock()
+		evs, next := h.o.Local.Events(cursor, 256)
+		for _, ev := range evs {
+			if err := send(&hostv1.HostMessage{Body: &hostv1.HostMessage_Event{Event: ev}}); err != nil {
+				return err
+			}
+		}
+		h.mu.Lock()
+		h.cursor = next
+		h.mu.Unlock()
 		for id := range sent {
 			if !now[id] { // gone: the instance's deployment was deleted
 				if err := send(&hostv1.HostMessage{Body: &hostv1.HostMessage_Journal{Journal: &hostv1.InstanceJournal{

@@ -527,8 +527,18 @@ func (s *Server) Connect(stream hostv1.HostLink_ConnectServer) error {
 	}
 }
 
-// onHostMessage applies one message of a host's link.
+// onHostMessage applies one message of a host's link; a host's events are
+// journalled in the order it sent them.
 func (s *Server) onHostMessage(name string, gen uint64, m *hostv1.HostMessage) {
+	if ev := m.GetEvent(); ev != nil {
+		payload := map[string]any{"instance": ev.GetInstanceId(), "message": ev.GetMessage(), "host_time_unix_ms": ev.GetTimeUnixMs()}
+		for k, v := range ev.GetAttributes() {
+			if _, taken := payload[k]; !taken {
+				payload[k] = v
+			}
+		}
+		s.event(ev.GetKind(), name, payload)
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	h := s.hosts[name]
@@ -549,8 +559,6 @@ func (s *Server) onHostMessage(name string, gen uint64, m *hostv1.HostMessage) {
 		} else {
 			h.journals[j.GetInstanceId()] = j
 		}
-	case *hostv1.HostMessage_Event:
-		go s.event(b.Event.GetKind(), name, map[string]any{"instance": b.Event.GetInstanceId(), "message": b.Event.GetMessage()})
 	}
 }
 
