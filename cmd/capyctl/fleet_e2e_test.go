@@ -180,6 +180,20 @@ func TestFleet_ServerAndThreeHosts(t *testing.T) {
 		t.Fatalf("load view: %+v", load)
 	}
 
+	// An update reaches every host of the deployment; one that changes the
+	// number of instances is refused (the spread stays as placed).
+	spec2 := strings.Replace(spec, "  model {", "  engine_config {\n    max_concurrent_requests = 16\n  }\n  model {", 1)
+	if out, errOut, code := f.deploy("demo", spec2, "--revision", "1", "--wait"); code != 0 {
+		t.Fatalf("update demo: exit %d\n%s%s", code, out, errOut)
+	}
+	if st := f.status("demo"); st.Revision != 2 || len(st.Instances) != 2 || st.Instances[0].Revision != 2 || st.Instances[1].Revision != 2 {
+		t.Fatalf("demo after the update: revision %d, instances %+v", st.Revision, st.Instances)
+	}
+	spec3 := strings.Replace(spec2, "instances = 2", "instances = 3", 1)
+	if _, errOut, code := f.deploy("demo", spec3, "--revision", "2"); code != 5 || !strings.Contains(errOut, "unsupported") {
+		t.Fatalf("an update to 3 instances: exit %d: %s", code, errOut)
+	}
+
 	// placement.hosts pins a deployment; a spec no host has room for is
 	// capacity_blocked, naming each host's refusal.
 	pinned := strings.Replace(harness.SimpleSpec("pinned", "fake"), "  model {", "  placement {\n    hosts = [\"gpu-a\"]\n  }\n  model {", 1)

@@ -601,6 +601,12 @@ func (s *Server) toEveryHost(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
+	if r.Method == http.MethodPut {
+		if err := sameInstances(body, p); err != nil {
+			writeError(w, err)
+			return
+		}
+	}
 	path := strings.TrimPrefix(r.URL.Path, wire.Prefix)
 	code := http.StatusOK
 	var answer []byte
@@ -639,6 +645,24 @@ func (s *Server) toEveryHost(w http.ResponseWriter, r *http.Request) {
 		_ = s.State.Apply(Command{Op: OpPlaced, Placement: p})
 	}
 	writeJSON(w, code, st)
+}
+
+// sameInstances refuses an update that changes how many instances a
+// placed deployment runs: its spread over hosts stays as placed.
+func sameInstances(body []byte, p *Placement) error {
+	var req struct {
+		Deployment struct {
+			Instances int `json:"instances"`
+		} `json:"deployment"`
+	}
+	if err := json.Unmarshal(body, &req); err != nil {
+		return structs.Errf(structs.CodeInvalidRequest, "the body is not valid JSON: %v", err)
+	}
+	if n, placed := req.Deployment.Instances, sumShares(p.Hosts); n != 0 && n != placed {
+		return structs.Errf(structs.CodeUnsupported, "deployment %s runs %d instance(s) over hosts %v; a server does not re-spread an update's %d: delete it and deploy it again",
+			p.Deployment, placed, p.HostNames(), n).WithDetail("instances", placed)
+	}
+	return nil
 }
 
 // withShare rewrites an update body's instance count for one host.
