@@ -7,8 +7,9 @@
 // idempotency, Deduper, which runs each command_id once and answers every
 // retry of it with the first delivery's result.
 //
-// IMPORTANT: the roles that speak the link (capyctl start server, start
-// host) are not built yet (issue 16 item 1); nothing here dials, listens or
-// reads a store. The relay of inference requests (item 4) is not defined
-// yet either.
+// The roles that speak the link live in core/fleet (the server's Connect,
+// the host's link loop); nothing here dials, listens or reads a store. The
+// server sends no Command yet: its mutations travel as relayed management
+// calls with an Idempotency-Key (see host.proto), so the Deduper is the
+// host's side of a protocol the server does not use yet.
 package hostlink

@@ -26,6 +26,8 @@
 //     VerifyConnection checks every handshake against the revocation set. A
 //     connection already open stays open; the caller closes it.
 //
-// IMPORTANT: nothing here reads the network or the store of the role; the
-// roles that use it (server, host) are not built yet.
+// IMPORTANT: nothing here reads the network or the store of the role:
+// core/fleet serves enrolment and renewal on the server's cluster listener
+// and keeps the tokens and revocations in <state_dir>/pki/tokens.json
+// (FileStore).
 package pki
