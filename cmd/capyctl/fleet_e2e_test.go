@@ -426,3 +426,43 @@ func TestFleet_PartitionHeals(t *testing.T) {
 		t.Fatalf("gpu-b's ledger charges %d after the partition, %d before", charged, chargedBefore)
 	}
 }
+
+// TestFleet_JoinRefusals drives the refusals an operator meets through the
+// processes: a token used twice, a host restarted under another name, and
+// a removed host, which the server refuses on every new connection.
+func TestFleet_JoinRefusals(t *testing.T) {
+	server := harness.StartServer(t, harness.Options{Args: []string{"--set", "host_heartbeat=300ms"}})
+	token, cluster := server.JoinToken("")
+	host := harness.StartHostWith(t, cluster, token, harness.HostOptions{Name: "gpu-a"})
+	f := &fleet{t: t, server: server, hosts: map[string]*harness.Role{"gpu-a": host}}
+	f.waitHosts(1, wire.HostReady)
+
+	bin, _ := harness.Binaries(t)
+	_, errOut, code := harness.RunCLI(t, bin, []string{"start", "host", "--state-dir", t.TempDir(), "--server", cluster, "--hostname", "gpu-b",
+		"--listen", "127.0.0.1:0", "--management-listen", "127.0.0.1:0", "--gpu-provider", "simulated"}, []string{"CAPYCTL_JOIN_TOKEN=" + token})
+	if code != 3 || !strings.Contains(errOut, "join_token_used") {
+		t.Fatalf("a second host with a used token: exit %d: %s", code, errOut)
+	}
+
+	host.Stop()
+	_, errOut, code = harness.RunCLI(t, bin, []string{"start", "host", "--state-dir", host.StateDir, "--server", cluster, "--hostname", "gpu-renamed",
+		"--listen", "127.0.0.1:0", "--management-listen", "127.0.0.1:0", "--gpu-provider", "simulated"}, nil)
+	if code != 2 || !strings.Contains(errOut, "host_name_changed") {
+		t.Fatalf("the host restarted under another name: exit %d: %s", code, errOut)
+	}
+	host.Restart()
+	f.waitHosts(1, wire.HostReady)
+
+	if _, errOut, code := server.CLI("remove", "host", "gpu-a"); code != 0 {
+		t.Fatalf("remove host: exit %d: %s", code, errOut)
+	}
+	if hs := f.hostList(); len(hs) != 0 {
+		t.Fatalf("hosts after the removal: %+v", hs)
+	}
+	poll.Until(t, 15*time.Second, "the removed host told it is refused", func() bool {
+		return strings.Contains(host.Output(), "the server refuses this host's certificate")
+	})
+	if hs := f.hostList(); len(hs) != 0 {
+		t.Fatalf("the removed host came back: %+v", hs)
+	}
+}

@@ -20,6 +20,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -362,7 +363,13 @@ func (h *Host) runLink(ctx context.Context) {
 			}
 			return
 		}
-		h.logger.Warn("host link down; reconnecting", "server", h.o.Server, "error", err)
+		if err != nil && strings.Contains(err.Error(), "bad certificate") {
+			// TLS says no more: the server refused the certificate itself.
+			h.logger.Error("the server refuses this host's certificate: the host was removed (capyctl remove host), or its certificate expired; "+
+				"stop the host, delete its host-pki directory and start it again with a new join token", "server", h.o.Server, "state", hostPKIDir(h.o.StateDir))
+		} else {
+			h.logger.Warn("host link down; reconnecting", "server", h.o.Server, "error", err)
+		}
 		if !backoff(ctx, attempt) {
 			return
 		}
