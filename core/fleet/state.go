@@ -285,3 +285,57 @@ func (s *State) RouteOwner(model string) (*Placement, bool) {
 	p, ok := s.placements[dep]
 	return p, ok
 }
+
+// stateSnapshot is the whole state as Snapshot encodes it.
+type stateSnapshot struct {
+	Hosts      []HostRecord `json:"hosts"`
+	Placements []*Placement `json:"placements"`
+}
+
+// Snapshot returns the whole state (hosts and placements) encoded, for a
+// replicated log's snapshot; Restore takes it back.
+func (s *State) Snapshot() ([]byte, error) {
+	data, err := json.Marshal(stateSnapshot{Hosts: s.Hosts(), Placements: s.Placements()})
+	if err != nil {
+		return nil, structs.Wrap(structs.CodeInternal, err, "encode the server's state")
+	}
+	return data, nil
+}
+
+// Restore replaces the whole state with a Snapshot's: the store's in one
+// transaction, then memory. A snapshot that does not decode changes
+// nothing.
+func (s *State) Restore(data []byte) error {
+	var snap stateSnapshot
+	if err := json.Unmarshal(data, &snap); err != nil {
+		return structs.Errf(structs.CodeInternal, "a server state snapshot does not decode: %v", err)
+	}
+	hosts := make(map[string]HostRecord, len(snap.Hosts))
+	placements := make(map[string]*Placement, len(snap.Placements))
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	err := s.st.ReplaceFleetState(func(fs *store.FleetState) error {
+		for _, h := range snap.Hosts {
+			hosts[h.Name] = h
+			if err := fs.Put("host/"+h.Name, h); err != nil {
+				return err
+			}
+		}
+		for _, p := range snap.Placements {
+			if p == nil {
+				continue
+			}
+			placements[p.Deployment] = p
+			if err := fs.Put("placement/"+p.Deployment, p); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return structs.Wrap(structs.CodeStoreUnavailable, err, "restore the server's state")
+	}
+	s.hosts, s.placements = hosts, placements
+	s.rebuildRoutes()
+	return nil
+}

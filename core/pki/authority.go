@@ -285,6 +285,11 @@ func (a *Authority) checkHost(cert *x509.Certificate, now time.Time) error {
 			cert.Subject.CommonName, cert.NotBefore.UTC().Format(time.RFC3339), cert.NotAfter.UTC().Format(time.RFC3339))
 	}
 	name := cert.Subject.CommonName
+	if hasUsage(cert, x509.ExtKeyUsageServerAuth) {
+		// A server peer's certificate (IssueServerPeer) also says
+		// ClientAuth; it is a server's, never a host's.
+		return structs.Errf(structs.CodeUnauthorized, "the certificate of %q is a server's, not a host's", name)
+	}
 	if len(cert.DNSNames) != 1 || cert.DNSNames[0] != name {
 		return structs.Errf(structs.CodeUnauthorized, "the host certificate of %q does not name its host in its SAN", name)
 	}

@@ -226,6 +226,8 @@ type leafOptions struct {
 	dnsNames   []string
 	ips        []net.IP
 	usage      x509.ExtKeyUsage
+	// moreUsages follow usage (a server peer's ClientAuth).
+	moreUsages []x509.ExtKeyUsage
 	notBefore  time.Time
 	notAfter   time.Time
 	pub        crypto.PublicKey
@@ -245,7 +247,7 @@ func (c *CA) sign(o leafOptions) (*x509.Certificate, error) {
 		NotBefore:             o.notBefore,
 		NotAfter:              o.notAfter,
 		KeyUsage:              x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:           []x509.ExtKeyUsage{o.usage},
+		ExtKeyUsage:           append([]x509.ExtKeyUsage{o.usage}, o.moreUsages...),
 		BasicConstraintsValid: true,
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, c.cert, o.pub, c.key)

@@ -22,6 +22,10 @@
 //     certificate (24 h by default) bound to that name.
 //   - The host renews over mutual TLS with its current certificate (RenewAt
 //     says when: at two thirds of the lifetime); the name cannot change.
+//   - Servers of one cluster talk to each other (raft, core/fleet/raftlog)
+//     with server peer certificates (CA.IssueServerPeer: ServerAuth and
+//     ClientAuth, no other certificate has both) and ServerPeerTLS, which
+//     checks the other end's on both sides. The host listener refuses one.
 //   - Authority.Revoke(name) takes effect on the next handshake: ServerTLS's
 //     VerifyConnection checks every handshake against the revocation set. A
 //     connection already open stays open; the caller closes it.

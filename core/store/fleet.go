@@ -95,3 +95,28 @@ func (s *Store) FleetStateList(prefix string) (map[string]json.RawMessage, error
 	}
 	return out, nil
 }
+
+// ReplaceFleetState replaces the whole server state in one transaction:
+// every key is removed, then fill writes the new state (a replicated log's
+// snapshot being restored). The log is left as it is: its entries are
+// history, the state is what counts.
+func (s *Store) ReplaceFleetState(fill func(st *FleetState) error) error {
+	return s.Update(func(tx *Tx) error {
+		b := tx.bucket(bucketFleetState)
+		// Keys first, deletes after: a bbolt cursor skips a key when the
+		// one before it is deleted under it.
+		var keys [][]byte
+		if err := b.ForEach(func(k, _ []byte) error {
+			keys = append(keys, bytes.Clone(k))
+			return nil
+		}); err != nil {
+			return err
+		}
+		for _, k := range keys {
+			if err := b.Delete(k); err != nil {
+				return err
+			}
+		}
+		return fill(&FleetState{tx: tx})
+	})
+}

@@ -119,6 +119,7 @@ const (
 	CodeHostRevoked               Code = "host_revoked"
 	CodeHostUnreachable           Code = "host_unreachable"
 	CodeHostDraining              Code = "host_draining"
+	CodeNotLeader                 Code = "not_leader"
 )
 
 var catalogue = map[Code]CodeInfo{}
@@ -216,6 +217,7 @@ func init() {
 	row(CodeHostUnreachable, 4, true, "the host that runs the instance is not connected to the server; retry after Retry-After (another replica is tried first)")
 	row(CodeHostDraining, 4, false, "the host is draining: it takes no new placement (capyctl drain host --resume)")
 	row(CodeHostRevoked, 3, false, "the host was removed from the server; its certificate is refused on every new connection")
+	row(CodeNotLeader, 28, true, "this server is not the leader of the server cluster and cannot commit a change; details name the leader (leader_id, leader_address; empty while an election runs)")
 }
 
 // Lookup returns the catalogue row of a code (suffix ignored); unknown codes

@@ -62,6 +62,7 @@ var exitMeanings = map[int]string{
 	25: "a previous stop is still in progress",
 	26: "build tools the engine needs are missing",
 	27: "the state store cannot be written (a full disk, a read-only file); nothing was left running",
+	28: "this server is not the leader of the server cluster; the leader is named (retry there, or once one is elected)",
 }
 
 // ExitCodes returns the exit-code table built from the catalogue (wire.Catalogue).

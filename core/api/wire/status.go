@@ -83,6 +83,7 @@ var httpStatus = map[structs.Code]int{
 	structs.CodeHostRevoked:               http.StatusForbidden,
 	structs.CodeHostUnreachable:           http.StatusServiceUnavailable,
 	structs.CodeHostDraining:              http.StatusConflict,
+	structs.CodeNotLeader:                 http.StatusServiceUnavailable,
 	structs.CodeDriverUnavailable:         http.StatusServiceUnavailable,
 	structs.CodeDriverTimeout:             http.StatusGatewayTimeout,
 	structs.CodeDriverHandshakeFailed:     http.StatusBadGateway,

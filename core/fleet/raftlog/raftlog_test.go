@@ -1,0 +1,457 @@
+// Copyright (c) CapyCTL authors
+// SPDX-License-Identifier: Apache-2.0
+
+package raftlog
+
+import (
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"reflect"
+	"testing"
+	"time"
+
+	"github.com/capyctl/capyctl/core/fleet"
+	"github.com/capyctl/capyctl/core/pki"
+	"github.com/capyctl/capyctl/core/store"
+	"github.com/capyctl/capyctl/core/structs"
+	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/raft"
+)
+
+// waitDeadline bounds every poll: generous, a condition usually holds in
+// well under a second.
+const waitDeadline = 15 * time.Second
+
+// testTuning makes elections and commits fast on loopback.
+var testTuning = Tuning{
+	HeartbeatTimeout:   150 * time.Millisecond,
+	ElectionTimeout:    150 * time.Millisecond,
+	LeaderLeaseTimeout: 100 * time.Millisecond,
+	CommitTimeout:      5 * time.Millisecond,
+}
+
+// testLogger is raft's logs on stderr when CAPYCTL_TEST_RAFT_LOG is set.
+func testLogger() hclog.Logger {
+	if os.Getenv("CAPYCTL_TEST_RAFT_LOG") == "" {
+		return hclog.NewNullLogger()
+	}
+	return hclog.New(&hclog.LoggerOptions{Level: hclog.Debug, Output: os.Stderr})
+}
+
+// newCA makes a cluster CA.
+func newCA(t *testing.T) *pki.CA {
+	t.Helper()
+	ca, err := pki.LoadOrCreateCA(filepath.Join(t.TempDir(), "ca"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ca
+}
+
+// peerCreds returns a server peer certificate of ca for name.
+func peerCreds(t *testing.T, ca *pki.CA, name string) *pki.Credentials {
+	t.Helper()
+	key, err := pki.NewKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	iss, err := ca.IssueServerPeer(pki.ServerPeerRequest{Name: name, Public: key.Public()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pki.NewCredentials(key, iss)
+}
+
+// testNode is one server: its store, state machine and raft node.
+type testNode struct {
+	*Node
+	name  string
+	addr  string
+	dir   string
+	state *fleet.State
+	store *store.Store
+}
+
+// listen binds a loopback listener.
+func listen(t *testing.T) net.Listener {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ln
+}
+
+// startNode starts a server named name on ln, its certificate from ca, its
+// files in dir ("": a new directory).
+func startNode(t *testing.T, ca *pki.CA, name, dir string, ln net.Listener, bootstrap []Peer, tuning Tuning) *testNode {
+	t.Helper()
+	if dir == "" {
+		dir = t.TempDir()
+	}
+	st, err := store.Open(store.PathIn(filepath.Join(dir, "state")), store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = st.Close() })
+	state, err := fleet.OpenState(st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	listenTLS, dialTLS := pki.ServerPeerTLS(ca.Certificate(), peerCreds(t, ca, name), nil)
+	n, err := Open(Options{
+		ID: name, Dir: filepath.Join(dir, "raft"), Listener: ln,
+		ListenTLS: listenTLS, DialTLS: dialTLS,
+		State: state, Bootstrap: bootstrap, Tuning: tuning, Logger: testLogger().Named(name),
+	})
+	if err != nil {
+		t.Fatalf("Open %s: %v", name, err)
+	}
+	state.SetLog(n)
+	t.Cleanup(func() { _ = n.Close() })
+	return &testNode{Node: n, name: name, addr: ln.Addr().String(), dir: dir, state: state, store: st}
+}
+
+// startCluster starts size servers that bootstrap together.
+func startCluster(t *testing.T, ca *pki.CA, size int, tuning Tuning) []*testNode {
+	t.Helper()
+	lns := make([]net.Listener, size)
+	peers := make([]Peer, size)
+	for i := range lns {
+		lns[i] = listen(t)
+		peers[i] = Peer{ID: fmt.Sprintf("server-%d", i+1), Address: lns[i].Addr().String()}
+	}
+	nodes := make([]*testNode, size)
+	for i := range nodes {
+		nodes[i] = startNode(t, ca, peers[i].ID, "", lns[i], peers, tuning)
+	}
+	return nodes
+}
+
+// waitFor polls cond until it holds or the deadline passes.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(waitDeadline)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// waitLeader waits until one of nodes leads and every other one names it.
+func waitLeader(t *testing.T, nodes []*testNode) *testNode {
+	t.Helper()
+	var leader *testNode
+	waitFor(t, "a leader every server agrees on", func() bool {
+		leader = nil
+		for _, n := range nodes {
+			if n.Stats().State == "leader" {
+				if leader != nil {
+					return false
+				}
+				leader = n
+			}
+		}
+		if leader == nil {
+			return false
+		}
+		for _, n := range nodes {
+			if s := n.Stats(); s.LeaderID != leader.name || s.LeaderAddress != leader.addr {
+				return false
+			}
+		}
+		return true
+	})
+	return leader
+}
+
+func joined(host string) fleet.Command {
+	return fleet.Command{Op: fleet.OpHostJoined, Host: host, At: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)}
+}
+
+// waitHost waits until every node's state holds host.
+func waitHost(t *testing.T, nodes []*testNode, host string) {
+	t.Helper()
+	for _, n := range nodes {
+		waitFor(t, n.name+" to apply host "+host, func() bool { _, ok := n.state.Host(host); return ok })
+	}
+}
+
+func TestNode_ReplicatesCommands(t *testing.T) {
+	nodes := startCluster(t, newCA(t), 3, testTuning)
+	leader := waitLeader(t, nodes)
+
+	if err := leader.state.Apply(joined("gpu-a")); err != nil {
+		t.Fatalf("Apply on the leader: %v", err)
+	}
+	// Propose returns once the leader applied it.
+	if _, ok := leader.state.Host("gpu-a"); !ok {
+		t.Fatal("the leader's state lacks the command Propose returned for")
+	}
+	waitHost(t, nodes, "gpu-a")
+
+	// A refusal of the state machine comes back through the log, and
+	// changes no server.
+	err := leader.state.Apply(fleet.Command{Op: fleet.OpHostDrain, Host: "nobody", Drain: true})
+	if !structs.HasCode(err, structs.CodeNotFound) {
+		t.Fatalf("drain of an unknown host: %v, want not_found", err)
+	}
+	if err := leader.state.Apply(fleet.Command{Op: fleet.OpHostDrain, Host: "gpu-a", Drain: true}); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range nodes {
+		waitFor(t, n.name+" to drain gpu-a", func() bool { h, _ := n.state.Host("gpu-a"); return h.Drained })
+		if got := n.state.Hosts(); len(got) != 1 {
+			t.Errorf("%s hosts %+v, want gpu-a alone", n.name, got)
+		}
+	}
+
+	s := leader.Stats()
+	if s.State != "leader" || s.Term == 0 || s.LastIndex < 3 || s.LeaderID != leader.name || len(s.Servers) != 3 {
+		t.Errorf("leader stats %+v", s)
+	}
+}
+
+func TestNode_FollowerRefuses(t *testing.T) {
+	nodes := startCluster(t, newCA(t), 3, testTuning)
+	leader := waitLeader(t, nodes)
+	for _, n := range nodes {
+		if n == leader {
+			continue
+		}
+		err := n.state.Apply(joined("gpu-b"))
+		var se *structs.Error
+		if !structs.HasCode(err, structs.CodeNotLeader) || !asError(err, &se) {
+			t.Fatalf("%s: Apply on a follower: %v, want not_leader", n.name, err)
+		}
+		if se.Details["leader_id"] != leader.name || se.Details["leader_address"] != leader.addr {
+			t.Errorf("%s: details %v, want the leader %s at %s", n.name, se.Details, leader.name, leader.addr)
+		}
+		if _, ok := n.state.Host("gpu-b"); ok {
+			t.Errorf("%s applied a command it refused", n.name)
+		}
+		if err := n.AddVoter("server-9", "127.0.0.1:1"); !structs.HasCode(err, structs.CodeNotLeader) {
+			t.Errorf("%s: AddVoter on a follower: %v, want not_leader", n.name, err)
+		}
+	}
+}
+
+func asError(err error, target **structs.Error) bool {
+	*target = structs.AsError(err)
+	return *target != nil
+}
+
+func TestNode_LeaderLost(t *testing.T) {
+	nodes := startCluster(t, newCA(t), 3, testTuning)
+	old := waitLeader(t, nodes)
+	if err := old.state.Apply(joined("gpu-a")); err != nil {
+		t.Fatal(err)
+	}
+	waitHost(t, nodes, "gpu-a")
+
+	if err := old.Close(); err != nil {
+		t.Fatalf("stop the leader: %v", err)
+	}
+	var rest []*testNode
+	for _, n := range nodes {
+		if n != old {
+			rest = append(rest, n)
+		}
+	}
+	leader := waitLeader(t, rest)
+	if leader == old {
+		t.Fatal("the stopped server still leads")
+	}
+	if err := leader.state.Apply(joined("gpu-b")); err != nil {
+		t.Fatalf("Apply on the new leader: %v", err)
+	}
+	waitHost(t, rest, "gpu-b")
+	waitHost(t, rest, "gpu-a")
+	if _, ok := old.state.Host("gpu-b"); ok {
+		t.Error("the stopped server applied a command")
+	}
+}
+
+func TestNode_SnapshotToNewServer(t *testing.T) {
+	tuning := testTuning
+	// Snapshots only when asked, and the log behind one compacted down to
+	// two entries: a server added later cannot catch up from the log.
+	tuning.SnapshotInterval = time.Hour
+	tuning.SnapshotThreshold = 1 << 40
+	tuning.TrailingLogs = 2
+	ca := newCA(t)
+	nodes := startCluster(t, ca, 3, tuning)
+	leader := waitLeader(t, nodes)
+	const hosts = 20
+	for i := range hosts {
+		if err := leader.state.Apply(joined(fmt.Sprintf("gpu-%02d", i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := leader.state.Apply(fleet.Command{Op: fleet.OpPlaced, Placement: &fleet.Placement{
+		Deployment: "chat", Hosts: []fleet.HostShare{{Host: "gpu-00", Instances: 2}}, Routes: []string{"chat-model"}, Revision: 1,
+	}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := leader.Snapshot(); err != nil {
+		t.Fatalf("Snapshot: %v", err)
+	}
+	s := leader.Stats()
+	if s.LastSnapshotIndex < hosts {
+		t.Fatalf("last snapshot index %d, want at least %d", s.LastSnapshotIndex, hosts)
+	}
+	first, err := leader.logStore.FirstIndex()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if first <= 1 {
+		t.Fatalf("the log still starts at %d after the snapshot: not compacted", first)
+	}
+
+	ln := listen(t)
+	fresh := startNode(t, ca, "server-4", "", ln, nil, tuning)
+	if err := leader.AddVoter(fresh.name, fresh.addr); err != nil {
+		t.Fatalf("AddVoter: %v", err)
+	}
+	waitFor(t, "the new server to restore the snapshot", func() bool { return fresh.fsm.restores.Load() > 0 })
+	waitFor(t, "the new server's state to match the leader's", func() bool {
+		return reflect.DeepEqual(fresh.state.Hosts(), leader.state.Hosts()) && reflect.DeepEqual(fresh.state.Placements(), leader.state.Placements())
+	})
+	if p, ok := fresh.state.RouteOwner("chat-model"); !ok || p.Deployment != "chat" {
+		t.Errorf("the restored routes: %v, %v", p, ok)
+	}
+	// The new server follows the log past the snapshot.
+	if err := leader.state.Apply(joined("gpu-late")); err != nil {
+		t.Fatal(err)
+	}
+	waitHost(t, append(nodes, fresh), "gpu-late")
+	if got := len(leader.Stats().Servers); got != 4 {
+		t.Errorf("%d servers in the configuration, want 4", got)
+	}
+}
+
+func TestNode_Restart(t *testing.T) {
+	tuning := testTuning
+	tuning.SnapshotInterval = time.Hour
+	tuning.SnapshotThreshold = 1 << 40
+	ca := newCA(t)
+	n := waitLeader(t, startCluster(t, ca, 1, tuning))
+	for _, h := range []string{"gpu-a", "gpu-b"} {
+		if err := n.state.Apply(joined(h)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := n.Snapshot(); err != nil {
+		t.Fatal(err)
+	}
+	// One entry after the snapshot: the restart restores the snapshot,
+	// then replays it.
+	if err := n.state.Apply(fleet.Command{Op: fleet.OpHostRemoved, Host: "gpu-a"}); err != nil {
+		t.Fatal(err)
+	}
+	want := n.state.Hosts()
+	if err := n.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.store.Close(); err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", n.addr)
+	if err != nil {
+		t.Skipf("the port %s is taken again: %v", n.addr, err)
+	}
+	// The bootstrap list is ignored: the directory holds raft's state.
+	again := startNode(t, ca, n.name, n.dir, ln, []Peer{{ID: n.name, Address: n.addr}}, tuning)
+	if again.fsm.restores.Load() != 1 {
+		t.Errorf("%d restores at start, want the snapshot's", again.fsm.restores.Load())
+	}
+	waitLeader(t, []*testNode{again})
+	waitFor(t, "the log after the snapshot to be replayed", func() bool { return reflect.DeepEqual(again.state.Hosts(), want) })
+	if err := again.state.Apply(joined("gpu-c")); err != nil {
+		t.Fatalf("Apply after the restart: %v", err)
+	}
+}
+
+// TestStream_ClusterCAOnly checks raft's transport itself: an RPC between
+// two servers of the cluster's CA goes through; a server whose certificate
+// is from another CA can neither send one nor answer one; nor can a host's
+// certificate of the same CA.
+func TestStream_ClusterCAOnly(t *testing.T) {
+	ca, other := newCA(t), newCA(t)
+	hostKey, err := pki.NewKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A host's certificate, signed through enrolment.
+	auth, err := pki.NewAuthority(pki.AuthorityOptions{CA: ca, Store: pki.NewMemStore(), ServerNames: []string{"localhost"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok, err := auth.NewJoinToken(time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	csr, err := pki.NewCSR(hostKey, "gpu-a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hostIss, err := auth.Enroll(pki.EnrollRequest{Token: tok, CSR: csr})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	transport := func(trusts *pki.CA, creds *pki.Credentials) *raft.NetworkTransport {
+		ln := listen(t)
+		listenTLS, dialTLS := pki.ServerPeerTLS(trusts.Certificate(), creds, nil)
+		stream := &tlsStream{ln: ln, listen: listenTLS, dial: dialTLS, advertise: tcpAddr(ln.Addr().String()), timeout: 5 * time.Second}
+		tr := raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{Stream: stream, MaxPool: 1, Timeout: 5 * time.Second, Logger: testLogger()})
+		t.Cleanup(func() { _ = tr.Close() })
+		// Answer every vote request.
+		go func() {
+			for rpc := range tr.Consumer() {
+				rpc.Respond(&raft.RequestVoteResponse{Term: 7, Granted: true}, nil)
+			}
+		}()
+		return tr
+	}
+	a := transport(ca, peerCreds(t, ca, "server-a"))
+	b := transport(ca, peerCreds(t, ca, "server-b"))
+	stranger := transport(other, peerCreds(t, other, "server-x"))
+	host := transport(ca, pki.NewCredentials(hostKey, hostIss))
+	// Trusts the cluster's CA, shows a certificate of another: only the
+	// cluster's end can refuse it.
+	impostor := transport(ca, peerCreds(t, other, "server-y"))
+
+	vote := func(from, to *raft.NetworkTransport) error {
+		var resp raft.RequestVoteResponse
+		err := from.RequestVote("to", to.LocalAddr(), &raft.RequestVoteRequest{Term: 7}, &resp)
+		if err == nil && !resp.Granted {
+			err = fmt.Errorf("no vote in the answer")
+		}
+		return err
+	}
+	cases := []struct {
+		name     string
+		from, to *raft.NetworkTransport
+		wantOK   bool
+	}{
+		{"two servers of the cluster", b, a, true},
+		{"a server of another CA dials the cluster", stranger, a, false},
+		{"the cluster dials a server of another CA", a, stranger, false},
+		{"a host's certificate dials a server", host, a, false},
+		{"a certificate of another CA dials a server", impostor, a, false},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			err := vote(c.from, c.to)
+			t.Logf("RequestVote: %v", err)
+			if (err == nil) != c.wantOK {
+				t.Fatalf("RequestVote: %v, want ok=%v", err, c.wantOK)
+			}
+		})
+	}
+}
