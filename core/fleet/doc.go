@@ -27,6 +27,7 @@
 //   - Every change to the server's own state (hosts joined, drained,
 //     removed; deployments placed and unplaced) is a Command applied by
 //     one State machine and written with its log entry in one bbolt
-//     transaction (store.ApplyFleet), so a later release can replicate the
-//     log.
+//     transaction (store.ApplyFleet). State.SetLog routes the commands
+//     through a replicated log instead: core/fleet/raftlog is one on
+//     hashicorp/raft (groundwork; no role opens it yet).
 package fleet

@@ -139,8 +139,6 @@ type statusCache struct {
 	m  map[string]wire.DeploymentStatus // "<deployment>\x00<host>"
 }
 
-var lastStatus = statusCache{m: map[string]wire.DeploymentStatus{}}
-
 // deploymentStatus merges a placement's hosts' statuses into one: the
 // instances numbered through the hosts in placement order, each naming its
 // host; a host out of reach contributes its last known instances as
@@ -160,9 +158,9 @@ func (s *Server) deploymentStatus(ctx context.Context, p *Placement) wire.Deploy
 			var st wire.DeploymentStatus
 			if err == nil && status == http.StatusOK && json.Unmarshal(data, &st) == nil {
 				answers[i] = answer{st, true}
-				lastStatus.mu.Lock()
-				lastStatus.m[p.Deployment+"\x00"+host] = st
-				lastStatus.mu.Unlock()
+				s.lastStatus.mu.Lock()
+				s.lastStatus.m[p.Deployment+"\x00"+host] = st
+				s.lastStatus.mu.Unlock()
 			}
 		}(i, hs.Host)
 	}
@@ -173,9 +171,9 @@ func (s *Server) deploymentStatus(ctx context.Context, p *Placement) wire.Deploy
 	for i, hs := range p.Hosts {
 		a := answers[i]
 		if !a.ok {
-			lastStatus.mu.Lock()
-			cached, had := lastStatus.m[p.Deployment+"\x00"+hs.Host]
-			lastStatus.mu.Unlock()
+			s.lastStatus.mu.Lock()
+			cached, had := s.lastStatus.m[p.Deployment+"\x00"+hs.Host]
+			s.lastStatus.mu.Unlock()
 			if !had {
 				for k := 0; k < hs.Instances; k++ {
 					out.Instances = append(out.Instances, wire.InstanceStatus{Index: idx, Host: hs.Host, State: stateUncertain})
@@ -571,13 +569,13 @@ func (s *Server) deleteDeployment(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	lastStatus.mu.Lock()
-	for k := range lastStatus.m {
+	s.lastStatus.mu.Lock()
+	for k := range s.lastStatus.m {
 		if strings.HasPrefix(k, name+"\x00") {
-			delete(lastStatus.m, k)
+			delete(s.lastStatus.m, k)
 		}
 	}
-	lastStatus.mu.Unlock()
+	s.lastStatus.mu.Unlock()
 	w.Header().Set("Content-Type", "application/json")
 	if len(last) == 0 {
 		w.WriteHeader(http.StatusNoContent)

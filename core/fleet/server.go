@@ -80,6 +80,8 @@ type Server struct {
 	turn  uint // rotates the relay's ties
 
 	metrics http.Handler
+	// lastStatus keeps each host's last answer for a deployment (mgmt.go).
+	lastStatus statusCache
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -146,7 +148,8 @@ func NewServer(o ServerOptions) (*Server, error) {
 		ln.Close()
 		return nil, err
 	}
-	s := &Server{o: o, logger: o.Logger.Named("fleet"), auth: auth, State: state, ln: ln, advertise: advertise, hosts: map[string]*liveHost{}}
+	s := &Server{o: o, logger: o.Logger.Named("fleet"), auth: auth, State: state, ln: ln, advertise: advertise, hosts: map[string]*liveHost{},
+		lastStatus: statusCache{m: map[string]wire.DeploymentStatus{}}}
 	s.metrics = s.metricsHandler()
 	return s, nil
 }
