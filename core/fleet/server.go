@@ -249,15 +249,32 @@ func (s *Server) Close() {
 	s.wg.Wait()
 }
 
+// maxHandshakes bounds the cluster listener's handshakes under way: a
+// flood of connections that never finish theirs costs no more than this
+// many goroutines (each bounded by handshakeTimeout); more are closed at
+// once.
+const maxHandshakes = 256
+
 // accept takes each connection through its handshake (off the accept
 // loop) and hands it on by ALPN.
 func (s *Server) accept() {
+	slots := make(chan struct{}, maxHandshakes)
 	for {
 		c, err := s.ln.Accept()
 		if err != nil {
 			return
 		}
-		go s.handshake(c)
+		select {
+		case slots <- struct{}{}:
+		default:
+			s.logger.Warn("too many cluster handshakes under way; connection closed", "remote", c.RemoteAddr().String())
+			c.Close()
+			continue
+		}
+		go func() {
+			defer func() { <-slots }()
+			s.handshake(c)
+		}()
 	}
 }
 

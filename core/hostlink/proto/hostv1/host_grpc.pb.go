@@ -52,7 +52,11 @@
 // replays the first answer and never starts a second engine. The Command
 // and CommandResult messages below are the shape those calls will take
 // when they move onto Connect; no server sends them yet, and a host
-// answers one through core/hostlink's Deduper.
+// answers one through core/hostlink's Deduper. Why not yet: a deployment's
+// actions (start, stop, park) also change its desired state on the host
+// (a stopped deployment is not woken by a request), which these
+// per-instance messages do not say; the relayed call keeps the exact
+// semantics, refusals with their details, and the same guarantee.
 //
 // Why the home is core/hostlink and not sdk/proto: the driver protocol is a
 // contract with third-party drivers and belongs to the SDK; the host link is
