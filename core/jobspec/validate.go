@@ -137,6 +137,9 @@ func validate(d *structs.Deployment, pos func(string) *hcl.Range, has func(strin
 	return c.diags
 }
 
+// hostNameRe is a host's name as its certificate carries it (core/pki).
+var hostNameRe = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*$`)
+
 func validateTop(c *checker, d *structs.Deployment) {
 	switch {
 	case d.Name == "":
@@ -178,6 +181,22 @@ func validateTop(c *checker, d *structs.Deployment) {
 			c.bad("routes", "route %q is listed twice", r)
 		}
 		seen[r] = true
+	}
+
+	if p := d.Placement; p != nil {
+		if len(p.Hosts) == 0 {
+			c.bad("placement.hosts", "placement names no host; list the hosts the instances may run on, or leave the block out")
+		}
+		hosts := map[string]bool{}
+		for _, h := range p.Hosts {
+			if !hostNameRe.MatchString(h) {
+				c.bad("placement.hosts", "%q is not a host name (lowercase letters, digits, '-' and '.'; capyctl list hosts)", h)
+			}
+			if hosts[h] {
+				c.bad("placement.hosts", "host %q is listed twice", h)
+			}
+			hosts[h] = true
+		}
 	}
 
 	t := d.Timeouts
