@@ -444,6 +444,22 @@ func TestFleet_JoinRefusals(t *testing.T) {
 		t.Fatalf("a second host with a used token: exit %d: %s", code, errOut)
 	}
 
+	// A deployment made on the host itself (its own loopback management
+	// API) is adopted by the server: listed and routed.
+	host.AddFakeEngine("fake")
+	host.MustDeploy("local", harness.SimpleSpec("local", "fake"))
+	poll.Until(t, 15*time.Second, "the server adopts the host's own deployment", func() bool {
+		out, _, code := server.CLI("list", "deployments")
+		return code == 0 && strings.Contains(out, "local")
+	})
+	if st := f.status("local"); len(st.Instances) != 1 || st.Instances[0].Host != "gpu-a" || st.ReadyN != 1 {
+		t.Fatalf("adopted deployment: %+v", st)
+	}
+	chatOK(t, server, "local")
+	if _, errOut, code := server.CLI("delete", "deployment", "local"); code != 0 {
+		t.Fatalf("delete the adopted deployment: exit %d: %s", code, errOut)
+	}
+
 	host.Stop()
 	_, errOut, code = harness.RunCLI(t, bin, []string{"start", "host", "--state-dir", host.StateDir, "--server", cluster, "--hostname", "gpu-renamed",
 		"--listen", "127.0.0.1:0", "--management-listen", "127.0.0.1:0", "--gpu-provider", "simulated"}, nil)

@@ -322,6 +322,10 @@ func (s *Server) createDeployment(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
+	// No adoption while a placement is made: the hosts' journals of the
+	// new instances arrive before the placement is recorded.
+	s.adoptMu.Lock()
+	defer s.adoptMu.Unlock()
 	if p, ok := s.State.Placement(spec.Name); ok {
 		writeError(w, structs.Errf(structs.CodeConflict, "deployment %s exists at revision %d: update it with PUT and expected_revision (capyctl deploy --revision %d)",
 			spec.Name, p.Revision, p.Revision).WithDetail("current_revision", p.Revision))
@@ -540,6 +544,8 @@ func (s *Server) rollback(ctx context.Context, name string, shares []HostShare) 
 
 func (s *Server) deleteDeployment(w http.ResponseWriter, r *http.Request) {
 	name := mux.Vars(r)["name"]
+	s.adoptMu.Lock() // the hosts' last journals must not adopt it back
+	defer s.adoptMu.Unlock()
 	p, err := s.placementOf(name)
 	if err != nil {
 		writeError(w, err)

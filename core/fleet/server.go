@@ -14,7 +14,9 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"net/url"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -80,6 +82,7 @@ type Server struct {
 	turn  uint // rotates the relay's ties
 
 	metrics http.Handler
+	adoptMu sync.Mutex // one adoption at a time
 	// lastStatus keeps each host's last answer for a deployment (mgmt.go).
 	lastStatus statusCache
 
@@ -508,6 +511,7 @@ func (s *Server) Connect(stream hostv1.HostLink_ConnectServer) error {
 	if wasLost {
 		s.event("host_reconnected", name, map[string]any{"instances": len(hello.GetInstances())})
 	}
+	go s.adopt(ctx, name)
 	s.logger.Info("host link up", "host", name, "address", h.addr, "instances", len(hello.GetInstances()))
 	if err := stream.Send(&hostv1.ServerMessage{Body: &hostv1.ServerMessage_Welcome{Welcome: &hostv1.Welcome{
 		Accepted: true, ServerTimeUnixMs: time.Now().UnixMilli(), HeartbeatIntervalMs: s.o.Heartbeat.Milliseconds(), Protocol: 1}}}); err != nil {
@@ -578,7 +582,70 @@ func (s *Server) onHostMessage(name string, gen uint64, m *hostv1.HostMessage) {
 			delete(h.journals, j.GetInstanceId())
 		} else {
 			h.journals[j.GetInstanceId()] = j
+			if _, placed := s.State.Placement(j.GetDeployment()); !placed && s.ctx != nil {
+				go s.adopt(s.ctx, name) // a deployment made on the host itself
+			}
 		}
+	}
+}
+
+// adopt places on the server the deployments a host runs that the server
+// has no placement for (deployed on the host itself, or a machine that ran
+// standalone before it joined), so that they are listed and routed; a
+// deployment the server placed on other hosts only is left alone and
+// logged. It waits for the host's relay to ask for each one's routes.
+func (s *Server) adopt(ctx context.Context, host string) {
+	s.adoptMu.Lock()
+	defer s.adoptMu.Unlock()
+	counts := map[string]int{}
+	s.mu.Lock()
+	if h := s.hosts[host]; h != nil {
+		for _, j := range h.journals {
+			if j.GetDeployment() != "" {
+				counts[j.GetDeployment()]++
+			}
+		}
+	}
+	s.mu.Unlock()
+	for dep, n := range counts {
+		if p, ok := s.State.Placement(dep); ok {
+			if !slices.Contains(p.HostNames(), host) {
+				s.logger.Warn("a host runs a deployment the server placed on other hosts; not adopted", "host", host, "deployment", dep, "hosts", p.HostNames())
+			}
+			continue
+		}
+		var st wire.DeploymentStatus
+		// The relay comes up just after the link; a host whose relay does
+		// not within 10 s is tried again at its next journal or Hello.
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			if ctx.Err() != nil || time.Now().After(deadline) {
+				return
+			}
+			status, data, err := s.hostCall(ctx, host, http.MethodGet, "/deployments/"+url.PathEscape(dep), nil, nil)
+			if err == nil && status == http.StatusOK && json.Unmarshal(data, &st) == nil {
+				break
+			}
+			if err == nil && status == http.StatusNotFound {
+				st.Name = ""
+				break
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
+		if st.Name == "" {
+			continue
+		}
+		p := &Placement{Deployment: dep, Hosts: []HostShare{{Host: host, Instances: n}}, Routes: st.Routes, Revision: st.Revision, At: time.Now().UTC()}
+		if err := s.State.Apply(Command{Op: OpPlaced, Placement: p}); err != nil {
+			s.logger.Warn("adopt a host's deployment", "host", host, "deployment", dep, "error", err)
+			continue
+		}
+		s.logger.Info("adopted a deployment the host runs", "host", host, "deployment", dep, "instances", n)
+		s.event("deployment_adopted", host, map[string]any{"deployment": dep, "instances": n})
 	}
 }
 
