@@ -122,6 +122,12 @@ type Config struct {
 	LogSecret bool
 	// Sim is the memory held on a simulated GPU.
 	Sim SimConfig
+	// Group, when set, makes the engine the head (rank 0) of a group
+	// across machines: it loads only once every rank has joined on the
+	// rendezvous address, is ready only once every rank has loaded, and
+	// exits with code 1 when a rank goes away (see group.go). Workers run
+	// as a GroupWorker, not an Engine.
+	Group *GroupConfig
 
 	// Stdout receives info lines (os.Stdout when nil).
 	Stdout io.Writer
@@ -292,6 +298,14 @@ func New(cfg Config) (*Engine, error) {
 	if err := cfg.Sim.validate(); err != nil {
 		return nil, fmt.Errorf("new fake engine: %w", err)
 	}
+	if g := cfg.Group; g != nil {
+		if err := g.validate(); err != nil {
+			return nil, fmt.Errorf("new fake engine: %w", err)
+		}
+		if g.Rank != 0 {
+			return nil, fmt.Errorf("new fake engine: group rank %d is a worker (GroupWorker), not an engine", g.Rank)
+		}
+	}
 	if cfg.Flavour == nil {
 		cfg.Flavour = OpenAI{}
 	}
@@ -452,12 +466,32 @@ func (e *Engine) Run(ctx context.Context) error {
 		}
 		e.Logf(LevelInfo, "holding %s of host memory", FormatBytes(n))
 	}
+	var group *groupHead
+	if e.cfg.Group != nil {
+		// The ranks meet before anyone loads, as torch.distributed's
+		// process group is set up before the model is.
+		g, err := e.runGroupHead(ctx)
+		if g == nil {
+			return err // nil when ctx ended
+		}
+		group = g
+		defer group.close()
+	}
 	e.Logf(LevelInfo, "loading model %s", e.cfg.ServedName)
 	if err := e.loadSim(); err != nil {
 		return err
 	}
 	if err := e.waitStartup(ctx); err != nil {
 		return nil // ctx ended during startup: a shutdown, not a failure
+	}
+	if group != nil {
+		if err := group.waitLoaded(ctx); err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			e.Logf(LevelError, "%v", err)
+			return &ExitError{Code: 1, Reason: err.Error()}
+		}
 	}
 	if code := e.cfg.ExitDuringStartup; code != nil {
 		e.Logf(LevelInfo, "initialising engine core")
@@ -469,6 +503,15 @@ func (e *Engine) Run(ctx context.Context) error {
 	}
 	// The line comes first, so that whoever sees the engine ready (health,
 	// Ready) also finds the line in its log.
+	var lost <-chan int // nil, so never ready, without a group
+	if group != nil {
+		if err := group.broadcast("serving"); err != nil {
+			e.Logf(LevelError, "%v", err)
+			return &ExitError{Code: 1, Reason: err.Error()}
+		}
+		group.watch()
+		lost = group.lost
+	}
 	e.Logf(LevelInfo, "ready: serving %s", e.cfg.ServedName)
 	e.phase.Store(int32(PhaseReady))
 	close(e.ready)
@@ -479,6 +522,12 @@ func (e *Engine) Run(ctx context.Context) error {
 	case x := <-e.fatal:
 		e.Logf(LevelError, "%s", x.Reason)
 		return x
+	case rank := <-lost:
+		// A rank gone is fatal to the whole group in every engine the
+		// fake plays: the head's next collective cannot complete.
+		line := e.cfg.Group.lostLine(rank)
+		e.Logf(LevelError, "%s", line)
+		return &ExitError{Code: 1, Reason: line}
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -59,6 +60,8 @@ var sglangOptions = map[string]int{
 	"enable-memory-saver": argFlag, "enable-lmcache": argFlag, "enable-weights-cpu-backup": argFlag, "enable-metrics": argFlag,
 	"trust-remote-code": argFlag, "disable-cuda-graph": argFlag, "log-requests": argFlag, "enable-cache-report": argFlag,
 	"enable-mixed-chunk": argFlag, "skip-server-warmup": argFlag,
+	"tensor-parallel-size": argValue, "pp-size": argValue, "pipeline-parallel-size": argValue,
+	"nnodes": argValue, "node-rank": argValue, "dist-init-addr": argValue,
 }
 
 // sglangCommand runs the fake SGLang from SGLang's own options: --config
@@ -112,16 +115,21 @@ func sglangCommand(args []string, env func(string) string, stdout, stderr io.Wri
 		}
 	}
 	hf, _ := formats.ReadHFConfig(model)
+	group, tp, err := sglangGroup(pa)
+	if err != nil {
+		return fail("%v", err)
+	}
 	if cfg.Sim.StatePath != "" {
 		if !given["sim-weights"] {
-			cfg.Sim.Weights = weightsInDir(model)
+			cfg.Sim.Weights = share(weightsInDir(model), group.size)
 		}
 		if !given["sim-kv"] {
 			tokens, err := pa.num("max-total-tokens", 0)
 			if err != nil {
 				return fail("%v", err)
 			}
-			kv := tokens * float64(hf.KVBytesPerToken(1, pa.str("kv-cache-dtype", "")))
+			// Each tensor-parallel rank keeps its heads' part of every token.
+			kv := tokens * float64(hf.KVBytesPerToken(tp, pa.str("kv-cache-dtype", "")))
 			if kv <= 0 {
 				frac, err := pa.num("mem-fraction-static", 0)
 				if err != nil {
@@ -179,6 +187,23 @@ func sglangCommand(args []string, env func(string) string, stdout, stderr io.Wri
 		logf(fakeengine.LevelInfo, "loading plugins: %s", strings.Join(plugins, ", "))
 	}
 
+	if group.size > 1 {
+		g, err := group.config(env)
+		if err != nil {
+			logf(fakeengine.LevelError, "%v", err)
+			return 1
+		}
+		if group.rank > 0 {
+			// A non-zero node rank runs its schedulers and, once they are
+			// ready, only a health check server on --host and --port.
+			port, err := pa.num("port", 30000)
+			if err != nil || port < 0 || port > 65535 {
+				return fail("argument --port: invalid value")
+			}
+			return runGroupWorker(g, cfg.Sim, logf, hostPort(pa.str("host", "127.0.0.1"), int(port)), sglangWorkerHealth(), stderr)
+		}
+		cfg.Group = g
+	}
 	schedulerDies := env(fakeengine.EnvName("scheduler-exit-during-startup")) != ""
 	if schedulerDies {
 		// The server waits for a scheduler that will never report.
@@ -375,6 +400,75 @@ func sglangConfigArgs(path string) ([]string, error) {
 		}
 	}
 	return out, nil
+}
+
+// sglangGroup reads SGLang's multi-node options (docs.sglang.io "Multi-Node
+// Deployment": --tp, --dist-init-addr host:port of the head, --nnodes,
+// --node-rank) and returns the launch and the tensor-parallel size. A
+// size of 1 is no group.
+func sglangGroup(pa *pyArgs) (groupLaunch, int, error) {
+	g := groupLaunch{engine: "sglang", size: 1}
+	num := func(def float64, names ...string) (int, error) {
+		for _, n := range names {
+			if pa.str(n, "") != "" {
+				v, err := pa.num(n, def)
+				if err != nil || v < 0 {
+					return 0, fmt.Errorf("argument --%s: invalid value: '%s'", n, pa.str(n, ""))
+				}
+				return int(v), nil
+			}
+		}
+		return int(def), nil
+	}
+	tp, err := num(1, "tp-size", "tp", "tensor-parallel-size")
+	if err != nil {
+		return g, 0, err
+	}
+	pp, err := num(1, "pp-size", "pipeline-parallel-size")
+	if err != nil {
+		return g, 0, err
+	}
+	if g.size, err = num(1, "nnodes"); err != nil {
+		return g, 0, err
+	}
+	if g.rank, err = num(0, "node-rank"); err != nil {
+		return g, 0, err
+	}
+	if g.size <= 1 {
+		// One machine: the fake is one process on one card, whatever --tp.
+		g.size = 1
+		return g, 1, nil
+	}
+	addr := pa.str("dist-init-addr", "")
+	if _, _, err := net.SplitHostPort(addr); err != nil {
+		// SGLang's own assertion in PortArgs.init_new.
+		return g, 0, errors.New("please provide --dist-init-addr as host:port of head node")
+	}
+	if g.rank >= g.size {
+		return g, 0, fmt.Errorf("--node-rank %d must be less than --nnodes %d", g.rank, g.size)
+	}
+	if err := parallelFits(tp, pp, g.size); err != nil {
+		return g, 0, err
+	}
+	g.addr = addr
+	g.lostLog = "Scheduler hit an exception: group rank %d is gone (its connection closed)"
+	return g, tp, nil
+}
+
+// sglangWorkerHealth is what SGLang's non-zero node ranks serve:
+// launch_dummy_health_check_server in python/sglang/srt/utils (GET /health,
+// GET /health_generate and, in newer releases, GET /ping, each an empty
+// 200); every other path is FastAPI's 404.
+func sglangWorkerHealth() http.Handler {
+	mux := http.NewServeMux()
+	ok := func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusOK) }
+	for _, p := range []string{"GET /health", "GET /health_generate", "GET /ping"} {
+		mux.HandleFunc(p, ok)
+	}
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		fakeengine.WriteJSON(w, http.StatusNotFound, map[string]string{"detail": "Not Found"})
+	})
+	return mux
 }
 
 func containsWord(list []string, s string) bool {

@@ -67,6 +67,10 @@ func tensorFoldCommand(args []string, env func(string) string, stdout, stderr io
 		_          = fs.Int("max-tokens", 0, "the longest answer")
 		_          = fs.Bool("thinking", false, "reasoning on")
 		_          = fs.Bool("no-thinking", false, "reasoning off")
+		tp         = fs.Int("tp", 1, "tensor parallel ranks, one per machine (1 or 2)")
+		rank       = fs.Int("rank", 0, "this machine's rank in a --tp 2 pair (0: the head)")
+		master     = fs.String("master", "", "the head's address, for --tp 2")
+		masterPort = fs.Int("master-port", -1, "the head's rendezvous port, for --tp 2 (0 on the head: any free port, logged)")
 	)
 	if err := fs.Parse(args[1:]); err != nil {
 		return 2
@@ -81,6 +85,11 @@ func tensorFoldCommand(args []string, env func(string) string, stdout, stderr io
 	}
 	if *backend != "cuda" && *backend != "cpu" {
 		fmt.Fprintf(stderr, "tensorfold serve: unknown backend %q\n", *backend)
+		return 2
+	}
+	group, err := tensorFoldGroup(*tp, *rank, *master, *masterPort)
+	if err != nil {
+		fmt.Fprintf(stderr, "tensorfold serve: %v\n", err)
 		return 2
 	}
 	cfg := fakeengine.Config{Stdout: stdout, Stderr: stderr, ServedName: *name, MaxRunning: *parallel}
@@ -107,7 +116,7 @@ func tensorFoldCommand(args []string, env func(string) string, stdout, stderr io
 	opts.KernelBuildFile = env(tfKernelBuildFileEnv)
 	if cfg.Sim.Weights == 0 {
 		if m, err := formats.ReadSafetensorsDir(modelDir); err == nil {
-			cfg.Sim.Weights = int64(m.WeightsBytes())
+			cfg.Sim.Weights = share(int64(m.WeightsBytes()), group.size)
 		}
 	}
 	if v := env(tfMemoryLimitEnv); v != "" {
@@ -129,5 +138,50 @@ func tensorFoldCommand(args []string, env func(string) string, stdout, stderr io
 		}
 	}
 	cfg.Flavour = fakeengine.NewTensorFold(opts)
+	if group.size > 1 {
+		logf := func(level fakeengine.Level, format string, a ...any) {
+			w := stdout
+			if level != fakeengine.LevelInfo {
+				w = stderr
+			}
+			fmt.Fprintln(w, cfg.Flavour.FormatLog(time.Now(), level, fmt.Sprintf(format, a...)))
+		}
+		g, err := group.config(env)
+		if err != nil {
+			logf(fakeengine.LevelError, "%v", err)
+			return 1
+		}
+		if group.rank > 0 {
+			return runGroupWorker(g, cfg.Sim, logf, "", nil, stderr)
+		}
+		cfg.Group = g
+	}
 	return serveEngine(cfg, *host, *port, knobs.ListenAll, stderr)
+}
+
+// tensorFoldGroup reads TensorFold's two-machine options: --tp 2, --rank,
+// --master and --master-port (shared/reference/original.md, ADR 0028: "TensorFold
+// --tp 2 --rank r --master --master-port"). TensorFold runs tensor
+// parallel on exactly two machines; any other --tp is refused. That
+// --master-port has no default, and that 0 on the head picks a free port,
+// are the fake's assumptions, not TensorFold's documented behaviour.
+func tensorFoldGroup(tp, rank int, master string, masterPort int) (groupLaunch, error) {
+	g := groupLaunch{engine: "tensorfold", size: 1}
+	switch {
+	case tp == 1:
+		if rank != 0 || master != "" || masterPort != -1 {
+			return g, fmt.Errorf("--rank, --master and --master-port need --tp 2")
+		}
+		return g, nil
+	case tp != 2:
+		return g, fmt.Errorf("--tp %d: tensor parallel runs on exactly two machines (--tp 2)", tp)
+	case rank != 0 && rank != 1:
+		return g, fmt.Errorf("--rank %d: a --tp 2 pair has ranks 0 and 1", rank)
+	case master == "" || masterPort < 0 || masterPort > 65535 || masterPort == 0 && rank != 0:
+		return g, fmt.Errorf("--tp 2 needs --master ADDRESS and --master-port PORT")
+	}
+	g.size, g.rank = 2, rank
+	g.addr = hostPort(master, masterPort)
+	g.lostLog = "tensor parallel peer (rank %d) is gone: its connection closed"
+	return g, nil
 }

@@ -4,6 +4,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -54,7 +55,8 @@ var vllmOptions = func() map[string]int {
 		"trust-remote-code": argFlag, "enable-auto-tool-choice": argFlag, "enforce-eager": argFlag,
 		"disable-log-requests": argFlag, "enable-request-id-headers": argFlag, "enable-server-load-tracking": argFlag,
 		"disable-fastapi-docs": argFlag, "disable-uvicorn-access-log": argFlag, "disable-log-stats": argFlag,
-		"headless": argFlag,
+		"headless": argFlag, "pipeline-parallel-size": argValue, "nnodes": argValue, "node-rank": argValue,
+		"master-addr": argValue, "master-port": argValue, "distributed-executor-backend": argValue,
 	}
 	// Boolean options take --opt and --no-opt (BooleanOptionalAction).
 	for _, b := range []string{"enable-sleep-mode", "enable-log-requests", "enable-log-outputs", "enable-prefix-caching",
@@ -111,9 +113,13 @@ func vllmCommand(args []string, env func(string) string, stdout, stderr io.Write
 		}
 		cfg.MaxRunning = int(n)
 	}
+	group, err := vllmGroup(pa)
+	if err != nil {
+		return fail("%v", err)
+	}
 	if cfg.Sim.StatePath != "" {
 		if !given["sim-weights"] {
-			cfg.Sim.Weights = weightsInDir(model)
+			cfg.Sim.Weights = share(weightsInDir(model), group.size)
 		}
 		if !given["sim-kv"] {
 			kv, err := pa.num("kv-cache-memory-bytes", 0)
@@ -174,6 +180,18 @@ func vllmCommand(args []string, env func(string) string, stdout, stderr io.Write
 		cfg.ReportCachedTokens = pa.flags["enable-prompt-tokens-details"]
 		logf(fakeengine.LevelInfo, "LMCache connector: remote %s", env("LMCACHE_REMOTE_URL"))
 	}
+	if group.size > 1 {
+		g, err := group.config(env)
+		if err != nil {
+			logf(fakeengine.LevelError, "%v", err)
+			return 1
+		}
+		if group.rank > 0 {
+			// --headless: the engine's ranks without an API server.
+			return runGroupWorker(g, cfg.Sim, logf, "", nil, stderr)
+		}
+		cfg.Group = g
+	}
 	port, err := pa.num("port", 8000)
 	if err != nil || port < 0 || port > 65535 {
 		return fail("argument --port: invalid value")
@@ -189,6 +207,57 @@ func vllmCommand(args []string, env func(string) string, stdout, stderr io.Write
 		return fail("unrecognized arguments: --uds %s", uds)
 	}
 	return serveEngineOn(cfg, host, int(port), uds, knobs.ListenAll, stderr)
+}
+
+// vllmGroup reads vLLM's multi-node options for the multiprocessing
+// backend ("Running vLLM with MultiProcessing" in vLLM's distributed
+// serving docs; ParallelConfig.nnodes, node_rank, master_addr and
+// master_port in vllm/config/parallel.py, defaults 1, 0, 127.0.0.1 and
+// 29501). The head is node rank 0 without --headless; every other rank
+// runs --headless. A size of 1 is no group.
+func vllmGroup(pa *pyArgs) (groupLaunch, error) {
+	g := groupLaunch{engine: "vllm", size: 1}
+	nnodes, err := pa.num("nnodes", 1)
+	if err != nil || nnodes < 1 {
+		return g, fmt.Errorf("argument --nnodes: invalid value: '%s'", pa.str("nnodes", ""))
+	}
+	rank, err := pa.num("node-rank", 0)
+	if err != nil || rank < 0 {
+		return g, fmt.Errorf("argument --node-rank: invalid value: '%s'", pa.str("node-rank", ""))
+	}
+	g.size, g.rank = int(nnodes), int(rank)
+	if g.size == 1 {
+		return g, nil
+	}
+	if b := pa.str("distributed-executor-backend", "mp"); b != "mp" {
+		return g, fmt.Errorf("capyctl-fake-engine simulates multi-node vLLM with the mp backend only, not %q", b)
+	}
+	if g.rank >= g.size {
+		return g, fmt.Errorf("node_rank %d must be less than nnodes %d", g.rank, g.size)
+	}
+	tp, err1 := pa.num("tensor-parallel-size", 1)
+	pp, err2 := pa.num("pipeline-parallel-size", 1)
+	if err1 != nil || err2 != nil {
+		return g, errors.New("argument --tensor-parallel-size or --pipeline-parallel-size: invalid value")
+	}
+	if err := parallelFits(int(tp), int(pp), g.size); err != nil {
+		return g, err
+	}
+	// IMPORTANT: the fake's rule, not one read in vLLM: a rank other than
+	// 0 must be headless and rank 0 must not be, as the docs launch them.
+	switch headless := pa.flags["headless"]; {
+	case g.rank > 0 && !headless:
+		return g, fmt.Errorf("capyctl-fake-engine: node rank %d runs --headless (only rank 0 serves the API)", g.rank)
+	case g.rank == 0 && headless:
+		return g, errors.New("capyctl-fake-engine: node rank 0 is the head and serves the API; it does not run --headless")
+	}
+	port, err := pa.num("master-port", 29501)
+	if err != nil || port < 0 || port > 65535 {
+		return g, fmt.Errorf("argument --master-port: invalid value: '%s'", pa.str("master-port", ""))
+	}
+	g.addr = hostPort(pa.str("master-addr", "127.0.0.1"), int(port))
+	g.lostLog = "EngineCore failed: group rank %d is gone (its connection closed); the engine is dead"
+	return g, nil
 }
 
 func orString(s, def string) string {

@@ -1,0 +1,273 @@
+// Copyright (c) CapyCTL authors
+// SPDX-License-Identifier: Apache-2.0
+
+package main
+
+import (
+	"net"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/capyctl/capyctl/plugins-testkit/simgpu"
+)
+
+// Group tests run every rank as a real process of the fake, each with a
+// simulated card of its own (its own CAPYCTL_SIMGPU_STATE), as each rank
+// of a real group runs on its own machine. The head's rendezvous port is
+// 0 and read from its log, so that no test races for a free port.
+
+// oneCard makes a simulated machine with one card of 8 GiB.
+func oneCard(t *testing.T) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "gpu.json")
+	if err := simgpu.Create(path, simgpu.DefaultDevices(1, 8<<30)); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// heldOn is what pid holds on the card of state, per tag.
+func heldOn(t *testing.T, state string, pid int) map[string]int64 {
+	t.Helper()
+	g, err := simgpu.Open(state)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := g.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]int64{}
+	for _, a := range st.Allocations {
+		if a.PID == pid {
+			out[a.Tag] += a.Bytes
+		}
+	}
+	return out
+}
+
+var rendezvousRE = regexp.MustCompile(`group rendezvous on (\S+):`)
+
+// rendezvous waits for the head's rendezvous line and returns its address.
+func (p *engineProc) rendezvous(t *testing.T) (host, port string) {
+	t.Helper()
+	var addr string
+	p.waitFor(t, "the rendezvous line", func() bool {
+		m := rendezvousRE.FindStringSubmatch(p.stdout.String())
+		if m != nil {
+			addr = m[1]
+		}
+		return m != nil
+	})
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return host, port
+}
+
+// notServing reports that nothing answers HTTP at the engine's address.
+func (p *engineProc) notServing(t *testing.T) {
+	t.Helper()
+	if status, body := p.get("/health"); status != 0 {
+		t.Fatalf("the head answers before every rank joined: %d %s", status, body)
+	}
+}
+
+// exitsWith waits for the process to end and checks its code and log.
+func (p *engineProc) exitsWith(t *testing.T, code int, stderr string) {
+	t.Helper()
+	if got := p.wait(t); got != code || !strings.Contains(p.stderr.String(), stderr) {
+		t.Fatalf("exit %d, want %d with %q on stderr:\n%s", got, code, stderr, p.stderr)
+	}
+}
+
+func TestGroup_VLLMTwoRanks(t *testing.T) {
+	model := modelDir(t, 2<<20) // each rank holds half
+	head, worker := oneCard(t), oneCard(t)
+	args := []string{"-m", vllmModule, "--model", model, "--served-model-name", "m", "--host", "127.0.0.1", "--port", "0",
+		"--tensor-parallel-size", "2", "--kv-cache-memory-bytes", "1048576", "--nnodes", "2", "--master-addr", "127.0.0.1"}
+	h := startProc(t, "/venv/bin/python", append(args, "--node-rank", "0", "--master-port", "0"),
+		"CAPYCTL_SIMGPU_STATE="+head, "VLLM_NO_USAGE_STATS=1")
+	h.waitListening(t)
+	_, port := h.rendezvous(t)
+	h.notServing(t)
+	if got := heldOn(t, head, h.cmd.Process.Pid); len(got) != 0 {
+		t.Fatalf("the head loads before the group met: %v", got)
+	}
+
+	w := startProc(t, "/venv/bin/python", append(args, "--node-rank", "1", "--master-port", port, "--headless"),
+		"CAPYCTL_SIMGPU_STATE="+worker, "VLLM_NO_USAGE_STATS=1")
+	h.waitFor(t, "the head ready", func() bool { s, _ := h.get("/health"); return s == 200 })
+	if status, body := h.chat(t, "m"); status != 200 {
+		t.Fatalf("chat: %d %s", status, body)
+	}
+	want := map[string]int64{"weights": 1 << 20, "kv_cache": 1 << 20}
+	for _, c := range []struct {
+		name, state string
+		pid         int
+	}{{"head", head, h.cmd.Process.Pid}, {"worker", worker, w.cmd.Process.Pid}} {
+		if got := heldOn(t, c.state, c.pid); got["weights"] != want["weights"] || got["kv_cache"] != want["kv_cache"] || len(got) != 2 {
+			t.Fatalf("%s holds %v on its own card, want %v", c.name, got, want)
+		}
+	}
+	if got := heldOn(t, head, w.cmd.Process.Pid); len(got) != 0 {
+		t.Fatalf("the worker holds %v on the head's card", got)
+	}
+	if strings.Contains(w.stdout.String(), "listening on") {
+		t.Fatalf("a headless worker serves HTTP:\n%s", w.stdout)
+	}
+
+	// A worker gone is fatal to the head.
+	if err := w.cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	h.exitsWith(t, 1, "group rank 1 is gone")
+}
+
+func TestGroup_SGLangThreeRanks(t *testing.T) {
+	model := modelDir(t, 3<<20) // each rank holds a third
+	cards := []string{oneCard(t), oneCard(t), oneCard(t)}
+	args := func(rank int, addr string) []string {
+		return []string{"-m", sglangModule, "--model-path", model, "--served-model-name", "m", "--host", "127.0.0.1", "--port", "0",
+			"--tp", "3", "--nnodes", "3", "--node-rank", strconv.Itoa(rank), "--dist-init-addr", addr, "--enable-metrics"}
+	}
+	h := startProc(t, "/venv/bin/python3", args(0, "127.0.0.1:0"), "CAPYCTL_SIMGPU_STATE="+cards[0], "CAPYCTL_FAKE_SIM_KV=1MiB")
+	h.waitListening(t)
+	host, port := h.rendezvous(t)
+	addr := net.JoinHostPort(host, port)
+	h.notServing(t)
+
+	workers := []*engineProc{nil}
+	for rank := 1; rank <= 2; rank++ {
+		w := startProc(t, "/venv/bin/python3", args(rank, addr), "CAPYCTL_SIMGPU_STATE="+cards[rank], "CAPYCTL_FAKE_SIM_KV=1MiB")
+		workers = append(workers, w)
+		if rank == 1 {
+			// Two of three ranks: still no answer.
+			h.waitFor(t, "rank 1 joined", func() bool { return strings.Contains(h.stdout.String(), "rank 1 joined") })
+			h.notServing(t)
+		}
+	}
+	h.waitFor(t, "the head ready", func() bool { s, _ := h.get("/health"); return s == 200 })
+	if status, body := h.chat(t, "m"); status != 200 {
+		t.Fatalf("chat: %d %s", status, body)
+	}
+	procs := append([]*engineProc{h}, workers[1:]...)
+	for rank, p := range procs {
+		got := heldOn(t, cards[rank], p.cmd.Process.Pid)
+		if got["weights"] != 1<<20 || got["kv_cache"] != 1<<20 {
+			t.Fatalf("rank %d holds %v on its own card, want 1 MiB of weights and 1 MiB of KV", rank, got)
+		}
+		for other := range cards {
+			if other != rank && len(heldOn(t, cards[other], p.cmd.Process.Pid)) != 0 {
+				t.Fatalf("rank %d holds memory on rank %d's card", rank, other)
+			}
+		}
+	}
+	// A non-zero rank serves SGLang's health check only.
+	w := workers[1]
+	w.waitListening(t)
+	if status, _ := w.get("/health"); status != 200 {
+		t.Fatalf("worker /health: %d", status)
+	}
+	if status, _ := w.get("/v1/models"); status != 404 {
+		t.Fatalf("worker /v1/models: %d, want 404 (no OpenAI API on a worker)", status)
+	}
+
+	// The head gone, every worker exits with an error.
+	if err := h.cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	for rank := 1; rank <= 2; rank++ {
+		workers[rank].exitsWith(t, 1, "group rank 0 is gone")
+	}
+}
+
+func TestGroup_TensorFoldPair(t *testing.T) {
+	model := modelDir(t, 2<<20)
+	head, worker := oneCard(t), oneCard(t)
+	args := func(rank, port string) []string {
+		return []string{"serve", model, "--name", "fold", "--host", "127.0.0.1", "--port", "0", "--tp", "2", "--rank", rank,
+			"--master", "127.0.0.1", "--master-port", port}
+	}
+	h := startProc(t, "tensorfold", args("0", "0"), "CAPYCTL_SIMGPU_STATE="+head, "CAPYCTL_FAKE_SIM_WEIGHTS=1MiB", "CAPYCTL_FAKE_SIM_KV=1MiB")
+	h.waitListening(t)
+	_, port := h.rendezvous(t)
+	// TensorFold answers /health while it loads: 503 until the pair met.
+	if status, body := h.get("/health"); status != 503 {
+		t.Fatalf("health before the pair met: %d %s", status, body)
+	}
+	w := startProc(t, "tensorfold", args("1", port), "CAPYCTL_SIMGPU_STATE="+worker, "CAPYCTL_FAKE_SIM_WEIGHTS=1MiB", "CAPYCTL_FAKE_SIM_KV=1MiB")
+	h.waitFor(t, "the head ready", func() bool { s, _ := h.get("/health"); return s == 200 })
+	if status, body := h.chat(t, "fold"); status != 200 {
+		t.Fatalf("chat: %d %s", status, body)
+	}
+	if got := heldOn(t, worker, w.cmd.Process.Pid); got["weights"] != 1<<20 {
+		t.Fatalf("rank 1 holds %v", got)
+	}
+	if err := w.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if code := w.wait(t); code != 0 {
+		t.Fatalf("rank 1 exit %d after SIGTERM", code)
+	}
+	h.exitsWith(t, 1, "rank 1) is gone")
+}
+
+func TestGroup_Refusals(t *testing.T) {
+	cases := []struct {
+		name   string
+		argv0  string
+		args   []string
+		env    []string
+		code   int
+		stderr string
+	}{
+		{name: "tensorfold three ranks", argv0: "tensorfold", args: []string{"serve", "/tmp", "--name", "f", "--tp", "3", "--rank", "0", "--master", "127.0.0.1", "--master-port", "1"},
+			code: 2, stderr: "exactly two machines"},
+		{name: "tensorfold rank without a port", argv0: "tensorfold", args: []string{"serve", "/tmp", "--name", "f", "--tp", "2", "--rank", "1", "--master", "127.0.0.1"},
+			code: 2, stderr: "--master-port"},
+		{name: "sglang without dist-init-addr", argv0: "/venv/bin/python3", args: []string{"-m", sglangModule, "--model-path", "/tmp", "--tp", "2", "--nnodes", "2", "--node-rank", "1"},
+			code: 2, stderr: "please provide --dist-init-addr"},
+		{name: "vllm machines not dividing the ranks", argv0: "/venv/bin/python", args: []string{"-m", vllmModule, "--model", "/tmp", "--tensor-parallel-size", "3", "--nnodes", "2", "--node-rank", "1", "--headless"},
+			code: 2, stderr: "does not divide"},
+		{name: "vllm worker that is not headless", argv0: "/venv/bin/python", args: []string{"-m", vllmModule, "--model", "/tmp", "--tensor-parallel-size", "2", "--nnodes", "2", "--node-rank", "1"},
+			code: 2, stderr: "--headless"},
+		{name: "vllm worker with no head", argv0: "/venv/bin/python", args: []string{"-m", vllmModule, "--model", "/tmp", "--tensor-parallel-size", "2", "--nnodes", "2", "--node-rank", "1", "--headless",
+			"--master-addr", "127.0.0.1", "--master-port", "1"}, env: []string{groupJoinTimeoutEnv + "=200ms"},
+			code: 1, stderr: "unreachable"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			p := startProc(t, c.argv0, c.args, c.env...)
+			p.exitsWith(t, c.code, c.stderr)
+		})
+	}
+}
+
+// TestGroup_WrongWorkerRefused: a worker that does not fit the head's
+// group is refused and exits; the head keeps waiting for a right one.
+func TestGroup_WrongWorkerRefused(t *testing.T) {
+	args := []string{"-m", vllmModule, "--model", t.TempDir(), "--served-model-name", "m", "--host", "127.0.0.1", "--port", "0",
+		"--tensor-parallel-size", "2", "--master-addr", "127.0.0.1"}
+	h := startProc(t, "/venv/bin/python", append(args, "--nnodes", "2", "--node-rank", "0", "--master-port", "0"), "VLLM_NO_USAGE_STATS=1")
+	_, port := h.rendezvous(t)
+	bad := startProc(t, "/venv/bin/python", []string{"-m", vllmModule, "--model", "/tmp", "--tensor-parallel-size", "4", "--nnodes", "4",
+		"--node-rank", "3", "--headless", "--master-addr", "127.0.0.1", "--master-port", port})
+	bad.exitsWith(t, 1, "nnodes 4, the head has 2")
+	h.waitListening(t)
+	h.notServing(t)
+	good := startProc(t, "/venv/bin/python", append(args, "--nnodes", "2", "--node-rank", "1", "--master-port", port, "--headless"))
+	h.waitFor(t, "the head ready", func() bool { s, _ := h.get("/health"); return s == 200 })
+	if err := h.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if code := h.wait(t); code != 0 {
+		t.Fatalf("head exit %d after SIGTERM", code)
+	}
+	good.exitsWith(t, 1, "group rank 0 is gone")
+}
