@@ -393,17 +393,30 @@ func TestState_SurvivesReopen(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, c := range []Command{
-		{Op: OpHostJoined, Host: "gpu-a"}, {Op: OpHostJoined, Host: "gpu-b"}, {Op: OpHostDrain, Host: "gpu-b", Drain: true},
+		{Op: OpHostJoined, Host: "gpu-a"}, {Op: OpHostJoined, Host: "gpu-b"}, {Op: OpHostJoined, Host: "gpu-c"}, {Op: OpHostDrain, Host: "gpu-b", Drain: true},
 		{Op: OpPlaced, Placement: &Placement{Deployment: "demo", Routes: []string{"chat"}, Hosts: []HostShare{{Host: "gpu-a", Instances: 2}}}},
 		{Op: OpPlaced, Placement: &Placement{Deployment: "gone", Hosts: []HostShare{{Host: "gpu-b", Instances: 1}}}},
-		{Op: OpUnplaced, Deployment: "gone"}, {Op: OpHostRemoved, Host: "gpu-a"},
+		{Op: OpUnplaced, Deployment: "gone"}, {Op: OpHostRemoved, Host: "gpu-c"},
 	} {
 		if err := s.Apply(c); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if err := s.Apply(Command{Op: OpHostDrain, Host: "nobody", Drain: true}); !structs.HasCode(err, structs.CodeNotFound) {
-		t.Fatalf("drain of an unknown host: %v", err)
+	// Refusals change nothing: an unknown host, a host that runs a
+	// placement, a placement on a non-member, a route another deployment
+	// answers.
+	for _, c := range []struct {
+		cmd  Command
+		code structs.Code
+	}{
+		{Command{Op: OpHostDrain, Host: "nobody", Drain: true}, structs.CodeNotFound},
+		{Command{Op: OpHostRemoved, Host: "gpu-a"}, structs.CodeConflict},
+		{Command{Op: OpPlaced, Placement: &Placement{Deployment: "x", Hosts: []HostShare{{Host: "gpu-z", Instances: 1}}}}, structs.CodeNotFound},
+		{Command{Op: OpPlaced, Placement: &Placement{Deployment: "y", Routes: []string{"chat"}, Hosts: []HostShare{{Host: "gpu-b", Instances: 1}}}}, structs.CodeConflict},
+	} {
+		if err := s.Apply(c.cmd); !structs.HasCode(err, c.code) {
+			t.Fatalf("%s: %v, want %s", c.cmd.Op, err, c.code)
+		}
 	}
 	st.Close()
 	st, err = store.Open(path, store.Options{})
@@ -415,7 +428,7 @@ func TestState_SurvivesReopen(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if hs := s.Hosts(); len(hs) != 1 || hs[0].Name != "gpu-b" || !hs[0].Drained {
+	if hs := s.Hosts(); len(hs) != 2 || hs[0].Name != "gpu-a" || hs[1].Name != "gpu-b" || !hs[1].Drained {
 		t.Fatalf("hosts after reopen: %+v", hs)
 	}
 	if p, ok := s.RouteOwner("chat"); !ok || p.Deployment != "demo" || p.Hosts[0].Instances != 2 {
@@ -425,7 +438,24 @@ func TestState_SurvivesReopen(t *testing.T) {
 		t.Fatal("an unplaced deployment came back")
 	}
 	idx, cmds, err := st.FleetLogAfter(0, 100)
-	if err != nil || len(idx) != 7 || !strings.Contains(string(cmds[6]), OpHostRemoved) {
+	if err != nil || len(idx) != 8 || !strings.Contains(string(cmds[7]), OpHostRemoved) {
 		t.Fatalf("log: %v %d entries, %v", idx, len(cmds), err)
+	}
+}
+
+func TestJoin_AMemberNameNeedsItsOwnToken(t *testing.T) {
+	s := testServer(t, ServerOptions{})
+	joinHost(t, s, "gpu-a", newFakeLocal())
+	waitReady(t, s, "gpu-a")
+	// Another machine with any host's token cannot take gpu-a's name...
+	tok, _ := s.NewJoinToken("", time.Minute)
+	_, err := NewHost(context.Background(), HostOptions{StateDir: t.TempDir(), Server: s.Addr(), JoinToken: tok.Token, Name: "gpu-a", Local: newFakeLocal()})
+	if !structs.HasCode(err, structs.CodeConflict) {
+		t.Fatalf("an unbound token for a member's name: %v, want conflict", err)
+	}
+	// ...a token made for gpu-a joins it again.
+	bound, _ := s.NewJoinToken("gpu-a", time.Minute)
+	if _, err := NewHost(context.Background(), HostOptions{StateDir: t.TempDir(), Server: s.Addr(), JoinToken: bound.Token, Name: "gpu-a", Local: newFakeLocal()}); err != nil {
+		t.Fatalf("a token bound to gpu-a: %v", err)
 	}
 }

@@ -6,6 +6,8 @@ package fleet
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -73,8 +75,8 @@ func (s *Server) hostCall(ctx context.Context, host, method, path string, hdr ht
 			h.Set(k, v)
 		}
 	}
-	if k := h.Get("Idempotency-Key"); k != "" {
-		h.Set("Idempotency-Key", k+"@"+host) // one key per host: a retry replays each host's answer
+	if k := h.Get(wire.HeaderIdempotencyKey); k != "" {
+		h.Set(wire.HeaderIdempotencyKey, k+"@"+host) // one key per host: a retry replays each host's answer
 	}
 	resp, err := s.roundTrip(ctx, host, method, wire.Prefix+path, h, "", body)
 	if err != nil {
@@ -182,6 +184,7 @@ func (s *Server) deploymentStatus(ctx context.Context, p *Placement) wire.Deploy
 				continue
 			}
 			a.st = cached
+			a.st.Instances = append([]wire.InstanceStatus(nil), cached.Instances...) // the cache's own stays as it is
 			for k := range a.st.Instances {
 				a.st.Instances[k].State = stateUncertain
 			}
@@ -306,6 +309,14 @@ func (s *Server) createDeployment(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
+	s.idempotent(w, r, data, func() (int, any, error) {
+		st, err := s.create(r, data)
+		return http.StatusCreated, st, err
+	})
+}
+
+// create places a new deployment (createDeployment).
+func (s *Server) create(r *http.Request, data []byte) (*wire.DeploymentStatus, error) {
 	var req struct {
 		Deployment       json.RawMessage `json:"deployment"`
 		Activate         bool            `json:"activate"`
@@ -314,22 +325,22 @@ func (s *Server) createDeployment(w http.ResponseWriter, r *http.Request) {
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&req); err != nil || len(req.Deployment) == 0 {
-		writeError(w, structs.Errf(structs.CodeInvalidRequest, "the body is not {deployment, activate}: %v", err))
-		return
+		return nil, structs.Errf(structs.CodeInvalidRequest, "the body is not {deployment, activate}: %v", err)
 	}
 	spec, err := jobspec.FromJSON(req.Deployment)
 	if err != nil {
-		writeError(w, err)
-		return
+		return nil, err
 	}
-	// No adoption while a placement is made: the hosts' journals of the
-	// new instances arrive before the placement is recorded.
+	// No adoption and no removal while a placement is made: the hosts'
+	// journals of the new instances arrive before it is recorded.
 	s.adoptMu.Lock()
 	defer s.adoptMu.Unlock()
 	if p, ok := s.State.Placement(spec.Name); ok {
-		writeError(w, structs.Errf(structs.CodeConflict, "deployment %s exists at revision %d: update it with PUT and expected_revision (capyctl deploy --revision %d)",
-			spec.Name, p.Revision, p.Revision).WithDetail("current_revision", p.Revision))
-		return
+		return nil, structs.Errf(structs.CodeConflict, "deployment %s exists at revision %d: update it with PUT and expected_revision (capyctl deploy --revision %d)",
+			spec.Name, p.Revision, p.Revision).WithDetail("current_revision", p.Revision)
+	}
+	if err := s.State.RoutesFree(spec.Name, spec.Routes); err != nil {
+		return nil, err
 	}
 	n := spec.Instances
 	if n <= 0 {
@@ -337,38 +348,48 @@ func (s *Server) createDeployment(w http.ResponseWriter, r *http.Request) {
 	}
 	cands := s.candidates(spec.Placement)
 	if len(cands) == 0 && spec.Placement != nil && len(spec.Placement.Hosts) > 0 && s.allDraining(spec.Placement.Hosts) {
-		writeError(w, structs.Errf(structs.CodeHostDraining, "every host placement.hosts names (%s) is draining: capyctl drain host NAME --resume",
-			strings.Join(spec.Placement.Hosts, ", ")).WithDetail("hosts", spec.Placement.Hosts))
-		return
+		return nil, structs.Errf(structs.CodeHostDraining, "every host placement.hosts names (%s) is draining: capyctl drain host NAME --resume",
+			strings.Join(spec.Placement.Hosts, ", ")).WithDetail("hosts", spec.Placement.Hosts)
 	}
 	if len(cands) == 0 {
-		writeError(w, structs.Errf(structs.CodeCapacityBlocked, "no host takes placements now (none joined, every one lost or draining%s): capyctl list hosts",
-			hostsClause(spec.Placement)).WithDetail("hosts", map[string]any{}))
-		return
+		return nil, structs.Errf(structs.CodeCapacityBlocked, "no host takes placements now (none joined, every one lost or draining%s): capyctl list hosts",
+			hostsClause(spec.Placement)).WithDetail("hosts", map[string]any{})
 	}
-	shares, refusals, err := s.placeShares(r, spec.Name, req.Deployment, req.Activate, n, cands)
+	// The shares are made and, on a refusal, undone even when the client
+	// hangs up meanwhile: an engine the server does not know of must not
+	// be left behind.
+	ctx := context.WithoutCancel(r.Context())
+	attempt := newAttempt()
+	shares, refusals, err := s.placeShares(ctx, r.Header, attempt, spec.Name, req.Deployment, req.Activate, n, cands)
 	if err != nil {
-		writeError(w, err)
-		return
+		return nil, err
 	}
 	if len(shares) == 0 || sumShares(shares) < n {
-		s.rollback(r.Context(), spec.Name, shares)
-		writeError(w, structs.Errf(structs.CodeCapacityBlocked, "no placement for %d instance(s) of %s: %s", n, spec.Name, describeRefusals(refusals)).
-			WithDetail("hosts", refusals))
-		return
+		s.rollback(ctx, spec.Name, shares)
+		return nil, structs.Errf(structs.CodeCapacityBlocked, "no placement for %d instance(s) of %s: %s", n, spec.Name, describeRefusals(refusals)).
+			WithDetail("hosts", refusals)
 	}
 	p := &Placement{Deployment: spec.Name, Hosts: shares, Routes: spec.Routes, Revision: 1, At: time.Now().UTC()}
 	if err := s.State.Apply(Command{Op: OpPlaced, Placement: p}); err != nil {
-		s.rollback(r.Context(), spec.Name, shares)
-		writeError(w, err)
-		return
+		s.rollback(ctx, spec.Name, shares)
+		return nil, err
 	}
-	st := s.deploymentStatus(r.Context(), p)
+	st := s.deploymentStatus(ctx, p)
 	if st.Revision != 0 && st.Revision != p.Revision {
 		p.Revision = st.Revision
 		_ = s.State.Apply(Command{Op: OpPlaced, Placement: p})
 	}
-	writeJSON(w, http.StatusCreated, st)
+	return &st, nil
+}
+
+// newAttempt names one placement attempt: the hosts' idempotency keys are
+// the client's key, the host and the attempt, so a retry after a rolled
+// back attempt is carried out again rather than replayed from a host that
+// undid it (the server's own receipt replays a retry of a success).
+func newAttempt() string {
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
 }
 
 func hostsClause(ps *structs.PlacementSpec) string {
@@ -442,7 +463,7 @@ var capacityCodes = map[structs.Code]bool{
 // candidate in turn, then round again, until n are placed or every host
 // refused. It returns the shares placed and each refusing host's answer.
 // A refusal that is not about room (a bad spec) ends the placement.
-func (s *Server) placeShares(r *http.Request, name string, depJSON json.RawMessage, activate bool, n int, cands []candidate) ([]HostShare, map[string]any, error) {
+func (s *Server) placeShares(ctx context.Context, hdr http.Header, attempt, name string, depJSON json.RawMessage, activate bool, n int, cands []candidate) ([]HostShare, map[string]any, error) {
 	want := map[string]int{}
 	order := []string{}
 	for i := 0; i < n; i++ {
@@ -462,7 +483,11 @@ func (s *Server) placeShares(r *http.Request, name string, depJSON json.RawMessa
 		if err != nil {
 			return false, err
 		}
-		status, data, err := s.hostCall(r.Context(), host, http.MethodPost, "/deployments", r.Header, body)
+		h := hdr.Clone()
+		if k := h.Get(wire.HeaderIdempotencyKey); k != "" {
+			h.Set(wire.HeaderIdempotencyKey, k+"#"+attempt)
+		}
+		status, data, err := s.hostCall(ctx, host, http.MethodPost, "/deployments", h, body)
 		if err == nil && (status == http.StatusCreated || status == http.StatusOK) {
 			shares = append(shares, HostShare{Host: host, Instances: count})
 			return true, nil
@@ -472,9 +497,12 @@ func (s *Server) placeShares(r *http.Request, name string, depJSON json.RawMessa
 		}
 		e := structs.AsError(err)
 		refusals[host] = map[string]any{"code": string(e.Code), "message": e.Message, "details": e.Details}
-		// The host may keep a record of a refused activation: remove it.
-		if status != 0 && e.Code != structs.CodeConflict {
-			_, _, _ = s.hostCall(r.Context(), host, http.MethodDelete, "/deployments/"+url.PathEscape(name), nil, nil)
+		// The host may keep a record of a refused activation, or may have
+		// made the deployment before its answer was lost: remove it (a
+		// host that has none answers not_found). A conflict is a
+		// deployment of that name the host had before: not ours.
+		if e.Code != structs.CodeConflict {
+			_, _, _ = s.hostCall(ctx, host, http.MethodDelete, "/deployments/"+url.PathEscape(name), nil, nil)
 		}
 		if !capacityCodes[e.Code] {
 			return false, err
@@ -484,7 +512,7 @@ func (s *Server) placeShares(r *http.Request, name string, depJSON json.RawMessa
 	for _, host := range order {
 		ok, err := tryHost(host, want[host])
 		if err != nil {
-			s.rollback(r.Context(), name, shares)
+			s.rollback(ctx, name, shares)
 			return nil, refusals, err
 		}
 		if !ok {
@@ -501,7 +529,7 @@ func (s *Server) placeShares(r *http.Request, name string, depJSON json.RawMessa
 		}
 		ok, err := tryHost(c.host, 1)
 		if err != nil {
-			s.rollback(r.Context(), name, shares)
+			s.rollback(ctx, name, shares)
 			return nil, refusals, err
 		}
 		if ok {
@@ -535,8 +563,11 @@ func describeRefusals(refusals map[string]any) string {
 	return strings.Join(parts, "; ")
 }
 
-// rollback deletes the shares a failed placement already made.
+// rollback deletes the shares a failed placement already made, whatever
+// happened to the request that made them.
 func (s *Server) rollback(ctx context.Context, name string, shares []HostShare) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), hostCallTimeout)
+	defer cancel()
 	for _, sh := range shares {
 		_, _, _ = s.hostCall(ctx, sh.Host, http.MethodDelete, "/deployments/"+url.PathEscape(name), nil, nil)
 	}

@@ -13,8 +13,8 @@ import (
 	"log"
 	"net"
 	"net/http"
-	"os"
 	"net/url"
+	"os"
 	"path/filepath"
 	"slices"
 	"sort"
@@ -82,7 +82,8 @@ type Server struct {
 	turn  uint // rotates the relay's ties
 
 	metrics http.Handler
-	adoptMu sync.Mutex // one adoption at a time
+	adoptMu sync.Mutex // one adoption, placement, deletion or removal at a time
+	keys    keyLocks   // the Idempotency-Keys under way
 	// lastStatus keeps each host's last answer for a deployment (mgmt.go).
 	lastStatus statusCache
 
@@ -106,6 +107,7 @@ type liveHost struct {
 
 	linkGen    uint64
 	linkCancel context.CancelFunc // nil: no link
+	adoptDue   bool               // an adoption is scheduled
 	relay      *http2.ClientConn
 	relayConn  net.Conn
 	inFlight   int64
@@ -140,13 +142,14 @@ func NewServer(o ServerOptions) (*Server, error) {
 	if advertise == "" {
 		advertise = advertiseOf(ln.Addr().String())
 	}
-	names, ips := serverNames(advertise)
-	auth, err := pki.NewAuthority(pki.AuthorityOptions{CA: ca, Store: tokens, ServerNames: names, ServerIPs: ips, HostCertLifetime: o.HostCertLifetime})
+	state, err := OpenState(o.Store)
 	if err != nil {
 		ln.Close()
 		return nil, err
 	}
-	state, err := OpenState(o.Store)
+	names, ips := serverNames(advertise)
+	auth, err := pki.NewAuthority(pki.AuthorityOptions{CA: ca, Store: tokens, ServerNames: names, ServerIPs: ips, HostCertLifetime: o.HostCertLifetime,
+		Member: func(name string) bool { _, ok := state.Host(name); return ok }})
 	if err != nil {
 		ln.Close()
 		return nil, err
@@ -422,6 +425,11 @@ func (s *Server) attachRelay(tc *tls.Conn, cs tls.ConnectionState) {
 		return
 	}
 	s.mu.Lock()
+	if _, member := s.State.Host(name); !member { // removed meanwhile
+		s.mu.Unlock()
+		tc.Close()
+		return
+	}
 	h := s.hostLocked(name)
 	old := h.relayConn
 	h.relay, h.relayConn = cc, tc
@@ -493,6 +501,10 @@ func (s *Server) Connect(stream hostv1.HostLink_ConnectServer) error {
 		expiry = cert.NotAfter
 	}
 	s.mu.Lock()
+	if _, member := s.State.Host(name); !member { // removed meanwhile
+		s.mu.Unlock()
+		return refuse(structs.Errf(structs.CodeHostRevoked, "host %q was removed from this server; join again with a new token", name))
+	}
 	h := s.hostLocked(name)
 	if h.linkCancel != nil {
 		h.linkCancel() // one link per host: the newer one wins
@@ -506,13 +518,14 @@ func (s *Server) Connect(stream hostv1.HostLink_ConnectServer) error {
 	for _, j := range hello.GetInstances() {
 		h.journals[j.GetInstanceId()] = j
 	}
+	addr := h.addr
 	s.mu.Unlock()
 	defer s.linkDown(name, gen)
 	if wasLost {
 		s.event("host_reconnected", name, map[string]any{"instances": len(hello.GetInstances())})
 	}
-	go s.adopt(ctx, name)
-	s.logger.Info("host link up", "host", name, "address", h.addr, "instances", len(hello.GetInstances()))
+	s.adoptLater(name)
+	s.logger.Info("host link up", "host", name, "address", addr, "instances", len(hello.GetInstances()))
 	if err := stream.Send(&hostv1.ServerMessage{Body: &hostv1.ServerMessage_Welcome{Welcome: &hostv1.Welcome{
 		Accepted: true, ServerTimeUnixMs: time.Now().UnixMilli(), HeartbeatIntervalMs: s.o.Heartbeat.Milliseconds(), Protocol: 1}}}); err != nil {
 		return err
@@ -582,11 +595,36 @@ func (s *Server) onHostMessage(name string, gen uint64, m *hostv1.HostMessage) {
 			delete(h.journals, j.GetInstanceId())
 		} else {
 			h.journals[j.GetInstanceId()] = j
-			if _, placed := s.State.Placement(j.GetDeployment()); !placed && s.ctx != nil {
-				go s.adopt(s.ctx, name) // a deployment made on the host itself
+			if _, placed := s.State.Placement(j.GetDeployment()); !placed {
+				s.adoptLaterLocked(h) // a deployment made on the host itself
 			}
 		}
 	}
+}
+
+// adoptLater runs adopt for a host once, in the background, unless one is
+// already due for it.
+func (s *Server) adoptLater(name string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if h := s.hosts[name]; h != nil {
+		s.adoptLaterLocked(h)
+	}
+}
+
+// adoptLaterLocked is adoptLater with mu held.
+func (s *Server) adoptLaterLocked(h *liveHost) {
+	if h.adoptDue || s.ctx == nil || s.ctx.Err() != nil {
+		return
+	}
+	h.adoptDue = true
+	name := h.name
+	s.goRun(func() {
+		s.mu.Lock()
+		h.adoptDue = false
+		s.mu.Unlock()
+		s.adopt(s.ctx, name)
+	})
 }
 
 // adopt places on the server the deployments a host runs that the server
@@ -803,6 +841,8 @@ func (s *Server) Drain(name string, drain bool) error {
 // it (api.Fleet). Deployments placed on it must be moved or deleted
 // first.
 func (s *Server) Remove(name string) error {
+	s.adoptMu.Lock() // no placement or adoption naming it meanwhile
+	defer s.adoptMu.Unlock()
 	if _, ok := s.State.Host(name); !ok {
 		return structs.Errf(structs.CodeNotFound, "no host %s (capyctl list hosts)", name)
 	}

@@ -199,9 +199,25 @@ func (s *State) apply(fs *store.FleetState, c Command) (func(), error) {
 		h.Drained = c.Drain
 		return func() { s.hosts[c.Host] = h }, fs.Put("host/"+c.Host, h)
 	case OpHostRemoved:
+		for _, p := range s.placements {
+			for _, hs := range p.Hosts {
+				if hs.Host == c.Host {
+					return nil, structs.Errf(structs.CodeConflict, "host %s runs part of deployment %s: delete it first", c.Host, p.Deployment).
+						WithDetail("deployment", p.Deployment)
+				}
+			}
+		}
 		return func() { delete(s.hosts, c.Host) }, fs.Delete("host/" + c.Host)
 	case OpPlaced:
 		p := *c.Placement
+		for _, hs := range p.Hosts {
+			if _, ok := s.hosts[hs.Host]; !ok {
+				return nil, structs.Errf(structs.CodeNotFound, "deployment %s names host %s, which is not a member", p.Deployment, hs.Host)
+			}
+		}
+		if err := s.routesFreeLocked(p.Deployment, p.Routes); err != nil {
+			return nil, err
+		}
 		return func() { s.placements[p.Deployment] = &p; s.rebuildRoutes() }, fs.Put("placement/"+p.Deployment, p)
 	case OpUnplaced:
 		return func() { delete(s.placements, c.Deployment); s.rebuildRoutes() }, fs.Delete("placement/" + c.Deployment)
@@ -256,14 +272,38 @@ func (s *State) Placements() []*Placement {
 	return out
 }
 
+// RoutesFree refuses a deployment whose name or routes another placed
+// deployment answers already (conflict), as a standalone role does.
+func (s *State) RoutesFree(dep string, routes []string) error {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.routesFreeLocked(dep, routes)
+}
+
+func (s *State) routesFreeLocked(dep string, routes []string) error {
+	for _, r := range append([]string{dep}, routes...) {
+		if owner, ok := s.routes[r]; ok && owner != dep {
+			return structs.Errf(structs.CodeConflict, "route %q is already served by deployment %q", r, owner).
+				WithDetail("route", r).WithDetail("deployment", owner)
+		}
+	}
+	return nil
+}
+
 // rebuildRoutes rebuilds the model name index; the caller holds mu. A
-// deployment's own name answers first, then its routes.
+// deployment's own name answers first, then its routes; deployments are
+// taken by name, so the index never depends on map order.
 func (s *State) rebuildRoutes() {
 	routes := make(map[string]string, len(s.placements)*2)
-	for _, p := range s.placements {
-		for _, r := range p.Routes {
+	names := make([]string, 0, len(s.placements))
+	for name := range s.placements {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		for _, r := range s.placements[name].Routes {
 			if _, taken := routes[r]; !taken {
-				routes[r] = p.Deployment
+				routes[r] = name
 			}
 		}
 	}

@@ -37,6 +37,10 @@ type AuthorityOptions struct {
 	ServerIPs   []net.IP
 	// HostCertLifetime is a host certificate's validity (0: 24 h).
 	HostCertLifetime time.Duration
+	// Member reports whether a host name belongs to a joined host (nil:
+	// none does). A token not bound to that name cannot enrol it: whoever
+	// holds some other host's token must not take over a member's name.
+	Member func(name string) bool
 	// Now is the clock (nil: time.Now); TLS verification uses it too.
 	Now func() time.Time
 }
@@ -50,6 +54,7 @@ type Authority struct {
 	ips      []net.IP
 	lifetime time.Duration
 	now      func() time.Time
+	member   func(string) bool
 
 	mu         sync.RWMutex
 	revoked    map[string]time.Time
@@ -71,6 +76,7 @@ func NewAuthority(o AuthorityOptions) (*Authority, error) {
 		ips:      o.ServerIPs,
 		lifetime: o.HostCertLifetime,
 		now:      o.Now,
+		member:   o.Member,
 	}
 	if a.lifetime <= 0 {
 		a.lifetime = DefaultHostCertLifetime
@@ -189,6 +195,9 @@ func (a *Authority) Enroll(req EnrollRequest) (*Issued, error) {
 	case rec.HostName != "" && rec.HostName != name:
 		return nil, structs.Errf(structs.CodeHostNameChanged, "the join token is for host %q, the request names %q", rec.HostName, name).
 			WithDetail("token_host", rec.HostName).WithDetail("host", name)
+	case a.member != nil && a.member(name) && rec.HostName != name:
+		return nil, structs.Errf(structs.CodeConflict, "host %q has joined already: a token made for it (capyctl create join-token --host %s) joins it again; remove it first to give its name to another machine", name, name).
+			WithDetail("host", name)
 	case previous != nil && previous.Subject.CommonName != name:
 		return nil, structs.Errf(structs.CodeHostNameChanged, "this host joined as %q and now names itself %q; remove the old host or restore its name", previous.Subject.CommonName, name).
 			WithDetail("previous", previous.Subject.CommonName).WithDetail("host", name)
