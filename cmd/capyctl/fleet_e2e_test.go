@@ -478,6 +478,10 @@ func TestFleet_JoinRefusals(t *testing.T) {
 	poll.Until(t, 15*time.Second, "the removed host told it is refused", func() bool {
 		return strings.Contains(host.Output(), "the server refuses this host's certificate")
 	})
+	poll.Until(t, 30*time.Second, "the removed host's role stops (host_revoked)", host.Exited)
+	if !strings.Contains(host.Output(), "host_revoked") {
+		t.Fatalf("the removed host stopped without host_revoked:\n%s", host.Output())
+	}
 	if hs := f.hostList(); len(hs) != 0 {
 		t.Fatalf("the removed host came back: %+v", hs)
 	}

@@ -63,7 +63,7 @@ func (a *Agent) startServer() error {
 		backend.Config = func() *wire.RoleConfig { return rc }
 	}
 	iopts, mopts := a.s.Listener.options("inference", a.logger), a.s.Listener.options("management", a.logger)
-	a.inferenceSrv = api.NewServer(a.Fleet.InferenceHandler(a.Creds.APIKey, a.s.MaxBodyBytes), iopts)
+	a.inferenceSrv = api.NewServer(api.BodyDeadline(a.Fleet.InferenceHandler(a.Creds.APIKey, a.s.MaxBodyBytes), iopts.BodyReadTimeout), iopts)
 	a.mgmtSrv = api.NewServer(api.BodyDeadline(api.NewManagementHandler(backend, a.Creds.AdminToken), mopts.BodyReadTimeout), mopts)
 	a.serve()
 	return a.writeRunInfo()

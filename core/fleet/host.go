@@ -348,8 +348,10 @@ func backoff(ctx context.Context, attempt int) bool {
 
 // runLink keeps the Connect stream open, reconnecting with backoff.
 func (h *Host) runLink(ctx context.Context) {
+	refused := 0 // handshakes refused in a row after a link the server took
+	linkedOnce := false
 	for attempt := 0; ctx.Err() == nil; attempt++ {
-		err := h.link(ctx, func() { attempt = 0 })
+		err := h.link(ctx, func() { attempt, refused, linkedOnce = 0, 0, true })
 		h.mu.Lock()
 		h.linked, h.lastErr = false, err
 		h.mu.Unlock()
@@ -367,6 +369,15 @@ func (h *Host) runLink(ctx context.Context) {
 			// TLS says no more: the server refused the certificate itself.
 			h.logger.Error("the server refuses this host's certificate: the host was removed (capyctl remove host), or its certificate expired; "+
 				"stop the host, delete its host-pki directory and start it again with a new join token", "server", h.o.Server, "state", hostPKIDir(h.o.StateDir))
+			// A server that took this certificate before and refuses it now,
+			// again and again, has removed the host: stop for good (exit 3).
+			if refused++; linkedOnce && refused >= 3 {
+				select {
+				case h.fatal <- structs.Errf(structs.CodeHostRevoked, "the server at %s refuses this host's certificate: the host was removed, or its certificate expired; join again with a new token", h.o.Server):
+				default:
+				}
+				return
+			}
 		} else {
 			h.logger.Warn("host link down; reconnecting", "server", h.o.Server, "error", err)
 		}

@@ -34,7 +34,8 @@ func (s *Server) metricsHandler() http.Handler {
 		}
 		s.mu.Unlock()
 	}})
-	return promhttp.HandlerFor(reg, promhttp.HandlerOpts{})
+	// Uncompressed: the hosts' series are appended as text after these.
+	return promhttp.HandlerFor(reg, promhttp.HandlerOpts{DisableCompression: true})
 }
 
 // collectorFunc is a prometheus.Collector of a function.

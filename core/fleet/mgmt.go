@@ -34,6 +34,11 @@ const stateUncertain = "uncertain"
 // maxMgmtBody bounds a management body the server relays.
 const maxMgmtBody = 1 << 20
 
+// fanOutTimeout bounds a read asked of every host (the engines, the
+// views, the metrics, the models): a host that does not answer in time is
+// left out of the answer.
+const fanOutTimeout = 5 * time.Second
+
 // hostCallTimeout bounds one management call to a host (a deploy waits
 // for the engine's activation on the host: the host's own bound is 2 min).
 const hostCallTimeout = 150 * time.Second
@@ -829,6 +834,8 @@ func (s *Server) listEngines(w http.ResponseWriter, r *http.Request) {
 func (s *Server) engines(ctx context.Context) []wire.Engine {
 	seen := map[string]bool{}
 	out := []wire.Engine{}
+	ctx, cancel := context.WithTimeout(ctx, fanOutTimeout)
+	defer cancel()
 	for _, host := range s.reachable() {
 		status, data, err := s.hostCall(ctx, host, http.MethodGet, "/engines", nil, nil)
 		if err != nil || status != http.StatusOK {
@@ -912,8 +919,10 @@ func (s *Server) hostLedger(w http.ResponseWriter, r *http.Request) {
 // that decoded, by host.
 func (s *Server) hostViews(r *http.Request, v func() any) map[string]any {
 	out := map[string]any{}
+	ctx, cancel := context.WithTimeout(r.Context(), fanOutTimeout)
+	defer cancel()
 	for _, host := range s.reachable() {
-		status, data, err := s.hostCall(r.Context(), host, http.MethodGet, strings.TrimPrefix(r.URL.RequestURI(), wire.Prefix), nil, nil)
+		status, data, err := s.hostCall(ctx, host, http.MethodGet, strings.TrimPrefix(r.URL.RequestURI(), wire.Prefix), nil, nil)
 		if err != nil || status != http.StatusOK {
 			continue
 		}
@@ -1016,17 +1025,22 @@ func (s *Server) latencyView(w http.ResponseWriter, r *http.Request) {
 // reachable host's, each of those labelled with its host.
 func (s *Server) perHostText(w http.ResponseWriter, r *http.Request) {
 	r.Header.Del("Accept") // the text format, which the hosts' series follow
+	r.Header.Del("Accept-Encoding")
 	s.metrics.ServeHTTP(w, r)
 	for _, host := range s.reachable() {
-		resp, err := s.roundTrip(r.Context(), host, http.MethodGet, "/metrics", nil, "", nil)
-		if err != nil {
-			continue
-		}
-		data, _ := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
-		resp.Body.Close()
-		if resp.StatusCode == http.StatusOK {
-			_, _ = w.Write(labelHost(data, host))
-		}
+		func() {
+			ctx, cancel := context.WithTimeout(r.Context(), fanOutTimeout)
+			defer cancel()
+			resp, err := s.roundTrip(ctx, host, http.MethodGet, "/metrics", nil, "", nil)
+			if err != nil {
+				return
+			}
+			data, _ := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				_, _ = w.Write(labelHost(data, host))
+			}
+		}()
 	}
 }
 

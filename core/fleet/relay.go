@@ -128,7 +128,7 @@ func (s *Server) pick(hosts []string) (string, func()) {
 	s.turn++
 	for i := range hosts {
 		h := s.hosts[hosts[(i+int(s.turn))%len(hosts)]]
-		if h == nil || h.linkCancel == nil || h.relay == nil || !h.relay.CanTakeNewRequest() {
+		if h == nil || h.linkCancel == nil || !relayUp(h.relay) {
 			continue
 		}
 		if best == nil || h.inFlight < best.inFlight {
@@ -192,7 +192,11 @@ func copyAnswer(w http.ResponseWriter, resp *http.Response) {
 	}
 	w.WriteHeader(resp.StatusCode)
 	if !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
-		_, _ = io.Copy(w, resp.Body) // a whole answer: net/http's buffers, one flush at the end
+		// A whole answer: net/http's buffers, one flush at the end. An
+		// answer the host cut short is cut here too, never completed.
+		if _, err := io.Copy(w, resp.Body); err != nil {
+			panic(http.ErrAbortHandler)
+		}
 		return
 	}
 	rc := http.NewResponseController(w)
@@ -208,6 +212,9 @@ func copyAnswer(w http.ResponseWriter, resp *http.Response) {
 			_ = rc.Flush()
 		}
 		if err != nil {
+			if !errors.Is(err, io.EOF) {
+				panic(http.ErrAbortHandler) // cut short: no final chunk that would make it look whole
+			}
 			return
 		}
 	}
@@ -218,8 +225,10 @@ func copyAnswer(w http.ResponseWriter, resp *http.Response) {
 func (s *Server) models(w http.ResponseWriter, r *http.Request) {
 	type model = map[string]any
 	seen := map[string]model{}
+	ctx, cancel := context.WithTimeout(r.Context(), fanOutTimeout)
+	defer cancel()
 	for _, name := range s.reachable() {
-		resp, err := s.roundTrip(r.Context(), name, http.MethodGet, "/v1/models", nil, "", nil)
+		resp, err := s.roundTrip(ctx, name, http.MethodGet, "/v1/models", nil, "", nil)
 		if err != nil {
 			continue
 		}
@@ -256,7 +265,7 @@ func (s *Server) reachable() []string {
 	defer s.mu.Unlock()
 	var out []string
 	for name, h := range s.hosts {
-		if h.linkCancel != nil && h.relay != nil {
+		if h.linkCancel != nil && relayUp(h.relay) {
 			out = append(out, name)
 		}
 	}

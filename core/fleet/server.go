@@ -210,8 +210,13 @@ func (s *Server) Start() {
 	s.grpcSrv = grpc.NewServer(grpc.Creds(handshaken{}))
 	hostv1.RegisterHostLinkServer(s.grpcSrv, s)
 	quiet := log.New(io.Discard, "", 0)
-	s.joinSrv = &http.Server{Handler: http.HandlerFunc(s.serveJoin), ReadHeaderTimeout: handshakeTimeout, ErrorLog: quiet}
-	s.renewSrv = &http.Server{Handler: http.HandlerFunc(s.serveRenew), ReadHeaderTimeout: handshakeTimeout, ErrorLog: quiet}
+	// A join or a renewal is one small request: a connection that does not
+	// send it at once, or idles after it, is closed (the join listener takes
+	// connections without a certificate).
+	s.joinSrv = &http.Server{Handler: http.HandlerFunc(s.serveJoin), ReadHeaderTimeout: handshakeTimeout, ReadTimeout: handshakeTimeout,
+		WriteTimeout: handshakeTimeout, IdleTimeout: handshakeTimeout, MaxHeaderBytes: 16 << 10, ErrorLog: quiet}
+	s.renewSrv = &http.Server{Handler: http.HandlerFunc(s.serveRenew), ReadHeaderTimeout: handshakeTimeout, ReadTimeout: handshakeTimeout,
+		WriteTimeout: handshakeTimeout, IdleTimeout: handshakeTimeout, MaxHeaderBytes: 16 << 10, ErrorLog: quiet}
 	s.goRun(func() { _ = s.grpcSrv.Serve(s.linkQ) })
 	s.goRun(func() { _ = s.joinSrv.Serve(s.joinQ) })
 	s.goRun(func() { _ = s.renewSrv.Serve(s.renewQ) })
@@ -456,10 +461,20 @@ func (s *Server) relayOf(name string) (*http2.ClientConn, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	h := s.hosts[name]
-	if h == nil || h.linkCancel == nil || h.relay == nil || !h.relay.CanTakeNewRequest() {
+	if h == nil || h.linkCancel == nil || !relayUp(h.relay) {
 		return nil, false
 	}
 	return h.relay, true
+}
+
+// relayUp reports whether a relay connection is open. A relay with every
+// stream slot taken is busy, not gone: its requests wait for a slot.
+func relayUp(cc *http2.ClientConn) bool {
+	if cc == nil {
+		return false
+	}
+	st := cc.State()
+	return !st.Closed && !st.Closing
 }
 
 // ---------------------------------------------------------------- host link
@@ -719,11 +734,22 @@ func (s *Server) watchLost() {
 			return
 		case <-t.C:
 		}
-		limit := time.Now().Add(-lostAfterBeats * s.o.Heartbeat)
+		now := time.Now()
+		limit := now.Add(-lostAfterBeats * s.o.Heartbeat)
 		s.mu.Lock()
 		for _, h := range s.hosts {
 			if h.linkCancel != nil && h.lastSeen.Before(limit) {
 				h.linkCancel()
+			}
+			// A connection outlives the certificate it was opened with:
+			// once that expired, the host must come back with a renewed one.
+			if !h.certExpiry.IsZero() && now.After(h.certExpiry) {
+				if h.linkCancel != nil {
+					h.linkCancel()
+				}
+				if h.relayConn != nil {
+					h.relayConn.Close()
+				}
 			}
 		}
 		s.mu.Unlock()
@@ -769,7 +795,7 @@ func (s *Server) hostView(rec HostRecord) wire.Host {
 		t := h.certExpiry.UTC()
 		v.CertExpiresAt = &t
 	}
-	up := h.linkCancel != nil && h.relay != nil
+	up := h.linkCancel != nil && relayUp(h.relay)
 	v.Online = up
 	switch {
 	case !up:
@@ -891,7 +917,7 @@ func (s *Server) placeable(name string) (free int64, ok bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	h := s.hosts[name]
-	if h == nil || h.linkCancel == nil || h.relay == nil {
+	if h == nil || h.linkCancel == nil || !relayUp(h.relay) {
 		return 0, false
 	}
 	for _, r := range h.readings {
