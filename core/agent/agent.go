@@ -633,6 +633,9 @@ func (a *Agent) Shutdown(ctx context.Context, stopEngines bool) {
 	if a.Router != nil {
 		a.Router.Drain(dctx)
 	}
+	if a.Fleet != nil {
+		a.Fleet.DrainStreams(dctx) // the streams the server relays, taken over from net/http
+	}
 	cancel()
 	if a.Fleet != nil {
 		a.Fleet.Close()

@@ -646,6 +646,10 @@ func (s *Server) toEveryHost(w http.ResponseWriter, r *http.Request) {
 			writeError(w, err)
 			return
 		}
+		if err := s.sameRevision(r.Context(), body, p); err != nil {
+			writeError(w, err)
+			return
+		}
 	}
 	path := strings.TrimPrefix(r.URL.Path, wire.Prefix)
 	code := http.StatusOK
@@ -701,6 +705,36 @@ func sameInstances(body []byte, p *Placement) error {
 	if n, placed := req.Deployment.Instances, sumShares(p.Hosts); n != 0 && n != placed {
 		return structs.Errf(structs.CodeUnsupported, "deployment %s runs %d instance(s) over hosts %v; a server does not re-spread an update's %d: delete it and deploy it again",
 			p.Deployment, placed, p.HostNames(), n).WithDetail("instances", placed)
+	}
+	return nil
+}
+
+// sameRevision checks, before any host is changed, that every host of the
+// deployment runs the revision an update names: an update refused by one
+// host after another took it would leave them at different revisions.
+func (s *Server) sameRevision(ctx context.Context, body []byte, p *Placement) error {
+	var req struct {
+		ExpectedRevision uint64 `json:"expected_revision"`
+	}
+	if err := json.Unmarshal(body, &req); err != nil {
+		return structs.Errf(structs.CodeInvalidRequest, "the body is not valid JSON: %v", err)
+	}
+	for _, host := range p.HostNames() {
+		status, data, err := s.hostCall(ctx, host, http.MethodGet, "/deployments/"+url.PathEscape(p.Deployment), nil, nil)
+		if err == nil && status != http.StatusOK {
+			err = hostError(host, status, data)
+		}
+		if err != nil {
+			return err
+		}
+		var st wire.DeploymentStatus
+		if err := json.Unmarshal(data, &st); err != nil {
+			return structs.Wrap(structs.CodeInternal, err, "host %s's status of %s", host, p.Deployment)
+		}
+		if req.ExpectedRevision != 0 && st.Revision != req.ExpectedRevision {
+			return structs.Errf(structs.CodeRevisionConflict, "deployment %s is at revision %d on host %s, not %d", p.Deployment, st.Revision, host, req.ExpectedRevision).
+				WithDetail("host", host).WithDetail("current_revision", st.Revision)
+		}
 	}
 	return nil
 }

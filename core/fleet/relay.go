@@ -10,9 +10,11 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/capyctl/capyctl/core/api"
 	"github.com/capyctl/capyctl/core/router"
@@ -80,25 +82,47 @@ func (s *Server) relayInference(w http.ResponseWriter, r *http.Request, maxBody 
 		router.WriteError(w, structs.Errf(structs.CodeUnknownModel, "no deployment serves model %q (GET /v1/models lists them)", head.Model))
 		return
 	}
-	host, done := s.pick(p.HostNames())
-	if host == "" {
-		e := structs.Errf(structs.CodeHostUnreachable, "every host of deployment %s is out of reach of the server (%v); its instances are uncertain", p.Deployment, p.HostNames()).
-			WithDetail("deployment", p.Deployment).WithDetail("hosts", p.HostNames())
-		e.RetryAfter = int(2*s.o.Heartbeat.Seconds()) + 1
-		router.WriteError(w, e)
-		return
-	}
-	// The relayed stream's context is the client's until the answer's head
-	// arrives; a streamed answer then outlives the handler (takeOver).
-	rctx, cancel := context.WithCancel(context.WithoutCancel(r.Context()))
-	unhook := context.AfterFunc(r.Context(), cancel)
-	resp, err := s.roundTrip(rctx, host, r.Method, r.URL.RequestURI(), r.Header, "", body)
-	if err != nil {
+	// A request that never left the server (the host's relay closed
+	// between the pick and the send) goes to another replica; one the host
+	// may have received is not sent twice.
+	var (
+		host, tried string
+		done        func()
+		resp        *http.Response
+		rctx        context.Context
+		cancel      context.CancelFunc
+		unhook      func() bool
+		hosts       = p.HostNames()
+	)
+	for attempt := 0; ; attempt++ {
+		host, done = s.pick(hosts)
+		if host == "" {
+			e := structs.Errf(structs.CodeHostUnreachable, "every host of deployment %s is out of reach of the server (%v); its instances are uncertain", p.Deployment, p.HostNames()).
+				WithDetail("deployment", p.Deployment).WithDetail("hosts", p.HostNames())
+			e.RetryAfter = int(2*s.o.Heartbeat.Seconds()) + 1
+			router.WriteError(w, e)
+			return
+		}
+		// The relayed stream's context is the client's until the answer's
+		// head arrives; a streamed answer then outlives the handler
+		// (takeOver).
+		rctx, cancel = context.WithCancel(context.WithoutCancel(r.Context()))
+		unhook = context.AfterFunc(r.Context(), cancel)
+		var err error
+		resp, err = s.roundTrip(rctx, host, r.Method, r.URL.RequestURI(), r.Header, "", body)
+		if err == nil {
+			break
+		}
 		unhook()
 		cancel()
 		done()
 		if r.Context().Err() != nil {
 			return // the client hung up: the reset stream cancelled the host's work
+		}
+		if attempt == 0 && notSent(err) && len(hosts) > 1 {
+			tried = host
+			hosts = slices.DeleteFunc(slices.Clone(hosts), func(h string) bool { return h == tried })
+			continue
 		}
 		e := structs.Errf(structs.CodeHostUnreachable, "the relay to host %s failed: %v", host, err).WithDetail("host", host)
 		e.RetryAfter = 1
@@ -106,9 +130,12 @@ func (s *Server) relayInference(w http.ResponseWriter, r *http.Request, maxBody 
 		return
 	}
 	if strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") && unhook() {
-		if takeOver(w, r, resp, cancel, done) {
+		s.taken.Add(1)
+		finish := func() { done(); s.taken.Add(-1) }
+		if takeOver(w, r, resp, cancel, finish) {
 			return
 		}
+		s.taken.Add(-1)
 		unhook = context.AfterFunc(r.Context(), cancel)
 	}
 	defer done()
@@ -116,6 +143,30 @@ func (s *Server) relayInference(w http.ResponseWriter, r *http.Request, maxBody 
 	defer unhook()
 	defer resp.Body.Close()
 	copyAnswer(w, resp)
+}
+
+// DrainStreams waits until the streams the server took over from net/http
+// have ended, or ctx ends (then Close cuts them): a stopping server lets
+// them finish for the drain timeout, as a standalone role does.
+func (s *Server) DrainStreams(ctx context.Context) {
+	t := time.NewTicker(10 * time.Millisecond)
+	defer t.Stop()
+	for s.taken.Load() > 0 {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// notSent reports whether a relay error means the request never left the
+// server: the host's connection was closed or unusable before the request
+// was written (x/net/http2's errors say so in their text only).
+func notSent(err error) bool {
+	msg := err.Error()
+	return strings.Contains(msg, "client conn is closed") || strings.Contains(msg, "client conn not usable") ||
+		strings.Contains(msg, "is not connected")
 }
 
 // pick returns the reachable host with the fewest requests in flight (ties

@@ -20,6 +20,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -82,8 +83,9 @@ type Server struct {
 	turn  uint // rotates the relay's ties
 
 	metrics http.Handler
-	adoptMu sync.Mutex // one adoption, placement, deletion or removal at a time
-	keys    keyLocks   // the Idempotency-Keys under way
+	adoptMu sync.Mutex   // one adoption, placement, deletion or removal at a time
+	taken   atomic.Int64 // streams taken over from net/http (relay.go)
+	keys    keyLocks     // the Idempotency-Keys under way
 	// lastStatus keeps each host's last answer for a deployment (mgmt.go).
 	lastStatus statusCache
 
