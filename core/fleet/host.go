@@ -435,11 +435,20 @@ func (h *Host) link(ctx context.Context, up func()) error {
 	up()
 	h.logger.Info("host link up", "server", h.o.Server)
 	errc := make(chan error, 1)
+	acks := make(chan uint64, 64)
 	go func() {
 		for {
-			if _, err := stream.Recv(); err != nil {
+			m, err := stream.Recv()
+			if err != nil {
 				errc <- err
 				return
+			}
+			if a := m.GetAck(); a != nil {
+				select {
+				case acks <- a.GetSeq():
+				case <-sctx.Done():
+					return
+				}
 			}
 		}
 	}()
@@ -452,7 +461,12 @@ func (h *Host) link(ctx context.Context, up func()) error {
 		_, h.cursor = h.o.Local.Events(0, 0)
 		h.cursorOK = true
 	}
+	// h.cursor is what the server acknowledged; a new link resends from
+	// there. sentCursor is what this link has sent; pending maps each
+	// event message's seq to the cursor after it.
+	sentCursor := h.cursor
 	h.mu.Unlock()
+	pending := map[uint64]uint64{}
 	t := time.NewTicker(beat)
 	defer t.Stop()
 	for {
@@ -462,6 +476,16 @@ func (h *Host) link(ctx context.Context, up func()) error {
 			return nil
 		case err := <-errc:
 			return err
+		case acked := <-acks:
+			h.mu.Lock()
+			for sq, c := range pending {
+				if sq <= acked {
+					h.cursor = max(h.cursor, c)
+					delete(pending, sq)
+				}
+			}
+			h.mu.Unlock()
+			continue
 		case <-t.C:
 		}
 		hb := &hostv1.Heartbeat{TimeUnixMs: time.Now().UnixMilli(), Readings: h.o.Local.Readings()}
@@ -483,20 +507,19 @@ func (h *Host) link(ctx context.Context, up func()) error {
 			}
 			sent[j.GetInstanceId()] = d
 		}
-		// The host's events since the last beat; an event is forwarded once
-		// it was sent (a link that breaks mid-way resends from there).
-		h.mu.Lock()
-		cursor := h.cursor
-		h.mu.Unlock()
-		evs, next := h.o.Local.Events(cursor, 256)
-		for _, ev := range evs {
+		// The host's events since the last beat. An event counts as
+		// forwarded once the server acknowledged it: a link that breaks
+		// first resends it on the next one.
+		evs, next := h.o.Local.Events(sentCursor, 256)
+		for i, ev := range evs {
 			if err := send(&hostv1.HostMessage{Body: &hostv1.HostMessage_Event{Event: ev}}); err != nil {
 				return err
 			}
+			if i == len(evs)-1 {
+				pending[seq] = next
+			}
 		}
-		h.mu.Lock()
-		h.cursor = next
-		h.mu.Unlock()
+		sentCursor = next
 		for id := range sent {
 			if !now[id] { // gone: the instance's deployment was deleted
 				if err := send(&hostv1.HostMessage{Body: &hostv1.HostMessage_Journal{Journal: &hostv1.InstanceJournal{
