@@ -203,6 +203,12 @@ func TestFleet_ServerAndThreeHosts(t *testing.T) {
 	if hs := hostsOf(f.status("pinned")); len(hs) != 1 || hs[0] != "gpu-a" {
 		t.Fatalf("pinned placed on %v, want [gpu-a]", hs)
 	}
+	// A route another deployment answers is refused, whichever host each
+	// would run on.
+	clash := strings.Replace(harness.SimpleSpec("clash", "fake"), "  model {", "  routes = [\"demo\"]\n  placement {\n    hosts = [\"gpu-b\"]\n  }\n  model {", 1)
+	if _, errOut, code := f.deploy("clash", clash, "--activate"); code == 0 || !strings.Contains(errOut, "conflict") {
+		t.Fatalf("a second deployment answering demo: exit %d: %s", code, errOut)
+	}
 	huge := strings.Replace(harness.SimpleSpec("huge", "fake"), "  model {", "  resources {\n    gpu = \"200GiB\"\n    ram = \"1GiB\"\n  }\n  model {", 1)
 	_, errOut, code := f.deploy("huge", huge, "--activate", "--json")
 	if code != 4 || !strings.Contains(errOut, "capacity_blocked") || !strings.Contains(errOut, "gpu-a") || !strings.Contains(errOut, "gpu-c") {
