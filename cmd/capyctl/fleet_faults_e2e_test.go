@@ -28,18 +28,7 @@ import (
 
 // The tests below try to break a fleet (a server and hosts, each a real
 // capyctl process on loopback) and check that nothing is lost, nothing
-// starts twice and every refusal is coded. A test that exposes a known bug
-// skips unless CAPYCTL_FLEET_BUGS=1, so the suite stays green while the bug
-// is open; run them with it set to see the failure.
-
-// knownBug skips a test that fails on a known bug unless CAPYCTL_FLEET_BUGS
-// is set.
-func knownBug(t *testing.T, what string) {
-	t.Helper()
-	if os.Getenv("CAPYCTL_FLEET_BUGS") == "" {
-		t.Skip("BUG: " + what + "; see the fleet-faults report (CAPYCTL_FLEET_BUGS=1 runs it)")
-	}
-}
+// starts twice and every refusal is coded.
 
 // startFaultFleet is startFleet with extra fake-engine arguments and extra
 // server arguments.
@@ -172,7 +161,6 @@ func withGPU(spec, gpu string) string {
 // again once it is done: every retry replays the first answer, and each
 // host runs exactly one instance, started once.
 func TestFleetFaults_DeployRetriedWithSameKey(t *testing.T) {
-	knownBug(t, "the server's POST /deployments ignores Idempotency-Key: a retry with the same key is 409 conflict, not the first answer replayed")
 	hold := filepath.Join(t.TempDir(), "release")
 	f := startFaultFleet(t, map[string]string{"gpu-a": "24GiB", "gpu-b": "24GiB"}, nil, "--hold-startup-file", hold)
 	for _, h := range f.hosts {
@@ -241,7 +229,6 @@ func TestFleetFaults_DeployRetriedWithSameKey(t *testing.T) {
 // other is refused capacity_blocked, and no host's ledger is ever charged
 // over its room.
 func TestFleetFaults_ConcurrentDeploysNeverOvercommit(t *testing.T) {
-	knownBug(t, "a host that accepts a deploy (201) but cannot admit it for now is recorded as placed: no other host is tried and the refused deployment stays listed")
 	f := startFaultFleet(t, map[string]string{"gpu-a": "24GiB", "gpu-b": "24GiB"}, nil)
 	specs := map[string]string{}
 	for _, name := range []string{"pin-1", "pin-2"} {

@@ -494,8 +494,17 @@ func (s *Server) placeShares(ctx context.Context, hdr http.Header, attempt, name
 		}
 		status, data, err := s.hostCall(ctx, host, http.MethodPost, "/deployments", h, body)
 		if err == nil && (status == http.StatusCreated || status == http.StatusOK) {
-			shares = append(shares, HostShare{Host: host, Instances: count})
-			return true, nil
+			// A host records the deployment and answers before its ledger
+			// admits the start: wait for that verdict, so that a share the
+			// host cannot fit goes to the next host.
+			if activate {
+				err = s.waitAdmitted(ctx, host, name)
+			}
+			if err == nil {
+				shares = append(shares, HostShare{Host: host, Instances: count})
+				return true, nil
+			}
+			// Refused after all: the host's record is removed below.
 		}
 		if err == nil {
 			err = hostError(host, status, data)
@@ -542,6 +551,49 @@ func (s *Server) placeShares(ctx context.Context, hdr http.Header, attempt, name
 		}
 	}
 	return shares, refusals, nil
+}
+
+// admitWait bounds the wait for a host's ledger to admit a new start; one
+// still undecided then is taken as admitted (its status tells the rest).
+const admitWait = 30 * time.Second
+
+// waitAdmitted waits until every instance of a deployment a host just
+// took is admitted by its ledger (started with a ledger phase, or ready),
+// or one was refused
+// (stopped or failed with an error): that refusal is returned.
+func (s *Server) waitAdmitted(ctx context.Context, host, name string) error {
+	deadline := time.Now().Add(admitWait)
+	for time.Now().Before(deadline) {
+		status, data, err := s.hostCall(ctx, host, http.MethodGet, "/deployments/"+url.PathEscape(name), nil, nil)
+		if err != nil {
+			return err
+		}
+		var st wire.DeploymentStatus
+		if status != http.StatusOK || json.Unmarshal(data, &st) != nil {
+			return hostError(host, status, data)
+		}
+		admitted := 0
+		for _, in := range st.Instances {
+			switch {
+			// The start records its ledger phase once the ledger granted it
+			// (a deployment that states no memory is charged nothing).
+			case in.State == string(structs.StateReady) || len(in.Charges) > 0 ||
+				(in.State == string(structs.StateStarting) && in.Phase != ""):
+				admitted++
+			case (in.State == string(structs.StateStopped) || in.State == string(structs.StateFailed)) && in.LastError != nil:
+				return structs.Errf(in.LastError.Code, "host %s: %s", host, in.LastError.Message).WithDetail("host", host)
+			}
+		}
+		if len(st.Instances) > 0 && admitted == len(st.Instances) {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	return nil
 }
 
 // withInstances rewrites a deploy body for one host's share.
