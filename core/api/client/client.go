@@ -289,6 +289,12 @@ func (c *Client) WaitReady(ctx context.Context, name string, since time.Time, pr
 				in.LastError != nil && !in.LastError.At.Before(since) {
 				return st, &structs.Error{Code: in.LastError.Code, Message: in.LastError.Message}
 			}
+			// A server's instance whose host went out of reach: no verdict
+			// will come until the host is back, so say so now.
+			if in.State == "uncertain" {
+				return st, structs.Errf(structs.CodeHostUnreachable, "instance %s of %s is uncertain: its host %s is out of reach of the server (capyctl list hosts)",
+					in.ID, name, in.Host)
+			}
 		}
 		if ready {
 			return st, nil
