@@ -11,6 +11,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
+
 	"github.com/capyctl/capyctl/core/api/wire"
 	"github.com/capyctl/capyctl/core/store"
 	"github.com/capyctl/capyctl/core/structs"
@@ -68,6 +70,24 @@ func validKey(key string) bool {
 	return true
 }
 
+// Receipts run mutations under their Idempotency-Key with the management
+// API's rules, the receipts kept in a role's store: the server role's
+// answers from its hosts (core/fleet) use it as the management API does.
+type Receipts struct {
+	Store  *store.Store
+	Logger hclog.Logger
+	keys   keyLocks
+}
+
+// Run runs do under the request's Idempotency-Key (see idempotent).
+func (rc *Receipts) Run(w http.ResponseWriter, r *http.Request, body []byte, do func() (int, any, error)) {
+	logger := rc.Logger
+	if logger == nil {
+		logger = hclog.NewNullLogger()
+	}
+	runIdempotent(rc.Store, &rc.keys, logger, w, r, body, do)
+}
+
 // idempotent runs a mutation under the request's Idempotency-Key, if any.
 // IMPORTANT: a receipt is kept only for a mutation that was carried out
 // (2xx): an exact retry replays it (Idempotent-Replayed: true) without
@@ -75,6 +95,10 @@ func validKey(key string) bool {
 // idempotency_conflict. A refusal is not kept, so a retry after the cause
 // is fixed goes through. do returns the status and the answer.
 func (b *Backend) idempotent(w http.ResponseWriter, r *http.Request, body []byte, do func() (int, any, error)) {
+	runIdempotent(b.Store, &b.keys, b.logger(), w, r, body, do)
+}
+
+func runIdempotent(st *store.Store, keys *keyLocks, logger hclog.Logger, w http.ResponseWriter, r *http.Request, body []byte, do func() (int, any, error)) {
 	key := r.Header.Get(wire.HeaderIdempotencyKey)
 	if key == "" {
 		status, out, err := do()
@@ -92,9 +116,9 @@ func (b *Backend) idempotent(w http.ResponseWriter, r *http.Request, body []byte
 	}
 	sum := sha256.Sum256(append([]byte(r.Method+" "+r.URL.Path+"\n"), body...))
 	hash := hex.EncodeToString(sum[:])
-	unlock := b.keys.lock(key)
+	unlock := keys.lock(key)
 	defer unlock()
-	if rec, err := b.Store.GetIdempotency(key); err == nil && rec != nil {
+	if rec, err := st.GetIdempotency(key); err == nil && rec != nil {
 		if rec.BodyHash != hash {
 			writeMgmtError(w, structs.Errf(structs.CodeIdempotencyConflict,
 				"Idempotency-Key %q was used with another request (method, path or body); use a new key for a new request", key))
@@ -117,8 +141,8 @@ func (b *Backend) idempotent(w http.ResponseWriter, r *http.Request, body []byte
 		return
 	}
 	resp = append(resp, '\n')
-	if err := b.Store.PutIdempotency(key, store.IdempotencyRecord{BodyHash: hash, Status: status, Response: resp, At: time.Now().UTC()}); err != nil {
-		b.logger().Warn("idempotency receipt not stored", "error", err)
+	if err := st.PutIdempotency(key, store.IdempotencyRecord{BodyHash: hash, Status: status, Response: resp, At: time.Now().UTC()}); err != nil {
+		logger.Warn("idempotency receipt not stored", "error", err)
 	}
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)

@@ -90,6 +90,14 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	_ = json.NewEncoder(w).Encode(v)
 }
 
+// WriteManagementError writes the management API's error envelope (with
+// Retry-After for a retryable 429 or 503): the server role's answers from
+// its hosts use it too.
+func WriteManagementError(w http.ResponseWriter, err error) { writeMgmtError(w, err) }
+
+// WriteJSON writes a JSON answer with status.
+func WriteJSON(w http.ResponseWriter, status int, v any) { writeJSON(w, status, v) }
+
 // writeMgmtError writes the management error envelope.
 func writeMgmtError(w http.ResponseWriter, err error) {
 	e := structs.AsError(err)

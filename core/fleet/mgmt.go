@@ -108,23 +108,11 @@ func hostError(host string, status int, data []byte) error {
 	return structs.Errf(structs.CodeInternal, "host %s answered %d", host, status).WithDetail("host", host)
 }
 
-func writeJSON(w http.ResponseWriter, status int, v any) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(v)
-}
-
-// writeError writes the management error envelope (api's, with
-// Retry-After for retryable 503s).
-func writeError(w http.ResponseWriter, err error) {
-	e := structs.AsError(err)
-	status := wire.HTTPStatus(e.Code)
-	if e.Info().Retryable && (status == http.StatusServiceUnavailable || status == http.StatusTooManyRequests) {
-		w.Header().Set("Retry-After", "2")
-	}
-	writeJSON(w, status, wire.ErrorEnvelope{APIVersion: wire.APIVersion,
-		Error: wire.ErrorBody{Code: string(e.Code), Message: e.Message, Retryable: e.Info().Retryable, Details: e.Details}})
-}
+// writeJSON and writeError are the management API's own.
+var (
+	writeJSON  = api.WriteJSON
+	writeError = api.WriteManagementError
+)
 
 func readMgmtBody(r *http.Request) ([]byte, error) {
 	data, err := io.ReadAll(io.LimitReader(r.Body, maxMgmtBody+1))
@@ -314,7 +302,7 @@ func (s *Server) createDeployment(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	s.idempotent(w, r, data, func() (int, any, error) {
+	s.receipts.Run(w, r, data, func() (int, any, error) {
 		st, err := s.create(r, data)
 		return http.StatusCreated, st, err
 	})

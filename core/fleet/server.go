@@ -27,6 +27,7 @@ import (
 	"golang.org/x/net/http2"
 	"google.golang.org/grpc"
 
+	"github.com/capyctl/capyctl/core/api"
 	"github.com/capyctl/capyctl/core/api/wire"
 	"github.com/capyctl/capyctl/core/hostlink/proto/hostv1"
 	"github.com/capyctl/capyctl/core/pki"
@@ -82,10 +83,10 @@ type Server struct {
 	hosts map[string]*liveHost
 	turn  uint // rotates the relay's ties
 
-	metrics http.Handler
-	adoptMu sync.Mutex   // one adoption, placement, deletion or removal at a time
-	taken   atomic.Int64 // streams taken over from net/http (relay.go)
-	keys    keyLocks     // the Idempotency-Keys under way
+	metrics  http.Handler
+	adoptMu  sync.Mutex   // one adoption, placement, deletion or removal at a time
+	taken    atomic.Int64 // streams taken over from net/http (relay.go)
+	receipts api.Receipts // the Idempotency-Key receipts of the server's own mutations
 	// lastStatus keeps each host's last answer for a deployment (mgmt.go).
 	lastStatus statusCache
 
@@ -159,6 +160,7 @@ func NewServer(o ServerOptions) (*Server, error) {
 	s := &Server{o: o, logger: o.Logger.Named("fleet"), auth: auth, State: state, ln: ln, advertise: advertise, hosts: map[string]*liveHost{},
 		lastStatus: statusCache{m: map[string]wire.DeploymentStatus{}}}
 	s.metrics = s.metricsHandler()
+	s.receipts = api.Receipts{Store: o.Store, Logger: s.logger}
 	return s, nil
 }
 
