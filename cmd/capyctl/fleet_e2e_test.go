@@ -41,15 +41,22 @@ func startFleet(t *testing.T, cards map[string]string) *fleet {
 	}
 	f.waitHosts(len(cards), wire.HostReady)
 	f.server.AddFakeEngine("fake")
-	poll.Until(t, 10*time.Second, "every host lists the fake engine", func() bool {
+	f.waitEngine("fake")
+	return f
+}
+
+// waitEngine waits until every host lists an engine registered through
+// the server (the hosts' inventories come with their next heartbeat).
+func (f *fleet) waitEngine(name string) {
+	f.t.Helper()
+	poll.Until(f.t, 10*time.Second, "every host lists engine "+name, func() bool {
 		for _, h := range f.hostList() {
-			if !slices.Contains(h.Engines, "fake") {
+			if !slices.Contains(h.Engines, name) {
 				return false
 			}
 		}
 		return true
 	})
-	return f
 }
 
 // hostList is `list hosts --json` on the server.
@@ -107,18 +114,15 @@ func (f *fleet) status(name string) wire.DeploymentStatus {
 // mgmtGet reads a management route of the server into v.
 func (f *fleet) mgmtGet(path string, v any) {
 	f.t.Helper()
-	req, _ := http.NewRequest(http.MethodGet, "http://"+f.server.Info.Management+path, nil)
-	req.Header.Set("Authorization", "Bearer "+f.server.Creds.AdminToken)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		f.t.Fatal(err)
+	a := f.mgmtDo(http.MethodGet, path, nil, "")
+	if a.err != nil {
+		f.t.Fatal(a.err)
 	}
-	body := harness.ReadAll(resp)
-	if resp.StatusCode != http.StatusOK {
-		f.t.Fatalf("GET %s: %d %s", path, resp.StatusCode, body)
+	if a.status != http.StatusOK {
+		f.t.Fatalf("GET %s: %d %s", path, a.status, a.body)
 	}
-	if err := json.Unmarshal([]byte(body), v); err != nil {
-		f.t.Fatalf("GET %s: %v\n%s", path, err, body)
+	if err := json.Unmarshal([]byte(a.body), v); err != nil {
+		f.t.Fatalf("GET %s: %v\n%s", path, err, a.body)
 	}
 }
 
@@ -375,14 +379,7 @@ func TestFleet_PartitionHeals(t *testing.T) {
 	f.hosts["gpu-b"] = harness.StartHostWith(t, proxy.Addr(), token, harness.HostOptions{Name: "gpu-b", GPU: harness.SimGPU{DeviceMemory: "80GiB"}})
 	f.waitHosts(2, wire.HostReady)
 	f.server.AddFakeEngine("fake")
-	poll.Until(t, 10*time.Second, "both hosts list the fake engine", func() bool {
-		for _, h := range f.hostList() {
-			if !slices.Contains(h.Engines, "fake") {
-				return false
-			}
-		}
-		return true
-	})
+	f.waitEngine("fake")
 	pinned := strings.Replace(harness.SimpleSpec("demo", "fake"), "  model {", "  placement {\n    hosts = [\"gpu-b\"]\n  }\n  model {", 1)
 	if out, errOut, code := f.deploy("demo", pinned, "--activate", "--wait"); code != 0 {
 		t.Fatalf("deploy demo: exit %d\n%s%s", code, out, errOut)

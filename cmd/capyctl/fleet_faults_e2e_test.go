@@ -42,14 +42,7 @@ func startFaultFleet(t *testing.T, cards map[string]string, serverArgs []string,
 	}
 	f.waitHosts(len(cards), wire.HostReady)
 	f.server.AddFakeEngine("fake", engineArgs...)
-	poll.Until(t, 10*time.Second, "every host lists the fake engine", func() bool {
-		for _, h := range f.hostList() {
-			if !slices.Contains(h.Engines, "fake") {
-				return false
-			}
-		}
-		return true
-	})
+	f.waitEngine("fake")
 	return f
 }
 
@@ -399,14 +392,7 @@ func TestFleetFaults_DeployDeliveredLate(t *testing.T) {
 	f.hosts["gpu-b"] = harness.StartHostWith(t, proxy.Addr(), token, harness.HostOptions{Name: "gpu-b", GPU: harness.SimGPU{DeviceMemory: "80GiB"}})
 	f.waitHosts(2, wire.HostReady)
 	f.server.AddFakeEngine("fake")
-	poll.Until(t, 10*time.Second, "both hosts list the fake engine", func() bool {
-		for _, h := range f.hostList() {
-			if !slices.Contains(h.Engines, "fake") {
-				return false
-			}
-		}
-		return true
-	})
+	f.waitEngine("fake")
 	for _, h := range f.hosts {
 		h.WriteFile("models/late/README", "fake model\n")
 	}
