@@ -135,8 +135,9 @@ func (in *instance) forgetLMCache(s *structs.LaunchRecord) {
 // revision, or a new one on a second leased loopback port with a
 // directory of its own; the plan with the grant then renders the engine's
 // connection to it. A server the plan no longer runs, or one of another
-// revision, ends first. IMPORTANT: a start that fails after this step ends
-// the server (the undo): a failed instance holds no cache.
+// revision, ends first. IMPORTANT: a start that fails after the ledger
+// granted it ends the server (the undo): a failed instance holds no cache;
+// one refused before (no room) keeps its kept server and stays parked.
 func (r *startRun) leaseLMCachePort() error {
 	m, in := r.m, r.in
 	rec := in.snapshot()
@@ -153,6 +154,7 @@ func (r *startRun) leaseLMCachePort() error {
 	if rec.LMCache != nil {
 		kept := *rec.LMCache
 		r.server = &kept
+		r.keptServer = true
 	} else {
 		port, err := m.cfg.Ports.Lease(in.id + " lmcache")
 		if err != nil {
@@ -171,6 +173,12 @@ func (r *startRun) leaseLMCachePort() error {
 	r.lctx.LmcacheServer = toLaunch(r.server)
 	server := r.server
 	r.push(func() {
+		if r.keptServer && !r.reserved {
+			// Refused before the ledger granted anything (no room now, a
+			// driver call that failed): the instance stays parked, charged,
+			// with its cache; a later start tries again.
+			return
+		}
 		if in.snapshot().LMCache != nil {
 			in.endLMCache(r.drv)
 			return
@@ -185,12 +193,13 @@ func (r *startRun) leaseLMCachePort() error {
 }
 
 // unpark settles an instance whose start from a park with its LMCache
-// server failed before it was recorded: the server has ended (or ends
-// now) and the parked charge goes; the instance is stopped.
+// server failed after the ledger granted it but before it was recorded:
+// the server has ended (or ends now) and the charge goes; the instance is
+// stopped. A start refused before the grant (no room) leaves it parked.
 func (r *startRun) unpark() {
 	in := r.in
-	if in.state() != structs.StateParked {
-		return
+	if in.state() != structs.StateParked || (r.keptServer && !r.reserved) {
+		return // refused before the ledger took the parked charge: still parked
 	}
 	if rec := in.snapshot(); rec.LMCache != nil {
 		drv, err := in.m.cfg.Drivers.Driver(in.m.ctx, rec.Driver)

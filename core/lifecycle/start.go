@@ -78,22 +78,25 @@ type startRun struct {
 	*resolved
 	placer Placer
 
-	port         int
-	lmcachePort  int
-	server       *structs.LaunchRecord // the instance's LMCache server, nil for none
-	launchID     string
-	launchDir    string
-	recorded     bool // the launch is in the store: its directory stays
-	installation *pb.Installation
-	host         *pb.HostPolicy
-	pdep         *pb.Deployment
-	lctx         *pb.LaunchContext
-	plan         *pb.PlanResponse
-	grant        *Grant
-	engineKey    string
-	adminKey     string
-	resp         *pb.StartResponse
-	probe        *pb.ProbeResponse
+	port        int
+	lmcachePort int
+	server      *structs.LaunchRecord // the instance's LMCache server, nil for none
+	launchID    string
+	launchDir   string
+	recorded    bool // the launch is in the store: its directory stays
+	// reserved: the ledger granted this start (a parked charge was then
+	// replaced); keptServer: it reuses the LMCache server kept at a park.
+	reserved, keptServer bool
+	installation         *pb.Installation
+	host                 *pb.HostPolicy
+	pdep                 *pb.Deployment
+	lctx                 *pb.LaunchContext
+	plan                 *pb.PlanResponse
+	grant                *Grant
+	engineKey            string
+	adminKey             string
+	resp                 *pb.StartResponse
+	probe                *pb.ProbeResponse
 
 	undo []func()
 	// onFail records a failed step after the undo: the default keeps the
@@ -282,6 +285,7 @@ func (r *startRun) reserve() error {
 	if err != nil {
 		return err
 	}
+	r.reserved = true
 	r.push(func() { r.placer.Release(in.id) })
 	return nil
 }

@@ -41,11 +41,36 @@ func (in *instance) cleanupLaunch(drv sdk.Driver, r *structs.InstanceRecord) *pb
 func (in *instance) stop(why string) error {
 	rec := in.snapshot()
 	m := in.m
-	switch rec.State {
-	case structs.StateStopped:
+	switch {
+	case rec.State == structs.StateStopped:
 		return nil
-	case structs.StateFailed:
+	case rec.State == structs.StateFailed:
+		// A failed start may have left its LMCache server: it ends too.
+		if rec.LMCache != nil {
+			if err := in.endKeptLMCache(); err != nil {
+				return err
+			}
+		}
 		return in.transition(structs.StateStopped, why, nil)
+	case parkedWithLMCacheOnly(rec) || (rec.State == structs.StateStopping && rec.Released == releasedKeptLMCache):
+		// The engine stopped at the park: only the server runs. It is
+		// named alone; the engine's old process IDs are never signalled
+		// again (they may belong to another process by now).
+		if rec.State != structs.StateStopping {
+			if err := in.transition(structs.StateStopping, why, nil); err != nil {
+				return err
+			}
+		}
+		if err := in.endKeptLMCache(); err != nil {
+			return err
+		}
+		in.release(in.snapshot())
+		return in.transition(structs.StateStopped, why, func(r *structs.InstanceRecord) {
+			r.Endpoint = nil
+			r.Phase = ""
+			r.Released = "stopped"
+			r.Launch = nil
+		})
 	}
 	in.stopMonitor()
 	if rec.Launch == nil {
@@ -78,6 +103,25 @@ func (in *instance) stop(why string) error {
 		r.Phase = ""
 		r.Released = "stopped"
 	})
+}
+
+// endKeptLMCache ends the instance's LMCache server alone and proves it
+// gone; still_stopping when it could not be (the record keeps it, so a
+// later stop tries again).
+func (in *instance) endKeptLMCache() error {
+	rec := in.snapshot()
+	drv, err := in.m.cfg.Drivers.Driver(in.m.ctx, rec.Driver)
+	if err != nil {
+		return err
+	}
+	if !in.endLMCache(drv) {
+		e := structs.Errf(structs.CodeStillStopping, "instance %s: its LMCache server could not be proven gone", in.id)
+		in.update(func(r *structs.InstanceRecord) {
+			r.LastError = &structs.ErrorRecord{Code: e.Code, Message: e.Message, At: in.m.cfg.Now().UTC()}
+		})
+		return e
+	}
+	return nil
 }
 
 // release gives back the memory and ports of a launch whose processes,

@@ -98,7 +98,7 @@ func (q *request) forward() *engineCall {
 	if q.hasSalt && !ep.CacheSalt {
 		q.place.Done()
 		q.place = nil
-		q.fail(structs.Errf(structs.CodeCacheSaltUnsupported, "model %q runs on an engine that does not take cache_salt (vLLM and SGLang do): remove it", q.model))
+		q.fail(structs.Errf(structs.CodeCacheSaltUnsupported, "model %q runs where cache_salt is not honoured (llama.cpp, TensorFold, a custom engine, or vLLM or SGLang with LMCache, whose keys ignore it): remove it, or deploy with lmcache = \"off\"", q.model))
 		return nil
 	}
 	body, err := q.engineBody()

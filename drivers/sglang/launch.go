@@ -314,6 +314,7 @@ func (d *Driver) Start(_ context.Context, req *pb.StartRequest) (*pb.StartRespon
 		return nil, err
 	}
 	in := d.instance(lctx.GetInstanceId(), lctx.GetLaunchId(), *launched, int(lctx.GetPort()), req.GetEngineKey(), dep, req.GetPlan().GetResidency(), netns)
+	pyengine.SaltWithLMCache(in.Endpoint, server != nil)
 	if server != nil {
 		in.LMCachePort, in.LMCacheServer = int(lctx.GetLmcachePort()), server
 	}

@@ -205,6 +205,7 @@ func (d *Driver) Recover(_ context.Context, req *pb.RecoverRequest) (*pb.Recover
 			return nil, "", fmt.Errorf("the engine's network namespace: %w", err)
 		}
 		in := d.instance(req.GetInstanceId(), l.GetLaunchId(), launched, int(l.GetPort()), req.GetEngineKey(), req.GetDeployment(), "", netns)
+		pyengine.SaltWithLMCache(in.Endpoint, l.GetLmcachePort() != 0)
 		// SGLang has no route that says whether its memory is released: the
 		// launch directory records a completed park, and a park the core saw
 		// complete counts too.

@@ -242,6 +242,7 @@ func (d *Driver) Start(_ context.Context, req *pb.StartRequest) (*pb.StartRespon
 	}
 	sock := enginekit.SocketInArgv(req.GetPlan().GetArgv(), "--uds")
 	in := d.instance(lctx.GetInstanceId(), lctx.GetLaunchId(), *launched, int(lctx.GetPort()), req.GetEngineKey(), dep, sock, res)
+	pyengine.SaltWithLMCache(in.Endpoint, server != nil)
 	if server != nil {
 		in.LMCachePort, in.LMCacheServer = int(lctx.GetLmcachePort()), server
 	}

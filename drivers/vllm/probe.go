@@ -84,6 +84,7 @@ func (d *Driver) Recover(ctx context.Context, req *pb.RecoverRequest) (*pb.Recov
 		l := req.GetLaunch()
 		in := d.instance(req.GetInstanceId(), l.GetLaunchId(), launched, int(l.GetPort()), req.GetEngineKey(), req.GetDeployment(),
 			enginekit.SocketOf(launched.LaunchDir), residency(req.GetDeployment()))
+		pyengine.SaltWithLMCache(in.Endpoint, l.GetLmcachePort() != 0)
 		if !enginekit.Parks(in.Residency) {
 			return in, detail, nil
 		}

@@ -217,11 +217,12 @@ func (e *Engine) serveGen(w http.ResponseWriter, r *http.Request, completions bo
 	if kv := e.cfg.KVConnector; kv != nil {
 		// The prefill: what the cache holds is loaded, the rest computed,
 		// and the prompt's chunks stored for the next request.
-		// The chunks are keyed by the request's cache_salt, as vLLM salts
-		// its block hashes with it: another salt shares nothing.
+		// The chunks are keyed by the tokens alone, as LMCache's are with
+		// both engines today (LMCache/LMCache#2878, #4825): a cache_salt
+		// does not separate them.
 		pt := promptTokenList(req.Messages)
-		cached := min(kv.Lookup(req.CacheSalt, pt), prompt)
-		kv.Store(req.CacheSalt, pt)
+		cached := min(kv.Lookup("", pt), prompt)
+		kv.Store("", pt)
 		if e.cfg.ReportCachedTokens {
 			res.CachedTokens = cached
 		}

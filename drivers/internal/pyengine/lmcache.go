@@ -215,3 +215,16 @@ func ApplyLMCache(resp *pb.PlanResponse, d LMCacheDecision) {
 	resp.Hints.BesideHostBytes = d.Plan.GetPoolBytes() + d.Plan.GetServerBytes()
 	resp.Notes = append(resp.Notes, "a private LMCache server runs beside the engine on loopback: "+d.Plan.GetReason())
 }
+
+// SaltWithLMCache turns cache_salt off on the endpoint of an instance that
+// runs its LMCache server: LMCache's external keys do not carry the salt
+// (vLLM's LMCacheConnectorV1: LMCache/LMCache#2878, the fix #3008 closed
+// unmerged; SGLang: sgl-project/sglang#37160 and LMCache/LMCache#4825, both
+// open in 2026-09), so two salts would share cached prefixes. The router
+// then refuses a salted request (cache_salt_unsupported) instead of
+// promising an isolation the cache does not give.
+func SaltWithLMCache(ep *pb.Endpoint, lmcache bool) {
+	if lmcache && ep != nil {
+		ep.CacheSalt = false
+	}
+}
