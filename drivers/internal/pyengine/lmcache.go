@@ -48,9 +48,10 @@ const LMCacheModule = "lmcache.v1.server"
 const DefaultLMCachePool int64 = 4 << 30
 
 // LMCacheServerBytes is what the LMCache server itself holds besides the
-// pool: a Python process that imports torch. IMPORTANT: an estimate, not a
-// measurement (the server's peak is measured with the launch's processes
-// like the engine's; this figure only sets aside room before that).
+// pool: a Python process that imports torch. IMPORTANT: an estimate, never
+// measured: the server is a launch of its own, outside the engine's
+// process group the ledger measures, and its store grows without a bound
+// of its own (only the engine side's pool is bounded).
 const LMCacheServerBytes int64 = 1 << 30
 
 // LMCacheChunkTokens is the chunk LMCache stores and looks up KV by
