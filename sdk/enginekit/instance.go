@@ -145,9 +145,6 @@ func (in *Instance) LaunchPB() *pb.Launch {
 			{Pid: int32(in.Launched.Engine.PID), StartTicks: in.Launched.Engine.StartTicks, Role: "engine"},
 		},
 	}
-	if c := in.Launched.Companion; c.PID != 0 {
-		l.Processes = append(l.Processes, &pb.ProcessIdentity{Pid: int32(c.PID), StartTicks: c.StartTicks, Role: RoleLMCache})
-	}
 	return l
 }
 
@@ -161,8 +158,6 @@ func FromLaunch(l *pb.Launch) proc.Launched {
 			out.Shim = id
 		case "engine":
 			out.Engine = id
-		case RoleLMCache:
-			out.Companion = id
 		}
 	}
 	return out

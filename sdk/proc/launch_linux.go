@@ -70,15 +70,6 @@ func Start(spec LaunchSpec) (*Launched, error) {
 	if err != nil {
 		return nil, fmt.Errorf("start engine: %w", err)
 	}
-	var companionProgram string
-	if c := spec.Companion; c != nil {
-		if len(c.Argv) == 0 || c.Argv[0] == "" {
-			return nil, errors.New("start engine: empty companion argv")
-		}
-		if companionProgram, err = resolveProgram(c.Argv[0], c.Env["PATH"], workDir); err != nil {
-			return nil, fmt.Errorf("start engine: %s: %w", c.Role, err)
-		}
-	}
 	exe := spec.Executable
 	if exe == "" {
 		if exe, err = os.Executable(); err != nil {
@@ -86,12 +77,11 @@ func Start(spec LaunchSpec) (*Launched, error) {
 		}
 	}
 	payload, err := json.Marshal(shimSpec{
-		LaunchSpec:       spec,
-		Program:          program,
-		CompanionProgram: companionProgram,
-		WorkDir:          workDir,
-		RotateBytes:      testRotateBytes,
-		LingerMS:         testLingerMS,
+		LaunchSpec:  spec,
+		Program:     program,
+		WorkDir:     workDir,
+		RotateBytes: testRotateBytes,
+		LingerMS:    testLingerMS,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("start engine: encode spec: %w", err)
@@ -217,7 +207,6 @@ func (sh *shimProc) launch(dir, program string, payload []byte) (*Launched, erro
 		Pgid:      shimPID,
 		Shim:      Identity{PID: shimPID, StartTicks: ticks},
 		Engine:    Identity{PID: rep.EnginePID, StartTicks: rep.EngineTicks},
-		Companion: Identity{PID: rep.CompanionPID, StartTicks: rep.CompanionTicks},
 		LaunchDir: dir,
 	}, nil
 }

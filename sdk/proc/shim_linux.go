@@ -42,8 +42,6 @@ type shimSpec struct {
 	LaunchSpec
 	// Program is the resolved absolute path of Argv[0].
 	Program string `json:"program"`
-	// CompanionProgram is the resolved path of Companion.Argv[0].
-	CompanionProgram string `json:"companion_program,omitempty"`
 	// Dir is the resolved working directory.
 	WorkDir string `json:"work_dir"`
 	// RotateBytes and LingerMS are knobs for tests (0: the defaults).
@@ -56,9 +54,6 @@ type shimSpec struct {
 type shimReport struct {
 	EnginePID   int    `json:"engine_pid,omitempty"`
 	EngineTicks uint64 `json:"engine_ticks,omitempty"`
-	// CompanionPID and CompanionTicks identify the companion, if any.
-	CompanionPID   int    `json:"companion_pid,omitempty"`
-	CompanionTicks uint64 `json:"companion_ticks,omitempty"`
 	// ShimTicks is the shim's own start time, read by the shim itself so
 	// that Start knows it even when the shim has already exited.
 	ShimTicks uint64 `json:"shim_ticks,omitempty"`
@@ -142,7 +137,7 @@ func runShim() int {
 		defer file.Close()
 	}
 	redacting := NewRedactingWriter(&sink{ring: s.ring, file: file}, NewRedactor(spec.Secrets))
-	out := &lockedWriter{w: redacting}
+	out := redacting
 
 	// Listen before the engine starts, so that the socket answers as soon
 	// as Start returns.
@@ -197,22 +192,10 @@ func runShim() int {
 			return 2
 		}
 	}
-	// The companion starts first: the engine connects to it as it starts.
-	var comp *companion
-	if spec.Companion != nil {
-		comp, err = startCompanion(spec, out)
-		if err != nil {
-			pr.Close()
-			pw.Close()
-			report(shimReport{Error: err.Error()})
-			return 127
-		}
-	}
 	err = cmd.Start()
 	pw.Close()
 	if err != nil {
 		pr.Close()
-		comp.end()
 		report(shimReport{Error: fmt.Sprintf("start %s: %v", spec.Program, err)})
 		return 127
 	}
@@ -224,13 +207,9 @@ func runShim() int {
 	// that dies before recording them can still find this launch.
 	writeLaunchedFile(spec.LaunchDir, Launched{
 		Pgid: os.Getpid(), Shim: Identity{PID: os.Getpid(), StartTicks: selfTicks},
-		Engine: Identity{PID: pid, StartTicks: ticks}, Companion: comp.identity(), LaunchDir: spec.LaunchDir,
+		Engine: Identity{PID: pid, StartTicks: ticks}, LaunchDir: spec.LaunchDir,
 	})
-	rep := shimReport{EnginePID: pid, EngineTicks: ticks, ShimTicks: selfTicks}
-	if c := comp.identity(); c.PID != 0 {
-		rep.CompanionPID, rep.CompanionTicks = c.PID, c.StartTicks
-	}
-	report(rep)
+	report(shimReport{EnginePID: pid, EngineTicks: ticks, ShimTicks: selfTicks})
 
 	go s.serve(ln)
 
@@ -247,7 +226,6 @@ func runShim() int {
 
 	termSeen := false
 	var state *os.ProcessState
-	compGone := comp.gone()
 	for state == nil {
 		select {
 		case sig := <-sigs:
@@ -256,14 +234,6 @@ func runShim() int {
 			if sig == syscall.SIGTERM {
 				termSeen = true
 			}
-		case <-compGone:
-			// IMPORTANT: an engine never outlives its companion: an
-			// engine whose cache server died would serve on without it,
-			// or fail later on a dead connection. It is stopped, and the
-			// launch ends as a failure the driver reports.
-			compGone = nil
-			fmt.Fprintf(out, "capyctl: %s exited; stopping the engine\n", spec.Companion.Role)
-			_ = cmd.Process.Signal(syscall.SIGTERM)
 		case state = <-waited:
 		}
 	}
@@ -274,11 +244,6 @@ func runShim() int {
 	code, sigName := exitStatus(state)
 	s.setStatus(Status{EnginePID: pid, Exited: true, ExitCode: code, Signal: sigName})
 	_ = writeExitRecord(spec.LaunchDir, exitRecord{Code: code, Signal: sigName, At: time.Now().UnixMilli(), PID: pid})
-	// A companion outlives its engine only as long as it takes to stop
-	// (after the exit record: Stop waits for that record before it kills
-	// what is left of the group).
-	comp.end()
-
 	// IMPORTANT: the shim anchors the group's identity (its PID is the
 	// group's ID) as long as any other process is left in the group, so
 	// that Stop can still prove whose group it signals. It keeps copying

@@ -97,26 +97,9 @@ type LaunchSpec struct {
 	// reach on 127.0.0.1, itself launched with NetNamespace). The identity
 	// is checked after the namespace is opened, so a reused PID is refused.
 	JoinNetns Identity `json:"join_netns,omitempty"`
-	// Companion, when set, is a second program the shim starts before the
-	// engine, in the same process group: a server the engine depends on
-	// (a private LMCache). It shares the engine's log (its lines prefixed
-	// with its role), its rlimits and its network namespace; when either
-	// of the two ends, the shim stops the other, so Stop proves both gone
-	// with the group.
-	Companion *CompanionSpec `json:"companion,omitempty"`
 	// Executable overrides the executable started as the shim (default
 	// os.Executable()). It must call MaybeRunShim first thing in main.
 	Executable string `json:"-"`
-}
-
-// CompanionSpec is a launch's companion process (LaunchSpec.Companion).
-type CompanionSpec struct {
-	// Role names it in logs and identities ("lmcache").
-	Role string `json:"role"`
-	// Argv is its program and arguments, resolved like the engine's.
-	Argv []string `json:"argv"`
-	// Env is its complete environment; nothing is inherited.
-	Env map[string]string `json:"env"`
 }
 
 // Launched is a running launch: what a driver records to find it again.
@@ -128,9 +111,6 @@ type Launched struct {
 	Shim Identity `json:"shim"`
 	// Engine is the engine process, the shim's child.
 	Engine Identity `json:"engine"`
-	// Companion is the companion process (LaunchSpec.Companion), zero
-	// when the launch has none.
-	Companion Identity `json:"companion,omitempty"`
 	// LaunchDir is the launch directory.
 	LaunchDir string `json:"launch_dir"`
 }
