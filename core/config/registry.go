@@ -117,46 +117,10 @@ var registry = []Definition{
 		func(c *Config) *string { return &c.ManagementListen }),
 	addrSetting("cluster_listen", "0.0.0.0:8444", "the address GPU hosts dial: joining, the host link and the relay, mutual TLS only", []string{RoleServer}, false,
 		func(c *Config) *string { return &c.ClusterListen }),
-	{
-		Path: "cluster_advertise", Kind: KindAddress, Roles: []string{RoleServer},
-		Description: "the address hosts are told to dial (join tokens print it, the server certificate names it)",
-		defaultText: "cluster_listen, with this machine's name for 0.0.0.0",
-		example:     "gpu-server.example.com:8444",
-		computed: func(*Config, *loadContext) (string, string) {
-			return "", "cluster_listen, with this machine's name for 0.0.0.0"
-		},
-		parse: func(c *Config, _ *loadContext, v string) (string, error) {
-			v = strings.TrimSpace(v)
-			if v == "" {
-				return v, nil
-			}
-			if _, _, err := parseAddr(v); err != nil {
-				return v, err
-			}
-			c.ClusterAdvertise = v
-			return v, nil
-		},
-	},
-	{
-		Path: "server_address", Kind: KindAddress, Roles: []string{RoleHost},
-		Description: "the server's cluster address this host joins and dials (its cluster_listen)",
-		defaultText: "none: a host needs one",
-		example:     "gpu-server.example.com:8444",
-		computed: func(*Config, *loadContext) (string, string) {
-			return "", "none: a host needs one"
-		},
-		parse: func(c *Config, _ *loadContext, v string) (string, error) {
-			v = strings.TrimSpace(v)
-			if v == "" {
-				return v, nil
-			}
-			if _, _, err := parseAddr(v); err != nil {
-				return v, err
-			}
-			c.ServerAddress = v
-			return v, nil
-		},
-	},
+	optionalAddrSetting("cluster_advertise", "the address hosts are told to dial (join tokens print it, the server certificate names it)",
+		"cluster_listen, with this machine's name for 0.0.0.0", []string{RoleServer}, func(c *Config) *string { return &c.ClusterAdvertise }),
+	optionalAddrSetting("server_address", "the server's cluster address this host joins and dials (its cluster_listen)",
+		"none: a host needs one", []string{RoleHost}, func(c *Config) *string { return &c.ServerAddress }),
 	{
 		Path: "plugin_dir", Kind: KindPath, Roles: engineSide,
 		Description: "where third-party drivers (capyctl-driver-<name>) are found",
@@ -336,6 +300,27 @@ func enumSetting(path, def, desc string, roles, values []string, field func(*Con
 			v = strings.TrimSpace(v)
 			if !slices.Contains(values, v) {
 				return v, fmt.Errorf("%q is not one of %s", v, strings.Join(values, ", "))
+			}
+			*field(c) = v
+			return v, nil
+		},
+	}
+}
+
+// optionalAddrSetting is an address with no default value ("" until set);
+// defaultText says what stands in for it.
+func optionalAddrSetting(path, desc, defaultText string, roles []string, field func(*Config) *string) Definition {
+	return Definition{
+		Path: path, Kind: KindAddress, Roles: roles, Description: desc,
+		defaultText: defaultText, example: "gpu-server.example.com:8444",
+		computed: func(*Config, *loadContext) (string, string) { return "", defaultText },
+		parse: func(c *Config, _ *loadContext, v string) (string, error) {
+			v = strings.TrimSpace(v)
+			if v == "" {
+				return v, nil
+			}
+			if _, _, err := parseAddr(v); err != nil {
+				return v, err
 			}
 			*field(c) = v
 			return v, nil

@@ -149,23 +149,7 @@ func BenchmarkFleet_MemoryPerOpenStream(b *testing.B) {
 		srvSetup := &roleSetup{r: s.server}
 		srvM0, hostM0 := srvSetup.scrape(b), s.host.scrape(b)
 		srv0, host0 := vmRSS(b, s.server.PID()), vmRSS(b, s.host.r.PID())
-		conns := make([]net.Conn, 0, streams)
-		var mu sync.Mutex
-		var wg sync.WaitGroup
-		sem := make(chan struct{}, 32)
-		for i := 0; i < streams; i++ {
-			wg.Add(1)
-			sem <- struct{}{}
-			go func() {
-				defer wg.Done()
-				defer func() { <-sem }()
-				c := openStream(b, s.server.Info.Inference, s.server.Creds.APIKey, body)
-				mu.Lock()
-				conns = append(conns, c)
-				mu.Unlock()
-			}()
-		}
-		wg.Wait()
+		conns := openStreams(streams, 32, func() net.Conn { return openStream(b, s.server.Info.Inference, s.server.Creds.APIKey, body) })
 		time.Sleep(300 * time.Millisecond)
 		srv1, host1 := vmRSS(b, s.server.PID()), vmRSS(b, s.host.r.PID())
 		srvM1, hostM1 := srvSetup.scrape(b), s.host.scrape(b)

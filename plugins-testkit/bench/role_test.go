@@ -238,23 +238,7 @@ func BenchmarkRole_MemoryPerOpenStream(b *testing.B) {
 		}
 		time.Sleep(200 * time.Millisecond)
 		before := s.scrape(b)
-		conns := make([]net.Conn, 0, streams)
-		var mu sync.Mutex
-		var wg sync.WaitGroup
-		sem := make(chan struct{}, 64)
-		for i := 0; i < streams; i++ {
-			wg.Add(1)
-			sem <- struct{}{}
-			go func() {
-				defer wg.Done()
-				defer func() { <-sem }()
-				c := s.open(b, body)
-				mu.Lock()
-				conns = append(conns, c)
-				mu.Unlock()
-			}()
-		}
-		wg.Wait()
+		conns := openStreams(streams, 64, func() net.Conn { return s.open(b, body) })
 		after := s.scrape(b)
 		if n := after[`capyctl_requests_in_flight{deployment="demo"}`]; n != streams {
 			b.Fatalf("in flight %v, want %d", n, streams)
@@ -276,6 +260,29 @@ func BenchmarkRole_MemoryPerOpenStream(b *testing.B) {
 	for k, v := range roleMem {
 		b.ReportMetric(v, k)
 	}
+}
+
+// openStreams opens n streams, parallel at a time, and returns their
+// connections once every one has its first content.
+func openStreams(n, parallel int, open func() net.Conn) []net.Conn {
+	conns := make([]net.Conn, 0, n)
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, parallel)
+	for i := 0; i < n; i++ {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			c := open()
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	return conns
 }
 
 // open starts a stream through the role and returns once its first
