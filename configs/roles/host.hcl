@@ -27,6 +27,19 @@ role = "host"
 # (env CAPYCTL_SERVER_ADDRESS)
 # server_address = "gpu-server.example.com:8444"
 
+# This host's address on the group link (its direct link to the other GPU hosts): group engines meet and talk there, unauthenticated.
+# Default: the local address of the host's connection to its server.
+# (env CAPYCTL_PEER_ADDRESS)
+# peer_address = ""
+
+# Ports a group head's engines meet on (torch.distributed's store), first-last, on peer_address.
+# (env CAPYCTL_RENDEZVOUS_PORTS)
+# rendezvous_ports = "25000-25099"
+
+# Group traffic must go over RDMA: a group member on this host never falls back to TCP.
+# (env CAPYCTL_REQUIRE_RDMA)
+# require_rdma = false
+
 # Where third-party drivers (capyctl-driver-<name>) are found.
 # Default: <state_dir>/plugins.
 # (env CAPYCTL_PLUGIN_DIR)

@@ -31,6 +31,10 @@ role = "server"
 # (env CAPYCTL_CLUSTER_ADVERTISE)
 # cluster_advertise = "gpu-server.example.com:8444"
 
+# How long a group's bring-up may go without its head becoming ready before the group is stopped (group_stalled).
+# (env CAPYCTL_GROUP_STALL_TIMEOUT)
+# group_stall_timeout = "120s"
+
 # This machine's name in the state; a change is refused (host_name_changed).
 # Default: the machine's hostname.
 # (env CAPYCTL_HOSTNAME)

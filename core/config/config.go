@@ -49,6 +49,12 @@ type Config struct {
 	HostHeartbeat structs.Duration
 	// ServerAddress is the server a host dials.
 	ServerAddress string
+	// PeerAddress, RendezvousPorts and RequireRDMA are a host's group
+	// settings; GroupStallTimeout the server's bound on a group bring-up.
+	PeerAddress       string
+	RendezvousPorts   PortRange
+	RequireRDMA       bool
+	GroupStallTimeout structs.Duration
 	PluginDir     string
 	ModelsRoot    string
 	EnginePorts   PortRange

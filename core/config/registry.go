@@ -5,6 +5,7 @@ package config
 
 import (
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -121,6 +122,33 @@ var registry = []Definition{
 		"cluster_listen, with this machine's name for 0.0.0.0", []string{RoleServer}, func(c *Config) *string { return &c.ClusterAdvertise }),
 	optionalAddrSetting("server_address", "the server's cluster address this host joins and dials (its cluster_listen)",
 		"none: a host needs one", []string{RoleHost}, func(c *Config) *string { return &c.ServerAddress }),
+	{
+		Path: "peer_address", Kind: KindString, Roles: []string{RoleHost},
+		Description: "this host's address on the group link (its direct link to the other GPU hosts): group engines meet and talk there, unauthenticated",
+		defaultText: "the local address of the host's connection to its server",
+		parse: func(c *Config, _ *loadContext, v string) (string, error) {
+			v = strings.TrimSpace(v)
+			c.PeerAddress = v
+			if v != "" && (strings.ContainsAny(v, " /:") && net.ParseIP(v) == nil) {
+				return v, fmt.Errorf("%q is not an IP address or a host name", v)
+			}
+			return v, nil
+		},
+	},
+	{
+		Path: "rendezvous_ports", Kind: KindPorts, Default: "25000-25099", Roles: []string{RoleHost},
+		Description: "ports a group head's engines meet on (torch.distributed's store), first-last, on peer_address",
+		parse: func(c *Config, _ *loadContext, v string) (string, error) {
+			r, err := ParsePortRange(v)
+			c.RendezvousPorts = r
+			return r.String(), err
+		},
+	},
+	boolSetting("require_rdma", false, "group traffic must go over RDMA: a group member on this host never falls back to TCP", []string{RoleHost},
+		func(c *Config) *bool { return &c.RequireRDMA }),
+	durationSetting("group_stall_timeout", "120s", false,
+		"how long a group's bring-up may go without its head becoming ready before the group is stopped (group_stalled)", []string{RoleServer},
+		func(c *Config) *structs.Duration { return &c.GroupStallTimeout }),
 	{
 		Path: "plugin_dir", Kind: KindPath, Roles: engineSide,
 		Description: "where third-party drivers (capyctl-driver-<name>) are found",

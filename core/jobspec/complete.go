@@ -67,6 +67,14 @@ func complete(d *structs.Deployment, has func(path string) bool) {
 	if !has("lmcache") {
 		d.LMCache = DefaultLMCache
 	}
+	if d.Topology != nil {
+		if !has("topology.tensor_parallel") {
+			d.Topology.TensorParallel = 1
+		}
+		if !has("topology.pipeline_parallel") {
+			d.Topology.PipelineParallel = 1
+		}
+	}
 	if !has("lmcache_pool") {
 		d.LMCachePool = DefaultLMCachePool
 	}

@@ -62,9 +62,10 @@ var (
 	}
 	deploymentSchema = &hcl.BodySchema{
 		Attributes: attrs("engine", "api", "routes", "residency", "lmcache", "lmcache_pool", "instances", "request_deadline"),
-		Blocks:     blocks("model", "resources", "lifecycle", "timeouts", "limits", "engine_config", "placement"),
+		Blocks:     blocks("model", "resources", "lifecycle", "timeouts", "limits", "engine_config", "placement", "topology"),
 	}
 	placementSchema = &hcl.BodySchema{Attributes: attrs("hosts")}
+	topologySchema  = &hcl.BodySchema{Attributes: attrs("tensor_parallel", "pipeline_parallel")}
 	modelSchema     = &hcl.BodySchema{Attributes: attrs("path", "hf", "revision", "content_fingerprint")}
 	resourcesSchema = &hcl.BodySchema{Attributes: attrs("gpu", "ram"), Blocks: blocks(Phases...)}
 	phaseSchema     = &hcl.BodySchema{Attributes: attrs("gpu", "ram")}
@@ -170,6 +171,11 @@ func decodeDeployment(b *hcl.Block) (*spec, hcl.Diagnostics) {
 			c := dc.content(blk.Body, placementSchema)
 			d.Placement = &structs.PlacementSpec{}
 			dc.strList(c, "hosts", "placement.hosts", &d.Placement.Hosts)
+		case "topology":
+			c := dc.content(blk.Body, topologySchema)
+			d.Topology = &structs.TopologySpec{TensorParallel: 1, PipelineParallel: 1}
+			dc.integer(c, "tensor_parallel", "topology.tensor_parallel", &d.Topology.TensorParallel)
+			dc.integer(c, "pipeline_parallel", "topology.pipeline_parallel", &d.Topology.PipelineParallel)
 		}
 	}
 	return &spec{d: d, set: dc.set, block: &block}, dc.diags

@@ -40,6 +40,9 @@ type Diagnostic struct {
 	Field   string `json:"field,omitempty"`
 	Summary string `json:"summary"`
 	Detail  string `json:"detail,omitempty"`
+	// Code is the catalogue code of a refusal more precise than
+	// invalid_config (group_placement_required), empty otherwise.
+	Code structs.Code `json:"code,omitempty"`
 }
 
 // String renders "file:line:col: summary: detail".
@@ -173,7 +176,11 @@ func diagError(diags []Diagnostic) *structs.Error {
 	if n := len(diags) - 1; n > 0 {
 		msg = fmt.Sprintf("%s (and %d more)", msg, n)
 	}
-	e := structs.Errf(structs.CodeInvalidConfig, "%s", msg).WithDetail("diagnostics", diags)
+	code := structs.CodeInvalidConfig
+	if diags[0].Code != "" {
+		code = diags[0].Code
+	}
+	e := structs.Errf(code, "%s", msg).WithDetail("diagnostics", diags)
 	if diags[0].Field != "" {
 		e.WithDetail("field", diags[0].Field)
 	}

@@ -199,6 +199,8 @@ func validateTop(c *checker, d *structs.Deployment) {
 		}
 	}
 
+	c.group(d)
+
 	t := d.Timeouts
 	c.optional("timeouts.initialize", t.Initialize, true)
 	c.optional("timeouts.wake", t.Wake, true)
@@ -443,4 +445,53 @@ func conflicts(specs []*spec) []Diagnostic {
 		}
 	}
 	return out
+}
+
+// MaxParallel bounds topology.tensor_parallel and pipeline_parallel.
+const MaxParallel = 256
+
+// coded adds a diagnostic with a catalogue code of its own.
+func (c *checker) coded(code structs.Code, field, format string, args ...any) {
+	c.bad(field, format, args...)
+	c.diags[len(c.diags)-1].Code = code
+}
+
+// group checks a topology (one model across machines) and the member a
+// server set for one host.
+func (c *checker) group(d *structs.Deployment) {
+	if t := d.Topology; t != nil {
+		c.intRange("topology.tensor_parallel", t.TensorParallel, 1, MaxParallel)
+		c.intRange("topology.pipeline_parallel", t.PipelineParallel, 1, MaxParallel)
+		n := 0
+		if d.Placement != nil {
+			n = len(d.Placement.Hosts)
+		}
+		switch {
+		case n < 2:
+			c.coded(structs.CodeGroupPlacementRequired, "placement.hosts",
+				"a topology runs one engine rank per machine: placement.hosts must name at least two hosts (capyctl list hosts)")
+		case t.TensorParallel >= 1 && t.PipelineParallel >= 1 && t.World()%n != 0:
+			c.coded(structs.CodeGroupTopologyInvalid, "topology",
+				"tensor_parallel %d × pipeline_parallel %d = %d ranks do not divide over %d hosts: name a number of hosts that divides %d",
+				t.TensorParallel, t.PipelineParallel, t.World(), n, t.World())
+		}
+		if d.Instances > 1 {
+			c.coded(structs.CodeGroupInstancesUnsupported, "instances",
+				"a group runs one instance across its hosts: leave instances unset or 1")
+		}
+	}
+	g := d.Group
+	if g == nil {
+		return
+	}
+	switch {
+	case d.Topology == nil:
+		c.bad("group", "a group member needs the deployment's topology")
+	case g.Size < 2 || g.Rank < 0 || g.Rank >= g.Size:
+		c.bad("group", "rank %d of %d: want a size of at least 2 and a rank below it", g.Rank, g.Size)
+	case len(g.Hosts) != g.Size:
+		c.bad("group.hosts", "%d hosts for a group of %d", len(g.Hosts), g.Size)
+	case g.Rank > 0 && (g.HeadAddress == "" || g.RendezvousPort <= 0 || g.RendezvousPort > 65535):
+		c.bad("group", "a worker needs the head's address and rendezvous port")
+	}
 }

@@ -64,9 +64,16 @@ type Deployment struct {
 	// Placement constrains the hosts a server places the instances on
 	// (several machines); a standalone role has one host and ignores it.
 	Placement *PlacementSpec `json:"placement,omitempty"`
-	Model     ModelSpec      `json:"model"`
-	Resources *ResourceSpec  `json:"resources,omitempty"`
-	Lifecycle LifecycleSpec  `json:"lifecycle"`
+	// Topology runs one model across several machines (a group): one
+	// engine rank per host of placement.hosts, head first. Nil on one
+	// machine.
+	Topology *TopologySpec `json:"topology,omitempty"`
+	// Group is this host's member of a group, set by the server when it
+	// places one on a host (never in a job spec file).
+	Group     *GroupMember  `json:"group,omitempty"`
+	Model     ModelSpec     `json:"model"`
+	Resources *ResourceSpec `json:"resources,omitempty"`
+	Lifecycle LifecycleSpec `json:"lifecycle"`
 	// RequestDeadline bounds a request until its first output (queueing,
 	// activation and prefill included).
 	RequestDeadline Duration     `json:"request_deadline"`
@@ -85,6 +92,48 @@ type PlacementSpec struct {
 	// Hosts are the host names the instances may run on (empty: any).
 	Hosts []string `json:"hosts,omitempty"`
 }
+
+// TopologySpec is the topology block: the engine's parallelism across the
+// group's machines.
+type TopologySpec struct {
+	TensorParallel   int `json:"tensor_parallel"`
+	PipelineParallel int `json:"pipeline_parallel"`
+}
+
+// World is tensor_parallel × pipeline_parallel.
+func (t *TopologySpec) World() int {
+	if t == nil {
+		return 1
+	}
+	return max(t.TensorParallel, 1) * max(t.PipelineParallel, 1)
+}
+
+// IsGroup reports whether the deployment runs across several machines.
+func (d *Deployment) IsGroup() bool {
+	return d.Topology != nil && d.Placement != nil && len(d.Placement.Hosts) >= 2
+}
+
+// GroupMember is one host's part of a group, as the server placed it.
+type GroupMember struct {
+	// ID names the group placement (the server's attempt), so that a
+	// member left from an older placement is told apart.
+	ID string `json:"id"`
+	// Rank is the node rank (0: the head), Size the number of machines.
+	Rank int `json:"rank"`
+	Size int `json:"size"`
+	// HeadAddress is the head host's peer address; RendezvousPort the
+	// head's rendezvous port, chosen by the head's host from its
+	// rendezvous_ports range (0 in the head's request: its host picks).
+	HeadAddress    string `json:"head_address,omitempty"`
+	RendezvousPort int    `json:"rendezvous_port,omitempty"`
+	// PeerAddress is this member's host's own peer address.
+	PeerAddress string `json:"peer_address,omitempty"`
+	// Hosts are the group's hosts in rank order.
+	Hosts []string `json:"hosts,omitempty"`
+}
+
+// IsHead reports whether the member is the group's head.
+func (g *GroupMember) IsHead() bool { return g != nil && g.Rank == 0 }
 
 // ModelSpec says where the weights are.
 type ModelSpec struct {

@@ -120,6 +120,18 @@ const (
 	CodeHostUnreachable           Code = "host_unreachable"
 	CodeHostDraining              Code = "host_draining"
 	CodeNotLeader                 Code = "not_leader"
+
+	// Groups: one model across several machines.
+	CodeGroupPlacementRequired    Code = "group_placement_required"
+	CodeGroupTopologyInvalid      Code = "group_topology_invalid"
+	CodeGroupShapeUnsupported     Code = "group_shape_unsupported"
+	CodeGroupInstancesUnsupported Code = "group_instances_unsupported"
+	CodeGroupMemberFailed         Code = "group_member_failed"
+	CodeGroupMemberUncertain      Code = "group_member_uncertain"
+	CodeGroupWakeMismatch         Code = "group_wake_mismatch"
+	CodeGroupStalled              Code = "group_stalled"
+	CodePeerAddressMissing        Code = "peer_address_missing"
+	CodeRendezvousPortsExhausted  Code = "rendezvous_ports_exhausted"
 )
 
 var catalogue = map[Code]CodeInfo{}
@@ -218,6 +230,16 @@ func init() {
 	row(CodeHostDraining, 4, false, "the host is draining: it takes no new placement (capyctl drain host --resume)")
 	row(CodeHostRevoked, 3, false, "the host was removed from the server; its certificate is refused on every new connection")
 	row(CodeNotLeader, 28, true, "this server is not the leader of the server cluster and cannot commit a change; details name the leader (leader_id, leader_address; empty while an election runs)")
+	row(CodeGroupPlacementRequired, 2, false, "a topology needs placement.hosts naming at least two hosts, one rank per host")
+	row(CodeGroupTopologyInvalid, 2, false, "the topology does not divide over the group's machines (tensor_parallel × pipeline_parallel must divide by the number of hosts)")
+	row(CodeGroupShapeUnsupported, 5, false, "the engine cannot run this group shape (the engine follows the colon: TensorFold runs tensor_parallel 2 on exactly two machines; llama.cpp and custom engines run no groups)")
+	row(CodeGroupInstancesUnsupported, 5, false, "a group runs one instance: leave instances unset or 1")
+	row(CodeGroupMemberFailed, 13, false, "a member of the group failed (its host and rank named); the whole group was stopped")
+	row(CodeGroupMemberUncertain, 13, true, "a member's host agent is out of reach: the member's state is unknown and its charge is kept until the agent is back")
+	row(CodeGroupWakeMismatch, 13, false, "the woken group answered the wake check differently; the group was stopped")
+	row(CodeGroupStalled, 13, false, "the group's bring-up stalled past group_stall_timeout; the group was stopped")
+	row(CodePeerAddressMissing, 2, false, "a group member's host has no peer address (set peer_address, --peer-address or CAPYCTL_PEER_ADDRESS on the host)")
+	row(CodeRendezvousPortsExhausted, 4, true, "every port of the head host's rendezvous_ports range is taken")
 }
 
 // Lookup returns the catalogue row of a code (suffix ignored); unknown codes

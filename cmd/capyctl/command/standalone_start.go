@@ -60,20 +60,24 @@ Start Options:
 
 // roleFlags maps named flags to setting paths.
 var roleFlags = map[string]string{
-	"listen":            "listen",
-	"management-listen": "management_listen",
-	"models-root":       "models_root",
-	"engine-ports":      "engine_ports",
-	"plugin-dir":        "plugin_dir",
-	"gpu-provider":      "gpu.provider",
-	"engine-logs":       "engine_logs",
-	"engine-telemetry":  "engine_telemetry",
-	"retention":         "retention",
-	"log-level":         "log_level",
-	"log-format":        "log_format",
-	"hostname":          "hostname",
-	"server":            "server_address",
-	"cluster-listen":    "cluster_listen",
+	"listen":              "listen",
+	"management-listen":   "management_listen",
+	"models-root":         "models_root",
+	"engine-ports":        "engine_ports",
+	"plugin-dir":          "plugin_dir",
+	"gpu-provider":        "gpu.provider",
+	"engine-logs":         "engine_logs",
+	"engine-telemetry":    "engine_telemetry",
+	"retention":           "retention",
+	"log-level":           "log_level",
+	"log-format":          "log_format",
+	"hostname":            "hostname",
+	"server":              "server_address",
+	"cluster-listen":      "cluster_listen",
+	"peer-address":        "peer_address",
+	"rendezvous-ports":    "rendezvous_ports",
+	"require-rdma":        "require_rdma",
+	"group-stall-timeout": "group_stall_timeout",
 }
 
 // roleOptions are the role flags of `start <role>` and `config show`.

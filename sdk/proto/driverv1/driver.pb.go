@@ -1230,8 +1230,12 @@ type Deployment struct {
 	// lmcache_pool_bytes is the LMCache pool in host RAM, 0 for the
 	// driver's default (4 GiB).
 	LmcachePoolBytes int64 `protobuf:"varint,21,opt,name=lmcache_pool_bytes,json=lmcachePoolBytes,proto3" json:"lmcache_pool_bytes,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// group is this launch's place in a model run across several machines
+	// (one engine rank per host, head first); absent on one machine. Only
+	// drivers with Capabilities.groups are given one.
+	Group         *Group `protobuf:"bytes,22,opt,name=group,proto3" json:"group,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Deployment) Reset() {
@@ -1411,6 +1415,129 @@ func (x *Deployment) GetLmcachePoolBytes() int64 {
 	return 0
 }
 
+func (x *Deployment) GetGroup() *Group {
+	if x != nil {
+		return x.Group
+	}
+	return nil
+}
+
+// Group is one member of a group: the facts a driver renders into the
+// engine's own multi-node options. The core decided each of them; the
+// driver adds none of its own (no NCCL_* variable, no other address).
+type Group struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// rank is the node rank: 0 is the head, which serves the engine's HTTP
+	// API; the others are workers.
+	Rank int32 `protobuf:"varint,1,opt,name=rank,proto3" json:"rank,omitempty"`
+	// size is the number of machines (ranks) in the group, at least 2.
+	Size int32 `protobuf:"varint,2,opt,name=size,proto3" json:"size,omitempty"`
+	// tensor_parallel and pipeline_parallel are the job spec's topology;
+	// their product divides by size (TensorFold: both 2 and 1, size 2).
+	TensorParallel   int32 `protobuf:"varint,3,opt,name=tensor_parallel,json=tensorParallel,proto3" json:"tensor_parallel,omitempty"`
+	PipelineParallel int32 `protobuf:"varint,4,opt,name=pipeline_parallel,json=pipelineParallel,proto3" json:"pipeline_parallel,omitempty"`
+	// head_address is the head host's peer address (an IP address or a
+	// name on the group's link), rendezvous_port the head's rendezvous port
+	// from its host's rendezvous_ports range: the engines meet at
+	// head_address:rendezvous_port.
+	HeadAddress    string `protobuf:"bytes,5,opt,name=head_address,json=headAddress,proto3" json:"head_address,omitempty"`
+	RendezvousPort int32  `protobuf:"varint,6,opt,name=rendezvous_port,json=rendezvousPort,proto3" json:"rendezvous_port,omitempty"`
+	// peer_address is this host's own address on the group's link (the
+	// engines' socket interface is chosen from it).
+	PeerAddress string `protobuf:"bytes,7,opt,name=peer_address,json=peerAddress,proto3" json:"peer_address,omitempty"`
+	// require_rdma is the host's require_rdma setting: the group's traffic
+	// must go over RDMA, never fall back to TCP.
+	RequireRdma   bool `protobuf:"varint,8,opt,name=require_rdma,json=requireRdma,proto3" json:"require_rdma,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Group) Reset() {
+	*x = Group{}
+	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Group) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Group) ProtoMessage() {}
+
+func (x *Group) ProtoReflect() protoreflect.Message {
+	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Group.ProtoReflect.Descriptor instead.
+func (*Group) Descriptor() ([]byte, []int) {
+	return file_sdk_proto_driverv1_driver_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *Group) GetRank() int32 {
+	if x != nil {
+		return x.Rank
+	}
+	return 0
+}
+
+func (x *Group) GetSize() int32 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
+}
+
+func (x *Group) GetTensorParallel() int32 {
+	if x != nil {
+		return x.TensorParallel
+	}
+	return 0
+}
+
+func (x *Group) GetPipelineParallel() int32 {
+	if x != nil {
+		return x.PipelineParallel
+	}
+	return 0
+}
+
+func (x *Group) GetHeadAddress() string {
+	if x != nil {
+		return x.HeadAddress
+	}
+	return ""
+}
+
+func (x *Group) GetRendezvousPort() int32 {
+	if x != nil {
+		return x.RendezvousPort
+	}
+	return 0
+}
+
+func (x *Group) GetPeerAddress() string {
+	if x != nil {
+		return x.PeerAddress
+	}
+	return ""
+}
+
+func (x *Group) GetRequireRdma() bool {
+	if x != nil {
+		return x.RequireRdma
+	}
+	return false
+}
+
 type Resources struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// declared is true when the deployment has a resources block.
@@ -1423,7 +1550,7 @@ type Resources struct {
 
 func (x *Resources) Reset() {
 	*x = Resources{}
-	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[11]
+	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1435,7 +1562,7 @@ func (x *Resources) String() string {
 func (*Resources) ProtoMessage() {}
 
 func (x *Resources) ProtoReflect() protoreflect.Message {
-	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[11]
+	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1448,7 +1575,7 @@ func (x *Resources) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Resources.ProtoReflect.Descriptor instead.
 func (*Resources) Descriptor() ([]byte, []int) {
-	return file_sdk_proto_driverv1_driver_proto_rawDescGZIP(), []int{11}
+	return file_sdk_proto_driverv1_driver_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Resources) GetDeclared() bool {
@@ -1483,7 +1610,7 @@ type MemorySizes struct {
 
 func (x *MemorySizes) Reset() {
 	*x = MemorySizes{}
-	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[12]
+	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1495,7 +1622,7 @@ func (x *MemorySizes) String() string {
 func (*MemorySizes) ProtoMessage() {}
 
 func (x *MemorySizes) ProtoReflect() protoreflect.Message {
-	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[12]
+	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1508,7 +1635,7 @@ func (x *MemorySizes) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MemorySizes.ProtoReflect.Descriptor instead.
 func (*MemorySizes) Descriptor() ([]byte, []int) {
-	return file_sdk_proto_driverv1_driver_proto_rawDescGZIP(), []int{12}
+	return file_sdk_proto_driverv1_driver_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *MemorySizes) GetRequestBytes() int64 {
@@ -1571,7 +1698,7 @@ type LaunchContext struct {
 
 func (x *LaunchContext) Reset() {
 	*x = LaunchContext{}
-	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[13]
+	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1583,7 +1710,7 @@ func (x *LaunchContext) String() string {
 func (*LaunchContext) ProtoMessage() {}
 
 func (x *LaunchContext) ProtoReflect() protoreflect.Message {
-	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[13]
+	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1596,7 +1723,7 @@ func (x *LaunchContext) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LaunchContext.ProtoReflect.Descriptor instead.
 func (*LaunchContext) Descriptor() ([]byte, []int) {
-	return file_sdk_proto_driverv1_driver_proto_rawDescGZIP(), []int{13}
+	return file_sdk_proto_driverv1_driver_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *LaunchContext) GetPort() int32 {
@@ -1681,7 +1808,7 @@ type PlanRequest struct {
 
 func (x *PlanRequest) Reset() {
 	*x = PlanRequest{}
-	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[14]
+	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1693,7 +1820,7 @@ func (x *PlanRequest) String() string {
 func (*PlanRequest) ProtoMessage() {}
 
 func (x *PlanRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[14]
+	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1706,7 +1833,7 @@ func (x *PlanRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PlanRequest.ProtoReflect.Descriptor instead.
 func (*PlanRequest) Descriptor() ([]byte, []int) {
-	return file_sdk_proto_driverv1_driver_proto_rawDescGZIP(), []int{14}
+	return file_sdk_proto_driverv1_driver_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *PlanRequest) GetInstallation() *Installation {
@@ -1751,7 +1878,7 @@ type Refusal struct {
 
 func (x *Refusal) Reset() {
 	*x = Refusal{}
-	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[15]
+	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1763,7 +1890,7 @@ func (x *Refusal) String() string {
 func (*Refusal) ProtoMessage() {}
 
 func (x *Refusal) ProtoReflect() protoreflect.Message {
-	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[15]
+	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1776,7 +1903,7 @@ func (x *Refusal) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Refusal.ProtoReflect.Descriptor instead.
 func (*Refusal) Descriptor() ([]byte, []int) {
-	return file_sdk_proto_driverv1_driver_proto_rawDescGZIP(), []int{15}
+	return file_sdk_proto_driverv1_driver_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Refusal) GetCode() string {
@@ -1831,7 +1958,7 @@ type MemoryHints struct {
 
 func (x *MemoryHints) Reset() {
 	*x = MemoryHints{}
-	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[16]
+	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1843,7 +1970,7 @@ func (x *MemoryHints) String() string {
 func (*MemoryHints) ProtoMessage() {}
 
 func (x *MemoryHints) ProtoReflect() protoreflect.Message {
-	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[16]
+	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1856,7 +1983,7 @@ func (x *MemoryHints) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MemoryHints.ProtoReflect.Descriptor instead.
 func (*MemoryHints) Descriptor() ([]byte, []int) {
-	return file_sdk_proto_driverv1_driver_proto_rawDescGZIP(), []int{16}
+	return file_sdk_proto_driverv1_driver_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *MemoryHints) GetWeightsBytes() int64 {
@@ -1942,7 +2069,7 @@ type Parsers struct {
 
 func (x *Parsers) Reset() {
 	*x = Parsers{}
-	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[17]
+	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1954,7 +2081,7 @@ func (x *Parsers) String() string {
 func (*Parsers) ProtoMessage() {}
 
 func (x *Parsers) ProtoReflect() protoreflect.Message {
-	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[17]
+	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1967,7 +2094,7 @@ func (x *Parsers) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Parsers.ProtoReflect.Descriptor instead.
 func (*Parsers) Descriptor() ([]byte, []int) {
-	return file_sdk_proto_driverv1_driver_proto_rawDescGZIP(), []int{17}
+	return file_sdk_proto_driverv1_driver_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *Parsers) GetToolCall() string {
@@ -2015,7 +2142,7 @@ type PlanResponse struct {
 
 func (x *PlanResponse) Reset() {
 	*x = PlanResponse{}
-	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[18]
+	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2027,7 +2154,7 @@ func (x *PlanResponse) String() string {
 func (*PlanResponse) ProtoMessage() {}
 
 func (x *PlanResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[18]
+	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2040,7 +2167,7 @@ func (x *PlanResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PlanResponse.ProtoReflect.Descriptor instead.
 func (*PlanResponse) Descriptor() ([]byte, []int) {
-	return file_sdk_proto_driverv1_driver_proto_rawDescGZIP(), []int{18}
+	return file_sdk_proto_driverv1_driver_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *PlanResponse) GetRefusals() []*Refusal {
@@ -2147,7 +2274,7 @@ type LMCachePlan struct {
 
 func (x *LMCachePlan) Reset() {
 	*x = LMCachePlan{}
-	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[19]
+	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2159,7 +2286,7 @@ func (x *LMCachePlan) String() string {
 func (*LMCachePlan) ProtoMessage() {}
 
 func (x *LMCachePlan) ProtoReflect() protoreflect.Message {
-	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[19]
+	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2172,7 +2299,7 @@ func (x *LMCachePlan) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LMCachePlan.ProtoReflect.Descriptor instead.
 func (*LMCachePlan) Descriptor() ([]byte, []int) {
-	return file_sdk_proto_driverv1_driver_proto_rawDescGZIP(), []int{19}
+	return file_sdk_proto_driverv1_driver_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *LMCachePlan) GetRuns() bool {
@@ -2237,7 +2364,7 @@ type StartRequest struct {
 
 func (x *StartRequest) Reset() {
 	*x = StartRequest{}
-	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[20]
+	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2249,7 +2376,7 @@ func (x *StartRequest) String() string {
 func (*StartRequest) ProtoMessage() {}
 
 func (x *StartRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[20]
+	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2262,7 +2389,7 @@ func (x *StartRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartRequest.ProtoReflect.Descriptor instead.
 func (*StartRequest) Descriptor() ([]byte, []int) {
-	return file_sdk_proto_driverv1_driver_proto_rawDescGZIP(), []int{20}
+	return file_sdk_proto_driverv1_driver_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *StartRequest) GetInstallation() *Installation {
@@ -2327,7 +2454,7 @@ type ProcessIdentity struct {
 
 func (x *ProcessIdentity) Reset() {
 	*x = ProcessIdentity{}
-	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[21]
+	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2339,7 +2466,7 @@ func (x *ProcessIdentity) String() string {
 func (*ProcessIdentity) ProtoMessage() {}
 
 func (x *ProcessIdentity) ProtoReflect() protoreflect.Message {
-	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[21]
+	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2352,7 +2479,7 @@ func (x *ProcessIdentity) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProcessIdentity.ProtoReflect.Descriptor instead.
 func (*ProcessIdentity) Descriptor() ([]byte, []int) {
-	return file_sdk_proto_driverv1_driver_proto_rawDescGZIP(), []int{21}
+	return file_sdk_proto_driverv1_driver_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ProcessIdentity) GetPid() int32 {
@@ -2395,7 +2522,7 @@ type Launch struct {
 
 func (x *Launch) Reset() {
 	*x = Launch{}
-	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[22]
+	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2407,7 +2534,7 @@ func (x *Launch) String() string {
 func (*Launch) ProtoMessage() {}
 
 func (x *Launch) ProtoReflect() protoreflect.Message {
-	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[22]
+	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2420,7 +2547,7 @@ func (x *Launch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Launch.ProtoReflect.Descriptor instead.
 func (*Launch) Descriptor() ([]byte, []int) {
-	return file_sdk_proto_driverv1_driver_proto_rawDescGZIP(), []int{22}
+	return file_sdk_proto_driverv1_driver_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *Launch) GetPgid() int32 {
@@ -2519,7 +2646,7 @@ type Endpoint struct {
 
 func (x *Endpoint) Reset() {
 	*x = Endpoint{}
-	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[23]
+	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2531,7 +2658,7 @@ func (x *Endpoint) String() string {
 func (*Endpoint) ProtoMessage() {}
 
 func (x *Endpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[23]
+	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2544,7 +2671,7 @@ func (x *Endpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Endpoint.ProtoReflect.Descriptor instead.
 func (*Endpoint) Descriptor() ([]byte, []int) {
-	return file_sdk_proto_driverv1_driver_proto_rawDescGZIP(), []int{23}
+	return file_sdk_proto_driverv1_driver_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *Endpoint) GetBaseUrl() string {
@@ -2666,7 +2793,7 @@ type StartResponse struct {
 
 func (x *StartResponse) Reset() {
 	*x = StartResponse{}
-	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[24]
+	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2678,7 +2805,7 @@ func (x *StartResponse) String() string {
 func (*StartResponse) ProtoMessage() {}
 
 func (x *StartResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[24]
+	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2691,7 +2818,7 @@ func (x *StartResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartResponse.ProtoReflect.Descriptor instead.
 func (*StartResponse) Descriptor() ([]byte, []int) {
-	return file_sdk_proto_driverv1_driver_proto_rawDescGZIP(), []int{24}
+	return file_sdk_proto_driverv1_driver_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *StartResponse) GetLaunch() *Launch {
@@ -2727,7 +2854,7 @@ type ProbeRequest struct {
 
 func (x *ProbeRequest) Reset() {
 	*x = ProbeRequest{}
-	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[25]
+	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2739,7 +2866,7 @@ func (x *ProbeRequest) String() string {
 func (*ProbeRequest) ProtoMessage() {}
 
 func (x *ProbeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[25]
+	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2752,7 +2879,7 @@ func (x *ProbeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProbeRequest.ProtoReflect.Descriptor instead.
 func (*ProbeRequest) Descriptor() ([]byte, []int) {
-	return file_sdk_proto_driverv1_driver_proto_rawDescGZIP(), []int{25}
+	return file_sdk_proto_driverv1_driver_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ProbeRequest) GetInstanceId() string {
@@ -2801,7 +2928,7 @@ type ProbeResponse struct {
 
 func (x *ProbeResponse) Reset() {
 	*x = ProbeResponse{}
-	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[26]
+	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2813,7 +2940,7 @@ func (x *ProbeResponse) String() string {
 func (*ProbeResponse) ProtoMessage() {}
 
 func (x *ProbeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[26]
+	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2826,7 +2953,7 @@ func (x *ProbeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProbeResponse.ProtoReflect.Descriptor instead.
 func (*ProbeResponse) Descriptor() ([]byte, []int) {
-	return file_sdk_proto_driverv1_driver_proto_rawDescGZIP(), []int{26}
+	return file_sdk_proto_driverv1_driver_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ProbeResponse) GetAlive() bool {
@@ -2902,7 +3029,7 @@ type ParkRequest struct {
 
 func (x *ParkRequest) Reset() {
 	*x = ParkRequest{}
-	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[27]
+	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2914,7 +3041,7 @@ func (x *ParkRequest) String() string {
 func (*ParkRequest) ProtoMessage() {}
 
 func (x *ParkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[27]
+	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2927,7 +3054,7 @@ func (x *ParkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ParkRequest.ProtoReflect.Descriptor instead.
 func (*ParkRequest) Descriptor() ([]byte, []int) {
-	return file_sdk_proto_driverv1_driver_proto_rawDescGZIP(), []int{27}
+	return file_sdk_proto_driverv1_driver_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ParkRequest) GetInstanceId() string {
@@ -2956,7 +3083,7 @@ type ParkResponse struct {
 
 func (x *ParkResponse) Reset() {
 	*x = ParkResponse{}
-	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[28]
+	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2968,7 +3095,7 @@ func (x *ParkResponse) String() string {
 func (*ParkResponse) ProtoMessage() {}
 
 func (x *ParkResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[28]
+	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2981,7 +3108,7 @@ func (x *ParkResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ParkResponse.ProtoReflect.Descriptor instead.
 func (*ParkResponse) Descriptor() ([]byte, []int) {
-	return file_sdk_proto_driverv1_driver_proto_rawDescGZIP(), []int{28}
+	return file_sdk_proto_driverv1_driver_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ParkResponse) GetDetail() string {
@@ -3008,7 +3135,7 @@ type WakeRequest struct {
 
 func (x *WakeRequest) Reset() {
 	*x = WakeRequest{}
-	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[29]
+	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3020,7 +3147,7 @@ func (x *WakeRequest) String() string {
 func (*WakeRequest) ProtoMessage() {}
 
 func (x *WakeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[29]
+	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3033,7 +3160,7 @@ func (x *WakeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WakeRequest.ProtoReflect.Descriptor instead.
 func (*WakeRequest) Descriptor() ([]byte, []int) {
-	return file_sdk_proto_driverv1_driver_proto_rawDescGZIP(), []int{29}
+	return file_sdk_proto_driverv1_driver_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *WakeRequest) GetInstanceId() string {
@@ -3061,7 +3188,7 @@ type WakeResponse struct {
 
 func (x *WakeResponse) Reset() {
 	*x = WakeResponse{}
-	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[30]
+	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3073,7 +3200,7 @@ func (x *WakeResponse) String() string {
 func (*WakeResponse) ProtoMessage() {}
 
 func (x *WakeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[30]
+	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3086,7 +3213,7 @@ func (x *WakeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WakeResponse.ProtoReflect.Descriptor instead.
 func (*WakeResponse) Descriptor() ([]byte, []int) {
-	return file_sdk_proto_driverv1_driver_proto_rawDescGZIP(), []int{30}
+	return file_sdk_proto_driverv1_driver_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *WakeResponse) GetCanary() string {
@@ -3113,7 +3240,7 @@ type AbortRequest struct {
 
 func (x *AbortRequest) Reset() {
 	*x = AbortRequest{}
-	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[31]
+	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3125,7 +3252,7 @@ func (x *AbortRequest) String() string {
 func (*AbortRequest) ProtoMessage() {}
 
 func (x *AbortRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[31]
+	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3138,7 +3265,7 @@ func (x *AbortRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AbortRequest.ProtoReflect.Descriptor instead.
 func (*AbortRequest) Descriptor() ([]byte, []int) {
-	return file_sdk_proto_driverv1_driver_proto_rawDescGZIP(), []int{31}
+	return file_sdk_proto_driverv1_driver_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *AbortRequest) GetInstanceId() string {
@@ -3166,7 +3293,7 @@ type AbortResponse struct {
 
 func (x *AbortResponse) Reset() {
 	*x = AbortResponse{}
-	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[32]
+	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3178,7 +3305,7 @@ func (x *AbortResponse) String() string {
 func (*AbortResponse) ProtoMessage() {}
 
 func (x *AbortResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[32]
+	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3191,7 +3318,7 @@ func (x *AbortResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AbortResponse.ProtoReflect.Descriptor instead.
 func (*AbortResponse) Descriptor() ([]byte, []int) {
-	return file_sdk_proto_driverv1_driver_proto_rawDescGZIP(), []int{32}
+	return file_sdk_proto_driverv1_driver_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *AbortResponse) GetMode() AbortMode {
@@ -3217,7 +3344,7 @@ type LoadRequest struct {
 
 func (x *LoadRequest) Reset() {
 	*x = LoadRequest{}
-	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[33]
+	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3229,7 +3356,7 @@ func (x *LoadRequest) String() string {
 func (*LoadRequest) ProtoMessage() {}
 
 func (x *LoadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[33]
+	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3242,7 +3369,7 @@ func (x *LoadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoadRequest.ProtoReflect.Descriptor instead.
 func (*LoadRequest) Descriptor() ([]byte, []int) {
-	return file_sdk_proto_driverv1_driver_proto_rawDescGZIP(), []int{33}
+	return file_sdk_proto_driverv1_driver_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *LoadRequest) GetInstanceId() string {
@@ -3268,7 +3395,7 @@ type LoadResponse struct {
 
 func (x *LoadResponse) Reset() {
 	*x = LoadResponse{}
-	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[34]
+	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3280,7 +3407,7 @@ func (x *LoadResponse) String() string {
 func (*LoadResponse) ProtoMessage() {}
 
 func (x *LoadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[34]
+	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3293,7 +3420,7 @@ func (x *LoadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoadResponse.ProtoReflect.Descriptor instead.
 func (*LoadResponse) Descriptor() ([]byte, []int) {
-	return file_sdk_proto_driverv1_driver_proto_rawDescGZIP(), []int{34}
+	return file_sdk_proto_driverv1_driver_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *LoadResponse) GetKnown() bool {
@@ -3351,7 +3478,7 @@ type StopRequest struct {
 
 func (x *StopRequest) Reset() {
 	*x = StopRequest{}
-	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[35]
+	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3363,7 +3490,7 @@ func (x *StopRequest) String() string {
 func (*StopRequest) ProtoMessage() {}
 
 func (x *StopRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[35]
+	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3376,7 +3503,7 @@ func (x *StopRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StopRequest.ProtoReflect.Descriptor instead.
 func (*StopRequest) Descriptor() ([]byte, []int) {
-	return file_sdk_proto_driverv1_driver_proto_rawDescGZIP(), []int{35}
+	return file_sdk_proto_driverv1_driver_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *StopRequest) GetInstanceId() string {
@@ -3421,7 +3548,7 @@ type StopResponse struct {
 
 func (x *StopResponse) Reset() {
 	*x = StopResponse{}
-	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[36]
+	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3433,7 +3560,7 @@ func (x *StopResponse) String() string {
 func (*StopResponse) ProtoMessage() {}
 
 func (x *StopResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[36]
+	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3446,7 +3573,7 @@ func (x *StopResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StopResponse.ProtoReflect.Descriptor instead.
 func (*StopResponse) Descriptor() ([]byte, []int) {
-	return file_sdk_proto_driverv1_driver_proto_rawDescGZIP(), []int{36}
+	return file_sdk_proto_driverv1_driver_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *StopResponse) GetGone() bool {
@@ -3506,7 +3633,7 @@ type RecoverRequest struct {
 
 func (x *RecoverRequest) Reset() {
 	*x = RecoverRequest{}
-	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[37]
+	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3518,7 +3645,7 @@ func (x *RecoverRequest) String() string {
 func (*RecoverRequest) ProtoMessage() {}
 
 func (x *RecoverRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[37]
+	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3531,7 +3658,7 @@ func (x *RecoverRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RecoverRequest.ProtoReflect.Descriptor instead.
 func (*RecoverRequest) Descriptor() ([]byte, []int) {
-	return file_sdk_proto_driverv1_driver_proto_rawDescGZIP(), []int{37}
+	return file_sdk_proto_driverv1_driver_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *RecoverRequest) GetInstanceId() string {
@@ -3622,7 +3749,7 @@ type RecoverResponse struct {
 
 func (x *RecoverResponse) Reset() {
 	*x = RecoverResponse{}
-	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[38]
+	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3634,7 +3761,7 @@ func (x *RecoverResponse) String() string {
 func (*RecoverResponse) ProtoMessage() {}
 
 func (x *RecoverResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[38]
+	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3647,7 +3774,7 @@ func (x *RecoverResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RecoverResponse.ProtoReflect.Descriptor instead.
 func (*RecoverResponse) Descriptor() ([]byte, []int) {
-	return file_sdk_proto_driverv1_driver_proto_rawDescGZIP(), []int{38}
+	return file_sdk_proto_driverv1_driver_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *RecoverResponse) GetState() RecoverState {
@@ -3698,7 +3825,7 @@ type LogsRequest struct {
 
 func (x *LogsRequest) Reset() {
 	*x = LogsRequest{}
-	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[39]
+	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3710,7 +3837,7 @@ func (x *LogsRequest) String() string {
 func (*LogsRequest) ProtoMessage() {}
 
 func (x *LogsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[39]
+	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3723,7 +3850,7 @@ func (x *LogsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogsRequest.ProtoReflect.Descriptor instead.
 func (*LogsRequest) Descriptor() ([]byte, []int) {
-	return file_sdk_proto_driverv1_driver_proto_rawDescGZIP(), []int{39}
+	return file_sdk_proto_driverv1_driver_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *LogsRequest) GetInstanceId() string {
@@ -3757,7 +3884,7 @@ type LogsResponse struct {
 
 func (x *LogsResponse) Reset() {
 	*x = LogsResponse{}
-	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[40]
+	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3769,7 +3896,7 @@ func (x *LogsResponse) String() string {
 func (*LogsResponse) ProtoMessage() {}
 
 func (x *LogsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[40]
+	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3782,7 +3909,7 @@ func (x *LogsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogsResponse.ProtoReflect.Descriptor instead.
 func (*LogsResponse) Descriptor() ([]byte, []int) {
-	return file_sdk_proto_driverv1_driver_proto_rawDescGZIP(), []int{40}
+	return file_sdk_proto_driverv1_driver_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *LogsResponse) GetText() string {
@@ -3879,7 +4006,7 @@ const file_sdk_proto_driverv1_driver_proto_rawDesc = "" +
 	"\almcache\x18\v \x01(\tR\almcache\x1a:\n" +
 	"\fHostEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xdd\x06\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x8d\a\n" +
 	"\n" +
 	"Deployment\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1a\n" +
@@ -3906,10 +4033,20 @@ const file_sdk_proto_driverv1_driver_proto_rawDesc = "" +
 	"\tresources\x18\x12 \x01(\v2\x1c.capyctl.driver.v1.ResourcesR\tresources\x126\n" +
 	"\x06memory\x18\x13 \x01(\v2\x1e.capyctl.driver.v1.MemorySizesR\x06memory\x12\x18\n" +
 	"\almcache\x18\x14 \x01(\tR\almcache\x12,\n" +
-	"\x12lmcache_pool_bytes\x18\x15 \x01(\x03R\x10lmcachePoolBytes\x1a6\n" +
+	"\x12lmcache_pool_bytes\x18\x15 \x01(\x03R\x10lmcachePoolBytes\x12.\n" +
+	"\x05group\x18\x16 \x01(\v2\x18.capyctl.driver.v1.GroupR\x05group\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"i\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x97\x02\n" +
+	"\x05Group\x12\x12\n" +
+	"\x04rank\x18\x01 \x01(\x05R\x04rank\x12\x12\n" +
+	"\x04size\x18\x02 \x01(\x05R\x04size\x12'\n" +
+	"\x0ftensor_parallel\x18\x03 \x01(\x05R\x0etensorParallel\x12+\n" +
+	"\x11pipeline_parallel\x18\x04 \x01(\x05R\x10pipelineParallel\x12!\n" +
+	"\fhead_address\x18\x05 \x01(\tR\vheadAddress\x12'\n" +
+	"\x0frendezvous_port\x18\x06 \x01(\x05R\x0erendezvousPort\x12!\n" +
+	"\fpeer_address\x18\a \x01(\tR\vpeerAddress\x12!\n" +
+	"\frequire_rdma\x18\b \x01(\bR\vrequireRdma\"i\n" +
 	"\tResources\x12\x1a\n" +
 	"\bdeclared\x18\x01 \x01(\bR\bdeclared\x12!\n" +
 	"\fdevice_bytes\x18\x02 \x01(\x03R\vdeviceBytes\x12\x1d\n" +
@@ -4189,7 +4326,7 @@ func file_sdk_proto_driverv1_driver_proto_rawDescGZIP() []byte {
 }
 
 var file_sdk_proto_driverv1_driver_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_sdk_proto_driverv1_driver_proto_msgTypes = make([]protoimpl.MessageInfo, 48)
+var file_sdk_proto_driverv1_driver_proto_msgTypes = make([]protoimpl.MessageInfo, 49)
 var file_sdk_proto_driverv1_driver_proto_goTypes = []any{
 	(AbortMode)(0),           // 0: capyctl.driver.v1.AbortMode
 	(NonStreamedHangup)(0),   // 1: capyctl.driver.v1.NonStreamedHangup
@@ -4208,123 +4345,125 @@ var file_sdk_proto_driverv1_driver_proto_goTypes = []any{
 	(*Installation)(nil),     // 14: capyctl.driver.v1.Installation
 	(*HostPolicy)(nil),       // 15: capyctl.driver.v1.HostPolicy
 	(*Deployment)(nil),       // 16: capyctl.driver.v1.Deployment
-	(*Resources)(nil),        // 17: capyctl.driver.v1.Resources
-	(*MemorySizes)(nil),      // 18: capyctl.driver.v1.MemorySizes
-	(*LaunchContext)(nil),    // 19: capyctl.driver.v1.LaunchContext
-	(*PlanRequest)(nil),      // 20: capyctl.driver.v1.PlanRequest
-	(*Refusal)(nil),          // 21: capyctl.driver.v1.Refusal
-	(*MemoryHints)(nil),      // 22: capyctl.driver.v1.MemoryHints
-	(*Parsers)(nil),          // 23: capyctl.driver.v1.Parsers
-	(*PlanResponse)(nil),     // 24: capyctl.driver.v1.PlanResponse
-	(*LMCachePlan)(nil),      // 25: capyctl.driver.v1.LMCachePlan
-	(*StartRequest)(nil),     // 26: capyctl.driver.v1.StartRequest
-	(*ProcessIdentity)(nil),  // 27: capyctl.driver.v1.ProcessIdentity
-	(*Launch)(nil),           // 28: capyctl.driver.v1.Launch
-	(*Endpoint)(nil),         // 29: capyctl.driver.v1.Endpoint
-	(*StartResponse)(nil),    // 30: capyctl.driver.v1.StartResponse
-	(*ProbeRequest)(nil),     // 31: capyctl.driver.v1.ProbeRequest
-	(*ProbeResponse)(nil),    // 32: capyctl.driver.v1.ProbeResponse
-	(*ParkRequest)(nil),      // 33: capyctl.driver.v1.ParkRequest
-	(*ParkResponse)(nil),     // 34: capyctl.driver.v1.ParkResponse
-	(*WakeRequest)(nil),      // 35: capyctl.driver.v1.WakeRequest
-	(*WakeResponse)(nil),     // 36: capyctl.driver.v1.WakeResponse
-	(*AbortRequest)(nil),     // 37: capyctl.driver.v1.AbortRequest
-	(*AbortResponse)(nil),    // 38: capyctl.driver.v1.AbortResponse
-	(*LoadRequest)(nil),      // 39: capyctl.driver.v1.LoadRequest
-	(*LoadResponse)(nil),     // 40: capyctl.driver.v1.LoadResponse
-	(*StopRequest)(nil),      // 41: capyctl.driver.v1.StopRequest
-	(*StopResponse)(nil),     // 42: capyctl.driver.v1.StopResponse
-	(*RecoverRequest)(nil),   // 43: capyctl.driver.v1.RecoverRequest
-	(*RecoverResponse)(nil),  // 44: capyctl.driver.v1.RecoverResponse
-	(*LogsRequest)(nil),      // 45: capyctl.driver.v1.LogsRequest
-	(*LogsResponse)(nil),     // 46: capyctl.driver.v1.LogsResponse
-	nil,                      // 47: capyctl.driver.v1.DetectResponse.DetailsEntry
-	nil,                      // 48: capyctl.driver.v1.Installation.DetailsEntry
-	nil,                      // 49: capyctl.driver.v1.HostPolicy.HostEnvEntry
-	nil,                      // 50: capyctl.driver.v1.Deployment.EnvEntry
-	nil,                      // 51: capyctl.driver.v1.PlanResponse.EnvEntry
-	nil,                      // 52: capyctl.driver.v1.LMCachePlan.EnvEntry
-	nil,                      // 53: capyctl.driver.v1.LoadResponse.FiguresEntry
+	(*Group)(nil),            // 17: capyctl.driver.v1.Group
+	(*Resources)(nil),        // 18: capyctl.driver.v1.Resources
+	(*MemorySizes)(nil),      // 19: capyctl.driver.v1.MemorySizes
+	(*LaunchContext)(nil),    // 20: capyctl.driver.v1.LaunchContext
+	(*PlanRequest)(nil),      // 21: capyctl.driver.v1.PlanRequest
+	(*Refusal)(nil),          // 22: capyctl.driver.v1.Refusal
+	(*MemoryHints)(nil),      // 23: capyctl.driver.v1.MemoryHints
+	(*Parsers)(nil),          // 24: capyctl.driver.v1.Parsers
+	(*PlanResponse)(nil),     // 25: capyctl.driver.v1.PlanResponse
+	(*LMCachePlan)(nil),      // 26: capyctl.driver.v1.LMCachePlan
+	(*StartRequest)(nil),     // 27: capyctl.driver.v1.StartRequest
+	(*ProcessIdentity)(nil),  // 28: capyctl.driver.v1.ProcessIdentity
+	(*Launch)(nil),           // 29: capyctl.driver.v1.Launch
+	(*Endpoint)(nil),         // 30: capyctl.driver.v1.Endpoint
+	(*StartResponse)(nil),    // 31: capyctl.driver.v1.StartResponse
+	(*ProbeRequest)(nil),     // 32: capyctl.driver.v1.ProbeRequest
+	(*ProbeResponse)(nil),    // 33: capyctl.driver.v1.ProbeResponse
+	(*ParkRequest)(nil),      // 34: capyctl.driver.v1.ParkRequest
+	(*ParkResponse)(nil),     // 35: capyctl.driver.v1.ParkResponse
+	(*WakeRequest)(nil),      // 36: capyctl.driver.v1.WakeRequest
+	(*WakeResponse)(nil),     // 37: capyctl.driver.v1.WakeResponse
+	(*AbortRequest)(nil),     // 38: capyctl.driver.v1.AbortRequest
+	(*AbortResponse)(nil),    // 39: capyctl.driver.v1.AbortResponse
+	(*LoadRequest)(nil),      // 40: capyctl.driver.v1.LoadRequest
+	(*LoadResponse)(nil),     // 41: capyctl.driver.v1.LoadResponse
+	(*StopRequest)(nil),      // 42: capyctl.driver.v1.StopRequest
+	(*StopResponse)(nil),     // 43: capyctl.driver.v1.StopResponse
+	(*RecoverRequest)(nil),   // 44: capyctl.driver.v1.RecoverRequest
+	(*RecoverResponse)(nil),  // 45: capyctl.driver.v1.RecoverResponse
+	(*LogsRequest)(nil),      // 46: capyctl.driver.v1.LogsRequest
+	(*LogsResponse)(nil),     // 47: capyctl.driver.v1.LogsResponse
+	nil,                      // 48: capyctl.driver.v1.DetectResponse.DetailsEntry
+	nil,                      // 49: capyctl.driver.v1.Installation.DetailsEntry
+	nil,                      // 50: capyctl.driver.v1.HostPolicy.HostEnvEntry
+	nil,                      // 51: capyctl.driver.v1.Deployment.EnvEntry
+	nil,                      // 52: capyctl.driver.v1.PlanResponse.EnvEntry
+	nil,                      // 53: capyctl.driver.v1.LMCachePlan.EnvEntry
+	nil,                      // 54: capyctl.driver.v1.LoadResponse.FiguresEntry
 }
 var file_sdk_proto_driverv1_driver_proto_depIdxs = []int32{
 	8,  // 0: capyctl.driver.v1.DescribeResponse.capabilities:type_name -> capyctl.driver.v1.Capabilities
 	0,  // 1: capyctl.driver.v1.Capabilities.abort_mode:type_name -> capyctl.driver.v1.AbortMode
-	47, // 2: capyctl.driver.v1.DetectResponse.details:type_name -> capyctl.driver.v1.DetectResponse.DetailsEntry
+	48, // 2: capyctl.driver.v1.DetectResponse.details:type_name -> capyctl.driver.v1.DetectResponse.DetailsEntry
 	3,  // 3: capyctl.driver.v1.FlagRule.kind:type_name -> capyctl.driver.v1.FlagKind
 	2,  // 4: capyctl.driver.v1.FlagRule.class:type_name -> capyctl.driver.v1.FlagClass
 	12, // 5: capyctl.driver.v1.FlagsResponse.rules:type_name -> capyctl.driver.v1.FlagRule
-	48, // 6: capyctl.driver.v1.Installation.details:type_name -> capyctl.driver.v1.Installation.DetailsEntry
-	49, // 7: capyctl.driver.v1.HostPolicy.host_env:type_name -> capyctl.driver.v1.HostPolicy.HostEnvEntry
-	50, // 8: capyctl.driver.v1.Deployment.env:type_name -> capyctl.driver.v1.Deployment.EnvEntry
-	17, // 9: capyctl.driver.v1.Deployment.resources:type_name -> capyctl.driver.v1.Resources
-	18, // 10: capyctl.driver.v1.Deployment.memory:type_name -> capyctl.driver.v1.MemorySizes
-	28, // 11: capyctl.driver.v1.LaunchContext.lmcache_server:type_name -> capyctl.driver.v1.Launch
-	14, // 12: capyctl.driver.v1.PlanRequest.installation:type_name -> capyctl.driver.v1.Installation
-	16, // 13: capyctl.driver.v1.PlanRequest.deployment:type_name -> capyctl.driver.v1.Deployment
-	15, // 14: capyctl.driver.v1.PlanRequest.host:type_name -> capyctl.driver.v1.HostPolicy
-	19, // 15: capyctl.driver.v1.PlanRequest.launch:type_name -> capyctl.driver.v1.LaunchContext
-	21, // 16: capyctl.driver.v1.PlanResponse.refusals:type_name -> capyctl.driver.v1.Refusal
-	51, // 17: capyctl.driver.v1.PlanResponse.env:type_name -> capyctl.driver.v1.PlanResponse.EnvEntry
-	22, // 18: capyctl.driver.v1.PlanResponse.hints:type_name -> capyctl.driver.v1.MemoryHints
-	23, // 19: capyctl.driver.v1.PlanResponse.parsers:type_name -> capyctl.driver.v1.Parsers
-	25, // 20: capyctl.driver.v1.PlanResponse.lmcache:type_name -> capyctl.driver.v1.LMCachePlan
-	52, // 21: capyctl.driver.v1.LMCachePlan.env:type_name -> capyctl.driver.v1.LMCachePlan.EnvEntry
-	14, // 22: capyctl.driver.v1.StartRequest.installation:type_name -> capyctl.driver.v1.Installation
-	16, // 23: capyctl.driver.v1.StartRequest.deployment:type_name -> capyctl.driver.v1.Deployment
-	15, // 24: capyctl.driver.v1.StartRequest.host:type_name -> capyctl.driver.v1.HostPolicy
-	19, // 25: capyctl.driver.v1.StartRequest.launch:type_name -> capyctl.driver.v1.LaunchContext
-	24, // 26: capyctl.driver.v1.StartRequest.plan:type_name -> capyctl.driver.v1.PlanResponse
-	27, // 27: capyctl.driver.v1.Launch.processes:type_name -> capyctl.driver.v1.ProcessIdentity
-	0,  // 28: capyctl.driver.v1.Endpoint.abort_mode:type_name -> capyctl.driver.v1.AbortMode
-	1,  // 29: capyctl.driver.v1.Endpoint.non_streamed_hangup:type_name -> capyctl.driver.v1.NonStreamedHangup
-	28, // 30: capyctl.driver.v1.StartResponse.launch:type_name -> capyctl.driver.v1.Launch
-	29, // 31: capyctl.driver.v1.StartResponse.endpoint:type_name -> capyctl.driver.v1.Endpoint
-	28, // 32: capyctl.driver.v1.StartResponse.lmcache_server:type_name -> capyctl.driver.v1.Launch
-	4,  // 33: capyctl.driver.v1.ProbeRequest.kind:type_name -> capyctl.driver.v1.ProbeKind
-	29, // 34: capyctl.driver.v1.ProbeResponse.endpoint:type_name -> capyctl.driver.v1.Endpoint
-	0,  // 35: capyctl.driver.v1.AbortResponse.mode:type_name -> capyctl.driver.v1.AbortMode
-	53, // 36: capyctl.driver.v1.LoadResponse.figures:type_name -> capyctl.driver.v1.LoadResponse.FiguresEntry
-	28, // 37: capyctl.driver.v1.StopRequest.launch:type_name -> capyctl.driver.v1.Launch
-	28, // 38: capyctl.driver.v1.StopRequest.lmcache_server:type_name -> capyctl.driver.v1.Launch
-	28, // 39: capyctl.driver.v1.RecoverRequest.launch:type_name -> capyctl.driver.v1.Launch
-	14, // 40: capyctl.driver.v1.RecoverRequest.installation:type_name -> capyctl.driver.v1.Installation
-	16, // 41: capyctl.driver.v1.RecoverRequest.deployment:type_name -> capyctl.driver.v1.Deployment
-	15, // 42: capyctl.driver.v1.RecoverRequest.host:type_name -> capyctl.driver.v1.HostPolicy
-	19, // 43: capyctl.driver.v1.RecoverRequest.context:type_name -> capyctl.driver.v1.LaunchContext
-	5,  // 44: capyctl.driver.v1.RecoverResponse.state:type_name -> capyctl.driver.v1.RecoverState
-	29, // 45: capyctl.driver.v1.RecoverResponse.endpoint:type_name -> capyctl.driver.v1.Endpoint
-	28, // 46: capyctl.driver.v1.RecoverResponse.launch:type_name -> capyctl.driver.v1.Launch
-	6,  // 47: capyctl.driver.v1.Driver.Describe:input_type -> capyctl.driver.v1.DescribeRequest
-	9,  // 48: capyctl.driver.v1.Driver.Detect:input_type -> capyctl.driver.v1.DetectRequest
-	11, // 49: capyctl.driver.v1.Driver.Flags:input_type -> capyctl.driver.v1.FlagsRequest
-	20, // 50: capyctl.driver.v1.Driver.Plan:input_type -> capyctl.driver.v1.PlanRequest
-	26, // 51: capyctl.driver.v1.Driver.Start:input_type -> capyctl.driver.v1.StartRequest
-	31, // 52: capyctl.driver.v1.Driver.Probe:input_type -> capyctl.driver.v1.ProbeRequest
-	33, // 53: capyctl.driver.v1.Driver.Park:input_type -> capyctl.driver.v1.ParkRequest
-	35, // 54: capyctl.driver.v1.Driver.Wake:input_type -> capyctl.driver.v1.WakeRequest
-	37, // 55: capyctl.driver.v1.Driver.Abort:input_type -> capyctl.driver.v1.AbortRequest
-	39, // 56: capyctl.driver.v1.Driver.Load:input_type -> capyctl.driver.v1.LoadRequest
-	41, // 57: capyctl.driver.v1.Driver.Stop:input_type -> capyctl.driver.v1.StopRequest
-	43, // 58: capyctl.driver.v1.Driver.Recover:input_type -> capyctl.driver.v1.RecoverRequest
-	45, // 59: capyctl.driver.v1.Driver.Logs:input_type -> capyctl.driver.v1.LogsRequest
-	7,  // 60: capyctl.driver.v1.Driver.Describe:output_type -> capyctl.driver.v1.DescribeResponse
-	10, // 61: capyctl.driver.v1.Driver.Detect:output_type -> capyctl.driver.v1.DetectResponse
-	13, // 62: capyctl.driver.v1.Driver.Flags:output_type -> capyctl.driver.v1.FlagsResponse
-	24, // 63: capyctl.driver.v1.Driver.Plan:output_type -> capyctl.driver.v1.PlanResponse
-	30, // 64: capyctl.driver.v1.Driver.Start:output_type -> capyctl.driver.v1.StartResponse
-	32, // 65: capyctl.driver.v1.Driver.Probe:output_type -> capyctl.driver.v1.ProbeResponse
-	34, // 66: capyctl.driver.v1.Driver.Park:output_type -> capyctl.driver.v1.ParkResponse
-	36, // 67: capyctl.driver.v1.Driver.Wake:output_type -> capyctl.driver.v1.WakeResponse
-	38, // 68: capyctl.driver.v1.Driver.Abort:output_type -> capyctl.driver.v1.AbortResponse
-	40, // 69: capyctl.driver.v1.Driver.Load:output_type -> capyctl.driver.v1.LoadResponse
-	42, // 70: capyctl.driver.v1.Driver.Stop:output_type -> capyctl.driver.v1.StopResponse
-	44, // 71: capyctl.driver.v1.Driver.Recover:output_type -> capyctl.driver.v1.RecoverResponse
-	46, // 72: capyctl.driver.v1.Driver.Logs:output_type -> capyctl.driver.v1.LogsResponse
-	60, // [60:73] is the sub-list for method output_type
-	47, // [47:60] is the sub-list for method input_type
-	47, // [47:47] is the sub-list for extension type_name
-	47, // [47:47] is the sub-list for extension extendee
-	0,  // [0:47] is the sub-list for field type_name
+	49, // 6: capyctl.driver.v1.Installation.details:type_name -> capyctl.driver.v1.Installation.DetailsEntry
+	50, // 7: capyctl.driver.v1.HostPolicy.host_env:type_name -> capyctl.driver.v1.HostPolicy.HostEnvEntry
+	51, // 8: capyctl.driver.v1.Deployment.env:type_name -> capyctl.driver.v1.Deployment.EnvEntry
+	18, // 9: capyctl.driver.v1.Deployment.resources:type_name -> capyctl.driver.v1.Resources
+	19, // 10: capyctl.driver.v1.Deployment.memory:type_name -> capyctl.driver.v1.MemorySizes
+	17, // 11: capyctl.driver.v1.Deployment.group:type_name -> capyctl.driver.v1.Group
+	29, // 12: capyctl.driver.v1.LaunchContext.lmcache_server:type_name -> capyctl.driver.v1.Launch
+	14, // 13: capyctl.driver.v1.PlanRequest.installation:type_name -> capyctl.driver.v1.Installation
+	16, // 14: capyctl.driver.v1.PlanRequest.deployment:type_name -> capyctl.driver.v1.Deployment
+	15, // 15: capyctl.driver.v1.PlanRequest.host:type_name -> capyctl.driver.v1.HostPolicy
+	20, // 16: capyctl.driver.v1.PlanRequest.launch:type_name -> capyctl.driver.v1.LaunchContext
+	22, // 17: capyctl.driver.v1.PlanResponse.refusals:type_name -> capyctl.driver.v1.Refusal
+	52, // 18: capyctl.driver.v1.PlanResponse.env:type_name -> capyctl.driver.v1.PlanResponse.EnvEntry
+	23, // 19: capyctl.driver.v1.PlanResponse.hints:type_name -> capyctl.driver.v1.MemoryHints
+	24, // 20: capyctl.driver.v1.PlanResponse.parsers:type_name -> capyctl.driver.v1.Parsers
+	26, // 21: capyctl.driver.v1.PlanResponse.lmcache:type_name -> capyctl.driver.v1.LMCachePlan
+	53, // 22: capyctl.driver.v1.LMCachePlan.env:type_name -> capyctl.driver.v1.LMCachePlan.EnvEntry
+	14, // 23: capyctl.driver.v1.StartRequest.installation:type_name -> capyctl.driver.v1.Installation
+	16, // 24: capyctl.driver.v1.StartRequest.deployment:type_name -> capyctl.driver.v1.Deployment
+	15, // 25: capyctl.driver.v1.StartRequest.host:type_name -> capyctl.driver.v1.HostPolicy
+	20, // 26: capyctl.driver.v1.StartRequest.launch:type_name -> capyctl.driver.v1.LaunchContext
+	25, // 27: capyctl.driver.v1.StartRequest.plan:type_name -> capyctl.driver.v1.PlanResponse
+	28, // 28: capyctl.driver.v1.Launch.processes:type_name -> capyctl.driver.v1.ProcessIdentity
+	0,  // 29: capyctl.driver.v1.Endpoint.abort_mode:type_name -> capyctl.driver.v1.AbortMode
+	1,  // 30: capyctl.driver.v1.Endpoint.non_streamed_hangup:type_name -> capyctl.driver.v1.NonStreamedHangup
+	29, // 31: capyctl.driver.v1.StartResponse.launch:type_name -> capyctl.driver.v1.Launch
+	30, // 32: capyctl.driver.v1.StartResponse.endpoint:type_name -> capyctl.driver.v1.Endpoint
+	29, // 33: capyctl.driver.v1.StartResponse.lmcache_server:type_name -> capyctl.driver.v1.Launch
+	4,  // 34: capyctl.driver.v1.ProbeRequest.kind:type_name -> capyctl.driver.v1.ProbeKind
+	30, // 35: capyctl.driver.v1.ProbeResponse.endpoint:type_name -> capyctl.driver.v1.Endpoint
+	0,  // 36: capyctl.driver.v1.AbortResponse.mode:type_name -> capyctl.driver.v1.AbortMode
+	54, // 37: capyctl.driver.v1.LoadResponse.figures:type_name -> capyctl.driver.v1.LoadResponse.FiguresEntry
+	29, // 38: capyctl.driver.v1.StopRequest.launch:type_name -> capyctl.driver.v1.Launch
+	29, // 39: capyctl.driver.v1.StopRequest.lmcache_server:type_name -> capyctl.driver.v1.Launch
+	29, // 40: capyctl.driver.v1.RecoverRequest.launch:type_name -> capyctl.driver.v1.Launch
+	14, // 41: capyctl.driver.v1.RecoverRequest.installation:type_name -> capyctl.driver.v1.Installation
+	16, // 42: capyctl.driver.v1.RecoverRequest.deployment:type_name -> capyctl.driver.v1.Deployment
+	15, // 43: capyctl.driver.v1.RecoverRequest.host:type_name -> capyctl.driver.v1.HostPolicy
+	20, // 44: capyctl.driver.v1.RecoverRequest.context:type_name -> capyctl.driver.v1.LaunchContext
+	5,  // 45: capyctl.driver.v1.RecoverResponse.state:type_name -> capyctl.driver.v1.RecoverState
+	30, // 46: capyctl.driver.v1.RecoverResponse.endpoint:type_name -> capyctl.driver.v1.Endpoint
+	29, // 47: capyctl.driver.v1.RecoverResponse.launch:type_name -> capyctl.driver.v1.Launch
+	6,  // 48: capyctl.driver.v1.Driver.Describe:input_type -> capyctl.driver.v1.DescribeRequest
+	9,  // 49: capyctl.driver.v1.Driver.Detect:input_type -> capyctl.driver.v1.DetectRequest
+	11, // 50: capyctl.driver.v1.Driver.Flags:input_type -> capyctl.driver.v1.FlagsRequest
+	21, // 51: capyctl.driver.v1.Driver.Plan:input_type -> capyctl.driver.v1.PlanRequest
+	27, // 52: capyctl.driver.v1.Driver.Start:input_type -> capyctl.driver.v1.StartRequest
+	32, // 53: capyctl.driver.v1.Driver.Probe:input_type -> capyctl.driver.v1.ProbeRequest
+	34, // 54: capyctl.driver.v1.Driver.Park:input_type -> capyctl.driver.v1.ParkRequest
+	36, // 55: capyctl.driver.v1.Driver.Wake:input_type -> capyctl.driver.v1.WakeRequest
+	38, // 56: capyctl.driver.v1.Driver.Abort:input_type -> capyctl.driver.v1.AbortRequest
+	40, // 57: capyctl.driver.v1.Driver.Load:input_type -> capyctl.driver.v1.LoadRequest
+	42, // 58: capyctl.driver.v1.Driver.Stop:input_type -> capyctl.driver.v1.StopRequest
+	44, // 59: capyctl.driver.v1.Driver.Recover:input_type -> capyctl.driver.v1.RecoverRequest
+	46, // 60: capyctl.driver.v1.Driver.Logs:input_type -> capyctl.driver.v1.LogsRequest
+	7,  // 61: capyctl.driver.v1.Driver.Describe:output_type -> capyctl.driver.v1.DescribeResponse
+	10, // 62: capyctl.driver.v1.Driver.Detect:output_type -> capyctl.driver.v1.DetectResponse
+	13, // 63: capyctl.driver.v1.Driver.Flags:output_type -> capyctl.driver.v1.FlagsResponse
+	25, // 64: capyctl.driver.v1.Driver.Plan:output_type -> capyctl.driver.v1.PlanResponse
+	31, // 65: capyctl.driver.v1.Driver.Start:output_type -> capyctl.driver.v1.StartResponse
+	33, // 66: capyctl.driver.v1.Driver.Probe:output_type -> capyctl.driver.v1.ProbeResponse
+	35, // 67: capyctl.driver.v1.Driver.Park:output_type -> capyctl.driver.v1.ParkResponse
+	37, // 68: capyctl.driver.v1.Driver.Wake:output_type -> capyctl.driver.v1.WakeResponse
+	39, // 69: capyctl.driver.v1.Driver.Abort:output_type -> capyctl.driver.v1.AbortResponse
+	41, // 70: capyctl.driver.v1.Driver.Load:output_type -> capyctl.driver.v1.LoadResponse
+	43, // 71: capyctl.driver.v1.Driver.Stop:output_type -> capyctl.driver.v1.StopResponse
+	45, // 72: capyctl.driver.v1.Driver.Recover:output_type -> capyctl.driver.v1.RecoverResponse
+	47, // 73: capyctl.driver.v1.Driver.Logs:output_type -> capyctl.driver.v1.LogsResponse
+	61, // [61:74] is the sub-list for method output_type
+	48, // [48:61] is the sub-list for method input_type
+	48, // [48:48] is the sub-list for extension type_name
+	48, // [48:48] is the sub-list for extension extendee
+	0,  // [0:48] is the sub-list for field type_name
 }
 
 func init() { file_sdk_proto_driverv1_driver_proto_init() }
@@ -4338,7 +4477,7 @@ func file_sdk_proto_driverv1_driver_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sdk_proto_driverv1_driver_proto_rawDesc), len(file_sdk_proto_driverv1_driver_proto_rawDesc)),
 			NumEnums:      6,
-			NumMessages:   48,
+			NumMessages:   49,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
