@@ -53,6 +53,15 @@ func ToDeployment(spec *structs.Deployment, revision uint64, modelDir string) *p
 			StartupBytes: int64(ec.Memory.Startup),
 		},
 	}
+	if g := spec.Group; g != nil {
+		d.Group = &pb.Group{
+			Rank: int32(g.Rank), Size: int32(g.Size), HeadAddress: g.HeadAddress, RendezvousPort: int32(g.RendezvousPort),
+			PeerAddress: g.PeerAddress, RequireRdma: g.RequireRDMA,
+		}
+		if t := spec.Topology; t != nil {
+			d.Group.TensorParallel, d.Group.PipelineParallel = int32(t.TensorParallel), int32(t.PipelineParallel)
+		}
+	}
 	if ec.CUDAGraphs != nil {
 		d.CudaGraphs = strconv.FormatBool(*ec.CUDAGraphs)
 	}

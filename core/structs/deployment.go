@@ -126,8 +126,10 @@ type GroupMember struct {
 	// rendezvous_ports range (0 in the head's request: its host picks).
 	HeadAddress    string `json:"head_address,omitempty"`
 	RendezvousPort int    `json:"rendezvous_port,omitempty"`
-	// PeerAddress is this member's host's own peer address.
+	// PeerAddress is this member's host's own peer address and
+	// RequireRDMA its host's require_rdma (both filled in by the host).
 	PeerAddress string `json:"peer_address,omitempty"`
+	RequireRDMA bool   `json:"require_rdma,omitempty"`
 	// Hosts are the group's hosts in rank order.
 	Hosts []string `json:"hosts,omitempty"`
 }
