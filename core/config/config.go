@@ -55,12 +55,12 @@ type Config struct {
 	RendezvousPorts   PortRange
 	RequireRDMA       bool
 	GroupStallTimeout structs.Duration
-	PluginDir     string
-	ModelsRoot    string
-	EnginePorts   PortRange
-	Hostname      string
-	LogLevel      string
-	LogFormat     string
+	PluginDir         string
+	ModelsRoot        string
+	EnginePorts       PortRange
+	Hostname          string
+	LogLevel          string
+	LogFormat         string
 	// EngineTelemetry is "off" (engines get DO_NOT_TRACK=1 and friends) or
 	// "allow".
 	EngineTelemetry string
