@@ -117,6 +117,12 @@ type Settings struct {
 	// HostHeartbeat is the server's heartbeat interval for its hosts (0:
 	// fleet's default).
 	HostHeartbeat time.Duration
+	// PeerAddress, RendezvousPorts and RequireRDMA are a host's group
+	// settings; GroupStallTimeout the server's bound on a group bring-up.
+	PeerAddress       string
+	RendezvousPorts   string
+	RequireRDMA       bool
+	GroupStallTimeout time.Duration
 	// Config is the effective configuration with each value's source,
 	// published on the management API's GET /config (nil: not published).
 	Config *wire.RoleConfig
@@ -325,6 +331,7 @@ func New(s Settings, logger hclog.Logger) (*Agent, error) {
 		// The role's defaults for deployments that set no idle timers.
 		ReadyIdleTimeout:  s.ReadyIdle,
 		ParkedIdleTimeout: s.ParkedIdle,
+		Group:             a.groupSettings(),
 	})
 	a.Lifecycle = lc
 	a.Engines = engines.New(st, a.Plugins, lc)

@@ -14,8 +14,10 @@ import (
 
 	"github.com/capyctl/capyctl/core/api"
 	"github.com/capyctl/capyctl/core/api/wire"
+	"github.com/capyctl/capyctl/core/config"
 	"github.com/capyctl/capyctl/core/fleet"
 	"github.com/capyctl/capyctl/core/hostlink/proto/hostv1"
+	"github.com/capyctl/capyctl/core/lifecycle"
 	"github.com/capyctl/capyctl/core/runinfo"
 	"github.com/capyctl/capyctl/core/structs"
 	"github.com/capyctl/capyctl/core/version"
@@ -219,4 +221,29 @@ func (a *Agent) Journals() []*hostv1.InstanceJournal {
 		}
 	}
 	return out
+}
+
+// groupSettings are the host role's group settings for its lifecycle; nil
+// on other roles (they run no group member).
+func (a *Agent) groupSettings() *lifecycle.GroupSettings {
+	if a.s.Role != config.RoleHost {
+		return nil
+	}
+	gs := &lifecycle.GroupSettings{RequireRDMA: a.s.RequireRDMA, FirstPort: 25000, LastPort: 25099}
+	if a.s.RendezvousPorts != "" {
+		if r, err := config.ParsePortRange(a.s.RendezvousPorts); err == nil {
+			gs.FirstPort, gs.LastPort = r.First, r.Last
+		}
+	}
+	peer := a.s.PeerAddress
+	gs.PeerAddress = func() string {
+		if peer != "" {
+			return peer
+		}
+		if h := a.FleetHost; h != nil {
+			return h.LocalIP()
+		}
+		return ""
+	}
+	return gs
 }

@@ -22,6 +22,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -81,6 +82,7 @@ type Host struct {
 	welcomed chan struct{}
 	fatal    chan error
 	once     sync.Once
+	localIP  atomic.Value // string: LocalIP
 }
 
 // hostPKIDir is where a host keeps its credentials.
@@ -290,6 +292,14 @@ func (h *Host) tlsFor(alpn string) *tls.Config {
 	c.NextProtos = []string{alpn}
 	c.ServerName = h.serverName()
 	return c
+}
+
+// LocalIP is this host's address on its connection to the server (the
+// relay's local address), empty before the first relay came up: a group
+// member's default peer address.
+func (h *Host) LocalIP() string {
+	v, _ := h.localIP.Load().(string)
+	return v
 }
 
 // CertExpiry is when the host's current certificate expires.
@@ -556,6 +566,9 @@ func (h *Host) runRelay(ctx context.Context) {
 		c, err := d.DialContext(ctx, "tcp", h.o.Server)
 		if err == nil {
 			attempt = 0
+			if ta, ok := c.LocalAddr().(*net.TCPAddr); ok {
+				h.localIP.Store(ta.IP.String())
+			}
 			h.logger.Debug("relay up", "server", h.o.Server)
 			stop := context.AfterFunc(ctx, func() { c.Close() })
 			srv.ServeConn(c, &http2.ServeConnOpts{Context: ctx, Handler: h.o.Local.RelayHandler(), BaseConfig: &http.Server{}})

@@ -23,6 +23,9 @@ type DeployOptions struct {
 
 // Deploy creates a deployment or writes a new revision of it.
 func (m *Manager) Deploy(ctx context.Context, spec *structs.Deployment, opts DeployOptions) (*structs.DeploymentRecord, bool, error) {
+	if err := m.fillGroup(spec); err != nil {
+		return nil, false, err
+	}
 	if opts.Validate != nil {
 		if err := opts.Validate(ctx, spec); err != nil {
 			return nil, false, err

@@ -101,6 +101,9 @@ type Config struct {
 	ParkedIdleTimeout time.Duration
 	// IdleCheckInterval is how often idle timers are checked (default 1s).
 	IdleCheckInterval time.Duration
+	// Group is what a host knows for its group members; nil on a role
+	// that runs no group (standalone).
+	Group *GroupSettings
 }
 
 // Manager is the lifecycle of every deployment on this role.

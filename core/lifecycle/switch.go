@@ -75,8 +75,8 @@ func (m *Manager) pickVictim(requester *instance, tried map[string]bool) *instan
 			continue
 		}
 		dr, ok := m.spec(in.dep)
-		if !ok || dr.Spec.Lifecycle.Warm {
-			continue
+		if !ok || dr.Spec.Lifecycle.Warm || dr.Spec.Group != nil {
+			continue // IMPORTANT: a group member parks with its group, by the server
 		}
 		if reqs.Waiting(in.dep) > 0 {
 			continue // IMPORTANT: a model with waiters is never a victim.
@@ -157,7 +157,7 @@ func (in *instance) tryDo(ctx context.Context, c *command) error {
 // withEvictable adds to a capacity refusal what could be evicted (H4).
 func (m *Manager) withEvictable(err error, requester *instance) error {
 	e := structs.AsError(err)
-	var names []string
+	var names, groups []string
 	for _, in := range m.allInstances() {
 		if in.dep == requester.dep {
 			continue
@@ -167,10 +167,19 @@ func (m *Manager) withEvictable(err error, requester *instance) error {
 			continue
 		}
 		if s := in.state(); s == structs.StateReady || s == structs.StateParked {
+			if dr.Spec.Group != nil {
+				// Only the server evicts a group, all of its members.
+				groups = append(groups, in.dep)
+				continue
+			}
 			names = append(names, in.id)
 		}
 	}
 	sort.Strings(names)
+	sort.Strings(groups)
+	if len(groups) > 0 {
+		e = e.WithDetail("evictable_groups", groups)
+	}
 	if len(names) > 0 && !strings.Contains(e.Message, "evict") {
 		out := *e
 		out.Message = e.Message + "; could be evicted: " + strings.Join(names, ", ") + " (start with --evict)"

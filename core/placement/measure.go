@@ -220,3 +220,17 @@ func (p *Placer) Parked(owner string) {
 	}
 	p.logger.Info("parked residue measured", "instance", owner, "residue", structs.FormatBytes(dev), "charged", structs.FormatBytes(charge))
 }
+
+// DeviceHeld returns the device memory an owner's launch holds now, from
+// its own processes (lifecycle.ReleaseProver); ok is false when it has no
+// launch or nothing could be read.
+func (p *Placer) DeviceHeld(owner string) (int64, bool) {
+	p.mu.Lock()
+	ids, ok := p.launches[owner]
+	p.mu.Unlock()
+	if !ok {
+		return 0, false
+	}
+	dev, _, alive := p.sample(ids)
+	return dev, alive
+}

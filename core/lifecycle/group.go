@@ -1,0 +1,161 @@
+// Copyright (c) CapyCTL authors
+// SPDX-License-Identifier: Apache-2.0
+
+package lifecycle
+
+import (
+	"context"
+	"net"
+	"strconv"
+	"time"
+
+	"github.com/capyctl/capyctl/core/structs"
+)
+
+// GroupSettings are what a host knows for the group members it runs (one
+// model across several machines, placed by the server). Nil in Config: the
+// role runs no group (a standalone role).
+type GroupSettings struct {
+	// PeerAddress is this host's address on the group link (the
+	// peer_address setting, else the local address of the host's
+	// connection to its server); empty: unknown.
+	PeerAddress func() string
+	// FirstPort and LastPort are the rendezvous_ports range a head's
+	// rendezvous port is picked from.
+	FirstPort, LastPort int
+	// RequireRDMA is the host's require_rdma.
+	RequireRDMA bool
+	// ProveWithin bounds how long a parked member may take to prove its
+	// rank released its memory (default 1 minute).
+	ProveWithin time.Duration
+}
+
+// fillGroup completes a group member the server placed on this host: the
+// host's own peer address and RDMA setting and, for a head, a rendezvous
+// port from the host's range (kept across revisions of the same group).
+// A topology without a member (deployed on the host itself) is refused: a
+// group is the server's to place.
+func (m *Manager) fillGroup(spec *structs.Deployment) error {
+	if spec.Topology == nil && spec.Group == nil {
+		return nil
+	}
+	gs := m.cfg.Group
+	if gs == nil {
+		return structs.Errf(structs.CodeUnsupported,
+			"deployment %s has a topology: one model across several machines runs on a server with hosts joined (capyctl start server); this role runs one machine", spec.Name).
+			WithDetail("field", "topology")
+	}
+	g := spec.Group
+	if g == nil {
+		return structs.Errf(structs.CodeUnsupported,
+			"deployment %s has a topology: deploy it through the server, which places one rank on each host of placement.hosts", spec.Name).
+			WithDetail("field", "topology")
+	}
+	peer := ""
+	if gs.PeerAddress != nil {
+		peer = gs.PeerAddress()
+	}
+	if peer == "" {
+		return structs.Errf(structs.CodePeerAddressMissing,
+			"this host has no peer address for group %s: set peer_address (--peer-address, CAPYCTL_PEER_ADDRESS) to its address on the link between the GPU hosts", spec.Name)
+	}
+	g.PeerAddress, g.RequireRDMA = peer, gs.RequireRDMA
+	if g.Rank != 0 {
+		return nil
+	}
+	g.HeadAddress = peer
+	if g.RendezvousPort != 0 {
+		return nil
+	}
+	used := map[int]bool{}
+	m.mu.Lock()
+	for name, d := range m.deployments {
+		og := d.rec.Spec.Group
+		if og == nil || og.Rank != 0 || og.RendezvousPort == 0 {
+			continue
+		}
+		if name == spec.Name && og.ID == g.ID {
+			g.RendezvousPort = og.RendezvousPort // a new revision of the same group keeps its port
+			m.mu.Unlock()
+			return nil
+		}
+		used[og.RendezvousPort] = true
+	}
+	m.mu.Unlock()
+	for p := gs.FirstPort; p > 0 && p <= gs.LastPort; p++ {
+		if used[p] || !portFree(peer, p) {
+			continue
+		}
+		g.RendezvousPort = p
+		return nil
+	}
+	return structs.Errf(structs.CodeRendezvousPortsExhausted,
+		"every rendezvous port of this host (%d-%d) is taken: widen rendezvous_ports or stop another group's head here", gs.FirstPort, gs.LastPort)
+}
+
+// portFree reports whether nothing listens on addr:port now (the engine
+// binds it itself once it starts).
+func portFree(addr string, port int) bool {
+	ln, err := net.Listen("tcp", net.JoinHostPort(addr, strconv.Itoa(port)))
+	if err != nil {
+		return false
+	}
+	_ = ln.Close()
+	return true
+}
+
+// isGroupMember reports whether an instance's deployment is a group
+// member: only the server parks, wakes or stops it, never this host's
+// switches (the other ranks would fail with it).
+func (m *Manager) isGroupMember(dep string) bool {
+	dr, ok := m.spec(dep)
+	return ok && dr.Spec.Group != nil
+}
+
+// ReleaseProver proves from a launch's own processes that a parked engine
+// released its device memory (the placer measures them as NVML does).
+type ReleaseProver interface {
+	// DeviceHeld returns the device memory the owner's processes hold now;
+	// ok is false when nothing could be measured.
+	DeviceHeld(owner string) (bytes int64, ok bool)
+}
+
+// proveReleased waits until a parked group member's own processes hold at
+// most half of what they held before the park, within the host's bound: a
+// worker has no API to ask, and a head's answer speaks for its own rank
+// only. before <= 0 (nothing measured) proves nothing and passes.
+func (in *instance) proveReleased(ctx context.Context, before int64) error {
+	m := in.m
+	rp, ok := m.placer().(ReleaseProver)
+	if !ok || before <= 0 {
+		return nil
+	}
+	within := time.Minute
+	if gs := m.cfg.Group; gs != nil && gs.ProveWithin > 0 {
+		within = gs.ProveWithin
+	}
+	deadline := m.cfg.Now().Add(within)
+	interval := 20 * time.Millisecond
+	var held int64
+	for {
+		var measured bool
+		held, measured = rp.DeviceHeld(in.id)
+		if measured && held <= before/2 {
+			return nil
+		}
+		if m.cfg.Now().After(deadline) {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(interval):
+		}
+		if interval < 500*time.Millisecond {
+			interval *= 2
+		}
+	}
+	return structs.Errf(structs.CodeParkFailed,
+		"group member %s could not prove its rank released its memory within %s: its processes hold %s (%s before the park)",
+		in.id, within, structs.FormatBytes(held), structs.FormatBytes(before))
+}
