@@ -48,6 +48,15 @@ func (m *Manager) Activate(ctx context.Context, name string) error {
 			return nil
 		}
 	}
+	if d.rec.Spec.Group != nil {
+		// IMPORTANT: a group member is started by the server only, every
+		// member's ledger first and the head last; this host alone would
+		// wake one rank of several.
+		m.mu.Unlock()
+		e := structs.Errf(structs.CodeUnavailable, "deployment %s is a group member and not ready: the server starts its group", name)
+		e.RetryAfter = 1
+		return e
+	}
 	act := d.activation
 	if act == nil {
 		act = &activation{done: make(chan struct{})}

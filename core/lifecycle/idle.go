@@ -32,7 +32,7 @@ func (m *Manager) CheckIdle() {
 	reqs := m.cfg.Requests
 	for _, in := range m.allInstances() {
 		dr, ok := m.spec(in.dep)
-		if !ok || dr.Spec.Lifecycle.Warm {
+		if !ok || dr.Spec.Lifecycle.Warm || dr.Spec.Group != nil { // a group idles as a whole, on the server
 			continue
 		}
 		readyIdle, parkedIdle := m.idleTimeouts(&dr.Spec)
