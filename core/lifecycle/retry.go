@@ -34,8 +34,8 @@ func final(err error) bool {
 // operator start.
 func (m *Manager) retryStart(in *instance, err error, attempt int) {
 	dr, ok := m.spec(in.dep)
-	if !ok || dr.Desired != structs.DesiredRunning || final(err) {
-		return
+	if !ok || dr.Desired != structs.DesiredRunning || final(err) || dr.Spec.Group != nil {
+		return // a group member is restarted with its group, by the server
 	}
 	in.update(func(r *structs.InstanceRecord) { r.Attempts = attempt })
 	if attempt >= m.cfg.RetryBudget {
