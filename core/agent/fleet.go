@@ -32,7 +32,8 @@ func (a *Agent) openServer() error {
 		listen = "0.0.0.0:8444"
 	}
 	srv, err := fleet.NewServer(fleet.ServerOptions{StateDir: a.s.StateDir, Listen: listen, Advertise: a.s.ClusterAdvertise,
-		Store: a.Store, Logger: a.logger, Heartbeat: a.s.HostHeartbeat})
+		Store: a.Store, Logger: a.logger, Heartbeat: a.s.HostHeartbeat,
+		GroupStallTimeout: a.s.GroupStallTimeout})
 	if err != nil {
 		a.Store.Close()
 		return err

@@ -206,6 +206,9 @@ func (s *Server) deploymentStatus(ctx context.Context, p *Placement) wire.Deploy
 		spec.Instances = len(out.Instances)
 		out.Spec = &spec
 	}
+	if p.Group != nil {
+		s.groupStatus(p, &out)
+	}
 	return out
 }
 
@@ -334,6 +337,9 @@ func (s *Server) create(r *http.Request, data []byte) (*wire.DeploymentStatus, e
 	}
 	if err := s.State.RoutesFree(spec.Name, spec.Routes); err != nil {
 		return nil, err
+	}
+	if spec.IsGroup() {
+		return s.createGroup(context.WithoutCancel(r.Context()), r.Header, spec, req.Deployment, req.Activate)
 	}
 	n := spec.Instances
 	if n <= 0 {
@@ -635,6 +641,13 @@ func (s *Server) deleteDeployment(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
+	if p.Group != nil {
+		// Every rank stops before any member's record goes.
+		if err := s.groupStop(context.WithoutCancel(r.Context()), p); err != nil {
+			writeError(w, err)
+			return
+		}
+	}
 	var last []byte
 	for _, host := range p.HostNames() {
 		status, data, err := s.hostCall(r.Context(), host, http.MethodDelete, "/deployments/"+url.PathEscape(name), r.Header, nil)
@@ -681,6 +694,15 @@ func (s *Server) toEveryHost(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
+	if p.Group != nil {
+		if r.Method == http.MethodPut {
+			writeError(w, structs.Errf(structs.CodeUnsupported,
+				"%s is a group: a new revision of a group is not supported yet; delete it and deploy again", name))
+			return
+		}
+		s.groupAction(w, r, p, body)
+		return
+	}
 	if r.Method == http.MethodPut {
 		if err := sameInstances(body, p); err != nil {
 			writeError(w, err)
@@ -705,6 +727,13 @@ func (s *Server) toEveryHost(w http.ResponseWriter, r *http.Request) {
 		status, data, err := s.hostCall(r.Context(), hs.Host, r.Method, path, r.Header, b)
 		if err == nil && status >= 300 {
 			err = hostError(hs.Host, status, data)
+		}
+		if err != nil && r.Method == http.MethodPost && wantsEvict(body) && s.evictGroups(r.Context(), name, err) {
+			// A group member was in the way: the group parked, try again.
+			status, data, err = s.hostCall(r.Context(), hs.Host, r.Method, path, r.Header, b)
+			if err == nil && status >= 300 {
+				err = hostError(hs.Host, status, data)
+			}
 		}
 		if err != nil {
 			writeError(w, err)
@@ -814,6 +843,11 @@ func (s *Server) instanceAction(w http.ResponseWriter, r *http.Request) {
 	idx, err := strconv.Atoi(v["index"])
 	if err != nil || idx < 0 {
 		writeError(w, structs.Errf(structs.CodeInvalidRequest, "instance index %q is not a non-negative integer", v["index"]))
+		return
+	}
+	if p.Group != nil {
+		writeError(w, structs.Errf(structs.CodeUnsupported,
+			"%s is a group: its members start, park and stop together (capyctl start|park|stop deployment %s)", p.Deployment, p.Deployment))
 		return
 	}
 	host, local, err := instanceHost(p, idx)
@@ -1151,4 +1185,10 @@ func (s *Server) snapshot(w http.ResponseWriter, r *http.Request, role wire.Role
 	}
 	writeJSON(w, http.StatusOK, wire.Snapshot{APIVersion: wire.APIVersion, Cursor: s.o.Store.Cursor(seq), TakenAt: time.Now().UTC(), Role: role,
 		Deployments: s.allStatuses(r.Context()), Engines: s.engines(r.Context()), Hosts: s.Hosts()})
+}
+
+// wantsEvict reports whether an action body asks for a start with evict.
+func wantsEvict(body []byte) bool {
+	var req wire.ActionRequest
+	return json.Unmarshal(body, &req) == nil && req.Action == wire.ActionStart && req.Evict
 }

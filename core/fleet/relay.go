@@ -94,6 +94,16 @@ func (s *Server) relayInference(w http.ResponseWriter, r *http.Request, maxBody 
 		unhook      func() bool
 		hosts       = p.HostNames()
 	)
+	if p.Group != nil {
+		// A group answers on its head only, once every member is up.
+		hosts = p.Group.Hosts[:1]
+		if err := s.ensureGroupUp(r.Context(), p); err != nil {
+			if r.Context().Err() == nil {
+				router.WriteError(w, err)
+			}
+			return
+		}
+	}
 	for attempt := 0; ; attempt++ {
 		host, done = s.pick(hosts)
 		if host == "" {

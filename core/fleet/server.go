@@ -58,6 +58,8 @@ type ServerOptions struct {
 	Logger    hclog.Logger
 	// Heartbeat is the interval hosts send heartbeats at (0: 2 s).
 	Heartbeat time.Duration
+	// GroupStallTimeout bounds a group's bring-up (0: 120 s).
+	GroupStallTimeout time.Duration
 	// HostCertLifetime is a host certificate's validity (0: pki's 24 h).
 	HostCertLifetime time.Duration
 }
@@ -89,6 +91,8 @@ type Server struct {
 	receipts api.Receipts // the Idempotency-Key receipts of the server's own mutations
 	// lastStatus keeps each host's last answer for a deployment (mgmt.go).
 	lastStatus statusCache
+	// groups serialises the operations on each group (group.go).
+	groups groupOps
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -124,6 +128,9 @@ func NewServer(o ServerOptions) (*Server, error) {
 	}
 	if o.Heartbeat <= 0 {
 		o.Heartbeat = DefaultHeartbeat
+	}
+	if o.GroupStallTimeout <= 0 {
+		o.GroupStallTimeout = DefaultGroupStallTimeout
 	}
 	dir := filepath.Join(o.StateDir, "pki")
 	if err := os.MkdirAll(dir, 0o700); err != nil {
@@ -226,6 +233,7 @@ func (s *Server) Start() {
 	s.goRun(func() { _ = s.renewSrv.Serve(s.renewQ) })
 	s.goRun(s.accept)
 	s.goRun(s.watchLost)
+	s.goRun(s.superviseGroups)
 }
 
 func (s *Server) goRun(f func()) {
@@ -694,6 +702,13 @@ func (s *Server) adopt(ctx context.Context, host string) {
 			}
 		}
 		if st.Name == "" {
+			continue
+		}
+		if st.Spec != nil && st.Spec.Group != nil {
+			// A member of a group the server has no placement for (one
+			// whose placement was undone): one rank alone never serves.
+			s.logger.Warn("a host runs a group member the server has no placement for; not adopted (capyctl --address HOST delete deployment NAME on the host)",
+				"host", host, "deployment", dep, "rank", st.Spec.Group.Rank)
 			continue
 		}
 		p := &Placement{Deployment: dep, Hosts: []HostShare{{Host: host, Instances: n}}, Routes: st.Routes, Revision: st.Revision, At: time.Now().UTC()}

@@ -59,6 +59,9 @@ type Placement struct {
 	// Revision is the revision the hosts run.
 	Revision uint64    `json:"revision"`
 	At       time.Time `json:"at"`
+	// Group is set for one model across several machines: one member per
+	// host of Hosts, in rank order (group.go).
+	Group *GroupPlacement `json:"group,omitempty"`
 }
 
 // HostShare is one host's part of a placement.

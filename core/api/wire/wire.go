@@ -105,6 +105,27 @@ type DeploymentStatus struct {
 	Memory map[string]any `json:"memory,omitempty"`
 	// Requests are the router's counts for the deployment.
 	Requests map[string]any `json:"requests,omitempty"`
+	// Group is set for one model across several machines (a server's
+	// answer): the instances are then its members, in rank order.
+	Group *GroupStatus `json:"group,omitempty"`
+}
+
+// GroupStatus is a group's part of its status.
+type GroupStatus struct {
+	// Size is the number of members (hosts); Hosts are in rank order.
+	Size             int      `json:"size"`
+	Hosts            []string `json:"hosts"`
+	TensorParallel   int      `json:"tensor_parallel"`
+	PipelineParallel int      `json:"pipeline_parallel"`
+	// Rendezvous is where the ranks meet: the head host's peer address
+	// and rendezvous port.
+	Rendezvous string `json:"rendezvous"`
+	// PeerTransport is "unauthenticated": the engines' own group traffic
+	// (rendezvous, collectives) carries no authentication.
+	PeerTransport string `json:"peer_transport"`
+	// LastError is why the server last stopped the group (a failed
+	// member, a stalled bring-up, a failed park or wake).
+	LastError *structs.ErrorRecord `json:"last_error,omitempty"`
 }
 
 // InstanceStatus is one instance.
@@ -133,6 +154,10 @@ type InstanceStatus struct {
 	Parsers *structs.Parsers `json:"parsers,omitempty"`
 	// Exposure is who besides CapyCTL can reach the engine's routes.
 	Exposure *structs.Exposure `json:"exposure,omitempty"`
+	// Rank and Role are a group member's ("head" serves the API, the
+	// others are "worker"s); absent outside groups.
+	Rank *int   `json:"rank,omitempty"`
+	Role string `json:"role,omitempty"`
 }
 
 // DeploymentList answers GET /deployments.

@@ -1,0 +1,791 @@
+// Copyright (c) CapyCTL authors
+// SPDX-License-Identifier: Apache-2.0
+
+package fleet
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/capyctl/capyctl/core/api/wire"
+	"github.com/capyctl/capyctl/core/structs"
+)
+
+// Groups: one model across several machines. The server places one member
+// per host of placement.hosts, rank in list order (the first host runs the
+// head, rank 0, which serves the engine's API). Each member is an ordinary
+// deployment of the same name on its host, with the group's facts in its
+// spec (structs.GroupMember): the host's own ledger admits its share, its
+// own driver plans its rank, its own lifecycle runs and journals it. What
+// no single host can do is the server's, here: the order of bring-up, park
+// and wake across hosts; stopping the whole group when one member fails or
+// the bring-up stalls; routing to the head only; and never letting a host
+// start, park, evict or retry a member on its own (core/lifecycle refuses
+// those for members).
+
+// DefaultGroupStallTimeout bounds a group's bring-up (group_stall_timeout).
+const DefaultGroupStallTimeout = 120 * time.Second
+
+// GroupPlacement is a group's part of its placement.
+type GroupPlacement struct {
+	// ID names this placement of the group (its members carry it).
+	ID string `json:"id"`
+	// Hosts are the members' hosts in rank order: Hosts[0] runs the head.
+	Hosts []string `json:"hosts"`
+	// HeadAddress and RendezvousPort are where the ranks meet: the head
+	// host's peer address and the port its host picked.
+	HeadAddress      string `json:"head_address,omitempty"`
+	RendezvousPort   int    `json:"rendezvous_port,omitempty"`
+	TensorParallel   int    `json:"tensor_parallel"`
+	PipelineParallel int    `json:"pipeline_parallel"`
+}
+
+// groupOps serialises the operations on each group and keeps the last
+// failure the server recorded for it (status shows it).
+type groupOps struct {
+	mu      sync.Mutex
+	locks   map[string]*sync.Mutex
+	lastErr map[string]*structs.ErrorRecord
+}
+
+// lock returns a group's operation lock.
+func (g *groupOps) lock(name string) *sync.Mutex {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.locks == nil {
+		g.locks = map[string]*sync.Mutex{}
+	}
+	l := g.locks[name]
+	if l == nil {
+		l = &sync.Mutex{}
+		g.locks[name] = l
+	}
+	return l
+}
+
+func (g *groupOps) setErr(name string, e *structs.ErrorRecord) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.lastErr == nil {
+		g.lastErr = map[string]*structs.ErrorRecord{}
+	}
+	if e == nil {
+		delete(g.lastErr, name)
+		return
+	}
+	g.lastErr[name] = e
+}
+
+func (g *groupOps) err(name string) *structs.ErrorRecord {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.lastErr[name]
+}
+
+// memberBody is a member's deploy body: the deployment as the operator
+// wrote it, with one instance, the member's facts, and no warm start (a
+// host never starts a member on its own).
+func memberBody(depJSON json.RawMessage, m structs.GroupMember, activate bool) ([]byte, error) {
+	var dep map[string]any
+	if err := json.Unmarshal(depJSON, &dep); err != nil {
+		return nil, structs.Errf(structs.CodeInvalidRequest, "the deployment is not a JSON object: %v", err)
+	}
+	dep["instances"] = 1
+	dep["group"] = m
+	if lc, ok := dep["lifecycle"].(map[string]any); ok {
+		lc["warm"] = false
+	}
+	return json.Marshal(map[string]any{"deployment": dep, "activate": activate})
+}
+
+// memberHostReady refuses a group whose host cannot take a member now.
+func (s *Server) memberHostReady(host, dep string) error {
+	rec, ok := s.State.Host(host)
+	switch {
+	case !ok:
+		return structs.Errf(structs.CodeNotFound, "group %s names host %s, which has not joined (capyctl list hosts)", dep, host).WithDetail("host", host)
+	case rec.Drained:
+		return structs.Errf(structs.CodeHostDraining, "group %s names host %s, which is draining: capyctl drain host %s --resume", dep, host, host).WithDetail("host", host)
+	}
+	if _, ok := s.placeable(host); !ok {
+		e := structs.Errf(structs.CodeHostUnreachable, "group %s names host %s, which is out of reach of the server: every member's host must be connected", dep, host).WithDetail("host", host)
+		e.RetryAfter = int(2*s.o.Heartbeat.Seconds()) + 1
+		return e
+	}
+	return nil
+}
+
+// withMember names the member a refusal is about.
+func withMember(err error, host string, rank int) error {
+	e := structs.AsError(err)
+	out := &structs.Error{Code: e.Code, RetryAfter: e.RetryAfter, Cause: e,
+		Message: fmt.Sprintf("group member rank %d on host %s: %s", rank, host, strings.TrimPrefix(e.Message, "host "+host+": "))}
+	for k, v := range e.Details {
+		out = out.WithDetail(k, v)
+	}
+	return out.WithDetail("host", host).WithDetail("rank", rank)
+}
+
+// createGroup places a group: the head first (its host picks the
+// rendezvous port), then each worker with the head's address; with
+// activate each member's ledger admits its share before the next member
+// is made. Any refusal removes the members made and refuses the deploy,
+// naming the member.
+func (s *Server) createGroup(ctx context.Context, hdr http.Header, spec *structs.Deployment, depJSON json.RawMessage, activate bool) (*wire.DeploymentStatus, error) {
+	hosts := spec.Placement.Hosts
+	for _, h := range hosts {
+		if err := s.memberHostReady(h, spec.Name); err != nil {
+			return nil, err
+		}
+	}
+	attempt := newAttempt()
+	g := &GroupPlacement{ID: attempt, Hosts: hosts, TensorParallel: spec.Topology.TensorParallel, PipelineParallel: spec.Topology.PipelineParallel}
+	var made []HostShare
+	for rank, host := range hosts {
+		m := structs.GroupMember{ID: attempt, Rank: rank, Size: len(hosts), Hosts: hosts, HeadAddress: g.HeadAddress, RendezvousPort: g.RendezvousPort}
+		body, err := memberBody(depJSON, m, activate)
+		if err != nil {
+			return nil, err
+		}
+		h := hdr.Clone()
+		if k := h.Get(wire.HeaderIdempotencyKey); k != "" {
+			h.Set(wire.HeaderIdempotencyKey, k+"#"+attempt)
+		}
+		status, data, err := s.hostCall(ctx, host, http.MethodPost, "/deployments", h, body)
+		if err == nil && status >= 300 {
+			err = hostError(host, status, data)
+		}
+		if err == nil && activate {
+			err = s.waitAdmitted(ctx, host, spec.Name)
+		}
+		if err == nil && rank == 0 {
+			err = s.readHead(ctx, host, spec.Name, g)
+		}
+		if err != nil {
+			if structs.CodeOf(err) != structs.CodeConflict {
+				_, _, _ = s.hostCall(ctx, host, http.MethodDelete, "/deployments/"+url.PathEscape(spec.Name), nil, nil)
+			}
+			s.rollback(ctx, spec.Name, made)
+			return nil, withMember(err, host, rank)
+		}
+		made = append(made, HostShare{Host: host, Instances: 1})
+	}
+	p := &Placement{Deployment: spec.Name, Hosts: made, Routes: spec.Routes, Revision: 1, At: time.Now().UTC(), Group: g}
+	if err := s.State.Apply(Command{Op: OpPlaced, Placement: p}); err != nil {
+		s.rollback(ctx, spec.Name, made)
+		return nil, err
+	}
+	s.groups.setErr(spec.Name, nil)
+	s.event("group_placed", hosts[0], map[string]any{"deployment": spec.Name, "hosts": hosts,
+		"rendezvous": fmt.Sprintf("%s:%d", g.HeadAddress, g.RendezvousPort)})
+	if activate {
+		s.goRun(func() { s.watchBringUp(spec.Name, g.ID) })
+	}
+	st := s.deploymentStatus(ctx, p)
+	return &st, nil
+}
+
+// readHead reads the head's rendezvous address from its host's record.
+func (s *Server) readHead(ctx context.Context, host, name string, g *GroupPlacement) error {
+	status, data, err := s.hostCall(ctx, host, http.MethodGet, "/deployments/"+url.PathEscape(name), nil, nil)
+	if err != nil {
+		return err
+	}
+	var st wire.DeploymentStatus
+	if status != http.StatusOK || json.Unmarshal(data, &st) != nil {
+		return hostError(host, status, data)
+	}
+	if st.Spec == nil || st.Spec.Group == nil || st.Spec.Group.RendezvousPort == 0 || st.Spec.Group.HeadAddress == "" {
+		return structs.Errf(structs.CodeInternal, "host %s recorded the group head without a rendezvous address (an older CapyCTL on the host?)", host)
+	}
+	g.HeadAddress, g.RendezvousPort = st.Spec.Group.HeadAddress, st.Spec.Group.RendezvousPort
+	return nil
+}
+
+// member is what the server knows of one member now.
+type member struct {
+	host     string
+	rank     int
+	state    string
+	since    time.Time
+	phase    string
+	resid    string
+	desired  string
+	lastErr  *structs.ErrorRecord
+	reachble bool
+}
+
+// members reads every member's status from its host (a host out of reach
+// reads uncertain).
+func (s *Server) members(ctx context.Context, name string, g *GroupPlacement) []member {
+	out := make([]member, len(g.Hosts))
+	var wg sync.WaitGroup
+	for rank, host := range g.Hosts {
+		wg.Add(1)
+		go func(rank int, host string) {
+			defer wg.Done()
+			out[rank] = s.memberOf(ctx, host, rank, name)
+		}(rank, host)
+	}
+	wg.Wait()
+	return out
+}
+
+func (s *Server) memberOf(ctx context.Context, host string, rank int, name string) member {
+	m := member{host: host, rank: rank, state: stateUncertain}
+	status, data, err := s.hostCall(ctx, host, http.MethodGet, "/deployments/"+url.PathEscape(name), nil, nil)
+	var st wire.DeploymentStatus
+	if err != nil || status != http.StatusOK || json.Unmarshal(data, &st) != nil || len(st.Instances) == 0 {
+		if err == nil && status == http.StatusNotFound {
+			m.state, m.reachble = string(structs.StateStopped), true
+		}
+		return m
+	}
+	in := st.Instances[0]
+	m.state, m.since, m.phase, m.resid, m.desired, m.lastErr, m.reachble = in.State, in.Since, in.Phase, in.Residency, st.Desired, in.LastError, true
+	return m
+}
+
+// memberAction runs one action on a member's host.
+func (s *Server) memberAction(ctx context.Context, host, name string, req wire.ActionRequest) error {
+	body, _ := json.Marshal(req)
+	status, data, err := s.hostCall(ctx, host, http.MethodPost, "/deployments/"+url.PathEscape(name)+"/actions",
+		http.Header{"Content-Type": {"application/json"}}, body)
+	if err == nil && status >= 300 {
+		err = hostError(host, status, data)
+	}
+	return err
+}
+
+// groupCallTimeout bounds one member's park or wake (a wake reloads the
+// weights) and a member's stop.
+const groupCallTimeout = 10 * time.Minute
+
+// callWait runs an action with wait on a member: the relay call's own
+// bound is the group's, not a quick management call's.
+func (s *Server) callWait(ctx context.Context, host, name, action string, evict bool) error {
+	ctx, cancel := context.WithTimeout(ctx, groupCallTimeout)
+	defer cancel()
+	body, _ := json.Marshal(wire.ActionRequest{Action: action, Wait: true, Evict: evict})
+	resp, err := s.roundTrip(ctx, host, http.MethodPost, wire.Prefix+"/deployments/"+url.PathEscape(name)+"/actions",
+		http.Header{"Content-Type": {"application/json"}}, "", body)
+	if err != nil {
+		return structs.Wrap(structs.CodeHostUnreachable, err, "host %s", host).WithDetail("host", host)
+	}
+	defer resp.Body.Close()
+	data, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if resp.StatusCode >= 300 {
+		return hostError(host, resp.StatusCode, data)
+	}
+	return nil
+}
+
+// groupStart starts or wakes a whole group. A parked group wakes workers
+// first (each host's ledger admits its member's ready charge; a worker has
+// nothing to wake itself), then the head, whose wake acts on every rank and
+// answers the wake check. A stopped group starts the head first, then the
+// workers, each admitted by its host's ledger before the next, and is ready
+// when the head passes readiness (bounded by group_stall_timeout). With
+// evict, a host that has no room for a member may park another group.
+func (s *Server) groupStart(ctx context.Context, p *Placement, evict bool) error {
+	g := p.Group
+	l := s.groups.lock(p.Deployment)
+	l.Lock()
+	defer l.Unlock()
+	ms := s.members(ctx, p.Deployment, g)
+	if err := uncertain(p.Deployment, ms); err != nil {
+		return err
+	}
+	head := ms[0]
+	switch head.state {
+	case string(structs.StateReady):
+		return nil
+	case string(structs.StateParked):
+		return s.groupWake(ctx, p, ms, evict)
+	}
+	// A cold start: every member stopped first (a failed member's launch
+	// record cleared).
+	if err := s.stopMembers(ctx, p.Deployment, g, ms, false); err != nil {
+		return err
+	}
+	s.groups.setErr(p.Deployment, nil)
+	for rank, host := range g.Hosts {
+		before := s.memberOf(ctx, host, rank, p.Deployment)
+		err := s.startMember(ctx, host, p.Deployment, evict, before)
+		if err != nil {
+			_ = s.stopMembers(ctx, p.Deployment, g, nil, true)
+			return withMember(err, host, rank)
+		}
+	}
+	return s.waitHeadReady(ctx, p.Deployment, g)
+}
+
+// startMember starts one stopped member without waiting for its readiness
+// (a head is ready only once every rank joined) and waits for its host's
+// ledger to admit it; a capacity refusal naming another group on the host
+// parks that group when evict allows, then tries once more.
+func (s *Server) startMember(ctx context.Context, host, name string, evict bool, before member) error {
+	for try := 0; ; try++ {
+		err := s.memberAction(ctx, host, name, wire.ActionRequest{Action: wire.ActionStart, Evict: evict})
+		if err == nil {
+			err = s.waitStarted(ctx, host, name, before)
+		}
+		if err == nil || try > 0 || !evict || !s.evictGroups(ctx, name, err) {
+			return err
+		}
+		before = s.memberOf(ctx, host, 0, name)
+	}
+}
+
+// waitStarted waits until a member left the state it had before its start
+// and its host's ledger admitted it (starting with a ledger phase, or
+// ready), or refused it (stopped or failed again, with the error).
+func (s *Server) waitStarted(ctx context.Context, host, name string, before member) error {
+	deadline := time.Now().Add(admitWait)
+	for time.Now().Before(deadline) {
+		m := s.memberOf(ctx, host, 0, name)
+		moved := !m.since.Equal(before.since) || m.state != before.state
+		switch {
+		case !m.reachble:
+			return structs.Errf(structs.CodeHostUnreachable, "host %s went out of reach", host).WithDetail("host", host)
+		case moved && (m.state == string(structs.StateReady) || (m.state == string(structs.StateStarting) && m.phase != "")):
+			return nil
+		case moved && (m.state == string(structs.StateStopped) || m.state == string(structs.StateFailed)):
+			if m.lastErr != nil {
+				return structs.Errf(m.lastErr.Code, "host %s: %s", host, m.lastErr.Message).WithDetail("host", host)
+			}
+			return structs.Errf(structs.CodeActivationFailed, "host %s: the member is %s", host, m.state).WithDetail("host", host)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	return nil
+}
+
+// groupWake wakes a parked group: workers first, then the head.
+func (s *Server) groupWake(ctx context.Context, p *Placement, ms []member, evict bool) error {
+	g := p.Group
+	var woken []int
+	wake := func(rank int) error {
+		for try := 0; ; try++ {
+			err := s.callWait(ctx, g.Hosts[rank], p.Deployment, wire.ActionStart, evict)
+			if err == nil || try > 0 || !evict || !s.evictGroups(ctx, p.Deployment, err) {
+				return err
+			}
+		}
+	}
+	for rank := 1; rank < len(g.Hosts); rank++ {
+		if ms[rank].state == string(structs.StateReady) {
+			continue
+		}
+		if err := wake(rank); err != nil {
+			// Nothing woke on the engines yet: the woken workers park again
+			// (their ranks never left their parked state).
+			for _, r := range woken {
+				_ = s.callWait(ctx, g.Hosts[r], p.Deployment, wire.ActionPark, false)
+			}
+			return withMember(err, g.Hosts[rank], rank)
+		}
+		woken = append(woken, rank)
+	}
+	if err := wake(0); err != nil {
+		e := structs.AsError(err)
+		code := structs.CodeGroupMemberFailed
+		if e.Code == structs.CodeWakeMismatch {
+			code = structs.CodeGroupWakeMismatch
+		}
+		s.failGroup(ctx, p.Deployment, g, code, "the head's wake failed: "+e.Message)
+		return withMember(err, g.Hosts[0], 0)
+	}
+	return nil
+}
+
+// groupPark parks a ready group: the head first (its sleep acts on every
+// rank), then each worker, whose host proves its rank released its memory.
+// A group that cannot park (restart only) stops; a member whose park fails
+// stops the whole group.
+func (s *Server) groupPark(ctx context.Context, p *Placement) error {
+	l := s.groups.lock(p.Deployment)
+	l.Lock()
+	defer l.Unlock()
+	return s.groupParkLocked(ctx, p)
+}
+
+func (s *Server) groupParkLocked(ctx context.Context, p *Placement) error {
+	g := p.Group
+	ms := s.members(ctx, p.Deployment, g)
+	if err := uncertain(p.Deployment, ms); err != nil {
+		return err
+	}
+	head := ms[0]
+	switch {
+	case head.state == string(structs.StateParked):
+		return nil
+	case head.state != string(structs.StateReady):
+		return structs.Errf(structs.CodeConflict, "group %s is %s, not ready", p.Deployment, head.state)
+	case head.resid == structs.ResidencyRestartOnly || head.resid == "":
+		return s.stopMembers(ctx, p.Deployment, g, ms, true)
+	}
+	for rank, host := range g.Hosts {
+		if err := s.callWait(ctx, host, p.Deployment, wire.ActionPark, false); err != nil {
+			s.failGroup(ctx, p.Deployment, g, structs.CodeParkFailed, fmt.Sprintf("rank %d on host %s: %s", rank, host, structs.AsError(err).Message))
+			return withMember(err, host, rank)
+		}
+	}
+	return nil
+}
+
+// uncertain refuses an operation while a member's host is out of reach.
+func uncertain(name string, ms []member) error {
+	for _, m := range ms {
+		if !m.reachble {
+			e := structs.Errf(structs.CodeGroupMemberUncertain,
+				"group %s: the member on host %s (rank %d) is uncertain, its host agent out of reach; its charge is kept until the agent is back", name, m.host, m.rank).
+				WithDetail("host", m.host).WithDetail("rank", m.rank)
+			e.RetryAfter = 2
+			return e
+		}
+	}
+	return nil
+}
+
+// stopMembers stops every member (all at once: a rank that loses a peer
+// exits anyway). ms, when given, skips the members already stopped;
+// force stops members of unreachable hosts' records too, later.
+func (s *Server) stopMembers(ctx context.Context, name string, g *GroupPlacement, ms []member, _ bool) error {
+	errs := make([]error, len(g.Hosts))
+	var wg sync.WaitGroup
+	for rank, host := range g.Hosts {
+		if ms != nil && ms[rank].reachble && ms[rank].state == string(structs.StateStopped) {
+			continue
+		}
+		wg.Add(1)
+		go func(rank int, host string) {
+			defer wg.Done()
+			errs[rank] = s.callWait(ctx, host, name, wire.ActionStop, false)
+		}(rank, host)
+	}
+	wg.Wait()
+	for rank, err := range errs {
+		if err != nil && structs.CodeOf(err) != structs.CodeNotFound {
+			return withMember(err, g.Hosts[rank], rank)
+		}
+	}
+	return nil
+}
+
+// groupStop stops a group on every host.
+func (s *Server) groupStop(ctx context.Context, p *Placement) error {
+	l := s.groups.lock(p.Deployment)
+	l.Lock()
+	defer l.Unlock()
+	return s.stopMembers(ctx, p.Deployment, p.Group, nil, true)
+}
+
+// failGroup stops a whole group after a member failed, its bring-up
+// stalled or a park or wake failed, and records why (status shows it).
+// The caller holds the group's lock or runs the supervisor.
+func (s *Server) failGroup(ctx context.Context, name string, g *GroupPlacement, code structs.Code, msg string) {
+	s.groups.setErr(name, &structs.ErrorRecord{Code: code, Message: msg, At: time.Now().UTC()})
+	s.logger.Warn("group stopped", "deployment", name, "code", code, "why", msg)
+	s.event("group_stopped", g.Hosts[0], map[string]any{"deployment": name, "code": string(code), "message": msg})
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), groupCallTimeout)
+	defer cancel()
+	if err := s.stopMembers(ctx, name, g, nil, true); err != nil {
+		s.logger.Warn("group stop incomplete", "deployment", name, "error", err)
+	}
+}
+
+// waitHeadReady waits for the head's readiness within the stall timeout;
+// a stalled bring-up stops the group (group_stalled).
+func (s *Server) waitHeadReady(ctx context.Context, name string, g *GroupPlacement) error {
+	deadline := time.Now().Add(s.o.GroupStallTimeout)
+	for {
+		ms := s.members(ctx, name, g)
+		if ms[0].state == string(structs.StateReady) {
+			return nil
+		}
+		for _, m := range ms {
+			if m.reachble && m.state == string(structs.StateFailed) {
+				msg := fmt.Sprintf("rank %d on host %s failed during bring-up", m.rank, m.host)
+				if m.lastErr != nil {
+					msg += ": " + m.lastErr.Message
+				}
+				s.failGroup(ctx, name, g, structs.CodeGroupMemberFailed, msg)
+				return structs.Errf(structs.CodeGroupMemberFailed, "group %s: %s; the group was stopped", name, msg).WithDetail("host", m.host).WithDetail("rank", m.rank)
+			}
+		}
+		if time.Now().After(deadline) {
+			msg := fmt.Sprintf("the head on %s was not ready within group_stall_timeout (%s); members: %s", g.Hosts[0], s.o.GroupStallTimeout, describeMembers(ms))
+			s.failGroup(ctx, name, g, structs.CodeGroupStalled, msg)
+			return structs.Errf(structs.CodeGroupStalled, "group %s: %s; the group was stopped", name, msg)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+func describeMembers(ms []member) string {
+	var parts []string
+	for _, m := range ms {
+		parts = append(parts, fmt.Sprintf("rank %d %s %s", m.rank, m.host, m.state))
+	}
+	return strings.Join(parts, ", ")
+}
+
+// watchBringUp follows a group deployed with activate until its head is
+// ready, stopping it when it stalls or a member fails.
+func (s *Server) watchBringUp(name, id string) {
+	p, ok := s.State.Placement(name)
+	if !ok || p.Group == nil || p.Group.ID != id {
+		return
+	}
+	l := s.groups.lock(name)
+	l.Lock()
+	defer l.Unlock()
+	_ = s.waitHeadReady(s.ctx, name, p.Group)
+}
+
+// superviseGroups stops every group one of whose members failed (a killed
+// head or worker: the other ranks exit too, and nothing may be left
+// running on any host). A member whose host is out of reach is uncertain
+// and left as it is until its host is back.
+func (s *Server) superviseGroups() {
+	t := time.NewTicker(250 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.ctx.Done():
+			return
+		case <-t.C:
+		}
+		for _, p := range s.State.Placements() {
+			if p.Group == nil {
+				continue
+			}
+			s.superviseGroup(p)
+		}
+	}
+}
+
+// superviseGroup checks one group from its members' journals.
+func (s *Server) superviseGroup(p *Placement) {
+	g := p.Group
+	id := structs.InstanceID(p.Deployment, 0)
+	var failed []string
+	running := 0
+	s.mu.Lock()
+	for rank, host := range g.Hosts {
+		h := s.hosts[host]
+		if h == nil || h.linkCancel == nil {
+			continue
+		}
+		j := h.journals[id]
+		if j == nil {
+			continue
+		}
+		switch j.GetState() {
+		case string(structs.StateFailed):
+			failed = append(failed, fmt.Sprintf("rank %d on %s (%s)", rank, host, j.GetMessage()))
+		case string(structs.StateStopped):
+		default:
+			running++
+		}
+	}
+	s.mu.Unlock()
+	if len(failed) == 0 {
+		return
+	}
+	l := s.groups.lock(p.Deployment)
+	if !l.TryLock() {
+		return // an operation is under way; it sees the failure itself
+	}
+	defer l.Unlock()
+	msg := "member failed: " + strings.Join(failed, "; ")
+	if running == 0 && s.groups.err(p.Deployment) != nil {
+		// Already stopped for this; the failed records are cleared by the
+		// next start.
+		return
+	}
+	s.failGroup(s.ctx, p.Deployment, g, structs.CodeGroupMemberFailed, msg)
+}
+
+// evictGroups parks (or stops) the groups a host's capacity refusal names
+// as in its way (details.evictable_groups), for a start with evict; it
+// reports whether it freed anything worth a second try.
+func (s *Server) evictGroups(ctx context.Context, requester string, err error) bool {
+	e := structs.AsError(err)
+	if e.Code != structs.CodeCapacityBlocked {
+		return false
+	}
+	raw, _ := e.Details["evictable_groups"].([]any)
+	var names []string
+	for _, v := range raw {
+		if n, ok := v.(string); ok && n != requester {
+			names = append(names, n)
+		}
+	}
+	if sl, ok := e.Details["evictable_groups"].([]string); ok {
+		for _, n := range sl {
+			if n != requester {
+				names = append(names, n)
+			}
+		}
+	}
+	freed := false
+	for _, n := range names {
+		p, ok := s.State.Placement(n)
+		if !ok || p.Group == nil {
+			continue
+		}
+		s.logger.Info("evicting a group to make room", "group", n, "for", requester)
+		l := s.groups.lock(n)
+		l.Lock()
+		ms := s.members(ctx, n, p.Group)
+		var perr error
+		if ms[0].state == string(structs.StateReady) {
+			perr = s.groupParkLocked(ctx, p)
+		} else {
+			perr = s.stopMembers(ctx, n, p.Group, ms, true)
+		}
+		l.Unlock()
+		if perr == nil {
+			freed = true
+			s.event("group_evicted", p.Group.Hosts[0], map[string]any{"deployment": n, "for": requester})
+		}
+	}
+	return freed
+}
+
+// groupAction answers a deployment action on a group.
+func (s *Server) groupAction(w http.ResponseWriter, r *http.Request, p *Placement, body []byte) {
+	var req wire.ActionRequest
+	if err := json.Unmarshal(body, &req); err != nil {
+		writeError(w, structs.Errf(structs.CodeInvalidRequest, "the body is not {action, wait, evict}: %v", err))
+		return
+	}
+	run := func(ctx context.Context) error {
+		switch req.Action {
+		case wire.ActionStart:
+			return s.groupStart(ctx, p, req.Evict)
+		case wire.ActionPark:
+			return s.groupPark(ctx, p)
+		case wire.ActionStop:
+			return s.groupStop(ctx, p)
+		case wire.ActionDelete:
+			if err := s.groupStop(ctx, p); err != nil {
+				return err
+			}
+			return s.unplace(ctx, p)
+		}
+		return structs.Errf(structs.CodeInvalidRequest, "unknown action %q (start, stop, park, delete)", req.Action)
+	}
+	at := time.Now().UTC()
+	done := req.Wait || req.Action == wire.ActionDelete
+	if done {
+		if err := run(context.WithoutCancel(r.Context())); err != nil {
+			writeError(w, err)
+			return
+		}
+	} else {
+		s.goRun(func() {
+			if err := run(s.ctx); err != nil {
+				s.logger.Warn("group action failed", "deployment", p.Deployment, "action", req.Action, "error", err)
+			}
+		})
+	}
+	status := http.StatusAccepted
+	if done {
+		status = http.StatusOK
+	}
+	writeJSON(w, status, wire.ActionAccepted{APIVersion: wire.APIVersion, Deployment: p.Deployment, Action: req.Action,
+		Revision: p.Revision, AcceptedAt: at, Done: done})
+}
+
+// ensureGroupUp starts a group for a request that names it (on-demand
+// activation, as a single host's router does for its own deployments),
+// unless an operator stopped it or it activates only on a start.
+func (s *Server) ensureGroupUp(ctx context.Context, p *Placement) error {
+	head := s.memberOf(ctx, p.Group.Hosts[0], 0, p.Deployment)
+	switch {
+	case head.state == string(structs.StateReady):
+		return nil
+	case !head.reachble:
+		return uncertain(p.Deployment, []member{head})
+	case head.desired == structs.DesiredStopped:
+		return nil // the head's host answers deployment_stopped or deployment_inactive
+	}
+	return s.groupStart(ctx, p, false)
+}
+
+// groupStatus completes a group's merged status: each member's rank and
+// role, the group's facts, the state of the whole (ready only when every
+// member is), a member out of reach marked group_member_uncertain.
+func (s *Server) groupStatus(p *Placement, out *wire.DeploymentStatus) {
+	g := p.Group
+	gs := &wire.GroupStatus{Size: len(g.Hosts), Hosts: g.Hosts, TensorParallel: g.TensorParallel, PipelineParallel: g.PipelineParallel,
+		Rendezvous: fmt.Sprintf("%s:%d", g.HeadAddress, g.RendezvousPort), PeerTransport: "unauthenticated",
+		LastError: s.groups.err(p.Deployment)}
+	states := map[string]int{}
+	ready := 0
+	for i := range out.Instances {
+		in := &out.Instances[i]
+		rank := i
+		in.Rank = &rank
+		in.Role = "worker"
+		if rank == 0 {
+			in.Role = "head"
+		}
+		in.ID = structs.InstanceID(p.Deployment, 0) + fmt.Sprintf("#rank%d", rank)
+		if in.State == stateUncertain {
+			in.LastError = &structs.ErrorRecord{Code: structs.CodeGroupMemberUncertain,
+				Message: fmt.Sprintf("host %s's agent is out of reach: the member's state is unknown and its charge is kept", in.Host), At: time.Now().UTC()}
+		}
+		states[in.State]++
+		if in.State == string(structs.StateReady) {
+			ready++
+		}
+	}
+	out.Group = gs
+	if ready == len(out.Instances) && ready > 0 {
+		out.ReadyN, out.State = 1, "ready"
+	} else {
+		out.ReadyN = 0
+		out.State = mergeState(states, len(out.Instances), 0)
+	}
+	if out.Spec != nil {
+		spec := *out.Spec
+		spec.Instances = 1
+		spec.Group = nil
+		out.Spec = &spec
+	}
+}
+
+// unplace removes a group's members from their hosts and its placement.
+func (s *Server) unplace(ctx context.Context, p *Placement) error {
+	s.adoptMu.Lock()
+	defer s.adoptMu.Unlock()
+	for _, host := range p.HostNames() {
+		status, data, err := s.hostCall(ctx, host, http.MethodDelete, "/deployments/"+url.PathEscape(p.Deployment), nil, nil)
+		if err == nil && status >= 300 && status != http.StatusNotFound {
+			err = hostError(host, status, data)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return s.State.Apply(Command{Op: OpUnplaced, Deployment: p.Deployment})
+}
