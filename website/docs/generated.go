@@ -232,6 +232,7 @@ func jobspecLimits() (string, error) {
 		limit any
 	}{
 		{"`instances`", jobspec.MaxInstances},
+		{"`topology.tensor_parallel`, `topology.pipeline_parallel`", jobspec.MaxParallel},
 		{"`engine_config.max_concurrent_requests`", jobspec.MaxConcurrentRequests},
 		{"`engine_config.context_length`", jobspec.MaxContextLength},
 		{"`limits.max_waiting`", jobspec.MaxWaiting},
