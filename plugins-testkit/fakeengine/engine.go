@@ -256,6 +256,10 @@ type Engine struct {
 	inflightMu sync.Mutex
 	inflight   map[*inflight]struct{}
 
+	// group is the head's group once it serves: Park, Wake and the
+	// flavours' collective calls carry their command out on every rank.
+	group atomic.Pointer[groupHead]
+
 	parkMu    sync.Mutex
 	parkLevel int
 	parked    map[string]bool // tags released by Park and not yet woken
@@ -511,6 +515,7 @@ func (e *Engine) Run(ctx context.Context) error {
 		}
 		group.watch()
 		lost = group.lost
+		e.group.Store(group)
 	}
 	e.Logf(LevelInfo, "ready: serving %s", e.cfg.ServedName)
 	e.phase.Store(int32(PhaseReady))
