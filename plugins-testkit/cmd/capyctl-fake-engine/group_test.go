@@ -288,19 +288,21 @@ func (p *engineProc) post(path, body string) (int, string) {
 	return resp.StatusCode, string(data)
 }
 
-// vllmTestGroup is a vLLM group of n ranks on loopback, each rank a process
-// with a card of its own, serving with sleep mode in dev mode. Each rank
-// holds 1 MiB of weights (a model of n MiB split over n machines) and
-// 1 MiB of KV cache, and the park residue of a single engine.
-type vllmTestGroup struct {
+// testGroup is a group's rank processes, in rank order, and their
+// cards, one each.
+type testGroup struct {
 	procs []*engineProc // rank order; 0 is the head
 	cards []string
 }
 
-func startVLLMGroup(t *testing.T, n int) *vllmTestGroup {
+// startVLLMGroup starts a vLLM group of n ranks on loopback, each rank a
+// process with a card of its own, serving with sleep mode in dev mode.
+// Each rank holds 1 MiB of weights (a model of n MiB split over n
+// machines) and 1 MiB of KV cache.
+func startVLLMGroup(t *testing.T, n int) *testGroup {
 	t.Helper()
 	model := modelDir(t, int64(n)<<20)
-	g := &vllmTestGroup{}
+	g := &testGroup{}
 	args := func(rank int, port string) []string {
 		a := []string{"-m", vllmModule, "--model", model, "--served-model-name", "m", "--host", "127.0.0.1", "--port", "0",
 			"--tensor-parallel-size", strconv.Itoa(n), "--kv-cache-memory-bytes", "1048576", "--enable-sleep-mode",
@@ -330,7 +332,7 @@ func startVLLMGroup(t *testing.T, n int) *vllmTestGroup {
 
 // holds checks that every rank holds exactly want on its own card and
 // nothing on the others'.
-func (g *vllmTestGroup) holds(t *testing.T, state string, want map[string]int64) {
+func (g *testGroup) holds(t *testing.T, state string, want map[string]int64) {
 	t.Helper()
 	for rank, p := range g.procs {
 		pid := p.cmd.Process.Pid
@@ -346,7 +348,7 @@ func (g *vllmTestGroup) holds(t *testing.T, state string, want map[string]int64)
 }
 
 // sleeping checks GET /is_sleeping on the head.
-func (g *vllmTestGroup) sleeping(t *testing.T, want bool) {
+func (g *testGroup) sleeping(t *testing.T, want bool) {
 	t.Helper()
 	status, body := g.procs[0].get("/is_sleeping")
 	if status != 200 || strings.TrimSpace(body) != `{"is_sleeping":`+strconv.FormatBool(want)+`}` {
@@ -355,7 +357,7 @@ func (g *vllmTestGroup) sleeping(t *testing.T, want bool) {
 }
 
 // must sends a POST to the head and wants 200.
-func (g *vllmTestGroup) must(t *testing.T, path, body string) {
+func (g *testGroup) must(t *testing.T, path, body string) {
 	t.Helper()
 	if status, answer := g.procs[0].post(path, body); status != 200 {
 		t.Fatalf("POST %s: %d %s", path, status, answer)
@@ -450,4 +452,41 @@ func TestGroup_VLLMWakeFailsOnAWorker(t *testing.T) {
 	g.must(t, "/wake_up", "")
 	g.holds(t, "awake", map[string]int64{"weights": 1 << 20, "kv_cache": 1 << 20})
 	g.sleeping(t, false)
+}
+
+// TestGroup_SGLangMemoryOccupation: SGLang's rank 0 scheduler broadcasts
+// every request to the schedulers of all ranks, so releasing and resuming
+// the memory occupation on the head of a group acts on every rank, each
+// on its own card, tag by tag.
+func TestGroup_SGLangMemoryOccupation(t *testing.T) {
+	const mib = 1 << 20
+	model := modelDir(t, 3*mib)
+	cards := []string{oneCard(t), oneCard(t), oneCard(t)}
+	args := func(rank int, addr string) []string {
+		return []string{"-m", sglangModule, "--model-path", model, "--served-model-name", "m", "--host", "127.0.0.1", "--port", "0",
+			"--tp", "3", "--nnodes", "3", "--node-rank", strconv.Itoa(rank), "--dist-init-addr", addr, "--enable-memory-saver"}
+	}
+	h := startProc(t, "/venv/bin/python3", args(0, "127.0.0.1:0"), "CAPYCTL_SIMGPU_STATE="+cards[0], "CAPYCTL_FAKE_SIM_KV=1MiB")
+	h.waitListening(t)
+	host, port := h.rendezvous(t)
+	procs := []*engineProc{h}
+	for rank := 1; rank <= 2; rank++ {
+		procs = append(procs, startProc(t, "/venv/bin/python3", args(rank, net.JoinHostPort(host, port)),
+			"CAPYCTL_SIMGPU_STATE="+cards[rank], "CAPYCTL_FAKE_SIM_KV=1MiB"))
+	}
+	h.waitFor(t, "the head ready", func() bool { s, _ := h.get("/health"); return s == 200 })
+	g := &testGroup{procs: procs, cards: cards}
+	steps := []struct {
+		path, body string
+		want       map[string]int64
+	}{
+		{"/release_memory_occupation", `{"tags":["kv_cache"]}`, map[string]int64{"weights": mib, "park_residue": defaultParkResidue}},
+		{"/release_memory_occupation", `{}`, map[string]int64{"park_residue": defaultParkResidue}},
+		{"/resume_memory_occupation", `{"tags":["weights"]}`, map[string]int64{"weights": mib, "park_residue": defaultParkResidue}},
+		{"/resume_memory_occupation", `{"tags":["kv_cache"]}`, map[string]int64{"weights": mib, "kv_cache": mib}},
+	}
+	for _, s := range steps {
+		g.must(t, s.path, s.body)
+		g.holds(t, s.path+" "+s.body, s.want)
+	}
 }
