@@ -125,8 +125,9 @@ type Config struct {
 	// Group, when set, makes the engine the head (rank 0) of a group
 	// across machines: it loads only once every rank has joined on the
 	// rendezvous address, is ready only once every rank has loaded, and
-	// exits with code 1 when a rank goes away (see group.go). Workers run
-	// as a GroupWorker, not an Engine.
+	// exits with code 1 when a rank goes away (see group.go). Park, Wake
+	// and vLLM's reload_weights act on every rank and return once every
+	// rank has acted. Workers run as a GroupWorker, not an Engine.
 	Group *GroupConfig
 
 	// Stdout receives info lines (os.Stdout when nil).
