@@ -125,8 +125,9 @@ type Config struct {
 	// Group, when set, makes the engine the head (rank 0) of a group
 	// across machines: it loads only once every rank has joined on the
 	// rendezvous address, is ready only once every rank has loaded, and
-	// exits with code 1 when a rank goes away (see group.go). Workers run
-	// as a GroupWorker, not an Engine.
+	// exits with code 1 when a rank goes away (see group.go). Park, Wake
+	// and vLLM's reload_weights act on every rank and return once every
+	// rank has acted. Workers run as a GroupWorker, not an Engine.
 	Group *GroupConfig
 
 	// Stdout receives info lines (os.Stdout when nil).
@@ -255,6 +256,10 @@ type Engine struct {
 
 	inflightMu sync.Mutex
 	inflight   map[*inflight]struct{}
+
+	// group is the head's group once it serves: Park, Wake and the
+	// flavours' collective calls carry their command out on every rank.
+	group atomic.Pointer[groupHead]
 
 	parkMu    sync.Mutex
 	parkLevel int
@@ -511,6 +516,7 @@ func (e *Engine) Run(ctx context.Context) error {
 		}
 		group.watch()
 		lost = group.lost
+		e.group.Store(group)
 	}
 	e.Logf(LevelInfo, "ready: serving %s", e.cfg.ServedName)
 	e.phase.Store(int32(PhaseReady))

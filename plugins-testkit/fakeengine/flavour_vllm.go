@@ -5,6 +5,7 @@ package fakeengine
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -257,11 +258,18 @@ func (v *VLLM) collectiveRPC(e *Engine, w http.ResponseWriter, r *http.Request) 
 		v.WriteError(w, KindEngineFailure, fmt.Sprintf("AttributeError: worker has no method %q", body.Method))
 		return
 	}
+	// A group's head reloads on every rank (group.go's "reload"), as
+	// vLLM's collective_rpc runs on every worker of the executor.
 	e.parkMu.Lock()
-	asleep := e.parked[TagWeights]
+	var err error
+	if e.parked[TagWeights] {
+		err = errors.New("cannot reload weights while they sleep: wake_up?tags=weights first")
+	} else {
+		err = e.groupCall("reload", "reloaded")
+	}
 	e.parkMu.Unlock()
-	if asleep {
-		v.WriteError(w, KindEngineFailure, "cannot reload weights while they sleep: wake_up?tags=weights first")
+	if err != nil {
+		v.WriteError(w, KindEngineFailure, err.Error())
 		return
 	}
 	v.mu.Lock()

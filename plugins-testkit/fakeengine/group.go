@@ -8,7 +8,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -24,16 +26,46 @@ import (
 // IMPORTANT: this protocol is the fake's, not any engine's. Nothing but
 // another fake speaks it; a driver must never depend on it.
 //
-// Protocol 1, text lines over one TCP connection per worker, opened by the
+// Protocol 2, text lines over one TCP connection per worker, opened by the
 // worker to the head's rendezvous address:
 //
-//	worker → head   capyctl-fake-group/1 hello engine=<family> rank=<r> nnodes=<n>
+//	worker → head   capyctl-fake-group/2 hello engine=<family> rank=<r> nnodes=<n>
 //	head → worker   ok                          (or "refused <reason>", then close)
 //	head → worker   load                        (every rank has joined)
 //	worker → head   loaded                      (its share is on its own card)
 //	head → worker   serving                     (the head answers HTTP now)
 //
-// After "serving" nothing more is sent: the connection only carries life.
+// After "serving" the head sends a command only when its engine API is
+// asked for one that every rank carries out, one command at a time, and
+// each worker answers it once, with the answer below or "error <message>":
+//
+//	head → worker   sleep <level> <tag>...      (vLLM's POST /sleep, SGLang's
+//	                                             /release_memory_occupation)
+//	worker → head   slept                       (the tags released on its card,
+//	                                             the park residue held)
+//	head → worker   wake <tag>...               (vLLM's POST /wake_up, SGLang's
+//	                                             /resume_memory_occupation)
+//	worker → head   woke                        (the tags back on its card; the
+//	                                             residue freed once none is left
+//	                                             released)
+//	head → worker   reload                      (vLLM's POST /collective_rpc
+//	                                             {"method": "reload_weights"})
+//	worker → head   reloaded                    (refused while its weights sleep)
+//
+// Tags are TagWeights and TagKVCache. This is how the real engines do it:
+// vLLM's engine core runs sleep, wake_up and reload_weights as a
+// collective RPC on every worker of its executor, headless machines
+// included, and answers the API call once every rank returned (an
+// exception on any rank fails the call, 500); SGLang's scheduler on rank
+// 0 broadcasts each request, memory occupation included, to the
+// schedulers of every rank. The head carries a command out on every
+// worker first and on itself last, so that a failure leaves the head's
+// own state (vLLM's is_sleeping) as it was, as vLLM's executor sets its
+// is_sleeping flag only after the collective RPC returned. A worker that
+// failed a command keeps the group alive (the call fails); a worker gone
+// fails the call and the group.
+//
+// Otherwise the connection only carries life.
 // Either end reading EOF or an error means the peer is gone (a killed
 // process's sockets are closed by its kernel), and the survivor fails the
 // way the real engine does (GroupConfig.LostLog, exit status 1). A worker
@@ -47,7 +79,7 @@ import (
 // CapyCTL's group stall check exists for.
 
 // GroupProtocol is the first word of a worker's hello.
-const GroupProtocol = "capyctl-fake-group/1"
+const GroupProtocol = "capyctl-fake-group/2"
 
 // DefaultGroupJoinTimeout bounds how long a head waits for its ranks and a
 // worker retries its head: torch.distributed's default process-group
@@ -112,6 +144,9 @@ type groupPeer struct {
 	rank int
 	conn net.Conn
 	rd   *bufio.Reader
+	// replies carries the worker's answers after "serving"; its watcher
+	// closes it when the connection ends.
+	replies chan string
 }
 
 // groupHead is the head's side of the rendezvous. Its goroutines are
@@ -123,6 +158,10 @@ type groupHead struct {
 	lost  chan int // ranks whose connection ended, first one wins
 	once  sync.Once
 	wg    sync.WaitGroup
+	done  chan struct{} // closed by close: watchers stop delivering
+
+	// callMu makes one command at a time (call).
+	callMu sync.Mutex
 }
 
 // listenGroup binds the head's rendezvous listener.
@@ -134,7 +173,7 @@ func listenGroup(cfg *GroupConfig) (*groupHead, error) {
 			return nil, fmt.Errorf("group rendezvous: %w", err)
 		}
 	}
-	return &groupHead{cfg: cfg, ln: ln, peers: map[int]*groupPeer{}, lost: make(chan int, 1)}, nil
+	return &groupHead{cfg: cfg, ln: ln, peers: map[int]*groupPeer{}, lost: make(chan int, 1), done: make(chan struct{})}, nil
 }
 
 // gather accepts workers until every rank has said hello, refusing the
@@ -176,7 +215,7 @@ func (h *groupHead) gather(ctx context.Context, logf func(Level, string, ...any)
 			c.Close()
 			continue
 		}
-		h.peers[rank] = &groupPeer{rank: rank, conn: c, rd: rd}
+		h.peers[rank] = &groupPeer{rank: rank, conn: c, rd: rd, replies: make(chan string, 1)}
 		logf(LevelInfo, "group rendezvous: rank %d joined from %s (%d of %d)", rank, c.RemoteAddr(), len(h.peers)+1, h.cfg.Size)
 	}
 	h.ln.Close() // the real store keeps listening; the fake needs no more
@@ -262,21 +301,28 @@ func (h *groupHead) waitLoaded(ctx context.Context) error {
 // errGroupRankLost is a worker gone during the start.
 var errGroupRankLost = errors.New("group rank lost")
 
-// watch starts one goroutine per worker that reports the worker's rank on
-// lost when its connection ends. The goroutines end with close.
+// watch starts one goroutine per worker that delivers the worker's
+// answers on its replies and, when its connection ends, closes replies and
+// reports the worker's rank on lost. The goroutines end with close.
 func (h *groupHead) watch() {
 	for _, p := range h.peers {
 		_ = p.conn.SetDeadline(time.Time{})
 		h.wg.Add(1)
 		go func() {
 			defer h.wg.Done()
-			buf := make([]byte, 64)
+			defer close(p.replies)
 			for {
-				if _, err := p.rd.Read(buf); err != nil {
+				line, err := p.rd.ReadString('\n')
+				if err != nil {
 					select {
 					case h.lost <- p.rank:
 					default:
 					}
+					return
+				}
+				select {
+				case p.replies <- strings.TrimSpace(line):
+				case <-h.done:
 					return
 				}
 			}
@@ -284,9 +330,52 @@ func (h *groupHead) watch() {
 	}
 }
 
+// call sends cmd to every worker and waits until each has answered want
+// (or "error <message>") or is gone. It waits for every worker even when
+// one failed, so that no answer is left to be read as the next command's.
+// It returns nil when every worker answered want; otherwise the first
+// failure by rank, wrapping errGroupRankLost for a worker gone.
+func (h *groupHead) call(cmd, want string) error {
+	h.callMu.Lock()
+	defer h.callMu.Unlock()
+	ranks := slices.Sorted(maps.Keys(h.peers))
+	errs := make([]error, len(ranks))
+	sent := make([]bool, len(ranks))
+	for i, r := range ranks {
+		p := h.peers[r]
+		if _, err := fmt.Fprintf(p.conn, "%s\n", cmd); err != nil {
+			errs[i] = fmt.Errorf("%w (rank %d: %v)", errGroupRankLost, r, err)
+			continue
+		}
+		sent[i] = true
+	}
+	for i, r := range ranks {
+		if !sent[i] {
+			continue
+		}
+		line, ok := <-h.peers[r].replies
+		switch {
+		case !ok:
+			errs[i] = fmt.Errorf("%w (rank %d: its connection closed during %q)", errGroupRankLost, r, cmd)
+		case line == want:
+		case strings.HasPrefix(line, "error "):
+			errs[i] = fmt.Errorf("group rank %d: %s", r, strings.TrimPrefix(line, "error "))
+		default:
+			errs[i] = fmt.Errorf("group rank %d answered %q to %q, want %q", r, line, cmd, want)
+		}
+	}
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // close ends every connection and waits for the watchers.
 func (h *groupHead) close() {
 	h.once.Do(func() {
+		close(h.done)
 		h.ln.Close()
 		for _, p := range h.peers {
 			p.conn.Close()
@@ -330,6 +419,12 @@ type GroupWorker struct {
 	logf   func(Level, string, ...any)
 	mem    *simMemory
 	joined chan struct{}
+
+	// The head's commands run on Run's goroutine; mu guards what Asleep
+	// reads.
+	mu     sync.Mutex
+	asleep bool
+	parked map[string]bool // tags released by sleep and not yet woken
 }
 
 // NewGroupWorker builds a worker of cfg (Rank ≥ 1) holding sim on its
@@ -344,7 +439,7 @@ func NewGroupWorker(cfg GroupConfig, sim SimConfig, logf func(Level, string, ...
 	if err := sim.validate(); err != nil {
 		return nil, fmt.Errorf("new group worker: %w", err)
 	}
-	return &GroupWorker{cfg: cfg, logf: logf, mem: &simMemory{cfg: sim, held: map[string]int64{}}, joined: make(chan struct{})}, nil
+	return &GroupWorker{cfg: cfg, logf: logf, mem: &simMemory{cfg: sim, held: map[string]int64{}}, joined: make(chan struct{}), parked: map[string]bool{}}, nil
 }
 
 // Ready is closed once the worker has loaded its share and the head
@@ -394,12 +489,138 @@ func (w *GroupWorker) Run(ctx context.Context) error {
 	}
 	w.logf(LevelInfo, "group rank %d of %d: serving with the head", w.cfg.Rank, w.cfg.Size)
 	close(w.joined)
-	buf := make([]byte, 64)
 	for {
-		if _, err := rd.Read(buf); err != nil {
+		line, err := rd.ReadString('\n')
+		if err != nil {
+			return fail("%s", w.cfg.lostLine(0))
+		}
+		if _, err := fmt.Fprintf(conn, "%s\n", w.do(strings.TrimSpace(line))); err != nil {
 			return fail("%s", w.cfg.lostLine(0))
 		}
 	}
+}
+
+// Asleep reports whether the worker has released memory on the head's
+// command (sleep) and not woken all of it.
+func (w *GroupWorker) Asleep() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.asleep
+}
+
+// do carries out one command of the head and returns the answer.
+func (w *GroupWorker) do(line string) string {
+	f := strings.Fields(line)
+	if len(f) == 0 {
+		return "error empty command"
+	}
+	var err error
+	var answer string
+	switch f[0] {
+	case "sleep":
+		answer = "slept"
+		level := 0
+		if len(f) > 1 {
+			level, err = strconv.Atoi(f[1])
+		}
+		if err != nil || level < 1 || len(f) < 3 {
+			return fmt.Sprintf("error bad command %q: want sleep <level> <tag>...", line)
+		}
+		err = w.sleep(level, f[2:])
+	case "wake":
+		answer = "woke"
+		if len(f) < 2 {
+			return fmt.Sprintf("error bad command %q: want wake <tag>...", line)
+		}
+		err = w.wake(f[1:])
+	case "reload":
+		answer = "reloaded"
+		err = w.reload()
+	default:
+		return fmt.Sprintf("error unknown command %q", line)
+	}
+	if err != nil {
+		w.logf(LevelError, "group rank %d: %s: %v", w.cfg.Rank, f[0], err)
+		return "error " + strings.ReplaceAll(err.Error(), "\n", " ")
+	}
+	return answer
+}
+
+// sleep releases tags from the worker's card, as Engine.Park does for a
+// head or a single engine: the first sleep of a cycle takes the park
+// residue (what a rank keeps on its card asleep: its CUDA context), and a
+// second one releases what is still held.
+func (w *GroupWorker) sleep(level int, tags []string) error {
+	tags, err := memoryTags("sleep", tags)
+	if err != nil {
+		return err
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !w.asleep {
+		if err := w.mem.alloc(TagParkResidue, w.mem.cfg.ParkResidue); err != nil {
+			return fmt.Errorf("park residue: %w", err)
+		}
+		w.asleep = true
+	}
+	for _, t := range tags {
+		if w.parked[t] {
+			continue
+		}
+		if err := w.mem.free(t); err != nil {
+			return err
+		}
+		w.parked[t] = true
+	}
+	w.logf(LevelInfo, "group rank %d asleep (level %d): released %v", w.cfg.Rank, level, tags)
+	return nil
+}
+
+// wake takes tags back on the worker's card, as Engine.Wake does; once
+// nothing is left released the residue is freed. An out-of-memory leaves
+// the tag released.
+func (w *GroupWorker) wake(tags []string) error {
+	tags, err := memoryTags("wake", tags)
+	if err != nil {
+		return err
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !w.asleep {
+		return nil
+	}
+	sizes := map[string]int64{TagWeights: w.mem.cfg.Weights, TagKVCache: w.mem.cfg.KV}
+	for _, t := range tags {
+		if !w.parked[t] {
+			continue
+		}
+		if err := w.mem.alloc(t, sizes[t]); err != nil {
+			return fmt.Errorf("wake %s: %w", t, err)
+		}
+		delete(w.parked, t)
+	}
+	if len(w.parked) > 0 {
+		w.logf(LevelInfo, "group rank %d: woke %v", w.cfg.Rank, tags)
+		return nil
+	}
+	if err := w.mem.free(TagParkResidue); err != nil {
+		return err
+	}
+	w.asleep = false
+	w.logf(LevelInfo, "group rank %d awake", w.cfg.Rank)
+	return nil
+}
+
+// reload reloads the worker's share of the weights: refused while they
+// sleep, as the head refuses it.
+func (w *GroupWorker) reload() error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.parked[TagWeights] {
+		return errors.New("cannot reload weights while they sleep: wake_up?tags=weights first")
+	}
+	w.logf(LevelInfo, "group rank %d: reloaded its share of the weights", w.cfg.Rank)
+	return nil
 }
 
 // join connects to the head, retrying refused connections until the join

@@ -9,6 +9,7 @@ import (
 	"maps"
 	"os"
 	"slices"
+	"strings"
 	"sync"
 
 	"github.com/capyctl/capyctl/plugins-testkit/simgpu"
@@ -196,12 +197,22 @@ func (e *Engine) logOOM(err error) {
 // deepest level. level is recorded for the flavour (vLLM's 1 or 2); the
 // GPU memory freed is the same. Requests already generating are not
 // touched: a flavour that aborts or drains them first uses AbortAll.
+//
+// The head of a group first has every worker release the same tags on
+// its own card ("sleep" in group.go); a worker that fails or is gone fails
+// the park before the head changes anything of its own.
 func (e *Engine) Park(level int, tags ...string) error {
 	e.parkMu.Lock()
 	defer e.parkMu.Unlock()
 	tags, err := memoryTags("park", tags)
 	if err != nil {
 		return err
+	}
+	if p := e.Phase(); p != PhaseReady && p != PhaseParked {
+		return fmt.Errorf("park: engine is %s", p)
+	}
+	if err := e.groupCall(fmt.Sprintf("sleep %d %s", level, strings.Join(tags, " ")), "slept"); err != nil {
+		return fmt.Errorf("park: %w", err)
 	}
 	switch e.Phase() {
 	case PhaseReady:
@@ -231,6 +242,20 @@ func (e *Engine) Park(level int, tags ...string) error {
 	return nil
 }
 
+// groupCall carries cmd out on every worker of the head's group (see
+// group.go's protocol); nil at once without a group.
+func (e *Engine) groupCall(cmd, want string) error {
+	g := e.group.Load()
+	if g == nil {
+		return nil
+	}
+	if err := g.call(cmd, want); err != nil {
+		e.Logf(LevelError, "%v", err)
+		return err
+	}
+	return nil
+}
+
 // memoryTags checks tags for Park and Wake; none means both.
 func memoryTags(op string, tags []string) ([]string, error) {
 	if len(tags) == 0 {
@@ -249,6 +274,10 @@ func memoryTags(op string, tags []string) ([]string, error) {
 // the residue is freed, the engine is ready again and waiting requests
 // start. An out-of-memory is returned (it wraps simgpu.ErrOutOfMemory) and
 // leaves the engine parked. Waking a ready engine does nothing.
+//
+// The head of a group first has every worker take the same tags back on
+// its own card ("wake" in group.go); a worker that fails or is gone fails
+// the wake and leaves the head parked.
 func (e *Engine) Wake(tags ...string) error {
 	e.parkMu.Lock()
 	defer e.parkMu.Unlock()
@@ -258,6 +287,9 @@ func (e *Engine) Wake(tags ...string) error {
 	}
 	if e.Phase() != PhaseParked {
 		return nil
+	}
+	if err := e.groupCall("wake "+strings.Join(tags, " "), "woke"); err != nil {
+		return fmt.Errorf("wake: %w", err)
 	}
 	sizes := map[string]int64{TagWeights: e.cfg.Sim.Weights, TagKVCache: e.cfg.Sim.KV}
 	for _, t := range tags {

@@ -4,7 +4,11 @@
 package main
 
 import (
+	"io"
+	"maps"
 	"net"
+	"net/http"
+	"os"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -270,4 +274,219 @@ func TestGroup_WrongWorkerRefused(t *testing.T) {
 		t.Fatalf("head exit %d after SIGTERM", code)
 	}
 	good.exitsWith(t, 1, "group rank 0 is gone")
+}
+
+// post sends a POST with a JSON body (none when empty) and returns the
+// status and body; status 0 when the request fails.
+func (p *engineProc) post(path, body string) (int, string) {
+	resp, err := http.Post(p.url+path, "application/json", strings.NewReader(body))
+	if err != nil {
+		return 0, err.Error()
+	}
+	defer resp.Body.Close()
+	data, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(data)
+}
+
+// testGroup is a group's rank processes, in rank order, and their
+// cards, one each.
+type testGroup struct {
+	procs []*engineProc // rank order; 0 is the head
+	cards []string
+}
+
+// startVLLMGroup starts a vLLM group of n ranks on loopback, each rank a
+// process with a card of its own, serving with sleep mode in dev mode.
+// Each rank holds 1 MiB of weights (a model of n MiB split over n
+// machines) and 1 MiB of KV cache.
+func startVLLMGroup(t *testing.T, n int) *testGroup {
+	t.Helper()
+	model := modelDir(t, int64(n)<<20)
+	g := &testGroup{}
+	args := func(rank int, port string) []string {
+		a := []string{"-m", vllmModule, "--model", model, "--served-model-name", "m", "--host", "127.0.0.1", "--port", "0",
+			"--tensor-parallel-size", strconv.Itoa(n), "--kv-cache-memory-bytes", "1048576", "--enable-sleep-mode",
+			"--nnodes", strconv.Itoa(n), "--node-rank", strconv.Itoa(rank), "--master-addr", "127.0.0.1", "--master-port", port}
+		if rank > 0 {
+			a = append(a, "--headless")
+		}
+		return a
+	}
+	for rank := range n {
+		g.cards = append(g.cards, oneCard(t))
+		port := "0"
+		if rank > 0 {
+			_, port = g.procs[0].rendezvous(t)
+		}
+		p := startProc(t, "/venv/bin/python", args(rank, port),
+			"CAPYCTL_SIMGPU_STATE="+g.cards[rank], "VLLM_SERVER_DEV_MODE=1", "VLLM_NO_USAGE_STATS=1")
+		if rank == 0 {
+			p.waitListening(t)
+		}
+		g.procs = append(g.procs, p)
+	}
+	h := g.procs[0]
+	h.waitFor(t, "the head ready", func() bool { s, _ := h.get("/health"); return s == 200 })
+	return g
+}
+
+// holds checks that every rank holds exactly want on its own card and
+// nothing on the others'.
+func (g *testGroup) holds(t *testing.T, state string, want map[string]int64) {
+	t.Helper()
+	for rank, p := range g.procs {
+		pid := p.cmd.Process.Pid
+		if got := heldOn(t, g.cards[rank], pid); !maps.Equal(got, want) {
+			t.Fatalf("%s: rank %d holds %v on its own card, want %v", state, rank, got, want)
+		}
+		for other, card := range g.cards {
+			if other != rank && len(heldOn(t, card, pid)) != 0 {
+				t.Fatalf("%s: rank %d holds memory on rank %d's card", state, rank, other)
+			}
+		}
+	}
+}
+
+// sleeping checks GET /is_sleeping on the head.
+func (g *testGroup) sleeping(t *testing.T, want bool) {
+	t.Helper()
+	status, body := g.procs[0].get("/is_sleeping")
+	if status != 200 || strings.TrimSpace(body) != `{"is_sleeping":`+strconv.FormatBool(want)+`}` {
+		t.Fatalf("is_sleeping: %d %s, want %v", status, body, want)
+	}
+}
+
+// must sends a POST to the head and wants 200.
+func (g *testGroup) must(t *testing.T, path, body string) {
+	t.Helper()
+	if status, answer := g.procs[0].post(path, body); status != 200 {
+		t.Fatalf("POST %s: %d %s", path, status, answer)
+	}
+}
+
+// TestGroup_VLLMSleepWake: sleep, wake_up and reload_weights on the head
+// act on every rank, each on its own card, and the head answers once
+// every rank has: right after the answer every rank's memory has changed.
+func TestGroup_VLLMSleepWake(t *testing.T) {
+	const mib = 1 << 20
+	awake := map[string]int64{"weights": mib, "kv_cache": mib}
+	asleep := map[string]int64{"park_residue": defaultParkResidue} // a single engine's residue, on each rank
+	weightsBack := map[string]int64{"weights": mib, "park_residue": defaultParkResidue}
+	for _, n := range []int{2, 3} {
+		t.Run(strconv.Itoa(n)+" ranks", func(t *testing.T) {
+			g := startVLLMGroup(t, n)
+			h := g.procs[0]
+			g.holds(t, "awake", awake)
+			g.sleeping(t, false)
+			for cycle := 1; cycle <= 5; cycle++ {
+				g.must(t, "/sleep?level=2", "")
+				g.holds(t, "asleep", asleep)
+				g.sleeping(t, true)
+				g.must(t, "/wake_up?tags=weights", "")
+				g.holds(t, "weights woken", weightsBack)
+				g.sleeping(t, true)
+				g.must(t, "/collective_rpc", `{"method":"reload_weights"}`)
+				for _, w := range g.procs[1:] {
+					// The log comes through a pipe, after the answer maybe.
+					w.waitFor(t, "the reload", func() bool {
+						return strings.Count(w.stdout.String(), "reloaded its share of the weights") == cycle
+					})
+				}
+				g.must(t, "/wake_up?tags=kv_cache", "")
+				g.holds(t, "awake", awake)
+				g.sleeping(t, false)
+				if status, body := h.chat(t, "m"); status != 200 || strings.Contains(body, "!!") {
+					t.Fatalf("cycle %d: chat after the wake: %d %s", cycle, status, body)
+				}
+			}
+
+			// A worker gone while the group sleeps is fatal to the head.
+			g.must(t, "/sleep?level=2", "")
+			g.holds(t, "asleep", asleep)
+			last := g.procs[n-1]
+			if err := last.cmd.Process.Kill(); err != nil {
+				t.Fatal(err)
+			}
+			h.exitsWith(t, 1, "group rank "+strconv.Itoa(n-1)+" is gone")
+			for _, w := range g.procs[1 : n-1] {
+				w.exitsWith(t, 1, "group rank 0 is gone")
+			}
+		})
+	}
+}
+
+// TestGroup_VLLMWakeFailsOnAWorker: a worker that cannot take its share
+// back (its card is full) fails the head's wake_up with vLLM's 500; the
+// head stays asleep and holds what it held, the group lives on, and a
+// later wake succeeds.
+func TestGroup_VLLMWakeFailsOnAWorker(t *testing.T) {
+	g := startVLLMGroup(t, 2)
+	h := g.procs[0]
+	g.must(t, "/sleep?level=2", "")
+	asleep := map[string]int64{"park_residue": defaultParkResidue}
+	g.holds(t, "asleep", asleep)
+
+	// Someone else fills the worker's card.
+	gpu, err := simgpu.Open(g.cards[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := gpu.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dev := st.Devices[0]
+	if err := gpu.Allocate(os.Getpid(), dev.UUID, "hog", dev.TotalBytes-defaultParkResidue); err != nil {
+		t.Fatal(err)
+	}
+	status, body := h.post("/wake_up", "")
+	if status != 500 || !strings.Contains(body, "group rank 1") {
+		t.Fatalf("wake_up with the worker's card full: %d %s, want 500 naming rank 1", status, body)
+	}
+	g.holds(t, "after the failed wake", asleep)
+	g.sleeping(t, true)
+
+	if err := gpu.Free(os.Getpid(), "hog"); err != nil {
+		t.Fatal(err)
+	}
+	g.must(t, "/wake_up", "")
+	g.holds(t, "awake", map[string]int64{"weights": 1 << 20, "kv_cache": 1 << 20})
+	g.sleeping(t, false)
+}
+
+// TestGroup_SGLangMemoryOccupation: SGLang's rank 0 scheduler broadcasts
+// every request to the schedulers of all ranks, so releasing and resuming
+// the memory occupation on the head of a group acts on every rank, each
+// on its own card, tag by tag.
+func TestGroup_SGLangMemoryOccupation(t *testing.T) {
+	const mib = 1 << 20
+	model := modelDir(t, 3*mib)
+	cards := []string{oneCard(t), oneCard(t), oneCard(t)}
+	args := func(rank int, addr string) []string {
+		return []string{"-m", sglangModule, "--model-path", model, "--served-model-name", "m", "--host", "127.0.0.1", "--port", "0",
+			"--tp", "3", "--nnodes", "3", "--node-rank", strconv.Itoa(rank), "--dist-init-addr", addr, "--enable-memory-saver"}
+	}
+	h := startProc(t, "/venv/bin/python3", args(0, "127.0.0.1:0"), "CAPYCTL_SIMGPU_STATE="+cards[0], "CAPYCTL_FAKE_SIM_KV=1MiB")
+	h.waitListening(t)
+	host, port := h.rendezvous(t)
+	procs := []*engineProc{h}
+	for rank := 1; rank <= 2; rank++ {
+		procs = append(procs, startProc(t, "/venv/bin/python3", args(rank, net.JoinHostPort(host, port)),
+			"CAPYCTL_SIMGPU_STATE="+cards[rank], "CAPYCTL_FAKE_SIM_KV=1MiB"))
+	}
+	h.waitFor(t, "the head ready", func() bool { s, _ := h.get("/health"); return s == 200 })
+	g := &testGroup{procs: procs, cards: cards}
+	steps := []struct {
+		path, body string
+		want       map[string]int64
+	}{
+		{"/release_memory_occupation", `{"tags":["kv_cache"]}`, map[string]int64{"weights": mib, "park_residue": defaultParkResidue}},
+		{"/release_memory_occupation", `{}`, map[string]int64{"park_residue": defaultParkResidue}},
+		{"/resume_memory_occupation", `{"tags":["weights"]}`, map[string]int64{"weights": mib, "park_residue": defaultParkResidue}},
+		{"/resume_memory_occupation", `{"tags":["kv_cache"]}`, map[string]int64{"weights": mib, "kv_cache": mib}},
+	}
+	for _, s := range steps {
+		g.must(t, s.path, s.body)
+		g.holds(t, s.path+" "+s.body, s.want)
+	}
 }
