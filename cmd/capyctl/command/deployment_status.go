@@ -86,6 +86,14 @@ func (c *Meta) printStatus(st *wire.DeploymentStatus) {
 	if st.Spec != nil && st.Spec.Residency != "" {
 		fmt.Fprintf(c.Out, "Residency: %s\n", st.Spec.Residency)
 	}
+	if g := st.Group; g != nil {
+		fmt.Fprintf(c.Out, "Group:     %d hosts (%s), tensor_parallel %d × pipeline_parallel %d\n",
+			g.Size, strings.Join(g.Hosts, ", "), g.TensorParallel, g.PipelineParallel)
+		fmt.Fprintf(c.Out, "Peers:     rendezvous %s; peer transport %s: keep the group's hosts on a private direct link\n", g.Rendezvous, g.PeerTransport)
+		if g.LastError != nil {
+			fmt.Fprintf(c.Out, "Stopped:   [%s] %s (%s)\n", g.LastError.Code, g.LastError.Message, g.LastError.At.Format(time.RFC3339))
+		}
+	}
 	fmt.Fprintln(c.Out)
 	rows := [][]string{}
 	onHosts := false
@@ -114,6 +122,17 @@ func (c *Meta) printStatus(st *wire.DeploymentStatus) {
 		head = append(head[:1], append([]string{"HOST"}, head[1:]...)...)
 		for i, in := range st.Instances {
 			rows[i] = append(rows[i][:1], append([]string{in.Host}, rows[i][1:]...)...)
+		}
+	}
+	if st.Group != nil { // a group's members: rank and role
+		head = append(head[:2], append([]string{"RANK"}, head[2:]...)...)
+		head[0] = "MEMBER"
+		for i, in := range st.Instances {
+			rank := "-"
+			if in.Rank != nil {
+				rank = fmt.Sprintf("%d %s", *in.Rank, in.Role)
+			}
+			rows[i] = append(rows[i][:2], append([]string{rank}, rows[i][2:]...)...)
 		}
 	}
 	c.Table(head, rows)

@@ -1,0 +1,304 @@
+// Copyright (c) CapyCTL authors
+// SPDX-License-Identifier: Apache-2.0
+
+package main_test
+
+import (
+	"encoding/json"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/capyctl/capyctl/core/api/wire"
+	"github.com/capyctl/capyctl/plugins-testkit/conformance"
+	"github.com/capyctl/capyctl/plugins-testkit/harness"
+	"github.com/capyctl/capyctl/plugins-testkit/poll"
+)
+
+// groupMemory is each member's charge: two do not fit on one 24 GiB card.
+const groupMemory = `  engine_config {
+    memory {
+      request = "%s"
+      startup = "%s"
+    }
+  }
+`
+
+// groupSpec is a deployment across hosts.
+func groupSpec(name, engine string, tp int, hosts []string, extra string) string {
+	return fmt.Sprintf(`deployment %q {
+  engine = %q
+  topology {
+    tensor_parallel = %d
+  }
+  placement {
+    hosts = ["%s"]
+  }
+  model {
+    path = "%s/model"
+  }
+%s}
+`, name, engine, tp, strings.Join(hosts, `", "`), name, extra)
+}
+
+// deployEverywhere writes a fake checkpoint for name on every host, at the
+// same path (a group's members read the same model files), and deploys.
+func (f *fleet) deployEverywhere(name, spec string, args ...string) (string, string, int) {
+	f.t.Helper()
+	for _, h := range f.hosts {
+		conformance.FakeModel(f.t, filepath.Join(h.StateDir, "models", name), 1<<20)
+	}
+	return f.server.Deploy(name, spec, args...)
+}
+
+// ledgersWithinLimits fails the test when a host's ledger charges more
+// than a domain's managed limit.
+func (f *fleet) ledgersWithinLimits(when string) {
+	f.t.Helper()
+	for name := range f.hosts {
+		out, errOut, code := f.server.CLI("status", "host", name, "--json")
+		if code != 0 {
+			continue // a host out of reach has no ledger to read
+		}
+		var h wire.HostDetail
+		if err := json.Unmarshal([]byte(out), &h); err != nil {
+			f.t.Fatalf("status host --json: %v\n%s", err, out)
+		}
+		for _, d := range h.Ledger {
+			m, _ := d.(map[string]any)
+			charged, _ := m["charged_bytes"].(float64)
+			limit, _ := m["managed_limit_bytes"].(float64)
+			if limit > 0 && charged > limit {
+				f.t.Fatalf("%s: host %s's domain %v charges %.0f bytes over its limit %.0f", when, name, m["name"], charged, limit)
+			}
+		}
+		_ = errOut
+	}
+}
+
+// memberStates lists a group's members' states in rank order.
+func memberStates(st wire.DeploymentStatus) []string {
+	out := make([]string, len(st.Instances))
+	for i, in := range st.Instances {
+		out[i] = in.State
+	}
+	return out
+}
+
+// waitGroup waits until every member of a group is in state.
+func (f *fleet) waitGroup(name, state string, within time.Duration) wire.DeploymentStatus {
+	f.t.Helper()
+	var st wire.DeploymentStatus
+	poll.Until(f.t, within, name+" "+state, func() bool {
+		st = f.status(name)
+		for _, s := range memberStates(st) {
+			if s != state {
+				return false
+			}
+		}
+		return len(st.Instances) > 0
+	})
+	return st
+}
+
+// groupPIDs are the engine processes of a group's members, by host.
+func groupPIDs(st wire.DeploymentStatus) map[string]int {
+	out := map[string]int{}
+	for _, in := range st.Instances {
+		out[in.Host] = in.PID
+	}
+	return out
+}
+
+// noGroupEngine waits until no engine process of a group's members runs.
+func (f *fleet) noGroupEngine(pids map[string]int) {
+	f.t.Helper()
+	for host, pid := range pids {
+		if pid == 0 {
+			continue
+		}
+		poll.Until(f.t, 30*time.Second, fmt.Sprintf("engine %d on %s gone", pid, host), func() bool { return !harness.Alive(pid) })
+	}
+}
+
+// TestFleetGroups_AcrossHosts runs the issue's scenario with a server and
+// three hosts, each a separate process, engines the testkit's fakes in
+// group mode: a 2-host vLLM group and a 3-host SGLang group come up and
+// answer; five park and wake cycles of the vLLM group (each wake with its
+// wake check); a killed head and a killed worker stop the whole group; a
+// host agent that goes away leaves its member uncertain with its charge,
+// then launched again; the group alternates with another model under
+// --evict; no engine is left behind and no ledger ever goes over a limit.
+func TestFleetGroups_AcrossHosts(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a server, three hosts and group engines")
+	}
+	f := startFleet(t, map[string]string{"gpu-a": "24GiB", "gpu-b": "24GiB", "gpu-c": "24GiB"})
+	vllm := conformance.FakeVenv(t, t.TempDir(), map[string]string{"vllm": "0.32.0"}, nil)
+	if out, errOut, code := f.server.CLI("engine", "add", vllm, "--name", "vllm", "--yes", "--env", "CAPYCTL_FAKE_SIM_WEIGHTS=8GiB"); code != 0 {
+		t.Fatalf("engine add vllm: exit %d\n%s%s", code, out, errOut)
+	}
+	sglang := conformance.FakeVenv(t, t.TempDir(), map[string]string{"sglang": "0.5.22"}, nil)
+	if out, errOut, code := f.server.CLI("engine", "add", sglang, "--name", "sglang", "--yes", "--env", "CAPYCTL_FAKE_SIM_WEIGHTS=3GiB"); code != 0 {
+		t.Fatalf("engine add sglang: exit %d\n%s%s", code, out, errOut)
+	}
+	f.waitEngine("vllm")
+	f.waitEngine("sglang")
+
+	// Refusals at deploy time, each with its code.
+	if _, errOut, code := f.deployEverywhere("odd", groupSpec("odd", "vllm", 3, []string{"gpu-a", "gpu-b"}, "")); code != 2 || !strings.Contains(errOut, "group_topology_invalid") {
+		t.Fatalf("tensor_parallel 3 over 2 hosts: exit %d: %s", code, errOut)
+	}
+	if _, errOut, code := f.deployEverywhere("one", groupSpec("one", "vllm", 2, []string{"gpu-a"}, "")); code != 2 || !strings.Contains(errOut, "group_placement_required") {
+		t.Fatalf("a topology on one host: exit %d: %s", code, errOut)
+	}
+	if _, errOut, code := f.deployEverywhere("deep-sg", groupSpec("deep-sg", "sglang", 2, []string{"gpu-a", "gpu-b"}, "  residency = \"deep\"\n"), "--activate"); code != 5 ||
+		!strings.Contains(errOut, "capability_missing:deep_park") {
+		t.Fatalf("an SGLang group that parks deep: exit %d: %s", code, errOut)
+	}
+	if out, _, _ := f.server.CLI("list", "deployments", "--json"); strings.Contains(out, "deep-sg") {
+		t.Fatalf("a refused group left a placement: %s", out)
+	}
+
+	// Bring-up: a 2-host vLLM group and a 3-host SGLang group answer.
+	big := groupSpec("big", "vllm", 2, []string{"gpu-a", "gpu-b"}, fmt.Sprintf(groupMemory, "14GiB", "14GiB"))
+	if out, errOut, code := f.deployEverywhere("big", big, "--activate", "--wait"); code != 0 {
+		t.Fatalf("deploy big: exit %d\n%s%s", code, out, errOut)
+	}
+	st := f.waitGroup("big", "ready", 60*time.Second)
+	if st.Group == nil || st.Group.Size != 2 || st.Group.PeerTransport != "unauthenticated" || st.State != "ready" || st.ReadyN != 1 {
+		t.Fatalf("big's status: state %s ready %d group %+v", st.State, st.ReadyN, st.Group)
+	}
+	for rank, in := range st.Instances {
+		if in.Rank == nil || *in.Rank != rank || in.Host != []string{"gpu-a", "gpu-b"}[rank] || len(in.Charges) == 0 {
+			t.Fatalf("big's member %d: %+v", rank, in)
+		}
+	}
+	if st.Instances[0].Role != "head" || st.Instances[1].Role != "worker" {
+		t.Fatalf("roles: %s, %s", st.Instances[0].Role, st.Instances[1].Role)
+	}
+	chatOK(t, f.server, "big")
+	out, _, code := f.server.CLI("status", "deployment", "big")
+	if code != 0 || !strings.Contains(out, "unauthenticated") || !strings.Contains(out, "gpu-b") {
+		t.Fatalf("status deployment big: exit %d\n%s", code, out)
+	}
+
+	wide := groupSpec("wide", "sglang", 3, []string{"gpu-c", "gpu-a", "gpu-b"}, fmt.Sprintf(groupMemory, "6GiB", "6GiB"))
+	if out, errOut, code := f.deployEverywhere("wide", wide, "--activate", "--wait"); code != 0 {
+		t.Fatalf("deploy wide: exit %d\n%s%s", code, out, errOut)
+	}
+	f.waitGroup("wide", "ready", 60*time.Second)
+	chatOK(t, f.server, "wide")
+	f.ledgersWithinLimits("after bring-up")
+
+	// Five park and wake cycles of the vLLM group: parked, each member
+	// holds what it measured; the wake answers its wake check.
+	for cycle := 1; cycle <= 5; cycle++ {
+		if _, errOut, code := f.server.CLI("park", "deployment", "big", "--wait"); code != 0 {
+			t.Fatalf("cycle %d: park: exit %d: %s", cycle, code, errOut)
+		}
+		st := f.waitGroup("big", "parked", 30*time.Second)
+		for _, in := range st.Instances {
+			if in.Phase != "parked" {
+				t.Fatalf("cycle %d: member on %s parked in ledger phase %q", cycle, in.Host, in.Phase)
+			}
+		}
+		f.ledgersWithinLimits(fmt.Sprintf("cycle %d parked", cycle))
+		if cycle%2 == 1 {
+			if _, errOut, code := f.server.CLI("start", "deployment", "big", "--wait"); code != 0 {
+				t.Fatalf("cycle %d: wake: exit %d: %s", cycle, code, errOut)
+			}
+		}
+		chatOK(t, f.server, "big") // an even cycle wakes on the request itself
+		f.waitGroup("big", "ready", 30*time.Second)
+		f.ledgersWithinLimits(fmt.Sprintf("cycle %d ready", cycle))
+	}
+
+	// A killed head stops the whole group; it starts again.
+	pids := groupPIDs(f.status("big"))
+	if err := syscall.Kill(pids["gpu-a"], syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	f.noGroupEngine(pids)
+	st = f.waitGroup("big", "stopped", 30*time.Second)
+	if st.Group.LastError == nil || st.Group.LastError.Code != "group_member_failed" {
+		t.Fatalf("after the head was killed: %+v", st.Group.LastError)
+	}
+	if _, errOut, code := f.server.CLI("start", "deployment", "big", "--wait"); code != 0 {
+		t.Fatalf("start after the head's death: exit %d: %s", code, errOut)
+	}
+	f.waitGroup("big", "ready", 60*time.Second)
+	chatOK(t, f.server, "big")
+
+	// A killed worker too.
+	pids = groupPIDs(f.status("big"))
+	if err := syscall.Kill(pids["gpu-b"], syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	f.noGroupEngine(pids)
+	f.waitGroup("big", "stopped", 30*time.Second)
+	if _, errOut, code := f.server.CLI("start", "deployment", "big", "--wait"); code != 0 {
+		t.Fatalf("start after the worker's death: exit %d: %s", code, errOut)
+	}
+	f.waitGroup("big", "ready", 60*time.Second)
+	chatOK(t, f.server, "big")
+
+	// A host agent that goes away: its member reads uncertain at once,
+	// charge kept; back with its journal, the same engine, launched again.
+	pids = groupPIDs(f.status("big"))
+	b := f.hosts["gpu-b"]
+	b.Kill9()
+	poll.Until(t, 10*time.Second, "big's worker uncertain", func() bool {
+		st := f.status("big")
+		w := st.Instances[1]
+		return w.State == "uncertain" && w.LastError != nil && w.LastError.Code == "group_member_uncertain" && len(w.Charges) > 0
+	})
+	if !harness.Alive(pids["gpu-b"]) || !harness.Alive(pids["gpu-a"]) {
+		t.Fatalf("the group's engines did not survive the host agent's death")
+	}
+	b.Restart()
+	poll.Until(t, 30*time.Second, "gpu-b back", func() bool { return f.hostState("gpu-b") == wire.HostReady })
+	st = f.waitGroup("big", "ready", 30*time.Second)
+	if got := groupPIDs(st); got["gpu-b"] != pids["gpu-b"] || got["gpu-a"] != pids["gpu-a"] {
+		t.Fatalf("the group's engines changed across the agent's restart: %v, were %v", got, pids)
+	}
+	chatOK(t, f.server, "big")
+
+	// Alternate the group with another model on gpu-b under --evict.
+	solo := fmt.Sprintf("deployment \"solo\" {\n  engine = \"vllm\"\n  placement {\n    hosts = [\"gpu-b\"]\n  }\n  model {\n    path = \"solo/model\"\n  }\n%s}\n",
+		fmt.Sprintf(groupMemory, "14GiB", "14GiB"))
+	if out, errOut, code := f.deployEverywhere("solo", solo); code != 0 {
+		t.Fatalf("deploy solo: exit %d\n%s%s", code, out, errOut)
+	}
+	for round := 0; round < 2; round++ {
+		if _, errOut, code := f.server.CLI("start", "deployment", "solo", "--evict", "--wait"); code != 0 {
+			t.Fatalf("round %d: start solo --evict: exit %d: %s", round, code, errOut)
+		}
+		if st := f.status("big"); st.State != "parked" {
+			t.Fatalf("round %d: big is %s (%v) after solo took its room", round, st.State, memberStates(st))
+		}
+		chatOK(t, f.server, "solo")
+		f.ledgersWithinLimits(fmt.Sprintf("round %d solo", round))
+		if _, errOut, code := f.server.CLI("start", "deployment", "big", "--evict", "--wait"); code != 0 {
+			t.Fatalf("round %d: start big --evict: exit %d: %s", round, code, errOut)
+		}
+		if st := f.status("solo"); st.State == "ready" {
+			t.Fatalf("round %d: solo still ready beside the group", round)
+		}
+		chatOK(t, f.server, "big")
+		f.ledgersWithinLimits(fmt.Sprintf("round %d big", round))
+	}
+
+	// Delete everything: no engine process left on any host.
+	for _, name := range []string{"big", "wide", "solo"} {
+		if _, errOut, code := f.server.CLI("delete", "deployment", name); code != 0 {
+			t.Fatalf("delete %s: exit %d: %s", name, code, errOut)
+		}
+	}
+	for name, h := range f.hosts {
+		poll.Until(t, 30*time.Second, "no engine left on "+name, func() bool { return len(harness.EnginePIDs(h.StateDir)) == 0 })
+	}
+}
