@@ -69,6 +69,10 @@ type GroupRun struct {
 	Deployment *pb.Deployment
 	// Size is the number of machines; TP and PP the topology.
 	Size, TP, PP int32
+	// ParkTier, when set, parks the group at that tier once it answers
+	// (the head first, then each worker) and wakes it (the workers first,
+	// then the head, whose canary must be its first readiness answer).
+	ParkTier string
 }
 
 // GroupMember is one launched member of a GroupRun.
@@ -171,6 +175,10 @@ func (g GroupRun) Run(t *testing.T) []*GroupMember {
 		t.Fatalf("chat through the head: %q %v", answer, err)
 	}
 
+	if g.ParkTier != "" {
+		g.parkAndWake(t, members, p.GetCanary())
+	}
+
 	// A worker killed: the head exits (the engines' collectives fail).
 	last := members[len(members)-1]
 	if err := syscall.Kill(-int(last.Launch.GetPgid()), syscall.SIGKILL); err != nil {
@@ -184,4 +192,31 @@ func (g GroupRun) Run(t *testing.T) []*GroupMember {
 		t.Fatalf("the head's liveness after the worker died: %v (logs:\n%s)", l, strings.Join(l.GetLastLogLines(), "\n"))
 	}
 	return members
+}
+
+// parkAndWake parks the head then the workers, and wakes the workers then
+// the head: a worker's park and wake answer at once without a canary; the
+// head's wake answers the canary of its first readiness.
+func (g GroupRun) parkAndWake(t *testing.T, members []*GroupMember, canary string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	for i, m := range members {
+		if _, err := m.Driver.Park(ctx, &pb.ParkRequest{InstanceId: m.Lctx.GetInstanceId(), Tier: g.ParkTier}); err != nil {
+			t.Fatalf("park rank %d: %v", i, err)
+		}
+	}
+	for i := len(members) - 1; i >= 0; i-- {
+		m := members[i]
+		w, err := m.Driver.Wake(ctx, &pb.WakeRequest{InstanceId: m.Lctx.GetInstanceId(), Tier: g.ParkTier})
+		if err != nil {
+			t.Fatalf("wake rank %d: %v", i, err)
+		}
+		switch {
+		case i > 0 && w.GetCanary() != "":
+			t.Fatalf("a worker's wake answered a canary: %v", w)
+		case i == 0 && w.GetCanary() != canary:
+			t.Fatalf("the head's wake canary %q, want %q", w.GetCanary(), canary)
+		}
+	}
 }
