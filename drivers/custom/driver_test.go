@@ -89,6 +89,7 @@ func TestPlan_Refusals(t *testing.T) {
 		{"the key variable", &pb.Deployment{Env: map[string]string{"FAKE_ENGINE_API_KEY": "x"}}, "engine_env_reserved:FAKE_ENGINE_API_KEY"},
 		{"an unapproved variable", &pb.Deployment{Env: map[string]string{"OTHER": "x"}}, "engine_env_not_approved:OTHER"},
 		{"remote code", &pb.Deployment{TrustRemoteCode: true}, "remote_code_not_allowed"},
+		{"a group", &pb.Deployment{Group: &pb.Group{Rank: 1, Size: 2, TensorParallel: 2, PipelineParallel: 1, HeadAddress: "10.0.0.1", RendezvousPort: 25000, PeerAddress: "10.0.0.2"}}, "group_shape_unsupported:custom"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

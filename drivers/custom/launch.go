@@ -25,6 +25,9 @@ func (d *Driver) Plan(_ context.Context, req *pb.PlanRequest) (*pb.PlanResponse,
 	}
 	resp := &pb.PlanResponse{Residency: enginekit.ResidencyRestartOnly, StartupTimeoutMs: m.startupTimeout().Milliseconds()}
 	var r enginekit.Refusals
+	// A custom engine declares no multi-node launch: Capabilities.groups
+	// is false.
+	enginekit.RefuseGroup(dep, Family, "a custom engine ("+inst.GetName()+")", &r)
 	if dep.GetApi() != "" && dep.GetApi() != m.API {
 		r.Add("capability_missing:"+dep.GetApi(), "api", "engine %s serves the %s API, not %s", inst.GetName(), m.API, dep.GetApi())
 	}

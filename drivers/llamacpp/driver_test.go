@@ -274,6 +274,9 @@ func TestPlan_Refusals(t *testing.T) {
 		{name: "decisions on 0.6.0", dep: func(d *pb.Deployment) { d.Api = "decisions" }, inst: func(i *pb.Installation) { i.Version = "0.6.0" }, code: "capability_missing:decisions"},
 		{name: "decisions on a build number", dep: func(d *pb.Deployment) { d.Api = "decisions" }, inst: func(i *pb.Installation) { i.Version = "b4748" }, code: "capability_missing:decisions"},
 		{name: "unknown key", dep: func(d *pb.Deployment) { d.EngineConfigJson = []byte(`{"threads":8}`) }, code: "unknown_config_key:threads"},
+		{name: "a group", dep: func(d *pb.Deployment) {
+			d.Group = &pb.Group{Rank: 0, Size: 2, TensorParallel: 2, PipelineParallel: 1, HeadAddress: "10.0.0.1", RendezvousPort: 25000, PeerAddress: "10.0.0.1"}
+		}, code: "group_shape_unsupported:llamacpp"},
 		{name: "bad gpu layers", dep: func(d *pb.Deployment) { d.EngineConfigJson = []byte(`{"n_gpu_layers":"most"}`) }, code: "invalid_config"},
 		{name: "remote code", dep: func(d *pb.Deployment) { d.TrustRemoteCode = true }, code: "remote_code_not_allowed"},
 		{name: "dtype", dep: func(d *pb.Deployment) { d.Dtype = "bfloat16" }, code: "invalid_config"},

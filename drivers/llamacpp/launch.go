@@ -106,6 +106,9 @@ func (d *Driver) Plan(_ context.Context, req *pb.PlanRequest) (*pb.PlanResponse,
 	inst, dep, host, lctx := req.GetInstallation(), req.GetDeployment(), req.GetHost(), req.GetLaunch()
 	resp := &pb.PlanResponse{Residency: enginekit.ResidencyRestartOnly}
 	var r enginekit.Refusals
+	// llama.cpp runs a model on one machine (its RPC backend is not a
+	// group CapyCTL runs): Capabilities.groups is false.
+	enginekit.RefuseGroup(dep, Family, "llama.cpp", &r)
 	cfg := decodeConfig(dep.GetEngineConfigJson(), &r)
 
 	switch dep.GetApi() {

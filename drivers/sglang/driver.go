@@ -15,6 +15,17 @@
 // resume_memory_occupation, a reload from disk after a deep park, and a
 // cache flush; aborts by the request ID ("rid") the router puts in the
 // body; and reads the idle signal from /metrics.
+//
+// A group member (Deployment.group: one model over several machines, one
+// rank per machine) runs SGLang's multi-node launch: --tp-size and
+// --pp-size over all machines, --nnodes, --node-rank and --dist-init-addr
+// (the head's address and rendezvous port); GLOO_SOCKET_IFNAME names the
+// interface of the host's peer address; no NCCL_* variable is set; never
+// in a network namespace of its own. Groups restart instead of parking
+// (restart_only by default; deep and host_backed are refused
+// capability_missing:deep_park). The head (rank 0) serves the API; a worker
+// serves only SGLang's health check on its loopback port, which is its
+// readiness (no canary).
 package sglang
 
 import (
@@ -105,6 +116,9 @@ type Driver struct {
 	// not import the core to learn it.
 	Version string
 	reg     *enginekit.Registry[*enginekit.Instance]
+	// rdmaDir lists the host's RDMA devices for require_rdma
+	// (enginekit.DefaultRDMADir when ""; tests point it elsewhere).
+	rdmaDir string
 }
 
 var _ sdk.Driver = (*Driver)(nil)
@@ -121,6 +135,7 @@ func (d *Driver) Describe(context.Context, *pb.DescribeRequest) (*pb.DescribeRes
 		IdleSignal:     true,
 		Lmcache:        true,
 		RequestIdField: RequestIDField,
+		Groups:         true,
 	}, pyengine.ConfigSchema(Family, configKeys)), nil
 }
 

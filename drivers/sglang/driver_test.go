@@ -158,7 +158,7 @@ func TestPlan_Refusals(t *testing.T) {
 		{name: "watermark config", edit: func(d *pb.Deployment) { d.ExtraArgs = []string{"--watermark-config", "{}"} }, codes: []string{"engine_option_reserved:--watermark-config"}},
 		{name: "api key", edit: func(d *pb.Deployment) { d.ExtraArgs = []string{"--api-key", "x"} }, codes: []string{"engine_option_reserved:--api-key"}},
 		{name: "config file", edit: func(d *pb.Deployment) { d.ExtraArgs = []string{"--config", "/tmp/c.yaml"} }, codes: []string{"engine_option_reserved:--config"}},
-		{name: "tp alias", edit: func(d *pb.Deployment) { d.ExtraArgs = []string{"--tp", "2"} }, codes: []string{"engine_option_reserved:--tp-size"}},
+		{name: "tp alias", edit: func(d *pb.Deployment) { d.ExtraArgs = []string{"--tp", "2"} }, codes: []string{"engine_option_owned:--tp-size"}},
 		{name: "lmcache", edit: func(d *pb.Deployment) { d.ExtraArgs = []string{"--lmcache-mp-port", "1"} }, codes: []string{"engine_option_reserved:--lmcache-mp-port"}},
 		{name: "owned", edit: func(d *pb.Deployment) { d.ExtraArgs = []string{"--mem-fraction-static", "0.9"} }, codes: []string{"engine_option_owned:--mem-fraction-static"}},
 		{name: "unapproved path option", edit: func(d *pb.Deployment) { d.ExtraArgs = []string{"--speculative-draft-model-path", "/tmp/d"} }, codes: []string{"engine_option_not_approved:--speculative-draft-model-path"}},

@@ -28,12 +28,13 @@ func speculative(args []flags.Arg) bool {
 }
 
 // residency is the effective residency: the deployment's; by default deep,
-// or restart_only for a decision model or speculative decoding.
+// or restart_only for a decision model, speculative decoding or a group
+// member (SGLang groups restart instead of parking).
 func residency(dep *pb.Deployment, args []flags.Arg) string {
 	if r := dep.GetResidency(); r != "" {
 		return r
 	}
-	if dep.GetApi() == "decisions" || speculative(args) {
+	if dep.GetApi() == "decisions" || speculative(args) || enginekit.InGroup(dep) {
 		return enginekit.ResidencyRestartOnly
 	}
 	return enginekit.ResidencyDeep
@@ -79,6 +80,12 @@ func (d *Driver) Plan(_ context.Context, req *pb.PlanRequest) (*pb.PlanResponse,
 		r.Add(enginekit.CodeCapabilityMissing+":deep_park", "residency",
 			"with speculative decoding a wake would not restore the draft model's weights: remove residency or set restart_only")
 	}
+	group := dep.GetGroup()
+	if group != nil && enginekit.Parks(res) {
+		r.Add(enginekit.CodeCapabilityMissing+":deep_park", "residency",
+			"SGLang groups restart instead of parking (the memory saver is not verified across machines): declare residency = %q", enginekit.ResidencyRestartOnly)
+	}
+	enginekit.CheckGroup(group, enginekit.GroupOptions{RDMADir: d.rdmaDir}, &r)
 	venv := pyengine.PlanVenv(inst, &r)
 	lmc := pyengine.PlanLMCache(pyengine.LMCacheInput{
 		Family: lmcacheFamily, Inst: inst, Dep: dep, Host: host, Launch: lctx, Venv: venv, Residency: res,
@@ -98,7 +105,10 @@ func (d *Driver) Plan(_ context.Context, req *pb.PlanRequest) (*pb.PlanResponse,
 	}
 	parsers := pyengine.FamilyParsers(dep, cfg, args, parserNames)
 
+	// A worker keeps --host and --port: SGLang's non-zero node ranks serve
+	// their health check there.
 	argv := pyengine.ServerArgv(venv.Python, Module, "--model-path", dep, lctx)
+	argv = append(argv, groupArgs(group)...)
 	maxRunning := pyengine.MaxConcurrent(dep, pyengine.DefaultMaxConcurrent)
 	argv = append(argv, "--max-running-requests", strconv.Itoa(maxRunning))
 	if n := dep.GetContextLength(); n > 0 {
@@ -162,12 +172,16 @@ func (d *Driver) Plan(_ context.Context, req *pb.PlanRequest) (*pb.PlanResponse,
 		env["PYTHONPATH"] = strings.Join(dirs, ":")
 	}
 	env.Merge(dep.GetEnv())
+	pyengine.GroupEnv(env, group)
 
 	resp := pyengine.Rendered{Argv: argv, Env: env, Checkpoint: ck, ContextLength: dep.GetContextLength(), MaxConcurrent: maxRunning,
-		Parsers: parsers, Residency: res}.Plan(lctx)
+		Parsers: parsers, Residency: res, Group: group}.Plan(lctx)
 	pyengine.ApplyLMCache(resp, lmc)
 	if enginekit.Parks(res) {
 		resp.Notes = append(resp.Notes, "parks with SGLang's memory saver (release_memory_occupation / resume_memory_occupation)")
+	}
+	if enginekit.GroupWorker(group) {
+		resp.Notes = append(resp.Notes, "a worker rank: it serves only SGLang's health check (GET /health) on its loopback port, and no inference")
 	}
 	// The same note whoever plans: the golden plans do not depend on the
 	// user the tests run as.
@@ -177,6 +191,26 @@ func (d *Driver) Plan(_ context.Context, req *pb.PlanRequest) (*pb.PlanResponse,
 		resp.Notes = append(resp.Notes, "more than one tokenizer worker: an abort by request ID may not reach the worker that holds the request; hang-ups close the connection")
 	}
 	return resp, nil
+}
+
+// groupArgs are a group member's options (docs.sglang.io "Multi-Node
+// Deployment"; ServerArgs in python/sglang/srt/server_args.py): the
+// tensor- and pipeline-parallel sizes over all machines, the number of
+// machines, this one's rank and the head's address and rendezvous port
+// (--dist-init-addr host:port, the same on every rank: torch.distributed's
+// rendezvous on the head, and the base of the head's ZeroMQ ports). None
+// without a group.
+func groupArgs(g *pb.Group) []string {
+	if g == nil {
+		return nil
+	}
+	return []string{
+		"--tp-size", strconv.Itoa(int(g.GetTensorParallel())),
+		"--pp-size", strconv.Itoa(int(g.GetPipelineParallel())),
+		"--nnodes", strconv.Itoa(int(g.GetSize())),
+		"--node-rank", strconv.Itoa(int(g.GetRank())),
+		"--dist-init-addr", enginekit.RendezvousAddr(g),
+	}
 }
 
 // lmcacheFamily is SGLang in the LMCache decision: 0.5.22 is the first
@@ -302,8 +336,9 @@ func (d *Driver) Start(_ context.Context, req *pb.StartRequest) (*pb.StartRespon
 	}
 	_ = shm(lctx.GetLaunchDir()).RecordBefore()
 	// SGLang cannot listen on a Unix socket: a driver that runs as root
-	// launches it in a network namespace of its own instead.
-	netns := enginekit.NetnsPossible()
+	// launches it in a network namespace of its own instead, except a
+	// group member, whose ranks reach each other over the host's network.
+	netns := enginekit.NetnsPossible() && !enginekit.InGroup(dep)
 	launched, server, err := enginekit.StartWithLMCache(enginekit.LaunchOptions{
 		Plan: req.GetPlan(), Host: req.GetHost(), Launch: lctx,
 		Secrets:      []string{engineKey(req.GetEngineKey()), req.GetEngineKey(), req.GetAdminKey()},
@@ -339,6 +374,7 @@ func (d *Driver) instance(id, launchID string, l proc.Launched, port int, key st
 	}
 	in.Residency = res
 	in.ModelDir = dep.GetModelDir()
+	in.Group = dep.GetGroup()
 	return in
 }
 

@@ -53,6 +53,9 @@ func (d *Driver) Park(ctx context.Context, req *pb.ParkRequest) (*pb.ParkRespons
 	if err != nil {
 		return nil, err
 	}
+	if in.Worker() {
+		return enginekit.WorkerPark(in, tier), nil
+	}
 	if err := enginekit.CheckIdle(ctx, in, metricNames); err != nil {
 		return nil, err
 	}
@@ -77,6 +80,9 @@ func (d *Driver) Wake(ctx context.Context, req *pb.WakeRequest) (*pb.WakeRespons
 			return nil, &sdk.Error{Code: sdk.CodeWakeFailed, Message: err.Error()}
 		}
 		return nil, err
+	}
+	if in.Worker() {
+		return enginekit.WorkerWake(in), nil
 	}
 	sctx, cancel := context.WithTimeout(ctx, stepTimeout)
 	_, err = in.Client.PostJSON(sctx, resumePath, map[string]any{"tags": []string{"weights", "kv_cache"}}, nil)

@@ -22,7 +22,8 @@ import (
 
 // Probe implements sdk.Driver. READINESS waits for the served name in
 // /v1/models and a real answer to the canary prompt (a complete decision
-// for a decision model). It fails at once, with the engine's last log
+// for a decision model); a group's worker rank, which serves no API, for
+// its health check (workerReady), without a canary. It fails at once, with the engine's last log
 // lines, when the engine exits or when SGLang's scheduler dies while the
 // model loads: then the driver ends the launch's remaining processes and
 // removes the shared-memory segments it made, instead of waiting out the
@@ -47,7 +48,10 @@ func (d *Driver) Probe(ctx context.Context, req *pb.ProbeRequest) (*pb.ProbeResp
 		}
 		deadline := enginekit.ProbeDeadline(req, pyengine.StartupTimeout(pyengine.WeightsBytes(in.ModelDir)))
 		ready := in.ChatReady(canaryPrompt, canaryTokens, canaryExtra)
-		if in.API == "decisions" {
+		switch {
+		case in.Worker():
+			ready = workerReady(in)
+		case in.API == "decisions":
 			ready = decisionReady(in)
 		}
 		fail := func() {
@@ -62,9 +66,33 @@ func (d *Driver) Probe(ctx context.Context, req *pb.ProbeRequest) (*pb.ProbeResp
 		}
 		return resp, nil
 	case pb.ProbeKind_PROBE_KIND_WAKE_CHECK:
+		if in.Worker() {
+			// The wake check is the head's canary; a worker has none.
+			return in.Liveness(), nil
+		}
 		return in.WakeCheck(ctx, wakeCanary(in)), nil
 	}
 	return nil, sdk.Errorf("invalid_request", "unknown probe kind %v", req.GetKind())
+}
+
+// workerReady is a group worker's readiness: SGLang's non-zero node ranks
+// serve no API, only a "dummy health check server" on their --host and
+// --port once their schedulers are ready (launch_dummy_health_check_server
+// in python/sglang/srt/utils.py, called from _launch_subprocesses in
+// python/sglang/srt/entrypoints/engine.py): GET /health answers 200.
+// There is no canary.
+func workerReady(in *enginekit.Instance) enginekit.ReadyFunc {
+	return func(ctx context.Context) (bool, string, string) {
+		resp, err := in.Client.Get(ctx, "/health")
+		if err != nil {
+			return false, "", "waiting for the worker's health check: " + err.Error()
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			return false, "", "waiting for the worker's health check: GET /health answered " + strconv.Itoa(resp.StatusCode)
+		}
+		return true, "", ""
+	}
 }
 
 // schedulerWatch notices SGLang's scheduler dying while the server waits
@@ -157,7 +185,7 @@ func (d *Driver) Abort(ctx context.Context, req *pb.AbortRequest) (*pb.AbortResp
 	if err != nil {
 		return nil, err
 	}
-	if in.Endpoint.GetAbortMode() != pb.AbortMode_ABORT_MODE_REQUEST_ID || req.GetRequestId() == "" {
+	if in.Worker() || in.Endpoint.GetAbortMode() != pb.AbortMode_ABORT_MODE_REQUEST_ID || req.GetRequestId() == "" {
 		return &pb.AbortResponse{Mode: pb.AbortMode_ABORT_MODE_CLOSE_CONNECTION}, nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)

@@ -11,6 +11,13 @@
 // /health. TensorFold cannot release its memory while it runs: it is
 // restart only. Its build tools (ninja, nvcc, a C++ compiler) must be on
 // the engine's PATH when it is registered (toolchain_missing, exit 26).
+//
+// A group runs TensorFold's two-machine tensor parallel: exactly two
+// machines, topology tensor_parallel 2 and pipeline_parallel 1 (anything
+// else is group_shape_unsupported:tensorfold), restart only. Each rank
+// gets --tp 2 --rank r --master <head address> --master-port <rendezvous
+// port> and GLOO_SOCKET_IFNAME for the host's peer address (no NCCL_*); the
+// head serves the API, rank 1 serves no HTTP and is ready once it runs.
 package tensorfold
 
 import (
@@ -57,6 +64,9 @@ type Driver struct {
 	getenv func(string) string
 	// defaultCUDA is the toolkit directory used when CUDA_HOME names none.
 	defaultCUDA string
+	// rdmaDir lists the host's RDMA devices for require_rdma
+	// (enginekit.DefaultRDMADir when ""; tests point it elsewhere).
+	rdmaDir string
 }
 
 var _ sdk.Driver = (*Driver)(nil)
@@ -73,6 +83,7 @@ func (d *Driver) Describe(context.Context, *pb.DescribeRequest) (*pb.DescribeRes
 		Apis:       []string{"chat"},
 		AbortMode:  pb.AbortMode_ABORT_MODE_CLOSE_CONNECTION,
 		IdleSignal: true,
+		Groups:     true,
 	}, pyengine.ConfigSchema(Family, configKeys)), nil
 }
 

@@ -73,7 +73,16 @@ func (d *Driver) Plan(_ context.Context, req *pb.PlanRequest) (*pb.PlanResponse,
 	if lctx.GetDeviceBytes() > 0 {
 		capBytes = lctx.GetDeviceBytes()
 	}
-	weights := weightsBytes(dep.GetModelDir())
+	group := dep.GetGroup()
+	if group != nil && (group.GetSize() != 2 || group.GetTensorParallel() != 2 || group.GetPipelineParallel() != 1) {
+		r.Add(enginekit.CodeGroupShapeUnsupported+":"+Family, "topology",
+			"TensorFold runs tensor parallel on exactly two machines: topology { tensor_parallel = 2, pipeline_parallel = 1 } with two placement.hosts (got tensor_parallel %d, pipeline_parallel %d on %d machines)",
+			group.GetTensorParallel(), group.GetPipelineParallel(), group.GetSize())
+	} else {
+		enginekit.CheckGroup(group, enginekit.GroupOptions{RDMADir: d.rdmaDir}, &r)
+	}
+	// A rank of a pair holds half the weights.
+	weights := enginekit.GroupShare(weightsBytes(dep.GetModelDir()), group)
 	if capBytes > 0 && weights >= capBytes {
 		r.Add(flags.CodeInvalidConfig, "resources", "TensorFold's memory cap (%s) cannot hold the weights (%s) beside its KV cache: raise resources.gpu", gib(capBytes), gib(weights))
 	}
@@ -83,7 +92,7 @@ func (d *Driver) Plan(_ context.Context, req *pb.PlanRequest) (*pb.PlanResponse,
 	}
 	parallel := pyengine.MaxConcurrent(dep, DefaultParallel)
 	resp.Hints = &pb.MemoryHints{
-		WeightsBytes: weights, ContextLength: dep.GetContextLength(), MaxConcurrentRequests: int32(parallel), Source: "declared",
+		WeightsBytes: weights, ContextLength: dep.GetContextLength(), MaxConcurrentRequests: int32(parallel), Source: enginekit.GroupSource("declared", group),
 		ReadyDeviceBytes: res.GetDeviceBytes(), ReadyHostBytes: res.GetHostBytes(),
 	}
 	venv := inst.GetDetails()[detailVenv]
@@ -92,9 +101,16 @@ func (d *Driver) Plan(_ context.Context, req *pb.PlanRequest) (*pb.PlanResponse,
 	}
 	resp.Argv = renderArgv(venv, dep, lctx, cfg, parallel)
 	resp.Env = d.renderEnv(venv, inst, dep, host, lctx, capBytes)
+	pyengine.GroupEnv(resp.Env, group)
 	resp.Workdir = lctx.GetLaunchDir()
 	resp.Notes = []string{"restart only: TensorFold cannot park; CapyCTL stops it when it needs the memory",
 		"the first request builds CUDA kernels; readiness waits for it within the startup budget"}
+	if group != nil {
+		resp.Notes = append(resp.Notes, enginekit.GroupNote(group))
+	}
+	if enginekit.GroupWorker(group) {
+		resp.Notes = append(resp.Notes, "rank 1 of the pair serves no HTTP: readiness is its process running")
+	}
 	return resp, nil
 }
 
@@ -136,6 +152,14 @@ func renderArgv(venv string, dep *pb.Deployment, lctx *pb.LaunchContext, cfg pye
 		"--snapshot-dir", "none",
 		"--context", strconv.FormatInt(dep.GetContextLength(), 10),
 		"--parallel", strconv.Itoa(parallel),
+	}
+	if g := dep.GetGroup(); g != nil {
+		// TensorFold's two-machine tensor parallel (shared/reference/
+		// original.md, ADR 0028: "TensorFold --tp 2 --rank r --master
+		// --master-port"): the pair's size, this rank, and the head's
+		// address and rendezvous port on both.
+		argv = append(argv, "--tp", "2", "--rank", strconv.Itoa(int(g.GetRank())),
+			"--master", g.GetHeadAddress(), "--master-port", strconv.Itoa(int(g.GetRendezvousPort())))
 	}
 	if t := dep.GetKvCacheDtype(); t != "" {
 		argv = append(argv, "--kv-dtype", t)
@@ -215,5 +239,6 @@ func (d *Driver) Start(_ context.Context, req *pb.StartRequest) (*pb.StartRespon
 func instance(id, launchID string, l proc.Launched, port int, dep *pb.Deployment) *enginekit.Instance {
 	in := enginekit.NewInstance(id, launchID, l, port, enginekit.NewEndpoint(port, dep.GetServedName(), ""))
 	in.API, in.ModelDir, in.Residency = dep.GetApi(), dep.GetModelDir(), enginekit.ResidencyRestartOnly
+	in.Group = dep.GetGroup()
 	return in
 }

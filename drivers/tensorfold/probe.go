@@ -28,7 +28,9 @@ type health struct {
 
 // Probe implements sdk.Driver. Readiness is /health ok, the served name in
 // /v1/models, then a real answer; the first answer waits for the kernel
-// build, which each attempt joins until the startup budget runs out.
+// build, which each attempt joins until the startup budget runs out. Rank
+// 1 of a two-machine pair serves no HTTP: it is ready once its process
+// runs.
 func (d *Driver) Probe(ctx context.Context, req *pb.ProbeRequest) (*pb.ProbeResponse, error) {
 	in, err := d.reg.Get(req.GetInstanceId())
 	if err != nil {
@@ -38,6 +40,11 @@ func (d *Driver) Probe(ctx context.Context, req *pb.ProbeRequest) (*pb.ProbeResp
 	case pb.ProbeKind_PROBE_KIND_LIVENESS:
 		return in.Liveness(), nil
 	case pb.ProbeKind_PROBE_KIND_READINESS, pb.ProbeKind_PROBE_KIND_WAKE_CHECK:
+		if in.Worker() {
+			// Rank 1 of a pair serves no HTTP: its process is its
+			// readiness, and it has no canary.
+			return in.WaitReady(ctx, enginekit.ProbeDeadline(req, StartupTimeout), enginekit.WorkerReady, nil, nil), nil
+		}
 		chat := in.ChatReady(canaryPrompt, 8, nil)
 		ready := func(ctx context.Context) (bool, string, string) {
 			var h health
@@ -58,6 +65,9 @@ func (d *Driver) Load(ctx context.Context, req *pb.LoadRequest) (*pb.LoadRespons
 	in, err := d.reg.Get(req.GetInstanceId())
 	if err != nil {
 		return nil, err
+	}
+	if in.Worker() {
+		return enginekit.WorkerLoad(), nil
 	}
 	unknown := &pb.LoadResponse{Known: false, KvUsage: enginekit.KVUsageUnknown}
 	lctx, cancel := context.WithTimeout(ctx, 3*time.Second)

@@ -12,6 +12,18 @@
 // canary; reads the idle signal from /metrics; and aborts by closing the
 // connection. vLLM serves chat only: decision deployments are refused
 // (capability_missing:decisions).
+//
+// A group member (Deployment.group: one model over several machines, one
+// rank per machine) runs vLLM's multiprocessing multi-node launch:
+// --tensor-parallel-size and --pipeline-parallel-size over all machines,
+// --distributed-executor-backend mp, --nnodes, --node-rank, --master-addr
+// and --master-port (the head's address and rendezvous port), and
+// --headless on every worker; GLOO_SOCKET_IFNAME names the interface of the
+// host's peer address and VLLM_HOST_IP is that address; no NCCL_* variable
+// is set. The head (rank 0) serves the API and parks as usual (vLLM's
+// sleep is collective over the ranks); a worker serves no HTTP: it is
+// ready once its process runs, and its park, wake, abort and load call
+// nothing (the core measures its memory).
 package vllm
 
 import (
@@ -76,6 +88,9 @@ type Driver struct {
 	// not import the core to learn it.
 	Version string
 	reg     *enginekit.Registry[*enginekit.Instance]
+	// rdmaDir lists the host's RDMA devices for require_rdma
+	// (enginekit.DefaultRDMADir when ""; tests point it elsewhere).
+	rdmaDir string
 }
 
 var _ sdk.Driver = (*Driver)(nil)
@@ -92,6 +107,7 @@ func (d *Driver) Describe(context.Context, *pb.DescribeRequest) (*pb.DescribeRes
 		IdleSignal:      true,
 		Lmcache:         true,
 		RequestIdHeader: "X-Request-Id",
+		Groups:          true,
 	}, pyengine.ConfigSchema(Family, configKeys)), nil
 }
 

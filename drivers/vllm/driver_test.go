@@ -156,7 +156,7 @@ func TestPlan_Refusals(t *testing.T) {
 		{name: "reserved option with equals", edit: func(d *pb.Deployment) { d.ExtraArgs = []string{"--uvicorn-log-level=debug"} }, codes: []string{"engine_option_reserved:--uvicorn-log-level"}},
 		{name: "reserved abbreviation", edit: func(d *pb.Deployment) { d.ExtraArgs = []string{"--api-k=x"} }, codes: []string{"engine_option_reserved:--api-key"}},
 		{name: "reserved logging field", edit: func(d *pb.Deployment) { d.ExtraArgs = []string{"--logging-config.level", "DEBUG"} }, codes: []string{"engine_option_reserved:--logging-config"}},
-		{name: "reserved underscore spelling", edit: func(d *pb.Deployment) { d.ExtraArgs = []string{"--tensor_parallel_size", "2"} }, codes: []string{"engine_option_reserved:--tensor-parallel-size"}},
+		{name: "owned underscore spelling", edit: func(d *pb.Deployment) { d.ExtraArgs = []string{"--tensor_parallel_size", "2"} }, codes: []string{"engine_option_owned:--tensor-parallel-size"}},
 		{name: "short option", edit: func(d *pb.Deployment) { d.ExtraArgs = []string{"-tp", "2"} }, codes: []string{"engine_option_reserved:-tp"}},
 		{name: "owned option", edit: func(d *pb.Deployment) { d.ExtraArgs = []string{"--max-num-seqs", "64"} }, codes: []string{"engine_option_owned:--max-num-seqs"}},
 		{name: "request logging back on", edit: func(d *pb.Deployment) { d.ExtraArgs = []string{"--enable-log-requests"} }, codes: []string{"engine_option_owned:--enable-log-requests"}},

@@ -5,6 +5,7 @@ package vllm
 
 import (
 	"context"
+	"net/netip"
 	"strconv"
 	"strings"
 
@@ -44,6 +45,8 @@ func (d *Driver) Plan(_ context.Context, req *pb.PlanRequest) (*pb.PlanResponse,
 	args := pyengine.Common(Table, dep, host, typed, &r)
 	venv := pyengine.PlanVenv(inst, &r)
 	res := residency(dep)
+	group := dep.GetGroup()
+	enginekit.CheckGroup(group, enginekit.GroupOptions{RDMADir: d.rdmaDir}, &r)
 	lmc := pyengine.PlanLMCache(pyengine.LMCacheInput{
 		Family: lmcacheFamily, Inst: inst, Dep: dep, Host: host, Launch: lctx, Venv: venv, Residency: res,
 		OwnConnector: flags.Find(args, "--kv-transfer-config") != nil,
@@ -55,20 +58,27 @@ func (d *Driver) Plan(_ context.Context, req *pb.PlanRequest) (*pb.PlanResponse,
 	ck := pyengine.ReadCheckpoint(dep, lctx)
 	contextLen := dep.GetContextLength()
 	fitted := false
-	if contextLen <= 0 && ck.HF != nil && ck.KVPerToken > 0 && ck.KVBudget > 0 {
+	// A group member's card holds its share of each token's KV cache.
+	kvPerToken := enginekit.GroupShare(ck.KVPerToken, group)
+	if contextLen <= 0 && ck.HF != nil && kvPerToken > 0 && ck.KVBudget > 0 {
 		// A context the KV budget cannot hold once makes vLLM refuse to
 		// start: fit it, in 16-token blocks.
-		if fit := ck.KVBudget / ck.KVPerToken / 16 * 16; fit > 0 && fit < ck.HF.MaxPositionEmbeddings {
+		if fit := ck.KVBudget / kvPerToken / 16 * 16; fit > 0 && fit < ck.HF.MaxPositionEmbeddings {
 			contextLen, fitted = fit, true
 		}
 	}
 	parsers := pyengine.FamilyParsers(dep, cfg, args, parserNames)
 
 	sock, tcpWhy := socketFor(inst, lctx)
+	if enginekit.GroupWorker(group) {
+		// A --headless rank serves no API: no socket to make.
+		sock = ""
+	}
 	argv := pyengine.ServerArgv(venv.Python, Module, "--model", dep, lctx)
 	if sock != "" {
 		argv = pyengine.OnSocket(argv, "--uds", sock)
 	}
+	argv = append(argv, groupArgs(group)...)
 	maxSeqs := pyengine.MaxConcurrent(dep, pyengine.DefaultMaxConcurrent)
 	argv = append(argv, "--max-num-seqs", strconv.Itoa(maxSeqs))
 	if contextLen > 0 {
@@ -133,10 +143,13 @@ func (d *Driver) Plan(_ context.Context, req *pb.PlanRequest) (*pb.PlanResponse,
 		env["VLLM_SERVER_DEV_MODE"] = "1"
 	}
 	env.Merge(dep.GetEnv())
+	groupEnv(env, group)
 
 	resp := pyengine.Rendered{Argv: argv, Env: env, Checkpoint: ck, ContextLength: contextLen, MaxConcurrent: maxSeqs,
-		Parsers: parsers, Residency: res}.Plan(lctx)
+		Parsers: parsers, Residency: res, Group: group}.Plan(lctx)
 	switch {
+	case enginekit.GroupWorker(group):
+		resp.Notes = append(resp.Notes, "a --headless rank: it serves no HTTP, so readiness is its process running and park, wake and load call nothing on this host")
 	case sock != "":
 		resp.Notes = append(resp.Notes, "serves on a Unix socket in its launch directory (--uds): no other local user reaches any of its routes")
 	case enginekit.Parks(res):
@@ -149,6 +162,48 @@ func (d *Driver) Plan(_ context.Context, req *pb.PlanRequest) (*pb.PlanResponse,
 		resp.Notes = append(resp.Notes, "context fitted to the KV budget: --max-model-len "+strconv.FormatInt(contextLen, 10))
 	}
 	return resp, nil
+}
+
+// groupArgs are a group member's options, the same on every rank but the
+// node rank and --headless (vLLM's "Running vLLM with MultiProcessing",
+// docs.vllm.ai Parallelism and scaling, vllm-project/vllm#30509; the help
+// of ParallelConfig.nnodes, node_rank, master_addr, master_port and
+// distributed_executor_backend in vllm/config/parallel.py): the topology
+// over all machines, the multiprocessing backend (no Ray cluster beside the
+// engine), the head's address and rendezvous port, and --headless on every
+// rank but the head, which alone serves the API. None without a group.
+func groupArgs(g *pb.Group) []string {
+	if g == nil {
+		return nil
+	}
+	out := []string{
+		"--tensor-parallel-size", strconv.Itoa(int(g.GetTensorParallel())),
+		"--pipeline-parallel-size", strconv.Itoa(int(g.GetPipelineParallel())),
+		"--distributed-executor-backend", "mp",
+		"--nnodes", strconv.Itoa(int(g.GetSize())),
+		"--node-rank", strconv.Itoa(int(g.GetRank())),
+		"--master-addr", g.GetHeadAddress(),
+		"--master-port", strconv.Itoa(int(g.GetRendezvousPort())),
+	}
+	if enginekit.GroupWorker(g) {
+		out = append(out, "--headless")
+	}
+	return out
+}
+
+// groupEnv sets a group member's variables: GLOO_SOCKET_IFNAME
+// (pyengine.GroupEnv) and VLLM_HOST_IP, the address this rank advertises
+// to the others ("unique for each worker"; vLLM's distributed serving docs
+// ask for "an address on a private network segment"), when the peer
+// address is an IP address. Never NCCL_*.
+func groupEnv(env enginekit.Env, g *pb.Group) {
+	if g == nil {
+		return
+	}
+	pyengine.GroupEnv(env, g)
+	if ip, err := netip.ParseAddr(g.GetPeerAddress()); err == nil {
+		env["VLLM_HOST_IP"] = ip.Unmap().String()
+	}
 }
 
 // lmcacheFamily is vLLM in the LMCache decision: 0.32.0 is the first
@@ -262,5 +317,6 @@ func (d *Driver) instance(id, launchID string, l proc.Launched, port int, key st
 	}
 	in.Residency = res
 	in.ModelDir = dep.GetModelDir()
+	in.Group = dep.GetGroup()
 	return in
 }

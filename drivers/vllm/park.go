@@ -66,11 +66,16 @@ func (d *Driver) parkable(id, tier string) (*enginekit.Instance, string, int, er
 // Park implements sdk.Driver: with nothing running or waiting, POST
 // /sleep?level=N, then GET /is_sleeping must say true. The core has stopped
 // routing to the instance first; a request sent while vLLM sleeps would
-// wait until it wakes.
+// wait until it wakes. A group's worker has no API (the head's sleep is
+// collective over every rank): its park calls nothing and succeeds, and
+// the core measures what the rank's processes still hold.
 func (d *Driver) Park(ctx context.Context, req *pb.ParkRequest) (*pb.ParkResponse, error) {
 	in, tier, level, err := d.parkable(req.GetInstanceId(), req.GetTier())
 	if err != nil {
 		return nil, err
+	}
+	if in.Worker() {
+		return enginekit.WorkerPark(in, tier), nil
 	}
 	if err := enginekit.CheckIdle(ctx, in, metricNames); err != nil {
 		return nil, err
@@ -96,7 +101,8 @@ func (d *Driver) Park(ctx context.Context, req *pb.ParkRequest) (*pb.ParkRespons
 // reload_weights: level 2 kept no copy), POST /wake_up?tags=kv_cache, POST
 // /reset_prefix_cache, GET /is_sleeping must say false, and finally the
 // canary prompt, whose answer the core compares with the one recorded at
-// first readiness.
+// first readiness. A group's worker wakes first and at once, without a
+// canary: the head's wake and its canary follow.
 func (d *Driver) Wake(ctx context.Context, req *pb.WakeRequest) (*pb.WakeResponse, error) {
 	tier := req.GetTier()
 	in, err := d.reg.Get(req.GetInstanceId())
@@ -106,6 +112,9 @@ func (d *Driver) Wake(ctx context.Context, req *pb.WakeRequest) (*pb.WakeRespons
 	in, tier, level, err := d.parkable(req.GetInstanceId(), tier)
 	if err != nil {
 		return nil, wakeErr(err)
+	}
+	if in.Worker() {
+		return enginekit.WorkerWake(in), nil
 	}
 	type step struct {
 		what, path string

@@ -20,7 +20,8 @@ import (
 // /v1/models and a real answer to the canary prompt (reasoning first
 // counts), failing at once with the engine's last log lines when it exits.
 // A parked (sleeping) engine is reported alive and not ready at once:
-// a request to it would wait until it wakes.
+// a request to it would wait until it wakes. A group's worker (--headless)
+// serves no HTTP: it is ready once its process runs, and has no canary.
 func (d *Driver) Probe(ctx context.Context, req *pb.ProbeRequest) (*pb.ProbeResponse, error) {
 	in, err := d.reg.Get(req.GetInstanceId())
 	if err != nil {
@@ -33,12 +34,21 @@ func (d *Driver) Probe(ctx context.Context, req *pb.ProbeRequest) (*pb.ProbeResp
 		if !in.Alive() {
 			return in.ExitInfo("the engine process is gone"), nil
 		}
+		deadline := enginekit.ProbeDeadline(req, pyengine.StartupTimeout(pyengine.WeightsBytes(in.ModelDir)))
+		if in.Worker() {
+			// A --headless rank serves no HTTP: its process is its
+			// readiness; the group is ready when its head is.
+			return in.WaitReady(ctx, deadline, enginekit.WorkerReady, nil, nil), nil
+		}
 		if tier := in.Parked(); tier != "" {
 			return &pb.ProbeResponse{Alive: true, Detail: "the engine is asleep (parked " + tier + "): wake it first"}, nil
 		}
-		deadline := enginekit.ProbeDeadline(req, pyengine.StartupTimeout(pyengine.WeightsBytes(in.ModelDir)))
 		return in.WaitReady(ctx, deadline, in.ChatReady(canaryPrompt, canaryTokens, nil), nil, nil), nil
 	case pb.ProbeKind_PROBE_KIND_WAKE_CHECK:
+		if in.Worker() {
+			// The wake check is the head's canary; a worker has none.
+			return in.Liveness(), nil
+		}
 		return in.WakeCheck(ctx, wakeCanary(in)), nil
 	}
 	return nil, sdk.Errorf("invalid_request", "unknown probe kind %v", req.GetKind())
@@ -86,6 +96,15 @@ func (d *Driver) Recover(ctx context.Context, req *pb.RecoverRequest) (*pb.Recov
 			enginekit.SocketOf(launched.LaunchDir), residency(req.GetDeployment()))
 		pyengine.SaltWithLMCache(in.Endpoint, l.GetLmcachePort() != 0)
 		if !enginekit.Parks(in.Residency) {
+			return in, detail, nil
+		}
+		if in.Worker() {
+			// A --headless rank has no /is_sleeping: the record decides.
+			tier := req.GetParkTier()
+			if tier == "" {
+				tier = enginekit.RecordedPark(launched.LaunchDir)
+			}
+			in.MarkParked(tier)
 			return in, detail, nil
 		}
 		// vLLM says whether it sleeps: that, not the record, decides.

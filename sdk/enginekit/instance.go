@@ -55,6 +55,12 @@ type Instance struct {
 	Client *engineapi.EngineClient
 	// StopGrace is the grace period after SIGTERM.
 	StopGrace time.Duration
+	// Group is the launch's group membership (Deployment.group), nil for a
+	// launch of its own. A worker (rank above 0) serves no inference: its
+	// readiness is its process, its park, wake, abort and load call
+	// nothing, and its rendezvous and collective sockets may listen off
+	// loopback (on its peer address or every address, never on its port).
+	Group *pb.Group
 
 	mu     sync.Mutex
 	parked string
@@ -70,6 +76,9 @@ func NewInstance(id, launchID string, l proc.Launched, port int, ep *pb.Endpoint
 		StopGrace: DefaultStopGrace,
 	}
 }
+
+// Worker reports whether the instance is a group's worker rank.
+func (in *Instance) Worker() bool { return GroupWorker(in.Group) }
 
 // Base returns the instance itself: a driver's handle that embeds an
 // Instance is a Handle through it.

@@ -121,7 +121,8 @@ func (in *Instance) ChatReady(prompt string, maxTokens int, extra map[string]any
 }
 
 // offLoopback stops a launch whose group listens on a non-loopback address
-// and describes it; nil when every listener is on loopback. The last lines
+// and describes it; nil when every listener is on loopback (or, for a
+// group member, is one of its peer listeners: groupListener). The last lines
 // are read before the stop (in memory mode they leave with the shim).
 func (in *Instance) offLoopback() *pb.ProbeResponse {
 	if in.Endpoint.GetListener() == ListenerNetns {
@@ -130,7 +131,7 @@ func (in *Instance) offLoopback() *pb.ProbeResponse {
 		// its own the engine has nothing but loopback to listen on.
 		return nil
 	}
-	bad := OffLoopback(in.Launched.Pgid)
+	bad := in.offLoopbackAddr()
 	if bad == "" {
 		return nil
 	}

@@ -174,5 +174,8 @@ func (r *Registry[H]) Load(ctx context.Context, req *pb.LoadRequest, names Metri
 		return nil, err
 	}
 	in := h.Base()
+	if in.Worker() {
+		return WorkerLoad(), nil
+	}
 	return ReadLoad(ctx, in.Client, in.ServedName, names), nil
 }

@@ -154,3 +154,31 @@ func LaunchContext(port int) *pb.LaunchContext {
 		LaunchDir: "/state/launches/chat/0-L1", InstanceId: "chat/0", LaunchId: "L1",
 	}
 }
+
+// Member is rank of a group of size machines on loopback: topology tp × pp,
+// the head at 127.0.0.1:port, this host's peer address 127.0.0.1.
+func Member(rank, size, tp, pp, port int32) *pb.Group {
+	return &pb.Group{Rank: rank, Size: size, TensorParallel: tp, PipelineParallel: pp,
+		HeadAddress: "127.0.0.1", RendezvousPort: port, PeerAddress: "127.0.0.1"}
+}
+
+// ArgsAfter returns the n tokens of argv that follow the first occurrence
+// of option, nil when it is absent.
+func ArgsAfter(argv []string, option string, n int) []string {
+	for i, a := range argv {
+		if a == option && i+n < len(argv) {
+			return argv[i+1 : i+1+n]
+		}
+	}
+	return nil
+}
+
+// Has reports whether argv holds the token.
+func Has(argv []string, token string) bool {
+	for _, a := range argv {
+		if a == token {
+			return true
+		}
+	}
+	return false
+}

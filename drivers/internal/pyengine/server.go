@@ -124,26 +124,35 @@ type Rendered struct {
 	Parsers Chosen
 	// Residency is the effective residency.
 	Residency string
+	// Group is the launch's group membership, nil for none: the weights
+	// and KV per token in the hints are then this rank's share.
+	Group *pb.Group
 }
 
 // Plan answers Plan with a rendered launch: the launch directory as the
 // working directory, the memory hints from the checkpoint (the model's own
-// context when none is rendered), the parsers, and the startup and wake
-// timeouts derived from the weights.
+// context when none is rendered; a group member's share of the weights and
+// of the KV per token), the parsers, and the startup and wake timeouts
+// derived from the weights.
 func (r Rendered) Plan(lctx *pb.LaunchContext) *pb.PlanResponse {
 	ck := r.Checkpoint
 	hints := &pb.MemoryHints{
-		WeightsBytes:          ck.Weights,
-		KvBytesPerToken:       ck.KVPerToken,
+		WeightsBytes:          enginekit.GroupShare(ck.Weights, r.Group),
+		KvBytesPerToken:       enginekit.GroupShare(ck.KVPerToken, r.Group),
 		KvCacheBytes:          ck.KVBudget,
 		ContextLength:         r.ContextLength,
 		MaxConcurrentRequests: int32(r.MaxConcurrent),
-		Source:                "safetensors+config.json",
+		Source:                enginekit.GroupSource("safetensors+config.json", r.Group),
 	}
 	if hints.ContextLength <= 0 && ck.HF != nil {
 		hints.ContextLength = ck.HF.MaxPositionEmbeddings
 	}
+	var notes []string
+	if r.Group != nil {
+		notes = append(notes, enginekit.GroupNote(r.Group))
+	}
 	return &pb.PlanResponse{
+		Notes:            notes,
 		Argv:             r.Argv,
 		Env:              r.Env,
 		Workdir:          lctx.GetLaunchDir(),
@@ -152,5 +161,19 @@ func (r Rendered) Plan(lctx *pb.LaunchContext) *pb.PlanResponse {
 		Residency:        r.Residency,
 		StartupTimeoutMs: StartupTimeout(ck.Weights).Milliseconds(),
 		WakeTimeoutMs:    WakeTimeout(ck.Weights, r.Residency).Milliseconds(),
+	}
+}
+
+// GroupEnv sets the variables of a group member's environment that CapyCTL
+// owns: GLOO_SOCKET_IFNAME, the interface that holds the member's peer
+// address (PyTorch's Gloo process groups, which vLLM and SGLang use beside
+// NCCL, bind it), when an interface of this host holds it. No NCCL_*
+// variable is ever set: NCCL picks its interface and transport itself.
+func GroupEnv(env enginekit.Env, g *pb.Group) {
+	if g == nil {
+		return
+	}
+	if ifc := enginekit.InterfaceOf(g.GetPeerAddress()); ifc != "" {
+		env[enginekit.GlooSocketEnv] = ifc
 	}
 }

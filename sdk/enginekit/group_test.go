@@ -1,0 +1,179 @@
+// Copyright (c) CapyCTL authors
+// SPDX-License-Identifier: Apache-2.0
+
+package enginekit
+
+import (
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"reflect"
+	"testing"
+
+	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
+)
+
+// member is rank of a two-machine group on loopback.
+func member(rank int32) *pb.Group {
+	return &pb.Group{Rank: rank, Size: 2, TensorParallel: 2, PipelineParallel: 1,
+		HeadAddress: "127.0.0.1", RendezvousPort: 25000, PeerAddress: "127.0.0.1"}
+}
+
+func TestCheckGroup(t *testing.T) {
+	noRDMA := t.TempDir()
+	withRDMA := t.TempDir()
+	if err := os.Mkdir(filepath.Join(withRDMA, "mlx5_0"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		name  string
+		edit  func(*pb.Group)
+		rdma  string
+		codes []string
+	}{
+		{name: "head", edit: func(*pb.Group) {}},
+		{name: "no group", edit: nil},
+		{name: "no peer address", edit: func(g *pb.Group) { g.PeerAddress = "" }, codes: []string{CodePeerAddressMissing}},
+		{name: "rdma required, none", edit: func(g *pb.Group) { g.RequireRdma = true }, rdma: noRDMA, codes: []string{"capability_missing:rdma"}},
+		{name: "rdma required, directory missing", edit: func(g *pb.Group) { g.RequireRdma = true }, rdma: filepath.Join(noRDMA, "absent"), codes: []string{"capability_missing:rdma"}},
+		{name: "rdma required, present", edit: func(g *pb.Group) { g.RequireRdma = true }, rdma: withRDMA},
+		{name: "rank outside", edit: func(g *pb.Group) { g.Rank = 2 }, codes: []string{"invalid_config"}},
+		{name: "no rendezvous port", edit: func(g *pb.Group) { g.RendezvousPort = 0 }, codes: []string{"invalid_config"}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			var g *pb.Group
+			if c.edit != nil {
+				g = member(1)
+				c.edit(g)
+			}
+			var r Refusals
+			CheckGroup(g, GroupOptions{RDMADir: c.rdma}, &r)
+			var got []string
+			for _, x := range r {
+				got = append(got, x.GetCode())
+				if x.GetMessage() == "" || x.GetField() == "" {
+					t.Errorf("refusal without a message or field: %v", x)
+				}
+			}
+			if !reflect.DeepEqual(got, c.codes) {
+				t.Fatalf("codes %v, want %v", got, c.codes)
+			}
+		})
+	}
+}
+
+func TestRefuseGroup(t *testing.T) {
+	var r Refusals
+	RefuseGroup(&pb.Deployment{}, "llamacpp", "llama.cpp", &r)
+	if len(r) != 0 {
+		t.Fatalf("a deployment without a group refused: %v", r)
+	}
+	RefuseGroup(&pb.Deployment{Group: member(0)}, "llamacpp", "llama.cpp", &r)
+	if len(r) != 1 || r[0].GetCode() != "group_shape_unsupported:llamacpp" {
+		t.Fatalf("refusals %v", r)
+	}
+}
+
+func TestGroupShare(t *testing.T) {
+	cases := []struct {
+		name string
+		n    int64
+		g    *pb.Group
+		want int64
+	}{
+		{"no group", 10, nil, 10},
+		{"even", 10, member(0), 5},
+		{"rounded up", 11, member(1), 6},
+		{"three", 10, &pb.Group{Size: 3}, 4},
+		{"nothing", 0, member(0), 0},
+	}
+	for _, c := range cases {
+		if got := GroupShare(c.n, c.g); got != c.want {
+			t.Errorf("%s: %d, want %d", c.name, got, c.want)
+		}
+	}
+}
+
+func TestRendezvousAddr(t *testing.T) {
+	g := member(0)
+	if got := RendezvousAddr(g); got != "127.0.0.1:25000" {
+		t.Fatal(got)
+	}
+	g.HeadAddress = "fd00::1"
+	if got := RendezvousAddr(g); got != "[fd00::1]:25000" {
+		t.Fatal(got)
+	}
+}
+
+func TestInterfaceOf(t *testing.T) {
+	var lo string
+	ifaces, err := net.Interfaces()
+	if err != nil {
+		t.Skip(err)
+	}
+	for _, ifc := range ifaces {
+		if ifc.Flags&net.FlagLoopback != 0 {
+			lo = ifc.Name
+		}
+	}
+	if lo == "" {
+		t.Skip("no loopback interface")
+	}
+	if got := InterfaceOf("127.0.0.1"); got != lo {
+		t.Fatalf("InterfaceOf(127.0.0.1) = %q, want %q", got, lo)
+	}
+	if got := InterfaceOf("192.0.2.77"); got != "" { // TEST-NET-1: no host holds it
+		t.Fatalf("InterfaceOf(192.0.2.77) = %q, want none", got)
+	}
+}
+
+func TestInstance_GroupListener(t *testing.T) {
+	in := &Instance{Port: 41000}
+	peer := &pb.Group{Rank: 1, Size: 2, PeerAddress: "10.0.0.2"}
+	cases := []struct {
+		name  string
+		group *pb.Group
+		addr  string
+		want  bool
+	}{
+		{"no group: peer address", nil, "10.0.0.2:25000", false},
+		{"no group: every address", nil, "0.0.0.0:25000", false},
+		{"peer address", peer, "10.0.0.2:25000", true},
+		{"every address", peer, "[::]:25001", true},
+		{"another address", peer, "10.0.0.3:25000", false},
+		{"the API port on the peer address", peer, "10.0.0.2:41000", false},
+		{"the API port everywhere", peer, "0.0.0.0:41000", false},
+	}
+	for _, c := range cases {
+		in.Group = c.group
+		if got := in.groupListener(netip.MustParseAddrPort(c.addr)); got != c.want {
+			t.Errorf("%s: %v, want %v", c.name, got, c.want)
+		}
+	}
+}
+
+func TestWorker(t *testing.T) {
+	in := &Instance{Residency: ResidencyDeep}
+	if in.Worker() {
+		t.Fatal("a launch of its own is a worker")
+	}
+	in.Group = member(0)
+	if in.Worker() {
+		t.Fatal("the head is a worker")
+	}
+	in.Group = member(1)
+	if !in.Worker() {
+		t.Fatal("rank 1 is not a worker")
+	}
+	if p := WorkerPark(in, ""); p.GetDetail() == "" || in.Parked() != ResidencyDeep {
+		t.Fatalf("park: %v, parked %q", p, in.Parked())
+	}
+	if w := WorkerWake(in); w.GetCanary() != "" || in.Parked() != "" {
+		t.Fatalf("wake: %v, parked %q", w, in.Parked())
+	}
+	if l := WorkerLoad(); !l.GetKnown() || l.GetRunning() != 0 || l.GetWaiting() != 0 || l.GetKvUsage() != 0 {
+		t.Fatalf("load %v", l)
+	}
+}
