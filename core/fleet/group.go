@@ -10,6 +10,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -53,6 +54,32 @@ type groupOps struct {
 	mu      sync.Mutex
 	locks   map[string]*sync.Mutex
 	lastErr map[string]*structs.ErrorRecord
+	// seen are the member failures already acted on: "<deployment>\x00<host>"
+	// → the failed record's since (host clock, ms).
+	seen map[string]int64
+}
+
+// firstSight records a member's failure and reports whether it is new.
+func (g *groupOps) firstSight(dep, host string, since int64) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.seen == nil {
+		g.seen = map[string]int64{}
+	}
+	k := dep + "\x00" + host
+	if g.seen[k] == since {
+		return false
+	}
+	g.seen[k] = since
+	return true
+}
+
+// memberFailed reports whether a member's record says its engine failed or
+// exited by itself (an engine that exits is recorded stopped with the
+// transition's reason "engine exited"; a failed start is failed).
+func memberFailed(state, transition string) bool {
+	return state == string(structs.StateFailed) ||
+		(state == string(structs.StateStopped) && strings.Contains(transition, "engine exited"))
 }
 
 // lock returns a group's operation lock.
@@ -219,6 +246,7 @@ type member struct {
 	resid    string
 	desired  string
 	lastErr  *structs.ErrorRecord
+	trans    string
 	reachble bool
 }
 
@@ -250,6 +278,7 @@ func (s *Server) memberOf(ctx context.Context, host string, rank int, name strin
 	}
 	in := st.Instances[0]
 	m.state, m.since, m.phase, m.resid, m.desired, m.lastErr, m.reachble = in.State, in.Since, in.Phase, in.Residency, st.Desired, in.LastError, true
+	m.trans = in.LastTransition
 	return m
 }
 
@@ -516,7 +545,7 @@ func (s *Server) waitHeadReady(ctx context.Context, name string, g *GroupPlaceme
 			return nil
 		}
 		for _, m := range ms {
-			if m.reachble && m.state == string(structs.StateFailed) {
+			if m.reachble && memberFailed(m.state, m.trans) && s.groups.firstSight(name, m.host, m.since.UnixMilli()) {
 				msg := fmt.Sprintf("rank %d on host %s failed during bring-up", m.rank, m.host)
 				if m.lastErr != nil {
 					msg += ": " + m.lastErr.Message
@@ -581,28 +610,27 @@ func (s *Server) superviseGroups() {
 	}
 }
 
-// superviseGroup checks one group from its members' journals.
+// superviseGroup checks one group from its members' journals: a member
+// whose engine failed or exited on its own stops the whole group (its
+// peers exit too, or hang in a collective), once per failure.
 func (s *Server) superviseGroup(p *Placement) {
 	g := p.Group
 	id := structs.InstanceID(p.Deployment, 0)
-	var failed []string
-	running := 0
+	type failure struct {
+		rank  int
+		host  string
+		since int64
+		msg   string
+	}
+	var failed []failure
 	s.mu.Lock()
 	for rank, host := range g.Hosts {
 		h := s.hosts[host]
 		if h == nil || h.linkCancel == nil {
 			continue
 		}
-		j := h.journals[id]
-		if j == nil {
-			continue
-		}
-		switch j.GetState() {
-		case string(structs.StateFailed):
-			failed = append(failed, fmt.Sprintf("rank %d on %s (%s)", rank, host, j.GetMessage()))
-		case string(structs.StateStopped):
-		default:
-			running++
+		if j := h.journals[id]; j != nil && memberFailed(j.GetState(), j.GetMessage()) {
+			failed = append(failed, failure{rank, host, j.GetSinceUnixMs(), j.GetMessage()})
 		}
 	}
 	s.mu.Unlock()
@@ -614,13 +642,16 @@ func (s *Server) superviseGroup(p *Placement) {
 		return // an operation is under way; it sees the failure itself
 	}
 	defer l.Unlock()
-	msg := "member failed: " + strings.Join(failed, "; ")
-	if running == 0 && s.groups.err(p.Deployment) != nil {
-		// Already stopped for this; the failed records are cleared by the
-		// next start.
+	var parts []string
+	for _, f := range failed {
+		if s.groups.firstSight(p.Deployment, f.host, f.since) {
+			parts = append(parts, fmt.Sprintf("rank %d on %s (%s)", f.rank, f.host, f.msg))
+		}
+	}
+	if len(parts) == 0 {
 		return
 	}
-	s.failGroup(s.ctx, p.Deployment, g, structs.CodeGroupMemberFailed, msg)
+	s.failGroup(s.ctx, p.Deployment, g, structs.CodeGroupMemberFailed, "member failed: "+strings.Join(parts, "; "))
 }
 
 // evictGroups parks (or stops) the groups a host's capacity refusal names
@@ -788,4 +819,14 @@ func (s *Server) unplace(ctx context.Context, p *Placement) error {
 		}
 	}
 	return s.State.Apply(Command{Op: OpUnplaced, Deployment: p.Deployment})
+}
+
+// hostRunsGroup reports whether a host runs a member of any group.
+func (s *Server) hostRunsGroup(host string) bool {
+	for _, p := range s.State.Placements() {
+		if p.Group != nil && slices.Contains(p.Group.Hosts, host) {
+			return true
+		}
+	}
+	return false
 }

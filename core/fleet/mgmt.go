@@ -724,12 +724,21 @@ func (s *Server) toEveryHost(w http.ResponseWriter, r *http.Request) {
 				return
 			}
 		}
-		status, data, err := s.hostCall(r.Context(), hs.Host, r.Method, path, r.Header, b)
-		if err == nil && status >= 300 {
-			err = hostError(hs.Host, status, data)
-		}
-		if err != nil && r.Method == http.MethodPost && wantsEvict(body) && s.evictGroups(r.Context(), name, err) {
-			// A group member was in the way: the group parked, try again.
+		var (
+			status int
+			data   []byte
+		)
+		if r.Method == http.MethodPost && wantsEvict(body) && s.hostRunsGroup(hs.Host) {
+			// A group member on the host may be in the way: only the server
+			// evicts a group (all of its members), so this start waits for
+			// the host's verdict here and, refused for a group, parks it and
+			// tries again.
+			err = s.callWait(r.Context(), hs.Host, name, wire.ActionStart, true)
+			if err != nil && s.evictGroups(r.Context(), name, err) {
+				err = s.callWait(r.Context(), hs.Host, name, wire.ActionStart, true)
+			}
+			status, data = http.StatusOK, nil
+		} else {
 			status, data, err = s.hostCall(r.Context(), hs.Host, r.Method, path, r.Header, b)
 			if err == nil && status >= 300 {
 				err = hostError(hs.Host, status, data)
@@ -738,6 +747,10 @@ func (s *Server) toEveryHost(w http.ResponseWriter, r *http.Request) {
 		if err != nil {
 			writeError(w, err)
 			return
+		}
+		if data == nil {
+			data, _ = json.Marshal(wire.ActionAccepted{APIVersion: wire.APIVersion, Deployment: name, Action: wire.ActionStart,
+				Revision: p.Revision, AcceptedAt: time.Now().UTC(), Done: true})
 		}
 		if status == http.StatusAccepted {
 			code = status

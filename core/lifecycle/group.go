@@ -115,19 +115,22 @@ func (m *Manager) isGroupMember(dep string) bool {
 // ReleaseProver proves from a launch's own processes that a parked engine
 // released its device memory (the placer measures them as NVML does).
 type ReleaseProver interface {
-	// DeviceHeld returns the device memory the owner's processes hold now;
-	// ok is false when nothing could be measured.
-	DeviceHeld(owner string) (bytes int64, ok bool)
+	// DeviceHeld returns the device memory the owner's processes hold now
+	// and its ready charge on its card; ok is false when nothing could be
+	// measured.
+	DeviceHeld(owner string) (held, ready int64, ok bool)
 }
 
 // proveReleased waits until a parked group member's own processes hold at
-// most half of what they held before the park, within the host's bound: a
-// worker has no API to ask, and a head's answer speaks for its own rank
-// only. before <= 0 (nothing measured) proves nothing and passes.
-func (in *instance) proveReleased(ctx context.Context, before int64) error {
+// most half of its ready charge, within the host's bound: a worker has no
+// API to ask (the head's sleep already put its rank to sleep, or is doing
+// so), and a head's answer speaks for the whole group, not for the memory
+// its own rank holds on this card. A member with no ready charge on a card
+// (a unified pool, nothing planned) proves nothing and passes.
+func (in *instance) proveReleased(ctx context.Context) error {
 	m := in.m
 	rp, ok := m.placer().(ReleaseProver)
-	if !ok || before <= 0 {
+	if !ok {
 		return nil
 	}
 	within := time.Minute
@@ -136,11 +139,11 @@ func (in *instance) proveReleased(ctx context.Context, before int64) error {
 	}
 	deadline := m.cfg.Now().Add(within)
 	interval := 20 * time.Millisecond
-	var held int64
+	var held, ready int64
 	for {
 		var measured bool
-		held, measured = rp.DeviceHeld(in.id)
-		if measured && held <= before/2 {
+		held, ready, measured = rp.DeviceHeld(in.id)
+		if ready <= 0 || (measured && held <= ready/2) {
 			return nil
 		}
 		if m.cfg.Now().After(deadline) {
@@ -156,6 +159,6 @@ func (in *instance) proveReleased(ctx context.Context, before int64) error {
 		}
 	}
 	return structs.Errf(structs.CodeParkFailed,
-		"group member %s could not prove its rank released its memory within %s: its processes hold %s (%s before the park)",
-		in.id, within, structs.FormatBytes(held), structs.FormatBytes(before))
+		"group member %s could not prove its rank released its memory within %s: its processes hold %s of a %s ready charge (at most half is released)",
+		in.id, within, structs.FormatBytes(held), structs.FormatBytes(ready))
 }

@@ -141,18 +141,13 @@ func (in *instance) park(why string, forSwitch bool) error {
 	if err != nil {
 		return in.parkFailed(why, err)
 	}
-	var before int64
-	rp, group := placer.(ReleaseProver)
-	group = group && m.isGroupMember(in.dep)
-	if group {
-		before, _ = rp.DeviceHeld(in.id)
-	}
+	group := m.isGroupMember(in.dep)
 	ctx, cancel := context.WithTimeout(m.ctx, 2*time.Minute)
 	_, err = drv.Park(ctx, &pb.ParkRequest{InstanceId: in.id, Tier: rec.Residency})
 	if err == nil && group {
 		// A group member's park completes once its own rank proves it
 		// released its memory (the head's sleep acts on every rank).
-		err = in.proveReleased(ctx, before)
+		err = in.proveReleased(ctx)
 	}
 	cancel()
 	if err != nil {

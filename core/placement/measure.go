@@ -222,15 +222,19 @@ func (p *Placer) Parked(owner string) {
 }
 
 // DeviceHeld returns the device memory an owner's launch holds now, from
-// its own processes (lifecycle.ReleaseProver); ok is false when it has no
-// launch or nothing could be read.
-func (p *Placer) DeviceHeld(owner string) (int64, bool) {
+// its own processes, and its ready charge on its card
+// (lifecycle.ReleaseProver); ok is false when it has no launch or nothing
+// could be read.
+func (p *Placer) DeviceHeld(owner string) (held, ready int64, ok bool) {
 	p.mu.Lock()
-	ids, ok := p.launches[owner]
+	ids, launched := p.launches[owner]
+	if info := p.owners[owner]; info != nil && info.Card != "" {
+		ready = info.Plan[ledger.PhaseReady][info.Card]
+	}
 	p.mu.Unlock()
-	if !ok {
-		return 0, false
+	if !launched {
+		return 0, ready, false
 	}
 	dev, _, alive := p.sample(ids)
-	return dev, alive
+	return dev, ready, alive
 }
