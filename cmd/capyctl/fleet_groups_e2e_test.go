@@ -363,3 +363,70 @@ func TestFleetGroups_AcrossHosts(t *testing.T) {
 		poll.Until(t, 30*time.Second, "no engine left on "+name, func() bool { return len(harness.EnginePIDs(h.StateDir)) == 0 })
 	}
 }
+
+// TestFleetGroups_StallAndRefusals: a bring-up whose head never becomes
+// ready is stopped after group_stall_timeout (group_stalled) with no engine
+// left; a member no host ledger admits refuses the deploy naming its host
+// and leaves no member behind; shapes an engine cannot run are refused.
+func TestFleetGroups_StallAndRefusals(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a server, two hosts and group engines")
+	}
+	f := &fleet{t: t, hosts: map[string]*harness.Role{}}
+	f.server = harness.StartServer(t, harness.Options{Args: []string{"--set", "host_heartbeat=300ms", "--set", "group_stall_timeout=3s"}})
+	for _, name := range []string{"gpu-a", "gpu-b"} {
+		f.hosts[name] = harness.StartHost(t, f.server, harness.HostOptions{Name: name,
+			GPU: harness.SimGPU{DeviceMemory: "24GiB", SystemLimit: "16GiB", SystemReserve: "1GiB"}})
+	}
+	f.waitHosts(2, wire.HostReady)
+	hold := filepath.Join(t.TempDir(), "never")
+	vllm := conformance.FakeVenv(t, t.TempDir(), map[string]string{"vllm": "0.32.0"}, nil)
+	for _, e := range [][]string{{"vllm"}, {"vllm-stuck", "--env", "CAPYCTL_FAKE_HOLD_STARTUP_FILE=" + hold}} {
+		args := append([]string{"engine", "add", vllm, "--name", e[0], "--yes"}, e[1:]...)
+		if out, errOut, code := f.server.CLI(args...); code != 0 {
+			t.Fatalf("engine add %s: exit %d\n%s%s", e[0], code, out, errOut)
+		}
+		f.waitEngine(e[0])
+	}
+	tf := f.hosts["gpu-a"].FakeTensorFoldVenv("tf", "0.6.5", true)
+	_ = tf
+
+	// A stalled bring-up: the head loads for ever.
+	stuck := groupSpec("stuck", "vllm-stuck", 2, []string{"gpu-a", "gpu-b"}, fmt.Sprintf(groupMemory, "8GiB", "8GiB"))
+	if out, errOut, code := f.deployEverywhere("stuck", stuck, "--activate"); code != 0 {
+		t.Fatalf("deploy stuck: exit %d\n%s%s", code, out, errOut)
+	}
+	f.waitGroupStopped("stuck", "group_stalled")
+	for name, h := range f.hosts {
+		poll.Until(t, 30*time.Second, "no engine left on "+name, func() bool { return len(harness.EnginePIDs(h.StateDir)) == 0 })
+	}
+	if _, errOut, code := f.server.CLI("delete", "deployment", "stuck"); code != 0 {
+		t.Fatalf("delete stuck: exit %d: %s", code, errOut)
+	}
+
+	// A member gpu-b's ledger cannot admit: refused naming gpu-b, and the
+	// head made on gpu-a is gone again.
+	huge := groupSpec("huge", "vllm", 2, []string{"gpu-a", "gpu-b"}, fmt.Sprintf(groupMemory, "14GiB", "14GiB"))
+	filler := fmt.Sprintf("deployment \"filler\" {\n  engine = \"vllm\"\n  placement {\n    hosts = [\"gpu-b\"]\n  }\n  model {\n    path = \"filler/model\"\n  }\n  lifecycle {\n    warm = true\n  }\n%s}\n",
+		fmt.Sprintf(groupMemory, "14GiB", "14GiB"))
+	if out, errOut, code := f.deployEverywhere("filler", filler, "--activate", "--wait"); code != 0 {
+		t.Fatalf("deploy filler: exit %d\n%s%s", code, out, errOut)
+	}
+	_, errOut, code := f.deployEverywhere("huge", huge, "--activate")
+	if code != 4 || !strings.Contains(errOut, "capacity_blocked") || !strings.Contains(errOut, "rank 1 on host gpu-b") {
+		t.Fatalf("a member gpu-b cannot fit: exit %d: %s", code, errOut)
+	}
+	if out, _, _ := f.server.CLI("list", "deployments", "--json"); strings.Contains(out, `"huge"`) {
+		t.Fatalf("a refused group left a placement: %s", out)
+	}
+	if out, _, _ := f.hosts["gpu-a"].CLI("list", "deployments", "--json"); strings.Contains(out, `"huge"`) {
+		t.Fatalf("a refused group left its head on gpu-a: %s", out)
+	}
+
+	// A topology deployed on a host itself is the server's to place.
+	direct := f.hosts["gpu-a"]
+	direct.WriteFile("models/direct/README", "fake model\n")
+	if _, errOut, code := direct.Deploy("direct", groupSpec("direct", "vllm", 2, []string{"gpu-a", "gpu-b"}, "")); code != 5 || !strings.Contains(errOut, "unsupported") {
+		t.Fatalf("a topology deployed on a host: exit %d: %s", code, errOut)
+	}
+}

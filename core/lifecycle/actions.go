@@ -60,6 +60,7 @@ func (m *Manager) StopDeployment(ctx context.Context, name string, wait bool) er
 			wg.Add(1)
 			go func(in *instance) {
 				defer wg.Done()
+				in.abortStartup()
 				if err := in.do(ctx, cmdStop, "operator stop"); err != nil {
 					mu.Lock()
 					if first == nil {
@@ -88,6 +89,7 @@ func (m *Manager) DeleteDeployment(ctx context.Context, name string) error {
 		return err
 	}
 	for _, in := range insts {
+		in.abortStartup()
 		if err := in.do(ctx, cmdStop, "delete"); err != nil {
 			return err
 		}

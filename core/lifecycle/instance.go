@@ -66,6 +66,24 @@ type instance struct {
 	lastUsed atomic.Int64
 	// busy is true while the lane performs a command.
 	busy atomic.Bool
+
+	// probeCancel ends the readiness wait of a start under way (nil when
+	// none waits): an operator's stop must not wait out a load.
+	probeMu     sync.Mutex
+	probeCancel context.CancelFunc
+	stopAsked   atomic.Bool
+}
+
+// abortStartup ends the readiness wait of a start under way, so that a
+// stop queued behind it runs now instead of after the startup deadline
+// (the start ends failed and its launch is cleaned up first).
+func (in *instance) abortStartup() {
+	in.probeMu.Lock()
+	defer in.probeMu.Unlock()
+	if in.probeCancel != nil {
+		in.stopAsked.Store(true)
+		in.probeCancel()
+	}
 }
 
 func (m *Manager) newInstance(rec *structs.InstanceRecord) *instance {

@@ -64,6 +64,7 @@ func (m *Manager) StopInstance(ctx context.Context, name string, idx int, wait b
 	if err != nil {
 		return err
 	}
+	in.abortStartup()
 	if wait {
 		return in.do(ctx, cmdStop, "operator stop")
 	}

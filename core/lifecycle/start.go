@@ -402,10 +402,21 @@ func (r *startRun) probeReady() error {
 		deadline = r.m.cfg.DefaultStartupTimeout
 	}
 	pctx, cancel := context.WithTimeout(r.ctx, deadline+10*time.Second)
+	in := r.in
+	in.probeMu.Lock()
+	in.stopAsked.Store(false)
+	in.probeCancel = cancel
+	in.probeMu.Unlock()
 	probe, err := r.drv.Probe(pctx, &pb.ProbeRequest{InstanceId: r.in.id, Kind: pb.ProbeKind_PROBE_KIND_READINESS, DeadlineMs: deadline.Milliseconds()})
+	in.probeMu.Lock()
+	in.probeCancel = nil
+	in.probeMu.Unlock()
 	cancel()
 	if err == nil && !probe.GetReady() {
 		err = probeFailure(probe, deadline)
+	}
+	if err != nil && in.stopAsked.Load() {
+		err = structs.Errf(structs.CodeLaunchFailed, "stopped by an operator before it was ready")
 	}
 	if err != nil {
 		r.onFail = r.launchFailed("readiness", true)
