@@ -709,6 +709,23 @@ func testDevJSON(t *testing.T, args ...string) {
 	if body := harness.ReadAll(resp); resp.StatusCode != 200 || !strings.Contains(body, `"id":"demo"`) {
 		t.Fatalf("models: %d %s", resp.StatusCode, body)
 	}
+	if len(args) > 0 {
+		// The demo group starts on its first request, one rank per host.
+		if info["group_model"] != "group-demo" {
+			t.Fatalf("dev --hosts 2 --json names no demo group: %q", line)
+		}
+		body := strings.NewReader(`{"model":"group-demo","messages":[{"role":"user","content":"Hello"}]}`)
+		req, _ := http.NewRequest(http.MethodPost, info["endpoint"]+"/chat/completions", body)
+		req.Header.Set("Authorization", "Bearer "+info["api_key"])
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if out := harness.ReadAll(resp); resp.StatusCode != 200 {
+			t.Fatalf("the demo group's first request: %d %s", resp.StatusCode, out)
+		}
+	}
 	if err := cmd.Process.Signal(os.Interrupt); err != nil {
 		t.Fatal(err)
 	}

@@ -750,6 +750,9 @@ func (s *Server) groupAction(w http.ResponseWriter, r *http.Request, p *Placemen
 // activation, as a single host's router does for its own deployments),
 // unless an operator stopped it or it activates only on a start.
 func (s *Server) ensureGroupUp(ctx context.Context, p *Placement) error {
+	if s.journalState(p.Group.Hosts[0], structs.InstanceID(p.Deployment, 0)) == string(structs.StateReady) {
+		return nil // the head's host said so last: no call on the request path
+	}
 	head := s.memberOf(ctx, p.Group.Hosts[0], 0, p.Deployment)
 	switch {
 	case head.state == string(structs.StateReady):
@@ -829,4 +832,19 @@ func (s *Server) hostRunsGroup(host string) bool {
 		}
 	}
 	return false
+}
+
+// journalState is an instance's state as its host's last journal said,
+// empty when the host's link is down or it sent none.
+func (s *Server) journalState(host, id string) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	h := s.hosts[host]
+	if h == nil || h.linkCancel == nil {
+		return ""
+	}
+	if j := h.journals[id]; j != nil {
+		return j.GetState()
+	}
+	return ""
 }

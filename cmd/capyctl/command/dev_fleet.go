@@ -17,6 +17,7 @@ import (
 	"github.com/capyctl/capyctl/core/agent"
 	"github.com/capyctl/capyctl/core/api/client"
 	"github.com/capyctl/capyctl/core/api/wire"
+	"github.com/capyctl/capyctl/core/jobspec"
 	"github.com/capyctl/capyctl/core/structs"
 )
 
@@ -68,6 +69,11 @@ func (c *DevCommand) runDevFleet(stateDir, listen, fakePath string, n int) int {
 			}
 			if err := devSetup(ctx, cl, stateDir, fakePath); err != nil {
 				return err
+			}
+			if len(hosts) >= 2 {
+				if err := devSetupGroup(ctx, cl, stateDir, fakePath, hosts[0].name, hosts[1].name); err != nil {
+					return err
+				}
 			}
 			c.devFleetReady(r, stateDir, hosts)
 			return nil
@@ -160,6 +166,64 @@ func waitDevHosts(ctx context.Context, cl *client.Client, hosts []*devHost) erro
 	}
 }
 
+// devGroupName is dev --hosts's demo group: one model across its first two
+// hosts, started by the first request that names it.
+const devGroupName = "group-demo"
+
+// devGroupSpec is the demo group on the fake vLLM: one rank on each host,
+// tensor_parallel 2; it parks deep and wakes as a whole.
+const devGroupSpec = `deployment "group-demo" {
+  engine = "vllm-group"
+  topology {
+    tensor_parallel = 2
+  }
+  placement {
+    hosts = [%q, %q]
+  }
+  model {
+    path = "group-demo"
+  }
+  engine_config {
+    memory {
+      request = "12GiB"
+      startup = "12GiB"
+    }
+  }
+}
+`
+
+// devSetupGroup registers the fake vLLM for groups (no weights knob: each
+// rank holds its share of what the model files say) and deploys the demo
+// group on two hosts.
+func devSetupGroup(ctx context.Context, cl *client.Client, stateDir, fakePath, head, worker string) error {
+	venv, err := devFakeVenv(stateDir, fakePath)
+	if err != nil {
+		return structs.Wrap(structs.CodeInternal, err, "create the fake vLLM environment")
+	}
+	if _, err := cl.AddEngine(ctx, wire.EngineAddRequest{Name: "vllm-group", Path: venv,
+		Env: map[string]string{"CAPYCTL_FAKE_TOKEN_RATE": "200"}}); err != nil && !structs.HasCode(err, structs.CodeEngineExists) {
+		return err
+	}
+	dir := filepath.Join(stateDir, "models", devGroupName)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return structs.Wrap(structs.CodeInternal, err, "create a demo model directory")
+	}
+	for n, body := range devModelFiles {
+		if err := os.WriteFile(filepath.Join(dir, n), []byte(body), 0o600); err != nil {
+			return structs.Wrap(structs.CodeInternal, err, "write a demo model")
+		}
+	}
+	if _, err := cl.Deployment(ctx, devGroupName); err == nil {
+		return nil
+	}
+	specs, err := jobspec.Parse([]byte(fmt.Sprintf(devGroupSpec, head, worker)), "dev-group.hcl")
+	if err != nil {
+		return err
+	}
+	_, err = cl.Deploy(ctx, wire.DeployRequest{Deployment: *specs[0]}, "")
+	return err
+}
+
 // stopDevFleet stops every deployment (their engines, proven gone), then
 // the host processes.
 func stopDevFleet(ctx context.Context, cl *client.Client, hosts []*devHost) {
@@ -195,11 +259,15 @@ func (c *DevCommand) devFleetReady(r agent.Running, stateDir string, hosts []*de
 		for _, h := range hosts {
 			hostNames = append(hostNames, h.name)
 		}
-		c.PrintJSON(map[string]string{
+		out := map[string]string{
 			"endpoint": "http://" + addr + "/v1", "api_key": key, "state_dir": stateDir, "role": "server",
 			"management": "http://" + r.ManagementAddr(), "hosts": strings.Join(hostNames, ","), "model": "demo",
 			"switch_models": "chat-a,chat-b",
-		})
+		}
+		if len(hosts) >= 2 {
+			out["group_model"] = devGroupName
+		}
+		c.PrintJSON(out)
 		return
 	}
 	fmt.Fprintf(c.Out, "\nCapyCTL dev is running: a server and %d hosts on loopback, joined over mutual TLS\n", len(hosts))
@@ -211,5 +279,9 @@ func (c *DevCommand) devFleetReady(r agent.Running, stateDir string, hosts []*de
 	fmt.Fprintf(c.Out, "CLI:      CAPYCTL_STATE_DIR=%s capyctl list hosts\n\n", stateDir)
 	fmt.Fprintf(c.Out, "Try a streamed chat request (the server relays it to the host that runs demo):\n\n")
 	fmt.Fprintf(c.Out, "  curl -N http://%s/v1/chat/completions \\\n    -H 'Authorization: Bearer %s' \\\n    -H 'Content-Type: application/json' \\\n    -d '{\"model\":\"demo\",\"stream\":true,\"messages\":[{\"role\":\"user\",\"content\":\"Hello\"}]}'\n\n", addr, key)
+	if len(hosts) >= 2 {
+		fmt.Fprintf(c.Out, "One model across two machines: %s runs one vLLM rank on %s (the head) and one on %s;\n", devGroupName, hosts[0].name, hosts[1].name)
+		fmt.Fprintf(c.Out, "its first request starts both (\"model\":%q), and capyctl status deployment %s lists its members.\n\n", devGroupName, devGroupName)
+	}
 	fmt.Fprintf(c.Out, "Press Ctrl-C to stop: the engines, the hosts and the server stop and nothing is left behind.\n")
 }
