@@ -219,7 +219,7 @@ func TestFleetGroups_AcrossHosts(t *testing.T) {
 		t.Fatalf("deploy big: exit %d\n%s%s", code, out, errOut)
 	}
 	st := f.waitGroup("big", "ready", 60*time.Second)
-	if st.Group == nil || st.Group.Size != 2 || st.Group.PeerTransport != "unauthenticated" || st.State != "ready" || st.ReadyN != 1 {
+	if st.Group == nil || st.Group.Size != 2 || st.Group.PeerTransport != "unauthenticated" || st.State != "ready" || st.ReadyN != 2 {
 		t.Fatalf("big's status: state %s ready %d group %+v", st.State, st.ReadyN, st.Group)
 	}
 	for rank, in := range st.Instances {

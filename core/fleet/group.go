@@ -794,10 +794,11 @@ func (s *Server) groupStatus(p *Placement, out *wire.DeploymentStatus) {
 		}
 	}
 	out.Group = gs
+	// ReadyN counts the members ready; the group serves only when all are.
+	out.ReadyN = ready
 	if ready == len(out.Instances) && ready > 0 {
-		out.ReadyN, out.State = 1, "ready"
+		out.State = "ready"
 	} else {
-		out.ReadyN = 0
 		out.State = mergeState(states, len(out.Instances), 0)
 	}
 	if out.Spec != nil {

@@ -307,7 +307,13 @@ func (d *Driver) Start(_ context.Context, req *pb.StartRequest) (*pb.StartRespon
 // instance builds the driver's handle of a launch that serves on sock (""
 // for its port) at residency res.
 func (d *Driver) instance(id, launchID string, l proc.Launched, port int, key string, dep *pb.Deployment, sock, res string) *enginekit.Instance {
-	in := enginekit.NewInstance(id, launchID, l, port, endpoint(port, key, dep.GetServedName(), sock, enginekit.Parks(res)))
+	ep := endpoint(port, key, dep.GetServedName(), sock, enginekit.Parks(res))
+	if g := dep.GetGroup(); g != nil && g.GetRank() > 0 {
+		// A --headless rank runs no API server: nothing of it answers HTTP.
+		ep.OpenRoutes = nil
+		ep.ExposureNote = "a --headless group rank serves no HTTP API; its group traffic on the peer address is unauthenticated"
+	}
+	in := enginekit.NewInstance(id, launchID, l, port, ep)
 	in.API = "chat"
 	switch dep.GetApi() {
 	case "embeddings":
