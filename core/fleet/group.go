@@ -54,6 +54,10 @@ type groupOps struct {
 	mu      sync.Mutex
 	locks   map[string]*sync.Mutex
 	lastErr map[string]*structs.ErrorRecord
+	// down are the groups an operation of the server's took down since it
+	// last saw them ready (a park, a stop, a failure): the request path
+	// does not trust a journal that may predate it.
+	down map[string]bool
 	// seen are the member failures already acted on: "<deployment>\x00<host>"
 	// → the failed record's since (host clock, ms).
 	seen map[string]int64
@@ -108,6 +112,21 @@ func (g *groupOps) setErr(name string, e *structs.ErrorRecord) {
 		return
 	}
 	g.lastErr[name] = e
+}
+
+func (g *groupOps) setDown(name string, down bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.down == nil {
+		g.down = map[string]bool{}
+	}
+	g.down[name] = down
+}
+
+func (g *groupOps) isDown(name string) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.down[name]
 }
 
 func (g *groupOps) err(name string) *structs.ErrorRecord {
@@ -335,9 +354,14 @@ func (s *Server) groupStart(ctx context.Context, p *Placement, evict bool) error
 	head := ms[0]
 	switch head.state {
 	case string(structs.StateReady):
+		s.groups.setDown(p.Deployment, false)
 		return nil
 	case string(structs.StateParked):
-		return s.groupWake(ctx, p, ms, evict)
+		if err := s.groupWake(ctx, p, ms, evict); err != nil {
+			return err
+		}
+		s.groups.setDown(p.Deployment, false)
+		return nil
 	}
 	// A cold start: every member stopped first (a failed member's launch
 	// record cleared).
@@ -353,7 +377,11 @@ func (s *Server) groupStart(ctx context.Context, p *Placement, evict bool) error
 			return withMember(err, host, rank)
 		}
 	}
-	return s.waitHeadReady(ctx, p.Deployment, g)
+	if err := s.waitHeadReady(ctx, p.Deployment, g); err != nil {
+		return err
+	}
+	s.groups.setDown(p.Deployment, false)
+	return nil
 }
 
 // startMember starts one stopped member without waiting for its readiness
@@ -452,6 +480,7 @@ func (s *Server) groupPark(ctx context.Context, p *Placement) error {
 
 func (s *Server) groupParkLocked(ctx context.Context, p *Placement) error {
 	g := p.Group
+	s.groups.setDown(p.Deployment, true)
 	ms := s.members(ctx, p.Deployment, g)
 	if err := uncertain(p.Deployment, ms); err != nil {
 		return err
@@ -492,6 +521,7 @@ func uncertain(name string, ms []member) error {
 // exits anyway). ms, when given, skips the members already stopped;
 // force stops members of unreachable hosts' records too, later.
 func (s *Server) stopMembers(ctx context.Context, name string, g *GroupPlacement, ms []member, _ bool) error {
+	s.groups.setDown(name, true)
 	errs := make([]error, len(g.Hosts))
 	var wg sync.WaitGroup
 	for rank, host := range g.Hosts {
@@ -750,7 +780,7 @@ func (s *Server) groupAction(w http.ResponseWriter, r *http.Request, p *Placemen
 // activation, as a single host's router does for its own deployments),
 // unless an operator stopped it or it activates only on a start.
 func (s *Server) ensureGroupUp(ctx context.Context, p *Placement) error {
-	if s.journalState(p.Group.Hosts[0], structs.InstanceID(p.Deployment, 0)) == string(structs.StateReady) {
+	if !s.groups.isDown(p.Deployment) && s.journalState(p.Group.Hosts[0], structs.InstanceID(p.Deployment, 0)) == string(structs.StateReady) {
 		return nil // the head's host said so last: no call on the request path
 	}
 	head := s.memberOf(ctx, p.Group.Hosts[0], 0, p.Deployment)
