@@ -393,8 +393,8 @@ func TestFleetGroups_StallAndRefusals(t *testing.T) {
 
 	// A stalled bring-up: the head loads for ever.
 	stuck := groupSpec("stuck", "vllm-stuck", 2, []string{"gpu-a", "gpu-b"}, fmt.Sprintf(groupMemory, "8GiB", "8GiB"))
-	if out, errOut, code := f.deployEverywhere("stuck", stuck, "--activate"); code != 0 {
-		t.Fatalf("deploy stuck: exit %d\n%s%s", code, out, errOut)
+	if out, errOut, code := f.deployEverywhere("stuck", stuck, "--activate", "--wait"); code != 13 || !strings.Contains(errOut, "group_stalled") {
+		t.Fatalf("deploy stuck --wait: exit %d\n%s%s", code, out, errOut)
 	}
 	f.waitGroupStopped("stuck", "group_stalled")
 	for name, h := range f.hosts {

@@ -40,6 +40,9 @@ func (c *RoleStartCommand) Help() string {
     --set cluster_advertise=HOST:PORT
                             The address hosts are told to dial, when it is
                             not cluster_listen's (NAT, a load balancer).
+    --group-stall-timeout D How long a group's bring-up may take until its
+                            head is ready before the whole group is stopped
+                            (group_stalled; default 120s).
   and the options of capyctl start standalone.
 
 ` + GeneralOptions
@@ -66,6 +69,14 @@ func (c *RoleStartCommand) Help() string {
     --join-token-file FILE  A file holding the join token (or the
                             CAPYCTL_JOIN_TOKEN variable). --join-token T works
                             too, but shows on the process list while it runs.
+    --peer-address IP       This host's address on the direct link between
+                            the GPU hosts, where the ranks of a group (one
+                            model across machines) meet and talk,
+                            unauthenticated (default: the local address of
+                            the host's connection to its server).
+    --rendezvous-ports A-B  The ports a group head's host picks its
+                            rendezvous port from (default 25000-25099).
+    --require-rdma BOOL     Group traffic must go over RDMA (default false).
   and the options of capyctl start standalone.
 
 ` + GeneralOptions

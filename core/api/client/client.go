@@ -280,6 +280,10 @@ func (c *Client) WaitReady(ctx context.Context, name string, since time.Time, pr
 			progress(st)
 			last = st.State
 		}
+		if g := st.Group; g != nil && g.LastError != nil && !g.LastError.At.Before(since) {
+			// The server stopped the whole group: its reason, not a member's.
+			return st, &structs.Error{Code: g.LastError.Code, Message: g.LastError.Message}
+		}
 		ready := len(st.Instances) > 0
 		for _, in := range st.Instances {
 			if in.State != string(structs.StateReady) {
