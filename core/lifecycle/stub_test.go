@@ -38,6 +38,10 @@ type stubDriver struct {
 	tiers      []string
 	// startGate, when set, is waited on by Start (to hold a start).
 	startGate chan struct{}
+	// probeGate, when set, holds every readiness probe until it closes or
+	// the probe's context ends (a model that loads for ever).
+	probeGate chan struct{}
+	probing   atomic.Int32
 }
 
 func newStub() *stubDriver {
@@ -76,10 +80,18 @@ func (d *stubDriver) Start(_ context.Context, r *pb.StartRequest) (*pb.StartResp
 	return &pb.StartResponse{Launch: &pb.Launch{Pgid: 1}, Endpoint: &pb.Endpoint{BaseUrl: "http://127.0.0.1:1", ServedName: r.GetDeployment().GetServedName()}}, nil
 }
 
-func (d *stubDriver) Probe(_ context.Context, r *pb.ProbeRequest) (*pb.ProbeResponse, error) {
+func (d *stubDriver) Probe(ctx context.Context, r *pb.ProbeRequest) (*pb.ProbeResponse, error) {
 	ep := &pb.Endpoint{BaseUrl: "http://127.0.0.1:1", ChatPath: "/v1/chat/completions"}
 	if r.GetKind() == pb.ProbeKind_PROBE_KIND_LIVENESS {
 		return &pb.ProbeResponse{Alive: true}, nil
+	}
+	if d.probeGate != nil {
+		d.probing.Add(1)
+		select {
+		case <-d.probeGate:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
 	}
 	d.mu.Lock()
 	notReady := d.notReady
@@ -232,11 +244,17 @@ func (f *fakeRequests) Waiting(d string) int {
 type clock struct {
 	mu  sync.Mutex
 	now time.Time
+	// auto advances the clock 50 ms at each reading (a bound measured on
+	// the clock ends without the test waiting for it).
+	auto bool
 }
 
 func (c *clock) Now() time.Time {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if c.auto {
+		c.now = c.now.Add(50 * time.Millisecond)
+	}
 	return c.now
 }
 func (c *clock) Advance(d time.Duration) {
@@ -333,4 +351,14 @@ func (f *fixture) activate(name string) error {
 func (f *fixture) eventually(what string, cond func() bool) {
 	f.t.Helper()
 	poll.Until(f.t, 10*time.Second, what, cond)
+}
+
+// spec is a deployment's current spec.
+func (f *fixture) spec(name string) structs.Deployment {
+	f.t.Helper()
+	dr, ok := f.m.spec(name)
+	if !ok {
+		f.t.Fatalf("no deployment %s", name)
+	}
+	return dr.Spec
 }
