@@ -341,8 +341,10 @@ func (s *Server) callWait(ctx context.Context, host, name, action string, evict 
 // answers the wake check. A stopped group starts the head first, then the
 // workers, each admitted by its host's ledger before the next, and is ready
 // when the head passes readiness (bounded by group_stall_timeout). With
-// evict, a host that has no room for a member may park another group.
-func (s *Server) groupStart(ctx context.Context, p *Placement, evict bool) error {
+// evict, a host that has no room for a member may evict its idle models
+// (as a request's activation does); with groups too, an operator's
+// --evict, it may also park or stop another group in the way.
+func (s *Server) groupStart(ctx context.Context, p *Placement, evict, groups bool) error {
 	g := p.Group
 	l := s.groups.lock(p.Deployment)
 	l.Lock()
@@ -351,13 +353,16 @@ func (s *Server) groupStart(ctx context.Context, p *Placement, evict bool) error
 	if err := uncertain(p.Deployment, ms); err != nil {
 		return err
 	}
+	// Failures recorded before this start belong to the group's last run:
+	// the supervisor must not stop this one for them.
+	s.markSeen(p.Deployment, ms)
 	head := ms[0]
 	switch head.state {
 	case string(structs.StateReady):
 		s.groups.setDown(p.Deployment, false)
 		return nil
 	case string(structs.StateParked):
-		if err := s.groupWake(ctx, p, ms, evict); err != nil {
+		if err := s.groupWake(ctx, p, ms, evict, groups); err != nil {
 			return err
 		}
 		s.groups.setDown(p.Deployment, false)
@@ -371,7 +376,7 @@ func (s *Server) groupStart(ctx context.Context, p *Placement, evict bool) error
 	s.groups.setErr(p.Deployment, nil)
 	for rank, host := range g.Hosts {
 		before := s.memberOf(ctx, host, rank, p.Deployment)
-		err := s.startMember(ctx, host, p.Deployment, evict, before)
+		err := s.startMember(ctx, host, p.Deployment, evict, groups, before)
 		if err != nil {
 			_ = s.stopMembers(ctx, p.Deployment, g, nil, true)
 			return withMember(err, host, rank)
@@ -388,13 +393,13 @@ func (s *Server) groupStart(ctx context.Context, p *Placement, evict bool) error
 // (a head is ready only once every rank joined) and waits for its host's
 // ledger to admit it; a capacity refusal naming another group on the host
 // parks that group when evict allows, then tries once more.
-func (s *Server) startMember(ctx context.Context, host, name string, evict bool, before member) error {
+func (s *Server) startMember(ctx context.Context, host, name string, evict, groups bool, before member) error {
 	for try := 0; ; try++ {
 		err := s.memberAction(ctx, host, name, wire.ActionRequest{Action: wire.ActionStart, Evict: evict})
 		if err == nil {
 			err = s.waitStarted(ctx, host, name, before)
 		}
-		if err == nil || try > 0 || !evict || !s.evictGroups(ctx, name, err) {
+		if err == nil || try > 0 || !groups || !s.evictGroups(ctx, name, err) {
 			return err
 		}
 		before = s.memberOf(ctx, host, 0, name)
@@ -430,13 +435,13 @@ func (s *Server) waitStarted(ctx context.Context, host, name string, before memb
 }
 
 // groupWake wakes a parked group: workers first, then the head.
-func (s *Server) groupWake(ctx context.Context, p *Placement, ms []member, evict bool) error {
+func (s *Server) groupWake(ctx context.Context, p *Placement, ms []member, evict, groups bool) error {
 	g := p.Group
 	var woken []int
 	wake := func(rank int) error {
 		for try := 0; ; try++ {
 			err := s.callWait(ctx, g.Hosts[rank], p.Deployment, wire.ActionStart, evict)
-			if err == nil || try > 0 || !evict || !s.evictGroups(ctx, p.Deployment, err) {
+			if err == nil || try > 0 || !groups || !s.evictGroups(ctx, p.Deployment, err) {
 				return err
 			}
 		}
@@ -562,6 +567,18 @@ func (s *Server) failGroup(ctx context.Context, name string, g *GroupPlacement, 
 	defer cancel()
 	if err := s.stopMembers(ctx, name, g, nil, true); err != nil {
 		s.logger.Warn("group stop incomplete", "deployment", name, "error", err)
+	}
+	// A rank that exited on its own meanwhile (its peer's death took it)
+	// is part of this failure, not a new one.
+	s.markSeen(name, s.members(ctx, name, g))
+}
+
+// markSeen records the failures members show now as acted on.
+func (s *Server) markSeen(name string, ms []member) {
+	for _, m := range ms {
+		if m.reachble && memberFailed(m.state, m.trans) {
+			s.groups.firstSight(name, m.host, m.since.UnixMilli())
+		}
 	}
 }
 
@@ -741,7 +758,7 @@ func (s *Server) groupAction(w http.ResponseWriter, r *http.Request, p *Placemen
 	run := func(ctx context.Context) error {
 		switch req.Action {
 		case wire.ActionStart:
-			return s.groupStart(ctx, p, req.Evict)
+			return s.groupStart(ctx, p, req.Evict, req.Evict)
 		case wire.ActionPark:
 			return s.groupPark(ctx, p)
 		case wire.ActionStop:
@@ -792,7 +809,9 @@ func (s *Server) ensureGroupUp(ctx context.Context, p *Placement) error {
 	case head.desired == structs.DesiredStopped:
 		return nil // the head's host answers deployment_stopped or deployment_inactive
 	}
-	return s.groupStart(ctx, p, false)
+	// As a request's activation on one host: idle models may be evicted,
+	// never another group (it may be serving).
+	return s.groupStart(ctx, p, true, false)
 }
 
 // groupStatus completes a group's merged status: each member's rank and
