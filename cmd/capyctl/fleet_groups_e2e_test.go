@@ -80,6 +80,34 @@ func (f *fleet) ledgersWithinLimits(when string) {
 	}
 }
 
+// dumpOnFailure logs, when the test failed, the server's fleet log lines
+// and the tail of every engine log on every host.
+func (f *fleet) dumpOnFailure() {
+	t := f.t
+	t.Cleanup(func() {
+		if !t.Failed() {
+			return
+		}
+		var lines []string
+		for _, l := range strings.Split(f.server.Output(), "\n") {
+			if strings.Contains(l, "capyctl.fleet") {
+				lines = append(lines, l)
+			}
+		}
+		t.Logf("server's fleet log:\n%s", strings.Join(lines, "\n"))
+		for name, h := range f.hosts {
+			logs, _ := filepath.Glob(filepath.Join(h.StateDir, "*", "*", "*", "engine.log"))
+			for _, l := range logs {
+				data, _ := os.ReadFile(l)
+				if len(data) > 3000 {
+					data = data[len(data)-3000:]
+				}
+				t.Logf("host %s: %s:\n%s", name, l, data)
+			}
+		}
+	})
+}
+
 // memberStates lists a group's members' states in rank order.
 func memberStates(st wire.DeploymentStatus) []string {
 	out := make([]string, len(st.Instances))
@@ -162,27 +190,7 @@ func TestFleetGroups_AcrossHosts(t *testing.T) {
 	step := func(what string) { t.Logf("%6.1fs %s", time.Since(start).Seconds(), what) }
 	f := startFleet(t, map[string]string{"gpu-a": "24GiB", "gpu-b": "24GiB", "gpu-c": "24GiB"})
 	step("fleet up")
-	t.Cleanup(func() {
-		if !t.Failed() {
-			return
-		}
-		out := f.server.Output()
-		if len(out) > 6000 {
-			out = out[len(out)-6000:]
-		}
-		t.Logf("server output:\n%s", out)
-		for name, h := range f.hosts {
-			logs, _ := filepath.Glob(filepath.Join(h.StateDir, "*", "*", "*", "engine.log"))
-			more, _ := filepath.Glob(filepath.Join(h.StateDir, "*", "*", "*", "*", "engine.log"))
-			for _, l := range append(logs, more...) {
-				data, _ := os.ReadFile(l)
-				if len(data) > 3000 {
-					data = data[len(data)-3000:]
-				}
-				t.Logf("host %s: %s:\n%s", name, l, data)
-			}
-		}
-	})
+	f.dumpOnFailure()
 	vllm := conformance.FakeVenv(t, t.TempDir(), map[string]string{"vllm": "0.32.0"}, nil)
 	if out, errOut, code := f.server.CLI("engine", "add", vllm, "--name", "vllm", "--yes"); code != 0 {
 		t.Fatalf("engine add vllm: exit %d\n%s%s", code, out, errOut)
@@ -379,6 +387,7 @@ func TestFleetGroups_StallAndRefusals(t *testing.T) {
 			GPU: harness.SimGPU{DeviceMemory: "24GiB", SystemLimit: "16GiB", SystemReserve: "1GiB"}})
 	}
 	f.waitHosts(2, wire.HostReady)
+	f.dumpOnFailure()
 	hold := filepath.Join(t.TempDir(), "never")
 	vllm := conformance.FakeVenv(t, t.TempDir(), map[string]string{"vllm": "0.32.0"}, nil)
 	for _, e := range [][]string{{"vllm"}, {"vllm-stuck", "--env", "CAPYCTL_FAKE_HOLD_STARTUP_FILE=" + hold}} {
@@ -421,6 +430,39 @@ func TestFleetGroups_StallAndRefusals(t *testing.T) {
 	}
 	if out, _, _ := f.hosts["gpu-a"].CLI("list", "deployments", "--json"); strings.Contains(out, `"huge"`) {
 		t.Fatalf("a refused group left its head on gpu-a: %s", out)
+	}
+
+	// Two groups that do not fit together: an operator's --evict starts
+	// the stopped one by parking the other (a cold start, whose refusal is
+	// read from the member's record), and back (a wake).
+	if _, errOut, code := f.server.CLI("delete", "deployment", "filler"); code != 0 {
+		t.Fatalf("delete filler: exit %d: %s", code, errOut)
+	}
+	for _, name := range []string{"one", "two"} {
+		spec := groupSpec(name, "vllm", 2, []string{"gpu-a", "gpu-b"}, fmt.Sprintf(groupMemory, "14GiB", "14GiB"))
+		if out, errOut, code := f.deployEverywhere(name, spec); code != 0 {
+			t.Fatalf("deploy %s: exit %d\n%s%s", name, code, out, errOut)
+		}
+	}
+	if _, errOut, code := f.server.CLI("start", "deployment", "one", "--wait"); code != 0 {
+		t.Fatalf("start one: exit %d: %s", code, errOut)
+	}
+	if _, errOut, code := f.server.CLI("start", "deployment", "two", "--wait"); code != 4 || !strings.Contains(errOut, "capacity_blocked") {
+		t.Fatalf("start two without --evict: exit %d: %s", code, errOut)
+	}
+	for round := 0; round < 2; round++ {
+		for _, pair := range [][2]string{{"two", "one"}, {"one", "two"}} {
+			if _, errOut, code := f.server.CLI("start", "deployment", pair[0], "--evict", "--wait"); code != 0 {
+				a, b := f.status(pair[0]), f.status(pair[1])
+				t.Fatalf("round %d: start %s --evict: exit %d: %s\n%s: %v %+v\n%s: %v", round, pair[0], code, errOut,
+					pair[0], memberStates(a), a.Instances, pair[1], memberStates(b))
+			}
+			if st := f.status(pair[1]); st.State != "parked" {
+				t.Fatalf("round %d: %s is %s (%v) after %s took its room", round, pair[1], st.State, memberStates(st), pair[0])
+			}
+			chatOK(t, f.server, pair[0])
+			f.ledgersWithinLimits(fmt.Sprintf("round %d %s", round, pair[0]))
+		}
 	}
 
 	// A topology deployed on a host itself is the server's to place.

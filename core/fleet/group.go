@@ -344,11 +344,21 @@ func (s *Server) callWait(ctx context.Context, host, name, action string, evict 
 // evict, a host that has no room for a member may evict its idle models
 // (as a request's activation does); with groups too, an operator's
 // --evict, it may also park or stop another group in the way.
-func (s *Server) groupStart(ctx context.Context, p *Placement, evict, groups bool) error {
+func (s *Server) groupStart(ctx context.Context, p *Placement, evict, groups bool) (err error) {
 	g := p.Group
 	l := s.groups.lock(p.Deployment)
 	l.Lock()
 	defer l.Unlock()
+	defer func() {
+		// The group's own verdict, for whoever waits on its status (a
+		// member's record says only its part, and may be retried).
+		if err != nil && ctx.Err() == nil {
+			if cur := s.groups.err(p.Deployment); cur == nil || time.Since(cur.At) > time.Second {
+				e := structs.AsError(err)
+				s.groups.setErr(p.Deployment, &structs.ErrorRecord{Code: e.Code, Message: e.Message, At: time.Now().UTC()})
+			}
+		}
+	}()
 	ms := s.members(ctx, p.Deployment, g)
 	if err := uncertain(p.Deployment, ms); err != nil {
 		return err
@@ -399,7 +409,7 @@ func (s *Server) startMember(ctx context.Context, host, name string, evict, grou
 		if err == nil {
 			err = s.waitStarted(ctx, host, name, before)
 		}
-		if err == nil || try > 0 || !groups || !s.evictGroups(ctx, name, err) {
+		if err == nil || try > 0 || !groups || !s.evictGroups(ctx, name, s.withGroupsOn(err, host, name)) {
 			return err
 		}
 		before = s.memberOf(ctx, host, 0, name)
@@ -413,7 +423,10 @@ func (s *Server) waitStarted(ctx context.Context, host, name string, before memb
 	deadline := time.Now().Add(admitWait)
 	for time.Now().Before(deadline) {
 		m := s.memberOf(ctx, host, 0, name)
-		moved := !m.since.Equal(before.since) || m.state != before.state
+		// A start refused before it changed the state (no room) records
+		// only a newer last error.
+		newErr := m.lastErr != nil && (before.lastErr == nil || m.lastErr.At.After(before.lastErr.At))
+		moved := !m.since.Equal(before.since) || m.state != before.state || newErr
 		switch {
 		case !m.reachble:
 			return structs.Errf(structs.CodeHostUnreachable, "host %s went out of reach", host).WithDetail("host", host)
@@ -872,6 +885,26 @@ func (s *Server) unplace(ctx context.Context, p *Placement) error {
 		}
 	}
 	return s.State.Apply(Command{Op: OpUnplaced, Deployment: p.Deployment})
+}
+
+// withGroupsOn completes a capacity refusal read from a member's record
+// (which keeps no details) with the other groups that have a member on
+// the host: the candidates the host's own refusal would have named.
+func (s *Server) withGroupsOn(err error, host, except string) error {
+	e := structs.AsError(err)
+	if e.Code != structs.CodeCapacityBlocked || e.Details["evictable_groups"] != nil {
+		return err
+	}
+	var names []string
+	for _, p := range s.State.Placements() {
+		if p.Group != nil && p.Deployment != except && slices.Contains(p.Group.Hosts, host) {
+			names = append(names, p.Deployment)
+		}
+	}
+	if len(names) == 0 {
+		return err
+	}
+	return structs.Errf(e.Code, "%s", e.Message).WithDetail("evictable_groups", names)
 }
 
 // hostRunsGroup reports whether a host runs a member of any group.

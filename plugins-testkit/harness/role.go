@@ -103,7 +103,16 @@ func (r *Role) start() {
 		}
 		args = append(args, "--cluster-listen", addr)
 	} else {
-		args = append(args, "--engine-ports", r.ports, "--models-root", filepath.Join(r.StateDir, "models"))
+		engine := r.ports
+		var first, last int
+		if _, err := fmt.Sscanf(r.ports, "%d-%d", &first, &last); err == nil && r.RoleName == "host" && last-first >= 20 {
+			// A group head's rendezvous port comes from the role's own
+			// range too, not from the shared default (25000-25099), which
+			// other tests' ports may hold.
+			engine = fmt.Sprintf("%d-%d", first, last-10)
+			args = append(args, "--rendezvous-ports", fmt.Sprintf("%d-%d", last-9, last))
+		}
+		args = append(args, "--engine-ports", engine, "--models-root", filepath.Join(r.StateDir, "models"))
 	}
 	args = append(args, r.Args...)
 	cmd := exec.Command(r.Bin, args...)

@@ -289,7 +289,10 @@ func (c *Client) WaitReady(ctx context.Context, name string, since time.Time, pr
 			if in.State != string(structs.StateReady) {
 				ready = false
 			}
-			if (in.State == string(structs.StateFailed) || in.State == string(structs.StateStopped)) &&
+			// A group's members are started in turn by the server, which
+			// may retry one (after evicting another group): only the
+			// group's own verdict above ends the wait.
+			if st.Group == nil && (in.State == string(structs.StateFailed) || in.State == string(structs.StateStopped)) &&
 				in.LastError != nil && !in.LastError.At.Before(since) {
 				return st, &structs.Error{Code: in.LastError.Code, Message: in.LastError.Message}
 			}
