@@ -159,10 +159,20 @@ func TestManager_VictimRules(t *testing.T) {
 		{"a model with waiters is never a victim", func(f *fixture) { f.reqs.waiting["a"] = 1 }, true},
 		{"a serving model is not a victim", func(f *fixture) { f.reqs.active["a/0"] = 1 }, true},
 		{"an idle model is", func(f *fixture) {}, false},
+		{"a model whose last request settles within the admission window is, once settled", func(f *fixture) {
+			f.reqs.mu.Lock()
+			f.reqs.active["a/0"] = 1
+			f.reqs.mu.Unlock()
+			time.AfterFunc(50*time.Millisecond, func() {
+				f.reqs.mu.Lock()
+				f.reqs.active["a/0"] = 0
+				f.reqs.mu.Unlock()
+			})
+		}, false},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			f := newFixture(t, 10, 6, 1)
+			f := newFixture(t, 10, 6, 1, func(c *Config) { c.AdmissionWindow = 500 * time.Millisecond })
 			warm := c.name == "warm is never evicted"
 			f.deploy("a", func(d *structs.Deployment) { d.Lifecycle.Warm = warm })
 			f.deploy("b")

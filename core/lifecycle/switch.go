@@ -35,11 +35,21 @@ func (m *Manager) withRoom(ctx context.Context, requester *instance, evict bool,
 	m.switchMu.Lock()
 	defer m.switchMu.Unlock()
 	tried := map[string]bool{}
+	// A model whose last request is still being settled (its answer sent,
+	// its place not yet given back) is waited for, briefly: a request that
+	// follows another model's answer at once must not find it "serving".
+	settleBy := time.Now().Add(m.cfg.AdmissionWindow) // real time: the requests settle in it
 	for {
 		if err = try(); err == nil || !structs.HasCode(err, structs.CodeCapacityBlocked) {
 			return err
 		}
-		v := m.pickVictim(requester, tried)
+		v, busy := m.pickVictim(requester, tried)
+		if v == nil && busy && time.Now().Before(settleBy) {
+			if !requester.pause(5 * time.Millisecond) {
+				return structs.Errf(structs.CodeShuttingDown, "shutting down")
+			}
+			continue
+		}
 		if v == nil {
 			return m.withEvictable(err, requester)
 		}
@@ -50,6 +60,15 @@ func (m *Manager) withRoom(ctx context.Context, requester *instance, evict bool,
 		m.event("switch_planned", requester.dep, requester.id, map[string]any{"victim": v.id, "victim_state": string(vrec.State)})
 		if eerr := v.tryDo(ctx, &command{kind: cmdEvict, why: "switch for " + requester.dep, done: make(chan error, 1)}); eerr != nil {
 			m.logger.Info("victim not evicted", "victim", v.id, "for", requester.id, "error", eerr)
+			if (errors.Is(eerr, errLaneBusy) || v.busyServing()) && time.Now().Before(settleBy) {
+				// Its lane is finishing an effect (a wake's last steps), or
+				// a request of its own just arrived: not a refusal, try it
+				// again shortly.
+				delete(tried, v.id+"@"+string(vrec.State))
+				if !requester.pause(5 * time.Millisecond) {
+					return structs.Errf(structs.CodeShuttingDown, "shutting down")
+				}
+			}
 			continue
 		}
 		after := v.snapshot()
@@ -57,8 +76,9 @@ func (m *Manager) withRoom(ctx context.Context, requester *instance, evict bool,
 	}
 }
 
-// pickVictim chooses the next victim for a requester.
-func (m *Manager) pickVictim(requester *instance, tried map[string]bool) *instance {
+// pickVictim chooses the next victim for a requester; busy reports that a
+// ready model was passed over only because it holds requests.
+func (m *Manager) pickVictim(requester *instance, tried map[string]bool) (victim *instance, busy bool) {
 	reqs := m.cfg.Requests
 	type cand struct {
 		in     *instance
@@ -84,6 +104,7 @@ func (m *Manager) pickVictim(requester *instance, tried map[string]bool) *instan
 		switch rec.State {
 		case structs.StateReady:
 			if reqs.Active(in.id) > 0 {
+				busy = true
 				continue
 			}
 			cands = append(cands, cand{in: in, used: in.lastUsed.Load()})
@@ -103,9 +124,14 @@ func (m *Manager) pickVictim(requester *instance, tried map[string]bool) *instan
 		return cands[i].in.id < cands[j].in.id
 	})
 	if len(cands) == 0 {
-		return nil
+		return nil, busy
 	}
-	return cands[0].in
+	return cands[0].in, busy
+}
+
+// busyServing reports whether the instance is ready and holds requests.
+func (in *instance) busyServing() bool {
+	return in.state() == structs.StateReady && in.m.cfg.Requests != nil && in.m.cfg.Requests.Active(in.id) > 0
 }
 
 // evictSelf runs in a victim's lane: it re-checks that the victim may be

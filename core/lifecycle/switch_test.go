@@ -44,7 +44,8 @@ func TestManager_PickVictimOrder(t *testing.T) {
 	}
 	tried := map[string]bool{}
 	var order []string
-	for v := f.m.pickVictim(me, tried); v != nil; v = f.m.pickVictim(me, tried) {
+	next := func() *instance { v, _ := f.m.pickVictim(me, tried); return v }
+	for v := next(); v != nil; v = next() {
 		order = append(order, v.id)
 		tried[v.id+"@"+string(v.state())] = true
 		if len(order) > 10 {
@@ -75,7 +76,7 @@ func TestManager_PickVictimTiesByID(t *testing.T) {
 		in.lastUsed.Store(5)
 	}
 	me, _ := f.m.instance("me", 0)
-	if v := f.m.pickVictim(me, map[string]bool{}); v == nil || v.id != "a/0" {
+	if v, _ := f.m.pickVictim(me, map[string]bool{}); v == nil || v.id != "a/0" {
 		t.Fatalf("first victim %v, want a/0", v)
 	}
 }
