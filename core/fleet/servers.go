@@ -431,7 +431,6 @@ func (s *Server) leaderOnly() error {
 	return nil
 }
 
-
 // serveServerJoin answers a joining server: its server join token buys
 // the cluster's CA.
 func (s *Server) serveServerJoin(w http.ResponseWriter, r *http.Request) {
