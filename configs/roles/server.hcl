@@ -31,6 +31,15 @@ role = "server"
 # (env CAPYCTL_CLUSTER_ADVERTISE)
 # cluster_advertise = "gpu-server.example.com:8444"
 
+# The number of servers of the server cluster: the first server of a cluster starts with it (above 1 it bootstraps raft); until that many are voters the cluster says it is degraded; 1 is a server alone.
+# (env CAPYCTL_BOOTSTRAP_EXPECT)
+# bootstrap_expect = 1
+
+# The cluster address of a running server this server joins (with a server join token: capyctl create join-token --role server).
+# Default: none: this server is the first of its cluster, or alone.
+# (env CAPYCTL_SERVER_JOIN)
+# server_join = "gpu-server.example.com:8444"
+
 # How long a group's bring-up may go without its head becoming ready before the group is stopped (group_stalled).
 # (env CAPYCTL_GROUP_STALL_TIMEOUT)
 # group_stall_timeout = "120s"

@@ -114,6 +114,11 @@ type Settings struct {
 	// one-time token it joins with when it holds no certificate yet.
 	ServerAddress string
 	JoinToken     string
+	// BootstrapExpect and ServerJoin are the server role's cluster of
+	// servers (bootstrap_expect, server_join); JoinToken is then the
+	// server join token.
+	BootstrapExpect int
+	ServerJoin      string
 	// HostHeartbeat is the server's heartbeat interval for its hosts (0:
 	// fleet's default).
 	HostHeartbeat time.Duration
@@ -509,6 +514,9 @@ func (a *Agent) Warnings() []string {
 	var out []string
 	if w := api.PlainListenerWarning(a.s.Listen, a.s.TLS.Enabled()); w != "" {
 		out = append(out, w)
+	}
+	if a.Fleet != nil {
+		out = append(out, a.Fleet.ClusterWarnings()...)
 	}
 	return out
 }

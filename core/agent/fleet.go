@@ -16,6 +16,7 @@ import (
 	"github.com/capyctl/capyctl/core/api/wire"
 	"github.com/capyctl/capyctl/core/config"
 	"github.com/capyctl/capyctl/core/fleet"
+	"github.com/capyctl/capyctl/core/fleet/raftlog"
 	"github.com/capyctl/capyctl/core/hostlink/proto/hostv1"
 	"github.com/capyctl/capyctl/core/lifecycle"
 	"github.com/capyctl/capyctl/core/runinfo"
@@ -33,7 +34,9 @@ func (a *Agent) openServer() error {
 	}
 	srv, err := fleet.NewServer(fleet.ServerOptions{StateDir: a.s.StateDir, Listen: listen, Advertise: a.s.ClusterAdvertise,
 		Store: a.Store, Logger: a.logger, Heartbeat: a.s.HostHeartbeat,
-		GroupStallTimeout: a.s.GroupStallTimeout})
+		GroupStallTimeout: a.s.GroupStallTimeout,
+		Name:              a.s.Hostname, BootstrapExpect: a.s.BootstrapExpect, Join: a.s.ServerJoin, JoinToken: a.s.JoinToken,
+		OpenRaft: raftlog.OpenFleet})
 	if err != nil {
 		a.Store.Close()
 		return err
@@ -50,9 +53,12 @@ func (a *Agent) openServer() error {
 // startServer serves the server role: the cluster listener, the relayed
 // inference API and the management API answered from the hosts.
 func (a *Agent) startServer() error {
-	_, cancel := context.WithCancel(context.Background())
+	ctx, cancel := context.WithCancel(context.Background())
 	a.cancel = cancel
 	a.Fleet.Start()
+	if err := a.Fleet.JoinCluster(ctx); err != nil {
+		return err
+	}
 	role := func() wire.RoleInfo {
 		return wire.RoleInfo{Role: a.s.Role, Version: version.Version, Commit: version.GetCommit(), Host: a.s.Hostname,
 			Inference: a.InferenceAddr(), StartedAt: a.startedAt, PID: os.Getpid(),
@@ -61,13 +67,16 @@ func (a *Agent) startServer() error {
 	backend := &api.Backend{
 		Store: a.Store, Logger: a.logger, Role: role(), Hosts: a.Fleet.Hosts, Fleet: a.Fleet,
 		Override: a.Fleet.ManagementOverrides(role),
+		Servers:  a.Fleet, Forward: a.Fleet.ForwardMutation,
 	}
 	if rc := a.s.Config; rc != nil {
 		backend.Config = func() *wire.RoleConfig { return rc }
 	}
 	iopts, mopts := a.s.Listener.options("inference", a.logger), a.s.Listener.options("management", a.logger)
 	a.inferenceSrv = api.NewServer(api.BodyDeadline(a.Fleet.InferenceHandler(a.Creds.APIKey, a.s.MaxBodyBytes), iopts.BodyReadTimeout), iopts)
-	a.mgmtSrv = api.NewServer(api.BodyDeadline(api.NewManagementHandler(backend, a.Creds.AdminToken), mopts.BodyReadTimeout), mopts)
+	mgmt := api.NewManagementHandler(backend, a.Creds.AdminToken)
+	a.Fleet.ServeManagement(mgmt, a.Creds.AdminToken)
+	a.mgmtSrv = api.NewServer(api.BodyDeadline(mgmt, mopts.BodyReadTimeout), mopts)
 	a.serve()
 	return a.writeRunInfo()
 }

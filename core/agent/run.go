@@ -145,6 +145,8 @@ func SettingsFromConfig(cfg *config.Config) Settings {
 		ClusterListen:        cfg.ClusterListen,
 		ClusterAdvertise:     cfg.ClusterAdvertise,
 		ServerAddress:        cfg.ServerAddress,
+		BootstrapExpect:      cfg.BootstrapExpect,
+		ServerJoin:           cfg.ServerJoin,
 		HostHeartbeat:        cfg.HostHeartbeat.D(),
 		PeerAddress:          cfg.PeerAddress,
 		RendezvousPorts:      cfg.RendezvousPorts.String(),

@@ -59,7 +59,22 @@ func (b *Backend) createJoinToken(w http.ResponseWriter, r *http.Request) {
 		}
 		ttl = d
 	}
-	tok, err := f.NewJoinToken(req.HostName, ttl)
+	var tok wire.JoinToken
+	switch req.Role {
+	case "", "host":
+		tok, err = f.NewJoinToken(req.HostName, ttl)
+	case "server":
+		var s Servers
+		if s, err = b.servers(); err == nil {
+			if req.HostName != "" {
+				err = structs.Errf(structs.CodeInvalidRequest, "a server join token names no host (the joining server's --hostname is its name)")
+			} else {
+				tok, err = s.NewServerJoinToken(ttl)
+			}
+		}
+	default:
+		err = structs.Errf(structs.CodeInvalidRequest, "role %q is not host or server", req.Role)
+	}
 	if err != nil {
 		writeMgmtError(w, err)
 		return

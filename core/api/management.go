@@ -62,7 +62,9 @@ func ManagementRoutes() []Route {
 		{http.MethodGet, "/hosts/{name}", "one host: its record, link and instances (server: as its last journal said)", false, func(b *Backend) http.HandlerFunc { return b.getHost }},
 		{http.MethodPost, "/hosts/{name}/actions", "drain (no new placements; running ones stay) or resume: {action}", false, func(b *Backend) http.HandlerFunc { return b.hostAction }},
 		{http.MethodDelete, "/hosts/{name}", "remove a host: revoke its certificate at once, close its link, forget it (server)", false, func(b *Backend) http.HandlerFunc { return b.removeHost }},
-		{http.MethodPost, "/join-tokens", "a one-time join token for a host: {ttl, host_name}; 201 (server)", false, func(b *Backend) http.HandlerFunc { return b.createJoinToken }},
+		{http.MethodPost, "/join-tokens", "a one-time join token for a host, or with role server for a server: {ttl, host_name, role}; 201 (server)", false, func(b *Backend) http.HandlerFunc { return b.createJoinToken }},
+		{http.MethodGet, "/servers", "the server cluster: each server's raft state, term, last index and the leader, as each server answers (server)", false, func(b *Backend) http.HandlerFunc { return b.listServers }},
+		{http.MethodDelete, "/servers/{name}", "remove a server from the cluster's raft configuration (server; the leader commits it)", false, func(b *Backend) http.HandlerFunc { return b.removeServer }},
 		{http.MethodGet, "/hosts/{name}/ledger", "a host's GPUs and memory ledger: domains, limits, charges per owner", false, func(b *Backend) http.HandlerFunc { return b.hostLedger }},
 		{http.MethodGet, ViewLoad, "live load per deployment and instance (running, waiting, limits)", false, LoadView},
 		{http.MethodGet, ViewLatency, "latency distributions (router and engine)", false, LatencyView},
@@ -77,6 +79,9 @@ func NewManagementHandler(b *Backend, adminToken string) http.Handler {
 		h := rt.handle(b)
 		if o := b.Override[rt.Method+" "+rt.Path]; o != nil {
 			h = o
+		}
+		if b.Forward != nil && rt.Method != http.MethodGet {
+			h = b.Forward(h)
 		}
 		r.HandleFunc(wire.Prefix+rt.Path, h).Methods(rt.Method)
 	}

@@ -42,6 +42,11 @@ type Backend struct {
 	// path" as in ManagementRoutes ("GET /deployments"): the server role
 	// answers the routes that need a lifecycle from its hosts.
 	Override map[string]http.HandlerFunc
+	// Servers is the server role's cluster of servers (nil: none).
+	Servers Servers
+	// Forward wraps every mutating route (the server role sends a
+	// follower's mutations to the leader); nil: none.
+	Forward func(http.HandlerFunc) http.HandlerFunc
 	// DeploymentExtras adds ledger and request figures to a status.
 	DeploymentExtras func(st *wire.DeploymentStatus)
 	// Config returns the role's effective settings with their sources for

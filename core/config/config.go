@@ -49,6 +49,11 @@ type Config struct {
 	HostHeartbeat structs.Duration
 	// ServerAddress is the server a host dials.
 	ServerAddress string
+	// BootstrapExpect is the number of servers of the server cluster (1:
+	// a server alone, no raft); ServerJoin the cluster address of a
+	// server this one joins.
+	BootstrapExpect int
+	ServerJoin      string
 	// PeerAddress, RendezvousPorts and RequireRDMA are a host's group
 	// settings; GroupStallTimeout the server's bound on a group bring-up.
 	PeerAddress       string

@@ -120,6 +120,11 @@ var registry = []Definition{
 		func(c *Config) *string { return &c.ClusterListen }),
 	optionalAddrSetting("cluster_advertise", "the address hosts are told to dial (join tokens print it, the server certificate names it)",
 		"cluster_listen, with this machine's name for 0.0.0.0", []string{RoleServer}, func(c *Config) *string { return &c.ClusterAdvertise }),
+	intSetting("bootstrap_expect", 1, 1, 9,
+		"the number of servers of the server cluster: the first server of a cluster starts with it (above 1 it bootstraps raft); until that many are voters the cluster says it is degraded; 1 is a server alone",
+		[]string{RoleServer}, func(c *Config) *int { return &c.BootstrapExpect }),
+	optionalAddrSetting("server_join", "the cluster address of a running server this server joins (with a server join token: capyctl create join-token --role server)",
+		"none: this server is the first of its cluster, or alone", []string{RoleServer}, func(c *Config) *string { return &c.ServerJoin }),
 	optionalAddrSetting("server_address", "the server's cluster address this host joins and dials (its cluster_listen)",
 		"none: a host needs one", []string{RoleHost}, func(c *Config) *string { return &c.ServerAddress }),
 	{

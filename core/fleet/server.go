@@ -62,6 +62,20 @@ type ServerOptions struct {
 	GroupStallTimeout time.Duration
 	// HostCertLifetime is a host certificate's validity (0: pki's 24 h).
 	HostCertLifetime time.Duration
+
+	// A cluster of servers (servers.go): none unless BootstrapExpect > 1
+	// or Join is set.
+	// Name is this server's name in the cluster (hostname).
+	Name string
+	// BootstrapExpect is the number of servers the operator expects
+	// (bootstrap_expect; 1: a server alone).
+	BootstrapExpect int
+	// Join is the cluster address of a server to join (server_join) and
+	// JoinToken the server join token its first start redeems.
+	Join      string
+	JoinToken string
+	// OpenRaft opens the raft node (raftlog.OpenFleet).
+	OpenRaft func(RaftConfig) (RaftNode, error)
 }
 
 // Server is the server's side: the cluster listener, the hosts' links and
@@ -93,6 +107,8 @@ type Server struct {
 	lastStatus statusCache
 	// groups serialises the operations on each group (group.go).
 	groups groupOps
+	// cl is the cluster of servers (servers.go); nil: this server alone.
+	cl *cluster
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -136,6 +152,11 @@ func NewServer(o ServerOptions) (*Server, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, structs.Wrap(structs.CodeInvalidConfig, err, "create %s", dir)
 	}
+	if o.Join != "" && !pki.HasCA(dir) {
+		if err := fetchClusterCA(o, dir, o.Logger.Named("fleet")); err != nil {
+			return nil, err
+		}
+	}
 	ca, err := pki.LoadOrCreateCA(dir, nil)
 	if err != nil {
 		return nil, err
@@ -168,6 +189,12 @@ func NewServer(o ServerOptions) (*Server, error) {
 		lastStatus: statusCache{m: map[string]wire.DeploymentStatus{}}}
 	s.metrics = s.metricsHandler()
 	s.receipts = api.Receipts{Store: o.Store, Logger: s.logger}
+	if o.clustered() {
+		if err := s.openCluster(ca, dir); err != nil {
+			ln.Close()
+			return nil, err
+		}
+	}
 	return s, nil
 }
 
@@ -231,6 +258,7 @@ func (s *Server) Start() {
 	s.goRun(func() { _ = s.grpcSrv.Serve(s.linkQ) })
 	s.goRun(func() { _ = s.joinSrv.Serve(s.joinQ) })
 	s.goRun(func() { _ = s.renewSrv.Serve(s.renewQ) })
+	s.startCluster()
 	s.goRun(s.accept)
 	s.goRun(s.watchLost)
 	s.goRun(s.superviseGroups)
@@ -249,10 +277,12 @@ func (s *Server) goRun(f func()) {
 func (s *Server) Close() {
 	if s.cancel == nil {
 		s.ln.Close()
+		s.closeCluster()
 		return
 	}
 	s.cancel()
 	s.ln.Close()
+	s.closeCluster()
 	s.mu.Lock()
 	for _, h := range s.hosts {
 		if h.relayConn != nil {
@@ -302,7 +332,7 @@ func (s *Server) accept() {
 }
 
 func (s *Server) handshake(raw net.Conn) {
-	tc := tls.Server(raw, clusterTLS(s.auth))
+	tc := tls.Server(raw, clusterTLS(s.auth, s.peerTLS))
 	_ = tc.SetDeadline(time.Now().Add(handshakeTimeout))
 	if err := tc.HandshakeContext(s.ctx); err != nil {
 		s.logger.Debug("cluster handshake refused", "remote", raw.RemoteAddr().String(), "error", err)
@@ -327,7 +357,9 @@ func (s *Server) handshake(raw net.Conn) {
 	case ALPNRelay:
 		s.attachRelay(tc, cs)
 	default:
-		tc.Close()
+		if !s.handoffPeer(tc, cs.NegotiatedProtocol) {
+			tc.Close()
+		}
 	}
 }
 
@@ -355,6 +387,10 @@ func (s *Server) serveJoin(w http.ResponseWriter, r *http.Request) {
 	var req JoinRequest
 	if err := json.NewDecoder(io.LimitReader(r.Body, 64<<10)).Decode(&req); err != nil {
 		writeLinkError(w, structs.Errf(structs.CodeInvalidRequest, "the join request is not valid JSON: %v", err))
+		return
+	}
+	if err := s.leaderOnly(); err != nil { // join tokens live on the leader that made them
+		writeLinkError(w, err)
 		return
 	}
 	iss, err := s.auth.Enroll(pki.EnrollRequest{Token: req.Token, CSR: req.CSR, Previous: req.Previous})

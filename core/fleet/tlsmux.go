@@ -36,11 +36,15 @@ const (
 
 // clusterTLS is the cluster listener's config: a joining host (ALPN
 // capyctl-join/1) gets the join config, every other conversation the
-// mutual TLS one with the revocation check on every handshake.
-func clusterTLS(a *pki.Authority) *tls.Config {
+// mutual TLS one with the revocation check on every handshake. peer gives
+// the config of another server's conversation (servers.go; nil: not one).
+func clusterTLS(a *pki.Authority, peer func(*tls.ClientHelloInfo) *tls.Config) *tls.Config {
 	return &tls.Config{
 		MinVersion: tls.VersionTLS13,
 		GetConfigForClient: func(hi *tls.ClientHelloInfo) (*tls.Config, error) {
+			if c := peer(hi); c != nil {
+				return c, nil
+			}
 			if slices.Contains(hi.SupportedProtos, ALPNJoin) {
 				c := a.JoinServerTLS()
 				c.NextProtos = []string{ALPNHTTP1}

@@ -82,6 +82,9 @@ type TokenRecord struct {
 	Expires  time.Time `json:"expires"`
 	// Used is when the token was redeemed; zero while it was not.
 	Used time.Time `json:"used,omitzero"`
+	// Role is TokenRoleServer for a token that joins a server to the
+	// cluster ("" : a host's).
+	Role string `json:"role,omitempty"`
 }
 
 // Store keeps the server's join tokens and revocations. The caller

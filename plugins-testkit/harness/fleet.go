@@ -5,6 +5,9 @@ package harness
 
 import (
 	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
 	"testing"
 
 	"github.com/capyctl/capyctl/core/api/wire"
@@ -68,4 +71,70 @@ func StartHostWith(t testing.TB, cluster, token string, o HostOptions) *Role {
 		opts.Env = append(opts.Env, "CAPYCTL_JOIN_TOKEN="+token)
 	}
 	return StartStandalone(t, opts)
+}
+
+// StartFirstServer starts the first server of a cluster of expect servers
+// (--bootstrap-expect, --hostname name): it bootstraps raft alone and is
+// its leader once the role is up.
+func StartFirstServer(t testing.TB, name string, expect int, opts Options) *Role {
+	t.Helper()
+	opts.Role = "server"
+	opts.Args = append([]string{"--bootstrap-expect", fmt.Sprint(expect), "--hostname", name}, opts.Args...)
+	r := StartStandalone(t, opts)
+	r.ClusterAddr = r.selfClusterAddr()
+	return r
+}
+
+// JoinServer starts a server named name that joins the cluster through
+// via's cluster address, with a server join token made on via (a follower
+// relays it to the leader), given in a file as an operator would.
+func JoinServer(t testing.TB, via *Role, name string, opts Options) *Role {
+	t.Helper()
+	out, errOut, code := via.CLI("create", "join-token", "--role", "server", "--json")
+	if code != 0 {
+		t.Fatalf("create join-token --role server: exit %d: %s", code, errOut)
+	}
+	var tok wire.JoinToken
+	if err := json.Unmarshal([]byte(out), &tok); err != nil {
+		t.Fatalf("create join-token --json: %v\n%s", err, out)
+	}
+	file := filepath.Join(t.TempDir(), "server-token")
+	if err := os.WriteFile(file, []byte(tok.Token+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	opts.Role = "server"
+	opts.Args = append([]string{"--join", via.ClusterAddr, "--join-token-file", file, "--hostname", name}, opts.Args...)
+	r := StartStandalone(t, opts)
+	r.ClusterAddr = r.selfClusterAddr()
+	return r
+}
+
+// Servers is `list servers --json` on a server.
+func (r *Role) Servers() (wire.ServerList, error) {
+	out, errOut, code := r.CLI("list", "servers", "--json")
+	var list wire.ServerList
+	if code != 0 {
+		return list, fmt.Errorf("list servers: exit %d: %s", code, errOut)
+	}
+	if err := json.Unmarshal([]byte(out), &list); err != nil {
+		return list, fmt.Errorf("list servers --json: %v\n%s", err, out)
+	}
+	return list, nil
+}
+
+// selfClusterAddr is the server's own cluster address as it lists itself
+// (a restart binds it again: raft knows the server by it).
+func (r *Role) selfClusterAddr() string {
+	r.t.Helper()
+	list, err := r.Servers()
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	for _, s := range list.Servers {
+		if s.Name == list.Self {
+			return s.Address
+		}
+	}
+	r.t.Fatalf("server %s does not list itself: %+v", list.Self, list)
+	return ""
 }

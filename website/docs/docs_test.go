@@ -162,6 +162,7 @@ var wireTypes = map[string]func() any{
 	"JoinTokenRequest": func() any { return &wire.JoinTokenRequest{} },
 	"JoinToken":        func() any { return &wire.JoinToken{} },
 	"HostAction":       func() any { return &wire.HostAction{} },
+	"ServerList":       func() any { return &wire.ServerList{} },
 }
 
 func validateBlock(t *testing.T, b docs.Block) error {

@@ -22,7 +22,7 @@ func (c *JoinTokenCreateCommand) Synopsis() string {
 
 // Help implements cli.Command.
 func (c *JoinTokenCreateCommand) Help() string {
-	return `Usage: capyctl create join-token [--ttl D] [--host NAME] [--json]
+	return `Usage: capyctl create join-token [--ttl D] [--host NAME] [--role host|server] [--json]
 
   Makes a one-time token that one host joins the server with, and prints
   it with its expiry, the fingerprint of the server's CA (the token
@@ -44,6 +44,15 @@ Token Options:
                     2h). Default: the server's, 1h.
   --host NAME       Bind the token to a host name: any other host that
                     shows it is refused with host_name_changed.
+  --role R          host (the default) or server: a server join token
+                    joins another server to the cluster of servers
+                    (capyctl start server --join ADDR, the token in
+                    --join-token-file or CAPYCTL_JOIN_TOKEN). Only a
+                    cluster's server makes one (its first server started
+                    with --bootstrap-expect N, N > 1). In a cluster, join
+                    tokens live on the leader: a follower relays this
+                    command there, and the cluster address printed is the
+                    leader's.
 
 ` + GeneralOptions
 }
@@ -56,12 +65,13 @@ func (c *JoinTokenCreateCommand) Run(args []string) int {
 	// (a positive Go duration) and answers invalid_request otherwise.
 	fs.StringVar(&req.TTL, "ttl", "", "")
 	fs.StringVar(&req.HostName, "host", "", "")
+	fs.StringVar(&req.Role, "role", "", "")
 	rest, code := c.parse(fs, args)
 	if code != 0 {
 		return helpOr(code)
 	}
 	if len(rest) != 0 {
-		return c.Usage("usage: capyctl create join-token [--ttl D] [--host NAME]")
+		return c.Usage("usage: capyctl create join-token [--ttl D] [--host NAME] [--role host|server]")
 	}
 	cl, err := c.Client()
 	if err != nil {
@@ -76,6 +86,16 @@ func (c *JoinTokenCreateCommand) Run(args []string) int {
 		return 0
 	}
 	server, note := dialAddress(tok.ClusterAddress)
+	if tok.Role == "server" {
+		fmt.Fprintf(c.Out, "Server join token (shown once; the leader keeps only its digest):\n\n  %s\n\n", tok.Token)
+		fmt.Fprintf(c.Out, "Expires:         %s (%s)\n", tok.ExpiresAt.UTC().Format(time.RFC3339), until(tok.ExpiresAt, c.now()))
+		fmt.Fprintf(c.Out, "CA fingerprint:  %s\n", tok.CAFingerprint)
+		fmt.Fprintf(c.Out, "\nOn the new server, put the token in a file (owner-only) and run:\n\n  capyctl start server --join %s --join-token-file FILE --hostname NAME\n", server)
+		if note != "" {
+			fmt.Fprintf(c.Out, "\n%s\n", note)
+		}
+		return 0
+	}
 	bound := "any host"
 	if tok.HostName != "" {
 		bound = tok.HostName + " only"

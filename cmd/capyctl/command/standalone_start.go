@@ -78,6 +78,8 @@ var roleFlags = map[string]string{
 	"rendezvous-ports":    "rendezvous_ports",
 	"require-rdma":        "require_rdma",
 	"group-stall-timeout": "group_stall_timeout",
+	"bootstrap-expect":    "bootstrap_expect",
+	"join":                "server_join",
 }
 
 // roleOptions are the role flags of `start <role>` and `config show`.
@@ -207,6 +209,13 @@ func (c *Meta) runRole(role string, args []string) int {
 			return c.Fail(structs.Errf(structs.CodeInvalidConfig,
 				"a host needs its server's cluster address: --server ADDR, server_address in its configuration, or CAPYCTL_SERVER_ADDRESS"))
 		}
+		tok, err := c.joinToken(o)
+		if err != nil {
+			return c.Fail(err)
+		}
+		settings.JoinToken = tok
+	}
+	if role == config.RoleServer && cfg.ServerJoin != "" {
 		tok, err := c.joinToken(o)
 		if err != nil {
 			return c.Fail(err)

@@ -398,6 +398,21 @@ func (c *Client) RemoveHost(ctx context.Context, name string) error {
 	return c.do(ctx, http.MethodDelete, "/hosts/"+url.PathEscape(name), nil, nil, nil)
 }
 
+// Servers lists the server cluster's members as the server answers
+// (GET /servers).
+func (c *Client) Servers(ctx context.Context) (*wire.ServerList, error) {
+	var out wire.ServerList
+	if err := c.do(ctx, http.MethodGet, "/servers", nil, &out, nil); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// RemoveServer takes a server out of the cluster (DELETE /servers/{name}).
+func (c *Client) RemoveServer(ctx context.Context, name string) error {
+	return c.do(ctx, http.MethodDelete, "/servers/"+url.PathEscape(name), nil, nil, nil)
+}
+
 // Retryable reports whether an error from this client may be retried as is
 // (the catalogue's retryable column: queue_full, capacity_blocked,
 // unavailable, role_not_running, ...). Retry a mutation with the same

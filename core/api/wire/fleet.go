@@ -42,6 +42,9 @@ type HostInstance struct {
 type JoinTokenRequest struct {
 	TTL      string `json:"ttl,omitempty"`
 	HostName string `json:"host_name,omitempty"`
+	// Role is "host" (the default) or "server": a server join token joins
+	// another server to the cluster (capyctl start server --join).
+	Role string `json:"role,omitempty"`
 }
 
 // JoinToken answers POST /join-tokens. Token is shown once: the server
@@ -57,6 +60,8 @@ type JoinToken struct {
 	// ClusterAddress is the address hosts dial (the server's
 	// cluster_listen).
 	ClusterAddress string `json:"cluster_address"`
+	// Role is "server" for a server join token (empty: a host's).
+	Role string `json:"role,omitempty"`
 }
 
 // HostAction is POST /hosts/{name}/actions: "drain" (no new placements;

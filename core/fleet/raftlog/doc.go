@@ -6,10 +6,12 @@
 // fleet.Log, so State.Apply commits each Command through raft and every
 // server applies it in the same order.
 //
-// Groundwork: not usable from the CLI yet. Nothing in `capyctl start
-// server` opens a Node; the flags (--bootstrap-expect, --join), server
-// join tokens, forwarding to the leader and the operator commands are
-// later changes.
+// The server role opens a Node through OpenFleet when it runs in a
+// cluster (bootstrap_expect above 1, or server_join): raft's traffic then
+// comes through the cluster listener's ALPN capyctl-raft/1, already
+// through its mutual TLS handshake (Options.Handshaken). Joining,
+// forwarding and the operator commands are core/fleet's (servers.go,
+// forward.go).
 //
 // The shape:
 //

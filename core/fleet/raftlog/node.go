@@ -78,6 +78,11 @@ type Options struct {
 	// ListenTLS and DialTLS are the server peer configs
 	// (pki.ServerPeerTLS).
 	ListenTLS, DialTLS *tls.Config
+	// Handshaken says Listener's connections went through the mutual TLS
+	// handshake already (the server's cluster listener hands raft its
+	// ALPN's connections): they are used as they are and ListenTLS is
+	// not needed. DialTLS then offers the cluster listener's raft ALPN.
+	Handshaken bool
 	// State is the state machine every committed command is applied to.
 	// Open does not call State.SetLog; the caller does once it is ready to
 	// send commands through the node.
@@ -117,7 +122,7 @@ func Open(o Options) (n *Node, err error) {
 	switch {
 	case o.ID == "" || o.Dir == "" || o.Listener == nil || o.State == nil:
 		return nil, fmt.Errorf("raftlog: a node needs an ID, a directory, a listener and a state")
-	case o.ListenTLS == nil || o.DialTLS == nil:
+	case (o.ListenTLS == nil && !o.Handshaken) || o.DialTLS == nil:
 		return nil, fmt.Errorf("raftlog: a node needs the server peer TLS configs")
 	}
 	logger := o.Logger
@@ -161,7 +166,8 @@ func Open(o Options) (n *Node, err error) {
 		return nil, fmt.Errorf("open the raft snapshots: %w", err)
 	}
 
-	stream := &tlsStream{ln: o.Listener, listen: o.ListenTLS, dial: o.DialTLS, advertise: tcpAddr(advertise), timeout: defaultHandshakeTimeout}
+	stream := &tlsStream{ln: o.Listener, listen: o.ListenTLS, dial: o.DialTLS, advertise: tcpAddr(advertise), timeout: defaultHandshakeTimeout,
+		handshaken: o.Handshaken}
 	transport := raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
 		Stream:  stream,
 		MaxPool: 3,

@@ -27,6 +27,8 @@ type tlsStream struct {
 	dial      *tls.Config
 	advertise net.Addr
 	timeout   time.Duration
+	// handshaken: ln's connections are TLS already (Options.Handshaken).
+	handshaken bool
 }
 
 var _ raft.StreamLayer = (*tlsStream)(nil)
@@ -38,6 +40,9 @@ func (s *tlsStream) Accept() (net.Conn, error) {
 	c, err := s.ln.Accept()
 	if err != nil {
 		return nil, err
+	}
+	if s.handshaken {
+		return c, nil
 	}
 	return &serverConn{Conn: tls.Server(c, s.listen), timeout: s.timeout}, nil
 }

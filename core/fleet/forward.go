@@ -1,0 +1,81 @@
+// Copyright (c) CapyCTL authors
+// SPDX-License-Identifier: Apache-2.0
+
+package fleet
+
+import (
+	"bytes"
+	"io"
+	"net/http"
+	"time"
+
+	"github.com/capyctl/capyctl/core/structs"
+)
+
+// relayDrop are not relayed (net/http's own list, plus the operator's
+// credential: the leader's handler gets its own admin token).
+var relayDrop = []string{"Connection", "Keep-Alive", "Proxy-Connection", "Te", "Trailer", "Transfer-Encoding", "Upgrade", "Authorization", "Cookie"}
+
+// ForwardMutation wraps a mutating management route (api.Backend.Forward):
+// on the leader, or a server alone, it serves the request itself; on a
+// follower it relays the request to the leader over the server-to-server
+// mutual TLS (ALPN capyctl-server/1) and returns the leader's answer as it
+// is, once the leader committed the change. With no leader (an election)
+// the answer is not_leader (503, retryable). A request that reached this
+// server relayed already is never relayed again.
+func (s *Server) ForwardMutation(next http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if s.cl == nil {
+			next(w, r)
+			return
+		}
+		st := s.cl.node.Status()
+		if st.State == "leader" {
+			next(w, r)
+			return
+		}
+		if r.Header.Get(headerForwarded) != "" || st.LeaderAddress == "" {
+			writeError(w, s.notLeader(st))
+			return
+		}
+		s.relayToLeader(w, r, st)
+	}
+}
+
+// relayToLeader sends one management request to the leader and copies its
+// answer.
+func (s *Server) relayToLeader(w http.ResponseWriter, r *http.Request, st RaftStatus) {
+	body, err := readMgmtBody(r)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	req, err := http.NewRequestWithContext(r.Context(), r.Method, "http://"+st.LeaderAddress+r.URL.RequestURI(), bytes.NewReader(body))
+	if err != nil {
+		writeError(w, structs.Wrap(structs.CodeInternal, err, "relay to the leader"))
+		return
+	}
+	for k, vs := range r.Header {
+		req.Header[k] = append([]string(nil), vs...)
+	}
+	for _, h := range relayDrop {
+		req.Header.Del(h)
+	}
+	req.Header.Set(headerForwarded, s.cl.name)
+	start := time.Now()
+	resp, err := s.cl.client.Do(req)
+	if err != nil {
+		// The leader may have gone: the change was not made, or its
+		// answer was lost; a retry with the same Idempotency-Key is safe.
+		writeError(w, s.notLeader(st).WithDetail("relay_error", err.Error()))
+		return
+	}
+	defer resp.Body.Close()
+	for k, vs := range resp.Header {
+		w.Header()[k] = vs
+	}
+	w.WriteHeader(resp.StatusCode)
+	_, _ = io.Copy(w, resp.Body)
+	s.logger.Debug("relayed a mutation to the leader", "method", r.Method, "path", r.URL.Path, "leader", st.LeaderID,
+		"status", resp.StatusCode, "took", time.Since(start))
+}
