@@ -222,26 +222,26 @@ func TestCluster_RefusesWhatItShould(t *testing.T) {
 	waitReady(t, s, "gpu-a")
 
 	// The host's own certificate is taken (a relay conversation).
-	if handshakeRefused(t, s.Addr(), h.tlsFor(ALPNRelay)) {
+	if handshakeRefused(t, s.Addr(), h.tlsFor(s.Addr(), ALPNRelay)) {
 		t.Fatal("the host's valid certificate was refused")
 	}
 	// No certificate.
-	noCert := h.tlsFor(ALPNRelay)
+	noCert := h.tlsFor(s.Addr(), ALPNRelay)
 	noCert.GetClientCertificate = nil
 	if !handshakeRefused(t, s.Addr(), noCert) {
 		t.Fatal("a connection without a client certificate was taken")
 	}
 	// A certificate of another server's CA.
 	stranger := joinHost(t, other, "gpu-a", newFakeLocal())
-	foreign := stranger.tlsFor(ALPNRelay)
-	foreign.RootCAs = h.tlsFor(ALPNRelay).RootCAs // trust s, present other's certificate
+	foreign := stranger.tlsFor(s.Addr(), ALPNRelay)
+	foreign.RootCAs = h.tlsFor(s.Addr(), ALPNRelay).RootCAs // trust s, present other's certificate
 	if !handshakeRefused(t, s.Addr(), foreign) {
 		t.Fatal("a certificate of another CA was taken")
 	}
 	// An expired certificate: keep a copy of the current one and wait past
 	// its expiry (the running host renews its own meanwhile).
 	old := *h.creds.Current()
-	expired := h.tlsFor(ALPNRelay)
+	expired := h.tlsFor(s.Addr(), ALPNRelay)
 	expired.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return &old, nil }
 	time.Sleep(time.Until(old.Leaf.NotAfter) + 100*time.Millisecond)
 	if !handshakeRefused(t, s.Addr(), expired) {
@@ -259,7 +259,7 @@ func TestCluster_RefusesWhatItShould(t *testing.T) {
 	if err := s.Remove("gpu-a"); err != nil {
 		t.Fatal(err)
 	}
-	if !handshakeRefused(t, s.Addr(), h.tlsFor(ALPNRelay)) {
+	if !handshakeRefused(t, s.Addr(), h.tlsFor(s.Addr(), ALPNRelay)) {
 		t.Fatal("a removed host's certificate was taken")
 	}
 	if got := hostState(s, "gpu-a"); got != "" {

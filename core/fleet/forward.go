@@ -5,8 +5,10 @@ package fleet
 
 import (
 	"bytes"
+	"context"
 	"io"
 	"net/http"
+	"strconv"
 	"time"
 
 	"github.com/capyctl/capyctl/core/structs"
@@ -71,11 +73,34 @@ func (s *Server) relayToLeader(w http.ResponseWriter, r *http.Request, st RaftSt
 		return
 	}
 	defer resp.Body.Close()
+	if idx, err := strconv.ParseUint(resp.Header.Get(headerIndex), 10, 64); err == nil {
+		s.awaitApplied(r.Context(), idx)
+	}
 	for k, vs := range resp.Header {
-		w.Header()[k] = vs
+		if k != headerIndex {
+			w.Header()[k] = vs
+		}
 	}
 	w.WriteHeader(resp.StatusCode)
 	_, _ = io.Copy(w, resp.Body)
 	s.logger.Debug("relayed a mutation to the leader", "method", r.Method, "path", r.URL.Path, "leader", st.LeaderID,
 		"status", resp.StatusCode, "took", time.Since(start))
+}
+
+// awaitApplied waits (bounded by appliedWait) until this server applied
+// the log up to idx: a follower answers a relayed mutation once its own
+// state shows it, so the client's next read on it does too.
+func (s *Server) awaitApplied(ctx context.Context, idx uint64) {
+	ctx, cancel := context.WithTimeout(ctx, appliedWait)
+	defer cancel()
+	t := time.NewTicker(10 * time.Millisecond)
+	defer t.Stop()
+	for s.cl.node.Status().AppliedIndex < idx {
+		select {
+		case <-ctx.Done():
+			s.logger.Debug("a relayed mutation's change is not applied here yet", "index", idx, "applied", s.cl.node.Status().AppliedIndex)
+			return
+		case <-t.C:
+		}
+	}
 }

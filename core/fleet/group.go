@@ -661,6 +661,9 @@ func (s *Server) superviseGroups() {
 			return
 		case <-t.C:
 		}
+		if s.leaderOnly() != nil {
+			continue // the leader commands hosts; a follower only watches
+		}
 		for _, p := range s.State.Placements() {
 			if p.Group == nil {
 				continue

@@ -74,15 +74,37 @@ type Host struct {
 	key    crypto.Signer
 
 	mu       sync.Mutex
-	cursor   uint64 // the host's events forwarded so far
-	cursorOK bool   // cursor was read
-	linked   bool
-	lastErr  error
-	beat     time.Duration
+	primary  *serverLink            // the link to o.Server: first contact and fallback
+	others   map[string]*serverLink // the links to the cluster's other servers, by name
+	members  []*hostv1.ClusterServer
+	runCtx   context.Context // Run's: the others' loops run under it
+	runWG    sync.WaitGroup
 	welcomed chan struct{}
 	fatal    chan error
 	once     sync.Once
 	localIP  atomic.Value // string: LocalIP
+}
+
+// serverLink is the host's link and relay to one server of the cluster:
+// each server keeps its own view of the host (its journals, heartbeats,
+// events), routes to it over its relay, and the leader commands it there.
+type serverLink struct {
+	addr    string
+	primary bool
+
+	// Under Host.mu.
+	name     string // the server's name, once it said it
+	cancel   context.CancelFunc
+	cursor   uint64 // the host's events this server acknowledged
+	cursorOK bool   // cursor was read
+	linked   bool
+	lastErr  error
+	welcomed chan struct{}
+	once     sync.Once
+}
+
+func newServerLink(addr string, primary bool) *serverLink {
+	return &serverLink{addr: addr, primary: primary, welcomed: make(chan struct{})}
 }
 
 // hostPKIDir is where a host keeps its credentials.
@@ -98,7 +120,9 @@ func NewHost(ctx context.Context, o HostOptions) (*Host, error) {
 	if o.Server == "" {
 		return nil, structs.Errf(structs.CodeInvalidConfig, "a host needs its server's address (--server ADDR, server_address, CAPYCTL_SERVER_ADDRESS)")
 	}
-	h := &Host{o: o, logger: o.Logger.Named("fleet"), welcomed: make(chan struct{}), fatal: make(chan error, 1)}
+	h := &Host{o: o, logger: o.Logger.Named("fleet"), welcomed: make(chan struct{}), fatal: make(chan error, 1),
+		primary: newServerLink(o.Server, true), others: map[string]*serverLink{}}
+	h.loadServers()
 	err := h.load()
 	switch {
 	case err == nil && time.Now().Before(h.creds.Current().Leaf.NotAfter):
@@ -195,11 +219,11 @@ func (h *Host) save(key crypto.Signer, cert *x509.Certificate, caDER []byte) err
 	return nil
 }
 
-// serverName is the name the host checks the server's certificate for.
-func (h *Host) serverName() string {
-	host, _, err := net.SplitHostPort(h.o.Server)
+// serverName is the name the host checks a server's certificate for.
+func serverName(addr string) string {
+	host, _, err := net.SplitHostPort(addr)
 	if err != nil {
-		return h.o.Server
+		return addr
 	}
 	return host
 }
@@ -225,8 +249,8 @@ func (h *Host) join(ctx context.Context) error {
 	}
 	cfg := pki.HostJoinTLS(tok.Fingerprint)
 	cfg.NextProtos = []string{ALPNJoin, ALPNHTTP1}
-	cfg.ServerName = h.serverName()
-	ans, err := h.post(ctx, cfg, "/join", "application/json", mustJSON(req))
+	cfg.ServerName = serverName(h.o.Server)
+	ans, err := h.post(ctx, cfg, h.o.Server, "/join", "application/json", mustJSON(req))
 	if err != nil {
 		return err
 	}
@@ -252,11 +276,11 @@ func (h *Host) join(ctx context.Context) error {
 
 // post sends one join or renewal and decodes its answer or its coded
 // refusal.
-func (h *Host) post(ctx context.Context, cfg *tls.Config, path, ctype string, body []byte) (*JoinAnswer, error) {
+func (h *Host) post(ctx context.Context, cfg *tls.Config, addr, path, ctype string, body []byte) (*JoinAnswer, error) {
 	tr := &http.Transport{TLSClientConfig: cfg, ForceAttemptHTTP2: false, TLSHandshakeTimeout: handshakeTimeout}
 	defer tr.CloseIdleConnections()
 	cl := &http.Client{Transport: tr, Timeout: 30 * time.Second}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "https://"+h.o.Server+path, bytes.NewReader(body))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "https://"+addr+path, bytes.NewReader(body))
 	if err != nil {
 		return nil, err
 	}
@@ -267,7 +291,7 @@ func (h *Host) post(ctx context.Context, cfg *tls.Config, path, ctype string, bo
 		if errors.As(err, &se) {
 			return nil, se
 		}
-		return nil, structs.Wrap(structs.CodeUnavailable, err, "reach the server at %s", h.o.Server)
+		return nil, structs.Wrap(structs.CodeUnavailable, err, "reach the server at %s", addr)
 	}
 	defer resp.Body.Close()
 	data, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
@@ -286,11 +310,12 @@ func mustJSON(v any) []byte {
 	return b
 }
 
-// tlsFor is the host's mutual TLS config for one conversation.
-func (h *Host) tlsFor(alpn string) *tls.Config {
+// tlsFor is the host's mutual TLS config for one conversation with the
+// server at addr.
+func (h *Host) tlsFor(addr, alpn string) *tls.Config {
 	c := pki.HostTLS(h.ca, h.creds)
 	c.NextProtos = []string{alpn}
-	c.ServerName = h.serverName()
+	c.ServerName = serverName(addr)
 	return c
 }
 
@@ -310,18 +335,16 @@ func (h *Host) CertExpiry() time.Time { return h.creds.Current().Leaf.NotAfter }
 // this host (host_name_changed, host_revoked).
 func (h *Host) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
-	var wg sync.WaitGroup
 	defer func() {
 		cancel()
-		wg.Wait()
+		h.runWG.Wait()
 	}()
-	for _, f := range []func(context.Context){h.runLink, h.runRelay, h.runRenew} {
-		wg.Add(1)
-		go func(f func(context.Context)) {
-			defer wg.Done()
-			f(ctx)
-		}(f)
-	}
+	h.mu.Lock()
+	h.runCtx = ctx
+	h.goLocked(ctx, h.runRenew)
+	h.startLocked(ctx, h.primary)
+	h.mu.Unlock()
+	h.reconcile() // the servers this host knew at its last run
 	select {
 	case <-ctx.Done():
 		return nil
@@ -330,11 +353,137 @@ func (h *Host) Run(ctx context.Context) error {
 	}
 }
 
-// Linked reports whether the host's link is up now, and the last error.
+// goLocked runs f under ctx until Run returns; the caller holds mu.
+func (h *Host) goLocked(ctx context.Context, f func(context.Context)) {
+	h.runWG.Add(1)
+	go func() {
+		defer h.runWG.Done()
+		f(ctx)
+	}()
+}
+
+// startLocked runs the link and the relay to one server until its context
+// ends; the caller holds mu.
+func (h *Host) startLocked(ctx context.Context, l *serverLink) {
+	ctx, l.cancel = context.WithCancel(ctx)
+	h.goLocked(ctx, func(ctx context.Context) { h.runLink(ctx, l) })
+	h.goLocked(ctx, func(ctx context.Context) { h.runRelay(ctx, l) })
+}
+
+// learn takes the cluster's servers one server told this host (in its
+// Welcome, or when the configuration changed) and runs a link and a relay
+// to every member, stops those to servers no longer members. The primary
+// server (o.Server) is always kept: it is the first contact and the
+// fallback when the others are unknown.
+func (h *Host) learn(l *serverLink, cs *hostv1.ClusterServers) {
+	if cs == nil || cs.GetSelf() == "" {
+		return // a server alone
+	}
+	h.mu.Lock()
+	l.name = cs.GetSelf()
+	h.members = cs.GetServers()
+	h.mu.Unlock()
+	h.saveServers()
+	h.reconcile()
+}
+
+// reconcile starts and stops the links to the other servers to match the
+// members last learned (nothing before Run).
+func (h *Host) reconcile() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	ctx := h.runCtx
+	if ctx == nil || ctx.Err() != nil {
+		return
+	}
+	want := map[string]string{}
+	for _, m := range h.members {
+		if m.GetName() == "" || m.GetAddress() == "" || m.GetName() == h.primary.name || m.GetAddress() == h.primary.addr {
+			continue
+		}
+		if h.primary.name == "" && len(h.members) > 0 && h.primary.addr != "" {
+			// The primary's name is not known yet: an address that may be
+			// its own under another spelling would make two links from this
+			// host to one server, each ending the other's.
+			continue
+		}
+		want[m.GetName()] = m.GetAddress()
+	}
+	for name, l := range h.others {
+		if addr, ok := want[name]; !ok || addr != l.addr {
+			l.cancel()
+			delete(h.others, name)
+			h.logger.Info("stopped the link to a server no longer in the cluster", "server", name, "address", l.addr)
+		}
+	}
+	for name, addr := range want {
+		if h.others[name] != nil {
+			continue
+		}
+		l := newServerLink(addr, false)
+		l.name = name
+		h.others[name] = l
+		h.startLocked(ctx, l)
+		h.logger.Info("linking to another server of the cluster", "server", name, "address", addr)
+	}
+}
+
+// knownServers is the file that remembers the cluster's servers across a
+// host's restarts (owner-only, beside its credentials): a host whose own
+// server is down at its start still reaches the others.
+func (h *Host) knownServers() string { return filepath.Join(hostPKIDir(h.o.StateDir), "servers.json") }
+
+type knownServers struct {
+	Primary string                  `json:"primary"`
+	Servers []*hostv1.ClusterServer `json:"servers"`
+}
+
+func (h *Host) loadServers() {
+	data, err := os.ReadFile(h.knownServers())
+	if err != nil {
+		return
+	}
+	var ks knownServers
+	if json.Unmarshal(data, &ks) == nil {
+		h.primary.name, h.members = ks.Primary, ks.Servers
+	}
+}
+
+func (h *Host) saveServers() {
+	h.mu.Lock()
+	data := mustJSON(knownServers{Primary: h.primary.name, Servers: h.members})
+	h.mu.Unlock()
+	tmp := h.knownServers() + ".tmp"
+	if err := os.WriteFile(tmp, data, 0o600); err == nil {
+		err = os.Rename(tmp, h.knownServers())
+		if err != nil {
+			h.logger.Debug("remember the cluster's servers", "error", err)
+		}
+	}
+}
+
+// Linked reports whether a link to a server is up now, and the primary
+// server's last error.
 func (h *Host) Linked() (bool, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return h.linked, h.lastErr
+	up := h.primary.linked
+	for _, l := range h.others {
+		up = up || l.linked
+	}
+	return up, h.primary.lastErr
+}
+
+// Servers reports each server this host keeps a link to, by address, and
+// whether that link is up now.
+func (h *Host) Servers() map[string]bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	out := map[string]bool{h.primary.addr: h.primary.linked}
+	for _, l := range h.others {
+		out[l.addr] = l.linked
+	}
+	return out
 }
 
 // Welcomed is closed once the server first accepted the host's link.
@@ -356,17 +505,26 @@ func backoff(ctx context.Context, attempt int) bool {
 	}
 }
 
-// runLink keeps the Connect stream open, reconnecting with backoff.
-func (h *Host) runLink(ctx context.Context) {
+// runLink keeps the Connect stream to one server open, reconnecting with
+// backoff. Only the primary server's lasting refusal stops the host: another
+// server of the cluster may not have applied the host's join yet.
+func (h *Host) runLink(ctx context.Context, l *serverLink) {
 	refused := 0 // handshakes refused in a row after a link the server took
 	linkedOnce := false
 	for attempt := 0; ctx.Err() == nil; attempt++ {
-		err := h.link(ctx, func() { attempt, refused, linkedOnce = 0, 0, true })
+		err := h.link(ctx, l, func() { attempt, refused, linkedOnce = 0, 0, true })
 		h.mu.Lock()
-		h.linked, h.lastErr = false, err
+		l.linked, l.lastErr = false, err
 		h.mu.Unlock()
 		if ctx.Err() != nil {
 			return
+		}
+		if !l.primary {
+			h.logger.Debug("link to a server of the cluster down; reconnecting", "server", l.addr, "error", err)
+			if !backoff(ctx, attempt) {
+				return
+			}
+			continue
 		}
 		if se := structs.AsError(err); se.Code == structs.CodeHostNameChanged || se.Code == structs.CodeHostRevoked {
 			select {
@@ -378,18 +536,18 @@ func (h *Host) runLink(ctx context.Context) {
 		if err != nil && strings.Contains(err.Error(), "bad certificate") {
 			// TLS says no more: the server refused the certificate itself.
 			h.logger.Error("the server refuses this host's certificate: the host was removed (capyctl remove host), or its certificate expired; "+
-				"stop the host, delete its host-pki directory and start it again with a new join token", "server", h.o.Server, "state", hostPKIDir(h.o.StateDir))
+				"stop the host, delete its host-pki directory and start it again with a new join token", "server", l.addr, "state", hostPKIDir(h.o.StateDir))
 			// A server that took this certificate before and refuses it now,
 			// again and again, has removed the host: stop for good (exit 3).
 			if refused++; linkedOnce && refused >= 3 {
 				select {
-				case h.fatal <- structs.Errf(structs.CodeHostRevoked, "the server at %s refuses this host's certificate: the host was removed, or its certificate expired; join again with a new token", h.o.Server):
+				case h.fatal <- structs.Errf(structs.CodeHostRevoked, "the server at %s refuses this host's certificate: the host was removed, or its certificate expired; join again with a new token", l.addr):
 				default:
 				}
 				return
 			}
 		} else {
-			h.logger.Warn("host link down; reconnecting", "server", h.o.Server, "error", err)
+			h.logger.Warn("host link down; reconnecting", "server", l.addr, "error", err)
 		}
 		if !backoff(ctx, attempt) {
 			return
@@ -397,9 +555,9 @@ func (h *Host) runLink(ctx context.Context) {
 	}
 }
 
-// link runs one Connect stream until it breaks.
-func (h *Host) link(ctx context.Context, up func()) error {
-	conn, err := grpc.NewClient(h.o.Server, grpc.WithTransportCredentials(credentials.NewTLS(h.tlsFor(ALPNLink))))
+// link runs one Connect stream to one server until it breaks.
+func (h *Host) link(ctx context.Context, l *serverLink, up func()) error {
+	conn, err := grpc.NewClient(l.addr, grpc.WithTransportCredentials(credentials.NewTLS(h.tlsFor(l.addr, ALPNLink))))
 	if err != nil {
 		return err
 	}
@@ -439,11 +597,13 @@ func (h *Host) link(ctx context.Context, up func()) error {
 		beat = DefaultHeartbeat
 	}
 	h.mu.Lock()
-	h.linked, h.lastErr, h.beat = true, nil, beat
+	l.linked, l.lastErr = true, nil
 	h.mu.Unlock()
 	h.once.Do(func() { close(h.welcomed) })
+	l.once.Do(func() { close(l.welcomed) })
 	up()
-	h.logger.Info("host link up", "server", h.o.Server)
+	h.logger.Info("host link up", "server", l.addr, "name", wel.GetCluster().GetSelf())
+	h.learn(l, wel.GetCluster())
 	errc := make(chan error, 1)
 	acks := make(chan uint64, 64)
 	go func() {
@@ -452,6 +612,9 @@ func (h *Host) link(ctx context.Context, up func()) error {
 			if err != nil {
 				errc <- err
 				return
+			}
+			if cs := m.GetServers(); cs != nil {
+				h.learn(l, cs)
 			}
 			if a := m.GetAck(); a != nil {
 				select {
@@ -467,14 +630,14 @@ func (h *Host) link(ctx context.Context, up func()) error {
 		sent[j.GetInstanceId()] = journalDigest(j)
 	}
 	h.mu.Lock()
-	if !h.cursorOK { // the first link: events from now on
-		_, h.cursor = h.o.Local.Events(0, 0)
-		h.cursorOK = true
+	if !l.cursorOK { // the first link to this server: events from now on
+		_, l.cursor = h.o.Local.Events(0, 0)
+		l.cursorOK = true
 	}
-	// h.cursor is what the server acknowledged; a new link resends from
+	// l.cursor is what the server acknowledged; a new link resends from
 	// there. sentCursor is what this link has sent; pending maps each
 	// event message's seq to the cursor after it.
-	sentCursor := h.cursor
+	sentCursor := l.cursor
 	h.mu.Unlock()
 	pending := map[uint64]uint64{}
 	t := time.NewTicker(beat)
@@ -490,7 +653,7 @@ func (h *Host) link(ctx context.Context, up func()) error {
 			h.mu.Lock()
 			for sq, c := range pending {
 				if sq <= acked {
-					h.cursor = max(h.cursor, c)
+					l.cursor = max(l.cursor, c)
 					delete(pending, sq)
 				}
 			}
@@ -552,30 +715,30 @@ func journalDigest(j *hostv1.InstanceJournal) [32]byte {
 	return sha256.Sum256(b)
 }
 
-// runRelay keeps the relay connection open: the host dials, then serves
-// HTTP/2 on it until it breaks.
-func (h *Host) runRelay(ctx context.Context) {
+// runRelay keeps the relay connection to one server open: the host dials,
+// then serves HTTP/2 on it until it breaks.
+func (h *Host) runRelay(ctx context.Context, l *serverLink) {
 	select {
-	case <-h.welcomed:
+	case <-l.welcomed:
 	case <-ctx.Done():
 		return
 	}
 	srv := &http2.Server{MaxConcurrentStreams: 4096, ReadIdleTimeout: 10 * time.Second, PingTimeout: 5 * time.Second}
 	for attempt := 0; ctx.Err() == nil; attempt++ {
-		d := &tls.Dialer{NetDialer: &net.Dialer{Timeout: handshakeTimeout, KeepAlive: 15 * time.Second}, Config: h.tlsFor(ALPNRelay)}
-		c, err := d.DialContext(ctx, "tcp", h.o.Server)
+		d := &tls.Dialer{NetDialer: &net.Dialer{Timeout: handshakeTimeout, KeepAlive: 15 * time.Second}, Config: h.tlsFor(l.addr, ALPNRelay)}
+		c, err := d.DialContext(ctx, "tcp", l.addr)
 		if err == nil {
 			attempt = 0
 			if ta, ok := c.LocalAddr().(*net.TCPAddr); ok {
 				h.localIP.Store(ta.IP.String())
 			}
-			h.logger.Debug("relay up", "server", h.o.Server)
+			h.logger.Debug("relay up", "server", l.addr)
 			stop := context.AfterFunc(ctx, func() { c.Close() })
 			srv.ServeConn(c, &http2.ServeConnOpts{Context: ctx, Handler: h.o.Local.RelayHandler(), BaseConfig: &http.Server{}})
 			stop()
 			c.Close()
 		} else if ctx.Err() == nil {
-			h.logger.Debug("relay dial failed", "server", h.o.Server, "error", err)
+			h.logger.Debug("relay dial failed", "server", l.addr, "error", err)
 		}
 		if !backoff(ctx, attempt) {
 			return
@@ -633,7 +796,20 @@ func (h *Host) renew(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	ans, err := h.post(ctx, h.tlsFor(ALPNHTTP1), "/renew", "application/octet-stream", csr)
+	// Any server of the cluster signs (they share the CA): the primary
+	// first, then the others.
+	h.mu.Lock()
+	addrs := []string{h.primary.addr}
+	for _, l := range h.others {
+		addrs = append(addrs, l.addr)
+	}
+	h.mu.Unlock()
+	var ans *JoinAnswer
+	for _, addr := range addrs {
+		if ans, err = h.post(ctx, h.tlsFor(addr, ALPNHTTP1), addr, "/renew", "application/octet-stream", csr); err == nil {
+			break
+		}
+	}
 	if err != nil {
 		return err
 	}

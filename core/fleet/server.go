@@ -589,9 +589,20 @@ func (s *Server) Connect(stream hostv1.HostLink_ConnectServer) error {
 	}
 	s.adoptLater(name)
 	s.logger.Info("host link up", "host", name, "address", addr, "instances", len(hello.GetInstances()))
+	// The cluster's servers: the host keeps a link and a relay to each
+	// (any server routes to it, the leader commands it), and hears of a
+	// change of the configuration on this link.
+	members := s.clusterServers()
 	if err := stream.Send(&hostv1.ServerMessage{Body: &hostv1.ServerMessage_Welcome{Welcome: &hostv1.Welcome{
-		Accepted: true, ServerTimeUnixMs: time.Now().UnixMilli(), HeartbeatIntervalMs: s.o.Heartbeat.Milliseconds(), Protocol: 1}}}); err != nil {
+		Accepted: true, ServerTimeUnixMs: time.Now().UnixMilli(), HeartbeatIntervalMs: s.o.Heartbeat.Milliseconds(), Protocol: 1,
+		Cluster: members}}}); err != nil {
 		return err
+	}
+	var membersTick <-chan time.Time
+	if s.cl != nil {
+		t := time.NewTicker(s.o.Heartbeat)
+		defer t.Stop()
+		membersTick = t.C
 	}
 	msgs := make(chan *hostv1.HostMessage)
 	errc := make(chan error, 1)
@@ -618,6 +629,13 @@ func (s *Server) Connect(stream hostv1.HostLink_ConnectServer) error {
 				return nil
 			}
 			return err
+		case <-membersTick:
+			if now := s.clusterServers(); !sameServers(now, members) {
+				members = now
+				if err := stream.Send(&hostv1.ServerMessage{Body: &hostv1.ServerMessage_Servers{Servers: now}}); err != nil {
+					return err
+				}
+			}
 		case m := <-msgs:
 			s.onHostMessage(name, gen, m)
 			if err := stream.Send(&hostv1.ServerMessage{Body: &hostv1.ServerMessage_Ack{Ack: &hostv1.Ack{Seq: m.GetSeq()}}}); err != nil {
@@ -625,6 +643,37 @@ func (s *Server) Connect(stream hostv1.HostLink_ConnectServer) error {
 			}
 		}
 	}
+}
+
+// clusterServers is the raft configuration as hosts see it: this
+// server's name and every member's cluster address; nil for a server
+// alone.
+func (s *Server) clusterServers() *hostv1.ClusterServers {
+	if s.cl == nil {
+		return nil
+	}
+	st := s.cl.node.Status()
+	out := &hostv1.ClusterServers{Self: s.cl.name}
+	for _, m := range st.Servers {
+		out.Servers = append(out.Servers, &hostv1.ClusterServer{Name: m.ID, Address: m.Address})
+	}
+	sort.Slice(out.Servers, func(i, j int) bool { return out.Servers[i].GetName() < out.Servers[j].GetName() })
+	return out
+}
+
+// sameServers reports whether two lists of servers name the same members
+// at the same addresses.
+func sameServers(a, b *hostv1.ClusterServers) bool {
+	if len(a.GetServers()) != len(b.GetServers()) {
+		return false
+	}
+	for i, m := range a.GetServers() {
+		o := b.GetServers()[i]
+		if m.GetName() != o.GetName() || m.GetAddress() != o.GetAddress() {
+			return false
+		}
+	}
+	return true
 }
 
 // onHostMessage applies one message of a host's link; a host's events are
@@ -678,6 +727,12 @@ func (s *Server) adoptLater(name string) {
 // adoptLaterLocked is adoptLater with mu held.
 func (s *Server) adoptLaterLocked(h *liveHost) {
 	if h.adoptDue || s.ctx == nil || s.ctx.Err() != nil {
+		return
+	}
+	// Only the leader changes the state: a follower a host is linked to
+	// leaves its deployments to the leader, which has a link of its own
+	// (and adopts again for every linked host when it is elected).
+	if s.leaderOnly() != nil {
 		return
 	}
 	h.adoptDue = true
@@ -783,11 +838,26 @@ func (s *Server) linkDown(name string, gen uint64) {
 func (s *Server) watchLost() {
 	t := time.NewTicker(s.o.Heartbeat)
 	defer t.Stop()
+	leader := false
 	for {
 		select {
 		case <-s.ctx.Done():
 			return
 		case <-t.C:
+		}
+		// A server newly elected adopts what its linked hosts run that no
+		// placement names (a follower leaves that to the leader).
+		if s.cl != nil {
+			was := leader
+			if leader = s.leaderOnly() == nil; leader && !was {
+				s.mu.Lock()
+				for _, h := range s.hosts {
+					if h.linkCancel != nil {
+						s.adoptLaterLocked(h)
+					}
+				}
+				s.mu.Unlock()
+			}
 		}
 		now := time.Now()
 		limit := now.Add(-lostAfterBeats * s.o.Heartbeat)

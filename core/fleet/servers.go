@@ -67,6 +67,14 @@ const (
 // server it reaches answers it or refuses it, never relays it again.
 const headerForwarded = "X-Capyctl-Forwarded-By"
 
+// headerIndex is the leader's last log index after it served a relayed
+// mutation (indexWriter).
+const headerIndex = "X-Capyctl-Raft-Index"
+
+// appliedWait bounds a follower's wait to apply a relayed mutation's
+// index before it answers.
+const appliedWait = 5 * time.Second
+
 // clusterJoinTimeout bounds a joining server's join and its addition as a
 // voter (the leader waits for it to catch up).
 const clusterJoinTimeout = 60 * time.Second
@@ -497,7 +505,38 @@ func (s *Server) servePeer(w http.ResponseWriter, r *http.Request) {
 		if r.Header.Get(headerForwarded) == "" {
 			r.Header.Set(headerForwarded, "server")
 		}
-		h.ServeHTTP(w, r)
+		h.ServeHTTP(&indexWriter{ResponseWriter: w, node: cl.node}, r)
+	}
+}
+
+// indexWriter names, in the answer's head, the leader's last log index
+// once the relayed mutation was served: the follower that relayed it
+// answers its client once it applied that far, so that a read on it
+// after the answer sees the change (read your writes).
+type indexWriter struct {
+	http.ResponseWriter
+	node        RaftNode
+	wroteHeader bool
+}
+
+func (w *indexWriter) WriteHeader(code int) {
+	if !w.wroteHeader {
+		w.wroteHeader = true
+		w.Header().Set(headerIndex, fmt.Sprint(w.node.Status().LastIndex))
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *indexWriter) Write(b []byte) (int, error) {
+	if !w.wroteHeader {
+		w.WriteHeader(http.StatusOK)
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+func (w *indexWriter) Flush() {
+	if f, ok := w.ResponseWriter.(http.Flusher); ok {
+		f.Flush()
 	}
 }
 

@@ -998,6 +998,7 @@ type ServerMessage struct {
 	//	*ServerMessage_Welcome
 	//	*ServerMessage_Command
 	//	*ServerMessage_Ack
+	//	*ServerMessage_Servers
 	Body          isServerMessage_Body `protobuf_oneof:"body"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1067,6 +1068,15 @@ func (x *ServerMessage) GetAck() *Ack {
 	return nil
 }
 
+func (x *ServerMessage) GetServers() *ClusterServers {
+	if x != nil {
+		if x, ok := x.Body.(*ServerMessage_Servers); ok {
+			return x.Servers
+		}
+	}
+	return nil
+}
+
 type isServerMessage_Body interface {
 	isServerMessage_Body()
 }
@@ -1083,11 +1093,17 @@ type ServerMessage_Ack struct {
 	Ack *Ack `protobuf:"bytes,3,opt,name=ack,proto3,oneof"`
 }
 
+type ServerMessage_Servers struct {
+	Servers *ClusterServers `protobuf:"bytes,4,opt,name=servers,proto3,oneof"`
+}
+
 func (*ServerMessage_Welcome) isServerMessage_Body() {}
 
 func (*ServerMessage_Command) isServerMessage_Body() {}
 
 func (*ServerMessage_Ack) isServerMessage_Body() {}
+
+func (*ServerMessage_Servers) isServerMessage_Body() {}
 
 // Welcome answers Hello.
 type Welcome struct {
@@ -1104,7 +1120,10 @@ type Welcome struct {
 	// heartbeat_interval_ms is how often the host sends a Heartbeat.
 	HeartbeatIntervalMs int64 `protobuf:"varint,5,opt,name=heartbeat_interval_ms,json=heartbeatIntervalMs,proto3" json:"heartbeat_interval_ms,omitempty"`
 	// protocol is the host link version the server speaks (1).
-	Protocol      uint32 `protobuf:"varint,6,opt,name=protocol,proto3" json:"protocol,omitempty"`
+	Protocol uint32 `protobuf:"varint,6,opt,name=protocol,proto3" json:"protocol,omitempty"`
+	// cluster is the cluster of servers this server is a member of: the
+	// host keeps a link and a relay to each one (empty: a server alone).
+	Cluster       *ClusterServers `protobuf:"bytes,7,opt,name=cluster,proto3" json:"cluster,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1181,6 +1200,123 @@ func (x *Welcome) GetProtocol() uint32 {
 	return 0
 }
 
+func (x *Welcome) GetCluster() *ClusterServers {
+	if x != nil {
+		return x.Cluster
+	}
+	return nil
+}
+
+// ClusterServers names the servers of a cluster (raft's configuration):
+// the server answering, and every member with its cluster address. The
+// server sends it in Welcome and again whenever the configuration changes.
+type ClusterServers struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// self is the name of the server that sends it.
+	Self          string           `protobuf:"bytes,1,opt,name=self,proto3" json:"self,omitempty"`
+	Servers       []*ClusterServer `protobuf:"bytes,2,rep,name=servers,proto3" json:"servers,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ClusterServers) Reset() {
+	*x = ClusterServers{}
+	mi := &file_core_hostlink_proto_hostv1_host_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ClusterServers) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ClusterServers) ProtoMessage() {}
+
+func (x *ClusterServers) ProtoReflect() protoreflect.Message {
+	mi := &file_core_hostlink_proto_hostv1_host_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ClusterServers.ProtoReflect.Descriptor instead.
+func (*ClusterServers) Descriptor() ([]byte, []int) {
+	return file_core_hostlink_proto_hostv1_host_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *ClusterServers) GetSelf() string {
+	if x != nil {
+		return x.Self
+	}
+	return ""
+}
+
+func (x *ClusterServers) GetServers() []*ClusterServer {
+	if x != nil {
+		return x.Servers
+	}
+	return nil
+}
+
+// ClusterServer is one server of the cluster.
+type ClusterServer struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// address is its cluster address (host:port), which hosts dial.
+	Address       string `protobuf:"bytes,2,opt,name=address,proto3" json:"address,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ClusterServer) Reset() {
+	*x = ClusterServer{}
+	mi := &file_core_hostlink_proto_hostv1_host_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ClusterServer) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ClusterServer) ProtoMessage() {}
+
+func (x *ClusterServer) ProtoReflect() protoreflect.Message {
+	mi := &file_core_hostlink_proto_hostv1_host_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ClusterServer.ProtoReflect.Descriptor instead.
+func (*ClusterServer) Descriptor() ([]byte, []int) {
+	return file_core_hostlink_proto_hostv1_host_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *ClusterServer) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *ClusterServer) GetAddress() string {
+	if x != nil {
+		return x.Address
+	}
+	return ""
+}
+
 // Command is one thing the server asks a host to do.
 type Command struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1201,7 +1337,7 @@ type Command struct {
 
 func (x *Command) Reset() {
 	*x = Command{}
-	mi := &file_core_hostlink_proto_hostv1_host_proto_msgTypes[12]
+	mi := &file_core_hostlink_proto_hostv1_host_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1213,7 +1349,7 @@ func (x *Command) String() string {
 func (*Command) ProtoMessage() {}
 
 func (x *Command) ProtoReflect() protoreflect.Message {
-	mi := &file_core_hostlink_proto_hostv1_host_proto_msgTypes[12]
+	mi := &file_core_hostlink_proto_hostv1_host_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1226,7 +1362,7 @@ func (x *Command) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Command.ProtoReflect.Descriptor instead.
 func (*Command) Descriptor() ([]byte, []int) {
-	return file_core_hostlink_proto_hostv1_host_proto_rawDescGZIP(), []int{12}
+	return file_core_hostlink_proto_hostv1_host_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *Command) GetCommandId() string {
@@ -1346,7 +1482,7 @@ type StartInstance struct {
 
 func (x *StartInstance) Reset() {
 	*x = StartInstance{}
-	mi := &file_core_hostlink_proto_hostv1_host_proto_msgTypes[13]
+	mi := &file_core_hostlink_proto_hostv1_host_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1358,7 +1494,7 @@ func (x *StartInstance) String() string {
 func (*StartInstance) ProtoMessage() {}
 
 func (x *StartInstance) ProtoReflect() protoreflect.Message {
-	mi := &file_core_hostlink_proto_hostv1_host_proto_msgTypes[13]
+	mi := &file_core_hostlink_proto_hostv1_host_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1371,7 +1507,7 @@ func (x *StartInstance) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartInstance.ProtoReflect.Descriptor instead.
 func (*StartInstance) Descriptor() ([]byte, []int) {
-	return file_core_hostlink_proto_hostv1_host_proto_rawDescGZIP(), []int{13}
+	return file_core_hostlink_proto_hostv1_host_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *StartInstance) GetInstanceId() string {
@@ -1436,7 +1572,7 @@ type ParkInstance struct {
 
 func (x *ParkInstance) Reset() {
 	*x = ParkInstance{}
-	mi := &file_core_hostlink_proto_hostv1_host_proto_msgTypes[14]
+	mi := &file_core_hostlink_proto_hostv1_host_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1448,7 +1584,7 @@ func (x *ParkInstance) String() string {
 func (*ParkInstance) ProtoMessage() {}
 
 func (x *ParkInstance) ProtoReflect() protoreflect.Message {
-	mi := &file_core_hostlink_proto_hostv1_host_proto_msgTypes[14]
+	mi := &file_core_hostlink_proto_hostv1_host_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1461,7 +1597,7 @@ func (x *ParkInstance) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ParkInstance.ProtoReflect.Descriptor instead.
 func (*ParkInstance) Descriptor() ([]byte, []int) {
-	return file_core_hostlink_proto_hostv1_host_proto_rawDescGZIP(), []int{14}
+	return file_core_hostlink_proto_hostv1_host_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ParkInstance) GetInstanceId() string {
@@ -1496,7 +1632,7 @@ type WakeInstance struct {
 
 func (x *WakeInstance) Reset() {
 	*x = WakeInstance{}
-	mi := &file_core_hostlink_proto_hostv1_host_proto_msgTypes[15]
+	mi := &file_core_hostlink_proto_hostv1_host_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1508,7 +1644,7 @@ func (x *WakeInstance) String() string {
 func (*WakeInstance) ProtoMessage() {}
 
 func (x *WakeInstance) ProtoReflect() protoreflect.Message {
-	mi := &file_core_hostlink_proto_hostv1_host_proto_msgTypes[15]
+	mi := &file_core_hostlink_proto_hostv1_host_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1521,7 +1657,7 @@ func (x *WakeInstance) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WakeInstance.ProtoReflect.Descriptor instead.
 func (*WakeInstance) Descriptor() ([]byte, []int) {
-	return file_core_hostlink_proto_hostv1_host_proto_rawDescGZIP(), []int{15}
+	return file_core_hostlink_proto_hostv1_host_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *WakeInstance) GetInstanceId() string {
@@ -1554,7 +1690,7 @@ type StopInstance struct {
 
 func (x *StopInstance) Reset() {
 	*x = StopInstance{}
-	mi := &file_core_hostlink_proto_hostv1_host_proto_msgTypes[16]
+	mi := &file_core_hostlink_proto_hostv1_host_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1566,7 +1702,7 @@ func (x *StopInstance) String() string {
 func (*StopInstance) ProtoMessage() {}
 
 func (x *StopInstance) ProtoReflect() protoreflect.Message {
-	mi := &file_core_hostlink_proto_hostv1_host_proto_msgTypes[16]
+	mi := &file_core_hostlink_proto_hostv1_host_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1579,7 +1715,7 @@ func (x *StopInstance) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StopInstance.ProtoReflect.Descriptor instead.
 func (*StopInstance) Descriptor() ([]byte, []int) {
-	return file_core_hostlink_proto_hostv1_host_proto_rawDescGZIP(), []int{16}
+	return file_core_hostlink_proto_hostv1_host_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *StopInstance) GetInstanceId() string {
@@ -1621,7 +1757,7 @@ type AbortRequest struct {
 
 func (x *AbortRequest) Reset() {
 	*x = AbortRequest{}
-	mi := &file_core_hostlink_proto_hostv1_host_proto_msgTypes[17]
+	mi := &file_core_hostlink_proto_hostv1_host_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1633,7 +1769,7 @@ func (x *AbortRequest) String() string {
 func (*AbortRequest) ProtoMessage() {}
 
 func (x *AbortRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_core_hostlink_proto_hostv1_host_proto_msgTypes[17]
+	mi := &file_core_hostlink_proto_hostv1_host_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1646,7 +1782,7 @@ func (x *AbortRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AbortRequest.ProtoReflect.Descriptor instead.
 func (*AbortRequest) Descriptor() ([]byte, []int) {
-	return file_core_hostlink_proto_hostv1_host_proto_rawDescGZIP(), []int{17}
+	return file_core_hostlink_proto_hostv1_host_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *AbortRequest) GetInstanceId() string {
@@ -1674,7 +1810,7 @@ type Ack struct {
 
 func (x *Ack) Reset() {
 	*x = Ack{}
-	mi := &file_core_hostlink_proto_hostv1_host_proto_msgTypes[18]
+	mi := &file_core_hostlink_proto_hostv1_host_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1686,7 +1822,7 @@ func (x *Ack) String() string {
 func (*Ack) ProtoMessage() {}
 
 func (x *Ack) ProtoReflect() protoreflect.Message {
-	mi := &file_core_hostlink_proto_hostv1_host_proto_msgTypes[18]
+	mi := &file_core_hostlink_proto_hostv1_host_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1699,7 +1835,7 @@ func (x *Ack) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Ack.ProtoReflect.Descriptor instead.
 func (*Ack) Descriptor() ([]byte, []int) {
-	return file_core_hostlink_proto_hostv1_host_proto_rawDescGZIP(), []int{18}
+	return file_core_hostlink_proto_hostv1_host_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *Ack) GetSeq() uint64 {
@@ -1798,19 +1934,27 @@ const file_core_hostlink_proto_hostv1_host_proto_rawDesc = "" +
 	"\x02ok\x18\x02 \x01(\bR\x02ok\x12\x12\n" +
 	"\x04code\x18\x03 \x01(\tR\x04code\x12\x18\n" +
 	"\amessage\x18\x04 \x01(\tR\amessage\x12\x1a\n" +
-	"\breplayed\x18\x05 \x01(\bR\breplayed\"\xad\x01\n" +
+	"\breplayed\x18\x05 \x01(\bR\breplayed\"\xea\x01\n" +
 	"\rServerMessage\x124\n" +
 	"\awelcome\x18\x01 \x01(\v2\x18.capyctl.host.v1.WelcomeH\x00R\awelcome\x124\n" +
 	"\acommand\x18\x02 \x01(\v2\x18.capyctl.host.v1.CommandH\x00R\acommand\x12(\n" +
-	"\x03ack\x18\x03 \x01(\v2\x14.capyctl.host.v1.AckH\x00R\x03ackB\x06\n" +
-	"\x04body\"\xd2\x01\n" +
+	"\x03ack\x18\x03 \x01(\v2\x14.capyctl.host.v1.AckH\x00R\x03ack\x12;\n" +
+	"\aservers\x18\x04 \x01(\v2\x1f.capyctl.host.v1.ClusterServersH\x00R\aserversB\x06\n" +
+	"\x04body\"\x8d\x02\n" +
 	"\aWelcome\x12\x1a\n" +
 	"\baccepted\x18\x01 \x01(\bR\baccepted\x12\x12\n" +
 	"\x04code\x18\x02 \x01(\tR\x04code\x12\x18\n" +
 	"\amessage\x18\x03 \x01(\tR\amessage\x12-\n" +
 	"\x13server_time_unix_ms\x18\x04 \x01(\x03R\x10serverTimeUnixMs\x122\n" +
 	"\x15heartbeat_interval_ms\x18\x05 \x01(\x03R\x13heartbeatIntervalMs\x12\x1a\n" +
-	"\bprotocol\x18\x06 \x01(\rR\bprotocol\"\xc0\x02\n" +
+	"\bprotocol\x18\x06 \x01(\rR\bprotocol\x129\n" +
+	"\acluster\x18\a \x01(\v2\x1f.capyctl.host.v1.ClusterServersR\acluster\"^\n" +
+	"\x0eClusterServers\x12\x12\n" +
+	"\x04self\x18\x01 \x01(\tR\x04self\x128\n" +
+	"\aservers\x18\x02 \x03(\v2\x1e.capyctl.host.v1.ClusterServerR\aservers\"=\n" +
+	"\rClusterServer\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
+	"\aaddress\x18\x02 \x01(\tR\aaddress\"\xc0\x02\n" +
 	"\aCommand\x12\x1d\n" +
 	"\n" +
 	"command_id\x18\x01 \x01(\tR\tcommandId\x126\n" +
@@ -1880,7 +2024,7 @@ func file_core_hostlink_proto_hostv1_host_proto_rawDescGZIP() []byte {
 	return file_core_hostlink_proto_hostv1_host_proto_rawDescData
 }
 
-var file_core_hostlink_proto_hostv1_host_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
+var file_core_hostlink_proto_hostv1_host_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
 var file_core_hostlink_proto_hostv1_host_proto_goTypes = []any{
 	(*HostMessage)(nil),     // 0: capyctl.host.v1.HostMessage
 	(*Hello)(nil),           // 1: capyctl.host.v1.Hello
@@ -1894,16 +2038,18 @@ var file_core_hostlink_proto_hostv1_host_proto_goTypes = []any{
 	(*CommandResult)(nil),   // 9: capyctl.host.v1.CommandResult
 	(*ServerMessage)(nil),   // 10: capyctl.host.v1.ServerMessage
 	(*Welcome)(nil),         // 11: capyctl.host.v1.Welcome
-	(*Command)(nil),         // 12: capyctl.host.v1.Command
-	(*StartInstance)(nil),   // 13: capyctl.host.v1.StartInstance
-	(*ParkInstance)(nil),    // 14: capyctl.host.v1.ParkInstance
-	(*WakeInstance)(nil),    // 15: capyctl.host.v1.WakeInstance
-	(*StopInstance)(nil),    // 16: capyctl.host.v1.StopInstance
-	(*AbortRequest)(nil),    // 17: capyctl.host.v1.AbortRequest
-	(*Ack)(nil),             // 18: capyctl.host.v1.Ack
-	nil,                     // 19: capyctl.host.v1.InstanceJournal.ChargesEntry
-	nil,                     // 20: capyctl.host.v1.Event.AttributesEntry
-	nil,                     // 21: capyctl.host.v1.StartInstance.ChargesEntry
+	(*ClusterServers)(nil),  // 12: capyctl.host.v1.ClusterServers
+	(*ClusterServer)(nil),   // 13: capyctl.host.v1.ClusterServer
+	(*Command)(nil),         // 14: capyctl.host.v1.Command
+	(*StartInstance)(nil),   // 15: capyctl.host.v1.StartInstance
+	(*ParkInstance)(nil),    // 16: capyctl.host.v1.ParkInstance
+	(*WakeInstance)(nil),    // 17: capyctl.host.v1.WakeInstance
+	(*StopInstance)(nil),    // 18: capyctl.host.v1.StopInstance
+	(*AbortRequest)(nil),    // 19: capyctl.host.v1.AbortRequest
+	(*Ack)(nil),             // 20: capyctl.host.v1.Ack
+	nil,                     // 21: capyctl.host.v1.InstanceJournal.ChargesEntry
+	nil,                     // 22: capyctl.host.v1.Event.AttributesEntry
+	nil,                     // 23: capyctl.host.v1.StartInstance.ChargesEntry
 }
 var file_core_hostlink_proto_hostv1_host_proto_depIdxs = []int32{
 	1,  // 0: capyctl.host.v1.HostMessage.hello:type_name -> capyctl.host.v1.Hello
@@ -1917,24 +2063,27 @@ var file_core_hostlink_proto_hostv1_host_proto_depIdxs = []int32{
 	4,  // 8: capyctl.host.v1.Inventory.engines:type_name -> capyctl.host.v1.Engine
 	6,  // 9: capyctl.host.v1.Heartbeat.readings:type_name -> capyctl.host.v1.LedgerReading
 	2,  // 10: capyctl.host.v1.Heartbeat.inventory:type_name -> capyctl.host.v1.Inventory
-	19, // 11: capyctl.host.v1.InstanceJournal.charges:type_name -> capyctl.host.v1.InstanceJournal.ChargesEntry
-	20, // 12: capyctl.host.v1.Event.attributes:type_name -> capyctl.host.v1.Event.AttributesEntry
+	21, // 11: capyctl.host.v1.InstanceJournal.charges:type_name -> capyctl.host.v1.InstanceJournal.ChargesEntry
+	22, // 12: capyctl.host.v1.Event.attributes:type_name -> capyctl.host.v1.Event.AttributesEntry
 	11, // 13: capyctl.host.v1.ServerMessage.welcome:type_name -> capyctl.host.v1.Welcome
-	12, // 14: capyctl.host.v1.ServerMessage.command:type_name -> capyctl.host.v1.Command
-	18, // 15: capyctl.host.v1.ServerMessage.ack:type_name -> capyctl.host.v1.Ack
-	13, // 16: capyctl.host.v1.Command.start:type_name -> capyctl.host.v1.StartInstance
-	14, // 17: capyctl.host.v1.Command.park:type_name -> capyctl.host.v1.ParkInstance
-	15, // 18: capyctl.host.v1.Command.wake:type_name -> capyctl.host.v1.WakeInstance
-	16, // 19: capyctl.host.v1.Command.stop:type_name -> capyctl.host.v1.StopInstance
-	17, // 20: capyctl.host.v1.Command.abort:type_name -> capyctl.host.v1.AbortRequest
-	21, // 21: capyctl.host.v1.StartInstance.charges:type_name -> capyctl.host.v1.StartInstance.ChargesEntry
-	0,  // 22: capyctl.host.v1.HostLink.Connect:input_type -> capyctl.host.v1.HostMessage
-	10, // 23: capyctl.host.v1.HostLink.Connect:output_type -> capyctl.host.v1.ServerMessage
-	23, // [23:24] is the sub-list for method output_type
-	22, // [22:23] is the sub-list for method input_type
-	22, // [22:22] is the sub-list for extension type_name
-	22, // [22:22] is the sub-list for extension extendee
-	0,  // [0:22] is the sub-list for field type_name
+	14, // 14: capyctl.host.v1.ServerMessage.command:type_name -> capyctl.host.v1.Command
+	20, // 15: capyctl.host.v1.ServerMessage.ack:type_name -> capyctl.host.v1.Ack
+	12, // 16: capyctl.host.v1.ServerMessage.servers:type_name -> capyctl.host.v1.ClusterServers
+	12, // 17: capyctl.host.v1.Welcome.cluster:type_name -> capyctl.host.v1.ClusterServers
+	13, // 18: capyctl.host.v1.ClusterServers.servers:type_name -> capyctl.host.v1.ClusterServer
+	15, // 19: capyctl.host.v1.Command.start:type_name -> capyctl.host.v1.StartInstance
+	16, // 20: capyctl.host.v1.Command.park:type_name -> capyctl.host.v1.ParkInstance
+	17, // 21: capyctl.host.v1.Command.wake:type_name -> capyctl.host.v1.WakeInstance
+	18, // 22: capyctl.host.v1.Command.stop:type_name -> capyctl.host.v1.StopInstance
+	19, // 23: capyctl.host.v1.Command.abort:type_name -> capyctl.host.v1.AbortRequest
+	23, // 24: capyctl.host.v1.StartInstance.charges:type_name -> capyctl.host.v1.StartInstance.ChargesEntry
+	0,  // 25: capyctl.host.v1.HostLink.Connect:input_type -> capyctl.host.v1.HostMessage
+	10, // 26: capyctl.host.v1.HostLink.Connect:output_type -> capyctl.host.v1.ServerMessage
+	26, // [26:27] is the sub-list for method output_type
+	25, // [25:26] is the sub-list for method input_type
+	25, // [25:25] is the sub-list for extension type_name
+	25, // [25:25] is the sub-list for extension extendee
+	0,  // [0:25] is the sub-list for field type_name
 }
 
 func init() { file_core_hostlink_proto_hostv1_host_proto_init() }
@@ -1953,8 +2102,9 @@ func file_core_hostlink_proto_hostv1_host_proto_init() {
 		(*ServerMessage_Welcome)(nil),
 		(*ServerMessage_Command)(nil),
 		(*ServerMessage_Ack)(nil),
+		(*ServerMessage_Servers)(nil),
 	}
-	file_core_hostlink_proto_hostv1_host_proto_msgTypes[12].OneofWrappers = []any{
+	file_core_hostlink_proto_hostv1_host_proto_msgTypes[14].OneofWrappers = []any{
 		(*Command_Start)(nil),
 		(*Command_Park)(nil),
 		(*Command_Wake)(nil),
@@ -1967,7 +2117,7 @@ func file_core_hostlink_proto_hostv1_host_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_core_hostlink_proto_hostv1_host_proto_rawDesc), len(file_core_hostlink_proto_hostv1_host_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   22,
+			NumMessages:   24,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
