@@ -520,7 +520,13 @@ func (h *Host) runLink(ctx context.Context, l *serverLink) {
 			return
 		}
 		if !l.primary {
-			h.logger.Debug("link to a server of the cluster down; reconnecting", "server", l.addr, "error", err)
+			// Said once per outage: a server of the cluster may be down for
+			// a while (its restart, its removal not yet heard of).
+			log := h.logger.Debug
+			if attempt == 0 {
+				log = h.logger.Warn
+			}
+			log("host link to a server of the cluster down; reconnecting", "server", l.addr, "name", l.name, "error", err)
 			if !backoff(ctx, attempt) {
 				return
 			}
