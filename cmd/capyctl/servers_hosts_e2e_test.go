@@ -165,7 +165,8 @@ func (tr *traffic) end() {
 // through the two survivors keep being answered, a new leader is elected
 // and places a new deployment on the hosts (over its own links), the
 // hosts stay ready on the survivors, and the killed server, restarted,
-// sees them again on its own. The figures (time without a leader, requests
+// sees them again on its own; a server removed from the cluster loses its
+// links, the hosts having heard of the new configuration. The figures (time without a leader, requests
 // failed by server, time until a mutation is accepted) are logged.
 func TestServers_HostsLinkToEveryServer(t *testing.T) {
 	t.Parallel()
@@ -338,5 +339,24 @@ func TestServers_HostsLinkToEveryServer(t *testing.T) {
 		}
 		harness.ReadAll(resp)
 		return resp.StatusCode == http.StatusOK
+	})
+
+	// A server removed from the cluster: the hosts hear of the new
+	// configuration and end their links to it (their own --server, s1,
+	// stays their first contact whatever happens).
+	var gone *harness.Role
+	goneName := ""
+	for _, name := range []string{"s2", "s3"} {
+		if name != leaderOf(s1) {
+			gone, goneName = servers[name], name
+			break
+		}
+	}
+	if out, errOut, code := s1.CLI("remove", "server", goneName); code != 0 {
+		t.Fatalf("remove server %s: exit %d\n%s%s", goneName, code, out, errOut)
+	}
+	poll.Until(t, 20*time.Second, "the hosts end their links to the removed "+goneName, func() bool {
+		st := hostStates(t, gone)
+		return st["gpu-a"] == wire.HostLost && st["gpu-b"] == wire.HostLost
 	})
 }
