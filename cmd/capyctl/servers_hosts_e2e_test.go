@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -15,6 +16,7 @@ import (
 	"time"
 
 	"github.com/capyctl/capyctl/core/api/wire"
+	"github.com/capyctl/capyctl/plugins-testkit/conformance"
 	"github.com/capyctl/capyctl/plugins-testkit/harness"
 	"github.com/capyctl/capyctl/plugins-testkit/poll"
 )
@@ -240,6 +242,37 @@ func TestServers_HostsLinkToEveryServer(t *testing.T) {
 			body := harness.ReadAll(resp)
 			return resp.StatusCode == http.StatusOK && strings.Contains(body, "choices")
 		})
+	}
+
+	// A group across both hosts, deployed through a follower and started
+	// by a request through another follower: the leader moves it.
+	vllm := conformance.FakeVenv(t, t.TempDir(), map[string]string{"vllm": "0.32.0"}, nil)
+	if out, errOut, code := s2.CLI("engine", "add", vllm, "--name", "vllm", "--yes"); code != 0 {
+		t.Fatalf("engine add vllm through s2: exit %d\n%s%s", code, out, errOut)
+	}
+	for _, h := range hosts {
+		conformance.FakeModel(t, filepath.Join(h.StateDir, "models", "pair"), 1<<20)
+	}
+	pair := "deployment \"pair\" {\n  engine = \"vllm\"\n  topology {\n    tensor_parallel = 2\n  }\n  placement {\n    hosts = [\"gpu-a\", \"gpu-b\"]\n  }\n" +
+		"  model {\n    path = \"pair/model\"\n  }\n  engine_config {\n    memory {\n      request = \"4GiB\"\n      startup = \"4GiB\"\n    }\n  }\n}\n"
+	poll.Until(t, 15*time.Second, "a group deploy through s3", func() bool {
+		_, _, code := s3.DeployFile("pair", pair)
+		return code == 0
+	})
+	for _, via := range []*harness.Role{s2, s3} {
+		resp, err := via.Chat(context.Background(), harness.ChatBody("pair", false, "hi"), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if body := harness.ReadAll(resp); resp.StatusCode != http.StatusOK {
+			t.Fatalf("a group's request through a follower: %d %s", resp.StatusCode, body)
+		}
+		if out, errOut, code := via.CLI("park", "deployment", "pair", "--wait"); code != 0 {
+			t.Fatalf("park pair: exit %d\n%s%s", code, out, errOut)
+		}
+	}
+	if _, errOut, code := s1.CLI("delete", "deployment", "pair"); code != 0 {
+		t.Fatalf("delete pair: exit %d: %s", code, errOut)
 	}
 
 	// Steady traffic through the three servers.

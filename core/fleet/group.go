@@ -4,6 +4,7 @@
 package fleet
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -825,9 +826,49 @@ func (s *Server) ensureGroupUp(ctx context.Context, p *Placement) error {
 	case head.desired == structs.DesiredStopped:
 		return nil // the head's host answers deployment_stopped or deployment_inactive
 	}
+	if s.leaderOnly() != nil {
+		// One server moves a group: a follower asks the leader to start it
+		// and relays the request once it is up.
+		return s.startOnLeader(ctx, p.Deployment)
+	}
 	// As a request's activation on one host: idle models may be evicted,
 	// never another group (it may be serving).
 	return s.groupStart(ctx, p, true, false)
+}
+
+// startOnLeader asks the leader of the server cluster to start a group
+// and waits for its answer (a request's activation; the relay answers
+// not_leader when no leader is known or reachable, retryable).
+func (s *Server) startOnLeader(ctx context.Context, name string) error {
+	st := s.cl.node.Status()
+	if st.LeaderAddress == "" {
+		return s.notLeader(st)
+	}
+	body, _ := json.Marshal(wire.ActionRequest{Action: wire.ActionStart, Wait: true})
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+st.LeaderAddress+wire.Prefix+"/deployments/"+url.PathEscape(name)+"/actions", bytes.NewReader(body))
+	if err != nil {
+		return structs.Wrap(structs.CodeInternal, err, "ask the leader to start %s", name)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set(headerForwarded, s.cl.name)
+	resp, err := s.cl.client.Do(req)
+	if err != nil {
+		return s.notLeader(st).WithDetail("relay_error", err.Error())
+	}
+	defer resp.Body.Close()
+	data, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if resp.StatusCode >= 300 {
+		var env wire.ErrorEnvelope
+		if json.Unmarshal(data, &env) == nil && env.Error.Code != "" {
+			e := structs.Errf(structs.Code(env.Error.Code), "%s", env.Error.Message)
+			for k, v := range env.Error.Details {
+				e = e.WithDetail(k, v)
+			}
+			return e
+		}
+		return structs.Errf(structs.CodeInternal, "the leader %s answered %d", st.LeaderID, resp.StatusCode)
+	}
+	return nil
 }
 
 // groupStatus completes a group's merged status: each member's rank and
