@@ -317,9 +317,9 @@ func (c *DevCommand) devFleetReady(r agent.Running, stateDir string, hosts []*de
 		fmt.Fprintf(c.Out, "One model across two machines: %s runs one vLLM rank on %s (the head) and one on %s;\n", devGroupName, hosts[0].name, hosts[1].name)
 		fmt.Fprintf(c.Out, "its first request starts both (\"model\":%q), and capyctl status deployment %s lists its members.\n\n", devGroupName, devGroupName)
 	}
-	what := "the server stops"
+	what := "the server"
 	if len(srvs) > 1 {
-		what = "the servers stop"
+		what = "the servers"
 	}
-	fmt.Fprintf(c.Out, "Press Ctrl-C to stop: the engines, the hosts and %s and nothing is left behind.\n", what)
+	fmt.Fprintf(c.Out, "Press Ctrl-C to stop: the engines, the hosts and %s stop and nothing is left behind.\n", what)
 }
