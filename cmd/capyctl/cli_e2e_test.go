@@ -13,12 +13,14 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/capyctl/capyctl/cmd/capyctl/command"
+	"github.com/capyctl/capyctl/core/api/client"
 	"github.com/capyctl/capyctl/core/api/wire"
 	"github.com/capyctl/capyctl/core/config"
 	"github.com/capyctl/capyctl/core/structs"
@@ -668,6 +670,7 @@ func TestCLI_DeploymentLifecycle(t *testing.T) {
 func TestCLI_DevJSON(t *testing.T) {
 	t.Run("standalone", func(t *testing.T) { testDevJSON(t) })
 	t.Run("server and two hosts", func(t *testing.T) { testDevJSON(t, "--hosts", "2") })
+	t.Run("three servers and two hosts", func(t *testing.T) { testDevJSON(t, "--hosts", "2", "--servers", "3") })
 }
 
 // testDevJSON runs capyctl dev --json (with args), asks its endpoint for
@@ -724,6 +727,38 @@ func testDevJSON(t *testing.T, args ...string) {
 		}
 		if out := harness.ReadAll(resp); resp.StatusCode != 200 {
 			t.Fatalf("the demo group's first request: %d %s", resp.StatusCode, out)
+		}
+	}
+	if slices.Contains(args, "--servers") {
+		// Every server answers with the one API key and admin token, and
+		// each one's management API sees the three voters. The models:
+		// the first server (the hosts' link) lists demo; a follower lists
+		// what the hosts linked to it serve, none while hosts link to the
+		// first server only.
+		endpoints := strings.Split(info["server_endpoints"], ",")
+		mgmts := strings.Split(info["server_managements"], ",")
+		if info["servers"] != "dev-server-1,dev-server-2,dev-server-3" || len(endpoints) != 3 || len(mgmts) != 3 || endpoints[0] != info["endpoint"] {
+			t.Fatalf("dev --servers 3 --json: %q", line)
+		}
+		creds, err := client.ReadCredentials(info["state_dir"])
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, ep := range endpoints {
+			req, _ := http.NewRequest(http.MethodGet, ep+"/models", nil)
+			req.Header.Set("Authorization", "Bearer "+info["api_key"])
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			body := harness.ReadAll(resp)
+			if resp.StatusCode != 200 || (i == 0 && !strings.Contains(body, `"id":"demo"`)) {
+				t.Fatalf("models on %s: %d %s", ep, resp.StatusCode, body)
+			}
+			list, err := client.New(mgmts[i], creds.AdminToken).Servers(context.Background())
+			if err != nil || list.Voters != 3 || list.Leader != "dev-server-1" {
+				t.Fatalf("list servers on %s: %+v %v", mgmts[i], list, err)
+			}
 		}
 	}
 	if err := cmd.Process.Signal(os.Interrupt); err != nil {

@@ -65,6 +65,8 @@ func ManagementRoutes() []Route {
 		{http.MethodPost, "/join-tokens", "a one-time join token for a host, or with role server for a server: {ttl, host_name, role}; 201 (server)", false, func(b *Backend) http.HandlerFunc { return b.createJoinToken }},
 		{http.MethodGet, "/servers", "the server cluster: each server's raft state, term, last index and the leader, as each server answers (server)", false, func(b *Backend) http.HandlerFunc { return b.listServers }},
 		{http.MethodDelete, "/servers/{name}", "remove a server from the cluster's raft configuration (server; the leader commits it)", false, func(b *Backend) http.HandlerFunc { return b.removeServer }},
+		{http.MethodGet, "/cluster/snapshot", "the server state (hosts, placements) with a header (format, CA fingerprint, raft index and term) and its SHA-256, for capyctl snapshot save (server)", false, func(b *Backend) http.HandlerFunc { return b.clusterSnapshot }},
+		{http.MethodPost, "/cluster/restore", "verify a state snapshot {snapshot, force} and replace the state with it through the leader; snapshot_invalid, snapshot_ca_mismatch, conflict (server)", false, func(b *Backend) http.HandlerFunc { return b.clusterRestore }},
 		{http.MethodGet, "/hosts/{name}/ledger", "a host's GPUs and memory ledger: domains, limits, charges per owner", false, func(b *Backend) http.HandlerFunc { return b.hostLedger }},
 		{http.MethodGet, ViewLoad, "live load per deployment and instance (running, waiting, limits)", false, LoadView},
 		{http.MethodGet, ViewLatency, "latency distributions (router and engine)", false, LatencyView},

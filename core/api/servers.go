@@ -5,6 +5,7 @@ package api
 
 import (
 	"context"
+	"encoding/json"
 	"net/http"
 	"time"
 
@@ -23,6 +24,12 @@ type Servers interface {
 	RemoveServer(name string) error
 	// NewServerJoinToken makes a one-time token that joins a server.
 	NewServerJoinToken(ttl time.Duration) (wire.JoinToken, error)
+	// StateSnapshot returns the replicated state with its header and
+	// checksum (any server).
+	StateSnapshot() (wire.StateSnapshot, error)
+	// RestoreState verifies a snapshot and replaces the state with it
+	// through the log (the leader's call).
+	RestoreState(req wire.StateRestoreRequest) (wire.StateRestored, error)
 }
 
 func (b *Backend) servers() (Servers, error) {
@@ -58,4 +65,42 @@ func (b *Backend) removeServer(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)
+}
+
+func (b *Backend) clusterSnapshot(w http.ResponseWriter, r *http.Request) {
+	s, err := b.servers()
+	if err != nil {
+		writeMgmtError(w, err)
+		return
+	}
+	snap, err := s.StateSnapshot()
+	if err != nil {
+		writeMgmtError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, snap)
+}
+
+func (b *Backend) clusterRestore(w http.ResponseWriter, r *http.Request) {
+	s, err := b.servers()
+	if err != nil {
+		writeMgmtError(w, err)
+		return
+	}
+	data, err := readBody(r)
+	if err != nil {
+		writeMgmtError(w, err)
+		return
+	}
+	var req wire.StateRestoreRequest
+	if err := json.Unmarshal(data, &req); err != nil {
+		writeMgmtError(w, structs.Errf(structs.CodeSnapshotInvalid, "the restore request does not parse: %v", err))
+		return
+	}
+	out, err := s.RestoreState(req)
+	if err != nil {
+		writeMgmtError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, out)
 }

@@ -23,6 +23,10 @@ const (
 	OpHostRemoved = "host_removed"
 	OpPlaced      = "placed"
 	OpUnplaced    = "unplaced"
+	// OpRestored replaces the whole state with a snapshot's (capyctl
+	// snapshot restore): through the log, so every server replaces its
+	// own.
+	OpRestored = "restored"
 )
 
 // Command is one entry of the server's log.
@@ -35,6 +39,8 @@ type Command struct {
 	// Placement is OpPlaced's value; OpUnplaced names Deployment only.
 	Placement  *Placement `json:"placement,omitempty"`
 	Deployment string     `json:"deployment,omitempty"`
+	// State is OpRestored's value: a Snapshot's encoding.
+	State json.RawMessage `json:"state,omitempty"`
 }
 
 // HostRecord is the server's durable record of a joined host.
@@ -224,6 +230,8 @@ func (s *State) apply(fs *store.FleetState, c Command) (func(), error) {
 		return func() { s.placements[p.Deployment] = &p; s.rebuildRoutes() }, fs.Put("placement/"+p.Deployment, p)
 	case OpUnplaced:
 		return func() { delete(s.placements, c.Deployment); s.rebuildRoutes() }, fs.Delete("placement/" + c.Deployment)
+	case OpRestored:
+		return s.applyRestored(fs, c.State)
 	}
 	return nil, structs.Errf(structs.CodeInternal, "unknown server command %q", c.Op)
 }
@@ -343,6 +351,69 @@ func (s *State) Snapshot() ([]byte, error) {
 		return nil, structs.Wrap(structs.CodeInternal, err, "encode the server's state")
 	}
 	return data, nil
+}
+
+// decodeSnapshot decodes a Snapshot's encoding and checks it holds
+// together: names unique, every placement's hosts among the hosts.
+func decodeSnapshot(data []byte) (stateSnapshot, error) {
+	var snap stateSnapshot
+	if err := json.Unmarshal(data, &snap); err != nil {
+		return snap, structs.Errf(structs.CodeSnapshotInvalid, "a server state snapshot does not decode: %v", err)
+	}
+	hosts := map[string]bool{}
+	for _, h := range snap.Hosts {
+		if h.Name == "" || hosts[h.Name] {
+			return snap, structs.Errf(structs.CodeSnapshotInvalid, "the snapshot names host %q twice or without a name", h.Name)
+		}
+		hosts[h.Name] = true
+	}
+	deps := map[string]bool{}
+	for _, p := range snap.Placements {
+		if p == nil || p.Deployment == "" || deps[p.Deployment] {
+			return snap, structs.Errf(structs.CodeSnapshotInvalid, "the snapshot has an empty or repeated placement")
+		}
+		deps[p.Deployment] = true
+		for _, hs := range p.Hosts {
+			if !hosts[hs.Host] {
+				return snap, structs.Errf(structs.CodeSnapshotInvalid, "the snapshot places deployment %s on host %s, which it does not list", p.Deployment, hs.Host)
+			}
+		}
+	}
+	return snap, nil
+}
+
+// applyRestored replaces the whole state with a snapshot's in the
+// command's transaction (OpRestored).
+func (s *State) applyRestored(fs *store.FleetState, data json.RawMessage) (func(), error) {
+	snap, err := decodeSnapshot(data)
+	if err != nil {
+		return nil, err
+	}
+	for name := range s.hosts {
+		if err := fs.Delete("host/" + name); err != nil {
+			return nil, err
+		}
+	}
+	for dep := range s.placements {
+		if err := fs.Delete("placement/" + dep); err != nil {
+			return nil, err
+		}
+	}
+	hosts := make(map[string]HostRecord, len(snap.Hosts))
+	placements := make(map[string]*Placement, len(snap.Placements))
+	for _, h := range snap.Hosts {
+		hosts[h.Name] = h
+		if err := fs.Put("host/"+h.Name, h); err != nil {
+			return nil, err
+		}
+	}
+	for _, p := range snap.Placements {
+		placements[p.Deployment] = p
+		if err := fs.Put("placement/"+p.Deployment, p); err != nil {
+			return nil, err
+		}
+	}
+	return func() { s.hosts, s.placements = hosts, placements; s.rebuildRoutes() }, nil
 }
 
 // Restore replaces the whole state with a Snapshot's: the store's in one

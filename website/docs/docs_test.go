@@ -163,6 +163,8 @@ var wireTypes = map[string]func() any{
 	"JoinToken":        func() any { return &wire.JoinToken{} },
 	"HostAction":       func() any { return &wire.HostAction{} },
 	"ServerList":       func() any { return &wire.ServerList{} },
+	"StateRestored":    func() any { return &wire.StateRestored{} },
+	"StateSnapshot":    func() any { return &wire.StateSnapshot{} },
 }
 
 func validateBlock(t *testing.T, b docs.Block) error {

@@ -32,7 +32,7 @@ func (c *DevCommand) Synopsis() string {
 
 // Help implements cli.Command.
 func (c *DevCommand) Help() string {
-	return `Usage: capyctl dev [--listen ADDR] [--state-dir DIR] [--sim-devices N] [--sim-device-memory SIZE] [--hosts N]
+	return `Usage: capyctl dev [--listen ADDR] [--state-dir DIR] [--sim-devices N] [--sim-device-memory SIZE] [--hosts N [--servers N]]
 
   Starts a standalone role in a temporary state directory with the
   testkit's fake engine (capyctl-fake-engine, built beside capyctl by
@@ -64,6 +64,14 @@ Dev Options:
                             tokens and get simulated cards of 80, 24 and
                             48 GiB in turn; the --sim-* options then do not
                             apply.
+  --servers N               With --hosts: run a cluster of N servers (raft,
+                            1..5, default 1): the first in this process with
+                            --bootstrap-expect N, the others as processes
+                            joined with server join tokens and sharing its
+                            API key and admin token; the hosts join the
+                            first. Every server's endpoint and management
+                            address are printed (and in --json: servers,
+                            server_endpoints, server_managements).
 `
 }
 
@@ -71,7 +79,7 @@ Dev Options:
 func (c *DevCommand) Run(args []string) int {
 	fs := c.FlagSet("dev")
 	var listen, fake, provider, simMemory string
-	var simDevices, hosts int
+	var simDevices, hosts, servers int
 	var simUnified bool
 	fs.StringVar(&listen, "listen", "127.0.0.1:8443", "")
 	fs.StringVar(&fake, "fake-engine", "", "")
@@ -80,6 +88,7 @@ func (c *DevCommand) Run(args []string) int {
 	fs.StringVar(&simMemory, "sim-device-memory", "24GiB", "")
 	fs.BoolVar(&simUnified, "sim-unified", false, "")
 	fs.IntVar(&hosts, "hosts", 0, "")
+	fs.IntVar(&servers, "servers", 1, "")
 	if _, code := c.parse(fs, args); code != 0 {
 		return helpOr(code)
 	}
@@ -92,6 +101,12 @@ func (c *DevCommand) Run(args []string) int {
 	}
 	if hosts < 0 || hosts > 8 {
 		return c.Usage("--hosts %d is outside 0..8", hosts)
+	}
+	if servers < 1 || servers > 5 {
+		return c.Usage("--servers %d is outside 1..5", servers)
+	}
+	if servers > 1 && hosts == 0 {
+		return c.Usage("--servers %d needs --hosts N: a cluster of servers places engines on hosts", servers)
 	}
 	stateDir := c.stateDir
 	temp := false
@@ -110,7 +125,7 @@ func (c *DevCommand) Run(args []string) int {
 		return c.Fail(err)
 	}
 	if hosts > 0 {
-		return c.runDevFleet(stateDir, listen, fakePath, hosts)
+		return c.runDevFleet(stateDir, listen, fakePath, hosts, servers)
 	}
 	logger := roleLogger("info", "auto", c.Err)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)

@@ -36,8 +36,11 @@ type devHost struct {
 // runDevFleet is dev --hosts N: a server role in this process and N host
 // processes on loopback, joined over mutual TLS with one-time tokens, each
 // with a simulated card and the fake engines; Ctrl-C stops the engines, the
-// hosts and the server.
-func (c *DevCommand) runDevFleet(stateDir, listen, fakePath string, n int) int {
+// hosts and the server. With --servers M above 1 the server in this
+// process is the first of a raft cluster of M (bootstrap_expect M) and
+// M-1 server processes join it with server join tokens; the hosts join
+// the first.
+func (c *DevCommand) runDevFleet(stateDir, listen, fakePath string, n, servers int) int {
 	logger := roleLogger("info", "auto", c.Err)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -46,15 +49,24 @@ func (c *DevCommand) runDevFleet(stateDir, listen, fakePath string, n int) int {
 		return c.Fail(structs.Wrap(structs.CodeInternal, err, "find own executable"))
 	}
 	var hosts []*devHost
+	var srvs []*devServer
 	var cl *client.Client
+	expect := 0
+	if servers > 1 {
+		expect = servers
+	}
 	err = agent.Run(ctx, agent.Options{
 		Settings: agent.Settings{
 			Role: "server", StateDir: stateDir, Listen: listen, ManagementListen: "127.0.0.1:0",
-			ClusterListen: "127.0.0.1:0", HostHeartbeat: time.Second, Hostname: "dev-server",
+			ClusterListen: "127.0.0.1:0", HostHeartbeat: time.Second, Hostname: devServerName(0, servers), BootstrapExpect: expect,
 		},
 		Logger: logger,
 		Ready: func(ctx context.Context, r agent.Running) error {
 			cl = client.New(r.ManagementAddr(), r.AdminToken())
+			var err error
+			if srvs, err = startDevServers(ctx, cl, r, exe, stateDir, servers); err != nil {
+				return err
+			}
 			for i := 0; i < n; i++ {
 				h, err := startDevHost(ctx, cl, exe, stateDir, i)
 				if h != nil {
@@ -75,20 +87,24 @@ func (c *DevCommand) runDevFleet(stateDir, listen, fakePath string, n int) int {
 					return err
 				}
 			}
-			c.devFleetReady(r, stateDir, hosts)
+			c.devFleetReady(r, stateDir, hosts, srvs)
 			return nil
 		},
 		Stopping: func() (context.Context, context.CancelFunc) {
 			if !c.JSON() {
-				fmt.Fprintln(c.Err, "\nStopping: engines, hosts and the server...")
+				fmt.Fprintln(c.Err, "\nStopping: engines, hosts and the servers...")
 			}
 			sctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 			stopDevFleet(sctx, cl, hosts)
+			stopDevServers(sctx, srvs)
 			return sctx, cancel
 		},
 	})
 	if err != nil {
 		stopDevFleet(context.Background(), cl, hosts)
+		sctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		stopDevServers(sctx, srvs)
+		cancel()
 		return c.Fail(err)
 	}
 	return 0
@@ -248,7 +264,7 @@ func stopDevFleet(ctx context.Context, cl *client.Client, hosts []*devHost) {
 }
 
 // devFleetReady prints what dev --hosts runs and how to use it.
-func (c *DevCommand) devFleetReady(r agent.Running, stateDir string, hosts []*devHost) {
+func (c *DevCommand) devFleetReady(r agent.Running, stateDir string, hosts []*devHost, srvs []*devServer) {
 	key, addr := r.APIKey(), r.InferenceAddr()
 	names := make([]string, 0, len(hosts))
 	for i, h := range hosts {
@@ -267,14 +283,32 @@ func (c *DevCommand) devFleetReady(r agent.Running, stateDir string, hosts []*de
 		if len(hosts) >= 2 {
 			out["group_model"] = devGroupName
 		}
+		if len(srvs) > 1 {
+			var names, endpoints, mgmts []string
+			for _, s := range srvs {
+				names, endpoints, mgmts = append(names, s.name), append(endpoints, "http://"+s.inference+"/v1"), append(mgmts, "http://"+s.management)
+			}
+			out["servers"], out["server_endpoints"], out["server_managements"] = strings.Join(names, ","), strings.Join(endpoints, ","), strings.Join(mgmts, ",")
+		}
 		c.PrintJSON(out)
 		return
 	}
-	fmt.Fprintf(c.Out, "\nCapyCTL dev is running: a server and %d hosts on loopback, joined over mutual TLS\n", len(hosts))
+	if len(srvs) > 1 {
+		fmt.Fprintf(c.Out, "\nCapyCTL dev is running: a cluster of %d servers (raft) and %d hosts on loopback, joined over mutual TLS\n", len(srvs), len(hosts))
+	} else {
+		fmt.Fprintf(c.Out, "\nCapyCTL dev is running: a server and %d hosts on loopback, joined over mutual TLS\n", len(hosts))
+	}
 	fmt.Fprintf(c.Out, "(simulated GPUs, fake engines, no GPU needed).\n\n")
 	fmt.Fprintf(c.Out, "Endpoint: http://%s/v1\n", addr)
 	fmt.Fprintf(c.Out, "API key: %s\n", key)
 	fmt.Fprintf(c.Out, "Hosts:    %v\n", names)
+	if len(srvs) > 1 {
+		fmt.Fprintf(c.Out, "Servers (one API key for all; the hosts link to %s, the leader at start):\n", srvs[0].name)
+		for _, s := range srvs {
+			fmt.Fprintf(c.Out, "  %-13s endpoint http://%s/v1  management http://%s  state %s\n", s.name, s.inference, s.management, s.dir)
+		}
+		fmt.Fprintf(c.Out, "  capyctl list servers shows the raft state; capyctl snapshot save FILE backs the state up.\n")
+	}
 	fmt.Fprintf(c.Out, "State:    %s (each host's under hosts/)\n", stateDir)
 	fmt.Fprintf(c.Out, "CLI:      CAPYCTL_STATE_DIR=%s capyctl list hosts\n\n", stateDir)
 	fmt.Fprintf(c.Out, "Try a streamed chat request (the server relays it to the host that runs demo):\n\n")
@@ -283,5 +317,9 @@ func (c *DevCommand) devFleetReady(r agent.Running, stateDir string, hosts []*de
 		fmt.Fprintf(c.Out, "One model across two machines: %s runs one vLLM rank on %s (the head) and one on %s;\n", devGroupName, hosts[0].name, hosts[1].name)
 		fmt.Fprintf(c.Out, "its first request starts both (\"model\":%q), and capyctl status deployment %s lists its members.\n\n", devGroupName, devGroupName)
 	}
-	fmt.Fprintf(c.Out, "Press Ctrl-C to stop: the engines, the hosts and the server stop and nothing is left behind.\n")
+	what := "the server"
+	if len(srvs) > 1 {
+		what = "the servers"
+	}
+	fmt.Fprintf(c.Out, "Press Ctrl-C to stop: the engines, the hosts and %s stop and nothing is left behind.\n", what)
 }

@@ -43,6 +43,15 @@ func (c *RoleStartCommand) Help() string {
     --group-stall-timeout D How long a group's bring-up may take until its
                             head is ready before the whole group is stopped
                             (group_stalled; default 120s).
+    --hostname NAME         This server's name (in a cluster of servers,
+                            each server's own).
+    --bootstrap-expect N    The first server of a cluster of N servers
+                            (raft; 1, the default, is a server alone).
+    --join ADDR             Join the cluster of servers through a running
+                            server's cluster address (server_join), with a
+                            server join token (capyctl create join-token
+                            --role server) in --join-token-file FILE or
+                            CAPYCTL_JOIN_TOKEN; later starts need neither.
   and the options of capyctl start standalone.
 
 ` + GeneralOptions

@@ -413,6 +413,26 @@ func (c *Client) RemoveServer(ctx context.Context, name string) error {
 	return c.do(ctx, http.MethodDelete, "/servers/"+url.PathEscape(name), nil, nil, nil)
 }
 
+// StateSnapshot returns the server state with its header and checksum
+// (GET /cluster/snapshot); the caller verifies it (wire.StateSnapshot.Verify).
+func (c *Client) StateSnapshot(ctx context.Context) (*wire.StateSnapshot, error) {
+	var out wire.StateSnapshot
+	if err := c.do(ctx, http.MethodGet, "/cluster/snapshot", nil, &out, nil); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// RestoreState replaces the server state with a snapshot's (POST
+// /cluster/restore; the leader commits it).
+func (c *Client) RestoreState(ctx context.Context, req wire.StateRestoreRequest) (*wire.StateRestored, error) {
+	var out wire.StateRestored
+	if err := c.do(ctx, http.MethodPost, "/cluster/restore", req, &out, nil); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
 // Retryable reports whether an error from this client may be retried as is
 // (the catalogue's retryable column: queue_full, capacity_blocked,
 // unavailable, role_not_running, ...). Retry a mutation with the same

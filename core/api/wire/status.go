@@ -84,6 +84,8 @@ var httpStatus = map[structs.Code]int{
 	structs.CodeHostUnreachable:           http.StatusServiceUnavailable,
 	structs.CodeHostDraining:              http.StatusConflict,
 	structs.CodeNotLeader:                 http.StatusServiceUnavailable,
+	structs.CodeSnapshotInvalid:           http.StatusBadRequest,
+	structs.CodeSnapshotCAMismatch:        http.StatusConflict,
 	structs.CodeGroupPlacementRequired:    http.StatusBadRequest,
 	structs.CodeGroupTopologyInvalid:      http.StatusBadRequest,
 	structs.CodeGroupShapeUnsupported:     http.StatusBadRequest,

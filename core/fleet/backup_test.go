@@ -1,0 +1,176 @@
+// Copyright (c) CapyCTL authors
+// SPDX-License-Identifier: Apache-2.0
+
+package fleet
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/capyctl/capyctl/core/api/wire"
+	"github.com/capyctl/capyctl/core/pki"
+	"github.com/capyctl/capyctl/core/store"
+	"github.com/capyctl/capyctl/core/structs"
+)
+
+// testServerWithCA runs a fleet server whose pki directory starts with
+// from's CA (ca.crt, ca.key), as an operator copies it to a new cluster.
+func testServerWithCA(t *testing.T, from *Server) *Server {
+	t.Helper()
+	dir := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(dir, "pki"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{pki.CACertFile, pki.CAKeyFile} {
+		data, err := os.ReadFile(filepath.Join(from.o.StateDir, "pki", f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "pki", f), data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st, err := store.Open(filepath.Join(dir, "capyctl.db"), store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := NewServer(ServerOptions{StateDir: dir, Listen: "127.0.0.1:0", Store: st, Heartbeat: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Start()
+	t.Cleanup(func() { s.Close(); st.Close() })
+	return s
+}
+
+func TestServer_StateSnapshotRestore(t *testing.T) {
+	at := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	src := testServer(t, ServerOptions{Name: "old"})
+	for _, c := range []Command{
+		{Op: OpHostJoined, Host: "gpu-a", At: at},
+		{Op: OpHostJoined, Host: "gpu-b", At: at},
+		{Op: OpPlaced, At: at, Placement: &Placement{Deployment: "chat", Hosts: []HostShare{{Host: "gpu-a", Instances: 1}, {Host: "gpu-b", Instances: 1}},
+			Routes: []string{"chat-model"}, Revision: 2, At: at}},
+	} {
+		if err := src.State.Apply(c); err != nil {
+			t.Fatal(err)
+		}
+	}
+	snap, err := src.StateSnapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if snap.Hosts != 2 || snap.Placements != 1 || snap.CAFingerprint != src.CAFingerprint() || snap.Raft || snap.Server != "old" {
+		t.Fatalf("snapshot header: %+v", snap)
+	}
+	// The file is indented by the CLI: the checksum survives it.
+	file, _ := json.MarshalIndent(snap, "", "  ")
+	if _, err := wire.DecodeStateSnapshot(file); err != nil {
+		t.Fatalf("an indented snapshot: %v", err)
+	}
+
+	// Refusals that change nothing.
+	tampered := snap
+	tampered.State = bytes.Replace(snap.State, []byte(`"gpu-b"`), []byte(`"gpu-x"`), -1)
+	wrongVersion := snap
+	wrongVersion.Version = 99
+	noHost := snap
+	noHost.State = json.RawMessage(`{"hosts":[],"placements":[{"deployment":"chat","hosts":[{"host":"gpu-a","instances":1}]}]}`)
+	if err := noHost.Seal(); err != nil {
+		t.Fatal(err)
+	}
+	other := testServer(t, ServerOptions{})
+	same := testServerWithCA(t, src)
+	if same.CAFingerprint() != src.CAFingerprint() {
+		t.Fatal("a copied pki directory did not keep the CA")
+	}
+	cases := []struct {
+		name string
+		dst  *Server
+		req  wire.StateRestoreRequest
+		code structs.Code
+	}{
+		{"a changed byte", same, wire.StateRestoreRequest{Snapshot: tampered}, structs.CodeSnapshotInvalid},
+		{"an unknown format version", same, wire.StateRestoreRequest{Snapshot: wrongVersion}, structs.CodeSnapshotInvalid},
+		{"a placement on a host it does not list", same, wire.StateRestoreRequest{Snapshot: noHost, Force: true}, structs.CodeSnapshotInvalid},
+		{"another CA", other, wire.StateRestoreRequest{Snapshot: snap}, structs.CodeSnapshotCAMismatch},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			if _, err := c.dst.RestoreState(c.req); !structs.HasCode(err, c.code) {
+				t.Fatalf("restore: %v, want %s", err, c.code)
+			}
+			if len(c.dst.State.Hosts())+len(c.dst.State.Placements()) != 0 {
+				t.Fatal("a refused restore changed the state")
+			}
+		})
+	}
+	if _, err := wire.DecodeStateSnapshot(file[:len(file)/2]); !structs.HasCode(err, structs.CodeSnapshotInvalid) {
+		t.Fatalf("a file cut short: %v", err)
+	}
+
+	// Same CA, fresh state: restored; the routes answer.
+	out, err := same.RestoreState(wire.StateRestoreRequest{Snapshot: snap})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out.Hosts != 2 || out.Placements != 1 || out.Replaced != 0 {
+		t.Fatalf("restored: %+v", out)
+	}
+	if p, ok := same.State.RouteOwner("chat-model"); !ok || p.Deployment != "chat" || len(p.Hosts) != 2 {
+		t.Fatalf("route after restore: %+v %v", p, ok)
+	}
+	// Again over a state that has hosts: conflict without force, then
+	// replaced with it.
+	if _, err := same.RestoreState(wire.StateRestoreRequest{Snapshot: snap}); !structs.HasCode(err, structs.CodeConflict) {
+		t.Fatalf("a restore over a state: %v, want conflict", err)
+	}
+	if out, err := other.RestoreState(wire.StateRestoreRequest{Snapshot: snap, Force: true}); err != nil || out.Placements != 1 {
+		t.Fatalf("forced restore of another CA: %+v %v", out, err)
+	}
+}
+
+func TestState_RestoredCommandReplacesAndPersists(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "capyctl.db")
+	st, err := store.Open(path, store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := OpenState(st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []Command{
+		{Op: OpHostJoined, Host: "stale"},
+		{Op: OpPlaced, Placement: &Placement{Deployment: "old", Hosts: []HostShare{{Host: "stale", Instances: 1}}, Routes: []string{"old-model"}}},
+		{Op: OpRestored, State: json.RawMessage(`{"hosts":[{"name":"gpu-a"}],"placements":[{"deployment":"new","hosts":[{"host":"gpu-a","instances":1}],"routes":["new-model"]}]}`)},
+	} {
+		if err := s.Apply(c); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st.Close()
+	st, err = store.Open(path, store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	s, err = OpenState(st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if hs := s.Hosts(); len(hs) != 1 || hs[0].Name != "gpu-a" {
+		t.Fatalf("hosts after a restore and a reopen: %+v", hs)
+	}
+	if _, ok := s.RouteOwner("old-model"); ok {
+		t.Fatal("the replaced placement still routes")
+	}
+	if p, ok := s.RouteOwner("new-model"); !ok || p.Deployment != "new" {
+		t.Fatalf("the restored placement: %+v %v", p, ok)
+	}
+}
