@@ -8,7 +8,9 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -149,6 +151,10 @@ func TestServers_RollingRestartQuorumLossSnapshot(t *testing.T) {
 			return ok && slices.Contains(names, "demo")
 		})
 	}
+	// The host links to every server: each one routes demo.
+	for i, r := range servers {
+		poll.Until(t, 20*time.Second, fmt.Sprintf("a chat through server %d answers", i+1), func() bool { return chatAnswers(r, "demo") })
+	}
 
 	// A follower partitioned: s3 hears nothing from the others. It keeps
 	// answering reads, refuses mutations with not_leader once it knows no
@@ -183,12 +189,23 @@ func TestServers_RollingRestartQuorumLossSnapshot(t *testing.T) {
 	t.Logf("partition healed: s3 caught up (demo2 listed, the leader's applied index) after %s", time.Since(healed).Round(time.Millisecond))
 
 	// Rolling restart: each server stopped (SIGTERM) and started again on
-	// its state directory; the next one only once it caught up.
+	// its state directory; the next one only once it caught up and routes
+	// again (the host relinked to it).
+	for i, r := range servers {
+		poll.Until(t, 20*time.Second, fmt.Sprintf("a chat through server %d answers", i+1), func() bool { return chatAnswers(r, "demo") })
+	}
 	for i, r := range servers {
 		start := time.Now()
 		r.Stop()
+		// Requests through the two others go on while it is away.
+		for j, o := range servers {
+			if j != i && !chatAnswers(o, "demo") {
+				t.Fatalf("rolling restart: with server %d away, a chat through server %d failed", i+1, j+1)
+			}
+		}
 		r.Restart()
 		poll.Until(t, 30*time.Second, "restarted server caught up", func() bool { return caughtUp(r, 3) })
+		poll.Until(t, 20*time.Second, "restarted server routes", func() bool { return chatAnswers(r, "demo") })
 		t.Logf("rolling restart: server %d back as a voter with the leader's applied index after %s", i+1, time.Since(start).Round(time.Millisecond))
 	}
 	for i, r := range servers {
@@ -225,6 +242,12 @@ func TestServers_RollingRestartQuorumLossSnapshot(t *testing.T) {
 	}
 	if out, errOut, code := survivor.CLI("status", "deployment", "demo"); code != 0 {
 		t.Fatalf("without quorum status deployment: exit %d\n%s%s", code, out, errOut)
+	}
+	// Routing to the instances the survivor knows goes on.
+	for i := 0; i < 5; i++ {
+		if !chatAnswers(survivor, "demo") {
+			t.Fatalf("without quorum a chat through the survivor failed (request %d)", i+1)
+		}
 	}
 	// Refused while the survivor still names the dead leader (the relay
 	// fails), and once it knows none (an election it cannot win).
@@ -297,4 +320,15 @@ func TestServers_RollingRestartQuorumLossSnapshot(t *testing.T) {
 			return ok && slices.Contains(names, "demo") && slices.Contains(hostNames(t, r), "gpu-a")
 		})
 	}
+}
+
+// chatAnswers sends one chat request through r and reports whether it was
+// answered with a completion.
+func chatAnswers(r *harness.Role, model string) bool {
+	resp, err := r.Chat(context.Background(), harness.ChatBody(model, false, "hi"), nil)
+	if err != nil {
+		return false
+	}
+	body := harness.ReadAll(resp)
+	return resp.StatusCode == http.StatusOK && strings.Contains(body, "choices")
 }
