@@ -25,6 +25,7 @@ import (
 	"github.com/capyctl/capyctl/core/config"
 	"github.com/capyctl/capyctl/core/structs"
 	"github.com/capyctl/capyctl/plugins-testkit/harness"
+	"github.com/capyctl/capyctl/plugins-testkit/poll"
 )
 
 // run runs capyctl without a role; env adds variables.
@@ -730,11 +731,9 @@ func testDevJSON(t *testing.T, args ...string) {
 		}
 	}
 	if slices.Contains(args, "--servers") {
-		// Every server answers with the one API key and admin token, and
-		// each one's management API sees the three voters. The models:
-		// the first server (the hosts' link) lists demo; a follower lists
-		// what the hosts linked to it serve, none while hosts link to the
-		// first server only.
+		// Every server answers with the one API key and admin token, each
+		// one's management API sees the three voters, and each one lists
+		// demo (the hosts link to every server) and answers a chat for it.
 		endpoints := strings.Split(info["server_endpoints"], ",")
 		mgmts := strings.Split(info["server_managements"], ",")
 		if info["servers"] != "dev-server-1,dev-server-2,dev-server-3" || len(endpoints) != 3 || len(mgmts) != 3 || endpoints[0] != info["endpoint"] {
@@ -745,15 +744,28 @@ func testDevJSON(t *testing.T, args ...string) {
 			t.Fatal(err)
 		}
 		for i, ep := range endpoints {
-			req, _ := http.NewRequest(http.MethodGet, ep+"/models", nil)
+			var body string
+			listed := func() bool {
+				req, _ := http.NewRequest(http.MethodGet, ep+"/models", nil)
+				req.Header.Set("Authorization", "Bearer "+info["api_key"])
+				resp, err := http.DefaultClient.Do(req)
+				if err != nil {
+					return false
+				}
+				body = harness.ReadAll(resp)
+				return resp.StatusCode == 200 && strings.Contains(body, `"id":"demo"`)
+			}
+			poll.Until(t, 20*time.Second, "demo listed on "+ep, listed)
+			chat := strings.NewReader(`{"model":"demo","messages":[{"role":"user","content":"Hello"}]}`)
+			req, _ := http.NewRequest(http.MethodPost, ep+"/chat/completions", chat)
 			req.Header.Set("Authorization", "Bearer "+info["api_key"])
+			req.Header.Set("Content-Type", "application/json")
 			resp, err := http.DefaultClient.Do(req)
 			if err != nil {
 				t.Fatal(err)
 			}
-			body := harness.ReadAll(resp)
-			if resp.StatusCode != 200 || (i == 0 && !strings.Contains(body, `"id":"demo"`)) {
-				t.Fatalf("models on %s: %d %s", ep, resp.StatusCode, body)
+			if out := harness.ReadAll(resp); resp.StatusCode != 200 {
+				t.Fatalf("a chat through %s: %d %s", ep, resp.StatusCode, out)
 			}
 			list, err := client.New(mgmts[i], creds.AdminToken).Servers(context.Background())
 			if err != nil || list.Voters != 3 || list.Leader != "dev-server-1" {

@@ -6,6 +6,7 @@ package main_test
 import (
 	"encoding/json"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -74,6 +75,9 @@ func TestServers_ThreeServersOneState(t *testing.T) {
 		return leaders == 1
 	})
 	leader := leaderOf(s3)
+	if out, errOut, code := s3.CLI("status"); code != 0 || !strings.Contains(out, "Cluster:     healthy; leader "+leader+"; 3 of 3 expected voters; this server is s3") {
+		t.Fatalf("capyctl status on s3: exit %d\n%s%s", code, out, errOut)
+	}
 	var follower *harness.Role
 	for name, r := range servers {
 		if name != leader {

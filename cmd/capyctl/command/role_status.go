@@ -80,6 +80,22 @@ func (c *RoleStatusCommand) Run(args []string) int {
 		fmt.Fprintf(c.Out, "Warning:     %s\n", w)
 	}
 	fmt.Fprintf(c.Out, "Management:  %s\n", cl.Base())
+	if r.Role == "server" {
+		// A cluster of servers: its health at a glance (capyctl list
+		// servers has each member).
+		if list, err := cl.Servers(c.ctx()); err == nil && list.Raft {
+			health := "healthy"
+			if list.Degraded {
+				health = "degraded"
+			}
+			leader := list.Leader
+			if leader == "" {
+				leader = "none (an election, or no quorum: mutations answer not_leader)"
+			}
+			fmt.Fprintf(c.Out, "Cluster:     %s; leader %s; %d of %d expected voters; this server is %s\n",
+				health, leader, list.Voters, list.Expect, list.Self)
+		}
+	}
 	if len(snap.Engines) == 0 {
 		fmt.Fprintln(c.Out, "Engines:     none registered")
 		fmt.Fprintln(c.Out, "             add one with: capyctl engine add <venv|llama-server>")
