@@ -134,14 +134,22 @@ func TestServers_RollingRestartQuorumLossSnapshot(t *testing.T) {
 	token, cluster := s1.JoinToken("")
 	host := harness.StartHostWith(t, cluster, token, harness.HostOptions{Name: "gpu-a",
 		GPU: harness.SimGPU{DeviceMemory: "24GiB", SystemLimit: "16GiB", SystemReserve: "1GiB"}})
+	token, cluster = s1.JoinToken("")
+	host2 := harness.StartHostWith(t, cluster, token, harness.HostOptions{Name: "gpu-b",
+		GPU: harness.SimGPU{DeviceMemory: "24GiB", SystemLimit: "16GiB", SystemReserve: "1GiB"}})
 	s1.AddFakeEngine("fake")
 	poll.Until(t, 15*time.Second, "the host lists the fake engine", func() bool {
 		out, _, code := s1.CLI("list", "hosts", "--json")
 		var hosts []wire.Host
-		return code == 0 && json.Unmarshal([]byte(out), &hosts) == nil && len(hosts) == 1 && slices.Contains(hosts[0].Engines, "fake")
+		if code != 0 || json.Unmarshal([]byte(out), &hosts) != nil || len(hosts) != 2 {
+			return false
+		}
+		return slices.Contains(hosts[0].Engines, "fake") && slices.Contains(hosts[1].Engines, "fake")
 	})
 	host.WriteFile("models/demo/README", "fake model\n")
-	if out, errOut, code := s1.Deploy("demo", harness.SimpleSpec("demo", "fake")); code != 0 {
+	host2.WriteFile("models/demo/README", "fake model\n")
+	demo := strings.Replace(harness.SimpleSpec("demo", "fake"), "  engine = ", "  instances = 2\n  engine = ", 1)
+	if out, errOut, code := s1.Deploy("demo", demo); code != 0 {
 		t.Fatalf("deploy: exit %d\n%s%s", code, out, errOut)
 	}
 
@@ -174,6 +182,7 @@ func TestServers_RollingRestartQuorumLossSnapshot(t *testing.T) {
 		t.Fatalf("the partitioned follower lists %v", names)
 	}
 	host.WriteFile("models/demo2/README", "fake model\n")
+	host2.WriteFile("models/demo2/README", "fake model\n")
 	if out, errOut, code := s2.Deploy("demo2", harness.SimpleSpec("demo2", "fake")); code != 0 {
 		t.Fatalf("deploy on the majority side: exit %d\n%s%s", code, out, errOut)
 	}
