@@ -259,6 +259,12 @@ func TestServers_HostsLinkToEveryServer(t *testing.T) {
 		_, _, code := s3.DeployFile("pair", pair)
 		return code == 0
 	})
+	for name, r := range servers {
+		poll.Until(t, 10*time.Second, name+" lists pair", func() bool {
+			names, ok := deploymentNames(t, r)
+			return ok && slices.Contains(names, "pair")
+		})
+	}
 	for _, via := range []*harness.Role{s2, s3} {
 		resp, err := via.Chat(context.Background(), harness.ChatBody("pair", false, "hi"), nil)
 		if err != nil {

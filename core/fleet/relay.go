@@ -104,6 +104,7 @@ func (s *Server) relayInference(w http.ResponseWriter, r *http.Request, maxBody 
 			return
 		}
 	}
+	groupTry := 0
 	for attempt := 0; ; attempt++ {
 		host, done = s.pick(hosts)
 		if host == "" {
@@ -120,6 +121,26 @@ func (s *Server) relayInference(w http.ResponseWriter, r *http.Request, maxBody 
 		unhook = context.AfterFunc(r.Context(), cancel)
 		var err error
 		resp, err = s.roundTrip(rctx, host, r.Method, r.URL.RequestURI(), r.Header, "", body)
+		if err == nil && p.Group != nil && groupTry == 0 && resp.StatusCode == http.StatusServiceUnavailable &&
+			s.memberOf(r.Context(), host, 0, p.Deployment).state != string(structs.StateReady) {
+			// The head's host says its group is not up: this server's view
+			// was older than a park or stop (another server's, or a journal
+			// not arrived yet). Start the group and send once more.
+			groupTry++
+			resp.Body.Close()
+			unhook()
+			cancel()
+			done()
+			s.groups.setDown(p.Deployment, true)
+			if err := s.ensureGroupUp(r.Context(), p); err != nil {
+				if r.Context().Err() == nil {
+					router.WriteError(w, err)
+				}
+				return
+			}
+			attempt = -1
+			continue
+		}
 		if err == nil {
 			break
 		}
