@@ -459,3 +459,24 @@ func TestJoin_AMemberNameNeedsItsOwnToken(t *testing.T) {
 		t.Fatalf("a token bound to gpu-a: %v", err)
 	}
 }
+
+// TestRenew_RefusedForAHostNoLongerInTheState: a host removed from the
+// replicated state (by another server of a cluster: nothing revoked on
+// this one) renews its certificate nowhere.
+func TestRenew_RefusedForAHostNoLongerInTheState(t *testing.T) {
+	s := testServer(t, ServerOptions{})
+	h := joinHost(t, s, "gpu-a", newFakeLocal())
+	waitReady(t, s, "gpu-a")
+	if err := h.renew(context.Background()); err != nil {
+		t.Fatalf("a member's renewal: %v", err)
+	}
+	// What a removal committed by another server leaves here: the state
+	// without the host, this server's own revocation list untouched.
+	if err := s.State.Apply(Command{Op: OpHostRemoved, Host: "gpu-a", At: time.Now().UTC()}); err != nil {
+		t.Fatal(err)
+	}
+	err := h.renew(context.Background())
+	if !structs.HasCode(err, structs.CodeHostRevoked) {
+		t.Fatalf("a removed host's renewal: %v, want host_revoked", err)
+	}
+}

@@ -419,6 +419,14 @@ func (s *Server) serveRenew(w http.ResponseWriter, r *http.Request) {
 		writeLinkError(w, structs.Errf(structs.CodeInvalidRequest, "read the renewal: %v", err))
 		return
 	}
+	// A host the (replicated) state no longer has was removed, on this
+	// server or another: it renews nowhere.
+	if pc := r.TLS.PeerCertificates; len(pc) > 0 {
+		if _, member := s.State.Host(pc[0].Subject.CommonName); !member {
+			writeLinkError(w, structs.Errf(structs.CodeHostRevoked, "host %s was removed from the cluster: join it again with a new token", pc[0].Subject.CommonName))
+			return
+		}
+	}
 	iss, err := s.auth.Renew(*r.TLS, csr)
 	if err != nil {
 		writeLinkError(w, err)
