@@ -45,7 +45,7 @@ func (m *Manager) withRoom(ctx context.Context, requester *instance, evict bool,
 		}
 		v, busy := m.pickVictim(requester, tried)
 		if v == nil && busy && time.Now().Before(settleBy) {
-			if !requester.pause(5 * time.Millisecond) {
+			if !requester.pause(time.Millisecond) {
 				return structs.Errf(structs.CodeShuttingDown, "shutting down")
 			}
 			continue
@@ -65,7 +65,7 @@ func (m *Manager) withRoom(ctx context.Context, requester *instance, evict bool,
 				// a request of its own just arrived: not a refusal, try it
 				// again shortly.
 				delete(tried, v.id+"@"+string(vrec.State))
-				if !requester.pause(5 * time.Millisecond) {
+				if !requester.pause(time.Millisecond) {
 					return structs.Errf(structs.CodeShuttingDown, "shutting down")
 				}
 			}
