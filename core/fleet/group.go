@@ -59,6 +59,9 @@ type groupOps struct {
 	// last saw them ready (a park, a stop, a failure): the request path
 	// does not trust a journal that may predate it.
 	down map[string]bool
+	// stops counts the operators' stops of each group: a bring-up that
+	// waits for its head gives way to one at once.
+	stops map[string]int
 	// seen are the member failures already acted on: "<deployment>\x00<host>"
 	// → the failed record's since (host clock, ms).
 	seen map[string]int64
@@ -113,6 +116,21 @@ func (g *groupOps) setErr(name string, e *structs.ErrorRecord) {
 		return
 	}
 	g.lastErr[name] = e
+}
+
+func (g *groupOps) stopAsked(name string) int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.stops[name]
+}
+
+func (g *groupOps) askStop(name string) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.stops == nil {
+		g.stops = map[string]int{}
+	}
+	g.stops[name]++
 }
 
 func (g *groupOps) setDown(name string, down bool) {
@@ -564,6 +582,7 @@ func (s *Server) stopMembers(ctx context.Context, name string, g *GroupPlacement
 
 // groupStop stops a group on every host.
 func (s *Server) groupStop(ctx context.Context, p *Placement) error {
+	s.groups.askStop(p.Deployment) // a bring-up under way gives way
 	l := s.groups.lock(p.Deployment)
 	l.Lock()
 	defer l.Unlock()
@@ -600,7 +619,11 @@ func (s *Server) markSeen(name string, ms []member) {
 // a stalled bring-up stops the group (group_stalled).
 func (s *Server) waitHeadReady(ctx context.Context, name string, g *GroupPlacement) error {
 	deadline := time.Now().Add(s.o.GroupStallTimeout)
+	stops := s.groups.stopAsked(name)
 	for {
+		if s.groups.stopAsked(name) != stops {
+			return structs.Errf(structs.CodeActivationFailed, "group %s: an operator stopped it before it was ready", name)
+		}
 		ms := s.members(ctx, name, g)
 		if ms[0].state == string(structs.StateReady) {
 			return nil
@@ -748,7 +771,12 @@ func (s *Server) evictGroups(ctx context.Context, requester string, err error) b
 		}
 		s.logger.Info("evicting a group to make room", "group", n, "for", requester)
 		l := s.groups.lock(n)
-		l.Lock()
+		if !lockWithin(ctx, l, 10*time.Second) {
+			// IMPORTANT: never wait for ever while holding the requester's
+			// own lock: two groups evicting each other would deadlock.
+			s.logger.Info("a group in the way is busy; not evicted", "group", n, "for", requester)
+			continue
+		}
 		ms := s.members(ctx, n, p.Group)
 		var perr error
 		if ms[0].state == string(structs.StateReady) {
@@ -974,4 +1002,16 @@ func (s *Server) journalState(host, id string) string {
 		return j.GetState()
 	}
 	return ""
+}
+
+// lockWithin takes l unless it stays held for d or ctx ends.
+func lockWithin(ctx context.Context, l *sync.Mutex, d time.Duration) bool {
+	deadline := time.Now().Add(d)
+	for !l.TryLock() {
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return false
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return true
 }
