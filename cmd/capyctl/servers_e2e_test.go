@@ -55,7 +55,10 @@ func TestServers_ThreeServersOneState(t *testing.T) {
 	fast := harness.Options{Args: []string{"--set", "host_heartbeat=300ms"}}
 	s1 := harness.StartFirstServer(t, "s1", 3, fast)
 	s2 := harness.JoinServer(t, s1, "s2", fast)
-	s3 := harness.JoinServer(t, s2, "s3", fast) // through a follower: sent on to the leader
+	// s3 is given two addresses, the first one dead: it goes on to s2, a
+	// follower, which sends it on to the leader.
+	dead := freePort(t)
+	s3 := harness.JoinServer(t, s2, "s3", harness.Options{Args: append([]string{"--join", dead + "," + s2.ClusterAddr}, fast.Args...)})
 	servers := map[string]*harness.Role{"s1": s1, "s2": s2, "s3": s3}
 
 	poll.Until(t, 20*time.Second, "three voters, one leader, seen from s3", func() bool {

@@ -35,10 +35,10 @@ role = "server"
 # (env CAPYCTL_BOOTSTRAP_EXPECT)
 # bootstrap_expect = 1
 
-# The cluster address of a running server this server joins (with a server join token: capyctl create join-token --role server).
+# The cluster addresses of running servers this server joins, comma-separated: the first that answers is used, another one when it is out of reach (with a server join token: capyctl create join-token --role server).
 # Default: none: this server is the first of its cluster, or alone.
 # (env CAPYCTL_SERVER_JOIN)
-# server_join = "gpu-server.example.com:8444"
+# server_join = "s1.example.com:8444,s2.example.com:8444"
 
 # How long a group's bring-up may go without its head becoming ready before the group is stopped (group_stalled).
 # (env CAPYCTL_GROUP_STALL_TIMEOUT)

@@ -340,3 +340,15 @@ func TestLoad_Bounds(t *testing.T) {
 		})
 	}
 }
+
+func TestLoad_ServerJoinTakesSeveralAddresses(t *testing.T) {
+	c, err := Load(LoadOptions{Env: []string{"HOME=/h"}, Flags: map[string]string{"role": RoleServer, "server_join": " s1.example.com:8444, 10.0.0.2:8444 ,"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.ServerJoin != "s1.example.com:8444,10.0.0.2:8444" {
+		t.Fatalf("server_join = %q", c.ServerJoin)
+	}
+	_, err = Load(LoadOptions{Env: []string{"HOME=/h"}, Flags: map[string]string{"role": RoleServer, "server_join": "s1.example.com:8444,nope"}})
+	wantInvalid(t, err, "server_join", "flag", "nope")
+}

@@ -123,8 +123,28 @@ var registry = []Definition{
 	intSetting("bootstrap_expect", 1, 1, 9,
 		"the number of servers of the server cluster: the first server of a cluster starts with it (above 1 it bootstraps raft); until that many are voters the cluster says it is degraded; 1 is a server alone",
 		[]string{RoleServer}, func(c *Config) *int { return &c.BootstrapExpect }),
-	optionalAddrSetting("server_join", "the cluster address of a running server this server joins (with a server join token: capyctl create join-token --role server)",
-		"none: this server is the first of its cluster, or alone", []string{RoleServer}, func(c *Config) *string { return &c.ServerJoin }),
+	{
+		Path: "server_join", Kind: KindAddress, Roles: []string{RoleServer},
+		Description: "the cluster addresses of running servers this server joins, comma-separated: the first that answers is used, another one when it is out of reach (with a server join token: capyctl create join-token --role server)",
+		defaultText: "none: this server is the first of its cluster, or alone", example: "s1.example.com:8444,s2.example.com:8444",
+		computed: func(*Config, *loadContext) (string, string) {
+			return "", "none: this server is the first of its cluster, or alone"
+		},
+		parse: func(c *Config, _ *loadContext, v string) (string, error) {
+			var addrs []string
+			for _, a := range strings.Split(v, ",") {
+				if a = strings.TrimSpace(a); a == "" {
+					continue
+				}
+				if _, _, err := parseAddr(a); err != nil {
+					return v, err
+				}
+				addrs = append(addrs, a)
+			}
+			c.ServerJoin = strings.Join(addrs, ",")
+			return c.ServerJoin, nil
+		},
+	},
 	optionalAddrSetting("server_address", "the server's cluster address this host joins and dials (its cluster_listen)",
 		"none: a host needs one", []string{RoleHost}, func(c *Config) *string { return &c.ServerAddress }),
 	{

@@ -5,11 +5,15 @@ package fleet
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/hashicorp/go-hclog"
 
 	"github.com/capyctl/capyctl/core/api/wire"
 	"github.com/capyctl/capyctl/core/pki"
@@ -172,5 +176,25 @@ func TestState_RestoredCommandReplacesAndPersists(t *testing.T) {
 	}
 	if p, ok := s.RouteOwner("new-model"); !ok || p.Deployment != "new" {
 		t.Fatalf("the restored placement: %+v %v", p, ok)
+	}
+}
+
+// TestUntilLeader_NextAddressWhenOneIsOutOfReach: a joining server given
+// several addresses goes on to the next when one is out of reach, and to
+// the leader a follower names.
+func TestUntilLeader_NextAddressWhenOneIsOutOfReach(t *testing.T) {
+	var tried []string
+	err := untilLeader(context.Background(), joinAddrs("dead:1, follower:2"), hclog.NewNullLogger(), func(_ context.Context, addr string) error {
+		tried = append(tried, addr)
+		switch addr {
+		case "dead:1":
+			return structs.Errf(structs.CodeUnavailable, "server %s: connection refused", addr)
+		case "follower:2":
+			return structs.Errf(structs.CodeNotLeader, "not the leader").WithDetail("leader_address", "leader:3")
+		}
+		return nil
+	})
+	if err != nil || strings.Join(tried, " ") != "dead:1 follower:2 leader:3" {
+		t.Fatalf("tried %v: %v", tried, err)
 	}
 }

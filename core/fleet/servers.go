@@ -17,6 +17,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -193,7 +194,7 @@ func fetchClusterCA(o ServerOptions, dir string, logger hclog.Logger) error {
 	cfg.NextProtos = []string{ALPNServerJoin}
 	body, _ := json.Marshal(serverJoinRequest{Token: o.JoinToken, Name: o.Name})
 	var ans serverJoinAnswer
-	err = untilLeader(context.Background(), o.Join, logger, func(ctx context.Context, addr string) error {
+	err = untilLeader(context.Background(), joinAddrs(o.Join), logger, func(ctx context.Context, addr string) error {
 		return postJSON(ctx, dialClient(cfg), addr, "/server-join", body, &ans)
 	})
 	if err != nil {
@@ -206,12 +207,29 @@ func fetchClusterCA(o ServerOptions, dir string, logger hclog.Logger) error {
 	return nil
 }
 
-// untilLeader calls f on addr; a not_leader answer naming a leader sends
-// the next try there, one naming none waits for the election. Gives up
-// after clusterJoinTimeout.
-func untilLeader(ctx context.Context, addr string, logger hclog.Logger, f func(ctx context.Context, addr string) error) error {
+// joinAddrs splits server_join: one or more cluster addresses,
+// comma-separated.
+func joinAddrs(join string) []string {
+	var out []string
+	for _, a := range strings.Split(join, ",") {
+		if a = strings.TrimSpace(a); a != "" {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+// untilLeader calls f on the first address; a not_leader answer naming a
+// leader sends the next try there, one naming none waits for the
+// election, and an address out of reach (unavailable) gives way to the
+// next one given. Gives up after clusterJoinTimeout.
+func untilLeader(ctx context.Context, addrs []string, logger hclog.Logger, f func(ctx context.Context, addr string) error) error {
 	ctx, cancel := context.WithTimeout(ctx, clusterJoinTimeout)
 	defer cancel()
+	if len(addrs) == 0 {
+		return structs.Errf(structs.CodeInvalidConfig, "no server to join (server_join)")
+	}
+	next, addr := 0, addrs[0]
 	for {
 		err := f(ctx, addr)
 		if err == nil {
@@ -224,6 +242,9 @@ func untilLeader(ctx context.Context, addr string, logger hclog.Logger, f func(c
 		}
 		if l, _ := e.Details["leader_address"].(string); l != "" {
 			addr = l
+		} else if e.Code == structs.CodeUnavailable && len(addrs) > 1 {
+			next = (next + 1) % len(addrs)
+			addr = addrs[next]
 		}
 		logger.Debug("server cluster: trying again", "address", addr, "error", err)
 		select {
@@ -376,7 +397,7 @@ func (s *Server) JoinCluster(ctx context.Context) error {
 	}
 	if cl.addDue {
 		body, _ := json.Marshal(serverAddRequest{Name: cl.name, Address: s.advertise})
-		err := untilLeader(ctx, s.o.Join, s.logger, func(ctx context.Context, addr string) error {
+		err := untilLeader(ctx, joinAddrs(s.o.Join), s.logger, func(ctx context.Context, addr string) error {
 			return postJSON(ctx, cl.client, addr, "/server-add", body, nil)
 		})
 		if err != nil {

@@ -47,11 +47,13 @@ func (c *RoleStartCommand) Help() string {
                             each server's own).
     --bootstrap-expect N    The first server of a cluster of N servers
                             (raft; 1, the default, is a server alone).
-    --join ADDR             Join the cluster of servers through a running
-                            server's cluster address (server_join), with a
-                            server join token (capyctl create join-token
-                            --role server) in --join-token-file FILE or
-                            CAPYCTL_JOIN_TOKEN; later starts need neither.
+    --join ADDR[,ADDR...]   Join the cluster of servers through a running
+                            server's cluster address (server_join; several,
+                            comma-separated: the next is tried when one is
+                            out of reach), with a server join token
+                            (capyctl create join-token --role server) in
+                            --join-token-file FILE or CAPYCTL_JOIN_TOKEN;
+                            later starts need neither.
   and the options of capyctl start standalone.
 
 ` + GeneralOptions
