@@ -198,3 +198,45 @@ func TestUntilLeader_NextAddressWhenOneIsOutOfReach(t *testing.T) {
 		t.Fatalf("tried %v: %v", tried, err)
 	}
 }
+
+// TestCluster_RenewsItsPeerCertificate: a server re-signs its own peer
+// certificate with the cluster's CA once two thirds of its life passed (or
+// after it expired), saves it, and serves it from then on.
+func TestCluster_RenewsItsPeerCertificate(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "pki")
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	ca, err := pki.LoadOrCreateCA(dir, func() time.Time { return t0 })
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, err := pki.NewKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	iss, err := ca.IssueServerPeer(pki.ServerPeerRequest{Name: "s1", Public: key.Public(), Now: t0})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := pki.SaveServerPeer(dir, key, iss); err != nil {
+		t.Fatal(err)
+	}
+	cl := &cluster{name: "s1", ca: ca, creds: pki.NewCredentials(key, iss), pkiDir: dir}
+	if renewed, err := cl.renewPeer(t0.Add(30 * 24 * time.Hour)); err != nil || renewed {
+		t.Fatalf("a third into its life: renewed %v (%v)", renewed, err)
+	}
+	later := t0.Add(70 * 24 * time.Hour)
+	if renewed, err := cl.renewPeer(later); err != nil || !renewed {
+		t.Fatalf("past two thirds: renewed %v (%v)", renewed, err)
+	}
+	cur := cl.creds.Current().Leaf
+	if !cur.NotAfter.After(iss.Certificate.NotAfter) {
+		t.Fatalf("the renewed certificate expires %s", cur.NotAfter)
+	}
+	saved, err := pki.LoadServerPeer(dir, ca)
+	if err != nil || !saved.Current().Leaf.Equal(cur) {
+		t.Fatalf("the saved certificate is not the renewed one: %v", err)
+	}
+}

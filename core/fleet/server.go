@@ -262,6 +262,9 @@ func (s *Server) Start() {
 	s.goRun(s.accept)
 	s.goRun(s.watchLost)
 	s.goRun(s.superviseGroups)
+	if s.cl != nil {
+		s.goRun(s.renewPeerLoop)
+	}
 }
 
 func (s *Server) goRun(f func()) {

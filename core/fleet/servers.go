@@ -146,6 +146,10 @@ type cluster struct {
 	expect int
 	node   RaftNode
 	ca     *pki.CA
+	// creds are this server's peer certificate, renewed in place
+	// (renewPeer), saved in pkiDir.
+	creds  *pki.Credentials
+	pkiDir string
 
 	peerListen, peerDial *tls.Config
 	raftQ, peerQ, joinQ  *connQueue
@@ -255,6 +259,54 @@ func untilLeader(ctx context.Context, addrs []string, logger hclog.Logger, f fun
 	}
 }
 
+// renewPeer re-signs this server's peer certificate with the cluster's CA
+// (every server holds it) once two thirds of its life have passed, or it
+// has expired (a server stopped for long), saves it and serves it from the
+// next handshake on; the other servers check it against the same CA. It
+// reports whether it renewed.
+func (cl *cluster) renewPeer(now time.Time) (bool, error) {
+	cur := cl.creds.Current()
+	if cur == nil || cur.Leaf == nil {
+		return false, nil
+	}
+	leaf := cur.Leaf
+	due := leaf.NotBefore.Add(leaf.NotAfter.Sub(leaf.NotBefore) * 2 / 3)
+	if now.Before(due) {
+		return false, nil
+	}
+	key, err := pki.NewKey()
+	if err != nil {
+		return false, err
+	}
+	iss, err := cl.ca.IssueServerPeer(pki.ServerPeerRequest{Name: cl.name, Public: key.Public(), Now: now})
+	if err != nil {
+		return false, err
+	}
+	if err := pki.SaveServerPeer(cl.pkiDir, key, iss); err != nil {
+		return false, err
+	}
+	cl.creds.Set(key, iss)
+	return true, nil
+}
+
+// renewPeerLoop checks the peer certificate at start and every hour.
+func (s *Server) renewPeerLoop() {
+	t := time.NewTicker(time.Hour)
+	defer t.Stop()
+	for {
+		if renewed, err := s.cl.renewPeer(time.Now()); err != nil {
+			s.logger.Error("renew this server's peer certificate", "error", err)
+		} else if renewed {
+			s.logger.Info("server peer certificate renewed", "expires", s.cl.creds.Current().Leaf.NotAfter)
+		}
+		select {
+		case <-s.ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
 // openCluster opens this server's raft node and its server-to-server
 // listeners (served from Start).
 func (s *Server) openCluster(ca *pki.CA, pkiDir string) (err error) {
@@ -288,7 +340,7 @@ func (s *Server) openCluster(ca *pki.CA, pkiDir string) (err error) {
 	_, statErr := os.Stat(filepath.Join(raftDir, "raft.db"))
 	fresh := errors.Is(statErr, fs.ErrNotExist)
 	addr := s.ln.Addr()
-	cl := &cluster{name: o.Name, expect: o.BootstrapExpect, ca: ca, peerListen: listen, peerDial: dial,
+	cl := &cluster{name: o.Name, expect: o.BootstrapExpect, ca: ca, creds: creds, pkiDir: pkiDir, peerListen: listen, peerDial: dial,
 		raftQ: newConnQueue(addr), peerQ: newConnQueue(addr), joinQ: newConnQueue(addr), addDue: o.Join != "" && fresh}
 	if cl.expect < 1 {
 		cl.expect = 1

@@ -15,8 +15,8 @@ import (
 
 // DefaultServerPeerLifetime is a server peer certificate's validity unless
 // the caller says otherwise. Longer than a host's: a server is not revoked
-// one by one (it is removed from the raft configuration), and renewal of
-// server certificates belongs to the change that joins servers.
+// one by one (it is removed from the raft configuration); each server
+// renews its own at two thirds of its life (core/fleet, renewPeer).
 const DefaultServerPeerLifetime = 90 * 24 * time.Hour
 
 // ServerPeerRequest is what IssueServerPeer signs.
