@@ -139,16 +139,8 @@ func TestServer_StateSnapshotRestore(t *testing.T) {
 }
 
 func TestState_RestoredCommandReplacesAndPersists(t *testing.T) {
-	dir := t.TempDir()
-	path := filepath.Join(dir, "capyctl.db")
-	st, err := store.Open(path, store.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := OpenState(st)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s, st := openTestState(t)
+	path := st.Path()
 	for _, c := range []Command{
 		{Op: OpHostJoined, Host: "stale"},
 		{Op: OpPlaced, Placement: &Placement{Deployment: "old", Hosts: []HostShare{{Host: "stale", Instances: 1}}, Routes: []string{"old-model"}}},
@@ -159,7 +151,7 @@ func TestState_RestoredCommandReplacesAndPersists(t *testing.T) {
 		}
 	}
 	st.Close()
-	st, err = store.Open(path, store.Options{})
+	st, err := store.Open(path, store.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -382,16 +382,8 @@ func runHostStop(s *Server, name string) func() {
 }
 
 func TestState_SurvivesReopen(t *testing.T) {
-	dir := t.TempDir()
-	path := filepath.Join(dir, "capyctl.db")
-	st, err := store.Open(path, store.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := OpenState(st)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s, st := openTestState(t)
+	path := st.Path()
 	for _, c := range []Command{
 		{Op: OpHostJoined, Host: "gpu-a"}, {Op: OpHostJoined, Host: "gpu-b"}, {Op: OpHostJoined, Host: "gpu-c"}, {Op: OpHostDrain, Host: "gpu-b", Drain: true},
 		{Op: OpPlaced, Placement: &Placement{Deployment: "demo", Routes: []string{"chat"}, Hosts: []HostShare{{Host: "gpu-a", Instances: 2}}}},
@@ -419,7 +411,7 @@ func TestState_SurvivesReopen(t *testing.T) {
 		}
 	}
 	st.Close()
-	st, err = store.Open(path, store.Options{})
+	st, err := store.Open(path, store.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -4,11 +4,9 @@
 package fleet
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"net/url"
 	"slices"
@@ -276,16 +274,16 @@ func (s *Server) readHead(ctx context.Context, host, name string, g *GroupPlacem
 
 // member is what the server knows of one member now.
 type member struct {
-	host     string
-	rank     int
-	state    string
-	since    time.Time
-	phase    string
-	resid    string
-	desired  string
-	lastErr  *structs.ErrorRecord
-	trans    string
-	reachble bool
+	host      string
+	rank      int
+	state     string
+	since     time.Time
+	phase     string
+	resid     string
+	desired   string
+	lastErr   *structs.ErrorRecord
+	trans     string
+	reachable bool
 }
 
 // members reads every member's status from its host (a host out of reach
@@ -310,20 +308,20 @@ func (s *Server) memberOf(ctx context.Context, host string, rank int, name strin
 	var st wire.DeploymentStatus
 	if err != nil || status != http.StatusOK || json.Unmarshal(data, &st) != nil || len(st.Instances) == 0 {
 		if err == nil && status == http.StatusNotFound {
-			m.state, m.reachble = string(structs.StateStopped), true
+			m.state, m.reachable = string(structs.StateStopped), true
 		}
 		return m
 	}
 	in := st.Instances[0]
-	m.state, m.since, m.phase, m.resid, m.desired, m.lastErr, m.reachble = in.State, in.Since, in.Phase, in.Residency, st.Desired, in.LastError, true
+	m.state, m.since, m.phase, m.resid, m.desired, m.lastErr, m.reachable = in.State, in.Since, in.Phase, in.Residency, st.Desired, in.LastError, true
 	m.trans = in.LastTransition
 	return m
 }
 
-// memberAction runs one action on a member's host.
-func (s *Server) memberAction(ctx context.Context, host, name string, req wire.ActionRequest) error {
+// memberAction runs one action on a member's host, bounded by d.
+func (s *Server) memberAction(ctx context.Context, d time.Duration, host, name string, req wire.ActionRequest) error {
 	body, _ := json.Marshal(req)
-	status, data, err := s.hostCall(ctx, host, http.MethodPost, "/deployments/"+url.PathEscape(name)+"/actions",
+	status, data, err := s.hostCallWithin(ctx, d, host, http.MethodPost, "/deployments/"+url.PathEscape(name)+"/actions",
 		http.Header{"Content-Type": {"application/json"}}, body)
 	if err == nil && status >= 300 {
 		err = hostError(host, status, data)
@@ -335,23 +333,10 @@ func (s *Server) memberAction(ctx context.Context, host, name string, req wire.A
 // weights) and a member's stop.
 const groupCallTimeout = 10 * time.Minute
 
-// callWait runs an action with wait on a member: the relay call's own
-// bound is the group's, not a quick management call's.
+// callWait runs an action with wait on a member: the call's bound is the
+// group's, not a quick management call's.
 func (s *Server) callWait(ctx context.Context, host, name, action string, evict bool) error {
-	ctx, cancel := context.WithTimeout(ctx, groupCallTimeout)
-	defer cancel()
-	body, _ := json.Marshal(wire.ActionRequest{Action: action, Wait: true, Evict: evict})
-	resp, err := s.roundTrip(ctx, host, http.MethodPost, wire.Prefix+"/deployments/"+url.PathEscape(name)+"/actions",
-		http.Header{"Content-Type": {"application/json"}}, "", body)
-	if err != nil {
-		return structs.Wrap(structs.CodeHostUnreachable, err, "host %s", host).WithDetail("host", host)
-	}
-	defer resp.Body.Close()
-	data, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-	if resp.StatusCode >= 300 {
-		return hostError(host, resp.StatusCode, data)
-	}
-	return nil
+	return s.memberAction(ctx, groupCallTimeout, host, name, wire.ActionRequest{Action: action, Wait: true, Evict: evict})
 }
 
 // groupStart starts or wakes a whole group. A parked group wakes workers
@@ -399,7 +384,7 @@ func (s *Server) groupStart(ctx context.Context, p *Placement, evict, groups boo
 	}
 	// A cold start: every member stopped first (a failed member's launch
 	// record cleared).
-	if err := s.stopMembers(ctx, p.Deployment, g, ms, false); err != nil {
+	if err := s.stopMembers(ctx, p.Deployment, g, ms); err != nil {
 		return err
 	}
 	s.groups.setErr(p.Deployment, nil)
@@ -407,7 +392,7 @@ func (s *Server) groupStart(ctx context.Context, p *Placement, evict, groups boo
 		before := s.memberOf(ctx, host, rank, p.Deployment)
 		err := s.startMember(ctx, host, p.Deployment, evict, groups, before)
 		if err != nil {
-			_ = s.stopMembers(ctx, p.Deployment, g, nil, true)
+			_ = s.stopMembers(ctx, p.Deployment, g, nil)
 			return withMember(err, host, rank)
 		}
 	}
@@ -424,7 +409,7 @@ func (s *Server) groupStart(ctx context.Context, p *Placement, evict, groups boo
 // parks that group when evict allows, then tries once more.
 func (s *Server) startMember(ctx context.Context, host, name string, evict, groups bool, before member) error {
 	for try := 0; ; try++ {
-		err := s.memberAction(ctx, host, name, wire.ActionRequest{Action: wire.ActionStart, Evict: evict})
+		err := s.memberAction(ctx, hostCallTimeout, host, name, wire.ActionRequest{Action: wire.ActionStart, Evict: evict})
 		if err == nil {
 			err = s.waitStarted(ctx, host, name, before)
 		}
@@ -447,7 +432,7 @@ func (s *Server) waitStarted(ctx context.Context, host, name string, before memb
 		newErr := m.lastErr != nil && (before.lastErr == nil || m.lastErr.At.After(before.lastErr.At))
 		moved := !m.since.Equal(before.since) || m.state != before.state || newErr
 		switch {
-		case !m.reachble:
+		case !m.reachable:
 			return structs.Errf(structs.CodeHostUnreachable, "host %s went out of reach", host).WithDetail("host", host)
 		case moved && (m.state == string(structs.StateReady) || (m.state == string(structs.StateStarting) && m.phase != "")):
 			return nil
@@ -529,7 +514,7 @@ func (s *Server) groupParkLocked(ctx context.Context, p *Placement) error {
 	case head.state != string(structs.StateReady):
 		return structs.Errf(structs.CodeConflict, "group %s is %s, not ready", p.Deployment, head.state)
 	case head.resid == structs.ResidencyRestartOnly || head.resid == "":
-		return s.stopMembers(ctx, p.Deployment, g, ms, true)
+		return s.stopMembers(ctx, p.Deployment, g, ms)
 	}
 	for rank, host := range g.Hosts {
 		if err := s.callWait(ctx, host, p.Deployment, wire.ActionPark, false); err != nil {
@@ -543,7 +528,7 @@ func (s *Server) groupParkLocked(ctx context.Context, p *Placement) error {
 // uncertain refuses an operation while a member's host is out of reach.
 func uncertain(name string, ms []member) error {
 	for _, m := range ms {
-		if !m.reachble {
+		if !m.reachable {
 			e := structs.Errf(structs.CodeGroupMemberUncertain,
 				"group %s: the member on host %s (rank %d) is uncertain, its host agent out of reach; its charge is kept until the agent is back", name, m.host, m.rank).
 				WithDetail("host", m.host).WithDetail("rank", m.rank)
@@ -555,14 +540,13 @@ func uncertain(name string, ms []member) error {
 }
 
 // stopMembers stops every member (all at once: a rank that loses a peer
-// exits anyway). ms, when given, skips the members already stopped;
-// force stops members of unreachable hosts' records too, later.
-func (s *Server) stopMembers(ctx context.Context, name string, g *GroupPlacement, ms []member, _ bool) error {
+// exits anyway). ms, when given, skips the members already stopped.
+func (s *Server) stopMembers(ctx context.Context, name string, g *GroupPlacement, ms []member) error {
 	s.groups.setDown(name, true)
 	errs := make([]error, len(g.Hosts))
 	var wg sync.WaitGroup
 	for rank, host := range g.Hosts {
-		if ms != nil && ms[rank].reachble && ms[rank].state == string(structs.StateStopped) {
+		if ms != nil && ms[rank].reachable && ms[rank].state == string(structs.StateStopped) {
 			continue
 		}
 		wg.Add(1)
@@ -586,7 +570,7 @@ func (s *Server) groupStop(ctx context.Context, p *Placement) error {
 	l := s.groups.lock(p.Deployment)
 	l.Lock()
 	defer l.Unlock()
-	return s.stopMembers(ctx, p.Deployment, p.Group, nil, true)
+	return s.stopMembers(ctx, p.Deployment, p.Group, nil)
 }
 
 // failGroup stops a whole group after a member failed, its bring-up
@@ -598,7 +582,7 @@ func (s *Server) failGroup(ctx context.Context, name string, g *GroupPlacement, 
 	s.event("group_stopped", g.Hosts[0], map[string]any{"deployment": name, "code": string(code), "message": msg})
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), groupCallTimeout)
 	defer cancel()
-	if err := s.stopMembers(ctx, name, g, nil, true); err != nil {
+	if err := s.stopMembers(ctx, name, g, nil); err != nil {
 		s.logger.Warn("group stop incomplete", "deployment", name, "error", err)
 	}
 	// A rank that exited on its own meanwhile (its peer's death took it)
@@ -609,7 +593,7 @@ func (s *Server) failGroup(ctx context.Context, name string, g *GroupPlacement, 
 // markSeen records the failures members show now as acted on.
 func (s *Server) markSeen(name string, ms []member) {
 	for _, m := range ms {
-		if m.reachble && memberFailed(m.state, m.trans) {
+		if m.reachable && memberFailed(m.state, m.trans) {
 			s.groups.firstSight(name, m.host, m.since.UnixMilli())
 		}
 	}
@@ -629,7 +613,7 @@ func (s *Server) waitHeadReady(ctx context.Context, name string, g *GroupPlaceme
 			return nil
 		}
 		for _, m := range ms {
-			if m.reachble && memberFailed(m.state, m.trans) && s.groups.firstSight(name, m.host, m.since.UnixMilli()) {
+			if m.reachable && memberFailed(m.state, m.trans) && s.groups.firstSight(name, m.host, m.since.UnixMilli()) {
 				msg := fmt.Sprintf("rank %d on host %s failed during bring-up", m.rank, m.host)
 				if m.lastErr != nil {
 					msg += ": " + m.lastErr.Message
@@ -782,7 +766,7 @@ func (s *Server) evictGroups(ctx context.Context, requester string, err error) b
 		if ms[0].state == string(structs.StateReady) {
 			perr = s.groupParkLocked(ctx, p)
 		} else {
-			perr = s.stopMembers(ctx, n, p.Group, ms, true)
+			perr = s.stopMembers(ctx, n, p.Group, ms)
 		}
 		l.Unlock()
 		if perr == nil {
@@ -849,7 +833,7 @@ func (s *Server) ensureGroupUp(ctx context.Context, p *Placement) error {
 	switch {
 	case head.state == string(structs.StateReady):
 		return nil
-	case !head.reachble:
+	case !head.reachable:
 		return uncertain(p.Deployment, []member{head})
 	case head.desired == structs.DesiredStopped:
 		return nil // the head's host answers deployment_stopped or deployment_inactive
@@ -865,38 +849,15 @@ func (s *Server) ensureGroupUp(ctx context.Context, p *Placement) error {
 }
 
 // startOnLeader asks the leader of the server cluster to start a group
-// and waits for its answer (a request's activation; the relay answers
-// not_leader when no leader is known or reachable, retryable).
+// and waits for its answer (a request's activation); not_leader when no
+// leader is known, unavailable when it cannot be reached (retryable).
 func (s *Server) startOnLeader(ctx context.Context, name string) error {
 	st := s.cl.node.Status()
 	if st.LeaderAddress == "" {
 		return s.notLeader(st)
 	}
 	body, _ := json.Marshal(wire.ActionRequest{Action: wire.ActionStart, Wait: true})
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+st.LeaderAddress+wire.Prefix+"/deployments/"+url.PathEscape(name)+"/actions", bytes.NewReader(body))
-	if err != nil {
-		return structs.Wrap(structs.CodeInternal, err, "ask the leader to start %s", name)
-	}
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set(headerForwarded, s.cl.name)
-	resp, err := s.cl.client.Do(req)
-	if err != nil {
-		return s.notLeader(st).WithDetail("relay_error", err.Error())
-	}
-	defer resp.Body.Close()
-	data, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-	if resp.StatusCode >= 300 {
-		var env wire.ErrorEnvelope
-		if json.Unmarshal(data, &env) == nil && env.Error.Code != "" {
-			e := structs.Errf(structs.Code(env.Error.Code), "%s", env.Error.Message)
-			for k, v := range env.Error.Details {
-				e = e.WithDetail(k, v)
-			}
-			return e
-		}
-		return structs.Errf(structs.CodeInternal, "the leader %s answered %d", st.LeaderID, resp.StatusCode)
-	}
-	return nil
+	return postJSON(ctx, s.cl.client, st.LeaderAddress, wire.Prefix+"/deployments/"+url.PathEscape(name)+"/actions", body, nil)
 }
 
 // groupStatus completes a group's merged status: each member's rank and

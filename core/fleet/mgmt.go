@@ -72,7 +72,13 @@ func (s *Server) ManagementOverrides(role func() wire.RoleInfo) map[string]http.
 // hostCall makes one management call on a host; the answer's status and
 // body come back as they are.
 func (s *Server) hostCall(ctx context.Context, host, method, path string, hdr http.Header, body []byte) (int, []byte, error) {
-	ctx, cancel := context.WithTimeout(ctx, hostCallTimeout)
+	return s.hostCallWithin(ctx, hostCallTimeout, host, method, path, hdr, body)
+}
+
+// hostCallWithin is hostCall bounded by d (a group member's park or wake
+// waits for the engine).
+func (s *Server) hostCallWithin(ctx context.Context, d time.Duration, host, method, path string, hdr http.Header, body []byte) (int, []byte, error) {
+	ctx, cancel := context.WithTimeout(ctx, d)
 	defer cancel()
 	h := http.Header{}
 	for _, k := range []string{"Content-Type", "Accept", "Idempotency-Key"} {
