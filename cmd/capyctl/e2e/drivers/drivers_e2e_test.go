@@ -18,10 +18,13 @@ import (
 // family's start, and is replaced while its engine keeps serving.
 func TestDrivers_StoppedDriverIsReplaced(t *testing.T) {
 	// A short call deadline; pings slow enough that the call below meets
-	// the stopped driver, not its replacement.
+	// the stopped driver, not its replacement: the driver is killed after
+	// two missed pings in a row, at least 6 s after the stop (each ping
+	// waits 3 s, one at a time), against about 1 s for the call. The
+	// defaults (5 s and 5 s) would keep the test waiting 15 s.
 	r := harness.StartSimulated(t, harness.SimGPU{}, harness.Options{Args: []string{
 		"--set", "drivers.call_timeout=1s",
-		"--set", "drivers.ping_interval=5s", "--set", "drivers.ping_timeout=5s",
+		"--set", "drivers.ping_interval=2s", "--set", "drivers.ping_timeout=3s",
 	}})
 	r.AddFakeEngine("fake")
 	r.MustDeploy("demo", harness.SimpleSpec("demo", "fake"))
