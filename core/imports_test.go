@@ -106,6 +106,11 @@ func TestImportGuards(t *testing.T) {
 			forbidden: under(module+"/core/lifecycle", module+"/core/pluginmgr", module+"/core/models", "google.golang.org/grpc", "github.com/hashicorp/go-plugin"),
 		},
 		{
+			name: "the binary links no test support (the testkit, the end-to-end helpers)",
+			pkgs: []string{module + "/cmd/capyctl"}, deps: true,
+			forbidden: under(module+"/plugins-testkit", module+"/cmd/capyctl/internal/e2e"),
+		},
+		{
 			name: "the CLI imports only the agent entry, the client, wire types, job specs and config",
 			pkgs: []string{module + "/cmd/capyctl", module + "/cmd/capyctl/command"},
 			forbidden: func(pkg string) bool {
