@@ -124,7 +124,10 @@ var LlamaCpp = &Engine{
 	Metrics: Metrics{
 		Running: Fact{Value: "llamacpp:requests_processing", Note: "needs --metrics; no labels", Source: ref + "§3.5"},
 		Waiting: Fact{Value: "llamacpp:requests_deferred", Source: ref + "§3.5"},
-		KVUsage: []Fact{{Value: "llamacpp:kv_cache_usage_ratio", Source: ref + "§3.5"}},
+		// Builds of the Nov-2025 layout serve no KV usage (the driver then
+		// reports it unknown); older ones do.
+		KVUsage: []Fact{{Value: "llamacpp:kv_cache_usage_ratio", Note: "older builds only: served up to early 2025 (examples/server/server.cpp at c392e509), gone from the Nov-2025 handler; current builds report no KV usage",
+			Source: ref + "§3.5"}},
 		Figures: []Fact{
 			{Value: "llamacpp:prompt_tokens_total", Source: ref + "§3.5"},
 			{Value: "llamacpp:tokens_predicted_total", Source: ref + "§3.5"},
@@ -145,9 +148,9 @@ var LlamaCpp = &Engine{
 // llamaAuth is where llama-server lists its public endpoints.
 const llamaAuth = "get_public_endpoints in tools/server/server-http.cpp; " + ref + "§3.4"
 
-// tfMetrics: no reference documents TensorFold's /metrics; these are the
-// names its fake serves, unconfirmed on a real TensorFold.
-const tfMetrics = "unconfirmed: the fake engine's names (plugins-testkit/fakeengine/flavour_tensorfold.go)"
+// tfMetrics: no reference documents TensorFold's /metrics, and the driver
+// reads /health for its idle signal instead.
+const tfMetrics = "unconfirmed: no public TensorFold documentation names its metrics; the driver reads /health"
 
 // TensorFold is TensorFold's table. It has no park API (restart only), no
 // Prometheus idle signal (the driver reads /health) and no open route:
