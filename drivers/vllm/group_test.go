@@ -145,12 +145,12 @@ func TestPlan_GroupRefusals(t *testing.T) {
 // TestGroup_TwoRanks launches a two-machine vLLM group through two real
 // driver plugins against the fake engine on loopback: the worker is ready
 // without a canary, the head answers, the group parks deep (head first)
-// and wakes (worker first, then the head with its canary), a killed worker
-// ends the head.
+// and wakes (worker first, then the head with its canary); a killed worker
+// leaves the head up (vLLM notices at its next collective) until stopped.
 func TestGroup_TwoRanks(t *testing.T) {
 	dir := t.TempDir()
 	venv := conformance.FakeVenv(t, dir, map[string]string{"vllm": "0.31.0", "torch": "2.9.0"}, nil)
 	model := conformance.FakeModel(t, dir, 2<<20)
-	drivertest.GroupRun{Family: Family, Venv: venv, Size: 2, TP: 2, PP: 1, ParkTier: enginekit.ResidencyDeep,
+	drivertest.GroupRun{Family: Family, Venv: venv, Size: 2, TP: 2, PP: 1, ParkTier: enginekit.ResidencyDeep, PeerLossHangs: true,
 		Deployment: &pb.Deployment{Name: "chat", Revision: 1, Api: "chat", ServedName: "chat", ModelDir: model}}.Run(t)
 }

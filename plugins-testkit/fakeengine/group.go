@@ -67,10 +67,27 @@ import (
 //
 // Otherwise the connection only carries life.
 // Either end reading EOF or an error means the peer is gone (a killed
-// process's sockets are closed by its kernel), and the survivor fails the
-// way the real engine does (GroupConfig.LostLog, exit status 1). A worker
-// that cannot reach the head retries until JoinTimeout, as a torch store
-// client does; a head waits as long for every rank.
+// process's sockets are closed by its kernel). What the survivor does then
+// is its engine's (GroupConfig.PeerLoss):
+//
+//   - PeerLossExit (SGLang, TensorFold): it fails at once the way the real
+//     engine does (GroupConfig.LostLog, exit status 1). SGLang's schedulers
+//     broadcast over a Gloo group on every loop, so a closed peer fails them
+//     at once (FactSGLangPeerLoss).
+//   - PeerLossHang (vLLM): nothing happens until the next collective. The
+//     head keeps serving /health with 200 while idle; a request's model
+//     step waits for the lost rank until CollectiveTimeout and then the
+//     engine dies (exit 1), as vLLM's execute_model gives up after
+//     VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS; a park, wake or reload (a
+//     collective RPC with no timeout) waits until the engine is stopped. A
+//     worker whose head is gone stays up, holding its memory, until it is
+//     stopped (FactVLLMPeerLoss).
+//     IMPORTANT: only the control plane (CapyCTL's group supervision) ends
+//     such a group; a test that kills one rank proves it.
+//
+// During the start every engine fails at once. A worker that cannot reach
+// the head retries until JoinTimeout, as a torch store client does; a head
+// waits as long for every rank.
 //
 // What this does not reproduce: a peer that vanishes without closing its
 // socket (a cable pulled, a machine frozen) is seen only when the kernel
@@ -85,6 +102,22 @@ const GroupProtocol = "capyctl-fake-group/2"
 // worker retries its head: torch.distributed's default process-group
 // timeout for NCCL (600 s, as vLLM's ParallelConfig documents it).
 const DefaultGroupJoinTimeout = 10 * time.Minute
+
+// DefaultCollectiveTimeout bounds a collective whose peer is gone under
+// PeerLossHang: vLLM's VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS default (300 s).
+const DefaultCollectiveTimeout = 300 * time.Second
+
+// PeerLoss is what a rank does when a peer's connection ends after the
+// group serves.
+type PeerLoss int
+
+// Peer loss policies (see the protocol above).
+const (
+	// PeerLossExit fails at once with exit status 1.
+	PeerLossExit PeerLoss = iota
+	// PeerLossHang carries on until a collective needs the lost peer.
+	PeerLossHang
+)
 
 // GroupConfig puts an engine in a group.
 type GroupConfig struct {
@@ -107,6 +140,14 @@ type GroupConfig struct {
 	// LostLog is the error line a survivor logs when a peer is gone, as
 	// its engine words it; %d is the lost rank (the head's is 0).
 	LostLog string
+	// PeerLoss is what a rank does when a peer is gone after the group
+	// serves (PeerLossExit when zero).
+	PeerLoss PeerLoss
+	// CollectiveTimeout bounds, under PeerLossHang, a collective that
+	// waits for a lost peer (DefaultCollectiveTimeout when 0); StuckLog
+	// is what the engine logs when it gives up.
+	CollectiveTimeout time.Duration
+	StuckLog          string
 }
 
 // validate checks the configuration.
@@ -129,6 +170,13 @@ func (g *GroupConfig) joinTimeout() time.Duration {
 		return g.JoinTimeout
 	}
 	return DefaultGroupJoinTimeout
+}
+
+func (g *GroupConfig) collectiveTimeout() time.Duration {
+	if g.CollectiveTimeout > 0 {
+		return g.CollectiveTimeout
+	}
+	return DefaultCollectiveTimeout
 }
 
 // lostLine is the survivor's error line.
@@ -489,13 +537,24 @@ func (w *GroupWorker) Run(ctx context.Context) error {
 	}
 	w.logf(LevelInfo, "group rank %d of %d: serving with the head", w.cfg.Rank, w.cfg.Size)
 	close(w.joined)
+	lost := func() error {
+		if w.cfg.PeerLoss == PeerLossHang && ctx.Err() == nil {
+			// Nothing tells this rank its head is gone: it waits for
+			// the head's next broadcast, holding its memory, until it
+			// is stopped. The line is the fake's own, for tests.
+			w.logf(LevelInfo, "fake: group rank %d: the head's connection closed; the engine does not notice and waits", w.cfg.Rank)
+			<-ctx.Done()
+			return nil
+		}
+		return fail("%s", w.cfg.lostLine(0))
+	}
 	for {
 		line, err := rd.ReadString('\n')
 		if err != nil {
-			return fail("%s", w.cfg.lostLine(0))
+			return lost()
 		}
 		if _, err := fmt.Fprintf(conn, "%s\n", w.do(strings.TrimSpace(line))); err != nil {
-			return fail("%s", w.cfg.lostLine(0))
+			return lost()
 		}
 	}
 }

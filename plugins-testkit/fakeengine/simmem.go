@@ -249,7 +249,18 @@ func (e *Engine) groupCall(cmd, want string) error {
 	if g == nil {
 		return nil
 	}
+	if e.groupStuck() {
+		// vLLM runs sleep, wake_up and reload_weights as a collective RPC
+		// with no timeout: it waits for the lost rank until the engine is
+		// stopped.
+		<-e.life.Done()
+		return fmt.Errorf("%s: %w", cmd, errShutdown)
+	}
 	if err := g.call(cmd, want); err != nil {
+		if errors.Is(err, errGroupRankLost) && e.cfg.Group.PeerLoss == PeerLossHang {
+			<-e.life.Done()
+			return fmt.Errorf("%s: %w", cmd, errShutdown)
+		}
 		e.Logf(LevelError, "%v", err)
 		return err
 	}

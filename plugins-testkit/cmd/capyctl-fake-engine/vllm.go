@@ -257,6 +257,12 @@ func vllmGroup(pa *pyArgs) (groupLaunch, error) {
 	}
 	g.addr = hostPort(pa.str("master-addr", "127.0.0.1"), int(port))
 	g.lostLog = "EngineCore failed: group rank %d is gone (its connection closed); the engine is dead"
+	// A vLLM rank does not notice a lost peer until its next collective,
+	// which gives up after VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS
+	// (fakeengine.FactVLLMPeerLoss).
+	g.peerLoss = fakeengine.PeerLossHang
+	g.timeoutEnv = "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS"
+	g.stuckLog = "TimeoutError: RPC call to execute_model timed out. EngineCore encountered a fatal error."
 	return g, nil
 }
 
