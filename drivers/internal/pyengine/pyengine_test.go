@@ -6,6 +6,7 @@ package pyengine
 import (
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -178,5 +179,25 @@ func TestBaseEnv(t *testing.T) {
 	env = BaseEnv(EnvOptions{Venv: "/v", Host: &pb.HostPolicy{HostEnv: map[string]string{"DO_NOT_TRACK": "0"}}})
 	if env["DO_NOT_TRACK"] != "1" {
 		t.Fatalf("DO_NOT_TRACK=%q with telemetry off", env["DO_NOT_TRACK"])
+	}
+}
+
+// TestLMCacheHashSeed: every launch of an instance that reaches the same
+// LMCache server gets the same PYTHONHASHSEED (so a restarted engine
+// finds the chunks its previous process stored), another instance or
+// another server another one, and Python accepts it (an integer in
+// [0, 4294967295]).
+func TestLMCacheHashSeed(t *testing.T) {
+	seed := LMCacheHashSeed("chat/0", 41299)
+	if again := LMCacheHashSeed("chat/0", 41299); again != seed {
+		t.Fatalf("the same instance and server: %s then %s", seed, again)
+	}
+	for _, other := range []string{LMCacheHashSeed("chat/1", 41299), LMCacheHashSeed("chat/0", 41300)} {
+		if other == seed {
+			t.Fatalf("another instance or server shares the seed %s", seed)
+		}
+	}
+	if n, err := strconv.ParseUint(seed, 10, 32); err != nil {
+		t.Fatalf("seed %q (%d) is no PYTHONHASHSEED: %v", seed, n, err)
 	}
 }
