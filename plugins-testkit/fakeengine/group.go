@@ -735,6 +735,9 @@ func (w *GroupWorker) load() error {
 		return fmt.Errorf("simulated gpu: %w", err)
 	}
 	w.logf(LevelInfo, "using simulated device %d (%s)", w.mem.dev.Index, w.mem.dev.UUID)
+	if err := w.mem.startCheck(); err != nil {
+		return err
+	}
 	for _, s := range []struct {
 		tag string
 		n   int64

@@ -46,6 +46,12 @@ type SimConfig struct {
 	StartupPeak int64
 	// ParkResidue is held while parked.
 	ParkResidue int64
+	// StartCheck, when set, is asked once the device is open and before
+	// anything is loaded, with the device's free and total bytes and its
+	// index; an error fails the start (exit 1) with the error as the
+	// engine's last log line, as vLLM's free-memory check does
+	// (FactVLLMFreeMemory).
+	StartCheck func(free, total int64, index int) error
 }
 
 // validate refuses negative sizes.
@@ -84,6 +90,22 @@ func (m *simMemory) open() error {
 	m.gpu, m.dev = g, dev
 	m.mu.Unlock()
 	return nil
+}
+
+// startCheck runs the configured StartCheck against the device's free
+// memory now.
+func (m *simMemory) startCheck() error {
+	if m.cfg.StartCheck == nil {
+		return nil
+	}
+	m.mu.Lock()
+	g, dev := m.gpu, m.dev
+	m.mu.Unlock()
+	used, _, err := g.Usage(dev.UUID)
+	if err != nil {
+		return fmt.Errorf("simulated gpu: %w", err)
+	}
+	return m.cfg.StartCheck(dev.TotalBytes-used, dev.TotalBytes, dev.Index)
 }
 
 // enabled reports whether a simulated GPU is in use.
@@ -150,6 +172,10 @@ func (e *Engine) loadSim() error {
 		return &ExitError{Code: 1, Reason: fmt.Sprintf("simulated gpu: %v", err)}
 	}
 	e.Logf(LevelInfo, "using simulated device %d (%s)", e.mem.dev.Index, e.mem.dev.UUID)
+	if err := e.mem.startCheck(); err != nil {
+		e.Logf(LevelError, "%v", err)
+		return &ExitError{Code: 1, Reason: err.Error()}
+	}
 	steps := []struct {
 		tag string
 		n   int64

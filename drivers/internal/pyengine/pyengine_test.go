@@ -4,6 +4,7 @@
 package pyengine
 
 import (
+	"math"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -159,9 +160,17 @@ func TestFraction(t *testing.T) {
 	for _, c := range []struct {
 		part, total int64
 		want        string
-	}{{20, 80, "0.25"}, {10, 24, "0.4167"}, {99, 100, "0.98"}, {0, 80, ""}, {5, 0, ""}, {1, 1 << 40, "0.0001"}} {
+	}{{20, 80, "0.25"}, {10, 24, "0.4166"}, {14, 24, "0.5833"}, {99, 100, "0.98"}, {0, 80, ""}, {5, 0, ""}, {1, 1 << 40, "0.0001"}} {
 		if got := Fraction(c.part, c.total); got != c.want {
 			t.Errorf("Fraction(%d, %d) = %q, want %q", c.part, c.total, got, c.want)
+		}
+	}
+	// What vLLM then asks the card for, ceil(total × fraction), is never
+	// more than the grant (request_memory in vllm/v1/worker/utils.py).
+	for _, c := range []struct{ part, total int64 }{{10 << 30, 24 << 30}, {14 << 30, 24 << 30}, {(7 << 30) + 12345, 24 << 30}, {23 << 30, 80 << 30}} {
+		f, _ := strconv.ParseFloat(Fraction(c.part, c.total), 64)
+		if asked := int64(math.Ceil(float64(c.total) * f)); asked > c.part {
+			t.Errorf("Fraction(%d, %d) = %v asks vLLM for %d bytes, more than the %d granted", c.part, c.total, f, asked, c.part)
 		}
 	}
 }
