@@ -606,7 +606,7 @@ func (w *GroupWorker) do(line string) string {
 }
 
 // sleep releases tags from the worker's card, as Engine.Park does for a
-// head or a single engine: the first sleep of a cycle takes the park
+// head or a single engine: the first sleep of a cycle then takes the park
 // residue (what a rank keeps on its card asleep: its CUDA context), and a
 // second one releases what is still held.
 func (w *GroupWorker) sleep(level int, tags []string) error {
@@ -616,12 +616,6 @@ func (w *GroupWorker) sleep(level int, tags []string) error {
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if !w.asleep {
-		if err := w.mem.alloc(TagParkResidue, w.mem.cfg.ParkResidue); err != nil {
-			return fmt.Errorf("park residue: %w", err)
-		}
-		w.asleep = true
-	}
 	for _, t := range tags {
 		if w.parked[t] {
 			continue
@@ -630,6 +624,13 @@ func (w *GroupWorker) sleep(level int, tags []string) error {
 			return err
 		}
 		w.parked[t] = true
+	}
+	if !w.asleep {
+		// What the rank keeps of what it released, as Engine.Park.
+		if err := w.mem.alloc(TagParkResidue, w.mem.cfg.ParkResidue); err != nil {
+			return fmt.Errorf("park residue: %w", err)
+		}
+		w.asleep = true
 	}
 	w.logf(LevelInfo, "group rank %d asleep (level %d): released %v", w.cfg.Rank, level, tags)
 	return nil

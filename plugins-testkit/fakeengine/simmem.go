@@ -240,16 +240,11 @@ func (e *Engine) Park(level int, tags ...string) error {
 	if err := e.groupCall(fmt.Sprintf("sleep %d %s", level, strings.Join(tags, " ")), "slept"); err != nil {
 		return fmt.Errorf("park: %w", err)
 	}
+	first := false
 	switch e.Phase() {
 	case PhaseReady:
 		e.slots.setPaused(true)
-		if err := e.mem.alloc(TagParkResidue, e.cfg.Sim.ParkResidue); err != nil {
-			e.slots.setPaused(false)
-			return fmt.Errorf("park: %w", err)
-		}
-		e.parkLevel = level
-		e.phase.Store(int32(PhaseParked))
-		e.parks.Add(1)
+		first = true
 	case PhaseParked:
 		e.parkLevel = max(e.parkLevel, level)
 	default:
@@ -263,6 +258,21 @@ func (e *Engine) Park(level int, tags ...string) error {
 			return fmt.Errorf("park: %w", err)
 		}
 		e.parked[tag] = true
+	}
+	if first {
+		// The residue is what the engine keeps of what it released (its
+		// CUDA context, graphs, allocator caches): taken once the tags
+		// are free, so that it may be as large as they were.
+		e.parkLevel = level
+		e.phase.Store(int32(PhaseParked))
+		e.parks.Add(1)
+		if err := e.mem.alloc(TagParkResidue, e.cfg.Sim.ParkResidue); err != nil {
+			// Only another process taking the freed memory first can
+			// cause it (a simulation's race): the engine is parked,
+			// and the park reported failed.
+			e.logOOM(err)
+			return fmt.Errorf("park: %w", err)
+		}
 	}
 	e.Logf(LevelInfo, "parked (level %d): released %v", e.parkLevel, tags)
 	return nil
