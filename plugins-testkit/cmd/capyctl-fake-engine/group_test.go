@@ -4,6 +4,7 @@
 package main
 
 import (
+	"fmt"
 	"io"
 	"maps"
 	"net"
@@ -16,6 +17,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/capyctl/capyctl/plugins-testkit/ports"
 	"github.com/capyctl/capyctl/plugins-testkit/simgpu"
 )
 
@@ -588,4 +590,59 @@ func TestGroup_SGLangMemoryOccupation(t *testing.T) {
 		g.must(t, s.path, s.body)
 		g.holds(t, s.path+" "+s.body, s.want)
 	}
+}
+
+// TestGroup_SGLangDPAttentionPorts: an SGLang head with DP attention holds
+// the six ports after its --dist-init-addr port (its ZeroMQ sockets), so a
+// second head given the next rendezvous port on the same host cannot
+// start, and a head whose next ports something else holds waits and then
+// fails in SGLang's words. Without DP attention a head holds its port
+// alone.
+func TestGroup_SGLangDPAttentionPorts(t *testing.T) {
+	p := ports.LeaseRange(t, 8)
+	args := func(port int, dp bool) []string {
+		a := []string{"-m", sglangModule, "--model-path", t.TempDir(), "--served-model-name", "m", "--host", "127.0.0.1", "--port", "0",
+			"--tp", "2", "--nnodes", "2", "--node-rank", "0", "--dist-init-addr", hostPort("127.0.0.1", port)}
+		if dp {
+			a = append(a, "--enable-dp-attention")
+		}
+		return a
+	}
+	held := func(port int) bool {
+		c, err := net.Dial("tcp", hostPort("127.0.0.1", port))
+		if err == nil {
+			c.Close()
+		}
+		return err == nil
+	}
+
+	a := startProc(t, "/venv/bin/python3", args(p, true), portWaitEnv+"=1s")
+	a.rendezvous(t)
+	for port := p + 1; port <= p+6; port++ {
+		if !held(port) {
+			t.Fatalf("a head with DP attention does not hold port %d (its rendezvous port is %d)", port, p)
+		}
+	}
+	if held(p + 7) {
+		t.Fatalf("the head holds port %d, beyond its six", p+7)
+	}
+	b := startProc(t, "/venv/bin/python3", args(p+1, false), portWaitEnv+"=1s")
+	b.exitsWith(t, 1, "address already in use")
+	if err := a.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	a.wait(t)
+
+	// Something else on a port after the rendezvous port: the head waits,
+	// then fails as wait_port_available does.
+	ln, err := net.Listen("tcp", hostPort("127.0.0.1", p+3))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	c := startProc(t, "/venv/bin/python3", args(p, true), portWaitEnv+"=1s")
+	c.exitsWith(t, 1, fmt.Sprintf("rpc_port at %d is not available in 1 seconds", p+3))
+	// Without DP attention the same head starts: only its port is its.
+	d := startProc(t, "/venv/bin/python3", args(p, false), portWaitEnv+"=1s")
+	d.rendezvous(t)
 }
