@@ -5,6 +5,8 @@ package vllm
 
 import (
 	"context"
+	"os"
+	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
@@ -99,6 +101,31 @@ func TestPlan_Group(t *testing.T) {
 	}
 	if _, ok := resp.GetEnv()["VLLM_HOST_IP"]; ok {
 		t.Error("VLLM_HOST_IP without a group")
+	}
+}
+
+// TestPlan_GroupRequireRDMA: a member on a host with require_rdma and an
+// RDMA device gets NCCL_NET=IB, which makes NCCL use InfiniBand or RoCE or
+// fail the start: it cannot fall back to TCP sockets (the fake engine, as
+// NCCL, refuses to start with it where no RDMA device works).
+func TestPlan_GroupRequireRDMA(t *testing.T) {
+	f := newFixture(t)
+	d := New()
+	d.rdmaDir = t.TempDir()
+	if err := os.WriteFile(filepath.Join(d.rdmaDir, "mlx5_0"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, rank := range []int32{0, 1} {
+		g := drivertest.Member(rank, 2, 2, 1, 25000)
+		g.RequireRdma = true
+		dep := &pb.Deployment{Name: "chat", Api: "chat", ServedName: "chat", ModelDir: f.qwen3, Group: g}
+		resp, err := d.Plan(context.Background(), &pb.PlanRequest{Installation: f.inst, Deployment: dep, Host: &pb.HostPolicy{}, Launch: launchCtx()})
+		if err != nil || len(resp.GetRefusals()) > 0 {
+			t.Fatalf("rank %d: plan %v %v", rank, err, resp.GetRefusals())
+		}
+		if got := resp.GetEnv()["NCCL_NET"]; got != "IB" {
+			t.Errorf("rank %d: NCCL_NET %q, want IB", rank, got)
+		}
 	}
 }
 

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"maps"
 	"net"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -148,6 +149,34 @@ type GroupConfig struct {
 	// is what the engine logs when it gives up.
 	CollectiveTimeout time.Duration
 	StuckLog          string
+	// NCCLNet is the rank's NCCL_NET ("" when unset): "IB" makes the rank
+	// fail its start, as NCCL's communicator init does, where RDMADir lists
+	// no device; "Socket" or unset uses TCP sockets (NCCL's fallback); any
+	// other name fails (FactNCCLNet).
+	NCCLNet string
+	// RDMADir lists the machine's RDMA devices (DefaultRDMADir when "").
+	RDMADir string
+}
+
+// DefaultRDMADir is where Linux lists a machine's InfiniBand and RoCE
+// devices.
+const DefaultRDMADir = "/sys/class/infiniband"
+
+// checkNet is NCCL's choice of network at a communicator's init: the one
+// NCCL_NET names, or the best available with TCP sockets as the fallback.
+func (g *GroupConfig) checkNet() error {
+	dir := g.RDMADir
+	if dir == "" {
+		dir = DefaultRDMADir
+	}
+	entries, _ := os.ReadDir(dir)
+	switch {
+	case g.NCCLNet == "" || strings.EqualFold(g.NCCLNet, "Socket"):
+		return nil
+	case strings.EqualFold(g.NCCLNet, "IB") && len(entries) > 0:
+		return nil
+	}
+	return fmt.Errorf("NCCL WARN Error: network %s not found. RuntimeError: NCCL error: invalid usage (run with NCCL_DEBUG=WARN for details)", g.NCCLNet)
 }
 
 // validate checks the configuration.
@@ -451,6 +480,11 @@ func (e *Engine) runGroupHead(ctx context.Context) (*groupHead, error) {
 		e.Logf(LevelError, "%v", err)
 		return nil, &ExitError{Code: 1, Reason: err.Error()}
 	}
+	if err := g.checkNet(); err != nil {
+		h.close()
+		e.Logf(LevelError, "%v", err)
+		return nil, &ExitError{Code: 1, Reason: err.Error()}
+	}
 	if err := h.broadcast("load"); err != nil {
 		h.close()
 		e.Logf(LevelError, "%v", err)
@@ -525,6 +559,9 @@ func (w *GroupWorker) Run(ctx context.Context) error {
 	// Wait for every rank, then load.
 	if line, err := rd.ReadString('\n'); err != nil || strings.TrimSpace(line) != "load" {
 		return fail("%s", w.cfg.lostLine(0))
+	}
+	if err := w.cfg.checkNet(); err != nil {
+		return fail("%v", err)
 	}
 	if err := w.load(); err != nil {
 		return fail("%v", err)

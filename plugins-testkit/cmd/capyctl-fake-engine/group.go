@@ -24,6 +24,11 @@ import (
 // --dist-init-addr, TensorFold's --tp 2/--rank/--master/--master-port)
 // puts the fake in a group; fakeengine/group.go has the rendezvous.
 
+// rdmaDirEnv names the directory the fake reads as the machine's RDMA
+// devices (fakeengine.DefaultRDMADir when unset), so that a test can give a
+// rank a machine with or without one.
+const rdmaDirEnv = "CAPYCTL_FAKE_RDMA_DIR"
+
 // groupJoinTimeoutEnv overrides fakeengine.DefaultGroupJoinTimeout (a Go
 // duration), so that a test of an unreachable head ends quickly.
 const groupJoinTimeoutEnv = "CAPYCTL_FAKE_GROUP_JOIN_TIMEOUT"
@@ -52,7 +57,7 @@ type groupLaunch struct {
 // fails the launch at once.
 func (g groupLaunch) config(env func(string) string) (*fakeengine.GroupConfig, error) {
 	cfg := &fakeengine.GroupConfig{Engine: g.engine, Rank: g.rank, Size: g.size, Addr: g.addr, LostLog: g.lostLog,
-		PeerLoss: g.peerLoss, StuckLog: g.stuckLog}
+		PeerLoss: g.peerLoss, StuckLog: g.stuckLog, NCCLNet: env("NCCL_NET"), RDMADir: env(rdmaDirEnv)}
 	if g.timeoutEnv != "" {
 		if s := env(g.timeoutEnv); s != "" {
 			n, err := strconv.Atoi(s)

@@ -646,3 +646,39 @@ func TestGroup_SGLangDPAttentionPorts(t *testing.T) {
 	d := startProc(t, "/venv/bin/python3", args(p, false), portWaitEnv+"=1s")
 	d.rendezvous(t)
 }
+
+// TestGroup_NCCLNetIB: ranks told NCCL_NET=IB (require_rdma) on machines
+// without an RDMA device fail their start as NCCL does, instead of falling
+// back to TCP; with a device they serve; without NCCL_NET they fall back
+// and serve.
+func TestGroup_NCCLNetIB(t *testing.T) {
+	withDevice := t.TempDir()
+	if err := os.WriteFile(filepath.Join(withDevice, "mlx5_0"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		name   string
+		env    []string
+		serves bool
+	}{
+		{name: "IB required, no device", env: []string{"NCCL_NET=IB", rdmaDirEnv + "=" + t.TempDir()}},
+		{name: "IB required, a device", env: []string{"NCCL_NET=IB", rdmaDirEnv + "=" + withDevice}, serves: true},
+		{name: "no network named, no device: TCP", env: []string{rdmaDirEnv + "=" + t.TempDir()}, serves: true},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			args := []string{"-m", vllmModule, "--model", modelDir(t, 2<<20), "--served-model-name", "m", "--host", "127.0.0.1", "--port", "0",
+				"--tensor-parallel-size", "2", "--nnodes", "2", "--master-addr", "127.0.0.1"}
+			h := startProc(t, "/venv/bin/python", append(args, "--node-rank", "0", "--master-port", "0"), c.env...)
+			h.waitListening(t)
+			_, port := h.rendezvous(t)
+			w := startProc(t, "/venv/bin/python", append(args, "--node-rank", "1", "--master-port", port, "--headless"), c.env...)
+			if !c.serves {
+				h.exitsWith(t, 1, "network IB not found")
+				w.exitsWith(t, 1, "")
+				return
+			}
+			h.waitFor(t, "the head ready", func() bool { s, _ := h.get("/health"); return s == 200 })
+		})
+	}
+}
