@@ -77,6 +77,9 @@ type Engine struct {
 	// ParkOpenRoutes are further routes open without the key while the
 	// engine can park (vLLM's development mode).
 	ParkOpenRoutes []Fact
+	// Env are variables the driver sets because the engine (or a library
+	// it loads) needs them, and when.
+	Env []Fact
 }
 
 // Values returns the facts' values.
@@ -155,6 +158,7 @@ func (e *Engine) Markdown() string {
 	rows("key-exempt prefix", e.OpenPrefixes)
 	rows("open without the key", e.OpenRoutes)
 	rows("open without the key while it can park", e.ParkOpenRoutes)
+	rows("environment", e.Env)
 	return b.String()
 }
 
