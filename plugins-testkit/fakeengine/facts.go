@@ -3,6 +3,11 @@
 
 package fakeengine
 
+import (
+	"fmt"
+	"strings"
+)
+
 // The fake engines' own facts: every name, route, bound and message a
 // fake serves or enforces because its engine does, each with where it was
 // read (engine, release or commit, file or URL).
@@ -65,6 +70,47 @@ func (f *EngineFacts) MetricNames() []string {
 		out = append(out, f.KVUsage.Value)
 	}
 	return append(out, Values(f.Figures)...)
+}
+
+// Markdown renders the facts as the engine pages show them.
+func (f *EngineFacts) Markdown() string {
+	var b strings.Builder
+	b.WriteString("| fact | value | note | source |\n|---|---|---|---|\n")
+	rows := func(what string, fs []Fact) {
+		for _, x := range fs {
+			if x.Value == "" {
+				continue
+			}
+			fmt.Fprintf(&b, "| %s | `%s` | %s | %s |\n", what, mdCell(x.Value), mdCell(x.Note), mdCell(x.Source))
+		}
+	}
+	rows("running gauge", []Fact{f.Running})
+	rows("waiting gauge", []Fact{f.Waiting})
+	rows("KV usage", []Fact{f.KVUsage})
+	rows("figure", f.Figures)
+	rows("key-guarded prefix", f.GuardedPrefixes)
+	rows("key-exempt prefix", f.OpenPrefixes)
+	rows("open without the key", f.OpenRoutes)
+	return b.String()
+}
+
+// BehaviourMarkdown renders the behaviour facts.
+func BehaviourMarkdown() string {
+	var b strings.Builder
+	b.WriteString("| fact | value | note | source |\n|---|---|---|---|\n")
+	names := []string{"vLLM takes --uds from", "vLLM's default gpu_memory_utilization", "vLLM's free-memory check", "a vLLM rank that loses a peer",
+		"vLLM's model-step timeout", "an SGLang rank that loses a peer", "ports SGLang's head binds after its rendezvous port (DP attention)",
+		"NCCL without a fallback", "LMCache's key seed"}
+	for i, x := range BehaviourFacts() {
+		fmt.Fprintf(&b, "| %s | `%s` | %s | %s |\n", names[i], mdCell(x.Value), mdCell(x.Note), mdCell(x.Source))
+	}
+	return b.String()
+}
+
+// mdCell escapes text for a Markdown table cell.
+func mdCell(s string) string {
+	s = strings.ReplaceAll(s, "|", `\|`)
+	return strings.ReplaceAll(s, "\n", " ")
 }
 
 // FactsFor returns a family's facts, or nil.
