@@ -41,10 +41,12 @@ import (
 // a listener of that one connection); a client that closes it instead, or
 // a role that drains, closes it.
 //
-// A stream is taken over only when its head has not been written yet, or
-// was written by net/http while it waited for its model (progress
-// comments; the taken-over answer goes on in the chunked coding net/http
-// began); an answer complete by its first flush stays on net/http.
+// A stream is taken over at a flush once it has run for TakeOverAfter
+// (takeOverOrWait): its head has not been written yet, or was written by
+// net/http (while it waited for its model, progress comments; or at an
+// earlier flush); the taken-over answer goes on in the chunked coding
+// net/http began. An answer complete by its first flush after
+// TakeOverAfter stays on net/http.
 // Non-streamed answers, HTTP versions other than 1.1, TLS, and systems
 // without the watcher (hijack_other.go) stay on net/http.
 
@@ -250,6 +252,28 @@ func (q *request) wantsTakeOver(st *sseState) bool {
 	return q.cc == nil && !st.trailer && (q.cw == cwPending || q.headViaHTTP)
 }
 
+// takeOverOrWait takes a stream over at a flush once it has run for
+// TakeOverAfter; a younger one goes on on net/http, which writes its head
+// (the router may take it over at a later flush, in the chunked coding
+// net/http began). A stream that ends within TakeOverAfter never pays for
+// the take-over: the hijack, the watcher, the relay's goroutine and the
+// connection's hand-back cost it more than net/http's buffers held for a
+// few milliseconds.
+func (q *request) takeOverOrWait() {
+	if after := q.rt.cfg.TakeOverAfter; after > 0 && time.Since(q.start) < after {
+		if q.cw == cwPending {
+			q.commitHTTP()
+			q.headViaHTTP = true
+		}
+		return
+	}
+	if !q.takeOver() {
+		// flush hands a pending head to net/http; a head net/http wrote
+		// stays there.
+		q.headViaHTTP = false
+	}
+}
+
 // takeOver hijacks the client connection and writes the head and what is
 // buffered; false (nothing changed) when the role is draining or net/http
 // refuses. IMPORTANT: the stream is registered before the hijack, while
@@ -363,9 +387,13 @@ func (q *request) writeOut(b []byte) error {
 			return q.writeErr
 		}
 		if q.out.full() {
-			if q.cw == cwPending && !q.takeOver() {
-				q.commitHTTP()
-				return q.write(b)
+			if q.cw == cwPending {
+				if q.takeOverOrWait(); q.cw == cwPending {
+					q.commitHTTP()
+				}
+				if q.cw == cwHTTP {
+					return q.write(b)
+				}
 			}
 			if err := q.flushOut(false); err != nil {
 				return err

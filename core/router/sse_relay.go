@@ -73,10 +73,8 @@ func (q *request) sseLoop(st *sseState) bool {
 		if !sr.buffered() {
 			if st.wrote && q.stream {
 				st.wrote = false
-				if q.wantsTakeOver(st) && !q.takeOver() {
-					// flush hands a pending head to net/http; a head net/http
-					// wrote stays there.
-					q.headViaHTTP = false
+				if q.wantsTakeOver(st) {
+					q.takeOverOrWait()
 				}
 				if err := q.flush(); err != nil {
 					st.cutErr = q.clientErr()

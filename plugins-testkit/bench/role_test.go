@@ -239,7 +239,13 @@ func BenchmarkRole_MemoryPerOpenStream(b *testing.B) {
 		time.Sleep(200 * time.Millisecond)
 		before := s.scrape(b)
 		conns := openStreams(streams, 64, func() net.Conn { return s.open(b, body) })
+		// A stream is taken over at its first flush after
+		// router.DefaultTakeOverAfter: its next token.
 		after := s.scrape(b)
+		for deadline := time.Now().Add(30 * time.Second); after["capyctl_streams_taken_over"] < streams && time.Now().Before(deadline); {
+			time.Sleep(50 * time.Millisecond)
+			after = s.scrape(b)
+		}
 		if n := after[`capyctl_requests_in_flight{deployment="demo"}`]; n != streams {
 			b.Fatalf("in flight %v, want %d", n, streams)
 		}
