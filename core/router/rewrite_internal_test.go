@@ -1,0 +1,43 @@
+// Copyright (c) CapyCTL authors
+// SPDX-License-Identifier: Apache-2.0
+
+package router
+
+import "testing"
+
+func TestRewriter_Write(t *testing.T) {
+	cases := []struct {
+		name, in, oldID, served, want string
+	}{
+		{"id and model", `{"id":"e-1","object":"chat.completion.chunk","model":"m","choices":[]}`, "e-1", "m",
+			`{"id":"capy-1","object":"chat.completion.chunk","model":"demo","choices":[]}`},
+		{"spaces after the colons", `{"id": "e-1", "model": "m"}`, "e-1", "m", `{"id": "capy-1", "model": "demo"}`},
+		{"llama.cpp's order", `{"choices":[{"delta":{"content":"m"}}],"created":1,"id":"e-1","model":"m","object":"x"}`, "e-1", "m",
+			`{"choices":[{"delta":{"content":"m"}}],"created":1,"id":"capy-1","model":"demo","object":"x"}`},
+		{"the old id as another member's value", `{"id":"e-1","ref":"e-1","xid":"e-1"}`, "e-1", "",
+			`{"id":"capy-1","ref":"e-1","xid":"e-1"}`},
+		{"a nested id", `{"id":"e-1","x":{"id":"e-1"}}`, "e-1", "", `{"id":"capy-1","x":{"id":"capy-1"}}`},
+		{"inside a string", `{"content":"\"id\":\"e-1\"","id":"e-1"}`, "e-1", "", `{"content":"\"id\":\"e-1\"","id":"capy-1"}`},
+		{"a longer id with the same start", `{"id":"e-10"}`, "e-1", "", `{"id":"e-10"}`},
+		{"two spaces", `{"id":  "e-1"}`, "e-1", "", `{"id":  "e-1"}`},
+		{"model only", `{"model":"m","id":"x"}`, "", "m", `{"model":"demo","id":"x"}`},
+		{"nothing to replace", `{"id":"e-1","model":"demo"}`, "", "", `{"id":"e-1","model":"demo"}`},
+		{"an id with quotes", `{"id":"a\"b"}`, `a"b`, "", `{"id":"capy-1"}`},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			rw := rewriter{newID: "capy-1", public: "demo", served: c.served}
+			if c.oldID != "" {
+				rw.setOldID(c.oldID)
+			}
+			q := &request{cw: cwPending}
+			defer q.out.release()
+			if err := rw.write(q, []byte(c.in)); err != nil {
+				t.Fatal(err)
+			}
+			if got := string(q.out.data()); got != c.want {
+				t.Fatalf("got  %s\nwant %s", got, c.want)
+			}
+		})
+	}
+}
