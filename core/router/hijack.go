@@ -378,9 +378,11 @@ func (q *request) commitHTTP() {
 	q.out.release()
 }
 
-// writeOut buffers bytes for a pending head or a taken-over connection,
-// flushing a chunk when the buffer is full (which takes a pending stream
-// over).
+// writeOut buffers an event stream's bytes until the next flush, for a
+// pending head, a taken-over connection or net/http, writing them on when
+// the buffer is full (which decides a pending stream's take-over). On
+// net/http, an event's pieces then reach its writer in one call per flush,
+// not several per event.
 func (q *request) writeOut(b []byte) error {
 	for len(b) > 0 {
 		if q.writeErr != nil {
@@ -391,11 +393,14 @@ func (q *request) writeOut(b []byte) error {
 				if q.takeOverOrWait(); q.cw == cwPending {
 					q.commitHTTP()
 				}
-				if q.cw == cwHTTP {
-					return q.write(b)
-				}
 			}
-			if err := q.flushOut(false); err != nil {
+			var err error
+			if q.cw == cwHTTP {
+				err = q.pushHTTP()
+			} else {
+				err = q.flushOut(false)
+			}
+			if err != nil {
 				return err
 			}
 			continue
@@ -405,6 +410,22 @@ func (q *request) writeOut(b []byte) error {
 		b = b[n:]
 	}
 	return nil
+}
+
+// pushHTTP hands what is buffered to net/http's writer (which writes it
+// at its flush).
+func (q *request) pushHTTP() error {
+	d := q.out.data()
+	if len(d) == 0 {
+		q.out.release()
+		return q.writeErr
+	}
+	_, err := q.w.Write(d)
+	q.out.release()
+	if err != nil && q.writeErr == nil {
+		q.writeErr = err
+	}
+	return err
 }
 
 // flushOut writes what is buffered to the taken-over connection as one
