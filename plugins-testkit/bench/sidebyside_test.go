@@ -177,6 +177,16 @@ func startSides(b *testing.B, server bool) (*sbSide, *harness.Role, []*sbSide) {
 	role := &sbSide{name: "CapyCTL", base: r.InferenceURL(), key: r.Creds.APIKey, direct: eng,
 		cpu: func() int64 { return treeTicks(rolePID, engineSet(r)) }}
 	sides := []*sbSide{bare, role}
+	if dir := os.Getenv("CAPYCTL_BENCH_BASELINE"); dir != "" {
+		// Another build of CapyCTL, measured beside this one.
+		br := harness.StartStandalone(b, harness.Options{Bin: filepath.Join(dir, "capyctl")})
+		addFake(b, br, "fake", sbFakeArgs...)
+		br.MustDeploy("demo", sbSpec("demo", "fake", 64, ""))
+		beng, _ := instanceOf(b, br, "demo")
+		brPID := br.PID()
+		sides = append(sides, &sbSide{name: "baseline", base: br.InferenceURL(), key: br.Creds.APIKey, direct: beng,
+			cpu: func() int64 { return treeTicks(brPID, engineSet(br)) }})
+	}
 	if server {
 		srv := harness.StartServer(b, harness.Options{})
 		host := harness.StartHost(b, srv, harness.HostOptions{Name: "gpu-a", GPU: harness.SimGPU{DeviceMemory: "80GiB"}})
@@ -332,22 +342,21 @@ func measureProxies(b *testing.B, k sbKnobs, sides []*sbSide) []string {
 	var out []string
 	say := func(format string, a ...any) { out = append(out, fmt.Sprintf(format, a...)) }
 	get := func(fig, side string) *sbResult { return res[fig][side] }
-	hasServer := len(sides) > 2
 	say("")
-	if hasServer {
-		say("| figure | bare proxy | CapyCTL | ratio | server relay | ratio | target |")
-		say("|---|---|---|---|---|---|---|")
-	} else {
-		say("| figure | bare proxy | CapyCTL | ratio | target |")
-		say("|---|---|---|---|---|")
+	head, rule := "| figure | bare proxy |", "|---|---|"
+	for _, s := range sides[1:] {
+		head += " " + s.name + " | ratio |"
+		rule += "---|---|"
 	}
+	say("%s target |", head)
+	say("%s---|", rule)
 	row := func(name, unit string, pick func(*sbResult) []float64, target string, format string) {
-		bv := median(pick(get(name[:strings.Index(name, ":")], "bare proxy")))
-		rv := median(pick(get(name[:strings.Index(name, ":")], "CapyCTL")))
-		line := fmt.Sprintf("| %s | "+format+" %s | "+format+" %s | %.2f |", name, bv, unit, rv, unit, ratio(rv, bv))
-		if hasServer {
-			sv := median(pick(get(name[:strings.Index(name, ":")], "server relay")))
-			line += fmt.Sprintf(" "+format+" %s | %.2f |", sv, unit, ratio(sv, bv))
+		fig := name[:strings.Index(name, ":")]
+		bv := median(pick(get(fig, "bare proxy")))
+		line := fmt.Sprintf("| %s | "+format+" %s |", name, bv, unit)
+		for _, s := range sides[1:] {
+			v := median(pick(get(fig, s.name)))
+			line += fmt.Sprintf(" "+format+" %s | %.2f |", v, unit, ratio(v, bv))
 		}
 		out = append(out, line+" "+target+" |")
 	}
@@ -363,12 +372,13 @@ func measureProxies(b *testing.B, k sbKnobs, sides []*sbSide) []string {
 	row("8-token answer, c=32: CPU per request", "µs", cpu, "≤ 1.0", "%.0f")
 	say("")
 	for _, f := range sbFigures {
-		line := fmt.Sprintf("%s: last chunk or answer p50 %.3f / %.3f ms, first chunk p50 %.3f / %.3f ms (bare / CapyCTL)",
-			f.name, median(get(f.name, "bare proxy").p50), median(get(f.name, "CapyCTL").p50),
-			median(get(f.name, "bare proxy").first50), median(get(f.name, "CapyCTL").first50))
-		if hasServer {
-			s := get(f.name, "server relay")
-			line += fmt.Sprintf("; server relay p50 %.3f ms, the host behind it %.0f µs of CPU per request", median(s.p50), median(s.extra))
+		line := f.name + ": last chunk or answer p50, first chunk p50:"
+		for _, s := range sides {
+			r := get(f.name, s.name)
+			line += fmt.Sprintf(" %s %.3f, %.3f ms;", s.name, median(r.p50), median(r.first50))
+			if s.extra != nil {
+				line += fmt.Sprintf(" the host behind the server %.0f µs of CPU per request;", median(r.extra))
+			}
 		}
 		errs := 0
 		for _, s := range sides {
