@@ -605,46 +605,57 @@ func (ac *aggChoice) appendJSON(b []byte, index int) []byte {
 	return append(b, '}')
 }
 
-var (
-	plainDelta = []byte(`"delta":{"content":"`)
-	slowKeys   = [][]byte{usageKey, timingsKey, []byte(`"tool_calls"`), []byte(`"reasoning`), []byte(`"refusal"`), []byte(`"logprobs":{`), []byte(`"logprobs":[`), finishKey, []byte(`"index":1`)}
-)
-
-// plainContent reads the text of the common chunk whose only choice's
-// delta is {"content":"..."} without decoding the whole chunk; ok is false
-// for any other shape (decoded in full).
+// plainContent reads the text of the common chunk whose only choice (index
+// 0) has a delta of {"content":"..."} and no finish reason or log
+// probabilities, and which carries no usage or timings, without decoding
+// it: one walk over its members (scanChunkFacts' walker). ok is false for
+// any other shape (decoded in full).
 func plainContent(p []byte) (string, bool) {
-	i := bytes.Index(p, plainDelta)
-	if i < 0 || bytes.Count(p, []byte(`"delta":`)) != 1 {
+	var text []byte
+	choices := 0
+	ok := eachRawMember(p, func(key, v []byte) bool {
+		switch string(key) {
+		case "usage", "timings":
+			return false
+		case "choices":
+			choices++
+			return choices == 1 && eachRawElement(v, func(c []byte) bool {
+				if text != nil || len(c) == 0 || c[0] != '{' {
+					return false // a second choice, or not an object
+				}
+				return eachRawMember(c, func(key, v []byte) bool {
+					switch string(key) {
+					case "index":
+						return string(v) == "0"
+					case "finish_reason", "logprobs":
+						return string(v) == "null"
+					case "delta":
+						n := 0
+						return v[0] == '{' && eachRawMember(v, func(key, v []byte) bool {
+							n++
+							if n > 1 || string(key) != "content" || v[0] != '"' {
+								return false
+							}
+							text = v
+							return true
+						})
+					}
+					return false
+				})
+			})
+		}
+		return true
+	})
+	if !ok || text == nil {
 		return "", false
 	}
-	for _, k := range slowKeys {
-		if bytes.Contains(p, k) {
-			return "", false
-		}
+	raw := text[1 : len(text)-1]
+	if bytes.IndexByte(raw, '\\') < 0 {
+		return string(raw), true
 	}
-	start := i + len(plainDelta)
-	esc := false
-	for j := start; j < len(p); j++ {
-		switch c := p[j]; {
-		case c == '\\':
-			esc = true
-			j++
-		case c == '"':
-			if j+1 >= len(p) || p[j+1] != '}' {
-				return "", false
-			}
-			if !esc {
-				return string(p[start:j]), true
-			}
-			var out string
-			if json.Unmarshal(p[start-1:j+1], &out) != nil {
-				return "", false
-			}
-			return out, true
-		case c < 0x20:
-			return "", false
-		}
+	var out string
+	if json.Unmarshal(text, &out) != nil {
+		return "", false
 	}
-	return "", false
+	return out, true
 }

@@ -88,7 +88,53 @@ func FuzzScanChunkFacts(f *testing.F) {
 	for _, c := range chunkCases {
 		f.Add([]byte(c.in))
 	}
-	f.Fuzz(func(t *testing.T, p []byte) { agreeWithDecoding(t, p) })
+	f.Fuzz(func(t *testing.T, p []byte) {
+		agreeWithDecoding(t, p)
+		figuresFound(t, p)
+	})
+}
+
+func TestCarriesFigures(t *testing.T) {
+	cases := []struct {
+		name, in string
+		want     bool
+	}{
+		{"content", chunkCases[0].in, false},
+		{"llama.cpp's last chunk", chunkCases[2].in, true},
+		{"usage only", chunkCases[3].in, true},
+		{"usage null", `{"id":"c","choices":[],"usage":null}`, true},
+		{"spaces before the colon", `{"id":"c","usage" :{"prompt_tokens":1}}`, true},
+		{"timings", `{"id":"c","choices":[{"delta":{"content":"a"}}],"timings":{"prompt_n":1}}`, true},
+		{"finish reason", `{"choices":[{"delta":{},"finish_reason":"stop"}]}`, true},
+		{"finish reason null", `{"choices":[{"delta":{"content":"a"},"finish_reason":null}]}`, false},
+		// As bytes.Contains of "finish_reason":" read them before.
+		{"finish reason after a space", `{"choices":[{"delta":{},"finish_reason": "stop"}]}`, false},
+		{"a name inside a string", `{"choices":[{"delta":{"content":"\"usage\": 1, \"timings\":2"}}]}`, false},
+		{"a value, not a name", `{"choices":[{"delta":{"content":"usage"}}],"x":"timings"}`, false},
+		{"a colon at the start", `:`, false},
+		{"a quote and a colon", `":`, false},
+		{"nothing but a name", `"usage":`, true},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			if got := carriesFigures([]byte(c.in)); got != c.want {
+				t.Fatalf("carriesFigures(%s) = %v, want %v", c.in, got, c.want)
+			}
+		})
+	}
+}
+
+// figuresFound holds carriesFigures to every chunk whose figures the scan
+// reads: a chunk it passes over must carry none.
+func figuresFound(t *testing.T, p []byte) {
+	t.Helper()
+	var f chunkFacts
+	if !scanChunkFacts(p, &f) || carriesFigures(p) {
+		return
+	}
+	if f.usage != nil || f.timings != nil || (f.finish && bytes.Contains(p, finishKey)) {
+		t.Fatalf("%s: carriesFigures false, but the scan reads %s", p, showFacts(&f))
+	}
 }
 
 func agreeWithDecoding(t *testing.T, p []byte) {

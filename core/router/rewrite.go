@@ -26,6 +26,17 @@ type rewriter struct {
 type substitution struct {
 	key      []byte // `"id":`
 	old, new []byte // quoted
+	// tail is what the search looks for: old's last bytes, whose first
+	// byte (an ID's last characters) is rarer in a chunk than the quote
+	// old starts with, which bytes.Index would stop at in every member.
+	tail []byte
+}
+
+// maxTail is the longest tail a substitution searches for.
+const maxTail = 12
+
+func newSubstitution(key, old, new []byte) substitution {
+	return substitution{key: key, old: old, new: new, tail: old[max(len(old)-maxTail, 0):]}
 }
 
 func (rw *rewriter) setOldID(id string) {
@@ -38,31 +49,35 @@ func (rw *rewriter) build() {
 	rw.built = true
 	q := func(s string) []byte { b, _ := json.Marshal(s); return b }
 	if rw.oldID != "" && rw.oldID != rw.newID {
-		rw.subs = append(rw.subs, substitution{key: []byte(`"id":`), old: q(rw.oldID), new: q(rw.newID)})
+		rw.subs = append(rw.subs, newSubstitution([]byte(`"id":`), q(rw.oldID), q(rw.newID)))
 	}
 	if rw.served != "" && rw.served != rw.public {
-		rw.subs = append(rw.subs, substitution{key: []byte(`"model":`), old: q(rw.served), new: q(rw.public)})
+		rw.subs = append(rw.subs, newSubstitution([]byte(`"model":`), q(rw.served), q(rw.public)))
 	}
 }
 
 // at returns where in p the next replacement of s starts (the old value's
 // index; -1 when none), searching from from.
 func (s *substitution) at(p []byte, from int) int {
-	for from < len(p) {
-		i := bytes.Index(p[from:], s.old)
+	for next := from; next < len(p); {
+		i := bytes.Index(p[next:], s.tail)
 		if i < 0 {
 			return -1
 		}
-		i += from
+		end := next + i + len(s.tail)
+		next += i + 1
+		start := end - len(s.old)
+		if start < from || !bytes.Equal(p[start:end], s.old) {
+			continue
+		}
 		// The member's name, then a colon and at most one space.
-		k := i
+		k := start
 		if k > 0 && p[k-1] == ' ' {
 			k--
 		}
 		if k >= len(s.key) && bytes.Equal(p[k-len(s.key):k], s.key) {
-			return i
+			return start
 		}
-		from = i + 1
 	}
 	return -1
 }

@@ -23,10 +23,22 @@ func TestRewriter_Write(t *testing.T) {
 		{"model only", `{"model":"m","id":"x"}`, "", "m", `{"model":"demo","id":"x"}`},
 		{"nothing to replace", `{"id":"e-1","model":"demo"}`, "", "", `{"id":"e-1","model":"demo"}`},
 		{"an id with quotes", `{"id":"a\"b"}`, `a"b`, "", `{"id":"capy-1"}`},
+		// Longer than the tail the search looks for.
+		{"a long id", `{"id":"chatcmpl-8f2b0c7e9d0a4c1b9b5a","model":"m"}`, "chatcmpl-8f2b0c7e9d0a4c1b9b5a", "m", `{"id":"capy-1","model":"demo"}`},
+		{"a long id at the end", `{"choices":[],"model":"m","id":"chatcmpl-8f2b0c7e9d0a4c1b9b5a"}`, "chatcmpl-8f2b0c7e9d0a4c1b9b5a", "",
+			`{"choices":[],"model":"m","id":"capy-1"}`},
+		{"another value ending like the id", `{"ref":"xx-8f2b0c7e9d0a4c1b9b5a","id":"x-8f2b0c7e9d0a4c1b9b5a","id":"chatcmpl-8f2b0c7e9d0a4c1b9b5a"}`, "chatcmpl-8f2b0c7e9d0a4c1b9b5a", "",
+			`{"ref":"xx-8f2b0c7e9d0a4c1b9b5a","id":"x-8f2b0c7e9d0a4c1b9b5a","id":"capy-1"}`},
+		{"a long id twice", `{"id":"chatcmpl-8f2b0c7e9d0a4c1b9b5a","x":{"id": "chatcmpl-8f2b0c7e9d0a4c1b9b5a"}}`, "chatcmpl-8f2b0c7e9d0a4c1b9b5a", "",
+			`{"id":"capy-1","x":{"id": "capy-1"}}`},
+		{"a long served name", `{"model":"org/some-model-name-v2","id":"x"}`, "", "org/some-model-name-v2", `{"model":"demo","id":"x"}`},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			rw := rewriter{newID: "capy-1", public: "demo", served: c.served}
+			if c.served == "" {
+				rw.served = "demo"
+			}
 			if c.oldID != "" {
 				rw.setOldID(c.oldID)
 			}
