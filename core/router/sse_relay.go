@@ -37,6 +37,7 @@ func (q *request) relaySSE(sr *sseReader, call *engineCall) {
 		q.setWriteDeadline()
 	} else {
 		st.agg = newAggregate()
+		sr.timed = true
 	}
 	if q.sseLoop(st) {
 		q.st, q.handedOff = st, true
@@ -84,6 +85,17 @@ func (q *request) sseLoop(st *sseState) bool {
 			}
 			if !q.firstContent.IsZero() && !st.trailer {
 				sr.readWithin(q.b.streamIdle)
+				if st.agg != nil && sr.waited < gatherWindow {
+					// An answer assembled for a client that asked for no
+					// stream: nobody sees its chunks arrive. An engine
+					// that sends them faster than the window has the next
+					// ones ready together after it, read at once: one
+					// wake-up for several chunks, not one each. A hang-up
+					// still cuts the engine at once (the cutter closes
+					// its connection); the answer ends at most one window
+					// later.
+					time.Sleep(gatherWindow)
+				}
 			}
 			if q.cc != nil && !q.handedOff {
 				return true
@@ -91,6 +103,10 @@ func (q *request) sseLoop(st *sseState) bool {
 		}
 	}
 }
+
+// gatherWindow is how long the relay of an assembled answer waits between
+// reads of an engine that sends its chunks faster than that (sseLoop).
+const gatherWindow = 5 * time.Millisecond
 
 // sseReadErr records why the engine's stream ended.
 func (q *request) sseReadErr(st *sseState, err error) {
