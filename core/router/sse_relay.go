@@ -93,8 +93,10 @@ func (q *request) sseLoop(st *sseState) bool {
 					// wake-up for several chunks, not one each. A hang-up
 					// still cuts the engine at once (the cutter closes
 					// its connection); the answer ends at most one window
-					// later.
-					time.Sleep(gatherWindow)
+					// later. The window ends on the clock's next multiple
+					// of it, the same instant for every answer gathering:
+					// the runtime wakes them together.
+					time.Sleep(gatherWindow - time.Duration(time.Now().UnixNano()%int64(gatherWindow)))
 				}
 			}
 			if q.cc != nil && !q.handedOff {
