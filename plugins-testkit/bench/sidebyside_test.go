@@ -139,20 +139,20 @@ func measureSideBySide(b *testing.B) []string {
 	say := func(format string, a ...any) { out = append(out, fmt.Sprintf(format, a...)) }
 	say("side by side (issue 31): warm-up %s, measured %s, %d repetitions interleaved, medians; load average at the start %s",
 		k.warm, k.measure, k.reps, loadAverage())
-	var role *harness.Role
+	var roles []*harness.Role
 	var bare *sbSide
 	if k.runs("proxy") || k.runs("llama") || k.runs("cold") {
 		var sides []*sbSide
-		bare, role, sides = startSides(b, k.runs("proxy"))
+		bare, roles, sides = startSides(b, k.runs("proxy"))
 		if k.runs("proxy") {
 			out = append(out, measureProxies(b, k, sides)...)
 		}
 	}
 	if k.runs("llama") {
-		out = append(out, measureLlama(b, k, role)...)
+		out = append(out, measureLlama(b, k, roles)...)
 	}
 	if k.runs("cold") {
-		out = append(out, measureColdUnderLoad(b, k, role, bare)...)
+		out = append(out, measureColdUnderLoad(b, k, roles[0], bare)...)
 	}
 	if k.runs("fleet") {
 		out = append(out, measureFleetScale(b, k)...)
@@ -162,12 +162,14 @@ func measureSideBySide(b *testing.B) []string {
 }
 
 // startSides starts the bare proxy and a standalone role, each in front of
-// its own fake engine, and, with server, a server relaying to a host.
-func startSides(b *testing.B, server bool) (*sbSide, *harness.Role, []*sbSide) {
+// its own fake engine (and the baseline build's role, with
+// CAPYCTL_BENCH_BASELINE), and, with server, a server relaying to a host.
+// roles are the standalone roles, this build's first.
+func startSides(b *testing.B, server bool) (bare *sbSide, roles []*harness.Role, sides []*sbSide) {
 	_, fakeBin := harness.Binaries(b)
 	engURL, _ := spawnFake(b, fakeBin, "demo", sbFakeArgs...)
 	proxyURL, proxyPID := startBareProxyPID(b, engURL)
-	bare := &sbSide{name: "bare proxy", base: proxyURL, direct: engURL, cpu: func() int64 { return cpuTicks(proxyPID) }}
+	bare = &sbSide{name: "bare proxy", base: proxyURL, direct: engURL, cpu: func() int64 { return cpuTicks(proxyPID) }}
 
 	r := harness.StartStandalone(b, harness.Options{})
 	addFake(b, r, "fake", sbFakeArgs...)
@@ -176,7 +178,8 @@ func startSides(b *testing.B, server bool) (*sbSide, *harness.Role, []*sbSide) {
 	rolePID := r.PID()
 	role := &sbSide{name: "CapyCTL", base: r.InferenceURL(), key: r.Creds.APIKey, direct: eng,
 		cpu: func() int64 { return treeTicks(rolePID, engineSet(r)) }}
-	sides := []*sbSide{bare, role}
+	sides = []*sbSide{bare, role}
+	roles = []*harness.Role{r}
 	if dir := os.Getenv("CAPYCTL_BENCH_BASELINE"); dir != "" {
 		// Another build of CapyCTL, measured beside this one.
 		br := harness.StartStandalone(b, harness.Options{Bin: filepath.Join(dir, "capyctl")})
@@ -184,6 +187,7 @@ func startSides(b *testing.B, server bool) (*sbSide, *harness.Role, []*sbSide) {
 		br.MustDeploy("demo", sbSpec("demo", "fake", 64, ""))
 		beng, _ := instanceOf(b, br, "demo")
 		brPID := br.PID()
+		roles = append(roles, br)
 		sides = append(sides, &sbSide{name: "baseline", base: br.InferenceURL(), key: br.Creds.APIKey, direct: beng,
 			cpu: func() int64 { return treeTicks(brPID, engineSet(br)) }})
 	}
@@ -201,7 +205,7 @@ func startSides(b *testing.B, server bool) (*sbSide, *harness.Role, []*sbSide) {
 			cpu:   func() int64 { return treeTicks(srvPID, nil) },
 			extra: func() int64 { return treeTicks(hostPID, engineSet(host)) }})
 	}
-	return bare, r, sides
+	return bare, roles, sides
 }
 
 // addFake registers the fake engine (without an engine key, so that the
@@ -635,10 +639,11 @@ func loadAverage() string {
 	return strings.Join(f[:3], " ")
 }
 
-// measureLlama is the role against the bare proxy in front of a real
+// measureLlama is the roles against the bare proxy in front of a real
 // llama-server (CAPYCTL_LLAMA_SERVER) serving stories260K: answers of 64
-// tokens at concurrency 4, non-streamed and streamed.
-func measureLlama(b *testing.B, k sbKnobs, role *harness.Role) []string {
+// tokens at concurrency 4, non-streamed and streamed; each target has its
+// own llama-server.
+func measureLlama(b *testing.B, k sbKnobs, roles []*harness.Role) []string {
 	bin := os.Getenv("CAPYCTL_LLAMA_SERVER")
 	if bin == "" {
 		return []string{"", "llama-server: skipped (set CAPYCTL_LLAMA_SERVER to a llama-server binary)"}
@@ -647,10 +652,11 @@ func measureLlama(b *testing.B, k sbKnobs, role *harness.Role) []string {
 	if _, err := os.Stat(model); err != nil {
 		model = harness.StoriesGGUF()
 	}
-	// The bare proxy's own llama-server, started as the driver starts one.
+	// The bare proxy's own llama-server, started with the options the
+	// driver renders.
 	port := ports.Lease(b)
 	cmd := exec.Command(bin, "--model", model, "--host", "127.0.0.1", "--port", strconv.Itoa(port), "--alias", "stories",
-		"--ctx-size", "4096", "--parallel", "4", "--n-gpu-layers", "0", "--metrics", "--slots", "--no-webui")
+		"--ctx-size", "4096", "--parallel", "4", "--n-gpu-layers", "0", "--metrics", "--slots", "--no-context-shift", "--no-webui")
 	cmd.Stdout, cmd.Stderr = io.Discard, io.Discard
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
@@ -667,37 +673,45 @@ func measureLlama(b *testing.B, k sbKnobs, role *harness.Role) []string {
 		return resp.StatusCode == 200
 	})
 	proxyURL, proxyPID := startBareProxyPID(b, engURL)
-
-	// The role's: the llama.cpp driver runs it.
-	if out, errOut, code := role.CLI("engine", "add", bin, "--name", "llama", "--yes"); code != 0 {
-		b.Fatalf("engine add llama-server: %d %s %s", code, out, errOut)
+	type target struct {
+		name, base, key string
+		cpu             func() int64
 	}
+	targets := []target{{name: "bare proxy", base: proxyURL, cpu: func() int64 { return cpuTicks(proxyPID) }}}
 	data, err := os.ReadFile(model)
 	if err != nil {
 		b.Fatal(err)
 	}
-	role.WriteFile("models/stories/stories260K.gguf", string(data))
 	spec := "deployment \"stories\" {\n  engine = \"llama\"\n  model {\n    path = \"stories\"\n  }\n  engine_config {\n    max_concurrent_requests = 4\n    context_length = 1024\n    llamacpp {\n      n_gpu_layers = 0\n    }\n  }\n}\n"
-	if out, errOut, code := role.DeployFile("stories", spec, "--activate", "--wait"); code != 0 {
-		b.Fatalf("deploy stories: %d %s %s", code, out, errOut)
+	for i, r := range roles {
+		// The role's: the llama.cpp driver runs it.
+		if out, errOut, code := r.CLI("engine", "add", bin, "--name", "llama", "--yes"); code != 0 {
+			b.Fatalf("engine add llama-server: %d %s %s", code, out, errOut)
+		}
+		r.WriteFile("models/stories/stories260K.gguf", string(data))
+		if out, errOut, code := r.DeployFile("stories", spec, "--activate", "--wait"); code != 0 {
+			b.Fatalf("deploy stories: %d %s %s", code, out, errOut)
+		}
+		name := "CapyCTL"
+		if i > 0 {
+			name = "baseline"
+		}
+		pid := r.PID()
+		targets = append(targets, target{name: name, base: r.InferenceURL(), key: r.Creds.APIKey, cpu: func() int64 { return treeTicks(pid, engineSet(r)) }})
 	}
-	rolePID := role.PID()
 	var out []string
 	say := func(format string, a ...any) { out = append(out, fmt.Sprintf(format, a...)) }
 	say("")
-	say("llama-server (%s, stories260K), concurrency 4, %d answers of 64 tokens a run, %d runs interleaved, medians:", filepath.Base(bin), k.llamaN, k.reps)
+	say("llama-server (%s, stories260K), concurrency 4, %d answers of 64 tokens a run, %d runs interleaved, medians; CPU of the bare proxy, of the role and its children (not llama-server):",
+		filepath.Base(bin), k.llamaN, k.reps)
 	for _, stream := range []bool{false, true} {
 		body := fmt.Sprintf(`{"model":"stories","stream":%v,"max_tokens":64,"temperature":0,"messages":[{"role":"user","content":"Once upon a time"}]}`, stream)
-		var cpu [2][]float64
-		var p50 [2][]float64
-		errs := [2]int{}
+		cpu := make([][]float64, len(targets))
+		p50 := make([][]float64, len(targets))
+		errs := make([]int, len(targets))
 		for rep := 0; rep < k.reps; rep++ {
-			for i, base := range []string{proxyURL, role.InferenceURL()} {
-				key, tick := "", func() int64 { return cpuTicks(proxyPID) }
-				if i == 1 {
-					key, tick = role.Creds.APIKey, func() int64 { return treeTicks(rolePID, engineSet(role)) }
-				}
-				l := sbCount(b, base, key, body, stream, 4, k.llamaN, tick)
+			for i, t := range targets {
+				l := sbCount(b, t.base, t.key, body, stream, 4, k.llamaN, t.cpu)
 				cpu[i] = append(cpu[i], ticksPer(l.cpu, l.n))
 				p50[i] = append(p50[i], pct(l.lat, .5))
 				errs[i] += l.failed()
@@ -707,9 +721,25 @@ func measureLlama(b *testing.B, k sbKnobs, role *harness.Role) []string {
 		if stream {
 			kind = "streamed"
 		}
-		say("| llama-server, c=4, %s: CPU per request | %.0f µs | %.0f µs | %.2f | ≤ 2.0 (non-streamed) |", kind,
-			median(cpu[0]), median(cpu[1]), ratio(median(cpu[1]), median(cpu[0])))
-		say("  answer p50 %.1f / %.1f ms (bare / CapyCTL); failed %d / %d", median(p50[0]), median(p50[1]), errs[0], errs[1])
+		line := fmt.Sprintf("| llama-server, c=4, %s: CPU per request | %.0f µs |", kind, median(cpu[0]))
+		lat := fmt.Sprintf("  %s answer p50:", kind)
+		for i, t := range targets {
+			if i > 0 {
+				line += fmt.Sprintf(" %s %.0f µs | %.2f |", t.name, median(cpu[i]), ratio(median(cpu[i]), median(cpu[0])))
+			}
+			lat += fmt.Sprintf(" %s %.1f ms (%d failed);", t.name, median(p50[i]), errs[i])
+		}
+		if !stream {
+			line += " ≤ 2.0 |"
+		} else {
+			line += " |"
+		}
+		say("%s", line)
+		say("%s", lat)
+	}
+	for _, r := range roles {
+		// Stopped here: a role leaves its engines running when it exits.
+		_, _, _ = r.CLI("stop", "deployment", "stories", "--wait")
 	}
 	return out
 }
@@ -794,15 +824,21 @@ func measureFleetScale(b *testing.B, k sbKnobs) []string {
 		harness.StartHost(b, srv, harness.HostOptions{Name: "gpu-b", GPU: harness.SimGPU{DeviceMemory: "80GiB"}}),
 	}
 	waitHosts(b, srv, 2)
-	per := n/2 + 64
-	addFake(b, srv, "trickle", "--token-rate", "1", "--tokens", "100000", "--max-running", strconv.Itoa(per+100))
+	// A deployment's instance takes at most 1,024 requests at once: each
+	// host runs as many instances of 1,000 places as its half needs.
+	const places = 1000
+	per := n / 2
+	instances := (per + places - 1) / places
+	addFake(b, srv, "trickle", "--token-rate", "1", "--tokens", "100000", "--max-running", strconv.Itoa(places+100))
 	for i, h := range hosts {
 		dep := []string{"a", "b"}[i]
 		h.WriteFile("models/"+dep+"/README", "fake model\n")
 	}
 	waitEngineOnHosts(b, srv, "trickle")
-	srv.MustDeploy("a", sbSpec("a", "trickle", per, "gpu-a"))
-	srv.MustDeploy("b", sbSpec("b", "trickle", per, "gpu-b"))
+	for _, dep := range []string{"a", "b"} {
+		spec := strings.Replace(sbSpec(dep, "trickle", places, "gpu-"+dep), "  model {", fmt.Sprintf("  instances = %d\n  model {", instances), 1)
+		srv.MustDeploy(dep, spec)
+	}
 	body := func(dep string) string {
 		return strings.Replace(sbStreamBody, `"model":"demo"`, `"model":"`+dep+`"`, 1)
 	}
