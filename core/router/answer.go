@@ -384,7 +384,7 @@ func (a *aggregate) add(payload []byte, q *request) {
 			ac.hasText = true
 			if text != "" {
 				q.contentN++
-				q.lastContent = time.Now()
+				q.contentSeen = true
 			}
 			return
 		}
@@ -418,7 +418,7 @@ func (a *aggregate) add(payload []byte, q *request) {
 		}
 		if ch.hasContent() {
 			q.contentN++
-			q.lastContent = time.Now()
+			q.contentSeen = true
 		}
 		if ch.Text != nil {
 			ac.content.WriteString(*ch.Text)

@@ -5,7 +5,6 @@ package router
 
 import (
 	"bytes"
-	"time"
 )
 
 // scan reads what the router needs from a streamed chunk (first content,
@@ -19,7 +18,7 @@ import (
 func (q *request) scan(payload []byte, rw *rewriter) bool {
 	if rw.oldID != "" && q.contentN > 0 && !carriesFigures(payload) {
 		q.contentN++
-		q.lastContent = time.Now()
+		q.contentSeen = true
 		return true
 	}
 	var f chunkFacts
@@ -102,7 +101,7 @@ func (q *request) applyFacts(f *chunkFacts, ok bool, rw *rewriter) bool {
 		}
 		if f.content > 0 {
 			q.contentN += int64(f.content)
-			q.lastContent = time.Now()
+			q.contentSeen = true
 		}
 		if f.finish {
 			q.sawFinish = true
@@ -116,7 +115,7 @@ func (q *request) applyFacts(f *chunkFacts, ok bool, rw *rewriter) bool {
 		return !(f.choices == 0 && f.usage != nil && !q.usageOpt)
 	}
 	q.contentN++
-	q.lastContent = time.Now()
+	q.contentSeen = true
 	if !ok {
 		return true
 	}

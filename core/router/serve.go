@@ -158,6 +158,7 @@ type request struct {
 	headAt       time.Time
 	firstContent time.Time
 	lastContent  time.Time
+	contentSeen  bool // output arrived since lastContent was stamped (stampContent)
 	endAt        time.Time
 
 	headersSent bool

@@ -72,6 +72,7 @@ func (q *request) sseLoop(st *sseState) bool {
 			}
 		}
 		if !sr.buffered() {
+			q.stampContent()
 			if st.wrote && q.stream {
 				st.wrote = false
 				if q.wantsTakeOver(st) {
@@ -172,10 +173,20 @@ func (q *request) sseEvent(st *sseState, sr *sseReader, ev []byte) {
 	}
 }
 
+// stampContent records when the output read last arrived: once per read
+// from the engine, not once per chunk (its chunks arrived together).
+func (q *request) stampContent() {
+	if q.contentSeen {
+		q.lastContent = time.Now()
+		q.contentSeen = false
+	}
+}
+
 // sseComplete writes the end of a complete answer: it reaches the client
 // now, before the engine's body is drained (for a second at most).
 func (q *request) sseComplete(st *sseState, sr *sseReader) {
 	st.trailer = true
+	q.stampContent()
 	if st.engineErr == nil {
 		q.endAt = time.Now()
 		if err := q.writeAnswer(st.agg); err != nil {
@@ -189,6 +200,7 @@ func (q *request) sseComplete(st *sseState, sr *sseReader) {
 // sseEnd settles and answers the request once the engine's stream ended.
 func (q *request) sseEnd(st *sseState) {
 	sr, call := st.sr, st.call
+	q.stampContent()
 	if q.endAt.IsZero() {
 		q.endAt = time.Now()
 	}
