@@ -159,6 +159,9 @@ func newEnv(t *testing.T, o envOpts) *env {
 	mux.HandleFunc("POST /v1/rerank", e.rt.Rerank)
 	mux.HandleFunc("POST /v1/systemone", e.rt.Decisions)
 	mux.HandleFunc("GET /v1/models", e.rt.Models)
+	mux.HandleFunc("POST /v1/responses", e.rt.Responses)
+	mux.HandleFunc("POST /v1/messages", e.rt.Messages)
+	mux.HandleFunc("POST /v1/messages/count_tokens", e.rt.CountTokens)
 	e.srv = httptest.NewUnstartedServer(mux)
 	e.srv.Config.IdleTimeout = o.idleTimeout
 	e.srv.Start()

@@ -124,6 +124,15 @@ type Config struct {
 	ProgressAfter time.Duration
 	// ProgressEvery spaces the progress comments (default 5s).
 	ProgressEvery time.Duration
+	// Responses keeps the Responses API's stored responses (nil: none
+	// kept; a request's store reads false and previous_response_id finds
+	// nothing).
+	Responses ResponseStore
+	// RelayedResponses is set on a host behind a server: a Responses
+	// request's "capyctl" member (the server's response ID and the
+	// history it holds) is honoured, and the host keeps nothing; a
+	// client's own is refused elsewhere.
+	RelayedResponses bool
 	// KeepStreamsOnNetHTTP relays every answer on its net/http handler, as
 	// before streams were taken over (hijack.go): about 20 KiB more per
 	// open stream. For comparisons in the same run (make bench).
