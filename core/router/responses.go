@@ -679,7 +679,7 @@ func itemStatus(it *turnItem, status string) string {
 
 // responseItemJSON is an output item, whole.
 func responseItemJSON(it *turnItem, status string) []byte {
-	o := newObj(128 + it.text.Len() + it.args.Len()).str("id", it.id)
+	o := newObj(128+it.text.Len()+it.args.Len()).str("id", it.id)
 	switch it.kind {
 	case itemText:
 		o.str("type", "message").str("status", status).str("role", "assistant")
