@@ -19,6 +19,7 @@ import (
 	"github.com/capyctl/capyctl/core/fleet/raftlog"
 	"github.com/capyctl/capyctl/core/hostlink/proto/hostv1"
 	"github.com/capyctl/capyctl/core/lifecycle"
+	"github.com/capyctl/capyctl/core/router"
 	"github.com/capyctl/capyctl/core/runinfo"
 	"github.com/capyctl/capyctl/core/structs"
 	"github.com/capyctl/capyctl/core/version"
@@ -137,7 +138,9 @@ func relayHandler(inference, management http.Handler, creds *runinfo.Credentials
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if strings.HasPrefix(r.URL.Path, "/v1/") {
 			r.Header.Set("Authorization", "Bearer "+creds.APIKey)
-			inference.ServeHTTP(w, r)
+			// The server's own members (a Responses request's history and
+			// ID) are honoured on this path only.
+			inference.ServeHTTP(w, r.WithContext(router.WithRelayed(r.Context())))
 			return
 		}
 		r.Header.Set("Authorization", "Bearer "+creds.AdminToken)

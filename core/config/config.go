@@ -86,6 +86,7 @@ type Config struct {
 	TLS               TLS
 	Shutdown          Shutdown
 	RequestLedger     RequestLedger
+	Responses         Responses
 	Drivers           Drivers
 
 	sources map[string]Source
@@ -172,6 +173,14 @@ type RequestLedger struct {
 	Enabled    bool
 	Retention  structs.Duration
 	MaxRecords int
+}
+
+// Responses configures the Responses API's stored responses.
+type Responses struct {
+	// Retention is how long a stored response is kept; 0 keeps none.
+	Retention structs.Duration
+	// MaxBytes bounds the stored responses, all together (oldest out).
+	MaxBytes structs.ByteSize
 }
 
 // Source says where a setting's value came from.

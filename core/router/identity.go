@@ -35,3 +35,18 @@ func CallerOf(ctx context.Context) Caller {
 	}
 	return Caller{Key: DefaultKeyName}
 }
+
+type relayKey struct{}
+
+// WithRelayed marks ctx as a request a server relayed to this host over
+// the host link: its Responses request may carry the server's "capyctl"
+// member (RelayedResponse), which a client's never may.
+func WithRelayed(ctx context.Context) context.Context {
+	return context.WithValue(ctx, relayKey{}, true)
+}
+
+// relayed reports a request a server relayed (WithRelayed).
+func relayed(ctx context.Context) bool {
+	v, _ := ctx.Value(relayKey{}).(bool)
+	return v
+}

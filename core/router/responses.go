@@ -57,7 +57,7 @@ type responsesRequest struct {
 	MaxToolCalls json.RawMessage `json:"max_tool_calls"`
 	TopLogprobs  json.RawMessage `json:"top_logprobs"`
 	// Relayed is the server's member on a request it relays to a host
-	// (honoured only where Config.RelayedResponses is set).
+	// (honoured only on a request that came over the host link).
 	Relayed *RelayedResponse `json:"capyctl"`
 }
 
@@ -134,7 +134,7 @@ func (d *responsesDialect) parse(q *request) error {
 	d.store = r.Store == nil || *r.Store
 	st := d.rt.cfg.Responses
 	switch {
-	case r.Relayed != nil && d.rt.cfg.RelayedResponses:
+	case r.Relayed != nil && relayed(q.r.Context()):
 		// A host behind a server: the server chose the ID, holds the
 		// history and keeps the answer.
 		d.id, d.store, d.history = r.Relayed.ResponseID, r.Relayed.Store, r.Relayed.History

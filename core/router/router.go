@@ -128,11 +128,6 @@ type Config struct {
 	// kept; a request's store reads false and previous_response_id finds
 	// nothing).
 	Responses ResponseStore
-	// RelayedResponses is set on a host behind a server: a Responses
-	// request's "capyctl" member (the server's response ID and the
-	// history it holds) is honoured, and the host keeps nothing; a
-	// client's own is refused elsewhere.
-	RelayedResponses bool
 	// KeepStreamsOnNetHTTP relays every answer on its net/http handler, as
 	// before streams were taken over (hijack.go): about 20 KiB more per
 	// open stream. For comparisons in the same run (make bench).
