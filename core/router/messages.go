@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/capyctl/capyctl/core/api/wire"
 	"github.com/capyctl/capyctl/core/structs"
@@ -588,6 +589,7 @@ func (d *countTokensDialect) whole(q *request, data []byte) error {
 		return nil
 	}
 	q.usage.known, q.usage.prompt = true, *v.InputTokens
+	q.firstContent = time.Time{} // a count has no first token
 	out := append(newObj(128).int("input_tokens", *v.InputTokens).raw("capyctl", newObj(512).raw("metrics", q.appendMetrics(nil)).bytes()).bytes(), '\n')
 	q.setWriteDeadline()
 	q.writeJSONHead(http.StatusOK, nil, "application/json", len(out))
