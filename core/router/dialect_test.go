@@ -57,13 +57,21 @@ func newScriptedEngine(t *testing.T, status int, ctype, answer string) *scripted
 		s.mu.Lock()
 		s.paths = append(s.paths, r.URL.Path)
 		s.bodies = append(s.bodies, string(b))
+		answer := s.answer
 		s.mu.Unlock()
 		w.Header().Set("Content-Type", s.ctype)
 		w.WriteHeader(s.status)
-		_, _ = io.WriteString(w, s.answer)
+		_, _ = io.WriteString(w, answer)
 	}))
 	t.Cleanup(s.srv.Close)
 	return s
+}
+
+// setAnswer changes the scripted answer for the next requests.
+func (s *scriptedEngine) setAnswer(a string) {
+	s.mu.Lock()
+	s.answer = a
+	s.mu.Unlock()
 }
 
 func (s *scriptedEngine) last() (string, string) {

@@ -130,6 +130,8 @@ type envOpts struct {
 	api     string
 	// idleTimeout is the HTTP server's (0: none).
 	idleTimeout time.Duration
+	// wrap wraps the router's handlers (as the API's authentication does).
+	wrap func(http.Handler) http.Handler
 }
 
 func newEnv(t *testing.T, o envOpts) *env {
@@ -162,7 +164,11 @@ func newEnv(t *testing.T, o envOpts) *env {
 	mux.HandleFunc("POST /v1/responses", e.rt.Responses)
 	mux.HandleFunc("POST /v1/messages", e.rt.Messages)
 	mux.HandleFunc("POST /v1/messages/count_tokens", e.rt.CountTokens)
-	e.srv = httptest.NewUnstartedServer(mux)
+	var h http.Handler = mux
+	if o.wrap != nil {
+		h = o.wrap(h)
+	}
+	e.srv = httptest.NewUnstartedServer(h)
 	e.srv.Config.IdleTimeout = o.idleTimeout
 	e.srv.Start()
 	t.Cleanup(e.srv.Close)
