@@ -33,18 +33,23 @@ func (a *Agent) openServer() error {
 	if listen == "" {
 		listen = "0.0.0.0:8444"
 	}
+	// The Responses API's stored responses of the requests this server
+	// takes: its IDs name this server (core/fleet/responses.go).
+	a.Responses = a.openResponses()
 	srv, err := fleet.NewServer(fleet.ServerOptions{StateDir: a.s.StateDir, Listen: listen, Advertise: a.s.ClusterAdvertise,
 		Store: a.Store, Logger: a.logger, Heartbeat: a.s.HostHeartbeat,
 		GroupStallTimeout: a.s.GroupStallTimeout,
 		Name:              a.s.Hostname, BootstrapExpect: a.s.BootstrapExpect, Join: a.s.ServerJoin, JoinToken: a.s.JoinToken,
-		OpenRaft: raftlog.OpenFleet})
+		OpenRaft: raftlog.OpenFleet, Responses: a.Responses})
 	if err != nil {
+		_ = a.Responses.Close()
 		a.Store.Close()
 		return err
 	}
 	a.Fleet = srv
 	if err := a.listen(); err != nil {
 		srv.Close()
+		_ = a.Responses.Close()
 		a.Store.Close()
 		return err
 	}
