@@ -129,3 +129,49 @@ func TestInference_StoredResponses(t *testing.T) {
 		t.Fatalf("get without a key: %d", status)
 	}
 }
+
+// TestRequestsView_Routes: the management API's request log view (the
+// dashboard's requests panel) names each request's route, newest first,
+// and the dashboard asks for it and shows the route.
+func TestRequestsView_Routes(t *testing.T) {
+	st, err := store.Open(filepath.Join(t.TempDir(), "capyctl.db"), store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	w := store.NewRequestWriter(st, store.DefaultRequestWriterOptions())
+	at := time.Now().UTC()
+	for i, api := range []string{"chat", "responses", "messages", "count_tokens"} {
+		w.Record(structs.RequestRecord{ID: "capy-" + api, Deployment: "demo", API: api, Outcome: "completed", Status: 200,
+			ReceivedAt: at.Add(time.Duration(i) * time.Second), TotalMs: 1})
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(NewManagementHandler(&Backend{Store: st}, testToken))
+	defer srv.Close()
+	auth := map[string]string{"Authorization": "Bearer " + testToken}
+	status, _, body := do(t, "GET", srv.URL+"/management/v1/requests?limit=3", auth, "")
+	var out struct {
+		Requests []struct {
+			ID, Route string
+		} `json:"requests"`
+	}
+	if status != 200 || json.Unmarshal([]byte(body), &out) != nil {
+		t.Fatalf("%d %s", status, body)
+	}
+	var routes []string
+	for _, r := range out.Requests {
+		routes = append(routes, r.Route)
+	}
+	if strings.Join(routes, ",") != "count_tokens,messages,responses" {
+		t.Fatalf("routes %v: %s", routes, body)
+	}
+	if status, _, _ := do(t, "GET", srv.URL+"/management/v1/requests?limit=0", auth, ""); status != 400 {
+		t.Fatalf("limit 0: %d", status)
+	}
+	_, _, js := do(t, "GET", srv.URL+"/dashboard/app.js", nil, "")
+	if !strings.Contains(js, "API + '/requests?limit='") || !strings.Contains(js, "r.route") {
+		t.Fatal("the dashboard does not list the requests' routes")
+	}
+}
