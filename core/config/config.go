@@ -353,6 +353,15 @@ func (c *Config) check() []Problem {
 			bad("engine_logs", "retention = zero keeps engine logs in memory only; drop engine_logs = file or the zero retention")
 		}
 	}
+	if c.Retention == "zero" && c.Responses.Retention != 0 {
+		// Stored responses hold prompts and answers: zero retention keeps none.
+		if src, ok := c.sources["responses.retention"]; !ok || src.From == FromDefault {
+			c.Responses.Retention = 0
+			c.sources["responses.retention"] = Source{Value: "0s", From: FromDefault, Detail: "retention = zero stores no response"}
+		} else {
+			bad("responses.retention", "retention = zero stores no response (they hold prompts and answers); drop responses.retention or the zero retention")
+		}
+	}
 	if c.RequestLedger.Enabled && (c.RequestLedger.MaxRecords == 0 || c.RequestLedger.Retention == 0) {
 		path := "request_ledger.max_records"
 		if c.RequestLedger.Retention == 0 {
