@@ -135,16 +135,29 @@ func TestDialects_EngineFailsMidStream(t *testing.T) {
 		`{"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":"Hi"},"finish_reason":null}]}`,
 		`{"error":{"message":"CUDA out of memory","code":500}}`,
 		`[DONE]`)
-	cases := []struct{ path, body, want string }{
-		{"/v1/messages", `{"model":"demo","max_tokens":5,"stream":true,"messages":[{"role":"user","content":"x"}]}`,
-			`event: error` + "\n" + `data: {"type":"error","error":{"type":"api_error","message":"CUDA out of memory","code":"engine_error"}`},
-		{"/v1/responses", `{"model":"demo","input":"x","stream":true}`,
-			`"type":"response.failed"`},
+	// vLLM's own Responses route fails a response with response.failed.
+	nativeFailed := sse(
+		`response.created|{"type":"response.created","sequence_number":0,"response":{"id":"resp_x","status":"in_progress","output":[]}}`,
+		`response.output_text.delta|{"type":"response.output_text.delta","sequence_number":1,"item_id":"msg_x","output_index":0,"content_index":0,"delta":"Hi"}`,
+		`response.failed|{"type":"response.failed","sequence_number":2,"response":{"id":"resp_x","status":"failed","error":{"code":"server_error","message":"CUDA out of memory"}}}`)
+	cases := []struct {
+		name, path, body, engine, want string
+		native                         bool
+	}{
+		{"messages", "/v1/messages", `{"model":"demo","max_tokens":5,"stream":true,"messages":[{"role":"user","content":"x"}]}`, broken,
+			`event: error` + "\n" + `data: {"type":"error","error":{"type":"api_error","message":"CUDA out of memory","code":"engine_error"}`, false},
+		{"responses", "/v1/responses", `{"model":"demo","input":"x","stream":true}`, broken, `"type":"response.failed"`, false},
+		{"responses native", "/v1/responses", `{"model":"demo","input":"x","stream":true}`, nativeFailed, `"type":"response.failed"`, true},
 	}
 	for _, c := range cases {
-		t.Run(c.path, func(t *testing.T) {
-			eng := newScriptedEngine(t, 200, "text/event-stream", broken)
-			e := newEnv(t, envOpts{ep: func(ep *structs.EngineEndpoint) { ep.BaseURL = eng.srv.URL }})
+		t.Run(c.name, func(t *testing.T) {
+			eng := newScriptedEngine(t, 200, "text/event-stream", c.engine)
+			e := newEnv(t, envOpts{ep: func(ep *structs.EngineEndpoint) {
+				ep.BaseURL = eng.srv.URL
+				if c.native {
+					nativeEP(ep)
+				}
+			}})
 			resp, err := e.post(context.Background(), c.path, c.body, nil)
 			if err != nil {
 				t.Fatal(err)
@@ -179,7 +192,11 @@ func TestDialects_PingWhileWaiting(t *testing.T) {
 		return nil
 	}
 	e.lc.mu.Unlock()
-	resp, err := e.post(context.Background(), "/v1/messages", `{"model":"demo","max_tokens":5,"stream":true,"messages":[{"role":"user","content":"x"}]}`, nil)
+	// A deadline: a stream without pings fails the test instead of
+	// waiting forever.
+	ctx, cancel := context.WithTimeout(context.Background(), testDeadline)
+	defer cancel()
+	resp, err := e.post(ctx, "/v1/messages", `{"model":"demo","max_tokens":5,"stream":true,"messages":[{"role":"user","content":"x"}]}`, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -188,7 +205,8 @@ func TestDialects_PingWhileWaiting(t *testing.T) {
 	for pings := 0; pings < 2; {
 		l, err := br.ReadString('\n')
 		if err != nil {
-			t.Fatal(err)
+			close(release)
+			t.Fatalf("%d pings before %v", pings, err)
 		}
 		if l == "event: ping\n" {
 			pings++
