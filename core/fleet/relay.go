@@ -29,9 +29,10 @@ const relayBufSize = 2 << 10
 var relayBufs = sync.Pool{New: func() any { b := make([]byte, relayBufSize); return &b }}
 
 // hopHeaders are not relayed (RFC 9110 7.6.1), nor are the client's
-// credentials: the host link is the server's own authentication.
+// credentials (Authorization, and Anthropic's x-api-key): the host link is
+// the server's own authentication.
 var hopHeaders = []string{"Connection", "Keep-Alive", "Proxy-Connection", "Transfer-Encoding", "Upgrade", "Te", "Trailer",
-	"Authorization", "Content-Length", "Cookie"}
+	"Authorization", "X-Api-Key", "Content-Length", "Cookie"}
 
 // InferenceHandler is the server's inference API: every request is
 // relayed to a host that runs the model, behind the API key.
