@@ -86,7 +86,7 @@ func (f *fakeLC) RestartForSettlement(string) {
 
 // env is a router in front of one fake engine.
 type env struct {
-	t    *testing.T
+	t    testing.TB
 	lc   *fakeLC
 	rt   *router.Router
 	srv  *httptest.Server
@@ -134,7 +134,7 @@ type envOpts struct {
 	wrap func(http.Handler) http.Handler
 }
 
-func newEnv(t *testing.T, o envOpts) *env {
+func newEnv(t testing.TB, o envOpts) *env {
 	t.Helper()
 	eng, url := startEngine(t, o.engine)
 	lc := &fakeLC{}
