@@ -40,7 +40,7 @@ type devHost struct {
 // process is the first of a raft cluster of M (bootstrap_expect M) and
 // M-1 server processes join it with server join tokens; the hosts join
 // the first.
-func (c *DevCommand) runDevFleet(stateDir, listen, fakePath string, n, servers int) int {
+func (c *DevCommand) runDevFleet(stateDir, listen string, fake fakeEngine, n, servers int) int {
 	logger := roleLogger("info", "auto", c.Err)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -79,11 +79,11 @@ func (c *DevCommand) runDevFleet(stateDir, listen, fakePath string, n, servers i
 			if err := waitDevHosts(ctx, cl, hosts); err != nil {
 				return err
 			}
-			if err := devSetup(ctx, cl, stateDir, fakePath); err != nil {
+			if err := devSetup(ctx, cl, stateDir, fake); err != nil {
 				return err
 			}
 			if len(hosts) >= 2 {
-				if err := devSetupGroup(ctx, cl, stateDir, fakePath, hosts[0].name, hosts[1].name); err != nil {
+				if err := devSetupGroup(ctx, cl, stateDir, fake.path, hosts[0].name, hosts[1].name); err != nil {
 					return err
 				}
 			}
@@ -217,7 +217,7 @@ func devSetupGroup(ctx context.Context, cl *client.Client, stateDir, fakePath, h
 		return structs.Wrap(structs.CodeInternal, err, "create the fake vLLM environment")
 	}
 	if _, err := cl.AddEngine(ctx, wire.EngineAddRequest{Name: "vllm-group", Path: venv,
-		Env: map[string]string{"CAPYCTL_FAKE_TOKEN_RATE": "200"}}); err != nil && !structs.HasCode(err, structs.CodeEngineExists) {
+		Env: devFakeEnv(map[string]string{"CAPYCTL_FAKE_TOKEN_RATE": "200"})}); err != nil && !structs.HasCode(err, structs.CodeEngineExists) {
 		return err
 	}
 	dir := filepath.Join(stateDir, "models", devGroupName)
