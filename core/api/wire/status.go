@@ -86,6 +86,7 @@ var httpStatus = map[structs.Code]int{
 	structs.CodeNotLeader:                 http.StatusServiceUnavailable,
 	structs.CodeSnapshotInvalid:           http.StatusBadRequest,
 	structs.CodeSnapshotCAMismatch:        http.StatusConflict,
+	structs.CodeAddressInUse:              http.StatusServiceUnavailable,
 	structs.CodeGroupPlacementRequired:    http.StatusBadRequest,
 	structs.CodeGroupTopologyInvalid:      http.StatusBadRequest,
 	structs.CodeGroupShapeUnsupported:     http.StatusBadRequest,

@@ -8,6 +8,7 @@
 package wire
 
 import (
+	"fmt"
 	"time"
 
 	"github.com/capyctl/capyctl/core/structs"
@@ -275,6 +276,54 @@ type RoleInfo struct {
 	// Warnings are what the operator should fix (a non-loopback inference
 	// endpoint without TLS).
 	Warnings []string `json:"warnings,omitempty"`
+	// GPU is what a role that runs engines found of its machine's GPUs;
+	// nil on a server, which runs none.
+	GPU *GPUInventory `json:"gpu,omitempty"`
+	// ModelsRoot is where a role that runs engines keeps its models
+	// (models_root): relative model paths and downloads.
+	ModelsRoot string `json:"models_root,omitempty"`
+}
+
+// GPUInventory is what a role found of its machine's GPUs at start: every
+// GPU with its model and memory and the driver's version, or why there is
+// none ("no GPU found (...)").
+type GPUInventory struct {
+	// Provider is nvml, simulated or none (gpu.provider, auto resolved).
+	Provider string `json:"provider"`
+	// Driver is the NVIDIA driver's version (nvml).
+	Driver string `json:"driver,omitempty"`
+	// Devices are the GPUs found.
+	Devices []GPU `json:"devices"`
+	// NoGPU is why no GPU was found, when Devices is empty.
+	NoGPU string `json:"no_gpu,omitempty"`
+}
+
+// Lines describes the inventory for people: one line per GPU ("0: NVIDIA
+// H100 80GB HBM3, 80GiB, driver 550.54.15"), or "no GPU found (<why>)".
+func (g GPUInventory) Lines() []string {
+	if len(g.Devices) == 0 {
+		why := g.NoGPU
+		if why == "" {
+			why = "none listed"
+		}
+		return []string{"no GPU found (" + why + ")"}
+	}
+	out := make([]string, 0, len(g.Devices))
+	for _, d := range g.Devices {
+		mem := structs.FormatBytes(d.TotalBytes)
+		if d.Unified {
+			mem = "unified memory"
+		}
+		line := fmt.Sprintf("%d: %s, %s", d.Index, d.Name, mem)
+		switch {
+		case g.Driver != "":
+			line += ", driver " + g.Driver
+		case g.Provider == "simulated":
+			line += " (simulated)"
+		}
+		out = append(out, line)
+	}
+	return out
 }
 
 // Host is a machine that runs engines.
