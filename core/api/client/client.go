@@ -100,6 +100,11 @@ func (c *Client) do(ctx context.Context, method, path string, in, out any, heade
 		if err := json.Unmarshal(data, out); err != nil {
 			return fmt.Errorf("decode answer: %w", err)
 		}
+		// A deployment answered 201 was created, whichever role answered
+		// (a server's answer is the deployment's status).
+		if o, ok := out.(*wire.DeployAccepted); ok && resp.StatusCode == http.StatusCreated {
+			o.Created = true
+		}
 		if resp.Header.Get(wire.HeaderReplayed) == "true" {
 			switch o := out.(type) {
 			case *wire.DeployAccepted:
@@ -125,6 +130,46 @@ func (c *Client) Deploy(ctx context.Context, req wire.DeployRequest, idempotency
 		return nil, err
 	}
 	return &out, nil
+}
+
+// Apply converges a deployment to req.Deployment, as capyctl deploy
+// --file does, against a standalone role or a server alike: a deployment
+// that does not exist is created; one whose spec is already this one is
+// left alone (Unchanged: nothing written, nothing restarted; with Activate
+// it is started when it was not running); any other is replaced by a new
+// revision, a compare-and-set on the revision read (revision_conflict when
+// another writer got there first). req.ExpectedRevision, when set, is the
+// revision to replace instead of the one read. idempotencyKey may be "".
+func (c *Client) Apply(ctx context.Context, req wire.DeployRequest, idempotencyKey string) (*wire.DeployAccepted, error) {
+	cur, err := c.Deployment(ctx, req.Deployment.Name)
+	if structs.HasCode(err, structs.CodeNotFound) && req.ExpectedRevision == 0 {
+		return c.Deploy(ctx, req, idempotencyKey)
+	}
+	if err != nil {
+		return nil, err
+	}
+	expected := req.ExpectedRevision
+	if expected == 0 {
+		expected = cur.Revision
+	}
+	if expected == cur.Revision && structs.SameSpec(cur.Spec, &req.Deployment) {
+		acc := &wire.DeployAccepted{APIVersion: wire.APIVersion, Name: cur.Name, Revision: cur.Revision, Unchanged: true, Desired: cur.Desired}
+		if req.Activate && cur.Desired != structs.DesiredRunning {
+			if _, err := c.Action(ctx, cur.Name, wire.ActionRequest{Action: wire.ActionStart}); err != nil {
+				return nil, err
+			}
+			acc.Desired = structs.DesiredRunning
+		}
+		return acc, nil
+	}
+	req.ExpectedRevision = expected
+	acc, err := c.Deploy(ctx, req, idempotencyKey)
+	if err == nil && !acc.Created && acc.Revision == expected {
+		// The role found nothing to change (a server compares each host's
+		// share of the spec, which this client cannot see).
+		acc.Unchanged = true
+	}
+	return acc, err
 }
 
 // DeployDocument creates (expectedRevision 0) or updates a deployment

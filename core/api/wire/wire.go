@@ -39,7 +39,10 @@ type DeployRequest struct {
 	Deployment structs.Deployment `json:"deployment"`
 	// Activate starts it once written.
 	Activate bool `json:"activate,omitempty"`
-	// ExpectedRevision is the revision an update replaces (0 for a create).
+	// ExpectedRevision is the revision an update replaces: a
+	// compare-and-set (revision_conflict when another is current). 0 on a
+	// PUT applies the spec to whatever revision is current, creating the
+	// deployment when it does not exist; 0 on a POST creates one.
 	ExpectedRevision uint64 `json:"expected_revision,omitempty"`
 }
 
@@ -49,7 +52,11 @@ type DeployAccepted struct {
 	Name       string `json:"name"`
 	Revision   uint64 `json:"revision"`
 	Created    bool   `json:"created"`
-	Desired    string `json:"desired"`
+	// Unchanged is set when the deployment's spec was already the one
+	// asked for: nothing was written, no instance restarted, the revision
+	// stayed.
+	Unchanged bool   `json:"unchanged,omitempty"`
+	Desired   string `json:"desired"`
 	// Replayed is set by the Go client when the answer was replayed from
 	// an earlier request with the same Idempotency-Key.
 	Replayed bool `json:"replayed,omitempty"`

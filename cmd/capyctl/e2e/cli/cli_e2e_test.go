@@ -486,15 +486,17 @@ func TestCLI_DeploymentLifecycle(t *testing.T) {
 		t.Fatalf("engine remove --json: %v", removed)
 	}
 
-	// deploy: create, refuse a second create, update with --revision.
+	// deploy converges: create, the same file again is a no-op, a changed
+	// one is a new revision; --revision is a compare-and-set.
 	out, _, code = r.Deploy("demo", harness.SimpleSpec("demo", "fake"))
 	want(t, "deploy", code, 0, out, "Deployment demo created (revision 1, on_demand)")
-	_, errOut, code = r.Deploy("demo", harness.SimpleSpec("demo", "fake"))
-	want(t, "deploy again", code, 2, errOut, "error [conflict]", "--revision 1")
-	out, _, code = r.Deploy("demo", harness.SimpleSpec("demo", "fake"), "--revision", "1", "--json")
+	out, _, code = r.Deploy("demo", harness.SimpleSpec("demo", "fake"))
+	want(t, "deploy again", code, 0, out, "Deployment demo unchanged (revision 1, on_demand)")
+	changed := strings.Replace(harness.SimpleSpec("demo", "fake"), "  model {", "  request_deadline = \"90s\"\n  model {", 1)
+	out, _, code = r.Deploy("demo", changed, "--revision", "1", "--json")
 	var accs []wire.DeployAccepted
 	oneLineJSON(t, "deploy --json", out, &accs)
-	if code != 0 || len(accs) != 1 || accs[0].Revision != 2 || accs[0].Created {
+	if code != 0 || len(accs) != 1 || accs[0].Revision != 2 || accs[0].Created || accs[0].Unchanged {
 		t.Fatalf("deploy --revision --json: %+v", accs)
 	}
 	_, errOut, code = r.Deploy("demo", harness.SimpleSpec("demo", "fake"), "--revision", "1")

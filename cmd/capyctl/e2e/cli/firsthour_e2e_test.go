@@ -6,11 +6,14 @@ package cli_test
 import (
 	"encoding/json"
 	"net"
+	"net/http"
 	"strconv"
 	"strings"
 	"testing"
 
 	"github.com/capyctl/capyctl/cmd/capyctl/command"
+	"github.com/capyctl/capyctl/cmd/capyctl/internal/e2e"
+	"github.com/capyctl/capyctl/core/api/wire"
 	"github.com/capyctl/capyctl/core/structs"
 	"github.com/capyctl/capyctl/plugins-testkit/harness"
 )
@@ -127,4 +130,79 @@ func exitMeaning(exit int) (string, bool) {
 		}
 	}
 	return "", false
+}
+
+// TestFirstHour_DeployConverges: capyctl deploy --file converges, as
+// Nomad's job run and kubectl apply do. The same file twice exits 0 the
+// second time saying nothing changed, and restarts nothing; a changed file
+// is a new revision; --revision N stays a compare-and-set. The management
+// API does the same: a PUT of the spec a deployment has is a no-op, a PUT
+// without expected_revision creates or replaces.
+func TestFirstHour_DeployConverges(t *testing.T) {
+	r := harness.StartStandalone(t, harness.Options{})
+	r.AddFakeEngine("fake")
+	spec := harness.SimpleSpec("conv", "fake")
+
+	out, errOut, code := r.Deploy("conv", spec, "--activate", "--wait")
+	want(t, "first deploy", code, 0, out+errOut, "Deployment conv created (revision 1, running)")
+	pid := e2e.Status(t, r, "conv").Instances[0].PID
+	out, errOut, code = r.Deploy("conv", spec)
+	want(t, "the same file again", code, 0, out+errOut, "Deployment conv unchanged (revision 1, running)")
+	out, _, code = r.Deploy("conv", spec, "--json")
+	var accs []wire.DeployAccepted
+	oneLineJSON(t, "deploy --json of the same file", out, &accs)
+	if code != 0 || len(accs) != 1 || !accs[0].Unchanged || accs[0].Created || accs[0].Revision != 1 {
+		t.Fatalf("deploy --json of the same file: %+v", accs)
+	}
+	// The same spec named by its revision is a no-op too.
+	out, errOut, code = r.Deploy("conv", spec, "--revision", "1")
+	want(t, "the same file with --revision 1", code, 0, out+errOut, "unchanged (revision 1")
+	if st := e2e.Status(t, r, "conv"); st.Revision != 1 || st.Instances[0].PID != pid || st.State != "ready" {
+		t.Fatalf("an unchanged deploy touched the deployment: revision %d, pid %d (was %d), state %s", st.Revision, st.Instances[0].PID, pid, st.State)
+	}
+
+	changed := strings.Replace(spec, "  model {", "  request_deadline = \"90s\"\n  model {", 1)
+	out, errOut, code = r.Deploy("conv", changed)
+	want(t, "a changed file", code, 0, out+errOut, "Deployment conv updated to revision 2")
+	out, errOut, code = r.Deploy("conv", spec, "--revision", "1")
+	want(t, "--revision of a replaced revision", code, 2, out+errOut, "error [revision_conflict]", "revision 2")
+	out, errOut, code = r.Deploy("conv", spec, "--revision", "2")
+	want(t, "--revision of the current revision", code, 0, out+errOut, "Deployment conv updated to revision 3")
+
+	// The API: PUT without expected_revision creates, then is a no-op.
+	body := `{"deployment":{"name":"viaapi","engine":"fake","model":{"path":"conv"}}}`
+	for i, wantStatus := range []int{201, 200} {
+		status, answer := mgmtPut(t, r, "/management/v1/deployments/viaapi", body)
+		var acc wire.DeployAccepted
+		if err := json.Unmarshal([]byte(answer), &acc); err != nil || status != wantStatus || acc.Revision != 1 ||
+			acc.Created != (i == 0) || acc.Unchanged != (i == 1) {
+			t.Fatalf("PUT %d: %d %s", i+1, status, answer)
+		}
+	}
+	// A POST of an existing deployment stays a conflict, pointing at PUT.
+	status, answer := mgmtDo(t, r, "POST", "/management/v1/deployments", body)
+	if status != 409 || !strings.Contains(answer, "PUT /deployments/viaapi") {
+		t.Fatalf("POST of an existing deployment: %d %s", status, answer)
+	}
+}
+
+func mgmtPut(t *testing.T, r *harness.Role, path, body string) (int, string) {
+	t.Helper()
+	return mgmtDo(t, r, "PUT", path, body)
+}
+
+// mgmtDo sends a management API request with the admin token.
+func mgmtDo(t *testing.T, r *harness.Role, method, path, body string) (int, string) {
+	t.Helper()
+	req, err := http.NewRequest(method, "http://"+r.Info.Management+path, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+r.Creds.AdminToken)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.StatusCode, harness.ReadAll(resp)
 }
