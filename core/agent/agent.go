@@ -583,6 +583,7 @@ func (a *Agent) Start(ctx context.Context) error {
 	}
 	iopts, mopts := a.s.Listener.options("inference", a.logger), a.s.Listener.options("management", a.logger)
 	inference := api.NewInferenceHandler(backend, a.Creds.APIKey)
+	backend.Inference, backend.InferenceKeys = inference, a.playgroundKeys
 	management := api.NewManagementHandler(backend, a.Creds.AdminToken)
 	a.inferenceSrv = api.NewServer(inference, iopts)
 	a.mgmtSrv = api.NewServer(api.BodyDeadline(management, mopts.BodyReadTimeout), mopts)

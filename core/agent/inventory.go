@@ -4,6 +4,7 @@
 package agent
 
 import (
+	"github.com/capyctl/capyctl/core/api/dashboard"
 	"github.com/capyctl/capyctl/core/api/wire"
 	"github.com/capyctl/capyctl/core/gpu"
 )
@@ -49,4 +50,11 @@ func (r Running) GPULines() []string {
 		return inv.Lines()
 	}
 	return nil
+}
+
+// playgroundKeys are the inference keys the dashboard's playground may use
+// by name: the role's one API key. Named keys, when the role has them,
+// join this list.
+func (a *Agent) playgroundKeys() []dashboard.Key {
+	return []dashboard.Key{{Name: "default", Description: "the role's API key, the api_key line of its credentials file", Secret: a.Creds.APIKey}}
 }

@@ -103,7 +103,8 @@ func NewManagementHandler(b *Backend, adminToken string) http.Handler {
 	r.MethodNotAllowedHandler = notAllowed
 	// The dashboard's page and login, outside the token: the page asks for
 	// the token once and the API then takes its session cookie.
-	dash := dashboard.New(dashboard.Options{AdminToken: adminToken, TokenEqual: tokenEqual, Logger: b.logger().Named("dashboard")})
+	dash := dashboard.New(dashboard.Options{AdminToken: adminToken, TokenEqual: tokenEqual, Logger: b.logger().Named("dashboard"),
+		Inference: b.Inference, Keys: b.InferenceKeys})
 	api := managementAuth(r, adminToken, dash)
 	return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		if req.URL.Path == strings.TrimSuffix(dashboard.Prefix, "/") || strings.HasPrefix(req.URL.Path, dashboard.Prefix) {

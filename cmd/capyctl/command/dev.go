@@ -130,7 +130,8 @@ func (c *DevCommand) Run(args []string) int {
 	if hosts > 0 {
 		return c.runDevFleet(stateDir, listen, fakeEng, hosts, servers)
 	}
-	logger := roleLogger("info", "auto", c.Err)
+	logger, logPath, closeLog := devLogger(stateDir, c.Err)
+	defer closeLog()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	err = agent.Run(ctx, agent.Options{
@@ -150,7 +151,7 @@ func (c *DevCommand) Run(args []string) int {
 			if err := devSetup(ctx, cl, stateDir, fakeEng); err != nil {
 				return err
 			}
-			c.devReady(r, stateDir)
+			c.devReady(r, stateDir, logPath)
 			return nil
 		},
 		Stopping: func() (context.Context, context.CancelFunc) {
@@ -167,7 +168,7 @@ func (c *DevCommand) Run(args []string) int {
 }
 
 // devReady prints what dev runs and how to use it.
-func (c *DevCommand) devReady(r agent.Running, stateDir string) {
+func (c *DevCommand) devReady(r agent.Running, stateDir, logPath string) {
 	key := r.APIKey()
 	addr := r.InferenceAddr()
 	// The dashboard is served under /dashboard/ on the management listener
@@ -181,18 +182,30 @@ func (c *DevCommand) devReady(r agent.Running, stateDir string) {
 		})
 		return
 	}
+	self := selfCommand()
 	fmt.Fprintf(c.Out, "\nCapyCTL dev is running (standalone role, fake engine, %s GPU, no GPU needed).\n\n", r.GPUKind())
 	fmt.Fprintf(c.Out, "Endpoint: http://%s/v1\n", addr)
 	fmt.Fprintf(c.Out, "API key: %s\n", key)
 	fmt.Fprintf(c.Out, "Dashboard: %s\n", dashboard)
 	fmt.Fprintf(c.Out, "          (log in with the admin token: the admin_token line of %s)\n", filepath.Join(stateDir, client.CredentialsFile))
+	for i, line := range r.GPULines() {
+		label := "GPUs:"
+		if i > 0 {
+			label = ""
+		}
+		fmt.Fprintf(c.Out, "%-9s %s\n", label, line)
+	}
 	fmt.Fprintf(c.Out, "State:    %s\n", stateDir)
-	fmt.Fprintf(c.Out, "CLI:      CAPYCTL_STATE_DIR=%s capyctl status deployment demo\n\n", stateDir)
+	if logPath != "" {
+		fmt.Fprintf(c.Out, "Log:      %s (warnings and errors show here)\n", logPath)
+	}
+	fmt.Fprintf(c.Out, "CLI:      CAPYCTL_STATE_DIR=%s %s status deployment demo\n\n", stateDir, self)
 	fmt.Fprintf(c.Out, "Try a streamed chat request:\n\n")
 	fmt.Fprintf(c.Out, "  curl -N http://%s/v1/chat/completions \\\n    -H 'Authorization: Bearer %s' \\\n    -H 'Content-Type: application/json' \\\n    -d '{\"model\":\"demo\",\"stream\":true,\"messages\":[{\"role\":\"user\",\"content\":\"Hello\"}]}'\n\n", addr, key)
 	fmt.Fprintf(c.Out, "Two more models, chat-a and chat-b, run on a fake vLLM and do not fit on the\n")
 	fmt.Fprintf(c.Out, "simulated card together. Ask one, then the other: CapyCTL wakes the one you\n")
-	fmt.Fprintf(c.Out, "name and parks the other to make room (capyctl status deployment chat-a).\n\n")
+	fmt.Fprintf(c.Out, "name and parks the other to make room (%s status deployment chat-a).\n", self)
+	fmt.Fprintf(c.Out, "The dashboard's playground asks any of them from the browser.\n\n")
 	fmt.Fprintf(c.Out, "Press Ctrl-C to stop: the engines stop and nothing is left behind.\n")
 }
 
