@@ -106,7 +106,10 @@ func TestSystemdUnits(t *testing.T) {
 					t.Errorf("WantedBy=%s, want %s", got, want)
 				}
 				if scope == "system" {
-					dirs := strings.Fields(u.one(t, "Service", "StateDirectory"))
+					var dirs []string
+					for _, v := range u["Service"]["StateDirectory"] {
+						dirs = append(dirs, strings.Fields(v)...)
+					}
 					if u.one(t, "Service", "User") != "capyctl" || len(dirs) == 0 || dirs[0] != "capyctl" {
 						t.Errorf("a system unit runs as the capyctl user with StateDirectory=capyctl")
 					}

@@ -162,7 +162,7 @@ func readBody(r *http.Request) ([]byte, error) {
 		return nil, structs.Errf(structs.CodeInvalidRequest, "read body: %v", err)
 	}
 	if len(data) > maxManagementBody {
-		return nil, structs.Errf(structs.CodeRequestTooLarge, "body over %d bytes", maxManagementBody)
+		return nil, structs.Errf(structs.CodeRequestTooLarge, "the body is over %s", structs.FormatBytes(maxManagementBody))
 	}
 	return data, nil
 }

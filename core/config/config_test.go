@@ -133,7 +133,7 @@ func TestLoad_Defaults(t *testing.T) {
 		t.Errorf("memory = %+v", c.Memory)
 	}
 	if c.Limits.MaxWaitingTotal != 256 || c.Limits.MaxWaitingBytes != structs.ByteSize(64*structs.MiB) ||
-		c.Limits.RequestDeadline.String() != "10m0s" || c.Limits.MaxBodyBytes != structs.ByteSize(64*structs.MiB) {
+		c.Limits.RequestDeadline.String() != "10m" || c.Limits.MaxBodyBytes != structs.ByteSize(64*structs.MiB) {
 		t.Errorf("limits = %+v", c.Limits)
 	}
 	if c.Shutdown.DrainTimeout.String() != "30s" || c.LifecycleDefaults != (LifecycleDefaults{}) {
@@ -149,7 +149,7 @@ func TestLoad_Defaults(t *testing.T) {
 	if c.TLS != (TLS{}) {
 		t.Errorf("tls = %+v, want plain HTTP by default", c.TLS)
 	}
-	if !c.RequestLedger.Enabled || c.RequestLedger.Retention.String() != "168h0m0s" || c.RequestLedger.MaxRecords != 100000 {
+	if !c.RequestLedger.Enabled || c.RequestLedger.Retention.String() != "168h" || c.RequestLedger.MaxRecords != 100000 {
 		t.Errorf("request ledger = %+v", c.RequestLedger)
 	}
 	if got := c.Provenance()["hostname"]; got.From != FromDefault || got.Detail != "os.Hostname" {

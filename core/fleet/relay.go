@@ -60,7 +60,7 @@ func (s *Server) relayInference(w http.ResponseWriter, r *http.Request, maxBody 
 	if err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
-			router.WriteError(w, structs.Errf(structs.CodeRequestTooLarge, "the request body is over %d bytes", maxBody))
+			router.WriteError(w, structs.Errf(structs.CodeRequestTooLarge, "the request body is over %s", structs.FormatBytes(maxBody)))
 			return
 		}
 		router.WriteError(w, structs.Errf(structs.CodeInvalidRequest, "read the request body: %v", err))
@@ -108,7 +108,7 @@ func (s *Server) relayInference(w http.ResponseWriter, r *http.Request, maxBody 
 	for attempt := 0; ; attempt++ {
 		host, done = s.pick(hosts)
 		if host == "" {
-			e := structs.Errf(structs.CodeHostUnreachable, "every host of deployment %s is out of reach of the server (%v); its instances are uncertain", p.Deployment, p.HostNames()).
+			e := structs.Errf(structs.CodeHostUnreachable, "every host of deployment %s is out of reach of the server (%s); its instances are uncertain", p.Deployment, strings.Join(p.HostNames(), ", ")).
 				WithDetail("deployment", p.Deployment).WithDetail("hosts", p.HostNames())
 			e.RetryAfter = int(2*s.o.Heartbeat.Seconds()) + 1
 			router.WriteError(w, e)

@@ -25,9 +25,9 @@ func (c *VersionCommand) Help() string {
 	return `Usage: capyctl version [--json]
 
   Prints CapyCTL's version, the commit the binary was built from, and
-  whether it reads NVIDIA GPUs (NVML needs a build with cgo; one without
-  sees no NVIDIA GPU). Include it in bug reports. (capyctl --version
-  prints the version alone.)
+  whether it reads NVIDIA GPUs through NVML ("nvml no": compiled without
+  cgo, it sees no NVIDIA GPU). Include it in bug reports. (capyctl
+  --version prints the version alone.)
 
 ` + GeneralOptions
 }

@@ -82,6 +82,10 @@ func (c *Client) do(ctx context.Context, method, path string, in, out any, heade
 	}
 	resp, err := c.http.Do(req)
 	if err != nil {
+		if ctx.Err() != nil {
+			// The caller's deadline or cancel, not an absent role.
+			return fmt.Errorf("%s %s: %w", method, path, ctx.Err())
+		}
 		return structs.Wrap(structs.CodeRoleNotRunning, err, "reach the management API at %s", c.base)
 	}
 	defer resp.Body.Close()
@@ -315,12 +319,18 @@ func (c *Client) Snapshot(ctx context.Context) (*wire.Snapshot, error) {
 // called with each new aggregate state.
 func (c *Client) WaitReady(ctx context.Context, name string, since time.Time, progress func(*wire.DeploymentStatus)) (*wire.DeploymentStatus, error) {
 	interval := 20 * time.Millisecond
-	last := ""
+	last, seen := "", ""
 	for {
 		st, err := c.Deployment(ctx, name)
+		if err != nil && ctx.Err() != nil {
+			// The deadline ran out during the read: a timeout, not a role
+			// that went away.
+			return nil, structs.Errf(structs.CodeActivationTimeout, "deployment %s was not ready in time (state %s)", name, orUnknown(seen))
+		}
 		if err != nil {
 			return nil, err
 		}
+		seen = st.State
 		if progress != nil && st.State != last {
 			progress(st)
 			last = st.State
@@ -488,4 +498,12 @@ func Retryable(err error) bool {
 		return se.Info().Retryable
 	}
 	return false
+}
+
+// orUnknown is s, or "unknown" when empty.
+func orUnknown(s string) string {
+	if s == "" {
+		return "unknown"
+	}
+	return s
 }

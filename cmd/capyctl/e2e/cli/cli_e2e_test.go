@@ -192,7 +192,7 @@ func TestCLI_Offline(t *testing.T) {
 			{"engine_ports", "8100-8199", "default", ""},                  // default
 			{"state_dir", dir, "flag", "flag state_dir"},                  // the global --state-dir
 			{"management_listen", "127.0.0.1:7443", "default", ""},        // default
-			{"request_ledger.retention", "168h0m0s", "default", ""},       // nested default
+			{"request_ledger.retention", "168h", "default", ""},       // nested default
 			{"hostname", got["hostname"].Value, "default", "os.Hostname"}, // derived default
 			{"plugin_dir", filepath.Join(dir, "plugins"), "default", "<state_dir>/plugins"},
 		}
@@ -352,8 +352,8 @@ func TestCLI_RoleWithoutEngine(t *testing.T) {
 	out, _, code = r.CLI("list", "deployments")
 	want(t, "list deployments", code, 0, out, "No deployments")
 	out, _, code = r.CLI("list", "deployments", "--json")
-	if code != 0 || out != "[]\n" {
-		t.Fatalf("list deployments --json: %d %q", code, out)
+	if code != 0 || out != `{"api_version":"1","deployments":[]}`+"\n" {
+		t.Fatalf("list deployments --json: %d %q; want an object like every list", code, out)
 	}
 
 	out, _, code = r.CLI("list", "hosts")

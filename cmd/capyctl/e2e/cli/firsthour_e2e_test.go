@@ -206,3 +206,45 @@ func mgmtDo(t *testing.T, r *harness.Role, method, path, body string) (int, stri
 	}
 	return resp.StatusCode, harness.ReadAll(resp)
 }
+
+// TestFirstHour_OutputDetails: what the CLI prints reads as the inputs do.
+// An unknown --format is refused; list deployments --json is an object
+// like every list; a --wait that runs out of its --timeout is
+// activation_timeout (exit 10), not role_not_running; durations print as
+// they are written ("10m", not "10m0s"); lists in messages are words, not
+// Go's [a b].
+func TestFirstHour_OutputDetails(t *testing.T) {
+	_, errOut, code := run(t, nil, "version", "--format", "yaml")
+	want(t, "--format yaml", code, 2, errOut, "error [invalid_request]", `--format "yaml"`, "text or json")
+	out, _, code := run(t, nil, "version", "--format", "json")
+	if code != 0 || !strings.HasPrefix(out, "{") {
+		t.Fatalf("--format json: exit %d %s", code, out)
+	}
+
+	r := harness.StartStandalone(t, harness.Options{})
+	r.AddFakeEngine("slow", "--startup-delay", "3s")
+	if out, errOut, code := r.Deploy("late", harness.SimpleSpec("late", "slow")); code != 0 {
+		t.Fatalf("deploy: exit %d %s%s", code, out, errOut)
+	}
+	if out, errOut, code := r.Deploy("later", harness.SimpleSpec("later", "slow")); code != 0 {
+		t.Fatalf("deploy: exit %d %s%s", code, out, errOut)
+	}
+	_, errOut, code = r.CLI("start", "deployment", "late", "--wait", "--timeout", "1ms")
+	want(t, "start --wait --timeout 1ms", code, structs.Lookup(structs.CodeActivationTimeout).Exit, errOut, "error [activation_timeout]", "late")
+
+	out, _, code = r.CLI("list", "deployments", "--json")
+	var list wire.DeploymentList
+	oneLineJSON(t, "list deployments --json", out, &list)
+	if code != 0 || list.APIVersion == "" || len(list.Deployments) != 2 {
+		t.Fatalf("list deployments --json: %s", out)
+	}
+
+	_, errOut, code = r.CLI("engine", "remove", "slow")
+	want(t, "engine remove of a used engine", code, structs.Lookup(structs.CodeEngineInUse).Exit, errOut, "used by late, later;")
+
+	out, _, code = r.CLI("config", "show")
+	want(t, "config show", code, 0, out, " 10m ", " 168h ")
+	if strings.Contains(out, "m0s") {
+		t.Fatalf("config show prints Go durations:\n%s", out)
+	}
+}
