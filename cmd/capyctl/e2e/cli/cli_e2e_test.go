@@ -192,7 +192,7 @@ func TestCLI_Offline(t *testing.T) {
 			{"engine_ports", "8100-8199", "default", ""},                  // default
 			{"state_dir", dir, "flag", "flag state_dir"},                  // the global --state-dir
 			{"management_listen", "127.0.0.1:7443", "default", ""},        // default
-			{"request_ledger.retention", "168h", "default", ""},       // nested default
+			{"request_ledger.retention", "168h", "default", ""},           // nested default
 			{"hostname", got["hostname"].Value, "default", "os.Hostname"}, // derived default
 			{"plugin_dir", filepath.Join(dir, "plugins"), "default", "<state_dir>/plugins"},
 		}
