@@ -21,6 +21,7 @@ import (
 	"github.com/capyctl/capyctl/core/api/wire"
 	"github.com/capyctl/capyctl/core/engines"
 	"github.com/capyctl/capyctl/core/lifecycle"
+	"github.com/capyctl/capyctl/core/responses"
 	"github.com/capyctl/capyctl/core/router"
 	"github.com/capyctl/capyctl/core/store"
 	"github.com/capyctl/capyctl/core/structs"
@@ -62,6 +63,9 @@ type Backend struct {
 	// playground may use by name.
 	Inference     http.Handler
 	InferenceKeys func() []dashboard.Key
+	// Responses are the Responses API's stored responses (nil: none
+	// kept).
+	Responses *responses.Store
 
 	keys    keyLocks
 	streams streamSlots

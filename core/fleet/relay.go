@@ -29,9 +29,10 @@ const relayBufSize = 2 << 10
 var relayBufs = sync.Pool{New: func() any { b := make([]byte, relayBufSize); return &b }}
 
 // hopHeaders are not relayed (RFC 9110 7.6.1), nor are the client's
-// credentials: the host link is the server's own authentication.
+// credentials (Authorization, and Anthropic's x-api-key): the host link is
+// the server's own authentication.
 var hopHeaders = []string{"Connection", "Keep-Alive", "Proxy-Connection", "Transfer-Encoding", "Upgrade", "Te", "Trailer",
-	"Authorization", "Content-Length", "Cookie"}
+	"Authorization", "X-Api-Key", "Content-Length", "Cookie"}
 
 // InferenceHandler is the server's inference API: every request is
 // relayed to a host that runs the model, behind the API key.
@@ -42,8 +43,9 @@ func (s *Server) InferenceHandler(apiKey string, maxBody int64) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /v1/models", s.models)
 	mux.HandleFunc("POST /v1/", func(w http.ResponseWriter, r *http.Request) { s.relayInference(w, r, maxBody) })
+	s.handleResponses(mux, maxBody) // the Responses API's stored responses (responses.go)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		router.WriteError(w, structs.Errf(structs.CodeNotFound, "no route %s %s", r.Method, r.URL.Path))
+		relayError(w, r, structs.Errf(structs.CodeNotFound, "no route %s %s", r.Method, r.URL.Path))
 	})
 	return api.InferenceAuth(mux, apiKey)
 }
@@ -51,6 +53,15 @@ func (s *Server) InferenceHandler(apiKey string, maxBody int64) http.Handler {
 // relayInference relays one inference request to the least busy reachable
 // host of the model's placement.
 func (s *Server) relayInference(w http.ResponseWriter, r *http.Request, maxBody int64) {
+	body, ok := readRelayBody(w, r, maxBody)
+	if ok {
+		s.relayBody(w, r, body, nil)
+	}
+}
+
+// readRelayBody reads an inference request's body, bounded; false when it
+// answered why not.
+func readRelayBody(w http.ResponseWriter, r *http.Request, maxBody int64) ([]byte, bool) {
 	// The host's router names the request (its request ledger holds it
 	// under that ID) and its answer carries it; an answer the server
 	// makes itself gets an ID of its own. The client's X-Request-Id
@@ -60,26 +71,42 @@ func (s *Server) relayInference(w http.ResponseWriter, r *http.Request, maxBody 
 	if err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
-			router.WriteError(w, structs.Errf(structs.CodeRequestTooLarge, "the request body is over %s", structs.FormatBytes(maxBody)))
-			return
+			relayError(w, r, structs.Errf(structs.CodeRequestTooLarge, "the request body is over %s", structs.FormatBytes(maxBody)))
+			return nil, false
 		}
-		router.WriteError(w, structs.Errf(structs.CodeInvalidRequest, "read the request body: %v", err))
+		relayError(w, r, structs.Errf(structs.CodeInvalidRequest, "read the request body: %v", err))
+		return nil, false
+	}
+	return body, true
+}
+
+// relayError answers an error the server makes itself: in Anthropic's
+// shape on the Messages routes, CapyCTL's elsewhere.
+func relayError(w http.ResponseWriter, r *http.Request, err error) {
+	if p := r.URL.Path; p == router.MessagesPath || strings.HasPrefix(p, router.MessagesPath+"/") {
+		router.WriteAnthropicError(w, err)
 		return
 	}
+	router.WriteError(w, err)
+}
+
+// relayBody relays one inference request's body to a host of the model;
+// tap, when set, sees the host's answer before the client does.
+func (s *Server) relayBody(w http.ResponseWriter, r *http.Request, body []byte, tap func(*http.Response)) {
 	var head struct {
 		Model string `json:"model"`
 	}
 	if err := json.Unmarshal(body, &head); err != nil {
-		router.WriteError(w, structs.Errf(structs.CodeInvalidRequest, "the body is not valid JSON: %v", err))
+		relayError(w, r, structs.Errf(structs.CodeInvalidRequest, "the body is not valid JSON: %v", err))
 		return
 	}
 	if head.Model == "" {
-		router.WriteError(w, structs.Errf(structs.CodeInvalidRequest, "the request names no model"))
+		relayError(w, r, structs.Errf(structs.CodeInvalidRequest, "the request names no model"))
 		return
 	}
 	p, ok := s.State.RouteOwner(head.Model)
 	if !ok {
-		router.WriteError(w, structs.Errf(structs.CodeUnknownModel, "no deployment serves model %q (GET /v1/models lists them)", head.Model))
+		relayError(w, r, structs.Errf(structs.CodeUnknownModel, "no deployment serves model %q (GET /v1/models lists them)", head.Model))
 		return
 	}
 	// A request that never left the server (the host's relay closed
@@ -99,7 +126,7 @@ func (s *Server) relayInference(w http.ResponseWriter, r *http.Request, maxBody 
 		hosts = p.Group.Hosts[:1]
 		if err := s.ensureGroupUp(r.Context(), p); err != nil {
 			if r.Context().Err() == nil {
-				router.WriteError(w, err)
+				relayError(w, r, err)
 			}
 			return
 		}
@@ -111,7 +138,7 @@ func (s *Server) relayInference(w http.ResponseWriter, r *http.Request, maxBody 
 			e := structs.Errf(structs.CodeHostUnreachable, "every host of deployment %s is out of reach of the server (%s); its instances are uncertain", p.Deployment, strings.Join(p.HostNames(), ", ")).
 				WithDetail("deployment", p.Deployment).WithDetail("hosts", p.HostNames())
 			e.RetryAfter = int(2*s.o.Heartbeat.Seconds()) + 1
-			router.WriteError(w, e)
+			relayError(w, r, e)
 			return
 		}
 		// The relayed stream's context is the client's until the answer's
@@ -134,7 +161,7 @@ func (s *Server) relayInference(w http.ResponseWriter, r *http.Request, maxBody 
 			s.groups.setDown(p.Deployment, true)
 			if err := s.ensureGroupUp(r.Context(), p); err != nil {
 				if r.Context().Err() == nil {
-					router.WriteError(w, err)
+					relayError(w, r, err)
 				}
 				return
 			}
@@ -157,8 +184,11 @@ func (s *Server) relayInference(w http.ResponseWriter, r *http.Request, maxBody 
 		}
 		e := structs.Errf(structs.CodeHostUnreachable, "the relay to host %s failed: %v", host, err).WithDetail("host", host)
 		e.RetryAfter = 1
-		router.WriteError(w, e)
+		relayError(w, r, e)
 		return
+	}
+	if tap != nil {
+		tap(resp)
 	}
 	if strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") && unhook() {
 		s.taken.Add(1)

@@ -218,9 +218,10 @@ const lmcacheConnector = `{"kv_connector":"LMCacheConnectorV1","kv_role":"kv_bot
 // UDSSince is the first vLLM release CapyCTL serves on a Unix socket
 // (--uds, "Unix domain socket path. If set, host and port arguments are
 // ignored.", FrontendArgs in vllm/entrypoints/openai/cli_args.py, added by
-// vllm-project/vllm#18097 in May 2025). It was read first-hand in the 0.11
-// series; the first release that has it is unconfirmed, so older ones keep
-// the loopback port and report the exposure.
+// vllm-project/vllm#18097, opened in May 2025 and merged in August 2025 per
+// vLLM's weekly summaries of 2025-08-09 and 2025-08-15, so in 0.10.2 at the
+// latest). It was read first-hand in the 0.11 series, the one CapyCTL uses
+// it from; older releases keep the loopback port and report the exposure.
 var UDSSince = []int{0, 11}
 
 // socketFor is the socket a launch serves on, or "" and why it keeps the
@@ -265,6 +266,12 @@ func endpoint(port int, key, served, sock string, parks bool) *pb.Endpoint {
 	// Chat and completion requests take cache_salt, which salts the
 	// prefix cache's block hashes (vllm/v1/request.py Request.cache_salt).
 	ep.CacheSalt = true
+	// Anthropic's Messages (and its token count) and OpenAI's Responses are
+	// served by vLLM itself in every verified release (the engine table's
+	// API routes, with their sources): their requests go there.
+	ep.MessagesPath = enginefacts.VLLM.Route(enginefacts.RouteMessages)
+	ep.CountTokensPath = enginefacts.VLLM.Route(enginefacts.RouteCountTokens)
+	ep.ResponsesPath = enginefacts.VLLM.Route(enginefacts.RouteResponses)
 	x := enginekit.Exposure{Socket: sock}
 	if sock == "" {
 		x.OpenRoutes = openRoutes(key, parks)

@@ -57,7 +57,9 @@ func groupPIDs(st wire.DeploymentStatus) map[string]int {
 // three hosts, each a separate process, engines the testkit's fakes in
 // group mode: a 2-host vLLM group and a 3-host SGLang group come up and
 // answer; five park and wake cycles of the vLLM group (each wake with its
-// wake check); a killed head and a killed worker stop the whole group; a
+// wake check); a killed head and a killed worker stop the whole group,
+// which the server does itself (the fake vLLM, as vLLM, leaves the other
+// rank running); a
 // host agent that goes away leaves its member uncertain with its charge,
 // then launched again; the group alternates with another model under
 // --evict; no engine is left behind and no ledger ever goes over a limit.
@@ -160,7 +162,8 @@ func TestFleetGroups_AcrossHosts(t *testing.T) {
 
 	step("five cycles")
 
-	// A killed head stops the whole group; it starts again.
+	// A killed head stops the whole group (vLLM's headless worker does not
+	// notice and waits: the server stops it); it starts again.
 	pids := groupPIDs(f.Status("big"))
 	if err := syscall.Kill(pids["gpu-a"], syscall.SIGKILL); err != nil {
 		t.Fatal(err)
@@ -175,13 +178,18 @@ func TestFleetGroups_AcrossHosts(t *testing.T) {
 
 	step("head killed and restarted")
 
-	// A killed worker too.
+	// A killed worker too. vLLM's head does not notice a lost rank until
+	// its next collective (the fake hangs as it does): only the server's
+	// supervision of every rank stops it.
 	pids = groupPIDs(f.Status("big"))
 	if err := syscall.Kill(pids["gpu-b"], syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
 	f.NoGroupEngine(pids)
 	f.WaitGroupStopped("big", "group_member_failed")
+	if st := f.Status("big"); st.Group == nil || st.Group.LastError == nil || !strings.Contains(st.Group.LastError.Message, "rank 1 on gpu-b") {
+		t.Fatalf("the group stopped for its worker names another cause: %+v", st.Group)
+	}
 	if _, errOut, code := f.Server.CLI("start", "deployment", "big", "--wait"); code != 0 {
 		t.Fatalf("start after the worker's death: exit %d: %s", code, errOut)
 	}
