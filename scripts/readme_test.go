@@ -236,6 +236,10 @@ func checkReadmeOutcome(t *testing.T, b readmeBlock, code, out string, role *rea
 				t.Fatalf("README.md:%d: the model list lacks %s:\n%s", b.line, m, out)
 			}
 		}
+	case strings.Contains(code, "/v1/responses") && strings.Contains(code, "/v1/messages"):
+		if !strings.Contains(out, `"object":"response"`) || !strings.Contains(out, `"type":"message"`) {
+			t.Fatalf("README.md:%d: no Responses and Messages answers:\n%s", b.line, out)
+		}
 	case strings.Contains(code, "for m in chat-a chat-b chat-a"):
 		if got := strings.Count(out, `"object":"chat.completion"`); got != 3 {
 			t.Fatalf("README.md:%d: %d answers of 3:\n%s", b.line, got, out)

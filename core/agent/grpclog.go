@@ -5,6 +5,7 @@ package agent
 
 import (
 	"fmt"
+	"strings"
 	"sync"
 
 	"github.com/hashicorp/go-hclog"
@@ -28,20 +29,24 @@ func routeGRPCLogs(l hclog.Logger) {
 type grpcLogger struct{ l hclog.Logger }
 
 func (g grpcLogger) Info(args ...any)                    { g.l.Debug(fmt.Sprint(args...)) }
-func (g grpcLogger) Infoln(args ...any)                  { g.l.Debug(fmt.Sprint(args...)) }
+func (g grpcLogger) Infoln(args ...any)                  { g.l.Debug(sprintln(args...)) }
 func (g grpcLogger) Infof(format string, args ...any)    { g.l.Debug(fmt.Sprintf(format, args...)) }
 func (g grpcLogger) Warning(args ...any)                 { g.l.Warn(fmt.Sprint(args...)) }
-func (g grpcLogger) Warningln(args ...any)               { g.l.Warn(fmt.Sprint(args...)) }
+func (g grpcLogger) Warningln(args ...any)               { g.l.Warn(sprintln(args...)) }
 func (g grpcLogger) Warningf(format string, args ...any) { g.l.Warn(fmt.Sprintf(format, args...)) }
 func (g grpcLogger) Error(args ...any)                   { g.l.Error(fmt.Sprint(args...)) }
-func (g grpcLogger) Errorln(args ...any)                 { g.l.Error(fmt.Sprint(args...)) }
+func (g grpcLogger) Errorln(args ...any)                 { g.l.Error(sprintln(args...)) }
 func (g grpcLogger) Errorf(format string, args ...any)   { g.l.Error(fmt.Sprintf(format, args...)) }
 
 // Fatal logs at error; grpclog exits the process after it.
 func (g grpcLogger) Fatal(args ...any)                 { g.l.Error(fmt.Sprint(args...)) }
-func (g grpcLogger) Fatalln(args ...any)               { g.l.Error(fmt.Sprint(args...)) }
+func (g grpcLogger) Fatalln(args ...any)               { g.l.Error(sprintln(args...)) }
 func (g grpcLogger) Fatalf(format string, args ...any) { g.l.Error(fmt.Sprintf(format, args...)) }
 
 // V reports whether gRPC's verbose level l is logged: none of them (its
 // verbose lines are debugging aids for gRPC itself).
 func (g grpcLogger) V(l int) bool { return false }
+
+// sprintln is fmt.Sprintln without its newline (the *ln methods put spaces
+// between every operand).
+func sprintln(args ...any) string { return strings.TrimSuffix(fmt.Sprintln(args...), "\n") }

@@ -142,7 +142,7 @@ func TestLoad_Defaults(t *testing.T) {
 	if c.Limits.MaxBodyBytesInFlight != structs.ByteSize(256*structs.MiB) {
 		t.Errorf("limits.max_body_bytes_in_flight = %s", c.Limits.MaxBodyBytesInFlight)
 	}
-	if l := c.Listener; l.ReadHeaderTimeout.String() != "10s" || l.IdleTimeout.String() != "1m0s" || l.BodyReadTimeout.String() != "1m0s" ||
+	if l := c.Listener; l.ReadHeaderTimeout.String() != "10s" || l.IdleTimeout.String() != "1m" || l.BodyReadTimeout.String() != "1m" ||
 		l.MaxConnections != 4096 || l.MaxUnauthenticatedPerAddress != 512 {
 		t.Errorf("listener = %+v", l)
 	}
