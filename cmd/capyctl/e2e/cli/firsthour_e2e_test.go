@@ -7,6 +7,9 @@ import (
 	"encoding/json"
 	"net"
 	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -247,4 +250,36 @@ func TestFirstHour_OutputDetails(t *testing.T) {
 	if strings.Contains(out, "m0s") {
 		t.Fatalf("config show prints Go durations:\n%s", out)
 	}
+}
+
+// TestFirstHour_FakeEngineInsideCapyctl: capyctl runs the fake engine as
+// `capyctl fake-engine`, and under an engine's program name only with
+// CAPYCTL_FAKE_ENGINE=1: a capyctl that happens to be named llama-server
+// stays the CLI.
+func TestFirstHour_FakeEngineInsideCapyctl(t *testing.T) {
+	bin, _ := harness.Binaries(t)
+	link := filepath.Join(t.TempDir(), "llama-server")
+	if err := os.Symlink(bin, link); err != nil {
+		t.Fatal(err)
+	}
+	version := func(env ...string) string {
+		t.Helper()
+		cmd := exec.Command(link, "--version")
+		cmd.Env = append([]string{"PATH=" + os.Getenv("PATH")}, env...)
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("llama-server --version: %v\n%s", err, out)
+		}
+		return string(out)
+	}
+	if out := version(); !strings.HasPrefix(out, "capyctl ") {
+		t.Fatalf("capyctl named llama-server without CAPYCTL_FAKE_ENGINE=1 ran as: %q", out)
+	}
+	if out := version("CAPYCTL_FAKE_ENGINE=1"); !strings.Contains(out, "built with") || strings.HasPrefix(out, "capyctl ") {
+		t.Fatalf("capyctl named llama-server with CAPYCTL_FAKE_ENGINE=1 ran as: %q", out)
+	}
+	// The generic fake: serve without a served name is the fake's refusal
+	// (exit 2), not the CLI's unknown command.
+	_, errOut, code := run(t, nil, "fake-engine", "serve")
+	want(t, "capyctl fake-engine serve", code, 2, errOut, "capyctl-fake-engine: ", "served name is required")
 }
