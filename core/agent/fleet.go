@@ -73,7 +73,7 @@ func (a *Agent) startServer() error {
 		backend.Config = func() *wire.RoleConfig { return rc }
 	}
 	iopts, mopts := a.s.Listener.options("inference", a.logger), a.s.Listener.options("management", a.logger)
-	a.inferenceSrv = api.NewServer(api.BodyDeadline(a.Fleet.InferenceHandler(a.Creds.APIKey, a.s.MaxBodyBytes), iopts.BodyReadTimeout), iopts)
+	a.inferenceSrv = api.NewServer(api.BodyDeadline(a.Fleet.InferenceHandler(a.Creds.APIKey, a.s.MaxBodyBytes, a.s.MaxBodyBytesInFlight), iopts.BodyReadTimeout), iopts)
 	mgmt := api.NewManagementHandler(backend, a.Creds.AdminToken)
 	a.Fleet.ServeManagement(mgmt, a.Creds.AdminToken)
 	a.mgmtSrv = api.NewServer(api.BodyDeadline(mgmt, mopts.BodyReadTimeout), mopts)

@@ -90,7 +90,7 @@ func TestClusterListener_IdleFloodCutsNoHostOff(t *testing.T) {
 		Hosts: []HostShare{{Host: "gpu-a", Instances: 1}}}}); err != nil {
 		t.Fatal(err)
 	}
-	srv := httptest.NewServer(s.InferenceHandler("key", 0))
+	srv := httptest.NewServer(s.InferenceHandler("key", 0, 0))
 	defer srv.Close()
 
 	// One address floods with 300, eighty others with 5 each (400 in
@@ -285,5 +285,205 @@ func TestHandshakeGate_Bounds(t *testing.T) {
 	g.now = func() time.Time { return time.Now().Add(2 * time.Hour) }
 	if s, _, _ := g.admit(from("10.0.0.9")); s == nil || s.known {
 		t.Fatalf("an address verified two hours ago: %+v, want a stranger's slot", s)
+	}
+}
+
+// handlerLocal is a host without engines whose relay answers with handler.
+type handlerLocal struct {
+	*fakeLocal
+	handler http.Handler
+}
+
+func (l handlerLocal) RelayHandler() http.Handler { return l.handler }
+
+// place puts deployment dep, serving route, on host.
+func place(t *testing.T, s *Server, dep, host string) {
+	t.Helper()
+	if err := s.State.Apply(Command{Op: OpPlaced, Placement: &Placement{Deployment: dep, Routes: []string{dep},
+		Hosts: []HostShare{{Host: host, Instances: 1}}}}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// stalledBody starts a request of declared bytes and sends all but the
+// last of them; the connection stays open until the test ends.
+func stalledBody(t *testing.T, addr string, declared int) net.Conn {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer key\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n", declared)
+	if _, err := c.Write(bytes.Repeat([]byte(" "), declared-1)); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// TestRelay_BodiesInFlightBounded (M1): the server holds no more request
+// bodies at once than limits.max_body_bytes_in_flight: with two bodies of
+// 1 MiB held (bound 2 MiB), a third is refused 429 bodies_in_flight_full
+// before a byte of it is read, a small one still passes (the reserve of
+// small bodies), and once the held ones end their bytes are back. Before
+// the bound, the third was read and relayed.
+func TestRelay_BodiesInFlightBounded(t *testing.T) {
+	s := testServer(t, ServerOptions{})
+	joinHost(t, s, "gpu-a", newFakeLocal())
+	waitReady(t, s, "gpu-a")
+	place(t, s, "demo", "gpu-a")
+	srv := httptest.NewServer(s.InferenceHandler("key", 1<<20, 2<<20))
+	t.Cleanup(srv.Close) // after the held connections close
+	addr := strings.TrimPrefix(srv.URL, "http://")
+
+	big := `{"model":"demo","messages":[],"pad":"` + strings.Repeat("x", 1<<20-60) + `"}`
+	send := func(body string) (int, string) {
+		req, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/chat/completions", strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer key")
+		// The body waits for the server's go-ahead: a refusal before
+		// the body is read then arrives as an answer, not as a reset
+		// while the client still writes.
+		req.Header.Set("Expect", "100-continue")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return 0, err.Error()
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	// Two bodies held: a third is refused, not read. (A held body may
+	// itself have been refused while a probe's body was still counted: it
+	// is sent again.)
+	held := []net.Conn{stalledBody(t, addr, len(big)), stalledBody(t, addr, len(big))}
+	poll.Until(t, 10*time.Second, "a third large body refused while two are held", func() bool {
+		for i, c := range held {
+			_ = c.SetReadDeadline(time.Now().Add(10 * time.Millisecond))
+			if n, _ := c.Read(make([]byte, 1)); n > 0 {
+				c.Close()
+				held[i] = stalledBody(t, addr, len(big))
+			}
+		}
+		code, body := send(big)
+		return code == http.StatusTooManyRequests && strings.Contains(body, "bodies_in_flight_full")
+	})
+	if code, body := send(`{"model":"demo","messages":[]}`); code != http.StatusOK {
+		t.Fatalf("a small body while large ones are held: %d %s", code, body)
+	}
+	for _, c := range held {
+		c.Close()
+	}
+	poll.Until(t, 10*time.Second, "a large body taken again once the held ones ended", func() bool {
+		code, _ := send(big)
+		return code == http.StatusOK
+	})
+}
+
+// TestRelay_ModelByItsExactName (L1): the server reads the model as the
+// host does: {"model":"secret1","Model":"demo"} was placed as demo (Go's
+// case-insensitive decoding) and served as secret1 by demo's host; now
+// it is refused, as is a model named twice.
+func TestRelay_ModelByItsExactName(t *testing.T) {
+	s := testServer(t, ServerOptions{})
+	seen := make(chan string, 4)
+	joinHost(t, s, "gpu-a", handlerLocal{newFakeLocal(), http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		seen <- string(b)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"object":"chat.completion"}`)
+	})})
+	waitReady(t, s, "gpu-a")
+	place(t, s, "demo", "gpu-a")
+	srv := httptest.NewServer(s.InferenceHandler("key", 0, 0))
+	defer srv.Close()
+	for _, body := range []string{`{"model":"secret1","Model":"demo"}`, `{"Model":"demo","model":"secret1"}`, `{"MODEL":"demo"}`, `{"model":"demo","model":"secret1"}`} {
+		req, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/chat/completions", strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer key")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(b), "invalid_request") {
+			t.Errorf("%s: %d %s, want 400 invalid_request", body, resp.StatusCode, b)
+		}
+	}
+	select {
+	case got := <-seen:
+		t.Fatalf("the host received %s", got)
+	default:
+	}
+	if code, body := relayedChat(t, srv.URL, "demo"); code != http.StatusOK {
+		t.Fatalf("a plain request: %d %s", code, body)
+	}
+}
+
+// TestRelay_HeaderHygiene (L3): a client's proxy credentials, forwarding
+// headers and cookies do not reach the host, and a host's cookies, CORS
+// headers and other headers do not reach the client, streamed or not.
+func TestRelay_HeaderHygiene(t *testing.T) {
+	s := testServer(t, ServerOptions{})
+	got := make(chan http.Header, 4)
+	joinHost(t, s, "gpu-a", handlerLocal{newFakeLocal(), http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got <- r.Header.Clone()
+		body, _ := io.ReadAll(r.Body)
+		h := w.Header()
+		h.Set("Set-Cookie", "session=stolen; Path=/")
+		h.Set("Access-Control-Allow-Origin", "*")
+		h.Set("Access-Control-Allow-Credentials", "true")
+		h.Set("X-Host-Says", "hello")
+		h.Set("Server", "evil/1")
+		if strings.Contains(string(body), `"stream":true`) {
+			h.Set("Content-Type", "text/event-stream")
+			_, _ = io.WriteString(w, "data: {}\n\ndata: [DONE]\n\n")
+			return
+		}
+		h.Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"object":"chat.completion"}`)
+	})})
+	waitReady(t, s, "gpu-a")
+	place(t, s, "demo", "gpu-a")
+	srv := httptest.NewServer(s.InferenceHandler("key", 0, 0))
+	defer srv.Close()
+	for _, stream := range []bool{false, true} {
+		body := `{"model":"demo","messages":[]}`
+		if stream {
+			body = `{"model":"demo","stream":true,"messages":[]}`
+		}
+		req, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/chat/completions", strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer key")
+		req.Header.Set("Proxy-Authorization", "Basic cHJveHk6c2VjcmV0")
+		req.Header.Set("X-Forwarded-For", "203.0.113.7")
+		req.Header.Set("Forwarded", "for=203.0.113.7")
+		req.Header.Set("X-Real-Ip", "203.0.113.7")
+		req.Header.Set("Cookie", "dashboard=secret")
+		req.Header.Set("X-Request-Id", "client-7")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("stream %v: %d", stream, resp.StatusCode)
+		}
+		h := <-got
+		for _, k := range []string{"Proxy-Authorization", "X-Forwarded-For", "Forwarded", "X-Real-Ip", "Cookie", "Authorization"} {
+			if v := h.Get(k); v != "" {
+				t.Errorf("stream %v: the host received %s: %s", stream, k, v)
+			}
+		}
+		if h.Get("X-Request-Id") != "client-7" {
+			t.Errorf("stream %v: the client's X-Request-Id did not reach the host: %v", stream, h)
+		}
+		for _, k := range []string{"Set-Cookie", "Access-Control-Allow-Origin", "Access-Control-Allow-Credentials", "X-Host-Says", "Server"} {
+			if v := resp.Header.Get(k); v != "" {
+				t.Errorf("stream %v: the client received the host's %s: %s", stream, k, v)
+			}
+		}
+		if resp.Header.Get("Content-Type") == "" {
+			t.Errorf("stream %v: the answer lost its Content-Type", stream)
+		}
 	}
 }
