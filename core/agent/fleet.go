@@ -90,6 +90,12 @@ func (a *Agent) serve() {
 	if a.inferenceTLS != nil {
 		servers[0].ln = a.inferenceTLS
 	}
+	if a.mgmtSock != nil {
+		servers = append(servers, struct {
+			srv *http.Server
+			ln  net.Listener
+		}{a.mgmtSrv, a.mgmtSock})
+	}
 	for _, p := range servers {
 		a.wg.Add(1)
 		go func(srv *http.Server, ln net.Listener) {
