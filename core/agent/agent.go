@@ -208,7 +208,7 @@ type Agent struct {
 	inferenceLim *api.LimitListener
 	mgmtLim      *api.LimitListener
 	mgmtSock     *api.LimitListener // the management API's Unix socket; nil: none
-	inferenceTLS net.Listener // inferenceLim in TLS, when tls is set
+	inferenceTLS net.Listener       // inferenceLim in TLS, when tls is set
 	inferenceSrv *http.Server
 	mgmtSrv      *http.Server
 
