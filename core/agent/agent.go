@@ -740,7 +740,7 @@ func (a *Agent) Banner(w io.Writer) {
 	fmt.Fprintf(w, "  Credentials: %s\n", filepath.Join(a.s.StateDir, runinfo.CredentialsFile))
 	if a.Fleet != nil {
 		fmt.Fprintf(w, "  Cluster:     %s (hosts dial %s; mutual TLS; CA sha256 %s)\n", a.Fleet.Addr(), a.Fleet.Advertise(), a.Fleet.CAFingerprint())
-		fmt.Fprintf(w, "  Join a host: capyctl create join-token, then on the host: capyctl start host --server %s --join-token <token>\n", a.Fleet.Advertise())
+		fmt.Fprintf(w, "  Join a host: capyctl create join-token, then on the host: capyctl start host --server %s --join-token-file FILE\n", a.Fleet.Advertise())
 		return
 	}
 	if a.FleetHost != nil {

@@ -5,6 +5,7 @@ package fleet
 
 import (
 	"bytes"
+	"context"
 	"crypto/tls"
 	"encoding/json"
 	"fmt"
@@ -12,6 +13,8 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -20,6 +23,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/capyctl/capyctl/core/pki"
+	"github.com/capyctl/capyctl/core/structs"
 	"github.com/capyctl/capyctl/plugins-testkit/attack"
 	"github.com/capyctl/capyctl/plugins-testkit/poll"
 )
@@ -485,5 +489,44 @@ func TestRelay_HeaderHygiene(t *testing.T) {
 		if resp.Header.Get("Content-Type") == "" {
 			t.Errorf("stream %v: the answer lost its Content-Type", stream)
 		}
+	}
+}
+
+// TestHost_KeyFilesOwnerOnly (L9): a host whose key (or its directory)
+// other users can read refuses to start with invalid_config naming the
+// chmod, rather than use a key that is no longer its own alone.
+func TestHost_KeyFilesOwnerOnly(t *testing.T) {
+	s := testServer(t, ServerOptions{})
+	tok, err := s.NewJoinToken("", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	o := HostOptions{StateDir: dir, Server: s.Addr(), JoinToken: tok.Token, Name: "gpu-a", Local: newFakeLocal()}
+	if _, err := NewHost(context.Background(), o); err != nil {
+		t.Fatal(err)
+	}
+	o.JoinToken = ""
+	for _, c := range []struct {
+		path string
+		mode os.FileMode
+	}{{filepath.Join(hostPKIDir(dir), "host.key"), 0o644}, {filepath.Join(hostPKIDir(dir), "host.key"), 0o640}, {hostPKIDir(dir), 0o755}} {
+		good := os.FileMode(0o600)
+		if c.mode.Perm()&0o100 != 0 {
+			good = 0o700
+		}
+		if err := os.Chmod(c.path, c.mode); err != nil {
+			t.Fatal(err)
+		}
+		_, err := NewHost(context.Background(), o)
+		if !structs.HasCode(err, structs.CodeInvalidConfig) || !strings.Contains(err.Error(), "chmod") {
+			t.Fatalf("%s with mode %04o: %v, want invalid_config naming the chmod", c.path, c.mode, err)
+		}
+		if err := os.Chmod(c.path, good); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := NewHost(context.Background(), o); err != nil {
+		t.Fatalf("owner-only again: %v", err)
 	}
 }
