@@ -28,8 +28,8 @@ role = "host"
 # (env CAPYCTL_SERVER_ADDRESS)
 # server_address = "gpu-server.example.com:8444"
 
-# This host's address on the group link (its direct link to the other GPU hosts): group engines meet and talk there, unauthenticated.
-# Default: the local address of the host's connection to its server.
+# This host's address on the group link (its direct link to the other GPU hosts): group engines meet and talk there, unauthenticated, so name an address only the GPU hosts reach; a group member on a host without one is refused (peer_address_missing).
+# Default: none: this host runs no group member until it is set.
 # (env CAPYCTL_PEER_ADDRESS)
 # peer_address = ""
 

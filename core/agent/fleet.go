@@ -251,15 +251,12 @@ func (a *Agent) groupSettings() *lifecycle.GroupSettings {
 			gs.FirstPort, gs.LastPort = r.First, r.Last
 		}
 	}
+	// IMPORTANT: no default. Group traffic (the rendezvous store, NCCL and
+	// Gloo) is unauthenticated: it goes on the link the operator names,
+	// never on the interface that happens to reach the server (which may
+	// be the one clients and the internet see). A group member on a host
+	// without peer_address is refused with peer_address_missing.
 	peer := a.s.PeerAddress
-	gs.PeerAddress = func() string {
-		if peer != "" {
-			return peer
-		}
-		if h := a.FleetHost; h != nil {
-			return h.LocalIP()
-		}
-		return ""
-	}
+	gs.PeerAddress = func() string { return peer }
 	return gs
 }

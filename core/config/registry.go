@@ -163,8 +163,8 @@ var registry = []Definition{
 		"none: a host needs one", []string{RoleHost}, func(c *Config) *string { return &c.ServerAddress }),
 	{
 		Path: "peer_address", Kind: KindString, Roles: []string{RoleHost},
-		Description: "this host's address on the group link (its direct link to the other GPU hosts): group engines meet and talk there, unauthenticated",
-		defaultText: "the local address of the host's connection to its server",
+		Description: "this host's address on the group link (its direct link to the other GPU hosts): group engines meet and talk there, unauthenticated, so name an address only the GPU hosts reach; a group member on a host without one is refused (peer_address_missing)",
+		defaultText: "none: this host runs no group member until it is set",
 		parse: func(c *Config, _ *loadContext, v string) (string, error) {
 			v = strings.TrimSpace(v)
 			c.PeerAddress = v
