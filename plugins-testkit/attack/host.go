@@ -176,6 +176,27 @@ func (l *Link) Send(m *hostv1.HostMessage) error {
 	return l.stream.Send(m)
 }
 
+// Beat sends a heartbeat with readings every interval until the link
+// closes, so the server keeps the link up (a host silent for three
+// intervals is lost).
+func (l *Link) Beat(every time.Duration, readings []*hostv1.LedgerReading) {
+	go func() {
+		t := time.NewTicker(every)
+		defer t.Stop()
+		for {
+			select {
+			case <-l.stream.Context().Done():
+				return
+			case <-t.C:
+			}
+			hb := &hostv1.Heartbeat{TimeUnixMs: time.Now().UnixMilli(), Readings: readings}
+			if err := l.Send(&hostv1.HostMessage{Body: &hostv1.HostMessage_Heartbeat{Heartbeat: hb}}); err != nil {
+				return
+			}
+		}
+	}()
+}
+
 // Close ends the link.
 func (l *Link) Close() {
 	_ = l.stream.CloseSend()
