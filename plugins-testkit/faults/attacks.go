@@ -106,7 +106,9 @@ type AttackEnv struct {
 }
 
 // Note adds to the row's account of what the attack did.
-func (e *AttackEnv) Note(format string, args ...any) { e.notes = append(e.notes, fmt.Sprintf(format, args...)) }
+func (e *AttackEnv) Note(format string, args ...any) {
+	e.notes = append(e.notes, fmt.Sprintf(format, args...))
+}
 
 // Problem records a bound the server did not hold: the row fails.
 func (e *AttackEnv) Problem(format string, args ...any) {
