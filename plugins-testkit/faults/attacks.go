@@ -309,8 +309,8 @@ func ClusterFlood() Attack {
 		defer one.Close()
 		many := attack.OpenFlood(attack.FloodOptions{Target: e.Server.ClusterAddr, PerSource: s.FloodPerSource, Sources: attack.Loopback(10, s.FloodSources)})
 		defer many.Close()
-		e.Note("%d idle connections from one address and %d from %d others (%d, %d reset at once)",
-			one.Opened(), many.Opened(), s.FloodSources, s.FloodOne-one.Opened(), s.FloodSources*s.FloodPerSource-many.Opened())
+		e.Note("%d idle connections from one address and %d from %d others (%d more refused while connecting)",
+			one.Opened(), many.Opened(), s.FloodSources, s.FloodOne-one.Opened()+s.FloodSources*s.FloodPerSource-many.Opened())
 		start := time.Now()
 		joined := harness.StartHost(e.T, e.Server, harness.HostOptions{Name: "gpu-b"})
 		if !hostReady(e.Server, "gpu-b", s.Recover) {
