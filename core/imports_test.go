@@ -106,6 +106,19 @@ func TestImportGuards(t *testing.T) {
 			forbidden: under(module+"/core/lifecycle", module+"/core/pluginmgr", module+"/core/models", "google.golang.org/grpc", "github.com/hashicorp/go-plugin"),
 		},
 		{
+			name: "the binary links no test support (the testkit, the end-to-end helpers)",
+			pkgs: []string{module + "/cmd/capyctl"}, deps: true,
+			forbidden: under(module+"/plugins-testkit", module+"/cmd/capyctl/internal/e2e"),
+		},
+		{
+			// A fake that read the drivers' fact tables could never fail a
+			// test when a driver's fact is wrong: the fakes keep their own
+			// (plugins-testkit/fakeengine/facts.go).
+			name: "the fake engines link nothing of the drivers' facts, the engine kit, the drivers or the core",
+			pkgs: []string{module + "/plugins-testkit/fakeengine", module + "/plugins-testkit/cmd/capyctl-fake-engine"}, deps: true,
+			forbidden: under(module+"/sdk/enginefacts", module+"/sdk/enginekit", module+"/drivers", module+"/core"),
+		},
+		{
 			name: "the CLI imports only the agent entry, the client, wire types, job specs and config",
 			pkgs: []string{module + "/cmd/capyctl", module + "/cmd/capyctl/command"},
 			forbidden: func(pkg string) bool {

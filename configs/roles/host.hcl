@@ -33,11 +33,11 @@ role = "host"
 # (env CAPYCTL_PEER_ADDRESS)
 # peer_address = ""
 
-# Ports a group head's engines meet on (torch.distributed's store), first-last, on peer_address.
+# Ports a group head's engines meet on, first-last, on peer_address: each head takes seven (torch.distributed's store and the six SGLang binds after it with DP attention).
 # (env CAPYCTL_RENDEZVOUS_PORTS)
 # rendezvous_ports = "25000-25099"
 
-# Group traffic must go over RDMA: a group member on this host never falls back to TCP.
+# A group member's NCCL traffic must go over RDMA: its engine runs with NCCL_NET=IB and fails to start rather than fall back to TCP (rendezvous and Gloo traffic stay on TCP).
 # (env CAPYCTL_REQUIRE_RDMA)
 # require_rdma = false
 

@@ -176,14 +176,14 @@ var registry = []Definition{
 	},
 	{
 		Path: "rendezvous_ports", Kind: KindPorts, Default: "25000-25099", Roles: []string{RoleHost},
-		Description: "ports a group head's engines meet on (torch.distributed's store), first-last, on peer_address",
+		Description: "ports a group head's engines meet on, first-last, on peer_address: each head takes seven (torch.distributed's store and the six SGLang binds after it with DP attention)",
 		parse: func(c *Config, _ *loadContext, v string) (string, error) {
 			r, err := ParsePortRange(v)
 			c.RendezvousPorts = r
 			return r.String(), err
 		},
 	},
-	boolSetting("require_rdma", false, "group traffic must go over RDMA: a group member on this host never falls back to TCP", []string{RoleHost},
+	boolSetting("require_rdma", false, "a group member's NCCL traffic must go over RDMA: its engine runs with NCCL_NET=IB and fails to start rather than fall back to TCP (rendezvous and Gloo traffic stay on TCP)", []string{RoleHost},
 		func(c *Config) *bool { return &c.RequireRDMA }),
 	durationSetting("group_stall_timeout", "120s", false,
 		"how long a group's bring-up may go without its head becoming ready before the group is stopped (group_stalled)", []string{RoleServer},

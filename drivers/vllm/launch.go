@@ -229,11 +229,13 @@ const lmcacheConnector = `{"kv_connector":"LMCacheConnectorV1","kv_role":"kv_bot
 // UDSSince is the first vLLM release CapyCTL serves on a Unix socket
 // (--uds, "Unix domain socket path. If set, host and port arguments are
 // ignored.", FrontendArgs in vllm/entrypoints/openai/cli_args.py, added by
-// vllm-project/vllm#18097 in May 2025). It was read first-hand in the 0.11
-// series; the first release that has it is unconfirmed, so an older one
-// is refused (Plan: engine_unsupported:no_socket) rather than served on a
-// port every local user reaches. A launch directory whose path is too
-// long for a socket still keeps the port, and reports the exposure.
+// vllm-project/vllm#18097, opened in May 2025 and merged in August 2025 per
+// vLLM's weekly summaries of 2025-08-09 and 2025-08-15, so in 0.10.2 at the
+// latest). It was read first-hand in the 0.11 series, the one CapyCTL uses
+// it from; an older release is refused (Plan: engine_unsupported:no_socket)
+// rather than served on a port every local user reaches. A launch
+// directory whose path is too long for a socket still keeps the port, and
+// reports the exposure.
 var UDSSince = []int{0, 11}
 
 // socketFor is the socket a launch serves on, or "" and why it keeps the

@@ -160,8 +160,11 @@ func launchedPIDs(r *harness.Role, marker string) []int {
 // restart_only deployment answers a 300-word prompt, is parked (its
 // engine stops), and a request wakes it with a new engine process that
 // reconnects to the same server, so the same prompt is answered with its
-// prefix cached. A stop then ends the server, and nothing of the role's
-// launches is left.
+// prefix cached. That needs the keys to survive the restart: the fake, as
+// LMCache, chains its chunk keys from a seed drawn per engine process
+// unless PYTHONHASHSEED fixes it, which the drivers set the same for every
+// launch of the instance. A stop then ends the server, and nothing of the
+// role's launches is left.
 func TestRole_LMCacheAcrossRestartOnlyPark(t *testing.T) {
 	r := harness.StartStandalone(t, harness.Options{})
 	for _, e := range []struct{ family, version string }{{"vllm", "0.32.0"}, {"sglang", "0.5.22"}} {

@@ -354,6 +354,7 @@ type generation struct {
 	ctx         context.Context
 	released    bool
 	completions bool // a text completion (/v1/completions), not a chat one
+	engineDead  bool // the engine died under it (a collective gave up)
 }
 
 // release gives the slot back (once).
@@ -384,6 +385,15 @@ func (g *generation) run(toks []string, emit func(tok string) bool) (bool, time.
 	if e.cfg.TokenRate > 0 {
 		tick = time.NewTicker(time.Duration(float64(time.Second) / e.cfg.TokenRate))
 		defer tick.Stop()
+	}
+	if e.groupStuck() {
+		// The model step is a collective over every rank: it waits for
+		// the lost one until the engine gives up, and the request fails
+		// with the engine (vLLM's EngineDeadError, 500).
+		e.startCollectiveTimeout()
+		<-ctx.Done()
+		g.engineDead = e.life.Err() != nil
+		return false, time.Now()
 	}
 	for i, tok := range toks {
 		if tick != nil {
@@ -424,6 +434,10 @@ func (g *generation) complete(w http.ResponseWriter, res *ChatResult, toks []str
 	case g.aborted():
 		g.cancelled(at)
 		res.FinishReason = "abort"
+	case g.engineDead:
+		g.cancelled(at)
+		g.e.flavour.WriteError(w, KindEngineFailure, "EngineCore encountered an issue. See stack trace (above) for the root cause.")
+		return
 	default:
 		g.cancelled(at)
 		return

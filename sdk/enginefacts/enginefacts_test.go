@@ -21,7 +21,7 @@ func TestTables_WellFormed(t *testing.T) {
 				t.Errorf("Lookup(%q) is not the table", e.Family)
 			}
 			all := [][]Fact{e.Park, e.Levels, e.Abort, {e.Metrics.Running, e.Metrics.Waiting}, e.Metrics.KVUsage,
-				e.Metrics.Figures, e.GuardedPrefixes, e.OpenPrefixes, e.OpenRoutes, e.ParkOpenRoutes}
+				e.Metrics.Figures, e.GuardedPrefixes, e.OpenPrefixes, e.OpenRoutes, e.ParkOpenRoutes, e.Env}
 			for _, fs := range all {
 				for _, f := range fs {
 					if f.Value == "" || f.Source == "" {

@@ -51,7 +51,17 @@ var VLLM = &Engine{
 	OpenRoutes: vllmOpen("/health", "/metrics", "/version", "/ping", "/invocations", "/tokenize", "/detokenize"),
 	ParkOpenRoutes: vllmOpen("/sleep", "/wake_up", "/is_sleeping", "/collective_rpc", "/reset_prefix_cache",
 		"/server_info", "/pause", "/resume"),
+	Env: []Fact{pythonHashSeed, ncclNet},
 }
+
+// pythonHashSeed is the seed every launch of an instance with LMCache gets
+// (pyengine.LMCacheHashSeed).
+var pythonHashSeed = Fact{Value: "PYTHONHASHSEED", Note: "with LMCache: the same for every launch of an instance (derived from it and its LMCache server's port), so that its chunk keys survive a restart_only park",
+	Source: "ChunkedTokenDatabase in lmcache/v1/token_database.py chains keys from vLLM's NONE_HASH; init_none_hash in vllm/v1/core/kv_cache_utils.py draws it from os.urandom unless PYTHONHASHSEED is set; vllm-project/vllm#21161"}
+
+// ncclNet makes NCCL fail rather than fall back to TCP (require_rdma).
+var ncclNet = Fact{Value: "NCCL_NET=IB", Note: "a group member on a host with require_rdma: NCCL uses InfiniBand or RoCE verbs or fails its start; the rendezvous and Gloo stay on TCP",
+	Source: "NCCL_NET (since 2.10), docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html; ncclNetInit in NVIDIA/nccl src/net.cc (\"Error: network %s not found.\")"}
 
 // vllmOpen are routes outside vLLM's guarded prefixes.
 func vllmOpen(routes ...string) []Fact {
@@ -108,6 +118,7 @@ var SGLang = &Engine{
 		{Value: "/metrics", Source: sglangAuth},
 		{Value: "/ready", Note: "newer releases", Source: sglangAuth},
 	},
+	Env: []Fact{pythonHashSeed, ncclNet},
 }
 
 // sglangAuth is where SGLang decides which paths need its key.
@@ -124,7 +135,10 @@ var LlamaCpp = &Engine{
 	Metrics: Metrics{
 		Running: Fact{Value: "llamacpp:requests_processing", Note: "needs --metrics; no labels", Source: ref + "§3.5"},
 		Waiting: Fact{Value: "llamacpp:requests_deferred", Source: ref + "§3.5"},
-		KVUsage: []Fact{{Value: "llamacpp:kv_cache_usage_ratio", Source: ref + "§3.5"}},
+		// Builds of the Nov-2025 layout serve no KV usage (the driver then
+		// reports it unknown); older ones do.
+		KVUsage: []Fact{{Value: "llamacpp:kv_cache_usage_ratio", Note: "older builds only: served up to early 2025 (examples/server/server.cpp at c392e509), gone from the Nov-2025 handler; current builds report no KV usage",
+			Source: ref + "§3.5"}},
 		Figures: []Fact{
 			{Value: "llamacpp:prompt_tokens_total", Source: ref + "§3.5"},
 			{Value: "llamacpp:tokens_predicted_total", Source: ref + "§3.5"},
@@ -145,9 +159,9 @@ var LlamaCpp = &Engine{
 // llamaAuth is where llama-server lists its public endpoints.
 const llamaAuth = "get_public_endpoints in tools/server/server-http.cpp; " + ref + "§3.4"
 
-// tfMetrics: no reference documents TensorFold's /metrics; these are the
-// names its fake serves, unconfirmed on a real TensorFold.
-const tfMetrics = "unconfirmed: the fake engine's names (plugins-testkit/fakeengine/flavour_tensorfold.go)"
+// tfMetrics: no reference documents TensorFold's /metrics, and the driver
+// reads /health for its idle signal instead.
+const tfMetrics = "unconfirmed: no public TensorFold documentation names its metrics; the driver reads /health"
 
 // TensorFold is TensorFold's table. It has no park API (restart only), no
 // Prometheus idle signal (the driver reads /health) and no open route:
@@ -166,4 +180,5 @@ var TensorFold = &Engine{
 		Waiting: Fact{Value: "tensorfold:requests_waiting", Source: tfMetrics},
 		KVUsage: []Fact{{Value: "tensorfold:kv_cache_usage_ratio", Source: tfMetrics}},
 	},
+	Env: []Fact{ncclNet},
 }

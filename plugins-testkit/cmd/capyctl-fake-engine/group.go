@@ -24,6 +24,11 @@ import (
 // --dist-init-addr, TensorFold's --tp 2/--rank/--master/--master-port)
 // puts the fake in a group; fakeengine/group.go has the rendezvous.
 
+// rdmaDirEnv names the directory the fake reads as the machine's RDMA
+// devices (fakeengine.DefaultRDMADir when unset), so that a test can give a
+// rank a machine with or without one.
+const rdmaDirEnv = "CAPYCTL_FAKE_RDMA_DIR"
+
 // groupJoinTimeoutEnv overrides fakeengine.DefaultGroupJoinTimeout (a Go
 // duration), so that a test of an unreachable head ends quickly.
 const groupJoinTimeoutEnv = "CAPYCTL_FAKE_GROUP_JOIN_TIMEOUT"
@@ -38,13 +43,30 @@ type groupLaunch struct {
 	addr string
 	// lostLog is what a survivor logs (see fakeengine.GroupConfig).
 	lostLog string
+	// peerLoss is what a survivor does; under fakeengine.PeerLossHang,
+	// timeoutEnv names the engine's variable (in seconds) that bounds a
+	// collective waiting for a lost rank, and stuckLog is what the engine
+	// logs when it gives up.
+	peerLoss   fakeengine.PeerLoss
+	timeoutEnv string
+	stuckLog   string
 }
 
 // config is the launch's fakeengine.GroupConfig; the head binds its
 // rendezvous listener here, before anything loads, so that a busy port
 // fails the launch at once.
 func (g groupLaunch) config(env func(string) string) (*fakeengine.GroupConfig, error) {
-	cfg := &fakeengine.GroupConfig{Engine: g.engine, Rank: g.rank, Size: g.size, Addr: g.addr, LostLog: g.lostLog}
+	cfg := &fakeengine.GroupConfig{Engine: g.engine, Rank: g.rank, Size: g.size, Addr: g.addr, LostLog: g.lostLog,
+		PeerLoss: g.peerLoss, StuckLog: g.stuckLog, NCCLNet: env("NCCL_NET"), RDMADir: env(rdmaDirEnv)}
+	if g.timeoutEnv != "" {
+		if s := env(g.timeoutEnv); s != "" {
+			n, err := strconv.Atoi(s)
+			if err != nil || n <= 0 {
+				return nil, fmt.Errorf("ValueError: invalid literal for int() with base 10: '%s' (%s)", s, g.timeoutEnv)
+			}
+			cfg.CollectiveTimeout = time.Duration(n) * time.Second
+		}
+	}
 	if s := env(groupJoinTimeoutEnv); s != "" {
 		d, err := time.ParseDuration(s)
 		if err != nil || d <= 0 {

@@ -4,6 +4,7 @@
 package main
 
 import (
+	"fmt"
 	"io"
 	"maps"
 	"net"
@@ -16,6 +17,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/capyctl/capyctl/plugins-testkit/ports"
 	"github.com/capyctl/capyctl/plugins-testkit/simgpu"
 )
 
@@ -96,7 +98,7 @@ func TestGroup_VLLMTwoRanks(t *testing.T) {
 	args := []string{"-m", vllmModule, "--model", model, "--served-model-name", "m", "--host", "127.0.0.1", "--port", "0",
 		"--tensor-parallel-size", "2", "--kv-cache-memory-bytes", "1048576", "--nnodes", "2", "--master-addr", "127.0.0.1"}
 	h := startProc(t, "/venv/bin/python", append(args, "--node-rank", "0", "--master-port", "0"),
-		"CAPYCTL_SIMGPU_STATE="+head, "VLLM_NO_USAGE_STATS=1")
+		"CAPYCTL_SIMGPU_STATE="+head, "VLLM_NO_USAGE_STATS=1", "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS=1")
 	h.waitListening(t)
 	_, port := h.rendezvous(t)
 	h.notServing(t)
@@ -126,11 +128,74 @@ func TestGroup_VLLMTwoRanks(t *testing.T) {
 		t.Fatalf("a headless worker serves HTTP:\n%s", w.stdout)
 	}
 
-	// A worker gone is fatal to the head.
+	// A worker gone is not noticed by an idle head (vLLM's executor
+	// watches its own processes only): it answers /health until a
+	// request's model step, a collective, waits for the lost rank and
+	// gives up after VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS.
 	if err := w.cmd.Process.Kill(); err != nil {
 		t.Fatal(err)
 	}
-	h.exitsWith(t, 1, "group rank 1 is gone")
+	h.waitFor(t, "the head's view of the closed connection", func() bool {
+		return strings.Contains(h.stdout.String(), "group rank 1's connection closed")
+	})
+	if status, _ := h.get("/health"); status != 200 {
+		t.Fatalf("an idle head whose worker died: /health %d, want 200 (vLLM notices at its next collective)", status)
+	}
+	select {
+	case <-h.done:
+		t.Fatalf("the head exited when its worker died:\n%s", h.stderr)
+	default:
+	}
+	answered := make(chan int, 1)
+	go func() {
+		body := `{"model":"m","messages":[{"role":"user","content":"hi"}]}`
+		resp, err := http.Post(h.url+"/v1/chat/completions", "application/json", strings.NewReader(body))
+		if err != nil {
+			answered <- 0
+			return
+		}
+		resp.Body.Close()
+		answered <- resp.StatusCode
+	}()
+	h.exitsWith(t, 1, "RPC call to execute_model timed out")
+	if status := <-answered; status == 200 {
+		t.Fatalf("a request to a head whose worker died was answered")
+	}
+}
+
+// TestGroup_VLLMWorkerOutlivesItsHead: a headless vLLM rank whose head is
+// killed does not notice: it keeps its memory until it is stopped, which
+// only the control plane does.
+func TestGroup_VLLMWorkerOutlivesItsHead(t *testing.T) {
+	model := modelDir(t, 2<<20)
+	head, worker := oneCard(t), oneCard(t)
+	args := []string{"-m", vllmModule, "--model", model, "--served-model-name", "m", "--host", "127.0.0.1", "--port", "0",
+		"--tensor-parallel-size", "2", "--kv-cache-memory-bytes", "1048576", "--nnodes", "2", "--master-addr", "127.0.0.1"}
+	h := startProc(t, "/venv/bin/python", append(args, "--node-rank", "0", "--master-port", "0"), "CAPYCTL_SIMGPU_STATE="+head)
+	h.waitListening(t)
+	_, port := h.rendezvous(t)
+	w := startProc(t, "/venv/bin/python", append(args, "--node-rank", "1", "--master-port", port, "--headless"), "CAPYCTL_SIMGPU_STATE="+worker)
+	h.waitFor(t, "the head ready", func() bool { s, _ := h.get("/health"); return s == 200 })
+	if err := h.cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	w.waitFor(t, "the worker's view of the closed connection", func() bool {
+		return strings.Contains(w.stdout.String(), "the head's connection closed")
+	})
+	if got := heldOn(t, worker, w.cmd.Process.Pid); got["weights"] != 1<<20 {
+		t.Fatalf("the worker whose head died holds %v, want its share kept", got)
+	}
+	select {
+	case <-w.done:
+		t.Fatalf("the worker exited when its head died:\n%s", w.stderr)
+	default:
+	}
+	if err := w.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if code := w.wait(t); code != 0 {
+		t.Fatalf("the worker's exit after SIGTERM: %d", code)
+	}
 }
 
 func TestGroup_SGLangThreeRanks(t *testing.T) {
@@ -273,7 +338,17 @@ func TestGroup_WrongWorkerRefused(t *testing.T) {
 	if code := h.wait(t); code != 0 {
 		t.Fatalf("head exit %d after SIGTERM", code)
 	}
-	good.exitsWith(t, 1, "group rank 0 is gone")
+	// A headless vLLM rank does not notice its head is gone: it waits
+	// until it is stopped.
+	good.waitFor(t, "the worker's view of the closed connection", func() bool {
+		return strings.Contains(good.stdout.String(), "the head's connection closed")
+	})
+	if err := good.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if code := good.wait(t); code != 0 {
+		t.Fatalf("worker exit %d after SIGTERM", code)
+	}
 }
 
 // post sends a POST with a JSON body (none when empty) and returns the
@@ -400,16 +475,42 @@ func TestGroup_VLLMSleepWake(t *testing.T) {
 				}
 			}
 
-			// A worker gone while the group sleeps is fatal to the head.
+			// A worker gone while the group sleeps: the head's next wake_up,
+			// a collective RPC with no timeout, waits for it until the
+			// head is stopped; the other workers wait too.
 			g.must(t, "/sleep?level=2", "")
 			g.holds(t, "asleep", asleep)
 			last := g.procs[n-1]
 			if err := last.cmd.Process.Kill(); err != nil {
 				t.Fatal(err)
 			}
-			h.exitsWith(t, 1, "group rank "+strconv.Itoa(n-1)+" is gone")
+			h.waitFor(t, "the head's view of the closed connection", func() bool {
+				return strings.Contains(h.stdout.String(), "group rank "+strconv.Itoa(n-1)+"'s connection closed")
+			})
+			woke := make(chan int, 1)
+			go func() { status, _ := h.post("/wake_up", ""); woke <- status }()
+			select {
+			case <-h.done:
+				t.Fatalf("the head exited by itself after losing a worker:\n%s", h.stderr)
+			default:
+			}
+			if err := h.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+				t.Fatal(err)
+			}
+			h.wait(t)
+			if status := <-woke; status == 200 {
+				t.Fatalf("wake_up of a group that lost rank %d answered 200", n-1)
+			}
 			for _, w := range g.procs[1 : n-1] {
-				w.exitsWith(t, 1, "group rank 0 is gone")
+				w.waitFor(t, "the worker's view of the closed connection", func() bool {
+					return strings.Contains(w.stdout.String(), "the head's connection closed")
+				})
+				if err := w.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+					t.Fatal(err)
+				}
+				if code := w.wait(t); code != 0 {
+					t.Fatalf("worker exit %d after SIGTERM", code)
+				}
 			}
 		})
 	}
@@ -488,5 +589,96 @@ func TestGroup_SGLangMemoryOccupation(t *testing.T) {
 	for _, s := range steps {
 		g.must(t, s.path, s.body)
 		g.holds(t, s.path+" "+s.body, s.want)
+	}
+}
+
+// TestGroup_SGLangDPAttentionPorts: an SGLang head with DP attention holds
+// the six ports after its --dist-init-addr port (its ZeroMQ sockets), so a
+// second head given the next rendezvous port on the same host cannot
+// start, and a head whose next ports something else holds waits and then
+// fails in SGLang's words. Without DP attention a head holds its port
+// alone.
+func TestGroup_SGLangDPAttentionPorts(t *testing.T) {
+	p := ports.LeaseRange(t, 8)
+	args := func(port int, dp bool) []string {
+		a := []string{"-m", sglangModule, "--model-path", t.TempDir(), "--served-model-name", "m", "--host", "127.0.0.1", "--port", "0",
+			"--tp", "2", "--nnodes", "2", "--node-rank", "0", "--dist-init-addr", hostPort("127.0.0.1", port)}
+		if dp {
+			a = append(a, "--enable-dp-attention")
+		}
+		return a
+	}
+	held := func(port int) bool {
+		c, err := net.Dial("tcp", hostPort("127.0.0.1", port))
+		if err == nil {
+			c.Close()
+		}
+		return err == nil
+	}
+
+	a := startProc(t, "/venv/bin/python3", args(p, true), portWaitEnv+"=1s")
+	a.rendezvous(t)
+	for port := p + 1; port <= p+6; port++ {
+		if !held(port) {
+			t.Fatalf("a head with DP attention does not hold port %d (its rendezvous port is %d)", port, p)
+		}
+	}
+	if held(p + 7) {
+		t.Fatalf("the head holds port %d, beyond its six", p+7)
+	}
+	b := startProc(t, "/venv/bin/python3", args(p+1, false), portWaitEnv+"=1s")
+	b.exitsWith(t, 1, "address already in use")
+	if err := a.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	a.wait(t)
+
+	// Something else on a port after the rendezvous port: the head waits,
+	// then fails as wait_port_available does.
+	ln, err := net.Listen("tcp", hostPort("127.0.0.1", p+3))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	c := startProc(t, "/venv/bin/python3", args(p, true), portWaitEnv+"=1s")
+	c.exitsWith(t, 1, fmt.Sprintf("rpc_port at %d is not available in 1 seconds", p+3))
+	// Without DP attention the same head starts: only its port is its.
+	d := startProc(t, "/venv/bin/python3", args(p, false), portWaitEnv+"=1s")
+	d.rendezvous(t)
+}
+
+// TestGroup_NCCLNetIB: ranks told NCCL_NET=IB (require_rdma) on machines
+// without an RDMA device fail their start as NCCL does, instead of falling
+// back to TCP; with a device they serve; without NCCL_NET they fall back
+// and serve.
+func TestGroup_NCCLNetIB(t *testing.T) {
+	withDevice := t.TempDir()
+	if err := os.WriteFile(filepath.Join(withDevice, "mlx5_0"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		name   string
+		env    []string
+		serves bool
+	}{
+		{name: "IB required, no device", env: []string{"NCCL_NET=IB", rdmaDirEnv + "=" + t.TempDir()}},
+		{name: "IB required, a device", env: []string{"NCCL_NET=IB", rdmaDirEnv + "=" + withDevice}, serves: true},
+		{name: "no network named, no device: TCP", env: []string{rdmaDirEnv + "=" + t.TempDir()}, serves: true},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			args := []string{"-m", vllmModule, "--model", modelDir(t, 2<<20), "--served-model-name", "m", "--host", "127.0.0.1", "--port", "0",
+				"--tensor-parallel-size", "2", "--nnodes", "2", "--master-addr", "127.0.0.1"}
+			h := startProc(t, "/venv/bin/python", append(args, "--node-rank", "0", "--master-port", "0"), c.env...)
+			h.waitListening(t)
+			_, port := h.rendezvous(t)
+			w := startProc(t, "/venv/bin/python", append(args, "--node-rank", "1", "--master-port", port, "--headless"), c.env...)
+			if !c.serves {
+				h.exitsWith(t, 1, "network IB not found")
+				w.exitsWith(t, 1, "")
+				return
+			}
+			h.waitFor(t, "the head ready", func() bool { s, _ := h.get("/health"); return s == 200 })
+		})
 	}
 }

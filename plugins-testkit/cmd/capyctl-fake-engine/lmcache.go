@@ -75,7 +75,9 @@ const lmcacheDialWait = 20 * time.Second
 
 // connectLMCache is an engine's LMCache connector from LMCache's
 // variables: LMCACHE_REMOTE_URL (required: the fake has no local-only
-// cache) and LMCACHE_CHUNK_SIZE. It waits for the server to answer.
+// cache) and LMCACHE_CHUNK_SIZE, and from PYTHONHASHSEED, which fixes the
+// seed its chunk keys chain from (random per process when unset). It waits
+// for the server to answer.
 func connectLMCache(env func(string) string) (*fakeengine.LMCacheClient, error) {
 	remote := env("LMCACHE_REMOTE_URL")
 	if remote == "" {
@@ -89,9 +91,13 @@ func connectLMCache(env func(string) string) (*fakeengine.LMCacheClient, error) 
 		}
 		chunk = n
 	}
+	seed, err := fakeengine.NoneHash(env("PYTHONHASHSEED"))
+	if err != nil {
+		return nil, err
+	}
 	deadline := time.Now().Add(lmcacheDialWait)
 	for {
-		c, err := fakeengine.DialLMCache(remote, chunk)
+		c, err := fakeengine.DialLMCache(remote, chunk, seed)
 		if err == nil || time.Now().After(deadline) {
 			return c, err
 		}

@@ -61,7 +61,7 @@ var sglangOptions = map[string]int{
 	"trust-remote-code": argFlag, "disable-cuda-graph": argFlag, "log-requests": argFlag, "enable-cache-report": argFlag,
 	"enable-mixed-chunk": argFlag, "skip-server-warmup": argFlag,
 	"tensor-parallel-size": argValue, "pp-size": argValue, "pipeline-parallel-size": argValue,
-	"nnodes": argValue, "node-rank": argValue, "dist-init-addr": argValue,
+	"nnodes": argValue, "node-rank": argValue, "dist-init-addr": argValue, "enable-dp-attention": argFlag,
 }
 
 // sglangCommand runs the fake SGLang from SGLang's own options: --config
@@ -192,6 +192,21 @@ func sglangCommand(args []string, env func(string) string, stdout, stderr io.Wri
 		if err != nil {
 			logf(fakeengine.LevelError, "%v", err)
 			return 1
+		}
+		if group.rank == 0 && pa.flags["enable-dp-attention"] {
+			// With DP attention the head's ZeroMQ sockets listen on TCP
+			// next to the rendezvous port.
+			held, err := sglangDPAttentionPorts(group.addr, env)
+			if err != nil {
+				g.Listener.Close()
+				logf(fakeengine.LevelError, "%v", err)
+				return 1
+			}
+			defer func() {
+				for _, ln := range held {
+					ln.Close()
+				}
+			}()
 		}
 		if group.rank > 0 {
 			// A non-zero node rank runs its schedulers and, once they are
@@ -453,6 +468,55 @@ func sglangGroup(pa *pyArgs) (groupLaunch, int, error) {
 	g.addr = addr
 	g.lostLog = "Scheduler hit an exception: group rank %d is gone (its connection closed)"
 	return g, tp, nil
+}
+
+// portWaitEnv bounds how long the fake SGLang waits for a busy port (a Go
+// duration; SGLang's wait_port_available waits 30 s).
+const portWaitEnv = "CAPYCTL_FAKE_PORT_WAIT"
+
+// sglangDPAttentionPorts binds the ports an SGLang head with DP attention
+// takes after its --dist-init-addr port (fakeengine.FactSGLangDPAttentionPorts:
+// PortArgs.init_new's port_base = dist_init_port + 1 and the five after
+// it), waiting for a busy one as wait_port_available does, and fails in
+// its words when one stays busy. The listeners are held until the engine
+// exits.
+func sglangDPAttentionPorts(distInitAddr string, env func(string) string) ([]net.Listener, error) {
+	host, ps, err := net.SplitHostPort(distInitAddr)
+	if err != nil {
+		return nil, err
+	}
+	dist, err := strconv.Atoi(ps)
+	if err != nil {
+		return nil, err
+	}
+	wait := 30 * time.Second
+	if s := env(portWaitEnv); s != "" {
+		if wait, err = time.ParseDuration(s); err != nil || wait <= 0 {
+			return nil, fmt.Errorf("%s=%q: want a positive duration", portWaitEnv, s)
+		}
+	}
+	n, _ := strconv.Atoi(fakeengine.FactSGLangDPAttentionPorts.Value)
+	names := []string{"port_base", "detokenizer_port", "rpc_port", "metrics_port", "scheduler_input_port", "load_collector_port"}
+	var held []net.Listener
+	for i := range n {
+		port := dist + 1 + i
+		deadline := time.Now().Add(wait)
+		for {
+			ln, err := net.Listen("tcp", hostPort(host, port))
+			if err == nil {
+				held = append(held, ln)
+				break
+			}
+			if time.Now().After(deadline) {
+				for _, l := range held {
+					l.Close()
+				}
+				return nil, fmt.Errorf("ValueError: %s at %d is not available in %d seconds. Port is already in use.", names[i], port, int(wait.Seconds()))
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	return held, nil
 }
 
 // sglangWorkerHealth is what SGLang's non-zero node ranks serve:

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"strconv"
 	"strings"
@@ -118,6 +119,15 @@ func vllmCommand(args []string, env func(string) string, stdout, stderr io.Write
 		return fail("%v", err)
 	}
 	if cfg.Sim.StatePath != "" {
+		// vLLM asks the card for ceil(total × gpu_memory_utilization)
+		// and refuses to start when less is free, whatever
+		// --kv-cache-memory-bytes says (fakeengine.FactVLLMFreeMemory).
+		defUtil, _ := strconv.ParseFloat(fakeengine.FactVLLMGPUMemoryUtilization.Value, 64)
+		util, err := pa.num("gpu-memory-utilization", defUtil)
+		if err != nil || util <= 0 || util > 1 {
+			return fail("argument --gpu-memory-utilization: invalid value")
+		}
+		cfg.Sim.StartCheck = vllmFreeMemoryCheck(util)
 		if !given["sim-weights"] {
 			cfg.Sim.Weights = share(weightsInDir(model), group.size)
 		}
@@ -209,6 +219,20 @@ func vllmCommand(args []string, env func(string) string, stdout, stderr io.Write
 	return serveEngineOn(cfg, host, int(port), uds, knobs.ListenAll, stderr)
 }
 
+// vllmFreeMemoryCheck is vLLM's check of a card's free memory before it
+// loads: request_memory in vllm/v1/worker/utils.py asks for
+// ceil(total × util) and raises its ValueError when less is free.
+func vllmFreeMemoryCheck(util float64) func(free, total int64, index int) error {
+	return func(free, total int64, index int) error {
+		requested := int64(math.Ceil(float64(total) * util))
+		if free >= requested {
+			return nil
+		}
+		gib := func(b int64) float64 { return math.Round(float64(b)/(1<<30)*100) / 100 }
+		return fmt.Errorf(fakeengine.FactVLLMFreeMemory.Value, index, gib(free), gib(total), util, gib(requested))
+	}
+}
+
 // vllmGroup reads vLLM's multi-node options for the multiprocessing
 // backend ("Running vLLM with MultiProcessing" in vLLM's distributed
 // serving docs; ParallelConfig.nnodes, node_rank, master_addr and
@@ -257,6 +281,12 @@ func vllmGroup(pa *pyArgs) (groupLaunch, error) {
 	}
 	g.addr = hostPort(pa.str("master-addr", "127.0.0.1"), int(port))
 	g.lostLog = "EngineCore failed: group rank %d is gone (its connection closed); the engine is dead"
+	// A vLLM rank does not notice a lost peer until its next collective,
+	// which gives up after VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS
+	// (fakeengine.FactVLLMPeerLoss).
+	g.peerLoss = fakeengine.PeerLossHang
+	g.timeoutEnv = "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS"
+	g.stuckLog = "TimeoutError: RPC call to execute_model timed out. EngineCore encountered a fatal error."
 	return g, nil
 }
 
