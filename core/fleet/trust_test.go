@@ -112,11 +112,17 @@ func TestClusterListener_IdleFloodCutsNoHostOff(t *testing.T) {
 	// flood, and its relay comes back.
 	s.mu.Lock()
 	h := s.hosts["gpu-a"]
+	gen := h.linkGen
 	h.linkCancel()
 	if h.relayConn != nil {
 		h.relayConn.Close()
 	}
 	s.mu.Unlock()
+	poll.Until(t, 10*time.Second, "gpu-a linked again", func() bool {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return h.linkGen > gen && h.linkCancel != nil && relayUp(h.relay)
+	})
 	waitReady(t, s, "gpu-a")
 	if code, body := relayedChat(t, srv.URL, "demo"); code != http.StatusOK {
 		t.Fatalf("a relayed request during the flood: %d %s", code, body)
