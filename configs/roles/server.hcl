@@ -153,3 +153,13 @@ request_ledger {
   # (env CAPYCTL_REQUEST_LEDGER_MAX_RECORDS)
   # max_records = 100000
 }
+
+responses {
+  # How long the Responses API keeps a stored response (store: true) for previous_response_id and GET /v1/responses/{id}; 0 keeps none.
+  # (env CAPYCTL_RESPONSES_RETENTION)
+  # retention = "720h"
+
+  # The stored responses' bound, all together: the oldest go first.
+  # (env CAPYCTL_RESPONSES_MAX_BYTES)
+  # max_bytes = "1GiB"
+}

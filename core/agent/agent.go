@@ -36,6 +36,7 @@ import (
 	"github.com/capyctl/capyctl/core/lifecycle"
 	"github.com/capyctl/capyctl/core/placement"
 	"github.com/capyctl/capyctl/core/pluginmgr"
+	"github.com/capyctl/capyctl/core/responses"
 	"github.com/capyctl/capyctl/core/router"
 	"github.com/capyctl/capyctl/core/runinfo"
 	"github.com/capyctl/capyctl/core/store"
@@ -89,6 +90,9 @@ type Settings struct {
 	// RequestLedger keeps the request records (zero: the store's defaults;
 	// MaxRecords < 0 turns the ledger off).
 	RequestLedger store.RequestWriterOptions
+	// Responses keeps the Responses API's stored responses (zero: the
+	// defaults; a negative Retention keeps none).
+	Responses responses.Options
 	// ReadyIdle and ParkedIdle are the role's default idle timers for
 	// deployments that set none (lifecycle_defaults.*; 0 = off).
 	ReadyIdle  time.Duration
@@ -191,6 +195,8 @@ type Agent struct {
 	Engines   *engines.Registry
 	Router    *router.Router
 	Requests  *store.RequestWriter
+	// Responses are the Responses API's stored responses.
+	Responses *responses.Store
 	Creds     *runinfo.Credentials
 	// Fleet is the server role's side of the fleet (nil otherwise);
 	// FleetHost the host role's.
@@ -346,11 +352,14 @@ func New(s Settings, logger hclog.Logger) (*Agent, error) {
 	a.Lifecycle = lc
 	a.Engines = engines.New(st, a.Plugins, lc)
 	a.Requests = store.NewRequestWriter(st, ledgerOptions(s.RequestLedger, logger))
+	a.Responses = a.openResponses()
 	a.Router = router.New(router.Config{Lifecycle: lc, Admission: adm, Logger: logger, MaxBodyBytes: s.MaxBodyBytes, DefaultDeadline: s.RequestDeadline,
 		RequestLog: a.Requests, MaxWaitingTotal: s.MaxWaitingTotal, MaxWaitingBytes: s.MaxWaitingBytes,
-		MaxBodyBytesInFlight: s.MaxBodyBytesInFlight, BodyReadTimeout: s.Listener.options("inference", logger).BodyReadTimeout})
+		MaxBodyBytesInFlight: s.MaxBodyBytesInFlight, BodyReadTimeout: s.Listener.options("inference", logger).BodyReadTimeout,
+		Responses: a.Responses})
 
 	if err := a.listen(); err != nil {
+		_ = a.Responses.Close()
 		_ = a.Requests.Close()
 		a.closeMemory()
 		st.Close()
@@ -360,6 +369,14 @@ func New(s Settings, logger hclog.Logger) (*Agent, error) {
 }
 
 // ledgerOptions completes the request ledger's options.
+// openResponses starts the Responses API's stored responses on the role's
+// store; the node named in their IDs is the role's host name.
+func (a *Agent) openResponses() *responses.Store {
+	o := a.s.Responses
+	o.Logger, o.Node = a.logger, a.s.Hostname
+	return responses.Open(a.Store, o)
+}
+
 func ledgerOptions(o store.RequestWriterOptions, logger hclog.Logger) store.RequestWriterOptions {
 	def := store.DefaultRequestWriterOptions()
 	if o.MaxRecords == 0 {
@@ -594,7 +611,7 @@ func (a *Agent) Start(ctx context.Context) error {
 	}
 	requestExtras, memoryExtras := api.RequestExtras(a.Router), api.MemoryExtras(a.Placer)
 	backend := &api.Backend{
-		Lifecycle: a.Lifecycle, Store: a.Store, Engines: a.Engines, Router: a.Router, Logger: a.logger,
+		Lifecycle: a.Lifecycle, Store: a.Store, Engines: a.Engines, Router: a.Router, Logger: a.logger, Responses: a.Responses,
 		Role: wire.RoleInfo{
 			Role: a.s.Role, Version: version.Version, Commit: version.GetCommit(), Host: a.s.Hostname,
 			Inference: a.InferenceAddr(), StartedAt: a.startedAt, PID: os.Getpid(),
@@ -719,6 +736,9 @@ func (a *Agent) Shutdown(ctx context.Context, stopEngines bool) {
 	a.wg.Wait()
 	if a.Requests != nil {
 		_ = a.Requests.Close()
+	}
+	if a.Responses != nil {
+		_ = a.Responses.Close()
 	}
 	a.closeMemory()
 	a.Store.Close()

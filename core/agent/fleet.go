@@ -19,6 +19,7 @@ import (
 	"github.com/capyctl/capyctl/core/fleet/raftlog"
 	"github.com/capyctl/capyctl/core/hostlink/proto/hostv1"
 	"github.com/capyctl/capyctl/core/lifecycle"
+	"github.com/capyctl/capyctl/core/router"
 	"github.com/capyctl/capyctl/core/runinfo"
 	"github.com/capyctl/capyctl/core/structs"
 	"github.com/capyctl/capyctl/core/version"
@@ -32,18 +33,23 @@ func (a *Agent) openServer() error {
 	if listen == "" {
 		listen = "0.0.0.0:8444"
 	}
+	// The Responses API's stored responses of the requests this server
+	// takes: its IDs name this server (core/fleet/responses.go).
+	a.Responses = a.openResponses()
 	srv, err := fleet.NewServer(fleet.ServerOptions{StateDir: a.s.StateDir, Listen: listen, Advertise: a.s.ClusterAdvertise,
 		Store: a.Store, Logger: a.logger, Heartbeat: a.s.HostHeartbeat,
 		GroupStallTimeout: a.s.GroupStallTimeout,
 		Name:              a.s.Hostname, BootstrapExpect: a.s.BootstrapExpect, Join: a.s.ServerJoin, JoinToken: a.s.JoinToken,
-		OpenRaft: raftlog.OpenFleet})
+		OpenRaft: raftlog.OpenFleet, Responses: a.Responses})
 	if err != nil {
+		_ = a.Responses.Close()
 		a.Store.Close()
 		return err
 	}
 	a.Fleet = srv
 	if err := a.listen(); err != nil {
 		srv.Close()
+		_ = a.Responses.Close()
 		a.Store.Close()
 		return err
 	}
@@ -143,7 +149,9 @@ func relayHandler(inference, management http.Handler, creds *runinfo.Credentials
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if strings.HasPrefix(r.URL.Path, "/v1/") {
 			r.Header.Set("Authorization", "Bearer "+creds.APIKey)
-			inference.ServeHTTP(w, r)
+			// The server's own members (a Responses request's history and
+			// ID) are honoured on this path only.
+			inference.ServeHTTP(w, r.WithContext(router.WithRelayed(r.Context())))
 			return
 		}
 		r.Header.Set("Authorization", "Bearer "+creds.AdminToken)

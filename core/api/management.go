@@ -70,6 +70,7 @@ func ManagementRoutes() []Route {
 		{http.MethodGet, "/hosts/{name}/ledger", "a host's GPUs and memory ledger: domains, limits, charges per owner", false, func(b *Backend) http.HandlerFunc { return b.hostLedger }},
 		{http.MethodGet, ViewLoad, "live load per deployment and instance (running, waiting, limits)", false, LoadView},
 		{http.MethodGet, ViewLatency, "latency distributions (router and engine)", false, LatencyView},
+		{http.MethodGet, ViewRequests, "the request log's newest records, newest first (?deployment=&limit=1..500, 50 by default): each request's route (chat, responses, messages, ...), outcome, status, timings and tokens; never its text (on a server: the hosts keep them)", false, RequestsView},
 	}
 }
 
@@ -118,6 +119,8 @@ func NewManagementHandler(b *Backend, adminToken string) http.Handler {
 const (
 	ViewLoad    = "/metrics/load"
 	ViewLatency = "/metrics/latency"
+	// ViewRequests is the request log's newest records.
+	ViewRequests = "/requests"
 )
 
 // managementAuth lets through a request with the admin token, or one with

@@ -20,6 +20,7 @@ import (
 	"github.com/capyctl/capyctl/core/api/wire"
 	"github.com/capyctl/capyctl/core/engines"
 	"github.com/capyctl/capyctl/core/lifecycle"
+	"github.com/capyctl/capyctl/core/responses"
 	"github.com/capyctl/capyctl/core/router"
 	"github.com/capyctl/capyctl/core/store"
 	"github.com/capyctl/capyctl/core/structs"
@@ -55,6 +56,9 @@ type Backend struct {
 	// RequestLedger describes the request ledger's writer for the
 	// snapshot; nil leaves it out.
 	RequestLedger func() *wire.RequestLedgerStatus
+	// Responses are the Responses API's stored responses (nil: none
+	// kept).
+	Responses *responses.Store
 
 	keys    keyLocks
 	streams streamSlots

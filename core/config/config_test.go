@@ -214,6 +214,10 @@ func TestLoad_RetentionZero(t *testing.T) {
 	if got := c.Provenance()["engine_logs"]; got.Value != "memory" || !strings.Contains(got.Detail, "retention = zero") {
 		t.Errorf("engine_logs provenance = %+v", got)
 	}
+	// Stored responses hold prompts and answers: none are kept.
+	if c.Responses.Retention != 0 || !strings.Contains(c.Provenance()["responses.retention"].Detail, "retention = zero") {
+		t.Errorf("responses.retention = %v (%+v) under zero retention, want 0", c.Responses.Retention, c.Provenance()["responses.retention"])
+	}
 }
 
 // wantInvalid checks an invalid_config error naming the setting and the
@@ -289,6 +293,7 @@ func TestLoad_Invalid(t *testing.T) {
 		{name: "engine ports hold the listen port", flags: map[string]string{"listen": "0.0.0.0:8150"}, setting: "engine_ports", from: FromDefault, contains: "holds the inference port 8150"},
 		{name: "shared address", flags: map[string]string{"listen": "127.0.0.1:7443"}, setting: "management_listen", from: FromDefault, contains: "cannot share"},
 		{name: "zero retention with file logs", flags: map[string]string{"retention": "zero", "engine_logs": "file"}, setting: "engine_logs", from: FromFlag, contains: "in memory only"},
+		{name: "zero retention with stored responses", flags: map[string]string{"retention": "zero", "responses.retention": "24h"}, setting: "responses.retention", from: FromFlag, contains: "stores no response"},
 		{name: "enabled ledger keeping nothing", flags: map[string]string{"request_ledger.max_records": "0"}, setting: "request_ledger.max_records", from: FromFlag, contains: "enabled = false"},
 		{name: "sim state without the simulated gpu", flags: map[string]string{"gpu.provider": "nvml", "gpu.sim_state": "/tmp/sim.json"}, setting: "gpu.sim_state", from: FromFlag, contains: "simulated provider only"},
 	}

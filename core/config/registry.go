@@ -352,6 +352,11 @@ var registry = []Definition{
 		func(c *Config) *structs.Duration { return &c.RequestLedger.Retention }),
 	intSetting("request_ledger.max_records", 100_000, 0, 10_000_000, "how many request records are kept", routerSide,
 		func(c *Config) *int { return &c.RequestLedger.MaxRecords }),
+	durationSetting("responses.retention", "720h", false,
+		"how long the Responses API keeps a stored response (store: true) for previous_response_id and GET /v1/responses/{id}; 0 keeps none", routerSide,
+		func(c *Config) *structs.Duration { return &c.Responses.Retention }),
+	sizeSetting("responses.max_bytes", "1GiB", "the stored responses' bound, all together: the oldest go first", routerSide,
+		func(c *Config) *structs.ByteSize { return &c.Responses.MaxBytes }),
 }
 
 func init() {

@@ -38,8 +38,9 @@ func (s *Server) InferenceHandler(apiKey string, maxBody, maxInFlight int64) htt
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /v1/models", s.models)
 	mux.HandleFunc("POST /v1/", func(w http.ResponseWriter, r *http.Request) { s.relayInference(w, r, bodies) })
+	s.handleResponses(mux, bodies) // the Responses API's stored responses (responses.go)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		router.WriteError(w, structs.Errf(structs.CodeNotFound, "no route %s %s", r.Method, r.URL.Path))
+		relayError(w, r, structs.Errf(structs.CodeNotFound, "no route %s %s", r.Method, r.URL.Path))
 	})
 	return api.InferenceAuth(mux, apiKey)
 }
@@ -47,33 +48,60 @@ func (s *Server) InferenceHandler(apiKey string, maxBody, maxInFlight int64) htt
 // relayInference relays one inference request to the least busy reachable
 // host of the model's placement.
 func (s *Server) relayInference(w http.ResponseWriter, r *http.Request, bodies *router.BodyLimiter) {
+	body, release, ok := readRelayBody(w, r, bodies)
+	defer release()
+	if ok {
+		s.relayBody(w, r, body, nil)
+	}
+}
+
+// readRelayBody reads an inference request's body within the server's
+// bounds (limits.max_body_bytes, and all bodies in flight together
+// limits.max_body_bytes_in_flight); false when it answered why not. The
+// body counts against the bound until release, which the caller calls
+// once the host has it (when its handler returns).
+func readRelayBody(w http.ResponseWriter, r *http.Request, bodies *router.BodyLimiter) (body []byte, release func(), ok bool) {
 	// The host's router names the request (its request ledger holds it
 	// under that ID) and its answer carries it; an answer the server
 	// makes itself gets an ID of its own. The client's X-Request-Id
 	// travels as it is.
 	w.Header().Set(router.HeaderRequestID, router.NewRequestID())
-	// The body counts against the server's bound of bodies in flight
-	// until the handler returns (the host has it whole by then).
 	body, release, err := bodies.Read(r)
-	defer release()
 	if err != nil {
-		router.RefuseBody(w, err)
+		router.CloseUnread(w) // refused before it was read whole
+		relayError(w, r, err)
+		return nil, release, false
+	}
+	return body, release, true
+}
+
+// relayError answers an error the server makes itself: in Anthropic's
+// shape on the Messages routes, CapyCTL's elsewhere.
+func relayError(w http.ResponseWriter, r *http.Request, err error) {
+	if p := r.URL.Path; p == router.MessagesPath || strings.HasPrefix(p, router.MessagesPath+"/") {
+		router.WriteAnthropicError(w, err)
 		return
 	}
+	router.WriteError(w, err)
+}
+
+// relayBody relays one inference request's body to a host of the model;
+// tap, when set, sees the host's answer before the client does.
+func (s *Server) relayBody(w http.ResponseWriter, r *http.Request, body []byte, tap func(*http.Response)) {
 	// The model as the host's router reads it (by its exact name): the
 	// server places the request where the host serves the same model.
 	model, err := router.RequestModel(body)
 	if err != nil {
-		router.WriteError(w, structs.Errf(structs.CodeInvalidRequest, "%v", err))
+		relayError(w, r, structs.Errf(structs.CodeInvalidRequest, "%v", err))
 		return
 	}
 	if model == "" {
-		router.WriteError(w, structs.Errf(structs.CodeInvalidRequest, "the request names no model"))
+		relayError(w, r, structs.Errf(structs.CodeInvalidRequest, "the request names no model"))
 		return
 	}
 	p, ok := s.State.RouteOwner(model)
 	if !ok {
-		router.WriteError(w, structs.Errf(structs.CodeUnknownModel, "no deployment serves model %q (GET /v1/models lists them)", model))
+		relayError(w, r, structs.Errf(structs.CodeUnknownModel, "no deployment serves model %q (GET /v1/models lists them)", model))
 		return
 	}
 	// A request that never left the server (the host's relay closed
@@ -93,7 +121,7 @@ func (s *Server) relayInference(w http.ResponseWriter, r *http.Request, bodies *
 		hosts = p.Group.Hosts[:1]
 		if err := s.ensureGroupUp(r.Context(), p); err != nil {
 			if r.Context().Err() == nil {
-				router.WriteError(w, err)
+				relayError(w, r, err)
 			}
 			return
 		}
@@ -105,7 +133,7 @@ func (s *Server) relayInference(w http.ResponseWriter, r *http.Request, bodies *
 			e := structs.Errf(structs.CodeHostUnreachable, "every host of deployment %s is out of reach of the server (%v); its instances are uncertain", p.Deployment, p.HostNames()).
 				WithDetail("deployment", p.Deployment).WithDetail("hosts", p.HostNames())
 			e.RetryAfter = int(2*s.o.Heartbeat.Seconds()) + 1
-			router.WriteError(w, e)
+			relayError(w, r, e)
 			return
 		}
 		// The relayed stream's context is the client's until the answer's
@@ -128,7 +156,7 @@ func (s *Server) relayInference(w http.ResponseWriter, r *http.Request, bodies *
 			s.groups.setDown(p.Deployment, true)
 			if err := s.ensureGroupUp(r.Context(), p); err != nil {
 				if r.Context().Err() == nil {
-					router.WriteError(w, err)
+					relayError(w, r, err)
 				}
 				return
 			}
@@ -151,8 +179,11 @@ func (s *Server) relayInference(w http.ResponseWriter, r *http.Request, bodies *
 		}
 		e := structs.Errf(structs.CodeHostUnreachable, "the relay to host %s failed: %v", host, err).WithDetail("host", host)
 		e.RetryAfter = 1
-		router.WriteError(w, e)
+		relayError(w, r, e)
 		return
+	}
+	if tap != nil {
+		tap(resp)
 	}
 	if strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") && unhook() {
 		s.taken.Add(1)

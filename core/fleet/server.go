@@ -76,6 +76,9 @@ type ServerOptions struct {
 	JoinToken string
 	// OpenRaft opens the raft node (raftlog.OpenFleet).
 	OpenRaft func(RaftConfig) (RaftNode, error)
+	// Responses keeps the Responses API's stored responses of the
+	// requests this server takes (responses.go); nil keeps none.
+	Responses ResponseStore
 }
 
 // Server is the server's side: the cluster listener, the hosts' links and

@@ -86,9 +86,16 @@ func (l *BodyLimiter) Read(r *http.Request) (body []byte, release func(), err er
 // left of the body (up to 256 KiB, as slowly as the client sends it)
 // before it answers.
 func RefuseBody(w http.ResponseWriter, err error) {
+	CloseUnread(w)
+	WriteError(w, err)
+}
+
+// CloseUnread makes the answer about to be written close the connection
+// without reading what is left of the request's body. Call it before
+// writing.
+func CloseUnread(w http.ResponseWriter) {
 	w.Header().Set("Connection", "close")
 	// A deadline in the past: whatever net/http still reads of the body
 	// fails at once.
 	_ = http.NewResponseController(w).SetReadDeadline(time.Unix(1, 0))
-	WriteError(w, err)
 }

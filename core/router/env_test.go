@@ -86,7 +86,7 @@ func (f *fakeLC) RestartForSettlement(string) {
 
 // env is a router in front of one fake engine.
 type env struct {
-	t    *testing.T
+	t    testing.TB
 	lc   *fakeLC
 	rt   *router.Router
 	srv  *httptest.Server
@@ -130,9 +130,11 @@ type envOpts struct {
 	api     string
 	// idleTimeout is the HTTP server's (0: none).
 	idleTimeout time.Duration
+	// wrap wraps the router's handlers (as the API's authentication does).
+	wrap func(http.Handler) http.Handler
 }
 
-func newEnv(t *testing.T, o envOpts) *env {
+func newEnv(t testing.TB, o envOpts) *env {
 	t.Helper()
 	eng, url := startEngine(t, o.engine)
 	lc := &fakeLC{}
@@ -159,7 +161,14 @@ func newEnv(t *testing.T, o envOpts) *env {
 	mux.HandleFunc("POST /v1/rerank", e.rt.Rerank)
 	mux.HandleFunc("POST /v1/systemone", e.rt.Decisions)
 	mux.HandleFunc("GET /v1/models", e.rt.Models)
-	e.srv = httptest.NewUnstartedServer(mux)
+	mux.HandleFunc("POST /v1/responses", e.rt.Responses)
+	mux.HandleFunc("POST /v1/messages", e.rt.Messages)
+	mux.HandleFunc("POST /v1/messages/count_tokens", e.rt.CountTokens)
+	var h http.Handler = mux
+	if o.wrap != nil {
+		h = o.wrap(h)
+	}
+	e.srv = httptest.NewUnstartedServer(h)
 	e.srv.Config.IdleTimeout = o.idleTimeout
 	e.srv.Start()
 	t.Cleanup(e.srv.Close)

@@ -33,10 +33,11 @@ type sseState struct {
 // rest on a goroutine of its own.
 func (q *request) relaySSE(sr *sseReader, call *engineCall) {
 	st := &sseState{sr: sr, call: call, rw: rewriter{newID: q.id, public: q.model, served: q.target.Endpoint.ServedName}}
-	if q.stream {
+	switch {
+	case q.stream:
 		q.setWriteDeadline()
-	} else {
-		st.agg = newAggregate()
+	case q.dl == nil:
+		st.agg = newAggregate() // dialect: the dialect builds its own answer
 	}
 	if q.sseLoop(st) {
 		q.st, q.handedOff = st, true
@@ -126,6 +127,10 @@ func (q *request) sseEvent(st *sseState, sr *sseReader, ev []byte) {
 		}
 	case evData:
 		if st.sawDone || st.engineErr != nil {
+			return
+		}
+		if q.dl != nil {
+			q.dialectData(st, sr, payload)
 			return
 		}
 		relay := true
@@ -274,6 +279,9 @@ var (
 // writeAnswer ends a complete answer: the metrics comment and [DONE] for a
 // stream, the aggregated JSON for a client that asked for none.
 func (q *request) writeAnswer(agg *aggregate) error {
+	if q.dl != nil {
+		return q.dl.finish(q) // dialect: the end in the API's shape
+	}
 	q.setWriteDeadline()
 	if agg == nil {
 		if !q.headersSent {

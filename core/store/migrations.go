@@ -26,6 +26,7 @@ type migration struct {
 var migrations = []migration{
 	{version: 1, name: "initial buckets", apply: migrateV1},
 	{version: 2, name: "the server's command log and state (several machines)", apply: migrateV2},
+	{version: 3, name: "the Responses API's stored responses", apply: migrateV3},
 }
 
 // CurrentSchemaVersion is the schema this binary writes.

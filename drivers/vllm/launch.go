@@ -283,6 +283,12 @@ func endpoint(port int, key, served, sock string, parks bool, ns engineapi.Netns
 	// Chat and completion requests take cache_salt, which salts the
 	// prefix cache's block hashes (vllm/v1/request.py Request.cache_salt).
 	ep.CacheSalt = true
+	// Anthropic's Messages (and its token count) and OpenAI's Responses are
+	// served by vLLM itself in every verified release (the engine table's
+	// API routes, with their sources): their requests go there.
+	ep.MessagesPath = enginefacts.VLLM.Route(enginefacts.RouteMessages)
+	ep.CountTokensPath = enginefacts.VLLM.Route(enginefacts.RouteCountTokens)
+	ep.ResponsesPath = enginefacts.VLLM.Route(enginefacts.RouteResponses)
 	x := enginekit.Exposure{Socket: sock, Netns: ns}
 	if sock == "" {
 		x.OpenRoutes = openRoutes(key, parks)

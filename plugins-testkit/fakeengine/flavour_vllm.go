@@ -114,6 +114,7 @@ func (v *VLLM) Routes(e *Engine) []Route {
 		{Pattern: "GET /metrics", Handler: MetricsHandler(e, func(s Stats) []Metric { return VLLMMetrics(e.ServedName(), s) })},
 		{Pattern: "GET /fake/stats", Handler: e.StatsHandler()},
 	}
+	routes = append(routes, vllmAPIRoutes(e)...)
 	if v.opts.DevMode {
 		routes = append(routes,
 			Route{Pattern: "POST /sleep", Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { v.sleep(e, w, r) })},

@@ -86,6 +86,8 @@ var httpStatus = map[structs.Code]int{
 	structs.CodeNotLeader:                 http.StatusServiceUnavailable,
 	structs.CodeSnapshotInvalid:           http.StatusBadRequest,
 	structs.CodeSnapshotCAMismatch:        http.StatusConflict,
+	structs.CodeCountTokensUnsupported:    http.StatusBadRequest,
+	structs.CodeResponseNotFound:          http.StatusNotFound,
 	structs.CodeGroupPlacementRequired:    http.StatusBadRequest,
 	structs.CodeGroupTopologyInvalid:      http.StatusBadRequest,
 	structs.CodeGroupShapeUnsupported:     http.StatusBadRequest,

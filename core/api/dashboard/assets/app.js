@@ -11,6 +11,7 @@
   const MAX_EVENTS = 200;
   const HISTORY_EVENTS = 30;
   const SAMPLE_MS = 2000;
+  const REQUEST_ROWS = 15; // the requests panel's rows
   const MAX_SAMPLES = 90;
   const LOG_KIB = 16;
 
@@ -611,9 +612,11 @@
 
   async function sample() {
     try {
-      const [load, lat, metrics] = await Promise.all([
+      const [load, lat, metrics, reqs] = await Promise.all([
         api('GET', API + '/metrics/load'), api('GET', API + '/metrics/latency'), api('GET', '/metrics', undefined, { Accept: 'text/plain' }),
+        api('GET', API + '/requests?limit=' + REQUEST_ROWS),
       ]);
+      drawRequests(reqs.data.requests || []);
       const t = Date.now();
       const counts = parseCounters(metrics.data);
       const s = { t, dep: {} };
@@ -647,6 +650,23 @@
       while (state.samples.length > MAX_SAMPLES) state.samples.shift();
       drawCharts();
     } catch (e) { console.warn('dashboard: sampling the views failed (the next tick tries again):', e.message); }
+  }
+
+  // drawRequests lists the request log's newest records, each with the
+  // route it came to.
+  function drawRequests(list) {
+    const ms = (v) => (v == null ? '–' : v < 1000 ? v.toFixed(v < 10 ? 1 : 0) + ' ms' : (v / 1000).toFixed(1) + ' s');
+    $('request-rows').replaceChildren(...list.map((r) => el('tr', { 'data-request': r.id },
+      el('td', { title: r.received_at, text: ago(r.received_at) }),
+      el('td', { text: r.deployment || '–' }),
+      el('td', {}, el('span', { cls: 'badge route', 'data-route': r.route, text: r.route + (r.stream ? ' · stream' : '') })),
+      el('td', { text: r.outcome + (r.code && r.code !== r.outcome ? ' (' + r.code + ')' : '') }),
+      el('td', { text: r.status || '–' }),
+      el('td', { text: ms(r.total_ms) }),
+      el('td', { text: ms(r.ttfb_ms) }),
+      el('td', { text: (r.prompt_tokens ?? '–') + ' / ' + (r.completion_tokens ?? '–') }),
+      el('td', { cls: 'mono', text: r.id }),
+    )));
   }
 
   function colour(name) {
