@@ -106,6 +106,21 @@ func TestImportGuards(t *testing.T) {
 			forbidden: under(module+"/core/lifecycle", module+"/core/pluginmgr", module+"/core/models", "google.golang.org/grpc", "github.com/hashicorp/go-plugin"),
 		},
 		{
+			name: "the replicated state machine links no network, raft, lifecycle or fleet server",
+			pkgs: []string{module + "/core/fleet/fsm"}, deps: true,
+			forbidden: func(pkg string) bool {
+				return pkg == "net/http" || under(module+"/core/fleet/raftlog", module+"/core/lifecycle", module+"/core/api",
+					"github.com/hashicorp/raft", "google.golang.org/grpc")(pkg) || pkg == module+"/core/fleet"
+			},
+		},
+		{
+			name: "the raft log links the state machine, not the fleet server",
+			pkgs: []string{module + "/core/fleet/raftlog"}, deps: true,
+			forbidden: func(pkg string) bool {
+				return pkg == module+"/core/fleet" || under(module+"/core/api", module+"/core/lifecycle")(pkg)
+			},
+		},
+		{
 			name: "the CLI imports only the agent entry, the client, wire types, job specs and config",
 			pkgs: []string{module + "/cmd/capyctl", module + "/cmd/capyctl/command"},
 			forbidden: func(pkg string) bool {

@@ -16,7 +16,6 @@ import (
 	"github.com/capyctl/capyctl/core/api/wire"
 	"github.com/capyctl/capyctl/core/config"
 	"github.com/capyctl/capyctl/core/fleet"
-	"github.com/capyctl/capyctl/core/fleet/raftlog"
 	"github.com/capyctl/capyctl/core/hostlink/proto/hostv1"
 	"github.com/capyctl/capyctl/core/lifecycle"
 	"github.com/capyctl/capyctl/core/runinfo"
@@ -35,8 +34,7 @@ func (a *Agent) openServer() error {
 	srv, err := fleet.NewServer(fleet.ServerOptions{StateDir: a.s.StateDir, Listen: listen, Advertise: a.s.ClusterAdvertise,
 		Store: a.Store, Logger: a.logger, Heartbeat: a.s.HostHeartbeat,
 		GroupStallTimeout: a.s.GroupStallTimeout,
-		Name:              a.s.Hostname, BootstrapExpect: a.s.BootstrapExpect, Join: a.s.ServerJoin, JoinToken: a.s.JoinToken,
-		OpenRaft: raftlog.OpenFleet})
+		Name:              a.s.Hostname, BootstrapExpect: a.s.BootstrapExpect, Join: a.s.ServerJoin, JoinToken: a.s.JoinToken})
 	if err != nil {
 		a.Store.Close()
 		return err
@@ -56,6 +54,20 @@ func (a *Agent) startServer() error {
 	ctx, cancel := context.WithCancel(context.Background())
 	a.cancel = cancel
 	a.Fleet.Start()
+	// The server's own reasons to stop (a command of the replicated log it
+	// cannot apply, its removal from the cluster) stop the role.
+	a.wg.Add(1)
+	go func() {
+		defer a.wg.Done()
+		select {
+		case err := <-a.Fleet.Fatal():
+			select {
+			case a.fatal <- err:
+			default:
+			}
+		case <-ctx.Done():
+		}
+	}()
 	if err := a.Fleet.JoinCluster(ctx); err != nil {
 		return err
 	}

@@ -23,6 +23,7 @@ import (
 
 	"github.com/capyctl/capyctl/core/api"
 	"github.com/capyctl/capyctl/core/api/wire"
+	"github.com/capyctl/capyctl/core/fleet/fsm"
 	"github.com/capyctl/capyctl/core/jobspec"
 	"github.com/capyctl/capyctl/core/structs"
 )
@@ -375,14 +376,14 @@ func (s *Server) create(r *http.Request, data []byte) (*wire.DeploymentStatus, e
 			WithDetail("hosts", refusals)
 	}
 	p := &Placement{Deployment: spec.Name, Hosts: shares, Routes: spec.Routes, Revision: 1, At: time.Now().UTC()}
-	if err := s.State.Apply(Command{Op: OpPlaced, Placement: p}); err != nil {
+	if err := s.apply(fsm.Placed{Placement: p}); err != nil {
 		s.rollback(ctx, spec.Name, shares)
 		return nil, err
 	}
 	st := s.deploymentStatus(ctx, p)
 	if st.Revision != 0 && st.Revision != p.Revision {
 		p.Revision = st.Revision
-		_ = s.State.Apply(Command{Op: OpPlaced, Placement: p})
+		_ = s.apply(fsm.Placed{Placement: p})
 	}
 	return &st, nil
 }
@@ -666,7 +667,7 @@ func (s *Server) deleteDeployment(w http.ResponseWriter, r *http.Request) {
 		}
 		last = data
 	}
-	if err := s.State.Apply(Command{Op: OpUnplaced, Deployment: name}); err != nil {
+	if err := s.apply(fsm.Unplaced{Deployment: name}); err != nil {
 		writeError(w, err)
 		return
 	}
@@ -774,7 +775,7 @@ func (s *Server) toEveryHost(w http.ResponseWriter, r *http.Request) {
 	st := s.deploymentStatus(r.Context(), p)
 	if st.Revision != 0 {
 		p.Revision = st.Revision
-		_ = s.State.Apply(Command{Op: OpPlaced, Placement: p})
+		_ = s.apply(fsm.Placed{Placement: p})
 	}
 	writeJSON(w, code, st)
 }

@@ -29,6 +29,8 @@ import (
 
 	"github.com/capyctl/capyctl/core/api"
 	"github.com/capyctl/capyctl/core/api/wire"
+	"github.com/capyctl/capyctl/core/fleet/fsm"
+	"github.com/capyctl/capyctl/core/fleet/raftlog"
 	"github.com/capyctl/capyctl/core/hostlink/proto/hostv1"
 	"github.com/capyctl/capyctl/core/pki"
 	"github.com/capyctl/capyctl/core/store"
@@ -63,19 +65,20 @@ type ServerOptions struct {
 	// HostCertLifetime is a host certificate's validity (0: pki's 24 h).
 	HostCertLifetime time.Duration
 
-	// A cluster of servers (servers.go): none unless BootstrapExpect > 1
-	// or Join is set.
+	// The cluster of servers (servers.go): every server runs raft, a
+	// server alone as a cluster of one voter.
 	// Name is this server's name in the cluster (hostname).
 	Name string
-	// BootstrapExpect is the number of servers the operator expects
-	// (bootstrap_expect; 1: a server alone).
+	// BootstrapExpect is the number of servers the operator intends
+	// (bootstrap_expect), written into the replicated state by the first
+	// server's first leadership; ignored afterwards.
 	BootstrapExpect int
 	// Join is the cluster address of a server to join (server_join) and
 	// JoinToken the server join token its first start redeems.
 	Join      string
 	JoinToken string
-	// OpenRaft opens the raft node (raftlog.OpenFleet).
-	OpenRaft func(RaftConfig) (RaftNode, error)
+	// RaftTuning overrides raft's timeouts (tests).
+	RaftTuning raftlog.Tuning
 }
 
 // Server is the server's side: the cluster listener, the hosts' links and
@@ -84,7 +87,7 @@ type Server struct {
 	o      ServerOptions
 	logger hclog.Logger
 	auth   *pki.Authority
-	State  *State
+	State  *fsm.State
 
 	ln        net.Listener
 	advertise string
@@ -107,8 +110,13 @@ type Server struct {
 	lastStatus statusCache
 	// groups serialises the operations on each group (group.go).
 	groups groupOps
-	// cl is the cluster of servers (servers.go); nil: this server alone.
+	// cl is the cluster of servers (servers.go).
 	cl *cluster
+	// leaderCtx is the context of the leader's duties while this server
+	// leads (nil otherwise), under mu.
+	leaderCtx context.Context
+	// fatal carries the reason the server must stop (Fatal).
+	fatal chan error
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -173,7 +181,7 @@ func NewServer(o ServerOptions) (*Server, error) {
 	if advertise == "" {
 		advertise = advertiseOf(ln.Addr().String())
 	}
-	state, err := OpenState(o.Store)
+	state, err := fsm.Open(o.Store, o.Logger)
 	if err != nil {
 		ln.Close()
 		return nil, err
@@ -186,14 +194,12 @@ func NewServer(o ServerOptions) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{o: o, logger: o.Logger.Named("fleet"), auth: auth, State: state, ln: ln, advertise: advertise, hosts: map[string]*liveHost{},
-		lastStatus: statusCache{m: map[string]wire.DeploymentStatus{}}}
+		lastStatus: statusCache{m: map[string]wire.DeploymentStatus{}}, fatal: make(chan error, 1)}
 	s.metrics = s.metricsHandler()
 	s.receipts = api.Receipts{Store: o.Store, Logger: s.logger}
-	if o.clustered() {
-		if err := s.openCluster(ca, dir); err != nil {
-			ln.Close()
-			return nil, err
-		}
+	if err := s.openCluster(ca, dir); err != nil {
+		ln.Close()
+		return nil, err
 	}
 	return s, nil
 }
@@ -261,10 +267,8 @@ func (s *Server) Start() {
 	s.startCluster()
 	s.goRun(s.accept)
 	s.goRun(s.watchLost)
-	s.goRun(s.superviseGroups)
-	if s.cl != nil {
-		s.goRun(s.renewPeerLoop)
-	}
+	s.goRun(s.monitorLeadership)
+	s.goRun(s.renewPeerLoop)
 }
 
 func (s *Server) goRun(f func()) {
@@ -403,7 +407,7 @@ func (s *Server) serveJoin(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	name := iss.Certificate.Subject.CommonName
-	if err := s.State.Apply(Command{Op: OpHostJoined, Host: name}); err != nil {
+	if err := s.apply(fsm.HostJoined{Host: name}); err != nil {
 		writeLinkError(w, err)
 		return
 	}
@@ -609,12 +613,9 @@ func (s *Server) Connect(stream hostv1.HostLink_ConnectServer) error {
 		Cluster: members}}}); err != nil {
 		return err
 	}
-	var membersTick <-chan time.Time
-	if s.cl != nil {
-		t := time.NewTicker(s.o.Heartbeat)
-		defer t.Stop()
-		membersTick = t.C
-	}
+	// A change of the configuration (a server joined or was removed) is
+	// told at once: raft's observations wake this loop.
+	membersChanged := s.cl.node.Changed()
 	msgs := make(chan *hostv1.HostMessage)
 	errc := make(chan error, 1)
 	go func() {
@@ -640,7 +641,8 @@ func (s *Server) Connect(stream hostv1.HostLink_ConnectServer) error {
 				return nil
 			}
 			return err
-		case <-membersTick:
+		case <-membersChanged:
+			membersChanged = s.cl.node.Changed()
 			if now := s.clusterServers(); !sameServers(now, members) {
 				members = now
 				if err := stream.Send(&hostv1.ServerMessage{Body: &hostv1.ServerMessage_Servers{Servers: now}}); err != nil {
@@ -657,13 +659,9 @@ func (s *Server) Connect(stream hostv1.HostLink_ConnectServer) error {
 }
 
 // clusterServers is the raft configuration as hosts see it: this
-// server's name and every member's cluster address; nil for a server
-// alone.
+// server's name and every member's cluster address.
 func (s *Server) clusterServers() *hostv1.ClusterServers {
-	if s.cl == nil {
-		return nil
-	}
-	st := s.cl.node.Status()
+	st := s.cl.node.Stats()
 	out := &hostv1.ClusterServers{Self: s.cl.name}
 	for _, m := range st.Servers {
 		out.Servers = append(out.Servers, &hostv1.ClusterServer{Name: m.ID, Address: m.Address})
@@ -719,7 +717,7 @@ func (s *Server) onHostMessage(name string, gen uint64, m *hostv1.HostMessage) {
 		} else {
 			h.journals[j.GetInstanceId()] = j
 			if _, placed := s.State.Placement(j.GetDeployment()); !placed {
-				s.adoptLaterLocked(h) // a deployment made on the host itself
+				s.adoptLaterLocked(s.leaderCtx, h) // a deployment made on the host itself
 			}
 		}
 	}
@@ -731,19 +729,16 @@ func (s *Server) adoptLater(name string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if h := s.hosts[name]; h != nil {
-		s.adoptLaterLocked(h)
+		s.adoptLaterLocked(s.leaderCtx, h)
 	}
 }
 
-// adoptLaterLocked is adoptLater with mu held.
-func (s *Server) adoptLaterLocked(h *liveHost) {
-	if h.adoptDue || s.ctx == nil || s.ctx.Err() != nil {
-		return
-	}
-	// Only the leader changes the state: a follower a host is linked to
-	// leaves its deployments to the leader, which has a link of its own
-	// (and adopts again for every linked host when it is elected).
-	if s.leaderOnly() != nil {
+// adoptLaterLocked is adoptLater with mu held, under the leader's context
+// ctx. Only the leader changes the state: a follower a host is linked to
+// leaves its deployments to the leader (ctx nil), which has a link of its
+// own and adopts again for every linked host when it is elected.
+func (s *Server) adoptLaterLocked(ctx context.Context, h *liveHost) {
+	if h.adoptDue || ctx == nil || ctx.Err() != nil {
 		return
 	}
 	h.adoptDue = true
@@ -752,7 +747,7 @@ func (s *Server) adoptLaterLocked(h *liveHost) {
 		s.mu.Lock()
 		h.adoptDue = false
 		s.mu.Unlock()
-		s.adopt(s.ctx, name)
+		s.adopt(ctx, name)
 	})
 }
 
@@ -814,7 +809,7 @@ func (s *Server) adopt(ctx context.Context, host string) {
 			continue
 		}
 		p := &Placement{Deployment: dep, Hosts: []HostShare{{Host: host, Instances: n}}, Routes: st.Routes, Revision: st.Revision, At: time.Now().UTC()}
-		if err := s.State.Apply(Command{Op: OpPlaced, Placement: p}); err != nil {
+		if err := s.apply(fsm.Placed{Placement: p}); err != nil {
 			s.logger.Warn("adopt a host's deployment", "host", host, "deployment", dep, "error", err)
 			continue
 		}
@@ -849,26 +844,11 @@ func (s *Server) linkDown(name string, gen uint64) {
 func (s *Server) watchLost() {
 	t := time.NewTicker(s.o.Heartbeat)
 	defer t.Stop()
-	leader := false
 	for {
 		select {
 		case <-s.ctx.Done():
 			return
 		case <-t.C:
-		}
-		// A server newly elected adopts what its linked hosts run that no
-		// placement names (a follower leaves that to the leader).
-		if s.cl != nil {
-			was := leader
-			if leader = s.leaderOnly() == nil; leader && !was {
-				s.mu.Lock()
-				for _, h := range s.hosts {
-					if h.linkCancel != nil {
-						s.adoptLaterLocked(h)
-					}
-				}
-				s.mu.Unlock()
-			}
 		}
 		now := time.Now()
 		limit := now.Add(-lostAfterBeats * s.o.Heartbeat)
@@ -988,7 +968,7 @@ func (s *Server) Drain(name string, drain bool) error {
 	if _, ok := s.State.Host(name); !ok {
 		return structs.Errf(structs.CodeNotFound, "no host %s (capyctl list hosts)", name)
 	}
-	if err := s.State.Apply(Command{Op: OpHostDrain, Host: name, Drain: drain}); err != nil {
+	if err := s.apply(fsm.HostDrain{Host: name, Drain: drain}); err != nil {
 		return err
 	}
 	kind := "host_drained"
@@ -1023,7 +1003,7 @@ func (s *Server) Remove(name string) error {
 	if err := s.auth.Revoke(name); err != nil {
 		return structs.Wrap(structs.CodeStoreUnavailable, err, "revoke host %s", name)
 	}
-	if err := s.State.Apply(Command{Op: OpHostRemoved, Host: name}); err != nil {
+	if err := s.apply(fsm.HostRemoved{Host: name}); err != nil {
 		return err
 	}
 	s.mu.Lock()

@@ -62,6 +62,9 @@ func fillTestdata(t *testing.T, s *Store) {
 			return err
 		},
 		func() error { return s.SetMeta(MetaHostname, "gpu-a") },
+		func() error {
+			return s.UpdateFleet(func(st *FleetState) error { return st.Put("host/gpu-a", map[string]string{"name": "gpu-a"}) })
+		},
 	}
 	for _, step := range steps {
 		if err := step(); err != nil {
@@ -122,6 +125,7 @@ func TestStore_OpenOldVersions(t *testing.T) {
 	}{
 		{name: "schema v1", file: "v1.db"},
 		{name: "schema v2", file: "v2.db"},
+		{name: "schema v3", file: "v3.db"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

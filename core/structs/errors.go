@@ -134,6 +134,9 @@ const (
 	CodeGroupStalled              Code = "group_stalled"
 	CodePeerAddressMissing        Code = "peer_address_missing"
 	CodeRendezvousPortsExhausted  Code = "rendezvous_ports_exhausted"
+	// The server cluster (core/fleet).
+	CodeServerCommandUnknown Code = "server_command_unknown"
+	CodeServerRemoved        Code = "server_removed"
 )
 
 var catalogue = map[Code]CodeInfo{}
@@ -244,6 +247,8 @@ func init() {
 	row(CodeGroupStalled, 13, false, "the group's bring-up stalled past group_stall_timeout; the group was stopped")
 	row(CodePeerAddressMissing, 2, false, "a group member's host has no peer address (set peer_address, --peer-address or CAPYCTL_PEER_ADDRESS on the host)")
 	row(CodeRendezvousPortsExhausted, 4, true, "every port of the head host's rendezvous_ports range is taken")
+	row(CodeServerCommandUnknown, 5, false, "the replicated log holds a command a newer CapyCTL wrote, which this server cannot apply (nor skip: its writer did not flag it ignorable); the server stopped instead of diverging: upgrade it")
+	row(CodeServerRemoved, 3, false, "this server was removed from its cluster (capyctl remove server): move its state directory away and join it again with a new server join token")
 }
 
 // Lookup returns the catalogue row of a code (suffix ignored); unknown codes

@@ -115,6 +115,8 @@ var httpStatus = map[structs.Code]int{
 	structs.CodeEngineNotIdle:             http.StatusConflict,
 	structs.CodeBodiesInFlightFull:        http.StatusTooManyRequests,
 	structs.CodeBodyReadTimeout:           http.StatusRequestTimeout,
+	structs.CodeServerCommandUnknown:      http.StatusServiceUnavailable,
+	structs.CodeServerRemoved:             http.StatusForbidden,
 }
 
 // HTTPStatus returns the HTTP status an API answers a code with (a suffix
