@@ -380,9 +380,10 @@ func TestServers_HostsLinkToEveryServer(t *testing.T) {
 		return resp.StatusCode == http.StatusOK
 	})
 
-	// A server removed from the cluster: the hosts hear of the new
-	// configuration and end their links to it (their own --server, s1,
-	// stays their first contact whatever happens).
+	// A server removed from the cluster stops (server_removed, exit 3); the
+	// hosts hear of the new configuration from the others and stay ready
+	// on them (their own --server, s1, stays their first contact whatever
+	// happens).
 	var gone *harness.Role
 	goneName := ""
 	for _, name := range []string{"s2", "s3"} {
@@ -394,8 +395,10 @@ func TestServers_HostsLinkToEveryServer(t *testing.T) {
 	if out, errOut, code := s1.CLI("remove", "server", goneName); code != 0 {
 		t.Fatalf("remove server %s: exit %d\n%s%s", goneName, code, out, errOut)
 	}
-	poll.Until(t, 20*time.Second, "the hosts end their links to the removed "+goneName, func() bool {
-		st := hostStates(t, gone)
-		return st["gpu-a"] == wire.HostLost && st["gpu-b"] == wire.HostLost
-	})
+	if code := gone.WaitExit(30 * time.Second); code != 3 || !strings.Contains(gone.Output(), "server_removed") {
+		t.Fatalf("the removed %s exited %d\n%s", goneName, code, gone.Output())
+	}
+	for _, r := range []*harness.Role{s1, servers[map[string]string{"s2": "s3", "s3": "s2"}[goneName]]} {
+		poll.Until(t, 20*time.Second, "the hosts stay ready on the survivors", func() bool { return everyHostReady(t, r, "gpu-a", "gpu-b") })
+	}
 }

@@ -34,7 +34,20 @@ func (a *Agent) openServer() error {
 	srv, err := fleet.NewServer(fleet.ServerOptions{StateDir: a.s.StateDir, Listen: listen, Advertise: a.s.ClusterAdvertise,
 		Store: a.Store, Logger: a.logger, Heartbeat: a.s.HostHeartbeat,
 		GroupStallTimeout: a.s.GroupStallTimeout,
-		Name:              a.s.Hostname, BootstrapExpect: a.s.BootstrapExpect, Join: a.s.ServerJoin, JoinToken: a.s.JoinToken})
+		Name:              a.s.Hostname, BootstrapExpect: a.s.BootstrapExpect, Join: a.s.ServerJoin, JoinToken: a.s.JoinToken,
+		// One API key and one admin token per cluster: a joining server
+		// takes the cluster's in place of those its first start made.
+		Secrets: func() fleet.ClusterSecrets {
+			return fleet.ClusterSecrets{APIKey: a.Creds.APIKey, AdminToken: a.Creds.AdminToken}
+		},
+		AdoptSecrets: func(cs fleet.ClusterSecrets) error {
+			c := &runinfo.Credentials{APIKey: cs.APIKey, AdminToken: cs.AdminToken}
+			if err := runinfo.WriteCredentials(a.s.StateDir, c); err != nil {
+				return structs.Wrap(structs.CodeInternal, err, "write the cluster's credentials")
+			}
+			a.Creds = c
+			return nil
+		}})
 	if err != nil {
 		a.Store.Close()
 		return err
@@ -235,9 +248,10 @@ func (a *Agent) Journals() []*hostv1.InstanceJournal {
 		for _, in := range v.Instances {
 			j := &hostv1.InstanceJournal{InstanceId: structs.InstanceID(in.Deployment, in.Index), Generation: in.Generation,
 				Deployment: in.Deployment, State: string(in.State), SinceUnixMs: in.Since.UnixMilli(), Residency: in.Residency,
-				Charges: in.Charges, Message: in.LastTransition}
+				Charges: in.Charges, Message: in.LastTransition, Revision: in.Revision, Phase: in.Phase}
 			if in.LastError != nil {
 				j.Why = string(in.LastError.Code)
+				j.ErrorCode, j.ErrorMessage, j.ErrorUnixMs = string(in.LastError.Code), in.LastError.Message, in.LastError.At.UnixMilli()
 			}
 			out = append(out, j)
 		}

@@ -36,6 +36,42 @@ type fakeLocal struct {
 	journals  []*hostv1.InstanceJournal
 	cancelled atomic.Int64 // streams whose request context ended early
 	started   chan struct{}
+	changes   signal
+	// desired is every share applied, in order; refuse answers each
+	// engine of a share with its code.
+	desired []*hostv1.Desired
+	refuse  structs.Code
+	applied signal
+}
+
+// Changed implements Local.
+func (l *fakeLocal) Changed() <-chan struct{} { return l.changes.changed() }
+
+// ApplyDesired implements Local: it records the share and refuses each
+// engine with l.refuse when set.
+func (l *fakeLocal) ApplyDesired(_ context.Context, d *hostv1.Desired) []*hostv1.DesiredResult {
+	l.mu.Lock()
+	l.desired = append(l.desired, d)
+	refuse := l.refuse
+	l.mu.Unlock()
+	defer l.applied.publish()
+	var out []*hostv1.DesiredResult
+	if refuse != "" {
+		for _, e := range d.GetEngines() {
+			out = append(out, &hostv1.DesiredResult{Kind: "engine", Name: e.GetName(), Code: string(refuse), Message: "refused here"})
+		}
+	}
+	return out
+}
+
+// lastDesired is the last share applied (nil: none yet).
+func (l *fakeLocal) lastDesired() *hostv1.Desired {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.desired) == 0 {
+		return nil
+	}
+	return l.desired[len(l.desired)-1]
 }
 
 func newFakeLocal() *fakeLocal { return &fakeLocal{started: make(chan struct{}, 64)} }
@@ -121,7 +157,9 @@ func startTestServer(t testing.TB, o ServerOptions) *Server {
 	if err := s.JoinCluster(ctx); err != nil {
 		t.Fatal(err)
 	}
-	poll.Until(t, 10*time.Second, "the server leads", func() bool { return s.leaderOnly() == nil })
+	if o.Join == "" {
+		poll.Until(t, 10*time.Second, "the server leads", func() bool { return s.leaderOnly() == nil })
+	}
 	return s
 }
 
@@ -415,23 +453,32 @@ func TestJoin_AMemberNameNeedsItsOwnToken(t *testing.T) {
 	}
 }
 
-// TestRenew_RefusedForAHostNoLongerInTheState: a host removed from the
-// replicated state (by another server of a cluster: nothing revoked on
-// this one) renews its certificate nowhere.
-func TestRenew_RefusedForAHostNoLongerInTheState(t *testing.T) {
+// TestRenew_RefusedForANonMember: a host the replicated state does not
+// name renews nowhere: refused at the handshake once removed (its
+// certificates revoked on every server), and host_unknown, which the host
+// retries, when a restored state does not name it yet.
+func TestRenew_RefusedForANonMember(t *testing.T) {
 	s := testServer(t, ServerOptions{})
 	h := joinHost(t, s, "gpu-a", newFakeLocal())
 	waitReady(t, s, "gpu-a")
 	if err := h.renew(context.Background()); err != nil {
 		t.Fatalf("a member's renewal: %v", err)
 	}
-	// What a removal committed by another server leaves here: the state
-	// without the host, this server's own revocation list untouched.
-	if err := s.apply(fsm.HostRemoved{Host: "gpu-a"}); err != nil {
+	// A state restored from a backup that predates the host.
+	if err := s.apply(fsm.Restored{State: []byte(`{"hosts":[],"placements":[]}`)}); err != nil {
 		t.Fatal(err)
 	}
-	err := h.renew(context.Background())
-	if !structs.HasCode(err, structs.CodeHostRevoked) {
-		t.Fatalf("a removed host's renewal: %v, want host_revoked", err)
+	if err := h.renew(context.Background()); !structs.HasCode(err, structs.CodeHostUnknown) {
+		t.Fatalf("an unknown host's renewal: %v, want host_unknown", err)
+	}
+	// Known again, then removed: revoked.
+	if err := s.apply(fsm.HostJoined{Host: "gpu-a"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Remove("gpu-a"); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.renew(context.Background()); err == nil || !strings.Contains(err.Error(), "bad certificate") {
+		t.Fatalf("a removed host's renewal: %v, want refused at the handshake", err)
 	}
 }

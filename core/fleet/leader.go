@@ -97,6 +97,7 @@ func (s *Server) startLeading() (stop func()) {
 		s.mu.Lock()
 		s.leaderCtx = nil
 		s.mu.Unlock()
+		s.leading.publish()
 		cancel()
 		wg.Wait()
 	}
@@ -143,13 +144,14 @@ func (s *Server) establishLeadership(ctx context.Context) {
 		s.carryState()
 	}
 	s.mu.Lock()
-	s.leaderCtx = ctx // from now on, the hosts' journals may adopt
+	s.leaderCtx = ctx // from now on, the hosts' journals may adopt and their links send desired state
 	for _, h := range s.hosts {
 		if h.linkCancel != nil {
 			s.adoptLaterLocked(ctx, h)
 		}
 	}
 	s.mu.Unlock()
+	s.leading.publish()
 }
 
 // updateOwnAddress records this server's advertised address in the
@@ -173,6 +175,11 @@ func (s *Server) updateOwnAddress() {
 // join later replay it from the log.
 func (s *Server) carryState() {
 	data, err := s.State.Snapshot()
+	if err == nil {
+		// Revocations this server kept in its own file before they were
+		// replicated go with it.
+		data, err = fsm.WithHostRevocations(data, fileRevocations(s.cl.pkiDir))
+	}
 	if err == nil {
 		err = s.apply(fsm.Restored{State: data, Carried: true})
 	}

@@ -60,8 +60,8 @@ func (s *Server) ManagementOverrides(role func() wire.RoleInfo) map[string]http.
 		"GET /deployments/{name}/effective-config":           s.toFirstHost,
 		"GET /deployments/{name}/engine-log":                 s.engineLog,
 		"GET /engines":                                       s.listEngines,
-		"POST /engines":                                      s.toAllHosts,
-		"DELETE /engines/{name}":                             s.toAllHosts,
+		"POST /engines":                                      s.addEngine,
+		"DELETE /engines/{name}":                             s.removeEngine,
 		"GET /engine-flags/{family}":                         s.toAnyHost,
 		"GET /hosts/{name}/ledger":                           s.hostLedger,
 		"GET " + api.ViewLoad:                                s.loadView,
@@ -372,7 +372,12 @@ func (s *Server) create(r *http.Request, data []byte) (*wire.DeploymentStatus, e
 	}
 	if len(shares) == 0 || sumShares(shares) < n {
 		s.rollback(ctx, spec.Name, shares)
-		return nil, structs.Errf(structs.CodeCapacityBlocked, "no placement for %d instance(s) of %s: %s", n, spec.Name, describeRefusals(refusals)).
+		code := structs.CodeCapacityBlocked
+		if allCodes(refusals, structs.CodeEngineNotFound) {
+			// No host has the engine: not a matter of room.
+			code = structs.CodeEngineNotFound
+		}
+		return nil, structs.Errf(code, "no placement for %d instance(s) of %s: %s", n, spec.Name, describeRefusals(refusals)).
 			WithDetail("hosts", refusals)
 	}
 	p := &Placement{Deployment: spec.Name, Hosts: shares, Routes: spec.Routes, Revision: 1, At: time.Now().UTC()}
@@ -606,6 +611,16 @@ func withInstances(depJSON json.RawMessage, n int, activate bool) ([]byte, error
 	dep["instances"] = n
 	delete(dep, "placement") // the server's business; a host runs what it is given
 	return json.Marshal(map[string]any{"deployment": dep, "activate": activate})
+}
+
+// allCodes reports whether every host refused with code.
+func allCodes(refusals map[string]any, code structs.Code) bool {
+	for _, v := range refusals {
+		if m, _ := v.(map[string]any); m == nil || m["code"] != string(code) {
+			return false
+		}
+	}
+	return len(refusals) > 0
 }
 
 func describeRefusals(refusals map[string]any) string {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
+	"github.com/capyctl/capyctl/core/fleet/fsm"
 	"github.com/capyctl/capyctl/core/pki"
 	"github.com/capyctl/capyctl/core/structs"
 )
@@ -24,10 +25,12 @@ type serverJoinRequest struct {
 	Name  string `json:"name"`
 }
 
-// serverJoinAnswer carries the cluster's CA, certificate and key (PEM).
+// serverJoinAnswer carries the cluster's CA, certificate and key (PEM),
+// and the secrets every server shares.
 type serverJoinAnswer struct {
-	CACert []byte `json:"ca_cert"`
-	CAKey  []byte `json:"ca_key"`
+	CACert  []byte         `json:"ca_cert"`
+	CAKey   []byte         `json:"ca_key"`
+	Secrets ClusterSecrets `json:"secrets"`
 }
 
 // serverAddRequest is POST /server-add: the leader adds the server as a
@@ -58,10 +61,18 @@ func fetchClusterCA(o ServerOptions, dir string, logger hclog.Logger) error {
 	if err != nil {
 		return err
 	}
+	if ans.Secrets.APIKey == "" || ans.Secrets.AdminToken == "" {
+		return structs.Errf(structs.CodeInternal, "the cluster did not hand over its API key and admin token (a server of an older release?)")
+	}
+	if o.AdoptSecrets != nil {
+		if err := o.AdoptSecrets(ans.Secrets); err != nil {
+			return err
+		}
+	}
 	if _, err := pki.InstallCA(dir, ans.CACert, ans.CAKey); err != nil {
 		return err
 	}
-	logger.Info("joined the server cluster: received its CA", "server", o.Join)
+	logger.Info("joined the server cluster: received its CA, API key and admin token", "server", o.Join)
 	return nil
 }
 
@@ -125,20 +136,27 @@ func (s *Server) serveServerJoin(w http.ResponseWriter, r *http.Request) {
 		writeLinkError(w, structs.Errf(structs.CodeInvalidRequest, "the server join request is not valid JSON: %v", err))
 		return
 	}
-	if err := s.leaderOnly(); err != nil {
-		writeLinkError(w, err)
-		return
-	}
 	for _, m := range s.cl.node.Stats().Servers {
 		if m.ID == req.Name {
 			writeLinkError(w, structs.Errf(structs.CodeConflict, "a server named %q is a member of the cluster already; remove it first (capyctl remove server %s) or give the new one another --hostname", req.Name, req.Name))
 			return
 		}
 	}
+	if s.o.Secrets == nil {
+		writeLinkError(w, structs.Errf(structs.CodeUnavailable, "server %s has no credentials to hand over yet", s.cl.name))
+		return
+	}
 	if err := s.auth.RedeemServerToken(req.Token); err != nil {
 		s.logger.Warn("server join refused", "remote", r.RemoteAddr, "name", req.Name, "code", string(structs.AsError(err).Code))
 		writeLinkError(w, err)
 		return
+	}
+	// A name removed before is taken back: the machine joins anew.
+	if _, revoked := s.State.ServerRevoked(req.Name); revoked {
+		if err := s.apply(fsm.ServerAdmitted{Name: req.Name}); err != nil {
+			writeLinkError(w, err)
+			return
+		}
 	}
 	certPEM, keyPEM, err := s.cl.ca.EncodePEM()
 	if err != nil {
@@ -146,7 +164,7 @@ func (s *Server) serveServerJoin(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.logger.Info("a server redeemed a server join token", "name", req.Name, "remote", r.RemoteAddr)
-	writeJSONAnswer(w, serverJoinAnswer{CACert: certPEM, CAKey: keyPEM})
+	writeJSONAnswer(w, serverJoinAnswer{CACert: certPEM, CAKey: keyPEM, Secrets: s.o.Secrets()})
 }
 
 // servePeer answers another server (server peer certificate verified).
@@ -157,6 +175,23 @@ func (s *Server) servePeer(w http.ResponseWriter, r *http.Request) {
 		writeJSONAnswer(w, cl.node.Stats())
 	case r.Method == http.MethodPost && r.URL.Path == "/apply":
 		s.serveApply(w, r)
+	case r.Method == http.MethodPost && r.URL.Path == "/remove-server":
+		var req serverAddRequest
+		if err := json.NewDecoder(io.LimitReader(r.Body, 16<<10)).Decode(&req); err != nil || req.Name == "" {
+			writeLinkError(w, structs.Errf(structs.CodeInvalidRequest, "a server removal names the server"))
+			return
+		}
+		if err := s.RemoveServer(req.Name); err != nil {
+			writeLinkError(w, err)
+			return
+		}
+		w.WriteHeader(http.StatusNoContent)
+	case r.Method == http.MethodPost && r.URL.Path == "/removed":
+		// The leader says this server was removed: the configuration entry
+		// may never reach it (the leader stops replicating to it).
+		s.fail(structs.Errf(structs.CodeServerRemoved,
+			"server %s was removed from the cluster (capyctl remove server): it stops; move its state directory away and join it again with a new server join token", cl.name))
+		w.WriteHeader(http.StatusNoContent)
 	case r.Method == http.MethodPost && r.URL.Path == "/server-add":
 		var req serverAddRequest
 		if err := json.NewDecoder(io.LimitReader(r.Body, 16<<10)).Decode(&req); err != nil || req.Name == "" || req.Address == "" {

@@ -127,7 +127,9 @@ func (s *Server) openCluster(ca *pki.CA, pkiDir string) error {
 			return err
 		}
 	}
-	listen, dial := pki.ServerPeerTLS(ca.Certificate(), creds, nil)
+	// A removed server's name is refused on every server-to-server
+	// connection (its certificate is still the CA's).
+	listen, dial := pki.ServerPeerTLSRefusing(ca.Certificate(), creds, nil, s.serverRefused)
 	addr := s.ln.Addr()
 	cl := &cluster{name: o.Name, ca: ca, creds: creds, pkiDir: pkiDir, peerListen: listen, peerDial: dial,
 		raftQ: newConnQueue(addr), peerQ: newConnQueue(addr), joinQ: newConnQueue(addr)}
@@ -182,6 +184,11 @@ func serverPeerCreds(ca *pki.CA, pkiDir, name string) (*pki.Credentials, error) 
 // carries it into the log at its first leadership; a server that joins a
 // cluster must hold none (the cluster's log would replace it).
 func (s *Server) prepareFreshState() error {
+	// A new log starts at index 1: entries at or below an index the store
+	// recorded for an earlier log would be skipped as replays.
+	if err := s.State.ResetApplied(); err != nil {
+		return err
+	}
 	if s.State.Empty() {
 		return nil
 	}

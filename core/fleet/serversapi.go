@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/capyctl/capyctl/core/api/wire"
+	"github.com/capyctl/capyctl/core/fleet/fsm"
 	"github.com/capyctl/capyctl/core/fleet/raftlog"
 	"github.com/capyctl/capyctl/core/pki"
 	"github.com/capyctl/capyctl/core/structs"
@@ -107,11 +108,51 @@ func (s *Server) RemoveServer(name string) error {
 	if voters <= 1 {
 		return structs.Errf(structs.CodeConflict, "server %s is the cluster's last voter: a cluster cannot remove its only server", name)
 	}
+	if name == s.cl.name {
+		return s.removeSelf()
+	}
+	var addr string
+	for _, m := range s.cl.node.Stats().Servers {
+		if m.ID == name {
+			addr = m.Address
+		}
+	}
 	if err := s.cl.node.RemoveServer(name); err != nil {
+		return err
+	}
+	// The removed server is told (the leader stops replicating to it, so
+	// the configuration may never reach it), then refused by every server.
+	ctx, cancel := context.WithTimeout(s.runCtx(), 5*time.Second)
+	if err := postJSON(ctx, s.cl.client, addr, "/removed", nil, nil); err != nil {
+		s.logger.Warn("tell the removed server", "server", name, "error", err)
+	}
+	cancel()
+	if err := s.apply(fsm.ServerRemoved{Name: name}); err != nil {
 		return err
 	}
 	s.event("server_removed", name, nil)
 	return nil
+}
+
+// removeSelf removes the leader itself: it hands the leadership over,
+// then asks the new leader to remove it.
+func (s *Server) removeSelf() error {
+	if err := s.cl.node.TransferLeadership(); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(s.runCtx(), applyTimeout)
+	defer cancel()
+	for {
+		changed := s.cl.node.Changed()
+		if st := s.cl.node.Stats(); st.LeaderAddress != "" && st.LeaderID != s.cl.name {
+			return postJSON(ctx, s.cl.client, st.LeaderAddress, "/remove-server", mustJSON(serverAddRequest{Name: s.cl.name}), nil)
+		}
+		select {
+		case <-ctx.Done():
+			return structs.Errf(structs.CodeNotLeader, "server %s handed its leadership over and no new leader is known yet: remove it again on another server", s.cl.name)
+		case <-changed:
+		}
+	}
 }
 
 // NewServerJoinToken makes a one-time token that joins a server to the

@@ -117,6 +117,8 @@ var httpStatus = map[structs.Code]int{
 	structs.CodeBodyReadTimeout:           http.StatusRequestTimeout,
 	structs.CodeServerCommandUnknown:      http.StatusServiceUnavailable,
 	structs.CodeServerRemoved:             http.StatusForbidden,
+	structs.CodeHostUnknown:               http.StatusServiceUnavailable,
+	structs.CodeStaleTerm:                 http.StatusServiceUnavailable,
 }
 
 // HTTPStatus returns the HTTP status an API answers a code with (a suffix

@@ -112,6 +112,12 @@ var types = func() map[Type]typeDef {
 		TypeUnplaced:          {version: 1, decode: decodeAs[Unplaced]},
 		TypeRestored:          {version: 1, decode: decodeAs[Restored]},
 		TypeClusterConfigured: {version: 1, decode: decodeAs[ClusterConfigured]},
+		TypeTokenCreated:      {version: 1, decode: decodeAs[TokenCreated]},
+		TypeTokenRedeemed:     {version: 1, decode: decodeAs[TokenRedeemed]},
+		TypeServerRemoved:     {version: 1, decode: decodeAs[ServerRemoved]},
+		TypeServerAdmitted:    {version: 1, decode: decodeAs[ServerAdmitted]},
+		TypeEngineRegistered:  {version: 1, decode: decodeAs[EngineRegistered]},
+		TypeEngineRemoved:     {version: 1, decode: decodeAs[EngineRemoved]},
 	}
 	for t, d := range extraTypes() {
 		m[t] = d

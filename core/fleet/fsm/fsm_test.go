@@ -322,3 +322,23 @@ func BenchmarkState_RebuildRoutes(b *testing.B) {
 		s.mu.Unlock()
 	}
 }
+
+// TestState_ResetApplied: a state whose store recorded an index of an
+// earlier log applies a new log from its first entry once reset.
+func TestState_ResetApplied(t *testing.T) {
+	s, _ := openTestState(t)
+	for _, c := range []Command{HostJoined{Host: "gpu-a"}, HostJoined{Host: "gpu-b"}} {
+		if _, _, err := s.Apply(c); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.ResetApplied(); err != nil {
+		t.Fatal(err)
+	}
+	if r := s.ApplyEntry(1, mustEncode(t, HostJoined{Host: "gpu-c"})); r.Err != nil {
+		t.Fatal(r.Err)
+	}
+	if _, ok := s.Host("gpu-c"); !ok || len(s.Hosts()) != 3 {
+		t.Fatalf("the new log's first entry: hosts %+v", s.Hosts())
+	}
+}

@@ -5,7 +5,9 @@ package fsm
 
 import (
 	"encoding/json"
+	"time"
 
+	"github.com/capyctl/capyctl/core/pki"
 	"github.com/capyctl/capyctl/core/store"
 	"github.com/capyctl/capyctl/core/structs"
 )
@@ -20,13 +22,19 @@ type snapshotData struct {
 	Cluster    *ClusterRecord `json:"cluster,omitempty"`
 	Hosts      []HostRecord   `json:"hosts"`
 	Placements []*Placement   `json:"placements"`
+	Engines    []EngineRecord `json:"engines,omitempty"`
+	// Revocations are removed hosts and servers; Tokens the join tokens'
+	// digests (never a token).
+	Revocations []revocation      `json:"revocations,omitempty"`
+	Tokens      []pki.TokenRecord `json:"tokens,omitempty"`
 }
 
 // Snapshot returns the whole state encoded, for a replicated log's
 // snapshot or a backup; Restore takes it back.
 func (s *State) Snapshot() ([]byte, error) {
 	s.mu.RLock()
-	snap := snapshotData{Index: s.applied, Cluster: s.cluster, Hosts: s.hostsLocked(), Placements: s.placementsLocked()}
+	snap := snapshotData{Index: s.applied, Cluster: s.cluster, Hosts: s.hostsLocked(), Placements: s.placementsLocked(),
+		Engines: s.enginesLocked(), Revocations: s.revocationsLocked(), Tokens: s.tokensLocked()}
 	data, err := json.Marshal(snap)
 	s.mu.RUnlock()
 	if err != nil {
@@ -69,52 +77,118 @@ func decodeSnapshot(data []byte) (snapshotData, error) {
 			}
 		}
 	}
+	engines := map[string]bool{}
+	for _, e := range snap.Engines {
+		if e.Name == "" || engines[e.Name] {
+			return snap, structs.Errf(structs.CodeSnapshotInvalid, "the snapshot names engine %q twice or without a name", e.Name)
+		}
+		engines[e.Name] = true
+	}
+	for _, r := range snap.Revocations {
+		if r.Name == "" || (r.Kind != "host" && r.Kind != "server") {
+			return snap, structs.Errf(structs.CodeSnapshotInvalid, "the snapshot has a revocation of %q %q", r.Kind, r.Name)
+		}
+	}
 	return snap, nil
 }
 
-// applyRestored replaces the hosts and placements with a snapshot's in
-// the command's transaction; the cluster's own record stays (it is this
-// cluster's, not the backup's).
+// applyRestored replaces the hosts, placements, engines and revocations
+// with a snapshot's in the command's transaction; the cluster's own
+// record and its join tokens stay (they are this cluster's, not the
+// backup's).
 func (s *State) applyRestored(fs *store.FleetState, c Restored) (func(), any, error) {
 	snap, err := decodeSnapshot(c.State)
 	if err != nil {
 		return nil, nil, err
 	}
+	var keys []string
 	for name := range s.hosts {
-		if err := fs.Delete(prefixHost + name); err != nil {
-			return nil, nil, err
-		}
+		keys = append(keys, prefixHost+name)
 	}
 	for dep := range s.placements {
-		if err := fs.Delete(prefixPlacement + dep); err != nil {
+		keys = append(keys, prefixPlacement+dep)
+	}
+	for name := range s.engines {
+		keys = append(keys, prefixEngine+name)
+	}
+	for _, r := range s.revocationsLocked() {
+		keys = append(keys, revocationKey(r))
+	}
+	for _, k := range keys {
+		if err := fs.Delete(k); err != nil {
 			return nil, nil, err
 		}
 	}
-	hosts, placements, err := putSnapshot(fs, snap)
+	snap.Tokens = nil
+	m, err := putSnapshot(fs, snap)
 	if err != nil {
 		return nil, nil, err
 	}
-	return func() { s.hosts, s.placements = hosts, placements; s.rebuildRoutes() }, nil, nil
+	return func() {
+		tokens := s.trust.tokens
+		s.hosts, s.placements, s.engines, s.trust = m.hosts, m.placements, m.engines, m.trust
+		s.trust.tokens = tokens
+		s.rebuildRoutes()
+	}, nil, nil
 }
 
-// putSnapshot writes a snapshot's hosts and placements and returns them
-// as memory holds them.
-func putSnapshot(fs *store.FleetState, snap snapshotData) (map[string]HostRecord, map[string]*Placement, error) {
-	hosts := make(map[string]HostRecord, len(snap.Hosts))
-	placements := make(map[string]*Placement, len(snap.Placements))
+// revocationKey is a revocation's key in the store.
+func revocationKey(r revocation) string {
+	if r.Kind == "server" {
+		return prefixRevokedServer + r.Name
+	}
+	return prefixRevokedHost + r.Name
+}
+
+// snapshotMemory is a snapshot's records as memory holds them.
+type snapshotMemory struct {
+	hosts      map[string]HostRecord
+	placements map[string]*Placement
+	engines    map[string]EngineRecord
+	trust      trust
+}
+
+// putSnapshot writes a snapshot's records and returns them as memory
+// holds them.
+func putSnapshot(fs *store.FleetState, snap snapshotData) (snapshotMemory, error) {
+	m := snapshotMemory{hosts: make(map[string]HostRecord, len(snap.Hosts)), placements: make(map[string]*Placement, len(snap.Placements)),
+		engines: make(map[string]EngineRecord, len(snap.Engines)), trust: newTrust()}
+	put := func(k string, v any) error { return fs.Put(k, v) }
 	for _, h := range snap.Hosts {
-		hosts[h.Name] = h
-		if err := fs.Put(prefixHost+h.Name, h); err != nil {
-			return nil, nil, err
+		m.hosts[h.Name] = h
+		if err := put(prefixHost+h.Name, h); err != nil {
+			return m, err
 		}
 	}
 	for _, p := range snap.Placements {
-		placements[p.Deployment] = p
-		if err := fs.Put(prefixPlacement+p.Deployment, p); err != nil {
-			return nil, nil, err
+		m.placements[p.Deployment] = p
+		if err := put(prefixPlacement+p.Deployment, p); err != nil {
+			return m, err
 		}
 	}
-	return hosts, placements, nil
+	for _, e := range snap.Engines {
+		m.engines[e.Name] = e
+		if err := put(prefixEngine+e.Name, e); err != nil {
+			return m, err
+		}
+	}
+	for _, r := range snap.Revocations {
+		if r.Kind == "server" {
+			m.trust.revokedServers[r.Name] = r.At
+		} else {
+			m.trust.revokedHosts[r.Name] = r.At
+		}
+		if err := put(revocationKey(r), r.At); err != nil {
+			return m, err
+		}
+	}
+	for _, t := range snap.Tokens {
+		m.trust.tokens[t.Hash] = t
+		if err := put(prefixToken+t.Hash, t); err != nil {
+			return m, err
+		}
+	}
+	return m, nil
 }
 
 // Restore replaces the whole state with a Snapshot's (raft restores its
@@ -129,11 +203,10 @@ func (s *State) Restore(data []byte) error {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	var hosts map[string]HostRecord
-	var placements map[string]*Placement
+	var m snapshotMemory
 	err = s.st.ReplaceFleetState(func(fs *store.FleetState) error {
 		var err error
-		if hosts, placements, err = putSnapshot(fs, snap); err != nil {
+		if m, err = putSnapshot(fs, snap); err != nil {
 			return err
 		}
 		if snap.Cluster != nil {
@@ -146,8 +219,34 @@ func (s *State) Restore(data []byte) error {
 	if err != nil {
 		return structs.Wrap(structs.CodeStoreUnavailable, err, "restore the server's state")
 	}
-	s.hosts, s.placements, s.cluster, s.applied = hosts, placements, snap.Cluster, snap.Index
+	s.hosts, s.placements, s.engines, s.trust, s.cluster, s.applied = m.hosts, m.placements, m.engines, m.trust, snap.Cluster, snap.Index
 	s.rebuildRoutes()
 	s.publish()
 	return nil
+}
+
+// WithHostRevocations adds revocations of hosts (name → when) to a
+// snapshot's encoding, keeping those it holds: a server that kept
+// revocations of its own before they were replicated carries them into
+// the log with its state.
+func WithHostRevocations(data []byte, revoked map[string]time.Time) ([]byte, error) {
+	if len(revoked) == 0 {
+		return data, nil
+	}
+	snap, err := decodeSnapshot(data)
+	if err != nil {
+		return nil, err
+	}
+	have := map[string]bool{}
+	for _, r := range snap.Revocations {
+		if r.Kind == "host" {
+			have[r.Name] = true
+		}
+	}
+	for name, at := range revoked {
+		if !have[name] {
+			snap.Revocations = append(snap.Revocations, revocation{Kind: "host", Name: name, At: at.UTC().Truncate(time.Second)})
+		}
+	}
+	return json.Marshal(snap)
 }

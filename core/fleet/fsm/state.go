@@ -54,6 +54,8 @@ type State struct {
 	cluster    *ClusterRecord
 	hosts      map[string]HostRecord
 	placements map[string]*Placement
+	engines    map[string]EngineRecord
+	trust      trust
 	// routes maps each model name to its deployment (rebuilt on every
 	// placement change).
 	routes map[string]string
@@ -73,7 +75,7 @@ func Open(st *store.Store, logger hclog.Logger) (*State, error) {
 		logger = hclog.NewNullLogger()
 	}
 	s := &State{st: st, logger: logger.Named("fsm"), hosts: map[string]HostRecord{}, placements: map[string]*Placement{},
-		routes: map[string]string{}, halted: make(chan struct{})}
+		engines: map[string]EngineRecord{}, trust: newTrust(), routes: map[string]string{}, halted: make(chan struct{})}
 	raw, err := st.FleetStateList("")
 	if err != nil {
 		return nil, err
@@ -107,7 +109,29 @@ func (s *State) load(k string, v json.RawMessage) error {
 			return err
 		}
 		s.placements[p.Deployment] = &p
+	case strings.HasPrefix(k, prefixEngine):
+		var e EngineRecord
+		if err := json.Unmarshal(v, &e); err != nil {
+			return err
+		}
+		s.engines[e.Name] = e
+	default:
+		return s.trust.load(k, v)
 	}
+	return nil
+}
+
+// ResetApplied records that no entry of the log was applied yet: a server
+// that starts a new log (its first start with raft, or its raft directory
+// gone) keeps the state its store holds, and applies the new log's
+// entries from the first (their indexes start again at 1).
+func (s *State) ResetApplied() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.st.UpdateFleet(func(fs *store.FleetState) error { return fs.Put(keyApplied, uint64(0)) }); err != nil {
+		return structs.Wrap(structs.CodeStoreUnavailable, err, "reset the applied index")
+	}
+	s.applied = 0
 	return nil
 }
 
@@ -291,7 +315,7 @@ func (s *State) apply(fs *store.FleetState, c Command, at time.Time) (func(), an
 		h.Drained = c.Drain
 		return func() { s.hosts[c.Host] = h }, nil, fs.Put(prefixHost+c.Host, h)
 	case HostRemoved:
-		return s.applyHostRemoved(fs, c)
+		return s.applyHostRemoved(fs, c, at)
 	case Placed:
 		return s.applyPlaced(fs, c)
 	case Unplaced:
@@ -301,6 +325,18 @@ func (s *State) apply(fs *store.FleetState, c Command, at time.Time) (func(), an
 	case ClusterConfigured:
 		rec := &ClusterRecord{Expect: c.Expect}
 		return func() { s.cluster = rec }, nil, fs.Put(keyCluster, rec)
+	case TokenCreated:
+		return s.applyTokenCreated(fs, c, at)
+	case TokenRedeemed:
+		return s.applyTokenRedeemed(fs, c, at)
+	case ServerRemoved:
+		return s.applyServerRemoved(fs, c, at)
+	case ServerAdmitted:
+		return s.applyServerAdmitted(fs, c)
+	case EngineRegistered:
+		return s.applyEngineRegistered(fs, c, at)
+	case EngineRemoved:
+		return s.applyEngineRemoved(fs, c)
 	}
 	if _, extra := extraTypes()[c.CommandType()]; extra {
 		return func() {}, nil, nil // a build's own types change nothing here
@@ -308,7 +344,9 @@ func (s *State) apply(fs *store.FleetState, c Command, at time.Time) (func(), an
 	return nil, nil, structs.Errf(structs.CodeInternal, "command %s has no apply", c.CommandType())
 }
 
-func (s *State) applyHostRemoved(fs *store.FleetState, c HostRemoved) (func(), any, error) {
+// applyHostRemoved forgets a host and revokes its certificates, in one
+// change: every server refuses it from then on.
+func (s *State) applyHostRemoved(fs *store.FleetState, c HostRemoved, at time.Time) (func(), any, error) {
 	for _, p := range s.placements {
 		for _, hs := range p.Hosts {
 			if hs.Host == c.Host {
@@ -317,7 +355,14 @@ func (s *State) applyHostRemoved(fs *store.FleetState, c HostRemoved) (func(), a
 			}
 		}
 	}
-	return func() { delete(s.hosts, c.Host) }, nil, fs.Delete(prefixHost + c.Host)
+	if _, ok := s.hosts[c.Host]; !ok {
+		return nil, nil, structs.Errf(structs.CodeNotFound, "no host %s", c.Host)
+	}
+	revoke, err := s.revokeHost(fs, c.Host, at)
+	if err != nil {
+		return nil, nil, err
+	}
+	return func() { delete(s.hosts, c.Host); revoke() }, nil, fs.Delete(prefixHost + c.Host)
 }
 
 func (s *State) applyPlaced(fs *store.FleetState, c Placed) (func(), any, error) {
@@ -403,7 +448,7 @@ func (s *State) placementsLocked() []*Placement {
 func (s *State) Empty() bool {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	return len(s.hosts) == 0 && len(s.placements) == 0
+	return len(s.hosts) == 0 && len(s.placements) == 0 && len(s.engines) == 0
 }
 
 // RoutesFree refuses a deployment whose name or routes another placed

@@ -476,6 +476,15 @@ func (n *Node) RemoveServer(id string) error {
 	return nil
 }
 
+// TransferLeadership hands the leadership to another voter and returns
+// once one took it (on the leader; not_leader elsewhere).
+func (n *Node) TransferLeadership() error {
+	if err := n.raft.LeadershipTransfer().Error(); err != nil {
+		return n.raftError(err)
+	}
+	return nil
+}
+
 // Snapshot snapshots the state machine now and compacts the log behind it
 // (raft also does both on its own past Tuning's threshold).
 func (n *Node) Snapshot() error {
