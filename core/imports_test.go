@@ -121,6 +121,11 @@ func TestImportGuards(t *testing.T) {
 			},
 		},
 		{
+			name: "the binary links no test support (the testkit, the end-to-end helpers)",
+			pkgs: []string{module + "/cmd/capyctl"}, deps: true,
+			forbidden: under(module+"/plugins-testkit", module+"/cmd/capyctl/internal/e2e"),
+		},
+		{
 			name: "the CLI imports only the agent entry, the client, wire types, job specs and config",
 			pkgs: []string{module + "/cmd/capyctl", module + "/cmd/capyctl/command"},
 			forbidden: func(pkg string) bool {

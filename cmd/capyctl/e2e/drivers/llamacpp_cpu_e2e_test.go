@@ -1,7 +1,7 @@
 // Copyright (c) CapyCTL authors
 // SPDX-License-Identifier: Apache-2.0
 
-package main_test
+package drivers_test
 
 import (
 	"context"
@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capyctl/capyctl/cmd/capyctl/internal/e2e"
 	"github.com/capyctl/capyctl/plugins-testkit/harness"
 )
 
@@ -60,11 +61,11 @@ func TestLlamaCpp_OffloadCharges(t *testing.T) {
 			r.PutModel("stories", map[string]string{"stories260K.gguf": harness.StoriesGGUF()})
 			r.MustDeployFile("stories", storiesLayersSpec(c.layers))
 
-			st := status(t, r, "stories")
+			st := e2e.Status(t, r, "stories")
 			if st.State != "ready" {
 				t.Fatalf("status %+v", st)
 			}
-			mv := memoryOf(t, st)
+			mv := e2e.MemoryOf(t, st)
 			charged := map[string]int64{}
 			for _, d := range mv.Ledger {
 				charged[d.Name] = d.Charged

@@ -1,11 +1,10 @@
 // Copyright (c) CapyCTL authors
 // SPDX-License-Identifier: Apache-2.0
 
-package main_test
+package fleet_test
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"net/http"
 	"path/filepath"
@@ -14,117 +13,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capyctl/capyctl/cmd/capyctl/internal/e2e"
 	"github.com/capyctl/capyctl/core/api/wire"
 	"github.com/capyctl/capyctl/plugins-testkit/conformance"
 	"github.com/capyctl/capyctl/plugins-testkit/harness"
 	"github.com/capyctl/capyctl/plugins-testkit/poll"
 )
-
-// fleet is a server and its hosts, each a separate capyctl process on
-// loopback, driven through the CLI and the APIs only.
-type fleet struct {
-	t      *testing.T
-	server *harness.Role
-	hosts  map[string]*harness.Role
-}
-
-// startFleet starts a server (heartbeats every 300 ms, so a lost host is
-// noticed within a second) and hosts with the given simulated cards, and
-// registers the fake engine on every host through the server.
-func startFleet(t *testing.T, cards map[string]string) *fleet {
-	t.Helper()
-	f := &fleet{t: t, hosts: map[string]*harness.Role{}}
-	f.server = harness.StartServer(t, harness.Options{Args: []string{"--set", "host_heartbeat=300ms"}})
-	for name, mem := range cards {
-		f.hosts[name] = harness.StartHost(t, f.server, harness.HostOptions{Name: name,
-			GPU: harness.SimGPU{DeviceMemory: mem, SystemLimit: "16GiB", SystemReserve: "1GiB"}})
-	}
-	f.waitHosts(len(cards), wire.HostReady)
-	f.server.AddFakeEngine("fake")
-	f.waitEngine("fake")
-	return f
-}
-
-// waitEngine waits until every host lists an engine registered through
-// the server (the hosts' inventories come with their next heartbeat).
-func (f *fleet) waitEngine(name string) {
-	f.t.Helper()
-	poll.Until(f.t, 10*time.Second, "every host lists engine "+name, func() bool {
-		for _, h := range f.hostList() {
-			if !slices.Contains(h.Engines, name) {
-				return false
-			}
-		}
-		return true
-	})
-}
-
-// hostList is `list hosts --json` on the server.
-func (f *fleet) hostList() []wire.Host {
-	f.t.Helper()
-	out, errOut, code := f.server.CLI("list", "hosts", "--json")
-	if code != 0 {
-		f.t.Fatalf("list hosts: exit %d: %s", code, errOut)
-	}
-	var hosts []wire.Host
-	if err := json.Unmarshal([]byte(out), &hosts); err != nil {
-		f.t.Fatalf("list hosts --json: %v\n%s", err, out)
-	}
-	return hosts
-}
-
-func (f *fleet) hostState(name string) string {
-	for _, h := range f.hostList() {
-		if h.Name == name {
-			return h.State
-		}
-	}
-	return ""
-}
-
-// waitHosts waits until n hosts are in state.
-func (f *fleet) waitHosts(n int, state string) {
-	f.t.Helper()
-	poll.Until(f.t, 30*time.Second, "hosts "+state, func() bool {
-		c := 0
-		for _, h := range f.hostList() {
-			if h.State == state {
-				c++
-			}
-		}
-		return c == n
-	})
-}
-
-// deploy writes the model directory on every host and deploys through the
-// server.
-func (f *fleet) deploy(name, spec string, args ...string) (string, string, int) {
-	f.t.Helper()
-	for _, h := range f.hosts {
-		h.WriteFile("models/"+name+"/README", "fake model\n")
-	}
-	return f.server.Deploy(name, spec, args...)
-}
-
-func (f *fleet) status(name string) wire.DeploymentStatus {
-	f.t.Helper()
-	return status(f.t, f.server, name)
-}
-
-// mgmtGet reads a management route of the server into v.
-func (f *fleet) mgmtGet(path string, v any) {
-	f.t.Helper()
-	a := f.mgmtDo(http.MethodGet, path, nil, "")
-	if a.err != nil {
-		f.t.Fatal(a.err)
-	}
-	if a.status != http.StatusOK {
-		f.t.Fatalf("GET %s: %d %s", path, a.status, a.body)
-	}
-	if err := json.Unmarshal([]byte(a.body), v); err != nil {
-		f.t.Fatalf("GET %s: %v\n%s", path, err, a.body)
-	}
-}
 
 // hostsOf lists the hosts of a deployment's instances, in order.
 func hostsOf(st wire.DeploymentStatus) []string {
@@ -136,10 +30,10 @@ func hostsOf(st wire.DeploymentStatus) []string {
 }
 
 func TestFleet_ServerAndThreeHosts(t *testing.T) {
-	f := startFleet(t, map[string]string{"gpu-a": "24GiB", "gpu-b": "24GiB", "gpu-c": "80GiB"})
+	f := e2e.StartFleet(t, map[string]string{"gpu-a": "24GiB", "gpu-b": "24GiB", "gpu-c": "80GiB"})
 
 	// Every host joined over mutual TLS with its own certificate.
-	for _, h := range f.hostList() {
+	for _, h := range f.HostList() {
 		if !h.Online || h.CertExpiresAt == nil || h.LastSeen == nil || len(h.GPUs) != 1 || !slices.Contains(h.Engines, "fake") {
 			t.Fatalf("host %+v: want online, a certificate expiry, a last-seen time, one card and the fake engine", h)
 		}
@@ -148,16 +42,16 @@ func TestFleet_ServerAndThreeHosts(t *testing.T) {
 	// Two replicas spread over two hosts, the one with the most free card
 	// memory first; requests go through the server's relay.
 	spec := strings.Replace(harness.SimpleSpec("demo", "fake"), "  engine = ", "  instances = 2\n  engine = ", 1)
-	if out, errOut, code := f.deploy("demo", spec, "--activate", "--wait"); code != 0 {
-		t.Fatalf("deploy demo: exit %d\n%s%s\nserver:\n%s", code, out, errOut, f.server.Output())
+	if out, errOut, code := f.Deploy("demo", spec, "--activate", "--wait"); code != 0 {
+		t.Fatalf("deploy demo: exit %d\n%s%s\nserver:\n%s", code, out, errOut, f.Server.Output())
 	}
-	st := f.status("demo")
+	st := f.Status("demo")
 	hs := hostsOf(st)
 	if len(hs) != 2 || hs[0] != "gpu-c" || hs[0] == hs[1] || st.ReadyN != 2 {
 		t.Fatalf("demo placed on %v (ready %d), want gpu-c first and two distinct hosts, both ready", hs, st.ReadyN)
 	}
-	chatOK(t, f.server, "demo")
-	resp, err := f.server.Chat(context.Background(), harness.ChatBody("demo", true, "hello"), map[string]string{"X-Request-Id": "client-7"})
+	e2e.ChatOK(t, f.Server, "demo")
+	resp, err := f.Server.Chat(context.Background(), harness.ChatBody("demo", true, "hello"), map[string]string{"X-Request-Id": "client-7"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -171,14 +65,14 @@ func TestFleet_ServerAndThreeHosts(t *testing.T) {
 	// the hosts and the deployment, the load view numbers demo's instances
 	// deployment-wide.
 	for i := 0; i < 4; i++ {
-		chatOK(t, f.server, "demo") // ties go round the hosts: both replicas answer
+		e2e.ChatOK(t, f.Server, "demo") // ties go round the hosts: both replicas answer
 	}
-	snap, err := f.server.Mgmt.Snapshot(context.Background())
+	snap, err := f.Server.Mgmt.Snapshot(context.Background())
 	if err != nil || len(snap.Hosts) != 3 || len(snap.Deployments) != 1 || snap.Role.Role != "server" {
 		t.Fatalf("snapshot: %v %+v", err, snap)
 	}
 	var load wire.LoadResponse
-	f.mgmtGet("/management/v1/metrics/load", &load)
+	f.MgmtGet("/management/v1/metrics/load", &load)
 	if len(load.Deployments) != 1 || len(load.Deployments[0].Requests.Instances) != 2 ||
 		load.Deployments[0].Requests.Instances[0].ID != "demo/0" || load.Deployments[0].Requests.Instances[1].ID != "demo/1" {
 		t.Fatalf("load view: %+v", load)
@@ -187,34 +81,34 @@ func TestFleet_ServerAndThreeHosts(t *testing.T) {
 	// An update reaches every host of the deployment; one that changes the
 	// number of instances is refused (the spread stays as placed).
 	spec2 := strings.Replace(spec, "  model {", "  engine_config {\n    max_concurrent_requests = 16\n  }\n  model {", 1)
-	if out, errOut, code := f.deploy("demo", spec2, "--revision", "1", "--wait"); code != 0 {
+	if out, errOut, code := f.Deploy("demo", spec2, "--revision", "1", "--wait"); code != 0 {
 		t.Fatalf("update demo: exit %d\n%s%s", code, out, errOut)
 	}
-	if st := f.status("demo"); st.Revision != 2 || len(st.Instances) != 2 || st.Instances[0].Revision != 2 || st.Instances[1].Revision != 2 {
+	if st := f.Status("demo"); st.Revision != 2 || len(st.Instances) != 2 || st.Instances[0].Revision != 2 || st.Instances[1].Revision != 2 {
 		t.Fatalf("demo after the update: revision %d, instances %+v", st.Revision, st.Instances)
 	}
 	spec3 := strings.Replace(spec2, "instances = 2", "instances = 3", 1)
-	if _, errOut, code := f.deploy("demo", spec3, "--revision", "2"); code != 5 || !strings.Contains(errOut, "unsupported") {
+	if _, errOut, code := f.Deploy("demo", spec3, "--revision", "2"); code != 5 || !strings.Contains(errOut, "unsupported") {
 		t.Fatalf("an update to 3 instances: exit %d: %s", code, errOut)
 	}
 
 	// placement.hosts pins a deployment; a spec no host has room for is
 	// capacity_blocked, naming each host's refusal.
 	pinned := strings.Replace(harness.SimpleSpec("pinned", "fake"), "  model {", "  placement {\n    hosts = [\"gpu-a\"]\n  }\n  model {", 1)
-	if out, errOut, code := f.deploy("pinned", pinned, "--activate", "--wait"); code != 0 {
+	if out, errOut, code := f.Deploy("pinned", pinned, "--activate", "--wait"); code != 0 {
 		t.Fatalf("deploy pinned: exit %d\n%s%s", code, out, errOut)
 	}
-	if hs := hostsOf(f.status("pinned")); len(hs) != 1 || hs[0] != "gpu-a" {
+	if hs := hostsOf(f.Status("pinned")); len(hs) != 1 || hs[0] != "gpu-a" {
 		t.Fatalf("pinned placed on %v, want [gpu-a]", hs)
 	}
 	// A route another deployment answers is refused, whichever host each
 	// would run on.
 	clash := strings.Replace(harness.SimpleSpec("clash", "fake"), "  model {", "  routes = [\"demo\"]\n  placement {\n    hosts = [\"gpu-b\"]\n  }\n  model {", 1)
-	if _, errOut, code := f.deploy("clash", clash, "--activate"); code == 0 || !strings.Contains(errOut, "conflict") {
+	if _, errOut, code := f.Deploy("clash", clash, "--activate"); code == 0 || !strings.Contains(errOut, "conflict") {
 		t.Fatalf("a second deployment answering demo: exit %d: %s", code, errOut)
 	}
 	huge := strings.Replace(harness.SimpleSpec("huge", "fake"), "  model {", "  resources {\n    gpu = \"200GiB\"\n    ram = \"1GiB\"\n  }\n  model {", 1)
-	_, errOut, code := f.deploy("huge", huge, "--activate", "--json")
+	_, errOut, code := f.Deploy("huge", huge, "--activate", "--json")
 	if code != 4 || !strings.Contains(errOut, "capacity_blocked") || !strings.Contains(errOut, "gpu-a") || !strings.Contains(errOut, "gpu-c") {
 		t.Fatalf("huge: exit %d, want 4 capacity_blocked naming every host\n%s", code, errOut)
 	}
@@ -222,11 +116,11 @@ func TestFleet_ServerAndThreeHosts(t *testing.T) {
 	// Park and wake through the server: the request wakes the instance on
 	// its host, and the host's events reach the server's journal.
 	ectx, ecancel := context.WithTimeout(context.Background(), 30*time.Second)
-	events, err := f.server.Mgmt.Events(ectx, snap.Cursor)
+	events, err := f.Server.Mgmt.Events(ectx, snap.Cursor)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if out, errOut, code := f.server.CLI("park", "deployment", "pinned", "--wait"); code != 0 {
+	if out, errOut, code := f.Server.CLI("park", "deployment", "pinned", "--wait"); code != 0 {
 		t.Fatalf("park pinned: exit %d\n%s%s", code, out, errOut)
 	}
 	for {
@@ -241,56 +135,56 @@ func TestFleet_ServerAndThreeHosts(t *testing.T) {
 	}
 	events.Close()
 	ecancel()
-	if st := f.status("pinned"); st.State != "parked" && st.State != "stopped" {
+	if st := f.Status("pinned"); st.State != "parked" && st.State != "stopped" {
 		t.Fatalf("pinned after park: %s", st.State)
 	}
-	chatOK(t, f.server, "pinned")
+	e2e.ChatOK(t, f.Server, "pinned")
 
 	// Two vLLM models that do not fit on gpu-b's card together: asking one
 	// and then the other switches them on that host (the first parks deep).
 	venv := conformance.FakeVenv(t, t.TempDir(), map[string]string{"vllm": "0.32.0"}, nil)
-	if out, errOut, code := f.server.CLI("engine", "add", venv, "--name", "vllm", "--yes", "--env", "CAPYCTL_FAKE_SIM_WEIGHTS=8GiB"); code != 0 {
+	if out, errOut, code := f.Server.CLI("engine", "add", venv, "--name", "vllm", "--yes", "--env", "CAPYCTL_FAKE_SIM_WEIGHTS=8GiB"); code != 0 {
 		t.Fatalf("engine add vllm: exit %d\n%s%s", code, out, errOut)
 	}
 	for _, name := range []string{"chat-a", "chat-b"} {
-		conformance.FakeModel(t, filepath.Join(f.hosts["gpu-b"].StateDir, "models", name), 1<<20)
-		spec := fmt.Sprintf("deployment %q {\n  engine = \"vllm\"\n  placement {\n    hosts = [\"gpu-b\"]\n  }\n  model {\n    path = \"%s/model\"\n  }\n%s}\n", name, name, switchMemory)
-		if out, errOut, code := f.server.Deploy(name, spec); code != 0 {
+		conformance.FakeModel(t, filepath.Join(f.Hosts["gpu-b"].StateDir, "models", name), 1<<20)
+		spec := fmt.Sprintf("deployment %q {\n  engine = \"vllm\"\n  placement {\n    hosts = [\"gpu-b\"]\n  }\n  model {\n    path = \"%s/model\"\n  }\n%s}\n", name, name, e2e.SwitchMemory)
+		if out, errOut, code := f.Server.Deploy(name, spec); code != 0 {
 			t.Fatalf("deploy %s: exit %d\n%s%s", name, code, out, errOut)
 		}
 	}
-	chatOK(t, f.server, "chat-a")
-	chatOK(t, f.server, "chat-b")
-	if a, b := f.status("chat-a"), f.status("chat-b"); a.Instances[0].State != "parked" || b.Instances[0].State != "ready" ||
+	e2e.ChatOK(t, f.Server, "chat-a")
+	e2e.ChatOK(t, f.Server, "chat-b")
+	if a, b := f.Status("chat-a"), f.Status("chat-b"); a.Instances[0].State != "parked" || b.Instances[0].State != "ready" ||
 		a.Instances[0].Host != "gpu-b" || b.Instances[0].Host != "gpu-b" {
 		t.Fatalf("after chat-b: chat-a %s on %s, chat-b %s on %s; want parked and ready on gpu-b",
 			a.Instances[0].State, a.Instances[0].Host, b.Instances[0].State, b.Instances[0].Host)
 	}
-	chatOK(t, f.server, "chat-a") // and back: chat-a wakes, chat-b parks
-	if a := f.status("chat-a"); a.Instances[0].State != "ready" {
+	e2e.ChatOK(t, f.Server, "chat-a") // and back: chat-a wakes, chat-b parks
+	if a := f.Status("chat-a"); a.Instances[0].State != "ready" {
 		t.Fatalf("chat-a after its request: %s", a.Instances[0].State)
 	}
 
 	// A host agent that goes away: its instance reads uncertain, requests
 	// go to the other replica, and it comes back with its journal, its
 	// engine never restarted.
-	c := f.hosts["gpu-c"]
+	c := f.Hosts["gpu-c"]
 	enginesBefore := harness.EnginePIDs(c.StateDir)
 	if len(enginesBefore) == 0 {
 		t.Fatalf("no engine process under gpu-c's state directory")
 	}
 	c.Kill9()
-	poll.Until(t, 15*time.Second, "gpu-c lost", func() bool { return f.hostState("gpu-c") == wire.HostLost })
-	st = f.status("demo")
+	poll.Until(t, 15*time.Second, "gpu-c lost", func() bool { return f.HostState("gpu-c") == wire.HostLost })
+	st = f.Status("demo")
 	if st.Instances[0].State != "uncertain" || st.Instances[1].State != "ready" {
 		t.Fatalf("demo with gpu-c lost: %+v", st.Instances)
 	}
 	for i := 0; i < 4; i++ {
-		chatOK(t, f.server, "demo") // the replica on the other host answers
+		e2e.ChatOK(t, f.Server, "demo") // the replica on the other host answers
 	}
 	c.Restart()
-	poll.Until(t, 30*time.Second, "gpu-c ready again", func() bool { return f.hostState("gpu-c") == wire.HostReady })
-	poll.Until(t, 30*time.Second, "demo ready on both hosts", func() bool { return f.status("demo").ReadyN == 2 })
+	poll.Until(t, 30*time.Second, "gpu-c ready again", func() bool { return f.HostState("gpu-c") == wire.HostReady })
+	poll.Until(t, 30*time.Second, "demo ready on both hosts", func() bool { return f.Status("demo").ReadyN == 2 })
 	for _, pid := range enginesBefore {
 		if !harness.Alive(pid) {
 			t.Fatalf("engine %d on gpu-c did not survive its host agent's restart", pid)
@@ -300,20 +194,20 @@ func TestFleet_ServerAndThreeHosts(t *testing.T) {
 	// A server restart loses no deployment and restarts no engine; the
 	// hosts reconnect by themselves.
 	all := map[int]bool{}
-	for _, h := range f.hosts {
+	for _, h := range f.Hosts {
 		for _, pid := range harness.EnginePIDs(h.StateDir) {
 			all[pid] = true
 		}
 	}
-	f.server.Stop()
-	f.server.Restart()
-	f.waitHosts(3, wire.HostReady)
+	f.Server.Stop()
+	f.Server.Restart()
+	f.WaitHosts(3, wire.HostReady)
 	for _, name := range []string{"demo", "pinned"} {
-		if st := f.status(name); st.ReadyN == 0 {
+		if st := f.Status(name); st.ReadyN == 0 {
 			t.Fatalf("%s after a server restart: %+v", name, st)
 		}
 	}
-	chatOK(t, f.server, "demo")
+	e2e.ChatOK(t, f.Server, "demo")
 	for pid := range all {
 		if !harness.Alive(pid) {
 			t.Fatalf("engine %d did not survive the server's restart", pid)
@@ -321,48 +215,29 @@ func TestFleet_ServerAndThreeHosts(t *testing.T) {
 	}
 
 	// Drain: no new placement on gpu-b, running ones stay.
-	if _, errOut, code := f.server.CLI("drain", "host", "gpu-b"); code != 0 {
+	if _, errOut, code := f.Server.CLI("drain", "host", "gpu-b"); code != 0 {
 		t.Fatalf("drain host: exit %d: %s", code, errOut)
 	}
-	if out, errOut, code := f.deploy("third", harness.SimpleSpec("third", "fake"), "--activate", "--wait"); code != 0 {
+	if out, errOut, code := f.Deploy("third", harness.SimpleSpec("third", "fake"), "--activate", "--wait"); code != 0 {
 		t.Fatalf("deploy third: exit %d\n%s%s", code, out, errOut)
 	}
-	if hs := hostsOf(f.status("third")); len(hs) != 1 || hs[0] == "gpu-b" {
+	if hs := hostsOf(f.Status("third")); len(hs) != 1 || hs[0] == "gpu-b" {
 		t.Fatalf("third placed on %v, not on the draining gpu-b", hs)
 	}
 	onB := strings.Replace(harness.SimpleSpec("on-b", "fake"), "  model {", "  placement {\n    hosts = [\"gpu-b\"]\n  }\n  model {", 1)
-	if _, errOut, code := f.deploy("on-b", onB, "--activate"); code != 4 || !strings.Contains(errOut, "host_draining") {
+	if _, errOut, code := f.Deploy("on-b", onB, "--activate"); code != 4 || !strings.Contains(errOut, "host_draining") {
 		t.Fatalf("a deployment pinned to the draining host: exit %d: %s", code, errOut)
 	}
 
 	// Delete through the server stops the engines on the hosts.
 	for _, name := range []string{"demo", "pinned", "third", "chat-a", "chat-b"} {
-		if _, errOut, code := f.server.CLI("delete", "deployment", name); code != 0 {
+		if _, errOut, code := f.Server.CLI("delete", "deployment", name); code != 0 {
 			t.Fatalf("delete %s: exit %d: %s", name, code, errOut)
 		}
 	}
-	for name, h := range f.hosts {
+	for name, h := range f.Hosts {
 		poll.Until(t, 30*time.Second, "no engine left on "+name, func() bool { return len(harness.EnginePIDs(h.StateDir)) == 0 })
 	}
-}
-
-// hostLedger reads a host's ledger through the server.
-func (f *fleet) hostCharged(name string) (charged, room int64) {
-	f.t.Helper()
-	out, errOut, code := f.server.CLI("status", "host", name, "--json")
-	if code != 0 {
-		f.t.Fatalf("status host %s: exit %d: %s", name, code, errOut)
-	}
-	var h wire.HostDetail
-	if err := json.Unmarshal([]byte(out), &h); err != nil {
-		f.t.Fatalf("status host --json: %v\n%s", err, out)
-	}
-	for _, d := range h.Ledger {
-		m, _ := d.(map[string]any)
-		c, _ := m["charged_bytes"].(float64)
-		charged += int64(c)
-	}
-	return charged, 0
 }
 
 // TestFleet_PartitionHeals cuts a host off the server with a proxy that
@@ -371,30 +246,30 @@ func (f *fleet) hostCharged(name string) (charged, room int64) {
 // fail fast, and once healed the host reconnects with its journal, its
 // engine neither restarted nor started twice.
 func TestFleet_PartitionHeals(t *testing.T) {
-	f := &fleet{t: t, hosts: map[string]*harness.Role{}}
-	f.server = harness.StartServer(t, harness.Options{Args: []string{"--set", "host_heartbeat=300ms"}})
-	f.hosts["gpu-a"] = harness.StartHost(t, f.server, harness.HostOptions{Name: "gpu-a"})
-	token, cluster := f.server.JoinToken("")
+	f := &e2e.Fleet{T: t, Hosts: map[string]*harness.Role{}}
+	f.Server = harness.StartServer(t, harness.Options{Args: []string{"--set", "host_heartbeat=300ms"}})
+	f.Hosts["gpu-a"] = harness.StartHost(t, f.Server, harness.HostOptions{Name: "gpu-a"})
+	token, cluster := f.Server.JoinToken("")
 	proxy := harness.NewPartition(t, cluster)
-	f.hosts["gpu-b"] = harness.StartHostWith(t, proxy.Addr(), token, harness.HostOptions{Name: "gpu-b", GPU: harness.SimGPU{DeviceMemory: "80GiB"}})
-	f.waitHosts(2, wire.HostReady)
-	f.server.AddFakeEngine("fake")
-	f.waitEngine("fake")
+	f.Hosts["gpu-b"] = harness.StartHostWith(t, proxy.Addr(), token, harness.HostOptions{Name: "gpu-b", GPU: harness.SimGPU{DeviceMemory: "80GiB"}})
+	f.WaitHosts(2, wire.HostReady)
+	f.Server.AddFakeEngine("fake")
+	f.WaitEngine("fake")
 	pinned := strings.Replace(harness.SimpleSpec("demo", "fake"), "  model {", "  placement {\n    hosts = [\"gpu-b\"]\n  }\n  model {", 1)
-	if out, errOut, code := f.deploy("demo", pinned, "--activate", "--wait"); code != 0 {
+	if out, errOut, code := f.Deploy("demo", pinned, "--activate", "--wait"); code != 0 {
 		t.Fatalf("deploy demo: exit %d\n%s%s", code, out, errOut)
 	}
-	b := f.hosts["gpu-b"]
+	b := f.Hosts["gpu-b"]
 	engines := harness.EnginePIDs(b.StateDir)
 	if len(engines) != 1 {
 		t.Fatalf("engines on gpu-b: %v, want one", engines)
 	}
-	chargedBefore, _ := f.hostCharged("gpu-b")
+	chargedBefore := f.HostCharged("gpu-b")
 
 	proxy.Cut(false)
-	poll.Until(t, 15*time.Second, "gpu-b lost", func() bool { return f.hostState("gpu-b") == wire.HostLost })
+	poll.Until(t, 15*time.Second, "gpu-b lost", func() bool { return f.HostState("gpu-b") == wire.HostLost })
 	// Requests for its model fail fast, coded, with Retry-After.
-	resp, err := f.server.Chat(context.Background(), harness.ChatBody("demo", false, "hi"), nil)
+	resp, err := f.Server.Chat(context.Background(), harness.ChatBody("demo", false, "hi"), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -405,27 +280,27 @@ func TestFleet_PartitionHeals(t *testing.T) {
 	// Nothing is placed on the lost host, and it cannot be deleted while
 	// its engine would be left behind.
 	more := strings.Replace(harness.SimpleSpec("more", "fake"), "  model {", "  placement {\n    hosts = [\"gpu-b\"]\n  }\n  model {", 1)
-	if _, errOut, code := f.deploy("more", more, "--activate"); code != 4 || !strings.Contains(errOut, "capacity_blocked") {
+	if _, errOut, code := f.Deploy("more", more, "--activate"); code != 4 || !strings.Contains(errOut, "capacity_blocked") {
 		t.Fatalf("deploy on the lost host: exit %d: %s", code, errOut)
 	}
-	if _, errOut, code := f.server.CLI("delete", "deployment", "demo"); code != 4 || !strings.Contains(errOut, "host_unreachable") {
+	if _, errOut, code := f.Server.CLI("delete", "deployment", "demo"); code != 4 || !strings.Contains(errOut, "host_unreachable") {
 		t.Fatalf("delete during the partition: exit %d: %s", code, errOut)
 	}
-	if st := f.status("demo"); st.Instances[0].State != "uncertain" {
+	if st := f.Status("demo"); st.Instances[0].State != "uncertain" {
 		t.Fatalf("demo during the partition: %+v", st.Instances)
 	}
 
 	proxy.Heal()
-	poll.Until(t, 30*time.Second, "gpu-b back", func() bool { return f.hostState("gpu-b") == wire.HostReady })
-	poll.Until(t, 30*time.Second, "demo ready again", func() bool { return f.status("demo").ReadyN == 1 })
-	chatOK(t, f.server, "demo")
+	poll.Until(t, 30*time.Second, "gpu-b back", func() bool { return f.HostState("gpu-b") == wire.HostReady })
+	poll.Until(t, 30*time.Second, "demo ready again", func() bool { return f.Status("demo").ReadyN == 1 })
+	e2e.ChatOK(t, f.Server, "demo")
 	if now := harness.EnginePIDs(b.StateDir); len(now) != 1 || now[0] != engines[0] {
 		t.Fatalf("engines on gpu-b after the partition: %v, before %v: restarted or started twice", now, engines)
 	}
-	if len(harness.EnginePIDs(f.hosts["gpu-a"].StateDir)) != 0 {
+	if len(harness.EnginePIDs(f.Hosts["gpu-a"].StateDir)) != 0 {
 		t.Fatal("an engine started on gpu-a during the partition")
 	}
-	if charged, _ := f.hostCharged("gpu-b"); charged != chargedBefore {
+	if charged := f.HostCharged("gpu-b"); charged != chargedBefore {
 		t.Fatalf("gpu-b's ledger charges %d after the partition, %d before", charged, chargedBefore)
 	}
 }
@@ -437,8 +312,8 @@ func TestFleet_JoinRefusals(t *testing.T) {
 	server := harness.StartServer(t, harness.Options{Args: []string{"--set", "host_heartbeat=300ms"}})
 	token, cluster := server.JoinToken("")
 	host := harness.StartHostWith(t, cluster, token, harness.HostOptions{Name: "gpu-a"})
-	f := &fleet{t: t, server: server, hosts: map[string]*harness.Role{"gpu-a": host}}
-	f.waitHosts(1, wire.HostReady)
+	f := &e2e.Fleet{T: t, Server: server, Hosts: map[string]*harness.Role{"gpu-a": host}}
+	f.WaitHosts(1, wire.HostReady)
 
 	bin, _ := harness.Binaries(t)
 	_, errOut, code := harness.RunCLI(t, bin, []string{"start", "host", "--state-dir", t.TempDir(), "--server", cluster, "--hostname", "gpu-b",
@@ -455,10 +330,10 @@ func TestFleet_JoinRefusals(t *testing.T) {
 		out, _, code := server.CLI("list", "deployments")
 		return code == 0 && strings.Contains(out, "local")
 	})
-	if st := f.status("local"); len(st.Instances) != 1 || st.Instances[0].Host != "gpu-a" || st.ReadyN != 1 {
+	if st := f.Status("local"); len(st.Instances) != 1 || st.Instances[0].Host != "gpu-a" || st.ReadyN != 1 {
 		t.Fatalf("adopted deployment: %+v", st)
 	}
-	chatOK(t, server, "local")
+	e2e.ChatOK(t, server, "local")
 	if _, errOut, code := server.CLI("delete", "deployment", "local"); code != 0 {
 		t.Fatalf("delete the adopted deployment: exit %d: %s", code, errOut)
 	}
@@ -470,12 +345,12 @@ func TestFleet_JoinRefusals(t *testing.T) {
 		t.Fatalf("the host restarted under another name: exit %d: %s", code, errOut)
 	}
 	host.Restart()
-	f.waitHosts(1, wire.HostReady)
+	f.WaitHosts(1, wire.HostReady)
 
 	if _, errOut, code := server.CLI("remove", "host", "gpu-a"); code != 0 {
 		t.Fatalf("remove host: exit %d: %s", code, errOut)
 	}
-	if hs := f.hostList(); len(hs) != 0 {
+	if hs := f.HostList(); len(hs) != 0 {
 		t.Fatalf("hosts after the removal: %+v", hs)
 	}
 	poll.Until(t, 15*time.Second, "the removed host told it is refused", func() bool {
@@ -485,7 +360,7 @@ func TestFleet_JoinRefusals(t *testing.T) {
 	if !strings.Contains(host.Output(), "host_revoked") {
 		t.Fatalf("the removed host stopped without host_revoked:\n%s", host.Output())
 	}
-	if hs := f.hostList(); len(hs) != 0 {
+	if hs := f.HostList(); len(hs) != 0 {
 		t.Fatalf("the removed host came back: %+v", hs)
 	}
 }

@@ -1,7 +1,7 @@
 // Copyright (c) CapyCTL authors
 // SPDX-License-Identifier: Apache-2.0
 
-package main_test
+package cli_test
 
 import (
 	"encoding/json"
@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/capyctl/capyctl/cmd/capyctl/internal/e2e"
 	"github.com/capyctl/capyctl/core/router"
 	"github.com/capyctl/capyctl/plugins-testkit/harness"
 )
@@ -17,7 +18,7 @@ import (
 // deployment on a (fake) vLLM, woken by the request, whole and streamed,
 // and lists the model's endpoints in /v1/models.
 func TestRole_Completions(t *testing.T) {
-	r := switchRole(t, map[string][]string{"vllm": nil}, map[string][2]string{"qwen": {"vllm", ""}})
+	r := e2e.SwitchRole(t, map[string][]string{"vllm": nil}, map[string][2]string{"qwen": {"vllm", ""}})
 	post := func(path, body string) (*http.Response, string) {
 		t.Helper()
 		req, _ := http.NewRequest(http.MethodPost, r.InferenceURL()+path, strings.NewReader(body))

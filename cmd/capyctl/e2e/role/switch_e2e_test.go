@@ -1,12 +1,11 @@
 // Copyright (c) CapyCTL authors
 // SPDX-License-Identifier: Apache-2.0
 
-package main_test
+package role_test
 
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -14,46 +13,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capyctl/capyctl/cmd/capyctl/internal/e2e"
 	"github.com/capyctl/capyctl/core/api/wire"
 	"github.com/capyctl/capyctl/plugins-testkit/conformance"
 	"github.com/capyctl/capyctl/plugins-testkit/harness"
 )
-
-// The card is 24 GiB (22.1 GiB managed). Each model is declared at 14 GiB
-// ready and startup, and the fake engine holds 8 GiB of weights on the
-// simulated card: one model fits, two do not, and one ready model beside
-// the other's parked residue does.
-const switchMemory = `  engine_config {
-    memory {
-      request = "14GiB"
-      startup = "14GiB"
-    }
-  }
-`
-
-// switchRole starts a role on one simulated 24 GiB card with fake vLLM
-// engines registered (name → extra `engine add` arguments) and deployments
-// (name → engine, extra spec lines).
-func switchRole(t *testing.T, engines map[string][]string, deps map[string][2]string) *harness.Role {
-	t.Helper()
-	r := harness.StartSimulated(t, harness.SimGPU{DeviceMemory: "24GiB", SystemLimit: "16GiB", SystemReserve: "1GiB"}, harness.Options{})
-	for name, extra := range engines {
-		venv := conformance.FakeVenv(t, t.TempDir(), map[string]string{"vllm": "0.32.0"}, nil)
-		args := append([]string{"engine", "add", venv, "--name", name, "--yes", "--env", "CAPYCTL_FAKE_SIM_WEIGHTS=8GiB"}, extra...)
-		if out, errOut, code := r.CLI(args...); code != 0 {
-			t.Fatalf("engine add %s: exit %d\n%s%s", name, code, out, errOut)
-		}
-	}
-	for name, d := range deps {
-		conformance.FakeModel(t, filepath.Join(r.StateDir, "models", name), 1<<20)
-		spec := fmt.Sprintf("deployment %q {\n  engine = %q\n  model {\n    path = \"%s/model\"\n  }\n%s%s}\n", name, d[0], name, switchMemory, d[1])
-		f := r.WriteFile("specs/"+name+".hcl", spec)
-		if out, errOut, code := r.CLI("deploy", "--file", f); code != 0 {
-			t.Fatalf("deploy %s: exit %d\n%s%s", name, code, out, errOut)
-		}
-	}
-	return r
-}
 
 func deploymentStatus(t *testing.T, r *harness.Role, name string) wire.DeploymentStatus {
 	t.Helper()
@@ -131,7 +95,7 @@ func num(v any) float64 {
 }
 
 func TestSwitch_AlternatingRequestsParkTheOther(t *testing.T) {
-	r := switchRole(t, map[string][]string{"vllm": nil}, map[string][2]string{"a": {"vllm", ""}, "b": {"vllm", ""}})
+	r := e2e.SwitchRole(t, map[string][]string{"vllm": nil}, map[string][2]string{"a": {"vllm", ""}, "b": {"vllm", ""}})
 	pids := map[string]int{}
 	other := map[string]string{"a": "b", "b": "a"}
 	for round := 0; round < 3; round++ {
@@ -183,7 +147,7 @@ func TestSwitch_AlternatingRequestsParkTheOther(t *testing.T) {
 
 func TestSwitch_StartEvictAndIdleTimers(t *testing.T) {
 	idle := "  lifecycle {\n    ready_idle_timeout  = \"1s\"\n    parked_idle_timeout = \"1s\"\n  }\n"
-	r := switchRole(t, map[string][]string{"vllm": nil}, map[string][2]string{"a": {"vllm", ""}, "b": {"vllm", idle}})
+	r := e2e.SwitchRole(t, map[string][]string{"vllm": nil}, map[string][2]string{"a": {"vllm", ""}, "b": {"vllm", idle}})
 	if out, errOut, code := r.CLI("start", "deployment", "a", "--wait"); code != 0 {
 		t.Fatalf("start a: exit %d %s%s", code, out, errOut)
 	}
@@ -215,7 +179,7 @@ func TestSwitch_StartEvictAndIdleTimers(t *testing.T) {
 }
 
 func TestSwitch_WakeCheckMismatchStops(t *testing.T) {
-	r := switchRole(t, map[string][]string{"drifty": {"--env", "CAPYCTL_FAKE_WAKE_DRIFT=true"}}, map[string][2]string{"a": {"drifty", ""}})
+	r := e2e.SwitchRole(t, map[string][]string{"drifty": {"--env", "CAPYCTL_FAKE_WAKE_DRIFT=true"}}, map[string][2]string{"a": {"drifty", ""}})
 	if code, body := chat(t, r, "a"); code != 200 {
 		t.Fatalf("first request: %d %s", code, body)
 	}
@@ -239,7 +203,7 @@ func TestSwitch_WakeCheckMismatchStops(t *testing.T) {
 
 func TestSwitch_KillCoreDuringSwitch(t *testing.T) {
 	hold := filepath.Join(t.TempDir(), "release-b")
-	r := switchRole(t,
+	r := e2e.SwitchRole(t,
 		map[string][]string{"vllm-a": nil, "vllm-b": {"--env", "CAPYCTL_FAKE_HOLD_STARTUP_FILE=" + hold}},
 		map[string][2]string{"a": {"vllm-a", ""}, "b": {"vllm-b", ""}})
 	if code, body := chat(t, r, "a"); code != 200 {

@@ -1,7 +1,7 @@
 // Copyright (c) CapyCTL authors
 // SPDX-License-Identifier: Apache-2.0
 
-package main_test
+package cluster_test
 
 import (
 	"encoding/json"
@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capyctl/capyctl/cmd/capyctl/internal/e2e"
 	"github.com/capyctl/capyctl/core/api/wire"
 	"github.com/capyctl/capyctl/core/pki"
 	"github.com/capyctl/capyctl/plugins-testkit/harness"
@@ -71,7 +72,7 @@ func TestServers_TrustIsTheClusters(t *testing.T) {
 	s1 := harness.StartFirstServer(t, "s1", 3, fast)
 	s2 := harness.JoinServer(t, s1, "s2", fast)
 	s3 := harness.JoinServer(t, s2, "s3", fast)
-	poll.Until(t, 20*time.Second, "three voters caught up", func() bool { return caughtUp(s3, 3) })
+	poll.Until(t, 20*time.Second, "three voters caught up", func() bool { return e2e.CaughtUp(s3, 3) })
 	for _, r := range []*harness.Role{s2, s3} {
 		if *r.Creds != *s1.Creds {
 			t.Fatalf("server %s holds credentials of its own", r.Info.Host)
@@ -79,7 +80,7 @@ func TestServers_TrustIsTheClusters(t *testing.T) {
 	}
 
 	follower := s2
-	if leaderOf(s2) == "s2" {
+	if e2e.LeaderOf(s2) == "s2" {
 		follower = s3
 	}
 	token, _ := follower.JoinToken("")
@@ -112,7 +113,7 @@ func TestServers_TrustIsTheClusters(t *testing.T) {
 		t.Fatalf("the removed host exited %d, want 3\n%s", code, a.Output())
 	}
 	for _, r := range []*harness.Role{s1, s2, s3} {
-		if slices.Contains(hostNames(t, r), "gpu-a") {
+		if slices.Contains(e2e.HostNames(t, r), "gpu-a") {
 			t.Fatalf("server %s still lists the removed host", r.Info.Host)
 		}
 	}

@@ -1,7 +1,7 @@
 // Copyright (c) CapyCTL authors
 // SPDX-License-Identifier: Apache-2.0
 
-package main_test
+package drivers_test
 
 import (
 	"strings"
@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capyctl/capyctl/cmd/capyctl/internal/e2e"
 	"github.com/capyctl/capyctl/plugins-testkit/harness"
 	"github.com/capyctl/capyctl/sdk/proc"
 )
@@ -17,16 +18,19 @@ import (
 // family's start, and is replaced while its engine keeps serving.
 func TestDrivers_StoppedDriverIsReplaced(t *testing.T) {
 	// A short call deadline; pings slow enough that the call below meets
-	// the stopped driver, not its replacement.
+	// the stopped driver, not its replacement: the driver is killed after
+	// two missed pings in a row, at least 6 s after the stop (each ping
+	// waits 3 s, one at a time), against about 1 s for the call. The
+	// defaults (5 s and 5 s) would keep the test waiting 15 s.
 	r := harness.StartSimulated(t, harness.SimGPU{}, harness.Options{Args: []string{
 		"--set", "drivers.call_timeout=1s",
-		"--set", "drivers.ping_interval=5s", "--set", "drivers.ping_timeout=5s",
+		"--set", "drivers.ping_interval=2s", "--set", "drivers.ping_timeout=3s",
 	}})
 	r.AddFakeEngine("fake")
 	r.MustDeploy("demo", harness.SimpleSpec("demo", "fake"))
 	r.AddLlamaServer("llamacpp")
 	r.PutModel("stories", map[string]string{"stories260K.gguf": harness.StoriesGGUF()})
-	engine := status(t, r, "demo").Instances[0].PID
+	engine := e2e.Status(t, r, "demo").Instances[0].PID
 	drivers := harness.DriverPIDs(r.StateDir, "custom")
 	if len(drivers) != 1 {
 		t.Fatalf("custom driver processes %v", drivers)
@@ -44,7 +48,7 @@ func TestDrivers_StoppedDriverIsReplaced(t *testing.T) {
 	}
 	// (b) Another family's start proceeds.
 	r.MustDeployFile("stories", storiesSpec)
-	if st := status(t, r, "stories"); st.State != "ready" {
+	if st := e2e.Status(t, r, "stories"); st.State != "ready" {
 		t.Fatalf("the llama.cpp deployment: %s", st.State)
 	}
 	// (c) The stopped driver is killed and a new one launched; the engine
@@ -57,10 +61,10 @@ func TestDrivers_StoppedDriverIsReplaced(t *testing.T) {
 		t.Fatalf("the engine %d died with its driver", engine)
 	}
 	harness.Eventually(t, 30*time.Second, "demo ready on its engine", func() bool {
-		st := status(t, r, "demo")
+		st := e2e.Status(t, r, "demo")
 		return st.State == "ready" && st.Instances[0].PID == engine
 	})
-	chatOK(t, r, "demo")
+	e2e.ChatOK(t, r, "demo")
 	// The new driver has the engine: a stop goes through it.
 	if _, errOut, code := r.CLI("stop", "deployment", "demo", "--wait"); code != 0 {
 		t.Fatalf("stop: %s", errOut)
@@ -92,7 +96,7 @@ func TestDrivers_NoOrphanDriverAfterCrash(t *testing.T) {
 
 // The role and its drivers write no core file.
 func TestDrivers_RoleAndDriversDumpNoCore(t *testing.T) {
-	r := startWithDemo(t)
+	r := e2e.StartWithDemo(t)
 	drivers := harness.DriverPIDs(r.StateDir, "custom")
 	if len(drivers) != 1 {
 		t.Fatalf("driver processes %v", drivers)

@@ -1,7 +1,7 @@
 // Copyright (c) CapyCTL authors
 // SPDX-License-Identifier: Apache-2.0
 
-package main_test
+package fleet_test
 
 import (
 	"bufio"
@@ -21,6 +21,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capyctl/capyctl/cmd/capyctl/internal/e2e"
 	"github.com/capyctl/capyctl/core/api/wire"
 	"github.com/capyctl/capyctl/plugins-testkit/harness"
 	"github.com/capyctl/capyctl/plugins-testkit/poll"
@@ -32,44 +33,18 @@ import (
 
 // startFaultFleet is startFleet with extra fake-engine arguments and extra
 // server arguments.
-func startFaultFleet(t *testing.T, cards map[string]string, serverArgs []string, engineArgs ...string) *fleet {
+func startFaultFleet(t *testing.T, cards map[string]string, serverArgs []string, engineArgs ...string) *e2e.Fleet {
 	t.Helper()
-	f := &fleet{t: t, hosts: map[string]*harness.Role{}}
-	f.server = harness.StartServer(t, harness.Options{Args: append([]string{"--set", "host_heartbeat=300ms"}, serverArgs...)})
+	f := &e2e.Fleet{T: t, Hosts: map[string]*harness.Role{}}
+	f.Server = harness.StartServer(t, harness.Options{Args: append([]string{"--set", "host_heartbeat=300ms"}, serverArgs...)})
 	for name, mem := range cards {
-		f.hosts[name] = harness.StartHost(t, f.server, harness.HostOptions{Name: name,
+		f.Hosts[name] = harness.StartHost(t, f.Server, harness.HostOptions{Name: name,
 			GPU: harness.SimGPU{DeviceMemory: mem, SystemLimit: "16GiB", SystemReserve: "1GiB"}})
 	}
-	f.waitHosts(len(cards), wire.HostReady)
-	f.server.AddFakeEngine("fake", engineArgs...)
-	f.waitEngine("fake")
+	f.WaitHosts(len(cards), wire.HostReady)
+	f.Server.AddFakeEngine("fake", engineArgs...)
+	f.WaitEngine("fake")
 	return f
-}
-
-// mgmtAnswer is one management call's answer.
-type mgmtAnswer struct {
-	status int
-	header http.Header
-	body   string
-	err    error
-}
-
-// mgmtDo makes one call on the server's management API.
-func (f *fleet) mgmtDo(method, path string, headers map[string]string, body string) mgmtAnswer {
-	req, err := http.NewRequest(method, "http://"+f.server.Info.Management+path, strings.NewReader(body))
-	if err != nil {
-		return mgmtAnswer{err: err}
-	}
-	req.Header.Set("Authorization", "Bearer "+f.server.Creds.AdminToken)
-	req.Header.Set("Content-Type", "application/json")
-	for k, v := range headers {
-		req.Header.Set(k, v)
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return mgmtAnswer{err: err}
-	}
-	return mgmtAnswer{status: resp.StatusCode, header: resp.Header, body: harness.ReadAll(resp)}
 }
 
 // errorCode is the catalogue code of a management or inference error
@@ -113,25 +88,6 @@ func hostInstances(t *testing.T, h *harness.Role, name string) int {
 	return n
 }
 
-// ledgerWithinLimits reads a host's ledger through the server and reports
-// any domain charged over its room.
-func (f *fleet) ledgerWithinLimits(host string) (string, bool) {
-	a := f.mgmtDo(http.MethodGet, wire.Prefix+"/hosts/"+host+"/ledger", nil, "")
-	if a.err != nil || a.status != http.StatusOK {
-		return "", true // out of reach now: nothing to check
-	}
-	var v wire.LedgerView
-	if err := json.Unmarshal([]byte(a.body), &v); err != nil {
-		return fmt.Sprintf("ledger of %s: %v", host, err), false
-	}
-	for _, d := range v.Domains {
-		if d.Charged > d.Room {
-			return fmt.Sprintf("host %s's domain %s charged %d over its room %d (owners %+v)", host, d.Name, d.Charged, d.Room, v.Owners), false
-		}
-	}
-	return "", true
-}
-
 func withInstancesLine(spec string, n int) string {
 	return strings.Replace(spec, "  engine = ", fmt.Sprintf("  instances = %d\n  engine = ", n), 1)
 }
@@ -156,50 +112,50 @@ func withGPU(spec, gpu string) string {
 func TestFleetFaults_DeployRetriedWithSameKey(t *testing.T) {
 	hold := filepath.Join(t.TempDir(), "release")
 	f := startFaultFleet(t, map[string]string{"gpu-a": "24GiB", "gpu-b": "24GiB"}, nil, "--hold-startup-file", hold)
-	for _, h := range f.hosts {
+	for _, h := range f.Hosts {
 		h.WriteFile("models/idem/README", "fake model\n")
 	}
 	body := `{"deployment": {"name": "idem", "engine": "fake", "instances": 2, "model": {"path": "idem"}}, "activate": true}`
 	key := map[string]string{"Idempotency-Key": "fleet-faults-idem-1"}
 
-	first, second := make(chan mgmtAnswer, 1), make(chan mgmtAnswer, 1)
-	go func() { first <- f.mgmtDo(http.MethodPost, wire.Prefix+"/deployments", key, body) }()
+	first, second := make(chan e2e.MgmtAnswer, 1), make(chan e2e.MgmtAnswer, 1)
+	go func() { first <- f.MgmtDo(http.MethodPost, wire.Prefix+"/deployments", key, body) }()
 	// The first call is in flight once both hosts' engines are loading.
 	poll.Until(t, 30*time.Second, "an engine loading on each host", func() bool {
-		return len(harness.EnginePIDs(f.hosts["gpu-a"].StateDir)) > 0 && len(harness.EnginePIDs(f.hosts["gpu-b"].StateDir)) > 0
+		return len(harness.EnginePIDs(f.Hosts["gpu-a"].StateDir)) > 0 && len(harness.EnginePIDs(f.Hosts["gpu-b"].StateDir)) > 0
 	})
-	go func() { second <- f.mgmtDo(http.MethodPost, wire.Prefix+"/deployments", key, body) }()
+	go func() { second <- f.MgmtDo(http.MethodPost, wire.Prefix+"/deployments", key, body) }()
 	time.Sleep(300 * time.Millisecond) // give the retry time to arrive while the first places (not asserted)
 	if err := os.WriteFile(hold, nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
 	a1, a2 := <-first, <-second
-	if a1.err != nil || a1.status != http.StatusCreated {
-		t.Fatalf("first deploy: %v %d %s\nserver:\n%s", a1.err, a1.status, a1.body, f.server.Output())
+	if a1.Err != nil || a1.Status != http.StatusCreated {
+		t.Fatalf("first deploy: %v %d %s\nserver:\n%s", a1.Err, a1.Status, a1.Body, f.Server.Output())
 	}
-	if a2.err != nil || a2.status != a1.status || a2.header.Get(wire.HeaderReplayed) != "true" || a2.body != a1.body {
+	if a2.Err != nil || a2.Status != a1.Status || a2.Header.Get(wire.HeaderReplayed) != "true" || a2.Body != a1.Body {
 		t.Errorf("a retry with the same key while the first was placing: %v %d (replayed %q) %s\nwant the first answer replayed: %d %s",
-			a2.err, a2.status, a2.header.Get(wire.HeaderReplayed), a2.body, a1.status, a1.body)
+			a2.Err, a2.Status, a2.Header.Get(wire.HeaderReplayed), a2.Body, a1.Status, a1.Body)
 	}
-	a3 := f.mgmtDo(http.MethodPost, wire.Prefix+"/deployments", key, body)
-	if a3.err != nil || a3.status != a1.status || a3.header.Get(wire.HeaderReplayed) != "true" || a3.body != a1.body {
+	a3 := f.MgmtDo(http.MethodPost, wire.Prefix+"/deployments", key, body)
+	if a3.Err != nil || a3.Status != a1.Status || a3.Header.Get(wire.HeaderReplayed) != "true" || a3.Body != a1.Body {
 		t.Errorf("a retry with the same key after the first: %v %d (replayed %q) %s\nwant the first answer replayed: %d %s",
-			a3.err, a3.status, a3.header.Get(wire.HeaderReplayed), a3.body, a1.status, a1.body)
+			a3.Err, a3.Status, a3.Header.Get(wire.HeaderReplayed), a3.Body, a1.Status, a1.Body)
 	}
 	// The same key with another body is idempotency_conflict.
 	other := strings.Replace(body, `"instances": 2`, `"instances": 1`, 1)
-	if a4 := f.mgmtDo(http.MethodPost, wire.Prefix+"/deployments", key, other); a4.status != http.StatusConflict || errorCode(a4.body) != "idempotency_conflict" {
-		t.Errorf("the same key with another body: %d %s, want 409 idempotency_conflict", a4.status, a4.body)
+	if a4 := f.MgmtDo(http.MethodPost, wire.Prefix+"/deployments", key, other); a4.Status != http.StatusConflict || errorCode(a4.Body) != "idempotency_conflict" {
+		t.Errorf("the same key with another body: %d %s, want 409 idempotency_conflict", a4.Status, a4.Body)
 	}
 
 	// One instance per host, started once.
-	poll.UntilSlow(t, 30*time.Second, "idem ready on both hosts", func() bool { return f.status("idem").ReadyN == 2 })
-	st := f.status("idem")
+	poll.UntilSlow(t, 30*time.Second, "idem ready on both hosts", func() bool { return f.Status("idem").ReadyN == 2 })
+	st := f.Status("idem")
 	if hs := hostsOf(st); len(hs) != 2 || hs[0] == hs[1] {
 		t.Fatalf("idem placed on %v, want two distinct hosts", hs)
 	}
 	pids := map[string][]int{}
-	for name, h := range f.hosts {
+	for name, h := range f.Hosts {
 		if n := hostInstances(t, h, "idem"); n != 1 {
 			t.Errorf("host %s runs %d instances of idem, want 1", name, n)
 		}
@@ -208,8 +164,8 @@ func TestFleetFaults_DeployRetriedWithSameKey(t *testing.T) {
 	if len(pids["gpu-a"]) == 0 || len(pids["gpu-a"]) != len(pids["gpu-b"]) {
 		t.Errorf("engine processes per host: %v, want the same count (one instance) on each", pids)
 	}
-	chatOK(t, f.server, "idem")
-	for name, h := range f.hosts {
+	e2e.ChatOK(t, f.Server, "idem")
+	for name, h := range f.Hosts {
 		if now := harness.EnginePIDs(h.StateDir); !slices.Equal(now, pids[name]) {
 			t.Errorf("engines on %s changed: %v, then %v", name, pids[name], now)
 		}
@@ -231,7 +187,7 @@ func TestFleetFaults_ConcurrentDeploysNeverOvercommit(t *testing.T) {
 		specs[name] = withGPU(harness.SimpleSpec(name, "fake"), "14GiB")
 	}
 	for name := range specs {
-		for _, h := range f.hosts {
+		for _, h := range f.Hosts {
 			h.WriteFile("models/"+name+"/README", "fake model\n")
 		}
 	}
@@ -248,7 +204,7 @@ func TestFleetFaults_ConcurrentDeploysNeverOvercommit(t *testing.T) {
 		defer close(sampled)
 		for {
 			for _, h := range []string{"gpu-a", "gpu-b"} {
-				if msg, ok := f.ledgerWithinLimits(h); !ok {
+				if msg, ok := f.LedgerWithinLimits(h); !ok {
 					over.Store(msg)
 				}
 			}
@@ -264,7 +220,7 @@ func TestFleetFaults_ConcurrentDeploysNeverOvercommit(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			out, errOut, code := f.server.Deploy(name, spec, "--activate", "--wait")
+			out, errOut, code := f.Server.Deploy(name, spec, "--activate", "--wait")
 			results <- result{name, out, errOut, code}
 		}()
 	}
@@ -276,7 +232,7 @@ func TestFleetFaults_ConcurrentDeploysNeverOvercommit(t *testing.T) {
 	placed := map[string]string{} // deployment → host
 	for r := range results {
 		if r.code == 0 {
-			hs := hostsOf(f.status(r.name))
+			hs := hostsOf(f.Status(r.name))
 			if len(hs) != 1 {
 				t.Errorf("%s placed on %v, want one host", r.name, hs)
 				continue
@@ -307,18 +263,18 @@ func TestFleetFaults_ConcurrentDeploysNeverOvercommit(t *testing.T) {
 	}
 	// What each host runs is what the server placed: no refused deployment
 	// left behind on a host.
-	for hname, h := range f.hosts {
+	for hname, h := range f.Hosts {
 		for _, d := range hostDeployments(t, h) {
 			if placed[d.Name] != hname {
 				t.Errorf("host %s holds deployment %s (%s), which the server placed on %q", hname, d.Name, d.State, placed[d.Name])
 			}
 		}
-		if msg, ok := f.ledgerWithinLimits(hname); !ok {
+		if msg, ok := f.LedgerWithinLimits(hname); !ok {
 			t.Error(msg)
 		}
 	}
 	var list []wire.DeploymentStatus
-	out, errOut, code := f.server.CLI("list", "deployments", "--json")
+	out, errOut, code := f.Server.CLI("list", "deployments", "--json")
 	if code != 0 || json.Unmarshal([]byte(out), &list) != nil {
 		t.Fatalf("list deployments: exit %d: %s%s", code, out, errOut)
 	}
@@ -336,41 +292,41 @@ func TestFleetFaults_ConcurrentDeploysNeverOvercommit(t *testing.T) {
 func TestFleetFaults_HostKilledDuringActivation(t *testing.T) {
 	hold := filepath.Join(t.TempDir(), "release")
 	f := startFaultFleet(t, map[string]string{"gpu-a": "24GiB", "gpu-b": "24GiB"}, nil, "--hold-startup-file", hold)
-	a := f.hosts["gpu-a"]
-	if out, errOut, code := f.deploy("mid", pinnedTo(harness.SimpleSpec("mid", "fake"), "gpu-a"), "--activate"); code != 0 {
+	a := f.Hosts["gpu-a"]
+	if out, errOut, code := f.Deploy("mid", pinnedTo(harness.SimpleSpec("mid", "fake"), "gpu-a"), "--activate"); code != 0 {
 		t.Fatalf("deploy mid: exit %d\n%s%s", code, out, errOut)
 	}
 	poll.Until(t, 30*time.Second, "mid's engine loading on gpu-a", func() bool { return len(harness.EnginePIDs(a.StateDir)) > 0 })
 	a.Kill9()
-	poll.UntilSlow(t, 15*time.Second, "gpu-a lost", func() bool { return f.hostState("gpu-a") == wire.HostLost })
-	if st := f.status("mid"); len(st.Instances) != 1 || st.Instances[0].State != "uncertain" || st.Instances[0].Host != "gpu-a" {
+	poll.UntilSlow(t, 15*time.Second, "gpu-a lost", func() bool { return f.HostState("gpu-a") == wire.HostLost })
+	if st := f.Status("mid"); len(st.Instances) != 1 || st.Instances[0].State != "uncertain" || st.Instances[0].Host != "gpu-a" {
 		t.Fatalf("mid with gpu-a dead: %+v, want one uncertain instance on gpu-a", st.Instances)
 	}
-	resp, err := f.server.Chat(context.Background(), harness.ChatBody("mid", false, "hi"), nil)
+	resp, err := f.Server.Chat(context.Background(), harness.ChatBody("mid", false, "hi"), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if body := harness.ReadAll(resp); resp.StatusCode != http.StatusServiceUnavailable || errorCode(body) != "host_unreachable" || resp.Header.Get("Retry-After") == "" {
 		t.Fatalf("a request for mid with its host dead: %d %v %s", resp.StatusCode, resp.Header, body)
 	}
-	if len(harness.EnginePIDs(f.hosts["gpu-b"].StateDir)) != 0 {
+	if len(harness.EnginePIDs(f.Hosts["gpu-b"].StateDir)) != 0 {
 		t.Fatal("an engine started on gpu-b for a deployment pinned to gpu-a")
 	}
 	if err := os.WriteFile(hold, nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
 	a.Restart()
-	f.waitHosts(2, wire.HostReady)
-	poll.UntilSlow(t, 60*time.Second, "mid ready after gpu-a came back", func() bool { return f.status("mid").ReadyN == 1 })
+	f.WaitHosts(2, wire.HostReady)
+	poll.UntilSlow(t, 60*time.Second, "mid ready after gpu-a came back", func() bool { return f.Status("mid").ReadyN == 1 })
 	if n := hostInstances(t, a, "mid"); n != 1 {
 		t.Fatalf("gpu-a runs %d instances of mid, want 1", n)
 	}
 	engines := harness.EnginePIDs(a.StateDir)
-	chatOK(t, f.server, "mid")
+	e2e.ChatOK(t, f.Server, "mid")
 	if now := harness.EnginePIDs(a.StateDir); !slices.Equal(now, engines) {
 		t.Fatalf("engines on gpu-a changed while serving: %v, then %v", engines, now)
 	}
-	if _, errOut, code := f.server.CLI("delete", "deployment", "mid"); code != 0 {
+	if _, errOut, code := f.Server.CLI("delete", "deployment", "mid"); code != 0 {
 		t.Fatalf("delete mid: exit %d: %s", code, errOut)
 	}
 	poll.Until(t, 30*time.Second, "no engine left on gpu-a", func() bool { return len(harness.EnginePIDs(a.StateDir)) == 0 })
@@ -383,21 +339,21 @@ func TestFleetFaults_HostKilledDuringActivation(t *testing.T) {
 // reaches the first host when the partition heals. Nothing may run twice:
 // every deployment a host runs must be one the server places on it.
 func TestFleetFaults_DeployDeliveredLate(t *testing.T) {
-	f := &fleet{t: t, hosts: map[string]*harness.Role{}}
-	f.server = harness.StartServer(t, harness.Options{Args: []string{"--set", "host_heartbeat=300ms"}})
-	f.hosts["gpu-a"] = harness.StartHost(t, f.server, harness.HostOptions{Name: "gpu-a"})
-	token, cluster := f.server.JoinToken("")
+	f := &e2e.Fleet{T: t, Hosts: map[string]*harness.Role{}}
+	f.Server = harness.StartServer(t, harness.Options{Args: []string{"--set", "host_heartbeat=300ms"}})
+	f.Hosts["gpu-a"] = harness.StartHost(t, f.Server, harness.HostOptions{Name: "gpu-a"})
+	token, cluster := f.Server.JoinToken("")
 	proxy := harness.NewPartition(t, cluster)
 	// gpu-b has the most free memory: the server tries it first.
-	f.hosts["gpu-b"] = harness.StartHostWith(t, proxy.Addr(), token, harness.HostOptions{Name: "gpu-b", GPU: harness.SimGPU{DeviceMemory: "80GiB"}})
-	f.waitHosts(2, wire.HostReady)
-	f.server.AddFakeEngine("fake")
-	f.waitEngine("fake")
-	for _, h := range f.hosts {
+	f.Hosts["gpu-b"] = harness.StartHostWith(t, proxy.Addr(), token, harness.HostOptions{Name: "gpu-b", GPU: harness.SimGPU{DeviceMemory: "80GiB"}})
+	f.WaitHosts(2, wire.HostReady)
+	f.Server.AddFakeEngine("fake")
+	f.WaitEngine("fake")
+	for _, h := range f.Hosts {
 		h.WriteFile("models/late/README", "fake model\n")
 	}
 	proxy.Cut(false)
-	out, errOut, code := f.deploy("late", harness.SimpleSpec("late", "fake"), "--activate", "--wait")
+	out, errOut, code := f.Deploy("late", harness.SimpleSpec("late", "fake"), "--activate", "--wait")
 	t.Logf("deploy with gpu-b cut off: exit %d\n%s%s", code, out, errOut)
 	if code != 0 {
 		if code != 4 || !strings.Contains(errOut, "capacity_blocked") && !strings.Contains(errOut, "host_unreachable") {
@@ -405,17 +361,17 @@ func TestFleetFaults_DeployDeliveredLate(t *testing.T) {
 		}
 	}
 	if code == 0 {
-		t.Logf("late placed on %v", hostsOf(f.status("late")))
+		t.Logf("late placed on %v", hostsOf(f.Status("late")))
 	}
 	proxy.Heal()
-	poll.UntilSlow(t, 30*time.Second, "gpu-b back", func() bool { return f.hostState("gpu-b") == wire.HostReady })
+	poll.UntilSlow(t, 30*time.Second, "gpu-b back", func() bool { return f.HostState("gpu-b") == wire.HostReady })
 	var last string
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		last = ""
-		for hname, h := range f.hosts {
+		for hname, h := range f.Hosts {
 			for _, d := range hostDeployments(t, h) {
-				out, _, code := f.server.CLI("status", "deployment", d.Name, "--json")
+				out, _, code := f.Server.CLI("status", "deployment", d.Name, "--json")
 				var st wire.DeploymentStatus
 				if code != 0 || json.Unmarshal([]byte(out), &st) != nil {
 					last += fmt.Sprintf("host %s runs %s (%s), which the server does not list; ", hname, d.Name, d.State)
@@ -431,7 +387,7 @@ func TestFleetFaults_DeployDeliveredLate(t *testing.T) {
 	}
 	if last != "" {
 		t.Fatalf("after the partition healed: %s\nengines on gpu-a %v, on gpu-b %v", last,
-			harness.EnginePIDs(f.hosts["gpu-a"].StateDir), harness.EnginePIDs(f.hosts["gpu-b"].StateDir))
+			harness.EnginePIDs(f.Hosts["gpu-a"].StateDir), harness.EnginePIDs(f.Hosts["gpu-b"].StateDir))
 	}
 }
 
@@ -510,19 +466,19 @@ func hostInFlight(t *testing.T, h *harness.Role, name string) int {
 func TestFleetFaults_ServerRestartWithOpenStreams(t *testing.T) {
 	// 5 tokens a second for 1000 tokens: the streams outlive the drain.
 	f := startFaultFleet(t, map[string]string{"gpu-a": "24GiB"}, []string{"--set", "shutdown.drain_timeout=1s"}, "--token-rate", "5")
-	if out, errOut, code := f.deploy("demo", harness.SimpleSpec("demo", "fake"), "--activate", "--wait"); code != 0 {
+	if out, errOut, code := f.Deploy("demo", harness.SimpleSpec("demo", "fake"), "--activate", "--wait"); code != 0 {
 		t.Fatalf("deploy demo: exit %d\n%s%s", code, out, errOut)
 	}
-	a := f.hosts["gpu-a"]
+	a := f.Hosts["gpu-a"]
 	engines := harness.EnginePIDs(a.StateDir)
 	var streams []<-chan streamEnd
 	for i := 0; i < 4; i++ {
-		streams = append(streams, openStream(t, f.server, "demo", 1000))
+		streams = append(streams, openStream(t, f.Server, "demo", 1000))
 	}
 	poll.UntilSlow(t, 30*time.Second, "the host counts the four streams", func() bool { return hostInFlight(t, a, "demo") == 4 })
 
 	stopped := make(chan struct{})
-	go func() { f.server.Stop(); close(stopped) }()
+	go func() { f.Server.Stop(); close(stopped) }()
 	ends := make([]*streamEnd, len(streams))
 	poll.Until(t, 60*time.Second, "every stream through the stopping server ends", func() bool {
 		all := true
@@ -547,16 +503,16 @@ func TestFleetFaults_ServerRestartWithOpenStreams(t *testing.T) {
 	select {
 	case <-stopped:
 	case <-time.After(90 * time.Second):
-		t.Fatalf("the server did not exit\n%s", f.server.Output())
+		t.Fatalf("the server did not exit\n%s", f.Server.Output())
 	}
 	// The host's router let go of the relayed requests (the engine's work
 	// cancelled), while its engine kept running.
 	poll.UntilSlow(t, 30*time.Second, "the host's in-flight count back to 0", func() bool { return hostInFlight(t, a, "demo") == 0 })
 
-	f.server.Restart()
-	f.waitHosts(1, wire.HostReady)
-	chatOK(t, f.server, "demo")
-	if st := f.status("demo"); st.ReadyN != 1 || len(st.Instances) != 1 {
+	f.Server.Restart()
+	f.WaitHosts(1, wire.HostReady)
+	e2e.ChatOK(t, f.Server, "demo")
+	if st := f.Status("demo"); st.ReadyN != 1 || len(st.Instances) != 1 {
 		t.Fatalf("demo after the server's restart: %+v", st)
 	}
 	if now := harness.EnginePIDs(a.StateDir); !slices.Equal(now, engines) {
@@ -573,17 +529,17 @@ func TestFleetFaults_ServerRestartWithOpenStreams(t *testing.T) {
 // replica keeps answering, and no engine restarts.
 func TestFleetFaults_LoadThroughHostCrash(t *testing.T) {
 	f := startFaultFleet(t, map[string]string{"gpu-a": "24GiB", "gpu-b": "24GiB"}, nil, "--token-rate", "40")
-	if out, errOut, code := f.deploy("demo", withInstancesLine(harness.SimpleSpec("demo", "fake"), 2), "--activate", "--wait"); code != 0 {
+	if out, errOut, code := f.Deploy("demo", withInstancesLine(harness.SimpleSpec("demo", "fake"), 2), "--activate", "--wait"); code != 0 {
 		t.Fatalf("deploy demo: exit %d\n%s%s", code, out, errOut)
 	}
-	if hs := hostsOf(f.status("demo")); len(hs) != 2 || hs[0] == hs[1] {
+	if hs := hostsOf(f.Status("demo")); len(hs) != 2 || hs[0] == hs[1] {
 		t.Fatalf("demo on %v, want two hosts", hs)
 	}
 	engines := map[string][]int{}
-	for name, h := range f.hosts {
+	for name, h := range f.Hosts {
 		engines[name] = harness.EnginePIDs(h.StateDir)
 	}
-	victim := f.hosts["gpu-a"]
+	victim := f.Hosts["gpu-a"]
 
 	const total, conc = 200, 8
 	type outcome struct {
@@ -603,7 +559,7 @@ func TestFleetFaults_LoadThroughHostCrash(t *testing.T) {
 			for i := range next {
 				stream := i%2 == 1
 				ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-				resp, err := f.server.Chat(ctx, harness.ChatBody("demo", stream, fmt.Sprintf("request %d", i)), nil)
+				resp, err := f.Server.Chat(ctx, harness.ChatBody("demo", stream, fmt.Sprintf("request %d", i)), nil)
 				o := outcome{}
 				switch {
 				case err != nil:
@@ -683,12 +639,12 @@ func TestFleetFaults_LoadThroughHostCrash(t *testing.T) {
 		t.Errorf("no request answered while gpu-a was dead: the replica on gpu-b did not take over")
 	}
 
-	f.waitHosts(2, wire.HostReady)
-	poll.UntilSlow(t, 30*time.Second, "demo ready on both hosts", func() bool { return f.status("demo").ReadyN == 2 })
+	f.WaitHosts(2, wire.HostReady)
+	poll.UntilSlow(t, 30*time.Second, "demo ready on both hosts", func() bool { return f.Status("demo").ReadyN == 2 })
 	for i := 0; i < 4; i++ {
-		chatOK(t, f.server, "demo")
+		e2e.ChatOK(t, f.Server, "demo")
 	}
-	for name, h := range f.hosts {
+	for name, h := range f.Hosts {
 		if now := harness.EnginePIDs(h.StateDir); !slices.Equal(now, engines[name]) {
 			t.Errorf("engines on %s: %v before, %v after: restarted or started twice", name, engines[name], now)
 		}

@@ -1,7 +1,7 @@
 // Copyright (c) CapyCTL authors
 // SPDX-License-Identifier: Apache-2.0
 
-package main_test
+package cli_test
 
 import (
 	"bufio"
@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/capyctl/capyctl/cmd/capyctl/command"
+	"github.com/capyctl/capyctl/cmd/capyctl/internal/e2e"
 	"github.com/capyctl/capyctl/core/api/client"
 	"github.com/capyctl/capyctl/core/api/wire"
 	"github.com/capyctl/capyctl/core/config"
@@ -504,7 +505,7 @@ func TestCLI_DeploymentLifecycle(t *testing.T) {
 	want(t, "start --wait", code, 0, out, "Deployment demo is ready (1/1 instances)")
 	out, _, code = r.CLI("status", "deployment", "demo")
 	want(t, "status deployment", code, 0, out, "Name:      demo", "State:     ready (1/1 ready)", "Revision:  2", "INSTANCE", "demo/0")
-	st := status(t, r, "demo")
+	st := e2e.Status(t, r, "demo")
 	if st.State != "ready" || st.Revision != 2 || len(st.Instances) != 1 {
 		t.Fatalf("status --json %+v", st)
 	}
@@ -586,7 +587,7 @@ func TestCLI_DeploymentLifecycle(t *testing.T) {
 	if code != 0 || acc.Action != "start" || acc.Done {
 		t.Fatalf("start --json: %+v", acc)
 	}
-	harness.Eventually(t, 60*time.Second, "demo ready again", func() bool { return status(t, r, "demo").State == "ready" })
+	harness.Eventually(t, 60*time.Second, "demo ready again", func() bool { return e2e.Status(t, r, "demo").State == "ready" })
 	out, _, code = r.CLI("park", "deployment", "demo", "--wait", "--json")
 	oneLineJSON(t, "park --json", out, &acc)
 	if code != 0 || acc.Action != "park" || !acc.Done {

@@ -1,7 +1,7 @@
 // Copyright (c) CapyCTL authors
 // SPDX-License-Identifier: Apache-2.0
 
-package main_test
+package role_test
 
 import (
 	"bufio"
@@ -16,47 +16,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/capyctl/capyctl/core/api/wire"
+	"github.com/capyctl/capyctl/cmd/capyctl/internal/e2e"
 	"github.com/capyctl/capyctl/plugins-testkit/harness"
 )
 
-// startWithDemo starts a role with the fake engine and one ready deployment.
-func startWithDemo(t *testing.T) *harness.Role {
-	t.Helper()
-	r := harness.StartStandalone(t, harness.Options{})
-	r.AddFakeEngine("fake")
-	r.MustDeploy("demo", harness.SimpleSpec("demo", "fake"))
-	return r
-}
-
-func status(t *testing.T, r *harness.Role, name string) wire.DeploymentStatus {
-	t.Helper()
-	out, errOut, code := r.CLI("status", "deployment", name, "--json")
-	if code != 0 {
-		t.Fatalf("status: exit %d: %s", code, errOut)
-	}
-	var st wire.DeploymentStatus
-	if err := json.Unmarshal([]byte(out), &st); err != nil {
-		t.Fatalf("status json: %v\n%s", err, out)
-	}
-	return st
-}
-
-// chatOK sends a non-streamed request and requires a 200 answer.
-func chatOK(t *testing.T, r *harness.Role, model string) {
-	t.Helper()
-	resp, err := r.Chat(context.Background(), harness.ChatBody(model, false, "hello"), nil)
-	if err != nil {
-		t.Fatalf("chat: %v", err)
-	}
-	body := harness.ReadAll(resp)
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("chat: %d %s", resp.StatusCode, body)
-	}
-}
-
 func TestFoundation_StreamedChatThroughRole(t *testing.T) {
-	r := startWithDemo(t)
+	r := e2e.StartWithDemo(t)
 	// Credentials: made on the first start, owner-only, never in a log.
 	for path, want := range map[string]os.FileMode{r.StateDir: 0o700, filepath.Join(r.StateDir, "credentials"): 0o600} {
 		st, err := os.Stat(path)
@@ -126,7 +91,7 @@ func TestFoundation_StreamedChatThroughRole(t *testing.T) {
 }
 
 func TestFoundation_BadInput(t *testing.T) {
-	r := startWithDemo(t)
+	r := e2e.StartWithDemo(t)
 
 	t.Run("malformed HCL", func(t *testing.T) {
 		f := r.WriteFile("specs/bad.hcl", "deployment \"x\" {\n  engine = \"fake\"\n  model {\n    path = \n  }\n}\n")
@@ -189,7 +154,7 @@ func TestFoundation_BadInput(t *testing.T) {
 		if code != 13 || !strings.Contains(errOut, "engine_listens_off_loopback") || !strings.Contains(errOut, "0.0.0.0") {
 			t.Fatalf("exit %d, want 13 engine_listens_off_loopback: %s", code, errOut)
 		}
-		st := status(t, r, "wide")
+		st := e2e.Status(t, r, "wide")
 		if st.Instances[0].State != "failed" || st.Instances[0].PID != 0 {
 			t.Fatalf("after the refused start: %+v", st.Instances[0])
 		}
@@ -234,8 +199,8 @@ func TestFoundation_BadInput(t *testing.T) {
 }
 
 func TestFoundation_KillDriverKeepsServing(t *testing.T) {
-	r := startWithDemo(t)
-	before := status(t, r, "demo").Instances[0].PID
+	r := e2e.StartWithDemo(t)
+	before := e2e.Status(t, r, "demo").Instances[0].PID
 	pids := harness.DriverPIDs(r.StateDir, "custom")
 	if len(pids) != 1 {
 		t.Fatalf("driver processes %v", pids)
@@ -244,16 +209,16 @@ func TestFoundation_KillDriverKeepsServing(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Requests never touch the driver: they keep being answered.
-	chatOK(t, r, "demo")
+	e2e.ChatOK(t, r, "demo")
 	harness.Eventually(t, 30*time.Second, "a relaunched driver", func() bool {
 		now := harness.DriverPIDs(r.StateDir, "custom")
 		return len(now) == 1 && now[0] != pids[0]
 	})
-	st := status(t, r, "demo")
+	st := e2e.Status(t, r, "demo")
 	if st.State != "ready" || st.Instances[0].PID != before {
 		t.Fatalf("after the driver crash: state %s pid %d (was %d)", st.State, st.Instances[0].PID, before)
 	}
-	chatOK(t, r, "demo")
+	e2e.ChatOK(t, r, "demo")
 	// The relaunched driver has re-attached: a stop goes through it.
 	if _, errOut, code := r.CLI("stop", "deployment", "demo", "--wait"); code != 0 {
 		t.Fatalf("stop: %s", errOut)
@@ -264,15 +229,15 @@ func TestFoundation_KillDriverKeepsServing(t *testing.T) {
 }
 
 func TestFoundation_KillCoreReattaches(t *testing.T) {
-	r := startWithDemo(t)
-	engine := status(t, r, "demo").Instances[0].PID
+	r := e2e.StartWithDemo(t)
+	engine := e2e.Status(t, r, "demo").Instances[0].PID
 	drivers := harness.DriverPIDs(r.StateDir, "custom")
 	r.Kill9()
 	if !harness.Alive(engine) {
 		t.Fatalf("the engine died with the core")
 	}
 	r.Restart()
-	st := status(t, r, "demo")
+	st := e2e.Status(t, r, "demo")
 	if st.State != "ready" || st.Instances[0].PID != engine {
 		t.Fatalf("after restart: state %s pid %d, want ready %d\n%s", st.State, st.Instances[0].PID, engine, r.Output())
 	}
@@ -280,21 +245,21 @@ func TestFoundation_KillCoreReattaches(t *testing.T) {
 	if now := harness.DriverPIDs(r.StateDir, "custom"); len(drivers) != 1 || len(now) != 1 || now[0] != drivers[0] {
 		t.Fatalf("driver processes %v before the crash, %v after: not re-attached\n%s", drivers, now, r.Output())
 	}
-	chatOK(t, r, "demo")
+	e2e.ChatOK(t, r, "demo")
 }
 
 func TestFoundation_RoleStopLeavesEnginesStopDeploymentEndsThem(t *testing.T) {
-	r := startWithDemo(t)
-	engine := status(t, r, "demo").Instances[0].PID
+	r := e2e.StartWithDemo(t)
+	engine := e2e.Status(t, r, "demo").Instances[0].PID
 	r.Stop()
 	if !harness.Alive(engine) {
 		t.Fatalf("stopping the role stopped the engine")
 	}
 	r.Restart()
-	if st := status(t, r, "demo"); st.Instances[0].PID != engine || st.State != "ready" {
+	if st := e2e.Status(t, r, "demo"); st.Instances[0].PID != engine || st.State != "ready" {
 		t.Fatalf("after a clean restart: %+v", st)
 	}
-	chatOK(t, r, "demo")
+	e2e.ChatOK(t, r, "demo")
 	if _, errOut, code := r.CLI("stop", "deployment", "demo", "--wait"); code != 0 {
 		t.Fatalf("stop: %s", errOut)
 	}
@@ -403,19 +368,19 @@ func TestFoundation_EngineDiesWhileReadyStartsAgain(t *testing.T) {
 	// Each engine answers its readiness check and one request, then dies.
 	r.AddFakeEngine("fragile", "--crash-after", "2")
 	r.MustDeploy("fragile", harness.SimpleSpec("fragile", "fragile"))
-	in := status(t, r, "fragile").Instances[0]
+	in := e2e.Status(t, r, "fragile").Instances[0]
 	first, gen := in.PID, in.Generation
-	chatOK(t, r, "fragile")
+	e2e.ChatOK(t, r, "fragile")
 	harness.Eventually(t, 30*time.Second, "the death to be noticed", func() bool {
-		in := status(t, r, "fragile").Instances[0]
+		in := e2e.Status(t, r, "fragile").Instances[0]
 		return in.State == "stopped" && in.LastError != nil && in.LastError.Code == "engine_error"
 	})
 	if harness.Alive(first) {
 		t.Fatalf("engine %d still alive", first)
 	}
 	// The next request starts it again (a new launch of the instance).
-	chatOK(t, r, "fragile")
-	if in := status(t, r, "fragile").Instances[0]; in.Generation <= gen {
+	e2e.ChatOK(t, r, "fragile")
+	if in := e2e.Status(t, r, "fragile").Instances[0]; in.Generation <= gen {
 		t.Fatalf("no new launch: generation %d, was %d", in.Generation, gen)
 	}
 }

@@ -1,7 +1,7 @@
 // Copyright (c) CapyCTL authors
 // SPDX-License-Identifier: Apache-2.0
 
-package main_test
+package servers_test
 
 import (
 	"context"
@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capyctl/capyctl/cmd/capyctl/internal/e2e"
 	"github.com/capyctl/capyctl/core/api/wire"
 	"github.com/capyctl/capyctl/plugins-testkit/conformance"
 	"github.com/capyctl/capyctl/plugins-testkit/harness"
@@ -213,7 +214,7 @@ func TestServers_HostsLinkToEveryServer(t *testing.T) {
 	hosts["gpu-b"].MustDeploy("local", harness.SimpleSpec("local", "fake"))
 	for name, r := range servers {
 		poll.Until(t, 15*time.Second, name+" lists the adopted deployment", func() bool {
-			names, ok := deploymentNames(t, r)
+			names, ok := e2e.DeploymentNames(t, r)
 			return ok && slices.Contains(names, "local")
 		})
 	}
@@ -261,7 +262,7 @@ func TestServers_HostsLinkToEveryServer(t *testing.T) {
 	})
 	for name, r := range servers {
 		poll.Until(t, 10*time.Second, name+" lists pair", func() bool {
-			names, ok := deploymentNames(t, r)
+			names, ok := e2e.DeploymentNames(t, r)
 			return ok && slices.Contains(names, "pair")
 		})
 	}
@@ -294,7 +295,7 @@ func TestServers_HostsLinkToEveryServer(t *testing.T) {
 	})
 
 	// kill -9 of the leader.
-	leader := leaderOf(s1)
+	leader := e2e.LeaderOf(s1)
 	old := servers[leader]
 	var survivors []*harness.Role
 	var survivorNames []string
@@ -309,8 +310,8 @@ func TestServers_HostsLinkToEveryServer(t *testing.T) {
 	old.Kill9()
 	var newLeader string
 	poll.Until(t, 20*time.Second, "a new leader", func() bool {
-		l := leaderOf(survivors[0])
-		if l != "" && l != leader && l == leaderOf(survivors[1]) {
+		l := e2e.LeaderOf(survivors[0])
+		if l != "" && l != leader && l == e2e.LeaderOf(survivors[1]) {
 			newLeader = l
 			return true
 		}
@@ -387,7 +388,7 @@ func TestServers_HostsLinkToEveryServer(t *testing.T) {
 	var gone *harness.Role
 	goneName := ""
 	for _, name := range []string{"s2", "s3"} {
-		if name != leaderOf(s1) {
+		if name != e2e.LeaderOf(s1) {
 			gone, goneName = servers[name], name
 			break
 		}

@@ -1,7 +1,7 @@
 // Copyright (c) CapyCTL authors
 // SPDX-License-Identifier: Apache-2.0
 
-package main_test
+package drivers_test
 
 import (
 	"bufio"
@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capyctl/capyctl/cmd/capyctl/internal/e2e"
 	"github.com/capyctl/capyctl/plugins-testkit/harness"
 )
 
@@ -44,7 +45,7 @@ func TestLlamaCpp_WholeRole(t *testing.T) {
 	r.PutModel("stories", map[string]string{"stories260K.gguf": harness.StoriesGGUF()})
 	r.MustDeployFile("stories", storiesSpec)
 
-	st := status(t, r, "stories")
+	st := e2e.Status(t, r, "stories")
 	if st.State != "ready" || st.Instances[0].Driver != "llamacpp" || st.Instances[0].Residency != "restart_only" {
 		t.Fatalf("status %+v", st)
 	}
@@ -149,7 +150,7 @@ func TestLlamaCpp_UnknownBuild(t *testing.T) {
 	}
 	r.PutModel("stories", map[string]string{"stories260K.gguf": harness.StoriesGGUF()})
 	r.MustDeployFile("stories", storiesSpec)
-	chatOK(t, r, "stories")
+	e2e.ChatOK(t, r, "stories")
 	out, errOut, code = r.CLI("status")
 	if code != 0 || !strings.Contains(out, "(llamacpp unknown build)") {
 		t.Fatalf("status: %d %s%s", code, out, errOut)

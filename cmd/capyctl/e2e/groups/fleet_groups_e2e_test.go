@@ -1,18 +1,17 @@
 // Copyright (c) CapyCTL authors
 // SPDX-License-Identifier: Apache-2.0
 
-package main_test
+package groups_test
 
 import (
-	"encoding/json"
 	"fmt"
-	"os"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/capyctl/capyctl/cmd/capyctl/internal/e2e"
 	"github.com/capyctl/capyctl/core/api/wire"
 	"github.com/capyctl/capyctl/plugins-testkit/conformance"
 	"github.com/capyctl/capyctl/plugins-testkit/harness"
@@ -45,115 +44,6 @@ func groupSpec(name, engine string, tp int, hosts []string, extra string) string
 `, name, engine, tp, strings.Join(hosts, `", "`), name, extra)
 }
 
-// deployEverywhere writes a fake checkpoint for name on every host, at the
-// same path (a group's members read the same model files), and deploys.
-func (f *fleet) deployEverywhere(name, spec string, args ...string) (string, string, int) {
-	f.t.Helper()
-	for _, h := range f.hosts {
-		conformance.FakeModel(f.t, filepath.Join(h.StateDir, "models", name), 1<<20)
-	}
-	return f.server.Deploy(name, spec, args...)
-}
-
-// ledgersWithinLimits fails the test when a host's ledger charges more
-// than a domain's managed limit.
-func (f *fleet) ledgersWithinLimits(when string) {
-	f.t.Helper()
-	for name := range f.hosts {
-		out, errOut, code := f.server.CLI("status", "host", name, "--json")
-		if code != 0 {
-			continue // a host out of reach has no ledger to read
-		}
-		var h wire.HostDetail
-		if err := json.Unmarshal([]byte(out), &h); err != nil {
-			f.t.Fatalf("status host --json: %v\n%s", err, out)
-		}
-		for _, d := range h.Ledger {
-			m, _ := d.(map[string]any)
-			charged, _ := m["charged_bytes"].(float64)
-			limit, _ := m["managed_limit_bytes"].(float64)
-			if limit > 0 && charged > limit {
-				f.t.Fatalf("%s: host %s's domain %v charges %.0f bytes over its limit %.0f", when, name, m["name"], charged, limit)
-			}
-		}
-		_ = errOut
-	}
-}
-
-// dumpOnFailure logs, when the test failed, the server's fleet log lines
-// and the tail of every engine log on every host.
-func (f *fleet) dumpOnFailure() {
-	t := f.t
-	t.Cleanup(func() {
-		if !t.Failed() {
-			return
-		}
-		var lines []string
-		for _, l := range strings.Split(f.server.Output(), "\n") {
-			if strings.Contains(l, "capyctl.fleet") {
-				lines = append(lines, l)
-			}
-		}
-		t.Logf("server's fleet log:\n%s", strings.Join(lines, "\n"))
-		for name, h := range f.hosts {
-			logs, _ := filepath.Glob(filepath.Join(h.StateDir, "*", "*", "*", "engine.log"))
-			for _, l := range logs {
-				data, _ := os.ReadFile(l)
-				if len(data) > 3000 {
-					data = data[len(data)-3000:]
-				}
-				t.Logf("host %s: %s:\n%s", name, l, data)
-			}
-		}
-	})
-}
-
-// memberStates lists a group's members' states in rank order.
-func memberStates(st wire.DeploymentStatus) []string {
-	out := make([]string, len(st.Instances))
-	for i, in := range st.Instances {
-		out[i] = in.State
-	}
-	return out
-}
-
-// waitGroup waits until every member of a group is in state.
-func (f *fleet) waitGroup(name, state string, within time.Duration) wire.DeploymentStatus {
-	f.t.Helper()
-	var st wire.DeploymentStatus
-	poll.Until(f.t, within, name+" "+state, func() bool {
-		st = f.status(name)
-		for _, s := range memberStates(st) {
-			if s != state {
-				return false
-			}
-		}
-		return len(st.Instances) > 0
-	})
-	return st
-}
-
-// waitGroupStopped waits until the server stopped a whole group for code.
-func (f *fleet) waitGroupStopped(name, code string) {
-	f.t.Helper()
-	var st wire.DeploymentStatus
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		st = f.status(name)
-		done := st.Group != nil && st.Group.LastError != nil && string(st.Group.LastError.Code) == code
-		for _, s := range memberStates(st) {
-			done = done && s == "stopped"
-		}
-		if done {
-			return
-		}
-		if time.Now().After(deadline) {
-			f.t.Fatalf("%s not stopped by the server with %s: members %v, group %+v", name, code, memberStates(st), st.Group)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-}
-
 // groupPIDs are the engine processes of a group's members, by host.
 func groupPIDs(st wire.DeploymentStatus) map[string]int {
 	out := map[string]int{}
@@ -161,17 +51,6 @@ func groupPIDs(st wire.DeploymentStatus) map[string]int {
 		out[in.Host] = in.PID
 	}
 	return out
-}
-
-// noGroupEngine waits until no engine process of a group's members runs.
-func (f *fleet) noGroupEngine(pids map[string]int) {
-	f.t.Helper()
-	for host, pid := range pids {
-		if pid == 0 {
-			continue
-		}
-		poll.Until(f.t, 30*time.Second, fmt.Sprintf("engine %d on %s gone", pid, host), func() bool { return !harness.Alive(pid) })
-	}
 }
 
 // TestFleetGroups_AcrossHosts runs the issue's scenario with a server and
@@ -188,34 +67,34 @@ func TestFleetGroups_AcrossHosts(t *testing.T) {
 	}
 	start := time.Now()
 	step := func(what string) { t.Logf("%6.1fs %s", time.Since(start).Seconds(), what) }
-	f := startFleet(t, map[string]string{"gpu-a": "24GiB", "gpu-b": "24GiB", "gpu-c": "24GiB"})
+	f := e2e.StartFleet(t, map[string]string{"gpu-a": "24GiB", "gpu-b": "24GiB", "gpu-c": "24GiB"})
 	step("fleet up")
-	f.dumpOnFailure()
+	f.DumpOnFailure()
 	vllm := conformance.FakeVenv(t, t.TempDir(), map[string]string{"vllm": "0.32.0"}, nil)
-	if out, errOut, code := f.server.CLI("engine", "add", vllm, "--name", "vllm", "--yes"); code != 0 {
+	if out, errOut, code := f.Server.CLI("engine", "add", vllm, "--name", "vllm", "--yes"); code != 0 {
 		t.Fatalf("engine add vllm: exit %d\n%s%s", code, out, errOut)
 	}
 	sglang := conformance.FakeVenv(t, t.TempDir(), map[string]string{"sglang": "0.5.22"}, nil)
-	if out, errOut, code := f.server.CLI("engine", "add", sglang, "--name", "sglang", "--yes"); code != 0 {
+	if out, errOut, code := f.Server.CLI("engine", "add", sglang, "--name", "sglang", "--yes"); code != 0 {
 		t.Fatalf("engine add sglang: exit %d\n%s%s", code, out, errOut)
 	}
-	f.waitEngine("vllm")
-	f.waitEngine("sglang")
+	f.WaitEngine("vllm")
+	f.WaitEngine("sglang")
 
 	step("engines added")
 
 	// Refusals at deploy time, each with its code.
-	if _, errOut, code := f.deployEverywhere("odd", groupSpec("odd", "vllm", 3, []string{"gpu-a", "gpu-b"}, "")); code != 2 || !strings.Contains(errOut, "group_topology_invalid") {
+	if _, errOut, code := f.DeployEverywhere("odd", groupSpec("odd", "vllm", 3, []string{"gpu-a", "gpu-b"}, "")); code != 2 || !strings.Contains(errOut, "group_topology_invalid") {
 		t.Fatalf("tensor_parallel 3 over 2 hosts: exit %d: %s", code, errOut)
 	}
-	if _, errOut, code := f.deployEverywhere("one", groupSpec("one", "vllm", 2, []string{"gpu-a"}, "")); code != 2 || !strings.Contains(errOut, "group_placement_required") {
+	if _, errOut, code := f.DeployEverywhere("one", groupSpec("one", "vllm", 2, []string{"gpu-a"}, "")); code != 2 || !strings.Contains(errOut, "group_placement_required") {
 		t.Fatalf("a topology on one host: exit %d: %s", code, errOut)
 	}
-	if _, errOut, code := f.deployEverywhere("deep-sg", groupSpec("deep-sg", "sglang", 2, []string{"gpu-a", "gpu-b"}, "  residency = \"deep\"\n"), "--activate"); code != 5 ||
+	if _, errOut, code := f.DeployEverywhere("deep-sg", groupSpec("deep-sg", "sglang", 2, []string{"gpu-a", "gpu-b"}, "  residency = \"deep\"\n"), "--activate"); code != 5 ||
 		!strings.Contains(errOut, "capability_missing:deep_park") {
 		t.Fatalf("an SGLang group that parks deep: exit %d: %s", code, errOut)
 	}
-	if out, _, _ := f.server.CLI("list", "deployments", "--json"); strings.Contains(out, "deep-sg") {
+	if out, _, _ := f.Server.CLI("list", "deployments", "--json"); strings.Contains(out, "deep-sg") {
 		t.Fatalf("a refused group left a placement: %s", out)
 	}
 
@@ -223,10 +102,10 @@ func TestFleetGroups_AcrossHosts(t *testing.T) {
 
 	// Bring-up: a 2-host vLLM group and a 3-host SGLang group answer.
 	big := groupSpec("big", "vllm", 2, []string{"gpu-a", "gpu-b"}, fmt.Sprintf(groupMemory, "14GiB", "14GiB"))
-	if out, errOut, code := f.deployEverywhere("big", big, "--activate", "--wait"); code != 0 {
+	if out, errOut, code := f.DeployEverywhere("big", big, "--activate", "--wait"); code != 0 {
 		t.Fatalf("deploy big: exit %d\n%s%s", code, out, errOut)
 	}
-	st := f.waitGroup("big", "ready", 60*time.Second)
+	st := f.WaitGroup("big", "ready", 60*time.Second)
 	if st.Group == nil || st.Group.Size != 2 || st.Group.PeerTransport != "unauthenticated" || st.State != "ready" || st.ReadyN != 2 {
 		t.Fatalf("big's status: state %s ready %d group %+v", st.State, st.ReadyN, st.Group)
 	}
@@ -238,8 +117,8 @@ func TestFleetGroups_AcrossHosts(t *testing.T) {
 	if st.Instances[0].Role != "head" || st.Instances[1].Role != "worker" {
 		t.Fatalf("roles: %s, %s", st.Instances[0].Role, st.Instances[1].Role)
 	}
-	chatOK(t, f.server, "big")
-	out, _, code := f.server.CLI("status", "deployment", "big")
+	e2e.ChatOK(t, f.Server, "big")
+	out, _, code := f.Server.CLI("status", "deployment", "big")
 	if code != 0 || !strings.Contains(out, "unauthenticated") || !strings.Contains(out, "gpu-b") {
 		t.Fatalf("status deployment big: exit %d\n%s", code, out)
 	}
@@ -247,77 +126,77 @@ func TestFleetGroups_AcrossHosts(t *testing.T) {
 	step("big ready")
 
 	wide := groupSpec("wide", "sglang", 3, []string{"gpu-c", "gpu-a", "gpu-b"}, fmt.Sprintf(groupMemory, "4GiB", "4GiB"))
-	if out, errOut, code := f.deployEverywhere("wide", wide, "--activate", "--wait"); code != 0 {
+	if out, errOut, code := f.DeployEverywhere("wide", wide, "--activate", "--wait"); code != 0 {
 		t.Fatalf("deploy wide: exit %d\n%s%s", code, out, errOut)
 	}
-	f.waitGroup("wide", "ready", 60*time.Second)
-	chatOK(t, f.server, "wide")
-	f.ledgersWithinLimits("after bring-up")
+	f.WaitGroup("wide", "ready", 60*time.Second)
+	e2e.ChatOK(t, f.Server, "wide")
+	f.LedgersWithinLimits("after bring-up")
 
 	step("wide ready")
 
 	// Five park and wake cycles of the vLLM group: parked, each member
 	// holds what it measured; the wake answers its wake check.
 	for cycle := 1; cycle <= 5; cycle++ {
-		if _, errOut, code := f.server.CLI("park", "deployment", "big", "--wait"); code != 0 {
+		if _, errOut, code := f.Server.CLI("park", "deployment", "big", "--wait"); code != 0 {
 			t.Fatalf("cycle %d: park: exit %d: %s", cycle, code, errOut)
 		}
-		st := f.waitGroup("big", "parked", 30*time.Second)
+		st := f.WaitGroup("big", "parked", 30*time.Second)
 		for _, in := range st.Instances {
 			if in.Phase != "parked" {
 				t.Fatalf("cycle %d: member on %s parked in ledger phase %q", cycle, in.Host, in.Phase)
 			}
 		}
-		f.ledgersWithinLimits(fmt.Sprintf("cycle %d parked", cycle))
+		f.LedgersWithinLimits(fmt.Sprintf("cycle %d parked", cycle))
 		if cycle%2 == 1 {
-			if _, errOut, code := f.server.CLI("start", "deployment", "big", "--wait"); code != 0 {
+			if _, errOut, code := f.Server.CLI("start", "deployment", "big", "--wait"); code != 0 {
 				t.Fatalf("cycle %d: wake: exit %d: %s", cycle, code, errOut)
 			}
 		}
-		chatOK(t, f.server, "big") // an even cycle wakes on the request itself
-		f.waitGroup("big", "ready", 30*time.Second)
-		f.ledgersWithinLimits(fmt.Sprintf("cycle %d ready", cycle))
+		e2e.ChatOK(t, f.Server, "big") // an even cycle wakes on the request itself
+		f.WaitGroup("big", "ready", 30*time.Second)
+		f.LedgersWithinLimits(fmt.Sprintf("cycle %d ready", cycle))
 	}
 
 	step("five cycles")
 
 	// A killed head stops the whole group; it starts again.
-	pids := groupPIDs(f.status("big"))
+	pids := groupPIDs(f.Status("big"))
 	if err := syscall.Kill(pids["gpu-a"], syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	f.noGroupEngine(pids)
-	f.waitGroupStopped("big", "group_member_failed")
-	if _, errOut, code := f.server.CLI("start", "deployment", "big", "--wait"); code != 0 {
+	f.NoGroupEngine(pids)
+	f.WaitGroupStopped("big", "group_member_failed")
+	if _, errOut, code := f.Server.CLI("start", "deployment", "big", "--wait"); code != 0 {
 		t.Fatalf("start after the head's death: exit %d: %s", code, errOut)
 	}
-	f.waitGroup("big", "ready", 60*time.Second)
-	chatOK(t, f.server, "big")
+	f.WaitGroup("big", "ready", 60*time.Second)
+	e2e.ChatOK(t, f.Server, "big")
 
 	step("head killed and restarted")
 
 	// A killed worker too.
-	pids = groupPIDs(f.status("big"))
+	pids = groupPIDs(f.Status("big"))
 	if err := syscall.Kill(pids["gpu-b"], syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	f.noGroupEngine(pids)
-	f.waitGroupStopped("big", "group_member_failed")
-	if _, errOut, code := f.server.CLI("start", "deployment", "big", "--wait"); code != 0 {
+	f.NoGroupEngine(pids)
+	f.WaitGroupStopped("big", "group_member_failed")
+	if _, errOut, code := f.Server.CLI("start", "deployment", "big", "--wait"); code != 0 {
 		t.Fatalf("start after the worker's death: exit %d: %s", code, errOut)
 	}
-	f.waitGroup("big", "ready", 60*time.Second)
-	chatOK(t, f.server, "big")
+	f.WaitGroup("big", "ready", 60*time.Second)
+	e2e.ChatOK(t, f.Server, "big")
 
 	step("worker killed and restarted")
 
 	// A host agent that goes away: its member reads uncertain at once,
 	// charge kept; back with its journal, the same engine, launched again.
-	pids = groupPIDs(f.status("big"))
-	b := f.hosts["gpu-b"]
+	pids = groupPIDs(f.Status("big"))
+	b := f.Hosts["gpu-b"]
 	b.Kill9()
 	poll.Until(t, 10*time.Second, "big's worker uncertain", func() bool {
-		st := f.status("big")
+		st := f.Status("big")
 		w := st.Instances[1]
 		return w.State == "uncertain" && w.LastError != nil && w.LastError.Code == "group_member_uncertain" && len(w.Charges) > 0
 	})
@@ -325,49 +204,49 @@ func TestFleetGroups_AcrossHosts(t *testing.T) {
 		t.Fatalf("the group's engines did not survive the host agent's death")
 	}
 	b.Restart()
-	poll.Until(t, 30*time.Second, "gpu-b back", func() bool { return f.hostState("gpu-b") == wire.HostReady })
-	st = f.waitGroup("big", "ready", 30*time.Second)
+	poll.Until(t, 30*time.Second, "gpu-b back", func() bool { return f.HostState("gpu-b") == wire.HostReady })
+	st = f.WaitGroup("big", "ready", 30*time.Second)
 	if got := groupPIDs(st); got["gpu-b"] != pids["gpu-b"] || got["gpu-a"] != pids["gpu-a"] {
 		t.Fatalf("the group's engines changed across the agent's restart: %v, were %v", got, pids)
 	}
-	chatOK(t, f.server, "big")
+	e2e.ChatOK(t, f.Server, "big")
 
 	step("agent back")
 
 	// Alternate the group with another model on gpu-b under --evict.
 	solo := fmt.Sprintf("deployment \"solo\" {\n  engine = \"vllm\"\n  placement {\n    hosts = [\"gpu-b\"]\n  }\n  model {\n    path = \"solo/model\"\n  }\n%s}\n",
 		fmt.Sprintf(groupMemory, "14GiB", "14GiB"))
-	if out, errOut, code := f.deployEverywhere("solo", solo); code != 0 {
+	if out, errOut, code := f.DeployEverywhere("solo", solo); code != 0 {
 		t.Fatalf("deploy solo: exit %d\n%s%s", code, out, errOut)
 	}
 	for round := 0; round < 2; round++ {
-		if _, errOut, code := f.server.CLI("start", "deployment", "solo", "--evict", "--wait"); code != 0 {
+		if _, errOut, code := f.Server.CLI("start", "deployment", "solo", "--evict", "--wait"); code != 0 {
 			t.Fatalf("round %d: start solo --evict: exit %d: %s", round, code, errOut)
 		}
-		if st := f.status("big"); st.State != "parked" {
-			t.Fatalf("round %d: big is %s (%v) after solo took its room", round, st.State, memberStates(st))
+		if st := f.Status("big"); st.State != "parked" {
+			t.Fatalf("round %d: big is %s (%v) after solo took its room", round, st.State, e2e.MemberStates(st))
 		}
-		chatOK(t, f.server, "solo")
-		f.ledgersWithinLimits(fmt.Sprintf("round %d solo", round))
-		if _, errOut, code := f.server.CLI("start", "deployment", "big", "--evict", "--wait"); code != 0 {
+		e2e.ChatOK(t, f.Server, "solo")
+		f.LedgersWithinLimits(fmt.Sprintf("round %d solo", round))
+		if _, errOut, code := f.Server.CLI("start", "deployment", "big", "--evict", "--wait"); code != 0 {
 			t.Fatalf("round %d: start big --evict: exit %d: %s", round, code, errOut)
 		}
-		if st := f.status("solo"); st.State == "ready" {
+		if st := f.Status("solo"); st.State == "ready" {
 			t.Fatalf("round %d: solo still ready beside the group", round)
 		}
-		chatOK(t, f.server, "big")
-		f.ledgersWithinLimits(fmt.Sprintf("round %d big", round))
+		e2e.ChatOK(t, f.Server, "big")
+		f.LedgersWithinLimits(fmt.Sprintf("round %d big", round))
 	}
 
 	step("alternated")
 
 	// Delete everything: no engine process left on any host.
 	for _, name := range []string{"big", "wide", "solo"} {
-		if _, errOut, code := f.server.CLI("delete", "deployment", name); code != 0 {
+		if _, errOut, code := f.Server.CLI("delete", "deployment", name); code != 0 {
 			t.Fatalf("delete %s: exit %d: %s", name, code, errOut)
 		}
 	}
-	for name, h := range f.hosts {
+	for name, h := range f.Hosts {
 		poll.Until(t, 30*time.Second, "no engine left on "+name, func() bool { return len(harness.EnginePIDs(h.StateDir)) == 0 })
 	}
 }
@@ -380,36 +259,36 @@ func TestFleetGroups_StallAndRefusals(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a server, two hosts and group engines")
 	}
-	f := &fleet{t: t, hosts: map[string]*harness.Role{}}
-	f.server = harness.StartServer(t, harness.Options{Args: []string{"--set", "host_heartbeat=300ms", "--set", "group_stall_timeout=3s"}})
+	f := &e2e.Fleet{T: t, Hosts: map[string]*harness.Role{}}
+	f.Server = harness.StartServer(t, harness.Options{Args: []string{"--set", "host_heartbeat=300ms", "--set", "group_stall_timeout=3s"}})
 	for _, name := range []string{"gpu-a", "gpu-b"} {
-		f.hosts[name] = harness.StartHost(t, f.server, harness.HostOptions{Name: name,
+		f.Hosts[name] = harness.StartHost(t, f.Server, harness.HostOptions{Name: name,
 			GPU: harness.SimGPU{DeviceMemory: "24GiB", SystemLimit: "16GiB", SystemReserve: "1GiB"}})
 	}
-	f.waitHosts(2, wire.HostReady)
-	f.dumpOnFailure()
+	f.WaitHosts(2, wire.HostReady)
+	f.DumpOnFailure()
 	hold := filepath.Join(t.TempDir(), "never")
 	vllm := conformance.FakeVenv(t, t.TempDir(), map[string]string{"vllm": "0.32.0"}, nil)
 	for _, e := range [][]string{{"vllm"}, {"vllm-stuck", "--env", "CAPYCTL_FAKE_HOLD_STARTUP_FILE=" + hold}} {
 		args := append([]string{"engine", "add", vllm, "--name", e[0], "--yes"}, e[1:]...)
-		if out, errOut, code := f.server.CLI(args...); code != 0 {
+		if out, errOut, code := f.Server.CLI(args...); code != 0 {
 			t.Fatalf("engine add %s: exit %d\n%s%s", e[0], code, out, errOut)
 		}
-		f.waitEngine(e[0])
+		f.WaitEngine(e[0])
 	}
-	tf := f.hosts["gpu-a"].FakeTensorFoldVenv("tf", "0.6.5", true)
+	tf := f.Hosts["gpu-a"].FakeTensorFoldVenv("tf", "0.6.5", true)
 	_ = tf
 
 	// A stalled bring-up: the head loads for ever.
 	stuck := groupSpec("stuck", "vllm-stuck", 2, []string{"gpu-a", "gpu-b"}, fmt.Sprintf(groupMemory, "8GiB", "8GiB"))
-	if out, errOut, code := f.deployEverywhere("stuck", stuck, "--activate", "--wait"); code != 13 || !strings.Contains(errOut, "group_stalled") {
+	if out, errOut, code := f.DeployEverywhere("stuck", stuck, "--activate", "--wait"); code != 13 || !strings.Contains(errOut, "group_stalled") {
 		t.Fatalf("deploy stuck --wait: exit %d\n%s%s", code, out, errOut)
 	}
-	f.waitGroupStopped("stuck", "group_stalled")
-	for name, h := range f.hosts {
+	f.WaitGroupStopped("stuck", "group_stalled")
+	for name, h := range f.Hosts {
 		poll.Until(t, 30*time.Second, "no engine left on "+name, func() bool { return len(harness.EnginePIDs(h.StateDir)) == 0 })
 	}
-	if _, errOut, code := f.server.CLI("delete", "deployment", "stuck"); code != 0 {
+	if _, errOut, code := f.Server.CLI("delete", "deployment", "stuck"); code != 0 {
 		t.Fatalf("delete stuck: exit %d: %s", code, errOut)
 	}
 
@@ -418,55 +297,55 @@ func TestFleetGroups_StallAndRefusals(t *testing.T) {
 	huge := groupSpec("huge", "vllm", 2, []string{"gpu-a", "gpu-b"}, fmt.Sprintf(groupMemory, "14GiB", "14GiB"))
 	filler := fmt.Sprintf("deployment \"filler\" {\n  engine = \"vllm\"\n  placement {\n    hosts = [\"gpu-b\"]\n  }\n  model {\n    path = \"filler/model\"\n  }\n  lifecycle {\n    warm = true\n  }\n%s}\n",
 		fmt.Sprintf(groupMemory, "14GiB", "14GiB"))
-	if out, errOut, code := f.deployEverywhere("filler", filler, "--activate", "--wait"); code != 0 {
+	if out, errOut, code := f.DeployEverywhere("filler", filler, "--activate", "--wait"); code != 0 {
 		t.Fatalf("deploy filler: exit %d\n%s%s", code, out, errOut)
 	}
-	_, errOut, code := f.deployEverywhere("huge", huge, "--activate")
+	_, errOut, code := f.DeployEverywhere("huge", huge, "--activate")
 	if code != 4 || !strings.Contains(errOut, "capacity_blocked") || !strings.Contains(errOut, "rank 1 on host gpu-b") {
 		t.Fatalf("a member gpu-b cannot fit: exit %d: %s", code, errOut)
 	}
-	if out, _, _ := f.server.CLI("list", "deployments", "--json"); strings.Contains(out, `"huge"`) {
+	if out, _, _ := f.Server.CLI("list", "deployments", "--json"); strings.Contains(out, `"huge"`) {
 		t.Fatalf("a refused group left a placement: %s", out)
 	}
-	if out, _, _ := f.hosts["gpu-a"].CLI("list", "deployments", "--json"); strings.Contains(out, `"huge"`) {
+	if out, _, _ := f.Hosts["gpu-a"].CLI("list", "deployments", "--json"); strings.Contains(out, `"huge"`) {
 		t.Fatalf("a refused group left its head on gpu-a: %s", out)
 	}
 
 	// Two groups that do not fit together: an operator's --evict starts
 	// the stopped one by parking the other (a cold start, whose refusal is
 	// read from the member's record), and back (a wake).
-	if _, errOut, code := f.server.CLI("delete", "deployment", "filler"); code != 0 {
+	if _, errOut, code := f.Server.CLI("delete", "deployment", "filler"); code != 0 {
 		t.Fatalf("delete filler: exit %d: %s", code, errOut)
 	}
 	for _, name := range []string{"one", "two"} {
 		spec := groupSpec(name, "vllm", 2, []string{"gpu-a", "gpu-b"}, fmt.Sprintf(groupMemory, "14GiB", "14GiB"))
-		if out, errOut, code := f.deployEverywhere(name, spec); code != 0 {
+		if out, errOut, code := f.DeployEverywhere(name, spec); code != 0 {
 			t.Fatalf("deploy %s: exit %d\n%s%s", name, code, out, errOut)
 		}
 	}
-	if _, errOut, code := f.server.CLI("start", "deployment", "one", "--wait"); code != 0 {
+	if _, errOut, code := f.Server.CLI("start", "deployment", "one", "--wait"); code != 0 {
 		t.Fatalf("start one: exit %d: %s", code, errOut)
 	}
-	if _, errOut, code := f.server.CLI("start", "deployment", "two", "--wait"); code != 4 || !strings.Contains(errOut, "capacity_blocked") {
+	if _, errOut, code := f.Server.CLI("start", "deployment", "two", "--wait"); code != 4 || !strings.Contains(errOut, "capacity_blocked") {
 		t.Fatalf("start two without --evict: exit %d: %s", code, errOut)
 	}
 	for round := 0; round < 2; round++ {
 		for _, pair := range [][2]string{{"two", "one"}, {"one", "two"}} {
-			if _, errOut, code := f.server.CLI("start", "deployment", pair[0], "--evict", "--wait"); code != 0 {
-				a, b := f.status(pair[0]), f.status(pair[1])
+			if _, errOut, code := f.Server.CLI("start", "deployment", pair[0], "--evict", "--wait"); code != 0 {
+				a, b := f.Status(pair[0]), f.Status(pair[1])
 				t.Fatalf("round %d: start %s --evict: exit %d: %s\n%s: %v %+v\n%s: %v", round, pair[0], code, errOut,
-					pair[0], memberStates(a), a.Instances, pair[1], memberStates(b))
+					pair[0], e2e.MemberStates(a), a.Instances, pair[1], e2e.MemberStates(b))
 			}
-			if st := f.status(pair[1]); st.State != "parked" {
-				t.Fatalf("round %d: %s is %s (%v) after %s took its room", round, pair[1], st.State, memberStates(st), pair[0])
+			if st := f.Status(pair[1]); st.State != "parked" {
+				t.Fatalf("round %d: %s is %s (%v) after %s took its room", round, pair[1], st.State, e2e.MemberStates(st), pair[0])
 			}
-			chatOK(t, f.server, pair[0])
-			f.ledgersWithinLimits(fmt.Sprintf("round %d %s", round, pair[0]))
+			e2e.ChatOK(t, f.Server, pair[0])
+			f.LedgersWithinLimits(fmt.Sprintf("round %d %s", round, pair[0]))
 		}
 	}
 
 	// A topology deployed on a host itself is the server's to place.
-	direct := f.hosts["gpu-a"]
+	direct := f.Hosts["gpu-a"]
 	direct.WriteFile("models/direct/README", "fake model\n")
 	if _, errOut, code := direct.Deploy("direct", groupSpec("direct", "vllm", 2, []string{"gpu-a", "gpu-b"}, "")); code != 5 || !strings.Contains(errOut, "unsupported") {
 		t.Fatalf("a topology deployed on a host: exit %d: %s", code, errOut)

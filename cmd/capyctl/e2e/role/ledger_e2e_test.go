@@ -1,7 +1,7 @@
 // Copyright (c) CapyCTL authors
 // SPDX-License-Identifier: Apache-2.0
 
-package main_test
+package role_test
 
 import (
 	"context"
@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capyctl/capyctl/cmd/capyctl/internal/e2e"
 	"github.com/capyctl/capyctl/core/api/wire"
 	"github.com/capyctl/capyctl/core/structs"
 	"github.com/capyctl/capyctl/plugins-testkit/harness"
@@ -35,17 +36,6 @@ func gpuSpec(name, engine, resources string) string {
 `, name, engine, name, resources)
 }
 
-// memoryOf decodes a status's memory object.
-func memoryOf(t *testing.T, st wire.DeploymentStatus) wire.MemoryView {
-	t.Helper()
-	var mv wire.MemoryView
-	data, _ := json.Marshal(st.Memory)
-	if err := json.Unmarshal(data, &mv); err != nil {
-		t.Fatalf("memory view: %v\n%s", err, data)
-	}
-	return mv
-}
-
 // TestLedger_TwoFitTheThirdIsBlocked: on one simulated 25 GiB card (2 GiB
 // reserve, 23 GiB managed), two deployments of 10 GiB both run, and a third
 // of 8 GiB is refused capacity_blocked (exit 4) naming the host, the
@@ -59,7 +49,7 @@ func TestLedger_TwoFitTheThirdIsBlocked(t *testing.T) {
 	r.MustDeploy("a", gpuSpec("a", "fake", res))
 	r.MustDeploy("b", gpuSpec("b", "fake", res))
 	for _, n := range []string{"a", "b"} {
-		if st := status(t, r, n); st.State != "ready" {
+		if st := e2e.Status(t, r, n); st.State != "ready" {
 			t.Fatalf("%s is %s", n, st.State)
 		}
 	}
@@ -88,13 +78,13 @@ func TestLedger_TwoFitTheThirdIsBlocked(t *testing.T) {
 		}
 	}
 	// a and b still serve; the ledger shows them and nothing of c.
-	chatOK(t, r, "a")
-	chatOK(t, r, "b")
-	st := status(t, r, "c")
+	e2e.ChatOK(t, r, "a")
+	e2e.ChatOK(t, r, "b")
+	st := e2e.Status(t, r, "c")
 	if st.Instances[0].LastError == nil || st.Instances[0].LastError.Code != structs.CodeCapacityBlocked {
 		t.Fatalf("c's last error: %+v", st.Instances[0].LastError)
 	}
-	mv := memoryOf(t, status(t, r, "a"))
+	mv := e2e.MemoryOf(t, e2e.Status(t, r, "a"))
 	var card *int64
 	for _, d := range mv.Ledger {
 		if d.Name == "gpu0" {
@@ -140,7 +130,7 @@ func TestLedger_MeasuredPeakReplacesThePlaceholder(t *testing.T) {
 	// the peak (the engine holds it until the release file exists).
 	var mv wire.MemoryView
 	harness.Eventually(t, 60*time.Second, "the sampler to see the startup peak", func() bool {
-		mv = memoryOf(t, status(t, r, "peaky"))
+		mv = e2e.MemoryOf(t, e2e.Status(t, r, "peaky"))
 		return mv.Startup.ObservedDeviceBytes >= 6*gib && mv.Startup.ObservedHostBytes >= 64<<20
 	})
 	if mv.Startup.DeviceBytes != 4*gib || mv.Startup.DeviceProvenance != "placeholder" || mv.Startup.HostProvenance != "placeholder" {
@@ -152,8 +142,8 @@ func TestLedger_MeasuredPeakReplacesThePlaceholder(t *testing.T) {
 	if err := os.WriteFile(release, nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	harness.Eventually(t, 60*time.Second, "peaky to be ready", func() bool { return status(t, r, "peaky").State == "ready" })
-	mv = memoryOf(t, status(t, r, "peaky"))
+	harness.Eventually(t, 60*time.Second, "peaky to be ready", func() bool { return e2e.Status(t, r, "peaky").State == "ready" })
+	mv = e2e.MemoryOf(t, e2e.Status(t, r, "peaky"))
 	if mv.Measured == nil || mv.Measured.DeviceBytes != 6*gib || mv.Measured.HostBytes < 64<<20 || mv.Measured.Provenance != "measured" {
 		t.Fatalf("measurement after the first start: %+v", mv.Measured)
 	}
@@ -165,8 +155,8 @@ func TestLedger_MeasuredPeakReplacesThePlaceholder(t *testing.T) {
 	if _, errOut, code := r.CLI("start", "deployment", "peaky", "--wait"); code != 0 {
 		t.Fatalf("second start: %d %s\n%s", code, errOut, r.Output())
 	}
-	st := status(t, r, "peaky")
-	mv = memoryOf(t, st)
+	st := e2e.Status(t, r, "peaky")
+	mv = e2e.MemoryOf(t, st)
 	if mv.Startup.DeviceProvenance != "measured" || mv.Startup.HostProvenance != "measured" {
 		t.Fatalf("second start provenance: device %q host %q", mv.Startup.DeviceProvenance, mv.Startup.HostProvenance)
 	}
@@ -206,7 +196,7 @@ func TestLedger_MultiCardPinsTheCardWithRoom(t *testing.T) {
 		uuid string
 	}{{"big", "gpu0", devs[0].UUID}, {"mid", "gpu1", devs[1].UUID}}
 	for _, c := range cases {
-		st := status(t, r, c.name)
+		st := e2e.Status(t, r, c.name)
 		in := st.Instances[0]
 		if _, ok := in.Charges[c.card]; !ok || len(in.Charges) != 2 {
 			t.Fatalf("%s charged %v, want %s and system", c.name, in.Charges, c.card)

@@ -1,7 +1,7 @@
 // Copyright (c) CapyCTL authors
 // SPDX-License-Identifier: Apache-2.0
 
-package main_test
+package dashboard_test
 
 import (
 	"bufio"
@@ -24,6 +24,7 @@ import (
 	"github.com/chromedp/cdproto/network"
 	"github.com/chromedp/chromedp"
 
+	"github.com/capyctl/capyctl/cmd/capyctl/internal/e2e"
 	"github.com/capyctl/capyctl/core/api/client"
 	"github.com/capyctl/capyctl/core/api/dashboard"
 	"github.com/capyctl/capyctl/plugins-testkit/harness"
@@ -358,7 +359,7 @@ func TestDashboard_Browser(t *testing.T) {
 // under an Idempotency-Key; the retry replays it; the same action from
 // another origin is refused and changes nothing.
 func TestDashboard_SessionActionIdempotent(t *testing.T) {
-	r := startWithDemo(t)
+	r := e2e.StartWithDemo(t)
 	base := "http://" + r.Info.Management
 	jar, _ := cookiejar.New(nil)
 	hc := &http.Client{Jar: jar}
@@ -398,7 +399,7 @@ func TestDashboard_SessionActionIdempotent(t *testing.T) {
 	if resp.StatusCode != http.StatusForbidden || !strings.Contains(body, "cross_site_refused") {
 		t.Fatalf("cross-site action: %d %s", resp.StatusCode, body)
 	}
-	if st := status(t, r, "demo"); st.Instances[0].State != "ready" {
+	if st := e2e.Status(t, r, "demo"); st.Instances[0].State != "ready" {
 		t.Fatalf("after the refused action demo/0 is %s", st.Instances[0].State)
 	}
 
@@ -408,7 +409,7 @@ func TestDashboard_SessionActionIdempotent(t *testing.T) {
 	if resp.StatusCode != http.StatusOK || resp.Header.Get("Idempotent-Replayed") != "" {
 		t.Fatalf("action: %d %s (replayed %q)", resp.StatusCode, body, resp.Header.Get("Idempotent-Replayed"))
 	}
-	if st := status(t, r, "demo"); st.Instances[0].State != "stopped" {
+	if st := e2e.Status(t, r, "demo"); st.Instances[0].State != "stopped" {
 		t.Fatalf("after the stop demo/0 is %s", st.Instances[0].State)
 	}
 	resp2, body2 := call(http.MethodPost, path, action, page)

@@ -1,7 +1,7 @@
 // Copyright (c) CapyCTL authors
 // SPDX-License-Identifier: Apache-2.0
 
-package main_test
+package drivers_test
 
 import (
 	"context"
@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capyctl/capyctl/cmd/capyctl/internal/e2e"
 	"github.com/capyctl/capyctl/plugins-testkit/harness"
 )
 
@@ -71,15 +72,15 @@ func TestTensorFold_WholeRole(t *testing.T) {
 		log, err := r.Mgmt.EngineLog(context.Background(), "fold", 0, 64)
 		return err == nil && strings.Contains(log.Text, "building CUDA kernels")
 	})
-	if s := status(t, r, "fold").State; s != "starting" {
+	if s := e2e.Status(t, r, "fold").State; s != "starting" {
 		t.Fatalf("state %s while the first request builds kernels, want starting", s)
 	}
 	if err := os.WriteFile(built, nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	harness.Eventually(t, 60*time.Second, "ready", func() bool { return status(t, r, "fold").State == "ready" })
+	harness.Eventually(t, 60*time.Second, "ready", func() bool { return e2e.Status(t, r, "fold").State == "ready" })
 
-	st := status(t, r, "fold")
+	st := e2e.Status(t, r, "fold")
 	if st.Instances[0].Driver != "tensorfold" || st.Instances[0].Residency != "restart_only" {
 		t.Fatalf("status %+v", st.Instances[0])
 	}
@@ -92,7 +93,7 @@ func TestTensorFold_WholeRole(t *testing.T) {
 	if held != 2<<30 {
 		t.Fatalf("TensorFold holds %d bytes on the card, want its 2 GiB cap", held)
 	}
-	chatOK(t, r, "fold")
+	e2e.ChatOK(t, r, "fold")
 	out, _, code = r.CLI("engine", "flags", "tensorfold", "--format", "json")
 	if code != 0 || !strings.Contains(out, `"name":"TENSORFOLD_API_KEY"`) || !strings.Contains(out, `"class":"reserved"`) {
 		t.Fatalf("engine flags: %d %s", code, out)

@@ -1,7 +1,7 @@
 // Copyright (c) CapyCTL authors
 // SPDX-License-Identifier: Apache-2.0
 
-package main_test
+package cluster_test
 
 import (
 	"context"
@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capyctl/capyctl/cmd/capyctl/internal/e2e"
 	"github.com/capyctl/capyctl/core/api/wire"
 	"github.com/capyctl/capyctl/plugins-testkit/harness"
 	"github.com/capyctl/capyctl/plugins-testkit/poll"
@@ -36,8 +37,8 @@ func withoutFlags(args []string, flags ...string) []string {
 
 // lists reports whether r lists the deployment and the host.
 func lists(t *testing.T, r *harness.Role, deployment, host string) bool {
-	names, ok := deploymentNames(t, r)
-	return ok && slices.Contains(names, deployment) && slices.Contains(hostNames(t, r), host)
+	names, ok := e2e.DeploymentNames(t, r)
+	return ok && slices.Contains(names, deployment) && slices.Contains(e2e.HostNames(t, r), host)
 }
 
 // TestServers_AloneIsAClusterOfOne follows a server that ran without raft
@@ -91,8 +92,8 @@ func TestServers_AloneIsAClusterOfOne(t *testing.T) {
 	}
 
 	s1.Kill9()
-	poll.Until(t, 20*time.Second, "the survivors elect a leader", func() bool { l := leaderOf(s2); return l == "s2" || l == "s3" })
-	poll.Until(t, 20*time.Second, "a survivor serves the deployment", func() bool { return chatAnswers(s2, "demo") })
+	poll.Until(t, 20*time.Second, "the survivors elect a leader", func() bool { l := e2e.LeaderOf(s2); return l == "s2" || l == "s3" })
+	poll.Until(t, 20*time.Second, "a survivor serves the deployment", func() bool { return e2e.ChatAnswers(s2, "demo") })
 	if _, errOut, code := s3.CLI("drain", "host", "gpu-a"); code != 0 {
 		t.Fatalf("a mutation on a survivor: exit %d\n%s", code, errOut)
 	}
@@ -110,7 +111,7 @@ func TestServers_RestartsStayClustered(t *testing.T) {
 	s2 := harness.JoinServer(t, s1, "s2", harness.Options{})
 	s3 := harness.JoinServer(t, s1, "s3", harness.Options{})
 	servers := []*harness.Role{s1, s2, s3}
-	poll.Until(t, 20*time.Second, "three voters caught up", func() bool { return caughtUp(s3, 3) })
+	poll.Until(t, 20*time.Second, "three voters caught up", func() bool { return e2e.CaughtUp(s3, 3) })
 	if list, err := s2.Servers(); err != nil || list.Expect != 3 {
 		t.Fatalf("a joined server's expected size: %+v (%v), want the first server's 3", list, err)
 	}
@@ -119,11 +120,11 @@ func TestServers_RestartsStayClustered(t *testing.T) {
 		r.Stop()
 		r.Args = withoutFlags(r.Args, "--join", "--join-token-file", "--bootstrap-expect")
 		r.Restart()
-		poll.Until(t, 20*time.Second, r.Info.Host+" back in the cluster of three", func() bool { return caughtUp(r, 3) })
+		poll.Until(t, 20*time.Second, r.Info.Host+" back in the cluster of three", func() bool { return e2e.CaughtUp(r, 3) })
 	}
 	follower := s1
 	for _, r := range servers {
-		if leaderOf(r) != r.Info.Host {
+		if e2e.LeaderOf(r) != r.Info.Host {
 			follower = r
 			break
 		}
@@ -142,7 +143,7 @@ func TestServers_RestartsStayClustered(t *testing.T) {
 	// A removed server stops, and never starts again on its old state.
 	var gone *harness.Role
 	for _, r := range servers {
-		if r != follower && leaderOf(r) != r.Info.Host {
+		if r != follower && e2e.LeaderOf(r) != r.Info.Host {
 			gone = r
 		}
 	}
@@ -179,7 +180,7 @@ func futureBinary(t *testing.T) string {
 			return
 		}
 		futureBin = filepath.Join(dir, "capyctl")
-		cmd := exec.Command("go", "build", "-tags", "fleetfuture", "-o", futureBin, ".")
+		cmd := exec.Command("go", "build", "-tags", "fleetfuture", "-o", futureBin, "github.com/capyctl/capyctl/cmd/capyctl")
 		if out, err := cmd.CombinedOutput(); err != nil {
 			futureErr = err
 			t.Logf("%s", out)
@@ -210,7 +211,7 @@ func TestServers_RollingUpgrade(t *testing.T) {
 	s1 := harness.StartFirstServer(t, "s1", 3, harness.Options{})
 	s2 := harness.JoinServer(t, s1, "s2", harness.Options{})
 	s3 := harness.JoinServer(t, s1, "s3", harness.Options{})
-	poll.Until(t, 20*time.Second, "three voters caught up", func() bool { return caughtUp(s3, 3) })
+	poll.Until(t, 20*time.Second, "three voters caught up", func() bool { return e2e.CaughtUp(s3, 3) })
 	harness.StartHost(t, s1, harness.HostOptions{Name: "gpu-a"})
 
 	// s3 upgraded first: stopped, started again with the newer binary.
@@ -244,7 +245,7 @@ func TestServers_RollingUpgrade(t *testing.T) {
 	poll.Until(t, 20*time.Second, "the newer server's command refused", func() bool {
 		return strings.Contains(s3.Output(), "future command refused") && strings.Contains(s3.Output(), "upgrade the leader")
 	})
-	poll.Until(t, 20*time.Second, "the cluster healthy", func() bool { return caughtUp(s1, 3) && caughtUp(s2, 3) })
+	poll.Until(t, 20*time.Second, "the cluster healthy", func() bool { return e2e.CaughtUp(s1, 3) && e2e.CaughtUp(s2, 3) })
 
 	// A cluster a newer server leads commits it; a server of this release
 	// stops at it.
