@@ -39,10 +39,10 @@
 //	├── requests_by_deployment
 //	│   └── <deployment>/
 //	│       └── <seq u64> ......... (empty) index into requests
-//	├── fleet_log ................ sequence = index of the last applied command
-//	│   └── <index u64> ........... a server command, as core/fleet encoded it
 //	├── fleet_state
-//	│   └── <key> ................. the server's state machine, JSON per key
+//	│   └── <key> ................. the server's replicated state, JSON per key
+//	│                               (core/fleet/fsm; its log is raft's, under
+//	│                               <state_dir>/raft)
 //	├── responses ................ sequence = bytes of the stored responses
 //	│   └── <id> .................. structs.StoredResponse (responses.go)
 //	└── responses_by_time
@@ -91,10 +91,12 @@ var (
 	bucketMeasurements     = []byte("measurements")
 	bucketRequests         = []byte("requests")
 	bucketRequestsByDeploy = []byte("requests_by_deployment")
-	bucketFleetLog         = []byte("fleet_log")
-	bucketFleetState       = []byte("fleet_state")
-	bucketResponses        = []byte("responses")
-	bucketResponsesByTime  = []byte("responses_by_time")
+	// bucketFleetLog was the server's own command log (schema 2); schema
+	// 4 removed it: raft's log is the one log.
+	bucketFleetLog        = []byte("fleet_log")
+	bucketFleetState      = []byte("fleet_state")
+	bucketResponses       = []byte("responses")
+	bucketResponsesByTime = []byte("responses_by_time")
 )
 
 // Reserved meta keys.

@@ -69,6 +69,9 @@ func fillTestdata(t *testing.T, s *Store) {
 					Response: []byte(`{"id":"resp_0000000000000000000000000000","object":"response","output":[]}`)}})
 			})
 		},
+		func() error {
+			return s.UpdateFleet(func(st *FleetState) error { return st.Put("host/gpu-a", map[string]string{"name": "gpu-a"}) })
+		},
 	}
 	for _, step := range steps {
 		if err := step(); err != nil {
@@ -132,6 +135,7 @@ func TestStore_OpenOldVersions(t *testing.T) {
 		{name: "schema v1", file: "v1.db"},
 		{name: "schema v2", file: "v2.db"},
 		{name: "schema v3", file: "v3.db", responses: true},
+		{name: "schema v4", file: "v4.db", responses: true},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

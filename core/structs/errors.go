@@ -137,6 +137,11 @@ const (
 	CodeGroupStalled              Code = "group_stalled"
 	CodePeerAddressMissing        Code = "peer_address_missing"
 	CodeRendezvousPortsExhausted  Code = "rendezvous_ports_exhausted"
+	// The server cluster (core/fleet).
+	CodeServerCommandUnknown Code = "server_command_unknown"
+	CodeServerRemoved        Code = "server_removed"
+	CodeHostUnknown          Code = "host_unknown"
+	CodeStaleTerm            Code = "stale_term"
 )
 
 var catalogue = map[Code]CodeInfo{}
@@ -250,6 +255,10 @@ func init() {
 	row(CodeGroupStalled, 13, false, "the group's bring-up stalled past group_stall_timeout; the group was stopped")
 	row(CodePeerAddressMissing, 2, false, "a group member's host has no peer address (set peer_address, --peer-address or CAPYCTL_PEER_ADDRESS on the host)")
 	row(CodeRendezvousPortsExhausted, 4, true, "every port of the head host's rendezvous_ports range is taken")
+	row(CodeServerCommandUnknown, 5, false, "the replicated log holds a command a newer CapyCTL wrote, which this server cannot apply (nor skip: its writer did not flag it ignorable); the server stopped instead of diverging: upgrade it")
+	row(CodeHostUnknown, 3, true, "the host's certificate is the cluster's but the cluster's state does not name the host (a state restored from a snapshot after the host first reached it): the host keeps trying, and is taken once a restore or a join names it")
+	row(CodeStaleTerm, 28, true, "a host refused a command or a desired state from a server that led an older raft term than one the host has seen: a deposed leader's late word changes nothing; the current leader's stands")
+	row(CodeServerRemoved, 3, false, "this server was removed from its cluster (capyctl remove server): move its state directory away and join it again with a new server join token")
 }
 
 // Lookup returns the catalogue row of a code (suffix ignored); unknown codes

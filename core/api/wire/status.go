@@ -118,6 +118,10 @@ var httpStatus = map[structs.Code]int{
 	structs.CodeEngineNotIdle:             http.StatusConflict,
 	structs.CodeBodiesInFlightFull:        http.StatusTooManyRequests,
 	structs.CodeBodyReadTimeout:           http.StatusRequestTimeout,
+	structs.CodeServerCommandUnknown:      http.StatusServiceUnavailable,
+	structs.CodeServerRemoved:             http.StatusForbidden,
+	structs.CodeHostUnknown:               http.StatusServiceUnavailable,
+	structs.CodeStaleTerm:                 http.StatusServiceUnavailable,
 }
 
 // HTTPStatus returns the HTTP status an API answers a code with (a suffix
