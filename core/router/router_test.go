@@ -232,6 +232,7 @@ func TestRouter_HangUpCancelsOnTheEngine(t *testing.T) {
 				}
 			}()
 			waitFor(t, "the engine to generate", func() bool { return c.started(e) })
+			e.lc.noReading.Store(true)
 			hungUp := time.Now()
 			cancel()
 			<-done
@@ -240,6 +241,7 @@ func TestRouter_HangUpCancelsOnTheEngine(t *testing.T) {
 			if s.Running != 0 || s.LastCancelUnixNano < hungUp.UnixNano() {
 				t.Fatalf("engine %+v", s)
 			}
+			e.heldUntilReading(t, router.OutcomeCancelled, 1)
 			e.settleAfterCuts(t)
 		})
 	}
@@ -268,14 +270,16 @@ func TestRouter_HangUpBeforeTheFirstTokenSettlesOnTheIdleReading(t *testing.T) {
 		}
 	}()
 	waitFor(t, "the second request to wait on the engine", func() bool { return e.eng.Stats().Waiting == 1 })
+	e.lc.noReading.Store(true)
 	cancel2()
 	<-done
+	waitFor(t, "the engine to drop it", func() bool { s := e.eng.Stats(); return s.Waiting == 0 && s.Cancelled == 1 })
 	// The engine may have had it: its place stays held until the engine's
 	// load reading shows no more requests than the router still serves
 	// there. The first request still runs, so the engine never reads
 	// idle; the reading "one running, none waiting" against one live
 	// request is the evidence.
-	waitFor(t, "the engine to drop it", func() bool { s := e.eng.Stats(); return s.Waiting == 0 && s.Cancelled == 1 })
+	e.heldUntilReading(t, router.OutcomeCancelled, 1)
 	waitFor(t, "the cut request to settle while the first still runs", func() bool {
 		return e.count("settle_when_idle") == 0 && e.count("settle_at_stop") == 0 && e.count("in_flight") == 1
 	})
