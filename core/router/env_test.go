@@ -27,11 +27,11 @@ import (
 
 // fakeLC is a lifecycle with one deployment on one in-process fake engine.
 type fakeLC struct {
-	board    routes.Board
-	eng      atomic.Pointer[fakeengine.Engine]
-	gen      atomic.Uint64
-	state    atomic.Value // structs.InstanceState
-	noIdle   atomic.Bool
+	board  routes.Board
+	eng    atomic.Pointer[fakeengine.Engine]
+	gen    atomic.Uint64
+	state  atomic.Value // structs.InstanceState
+	noIdle atomic.Bool
 	// noReading makes every load reading fail: the router has no evidence
 	// that the engine ended a cut request.
 	noReading atomic.Bool
@@ -40,8 +40,8 @@ type fakeLC struct {
 	// readings given with busy > 0.
 	busy         atomic.Int64
 	busyReadings atomic.Int64
-	aborts   atomic.Int64
-	restarts atomic.Int64
+	aborts       atomic.Int64
+	restarts     atomic.Int64
 
 	mu       sync.Mutex
 	activate func(ctx context.Context, dep string) error
