@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptrace"
 	"os"
 	"path/filepath"
 	"slices"
@@ -18,6 +19,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -70,6 +72,45 @@ func (f *fleet) mgmtDo(method, path string, headers map[string]string, body stri
 		return mgmtAnswer{err: err}
 	}
 	return mgmtAnswer{status: resp.StatusCode, header: resp.Header, body: harness.ReadAll(resp)}
+}
+
+// mgmtDoReached is mgmtDo with Expect: 100-continue: reached is closed
+// once the server's handler reads the body (the server answers 100
+// Continue then), so the call is in the server's hands, past its routing
+// and authentication.
+func (f *fleet) mgmtDoReached(method, path string, headers map[string]string, body string, reached chan<- struct{}) mgmtAnswer {
+	trace := &httptrace.ClientTrace{Got100Continue: func() { close(reached) }}
+	req, err := http.NewRequestWithContext(httptrace.WithClientTrace(context.Background(), trace), method,
+		"http://"+f.server.Info.Management+path, strings.NewReader(body))
+	if err != nil {
+		return mgmtAnswer{err: err}
+	}
+	req.Header.Set("Authorization", "Bearer "+f.server.Creds.AdminToken)
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Expect", "100-continue")
+	for k, v := range headers {
+		req.Header.Set(k, v)
+	}
+	tr := &http.Transport{ExpectContinueTimeout: time.Minute}
+	defer tr.CloseIdleConnections()
+	resp, err := (&http.Client{Transport: tr}).Do(req)
+	if err != nil {
+		return mgmtAnswer{err: err}
+	}
+	return mgmtAnswer{status: resp.StatusCode, header: resp.Header, body: harness.ReadAll(resp)}
+}
+
+// waitReached waits for a call of mgmtDoReached to reach the server's
+// handler; an answer first (a refusal before the body was read) fails.
+func waitReached(t *testing.T, what string, reached <-chan struct{}, answer <-chan mgmtAnswer) {
+	t.Helper()
+	select {
+	case <-reached:
+	case a := <-answer:
+		t.Fatalf("%s: answered before the body was read: %v %d %s", what, a.err, a.status, a.body)
+	case <-time.After(30 * time.Second):
+		t.Fatalf("%s: not within 30s", what)
+	}
 }
 
 // errorCode is the catalogue code of a management or inference error
@@ -149,33 +190,61 @@ func withGPU(spec, gpu string) string {
 }
 
 // TestFleetFaults_DeployRetriedWithSameKey deploys through the server's
-// management API with an Idempotency-Key, retries it with the same key
-// while the first call is still placing (its engines held loading), and
-// again once it is done: every retry replays the first answer, and each
-// host runs exactly one instance, started once.
+// management API with an Idempotency-Key and retries it with the same key
+// while the first call is still placing, and again once it is done: every
+// retry replays the first answer, and each host runs exactly one instance,
+// started once. The first call is held at the hosts (their drivers stopped
+// with SIGSTOP, so the hosts' Plan of the deployment waits) until the
+// server's handler of the retry reads its body (the answer to Expect:
+// 100-continue): the two calls overlap in the server, and a retry not
+// serialised behind the first by its key would place a second time or be
+// refused as a conflict.
 func TestFleetFaults_DeployRetriedWithSameKey(t *testing.T) {
-	hold := filepath.Join(t.TempDir(), "release")
-	f := startFaultFleet(t, map[string]string{"gpu-a": "24GiB", "gpu-b": "24GiB"}, nil, "--hold-startup-file", hold)
+	f := startFaultFleet(t, map[string]string{"gpu-a": "24GiB", "gpu-b": "24GiB"}, nil)
 	for _, h := range f.hosts {
 		h.WriteFile("models/idem/README", "fake model\n")
 	}
 	body := `{"deployment": {"name": "idem", "engine": "fake", "instances": 2, "model": {"path": "idem"}}, "activate": true}`
 	key := map[string]string{"Idempotency-Key": "fleet-faults-idem-1"}
 
-	first, second := make(chan mgmtAnswer, 1), make(chan mgmtAnswer, 1)
-	go func() { first <- f.mgmtDo(http.MethodPost, wire.Prefix+"/deployments", key, body) }()
-	// The first call is in flight once both hosts' engines are loading.
-	poll.Until(t, 30*time.Second, "an engine loading on each host", func() bool {
-		return len(harness.EnginePIDs(f.hosts["gpu-a"].StateDir)) > 0 && len(harness.EnginePIDs(f.hosts["gpu-b"].StateDir)) > 0
-	})
-	go func() { second <- f.mgmtDo(http.MethodPost, wire.Prefix+"/deployments", key, body) }()
-	time.Sleep(300 * time.Millisecond) // give the retry time to arrive while the first places (not asserted)
-	if err := os.WriteFile(hold, nil, 0o600); err != nil {
-		t.Fatal(err)
+	var drivers []int
+	for _, h := range f.hosts {
+		drivers = append(drivers, harness.DriverPIDs(h.StateDir, "custom")...)
 	}
+	if len(drivers) < len(f.hosts) {
+		t.Fatalf("custom drivers %v, want one per host", drivers)
+	}
+	resume := func() {
+		for _, pid := range drivers {
+			_ = syscall.Kill(pid, syscall.SIGCONT)
+		}
+	}
+	t.Cleanup(resume)
+	for _, pid := range drivers {
+		if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	first, second := make(chan mgmtAnswer, 1), make(chan mgmtAnswer, 1)
+	inFirst, inSecond := make(chan struct{}), make(chan struct{})
+	go func() { first <- f.mgmtDoReached(http.MethodPost, wire.Prefix+"/deployments", key, body, inFirst) }()
+	waitReached(t, "the server to take the first deploy", inFirst, first)
+	go func() { second <- f.mgmtDoReached(http.MethodPost, wire.Prefix+"/deployments", key, body, inSecond) }()
+	waitReached(t, "the server to take the retry", inSecond, second)
+	select {
+	case a := <-first:
+		t.Fatalf("the first deploy answered before the retry reached the server (%d %s): the calls did not overlap", a.status, a.body)
+	default:
+	}
+	resume()
 	a1, a2 := <-first, <-second
-	if a1.err != nil || a1.status != http.StatusCreated {
-		t.Fatalf("first deploy: %v %d %s\nserver:\n%s", a1.err, a1.status, a1.body, f.server.Output())
+	if a1.header.Get(wire.HeaderReplayed) == "true" && a2.header.Get(wire.HeaderReplayed) == "" {
+		// Whichever took the key first placed; the other waits for it.
+		a1, a2 = a2, a1
+	}
+	if a1.err != nil || a1.status != http.StatusCreated || a1.header.Get(wire.HeaderReplayed) != "" {
+		t.Fatalf("first deploy: %v %d (replayed %q) %s\nserver:\n%s", a1.err, a1.status, a1.header.Get(wire.HeaderReplayed), a1.body, f.server.Output())
 	}
 	if a2.err != nil || a2.status != a1.status || a2.header.Get(wire.HeaderReplayed) != "true" || a2.body != a1.body {
 		t.Errorf("a retry with the same key while the first was placing: %v %d (replayed %q) %s\nwant the first answer replayed: %d %s",
