@@ -155,15 +155,22 @@ func hostInstances(t *testing.T, h *harness.Role, name string) int {
 }
 
 // ledgerWithinLimits reads a host's ledger through the server and reports
-// any domain charged over its room.
+// any domain charged over its room. A ledger it cannot read is not within
+// limits: a reading that proves nothing says so.
 func (f *fleet) ledgerWithinLimits(host string) (string, bool) {
 	a := f.mgmtDo(http.MethodGet, wire.Prefix+"/hosts/"+host+"/ledger", nil, "")
 	if a.err != nil || a.status != http.StatusOK {
-		return "", true // out of reach now: nothing to check
+		return fmt.Sprintf("the ledger of %s could not be read: %v %d %s", host, a.err, a.status, a.body), false
 	}
-	var v wire.LedgerView
-	if err := json.Unmarshal([]byte(a.body), &v); err != nil {
+	var answer struct {
+		Ledger wire.LedgerView `json:"ledger"`
+	}
+	if err := json.Unmarshal([]byte(a.body), &answer); err != nil {
 		return fmt.Sprintf("ledger of %s: %v", host, err), false
+	}
+	v := answer.Ledger
+	if len(v.Domains) == 0 {
+		return fmt.Sprintf("the ledger of %s has no domain: %s", host, a.body), false
 	}
 	for _, d := range v.Domains {
 		if d.Charged > d.Room {
@@ -311,15 +318,21 @@ func TestFleetFaults_ConcurrentDeploysNeverOvercommit(t *testing.T) {
 	}
 	results := make(chan result, len(specs))
 	var over atomic.Value
+	var readings atomic.Int64 // rounds that read both ledgers
 	stop := make(chan struct{})
 	sampled := make(chan struct{})
 	go func() { // sample the ledgers while the deploys race
 		defer close(sampled)
 		for {
+			read := true
 			for _, h := range []string{"gpu-a", "gpu-b"} {
 				if msg, ok := f.ledgerWithinLimits(h); !ok {
 					over.Store(msg)
+					read = false
 				}
+			}
+			if read {
+				readings.Add(1)
 			}
 			select {
 			case <-stop:
@@ -372,7 +385,10 @@ func TestFleetFaults_ConcurrentDeploysNeverOvercommit(t *testing.T) {
 		t.Errorf("both unpinned deployments refused while gpu-b had room: %v", placed)
 	}
 	if msg, _ := over.Load().(string); msg != "" {
-		t.Errorf("a ledger went over its room while the deploys raced: %s", msg)
+		t.Errorf("a ledger went over its room, or could not be read, while the deploys raced: %s", msg)
+	}
+	if readings.Load() == 0 {
+		t.Error("the sampler read no ledger while the deploys raced: it proves nothing")
 	}
 	// What each host runs is what the server placed: no refused deployment
 	// left behind on a host.
@@ -449,11 +465,16 @@ func TestFleetFaults_HostKilledDuringActivation(t *testing.T) {
 // holds the bytes, delivered when it heals) just before a deploy the
 // server sends it: the server gives the host up (lost, host_unreachable)
 // and places the deployment on the other host, and the held request then
-// reaches the first host when the partition heals. Nothing may run twice:
-// every deployment a host runs must be one the server places on it.
+// reaches the first host when the partition heals (the partition counts
+// the bytes it delivered late). Nothing may run twice: every deployment a
+// host runs must be one the server places on it, and the deployment runs
+// once, on the host that took it.
 func TestFleetFaults_DeployDeliveredLate(t *testing.T) {
 	f := &fleet{t: t, hosts: map[string]*harness.Role{}}
-	f.server = harness.StartServer(t, harness.Options{Args: []string{"--set", "host_heartbeat=300ms"}})
+	// Heartbeats every 2 s: the server gives a silent host up after three
+	// missed (6 s), so the deploy sent right after the cut surely finds
+	// gpu-b still ready and tries it first.
+	f.server = harness.StartServer(t, harness.Options{Args: []string{"--set", "host_heartbeat=2s"}})
 	f.hosts["gpu-a"] = harness.StartHost(t, f.server, harness.HostOptions{Name: "gpu-a"})
 	token, cluster := f.server.JoinToken("")
 	proxy := harness.NewPartition(t, cluster)
@@ -465,18 +486,35 @@ func TestFleetFaults_DeployDeliveredLate(t *testing.T) {
 	for _, h := range f.hosts {
 		h.WriteFile("models/late/README", "fake model\n")
 	}
+	dep := `{"name": "late", "engine": "fake", "model": {"path": "late"}}`
 	proxy.Cut(false)
-	out, errOut, code := f.deploy("late", harness.SimpleSpec("late", "fake"), "--activate", "--wait")
-	t.Logf("deploy with gpu-b cut off: exit %d\n%s%s", code, out, errOut)
-	if code != 0 {
-		if code != 4 || !strings.Contains(errOut, "capacity_blocked") && !strings.Contains(errOut, "host_unreachable") {
-			t.Fatalf("deploy with gpu-b cut off: exit %d, want 0 or a coded refusal\n%s", code, errOut)
-		}
+	if s := f.hostState("gpu-b"); s != wire.HostReady {
+		t.Fatalf("gpu-b is %s right after the cut: the deploy would not try it", s)
 	}
-	if code == 0 {
-		t.Logf("late placed on %v", hostsOf(f.status("late")))
+	a := f.mgmtDo(http.MethodPost, wire.Prefix+"/deployments", nil, `{"deployment": `+dep+`, "activate": true}`)
+	if a.err != nil || a.status != http.StatusCreated {
+		// The server must give the silent host up and place on the other:
+		// a refusal leaves nothing to deliver late.
+		t.Fatalf("deploy with gpu-b cut off: %v %d %s, want it placed on gpu-a\nserver:\n%s", a.err, a.status, a.body, f.server.Output())
+	}
+	if hs := hostsOf(f.status("late")); !slices.Equal(hs, []string{"gpu-a"}) {
+		t.Fatalf("late placed on %v with gpu-b cut off, want gpu-a", hs)
+	}
+	if s := f.hostState("gpu-b"); s == wire.HostReady {
+		t.Fatalf("gpu-b is %s after the deploy gave it up", s)
+	}
+	if _, held := proxy.Late(); held != 0 {
+		t.Fatalf("%d bytes delivered late before the heal", held)
 	}
 	proxy.Heal()
+	// The late delivery: what the server sent gpu-b while cut off (the
+	// deploy it gave up on) reaches gpu-b now.
+	poll.Until(t, 30*time.Second, "the deploy held in the partition delivered to gpu-b", func() bool {
+		_, late := proxy.Late()
+		return late >= int64(len(dep)) // at least the deployment the request carries
+	})
+	_, late := proxy.Late()
+	t.Logf("%d bytes the server sent during the partition reached gpu-b after it healed", late)
 	poll.UntilSlow(t, 30*time.Second, "gpu-b back", func() bool { return f.hostState("gpu-b") == wire.HostReady })
 	var last string
 	deadline := time.Now().Add(20 * time.Second)
@@ -502,6 +540,14 @@ func TestFleetFaults_DeployDeliveredLate(t *testing.T) {
 		t.Fatalf("after the partition healed: %s\nengines on gpu-a %v, on gpu-b %v", last,
 			harness.EnginePIDs(f.hosts["gpu-a"].StateDir), harness.EnginePIDs(f.hosts["gpu-b"].StateDir))
 	}
+	if n := hostInstances(t, f.hosts["gpu-a"], "late"); n != 1 {
+		t.Fatalf("gpu-a runs %d instances of late, want 1", n)
+	}
+	if pids := harness.EnginePIDs(f.hosts["gpu-b"].StateDir); len(pids) != 0 {
+		t.Fatalf("engines run on gpu-b after the late delivery: %v", pids)
+	}
+	poll.UntilSlow(t, 30*time.Second, "late ready on gpu-a", func() bool { return f.status("late").ReadyN == 1 })
+	chatOK(t, f.server, "late")
 }
 
 // openStream sends a long streamed chat and returns once its first chunk
