@@ -41,7 +41,7 @@ type result struct {
 // survivor is one mutant that lived.
 type survivor struct {
 	file, typ, source string
-	line, col        int
+	line, col         int
 }
 
 func (s survivor) key() string { return s.file + "\t" + s.typ + "\t" + s.source }
