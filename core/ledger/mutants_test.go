@@ -134,3 +134,82 @@ func TestSize_WholeLimitAtItsEdges(t *testing.T) {
 		})
 	}
 }
+
+// TestSize_KVCacheDefaults: with weights and no device limit known, the KV
+// cache is the default maximum; with a declared request and no weights
+// known, no KV cache is derived.
+func TestSize_KVCacheDefaults(t *testing.T) {
+	s, err := Size(SizingInput{Residency: "restart_only", Hints: Hints{WeightsBytes: 8 * gib}})
+	if err != nil || s.KVCache != MaxDefaultKV {
+		t.Fatalf("no device limit: KV %d, %v; want %d", s.KVCache, err, MaxDefaultKV)
+	}
+	in := SizingInput{Residency: "restart_only", DeviceLimit: 20 * gib}
+	in.Memory.Request = 8 * gib
+	s, err = Size(in)
+	if err != nil || s.KVCache != 0 {
+		t.Fatalf("a declared request without weights: KV %d, %v; want none derived", s.KVCache, err)
+	}
+}
+
+// TestSize_Edges: the refusal of a request that leaves exactly no KV cache,
+// the startup of a unified machine whose request dominates, and
+// measurements that saw nothing on the card.
+func TestSize_Edges(t *testing.T) {
+	in := SizingInput{Residency: "restart_only", Hints: Hints{WeightsBytes: 10 * gib}, DeviceLimit: 40 * gib}
+	in.Memory.Request = 11 * gib // 110% of the weights: nothing left for a KV cache
+	if _, err := Size(in); err == nil {
+		t.Fatal("a request leaving no KV cache was accepted")
+	}
+
+	in = SizingInput{Residency: "restart_only", Unified: true, Hints: Hints{WeightsBytes: gib}, DeviceLimit: 100 * gib}
+	in.Memory.KVCache = 30 * gib
+	s, err := Size(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := s.Ready.Device + GraphsAllowance; s.Startup.Device != want {
+		t.Fatalf("unified startup %d, want the request and the graphs %d", s.Startup.Device, want)
+	}
+
+	in = SizingInput{Residency: "restart_only", Hints: Hints{WeightsBytes: 8 * gib}, DeviceLimit: 40 * gib,
+		Measured: &Measured{HostBytes: 300 << 20}}
+	if s, err := Size(in); err != nil || s.StartupDeviceProvenance != ProvPlaceholder || s.StartupHostProvenance != ProvMeasured {
+		t.Fatalf("a host-only measurement: %+v %v", s, err)
+	}
+
+	in = SizingInput{Residency: "deep", Hints: Hints{WeightsBytes: 8 * gib}, DeviceLimit: 40 * gib,
+		MeasuredParked: &Measured{HostBytes: 300 << 20}}
+	if s, err := Size(in); err != nil || s.ParkedProvenance != ProvPlaceholder {
+		t.Fatalf("a parked measurement with nothing on the card: %+v %v", s, err)
+	}
+}
+
+// TestSize_HostLimitEdges: the host side of the whole-limit rule touches
+// only a placeholder above the host limit for a model that fits once
+// ready; a measured startup, a ready charge at the limit exactly or above
+// it stay as they are.
+func TestSize_HostLimitEdges(t *testing.T) {
+	const limit = 32 * gib
+	cases := []struct {
+		name     string
+		hints    Hints
+		measured *Measured
+		host     int64
+		prov     string
+	}{
+		{"measured above the limit", Hints{WeightsBytes: 8 * gib}, &Measured{HostBytes: limit + gib}, limit + gib, ProvMeasured},
+		{"ready at the limit", Hints{ReadyDeviceBytes: 4 * gib, ReadyHostBytes: limit}, nil, limit, ProvPlaceholder},
+		{"ready above the limit", Hints{ReadyDeviceBytes: 4 * gib, ReadyHostBytes: limit + gib}, nil, limit + gib, ProvPlaceholder},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			s, err := Size(SizingInput{Residency: "restart_only", Hints: c.hints, Measured: c.measured, DeviceLimit: 40 * gib, HostLimit: limit})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if s.Startup.Host != c.host || s.StartupHostProvenance != c.prov {
+				t.Fatalf("startup host %d (%s), want %d (%s)", s.Startup.Host, s.StartupHostProvenance, c.host, c.prov)
+			}
+		})
+	}
+}

@@ -8,9 +8,9 @@
 //	go run ./scripts/mutants -survivors scripts/mutants/survivors.tsv core/ledger=bin/mutate/core_ledger.json ...
 //
 // The survivors file has one mutant a line, tab-separated: the file (from
-// the module root), gremlins' mutation type, the source line as it reads
-// trimmed (so a listing survives code moving up or down), and the reason.
-// Lines starting with # are comments.
+// the module root), the column, gremlins' mutation type, the source line as
+// it reads trimmed (so a listing survives code moving up or down), and the
+// reason. Lines starting with # are comments.
 package main
 
 import (
@@ -22,6 +22,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 )
 
@@ -44,7 +45,9 @@ type survivor struct {
 	line, col         int
 }
 
-func (s survivor) key() string { return s.file + "\t" + s.typ + "\t" + s.source }
+func (s survivor) key() string {
+	return s.file + "\t" + strconv.Itoa(s.col) + "\t" + s.typ + "\t" + s.source
+}
 
 func main() {
 	list := flag.String("survivors", "", "the file of mutants that may live, with why")
@@ -144,8 +147,8 @@ func sourceLines(path string) []string {
 	return strings.Split(string(data), "\n")
 }
 
-// readList reads the survivors file: file, type, source line and reason,
-// by the first three.
+// readList reads the survivors file: file, column, type, source line and
+// reason, by the first four.
 func readList(path string) (map[string]string, error) {
 	out := map[string]string{}
 	if path == "" {
@@ -165,10 +168,10 @@ func readList(path string) (map[string]string, error) {
 			continue
 		}
 		parts := strings.Split(line, "\t")
-		if len(parts) != 4 || strings.TrimSpace(parts[3]) == "" {
-			return nil, fmt.Errorf("%s:%d: want file, type, source line and reason, tab-separated", path, n)
+		if len(parts) != 5 || strings.TrimSpace(parts[4]) == "" {
+			return nil, fmt.Errorf("%s:%d: want file, column, type, source line and reason, tab-separated", path, n)
 		}
-		out[parts[0]+"\t"+parts[1]+"\t"+parts[2]] = parts[3]
+		out[strings.Join(parts[:4], "\t")] = parts[4]
 	}
 	return out, sc.Err()
 }
