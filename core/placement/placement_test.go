@@ -592,6 +592,21 @@ func TestPlacer_MeasuresTheParkedResidue(t *testing.T) {
 	if mv.Parked.DeviceBytes != 5*gib/2 || mv.Parked.Provenance != ledger.ProvMeasured {
 		t.Fatalf("next start's parked charge: %+v", mv.Parked)
 	}
+	// A park that reads nothing on the card measures nothing: the charge
+	// measured before stays (a reading of 0 is no evidence of a smaller
+	// residue).
+	p.Launched("p/0", pid, []structs.ProcessIdentity{{PID: pid, Role: "engine"}})
+	if err := p.Phase("p/0", ledger.PhaseReady); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Phase("p/0", ledger.PhaseParked); err != nil {
+		t.Fatal(err)
+	}
+	g.set(gpu.ProcessMemory{PID: pid, DeviceUUID: "GPU-a", Bytes: 0})
+	p.Parked("p/0")
+	if o, _ := p.l.Owner("p/0"); o.Charges["gpu0"] != 5*gib/2 {
+		t.Fatalf("parked charge after a reading of nothing: %v, want the measured %d kept", o.Charges, 5*gib/2)
+	}
 }
 
 func TestPlacer_Adopt(t *testing.T) {
