@@ -11,9 +11,11 @@
 # Environment:
 #   MUTATE_OUT      where the results go (default: bin/mutate): per package
 #                   <pkg>.json (gremlins' own) and <pkg>.txt (its output)
-#   MUTATE_TIMEOUT  gremlins' timeout coefficient (default 3): a mutant
-#                   whose tests run over 3 times as long as the package's
-#                   own run is "timed out" (counted apart, as killed)
+#   MUTATE_TIMEOUT  gremlins' timeout coefficient (default 10): a mutant
+#                   whose build and tests take over 10 times the package's
+#                   first (cached) run is "timed out", counted apart and as
+#                   killed. gremlins' own default, 3, times out mutants
+#                   whose package merely takes longer to build uncached.
 #   MUTATE_EXCLUDE  file regexps left out (gremlins -E), space-separated
 #
 # Tests run with -short (GOFLAGS): the tests that start a whole role run
@@ -35,7 +37,7 @@ results=()
 for pkg in "$@"; do
 	pkg="${pkg#./}"
 	name="${pkg//\//_}"
-	args=(unleash --workers 1 --timeout-coefficient "${MUTATE_TIMEOUT:-3}" -o "$out/$name.json")
+	args=(unleash --workers 1 --timeout-coefficient "${MUTATE_TIMEOUT:-10}" -o "$out/$name.json")
 	for x in ${MUTATE_EXCLUDE:-}; do
 		args+=(-E "$x")
 	done
