@@ -4,11 +4,16 @@
 package placement
 
 import (
+	"context"
 	"testing"
 	"time"
 
 	"github.com/capyctl/capyctl/core/gpu"
+	"github.com/capyctl/capyctl/core/ledger"
+	"github.com/capyctl/capyctl/core/lifecycle"
 	"github.com/capyctl/capyctl/core/structs"
+	"github.com/capyctl/capyctl/plugins-testkit/poll"
+	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
 
 // Tests written against the mutants make mutate found alive in this
@@ -51,5 +56,96 @@ func TestPlacer_SizingInputResidency(t *testing.T) {
 	}
 	if in := p.sizingInput(spec, nil, "", nil); in.Residency != structs.ResidencyRestartOnly {
 		t.Fatalf("residency %q, want the spec's %q", in.Residency, structs.ResidencyRestartOnly)
+	}
+}
+
+func TestMeasurementKey(t *testing.T) {
+	a := MeasurementKey("m", 1, "h", &structs.EngineRecord{Name: "e", Digest: "sha256:x"})
+	b := MeasurementKey("m", 1, "h", &structs.EngineRecord{Name: "e", Digest: "sha256:y"})
+	c := MeasurementKey("m", 1, "h", &structs.EngineRecord{Name: "f"})
+	if a == b || a != "startup/m/1/h/sha256:x" || c != "startup/m/1/h/f" {
+		t.Fatalf("keys %q %q %q: want the installation's digest, else its name", a, b, c)
+	}
+	if k := MeasurementKey("m", 1, "h", nil); k != "startup/m/1/h/" {
+		t.Fatalf("key without an engine %q", k)
+	}
+}
+
+// TestPlacer_DeviceLimitIsTheCards: a startup estimate above the card's
+// managed limit, for a model that fits once ready, sets aside that card's
+// whole limit (not the host RAM's, and not nothing).
+func TestPlacer_DeviceLimitIsTheCards(t *testing.T) {
+	// Two cards of different sizes: the first, with the most room, is the
+	// one placed on, and its limit is the one that counts.
+	g := cards(2, 24*gib)
+	g.devs[1].TotalBytes = 16 * gib
+	p := newPlacer(t, g, newMemStore())
+	_, err := p.Reserve(context.Background(), lifecycle.Reservation{
+		Owner: "w/0", Deployment: &structs.Deployment{Name: "w"}, Revision: 1, Engine: &structs.EngineRecord{Name: "e"},
+		Hints:     &pb.MemoryHints{ReadyDeviceBytes: 10 * gib, ReadyHostBytes: gib, StartupDeviceBytes: 30 * gib},
+		Residency: structs.ResidencyRestartOnly,
+	})
+	if err != nil {
+		t.Fatalf("reserve: %v", err)
+	}
+	var limit int64
+	for _, d := range p.l.Domains() {
+		if d.Name == "gpu0" {
+			limit = d.ManagedLimit
+		}
+	}
+	if o, _ := p.l.Owner("w/0"); o.Charges["gpu0"] != limit || limit == 0 {
+		t.Fatalf("startup charge %v, want the card's whole managed limit %d", o.Charges, limit)
+	}
+}
+
+// TestPlacer_HostOnlyPeakIsStored: a start that holds nothing on a card
+// still has its host peak measured and stored.
+func TestPlacer_HostOnlyPeakIsStored(t *testing.T) {
+	st := newMemStore()
+	p, err := New(Config{Host: "hostA", GPU: cards(1, 24*gib), HostFS: gpu.HostFS{ProcRoot: "/proc", CgroupRoot: t.TempDir()}, Store: st, SampleInterval: 5 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	d := &structs.Deployment{Name: "h", Resources: &structs.ResourceSpec{Phases: map[string]structs.PhaseCharge{"ready": {GPU: structs.ByteSize(gib), RAM: 1 << 20}}}}
+	if _, err := reserve(p, "h/0", d); err != nil {
+		t.Fatal(err)
+	}
+	eng := startEngine(t)
+	p.Launched("h/0", eng.Process.Pid, []structs.ProcessIdentity{{PID: eng.Process.Pid, Role: "engine"}})
+	poll.Until(t, 30*time.Second, "a host sample", func() bool {
+		mv, _ := p.Memory("h", 1)
+		return mv.Startup.ObservedHostBytes > 0
+	})
+	if err := p.Phase("h/0", ledger.PhaseReady); err != nil {
+		t.Fatal(err)
+	}
+	m, err := st.GetMeasurement(MeasurementKey("h", 1, "hostA", &structs.EngineRecord{Name: "e", Digest: "sha256:x"}))
+	if err != nil || m == nil || m.HostBytes <= 0 || m.DeviceBytes != 0 {
+		t.Fatalf("stored %+v %v, want the host peak and nothing on the card", m, err)
+	}
+}
+
+// TestPlacer_LaunchedWithoutIdentities: a launch with neither an engine
+// PID nor a process group is not sampled; one with only a process group is.
+func TestPlacer_LaunchedWithoutIdentities(t *testing.T) {
+	p := newPlacer(t, cards(1, 24*gib), newMemStore())
+	if _, err := reserve(p, "l/0", spec("l", gib, gib)); err != nil {
+		t.Fatal(err)
+	}
+	sampled := func() bool {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return p.samples["l/0"] != nil
+	}
+	p.Launched("l/0", 0, nil)
+	if sampled() {
+		t.Fatal("a launch without identities is sampled")
+	}
+	eng := startEngine(t)
+	p.Launched("l/0", eng.Process.Pid, nil)
+	if !sampled() {
+		t.Fatal("a launch known by its process group is not sampled")
 	}
 }
