@@ -149,3 +149,48 @@ func TestPlacer_LaunchedWithoutIdentities(t *testing.T) {
 		t.Fatal("a launch known by its process group is not sampled")
 	}
 }
+
+// TestPlacer_ValidateAgainstTheLargestCard: a deployment that fits only
+// the larger of two cards is valid.
+func TestPlacer_ValidateAgainstTheLargestCard(t *testing.T) {
+	g := cards(2, 16*gib)
+	g.devs[1].TotalBytes = 24 * gib
+	p := newPlacer(t, g, newMemStore())
+	if err := p.Validate(spec("a", 20*gib, gib), nil, &pb.MemoryHints{}, structs.ResidencyRestartOnly); err != nil {
+		t.Fatalf("fits the 24 GiB card: %v", err)
+	}
+}
+
+// TestPlacer_TheCardWithMostRoomFirst: of two equal cards, a second
+// deployment goes to the one the first left free.
+func TestPlacer_TheCardWithMostRoomFirst(t *testing.T) {
+	p := newPlacer(t, cards(2, 24*gib), newMemStore())
+	card := func(owner string) string {
+		o, _ := p.l.Owner(owner)
+		for dom, b := range o.Charges {
+			if dom != "system" && b > 0 {
+				return dom
+			}
+		}
+		return ""
+	}
+	for _, o := range []string{"a/0", "b/0"} {
+		if _, err := reserve(p, o, spec(o[:1], 10*gib, gib)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if a, b := card("a/0"), card("b/0"); a == "" || a == b {
+		t.Fatalf("a on %q, b on %q: want two cards", a, b)
+	}
+}
+
+// TestPlacer_PlanFromRefusesUnknownDomains: a recorded plan naming a
+// domain this host does not have is refused, whatever the phase.
+func TestPlacer_PlanFromRefusesUnknownDomains(t *testing.T) {
+	p := newPlacer(t, cards(1, 24*gib), newMemStore())
+	for _, ph := range []string{ledger.PhaseStartup, ledger.PhaseReady, ledger.PhaseParked} {
+		if _, err := p.planFrom(map[string]map[string]int64{ph: {"gpu9": gib}}); err == nil {
+			t.Fatalf("a %s charge on gpu9 was accepted", ph)
+		}
+	}
+}

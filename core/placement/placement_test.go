@@ -482,6 +482,9 @@ func TestPlacer_MeasuresTheStartupPeak(t *testing.T) {
 	if mv.Startup.DeviceBytes != 6*gib || mv.Startup.DeviceProvenance != ledger.ProvMeasured || mv.Startup.HostProvenance != ledger.ProvMeasured {
 		t.Fatalf("second start: %+v", mv.Startup)
 	}
+	if mv.Measured == nil || mv.Measured.DeviceBytes != 6*gib {
+		t.Fatalf("the view shows no stored measurement: %+v", mv.Measured)
+	}
 	// A second start that peaks lower: the stored peak keeps the larger.
 	p.Launched("m/0", pid, []structs.ProcessIdentity{{PID: pid, Role: "engine"}})
 	g.set(gpu.ProcessMemory{PID: pid, DeviceUUID: "GPU-a", Bytes: 5 * gib})
