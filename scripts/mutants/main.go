@@ -9,8 +9,9 @@
 //
 // The survivors file has one mutant a line, tab-separated: the file (from
 // the module root), the column, gremlins' mutation type, the source line as
-// it reads trimmed (so a listing survives code moving up or down), and the
-// reason. Lines starting with # are comments.
+// it reads trimmed and the line after it (so a listing survives code moving
+// up or down, and tells apart two equal lines), and the reason. Lines
+// starting with # are comments.
 package main
 
 import (
@@ -41,12 +42,12 @@ type result struct {
 
 // survivor is one mutant that lived.
 type survivor struct {
-	file, typ, source string
-	line, col         int
+	file, typ, source, next string
+	line, col               int
 }
 
 func (s survivor) key() string {
-	return s.file + "\t" + strconv.Itoa(s.col) + "\t" + s.typ + "\t" + s.source
+	return s.file + "\t" + strconv.Itoa(s.col) + "\t" + s.typ + "\t" + s.source + "\t" + s.next
 }
 
 func main() {
@@ -99,6 +100,9 @@ func run(w io.Writer, args []string, listed map[string]string) int {
 				if m.Line > 0 && m.Line <= len(lines) {
 					s.source = strings.TrimSpace(lines[m.Line-1])
 				}
+				if m.Line > 0 && m.Line < len(lines) {
+					s.next = strings.TrimSpace(lines[m.Line])
+				}
 				if _, ok := listed[s.key()]; ok {
 					explained = append(explained, s)
 				} else {
@@ -126,7 +130,7 @@ func run(w io.Writer, args []string, listed map[string]string) int {
 	})
 	fmt.Fprintf(w, "%d mutants lived and are not listed (kill them with a test, or list them with why they may live):\n", len(unlisted))
 	for _, s := range unlisted {
-		fmt.Fprintf(w, "%s:%d:%d\t%s\t%s\n", s.file, s.line, s.col, s.typ, s.source)
+		fmt.Fprintf(w, "%s:%d:%d\t%s\t%s\t%s\n", s.file, s.line, s.col, s.typ, s.source, s.next)
 	}
 	return len(unlisted)
 }
@@ -147,8 +151,8 @@ func sourceLines(path string) []string {
 	return strings.Split(string(data), "\n")
 }
 
-// readList reads the survivors file: file, column, type, source line and
-// reason, by the first four.
+// readList reads the survivors file: file, column, type, source line, next
+// line and reason, by the first five.
 func readList(path string) (map[string]string, error) {
 	out := map[string]string{}
 	if path == "" {
@@ -168,10 +172,10 @@ func readList(path string) (map[string]string, error) {
 			continue
 		}
 		parts := strings.Split(line, "\t")
-		if len(parts) != 5 || strings.TrimSpace(parts[4]) == "" {
-			return nil, fmt.Errorf("%s:%d: want file, column, type, source line and reason, tab-separated", path, n)
+		if len(parts) != 6 || strings.TrimSpace(parts[5]) == "" {
+			return nil, fmt.Errorf("%s:%d: want file, column, type, source line, next line and reason, tab-separated", path, n)
 		}
-		out[strings.Join(parts[:4], "\t")] = parts[4]
+		out[strings.Join(parts[:5], "\t")] = parts[5]
 	}
 	return out, sc.Err()
 }
