@@ -194,3 +194,94 @@ func TestPlacer_PlanFromRefusesUnknownDomains(t *testing.T) {
 		}
 	}
 }
+
+// TestPlacer_RestoredEnginesAreNotExternal: after a restart, the GPU
+// memory of an engine the role recorded (restored, or adopted after it)
+// is the role's, not memory held outside CapyCTL; Host reads that afresh.
+func TestPlacer_RestoredEnginesAreNotExternal(t *testing.T) {
+	g := cards(1, 24*gib)
+	st := newMemStore()
+	// The real process table: the engine is a live process in its group.
+	procPlacer := func() *Placer {
+		q, err := New(Config{Host: "hostA", GPU: g, HostFS: gpu.HostFS{ProcRoot: "/proc", CgroupRoot: t.TempDir()}, Store: st, SampleInterval: 5 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(q.Close)
+		return q
+	}
+	p := procPlacer()
+	if _, err := reserve(p, "a/0", spec("a", 10*gib, gib)); err != nil {
+		t.Fatal(err)
+	}
+	engine := startEngine(t).Process.Pid
+	launch := &structs.LaunchRecord{Pgid: engine, Processes: []structs.ProcessIdentity{{PID: engine, Role: "engine"}}}
+	const foreign = 999991
+	g.set(gpu.ProcessMemory{PID: engine, DeviceUUID: "GPU-a", Bytes: 4 * gib}, gpu.ProcessMemory{PID: foreign, DeviceUUID: "GPU-a", Bytes: 3 * gib})
+	external := func(q *Placer) int64 {
+		for _, d := range q.Host().Ledger.Domains {
+			if d.Name == "gpu0" {
+				return d.External
+			}
+		}
+		return -1
+	}
+	rec := structs.InstanceRecord{Deployment: "a", Index: 0, State: structs.StateStarting, Launch: launch}
+
+	q := procPlacer()
+	q.Restore([]structs.InstanceRecord{rec})
+	if e := external(q); e != 3*gib {
+		t.Fatalf("external after a restore %d, want only the foreign process's 3 GiB", e)
+	}
+
+	r := procPlacer()
+	// Restored from a record that knew another launch (the one before a
+	// restart of the engine), then adopted with the running one.
+	bare := rec
+	bare.Launch = &structs.LaunchRecord{Pgid: 1}
+	r.Restore([]structs.InstanceRecord{bare})
+	r.Adopt("a/0", ledger.PhaseStartup, rec)
+	if e := external(r); e != 3*gib {
+		t.Fatalf("external after an adopt %d, want only the foreign process's 3 GiB", e)
+	}
+}
+
+// TestPlacer_AdoptChargesARaiseThatNoLongerFits: an engine adopted in a
+// phase whose charge no longer fits is charged anyway: its memory is in
+// use.
+func TestPlacer_AdoptChargesARaiseThatNoLongerFits(t *testing.T) {
+	g := cards(1, 24*gib)
+	st := newMemStore()
+	p := newPlacer(t, g, st)
+	if _, err := reserve(p, "a/0", spec("a", 20*gib, gib)); err != nil {
+		t.Fatal(err)
+	}
+	// Parked (a restart_only plan charges nothing parked): room for b.
+	if err := p.Phase("a/0", ledger.PhaseParked); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := reserve(p, "b/0", spec("b", 10*gib, gib)); err != nil {
+		t.Fatal(err)
+	}
+	q := newPlacer(t, g, st)
+	rec := structs.InstanceRecord{Deployment: "a", Index: 0, State: structs.StateParked, Launch: &structs.LaunchRecord{Pgid: 1}}
+	recB := structs.InstanceRecord{Deployment: "b", Index: 0, State: structs.StateStarting, Launch: &structs.LaunchRecord{Pgid: 2}}
+	q.Restore([]structs.InstanceRecord{rec, recB})
+	q.Adopt("a/0", ledger.PhaseReady, rec)
+	if o, _ := q.l.Owner("a/0"); o.Phase != ledger.PhaseReady || o.Charges["gpu0"] != 20*gib {
+		t.Fatalf("adopted over the room: %+v, want ready with 20 GiB charged", o)
+	}
+}
+
+// TestPlacer_HostRefreshesExternal: Host reads what the cards hold
+// outside CapyCTL at each call.
+func TestPlacer_HostRefreshesExternal(t *testing.T) {
+	g := cards(1, 24*gib)
+	p := newPlacer(t, g, newMemStore())
+	g.set(gpu.ProcessMemory{PID: 999991, DeviceUUID: "GPU-a", Bytes: 3 * gib})
+	for _, d := range p.Host().Ledger.Domains {
+		if d.Name == "gpu0" && d.External != 3*gib {
+			t.Fatalf("external %d after a foreign process took 3 GiB", d.External)
+		}
+	}
+}
