@@ -16,7 +16,9 @@
 #                   first (cached) run is "timed out", counted apart and as
 #                   killed. gremlins' own default, 3, times out mutants
 #                   whose package merely takes longer to build uncached.
-#   MUTATE_EXCLUDE  file regexps left out (gremlins -E), space-separated
+#   MUTATE_EXCLUDE  regexps of file names left out, space-separated
+#                   (gremlins -E, matched against the path inside the
+#                   package: "^serve\.go$")
 #
 # Tests run with -short (GOFLAGS): the tests that start a whole role run
 # the capyctl binary built beforehand, without the mutant, so they cannot
