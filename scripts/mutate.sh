@@ -20,7 +20,7 @@
 #                   (gremlins -E, matched against the path inside the
 #                   package: "^serve\.go$")
 #
-# Tests run with -short (GOFLAGS): the tests that start a whole role run
+# Tests run with -short and -count=1 (GOFLAGS): the tests that start a whole role run
 # the capyctl binary built beforehand, without the mutant, so they cannot
 # kill one, and they take most of a package's time. Then
 # scripts/mutants prints the score per package and every mutant that lived
@@ -33,7 +33,9 @@ gremlins="${1:?usage: scripts/mutate.sh GREMLINS PKG...}"
 shift
 out="${MUTATE_OUT:-bin/mutate}"
 mkdir -p "$out"
-export GOFLAGS="${GOFLAGS:+$GOFLAGS }-short"
+# -count=1: a cached test result would make gremlins' timing run take no
+# time, and every mutant time out.
+export GOFLAGS="${GOFLAGS:+$GOFLAGS }-short -count=1"
 
 results=()
 for pkg in "$@"; do
