@@ -34,3 +34,18 @@ func TestTargetCache_PerRouterAndBounded(t *testing.T) {
 		}
 	}
 }
+
+// TestTargetCache_RefusesABadURLEveryTime: an endpoint the router cannot
+// reach over plain HTTP is refused, the first time and every time after
+// (a refusal is not cached as a target).
+func TestTargetCache_RefusesABadURLEveryTime(t *testing.T) {
+	var r Router
+	for i := 0; i < 2; i++ {
+		if _, err := r.targets.engineURL("https://127.0.0.1:9000", "/v1/chat/completions"); err == nil {
+			t.Fatalf("lookup %d: an https engine endpoint was accepted", i)
+		}
+	}
+	if n := r.targets.len(); n != 0 {
+		t.Fatalf("%d targets cached after refusals", n)
+	}
+}
