@@ -16,6 +16,9 @@ func TestTargetCache_PerRouterAndBounded(t *testing.T) {
 	if _, err := a.targets.engineURL("http://127.0.0.1:9000", "/v1/chat/completions"); err != nil {
 		t.Fatal(err)
 	}
+	if n := a.targets.len(); n != 1 {
+		t.Fatalf("%d cached targets after one endpoint, want 1", n)
+	}
 	if n := b.targets.len(); n != 0 {
 		t.Fatalf("a second router sees %d cached targets, want 0", n)
 	}
