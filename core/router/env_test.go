@@ -77,7 +77,10 @@ func (f *fakeLC) abortedIDs() []string {
 	return append([]string(nil), f.abortIDs...)
 }
 
-func (f *fakeLC) Load(context.Context, string) (routes.InstanceLoad, error) {
+func (f *fakeLC) Load(ctx context.Context, _ string) (routes.InstanceLoad, error) {
+	if err := ctx.Err(); err != nil {
+		return routes.InstanceLoad{}, err // as a lifecycle asking a driver would
+	}
 	if f.noReading.Load() {
 		return routes.InstanceLoad{}, errors.New("no reading (held by the test)")
 	}

@@ -675,3 +675,29 @@ func TestRouter_CutsWaitingToSettleAtStopRestartTheInstance(t *testing.T) {
 	e.lc.state.Store(structs.StateStopped)
 	waitFor(t, "idle", e.idle)
 }
+
+// TestRouter_RestartSettlesBeforeReady: cut requests waiting for the next
+// stop settle once the instance's launch changed, while the new launch
+// still starts (before the route table shows it ready).
+func TestRouter_RestartSettlesBeforeReady(t *testing.T) {
+	e := newEnv(t, envOpts{engine: fakeengine.Config{StallAfterTokens: 3}})
+	e.lc.noIdle.Store(true) // no idle signal: a cut waits for the next stop
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if resp, err := e.post(ctx, "/v1/chat/completions", chatBody(true, ""), nil); err == nil {
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}
+	}()
+	waitFor(t, "the engine to generate", func() bool { return e.eng.Stats().GenerationTokens >= 3 })
+	cancel()
+	<-done
+	waitFor(t, "the cut to wait for the next stop", func() bool { return e.count("settle_at_stop") == 1 })
+	// The instance restarts: a new launch, starting, not yet routable.
+	e.lc.state.Store(structs.StateStarting)
+	e.lc.gen.Add(1)
+	e.publish(false)
+	waitFor(t, "the cut of the old launch to settle", func() bool { return e.count("settle_at_stop") == 0 })
+}
