@@ -35,9 +35,9 @@ type fakeLC struct {
 	// noReading makes every load reading fail: the router has no evidence
 	// that the engine ended a cut request.
 	noReading atomic.Bool
-	// busy is added to the engine's running count in every reading, as an
-	// engine still at work on cut requests reads; busyReadings counts the
-	// readings given with busy > 0.
+	// busy is added to the engine's waiting count in every reading, as an
+	// engine that still holds cut requests in its queue reads; busyReadings
+	// counts the readings given with busy > 0.
 	busy         atomic.Int64
 	busyReadings atomic.Int64
 	aborts       atomic.Int64
@@ -62,7 +62,10 @@ func (f *fakeLC) Activate(ctx context.Context, dep string) error {
 	return nil
 }
 
-func (f *fakeLC) Abort(_ context.Context, _, requestID string) (bool, error) {
+func (f *fakeLC) Abort(ctx context.Context, _, requestID string) (bool, error) {
+	if err := ctx.Err(); err != nil {
+		return false, err // as a lifecycle asking a driver would
+	}
 	f.mu.Lock()
 	f.abortIDs = append(f.abortIDs, requestID)
 	f.mu.Unlock()
@@ -92,7 +95,7 @@ func (f *fakeLC) Load(ctx context.Context, _ string) (routes.InstanceLoad, error
 	if busy > 0 {
 		defer f.busyReadings.Add(1)
 	}
-	return routes.InstanceLoad{Known: true, Running: int64(s.Running) + busy, Waiting: int64(s.Waiting), At: time.Now()}, nil
+	return routes.InstanceLoad{Known: true, Running: int64(s.Running), Waiting: int64(s.Waiting) + busy, At: time.Now()}, nil
 }
 
 func (f *fakeLC) InstanceRun(string) (uint64, structs.InstanceState, bool) {
@@ -320,7 +323,7 @@ func (e *env) idle() bool {
 // their places until the evidence that the engine ended them. With the load
 // readings held (e.lc.noReading set before the hang-up) and the requests
 // recorded with outcome, n places still wait for the idle reading; then,
-// given readings in which the engine still runs n requests more than it
+// given readings in which the engine still holds n requests more than it
 // does, they still wait. Then it gives the true readings back.
 func (e *env) heldUntilReading(t testing.TB, outcome string, n int) {
 	t.Helper()
