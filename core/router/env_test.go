@@ -40,6 +40,8 @@ type fakeLC struct {
 	// counts the readings given with busy > 0.
 	busy         atomic.Int64
 	busyReadings atomic.Int64
+	// unknownReadings are the next readings given without an idle signal.
+	unknownReadings atomic.Int64
 	aborts       atomic.Int64
 	restarts     atomic.Int64
 
@@ -90,6 +92,10 @@ func (f *fakeLC) Load(ctx context.Context, _ string) (routes.InstanceLoad, error
 	if f.noIdle.Load() {
 		return routes.InstanceLoad{}, nil
 	}
+	if f.unknownReadings.Add(-1) >= 0 {
+		return routes.InstanceLoad{}, nil
+	}
+	f.unknownReadings.Store(0)
 	s := f.eng.Load().Stats()
 	busy := f.busy.Load()
 	if busy > 0 {

@@ -704,3 +704,25 @@ func TestRouter_RestartSettlesBeforeReady(t *testing.T) {
 	e.publish(false)
 	waitFor(t, "the cut of the old launch to settle", func() bool { return e.count("settle_at_stop") == 0 })
 }
+
+// TestRouter_OneUnknownReadingIsNotNoIdleSignal: an engine whose load
+// reading is unknown once (then idle) still settles a cut on its idle
+// reading; only noIdleReadings unknown readings in a row make the cut wait
+// for the next stop.
+func TestRouter_OneUnknownReadingIsNotNoIdleSignal(t *testing.T) {
+	e := newEnv(t, envOpts{engine: fakeengine.Config{StallAfterTokens: 3}})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if resp, err := e.post(ctx, "/v1/chat/completions", chatBody(true, ""), nil); err == nil {
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}
+	}()
+	waitFor(t, "the engine to generate", func() bool { return e.eng.Stats().GenerationTokens >= 3 })
+	e.lc.unknownReadings.Store(1)
+	cancel()
+	<-done
+	e.settleAfterCuts(t)
+}
