@@ -42,8 +42,8 @@ type fakeLC struct {
 	busyReadings atomic.Int64
 	// unknownReadings are the next readings given without an idle signal.
 	unknownReadings atomic.Int64
-	aborts       atomic.Int64
-	restarts     atomic.Int64
+	aborts          atomic.Int64
+	restarts        atomic.Int64
 
 	mu       sync.Mutex
 	activate func(ctx context.Context, dep string) error
