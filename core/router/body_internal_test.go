@@ -67,3 +67,28 @@ func TestReadGrowing(t *testing.T) {
 		})
 	}
 }
+
+// TestBodyBudget_Edges: the limit and the small bodies' reserve hold at
+// their exact edges.
+func TestBodyBudget_Edges(t *testing.T) {
+	b := &bodyBudget{limit: 1600} // reserve 100
+	if !b.fits(1600) || b.fits(1601) {
+		t.Fatal("an empty budget: the limit is not exactly 1600")
+	}
+	if !b.takeFor(1600, 1600) {
+		t.Fatal("the whole limit was refused")
+	}
+	if !b.fits(100) || b.fits(101) {
+		t.Fatal("a full budget: the reserve does not take exactly 100")
+	}
+	if b.takeFor(101, 101) || !b.takeFor(100, 100) {
+		t.Fatal("a full budget: the reserve's edge")
+	}
+	if b.takeFor(1, 1) {
+		t.Fatal("the reserve gave more than its share")
+	}
+	b.give(1700)
+	if n := b.held.Load(); n != 0 {
+		t.Fatalf("held %d after giving everything back", n)
+	}
+}
