@@ -44,6 +44,7 @@ func TestReadGrowing(t *testing.T) {
 	}{
 		{"10 bytes of 32 MiB announced, then a stall", 10, 32 << 20, 64 << 20, errStalled, 1 << 30, firstBodyBuffer, errStalled, 0},
 		{"small body, exact buffer", 100, 100, 64 << 20, io.EOF, 1 << 30, 100, nil, 100},
+		{"an empty body announced takes no buffer", 0, 0, 64 << 20, io.EOF, 1 << 30, 0, nil, 0},
 		{"1 MiB announced and sent", 1 << 20, 1 << 20, 64 << 20, io.EOF, 1 << 30, 1 << 20, nil, 1 << 20},
 		{"unknown length grows by doubling", 100 << 10, -1, 64 << 20, io.EOF, 1 << 30, 128 << 10, nil, 100 << 10},
 		{"unknown length over max stops one byte over", 10 << 10, -1, 4 << 10, io.EOF, 1 << 30, 4<<10 + 1, nil, 4<<10 + 1},
