@@ -1,0 +1,207 @@
+// Copyright (c) CapyCTL authors
+// SPDX-License-Identifier: Apache-2.0
+
+package admission
+
+import (
+	"time"
+)
+
+// A deployment's turn. When models compete for one card, the lifecycle's
+// switch asks the model in the way to end its turn (Contend): the model
+// goes on granting places to the requests waiting in its own line (a
+// batch) while its line is not empty and its budget lasts, then closes:
+// no place is granted any more, new requests wait in its line for its next
+// turn, and the requests it serves drain. The switch then parks or stops
+// it and brings the other model in. The gate opens again when the model is
+// ready again (Reopen), or when the switch gives up on it.
+//
+// IMPORTANT: the gate is decided here, under the deployment's lock, by the
+// code that grants places (Enter and dispatch). The switch never reads a
+// count and closes the gate later: it asks, and waits for the channel that
+// says the turn ended.
+
+// turnGate is where a deployment's turn is.
+type turnGate int
+
+const (
+	// gateOpen grants places as usual.
+	gateOpen turnGate = iota
+	// gateContended grants places from the line while it is not empty and
+	// the turn's budget lasts.
+	gateContended
+	// gateClosed grants nothing: the turn ended.
+	gateClosed
+)
+
+// String names the gate as status shows it.
+func (g turnGate) String() string {
+	switch g {
+	case gateContended:
+		return "ending"
+	case gateClosed:
+		return "ended"
+	}
+	return "open"
+}
+
+// Turn reasons: why a contended turn ended.
+const (
+	// TurnEndedQueueEmpty: nothing waited for the model any more.
+	TurnEndedQueueEmpty = "queue_empty"
+	// TurnEndedRequests: the turn's budget of requests was spent.
+	TurnEndedRequests = "budget_requests"
+	// TurnEndedTime: the turn's time ran out (CloseTurn).
+	TurnEndedTime = "budget_time"
+)
+
+// turn is a deployment's turn state; d.mu guards it.
+type turn struct {
+	gate turnGate
+	// left is the grants the contended turn may still make (-1: no bound).
+	left int
+	// served counts the grants since the turn was contended.
+	served int
+	// ended is closed when the gate closes; nil while open.
+	ended chan struct{}
+	// why says why it closed.
+	why string
+}
+
+// Contend asks a deployment to end its turn because another model waits
+// for its memory. It keeps granting places to the requests in its line
+// while the line is not empty, at most requests more (0: no bound); then it
+// closes. The returned channel is closed when the turn ended (at once when
+// nothing waits in the line).
+func (d *Deployment) Contend(requests int) <-chan struct{} {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	t := &d.turn
+	if t.gate == gateOpen {
+		t.gate = gateContended
+		t.ended = make(chan struct{})
+		t.served = 0
+		t.left = -1
+		if requests > 0 {
+			t.left = requests
+		}
+	}
+	d.turnCheck()
+	return t.ended
+}
+
+// CloseTurn ends a contended turn now: its time ran out.
+func (d *Deployment) CloseTurn() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.turn.gate == gateContended {
+		d.closeTurn(TurnEndedTime)
+	}
+}
+
+// Reopen opens the gate: the model is ready again after its turn, or the
+// switch that contended it gave up.
+func (d *Deployment) Reopen() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	t := &d.turn
+	if t.gate == gateOpen {
+		return
+	}
+	if t.gate == gateContended {
+		close(t.ended)
+	}
+	*t = turn{}
+	d.dispatch()
+}
+
+// TurnState is a deployment's turn as status shows it.
+type TurnState struct {
+	// Gate is "open", "ending" (contended: serving its line) or "ended".
+	Gate string `json:"gate"`
+	// Served is the places granted since the turn was contended.
+	Served int `json:"served,omitempty"`
+	// Why says why the turn ended.
+	Why string `json:"why,omitempty"`
+}
+
+// Turn returns the deployment's turn.
+func (d *Deployment) Turn() TurnState {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return TurnState{Gate: d.turn.gate.String(), Served: d.turn.served, Why: d.turn.why}
+}
+
+// granting reports whether the gate lets a place be granted; d.mu is held.
+func (d *Deployment) granting() bool { return d.turn.gate != gateClosed }
+
+// granted counts a grant against a contended turn; d.mu is held.
+func (d *Deployment) granted() {
+	t := &d.turn
+	if t.gate != gateContended {
+		return
+	}
+	t.served++
+	if t.left > 0 {
+		t.left--
+	}
+}
+
+// turnCheck closes a contended turn whose line is empty or whose budget is
+// spent; d.mu is held.
+func (d *Deployment) turnCheck() {
+	t := &d.turn
+	if t.gate != gateContended {
+		return
+	}
+	switch {
+	case len(d.queue) == 0:
+		d.closeTurn(TurnEndedQueueEmpty)
+	case t.left == 0:
+		d.closeTurn(TurnEndedRequests)
+	}
+}
+
+// closeTurn closes the gate; d.mu is held.
+func (d *Deployment) closeTurn(why string) {
+	t := &d.turn
+	t.gate = gateClosed
+	t.why = why
+	close(t.ended)
+}
+
+// OldestWaiting is when the request that has waited longest in the line
+// arrived; ok is false when nobody waits.
+func (d *Deployment) OldestWaiting() (at time.Time, ok bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if len(d.queue) == 0 {
+		return time.Time{}, false
+	}
+	return d.queue[0].at, true
+}
+
+// serviceAlpha weighs the newest hold in the moving average of how long a
+// request holds a place.
+const serviceAlpha = 0.2
+
+// observeHold folds one request's hold of a place into the deployment's
+// moving average; d.mu is held.
+func (d *Deployment) observeHold(hold time.Duration) {
+	if hold <= 0 {
+		return
+	}
+	if d.service == 0 {
+		d.service = hold
+		return
+	}
+	d.service = time.Duration(serviceAlpha*float64(hold) + (1-serviceAlpha)*float64(d.service))
+}
+
+// ServiceTime is the moving average of how long a request held a place
+// (0 until one was measured): what a switch's estimate of a turn uses.
+func (d *Deployment) ServiceTime() time.Duration {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.service
+}

@@ -1,0 +1,168 @@
+// Copyright (c) CapyCTL authors
+// SPDX-License-Identifier: Apache-2.0
+
+package admission
+
+import (
+	"sync"
+	"testing"
+	"time"
+)
+
+// closedNow reports whether ch is closed.
+func closedNow(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
+}
+
+func granted(w *Waiter) bool { return closedNow(w.C()) }
+
+func TestDeployment_ContendWithEmptyLineEndsTheTurnAtOnce(t *testing.T) {
+	d := New(Config{}).Deployment("d")
+	d.SetLimits(4, 8)
+	ready(d, 1)
+	p, _, _ := d.Enter(1)
+	ended := d.Contend(0)
+	if !closedNow(ended) {
+		t.Fatal("a turn with nothing waiting did not end at once")
+	}
+	if got := d.Turn(); got.Gate != "ended" || got.Why != TurnEndedQueueEmpty {
+		t.Fatalf("turn %+v", got)
+	}
+	// A free place is not granted once the turn ended: the request waits
+	// for the model's next turn.
+	p2, w, err := d.Enter(1)
+	if err != nil || p2 != nil || w == nil {
+		t.Fatalf("after the turn ended: place %v waiter %v err %v", p2, w, err)
+	}
+	p.Done()
+	if granted(w) {
+		t.Fatal("a freed place was granted after the turn ended")
+	}
+	d.Reopen()
+	if !granted(w) {
+		t.Fatal("reopened, the waiting request got no place")
+	}
+	if got := d.Turn(); got.Gate != "open" {
+		t.Fatalf("turn %+v", got)
+	}
+}
+
+func TestDeployment_ContendServesTheLineThenEnds(t *testing.T) {
+	d := New(Config{}).Deployment("d")
+	d.SetLimits(1, 8)
+	ready(d, 1)
+	p, _, _ := d.Enter(1)
+	_, w1, _ := d.Enter(1)
+	_, w2, _ := d.Enter(1)
+	ended := d.Contend(0)
+	if closedNow(ended) {
+		t.Fatal("the turn ended with requests waiting in the line")
+	}
+	// A request that arrives during the ending turn joins the batch.
+	_, w3, _ := d.Enter(1)
+	places := []*Place{p}
+	for i, w := range []*Waiter{w1, w2, w3} {
+		places[len(places)-1].Done()
+		if !granted(w) {
+			t.Fatalf("waiter %d not granted in the ending turn", i+1)
+		}
+		places = append(places, w.Place())
+	}
+	if !closedNow(ended) || d.Turn().Why != TurnEndedQueueEmpty || d.Turn().Served != 3 {
+		t.Fatalf("turn %+v after its line emptied", d.Turn())
+	}
+	_, w4, _ := d.Enter(1)
+	places[len(places)-1].Done()
+	if granted(w4) {
+		t.Fatal("a request after the turn ended was granted")
+	}
+}
+
+func TestDeployment_ContendBudgetOfRequests(t *testing.T) {
+	d := New(Config{}).Deployment("d")
+	d.SetLimits(1, 8)
+	ready(d, 1)
+	p, _, _ := d.Enter(1)
+	var ws []*Waiter
+	for i := 0; i < 4; i++ {
+		_, w, _ := d.Enter(1)
+		ws = append(ws, w)
+	}
+	ended := d.Contend(2)
+	p.Done()
+	ws[0].Place().Done()
+	if !granted(ws[1]) || !closedNow(ended) {
+		t.Fatalf("turn %+v: two grants should spend the budget", d.Turn())
+	}
+	if d.Turn().Why != TurnEndedRequests {
+		t.Fatalf("turn %+v", d.Turn())
+	}
+	ws[1].Place().Done()
+	if granted(ws[2]) || granted(ws[3]) {
+		t.Fatal("granted past the turn's budget")
+	}
+}
+
+func TestDeployment_CloseTurnAndLeave(t *testing.T) {
+	d := New(Config{}).Deployment("d")
+	d.SetLimits(1, 8)
+	ready(d, 1)
+	p, _, _ := d.Enter(1)
+	_, w, _ := d.Enter(1)
+	ended := d.Contend(0)
+	d.CloseTurn()
+	if !closedNow(ended) || d.Turn().Why != TurnEndedTime {
+		t.Fatalf("turn %+v after CloseTurn", d.Turn())
+	}
+	p.Done()
+	if granted(w) {
+		t.Fatal("granted after the turn's time ran out")
+	}
+	// A contended turn whose last waiter leaves ends (nothing waits).
+	d.Reopen()
+	<-w.C()
+	_, w2, _ := d.Enter(1)
+	ended = d.Contend(0)
+	w2.Leave()
+	if !closedNow(ended) {
+		t.Fatal("the turn did not end when its last waiter left")
+	}
+}
+
+func TestDeployment_OldestWaitingAndServiceTime(t *testing.T) {
+	var mu sync.Mutex
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	advance := func(d time.Duration) { mu.Lock(); now = now.Add(d); mu.Unlock() }
+	c := New(Config{Now: clock})
+	d := c.Deployment("d")
+	d.SetLimits(1, 8)
+	ready(d, 1)
+	if _, ok := c.OldestWaiting("d"); ok {
+		t.Fatal("oldest waiting with nobody waiting")
+	}
+	p, _, _ := d.Enter(1)
+	first := clock()
+	_, w, _ := d.Enter(1)
+	advance(time.Second)
+	_, _, _ = d.Enter(1)
+	if at, ok := c.OldestWaiting("d"); !ok || !at.Equal(first) {
+		t.Fatalf("oldest waiting %v %v, want %v", at, ok, first)
+	}
+	advance(3 * time.Second)
+	p.Done()
+	if got := c.ServiceTime("d"); got != 4*time.Second {
+		t.Fatalf("service time %v after one hold of 4s", got)
+	}
+	advance(time.Second)
+	w.Place().Done()
+	want := time.Duration(0.2*float64(time.Second) + 0.8*float64(4*time.Second))
+	if got := c.ServiceTime("d"); got != want {
+		t.Fatalf("service time %v, want %v", got, want)
+	}
+}
