@@ -107,3 +107,13 @@ func (c *Controller) Places(deployment string) int {
 	}
 	return DefaultPlaces
 }
+
+// TurnEnded says why a deployment's last contended turn ended and how many
+// places it granted after it was contended.
+func (c *Controller) TurnEnded(deployment string) (why string, served int) {
+	if d := c.Lookup(deployment); d != nil {
+		t := d.Turn()
+		return t.Why, t.Served
+	}
+	return "", 0
+}

@@ -240,6 +240,15 @@ func (f *fakeRequests) Waiting(d string) int {
 	return f.waiting[d]
 }
 
+// The turn methods of a scripted Requests: a turn ends at once.
+func (f *fakeRequests) OldestWaiting(string) (time.Time, bool) { return time.Time{}, false }
+func (f *fakeRequests) Contend(string, int) <-chan struct{}    { return closedChan }
+func (f *fakeRequests) CloseTurn(string)                       {}
+func (f *fakeRequests) TurnEnded(string) (string, int)         { return "queue_empty", 0 }
+func (f *fakeRequests) Reopen(string)                          {}
+func (f *fakeRequests) ServiceTime(string) time.Duration       { return 0 }
+func (f *fakeRequests) Places(string) int                      { return 1 }
+
 // clock is a settable clock.
 type clock struct {
 	mu  sync.Mutex
