@@ -26,6 +26,13 @@ var errLaneBusy = errors.New("lane busy")
 // an operator's start --evict, and every start under "immediate", evict
 // idle victims only and refuse when only busy ones are left (switchIdle).
 func (m *Manager) withRoom(ctx context.Context, requester *instance, evict bool, try func() error) error {
+	turns := evict && requester.room == roomTurns && m.policy() == PolicyTurns
+	if turns && m.switches.before(m.waitingSince(requester.dep)) {
+		// IMPORTANT: an older request's model is making room: this one
+		// waits for its turn instead of taking the room being made (a
+		// model whose turn just ended would otherwise come straight back).
+		return m.switchTurns(ctx, requester, try)
+	}
 	err := try()
 	if err == nil || !structs.HasCode(err, structs.CodeCapacityBlocked) {
 		return err
@@ -33,7 +40,7 @@ func (m *Manager) withRoom(ctx context.Context, requester *instance, evict bool,
 	if !evict {
 		return m.withEvictable(err, requester)
 	}
-	if requester.room == roomTurns && m.policy() == PolicyTurns {
+	if turns {
 		return m.switchTurns(ctx, requester, try)
 	}
 	return m.switchIdle(ctx, requester, try)

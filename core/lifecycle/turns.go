@@ -162,6 +162,31 @@ func (q *switchQueue) leave(t *ticket) {
 	q.signal()
 }
 
+// before reports whether a switch is under way, or a contender waits whose
+// oldest request arrived before since.
+func (q *switchQueue) before(since time.Time) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.head != nil {
+		return true
+	}
+	for _, t := range q.waiting {
+		if t.since.Before(since) {
+			return true
+		}
+	}
+	return false
+}
+
+// waitingSince is when a deployment's longest-waiting request arrived (now
+// when none waits).
+func (m *Manager) waitingSince(dep string) time.Time {
+	if at, ok := m.cfg.Requests.OldestWaiting(dep); ok {
+		return at
+	}
+	return m.cfg.Now()
+}
+
 // has reports whether a deployment is a contender.
 func (q *switchQueue) has(dep string) bool {
 	q.mu.Lock()
