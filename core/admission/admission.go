@@ -731,7 +731,7 @@ type Counts struct {
 	// Turn is "open", "ending" (another model waits for its memory: it
 	// serves its line, then closes) or "ended" (it grants nothing until it
 	// is ready again after a switch).
-	Turn string `json:"turn"`
+	Turn string `json:"turn,omitempty"`
 }
 
 // InstanceCounts is one instance's figures.

@@ -36,6 +36,11 @@ type stubDriver struct {
 	wakeCanary string
 	parked     map[string]bool
 	tiers      []string
+	// tierPerPark is the tier_per_park capability; parkedAt and wokeFrom
+	// record the tiers of the parks and wakes asked.
+	tierPerPark bool
+	parkedAt    []string
+	wokeFrom    []string
 	// startGate, when set, is waited on by Start (to hold a start).
 	startGate chan struct{}
 	// probeGate, when set, holds every readiness probe until it closes or
@@ -49,7 +54,7 @@ func newStub() *stubDriver {
 }
 
 func (d *stubDriver) Describe(context.Context, *pb.DescribeRequest) (*pb.DescribeResponse, error) {
-	return &pb.DescribeResponse{Name: "stub", Protocol: 1, Capabilities: &pb.Capabilities{Apis: []string{"chat"}, ParkTiers: d.tiers}}, nil
+	return &pb.DescribeResponse{Name: "stub", Protocol: 1, Capabilities: &pb.Capabilities{Apis: []string{"chat"}, ParkTiers: d.tiers, TierPerPark: d.tierPerPark}}, nil
 }
 
 func (d *stubDriver) Plan(_ context.Context, r *pb.PlanRequest) (*pb.PlanResponse, error) {
@@ -106,14 +111,16 @@ func (d *stubDriver) Park(_ context.Context, r *pb.ParkRequest) (*pb.ParkRespons
 	d.parks.Add(1)
 	d.mu.Lock()
 	d.parked[r.GetInstanceId()] = true
+	d.parkedAt = append(d.parkedAt, r.GetTier())
 	d.mu.Unlock()
-	return &pb.ParkResponse{}, nil
+	return &pb.ParkResponse{Detail: "parked at " + r.GetTier()}, nil
 }
 
 func (d *stubDriver) Wake(_ context.Context, r *pb.WakeRequest) (*pb.WakeResponse, error) {
 	d.wakes.Add(1)
 	d.mu.Lock()
 	delete(d.parked, r.GetInstanceId())
+	d.wokeFrom = append(d.wokeFrom, r.GetTier())
 	c := d.wakeCanary
 	d.mu.Unlock()
 	return &pb.WakeResponse{Canary: c}, nil
@@ -149,22 +156,36 @@ type unitPlacer struct {
 	parked   int
 	// parkedLimit bounds the sum of parked charges (-1 = none).
 	parkedLimit int
+	// hostCapacity bounds host RAM in units (-1 = none); a park that keeps
+	// the weights in host RAM (parked_host) charges hostCopy units there.
+	hostCapacity, hostCopy int
 	charges     map[string]string
 	maxSeen     int
 }
 
 func newPlacer(t *testing.T, capacity, ready, parked int) *unitPlacer {
-	return &unitPlacer{t: t, capacity: capacity, ready: ready, parked: parked, parkedLimit: -1, charges: map[string]string{}}
+	return &unitPlacer{t: t, capacity: capacity, ready: ready, parked: parked, parkedLimit: -1, hostCapacity: -1, charges: map[string]string{}}
 }
 
 func (p *unitPlacer) cost(phase string) int {
 	switch phase {
 	case "ready", "startup":
 		return p.ready
-	case "parked":
+	case "parked", "parked_host":
 		return p.parked
 	}
 	return 0
+}
+
+// hostUsed is the host RAM units charged, except's left out.
+func (p *unitPlacer) hostUsed(except string) int {
+	n := 0
+	for o, ph := range p.charges {
+		if o != except && ph == "parked_host" {
+			n += p.hostCopy
+		}
+	}
+	return n
 }
 
 func (p *unitPlacer) used(except string) (total, parked int) {
@@ -173,7 +194,7 @@ func (p *unitPlacer) used(except string) (total, parked int) {
 			continue
 		}
 		total += p.cost(ph)
-		if ph == "parked" {
+		if ph == "parked" || ph == "parked_host" {
 			parked += p.cost(ph)
 		}
 	}
@@ -189,6 +210,9 @@ func (p *unitPlacer) set(owner, phase string) error {
 	}
 	if phase == "parked" && p.parkedLimit >= 0 && parked+p.cost(phase) > p.parkedLimit {
 		return structs.Errf(structs.CodeCapacityBlocked, "parked limit")
+	}
+	if phase == "parked_host" && p.hostCapacity >= 0 && p.hostUsed(owner)+p.hostCopy > p.hostCapacity {
+		return structs.Errf(structs.CodeCapacityBlocked, "host RAM: need %d units, %d free", p.hostCopy, p.hostCapacity-p.hostUsed(owner))
 	}
 	p.charges[owner] = phase
 	if t := total + p.cost(phase); t > p.maxSeen {
