@@ -159,8 +159,8 @@ type unitPlacer struct {
 	// hostCapacity bounds host RAM in units (-1 = none); a park that keeps
 	// the weights in host RAM (parked_host) charges hostCopy units there.
 	hostCapacity, hostCopy int
-	charges     map[string]string
-	maxSeen     int
+	charges                map[string]string
+	maxSeen                int
 }
 
 func newPlacer(t *testing.T, capacity, ready, parked int) *unitPlacer {
