@@ -49,7 +49,11 @@ const (
 	DefaultMaxChunkBytes  = 64 << 10
 	DefaultSettleInterval = 200 * time.Millisecond
 	DefaultProgressAfter  = 250 * time.Millisecond
-	DefaultProgressEvery  = 5 * time.Second
+	// DefaultProgressEvery spaces a waiting stream's progress comments:
+	// well within the 60 s read timeouts of nginx (proxy_read_timeout),
+	// AWS load balancers and Cloud Run's defaults, which a stream that
+	// sends nothing would hit during a long switch or cold start.
+	DefaultProgressEvery = 10 * time.Second
 )
 
 // Lifecycle is what the router needs of the lifecycle on the hot path.
@@ -61,6 +65,14 @@ type Lifecycle interface {
 // lifecycle, where it offers it: the states of a deployment's instances.
 type instanceStates interface {
 	InstanceStates(deployment string) []structs.InstanceState
+}
+
+// waitEstimator is what a request for a model that is not in memory reads
+// of the lifecycle, where it offers it: the expected wait, from the queue
+// ahead and the measured wake and start times (a refusal's Retry-After, a
+// progress comment's ETA).
+type waitEstimator interface {
+	WaitEstimate(deployment string) (structs.WaitEstimate, bool)
 }
 
 // Requests is what the router asks of the lifecycle off the hot path (see
@@ -122,7 +134,9 @@ type Config struct {
 	// before CapyCTL answers 200 and starts sending SSE progress comments
 	// (default 250ms; negative: never).
 	ProgressAfter time.Duration
-	// ProgressEvery spaces the progress comments (default 5s).
+	// ProgressEvery spaces the progress comments, which keep proxies and
+	// clients that time out on silence from cutting a waiting stream
+	// (default 10s; limits.progress_interval).
 	ProgressEvery time.Duration
 	// KeepStreamsOnNetHTTP relays every answer on its net/http handler, as
 	// before streams were taken over (hijack.go): about 20 KiB more per
