@@ -230,6 +230,15 @@ func (p *unitPlacer) Release(owner string) {
 	delete(p.charges, owner)
 	p.mu.Unlock()
 }
+
+// FitsReady implements Forecaster: a ready charge beside the others.
+func (p *unitPlacer) FitsReady(owner, _ string) (bool, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	total, _ := p.used(owner)
+	return total+p.ready <= p.capacity, true
+}
+
 func (p *unitPlacer) phase(owner string) string {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -242,10 +251,11 @@ type fakeRequests struct {
 	active  map[string]int
 	waiting map[string]int
 	atStop  map[string]int
+	service map[string]time.Duration
 }
 
 func newFakeRequests() *fakeRequests {
-	return &fakeRequests{active: map[string]int{}, waiting: map[string]int{}, atStop: map[string]int{}}
+	return &fakeRequests{active: map[string]int{}, waiting: map[string]int{}, atStop: map[string]int{}, service: map[string]time.Duration{}}
 }
 func (f *fakeRequests) Active(i string) int {
 	f.mu.Lock()
@@ -270,8 +280,12 @@ func (f *fakeRequests) Contend(string, int) <-chan struct{}    { return closedCh
 func (f *fakeRequests) CloseTurn(string)                       {}
 func (f *fakeRequests) TurnEnded(string) (string, int)         { return "queue_empty", 0 }
 func (f *fakeRequests) Reopen(string)                          {}
-func (f *fakeRequests) ServiceTime(string) time.Duration       { return 0 }
-func (f *fakeRequests) Places(string) int                      { return 1 }
+func (f *fakeRequests) ServiceTime(d string) time.Duration {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.service[d]
+}
+func (f *fakeRequests) Places(string) int { return 1 }
 
 // clock is a settable clock.
 type clock struct {

@@ -245,3 +245,50 @@ func TestSwitch_NoStarvation(t *testing.T) {
 		})
 	}
 }
+
+// TestWaitEstimate_FromMeasuredFigures: a request for a parked model that
+// needs a busy model's memory is told the wait the measured figures give:
+// the busy model's remaining requests at its mean service time, its
+// measured park, and the parked model's measured wake from its tier.
+func TestWaitEstimate_FromMeasuredFigures(t *testing.T) {
+	f := newFixture(t, 10, 6, 1)
+	f.deploy("a")
+	f.deploy("b")
+	for _, n := range []string{"b", "a"} { // b parks for a
+		if err := f.activate(n); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if s := f.state("b"); s != structs.StateParked {
+		t.Fatalf("b is %s", s)
+	}
+	set := func(name string, tm structs.Timings) {
+		in, err := f.m.instance(name, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		in.update(func(r *structs.InstanceRecord) { r.Timings = &tm })
+	}
+	set("a", structs.Timings{ParkMs: 500, StartMs: 20000})
+	set("b", structs.Timings{WakeMs: map[string]int64{structs.ResidencyDeep: 3000}, StartMs: 20000})
+	f.reqs.mu.Lock()
+	f.reqs.active["a/0"] = 2
+	f.reqs.service["a"] = time.Second
+	f.reqs.mu.Unlock()
+
+	est, ok := f.m.WaitEstimate("b")
+	if !ok || !est.Switch {
+		t.Fatalf("estimate %+v %v: b needs a's memory", est, ok)
+	}
+	// a serves 2 more requests, one place at a time, 1 s each; parks in
+	// 0.5 s; b wakes in 3 s.
+	if want := 5500 * time.Millisecond; est.Wait != want {
+		t.Fatalf("expected wait %v, want %v", est.Wait, want)
+	}
+	if fmt.Sprint(est.Holding) != "[a]" || est.Ahead != 0 {
+		t.Fatalf("holding %v ahead %d", est.Holding, est.Ahead)
+	}
+	if _, ok := f.m.WaitEstimate("a"); ok {
+		t.Fatal("a ready model got an estimate")
+	}
+}

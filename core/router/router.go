@@ -298,9 +298,19 @@ func WriteError(w http.ResponseWriter, err error) {
 	_, _ = w.Write(errorJSON(e, info))
 }
 
-// errorJSON is the envelope {"error":{"code","message","retryable"}}.
+// errorJSON is the envelope {"error":{"code","message","retryable"}}, with
+// "details" when the refusal has figures (a capacity refusal's memory, a
+// switch wait's holding models and expected wait).
 func errorJSON(e *structs.Error, info structs.CodeInfo) []byte {
-	b, _ := json.Marshal(map[string]any{"error": map[string]any{"code": string(e.Code), "message": e.Message, "retryable": info.Retryable}})
+	body := map[string]any{"code": string(e.Code), "message": e.Message, "retryable": info.Retryable}
+	if len(e.Details) > 0 {
+		body["details"] = e.Details
+	}
+	b, err := json.Marshal(map[string]any{"error": body})
+	if err != nil {
+		delete(body, "details")
+		b, _ = json.Marshal(map[string]any{"error": body})
+	}
 	return append(b, '\n')
 }
 
