@@ -18,10 +18,10 @@ var (
 	descSwapSeconds = prometheus.NewDesc("capyctl_switch_swap_seconds_total",
 		"Wall time the card spent switching: the victims' parks and stops and the incoming models' wakes and starts.", nil, nil)
 	descTurns = prometheus.NewDesc("capyctl_turns_ended_total",
-		"Turns a model ended because another model waited for its memory, by deployment and why (queue_empty, budget_requests, budget_time).",
+		"Turns a model ended because another model waited for its memory, by deployment.",
 		[]string{"deployment"}, nil)
 	descTurnReasons = prometheus.NewDesc("capyctl_turns_ended_by_reason_total",
-		"Turns ended because another model waited, by why they ended.", []string{"reason"}, nil)
+		"Turns ended because another model waited, by why they ended (queue_empty, budget_requests, budget_time).", []string{"reason"}, nil)
 	descSwitchWaits = prometheus.NewDesc("capyctl_switch_waits_total",
 		"Switches a deployment waited for (from joining the switch queue until its room was made).", []string{"deployment"}, nil)
 	descSwitchWaitSeconds = prometheus.NewDesc("capyctl_switch_wait_seconds_total",

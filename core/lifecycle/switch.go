@@ -103,16 +103,19 @@ func (m *Manager) switchTurns(ctx context.Context, requester *instance, try func
 			return e
 		}
 		cands, pending := m.switchCandidates(requester, tried)
-		ranked := rankVictims(cands, shortfalls(err))
-		if len(ranked) == 0 {
-			if pending {
-				// A model is starting, waking, parking or stopping: what
-				// it will hold, or free, is known once it is done.
-				if err := m.awaitChange(ctx, changed, time.Second); err != nil {
-					return err
-				}
-				continue
+		short := shortfalls(err)
+		ranked := rankVictims(cands, short)
+		if pending && (len(ranked) == 0 || (short != nil && !ranked[0].covers(short))) {
+			// A model is starting, waking, parking or stopping: what it
+			// will hold, or free, is known once it is done; until then no
+			// model is evicted for only part of the room (it might be
+			// evicted for nothing).
+			if err := m.awaitChange(ctx, changed, time.Second); err != nil {
+				return err
 			}
+			continue
+		}
+		if len(ranked) == 0 {
 			return m.withEvictable(err, requester)
 		}
 		v := ranked[0]
