@@ -239,6 +239,11 @@ func (in *instance) move(to structs.InstanceState, why string, f func(r *structs
 	in.rec.State = to
 	in.rec.Since = now
 	in.rec.LastTransition = describe(from, to, why)
+	switch to {
+	case structs.StateStopped, structs.StateFailed, structs.StateStarting:
+		// Nothing is parked any more.
+		in.rec.ParkTier, in.rec.ParkDetail = "", ""
+	}
 	if f != nil {
 		f(&in.rec)
 	}

@@ -249,8 +249,12 @@ func (m *Manager) switchIdle(ctx context.Context, requester *instance, try func(
 	// its place not yet given back) is waited for, briefly: a request that
 	// follows another model's answer at once must not find it "serving".
 	settleBy := time.Now().Add(m.cfg.AdmissionWindow) // real time: the requests settle in it
+	sw := &switchRun{dep: requester.dep, joined: m.cfg.Now()}
 	for {
 		err := try()
+		if err == nil && len(sw.victims) > 0 {
+			requester.switched.Store(sw)
+		}
 		if err == nil || !structs.HasCode(err, structs.CodeCapacityBlocked) {
 			return err
 		}
@@ -282,6 +286,7 @@ func (m *Manager) switchIdle(ctx context.Context, requester *instance, try func(
 			}
 			continue
 		}
+		sw.victims = append(sw.victims, v.id)
 		after := v.snapshot()
 		m.event("switch_released", after.Deployment, v.id, map[string]any{"for": requester.dep, "released": after.Released, "tier": after.ParkTier})
 	}
