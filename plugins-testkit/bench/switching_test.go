@@ -38,6 +38,9 @@ const (
 	traceSpeed    = 10
 	traceDuration = 10 * time.Minute
 	traceSeed     = 26
+	// traceDeadline is every deployment's request_deadline, the bound a
+	// request may wait within.
+	traceDeadline = 60 * time.Second
 )
 
 // traceModel is one model of the trace.
@@ -126,8 +129,8 @@ func startTraceRole(b *testing.B, policy string) *harness.Role {
 			b.Fatalf("engine add %s: exit %d\n%s%s", m.name, code, out, errOut)
 		}
 		conformance.FakeModel(b, filepath.Join(r.StateDir, "models", m.name), 1<<20)
-		spec := fmt.Sprintf("deployment %q {\n  engine = %q\n  model {\n    path = \"%s/model\"\n  }\n  engine_config {\n    memory {\n      request = %q\n      startup = %q\n    }\n  }\n}\n",
-			m.name, "vllm-"+m.name, m.name, m.request, m.request)
+		spec := fmt.Sprintf("deployment %q {\n  engine = %q\n  request_deadline = %q\n  model {\n    path = \"%s/model\"\n  }\n  engine_config {\n    memory {\n      request = %q\n      startup = %q\n    }\n  }\n}\n",
+			m.name, "vllm-"+m.name, traceDeadline.String(), m.name, m.request, m.request)
 		f := r.WriteFile("specs/"+m.name+".hcl", spec)
 		if out, errOut, code := r.CLI("deploy", "--file", f); code != 0 {
 			b.Fatalf("deploy %s: exit %d\n%s%s", m.name, code, out, errOut)
