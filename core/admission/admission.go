@@ -396,6 +396,7 @@ func (p *Place) Cut(kind Settle) *Pending {
 		d.dispatch()
 		return nil
 	}
+	d.turnCheck()
 	pe := &Pending{d: d, in: p.in, Kind: kind, Generation: p.Generation, At: d.c.cfg.Now()}
 	p.in.pending = append(p.in.pending, pe)
 	d.saturation()

@@ -9,12 +9,14 @@ import (
 
 // A deployment's turn. When models compete for one card, the lifecycle's
 // switch asks the model in the way to end its turn (Contend): the model
-// goes on granting places to the requests waiting in its own line (a
-// batch) while its line is not empty and its budget lasts, then closes:
-// no place is granted any more, new requests wait in its line for its next
-// turn, and the requests it serves drain. The switch then parks or stops
-// it and brings the other model in. The gate opens again when the model is
-// ready again (Reopen), or when the switch gives up on it.
+// goes on serving what comes for it, the requests in its line and those
+// that arrive (one batch), while it has anything to do and its budget
+// lasts; once nothing waits for it and nothing runs, or the budget is
+// spent, it closes: no place is granted any more, new requests wait in its
+// line for its next turn, and what it still serves drains. The switch then
+// parks or stops it and brings the other model in. The gate opens again
+// when the model is ready again (Reopen), or when the switch gives up on
+// it.
 //
 // IMPORTANT: the gate is decided here, under the deployment's lock, by the
 // code that grants places (Enter and dispatch). The switch never reads a
@@ -47,8 +49,8 @@ func (g turnGate) String() string {
 
 // Turn reasons: why a contended turn ended.
 const (
-	// TurnEndedQueueEmpty: nothing waited for the model any more.
-	TurnEndedQueueEmpty = "queue_empty"
+	// TurnEndedIdle: nothing waited for the model and nothing ran.
+	TurnEndedIdle = "idle"
 	// TurnEndedRequests: the turn's budget of requests was spent.
 	TurnEndedRequests = "budget_requests"
 	// TurnEndedTime: the turn's time ran out (CloseTurn).
@@ -69,10 +71,10 @@ type turn struct {
 }
 
 // Contend asks a deployment to end its turn because another model waits
-// for its memory. It keeps granting places to the requests in its line
-// while the line is not empty, at most requests more (0: no bound); then it
-// closes. The returned channel is closed when the turn ended (at once when
-// nothing waits in the line).
+// for its memory. It keeps granting places, to its line and to new
+// arrivals, while it has requests waiting or running, at most requests
+// more (0: no bound); then it closes. The returned channel is closed when
+// the turn ended (at once when the model is idle).
 func (d *Deployment) Contend(requests int) <-chan struct{} {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -147,16 +149,16 @@ func (d *Deployment) granted() {
 	}
 }
 
-// turnCheck closes a contended turn whose line is empty or whose budget is
-// spent; d.mu is held.
+// turnCheck closes a contended turn whose model is idle (nothing waits,
+// nothing runs) or whose budget is spent; d.mu is held.
 func (d *Deployment) turnCheck() {
 	t := &d.turn
 	if t.gate != gateContended {
 		return
 	}
 	switch {
-	case len(d.queue) == 0:
-		d.closeTurn(TurnEndedQueueEmpty)
+	case len(d.queue) == 0 && d.live() == 0:
+		d.closeTurn(TurnEndedIdle)
 	case t.left == 0:
 		d.closeTurn(TurnEndedRequests)
 	}
@@ -168,6 +170,15 @@ func (d *Deployment) closeTurn(why string) {
 	t.gate = gateClosed
 	t.why = why
 	close(t.ended)
+}
+
+// live is the requests being served on every instance; d.mu is held.
+func (d *Deployment) live() int {
+	n := 0
+	for _, in := range d.instances {
+		n += in.live
+	}
+	return n
 }
 
 // OldestWaiting is when the request that has waited longest in the line

@@ -21,27 +21,22 @@ func closedNow(ch <-chan struct{}) bool {
 
 func granted(w *Waiter) bool { return closedNow(w.C()) }
 
-func TestDeployment_ContendWithEmptyLineEndsTheTurnAtOnce(t *testing.T) {
+func TestDeployment_ContendIdleEndsTheTurnAtOnce(t *testing.T) {
 	d := New(Config{}).Deployment("d")
 	d.SetLimits(4, 8)
 	ready(d, 1)
-	p, _, _ := d.Enter(1)
 	ended := d.Contend(0)
 	if !closedNow(ended) {
-		t.Fatal("a turn with nothing waiting did not end at once")
+		t.Fatal("the turn of an idle model did not end at once")
 	}
-	if got := d.Turn(); got.Gate != "ended" || got.Why != TurnEndedQueueEmpty {
+	if got := d.Turn(); got.Gate != "ended" || got.Why != TurnEndedIdle {
 		t.Fatalf("turn %+v", got)
 	}
 	// A free place is not granted once the turn ended: the request waits
 	// for the model's next turn.
-	p2, w, err := d.Enter(1)
-	if err != nil || p2 != nil || w == nil {
-		t.Fatalf("after the turn ended: place %v waiter %v err %v", p2, w, err)
-	}
-	p.Done()
-	if granted(w) {
-		t.Fatal("a freed place was granted after the turn ended")
+	p, w, err := d.Enter(1)
+	if err != nil || p != nil || w == nil {
+		t.Fatalf("after the turn ended: place %v waiter %v err %v", p, w, err)
 	}
 	d.Reopen()
 	if !granted(w) {
@@ -52,33 +47,36 @@ func TestDeployment_ContendWithEmptyLineEndsTheTurnAtOnce(t *testing.T) {
 	}
 }
 
-func TestDeployment_ContendServesTheLineThenEnds(t *testing.T) {
+func TestDeployment_ContendServesTheBatchThenEnds(t *testing.T) {
 	d := New(Config{}).Deployment("d")
-	d.SetLimits(1, 8)
+	d.SetLimits(2, 8)
 	ready(d, 1)
 	p, _, _ := d.Enter(1)
-	_, w1, _ := d.Enter(1)
-	_, w2, _ := d.Enter(1)
 	ended := d.Contend(0)
 	if closedNow(ended) {
-		t.Fatal("the turn ended with requests waiting in the line")
+		t.Fatal("the turn ended while the model served a request")
 	}
-	// A request that arrives during the ending turn joins the batch.
+	// Requests that arrive during the ending turn join the batch: a free
+	// place is granted at once, the next waits in the line.
+	p2, _, _ := d.Enter(1)
 	_, w3, _ := d.Enter(1)
-	places := []*Place{p}
-	for i, w := range []*Waiter{w1, w2, w3} {
-		places[len(places)-1].Done()
-		if !granted(w) {
-			t.Fatalf("waiter %d not granted in the ending turn", i+1)
-		}
-		places = append(places, w.Place())
+	if p2 == nil || w3 == nil {
+		t.Fatalf("during the ending turn: place %v waiter %v", p2, w3)
 	}
-	if !closedNow(ended) || d.Turn().Why != TurnEndedQueueEmpty || d.Turn().Served != 3 {
-		t.Fatalf("turn %+v after its line emptied", d.Turn())
+	p.Done()
+	if !granted(w3) {
+		t.Fatal("the waiting request was not served in the batch")
 	}
-	_, w4, _ := d.Enter(1)
-	places[len(places)-1].Done()
-	if granted(w4) {
+	p2.Done()
+	if closedNow(ended) {
+		t.Fatal("the turn ended with a request still running")
+	}
+	w3.Place().Done()
+	if !closedNow(ended) || d.Turn().Why != TurnEndedIdle || d.Turn().Served != 2 {
+		t.Fatalf("turn %+v once the model was idle", d.Turn())
+	}
+	p4, w4, _ := d.Enter(1)
+	if p4 != nil || granted(w4) {
 		t.Fatal("a request after the turn ended was granted")
 	}
 }
@@ -123,14 +121,25 @@ func TestDeployment_CloseTurnAndLeave(t *testing.T) {
 	if granted(w) {
 		t.Fatal("granted after the turn's time ran out")
 	}
-	// A contended turn whose last waiter leaves ends (nothing waits).
+	// A contended turn whose last waiter leaves, nothing running, ends.
 	d.Reopen()
 	<-w.C()
 	_, w2, _ := d.Enter(1)
 	ended = d.Contend(0)
-	w2.Leave()
+	w.Place().Done()
+	if closedNow(ended) || !granted(w2) {
+		t.Fatal("the waiter was not served in the ending turn")
+	}
+	_, w3, _ := d.Enter(1)
+	// A cut request still holds its place (it settles on the engine's idle
+	// reading) but runs no more: w3 waits, and the turn goes on for it.
+	w2.Place().Cut(SettleWhenIdle)
+	if closedNow(ended) || granted(w3) {
+		t.Fatal("with a request waiting the turn ended, or the cut request's place was given")
+	}
+	w3.Leave()
 	if !closedNow(ended) {
-		t.Fatal("the turn did not end when its last waiter left")
+		t.Fatal("the turn did not end when its last request left")
 	}
 }
 

@@ -21,7 +21,7 @@ var (
 		"Turns a model ended because another model waited for its memory, by deployment.",
 		[]string{"deployment"}, nil)
 	descTurnReasons = prometheus.NewDesc("capyctl_turns_ended_by_reason_total",
-		"Turns ended because another model waited, by why they ended (queue_empty, budget_requests, budget_time).", []string{"reason"}, nil)
+		"Turns ended because another model waited, by why they ended (idle, budget_requests, budget_time).", []string{"reason"}, nil)
 	descSwitchWaits = prometheus.NewDesc("capyctl_switch_waits_total",
 		"Switches a deployment waited for (from joining the switch queue until its room was made).", []string{"deployment"}, nil)
 	descSwitchWaitSeconds = prometheus.NewDesc("capyctl_switch_wait_seconds_total",

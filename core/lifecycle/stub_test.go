@@ -278,7 +278,7 @@ func (f *fakeRequests) Waiting(d string) int {
 func (f *fakeRequests) OldestWaiting(string) (time.Time, bool) { return time.Time{}, false }
 func (f *fakeRequests) Contend(string, int) <-chan struct{}    { return closedChan }
 func (f *fakeRequests) CloseTurn(string)                       {}
-func (f *fakeRequests) TurnEnded(string) (string, int)         { return "queue_empty", 0 }
+func (f *fakeRequests) TurnEnded(string) (string, int)         { return "idle", 0 }
 func (f *fakeRequests) Reopen(string)                          {}
 func (f *fakeRequests) ServiceTime(d string) time.Duration {
 	f.mu.Lock()

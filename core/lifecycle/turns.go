@@ -22,11 +22,11 @@ import (
 //
 //   - a victim that is idle is evicted at once (parked, or stopped);
 //   - a victim that serves or has requests waiting is asked to end its
-//     turn (admission's Contend): it serves what waits for it as one batch
-//     while its line is not empty, at most switching.turn_requests more
-//     requests, and at the latest until the head's longest-waiting request
-//     has waited switching.turn_time; then it admits nothing more, its
-//     requests drain, and it is evicted. Requests for it that arrive after
+//     turn (admission's Contend): it serves what comes for it as one batch
+//     until it is idle (nothing waits, nothing runs), at most
+//     switching.turn_requests more requests, and at the latest until the
+//     head's longest-waiting request has waited switching.turn_time; then
+//     it admits nothing more, its requests drain, and it is evicted. Requests for it that arrive after
 //     its turn ended wait for its next turn;
 //   - victims are chosen by expected cost (costs.go).
 //

@@ -178,8 +178,8 @@ func TestSwitch_BatchesServeAAABC(t *testing.T) {
 	}
 	st := f.m.SwitchStats()
 	f.eventually("the switch to c to complete", func() bool { return f.m.SwitchStats().Switches == 2 })
-	if st.Turns["a"] != 1 || st.TurnReasons[admission.TurnEndedQueueEmpty] == 0 {
-		t.Fatalf("switch stats %+v: a's turn should have ended once, its line empty", st)
+	if st.Turns["a"] != 1 || st.TurnReasons[admission.TurnEndedIdle] == 0 {
+		t.Fatalf("switch stats %+v: a's turn should have ended once, a idle", st)
 	}
 }
 
