@@ -78,8 +78,9 @@ type instance struct {
 	// bring-in counts as swap time and completes the switch (turns.go).
 	switched atomic.Pointer[switchRun]
 	// evicting is set while the lane evicts the instance for a switch: its
-	// park or stop counts as swap time.
+	// park or stop counts as swap time; swapping while such a step runs.
 	evicting atomic.Bool
+	swapping atomic.Bool
 
 	// probeCancel ends the readiness wait of a start under way (nil when
 	// none waits): an operator's stop must not wait out a load.

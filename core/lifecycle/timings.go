@@ -62,6 +62,18 @@ func (in *instance) observeStep(from, to structs.InstanceState, d time.Duration)
 // card's time spent switching.
 func (in *instance) stepDone(from, to structs.InstanceState, step time.Duration) {
 	m := in.m
+	now := m.cfg.Now()
+	switch to {
+	case structs.StateParking, structs.StateStopping, structs.StateWaking, structs.StateStarting:
+		forSwitch := in.evicting.Load() || ((to == structs.StateWaking || to == structs.StateStarting) && in.switched.Load() != nil)
+		if forSwitch && in.swapping.CompareAndSwap(false, true) {
+			m.stats.moveBegan(now)
+		}
+	default:
+		if in.swapping.CompareAndSwap(true, false) {
+			m.stats.moveEnded(now)
+		}
+	}
 	switch to {
 	case structs.StateReady:
 		m.cfg.Requests.Reopen(in.dep)
@@ -69,9 +81,6 @@ func (in *instance) stepDone(from, to structs.InstanceState, step time.Duration)
 			m.switchDone(in, sw, step, nil)
 		}
 	case structs.StateParked, structs.StateStopped:
-		if in.evicting.Load() {
-			m.stats.addSwap(step)
-		}
 		if sw := in.switched.Swap(nil); sw != nil {
 			m.switchDone(in, sw, step, structs.Errf(structs.CodeUnavailable, "%s did not become ready", in.id))
 		}

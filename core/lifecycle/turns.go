@@ -231,10 +231,12 @@ type switchRun struct {
 
 // switchStats are the host's switching figures (metrics and status).
 type switchStats struct {
-	mu       sync.Mutex
-	switches uint64
-	failed   uint64
-	swap     time.Duration
+	mu          sync.Mutex
+	switches    uint64
+	failed      uint64
+	swap        time.Duration
+	moving      int
+	movingSince time.Time
 	recent   []time.Time
 	turns    map[string]uint64
 	reasons  map[string]uint64
@@ -269,13 +271,28 @@ type SwitchStats struct {
 	Queue []string `json:"queue,omitempty"`
 }
 
-func (s *switchStats) addSwap(d time.Duration) {
-	if d <= 0 {
+// moving counts the instances moving memory for a switch (a victim
+// parking or stopping, the incoming model waking or starting): the card
+// spends the wall time while any does switching (overlaps counted once).
+func (s *switchStats) moveBegan(now time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.moving == 0 {
+		s.movingSince = now
+	}
+	s.moving++
+}
+
+func (s *switchStats) moveEnded(now time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.moving == 0 {
 		return
 	}
-	s.mu.Lock()
-	s.swap += d
-	s.mu.Unlock()
+	s.moving--
+	if s.moving == 0 {
+		s.swap += now.Sub(s.movingSince)
+	}
 }
 
 func (s *switchStats) turnEnded(dep, why string) {
@@ -360,7 +377,6 @@ func (m *Manager) switchDone(in *instance, sw *switchRun, bringIn time.Duration,
 		m.event("switch_failed", in.dep, in.id, payload)
 		return
 	}
-	m.stats.addSwap(bringIn)
 	m.stats.done(now, true)
 	payload["bring_in_ms"] = bringIn.Milliseconds()
 	m.event("switch_done", in.dep, in.id, payload)

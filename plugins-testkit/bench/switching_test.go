@@ -52,10 +52,10 @@ type traceModel struct {
 }
 
 var traceModels = []traceModel{
-	{"m1", "4GiB", "7GiB", 9},
-	{"m2", "5GiB", "7.5GiB", 6},
-	{"m3", "6GiB", "8GiB", 4},
-	{"m4", "7GiB", "8.5GiB", 3},
+	{"m1", "4GiB", "7GiB", 30},
+	{"m2", "5GiB", "7.5GiB", 20},
+	{"m3", "6GiB", "8GiB", 15},
+	{"m4", "7GiB", "8.5GiB", 10},
 }
 
 // traceRequest is one request of the trace: its model and arrival, in
@@ -102,14 +102,17 @@ type policyFigures struct {
 	switches      float64
 	swapShare     float64 // share of the replay's wall time spent switching
 	wall          time.Duration
+	// starts and wakes count the models' cold starts and wakes.
+	starts, wakes int
 }
 
 // startTraceRole starts a role on the trace's card with the four models
 // deployed (stopped: the trace starts cold).
 func startTraceRole(b *testing.B, policy string) *harness.Role {
 	b.Helper()
+	// The turn time scales with the trace: 30 s of trace time.
 	r := harness.StartSimulated(b, harness.SimGPU{DeviceMemory: "24GiB", SystemLimit: "16GiB", SystemReserve: "1GiB"},
-		harness.Options{Env: []string{"CAPYCTL_SWITCHING_POLICY=" + policy}})
+		harness.Options{Env: []string{"CAPYCTL_SWITCHING_POLICY=" + policy, "CAPYCTL_SWITCHING_TURN_TIME=" + (30 * time.Second / traceSpeed).String()}})
 	for _, m := range traceModels {
 		venv := conformance.FakeVenv(b, b.TempDir(), map[string]string{"vllm": "0.32.0"}, nil)
 		env := []string{
@@ -145,6 +148,23 @@ func replay(b *testing.B, policy string, trace []traceRequest) policyFigures {
 	r := startTraceRole(b, policy)
 	s := &roleSetup{r: r, key: r.Creds.APIKey}
 	before := s.scrape(b)
+	ectx, stopEvents := context.WithCancel(context.Background())
+	kinds := map[string]int{}
+	eventsDone := make(chan struct{})
+	es, err := r.Mgmt.Events(ectx, "")
+	if err != nil {
+		b.Fatal(err)
+	}
+	go func() {
+		defer close(eventsDone)
+		for {
+			ev, err := es.Next()
+			if err != nil {
+				return
+			}
+			kinds[ev.Kind]++
+		}
+	}()
 	results := make([]traceResult, len(trace))
 	var wg sync.WaitGroup
 	start := time.Now()
@@ -161,7 +181,11 @@ func replay(b *testing.B, policy string, trace []traceRequest) policyFigures {
 	wg.Wait()
 	wall := time.Since(start)
 	after := s.scrape(b)
-	f := policyFigures{policy: policy, refused: map[string]int{}, firstRefused: map[string]int{}, wall: wall}
+	stopEvents()
+	_ = es.Close()
+	<-eventsDone
+	f := policyFigures{policy: policy, refused: map[string]int{}, firstRefused: map[string]int{}, wall: wall,
+		starts: kinds["instance_starting"], wakes: kinds["instance_waking"]}
 	var lat []time.Duration
 	for _, res := range results {
 		if res.first != "" {
@@ -257,9 +281,9 @@ func BenchmarkSwitching_Trace(b *testing.B) {
 	for i := 0; i < b.N; i++ {
 	}
 	for _, f := range traceFigures {
-		b.Logf("%-9s answered %d, refused %v (first tries refused %v), p50 %s p95 %s p99 %s, %v switches, %.1f%% of %s switching",
+		b.Logf("%-9s answered %d, refused %v (first tries refused %v), p50 %s p95 %s p99 %s, %v switches (%d cold starts, %d wakes), %.1f%% of %s switching",
 			f.policy, f.answered, f.refused, f.firstRefused, f.p50.Round(time.Millisecond), f.p95.Round(time.Millisecond),
-			f.p99.Round(time.Millisecond), f.switches, 100*f.swapShare, f.wall.Round(time.Second))
+			f.p99.Round(time.Millisecond), f.switches, f.starts, f.wakes, 100*f.swapShare, f.wall.Round(time.Second))
 		p := f.policy + "-"
 		b.ReportMetric(float64(f.answered), p+"answered")
 		refused := 0
