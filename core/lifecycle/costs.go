@@ -171,6 +171,38 @@ func (m *Manager) expectBringIn(in *instance) time.Duration {
 	return m.expectStart(in)
 }
 
+// measuredBringIn is expectBringIn from the instance's (or its
+// deployment's) measurements only: 0 when the step was never measured.
+func (m *Manager) measuredBringIn(in *instance) time.Duration {
+	t := m.timingsOf(in)
+	if t == nil {
+		return 0
+	}
+	rec := in.snapshot()
+	switch rec.State {
+	case structs.StateReady:
+		return 0
+	case structs.StateParked, structs.StateParking, structs.StateWaking:
+		if !parkedWithLMCacheOnly(rec) {
+			return ms(t.WakeMs[parkTierOf(rec)])
+		}
+	}
+	return ms(t.StartMs)
+}
+
+// measuredPark is expectPark from measurements only (0 when never
+// measured).
+func (m *Manager) measuredPark(in *instance, parks bool) time.Duration {
+	t := m.timingsOf(in)
+	if t == nil {
+		return 0
+	}
+	if parks {
+		return ms(t.ParkMs)
+	}
+	return ms(t.StopMs)
+}
+
 // parkTierOf is the tier a parked instance woke or will wake from.
 func parkTierOf(rec structs.InstanceRecord) string {
 	if rec.ParkTier != "" {

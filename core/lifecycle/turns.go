@@ -411,7 +411,7 @@ func (m *Manager) WaitEstimate(dep string) (structs.WaitEstimate, bool) {
 	}
 	target := pickActivationTarget(insts)
 	est := structs.WaitEstimate{}
-	bringIn := m.expectBringIn(target)
+	bringIn, bringInM := m.expectBringIn(target), m.measuredBringIn(target)
 	reqs := m.cfg.Requests
 	turnTime := m.turnTime()
 	serve := func(name string, extra int) time.Duration {
@@ -424,7 +424,7 @@ func (m *Manager) WaitEstimate(dep string) (structs.WaitEstimate, bool) {
 		return min(time.Duration(rounds)*reqs.ServiceTime(name), turnTime)
 	}
 	// The models in memory that are not this one: what holds the card.
-	var park, remaining time.Duration
+	var park, parkM, remaining time.Duration
 	for _, o := range m.allInstances() {
 		if o.dep == dep {
 			continue
@@ -443,6 +443,7 @@ func (m *Manager) WaitEstimate(dep string) (structs.WaitEstimate, bool) {
 		}
 		parks := rec.State != structs.StateReady || o.canPark(rec)
 		park = max(park, m.expectPark(o, parks))
+		parkM = max(parkM, m.measuredPark(o, parks))
 		remaining = max(remaining, serve(o.dep, reqs.Active(o.id)))
 	}
 	sort.Strings(est.Holding)
@@ -461,22 +462,26 @@ func (m *Manager) WaitEstimate(dep string) (structs.WaitEstimate, bool) {
 	}
 	est.Switch = mine >= 0 || len(ahead) > 0 || (len(est.Holding) > 0 && !m.fitsNow(target))
 	if !est.Switch {
-		est.Wait = max(bringIn-m.cfg.Now().Sub(target.snapshot().Since), 0)
-		if s := target.state(); s != structs.StateStarting && s != structs.StateWaking {
-			est.Wait = bringIn
+		elapsed := time.Duration(0)
+		if s := target.state(); s == structs.StateStarting || s == structs.StateWaking {
+			elapsed = m.cfg.Now().Sub(target.snapshot().Since)
 		}
+		est.Wait, est.Floor = max(bringIn-elapsed, 0), max(bringInM-elapsed, 0)
 		return est, true
 	}
-	wait := remaining
+	wait, floor := remaining, remaining
 	for _, t := range ahead {
 		in := m.firstInstance(t.dep)
 		if in == nil {
 			continue
 		}
-		wait += park + m.expectBringIn(in) + serve(t.dep, 0)
+		s := serve(t.dep, 0)
+		wait += park + m.expectBringIn(in) + s
+		floor += parkM + m.measuredBringIn(in) + s
 	}
 	est.Ahead = len(ahead)
 	est.Wait = wait + park + bringIn
+	est.Floor = floor + parkM + bringInM
 	return est, true
 }
 

@@ -282,8 +282,8 @@ func TestWaitEstimate_FromMeasuredFigures(t *testing.T) {
 	}
 	// a serves 2 more requests, one place at a time, 1 s each; parks in
 	// 0.5 s; b wakes in 3 s.
-	if want := 5500 * time.Millisecond; est.Wait != want {
-		t.Fatalf("expected wait %v, want %v", est.Wait, want)
+	if want := 5500 * time.Millisecond; est.Wait != want || est.Floor != want {
+		t.Fatalf("expected wait %v (measured %v), want %v", est.Wait, est.Floor, want)
 	}
 	if fmt.Sprint(est.Holding) != "[a]" || est.Ahead != 0 {
 		t.Fatalf("holding %v ahead %d", est.Holding, est.Ahead)

@@ -653,17 +653,18 @@ func (q *request) estimate() (structs.WaitEstimate, bool) {
 
 // beyondBound refuses, before its model is activated, a request whose
 // model must wait for others to leave the card (their turns, the switch)
-// longer than what is left of its deadline: 429 insufficient_resources,
-// Retry-After the expected wait, and details naming the models that hold
-// the memory. A wait within the bound is not refused: the request waits.
+// longer than what is left of its deadline, by the measured figures alone:
+// 429 insufficient_resources, Retry-After the expected wait, and details
+// naming the models that hold the memory. A wait within the bound is not
+// refused: the request waits.
 func (q *request) beyondBound(wt *admission.Waiter) bool {
 	est, ok := q.estimate()
-	if !ok || !est.Switch || est.Wait <= 0 {
+	if !ok || !est.Switch || est.Floor <= 0 {
 		return false
 	}
 	left := q.deadlineLeft()
-	if est.Wait <= left {
-		return false
+	if est.Floor <= left {
+		return false // IMPORTANT: never refused on a placeholder figure
 	}
 	wt.Leave()
 	holding := "other models"

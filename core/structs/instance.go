@@ -211,8 +211,13 @@ func (t *Timings) Clone() *Timings {
 // from the measured step durations and the queues; the router uses it for
 // a refusal's Retry-After and a waiting stream's progress.
 type WaitEstimate struct {
-	// Wait is the expected time until the model serves (0: unknown).
+	// Wait is the expected time until the model serves (0: unknown), with
+	// placeholders for steps never measured.
 	Wait time.Duration
+	// Floor is the part of Wait that measured figures alone give (steps
+	// never measured count 0): a request is refused only when this is past
+	// its deadline, never on a placeholder.
+	Floor time.Duration
 	// Holding are the deployments whose memory the model needs, busy or
 	// not.
 	Holding []string

@@ -10,6 +10,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"net/http"
+	"os"
 	"path/filepath"
 	"sort"
 	"strconv"
@@ -163,6 +164,12 @@ func replay(b *testing.B, policy string, trace []traceRequest) policyFigures {
 				return
 			}
 			kinds[ev.Kind]++
+			if ev.Kind == "switch_released" {
+				kinds["released: "+fmt.Sprint(ev.Payload["released"])]++
+			}
+			if ev.Kind == "switch_planned" {
+				kinds["victim was "+fmt.Sprint(ev.Payload["victim_state"])]++
+			}
 		}
 	}()
 	results := make([]traceResult, len(trace))
@@ -184,6 +191,7 @@ func replay(b *testing.B, policy string, trace []traceRequest) policyFigures {
 	stopEvents()
 	_ = es.Close()
 	<-eventsDone
+	b.Logf("%s events: %v", policy, kinds)
 	f := policyFigures{policy: policy, refused: map[string]int{}, firstRefused: map[string]int{}, wall: wall,
 		starts: kinds["instance_starting"], wakes: kinds["instance_waking"]}
 	var lat []time.Duration
@@ -275,7 +283,9 @@ func BenchmarkSwitching_Trace(b *testing.B) {
 	traceOnce.Do(func() {
 		trace := makeTrace()
 		b.Logf("trace: %d requests over %s of trace time, replayed at %dx", len(trace), traceDuration, traceSpeed)
-		traceFigures[0] = replay(b, "immediate", trace)
+		if os.Getenv("SWITCHING_ONLY") != "turns" {
+			traceFigures[0] = replay(b, "immediate", trace)
+		}
 		traceFigures[1] = replay(b, "turns", trace)
 	})
 	for i := 0; i < b.N; i++ {
