@@ -6,6 +6,7 @@ package main_test
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -137,4 +138,46 @@ func metricValue(t *testing.T, text, name string) float64 {
 	}
 	t.Fatalf("no %s in the metrics", name)
 	return 0
+}
+
+// TestSwitchLoad_ThroughAServer: the relay path waits too. A server relays
+// to one host whose 24 GiB card holds one of two 14 GiB models at a time;
+// 16 concurrent requests alternating between them, sent to the server, are
+// all answered: the host switches, and the server holds each request on
+// the relay while the host's router waits, never bouncing it.
+func TestSwitchLoad_ThroughAServer(t *testing.T) {
+	f := startFleet(t, map[string]string{"gpu-a": "24GiB"})
+	for _, name := range []string{"sw-a", "sw-b"} {
+		spec := strings.Replace(harness.SimpleSpec(name, "fake"), "  model {",
+			"  resources {\n    gpu = \"14GiB\"\n    ram = \"1GiB\"\n  }\n  model {", 1)
+		if out, errOut, code := f.deploy(name, spec); code != 0 {
+			t.Fatalf("deploy %s: exit %d\n%s%s", name, code, out, errOut)
+		}
+	}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var bad []string
+	for i := 0; i < 16; i++ {
+		model := []string{"sw-a", "sw-b"}[i%2]
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			resp, err := f.server.Chat(context.Background(), harness.ChatBody(model, i%4 == 0, "hello"), nil)
+			if err != nil {
+				mu.Lock()
+				bad = append(bad, fmt.Sprintf("%s: %v", model, err))
+				mu.Unlock()
+				return
+			}
+			if out := harness.ReadAll(resp); resp.StatusCode != http.StatusOK || strings.Contains(out, `"error"`) {
+				mu.Lock()
+				bad = append(bad, fmt.Sprintf("%s: %d %s", model, resp.StatusCode, out))
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	if len(bad) > 0 {
+		t.Fatalf("%d of 16 not answered through the server:\n%s\nhost:\n%s", len(bad), strings.Join(bad, "\n"), f.hosts["gpu-a"].Output())
+	}
 }

@@ -132,12 +132,28 @@ func startTraceRole(b *testing.B, policy string) *harness.Role {
 		if out, errOut, code := r.CLI(args...); code != 0 {
 			b.Fatalf("engine add %s: exit %d\n%s%s", m.name, code, out, errOut)
 		}
-		conformance.FakeModel(b, filepath.Join(r.StateDir, "models", m.name), 1<<20)
+		// A sparse checkpoint of the model's real size: the driver sizes the
+		// host copy of a sleep at level 1 from it.
+		w, err := strconv.ParseInt(strings.TrimSuffix(m.weights, "GiB"), 10, 64)
+		if err != nil {
+			b.Fatal(err)
+		}
+		conformance.FakeModel(b, filepath.Join(r.StateDir, "models", m.name), w<<30)
 		spec := fmt.Sprintf("deployment %q {\n  engine = %q\n  request_deadline = %q\n  model {\n    path = \"%s/model\"\n  }\n  engine_config {\n    memory {\n      request = %q\n      startup = %q\n    }\n  }\n}\n",
 			m.name, "vllm-"+m.name, traceDeadline.String(), m.name, m.request, m.request)
 		f := r.WriteFile("specs/"+m.name+".hcl", spec)
 		if out, errOut, code := r.CLI("deploy", "--file", f); code != 0 {
 			b.Fatalf("deploy %s: exit %d\n%s%s", m.name, code, out, errOut)
+		}
+	}
+	// Each model starts once and stops before the trace, so that its
+	// checkpoint's fingerprint and its startup peak are measured: the trace
+	// then begins with every model stopped, as after a role restart.
+	for _, m := range traceModels {
+		for _, action := range [][]string{{"start", "instance", m.name + "/0", "--wait"}, {"stop", "instance", m.name + "/0", "--wait"}} {
+			if out, errOut, code := r.CLI(action...); code != 0 {
+				b.Fatalf("%v: exit %d\n%s%s", action, code, out, errOut)
+			}
 		}
 	}
 	return r
@@ -192,6 +208,16 @@ func replay(b *testing.B, policy string, trace []traceRequest) policyFigures {
 	_ = es.Close()
 	<-eventsDone
 	b.Logf("%s events: %v", policy, kinds)
+	if os.Getenv("SWITCHING_DEBUG") != "" {
+		n := 0
+		for _, l := range strings.Split(r.Output(), "\n") {
+			if strings.Contains(l, "not evicted") || strings.Contains(l, "does not fit") || strings.Contains(l, "capacity_blocked") {
+				if n++; n <= 40 {
+					b.Log(l)
+				}
+			}
+		}
+	}
 	f := policyFigures{policy: policy, refused: map[string]int{}, firstRefused: map[string]int{}, wall: wall,
 		starts: kinds["instance_starting"], wakes: kinds["instance_waking"]}
 	var lat []time.Duration
