@@ -72,8 +72,8 @@ func (c *Controller) OldestWaiting(deployment string) (time.Time, bool) {
 }
 
 // Contend asks a deployment to end its turn (Deployment.Contend).
-func (c *Controller) Contend(deployment string, requests int) <-chan struct{} {
-	return c.Deployment(deployment).Contend(requests)
+func (c *Controller) Contend(deployment string, requests int, linger time.Duration) <-chan struct{} {
+	return c.Deployment(deployment).Contend(requests, linger)
 }
 
 // CloseTurn ends a deployment's contended turn now (Deployment.CloseTurn).

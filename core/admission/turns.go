@@ -68,14 +68,26 @@ type turn struct {
 	ended chan struct{}
 	// why says why it closed.
 	why string
+	// linger is how long an idle contended model waits for a new request
+	// before its turn ends; idleSince when it went idle (zero while busy),
+	// timer the pending end.
+	linger    time.Duration
+	idleSince time.Time
+	timer     *time.Timer
 }
 
 // Contend asks a deployment to end its turn because another model waits
 // for its memory. It keeps granting places, to its line and to new
 // arrivals, while it has requests waiting or running, at most requests
-// more (0: no bound); then it closes. The returned channel is closed when
-// the turn ended (at once when the model is idle).
-func (d *Deployment) Contend(requests int) <-chan struct{} {
+// more (0: no bound); once idle it ends after linger without a new
+// request (0: at once). The returned channel is closed when the turn
+// ended.
+//
+// The linger is the switch's choice: the time it would take to bring the
+// model back. Evicting a model whose next request comes sooner than that
+// costs more than waiting for it (the ski rental's rule), and requests
+// that come in gaps shorter than that are one batch.
+func (d *Deployment) Contend(requests int, linger time.Duration) <-chan struct{} {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	t := &d.turn
@@ -87,6 +99,7 @@ func (d *Deployment) Contend(requests int) <-chan struct{} {
 		if requests > 0 {
 			t.left = requests
 		}
+		t.linger = max(linger, 0)
 	}
 	d.turnCheck()
 	return t.ended
@@ -112,6 +125,9 @@ func (d *Deployment) Reopen() {
 	}
 	if t.gate == gateContended {
 		close(t.ended)
+	}
+	if t.timer != nil {
+		t.timer.Stop()
 	}
 	*t = turn{}
 	d.dispatch()
@@ -156,12 +172,35 @@ func (d *Deployment) turnCheck() {
 	if t.gate != gateContended {
 		return
 	}
-	switch {
-	case len(d.queue) == 0 && d.live() == 0:
-		d.closeTurn(TurnEndedIdle)
-	case t.left == 0:
+	if t.left == 0 {
 		d.closeTurn(TurnEndedRequests)
+		return
 	}
+	if len(d.queue) > 0 || d.live() > 0 {
+		t.idleSince = time.Time{} // busy: the linger starts over when idle
+		return
+	}
+	now := d.c.cfg.Now()
+	if t.idleSince.IsZero() {
+		t.idleSince = now
+	}
+	left := t.linger - now.Sub(t.idleSince)
+	if left <= 0 {
+		d.closeTurn(TurnEndedIdle)
+		return
+	}
+	if t.timer == nil {
+		t.timer = time.AfterFunc(left, d.lingerEnded)
+	} else {
+		t.timer.Reset(left)
+	}
+}
+
+// lingerEnded looks again once an idle model's linger may be over.
+func (d *Deployment) lingerEnded() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.turnCheck()
 }
 
 // closeTurn closes the gate; d.mu is held.
@@ -169,6 +208,9 @@ func (d *Deployment) closeTurn(why string) {
 	t := &d.turn
 	t.gate = gateClosed
 	t.why = why
+	if t.timer != nil {
+		t.timer.Stop()
+	}
 	close(t.ended)
 }
 

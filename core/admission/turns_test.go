@@ -25,7 +25,7 @@ func TestDeployment_ContendIdleEndsTheTurnAtOnce(t *testing.T) {
 	d := New(Config{}).Deployment("d")
 	d.SetLimits(4, 8)
 	ready(d, 1)
-	ended := d.Contend(0)
+	ended := d.Contend(0, 0)
 	if !closedNow(ended) {
 		t.Fatal("the turn of an idle model did not end at once")
 	}
@@ -52,7 +52,7 @@ func TestDeployment_ContendServesTheBatchThenEnds(t *testing.T) {
 	d.SetLimits(2, 8)
 	ready(d, 1)
 	p, _, _ := d.Enter(1)
-	ended := d.Contend(0)
+	ended := d.Contend(0, 0)
 	if closedNow(ended) {
 		t.Fatal("the turn ended while the model served a request")
 	}
@@ -91,7 +91,7 @@ func TestDeployment_ContendBudgetOfRequests(t *testing.T) {
 		_, w, _ := d.Enter(1)
 		ws = append(ws, w)
 	}
-	ended := d.Contend(2)
+	ended := d.Contend(2, 0)
 	p.Done()
 	ws[0].Place().Done()
 	if !granted(ws[1]) || !closedNow(ended) {
@@ -112,7 +112,7 @@ func TestDeployment_CloseTurnAndLeave(t *testing.T) {
 	ready(d, 1)
 	p, _, _ := d.Enter(1)
 	_, w, _ := d.Enter(1)
-	ended := d.Contend(0)
+	ended := d.Contend(0, 0)
 	d.CloseTurn()
 	if !closedNow(ended) || d.Turn().Why != TurnEndedTime {
 		t.Fatalf("turn %+v after CloseTurn", d.Turn())
@@ -125,7 +125,7 @@ func TestDeployment_CloseTurnAndLeave(t *testing.T) {
 	d.Reopen()
 	<-w.C()
 	_, w2, _ := d.Enter(1)
-	ended = d.Contend(0)
+	ended = d.Contend(0, 0)
 	w.Place().Done()
 	if closedNow(ended) || !granted(w2) {
 		t.Fatal("the waiter was not served in the ending turn")
@@ -173,5 +173,41 @@ func TestDeployment_OldestWaitingAndServiceTime(t *testing.T) {
 	want := time.Duration(0.2*float64(time.Second) + 0.8*float64(4*time.Second))
 	if got := c.ServiceTime("d"); got != want {
 		t.Fatalf("service time %v, want %v", got, want)
+	}
+}
+
+// TestDeployment_ContendLingers: an idle contended model waits its linger
+// (the time bringing it back would take) for a new request before its
+// turn ends: one that comes within it is served in the same turn, and the
+// linger starts over once the model is idle again.
+func TestDeployment_ContendLingers(t *testing.T) {
+	d := New(Config{}).Deployment("d")
+	d.SetLimits(2, 8)
+	ready(d, 1)
+	ended := d.Contend(0, time.Hour)
+	if closedNow(ended) {
+		t.Fatal("an idle model's turn ended within its linger")
+	}
+	p, w, _ := d.Enter(1)
+	if p == nil || w != nil {
+		t.Fatal("a request within the linger was not served in the turn")
+	}
+	p.Done()
+	if closedNow(ended) || d.Turn().Served != 1 {
+		t.Fatalf("turn %+v", d.Turn())
+	}
+	d.CloseTurn()
+
+	d2 := New(Config{}).Deployment("d2")
+	d2.SetLimits(2, 8)
+	ready(d2, 1)
+	ended = d2.Contend(0, 5*time.Millisecond)
+	select {
+	case <-ended:
+	case <-time.After(10 * time.Second): // a failure's bound, not a timing
+		t.Fatal("the turn did not end after the linger")
+	}
+	if d2.Turn().Why != TurnEndedIdle {
+		t.Fatalf("turn %+v", d2.Turn())
 	}
 }

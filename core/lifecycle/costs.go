@@ -220,8 +220,9 @@ type victim struct {
 	rec  structs.InstanceRecord
 	dep  string
 	cost float64
-	// bringBack is the time to have it serve again after the eviction.
-	bringBack time.Duration
+	// bringBack is the time to have it serve again after the eviction;
+	// measured the same from its measurements only (0: never measured).
+	bringBack, measured time.Duration
 	// parks is true for a ready victim that parks (rather than stops).
 	parks bool
 	// waiting and active are its requests; busy when it has any.
@@ -246,6 +247,12 @@ func (m *Manager) costOf(v *victim, now time.Time) {
 			v.bringBack = m.expectWake(v.in, parkTierOf(v.rec))
 		} else {
 			v.bringBack = m.expectStart(v.in)
+		}
+		if t := m.timingsOf(v.in); t != nil {
+			v.measured = ms(t.StartMs)
+			if v.parks {
+				v.measured = ms(t.WakeMs[parkTierOf(v.rec)])
+			}
 		}
 	case structs.StateParked:
 		v.bringBack = max(m.expectStart(v.in)-m.expectWake(v.in, parkTierOf(v.rec)), 0)

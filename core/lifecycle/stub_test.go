@@ -275,11 +275,11 @@ func (f *fakeRequests) Waiting(d string) int {
 }
 
 // The turn methods of a scripted Requests: a turn ends at once.
-func (f *fakeRequests) OldestWaiting(string) (time.Time, bool) { return time.Time{}, false }
-func (f *fakeRequests) Contend(string, int) <-chan struct{}    { return closedChan }
-func (f *fakeRequests) CloseTurn(string)                       {}
-func (f *fakeRequests) TurnEnded(string) (string, int)         { return "idle", 0 }
-func (f *fakeRequests) Reopen(string)                          {}
+func (f *fakeRequests) OldestWaiting(string) (time.Time, bool)             { return time.Time{}, false }
+func (f *fakeRequests) Contend(string, int, time.Duration) <-chan struct{} { return closedChan }
+func (f *fakeRequests) CloseTurn(string)                                   {}
+func (f *fakeRequests) TurnEnded(string) (string, int)                     { return "idle", 0 }
+func (f *fakeRequests) Reopen(string)                                      {}
 func (f *fakeRequests) ServiceTime(d string) time.Duration {
 	f.mu.Lock()
 	defer f.mu.Unlock()

@@ -122,7 +122,9 @@ func (m *Manager) switchTurns(ctx context.Context, requester *instance, try func
 		if v.rec.State == structs.StateReady && v.in.lastReady() && !contended[v.dep] {
 			// Its turn ends first: it serves what waits for it, then
 			// admits nothing more until it is back.
-			ended := reqs.Contend(v.dep, m.cfg.Switching.TurnRequests)
+			// An idle model lingers as long as bringing it back was
+			// measured to take (never on a placeholder).
+			ended := reqs.Contend(v.dep, m.cfg.Switching.TurnRequests, v.measured)
 			contended[v.dep] = true
 			if v.busy() {
 				m.event("turn_ending", v.dep, v.in.id, map[string]any{"for": requester.dep, "waiting": v.waiting, "in_flight": v.active})

@@ -37,8 +37,9 @@ type Requests interface {
 	// OldestWaiting is when a deployment's longest-waiting request arrived.
 	OldestWaiting(deployment string) (time.Time, bool)
 	// Contend asks a deployment to end its turn, at most requests more
-	// admitted (0: no bound); the channel closes when the turn ended.
-	Contend(deployment string, requests int) <-chan struct{}
+	// admitted (0: no bound), once idle after linger without a new request;
+	// the channel closes when the turn ended.
+	Contend(deployment string, requests int, linger time.Duration) <-chan struct{}
 	// CloseTurn ends a contended turn now (its time ran out).
 	CloseTurn(deployment string)
 	// TurnEnded says why a deployment's last contended turn ended and how
@@ -55,17 +56,17 @@ type Requests interface {
 // noRequests is the Requests of a lifecycle without admission (tests).
 type noRequests struct{}
 
-func (noRequests) Active(string) int                      { return 0 }
-func (noRequests) SettleAtStop(string) int                { return 0 }
-func (noRequests) Waiting(string) int                     { return 0 }
-func (noRequests) Stopped(string, uint64)                 {}
-func (noRequests) OldestWaiting(string) (time.Time, bool) { return time.Time{}, false }
-func (noRequests) Contend(string, int) <-chan struct{}    { return closedChan }
-func (noRequests) CloseTurn(string)                       {}
-func (noRequests) TurnEnded(string) (string, int)         { return "", 0 }
-func (noRequests) Reopen(string)                          {}
-func (noRequests) ServiceTime(string) time.Duration       { return 0 }
-func (noRequests) Places(string) int                      { return 1 }
+func (noRequests) Active(string) int                                  { return 0 }
+func (noRequests) SettleAtStop(string) int                            { return 0 }
+func (noRequests) Waiting(string) int                                 { return 0 }
+func (noRequests) Stopped(string, uint64)                             {}
+func (noRequests) OldestWaiting(string) (time.Time, bool)             { return time.Time{}, false }
+func (noRequests) Contend(string, int, time.Duration) <-chan struct{} { return closedChan }
+func (noRequests) CloseTurn(string)                                   {}
+func (noRequests) TurnEnded(string) (string, int)                     { return "", 0 }
+func (noRequests) Reopen(string)                                      {}
+func (noRequests) ServiceTime(string) time.Duration                   { return 0 }
+func (noRequests) Places(string) int                                  { return 1 }
 
 // closedChan is a closed channel (a turn that ended at once).
 var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
