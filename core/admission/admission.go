@@ -235,8 +235,12 @@ type Deployment struct {
 	synced     any
 	// turn is where the deployment's turn is (turns.go).
 	turn turn
-	// service is the moving average of how long a request holds a place.
-	service time.Duration
+	// service is the moving average of how long a request holds a place;
+	// gap the moving average of the time between two arrivals, lastArrival
+	// the last one.
+	service     time.Duration
+	gap         time.Duration
+	lastArrival time.Time
 }
 
 // instance is the places of one instance.
@@ -601,6 +605,7 @@ type Waiter struct {
 // queue_full when the line is at a bound.
 func (d *Deployment) Enter(bytes int64) (*Place, *Waiter, error) {
 	d.mu.Lock()
+	d.arrived(d.c.cfg.Now())
 	if len(d.queue) == 0 && d.granting() {
 		if in := d.pick(); in != nil {
 			p := d.grant(in)

@@ -99,6 +99,15 @@ func (c *Controller) ServiceTime(deployment string) time.Duration {
 	return 0
 }
 
+// ArrivalRate is a deployment's recent arrivals per second (0 when
+// unknown).
+func (c *Controller) ArrivalRate(deployment string) float64 {
+	if d := c.Lookup(deployment); d != nil {
+		return d.ArrivalRate()
+	}
+	return 0
+}
+
 // Places is a deployment's running places per instance (DefaultPlaces
 // when the router has not seen it).
 func (c *Controller) Places(deployment string) int {

@@ -251,6 +251,37 @@ func (d *Deployment) observeHold(hold time.Duration) {
 	d.service = time.Duration(serviceAlpha*float64(hold) + (1-serviceAlpha)*float64(d.service))
 }
 
+// arrived folds an arrival into the moving average of the gaps between
+// arrivals; d.mu is held.
+func (d *Deployment) arrived(now time.Time) {
+	if !d.lastArrival.IsZero() {
+		g := max(now.Sub(d.lastArrival), 0)
+		if d.gap == 0 {
+			d.gap = g
+		} else {
+			d.gap = time.Duration(serviceAlpha*float64(g) + (1-serviceAlpha)*float64(d.gap))
+		}
+	}
+	d.lastArrival = now
+}
+
+// ArrivalRate is the deployment's recent arrivals per second (0 before
+// two arrivals): the moving average of the gaps between arrivals, counting
+// the gap since the last one, so that a model nobody asks for any more
+// fades.
+func (d *Deployment) ArrivalRate() float64 {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.gap <= 0 {
+		return 0
+	}
+	gap := d.gap
+	if since := d.c.cfg.Now().Sub(d.lastArrival); since > gap {
+		gap = time.Duration(serviceAlpha*float64(since) + (1-serviceAlpha)*float64(gap))
+	}
+	return float64(time.Second) / float64(max(gap, time.Millisecond))
+}
+
 // ServiceTime is the moving average of how long a request held a place
 // (0 until one was measured): what a switch's estimate of a turn uses.
 func (d *Deployment) ServiceTime() time.Duration {

@@ -211,3 +211,29 @@ func TestDeployment_ContendLingers(t *testing.T) {
 		t.Fatalf("turn %+v", d2.Turn())
 	}
 }
+
+func TestDeployment_ArrivalRate(t *testing.T) {
+	var mu sync.Mutex
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	advance := func(d time.Duration) { mu.Lock(); now = now.Add(d); mu.Unlock() }
+	d := New(Config{Now: clock}).Deployment("d")
+	d.SetLimits(64, 8)
+	ready(d, 1)
+	if r := d.ArrivalRate(); r != 0 {
+		t.Fatalf("rate %v before any arrival", r)
+	}
+	for i := 0; i < 10; i++ {
+		if p, _, _ := d.Enter(1); p != nil {
+			p.Done()
+		}
+		advance(500 * time.Millisecond)
+	}
+	if r := d.ArrivalRate(); r != 2 {
+		t.Fatalf("rate %v, want 2 per second", r)
+	}
+	advance(time.Minute) // nobody asks any more: the rate fades
+	if r := d.ArrivalRate(); r >= 1 {
+		t.Fatalf("rate %v a minute after the last arrival", r)
+	}
+}

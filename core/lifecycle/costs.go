@@ -262,6 +262,9 @@ func (m *Manager) costOf(v *victim, now time.Time) {
 		idle = max(now.Sub(time.Unix(0, v.used)), 0)
 	}
 	reuse := float64(reuseHorizon) / float64(reuseHorizon+idle)
+	// A model asked for often: the requests expected during a turn of
+	// another model, when more.
+	reuse = max(reuse, reqs.ArrivalRate(v.dep)*m.turnTime().Seconds())
 	v.cost = v.bringBack.Seconds() * (reuse + float64(v.waiting) + float64(v.active))
 	if v.active > 0 {
 		v.cost += reqs.ServiceTime(v.dep).Seconds()

@@ -63,6 +63,18 @@ func TestVictims_ByExpectedCost(t *testing.T) {
 	if got := rankVictims(cands, map[string]int64{"gpu0": 5})[0].dep; got != "y" {
 		t.Fatalf("first victim %s, want y (it alone frees the 5 short)", got)
 	}
+	// A model asked for often is costly to evict, however recently used:
+	// y at one request a second expects 30 during a 30 s turn of another.
+	f.reqs.mu.Lock()
+	f.reqs.rate["y"] = 1
+	f.reqs.mu.Unlock()
+	cands, _ = f.m.switchCandidates(me, map[string]bool{})
+	for _, v := range cands {
+		cost[v.dep] = math.Round(v.cost*100) / 100
+	}
+	if cost["y"] != 600 || rankVictims(cands, nil)[0].dep != "x" {
+		t.Fatalf("costs %v: y asked for every second should cost 20 s × 30 requests", cost)
+	}
 	f.m.cfg.Switching.Policy = PolicyImmediate
 	if v, _ := f.m.pickVictim(me, map[string]bool{}); v == nil || v.dep != "y" {
 		t.Fatalf("immediate policy: first victim %v, want y (least recently used)", v)

@@ -252,10 +252,11 @@ type fakeRequests struct {
 	waiting map[string]int
 	atStop  map[string]int
 	service map[string]time.Duration
+	rate    map[string]float64
 }
 
 func newFakeRequests() *fakeRequests {
-	return &fakeRequests{active: map[string]int{}, waiting: map[string]int{}, atStop: map[string]int{}, service: map[string]time.Duration{}}
+	return &fakeRequests{active: map[string]int{}, waiting: map[string]int{}, atStop: map[string]int{}, service: map[string]time.Duration{}, rate: map[string]float64{}}
 }
 func (f *fakeRequests) Active(i string) int {
 	f.mu.Lock()
@@ -285,7 +286,12 @@ func (f *fakeRequests) ServiceTime(d string) time.Duration {
 	defer f.mu.Unlock()
 	return f.service[d]
 }
-func (f *fakeRequests) Places(string) int { return 1 }
+func (f *fakeRequests) Places(string) int          { return 1 }
+func (f *fakeRequests) ArrivalRate(d string) float64 {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.rate[d]
+}
 
 // clock is a settable clock.
 type clock struct {

@@ -51,6 +51,9 @@ type Requests interface {
 	// average (0 when unknown); Places its running places per instance.
 	ServiceTime(deployment string) time.Duration
 	Places(deployment string) int
+	// ArrivalRate is a deployment's recent requests per second (0 when
+	// unknown): how soon an evicted model is likely to be asked for again.
+	ArrivalRate(deployment string) float64
 }
 
 // noRequests is the Requests of a lifecycle without admission (tests).
@@ -67,6 +70,7 @@ func (noRequests) TurnEnded(string) (string, int)                     { return "
 func (noRequests) Reopen(string)                                      {}
 func (noRequests) ServiceTime(string) time.Duration                   { return 0 }
 func (noRequests) Places(string) int                                  { return 1 }
+func (noRequests) ArrivalRate(string) float64                         { return 0 }
 
 // closedChan is a closed channel (a turn that ended at once).
 var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
