@@ -286,7 +286,7 @@ func (f *fakeRequests) ServiceTime(d string) time.Duration {
 	defer f.mu.Unlock()
 	return f.service[d]
 }
-func (f *fakeRequests) Places(string) int          { return 1 }
+func (f *fakeRequests) Places(string) int { return 1 }
 func (f *fakeRequests) ArrivalRate(d string) float64 {
 	f.mu.Lock()
 	defer f.mu.Unlock()

@@ -237,10 +237,10 @@ type switchStats struct {
 	swap        time.Duration
 	moving      int
 	movingSince time.Time
-	recent   []time.Time
-	turns    map[string]uint64
-	reasons  map[string]uint64
-	waits    map[string]*WaitSum
+	recent      []time.Time
+	turns       map[string]uint64
+	reasons     map[string]uint64
+	waits       map[string]*WaitSum
 }
 
 // WaitSum sums the waits of one deployment's switches.
