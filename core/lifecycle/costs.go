@@ -127,10 +127,14 @@ func (m *Manager) expectWake(in *instance, tier string) time.Duration {
 		return time.Second + bytesAt(b, 2*float64(structs.GiB))
 	}
 	if t := m.timingsOf(in); t != nil {
+		// Another tier's measurement, the slowest (a wake from host RAM
+		// is never slower than one from disk).
+		var slowest int64
 		for _, w := range t.WakeMs {
-			if w > 0 {
-				return ms(w)
-			}
+			slowest = max(slowest, w)
+		}
+		if slowest > 0 {
+			return ms(slowest)
 		}
 	}
 	return defaultWakeEstimate

@@ -270,7 +270,7 @@ func TestWaitEstimate_FromMeasuredFigures(t *testing.T) {
 		in.update(func(r *structs.InstanceRecord) { r.Timings = &tm })
 	}
 	set("a", structs.Timings{ParkMs: 500, StartMs: 20000})
-	set("b", structs.Timings{WakeMs: map[string]int64{structs.ResidencyDeep: 3000}, StartMs: 20000})
+	set("b", structs.Timings{WakeMs: map[string]int64{structs.ResidencyDeep: 3000, structs.ResidencyHostBacked: 800}, StartMs: 20000})
 	f.reqs.mu.Lock()
 	f.reqs.active["a/0"] = 2
 	f.reqs.service["a"] = time.Second
@@ -281,7 +281,7 @@ func TestWaitEstimate_FromMeasuredFigures(t *testing.T) {
 		t.Fatalf("estimate %+v %v: b needs a's memory", est, ok)
 	}
 	// a serves 2 more requests, one place at a time, 1 s each; parks in
-	// 0.5 s; b wakes in 3 s.
+	// 0.5 s; b wakes from deep, where it parked, in 3 s.
 	if want := 5500 * time.Millisecond; est.Wait != want || est.Floor != want {
 		t.Fatalf("expected wait %v (measured %v), want %v", est.Wait, est.Floor, want)
 	}
@@ -291,4 +291,26 @@ func TestWaitEstimate_FromMeasuredFigures(t *testing.T) {
 	if _, ok := f.m.WaitEstimate("a"); ok {
 		t.Fatal("a ready model got an estimate")
 	}
+}
+
+// TestSwitchQueue_OldestRequestFirst: contenders take their turns in the
+// order of their longest-waiting requests, not the order they joined.
+func TestSwitchQueue_OldestRequestFirst(t *testing.T) {
+	var q switchQueue
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	b := q.join("b", t0.Add(2*time.Second), t0.Add(3*time.Second))
+	c := q.join("c", t0.Add(time.Second), t0.Add(4*time.Second)) // joined later, waited longer
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := q.await(ctx, c, nil); err != nil {
+		t.Fatalf("c is not the head: %v", err)
+	}
+	if got := q.order(); len(got) != 2 || got[0].dep != "c" || got[1].dep != "b" {
+		t.Fatalf("order %v, want c then b", got)
+	}
+	q.leave(c)
+	if err := q.await(ctx, b, nil); err != nil {
+		t.Fatal(err)
+	}
+	q.leave(b)
 }

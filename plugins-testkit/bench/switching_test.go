@@ -113,7 +113,7 @@ func startTraceRole(b *testing.B, policy string) *harness.Role {
 	b.Helper()
 	// The turn time scales with the trace: 30 s of trace time.
 	r := harness.StartSimulated(b, harness.SimGPU{DeviceMemory: "24GiB", SystemLimit: "16GiB", SystemReserve: "1GiB"},
-		harness.Options{Env: []string{"CAPYCTL_SWITCHING_POLICY=" + policy, "CAPYCTL_SWITCHING_TURN_TIME=" + (30 * time.Second / traceSpeed).String()}})
+		harness.Options{Env: []string{"CAPYCTL_SWITCHING_POLICY=" + policy, "CAPYCTL_SWITCHING_TURN_TIME=" + traceTurnTime().String()}})
 	for _, m := range traceModels {
 		venv := conformance.FakeVenv(b, b.TempDir(), map[string]string{"vllm": "0.32.0"}, nil)
 		env := []string{
@@ -157,6 +157,16 @@ func startTraceRole(b *testing.B, policy string) *harness.Role {
 		}
 	}
 	return r
+}
+
+// traceTurnTime is the turns' switching.turn_time: the default, 30 s of
+// trace time, unless SWITCHING_TURN_TIME (trace time) says otherwise.
+func traceTurnTime() time.Duration {
+	d := 30 * time.Second
+	if v, err := time.ParseDuration(os.Getenv("SWITCHING_TURN_TIME")); err == nil && v > 0 {
+		d = v
+	}
+	return d / traceSpeed
 }
 
 // replay sends the trace to a role at traceSpeed and returns the figures.
