@@ -267,7 +267,12 @@ func TestWaitEstimate_FromMeasuredFigures(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		in.update(func(r *structs.InstanceRecord) { r.Timings = &tm })
+		in.update(func(r *structs.InstanceRecord) {
+			r.Timings = &tm
+			if r.State == structs.StateParked {
+				r.ParkTier = structs.ResidencyHostBacked // parked at level 1
+			}
+		})
 	}
 	set("a", structs.Timings{ParkMs: 500, StartMs: 20000})
 	set("b", structs.Timings{WakeMs: map[string]int64{structs.ResidencyDeep: 3000, structs.ResidencyHostBacked: 800}, StartMs: 20000})
@@ -281,8 +286,8 @@ func TestWaitEstimate_FromMeasuredFigures(t *testing.T) {
 		t.Fatalf("estimate %+v %v: b needs a's memory", est, ok)
 	}
 	// a serves 2 more requests, one place at a time, 1 s each; parks in
-	// 0.5 s; b wakes from deep, where it parked, in 3 s.
-	if want := 5500 * time.Millisecond; est.Wait != want || est.Floor != want {
+	// 0.5 s; b wakes from host RAM, where it parked, in 0.8 s.
+	if want := 3300 * time.Millisecond; est.Wait != want || est.Floor != want {
 		t.Fatalf("expected wait %v (measured %v), want %v", est.Wait, est.Floor, want)
 	}
 	if fmt.Sprint(est.Holding) != "[a]" || est.Ahead != 0 {
