@@ -41,7 +41,7 @@ func TestVictims_ByExpectedCost(t *testing.T) {
 	set("y", structs.Timings{StartMs: 20000}, 5*time.Minute)
 	me, _ := f.m.instance("me", 0)
 
-	cands, pending := f.m.switchCandidates(me, map[string]bool{})
+	cands, pending, _ := f.m.switchCandidates(me, map[string]bool{})
 	if pending || len(cands) != 2 {
 		t.Fatalf("candidates %d, pending %v", len(cands), pending)
 	}
@@ -68,7 +68,7 @@ func TestVictims_ByExpectedCost(t *testing.T) {
 	f.reqs.mu.Lock()
 	f.reqs.rate["y"] = 1
 	f.reqs.mu.Unlock()
-	cands, _ = f.m.switchCandidates(me, map[string]bool{})
+	cands, _, _ = f.m.switchCandidates(me, map[string]bool{})
 	for _, v := range cands {
 		cost[v.dep] = math.Round(v.cost*100) / 100
 	}

@@ -102,7 +102,7 @@ func (m *Manager) switchTurns(ctx context.Context, requester *instance, try func
 			e.RetryAfter = 1
 			return e
 		}
-		cands, pending := m.switchCandidates(requester, tried)
+		cands, pending, waiting := m.switchCandidates(requester, tried)
 		short := shortfalls(err)
 		ranked := rankVictims(cands, short)
 		if pending && (len(ranked) == 0 || (short != nil && !ranked[0].covers(short))) {
@@ -111,6 +111,19 @@ func (m *Manager) switchTurns(ctx context.Context, requester *instance, try func
 			// model is evicted for only part of the room (it might be
 			// evicted for nothing).
 			if err := m.awaitChange(ctx, changed, time.Second); err != nil {
+				return err
+			}
+			continue
+		}
+		if len(ranked) == 0 && waiting {
+			// What is in the way belongs to models that wait for their own
+			// turn (a parked one holding host RAM): the turn passes to them
+			// and comes back once something changed.
+			m.switches.yield(tk)
+			if err := m.awaitChange(ctx, changed, time.Second); err != nil {
+				return err
+			}
+			if err := m.switches.await(ctx, tk, m.ctx.Done()); err != nil {
 				return err
 			}
 			continue
@@ -205,8 +218,9 @@ func (m *Manager) awaitChange(ctx context.Context, changed <-chan struct{}, d ti
 // and parked instances of other deployments that are not warm, not group
 // members, and not contenders themselves. pending reports an instance of
 // another deployment on its way between states, which may free or take
-// memory once it is done.
-func (m *Manager) switchCandidates(requester *instance, tried map[string]bool) (cands []*victim, pending bool) {
+// memory once it is done; waiting one that holds memory but waits for its
+// own turn.
+func (m *Manager) switchCandidates(requester *instance, tried map[string]bool) (cands []*victim, pending, waiting bool) {
 	now := m.cfg.Now()
 	for _, in := range m.allInstances() {
 		if in.dep == requester.dep {
@@ -225,7 +239,11 @@ func (m *Manager) switchCandidates(requester *instance, tried map[string]bool) (
 		default:
 			continue
 		}
-		if tried[in.id+"@"+string(rec.State)] || m.switches.has(in.dep) {
+		if tried[in.id+"@"+string(rec.State)] {
+			continue
+		}
+		if m.switches.has(in.dep) {
+			waiting = true
 			continue // a contender wants in: never a victim
 		}
 		v := &victim{in: in, rec: rec, dep: in.dep}
@@ -233,7 +251,7 @@ func (m *Manager) switchCandidates(requester *instance, tried map[string]bool) (
 		v.frees = m.freesOf(v)
 		cands = append(cands, v)
 	}
-	return cands, pending
+	return cands, pending, waiting
 }
 
 // switchIdle makes room by evicting idle victims one at a time until try

@@ -85,6 +85,9 @@ type ticket struct {
 	// when it joined (the join itself for an operator's start).
 	since  time.Time
 	joined time.Time
+	// yielded: it gave the head up and lets the others go first until
+	// another takes the head or it asks again.
+	yielded bool
 }
 
 // switchQueue orders the contenders of a host; the head is the one making
@@ -115,11 +118,13 @@ func (q *switchQueue) signal() {
 }
 
 // first is the contender whose turn comes next: the oldest request first,
-// then the first to join; q.mu is held.
+// then the first to join; one that yielded goes after the others; q.mu is
+// held.
 func (q *switchQueue) first() *ticket {
 	var best *ticket
 	for _, t := range q.waiting {
-		if best == nil || t.since.Before(best.since) || (t.since.Equal(best.since) && t.joined.Before(best.joined)) {
+		if best == nil || (best.yielded && !t.yielded) ||
+			(best.yielded == t.yielded && (t.since.Before(best.since) || (t.since.Equal(best.since) && t.joined.Before(best.joined)))) {
 			best = t
 		}
 	}
@@ -133,6 +138,14 @@ func (q *switchQueue) await(ctx context.Context, t *ticket, quit <-chan struct{}
 		q.mu.Lock()
 		if q.head == nil && q.first() == t {
 			q.head = t
+			if !t.yielded {
+				// Another took the head: those that yielded are in line
+				// again, in their order.
+				for _, x := range q.waiting {
+					x.yielded = false
+				}
+			}
+			t.yielded = false
 			q.mu.Unlock()
 			return nil
 		}
@@ -148,6 +161,18 @@ func (q *switchQueue) await(ctx context.Context, t *ticket, quit <-chan struct{}
 		case <-quit:
 			return structs.Errf(structs.CodeShuttingDown, "shutting down")
 		}
+	}
+}
+
+// yield lets the next contender be the head while t waits for a change;
+// t stays in the queue and takes the head again when its turn comes.
+func (q *switchQueue) yield(t *ticket) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.head == t {
+		q.head = nil
+		t.yielded = true
+		q.signal()
 	}
 }
 

@@ -319,3 +319,29 @@ func TestSwitchQueue_OldestRequestFirst(t *testing.T) {
 	}
 	q.leave(b)
 }
+
+// TestSwitchQueue_Yield: a head that cannot make room because what is in
+// the way waits for its own turn gives the head to the next contender and
+// takes it back, first, once that one is done.
+func TestSwitchQueue_Yield(t *testing.T) {
+	var q switchQueue
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	b := q.join("b", t0, t0)
+	c := q.join("c", t0.Add(time.Second), t0.Add(time.Second))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := q.await(ctx, b, nil); err != nil {
+		t.Fatal(err)
+	}
+	q.yield(b)
+	if err := q.await(ctx, c, nil); err != nil {
+		t.Fatalf("c did not get the head b yielded: %v", err)
+	}
+	got := make(chan error, 1)
+	go func() { got <- q.await(ctx, b, nil) }()
+	q.leave(c)
+	if err := <-got; err != nil {
+		t.Fatalf("b did not get the head back: %v", err)
+	}
+	q.leave(b)
+}
