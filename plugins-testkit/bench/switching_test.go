@@ -28,12 +28,15 @@ import (
 // realistic costs replayed at traceSpeed: a cold start of 20 s, a wake of
 // 0.5 to 3 s by the model's size (4 to 7 GiB of weights: copied back from
 // host RAM at 8 GiB/s after sleep level 1, read from disk at 2.33 GiB/s
-// after level 2), answers of 100 tokens at 50 tokens/s. Requests arrive per
-// model as Poisson processes whose rates overlap, for ten minutes of trace
-// time; the same trace (same seed) is replayed against a role running
-// today's policy (switching.policy = "immediate") and one running turns.
-// Clients behave like the OpenAI SDKs: up to two retries of a 409, 429 or
-// 5xx answer, after its Retry-After (or 0.5 s doubling).
+// after level 2), answers of 100 tokens at 50 tokens/s. Work comes as
+// sessions (an agent's run, a user's exchange): each model's sessions
+// arrive as a Poisson process, at rates that overlap, for ten minutes of
+// trace time; a session sends sessionRequests requests one after the
+// other, each after the previous answer and a think time (exponential,
+// mean thinkTime). The same trace (same seed) is replayed against a role
+// running today's policy (switching.policy = "immediate") and one running
+// turns. Clients behave like the OpenAI SDKs: up to two retries of a 409,
+// 429 or 5xx answer, after its Retry-After (or 0.5 s doubling).
 
 const (
 	traceSpeed    = 10
@@ -42,6 +45,9 @@ const (
 	// traceDeadline is every deployment's request_deadline, the bound a
 	// request may wait within.
 	traceDeadline = 60 * time.Second
+	// sessionRequests and thinkTime shape a session (trace time).
+	sessionRequests = 8
+	thinkTime       = time.Second
 )
 
 // traceModel is one model of the trace.
@@ -49,27 +55,28 @@ type traceModel struct {
 	name    string
 	weights string  // on the simulated card
 	request string  // engine_config.memory.request (and startup)
-	perMin  float64 // Poisson arrivals per minute of trace time
+	perMin  float64 // Poisson session arrivals per minute of trace time
 }
 
 var traceModels = []traceModel{
-	{"m1", "4GiB", "7GiB", 30},
-	{"m2", "5GiB", "7.5GiB", 20},
-	{"m3", "6GiB", "8GiB", 15},
-	{"m4", "7GiB", "8.5GiB", 10},
+	{"m1", "4GiB", "7GiB", 4},
+	{"m2", "5GiB", "7.5GiB", 3},
+	{"m3", "6GiB", "8GiB", 2},
+	{"m4", "7GiB", "8.5GiB", 1.5},
 }
 
-// traceRequest is one request of the trace: its model and arrival, in
-// trace time.
-type traceRequest struct {
-	model string
-	at    time.Duration
+// traceSession is one session of the trace: its model, its arrival and
+// the think time before each of its requests after the first (trace time).
+type traceSession struct {
+	model  string
+	at     time.Duration
+	thinks []time.Duration
 }
 
-// makeTrace draws the arrivals of every model, merged by time.
-func makeTrace() []traceRequest {
+// makeTrace draws every model's sessions, merged by arrival.
+func makeTrace() []traceSession {
 	rng := rand.New(rand.NewPCG(traceSeed, traceSeed))
-	var out []traceRequest
+	var out []traceSession
 	for _, m := range traceModels {
 		mean := time.Duration(float64(time.Minute) / m.perMin)
 		for at := time.Duration(0); ; {
@@ -77,7 +84,11 @@ func makeTrace() []traceRequest {
 			if at >= traceDuration {
 				break
 			}
-			out = append(out, traceRequest{model: m.name, at: at})
+			s := traceSession{model: m.name, at: at}
+			for i := 1; i < sessionRequests; i++ {
+				s.thinks = append(s.thinks, time.Duration(rng.ExpFloat64()*float64(thinkTime)))
+			}
+			out = append(out, s)
 		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].at < out[j].at })
@@ -198,17 +209,26 @@ func replay(b *testing.B, policy string, trace []traceRequest) policyFigures {
 			}
 		}
 	}()
-	results := make([]traceResult, len(trace))
+	var mu sync.Mutex
+	var results []traceResult
 	var wg sync.WaitGroup
 	start := time.Now()
-	for i, tr := range trace {
-		if d := time.Until(start.Add(tr.at / traceSpeed)); d > 0 {
-			time.Sleep(d) // the trace's clock: arrivals at their time
+	for _, ts := range trace {
+		if d := time.Until(start.Add(ts.at / traceSpeed)); d > 0 {
+			time.Sleep(d) // the trace's clock: sessions arrive at their time
 		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			results[i] = sdkRequest(r.InferenceURL(), s.key, tr.model)
+			for i := 0; i < sessionRequests; i++ {
+				if i > 0 {
+					time.Sleep(ts.thinks[i-1] / traceSpeed) // the session's think time
+				}
+				res := sdkRequest(r.InferenceURL(), s.key, ts.model)
+				mu.Lock()
+				results = append(results, res)
+				mu.Unlock()
+			}
 		}()
 	}
 	wg.Wait()
@@ -318,7 +338,7 @@ var (
 func BenchmarkSwitching_Trace(b *testing.B) {
 	traceOnce.Do(func() {
 		trace := makeTrace()
-		b.Logf("trace: %d requests over %s of trace time, replayed at %dx", len(trace), traceDuration, traceSpeed)
+		b.Logf("trace: %d sessions of %d requests over %s of trace time, replayed at %dx", len(trace), sessionRequests, traceDuration, traceSpeed)
 		if os.Getenv("SWITCHING_ONLY") != "turns" {
 			traceFigures[0] = replay(b, "immediate", trace)
 		}
