@@ -10,7 +10,6 @@ import (
 	"math"
 	"math/rand/v2"
 	"net/http"
-	"os"
 	"path/filepath"
 	"sort"
 	"strconv"
@@ -28,15 +27,12 @@ import (
 // realistic costs replayed at traceSpeed: a cold start of 20 s, a wake of
 // 0.5 to 3 s by the model's size (4 to 7 GiB of weights: copied back from
 // host RAM at 8 GiB/s after sleep level 1, read from disk at 2.33 GiB/s
-// after level 2), answers of 100 tokens at 50 tokens/s. Work comes as
-// sessions (an agent's run, a user's exchange): each model's sessions
-// arrive as a Poisson process, at rates that overlap, for ten minutes of
-// trace time; a session sends sessionRequests requests one after the
-// other, each after the previous answer and a think time (exponential,
-// mean thinkTime). The same trace (same seed) is replayed against a role
-// running today's policy (switching.policy = "immediate") and one running
-// turns. Clients behave like the OpenAI SDKs: up to two retries of a 409,
-// 429 or 5xx answer, after its Retry-After (or 0.5 s doubling).
+// after level 2), answers of 100 tokens at 50 tokens/s. Requests arrive per
+// model as Poisson processes whose rates overlap, for ten minutes of trace
+// time; the same trace (same seed) is replayed against a role running
+// today's policy (switching.policy = "immediate") and one running turns.
+// Clients behave like the OpenAI SDKs: up to two retries of a 409, 429 or
+// 5xx answer, after its Retry-After (or 0.5 s doubling).
 
 const (
 	traceSpeed    = 10
@@ -45,9 +41,6 @@ const (
 	// traceDeadline is every deployment's request_deadline, the bound a
 	// request may wait within.
 	traceDeadline = 60 * time.Second
-	// sessionRequests and thinkTime shape a session (trace time).
-	sessionRequests = 8
-	thinkTime       = time.Second
 )
 
 // traceModel is one model of the trace.
@@ -55,28 +48,27 @@ type traceModel struct {
 	name    string
 	weights string  // on the simulated card
 	request string  // engine_config.memory.request (and startup)
-	perMin  float64 // Poisson session arrivals per minute of trace time
+	perMin  float64 // Poisson arrivals per minute of trace time
 }
 
 var traceModels = []traceModel{
-	{"m1", "4GiB", "7GiB", 4},
-	{"m2", "5GiB", "7.5GiB", 3},
-	{"m3", "6GiB", "8GiB", 2},
-	{"m4", "7GiB", "8.5GiB", 1.5},
+	{"m1", "4GiB", "7GiB", 30},
+	{"m2", "5GiB", "7.5GiB", 20},
+	{"m3", "6GiB", "8GiB", 15},
+	{"m4", "7GiB", "8.5GiB", 10},
 }
 
-// traceSession is one session of the trace: its model, its arrival and
-// the think time before each of its requests after the first (trace time).
-type traceSession struct {
-	model  string
-	at     time.Duration
-	thinks []time.Duration
+// traceRequest is one request of the trace: its model and arrival, in
+// trace time.
+type traceRequest struct {
+	model string
+	at    time.Duration
 }
 
-// makeTrace draws every model's sessions, merged by arrival.
-func makeTrace() []traceSession {
+// makeTrace draws the arrivals of every model, merged by time.
+func makeTrace() []traceRequest {
 	rng := rand.New(rand.NewPCG(traceSeed, traceSeed))
-	var out []traceSession
+	var out []traceRequest
 	for _, m := range traceModels {
 		mean := time.Duration(float64(time.Minute) / m.perMin)
 		for at := time.Duration(0); ; {
@@ -84,11 +76,7 @@ func makeTrace() []traceSession {
 			if at >= traceDuration {
 				break
 			}
-			s := traceSession{model: m.name, at: at}
-			for i := 1; i < sessionRequests; i++ {
-				s.thinks = append(s.thinks, time.Duration(rng.ExpFloat64()*float64(thinkTime)))
-			}
-			out = append(out, s)
+			out = append(out, traceRequest{model: m.name, at: at})
 		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].at < out[j].at })
@@ -114,8 +102,10 @@ type policyFigures struct {
 	switches      float64
 	swapShare     float64 // share of the replay's wall time spent switching
 	wall          time.Duration
-	// starts and wakes count the models' cold starts and wakes.
-	starts, wakes int
+	// starts and wakes count the models' cold starts and wakes; evictions
+	// the models a switch parked or stopped (a switch that was refused in
+	// the end included).
+	starts, wakes, evictions int
 }
 
 // startTraceRole starts a role on the trace's card with the four models
@@ -170,15 +160,9 @@ func startTraceRole(b *testing.B, policy string) *harness.Role {
 	return r
 }
 
-// traceTurnTime is the turns' switching.turn_time: the default, 30 s of
-// trace time, unless SWITCHING_TURN_TIME (trace time) says otherwise.
-func traceTurnTime() time.Duration {
-	d := 30 * time.Second
-	if v, err := time.ParseDuration(os.Getenv("SWITCHING_TURN_TIME")); err == nil && v > 0 {
-		d = v
-	}
-	return d / traceSpeed
-}
+// traceTurnTime is the role's switching.turn_time: the default, 30 s, of
+// trace time.
+func traceTurnTime() time.Duration { return 30 * time.Second / traceSpeed }
 
 // replay sends the trace to a role at traceSpeed and returns the figures.
 func replay(b *testing.B, policy string, trace []traceRequest) policyFigures {
@@ -209,26 +193,17 @@ func replay(b *testing.B, policy string, trace []traceRequest) policyFigures {
 			}
 		}
 	}()
-	var mu sync.Mutex
-	var results []traceResult
+	results := make([]traceResult, len(trace))
 	var wg sync.WaitGroup
 	start := time.Now()
-	for _, ts := range trace {
-		if d := time.Until(start.Add(ts.at / traceSpeed)); d > 0 {
-			time.Sleep(d) // the trace's clock: sessions arrive at their time
+	for i, tr := range trace {
+		if d := time.Until(start.Add(tr.at / traceSpeed)); d > 0 {
+			time.Sleep(d) // the trace's clock: arrivals at their time
 		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for i := 0; i < sessionRequests; i++ {
-				if i > 0 {
-					time.Sleep(ts.thinks[i-1] / traceSpeed) // the session's think time
-				}
-				res := sdkRequest(r.InferenceURL(), s.key, ts.model)
-				mu.Lock()
-				results = append(results, res)
-				mu.Unlock()
-			}
+			results[i] = sdkRequest(r.InferenceURL(), s.key, tr.model)
 		}()
 	}
 	wg.Wait()
@@ -237,19 +212,8 @@ func replay(b *testing.B, policy string, trace []traceRequest) policyFigures {
 	stopEvents()
 	_ = es.Close()
 	<-eventsDone
-	b.Logf("%s events: %v", policy, kinds)
-	if os.Getenv("SWITCHING_DEBUG") != "" {
-		n := 0
-		for _, l := range strings.Split(r.Output(), "\n") {
-			if strings.Contains(l, "not evicted") || strings.Contains(l, "does not fit") || strings.Contains(l, "capacity_blocked") {
-				if n++; n <= 40 {
-					b.Log(l)
-				}
-			}
-		}
-	}
 	f := policyFigures{policy: policy, refused: map[string]int{}, firstRefused: map[string]int{}, wall: wall,
-		starts: kinds["instance_starting"], wakes: kinds["instance_waking"]}
+		starts: kinds["instance_starting"], wakes: kinds["instance_waking"], evictions: kinds["switch_released"]}
 	var lat []time.Duration
 	for _, res := range results {
 		if res.first != "" {
@@ -338,18 +302,16 @@ var (
 func BenchmarkSwitching_Trace(b *testing.B) {
 	traceOnce.Do(func() {
 		trace := makeTrace()
-		b.Logf("trace: %d sessions of %d requests over %s of trace time, replayed at %dx", len(trace), sessionRequests, traceDuration, traceSpeed)
-		if os.Getenv("SWITCHING_ONLY") != "turns" {
-			traceFigures[0] = replay(b, "immediate", trace)
-		}
+		b.Logf("trace: %d requests over %s of trace time, replayed at %dx", len(trace), traceDuration, traceSpeed)
+		traceFigures[0] = replay(b, "immediate", trace)
 		traceFigures[1] = replay(b, "turns", trace)
 	})
 	for i := 0; i < b.N; i++ {
 	}
 	for _, f := range traceFigures {
-		b.Logf("%-9s answered %d, refused %v (first tries refused %v), p50 %s p95 %s p99 %s, %v switches (%d cold starts, %d wakes), %.1f%% of %s switching",
+		b.Logf("%-9s answered %d, refused %v (first tries refused %v), p50 %s p95 %s p99 %s, %v switches (%d models evicted; %d cold starts, %d wakes), %.1f%% of %s switching",
 			f.policy, f.answered, f.refused, f.firstRefused, f.p50.Round(time.Millisecond), f.p95.Round(time.Millisecond),
-			f.p99.Round(time.Millisecond), f.switches, f.starts, f.wakes, 100*f.swapShare, f.wall.Round(time.Second))
+			f.p99.Round(time.Millisecond), f.switches, f.evictions, f.starts, f.wakes, 100*f.swapShare, f.wall.Round(time.Second))
 		p := f.policy + "-"
 		b.ReportMetric(float64(f.answered), p+"answered")
 		refused := 0
@@ -361,11 +323,16 @@ func BenchmarkSwitching_Trace(b *testing.B) {
 		b.ReportMetric(float64(f.p95.Milliseconds()), p+"p95-ms")
 		b.ReportMetric(float64(f.p99.Milliseconds()), p+"p99-ms")
 		b.ReportMetric(f.switches, p+"switches")
+		b.ReportMetric(float64(f.evictions), p+"evictions")
 		b.ReportMetric(100*f.swapShare, p+"switching-%")
 	}
 	old, turns := traceFigures[0], traceFigures[1]
 	if turns.p95 > 0 && turns.switches > 0 {
 		b.ReportMetric(float64(old.p95)/float64(turns.p95), "p95-today/turns")
 		b.ReportMetric(old.switches/turns.switches, "switches-today/turns")
+	}
+	if turns.evictions > 0 && turns.swapShare > 0 {
+		b.ReportMetric(float64(old.evictions)/float64(turns.evictions), "evictions-today/turns")
+		b.ReportMetric(old.swapShare/turns.swapShare, "switching-time-today/turns")
 	}
 }
