@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -27,6 +28,8 @@ func TestRouter_KeepAliveCommentsWhileWaiting(t *testing.T) {
 	}})
 	e.lc.estimate.Store(&structs.WaitEstimate{Wait: 5 * time.Second, Switch: true, Holding: []string{"chat-a"}})
 	release := make(chan struct{})
+	releaseOnce := sync.OnceFunc(func() { close(release) })
+	t.Cleanup(releaseOnce) // a failed test lets the waiting requests go
 	e.lc.mu.Lock()
 	e.lc.activate = func(ctx context.Context, dep string) error {
 		select {
@@ -54,14 +57,27 @@ func TestRouter_KeepAliveCommentsWhileWaiting(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
-	buf := make([]byte, 4096)
-	var got string
-	for strings.Count(got, ": capyctl progress ") < 3 {
-		n, err := resp.Body.Read(buf)
-		if err != nil {
-			t.Fatalf("after %q: %v", got, err)
+	comments := make(chan string, 1)
+	go func() {
+		buf := make([]byte, 4096)
+		var got string
+		for strings.Count(got, ": capyctl progress ") < 3 {
+			n, err := resp.Body.Read(buf)
+			if err != nil {
+				break
+			}
+			got += string(buf[:n])
 		}
-		got += string(buf[:n])
+		comments <- got
+	}()
+	var got string
+	select {
+	case got = <-comments:
+	case <-time.After(10 * time.Second): // a failure's bound, not a timing
+		t.Fatal("no three progress comments while waiting")
+	}
+	if strings.Count(got, ": capyctl progress ") < 3 {
+		t.Fatalf("the stream ended after %q", got)
 	}
 	for _, line := range strings.Split(strings.TrimSpace(got), "\n\n")[:3] {
 		var p struct {
@@ -82,7 +98,7 @@ func TestRouter_KeepAliveCommentsWhileWaiting(t *testing.T) {
 		t.Fatalf("the non-streamed request was answered while waiting: %v", r)
 	default:
 	}
-	close(release)
+	releaseOnce()
 	rest := readBody(t, resp)
 	if data, _ := sseLines(rest); len(data) < 2 || data[len(data)-1] != "[DONE]" {
 		t.Fatalf("stream after the progress: %q", rest)
