@@ -237,6 +237,12 @@ func (m *Manager) switchCandidates(requester *instance, tried map[string]bool) (
 			pending = true
 			continue
 		default:
+			if in.busy.Load() {
+				// A start between its reservation and its record (still
+				// stopped, already charged): what it holds is known once
+				// it moved.
+				pending = true
+			}
 			continue
 		}
 		if tried[in.id+"@"+string(rec.State)] {
