@@ -303,11 +303,13 @@ func (in *instance) wake(c *command) error {
 // back to deep rather than stopping): host_backed (the weights kept in host
 // RAM, level 1: a wake copies them back) before deep (the weights dropped,
 // level 2: a wake reloads them from disk). A residency of deep declared by
-// the operator parks deep only; any other driver parks at the residency it
-// launched with.
+// the operator parks deep only; any other driver, and a group's member,
+// parks at the residency it launched with.
 func (in *instance) parkTiers(rec structs.InstanceRecord) []string {
 	desc, err := in.m.cfg.Drivers.Describe(in.m.ctx, rec.Driver)
-	if err != nil || !desc.GetCapabilities().GetTierPerPark() {
+	if err != nil || !desc.GetCapabilities().GetTierPerPark() || in.m.isGroupMember(in.dep) {
+		// IMPORTANT: a group's members park at one tier (the head's sleep
+		// acts on every rank): the residency it launched with.
 		return []string{rec.Residency}
 	}
 	offered := desc.GetCapabilities().GetParkTiers()
