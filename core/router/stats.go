@@ -359,5 +359,6 @@ func (rt *Router) DeploymentRequests(name string) map[string]any {
 		"settle_when_idle": c.SettleWhenIdle,
 		"settle_at_stop":   c.SettleAtStop,
 		"settle_on_abort":  c.SettleOnAbort,
+		"turn":             c.Turn,
 	}
 }
