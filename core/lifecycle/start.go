@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
+	"sync"
 	"time"
 
 	"github.com/capyctl/capyctl/core/ledger"
@@ -47,7 +49,7 @@ func (m *Manager) resolve(ctx context.Context, spec *structs.Deployment, needMod
 	}
 	if !contains(desc.GetCapabilities().GetApis(), spec.API) {
 		return nil, structs.Errf(structs.CodeCapabilityMissing+":"+structs.Code(spec.API),
-			"the %s engine cannot serve api %q (it serves %v)", eng.Family, spec.API, desc.GetCapabilities().GetApis())
+			"the %s engine cannot serve api %q (it serves %s)", eng.Family, spec.API, strings.Join(desc.GetCapabilities().GetApis(), ", "))
 	}
 	if spec.LMCache == structs.LMCacheRequired && !desc.GetCapabilities().GetLmcache() {
 		return nil, structs.Errf(structs.CodeCapabilityMissing+":lmcache",
@@ -99,6 +101,10 @@ type startRun struct {
 	probe                *pb.ProbeResponse
 
 	undo []func()
+	// slot gives back the start slot (once): held for the start only, on
+	// success too (the soak work reshapes this; a slot kept by a
+	// successful start was lost for good).
+	slot func()
 	// onFail records a failed step after the undo: the default keeps the
 	// error as the instance's last error.
 	onFail func(err error) error
@@ -161,6 +167,7 @@ func (in *instance) start(c *command) error {
 			return r.onFail(err)
 		}
 	}
+	r.slot()
 	r.undo = nil // the launch stands: nothing to undo
 	return r.ready()
 }
@@ -220,7 +227,9 @@ func (r *startRun) resolveStep() error {
 		r.onFail = asIs
 		return err
 	}
-	r.push(release)
+	var once sync.Once
+	r.slot = func() { once.Do(release) }
+	r.push(r.slot)
 	return nil
 }
 

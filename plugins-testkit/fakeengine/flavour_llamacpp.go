@@ -332,7 +332,7 @@ type llamaChunk struct {
 // ChatResponse is a chat.completion with usage and timings.
 func (l *LlamaCpp) ChatResponse(res *ChatResult) any {
 	return llamaCompletion{
-		Choices:           []Choice{{Index: 0, Message: &ChatMessage{Role: "assistant", Content: res.Text}, FinishReason: res.FinishReason}},
+		Choices:           []Choice{{Index: 0, Message: wholeMessage(res), FinishReason: res.FinishReason}},
 		Created:           res.Created,
 		Model:             res.Model,
 		SystemFingerprint: LlamaCppBuild,

@@ -80,6 +80,32 @@ type Engine struct {
 	// Env are variables the driver sets because the engine (or a library
 	// it loads) needs them, and when.
 	Env []Fact
+	// APIRoutes are the engine's routes for the APIs beyond chat that
+	// CapyCTL answers (Anthropic's Messages and its token count, OpenAI's
+	// Responses) and its tokenize routes. A fact with a Key ("messages",
+	// "count_tokens", "responses") is one the driver names in the
+	// endpoint, so that the router sends those requests to the engine
+	// (native); one without is recorded with the reason CapyCTL does not
+	// use it (the router translates to chat, or refuses count_tokens).
+	APIRoutes []Fact
+}
+
+// API route keys of APIRoutes (the endpoint fields they fill).
+const (
+	RouteMessages    = "messages"
+	RouteCountTokens = "count_tokens"
+	RouteResponses   = "responses"
+)
+
+// Route returns the path of the API route with the key, "" when the
+// engine's table names none (CapyCTL does not use the engine's own).
+func (e *Engine) Route(key string) string {
+	for _, f := range e.APIRoutes {
+		if f.Key == key {
+			return f.Value
+		}
+	}
+	return ""
 }
 
 // Values returns the facts' values.
@@ -159,6 +185,13 @@ func (e *Engine) Markdown() string {
 	rows("open without the key", e.OpenRoutes)
 	rows("open without the key while it can park", e.ParkOpenRoutes)
 	rows("environment", e.Env)
+	for _, f := range e.APIRoutes {
+		what := "API route, not used"
+		if f.Key != "" {
+			what = "API route, served natively"
+		}
+		rows(what, []Fact{f})
+	}
 	return b.String()
 }
 

@@ -52,7 +52,16 @@ var VLLM = &Engine{
 	ParkOpenRoutes: vllmOpen("/sleep", "/wake_up", "/is_sleeping", "/collective_rpc", "/reset_prefix_cache",
 		"/server_info", "/pause", "/resume"),
 	Env: []Fact{pythonHashSeed, ncclNet},
+	APIRoutes: []Fact{
+		{Key: RouteMessages, Value: "/v1/messages", Note: "native: vLLM converts it to its chat serving (stops on a hang-up: with_cancellation; names the request by X-Request-Id, as chat)", Source: vllmAnthropic},
+		{Key: RouteCountTokens, Value: "/v1/messages/count_tokens", Note: "native: counts the conversation and its tools through the model's chat template; answers {\"input_tokens\":N}", Source: vllmAnthropic},
+		{Key: RouteResponses, Value: "/v1/responses", Note: "native, always with store false and the whole conversation in input: vLLM keeps responses only with VLLM_ENABLE_RESPONSES_API_STORE, in memory, never removed", Source: "vllm/entrypoints/openai/responses/api_router.py and serving.py (commit 0001948b)"},
+		{Value: "/tokenize", Note: "counts messages through the chat template too; not used: /v1/messages/count_tokens counts Anthropic's request as is", Source: ref + "§1.4 (open routes); vllm/entrypoints/serve/tokenize"},
+	},
 }
+
+// vllmAnthropic is where vLLM serves Anthropic's Messages API.
+const vllmAnthropic = "vllm/entrypoints/anthropic/api_router.py and serving.py (commit 01540b75)"
 
 // pythonHashSeed is the seed every launch of an instance with LMCache gets
 // (pyengine.LMCacheHashSeed).
@@ -119,6 +128,11 @@ var SGLang = &Engine{
 		{Value: "/ready", Note: "newer releases", Source: sglangAuth},
 	},
 	Env: []Fact{pythonHashSeed, ncclNet},
+	APIRoutes: []Fact{
+		{Value: "/v1/responses", Note: "not used: translated to chat, whose rid CapyCTL aborts SGLang requests by (whether this route takes the rid is UNCONFIRMED); it also keeps responses in the engine's memory", Source: "v1_responses_request in python/sglang/srt/entrypoints/http_server.py (commit 0025436e)"},
+		{Value: "/v1/messages", Note: "not used: its conversion builds the chat request without the client's rid, so CapyCTL's abort by rid would miss the work; translated to chat (the release that adds the route is UNCONFIRMED)", Source: "python/sglang/srt/entrypoints/anthropic/serving.py (commit 0198d48d)"},
+		{Value: "/v1/tokenize", Note: "tokenizes a prompt string, without the chat template or tools: count_tokens answers count_tokens_unsupported", Source: "python/sglang/srt/entrypoints/openai/serving_tokenize.py; http_server.py (commit 0025436e)"},
+	},
 }
 
 // sglangAuth is where SGLang decides which paths need its key.
@@ -154,6 +168,11 @@ var LlamaCpp = &Engine{
 		{Value: "/api/tags", Note: "older builds", Source: llamaAuth},
 		{Value: "/", Note: "the web UI, which CapyCTL turns off", Source: llamaAuth},
 	},
+	APIRoutes: []Fact{
+		{Key: RouteCountTokens, Value: "/v1/messages/count_tokens", Since: "builds with llama.cpp PR #17570 (November 2025)", Note: "native: counts through the chat template; an older build answers 404, which CapyCTL answers count_tokens_unsupported", Source: ref + "§3.2; ggml-org/llama.cpp pull request #17570"},
+		{Value: "/v1/messages", Since: "builds with llama.cpp PR #17570 (November 2025)", Note: "not used: a build number does not tell CapyCTL whether the build has it (older builds answer 404); translated to chat, as llama-server's own conversion does", Source: ref + "§3.2; ggml-org/llama.cpp pull request #17570"},
+		{Value: "/tokenize", Note: "tokenizes content text without the chat template (/apply-template renders one): not used", Source: ref + "§3.2"},
+	},
 }
 
 // llamaAuth is where llama-server lists its public endpoints.
@@ -181,4 +200,7 @@ var TensorFold = &Engine{
 		KVUsage: []Fact{{Value: "tensorfold:kv_cache_usage_ratio", Source: tfMetrics}},
 	},
 	Env: []Fact{ncclNet},
+	APIRoutes: []Fact{
+		{Value: "chat only", Note: "Messages and Responses are translated to chat; count_tokens answers count_tokens_unsupported", Source: "nothing documented beyond chat (drivers/tensorfold)"},
+	},
 }
