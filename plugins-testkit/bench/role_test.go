@@ -180,10 +180,14 @@ func (s *roleSetup) hangUp(b testing.TB, base, body, key string) time.Duration {
 	}
 	fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n%sContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", auth, len(body), body)
 	br := bufio.NewReader(c)
+	var status string
 	for {
 		line, err := br.ReadString('\n')
+		if status == "" {
+			status = strings.TrimSpace(line)
+		}
 		if err != nil {
-			b.Fatalf("stream: %v", err)
+			b.Fatalf("stream (%s; last %q): %v", status, line, err)
 		}
 		if strings.Contains(line, `"content"`) {
 			break
@@ -309,13 +313,20 @@ func openStream(b testing.TB, addr, key, body string) net.Conn {
 		auth = "Authorization: Bearer " + key + "\r\n"
 	}
 	fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n%sContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", auth, len(body), body)
+	// A stream that never starts fails the benchmark instead of hanging it.
+	_ = c.SetReadDeadline(time.Now().Add(2 * time.Minute))
 	br := bufio.NewReader(c)
+	var status string
 	for {
 		line, err := br.ReadString('\n')
+		if status == "" {
+			status = strings.TrimSpace(line)
+		}
 		if err != nil {
-			b.Fatalf("stream: %v", err)
+			b.Fatalf("stream (%s; last %q): %v", status, line, err)
 		}
 		if strings.Contains(line, `"content"`) {
+			_ = c.SetReadDeadline(time.Time{})
 			return c
 		}
 	}

@@ -581,9 +581,19 @@ func (c *sbClient) do(stream bool) (first, last time.Duration, err error) {
 // treeTicks is the CPU ticks of root and every process below it, leaving
 // out the processes in skip and theirs.
 func treeTicks(root int, skip map[int]bool) int64 {
+	var sum int64
+	for _, t := range procTree(root, skip) {
+		sum += t
+	}
+	return sum
+}
+
+// procTree is the CPU ticks of root and of every process below it by pid,
+// leaving out the processes in skip and theirs.
+func procTree(root int, skip map[int]bool) map[int]int64 {
 	entries, err := os.ReadDir("/proc")
 	if err != nil {
-		return 0
+		return nil
 	}
 	children := map[int][]int{}
 	ticks := map[int]int64{}
@@ -611,19 +621,49 @@ func treeTicks(root int, skip map[int]bool) int64 {
 		children[ppid] = append(children[ppid], pid)
 		ticks[pid] = u + st
 	}
-	var sum int64
+	out := map[int]int64{}
 	var walk func(int)
 	walk = func(pid int) {
 		if skip[pid] {
 			return
 		}
-		sum += ticks[pid]
+		out[pid] = ticks[pid]
 		for _, c := range children[pid] {
 			walk(c)
 		}
 	}
 	walk(root)
-	return sum
+	return out
+}
+
+// treeShares says which processes of a tree spent the ticks between
+// before and after (procTree), per request, the largest first: each as
+// its first three arguments.
+func treeShares(before, after map[int]int64, n int) string {
+	type share struct {
+		name string
+		us   float64
+	}
+	var shares []share
+	for pid, t := range after {
+		d := t - before[pid]
+		if d <= 0 {
+			continue
+		}
+		name := strconv.Itoa(pid)
+		if data, err := os.ReadFile("/proc/" + name + "/cmdline"); err == nil {
+			args := strings.Split(strings.TrimRight(string(data), "\x00"), "\x00")
+			args[0] = filepath.Base(args[0])
+			name = strings.Join(args[:min(3, len(args))], " ")
+		}
+		shares = append(shares, share{name, ticksPer(d, n)})
+	}
+	sort.Slice(shares, func(i, j int) bool { return shares[i].us > shares[j].us })
+	var parts []string
+	for _, s := range shares {
+		parts = append(parts, fmt.Sprintf("%s %.0f µs", s.name, s.us))
+	}
+	return strings.Join(parts, "; ")
 }
 
 // loadAverage is /proc/loadavg's first three figures.
@@ -676,6 +716,7 @@ func measureLlama(b *testing.B, k sbKnobs, roles []*harness.Role) []string {
 	type target struct {
 		name, base, key string
 		cpu             func() int64
+		tree            func() map[int]int64 // a role's processes (nil for the bare proxy)
 	}
 	targets := []target{{name: "bare proxy", base: proxyURL, cpu: func() int64 { return cpuTicks(proxyPID) }}}
 	data, err := os.ReadFile(model)
@@ -697,7 +738,9 @@ func measureLlama(b *testing.B, k sbKnobs, roles []*harness.Role) []string {
 			name = "baseline"
 		}
 		pid := r.PID()
-		targets = append(targets, target{name: name, base: r.InferenceURL(), key: r.Creds.APIKey, cpu: func() int64 { return treeTicks(pid, engineSet(r)) }})
+		targets = append(targets, target{name: name, base: r.InferenceURL(), key: r.Creds.APIKey,
+			cpu:  func() int64 { return treeTicks(pid, engineSet(r)) },
+			tree: func() map[int]int64 { return procTree(pid, engineSet(r)) }})
 	}
 	var out []string
 	say := func(format string, a ...any) { out = append(out, fmt.Sprintf(format, a...)) }
@@ -709,9 +752,17 @@ func measureLlama(b *testing.B, k sbKnobs, roles []*harness.Role) []string {
 		cpu := make([][]float64, len(targets))
 		p50 := make([][]float64, len(targets))
 		errs := make([]int, len(targets))
+		shares := make([]string, len(targets))
 		for rep := 0; rep < k.reps; rep++ {
 			for i, t := range targets {
+				var before map[int]int64
+				if rep == 0 && t.tree != nil {
+					before = t.tree()
+				}
 				l := sbCount(b, t.base, t.key, body, stream, 4, k.llamaN, t.cpu)
+				if before != nil {
+					shares[i] = treeShares(before, t.tree(), l.n)
+				}
 				cpu[i] = append(cpu[i], ticksPer(l.cpu, l.n))
 				p50[i] = append(p50[i], pct(l.lat, .5))
 				errs[i] += l.failed()
@@ -736,6 +787,11 @@ func measureLlama(b *testing.B, k sbKnobs, roles []*harness.Role) []string {
 		}
 		say("%s", line)
 		say("%s", lat)
+		for i, t := range targets {
+			if shares[i] != "" {
+				say("  %s, %s, where the CPU went in the first run, per request: %s", t.name, kind, shares[i])
+			}
+		}
 	}
 	for _, r := range roles {
 		// Stopped here: a role leaves its engines running when it exits.
@@ -818,7 +874,8 @@ func measureColdUnderLoad(b *testing.B, k sbKnobs, role *harness.Role, bare *sbS
 // resident memory per open stream and CPU per relayed chunk.
 func measureFleetScale(b *testing.B, k sbKnobs) []string {
 	n := k.fleetStreams
-	srv := harness.StartServer(b, harness.Options{})
+	// More open streams than a listener's default cap of connections.
+	srv := harness.StartServer(b, harness.Options{Args: []string{"--set", "listener.max_connections=0"}})
 	hosts := []*harness.Role{
 		harness.StartHost(b, srv, harness.HostOptions{Name: "gpu-a", GPU: harness.SimGPU{DeviceMemory: "80GiB"}}),
 		harness.StartHost(b, srv, harness.HostOptions{Name: "gpu-b", GPU: harness.SimGPU{DeviceMemory: "80GiB"}}),
@@ -828,7 +885,8 @@ func measureFleetScale(b *testing.B, k sbKnobs) []string {
 	// host runs as many instances of 1,000 places as its half needs.
 	const places = 1000
 	per := n / 2
-	instances := (per + places - 1) / places
+	// A tenth to spare: the warm-up's streams may still hold places.
+	instances := (per + per/10 + places - 1) / places
 	addFake(b, srv, "trickle", "--token-rate", "1", "--tokens", "100000", "--max-running", strconv.Itoa(places+100))
 	for i, h := range hosts {
 		dep := []string{"a", "b"}[i]
