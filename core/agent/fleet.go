@@ -36,12 +36,18 @@ func (a *Agent) openServer() error {
 	// The Responses API's stored responses of the requests this server
 	// takes: its IDs name this server (core/fleet/responses.go).
 	a.Responses = a.openResponses()
+	if err := a.openKeys(); err != nil {
+		_ = a.Responses.Close()
+		a.Store.Close()
+		return err
+	}
 	srv, err := fleet.NewServer(fleet.ServerOptions{StateDir: a.s.StateDir, Listen: listen, Advertise: a.s.ClusterAdvertise,
 		Store: a.Store, Logger: a.logger, Heartbeat: a.s.HostHeartbeat,
 		GroupStallTimeout: a.s.GroupStallTimeout,
 		Name:              a.s.Hostname, BootstrapExpect: a.s.BootstrapExpect, Join: a.s.ServerJoin, JoinToken: a.s.JoinToken,
 		OpenRaft: raftlog.OpenFleet, Responses: a.Responses})
 	if err != nil {
+		a.closeKeys()
 		_ = a.Responses.Close()
 		a.Store.Close()
 		return err
@@ -49,6 +55,7 @@ func (a *Agent) openServer() error {
 	a.Fleet = srv
 	if err := a.listen(); err != nil {
 		srv.Close()
+		a.closeKeys()
 		_ = a.Responses.Close()
 		a.Store.Close()
 		return err
@@ -71,7 +78,7 @@ func (a *Agent) startServer() error {
 			TLS: a.s.TLS.Enabled(), ClientCertificates: a.s.TLS.ClientCAFile != "", Warnings: a.Warnings()}
 	}
 	backend := &api.Backend{
-		Store: a.Store, Logger: a.logger, Role: role(), Hosts: a.Fleet.Hosts, Fleet: a.Fleet,
+		Store: a.Store, Logger: a.logger, Role: role(), Hosts: a.Fleet.Hosts, Fleet: a.Fleet, Keys: a.Keys, Usage: a.Usage,
 		Override: a.Fleet.ManagementOverrides(role),
 		Servers:  a.Fleet, Forward: a.Fleet.ForwardMutation,
 	}
@@ -79,7 +86,7 @@ func (a *Agent) startServer() error {
 		backend.Config = func() *wire.RoleConfig { return rc }
 	}
 	iopts, mopts := a.s.Listener.options("inference", a.logger), a.s.Listener.options("management", a.logger)
-	a.inferenceSrv = api.NewServer(api.BodyDeadline(a.Fleet.InferenceHandler(a.Creds.APIKey, a.s.MaxBodyBytes), iopts.BodyReadTimeout), iopts)
+	a.inferenceSrv = api.NewServer(api.BodyDeadline(a.Fleet.InferenceHandler(a.Keys, api.AuthOptions{FailuresPerMinute: a.s.Listener.AuthFailuresPerMinute}, a.s.MaxBodyBytes), iopts.BodyReadTimeout), iopts)
 	mgmt := api.NewManagementHandler(backend, a.Creds.AdminToken)
 	a.Fleet.ServeManagement(mgmt, a.Creds.AdminToken)
 	a.mgmtSrv = api.NewServer(api.BodyDeadline(mgmt, mopts.BodyReadTimeout), mopts)

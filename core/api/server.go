@@ -18,12 +18,14 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/capyctl/capyctl/core/api/wire"
+	"github.com/capyctl/capyctl/core/apikeys"
 	"github.com/capyctl/capyctl/core/engines"
 	"github.com/capyctl/capyctl/core/lifecycle"
 	"github.com/capyctl/capyctl/core/responses"
 	"github.com/capyctl/capyctl/core/router"
 	"github.com/capyctl/capyctl/core/store"
 	"github.com/capyctl/capyctl/core/structs"
+	"github.com/capyctl/capyctl/core/usage"
 )
 
 // Backend is what the handlers call.
@@ -59,6 +61,11 @@ type Backend struct {
 	// Responses are the Responses API's stored responses (nil: none
 	// kept).
 	Responses *responses.Store
+	// Keys are the inference API's named keys (nil: the routes answer
+	// unsupported).
+	Keys *apikeys.Keeper
+	// Usage counts the keys' usage (nil: GET /usage answers unsupported).
+	Usage *usage.Meter
 
 	keys    keyLocks
 	streams streamSlots

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/capyctl/capyctl/core/api"
+	"github.com/capyctl/capyctl/core/apikeys"
 	"github.com/capyctl/capyctl/core/router"
 	"github.com/capyctl/capyctl/core/structs"
 )
@@ -35,8 +36,8 @@ var hopHeaders = []string{"Connection", "Keep-Alive", "Proxy-Connection", "Trans
 	"Authorization", "X-Api-Key", "Content-Length", "Cookie"}
 
 // InferenceHandler is the server's inference API: every request is
-// relayed to a host that runs the model, behind the API key.
-func (s *Server) InferenceHandler(apiKey string, maxBody int64) http.Handler {
+// relayed to a host that runs the model, behind the API keys.
+func (s *Server) InferenceHandler(keys *apikeys.Keeper, auth api.AuthOptions, maxBody int64) http.Handler {
 	if maxBody <= 0 {
 		maxBody = 64 << 20
 	}
@@ -47,7 +48,7 @@ func (s *Server) InferenceHandler(apiKey string, maxBody int64) http.Handler {
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		relayError(w, r, structs.Errf(structs.CodeNotFound, "no route %s %s", r.Method, r.URL.Path))
 	})
-	return api.InferenceAuth(mux, apiKey)
+	return api.InferenceAuth(mux, keys, auth)
 }
 
 // relayInference relays one inference request to the least busy reachable

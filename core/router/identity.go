@@ -3,21 +3,51 @@
 
 package router
 
-import "context"
+import (
+	"context"
+
+	"github.com/capyctl/capyctl/core/structs"
+)
 
 // Caller is who sent a request, as the inference API's authentication
 // found it. The router keys what a client stores (the Responses API's
-// stored responses) by it, so that one key never reads another's.
+// stored responses) by it, so that one key never reads another's; answers
+// only for the models its scope allows, as if no other existed; and
+// settles the request's share of its key's limits and usage through its
+// meter.
 type Caller struct {
-	// Key is the identity of the API key the request carried: its name.
-	// Today a role has one API key, named DefaultKeyName; named keys
-	// (several per role) put their own names here and change nothing
-	// else.
+	// Key is the identity of the API key the request carried: its name
+	// (the role's own key is DefaultKeyName).
 	Key string
+	// Weight is the key's share of a contended model's places (0: 1).
+	Weight int
+	// Scope is the models the key may use (nil: every model).
+	Scope Scope
+	// Meter, when set, is taken by a request the router serves and
+	// settled once that request ends (after its stream, for a stream).
+	Meter Meter
 }
 
-// DefaultKeyName is the name of a role's one API key.
-const DefaultKeyName = "default"
+// Scope says which models a key may use.
+type Scope interface {
+	Allows(model string) bool
+}
+
+// Meter is one request's share of its key's limits and usage
+// (core/apikeys' Ticket).
+type Meter interface {
+	// Take says the router serves the request: it calls Settle when the
+	// request ends.
+	Take()
+	// Settle ends the request with what it used.
+	Settle(u structs.RequestUsage)
+}
+
+// allows reports whether the caller may use model.
+func (c Caller) allows(model string) bool { return c.Scope == nil || c.Scope.Allows(model) }
+
+// DefaultKeyName is the name of a role's own API key.
+const DefaultKeyName = structs.DefaultKeyName
 
 type callerKey struct{}
 

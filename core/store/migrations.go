@@ -27,6 +27,7 @@ var migrations = []migration{
 	{version: 1, name: "initial buckets", apply: migrateV1},
 	{version: 2, name: "the server's command log and state (several machines)", apply: migrateV2},
 	{version: 3, name: "the Responses API's stored responses", apply: migrateV3},
+	{version: 4, name: "named API keys and their usage", apply: migrateV4},
 }
 
 // CurrentSchemaVersion is the schema this binary writes.

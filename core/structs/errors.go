@@ -136,6 +136,11 @@ const (
 	CodeGroupStalled              Code = "group_stalled"
 	CodePeerAddressMissing        Code = "peer_address_missing"
 	CodeRendezvousPortsExhausted  Code = "rendezvous_ports_exhausted"
+
+	// Named API keys: limits, budgets and their management.
+	CodeRateLimited   Code = "rate_limited"
+	CodeQuotaExceeded Code = "quota_exceeded"
+	CodeAPIKeyExists  Code = "api_key_exists"
 )
 
 var catalogue = map[Code]CodeInfo{}
@@ -248,6 +253,9 @@ func init() {
 	row(CodeGroupStalled, 13, false, "the group's bring-up stalled past group_stall_timeout; the group was stopped")
 	row(CodePeerAddressMissing, 2, false, "a group member's host has no peer address (set peer_address, --peer-address or CAPYCTL_PEER_ADDRESS on the host)")
 	row(CodeRendezvousPortsExhausted, 4, true, "every port of the head host's rendezvous_ports range is taken")
+	row(CodeRateLimited, 4, true, "the API key is over one of its limits (requests or tokens per minute, requests at once), or its client address failed authentication too often; retry after Retry-After (the x-ratelimit-* headers say which limit and when it resets)")
+	row(CodeQuotaExceeded, 4, true, "the API key spent its monthly token budget; Retry-After is the start of the next month (UTC), or raise the budget (capyctl update api-key NAME --monthly-tokens N)")
+	row(CodeAPIKeyExists, 2, false, "an API key with this name exists: pick another name, or revoke the old key first")
 }
 
 // Lookup returns the catalogue row of a code (suffix ignored); unknown codes

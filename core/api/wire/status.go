@@ -117,6 +117,9 @@ var httpStatus = map[structs.Code]int{
 	structs.CodeEngineNotIdle:             http.StatusConflict,
 	structs.CodeBodiesInFlightFull:        http.StatusTooManyRequests,
 	structs.CodeBodyReadTimeout:           http.StatusRequestTimeout,
+	structs.CodeRateLimited:               http.StatusTooManyRequests,
+	structs.CodeQuotaExceeded:             http.StatusTooManyRequests,
+	structs.CodeAPIKeyExists:              http.StatusConflict,
 }
 
 // HTTPStatus returns the HTTP status an API answers a code with (a suffix
