@@ -12,8 +12,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/capyctl/capyctl/core/apikeys"
 	"github.com/capyctl/capyctl/core/api/wire"
+	"github.com/capyctl/capyctl/core/apikeys"
 	"github.com/capyctl/capyctl/core/router"
 	"github.com/capyctl/capyctl/core/store"
 	"github.com/capyctl/capyctl/core/structs"
