@@ -224,6 +224,9 @@ type Agent struct {
 	inferenceSrv *http.Server
 	mgmtSrv      *http.Server
 
+	// inventory is what the GPU provider found at start.
+	inventory gpu.Inventory
+
 	startedAt time.Time
 	cancel    context.CancelFunc
 	wg        sync.WaitGroup
@@ -476,6 +479,8 @@ func (a *Agent) openMemory() error {
 	if err != nil {
 		return structs.Wrap(structs.CodeInvalidConfig, err, "gpu.provider %s", opts.Provider)
 	}
+	a.inventory = gpu.Describe(prov)
+	a.logInventory(opts.Provider)
 	placer, err := placement.New(placement.Config{
 		Host: a.s.Hostname, GPU: prov, Memory: a.s.Memory, Store: a.Store, Logger: a.logger,
 	})
@@ -566,14 +571,14 @@ func (a *Agent) listen() error {
 	if ip := net.ParseIP(mhost); mhost != "localhost" && (ip == nil || !ip.IsLoopback()) {
 		return structs.Errf(structs.CodeInvalidConfig, "management_listen %q must be a loopback address", a.s.ManagementListen)
 	}
-	ln, err := net.Listen("tcp", a.s.Listen)
+	ln, err := listenTCP(a.s.Listen, "listen", "--listen")
 	if err != nil {
-		return structs.Wrap(structs.CodeInvalidConfig, err, "listen on %s", a.s.Listen)
+		return err
 	}
-	mln, err := net.Listen("tcp", a.s.ManagementListen)
+	mln, err := listenTCP(a.s.ManagementListen, "management_listen", "--management-listen")
 	if err != nil {
 		ln.Close()
-		return structs.Wrap(structs.CodeInvalidConfig, err, "listen on %s", a.s.ManagementListen)
+		return err
 	}
 	a.inferenceLn, a.managementLn = ln, mln
 	a.inferenceLim = api.NewLimitListener(ln, a.s.Listener.options("inference", a.logger))
@@ -650,6 +655,7 @@ func (a *Agent) Start(ctx context.Context) error {
 			Role: a.s.Role, Version: version.Version, Commit: version.GetCommit(), Host: a.s.Hostname,
 			Inference: a.InferenceAddr(), StartedAt: a.startedAt, PID: os.Getpid(),
 			TLS: a.s.TLS.Enabled(), ClientCertificates: a.s.TLS.ClientCAFile != "", Warnings: a.Warnings(),
+			GPU: a.gpuInventory(), ModelsRoot: a.s.ModelsRoot,
 		},
 		Hosts:         a.hosts,
 		RequestLedger: a.requestLedgerStatus,
@@ -663,6 +669,7 @@ func (a *Agent) Start(ctx context.Context) error {
 	}
 	iopts, mopts := a.s.Listener.options("inference", a.logger), a.s.Listener.options("management", a.logger)
 	inference := api.NewInferenceHandler(backend, a.Keys, api.AuthOptions{FailuresPerMinute: a.s.Listener.AuthFailuresPerMinute})
+	backend.Inference, backend.InferenceKeys = inference, a.playgroundKeys
 	management := api.NewManagementHandler(backend, a.Creds.AdminToken)
 	a.inferenceSrv = api.NewServer(inference, iopts)
 	a.mgmtSrv = api.NewServer(api.BodyDeadline(management, mopts.BodyReadTimeout), mopts)
@@ -782,6 +789,16 @@ func (a *Agent) Banner(w io.Writer) {
 	}
 	fmt.Fprintf(w, "  Management:  http://%s (admin token, loopback only)\n", a.ManagementAddr())
 	fmt.Fprintf(w, "  Dashboard:   http://%s%s (log in with the admin token)\n", a.ManagementAddr(), dashboard.Prefix)
+	if inv := a.gpuInventory(); inv != nil {
+		for i, line := range inv.Lines() {
+			label := "GPUs:"
+			if i > 0 {
+				label = ""
+			}
+			fmt.Fprintf(w, "  %-12s %s\n", label, line)
+		}
+		fmt.Fprintf(w, "  Models:      %s\n", a.s.ModelsRoot)
+	}
 	fmt.Fprintf(w, "  State:       %s\n", a.s.StateDir)
 	fmt.Fprintf(w, "  Credentials: %s\n", filepath.Join(a.s.StateDir, runinfo.CredentialsFile))
 	if a.Fleet != nil {

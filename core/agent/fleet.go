@@ -86,7 +86,9 @@ func (a *Agent) startServer() error {
 		backend.Config = func() *wire.RoleConfig { return rc }
 	}
 	iopts, mopts := a.s.Listener.options("inference", a.logger), a.s.Listener.options("management", a.logger)
-	a.inferenceSrv = api.NewServer(api.BodyDeadline(a.Fleet.InferenceHandler(a.Keys, api.AuthOptions{FailuresPerMinute: a.s.Listener.AuthFailuresPerMinute}, a.s.MaxBodyBytes), iopts.BodyReadTimeout), iopts)
+	inference := a.Fleet.InferenceHandler(a.Keys, api.AuthOptions{FailuresPerMinute: a.s.Listener.AuthFailuresPerMinute}, a.s.MaxBodyBytes)
+	backend.Inference, backend.InferenceKeys = inference, a.playgroundKeys
+	a.inferenceSrv = api.NewServer(api.BodyDeadline(inference, iopts.BodyReadTimeout), iopts)
 	mgmt := api.NewManagementHandler(backend, a.Creds.AdminToken)
 	a.Fleet.ServeManagement(mgmt, a.Creds.AdminToken)
 	a.mgmtSrv = api.NewServer(api.BodyDeadline(mgmt, mopts.BodyReadTimeout), mopts)

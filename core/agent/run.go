@@ -102,6 +102,7 @@ func Run(ctx context.Context, opts Options) error {
 	if logger == nil {
 		logger = hclog.NewNullLogger()
 	}
+	routeGRPCLogs(logger)
 	a, err := New(opts.Settings, logger)
 	if err != nil {
 		return err

@@ -17,6 +17,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
+	"github.com/capyctl/capyctl/core/api/dashboard"
 	"github.com/capyctl/capyctl/core/api/wire"
 	"github.com/capyctl/capyctl/core/apikeys"
 	"github.com/capyctl/capyctl/core/engines"
@@ -58,6 +59,12 @@ type Backend struct {
 	// RequestLedger describes the request ledger's writer for the
 	// snapshot; nil leaves it out.
 	RequestLedger func() *wire.RequestLedgerStatus
+	// Inference is the role's inference API handler (key check
+	// included): the dashboard's playground hands its requests to it;
+	// nil leaves the playground out. InferenceKeys are the keys the
+	// playground may use by name.
+	Inference     http.Handler
+	InferenceKeys func() []dashboard.Key
 	// Responses are the Responses API's stored responses (nil: none
 	// kept).
 	Responses *responses.Store

@@ -133,7 +133,7 @@ func TestLoad_Defaults(t *testing.T) {
 		t.Errorf("memory = %+v", c.Memory)
 	}
 	if c.Limits.MaxWaitingTotal != 256 || c.Limits.MaxWaitingBytes != structs.ByteSize(64*structs.MiB) ||
-		c.Limits.RequestDeadline.String() != "10m0s" || c.Limits.MaxBodyBytes != structs.ByteSize(64*structs.MiB) {
+		c.Limits.RequestDeadline.String() != "10m" || c.Limits.MaxBodyBytes != structs.ByteSize(64*structs.MiB) {
 		t.Errorf("limits = %+v", c.Limits)
 	}
 	if c.Shutdown.DrainTimeout.String() != "30s" || c.LifecycleDefaults != (LifecycleDefaults{}) {
@@ -142,14 +142,14 @@ func TestLoad_Defaults(t *testing.T) {
 	if c.Limits.MaxBodyBytesInFlight != structs.ByteSize(256*structs.MiB) {
 		t.Errorf("limits.max_body_bytes_in_flight = %s", c.Limits.MaxBodyBytesInFlight)
 	}
-	if l := c.Listener; l.ReadHeaderTimeout.String() != "10s" || l.IdleTimeout.String() != "1m0s" || l.BodyReadTimeout.String() != "1m0s" ||
+	if l := c.Listener; l.ReadHeaderTimeout.String() != "10s" || l.IdleTimeout.String() != "1m" || l.BodyReadTimeout.String() != "1m" ||
 		l.MaxConnections != 4096 || l.MaxUnauthenticatedPerAddress != 512 {
 		t.Errorf("listener = %+v", l)
 	}
 	if c.TLS != (TLS{}) {
 		t.Errorf("tls = %+v, want plain HTTP by default", c.TLS)
 	}
-	if !c.RequestLedger.Enabled || c.RequestLedger.Retention.String() != "168h0m0s" || c.RequestLedger.MaxRecords != 100000 {
+	if !c.RequestLedger.Enabled || c.RequestLedger.Retention.String() != "168h" || c.RequestLedger.MaxRecords != 100000 {
 		t.Errorf("request ledger = %+v", c.RequestLedger)
 	}
 	if got := c.Provenance()["hostname"]; got.From != FromDefault || got.Detail != "os.Hostname" {

@@ -72,7 +72,7 @@ func readRelayBody(w http.ResponseWriter, r *http.Request, maxBody int64) ([]byt
 	if err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
-			relayError(w, r, structs.Errf(structs.CodeRequestTooLarge, "the request body is over %d bytes", maxBody))
+			relayError(w, r, structs.Errf(structs.CodeRequestTooLarge, "the request body is over %s", structs.FormatBytes(maxBody)))
 			return nil, false
 		}
 		relayError(w, r, structs.Errf(structs.CodeInvalidRequest, "read the request body: %v", err))
@@ -136,7 +136,7 @@ func (s *Server) relayBody(w http.ResponseWriter, r *http.Request, body []byte, 
 	for attempt := 0; ; attempt++ {
 		host, done = s.pick(hosts)
 		if host == "" {
-			e := structs.Errf(structs.CodeHostUnreachable, "every host of deployment %s is out of reach of the server (%v); its instances are uncertain", p.Deployment, p.HostNames()).
+			e := structs.Errf(structs.CodeHostUnreachable, "every host of deployment %s is out of reach of the server (%s); its instances are uncertain", p.Deployment, strings.Join(p.HostNames(), ", ")).
 				WithDetail("deployment", p.Deployment).WithDetail("hosts", p.HostNames())
 			e.RetryAfter = int(2*s.o.Heartbeat.Seconds()) + 1
 			relayError(w, r, e)

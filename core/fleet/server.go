@@ -21,6 +21,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -169,6 +170,9 @@ func NewServer(o ServerOptions) (*Server, error) {
 		return nil, err
 	}
 	ln, err := net.Listen("tcp", o.Listen)
+	if errors.Is(err, syscall.EADDRINUSE) {
+		return nil, structs.Wrap(structs.CodeAddressInUse, err, "cluster_listen %s is taken by another process: stop it, or choose another address with --cluster-listen", o.Listen)
+	}
 	if err != nil {
 		return nil, structs.Wrap(structs.CodeInvalidConfig, err, "cluster_listen %s", o.Listen)
 	}

@@ -136,7 +136,7 @@ func (q *request) forward() *engineCall {
 			q.place = nil
 			q.w.Header().Set("Retry-After", "1")
 			q.fail(structs.Errf(structs.CodeBodiesInFlightFull,
-				"the role holds %d bytes of request bodies, its bound (limits.max_body_bytes_in_flight); retry shortly", q.rt.cfg.MaxBodyBytesInFlight))
+				"the role holds %s of request bodies, its bound (limits.max_body_bytes_in_flight); retry shortly", structs.FormatBytes(q.rt.cfg.MaxBodyBytesInFlight)))
 			return nil
 		}
 		q.body = nil // the copy replaces it

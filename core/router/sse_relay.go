@@ -248,7 +248,7 @@ func (q *request) cutEnd(cause error) {
 		q.fail(structs.Errf(structs.CodeStreamStalled, "model %q sent nothing for %s (limits.stream_idle)", q.model, q.b.streamIdle))
 	case errChunk:
 		q.outcome = OutcomeChunkTooLarge
-		q.fail(structs.Errf(structs.CodeChunkTooLarge, "the engine sent one piece of the answer larger than %d bytes (limits.max_chunk_bytes)", q.b.maxChunk))
+		q.fail(structs.Errf(structs.CodeChunkTooLarge, "the engine sent one piece of the answer larger than %s (limits.max_chunk_bytes)", structs.FormatBytes(int64(q.b.maxChunk))))
 	case errShutdown:
 		q.outcome = OutcomeShutdown
 		q.fail(structs.Errf(structs.CodeShuttingDown, "the role is shutting down and its drain timeout ended before the answer"))

@@ -15,9 +15,14 @@ import (
 
 const fakeTools = `"tools":[{"type":"function","function":{"name":"get_weather","parameters":{"type":"object","properties":{"city":{"type":"string"},"days":{"type":"integer"}}}}}]`
 
+// freshConn sends each request on a connection of its own: the fake
+// llama-server, as b4748, closes its connection after a streamed answer
+// while advertising keep-alive, so a pooled connection may be dead.
+var freshConn = &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+
 func postChat(t *testing.T, url, body string) string {
 	t.Helper()
-	resp, err := http.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(body))
+	resp, err := freshConn.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -82,12 +82,13 @@ func Commands(m *Meta) map[string]cli.CommandFactory {
 		"validate":          parent("validate", "Validate a job spec offline"),
 		"validate config":   f(&ValidateConfigCommand{Meta: m}),
 		"driver":            f(&DriverCommand{Meta: m}),
+		fakeEngineName:      f(&FakeEngineCommand{Meta: m}),
 	}
 	return table
 }
 
 // hidden commands are not listed in help.
-var hidden = []string{"driver"}
+var hidden = []string{"driver", fakeEngineName}
 
 // Run runs the CLI and returns the exit code.
 func Run(args []string) int {

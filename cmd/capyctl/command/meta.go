@@ -189,6 +189,13 @@ func (m *Meta) parse(fs *flag.FlagSet, args []string) ([]string, int) {
 		}
 		return nil, m.Usage("%v", err)
 	}
+	switch m.format {
+	case "", "text", "json":
+	default:
+		format := m.format
+		m.format = ""
+		return nil, m.Usage("--format %q is not an output format: use text or json", format)
+	}
 	return positional, 0
 }
 

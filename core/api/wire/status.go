@@ -88,6 +88,7 @@ var httpStatus = map[structs.Code]int{
 	structs.CodeSnapshotCAMismatch:        http.StatusConflict,
 	structs.CodeCountTokensUnsupported:    http.StatusBadRequest,
 	structs.CodeResponseNotFound:          http.StatusNotFound,
+	structs.CodeAddressInUse:              http.StatusServiceUnavailable,
 	structs.CodeGroupPlacementRequired:    http.StatusBadRequest,
 	structs.CodeGroupTopologyInvalid:      http.StatusBadRequest,
 	structs.CodeGroupShapeUnsupported:     http.StatusBadRequest,

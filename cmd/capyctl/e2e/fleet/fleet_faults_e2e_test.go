@@ -273,13 +273,13 @@ func TestFleetFaults_ConcurrentDeploysNeverOvercommit(t *testing.T) {
 			t.Error(msg)
 		}
 	}
-	var list []wire.DeploymentStatus
+	var list wire.DeploymentList
 	out, errOut, code := f.Server.CLI("list", "deployments", "--json")
 	if code != 0 || json.Unmarshal([]byte(out), &list) != nil {
 		t.Fatalf("list deployments: exit %d: %s%s", code, out, errOut)
 	}
-	if len(list) != len(placed) {
-		t.Errorf("the server lists %d deployments, %d were placed: %s", len(list), len(placed), out)
+	if len(list.Deployments) != len(placed) {
+		t.Errorf("the server lists %d deployments, %d were placed: %s", len(list.Deployments), len(placed), out)
 	}
 }
 
