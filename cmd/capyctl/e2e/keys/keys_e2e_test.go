@@ -1,0 +1,333 @@
+// Copyright (c) CapyCTL authors
+// SPDX-License-Identifier: Apache-2.0
+
+// Package keys_test runs named API keys end to end: capyctl dev (one
+// standalone role, and a cluster of servers with hosts), the key commands
+// of the CLI, and real HTTP clients of the inference API.
+package keys_test
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"io"
+	"io/fs"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/capyctl/capyctl/plugins-testkit/harness"
+	"github.com/capyctl/capyctl/plugins-testkit/poll"
+)
+
+// dev is a running capyctl dev.
+type dev struct {
+	info map[string]string
+	bin  string
+	// stop stops it (Ctrl-C) and waits; a second call does nothing.
+	stop func()
+}
+
+// startDev runs capyctl dev --json with args; it stops (Ctrl-C) when the
+// test ends, leaving nothing behind.
+func startDev(t *testing.T, args ...string) *dev {
+	t.Helper()
+	bin, _ := harness.Binaries(t)
+	tmp := t.TempDir()
+	// A state directory of the test's: dev keeps it after its stop.
+	cmd := exec.Command(bin, append([]string{"dev", "--json", "--listen", "127.0.0.1:0", "--state-dir", filepath.Join(tmp, "state")}, args...)...)
+	cmd.Env = append(os.Environ(), "TMPDIR="+tmp)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGINT)
+			done := make(chan struct{})
+			go func() { _ = cmd.Wait(); close(done) }()
+			select {
+			case <-done:
+			case <-time.After(2 * time.Minute):
+				_ = cmd.Process.Kill()
+				<-done
+			}
+			harness.KillLeftovers(tmp)
+		})
+	}
+	t.Cleanup(func() {
+		stop()
+		if t.Failed() {
+			t.Logf("capyctl dev's log (last 4000 bytes):\n%s", lastBytes(stderr.String(), 4000))
+		}
+	})
+	line, err := bufio.NewReader(stdout).ReadString('\n')
+	if err != nil {
+		t.Fatalf("dev --json printed nothing: %v\n%s", err, stderr.String())
+	}
+	var info map[string]string
+	if err := json.Unmarshal([]byte(line), &info); err != nil || info["api_key"] == "" || info["state_dir"] == "" {
+		t.Fatalf("dev --json: %q %v", line, err)
+	}
+	return &dev{info: info, bin: bin, stop: stop}
+}
+
+func lastBytes(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[len(s)-n:]
+}
+
+// cli runs a capyctl command against dev's role; it returns stdout and
+// fails the test on a non-zero exit.
+func (d *dev) cli(t *testing.T, args ...string) string {
+	t.Helper()
+	out, errOut, code := d.run(args...)
+	if code != 0 {
+		t.Fatalf("capyctl %s: exit %d: %s%s", strings.Join(args, " "), code, out, errOut)
+	}
+	return out
+}
+
+func (d *dev) run(args ...string) (string, string, int) {
+	cmd := exec.Command(d.bin, append(args, "--state-dir", d.info["state_dir"])...)
+	var out, errOut bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	err := cmd.Run()
+	code := 0
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	} else if err != nil {
+		code = -1
+	}
+	return out.String(), errOut.String(), code
+}
+
+// createKey makes a key with the CLI and returns it (capyctl create
+// api-key NAME ... --json: {"name","key"}).
+func (d *dev) createKey(t *testing.T, name string, args ...string) string {
+	t.Helper()
+	out := d.cli(t, append([]string{"create", "api-key", name, "--json"}, args...)...)
+	var created map[string]string
+	if err := json.Unmarshal([]byte(out), &created); err != nil || created["name"] != name || created["key"] == "" || len(created) != 2 {
+		t.Fatalf("create api-key --json: %q %v", out, err)
+	}
+	return created["key"]
+}
+
+// answer is one inference answer.
+type answer struct {
+	status int
+	header http.Header
+	body   string
+}
+
+// call sends one inference request with key (Authorization: Bearer, or
+// x-api-key when anthropic).
+func call(t *testing.T, key, method, url, body string, anthropic bool) answer {
+	t.Helper()
+	var rd io.Reader
+	if body != "" {
+		rd = strings.NewReader(body)
+	}
+	req, _ := http.NewRequest(method, url, rd)
+	if anthropic {
+		req.Header.Set("x-api-key", key)
+	} else {
+		req.Header.Set("Authorization", "Bearer "+key)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return answer{status: resp.StatusCode, header: resp.Header, body: harness.ReadAll(resp)}
+}
+
+func chatBody(model string) string {
+	return `{"model":"` + model + `","messages":[{"role":"user","content":"hello"}],"max_tokens":8}`
+}
+
+// modelIDs lists the ids of /v1/models.
+func modelIDs(t *testing.T, a answer) []string {
+	t.Helper()
+	var list struct {
+		Data []struct {
+			ID string `json:"id"`
+		} `json:"data"`
+	}
+	if a.status != 200 || json.Unmarshal([]byte(a.body), &list) != nil {
+		t.Fatalf("/v1/models: %d %s", a.status, a.body)
+	}
+	var ids []string
+	for _, m := range list.Data {
+		ids = append(ids, m.ID)
+	}
+	return ids
+}
+
+// usageOf reads an answer's token counts.
+func usageOf(t *testing.T, a answer) (int64, int64) {
+	t.Helper()
+	var v struct {
+		Usage struct {
+			Prompt     int64 `json:"prompt_tokens"`
+			Completion int64 `json:"completion_tokens"`
+		} `json:"usage"`
+	}
+	if err := json.Unmarshal([]byte(a.body), &v); err != nil || v.Usage.Prompt == 0 || v.Usage.Completion == 0 {
+		t.Fatalf("no usage in %s (%v)", a.body, err)
+	}
+	return v.Usage.Prompt, v.Usage.Completion
+}
+
+// noKeyUnder reads every file under dir and fails when one holds a key in
+// clear.
+func noKeyUnder(t *testing.T, dir string, keys ...string) {
+	t.Helper()
+	files := 0
+	err := filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() || !d.Type().IsRegular() {
+			return nil
+		}
+		data, err := os.ReadFile(path)
+		if err != nil {
+			return nil // a file gone since the walk listed it (a log rotated)
+		}
+		files++
+		for _, k := range keys {
+			if bytes.Contains(data, []byte(k)) {
+				t.Errorf("%s holds a key in clear", path)
+			}
+			// Its secret alone neither.
+			if bytes.Contains(data, []byte(k[len(k)-43:])) {
+				t.Errorf("%s holds a key's secret in clear", path)
+			}
+		}
+		return nil
+	})
+	if err != nil || files == 0 {
+		t.Fatalf("walk %s: %d files, %v", dir, files, err)
+	}
+}
+
+// TestKeys_Dev is issue #29's "done when" on capyctl dev: a key for demo
+// answers for demo only, 404 for chat-a (as for a model that does not
+// exist) and lists only demo; a key with --rpm 5 gets 429 with
+// Retry-After and x-ratelimit-remaining-requests on its sixth request; a
+// revoked key gets 401 (waited for with a bound of a second); capyctl
+// usage --key bob --json shows the requests and exactly the tokens the
+// answers reported; and no key is found in clear under the state
+// directory.
+func TestKeys_Dev(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs capyctl dev")
+	}
+	d := startDev(t)
+	ep := d.info["endpoint"]
+
+	// The role's own key is the key named default.
+	if out := d.cli(t, "list", "api-keys"); !strings.Contains(out, "default") {
+		t.Fatalf("list api-keys: %s", out)
+	}
+	alice := d.createKey(t, "alice", "--models", "demo")
+	bob := d.createKey(t, "bob", "--rpm", "5")
+
+	// alice: demo only, as if nothing else existed.
+	if ids := modelIDs(t, call(t, alice, "GET", ep+"/models", "", false)); len(ids) != 1 || ids[0] != "demo" {
+		t.Fatalf("alice's /v1/models: %v", ids)
+	}
+	if ids := modelIDs(t, call(t, d.info["api_key"], "GET", ep+"/models", "", false)); len(ids) < 3 {
+		t.Fatalf("default's /v1/models: %v", ids)
+	}
+	if a := call(t, alice, "POST", ep+"/chat/completions", chatBody("demo"), false); a.status != 200 {
+		t.Fatalf("alice on demo: %d %s", a.status, a.body)
+	}
+	hidden := call(t, alice, "POST", ep+"/chat/completions", chatBody("chat-a"), false)
+	absent := call(t, alice, "POST", ep+"/chat/completions", chatBody("chat-z"), false)
+	if hidden.status != 404 || absent.status != 404 || strings.Replace(hidden.body, "chat-a", "M", 1) != strings.Replace(absent.body, "chat-z", "M", 1) ||
+		!strings.Contains(hidden.body, `"code":"unknown_model"`) {
+		t.Fatalf("alice on chat-a: %d %s; on a model that does not exist: %d %s", hidden.status, hidden.body, absent.status, absent.body)
+	}
+	// x-api-key works as Authorization does (Anthropic's clients send it).
+	if a := call(t, alice, "POST", ep+"/messages", `{"model":"chat-a","max_tokens":8,"messages":[{"role":"user","content":"hi"}]}`, true); a.status != 404 {
+		t.Fatalf("alice's Messages request for chat-a: %d %s", a.status, a.body)
+	}
+
+	// bob: five requests a minute; the sixth is refused.
+	var prompt, completion int64
+	for i := 1; i <= 5; i++ {
+		a := call(t, bob, "POST", ep+"/chat/completions", chatBody("demo"), false)
+		if a.status != 200 || a.header.Get("X-Ratelimit-Limit-Requests") != "5" || a.header.Get("X-Ratelimit-Remaining-Requests") == "" {
+			t.Fatalf("bob's request %d: %d %v %s", i, a.status, a.header, a.body)
+		}
+		p, c := usageOf(t, a)
+		prompt, completion = prompt+p, completion+c
+	}
+	sixth := call(t, bob, "POST", ep+"/chat/completions", chatBody("demo"), false)
+	if sixth.status != 429 || sixth.header.Get("Retry-After") == "" || sixth.header.Get("X-Ratelimit-Remaining-Requests") != "0" ||
+		!strings.Contains(sixth.body, `"code":"rate_limited"`) {
+		t.Fatalf("bob's sixth request: %d %v %s", sixth.status, sixth.header, sixth.body)
+	}
+
+	// bob's usage: the six requests (one refused) and the tokens the five
+	// answers reported, exactly.
+	var usage struct {
+		Totals []struct {
+			Key              string           `json:"key"`
+			Model            string           `json:"model"`
+			Requests         int64            `json:"requests"`
+			Errors           map[string]int64 `json:"errors"`
+			PromptTokens     int64            `json:"prompt_tokens"`
+			CompletionTokens int64            `json:"completion_tokens"`
+		} `json:"totals"`
+	}
+	out := d.cli(t, "usage", "--key", "bob", "--json")
+	if err := json.Unmarshal([]byte(out), &usage); err != nil {
+		t.Fatalf("usage --json: %v\n%s", err, out)
+	}
+	var requests, refused, gotPrompt, gotCompletion int64
+	for _, r := range usage.Totals {
+		if r.Key != "bob" {
+			t.Fatalf("usage --key bob shows %s", r.Key)
+		}
+		requests += r.Requests
+		refused += r.Errors["rate_limited"]
+		gotPrompt += r.PromptTokens
+		gotCompletion += r.CompletionTokens
+	}
+	if requests != 6 || refused != 1 || gotPrompt != prompt || gotCompletion != completion {
+		t.Fatalf("bob's usage: %d requests (%d refused), %d+%d tokens; the answers said 6 (1), %d+%d\n%s",
+			requests, refused, gotPrompt, gotCompletion, prompt, completion, out)
+	}
+
+	// Revoked: 401, within a second.
+	d.cli(t, "revoke", "api-key", "alice")
+	poll.Until(t, time.Second, "alice's key refused after its revocation", func() bool {
+		return call(t, alice, "GET", ep+"/models", "", false).status == 401
+	})
+	if a := call(t, bob, "GET", ep+"/models", "", false); a.status == 401 {
+		t.Fatalf("bob's key went with alice's: %d", a.status)
+	}
+
+	// No key in clear anywhere under the state directory, while the role
+	// runs and once it stopped (and wrote what it held).
+	dir := d.info["state_dir"]
+	noKeyUnder(t, dir, alice, bob)
+	d.stop()
+	noKeyUnder(t, dir, alice, bob)
+}
