@@ -14,7 +14,8 @@ role = "server"
 # (env CAPYCTL_STATE_DIR)
 # state_dir = "~/.local/state/capyctl"
 
-# The inference endpoint's address (the API key is always required).
+# The inference endpoint's address (the API key is always required); a host's own endpoint is on loopback by default, since the server reaches the host over the host's own connection.
+# Default: 0.0.0.0:8443; 127.0.0.1:8443 on a host.
 # (env CAPYCTL_LISTEN)
 # listen = "0.0.0.0:8443"
 

@@ -166,6 +166,10 @@ func (l ListenerSettings) options(name string, logger hclog.Logger) api.Listener
 	if o.MaxUnauthenticatedPerAddress == 0 {
 		o.MaxUnauthenticatedPerAddress = api.DefaultMaxUnauthenticatedPerAddress
 	}
+	// Any local user can open connections to the management listener's
+	// loopback port: a flood of idle ones gives its slots to the
+	// dashboard's requests (the CLI uses the Unix socket).
+	o.EvictIdle = name == "management"
 	return o.WithDefaults()
 }
 
@@ -220,7 +224,8 @@ type Agent struct {
 	managementLn net.Listener
 	inferenceLim *api.LimitListener
 	mgmtLim      *api.LimitListener
-	inferenceTLS net.Listener // inferenceLim in TLS, when tls is set
+	mgmtSock     *api.LimitListener // the management API's Unix socket; nil: none
+	inferenceTLS net.Listener       // inferenceLim in TLS, when tls is set
 	inferenceSrv *http.Server
 	mgmtSrv      *http.Server
 
@@ -583,6 +588,7 @@ func (a *Agent) listen() error {
 	a.inferenceLn, a.managementLn = ln, mln
 	a.inferenceLim = api.NewLimitListener(ln, a.s.Listener.options("inference", a.logger))
 	a.mgmtLim = api.NewLimitListener(mln, a.s.Listener.options("management", a.logger))
+	a.listenManagementSocket()
 	if a.s.TLS.Enabled() {
 		tln, err := api.TLSListener(a.inferenceLim, a.s.TLS, a.logger)
 		if err != nil {
@@ -596,6 +602,35 @@ func (a *Agent) listen() error {
 		a.logger.Warn(w)
 	}
 	return nil
+}
+
+// listenManagementSocket binds the management API's Unix socket in the
+// owner-only run directory (runinfo.ManagementSocketFile): the CLI's way
+// in, which no other local user can open, so no local connection flood
+// locks the operator out (the loopback port stays for the dashboard and
+// controllers). A stale socket of an earlier role is removed: the store,
+// open already, proves no other role runs on this state directory. A
+// path too long for a socket (108 bytes) leaves the CLI on the port.
+func (a *Agent) listenManagementSocket() {
+	path := filepath.Join(a.s.StateDir, runinfo.ManagementSocketFile)
+	if len(path) >= 104 {
+		a.logger.Warn("no management socket: the state directory's path is too long for one; the CLI uses the loopback port", "path", path)
+		return
+	}
+	_ = os.Remove(path)
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		a.logger.Warn("no management socket; the CLI uses the loopback port", "path", path, "error", err)
+		return
+	}
+	if err := os.Chmod(path, 0o600); err != nil {
+		ln.Close()
+		a.logger.Warn("no management socket; the CLI uses the loopback port", "path", path, "error", err)
+		return
+	}
+	o := a.s.Listener.options("management", a.logger)
+	o.Name, o.MaxUnauthenticatedPerAddress, o.EvictIdle = "management-socket", 0, false
+	a.mgmtSock = api.NewLimitListener(ln, o)
 }
 
 // Warnings are what an operator should fix in the running role; the log
@@ -715,6 +750,9 @@ func (a *Agent) writeRunInfo() error {
 		Role: a.s.Role, PID: os.Getpid(), Management: a.ManagementAddr(), Inference: a.InferenceAddr(),
 		StartedAt: a.startedAt, Version: version.Version, Host: a.s.Hostname,
 	}
+	if a.mgmtSock != nil {
+		ri.ManagementSocket = a.mgmtSock.Addr().String()
+	}
 	if err := runinfo.WriteRunInfo(a.s.StateDir, ri); err != nil {
 		return structs.Wrap(structs.CodeInternal, err, "write run info")
 	}
@@ -759,6 +797,9 @@ func (a *Agent) Shutdown(ctx context.Context, stopEngines bool) {
 		mcancel()
 	} else {
 		a.managementLn.Close()
+		if a.mgmtSock != nil {
+			a.mgmtSock.Close()
+		}
 	}
 	if a.cancel != nil {
 		a.cancel()
@@ -788,6 +829,9 @@ func (a *Agent) Banner(w io.Writer) {
 		fmt.Fprintf(w, "  Warning:     %s\n", warn)
 	}
 	fmt.Fprintf(w, "  Management:  http://%s (admin token, loopback only)\n", a.ManagementAddr())
+	if a.mgmtSock != nil {
+		fmt.Fprintf(w, "               and %s (the CLI's way in: this user only)\n", a.mgmtSock.Addr().String())
+	}
 	fmt.Fprintf(w, "  Dashboard:   http://%s%s (log in with the admin token)\n", a.ManagementAddr(), dashboard.Prefix)
 	if inv := a.gpuInventory(); inv != nil {
 		for i, line := range inv.Lines() {
@@ -803,7 +847,7 @@ func (a *Agent) Banner(w io.Writer) {
 	fmt.Fprintf(w, "  Credentials: %s\n", filepath.Join(a.s.StateDir, runinfo.CredentialsFile))
 	if a.Fleet != nil {
 		fmt.Fprintf(w, "  Cluster:     %s (hosts dial %s; mutual TLS; CA sha256 %s)\n", a.Fleet.Addr(), a.Fleet.Advertise(), a.Fleet.CAFingerprint())
-		fmt.Fprintf(w, "  Join a host: capyctl create join-token, then on the host: capyctl start host --server %s --join-token <token>\n", a.Fleet.Advertise())
+		fmt.Fprintf(w, "  Join a host: capyctl create join-token, then on the host: capyctl start host --server %s --join-token-file FILE\n", a.Fleet.Advertise())
 		return
 	}
 	if a.FleetHost != nil {

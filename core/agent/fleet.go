@@ -86,7 +86,7 @@ func (a *Agent) startServer() error {
 		backend.Config = func() *wire.RoleConfig { return rc }
 	}
 	iopts, mopts := a.s.Listener.options("inference", a.logger), a.s.Listener.options("management", a.logger)
-	inference := a.Fleet.InferenceHandler(a.Keys, api.AuthOptions{FailuresPerMinute: a.s.Listener.AuthFailuresPerMinute}, a.s.MaxBodyBytes)
+	inference := a.Fleet.InferenceHandler(a.Keys, api.AuthOptions{FailuresPerMinute: a.s.Listener.AuthFailuresPerMinute}, a.s.MaxBodyBytes, a.s.MaxBodyBytesInFlight)
 	backend.Inference, backend.InferenceKeys = inference, a.playgroundKeys
 	a.inferenceSrv = api.NewServer(api.BodyDeadline(inference, iopts.BodyReadTimeout), iopts)
 	mgmt := api.NewManagementHandler(backend, a.Creds.AdminToken)
@@ -104,6 +104,12 @@ func (a *Agent) serve() {
 	}{{a.inferenceSrv, a.inferenceLim}, {a.mgmtSrv, a.mgmtLim}}
 	if a.inferenceTLS != nil {
 		servers[0].ln = a.inferenceTLS
+	}
+	if a.mgmtSock != nil {
+		servers = append(servers, struct {
+			srv *http.Server
+			ln  net.Listener
+		}{a.mgmtSrv, a.mgmtSock})
 	}
 	for _, p := range servers {
 		a.wg.Add(1)
@@ -262,15 +268,12 @@ func (a *Agent) groupSettings() *lifecycle.GroupSettings {
 			gs.FirstPort, gs.LastPort = r.First, r.Last
 		}
 	}
+	// IMPORTANT: no default. Group traffic (the rendezvous store, NCCL and
+	// Gloo) is unauthenticated: it goes on the link the operator names,
+	// never on the interface that happens to reach the server (which may
+	// be the one clients and the internet see). A group member on a host
+	// without peer_address is refused with peer_address_missing.
 	peer := a.s.PeerAddress
-	gs.PeerAddress = func() string {
-		if peer != "" {
-			return peer
-		}
-		if h := a.FleetHost; h != nil {
-			return h.LocalIP()
-		}
-		return ""
-	}
+	gs.PeerAddress = func() string { return peer }
 	return gs
 }

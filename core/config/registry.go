@@ -112,8 +112,22 @@ var registry = []Definition{
 		},
 		parse: pathParser(func(c *Config) *string { return &c.StateDir }, false),
 	},
-	addrSetting("listen", "0.0.0.0:8443", "the inference endpoint's address (the API key is always required)", all, false,
-		func(c *Config) *string { return &c.Listen }),
+	func() Definition {
+		d := addrSetting("listen", "0.0.0.0:8443", "the inference endpoint's address (the API key is always required); a host's own endpoint is on loopback by default, since the server reaches the host over the host's own connection", all, false,
+			func(c *Config) *string { return &c.Listen })
+		d.defaultText = "0.0.0.0:8443; 127.0.0.1:8443 on a host"
+		// A host's own endpoint serves only who reaches it directly: the
+		// server relays over the connection the host opened. Open to the
+		// network, it would be a second door to the host's models that no
+		// placement or the server's limits guard.
+		d.computed = func(c *Config, _ *loadContext) (string, string) {
+			if c.Role == RoleHost {
+				return "127.0.0.1:8443", "a host's own endpoint: loopback"
+			}
+			return "0.0.0.0:8443", ""
+		}
+		return d
+	}(),
 	addrSetting("management_listen", "127.0.0.1:7443", "the management API's address; loopback only", all, true,
 		func(c *Config) *string { return &c.ManagementListen }),
 	addrSetting("cluster_listen", "0.0.0.0:8444", "the address GPU hosts dial: joining, the host link and the relay, mutual TLS only", []string{RoleServer}, false,
@@ -149,8 +163,8 @@ var registry = []Definition{
 		"none: a host needs one", []string{RoleHost}, func(c *Config) *string { return &c.ServerAddress }),
 	{
 		Path: "peer_address", Kind: KindString, Roles: []string{RoleHost},
-		Description: "this host's address on the group link (its direct link to the other GPU hosts): group engines meet and talk there, unauthenticated",
-		defaultText: "the local address of the host's connection to its server",
+		Description: "this host's address on the group link (its direct link to the other GPU hosts): group engines meet and talk there, unauthenticated, so name an address only the GPU hosts reach; a group member on a host without one is refused (peer_address_missing)",
+		defaultText: "none: this host runs no group member until it is set",
 		parse: func(c *Config, _ *loadContext, v string) (string, error) {
 			v = strings.TrimSpace(v)
 			c.PeerAddress = v

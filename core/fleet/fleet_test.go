@@ -306,7 +306,7 @@ func TestRelay_StreamsAndCancelsOnHangUp(t *testing.T) {
 		Hosts: []HostShare{{Host: "gpu-a", Instances: 1}}}}); err != nil {
 		t.Fatal(err)
 	}
-	srv := httptest.NewServer(s.InferenceHandler(apikeys.RoleOnly("key"), api.AuthOptions{}, 0))
+	srv := httptest.NewServer(s.InferenceHandler(apikeys.RoleOnly("key"), api.AuthOptions{}, 0, 0))
 	defer srv.Close()
 	post := func(ctx context.Context, body string) (*http.Response, error) {
 		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL+"/v1/chat/completions", strings.NewReader(body))

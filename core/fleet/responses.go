@@ -52,8 +52,8 @@ type ResponseStore interface {
 // sends.
 const maxPeerResponse = 64 << 20
 
-func (s *Server) handleResponses(mux *http.ServeMux, maxBody int64) {
-	mux.HandleFunc("POST "+router.ResponsesPath, func(w http.ResponseWriter, r *http.Request) { s.relayResponses(w, r, maxBody) })
+func (s *Server) handleResponses(mux *http.ServeMux, bodies *router.BodyLimiter) {
+	mux.HandleFunc("POST "+router.ResponsesPath, func(w http.ResponseWriter, r *http.Request) { s.relayResponses(w, r, bodies) })
 	mux.HandleFunc("GET "+router.ResponsesPath+"/{id}", s.getResponse)
 	mux.HandleFunc("DELETE "+router.ResponsesPath+"/{id}", s.deleteResponse)
 	mux.HandleFunc("GET "+router.ResponsesPath+"/{id}/input_items", s.responseInputItems)
@@ -62,8 +62,9 @@ func (s *Server) handleResponses(mux *http.ServeMux, maxBody int64) {
 // relayResponses serves POST /v1/responses: the previous response's
 // conversation and this response's ID go to the host with the request;
 // the answer is kept here.
-func (s *Server) relayResponses(w http.ResponseWriter, r *http.Request, maxBody int64) {
-	body, ok := readRelayBody(w, r, maxBody)
+func (s *Server) relayResponses(w http.ResponseWriter, r *http.Request, bodies *router.BodyLimiter) {
+	body, release, ok := readRelayBody(w, r, bodies)
+	defer release()
 	if !ok {
 		return
 	}

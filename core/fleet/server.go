@@ -113,6 +113,10 @@ type Server struct {
 	groups groupOps
 	// cl is the cluster of servers (servers.go); nil: this server alone.
 	cl *cluster
+	// gate bounds the cluster listener's unverified connections and
+	// refused counts what it turns away (gate.go).
+	gate    *handshakeGate
+	refused *refusalLog
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -194,6 +198,7 @@ func NewServer(o ServerOptions) (*Server, error) {
 	}
 	s := &Server{o: o, logger: o.Logger.Named("fleet"), auth: auth, State: state, ln: ln, advertise: advertise, hosts: map[string]*liveHost{},
 		lastStatus: statusCache{m: map[string]wire.DeploymentStatus{}}}
+	s.gate, s.refused = newHandshakeGate(defaultGateLimits), newRefusalLog(s.logger, refusalLogInterval)
 	s.metrics = s.metricsHandler()
 	s.receipts = api.Receipts{Store: o.Store, Logger: s.logger}
 	if o.clustered() {
@@ -267,6 +272,7 @@ func (s *Server) Start() {
 	s.goRun(func() { _ = s.renewSrv.Serve(s.renewQ) })
 	s.startCluster()
 	s.goRun(s.accept)
+	s.goRun(func() { s.refused.run(s.ctx) })
 	s.goRun(s.watchLost)
 	s.goRun(s.superviseGroups)
 	if s.cl != nil {
@@ -312,45 +318,47 @@ func (s *Server) Close() {
 	s.wg.Wait()
 }
 
-// maxHandshakes bounds the cluster listener's handshakes under way: a
-// flood of connections that never finish theirs costs no more than this
-// many goroutines (each bounded by handshakeTimeout); more are closed at
-// once.
-const maxHandshakes = 256
-
 // accept takes each connection through its handshake (off the accept
-// loop) and hands it on by ALPN.
+// loop), within the gate's bounds (gate.go), and hands it on by ALPN.
 func (s *Server) accept() {
-	slots := make(chan struct{}, maxHandshakes)
 	for {
 		c, err := s.ln.Accept()
 		if err != nil {
 			return
 		}
-		select {
-		case slots <- struct{}{}:
-		default:
-			s.logger.Warn("too many cluster handshakes under way; connection closed", "remote", c.RemoteAddr().String())
+		slot, refused, evicted := s.gate.admit(c)
+		if evicted != "" {
+			s.refused.note(evicted, remoteIP(c.RemoteAddr()))
+		}
+		if slot == nil {
+			s.refused.note(refused, remoteIP(c.RemoteAddr()))
+			if tc, ok := c.(*net.TCPConn); ok {
+				_ = tc.SetLinger(0) // a reset: nothing left in TIME_WAIT
+			}
 			c.Close()
 			continue
 		}
-		go func() {
-			defer func() { <-slots }()
-			s.handshake(c)
-		}()
+		go s.handshake(&gatedConn{Conn: c, slot: slot})
 	}
 }
 
-func (s *Server) handshake(raw net.Conn) {
+func (s *Server) handshake(raw *gatedConn) {
 	tc := tls.Server(raw, clusterTLS(s.auth, s.peerTLS))
-	_ = tc.SetDeadline(time.Now().Add(handshakeTimeout))
+	_ = tc.SetDeadline(time.Now().Add(handshakeDeadline))
 	if err := tc.HandshakeContext(s.ctx); err != nil {
 		s.logger.Debug("cluster handshake refused", "remote", raw.RemoteAddr().String(), "error", err)
+		s.refused.note(refusedHandshake, remoteIP(raw.RemoteAddr()))
 		raw.Close()
 		return
 	}
 	_ = tc.SetDeadline(time.Time{})
 	cs := tc.ConnectionState()
+	if len(cs.PeerCertificates) > 0 {
+		// A certificate of this CA: a host or a server. Its traffic is
+		// outside the gate, and its address is known from now on.
+		s.gate.verifiedFrom(raw.RemoteAddr())
+		raw.slot.release()
+	}
 	switch cs.NegotiatedProtocol {
 	case ALPNHTTP1:
 		q := s.joinQ // no client certificate: the join config
@@ -405,7 +413,8 @@ func (s *Server) serveJoin(w http.ResponseWriter, r *http.Request) {
 	}
 	iss, err := s.auth.Enroll(pki.EnrollRequest{Token: req.Token, CSR: req.CSR, Previous: req.Previous})
 	if err != nil {
-		s.logger.Warn("join refused", "remote", r.RemoteAddr, "code", string(structs.AsError(err).Code))
+		s.logger.Debug("join refused", "remote", r.RemoteAddr, "code", string(structs.AsError(err).Code))
+		s.refused.note("join_refused:"+string(structs.AsError(err).Code), ipOf(r.RemoteAddr))
 		writeLinkError(w, err)
 		return
 	}
@@ -485,7 +494,8 @@ func (s *Server) attachRelay(tc *tls.Conn, cs tls.ConnectionState) {
 	}
 	name := cs.PeerCertificates[0].Subject.CommonName
 	if _, known := s.State.Host(name); !known {
-		s.logger.Warn("relay from a host the server does not know", "host", name)
+		s.logger.Debug("relay from a host the server does not know", "host", name)
+		s.refused.note(refusedUnknown, remoteIP(tc.RemoteAddr()))
 		tc.Close()
 		return
 	}

@@ -17,8 +17,8 @@ import (
 // role runs no group (a standalone role).
 type GroupSettings struct {
 	// PeerAddress is this host's address on the group link (the
-	// peer_address setting, else the local address of the host's
-	// connection to its server); empty: unknown.
+	// peer_address setting; never guessed); empty: unset, and a group
+	// member is refused (peer_address_missing).
 	PeerAddress func() string
 	// FirstPort and LastPort are the rendezvous_ports range a head's
 	// rendezvous port is picked from (RendezvousSpan ports per head).
@@ -58,7 +58,7 @@ func (m *Manager) fillGroup(spec *structs.Deployment) error {
 	}
 	if peer == "" {
 		return structs.Errf(structs.CodePeerAddressMissing,
-			"this host has no peer address for group %s: set peer_address (--peer-address, CAPYCTL_PEER_ADDRESS) to its address on the link between the GPU hosts", spec.Name)
+			"this host has no peer address for group %s: set peer_address (--peer-address, CAPYCTL_PEER_ADDRESS) to its address on the link between the GPU hosts, one only they reach (group traffic is unauthenticated)", spec.Name)
 	}
 	g.PeerAddress, g.RequireRDMA = peer, gs.RequireRDMA
 	if g.Rank != 0 {

@@ -94,6 +94,12 @@ func TestDialects_Errors(t *testing.T) {
 		{"responses truncation auto", "/v1/responses", `{"model":"demo","input":"x","truncation":"auto"}`, 400, `"code":"unsupported_parameter"`},
 		{"responses previous without a store", "/v1/responses", `{"model":"demo","input":"x","previous_response_id":"resp_1"}`, 404, `"code":"response_not_found"`},
 		{"responses relayed member from a client", "/v1/responses", `{"model":"demo","input":"x","capyctl":{"response_id":"resp_1"}}`, 400, `"code":"invalid_request"`},
+		// L1: a model named in other letters or twice is refused, as on
+		// chat: a reader matching names without regard to case would take
+		// the other one.
+		{"messages model in other letters", "/v1/messages", `{"model":"nope","Model":"demo","max_tokens":5,"messages":[{"role":"user","content":"x"}]}`, 400, `"type":"invalid_request_error"`},
+		{"responses model twice", "/v1/responses", `{"model":"demo","model":"nope","input":"x"}`, 400, `"code":"invalid_request"`},
+		{"responses model in other letters", "/v1/responses", `{"MODEL":"demo","input":"x"}`, 400, `"code":"invalid_request"`},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

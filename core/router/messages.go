@@ -274,6 +274,12 @@ func toolResultText(raw json.RawMessage) (string, error) {
 // parseMessages reads a Messages body; maxTokens says whether max_tokens
 // is required (Messages) or not (count_tokens).
 func parseMessages(q *request, r *messagesRequest, c *chatRequest, maxTokens bool) error {
+	// The model by its exact name, as every route reads it (fields.go):
+	// a body that names it twice or in other letters is refused before
+	// the decoding below, which matches names without regard to case.
+	if _, err := RequestModel(q.body); err != nil {
+		return invalid("%v", err)
+	}
 	if err := json.Unmarshal(q.body, r); err != nil {
 		return invalid("the request body is not a valid Messages request: %v", err)
 	}

@@ -108,6 +108,12 @@ func present(raw json.RawMessage) bool { return len(raw) > 0 && string(raw) != "
 
 func (d *responsesDialect) parse(q *request) error {
 	r := &d.req
+	// The model by its exact name, as every route reads it (fields.go):
+	// a body that names it twice or in other letters is refused before
+	// the decoding below, which matches names without regard to case.
+	if _, err := RequestModel(q.body); err != nil {
+		return invalid("%v", err)
+	}
 	if err := json.Unmarshal(q.body, r); err != nil {
 		return invalid("the request body is not a valid Responses request: %v", err)
 	}

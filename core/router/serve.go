@@ -316,9 +316,9 @@ func (q *request) resolve() bool {
 		q.model = head.Model
 	}
 	if q.dl == nil && (!generates || headErr != nil) {
-		m, err := peekModel(q.body)
+		m, err := RequestModel(q.body)
 		if err != nil {
-			q.fail(structs.Errf(structs.CodeInvalidRequest, "the request body is not a JSON object: %v", err))
+			q.fail(structs.Errf(structs.CodeInvalidRequest, "%v", err))
 			return false
 		}
 		q.model = m

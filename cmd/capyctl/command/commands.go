@@ -97,6 +97,9 @@ func Run(args []string) int {
 
 // RunWith runs the CLI with a given Meta (tests use it).
 func RunWith(m *Meta, args []string) int {
+	// Hosts and engines write some of what the CLI prints: nothing a
+	// terminal would act on reaches it (termsafe.go).
+	m.Out, m.Err = safeOutput(m.Out), safeOutput(m.Err)
 	if len(args) == 1 && (args[0] == "--version" || args[0] == "-v") {
 		fmt.Fprintf(m.Out, "capyctl %s\n", version.Version)
 		return 0

@@ -131,7 +131,10 @@ func startDevHost(ctx context.Context, cl *client.Client, exe, stateDir string, 
 	cmd := exec.Command(exe, "start", "host", "--state-dir", dir, "--server", tok.ClusterAddress, "--hostname", name,
 		"--listen", "127.0.0.1:0", "--management-listen", "127.0.0.1:0", "--models-root", filepath.Join(stateDir, "models"),
 		"--engine-ports", fmt.Sprintf("%d-%d", first, first+49), "--gpu-provider", "simulated",
-		"--set", "gpu.sim_device_memory="+devHostCards[i%len(devHostCards)], "--log-format", "json")
+		"--set", "gpu.sim_device_memory="+devHostCards[i%len(devHostCards)], "--log-format", "json",
+		// The demo group's ranks meet on loopback: every dev host is this
+		// machine (a real host names its address on the GPU hosts' link).
+		"--peer-address", "127.0.0.1")
 	// The token travels in the environment, never on the command line.
 	cmd.Env = append(os.Environ(), "CAPYCTL_JOIN_TOKEN="+tok.Token)
 	cmd.Stdout, cmd.Stderr = logf, logf

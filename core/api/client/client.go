@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -37,6 +38,18 @@ func New(addr, token string) *Client {
 		base = "http://" + base
 	}
 	return &Client{base: base, token: token, http: &http.Client{Transport: &http.Transport{Proxy: nil}}}
+}
+
+// NewOnSocket returns a client that reaches the management API through its
+// Unix socket (RunInfo.ManagementSocket); addr names the role in errors
+// and in the requests' Host.
+func NewOnSocket(socket, addr, token string) *Client {
+	c := New(addr, token)
+	var d net.Dialer
+	c.http.Transport = &http.Transport{Proxy: nil, DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		return d.DialContext(ctx, "unix", socket)
+	}}
+	return c
 }
 
 // Base returns the management base URL.

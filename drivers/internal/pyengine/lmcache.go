@@ -84,7 +84,20 @@ type LMCacheInput struct {
 	// OwnConnector: the deployment renders its own KV connector
 	// (an approved --kv-transfer-config), which LMCache's would replace.
 	OwnConnector bool
+	// Isolated: the driver runs the server where no other local user
+	// reaches it (a network namespace of its own, which the engine joins:
+	// the driver runs as root, and the instance is no group member, whose
+	// ranks need the host's network). Without it LMCache does not run.
+	Isolated bool
 }
+
+// LMCacheIsolationNeeded says why an instance runs no LMCache where it
+// cannot be isolated. LMCache's server (lmcache.v1.server) and its
+// connector (lm:// URLs, lmcache/v1/storage_backend/connector/
+// lm_connector.py) speak TCP only (socket.AF_INET), with no
+// authentication: on the host's loopback, any local user could read
+// another user's prompts back out of the cache, or poison it.
+const LMCacheIsolationNeeded = "LMCache's server and connector speak unauthenticated TCP only (lmcache.v1.server, lm_connector.py): on the host's loopback every local user could read or poison the cache, so CapyCTL runs it only in a network namespace of its own, which needs the driver to run as root and no group"
 
 // LMCacheDecision is a plan's LMCache: the server and what the engine
 // needs to reach it.
@@ -156,6 +169,10 @@ func PlanLMCache(in LMCacheInput, r *enginekit.Refusals) LMCacheDecision {
 		// Deep (and host_backed) parking with LMCache is qualified per
 		// engine, model type and GPU; this release qualifies none.
 		return off("residency_not_qualified", fmt.Sprintf("residency %q is not qualified with LMCache yet: declare residency = \"restart_only\" to use it", in.Residency))
+	}
+	if !in.Isolated {
+		// IMPORTANT: never on the host's loopback (LMCacheIsolationNeeded).
+		return off("not_isolated", LMCacheIsolationNeeded)
 	}
 	if mode == LMCacheRequired && len(*r) > 0 {
 		return LMCacheDecision{Plan: &pb.LMCachePlan{Reason: "refused"}}
