@@ -119,6 +119,21 @@ func TestImportGuards(t *testing.T) {
 			forbidden: under(module+"/core/lifecycle", module+"/core/pluginmgr", module+"/core/models", "google.golang.org/grpc", "github.com/hashicorp/go-plugin"),
 		},
 		{
+			name: "the replicated state machine links no network, raft, lifecycle or fleet server",
+			pkgs: []string{module + "/core/fleet/fsm"}, deps: true,
+			forbidden: func(pkg string) bool {
+				return pkg == "net/http" || under(module+"/core/fleet/raftlog", module+"/core/lifecycle", module+"/core/api",
+					"github.com/hashicorp/raft", "google.golang.org/grpc")(pkg) || pkg == module+"/core/fleet"
+			},
+		},
+		{
+			name: "the raft log links the state machine, not the fleet server",
+			pkgs: []string{module + "/core/fleet/raftlog"}, deps: true,
+			forbidden: func(pkg string) bool {
+				return pkg == module+"/core/fleet" || under(module+"/core/api", module+"/core/lifecycle")(pkg)
+			},
+		},
+		{
 			// The fake engine is the product's too: `capyctl dev` runs it
 			// as `capyctl fake-engine`, so that the tour needs nothing but
 			// the released binary. It stays in the testkit, beside the

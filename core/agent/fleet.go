@@ -16,7 +16,6 @@ import (
 	"github.com/capyctl/capyctl/core/api/wire"
 	"github.com/capyctl/capyctl/core/config"
 	"github.com/capyctl/capyctl/core/fleet"
-	"github.com/capyctl/capyctl/core/fleet/raftlog"
 	"github.com/capyctl/capyctl/core/hostlink/proto/hostv1"
 	"github.com/capyctl/capyctl/core/lifecycle"
 	"github.com/capyctl/capyctl/core/router"
@@ -45,7 +44,19 @@ func (a *Agent) openServer() error {
 		Store: a.Store, Logger: a.logger, Heartbeat: a.s.HostHeartbeat,
 		GroupStallTimeout: a.s.GroupStallTimeout,
 		Name:              a.s.Hostname, BootstrapExpect: a.s.BootstrapExpect, Join: a.s.ServerJoin, JoinToken: a.s.JoinToken,
-		OpenRaft: raftlog.OpenFleet, Responses: a.Responses})
+		// One API key and one admin token per cluster: a joining server
+		// takes the cluster's in place of those its first start made.
+		Secrets: func() fleet.ClusterSecrets {
+			return fleet.ClusterSecrets{APIKey: a.Creds.APIKey, AdminToken: a.Creds.AdminToken}
+		},
+		AdoptSecrets: func(cs fleet.ClusterSecrets) error {
+			c := &runinfo.Credentials{APIKey: cs.APIKey, AdminToken: cs.AdminToken}
+			if err := runinfo.WriteCredentials(a.s.StateDir, c); err != nil {
+				return structs.Wrap(structs.CodeInternal, err, "write the cluster's credentials")
+			}
+			a.Creds = c
+			return nil
+		}})
 	if err != nil {
 		a.closeKeys()
 		_ = a.Responses.Close()
@@ -69,6 +80,20 @@ func (a *Agent) startServer() error {
 	ctx, cancel := context.WithCancel(context.Background())
 	a.cancel = cancel
 	a.Fleet.Start()
+	// The server's own reasons to stop (a command of the replicated log it
+	// cannot apply, its removal from the cluster) stop the role.
+	a.wg.Add(1)
+	go func() {
+		defer a.wg.Done()
+		select {
+		case err := <-a.Fleet.Fatal():
+			select {
+			case a.fatal <- err:
+			default:
+			}
+		case <-ctx.Done():
+		}
+	}()
 	if err := a.Fleet.JoinCluster(ctx); err != nil {
 		return err
 	}
@@ -246,9 +271,10 @@ func (a *Agent) Journals() []*hostv1.InstanceJournal {
 		for _, in := range v.Instances {
 			j := &hostv1.InstanceJournal{InstanceId: structs.InstanceID(in.Deployment, in.Index), Generation: in.Generation,
 				Deployment: in.Deployment, State: string(in.State), SinceUnixMs: in.Since.UnixMilli(), Residency: in.Residency,
-				Charges: in.Charges, Message: in.LastTransition}
+				Charges: in.Charges, Message: in.LastTransition, Revision: in.Revision, Phase: in.Phase}
 			if in.LastError != nil {
 				j.Why = string(in.LastError.Code)
+				j.ErrorCode, j.ErrorMessage, j.ErrorUnixMs = string(in.LastError.Code), in.LastError.Message, in.LastError.At.UnixMilli()
 			}
 			out = append(out, j)
 		}

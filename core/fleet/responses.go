@@ -138,7 +138,7 @@ func (s *Server) ownerOf(id string) (string, error) {
 	if tag == st.Tag() || s.cl == nil {
 		return "", nil
 	}
-	for _, m := range s.cl.node.Status().Servers {
+	for _, m := range s.cl.node.Stats().Servers {
 		if m.ID != s.cl.name && responses.NodeTag(m.ID) == tag {
 			return m.Address, nil
 		}

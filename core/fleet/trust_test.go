@@ -24,6 +24,7 @@ import (
 
 	"github.com/capyctl/capyctl/core/api"
 	"github.com/capyctl/capyctl/core/apikeys"
+	"github.com/capyctl/capyctl/core/fleet/fsm"
 	"github.com/capyctl/capyctl/core/pki"
 	"github.com/capyctl/capyctl/core/structs"
 	"github.com/capyctl/capyctl/plugins-testkit/attack"
@@ -92,7 +93,7 @@ func TestClusterListener_IdleFloodCutsNoHostOff(t *testing.T) {
 	s := testServer(t, ServerOptions{})
 	joinHost(t, s, "gpu-a", newFakeLocal())
 	waitReady(t, s, "gpu-a")
-	if err := s.State.Apply(Command{Op: OpPlaced, Placement: &Placement{Deployment: "demo", Routes: []string{"demo"},
+	if err := s.apply(fsm.Placed{Placement: &Placement{Deployment: "demo", Routes: []string{"demo"},
 		Hosts: []HostShare{{Host: "gpu-a", Instances: 1}}}}); err != nil {
 		t.Fatal(err)
 	}
@@ -311,7 +312,7 @@ func (l handlerLocal) RelayHandler() http.Handler { return l.handler }
 // place puts deployment dep, serving route, on host.
 func place(t *testing.T, s *Server, dep, host string) {
 	t.Helper()
-	if err := s.State.Apply(Command{Op: OpPlaced, Placement: &Placement{Deployment: dep, Routes: []string{dep},
+	if err := s.apply(fsm.Placed{Placement: &Placement{Deployment: dep, Routes: []string{dep},
 		Hosts: []HostShare{{Host: host, Instances: 1}}}}); err != nil {
 		t.Fatal(err)
 	}

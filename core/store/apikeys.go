@@ -222,7 +222,7 @@ func (t *Tx) PruneUsage(cutoff time.Time, budget int) (int, error) {
 	return len(gone), nil
 }
 
-func migrateV4(tx *bolt.Tx) error {
+func migrateV5(tx *bolt.Tx) error {
 	for _, name := range [][]byte{bucketAPIKeys, bucketAPIKeyIDs, bucketAPIKeyUse, bucketUsage} {
 		if _, err := tx.CreateBucketIfNotExists(name); err != nil {
 			return fmt.Errorf("create bucket %s: %w", name, err)

@@ -9,7 +9,7 @@
 //
 //	capyctl.db
 //	├── meta
-//	│   ├── schema_version ........ "4" (decimal; see migrations.go)
+//	│   ├── schema_version ........ "5" (decimal; see migrations.go)
 //	│   ├── incarnation ........... 26 base32 digits drawn when the file was created;
 //	│   │                           the event cursor is "<incarnation>:<seq>"
 //	│   ├── hostname .............. the machine name the state belongs to
@@ -39,10 +39,10 @@
 //	├── requests_by_deployment
 //	│   └── <deployment>/
 //	│       └── <seq u64> ......... (empty) index into requests
-//	├── fleet_log ................ sequence = index of the last applied command
-//	│   └── <index u64> ........... a server command, as core/fleet encoded it
 //	├── fleet_state
-//	│   └── <key> ................. the server's state machine, JSON per key
+//	│   └── <key> ................. the server's replicated state, JSON per key
+//	│                               (core/fleet/fsm; its log is raft's, under
+//	│                               <state_dir>/raft)
 //	├── responses ................ sequence = bytes of the stored responses
 //	│   └── <id> .................. structs.StoredResponse (responses.go)
 //	├── responses_by_time
@@ -99,14 +99,16 @@ var (
 	bucketMeasurements     = []byte("measurements")
 	bucketRequests         = []byte("requests")
 	bucketRequestsByDeploy = []byte("requests_by_deployment")
-	bucketFleetLog         = []byte("fleet_log")
-	bucketFleetState       = []byte("fleet_state")
-	bucketResponses        = []byte("responses")
-	bucketResponsesByTime  = []byte("responses_by_time")
-	bucketAPIKeys          = []byte("api_keys")
-	bucketAPIKeyIDs        = []byte("api_key_ids")
-	bucketAPIKeyUse        = []byte("api_key_use")
-	bucketUsage            = []byte("usage")
+	// bucketFleetLog was the server's own command log (schema 2); schema
+	// 4 removed it: raft's log is the one log.
+	bucketFleetLog        = []byte("fleet_log")
+	bucketFleetState      = []byte("fleet_state")
+	bucketResponses       = []byte("responses")
+	bucketResponsesByTime = []byte("responses_by_time")
+	bucketAPIKeys         = []byte("api_keys")
+	bucketAPIKeyIDs       = []byte("api_key_ids")
+	bucketAPIKeyUse       = []byte("api_key_use")
+	bucketUsage           = []byte("usage")
 )
 
 // Reserved meta keys.

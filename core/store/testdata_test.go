@@ -70,13 +70,16 @@ func fillTestdata(t *testing.T, s *Store) {
 					Response: []byte(`{"id":"resp_0000000000000000000000000000","object":"response","output":[]}`)}})
 			})
 		},
+		func() error {
+			return s.UpdateFleet(func(st *FleetState) error { return st.Put("host/gpu-a", map[string]string{"name": "gpu-a"}) })
+		},
 	}
 	for _, step := range steps {
 		if err := step(); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if CurrentSchemaVersion() >= 4 {
+	if CurrentSchemaVersion() >= 5 {
 		if err := s.Update(func(tx *Tx) error {
 			if err := tx.PutAPIKey(&structs.APIKey{Name: "bob", ID: "0123456789ab", Digest: "sha256:" + strings.Repeat("0", 64),
 				Models: []string{"chat-*"}, Limits: structs.KeyLimits{RPM: 5}, CreatedAt: testdataTime}); err != nil {
@@ -144,13 +147,14 @@ func TestStore_OpenOldVersions(t *testing.T) {
 		file string
 		// responses says whether the file holds a stored response (v3 on).
 		responses bool
-		// keys says whether it holds an API key and its usage (v4 on).
+		// keys says whether it holds an API key and its usage (v5 on).
 		keys bool
 	}{
 		{name: "schema v1", file: "v1.db"},
 		{name: "schema v2", file: "v2.db"},
 		{name: "schema v3", file: "v3.db", responses: true},
-		{name: "schema v4", file: "v4.db", responses: true, keys: true},
+		{name: "schema v4", file: "v4.db", responses: true},
+		{name: "schema v5", file: "v5.db", responses: true, keys: true},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -214,7 +218,7 @@ func TestStore_OpenOldVersions(t *testing.T) {
 			case c.keys && (len(keys) != 1 || keys[0].Name != "bob" || keys[0].Limits.RPM != 5):
 				t.Errorf("api keys = %+v", keys)
 			case !c.keys && len(keys) != 0:
-				t.Errorf("api keys in a file older than v4: %+v", keys)
+				t.Errorf("api keys in a file older than v5: %+v", keys)
 			}
 			rows, err := s.Usage(UsageFilter{})
 			if err != nil || (c.keys && (len(rows) != 1 || rows[0].Tokens() != 30)) || (!c.keys && len(rows) != 0) {

@@ -137,6 +137,11 @@ const (
 	CodeGroupStalled              Code = "group_stalled"
 	CodePeerAddressMissing        Code = "peer_address_missing"
 	CodeRendezvousPortsExhausted  Code = "rendezvous_ports_exhausted"
+	// The server cluster (core/fleet).
+	CodeServerCommandUnknown Code = "server_command_unknown"
+	CodeServerRemoved        Code = "server_removed"
+	CodeHostUnknown          Code = "host_unknown"
+	CodeStaleTerm            Code = "stale_term"
 
 	// Named API keys: limits, budgets and their management.
 	CodeRateLimited   Code = "rate_limited"
@@ -255,6 +260,10 @@ func init() {
 	row(CodeGroupStalled, 13, false, "the group's bring-up stalled past group_stall_timeout; the group was stopped")
 	row(CodePeerAddressMissing, 2, false, "a group member's host has no peer address (set peer_address, --peer-address or CAPYCTL_PEER_ADDRESS on the host)")
 	row(CodeRendezvousPortsExhausted, 4, true, "every port of the head host's rendezvous_ports range is taken")
+	row(CodeServerCommandUnknown, 5, false, "the replicated log holds a command a newer CapyCTL wrote, which this server cannot apply (nor skip: its writer did not flag it ignorable); the server stopped instead of diverging: upgrade it")
+	row(CodeHostUnknown, 3, true, "the host's certificate is the cluster's but the cluster's state does not name the host (a state restored from a snapshot after the host first reached it): the host keeps trying, and is taken once a restore or a join names it")
+	row(CodeStaleTerm, 28, true, "a host refused a command or a desired state from a server that led an older raft term than one the host has seen: a deposed leader's late word changes nothing; the current leader's stands")
+	row(CodeServerRemoved, 3, false, "this server was removed from its cluster (capyctl remove server): move its state directory away and join it again with a new server join token")
 	row(CodeRateLimited, 4, true, "the API key is over one of its limits (requests or tokens per minute, requests at once), or its client address failed authentication too often; retry after Retry-After (the x-ratelimit-* headers say which limit and when it resets)")
 	row(CodeQuotaExceeded, 4, true, "the API key spent its monthly token budget; Retry-After is the start of the next month (UTC), or raise the budget (capyctl update api-key NAME --monthly-tokens N)")
 	row(CodeAPIKeyExists, 2, false, "an API key with this name exists: pick another name, or revoke the old key first")

@@ -10,7 +10,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -19,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capyctl/capyctl/cmd/capyctl/internal/e2e"
 	"github.com/capyctl/capyctl/core/api/wire"
 	"github.com/capyctl/capyctl/core/pki"
 	"github.com/capyctl/capyctl/plugins-testkit/harness"
@@ -48,26 +48,6 @@ func boundedCLI(t *testing.T, r *harness.Role, bound time.Duration, args ...stri
 	return o.String(), e.String(), code
 }
 
-// caughtUp reports whether r is back in the cluster of want voters: a
-// leader known, r a follower or the leader, its state applied as far as
-// the leader's, nothing degraded.
-func caughtUp(r *harness.Role, want int) bool {
-	list, err := r.Servers()
-	if err != nil || list.Leader == "" || list.Voters != want || list.Degraded {
-		return false
-	}
-	var self, lead wire.ServerInfo
-	for _, s := range list.Servers {
-		if s.Name == list.Self {
-			self = s
-		}
-		if s.Name == list.Leader {
-			lead = s
-		}
-	}
-	return (self.State == "follower" || self.State == "leader") && self.AppliedIndex > 0 && self.AppliedIndex >= lead.AppliedIndex
-}
-
 // freePort returns a loopback address no listener holds now.
 func freePort(t *testing.T) string {
 	t.Helper()
@@ -77,24 +57,6 @@ func freePort(t *testing.T) string {
 	}
 	defer ln.Close()
 	return ln.Addr().String()
-}
-
-// hostNames is `list hosts --json` on r, by name.
-func hostNames(t *testing.T, r *harness.Role) []string {
-	t.Helper()
-	out, errOut, code := r.CLI("list", "hosts", "--json")
-	if code != 0 {
-		t.Fatalf("list hosts: exit %d: %s", code, errOut)
-	}
-	var hosts []wire.Host
-	if err := json.Unmarshal([]byte(out), &hosts); err != nil {
-		t.Fatalf("list hosts --json: %v\n%s", err, out)
-	}
-	var names []string
-	for _, h := range hosts {
-		names = append(names, h.Name)
-	}
-	return names
 }
 
 // TestServers_RollingRestartQuorumLossSnapshot runs three server
@@ -129,7 +91,7 @@ func TestServers_RollingRestartQuorumLossSnapshot(t *testing.T) {
 	s3 := harness.JoinServer(t, s1, "s3", harness.Options{Args: append([]string{"--cluster-listen", s3Port,
 		"--set", "cluster_advertise=" + proxy.Addr()}, fast.Args...)})
 	servers := []*harness.Role{s1, s2, s3}
-	poll.Until(t, 20*time.Second, "three voters caught up", func() bool { return caughtUp(s3, 3) })
+	poll.Until(t, 20*time.Second, "three voters caught up", func() bool { return e2e.CaughtUp(s3, 3) })
 
 	token, cluster := s1.JoinToken("")
 	host := harness.StartHostWith(t, cluster, token, harness.HostOptions{Name: "gpu-a",
@@ -155,19 +117,19 @@ func TestServers_RollingRestartQuorumLossSnapshot(t *testing.T) {
 
 	for _, r := range servers {
 		poll.Until(t, 10*time.Second, "every server lists demo", func() bool {
-			names, ok := deploymentNames(t, r)
+			names, ok := e2e.DeploymentNames(t, r)
 			return ok && slices.Contains(names, "demo")
 		})
 	}
 	// The host links to every server: each one routes demo.
 	for i, r := range servers {
-		poll.Until(t, 20*time.Second, fmt.Sprintf("a chat through server %d answers", i+1), func() bool { return chatAnswers(r, "demo") })
+		poll.Until(t, 20*time.Second, fmt.Sprintf("a chat through server %d answers", i+1), func() bool { return e2e.ChatAnswers(r, "demo") })
 	}
 
 	// A follower partitioned: s3 hears nothing from the others. It keeps
 	// answering reads, refuses mutations with not_leader once it knows no
 	// leader; the two others commit a deploy; healed, s3 catches up.
-	if leaderOf(s1) == "s3" {
+	if e2e.LeaderOf(s1) == "s3" {
 		t.Fatal("s3 leads: cutting its inbound traffic would not partition it")
 	}
 	proxy.Cut(false)
@@ -178,7 +140,7 @@ func TestServers_RollingRestartQuorumLossSnapshot(t *testing.T) {
 	if _, errOut, code := boundedCLI(t, s3, 30*time.Second, "drain", "host", "gpu-a"); code != 28 || !strings.Contains(errOut, "not_leader") {
 		t.Fatalf("a mutation on the partitioned follower: exit %d, want 28 not_leader\n%s", code, errOut)
 	}
-	if names, ok := deploymentNames(t, s3); !ok || !slices.Contains(names, "demo") {
+	if names, ok := e2e.DeploymentNames(t, s3); !ok || !slices.Contains(names, "demo") {
 		t.Fatalf("the partitioned follower lists %v", names)
 	}
 	host.WriteFile("models/demo2/README", "fake model\n")
@@ -186,14 +148,14 @@ func TestServers_RollingRestartQuorumLossSnapshot(t *testing.T) {
 	if out, errOut, code := s2.Deploy("demo2", harness.SimpleSpec("demo2", "fake")); code != 0 {
 		t.Fatalf("deploy on the majority side: exit %d\n%s%s", code, out, errOut)
 	}
-	if names, _ := deploymentNames(t, s3); slices.Contains(names, "demo2") {
+	if names, _ := e2e.DeploymentNames(t, s3); slices.Contains(names, "demo2") {
 		t.Fatal("the partitioned follower lists a deployment committed without it")
 	}
 	healed := time.Now()
 	proxy.Heal()
 	poll.Until(t, 30*time.Second, "the healed s3 caught up", func() bool {
-		names, ok := deploymentNames(t, s3)
-		return ok && slices.Contains(names, "demo2") && caughtUp(s3, 3)
+		names, ok := e2e.DeploymentNames(t, s3)
+		return ok && slices.Contains(names, "demo2") && e2e.CaughtUp(s3, 3)
 	})
 	t.Logf("partition healed: s3 caught up (demo2 listed, the leader's applied index) after %s", time.Since(healed).Round(time.Millisecond))
 
@@ -201,24 +163,24 @@ func TestServers_RollingRestartQuorumLossSnapshot(t *testing.T) {
 	// its state directory; the next one only once it caught up and routes
 	// again (the host relinked to it).
 	for i, r := range servers {
-		poll.Until(t, 20*time.Second, fmt.Sprintf("a chat through server %d answers", i+1), func() bool { return chatAnswers(r, "demo") })
+		poll.Until(t, 20*time.Second, fmt.Sprintf("a chat through server %d answers", i+1), func() bool { return e2e.ChatAnswers(r, "demo") })
 	}
 	for i, r := range servers {
 		start := time.Now()
 		r.Stop()
 		// Requests through the two others go on while it is away.
 		for j, o := range servers {
-			if j != i && !chatAnswers(o, "demo") {
+			if j != i && !e2e.ChatAnswers(o, "demo") {
 				t.Fatalf("rolling restart: with server %d away, a chat through server %d failed", i+1, j+1)
 			}
 		}
 		r.Restart()
-		poll.Until(t, 30*time.Second, "restarted server caught up", func() bool { return caughtUp(r, 3) })
-		poll.Until(t, 20*time.Second, "restarted server routes", func() bool { return chatAnswers(r, "demo") })
+		poll.Until(t, 30*time.Second, "restarted server caught up", func() bool { return e2e.CaughtUp(r, 3) })
+		poll.Until(t, 20*time.Second, "restarted server routes", func() bool { return e2e.ChatAnswers(r, "demo") })
 		t.Logf("rolling restart: server %d back as a voter with the leader's applied index after %s", i+1, time.Since(start).Round(time.Millisecond))
 	}
 	for i, r := range servers {
-		if names, ok := deploymentNames(t, r); !ok || !slices.Contains(names, "demo") {
+		if names, ok := e2e.DeploymentNames(t, r); !ok || !slices.Contains(names, "demo") {
 			t.Fatalf("after the rolling restart server %d lists %v", i+1, names)
 		}
 	}
@@ -228,7 +190,7 @@ func TestServers_RollingRestartQuorumLossSnapshot(t *testing.T) {
 	})
 
 	// Loss of quorum: the leader and one follower killed.
-	leader := leaderOf(s1)
+	leader := e2e.LeaderOf(s1)
 	var survivor *harness.Role
 	var killed []*harness.Role
 	for i, r := range servers {
@@ -243,10 +205,10 @@ func TestServers_RollingRestartQuorumLossSnapshot(t *testing.T) {
 		r.Kill9()
 	}
 	lost := time.Now()
-	if names, ok := deploymentNames(t, survivor); !ok || !slices.Contains(names, "demo") {
+	if names, ok := e2e.DeploymentNames(t, survivor); !ok || !slices.Contains(names, "demo") {
 		t.Fatalf("without quorum the survivor lists deployments %v", names)
 	}
-	if names := hostNames(t, survivor); !slices.Contains(names, "gpu-a") {
+	if names := e2e.HostNames(t, survivor); !slices.Contains(names, "gpu-a") {
 		t.Fatalf("without quorum the survivor lists hosts %v", names)
 	}
 	if out, errOut, code := survivor.CLI("status", "deployment", "demo"); code != 0 {
@@ -254,7 +216,7 @@ func TestServers_RollingRestartQuorumLossSnapshot(t *testing.T) {
 	}
 	// Routing to the instances the survivor knows goes on.
 	for i := 0; i < 5; i++ {
-		if !chatAnswers(survivor, "demo") {
+		if !e2e.ChatAnswers(survivor, "demo") {
 			t.Fatalf("without quorum a chat through the survivor failed (request %d)", i+1)
 		}
 	}
@@ -270,7 +232,7 @@ func TestServers_RollingRestartQuorumLossSnapshot(t *testing.T) {
 		}
 	}
 	refuse()
-	poll.Until(t, 20*time.Second, "the survivor knows no leader", func() bool { return leaderOf(survivor) == "" })
+	poll.Until(t, 20*time.Second, "the survivor knows no leader", func() bool { return e2e.LeaderOf(survivor) == "" })
 	refuse()
 	refuse()
 	file := filepath.Join(t.TempDir(), "state.snap")
@@ -307,7 +269,7 @@ func TestServers_RollingRestartQuorumLossSnapshot(t *testing.T) {
 	}
 	n1 := harness.StartFirstServer(t, "n1", 2, harness.Options{StateDir: dir})
 	n2 := harness.JoinServer(t, n1, "n2", harness.Options{})
-	poll.Until(t, 20*time.Second, "the fresh cluster's two voters caught up", func() bool { return caughtUp(n2, 2) })
+	poll.Until(t, 20*time.Second, "the fresh cluster's two voters caught up", func() bool { return e2e.CaughtUp(n2, 2) })
 
 	data, err := os.ReadFile(file)
 	if err != nil {
@@ -325,19 +287,8 @@ func TestServers_RollingRestartQuorumLossSnapshot(t *testing.T) {
 	}
 	for _, r := range []*harness.Role{n1, n2} {
 		poll.Until(t, 10*time.Second, "the fresh cluster lists the restored deployment and host", func() bool {
-			names, ok := deploymentNames(t, r)
-			return ok && slices.Contains(names, "demo") && slices.Contains(hostNames(t, r), "gpu-a")
+			names, ok := e2e.DeploymentNames(t, r)
+			return ok && slices.Contains(names, "demo") && slices.Contains(e2e.HostNames(t, r), "gpu-a")
 		})
 	}
-}
-
-// chatAnswers sends one chat request through r and reports whether it was
-// answered with a completion.
-func chatAnswers(r *harness.Role, model string) bool {
-	resp, err := r.Chat(context.Background(), harness.ChatBody(model, false, "hi"), nil)
-	if err != nil {
-		return false
-	}
-	body := harness.ReadAll(resp)
-	return resp.StatusCode == http.StatusOK && strings.Contains(body, "choices")
 }

@@ -10,38 +10,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capyctl/capyctl/cmd/capyctl/internal/e2e"
 	"github.com/capyctl/capyctl/core/api/wire"
 	"github.com/capyctl/capyctl/plugins-testkit/harness"
 	"github.com/capyctl/capyctl/plugins-testkit/poll"
 )
-
-// deploymentNames is `list deployments --json` on a server, by name.
-func deploymentNames(t *testing.T, r *harness.Role) ([]string, bool) {
-	t.Helper()
-	out, _, code := r.CLI("list", "deployments", "--json")
-	if code != 0 {
-		return nil, false
-	}
-	var list wire.DeploymentList
-	if err := json.Unmarshal([]byte(out), &list); err != nil {
-		t.Fatalf("list deployments --json: %v\n%s", err, out)
-	}
-	var names []string
-	for _, d := range list.Deployments {
-		names = append(names, d.Name)
-	}
-	return names, true
-}
-
-// leaderOf returns the leader a server reports, "" during an election or
-// when it does not answer.
-func leaderOf(r *harness.Role) string {
-	list, err := r.Servers()
-	if err != nil {
-		return ""
-	}
-	return list.Leader
-}
 
 // TestServers_ThreeServersOneState runs three server processes as one
 // raft cluster: they form it (first server with --bootstrap-expect 3, two
@@ -77,7 +50,7 @@ func TestServers_ThreeServersOneState(t *testing.T) {
 		}
 		return leaders == 1
 	})
-	leader := leaderOf(s3)
+	leader := e2e.LeaderOf(s3)
 	if out, errOut, code := s3.CLI("status"); code != 0 || !strings.Contains(out, "Cluster:     healthy; leader "+leader+"; 3 of 3 expected voters; this server is s3") {
 		t.Fatalf("capyctl status on s3: exit %d\n%s%s", code, out, errOut)
 	}
@@ -115,7 +88,7 @@ func TestServers_ThreeServersOneState(t *testing.T) {
 	}
 	for name, r := range servers {
 		poll.Until(t, 10*time.Second, name+" lists demo", func() bool {
-			names, ok := deploymentNames(t, r)
+			names, ok := e2e.DeploymentNames(t, r)
 			return ok && slices.Contains(names, "demo")
 		})
 	}
@@ -135,8 +108,8 @@ func TestServers_ThreeServersOneState(t *testing.T) {
 	old.Kill9()
 	var newLeader string
 	poll.Until(t, 20*time.Second, "a new leader", func() bool {
-		l := leaderOf(survivors[0])
-		if l != "" && l != leader && l == leaderOf(survivors[1]) {
+		l := e2e.LeaderOf(survivors[0])
+		if l != "" && l != leader && l == e2e.LeaderOf(survivors[1]) {
 			newLeader = l
 			return true
 		}
@@ -144,7 +117,7 @@ func TestServers_ThreeServersOneState(t *testing.T) {
 	})
 	elected := time.Since(killed)
 	for _, r := range survivors {
-		names, ok := deploymentNames(t, r)
+		names, ok := e2e.DeploymentNames(t, r)
 		if !ok || !slices.Contains(names, "demo") {
 			t.Fatalf("after the leader's loss a survivor lists %v", names)
 		}
@@ -176,7 +149,7 @@ func TestServers_ThreeServersOneState(t *testing.T) {
 		}
 		return self.State == "follower" && self.AppliedIndex > 0 && self.AppliedIndex >= lead.AppliedIndex
 	})
-	names, ok := deploymentNames(t, old)
+	names, ok := e2e.DeploymentNames(t, old)
 	if !ok || !slices.Contains(names, "demo") {
 		t.Fatalf("the restarted server lists %v", names)
 	}

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capyctl/capyctl/cmd/capyctl/internal/e2e"
 	"github.com/capyctl/capyctl/core/api/wire"
 	"github.com/capyctl/capyctl/plugins-testkit/conformance"
 	"github.com/capyctl/capyctl/plugins-testkit/harness"
@@ -213,7 +214,7 @@ func TestServers_HostsLinkToEveryServer(t *testing.T) {
 	hosts["gpu-b"].MustDeploy("local", harness.SimpleSpec("local", "fake"))
 	for name, r := range servers {
 		poll.Until(t, 15*time.Second, name+" lists the adopted deployment", func() bool {
-			names, ok := deploymentNames(t, r)
+			names, ok := e2e.DeploymentNames(t, r)
 			return ok && slices.Contains(names, "local")
 		})
 	}
@@ -261,7 +262,7 @@ func TestServers_HostsLinkToEveryServer(t *testing.T) {
 	})
 	for name, r := range servers {
 		poll.Until(t, 10*time.Second, name+" lists pair", func() bool {
-			names, ok := deploymentNames(t, r)
+			names, ok := e2e.DeploymentNames(t, r)
 			return ok && slices.Contains(names, "pair")
 		})
 	}
@@ -294,7 +295,7 @@ func TestServers_HostsLinkToEveryServer(t *testing.T) {
 	})
 
 	// kill -9 of the leader.
-	leader := leaderOf(s1)
+	leader := e2e.LeaderOf(s1)
 	old := servers[leader]
 	var survivors []*harness.Role
 	var survivorNames []string
@@ -309,8 +310,8 @@ func TestServers_HostsLinkToEveryServer(t *testing.T) {
 	old.Kill9()
 	var newLeader string
 	poll.Until(t, 20*time.Second, "a new leader", func() bool {
-		l := leaderOf(survivors[0])
-		if l != "" && l != leader && l == leaderOf(survivors[1]) {
+		l := e2e.LeaderOf(survivors[0])
+		if l != "" && l != leader && l == e2e.LeaderOf(survivors[1]) {
 			newLeader = l
 			return true
 		}
@@ -380,13 +381,14 @@ func TestServers_HostsLinkToEveryServer(t *testing.T) {
 		return resp.StatusCode == http.StatusOK
 	})
 
-	// A server removed from the cluster: the hosts hear of the new
-	// configuration and end their links to it (their own --server, s1,
-	// stays their first contact whatever happens).
+	// A server removed from the cluster stops (server_removed, exit 3); the
+	// hosts hear of the new configuration from the others and stay ready
+	// on them (their own --server, s1, stays their first contact whatever
+	// happens).
 	var gone *harness.Role
 	goneName := ""
 	for _, name := range []string{"s2", "s3"} {
-		if name != leaderOf(s1) {
+		if name != e2e.LeaderOf(s1) {
 			gone, goneName = servers[name], name
 			break
 		}
@@ -394,8 +396,10 @@ func TestServers_HostsLinkToEveryServer(t *testing.T) {
 	if out, errOut, code := s1.CLI("remove", "server", goneName); code != 0 {
 		t.Fatalf("remove server %s: exit %d\n%s%s", goneName, code, out, errOut)
 	}
-	poll.Until(t, 20*time.Second, "the hosts end their links to the removed "+goneName, func() bool {
-		st := hostStates(t, gone)
-		return st["gpu-a"] == wire.HostLost && st["gpu-b"] == wire.HostLost
-	})
+	if code := gone.WaitExit(30 * time.Second); code != 3 || !strings.Contains(gone.Output(), "server_removed") {
+		t.Fatalf("the removed %s exited %d\n%s", goneName, code, gone.Output())
+	}
+	for _, r := range []*harness.Role{s1, servers[map[string]string{"s2": "s3", "s3": "s2"}[goneName]]} {
+		poll.Until(t, 20*time.Second, "the hosts stay ready on the survivors", func() bool { return everyHostReady(t, r, "gpu-a", "gpu-b") })
+	}
 }
