@@ -394,14 +394,8 @@ func New(s Settings, logger hclog.Logger) (*Agent, error) {
 // it relays) and the named keys kept in the role's store, the role's own
 // key among them as the key named default.
 func (a *Agent) openKeys() error {
-	if a.s.Role != config.RoleHost {
-		o := a.s.Usage
-		o.Logger = a.logger
-		m, err := usage.Open(a.Store, o)
-		if err != nil {
-			return err
-		}
-		a.Usage = m
+	if err := a.openUsage(); err != nil {
+		return err
 	}
 	backend, err := apikeys.NewStoreBackend(a.Store, time.Now())
 	if err != nil {
@@ -409,6 +403,22 @@ func (a *Agent) openKeys() error {
 		return err
 	}
 	return a.openKeeper(backend)
+}
+
+// openUsage opens the keys' usage counts (not on a host: its server
+// counts what it relays).
+func (a *Agent) openUsage() error {
+	if a.s.Role == config.RoleHost {
+		return nil
+	}
+	o := a.s.Usage
+	o.Logger = a.logger
+	m, err := usage.Open(a.Store, o)
+	if err != nil {
+		return err
+	}
+	a.Usage = m
+	return nil
 }
 
 // openKeeper starts the keeper of the keys in backend.

@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"strconv"
 	"strings"
 
 	"github.com/capyctl/capyctl/core/api"
@@ -35,7 +36,9 @@ func (a *Agent) openServer() error {
 	// The Responses API's stored responses of the requests this server
 	// takes: its IDs name this server (core/fleet/responses.go).
 	a.Responses = a.openResponses()
-	if err := a.openKeys(); err != nil {
+	// The keys are the cluster's (replicated; the keeper opens on the
+	// server's state below); the usage is this server's own.
+	if err := a.openUsage(); err != nil {
 		_ = a.Responses.Close()
 		a.Store.Close()
 		return err
@@ -64,6 +67,12 @@ func (a *Agent) openServer() error {
 		return err
 	}
 	a.Fleet = srv
+	if err := a.openKeeper(srv.KeyBackend()); err != nil {
+		srv.Close()
+		_ = a.Responses.Close()
+		a.Store.Close()
+		return err
+	}
 	if err := a.listen(); err != nil {
 		srv.Close()
 		a.closeKeys()
@@ -97,6 +106,7 @@ func (a *Agent) startServer() error {
 	if err := a.Fleet.JoinCluster(ctx); err != nil {
 		return err
 	}
+	a.Fleet.UseKeys(a.Keys)
 	role := func() wire.RoleInfo {
 		return wire.RoleInfo{Role: a.s.Role, Version: version.Version, Commit: version.GetCommit(), Host: a.s.Hostname,
 			Inference: a.InferenceAddr(), StartedAt: a.startedAt, PID: os.Getpid(),
@@ -104,6 +114,7 @@ func (a *Agent) startServer() error {
 	}
 	backend := &api.Backend{
 		Store: a.Store, Logger: a.logger, Role: role(), Hosts: a.Fleet.Hosts, Fleet: a.Fleet, Keys: a.Keys, Usage: a.Usage,
+		PeerUsage: a.Fleet.PeerUsage, PeerKeyUses: a.Fleet.PeerKeyUses,
 		Override: a.Fleet.ManagementOverrides(role),
 		Servers:  a.Fleet, Forward: a.Fleet.ForwardMutation,
 	}
@@ -184,8 +195,13 @@ func relayHandler(inference, management http.Handler, creds *runinfo.Credentials
 		if strings.HasPrefix(r.URL.Path, "/v1/") {
 			r.Header.Set("Authorization", "Bearer "+creds.APIKey)
 			// The server's own members (a Responses request's history and
-			// ID) are honoured on this path only.
-			inference.ServeHTTP(w, r.WithContext(router.WithRelayed(r.Context())))
+			// ID) and the key it relays for are honoured on this path only.
+			ctx := router.WithRelayed(r.Context())
+			if name := r.Header.Get(router.HeaderKeyName); name != "" {
+				weight, _ := strconv.Atoi(r.Header.Get(router.HeaderKeyWeight))
+				ctx = router.WithRelayedKey(ctx, name, weight)
+			}
+			inference.ServeHTTP(w, r.WithContext(ctx))
 			return
 		}
 		r.Header.Set("Authorization", "Bearer "+creds.AdminToken)

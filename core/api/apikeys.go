@@ -16,6 +16,7 @@ import (
 	"github.com/capyctl/capyctl/core/apikeys"
 	"github.com/capyctl/capyctl/core/store"
 	"github.com/capyctl/capyctl/core/structs"
+	"github.com/capyctl/capyctl/core/usage"
 )
 
 // keysOf returns the role's keeper of named keys, or why there is none.
@@ -41,6 +42,10 @@ func APIKeyView(v apikeys.View, now time.Time) wire.APIKey {
 	if k.ID != "" {
 		out.Prefix = apikeys.Prefix(k.ID)
 	}
+	if st := v.Standing; st != nil {
+		out.Standing = &wire.APIKeyStanding{RemainingRequests: st.RemainingRequests, RemainingTokens: st.RemainingTokens,
+			InFlight: st.InFlight, MonthTokens: st.MonthTokens}
+	}
 	return out
 }
 
@@ -51,8 +56,21 @@ func (b *Backend) listAPIKeys(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	now := time.Now()
+	var peers map[string][2]time.Time
+	if b.PeerKeyUses != nil {
+		peers = b.PeerKeyUses(r)
+	}
 	out := wire.APIKeyList{APIVersion: wire.APIVersion, Keys: []wire.APIKey{}}
 	for _, v := range keys.List() {
+		// In a cluster, the first and last use on any server.
+		if u, ok := peers[v.Key.Name]; ok {
+			if !u[0].IsZero() && (v.FirstUsedAt.IsZero() || u[0].Before(v.FirstUsedAt)) {
+				v.FirstUsedAt = u[0]
+			}
+			if u[1].After(v.LastUsedAt) {
+				v.LastUsedAt = u[1]
+			}
+		}
 		out.Keys = append(out.Keys, APIKeyView(v, now))
 	}
 	writeJSON(w, http.StatusOK, out)
@@ -206,6 +224,32 @@ func days(s string) (time.Duration, bool) {
 	return time.Duration(v) * 24 * time.Hour, true
 }
 
+// MergeUsage sums rows of the same hour, key and model (several servers'
+// counts), ordered by hour, key and model.
+func MergeUsage(rows []wire.UsageRow) []wire.UsageRow {
+	type k struct {
+		hour       time.Time
+		key, model string
+	}
+	sum := map[k]*structs.KeyUsage{}
+	for _, r := range rows {
+		id := k{r.Hour.UTC(), r.Key, r.Model}
+		cur := sum[id]
+		if cur == nil {
+			cur = &structs.KeyUsage{Hour: r.Hour.UTC(), Key: r.Key, Model: r.Model}
+			sum[id] = cur
+		}
+		cur.Add(&structs.KeyUsage{Requests: r.Requests, Errors: r.Errors, PromptTokens: r.PromptTokens,
+			CompletionTokens: r.CompletionTokens, CachedTokens: r.CachedTokens, RequestMs: r.RequestMs})
+	}
+	out := make([]structs.KeyUsage, 0, len(sum))
+	for _, r := range sum {
+		out = append(out, *r)
+	}
+	usage.Sort(out)
+	return UsageRows(out)
+}
+
 // UsageRows converts usage rows for the API.
 func UsageRows(rows []structs.KeyUsage) []wire.UsageRow {
 	out := make([]wire.UsageRow, 0, len(rows))
@@ -231,5 +275,11 @@ func (b *Backend) usageView(w http.ResponseWriter, r *http.Request) {
 		writeMgmtError(w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, wire.UsageResponse{APIVersion: wire.APIVersion, Since: f.Since, Rows: UsageRows(rows)})
+	out := wire.UsageResponse{APIVersion: wire.APIVersion, Since: f.Since, Rows: UsageRows(rows)}
+	if b.PeerUsage != nil {
+		// A cluster: each server counted the requests it took.
+		peer, servers, missing := b.PeerUsage(r)
+		out.Rows, out.Servers, out.Missing = MergeUsage(append(out.Rows, peer...)), servers, missing
+	}
+	writeJSON(w, http.StatusOK, out)
 }

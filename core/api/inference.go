@@ -130,6 +130,12 @@ func InferenceAuth(next http.Handler, keys *apikeys.Keeper, o AuthOptions) http.
 		if p.Scope != nil {
 			c.Scope = p.Scope
 		}
+		if name, weight, ok := router.RelayedKeyOf(r.Context()); ok {
+			// A server relayed it (the host's relay, the host's own key):
+			// the request is the client's key's, for its fair share of
+			// places and the request log.
+			c.Key, c.Weight = name, max(weight, 1)
+		}
 		next.ServeHTTP(w, r.WithContext(router.WithCaller(r.Context(), c)))
 		// A request the router took over (a stream may outlive this
 		// handler) is settled when it ends; any other ends here.

@@ -14,6 +14,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"strings"
+	"time"
 
 	"github.com/hashicorp/go-hclog"
 
@@ -73,6 +74,13 @@ type Backend struct {
 	Keys *apikeys.Keeper
 	// Usage counts the keys' usage (nil: GET /usage answers unsupported).
 	Usage *usage.Meter
+	// PeerUsage returns the other servers' usage rows for the request's
+	// query, the servers counted and those that did not answer (a cluster
+	// of servers; nil: none).
+	PeerUsage func(r *http.Request) (rows []wire.UsageRow, servers, missing []string)
+	// PeerKeyUses returns when the other servers first and last
+	// authenticated each key, by name (nil: none).
+	PeerKeyUses func(r *http.Request) map[string][2]time.Time
 
 	keys    keyLocks
 	streams streamSlots

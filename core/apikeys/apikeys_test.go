@@ -467,3 +467,80 @@ func mustKey(t *testing.T, k *Keeper, name string) structs.APIKey {
 	t.Fatalf("no key %s", name)
 	return structs.APIKey{}
 }
+
+// TestKeeper_SharedCounts: two servers' keepers of one key tell each
+// other their counts: the requests admitted on one come off the other's
+// requests per minute, the requests running on one count against the
+// other's concurrency, and a server that went silent counts no more.
+func TestKeeper_SharedCounts(t *testing.T) {
+	clk := &clock{t: time.Date(2026, 5, 10, 12, 0, 0, 0, time.UTC)}
+	plain, id, digest := generate()
+	rec := structs.APIKey{Name: "bob", ID: id, Digest: digest, Limits: structs.KeyLimits{RPM: 5, Concurrency: 3}, CreatedAt: clk.Now()}
+	newK := func() *Keeper {
+		k, err := New(Config{Backend: NewMemoryBackend(rec), Now: clk.Now})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return k
+	}
+	a, b := newK(), newK()
+	// Each server heard of the other before the key's first request (a
+	// report without it: a key made after the servers met).
+	b.ObservePeer("a", map[string]Counts{})
+	a.ObservePeer("b", map[string]Counts{})
+	var held []*Ticket
+	for i := 0; i < 3; i++ {
+		tk, _, err := admit(t, a, plain)
+		if err != nil {
+			t.Fatalf("request %d on a: %v", i, err)
+		}
+		held = append(held, tk)
+	}
+	b.ObservePeer("a", a.Counts())
+	// b saw a's three requests running: none more at once.
+	if _, _, err := admit(t, b, plain); !structs.HasCode(err, structs.CodeRateLimited) || structs.AsError(err).Details["limit"] != LimitConcurrency {
+		t.Fatalf("b, with a's three running: %v", err)
+	}
+	for _, tk := range held {
+		tk.EndUntaken()
+	}
+	b.ObservePeer("a", a.Counts())
+	// Three of five requests a minute used on a: two left on b.
+	for i := 0; i < 2; i++ {
+		tk, h, err := admit(t, b, plain)
+		if err != nil {
+			t.Fatalf("request %d on b: %v (%v)", i, err, h)
+		}
+		tk.EndUntaken()
+	}
+	if _, _, err := admit(t, b, plain); !structs.HasCode(err, structs.CodeRateLimited) || structs.AsError(err).Details["limit"] != LimitRPM {
+		t.Fatalf("b's sixth of the minute: %v", err)
+	}
+	// A server that hears of a peer for the first time takes its counts
+	// as history: nothing is debited.
+	c := newK()
+	c.ObservePeer("a", a.Counts())
+	if tk, _, err := admit(t, c, plain); err != nil {
+		t.Fatalf("c, new to a: %v", err)
+	} else {
+		tk.EndUntaken()
+	}
+	// a went silent: its running requests count no more.
+	held = held[:0]
+	for i := 0; i < 3; i++ {
+		clk.Add(12 * time.Second)
+		tk, _, err := admit(t, a, plain)
+		if err != nil {
+			t.Fatalf("a again: %v", err)
+		}
+		held = append(held, tk)
+	}
+	b.ObservePeer("a", a.Counts())
+	clk.Add(time.Minute)
+	b.ForgetPeers(map[string]bool{"a": true}, 10*time.Second)
+	if tk, _, err := admit(t, b, plain); err != nil {
+		t.Fatalf("b after a went silent: %v", err)
+	} else {
+		tk.EndUntaken()
+	}
+}

@@ -106,6 +106,7 @@ type entry struct {
 type keySet struct {
 	byID   map[string]*entry
 	byName map[string]*entry
+	byUse  map[string]*entry
 	role   *entry
 }
 
@@ -137,6 +138,10 @@ type Keeper struct {
 
 	states sync.Map // use ID -> *keyState
 	uses   sync.Map // use ID -> *useState
+	// peers are the other servers of a cluster this keeper heard from,
+	// and when last (ObservePeer, ForgetPeers).
+	peersMu sync.Mutex
+	peers   map[string]time.Time
 	// changed is closed and replaced when a snapshot is published.
 	changedMu sync.Mutex
 	changed   chan struct{}
@@ -198,7 +203,7 @@ func (k *Keeper) reloadLocked() error {
 	if err != nil {
 		return structs.Wrap(structs.CodeInternal, err, "read the API keys")
 	}
-	set := &keySet{byID: map[string]*entry{}, byName: map[string]*entry{}}
+	set := &keySet{byID: map[string]*entry{}, byName: map[string]*entry{}, byUse: map[string]*entry{}}
 	live := map[string]bool{}
 	for i := range recs {
 		e := &entry{rec: recs[i]}
@@ -221,6 +226,7 @@ func (k *Keeper) reloadLocked() error {
 			set.byID[e.rec.ID] = e
 		}
 		set.byName[e.rec.Name] = e
+		set.byUse[e.rec.UseID()] = e
 		live[e.rec.UseID()] = true
 	}
 	k.snap.Store(set)
@@ -531,12 +537,88 @@ func (k *Keeper) emitLimited() {
 	})
 }
 
+// Counts returns this server's use of each key with limits, by use ID,
+// for the other servers of a cluster: every such key, used here or not,
+// so that they hold a baseline before its first request.
+func (k *Keeper) Counts() map[string]Counts {
+	now := k.cfg.Now()
+	month := now.UTC().Format("2006-01")
+	out := map[string]Counts{}
+	for id, e := range k.snap.Load().byUse {
+		if !e.rec.Limits.Any() {
+			continue
+		}
+		c := Counts{Month: month}
+		if v, ok := k.states.Load(id); ok {
+			st := v.(*keyState)
+			st.mu.Lock()
+			c.Requests, c.Tokens, c.InFlight = st.admitted, st.used, st.inFlight
+			st.mu.Unlock()
+		}
+		if k.cfg.Usage != nil {
+			c.MonthTokens = k.cfg.Usage.MonthTokens(e.rec.Name, now)
+		}
+		out[id] = c
+	}
+	return out
+}
+
+// ObservePeer takes another server's counts (by use ID): its requests and
+// tokens since its last report count against this server's buckets, its
+// requests running and its month's tokens against the concurrency and the
+// budget, until it reports again. Keys unknown here are ignored (revoked,
+// or not replicated here yet).
+func (k *Keeper) ObservePeer(peer string, counts map[string]Counts) {
+	now := k.cfg.Now()
+	k.peersMu.Lock()
+	if k.peers == nil {
+		k.peers = map[string]time.Time{}
+	}
+	_, known := k.peers[peer]
+	k.peers[peer] = now
+	k.peersMu.Unlock()
+	set := k.snap.Load()
+	for id, c := range counts {
+		e := set.byUse[id]
+		if e == nil || !e.rec.Limits.Any() {
+			continue
+		}
+		k.state(&e.rec).observe(e.rec.Limits, peer, c, now, !known)
+	}
+}
+
+// ForgetPeers drops what the servers not in live said (a server removed
+// from the cluster, or silent for longer than stale): their requests in
+// flight and month's tokens count no more.
+func (k *Keeper) ForgetPeers(live map[string]bool, stale time.Duration) {
+	now := k.cfg.Now()
+	k.peersMu.Lock()
+	for p, at := range k.peers {
+		if !live[p] || now.Sub(at) > stale {
+			delete(k.peers, p)
+		}
+	}
+	k.peersMu.Unlock()
+	k.states.Range(func(_, v any) bool {
+		st := v.(*keyState)
+		st.mu.Lock()
+		for p, c := range st.peers {
+			if !live[p] || now.Sub(c.At) > stale {
+				delete(st.peers, p)
+			}
+		}
+		st.mu.Unlock()
+		return true
+	})
+}
+
 // View is a key as the management API shows it, with this role's record
-// of its use.
+// of its use and, for a key with limits, where it stands against them.
 type View struct {
 	Key         structs.APIKey
 	FirstUsedAt time.Time
 	LastUsedAt  time.Time
+	Standing    *Standing
 }
 
 // List returns every key, by name.
@@ -545,6 +627,15 @@ func (k *Keeper) List() []View {
 	out := make([]View, 0, len(set.byName))
 	for _, e := range set.byName {
 		v := View{Key: e.rec}
+		if e.rec.Limits.Any() {
+			now := k.cfg.Now()
+			var month int64
+			if k.cfg.Usage != nil {
+				month = k.cfg.Usage.MonthTokens(e.rec.Name, now)
+			}
+			st := k.state(&e.rec).standing(e.rec.Limits, now, month)
+			v.Standing = &st
+		}
 		if u, ok := k.uses.Load(e.rec.UseID()); ok {
 			us := u.(*useState)
 			v.FirstUsedAt = us.first

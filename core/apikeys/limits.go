@@ -69,6 +69,75 @@ type keyState struct {
 	inFlight int64
 	// refused counts the refusals by limit since the last event.
 	refused map[string]int64
+	// admitted and used count this role's admitted requests and settled
+	// tokens since it started, for the other servers of a cluster
+	// (Counts); peers is what each of them last said of theirs.
+	admitted, used int64
+	peers          map[string]Counts
+}
+
+// Counts are one key's use on one server, as the servers of a cluster
+// tell each other (Keeper.Counts, Keeper.ObservePeer): cumulative counts
+// since that server started, so that a lost report loses nothing but
+// time.
+type Counts struct {
+	// Requests admitted and Tokens settled since the server started.
+	Requests int64 `json:"requests"`
+	Tokens   int64 `json:"tokens"`
+	// InFlight are the key's requests running there now.
+	InFlight int64 `json:"in_flight"`
+	// MonthTokens are the tokens the key used there in Month
+	// ("2006-01", UTC).
+	Month       string `json:"month"`
+	MonthTokens int64  `json:"month_tokens"`
+	// At is when the server said it (the receiver's clock).
+	At time.Time `json:"-"`
+}
+
+// peerFigures sums what the other servers said: requests running there
+// and tokens used there in now's month. The caller holds st.mu.
+func (st *keyState) peerFigures(now time.Time) (inFlight, month int64) {
+	m := now.UTC().Format("2006-01")
+	for _, c := range st.peers {
+		inFlight += c.InFlight
+		if c.Month == m {
+			month += c.MonthTokens
+		}
+	}
+	return inFlight, month
+}
+
+// observe takes a peer's new counts: the requests and tokens it used
+// since its last report come off this server's buckets, as if they had
+// been used here. baseline says the peer is new to this server: what it
+// counted before is its history, not this minute's.
+func (st *keyState) observe(lim structs.KeyLimits, peer string, c Counts, now time.Time, baseline bool) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.peers == nil {
+		st.peers = map[string]Counts{}
+	}
+	prev := st.peers[peer] // a key new in a known peer's report: counted from 0
+	dReq, dTok := c.Requests-prev.Requests, c.Tokens-prev.Tokens
+	switch {
+	case baseline:
+		// A peer this server had not heard of (its own start, or the
+		// peer's first report): its counts are the baseline.
+		dReq, dTok = 0, 0
+	case dReq < 0 || dTok < 0:
+		// The peer started again: its counts since its start.
+		dReq, dTok = c.Requests, c.Tokens
+	}
+	if rpm := float64(lim.RPM); rpm > 0 && dReq > 0 {
+		st.requests.refill(now, rpm)
+		st.requests.tokens -= float64(dReq)
+	}
+	if tpm := float64(lim.TPM); tpm > 0 && dTok > 0 {
+		st.tokens.refill(now, tpm)
+		st.tokens.tokens -= float64(dTok)
+	}
+	c.At = now
+	st.peers[peer] = c
 }
 
 // RateHeaders are the rate-limit headers of one answer.
@@ -132,14 +201,15 @@ func (st *keyState) admit(lim structs.KeyLimits, now time.Time, monthUsed int64,
 	if tpm > 0 {
 		st.tokens.refill(now, tpm)
 	}
+	peerInFlight, peerMonth := st.peerFigures(now)
 	var refusal *structs.Error
 	var limit string
 	switch {
-	case lim.MonthlyTokens > 0 && monthUsed >= lim.MonthlyTokens:
+	case lim.MonthlyTokens > 0 && monthUsed+peerMonth >= lim.MonthlyTokens:
 		next := nextMonth(now)
 		limit = LimitMonthlyTokens
 		refusal = structs.Errf(structs.CodeQuotaExceeded, "the API key used %d of its %d tokens this month; the budget renews at %s",
-			monthUsed, lim.MonthlyTokens, next.Format(time.RFC3339))
+			monthUsed+peerMonth, lim.MonthlyTokens, next.Format(time.RFC3339))
 		refusal.RetryAfter = retrySeconds(next.Sub(now))
 	case tpm > 0 && st.tokens.tokens <= 0:
 		limit = LimitTPM
@@ -149,7 +219,7 @@ func (st *keyState) admit(lim structs.KeyLimits, now time.Time, monthUsed int64,
 		limit = LimitRPM
 		refusal = structs.Errf(structs.CodeRateLimited, "the API key is over its %d requests per minute", lim.RPM)
 		refusal.RetryAfter = retrySeconds(st.requests.until(1, rpm))
-	case lim.Concurrency > 0 && st.inFlight >= lim.Concurrency:
+	case lim.Concurrency > 0 && st.inFlight+peerInFlight >= lim.Concurrency:
 		limit = LimitConcurrency
 		refusal = structs.Errf(structs.CodeRateLimited, "the API key has %d requests running, its limit", lim.Concurrency)
 		refusal.RetryAfter = 1
@@ -158,6 +228,7 @@ func (st *keyState) admit(lim structs.KeyLimits, now time.Time, monthUsed int64,
 			st.requests.tokens--
 		}
 		st.inFlight++
+		st.admitted++
 	}
 	if refusal != nil {
 		refusal.WithDetail("limit", limit)
@@ -184,6 +255,7 @@ func (st *keyState) settle(lim structs.KeyLimits, now time.Time, tokens int64) {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	st.inFlight = max(st.inFlight-1, 0)
+	st.used += max(tokens, 0)
 	if lim.TPM > 0 && tokens > 0 {
 		st.tokens.refill(now, float64(lim.TPM))
 		st.tokens.tokens -= float64(tokens)
@@ -197,4 +269,34 @@ func (st *keyState) takeRefused() map[string]int64 {
 	r := st.refused
 	st.refused = nil
 	return r
+}
+
+// Standing is where a key stands against its limits on this server, as
+// its next request would see it: what is left of the requests and tokens
+// per minute, the requests running (on every server this one heard of)
+// and the tokens used this month.
+type Standing struct {
+	RemainingRequests int64
+	RemainingTokens   int64
+	InFlight          int64
+	MonthTokens       int64
+}
+
+// standing reads st without taking anything.
+func (st *keyState) standing(lim structs.KeyLimits, now time.Time, monthUsed int64) Standing {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	var out Standing
+	if rpm := float64(lim.RPM); rpm > 0 {
+		st.requests.refill(now, rpm)
+		out.RemainingRequests = int64(math.Max(0, math.Floor(st.requests.tokens)))
+	}
+	if tpm := float64(lim.TPM); tpm > 0 {
+		st.tokens.refill(now, tpm)
+		out.RemainingTokens = int64(math.Max(0, math.Floor(st.tokens.tokens)))
+	}
+	peerInFlight, peerMonth := st.peerFigures(now)
+	out.InFlight = st.inFlight + peerInFlight
+	out.MonthTokens = monthUsed + peerMonth
+	return out
 }

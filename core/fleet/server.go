@@ -25,6 +25,7 @@ import (
 
 	"github.com/capyctl/capyctl/core/api"
 	"github.com/capyctl/capyctl/core/api/wire"
+	"github.com/capyctl/capyctl/core/apikeys"
 	"github.com/capyctl/capyctl/core/fleet/fsm"
 	"github.com/capyctl/capyctl/core/fleet/raftlog"
 	"github.com/capyctl/capyctl/core/hostlink/proto/hostv1"
@@ -127,6 +128,8 @@ type Server struct {
 	leading   signal
 	// fatal carries the reason the server must stop (Fatal).
 	fatal chan error
+	// keys is the keeper of the cluster's named keys (UseKeys), under mu.
+	keys *apikeys.Keeper
 
 	ctx    context.Context
 	cancel context.CancelFunc

@@ -43,8 +43,36 @@ type Meter interface {
 	Settle(u structs.RequestUsage)
 }
 
-// allows reports whether the caller may use model.
-func (c Caller) allows(model string) bool { return c.Scope == nil || c.Scope.Allows(model) }
+// Allows reports whether the caller may use model.
+func (c Caller) Allows(model string) bool { return c.Scope == nil || c.Scope.Allows(model) }
+
+// Headers a server sets on the requests it relays to a host: the name and
+// weight of the key the client's request carried (a host's relay reads
+// them, and only there: the server's mutual TLS vouches for them).
+const (
+	HeaderKeyName   = "X-CapyCTL-Key-Name"
+	HeaderKeyWeight = "X-CapyCTL-Key-Weight"
+)
+
+type relayedKeyKey struct{}
+
+type relayedKey struct {
+	name   string
+	weight int
+}
+
+// WithRelayedKey returns ctx carrying the key a server relayed the
+// request for: the host's authentication (which checks the host's own
+// key, the relay's) names the request after it.
+func WithRelayedKey(ctx context.Context, name string, weight int) context.Context {
+	return context.WithValue(ctx, relayedKeyKey{}, relayedKey{name: name, weight: weight})
+}
+
+// RelayedKeyOf returns the key a server relayed the request for.
+func RelayedKeyOf(ctx context.Context) (name string, weight int, ok bool) {
+	k, ok := ctx.Value(relayedKeyKey{}).(relayedKey)
+	return k.name, k.weight, ok && k.name != ""
+}
 
 // DefaultKeyName is the name of a role's own API key.
 const DefaultKeyName = structs.DefaultKeyName

@@ -327,7 +327,7 @@ func (rt *Router) Models(w http.ResponseWriter, r *http.Request) {
 			names = []string{route.Deployment}
 		}
 		for _, name := range names {
-			if !caller.allows(name) {
+			if !caller.Allows(name) {
 				continue // a key sees only the models it may use
 			}
 			out.Data = append(out.Data, model{

@@ -331,7 +331,7 @@ func (q *request) resolve() bool {
 	// IMPORTANT: a model the caller's key may not use is answered exactly
 	// as one that does not exist, on the same path: a key cannot learn
 	// what else is deployed.
-	if route == nil || !q.caller.allows(q.model) {
+	if route == nil || !q.caller.Allows(q.model) {
 		q.fail(structs.Errf(structs.CodeUnknownModel, "no model %q: GET /v1/models lists the models", q.model))
 		return false
 	}

@@ -62,6 +62,22 @@ type APIKey struct {
 	Expired     bool         `json:"expired,omitempty"`
 	FirstUsedAt time.Time    `json:"first_used_at,omitzero"`
 	LastUsedAt  time.Time    `json:"last_used_at,omitzero"`
+	// Standing is where a key with limits stands against them on the
+	// server that answers (in a cluster, with what the other servers told
+	// it): what its next request would see.
+	Standing *APIKeyStanding `json:"standing,omitempty"`
+}
+
+// APIKeyStanding is where a key stands against its limits now.
+type APIKeyStanding struct {
+	// RemainingRequests and RemainingTokens are what is left of the
+	// minute's requests and tokens (its limits set).
+	RemainingRequests int64 `json:"remaining_requests"`
+	RemainingTokens   int64 `json:"remaining_tokens"`
+	// InFlight are its requests running now; MonthTokens the tokens it
+	// used this calendar month (UTC).
+	InFlight    int64 `json:"in_flight"`
+	MonthTokens int64 `json:"month_tokens"`
 }
 
 // APIKeyList answers GET /management/v1/api-keys.

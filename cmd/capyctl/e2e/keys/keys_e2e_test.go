@@ -22,6 +22,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capyctl/capyctl/core/api/client"
 	"github.com/capyctl/capyctl/plugins-testkit/harness"
 	"github.com/capyctl/capyctl/plugins-testkit/poll"
 )
@@ -328,6 +329,146 @@ func TestKeys_Dev(t *testing.T) {
 	// runs and once it stopped (and wrote what it held).
 	dir := d.info["state_dir"]
 	noKeyUnder(t, dir, alice, bob)
+	d.stop()
+	noKeyUnder(t, dir, alice, bob)
+}
+
+// on returns a copy of d whose CLI commands go to another server of its
+// cluster (its state directory).
+func (d *dev) on(stateDir string) *dev {
+	info := map[string]string{}
+	for k, v := range d.info {
+		info[k] = v
+	}
+	info["state_dir"] = stateDir
+	return &dev{info: info, bin: d.bin, stop: func() {}}
+}
+
+// standing is a key's standing against its limits as one server sees it
+// (GET /management/v1/api-keys/NAME on its management address).
+func standing(t *testing.T, mgmt, token, name string) (remaining int64, found bool) {
+	t.Helper()
+	req, _ := http.NewRequest("GET", mgmt+"/management/v1/api-keys/"+name, nil)
+	req.Header.Set("Authorization", "Bearer "+token)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, false
+	}
+	body := harness.ReadAll(resp)
+	var k struct {
+		Standing *struct {
+			RemainingRequests int64 `json:"remaining_requests"`
+		} `json:"standing"`
+	}
+	if resp.StatusCode != 200 || json.Unmarshal([]byte(body), &k) != nil || k.Standing == nil {
+		return 0, false
+	}
+	return k.Standing.RemainingRequests, true
+}
+
+// TestKeys_Servers is issue #29's "done when" on capyctl dev --servers 3
+// --hosts 2: a key created through one server works through the others
+// (within a second), a revocation through one applies on all (within a
+// second); a key's requests per minute hold across the servers (each
+// server learns the others' counts within a fraction of a second); and
+// the usage through any server sums every server's counts.
+func TestKeys_Servers(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs a cluster of three servers and two hosts")
+	}
+	d := startDev(t, "--hosts", "2", "--servers", "3")
+	eps := strings.Split(d.info["server_endpoints"], ",")
+	names := strings.Split(d.info["servers"], ",")
+	if len(eps) != 3 || len(names) != 3 {
+		t.Fatalf("dev --servers 3: %v", d.info)
+	}
+	servers := []*dev{d, d.on(filepath.Join(d.info["state_dir"], "servers", names[1])), d.on(filepath.Join(d.info["state_dir"], "servers", names[2]))}
+	mgmts := strings.Split(d.info["server_managements"], ",")
+	creds, err := client.ReadCredentials(d.info["state_dir"])
+	if err != nil || len(mgmts) != 3 {
+		t.Fatalf("credentials %v, managements %v", err, mgmts)
+	}
+	for _, ep := range eps {
+		poll.Until(t, 2*time.Minute, "demo served through "+ep, func() bool {
+			return call(t, d.info["api_key"], "POST", ep+"/chat/completions", chatBody("demo"), false).status == 200
+		})
+	}
+
+	// Created through the second server: it works through every one.
+	alice := servers[1].createKey(t, "alice", "--models", "demo")
+	for _, ep := range eps {
+		poll.Until(t, time.Second, "alice's key works through "+ep, func() bool {
+			return call(t, alice, "GET", ep+"/models", "", false).status == 200
+		})
+		if ids := modelIDs(t, call(t, alice, "GET", ep+"/models", "", false)); len(ids) != 1 || ids[0] != "demo" {
+			t.Fatalf("alice's models through %s: %v", ep, ids)
+		}
+		if a := call(t, alice, "POST", ep+"/chat/completions", chatBody("chat-a"), false); a.status != 404 || !strings.Contains(a.body, "unknown_model") {
+			t.Fatalf("alice on chat-a through %s: %d %s", ep, a.status, a.body)
+		}
+	}
+
+	// Three requests a minute, all used through the first server: the
+	// others learn it and refuse the fourth.
+	bob := servers[2].createKey(t, "bob", "--models", "demo", "--rpm", "3")
+	for i := range servers {
+		poll.Until(t, time.Second, "bob known to server "+names[i], func() bool { _, ok := standing(t, mgmts[i], creds.AdminToken, "bob"); return ok })
+	}
+	var prompt, completion int64
+	for i := 0; i < 3; i++ {
+		a := call(t, bob, "POST", eps[0]+"/chat/completions", chatBody("demo"), false)
+		if a.status != 200 {
+			t.Fatalf("bob's request %d: %d %s", i, a.status, a.body)
+		}
+		p, c := usageOf(t, a)
+		prompt, completion = prompt+p, completion+c
+	}
+	for i := 1; i < 3; i++ {
+		poll.Until(t, 2*time.Second, names[i]+" counts bob's requests on "+names[0], func() bool {
+			left, ok := standing(t, mgmts[i], creds.AdminToken, "bob")
+			return ok && left == 0
+		})
+		a := call(t, bob, "POST", eps[i]+"/chat/completions", chatBody("demo"), false)
+		if a.status != 429 || !strings.Contains(a.body, "rate_limited") || a.header.Get("X-Ratelimit-Remaining-Requests") != "0" || a.header.Get("Retry-After") == "" {
+			t.Fatalf("bob's fourth request, through %s: %d %v %s", names[i], a.status, a.header, a.body)
+		}
+	}
+	// The usage through the third server sums every server's: three
+	// answered through the first, two refused through the others.
+	var usage struct {
+		Totals []struct {
+			Requests         int64            `json:"requests"`
+			Errors           map[string]int64 `json:"errors"`
+			PromptTokens     int64            `json:"prompt_tokens"`
+			CompletionTokens int64            `json:"completion_tokens"`
+		} `json:"totals"`
+		Servers []string `json:"servers"`
+		Missing []string `json:"missing"`
+	}
+	out := servers[2].cli(t, "usage", "--key", "bob", "--json")
+	if err := json.Unmarshal([]byte(out), &usage); err != nil {
+		t.Fatalf("usage: %v\n%s", err, out)
+	}
+	var requests, refused, gotPrompt, gotCompletion int64
+	for _, r := range usage.Totals {
+		requests += r.Requests
+		refused += r.Errors["rate_limited"]
+		gotPrompt += r.PromptTokens
+		gotCompletion += r.CompletionTokens
+	}
+	if requests != 5 || refused != 2 || gotPrompt != prompt || gotCompletion != completion || len(usage.Servers) != 3 || len(usage.Missing) != 0 {
+		t.Fatalf("bob's usage through %s: %d requests (%d refused), %d+%d tokens from %v (missing %v); want 5 (2), %d+%d from 3 servers\n%s",
+			names[2], requests, refused, gotPrompt, gotCompletion, usage.Servers, usage.Missing, prompt, completion, out)
+	}
+
+	// Revoked through the third server: refused through every one.
+	servers[2].cli(t, "revoke", "api-key", "alice")
+	for _, ep := range eps {
+		poll.Until(t, time.Second, "alice's key refused through "+ep, func() bool {
+			return call(t, alice, "GET", ep+"/models", "", false).status == 401
+		})
+	}
+	dir := d.info["state_dir"]
 	d.stop()
 	noKeyUnder(t, dir, alice, bob)
 }
