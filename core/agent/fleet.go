@@ -47,6 +47,7 @@ func (a *Agent) openServer() error {
 		Store: a.Store, Logger: a.logger, Heartbeat: a.s.HostHeartbeat,
 		GroupStallTimeout: a.s.GroupStallTimeout,
 		Name:              a.s.Hostname, BootstrapExpect: a.s.BootstrapExpect, Join: a.s.ServerJoin, JoinToken: a.s.JoinToken,
+		Responses: a.Responses,
 		// One API key and one admin token per cluster: a joining server
 		// takes the cluster's in place of those its first start made.
 		Secrets: func() fleet.ClusterSecrets {
