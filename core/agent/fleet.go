@@ -13,6 +13,8 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/capyctl/capyctl/core/api"
 	"github.com/capyctl/capyctl/core/api/wire"
 	"github.com/capyctl/capyctl/core/config"
@@ -43,7 +45,11 @@ func (a *Agent) openServer() error {
 		a.Store.Close()
 		return err
 	}
-	srv, err := fleet.NewServer(fleet.ServerOptions{StateDir: a.s.StateDir, Listen: listen, Advertise: a.s.ClusterAdvertise,
+	var collectors []prometheus.Collector
+	if a.Usage != nil {
+		collectors = append(collectors, a.Usage)
+	}
+	srv, err := fleet.NewServer(fleet.ServerOptions{Collectors: collectors, StateDir: a.s.StateDir, Listen: listen, Advertise: a.s.ClusterAdvertise,
 		Store: a.Store, Logger: a.logger, Heartbeat: a.s.HostHeartbeat,
 		GroupStallTimeout: a.s.GroupStallTimeout,
 		Name:              a.s.Hostname, BootstrapExpect: a.s.BootstrapExpect, Join: a.s.ServerJoin, JoinToken: a.s.JoinToken,

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/net/http2"
 	"google.golang.org/grpc"
 
@@ -84,6 +85,9 @@ type ServerOptions struct {
 	// Responses keeps the Responses API's stored responses of the
 	// requests this server takes (responses.go); nil keeps none.
 	Responses ResponseStore
+	// Collectors are more series of the server's own /metrics (the keys'
+	// usage of the requests this server took).
+	Collectors []prometheus.Collector
 }
 
 // Server is the server's side: the cluster listener, the hosts' links and
