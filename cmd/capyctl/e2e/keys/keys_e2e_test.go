@@ -16,6 +16,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -314,6 +315,29 @@ func TestKeys_Dev(t *testing.T) {
 	if requests != 6 || refused != 1 || gotPrompt != prompt || gotCompletion != completion {
 		t.Fatalf("bob's usage: %d requests (%d refused), %d+%d tokens; the answers said 6 (1), %d+%d\n%s",
 			requests, refused, gotPrompt, gotCompletion, prompt, completion, out)
+	}
+
+	// The role's /metrics has bob's series, the same tokens.
+	creds, err := client.ReadCredentials(d.info["state_dir"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	req, _ := http.NewRequest("GET", d.info["management"]+"/metrics", nil)
+	req.Header.Set("Authorization", "Bearer "+creds.AdminToken)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	metrics := harness.ReadAll(resp)
+	for _, series := range []string{
+		`capyctl_key_tokens_total{key="bob",kind="completion",model="demo"} ` + strconv.FormatInt(completion, 10),
+		`capyctl_key_tokens_total{key="bob",kind="prompt",model="demo"} ` + strconv.FormatInt(prompt, 10),
+		`capyctl_key_requests_total{code="ok",key="bob",model="demo"} 5`,
+		`capyctl_key_requests_total{code="rate_limited",key="bob",model=""} 1`,
+	} {
+		if !strings.Contains(metrics, series+"\n") {
+			t.Errorf("/metrics lacks %s", series)
+		}
 	}
 
 	// Revoked: 401, within a second.
