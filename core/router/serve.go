@@ -466,7 +466,7 @@ func (q *request) admit() bool {
 		q.resync()
 	}
 	for try := 0; try < 3; try++ {
-		place, waiter, err := q.ds.adm.Enter(int64(len(q.body)))
+		place, waiter, err := q.ds.adm.EnterFor(int64(len(q.body)), admission.Fair{Key: q.caller.Key, Weight: q.caller.Weight})
 		if err != nil {
 			if !q.ds.adm.Ready() && q.b.maxWaiting == 0 {
 				// Nobody may wait: refuse, but start the model for the retry.

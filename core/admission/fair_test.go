@@ -1,0 +1,170 @@
+// Copyright (c) CapyCTL authors
+// SPDX-License-Identifier: Apache-2.0
+
+package admission
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+)
+
+// serveLine runs a one-place deployment: every waiter in order joins the
+// line behind one request being served, then the places are freed one at
+// a time; it returns the keys in the order the line granted them.
+func serveLine(t *testing.T, d *Deployment, first *Place, waiters []*Waiter, keys []string) []string {
+	t.Helper()
+	byWaiter := map[*Waiter]string{}
+	for i, w := range waiters {
+		byWaiter[w] = keys[i]
+	}
+	var order []string
+	current := first
+	for len(order) < len(waiters) {
+		current.Done()
+		var next *Waiter
+		for _, w := range waiters {
+			select {
+			case <-w.C():
+				if _, done := byWaiter[w]; done {
+					next = w
+				}
+			default:
+			}
+			if next != nil {
+				break
+			}
+		}
+		if next == nil {
+			t.Fatalf("a freed place went to nobody (%d served)", len(order))
+		}
+		order = append(order, byWaiter[next])
+		delete(byWaiter, next)
+		current = next.Place()
+	}
+	current.Done()
+	return order
+}
+
+// TestDeployment_FairLine: a key with 200 requests waiting does not
+// starve another key's: B's request, joining behind A's 200, is granted
+// within two places freed (the request being served and one more of A's),
+// and the rest keeps its arrival order; weights share the places in
+// their ratio while both keys wait; one key alone is first come first
+// served; a key that waited long gets no credit for later.
+func TestDeployment_FairLine(t *testing.T) {
+	newLine := func() (*Deployment, *Place) {
+		d := New(Config{MaxWaitingTotal: 1000}).Deployment("d")
+		d.SetLimits(1, 500)
+		ready(d, 1)
+		p, w, err := d.EnterFor(1, Fair{Key: "A"})
+		if err != nil || p == nil || w != nil {
+			t.Fatalf("the first request: %v %v %v", p, w, err)
+		}
+		return d, p
+	}
+	enter := func(d *Deployment, f Fair) *Waiter {
+		t.Helper()
+		p, w, err := d.EnterFor(1, f)
+		if err != nil || p != nil || w == nil {
+			t.Fatalf("enter %+v: %v %v %v", f, p, w, err)
+		}
+		return w
+	}
+
+	t.Run("200 of A, then one of B", func(t *testing.T) {
+		d, first := newLine()
+		var ws []*Waiter
+		var keys []string
+		for i := 0; i < 200; i++ {
+			ws = append(ws, enter(d, Fair{Key: "A"}))
+			keys = append(keys, fmt.Sprintf("A%d", i))
+		}
+		ws = append(ws, enter(d, Fair{Key: "B"}))
+		keys = append(keys, "B")
+		if pos := ws[200].Position(); pos != 1 {
+			t.Fatalf("B's position behind 200 of A: %d, want 1 (one of A ahead)", pos)
+		}
+		order := serveLine(t, d, first, ws, keys)
+		b := -1
+		for i, k := range order {
+			if k == "B" {
+				b = i
+			}
+		}
+		// Freed places: the first request's (granted A0), then A0's
+		// (granted B): B starts within two service times.
+		if b < 0 || b > 1 {
+			t.Fatalf("B granted %d-th: %v", b+1, order[:5])
+		}
+		for i, k := range append(order[:b:b], order[b+1:]...) {
+			if k != fmt.Sprintf("A%d", i) {
+				t.Fatalf("A's requests out of their order at %d: %v", i, order)
+			}
+		}
+	})
+
+	t.Run("weights", func(t *testing.T) {
+		d, first := newLine()
+		var ws []*Waiter
+		var keys []string
+		for i := 0; i < 40; i++ {
+			ws = append(ws, enter(d, Fair{Key: "A", Weight: 1}))
+			keys = append(keys, "A")
+		}
+		for i := 0; i < 40; i++ {
+			ws = append(ws, enter(d, Fair{Key: "B", Weight: 3}))
+			keys = append(keys, "B")
+		}
+		order := serveLine(t, d, first, ws, keys)
+		// The first 40 granted while both wait: B gets three for one of A.
+		head := strings.Join(order[:40], "")
+		if a := strings.Count(head, "A"); a < 9 || a > 11 {
+			t.Fatalf("A got %d of the first 40 places with weights 1:3: %s", a, head)
+		}
+	})
+
+	t.Run("one key alone is first come first served", func(t *testing.T) {
+		d, first := newLine()
+		var ws []*Waiter
+		var keys []string
+		for i := 0; i < 20; i++ {
+			ws = append(ws, enter(d, Fair{}))
+			keys = append(keys, fmt.Sprint(i))
+		}
+		order := serveLine(t, d, first, ws, keys)
+		for i, k := range order {
+			if k != fmt.Sprint(i) {
+				t.Fatalf("order %v", order)
+			}
+		}
+	})
+
+	t.Run("no credit for a key that waited", func(t *testing.T) {
+		d, first := newLine()
+		var ws []*Waiter
+		var keys []string
+		// A waited alone for a long time; once the line emptied, B's
+		// flood and A's next request take turns again.
+		for i := 0; i < 10; i++ {
+			ws = append(ws, enter(d, Fair{Key: "A"}))
+			keys = append(keys, "A")
+		}
+		serveLine(t, d, first, ws, keys)
+		if len(d.fair.last) != 0 {
+			t.Fatalf("tags kept with an empty line: %v", d.fair.last)
+		}
+		p, _, _ := d.EnterFor(1, Fair{Key: "B"})
+		ws, keys = nil, nil
+		for i := 0; i < 5; i++ {
+			ws = append(ws, enter(d, Fair{Key: "B"}))
+			keys = append(keys, "B")
+		}
+		ws = append(ws, enter(d, Fair{Key: "A"}))
+		keys = append(keys, "A")
+		if pos := ws[5].Position(); pos > 1 {
+			t.Fatalf("A's request behind B's flood at %d", pos)
+		}
+		serveLine(t, d, p, ws, keys)
+	})
+}
