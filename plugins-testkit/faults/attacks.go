@@ -22,6 +22,7 @@ import (
 	"github.com/capyctl/capyctl/core/hostlink/proto/hostv1"
 	"github.com/capyctl/capyctl/plugins-testkit/attack"
 	"github.com/capyctl/capyctl/plugins-testkit/harness"
+	"github.com/capyctl/capyctl/plugins-testkit/poll"
 )
 
 // The attack rows of make faults: each runs a server with one honest host
@@ -212,8 +213,8 @@ func dbSize(stateDir string) int64 {
 	return fi.Size()
 }
 
-// failures counts the outcomes that are not "ok".
-func failures(o Outcomes) int {
+// failedCount counts the outcomes that are not "ok".
+func failedCount(o Outcomes) int {
 	n := 0
 	for _, m := range []map[string]int{o.Requests, o.Streams} {
 		for k, v := range m {
@@ -265,7 +266,7 @@ func RunAttack(t testing.TB, a Attack, s AttackScale) AttackRow {
 	traffic.Stop()
 	out := traffic.Outcomes().Sub(base)
 	row.Failed = fmt.Sprintf("%s; %d streams open at the end", out.Failed(), open)
-	if n := failures(out); n > 0 {
+	if n := failedCount(out); n > 0 {
 		e.Problem("%d of the honest host's requests failed", n)
 	}
 	peak, after, dbAfter := rss(pid, "VmHWM"), rss(pid, "VmRSS"), dbSize(server.StateDir)
@@ -447,7 +448,12 @@ func CompromisedHostRelay() Attack {
 			if !hostReady(e.Server, "gpu-b", s.Recover) {
 				e.T.Fatalf("gpu-b not ready")
 			}
-			addEngine(victim, s) // it joined after the engine was registered
+			// It joined after the engine was registered on the server: the
+			// registration is desired state, pushed to it on its link.
+			poll.Until(e.T, s.Recover, "gpu-b gets the engine the server registered", func() bool {
+				out, _, code := victim.CLI("engine", "list", "--json")
+				return code == 0 && strings.Contains(out, `"`+engineName+`"`)
+			})
 			deployOn(e.T, e.Server, victim, "victim", "gpu-b")
 			id, err := attack.StealHostIdentity(victim.StateDir)
 			if err != nil {

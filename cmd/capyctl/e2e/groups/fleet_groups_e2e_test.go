@@ -259,10 +259,12 @@ func TestFleetGroups_AcrossHosts(t *testing.T) {
 	}
 }
 
-// TestFleetGroups_StallAndRefusals: a bring-up whose head never becomes
-// ready is stopped after group_stall_timeout (group_stalled) with no engine
-// left; a member no host ledger admits refuses the deploy naming its host
-// and leaves no member behind; shapes an engine cannot run are refused.
+// TestFleetGroups_StallAndRefusals: a shape an engine cannot run (a
+// TensorFold group of tensor_parallel 4) is refused with nothing left
+// behind; a bring-up whose head never becomes ready is stopped after
+// group_stall_timeout (group_stalled) with no engine left; a member no
+// host ledger admits refuses the deploy naming its host and leaves no
+// member behind.
 func TestFleetGroups_StallAndRefusals(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a server, two hosts and group engines")
@@ -285,7 +287,29 @@ func TestFleetGroups_StallAndRefusals(t *testing.T) {
 		f.WaitEngine(e[0])
 	}
 	tf := f.Hosts["gpu-a"].FakeTensorFoldVenv("tf", "0.6.5", true)
-	_ = tf
+	if out, errOut, code := f.Server.CLI("engine", "add", tf, "--name", "tf", "--yes"); code != 0 {
+		t.Fatalf("engine add tf: exit %d\n%s%s", code, out, errOut)
+	}
+	f.WaitEngine("tf")
+
+	// A shape the engine cannot run: TensorFold runs tensor_parallel 2 on
+	// exactly two machines. Refused at the deploy, before any member
+	// starts, and nothing is left behind.
+	wide := groupSpec("wide-tf", "tf", 4, []string{"gpu-a", "gpu-b"}, "  engine_config {\n    context_length = 4096\n  }\n  resources {\n    gpu = \"2GiB\"\n    ram = \"1GiB\"\n  }\n")
+	if out, errOut, code := f.DeployEverywhere("wide-tf", wide, "--activate"); code != 5 || !strings.Contains(errOut, "group_shape_unsupported:tensorfold") {
+		t.Fatalf("a TensorFold group of tensor_parallel 4: exit %d, want 5 group_shape_unsupported:tensorfold\nout: %s\nerr: %s", code, out, errOut)
+	}
+	if out, _, _ := f.Server.CLI("list", "deployments", "--json"); strings.Contains(out, `"wide-tf"`) {
+		t.Fatalf("a refused shape left a placement: %s", out)
+	}
+	for name, h := range f.Hosts {
+		if out, _, _ := h.CLI("list", "deployments", "--json"); strings.Contains(out, `"wide-tf"`) {
+			t.Fatalf("a refused shape left a member on %s: %s", name, out)
+		}
+		if pids := harness.EnginePIDs(h.StateDir); len(pids) != 0 {
+			t.Fatalf("engines run on %s after a refused shape: %v", name, pids)
+		}
+	}
 
 	// A stalled bring-up: the head loads for ever.
 	stuck := groupSpec("stuck", "vllm-stuck", 2, []string{"gpu-a", "gpu-b"}, fmt.Sprintf(groupMemory, "8GiB", "8GiB"))
