@@ -140,6 +140,42 @@ func TestDeployment_FairLine(t *testing.T) {
 		}
 	})
 
+	t.Run("a newcomer waits for the turns already due", func(t *testing.T) {
+		d, first := newLine()
+		var ws []*Waiter
+		for i := 0; i < 10; i++ {
+			ws = append(ws, enter(d, Fair{Key: "A"}))
+		}
+		// Five of A served: the line's time is A4's; A5 is due next.
+		current := first
+		for i := 0; i < 5; i++ {
+			current.Done()
+			<-ws[i].C()
+			current = ws[i].Place()
+		}
+		b := enter(d, Fair{Key: "B"})
+		if pos := b.Position(); pos != 1 {
+			t.Fatalf("B's position %d behind A's five left, want 1 (A5, due at the line's time, first)", pos)
+		}
+	})
+
+	t.Run("a key whose waiters left keeps no debt", func(t *testing.T) {
+		d, _ := newLine()
+		var gone []*Waiter
+		for i := 0; i < 5; i++ {
+			gone = append(gone, enter(d, Fair{Key: "A"}))
+		}
+		for _, w := range gone {
+			w.Leave()
+		}
+		for i := 0; i < 3; i++ {
+			enter(d, Fair{Key: "B"})
+		}
+		if pos := enter(d, Fair{Key: "A"}).Position(); pos > 1 {
+			t.Fatalf("A's request at %d behind B's three, its left waiters counted against it", pos)
+		}
+	})
+
 	t.Run("no credit for a key that waited", func(t *testing.T) {
 		d, first := newLine()
 		var ws []*Waiter

@@ -516,14 +516,26 @@ func TestKeeper_SharedCounts(t *testing.T) {
 	if _, _, err := admit(t, b, plain); !structs.HasCode(err, structs.CodeRateLimited) || structs.AsError(err).Details["limit"] != LimitRPM {
 		t.Fatalf("b's sixth of the minute: %v", err)
 	}
-	// A server that hears of a peer for the first time takes its counts
-	// as history: nothing is debited.
+	// A server that hears of a peer for the first time takes only the
+	// peer's last minute off its buckets: the rest is history.
+	clk.Add(2 * time.Minute)
+	tk, _, err := admit(t, a, plain) // one in a's last minute
+	if err != nil {
+		t.Fatal(err)
+	}
+	tk.EndUntaken()
 	c := newK()
 	c.ObservePeer("a", a.Counts())
-	if tk, _, err := admit(t, c, plain); err != nil {
-		t.Fatalf("c, new to a: %v", err)
-	} else {
-		tk.EndUntaken()
+	for i := 0; i < 5; i++ {
+		tk, _, err := admit(t, c, plain)
+		switch {
+		case i < 4 && err != nil:
+			t.Fatalf("c, new to a, request %d: %v", i, err)
+		case i == 4 && !structs.HasCode(err, structs.CodeRateLimited):
+			t.Fatalf("c's fifth, with a's one of the last minute: %v", err)
+		case err == nil:
+			tk.EndUntaken()
+		}
 	}
 	// a went silent: its running requests count no more.
 	held = held[:0]

@@ -553,6 +553,7 @@ func (k *Keeper) Counts() map[string]Counts {
 			st := v.(*keyState)
 			st.mu.Lock()
 			c.Requests, c.Tokens, c.InFlight = st.admitted, st.used, st.inFlight
+			c.RecentRequests, c.RecentTokens = st.lastMinute(now)
 			st.mu.Unlock()
 		}
 		if k.cfg.Usage != nil {

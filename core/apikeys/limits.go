@@ -74,6 +74,39 @@ type keyState struct {
 	// (Counts); peers is what each of them last said of theirs.
 	admitted, used int64
 	peers          map[string]Counts
+	// recent counts the admitted requests and used tokens per second of
+	// the last minute, for a peer that hears of this server for the first
+	// time (Counts.RecentRequests).
+	recent [60]secondCount
+}
+
+// secondCount is one second's requests admitted and tokens used.
+type secondCount struct {
+	sec        int64
+	req, token int64
+}
+
+// note adds to now's second; the caller holds st.mu.
+func (st *keyState) note(now time.Time, req, tokens int64) {
+	sec := now.Unix()
+	c := &st.recent[sec%60]
+	if c.sec != sec {
+		*c = secondCount{sec: sec}
+	}
+	c.req += req
+	c.token += tokens
+}
+
+// lastMinute sums the last minute's seconds; the caller holds st.mu.
+func (st *keyState) lastMinute(now time.Time) (req, tokens int64) {
+	from := now.Unix() - 59
+	for _, c := range st.recent {
+		if c.sec >= from {
+			req += c.req
+			tokens += c.token
+		}
+	}
+	return req, tokens
 }
 
 // Counts are one key's use on one server, as the servers of a cluster
@@ -84,6 +117,11 @@ type Counts struct {
 	// Requests admitted and Tokens settled since the server started.
 	Requests int64 `json:"requests"`
 	Tokens   int64 `json:"tokens"`
+	// RecentRequests and RecentTokens are those of the last minute: what
+	// a server hearing of this one for the first time takes off its
+	// buckets (the rest is history).
+	RecentRequests int64 `json:"recent_requests"`
+	RecentTokens   int64 `json:"recent_tokens"`
 	// InFlight are the key's requests running there now.
 	InFlight int64 `json:"in_flight"`
 	// MonthTokens are the tokens the key used there in Month
@@ -122,8 +160,9 @@ func (st *keyState) observe(lim structs.KeyLimits, peer string, c Counts, now ti
 	switch {
 	case baseline:
 		// A peer this server had not heard of (its own start, or the
-		// peer's first report): its counts are the baseline.
-		dReq, dTok = 0, 0
+		// peer's first report): its last minute counts, the rest is
+		// history.
+		dReq, dTok = c.RecentRequests, c.RecentTokens
 	case dReq < 0 || dTok < 0:
 		// The peer started again: its counts since its start.
 		dReq, dTok = c.Requests, c.Tokens
@@ -229,6 +268,7 @@ func (st *keyState) admit(lim structs.KeyLimits, now time.Time, monthUsed int64,
 		}
 		st.inFlight++
 		st.admitted++
+		st.note(now, 1, 0)
 	}
 	if refusal != nil {
 		refusal.WithDetail("limit", limit)
@@ -256,6 +296,7 @@ func (st *keyState) settle(lim structs.KeyLimits, now time.Time, tokens int64) {
 	defer st.mu.Unlock()
 	st.inFlight = max(st.inFlight-1, 0)
 	st.used += max(tokens, 0)
+	st.note(now, 0, max(tokens, 0))
 	if lim.TPM > 0 && tokens > 0 {
 		st.tokens.refill(now, float64(lim.TPM))
 		st.tokens.tokens -= float64(tokens)

@@ -64,6 +64,9 @@ func TestMeter_RecordQueryRestart(t *testing.T) {
 	if got := m.MonthTokens("bob", clk.Now()); got != 42 {
 		t.Fatalf("month tokens = %d, want 42", got)
 	}
+	if rows, _ := m.Query(store.UsageFilter{Since: clk.Now().Add(time.Hour)}); len(rows) != 0 {
+		t.Fatalf("rows of a later hour: %+v", rows)
+	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(m)
 	series := gather(t, reg)

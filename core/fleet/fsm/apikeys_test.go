@@ -102,6 +102,9 @@ func TestState_APIKeys(t *testing.T) {
 	if keys := s.APIKeys(); len(keys) != 1 {
 		t.Fatalf("after restoring a snapshot without keys: %+v", keys)
 	}
+	if again, err := Open(st, nil); err != nil || len(again.APIKeys()) != 1 {
+		t.Fatalf("the store after restoring a snapshot without keys: %v", err)
+	}
 	if err := apply(KeyCreated{Key: structs.APIKey{Name: "carol", ID: "ba9876543210", Digest: "sha256:11"}}); err != nil {
 		t.Fatal(err)
 	}
