@@ -34,6 +34,8 @@ type dev struct {
 	bin  string
 	// stop stops it (Ctrl-C) and waits; a second call does nothing.
 	stop func()
+	// log is what it wrote to stderr (the roles' logs).
+	log func() string
 }
 
 // startDev runs capyctl dev --json with args; it stops (Ctrl-C) when the
@@ -46,8 +48,8 @@ func startDev(t *testing.T, args ...string) *dev {
 	cmd := exec.Command(bin, append([]string{"dev", "--json", "--listen", "127.0.0.1:0", "--state-dir", filepath.Join(tmp, "state")}, args...)...)
 	cmd.Env = append(os.Environ(), "TMPDIR="+tmp)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
+	stderr := &lockedBuffer{}
+	cmd.Stderr = stderr
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -84,7 +86,25 @@ func startDev(t *testing.T, args ...string) *dev {
 	if err := json.Unmarshal([]byte(line), &info); err != nil || info["api_key"] == "" || info["state_dir"] == "" {
 		t.Fatalf("dev --json: %q %v", line, err)
 	}
-	return &dev{info: info, bin: bin, stop: stop}
+	return &dev{info: info, bin: bin, stop: stop, log: stderr.String}
+}
+
+// lockedBuffer is a bytes.Buffer a process writes while the test reads.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
 
 func lastBytes(s string, n int) string {
@@ -355,6 +375,17 @@ func TestKeys_Dev(t *testing.T) {
 	noKeyUnder(t, dir, alice, bob)
 	d.stop()
 	noKeyUnder(t, dir, alice, bob)
+	noKeyIn(t, "the role's log", d.log(), alice, bob)
+}
+
+// noKeyIn fails when text holds a key or its secret.
+func noKeyIn(t *testing.T, what, text string, keys ...string) {
+	t.Helper()
+	for _, k := range keys {
+		if strings.Contains(text, k[len(k)-43:]) {
+			t.Errorf("%s holds a key's secret", what)
+		}
+	}
 }
 
 // on returns a copy of d whose CLI commands go to another server of its
@@ -365,7 +396,7 @@ func (d *dev) on(stateDir string) *dev {
 		info[k] = v
 	}
 	info["state_dir"] = stateDir
-	return &dev{info: info, bin: d.bin, stop: func() {}}
+	return &dev{info: info, bin: d.bin, stop: func() {}, log: d.log}
 }
 
 // standing is a key's standing against its limits as one server sees it
@@ -495,4 +526,5 @@ func TestKeys_Servers(t *testing.T) {
 	dir := d.info["state_dir"]
 	d.stop()
 	noKeyUnder(t, dir, alice, bob)
+	noKeyIn(t, "the roles' logs", d.log(), alice, bob)
 }
