@@ -50,8 +50,8 @@ func (c Caller) Allows(model string) bool { return c.Scope == nil || c.Scope.All
 // weight of the key the client's request carried (a host's relay reads
 // them, and only there: the server's mutual TLS vouches for them).
 const (
-	HeaderKeyName   = "X-CapyCTL-Key-Name"
-	HeaderKeyWeight = "X-CapyCTL-Key-Weight"
+	HeaderKeyName   = "X-CapyCTL-Relayed-Key"
+	HeaderKeyWeight = "X-CapyCTL-Relayed-Key-Weight"
 )
 
 type relayedKeyKey struct{}

@@ -421,6 +421,37 @@ func standing(t *testing.T, mgmt, token, name string) (remaining int64, found bo
 	return k.Standing.RemainingRequests, true
 }
 
+// hostRequests counts the records of key in the hosts' request logs
+// (GET /management/v1/requests on each host's own management listener).
+func hostRequests(hosts []string, key string) int {
+	n := 0
+	for _, h := range hosts {
+		ri, err := client.ReadRunInfo(h)
+		hc, cerr := client.ReadCredentials(h)
+		if err != nil || cerr != nil {
+			continue
+		}
+		req, _ := http.NewRequest("GET", "http://"+ri.Management+"/management/v1/requests?limit=100", nil)
+		req.Header.Set("Authorization", "Bearer "+hc.AdminToken)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			continue
+		}
+		var recs struct {
+			Requests []struct {
+				Key string `json:"key"`
+			} `json:"requests"`
+		}
+		_ = json.Unmarshal([]byte(harness.ReadAll(resp)), &recs)
+		for _, r := range recs.Requests {
+			if r.Key == key {
+				n++
+			}
+		}
+	}
+	return n
+}
+
 // TestKeys_Servers is issue #29's "done when" on capyctl dev --servers 3
 // --hosts 2: a key created through one server works through the others
 // (within a second), a revocation through one applies on all (within a
@@ -488,6 +519,12 @@ func TestKeys_Servers(t *testing.T) {
 			t.Fatalf("bob's fourth request, through %s: %d %v %s", names[i], a.status, a.header, a.body)
 		}
 	}
+	// The host that served bob's requests logged them under his key (the
+	// server relayed its name); the request log commits in groups.
+	hosts, _ := filepath.Glob(filepath.Join(d.info["state_dir"], "hosts", "*"))
+	poll.Until(t, 10*time.Second, "bob's three requests in the hosts' request logs", func() bool {
+		return hostRequests(hosts, "bob") == 3
+	})
 	// The usage through the third server sums every server's: three
 	// answered through the first, two refused through the others.
 	var usage struct {
