@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 )
 
 // serveLine runs a one-place deployment: every waiter in order joins the
@@ -203,4 +204,70 @@ func TestDeployment_FairLine(t *testing.T) {
 		}
 		serveLine(t, d, p, ws, keys)
 	})
+}
+
+// TestDeployment_FairLineAcrossTurns: the line of a model whose turn ended
+// (another model held its memory) waits in fair order too: when its next
+// turn opens, B's one request behind A's 200 is granted within two places,
+// and OldestWaiting still names the oldest request, which in fair order is
+// not always the head of the line.
+func TestDeployment_FairLineAcrossTurns(t *testing.T) {
+	now := time.Unix(1_000_000, 0)
+	d := New(Config{MaxWaitingTotal: 1000, Now: func() time.Time { return now }}).Deployment("d")
+	d.SetLimits(1, 500)
+	ready(d, 1)
+	if !closedNow(d.Contend(0, 0)) {
+		t.Fatal("the idle model's turn did not end")
+	}
+	var ws []*Waiter
+	var keys []string
+	for i := 0; i < 200; i++ {
+		p, w, err := d.EnterFor(1, Fair{Key: "A"})
+		if err != nil || p != nil || w == nil {
+			t.Fatalf("A%d while the turn is over: %v %v %v", i, p, w, err)
+		}
+		ws, keys = append(ws, w), append(keys, fmt.Sprintf("A%d", i))
+	}
+	now = now.Add(time.Minute)
+	_, wb, err := d.EnterFor(1, Fair{Key: "B", Weight: 4})
+	if err != nil || wb == nil {
+		t.Fatalf("B: %v %v", wb, err)
+	}
+	ws, keys = append(ws, wb), append(keys, "B")
+	if pos := wb.Position(); pos != 0 {
+		t.Fatalf("B of weight 4 at %d, want the head of the line", pos)
+	}
+	if at, ok := d.OldestWaiting(); !ok || !at.Equal(now.Add(-time.Minute)) {
+		t.Fatalf("OldestWaiting %v %v, want A0's arrival a minute before B", at, ok)
+	}
+	// C, of the default weight, is due after A0 (equal tags, A0 came first).
+	_, wc, err := d.EnterFor(1, Fair{Key: "C"})
+	if err != nil || wc == nil {
+		t.Fatalf("C: %v %v", wc, err)
+	}
+	if pos := wc.Position(); pos != 2 {
+		t.Fatalf("C at %d behind 200 of A, want 2 (after B and A0)", pos)
+	}
+	d.Reopen()
+	// The reopened turn granted the head of the line its place.
+	var first *Waiter
+	for _, w := range ws {
+		if closedNow(w.C()) {
+			first = w
+		}
+	}
+	if first != wb {
+		t.Fatal("the next turn did not start with B's request")
+	}
+	order := serveLine(t, d, wb.Place(), append(ws[:200:200], wc), append(keys[:200:200], "C"))
+	// Places freed: B's (granted A0), A0's (granted C): C starts within two
+	// service times of the turn's start.
+	if order[0] != "A0" || order[1] != "C" {
+		t.Fatalf("after B: %v, want A0 then C", order[:3])
+	}
+	for i, k := range order[2:] {
+		if k != fmt.Sprintf("A%d", i+1) {
+			t.Fatalf("A's requests out of their order at %d: %v", i, order[:i+3])
+		}
+	}
 }
