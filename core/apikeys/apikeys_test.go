@@ -556,3 +556,28 @@ func TestKeeper_SharedCounts(t *testing.T) {
 		tk.EndUntaken()
 	}
 }
+
+// TestKeeper_SharedMonthlyBudget: the tokens a key used this month on the
+// other servers count against its monthly budget here; those of an
+// earlier month do not.
+func TestKeeper_SharedMonthlyBudget(t *testing.T) {
+	clk := &clock{t: time.Date(2026, 5, 10, 12, 0, 0, 0, time.UTC)}
+	plain, id, digest := generate()
+	rec := structs.APIKey{Name: "bob", ID: id, Digest: digest, Limits: structs.KeyLimits{MonthlyTokens: 1000}, CreatedAt: clk.Now()}
+	k, err := New(Config{Backend: NewMemoryBackend(rec), Now: clk.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The other server spent the budget last month: nothing of it counts.
+	k.ObservePeer("a", map[string]Counts{rec.UseID(): {Month: "2026-04", MonthTokens: 1000}})
+	tk, _, err := admit(t, k, plain)
+	if err != nil {
+		t.Fatalf("with last month's tokens on a: %v", err)
+	}
+	tk.EndUntaken()
+	// This month's 1000 on the other server: the budget is spent here too.
+	k.ObservePeer("a", map[string]Counts{rec.UseID(): {Month: "2026-05", MonthTokens: 1000}})
+	if _, _, err := admit(t, k, plain); !structs.HasCode(err, structs.CodeQuotaExceeded) || structs.AsError(err).Details["limit"] != LimitMonthlyTokens {
+		t.Fatalf("with this month's budget spent on a: %v", err)
+	}
+}
