@@ -14,7 +14,7 @@ import (
 // countRecorder counts what it is given, for the benchmarks.
 type countRecorder struct{ n atomic.Int64 }
 
-func (r *countRecorder) Record(string, structs.RequestUsage)  { r.n.Add(1) }
+func (r *countRecorder) Record(string, structs.RequestUsage) { r.n.Add(1) }
 func (r *countRecorder) MonthTokens(string, time.Time) int64 { return 0 }
 
 // BenchmarkKeeper_Request is a request's whole cost in the keeper:
