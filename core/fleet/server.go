@@ -83,6 +83,10 @@ type ServerOptions struct {
 	// Responses keeps the Responses API's stored responses of the
 	// requests this server takes (responses.go); nil keeps none.
 	Responses ResponseStore
+	// ForwardTimeout bounds a follower's wait for the leader's answer to
+	// a mutation it relayed (forwarddeadline.go; 0: GroupStallTimeout
+	// plus a minute, the longest a change waits on the leader).
+	ForwardTimeout time.Duration
 }
 
 // Server is the server's side: the cluster listener, the hosts' links and

@@ -122,6 +122,7 @@ var httpStatus = map[structs.Code]int{
 	structs.CodeServerRemoved:             http.StatusForbidden,
 	structs.CodeHostUnknown:               http.StatusServiceUnavailable,
 	structs.CodeStaleTerm:                 http.StatusServiceUnavailable,
+	structs.CodeLeaderUnanswered:          http.StatusGatewayTimeout,
 }
 
 // HTTPStatus returns the HTTP status an API answers a code with (a suffix
