@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capyctl/capyctl/core/api/wire"
 	"github.com/capyctl/capyctl/core/fleet/fsm"
 	"github.com/capyctl/capyctl/core/store"
 	"github.com/capyctl/capyctl/core/structs"
@@ -53,11 +54,12 @@ func immutable(t *testing.T, path string) (undo func()) {
 // the store takes writes again its restart applies the entry from the
 // log and it is the others' equal.
 func TestCluster_AStoreThatRefusesAnApplyStopsTheServer(t *testing.T) {
-	s1 := testServer(t, ServerOptions{Name: "s1", RaftTuning: testTuning, Secrets: testSecrets})
-	tok, err := s1.NewServerJoinToken(time.Minute)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s1 := testServer(t, ServerOptions{Name: "s1", RaftTuning: steadyTuning, Secrets: testSecrets})
+	var tok wire.JoinToken
+	onLeader(t, "a server join token", func() (err error) {
+		tok, err = s1.NewServerJoinToken(time.Minute)
+		return err
+	})
 	dir := t.TempDir()
 	db := filepath.Join(dir, "capyctl.db")
 	st, err := store.Open(db, store.Options{})
@@ -65,17 +67,15 @@ func TestCluster_AStoreThatRefusesAnApplyStopsTheServer(t *testing.T) {
 		t.Fatal(err)
 	}
 	o2 := ServerOptions{StateDir: dir, Listen: "127.0.0.1:0", Store: st, Name: "s2", Join: s1.Advertise(), JoinToken: tok.Token,
-		RaftTuning: testTuning, Secrets: testSecrets, AdoptSecrets: func(ClusterSecrets) error { return nil }}
+		RaftTuning: steadyTuning, Secrets: testSecrets, AdoptSecrets: func(ClusterSecrets) error { return nil }}
 	s2 := startTestServer(t, o2)
-	s3, _ := joinTestServer(t, s1, "s3")
+	s3 := joinSteady(t, s1, "s3")
 	poll.Until(t, 10*time.Second, "three voters, s2 applied what s1 did", func() bool {
 		return len(s1.cl.node.Stats().Servers) == 3 && s2.State.Applied() >= s1.State.Applied()
 	})
 
 	undo := immutable(t, db)
-	if err := s1.apply(fsm.HostJoined{Host: "gpu-x"}); err != nil {
-		t.Fatalf("the leader's change with one store refusing: %v", err)
-	}
+	onLeader(t, "the leader's change with one store refusing", func() error { return s1.apply(fsm.HostJoined{Host: "gpu-x"}) })
 	var reason error
 	select {
 	case reason = <-s2.Fatal():
@@ -90,9 +90,7 @@ func TestCluster_AStoreThatRefusesAnApplyStopsTheServer(t *testing.T) {
 	}
 	poll.Until(t, 10*time.Second, "s3 applied the change", func() bool { _, ok := s3.State.Host("gpu-x"); return ok })
 	// The cluster goes on without it.
-	if err := s1.apply(fsm.HostJoined{Host: "gpu-y"}); err != nil {
-		t.Fatalf("a change once the server halted: %v", err)
-	}
+	onLeader(t, "a change once the server halted", func() error { return s1.apply(fsm.HostJoined{Host: "gpu-y"}) })
 
 	poll.Until(t, 10*time.Second, "s3 applied the next change", func() bool { _, ok := s3.State.Host("gpu-y"); return ok })
 	// The operator frees the store and starts the server again, on the

@@ -88,9 +88,9 @@ func errorCode(t *testing.T, rec *httptest.ResponseRecorder) structs.Code {
 // leadership, and with not_leader as soon as the follower's raft knows
 // another leader; a retry then reaches the new leader and is served.
 func TestForward_AHungLeaderGivesACodedAnswer(t *testing.T) {
-	s1 := testServer(t, ServerOptions{Name: "s1", RaftTuning: testTuning, Secrets: testSecrets})
-	s2, _ := joinTestServer(t, s1, "s2")
-	s3, _ := joinTestServer(t, s1, "s3")
+	s1 := testServer(t, ServerOptions{Name: "s1", RaftTuning: steadyTuning, Secrets: testSecrets})
+	s2 := joinSteady(t, s1, "s2")
+	s3 := joinSteady(t, s1, "s3")
 	poll.Until(t, 10*time.Second, "s2 and s3 follow s1", func() bool {
 		return s2.cl.node.Stats().LeaderID == "s1" && s3.cl.node.Stats().LeaderID == "s1"
 	})

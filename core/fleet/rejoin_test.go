@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capyctl/capyctl/core/api/wire"
 	"github.com/capyctl/capyctl/core/structs"
 	"github.com/capyctl/capyctl/plugins-testkit/poll"
 )
@@ -23,20 +24,22 @@ import (
 // followers included, on the link and on a renewal, while the host's new
 // certificate is taken by all of them and renews at a follower.
 func TestCluster_ARemovedHostsOldCertificateStaysRefused(t *testing.T) {
-	s1 := testServer(t, ServerOptions{Name: "s1", RaftTuning: testTuning, Secrets: testSecrets})
-	s2, _ := joinTestServer(t, s1, "s2")
-	s3, _ := joinTestServer(t, s1, "s3")
+	s1 := testServer(t, ServerOptions{Name: "s1", RaftTuning: steadyTuning, Secrets: testSecrets})
+	s2 := joinSteady(t, s1, "s2")
+	s3 := joinSteady(t, s1, "s3")
 	servers := []*Server{s1, s2, s3}
 
-	tok, err := s1.NewJoinToken("", time.Minute)
-	if err != nil {
-		t.Fatal(err)
-	}
+	var tok wire.JoinToken
+	onLeader(t, "a host join token", func() (err error) {
+		tok, err = s1.NewJoinToken("", time.Minute)
+		return err
+	})
 	dir := t.TempDir()
-	h, err := NewHost(context.Background(), HostOptions{StateDir: dir, Server: s2.Addr(), JoinToken: tok.Token, Name: "gpu-a", Local: newFakeLocal()})
-	if err != nil {
-		t.Fatal(err)
-	}
+	var h *Host
+	onLeader(t, "join gpu-a through a follower", func() (err error) {
+		h, err = NewHost(context.Background(), HostOptions{StateDir: dir, Server: s2.Addr(), JoinToken: tok.Token, Name: "gpu-a", Local: newFakeLocal()})
+		return err
+	})
 	stop := runHost(t, h)
 	for _, s := range servers {
 		waitReady(t, s, "gpu-a")
@@ -45,9 +48,7 @@ func TestCluster_ARemovedHostsOldCertificateStaysRefused(t *testing.T) {
 	stolen := t.TempDir()
 	copyPrivate(t, stolen, dir)
 
-	if err := s1.Remove("gpu-a"); err != nil {
-		t.Fatal(err)
-	}
+	onLeader(t, "remove host gpu-a", func() error { return s1.Remove("gpu-a") })
 	stop()
 	removed, ok := s3.State.HostRevoked("gpu-a")
 	poll.Until(t, 10*time.Second, "every server knows the revocation", func() bool {
@@ -62,14 +63,15 @@ func TestCluster_ARemovedHostsOldCertificateStaysRefused(t *testing.T) {
 	})
 
 	// The host joins again, through a follower, with a new token.
-	tok, err = s2.NewJoinToken("", time.Minute)
-	if err != nil {
-		t.Fatal(err)
-	}
-	again, err := NewHost(context.Background(), HostOptions{StateDir: t.TempDir(), Server: s3.Addr(), JoinToken: tok.Token, Name: "gpu-a", Local: newFakeLocal()})
-	if err != nil {
-		t.Fatalf("join again: %v", err)
-	}
+	onLeader(t, "a host join token through a follower", func() (err error) {
+		tok, err = s2.NewJoinToken("", time.Minute)
+		return err
+	})
+	var again *Host
+	onLeader(t, "join gpu-a again", func() (err error) {
+		again, err = NewHost(context.Background(), HostOptions{StateDir: t.TempDir(), Server: s3.Addr(), JoinToken: tok.Token, Name: "gpu-a", Local: newFakeLocal()})
+		return err
+	})
 	runHost(t, again)
 	for _, s := range servers {
 		waitReady(t, s, "gpu-a")
