@@ -210,6 +210,11 @@ type Agent struct {
 	startedAt time.Time
 	cancel    context.CancelFunc
 	wg        sync.WaitGroup
+
+	// placed are the deployments the cluster placed on this host, with
+	// the revision each runs (desired.go).
+	placedMu sync.Mutex
+	placed   map[string]placedRecord
 }
 
 // New prepares a role: it opens the state, credentials and store, and binds

@@ -248,9 +248,9 @@ func (a *Agent) Journals() []*hostv1.InstanceJournal {
 		for _, in := range v.Instances {
 			j := &hostv1.InstanceJournal{InstanceId: structs.InstanceID(in.Deployment, in.Index), Generation: in.Generation,
 				Deployment: in.Deployment, State: string(in.State), SinceUnixMs: in.Since.UnixMilli(), Residency: in.Residency,
-				Charges: in.Charges, Message: in.LastTransition, Revision: in.Revision, Phase: in.Phase}
+				Charges: in.Charges, Message: in.LastTransition, Revision: in.Revision, Phase: in.Phase, Placed: a.isPlaced(in.Deployment)}
+			j.Why = string(in.Reason) // typed: a server acts on it, never on the text
 			if in.LastError != nil {
-				j.Why = string(in.LastError.Code)
 				j.ErrorCode, j.ErrorMessage, j.ErrorUnixMs = string(in.LastError.Code), in.LastError.Message, in.LastError.At.UnixMilli()
 			}
 			out = append(out, j)

@@ -49,11 +49,12 @@ func (s *Server) addEngine(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), engineWait)
 	defer cancel()
-	if err := s.apply(fsm.EngineRegistered{Engine: fsm.EngineRecord{Name: req.Name, Request: body}}); err != nil {
+	index, err := s.applyIndexed(fsm.EngineRegistered{Engine: fsm.EngineRecord{Name: req.Name, Request: body}}, nil)
+	if err != nil {
 		writeError(w, err)
 		return
 	}
-	done, refused := s.hostAnswers(ctx, s.State.Applied(), "engine", req.Name)
+	done, refused := s.hostAnswers(ctx, index, "engine", req.Name)
 	if len(done) == 0 && len(refused) > 0 {
 		// Every linked host refused it: a bad registration, taken back.
 		if err := s.apply(fsm.EngineRemoved{Name: req.Name}); err != nil {
@@ -84,11 +85,12 @@ func (s *Server) removeEngine(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), engineWait)
 	defer cancel()
-	if err := s.apply(fsm.EngineRemoved{Name: name}); err != nil {
+	index, err := s.applyIndexed(fsm.EngineRemoved{Name: name}, nil)
+	if err != nil {
 		writeError(w, err)
 		return
 	}
-	if _, refused := s.hostAnswers(ctx, s.State.Applied(), "engine", name); len(refused) > 0 {
+	if _, refused := s.hostAnswers(ctx, index, "engine", name); len(refused) > 0 {
 		if err := s.apply(fsm.EngineRegistered{Engine: fsm.EngineRecord{Name: name, Request: rec.Request}}); err != nil {
 			s.logger.Warn("put back an engine a host could not remove", "engine", name, "error", err)
 		}

@@ -38,7 +38,7 @@ const DefaultGroupStallTimeout = 120 * time.Second
 // failure the server recorded for it (status shows it).
 type groupOps struct {
 	mu      sync.Mutex
-	locks   map[string]*sync.Mutex
+	locks   map[string]*semaphore
 	lastErr map[string]*structs.ErrorRecord
 	// down are the groups an operation of the server's took down since it
 	// last saw them ready (a park, a stop, a failure): the request path
@@ -68,27 +68,62 @@ func (g *groupOps) firstSight(dep, host string, since int64) bool {
 }
 
 // memberFailed reports whether a member's record says its engine failed or
-// exited by itself (an engine that exits is recorded stopped with the
-// transition's reason "engine exited"; a failed start is failed).
-func memberFailed(state, transition string) bool {
-	return state == string(structs.StateFailed) ||
-		(state == string(structs.StateStopped) && strings.Contains(transition, "engine exited"))
+// exited by itself, from the transition's typed reason: an engine that
+// exits is recorded stopped with engine_exited, a start that gave up
+// failed with start_failed; a start an operator's stop ended is neither.
+func memberFailed(state, reason string) bool {
+	switch structs.TransitionReason(reason) {
+	case structs.ReasonEngineExited:
+		return state == string(structs.StateStopped) || state == string(structs.StateFailed)
+	case structs.ReasonStartFailed:
+		return state == string(structs.StateFailed)
+	}
+	return false
 }
 
-// lock returns a group's operation lock.
-func (g *groupOps) lock(name string) *sync.Mutex {
+// lock returns a group's operation semaphore: one operation on a group
+// at a time, taken with a context (an operation that waits gives up when
+// its context ends), never by spinning.
+func (g *groupOps) lock(name string) *semaphore {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.locks == nil {
-		g.locks = map[string]*sync.Mutex{}
+		g.locks = map[string]*semaphore{}
 	}
 	l := g.locks[name]
 	if l == nil {
-		l = &sync.Mutex{}
+		l = newSemaphore()
 		g.locks[name] = l
 	}
 	return l
 }
+
+// semaphore is a lock taken with a context.
+type semaphore struct{ ch chan struct{} }
+
+func newSemaphore() *semaphore { return &semaphore{ch: make(chan struct{}, 1)} }
+
+// acquire takes the semaphore, or returns ctx's error once it ends.
+func (l *semaphore) acquire(ctx context.Context) error {
+	select {
+	case l.ch <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// tryAcquire takes the semaphore if it is free now.
+func (l *semaphore) tryAcquire() bool {
+	select {
+	case l.ch <- struct{}{}:
+		return true
+	default:
+		return false
+	}
+}
+
+func (l *semaphore) release() { <-l.ch }
 
 func (g *groupOps) setErr(name string, e *structs.ErrorRecord) {
 	g.mu.Lock()
@@ -269,7 +304,7 @@ type member struct {
 	resid     string
 	desired   string
 	lastErr   *structs.ErrorRecord
-	trans     string
+	reason    string
 	reachable bool
 }
 
@@ -301,7 +336,7 @@ func (s *Server) memberOf(ctx context.Context, host string, rank int, name strin
 	}
 	in := st.Instances[0]
 	m.state, m.since, m.phase, m.resid, m.desired, m.lastErr, m.reachable = in.State, in.Since, in.Phase, in.Residency, st.Desired, in.LastError, true
-	m.trans = in.LastTransition
+	m.reason = in.Reason
 	return m
 }
 
@@ -338,8 +373,10 @@ func (s *Server) callWait(ctx context.Context, host, name, action string, evict 
 func (s *Server) groupStart(ctx context.Context, p *Placement, evict, groups bool) (err error) {
 	g := p.Group
 	l := s.groups.lock(p.Deployment)
-	l.Lock()
-	defer l.Unlock()
+	if err := l.acquire(ctx); err != nil {
+		return err
+	}
+	defer l.release()
 	defer func() {
 		// The group's own verdict, for whoever waits on its status (a
 		// member's record says only its part, and may be retried).
@@ -482,8 +519,10 @@ func (s *Server) groupWake(ctx context.Context, p *Placement, ms []member, evict
 // stops the whole group.
 func (s *Server) groupPark(ctx context.Context, p *Placement) error {
 	l := s.groups.lock(p.Deployment)
-	l.Lock()
-	defer l.Unlock()
+	if err := l.acquire(ctx); err != nil {
+		return err
+	}
+	defer l.release()
 	return s.groupParkLocked(ctx, p)
 }
 
@@ -555,8 +594,10 @@ func (s *Server) stopMembers(ctx context.Context, name string, g *GroupPlacement
 func (s *Server) groupStop(ctx context.Context, p *Placement) error {
 	s.groups.askStop(p.Deployment) // a bring-up under way gives way
 	l := s.groups.lock(p.Deployment)
-	l.Lock()
-	defer l.Unlock()
+	if err := l.acquire(ctx); err != nil {
+		return err
+	}
+	defer l.release()
 	return s.stopMembers(ctx, p.Deployment, p.Group, nil)
 }
 
@@ -580,7 +621,7 @@ func (s *Server) failGroup(ctx context.Context, name string, g *GroupPlacement, 
 // markSeen records the failures members show now as acted on.
 func (s *Server) markSeen(name string, ms []member) {
 	for _, m := range ms {
-		if m.reachable && memberFailed(m.state, m.trans) {
+		if m.reachable && memberFailed(m.state, m.reason) {
 			s.groups.firstSight(name, m.host, m.since.UnixMilli())
 		}
 	}
@@ -600,7 +641,7 @@ func (s *Server) waitHeadReady(ctx context.Context, name string, g *GroupPlaceme
 			return nil
 		}
 		for _, m := range ms {
-			if m.reachable && memberFailed(m.state, m.trans) && s.groups.firstSight(name, m.host, m.since.UnixMilli()) {
+			if m.reachable && memberFailed(m.state, m.reason) && s.groups.firstSight(name, m.host, m.since.UnixMilli()) {
 				msg := fmt.Sprintf("rank %d on host %s failed during bring-up", m.rank, m.host)
 				if m.lastErr != nil {
 					msg += ": " + m.lastErr.Message
@@ -638,8 +679,10 @@ func (s *Server) watchBringUp(name, id string) {
 		return
 	}
 	l := s.groups.lock(name)
-	l.Lock()
-	defer l.Unlock()
+	if l.acquire(s.ctx) != nil {
+		return
+	}
+	defer l.release()
 	_ = s.waitHeadReady(s.ctx, name, p.Group)
 }
 
@@ -685,7 +728,7 @@ func (s *Server) superviseGroup(ctx context.Context, p *Placement) {
 		if h == nil || h.linkCancel == nil {
 			continue
 		}
-		if j := h.journals[id]; j != nil && memberFailed(j.GetState(), j.GetMessage()) {
+		if j := h.journals[id]; j != nil && memberFailed(j.GetState(), j.GetWhy()) {
 			failed = append(failed, failure{rank, host, j.GetSinceUnixMs(), j.GetMessage()})
 		}
 	}
@@ -694,10 +737,10 @@ func (s *Server) superviseGroup(ctx context.Context, p *Placement) {
 		return
 	}
 	l := s.groups.lock(p.Deployment)
-	if !l.TryLock() {
+	if !l.tryAcquire() {
 		return // an operation is under way; it sees the failure itself
 	}
-	defer l.Unlock()
+	defer l.release()
 	var parts []string
 	for _, f := range failed {
 		if s.groups.firstSight(p.Deployment, f.host, f.since) {
@@ -740,7 +783,10 @@ func (s *Server) evictGroups(ctx context.Context, requester string, err error) b
 		}
 		s.logger.Info("evicting a group to make room", "group", n, "for", requester)
 		l := s.groups.lock(n)
-		if !lockWithin(ctx, l, 10*time.Second) {
+		lctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		err := l.acquire(lctx)
+		cancel()
+		if err != nil {
 			// IMPORTANT: never wait for ever while holding the requester's
 			// own lock: two groups evicting each other would deadlock.
 			s.logger.Info("a group in the way is busy; not evicted", "group", n, "for", requester)
@@ -753,7 +799,7 @@ func (s *Server) evictGroups(ctx context.Context, requester string, err error) b
 		} else {
 			perr = s.stopMembers(ctx, n, p.Group, ms)
 		}
-		l.Unlock()
+		l.release()
 		if perr == nil {
 			freed = true
 			s.event("group_evicted", p.Group.Hosts[0], map[string]any{"deployment": n, "for": requester})
@@ -891,8 +937,6 @@ func (s *Server) groupStatus(p *Placement, out *wire.DeploymentStatus) {
 
 // unplace removes a group's members from their hosts and its placement.
 func (s *Server) unplace(ctx context.Context, p *Placement) error {
-	s.adoptMu.Lock()
-	defer s.adoptMu.Unlock()
 	for _, host := range p.HostNames() {
 		status, data, err := s.hostCall(ctx, host, http.MethodDelete, "/deployments/"+url.PathEscape(p.Deployment), nil, nil)
 		if err == nil && status >= 300 && status != http.StatusNotFound {
@@ -949,16 +993,4 @@ func (s *Server) journalState(host, id string) string {
 		return j.GetState()
 	}
 	return ""
-}
-
-// lockWithin takes l unless it stays held for d or ctx ends.
-func lockWithin(ctx context.Context, l *sync.Mutex, d time.Duration) bool {
-	deadline := time.Now().Add(d)
-	for !l.TryLock() {
-		if time.Now().After(deadline) || ctx.Err() != nil {
-			return false
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	return true
 }

@@ -111,8 +111,6 @@ func (s *Server) Drain(name string, drain bool) error {
 // it (api.Fleet). Deployments placed on it must be moved or deleted
 // first.
 func (s *Server) Remove(name string) error {
-	s.adoptMu.Lock() // no placement or adoption naming it meanwhile
-	defer s.adoptMu.Unlock()
 	if _, ok := s.State.Host(name); !ok {
 		return structs.Errf(structs.CodeNotFound, "no host %s (capyctl list hosts)", name)
 	}
@@ -139,14 +137,20 @@ func (s *Server) Remove(name string) error {
 	return nil
 }
 
-// placeable returns the most free card memory of a host (its ledger's
-// room less its charges, as its last heartbeat said) and whether it takes
-// placements (link and relay up, not draining).
+// placeable returns the most free card memory of a host and whether it
+// takes placements (link and relay up, not draining).
 func (s *Server) placeable(name string) (free int64, ok bool) {
 	rec, known := s.State.Host(name)
 	if !known || rec.Drained {
 		return 0, false
 	}
+	return s.readiness(name)
+}
+
+// readiness returns the most free card memory of a host (its ledger's
+// room less its charges, as its last heartbeat said) and whether its link
+// and relay are up.
+func (s *Server) readiness(name string) (free int64, ready bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	h := s.hosts[name]

@@ -334,10 +334,6 @@ func (s *Server) create(r *http.Request, data []byte) (*wire.DeploymentStatus, e
 	if err != nil {
 		return nil, err
 	}
-	// No adoption and no removal while a placement is made: the hosts'
-	// journals of the new instances arrive before it is recorded.
-	s.adoptMu.Lock()
-	defer s.adoptMu.Unlock()
 	if p, ok := s.State.Placement(spec.Name); ok {
 		return nil, structs.Errf(structs.CodeConflict, "deployment %s exists at revision %d: update it with PUT and expected_revision (capyctl deploy --revision %d)",
 			spec.Name, p.Revision, p.Revision).WithDetail("current_revision", p.Revision)
@@ -348,49 +344,7 @@ func (s *Server) create(r *http.Request, data []byte) (*wire.DeploymentStatus, e
 	if spec.IsGroup() {
 		return s.createGroup(context.WithoutCancel(r.Context()), r.Header, spec, req.Deployment, req.Activate)
 	}
-	n := spec.Instances
-	if n <= 0 {
-		n = 1
-	}
-	cands := s.candidates(spec.Placement)
-	if len(cands) == 0 && spec.Placement != nil && len(spec.Placement.Hosts) > 0 && s.allDraining(spec.Placement.Hosts) {
-		return nil, structs.Errf(structs.CodeHostDraining, "every host placement.hosts names (%s) is draining: capyctl drain host NAME --resume",
-			strings.Join(spec.Placement.Hosts, ", ")).WithDetail("hosts", spec.Placement.Hosts)
-	}
-	if len(cands) == 0 {
-		return nil, structs.Errf(structs.CodeCapacityBlocked, "no host takes placements now (none joined, every one lost or draining%s): capyctl list hosts",
-			hostsClause(spec.Placement)).WithDetail("hosts", map[string]any{})
-	}
-	// The shares are made and, on a refusal, undone even when the client
-	// hangs up meanwhile: an engine the server does not know of must not
-	// be left behind.
-	ctx := context.WithoutCancel(r.Context())
-	attempt := newAttempt()
-	shares, refusals, err := s.placeShares(ctx, r.Header, attempt, spec.Name, req.Deployment, req.Activate, n, cands)
-	if err != nil {
-		return nil, err
-	}
-	if len(shares) == 0 || sumShares(shares) < n {
-		s.rollback(ctx, spec.Name, shares)
-		code := structs.CodeCapacityBlocked
-		if allCodes(refusals, structs.CodeEngineNotFound) {
-			// No host has the engine: not a matter of room.
-			code = structs.CodeEngineNotFound
-		}
-		return nil, structs.Errf(code, "no placement for %d instance(s) of %s: %s", n, spec.Name, describeRefusals(refusals)).
-			WithDetail("hosts", refusals)
-	}
-	p := &Placement{Deployment: spec.Name, Hosts: shares, Routes: spec.Routes, Revision: 1, At: time.Now().UTC()}
-	if err := s.apply(fsm.Placed{Placement: p}); err != nil {
-		s.rollback(ctx, spec.Name, shares)
-		return nil, err
-	}
-	st := s.deploymentStatus(ctx, p)
-	if st.Revision != 0 && st.Revision != p.Revision {
-		p.Revision = st.Revision
-		_ = s.apply(fsm.Placed{Placement: p})
-	}
-	return &st, nil
+	return s.createPlaced(r.Context(), spec, req.Deployment, req.Activate)
 }
 
 // newAttempt names one placement attempt: the hosts' idempotency keys are
@@ -418,40 +372,6 @@ func sumShares(shares []HostShare) int {
 	return n
 }
 
-// candidate is a host that takes placements, with its most free card.
-type candidate struct {
-	host string
-	free int64
-}
-
-// candidates are the hosts that take placements (link up, not draining,
-// in placement.hosts when set), most free card memory first, then by name.
-func (s *Server) candidates(ps *structs.PlacementSpec) []candidate {
-	var allowed map[string]bool
-	if ps != nil && len(ps.Hosts) > 0 {
-		allowed = map[string]bool{}
-		for _, h := range ps.Hosts {
-			allowed[h] = true
-		}
-	}
-	var out []candidate
-	for _, rec := range s.State.Hosts() {
-		if allowed != nil && !allowed[rec.Name] {
-			continue
-		}
-		if free, ok := s.placeable(rec.Name); ok {
-			out = append(out, candidate{rec.Name, free})
-		}
-	}
-	sort.SliceStable(out, func(i, j int) bool {
-		if out[i].free != out[j].free {
-			return out[i].free > out[j].free
-		}
-		return out[i].host < out[j].host
-	})
-	return out
-}
-
 // allDraining reports whether every named host is joined and draining.
 func (s *Server) allDraining(names []string) bool {
 	for _, n := range names {
@@ -462,106 +382,6 @@ func (s *Server) allDraining(names []string) bool {
 	}
 	return true
 }
-
-// capacityCodes are the refusals that send a share to the next host.
-var capacityCodes = map[structs.Code]bool{
-	structs.CodeCapacityBlocked: true, structs.CodeInsufficientDevice: true, structs.CodeInsufficientMemory: true,
-	structs.CodeStartupNeedsEmptyHost: true, structs.CodeHostBackedUnavailable: true, structs.CodeInsufficientResources: true,
-	structs.CodeEngineNotFound: true, structs.CodeHostUnreachable: true,
-}
-
-// placeShares deploys the instances host by host: one instance on each
-// candidate in turn, then round again, until n are placed or every host
-// refused. It returns the shares placed and each refusing host's answer.
-// A refusal that is not about room (a bad spec) ends the placement.
-func (s *Server) placeShares(ctx context.Context, hdr http.Header, attempt, name string, depJSON json.RawMessage, activate bool, n int, cands []candidate) ([]HostShare, map[string]any, error) {
-	want := map[string]int{}
-	order := []string{}
-	for i := 0; i < n; i++ {
-		h := cands[i%len(cands)].host
-		if want[h] == 0 {
-			order = append(order, h)
-		}
-		want[h]++
-	}
-	refusals := map[string]any{}
-	var shares []HostShare
-	pending := 0
-	tried := map[string]bool{}
-	tryHost := func(host string, count int) (bool, error) {
-		tried[host] = true
-		body, err := withInstances(depJSON, count, activate)
-		if err != nil {
-			return false, err
-		}
-		h := hdr.Clone()
-		if k := h.Get(wire.HeaderIdempotencyKey); k != "" {
-			h.Set(wire.HeaderIdempotencyKey, k+"#"+attempt)
-		}
-		status, data, err := s.hostCall(ctx, host, http.MethodPost, "/deployments", h, body)
-		if err == nil && (status == http.StatusCreated || status == http.StatusOK) {
-			// A host records the deployment and answers before its ledger
-			// admits the start: wait for that verdict, so that a share the
-			// host cannot fit goes to the next host.
-			if activate {
-				err = s.waitAdmitted(ctx, host, name)
-			}
-			if err == nil {
-				shares = append(shares, HostShare{Host: host, Instances: count})
-				return true, nil
-			}
-			// Refused after all: the host's record is removed below.
-		}
-		if err == nil {
-			err = hostError(host, status, data)
-		}
-		e := structs.AsError(err)
-		refusals[host] = map[string]any{"code": string(e.Code), "message": e.Message, "details": e.Details}
-		// The host may keep a record of a refused activation, or may have
-		// made the deployment before its answer was lost: remove it (a
-		// host that has none answers not_found). A conflict is a
-		// deployment of that name the host had before: not ours.
-		if e.Code != structs.CodeConflict {
-			_, _, _ = s.hostCall(ctx, host, http.MethodDelete, "/deployments/"+url.PathEscape(name), nil, nil)
-		}
-		if !capacityCodes[e.Code] {
-			return false, err
-		}
-		return false, nil
-	}
-	for _, host := range order {
-		ok, err := tryHost(host, want[host])
-		if err != nil {
-			s.rollback(ctx, name, shares)
-			return nil, refusals, err
-		}
-		if !ok {
-			pending += want[host]
-		}
-	}
-	// Shares a host refused go to the hosts not tried yet, one each.
-	for _, c := range cands {
-		if pending == 0 {
-			break
-		}
-		if tried[c.host] {
-			continue
-		}
-		ok, err := tryHost(c.host, 1)
-		if err != nil {
-			s.rollback(ctx, name, shares)
-			return nil, refusals, err
-		}
-		if ok {
-			pending--
-		}
-	}
-	return shares, refusals, nil
-}
-
-// admitWait bounds the wait for a host's ledger to admit a new start; one
-// still undecided then is taken as admitted (its status tells the rest).
-const admitWait = 30 * time.Second
 
 // waitAdmitted waits until every instance of a deployment a host just
 // took is admitted by its ledger (started with a ledger phase, or ready),
@@ -602,17 +422,6 @@ func (s *Server) waitAdmitted(ctx context.Context, host, name string) error {
 	return nil
 }
 
-// withInstances rewrites a deploy body for one host's share.
-func withInstances(depJSON json.RawMessage, n int, activate bool) ([]byte, error) {
-	var dep map[string]any
-	if err := json.Unmarshal(depJSON, &dep); err != nil {
-		return nil, structs.Errf(structs.CodeInvalidRequest, "the deployment is not a JSON object: %v", err)
-	}
-	dep["instances"] = n
-	delete(dep, "placement") // the server's business; a host runs what it is given
-	return json.Marshal(map[string]any{"deployment": dep, "activate": activate})
-}
-
 // allCodes reports whether every host refused with code.
 func allCodes(refusals map[string]any, code structs.Code) bool {
 	for _, v := range refusals {
@@ -648,11 +457,18 @@ func (s *Server) rollback(ctx context.Context, name string, shares []HostShare) 
 
 func (s *Server) deleteDeployment(w http.ResponseWriter, r *http.Request) {
 	name := mux.Vars(r)["name"]
-	s.adoptMu.Lock() // the hosts' last journals must not adopt it back
-	defer s.adoptMu.Unlock()
 	p, err := s.placementOf(name)
 	if err != nil {
 		writeError(w, err)
+		return
+	}
+	if p.Managed() {
+		if err := s.deletePlaced(r.Context(), p); err != nil {
+			writeError(w, err)
+			return
+		}
+		s.forgetStatus(name)
+		w.WriteHeader(http.StatusNoContent)
 		return
 	}
 	for _, host := range p.HostNames() {
@@ -686,13 +502,7 @@ func (s *Server) deleteDeployment(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	s.lastStatus.mu.Lock()
-	for k := range s.lastStatus.m {
-		if strings.HasPrefix(k, name+"\x00") {
-			delete(s.lastStatus.m, k)
-		}
-	}
-	s.lastStatus.mu.Unlock()
+	s.forgetStatus(name)
 	w.Header().Set("Content-Type", "application/json")
 	if len(last) == 0 {
 		w.WriteHeader(http.StatusNoContent)
@@ -702,8 +512,22 @@ func (s *Server) deleteDeployment(w http.ResponseWriter, r *http.Request) {
 	_, _ = w.Write(last)
 }
 
-// toEveryHost relays a mutation of a deployment to each of its hosts and
-// answers the merged status (the first refusal stops it).
+// forgetStatus drops what the hosts last said of a deleted deployment.
+func (s *Server) forgetStatus(name string) {
+	s.lastStatus.mu.Lock()
+	defer s.lastStatus.mu.Unlock()
+	for k := range s.lastStatus.m {
+		if strings.HasPrefix(k, name+"\x00") {
+			delete(s.lastStatus.m, k)
+		}
+	}
+}
+
+// toEveryHost changes a deployment: a placed one's desired state (an
+// update, a start, a stop, a delete) or a command (a park); a group's
+// through the group's own moves; an adopted one's (the host's own) as a
+// call relayed to each of its hosts, answering the merged status (the
+// first refusal stops it).
 func (s *Server) toEveryHost(w http.ResponseWriter, r *http.Request) {
 	name := mux.Vars(r)["name"]
 	p, err := s.placementOf(name)
@@ -714,6 +538,10 @@ func (s *Server) toEveryHost(w http.ResponseWriter, r *http.Request) {
 	body, err := readMgmtBody(r)
 	if err != nil {
 		writeError(w, err)
+		return
+	}
+	if p.Managed() {
+		s.changePlaced(w, r, p, body)
 		return
 	}
 	if p.Group != nil {
@@ -885,12 +713,16 @@ func (s *Server) instanceAction(w http.ResponseWriter, r *http.Request) {
 			"%s is a group: its members start, park and stop together (capyctl start|park|stop deployment %s)", p.Deployment, p.Deployment))
 		return
 	}
-	host, local, err := instanceHost(p, idx)
+	body, err := readMgmtBody(r)
 	if err != nil {
 		writeError(w, err)
 		return
 	}
-	body, err := readMgmtBody(r)
+	if p.Managed() {
+		s.instanceCommand(w, r, p, idx, body)
+		return
+	}
+	host, local, err := instanceHost(p, idx)
 	if err != nil {
 		writeError(w, err)
 		return

@@ -82,6 +82,12 @@ func (s *Server) relayInference(w http.ResponseWriter, r *http.Request, maxBody 
 		router.WriteError(w, structs.Errf(structs.CodeUnknownModel, "no deployment serves model %q (GET /v1/models lists them)", head.Model))
 		return
 	}
+	if p.Pending {
+		e := structs.Errf(structs.CodeUnavailable, "deployment %s is being placed on its hosts: retry", p.Deployment).WithDetail("deployment", p.Deployment)
+		e.RetryAfter = 1
+		router.WriteError(w, e)
+		return
+	}
 	// A request that never left the server (the host's relay closed
 	// between the pick and the send) goes to another replica; one the host
 	// may have received is not sent twice.

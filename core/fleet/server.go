@@ -102,7 +102,6 @@ type Server struct {
 	turn  uint // rotates the relay's ties
 
 	metrics  http.Handler
-	adoptMu  sync.Mutex   // one adoption, placement, deletion or removal at a time
 	taken    atomic.Int64 // streams taken over from net/http (relay.go)
 	receipts api.Receipts // the Idempotency-Key receipts of the server's own mutations
 	// lastStatus keeps each host's last answer for a deployment (mgmt.go).
@@ -139,7 +138,8 @@ type liveHost struct {
 
 	linkGen    uint64
 	linkCancel context.CancelFunc // nil: no link
-	adoptDue   bool               // an adoption is scheduled
+	adoptDue   bool               // an adoption is scheduled or running
+	adoptAgain bool               // ...and another was asked for meanwhile
 	relay      *http2.ClientConn
 	relayConn  net.Conn
 	inFlight   int64
@@ -147,6 +147,10 @@ type liveHost struct {
 	// published when it, a journal or the link changes.
 	applied *hostv1.DesiredApplied
 	changed signal
+	// outbox are the commands to send on the current link; pending the
+	// commands waiting for their result, by command_id.
+	outbox  chan *hostv1.ServerMessage
+	pending map[string]chan *hostv1.CommandResult
 }
 
 // NewServer opens the CA (creating it on the first start), the join token
