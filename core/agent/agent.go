@@ -128,6 +128,9 @@ type Settings struct {
 	RendezvousPorts   string
 	RequireRDMA       bool
 	GroupStallTimeout time.Duration
+	// RescheduleAfter is how long the leader waits for a lost host before
+	// it moves the host's instances (0: never).
+	RescheduleAfter time.Duration
 	// Config is the effective configuration with each value's source,
 	// published on the management API's GET /config (nil: not published).
 	Config *wire.RoleConfig

@@ -5,6 +5,8 @@ package agent
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"maps"
 	"time"
@@ -121,6 +123,17 @@ type placedRecord struct {
 	Starts   uint64 `json:"starts,omitempty"`
 	// ActedUnixMs is when the host last made, updated or started it.
 	ActedUnixMs int64 `json:"acted_unix_ms,omitempty"`
+	// Digest is the share's spec as the host applied it: a share that
+	// changes without a new revision (instances moved to or off this
+	// host) is applied again.
+	Digest string `json:"digest,omitempty"`
+}
+
+// specDigest names a share's spec (the deployment's, with the instances
+// this host runs).
+func specDigest(spec []byte) string {
+	sum := sha256.Sum256(spec)
+	return hex.EncodeToString(sum[:8])
 }
 
 // applyDeployments makes what the host runs match its share: each
@@ -172,7 +185,14 @@ func (a *Agent) applyDeployment(ctx context.Context, d *hostv1.DesiredDeployment
 		return structs.Errf(structs.CodeConflict, "host %s runs a deployment of its own named %s: delete it on the host (capyctl --address HOST delete deployment %s) or give the cluster's another name",
 			a.s.Hostname, name, name)
 	}
-	if !exists || done.Revision != d.GetRevision() {
+	digest := specDigest(d.GetSpecJson())
+	if exists && done.Revision == d.GetRevision() && done.Digest == "" {
+		// Recorded before shares had digests: this revision is applied.
+		done.Digest = digest
+		owned[name] = done
+		a.saveClusterDeployments(owned)
+	}
+	if !exists || done.Revision != d.GetRevision() || done.Digest != digest {
 		spec, err := api.SpecFromJSON(d.GetSpecJson())
 		if err != nil {
 			return err
@@ -190,7 +210,7 @@ func (a *Agent) applyDeployment(ctx context.Context, d *hostv1.DesiredDeployment
 		if _, _, err := a.Lifecycle.Deploy(ctx, spec, opts); err != nil {
 			return err
 		}
-		done = placedRecord{Revision: d.GetRevision(), Starts: done.Starts, ActedUnixMs: done.ActedUnixMs}
+		done = placedRecord{Revision: d.GetRevision(), Starts: done.Starts, ActedUnixMs: done.ActedUnixMs, Digest: digest}
 		owned[name] = done
 		a.saveClusterDeployments(owned)
 		if view, err = a.Lifecycle.Deployment(name); err != nil {
@@ -201,7 +221,7 @@ func (a *Agent) applyDeployment(ctx context.Context, d *hostv1.DesiredDeployment
 	case want == structs.DesiredRunning && (view.Record.Desired != structs.DesiredRunning || d.GetStarts() > done.Starts):
 		// A start (a new one counts even when it was running): the
 		// stopped or failed instances start again.
-		owned[name] = placedRecord{Revision: done.Revision, Starts: d.GetStarts(), ActedUnixMs: time.Now().UnixMilli()}
+		owned[name] = placedRecord{Revision: done.Revision, Starts: d.GetStarts(), ActedUnixMs: time.Now().UnixMilli(), Digest: done.Digest}
 		a.saveClusterDeployments(owned)
 		return a.Lifecycle.StartDeployment(ctx, name, lifecycle.StartOptions{Evict: d.GetEvict()})
 	case want == structs.DesiredStopped && view.Record.Desired != structs.DesiredStopped:

@@ -33,8 +33,8 @@ func (a *Agent) openServer() error {
 	}
 	srv, err := fleet.NewServer(fleet.ServerOptions{StateDir: a.s.StateDir, Listen: listen, Advertise: a.s.ClusterAdvertise,
 		Store: a.Store, Logger: a.logger, Heartbeat: a.s.HostHeartbeat,
-		GroupStallTimeout: a.s.GroupStallTimeout,
-		Name:              a.s.Hostname, BootstrapExpect: a.s.BootstrapExpect, Join: a.s.ServerJoin, JoinToken: a.s.JoinToken,
+		GroupStallTimeout: a.s.GroupStallTimeout, RescheduleAfter: a.s.RescheduleAfter,
+		Name: a.s.Hostname, BootstrapExpect: a.s.BootstrapExpect, Join: a.s.ServerJoin, JoinToken: a.s.JoinToken,
 		// One API key and one admin token per cluster: a joining server
 		// takes the cluster's in place of those its first start made.
 		Secrets: func() fleet.ClusterSecrets {

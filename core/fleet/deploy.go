@@ -43,7 +43,7 @@ func (s *Server) createPlaced(ctx context.Context, spec *structs.Deployment, raw
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), placeWait)
 	defer cancel()
-	if err = s.bringUp(ctx, p, index, n, cands, activate); err != nil {
+	if err = s.bringUp(ctx, p, index, cands, activate, p.Hosts, map[string]bool{}); err != nil {
 		// Taken back: the hosts delete what they made of it before the
 		// refusal is answered, so nothing is left behind on them.
 		if uerr := s.deletePlaced(ctx, p); uerr != nil {
@@ -72,16 +72,16 @@ func noCandidates(s *Server, spec *structs.Deployment, cands []scheduler.Host) e
 		hostsClause(spec.Placement)).WithDetail("hosts", map[string]any{})
 }
 
-// bringUp waits for the verdicts on p's shares (committed at index) and
-// moves each refused share to the next candidate, until every share is
-// taken. A refusal that is not about room ends it.
-func (s *Server) bringUp(ctx context.Context, p *Placement, index uint64, n int, cands []scheduler.Host, activate bool) error {
-	tried := map[string]bool{}
-	for _, hs := range p.Hosts {
+// bringUp waits for the verdicts on the shares of p in waiting (their
+// change committed at index) and moves each refused share to the next
+// candidate not tried yet, until every share is taken. A refusal that is
+// not about room ends it.
+func (s *Server) bringUp(ctx context.Context, p *Placement, index uint64, cands []scheduler.Host, activate bool, waiting []HostShare, tried map[string]bool) error {
+	n := scheduler.Total(fromShares(p.Hosts))
+	for _, hs := range waiting {
 		tried[hs.Host] = true
 	}
 	refusals := map[string]any{}
-	waiting := p.Hosts // the shares whose verdict is due: all at first, then the moved ones
 	for {
 		refused := map[string]bool{}
 		for _, v := range s.awaitVerdicts(ctx, p.Deployment, waiting, index, activate) {

@@ -102,8 +102,10 @@ func (s *Server) linkUp(ctx context.Context, name string, hello *hostv1.Hello, c
 		h.journals[j.GetInstanceId()] = j
 	}
 	addr := h.addr
+	h.downSince = time.Time{}
 	s.mu.Unlock()
 	h.changed.publish()
+	s.links.publish()
 	if wasLost {
 		s.event("host_reconnected", name, map[string]any{"instances": len(hello.GetInstances())})
 	}
@@ -283,10 +285,12 @@ func (s *Server) linkDown(name string, gen uint64) {
 		return
 	}
 	h.linkCancel = nil
+	h.downSince = time.Now()
 	relay := h.relayConn
 	h.relay, h.relayConn = nil, nil
 	s.mu.Unlock()
 	h.changed.publish() // a wait on the host ends: it is out of reach
+	s.links.publish()
 	if relay != nil {
 		relay.Close()
 	}

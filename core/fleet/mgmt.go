@@ -208,6 +208,9 @@ func (s *Server) deploymentStatus(ctx context.Context, p *Placement) wire.Deploy
 		}
 	}
 	out.State = mergeState(states, len(out.Instances), out.ReadyN)
+	if p.Managed() && p.Desired != "" {
+		out.Desired = p.Desired // the cluster's word, which the hosts follow
+	}
 	if out.Spec != nil {
 		spec := *out.Spec
 		spec.Instances = len(out.Instances)

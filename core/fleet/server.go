@@ -56,6 +56,9 @@ type ServerOptions struct {
 	Heartbeat time.Duration
 	// GroupStallTimeout bounds a group's bring-up (0: 120 s).
 	GroupStallTimeout time.Duration
+	// RescheduleAfter is how long the leader waits for a lost host before
+	// it places the host's instances on other hosts (0: never).
+	RescheduleAfter time.Duration
 	// HostCertLifetime is a host certificate's validity (0: pki's 24 h).
 	HostCertLifetime time.Duration
 
@@ -115,6 +118,8 @@ type Server struct {
 	// leading is published when it changes.
 	leaderCtx context.Context
 	leading   signal
+	// links is published whenever a host's link comes up or goes.
+	links signal
 	// fatal carries the reason the server must stop (Fatal).
 	fatal chan error
 
@@ -143,6 +148,8 @@ type liveHost struct {
 	relay      *http2.ClientConn
 	relayConn  net.Conn
 	inFlight   int64
+	// downSince is when its link last went down (zero while up).
+	downSince time.Time
 	// applied is the host's last answer to its desired state; changed is
 	// published when it, a journal or the link changes.
 	applied *hostv1.DesiredApplied

@@ -23,6 +23,17 @@ type Partition struct {
 	cut   bool
 	drop  bool
 	conns []net.Conn
+	// held counts the bytes from the target waiting in the proxy for the
+	// client while cut (HeldFromTarget).
+	held int
+}
+
+// HeldFromTarget is how many bytes the target sent that wait in the
+// proxy for the client now (while cut, not dropped).
+func (p *Partition) HeldFromTarget() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.held
 }
 
 // NewPartition proxies a loopback listener to target until the test ends.
@@ -92,8 +103,8 @@ func (p *Partition) serve() {
 		p.mu.Lock()
 		p.conns = append(p.conns, c, up)
 		p.mu.Unlock()
-		go p.pipe(c, up)
-		go p.pipe(up, c)
+		go p.pipe(c, up, false)
+		go p.pipe(up, c, true)
 	}
 }
 
@@ -113,20 +124,27 @@ func (p *Partition) hold(c net.Conn) {
 	p.mu.Lock()
 	p.conns = append(p.conns, c, up)
 	p.mu.Unlock()
-	go p.pipe(c, up)
-	go p.pipe(up, c)
+	go p.pipe(c, up, false)
+	go p.pipe(up, c, true)
 }
 
-// pipe copies src to dst, holding (or dropping) what it reads while cut.
-func (p *Partition) pipe(src, dst net.Conn) {
+// pipe copies src to dst, holding (or dropping) what it reads while cut;
+// fromTarget counts what it holds (HeldFromTarget).
+func (p *Partition) pipe(src, dst net.Conn, fromTarget bool) {
 	defer dst.Close()
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := src.Read(buf)
 		if n > 0 {
 			p.mu.Lock()
+			if p.cut && !p.drop && fromTarget {
+				p.held += n
+			}
 			for p.cut && !p.drop {
 				p.cond.Wait()
+			}
+			if fromTarget {
+				p.held = 0
 			}
 			dropped := p.cut && p.drop
 			p.mu.Unlock()
