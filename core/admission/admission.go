@@ -606,7 +606,7 @@ func (d *Deployment) Enter(bytes int64) (*Place, *Waiter, error) {
 	}
 	if c.waitingBytes+bytes > c.cfg.MaxWaitingBytes {
 		c.mu.Unlock()
-		return nil, nil, d.full("the waiting requests' bodies would exceed %d bytes (limits.max_waiting_bytes)", c.cfg.MaxWaitingBytes)
+		return nil, nil, d.full("the waiting requests' bodies would exceed %s (limits.max_waiting_bytes)", structs.FormatBytes(c.cfg.MaxWaitingBytes))
 	}
 	c.waiting++
 	c.waitingBytes += bytes

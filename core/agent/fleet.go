@@ -18,6 +18,7 @@ import (
 	"github.com/capyctl/capyctl/core/fleet"
 	"github.com/capyctl/capyctl/core/hostlink/proto/hostv1"
 	"github.com/capyctl/capyctl/core/lifecycle"
+	"github.com/capyctl/capyctl/core/router"
 	"github.com/capyctl/capyctl/core/runinfo"
 	"github.com/capyctl/capyctl/core/structs"
 	"github.com/capyctl/capyctl/core/version"
@@ -31,10 +32,14 @@ func (a *Agent) openServer() error {
 	if listen == "" {
 		listen = "0.0.0.0:8444"
 	}
+	// The Responses API's stored responses of the requests this server
+	// takes: its IDs name this server (core/fleet/responses.go).
+	a.Responses = a.openResponses()
 	srv, err := fleet.NewServer(fleet.ServerOptions{StateDir: a.s.StateDir, Listen: listen, Advertise: a.s.ClusterAdvertise,
 		Store: a.Store, Logger: a.logger, Heartbeat: a.s.HostHeartbeat,
 		GroupStallTimeout: a.s.GroupStallTimeout, RescheduleAfter: a.s.RescheduleAfter,
 		Name: a.s.Hostname, BootstrapExpect: a.s.BootstrapExpect, Join: a.s.ServerJoin, JoinToken: a.s.JoinToken,
+		Responses: a.Responses,
 		// One API key and one admin token per cluster: a joining server
 		// takes the cluster's in place of those its first start made.
 		Secrets: func() fleet.ClusterSecrets {
@@ -49,12 +54,14 @@ func (a *Agent) openServer() error {
 			return nil
 		}})
 	if err != nil {
+		_ = a.Responses.Close()
 		a.Store.Close()
 		return err
 	}
 	a.Fleet = srv
 	if err := a.listen(); err != nil {
 		srv.Close()
+		_ = a.Responses.Close()
 		a.Store.Close()
 		return err
 	}
@@ -98,7 +105,9 @@ func (a *Agent) startServer() error {
 		backend.Config = func() *wire.RoleConfig { return rc }
 	}
 	iopts, mopts := a.s.Listener.options("inference", a.logger), a.s.Listener.options("management", a.logger)
-	a.inferenceSrv = api.NewServer(api.BodyDeadline(a.Fleet.InferenceHandler(a.Creds.APIKey, a.s.MaxBodyBytes), iopts.BodyReadTimeout), iopts)
+	inference := a.Fleet.InferenceHandler(a.Creds.APIKey, a.s.MaxBodyBytes, a.s.MaxBodyBytesInFlight)
+	backend.Inference, backend.InferenceKeys = inference, a.playgroundKeys
+	a.inferenceSrv = api.NewServer(api.BodyDeadline(inference, iopts.BodyReadTimeout), iopts)
 	mgmt := api.NewManagementHandler(backend, a.Creds.AdminToken)
 	a.Fleet.ServeManagement(mgmt, a.Creds.AdminToken)
 	a.mgmtSrv = api.NewServer(api.BodyDeadline(mgmt, mopts.BodyReadTimeout), mopts)
@@ -114,6 +123,12 @@ func (a *Agent) serve() {
 	}{{a.inferenceSrv, a.inferenceLim}, {a.mgmtSrv, a.mgmtLim}}
 	if a.inferenceTLS != nil {
 		servers[0].ln = a.inferenceTLS
+	}
+	if a.mgmtSock != nil {
+		servers = append(servers, struct {
+			srv *http.Server
+			ln  net.Listener
+		}{a.mgmtSrv, a.mgmtSock})
 	}
 	for _, p := range servers {
 		a.wg.Add(1)
@@ -162,7 +177,9 @@ func relayHandler(inference, management http.Handler, creds *runinfo.Credentials
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if strings.HasPrefix(r.URL.Path, "/v1/") {
 			r.Header.Set("Authorization", "Bearer "+creds.APIKey)
-			inference.ServeHTTP(w, r)
+			// The server's own members (a Responses request's history and
+			// ID) are honoured on this path only.
+			inference.ServeHTTP(w, r.WithContext(router.WithRelayed(r.Context())))
 			return
 		}
 		r.Header.Set("Authorization", "Bearer "+creds.AdminToken)
@@ -271,15 +288,12 @@ func (a *Agent) groupSettings() *lifecycle.GroupSettings {
 			gs.FirstPort, gs.LastPort = r.First, r.Last
 		}
 	}
+	// IMPORTANT: no default. Group traffic (the rendezvous store, NCCL and
+	// Gloo) is unauthenticated: it goes on the link the operator names,
+	// never on the interface that happens to reach the server (which may
+	// be the one clients and the internet see). A group member on a host
+	// without peer_address is refused with peer_address_missing.
 	peer := a.s.PeerAddress
-	gs.PeerAddress = func() string {
-		if peer != "" {
-			return peer
-		}
-		if h := a.FleetHost; h != nil {
-			return h.LocalIP()
-		}
-		return ""
-	}
+	gs.PeerAddress = func() string { return peer }
 	return gs
 }

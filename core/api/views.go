@@ -5,6 +5,7 @@ package api
 
 import (
 	"net/http"
+	"strconv"
 	"time"
 
 	"github.com/capyctl/capyctl/core/api/wire"
@@ -113,4 +114,43 @@ func nonNil[T any](s []T) []T {
 		return []T{}
 	}
 	return s
+}
+
+// Bounds of the requests view's page.
+const (
+	defaultRequestsPage = 50
+	maxRequestsPage     = 500
+)
+
+// RequestsView serves the request log's newest records (?deployment=,
+// ?limit=): what the dashboard lists, each with its route.
+func RequestsView(b *Backend) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		limit := defaultRequestsPage
+		if v := r.URL.Query().Get("limit"); v != "" {
+			n, err := strconv.Atoi(v)
+			if err != nil || n < 1 || n > maxRequestsPage {
+				writeMgmtError(w, structs.Errf(structs.CodeInvalidRequest, "limit must be 1 to %d", maxRequestsPage))
+				return
+			}
+			limit = n
+		}
+		out := wire.RequestsResponse{APIVersion: wire.APIVersion, At: time.Now().UTC(), Requests: []wire.RequestRecord{}}
+		if b.Store != nil {
+			recs, err := b.Store.ListRequests(r.URL.Query().Get("deployment"), limit)
+			if err != nil {
+				writeMgmtError(w, err)
+				return
+			}
+			for _, rec := range recs {
+				out.Requests = append(out.Requests, wire.RequestRecord{
+					ID: rec.ID, Deployment: rec.Deployment, Instance: rec.Instance, Route: rec.API, Stream: rec.Stream,
+					Outcome: rec.Outcome, Code: rec.Code, Status: rec.Status, ReceivedAt: rec.ReceivedAt,
+					QueueMs: rec.QueueMs, ActivationMs: rec.ActivationMs, TTFBMs: rec.TTFBMs, TotalMs: rec.TotalMs,
+					PromptTokens: rec.PromptTokens, CompletionToks: rec.CompletionToks,
+				})
+			}
+		}
+		writeJSON(w, http.StatusOK, out)
+	}
 }

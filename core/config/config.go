@@ -89,6 +89,7 @@ type Config struct {
 	TLS               TLS
 	Shutdown          Shutdown
 	RequestLedger     RequestLedger
+	Responses         Responses
 	Drivers           Drivers
 
 	sources map[string]Source
@@ -175,6 +176,14 @@ type RequestLedger struct {
 	Enabled    bool
 	Retention  structs.Duration
 	MaxRecords int
+}
+
+// Responses configures the Responses API's stored responses.
+type Responses struct {
+	// Retention is how long a stored response is kept; 0 keeps none.
+	Retention structs.Duration
+	// MaxBytes bounds the stored responses, all together (oldest out).
+	MaxBytes structs.ByteSize
 }
 
 // Source says where a setting's value came from.
@@ -345,6 +354,15 @@ func (c *Config) check() []Problem {
 			c.sources["engine_logs"] = Source{Value: "memory", From: FromDefault, Detail: "retention = zero keeps engine logs in memory"}
 		} else {
 			bad("engine_logs", "retention = zero keeps engine logs in memory only; drop engine_logs = file or the zero retention")
+		}
+	}
+	if c.Retention == "zero" && c.Responses.Retention != 0 {
+		// Stored responses hold prompts and answers: zero retention keeps none.
+		if src, ok := c.sources["responses.retention"]; !ok || src.From == FromDefault {
+			c.Responses.Retention = 0
+			c.sources["responses.retention"] = Source{Value: "0s", From: FromDefault, Detail: "retention = zero stores no response"}
+		} else {
+			bad("responses.retention", "retention = zero stores no response (they hold prompts and answers); drop responses.retention or the zero retention")
 		}
 	}
 	if c.RequestLedger.Enabled && (c.RequestLedger.MaxRecords == 0 || c.RequestLedger.Retention == 0) {

@@ -118,7 +118,7 @@ func (l *fakeLocal) Events(cursor uint64, _ int) ([]*hostv1.Event, uint64) { ret
 // ends (a hang-up at the server).
 func (l *fakeLocal) RelayHandler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Header.Get("Authorization") != "" {
+		if r.Header.Get("Authorization") != "" || r.Header.Get("X-Api-Key") != "" {
 			http.Error(w, "the relay must not carry the client's credentials", http.StatusBadRequest)
 			return
 		}
@@ -379,7 +379,7 @@ func TestRelay_StreamsAndCancelsOnHangUp(t *testing.T) {
 		Hosts: []HostShare{{Host: "gpu-a", Instances: 1}}}}); err != nil {
 		t.Fatal(err)
 	}
-	srv := httptest.NewServer(s.InferenceHandler("key", 0))
+	srv := httptest.NewServer(s.InferenceHandler("key", 0, 0))
 	defer srv.Close()
 	post := func(ctx context.Context, body string) (*http.Response, error) {
 		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL+"/v1/chat/completions", strings.NewReader(body))
@@ -397,6 +397,19 @@ func TestRelay_StreamsAndCancelsOnHangUp(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusOK || !strings.Contains(string(b), `"echo":`) {
 		t.Fatalf("relayed answer: %d %s", resp.StatusCode, b)
+	}
+	// Anthropic's x-api-key authenticates too, and is not relayed either.
+	areq, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/messages", strings.NewReader(`{"model":"chat","max_tokens":1,"messages":[]}`))
+	areq.Header.Set("X-Api-Key", "key")
+	areq.Header.Set("Content-Type", "application/json")
+	resp, err = http.DefaultClient.Do(areq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("a request with x-api-key: %d %s", resp.StatusCode, b)
 	}
 	// Unknown model: the server answers it, coded.
 	resp, _ = post(context.Background(), `{"model":"nope"}`)

@@ -155,7 +155,7 @@ func NewHost(ctx context.Context, o HostOptions) (*Host, error) {
 			return nil, structs.Errf(structs.CodeUnauthorized, "this host's certificate expired at %s: join again with a new token (capyctl create join-token on the server)",
 				h.creds.Current().Leaf.NotAfter.UTC().Format(time.RFC3339))
 		}
-		return nil, structs.Errf(structs.CodeJoinTokenInvalid, "this host has not joined a server yet: pass --join-token (capyctl create join-token on the server prints one)")
+		return nil, structs.Errf(structs.CodeJoinTokenInvalid, "this host has not joined a server yet: pass --join-token-file FILE or CAPYCTL_JOIN_TOKEN (capyctl create join-token on the server prints one)")
 	}
 	if err := h.join(ctx); err != nil {
 		return nil, err
@@ -166,7 +166,15 @@ func NewHost(ctx context.Context, o HostOptions) (*Host, error) {
 // load reads the key, the certificate and the pinned CA.
 func (h *Host) load() error {
 	dir := hostPKIDir(h.o.StateDir)
+	// IMPORTANT: a key another user could read is not this host's alone:
+	// refused, never used or repaired (pki.OwnerOnly).
+	if err := pki.OwnerOnly(dir, true); err != nil {
+		return err
+	}
 	read := func(name, typ string) ([]byte, error) {
+		if err := pki.OwnerOnly(filepath.Join(dir, name), false); err != nil {
+			return nil, err
+		}
 		data, err := os.ReadFile(filepath.Join(dir, name))
 		if err != nil {
 			return nil, err

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
 	"golang.org/x/net/http2"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
@@ -347,7 +348,10 @@ func (h *Host) runRelay(ctx context.Context, l *serverLink) {
 			}
 			h.logger.Debug("relay up", "server", l.addr)
 			stop := context.AfterFunc(ctx, func() { c.Close() })
-			srv.ServeConn(c, &http2.ServeConnOpts{Context: ctx, Handler: h.o.Local.RelayHandler(), BaseConfig: &http.Server{}})
+			// http2's own complaints (a connection the server broke off)
+			// go to the role's log as JSON, at debug, not to stderr.
+			base := &http.Server{ErrorLog: h.logger.Named("relay").StandardLogger(&hclog.StandardLoggerOptions{ForceLevel: hclog.Debug})}
+			srv.ServeConn(c, &http2.ServeConnOpts{Context: ctx, Handler: h.o.Local.RelayHandler(), BaseConfig: base})
 			stop()
 			c.Close()
 		} else if ctx.Err() == nil {

@@ -43,7 +43,8 @@ func (s *Server) serveJoin(w http.ResponseWriter, r *http.Request) {
 	// recorded, through the replicated log.
 	iss, err := s.auth.Enroll(pki.EnrollRequest{Token: req.Token, CSR: req.CSR, Previous: req.Previous})
 	if err != nil {
-		s.logger.Warn("join refused", "remote", r.RemoteAddr, "code", string(structs.AsError(err).Code))
+		s.logger.Debug("join refused", "remote", r.RemoteAddr, "code", string(structs.AsError(err).Code))
+		s.refused.note("join_refused:"+string(structs.AsError(err).Code), ipOf(r.RemoteAddr))
 		writeLinkError(w, err)
 		return
 	}

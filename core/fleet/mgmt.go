@@ -127,7 +127,7 @@ func readMgmtBody(r *http.Request) ([]byte, error) {
 		return nil, structs.Errf(structs.CodeInvalidRequest, "read the body: %v", err)
 	}
 	if len(data) > maxMgmtBody {
-		return nil, structs.Errf(structs.CodeRequestTooLarge, "the body is over %d bytes", maxMgmtBody)
+		return nil, structs.Errf(structs.CodeRequestTooLarge, "the body is over %s", structs.FormatBytes(maxMgmtBody))
 	}
 	return data, nil
 }
@@ -638,8 +638,8 @@ func sameInstances(body []byte, p *Placement) error {
 		return structs.Errf(structs.CodeInvalidRequest, "the body is not valid JSON: %v", err)
 	}
 	if n, placed := req.Deployment.Instances, sumShares(p.Hosts); n != 0 && n != placed {
-		return structs.Errf(structs.CodeUnsupported, "deployment %s runs %d instance(s) over hosts %v; a server does not re-spread an update's %d: delete it and deploy it again",
-			p.Deployment, placed, p.HostNames(), n).WithDetail("instances", placed)
+		return structs.Errf(structs.CodeUnsupported, "deployment %s runs %d instance(s) over hosts %s; a server does not re-spread an update's %d: delete it and deploy it again",
+			p.Deployment, placed, strings.Join(p.HostNames(), ", "), n).WithDetail("instances", placed)
 	}
 	return nil
 }

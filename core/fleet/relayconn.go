@@ -21,7 +21,8 @@ func (s *Server) attachRelay(tc *tls.Conn, cs tls.ConnectionState) {
 	}
 	name := cs.PeerCertificates[0].Subject.CommonName
 	if _, known := s.State.Host(name); !known {
-		s.logger.Warn("relay from a host the server does not know", "host", name)
+		s.logger.Debug("relay from a host the server does not know", "host", name)
+		s.refused.note(refusedUnknown, remoteIP(tc.RemoteAddr()))
 		tc.Close()
 		return
 	}

@@ -6,6 +6,7 @@ package fleet
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"io"
 	"log"
@@ -15,6 +16,7 @@ import (
 	"path/filepath"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -81,6 +83,9 @@ type ServerOptions struct {
 	// server's first start (before it serves).
 	Secrets      func() ClusterSecrets
 	AdoptSecrets func(ClusterSecrets) error
+	// Responses keeps the Responses API's stored responses of the
+	// requests this server takes (responses.go); nil keeps none.
+	Responses ResponseStore
 }
 
 // Server is the server's side: the cluster listener, the hosts' links and
@@ -113,6 +118,10 @@ type Server struct {
 	groups groupOps
 	// cl is the cluster of servers (servers.go).
 	cl *cluster
+	// gate bounds the cluster listener's unverified connections and
+	// refused counts what it turns away (gate.go).
+	gate    *handshakeGate
+	refused *refusalLog
 	// leaderCtx is the context of the leader's duties while this server
 	// leads and its state is the cluster's (nil otherwise), under mu;
 	// leading is published when it changes.
@@ -186,6 +195,9 @@ func NewServer(o ServerOptions) (*Server, error) {
 		return nil, err
 	}
 	ln, err := net.Listen("tcp", o.Listen)
+	if errors.Is(err, syscall.EADDRINUSE) {
+		return nil, structs.Wrap(structs.CodeAddressInUse, err, "cluster_listen %s is taken by another process: stop it, or choose another address with --cluster-listen", o.Listen)
+	}
 	if err != nil {
 		return nil, structs.Wrap(structs.CodeInvalidConfig, err, "cluster_listen %s", o.Listen)
 	}
@@ -200,6 +212,7 @@ func NewServer(o ServerOptions) (*Server, error) {
 	}
 	s := &Server{o: o, logger: o.Logger.Named("fleet"), State: state, ln: ln, advertise: advertise, hosts: map[string]*liveHost{},
 		lastStatus: statusCache{m: map[string]wire.DeploymentStatus{}}, fatal: make(chan error, 1)}
+	s.gate, s.refused = newHandshakeGate(defaultGateLimits), newRefusalLog(s.logger, refusalLogInterval)
 	names, ips := serverNames(advertise)
 	// Join tokens and revocations are the cluster's: replicated.
 	s.auth, err = pki.NewAuthority(pki.AuthorityOptions{CA: ca, Store: replicatedTokens{s}, ServerNames: names, ServerIPs: ips,
@@ -280,6 +293,7 @@ func (s *Server) Start() {
 	s.goRun(func() { _ = s.renewSrv.Serve(s.renewQ) })
 	s.startCluster()
 	s.goRun(s.accept)
+	s.goRun(func() { s.refused.run(s.ctx) })
 	s.goRun(s.watchLost)
 	s.goRun(s.monitorLeadership)
 	s.goRun(s.watchMembers)
@@ -356,45 +370,47 @@ func (s *Server) Close() {
 	s.wg.Wait()
 }
 
-// maxHandshakes bounds the cluster listener's handshakes under way: a
-// flood of connections that never finish theirs costs no more than this
-// many goroutines (each bounded by handshakeTimeout); more are closed at
-// once.
-const maxHandshakes = 256
-
 // accept takes each connection through its handshake (off the accept
-// loop) and hands it on by ALPN.
+// loop), within the gate's bounds (gate.go), and hands it on by ALPN.
 func (s *Server) accept() {
-	slots := make(chan struct{}, maxHandshakes)
 	for {
 		c, err := s.ln.Accept()
 		if err != nil {
 			return
 		}
-		select {
-		case slots <- struct{}{}:
-		default:
-			s.logger.Warn("too many cluster handshakes under way; connection closed", "remote", c.RemoteAddr().String())
+		slot, refused, evicted := s.gate.admit(c)
+		if evicted != "" {
+			s.refused.note(evicted, remoteIP(c.RemoteAddr()))
+		}
+		if slot == nil {
+			s.refused.note(refused, remoteIP(c.RemoteAddr()))
+			if tc, ok := c.(*net.TCPConn); ok {
+				_ = tc.SetLinger(0) // a reset: nothing left in TIME_WAIT
+			}
 			c.Close()
 			continue
 		}
-		go func() {
-			defer func() { <-slots }()
-			s.handshake(c)
-		}()
+		go s.handshake(&gatedConn{Conn: c, slot: slot})
 	}
 }
 
-func (s *Server) handshake(raw net.Conn) {
+func (s *Server) handshake(raw *gatedConn) {
 	tc := tls.Server(raw, clusterTLS(s.auth, s.peerTLS))
-	_ = tc.SetDeadline(time.Now().Add(handshakeTimeout))
+	_ = tc.SetDeadline(time.Now().Add(handshakeDeadline))
 	if err := tc.HandshakeContext(s.ctx); err != nil {
 		s.logger.Debug("cluster handshake refused", "remote", raw.RemoteAddr().String(), "error", err)
+		s.refused.note(refusedHandshake, remoteIP(raw.RemoteAddr()))
 		raw.Close()
 		return
 	}
 	_ = tc.SetDeadline(time.Time{})
 	cs := tc.ConnectionState()
+	if len(cs.PeerCertificates) > 0 {
+		// A certificate of this CA: a host or a server. Its traffic is
+		// outside the gate, and its address is known from now on.
+		s.gate.verifiedFrom(raw.RemoteAddr())
+		raw.slot.release()
+	}
 	switch cs.NegotiatedProtocol {
 	case ALPNHTTP1:
 		q := s.joinQ // no client certificate: the join config

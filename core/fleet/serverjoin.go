@@ -204,6 +204,8 @@ func (s *Server) servePeer(w http.ResponseWriter, r *http.Request) {
 		}
 		s.logger.Info("server added to the cluster", "name", req.Name, "address", req.Address)
 		w.WriteHeader(http.StatusNoContent)
+	case strings.HasPrefix(r.URL.Path, "/responses/"):
+		s.servePeerResponses(w, r) // another server asks for a response this one holds (responses.go)
 	default:
 		cl.mu.Lock()
 		h, token := cl.mgmt, cl.adminToken

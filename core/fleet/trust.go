@@ -45,9 +45,9 @@ func (r replicatedTokens) PutToken(rec pki.TokenRecord) error {
 
 // RedeemToken redeems a token in the log's order: of two redemptions of
 // one token on two servers, exactly one finds it unused.
-func (r replicatedTokens) RedeemToken(hash string, _ time.Time) (pki.TokenRecord, bool, error) {
+func (r replicatedTokens) RedeemToken(hash, role string, _ time.Time) (pki.TokenRecord, bool, error) {
 	var red fsm.Redemption
-	if err := r.s.applyValue(fsm.TokenRedeemed{Hash: hash}, &red); err != nil {
+	if err := r.s.applyValue(fsm.TokenRedeemed{Hash: hash, Role: role}, &red); err != nil {
 		return pki.TokenRecord{}, false, err
 	}
 	return red.Token, red.Found, nil

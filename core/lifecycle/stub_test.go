@@ -28,6 +28,8 @@ type stubDriver struct {
 	wakes     atomic.Int32
 	stops     atomic.Int32
 	failStart error
+	// failStop fails every Stop (a stop the driver cannot prove).
+	failStop error
 	// failPlan fails every Plan; notReady makes readiness fail.
 	failPlan error
 	notReady bool
@@ -121,6 +123,12 @@ func (d *stubDriver) Wake(_ context.Context, r *pb.WakeRequest) (*pb.WakeRespons
 
 func (d *stubDriver) Stop(context.Context, *pb.StopRequest) (*pb.StopResponse, error) {
 	d.stops.Add(1)
+	d.mu.Lock()
+	fail := d.failStop
+	d.mu.Unlock()
+	if fail != nil {
+		return nil, fail
+	}
 	return &pb.StopResponse{Gone: true}, nil
 }
 

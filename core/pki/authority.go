@@ -191,18 +191,18 @@ func (a *Authority) Enroll(req EnrollRequest) (*Issued, error) {
 		}
 	}
 	now := a.now()
-	rec, found, err := a.store.RedeemToken(t.secretHash(), now)
+	rec, found, err := a.store.RedeemToken(t.secretHash(), "", now)
 	switch {
 	case err != nil:
 		return nil, fmt.Errorf("redeem the join token: %w", err)
 	case !found:
 		return nil, structs.Errf(structs.CodeJoinTokenInvalid, "this server never issued the join token")
+	case rec.Role == TokenRoleServer: // not redeemed: the server it was made for can still join with it
+		return nil, structs.Errf(structs.CodeJoinTokenInvalid, "the join token joins a server, not a host (capyctl create join-token makes a host's)")
 	case !rec.Used.IsZero():
 		return nil, structs.Errf(structs.CodeJoinTokenUsed, "the join token was redeemed at %s; create a new one", rec.Used.UTC().Format(time.RFC3339))
 	case !now.Before(rec.Expires):
 		return nil, structs.Errf(structs.CodeJoinTokenExpired, "the join token expired at %s; create a new one", rec.Expires.UTC().Format(time.RFC3339))
-	case rec.Role == TokenRoleServer:
-		return nil, structs.Errf(structs.CodeJoinTokenInvalid, "the join token joins a server, not a host (capyctl create join-token makes a host's)")
 	case rec.HostName != "" && rec.HostName != name:
 		return nil, structs.Errf(structs.CodeHostNameChanged, "the join token is for host %q, the request names %q", rec.HostName, name).
 			WithDetail("token_host", rec.HostName).WithDetail("host", name)

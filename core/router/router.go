@@ -124,6 +124,10 @@ type Config struct {
 	ProgressAfter time.Duration
 	// ProgressEvery spaces the progress comments (default 5s).
 	ProgressEvery time.Duration
+	// Responses keeps the Responses API's stored responses (nil: none
+	// kept; a request's store reads false and previous_response_id finds
+	// nothing).
+	Responses ResponseStore
 	// KeepStreamsOnNetHTTP relays every answer on its net/http handler, as
 	// before streams were taken over (hijack.go): about 20 KiB more per
 	// open stream. For comparisons in the same run (make bench).

@@ -182,6 +182,8 @@ type request struct {
 
 	cutter   cutter      // ends the engine work on a hang-up or a bound
 	stopGone func() bool // stops the hang-up callback
+
+	dl dialect // the API a dialect request came in (dialect.go); nil for the others
 }
 
 // chatHead is the part of a chat body the router reads (parseChatHead
@@ -232,8 +234,18 @@ func isEmptyArray(b []byte) bool {
 }
 
 func (rt *Router) serve(w http.ResponseWriter, r *http.Request, api string) {
-	q := &request{rt: rt, w: w, r: r, api: api, start: time.Now(), id: NewRequestID()}
-	q.hjOK = hijackSupported && !rt.cfg.KeepStreamsOnNetHTTP && r.ProtoMajor == 1 && r.ProtoMinor >= 1 && r.TLS == nil && hijackable(w)
+	rt.serveWith(w, r, api, nil)
+}
+
+// serveDialect serves a dialect request (dialect.go) on the chat path.
+func (rt *Router) serveDialect(w http.ResponseWriter, r *http.Request, dl dialect) {
+	rt.serveWith(w, r, structs.APIChat, dl)
+}
+
+func (rt *Router) serveWith(w http.ResponseWriter, r *http.Request, api string, dl dialect) {
+	q := &request{rt: rt, w: w, r: r, api: api, start: time.Now(), id: NewRequestID(), dl: dl}
+	// dialect: a re-encoded stream stays on its net/http handler.
+	q.hjOK = dl == nil && hijackSupported && !rt.cfg.KeepStreamsOnNetHTTP && r.ProtoMajor == 1 && r.ProtoMinor >= 1 && r.TLS == nil && hijackable(w)
 	h := w.Header()
 	h.Set(HeaderRequestID, q.id)
 	defer q.finishHere()
@@ -284,14 +296,21 @@ func (q *request) resolve() bool {
 	var head chatHead
 	var headErr error
 	generates := q.api == structs.APIChat || q.api == structs.APICompletions
-	if generates {
+	if q.dl != nil {
+		// dialect: it reads the client's body (model, stream) itself.
+		if err := q.dl.parse(q); err != nil {
+			q.fail(err)
+			return false
+		}
+		generates = false
+	} else if generates {
 		headErr = parseChatHead(q.body, &head)
 		q.model = head.Model
 	}
-	if !generates || headErr != nil {
-		m, err := peekModel(q.body)
+	if q.dl == nil && (!generates || headErr != nil) {
+		m, err := RequestModel(q.body)
 		if err != nil {
-			q.fail(structs.Errf(structs.CodeInvalidRequest, "the request body is not a JSON object: %v", err))
+			q.fail(structs.Errf(structs.CodeInvalidRequest, "%v", err))
 			return false
 		}
 		q.model = m
@@ -316,8 +335,9 @@ func (q *request) resolve() bool {
 			WithDetail("endpoint", path))
 		return false
 	}
-	switch q.api {
-	case structs.APIChat:
+	switch {
+	case q.dl != nil:
+	case q.api == structs.APIChat:
 		if headErr != nil {
 			q.fail(structs.Errf(structs.CodeInvalidRequest, "the request body is not a valid chat request: %v", headErr))
 			return false
@@ -339,7 +359,7 @@ func (q *request) resolve() bool {
 		if !q.takeSalt(head.CacheSalt) {
 			return false
 		}
-	case structs.APICompletions:
+	case q.api == structs.APICompletions:
 		if headErr != nil {
 			q.fail(structs.Errf(structs.CodeInvalidRequest, "the request body is not a valid completions request: %v", headErr))
 			return false
@@ -353,17 +373,17 @@ func (q *request) resolve() bool {
 		if !q.takeSalt(head.CacheSalt) {
 			return false
 		}
-	case structs.APIEmbeddings:
+	case q.api == structs.APIEmbeddings:
 		if !hasMember(q.body, "input") {
 			q.fail(structs.Errf(structs.CodeInvalidRequest, "an embeddings request needs an input: a string or a list of strings"))
 			return false
 		}
-	case structs.APIRerank:
+	case q.api == structs.APIRerank:
 		if !hasMember(q.body, "query") || !hasMember(q.body, "documents") {
 			q.fail(structs.Errf(structs.CodeInvalidRequest, "a rerank request needs a query and documents"))
 			return false
 		}
-	case structs.APIDecisions:
+	case q.api == structs.APIDecisions:
 		var dr decisions.Request
 		if err := json.Unmarshal(q.body, &dr); err != nil {
 			q.fail(structs.Errf(structs.CodeInvalidRequest, "the request body is not a valid decision request: %v", err))
@@ -413,7 +433,7 @@ func Endpoints(api string) []string {
 	case structs.APIRerank:
 		return []string{rerankPath}
 	default:
-		return []string{"/v1/chat/completions", "/v1/completions"}
+		return []string{"/v1/chat/completions", "/v1/completions", ResponsesPath, MessagesPath, CountTokensPath}
 	}
 }
 
@@ -614,6 +634,9 @@ func (q *request) sendProgress(wt *admission.Waiter, activating bool) {
 	b = strconv.AppendInt(b, time.Since(q.start).Milliseconds(), 10)
 	b = append(b, "}\n\n"...)
 	q.write(b)
+	if q.dl != nil {
+		q.dl.progress(q) // dialect: its own keep-alive beside the comment
+	}
 	q.flush()
 }
 
@@ -664,6 +687,10 @@ func (q *request) fail(err error) {
 	}
 	if q.outcome == "" {
 		q.outcome = OutcomeRefused
+	}
+	if q.dl != nil {
+		q.dialectFail(e) // dialect: the error in the API's shape
+		return
 	}
 	if q.headersSent {
 		b := make([]byte, 0, 256)

@@ -108,7 +108,11 @@ func (rt *Router) record(q *request) {
 	if q.route != nil {
 		dep = q.route.Deployment
 	}
-	rt.stats.requests.WithLabelValues(dep, q.api, q.outcome).Inc()
+	api := q.api
+	if q.dl != nil {
+		api = q.dl.kind() // dialect: the route it came in
+	}
+	rt.stats.requests.WithLabelValues(dep, api, q.outcome).Inc()
 	sec := func(d time.Duration) float64 { return d.Seconds() }
 	if q.ds != nil {
 		m := q.ds.m
@@ -146,7 +150,7 @@ func (rt *Router) record(q *request) {
 	}
 	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 	rec := structs.RequestRecord{
-		ID: q.id, Deployment: dep, API: q.api, Stream: q.stream,
+		ID: q.id, Deployment: dep, API: api, Stream: q.stream,
 		Outcome: q.outcome, Code: q.code, Status: q.status, ReceivedAt: q.start.UTC(),
 		TotalMs: ms(q.endAt.Sub(q.start)), BytesIn: int64(q.bodyN), BytesOut: q.bytesOut,
 	}

@@ -39,10 +39,14 @@
 //	├── requests_by_deployment
 //	│   └── <deployment>/
 //	│       └── <seq u64> ......... (empty) index into requests
-//	└── fleet_state
-//	    └── <key> ................. the server's replicated state, JSON per key
-//	                                (core/fleet/fsm; its log is raft's, under
-//	                                <state_dir>/raft)
+//	├── fleet_state
+//	│   └── <key> ................. the server's replicated state, JSON per key
+//	│                               (core/fleet/fsm; its log is raft's, under
+//	│                               <state_dir>/raft)
+//	├── responses ................ sequence = bytes of the stored responses
+//	│   └── <id> .................. structs.StoredResponse (responses.go)
+//	└── responses_by_time
+//	    └── <created u64><id> ..... (empty) age index of responses
 //
 // Events and request records are only ever removed from the oldest end, so
 // their keys stay contiguous and a count is last-first+1 without a scan.
@@ -88,9 +92,11 @@ var (
 	bucketRequests         = []byte("requests")
 	bucketRequestsByDeploy = []byte("requests_by_deployment")
 	// bucketFleetLog was the server's own command log (schema 2); schema
-	// 3 removed it: raft's log is the one log.
-	bucketFleetLog   = []byte("fleet_log")
-	bucketFleetState = []byte("fleet_state")
+	// 4 removed it: raft's log is the one log.
+	bucketFleetLog        = []byte("fleet_log")
+	bucketFleetState      = []byte("fleet_state")
+	bucketResponses       = []byte("responses")
+	bucketResponsesByTime = []byte("responses_by_time")
 )
 
 // Reserved meta keys.

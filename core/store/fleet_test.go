@@ -65,16 +65,16 @@ func fleetGet(s *Store, key string, v any) (found bool, err error) {
 	return found, err
 }
 
-// TestStore_MigrateV3DropsTheFleetLog opens a schema-2 file whose server
+// TestStore_MigrateV4DropsTheFleetLog opens a schema-3 file whose server
 // kept its own command log beside its state: the log goes, the state
-// stays (raft's log is the one log from schema 3 on).
-func TestStore_MigrateV3DropsTheFleetLog(t *testing.T) {
+// stays (raft's log is the one log from schema 4 on).
+func TestStore_MigrateV4DropsTheFleetLog(t *testing.T) {
 	path := PathIn(t.TempDir())
 	db, err := bolt.Open(path, 0o600, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := migrate(db, migrations[:2]); err != nil {
+	if err := migrate(db, migrations[:3]); err != nil {
 		t.Fatal(err)
 	}
 	err = db.Update(func(tx *bolt.Tx) error {
@@ -94,8 +94,8 @@ func TestStore_MigrateV3DropsTheFleetLog(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	if v, _ := s.SchemaVersion(); v != 3 {
-		t.Fatalf("schema version %d, want 3", v)
+	if v, _ := s.SchemaVersion(); v != 4 {
+		t.Fatalf("schema version %d, want 4", v)
 	}
 	_ = s.View(func(tx *Tx) error {
 		if tx.tx.Bucket(bucketFleetLog) != nil {

@@ -122,6 +122,9 @@ const (
 	CodeNotLeader                 Code = "not_leader"
 	CodeSnapshotInvalid           Code = "snapshot_invalid"
 	CodeSnapshotCAMismatch        Code = "snapshot_ca_mismatch"
+	CodeCountTokensUnsupported    Code = "count_tokens_unsupported"
+	CodeResponseNotFound          Code = "response_not_found"
+	CodeAddressInUse              Code = "address_in_use"
 
 	// Groups: one model across several machines.
 	CodeGroupPlacementRequired    Code = "group_placement_required"
@@ -239,6 +242,9 @@ func init() {
 	row(CodeNotLeader, 28, true, "this server is not the leader of the server cluster and cannot commit a change; details name the leader (leader_id, leader_address; empty while an election runs)")
 	row(CodeSnapshotInvalid, 2, false, "the server state snapshot is not one this release reads, or its checksum does not match its content: the file was changed or cut short; nothing was restored")
 	row(CodeSnapshotCAMismatch, 3, false, "the snapshot was saved on a cluster of another CA: its hosts' certificates are not trusted here (start the servers from the old cluster's pki directory, or restore with --force)")
+	row(CodeCountTokensUnsupported, 2, false, "the model's engine has no route that counts a Messages request's tokens with its own tokenizer and chat template (CapyCTL never estimates); vLLM and llama-server builds with /v1/messages/count_tokens have one")
+	row(CodeResponseNotFound, 2, false, "no stored response with this ID for this API key: never stored (store false), deleted, past the retention, or another key's")
+	row(CodeAddressInUse, 29, true, "another process listens on the address a role was told to listen on (listen, management_listen, cluster_listen): a role that did not stop yet, or another program; it is retried (the systemd units restart on it), or choose another address (--listen, --management-listen, --cluster-listen)")
 	row(CodeGroupPlacementRequired, 2, false, "a topology needs placement.hosts naming at least two hosts, one rank per host")
 	row(CodeGroupTopologyInvalid, 2, false, "the topology does not divide over the group's machines (tensor_parallel × pipeline_parallel must divide by the number of hosts)")
 	row(CodeGroupShapeUnsupported, 5, false, "the engine cannot run this group shape (the engine follows the colon: TensorFold runs tensor_parallel 2 on exactly two machines; llama.cpp and custom engines run no groups)")

@@ -84,6 +84,14 @@ type EngineEndpoint struct {
 	// router forwards a digest of the deployment, its revision and the
 	// salt).
 	CacheSalt bool `json:"cache_salt,omitempty"`
+	// MessagesPath, CountTokensPath and ResponsesPath are the engine's own
+	// routes for Anthropic's Messages API, its token count, and OpenAI's
+	// Responses API, where the driver lets the engine serve them (empty:
+	// the router translates Messages and Responses requests to chat and
+	// refuses count_tokens with count_tokens_unsupported).
+	MessagesPath    string `json:"messages_path,omitempty"`
+	CountTokensPath string `json:"count_tokens_path,omitempty"`
+	ResponsesPath   string `json:"responses_path,omitempty"`
 	// Exposure says who besides CapyCTL reaches the engine (nil from a
 	// driver that does not say).
 	Exposure *Exposure `json:"exposure,omitempty"`

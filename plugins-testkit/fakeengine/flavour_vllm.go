@@ -13,18 +13,15 @@ import (
 	"strings"
 	"sync"
 	"time"
-
-	"github.com/capyctl/capyctl/sdk/enginefacts"
 )
 
 // DefaultVLLMVersion is what the vLLM flavour reports when told nothing.
 const DefaultVLLMVersion = "0.32.0"
 
 // VLLMUDSSince is the first release the fake vLLM takes --uds in (serving
-// on a Unix socket instead of its port); it refuses the option in older
-// ones, as an argparse that lacks it does. It is the release CapyCTL's
-// driver uses it from (drivers/vllm.UDSSince).
-var VLLMUDSSince = []int{0, 11}
+// on a Unix socket instead of its port): FactVLLMUDS. It refuses the
+// option in older ones, as an argparse that lacks it does.
+var VLLMUDSSince = []int{0, 10, 2}
 
 // VLLMOptions are what a vLLM launch decides with its argv and environment.
 type VLLMOptions struct {
@@ -53,7 +50,7 @@ type VLLMOptions struct {
 //	POST /v1/embeddings        embeddings (embeddings.go), id "embd-…"
 //	POST /v1/rerank            rerank (rerank.go), id "rerank-…", each result's document
 //	                           (vLLM's /rerank is not served: it lies outside the guarded
-//	                           prefixes, which enginefacts.VLLM does not list as open)
+//	                           prefixes, which VLLMFacts does not list as guarded)
 //	GET  /metrics              vllm:num_requests_running/_waiting, vllm:kv_cache_usage_perc, counters
 //	dev mode only:
 //	POST /sleep?level=1|2[&mode=abort|wait|keep]   (500 without --enable-sleep-mode)
@@ -117,6 +114,7 @@ func (v *VLLM) Routes(e *Engine) []Route {
 		{Pattern: "GET /metrics", Handler: MetricsHandler(e, func(s Stats) []Metric { return VLLMMetrics(e.ServedName(), s) })},
 		{Pattern: "GET /fake/stats", Handler: e.StatsHandler()},
 	}
+	routes = append(routes, vllmAPIRoutes(e)...)
 	if v.opts.DevMode {
 		routes = append(routes,
 			Route{Pattern: "POST /sleep", Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { v.sleep(e, w, r) })},
@@ -302,7 +300,7 @@ func (v *VLLM) Middleware(e *Engine, next http.Handler) http.Handler {
 		if r.Method == http.MethodOptions {
 			return true
 		}
-		for _, p := range enginefacts.Values(enginefacts.VLLM.GuardedPrefixes) {
+		for _, p := range Values(VLLMFacts.GuardedPrefixes) {
 			if r.URL.Path == p || strings.HasPrefix(r.URL.Path, p+"/") {
 				return false
 			}
@@ -431,9 +429,9 @@ func VLLMMetrics(served string, s Stats) []Metric {
 		usage = float64(s.Running) / float64(s.MaxRunning)
 	}
 	return []Metric{
-		{Name: enginefacts.VLLM.Metrics.Running.Value, Type: "gauge", Help: "Number of requests in model execution batches.", Labels: labels, Value: float64(s.Running)},
-		{Name: enginefacts.VLLM.Metrics.Waiting.Value, Type: "gauge", Help: "Number of requests waiting to be processed.", Labels: labels, Value: float64(s.Waiting)},
-		{Name: enginefacts.VLLM.Metrics.KVUsage[0].Value, Type: "gauge", Help: "KV-cache usage. 1 means 100 percent usage.", Labels: labels, Value: usage},
+		{Name: VLLMFacts.Running.Value, Type: "gauge", Help: "Number of requests in model execution batches.", Labels: labels, Value: float64(s.Running)},
+		{Name: VLLMFacts.Waiting.Value, Type: "gauge", Help: "Number of requests waiting to be processed.", Labels: labels, Value: float64(s.Waiting)},
+		{Name: VLLMFacts.KVUsage.Value, Type: "gauge", Help: "KV-cache usage. 1 means 100 percent usage.", Labels: labels, Value: usage},
 		{Name: "vllm:num_preemptions_total", Type: "counter", Help: "Cumulative number of preemption from the engine.", Labels: labels, Value: 0},
 		{Name: "vllm:prompt_tokens_total", Type: "counter", Help: "Number of prefill tokens processed.", Labels: labels, Value: float64(s.PromptTokens)},
 		{Name: "vllm:generation_tokens_total", Type: "counter", Help: "Number of generation tokens processed.", Labels: labels, Value: float64(s.GenerationTokens)},

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -68,6 +69,11 @@ func StartHostWith(t testing.TB, cluster, token string, o HostOptions) *Role {
 	opts := o.Options
 	opts.Role = "host"
 	opts.Args = append(append([]string{"--server", cluster, "--hostname", o.Name}, o.GPU.SimArgs()...), opts.Args...)
+	if !strings.Contains(strings.Join(opts.Args, " "), "peer") {
+		// Every test host is this machine: group ranks meet on loopback,
+		// named as an operator names a host's group link (no default).
+		opts.Args = append(opts.Args, "--peer-address", "127.0.0.1")
+	}
 	if token != "" {
 		opts.Env = append(opts.Env, "CAPYCTL_JOIN_TOKEN="+token)
 	}

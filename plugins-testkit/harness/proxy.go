@@ -4,9 +4,9 @@
 package harness
 
 import (
-	"io"
 	"net"
 	"sync"
+	"sync/atomic"
 	"testing"
 )
 
@@ -23,17 +23,19 @@ type Partition struct {
 	cut   bool
 	drop  bool
 	conns []net.Conn
-	// held counts the bytes from the target waiting in the proxy for the
-	// client while cut (HeldFromTarget).
-	held int
+
+	// lateTo and lateFrom count the bytes read during a cut and delivered
+	// at Heal, towards the target and from it.
+	lateTo, lateFrom atomic.Int64
+	// heldTo and heldFrom count the bytes read during a cut that wait in
+	// the proxy now (HeldFromTarget).
+	heldTo, heldFrom atomic.Int64
 }
 
-// HeldFromTarget is how many bytes the target sent that wait in the
-// proxy for the client now (while cut, not dropped).
+// HeldFromTarget is how many bytes the target sent during the cut that
+// wait in the proxy for the client now (with Cut(false)).
 func (p *Partition) HeldFromTarget() int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.held
+	return int(p.heldFrom.Load())
 }
 
 // NewPartition proxies a loopback listener to target until the test ends.
@@ -59,6 +61,14 @@ func (p *Partition) Cut(drop bool) {
 	p.mu.Lock()
 	p.cut, p.drop = true, drop
 	p.mu.Unlock()
+}
+
+// Late reports the bytes that arrived during a cut and were delivered
+// once it healed: towards the target (from the clients that dialed the
+// proxy) and from the target. A test shows with it that something sent
+// during the partition really arrived late.
+func (p *Partition) Late() (toTarget, fromTarget int64) {
+	return p.lateTo.Load(), p.lateFrom.Load()
 }
 
 // Heal carries traffic again.
@@ -103,8 +113,8 @@ func (p *Partition) serve() {
 		p.mu.Lock()
 		p.conns = append(p.conns, c, up)
 		p.mu.Unlock()
-		go p.pipe(c, up, false)
-		go p.pipe(up, c, true)
+		go p.pipe(c, up, &p.lateTo, &p.heldTo)
+		go p.pipe(up, c, &p.lateFrom, &p.heldFrom)
 	}
 }
 
@@ -124,41 +134,59 @@ func (p *Partition) hold(c net.Conn) {
 	p.mu.Lock()
 	p.conns = append(p.conns, c, up)
 	p.mu.Unlock()
-	go p.pipe(c, up, false)
-	go p.pipe(up, c, true)
+	go p.pipe(c, up, &p.lateTo, &p.heldTo)
+	go p.pipe(up, c, &p.lateFrom, &p.heldFrom)
 }
 
-// pipe copies src to dst, holding (or dropping) what it reads while cut;
-// fromTarget counts what it holds (HeldFromTarget).
-func (p *Partition) pipe(src, dst net.Conn, fromTarget bool) {
-	defer dst.Close()
-	buf := make([]byte, 32<<10)
-	for {
-		n, err := src.Read(buf)
-		if n > 0 {
-			p.mu.Lock()
-			if p.cut && !p.drop && fromTarget {
-				p.held += n
-			}
-			for p.cut && !p.drop {
-				p.cond.Wait()
-			}
-			if fromTarget {
-				p.held = 0
-			}
-			dropped := p.cut && p.drop
-			p.mu.Unlock()
-			if !dropped {
-				if _, werr := dst.Write(buf[:n]); werr != nil {
-					return
+// pipe copies src to dst. What it reads while cut is held in the proxy
+// (dropped, with Cut(true)) and written at Heal, so the proxy keeps reading
+// during a cut: every byte sent during it is held here, not in the
+// kernel's buffers; held counts what waits, late what it delivered.
+func (p *Partition) pipe(src, dst net.Conn, late, held *atomic.Int64) {
+	type chunk struct {
+		b    []byte
+		late bool
+	}
+	q := make(chan chunk, 1024)
+	go func() {
+		defer close(q)
+		buf := make([]byte, 32<<10)
+		for {
+			n, err := src.Read(buf)
+			if n > 0 {
+				p.mu.Lock()
+				cut, drop := p.cut, p.drop
+				p.mu.Unlock()
+				if !cut || !drop {
+					if cut {
+						held.Add(int64(n))
+					}
+					q <- chunk{b: append([]byte(nil), buf[:n]...), late: cut}
 				}
 			}
-		}
-		if err != nil {
-			if err != io.EOF {
+			if err != nil {
 				return
 			}
+		}
+	}()
+	defer dst.Close()
+	for c := range q {
+		p.mu.Lock()
+		for p.cut {
+			p.cond.Wait()
+		}
+		p.mu.Unlock()
+		if _, err := dst.Write(c.b); err != nil {
+			// Drain the reader so it ends with its source.
+			go func() {
+				for range q {
+				}
+			}()
 			return
+		}
+		if c.late {
+			held.Add(-int64(len(c.b)))
+			late.Add(int64(len(c.b)))
 		}
 	}
 }

@@ -156,12 +156,13 @@ func (r *Role) startArgs() []string {
 	} else {
 		engine := r.ports
 		var first, last int
-		if _, err := fmt.Sscanf(r.ports, "%d-%d", &first, &last); err == nil && r.RoleName == "host" && last-first >= 20 {
+		if _, err := fmt.Sscanf(r.ports, "%d-%d", &first, &last); err == nil && r.RoleName == "host" && last-first >= 56 {
 			// A group head's rendezvous port comes from the role's own
 			// range too, not from the shared default (25000-25099), which
-			// other tests' ports may hold.
-			engine = fmt.Sprintf("%d-%d", first, last-10)
-			args = append(args, "--rendezvous-ports", fmt.Sprintf("%d-%d", last-9, last))
+			// other tests' ports may hold: room for four heads of seven
+			// ports each (lifecycle.RendezvousSpan).
+			engine = fmt.Sprintf("%d-%d", first, last-28)
+			args = append(args, "--rendezvous-ports", fmt.Sprintf("%d-%d", last-27, last))
 		}
 		args = append(args, "--engine-ports", engine, "--models-root", filepath.Join(r.StateDir, "models"))
 	}

@@ -51,8 +51,12 @@ type TokenCreated struct {
 // TokenRedeemed marks a token used at the command's time. Its value is
 // a Redemption: the record as it stood before, and whether there was one.
 // Exactly one redemption of a token finds it unused: the log orders them.
+// A token of another Role than the redemption's ("" a host's) is returned
+// as it is, not marked used: a host that shows a server's token (or a
+// server a host's) does not burn it.
 type TokenRedeemed struct {
 	Hash string `json:"hash"`
+	Role string `json:"role,omitempty"`
 }
 
 // Redemption is TokenRedeemed's value.
@@ -144,7 +148,7 @@ func (s *State) applyTokenRedeemed(fs *store.FleetState, c TokenRedeemed, at tim
 	if !ok {
 		return func() {}, Redemption{}, nil
 	}
-	if !rec.Used.IsZero() {
+	if !rec.Used.IsZero() || rec.Role != c.Role {
 		return func() {}, Redemption{Token: rec, Found: true}, nil
 	}
 	used := rec

@@ -192,7 +192,7 @@ func TestCLI_Offline(t *testing.T) {
 			{"engine_ports", "8100-8199", "default", ""},                  // default
 			{"state_dir", dir, "flag", "flag state_dir"},                  // the global --state-dir
 			{"management_listen", "127.0.0.1:7443", "default", ""},        // default
-			{"request_ledger.retention", "168h0m0s", "default", ""},       // nested default
+			{"request_ledger.retention", "168h", "default", ""},           // nested default
 			{"hostname", got["hostname"].Value, "default", "os.Hostname"}, // derived default
 			{"plugin_dir", filepath.Join(dir, "plugins"), "default", "<state_dir>/plugins"},
 		}
@@ -352,8 +352,8 @@ func TestCLI_RoleWithoutEngine(t *testing.T) {
 	out, _, code = r.CLI("list", "deployments")
 	want(t, "list deployments", code, 0, out, "No deployments")
 	out, _, code = r.CLI("list", "deployments", "--json")
-	if code != 0 || out != "[]\n" {
-		t.Fatalf("list deployments --json: %d %q", code, out)
+	if code != 0 || out != `{"api_version":"1","deployments":[]}`+"\n" {
+		t.Fatalf("list deployments --json: %d %q; want an object like every list", code, out)
 	}
 
 	out, _, code = r.CLI("list", "hosts")
@@ -486,15 +486,17 @@ func TestCLI_DeploymentLifecycle(t *testing.T) {
 		t.Fatalf("engine remove --json: %v", removed)
 	}
 
-	// deploy: create, refuse a second create, update with --revision.
+	// deploy converges: create, the same file again is a no-op, a changed
+	// one is a new revision; --revision is a compare-and-set.
 	out, _, code = r.Deploy("demo", harness.SimpleSpec("demo", "fake"))
 	want(t, "deploy", code, 0, out, "Deployment demo created (revision 1, on_demand)")
-	_, errOut, code = r.Deploy("demo", harness.SimpleSpec("demo", "fake"))
-	want(t, "deploy again", code, 2, errOut, "error [conflict]", "--revision 1")
-	out, _, code = r.Deploy("demo", harness.SimpleSpec("demo", "fake"), "--revision", "1", "--json")
+	out, _, code = r.Deploy("demo", harness.SimpleSpec("demo", "fake"))
+	want(t, "deploy again", code, 0, out, "Deployment demo unchanged (revision 1, on_demand)")
+	changed := strings.Replace(harness.SimpleSpec("demo", "fake"), "  model {", "  request_deadline = \"90s\"\n  model {", 1)
+	out, _, code = r.Deploy("demo", changed, "--revision", "1", "--json")
 	var accs []wire.DeployAccepted
 	oneLineJSON(t, "deploy --json", out, &accs)
-	if code != 0 || len(accs) != 1 || accs[0].Revision != 2 || accs[0].Created {
+	if code != 0 || len(accs) != 1 || accs[0].Revision != 2 || accs[0].Created || accs[0].Unchanged {
 		t.Fatalf("deploy --revision --json: %+v", accs)
 	}
 	_, errOut, code = r.Deploy("demo", harness.SimpleSpec("demo", "fake"), "--revision", "1")

@@ -68,7 +68,7 @@ func TestRole_Completions(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if out := harness.ReadAll(resp); !strings.Contains(out, `"endpoints":["/v1/chat/completions","/v1/completions"]`) {
+	if out := harness.ReadAll(resp); !strings.Contains(out, `"endpoints":["/v1/chat/completions","/v1/completions","/v1/responses","/v1/messages","/v1/messages/count_tokens"]`) {
 		t.Fatalf("models: %s", out)
 	}
 }

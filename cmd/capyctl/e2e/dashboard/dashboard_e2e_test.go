@@ -164,8 +164,10 @@ func (l *lockedBuilder) Write(p []byte) (int, error) {
 // TestDashboard_Browser drives the dashboard of a `capyctl dev` role in a
 // real headless Chromium: log in with the admin token, see the card's bar
 // change when a model is parked from the CLI, park one from the page (with
-// its confirmation), see the event arrive, and save screenshots (light,
-// dark, phone) for a person to look at.
+// its confirmation), see the event arrive, ask a model in the playground
+// (a streamed answer, its request ID and figures, with the role's key or a
+// pasted one), and save screenshots (light, dark, phone) for a person to
+// look at.
 func TestDashboard_Browser(t *testing.T) {
 	browser := findBrowser(t)
 	d := startDev(t)
@@ -337,15 +339,71 @@ func TestDashboard_Browser(t *testing.T) {
 	waitJS("the latency chart drew demo's requests over two samples", `Number(document.querySelector('#chart-latency polyline[data-series="demo:p50"]')?.dataset.points) >= 2`)
 	shot("4-parked-from-page")
 
+	// The playground: pick a model, send a message with the role's key
+	// (by name), and the answer streams in with its request ID and the
+	// per-answer figures; a pasted key works too, and a wrong one is
+	// refused by the inference API.
+	waitJS("the playground offers demo and the role's key", `[...document.querySelectorAll('#pg-model option')].some(o => o.value === 'demo') && `+
+		`[...document.querySelectorAll('#pg-key option')].some(o => o.value === 'default')`)
+	step("ask demo in the playground", 20*time.Second,
+		chromedp.SetValue(chromedp.ID("pg-model"), "demo"),
+		chromedp.SetValue(chromedp.ID("pg-key"), "default"),
+		chromedp.SetValue(chromedp.ID("pg-prompt"), "Hello from the playground"),
+		chromedp.Click(chromedp.ID("pg-send")),
+	)
+	waitJS("the playground's answer is complete", `document.getElementById('pg-status').textContent === 'demo answered.'`)
+	answer, err := chromedp.Run(ctx, chromedp.Evaluate[map[string]any](`({text: document.getElementById('pg-answer').textContent,
+		chunks: Number(document.getElementById('pg-answer').dataset.chunks), id: document.getElementById('pg-request-id').textContent,
+		metrics: [...document.querySelectorAll('#pg-metrics tr[data-metric]')].map(r => r.dataset.metric)})`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("playground answer: %v", answer)
+	text, _ := answer["text"].(string)
+	chunks, _ := answer["chunks"].(float64)
+	id, _ := answer["id"].(string)
+	metrics := fmt.Sprint(answer["metrics"])
+	if strings.TrimSpace(text) == "" || chunks < 2 {
+		t.Errorf("playground answer %q in %v chunks; want a streamed answer", text, chunks)
+	}
+	if !strings.HasPrefix(id, "capy-") {
+		t.Errorf("playground request ID %q; want the answer's X-CapyCTL-Request-Id", id)
+	}
+	for _, m := range []string{"total_ms", "ttft_ms", "output_tokens"} {
+		if !strings.Contains(metrics, m) {
+			t.Errorf("playground figures %s lack %s", metrics, m)
+		}
+	}
+	// The request went through the inference API as any client's: the
+	// request ledger has it under its ID.
+	if logged := d.cli(t, "status", "deployment", "demo", "--json"); !strings.Contains(logged, `"in_flight":0`) {
+		t.Errorf("demo still counts the playground's request in flight: %s", logged)
+	}
+	shot("5-playground")
+	step("a wrong pasted key", 20*time.Second,
+		chromedp.SetValue(chromedp.ID("pg-key"), ""),
+		chromedp.Evaluate[chromedp.Void](`document.getElementById('pg-key').dispatchEvent(new Event('change'))`),
+		chromedp.WaitVisible(chromedp.ID("pg-key-pasted")),
+		chromedp.SendKeys(chromedp.ID("pg-key-pasted"), "capy-not-the-key"),
+		chromedp.Click(chromedp.ID("pg-send")),
+	)
+	waitJS("the wrong key is refused", `document.getElementById('pg-status').textContent.includes('refused the pasted key')`)
+	step("the right pasted key", 20*time.Second,
+		chromedp.Evaluate[chromedp.Void](`document.getElementById('pg-key-pasted').value = ''`),
+		chromedp.SendKeys(chromedp.ID("pg-key-pasted"), d.key),
+		chromedp.Click(chromedp.ID("pg-send")),
+	)
+	waitJS("the pasted key's answer is complete", `document.getElementById('pg-status').textContent === 'demo answered.'`)
+
 	// The same page in the dark theme and on a phone.
 	if _, err := chromedp.Call(ctx, emulation.SetEmulatedMedia, emulation.SetEmulatedMediaParams{
 		Features: []*emulation.MediaFeature{{Name: "prefers-color-scheme", Value: "dark"}},
 	}); err != nil {
 		t.Fatal(err)
 	}
-	shot("5-dark")
+	shot("6-dark")
 	step("phone viewport", 10*time.Second, chromedp.EmulateViewport(390, 844, chromedp.EmulateMobile))
-	shot("6-phone-dark")
+	shot("7-phone-dark")
 
 	mu.Lock()
 	defer mu.Unlock()

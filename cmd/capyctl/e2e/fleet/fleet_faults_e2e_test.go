@@ -18,6 +18,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -45,6 +46,19 @@ func startFaultFleet(t *testing.T, cards map[string]string, serverArgs []string,
 	f.Server.AddFakeEngine("fake", engineArgs...)
 	f.WaitEngine("fake")
 	return f
+}
+
+// waitReached waits for a call of MgmtDoReached to reach the server's
+// handler; an answer first (a refusal before the body was read) fails.
+func waitReached(t *testing.T, what string, reached <-chan struct{}, answer <-chan e2e.MgmtAnswer) {
+	t.Helper()
+	select {
+	case <-reached:
+	case a := <-answer:
+		t.Fatalf("%s: answered before the body was read: %v %d %s", what, a.Err, a.Status, a.Body)
+	case <-time.After(30 * time.Second):
+		t.Fatalf("%s: not within 30s", what)
+	}
 }
 
 // errorCode is the catalogue code of a management or inference error
@@ -105,33 +119,61 @@ func withGPU(spec, gpu string) string {
 }
 
 // TestFleetFaults_DeployRetriedWithSameKey deploys through the server's
-// management API with an Idempotency-Key, retries it with the same key
-// while the first call is still placing (its engines held loading), and
-// again once it is done: every retry replays the first answer, and each
-// host runs exactly one instance, started once.
+// management API with an Idempotency-Key and retries it with the same key
+// while the first call is still placing, and again once it is done: every
+// retry replays the first answer, and each host runs exactly one instance,
+// started once. The first call is held at the hosts (their drivers stopped
+// with SIGSTOP, so the hosts' Plan of the deployment waits) until the
+// server's handler of the retry reads its body (the answer to Expect:
+// 100-continue): the two calls overlap in the server, and a retry not
+// serialised behind the first by its key would place a second time or be
+// refused as a conflict.
 func TestFleetFaults_DeployRetriedWithSameKey(t *testing.T) {
-	hold := filepath.Join(t.TempDir(), "release")
-	f := startFaultFleet(t, map[string]string{"gpu-a": "24GiB", "gpu-b": "24GiB"}, nil, "--hold-startup-file", hold)
+	f := startFaultFleet(t, map[string]string{"gpu-a": "24GiB", "gpu-b": "24GiB"}, nil)
 	for _, h := range f.Hosts {
 		h.WriteFile("models/idem/README", "fake model\n")
 	}
 	body := `{"deployment": {"name": "idem", "engine": "fake", "instances": 2, "model": {"path": "idem"}}, "activate": true}`
 	key := map[string]string{"Idempotency-Key": "fleet-faults-idem-1"}
 
-	first, second := make(chan e2e.MgmtAnswer, 1), make(chan e2e.MgmtAnswer, 1)
-	go func() { first <- f.MgmtDo(http.MethodPost, wire.Prefix+"/deployments", key, body) }()
-	// The first call is in flight once both hosts' engines are loading.
-	poll.Until(t, 30*time.Second, "an engine loading on each host", func() bool {
-		return len(harness.EnginePIDs(f.Hosts["gpu-a"].StateDir)) > 0 && len(harness.EnginePIDs(f.Hosts["gpu-b"].StateDir)) > 0
-	})
-	go func() { second <- f.MgmtDo(http.MethodPost, wire.Prefix+"/deployments", key, body) }()
-	time.Sleep(300 * time.Millisecond) // give the retry time to arrive while the first places (not asserted)
-	if err := os.WriteFile(hold, nil, 0o600); err != nil {
-		t.Fatal(err)
+	var drivers []int
+	for _, h := range f.Hosts {
+		drivers = append(drivers, harness.DriverPIDs(h.StateDir, "custom")...)
 	}
+	if len(drivers) < len(f.Hosts) {
+		t.Fatalf("custom drivers %v, want one per host", drivers)
+	}
+	resume := func() {
+		for _, pid := range drivers {
+			_ = syscall.Kill(pid, syscall.SIGCONT)
+		}
+	}
+	t.Cleanup(resume)
+	for _, pid := range drivers {
+		if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	first, second := make(chan e2e.MgmtAnswer, 1), make(chan e2e.MgmtAnswer, 1)
+	inFirst, inSecond := make(chan struct{}), make(chan struct{})
+	go func() { first <- f.MgmtDoReached(http.MethodPost, wire.Prefix+"/deployments", key, body, inFirst) }()
+	waitReached(t, "the server to take the first deploy", inFirst, first)
+	go func() { second <- f.MgmtDoReached(http.MethodPost, wire.Prefix+"/deployments", key, body, inSecond) }()
+	waitReached(t, "the server to take the retry", inSecond, second)
+	select {
+	case a := <-first:
+		t.Fatalf("the first deploy answered before the retry reached the server (%d %s): the calls did not overlap", a.Status, a.Body)
+	default:
+	}
+	resume()
 	a1, a2 := <-first, <-second
-	if a1.Err != nil || a1.Status != http.StatusCreated {
-		t.Fatalf("first deploy: %v %d %s\nserver:\n%s", a1.Err, a1.Status, a1.Body, f.Server.Output())
+	if a1.Header.Get(wire.HeaderReplayed) == "true" && a2.Header.Get(wire.HeaderReplayed) == "" {
+		// Whichever took the key first placed; the other waits for it.
+		a1, a2 = a2, a1
+	}
+	if a1.Err != nil || a1.Status != http.StatusCreated || a1.Header.Get(wire.HeaderReplayed) != "" {
+		t.Fatalf("first deploy: %v %d (replayed %q) %s\nserver:\n%s", a1.Err, a1.Status, a1.Header.Get(wire.HeaderReplayed), a1.Body, f.Server.Output())
 	}
 	if a2.Err != nil || a2.Status != a1.Status || a2.Header.Get(wire.HeaderReplayed) != "true" || a2.Body != a1.Body {
 		t.Errorf("a retry with the same key while the first was placing: %v %d (replayed %q) %s\nwant the first answer replayed: %d %s",
@@ -198,15 +240,21 @@ func TestFleetFaults_ConcurrentDeploysNeverOvercommit(t *testing.T) {
 	}
 	results := make(chan result, len(specs))
 	var over atomic.Value
+	var readings atomic.Int64 // rounds that read both ledgers
 	stop := make(chan struct{})
 	sampled := make(chan struct{})
 	go func() { // sample the ledgers while the deploys race
 		defer close(sampled)
 		for {
+			read := true
 			for _, h := range []string{"gpu-a", "gpu-b"} {
 				if msg, ok := f.LedgerWithinLimits(h); !ok {
 					over.Store(msg)
+					read = false
 				}
+			}
+			if read {
+				readings.Add(1)
 			}
 			select {
 			case <-stop:
@@ -259,7 +307,10 @@ func TestFleetFaults_ConcurrentDeploysNeverOvercommit(t *testing.T) {
 		t.Errorf("both unpinned deployments refused while gpu-b had room: %v", placed)
 	}
 	if msg, _ := over.Load().(string); msg != "" {
-		t.Errorf("a ledger went over its room while the deploys raced: %s", msg)
+		t.Errorf("a ledger went over its room, or could not be read, while the deploys raced: %s", msg)
+	}
+	if readings.Load() == 0 {
+		t.Error("the sampler read no ledger while the deploys raced: it proves nothing")
 	}
 	// What each host runs is what the server placed: no refused deployment
 	// left behind on a host.
@@ -273,13 +324,13 @@ func TestFleetFaults_ConcurrentDeploysNeverOvercommit(t *testing.T) {
 			t.Error(msg)
 		}
 	}
-	var list []wire.DeploymentStatus
+	var list wire.DeploymentList
 	out, errOut, code := f.Server.CLI("list", "deployments", "--json")
 	if code != 0 || json.Unmarshal([]byte(out), &list) != nil {
 		t.Fatalf("list deployments: exit %d: %s%s", code, out, errOut)
 	}
-	if len(list) != len(placed) {
-		t.Errorf("the server lists %d deployments, %d were placed: %s", len(list), len(placed), out)
+	if len(list.Deployments) != len(placed) {
+		t.Errorf("the server lists %d deployments, %d were placed: %s", len(list.Deployments), len(placed), out)
 	}
 }
 
@@ -336,11 +387,16 @@ func TestFleetFaults_HostKilledDuringActivation(t *testing.T) {
 // holds the bytes, delivered when it heals) just before a deploy the
 // server sends it: the server gives the host up (lost, host_unreachable)
 // and places the deployment on the other host, and the held request then
-// reaches the first host when the partition heals. Nothing may run twice:
-// every deployment a host runs must be one the server places on it.
+// reaches the first host when the partition heals (the partition counts
+// the bytes it delivered late). Nothing may run twice: every deployment a
+// host runs must be one the server places on it, and the deployment runs
+// once, on the host that took it.
 func TestFleetFaults_DeployDeliveredLate(t *testing.T) {
 	f := &e2e.Fleet{T: t, Hosts: map[string]*harness.Role{}}
-	f.Server = harness.StartServer(t, harness.Options{Args: []string{"--set", "host_heartbeat=300ms"}})
+	// Heartbeats every 2 s: the server gives a silent host up after three
+	// missed (6 s), so the deploy sent right after the cut surely finds
+	// gpu-b still ready and tries it first.
+	f.Server = harness.StartServer(t, harness.Options{Args: []string{"--set", "host_heartbeat=2s"}})
 	f.Hosts["gpu-a"] = harness.StartHost(t, f.Server, harness.HostOptions{Name: "gpu-a"})
 	token, cluster := f.Server.JoinToken("")
 	proxy := harness.NewPartition(t, cluster)
@@ -352,18 +408,35 @@ func TestFleetFaults_DeployDeliveredLate(t *testing.T) {
 	for _, h := range f.Hosts {
 		h.WriteFile("models/late/README", "fake model\n")
 	}
+	dep := `{"name": "late", "engine": "fake", "model": {"path": "late"}}`
 	proxy.Cut(false)
-	out, errOut, code := f.Deploy("late", harness.SimpleSpec("late", "fake"), "--activate", "--wait")
-	t.Logf("deploy with gpu-b cut off: exit %d\n%s%s", code, out, errOut)
-	if code != 0 {
-		if code != 4 || !strings.Contains(errOut, "capacity_blocked") && !strings.Contains(errOut, "host_unreachable") {
-			t.Fatalf("deploy with gpu-b cut off: exit %d, want 0 or a coded refusal\n%s", code, errOut)
-		}
+	if s := f.HostState("gpu-b"); s != wire.HostReady {
+		t.Fatalf("gpu-b is %s right after the cut: the deploy would not try it", s)
 	}
-	if code == 0 {
-		t.Logf("late placed on %v", hostsOf(f.Status("late")))
+	a := f.MgmtDo(http.MethodPost, wire.Prefix+"/deployments", nil, `{"deployment": `+dep+`, "activate": true}`)
+	if a.Err != nil || a.Status != http.StatusCreated {
+		// The server must give the silent host up and place on the other:
+		// a refusal leaves nothing to deliver late.
+		t.Fatalf("deploy with gpu-b cut off: %v %d %s, want it placed on gpu-a\nserver:\n%s", a.Err, a.Status, a.Body, f.Server.Output())
+	}
+	if hs := hostsOf(f.Status("late")); !slices.Equal(hs, []string{"gpu-a"}) {
+		t.Fatalf("late placed on %v with gpu-b cut off, want gpu-a", hs)
+	}
+	if s := f.HostState("gpu-b"); s == wire.HostReady {
+		t.Fatalf("gpu-b is %s after the deploy gave it up", s)
+	}
+	if _, held := proxy.Late(); held != 0 {
+		t.Fatalf("%d bytes delivered late before the heal", held)
 	}
 	proxy.Heal()
+	// The late delivery: what the server sent gpu-b while cut off (the
+	// deploy it gave up on) reaches gpu-b now.
+	poll.Until(t, 30*time.Second, "the deploy held in the partition delivered to gpu-b", func() bool {
+		_, late := proxy.Late()
+		return late >= int64(len(dep)) // at least the deployment the request carries
+	})
+	_, late := proxy.Late()
+	t.Logf("%d bytes the server sent during the partition reached gpu-b after it healed", late)
 	poll.UntilSlow(t, 30*time.Second, "gpu-b back", func() bool { return f.HostState("gpu-b") == wire.HostReady })
 	var last string
 	deadline := time.Now().Add(20 * time.Second)
@@ -389,6 +462,14 @@ func TestFleetFaults_DeployDeliveredLate(t *testing.T) {
 		t.Fatalf("after the partition healed: %s\nengines on gpu-a %v, on gpu-b %v", last,
 			harness.EnginePIDs(f.Hosts["gpu-a"].StateDir), harness.EnginePIDs(f.Hosts["gpu-b"].StateDir))
 	}
+	if n := hostInstances(t, f.Hosts["gpu-a"], "late"); n != 1 {
+		t.Fatalf("gpu-a runs %d instances of late, want 1", n)
+	}
+	if pids := harness.EnginePIDs(f.Hosts["gpu-b"].StateDir); len(pids) != 0 {
+		t.Fatalf("engines run on gpu-b after the late delivery: %v", pids)
+	}
+	poll.UntilSlow(t, 30*time.Second, "late ready on gpu-a", func() bool { return f.Status("late").ReadyN == 1 })
+	e2e.ChatOK(t, f.Server, "late")
 }
 
 // openStream sends a long streamed chat and returns once its first chunk

@@ -57,7 +57,9 @@ func groupPIDs(st wire.DeploymentStatus) map[string]int {
 // three hosts, each a separate process, engines the testkit's fakes in
 // group mode: a 2-host vLLM group and a 3-host SGLang group come up and
 // answer; five park and wake cycles of the vLLM group (each wake with its
-// wake check); a killed head and a killed worker stop the whole group; a
+// wake check); a killed head and a killed worker stop the whole group,
+// which the server does itself (the fake vLLM, as vLLM, leaves the other
+// rank running); a
 // host agent that goes away leaves its member uncertain with its charge,
 // then launched again; the group alternates with another model under
 // --evict; no engine is left behind and no ledger ever goes over a limit.
@@ -160,7 +162,8 @@ func TestFleetGroups_AcrossHosts(t *testing.T) {
 
 	step("five cycles")
 
-	// A killed head stops the whole group; it starts again.
+	// A killed head stops the whole group (vLLM's headless worker does not
+	// notice and waits: the server stops it); it starts again.
 	pids := groupPIDs(f.Status("big"))
 	if err := syscall.Kill(pids["gpu-a"], syscall.SIGKILL); err != nil {
 		t.Fatal(err)
@@ -175,13 +178,18 @@ func TestFleetGroups_AcrossHosts(t *testing.T) {
 
 	step("head killed and restarted")
 
-	// A killed worker too.
+	// A killed worker too. vLLM's head does not notice a lost rank until
+	// its next collective (the fake hangs as it does): only the server's
+	// supervision of every rank stops it.
 	pids = groupPIDs(f.Status("big"))
 	if err := syscall.Kill(pids["gpu-b"], syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
 	f.NoGroupEngine(pids)
 	f.WaitGroupStopped("big", "group_member_failed")
+	if st := f.Status("big"); st.Group == nil || st.Group.LastError == nil || !strings.Contains(st.Group.LastError.Message, "rank 1 on gpu-b") {
+		t.Fatalf("the group stopped for its worker names another cause: %+v", st.Group)
+	}
 	if _, errOut, code := f.Server.CLI("start", "deployment", "big", "--wait"); code != 0 {
 		t.Fatalf("start after the worker's death: exit %d: %s", code, errOut)
 	}
@@ -251,10 +259,12 @@ func TestFleetGroups_AcrossHosts(t *testing.T) {
 	}
 }
 
-// TestFleetGroups_StallAndRefusals: a bring-up whose head never becomes
-// ready is stopped after group_stall_timeout (group_stalled) with no engine
-// left; a member no host ledger admits refuses the deploy naming its host
-// and leaves no member behind; shapes an engine cannot run are refused.
+// TestFleetGroups_StallAndRefusals: a shape an engine cannot run (a
+// TensorFold group of tensor_parallel 4) is refused with nothing left
+// behind; a bring-up whose head never becomes ready is stopped after
+// group_stall_timeout (group_stalled) with no engine left; a member no
+// host ledger admits refuses the deploy naming its host and leaves no
+// member behind.
 func TestFleetGroups_StallAndRefusals(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a server, two hosts and group engines")
@@ -277,7 +287,29 @@ func TestFleetGroups_StallAndRefusals(t *testing.T) {
 		f.WaitEngine(e[0])
 	}
 	tf := f.Hosts["gpu-a"].FakeTensorFoldVenv("tf", "0.6.5", true)
-	_ = tf
+	if out, errOut, code := f.Server.CLI("engine", "add", tf, "--name", "tf", "--yes"); code != 0 {
+		t.Fatalf("engine add tf: exit %d\n%s%s", code, out, errOut)
+	}
+	f.WaitEngine("tf")
+
+	// A shape the engine cannot run: TensorFold runs tensor_parallel 2 on
+	// exactly two machines. Refused at the deploy, before any member
+	// starts, and nothing is left behind.
+	wide := groupSpec("wide-tf", "tf", 4, []string{"gpu-a", "gpu-b"}, "  engine_config {\n    context_length = 4096\n  }\n  resources {\n    gpu = \"2GiB\"\n    ram = \"1GiB\"\n  }\n")
+	if out, errOut, code := f.DeployEverywhere("wide-tf", wide, "--activate"); code != 5 || !strings.Contains(errOut, "group_shape_unsupported:tensorfold") {
+		t.Fatalf("a TensorFold group of tensor_parallel 4: exit %d, want 5 group_shape_unsupported:tensorfold\nout: %s\nerr: %s", code, out, errOut)
+	}
+	if out, _, _ := f.Server.CLI("list", "deployments", "--json"); strings.Contains(out, `"wide-tf"`) {
+		t.Fatalf("a refused shape left a placement: %s", out)
+	}
+	for name, h := range f.Hosts {
+		if out, _, _ := h.CLI("list", "deployments", "--json"); strings.Contains(out, `"wide-tf"`) {
+			t.Fatalf("a refused shape left a member on %s: %s", name, out)
+		}
+		if pids := harness.EnginePIDs(h.StateDir); len(pids) != 0 {
+			t.Fatalf("engines run on %s after a refused shape: %v", name, pids)
+		}
+	}
 
 	// A stalled bring-up: the head loads for ever.
 	stuck := groupSpec("stuck", "vllm-stuck", 2, []string{"gpu-a", "gpu-b"}, fmt.Sprintf(groupMemory, "8GiB", "8GiB"))

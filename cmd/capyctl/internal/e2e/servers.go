@@ -60,12 +60,12 @@ func DeploymentNames(t *testing.T, r *harness.Role) ([]string, bool) {
 	if code != 0 {
 		return nil, false
 	}
-	var list []wire.DeploymentStatus
+	var list wire.DeploymentList
 	if err := json.Unmarshal([]byte(out), &list); err != nil {
 		t.Fatalf("list deployments --json: %v\n%s", err, out)
 	}
 	var names []string
-	for _, d := range list {
+	for _, d := range list.Deployments {
 		names = append(names, d.Name)
 	}
 	return names, true
