@@ -14,7 +14,6 @@ import (
 	"sort"
 	"strings"
 	"sync"
-	"time"
 
 	"github.com/capyctl/capyctl/core/api"
 	"github.com/capyctl/capyctl/core/router"
@@ -88,138 +87,145 @@ func relayError(w http.ResponseWriter, r *http.Request, err error) {
 // relayBody relays one inference request's body to a host of the model;
 // tap, when set, sees the host's answer before the client does.
 func (s *Server) relayBody(w http.ResponseWriter, r *http.Request, body []byte, tap func(*http.Response)) {
+	p, hosts, err := s.relayTarget(r, body)
+	if err != nil {
+		if r.Context().Err() == nil {
+			relayError(w, r, err)
+		}
+		return
+	}
+	var u undo
+	defer u.run()
+	rl, err := s.relaySend(r, p, hosts, body, &u)
+	if err != nil {
+		if r.Context().Err() == nil {
+			relayError(w, r, err)
+		}
+		return
+	}
+	if tap != nil {
+		tap(rl.resp)
+	}
+	// A stream outlives the handler: the client's context no longer
+	// cancels it (unless it did already), the watcher does.
+	if strings.HasPrefix(rl.resp.Header.Get("Content-Type"), "text/event-stream") && rl.unhook() {
+		s.streams.add(1)
+		u.push(func() { s.streams.add(-1) })
+		if takeOver(w, r, rl.resp, rl.cancel, &u) {
+			return
+		}
+		rehook := context.AfterFunc(r.Context(), rl.cancel)
+		u.push(func() { rehook() })
+	}
+	copyAnswer(w, rl.resp)
+}
+
+// relayed is a host's answer to a relayed request: cancel ends the
+// relayed stream, unhook stops the client's context from cancelling it
+// (false when it did already).
+type relayed struct {
+	resp   *http.Response
+	cancel context.CancelFunc
+	unhook func() bool
+}
+
+// relayTarget finds the placement that serves the request's model and the
+// hosts that may answer it (a group's head; once every member is up).
+func (s *Server) relayTarget(r *http.Request, body []byte) (*Placement, []string, error) {
 	// The model as the host's router reads it (by its exact name): the
 	// server places the request where the host serves the same model.
 	model, err := router.RequestModel(body)
 	if err != nil {
-		relayError(w, r, structs.Errf(structs.CodeInvalidRequest, "%v", err))
-		return
+		return nil, nil, structs.Errf(structs.CodeInvalidRequest, "%v", err)
 	}
 	if model == "" {
-		relayError(w, r, structs.Errf(structs.CodeInvalidRequest, "the request names no model"))
-		return
+		return nil, nil, structs.Errf(structs.CodeInvalidRequest, "the request names no model")
 	}
 	p, ok := s.State.RouteOwner(model)
 	if !ok {
-		relayError(w, r, structs.Errf(structs.CodeUnknownModel, "no deployment serves model %q (GET /v1/models lists them)", model))
-		return
+		return nil, nil, structs.Errf(structs.CodeUnknownModel, "no deployment serves model %q (GET /v1/models lists them)", model)
 	}
 	if p.Pending {
 		e := structs.Errf(structs.CodeUnavailable, "deployment %s is being placed on its hosts: retry", p.Deployment).WithDetail("deployment", p.Deployment)
 		e.RetryAfter = 1
-		router.WriteError(w, e)
-		return
+		return nil, nil, e
 	}
-	// A request that never left the server (the host's relay closed
-	// between the pick and the send) goes to another replica; one the host
-	// may have received is not sent twice.
-	var (
-		host, tried string
-		done        func()
-		resp        *http.Response
-		rctx        context.Context
-		cancel      context.CancelFunc
-		unhook      func() bool
-		hosts       = p.HostNames()
-	)
-	if p.Group != nil {
-		// A group answers on its head only, once every member is up.
-		hosts = p.Group.Hosts[:1]
-		if err := s.ensureGroupUp(r.Context(), p); err != nil {
-			if r.Context().Err() == nil {
-				relayError(w, r, err)
-			}
-			return
-		}
+	if p.Group == nil {
+		return p, p.HostNames(), nil
 	}
+	// A group answers on its head only, once every member is up.
+	if err := s.ensureGroupUp(r.Context(), p); err != nil {
+		return nil, nil, err
+	}
+	return p, p.Group.Hosts[:1], nil
+}
+
+// relaySend sends the request to the least busy reachable host of hosts
+// and returns its answer; what the send took (the host's count, the
+// relayed stream's context, the hook that cancels it with the client's,
+// the answer's body) is pushed on u. A request that never left the server
+// (the host's relay closed between the pick and the send) goes to another
+// replica; one the host may have received is not sent twice. A group's
+// head that says its group is not up (this server's view was older than
+// a park or stop) has its group started and the request sent once more.
+func (s *Server) relaySend(r *http.Request, p *Placement, hosts []string, body []byte, u *undo) (relayed, error) {
 	groupTry := 0
 	for attempt := 0; ; attempt++ {
-		host, done = s.pick(hosts)
+		host, done := s.pick(hosts)
 		if host == "" {
 			e := structs.Errf(structs.CodeHostUnreachable, "every host of deployment %s is out of reach of the server (%s); its instances are uncertain", p.Deployment, strings.Join(p.HostNames(), ", ")).
 				WithDetail("deployment", p.Deployment).WithDetail("hosts", p.HostNames())
 			e.RetryAfter = int(2*s.o.Heartbeat.Seconds()) + 1
-			relayError(w, r, e)
-			return
+			return relayed{}, e
 		}
+		var try undo
+		try.push(done)
 		// The relayed stream's context is the client's until the answer's
 		// head arrives; a streamed answer then outlives the handler
 		// (takeOver).
-		rctx, cancel = context.WithCancel(context.WithoutCancel(r.Context()))
-		unhook = context.AfterFunc(r.Context(), cancel)
-		var err error
-		resp, err = s.roundTrip(rctx, host, r.Method, r.URL.RequestURI(), r.Header, "", body)
-		if err == nil && p.Group != nil && groupTry == 0 && resp.StatusCode == http.StatusServiceUnavailable &&
-			s.memberOf(r.Context(), host, 0, p.Deployment).state != string(structs.StateReady) {
-			// The head's host says its group is not up: this server's view
-			// was older than a park or stop (another server's, or a journal
-			// not arrived yet). Start the group and send once more.
+		rctx, cancel := context.WithCancel(context.WithoutCancel(r.Context()))
+		try.push(cancel)
+		unhook := context.AfterFunc(r.Context(), cancel)
+		try.push(func() { unhook() })
+		resp, err := s.roundTrip(rctx, host, r.Method, r.URL.RequestURI(), r.Header, "", body)
+		if err == nil {
+			try.push(func() { resp.Body.Close() })
+		}
+		switch {
+		case err == nil && p.Group != nil && groupTry == 0 && resp.StatusCode == http.StatusServiceUnavailable &&
+			s.memberOf(r.Context(), host, 0, p.Deployment).state != string(structs.StateReady):
 			groupTry++
-			resp.Body.Close()
-			unhook()
-			cancel()
-			done()
+			try.run()
 			s.groups.setDown(p.Deployment, true)
 			if err := s.ensureGroupUp(r.Context(), p); err != nil {
-				if r.Context().Err() == nil {
-					relayError(w, r, err)
-				}
-				return
+				return relayed{}, err
 			}
 			attempt = -1
 			continue
+		case err == nil:
+			u.fns = append(u.fns, try.handOver().fns...)
+			return relayed{resp: resp, cancel: cancel, unhook: unhook}, nil
 		}
-		if err == nil {
-			break
-		}
-		unhook()
-		cancel()
-		done()
+		try.run()
 		if r.Context().Err() != nil {
-			return // the client hung up: the reset stream cancelled the host's work
+			return relayed{}, r.Context().Err() // the client hung up: the reset stream cancelled the host's work
 		}
 		if attempt == 0 && notSent(err) && len(hosts) > 1 {
-			tried = host
+			tried := host
 			hosts = slices.DeleteFunc(slices.Clone(hosts), func(h string) bool { return h == tried })
 			continue
 		}
 		e := structs.Errf(structs.CodeHostUnreachable, "the relay to host %s failed: %v", host, err).WithDetail("host", host)
 		e.RetryAfter = 1
-		relayError(w, r, e)
-		return
+		return relayed{}, e
 	}
-	if tap != nil {
-		tap(resp)
-	}
-	if strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") && unhook() {
-		s.taken.Add(1)
-		finish := func() { done(); s.taken.Add(-1) }
-		if takeOver(w, r, resp, cancel, finish) {
-			return
-		}
-		s.taken.Add(-1)
-		unhook = context.AfterFunc(r.Context(), cancel)
-	}
-	defer done()
-	defer cancel()
-	defer unhook()
-	defer resp.Body.Close()
-	copyAnswer(w, resp)
 }
 
 // DrainStreams waits until the streams the server took over from net/http
 // have ended, or ctx ends (then Close cuts them): a stopping server lets
 // them finish for the drain timeout, as a standalone role does.
 func (s *Server) DrainStreams(ctx context.Context) {
-	t := time.NewTicker(10 * time.Millisecond)
-	defer t.Stop()
-	for s.taken.Load() > 0 {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-	}
+	s.streams.wait(ctx)
 }
 
 // notSent reports whether a relay error means the request never left the

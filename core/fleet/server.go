@@ -15,7 +15,6 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -110,7 +109,7 @@ type Server struct {
 	turn  uint // rotates the relay's ties
 
 	metrics  http.Handler
-	taken    atomic.Int64 // streams taken over from net/http (relay.go)
+	streams  openCount    // streams taken over from net/http (relaytaken.go)
 	receipts api.Receipts // the Idempotency-Key receipts of the server's own mutations
 	// lastStatus keeps each host's last answer for a deployment (mgmt.go).
 	lastStatus statusCache

@@ -16,6 +16,7 @@ import (
 	"github.com/capyctl/capyctl/core/api/wire"
 	"github.com/capyctl/capyctl/core/routes"
 	"github.com/capyctl/capyctl/core/structs"
+	"github.com/capyctl/capyctl/core/takeover"
 	"github.com/capyctl/capyctl/sdk/decisions"
 )
 
@@ -245,7 +246,7 @@ func (rt *Router) serveDialect(w http.ResponseWriter, r *http.Request, dl dialec
 func (rt *Router) serveWith(w http.ResponseWriter, r *http.Request, api string, dl dialect) {
 	q := &request{rt: rt, w: w, r: r, api: api, start: time.Now(), id: NewRequestID(), dl: dl}
 	// dialect: a re-encoded stream stays on its net/http handler.
-	q.hjOK = dl == nil && hijackSupported && !rt.cfg.KeepStreamsOnNetHTTP && r.ProtoMajor == 1 && r.ProtoMinor >= 1 && r.TLS == nil && hijackable(w)
+	q.hjOK = dl == nil && !rt.cfg.KeepStreamsOnNetHTTP && takeover.Possible(w, r)
 	h := w.Header()
 	h.Set(HeaderRequestID, q.id)
 	defer q.finishHere()
