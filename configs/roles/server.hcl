@@ -81,6 +81,10 @@ lifecycle_defaults {
 }
 
 limits {
+  # How often a streamed request that waits (for a place, a wake, a start or another model's turn) gets an SSE progress comment, which keeps proxies and clients that time out on silence from cutting it.
+  # (env CAPYCTL_LIMITS_PROGRESS_INTERVAL)
+  # progress_interval = "10s"
+
   # Requests waiting for a place, all deployments together.
   # (env CAPYCTL_LIMITS_MAX_WAITING_TOTAL)
   # max_waiting_total = 256

@@ -119,7 +119,25 @@ lifecycle_defaults {
   # parked_idle_timeout = ""
 }
 
+switching {
+  # What a request does when its model must wait for busy models to leave the card: turns (it waits for their turns; served in batches, victims by expected cost) or immediate (it is refused at once with capacity_blocked, the policy before turns).
+  # (env CAPYCTL_SWITCHING_POLICY; one of turns, immediate)
+  # policy = "turns"
+
+  # How long a busy model keeps its turn once another model waits for its memory, counted from that model's longest-waiting request.
+  # (env CAPYCTL_SWITCHING_TURN_TIME)
+  # turn_time = "30s"
+
+  # How many more requests a busy model admits once another model waits for its memory; 0: no bound but switching.turn_time.
+  # (env CAPYCTL_SWITCHING_TURN_REQUESTS)
+  # turn_requests = 0
+}
+
 limits {
+  # How often a streamed request that waits (for a place, a wake, a start or another model's turn) gets an SSE progress comment, which keeps proxies and clients that time out on silence from cutting it.
+  # (env CAPYCTL_LIMITS_PROGRESS_INTERVAL)
+  # progress_interval = "10s"
+
   # Requests waiting for a place, all deployments together.
   # (env CAPYCTL_LIMITS_MAX_WAITING_TOTAL)
   # max_waiting_total = 256

@@ -97,6 +97,12 @@ type Settings struct {
 	// deployments that set none (lifecycle_defaults.*; 0 = off).
 	ReadyIdle  time.Duration
 	ParkedIdle time.Duration
+	// Switching is how models that compete for one card take turns
+	// (switching.*; zero values take the lifecycle's defaults).
+	Switching lifecycle.SwitchingConfig
+	// ProgressInterval spaces a waiting stream's progress comments
+	// (limits.progress_interval; 0: the router's default).
+	ProgressInterval time.Duration
 	// HostEnv is added to every engine's environment.
 	HostEnv map[string]string
 	// GPU selects the GPU inventory (gpu.provider and the simulated
@@ -359,6 +365,7 @@ func New(s Settings, logger hclog.Logger) (*Agent, error) {
 		ReadyIdleTimeout:  s.ReadyIdle,
 		ParkedIdleTimeout: s.ParkedIdle,
 		Group:             a.groupSettings(),
+		Switching:         s.Switching,
 	})
 	a.Lifecycle = lc
 	a.Engines = engines.New(st, a.Plugins, lc)
@@ -367,7 +374,10 @@ func New(s Settings, logger hclog.Logger) (*Agent, error) {
 	a.Router = router.New(router.Config{Lifecycle: lc, Admission: adm, Logger: logger, MaxBodyBytes: s.MaxBodyBytes, DefaultDeadline: s.RequestDeadline,
 		RequestLog: a.Requests, MaxWaitingTotal: s.MaxWaitingTotal, MaxWaitingBytes: s.MaxWaitingBytes,
 		MaxBodyBytesInFlight: s.MaxBodyBytesInFlight, BodyReadTimeout: s.Listener.options("inference", logger).BodyReadTimeout,
-		Responses: a.Responses})
+		Responses: a.Responses, ProgressEvery: s.ProgressInterval})
+	if err := a.Router.Register(lifecycle.SwitchCollector{M: lc}); err != nil {
+		logger.Warn("could not export the switching metrics", "error", err)
+	}
 
 	if err := a.listen(); err != nil {
 		_ = a.Responses.Close()

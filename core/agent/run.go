@@ -13,6 +13,7 @@ import (
 
 	"github.com/capyctl/capyctl/core/api"
 	"github.com/capyctl/capyctl/core/config"
+	"github.com/capyctl/capyctl/core/lifecycle"
 	"github.com/capyctl/capyctl/core/pluginmgr"
 	"github.com/capyctl/capyctl/core/responses"
 	"github.com/capyctl/capyctl/core/store"
@@ -184,6 +185,10 @@ func SettingsFromConfig(cfg *config.Config) Settings {
 		Responses:       responsesOptions(cfg),
 		ReadyIdle:       cfg.LifecycleDefaults.ReadyIdleTimeout.D(),
 		ParkedIdle:      cfg.LifecycleDefaults.ParkedIdleTimeout.D(),
+		Switching: lifecycle.SwitchingConfig{
+			Policy: cfg.Switching.Policy, TurnTime: cfg.Switching.TurnTime.D(), TurnRequests: cfg.Switching.TurnRequests,
+		},
+		ProgressInterval: cfg.Limits.ProgressInterval.D(),
 		DriverDeadlines: pluginmgr.Deadlines{
 			Call: cfg.Drivers.CallTimeout.D(), Plan: cfg.Drivers.PlanTimeout.D(), Start: cfg.Drivers.StartTimeout.D(),
 			Park: cfg.Drivers.ParkTimeout.D(), Stop: cfg.Drivers.StopTimeout.D(),

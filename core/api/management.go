@@ -195,6 +195,7 @@ func Status(v *lifecycle.DeploymentView) wire.DeploymentStatus {
 			ID: r.ID(), Index: r.Index, State: string(r.State), Since: r.Since, Revision: r.Revision, Generation: r.Generation,
 			Engine: r.Engine, Driver: r.Driver, Residency: r.Residency, LastTransition: r.LastTransition, Reason: string(r.Reason), LastError: r.LastError,
 			Released: r.Released, Charges: r.Charges, Phase: r.Phase, Parsers: r.Parsers,
+			ParkTier: r.ParkTier, ParkDetail: r.ParkDetail, Timings: r.Timings,
 		}
 		if r.Launch != nil && r.State != structs.StateStopped && r.State != structs.StateFailed {
 			is.Port = r.Launch.Port

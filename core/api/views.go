@@ -44,7 +44,7 @@ func loadViews(loads []router.DeploymentLoad) []wire.DeploymentLoad {
 		c := dl.Requests
 		v := wire.DeploymentLoad{Deployment: dl.Deployment, Requests: wire.RequestCounts{
 			Places: c.Places, MaxWaiting: c.MaxWaiting, Waiting: c.Waiting, InFlight: c.Live,
-			SettleWhenIdle: c.SettleWhenIdle, SettleAtStop: c.SettleAtStop, SettleOnAbort: c.SettleOnAbort,
+			SettleWhenIdle: c.SettleWhenIdle, SettleAtStop: c.SettleAtStop, SettleOnAbort: c.SettleOnAbort, Turn: c.Turn,
 		}}
 		if c.Instances != nil {
 			v.Requests.Instances = make([]wire.InstanceRequestCounts, 0, len(c.Instances))

@@ -84,6 +84,7 @@ type Config struct {
 	GPU               GPUConfig
 	Memory            MemoryConfig
 	LifecycleDefaults LifecycleDefaults
+	Switching         Switching
 	Limits            Limits
 	Listener          Listener
 	TLS               TLS
@@ -125,12 +126,28 @@ type LifecycleDefaults struct {
 	ParkedIdleTimeout structs.Duration
 }
 
+// Switching is how models that compete for one card take turns.
+type Switching struct {
+	// Policy is "turns" (a request for a model that must wait for busy
+	// models waits for their turns) or "immediate" (it is refused at once,
+	// capacity_blocked: the policy before turns).
+	Policy string
+	// TurnTime bounds a busy model's turn once another model waits.
+	TurnTime structs.Duration
+	// TurnRequests bounds the requests a busy model still admits once
+	// another model waits (0: no bound but the time).
+	TurnRequests int
+}
+
 // Limits bound the router's queues and request bodies.
 type Limits struct {
-	MaxWaitingTotal int
-	MaxWaitingBytes structs.ByteSize
-	RequestDeadline structs.Duration
-	MaxBodyBytes    structs.ByteSize
+	// ProgressInterval spaces the SSE progress comments of a waiting
+	// streamed request.
+	ProgressInterval structs.Duration
+	MaxWaitingTotal  int
+	MaxWaitingBytes  structs.ByteSize
+	RequestDeadline  structs.Duration
+	MaxBodyBytes     structs.ByteSize
 	// MaxBodyBytesInFlight bounds the request bodies held in memory, all
 	// together (429 bodies_in_flight_full past it).
 	MaxBodyBytesInFlight structs.ByteSize

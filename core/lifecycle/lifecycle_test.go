@@ -149,6 +149,8 @@ func TestManager_VictimStoppedWhenParkedFootprintDoesNotFit(t *testing.T) {
 	}
 }
 
+// TestManager_VictimRules are the rules of the immediate policy (and of an
+// operator's start --evict): only idle models are victims.
 func TestManager_VictimRules(t *testing.T) {
 	cases := []struct {
 		name    string
@@ -172,7 +174,10 @@ func TestManager_VictimRules(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			f := newFixture(t, 10, 6, 1, func(c *Config) { c.AdmissionWindow = 500 * time.Millisecond })
+			f := newFixture(t, 10, 6, 1, func(c *Config) {
+				c.AdmissionWindow = 500 * time.Millisecond
+				c.Switching.Policy = PolicyImmediate
+			})
 			warm := c.name == "warm is never evicted"
 			f.deploy("a", func(d *structs.Deployment) { d.Lifecycle.Warm = warm })
 			f.deploy("b")

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/capyctl/capyctl/core/ledger"
@@ -100,6 +101,10 @@ type startRun struct {
 	probe                *pb.ProbeResponse
 
 	undo []func()
+	// slot gives back the start slot (once): held for the start only, on
+	// success too (the soak work reshapes this; a slot kept by a
+	// successful start was lost for good).
+	slot func()
 	// onFail records a failed step after the undo: the default keeps the
 	// error as the instance's last error.
 	onFail func(err error) error
@@ -162,6 +167,7 @@ func (in *instance) start(c *command) error {
 			return r.onFail(err)
 		}
 	}
+	r.slot()
 	r.undo = nil // the launch stands: nothing to undo
 	return r.ready()
 }
@@ -225,7 +231,9 @@ func (r *startRun) resolveStep() error {
 		r.onFail = asIs
 		return err
 	}
-	r.push(release)
+	var once sync.Once
+	r.slot = func() { once.Do(release) }
+	r.push(r.slot)
 	return nil
 }
 

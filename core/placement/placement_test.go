@@ -744,3 +744,69 @@ func TestPlacer_CompilersAreLeftOut(t *testing.T) {
 		t.Fatalf("measurement = %+v %v", m, err)
 	}
 }
+
+// TestPlacer_ParkedHostChargesHostRAM: a park that keeps the weights in
+// host RAM (parked_host, vLLM's sleep level 1) is charged their copy in the
+// system domain and is admitted only while host RAM has room for it; a
+// park that drops them (parked) is not; on a unified pool there is no such
+// park.
+func TestPlacer_ParkedHostChargesHostRAM(t *testing.T) {
+	p := newPlacer(t, cards(1, 80*gib), newMemStore()) // host RAM: 32 GiB managed
+	vllm := func(name string) error {
+		_, err := p.Reserve(context.Background(), lifecycle.Reservation{
+			Owner: name + "/0", Deployment: &structs.Deployment{Name: name}, Revision: 1, Engine: &structs.EngineRecord{Name: "e"},
+			Hints: &pb.MemoryHints{WeightsBytes: 8 * gib}, Residency: structs.ResidencyDeep,
+		})
+		if err == nil {
+			err = p.Phase(name+"/0", ledger.PhaseReady)
+		}
+		return err
+	}
+	for _, n := range []string{"a", "b"} {
+		if err := vllm(n); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := reserve(p, "c/0", spec("c", 4*gib, 6*gib)); err != nil {
+		t.Fatal(err)
+	}
+	host := func(owner string) int64 {
+		now, _, ok := p.Charges(owner)
+		if !ok {
+			t.Fatalf("%s is not charged", owner)
+		}
+		return now[ledger.DomainSystem]
+	}
+	// a: its 4 GiB of host overhead and the copy of its weights (8 × 1.5).
+	if err := p.Phase("a/0", ledger.PhaseParkedHost); err != nil {
+		t.Fatalf("a parks with its weights in host RAM: %v", err)
+	}
+	if got := host("a/0"); got != 16*gib {
+		t.Fatalf("a parked_host charges %s of host RAM, want 16GiB", structs.FormatBytes(got))
+	}
+	// b: 16 + 16 + 6 GiB would pass the 32 GiB limit.
+	err := p.Phase("b/0", ledger.PhaseParkedHost)
+	if !structs.HasCode(err, structs.CodeCapacityBlocked) || !strings.Contains(err.Error(), "system") {
+		t.Fatalf("b parked_host: %v, want capacity_blocked on system", err)
+	}
+	if err := p.Phase("b/0", ledger.PhaseParked); err != nil {
+		t.Fatalf("b parks dropping its weights: %v", err)
+	}
+	if got := host("b/0"); got != 4*gib {
+		t.Fatalf("b parked charges %s of host RAM, want 4GiB", structs.FormatBytes(got))
+	}
+
+	u := newPlacer(t, &fakeGPU{devs: []gpu.Device{{UUID: "GPU-u", TotalBytes: 128 * gib, Unified: true}}}, newMemStore())
+	if _, err := u.Reserve(context.Background(), lifecycle.Reservation{
+		Owner: "a/0", Deployment: &structs.Deployment{Name: "a"}, Revision: 1, Engine: &structs.EngineRecord{Name: "e"},
+		Hints: &pb.MemoryHints{WeightsBytes: 8 * gib}, Residency: structs.ResidencyDeep,
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := u.Phase("a/0", ledger.PhaseReady); err != nil {
+		t.Fatal(err)
+	}
+	if err := u.Phase("a/0", ledger.PhaseParkedHost); !structs.HasCode(err, structs.CodeCapacityBlocked) {
+		t.Fatalf("parked_host on a unified pool: %v, want refused", err)
+	}
+}

@@ -49,6 +49,15 @@ type fakeLC struct {
 	activate func(ctx context.Context, dep string) error
 	abortIDs []string
 	acts     atomic.Int64
+	// estimate, when set, is the lifecycle's wait estimate (WaitEstimate).
+	estimate atomic.Pointer[structs.WaitEstimate]
+}
+
+func (f *fakeLC) WaitEstimate(string) (structs.WaitEstimate, bool) {
+	if e := f.estimate.Load(); e != nil {
+		return *e, true
+	}
+	return structs.WaitEstimate{}, false
 }
 
 func (f *fakeLC) Board() *routes.Board { return &f.board }

@@ -7,8 +7,10 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"math"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -552,6 +554,9 @@ func (q *request) wait(wt *admission.Waiter) *admission.Place {
 		go func() { act <- rt.lc.Activate(ctx, dep) }()
 	}
 	if !q.ds.adm.Ready() {
+		if q.beyondBound(wt) {
+			return nil
+		}
 		startAct()
 	}
 	var progress <-chan time.Time
@@ -588,6 +593,9 @@ func (q *request) wait(wt *admission.Waiter) *admission.Place {
 		case <-changed:
 			changed = rt.cfg.Routes.Changed()
 			if q.resync() && act == nil && !q.ds.adm.Ready() {
+				if q.beyondBound(wt) {
+					return nil
+				}
 				startAct()
 			}
 		case <-deadline.C:
@@ -633,12 +641,70 @@ func (q *request) sendProgress(wt *admission.Waiter, activating bool) {
 	b = strconv.AppendInt(b, int64(max(wt.Position(), 0)), 10)
 	b = append(b, ",\"elapsed_ms\":"...)
 	b = strconv.AppendInt(b, time.Since(q.start).Milliseconds(), 10)
+	if activating {
+		if est, ok := q.estimate(); ok && est.Wait > 0 {
+			b = append(b, ",\"eta_ms\":"...)
+			b = strconv.AppendInt(b, est.Wait.Milliseconds(), 10)
+			if est.Switch && len(est.Holding) > 0 {
+				b = append(b, ",\"holding\":["...)
+				for i, h := range est.Holding {
+					if i > 0 {
+						b = append(b, ',')
+					}
+					b = strconv.AppendQuote(b, h)
+				}
+				b = append(b, ']')
+			}
+		}
+	}
 	b = append(b, "}\n\n"...)
 	q.write(b)
 	if q.dl != nil {
 		q.dl.progress(q) // dialect: its own keep-alive beside the comment
 	}
 	q.flush()
+}
+
+// estimate is the lifecycle's estimate of the request's wait, where it
+// offers one.
+func (q *request) estimate() (structs.WaitEstimate, bool) {
+	ev, ok := q.rt.lc.(waitEstimator)
+	if !ok {
+		return structs.WaitEstimate{}, false
+	}
+	return ev.WaitEstimate(q.route.Deployment)
+}
+
+// beyondBound refuses, before its model is activated, a request whose
+// model must wait for others to leave the card (their turns, the switch)
+// longer than what is left of its deadline, by the measured figures alone:
+// 429 insufficient_resources, Retry-After the expected wait, and details
+// naming the models that hold the memory. A wait within the bound is not
+// refused: the request waits.
+func (q *request) beyondBound(wt *admission.Waiter) bool {
+	est, ok := q.estimate()
+	if !ok || !est.Switch || est.Floor <= 0 {
+		return false
+	}
+	left := q.deadlineLeft()
+	if est.Floor <= left {
+		return false // IMPORTANT: never refused on a placeholder figure
+	}
+	wt.Leave()
+	holding := "other models"
+	if len(est.Holding) > 0 {
+		holding = strings.Join(est.Holding, ", ")
+	}
+	e := structs.Errf(structs.CodeInsufficientResources,
+		"model %q needs the memory %s hold: it is expected to serve in %s (%d models' turns first), past what is left of the request deadline (%s)",
+		q.model, holding, est.Wait.Round(100*time.Millisecond), est.Ahead, left.Round(100*time.Millisecond))
+	e.RetryAfter = max(int(math.Ceil(est.Wait.Seconds())), 1)
+	e.WithDetail("holding", est.Holding).
+		WithDetail("expected_wait_ms", est.Wait.Milliseconds()).
+		WithDetail("turns_ahead", est.Ahead).
+		WithDetail("deadline_left_ms", left.Milliseconds())
+	q.fail(e)
+	return true
 }
 
 // activationState names what an activation is doing, from the states of

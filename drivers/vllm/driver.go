@@ -112,7 +112,10 @@ func New() *Driver { return &Driver{reg: enginekit.NewRegistry[*enginekit.Instan
 // Describe implements sdk.Driver.
 func (d *Driver) Describe(context.Context, *pb.DescribeRequest) (*pb.DescribeResponse, error) {
 	return enginekit.Describe(Family, d.Version, &pb.Capabilities{
-		ParkTiers:       []string{enginekit.ResidencyDeep, enginekit.ResidencyHostBacked},
+		ParkTiers: []string{enginekit.ResidencyDeep, enginekit.ResidencyHostBacked},
+		// Every launch sleeps at either level (--enable-sleep-mode is on
+		// for both): the core picks the level at each park (park.go).
+		TierPerPark:     true,
 		Apis:            []string{"chat", "embeddings", "rerank"},
 		AbortMode:       pb.AbortMode_ABORT_MODE_CLOSE_CONNECTION,
 		IdleSignal:      true,

@@ -69,6 +69,9 @@ type Config struct {
 	// HostAllocBytes of host memory are allocated and touched at startup
 	// and kept, so that host-memory measurement has something to measure.
 	HostAllocBytes int64
+	// Sleep is what a sleep level costs and keeps (the vLLM flavour's
+	// /sleep, /wake_up and reload_weights).
+	Sleep SleepCosts
 
 	// TokenRate is the generation speed in tokens per second; 0 means no
 	// delay between tokens.

@@ -76,6 +76,10 @@ type VLLM struct {
 	stale        bool // weights woken without a reload: answers are garbage
 	prefixResets int
 	reloads      int
+	// offloaded is the weights kept in host RAM at level 1 (hostCopy
+	// holds them for real with SleepCosts.HoldHost).
+	offloaded int64
+	hostCopy  []byte
 }
 
 var _ Flavour = (*VLLM)(nil)
@@ -194,6 +198,8 @@ func (v *VLLM) sleep(e *Engine, w http.ResponseWriter, r *http.Request) {
 		v.mu.Lock()
 		v.dropped = true
 		v.mu.Unlock()
+	} else {
+		v.offload(e)
 	}
 	e.Logf(LevelInfo, "It took %.6f seconds to fall asleep.", 0.0)
 	w.WriteHeader(http.StatusOK)
@@ -232,6 +238,10 @@ func (v *VLLM) wakeUp(e *Engine, w http.ResponseWriter, r *http.Request) {
 		v.stale, v.dropped = true, false
 	}
 	v.mu.Unlock()
+	if wokeWeights {
+		// Level 1 kept them in host RAM: they are copied back.
+		v.restore(e)
+	}
 	if err := e.Wake(tags...); err != nil {
 		v.mu.Lock()
 		v.stale, v.dropped = stale, dropped
@@ -256,6 +266,8 @@ func (v *VLLM) collectiveRPC(e *Engine, w http.ResponseWriter, r *http.Request) 
 		v.WriteError(w, KindEngineFailure, fmt.Sprintf("AttributeError: worker has no method %q", body.Method))
 		return
 	}
+	// The weights are read from disk again.
+	time.Sleep(moveTime(e.cfg.Sim.Weights, e.cfg.Sleep.ReloadRate))
 	// A group's head reloads on every rank (group.go's "reload"), as
 	// vLLM's collective_rpc runs on every worker of the executor.
 	e.parkMu.Lock()
@@ -440,4 +452,69 @@ func VLLMMetrics(served string, s Stats) []Metric {
 		{Name: "vllm:request_success_total", Type: "counter", Help: "Count of successfully processed requests.",
 			Labels: append([]Label{{Name: "finished_reason", Value: "stop"}}, labels...), Value: float64(s.Completed)},
 	}
+}
+
+// SleepCosts are what vLLM's sleep levels cost and keep, by the size of the
+// simulated weights (Sim.Weights): level 1 offloads the weights to host
+// RAM (pinned CPU memory: the process's resident memory grows by their
+// size) and a wake copies them back over PCIe; level 2 discards them and
+// reload_weights reads them from disk again (vLLM's sleep mode docs;
+// reference/engines.md §1.7 note 3).
+type SleepCosts struct {
+	// WakeRate is how many bytes of weights per second a wake from level 1
+	// copies back (0: at once).
+	WakeRate int64
+	// ReloadRate is how many bytes of weights per second reload_weights
+	// reads after level 2 (0: at once).
+	ReloadRate int64
+	// HoldHost holds the weights' size in real host RAM while asleep at
+	// level 1; otherwise the offload is only counted (Offloaded), so that a
+	// demo's 8 GiB model does not take 8 GiB of the laptop's RAM.
+	HoldHost bool
+}
+
+// moveTime is the time to move n bytes at rate bytes per second.
+func moveTime(n, rate int64) time.Duration {
+	if n <= 0 || rate <= 0 {
+		return 0
+	}
+	return time.Duration(float64(n) / float64(rate) * float64(time.Second))
+}
+
+// offload keeps the weights in host RAM at level 1.
+func (v *VLLM) offload(e *Engine) {
+	n := e.cfg.Sim.Weights
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.offloaded = n
+	if e.cfg.Sleep.HoldHost && n > 0 {
+		v.hostCopy = make([]byte, n)
+		for i := int64(0); i < n; i += 4096 {
+			v.hostCopy[i] = 1
+		}
+	}
+	e.Logf(LevelInfo, "offloaded %s of weights to CPU memory", FormatBytes(n))
+}
+
+// restore copies the offloaded weights back (a wake after level 1), taking
+// the time the copy takes.
+func (v *VLLM) restore(e *Engine) {
+	v.mu.Lock()
+	n := v.offloaded
+	v.mu.Unlock()
+	if n == 0 {
+		return
+	}
+	time.Sleep(moveTime(n, e.cfg.Sleep.WakeRate))
+	v.mu.Lock()
+	v.offloaded, v.hostCopy = 0, nil
+	v.mu.Unlock()
+}
+
+// Offloaded is the weights the engine keeps in host RAM, asleep at level 1
+// (0 otherwise).
+func (v *VLLM) Offloaded() int64 {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.offloaded
 }

@@ -161,6 +161,14 @@ type InstanceStatus struct {
 	Released  string               `json:"released,omitempty"`
 	Charges   map[string]int64     `json:"charges,omitempty"`
 	Phase     string               `json:"phase,omitempty"`
+	// ParkTier is the tier a parked instance parked at: "host_backed"
+	// (weights kept in host RAM; vLLM's sleep level 1) or "deep" (weights
+	// dropped; level 2); ParkDetail is the driver's word on it.
+	ParkTier   string `json:"park_tier,omitempty"`
+	ParkDetail string `json:"park_detail,omitempty"`
+	// Timings are the instance's measured start, wake (by tier), park and
+	// stop durations, which switching weighs.
+	Timings *structs.Timings `json:"timings,omitempty"`
 	// Parsers are the tool-call and reasoning parsers the engine runs with.
 	Parsers *structs.Parsers `json:"parsers,omitempty"`
 	// Exposure is who besides CapyCTL can reach the engine's routes.

@@ -512,8 +512,15 @@ type Capabilities struct {
 	// request_id_header names the header the router sets to its request ID,
 	// empty for none.
 	RequestIdHeader string `protobuf:"bytes,8,opt,name=request_id_header,json=requestIdHeader,proto3" json:"request_id_header,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// tier_per_park is true when any launch can park at any of park_tiers,
+	// the tier chosen at each park (vLLM's sleep levels: level 1 keeps the
+	// weights in host RAM, level 2 drops them); the core then parks at
+	// host_backed when the host has room for the weights, else deep. False:
+	// a launch parks at the residency it was launched for (SGLang keeps a
+	// host copy of the weights only when launched host_backed).
+	TierPerPark   bool `protobuf:"varint,9,opt,name=tier_per_park,json=tierPerPark,proto3" json:"tier_per_park,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Capabilities) Reset() {
@@ -600,6 +607,13 @@ func (x *Capabilities) GetRequestIdHeader() string {
 		return x.RequestIdHeader
 	}
 	return ""
+}
+
+func (x *Capabilities) GetTierPerPark() bool {
+	if x != nil {
+		return x.TierPerPark
+	}
+	return false
 }
 
 type DetectRequest struct {
@@ -3973,7 +3987,7 @@ const file_sdk_proto_driverv1_driver_proto_rawDesc = "" +
 	"\aversion\x18\x02 \x01(\tR\aversion\x12\x1a\n" +
 	"\bprotocol\x18\x03 \x01(\rR\bprotocol\x12C\n" +
 	"\fcapabilities\x18\x04 \x01(\v2\x1f.capyctl.driver.v1.CapabilitiesR\fcapabilities\x12#\n" +
-	"\rconfig_schema\x18\x05 \x01(\tR\fconfigSchema\"\xa7\x02\n" +
+	"\rconfig_schema\x18\x05 \x01(\tR\fconfigSchema\"\xcb\x02\n" +
 	"\fCapabilities\x12\x1d\n" +
 	"\n" +
 	"park_tiers\x18\x01 \x03(\tR\tparkTiers\x12\x12\n" +
@@ -3985,7 +3999,8 @@ const file_sdk_proto_driverv1_driver_proto_rawDesc = "" +
 	"\x06groups\x18\x05 \x01(\bR\x06groups\x12\x18\n" +
 	"\almcache\x18\x06 \x01(\bR\almcache\x12(\n" +
 	"\x10request_id_field\x18\a \x01(\tR\x0erequestIdField\x12*\n" +
-	"\x11request_id_header\x18\b \x01(\tR\x0frequestIdHeader\"S\n" +
+	"\x11request_id_header\x18\b \x01(\tR\x0frequestIdHeader\x12\"\n" +
+	"\rtier_per_park\x18\t \x01(\bR\vtierPerPark\"S\n" +
 	"\rDetectRequest\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12\x1a\n" +
 	"\bmanifest\x18\x02 \x01(\tR\bmanifest\x12\x12\n" +
