@@ -19,8 +19,6 @@ func closedNow(ch <-chan struct{}) bool {
 	}
 }
 
-func granted(w *Waiter) bool { return closedNow(w.C()) }
-
 func TestDeployment_ContendIdleEndsTheTurnAtOnce(t *testing.T) {
 	d := New(Config{}).Deployment("d")
 	d.SetLimits(4, 8)

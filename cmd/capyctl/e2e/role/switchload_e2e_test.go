@@ -1,7 +1,7 @@
 // Copyright (c) CapyCTL authors
 // SPDX-License-Identifier: Apache-2.0
 
-package main_test
+package role_test
 
 import (
 	"bufio"
@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capyctl/capyctl/cmd/capyctl/internal/e2e"
 	"github.com/capyctl/capyctl/core/api/client"
 	"github.com/capyctl/capyctl/plugins-testkit/harness"
 )
@@ -146,11 +147,11 @@ func metricValue(t *testing.T, text, name string) float64 {
 // all answered: the host switches, and the server holds each request on
 // the relay while the host's router waits, never bouncing it.
 func TestSwitchLoad_ThroughAServer(t *testing.T) {
-	f := startFleet(t, map[string]string{"gpu-a": "24GiB"})
+	f := e2e.StartFleet(t, map[string]string{"gpu-a": "24GiB"})
 	for _, name := range []string{"sw-a", "sw-b"} {
 		spec := strings.Replace(harness.SimpleSpec(name, "fake"), "  model {",
 			"  resources {\n    gpu = \"14GiB\"\n    ram = \"1GiB\"\n  }\n  model {", 1)
-		if out, errOut, code := f.deploy(name, spec); code != 0 {
+		if out, errOut, code := f.Deploy(name, spec); code != 0 {
 			t.Fatalf("deploy %s: exit %d\n%s%s", name, code, out, errOut)
 		}
 	}
@@ -162,7 +163,7 @@ func TestSwitchLoad_ThroughAServer(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			resp, err := f.server.Chat(context.Background(), harness.ChatBody(model, i%4 == 0, "hello"), nil)
+			resp, err := f.Server.Chat(context.Background(), harness.ChatBody(model, i%4 == 0, "hello"), nil)
 			if err != nil {
 				mu.Lock()
 				bad = append(bad, fmt.Sprintf("%s: %v", model, err))
@@ -178,6 +179,6 @@ func TestSwitchLoad_ThroughAServer(t *testing.T) {
 	}
 	wg.Wait()
 	if len(bad) > 0 {
-		t.Fatalf("%d of 16 not answered through the server:\n%s\nhost:\n%s", len(bad), strings.Join(bad, "\n"), f.hosts["gpu-a"].Output())
+		t.Fatalf("%d of 16 not answered through the server:\n%s\nhost:\n%s", len(bad), strings.Join(bad, "\n"), f.Hosts["gpu-a"].Output())
 	}
 }
