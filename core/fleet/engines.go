@@ -25,6 +25,11 @@ import (
 // bad path is refused at once: when every one of them refuses, the
 // registration is taken back.
 
+// noHostToDetect notes a dry run that found no host linked: nothing was
+// detected, and the registration would still be the cluster's.
+const noHostToDetect = "no host is linked: nothing was detected; each host checks the installation when it links " +
+	"and registers it or refuses it (capyctl list hosts shows each host's engines)"
+
 // engineWait bounds the wait for the linked hosts' answers (a
 // registration runs the engine's version check).
 const engineWait = 2 * time.Minute
@@ -41,6 +46,13 @@ func (s *Server) addEngine(w http.ResponseWriter, r *http.Request) {
 	var req wire.EngineAddRequest
 	if err := json.Unmarshal(body, &req); err != nil || req.Name == "" {
 		writeError(w, structs.Errf(structs.CodeInvalidRequest, "the body is not an engine registration with a name: %v", err))
+		return
+	}
+	if req.DryRun && r.URL.Query().Get("host") == "" && len(s.reachable()) == 0 {
+		// No host to detect the installation on: the registration is the
+		// cluster's all the same, and each host checks it when it links.
+		writeJSON(w, http.StatusOK, wire.EngineDetected{APIVersion: wire.APIVersion,
+			Engine: wire.Engine{Name: req.Name, Family: req.Family, Path: req.Path}, Notes: []string{noHostToDetect}})
 		return
 	}
 	if req.DryRun || r.URL.Query().Get("host") != "" {
