@@ -307,8 +307,10 @@ func (s *Server) startMember(ctx context.Context, host, name string, evict, grou
 // and its host's ledger admitted it (starting with a ledger phase, or
 // ready), or refused it (stopped or failed again, with the error).
 func (s *Server) waitStarted(ctx context.Context, host, name string, before member) error {
-	deadline := time.Now().Add(admitWait)
-	for time.Now().Before(deadline) {
+	deadline := time.NewTimer(admitWait)
+	defer deadline.Stop()
+	for {
+		changes := s.hostChanges([]string{host})
 		m := s.memberOf(ctx, host, 0, name)
 		// A start refused before it changed the state (no room) records
 		// only a newer last error.
@@ -325,13 +327,10 @@ func (s *Server) waitStarted(ctx context.Context, host, name string, before memb
 			}
 			return structs.Errf(structs.CodeActivationFailed, "host %s: the member is %s", host, m.state).WithDetail("host", host)
 		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(50 * time.Millisecond):
+		if expired, err := changes.wait(ctx, deadline.C); expired || err != nil {
+			return err
 		}
 	}
-	return nil
 }
 
 // groupWake wakes a parked group: workers first, then the head.
@@ -464,8 +463,11 @@ func (s *Server) groupStop(ctx context.Context, p *Placement) error {
 // a stalled bring-up stops the group (group_stalled).
 func (s *Server) waitHeadReady(ctx context.Context, name string, g *GroupPlacement) error {
 	deadline := time.Now().Add(s.o.GroupStallTimeout)
+	stall := time.NewTimer(s.o.GroupStallTimeout)
+	defer stall.Stop()
 	stops := s.groups.stopAsked(name)
 	for {
+		changes := s.hostChanges(g.Hosts, s.groups.stopped.changed())
 		if s.groups.stopAsked(name) != stops {
 			return structs.Errf(structs.CodeActivationFailed, "group %s: an operator stopped it before it was ready", name)
 		}
@@ -488,10 +490,9 @@ func (s *Server) waitHeadReady(ctx context.Context, name string, g *GroupPlaceme
 			s.failGroup(ctx, name, g, structs.CodeGroupStalled, msg)
 			return structs.Errf(structs.CodeGroupStalled, "group %s: %s; the group was stopped", name, msg)
 		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(100 * time.Millisecond):
+		// Past the stall deadline the next turn fails the group.
+		if _, err := changes.wait(ctx, stall.C); err != nil {
+			return err
 		}
 	}
 }

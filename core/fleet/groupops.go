@@ -23,6 +23,8 @@ type groupOps struct {
 	// stops counts the operators' stops of each group: a bring-up that
 	// waits for its head gives way to one at once.
 	stops map[string]int
+	// stopped fires at each operator's stop of a group.
+	stopped signal
 	// seen are the member failures already acted on: "<deployment>\x00<host>"
 	// → the failed record's since (host clock, ms).
 	seen map[string]int64
@@ -127,6 +129,7 @@ func (g *groupOps) askStop(name string) {
 		g.stops = map[string]int{}
 	}
 	g.stops[name]++
+	g.stopped.publish()
 }
 
 func (g *groupOps) setDown(name string, down bool) {

@@ -220,8 +220,10 @@ func (s *Server) allDraining(names []string) bool {
 // or one was refused
 // (stopped or failed with an error): that refusal is returned.
 func (s *Server) waitAdmitted(ctx context.Context, host, name string) error {
-	deadline := time.Now().Add(admitWait)
-	for time.Now().Before(deadline) {
+	deadline := time.NewTimer(admitWait)
+	defer deadline.Stop()
+	for {
+		changes := s.hostChanges([]string{host})
 		status, data, err := s.hostCall(ctx, host, http.MethodGet, "/deployments/"+url.PathEscape(name), nil, nil)
 		if err != nil {
 			return err
@@ -245,13 +247,10 @@ func (s *Server) waitAdmitted(ctx context.Context, host, name string) error {
 		if len(st.Instances) > 0 && admitted == len(st.Instances) {
 			return nil
 		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(50 * time.Millisecond):
+		if expired, err := changes.wait(ctx, deadline.C); expired || err != nil {
+			return err
 		}
 	}
-	return nil
 }
 
 // allCodes reports whether every host refused with code.
