@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -490,8 +491,18 @@ func (s *Server) waitHeadReady(ctx context.Context, name string, g *GroupPlaceme
 			s.failGroup(ctx, name, g, structs.CodeGroupStalled, msg)
 			return structs.Errf(structs.CodeGroupStalled, "group %s: %s; the group was stopped", name, msg)
 		}
+		stopRetry := func() bool { return false }
+		if slices.ContainsFunc(ms, func(m member) bool { return !m.reachable }) {
+			// A member that could not be read may have moved meanwhile
+			// with no change to follow: it is read again shortly.
+			var retry <-chan struct{}
+			retry, stopRetry = retryAfter(memberReadRetry)
+			changes = append(changes, recvCase(retry))
+		}
 		// Past the stall deadline the next turn fails the group.
-		if _, err := changes.wait(ctx, stall.C); err != nil {
+		_, err := changes.wait(ctx, stall.C)
+		stopRetry()
+		if err != nil {
 			return err
 		}
 	}

@@ -77,7 +77,10 @@ func (g *groupOps) lock(name string) *semaphore {
 }
 
 // semaphore is a lock taken with a context.
-type semaphore struct{ ch chan struct{} }
+type semaphore struct {
+	ch    chan struct{}
+	freed signal // published at each release
+}
 
 func newSemaphore() *semaphore { return &semaphore{ch: make(chan struct{}, 1)} }
 
@@ -101,7 +104,10 @@ func (l *semaphore) tryAcquire() bool {
 	}
 }
 
-func (l *semaphore) release() { <-l.ch }
+func (l *semaphore) release() {
+	<-l.ch
+	l.freed.publish()
+}
 
 func (g *groupOps) setErr(name string, e *structs.ErrorRecord) {
 	g.mu.Lock()

@@ -59,28 +59,33 @@ func (s *Server) watchBringUp(name, id string) {
 // running on any host), while this server leads (ctx is the leader's). A
 // member whose host is out of reach is uncertain and left as it is until
 // its host is back.
+//
+// It looks again at every journal a host pushes (or a link that comes
+// up), never on a timer; a group whose operation was under way is looked
+// at again once the operation released the group.
 func (s *Server) superviseGroups(ctx context.Context) {
-	t := time.NewTicker(250 * time.Millisecond)
-	defer t.Stop()
 	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+		more := []<-chan struct{}{s.journaled.changed()}
 		for _, p := range s.State.Placements() {
 			if p.Group == nil {
 				continue
 			}
-			s.superviseGroup(ctx, p)
+			if busy := s.superviseGroup(ctx, p); busy != nil {
+				more = append(more, busy)
+			}
+		}
+		if _, err := s.hostChanges(nil, more...).wait(ctx, nil); err != nil {
+			return
 		}
 	}
 }
 
 // superviseGroup checks one group from its members' journals: a member
 // whose engine failed or exited on its own stops the whole group (its
-// peers exit too, or hang in a collective), once per failure.
-func (s *Server) superviseGroup(ctx context.Context, p *Placement) {
+// peers exit too, or hang in a collective), once per failure. A failure
+// seen while an operation holds the group is left to a later look: the
+// channel returned is closed when the group is released.
+func (s *Server) superviseGroup(ctx context.Context, p *Placement) (busy <-chan struct{}) {
 	g := p.Group
 	id := structs.InstanceID(p.Deployment, 0)
 	type failure struct {
@@ -102,11 +107,12 @@ func (s *Server) superviseGroup(ctx context.Context, p *Placement) {
 	}
 	s.mu.Unlock()
 	if len(failed) == 0 {
-		return
+		return nil
 	}
 	l := s.groups.lock(p.Deployment)
+	freed := l.freed.changed()
 	if !l.tryAcquire() {
-		return // an operation is under way; it sees the failure itself
+		return freed // an operation is under way: look again once it is done
 	}
 	defer l.release()
 	var parts []string
@@ -116,9 +122,10 @@ func (s *Server) superviseGroup(ctx context.Context, p *Placement) {
 		}
 	}
 	if len(parts) == 0 {
-		return
+		return nil
 	}
 	s.failGroup(ctx, p.Deployment, g, structs.CodeGroupMemberFailed, "member failed: "+strings.Join(parts, "; "))
+	return nil
 }
 
 // evictGroups parks (or stops) the groups a host's capacity refusal names

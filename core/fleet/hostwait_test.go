@@ -66,3 +66,33 @@ func TestHostChanges_WaitEndsOnASignal(t *testing.T) {
 		})
 	}
 }
+
+// TestSemaphore_ReleaseSignals: a look at a group deferred while an
+// operation holds it waits on the group's freed signal, which the
+// release fires; a signal taken after a release waits for the next one.
+func TestSemaphore_ReleaseSignals(t *testing.T) {
+	l := newSemaphore()
+	if !l.tryAcquire() {
+		t.Fatal("a free semaphore was not taken")
+	}
+	freed := l.freed.changed()
+	if l.tryAcquire() {
+		t.Fatal("a held semaphore was taken again")
+	}
+	l.release()
+	select {
+	case <-freed:
+	default:
+		t.Fatal("the release fired no signal")
+	}
+	next := l.freed.changed()
+	select {
+	case <-next:
+		t.Fatal("a signal taken after the release fired without one")
+	default:
+	}
+	if !l.tryAcquire() {
+		t.Fatal("a released semaphore was not taken")
+	}
+	l.release()
+}

@@ -106,6 +106,7 @@ func (s *Server) linkUp(ctx context.Context, name string, hello *hostv1.Hello, c
 	s.mu.Unlock()
 	h.changed.publish()
 	s.links.publish()
+	s.journaled.publish()
 	if wasLost {
 		s.event("host_reconnected", name, map[string]any{"instances": len(hello.GetInstances())})
 	}
@@ -264,6 +265,7 @@ func (s *Server) onHostMessage(name string, gen uint64, m *hostv1.HostMessage) {
 		}
 	case *hostv1.HostMessage_Journal:
 		j := b.Journal
+		defer s.journaled.publish()
 		defer h.changed.publish()
 		if j.GetState() == string(structs.StateStopped) && j.GetDeployment() == "" {
 			delete(h.journals, j.GetInstanceId())

@@ -128,6 +128,9 @@ type Server struct {
 	leading   signal
 	// links is published whenever a host's link comes up or goes.
 	links signal
+	// journaled is published whenever a host's journal arrives (the
+	// groups' supervisor waits on it) or a link comes up.
+	journaled signal
 	// fatal carries the reason the server must stop (Fatal).
 	fatal chan error
 
