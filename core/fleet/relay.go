@@ -12,10 +12,12 @@ import (
 	"net/http"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 
 	"github.com/capyctl/capyctl/core/api"
+	"github.com/capyctl/capyctl/core/apikeys"
 	"github.com/capyctl/capyctl/core/router"
 	"github.com/capyctl/capyctl/core/structs"
 )
@@ -28,11 +30,11 @@ const relayBufSize = 2 << 10
 var relayBufs = sync.Pool{New: func() any { b := make([]byte, relayBufSize); return &b }}
 
 // InferenceHandler is the server's inference API: every request is
-// relayed to a host that runs the model, behind the API key. Each body is
+// relayed to a host that runs the model, behind the API keys. Each body is
 // at most maxBody bytes and all bodies held at once at most maxInFlight
 // (limits.max_body_bytes, limits.max_body_bytes_in_flight; 0: the
 // router's defaults).
-func (s *Server) InferenceHandler(apiKey string, maxBody, maxInFlight int64) http.Handler {
+func (s *Server) InferenceHandler(keys *apikeys.Keeper, auth api.AuthOptions, maxBody, maxInFlight int64) http.Handler {
 	bodies := router.NewBodyLimiter(maxBody, maxInFlight)
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /v1/models", s.models)
@@ -41,7 +43,7 @@ func (s *Server) InferenceHandler(apiKey string, maxBody, maxInFlight int64) htt
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		relayError(w, r, structs.Errf(structs.CodeNotFound, "no route %s %s", r.Method, r.URL.Path))
 	})
-	return api.InferenceAuth(mux, apiKey)
+	return api.InferenceAuth(mux, keys, auth)
 }
 
 // relayInference relays one inference request to the least busy reachable
@@ -87,25 +89,32 @@ func relayError(w http.ResponseWriter, r *http.Request, err error) {
 // relayBody relays one inference request's body to a host of the model;
 // tap, when set, sees the host's answer before the client does.
 func (s *Server) relayBody(w http.ResponseWriter, r *http.Request, body []byte, tap func(*http.Response)) {
-	p, hosts, err := s.relayTarget(r, body)
-	if err != nil {
-		if r.Context().Err() == nil {
-			relayError(w, r, err)
-		}
-		return
-	}
+	// The request's key settles once the answer ended (a stream's too):
+	// its limits and usage count what the host's answer reported.
+	meter := meterFor(r)
 	var u undo
 	defer u.run()
-	rl, err := s.relaySend(r, p, hosts, body, &u)
-	if err != nil {
+	u.push(meter.end)
+	refuse := func(err error) {
 		if r.Context().Err() == nil {
+			meter.refused(err)
 			relayError(w, r, err)
 		}
+	}
+	p, hosts, hdr, err := s.relayTarget(r, body, meter)
+	if err != nil {
+		refuse(err)
+		return
+	}
+	rl, err := s.relaySend(r, p, hosts, hdr, body, &u)
+	if err != nil {
+		refuse(err)
 		return
 	}
 	if tap != nil {
 		tap(rl.resp)
 	}
+	meter.watch(rl.resp)
 	// A stream outlives the handler: the client's context no longer
 	// cancels it (unless it did already), the watcher does.
 	if strings.HasPrefix(rl.resp.Header.Get("Content-Type"), "text/event-stream") && rl.unhook() {
@@ -129,35 +138,44 @@ type relayed struct {
 	unhook func() bool
 }
 
-// relayTarget finds the placement that serves the request's model and the
-// hosts that may answer it (a group's head; once every member is up).
-func (s *Server) relayTarget(r *http.Request, body []byte) (*Placement, []string, error) {
+// relayTarget finds the placement that serves the request's model, the
+// hosts that may answer it (a group's head; once every member is up), and
+// the headers the hosts get: the host names the request after the
+// client's key (its request log, its fair share of the model's places).
+func (s *Server) relayTarget(r *http.Request, body []byte, meter *relayMeter) (*Placement, []string, http.Header, error) {
 	// The model as the host's router reads it (by its exact name): the
 	// server places the request where the host serves the same model.
 	model, err := router.RequestModel(body)
 	if err != nil {
-		return nil, nil, structs.Errf(structs.CodeInvalidRequest, "%v", err)
+		return nil, nil, nil, structs.Errf(structs.CodeInvalidRequest, "%v", err)
 	}
 	if model == "" {
-		return nil, nil, structs.Errf(structs.CodeInvalidRequest, "the request names no model")
+		return nil, nil, nil, structs.Errf(structs.CodeInvalidRequest, "the request names no model")
 	}
+	caller := router.CallerOf(r.Context())
 	p, ok := s.State.RouteOwner(model)
-	if !ok {
-		return nil, nil, structs.Errf(structs.CodeUnknownModel, "no deployment serves model %q (GET /v1/models lists them)", model)
+	// IMPORTANT: a model the key may not use is answered exactly as one no
+	// deployment serves.
+	if !ok || !caller.Allows(model) {
+		return nil, nil, nil, structs.Errf(structs.CodeUnknownModel, "no deployment serves model %q (GET /v1/models lists them)", model)
 	}
+	meter.model = model
+	hdr := r.Header.Clone()
+	hdr.Set(router.HeaderKeyName, caller.Key)
+	hdr.Set(router.HeaderKeyWeight, strconv.Itoa(max(caller.Weight, 1)))
 	if p.Pending {
 		e := structs.Errf(structs.CodeUnavailable, "deployment %s is being placed on its hosts: retry", p.Deployment).WithDetail("deployment", p.Deployment)
 		e.RetryAfter = 1
-		return nil, nil, e
+		return nil, nil, nil, e
 	}
 	if p.Group == nil {
-		return p, p.HostNames(), nil
+		return p, p.HostNames(), hdr, nil
 	}
 	// A group answers on its head only, once every member is up.
 	if err := s.ensureGroupUp(r.Context(), p); err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
-	return p, p.Group.Hosts[:1], nil
+	return p, p.Group.Hosts[:1], hdr, nil
 }
 
 // relaySend sends the request to the least busy reachable host of hosts
@@ -168,7 +186,7 @@ func (s *Server) relayTarget(r *http.Request, body []byte) (*Placement, []string
 // replica; one the host may have received is not sent twice. A group's
 // head that says its group is not up (this server's view was older than
 // a park or stop) has its group started and the request sent once more.
-func (s *Server) relaySend(r *http.Request, p *Placement, hosts []string, body []byte, u *undo) (relayed, error) {
+func (s *Server) relaySend(r *http.Request, p *Placement, hosts []string, hdr http.Header, body []byte, u *undo) (relayed, error) {
 	groupTry := 0
 	for attempt := 0; ; attempt++ {
 		host, done := s.pick(hosts)
@@ -187,7 +205,7 @@ func (s *Server) relaySend(r *http.Request, p *Placement, hosts []string, body [
 		try.push(cancel)
 		unhook := context.AfterFunc(r.Context(), cancel)
 		try.push(func() { unhook() })
-		resp, err := s.roundTrip(rctx, host, r.Method, r.URL.RequestURI(), r.Header, "", body)
+		resp, err := s.roundTrip(rctx, host, r.Method, r.URL.RequestURI(), hdr, "", body)
 		if err == nil {
 			try.push(func() { resp.Body.Close() })
 		}
@@ -351,9 +369,12 @@ func (s *Server) models(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 	}
+	caller := router.CallerOf(r.Context())
 	ids := make([]string, 0, len(seen))
 	for id := range seen {
-		ids = append(ids, id)
+		if caller.Allows(id) { // a key sees only the models it may use
+			ids = append(ids, id)
+		}
 	}
 	sort.Strings(ids)
 	data := make([]model, 0, len(ids))
