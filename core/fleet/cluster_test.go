@@ -16,9 +16,10 @@ import (
 	"github.com/capyctl/capyctl/plugins-testkit/poll"
 )
 
-// testTuning makes elections fast on loopback.
-var testTuning = raftlog.Tuning{HeartbeatTimeout: 200 * time.Millisecond, ElectionTimeout: 200 * time.Millisecond,
-	LeaderLeaseTimeout: 100 * time.Millisecond, CommitTimeout: 5 * time.Millisecond}
+// testTuning makes elections quick on loopback, yet slow enough that a
+// loaded machine (a make test on two cores) does not call spurious ones.
+var testTuning = raftlog.Tuning{HeartbeatTimeout: time.Second, ElectionTimeout: time.Second,
+	LeaderLeaseTimeout: 500 * time.Millisecond, CommitTimeout: 5 * time.Millisecond}
 
 // testSecrets are a cluster's API key and admin token in these tests.
 func testSecrets() ClusterSecrets {
