@@ -129,10 +129,10 @@ func (s *Server) relayBody(w http.ResponseWriter, r *http.Request, body []byte, 
 	copyAnswer(w, rl.resp)
 }
 
-// relayed is a host's answer to a relayed request: cancel ends the
+// hostReply is a host's answer to a relayed request: cancel ends the
 // relayed stream, unhook stops the client's context from cancelling it
 // (false when it did already).
-type relayed struct {
+type hostReply struct {
 	resp   *http.Response
 	cancel context.CancelFunc
 	unhook func() bool
@@ -186,7 +186,7 @@ func (s *Server) relayTarget(r *http.Request, body []byte, meter *relayMeter) (*
 // replica; one the host may have received is not sent twice. A group's
 // head that says its group is not up (this server's view was older than
 // a park or stop) has its group started and the request sent once more.
-func (s *Server) relaySend(r *http.Request, p *Placement, hosts []string, hdr http.Header, body []byte, u *undo) (relayed, error) {
+func (s *Server) relaySend(r *http.Request, p *Placement, hosts []string, hdr http.Header, body []byte, u *undo) (hostReply, error) {
 	groupTry := 0
 	for attempt := 0; ; attempt++ {
 		host, done := s.pick(hosts)
@@ -194,7 +194,7 @@ func (s *Server) relaySend(r *http.Request, p *Placement, hosts []string, hdr ht
 			e := structs.Errf(structs.CodeHostUnreachable, "every host of deployment %s is out of reach of the server (%s); its instances are uncertain", p.Deployment, strings.Join(p.HostNames(), ", ")).
 				WithDetail("deployment", p.Deployment).WithDetail("hosts", p.HostNames())
 			e.RetryAfter = int(2*s.o.Heartbeat.Seconds()) + 1
-			return relayed{}, e
+			return hostReply{}, e
 		}
 		var try undo
 		try.push(done)
@@ -216,17 +216,17 @@ func (s *Server) relaySend(r *http.Request, p *Placement, hosts []string, hdr ht
 			try.run()
 			s.groups.setDown(p.Deployment, true)
 			if err := s.ensureGroupUp(r.Context(), p); err != nil {
-				return relayed{}, err
+				return hostReply{}, err
 			}
 			attempt = -1
 			continue
 		case err == nil:
 			u.fns = append(u.fns, try.handOver().fns...)
-			return relayed{resp: resp, cancel: cancel, unhook: unhook}, nil
+			return hostReply{resp: resp, cancel: cancel, unhook: unhook}, nil
 		}
 		try.run()
 		if r.Context().Err() != nil {
-			return relayed{}, r.Context().Err() // the client hung up: the reset stream cancelled the host's work
+			return hostReply{}, r.Context().Err() // the client hung up: the reset stream cancelled the host's work
 		}
 		if attempt == 0 && notSent(err) && len(hosts) > 1 {
 			tried := host
@@ -235,7 +235,7 @@ func (s *Server) relaySend(r *http.Request, p *Placement, hosts []string, hdr ht
 		}
 		e := structs.Errf(structs.CodeHostUnreachable, "the relay to host %s failed: %v", host, err).WithDetail("host", host)
 		e.RetryAfter = 1
-		return relayed{}, e
+		return hostReply{}, e
 	}
 }
 

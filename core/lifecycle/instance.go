@@ -87,6 +87,8 @@ type instance struct {
 	probeMu     sync.Mutex
 	probeCancel context.CancelFunc
 	stopAsked   atomic.Bool
+	// stopRetrying is set while a chain of stop retries runs (retryStop).
+	stopRetrying atomic.Bool
 }
 
 // abortStartup ends the readiness wait of a start under way, so that a
