@@ -8,7 +8,6 @@ import (
 	"errors"
 	"io"
 	"net/http"
-	"sync"
 
 	"github.com/capyctl/capyctl/core/takeover"
 )
@@ -23,12 +22,6 @@ import (
 // chunks on a goroutine of its own that starts small, and notices a
 // hang-up with a watcher that holds no buffer. A hang-up cancels the
 // relayed stream at once, and the host cancels the engine's work.
-
-// streamBufSize is a taken-over stream's copy buffer, pooled, held only
-// while a chunk is on its way: an SSE chunk is a few hundred bytes.
-const streamBufSize = 1 << 10
-
-var streamBufs = sync.Pool{New: func() any { b := make([]byte, streamBufSize); return &b }}
 
 // takeOver hands a streamed answer's client connection to relayTaken and
 // reports whether it did; false leaves the answer to net/http (a TLS or
@@ -72,11 +65,14 @@ func relayTaken(conn *takeover.Conn, head []byte, resp *http.Response, cancel fu
 			}
 		}()
 	}
+	// The copy buffer is pooled and held only while a chunk is on its
+	// way (relayBuf: a small one, a large one after a read that filled it).
+	var rb relayBuf
 	for {
-		bp := streamBufs.Get().(*[]byte)
-		n, rerr := resp.Body.Read(*bp)
-		werr := takeover.WriteChunk(conn, (*bp)[:n])
-		streamBufs.Put(bp)
+		buf := rb.get()
+		n, rerr := resp.Body.Read(buf)
+		werr := takeover.WriteChunk(conn, buf[:n])
+		rb.put(n)
 		if werr != nil {
 			return
 		}
