@@ -119,6 +119,15 @@ func TestImportGuards(t *testing.T) {
 			forbidden: under(module+"/core/lifecycle", module+"/core/pluginmgr", module+"/core/models", "google.golang.org/grpc", "github.com/hashicorp/go-plugin"),
 		},
 		{
+			// The router and the server's relay share it: it stays a leaf
+			// of the standard library.
+			name: "the connection takeover links nothing of the module",
+			pkgs: []string{module + "/core/takeover"}, deps: true,
+			forbidden: func(pkg string) bool {
+				return pkg != module+"/core/takeover" && under(module)(pkg)
+			},
+		},
+		{
 			name: "the replicated state machine links no network, raft, lifecycle or fleet server",
 			pkgs: []string{module + "/core/fleet/fsm"}, deps: true,
 			forbidden: func(pkg string) bool {

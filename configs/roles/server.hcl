@@ -41,6 +41,10 @@ role = "server"
 # (env CAPYCTL_SERVER_JOIN)
 # server_join = "s1.example.com:8444,s2.example.com:8444"
 
+# How long the leader waits for a lost host before it places the host's instances on other hosts that fit (its old copies are stopped when it returns; a group stays down, the reason in its status); "0s" never moves them.
+# (env CAPYCTL_RESCHEDULE_AFTER)
+# reschedule_after = "5m"
+
 # How long a group's bring-up may go without its head becoming ready before the group is stopped (group_stalled).
 # (env CAPYCTL_GROUP_STALL_TIMEOUT)
 # group_stall_timeout = "120s"

@@ -142,6 +142,9 @@ type Settings struct {
 	RendezvousPorts   string
 	RequireRDMA       bool
 	GroupStallTimeout time.Duration
+	// RescheduleAfter is how long the leader waits for a lost host before
+	// it moves the host's instances (0: never).
+	RescheduleAfter time.Duration
 	// Config is the effective configuration with each value's source,
 	// published on the management API's GET /config (nil: not published).
 	Config *wire.RoleConfig
@@ -241,6 +244,11 @@ type Agent struct {
 	startedAt time.Time
 	cancel    context.CancelFunc
 	wg        sync.WaitGroup
+
+	// placed are the deployments the cluster placed on this host, with
+	// the revision each runs (desired.go).
+	placedMu sync.Mutex
+	placed   map[string]placedRecord
 }
 
 // New prepares a role: it opens the state, credentials and store, and binds

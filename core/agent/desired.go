@@ -5,11 +5,16 @@ package agent
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
+	"maps"
+	"time"
 
 	"github.com/capyctl/capyctl/core/api"
 	"github.com/capyctl/capyctl/core/api/wire"
 	"github.com/capyctl/capyctl/core/hostlink/proto/hostv1"
+	"github.com/capyctl/capyctl/core/lifecycle"
 	"github.com/capyctl/capyctl/core/structs"
 )
 
@@ -19,14 +24,15 @@ import (
 // host itself is never removed).
 const metaClusterEngines = "fleet_engines"
 
-// Changed implements fleet.Local: the lifecycle publishes its route table
-// after every instance transition.
-func (a *Agent) Changed() <-chan struct{} { return a.Lifecycle.Board().Changed() }
+// Changed implements fleet.Local: the lifecycle publishes every write of
+// an instance's record (a transition, a last error, a charge).
+func (a *Agent) Changed() <-chan struct{} { return a.Lifecycle.Changed() }
 
 // ApplyDesired implements fleet.Local: the host reconciles what it runs
 // with its share of the cluster's desired state.
 func (a *Agent) ApplyDesired(ctx context.Context, d *hostv1.Desired) []*hostv1.DesiredResult {
-	return a.applyEngines(ctx, d.GetEngines())
+	out := a.applyEngines(ctx, d.GetEngines())
+	return append(out, a.applyDeployments(ctx, d.GetDeployments())...)
 }
 
 // applyEngines registers the desired engines the host lacks and removes
@@ -102,4 +108,153 @@ func (a *Agent) saveClusterEngines(owned map[string]bool) {
 	if err := a.Store.SetMeta(metaClusterEngines, string(data)); err != nil {
 		a.logger.Warn("record the engines registered for the cluster", "error", err)
 	}
+}
+
+// metaClusterDeployments maps, in the host's store, each deployment the
+// host runs from the cluster's desired state to what it applied of it:
+// the host deletes those the cluster no longer places on it, and never
+// touches a deployment of its own.
+const metaClusterDeployments = "fleet_deployments"
+
+// placedRecord is what a host applied of one deployment of its share: the
+// cluster's revision and its count of starts.
+type placedRecord struct {
+	Revision uint64 `json:"revision"`
+	Starts   uint64 `json:"starts,omitempty"`
+	// ActedUnixMs is when the host last made, updated or started it.
+	ActedUnixMs int64 `json:"acted_unix_ms,omitempty"`
+	// Digest is the share's spec as the host applied it: a share that
+	// changes without a new revision (instances moved to or off this
+	// host) is applied again.
+	Digest string `json:"digest,omitempty"`
+}
+
+// specDigest names a share's spec (the deployment's, with the instances
+// this host runs).
+func specDigest(spec []byte) string {
+	sum := sha256.Sum256(spec)
+	return hex.EncodeToString(sum[:8])
+}
+
+// applyDeployments makes what the host runs match its share: each
+// deployment placed on it made or updated (its lifecycle plans, admits
+// and starts it as for a deploy on the host), its desired state followed,
+// and each deployment the cluster no longer places here deleted.
+func (a *Agent) applyDeployments(ctx context.Context, desired []*hostv1.DesiredDeployment) []*hostv1.DesiredResult {
+	var out []*hostv1.DesiredResult
+	owned := a.clusterDeployments()
+	want := map[string]bool{}
+	for _, d := range desired {
+		want[d.GetName()] = true
+		err := a.applyDeployment(ctx, d, owned)
+		// Every deployment of the share answers when the host last acted
+		// on it: a server waiting for its ledger's verdict reads what the
+		// instances recorded since.
+		r := &hostv1.DesiredResult{Kind: "deployment", Name: d.GetName(), ActedUnixMs: owned[d.GetName()].ActedUnixMs}
+		if err != nil {
+			e := structs.AsError(err)
+			r.Code, r.Message = string(e.Code), e.Message
+			a.logger.Warn("a deployment of the cluster's desired state could not be applied here", "deployment", d.GetName(), "error", err)
+		}
+		out = append(out, r)
+	}
+	for name := range owned {
+		if want[name] {
+			continue
+		}
+		if err := a.Lifecycle.DeleteDeployment(ctx, name); err != nil && !structs.HasCode(err, structs.CodeNotFound) {
+			e := structs.AsError(err)
+			out = append(out, &hostv1.DesiredResult{Kind: "deployment", Name: name, Code: string(e.Code), Message: e.Message})
+			continue
+		}
+		delete(owned, name)
+		a.Lifecycle.Journal("deployment_deleted", name, map[string]any{"by": "cluster"})
+	}
+	a.saveClusterDeployments(owned)
+	return out
+}
+
+// applyDeployment makes one deployment of the share, updates it to the
+// cluster's revision, and follows its desired state.
+func (a *Agent) applyDeployment(ctx context.Context, d *hostv1.DesiredDeployment, owned map[string]placedRecord) error {
+	name := d.GetName()
+	view, err := a.Lifecycle.Deployment(name)
+	exists := err == nil
+	done, mine := owned[name]
+	if exists && !mine {
+		return structs.Errf(structs.CodeConflict, "host %s runs a deployment of its own named %s: delete it on the host (capyctl --address HOST delete deployment %s) or give the cluster's another name",
+			a.s.Hostname, name, name)
+	}
+	digest := specDigest(d.GetSpecJson())
+	if exists && done.Revision == d.GetRevision() && done.Digest == "" {
+		// Recorded before shares had digests: this revision is applied.
+		done.Digest = digest
+		owned[name] = done
+		a.saveClusterDeployments(owned)
+	}
+	if !exists || done.Revision != d.GetRevision() || done.Digest != digest {
+		spec, err := api.SpecFromJSON(d.GetSpecJson())
+		if err != nil {
+			return err
+		}
+		// The cluster's from its first instance on: its journals say so
+		// (a server adopts only a host's own), and a failed deploy is
+		// cleaned up by the share that no longer names it.
+		done.ActedUnixMs = time.Now().UnixMilli()
+		owned[name] = done
+		a.saveClusterDeployments(owned)
+		opts := lifecycle.DeployOptions{Activate: d.GetDesired() == structs.DesiredRunning, Validate: a.Lifecycle.ValidateDeployment}
+		if exists {
+			opts.ExpectedRevision = view.Record.Revision
+		}
+		if _, _, err := a.Lifecycle.Deploy(ctx, spec, opts); err != nil {
+			return err
+		}
+		done = placedRecord{Revision: d.GetRevision(), Starts: done.Starts, ActedUnixMs: done.ActedUnixMs, Digest: digest}
+		owned[name] = done
+		a.saveClusterDeployments(owned)
+		if view, err = a.Lifecycle.Deployment(name); err != nil {
+			return err
+		}
+	}
+	switch want := d.GetDesired(); {
+	case want == structs.DesiredRunning && (view.Record.Desired != structs.DesiredRunning || d.GetStarts() > done.Starts):
+		// A start (a new one counts even when it was running): the
+		// stopped or failed instances start again.
+		owned[name] = placedRecord{Revision: done.Revision, Starts: d.GetStarts(), ActedUnixMs: time.Now().UnixMilli(), Digest: done.Digest}
+		a.saveClusterDeployments(owned)
+		return a.Lifecycle.StartDeployment(ctx, name, lifecycle.StartOptions{Evict: d.GetEvict()})
+	case want == structs.DesiredStopped && view.Record.Desired != structs.DesiredStopped:
+		return a.Lifecycle.StopDeployment(ctx, name, false)
+	}
+	return nil
+}
+
+func (a *Agent) clusterDeployments() map[string]placedRecord {
+	out := map[string]placedRecord{}
+	if v, err := a.Store.Meta(metaClusterDeployments); err == nil && v != "" {
+		_ = json.Unmarshal([]byte(v), &out)
+	}
+	return out
+}
+
+func (a *Agent) saveClusterDeployments(owned map[string]placedRecord) {
+	data, _ := json.Marshal(owned)
+	if err := a.Store.SetMeta(metaClusterDeployments, string(data)); err != nil {
+		a.logger.Warn("record the deployments placed by the cluster", "error", err)
+	}
+	a.placedMu.Lock()
+	a.placed = maps.Clone(owned)
+	a.placedMu.Unlock()
+}
+
+// isPlaced reports whether the cluster placed a deployment on this host.
+func (a *Agent) isPlaced(dep string) bool {
+	a.placedMu.Lock()
+	defer a.placedMu.Unlock()
+	if a.placed == nil {
+		a.placed = a.clusterDeployments()
+	}
+	_, ok := a.placed[dep]
+	return ok
 }

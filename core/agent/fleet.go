@@ -51,8 +51,8 @@ func (a *Agent) openServer() error {
 	}
 	srv, err := fleet.NewServer(fleet.ServerOptions{Collectors: collectors, StateDir: a.s.StateDir, Listen: listen, Advertise: a.s.ClusterAdvertise,
 		Store: a.Store, Logger: a.logger, Heartbeat: a.s.HostHeartbeat,
-		GroupStallTimeout: a.s.GroupStallTimeout,
-		Name:              a.s.Hostname, BootstrapExpect: a.s.BootstrapExpect, Join: a.s.ServerJoin, JoinToken: a.s.JoinToken,
+		GroupStallTimeout: a.s.GroupStallTimeout, RescheduleAfter: a.s.RescheduleAfter,
+		Name: a.s.Hostname, BootstrapExpect: a.s.BootstrapExpect, Join: a.s.ServerJoin, JoinToken: a.s.JoinToken,
 		Responses: a.Responses,
 		// One API key and one admin token per cluster: a joining server
 		// takes the cluster's in place of those its first start made.
@@ -294,9 +294,9 @@ func (a *Agent) Journals() []*hostv1.InstanceJournal {
 		for _, in := range v.Instances {
 			j := &hostv1.InstanceJournal{InstanceId: structs.InstanceID(in.Deployment, in.Index), Generation: in.Generation,
 				Deployment: in.Deployment, State: string(in.State), SinceUnixMs: in.Since.UnixMilli(), Residency: in.Residency,
-				Charges: in.Charges, Message: in.LastTransition, Revision: in.Revision, Phase: in.Phase}
+				Charges: in.Charges, Message: in.LastTransition, Revision: in.Revision, Phase: in.Phase, Placed: a.isPlaced(in.Deployment)}
+			j.Why = string(in.Reason) // typed: a server acts on it, never on the text
 			if in.LastError != nil {
-				j.Why = string(in.LastError.Code)
 				j.ErrorCode, j.ErrorMessage, j.ErrorUnixMs = string(in.LastError.Code), in.LastError.Message, in.LastError.At.UnixMilli()
 			}
 			out = append(out, j)

@@ -156,6 +156,7 @@ func SettingsFromConfig(cfg *config.Config) Settings {
 		RendezvousPorts:      cfg.RendezvousPorts.String(),
 		RequireRDMA:          cfg.RequireRDMA,
 		GroupStallTimeout:    cfg.GroupStallTimeout.D(),
+		RescheduleAfter:      cfg.RescheduleAfter.D(),
 		PluginDir:            cfg.PluginDir,
 		ModelsRoot:           cfg.ModelsRoot,
 		EnginePorts:          fmt.Sprintf("%d-%d", cfg.EnginePorts.First, cfg.EnginePorts.Last),

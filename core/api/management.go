@@ -199,7 +199,7 @@ func Status(v *lifecycle.DeploymentView) wire.DeploymentStatus {
 	for _, r := range v.Instances {
 		is := wire.InstanceStatus{
 			ID: r.ID(), Index: r.Index, State: string(r.State), Since: r.Since, Revision: r.Revision, Generation: r.Generation,
-			Engine: r.Engine, Driver: r.Driver, Residency: r.Residency, LastTransition: r.LastTransition, LastError: r.LastError,
+			Engine: r.Engine, Driver: r.Driver, Residency: r.Residency, LastTransition: r.LastTransition, Reason: string(r.Reason), LastError: r.LastError,
 			Released: r.Released, Charges: r.Charges, Phase: r.Phase, Parsers: r.Parsers,
 			ParkTier: r.ParkTier, ParkDetail: r.ParkDetail, Timings: r.Timings,
 		}
@@ -507,6 +507,19 @@ func (b *Backend) snapshot(w http.ResponseWriter, r *http.Request) {
 // the file, and a value it filled in is still a default, not the
 // operator's choice. Fields the client did not mark keep the server's
 // provenance ("file" for what the document carries).
+// SpecFromJSON reads a deployment's job spec as a management request sends
+// it (the JSON form), with the client's defaults kept as defaults: what a
+// host runs from the cluster's desired state is read as its management
+// API reads a deploy.
+func SpecFromJSON(doc json.RawMessage) (*structs.Deployment, error) {
+	spec, err := jobspec.FromJSON(doc)
+	if err != nil {
+		return nil, err
+	}
+	keepClientDefaults(spec, doc)
+	return spec, nil
+}
+
 func keepClientDefaults(spec *structs.Deployment, doc json.RawMessage) {
 	var sent struct {
 		Provenance map[string]string `json:"provenance"`

@@ -13,6 +13,7 @@ import (
 
 	"github.com/capyctl/capyctl/core/api/wire"
 	"github.com/capyctl/capyctl/core/fleet/fsm"
+	"github.com/capyctl/capyctl/core/structs"
 )
 
 // adoptLater runs adopt for a host once, in the background, unless one is
@@ -30,16 +31,26 @@ func (s *Server) adoptLater(name string) {
 // leaves its deployments to the leader (ctx nil), which has a link of its
 // own and adopts again for every linked host when it is elected.
 func (s *Server) adoptLaterLocked(ctx context.Context, h *liveHost) {
-	if h.adoptDue || ctx == nil || ctx.Err() != nil {
+	if ctx == nil || ctx.Err() != nil {
+		return
+	}
+	if h.adoptDue {
+		h.adoptAgain = true // one at a time per host: the running one goes round again
 		return
 	}
 	h.adoptDue = true
 	name := h.name
 	s.goRun(func() {
-		s.mu.Lock()
-		h.adoptDue = false
-		s.mu.Unlock()
-		s.adopt(ctx, name)
+		for {
+			s.adopt(ctx, name)
+			s.mu.Lock()
+			again := h.adoptAgain && ctx.Err() == nil
+			h.adoptAgain, h.adoptDue = false, again
+			s.mu.Unlock()
+			if !again {
+				return
+			}
+		}
 	})
 }
 
@@ -49,15 +60,19 @@ func (s *Server) adoptLaterLocked(ctx context.Context, h *liveHost) {
 // deployment the server placed on other hosts only is left alone and
 // logged. It waits for the host's relay to ask for each one's routes.
 func (s *Server) adopt(ctx context.Context, host string) {
-	s.adoptMu.Lock()
-	defer s.adoptMu.Unlock()
 	counts := map[string]int{}
 	s.mu.Lock()
 	if h := s.hosts[host]; h != nil {
+		placed := map[string]bool{}
 		for _, j := range h.journals {
-			if j.GetDeployment() != "" {
+			if j.GetPlaced() {
+				placed[j.GetDeployment()] = true // the cluster's own are not the host's to give
+			} else if j.GetDeployment() != "" {
 				counts[j.GetDeployment()]++
 			}
+		}
+		for dep := range placed {
+			delete(counts, dep)
 		}
 	}
 	s.mu.Unlock()
@@ -101,7 +116,11 @@ func (s *Server) adopt(ctx context.Context, host string) {
 			continue
 		}
 		p := &Placement{Deployment: dep, Hosts: []HostShare{{Host: host, Instances: n}}, Routes: st.Routes, Revision: st.Revision, At: time.Now().UTC()}
-		if err := s.apply(fsm.Placed{Placement: p}); err != nil {
+		// Checked: a placement of that name made meanwhile wins.
+		if err := s.apply(fsm.Placed{Placement: p, Checked: true}); err != nil {
+			if structs.HasCode(err, structs.CodeConflict) {
+				continue // placed meanwhile (by an operator, or another adoption): that one stands
+			}
 			s.logger.Warn("adopt a host's deployment", "host", host, "deployment", dep, "error", err)
 			continue
 		}

@@ -25,6 +25,11 @@ import (
 // bad path is refused at once: when every one of them refuses, the
 // registration is taken back.
 
+// noHostToDetect notes a dry run that found no host linked: nothing was
+// detected, and the registration would still be the cluster's.
+const noHostToDetect = "no host is linked: nothing was detected; each host checks the installation when it links " +
+	"and registers it or refuses it (capyctl list hosts shows each host's engines)"
+
 // engineWait bounds the wait for the linked hosts' answers (a
 // registration runs the engine's version check).
 const engineWait = 2 * time.Minute
@@ -43,17 +48,25 @@ func (s *Server) addEngine(w http.ResponseWriter, r *http.Request) {
 		writeError(w, structs.Errf(structs.CodeInvalidRequest, "the body is not an engine registration with a name: %v", err))
 		return
 	}
+	if req.DryRun && r.URL.Query().Get("host") == "" && len(s.reachable()) == 0 {
+		// No host to detect the installation on: the registration is the
+		// cluster's all the same, and each host checks it when it links.
+		writeJSON(w, http.StatusOK, wire.EngineDetected{APIVersion: wire.APIVersion,
+			Engine: wire.Engine{Name: req.Name, Family: req.Family, Path: req.Path}, Notes: []string{noHostToDetect}})
+		return
+	}
 	if req.DryRun || r.URL.Query().Get("host") != "" {
 		s.toOneHost(w, r, body)
 		return
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), engineWait)
 	defer cancel()
-	if err := s.apply(fsm.EngineRegistered{Engine: fsm.EngineRecord{Name: req.Name, Request: body}}); err != nil {
+	index, err := s.applyIndexed(fsm.EngineRegistered{Engine: fsm.EngineRecord{Name: req.Name, Request: body}}, nil)
+	if err != nil {
 		writeError(w, err)
 		return
 	}
-	done, refused := s.hostAnswers(ctx, s.State.Applied(), "engine", req.Name)
+	done, refused := s.hostAnswers(ctx, index, "engine", req.Name)
 	if len(done) == 0 && len(refused) > 0 {
 		// Every linked host refused it: a bad registration, taken back.
 		if err := s.apply(fsm.EngineRemoved{Name: req.Name}); err != nil {
@@ -84,11 +97,12 @@ func (s *Server) removeEngine(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), engineWait)
 	defer cancel()
-	if err := s.apply(fsm.EngineRemoved{Name: name}); err != nil {
+	index, err := s.applyIndexed(fsm.EngineRemoved{Name: name}, nil)
+	if err != nil {
 		writeError(w, err)
 		return
 	}
-	if _, refused := s.hostAnswers(ctx, s.State.Applied(), "engine", name); len(refused) > 0 {
+	if _, refused := s.hostAnswers(ctx, index, "engine", name); len(refused) > 0 {
 		if err := s.apply(fsm.EngineRegistered{Engine: fsm.EngineRecord{Name: name, Request: rec.Request}}); err != nil {
 			s.logger.Warn("put back an engine a host could not remove", "engine", name, "error", err)
 		}

@@ -25,6 +25,7 @@ import (
 	"github.com/capyctl/capyctl/core/api/wire"
 	"github.com/capyctl/capyctl/core/apikeys"
 	"github.com/capyctl/capyctl/core/fleet/fsm"
+	"github.com/capyctl/capyctl/core/hostlink"
 	"github.com/capyctl/capyctl/core/hostlink/proto/hostv1"
 	"github.com/capyctl/capyctl/core/store"
 	"github.com/capyctl/capyctl/core/structs"
@@ -45,6 +46,25 @@ type fakeLocal struct {
 	refuse  structs.Code
 	applied signal
 }
+
+// Commands implements Local: a host of no engines refuses every command.
+func (l *fakeLocal) Commands() hostlink.Handler { return refuseCommands{} }
+
+// refuseCommands refuses every command.
+type refuseCommands struct{}
+
+func (refuseCommands) StartInstance(context.Context, *hostv1.StartInstance) error {
+	return errNoEngines
+}
+func (refuseCommands) ParkInstance(context.Context, *hostv1.ParkInstance) error { return errNoEngines }
+func (refuseCommands) WakeInstance(context.Context, *hostv1.WakeInstance) error { return errNoEngines }
+func (refuseCommands) StopInstance(context.Context, *hostv1.StopInstance) error { return errNoEngines }
+func (refuseCommands) AbortRequest(context.Context, *hostv1.AbortRequest) error { return errNoEngines }
+func (refuseCommands) DeploymentAction(context.Context, *hostv1.DeploymentAction) error {
+	return errNoEngines
+}
+
+var errNoEngines = structs.Errf(structs.CodeNotFound, "this host runs no engines")
 
 // Changed implements Local.
 func (l *fakeLocal) Changed() <-chan struct{} { return l.changes.changed() }

@@ -85,25 +85,14 @@ func (s *Server) relayToLeader(w http.ResponseWriter, r *http.Request, st raftlo
 }
 
 // awaitApplied waits (bounded by appliedWait) until this server's state
-// applied the log up to idx, on the state's change signal: a follower
-// answers a relayed mutation once its own state shows it, so the
-// client's next read on it does too. The index is the leader's last one
-// when it answered, which may be a no-op entry raft appended: raft's own
-// applied index covers those.
+// applied the log up to idx (the leader's last applied command when it
+// answered), on the state's change signal: a follower answers a relayed
+// mutation once its own state shows it, so the client's next read on it
+// does too.
 func (s *Server) awaitApplied(ctx context.Context, idx uint64) {
 	ctx, cancel := context.WithTimeout(ctx, appliedWait)
 	defer cancel()
-	for {
-		changed, raftChanged := s.State.Changed(), s.cl.node.Changed()
-		if s.State.Applied() >= idx || s.cl.node.Stats().AppliedIndex >= idx {
-			return
-		}
-		select {
-		case <-ctx.Done():
-			s.logger.Debug("a relayed mutation's change is not applied here yet", "index", idx, "applied", s.State.Applied())
-			return
-		case <-changed:
-		case <-raftChanged:
-		}
+	if err := s.State.WaitApplied(ctx, idx); err != nil {
+		s.logger.Debug("a relayed mutation's change is not applied here yet", "index", idx, "applied", s.State.Applied())
 	}
 }

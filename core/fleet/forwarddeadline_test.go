@@ -19,11 +19,17 @@ import (
 )
 
 // hungManagement is a leader's management API that never answers: each
-// request waits until its client goes (entered counts them).
-func hungManagement(entered *atomic.Int32) http.Handler {
+// request waits until its client goes, or the test ends (entered counts
+// them).
+func hungManagement(t *testing.T, entered *atomic.Int32) http.Handler {
+	ended := make(chan struct{})
+	t.Cleanup(func() { close(ended) })
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		entered.Add(1)
-		<-r.Context().Done()
+		select {
+		case <-r.Context().Done():
+		case <-ended:
+		}
 	})
 }
 
@@ -95,7 +101,7 @@ func TestForward_AHungLeaderGivesACodedAnswer(t *testing.T) {
 		return s2.cl.node.Stats().LeaderID == "s1" && s3.cl.node.Stats().LeaderID == "s1"
 	})
 	var entered atomic.Int32
-	s1.ServeManagement(hungManagement(&entered), "capyadm-test")
+	s1.ServeManagement(hungManagement(t, &entered), "capyadm-test")
 	s2.ServeManagement(answering("s2"), "capyadm-test")
 	s3.ServeManagement(answering("s3"), "capyadm-test")
 	// A follower never serves a mutation itself.

@@ -34,111 +34,6 @@ import (
 // DefaultGroupStallTimeout bounds a group's bring-up (group_stall_timeout).
 const DefaultGroupStallTimeout = 120 * time.Second
 
-// groupOps serialises the operations on each group and keeps the last
-// failure the server recorded for it (status shows it).
-type groupOps struct {
-	mu      sync.Mutex
-	locks   map[string]*sync.Mutex
-	lastErr map[string]*structs.ErrorRecord
-	// down are the groups an operation of the server's took down since it
-	// last saw them ready (a park, a stop, a failure): the request path
-	// does not trust a journal that may predate it.
-	down map[string]bool
-	// stops counts the operators' stops of each group: a bring-up that
-	// waits for its head gives way to one at once.
-	stops map[string]int
-	// seen are the member failures already acted on: "<deployment>\x00<host>"
-	// → the failed record's since (host clock, ms).
-	seen map[string]int64
-}
-
-// firstSight records a member's failure and reports whether it is new.
-func (g *groupOps) firstSight(dep, host string, since int64) bool {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if g.seen == nil {
-		g.seen = map[string]int64{}
-	}
-	k := dep + "\x00" + host
-	if g.seen[k] == since {
-		return false
-	}
-	g.seen[k] = since
-	return true
-}
-
-// memberFailed reports whether a member's record says its engine failed or
-// exited by itself (an engine that exits is recorded stopped with the
-// transition's reason "engine exited"; a failed start is failed).
-func memberFailed(state, transition string) bool {
-	return state == string(structs.StateFailed) ||
-		(state == string(structs.StateStopped) && strings.Contains(transition, "engine exited"))
-}
-
-// lock returns a group's operation lock.
-func (g *groupOps) lock(name string) *sync.Mutex {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if g.locks == nil {
-		g.locks = map[string]*sync.Mutex{}
-	}
-	l := g.locks[name]
-	if l == nil {
-		l = &sync.Mutex{}
-		g.locks[name] = l
-	}
-	return l
-}
-
-func (g *groupOps) setErr(name string, e *structs.ErrorRecord) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if g.lastErr == nil {
-		g.lastErr = map[string]*structs.ErrorRecord{}
-	}
-	if e == nil {
-		delete(g.lastErr, name)
-		return
-	}
-	g.lastErr[name] = e
-}
-
-func (g *groupOps) stopAsked(name string) int {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return g.stops[name]
-}
-
-func (g *groupOps) askStop(name string) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if g.stops == nil {
-		g.stops = map[string]int{}
-	}
-	g.stops[name]++
-}
-
-func (g *groupOps) setDown(name string, down bool) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if g.down == nil {
-		g.down = map[string]bool{}
-	}
-	g.down[name] = down
-}
-
-func (g *groupOps) isDown(name string) bool {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return g.down[name]
-}
-
-func (g *groupOps) err(name string) *structs.ErrorRecord {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return g.lastErr[name]
-}
-
 // memberBody is a member's deploy body: the deployment as the operator
 // wrote it, with one instance, the member's facts, and no warm start (a
 // host never starts a member on its own).
@@ -269,7 +164,7 @@ type member struct {
 	resid     string
 	desired   string
 	lastErr   *structs.ErrorRecord
-	trans     string
+	reason    string
 	reachable bool
 }
 
@@ -301,7 +196,7 @@ func (s *Server) memberOf(ctx context.Context, host string, rank int, name strin
 	}
 	in := st.Instances[0]
 	m.state, m.since, m.phase, m.resid, m.desired, m.lastErr, m.reachable = in.State, in.Since, in.Phase, in.Residency, st.Desired, in.LastError, true
-	m.trans = in.LastTransition
+	m.reason = in.Reason
 	return m
 }
 
@@ -338,8 +233,10 @@ func (s *Server) callWait(ctx context.Context, host, name, action string, evict 
 func (s *Server) groupStart(ctx context.Context, p *Placement, evict, groups bool) (err error) {
 	g := p.Group
 	l := s.groups.lock(p.Deployment)
-	l.Lock()
-	defer l.Unlock()
+	if err := l.acquire(ctx); err != nil {
+		return err
+	}
+	defer l.release()
 	defer func() {
 		// The group's own verdict, for whoever waits on its status (a
 		// member's record says only its part, and may be retried).
@@ -411,8 +308,10 @@ func (s *Server) startMember(ctx context.Context, host, name string, evict, grou
 // and its host's ledger admitted it (starting with a ledger phase, or
 // ready), or refused it (stopped or failed again, with the error).
 func (s *Server) waitStarted(ctx context.Context, host, name string, before member) error {
-	deadline := time.Now().Add(admitWait)
-	for time.Now().Before(deadline) {
+	deadline := time.NewTimer(admitWait)
+	defer deadline.Stop()
+	for {
+		changes := s.hostChanges([]string{host})
 		m := s.memberOf(ctx, host, 0, name)
 		// A start refused before it changed the state (no room) records
 		// only a newer last error.
@@ -429,13 +328,10 @@ func (s *Server) waitStarted(ctx context.Context, host, name string, before memb
 			}
 			return structs.Errf(structs.CodeActivationFailed, "host %s: the member is %s", host, m.state).WithDetail("host", host)
 		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(50 * time.Millisecond):
+		if expired, err := changes.wait(ctx, deadline.C); expired || err != nil {
+			return err
 		}
 	}
-	return nil
 }
 
 // groupWake wakes a parked group: workers first, then the head.
@@ -482,8 +378,10 @@ func (s *Server) groupWake(ctx context.Context, p *Placement, ms []member, evict
 // stops the whole group.
 func (s *Server) groupPark(ctx context.Context, p *Placement) error {
 	l := s.groups.lock(p.Deployment)
-	l.Lock()
-	defer l.Unlock()
+	if err := l.acquire(ctx); err != nil {
+		return err
+	}
+	defer l.release()
 	return s.groupParkLocked(ctx, p)
 }
 
@@ -555,43 +453,22 @@ func (s *Server) stopMembers(ctx context.Context, name string, g *GroupPlacement
 func (s *Server) groupStop(ctx context.Context, p *Placement) error {
 	s.groups.askStop(p.Deployment) // a bring-up under way gives way
 	l := s.groups.lock(p.Deployment)
-	l.Lock()
-	defer l.Unlock()
+	if err := l.acquire(ctx); err != nil {
+		return err
+	}
+	defer l.release()
 	return s.stopMembers(ctx, p.Deployment, p.Group, nil)
-}
-
-// failGroup stops a whole group after a member failed, its bring-up
-// stalled or a park or wake failed, and records why (status shows it).
-// The caller holds the group's lock or runs the supervisor.
-func (s *Server) failGroup(ctx context.Context, name string, g *GroupPlacement, code structs.Code, msg string) {
-	s.groups.setErr(name, &structs.ErrorRecord{Code: code, Message: msg, At: time.Now().UTC()})
-	s.logger.Warn("group stopped", "deployment", name, "code", code, "why", msg)
-	s.event("group_stopped", g.Hosts[0], map[string]any{"deployment": name, "code": string(code), "message": msg})
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), groupCallTimeout)
-	defer cancel()
-	if err := s.stopMembers(ctx, name, g, nil); err != nil {
-		s.logger.Warn("group stop incomplete", "deployment", name, "error", err)
-	}
-	// A rank that exited on its own meanwhile (its peer's death took it)
-	// is part of this failure, not a new one.
-	s.markSeen(name, s.members(ctx, name, g))
-}
-
-// markSeen records the failures members show now as acted on.
-func (s *Server) markSeen(name string, ms []member) {
-	for _, m := range ms {
-		if m.reachable && memberFailed(m.state, m.trans) {
-			s.groups.firstSight(name, m.host, m.since.UnixMilli())
-		}
-	}
 }
 
 // waitHeadReady waits for the head's readiness within the stall timeout;
 // a stalled bring-up stops the group (group_stalled).
 func (s *Server) waitHeadReady(ctx context.Context, name string, g *GroupPlacement) error {
 	deadline := time.Now().Add(s.o.GroupStallTimeout)
+	stall := time.NewTimer(s.o.GroupStallTimeout)
+	defer stall.Stop()
 	stops := s.groups.stopAsked(name)
 	for {
+		changes := s.hostChanges(g.Hosts, s.groups.stopped.changed())
 		if s.groups.stopAsked(name) != stops {
 			return structs.Errf(structs.CodeActivationFailed, "group %s: an operator stopped it before it was ready", name)
 		}
@@ -600,7 +477,7 @@ func (s *Server) waitHeadReady(ctx context.Context, name string, g *GroupPlaceme
 			return nil
 		}
 		for _, m := range ms {
-			if m.reachable && memberFailed(m.state, m.trans) && s.groups.firstSight(name, m.host, m.since.UnixMilli()) {
+			if m.reachable && memberFailed(m.state, m.reason) && s.groups.firstSight(name, m.host, m.since.UnixMilli()) {
 				msg := fmt.Sprintf("rank %d on host %s failed during bring-up", m.rank, m.host)
 				if m.lastErr != nil {
 					msg += ": " + m.lastErr.Message
@@ -614,10 +491,19 @@ func (s *Server) waitHeadReady(ctx context.Context, name string, g *GroupPlaceme
 			s.failGroup(ctx, name, g, structs.CodeGroupStalled, msg)
 			return structs.Errf(structs.CodeGroupStalled, "group %s: %s; the group was stopped", name, msg)
 		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(100 * time.Millisecond):
+		stopRetry := func() bool { return false }
+		if slices.ContainsFunc(ms, func(m member) bool { return !m.reachable }) {
+			// A member that could not be read may have moved meanwhile
+			// with no change to follow: it is read again shortly.
+			var retry <-chan struct{}
+			retry, stopRetry = retryAfter(memberReadRetry)
+			changes = append(changes, recvCase(retry))
+		}
+		// Past the stall deadline the next turn fails the group.
+		_, err := changes.wait(ctx, stall.C)
+		stopRetry()
+		if err != nil {
+			return err
 		}
 	}
 }
@@ -628,337 +514,4 @@ func describeMembers(ms []member) string {
 		parts = append(parts, fmt.Sprintf("rank %d %s %s", m.rank, m.host, m.state))
 	}
 	return strings.Join(parts, ", ")
-}
-
-// watchBringUp follows a group deployed with activate until its head is
-// ready, stopping it when it stalls or a member fails.
-func (s *Server) watchBringUp(name, id string) {
-	p, ok := s.State.Placement(name)
-	if !ok || p.Group == nil || p.Group.ID != id {
-		return
-	}
-	l := s.groups.lock(name)
-	l.Lock()
-	defer l.Unlock()
-	_ = s.waitHeadReady(s.ctx, name, p.Group)
-}
-
-// superviseGroups stops every group one of whose members failed (a killed
-// head or worker: the other ranks exit too, and nothing may be left
-// running on any host), while this server leads (ctx is the leader's). A
-// member whose host is out of reach is uncertain and left as it is until
-// its host is back.
-func (s *Server) superviseGroups(ctx context.Context) {
-	t := time.NewTicker(250 * time.Millisecond)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		for _, p := range s.State.Placements() {
-			if p.Group == nil {
-				continue
-			}
-			s.superviseGroup(ctx, p)
-		}
-	}
-}
-
-// superviseGroup checks one group from its members' journals: a member
-// whose engine failed or exited on its own stops the whole group (its
-// peers exit too, or hang in a collective), once per failure.
-func (s *Server) superviseGroup(ctx context.Context, p *Placement) {
-	g := p.Group
-	id := structs.InstanceID(p.Deployment, 0)
-	type failure struct {
-		rank  int
-		host  string
-		since int64
-		msg   string
-	}
-	var failed []failure
-	s.mu.Lock()
-	for rank, host := range g.Hosts {
-		h := s.hosts[host]
-		if h == nil || h.linkCancel == nil {
-			continue
-		}
-		if j := h.journals[id]; j != nil && memberFailed(j.GetState(), j.GetMessage()) {
-			failed = append(failed, failure{rank, host, j.GetSinceUnixMs(), j.GetMessage()})
-		}
-	}
-	s.mu.Unlock()
-	if len(failed) == 0 {
-		return
-	}
-	l := s.groups.lock(p.Deployment)
-	if !l.TryLock() {
-		return // an operation is under way; it sees the failure itself
-	}
-	defer l.Unlock()
-	var parts []string
-	for _, f := range failed {
-		if s.groups.firstSight(p.Deployment, f.host, f.since) {
-			parts = append(parts, fmt.Sprintf("rank %d on %s (%s)", f.rank, f.host, f.msg))
-		}
-	}
-	if len(parts) == 0 {
-		return
-	}
-	s.failGroup(ctx, p.Deployment, g, structs.CodeGroupMemberFailed, "member failed: "+strings.Join(parts, "; "))
-}
-
-// evictGroups parks (or stops) the groups a host's capacity refusal names
-// as in its way (details.evictable_groups), for a start with evict; it
-// reports whether it freed anything worth a second try.
-func (s *Server) evictGroups(ctx context.Context, requester string, err error) bool {
-	e := structs.AsError(err)
-	if e.Code != structs.CodeCapacityBlocked {
-		return false
-	}
-	raw, _ := e.Details["evictable_groups"].([]any)
-	var names []string
-	for _, v := range raw {
-		if n, ok := v.(string); ok && n != requester {
-			names = append(names, n)
-		}
-	}
-	if sl, ok := e.Details["evictable_groups"].([]string); ok {
-		for _, n := range sl {
-			if n != requester {
-				names = append(names, n)
-			}
-		}
-	}
-	freed := false
-	for _, n := range names {
-		p, ok := s.State.Placement(n)
-		if !ok || p.Group == nil || !s.inTheWayOn(p, e, requester) {
-			continue
-		}
-		s.logger.Info("evicting a group to make room", "group", n, "for", requester)
-		l := s.groups.lock(n)
-		if !lockWithin(ctx, l, 10*time.Second) {
-			// IMPORTANT: never wait for ever while holding the requester's
-			// own lock: two groups evicting each other would deadlock.
-			s.logger.Info("a group in the way is busy; not evicted", "group", n, "for", requester)
-			continue
-		}
-		ms := s.members(ctx, n, p.Group)
-		var perr error
-		if ms[0].state == string(structs.StateReady) {
-			perr = s.groupParkLocked(ctx, p)
-		} else {
-			perr = s.stopMembers(ctx, n, p.Group, ms)
-		}
-		l.Unlock()
-		if perr == nil {
-			freed = true
-			s.event("group_evicted", p.Group.Hosts[0], map[string]any{"deployment": n, "for": requester})
-		}
-	}
-	return freed
-}
-
-// groupAction answers a deployment action on a group.
-func (s *Server) groupAction(w http.ResponseWriter, r *http.Request, p *Placement, body []byte) {
-	var req wire.ActionRequest
-	if err := json.Unmarshal(body, &req); err != nil {
-		writeError(w, structs.Errf(structs.CodeInvalidRequest, "the body is not {action, wait, evict}: %v", err))
-		return
-	}
-	run := func(ctx context.Context) error {
-		switch req.Action {
-		case wire.ActionStart:
-			return s.groupStart(ctx, p, req.Evict, req.Evict)
-		case wire.ActionPark:
-			return s.groupPark(ctx, p)
-		case wire.ActionStop:
-			return s.groupStop(ctx, p)
-		case wire.ActionDelete:
-			if err := s.groupStop(ctx, p); err != nil {
-				return err
-			}
-			return s.unplace(ctx, p)
-		}
-		return structs.Errf(structs.CodeInvalidRequest, "unknown action %q (start, stop, park, delete)", req.Action)
-	}
-	at := time.Now().UTC()
-	done := req.Wait || req.Action == wire.ActionDelete
-	if done {
-		if err := run(context.WithoutCancel(r.Context())); err != nil {
-			writeError(w, err)
-			return
-		}
-	} else {
-		s.goRun(func() {
-			if err := run(s.ctx); err != nil {
-				s.logger.Warn("group action failed", "deployment", p.Deployment, "action", req.Action, "error", err)
-			}
-		})
-	}
-	status := http.StatusAccepted
-	if done {
-		status = http.StatusOK
-	}
-	writeJSON(w, status, wire.ActionAccepted{APIVersion: wire.APIVersion, Deployment: p.Deployment, Action: req.Action,
-		Revision: p.Revision, AcceptedAt: at, Done: done})
-}
-
-// ensureGroupUp starts a group for a request that names it (on-demand
-// activation, as a single host's router does for its own deployments),
-// unless an operator stopped it or it activates only on a start.
-func (s *Server) ensureGroupUp(ctx context.Context, p *Placement) error {
-	if !s.groups.isDown(p.Deployment) && s.journalState(p.Group.Hosts[0], structs.InstanceID(p.Deployment, 0)) == string(structs.StateReady) {
-		return nil // the head's host said so last: no call on the request path
-	}
-	head := s.memberOf(ctx, p.Group.Hosts[0], 0, p.Deployment)
-	switch {
-	case head.state == string(structs.StateReady):
-		return nil
-	case !head.reachable:
-		return uncertain(p.Deployment, []member{head})
-	case head.desired == structs.DesiredStopped:
-		return nil // the head's host answers deployment_stopped or deployment_inactive
-	}
-	if s.leaderOnly() != nil {
-		// One server moves a group: a follower asks the leader to start it
-		// and relays the request once it is up.
-		return s.startOnLeader(ctx, p.Deployment)
-	}
-	// As a request's activation on one host: idle models may be evicted,
-	// never another group (it may be serving).
-	return s.groupStart(ctx, p, true, false)
-}
-
-// startOnLeader asks the leader of the server cluster to start a group
-// and waits for its answer (a request's activation); not_leader when no
-// leader is known, unavailable when it cannot be reached (retryable).
-func (s *Server) startOnLeader(ctx context.Context, name string) error {
-	st := s.cl.node.Stats()
-	if st.LeaderAddress == "" {
-		return s.notLeader(st)
-	}
-	body, _ := json.Marshal(wire.ActionRequest{Action: wire.ActionStart, Wait: true})
-	return postJSON(ctx, s.cl.client, st.LeaderAddress, wire.Prefix+"/deployments/"+url.PathEscape(name)+"/actions", body, nil)
-}
-
-// groupStatus completes a group's merged status: each member's rank and
-// role, the group's facts, the state of the whole (ready only when every
-// member is), a member out of reach marked group_member_uncertain.
-func (s *Server) groupStatus(p *Placement, out *wire.DeploymentStatus) {
-	g := p.Group
-	gs := &wire.GroupStatus{Size: len(g.Hosts), Hosts: g.Hosts, TensorParallel: g.TensorParallel, PipelineParallel: g.PipelineParallel,
-		Rendezvous: fmt.Sprintf("%s:%d", g.HeadAddress, g.RendezvousPort), PeerTransport: "unauthenticated",
-		LastError: s.groups.err(p.Deployment)}
-	states := map[string]int{}
-	ready := 0
-	for i := range out.Instances {
-		in := &out.Instances[i]
-		rank := i
-		in.Rank = &rank
-		in.Role = "worker"
-		if rank == 0 {
-			in.Role = "head"
-		}
-		in.ID = structs.InstanceID(p.Deployment, 0) + fmt.Sprintf("#rank%d", rank)
-		if in.State == stateUncertain {
-			in.LastError = &structs.ErrorRecord{Code: structs.CodeGroupMemberUncertain,
-				Message: fmt.Sprintf("host %s's agent is out of reach: the member's state is unknown and its charge is kept", in.Host), At: time.Now().UTC()}
-		}
-		states[in.State]++
-		if in.State == string(structs.StateReady) {
-			ready++
-		}
-	}
-	out.Group = gs
-	// ReadyN counts the members ready; the group serves only when all are.
-	out.ReadyN = ready
-	if ready == len(out.Instances) && ready > 0 {
-		out.State = "ready"
-	} else {
-		out.State = mergeState(states, len(out.Instances), 0)
-	}
-	if out.Spec != nil {
-		spec := *out.Spec
-		spec.Instances = 1
-		spec.Group = nil
-		out.Spec = &spec
-	}
-}
-
-// unplace removes a group's members from their hosts and its placement.
-func (s *Server) unplace(ctx context.Context, p *Placement) error {
-	s.adoptMu.Lock()
-	defer s.adoptMu.Unlock()
-	for _, host := range p.HostNames() {
-		status, data, err := s.hostCall(ctx, host, http.MethodDelete, "/deployments/"+url.PathEscape(p.Deployment), nil, nil)
-		if err == nil && status >= 300 && status != http.StatusNotFound {
-			err = hostError(host, status, data)
-		}
-		if err != nil {
-			return err
-		}
-	}
-	err := s.apply(fsm.Unplaced{Deployment: p.Deployment})
-	return err
-}
-
-// withGroupsOn completes a capacity refusal read from a member's record
-// (which keeps no details) with the other groups that have a member on
-// the host: the candidates the host's own refusal would have named.
-func (s *Server) withGroupsOn(err error, host, except string) error {
-	e := structs.AsError(err)
-	if e.Code != structs.CodeCapacityBlocked || e.Details["evictable_groups"] != nil {
-		return err
-	}
-	var names []string
-	for _, p := range s.State.Placements() {
-		if p.Group != nil && p.Deployment != except && slices.Contains(p.Group.Hosts, host) {
-			names = append(names, p.Deployment)
-		}
-	}
-	if len(names) == 0 {
-		return err
-	}
-	return structs.Errf(e.Code, "%s", e.Message).WithDetail("evictable_groups", names).WithDetail("host", host)
-}
-
-// hostRunsGroup reports whether a host runs a member of any group.
-func (s *Server) hostRunsGroup(host string) bool {
-	for _, p := range s.State.Placements() {
-		if p.Group != nil && slices.Contains(p.Group.Hosts, host) {
-			return true
-		}
-	}
-	return false
-}
-
-// journalState is an instance's state as its host's last journal said,
-// empty when the host's link is down or it sent none.
-func (s *Server) journalState(host, id string) string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	h := s.hosts[host]
-	if h == nil || h.linkCancel == nil {
-		return ""
-	}
-	if j := h.journals[id]; j != nil {
-		return j.GetState()
-	}
-	return ""
-}
-
-// lockWithin takes l unless it stays held for d or ctx ends.
-func lockWithin(ctx context.Context, l *sync.Mutex, d time.Duration) bool {
-	deadline := time.Now().Add(d)
-	for !l.TryLock() {
-		if time.Now().After(deadline) || ctx.Err() != nil {
-			return false
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	return true
 }

@@ -25,6 +25,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
+	"github.com/capyctl/capyctl/core/hostlink"
 	"github.com/capyctl/capyctl/core/hostlink/proto/hostv1"
 	"github.com/capyctl/capyctl/core/pki"
 	"github.com/capyctl/capyctl/core/structs"
@@ -48,6 +49,9 @@ type Local interface {
 	// cluster's desired state (engines, deployments) and says what it
 	// could not do, one result each.
 	ApplyDesired(ctx context.Context, d *hostv1.Desired) []*hostv1.DesiredResult
+	// Commands carries out the leader's commands (what is not desired
+	// state), each once (the host's Deduper).
+	Commands() hostlink.Handler
 }
 
 // HostOptions configure a host's side of the fleet.
@@ -89,6 +93,7 @@ type Host struct {
 	term       uint64
 	desired    *offered
 	desiredDue chan struct{}
+	dedup      *hostlink.Deduper
 }
 
 // serverLink is the host's link and relay to one server of the cluster:
@@ -113,7 +118,7 @@ type serverLink struct {
 }
 
 func newServerLink(addr string, primary bool) *serverLink {
-	return &serverLink{addr: addr, primary: primary, welcomed: make(chan struct{}), out: make(chan *hostv1.HostMessage, 8)}
+	return &serverLink{addr: addr, primary: primary, welcomed: make(chan struct{}), out: make(chan *hostv1.HostMessage, 64)}
 }
 
 // hostPKIDir is where a host keeps its credentials.
@@ -130,7 +135,8 @@ func NewHost(ctx context.Context, o HostOptions) (*Host, error) {
 		return nil, structs.Errf(structs.CodeInvalidConfig, "a host needs its server's address (--server ADDR, server_address, CAPYCTL_SERVER_ADDRESS)")
 	}
 	h := &Host{o: o, logger: o.Logger.Named("fleet"), welcomed: make(chan struct{}), fatal: make(chan error, 1),
-		primary: newServerLink(o.Server, true), others: map[string]*serverLink{}, desiredDue: make(chan struct{}, 1)}
+		primary: newServerLink(o.Server, true), others: map[string]*serverLink{}, desiredDue: make(chan struct{}, 1),
+		dedup: hostlink.NewDeduper(0)}
 	h.loadServers()
 	h.loadTerm()
 	err := h.load()

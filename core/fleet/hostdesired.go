@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/capyctl/capyctl/core/hostlink/proto/hostv1"
 	"github.com/capyctl/capyctl/core/structs"
@@ -116,9 +117,13 @@ func (h *Host) reconcileDesired(ctx context.Context) {
 		if o == nil || stale {
 			continue
 		}
+		started := time.Now()
+		h.logger.Debug("applying the desired state", "server", o.l.addr, "term", o.d.GetTerm(), "index", o.d.GetIndex(),
+			"engines", len(o.d.GetEngines()), "deployments", len(o.d.GetDeployments()))
 		results := h.o.Local.ApplyDesired(ctx, o.d)
+		h.logger.Info("desired state applied", "term", o.d.GetTerm(), "index", o.d.GetIndex(), "results", len(results), "took", time.Since(started))
 		o.l.queue(&hostv1.HostMessage{Body: &hostv1.HostMessage_Applied{Applied: &hostv1.DesiredApplied{
-			Term: o.d.GetTerm(), Index: o.d.GetIndex(), Results: results}}})
+			Term: o.d.GetTerm(), Index: o.d.GetIndex(), Results: results, StartedUnixMs: started.UnixMilli()}}})
 	}
 }
 
@@ -137,4 +142,36 @@ func (l *serverLink) queue(m *hostv1.HostMessage) {
 		default:
 		}
 	}
+}
+
+// offerCommand runs one of the leader's commands: refused when its term is
+// older than the newest seen (stale_term), else once per command_id (the
+// Deduper: a retry answers the first run's result) on a goroutine of its
+// own under Run's context; the result goes back on the link it came on.
+func (h *Host) offerCommand(l *serverLink, cmd *hostv1.Command) {
+	h.termMu.Lock()
+	newest := h.term
+	h.termMu.Unlock()
+	if cmd.GetTerm() < newest {
+		h.logger.Warn("refused a command from a deposed leader: a newer term was seen", "server", l.addr, "term", cmd.GetTerm(), "newest_term", newest,
+			"command", cmd.GetCommandId())
+		l.queue(&hostv1.HostMessage{Body: &hostv1.HostMessage_Result{Result: &hostv1.CommandResult{CommandId: cmd.GetCommandId(),
+			Code: string(structs.CodeStaleTerm), Message: "a newer leader's term reached this host first: term " + strconv.FormatUint(newest, 10)}}})
+		return
+	}
+	h.seeTerm(cmd.GetTerm())
+	h.mu.Lock()
+	ctx := h.runCtx
+	if ctx == nil || ctx.Err() != nil {
+		h.mu.Unlock()
+		return
+	}
+	h.goLocked(ctx, func(ctx context.Context) {
+		res, err := h.dedup.Execute(ctx, cmd, h.o.Local.Commands())
+		if err != nil {
+			return // Run ends
+		}
+		l.queue(&hostv1.HostMessage{Body: &hostv1.HostMessage_Result{Result: res}})
+	})
+	h.mu.Unlock()
 }

@@ -209,6 +209,8 @@ func (ls *linkSession) receive(ctx context.Context, acks chan<- uint64) error {
 			ls.h.learn(ls.l, b.Servers)
 		case *hostv1.ServerMessage_Desired:
 			ls.h.offerDesired(ls.l, b.Desired)
+		case *hostv1.ServerMessage_Command:
+			ls.h.offerCommand(ls.l, b.Command)
 		case *hostv1.ServerMessage_Ack:
 			select {
 			case acks <- b.Ack.GetSeq():
@@ -226,8 +228,10 @@ func (ls *linkSession) receive(ctx context.Context, acks chan<- uint64) error {
 func (ls *linkSession) run(ctx context.Context, beat time.Duration, acks <-chan uint64, errc <-chan error) error {
 	t := time.NewTicker(beat)
 	defer t.Stop()
+	// The change signal is taken anew only once it fired, before the
+	// journals are read: a change while an ack is handled is never missed.
+	changed := ls.h.o.Local.Changed()
 	for {
-		changed := ls.h.o.Local.Changed()
 		select {
 		case <-ctx.Done():
 			_ = ls.stream.CloseSend()
@@ -243,6 +247,7 @@ func (ls *linkSession) run(ctx context.Context, beat time.Duration, acks <-chan 
 			}
 			continue
 		case <-changed:
+			changed = ls.h.o.Local.Changed()
 		case <-t.C:
 			if err := ls.heartbeat(); err != nil {
 				return err

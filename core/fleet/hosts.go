@@ -4,6 +4,7 @@
 package fleet
 
 import (
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -107,46 +108,66 @@ func (s *Server) Drain(name string, drain bool) error {
 	return nil
 }
 
-// Remove revokes a host's certificate, ends its link and relay and forgets
-// it (api.Fleet). Deployments placed on it must be moved or deleted
-// first.
+// Remove retires a host (api.Fleet): the instances the cluster placed on
+// it move to other hosts that fit (the host must be draining: capyctl
+// drain host NAME first), then one command forgets it and revokes its
+// certificates on every server, which close its link and relay. A group
+// member or a deployment the host made itself (adopted) keeps it:
+// delete those first.
 func (s *Server) Remove(name string) error {
-	s.adoptMu.Lock() // no placement or adoption naming it meanwhile
-	defer s.adoptMu.Unlock()
-	if _, ok := s.State.Host(name); !ok {
+	rec, ok := s.State.Host(name)
+	if !ok {
 		return structs.Errf(structs.CodeNotFound, "no host %s (capyctl list hosts)", name)
 	}
-	var deps []string
+	var blocking []string
+	var movable []*Placement
 	for _, p := range s.State.Placements() {
-		for _, hs := range p.Hosts {
-			if hs.Host == name {
-				deps = append(deps, p.Deployment)
-			}
+		if !slices.Contains(p.HostNames(), name) {
+			continue
+		}
+		if p.Managed() {
+			movable = append(movable, p)
+		} else {
+			blocking = append(blocking, p.Deployment)
 		}
 	}
-	if len(deps) > 0 {
-		return structs.Errf(structs.CodeConflict, "host %s runs %s: delete or move them first (capyctl delete deployment NAME)", name, strings.Join(deps, ", ")).
-			WithDetail("deployments", deps)
+	if len(blocking) > 0 {
+		return structs.Errf(structs.CodeConflict, "host %s runs %s (a group member, or a deployment made on the host itself): delete them first (capyctl delete deployment NAME)",
+			name, strings.Join(blocking, ", ")).WithDetail("deployments", blocking)
+	}
+	if len(movable) > 0 && !rec.Drained {
+		return structs.Errf(structs.CodeConflict, "host %s runs instances of %d deployment(s): drain it first (capyctl drain host %s), then remove it: they move to other hosts",
+			name, len(movable), name).WithDetail("deployments", len(movable))
+	}
+	for _, p := range movable {
+		if err := s.moveOff(s.runCtx(), p, name); err != nil {
+			return structs.Wrap(structs.CodeOf(err), err, "move %s off host %s before its removal", p.Deployment, name)
+		}
 	}
 	// One command forgets the host and revokes its certificates on every
-	// server.
+	// server; every server (this one too) closes its link and relay once
+	// it applied the removal (watchMembers).
 	if err := s.apply(fsm.HostRemoved{Host: name}); err != nil {
 		return err
 	}
-	// Every server (this one too) closes the host's link and relay once
-	// it applied the removal (watchMembers).
 	s.event("host_removed", name, nil)
 	return nil
 }
 
-// placeable returns the most free card memory of a host (its ledger's
-// room less its charges, as its last heartbeat said) and whether it takes
-// placements (link and relay up, not draining).
+// placeable returns the most free card memory of a host and whether it
+// takes placements (link and relay up, not draining).
 func (s *Server) placeable(name string) (free int64, ok bool) {
 	rec, known := s.State.Host(name)
 	if !known || rec.Drained {
 		return 0, false
 	}
+	return s.readiness(name)
+}
+
+// readiness returns the most free card memory of a host (its ledger's
+// room less its charges, as its last heartbeat said) and whether its link
+// and relay are up.
+func (s *Server) readiness(name string) (free int64, ready bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	h := s.hosts[name]

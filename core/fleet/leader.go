@@ -121,10 +121,15 @@ func (s *Server) lead(ctx context.Context, wg *sync.WaitGroup) {
 	st := s.cl.node.Stats()
 	s.logger.Info("leading the server cluster", "term", st.Term, "applied", s.State.Applied())
 	s.establishLeadership(ctx)
-	wg.Add(1)
+	since := time.Now()
+	wg.Add(2)
 	go func() {
 		defer wg.Done()
 		s.superviseGroups(ctx)
+	}()
+	go func() {
+		defer wg.Done()
+		s.rescheduleLoop(ctx, since)
 	}()
 }
 

@@ -97,12 +97,16 @@ func (s *Server) linkUp(ctx context.Context, name string, hello *hostv1.Hello, c
 	h.linkCancel, h.addr, h.version, h.inventory = cancel, peerAddr(ctx), hello.GetVersion(), hello.GetInventory()
 	h.lastSeen, h.certExpiry = time.Now(), expiry
 	h.journals = map[string]*hostv1.InstanceJournal{}
+	h.outbox = make(chan *hostv1.ServerMessage, 16)
 	for _, j := range hello.GetInstances() {
 		h.journals[j.GetInstanceId()] = j
 	}
 	addr := h.addr
+	h.downSince = time.Time{}
 	s.mu.Unlock()
 	h.changed.publish()
+	s.links.publish()
+	s.journaled.publish()
 	if wasLost {
 		s.event("host_reconnected", name, map[string]any{"instances": len(hello.GetInstances())})
 	}
@@ -117,10 +121,16 @@ func (s *Server) linkUp(ctx context.Context, name string, hello *hostv1.Hello, c
 // learns it, and fences the deposed leader).
 func (s *Server) serveLink(ctx context.Context, stream hostv1.HostLink_ConnectServer, name string, gen uint64, members *hostv1.ClusterServers) error {
 	msgs, errc := recvLoop(ctx, stream)
+	s.mu.Lock()
+	outbox := s.hosts[name].outbox
+	s.mu.Unlock()
 	var sent [32]byte // the digest of the last share sent on this link
 	recheck := true
+	// Each signal is taken anew only once it fired, and before the state
+	// is read again: a change while a host message is handled is never
+	// missed.
+	stateChanged, raftChanged, leadChanged := s.State.Changed(), s.cl.node.Changed(), s.leading.changed()
 	for {
-		stateChanged, raftChanged, leadChanged := s.State.Changed(), s.cl.node.Changed(), s.leading.changed()
 		if recheck {
 			recheck = false
 			if d := s.desiredFor(name); d != nil {
@@ -147,11 +157,15 @@ func (s *Server) serveLink(ctx context.Context, stream hostv1.HostLink_ConnectSe
 			}
 			return err
 		case <-stateChanged:
-			recheck = true
+			stateChanged, recheck = s.State.Changed(), true
 		case <-raftChanged:
-			recheck = true
+			raftChanged, recheck = s.cl.node.Changed(), true
 		case <-leadChanged:
-			recheck = true
+			leadChanged, recheck = s.leading.changed(), true
+		case m := <-outbox:
+			if err := stream.Send(m); err != nil {
+				return err
+			}
 		case m := <-msgs:
 			s.onHostMessage(name, gen, m)
 			if err := stream.Send(&hostv1.ServerMessage{Body: &hostv1.ServerMessage_Ack{Ack: &hostv1.Ack{Seq: m.GetSeq()}}}); err != nil {
@@ -235,6 +249,12 @@ func (s *Server) onHostMessage(name string, gen uint64, m *hostv1.HostMessage) {
 		if inv := b.Heartbeat.GetInventory(); inv != nil {
 			h.inventory = inv
 		}
+	case *hostv1.HostMessage_Result:
+		h.commandResult(b.Result)
+		if b.Result.GetCode() == string(structs.CodeStaleTerm) {
+			s.logger.Warn("the host refused this server's command: a newer leader's term reached it first", "host", name, "message", b.Result.GetMessage())
+			s.event("host_refused_stale_term", name, map[string]any{"command": b.Result.GetCommandId(), "message": b.Result.GetMessage()})
+		}
 	case *hostv1.HostMessage_Applied:
 		h.applied = b.Applied
 		defer h.changed.publish()
@@ -245,12 +265,13 @@ func (s *Server) onHostMessage(name string, gen uint64, m *hostv1.HostMessage) {
 		}
 	case *hostv1.HostMessage_Journal:
 		j := b.Journal
+		defer s.journaled.publish()
 		defer h.changed.publish()
 		if j.GetState() == string(structs.StateStopped) && j.GetDeployment() == "" {
 			delete(h.journals, j.GetInstanceId())
 		} else {
 			h.journals[j.GetInstanceId()] = j
-			if _, placed := s.State.Placement(j.GetDeployment()); !placed {
+			if _, placed := s.State.Placement(j.GetDeployment()); !placed && !j.GetPlaced() {
 				s.adoptLaterLocked(s.leaderCtx, h) // a deployment made on the host itself
 			}
 		}
@@ -266,9 +287,12 @@ func (s *Server) linkDown(name string, gen uint64) {
 		return
 	}
 	h.linkCancel = nil
+	h.downSince = time.Now()
 	relay := h.relayConn
 	h.relay, h.relayConn = nil, nil
 	s.mu.Unlock()
+	h.changed.publish() // a wait on the host ends: it is out of reach
+	s.links.publish()
 	if relay != nil {
 		relay.Close()
 	}

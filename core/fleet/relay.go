@@ -15,7 +15,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"time"
 
 	"github.com/capyctl/capyctl/core/api"
 	"github.com/capyctl/capyctl/core/apikeys"
@@ -129,153 +128,158 @@ func (s *Server) relayBody(w http.ResponseWriter, r *http.Request, body []byte, 
 	// The request's key settles once the answer ended (a stream's too):
 	// its limits and usage count what the host's answer reported.
 	meter := meterFor(r)
-	settled := false
-	defer func() {
-		if !settled {
-			meter.end()
+	var u undo
+	defer u.run()
+	u.push(meter.end)
+	refuse := func(err error) {
+		if r.Context().Err() == nil {
+			meter.refused(err)
+			relayError(w, r, err)
 		}
-	}()
-	relayError := func(w http.ResponseWriter, r *http.Request, err error) {
-		meter.refused(err)
-		relayError(w, r, err)
 	}
+	p, hosts, hdr, err := s.relayTarget(r, body, meter)
+	if err != nil {
+		refuse(err)
+		return
+	}
+	rl, err := s.relaySend(r, p, hosts, hdr, body, &u)
+	if err != nil {
+		refuse(err)
+		return
+	}
+	if tap != nil {
+		tap(rl.resp)
+	}
+	meter.watch(rl.resp)
+	// A stream outlives the handler: the client's context no longer
+	// cancels it (unless it did already), the watcher does.
+	if strings.HasPrefix(rl.resp.Header.Get("Content-Type"), "text/event-stream") && rl.unhook() {
+		s.streams.add(1)
+		u.push(func() { s.streams.add(-1) })
+		if takeOver(w, r, rl.resp, rl.cancel, &u) {
+			return
+		}
+		rehook := context.AfterFunc(r.Context(), rl.cancel)
+		u.push(func() { rehook() })
+	}
+	copyAnswer(w, rl.resp)
+}
+
+// hostReply is a host's answer to a relayed request: cancel ends the
+// relayed stream, unhook stops the client's context from cancelling it
+// (false when it did already).
+type hostReply struct {
+	resp   *http.Response
+	cancel context.CancelFunc
+	unhook func() bool
+}
+
+// relayTarget finds the placement that serves the request's model, the
+// hosts that may answer it (a group's head; once every member is up), and
+// the headers the hosts get: the host names the request after the
+// client's key (its request log, its fair share of the model's places).
+func (s *Server) relayTarget(r *http.Request, body []byte, meter *relayMeter) (*Placement, []string, http.Header, error) {
 	// The model as the host's router reads it (by its exact name): the
 	// server places the request where the host serves the same model.
 	model, err := router.RequestModel(body)
 	if err != nil {
-		relayError(w, r, structs.Errf(structs.CodeInvalidRequest, "%v", err))
-		return
+		return nil, nil, nil, structs.Errf(structs.CodeInvalidRequest, "%v", err)
 	}
 	if model == "" {
-		relayError(w, r, structs.Errf(structs.CodeInvalidRequest, "the request names no model"))
-		return
+		return nil, nil, nil, structs.Errf(structs.CodeInvalidRequest, "the request names no model")
 	}
 	caller := router.CallerOf(r.Context())
 	p, ok := s.State.RouteOwner(model)
 	// IMPORTANT: a model the key may not use is answered exactly as one no
 	// deployment serves.
 	if !ok || !caller.Allows(model) {
-		relayError(w, r, structs.Errf(structs.CodeUnknownModel, "no deployment serves model %q (GET /v1/models lists them)", model))
-		return
+		return nil, nil, nil, structs.Errf(structs.CodeUnknownModel, "no deployment serves model %q (GET /v1/models lists them)", model)
 	}
 	meter.model = model
-	// The host names the request after the client's key (its request log,
-	// its fair share of the model's places).
 	hdr := r.Header.Clone()
 	hdr.Set(router.HeaderKeyName, caller.Key)
 	hdr.Set(router.HeaderKeyWeight, strconv.Itoa(max(caller.Weight, 1)))
-	// A request that never left the server (the host's relay closed
-	// between the pick and the send) goes to another replica; one the host
-	// may have received is not sent twice.
-	var (
-		host, tried string
-		done        func()
-		resp        *http.Response
-		rctx        context.Context
-		cancel      context.CancelFunc
-		unhook      func() bool
-		hosts       = p.HostNames()
-	)
-	if p.Group != nil {
-		// A group answers on its head only, once every member is up.
-		hosts = p.Group.Hosts[:1]
-		if err := s.ensureGroupUp(r.Context(), p); err != nil {
-			if r.Context().Err() == nil {
-				relayError(w, r, err)
-			}
-			return
-		}
+	if p.Pending {
+		e := structs.Errf(structs.CodeUnavailable, "deployment %s is being placed on its hosts: retry", p.Deployment).WithDetail("deployment", p.Deployment)
+		e.RetryAfter = 1
+		return nil, nil, nil, e
 	}
+	if p.Group == nil {
+		return p, p.HostNames(), hdr, nil
+	}
+	// A group answers on its head only, once every member is up.
+	if err := s.ensureGroupUp(r.Context(), p); err != nil {
+		return nil, nil, nil, err
+	}
+	return p, p.Group.Hosts[:1], hdr, nil
+}
+
+// relaySend sends the request to the least busy reachable host of hosts
+// and returns its answer; what the send took (the host's count, the
+// relayed stream's context, the hook that cancels it with the client's,
+// the answer's body) is pushed on u. A request that never left the server
+// (the host's relay closed between the pick and the send) goes to another
+// replica; one the host may have received is not sent twice. A group's
+// head that says its group is not up (this server's view was older than
+// a park or stop) has its group started and the request sent once more.
+func (s *Server) relaySend(r *http.Request, p *Placement, hosts []string, hdr http.Header, body []byte, u *undo) (hostReply, error) {
 	groupTry := 0
 	for attempt := 0; ; attempt++ {
-		host, done = s.pick(hosts)
+		host, done := s.pick(hosts)
 		if host == "" {
 			e := structs.Errf(structs.CodeHostUnreachable, "every host of deployment %s is out of reach of the server (%s); its instances are uncertain", p.Deployment, strings.Join(p.HostNames(), ", ")).
 				WithDetail("deployment", p.Deployment).WithDetail("hosts", p.HostNames())
 			e.RetryAfter = int(2*s.o.Heartbeat.Seconds()) + 1
-			relayError(w, r, e)
-			return
+			return hostReply{}, e
 		}
+		var try undo
+		try.push(done)
 		// The relayed stream's context is the client's until the answer's
 		// head arrives; a streamed answer then outlives the handler
 		// (takeOver).
-		rctx, cancel = context.WithCancel(context.WithoutCancel(r.Context()))
-		unhook = context.AfterFunc(r.Context(), cancel)
-		var err error
-		resp, err = s.roundTrip(rctx, host, r.Method, r.URL.RequestURI(), hdr, "", body)
-		if err == nil && p.Group != nil && groupTry == 0 && resp.StatusCode == http.StatusServiceUnavailable &&
-			s.memberOf(r.Context(), host, 0, p.Deployment).state != string(structs.StateReady) {
-			// The head's host says its group is not up: this server's view
-			// was older than a park or stop (another server's, or a journal
-			// not arrived yet). Start the group and send once more.
+		rctx, cancel := context.WithCancel(context.WithoutCancel(r.Context()))
+		try.push(cancel)
+		unhook := context.AfterFunc(r.Context(), cancel)
+		try.push(func() { unhook() })
+		resp, err := s.roundTrip(rctx, host, r.Method, r.URL.RequestURI(), hdr, "", body)
+		if err == nil {
+			try.push(func() { resp.Body.Close() })
+		}
+		switch {
+		case err == nil && p.Group != nil && groupTry == 0 && resp.StatusCode == http.StatusServiceUnavailable &&
+			s.memberOf(r.Context(), host, 0, p.Deployment).state != string(structs.StateReady):
 			groupTry++
-			resp.Body.Close()
-			unhook()
-			cancel()
-			done()
+			try.run()
 			s.groups.setDown(p.Deployment, true)
 			if err := s.ensureGroupUp(r.Context(), p); err != nil {
-				if r.Context().Err() == nil {
-					relayError(w, r, err)
-				}
-				return
+				return hostReply{}, err
 			}
 			attempt = -1
 			continue
+		case err == nil:
+			u.fns = append(u.fns, try.handOver().fns...)
+			return hostReply{resp: resp, cancel: cancel, unhook: unhook}, nil
 		}
-		if err == nil {
-			break
-		}
-		unhook()
-		cancel()
-		done()
+		try.run()
 		if r.Context().Err() != nil {
-			return // the client hung up: the reset stream cancelled the host's work
+			return hostReply{}, r.Context().Err() // the client hung up: the reset stream cancelled the host's work
 		}
 		if attempt == 0 && notSent(err) && len(hosts) > 1 {
-			tried = host
+			tried := host
 			hosts = slices.DeleteFunc(slices.Clone(hosts), func(h string) bool { return h == tried })
 			continue
 		}
 		e := structs.Errf(structs.CodeHostUnreachable, "the relay to host %s failed: %v", host, err).WithDetail("host", host)
 		e.RetryAfter = 1
-		relayError(w, r, e)
-		return
+		return hostReply{}, e
 	}
-	if tap != nil {
-		tap(resp)
-	}
-	meter.watch(resp)
-	if strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") && unhook() {
-		s.taken.Add(1)
-		finish := func() { meter.end(); done(); s.taken.Add(-1) }
-		if takeOver(w, r, resp, cancel, finish) {
-			settled = true // the stream settles when it ends
-			return
-		}
-		s.taken.Add(-1)
-		unhook = context.AfterFunc(r.Context(), cancel)
-	}
-	defer done()
-	defer cancel()
-	defer unhook()
-	defer resp.Body.Close()
-	copyAnswer(w, resp)
 }
 
 // DrainStreams waits until the streams the server took over from net/http
 // have ended, or ctx ends (then Close cuts them): a stopping server lets
 // them finish for the drain timeout, as a standalone role does.
 func (s *Server) DrainStreams(ctx context.Context) {
-	t := time.NewTicker(10 * time.Millisecond)
-	defer t.Stop()
-	for s.taken.Load() > 0 {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-	}
+	s.streams.wait(ctx)
 }
 
 // notSent reports whether a relay error means the request never left the

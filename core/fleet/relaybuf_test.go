@@ -7,6 +7,7 @@ package fleet
 
 import (
 	"bufio"
+	"bytes"
 	"fmt"
 	"io"
 	"net"
@@ -14,6 +15,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/capyctl/capyctl/core/takeover"
 )
 
 // burstBody is a host's answer as the relay reads it: each Read returns
@@ -62,7 +65,11 @@ func TestRelayTaken_BurstsLeaveInFewWrites(t *testing.T) {
 	body := &burstBody{ch: make(chan []byte), waiting: make(chan struct{}, 1)}
 	resp := &http.Response{StatusCode: 200, Header: http.Header{"Content-Type": {"text/event-stream"}}, Body: body}
 	ended := make(chan struct{})
-	go relayTaken(server, nil, head(http.Header{}, resp), resp, func() {}, func() { close(ended) })
+	var u undo
+	u.push(func() { close(ended) })
+	var head bytes.Buffer
+	takeover.WriteHead(&head, resp.StatusCode, resp.Header, true)
+	go relayTaken(&takeover.Conn{Conn: server}, head.Bytes(), resp, func() {}, &u)
 
 	br := bufio.NewReader(client)
 	_ = client.SetReadDeadline(time.Now().Add(10 * time.Second))

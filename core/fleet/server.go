@@ -15,7 +15,6 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -60,6 +59,9 @@ type ServerOptions struct {
 	Heartbeat time.Duration
 	// GroupStallTimeout bounds a group's bring-up (0: 120 s).
 	GroupStallTimeout time.Duration
+	// RescheduleAfter is how long the leader waits for a lost host before
+	// it places the host's instances on other hosts (0: never).
+	RescheduleAfter time.Duration
 	// HostCertLifetime is a host certificate's validity (0: pki's 24 h).
 	HostCertLifetime time.Duration
 
@@ -116,8 +118,7 @@ type Server struct {
 	turn  uint // rotates the relay's ties
 
 	metrics  http.Handler
-	adoptMu  sync.Mutex   // one adoption, placement, deletion or removal at a time
-	taken    atomic.Int64 // streams taken over from net/http (relay.go)
+	streams  openCount    // streams taken over from net/http (relaytaken.go)
 	receipts api.Receipts // the Idempotency-Key receipts of the server's own mutations
 	// lastStatus keeps each host's last answer for a deployment (mgmt.go).
 	lastStatus statusCache
@@ -134,6 +135,11 @@ type Server struct {
 	// leading is published when it changes.
 	leaderCtx context.Context
 	leading   signal
+	// links is published whenever a host's link comes up or goes.
+	links signal
+	// journaled is published whenever a host's journal arrives (the
+	// groups' supervisor waits on it) or a link comes up.
+	journaled signal
 	// fatal carries the reason the server must stop (Fatal).
 	fatal chan error
 	// keys is the keeper of the cluster's named keys (UseKeys), under mu.
@@ -159,14 +165,21 @@ type liveHost struct {
 
 	linkGen    uint64
 	linkCancel context.CancelFunc // nil: no link
-	adoptDue   bool               // an adoption is scheduled
+	adoptDue   bool               // an adoption is scheduled or running
+	adoptAgain bool               // ...and another was asked for meanwhile
 	relay      *http2.ClientConn
 	relayConn  net.Conn
 	inFlight   int64
+	// downSince is when its link last went down (zero while up).
+	downSince time.Time
 	// applied is the host's last answer to its desired state; changed is
 	// published when it, a journal or the link changes.
 	applied *hostv1.DesiredApplied
 	changed signal
+	// outbox are the commands to send on the current link; pending the
+	// commands waiting for their result, by command_id.
+	outbox  chan *hostv1.ServerMessage
+	pending map[string]chan *hostv1.CommandResult
 }
 
 // NewServer opens the CA (creating it on the first start), the join token

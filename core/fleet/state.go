@@ -34,26 +34,34 @@ const applyTimeout = 30 * time.Second
 // own state applied the entry, so that a read on it afterwards sees the
 // change.
 func (s *Server) apply(c fsm.Command) error {
-	return s.applyValue(c, nil)
+	_, err := s.applyIndexed(c, nil)
+	return err
 }
 
 // applyValue is apply for a command whose apply answers a value: decoded
 // into out (its JSON form, the same on the leader and on a follower).
 func (s *Server) applyValue(c fsm.Command, out any) error {
+	_, err := s.applyIndexed(c, out)
+	return err
+}
+
+// applyIndexed is applyValue, returning the index of the command's entry
+// (a wait for the hosts' answer to the change waits for that one).
+func (s *Server) applyIndexed(c fsm.Command, out any) (uint64, error) {
 	if s.leaderOnly() == nil {
-		v, _, err := s.State.Apply(c)
+		v, idx, err := s.State.Apply(c)
 		if err != nil && !structs.HasCode(err, structs.CodeNotLeader) {
-			return err
+			return idx, err
 		}
 		if err == nil {
-			return decodeValue(v, out)
+			return idx, decodeValue(v, out)
 		}
 		// Leadership moved between the check and the commit: the new
 		// leader takes it.
 	}
 	data, err := fsm.Encode(c, time.Now())
 	if err != nil {
-		return err
+		return 0, err
 	}
 	return s.applyOnLeader(data, out)
 }
@@ -78,28 +86,28 @@ type applyAnswer struct {
 
 // applyOnLeader has the leader commit an encoded command and waits until
 // this server applied its entry (both bounded by applyTimeout).
-func (s *Server) applyOnLeader(data []byte, out any) error {
+func (s *Server) applyOnLeader(data []byte, out any) (uint64, error) {
 	ctx, cancel := context.WithTimeout(s.runCtx(), applyTimeout)
 	defer cancel()
 	st := s.cl.node.Stats()
 	if st.LeaderAddress == "" {
-		return s.notLeader(st)
+		return 0, s.notLeader(st)
 	}
 	var ans applyAnswer
 	if err := postJSON(ctx, s.cl.client, st.LeaderAddress, "/apply", data, &ans); err != nil {
 		if structs.HasCode(err, structs.CodeUnavailable) {
-			return s.notLeader(st).WithDetail("relay_error", err.Error())
+			return 0, s.notLeader(st).WithDetail("relay_error", err.Error())
 		}
-		return err
+		return 0, err
 	}
 	if err := s.State.WaitApplied(ctx, ans.Index); err != nil {
-		return structs.Errf(structs.CodeUnavailable, "the leader committed the change at index %d; this server has not applied it yet", ans.Index).
+		return ans.Index, structs.Errf(structs.CodeUnavailable, "the leader committed the change at index %d; this server has not applied it yet", ans.Index).
 			WithDetail("index", ans.Index)
 	}
 	if out != nil && len(ans.Value) > 0 {
-		return json.Unmarshal(ans.Value, out)
+		return ans.Index, json.Unmarshal(ans.Value, out)
 	}
-	return nil
+	return ans.Index, nil
 }
 
 // runCtx is the server's context once it started (Background before).

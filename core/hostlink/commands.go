@@ -19,6 +19,9 @@ type Handler interface {
 	WakeInstance(ctx context.Context, c *hostv1.WakeInstance) error
 	StopInstance(ctx context.Context, c *hostv1.StopInstance) error
 	AbortRequest(ctx context.Context, c *hostv1.AbortRequest) error
+	// DeploymentAction runs an action on a deployment the host runs, or
+	// on one of its instances (a park: not desired state).
+	DeploymentAction(ctx context.Context, c *hostv1.DeploymentAction) error
 }
 
 // Execute runs cmd through h once per command_id (see Deduper.Do) and
@@ -48,6 +51,8 @@ func (d *Deduper) Execute(ctx context.Context, cmd *hostv1.Command, h Handler) (
 			err = h.StopInstance(run, a.Stop)
 		case *hostv1.Command_Abort:
 			err = h.AbortRequest(run, a.Abort)
+		case *hostv1.Command_Deployment:
+			err = h.DeploymentAction(run, a.Deployment)
 		default:
 			err = structs.Errf(structs.CodeInvalidRequest, "command %q has no action this host knows", cmd.GetCommandId())
 		}

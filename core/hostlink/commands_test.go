@@ -43,6 +43,10 @@ func (f *fakeHandler) AbortRequest(_ context.Context, c *hostv1.AbortRequest) er
 	return f.record("abort " + c.InstanceId + " " + c.RequestId)
 }
 
+func (f *fakeHandler) DeploymentAction(_ context.Context, c *hostv1.DeploymentAction) error {
+	return f.record(fmt.Sprintf("%s %s %d", c.Action, c.Deployment, c.Instance))
+}
+
 func (f *fakeHandler) Calls() []string {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -65,6 +69,8 @@ func TestDeduper_Execute(t *testing.T) {
 			wantCalls: []string{"wake i1"}},
 		{name: "stop", cmd: &hostv1.Command{CommandId: "c", Action: &hostv1.Command_Stop{Stop: &hostv1.StopInstance{InstanceId: "i1"}}},
 			wantCalls: []string{"stop i1"}},
+		{name: "a deployment's park", cmd: &hostv1.Command{CommandId: "c", Action: &hostv1.Command_Deployment{Deployment: &hostv1.DeploymentAction{Deployment: "chat", Action: "park", Instance: -1}}},
+			wantCalls: []string{"park chat -1"}},
 		{name: "abort", cmd: &hostv1.Command{CommandId: "c", Action: &hostv1.Command_Abort{Abort: &hostv1.AbortRequest{InstanceId: "i1", RequestId: "r9"}}},
 			wantCalls: []string{"abort i1 r9"}},
 		{name: "a coded refusal keeps its code", err: structs.Errf(structs.CodeCapacityBlocked, "no room"),

@@ -193,8 +193,10 @@ func (in *instance) update(f func(r *structs.InstanceRecord)) error {
 	return in.persist(&r)
 }
 
-// persist writes r to the store; a failure is logged and coded.
+// persist writes r to the store; a failure is logged and coded. Either
+// way the record changed in memory: Changed's waiters wake.
 func (in *instance) persist(r *structs.InstanceRecord) error {
+	defer in.m.recordsChanged()
 	if err := in.m.cfg.Store.PutInstance(r); err != nil {
 		in.m.logger.Error("could not store an instance", "instance", in.id, "state", r.State, "error", err)
 		return structs.Wrap(structs.CodeStoreUnavailable, err, "store the record of instance %s", in.id)
@@ -242,6 +244,7 @@ func (in *instance) move(to structs.InstanceState, why string, f func(r *structs
 	in.rec.State = to
 	in.rec.Since = now
 	in.rec.LastTransition = describe(from, to, why)
+	in.rec.Reason = "" // a transition that matters says its own (f)
 	switch to {
 	case structs.StateStopped, structs.StateFailed, structs.StateStarting:
 		// Nothing is parked any more.
@@ -365,6 +368,7 @@ func (m *Manager) resolveEngine(name string) (*structs.EngineRecord, error) {
 func (in *instance) unrecorded(err error) {
 	e := structs.AsError(err)
 	_ = in.transition(structs.StateFailed, e.Message, func(r *structs.InstanceRecord) {
+		r.Reason = structs.ReasonStartFailed
 		r.LastError = &structs.ErrorRecord{Code: e.Code, Message: e.Message, At: in.m.cfg.Now().UTC()}
 		r.Phase = ""
 		r.Endpoint = nil

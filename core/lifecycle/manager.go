@@ -125,6 +125,10 @@ type Manager struct {
 	deployments map[string]*deployment
 	byID        map[string]*instance
 	board       routes.Board
+	// records is published whenever an instance's record is written (a
+	// transition, a last error, a charge): Changed.
+	recordsMu sync.Mutex
+	records   chan struct{}
 	// routesMu serialises rebuildRoutes: a table built from older
 	// snapshots must never be published after a newer one.
 	routesMu sync.Mutex

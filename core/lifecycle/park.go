@@ -266,6 +266,13 @@ func (in *instance) wake(c *command) error {
 	m := in.m
 	placer := m.placer()
 	if err := m.withRoom(m.ctx, in, evict, func() error { return placer.Phase(in.id, ledger.PhaseReady) }); err != nil {
+		// Refused before it changed the state (no room): the record says
+		// so, as a stopped instance's start does (a server waiting for the
+		// host's verdict reads it).
+		e := structs.AsError(err)
+		in.update(func(r *structs.InstanceRecord) {
+			r.LastError = &structs.ErrorRecord{Code: e.Code, Message: e.Message, At: m.cfg.Now().UTC()}
+		})
 		return err
 	}
 	if err := in.transition(structs.StateWaking, why, nil); err != nil {

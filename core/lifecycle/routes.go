@@ -61,3 +61,27 @@ func (m *Manager) rebuildRoutes() {
 	sort.Slice(list, func(i, j int) bool { return list[i].Deployment < list[j].Deployment })
 	m.board.Publish(routes.NewTable(list...))
 }
+
+// Changed returns a channel closed at the next write of an instance's
+// record (a transition, a last error, a charge): a host's link to its
+// server sends what changed at once. A waiter takes the channel before it
+// reads the records.
+func (m *Manager) Changed() <-chan struct{} {
+	m.recordsMu.Lock()
+	defer m.recordsMu.Unlock()
+	if m.records == nil {
+		m.records = make(chan struct{})
+	}
+	return m.records
+}
+
+// recordsChanged wakes Changed's waiters.
+func (m *Manager) recordsChanged() {
+	m.recordsMu.Lock()
+	ch := m.records
+	m.records = nil
+	m.recordsMu.Unlock()
+	if ch != nil {
+		close(ch)
+	}
+}

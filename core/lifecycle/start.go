@@ -204,6 +204,10 @@ func (r *startRun) launchFailed(what string, clearEndpoint bool) func(error) err
 			e.Code = structs.CodeLaunchFailed
 		}
 		_ = r.in.transition(structs.StateFailed, e.Message, func(rec *structs.InstanceRecord) {
+			rec.Reason = structs.ReasonStartFailed
+			if r.in.stopAsked.Load() {
+				rec.Reason = structs.ReasonOperator // a stop ended the start: no failure of the engine
+			}
 			rec.LastError = &structs.ErrorRecord{Code: e.Code, Message: e.Message, At: r.m.cfg.Now().UTC()}
 			rec.Phase = ""
 			if clearEndpoint {

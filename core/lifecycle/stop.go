@@ -169,6 +169,7 @@ func (in *instance) exited(p *pb.ProbeResponse) error {
 	in.release(rec)
 	m.event("engine_exited", in.dep, in.id, map[string]any{"exit_code": p.GetExitCode()})
 	return in.transition(structs.StateStopped, "engine exited", func(r *structs.InstanceRecord) {
+		r.Reason = structs.ReasonEngineExited
 		r.LastError = &structs.ErrorRecord{Code: structs.CodeEngineError, Message: msg, At: m.cfg.Now().UTC()}
 		r.Endpoint = nil
 		r.Phase = ""

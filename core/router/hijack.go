@@ -16,6 +16,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/capyctl/capyctl/core/takeover"
 )
 
 // Taking an open stream off net/http.
@@ -30,7 +32,7 @@ import (
 // the handler return and relays the rest on a goroutine of its own that
 // starts small and waits for the engine holding no buffer (sseReader). A
 // watcher goroutine waits for the client socket to become readable, holding
-// no buffer either (hijack_unix.go): end of file or an error is a hang-up,
+// no buffer either (core/takeover, shared with the server's relay): end of file or an error is a hang-up,
 // cut on the engine at once.
 //
 // The wire stays what net/http sends: the same head and the chunked coding,
@@ -48,7 +50,7 @@ import (
 // net/http began. An answer complete by its first flush after
 // TakeOverAfter stays on net/http.
 // Non-streamed answers, HTTP versions other than 1.1, TLS, and systems
-// without the watcher (hijack_other.go) stay on net/http.
+// without the watcher (takeover.Supported) stay on net/http.
 
 // Where a request's answer bytes go.
 const (
@@ -78,9 +80,7 @@ type clientConn struct {
 	next       bool     // the watcher saw the client's bytes (its next or a pipelined request)
 	handedBack bool     // the connection is net/http's again
 
-	watchFn func(fd uintptr) bool // the watcher's read callback, bound once
-	hungUp  bool                  // the watcher's result: end of file or an error
-	bytes   bool                  // the watcher's result: bytes to read
+	watcher takeover.Watcher // waits for the client socket, holding no buffer
 }
 
 // setConn records the connection once hijacked; false when the stream was
@@ -133,23 +133,25 @@ func (c *clientConn) watched(hungUp, bytes bool) {
 	// for the next request.
 }
 
+// watch waits for the client socket to become readable, holding no buffer,
+// and reads nothing: a hang-up cuts the stream's engine work, the
+// client's bytes stay for net/http (watched).
+func (c *clientConn) watch() {
+	hungUp, bytes, err := c.watcher.Wait(c.raw, false)
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		// Only an idle connection has a read deadline (end): the server's
+		// idle timeout passed.
+		c.idleTimedOut()
+		return
+	}
+	c.watched(hungUp, bytes)
+}
+
 // watchPlain is the watcher of a connection that offers no
 // syscall.RawConn (one a listener wrapped): a one-byte read, so that the
 // client's bytes are lost and the connection closes after the answer.
 func (c *clientConn) watchPlain() {
-	var b [1]byte
-	for {
-		n, err := c.conn.Read(b[:])
-		switch {
-		case err == nil && n > 0:
-			continue // a pipelined request, dropped
-		case errors.Is(err, net.ErrClosed):
-			c.watched(false, false)
-			return
-		}
-		c.watched(true, false)
-		return
-	}
+	c.watched(takeover.WatchPlain(c.conn), false)
 }
 
 // end follows a complete answer: the connection waits for the client's
@@ -204,44 +206,7 @@ func (c *clientConn) handBack() {
 	c.handedBack = true
 	c.mu.Unlock()
 	c.rt.streams.removeIdle(c)
-	_ = c.conn.SetReadDeadline(time.Time{})
-	l := &oneConnListener{conn: c.conn}
-	_ = c.srv.Serve(l)
-	if l.conn != nil {
-		_ = c.conn.Close()
-	}
-}
-
-// oneConnListener hands one connection to http.Server.Serve, which returns
-// at its next Accept.
-type oneConnListener struct{ conn net.Conn }
-
-func (l *oneConnListener) Accept() (net.Conn, error) {
-	c := l.conn
-	if c == nil {
-		return nil, net.ErrClosed
-	}
-	l.conn = nil
-	return c, nil
-}
-
-func (l *oneConnListener) Close() error { return nil }
-
-func (l *oneConnListener) Addr() net.Addr { return &net.TCPAddr{} }
-
-// hijackable reports whether w, or a writer it wraps, can hand its
-// connection over.
-func hijackable(w http.ResponseWriter) bool {
-	for {
-		switch v := w.(type) {
-		case http.Hijacker:
-			return true
-		case interface{ Unwrap() http.ResponseWriter }:
-			w = v.Unwrap()
-		default:
-			return false
-		}
-	}
+	takeover.HandBack(c.srv, c.conn)
 }
 
 // wantsTakeOver reports whether the relay should take the client connection
@@ -290,24 +255,19 @@ func (q *request) takeOver() bool {
 	}
 	cc.srv, _ = q.r.Context().Value(http.ServerContextKey).(*http.Server)
 	cc.keep = !q.r.Close
-	conn, brw, err := http.NewResponseController(q.w).Hijack()
+	conn, err := takeover.Hijack(q.w)
 	if err != nil {
 		q.rt.streams.remove(cc)
 		return false
 	}
 	// Bytes net/http read past the request are a pipelined request: they
-	// are dropped and the connection closes after the answer, which a
+	// were dropped and the connection closes after the answer, which a
 	// pipelining client must expect.
-	if n := brw.Reader.Buffered(); n > 0 {
-		_, _ = brw.Reader.Discard(n)
-		cc.keep = false
-	}
-	if !cc.setConn(conn) {
+	cc.keep = cc.keep && !conn.Dropped
+	if !cc.setConn(conn.Conn) {
 		cc.gone.Store(true)
 	}
-	if sc, ok := conn.(syscall.Conn); ok {
-		cc.raw, _ = sc.SyscallConn()
-	}
+	cc.raw = conn.Raw
 	var hdr http.Header
 	if !q.headViaHTTP {
 		hdr = q.w.Header()
@@ -341,14 +301,7 @@ func (q *request) takeOver() bool {
 // bytes buffered so far, in one write.
 func (q *request) writeHead(hdr http.Header, closing bool) {
 	b := bytes.NewBuffer(make([]byte, 0, 384))
-	b.WriteString("HTTP/1.1 200 OK\r\n")
-	_ = hdr.WriteSubset(b, nil)
-	if closing {
-		b.WriteString("Connection: close\r\n")
-	}
-	b.WriteString("Date: ")
-	b.WriteString(time.Now().UTC().Format(http.TimeFormat))
-	b.WriteString("\r\nTransfer-Encoding: chunked\r\n\r\n")
+	takeover.WriteHead(b, http.StatusOK, hdr, closing)
 	bufs := net.Buffers{b.Bytes(), q.out.frame(false)}
 	_, err := bufs.WriteTo(q.cc.conn)
 	q.out.release()
@@ -524,8 +477,6 @@ const (
 	chunkTail = len("\r\n0\r\n\r\n") // the chunk's CRLF and the last chunk
 )
 
-var lastChunk = []byte("0\r\n\r\n")
-
 // add buffers what fits of b and returns how much that was.
 func (o *outBuf) add(b []byte) int {
 	if o.buf == nil {
@@ -565,9 +516,9 @@ func (o *outBuf) frame(last bool) []byte {
 	}
 	if last {
 		if b == nil {
-			return lastChunk
+			return takeover.LastChunk
 		}
-		b = append(b, lastChunk...)
+		b = append(b, takeover.LastChunk...)
 	}
 	return b
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/capyctl/capyctl/core/api/wire"
 	"github.com/capyctl/capyctl/core/routes"
 	"github.com/capyctl/capyctl/core/structs"
+	"github.com/capyctl/capyctl/core/takeover"
 	"github.com/capyctl/capyctl/sdk/decisions"
 )
 
@@ -257,7 +258,7 @@ func (rt *Router) serveWith(w http.ResponseWriter, r *http.Request, api string, 
 		q.caller.Meter.Take() // settled in finish, after a stream too
 	}
 	// dialect: a re-encoded stream stays on its net/http handler.
-	q.hjOK = dl == nil && hijackSupported && !rt.cfg.KeepStreamsOnNetHTTP && r.ProtoMajor == 1 && r.ProtoMinor >= 1 && r.TLS == nil && hijackable(w)
+	q.hjOK = dl == nil && !rt.cfg.KeepStreamsOnNetHTTP && takeover.Possible(w, r)
 	h := w.Header()
 	h.Set(HeaderRequestID, q.id)
 	defer q.finishHere()

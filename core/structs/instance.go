@@ -110,6 +110,21 @@ type Exposure struct {
 	Note string `json:"note,omitempty"`
 }
 
+// TransitionReason types why an instance changed state, for the
+// components that act on it.
+type TransitionReason string
+
+// Transition reasons.
+const (
+	// ReasonEngineExited: the engine exited by itself while it should have
+	// run (a crash, a rank that lost its peer).
+	ReasonEngineExited TransitionReason = "engine_exited"
+	// ReasonStartFailed: a start gave up (its LastError says why).
+	ReasonStartFailed TransitionReason = "start_failed"
+	// ReasonOperator: an operator's (or the server's) stop, start or park.
+	ReasonOperator TransitionReason = "operator"
+)
+
 // ErrorRecord is a stored error.
 type ErrorRecord struct {
 	Code    Code      `json:"code"`
@@ -142,6 +157,10 @@ type InstanceRecord struct {
 	// LastTransition describes the last state change ("ready -> draining:
 	// switch for B").
 	LastTransition string `json:"last_transition,omitempty"`
+	// Reason is the last transition's typed reason, where one matters to
+	// another component (a server supervising a group reads it, never the
+	// text above); empty otherwise.
+	Reason TransitionReason `json:"reason,omitempty"`
 	// Released says why the instance last gave up its memory ("parked",
 	// "stopped (no room to park)").
 	Released string `json:"released,omitempty"`

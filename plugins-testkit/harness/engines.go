@@ -36,7 +36,8 @@ idle {
 func (r *Role) AddFakeEngine(name string, extra ...string) {
 	r.t.Helper()
 	m := r.WriteFile("manifests/"+name+".hcl", FakeManifest(extra...))
-	out, errOut, code := r.CLI("engine", "add", "--custom", r.FakeBin, "--name", name, "--manifest", m, "--yes")
+	// On a server of a cluster that is electing, again (not_leader).
+	out, errOut, code := r.retryNotLeader("engine", "add", "--custom", r.FakeBin, "--name", name, "--manifest", m, "--yes")
 	if code != 0 {
 		r.t.Fatalf("engine add %s: exit %d\n%s%s", name, code, out, errOut)
 	}

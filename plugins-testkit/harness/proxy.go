@@ -27,6 +27,15 @@ type Partition struct {
 	// lateTo and lateFrom count the bytes read during a cut and delivered
 	// at Heal, towards the target and from it.
 	lateTo, lateFrom atomic.Int64
+	// heldTo and heldFrom count the bytes read during a cut that wait in
+	// the proxy now (HeldFromTarget).
+	heldTo, heldFrom atomic.Int64
+}
+
+// HeldFromTarget is how many bytes the target sent during the cut that
+// wait in the proxy for the client now (with Cut(false)).
+func (p *Partition) HeldFromTarget() int {
+	return int(p.heldFrom.Load())
 }
 
 // NewPartition proxies a loopback listener to target until the test ends.
@@ -104,8 +113,8 @@ func (p *Partition) serve() {
 		p.mu.Lock()
 		p.conns = append(p.conns, c, up)
 		p.mu.Unlock()
-		go p.pipe(c, up, &p.lateTo)
-		go p.pipe(up, c, &p.lateFrom)
+		go p.pipe(c, up, &p.lateTo, &p.heldTo)
+		go p.pipe(up, c, &p.lateFrom, &p.heldFrom)
 	}
 }
 
@@ -125,15 +134,15 @@ func (p *Partition) hold(c net.Conn) {
 	p.mu.Lock()
 	p.conns = append(p.conns, c, up)
 	p.mu.Unlock()
-	go p.pipe(c, up, &p.lateTo)
-	go p.pipe(up, c, &p.lateFrom)
+	go p.pipe(c, up, &p.lateTo, &p.heldTo)
+	go p.pipe(up, c, &p.lateFrom, &p.heldFrom)
 }
 
 // pipe copies src to dst. What it reads while cut is held in the proxy
 // (dropped, with Cut(true)) and written at Heal, so the proxy keeps reading
 // during a cut: every byte sent during it is held here, not in the
-// kernel's buffers, and late counts what it delivered.
-func (p *Partition) pipe(src, dst net.Conn, late *atomic.Int64) {
+// kernel's buffers; held counts what waits, late what it delivered.
+func (p *Partition) pipe(src, dst net.Conn, late, held *atomic.Int64) {
 	type chunk struct {
 		b    []byte
 		late bool
@@ -149,6 +158,9 @@ func (p *Partition) pipe(src, dst net.Conn, late *atomic.Int64) {
 				cut, drop := p.cut, p.drop
 				p.mu.Unlock()
 				if !cut || !drop {
+					if cut {
+						held.Add(int64(n))
+					}
 					q <- chunk{b: append([]byte(nil), buf[:n]...), late: cut}
 				}
 			}
@@ -173,6 +185,7 @@ func (p *Partition) pipe(src, dst net.Conn, late *atomic.Int64) {
 			return
 		}
 		if c.late {
+			held.Add(-int64(len(c.b)))
 			late.Add(int64(len(c.b)))
 		}
 	}

@@ -142,22 +142,25 @@ type InstanceStatus struct {
 	Index int    `json:"index"`
 	// Host is the host that runs the instance (a server's answer; a
 	// standalone role leaves it empty).
-	Host           string               `json:"host,omitempty"`
-	State          string               `json:"state"`
-	Since          time.Time            `json:"since"`
-	Revision       uint64               `json:"revision"`
-	Generation     uint64               `json:"generation"`
-	Engine         string               `json:"engine,omitempty"`
-	Driver         string               `json:"driver,omitempty"`
-	Residency      string               `json:"residency,omitempty"`
-	Port           int                  `json:"port,omitempty"`
-	PID            int                  `json:"pid,omitempty"`
-	Endpoint       string               `json:"endpoint,omitempty"`
-	LastTransition string               `json:"last_transition,omitempty"`
-	LastError      *structs.ErrorRecord `json:"last_error,omitempty"`
-	Released       string               `json:"released,omitempty"`
-	Charges        map[string]int64     `json:"charges,omitempty"`
-	Phase          string               `json:"phase,omitempty"`
+	Host           string    `json:"host,omitempty"`
+	State          string    `json:"state"`
+	Since          time.Time `json:"since"`
+	Revision       uint64    `json:"revision"`
+	Generation     uint64    `json:"generation"`
+	Engine         string    `json:"engine,omitempty"`
+	Driver         string    `json:"driver,omitempty"`
+	Residency      string    `json:"residency,omitempty"`
+	Port           int       `json:"port,omitempty"`
+	PID            int       `json:"pid,omitempty"`
+	Endpoint       string    `json:"endpoint,omitempty"`
+	LastTransition string    `json:"last_transition,omitempty"`
+	// Reason is the last transition's typed reason where one matters
+	// (engine_exited, start_failed, operator).
+	Reason    string               `json:"reason,omitempty"`
+	LastError *structs.ErrorRecord `json:"last_error,omitempty"`
+	Released  string               `json:"released,omitempty"`
+	Charges   map[string]int64     `json:"charges,omitempty"`
+	Phase     string               `json:"phase,omitempty"`
 	// ParkTier is the tier a parked instance parked at: "host_backed"
 	// (weights kept in host RAM; vLLM's sleep level 1) or "deep" (weights
 	// dropped; level 2); ParkDetail is the driver's word on it.

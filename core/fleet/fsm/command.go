@@ -51,9 +51,14 @@ type HostRemoved struct {
 	Host string `json:"host"`
 }
 
-// Placed records a deployment's placement (a new one or a change).
+// Placed records a deployment's placement (a new one or a change). With
+// Checked, it is refused (conflict) unless the placement's current version
+// is Expect (0: there is none): two changes made from the same reading
+// never both land.
 type Placed struct {
 	Placement *Placement `json:"placement"`
+	Checked   bool       `json:"checked,omitempty"`
+	Expect    uint64     `json:"expect,omitempty"`
 }
 
 // Unplaced forgets a deployment's placement.

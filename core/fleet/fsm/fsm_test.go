@@ -342,3 +342,29 @@ func TestState_ResetApplied(t *testing.T) {
 		t.Fatalf("the new log's first entry: hosts %+v", s.Hosts())
 	}
 }
+
+// TestState_PlacedExpectsItsVersion: a checked change lands only on the
+// version it was made from.
+func TestState_PlacedExpectsItsVersion(t *testing.T) {
+	s, _ := openTestState(t)
+	if _, _, err := s.Apply(HostJoined{Host: "gpu-a"}); err != nil {
+		t.Fatal(err)
+	}
+	p := &Placement{Deployment: "chat", Hosts: []HostShare{{Host: "gpu-a", Instances: 1}}, Spec: json.RawMessage(`{"name":"chat"}`)}
+	v, _, err := s.Apply(Placed{Placement: p, Checked: true})
+	if err != nil || v != uint64(1) {
+		t.Fatalf("a new placement: version %v, %v", v, err)
+	}
+	if _, _, err := s.Apply(Placed{Placement: p, Checked: true}); structs.CodeOf(err) != structs.CodeConflict {
+		t.Fatalf("a second new placement of the name: %v, want conflict", err)
+	}
+	if v, _, err := s.Apply(Placed{Placement: p, Checked: true, Expect: 1}); err != nil || v != uint64(2) {
+		t.Fatalf("a change of version 1: %v, %v", v, err)
+	}
+	if _, _, err := s.Apply(Placed{Placement: p, Checked: true, Expect: 1}); structs.CodeOf(err) != structs.CodeConflict {
+		t.Fatalf("a change made from an old version: %v, want conflict", err)
+	}
+	if got, _ := s.Placement("chat"); !got.Managed() || got.Version != 2 {
+		t.Fatalf("the placement: %+v", got)
+	}
+}

@@ -3,7 +3,10 @@
 
 package fsm
 
-import "time"
+import (
+	"encoding/json"
+	"time"
+)
 
 // HostRecord is the cluster's record of a joined host.
 type HostRecord struct {
@@ -30,7 +33,33 @@ type Placement struct {
 	// Group is set for one model across several machines: one member per
 	// host of Hosts, in rank order.
 	Group *GroupPlacement `json:"group,omitempty"`
+
+	// The desired state each host reconciles (empty Spec: a deployment
+	// the host made itself and the cluster adopted, which the host runs
+	// as it wants, or a group, whose members the leader moves itself).
+	// Spec is the deployment's job spec (JSON form) as the operator wrote
+	// it; each host runs its share of its instances.
+	Spec json.RawMessage `json:"spec,omitempty"`
+	// Desired is the deployment's desired state: running, on_demand or
+	// stopped.
+	Desired string `json:"desired,omitempty"`
+	// Evict lets the start Desired asks for park or stop idle models on a
+	// host that has no room (an operator's start --evict).
+	Evict bool `json:"evict,omitempty"`
+	// Starts counts the operators' starts: each one has the hosts start
+	// the deployment again (its stopped or failed instances).
+	Starts uint64 `json:"starts,omitempty"`
+	// Pending marks a placement being made: its name and routes are
+	// reserved and its hosts are trying it; it routes no request yet.
+	Pending bool `json:"pending,omitempty"`
+	// Version counts the placement's changes (1 for the first): a change
+	// names the version it replaces (Placed.Expect).
+	Version uint64 `json:"version,omitempty"`
 }
+
+// Managed reports whether the hosts run the placement from the desired
+// state (not adopted, not a group).
+func (p *Placement) Managed() bool { return len(p.Spec) > 0 && p.Group == nil }
 
 // HostShare is one host's part of a placement.
 type HostShare struct {
@@ -67,6 +96,7 @@ func (p *Placement) clone() *Placement {
 	cp.Hosts = append([]HostShare(nil), p.Hosts...)
 	cp.Routes = append([]string(nil), p.Routes...)
 	cp.Endpoints = append([]string(nil), p.Endpoints...)
+	cp.Spec = append(json.RawMessage(nil), p.Spec...)
 	if p.Group != nil {
 		g := *p.Group
 		g.Hosts = append([]string(nil), p.Group.Hosts...)

@@ -380,6 +380,21 @@ func (s *State) applyPlaced(fs *store.FleetState, c Placed) (func(), any, error)
 		return nil, nil, structs.Errf(structs.CodeInvalidRequest, "a placement names its deployment")
 	}
 	p := c.Placement.clone()
+	cur, exists := s.placements[p.Deployment]
+	if c.Checked {
+		have := uint64(0)
+		if exists {
+			have = cur.Version
+		}
+		if have != c.Expect {
+			return nil, nil, structs.Errf(structs.CodeConflict, "deployment %s changed meanwhile (version %d, not %d): try again", p.Deployment, have, c.Expect).
+				WithDetail("version", have)
+		}
+	}
+	p.Version = 1
+	if exists {
+		p.Version = cur.Version + 1
+	}
 	for _, hs := range p.Hosts {
 		if _, ok := s.hosts[hs.Host]; !ok {
 			return nil, nil, structs.Errf(structs.CodeNotFound, "deployment %s names host %s, which is not a member", p.Deployment, hs.Host)
@@ -388,7 +403,7 @@ func (s *State) applyPlaced(fs *store.FleetState, c Placed) (func(), any, error)
 	if err := s.routesFreeLocked(p.Deployment, p.Routes); err != nil {
 		return nil, nil, err
 	}
-	return func() { s.placements[p.Deployment] = p; s.rebuildRoutes() }, nil, fs.Put(prefixPlacement+p.Deployment, p)
+	return func() { s.placements[p.Deployment] = p; s.rebuildRoutes() }, p.Version, fs.Put(prefixPlacement+p.Deployment, p)
 }
 
 // Cluster returns the cluster's own record (nil before the first server

@@ -135,22 +135,8 @@ var _ fsm.Log = (*Node)(nil)
 // after it, bootstraps the first configuration when asked and none is
 // there, and serves the other servers over mutual TLS on Listener.
 func Open(o Options) (n *Node, err error) {
-	switch {
-	case o.ID == "" || o.Dir == "" || o.Listener == nil || o.State == nil:
-		return nil, fmt.Errorf("raftlog: a node needs an ID, a directory, a listener and a state")
-	case (o.ListenTLS == nil && !o.Handshaken) || o.DialTLS == nil:
-		return nil, fmt.Errorf("raftlog: a node needs the server peer TLS configs")
-	}
-	logger := o.Logger
-	if logger == nil {
-		logger = hclog.NewNullLogger()
-	}
-	logger = logger.Named("raft")
-	advertise := o.Advertise
-	if advertise == "" {
-		advertise = o.Listener.Addr().String()
-	}
-	if err := checkAdvertise(advertise); err != nil {
+	logger, advertise, err := o.check()
+	if err != nil {
 		return nil, err
 	}
 
@@ -201,21 +187,18 @@ func Open(o Options) (n *Node, err error) {
 	}
 
 	if len(o.Bootstrap) > 0 {
-		had, err := raft.HasExistingState(logs, logStore, snaps)
-		if err != nil {
-			return nil, fmt.Errorf("read the raft state: %w", err)
-		}
-		if !had {
-			conf, err := bootstrapConfiguration(o.ID, advertise, o.Bootstrap)
-			if err != nil {
-				return nil, err
-			}
-			if err := raft.BootstrapCluster(cfg, logs, logStore, snaps, transport, conf); err != nil {
-				return nil, fmt.Errorf("bootstrap the raft cluster: %w", err)
-			}
+		if err := bootstrapOnce(cfg, o, advertise, logs, logStore, snaps, transport); err != nil {
+			return nil, err
 		}
 	}
 
+	return start(o, cfg, logger, logs, logStore, snaps, transport)
+}
+
+// start runs raft on the opened stores and the node's goroutine that
+// takes its leadership changes and observations.
+func start(o Options, cfg *raft.Config, logger hclog.Logger, logs raft.LogStore, logStore *raftboltdb.BoltStore,
+	snaps raft.SnapshotStore, transport *raft.NetworkTransport) (*Node, error) {
 	// raft sends every change of leadership on NotifyCh and waits for it
 	// to be taken: the node's own goroutine takes it at once.
 	notify := make(chan bool, 1)
@@ -225,7 +208,7 @@ func Open(o Options) (n *Node, err error) {
 	if timeout <= 0 {
 		timeout = defaultApplyTimeout
 	}
-	n = &Node{id: o.ID, logStore: logStore, transport: transport, applyTimeout: timeout,
+	n := &Node{id: o.ID, logStore: logStore, transport: transport, applyTimeout: timeout,
 		notify: notify, observed: make(chan raft.Observation, 64), done: closing}
 	n.fsm = &stateMachine{state: o.State, logger: logger, closing: closing, configured: n.publish}
 	r, err := raft.NewRaft(cfg, n.fsm, logs, logStore, snaps, transport)
@@ -245,6 +228,51 @@ func Open(o Options) (n *Node, err error) {
 	go n.watch()
 	n.electAlone(cfg)
 	return n, nil
+}
+
+// check refuses options a node cannot open with and returns the node's
+// logger and the address it advertises.
+func (o Options) check() (hclog.Logger, string, error) {
+	switch {
+	case o.ID == "" || o.Dir == "" || o.Listener == nil || o.State == nil:
+		return nil, "", fmt.Errorf("raftlog: a node needs an ID, a directory, a listener and a state")
+	case (o.ListenTLS == nil && !o.Handshaken) || o.DialTLS == nil:
+		return nil, "", fmt.Errorf("raftlog: a node needs the server peer TLS configs")
+	}
+	logger := o.Logger
+	if logger == nil {
+		logger = hclog.NewNullLogger()
+	}
+	advertise := o.Advertise
+	if advertise == "" {
+		advertise = o.Listener.Addr().String()
+	}
+	if err := checkAdvertise(advertise); err != nil {
+		return nil, "", err
+	}
+	return logger.Named("raft"), advertise, nil
+}
+
+// bootstrapOnce writes the first configuration of a cluster (this server
+// and its bootstrap peers) into a raft state that holds none yet; a
+// state that has one keeps it.
+func bootstrapOnce(cfg *raft.Config, o Options, advertise string, logs raft.LogStore, stable raft.StableStore,
+	snaps raft.SnapshotStore, transport raft.Transport) error {
+	had, err := raft.HasExistingState(logs, stable, snaps)
+	if err != nil {
+		return fmt.Errorf("read the raft state: %w", err)
+	}
+	if had {
+		return nil
+	}
+	conf, err := bootstrapConfiguration(o.ID, advertise, o.Bootstrap)
+	if err != nil {
+		return err
+	}
+	if err := raft.BootstrapCluster(cfg, logs, stable, snaps, transport, conf); err != nil {
+		return fmt.Errorf("bootstrap the raft cluster: %w", err)
+	}
+	return nil
 }
 
 // electAlone starts the election at once when this server is the only

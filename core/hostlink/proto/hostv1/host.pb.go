@@ -756,7 +756,11 @@ type InstanceJournal struct {
 	ErrorCode    string `protobuf:"bytes,13,opt,name=error_code,json=errorCode,proto3" json:"error_code,omitempty"`
 	ErrorMessage string `protobuf:"bytes,14,opt,name=error_message,json=errorMessage,proto3" json:"error_message,omitempty"`
 	// error_unix_ms is when that error was recorded (host clock).
-	ErrorUnixMs   int64 `protobuf:"varint,15,opt,name=error_unix_ms,json=errorUnixMs,proto3" json:"error_unix_ms,omitempty"`
+	ErrorUnixMs int64 `protobuf:"varint,15,opt,name=error_unix_ms,json=errorUnixMs,proto3" json:"error_unix_ms,omitempty"`
+	// placed is true for an instance of a deployment the cluster placed on
+	// the host (the host runs it from its share of the desired state); a
+	// server adopts only the others.
+	Placed        bool `protobuf:"varint,16,opt,name=placed,proto3" json:"placed,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -894,6 +898,13 @@ func (x *InstanceJournal) GetErrorUnixMs() int64 {
 		return x.ErrorUnixMs
 	}
 	return 0
+}
+
+func (x *InstanceJournal) GetPlaced() bool {
+	if x != nil {
+		return x.Placed
+	}
+	return false
 }
 
 // Event is a notable thing on the host worth the server's event log
@@ -1423,6 +1434,7 @@ type Command struct {
 	//	*Command_Wake
 	//	*Command_Stop
 	//	*Command_Abort
+	//	*Command_Deployment
 	Action isCommand_Action `protobuf_oneof:"action"`
 	// term is the raft term of the leader that decided the command: a host
 	// refuses one older than the newest term it has seen (stale_term).
@@ -1520,6 +1532,15 @@ func (x *Command) GetAbort() *AbortRequest {
 	return nil
 }
 
+func (x *Command) GetDeployment() *DeploymentAction {
+	if x != nil {
+		if x, ok := x.Action.(*Command_Deployment); ok {
+			return x.Deployment
+		}
+	}
+	return nil
+}
+
 func (x *Command) GetTerm() uint64 {
 	if x != nil {
 		return x.Term
@@ -1551,6 +1572,10 @@ type Command_Abort struct {
 	Abort *AbortRequest `protobuf:"bytes,6,opt,name=abort,proto3,oneof"`
 }
 
+type Command_Deployment struct {
+	Deployment *DeploymentAction `protobuf:"bytes,8,opt,name=deployment,proto3,oneof"`
+}
+
 func (*Command_Start) isCommand_Action() {}
 
 func (*Command_Park) isCommand_Action() {}
@@ -1560,6 +1585,8 @@ func (*Command_Wake) isCommand_Action() {}
 func (*Command_Stop) isCommand_Action() {}
 
 func (*Command_Abort) isCommand_Action() {}
+
+func (*Command_Deployment) isCommand_Action() {}
 
 // Desired is the host's share of the cluster's desired state, whole: the
 // engines it registers and the deployments it runs, as the leader last
@@ -1706,7 +1733,14 @@ type DesiredDeployment struct {
 	// its group field.
 	SpecJson []byte `protobuf:"bytes,3,opt,name=spec_json,json=specJson,proto3" json:"spec_json,omitempty"`
 	// desired is "running", "on_demand" or "stopped".
-	Desired       string `protobuf:"bytes,4,opt,name=desired,proto3" json:"desired,omitempty"`
+	Desired string `protobuf:"bytes,4,opt,name=desired,proto3" json:"desired,omitempty"`
+	// evict lets a start this desired state asks for park or stop idle
+	// models when the host has no room (an operator's start --evict).
+	Evict bool `protobuf:"varint,5,opt,name=evict,proto3" json:"evict,omitempty"`
+	// starts counts the operators' starts: when it grows, the host starts
+	// the deployment again (its stopped or failed instances), even when its
+	// desired state was running already.
+	Starts        uint64 `protobuf:"varint,6,opt,name=starts,proto3" json:"starts,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1769,16 +1803,33 @@ func (x *DesiredDeployment) GetDesired() string {
 	return ""
 }
 
+func (x *DesiredDeployment) GetEvict() bool {
+	if x != nil {
+		return x.Evict
+	}
+	return false
+}
+
+func (x *DesiredDeployment) GetStarts() uint64 {
+	if x != nil {
+		return x.Starts
+	}
+	return 0
+}
+
 // DesiredApplied answers one Desired: what the host could not do, each
 // with a catalogue code. A Desired refused whole (an older term) answers
 // code stale_term.
 type DesiredApplied struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Term          uint64                 `protobuf:"varint,1,opt,name=term,proto3" json:"term,omitempty"`
-	Index         uint64                 `protobuf:"varint,2,opt,name=index,proto3" json:"index,omitempty"`
-	Code          string                 `protobuf:"bytes,3,opt,name=code,proto3" json:"code,omitempty"`
-	Message       string                 `protobuf:"bytes,4,opt,name=message,proto3" json:"message,omitempty"`
-	Results       []*DesiredResult       `protobuf:"bytes,5,rep,name=results,proto3" json:"results,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Term    uint64                 `protobuf:"varint,1,opt,name=term,proto3" json:"term,omitempty"`
+	Index   uint64                 `protobuf:"varint,2,opt,name=index,proto3" json:"index,omitempty"`
+	Code    string                 `protobuf:"bytes,3,opt,name=code,proto3" json:"code,omitempty"`
+	Message string                 `protobuf:"bytes,4,opt,name=message,proto3" json:"message,omitempty"`
+	Results []*DesiredResult       `protobuf:"bytes,5,rep,name=results,proto3" json:"results,omitempty"`
+	// started_unix_ms is when the host began applying the share (host
+	// clock): an instance's error recorded since is this share's verdict.
+	StartedUnixMs int64 `protobuf:"varint,6,opt,name=started_unix_ms,json=startedUnixMs,proto3" json:"started_unix_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1848,6 +1899,13 @@ func (x *DesiredApplied) GetResults() []*DesiredResult {
 	return nil
 }
 
+func (x *DesiredApplied) GetStartedUnixMs() int64 {
+	if x != nil {
+		return x.StartedUnixMs
+	}
+	return 0
+}
+
 // DesiredResult is the outcome of one engine or deployment of a Desired.
 type DesiredResult struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1861,8 +1919,12 @@ type DesiredResult struct {
 	// its host picked them.
 	HeadAddress    string `protobuf:"bytes,5,opt,name=head_address,json=headAddress,proto3" json:"head_address,omitempty"`
 	RendezvousPort int32  `protobuf:"varint,6,opt,name=rendezvous_port,json=rendezvousPort,proto3" json:"rendezvous_port,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// acted_unix_ms is when the host last made, updated or started the
+	// deployment from its share (host clock): what its instances record
+	// since is that change's doing, whatever later share this answers.
+	ActedUnixMs   int64 `protobuf:"varint,7,opt,name=acted_unix_ms,json=actedUnixMs,proto3" json:"acted_unix_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *DesiredResult) Reset() {
@@ -1933,6 +1995,13 @@ func (x *DesiredResult) GetHeadAddress() string {
 func (x *DesiredResult) GetRendezvousPort() int32 {
 	if x != nil {
 		return x.RendezvousPort
+	}
+	return 0
+}
+
+func (x *DesiredResult) GetActedUnixMs() int64 {
+	if x != nil {
+		return x.ActedUnixMs
 	}
 	return 0
 }
@@ -2225,6 +2294,90 @@ func (x *StopInstance) GetWhy() string {
 	return ""
 }
 
+// DeploymentAction is an action on a whole deployment the host runs that
+// is not desired state (a park), or on one of its instances.
+type DeploymentAction struct {
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Deployment string                 `protobuf:"bytes,1,opt,name=deployment,proto3" json:"deployment,omitempty"`
+	// action is "park", or for one instance "start", "stop" or "park".
+	Action string `protobuf:"bytes,2,opt,name=action,proto3" json:"action,omitempty"`
+	// instance is the host's own index of the instance, -1 for the whole
+	// deployment.
+	Instance int32 `protobuf:"varint,3,opt,name=instance,proto3" json:"instance,omitempty"`
+	// wait returns the result once the action is done, not once it is
+	// accepted.
+	Wait bool `protobuf:"varint,4,opt,name=wait,proto3" json:"wait,omitempty"`
+	// evict lets a start that does not fit park or stop idle models.
+	Evict         bool `protobuf:"varint,5,opt,name=evict,proto3" json:"evict,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeploymentAction) Reset() {
+	*x = DeploymentAction{}
+	mi := &file_core_hostlink_proto_hostv1_host_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeploymentAction) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeploymentAction) ProtoMessage() {}
+
+func (x *DeploymentAction) ProtoReflect() protoreflect.Message {
+	mi := &file_core_hostlink_proto_hostv1_host_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeploymentAction.ProtoReflect.Descriptor instead.
+func (*DeploymentAction) Descriptor() ([]byte, []int) {
+	return file_core_hostlink_proto_hostv1_host_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *DeploymentAction) GetDeployment() string {
+	if x != nil {
+		return x.Deployment
+	}
+	return ""
+}
+
+func (x *DeploymentAction) GetAction() string {
+	if x != nil {
+		return x.Action
+	}
+	return ""
+}
+
+func (x *DeploymentAction) GetInstance() int32 {
+	if x != nil {
+		return x.Instance
+	}
+	return 0
+}
+
+func (x *DeploymentAction) GetWait() bool {
+	if x != nil {
+		return x.Wait
+	}
+	return false
+}
+
+func (x *DeploymentAction) GetEvict() bool {
+	if x != nil {
+		return x.Evict
+	}
+	return false
+}
+
 // AbortRequest stops one relayed request on an engine by its request ID.
 type AbortRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -2236,7 +2389,7 @@ type AbortRequest struct {
 
 func (x *AbortRequest) Reset() {
 	*x = AbortRequest{}
-	mi := &file_core_hostlink_proto_hostv1_host_proto_msgTypes[24]
+	mi := &file_core_hostlink_proto_hostv1_host_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2248,7 +2401,7 @@ func (x *AbortRequest) String() string {
 func (*AbortRequest) ProtoMessage() {}
 
 func (x *AbortRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_core_hostlink_proto_hostv1_host_proto_msgTypes[24]
+	mi := &file_core_hostlink_proto_hostv1_host_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2261,7 +2414,7 @@ func (x *AbortRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AbortRequest.ProtoReflect.Descriptor instead.
 func (*AbortRequest) Descriptor() ([]byte, []int) {
-	return file_core_hostlink_proto_hostv1_host_proto_rawDescGZIP(), []int{24}
+	return file_core_hostlink_proto_hostv1_host_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *AbortRequest) GetInstanceId() string {
@@ -2289,7 +2442,7 @@ type Ack struct {
 
 func (x *Ack) Reset() {
 	*x = Ack{}
-	mi := &file_core_hostlink_proto_hostv1_host_proto_msgTypes[25]
+	mi := &file_core_hostlink_proto_hostv1_host_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2301,7 +2454,7 @@ func (x *Ack) String() string {
 func (*Ack) ProtoMessage() {}
 
 func (x *Ack) ProtoReflect() protoreflect.Message {
-	mi := &file_core_hostlink_proto_hostv1_host_proto_msgTypes[25]
+	mi := &file_core_hostlink_proto_hostv1_host_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2314,7 +2467,7 @@ func (x *Ack) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Ack.ProtoReflect.Descriptor instead.
 func (*Ack) Descriptor() ([]byte, []int) {
-	return file_core_hostlink_proto_hostv1_host_proto_rawDescGZIP(), []int{25}
+	return file_core_hostlink_proto_hostv1_host_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *Ack) GetSeq() uint64 {
@@ -2374,7 +2527,7 @@ const file_core_hostlink_proto_hostv1_host_proto_rawDesc = "" +
 	"\x0eexternal_bytes\x18\x05 \x01(\x03R\rexternalBytes\x12#\n" +
 	"\rcharged_bytes\x18\x06 \x01(\x03R\fchargedBytes\x12\x1d\n" +
 	"\n" +
-	"room_bytes\x18\a \x01(\x03R\troomBytes\"\xb1\x04\n" +
+	"room_bytes\x18\a \x01(\x03R\troomBytes\"\xc9\x04\n" +
 	"\x0fInstanceJournal\x12\x1f\n" +
 	"\vinstance_id\x18\x01 \x01(\tR\n" +
 	"instanceId\x12\x1e\n" +
@@ -2397,7 +2550,8 @@ const file_core_hostlink_proto_hostv1_host_proto_rawDesc = "" +
 	"\n" +
 	"error_code\x18\r \x01(\tR\terrorCode\x12#\n" +
 	"\rerror_message\x18\x0e \x01(\tR\ferrorMessage\x12\"\n" +
-	"\rerror_unix_ms\x18\x0f \x01(\x03R\verrorUnixMs\x1a:\n" +
+	"\rerror_unix_ms\x18\x0f \x01(\x03R\verrorUnixMs\x12\x16\n" +
+	"\x06placed\x18\x10 \x01(\bR\x06placed\x1a:\n" +
 	"\fChargesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\"\xff\x01\n" +
@@ -2442,7 +2596,7 @@ const file_core_hostlink_proto_hostv1_host_proto_rawDesc = "" +
 	"\aservers\x18\x02 \x03(\v2\x1e.capyctl.host.v1.ClusterServerR\aservers\"=\n" +
 	"\rClusterServer\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
-	"\aaddress\x18\x02 \x01(\tR\aaddress\"\xd4\x02\n" +
+	"\aaddress\x18\x02 \x01(\tR\aaddress\"\x99\x03\n" +
 	"\aCommand\x12\x1d\n" +
 	"\n" +
 	"command_id\x18\x01 \x01(\tR\tcommandId\x126\n" +
@@ -2450,7 +2604,10 @@ const file_core_hostlink_proto_hostv1_host_proto_rawDesc = "" +
 	"\x04park\x18\x03 \x01(\v2\x1d.capyctl.host.v1.ParkInstanceH\x00R\x04park\x123\n" +
 	"\x04wake\x18\x04 \x01(\v2\x1d.capyctl.host.v1.WakeInstanceH\x00R\x04wake\x123\n" +
 	"\x04stop\x18\x05 \x01(\v2\x1d.capyctl.host.v1.StopInstanceH\x00R\x04stop\x125\n" +
-	"\x05abort\x18\x06 \x01(\v2\x1d.capyctl.host.v1.AbortRequestH\x00R\x05abort\x12\x12\n" +
+	"\x05abort\x18\x06 \x01(\v2\x1d.capyctl.host.v1.AbortRequestH\x00R\x05abort\x12C\n" +
+	"\n" +
+	"deployment\x18\b \x01(\v2!.capyctl.host.v1.DeploymentActionH\x00R\n" +
+	"deployment\x12\x12\n" +
 	"\x04term\x18\a \x01(\x04R\x04termB\b\n" +
 	"\x06action\"\xb3\x01\n" +
 	"\aDesired\x12\x12\n" +
@@ -2460,25 +2617,29 @@ const file_core_hostlink_proto_hostv1_host_proto_rawDesc = "" +
 	"\vdeployments\x18\x04 \x03(\v2\".capyctl.host.v1.DesiredDeploymentR\vdeployments\"F\n" +
 	"\rDesiredEngine\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12!\n" +
-	"\frequest_json\x18\x02 \x01(\fR\vrequestJson\"z\n" +
+	"\frequest_json\x18\x02 \x01(\fR\vrequestJson\"\xa8\x01\n" +
 	"\x11DesiredDeployment\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1a\n" +
 	"\brevision\x18\x02 \x01(\x04R\brevision\x12\x1b\n" +
 	"\tspec_json\x18\x03 \x01(\fR\bspecJson\x12\x18\n" +
-	"\adesired\x18\x04 \x01(\tR\adesired\"\xa2\x01\n" +
+	"\adesired\x18\x04 \x01(\tR\adesired\x12\x14\n" +
+	"\x05evict\x18\x05 \x01(\bR\x05evict\x12\x16\n" +
+	"\x06starts\x18\x06 \x01(\x04R\x06starts\"\xca\x01\n" +
 	"\x0eDesiredApplied\x12\x12\n" +
 	"\x04term\x18\x01 \x01(\x04R\x04term\x12\x14\n" +
 	"\x05index\x18\x02 \x01(\x04R\x05index\x12\x12\n" +
 	"\x04code\x18\x03 \x01(\tR\x04code\x12\x18\n" +
 	"\amessage\x18\x04 \x01(\tR\amessage\x128\n" +
-	"\aresults\x18\x05 \x03(\v2\x1e.capyctl.host.v1.DesiredResultR\aresults\"\xb1\x01\n" +
+	"\aresults\x18\x05 \x03(\v2\x1e.capyctl.host.v1.DesiredResultR\aresults\x12&\n" +
+	"\x0fstarted_unix_ms\x18\x06 \x01(\x03R\rstartedUnixMs\"\xd5\x01\n" +
 	"\rDesiredResult\x12\x12\n" +
 	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x12\n" +
 	"\x04code\x18\x03 \x01(\tR\x04code\x12\x18\n" +
 	"\amessage\x18\x04 \x01(\tR\amessage\x12!\n" +
 	"\fhead_address\x18\x05 \x01(\tR\vheadAddress\x12'\n" +
-	"\x0frendezvous_port\x18\x06 \x01(\x05R\x0erendezvousPort\"\xc7\x02\n" +
+	"\x0frendezvous_port\x18\x06 \x01(\x05R\x0erendezvousPort\x12\"\n" +
+	"\racted_unix_ms\x18\a \x01(\x03R\vactedUnixMs\"\xc7\x02\n" +
 	"\rStartInstance\x12\x1f\n" +
 	"\vinstance_id\x18\x01 \x01(\tR\n" +
 	"instanceId\x12\x1e\n" +
@@ -2516,7 +2677,15 @@ const file_core_hostlink_proto_hostv1_host_proto_rawDesc = "" +
 	"generation\x18\x02 \x01(\x04R\n" +
 	"generation\x12\x19\n" +
 	"\bgrace_ms\x18\x03 \x01(\x03R\agraceMs\x12\x10\n" +
-	"\x03why\x18\x04 \x01(\tR\x03why\"N\n" +
+	"\x03why\x18\x04 \x01(\tR\x03why\"\x90\x01\n" +
+	"\x10DeploymentAction\x12\x1e\n" +
+	"\n" +
+	"deployment\x18\x01 \x01(\tR\n" +
+	"deployment\x12\x16\n" +
+	"\x06action\x18\x02 \x01(\tR\x06action\x12\x1a\n" +
+	"\binstance\x18\x03 \x01(\x05R\binstance\x12\x12\n" +
+	"\x04wait\x18\x04 \x01(\bR\x04wait\x12\x14\n" +
+	"\x05evict\x18\x05 \x01(\bR\x05evict\"N\n" +
 	"\fAbortRequest\x12\x1f\n" +
 	"\vinstance_id\x18\x01 \x01(\tR\n" +
 	"instanceId\x12\x1d\n" +
@@ -2539,7 +2708,7 @@ func file_core_hostlink_proto_hostv1_host_proto_rawDescGZIP() []byte {
 	return file_core_hostlink_proto_hostv1_host_proto_rawDescData
 }
 
-var file_core_hostlink_proto_hostv1_host_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
+var file_core_hostlink_proto_hostv1_host_proto_msgTypes = make([]protoimpl.MessageInfo, 30)
 var file_core_hostlink_proto_hostv1_host_proto_goTypes = []any{
 	(*HostMessage)(nil),       // 0: capyctl.host.v1.HostMessage
 	(*Hello)(nil),             // 1: capyctl.host.v1.Hello
@@ -2565,11 +2734,12 @@ var file_core_hostlink_proto_hostv1_host_proto_goTypes = []any{
 	(*ParkInstance)(nil),      // 21: capyctl.host.v1.ParkInstance
 	(*WakeInstance)(nil),      // 22: capyctl.host.v1.WakeInstance
 	(*StopInstance)(nil),      // 23: capyctl.host.v1.StopInstance
-	(*AbortRequest)(nil),      // 24: capyctl.host.v1.AbortRequest
-	(*Ack)(nil),               // 25: capyctl.host.v1.Ack
-	nil,                       // 26: capyctl.host.v1.InstanceJournal.ChargesEntry
-	nil,                       // 27: capyctl.host.v1.Event.AttributesEntry
-	nil,                       // 28: capyctl.host.v1.StartInstance.ChargesEntry
+	(*DeploymentAction)(nil),  // 24: capyctl.host.v1.DeploymentAction
+	(*AbortRequest)(nil),      // 25: capyctl.host.v1.AbortRequest
+	(*Ack)(nil),               // 26: capyctl.host.v1.Ack
+	nil,                       // 27: capyctl.host.v1.InstanceJournal.ChargesEntry
+	nil,                       // 28: capyctl.host.v1.Event.AttributesEntry
+	nil,                       // 29: capyctl.host.v1.StartInstance.ChargesEntry
 }
 var file_core_hostlink_proto_hostv1_host_proto_depIdxs = []int32{
 	1,  // 0: capyctl.host.v1.HostMessage.hello:type_name -> capyctl.host.v1.Hello
@@ -2584,11 +2754,11 @@ var file_core_hostlink_proto_hostv1_host_proto_depIdxs = []int32{
 	4,  // 9: capyctl.host.v1.Inventory.engines:type_name -> capyctl.host.v1.Engine
 	6,  // 10: capyctl.host.v1.Heartbeat.readings:type_name -> capyctl.host.v1.LedgerReading
 	2,  // 11: capyctl.host.v1.Heartbeat.inventory:type_name -> capyctl.host.v1.Inventory
-	26, // 12: capyctl.host.v1.InstanceJournal.charges:type_name -> capyctl.host.v1.InstanceJournal.ChargesEntry
-	27, // 13: capyctl.host.v1.Event.attributes:type_name -> capyctl.host.v1.Event.AttributesEntry
+	27, // 12: capyctl.host.v1.InstanceJournal.charges:type_name -> capyctl.host.v1.InstanceJournal.ChargesEntry
+	28, // 13: capyctl.host.v1.Event.attributes:type_name -> capyctl.host.v1.Event.AttributesEntry
 	11, // 14: capyctl.host.v1.ServerMessage.welcome:type_name -> capyctl.host.v1.Welcome
 	14, // 15: capyctl.host.v1.ServerMessage.command:type_name -> capyctl.host.v1.Command
-	25, // 16: capyctl.host.v1.ServerMessage.ack:type_name -> capyctl.host.v1.Ack
+	26, // 16: capyctl.host.v1.ServerMessage.ack:type_name -> capyctl.host.v1.Ack
 	12, // 17: capyctl.host.v1.ServerMessage.servers:type_name -> capyctl.host.v1.ClusterServers
 	15, // 18: capyctl.host.v1.ServerMessage.desired:type_name -> capyctl.host.v1.Desired
 	12, // 19: capyctl.host.v1.Welcome.cluster:type_name -> capyctl.host.v1.ClusterServers
@@ -2597,18 +2767,19 @@ var file_core_hostlink_proto_hostv1_host_proto_depIdxs = []int32{
 	21, // 22: capyctl.host.v1.Command.park:type_name -> capyctl.host.v1.ParkInstance
 	22, // 23: capyctl.host.v1.Command.wake:type_name -> capyctl.host.v1.WakeInstance
 	23, // 24: capyctl.host.v1.Command.stop:type_name -> capyctl.host.v1.StopInstance
-	24, // 25: capyctl.host.v1.Command.abort:type_name -> capyctl.host.v1.AbortRequest
-	16, // 26: capyctl.host.v1.Desired.engines:type_name -> capyctl.host.v1.DesiredEngine
-	17, // 27: capyctl.host.v1.Desired.deployments:type_name -> capyctl.host.v1.DesiredDeployment
-	19, // 28: capyctl.host.v1.DesiredApplied.results:type_name -> capyctl.host.v1.DesiredResult
-	28, // 29: capyctl.host.v1.StartInstance.charges:type_name -> capyctl.host.v1.StartInstance.ChargesEntry
-	0,  // 30: capyctl.host.v1.HostLink.Connect:input_type -> capyctl.host.v1.HostMessage
-	10, // 31: capyctl.host.v1.HostLink.Connect:output_type -> capyctl.host.v1.ServerMessage
-	31, // [31:32] is the sub-list for method output_type
-	30, // [30:31] is the sub-list for method input_type
-	30, // [30:30] is the sub-list for extension type_name
-	30, // [30:30] is the sub-list for extension extendee
-	0,  // [0:30] is the sub-list for field type_name
+	25, // 25: capyctl.host.v1.Command.abort:type_name -> capyctl.host.v1.AbortRequest
+	24, // 26: capyctl.host.v1.Command.deployment:type_name -> capyctl.host.v1.DeploymentAction
+	16, // 27: capyctl.host.v1.Desired.engines:type_name -> capyctl.host.v1.DesiredEngine
+	17, // 28: capyctl.host.v1.Desired.deployments:type_name -> capyctl.host.v1.DesiredDeployment
+	19, // 29: capyctl.host.v1.DesiredApplied.results:type_name -> capyctl.host.v1.DesiredResult
+	29, // 30: capyctl.host.v1.StartInstance.charges:type_name -> capyctl.host.v1.StartInstance.ChargesEntry
+	0,  // 31: capyctl.host.v1.HostLink.Connect:input_type -> capyctl.host.v1.HostMessage
+	10, // 32: capyctl.host.v1.HostLink.Connect:output_type -> capyctl.host.v1.ServerMessage
+	32, // [32:33] is the sub-list for method output_type
+	31, // [31:32] is the sub-list for method input_type
+	31, // [31:31] is the sub-list for extension type_name
+	31, // [31:31] is the sub-list for extension extendee
+	0,  // [0:31] is the sub-list for field type_name
 }
 
 func init() { file_core_hostlink_proto_hostv1_host_proto_init() }
@@ -2637,6 +2808,7 @@ func file_core_hostlink_proto_hostv1_host_proto_init() {
 		(*Command_Wake)(nil),
 		(*Command_Stop)(nil),
 		(*Command_Abort)(nil),
+		(*Command_Deployment)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -2644,7 +2816,7 @@ func file_core_hostlink_proto_hostv1_host_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_core_hostlink_proto_hostv1_host_proto_rawDesc), len(file_core_hostlink_proto_hostv1_host_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   29,
+			NumMessages:   30,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

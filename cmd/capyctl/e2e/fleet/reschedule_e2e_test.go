@@ -1,0 +1,142 @@
+// Copyright (c) CapyCTL authors
+// SPDX-License-Identifier: Apache-2.0
+
+package fleet_test
+
+import (
+	"io"
+	"net/http"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/capyctl/capyctl/cmd/capyctl/internal/e2e"
+	"github.com/capyctl/capyctl/core/api/wire"
+	"github.com/capyctl/capyctl/plugins-testkit/harness"
+	"github.com/capyctl/capyctl/plugins-testkit/poll"
+)
+
+// requestsServed is how many requests of dep a host's own router answered
+// (its capyctl_requests_total, every outcome), read from its management
+// API on its own loopback.
+func requestsServed(t *testing.T, h *harness.Role, dep string) int {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodGet, "http://"+h.Info.Management+"/metrics", nil)
+	req.Header.Set("Authorization", "Bearer "+h.Creds.AdminToken)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	re := regexp.MustCompile(`capyctl_requests_total\{[^}]*deployment="` + regexp.QuoteMeta(dep) + `"[^}]*\} (\d+)`)
+	n := 0
+	for _, m := range re.FindAllStringSubmatch(string(body), -1) {
+		v, _ := strconv.Atoi(m[1])
+		n += v
+	}
+	return n
+}
+
+// TestFleet_RescheduleAfterALostHost: a host cut off for longer than
+// reschedule_after has its instance placed on another host that fits,
+// which serves it; when the lost host comes back, its old copy is stopped
+// and deleted (its share no longer names it) and it answers no request of
+// the deployment in the meantime: one copy serves at any time.
+func TestFleet_RescheduleAfterALostHost(t *testing.T) {
+	f := &e2e.Fleet{T: t, Hosts: map[string]*harness.Role{}}
+	f.Server = harness.StartServer(t, harness.Options{Args: []string{"--set", "host_heartbeat=300ms", "--set", "reschedule_after=2s"}})
+	token, cluster := f.Server.JoinToken("")
+	proxy := harness.NewPartition(t, cluster)
+	a := harness.StartHostWith(t, proxy.Addr(), token, harness.HostOptions{Name: "gpu-a", GPU: harness.SimGPU{DeviceMemory: "80GiB"}})
+	f.Hosts["gpu-a"] = a
+	f.Hosts["gpu-b"] = harness.StartHost(t, f.Server, harness.HostOptions{Name: "gpu-b"})
+	f.WaitHosts(2, wire.HostReady)
+	f.Server.AddFakeEngine("fake")
+	f.WaitEngine("fake")
+	for _, h := range f.Hosts {
+		h.WriteFile("models/demo/README", "fake model\n")
+	}
+	if out, errOut, code := f.Deploy("demo", harness.SimpleSpec("demo", "fake"), "--activate", "--wait"); code != 0 {
+		t.Fatalf("deploy demo: exit %d\n%s%s", code, out, errOut)
+	}
+	if hs := hostsOf(f.Status("demo")); !slices.Equal(hs, []string{"gpu-a"}) {
+		t.Fatalf("demo placed on %v, want gpu-a (the most free)", hs)
+	}
+	e2e.ChatOK(t, f.Server, "demo")
+
+	proxy.Cut(false)
+	served := requestsServed(t, a, "demo")
+	poll.Until(t, 30*time.Second, "demo moved to gpu-b and ready there", func() bool {
+		st := f.Status("demo")
+		return slices.Equal(hostsOf(st), []string{"gpu-b"}) && st.ReadyN == 1
+	})
+	e2e.ChatOK(t, f.Server, "demo")
+
+	proxy.Heal()
+	poll.Until(t, 30*time.Second, "gpu-a back", func() bool { return f.HostState("gpu-a") == wire.HostReady })
+	for i := 0; i < 20; i++ {
+		e2e.ChatOK(t, f.Server, "demo")
+	}
+	poll.Until(t, 30*time.Second, "gpu-a stopped and deleted its old copy", func() bool {
+		return len(hostDeployments(t, a)) == 0 && len(harness.EnginePIDs(a.StateDir)) == 0
+	})
+	if now := requestsServed(t, a, "demo"); now != served {
+		t.Fatalf("gpu-a answered %d requests of demo after it was cut off: two copies served", now-served)
+	}
+	if hs := hostsOf(f.Status("demo")); !slices.Equal(hs, []string{"gpu-b"}) {
+		t.Fatalf("demo on %v after gpu-a's return, want gpu-b alone", hs)
+	}
+	if !strings.Contains(f.Server.Output(), "instances placed off a host") {
+		t.Fatal("the server did not say it moved the instance")
+	}
+}
+
+// TestFleet_RetireAHost follows the several-machines guide: drain a host,
+// stop its instance, remove it; the deployment's instance moves to the
+// other host (before, the removal was refused conflict while the stopped
+// instance was still placed there), the removed host is refused and
+// stops, and its engine is gone.
+func TestFleet_RetireAHost(t *testing.T) {
+	f := e2e.StartFleet(t, map[string]string{"gpu-a": "48GiB", "gpu-b": "24GiB"})
+	for _, h := range f.Hosts {
+		h.WriteFile("models/demo/README", "fake model\n")
+	}
+	spec := strings.Replace(harness.SimpleSpec("demo", "fake"), "  engine = ", "  instances = 2\n  engine = ", 1)
+	if out, errOut, code := f.Deploy("demo", spec, "--activate", "--wait"); code != 0 {
+		t.Fatalf("deploy demo: exit %d\n%s%s", code, out, errOut)
+	}
+	st := f.Status("demo")
+	idx := -1
+	for _, in := range st.Instances {
+		if in.Host == "gpu-b" {
+			idx = in.Index
+		}
+	}
+	if idx < 0 {
+		t.Fatalf("no instance of demo on gpu-b: %v", hostsOf(st))
+	}
+	b := f.Hosts["gpu-b"]
+	for _, args := range [][]string{{"drain", "host", "gpu-b"}, {"stop", "instance", "demo/" + strconv.Itoa(idx), "--wait"}, {"remove", "host", "gpu-b"}} {
+		if out, errOut, code := f.Server.CLI(args...); code != 0 {
+			t.Fatalf("%v: exit %d\n%s%s", args, code, out, errOut)
+		}
+	}
+	if code := b.WaitExit(60 * time.Second); code != 3 {
+		t.Fatalf("the removed host exited %d, want 3\n%s", code, b.Output())
+	}
+	if len(harness.EnginePIDs(b.StateDir)) != 0 {
+		t.Fatalf("engines left on the removed host: %v", harness.EnginePIDs(b.StateDir))
+	}
+	if _, errOut, code := f.Server.CLI("start", "deployment", "demo", "--wait"); code != 0 {
+		t.Fatalf("start demo after the retirement: exit %d\n%s", code, errOut)
+	}
+	st = f.Status("demo")
+	if len(st.Instances) != 2 || !slices.Equal(hostsOf(st), []string{"gpu-a", "gpu-a"}) || st.ReadyN != 2 {
+		t.Fatalf("demo after gpu-b's retirement: %d instances on %v, %d ready", len(st.Instances), hostsOf(st), st.ReadyN)
+	}
+	e2e.ChatOK(t, f.Server, "demo")
+}
