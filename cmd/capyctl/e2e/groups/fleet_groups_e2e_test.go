@@ -339,9 +339,12 @@ func TestFleetGroups_StallAndRefusals(t *testing.T) {
 	if out, _, _ := f.Server.CLI("list", "deployments", "--json"); strings.Contains(out, `"huge"`) {
 		t.Fatalf("a refused group left a placement: %s", out)
 	}
-	if out, _, _ := f.Hosts["gpu-a"].CLI("list", "deployments", "--json"); strings.Contains(out, `"huge"`) {
-		t.Fatalf("a refused group left its head on gpu-a: %s", out)
-	}
+	// The head's removal reaches gpu-a as desired state (the refusal does
+	// not wait for the host to act on it): it goes within a bound.
+	poll.Until(t, 15*time.Second, "the refused group's head gone from gpu-a", func() bool {
+		out, _, code := f.Hosts["gpu-a"].CLI("list", "deployments", "--json")
+		return code == 0 && !strings.Contains(out, `"huge"`)
+	})
 
 	// Two groups that do not fit together: an operator's --evict starts
 	// the stopped one by parking the other (a cold start, whose refusal is
