@@ -67,22 +67,45 @@ type instance struct {
 	// busy is true while the lane performs a command.
 	busy atomic.Bool
 
-	// probeCancel ends the readiness wait of a start under way (nil when
-	// none waits): an operator's stop must not wait out a load.
-	probeMu     sync.Mutex
-	probeCancel context.CancelFunc
+	// startCancel ends the waits of a start under way (nil when no start
+	// runs): its wait for a start slot and its readiness probe. An
+	// operator's stop must not wait out a load, nor other starts.
+	startMu     sync.Mutex
+	startCancel context.CancelFunc
 	stopAsked   atomic.Bool
 }
 
-// abortStartup ends the readiness wait of a start under way, so that a
-// stop queued behind it runs now instead of after the startup deadline
-// (the start ends failed and its launch is cleaned up first).
+// abortStartup ends the waits of a start under way (for a start slot, for
+// readiness), so that a stop queued behind it runs now instead of after
+// the startup deadline (the start ends failed and its launch is cleaned up
+// first).
 func (in *instance) abortStartup() {
-	in.probeMu.Lock()
-	defer in.probeMu.Unlock()
-	if in.probeCancel != nil {
+	in.startMu.Lock()
+	defer in.startMu.Unlock()
+	if in.startCancel != nil {
 		in.stopAsked.Store(true)
-		in.probeCancel()
+		in.startCancel()
+	}
+}
+
+// beginStartup returns the context of a start's waits, which abortStartup
+// ends; endStartup ends it with the start.
+func (in *instance) beginStartup() context.Context {
+	ctx, cancel := context.WithCancel(in.m.ctx)
+	in.startMu.Lock()
+	in.stopAsked.Store(false)
+	in.startCancel = cancel
+	in.startMu.Unlock()
+	return ctx
+}
+
+// endStartup ends the waits of the start that ended.
+func (in *instance) endStartup() {
+	in.startMu.Lock()
+	defer in.startMu.Unlock()
+	if in.startCancel != nil {
+		in.startCancel()
+		in.startCancel = nil
 	}
 }
 

@@ -307,13 +307,16 @@ func (m *Manager) Close() {
 }
 
 // StopAllEngines stops every running instance (dev mode's Ctrl-C); it does
-// not change any deployment's desired state.
+// not change any deployment's desired state. A start under way stops
+// waiting (for a start slot, for readiness) so that the stop behind it
+// runs now.
 func (m *Manager) StopAllEngines(ctx context.Context) {
 	var wg sync.WaitGroup
 	for _, in := range m.allInstances() {
 		wg.Add(1)
 		go func(in *instance) {
 			defer wg.Done()
+			in.abortStartup()
 			_ = in.do(ctx, cmdStop, "role shutdown")
 		}(in)
 	}

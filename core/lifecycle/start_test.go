@@ -13,8 +13,8 @@ import (
 )
 
 // TestStart_FailedStepUndoesWhatWasTaken: a start that fails at any step
-// gives back everything the steps before it took (the port, the memory
-// charge, the launch directory of a launch never recorded, the engine of a
+// gives back everything the steps before it took (the start slot, the
+// port, the memory charge, the launch directory of a launch never recorded, the engine of a
 // launch that began) and leaves the instance stopped or failed with the
 // step's error.
 func TestStart_FailedStepUndoesWhatWasTaken(t *testing.T) {
@@ -54,6 +54,7 @@ func TestStart_FailedStepUndoesWhatWasTaken(t *testing.T) {
 			if leased != 0 {
 				t.Fatalf("%d ports still leased", leased)
 			}
+			f.expectNothingHeld("after the failed start")
 			if got := f.drv.stops.Load(); got != c.stops {
 				t.Fatalf("driver stops %d, want %d", got, c.stops)
 			}

@@ -1,0 +1,191 @@
+// Copyright (c) CapyCTL authors
+// SPDX-License-Identifier: Apache-2.0
+
+package lifecycle
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/capyctl/capyctl/core/structs"
+)
+
+// byIDLocked returns an instance by its ID.
+func (m *Manager) byIDLocked(id string) *instance {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.byID[id]
+}
+
+// expectNothingHeld fails the test when a start slot, a port lease or a
+// ledger charge outlives what should hold it: no start runs, and charged are the only owners the ledger has.
+func (f *fixture) expectNothingHeld(when string, charged ...string) {
+	f.t.Helper()
+	h := f.m.Held()
+	for family, n := range h.StartSlots {
+		if n != 0 {
+			f.t.Fatalf("%s: %d start slots of %s still in use (of %d)", when, n, family, h.SlotsPerFamily)
+		}
+	}
+	f.placer.mu.Lock()
+	owners := len(f.placer.charges)
+	f.placer.mu.Unlock()
+	if owners != len(charged) {
+		f.t.Fatalf("%s: the ledger charges %d owners, want %v", when, owners, charged)
+	}
+	for _, o := range charged {
+		if f.placer.phase(o) == "" {
+			f.t.Fatalf("%s: %s is not charged", when, o)
+		}
+	}
+	// One port per charged instance (the stub runs no LMCache server).
+	if h.PortLeases != len(charged) {
+		f.t.Fatalf("%s: %d ports leased, want %d", when, h.PortLeases, len(charged))
+	}
+}
+
+// TestStart_FiftyStartsInARow: a start gives back what it holds for its
+// own duration (a start slot of the driver's family) when it ends, on
+// success as on failure. Before, a successful start kept its slot: with
+// max_concurrent_effects = 8, the ninth start of a family waited for ever
+// (issue 25). Each case runs 50 starts of one family in a row, each
+// followed by what ends the launch, and checks after every one that no
+// slot, port or charge is left over.
+func TestStart_FiftyStartsInARow(t *testing.T) {
+	const starts = 50
+	bounded := func(t *testing.T, what string, i int, f func(ctx context.Context) error) {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := f(ctx); err != nil {
+			t.Fatalf("%s %d of %d: %v", what, i+1, starts, err)
+		}
+	}
+	cases := []struct {
+		name string
+		// spec shapes the deployment; setup the fixture.
+		spec  func(d *structs.Deployment)
+		setup func(f *fixture)
+		// cycle starts and ends one launch; it leaves the instance in the
+		// state that charges charged owners.
+		cycle   func(t *testing.T, f *fixture, i int)
+		charged []string
+	}{
+		{
+			name: "operator start and stop",
+			cycle: func(t *testing.T, f *fixture, i int) {
+				bounded(t, "start", i, func(ctx context.Context) error {
+					return f.m.StartDeployment(ctx, "a", StartOptions{Wait: true})
+				})
+				f.expectNothingHeld("after a successful start", "a/0")
+				bounded(t, "stop", i, func(ctx context.Context) error { return f.m.StopDeployment(ctx, "a", true) })
+			},
+		},
+		{
+			name: "a request's activation, then an idle stop (restart only)",
+			spec: func(d *structs.Deployment) {
+				d.Residency = structs.ResidencyRestartOnly
+				d.Lifecycle.ReadyIdleTimeout = structs.Duration(time.Minute)
+			},
+			setup: func(f *fixture) { f.drv.tiers = nil },
+			cycle: func(t *testing.T, f *fixture, i int) {
+				bounded(t, "activation", i, func(ctx context.Context) error { return f.m.Activate(ctx, "a") })
+				f.expectNothingHeld("after an activation", "a/0")
+				f.clock.Advance(2 * time.Minute)
+				f.eventually("the idle stop", func() bool { f.m.CheckIdle(); return f.state("a") == structs.StateStopped })
+			},
+		},
+		{
+			name: "an instance started once, then parked and woken",
+			cycle: func(t *testing.T, f *fixture, i int) {
+				if i == 0 {
+					bounded(t, "start", i, func(ctx context.Context) error {
+						return f.m.StartInstance(ctx, "a", 0, StartOptions{Wait: true})
+					})
+				}
+				bounded(t, "park", i, func(ctx context.Context) error { return f.m.ParkInstance(ctx, "a", 0, true) })
+				bounded(t, "wake", i, func(ctx context.Context) error {
+					return f.m.StartInstance(ctx, "a", 0, StartOptions{Wait: true})
+				})
+			},
+		},
+		{
+			name:  "a start whose engine is never ready",
+			setup: func(f *fixture) { f.drv.notReady = true },
+			cycle: func(t *testing.T, f *fixture, i int) {
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				defer cancel()
+				err := f.m.StartDeployment(ctx, "a", StartOptions{Wait: true})
+				if !structs.HasCode(err, structs.CodeLaunchFailed) {
+					t.Fatalf("start %d: %v, want launch_failed", i+1, err)
+				}
+			},
+		},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			f := newFixture(t, 10, 6, 1)
+			if c.setup != nil {
+				c.setup(f)
+			}
+			if c.spec != nil {
+				f.deploy("a", c.spec)
+			} else {
+				f.deploy("a")
+			}
+			for i := 0; i < starts; i++ {
+				c.cycle(t, f, i)
+				charged := c.charged
+				if s := f.state("a"); s == structs.StateReady || s == structs.StateParked {
+					charged = []string{"a/0"}
+				}
+				f.expectNothingHeld(fmt.Sprintf("after cycle %d", i+1), charged...)
+			}
+			if n := f.drv.starts.Load() + f.drv.wakes.Load(); n < starts {
+				t.Fatalf("the driver saw %d starts and wakes, want at least %d", n, starts)
+			}
+		})
+	}
+}
+
+// TestStart_StopEndsTheWaitForAStartSlot: an operator's stop of an
+// instance whose start waits for a start slot (every slot of its family
+// taken by starts that load for a long time) ends that wait at once, and
+// the stop runs; before, the stop waited behind the start.
+func TestStart_StopEndsTheWaitForAStartSlot(t *testing.T) {
+	f := newFixture(t, 100, 1, 0, func(c *Config) { c.MaxConcurrentEffects = 1 })
+	f.drv.probeGate = make(chan struct{})
+	defer close(f.drv.probeGate)
+	f.deploy("loading")
+	f.deploy("a")
+	go func() { _ = f.activate("loading") }()
+	f.eventually("the first start to hold the family's only slot", func() bool { return f.drv.probing.Load() == 1 })
+	started := make(chan error, 1)
+	go func() {
+		started <- f.m.StartDeployment(context.Background(), "a", StartOptions{Wait: true})
+	}()
+	f.eventually("the second start to wait for a slot", func() bool {
+		return f.m.Held().StartSlots["stub"] == 1 && f.m.byIDLocked("a/0").busy.Load()
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := f.m.StopDeployment(ctx, "a", true); err != nil {
+		t.Fatalf("stop of a start waiting for a slot: %v", err)
+	}
+	select {
+	case err := <-started:
+		if !structs.HasCode(err, structs.CodeLaunchFailed) {
+			t.Fatalf("the start the stop ended: %v, want launch_failed", err)
+		}
+	case <-ctx.Done():
+		t.Fatal("the start waiting for a slot did not end")
+	}
+	if s := f.state("a"); s != structs.StateStopped {
+		t.Fatalf("a is %s", s)
+	}
+	if n := f.m.Held().StartSlots["stub"]; n != 1 {
+		t.Fatalf("%d slots in use, want the loading start's 1", n)
+	}
+}
