@@ -24,6 +24,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/capyctl/capyctl/core/admission"
 	"github.com/capyctl/capyctl/core/api"
@@ -343,7 +344,8 @@ func New(s Settings, logger hclog.Logger) (*Agent, error) {
 	a.Requests = store.NewRequestWriter(st, ledgerOptions(s.RequestLedger, logger))
 	a.Router = router.New(router.Config{Lifecycle: lc, Admission: adm, Logger: logger, MaxBodyBytes: s.MaxBodyBytes, DefaultDeadline: s.RequestDeadline,
 		RequestLog: a.Requests, MaxWaitingTotal: s.MaxWaitingTotal, MaxWaitingBytes: s.MaxWaitingBytes,
-		MaxBodyBytesInFlight: s.MaxBodyBytesInFlight, BodyReadTimeout: s.Listener.options("inference", logger).BodyReadTimeout})
+		MaxBodyBytesInFlight: s.MaxBodyBytesInFlight, BodyReadTimeout: s.Listener.options("inference", logger).BodyReadTimeout,
+		Collectors: []prometheus.Collector{api.HeldCollector(lc)}})
 
 	if err := a.listen(); err != nil {
 		_ = a.Requests.Close()

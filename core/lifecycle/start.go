@@ -180,7 +180,18 @@ func (in *instance) start(c *command) error {
 	if r.placer == nil {
 		r.placer = noPlacer{}
 	}
-	r.waitCtx = in.beginStartup()
+	if err := r.run(); err != nil {
+		return r.onFail(err)
+	}
+	return r.ready()
+}
+
+// run runs the steps; a failing step rolls back what the steps took for
+// the instance. Either way, what the start held is given back before the
+// outcome is recorded: an instance seen ready or failed holds no start
+// slot.
+func (r *startRun) run() error {
+	r.waitCtx = r.in.beginStartup()
 	// IMPORTANT: what the start holds goes back when it ends, on success
 	// too (a start slot kept by a successful start is lost for good: the
 	// family's ninth start would wait for ever).
@@ -190,11 +201,11 @@ func (in *instance) start(c *command) error {
 		if err := s.run(r); err != nil {
 			r.rollback()
 			r.unpark()
-			return r.onFail(err)
+			return err
 		}
 	}
 	r.handOver()
-	return r.ready()
+	return nil
 }
 
 // take registers what a step holds for the duration of the start only: it

@@ -25,6 +25,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/capyctl/capyctl/core/admission"
 	"github.com/capyctl/capyctl/core/api/wire"
@@ -128,6 +129,10 @@ type Config struct {
 	// before streams were taken over (hijack.go): about 20 KiB more per
 	// open stream. For comparisons in the same run (make bench).
 	KeepStreamsOnNetHTTP bool
+	// Collectors are more of the role's metrics, served beside the
+	// router's own on /metrics (the agent adds the lifecycle's start slots
+	// and port leases).
+	Collectors []prometheus.Collector
 }
 
 // Router serves the inference API's model routes.
@@ -210,6 +215,7 @@ func New(cfg Config) *Router {
 		})
 	}
 	rt.stats.reg.MustRegister(&gauges{rt: rt})
+	rt.stats.reg.MustRegister(cfg.Collectors...)
 	rt.wg.Add(1)
 	go rt.settleLoop()
 	return rt
