@@ -216,8 +216,9 @@ func New(cfg Config) *Router {
 	}
 	rt.stats.reg.MustRegister(&gauges{rt: rt})
 	rt.stats.reg.MustRegister(cfg.Collectors...)
-	rt.wg.Add(1)
+	rt.wg.Add(2)
 	go rt.settleLoop()
+	go rt.watchRoutes()
 	return rt
 }
 

@@ -39,6 +39,7 @@ func operations() []operation {
 		{"deploy", 5, (*Runner).opDeploy},
 		{"update", 4, (*Runner).opUpdate},
 		{"delete", 3, (*Runner).opDelete},
+		{"idle timeout", 2, (*Runner).opIdle},
 		{"kill -9 engine", 2, (*Runner).opKillEngine},
 		{"kill -9 driver", 1, (*Runner).opKillDriver},
 		{"kill -9 role", 1, (*Runner).opKillRole},
@@ -240,6 +241,53 @@ func (r *Runner) opDelete() (string, string) {
 		d.desired = "stopped" // a delete stops first, whatever it finds
 	}
 	return what, out
+}
+
+// idleBound bounds the wait for an idle timer: the pool's
+// ready_idle_timeout (3 s) or parked_idle_timeout (5 s), the role's check
+// every second, and the park or stop itself.
+const idleBound = 5*time.Second + time.Second + 20*time.Second
+
+// opIdle lets a ready deployment with idle timers idle: with no request in
+// flight, its ready_idle_timeout parks it (or stops it, restart only)
+// within its bound, and a parked one's parked_idle_timeout then stops it.
+func (r *Runner) opIdle() (string, string) {
+	r.reqs.wait()
+	snap, err := r.snapshot()
+	if err != nil {
+		r.fail("idle timeout", "snapshot: "+err.Error())
+	}
+	ready := map[string]bool{}
+	for _, d := range snap.Deployments {
+		if d.Spec != nil && d.Spec.Lifecycle.ReadyIdleTimeout > 0 && len(d.Instances) > 0 && d.Instances[0].State == "ready" {
+			ready[d.Name] = true
+		}
+	}
+	d := r.pick(func(d *depState) bool { return ready[d.spec.name] })
+	if d == nil {
+		return "idle timeout", "skipped: no ready deployment with idle timers"
+	}
+	what := "idle " + d.spec.name
+	state := func() string {
+		st, err := r.role.Mgmt.Deployment(context.Background(), d.spec.name)
+		if err != nil || len(st.Instances) == 0 {
+			return "?"
+		}
+		return st.Instances[0].State
+	}
+	start := time.Now()
+	var now string
+	if !waitFor(idleBound, func() bool { now = state(); return now == "parked" || now == "stopped" }) {
+		r.fail(what, fmt.Sprintf("%s stayed %s for %s with no request: its ready_idle_timeout did not act", d.spec.name, now, idleBound))
+	}
+	took := time.Since(start).Round(100 * time.Millisecond)
+	if now == "stopped" {
+		return what, fmt.Sprintf("ok: stopped after %s", took)
+	}
+	if !waitFor(idleBound, func() bool { now = state(); return now == "stopped" }) {
+		r.fail(what, fmt.Sprintf("%s stayed %s for %s with no request: its parked_idle_timeout did not act", d.spec.name, now, idleBound))
+	}
+	return what, fmt.Sprintf("ok: parked, then stopped after %s", time.Since(start).Round(100*time.Millisecond))
 }
 
 // opKillEngine kills a running engine with SIGKILL.
