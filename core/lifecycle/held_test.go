@@ -189,3 +189,67 @@ func TestStart_StopEndsTheWaitForAStartSlot(t *testing.T) {
 		t.Fatalf("%d slots in use, want the loading start's 1", n)
 	}
 }
+
+// TestStart_FailedStartWhoseProcessesRemainIsStoppedByARetry: a start that
+// fails after its engine was launched, and whose engine cannot be proven
+// gone (its driver died, or its processes outlive the stop), keeps the
+// memory charge and the port, stays stopping with the launch recorded
+// (TestStart_FailedStartWhoseProcessesRemainIsHeldUntilProven), and its
+// stop is retried until it proves the processes gone; only then is
+// everything given back. Before, the rollback went on regardless: the
+// instance was failed, uncharged, its port free, and its engine ran on
+// outside the ledger, unknown to the role even after a restart (found by
+// the soak: kill -9 of a driver during a start left an orphan engine).
+func TestStart_FailedStartWhoseProcessesRemainIsStoppedByARetry(t *testing.T) {
+	f := newFixture(t, 10, 6, 1, func(c *Config) { c.StopRetryCooldown = 20 * time.Millisecond })
+	f.drv.notReady = true
+	f.drv.notGone.Store(3) // the rollback's stop and two retries
+	f.deploy("a")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := f.m.StartDeployment(ctx, "a", StartOptions{Wait: true}); err == nil {
+		t.Fatal("the start succeeded")
+	}
+	// The retries prove the processes gone; then everything is given back.
+	f.eventually("the instance stopped by its retried stop", func() bool { return f.state("a") == structs.StateStopped })
+	f.expectNothingHeld("after the retried stop")
+	if n := f.drv.stops.Load(); n < 4 {
+		t.Fatalf("%d stops, want the rollback's and three more", n)
+	}
+}
+
+// TestStart_FailedStartWhoseProcessesRemainIsHeldUntilProven checks the
+// state in between: stopping, charged, its port leased, the launch
+// recorded (so a role restart finishes the stop).
+func TestStart_FailedStartWhoseProcessesRemainIsHeldUntilProven(t *testing.T) {
+	f := newFixture(t, 10, 6, 1, func(c *Config) { c.StopRetryCooldown = time.Hour })
+	f.drv.notReady = true
+	f.drv.notGone.Store(1)
+	f.deploy("a")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := f.m.StartDeployment(ctx, "a", StartOptions{Wait: true}); err == nil {
+		t.Fatal("the start succeeded")
+	}
+	rec := f.inst("a")
+	if rec.State != structs.StateStopping || rec.Launch == nil || rec.LastError == nil {
+		t.Fatalf("instance %s, launch recorded %v, last error %v: want stopping with its launch and the reason", rec.State, rec.Launch != nil, rec.LastError)
+	}
+	if ph := f.placer.phase("a/0"); ph == "" {
+		t.Fatal("the instance whose processes remain is no longer charged")
+	}
+	if n := f.m.Held().PortLeases; n != 1 {
+		t.Fatalf("%d ports leased, want the launch's", n)
+	}
+	if n := f.m.Held().StartSlots["stub"]; n != 0 {
+		t.Fatalf("%d start slots in use after the start ended", n)
+	}
+	// An operator's stop proves them gone now.
+	if err := f.m.StopDeployment(ctx, "a", true); err != nil {
+		t.Fatal(err)
+	}
+	if s := f.state("a"); s != structs.StateStopped {
+		t.Fatalf("after the stop: %s", s)
+	}
+	f.expectNothingHeld("after the stop")
+}

@@ -73,6 +73,8 @@ type instance struct {
 	startMu     sync.Mutex
 	startCancel context.CancelFunc
 	stopAsked   atomic.Bool
+	// stopRetrying is set while a chain of stop retries runs (retryStop).
+	stopRetrying atomic.Bool
 }
 
 // abortStartup ends the waits of a start under way (for a start slot, for

@@ -95,6 +95,10 @@ type Config struct {
 	// cooldown, doubled each time (default 30s).
 	RetryBudget   int
 	RetryCooldown time.Duration
+	// StopRetryCooldown is the first wait before a stop whose processes
+	// were not proven gone is tried again (default 1s, doubled each time
+	// up to a minute).
+	StopRetryCooldown time.Duration
 	// ReadyIdleTimeout and ParkedIdleTimeout are the role's defaults for
 	// deployments that set none (0 = off).
 	ReadyIdleTimeout  time.Duration
@@ -192,6 +196,9 @@ func New(cfg Config) *Manager {
 	}
 	if cfg.RetryCooldown == 0 {
 		cfg.RetryCooldown = 30 * time.Second
+	}
+	if cfg.StopRetryCooldown == 0 {
+		cfg.StopRetryCooldown = time.Second
 	}
 	if cfg.IdleCheckInterval == 0 {
 		cfg.IdleCheckInterval = time.Second

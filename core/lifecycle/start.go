@@ -119,6 +119,9 @@ type startRun struct {
 	// file.
 	held []taken
 	kept []taken
+	// unproven: the rollback could not prove the launch's processes gone;
+	// what they hold stays with the instance (unprovenLaunch).
+	unproven bool
 	// onFail records a failed step after the undo: the default keeps the
 	// error as the instance's last error.
 	onFail func(err error) error
@@ -200,12 +203,32 @@ func (r *startRun) run() error {
 		r.onFail = r.keepLastError
 		if err := s.run(r); err != nil {
 			r.rollback()
+			if r.unproven {
+				r.onFail = r.unprovenLaunch
+				return err
+			}
 			r.unpark()
 			return err
 		}
 	}
 	r.handOver()
 	return nil
+}
+
+// unprovenLaunch records a failed start whose processes could not be
+// proven gone: the instance is stopping, with the launch's record, its
+// port and its memory charge, and its stop is retried until it proves
+// them gone (a role restart finishes it too).
+func (r *startRun) unprovenLaunch(err error) error {
+	e := structs.AsError(err)
+	msg := e.Message + "; its processes could not be proven gone: the instance keeps its memory and port until a stop proves it"
+	_ = r.in.transition(structs.StateStopping, "start failed", func(rec *structs.InstanceRecord) {
+		rec.LastError = &structs.ErrorRecord{Code: e.Code, Message: msg, At: r.m.cfg.Now().UTC()}
+		rec.Phase = ""
+		rec.Endpoint = nil
+	})
+	r.m.retryStop(r.in)
+	return err
 }
 
 // take registers what a step holds for the duration of the start only: it
@@ -221,10 +244,19 @@ func (r *startRun) keep(what string, undo func()) {
 }
 
 // rollback undoes everything the steps took for the instance, newest
-// first, once.
+// first, once. IMPORTANT: when the launch's processes cannot be proven
+// gone, the unwinding stops there: the memory charge, the port, the
+// LMCache server and the launch's record stay with the instance, which a
+// later stop ends (unprovenLaunch); releasing them would leave an engine
+// running outside the ledger, on a port leased to the next launch.
 func (r *startRun) rollback() {
 	for i := len(r.kept) - 1; i >= 0; i-- {
 		r.kept[i].giveBack()
+		if r.unproven {
+			r.m.logger.Warn("a failed start's processes could not be proven gone; the instance keeps what they hold until a stop proves it",
+				"instance", r.in.id, "kept", r.kept[:i])
+			break
+		}
 	}
 	r.kept = nil
 }
@@ -446,7 +478,11 @@ func (r *startRun) unrecorded(err error) error {
 // identities.
 func (r *startRun) launch() error {
 	// A failed Start may still have spawned something: prove it gone.
-	r.keep("engine processes", func() { r.in.cleanupLaunch(r.drv, nil) })
+	r.keep("engine processes", func() {
+		if resp := r.in.cleanupLaunch(r.drv, nil); resp == nil || !resp.GetGone() {
+			r.unproven = true
+		}
+	})
 	resp, err := r.drv.Start(r.ctx, &pb.StartRequest{
 		Installation: r.installation, Deployment: r.pdep, Host: r.host, Launch: r.lctx, Plan: r.plan,
 		EngineKey: r.engineKey, AdminKey: r.adminKey,

@@ -95,6 +95,7 @@ func (in *instance) stop(why string) error {
 		in.update(func(r *structs.InstanceRecord) {
 			r.LastError = &structs.ErrorRecord{Code: e.Code, Message: e.Message, At: m.cfg.Now().UTC()}
 		})
+		m.retryStop(in)
 		return e
 	}
 	in.release(rec)
@@ -160,7 +161,9 @@ func (in *instance) exited(p *pb.ProbeResponse) error {
 		// Helpers the engine started may remain: end the whole group.
 		if resp := in.cleanupLaunch(drv, nil); resp != nil && !resp.GetGone() {
 			m.logger.Warn("processes of an exited engine remain", "instance", in.id)
-			return in.transition(structs.StateStopping, "engine exited; helpers remain", nil)
+			err := in.transition(structs.StateStopping, "engine exited; helpers remain", nil)
+			m.retryStop(in)
+			return err
 		}
 	}
 	in.release(rec)
@@ -170,5 +173,37 @@ func (in *instance) exited(p *pb.ProbeResponse) error {
 		r.Endpoint = nil
 		r.Phase = ""
 		r.Released = "engine exited"
+	})
+}
+
+// retryStop stops an instance left stopping (its processes not proven gone)
+// again, after a cooldown that doubles each time (StopRetryCooldown, up to
+// a minute), until a stop proves them gone or the instance is no longer
+// stopping; one chain of retries per instance at a time. A role restart
+// finishes such a stop too (recover).
+func (m *Manager) retryStop(in *instance) {
+	if !in.stopRetrying.CompareAndSwap(false, true) {
+		return
+	}
+	m.goTracked(func() {
+		defer in.stopRetrying.Store(false)
+		cooldown := m.cfg.StopRetryCooldown
+		for {
+			select {
+			case <-time.After(cooldown):
+			case <-m.ctx.Done():
+				return
+			case <-in.quit:
+				return
+			}
+			if in.state() != structs.StateStopping {
+				return
+			}
+			err := in.do(m.ctx, cmdStop, "retry the stop: its processes were not proven gone")
+			if err == nil || !structs.HasCode(err, structs.CodeStillStopping) {
+				return
+			}
+			cooldown = min(2*cooldown, time.Minute)
+		}
 	})
 }

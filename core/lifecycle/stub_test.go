@@ -42,6 +42,8 @@ type stubDriver struct {
 	// the probe's context ends (a model that loads for ever).
 	probeGate chan struct{}
 	probing   atomic.Int32
+	// notGone answers that many Stop calls with processes that remain.
+	notGone atomic.Int32
 }
 
 func newStub() *stubDriver {
@@ -121,6 +123,10 @@ func (d *stubDriver) Wake(_ context.Context, r *pb.WakeRequest) (*pb.WakeRespons
 
 func (d *stubDriver) Stop(context.Context, *pb.StopRequest) (*pb.StopResponse, error) {
 	d.stops.Add(1)
+	if d.notGone.Add(-1) >= 0 {
+		return &pb.StopResponse{Gone: false, Detail: "the stub's processes remain"}, nil
+	}
+	d.notGone.Store(0)
 	return &pb.StopResponse{Gone: true}, nil
 }
 
