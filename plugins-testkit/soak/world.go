@@ -118,7 +118,7 @@ func pool() []depSpec {
 			return fmt.Sprintf(`  engine       = "vllm"
   residency    = "restart_only"
   lmcache      = "required"
-  lmcache_pool = "512MiB"
+  lmcache_pool = "1GiB"
   model {
     path = "vl-cache/model"
   }
