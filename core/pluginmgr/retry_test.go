@@ -42,3 +42,37 @@ func TestManager_CallRightAfterADriverDiedIsRetriedOnTheRelaunchedOne(t *testing
 		}
 	}
 }
+
+// TestManager_AdoptEndsTheDriversNoRecordNames: a core killed between a
+// driver's start and the write of its reattach record leaves a driver no
+// record names. The next core adopts the recorded drivers and ends that
+// one (its environment says it is this role's, launched by another
+// manager). Before, it ran on for good, one more after each such crash
+// (found by the soak's kill -9 of the role).
+func TestManager_AdoptEndsTheDriversNoRecordNames(t *testing.T) {
+	r := newRig(t)
+	first := r.manager(Deadlines{}, nil)
+	mustDriver(t, first, "alpha")
+	mustDriver(t, first, "beta")
+	stray, kept := first.PID("alpha"), first.PID("beta")
+	// The first core dies (its drivers run on) before alpha's record is
+	// written.
+	first.Shutdown(true)
+	if err := r.store.DeleteReattach("alpha"); err != nil {
+		t.Fatal(err)
+	}
+	second := r.manager(Deadlines{}, nil)
+	defer second.Shutdown(false)
+	second.AdoptRecorded(context.Background())
+	eventually(t, "the unrecorded driver ended", func() bool { return !alive(stray) })
+	if !alive(kept) || second.PID("beta") != kept {
+		t.Fatalf("the recorded driver %d was not adopted (beta is %d, alive %v)", kept, second.PID("beta"), alive(kept))
+	}
+	// The second core's own launches are never taken for strays.
+	mustDriver(t, second, "alpha")
+	own := second.PID("alpha")
+	second.AdoptRecorded(context.Background())
+	if !alive(own) {
+		t.Fatal("the core ended a driver it launched itself")
+	}
+}
