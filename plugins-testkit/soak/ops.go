@@ -340,6 +340,7 @@ func (r *Runner) opKillDriver() (string, string) {
 func (r *Runner) opKillRole() (string, string) {
 	r.reqs.roleKilled()
 	r.role.Kill9()
+	r.lives = append(r.lives, r.role.Output())
 	r.role.Restart()
 	r.roleLives++
 	r.quiet.newLife()

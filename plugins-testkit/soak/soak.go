@@ -122,6 +122,9 @@ type Runner struct {
 
 	quiet     quietState
 	roleLives int
+	// lives are the role's output of its earlier lives (a restart starts
+	// a new one), for the failure report.
+	lives []string
 
 	failed bool
 }
@@ -251,6 +254,13 @@ func (r *Runner) fail(where, what string) {
 	}
 	if r.role != nil {
 		fmt.Fprintf(&b, "role output (last 60 lines):\n%s\n", lastLines(r.role.Output(), 60))
+		if f, err := os.CreateTemp("", fmt.Sprintf("soak-%d-role-*.log", r.seed)); err == nil {
+			for i, l := range append(r.lives, r.role.Output()) {
+				fmt.Fprintf(f, "==== life %d of the role ====\n%s\n", i+1, l)
+			}
+			f.Close()
+			fmt.Fprintf(&b, "the role's whole output, every life: %s\n", f.Name())
+		}
 	}
 	fmt.Fprintf(&b, "reproduce: %s=%d %s=%s make soak\n", EnvSeed, r.seed, EnvProfile, r.profile.Name)
 	fmt.Fprintf(&b, "soak: %d operations, seed %d, %s, %s", r.ops, r.seed, r.profile.Name, what)
