@@ -31,6 +31,9 @@ var transitionBounds = map[string]time.Duration{
 	"draining":    45 * time.Second,
 	"parking":     150 * time.Second,
 	"reconciling": 200 * time.Second,
+	// A fleet's instance on a host the server lost: the fleet profile
+	// restarts a killed host at once.
+	"uncertain": 90 * time.Second,
 }
 
 // Tolerances are how far a quiet point's readings may be above the
@@ -93,13 +96,30 @@ func ledgerOf(snap *wire.Snapshot) (*wire.LedgerView, error) {
 	return &lv, nil
 }
 
-// ledgerLimits checks no domain is charged over its managed limit and each
-// domain's charge is the sum of its owners' charges.
+// ledgerLimits checks, on every host of a snapshot, that no domain is
+// charged over its managed limit and that each domain's charge is the sum
+// of its owners' charges.
 func ledgerLimits(snap *wire.Snapshot) []string {
-	lv, err := ledgerOf(snap)
-	if err != nil {
-		return []string{err.Error()}
+	var bad []string
+	for _, h := range snap.Hosts {
+		if h.Ledger == nil {
+			continue // a lost host's ledger is unknown
+		}
+		data, _ := json.Marshal(h.Ledger)
+		var lv wire.LedgerView
+		if err := json.Unmarshal(data, &lv); err != nil {
+			bad = append(bad, fmt.Sprintf("host %s: the ledger view does not decode: %v", h.Name, err))
+			continue
+		}
+		for _, b := range hostLedgerLimits(&lv) {
+			bad = append(bad, "host "+h.Name+": "+b)
+		}
 	}
+	return bad
+}
+
+// hostLedgerLimits checks one host's ledger.
+func hostLedgerLimits(lv *wire.LedgerView) []string {
 	var bad []string
 	sums := map[string]int64{}
 	for _, o := range lv.Owners {
@@ -233,6 +253,10 @@ func (r *Runner) quietPoint() {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+	if r.fleet != nil {
+		r.fleet.quietPoint(r)
+		return
+	}
 	// What the role holds converges on its baseline: closed connections,
 	// settled requests and ended processes are noticed asynchronously.
 	var problems []string
@@ -244,7 +268,12 @@ func (r *Runner) quietPoint() {
 	if !ok {
 		r.fail("quiet point", "leaked: "+strings.Join(problems, "; "))
 	}
-	q := &r.quiet
+	r.quiet.record(reading)
+}
+
+// record keeps a quiet point's reading: the role's memory for its life,
+// and the baseline of its state.
+func (q *quietState) record(reading quietReading) {
 	q.points++
 	q.lastRSS = reading.rss
 	q.lives[len(q.lives)-1] = append(q.lives[len(q.lives)-1], reading.rss)
@@ -267,15 +296,29 @@ type quietReading struct {
 // readQuiet reads what the role holds and lists what is not back to the
 // baseline of its state.
 func (r *Runner) readQuiet() (quietReading, []string) {
+	lmcache := map[string]bool{}
+	for _, d := range r.deps {
+		if d.spec.lmcache {
+			lmcache[d.spec.name] = true
+		}
+	}
+	return readRole(r.role, lmcache, r.quiet.baselines)
+}
+
+// readRole reads what a role that runs engines (standalone or host) holds
+// and lists what is not back to the baseline of its state: its own
+// management API (snapshot, /metrics) and the process table. lmcacheDeps
+// are the deployments that run an LMCache server.
+func readRole(role *harness.Role, lmcacheDeps map[string]bool, baselines map[string]*baseline) (quietReading, []string) {
 	var rd quietReading
 	var bad []string
-	snap, err := r.snapshot()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	snap, err := role.Mgmt.Snapshot(ctx)
 	if err != nil {
 		return rd, []string{"snapshot: " + err.Error()}
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	m, err := r.role.Metrics(ctx)
+	m, err := role.Metrics(ctx)
 	if err != nil {
 		return rd, []string{"metrics: " + err.Error()}
 	}
@@ -317,12 +360,6 @@ func (r *Runner) readQuiet() (quietReading, []string) {
 
 	// Engines, LMCache servers and their shims: one process group per
 	// running engine and per LMCache server, none without an instance.
-	lmcacheDeps := map[string]bool{}
-	for _, d := range r.deps {
-		if d.spec.lmcache {
-			lmcacheDeps[d.spec.name] = true
-		}
-	}
 	wantEngines := map[int]string{}
 	wantLMCache := 0
 	instances := 0
@@ -350,7 +387,7 @@ func (r *Runner) readQuiet() (quietReading, []string) {
 			wantEngines[pgid] = in.ID
 		}
 	}
-	groups := launchGroups(r.role.StateDir)
+	groups := launchGroups(role.StateDir)
 	engines, lmcache := 0, 0
 	for pgid, g := range groups {
 		if g.lmcache {
@@ -380,7 +417,7 @@ func (r *Runner) readQuiet() (quietReading, []string) {
 	// Drivers: at most one process per family.
 	drivers := 0
 	for _, f := range families {
-		p := harness.DriverPIDs(r.role.StateDir, f)
+		p := harness.DriverPIDs(role.StateDir, f)
 		drivers += len(p)
 		if len(p) > 1 {
 			bad = append(bad, fmt.Sprintf("%d %s driver processes run: %v", len(p), f, p))
@@ -392,7 +429,7 @@ func (r *Runner) readQuiet() (quietReading, []string) {
 	rd.fds, _ = m.Get("process_open_fds")
 	rd.rss, _ = m.Get("process_resident_memory_bytes")
 	rd.signature = fmt.Sprintf("%d deployments, %d instances, %d engines, %d LMCache servers, %d drivers", len(snap.Deployments), instances, engines, lmcache, drivers)
-	if b := r.quiet.baselines[rd.signature]; b != nil {
+	if b := baselines[rd.signature]; b != nil {
 		if rd.goroutines > b.goroutines+float64(Tolerances.Goroutines) {
 			bad = append(bad, fmt.Sprintf("%v role goroutines, %v at the baseline of %s (tolerance %d)", rd.goroutines, b.goroutines, rd.signature, Tolerances.Goroutines))
 		}

@@ -26,8 +26,27 @@ type operation struct {
 	run func(r *Runner) (what, outcome string)
 }
 
-// operations are the soak's operations and their weights.
-func operations() []operation {
+// operations are the soak's operations and their weights; the fleet
+// profile kills its own processes (the server, a host agent, a host's
+// driver).
+func (r *Runner) operations() []operation {
+	if r.fleet != nil {
+		ops := r.standaloneOps()
+		for i := range ops {
+			switch ops[i].name {
+			case "kill -9 role":
+				ops[i] = operation{"kill -9 server", 1, (*Runner).killServer}
+			case "kill -9 driver":
+				ops[i].run = (*Runner).killFleetDriver
+			}
+		}
+		return append(ops, operation{"kill -9 host agent", 1, (*Runner).opKillHost})
+	}
+	return r.standaloneOps()
+}
+
+// standaloneOps are the operations on a standalone role.
+func (r *Runner) standaloneOps() []operation {
 	return []operation{
 		{"request", 30, (*Runner).opRequest},
 		{"stream", 20, (*Runner).opStream},
@@ -36,9 +55,9 @@ func operations() []operation {
 		{"stop", 6, (*Runner).opStop},
 		{"park", 6, (*Runner).opPark},
 		{"wake", 5, (*Runner).opWake},
-		{"deploy", 5, (*Runner).opDeploy},
+		{"deploy", 6, (*Runner).opDeploy},
 		{"update", 4, (*Runner).opUpdate},
-		{"delete", 3, (*Runner).opDelete},
+		{"delete", 2, (*Runner).opDelete},
 		{"idle timeout", 2, (*Runner).opIdle},
 		{"kill -9 engine", 2, (*Runner).opKillEngine},
 		{"kill -9 driver", 1, (*Runner).opKillDriver},
@@ -54,7 +73,7 @@ const opBound = 120 * time.Second
 // the rest, but the short profile makes sure each one happens at least
 // once: at a third, at a half and at two thirds of the run.
 func (r *Runner) draw() operation {
-	ops := operations()
+	ops := r.operations()
 	byName := map[string]operation{}
 	total := 0
 	for _, o := range ops {
@@ -69,7 +88,14 @@ func (r *Runner) draw() operation {
 		case r.profile.Ops / 2:
 			return byName["kill -9 driver"]
 		case 2 * r.profile.Ops / 3:
+			if r.fleet != nil {
+				return byName["kill -9 server"]
+			}
 			return byName["kill -9 role"]
+		case 5 * r.profile.Ops / 6:
+			if r.fleet != nil {
+				return byName["kill -9 host agent"]
+			}
 		}
 	}
 	n := r.rng.IntN(total)
@@ -310,7 +336,7 @@ func (r *Runner) opKillEngine() (string, string) {
 		return "kill -9 engine", "skipped: no engine runs"
 	}
 	id := cands[r.rng.IntN(len(cands))]
-	_ = syscall.Kill(pids[id], syscall.SIGKILL)
+	_ = killPID(pids[id])
 	return fmt.Sprintf("kill -9 engine %d of %s", pids[id], id), "ok"
 }
 
@@ -330,7 +356,7 @@ func (r *Runner) opKillDriver() (string, string) {
 	}
 	f := fams[r.rng.IntN(len(fams))]
 	for _, pid := range pids[f] {
-		_ = syscall.Kill(pid, syscall.SIGKILL)
+		_ = killPID(pid)
 	}
 	return fmt.Sprintf("kill -9 driver %s %v", f, pids[f]), "ok"
 }
@@ -410,3 +436,6 @@ func (r *Runner) snapshot() (*wire.Snapshot, error) {
 	defer cancel()
 	return r.role.Mgmt.Snapshot(ctx)
 }
+
+// killPID sends SIGKILL to a process.
+func killPID(pid int) error { return syscall.Kill(pid, syscall.SIGKILL) }

@@ -28,7 +28,11 @@ const maxInFlight = 8
 // requests are the soak's requests in flight, each on a goroutine of its
 // own, and what they ended with.
 type requests struct {
-	r      *Runner
+	// target is where requests go now (the role's inference endpoint and
+	// API key; a restarted role listens elsewhere).
+	target func() (base, key string)
+	// codes are the catalogue's codes and their HTTP statuses.
+	codes  map[string]int
 	client *http.Client
 	slots  chan struct{}
 	wg     sync.WaitGroup
@@ -42,9 +46,10 @@ type requests struct {
 	broken   lockedSet
 }
 
-func newRequests(r *Runner) *requests {
+func newRequests(target func() (string, string), codes map[string]int) *requests {
 	return &requests{
-		r:        r,
+		target:   target,
+		codes:    codes,
 		client:   &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: maxInFlight}},
 		slots:    make(chan struct{}, maxInFlight),
 		outcomes: map[string]int{},
@@ -93,7 +98,7 @@ type hangUp struct {
 // holds one of the in-flight places (waiting for one when all are taken).
 func (q *requests) send(model string, stream bool, h hangUp, tokens int) {
 	q.slots <- struct{}{}
-	base, key := q.r.role.InferenceURL(), q.r.role.Creds.APIKey
+	base, key := q.target()
 	life := q.life.Load()
 	q.wg.Add(1)
 	go func() {
@@ -203,7 +208,7 @@ func (q *requests) do(base, key, model string, stream bool, h hangUp, tokens int
 		} `json:"error"`
 	}
 	if json.Unmarshal([]byte(last), &env) == nil && env.Error.Code != "" {
-		if _, ok := q.r.codes[env.Error.Code]; !ok {
+		if _, ok := q.codes[env.Error.Code]; !ok {
 			return "stream error " + env.Error.Code, fmt.Sprintf("the stream ended with code %q, outside the catalogue", env.Error.Code)
 		}
 		if env.Error.Code == "internal" {
@@ -227,7 +232,7 @@ func (q *requests) refusal(status int, data []byte) (outcome, broken string) {
 	}
 	code := env.Error.Code
 	base := strings.SplitN(code, ":", 2)[0]
-	want, ok := q.r.codes[base]
+	want, ok := q.codes[base]
 	switch {
 	case !ok:
 		return fmt.Sprintf("%d %s", status, code), fmt.Sprintf("answered %d with %q, outside the catalogue", status, code)

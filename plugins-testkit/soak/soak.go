@@ -125,6 +125,9 @@ type Runner struct {
 	// lives are the role's output of its earlier lives (a restart starts
 	// a new one), for the failure report.
 	lives []string
+	// fleet is the fleet profile's server and hosts (role is the server);
+	// nil for a standalone run.
+	fleet *fleetParts
 
 	failed bool
 }
@@ -161,24 +164,11 @@ func Run(t testing.TB, p Profile, seed uint64) {
 		r.names = append(r.names, d.name)
 	}
 	sort.Strings(r.names)
-	r.reqs = newRequests(r)
+	r.reqs = newRequests(func() (string, string) { return r.role.InferenceURL(), r.role.Creds.APIKey }, r.codes)
 	defer r.reqs.close()
 	r.start = time.Now()
 	r.quiet = newQuietState()
-
-	for r.ops < p.Ops && (p.MaxDuration == 0 || time.Since(r.start) < p.MaxDuration) {
-		r.step()
-		if r.ops%p.QuietEvery == 0 {
-			r.quietPoint()
-		}
-		if r.ops%500 == 0 {
-			r.say("soak: %d operations, %s, %d quiet points, role RSS %s", r.ops, time.Since(r.start).Round(time.Second), r.quiet.points, mib(r.quiet.lastRSS))
-		}
-	}
-	r.quietPoint()
-	if leaked := r.quiet.rssGrowth(); leaked != "" {
-		r.fail("end", leaked)
-	}
+	r.loop()
 	table := r.table()
 	if p.Table {
 		r.say("\n%s", table)
@@ -189,6 +179,30 @@ func Run(t testing.TB, p Profile, seed uint64) {
 		}
 	}
 	r.say("soak: %d operations, seed %d, %s, nothing leaked", r.ops, seed, p.Name)
+}
+
+// loop runs the profile's operations, with a quiet point every
+// QuietEvery operations and at the end, then checks the role's memory did
+// not grow.
+func (r *Runner) loop() {
+	p := r.profile
+	for r.ops < p.Ops && (p.MaxDuration == 0 || time.Since(r.start) < p.MaxDuration) {
+		r.step()
+		if r.ops%p.QuietEvery == 0 {
+			r.quietPoint()
+		}
+		if r.ops%500 == 0 {
+			r.say("soak: %d operations, %s, %d quiet points, role RSS %s", r.ops, time.Since(r.start).Round(time.Second), r.quiet.points, mib(r.quiet.lastRSS))
+		}
+	}
+	r.quietPoint()
+	leaked := r.quiet.rssGrowth()
+	if r.fleet != nil {
+		leaked = r.fleet.rssGrowth()
+	}
+	if leaked != "" {
+		r.fail("end", leaked)
+	}
 }
 
 // say prints a line to the test log and to stdout (a long run is watched

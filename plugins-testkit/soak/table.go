@@ -14,8 +14,12 @@ import (
 // durations, the requests by outcome, and the quiet points' readings.
 func (r *Runner) table() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "Soak run: profile %s, seed %d, %d operations in %s, %d quiet points, %d lives of the role.\n\n",
-		r.profile.Name, r.seed, r.ops, time.Since(r.start).Round(time.Second), r.quiet.points, r.roleLives)
+	points, role := r.quiet.points, "the role"
+	if r.fleet != nil {
+		points, role = r.fleet.server.points, "the server"
+	}
+	fmt.Fprintf(&b, "Soak run: profile %s, seed %d, %d operations in %s, %d quiet points, %d lives of %s.\n\n",
+		r.profile.Name, r.seed, r.ops, time.Since(r.start).Round(time.Second), points, r.roleLives, role)
 	b.WriteString("| operation | count | outcomes | median | p99 |\n|---|---|---|---|---|\n")
 	kinds := make([]string, 0, len(r.stats))
 	for k := range r.stats {
@@ -38,15 +42,32 @@ func (r *Runner) table() string {
 		fmt.Fprintf(&b, "| %s | %d |\n", k, out[k])
 	}
 	fmt.Fprintf(&b, "\n| quiet points | value |\n|---|---|\n")
-	fmt.Fprintf(&b, "| states seen (distinct baselines) | %d |\n", len(r.quiet.baselines))
-	fmt.Fprintf(&b, "| role goroutines, most at a quiet point | %.0f |\n", r.quiet.maxGoroutines)
-	fmt.Fprintf(&b, "| role open files, most at a quiet point | %.0f |\n", r.quiet.maxFDs)
+	if r.fleet == nil {
+		fmt.Fprintf(&b, "| states seen (distinct baselines) | %d |\n", len(r.quiet.baselines))
+		fmt.Fprintf(&b, "| role goroutines, most at a quiet point | %.0f |\n", r.quiet.maxGoroutines)
+		fmt.Fprintf(&b, "| role open files, most at a quiet point | %.0f |\n", r.quiet.maxFDs)
+	}
 	for i, l := range r.quiet.lives {
 		if len(l) == 0 {
 			continue
 		}
 		fmt.Fprintf(&b, "| role RSS, life %d (%d quiet points): first, lowest, highest, last | %s, %s, %s, %s |\n",
 			i+1, len(l), mib(l[0]), mib(minOf(l)), mib(maxOf(l)), mib(l[len(l)-1]))
+	}
+	if f := r.fleet; f != nil {
+		lives := func(who string, q *quietState) {
+			for i, l := range q.lives {
+				if len(l) > 0 {
+					fmt.Fprintf(&b, "| %s RSS, life %d (%d quiet points): first, lowest, highest, last | %s, %s, %s, %s |\n",
+						who, i+1, len(l), mib(l[0]), mib(minOf(l)), mib(maxOf(l)), mib(l[len(l)-1]))
+				}
+			}
+		}
+		lives("server", &f.server)
+		for _, name := range f.names {
+			fmt.Fprintf(&b, "| host %s goroutines, open files: most at a quiet point | %.0f, %.0f |\n", name, f.quiet[name].maxGoroutines, f.quiet[name].maxFDs)
+			lives("host "+name, f.quiet[name])
+		}
 	}
 	return b.String()
 }
