@@ -209,7 +209,10 @@ func (r *Runner) loop() {
 // as it goes).
 func (r *Runner) say(format string, args ...any) {
 	msg := fmt.Sprintf(format, args...)
-	fmt.Println(msg)
+	if testing.Verbose() {
+		fmt.Println(msg)
+		return
+	}
 	r.t.Log(msg)
 }
 
@@ -278,7 +281,6 @@ func (r *Runner) fail(where, what string) {
 	}
 	fmt.Fprintf(&b, "reproduce: %s=%d %s=%s make soak\n", EnvSeed, r.seed, EnvProfile, r.profile.Name)
 	fmt.Fprintf(&b, "soak: %d operations, seed %d, %s, %s", r.ops, r.seed, r.profile.Name, what)
-	fmt.Println(b.String())
 	r.t.Fatal(b.String())
 }
 
