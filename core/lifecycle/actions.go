@@ -5,6 +5,7 @@ package lifecycle
 
 import (
 	"context"
+	"os"
 	"sync"
 
 	"github.com/capyctl/capyctl/core/structs"
@@ -109,6 +110,9 @@ func (m *Manager) DeleteDeployment(ctx context.Context, name string) error {
 	if err := m.cfg.Store.DeleteDeployment(name); err != nil {
 		return structs.Wrap(structs.CodeInternal, err, "delete deployment")
 	}
+	// Its engines are proven gone: their launch directories (and logs) go
+	// with the deployment (launchdirs.go).
+	_ = os.RemoveAll(m.launchesDir(name))
 	m.event("deployment_deleted", name, "", nil)
 	m.rebuildRoutes()
 	return nil

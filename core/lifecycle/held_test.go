@@ -6,6 +6,8 @@ package lifecycle
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -146,7 +148,44 @@ func TestStart_FiftyStartsInARow(t *testing.T) {
 			if n := f.drv.starts.Load() + f.drv.wakes.Load(); n < starts {
 				t.Fatalf("the driver saw %d starts and wakes, want at least %d", n, starts)
 			}
+			// Launch directories are given back too: an instance keeps
+			// those of its last few launches.
+			if dirs, _ := filepath.Glob(filepath.Join(f.cfg.Host.StateDir, "launches", "a", "*")); len(dirs) > KeptLaunchDirs {
+				t.Fatalf("%d launch directories after %d starts, want at most %d", len(dirs), starts, KeptLaunchDirs)
+			}
 		})
+	}
+}
+
+// TestDelete_RemovesLaunchDirectories: deleting a deployment, once its
+// engines are proven gone, removes its launch directories (and their
+// logs); another deployment's stay.
+func TestDelete_RemovesLaunchDirectories(t *testing.T) {
+	f := newFixture(t, 20, 6, 1)
+	f.deploy("a")
+	f.deploy("b")
+	for _, name := range []string{"a", "b"} {
+		if err := f.activate(name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	launches := func(dep string) []string {
+		dirs, _ := filepath.Glob(filepath.Join(f.cfg.Host.StateDir, "launches", dep, "*"))
+		return dirs
+	}
+	if len(launches("a")) != 1 || len(launches("b")) != 1 {
+		t.Fatalf("launch directories %v %v, want one each", launches("a"), launches("b"))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := f.m.DeleteDeployment(ctx, "a"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(f.cfg.Host.StateDir, "launches", "a")); !os.IsNotExist(err) {
+		t.Fatalf("the deleted deployment's launch directories remain: %v", launches("a"))
+	}
+	if len(launches("b")) != 1 {
+		t.Fatalf("b's launch directory went with a's: %v", launches("b"))
 	}
 }
 

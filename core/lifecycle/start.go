@@ -463,6 +463,11 @@ func (r *startRun) record() error {
 		return err
 	}
 	r.recorded = true
+	serverDir := ""
+	if r.server != nil {
+		serverDir = r.server.LaunchDir
+	}
+	r.in.pruneLaunchDirs(r.launchDir, serverDir)
 	return nil
 }
 
