@@ -254,7 +254,7 @@ func (r *startRun) rollback() {
 		r.kept[i].giveBack()
 		if r.unproven {
 			r.m.logger.Warn("a failed start's processes could not be proven gone; the instance keeps what they hold until a stop proves it",
-				"instance", r.in.id, "kept", r.kept[:i])
+				"instance", r.in.id, "kept", names(r.kept[:i]))
 			break
 		}
 	}
@@ -266,14 +266,17 @@ func (r *startRun) rollback() {
 // server and the processes, and the ledger its charge; the instance's stop
 // gives them back (instance.release), the start undoes nothing more.
 func (r *startRun) handOver() {
-	if len(r.kept) > 0 {
-		names := make([]string, len(r.kept))
-		for i, k := range r.kept {
-			names[i] = k.what
-		}
-		r.m.logger.Debug("start handed over to the instance", "instance", r.in.id, "kept", names)
-	}
+	r.m.logger.Debug("start handed over to the instance", "instance", r.in.id, "kept", names(r.kept))
 	r.kept = nil
+}
+
+// names are what the taken things are.
+func names(list []taken) []string {
+	out := make([]string, len(list))
+	for i, k := range list {
+		out[i] = k.what
+	}
+	return out
 }
 
 // end gives back what the start held (newest first) and ends its
