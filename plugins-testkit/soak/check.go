@@ -407,6 +407,20 @@ func readRole(role *harness.Role, lmcacheDeps map[string]bool, baselines map[str
 	if lmcache != wantLMCache {
 		bad = append(bad, fmt.Sprintf("%d LMCache servers run, %d instances keep one", lmcache, wantLMCache))
 	}
+	// Connections to engines that stopped: the role keeps none (a pooled
+	// one whose engine is gone waits, half closed, for a request that
+	// never comes: an open file for good).
+	running := map[int]bool{}
+	for _, d := range snap.Deployments {
+		for _, in := range d.Instances {
+			if holdsProcesses(in.State) && in.Port != 0 {
+				running[in.Port] = true
+			}
+		}
+	}
+	if cw := closeWaitToGoneEngines(role.PID(), []string{role.Info.Inference, role.Info.Management}, running); len(cw) > 0 {
+		bad = append(bad, fmt.Sprintf("the role keeps %d connections to engines that stopped, closed by their end: %s", len(cw), strings.Join(cw, ", ")))
+	}
 	// Port leases: one per running engine and per LMCache server.
 	if v, ok := m.Get("capyctl_engine_port_leases"); !ok || int(v) != len(wantEngines)+lmcache {
 		bad = append(bad, fmt.Sprintf("%v engine port leases, %d engines and %d LMCache servers run", v, len(wantEngines), lmcache))
