@@ -407,6 +407,21 @@ func readRole(role *harness.Role, lmcacheDeps map[string]bool, baselines map[str
 	if lmcache != wantLMCache {
 		bad = append(bad, fmt.Sprintf("%d LMCache servers run, %d instances keep one", lmcache, wantLMCache))
 	}
+	// A deleted deployment leaves no metric series (nor the router state
+	// behind them).
+	deployedNow := map[string]bool{}
+	for _, d := range snap.Deployments {
+		deployedNow[d.Name] = true
+	}
+	gone := map[string]bool{}
+	for series := range m {
+		if dep := label(series, "deployment"); dep != "" && !deployedNow[dep] {
+			gone[dep] = true
+		}
+	}
+	for dep := range gone {
+		bad = append(bad, fmt.Sprintf("metric series of deleted deployment %s remain", dep))
+	}
 	// Connections to engines that stopped: the role keeps none (a pooled
 	// one whose engine is gone waits, half closed, for a request that
 	// never comes: an open file for good).
