@@ -27,7 +27,7 @@ var _ sdk.Driver = (*handle)(nil)
 // exitNoticeBound bounds the wait, after a transport error, for a dead
 // driver's exit to be noticed (go-plugin reaps it within milliseconds); a
 // driver still running past it is called again as it is.
-const exitNoticeBound = 2 * time.Second
+const exitNoticeBound = 5 * time.Second
 
 // awaitExit waits until the driver process behind rpc is seen exited (or
 // replaced, or being relaunched), ctx ends, or bound passes.
