@@ -27,7 +27,7 @@ import (
 // kills a host agent and the server with SIGKILL and starts them again.
 
 // Fleet is the fleet profile.
-var Fleet = Profile{Name: "fleet", Ops: 300, QuietEvery: 25, Table: true}
+var Fleet = Profile{Name: "fleet", Ops: 300, QuietEvery: 25, Table: true, RoleKill: 10}
 
 // fleetHosts are the fleet's hosts: one 24 GiB card each.
 var fleetHosts = []string{"fleet-a", "fleet-b"}

@@ -35,33 +35,36 @@ func (r *Runner) operations() []operation {
 		for i := range ops {
 			switch ops[i].name {
 			case "kill -9 role":
-				ops[i] = operation{"kill -9 server", 1, (*Runner).killServer}
+				ops[i] = operation{"kill -9 server", r.profile.RoleKill, (*Runner).killServer}
 			case "kill -9 driver":
 				ops[i].run = (*Runner).killFleetDriver
 			}
 		}
-		return append(ops, operation{"kill -9 host agent", 1, (*Runner).opKillHost})
+		return append(ops, operation{"kill -9 host agent", 10, (*Runner).opKillHost})
 	}
 	return r.standaloneOps()
 }
 
-// standaloneOps are the operations on a standalone role.
+// standaloneOps are the operations on a standalone role. Weights are in
+// tenths; the role's kill takes the profile's RoleKill weight (the long
+// profile kills the role rarely, so that each life of the role lasts long
+// enough to show whether its memory grows).
 func (r *Runner) standaloneOps() []operation {
 	return []operation{
-		{"request", 30, (*Runner).opRequest},
-		{"stream", 20, (*Runner).opStream},
-		{"hang-up", 10, (*Runner).opHangUp},
-		{"start", 8, (*Runner).opStart},
-		{"stop", 6, (*Runner).opStop},
-		{"park", 6, (*Runner).opPark},
-		{"wake", 5, (*Runner).opWake},
-		{"deploy", 6, (*Runner).opDeploy},
-		{"update", 4, (*Runner).opUpdate},
-		{"delete", 2, (*Runner).opDelete},
-		{"idle timeout", 2, (*Runner).opIdle},
-		{"kill -9 engine", 2, (*Runner).opKillEngine},
-		{"kill -9 driver", 1, (*Runner).opKillDriver},
-		{"kill -9 role", 1, (*Runner).opKillRole},
+		{"request", 300, (*Runner).opRequest},
+		{"stream", 200, (*Runner).opStream},
+		{"hang-up", 100, (*Runner).opHangUp},
+		{"start", 80, (*Runner).opStart},
+		{"stop", 60, (*Runner).opStop},
+		{"park", 60, (*Runner).opPark},
+		{"wake", 50, (*Runner).opWake},
+		{"deploy", 60, (*Runner).opDeploy},
+		{"update", 40, (*Runner).opUpdate},
+		{"delete", 20, (*Runner).opDelete},
+		{"idle timeout", 20, (*Runner).opIdle},
+		{"kill -9 engine", 20, (*Runner).opKillEngine},
+		{"kill -9 driver", 10, (*Runner).opKillDriver},
+		{"kill -9 role", r.profile.RoleKill, (*Runner).opKillRole},
 	}
 }
 

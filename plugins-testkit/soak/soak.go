@@ -46,12 +46,18 @@ type Profile struct {
 	QuietEvery int
 	// Table prints the table at the end.
 	Table bool
+	// RoleKill is the weight (in tenths, against 1,020 for every other
+	// operation together) of a kill -9 of the role (of the server, in the
+	// fleet profile).
+	RoleKill int
 }
 
 // Profiles.
 var (
-	Short = Profile{Name: "short", Ops: 500, QuietEvery: 25}
-	Long  = Profile{Name: "long", Ops: 20000, MaxDuration: 30 * time.Minute, QuietEvery: 50, Table: true}
+	Short = Profile{Name: "short", Ops: 500, QuietEvery: 25, RoleKill: 10}
+	// Long kills the role about every 1,000 operations: each life has
+	// some 20 quiet points for its memory to show a growth.
+	Long = Profile{Name: "long", Ops: 20000, MaxDuration: 30 * time.Minute, QuietEvery: 50, Table: true, RoleKill: 1}
 )
 
 // ProfileNamed returns a profile by name.
