@@ -459,7 +459,14 @@ func driverErr(err error, what string) error {
 		return se
 	}
 	if code := sdk.CodeOf(err); code != "" {
-		return &structs.Error{Code: structs.Code(code), Message: fmt.Sprintf("%s: %s", what, err.Error()), Cause: err}
+		c := structs.Code(code)
+		if !structs.Known(c) {
+			// IMPORTANT: a code outside the catalogue never reaches a
+			// client (a third-party driver may return any string).
+			e := &structs.Error{Code: structs.CodeDriverError, Message: fmt.Sprintf("%s: %s (driver code %s)", what, err.Error(), code), Cause: err}
+			return e.WithDetail("driver_code", code)
+		}
+		return &structs.Error{Code: c, Message: fmt.Sprintf("%s: %s", what, err.Error()), Cause: err}
 	}
 	if errors.Is(err, sdk.ErrNotSupported) {
 		return structs.Wrap(structs.CodeUnsupported, err, "%s", what)

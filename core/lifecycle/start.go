@@ -306,7 +306,10 @@ func asIs(err error) error { return err }
 func (r *startRun) launchFailed(what string, clearEndpoint bool) func(error) error {
 	return func(err error) error {
 		e := structs.AsError(driverErr(err, what))
-		if e.Code == structs.CodeInternal {
+		switch e.Code {
+		case structs.CodeInternal, structs.CodeInstanceNotFound, structs.CodeDriverError:
+			// The launch failed: the driver's own account is in the
+			// message (a driver relaunched meanwhile no longer knows it).
 			e.Code = structs.CodeLaunchFailed
 		}
 		_ = r.in.transition(structs.StateFailed, e.Message, func(rec *structs.InstanceRecord) {

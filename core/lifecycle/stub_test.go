@@ -44,6 +44,8 @@ type stubDriver struct {
 	probing   atomic.Int32
 	// notGone answers that many Stop calls with processes that remain.
 	notGone atomic.Int32
+	// probeErr, when set, fails every readiness probe with it.
+	probeErr error
 }
 
 func newStub() *stubDriver {
@@ -96,8 +98,11 @@ func (d *stubDriver) Probe(ctx context.Context, r *pb.ProbeRequest) (*pb.ProbeRe
 		}
 	}
 	d.mu.Lock()
-	notReady := d.notReady
+	notReady, probeErr := d.notReady, d.probeErr
 	d.mu.Unlock()
+	if probeErr != nil {
+		return nil, probeErr
+	}
 	if notReady {
 		return &pb.ProbeResponse{Exited: true, Code: "launch_failed", Detail: "the stub exited"}, nil
 	}

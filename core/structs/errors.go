@@ -134,6 +134,12 @@ const (
 	CodeGroupStalled              Code = "group_stalled"
 	CodePeerAddressMissing        Code = "peer_address_missing"
 	CodeRendezvousPortsExhausted  Code = "rendezvous_ports_exhausted"
+	// The codes drivers return (sdk/driver.go) that no other row names,
+	// and a driver's failure without a code.
+	CodeInstanceNotFound Code = "instance_not_found"
+	CodeStopFailed       Code = "stop_failed"
+	CodeInvalidManifest  Code = "invalid_manifest"
+	CodeDriverError      Code = "driver_error"
 )
 
 var catalogue = map[Code]CodeInfo{}
@@ -244,6 +250,16 @@ func init() {
 	row(CodeGroupStalled, 13, false, "the group's bring-up stalled past group_stall_timeout; the group was stopped")
 	row(CodePeerAddressMissing, 2, false, "a group member's host has no peer address (set peer_address, --peer-address or CAPYCTL_PEER_ADDRESS on the host)")
 	row(CodeRendezvousPortsExhausted, 4, true, "every port of the head host's rendezvous_ports range is taken")
+	row(CodeInstanceNotFound, 13, true, "the engine's driver does not know the instance (relaunched during a start, a park or a wake): that effect failed; the instance is stopped or started again")
+	row(CodeStopFailed, 25, true, "the driver could not stop the engine; the instance keeps its memory and its stop is retried")
+	row(CodeInvalidManifest, 2, false, "the custom engine's manifest is invalid (the field named)")
+	row(CodeDriverError, 13, false, "the driver failed a call without a code (the driver's code or message attached); a fault of the driver")
+}
+
+// Known reports whether a code (suffix ignored) is in the catalogue.
+func Known(c Code) bool {
+	_, ok := catalogue[Code(strings.SplitN(string(c), ":", 2)[0])]
+	return ok
 }
 
 // Lookup returns the catalogue row of a code (suffix ignored); unknown codes
