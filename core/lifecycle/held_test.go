@@ -292,3 +292,45 @@ func TestStart_FailedStartWhoseProcessesRemainIsHeldUntilProven(t *testing.T) {
 	}
 	f.expectNothingHeld("after the stop")
 }
+
+// TestStart_FailedStartWithoutIdentities: a Start that failed answering no
+// process identities is proven gone by what the driver's Recover finds
+// from the launch directory: nothing (a refusal before anything was
+// spawned: the instance is failed, nothing held), or a process group the
+// shim recorded (it is stopped, then everything is given back). A Stop of
+// a launch without identities proves nothing (the drivers refuse to
+// signal group 0): before, such a start stayed stopping for good.
+func TestStart_FailedStartWithoutIdentities(t *testing.T) {
+	cases := []struct {
+		name    string
+		spawned int32
+	}{
+		{"nothing spawned", 0},
+		{"its shim recorded a group", 4242},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			f := newFixture(t, 10, 6, 1)
+			f.drv.failStart = structs.Errf(structs.CodeInstallationDrift, "program changed")
+			f.drv.stopNeedsIdentity = true
+			f.drv.spawnedUnrecorded.Store(c.spawned)
+			f.deploy("a")
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			if err := f.m.StartDeployment(ctx, "a", StartOptions{Wait: true}); !structs.HasCode(err, structs.CodeInstallationDrift) {
+				t.Fatalf("start: %v, want installation_drift", err)
+			}
+			if s := f.state("a"); s != structs.StateFailed {
+				t.Fatalf("instance %s, want failed", s)
+			}
+			f.expectNothingHeld("after the failed start")
+			want := int32(1) // the rollback's stop: of the recorded group, or none
+			if c.spawned == 0 {
+				want = 0
+			}
+			if n := f.drv.stops.Load(); n != want {
+				t.Fatalf("%d stops, want %d", n, want)
+			}
+		})
+	}
+}

@@ -30,7 +30,9 @@ func TestStart_FailedStepUndoesWhatWasTaken(t *testing.T) {
 	}{
 		{"plan", 10, func(d *stubDriver) { d.failPlan = structs.Errf(structs.CodeInvalidConfig, "no plan") }, structs.CodeInvalidConfig, structs.CodeInvalidConfig, structs.StateStopped, 0, false},
 		{"reserve", 2, func(d *stubDriver) {}, structs.CodeCapacityBlocked, structs.CodeCapacityBlocked, structs.StateStopped, 0, false},
-		{"launch", 10, func(d *stubDriver) { d.failStart = errors.New("no engine") }, structs.CodeLaunchFailed, structs.CodeActivationFailed, structs.StateFailed, 1, true},
+		// A Start that answered no identities is proven gone by Recover
+		// (TestStart_FailedStartWithoutIdentities), not by a Stop.
+		{"launch", 10, func(d *stubDriver) { d.failStart = errors.New("no engine") }, structs.CodeLaunchFailed, structs.CodeActivationFailed, structs.StateFailed, 0, true},
 		{"probe", 10, func(d *stubDriver) { d.notReady = true }, structs.CodeLaunchFailed, structs.CodeActivationFailed, structs.StateFailed, 1, true},
 	}
 	for _, c := range cases {

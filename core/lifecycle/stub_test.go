@@ -46,6 +46,12 @@ type stubDriver struct {
 	notGone atomic.Int32
 	// probeErr, when set, fails every readiness probe with it.
 	probeErr error
+	// spawnedUnrecorded, when set, is the process group a failed Start
+	// left running without answering it (Recover finds it).
+	spawnedUnrecorded atomic.Int32
+	// stopNeedsIdentity answers a Stop of a launch without identities
+	// as the real drivers do: nothing can be proven.
+	stopNeedsIdentity bool
 }
 
 func newStub() *stubDriver {
@@ -126,8 +132,11 @@ func (d *stubDriver) Wake(_ context.Context, r *pb.WakeRequest) (*pb.WakeRespons
 	return &pb.WakeResponse{Canary: c}, nil
 }
 
-func (d *stubDriver) Stop(context.Context, *pb.StopRequest) (*pb.StopResponse, error) {
+func (d *stubDriver) Stop(_ context.Context, r *pb.StopRequest) (*pb.StopResponse, error) {
 	d.stops.Add(1)
+	if d.stopNeedsIdentity && r.GetLaunch() != nil && r.GetLaunch().GetPgid() == 0 {
+		return &pb.StopResponse{Gone: false, Detail: "refusing to signal process group 0"}, nil
+	}
 	if d.notGone.Add(-1) >= 0 {
 		return &pb.StopResponse{Gone: false, Detail: "the stub's processes remain"}, nil
 	}
@@ -136,6 +145,15 @@ func (d *stubDriver) Stop(context.Context, *pb.StopRequest) (*pb.StopResponse, e
 }
 
 func (d *stubDriver) Recover(_ context.Context, r *pb.RecoverRequest) (*pb.RecoverResponse, error) {
+	if r.GetLaunch().GetPgid() == 0 && d.spawnedUnrecorded.Load() == 0 {
+		// As enginekit.RecoverLaunch: nothing recorded, nothing runs.
+		return &pb.RecoverResponse{State: pb.RecoverState_RECOVER_STATE_GONE, Detail: "no identities recorded"}, nil
+	}
+	if r.GetLaunch().GetPgid() == 0 {
+		// A launch whose shim recorded its identities in its directory.
+		return &pb.RecoverResponse{State: pb.RecoverState_RECOVER_STATE_RUNNING,
+			Launch: &pb.Launch{Pgid: d.spawnedUnrecorded.Load(), LaunchDir: r.GetLaunch().GetLaunchDir()}}, nil
+	}
 	d.mu.Lock()
 	parked := d.parked[r.GetInstanceId()]
 	d.mu.Unlock()

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptrace"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -129,6 +130,17 @@ func (q *requests) do(base, key, model string, stream bool, h hangUp, tokens int
 	req, _ := http.NewRequestWithContext(rctx, http.MethodPost, base+"/v1/chat/completions", strings.NewReader(string(body)))
 	req.Header.Set("Authorization", "Bearer "+key)
 	req.Header.Set("Content-Type", "application/json")
+	// Which connection carried the request, for a failure's report.
+	var conn httptrace.GotConnInfo
+	req = req.WithContext(httptrace.WithClientTrace(req.Context(), &httptrace.ClientTrace{
+		GotConn: func(i httptrace.GotConnInfo) { conn = i },
+	}))
+	connNote := func() string {
+		if conn.Conn == nil {
+			return "no connection"
+		}
+		return fmt.Sprintf("connection %s, reused %v, was idle %v for %s", conn.Conn.LocalAddr(), conn.Reused, conn.WasIdle, conn.IdleTime)
+	}
 	if h.active && h.chunks == 0 {
 		t := time.AfterFunc(h.after, hang)
 		defer t.Stop()
@@ -141,7 +153,7 @@ func (q *requests) do(base, key, model string, stream bool, h hangUp, tokens int
 		case h.active:
 			return "hung up", ""
 		}
-		return "transport error", "the connection failed: " + err.Error()
+		return "transport error", "the connection failed: " + err.Error() + " (" + connNote() + ")"
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
