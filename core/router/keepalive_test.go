@@ -32,8 +32,11 @@ func TestRouter_KeptAliveConnectionAfterAStreamCarriesNoDeadline(t *testing.T) {
 	// A stream long enough to be taken over from net/http, and progress
 	// comments soon while a request waits for its model.
 	e := newEnv(t, envOpts{engine: fakeengine.Config{Tokens: 40, TokenRate: 400},
-		spec:   func(d *structs.Deployment) { d.Limits.ClientReadIdle = structs.Duration(bound) },
-		router: func(c *router.Config) { c.ProgressAfter = 10 * time.Millisecond; c.ProgressEvery = 10 * time.Millisecond }})
+		spec: func(d *structs.Deployment) { d.Limits.ClientReadIdle = structs.Duration(bound) },
+		router: func(c *router.Config) {
+			c.ProgressAfter = 10 * time.Millisecond
+			c.ProgressEvery = 10 * time.Millisecond
+		}})
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 1}}
 	defer client.CloseIdleConnections()
 	send := func(body string) (int, string, bool, error) {
