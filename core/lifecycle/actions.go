@@ -89,12 +89,16 @@ func (m *Manager) DeleteDeployment(ctx context.Context, name string) error {
 	if err != nil {
 		return err
 	}
+	// Being deleted, the instances start no more (deploy.go's retire).
+	retire(insts, true)
 	for _, in := range insts {
 		in.abortStartup()
 		if err := in.do(ctx, cmdStop, "delete"); err != nil {
+			retire(insts, false)
 			return err
 		}
 		if s := in.snapshot().State; s != structs.StateStopped && s != structs.StateFailed {
+			retire(insts, false)
 			return structs.Errf(structs.CodeDeleteRequiresCleanup, "instance %s is still %s", in.id, s)
 		}
 	}

@@ -334,3 +334,67 @@ func TestStart_FailedStartWithoutIdentities(t *testing.T) {
 		})
 	}
 }
+
+// TestDeploy_AStartQueuedBehindTheReplacedInstancesStopRunsNothing: a
+// request's activation picked an instance just before a new revision
+// replaced it, and queued its start behind the stop the update sent. That
+// start must not launch an engine: the old instance is closed once the
+// new one takes its place, and its engine would run outside any
+// deployment, its port leased and its memory charged under the new
+// instance's name (found by the soak: an engine no instance records after
+// two updates in a row under requests).
+func TestDeploy_AStartQueuedBehindTheReplacedInstancesStopRunsNothing(t *testing.T) {
+	f := newFixture(t, 10, 6, 1)
+	f.deploy("a")
+	if err := f.activate("a"); err != nil {
+		t.Fatal(err)
+	}
+	starts := f.drv.starts.Load()
+	f.drv.stopGate = make(chan struct{})
+	updated := make(chan error, 1)
+	go func() {
+		spec := f.spec("a")
+		spec.EngineConfig.MaxConcurrentRequests = 4
+		_, _, err := f.m.Deploy(context.Background(), &spec, DeployOptions{ExpectedRevision: 1})
+		updated <- err
+	}()
+	f.eventually("the update's stop of the old instance under way", func() bool { return f.drv.stopping.Load() == 1 })
+	old := f.m.byIDLocked("a/0")
+	// A request's activation picks the old instance; its start queues
+	// behind the stop.
+	activated := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		activated <- f.m.Activate(ctx, "a")
+	}()
+	f.eventually("the activation waiting on the old instance", func() bool {
+		f.m.mu.Lock()
+		d := f.m.deployments["a"]
+		f.m.mu.Unlock()
+		return d != nil && d.activation != nil
+	})
+	close(f.drv.stopGate)
+	if err := <-updated; err != nil {
+		t.Fatalf("update: %v", err)
+	}
+	// The activation ends one way or the other (refused by the replaced
+	// instance, or joined to the new one); what matters is what runs.
+	<-activated
+	if f.m.byIDLocked("a/0") == old {
+		t.Fatal("the old instance was not replaced")
+	}
+	// Whatever runs is the new instance's: one engine at most, charged
+	// and leased once.
+	rec := f.inst("a")
+	want := 0
+	if rec.State == structs.StateReady {
+		want = 1
+	}
+	if n := f.drv.starts.Load() - starts; n != int32(want) {
+		t.Fatalf("%d engines launched since the update, the new instance is %s", n, rec.State)
+	}
+	if h := f.m.Held(); h.PortLeases != want {
+		t.Fatalf("%d ports leased, the new instance is %s", h.PortLeases, rec.State)
+	}
+}

@@ -75,6 +75,11 @@ type instance struct {
 	stopAsked   atomic.Bool
 	// stopRetrying is set while a chain of stop retries runs (retryStop).
 	stopRetrying atomic.Bool
+	// retired is set once a new revision replaces the instance, or its
+	// deployment is being deleted: it starts no more (a start queued
+	// behind the stop that retires it would launch an engine no
+	// deployment owns any more).
+	retired atomic.Bool
 }
 
 // abortStartup ends the waits of a start under way (for a start slot, for
@@ -265,6 +270,13 @@ func (in *instance) move(to structs.InstanceState, why string, f func(r *structs
 func (in *instance) handle(c *command) error {
 	switch c.kind {
 	case cmdStart:
+		if in.retired.Load() {
+			// IMPORTANT: a request's activation or a retry may have picked
+			// the instance before it was replaced or deleted.
+			e := structs.Errf(structs.CodeUnavailable, "instance %s was replaced or is being deleted; retry", in.id)
+			e.RetryAfter = 1
+			return e
+		}
 		return in.start(c)
 	case cmdPark:
 		return in.park(c.why, false)

@@ -52,6 +52,10 @@ type stubDriver struct {
 	// stopNeedsIdentity answers a Stop of a launch without identities
 	// as the real drivers do: nothing can be proven.
 	stopNeedsIdentity bool
+	// stopGate, when set, holds every Stop until it closes; stopping
+	// counts the Stops that wait there.
+	stopGate chan struct{}
+	stopping atomic.Int32
 }
 
 func newStub() *stubDriver {
@@ -134,6 +138,10 @@ func (d *stubDriver) Wake(_ context.Context, r *pb.WakeRequest) (*pb.WakeRespons
 
 func (d *stubDriver) Stop(_ context.Context, r *pb.StopRequest) (*pb.StopResponse, error) {
 	d.stops.Add(1)
+	if d.stopGate != nil {
+		d.stopping.Add(1)
+		<-d.stopGate
+	}
 	if d.stopNeedsIdentity && r.GetLaunch() != nil && r.GetLaunch().GetPgid() == 0 {
 		return &pb.StopResponse{Gone: false, Detail: "refusing to signal process group 0"}, nil
 	}
