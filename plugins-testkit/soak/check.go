@@ -547,18 +547,31 @@ func (g launchGroup) describe() string {
 	return g.dir + ": " + strings.Join(cmds, ", ")
 }
 
-// launchGroups are the live processes whose working directory is one of
-// the role's launch directories, by process group.
+// launchGroups are the role's launch processes, by process group: those
+// whose working directory is one of its launch directories (engines, LMCache
+// servers), and the launch shims of its state directory (whose working
+// directory is not: a shim left alone by its engine counts too).
 func launchGroups(stateDir string) map[int]launchGroup {
 	out := map[int]launchGroup{}
-	for _, pid := range harness.EnginePIDs(stateDir) {
+	pids := harness.EnginePIDs(stateDir)
+	for _, pid := range harness.Leftovers(stateDir) {
+		if strings.Contains(cmdline(pid), "__capyctl_engine_shim") {
+			pids = append(pids, pid)
+		}
+	}
+	seen := map[int]bool{}
+	for _, pid := range pids {
+		if seen[pid] {
+			continue
+		}
+		seen[pid] = true
 		pgid, err := syscall.Getpgid(pid)
 		if err != nil {
 			continue
 		}
 		g := out[pgid]
 		g.pids = append(g.pids, pid)
-		if cwd, err := os.Readlink("/proc/" + strconv.Itoa(pid) + "/cwd"); err == nil {
+		if cwd, err := os.Readlink("/proc/" + strconv.Itoa(pid) + "/cwd"); err == nil && strings.HasPrefix(cwd, stateDir+"/") {
 			g.dir = strings.TrimPrefix(cwd, stateDir+"/")
 			if strings.Contains(cwd, "-lmcache-") {
 				g.lmcache = true
