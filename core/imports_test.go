@@ -10,6 +10,7 @@ package core_test
 
 import (
 	"os/exec"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -24,7 +25,8 @@ const module = "github.com/capyctl/capyctl"
 // SDK (the driver plugin server of `capyctl driver`, the shim, the flag
 // policy's names), and the first-party drivers (served by `capyctl driver
 // <family>` and asked in process by `capyctl engine flags` when no role
-// runs). Nothing else of the core.
+// runs), and the fake engine's command line (`capyctl fake-engine`, which
+// `capyctl dev` runs). Nothing else of the core.
 var cliAllowed = []string{
 	module + "/cmd/capyctl/command",
 	module + "/core/agent",
@@ -44,6 +46,17 @@ var cliAllowed = []string{
 	module + "/drivers/sglang",
 	module + "/drivers/tensorfold",
 	module + "/drivers/vllm",
+	module + "/plugins-testkit/fakeengine/fakecli",
+}
+
+// binaryTestkitAllowed is what the capyctl binary may link of the testkit:
+// the fake engine of `capyctl dev` (its command line, its engines, and the
+// simulated GPU state it allocates on). Nothing else: a package added here
+// is product code, documented as such.
+var binaryTestkitAllowed = []string{
+	module + "/plugins-testkit/fakeengine",
+	module + "/plugins-testkit/fakeengine/fakecli",
+	module + "/plugins-testkit/simgpu",
 }
 
 // importRule is one layering rule: what pkgs import (directly, or linked
@@ -104,6 +117,47 @@ func TestImportGuards(t *testing.T) {
 			name: "the router links no lifecycle, plugin manager, model downloader or gRPC",
 			pkgs: []string{module + "/core/router"}, deps: true,
 			forbidden: under(module+"/core/lifecycle", module+"/core/pluginmgr", module+"/core/models", "google.golang.org/grpc", "github.com/hashicorp/go-plugin"),
+		},
+		{
+			name: "the replicated state machine links no network, raft, lifecycle or fleet server",
+			pkgs: []string{module + "/core/fleet/fsm"}, deps: true,
+			forbidden: func(pkg string) bool {
+				return pkg == "net/http" || under(module+"/core/fleet/raftlog", module+"/core/lifecycle", module+"/core/api",
+					"github.com/hashicorp/raft", "google.golang.org/grpc")(pkg) || pkg == module+"/core/fleet"
+			},
+		},
+		{
+			name: "the raft log links the state machine, not the fleet server",
+			pkgs: []string{module + "/core/fleet/raftlog"}, deps: true,
+			forbidden: func(pkg string) bool {
+				return pkg == module+"/core/fleet" || under(module+"/core/api", module+"/core/lifecycle")(pkg)
+			},
+		},
+		{
+			// The fake engine is the product's too: `capyctl dev` runs it
+			// as `capyctl fake-engine`, so that the tour needs nothing but
+			// the released binary. It stays in the testkit, beside the
+			// fakes it shares its engines' faithful APIs with, and is the
+			// one part of the testkit the binary may link
+			// (binaryTestkitAllowed); the harness, the conformance suite,
+			// the faults, the port locks and the end-to-end helpers stay
+			// out.
+			name: "the binary links no test support (the testkit but its fake engine, the end-to-end helpers)",
+			pkgs: []string{module + "/cmd/capyctl"}, deps: true,
+			forbidden: func(pkg string) bool {
+				if slices.Contains(binaryTestkitAllowed, pkg) {
+					return false
+				}
+				return under(module+"/plugins-testkit", module+"/cmd/capyctl/internal/e2e")(pkg)
+			},
+		},
+		{
+			// A fake that read the drivers' fact tables could never fail a
+			// test when a driver's fact is wrong: the fakes keep their own
+			// (plugins-testkit/fakeengine/facts.go).
+			name: "the fake engines link nothing of the drivers' facts, the engine kit, the drivers or the core",
+			pkgs: []string{module + "/plugins-testkit/fakeengine", module + "/plugins-testkit/fakeengine/fakecli", module + "/plugins-testkit/cmd/capyctl-fake-engine"}, deps: true,
+			forbidden: under(module+"/sdk/enginefacts", module+"/sdk/enginekit", module+"/drivers", module+"/core"),
 		},
 		{
 			name: "the CLI imports only the agent entry, the client, wire types, job specs and config",

@@ -2,10 +2,13 @@
 // SPDX-License-Identifier: Apache-2.0
 
 // Package scripts_test tests the release and install scripts: release.sh
-// builds an archive with the version and commit embedded and a
-// SHA256SUMS file; install.sh, served that release by a local file
-// server, installs it for a user or system-wide and refuses an archive
-// whose checksum does not match.
+// builds an archive with the version and commit embedded, a SHA256SUMS
+// file and the version's notes from the changelog, and refuses what a
+// release must not be; changelog.sh cuts a version's section; install.sh,
+// served that release by a local file server or given it as a local
+// directory, installs it for a user, system-wide or into a prefix and
+// refuses an archive whose checksum does not match; and the installed
+// capyctl runs `capyctl dev` with nothing else beside it.
 package scripts_test
 
 import (
@@ -28,6 +31,24 @@ const (
 	testVersion = "9.8.7"
 	testCommit  = "abcdef123456"
 )
+
+// testChangelog has the test version's section between two others.
+const testChangelog = `# Changelog
+
+## Unreleased
+
+- **Something to come.**
+
+## 9.8.7 (2027-01-15)
+
+### Features
+
+- **The test release's feature.**
+
+## 9.8.6 (2026-12-01)
+
+- **An older one.**
+`
 
 var (
 	releaseOnce sync.Once
@@ -54,8 +75,13 @@ func release(t *testing.T) string {
 			return
 		}
 		releaseDir = filepath.Join(dir, "dist")
+		changelog := filepath.Join(dir, "CHANGELOG.md")
+		if err := os.WriteFile(changelog, []byte(testChangelog), 0o600); err != nil {
+			releaseErr = err
+			return
+		}
 		cmd := exec.Command("bash", "release.sh", "v"+testVersion, testCommit)
-		cmd.Env = append(os.Environ(), "RELEASE_DIR="+releaseDir, "RELEASE_TARGETS=linux/"+runtime.GOARCH)
+		cmd.Env = append(os.Environ(), "RELEASE_DIR="+releaseDir, "RELEASE_TARGETS=linux/"+runtime.GOARCH, "RELEASE_CHANGELOG="+changelog)
 		releaseLog, releaseErr = cmd.CombinedOutput()
 	})
 	if releaseErr != nil {
@@ -109,7 +135,9 @@ func TestRelease_ArchiveSumsAndVersion(t *testing.T) {
 		t.Fatalf("tar: %v\n%s", err, out)
 	}
 	root := filepath.Join(x, "capyctl-"+testVersion+"-linux-"+runtime.GOARCH)
-	for _, f := range []string{"capyctl", "LICENSE", "README.md", "BUILD", "systemd/system/capyctl-standalone.service", "systemd/user/capyctl-standalone.service"} {
+	for _, f := range []string{"capyctl", "LICENSE", "README.md", "CHANGELOG.md", "BUILD",
+		"configs/systemd/system/capyctl-standalone.service", "configs/systemd/user/capyctl-standalone.service",
+		"configs/jobs/vllm-minimal.hcl", "configs/roles/standalone.hcl"} {
 		if _, err := os.Stat(filepath.Join(root, f)); err != nil {
 			t.Errorf("the archive lacks %s", f)
 		}
@@ -123,8 +151,16 @@ func TestRelease_ArchiveSumsAndVersion(t *testing.T) {
 		t.Fatalf("version of the released binary: %s", out)
 	}
 	build, _ := os.ReadFile(filepath.Join(root, "BUILD"))
-	if !bytes.Contains(build, []byte("commit: "+testCommit)) || !bytes.Contains(build, []byte("nvml: ")) {
+	if !bytes.Contains(build, []byte("commit: "+testCommit)) || !bytes.Contains(build, []byte("nvml: yes")) {
 		t.Fatalf("BUILD:\n%s", build)
+	}
+	notes, err := os.ReadFile(filepath.Join(dir, "RELEASE_NOTES.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := string(notes); !strings.HasPrefix(n, "# CapyCTL "+testVersion+"\n") || !strings.Contains(n, "The test release's feature") ||
+		strings.Contains(n, "Something to come") || strings.Contains(n, "An older one") {
+		t.Fatalf("RELEASE_NOTES.md is not the version's changelog section:\n%s", n)
 	}
 }
 
@@ -192,6 +228,12 @@ func TestInstall(t *testing.T) {
 		}
 		if !strings.Contains(out, "checksum ok") {
 			t.Fatalf("no checksum line:\n%s", out)
+		}
+		if _, err := os.Stat(filepath.Join(home, ".local", "share", "capyctl", "configs", "jobs", "vllm-minimal.hcl")); err != nil {
+			t.Fatalf("the example job specs were not installed: %v\n%s", err, out)
+		}
+		if !strings.Contains(out, "systemctl --user daemon-reload") {
+			t.Fatalf("the next steps omit daemon-reload:\n%s", out)
 		}
 	})
 

@@ -90,16 +90,50 @@ func TestSystemdUnits(t *testing.T) {
 						t.Errorf("%s=%s, want %s", k, got, want)
 					}
 				}
-				if got := strings.Fields(u.one(t, "Service", "RestartPreventExitStatus")); !slices.Equal(got, noRestart) {
+				got := strings.Fields(u.one(t, "Service", "RestartPreventExitStatus"))
+				if !slices.Equal(got, noRestart) {
 					t.Errorf("RestartPreventExitStatus=%v, want the configuration errors' exit codes %v", got, noRestart)
+				}
+				// A busy address at boot (the previous role still
+				// stopping) is retried: the unit restarts on it.
+				for _, c := range []structs.Code{structs.CodeAddressInUse, structs.CodeStoreUnavailable, structs.CodeNotLeader} {
+					if info := structs.Lookup(c); !info.Retryable || slices.Contains(got, strconv.Itoa(info.Exit)) {
+						t.Errorf("%s (exit %d) is not restarted on, or not retryable", c, info.Exit)
+					}
 				}
 				want := map[string]string{"system": "multi-user.target", "user": "default.target"}[scope]
 				if got := u.one(t, "Install", "WantedBy"); got != want {
 					t.Errorf("WantedBy=%s, want %s", got, want)
 				}
 				if scope == "system" {
-					if u.one(t, "Service", "User") != "capyctl" || u.one(t, "Service", "StateDirectory") != "capyctl" {
+					var dirs []string
+					for _, v := range u["Service"]["StateDirectory"] {
+						dirs = append(dirs, strings.Fields(v)...)
+					}
+					if u.one(t, "Service", "User") != "capyctl" || len(dirs) == 0 || dirs[0] != "capyctl" {
 						t.Errorf("a system unit runs as the capyctl user with StateDirectory=capyctl")
+					}
+					env := map[string]string{}
+					for _, e := range u["Service"]["Environment"] {
+						k, v, _ := strings.Cut(e, "=")
+						env[k] = v
+					}
+					state := env["CAPYCTL_STATE_DIR"]
+					if state != "/var/lib/capyctl" {
+						t.Errorf("CAPYCTL_STATE_DIR=%q, want /var/lib/capyctl", state)
+					}
+					// A role that runs engines keeps its models outside
+					// the state directory (the backup page copies the
+					// state, not the models), in a directory systemd
+					// makes for the capyctl user.
+					if role != "server" {
+						models := env["CAPYCTL_MODELS_ROOT"]
+						if models == "" || models == state || strings.HasPrefix(models, state+"/") {
+							t.Errorf("CAPYCTL_MODELS_ROOT=%q: the models must live outside the state directory %s", models, state)
+						}
+						if !slices.Contains(dirs, strings.TrimPrefix(models, "/var/lib/")) {
+							t.Errorf("StateDirectory=%v does not create the models directory %s", dirs, models)
+						}
 					}
 				}
 			})

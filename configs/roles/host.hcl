@@ -14,9 +14,10 @@ role = "host"
 # (env CAPYCTL_STATE_DIR)
 # state_dir = "~/.local/state/capyctl"
 
-# The inference endpoint's address (the API key is always required).
+# The inference endpoint's address (the API key is always required); a host's own endpoint is on loopback by default, since the server reaches the host over the host's own connection.
+# Default: 0.0.0.0:8443; 127.0.0.1:8443 on a host.
 # (env CAPYCTL_LISTEN)
-# listen = "0.0.0.0:8443"
+# listen = "127.0.0.1:8443"
 
 # The management API's address; loopback only.
 # (env CAPYCTL_MANAGEMENT_LISTEN)
@@ -27,16 +28,16 @@ role = "host"
 # (env CAPYCTL_SERVER_ADDRESS)
 # server_address = "gpu-server.example.com:8444"
 
-# This host's address on the group link (its direct link to the other GPU hosts): group engines meet and talk there, unauthenticated.
-# Default: the local address of the host's connection to its server.
+# This host's address on the group link (its direct link to the other GPU hosts): group engines meet and talk there, unauthenticated, so name an address only the GPU hosts reach; a group member on a host without one is refused (peer_address_missing).
+# Default: none: this host runs no group member until it is set.
 # (env CAPYCTL_PEER_ADDRESS)
 # peer_address = ""
 
-# Ports a group head's engines meet on (torch.distributed's store), first-last, on peer_address.
+# Ports a group head's engines meet on, first-last, on peer_address: each head takes seven (torch.distributed's store and the six SGLang binds after it with DP attention).
 # (env CAPYCTL_RENDEZVOUS_PORTS)
 # rendezvous_ports = "25000-25099"
 
-# Group traffic must go over RDMA: a group member on this host never falls back to TCP.
+# A group member's NCCL traffic must go over RDMA: its engine runs with NCCL_NET=IB and fails to start rather than fall back to TCP (rendezvous and Gloo traffic stay on TCP).
 # (env CAPYCTL_REQUIRE_RDMA)
 # require_rdma = false
 
@@ -124,6 +125,26 @@ memory {
     # (env CAPYCTL_MEMORY_GPU_FREE_RESERVE)
     # free_reserve = "auto"
   }
+}
+
+switching {
+  # What a request does when its model must wait for busy models to leave the card: turns (it waits for their turns; served in batches, victims by expected cost) or immediate (it is refused at once with capacity_blocked, the policy before turns).
+  # (env CAPYCTL_SWITCHING_POLICY; one of turns, immediate)
+  # policy = "turns"
+
+  # How long a busy model keeps its turn once another model waits for its memory, counted from that model's longest-waiting request.
+  # (env CAPYCTL_SWITCHING_TURN_TIME)
+  # turn_time = "30s"
+
+  # How many more requests a busy model admits once another model waits for its memory; 0: no bound but switching.turn_time.
+  # (env CAPYCTL_SWITCHING_TURN_REQUESTS)
+  # turn_requests = 0
+}
+
+limits {
+  # How often a streamed request that waits (for a place, a wake, a start or another model's turn) gets an SSE progress comment, which keeps proxies and clients that time out on silence from cutting it.
+  # (env CAPYCTL_LIMITS_PROGRESS_INTERVAL)
+  # progress_interval = "10s"
 }
 
 listener {

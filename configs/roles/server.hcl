@@ -14,7 +14,8 @@ role = "server"
 # (env CAPYCTL_STATE_DIR)
 # state_dir = "~/.local/state/capyctl"
 
-# The inference endpoint's address (the API key is always required).
+# The inference endpoint's address (the API key is always required); a host's own endpoint is on loopback by default, since the server reaches the host over the host's own connection.
+# Default: 0.0.0.0:8443; 127.0.0.1:8443 on a host.
 # (env CAPYCTL_LISTEN)
 # listen = "0.0.0.0:8443"
 
@@ -76,6 +77,10 @@ lifecycle_defaults {
 }
 
 limits {
+  # How often a streamed request that waits (for a place, a wake, a start or another model's turn) gets an SSE progress comment, which keeps proxies and clients that time out on silence from cutting it.
+  # (env CAPYCTL_LIMITS_PROGRESS_INTERVAL)
+  # progress_interval = "10s"
+
   # Requests waiting for a place, all deployments together.
   # (env CAPYCTL_LIMITS_MAX_WAITING_TOTAL)
   # max_waiting_total = 256
@@ -151,4 +156,14 @@ request_ledger {
   # How many request records are kept.
   # (env CAPYCTL_REQUEST_LEDGER_MAX_RECORDS)
   # max_records = 100000
+}
+
+responses {
+  # How long the Responses API keeps a stored response (store: true) for previous_response_id and GET /v1/responses/{id}; 0 keeps none.
+  # (env CAPYCTL_RESPONSES_RETENTION)
+  # retention = "720h"
+
+  # The stored responses' bound, all together: the oldest go first.
+  # (env CAPYCTL_RESPONSES_MAX_BYTES)
+  # max_bytes = "1GiB"
 }

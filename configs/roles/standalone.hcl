@@ -14,7 +14,8 @@ role = "standalone"
 # (env CAPYCTL_STATE_DIR)
 # state_dir = "~/.local/state/capyctl"
 
-# The inference endpoint's address (the API key is always required).
+# The inference endpoint's address (the API key is always required); a host's own endpoint is on loopback by default, since the server reaches the host over the host's own connection.
+# Default: 0.0.0.0:8443; 127.0.0.1:8443 on a host.
 # (env CAPYCTL_LISTEN)
 # listen = "0.0.0.0:8443"
 
@@ -118,7 +119,25 @@ lifecycle_defaults {
   # parked_idle_timeout = ""
 }
 
+switching {
+  # What a request does when its model must wait for busy models to leave the card: turns (it waits for their turns; served in batches, victims by expected cost) or immediate (it is refused at once with capacity_blocked, the policy before turns).
+  # (env CAPYCTL_SWITCHING_POLICY; one of turns, immediate)
+  # policy = "turns"
+
+  # How long a busy model keeps its turn once another model waits for its memory, counted from that model's longest-waiting request.
+  # (env CAPYCTL_SWITCHING_TURN_TIME)
+  # turn_time = "30s"
+
+  # How many more requests a busy model admits once another model waits for its memory; 0: no bound but switching.turn_time.
+  # (env CAPYCTL_SWITCHING_TURN_REQUESTS)
+  # turn_requests = 0
+}
+
 limits {
+  # How often a streamed request that waits (for a place, a wake, a start or another model's turn) gets an SSE progress comment, which keeps proxies and clients that time out on silence from cutting it.
+  # (env CAPYCTL_LIMITS_PROGRESS_INTERVAL)
+  # progress_interval = "10s"
+
   # Requests waiting for a place, all deployments together.
   # (env CAPYCTL_LIMITS_MAX_WAITING_TOTAL)
   # max_waiting_total = 256
@@ -224,4 +243,14 @@ request_ledger {
   # How many request records are kept.
   # (env CAPYCTL_REQUEST_LEDGER_MAX_RECORDS)
   # max_records = 100000
+}
+
+responses {
+  # How long the Responses API keeps a stored response (store: true) for previous_response_id and GET /v1/responses/{id}; 0 keeps none.
+  # (env CAPYCTL_RESPONSES_RETENTION)
+  # retention = "720h"
+
+  # The stored responses' bound, all together: the oldest go first.
+  # (env CAPYCTL_RESPONSES_MAX_BYTES)
+  # max_bytes = "1GiB"
 }

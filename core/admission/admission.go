@@ -17,6 +17,12 @@
 // Lines are per deployment, so a request for a ready model never waits
 // behind requests for a model that is being woken or switched.
 //
+// When models compete for one card, each deployment also has a turn
+// (turns.go): the lifecycle's switch asks the model in the way to end it,
+// the model serves what waits in its line as one batch, then grants nothing
+// until it is ready again, so that a request for it never jumps ahead of an
+// older request for another model.
+//
 // IMPORTANT: every decision that changes counts is taken under the
 // deployment's lock, by the code that changes them; nothing reads a count
 // and acts on it later (a read that gates a mutation is a bug). A mutex and
@@ -259,6 +265,14 @@ type Deployment struct {
 	queue      []*Waiter
 	rr         int
 	synced     any
+	// turn is where the deployment's turn is (turns.go).
+	turn turn
+	// service is the moving average of how long a request holds a place;
+	// gap the moving average of the time between two arrivals, lastArrival
+	// the last one.
+	service     time.Duration
+	gap         time.Duration
+	lastArrival time.Time
 }
 
 // instance is the places of one instance.
@@ -376,6 +390,7 @@ type Place struct {
 	d    *Deployment
 	in   *instance
 	done bool
+	at   time.Time
 	// Instance and Generation name the instance the place is on.
 	Instance   string
 	Generation uint64
@@ -383,7 +398,8 @@ type Place struct {
 
 func (d *Deployment) grant(in *instance) *Place {
 	in.live++
-	return &Place{d: d, in: in, Instance: in.id, Generation: in.gen}
+	d.granted()
+	return &Place{d: d, in: in, Instance: in.id, Generation: in.gen, at: d.c.cfg.Now()}
 }
 
 // Done frees the place: the request ended and the engine is done with it
@@ -397,6 +413,7 @@ func (p *Place) Done() {
 	}
 	p.done = true
 	p.in.live--
+	d.observeHold(d.c.cfg.Now().Sub(p.at))
 	d.dispatch()
 }
 
@@ -415,6 +432,7 @@ func (p *Place) Cut(kind Settle) *Pending {
 		d.dispatch()
 		return nil
 	}
+	d.turnCheck()
 	pe := &Pending{d: d, in: p.in, Kind: kind, Generation: p.Generation, At: d.c.cfg.Now()}
 	p.in.pending = append(p.in.pending, pe)
 	d.saturation()
@@ -605,6 +623,7 @@ func (d *Deployment) checkSaturated() {
 // Waiter is a request waiting in a deployment's line.
 type Waiter struct {
 	d       *Deployment
+	at      time.Time
 	bytes   int64
 	ch      chan struct{}
 	place   *Place
@@ -613,11 +632,13 @@ type Waiter struct {
 }
 
 // Enter admits a request of size bytes: it gets a place at once when one
-// is free and nobody waits ahead of it; otherwise it joins the line and
-// gets a Waiter, or is refused with queue_full when the line is at a bound.
+// is free, nobody waits ahead of it and the deployment's turn has not ended;
+// otherwise it joins the line and gets a Waiter, or is refused with
+// queue_full when the line is at a bound.
 func (d *Deployment) Enter(bytes int64) (*Place, *Waiter, error) {
 	d.mu.Lock()
-	if len(d.queue) == 0 {
+	d.arrived(d.c.cfg.Now())
+	if len(d.queue) == 0 && d.granting() {
 		if in := d.pick(); in != nil {
 			p := d.grant(in)
 			d.mu.Unlock()
@@ -638,12 +659,12 @@ func (d *Deployment) Enter(bytes int64) (*Place, *Waiter, error) {
 	}
 	if c.waitingBytes+bytes > c.cfg.MaxWaitingBytes {
 		c.mu.Unlock()
-		return nil, nil, d.full("the waiting requests' bodies would exceed %d bytes (limits.max_waiting_bytes)", c.cfg.MaxWaitingBytes)
+		return nil, nil, d.full("the waiting requests' bodies would exceed %s (limits.max_waiting_bytes)", structs.FormatBytes(c.cfg.MaxWaitingBytes))
 	}
 	c.waiting++
 	c.waitingBytes += bytes
 	c.mu.Unlock()
-	w := &Waiter{d: d, bytes: bytes, ch: make(chan struct{}), counted: true}
+	w := &Waiter{d: d, at: c.cfg.Now(), bytes: bytes, ch: make(chan struct{}), counted: true}
 	d.queue = append(d.queue, w)
 	d.checkSaturated()
 	return nil, w, nil
@@ -668,9 +689,11 @@ func (d *Deployment) uncount(w *Waiter) {
 	c.mu.Unlock()
 }
 
-// dispatch hands free places to waiters in order; d.mu is held.
+// dispatch hands free places to waiters in order while the deployment's
+// turn lets it; d.mu is held.
 func (d *Deployment) dispatch() {
-	for len(d.queue) > 0 {
+	defer d.turnCheck()
+	for len(d.queue) > 0 && d.granting() {
 		in := d.pick()
 		if in == nil {
 			d.checkSaturated()
@@ -723,6 +746,7 @@ func (w *Waiter) Leave() {
 	}
 	d.queue = slices.DeleteFunc(d.queue, func(x *Waiter) bool { return x == w })
 	d.uncount(w)
+	d.turnCheck()
 }
 
 // Counts is a deployment's admission figures.
@@ -742,6 +766,10 @@ type Counts struct {
 	SettleOnAbort  int `json:"settle_on_abort"`
 	// Instances are the figures per instance.
 	Instances []InstanceCounts `json:"instances,omitempty"`
+	// Turn is "open", "ending" (another model waits for its memory: it
+	// serves its line, then closes) or "ended" (it grants nothing until it
+	// is ready again after a switch).
+	Turn string `json:"turn,omitempty"`
 }
 
 // InstanceCounts is one instance's figures.
@@ -764,7 +792,7 @@ func (ic InstanceCounts) Unsettled() int {
 func (d *Deployment) Counts() Counts {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	out := Counts{Places: d.places, MaxWaiting: d.maxWaiting, Waiting: len(d.queue)}
+	out := Counts{Places: d.places, MaxWaiting: d.maxWaiting, Waiting: len(d.queue), Turn: d.turn.gate.String()}
 	for _, in := range d.instances {
 		ic := InstanceCounts{ID: in.id, Generation: in.gen, Ready: in.ready, Live: in.live}
 		for _, pe := range in.pending {

@@ -3,7 +3,10 @@
 
 package admission
 
-import "strings"
+import (
+	"strings"
+	"time"
+)
 
 // The controller is the one owner of request counts: the router admits and
 // settles requests through it, the lifecycle reads it before it drains,
@@ -56,4 +59,70 @@ func (c *Controller) Stopped(instanceID string, generation uint64) {
 	if d := c.Lookup(DeploymentOf(instanceID)); d != nil {
 		d.Stopped(instanceID, generation)
 	}
+}
+
+// OldestWaiting is when the longest-waiting request for a deployment
+// arrived; ok is false when nobody waits.
+func (c *Controller) OldestWaiting(deployment string) (time.Time, bool) {
+	d := c.Lookup(deployment)
+	if d == nil {
+		return time.Time{}, false
+	}
+	return d.OldestWaiting()
+}
+
+// Contend asks a deployment to end its turn (Deployment.Contend).
+func (c *Controller) Contend(deployment string, requests int, linger time.Duration) <-chan struct{} {
+	return c.Deployment(deployment).Contend(requests, linger)
+}
+
+// CloseTurn ends a deployment's contended turn now (Deployment.CloseTurn).
+func (c *Controller) CloseTurn(deployment string) {
+	if d := c.Lookup(deployment); d != nil {
+		d.CloseTurn()
+	}
+}
+
+// Reopen opens a deployment's gate again (Deployment.Reopen).
+func (c *Controller) Reopen(deployment string) {
+	if d := c.Lookup(deployment); d != nil {
+		d.Reopen()
+	}
+}
+
+// ServiceTime is how long a request of a deployment holds a place, on
+// average (0 when unknown).
+func (c *Controller) ServiceTime(deployment string) time.Duration {
+	if d := c.Lookup(deployment); d != nil {
+		return d.ServiceTime()
+	}
+	return 0
+}
+
+// ArrivalRate is a deployment's recent arrivals per second (0 when
+// unknown).
+func (c *Controller) ArrivalRate(deployment string) float64 {
+	if d := c.Lookup(deployment); d != nil {
+		return d.ArrivalRate()
+	}
+	return 0
+}
+
+// Places is a deployment's running places per instance (DefaultPlaces
+// when the router has not seen it).
+func (c *Controller) Places(deployment string) int {
+	if d := c.Lookup(deployment); d != nil {
+		return d.Counts().Places
+	}
+	return DefaultPlaces
+}
+
+// TurnEnded says why a deployment's last contended turn ended and how many
+// places it granted after it was contended.
+func (c *Controller) TurnEnded(deployment string) (why string, served int) {
+	if d := c.Lookup(deployment); d != nil {
+		t := d.Turn()
+		return t.Why, t.Served
+	}
+	return "", 0
 }

@@ -37,6 +37,7 @@ import (
 	"github.com/capyctl/capyctl/core/lifecycle"
 	"github.com/capyctl/capyctl/core/placement"
 	"github.com/capyctl/capyctl/core/pluginmgr"
+	"github.com/capyctl/capyctl/core/responses"
 	"github.com/capyctl/capyctl/core/router"
 	"github.com/capyctl/capyctl/core/runinfo"
 	"github.com/capyctl/capyctl/core/store"
@@ -90,10 +91,19 @@ type Settings struct {
 	// RequestLedger keeps the request records (zero: the store's defaults;
 	// MaxRecords < 0 turns the ledger off).
 	RequestLedger store.RequestWriterOptions
+	// Responses keeps the Responses API's stored responses (zero: the
+	// defaults; a negative Retention keeps none).
+	Responses responses.Options
 	// ReadyIdle and ParkedIdle are the role's default idle timers for
 	// deployments that set none (lifecycle_defaults.*; 0 = off).
 	ReadyIdle  time.Duration
 	ParkedIdle time.Duration
+	// Switching is how models that compete for one card take turns
+	// (switching.*; zero values take the lifecycle's defaults).
+	Switching lifecycle.SwitchingConfig
+	// ProgressInterval spaces a waiting stream's progress comments
+	// (limits.progress_interval; 0: the router's default).
+	ProgressInterval time.Duration
 	// HostEnv is added to every engine's environment.
 	HostEnv map[string]string
 	// GPU selects the GPU inventory (gpu.provider and the simulated
@@ -156,6 +166,10 @@ func (l ListenerSettings) options(name string, logger hclog.Logger) api.Listener
 	if o.MaxUnauthenticatedPerAddress == 0 {
 		o.MaxUnauthenticatedPerAddress = api.DefaultMaxUnauthenticatedPerAddress
 	}
+	// Any local user can open connections to the management listener's
+	// loopback port: a flood of idle ones gives its slots to the
+	// dashboard's requests (the CLI uses the Unix socket).
+	o.EvictIdle = name == "management"
 	return o.WithDefaults()
 }
 
@@ -188,6 +202,8 @@ type Agent struct {
 	Engines   *engines.Registry
 	Router    *router.Router
 	Requests  *store.RequestWriter
+	// Responses are the Responses API's stored responses.
+	Responses *responses.Store
 	Creds     *runinfo.Credentials
 	// Fleet is the server role's side of the fleet (nil otherwise);
 	// FleetHost the host role's.
@@ -204,9 +220,13 @@ type Agent struct {
 	managementLn net.Listener
 	inferenceLim *api.LimitListener
 	mgmtLim      *api.LimitListener
-	inferenceTLS net.Listener // inferenceLim in TLS, when tls is set
+	mgmtSock     *api.LimitListener // the management API's Unix socket; nil: none
+	inferenceTLS net.Listener       // inferenceLim in TLS, when tls is set
 	inferenceSrv *http.Server
 	mgmtSrv      *http.Server
+
+	// inventory is what the GPU provider found at start.
+	inventory gpu.Inventory
 
 	startedAt time.Time
 	cancel    context.CancelFunc
@@ -338,16 +358,22 @@ func New(s Settings, logger hclog.Logger) (*Agent, error) {
 		ReadyIdleTimeout:  s.ReadyIdle,
 		ParkedIdleTimeout: s.ParkedIdle,
 		Group:             a.groupSettings(),
+		Switching:         s.Switching,
 	})
 	a.Lifecycle = lc
 	a.Engines = engines.New(st, a.Plugins, lc)
 	a.Requests = store.NewRequestWriter(st, ledgerOptions(s.RequestLedger, logger))
+	a.Responses = a.openResponses()
 	a.Router = router.New(router.Config{Lifecycle: lc, Admission: adm, Logger: logger, MaxBodyBytes: s.MaxBodyBytes, DefaultDeadline: s.RequestDeadline,
 		RequestLog: a.Requests, MaxWaitingTotal: s.MaxWaitingTotal, MaxWaitingBytes: s.MaxWaitingBytes,
 		MaxBodyBytesInFlight: s.MaxBodyBytesInFlight, BodyReadTimeout: s.Listener.options("inference", logger).BodyReadTimeout,
-		Collectors: []prometheus.Collector{api.HeldCollector(lc)}})
+		Responses: a.Responses, ProgressEvery: s.ProgressInterval, Collectors: []prometheus.Collector{api.HeldCollector(lc)}})
+	if err := a.Router.Register(lifecycle.SwitchCollector{M: lc}); err != nil {
+		logger.Warn("could not export the switching metrics", "error", err)
+	}
 
 	if err := a.listen(); err != nil {
+		_ = a.Responses.Close()
 		_ = a.Requests.Close()
 		a.closeMemory()
 		st.Close()
@@ -357,6 +383,14 @@ func New(s Settings, logger hclog.Logger) (*Agent, error) {
 }
 
 // ledgerOptions completes the request ledger's options.
+// openResponses starts the Responses API's stored responses on the role's
+// store; the node named in their IDs is the role's host name.
+func (a *Agent) openResponses() *responses.Store {
+	o := a.s.Responses
+	o.Logger, o.Node = a.logger, a.s.Hostname
+	return responses.Open(a.Store, o)
+}
+
 func ledgerOptions(o store.RequestWriterOptions, logger hclog.Logger) store.RequestWriterOptions {
 	def := store.DefaultRequestWriterOptions()
 	if o.MaxRecords == 0 {
@@ -393,6 +427,8 @@ func (a *Agent) openMemory() error {
 	if err != nil {
 		return structs.Wrap(structs.CodeInvalidConfig, err, "gpu.provider %s", opts.Provider)
 	}
+	a.inventory = gpu.Describe(prov)
+	a.logInventory(opts.Provider)
 	placer, err := placement.New(placement.Config{
 		Host: a.s.Hostname, GPU: prov, Memory: a.s.Memory, Store: a.Store, Logger: a.logger,
 	})
@@ -483,18 +519,19 @@ func (a *Agent) listen() error {
 	if ip := net.ParseIP(mhost); mhost != "localhost" && (ip == nil || !ip.IsLoopback()) {
 		return structs.Errf(structs.CodeInvalidConfig, "management_listen %q must be a loopback address", a.s.ManagementListen)
 	}
-	ln, err := net.Listen("tcp", a.s.Listen)
+	ln, err := listenTCP(a.s.Listen, "listen", "--listen")
 	if err != nil {
-		return structs.Wrap(structs.CodeInvalidConfig, err, "listen on %s", a.s.Listen)
+		return err
 	}
-	mln, err := net.Listen("tcp", a.s.ManagementListen)
+	mln, err := listenTCP(a.s.ManagementListen, "management_listen", "--management-listen")
 	if err != nil {
 		ln.Close()
-		return structs.Wrap(structs.CodeInvalidConfig, err, "listen on %s", a.s.ManagementListen)
+		return err
 	}
 	a.inferenceLn, a.managementLn = ln, mln
 	a.inferenceLim = api.NewLimitListener(ln, a.s.Listener.options("inference", a.logger))
 	a.mgmtLim = api.NewLimitListener(mln, a.s.Listener.options("management", a.logger))
+	a.listenManagementSocket()
 	if a.s.TLS.Enabled() {
 		tln, err := api.TLSListener(a.inferenceLim, a.s.TLS, a.logger)
 		if err != nil {
@@ -508,6 +545,35 @@ func (a *Agent) listen() error {
 		a.logger.Warn(w)
 	}
 	return nil
+}
+
+// listenManagementSocket binds the management API's Unix socket in the
+// owner-only run directory (runinfo.ManagementSocketFile): the CLI's way
+// in, which no other local user can open, so no local connection flood
+// locks the operator out (the loopback port stays for the dashboard and
+// controllers). A stale socket of an earlier role is removed: the store,
+// open already, proves no other role runs on this state directory. A
+// path too long for a socket (108 bytes) leaves the CLI on the port.
+func (a *Agent) listenManagementSocket() {
+	path := filepath.Join(a.s.StateDir, runinfo.ManagementSocketFile)
+	if len(path) >= 104 {
+		a.logger.Warn("no management socket: the state directory's path is too long for one; the CLI uses the loopback port", "path", path)
+		return
+	}
+	_ = os.Remove(path)
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		a.logger.Warn("no management socket; the CLI uses the loopback port", "path", path, "error", err)
+		return
+	}
+	if err := os.Chmod(path, 0o600); err != nil {
+		ln.Close()
+		a.logger.Warn("no management socket; the CLI uses the loopback port", "path", path, "error", err)
+		return
+	}
+	o := a.s.Listener.options("management", a.logger)
+	o.Name, o.MaxUnauthenticatedPerAddress, o.EvictIdle = "management-socket", 0, false
+	a.mgmtSock = api.NewLimitListener(ln, o)
 }
 
 // Warnings are what an operator should fix in the running role; the log
@@ -561,11 +627,12 @@ func (a *Agent) Start(ctx context.Context) error {
 	}
 	requestExtras, memoryExtras := api.RequestExtras(a.Router), api.MemoryExtras(a.Placer)
 	backend := &api.Backend{
-		Lifecycle: a.Lifecycle, Store: a.Store, Engines: a.Engines, Router: a.Router, Logger: a.logger,
+		Lifecycle: a.Lifecycle, Store: a.Store, Engines: a.Engines, Router: a.Router, Logger: a.logger, Responses: a.Responses,
 		Role: wire.RoleInfo{
 			Role: a.s.Role, Version: version.Version, Commit: version.GetCommit(), Host: a.s.Hostname,
 			Inference: a.InferenceAddr(), StartedAt: a.startedAt, PID: os.Getpid(),
 			TLS: a.s.TLS.Enabled(), ClientCertificates: a.s.TLS.ClientCAFile != "", Warnings: a.Warnings(),
+			GPU: a.gpuInventory(), ModelsRoot: a.s.ModelsRoot,
 		},
 		Hosts:         a.hosts,
 		RequestLedger: a.requestLedgerStatus,
@@ -579,6 +646,7 @@ func (a *Agent) Start(ctx context.Context) error {
 	}
 	iopts, mopts := a.s.Listener.options("inference", a.logger), a.s.Listener.options("management", a.logger)
 	inference := api.NewInferenceHandler(backend, a.Creds.APIKey)
+	backend.Inference, backend.InferenceKeys = inference, a.playgroundKeys
 	management := api.NewManagementHandler(backend, a.Creds.AdminToken)
 	a.inferenceSrv = api.NewServer(inference, iopts)
 	a.mgmtSrv = api.NewServer(api.BodyDeadline(management, mopts.BodyReadTimeout), mopts)
@@ -624,6 +692,9 @@ func (a *Agent) writeRunInfo() error {
 		Role: a.s.Role, PID: os.Getpid(), Management: a.ManagementAddr(), Inference: a.InferenceAddr(),
 		StartedAt: a.startedAt, Version: version.Version, Host: a.s.Hostname,
 	}
+	if a.mgmtSock != nil {
+		ri.ManagementSocket = a.mgmtSock.Addr().String()
+	}
 	if err := runinfo.WriteRunInfo(a.s.StateDir, ri); err != nil {
 		return structs.Wrap(structs.CodeInternal, err, "write run info")
 	}
@@ -668,6 +739,9 @@ func (a *Agent) Shutdown(ctx context.Context, stopEngines bool) {
 		mcancel()
 	} else {
 		a.managementLn.Close()
+		if a.mgmtSock != nil {
+			a.mgmtSock.Close()
+		}
 	}
 	if a.cancel != nil {
 		a.cancel()
@@ -681,6 +755,9 @@ func (a *Agent) Shutdown(ctx context.Context, stopEngines bool) {
 	if a.Requests != nil {
 		_ = a.Requests.Close()
 	}
+	if a.Responses != nil {
+		_ = a.Responses.Close()
+	}
 	a.closeMemory()
 	a.Store.Close()
 }
@@ -693,12 +770,25 @@ func (a *Agent) Banner(w io.Writer) {
 		fmt.Fprintf(w, "  Warning:     %s\n", warn)
 	}
 	fmt.Fprintf(w, "  Management:  http://%s (admin token, loopback only)\n", a.ManagementAddr())
+	if a.mgmtSock != nil {
+		fmt.Fprintf(w, "               and %s (the CLI's way in: this user only)\n", a.mgmtSock.Addr().String())
+	}
 	fmt.Fprintf(w, "  Dashboard:   http://%s%s (log in with the admin token)\n", a.ManagementAddr(), dashboard.Prefix)
+	if inv := a.gpuInventory(); inv != nil {
+		for i, line := range inv.Lines() {
+			label := "GPUs:"
+			if i > 0 {
+				label = ""
+			}
+			fmt.Fprintf(w, "  %-12s %s\n", label, line)
+		}
+		fmt.Fprintf(w, "  Models:      %s\n", a.s.ModelsRoot)
+	}
 	fmt.Fprintf(w, "  State:       %s\n", a.s.StateDir)
 	fmt.Fprintf(w, "  Credentials: %s\n", filepath.Join(a.s.StateDir, runinfo.CredentialsFile))
 	if a.Fleet != nil {
 		fmt.Fprintf(w, "  Cluster:     %s (hosts dial %s; mutual TLS; CA sha256 %s)\n", a.Fleet.Addr(), a.Fleet.Advertise(), a.Fleet.CAFingerprint())
-		fmt.Fprintf(w, "  Join a host: capyctl create join-token, then on the host: capyctl start host --server %s --join-token <token>\n", a.Fleet.Advertise())
+		fmt.Fprintf(w, "  Join a host: capyctl create join-token, then on the host: capyctl start host --server %s --join-token-file FILE\n", a.Fleet.Advertise())
 		return
 	}
 	if a.FleetHost != nil {

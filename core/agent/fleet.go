@@ -16,9 +16,9 @@ import (
 	"github.com/capyctl/capyctl/core/api/wire"
 	"github.com/capyctl/capyctl/core/config"
 	"github.com/capyctl/capyctl/core/fleet"
-	"github.com/capyctl/capyctl/core/fleet/raftlog"
 	"github.com/capyctl/capyctl/core/hostlink/proto/hostv1"
 	"github.com/capyctl/capyctl/core/lifecycle"
+	"github.com/capyctl/capyctl/core/router"
 	"github.com/capyctl/capyctl/core/runinfo"
 	"github.com/capyctl/capyctl/core/structs"
 	"github.com/capyctl/capyctl/core/version"
@@ -32,18 +32,36 @@ func (a *Agent) openServer() error {
 	if listen == "" {
 		listen = "0.0.0.0:8444"
 	}
+	// The Responses API's stored responses of the requests this server
+	// takes: its IDs name this server (core/fleet/responses.go).
+	a.Responses = a.openResponses()
 	srv, err := fleet.NewServer(fleet.ServerOptions{StateDir: a.s.StateDir, Listen: listen, Advertise: a.s.ClusterAdvertise,
 		Store: a.Store, Logger: a.logger, Heartbeat: a.s.HostHeartbeat,
 		GroupStallTimeout: a.s.GroupStallTimeout,
 		Name:              a.s.Hostname, BootstrapExpect: a.s.BootstrapExpect, Join: a.s.ServerJoin, JoinToken: a.s.JoinToken,
-		OpenRaft: raftlog.OpenFleet})
+		Responses: a.Responses,
+		// One API key and one admin token per cluster: a joining server
+		// takes the cluster's in place of those its first start made.
+		Secrets: func() fleet.ClusterSecrets {
+			return fleet.ClusterSecrets{APIKey: a.Creds.APIKey, AdminToken: a.Creds.AdminToken}
+		},
+		AdoptSecrets: func(cs fleet.ClusterSecrets) error {
+			c := &runinfo.Credentials{APIKey: cs.APIKey, AdminToken: cs.AdminToken}
+			if err := runinfo.WriteCredentials(a.s.StateDir, c); err != nil {
+				return structs.Wrap(structs.CodeInternal, err, "write the cluster's credentials")
+			}
+			a.Creds = c
+			return nil
+		}})
 	if err != nil {
+		_ = a.Responses.Close()
 		a.Store.Close()
 		return err
 	}
 	a.Fleet = srv
 	if err := a.listen(); err != nil {
 		srv.Close()
+		_ = a.Responses.Close()
 		a.Store.Close()
 		return err
 	}
@@ -56,6 +74,20 @@ func (a *Agent) startServer() error {
 	ctx, cancel := context.WithCancel(context.Background())
 	a.cancel = cancel
 	a.Fleet.Start()
+	// The server's own reasons to stop (a command of the replicated log it
+	// cannot apply, its removal from the cluster) stop the role.
+	a.wg.Add(1)
+	go func() {
+		defer a.wg.Done()
+		select {
+		case err := <-a.Fleet.Fatal():
+			select {
+			case a.fatal <- err:
+			default:
+			}
+		case <-ctx.Done():
+		}
+	}()
 	if err := a.Fleet.JoinCluster(ctx); err != nil {
 		return err
 	}
@@ -73,7 +105,9 @@ func (a *Agent) startServer() error {
 		backend.Config = func() *wire.RoleConfig { return rc }
 	}
 	iopts, mopts := a.s.Listener.options("inference", a.logger), a.s.Listener.options("management", a.logger)
-	a.inferenceSrv = api.NewServer(api.BodyDeadline(a.Fleet.InferenceHandler(a.Creds.APIKey, a.s.MaxBodyBytes), iopts.BodyReadTimeout), iopts)
+	inference := a.Fleet.InferenceHandler(a.Creds.APIKey, a.s.MaxBodyBytes, a.s.MaxBodyBytesInFlight)
+	backend.Inference, backend.InferenceKeys = inference, a.playgroundKeys
+	a.inferenceSrv = api.NewServer(api.BodyDeadline(inference, iopts.BodyReadTimeout), iopts)
 	mgmt := api.NewManagementHandler(backend, a.Creds.AdminToken)
 	a.Fleet.ServeManagement(mgmt, a.Creds.AdminToken)
 	a.mgmtSrv = api.NewServer(api.BodyDeadline(mgmt, mopts.BodyReadTimeout), mopts)
@@ -89,6 +123,12 @@ func (a *Agent) serve() {
 	}{{a.inferenceSrv, a.inferenceLim}, {a.mgmtSrv, a.mgmtLim}}
 	if a.inferenceTLS != nil {
 		servers[0].ln = a.inferenceTLS
+	}
+	if a.mgmtSock != nil {
+		servers = append(servers, struct {
+			srv *http.Server
+			ln  net.Listener
+		}{a.mgmtSrv, a.mgmtSock})
 	}
 	for _, p := range servers {
 		a.wg.Add(1)
@@ -137,7 +177,9 @@ func relayHandler(inference, management http.Handler, creds *runinfo.Credentials
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if strings.HasPrefix(r.URL.Path, "/v1/") {
 			r.Header.Set("Authorization", "Bearer "+creds.APIKey)
-			inference.ServeHTTP(w, r)
+			// The server's own members (a Responses request's history and
+			// ID) are honoured on this path only.
+			inference.ServeHTTP(w, r.WithContext(router.WithRelayed(r.Context())))
 			return
 		}
 		r.Header.Set("Authorization", "Bearer "+creds.AdminToken)
@@ -223,9 +265,10 @@ func (a *Agent) Journals() []*hostv1.InstanceJournal {
 		for _, in := range v.Instances {
 			j := &hostv1.InstanceJournal{InstanceId: structs.InstanceID(in.Deployment, in.Index), Generation: in.Generation,
 				Deployment: in.Deployment, State: string(in.State), SinceUnixMs: in.Since.UnixMilli(), Residency: in.Residency,
-				Charges: in.Charges, Message: in.LastTransition}
+				Charges: in.Charges, Message: in.LastTransition, Revision: in.Revision, Phase: in.Phase}
 			if in.LastError != nil {
 				j.Why = string(in.LastError.Code)
+				j.ErrorCode, j.ErrorMessage, j.ErrorUnixMs = string(in.LastError.Code), in.LastError.Message, in.LastError.At.UnixMilli()
 			}
 			out = append(out, j)
 		}
@@ -245,15 +288,12 @@ func (a *Agent) groupSettings() *lifecycle.GroupSettings {
 			gs.FirstPort, gs.LastPort = r.First, r.Last
 		}
 	}
+	// IMPORTANT: no default. Group traffic (the rendezvous store, NCCL and
+	// Gloo) is unauthenticated: it goes on the link the operator names,
+	// never on the interface that happens to reach the server (which may
+	// be the one clients and the internet see). A group member on a host
+	// without peer_address is refused with peer_address_missing.
 	peer := a.s.PeerAddress
-	gs.PeerAddress = func() string {
-		if peer != "" {
-			return peer
-		}
-		if h := a.FleetHost; h != nil {
-			return h.LocalIP()
-		}
-		return ""
-	}
+	gs.PeerAddress = func() string { return peer }
 	return gs
 }

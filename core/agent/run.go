@@ -13,7 +13,9 @@ import (
 
 	"github.com/capyctl/capyctl/core/api"
 	"github.com/capyctl/capyctl/core/config"
+	"github.com/capyctl/capyctl/core/lifecycle"
 	"github.com/capyctl/capyctl/core/pluginmgr"
+	"github.com/capyctl/capyctl/core/responses"
 	"github.com/capyctl/capyctl/core/store"
 )
 
@@ -100,6 +102,7 @@ func Run(ctx context.Context, opts Options) error {
 	if logger == nil {
 		logger = hclog.NewNullLogger()
 	}
+	routeGRPCLogs(logger)
 	a, err := New(opts.Settings, logger)
 	if err != nil {
 		return err
@@ -178,8 +181,13 @@ func SettingsFromConfig(cfg *config.Config) Settings {
 		MaxWaitingTotal: cfg.Limits.MaxWaitingTotal,
 		MaxWaitingBytes: int64(cfg.Limits.MaxWaitingBytes),
 		RequestLedger:   requestLedger(cfg.RequestLedger),
+		Responses:       responsesOptions(cfg),
 		ReadyIdle:       cfg.LifecycleDefaults.ReadyIdleTimeout.D(),
 		ParkedIdle:      cfg.LifecycleDefaults.ParkedIdleTimeout.D(),
+		Switching: lifecycle.SwitchingConfig{
+			Policy: cfg.Switching.Policy, TurnTime: cfg.Switching.TurnTime.D(), TurnRequests: cfg.Switching.TurnRequests,
+		},
+		ProgressInterval: cfg.Limits.ProgressInterval.D(),
 		DriverDeadlines: pluginmgr.Deadlines{
 			Call: cfg.Drivers.CallTimeout.D(), Plan: cfg.Drivers.PlanTimeout.D(), Start: cfg.Drivers.StartTimeout.D(),
 			Park: cfg.Drivers.ParkTimeout.D(), Stop: cfg.Drivers.StopTimeout.D(),
@@ -195,6 +203,22 @@ func noCap(n int) int {
 		return -1
 	}
 	return n
+}
+
+// responsesOptions turns responses.* into the store's options: a
+// retention of 0 keeps nothing. A host (which has no such settings: its
+// server keeps what it relays) keeps, with the defaults, what clients
+// send to its own listener.
+func responsesOptions(cfg *config.Config) responses.Options {
+	if cfg.Role == config.RoleHost {
+		return responses.Options{}
+	}
+	c := cfg.Responses
+	o := responses.Options{Retention: c.Retention.D(), MaxBytes: int64(c.MaxBytes)}
+	if o.Retention == 0 {
+		o.Retention = -1
+	}
+	return o
 }
 
 // requestLedger turns request_ledger.* into the writer's options: disabled

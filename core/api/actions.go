@@ -7,6 +7,7 @@ import (
 	"context"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/gorilla/mux"
@@ -29,7 +30,7 @@ func (b *Backend) readAction(data []byte, name string, allowed ...string) (*wire
 		ok = ok || req.Action == a
 	}
 	if !ok {
-		return nil, nil, structs.Errf(structs.CodeInvalidRequest, "unknown action %q (one of %v)", req.Action, allowed)
+		return nil, nil, structs.Errf(structs.CodeInvalidRequest, "unknown action %q (one of %s)", req.Action, strings.Join(allowed, ", "))
 	}
 	if req.Evict && req.Action != wire.ActionStart {
 		return nil, nil, structs.Errf(structs.CodeInvalidRequest, "evict goes with start only, not %s", req.Action)

@@ -31,6 +31,11 @@ func engineViews(list []engines.Registration) []wire.Engine {
 }
 
 // addRequest is the registry's form of an add request.
+// EngineAddRequest is a registration request as the engine registry takes
+// it (a host registers the engines of the cluster's desired state with
+// it, as its management API does).
+func EngineAddRequest(req wire.EngineAddRequest) engines.AddRequest { return addRequest(req) }
+
 func addRequest(req wire.EngineAddRequest) engines.AddRequest {
 	return engines.AddRequest{
 		Name: req.Name, Family: req.Family, Path: req.Path, Manifest: req.Manifest, ManifestFile: req.ManifestFile,

@@ -5,6 +5,7 @@ package api
 
 import (
 	"net/http"
+	"strings"
 
 	"github.com/gorilla/mux"
 
@@ -14,9 +15,12 @@ import (
 )
 
 // NewInferenceHandler returns the inference API: /v1/models,
-// /v1/chat/completions and /v1/systemone (decision requests), behind the
-// API key. The core's Prometheus metrics are on the management listener
-// (MetricsView), not here.
+// /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/rerank,
+// /v1/systemone (decision requests), OpenAI's Responses API
+// (/v1/responses, with GET and DELETE of a stored response) and
+// Anthropic's Messages API (/v1/messages, /v1/messages/count_tokens),
+// behind the API key. The core's Prometheus metrics are on the management
+// listener (MetricsView), not here.
 func NewInferenceHandler(b *Backend, apiKey string) http.Handler {
 	r := mux.NewRouter()
 	r.HandleFunc("/v1/models", b.Router.Models).Methods(http.MethodGet)
@@ -25,11 +29,17 @@ func NewInferenceHandler(b *Backend, apiKey string) http.Handler {
 	r.HandleFunc("/v1/embeddings", b.Router.Embeddings).Methods(http.MethodPost)
 	r.HandleFunc("/v1/rerank", b.Router.Rerank).Methods(http.MethodPost)
 	r.HandleFunc(decisions.Path, b.Router.Decisions).Methods(http.MethodPost)
+	r.HandleFunc(router.ResponsesPath, b.Router.Responses).Methods(http.MethodPost)
+	r.HandleFunc(router.ResponsesPath+"/{id}", b.getResponse).Methods(http.MethodGet)
+	r.HandleFunc(router.ResponsesPath+"/{id}", b.deleteResponse).Methods(http.MethodDelete)
+	r.HandleFunc(router.ResponsesPath+"/{id}/input_items", b.responseInputItems).Methods(http.MethodGet)
+	r.HandleFunc(router.MessagesPath, b.Router.Messages).Methods(http.MethodPost)
+	r.HandleFunc(router.CountTokensPath, b.Router.CountTokens).Methods(http.MethodPost)
 	r.NotFoundHandler = http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
-		router.WriteError(w, structs.Errf(structs.CodeNotFound, "no route %s %s", req.Method, req.URL.Path))
+		writeInferenceError(w, req, structs.Errf(structs.CodeNotFound, "no route %s %s", req.Method, req.URL.Path))
 	})
 	r.MethodNotAllowedHandler = http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
-		router.WriteError(w, structs.Errf(structs.CodeMethodNotAllowed, "%s is not allowed on %s", req.Method, req.URL.Path))
+		writeInferenceError(w, req, structs.Errf(structs.CodeMethodNotAllowed, "%s is not allowed on %s", req.Method, req.URL.Path))
 	})
 	return inferenceAuth(r, apiKey)
 }
@@ -39,21 +49,52 @@ func NewInferenceHandler(b *Backend, apiKey string) http.Handler {
 // accounting.
 func InferenceAuth(next http.Handler, apiKey string) http.Handler { return inferenceAuth(next, apiKey) }
 
+// anthropicPath reports a path of Anthropic's Messages API, whose answers
+// (errors included) are in Anthropic's shape.
+func anthropicPath(p string) bool {
+	return p == router.MessagesPath || strings.HasPrefix(p, router.MessagesPath+"/")
+}
+
+// writeInferenceError answers an error made outside the router: in
+// Anthropic's shape on the Messages routes, CapyCTL's elsewhere.
+func writeInferenceError(w http.ResponseWriter, r *http.Request, err error) {
+	if w.Header().Get(router.HeaderRequestID) == "" {
+		w.Header().Set(router.HeaderRequestID, router.NewRequestID())
+	}
+	if anthropicPath(r.URL.Path) {
+		router.WriteAnthropicError(w, err)
+		return
+	}
+	router.WriteError(w, err)
+}
+
+// apiKeyOf is the key a request carries: Authorization: Bearer (every
+// route), else x-api-key (Anthropic's header, which its SDK and Claude
+// Code send).
+func apiKeyOf(r *http.Request) string {
+	if k := bearer(r); k != "" {
+		return k
+	}
+	return strings.TrimSpace(r.Header.Get("X-Api-Key"))
+}
+
 // inferenceAuth requires the API key on every route. There is no fallback
 // key and no unauthenticated route. A request without the key is answered
 // 401 without reading its body, on a connection closed after the answer.
+// An authenticated request carries its key's identity (router.Caller) to
+// what it stores.
 func inferenceAuth(next http.Handler, apiKey string) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !tokenEqual(bearer(r), apiKey) {
+		if !tokenEqual(apiKeyOf(r), apiKey) {
 			// IMPORTANT: the body of an unauthenticated request is never
 			// read, and its connection is closed after the 401.
 			closeUnread(w)
-			w.Header().Set(router.HeaderRequestID, router.NewRequestID())
 			w.Header().Set("WWW-Authenticate", `Bearer realm="capyctl"`)
-			router.WriteError(w, structs.Errf(structs.CodeUnauthorized, "missing or wrong API key (send Authorization: Bearer <key>)"))
+			writeInferenceError(w, r, structs.Errf(structs.CodeUnauthorized, "missing or wrong API key (send Authorization: Bearer <key>, or x-api-key: <key>)"))
 			return
 		}
 		markAuthenticated(r)
-		next.ServeHTTP(w, r)
+		// The role's one key; named keys put their own name here.
+		next.ServeHTTP(w, r.WithContext(router.WithCaller(r.Context(), router.Caller{Key: router.DefaultKeyName})))
 	})
 }

@@ -4,6 +4,7 @@
 package api
 
 import (
+	"container/list"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -11,6 +12,7 @@ import (
 	"net"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -47,7 +49,15 @@ type ListenerOptions struct {
 	// address that have not yet carried an authenticated request (0: no
 	// cap).
 	MaxUnauthenticatedPerAddress int
-	Logger                       hclog.Logger
+	// EvictIdle makes a connection over a cap close the oldest connection
+	// (of its address, for the per-address cap) that has not sent a byte
+	// yet, instead of being refused: a flood of idle connections then
+	// holds only the newest ones, and a client that sends its request at
+	// once, as every HTTP client does, is served. The management
+	// listener's dashboard relies on it (any local user can open
+	// connections to loopback).
+	EvictIdle bool
+	Logger    hclog.Logger
 }
 
 // WithDefaults fills the zero durations with the defaults. Zero caps stay
@@ -83,8 +93,10 @@ type LimitListener struct {
 	mu      sync.Mutex
 	open    int
 	unauth  map[string]int // remote address -> connections not yet authenticated
+	idle    list.List      // with EvictIdle: the connections that sent nothing yet, oldest first
 	full    bool           // the cap was reached and logged
 	refused int64
+	evicted int64
 }
 
 // NewLimitListener wraps ln.
@@ -100,48 +112,96 @@ func (l *LimitListener) Accept() (net.Conn, error) {
 		if err != nil {
 			return nil, err
 		}
-		addr := remoteHost(c.RemoteAddr())
-		if why := l.admit(addr); why != "" {
+		t := &trackedConn{Conn: c, l: l, addr: remoteHost(c.RemoteAddr())}
+		why, victim := l.admit(t)
+		if victim != nil {
+			victim.evict()
+		}
+		if why != "" {
 			if tc, ok := c.(*net.TCPConn); ok {
 				_ = tc.SetLinger(0) // a reset: nothing left in TIME_WAIT
 			}
 			_ = c.Close()
 			continue
 		}
-		return &trackedConn{Conn: c, l: l, addr: addr}, nil
+		return t, nil
 	}
 }
 
-// admit counts a new connection, or says why it is refused.
-func (l *LimitListener) admit(addr string) string {
+// admit counts a new connection, or says why it is refused; victim is a
+// connection that sent nothing yet whose slot it took (EvictIdle), which
+// the caller closes.
+func (l *LimitListener) admit(t *trackedConn) (why string, victim *trackedConn) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	addr := t.addr
+	addrFull := l.o.MaxUnauthenticatedPerAddress > 0 && l.unauth[addr] >= l.o.MaxUnauthenticatedPerAddress
 	switch {
 	case l.o.MaxConnections > 0 && l.open >= l.o.MaxConnections:
+		scope := "" // any address's, unless this one is at its own cap too
+		if addrFull {
+			scope = addr
+		}
+		if victim = l.oldestIdleLocked(scope); victim != nil {
+			break
+		}
 		l.refused++
 		if !l.full {
 			l.full = true
 			l.o.Logger.Warn("listener at its connection cap: new connections are refused until some close",
 				"listener", l.o.Name, "address", l.Addr().String(), "max_connections", l.o.MaxConnections)
 		}
-		return "max_connections"
-	case l.o.MaxUnauthenticatedPerAddress > 0 && l.unauth[addr] >= l.o.MaxUnauthenticatedPerAddress:
+		return "max_connections", nil
+	case addrFull:
+		if victim = l.oldestIdleLocked(addr); victim != nil {
+			break
+		}
 		l.refused++
 		l.o.Logger.Debug("connection refused: too many unauthenticated connections from its address",
 			"listener", l.o.Name, "remote", addr, "max_unauthenticated_per_address", l.o.MaxUnauthenticatedPerAddress)
-		return "max_unauthenticated_per_address"
+		return "max_unauthenticated_per_address", nil
+	}
+	if victim != nil {
+		l.releaseLocked(victim) // its slot is the newcomer's
+		l.evicted++
 	}
 	l.open++
 	l.unauth[addr]++
-	return ""
+	t.counted = true
+	if l.o.EvictIdle {
+		t.elem = l.idle.PushBack(t)
+	}
+	return "", victim
 }
 
-// authenticated moves a connection out of its address's unauthenticated
-// count.
-func (l *LimitListener) authenticated(addr string) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.dropUnauth(addr)
+// oldestIdleLocked is the oldest connection (of addr; any for "") that
+// sent nothing yet, nil without EvictIdle or when there is none.
+func (l *LimitListener) oldestIdleLocked(addr string) *trackedConn {
+	for e := l.idle.Front(); e != nil; e = e.Next() {
+		if t := e.Value.(*trackedConn); addr == "" || t.addr == addr {
+			return t
+		}
+	}
+	return nil
+}
+
+// releaseLocked gives a connection's slot back, once.
+func (l *LimitListener) releaseLocked(c *trackedConn) {
+	if !c.counted {
+		return
+	}
+	c.counted = false
+	l.open--
+	if !c.auth {
+		l.dropUnauth(c.addr)
+	}
+	if c.elem != nil {
+		l.idle.Remove(c.elem)
+		c.elem = nil
+	}
+	if l.full && l.open < l.o.MaxConnections {
+		l.full = false
+	}
 }
 
 func (l *LimitListener) dropUnauth(addr string) {
@@ -149,19 +209,6 @@ func (l *LimitListener) dropUnauth(addr string) {
 		l.unauth[addr] = n
 	} else {
 		delete(l.unauth, addr)
-	}
-}
-
-// closed forgets a connection.
-func (l *LimitListener) closed(addr string, unauth bool) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.open--
-	if unauth {
-		l.dropUnauth(addr)
-	}
-	if l.full && l.open < l.o.MaxConnections {
-		l.full = false
 	}
 }
 
@@ -187,6 +234,14 @@ func (l *LimitListener) Refused() int64 {
 	return l.refused
 }
 
+// Evicted returns the number of idle connections closed to make room
+// (EvictIdle) since the start.
+func (l *LimitListener) Evicted() int64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.evicted
+}
+
 func remoteHost(a net.Addr) string {
 	if t, ok := a.(*net.TCPAddr); ok {
 		return t.IP.String()
@@ -207,22 +262,44 @@ type trackedConn struct {
 	l    *LimitListener
 	addr string
 
-	mu     sync.Mutex
-	auth   bool
-	closed bool
+	started atomic.Bool // a byte was read from it
+	// Under l.mu.
+	counted bool          // it holds a slot
+	auth    bool          // it carried an authenticated request
+	elem    *list.Element // in l.idle while it sent nothing (EvictIdle)
+}
+
+// Read implements net.Conn; the first byte takes the connection off the
+// idle list.
+func (c *trackedConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	if n > 0 && !c.started.Load() {
+		c.started.Store(true)
+		c.l.mu.Lock()
+		if c.elem != nil {
+			c.l.idle.Remove(c.elem)
+			c.elem = nil
+		}
+		c.l.mu.Unlock()
+	}
+	return n, err
 }
 
 // Close implements net.Conn; the first one frees the connection's slot.
 func (c *trackedConn) Close() error {
-	c.mu.Lock()
-	first := !c.closed
-	c.closed = true
-	unauth := !c.auth
-	c.mu.Unlock()
-	if first {
-		c.l.closed(c.addr, unauth)
-	}
+	c.l.mu.Lock()
+	c.l.releaseLocked(c)
+	c.l.mu.Unlock()
 	return c.Conn.Close()
+}
+
+// evict closes a connection whose slot was given to another (with a
+// reset: nothing was said on it).
+func (c *trackedConn) evict() {
+	if tc, ok := c.Conn.(*net.TCPConn); ok {
+		_ = tc.SetLinger(0)
+	}
+	_ = c.Conn.Close()
 }
 
 // errNoSyscallConn: the wrapped connection has no file descriptor.
@@ -242,13 +319,13 @@ func (c *trackedConn) SyscallConn() (syscall.RawConn, error) {
 // markAuthenticated records that the connection carried an authenticated
 // request.
 func (c *trackedConn) markAuthenticated() {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.auth || c.closed {
+	c.l.mu.Lock()
+	defer c.l.mu.Unlock()
+	if c.auth || !c.counted {
 		return
 	}
 	c.auth = true
-	c.l.authenticated(c.addr)
+	c.l.dropUnauth(c.addr)
 }
 
 type connKey struct{}

@@ -47,7 +47,7 @@ func ManagementRoutes() []Route {
 		{http.MethodGet, "/deployments", "every deployment's status", false, func(b *Backend) http.HandlerFunc { return b.listDeployments }},
 		{http.MethodPost, "/deployments", "create a deployment: {deployment, activate}; 201", true, func(b *Backend) http.HandlerFunc { return b.createDeployment }},
 		{http.MethodGet, "/deployments/{name}", "one deployment's status and instances", false, func(b *Backend) http.HandlerFunc { return b.getDeployment }},
-		{http.MethodPut, "/deployments/{name}", "a new revision: {deployment, expected_revision, activate}; 200", true, func(b *Backend) http.HandlerFunc { return b.updateDeployment }},
+		{http.MethodPut, "/deployments/{name}", "apply a spec: {deployment, expected_revision, activate}; the spec it has already is a no-op (unchanged: true), another one a new revision (replacing expected_revision when named: a compare-and-set), a missing deployment is created; 200, 201 when created", true, func(b *Backend) http.HandlerFunc { return b.updateDeployment }},
 		{http.MethodDelete, "/deployments/{name}", "stop every instance, prove the processes gone, delete", true, func(b *Backend) http.HandlerFunc { return b.deleteDeployment }},
 		{http.MethodPost, "/deployments/{name}/actions", "start (evict), stop, park or delete: {action, wait, evict, expected_revision}; 202, or 200 when done", true, func(b *Backend) http.HandlerFunc { return b.deploymentAction }},
 		{http.MethodPost, "/deployments/{name}/instances/{index}/actions", "start (evict), stop or park one instance", true, func(b *Backend) http.HandlerFunc { return b.instanceAction }},
@@ -70,6 +70,7 @@ func ManagementRoutes() []Route {
 		{http.MethodGet, "/hosts/{name}/ledger", "a host's GPUs and memory ledger: domains, limits, charges per owner", false, func(b *Backend) http.HandlerFunc { return b.hostLedger }},
 		{http.MethodGet, ViewLoad, "live load per deployment and instance (running, waiting, limits)", false, LoadView},
 		{http.MethodGet, ViewLatency, "latency distributions (router and engine)", false, LatencyView},
+		{http.MethodGet, ViewRequests, "the request log's newest records, newest first (?deployment=&limit=1..500, 50 by default): each request's route (chat, responses, messages, ...), outcome, status, timings and tokens; never its text (on a server: the hosts keep them)", false, RequestsView},
 	}
 }
 
@@ -103,7 +104,8 @@ func NewManagementHandler(b *Backend, adminToken string) http.Handler {
 	r.MethodNotAllowedHandler = notAllowed
 	// The dashboard's page and login, outside the token: the page asks for
 	// the token once and the API then takes its session cookie.
-	dash := dashboard.New(dashboard.Options{AdminToken: adminToken, TokenEqual: tokenEqual, Logger: b.logger().Named("dashboard")})
+	dash := dashboard.New(dashboard.Options{AdminToken: adminToken, TokenEqual: tokenEqual, Logger: b.logger().Named("dashboard"),
+		Inference: b.Inference, Keys: b.InferenceKeys})
 	api := managementAuth(r, adminToken, dash)
 	return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		if req.URL.Path == strings.TrimSuffix(dashboard.Prefix, "/") || strings.HasPrefix(req.URL.Path, dashboard.Prefix) {
@@ -118,6 +120,8 @@ func NewManagementHandler(b *Backend, adminToken string) http.Handler {
 const (
 	ViewLoad    = "/metrics/load"
 	ViewLatency = "/metrics/latency"
+	// ViewRequests is the request log's newest records.
+	ViewRequests = "/requests"
 )
 
 // managementAuth lets through a request with the admin token, or one with
@@ -161,7 +165,7 @@ func readBody(r *http.Request) ([]byte, error) {
 		return nil, structs.Errf(structs.CodeInvalidRequest, "read body: %v", err)
 	}
 	if len(data) > maxManagementBody {
-		return nil, structs.Errf(structs.CodeRequestTooLarge, "body over %d bytes", maxManagementBody)
+		return nil, structs.Errf(structs.CodeRequestTooLarge, "the body is over %s", structs.FormatBytes(maxManagementBody))
 	}
 	return data, nil
 }
@@ -191,6 +195,7 @@ func Status(v *lifecycle.DeploymentView) wire.DeploymentStatus {
 			ID: r.ID(), Index: r.Index, State: string(r.State), Since: r.Since, Revision: r.Revision, Generation: r.Generation,
 			Engine: r.Engine, Driver: r.Driver, Residency: r.Residency, LastTransition: r.LastTransition, LastError: r.LastError,
 			Released: r.Released, Charges: r.Charges, Phase: r.Phase, Parsers: r.Parsers,
+			ParkTier: r.ParkTier, ParkDetail: r.ParkDetail, Timings: r.Timings,
 		}
 		if r.Launch != nil && r.State != structs.StateStopped && r.State != structs.StateFailed {
 			is.Port = r.Launch.Port
@@ -312,14 +317,28 @@ func (b *Backend) deploy(w http.ResponseWriter, r *http.Request, name string) {
 		if name != "" && spec.Name != name {
 			return 0, nil, structs.Errf(structs.CodeInvalidRequest, "the body names deployment %q, the path %q", spec.Name, name)
 		}
-		if name != "" && req.ExpectedRevision == 0 {
-			return 0, nil, structs.Errf(structs.CodeInvalidRequest, "an update must name the revision it replaces (expected_revision)")
-		}
 		if name == "" {
 			if v, err := b.Lifecycle.Deployment(spec.Name); err == nil && req.ExpectedRevision == 0 {
 				return 0, nil, structs.Errf(structs.CodeConflict,
-					"deployment %s exists at revision %d: update it with PUT and expected_revision (capyctl deploy --revision %d)",
-					spec.Name, v.Record.Revision, v.Record.Revision).WithDetail("current_revision", v.Record.Revision)
+					"deployment %s exists at revision %d: apply the spec with PUT /deployments/%s (capyctl deploy --file), or name the revision it replaces (expected_revision, capyctl deploy --revision %d)",
+					spec.Name, v.Record.Revision, spec.Name, v.Record.Revision).WithDetail("current_revision", v.Record.Revision)
+			}
+		}
+		// A PUT converges: the spec the deployment has already is a no-op
+		// (nothing written, nothing restarted), whether or not it names
+		// the current revision; another revision named is a conflict below.
+		if name != "" {
+			if v, err := b.Lifecycle.Deployment(spec.Name); err == nil && structs.SameSpec(&v.Record.Spec, &spec) &&
+				(req.ExpectedRevision == 0 || req.ExpectedRevision == v.Record.Revision) {
+				desired := v.Record.Desired
+				if req.Activate && desired != structs.DesiredRunning {
+					if err := b.Lifecycle.StartDeployment(r.Context(), spec.Name, lifecycle.StartOptions{}); err != nil {
+						return 0, nil, err
+					}
+					desired = structs.DesiredRunning
+				}
+				return http.StatusOK, wire.DeployAccepted{APIVersion: wire.APIVersion, Name: spec.Name, Revision: v.Record.Revision,
+					Unchanged: true, Desired: desired}, nil
 			}
 		}
 		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Minute)

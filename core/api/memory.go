@@ -46,8 +46,13 @@ func HostView(p *placement.Placer) ([]wire.GPU, map[string]any) {
 
 // memoryView builds the wire form of a deployment's memory.
 func memoryView(m placement.DeploymentMemory) wire.MemoryView {
+	var parkedHost *wire.PhaseView
+	if m.ParkedHost != (placement.PhaseCharge{}) {
+		parkedHost = &wire.PhaseView{DeviceBytes: m.ParkedHost.DeviceBytes, HostBytes: m.ParkedHost.HostBytes, Provenance: m.ParkedHost.Provenance}
+	}
 	return wire.MemoryView{
-		Host: m.Host, Domain: m.Domain,
+		ParkedHost: parkedHost,
+		Host:       m.Host, Domain: m.Domain,
 		Startup: wire.StartupView{
 			DeviceBytes: m.Startup.DeviceBytes, HostBytes: m.Startup.HostBytes,
 			DeviceProvenance: m.Startup.DeviceProvenance, HostProvenance: m.Startup.HostProvenance,

@@ -17,9 +17,11 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
+	"github.com/capyctl/capyctl/core/api/dashboard"
 	"github.com/capyctl/capyctl/core/api/wire"
 	"github.com/capyctl/capyctl/core/engines"
 	"github.com/capyctl/capyctl/core/lifecycle"
+	"github.com/capyctl/capyctl/core/responses"
 	"github.com/capyctl/capyctl/core/router"
 	"github.com/capyctl/capyctl/core/store"
 	"github.com/capyctl/capyctl/core/structs"
@@ -55,6 +57,15 @@ type Backend struct {
 	// RequestLedger describes the request ledger's writer for the
 	// snapshot; nil leaves it out.
 	RequestLedger func() *wire.RequestLedgerStatus
+	// Inference is the role's inference API handler (key check
+	// included): the dashboard's playground hands its requests to it;
+	// nil leaves the playground out. InferenceKeys are the keys the
+	// playground may use by name.
+	Inference     http.Handler
+	InferenceKeys func() []dashboard.Key
+	// Responses are the Responses API's stored responses (nil: none
+	// kept).
+	Responses *responses.Store
 
 	keys    keyLocks
 	streams streamSlots

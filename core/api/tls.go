@@ -95,8 +95,14 @@ func (s *certSource) stat() ([]os.FileInfo, error) {
 	return out, nil
 }
 
-// load reads the files into a new configuration.
+// load reads the files into a new configuration. A key file other users
+// can read is refused (its group may: Debian's ssl-cert group shares keys
+// that way).
 func (s *certSource) load(stamps []os.FileInfo) error {
+	if perm := stamps[1].Mode().Perm(); perm&0o007 != 0 {
+		return fmt.Errorf("key_file %s has mode %04o: every local user can read the key (chmod 600 %s, or 640 with a group of the role's user)",
+			s.files.KeyFile, perm, s.files.KeyFile)
+	}
 	cert, err := tls.LoadX509KeyPair(s.files.CertFile, s.files.KeyFile)
 	if err != nil {
 		return fmt.Errorf("load %s and %s: %w", s.files.CertFile, s.files.KeyFile, err)

@@ -5,6 +5,7 @@ package api
 
 import (
 	"net/http"
+	"strconv"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -46,7 +47,7 @@ func loadViews(loads []router.DeploymentLoad) []wire.DeploymentLoad {
 		c := dl.Requests
 		v := wire.DeploymentLoad{Deployment: dl.Deployment, Requests: wire.RequestCounts{
 			Places: c.Places, MaxWaiting: c.MaxWaiting, Waiting: c.Waiting, InFlight: c.Live,
-			SettleWhenIdle: c.SettleWhenIdle, SettleAtStop: c.SettleAtStop, SettleOnAbort: c.SettleOnAbort,
+			SettleWhenIdle: c.SettleWhenIdle, SettleAtStop: c.SettleAtStop, SettleOnAbort: c.SettleOnAbort, Turn: c.Turn,
 		}}
 		if c.Instances != nil {
 			v.Requests.Instances = make([]wire.InstanceRequestCounts, 0, len(c.Instances))
@@ -144,4 +145,43 @@ func (c heldCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descStartSlots, prometheus.GaugeValue, float64(n), family)
 	}
 	ch <- prometheus.MustNewConstMetric(descPortLeases, prometheus.GaugeValue, float64(h.PortLeases))
+}
+
+// Bounds of the requests view's page.
+const (
+	defaultRequestsPage = 50
+	maxRequestsPage     = 500
+)
+
+// RequestsView serves the request log's newest records (?deployment=,
+// ?limit=): what the dashboard lists, each with its route.
+func RequestsView(b *Backend) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		limit := defaultRequestsPage
+		if v := r.URL.Query().Get("limit"); v != "" {
+			n, err := strconv.Atoi(v)
+			if err != nil || n < 1 || n > maxRequestsPage {
+				writeMgmtError(w, structs.Errf(structs.CodeInvalidRequest, "limit must be 1 to %d", maxRequestsPage))
+				return
+			}
+			limit = n
+		}
+		out := wire.RequestsResponse{APIVersion: wire.APIVersion, At: time.Now().UTC(), Requests: []wire.RequestRecord{}}
+		if b.Store != nil {
+			recs, err := b.Store.ListRequests(r.URL.Query().Get("deployment"), limit)
+			if err != nil {
+				writeMgmtError(w, err)
+				return
+			}
+			for _, rec := range recs {
+				out.Requests = append(out.Requests, wire.RequestRecord{
+					ID: rec.ID, Deployment: rec.Deployment, Instance: rec.Instance, Route: rec.API, Stream: rec.Stream,
+					Outcome: rec.Outcome, Code: rec.Code, Status: rec.Status, ReceivedAt: rec.ReceivedAt,
+					QueueMs: rec.QueueMs, ActivationMs: rec.ActivationMs, TTFBMs: rec.TTFBMs, TotalMs: rec.TotalMs,
+					PromptTokens: rec.PromptTokens, CompletionToks: rec.CompletionToks,
+				})
+			}
+		}
+		writeJSON(w, http.StatusOK, out)
+	}
 }

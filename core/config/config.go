@@ -81,11 +81,13 @@ type Config struct {
 	GPU               GPUConfig
 	Memory            MemoryConfig
 	LifecycleDefaults LifecycleDefaults
+	Switching         Switching
 	Limits            Limits
 	Listener          Listener
 	TLS               TLS
 	Shutdown          Shutdown
 	RequestLedger     RequestLedger
+	Responses         Responses
 	Drivers           Drivers
 
 	sources map[string]Source
@@ -121,12 +123,28 @@ type LifecycleDefaults struct {
 	ParkedIdleTimeout structs.Duration
 }
 
+// Switching is how models that compete for one card take turns.
+type Switching struct {
+	// Policy is "turns" (a request for a model that must wait for busy
+	// models waits for their turns) or "immediate" (it is refused at once,
+	// capacity_blocked: the policy before turns).
+	Policy string
+	// TurnTime bounds a busy model's turn once another model waits.
+	TurnTime structs.Duration
+	// TurnRequests bounds the requests a busy model still admits once
+	// another model waits (0: no bound but the time).
+	TurnRequests int
+}
+
 // Limits bound the router's queues and request bodies.
 type Limits struct {
-	MaxWaitingTotal int
-	MaxWaitingBytes structs.ByteSize
-	RequestDeadline structs.Duration
-	MaxBodyBytes    structs.ByteSize
+	// ProgressInterval spaces the SSE progress comments of a waiting
+	// streamed request.
+	ProgressInterval structs.Duration
+	MaxWaitingTotal  int
+	MaxWaitingBytes  structs.ByteSize
+	RequestDeadline  structs.Duration
+	MaxBodyBytes     structs.ByteSize
 	// MaxBodyBytesInFlight bounds the request bodies held in memory, all
 	// together (429 bodies_in_flight_full past it).
 	MaxBodyBytesInFlight structs.ByteSize
@@ -172,6 +190,14 @@ type RequestLedger struct {
 	Enabled    bool
 	Retention  structs.Duration
 	MaxRecords int
+}
+
+// Responses configures the Responses API's stored responses.
+type Responses struct {
+	// Retention is how long a stored response is kept; 0 keeps none.
+	Retention structs.Duration
+	// MaxBytes bounds the stored responses, all together (oldest out).
+	MaxBytes structs.ByteSize
 }
 
 // Source says where a setting's value came from.
@@ -342,6 +368,15 @@ func (c *Config) check() []Problem {
 			c.sources["engine_logs"] = Source{Value: "memory", From: FromDefault, Detail: "retention = zero keeps engine logs in memory"}
 		} else {
 			bad("engine_logs", "retention = zero keeps engine logs in memory only; drop engine_logs = file or the zero retention")
+		}
+	}
+	if c.Retention == "zero" && c.Responses.Retention != 0 {
+		// Stored responses hold prompts and answers: zero retention keeps none.
+		if src, ok := c.sources["responses.retention"]; !ok || src.From == FromDefault {
+			c.Responses.Retention = 0
+			c.sources["responses.retention"] = Source{Value: "0s", From: FromDefault, Detail: "retention = zero stores no response"}
+		} else {
+			bad("responses.retention", "retention = zero stores no response (they hold prompts and answers); drop responses.retention or the zero retention")
 		}
 	}
 	if c.RequestLedger.Enabled && (c.RequestLedger.MaxRecords == 0 || c.RequestLedger.Retention == 0) {

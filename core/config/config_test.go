@@ -133,7 +133,7 @@ func TestLoad_Defaults(t *testing.T) {
 		t.Errorf("memory = %+v", c.Memory)
 	}
 	if c.Limits.MaxWaitingTotal != 256 || c.Limits.MaxWaitingBytes != structs.ByteSize(64*structs.MiB) ||
-		c.Limits.RequestDeadline.String() != "10m0s" || c.Limits.MaxBodyBytes != structs.ByteSize(64*structs.MiB) {
+		c.Limits.RequestDeadline.String() != "10m" || c.Limits.MaxBodyBytes != structs.ByteSize(64*structs.MiB) {
 		t.Errorf("limits = %+v", c.Limits)
 	}
 	if c.Shutdown.DrainTimeout.String() != "30s" || c.LifecycleDefaults != (LifecycleDefaults{}) {
@@ -142,14 +142,14 @@ func TestLoad_Defaults(t *testing.T) {
 	if c.Limits.MaxBodyBytesInFlight != structs.ByteSize(256*structs.MiB) {
 		t.Errorf("limits.max_body_bytes_in_flight = %s", c.Limits.MaxBodyBytesInFlight)
 	}
-	if l := c.Listener; l.ReadHeaderTimeout.String() != "10s" || l.IdleTimeout.String() != "1m0s" || l.BodyReadTimeout.String() != "1m0s" ||
+	if l := c.Listener; l.ReadHeaderTimeout.String() != "10s" || l.IdleTimeout.String() != "1m" || l.BodyReadTimeout.String() != "1m" ||
 		l.MaxConnections != 4096 || l.MaxUnauthenticatedPerAddress != 512 {
 		t.Errorf("listener = %+v", l)
 	}
 	if c.TLS != (TLS{}) {
 		t.Errorf("tls = %+v, want plain HTTP by default", c.TLS)
 	}
-	if !c.RequestLedger.Enabled || c.RequestLedger.Retention.String() != "168h0m0s" || c.RequestLedger.MaxRecords != 100000 {
+	if !c.RequestLedger.Enabled || c.RequestLedger.Retention.String() != "168h" || c.RequestLedger.MaxRecords != 100000 {
 		t.Errorf("request ledger = %+v", c.RequestLedger)
 	}
 	if got := c.Provenance()["hostname"]; got.From != FromDefault || got.Detail != "os.Hostname" {
@@ -213,6 +213,10 @@ func TestLoad_RetentionZero(t *testing.T) {
 	}
 	if got := c.Provenance()["engine_logs"]; got.Value != "memory" || !strings.Contains(got.Detail, "retention = zero") {
 		t.Errorf("engine_logs provenance = %+v", got)
+	}
+	// Stored responses hold prompts and answers: none are kept.
+	if c.Responses.Retention != 0 || !strings.Contains(c.Provenance()["responses.retention"].Detail, "retention = zero") {
+		t.Errorf("responses.retention = %v (%+v) under zero retention, want 0", c.Responses.Retention, c.Provenance()["responses.retention"])
 	}
 }
 
@@ -289,6 +293,7 @@ func TestLoad_Invalid(t *testing.T) {
 		{name: "engine ports hold the listen port", flags: map[string]string{"listen": "0.0.0.0:8150"}, setting: "engine_ports", from: FromDefault, contains: "holds the inference port 8150"},
 		{name: "shared address", flags: map[string]string{"listen": "127.0.0.1:7443"}, setting: "management_listen", from: FromDefault, contains: "cannot share"},
 		{name: "zero retention with file logs", flags: map[string]string{"retention": "zero", "engine_logs": "file"}, setting: "engine_logs", from: FromFlag, contains: "in memory only"},
+		{name: "zero retention with stored responses", flags: map[string]string{"retention": "zero", "responses.retention": "24h"}, setting: "responses.retention", from: FromFlag, contains: "stores no response"},
 		{name: "enabled ledger keeping nothing", flags: map[string]string{"request_ledger.max_records": "0"}, setting: "request_ledger.max_records", from: FromFlag, contains: "enabled = false"},
 		{name: "sim state without the simulated gpu", flags: map[string]string{"gpu.provider": "nvml", "gpu.sim_state": "/tmp/sim.json"}, setting: "gpu.sim_state", from: FromFlag, contains: "simulated provider only"},
 	}

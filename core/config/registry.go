@@ -112,8 +112,22 @@ var registry = []Definition{
 		},
 		parse: pathParser(func(c *Config) *string { return &c.StateDir }, false),
 	},
-	addrSetting("listen", "0.0.0.0:8443", "the inference endpoint's address (the API key is always required)", all, false,
-		func(c *Config) *string { return &c.Listen }),
+	func() Definition {
+		d := addrSetting("listen", "0.0.0.0:8443", "the inference endpoint's address (the API key is always required); a host's own endpoint is on loopback by default, since the server reaches the host over the host's own connection", all, false,
+			func(c *Config) *string { return &c.Listen })
+		d.defaultText = "0.0.0.0:8443; 127.0.0.1:8443 on a host"
+		// A host's own endpoint serves only who reaches it directly: the
+		// server relays over the connection the host opened. Open to the
+		// network, it would be a second door to the host's models that no
+		// placement or the server's limits guard.
+		d.computed = func(c *Config, _ *loadContext) (string, string) {
+			if c.Role == RoleHost {
+				return "127.0.0.1:8443", "a host's own endpoint: loopback"
+			}
+			return "0.0.0.0:8443", ""
+		}
+		return d
+	}(),
 	addrSetting("management_listen", "127.0.0.1:7443", "the management API's address; loopback only", all, true,
 		func(c *Config) *string { return &c.ManagementListen }),
 	addrSetting("cluster_listen", "0.0.0.0:8444", "the address GPU hosts dial: joining, the host link and the relay, mutual TLS only", []string{RoleServer}, false,
@@ -149,8 +163,8 @@ var registry = []Definition{
 		"none: a host needs one", []string{RoleHost}, func(c *Config) *string { return &c.ServerAddress }),
 	{
 		Path: "peer_address", Kind: KindString, Roles: []string{RoleHost},
-		Description: "this host's address on the group link (its direct link to the other GPU hosts): group engines meet and talk there, unauthenticated",
-		defaultText: "the local address of the host's connection to its server",
+		Description: "this host's address on the group link (its direct link to the other GPU hosts): group engines meet and talk there, unauthenticated, so name an address only the GPU hosts reach; a group member on a host without one is refused (peer_address_missing)",
+		defaultText: "none: this host runs no group member until it is set",
 		parse: func(c *Config, _ *loadContext, v string) (string, error) {
 			v = strings.TrimSpace(v)
 			c.PeerAddress = v
@@ -162,14 +176,14 @@ var registry = []Definition{
 	},
 	{
 		Path: "rendezvous_ports", Kind: KindPorts, Default: "25000-25099", Roles: []string{RoleHost},
-		Description: "ports a group head's engines meet on (torch.distributed's store), first-last, on peer_address",
+		Description: "ports a group head's engines meet on, first-last, on peer_address: each head takes seven (torch.distributed's store and the six SGLang binds after it with DP attention)",
 		parse: func(c *Config, _ *loadContext, v string) (string, error) {
 			r, err := ParsePortRange(v)
 			c.RendezvousPorts = r
 			return r.String(), err
 		},
 	},
-	boolSetting("require_rdma", false, "group traffic must go over RDMA: a group member on this host never falls back to TCP", []string{RoleHost},
+	boolSetting("require_rdma", false, "a group member's NCCL traffic must go over RDMA: its engine runs with NCCL_NET=IB and fails to start rather than fall back to TCP (rendezvous and Gloo traffic stay on TCP)", []string{RoleHost},
 		func(c *Config) *bool { return &c.RequireRDMA }),
 	durationSetting("group_stall_timeout", "120s", false,
 		"how long a group's bring-up may go without its head becoming ready before the group is stopped (group_stalled)", []string{RoleServer},
@@ -262,6 +276,18 @@ var registry = []Definition{
 		"stop a parked model idle this long, for deployments that do not say; empty: off", routerSide,
 		func(c *Config) *structs.Duration { return &c.LifecycleDefaults.ParkedIdleTimeout }),
 
+	enumSetting("switching.policy", "turns",
+		"what a request does when its model must wait for busy models to leave the card: turns (it waits for their turns; served in batches, victims by expected cost) or immediate (it is refused at once with capacity_blocked, the policy before turns)",
+		engineSide, []string{"turns", "immediate"}, func(c *Config) *string { return &c.Switching.Policy }),
+	durationSetting("switching.turn_time", "30s", false,
+		"how long a busy model keeps its turn once another model waits for its memory, counted from that model's longest-waiting request", engineSide,
+		func(c *Config) *structs.Duration { return &c.Switching.TurnTime }),
+	intSetting("switching.turn_requests", 0, 0, 1<<20,
+		"how many more requests a busy model admits once another model waits for its memory; 0: no bound but switching.turn_time", engineSide,
+		func(c *Config) *int { return &c.Switching.TurnRequests }),
+	durationSetting("limits.progress_interval", "10s", false,
+		"how often a streamed request that waits (for a place, a wake, a start or another model's turn) gets an SSE progress comment, which keeps proxies and clients that time out on silence from cutting it", all,
+		func(c *Config) *structs.Duration { return &c.Limits.ProgressInterval }),
 	intSetting("limits.max_waiting_total", 256, 0, 1<<20, "requests waiting for a place, all deployments together", routerSide,
 		func(c *Config) *int { return &c.Limits.MaxWaitingTotal }),
 	sizeSetting("limits.max_waiting_bytes", "64MiB", "bytes of waiting request bodies, all together", routerSide,
@@ -338,6 +364,11 @@ var registry = []Definition{
 		func(c *Config) *structs.Duration { return &c.RequestLedger.Retention }),
 	intSetting("request_ledger.max_records", 100_000, 0, 10_000_000, "how many request records are kept", routerSide,
 		func(c *Config) *int { return &c.RequestLedger.MaxRecords }),
+	durationSetting("responses.retention", "720h", false,
+		"how long the Responses API keeps a stored response (store: true) for previous_response_id and GET /v1/responses/{id}; 0 keeps none", routerSide,
+		func(c *Config) *structs.Duration { return &c.Responses.Retention }),
+	sizeSetting("responses.max_bytes", "1GiB", "the stored responses' bound, all together: the oldest go first", routerSide,
+		func(c *Config) *structs.ByteSize { return &c.Responses.MaxBytes }),
 }
 
 func init() {

@@ -56,6 +56,11 @@ func writeNode(w *bufio.Writer, n *node, role, prefix, indent string) {
 		example := d.Default
 		if d.example != "" {
 			example = d.example
+		} else if d.computed != nil {
+			// A default that depends on the role (listen).
+			if v, _ := d.computed(&Config{Role: role}, &loadContext{}); v != "" {
+				example = v
+			}
 		}
 		fmt.Fprintf(w, "%s# %s = %s\n", indent, name, literal(d, example))
 	}

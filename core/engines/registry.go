@@ -10,6 +10,7 @@ import (
 	"context"
 	"regexp"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/capyctl/capyctl/core/structs"
@@ -169,7 +170,7 @@ func (r *Registry) Add(ctx context.Context, req AddRequest) (*Added, error) {
 	out := &Added{Record: rec, ToolchainMissing: det.GetToolchainMissing(), Notes: det.GetNotes(), Details: det.GetDetails()}
 	if len(det.GetToolchainMissing()) > 0 && !req.DryRun {
 		return nil, structs.Errf(structs.CodeToolchainMissing,
-			"the engine needs build tools that are not on its PATH: %v", det.GetToolchainMissing())
+			"the engine needs build tools that are not on its PATH: %s", strings.Join(det.GetToolchainMissing(), ", "))
 	}
 	if req.DryRun {
 		return out, nil
@@ -194,7 +195,7 @@ func (r *Registry) Remove(name string) error {
 		return structs.Errf(structs.CodeEngineNotFound, "no engine %s is registered", name)
 	}
 	if users := r.users.UsesEngine(name); len(users) > 0 {
-		return structs.Errf(structs.CodeEngineInUse, "engine %s is used by %v; delete or redeploy them first", name, users).
+		return structs.Errf(structs.CodeEngineInUse, "engine %s is used by %s; delete or redeploy them first", name, strings.Join(users, ", ")).
 			WithDetail("deployments", users)
 	}
 	return r.store.DeleteEngine(name)

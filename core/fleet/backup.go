@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/capyctl/capyctl/core/api/wire"
+	"github.com/capyctl/capyctl/core/fleet/fsm"
 	"github.com/capyctl/capyctl/core/structs"
 )
 
@@ -34,21 +35,19 @@ import (
 
 // StateSnapshot returns this server's state with its header (api.Servers).
 func (s *Server) StateSnapshot() (wire.StateSnapshot, error) {
-	out := wire.StateSnapshot{CreatedAt: time.Now().UTC(), CAFingerprint: s.CAFingerprint(), Server: s.o.Name}
-	if s.cl != nil {
-		// Read before the state: the state is at this index or after it.
-		st := s.cl.node.Status()
-		out.Server, out.Raft, out.Index, out.Term = s.cl.name, true, st.AppliedIndex, st.Term
-	}
+	// Read before the state: the state is at this index or after it.
+	st := s.cl.node.Stats()
+	out := wire.StateSnapshot{CreatedAt: time.Now().UTC(), CAFingerprint: s.CAFingerprint(), Server: s.cl.name, Raft: true,
+		Index: st.AppliedIndex, Term: st.Term}
 	data, err := s.State.Snapshot()
 	if err != nil {
 		return out, err
 	}
-	snap, err := decodeSnapshot(data)
+	hosts, placements, err := fsm.SnapshotCounts(data)
 	if err != nil {
 		return out, err
 	}
-	out.Hosts, out.Placements, out.State = len(snap.Hosts), len(snap.Placements), data
+	out.Hosts, out.Placements, out.State = hosts, placements, data
 	if err := out.Seal(); err != nil {
 		return out, err
 	}
@@ -62,7 +61,7 @@ func (s *Server) RestoreState(req wire.StateRestoreRequest) (wire.StateRestored,
 	if err := snap.Verify(); err != nil {
 		return wire.StateRestored{}, err
 	}
-	decoded, err := decodeSnapshot(snap.State)
+	hosts, placements, err := fsm.SnapshotCounts(snap.State)
 	if err != nil {
 		return wire.StateRestored{}, err
 	}
@@ -80,12 +79,12 @@ func (s *Server) RestoreState(req wire.StateRestoreRequest) (wire.StateRestored,
 			"this cluster's state has %d hosts and %d placements already; a restore replaces them and forgets engines the snapshot does not place (restore into a fresh cluster, or pass --force)",
 			len(s.State.Hosts()), len(s.State.Placements()))
 	}
-	if err := s.State.Apply(Command{Op: OpRestored, State: snap.State}); err != nil {
+	if err := s.apply(fsm.Restored{State: snap.State}); err != nil {
 		return wire.StateRestored{}, err
 	}
-	s.logger.Info("server state restored from a snapshot", "hosts", len(decoded.Hosts), "placements", len(decoded.Placements),
+	s.logger.Info("server state restored from a snapshot", "hosts", hosts, "placements", placements,
 		"replaced", replaced, "snapshot_server", snap.Server, "snapshot_index", snap.Index, "snapshot_created_at", snap.CreatedAt)
-	s.event("state_restored", "", map[string]any{"hosts": len(decoded.Hosts), "placements": len(decoded.Placements), "replaced": replaced})
+	s.event("state_restored", "", map[string]any{"hosts": hosts, "placements": placements, "replaced": replaced})
 	return wire.StateRestored{APIVersion: wire.APIVersion, Hosts: len(s.State.Hosts()), Placements: len(s.State.Placements()), Replaced: replaced}, nil
 }
 

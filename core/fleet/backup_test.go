@@ -16,6 +16,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/capyctl/capyctl/core/api/wire"
+	"github.com/capyctl/capyctl/core/fleet/fsm"
 	"github.com/capyctl/capyctl/core/pki"
 	"github.com/capyctl/capyctl/core/store"
 	"github.com/capyctl/capyctl/core/structs"
@@ -42,25 +43,19 @@ func testServerWithCA(t *testing.T, from *Server) *Server {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := NewServer(ServerOptions{StateDir: dir, Listen: "127.0.0.1:0", Store: st, Heartbeat: 100 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.Start()
-	t.Cleanup(func() { s.Close(); st.Close() })
-	return s
+	return startTestServer(t, ServerOptions{StateDir: dir, Listen: "127.0.0.1:0", Store: st})
 }
 
 func TestServer_StateSnapshotRestore(t *testing.T) {
 	at := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 	src := testServer(t, ServerOptions{Name: "old"})
-	for _, c := range []Command{
-		{Op: OpHostJoined, Host: "gpu-a", At: at},
-		{Op: OpHostJoined, Host: "gpu-b", At: at},
-		{Op: OpPlaced, At: at, Placement: &Placement{Deployment: "chat", Hosts: []HostShare{{Host: "gpu-a", Instances: 1}, {Host: "gpu-b", Instances: 1}},
+	for _, c := range []fsm.Command{
+		fsm.HostJoined{Host: "gpu-a"},
+		fsm.HostJoined{Host: "gpu-b"},
+		fsm.Placed{Placement: &Placement{Deployment: "chat", Hosts: []HostShare{{Host: "gpu-a", Instances: 1}, {Host: "gpu-b", Instances: 1}},
 			Routes: []string{"chat-model"}, Revision: 2, At: at}},
 	} {
-		if err := src.State.Apply(c); err != nil {
+		if err := src.apply(c); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -68,7 +63,7 @@ func TestServer_StateSnapshotRestore(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if snap.Hosts != 2 || snap.Placements != 1 || snap.CAFingerprint != src.CAFingerprint() || snap.Raft || snap.Server != "old" {
+	if snap.Hosts != 2 || snap.Placements != 1 || snap.CAFingerprint != src.CAFingerprint() || !snap.Raft || snap.Server != "old" || snap.Index == 0 {
 		t.Fatalf("snapshot header: %+v", snap)
 	}
 	// The file is indented by the CLI: the checksum survives it.
@@ -135,39 +130,6 @@ func TestServer_StateSnapshotRestore(t *testing.T) {
 	}
 	if out, err := other.RestoreState(wire.StateRestoreRequest{Snapshot: snap, Force: true}); err != nil || out.Placements != 1 {
 		t.Fatalf("forced restore of another CA: %+v %v", out, err)
-	}
-}
-
-func TestState_RestoredCommandReplacesAndPersists(t *testing.T) {
-	s, st := openTestState(t)
-	path := st.Path()
-	for _, c := range []Command{
-		{Op: OpHostJoined, Host: "stale"},
-		{Op: OpPlaced, Placement: &Placement{Deployment: "old", Hosts: []HostShare{{Host: "stale", Instances: 1}}, Routes: []string{"old-model"}}},
-		{Op: OpRestored, State: json.RawMessage(`{"hosts":[{"name":"gpu-a"}],"placements":[{"deployment":"new","hosts":[{"host":"gpu-a","instances":1}],"routes":["new-model"]}]}`)},
-	} {
-		if err := s.Apply(c); err != nil {
-			t.Fatal(err)
-		}
-	}
-	st.Close()
-	st, err := store.Open(path, store.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	s, err = OpenState(st)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if hs := s.Hosts(); len(hs) != 1 || hs[0].Name != "gpu-a" {
-		t.Fatalf("hosts after a restore and a reopen: %+v", hs)
-	}
-	if _, ok := s.RouteOwner("old-model"); ok {
-		t.Fatal("the replaced placement still routes")
-	}
-	if p, ok := s.RouteOwner("new-model"); !ok || p.Deployment != "new" {
-		t.Fatalf("the restored placement: %+v %v", p, ok)
 	}
 }
 

@@ -24,10 +24,12 @@
 //     router) without a public endpoint: the server places a deployment on
 //     a host and the host's own ledger admits it, parks, wakes and switches
 //     within the host.
-//   - Every change to the server's own state (hosts joined, drained,
-//     removed; deployments placed and unplaced) is a Command applied by
-//     one State machine and written with its log entry in one bbolt
-//     transaction (store.ApplyFleet). State.SetLog routes the commands
-//     through a replicated log instead: core/fleet/raftlog is one on
-//     hashicorp/raft (groundwork; no role opens it yet).
+//   - Every change to the cluster's state (hosts joined, drained,
+//     removed; deployments placed and unplaced) is a typed, versioned
+//     command of core/fleet/fsm, committed through raft (core/fleet/raftlog)
+//     and applied by every server in the log's order. Every server runs
+//     raft: a server alone is a cluster of one voter (servers.go). The
+//     leader's own work starts and stops with its leadership (leader.go);
+//     a follower has the leader commit a change and waits until it
+//     applied it (state.go).
 package fleet

@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/capyctl/capyctl/core/api/wire"
+	"github.com/capyctl/capyctl/core/fleet/fsm"
 	"github.com/capyctl/capyctl/core/hostlink/proto/hostv1"
 	"github.com/capyctl/capyctl/core/store"
 	"github.com/capyctl/capyctl/core/structs"
@@ -35,6 +36,42 @@ type fakeLocal struct {
 	journals  []*hostv1.InstanceJournal
 	cancelled atomic.Int64 // streams whose request context ended early
 	started   chan struct{}
+	changes   signal
+	// desired is every share applied, in order; refuse answers each
+	// engine of a share with its code.
+	desired []*hostv1.Desired
+	refuse  structs.Code
+	applied signal
+}
+
+// Changed implements Local.
+func (l *fakeLocal) Changed() <-chan struct{} { return l.changes.changed() }
+
+// ApplyDesired implements Local: it records the share and refuses each
+// engine with l.refuse when set.
+func (l *fakeLocal) ApplyDesired(_ context.Context, d *hostv1.Desired) []*hostv1.DesiredResult {
+	l.mu.Lock()
+	l.desired = append(l.desired, d)
+	refuse := l.refuse
+	l.mu.Unlock()
+	defer l.applied.publish()
+	var out []*hostv1.DesiredResult
+	if refuse != "" {
+		for _, e := range d.GetEngines() {
+			out = append(out, &hostv1.DesiredResult{Kind: "engine", Name: e.GetName(), Code: string(refuse), Message: "refused here"})
+		}
+	}
+	return out
+}
+
+// lastDesired is the last share applied (nil: none yet).
+func (l *fakeLocal) lastDesired() *hostv1.Desired {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.desired) == 0 {
+		return nil
+	}
+	return l.desired[len(l.desired)-1]
 }
 
 func newFakeLocal() *fakeLocal { return &fakeLocal{started: make(chan struct{}, 64)} }
@@ -61,7 +98,7 @@ func (l *fakeLocal) Events(cursor uint64, _ int) ([]*hostv1.Event, uint64) { ret
 // ends (a hang-up at the server).
 func (l *fakeLocal) RelayHandler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Header.Get("Authorization") != "" {
+		if r.Header.Get("Authorization") != "" || r.Header.Get("X-Api-Key") != "" {
 			http.Error(w, "the relay must not carry the client's credentials", http.StatusBadRequest)
 			return
 		}
@@ -96,15 +133,33 @@ func testServer(t testing.TB, o ServerOptions) *Server {
 		t.Fatal(err)
 	}
 	o.StateDir, o.Listen, o.Store = dir, "127.0.0.1:0", st
+	return startTestServer(t, o)
+}
+
+// startTestServer starts a server of o (a cluster of one voter unless o
+// joins one) and waits until it knows its leader.
+func startTestServer(t testing.TB, o ServerOptions) *Server {
+	t.Helper()
 	if o.Heartbeat == 0 {
 		o.Heartbeat = 100 * time.Millisecond
+	}
+	if o.Name == "" {
+		o.Name = "server-test"
 	}
 	s, err := NewServer(o)
 	if err != nil {
 		t.Fatal(err)
 	}
 	s.Start()
-	t.Cleanup(func() { s.Close(); st.Close() })
+	t.Cleanup(func() { s.Close(); o.Store.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := s.JoinCluster(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if o.Join == "" {
+		poll.Until(t, 10*time.Second, "the server leads", func() bool { return s.leaderOnly() == nil })
+	}
 	return s
 }
 
@@ -300,11 +355,11 @@ func TestRelay_StreamsAndCancelsOnHangUp(t *testing.T) {
 	local := newFakeLocal()
 	joinHost(t, s, "gpu-a", local)
 	waitReady(t, s, "gpu-a")
-	if err := s.State.Apply(Command{Op: OpPlaced, Placement: &Placement{Deployment: "demo", Routes: []string{"demo", "chat"},
+	if err := s.apply(fsm.Placed{Placement: &Placement{Deployment: "demo", Routes: []string{"demo", "chat"},
 		Hosts: []HostShare{{Host: "gpu-a", Instances: 1}}}}); err != nil {
 		t.Fatal(err)
 	}
-	srv := httptest.NewServer(s.InferenceHandler("key", 0))
+	srv := httptest.NewServer(s.InferenceHandler("key", 0, 0))
 	defer srv.Close()
 	post := func(ctx context.Context, body string) (*http.Response, error) {
 		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL+"/v1/chat/completions", strings.NewReader(body))
@@ -322,6 +377,19 @@ func TestRelay_StreamsAndCancelsOnHangUp(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusOK || !strings.Contains(string(b), `"echo":`) {
 		t.Fatalf("relayed answer: %d %s", resp.StatusCode, b)
+	}
+	// Anthropic's x-api-key authenticates too, and is not relayed either.
+	areq, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/messages", strings.NewReader(`{"model":"chat","max_tokens":1,"messages":[]}`))
+	areq.Header.Set("X-Api-Key", "key")
+	areq.Header.Set("Content-Type", "application/json")
+	resp, err = http.DefaultClient.Do(areq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("a request with x-api-key: %d %s", resp.StatusCode, b)
 	}
 	// Unknown model: the server answers it, coded.
 	resp, _ = post(context.Background(), `{"model":"nope"}`)
@@ -381,60 +449,6 @@ func runHostStop(s *Server, name string) func() {
 	}
 }
 
-func TestState_SurvivesReopen(t *testing.T) {
-	s, st := openTestState(t)
-	path := st.Path()
-	for _, c := range []Command{
-		{Op: OpHostJoined, Host: "gpu-a"}, {Op: OpHostJoined, Host: "gpu-b"}, {Op: OpHostJoined, Host: "gpu-c"}, {Op: OpHostDrain, Host: "gpu-b", Drain: true},
-		{Op: OpPlaced, Placement: &Placement{Deployment: "demo", Routes: []string{"chat"}, Hosts: []HostShare{{Host: "gpu-a", Instances: 2}}}},
-		{Op: OpPlaced, Placement: &Placement{Deployment: "gone", Hosts: []HostShare{{Host: "gpu-b", Instances: 1}}}},
-		{Op: OpUnplaced, Deployment: "gone"}, {Op: OpHostRemoved, Host: "gpu-c"},
-	} {
-		if err := s.Apply(c); err != nil {
-			t.Fatal(err)
-		}
-	}
-	// Refusals change nothing: an unknown host, a host that runs a
-	// placement, a placement on a non-member, a route another deployment
-	// answers.
-	for _, c := range []struct {
-		cmd  Command
-		code structs.Code
-	}{
-		{Command{Op: OpHostDrain, Host: "nobody", Drain: true}, structs.CodeNotFound},
-		{Command{Op: OpHostRemoved, Host: "gpu-a"}, structs.CodeConflict},
-		{Command{Op: OpPlaced, Placement: &Placement{Deployment: "x", Hosts: []HostShare{{Host: "gpu-z", Instances: 1}}}}, structs.CodeNotFound},
-		{Command{Op: OpPlaced, Placement: &Placement{Deployment: "y", Routes: []string{"chat"}, Hosts: []HostShare{{Host: "gpu-b", Instances: 1}}}}, structs.CodeConflict},
-	} {
-		if err := s.Apply(c.cmd); !structs.HasCode(err, c.code) {
-			t.Fatalf("%s: %v, want %s", c.cmd.Op, err, c.code)
-		}
-	}
-	st.Close()
-	st, err := store.Open(path, store.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	s, err = OpenState(st)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if hs := s.Hosts(); len(hs) != 2 || hs[0].Name != "gpu-a" || hs[1].Name != "gpu-b" || !hs[1].Drained {
-		t.Fatalf("hosts after reopen: %+v", hs)
-	}
-	if p, ok := s.RouteOwner("chat"); !ok || p.Deployment != "demo" || p.Hosts[0].Instances != 2 {
-		t.Fatalf("route chat after reopen: %+v %v", p, ok)
-	}
-	if _, ok := s.Placement("gone"); ok {
-		t.Fatal("an unplaced deployment came back")
-	}
-	idx, cmds, err := st.FleetLogAfter(0, 100)
-	if err != nil || len(idx) != 8 || !strings.Contains(string(cmds[7]), OpHostRemoved) {
-		t.Fatalf("log: %v %d entries, %v", idx, len(cmds), err)
-	}
-}
-
 func TestJoin_AMemberNameNeedsItsOwnToken(t *testing.T) {
 	s := testServer(t, ServerOptions{})
 	joinHost(t, s, "gpu-a", newFakeLocal())
@@ -452,23 +466,32 @@ func TestJoin_AMemberNameNeedsItsOwnToken(t *testing.T) {
 	}
 }
 
-// TestRenew_RefusedForAHostNoLongerInTheState: a host removed from the
-// replicated state (by another server of a cluster: nothing revoked on
-// this one) renews its certificate nowhere.
-func TestRenew_RefusedForAHostNoLongerInTheState(t *testing.T) {
+// TestRenew_RefusedForANonMember: a host the replicated state does not
+// name renews nowhere: refused at the handshake once removed (its
+// certificates revoked on every server), and host_unknown, which the host
+// retries, when a restored state does not name it yet.
+func TestRenew_RefusedForANonMember(t *testing.T) {
 	s := testServer(t, ServerOptions{})
 	h := joinHost(t, s, "gpu-a", newFakeLocal())
 	waitReady(t, s, "gpu-a")
 	if err := h.renew(context.Background()); err != nil {
 		t.Fatalf("a member's renewal: %v", err)
 	}
-	// What a removal committed by another server leaves here: the state
-	// without the host, this server's own revocation list untouched.
-	if err := s.State.Apply(Command{Op: OpHostRemoved, Host: "gpu-a", At: time.Now().UTC()}); err != nil {
+	// A state restored from a backup that predates the host.
+	if err := s.apply(fsm.Restored{State: []byte(`{"hosts":[],"placements":[]}`)}); err != nil {
 		t.Fatal(err)
 	}
-	err := h.renew(context.Background())
-	if !structs.HasCode(err, structs.CodeHostRevoked) {
-		t.Fatalf("a removed host's renewal: %v, want host_revoked", err)
+	if err := h.renew(context.Background()); !structs.HasCode(err, structs.CodeHostUnknown) {
+		t.Fatalf("an unknown host's renewal: %v, want host_unknown", err)
+	}
+	// Known again, then removed: revoked.
+	if err := s.apply(fsm.HostJoined{Host: "gpu-a"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Remove("gpu-a"); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.renew(context.Background()); err == nil || !strings.Contains(err.Error(), "bad certificate") {
+		t.Fatalf("a removed host's renewal: %v, want refused at the handshake", err)
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/capyctl/capyctl/core/fleet/raftlog"
 	"github.com/capyctl/capyctl/core/structs"
 )
 
@@ -27,11 +28,7 @@ var relayDrop = []string{"Connection", "Keep-Alive", "Proxy-Connection", "Te", "
 // server relayed already is never relayed again.
 func (s *Server) ForwardMutation(next http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		if s.cl == nil {
-			next(w, r)
-			return
-		}
-		st := s.cl.node.Status()
+		st := s.cl.node.Stats()
 		if st.State == "leader" {
 			next(w, r)
 			return
@@ -46,7 +43,7 @@ func (s *Server) ForwardMutation(next http.HandlerFunc) http.HandlerFunc {
 
 // relayToLeader sends one management request to the leader and copies its
 // answer.
-func (s *Server) relayToLeader(w http.ResponseWriter, r *http.Request, st RaftStatus) {
+func (s *Server) relayToLeader(w http.ResponseWriter, r *http.Request, st raftlog.Stats) {
 	body, err := readMgmtBody(r)
 	if err != nil {
 		writeError(w, err)
@@ -87,20 +84,26 @@ func (s *Server) relayToLeader(w http.ResponseWriter, r *http.Request, st RaftSt
 		"status", resp.StatusCode, "took", time.Since(start))
 }
 
-// awaitApplied waits (bounded by appliedWait) until this server applied
-// the log up to idx: a follower answers a relayed mutation once its own
-// state shows it, so the client's next read on it does too.
+// awaitApplied waits (bounded by appliedWait) until this server's state
+// applied the log up to idx, on the state's change signal: a follower
+// answers a relayed mutation once its own state shows it, so the
+// client's next read on it does too. The index is the leader's last one
+// when it answered, which may be a no-op entry raft appended: raft's own
+// applied index covers those.
 func (s *Server) awaitApplied(ctx context.Context, idx uint64) {
 	ctx, cancel := context.WithTimeout(ctx, appliedWait)
 	defer cancel()
-	t := time.NewTicker(10 * time.Millisecond)
-	defer t.Stop()
-	for s.cl.node.Status().AppliedIndex < idx {
+	for {
+		changed, raftChanged := s.State.Changed(), s.cl.node.Changed()
+		if s.State.Applied() >= idx || s.cl.node.Stats().AppliedIndex >= idx {
+			return
+		}
 		select {
 		case <-ctx.Done():
-			s.logger.Debug("a relayed mutation's change is not applied here yet", "index", idx, "applied", s.cl.node.Status().AppliedIndex)
+			s.logger.Debug("a relayed mutation's change is not applied here yet", "index", idx, "applied", s.State.Applied())
 			return
-		case <-t.C:
+		case <-changed:
+		case <-raftChanged:
 		}
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/capyctl/capyctl/core/api/wire"
+	"github.com/capyctl/capyctl/core/fleet/fsm"
 	"github.com/capyctl/capyctl/core/structs"
 )
 
@@ -32,20 +33,6 @@ import (
 
 // DefaultGroupStallTimeout bounds a group's bring-up (group_stall_timeout).
 const DefaultGroupStallTimeout = 120 * time.Second
-
-// GroupPlacement is a group's part of its placement.
-type GroupPlacement struct {
-	// ID names this placement of the group (its members carry it).
-	ID string `json:"id"`
-	// Hosts are the members' hosts in rank order: Hosts[0] runs the head.
-	Hosts []string `json:"hosts"`
-	// HeadAddress and RendezvousPort are where the ranks meet: the head
-	// host's peer address and the port its host picked.
-	HeadAddress      string `json:"head_address,omitempty"`
-	RendezvousPort   int    `json:"rendezvous_port,omitempty"`
-	TensorParallel   int    `json:"tensor_parallel"`
-	PipelineParallel int    `json:"pipeline_parallel"`
-}
 
 // groupOps serialises the operations on each group and keeps the last
 // failure the server recorded for it (status shows it).
@@ -241,7 +228,7 @@ func (s *Server) createGroup(ctx context.Context, hdr http.Header, spec *structs
 		made = append(made, HostShare{Host: host, Instances: 1})
 	}
 	p := &Placement{Deployment: spec.Name, Hosts: made, Routes: spec.Routes, Revision: 1, At: time.Now().UTC(), Group: g}
-	if err := s.State.Apply(Command{Op: OpPlaced, Placement: p}); err != nil {
+	if err := s.apply(fsm.Placed{Placement: p}); err != nil {
 		s.rollback(ctx, spec.Name, made)
 		return nil, err
 	}
@@ -658,25 +645,23 @@ func (s *Server) watchBringUp(name, id string) {
 
 // superviseGroups stops every group one of whose members failed (a killed
 // head or worker: the other ranks exit too, and nothing may be left
-// running on any host). A member whose host is out of reach is uncertain
-// and left as it is until its host is back.
-func (s *Server) superviseGroups() {
+// running on any host), while this server leads (ctx is the leader's). A
+// member whose host is out of reach is uncertain and left as it is until
+// its host is back.
+func (s *Server) superviseGroups(ctx context.Context) {
 	t := time.NewTicker(250 * time.Millisecond)
 	defer t.Stop()
 	for {
 		select {
-		case <-s.ctx.Done():
+		case <-ctx.Done():
 			return
 		case <-t.C:
-		}
-		if s.leaderOnly() != nil {
-			continue // the leader commands hosts; a follower only watches
 		}
 		for _, p := range s.State.Placements() {
 			if p.Group == nil {
 				continue
 			}
-			s.superviseGroup(p)
+			s.superviseGroup(ctx, p)
 		}
 	}
 }
@@ -684,7 +669,7 @@ func (s *Server) superviseGroups() {
 // superviseGroup checks one group from its members' journals: a member
 // whose engine failed or exited on its own stops the whole group (its
 // peers exit too, or hang in a collective), once per failure.
-func (s *Server) superviseGroup(p *Placement) {
+func (s *Server) superviseGroup(ctx context.Context, p *Placement) {
 	g := p.Group
 	id := structs.InstanceID(p.Deployment, 0)
 	type failure struct {
@@ -722,7 +707,7 @@ func (s *Server) superviseGroup(p *Placement) {
 	if len(parts) == 0 {
 		return
 	}
-	s.failGroup(s.ctx, p.Deployment, g, structs.CodeGroupMemberFailed, "member failed: "+strings.Join(parts, "; "))
+	s.failGroup(ctx, p.Deployment, g, structs.CodeGroupMemberFailed, "member failed: "+strings.Join(parts, "; "))
 }
 
 // evictGroups parks (or stops) the groups a host's capacity refusal names
@@ -852,7 +837,7 @@ func (s *Server) ensureGroupUp(ctx context.Context, p *Placement) error {
 // and waits for its answer (a request's activation); not_leader when no
 // leader is known, unavailable when it cannot be reached (retryable).
 func (s *Server) startOnLeader(ctx context.Context, name string) error {
-	st := s.cl.node.Status()
+	st := s.cl.node.Stats()
 	if st.LeaderAddress == "" {
 		return s.notLeader(st)
 	}
@@ -917,7 +902,8 @@ func (s *Server) unplace(ctx context.Context, p *Placement) error {
 			return err
 		}
 	}
-	return s.State.Apply(Command{Op: OpUnplaced, Deployment: p.Deployment})
+	err := s.apply(fsm.Unplaced{Deployment: p.Deployment})
+	return err
 }
 
 // withGroupsOn completes a capacity refusal read from a member's record

@@ -23,6 +23,7 @@ import (
 
 	"github.com/capyctl/capyctl/core/api"
 	"github.com/capyctl/capyctl/core/api/wire"
+	"github.com/capyctl/capyctl/core/fleet/fsm"
 	"github.com/capyctl/capyctl/core/jobspec"
 	"github.com/capyctl/capyctl/core/structs"
 )
@@ -59,8 +60,8 @@ func (s *Server) ManagementOverrides(role func() wire.RoleInfo) map[string]http.
 		"GET /deployments/{name}/effective-config":           s.toFirstHost,
 		"GET /deployments/{name}/engine-log":                 s.engineLog,
 		"GET /engines":                                       s.listEngines,
-		"POST /engines":                                      s.toAllHosts,
-		"DELETE /engines/{name}":                             s.toAllHosts,
+		"POST /engines":                                      s.addEngine,
+		"DELETE /engines/{name}":                             s.removeEngine,
 		"GET /engine-flags/{family}":                         s.toAnyHost,
 		"GET /hosts/{name}/ledger":                           s.hostLedger,
 		"GET " + api.ViewLoad:                                s.loadView,
@@ -126,7 +127,7 @@ func readMgmtBody(r *http.Request) ([]byte, error) {
 		return nil, structs.Errf(structs.CodeInvalidRequest, "read the body: %v", err)
 	}
 	if len(data) > maxMgmtBody {
-		return nil, structs.Errf(structs.CodeRequestTooLarge, "the body is over %d bytes", maxMgmtBody)
+		return nil, structs.Errf(structs.CodeRequestTooLarge, "the body is over %s", structs.FormatBytes(maxMgmtBody))
 	}
 	return data, nil
 }
@@ -371,18 +372,23 @@ func (s *Server) create(r *http.Request, data []byte) (*wire.DeploymentStatus, e
 	}
 	if len(shares) == 0 || sumShares(shares) < n {
 		s.rollback(ctx, spec.Name, shares)
-		return nil, structs.Errf(structs.CodeCapacityBlocked, "no placement for %d instance(s) of %s: %s", n, spec.Name, describeRefusals(refusals)).
+		code := structs.CodeCapacityBlocked
+		if allCodes(refusals, structs.CodeEngineNotFound) {
+			// No host has the engine: not a matter of room.
+			code = structs.CodeEngineNotFound
+		}
+		return nil, structs.Errf(code, "no placement for %d instance(s) of %s: %s", n, spec.Name, describeRefusals(refusals)).
 			WithDetail("hosts", refusals)
 	}
 	p := &Placement{Deployment: spec.Name, Hosts: shares, Routes: spec.Routes, Revision: 1, At: time.Now().UTC()}
-	if err := s.State.Apply(Command{Op: OpPlaced, Placement: p}); err != nil {
+	if err := s.apply(fsm.Placed{Placement: p}); err != nil {
 		s.rollback(ctx, spec.Name, shares)
 		return nil, err
 	}
 	st := s.deploymentStatus(ctx, p)
 	if st.Revision != 0 && st.Revision != p.Revision {
 		p.Revision = st.Revision
-		_ = s.State.Apply(Command{Op: OpPlaced, Placement: p})
+		_ = s.apply(fsm.Placed{Placement: p})
 	}
 	return &st, nil
 }
@@ -607,6 +613,16 @@ func withInstances(depJSON json.RawMessage, n int, activate bool) ([]byte, error
 	return json.Marshal(map[string]any{"deployment": dep, "activate": activate})
 }
 
+// allCodes reports whether every host refused with code.
+func allCodes(refusals map[string]any, code structs.Code) bool {
+	for _, v := range refusals {
+		if m, _ := v.(map[string]any); m == nil || m["code"] != string(code) {
+			return false
+		}
+	}
+	return len(refusals) > 0
+}
+
 func describeRefusals(refusals map[string]any) string {
 	var parts []string
 	for host, v := range refusals {
@@ -666,7 +682,7 @@ func (s *Server) deleteDeployment(w http.ResponseWriter, r *http.Request) {
 		}
 		last = data
 	}
-	if err := s.State.Apply(Command{Op: OpUnplaced, Deployment: name}); err != nil {
+	if err := s.apply(fsm.Unplaced{Deployment: name}); err != nil {
 		writeError(w, err)
 		return
 	}
@@ -774,7 +790,7 @@ func (s *Server) toEveryHost(w http.ResponseWriter, r *http.Request) {
 	st := s.deploymentStatus(r.Context(), p)
 	if st.Revision != 0 {
 		p.Revision = st.Revision
-		_ = s.State.Apply(Command{Op: OpPlaced, Placement: p})
+		_ = s.apply(fsm.Placed{Placement: p})
 	}
 	writeJSON(w, code, st)
 }
@@ -791,8 +807,8 @@ func sameInstances(body []byte, p *Placement) error {
 		return structs.Errf(structs.CodeInvalidRequest, "the body is not valid JSON: %v", err)
 	}
 	if n, placed := req.Deployment.Instances, sumShares(p.Hosts); n != 0 && n != placed {
-		return structs.Errf(structs.CodeUnsupported, "deployment %s runs %d instance(s) over hosts %v; a server does not re-spread an update's %d: delete it and deploy it again",
-			p.Deployment, placed, p.HostNames(), n).WithDetail("instances", placed)
+		return structs.Errf(structs.CodeUnsupported, "deployment %s runs %d instance(s) over hosts %s; a server does not re-spread an update's %d: delete it and deploy it again",
+			p.Deployment, placed, strings.Join(p.HostNames(), ", "), n).WithDetail("instances", placed)
 	}
 	return nil
 }

@@ -28,58 +28,80 @@ const relayBufSize = 2 << 10
 
 var relayBufs = sync.Pool{New: func() any { b := make([]byte, relayBufSize); return &b }}
 
-// hopHeaders are not relayed (RFC 9110 7.6.1), nor are the client's
-// credentials: the host link is the server's own authentication.
-var hopHeaders = []string{"Connection", "Keep-Alive", "Proxy-Connection", "Transfer-Encoding", "Upgrade", "Te", "Trailer",
-	"Authorization", "Content-Length", "Cookie"}
-
 // InferenceHandler is the server's inference API: every request is
-// relayed to a host that runs the model, behind the API key.
-func (s *Server) InferenceHandler(apiKey string, maxBody int64) http.Handler {
-	if maxBody <= 0 {
-		maxBody = 64 << 20
-	}
+// relayed to a host that runs the model, behind the API key. Each body is
+// at most maxBody bytes and all bodies held at once at most maxInFlight
+// (limits.max_body_bytes, limits.max_body_bytes_in_flight; 0: the
+// router's defaults).
+func (s *Server) InferenceHandler(apiKey string, maxBody, maxInFlight int64) http.Handler {
+	bodies := router.NewBodyLimiter(maxBody, maxInFlight)
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /v1/models", s.models)
-	mux.HandleFunc("POST /v1/", func(w http.ResponseWriter, r *http.Request) { s.relayInference(w, r, maxBody) })
+	mux.HandleFunc("POST /v1/", func(w http.ResponseWriter, r *http.Request) { s.relayInference(w, r, bodies) })
+	s.handleResponses(mux, bodies) // the Responses API's stored responses (responses.go)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		router.WriteError(w, structs.Errf(structs.CodeNotFound, "no route %s %s", r.Method, r.URL.Path))
+		relayError(w, r, structs.Errf(structs.CodeNotFound, "no route %s %s", r.Method, r.URL.Path))
 	})
 	return api.InferenceAuth(mux, apiKey)
 }
 
 // relayInference relays one inference request to the least busy reachable
 // host of the model's placement.
-func (s *Server) relayInference(w http.ResponseWriter, r *http.Request, maxBody int64) {
+func (s *Server) relayInference(w http.ResponseWriter, r *http.Request, bodies *router.BodyLimiter) {
+	body, release, ok := readRelayBody(w, r, bodies)
+	defer release()
+	if ok {
+		s.relayBody(w, r, body, nil)
+	}
+}
+
+// readRelayBody reads an inference request's body within the server's
+// bounds (limits.max_body_bytes, and all bodies in flight together
+// limits.max_body_bytes_in_flight); false when it answered why not. The
+// body counts against the bound until release, which the caller calls
+// once the host has it (when its handler returns).
+func readRelayBody(w http.ResponseWriter, r *http.Request, bodies *router.BodyLimiter) (body []byte, release func(), ok bool) {
 	// The host's router names the request (its request ledger holds it
 	// under that ID) and its answer carries it; an answer the server
 	// makes itself gets an ID of its own. The client's X-Request-Id
 	// travels as it is.
 	w.Header().Set(router.HeaderRequestID, router.NewRequestID())
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
+	body, release, err := bodies.Read(r)
 	if err != nil {
-		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
-			router.WriteError(w, structs.Errf(structs.CodeRequestTooLarge, "the request body is over %d bytes", maxBody))
-			return
-		}
-		router.WriteError(w, structs.Errf(structs.CodeInvalidRequest, "read the request body: %v", err))
+		router.CloseUnread(w) // refused before it was read whole
+		relayError(w, r, err)
+		return nil, release, false
+	}
+	return body, release, true
+}
+
+// relayError answers an error the server makes itself: in Anthropic's
+// shape on the Messages routes, CapyCTL's elsewhere.
+func relayError(w http.ResponseWriter, r *http.Request, err error) {
+	if p := r.URL.Path; p == router.MessagesPath || strings.HasPrefix(p, router.MessagesPath+"/") {
+		router.WriteAnthropicError(w, err)
 		return
 	}
-	var head struct {
-		Model string `json:"model"`
-	}
-	if err := json.Unmarshal(body, &head); err != nil {
-		router.WriteError(w, structs.Errf(structs.CodeInvalidRequest, "the body is not valid JSON: %v", err))
+	router.WriteError(w, err)
+}
+
+// relayBody relays one inference request's body to a host of the model;
+// tap, when set, sees the host's answer before the client does.
+func (s *Server) relayBody(w http.ResponseWriter, r *http.Request, body []byte, tap func(*http.Response)) {
+	// The model as the host's router reads it (by its exact name): the
+	// server places the request where the host serves the same model.
+	model, err := router.RequestModel(body)
+	if err != nil {
+		relayError(w, r, structs.Errf(structs.CodeInvalidRequest, "%v", err))
 		return
 	}
-	if head.Model == "" {
-		router.WriteError(w, structs.Errf(structs.CodeInvalidRequest, "the request names no model"))
+	if model == "" {
+		relayError(w, r, structs.Errf(structs.CodeInvalidRequest, "the request names no model"))
 		return
 	}
-	p, ok := s.State.RouteOwner(head.Model)
+	p, ok := s.State.RouteOwner(model)
 	if !ok {
-		router.WriteError(w, structs.Errf(structs.CodeUnknownModel, "no deployment serves model %q (GET /v1/models lists them)", head.Model))
+		relayError(w, r, structs.Errf(structs.CodeUnknownModel, "no deployment serves model %q (GET /v1/models lists them)", model))
 		return
 	}
 	// A request that never left the server (the host's relay closed
@@ -99,7 +121,7 @@ func (s *Server) relayInference(w http.ResponseWriter, r *http.Request, maxBody 
 		hosts = p.Group.Hosts[:1]
 		if err := s.ensureGroupUp(r.Context(), p); err != nil {
 			if r.Context().Err() == nil {
-				router.WriteError(w, err)
+				relayError(w, r, err)
 			}
 			return
 		}
@@ -108,10 +130,10 @@ func (s *Server) relayInference(w http.ResponseWriter, r *http.Request, maxBody 
 	for attempt := 0; ; attempt++ {
 		host, done = s.pick(hosts)
 		if host == "" {
-			e := structs.Errf(structs.CodeHostUnreachable, "every host of deployment %s is out of reach of the server (%v); its instances are uncertain", p.Deployment, p.HostNames()).
+			e := structs.Errf(structs.CodeHostUnreachable, "every host of deployment %s is out of reach of the server (%s); its instances are uncertain", p.Deployment, strings.Join(p.HostNames(), ", ")).
 				WithDetail("deployment", p.Deployment).WithDetail("hosts", p.HostNames())
 			e.RetryAfter = int(2*s.o.Heartbeat.Seconds()) + 1
-			router.WriteError(w, e)
+			relayError(w, r, e)
 			return
 		}
 		// The relayed stream's context is the client's until the answer's
@@ -134,7 +156,7 @@ func (s *Server) relayInference(w http.ResponseWriter, r *http.Request, maxBody 
 			s.groups.setDown(p.Deployment, true)
 			if err := s.ensureGroupUp(r.Context(), p); err != nil {
 				if r.Context().Err() == nil {
-					router.WriteError(w, err)
+					relayError(w, r, err)
 				}
 				return
 			}
@@ -157,8 +179,11 @@ func (s *Server) relayInference(w http.ResponseWriter, r *http.Request, maxBody 
 		}
 		e := structs.Errf(structs.CodeHostUnreachable, "the relay to host %s failed: %v", host, err).WithDetail("host", host)
 		e.RetryAfter = 1
-		router.WriteError(w, e)
+		relayError(w, r, e)
 		return
+	}
+	if tap != nil {
+		tap(resp)
 	}
 	if strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") && unhook() {
 		s.taken.Add(1)
@@ -243,13 +268,7 @@ func (s *Server) roundTrip(ctx context.Context, host, method, uri string, hdr ht
 	if err != nil {
 		return nil, err
 	}
-	for k, v := range hdr {
-		out.Header[k] = v
-	}
-	for _, k := range hopHeaders {
-		out.Header.Del(k)
-	}
-	out.Header.Del(router.HeaderRequestID)
+	copyHeaders(out.Header, hdr, relayRequestHeaders)
 	if id != "" {
 		out.Header.Set(router.HeaderRequestID, id)
 	}
@@ -263,15 +282,7 @@ func (s *Server) roundTrip(ctx context.Context, host, method, uri string, hdr ht
 // copyAnswer writes a host's answer to the client as it arrives, flushing
 // after every read so streamed chunks are not held.
 func copyAnswer(w http.ResponseWriter, resp *http.Response) {
-	h := w.Header()
-	for k, v := range resp.Header {
-		h[k] = v
-	}
-	for _, k := range hopHeaders {
-		if k != "Content-Length" {
-			h.Del(k)
-		}
-	}
+	copyHeaders(w.Header(), resp.Header, relayAnswerHeaders)
 	w.WriteHeader(resp.StatusCode)
 	if !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
 		// A whole answer: net/http's buffers, one flush at the end. An

@@ -5,7 +5,6 @@ package fleet
 
 import (
 	"fmt"
-	"path/filepath"
 	"runtime"
 	"sync"
 	"syscall"
@@ -13,7 +12,6 @@ import (
 	"time"
 
 	"github.com/capyctl/capyctl/core/hostlink/proto/hostv1"
-	"github.com/capyctl/capyctl/core/store"
 	"github.com/capyctl/capyctl/plugins-testkit/poll"
 )
 
@@ -48,8 +46,8 @@ var (
 // that take placements, most free card first), the CPU and memory this
 // process spends on heartbeats (every host beats every 200 ms here, ten
 // times the default rate; hosts' and server's sides together, so an upper
-// bound of the server's), and the time to rebuild the route table with
-// 1,000 deployments.
+// bound of the server's). The route table's rebuild is fsm's
+// BenchmarkState_RebuildRoutes.
 func BenchmarkScale_100Hosts(b *testing.B) {
 	scaleOnce.Do(func() {
 		const hosts = 100
@@ -91,29 +89,12 @@ func BenchmarkScale_100Hosts(b *testing.B) {
 		}
 		place := time.Since(t0) / rounds
 
-		// The route table with 1,000 deployments.
-		st, err := store.Open(filepath.Join(b.TempDir(), "capyctl.db"), store.Options{})
-		if err != nil {
-			b.Fatal(err)
-		}
-		defer st.Close()
-		state, _ := OpenState(st)
-		for i := 0; i < 1000; i++ {
-			state.placements[fmt.Sprintf("dep-%04d", i)] = &Placement{Deployment: fmt.Sprintf("dep-%04d", i),
-				Routes: []string{fmt.Sprintf("model-%04d", i), fmt.Sprintf("alias-%04d", i)}, Hosts: []HostShare{{Host: "gpu-000", Instances: 1}}}
-		}
-		t1 := time.Now()
-		for i := 0; i < 100; i++ {
-			state.rebuildRoutes()
-		}
-		rebuild := time.Since(t1) / 100
 		scale = map[string]float64{
 			"join-100-hosts-s":          joined.Seconds(),
 			"placement-decision-us":     float64(place.Microseconds()) + float64(place.Nanoseconds()%1000)/1000,
 			"heartbeat-cpu-us/beat":     float64(cpu.Microseconds()) / beats,
 			"heartbeat-cpu-%-of-a-core": 100 * cpu.Seconds() / wall.Seconds(),
 			"heap-KiB/host":             float64(int64(ms1.HeapInuse+ms1.StackInuse)-int64(ms0.HeapInuse+ms0.StackInuse)) / 1024 / hosts,
-			"route-rebuild-1000-us":     float64(rebuild.Microseconds()),
 		}
 	})
 	for i := 0; i < b.N; i++ {

@@ -69,12 +69,7 @@ func takeOver(w http.ResponseWriter, r *http.Request, resp *http.Response, cance
 // closing the connection after the answer.
 func head(set http.Header, resp *http.Response) []byte {
 	h := set.Clone()
-	for k, v := range resp.Header {
-		h[k] = v
-	}
-	for _, k := range hopHeaders {
-		h.Del(k)
-	}
+	copyHeaders(h, resp.Header, relayAnswerHeaders)
 	h.Set("Transfer-Encoding", "chunked")
 	h.Set("Connection", "close")
 	var b strings.Builder

@@ -13,6 +13,7 @@ package gpu
 import (
 	"errors"
 	"fmt"
+	"strings"
 )
 
 // Provider kinds (the gpu.provider setting).
@@ -89,7 +90,9 @@ func Open(o Options) (Provider, error) {
 	case "", KindAuto:
 		p, err := openNVML()
 		if errors.Is(err, ErrNoGPU) {
-			return None{}, nil
+			// The reason stays with the provider: the banner, the log and
+			// capyctl status say "no GPU found (<reason>)".
+			return None{Reason: strings.TrimPrefix(err.Error(), ErrNoGPU.Error()+": ")}, nil
 		}
 		return p, err
 	case KindNVML:
@@ -103,13 +106,18 @@ func Open(o Options) (Provider, error) {
 		}
 		return OpenSimulated(o.SimState)
 	case KindNone:
-		return None{}, nil
+		return None{Reason: "gpu.provider = none"}, nil
 	}
 	return nil, fmt.Errorf("unknown gpu provider %q (auto, nvml, simulated or none)", o.Provider)
 }
 
 // None is the provider of a machine without GPUs.
-type None struct{}
+type None struct {
+	// Reason says why there is no GPU: NVML's answer under auto ("nvml
+	// init: ERROR_LIBRARY_NOT_FOUND", "this build of capyctl has no
+	// NVML"), or "gpu.provider = none".
+	Reason string
+}
 
 // Kind implements Provider.
 func (None) Kind() string { return KindNone }
@@ -122,3 +130,41 @@ func (None) Processes() ([]ProcessMemory, error) { return nil, nil }
 
 // Close implements Provider.
 func (None) Close() error { return nil }
+
+// Inventory is what a provider found, for people (the role's banner and
+// log) and for capyctl status: every GPU with its model and memory and the
+// driver's version, or why there is none.
+type Inventory struct {
+	// Kind is the provider's (KindNVML, KindSimulated, KindNone).
+	Kind string
+	// Driver is the NVIDIA driver's version (NVML), "" otherwise.
+	Driver string
+	// Devices are the GPUs found.
+	Devices []Device
+	// NoGPU is why no GPU was found, when Devices is empty.
+	NoGPU string
+}
+
+// Describe reads a provider's inventory now. A provider that cannot list
+// its devices has none, with its error as the reason.
+func Describe(p Provider) Inventory {
+	if p == nil {
+		return Inventory{Kind: KindNone, NoGPU: "no GPU provider"}
+	}
+	inv := Inventory{Kind: p.Kind()}
+	if d, ok := p.(interface{ DriverVersion() string }); ok {
+		inv.Driver = d.DriverVersion()
+	}
+	devs, err := p.Devices()
+	switch {
+	case err != nil:
+		inv.NoGPU = "listing the GPUs failed: " + err.Error()
+	case len(devs) == 0:
+		inv.NoGPU = "no device listed"
+		if n, ok := p.(None); ok && n.Reason != "" {
+			inv.NoGPU = n.Reason
+		}
+	}
+	inv.Devices = devs
+	return inv
+}

@@ -23,6 +23,15 @@ func openNVML() (Provider, error) {
 	return p, nil
 }
 
+// initHints say what an NVML init failure means on the machine, for the
+// "no GPU found (...)" line of the banner, the log and capyctl status.
+var initHints = map[nvml.Return]string{
+	nvml.ERROR_LIBRARY_NOT_FOUND:       "NVIDIA's driver library libnvidia-ml.so.1 is not installed",
+	nvml.ERROR_DRIVER_NOT_LOADED:       "NVIDIA's kernel driver is not loaded",
+	nvml.ERROR_NO_PERMISSION:           "no permission to open the GPUs (is the role's user in the video group?)",
+	nvml.ERROR_LIB_RM_VERSION_MISMATCH: "NVIDIA's driver library and kernel module differ in version (reboot after a driver upgrade)",
+}
+
 // NVML reads NVIDIA GPUs through NVML. Tests hand it go-nvml's mock.
 type NVML struct {
 	lib nvml.Interface
@@ -30,6 +39,8 @@ type NVML struct {
 	mu      sync.Mutex
 	devices []nvml.Device
 	closed  bool
+	// driver is the driver's version, read once at open.
+	driver string
 }
 
 // OpenNVML initialises NVML and lists the devices. An Init that fails (no
@@ -39,6 +50,9 @@ func OpenNVML(lib nvml.Interface) (*NVML, error) {
 		return nil, fmt.Errorf("%w: no NVML library", ErrNoGPU)
 	}
 	if ret := lib.Init(); ret != nvml.SUCCESS {
+		if hint, ok := initHints[ret]; ok {
+			return nil, fmt.Errorf("%w: %s; nvml init: %s", ErrNoGPU, hint, ret.Error())
+		}
 		return nil, fmt.Errorf("%w: nvml init: %s", ErrNoGPU, ret.Error())
 	}
 	n, ret := lib.DeviceGetCount()
@@ -51,6 +65,9 @@ func OpenNVML(lib nvml.Interface) (*NVML, error) {
 		return nil, fmt.Errorf("%w: nvml lists no device", ErrNoGPU)
 	}
 	p := &NVML{lib: lib}
+	if v, ret := lib.SystemGetDriverVersion(); ret == nvml.SUCCESS {
+		p.driver = v
+	}
 	for i := range n {
 		d, ret := lib.DeviceGetHandleByIndex(i)
 		if ret != nvml.SUCCESS {
@@ -64,6 +81,10 @@ func OpenNVML(lib nvml.Interface) (*NVML, error) {
 
 // Kind implements Provider.
 func (p *NVML) Kind() string { return KindNVML }
+
+// DriverVersion is the NVIDIA driver's version ("550.54.15"), or "" when
+// NVML did not say.
+func (p *NVML) DriverVersion() string { return p.driver }
 
 // Devices implements Provider. A device whose memory NVML does not report
 // (a unified-memory GPU such as GB10) is Unified with no total.

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"math"
 	"reflect"
+	"strings"
 	"testing"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
@@ -32,9 +33,10 @@ func mockCard(uuid, name string, total, used uint64, procs []nvml.ProcessInfo, m
 func mockLib(devs ...*mock.Device) *mock.Interface {
 	shut := 0
 	return &mock.Interface{
-		InitFunc:           func() nvml.Return { return nvml.SUCCESS },
-		ShutdownFunc:       func() nvml.Return { shut++; return nvml.SUCCESS },
-		DeviceGetCountFunc: func() (int, nvml.Return) { return len(devs), nvml.SUCCESS },
+		InitFunc:                   func() nvml.Return { return nvml.SUCCESS },
+		ShutdownFunc:               func() nvml.Return { shut++; return nvml.SUCCESS },
+		DeviceGetCountFunc:         func() (int, nvml.Return) { return len(devs), nvml.SUCCESS },
+		SystemGetDriverVersionFunc: func() (string, nvml.Return) { return "550.54.15", nvml.SUCCESS },
 		DeviceGetHandleByIndexFunc: func(i int) (nvml.Device, nvml.Return) {
 			if i < 0 || i >= len(devs) {
 				return nil, nvml.ERROR_INVALID_ARGUMENT
@@ -57,6 +59,9 @@ func TestNVML_DevicesAndProcesses(t *testing.T) {
 	defer p.Close()
 	if p.Kind() != KindNVML {
 		t.Fatalf("kind %q", p.Kind())
+	}
+	if inv := Describe(p); inv.Driver != "550.54.15" || len(inv.Devices) != 2 || inv.NoGPU != "" || inv.Kind != KindNVML {
+		t.Fatalf("inventory %+v", inv)
 	}
 	devs, err := p.Devices()
 	if err != nil {
@@ -145,8 +150,17 @@ func TestOpen_AutoWithoutGPU(t *testing.T) {
 		if err != nil || len(devs) == 0 {
 			t.Fatalf("nvml devices: %v %v", devs, err)
 		}
+		if inv := Describe(p); inv.NoGPU != "" || len(inv.Devices) == 0 {
+			t.Fatalf("inventory of a GPU machine: %+v", inv)
+		}
 		return
 	}
+	// No GPU: the inventory says why (NVML's own answer), never nothing.
+	inv := Describe(p)
+	if inv.Kind != KindNone || len(inv.Devices) != 0 || inv.NoGPU == "" || strings.HasPrefix(inv.NoGPU, ErrNoGPU.Error()) {
+		t.Fatalf("inventory without a GPU: %+v", inv)
+	}
+	t.Logf("no GPU found (%s)", inv.NoGPU)
 	if _, err := Open(Options{Provider: KindNVML}); !errors.Is(err, ErrNoGPU) {
 		t.Fatalf("nvml without a GPU: %v", err)
 	}

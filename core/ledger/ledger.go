@@ -17,11 +17,16 @@ const (
 	PhaseStartup = "startup"
 	PhaseReady   = "ready"
 	PhaseParked  = "parked"
-	PhaseStopped = "stopped"
+	// PhaseParkedHost is parked with the weights kept in host RAM (vLLM's
+	// sleep level 1, the host_backed tier): the parked charge plus the
+	// host copy of the weights. A park takes it when the host has room for
+	// it, else PhaseParked (weights dropped, level 2).
+	PhaseParkedHost = "parked_host"
+	PhaseStopped    = "stopped"
 )
 
 // Phases lists the phases in the order an instance lives them.
-var Phases = []string{PhaseStartup, PhaseReady, PhaseParked, PhaseStopped}
+var Phases = []string{PhaseStartup, PhaseReady, PhaseParked, PhaseParkedHost, PhaseStopped}
 
 // Errors callers may test with errors.Is.
 var (
@@ -34,6 +39,9 @@ var (
 	ErrUnknownDomain = errors.New("unknown domain")
 	// ErrBadCharge is a negative charge or a vector of the wrong length.
 	ErrBadCharge = errors.New("bad charge")
+	// ErrNoPhase is a phase the owner's plan does not have (parked_host
+	// for a model that cannot keep its weights in host RAM).
+	ErrNoPhase = errors.New("the plan has no phase")
 )
 
 // Charges is a charge in bytes per domain, indexed like Ledger.Domains.
@@ -45,6 +53,10 @@ type Plan struct {
 	Startup Charges
 	Ready   Charges
 	Parked  Charges
+	// ParkedHost is nil for an owner that cannot park with its weights in
+	// host RAM (a unified pool, a model that does not park): the phase is
+	// then refused (ErrNoPhase).
+	ParkedHost Charges
 }
 
 // For returns the charges of a phase.
@@ -56,6 +68,11 @@ func (p Plan) For(phase string) (Charges, error) {
 		return p.Ready, nil
 	case PhaseParked:
 		return p.Parked, nil
+	case PhaseParkedHost:
+		if p.ParkedHost == nil {
+			return nil, fmt.Errorf("%w %q", ErrNoPhase, phase)
+		}
+		return p.ParkedHost, nil
 	case PhaseStopped:
 		return nil, nil
 	}
@@ -181,7 +198,7 @@ func (l *Ledger) checkCharges(c Charges) error {
 }
 
 func (p Plan) check(l *Ledger) error {
-	for _, c := range []Charges{p.Startup, p.Ready, p.Parked} {
+	for _, c := range []Charges{p.Startup, p.Ready, p.Parked, p.ParkedHost} {
 		if err := l.checkCharges(c); err != nil {
 			return err
 		}
@@ -363,7 +380,7 @@ func (p Plan) clone() Plan {
 		}
 		return append(Charges(nil), c...)
 	}
-	return Plan{Startup: cp(p.Startup), Ready: cp(p.Ready), Parked: cp(p.Parked)}
+	return Plan{Startup: cp(p.Startup), Ready: cp(p.Ready), Parked: cp(p.Parked), ParkedHost: cp(p.ParkedHost)}
 }
 
 // OwnerState is an owner as a snapshot shows it.
@@ -386,7 +403,7 @@ func (l *Ledger) Owner(ownerID string) (OwnerState, bool) {
 }
 
 func (l *Ledger) ownerState(id string, o *owner) OwnerState {
-	return OwnerState{
+	s := OwnerState{
 		ID: id, Phase: o.phase, Charges: l.ByName(o.cur),
 		Plan: map[string]map[string]int64{
 			PhaseStartup: l.ByName(o.plan.Startup),
@@ -394,6 +411,10 @@ func (l *Ledger) ownerState(id string, o *owner) OwnerState {
 			PhaseParked:  l.ByName(o.plan.Parked),
 		},
 	}
+	if o.plan.ParkedHost != nil {
+		s.Plan[PhaseParkedHost] = l.ByName(o.plan.ParkedHost)
+	}
+	return s
 }
 
 // DomainState is a domain with what is charged in it.

@@ -114,7 +114,12 @@ type SizingInput struct {
 type Sizing struct {
 	Startup Need `json:"startup"`
 	Ready   Need `json:"ready"`
-	Parked  Need `json:"parked"`
+	// Parked is the charge of a park that drops the weights (deep,
+	// vLLM's level 2); ParkedHost of one that keeps them in host RAM
+	// (host_backed, level 1): Parked plus the host copy, zero where a park
+	// cannot keep them (a unified pool, restart only).
+	Parked     Need `json:"parked"`
+	ParkedHost Need `json:"parked_host"`
 	// StartupDeviceProvenance and StartupHostProvenance say where the
 	// startup figures came from (status startup.device_provenance,
 	// startup.host_provenance).
@@ -159,8 +164,10 @@ func margin(weights int64) int64 {
 //     a measured peak replaces it, side by side, once one exists (never
 //     below the ready charge); an estimate above the managed limit sets
 //     aside the whole limit instead (whole_host);
-//   - parked is the residue placeholder (1 GiB on a card, 2 GiB unified),
-//     plus the host copy of the weights for host_backed; restart only
+//   - parked is the residue placeholder (1 GiB on a card, 2 GiB unified);
+//     parked_host (discrete cards) adds the host copy of the weights
+//     (weights×1.5, or the ready card charge while the weights are
+//     unknown), charged when a park keeps them in host RAM; restart only
 //     parks nothing but what is held beside the engine (a private
 //     LMCache's pool and server, kept across its park).
 func Size(in SizingInput) (Sizing, error) {
@@ -328,13 +335,6 @@ func Size(in SizingInput) (Sizing, error) {
 			residue = ParkedUnifiedPlaceholder
 		}
 		s.Parked = Need{Device: min(residue, s.Ready.Device), Host: s.Ready.Host}
-		if in.Residency == structs.ResidencyHostBacked && !in.Unified {
-			copyBytes := w * 3 / 2
-			if copyBytes == 0 {
-				copyBytes = s.Ready.Device
-			}
-			s.Parked.Host += copyBytes
-		}
 		s.ParkedProvenance = ProvPlaceholder
 		if m := in.MeasuredParked; m != nil && m.DeviceBytes > 0 {
 			s.Parked.Device = ParkedResidue(m.DeviceBytes, in.Unified, s.Ready.Device)
@@ -342,6 +342,13 @@ func Size(in SizingInput) (Sizing, error) {
 		}
 	}
 	s.Parked.Device = min(s.Parked.Device, s.Ready.Device)
+	if in.Residency != structs.ResidencyRestartOnly && !in.Unified {
+		copyBytes := w * 3 / 2
+		if copyBytes == 0 {
+			copyBytes = s.Ready.Device
+		}
+		s.ParkedHost = Need{Device: s.Parked.Device, Host: s.Parked.Host + copyBytes}
+	}
 	s.HostOnly = offCard && s.Startup.Device == 0 && s.Ready.Device == 0 && s.Parked.Device == 0
 	return s, nil
 }

@@ -30,6 +30,8 @@ func TestSize(t *testing.T) {
 			in:   SizingInput{Residency: structs.ResidencyDeep, Declared: &Declared{GPU: 11 * gib, RAM: 2 * gib}, DeviceLimit: card},
 			want: Sizing{
 				Startup: Need{11 * gib, 2 * gib}, Ready: Need{11 * gib, 2 * gib}, Parked: Need{1 * gib, 2 * gib},
+				// The weights unknown, the host copy is the ready card charge.
+				ParkedHost:              Need{1 * gib, 13 * gib},
 				StartupDeviceProvenance: ProvDeclared, StartupHostProvenance: ProvDeclared, ReadyProvenance: ProvDeclared, ParkedProvenance: ProvPlaceholder,
 			},
 		},
@@ -75,6 +77,7 @@ func TestSize(t *testing.T) {
 			in: SizingInput{Residency: structs.ResidencyDeep, Hints: Hints{WeightsBytes: 8 * gib}, DeviceLimit: card, HostLimit: 32 * gib},
 			want: Sizing{
 				Startup: Need{card, HostOverhead}, Ready: Need{8*gib*110/100 + 4*gib + GraphsAllowance, HostOverhead}, Parked: Need{gib, HostOverhead},
+				ParkedHost:              Need{gib, HostOverhead + 12*gib},
 				StartupDeviceProvenance: ProvWholeHost, StartupHostProvenance: ProvPlaceholder, ReadyProvenance: ProvDerived, ParkedProvenance: ProvPlaceholder,
 				Weights: 8 * gib, KVCache: 4 * gib,
 			},
@@ -84,6 +87,7 @@ func TestSize(t *testing.T) {
 			in:   SizingInput{Residency: structs.ResidencyDeep, Hints: Hints{WeightsBytes: 8 * gib}, DeviceLimit: 80 * gib},
 			want: Sizing{
 				Startup: Need{8*gib*225/100 + MinMargin, HostOverhead}, Ready: Need{8*gib*110/100 + 4*gib + GraphsAllowance, HostOverhead}, Parked: Need{gib, HostOverhead},
+				ParkedHost:              Need{gib, HostOverhead + 12*gib},
 				StartupDeviceProvenance: ProvPlaceholder, StartupHostProvenance: ProvPlaceholder, ReadyProvenance: ProvDerived, ParkedProvenance: ProvPlaceholder,
 				Weights: 8 * gib, KVCache: 4 * gib,
 			},
@@ -164,14 +168,16 @@ func TestSize(t *testing.T) {
 				MeasuredParked: &Measured{DeviceBytes: 3 * gib}},
 			want: Sizing{
 				Startup: Need{11 * gib, 2 * gib}, Ready: Need{11 * gib, 2 * gib}, Parked: Need{3 * gib, 2 * gib},
+				ParkedHost:              Need{3 * gib, 13 * gib},
 				StartupDeviceProvenance: ProvDeclared, StartupHostProvenance: ProvDeclared, ReadyProvenance: ProvDeclared, ParkedProvenance: ProvMeasured,
 			},
 		},
 		{
-			name: "host_backed parks a host copy of the weights",
+			name: "parked_host charges a host copy of the weights (weights x 1.5), parked drops them",
 			in:   SizingInput{Residency: structs.ResidencyHostBacked, Hints: Hints{WeightsBytes: 8 * gib}, DeviceLimit: 80 * gib},
 			want: Sizing{
-				Startup: Need{8*gib*225/100 + MinMargin, HostOverhead}, Ready: Need{8*gib*110/100 + 4*gib + GraphsAllowance, HostOverhead}, Parked: Need{gib, HostOverhead + 12*gib},
+				Startup: Need{8*gib*225/100 + MinMargin, HostOverhead}, Ready: Need{8*gib*110/100 + 4*gib + GraphsAllowance, HostOverhead}, Parked: Need{gib, HostOverhead},
+				ParkedHost:              Need{gib, HostOverhead + 12*gib},
 				StartupDeviceProvenance: ProvPlaceholder, StartupHostProvenance: ProvPlaceholder, ReadyProvenance: ProvDerived, ParkedProvenance: ProvPlaceholder,
 				Weights: 8 * gib, KVCache: 4 * gib,
 			},

@@ -115,7 +115,7 @@ func (m *Manager) runActivation(name string, d *deployment, act *activation, tar
 	if target == nil {
 		err = structs.Errf(structs.CodeUnavailable, "deployment %s has no instance", name)
 	} else {
-		err = target.send(m.ctx, &command{kind: cmdStart, why: "request", evict: true, done: make(chan error, 1)})
+		err = target.send(m.ctx, &command{kind: cmdStart, why: "request", evict: true, room: roomTurns, done: make(chan error, 1)})
 	}
 	if err != nil {
 		ae := structs.AsError(err)

@@ -138,6 +138,9 @@ func toEndpoint(e *pb.Endpoint) *structs.EngineEndpoint {
 		ForwardNonStreamed: e.GetNonStreamedHangup() == pb.NonStreamedHangup_NON_STREAMED_HANGUP_STOPS,
 		Exposure:           toExposure(e),
 		CacheSalt:          e.GetCacheSalt(),
+		MessagesPath:       e.GetMessagesPath(),
+		CountTokensPath:    e.GetCountTokensPath(),
+		ResponsesPath:      e.GetResponsesPath(),
 	}
 }
 

@@ -17,11 +17,11 @@ import (
 // role runs no group (a standalone role).
 type GroupSettings struct {
 	// PeerAddress is this host's address on the group link (the
-	// peer_address setting, else the local address of the host's
-	// connection to its server); empty: unknown.
+	// peer_address setting; never guessed); empty: unset, and a group
+	// member is refused (peer_address_missing).
 	PeerAddress func() string
 	// FirstPort and LastPort are the rendezvous_ports range a head's
-	// rendezvous port is picked from.
+	// rendezvous port is picked from (RendezvousSpan ports per head).
 	FirstPort, LastPort int
 	// RequireRDMA is the host's require_rdma.
 	RequireRDMA bool
@@ -32,7 +32,8 @@ type GroupSettings struct {
 
 // fillGroup completes a group member the server placed on this host: the
 // host's own peer address and RDMA setting and, for a head, a rendezvous
-// port from the host's range (kept across revisions of the same group).
+// port from the host's range, with the RendezvousSpan - 1 ports after it
+// free and no other head's (kept across revisions of the same group).
 // A topology without a member (deployed on the host itself) is refused: a
 // group is the server's to place.
 func (m *Manager) fillGroup(spec *structs.Deployment) error {
@@ -57,7 +58,7 @@ func (m *Manager) fillGroup(spec *structs.Deployment) error {
 	}
 	if peer == "" {
 		return structs.Errf(structs.CodePeerAddressMissing,
-			"this host has no peer address for group %s: set peer_address (--peer-address, CAPYCTL_PEER_ADDRESS) to its address on the link between the GPU hosts", spec.Name)
+			"this host has no peer address for group %s: set peer_address (--peer-address, CAPYCTL_PEER_ADDRESS) to its address on the link between the GPU hosts, one only they reach (group traffic is unauthenticated)", spec.Name)
 	}
 	g.PeerAddress, g.RequireRDMA = peer, gs.RequireRDMA
 	if g.Rank != 0 {
@@ -79,18 +80,41 @@ func (m *Manager) fillGroup(spec *structs.Deployment) error {
 			m.mu.Unlock()
 			return nil
 		}
-		used[og.RendezvousPort] = true
+		for i := range RendezvousSpan {
+			used[og.RendezvousPort+i] = true
+		}
 	}
 	m.mu.Unlock()
-	for p := gs.FirstPort; p > 0 && p <= gs.LastPort; p++ {
-		if used[p] || !portFree(peer, p) {
+	for p := gs.FirstPort; p > 0 && p+RendezvousSpan-1 <= gs.LastPort; p++ {
+		if !spanFree(used, peer, p) {
 			continue
 		}
 		g.RendezvousPort = p
 		return nil
 	}
 	return structs.Errf(structs.CodeRendezvousPortsExhausted,
-		"every rendezvous port of this host (%d-%d) is taken: widen rendezvous_ports or stop another group's head here", gs.FirstPort, gs.LastPort)
+		"no %d consecutive free ports are left in this host's rendezvous_ports (%d-%d): widen rendezvous_ports or stop another group's head here",
+		RendezvousSpan, gs.FirstPort, gs.LastPort)
+}
+
+// RendezvousSpan is how many consecutive ports of rendezvous_ports a head
+// takes: its rendezvous port (torch.distributed's store) and the six after
+// it, which SGLang's head binds for its ZeroMQ sockets with DP attention
+// (PortArgs.init_new in python/sglang/srt/server_args.py: port_base =
+// dist_init_port + 1 up to port_base + 5, each checked with
+// wait_port_available). IMPORTANT: two heads given consecutive ports on one
+// host would collide there.
+const RendezvousSpan = 7
+
+// spanFree reports whether the RendezvousSpan ports from p are neither
+// another head's nor listened on now.
+func spanFree(used map[int]bool, addr string, p int) bool {
+	for q := p; q < p+RendezvousSpan; q++ {
+		if used[q] || !portFree(addr, q) {
+			return false
+		}
+	}
+	return true
 }
 
 // portFree reports whether nothing listens on addr:port now (the engine

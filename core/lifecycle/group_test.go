@@ -68,20 +68,23 @@ func freePorts(t *testing.T, n int) int {
 }
 
 func TestManager_GroupMembers(t *testing.T) {
-	first := freePorts(t, 3)
+	const span = RendezvousSpan
+	first := freePorts(t, 2*span+1)
 	peer := "127.0.0.1"
 	var mu sync.Mutex
 	f := newFixture(t, 10, 1, 0, func(c *Config) {
-		c.Group = &GroupSettings{FirstPort: first, LastPort: first + 2, PeerAddress: func() string {
+		c.Group = &GroupSettings{FirstPort: first, LastPort: first + 2*span, PeerAddress: func() string {
 			mu.Lock()
 			defer mu.Unlock()
 			return peer
 		}}
 	})
 
-	// A head gets the host's peer address and the lowest free rendezvous
-	// port; a port something else listens on is skipped; a second head
-	// gets another; a new revision of the same group keeps its port.
+	// A head gets the host's peer address and the lowest rendezvous port
+	// whose span is free; a port something else listens on is skipped; a
+	// second head gets the ports after the first's span (SGLang's head
+	// binds the ports after its own); a new revision of the same group
+	// keeps its port.
 	busy, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(first)))
 	if err != nil {
 		t.Fatal(err)
@@ -93,8 +96,10 @@ func TestManager_GroupMembers(t *testing.T) {
 		t.Fatalf("head member: %+v", g)
 	}
 	f.deploy("h", groupSpec(0))
-	if p := f.spec("h").Group.RendezvousPort; p != first+2 {
-		t.Fatalf("second head's port %d, want %d", p, first+2)
+	if p := f.spec("h").Group.RendezvousPort; p != first+1+span || p < first+1+7 {
+		// SGLang's head with DP attention binds the six ports after its
+		// own: the next head starts seven ports on.
+		t.Fatalf("second head's port %d, want %d (after the first head's %d ports)", p, first+1+span, span)
 	}
 	f.deploy("g", groupSpec(0))
 	if p := f.spec("g").Group.RendezvousPort; p != first+1 {

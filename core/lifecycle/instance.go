@@ -40,8 +40,13 @@ type command struct {
 	done chan error
 	// exit carries what the monitor saw for cmdExited.
 	exit *pb.ProbeResponse
-	// evict lets a start or wake make room by evicting idle models.
+	// evict lets a start or wake make room by evicting other models; room
+	// says how (roomIdle when only evict is set).
 	evict bool
+	room  roomMode
+	// afterTurn marks an eviction whose victim's turn ended (switch.go):
+	// it drains what the victim serves and ignores what waits for it.
+	afterTurn bool
 }
 
 // instance is one instance and its lane: a goroutine that owns its state
@@ -66,6 +71,16 @@ type instance struct {
 	lastUsed atomic.Int64
 	// busy is true while the lane performs a command.
 	busy atomic.Bool
+	// room is how the lane's current start or wake makes room (the
+	// command's; read by withRoom, which runs in the lane).
+	room roomMode
+	// switched is set by a switch that made room for this instance: its
+	// bring-in counts as swap time and completes the switch (turns.go).
+	switched atomic.Pointer[switchRun]
+	// evicting is set while the lane evicts the instance for a switch: its
+	// park or stop counts as swap time; swapping while such a step runs.
+	evicting atomic.Bool
+	swapping atomic.Bool
 
 	// startCancel ends the waits of a start under way (nil when no start
 	// runs): its wait for a start slot and its readiness probe. An
@@ -142,7 +157,12 @@ func (in *instance) run() {
 		select {
 		case c := <-in.cmds:
 			in.busy.Store(true)
+			in.room = c.room
+			if c.evict && c.room == roomNone {
+				in.room = roomIdle
+			}
 			err := in.handle(c)
+			in.room = roomNone
 			in.busy.Store(false)
 			c.done <- err
 		case <-in.quit:
@@ -234,6 +254,7 @@ func (in *instance) transitionStored(to structs.InstanceState, why string, f fun
 func (in *instance) move(to structs.InstanceState, why string, f func(r *structs.InstanceRecord)) (stored, err error) {
 	in.mu.Lock()
 	from := in.rec.State
+	since := in.rec.Since
 	if from == to && f == nil {
 		in.mu.Unlock()
 		return nil, nil
@@ -244,9 +265,16 @@ func (in *instance) move(to structs.InstanceState, why string, f func(r *structs
 			return nil, err
 		}
 	}
+	now := in.m.cfg.Now().UTC()
+	step := in.observeStep(from, to, now.Sub(since))
 	in.rec.State = to
-	in.rec.Since = in.m.cfg.Now().UTC()
+	in.rec.Since = now
 	in.rec.LastTransition = describe(from, to, why)
+	switch to {
+	case structs.StateStopped, structs.StateFailed, structs.StateStarting:
+		// Nothing is parked any more.
+		in.rec.ParkTier, in.rec.ParkDetail = "", ""
+	}
 	if f != nil {
 		f(&in.rec)
 	}
@@ -254,6 +282,7 @@ func (in *instance) move(to structs.InstanceState, why string, f func(r *structs
 	in.mu.Unlock()
 	// The router sees the change first: routing opens or closes at once.
 	in.m.rebuildRoutes()
+	in.stepDone(from, to, step)
 	stored = in.persist(&r)
 	payload := map[string]any{"from": string(from), "to": string(to), "generation": r.Generation}
 	if why != "" {
@@ -261,6 +290,14 @@ func (in *instance) move(to structs.InstanceState, why string, f func(r *structs
 	}
 	if r.LastError != nil && (to == structs.StateFailed || to == structs.StateStopped) {
 		payload["code"] = string(r.LastError.Code)
+	}
+	if to == structs.StateParked && r.ParkTier != "" {
+		// Which tier the park chose (vLLM: level 1 host_backed, level 2
+		// deep), and the driver's word on it.
+		payload["tier"] = r.ParkTier
+		if r.ParkDetail != "" {
+			payload["detail"] = r.ParkDetail
+		}
 	}
 	in.m.event("instance_"+string(to), in.dep, in.id, payload)
 	in.m.logger.Info("instance transition", "instance", in.id, "from", from, "to", to, "why", why)
@@ -281,7 +318,7 @@ func (in *instance) handle(c *command) error {
 	case cmdPark:
 		return in.park(c.why, false)
 	case cmdEvict:
-		return in.evictSelf(c.why)
+		return in.evictSelf(c.why, c.afterTurn)
 	case cmdIdlePark:
 		return in.idlePark(c.why)
 	case cmdIdleStop:

@@ -149,6 +149,8 @@ func TestManager_VictimStoppedWhenParkedFootprintDoesNotFit(t *testing.T) {
 	}
 }
 
+// TestManager_VictimRules are the rules of the immediate policy (and of an
+// operator's start --evict): only idle models are victims.
 func TestManager_VictimRules(t *testing.T) {
 	cases := []struct {
 		name    string
@@ -172,7 +174,10 @@ func TestManager_VictimRules(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			f := newFixture(t, 10, 6, 1, func(c *Config) { c.AdmissionWindow = 500 * time.Millisecond })
+			f := newFixture(t, 10, 6, 1, func(c *Config) {
+				c.AdmissionWindow = 500 * time.Millisecond
+				c.Switching.Policy = PolicyImmediate
+			})
 			warm := c.name == "warm is never evicted"
 			f.deploy("a", func(d *structs.Deployment) { d.Lifecycle.Warm = warm })
 			f.deploy("b")
@@ -361,6 +366,14 @@ func TestManager_StoppedDeploymentRefusesActivation(t *testing.T) {
 	if err := f.m.StopDeployment(context.Background(), "a", true); err != nil {
 		t.Fatal(err)
 	}
+	// The desired state is stored and published: the router refuses with
+	// 409 from the route table, and a restarted role reads the record.
+	if r := f.m.Routes().Lookup("a"); r == nil || r.Desired != structs.DesiredStopped {
+		t.Fatalf("route after the stop: %+v", r)
+	}
+	if rec, err := f.st.GetDeployment("a"); err != nil || rec.Desired != structs.DesiredStopped {
+		t.Fatalf("stored deployment after the stop: %+v %v", rec, err)
+	}
 	if err := f.activate("a"); !structs.HasCode(err, structs.CodeDeploymentStopped) {
 		t.Fatalf("err = %v", err)
 	}
@@ -474,5 +487,21 @@ func TestManager_HeldStartDoesNotBlockAnotherFamily(t *testing.T) {
 	}
 	if s := f.state("b"); s != structs.StateReady {
 		t.Fatalf("b is %s", s)
+	}
+}
+
+// TestManager_StopDeploymentReportsAFailedStop: a stop the driver cannot
+// carry out is the operator's answer when they wait for it.
+func TestManager_StopDeploymentReportsAFailedStop(t *testing.T) {
+	f := newFixture(t, 10, 6, 1)
+	f.deploy("a")
+	if err := f.activate("a"); err != nil {
+		t.Fatal(err)
+	}
+	f.drv.mu.Lock()
+	f.drv.failStop = errors.New("stop not proven")
+	f.drv.mu.Unlock()
+	if err := f.m.StopDeployment(context.Background(), "a", true); err == nil {
+		t.Fatal("a stop the driver failed was reported done")
 	}
 }

@@ -108,6 +108,9 @@ type Config struct {
 	// Group is what a host knows for its group members; nil on a role
 	// that runs no group (standalone).
 	Group *GroupSettings
+	// Switching is how models that compete for one card take turns
+	// (switching.*; zero values take the defaults).
+	Switching SwitchingConfig
 }
 
 // Manager is the lifecycle of every deployment on this role.
@@ -125,8 +128,13 @@ type Manager struct {
 	// routesMu serialises rebuildRoutes: a table built from older
 	// snapshots must never be published after a newer one.
 	routesMu sync.Mutex
-	// switchMu serialises switches: one eviction plan at a time on a host.
+	// switchMu serialises the switches of idle victims (switchIdle): one
+	// eviction plan at a time on a host.
 	switchMu sync.Mutex
+	// switches orders the contenders of switches that wait for busy
+	// models' turns (turns.go); stats are the host's switching figures.
+	switches switchQueue
+	stats    switchStats
 
 	ctx    context.Context
 	cancel context.CancelFunc

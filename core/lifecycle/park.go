@@ -130,8 +130,9 @@ func (in *instance) park(why string, forSwitch bool) error {
 		return err
 	}
 	placer := m.placer()
-	if err := placer.Phase(in.id, ledger.PhaseParked); err != nil {
-		// The parked footprint does not fit: stop instead.
+	tier, phase, err := in.chargeParked(rec, placer)
+	if err != nil {
+		// No parked footprint fits: stop instead.
 		m.logger.Info("parked footprint does not fit; stopping instead", "instance", in.id, "error", err)
 		return in.stopReleased(why, "stopped (no room to park)")
 	}
@@ -144,7 +145,7 @@ func (in *instance) park(why string, forSwitch bool) error {
 	}
 	group := m.isGroupMember(in.dep)
 	ctx, cancel := context.WithTimeout(m.ctx, 2*time.Minute)
-	_, err = drv.Park(ctx, &pb.ParkRequest{InstanceId: in.id, Tier: rec.Residency})
+	resp, err := drv.Park(ctx, &pb.ParkRequest{InstanceId: in.id, Tier: tier})
 	if err == nil && group {
 		// A group member's park completes once its own rank proves it
 		// released its memory (the head's sleep acts on every rank).
@@ -159,8 +160,10 @@ func (in *instance) park(why string, forSwitch bool) error {
 		released = "parked (switch)"
 	}
 	if err := in.transition(structs.StateParked, why, func(r *structs.InstanceRecord) {
-		r.Phase = ledger.PhaseParked
+		r.Phase = phase
 		r.Released = released
+		r.ParkTier = tier
+		r.ParkDetail = resp.GetDetail()
 	}); err != nil {
 		return err
 	}
@@ -277,7 +280,7 @@ func (in *instance) wake(c *command) error {
 		timeout = dr.Spec.Timeouts.Wake.D()
 	}
 	ctx, cancel := context.WithTimeout(m.ctx, timeout)
-	resp, err := drv.Wake(ctx, &pb.WakeRequest{InstanceId: in.id, Tier: rec.Residency})
+	resp, err := drv.Wake(ctx, &pb.WakeRequest{InstanceId: in.id, Tier: parkTierOf(rec)})
 	cancel()
 	if err != nil {
 		return in.wakeFailed(why, structs.CodeWakeFailed, structs.AsError(driverErr(err, "wake")).Message)
@@ -289,7 +292,60 @@ func (in *instance) wake(c *command) error {
 	return in.transition(structs.StateReady, why, func(r *structs.InstanceRecord) {
 		r.Phase = ledger.PhaseReady
 		r.Released = ""
+		r.ParkTier, r.ParkDetail = "", ""
 	})
+}
+
+// parkTiers are the tiers a park of the instance may take, the preferred
+// first. Where the driver picks the tier at each park (tier_per_park:
+// vLLM's sleep levels), the card is discrete and the deployment's residency
+// leaves the choice (the engine's default, or host_backed, which then falls
+// back to deep rather than stopping): host_backed (the weights kept in host
+// RAM, level 1: a wake copies them back) before deep (the weights dropped,
+// level 2: a wake reloads them from disk). A residency of deep declared by
+// the operator parks deep only; any other driver, and a group's member,
+// parks at the residency it launched with.
+func (in *instance) parkTiers(rec structs.InstanceRecord) []string {
+	desc, err := in.m.cfg.Drivers.Describe(in.m.ctx, rec.Driver)
+	if err != nil || !desc.GetCapabilities().GetTierPerPark() || in.m.isGroupMember(in.dep) {
+		// IMPORTANT: a group's members park at one tier (the head's sleep
+		// acts on every rank): the residency it launched with.
+		return []string{rec.Residency}
+	}
+	offered := desc.GetCapabilities().GetParkTiers()
+	declared := ""
+	if dr, ok := in.m.spec(in.dep); ok {
+		declared = dr.Spec.Residency
+	}
+	unified := in.m.cfg.Host.Policy != nil && in.m.cfg.Host.Policy.GetUnified()
+	var out []string
+	if !unified && declared != structs.ResidencyDeep && contains(offered, structs.ResidencyHostBacked) {
+		out = append(out, structs.ResidencyHostBacked)
+	}
+	if contains(offered, structs.ResidencyDeep) {
+		out = append(out, structs.ResidencyDeep)
+	}
+	if len(out) == 0 {
+		out = []string{rec.Residency}
+	}
+	return out
+}
+
+// chargeParked moves the instance's ledger charge to the first of its park
+// tiers that fits: the ledger decides, in one step, whether host RAM has
+// room for the weights (parked_host) or the park drops them (parked).
+func (in *instance) chargeParked(rec structs.InstanceRecord, placer Placer) (tier, phase string, err error) {
+	for _, t := range in.parkTiers(rec) {
+		phase = ledger.PhaseParked
+		if t == structs.ResidencyHostBacked {
+			phase = ledger.PhaseParkedHost
+		}
+		if err = placer.Phase(in.id, phase); err == nil {
+			return t, phase, nil
+		}
+		in.m.logger.Info("park tier does not fit", "instance", in.id, "tier", t, "error", err)
+	}
+	return "", "", err
 }
 
 // wakeFailed stops an instance whose wake failed instead of serving it.

@@ -99,10 +99,14 @@ func (in *instance) recover(why string, settle bool) error {
 		// The engine holds its memory released: it is parked, whatever
 		// step the restart interrupted (a park that completed, a wake that
 		// had not begun).
-		in.adopt(ledger.PhaseParked)
+		phase := ledger.PhaseParked
+		if in.snapshot().ParkTier == structs.ResidencyHostBacked {
+			phase = ledger.PhaseParkedHost
+		}
+		in.adopt(phase)
 		if err := in.transition(structs.StateParked, "re-attached: the engine is parked", func(r *structs.InstanceRecord) {
 			r.Endpoint = ep
-			r.Phase = ledger.PhaseParked
+			r.Phase = phase
 		}); err != nil {
 			return err
 		}

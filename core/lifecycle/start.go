@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/capyctl/capyctl/core/ledger"
@@ -59,7 +60,7 @@ func (m *Manager) resolve(ctx context.Context, spec *structs.Deployment, needMod
 	}
 	if !contains(desc.GetCapabilities().GetApis(), spec.API) {
 		return nil, structs.Errf(structs.CodeCapabilityMissing+":"+structs.Code(spec.API),
-			"the %s engine cannot serve api %q (it serves %v)", eng.Family, spec.API, desc.GetCapabilities().GetApis())
+			"the %s engine cannot serve api %q (it serves %s)", eng.Family, spec.API, strings.Join(desc.GetCapabilities().GetApis(), ", "))
 	}
 	if spec.LMCache == structs.LMCacheRequired && !desc.GetCapabilities().GetLmcache() {
 		return nil, structs.Errf(structs.CodeCapabilityMissing+":lmcache",

@@ -28,6 +28,8 @@ type stubDriver struct {
 	wakes     atomic.Int32
 	stops     atomic.Int32
 	failStart error
+	// failStop fails every Stop (a stop the driver cannot prove).
+	failStop error
 	// failPlan fails every Plan; notReady makes readiness fail.
 	failPlan error
 	notReady bool
@@ -36,6 +38,11 @@ type stubDriver struct {
 	wakeCanary string
 	parked     map[string]bool
 	tiers      []string
+	// tierPerPark is the tier_per_park capability; parkedAt and wokeFrom
+	// record the tiers of the parks and wakes asked.
+	tierPerPark bool
+	parkedAt    []string
+	wokeFrom    []string
 	// startGate, when set, is waited on by Start (to hold a start).
 	startGate chan struct{}
 	// probeGate, when set, holds every readiness probe until it closes or
@@ -63,7 +70,7 @@ func newStub() *stubDriver {
 }
 
 func (d *stubDriver) Describe(context.Context, *pb.DescribeRequest) (*pb.DescribeResponse, error) {
-	return &pb.DescribeResponse{Name: "stub", Protocol: 1, Capabilities: &pb.Capabilities{Apis: []string{"chat"}, ParkTiers: d.tiers}}, nil
+	return &pb.DescribeResponse{Name: "stub", Protocol: 1, Capabilities: &pb.Capabilities{Apis: []string{"chat"}, ParkTiers: d.tiers, TierPerPark: d.tierPerPark}}, nil
 }
 
 func (d *stubDriver) Plan(_ context.Context, r *pb.PlanRequest) (*pb.PlanResponse, error) {
@@ -123,14 +130,16 @@ func (d *stubDriver) Park(_ context.Context, r *pb.ParkRequest) (*pb.ParkRespons
 	d.parks.Add(1)
 	d.mu.Lock()
 	d.parked[r.GetInstanceId()] = true
+	d.parkedAt = append(d.parkedAt, r.GetTier())
 	d.mu.Unlock()
-	return &pb.ParkResponse{}, nil
+	return &pb.ParkResponse{Detail: "parked at " + r.GetTier()}, nil
 }
 
 func (d *stubDriver) Wake(_ context.Context, r *pb.WakeRequest) (*pb.WakeResponse, error) {
 	d.wakes.Add(1)
 	d.mu.Lock()
 	delete(d.parked, r.GetInstanceId())
+	d.wokeFrom = append(d.wokeFrom, r.GetTier())
 	c := d.wakeCanary
 	d.mu.Unlock()
 	return &pb.WakeResponse{Canary: c}, nil
@@ -141,6 +150,12 @@ func (d *stubDriver) Stop(_ context.Context, r *pb.StopRequest) (*pb.StopRespons
 	if d.stopGate != nil {
 		d.stopping.Add(1)
 		<-d.stopGate
+	}
+	d.mu.Lock()
+	fail := d.failStop
+	d.mu.Unlock()
+	if fail != nil {
+		return nil, fail
 	}
 	if d.stopNeedsIdentity && r.GetLaunch() != nil && r.GetLaunch().GetPgid() == 0 {
 		return &pb.StopResponse{Gone: false, Detail: "refusing to signal process group 0"}, nil
@@ -186,22 +201,36 @@ type unitPlacer struct {
 	parked   int
 	// parkedLimit bounds the sum of parked charges (-1 = none).
 	parkedLimit int
-	charges     map[string]string
-	maxSeen     int
+	// hostCapacity bounds host RAM in units (-1 = none); a park that keeps
+	// the weights in host RAM (parked_host) charges hostCopy units there.
+	hostCapacity, hostCopy int
+	charges                map[string]string
+	maxSeen                int
 }
 
 func newPlacer(t *testing.T, capacity, ready, parked int) *unitPlacer {
-	return &unitPlacer{t: t, capacity: capacity, ready: ready, parked: parked, parkedLimit: -1, charges: map[string]string{}}
+	return &unitPlacer{t: t, capacity: capacity, ready: ready, parked: parked, parkedLimit: -1, hostCapacity: -1, charges: map[string]string{}}
 }
 
 func (p *unitPlacer) cost(phase string) int {
 	switch phase {
 	case "ready", "startup":
 		return p.ready
-	case "parked":
+	case "parked", "parked_host":
 		return p.parked
 	}
 	return 0
+}
+
+// hostUsed is the host RAM units charged, except's left out.
+func (p *unitPlacer) hostUsed(except string) int {
+	n := 0
+	for o, ph := range p.charges {
+		if o != except && ph == "parked_host" {
+			n += p.hostCopy
+		}
+	}
+	return n
 }
 
 func (p *unitPlacer) used(except string) (total, parked int) {
@@ -210,7 +239,7 @@ func (p *unitPlacer) used(except string) (total, parked int) {
 			continue
 		}
 		total += p.cost(ph)
-		if ph == "parked" {
+		if ph == "parked" || ph == "parked_host" {
 			parked += p.cost(ph)
 		}
 	}
@@ -226,6 +255,9 @@ func (p *unitPlacer) set(owner, phase string) error {
 	}
 	if phase == "parked" && p.parkedLimit >= 0 && parked+p.cost(phase) > p.parkedLimit {
 		return structs.Errf(structs.CodeCapacityBlocked, "parked limit")
+	}
+	if phase == "parked_host" && p.hostCapacity >= 0 && p.hostUsed(owner)+p.hostCopy > p.hostCapacity {
+		return structs.Errf(structs.CodeCapacityBlocked, "host RAM: need %d units, %d free", p.hostCopy, p.hostCapacity-p.hostUsed(owner))
 	}
 	p.charges[owner] = phase
 	if t := total + p.cost(phase); t > p.maxSeen {
@@ -243,6 +275,15 @@ func (p *unitPlacer) Release(owner string) {
 	delete(p.charges, owner)
 	p.mu.Unlock()
 }
+
+// FitsReady implements Forecaster: a ready charge beside the others.
+func (p *unitPlacer) FitsReady(owner, _ string) (bool, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	total, _ := p.used(owner)
+	return total+p.ready <= p.capacity, true
+}
+
 func (p *unitPlacer) phase(owner string) string {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -255,10 +296,12 @@ type fakeRequests struct {
 	active  map[string]int
 	waiting map[string]int
 	atStop  map[string]int
+	service map[string]time.Duration
+	rate    map[string]float64
 }
 
 func newFakeRequests() *fakeRequests {
-	return &fakeRequests{active: map[string]int{}, waiting: map[string]int{}, atStop: map[string]int{}}
+	return &fakeRequests{active: map[string]int{}, waiting: map[string]int{}, atStop: map[string]int{}, service: map[string]time.Duration{}, rate: map[string]float64{}}
 }
 func (f *fakeRequests) Active(i string) int {
 	f.mu.Lock()
@@ -275,6 +318,24 @@ func (f *fakeRequests) Waiting(d string) int {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.waiting[d]
+}
+
+// The turn methods of a scripted Requests: a turn ends at once.
+func (f *fakeRequests) OldestWaiting(string) (time.Time, bool)             { return time.Time{}, false }
+func (f *fakeRequests) Contend(string, int, time.Duration) <-chan struct{} { return closedChan }
+func (f *fakeRequests) CloseTurn(string)                                   {}
+func (f *fakeRequests) TurnEnded(string) (string, int)                     { return "idle", 0 }
+func (f *fakeRequests) Reopen(string)                                      {}
+func (f *fakeRequests) ServiceTime(d string) time.Duration {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.service[d]
+}
+func (f *fakeRequests) Places(string) int { return 1 }
+func (f *fakeRequests) ArrivalRate(d string) float64 {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.rate[d]
 }
 
 // clock is a settable clock.

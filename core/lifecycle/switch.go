@@ -6,6 +6,7 @@ package lifecycle
 import (
 	"context"
 	"errors"
+	"math"
 	"sort"
 	"strings"
 	"time"
@@ -18,13 +19,20 @@ import (
 var errLaneBusy = errors.New("lane busy")
 
 // withRoom runs try (a ledger reservation) and, when it is refused
-// capacity_blocked and evict is allowed, makes room by evicting victims one
-// at a time, least recently used first, until try succeeds or no victim is
-// left. Victims are ready or parked instances of other deployments that are
-// not warm, not serving, and not wanted by waiting requests; a ready victim
-// parks when its parked footprint fits, else it stops; a parked victim
-// stops. One switch runs at a time.
+// capacity_blocked and evict is allowed, makes room by evicting victims.
+// How depends on the lane's command (instance.room) and the policy: a
+// request's activation under switching.policy = "turns" waits in the
+// host's switch queue and ends busy models' turns (switchTurns, turns.go);
+// an operator's start --evict, and every start under "immediate", evict
+// idle victims only and refuse when only busy ones are left (switchIdle).
 func (m *Manager) withRoom(ctx context.Context, requester *instance, evict bool, try func() error) error {
+	turns := evict && requester.room == roomTurns && m.policy() == PolicyTurns
+	if turns && m.switches.before(m.waitingSince(requester.dep)) {
+		// IMPORTANT: an older request's model is making room: this one
+		// waits for its turn instead of taking the room being made (a
+		// model whose turn just ended would otherwise come straight back).
+		return m.switchTurns(ctx, requester, try)
+	}
 	err := try()
 	if err == nil || !structs.HasCode(err, structs.CodeCapacityBlocked) {
 		return err
@@ -32,6 +40,234 @@ func (m *Manager) withRoom(ctx context.Context, requester *instance, evict bool,
 	if !evict {
 		return m.withEvictable(err, requester)
 	}
+	if turns {
+		return m.switchTurns(ctx, requester, try)
+	}
+	return m.switchIdle(ctx, requester, try)
+}
+
+// policy is the switching policy in force.
+func (m *Manager) policy() string {
+	if m.cfg.Switching.Policy == PolicyImmediate {
+		return PolicyImmediate
+	}
+	return PolicyTurns
+}
+
+// switchTurns makes room for a request's activation: it joins the switch
+// queue, and once its turn comes evicts victims by cost, ending the turns
+// of busy ones first (see turns.go). It gives up when no request waits for
+// the model any more, and refuses capacity_blocked only when nothing left
+// can make room (warm models, groups, or a model larger than the card).
+func (m *Manager) switchTurns(ctx context.Context, requester *instance, try func() error) error {
+	reqs := m.cfg.Requests
+	joined := m.cfg.Now()
+	// wanted: requests wait for the model; when they all went away the
+	// switch gives up (an activation without waiters, a test's or one whose
+	// requests were answered meanwhile, goes on).
+	since, wanted := reqs.OldestWaiting(requester.dep)
+	if !wanted {
+		since = joined
+	}
+	tk := m.switches.join(requester.dep, since, joined)
+	defer m.switches.leave(tk)
+	if err := m.switches.await(ctx, tk, m.ctx.Done()); err != nil {
+		return err
+	}
+	sw := &switchRun{dep: requester.dep, joined: joined}
+	// contended are the deployments whose turn this switch ended and did
+	// not evict: they serve again when it ends.
+	contended := map[string]bool{}
+	defer func() {
+		for dep := range contended {
+			reqs.Reopen(dep)
+		}
+	}()
+	tried := map[string]bool{}
+	for {
+		changed := m.board.Changed()
+		err := try()
+		if err == nil {
+			m.stats.waited(requester.dep, m.cfg.Now().Sub(joined))
+			if len(sw.victims) > 0 {
+				requester.switched.Store(sw)
+			}
+			return nil
+		}
+		if !structs.HasCode(err, structs.CodeCapacityBlocked) {
+			return err
+		}
+		if wanted && reqs.Waiting(requester.dep) == 0 {
+			e := structs.Errf(structs.CodeUnavailable, "no request waits for deployment %s any more: the switch gave up", requester.dep)
+			e.RetryAfter = 1
+			return e
+		}
+		cands, pending, waiting := m.switchCandidates(requester, tried)
+		short := shortfalls(err)
+		ranked := rankVictims(cands, short)
+		if pending && (len(ranked) == 0 || (short != nil && !ranked[0].covers(short))) {
+			// A model is starting, waking, parking or stopping: what it
+			// will hold, or free, is known once it is done; until then no
+			// model is evicted for only part of the room (it might be
+			// evicted for nothing).
+			if err := m.awaitChange(ctx, changed, time.Second); err != nil {
+				return err
+			}
+			continue
+		}
+		if len(ranked) == 0 && waiting {
+			// What is in the way belongs to models that wait for their own
+			// turn (a parked one holding host RAM): the turn passes to them
+			// and comes back once something changed.
+			m.switches.yield(tk)
+			if err := m.awaitChange(ctx, changed, time.Second); err != nil {
+				return err
+			}
+			if err := m.switches.await(ctx, tk, m.ctx.Done()); err != nil {
+				return err
+			}
+			continue
+		}
+		if len(ranked) == 0 {
+			return m.withEvictable(err, requester)
+		}
+		v := ranked[0]
+		if v.rec.State == structs.StateReady && v.in.lastReady() && !contended[v.dep] {
+			// Its turn ends first: it serves what waits for it, then
+			// admits nothing more until it is back.
+			// An idle model lingers as long as bringing it back was
+			// measured to take (never on a placeholder).
+			ended := reqs.Contend(v.dep, m.cfg.Switching.TurnRequests, v.measured)
+			contended[v.dep] = true
+			if v.busy() {
+				m.event("turn_ending", v.dep, v.in.id, map[string]any{"for": requester.dep, "waiting": v.waiting, "in_flight": v.active})
+			}
+			if err := m.awaitTurn(ctx, ended, v.dep, since); err != nil {
+				return err
+			}
+			if why, served := reqs.TurnEnded(v.dep); v.busy() || served > 0 {
+				m.stats.turnEnded(v.dep, why)
+				m.event("turn_ended", v.dep, v.in.id, map[string]any{"for": requester.dep, "why": why, "served": served})
+			}
+			continue // look again: the room may have come meanwhile
+		}
+		m.event("switch_planned", requester.dep, requester.id, map[string]any{
+			"victim": v.in.id, "victim_state": string(v.rec.State), "cost": math.Round(v.cost*1000) / 1000,
+			"bring_back_ms": v.bringBack.Milliseconds(), "waiting": v.waiting, "in_flight": v.active,
+		})
+		c := &command{kind: cmdEvict, why: "switch for " + requester.dep, afterTurn: contended[v.dep], done: make(chan error, 1)}
+		if eerr := v.in.tryDo(ctx, c); eerr != nil {
+			m.logger.Info("victim not evicted", "victim", v.in.id, "for", requester.id, "error", eerr)
+			if errors.Is(eerr, errLaneBusy) {
+				if err := m.awaitChange(ctx, changed, 250*time.Millisecond); err != nil {
+					return err
+				}
+				continue
+			}
+			tried[v.in.id+"@"+string(v.rec.State)] = true
+			continue
+		}
+		// Evicted: its gate stays closed until it is ready again.
+		delete(contended, v.dep)
+		sw.victims = append(sw.victims, v.in.id)
+		after := v.in.snapshot()
+		m.event("switch_released", after.Deployment, v.in.id, map[string]any{"for": requester.dep, "released": after.Released, "tier": after.ParkTier})
+	}
+}
+
+// awaitTurn waits until a contended model's turn ended, ending it when the
+// longest-waiting request of the switch has waited the turn time.
+func (m *Manager) awaitTurn(ctx context.Context, ended <-chan struct{}, dep string, since time.Time) error {
+	left := m.turnTime() - m.cfg.Now().Sub(since)
+	if left <= 0 {
+		m.cfg.Requests.CloseTurn(dep)
+		<-ended
+		return nil
+	}
+	t := time.NewTimer(left)
+	defer t.Stop()
+	select {
+	case <-ended:
+	case <-t.C:
+		m.cfg.Requests.CloseTurn(dep)
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-m.ctx.Done():
+		return structs.Errf(structs.CodeShuttingDown, "shutting down")
+	}
+	return nil
+}
+
+// awaitChange waits for the route table to change (an instance's state
+// changed) or at most d.
+func (m *Manager) awaitChange(ctx context.Context, changed <-chan struct{}, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-changed:
+	case <-t.C:
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-m.ctx.Done():
+		return structs.Errf(structs.CodeShuttingDown, "shutting down")
+	}
+	return nil
+}
+
+// switchCandidates returns the victims a switch may evict, weighed: ready
+// and parked instances of other deployments that are not warm, not group
+// members, and not contenders themselves. pending reports an instance of
+// another deployment on its way between states, which may free or take
+// memory once it is done; waiting one that holds memory but waits for its
+// own turn.
+func (m *Manager) switchCandidates(requester *instance, tried map[string]bool) (cands []*victim, pending, waiting bool) {
+	now := m.cfg.Now()
+	for _, in := range m.allInstances() {
+		if in.dep == requester.dep {
+			continue
+		}
+		rec := in.snapshot()
+		dr, ok := m.spec(in.dep)
+		if !ok || dr.Spec.Lifecycle.Warm || dr.Spec.Group != nil {
+			continue // IMPORTANT: a group member parks with its group, by the server
+		}
+		switch rec.State {
+		case structs.StateReady, structs.StateParked:
+		case structs.StateStarting, structs.StateWaking, structs.StateDraining, structs.StateParking, structs.StateStopping:
+			pending = true
+			continue
+		default:
+			if in.busy.Load() {
+				// A start between its reservation and its record (still
+				// stopped, already charged): what it holds is known once
+				// it moved.
+				pending = true
+			}
+			continue
+		}
+		if tried[in.id+"@"+string(rec.State)] {
+			continue
+		}
+		if m.switches.has(in.dep) {
+			waiting = true
+			continue // a contender wants in: never a victim
+		}
+		v := &victim{in: in, rec: rec, dep: in.dep}
+		m.costOf(v, now)
+		v.frees = m.freesOf(v)
+		cands = append(cands, v)
+	}
+	return cands, pending, waiting
+}
+
+// switchIdle makes room by evicting idle victims one at a time until try
+// succeeds or no victim is left: least recently used first under the
+// immediate policy, by expected cost otherwise. A ready victim parks when
+// its parked footprint fits, else it stops; a parked victim stops. One
+// switch runs at a time; a model that serves or has requests waiting is
+// never a victim, and when only such models are in the way the start is
+// refused (capacity_blocked) after the admission window.
+func (m *Manager) switchIdle(ctx context.Context, requester *instance, try func() error) error {
 	m.switchMu.Lock()
 	defer m.switchMu.Unlock()
 	tried := map[string]bool{}
@@ -39,8 +275,13 @@ func (m *Manager) withRoom(ctx context.Context, requester *instance, evict bool,
 	// its place not yet given back) is waited for, briefly: a request that
 	// follows another model's answer at once must not find it "serving".
 	settleBy := time.Now().Add(m.cfg.AdmissionWindow) // real time: the requests settle in it
+	sw := &switchRun{dep: requester.dep, joined: m.cfg.Now()}
 	for {
-		if err = try(); err == nil || !structs.HasCode(err, structs.CodeCapacityBlocked) {
+		err := try()
+		if err == nil && len(sw.victims) > 0 {
+			requester.switched.Store(sw)
+		}
+		if err == nil || !structs.HasCode(err, structs.CodeCapacityBlocked) {
 			return err
 		}
 		v, busy := m.pickVictim(requester, tried)
@@ -71,21 +312,21 @@ func (m *Manager) withRoom(ctx context.Context, requester *instance, evict bool,
 			}
 			continue
 		}
+		sw.victims = append(sw.victims, v.id)
 		after := v.snapshot()
-		m.event("switch_released", after.Deployment, v.id, map[string]any{"for": requester.dep, "released": after.Released})
+		m.event("switch_released", after.Deployment, v.id, map[string]any{"for": requester.dep, "released": after.Released, "tier": after.ParkTier})
 	}
 }
 
-// pickVictim chooses the next victim for a requester; busy reports that a
-// ready model was passed over only because it holds requests.
-func (m *Manager) pickVictim(requester *instance, tried map[string]bool) (victim *instance, busy bool) {
+// pickVictim chooses the next idle victim for a requester; busy reports
+// that a ready model was passed over only because it holds requests.
+// Under the immediate policy ready victims come before parked ones, least
+// recently used first within each (the policy before turns); otherwise by
+// expected cost (rankVictims).
+func (m *Manager) pickVictim(requester *instance, tried map[string]bool) (chosen *instance, busy bool) {
 	reqs := m.cfg.Requests
-	type cand struct {
-		in     *instance
-		parked bool
-		used   int64
-	}
-	var cands []cand
+	now := m.cfg.Now()
+	var cands []*victim
 	for _, in := range m.allInstances() {
 		if in.dep == requester.dep {
 			continue
@@ -99,7 +340,7 @@ func (m *Manager) pickVictim(requester *instance, tried map[string]bool) (victim
 			continue // IMPORTANT: a group member parks with its group, by the server
 		}
 		if reqs.Waiting(in.dep) > 0 {
-			continue // IMPORTANT: a model with waiters is never a victim.
+			continue // IMPORTANT: a model with waiters is never an idle victim.
 		}
 		switch rec.State {
 		case structs.StateReady:
@@ -107,26 +348,24 @@ func (m *Manager) pickVictim(requester *instance, tried map[string]bool) (victim
 				busy = true
 				continue
 			}
-			cands = append(cands, cand{in: in, used: in.lastUsed.Load()})
 		case structs.StateParked:
-			cands = append(cands, cand{in: in, parked: true, used: in.lastUsed.Load()})
+		default:
+			continue
 		}
+		v := &victim{in: in, rec: rec, dep: in.dep, used: in.lastUsed.Load()}
+		if m.policy() == PolicyTurns {
+			m.costOf(v, now)
+		}
+		cands = append(cands, v)
 	}
 	// Ready victims first (parking one frees the most for the least), then
-	// parked ones; least recently used first within each.
-	sort.Slice(cands, func(i, j int) bool {
-		if cands[i].parked != cands[j].parked {
-			return !cands[i].parked
-		}
-		if cands[i].used != cands[j].used {
-			return cands[i].used < cands[j].used
-		}
-		return cands[i].in.id < cands[j].in.id
-	})
-	if len(cands) == 0 {
+	// parked ones; by cost (0 under the immediate policy), then least
+	// recently used, within each.
+	ranked := rankVictims(cands, nil)
+	if len(ranked) == 0 {
 		return nil, busy
 	}
-	return cands[0].in, busy
+	return ranked[0].in, busy
 }
 
 // busyServing reports whether the instance is ready and holds requests.
@@ -137,16 +376,20 @@ func (in *instance) busyServing() bool {
 // evictSelf runs in a victim's lane: it re-checks that the victim may be
 // evicted (a read that gates a mutation is decided by the owner), then
 // parks it when it is ready (stopping when the parked footprint does not
-// fit) or stops it when it is parked.
-func (in *instance) evictSelf(why string) error {
+// fit) or stops it when it is parked. A victim whose turn ended (afterTurn)
+// is evicted whatever waits for it, its requests drained first; an idle
+// victim is refused the moment it has requests.
+func (in *instance) evictSelf(why string, afterTurn bool) error {
 	rec := in.snapshot()
 	reqs := in.m.cfg.Requests
-	if reqs.Waiting(in.dep) > 0 {
+	if !afterTurn && reqs.Waiting(in.dep) > 0 {
 		return structs.Errf(structs.CodeConflict, "%s now has waiting requests", in.dep)
 	}
+	in.evicting.Store(true)
+	defer in.evicting.Store(false)
 	switch rec.State {
 	case structs.StateReady:
-		if reqs.Active(in.id) > 0 {
+		if !afterTurn && reqs.Active(in.id) > 0 {
 			return structs.Errf(structs.CodeConflict, "%s is serving", in.id)
 		}
 		return in.park(why, true)

@@ -43,6 +43,10 @@ type AuthorityOptions struct {
 	Member func(name string) bool
 	// Now is the clock (nil: time.Now); TLS verification uses it too.
 	Now func() time.Time
+	// Revoked, when set, is where the revocations are read at every
+	// handshake and renewal (a cluster's replicated state): Store's
+	// Revocations and Revoke are then not used.
+	Revoked func(hostName string) (at time.Time, revoked bool)
 }
 
 // Authority is the server's side: it issues join tokens, enrols and renews
@@ -55,6 +59,7 @@ type Authority struct {
 	lifetime time.Duration
 	now      func() time.Time
 	member   func(string) bool
+	lookup   func(string) (time.Time, bool)
 
 	mu         sync.RWMutex
 	revoked    map[string]time.Time
@@ -77,12 +82,16 @@ func NewAuthority(o AuthorityOptions) (*Authority, error) {
 		lifetime: o.HostCertLifetime,
 		now:      o.Now,
 		member:   o.Member,
+		lookup:   o.Revoked,
 	}
 	if a.lifetime <= 0 {
 		a.lifetime = DefaultHostCertLifetime
 	}
 	if a.now == nil {
 		a.now = time.Now
+	}
+	if a.lookup != nil {
+		return a, nil
 	}
 	revoked, err := o.Store.Revocations()
 	if err != nil {
@@ -182,18 +191,18 @@ func (a *Authority) Enroll(req EnrollRequest) (*Issued, error) {
 		}
 	}
 	now := a.now()
-	rec, found, err := a.store.RedeemToken(t.secretHash(), now)
+	rec, found, err := a.store.RedeemToken(t.secretHash(), "", now)
 	switch {
 	case err != nil:
 		return nil, fmt.Errorf("redeem the join token: %w", err)
 	case !found:
 		return nil, structs.Errf(structs.CodeJoinTokenInvalid, "this server never issued the join token")
+	case rec.Role == TokenRoleServer: // not redeemed: the server it was made for can still join with it
+		return nil, structs.Errf(structs.CodeJoinTokenInvalid, "the join token joins a server, not a host (capyctl create join-token makes a host's)")
 	case !rec.Used.IsZero():
 		return nil, structs.Errf(structs.CodeJoinTokenUsed, "the join token was redeemed at %s; create a new one", rec.Used.UTC().Format(time.RFC3339))
 	case !now.Before(rec.Expires):
 		return nil, structs.Errf(structs.CodeJoinTokenExpired, "the join token expired at %s; create a new one", rec.Expires.UTC().Format(time.RFC3339))
-	case rec.Role == TokenRoleServer:
-		return nil, structs.Errf(structs.CodeJoinTokenInvalid, "the join token joins a server, not a host (capyctl create join-token makes a host's)")
 	case rec.HostName != "" && rec.HostName != name:
 		return nil, structs.Errf(structs.CodeHostNameChanged, "the join token is for host %q, the request names %q", rec.HostName, name).
 			WithDetail("token_host", rec.HostName).WithDetail("host", name)
@@ -304,13 +313,22 @@ func (a *Authority) checkHost(cert *x509.Certificate, now time.Time) error {
 	if len(cert.DNSNames) != 1 || cert.DNSNames[0] != name {
 		return structs.Errf(structs.CodeUnauthorized, "the host certificate of %q does not name its host in its SAN", name)
 	}
-	a.mu.RLock()
-	at, revoked := a.revoked[name]
-	a.mu.RUnlock()
+	at, revoked := a.revocation(name)
 	if revoked && !cert.NotBefore.After(at) {
 		return structs.Errf(structs.CodeHostRevoked, "host %q was removed at %s", name, at.UTC().Format(time.RFC3339)).WithDetail("host", name)
 	}
 	return nil
+}
+
+// revocation is when a host's certificates were revoked, if they were.
+func (a *Authority) revocation(name string) (time.Time, bool) {
+	if a.lookup != nil {
+		return a.lookup(name)
+	}
+	a.mu.RLock()
+	defer a.mu.RUnlock()
+	at, revoked := a.revoked[name]
+	return at, revoked
 }
 
 // Revoke refuses every certificate issued to hostName so far, from the

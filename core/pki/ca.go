@@ -103,10 +103,15 @@ func ownerOnly(path string, wantDir bool) error {
 			want = "700"
 		}
 		return structs.Errf(structs.CodeInvalidConfig,
-			"%s has mode %04o: the CA's keys and the join tokens must be readable by their owner only (chmod %s %s)", path, perm, want, path)
+			"%s has mode %04o: keys, certificates and join tokens must be readable by their owner only (chmod %s %s)", path, perm, want, path)
 	}
 	return nil
 }
+
+// OwnerOnly refuses a key file (or, with dir, its directory) whose mode
+// lets the group or others in: invalid_config naming the chmod that fixes
+// it. A missing path is an error that wraps fs.ErrNotExist.
+func OwnerOnly(path string, dir bool) error { return ownerOnly(path, dir) }
 
 func createCA(certPath, keyPath string, now time.Time) (*CA, error) {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)

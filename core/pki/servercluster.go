@@ -55,13 +55,13 @@ func (a *Authority) RedeemServerToken(token string) error {
 		return structs.Errf(structs.CodeJoinTokenInvalid, "the join token names another cluster's CA")
 	}
 	now := a.now()
-	rec, found, err := a.store.RedeemToken(t.secretHash(), now)
+	rec, found, err := a.store.RedeemToken(t.secretHash(), TokenRoleServer, now)
 	switch {
 	case err != nil:
 		return fmt.Errorf("redeem the join token: %w", err)
 	case !found:
 		return structs.Errf(structs.CodeJoinTokenInvalid, "the leader never issued the join token (server join tokens live on the server that made them: create one on the leader)")
-	case rec.Role != TokenRoleServer:
+	case rec.Role != TokenRoleServer: // not redeemed: the host it was made for can still join with it
 		return structs.Errf(structs.CodeJoinTokenInvalid, "the join token joins a host, not a server (capyctl create join-token --role server)")
 	case !rec.Used.IsZero():
 		return structs.Errf(structs.CodeJoinTokenUsed, "the join token was redeemed at %s; create a new one", rec.Used.UTC().Format(time.RFC3339))

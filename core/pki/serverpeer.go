@@ -84,12 +84,29 @@ func (c *CA) IssueServerPeer(r ServerPeerRequest) (*Issued, error) {
 // must stay. VerifyConnection runs on every handshake, and session tickets
 // are off, so each connection shows a certificate.
 func ServerPeerTLS(ca *x509.Certificate, creds *Credentials, now func() time.Time) (listen, dial *tls.Config) {
+	return ServerPeerTLSRefusing(ca, creds, now, nil)
+}
+
+// ServerPeerTLSRefusing is ServerPeerTLS with refused, which names the
+// servers whose certificates are refused even though the CA signed them
+// (a server removed from the cluster: its name is refused until it joins
+// again with a new server join token). refused returns the refusal for a
+// server's name, nil for one taken; nil refuses none.
+func ServerPeerTLSRefusing(ca *x509.Certificate, creds *Credentials, now func() time.Time, refused func(name string) error) (listen, dial *tls.Config) {
 	if now == nil {
 		now = time.Now
 	}
 	roots := x509.NewCertPool()
 	roots.AddCert(ca)
-	verify := func(cs tls.ConnectionState) error { return verifyServerPeer(cs, roots, now()) }
+	verify := func(cs tls.ConnectionState) error {
+		if err := verifyServerPeer(cs, roots, now()); err != nil {
+			return err
+		}
+		if refused != nil {
+			return refused(cs.PeerCertificates[0].Subject.CommonName)
+		}
+		return nil
+	}
 	current := func() (*tls.Certificate, error) {
 		if c := creds.Current(); c != nil {
 			return c, nil

@@ -92,11 +92,14 @@ type TokenRecord struct {
 type Store interface {
 	// PutToken records a new token.
 	PutToken(rec TokenRecord) error
-	// RedeemToken marks the token with this hash used at now and returns
-	// the record as it stood before; found is false for an unknown hash.
+	// RedeemToken marks the token with this hash used at now, when its
+	// Role is role ("" a host's), and returns the record as it stood
+	// before; found is false for an unknown hash. A token of another role
+	// is returned as it is, not redeemed: a host that shows a server's
+	// token (or a server a host's) does not burn it.
 	// IMPORTANT: atomic: of two calls for one hash, exactly one sees a zero
 	// Used. That is what makes a token one-time.
-	RedeemToken(hash string, now time.Time) (rec TokenRecord, found bool, err error)
+	RedeemToken(hash, role string, now time.Time) (rec TokenRecord, found bool, err error)
 	// PutRevocation records that the host's certificates issued at or
 	// before at are revoked.
 	PutRevocation(hostName string, at time.Time) error
@@ -131,14 +134,14 @@ func (m *MemStore) PutToken(rec TokenRecord) error {
 }
 
 // RedeemToken implements Store.
-func (m *MemStore) RedeemToken(hash string, now time.Time) (TokenRecord, bool, error) {
+func (m *MemStore) RedeemToken(hash, role string, now time.Time) (TokenRecord, bool, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	rec, ok := m.tokens[hash]
 	if !ok {
 		return TokenRecord{}, false, nil
 	}
-	if rec.Used.IsZero() {
+	if rec.Used.IsZero() && rec.Role == role {
 		used := rec
 		used.Used = now
 		m.tokens[hash] = used
@@ -266,7 +269,7 @@ func (f *FileStore) PutToken(rec TokenRecord) error {
 // RedeemToken implements Store. The lock and the write before the answer
 // make it atomic within one process; IMPORTANT: two processes must not
 // share one file.
-func (f *FileStore) RedeemToken(hash string, now time.Time) (TokenRecord, bool, error) {
+func (f *FileStore) RedeemToken(hash, role string, now time.Time) (TokenRecord, bool, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	st, err := f.load()
@@ -277,7 +280,7 @@ func (f *FileStore) RedeemToken(hash string, now time.Time) (TokenRecord, bool, 
 	if !ok {
 		return TokenRecord{}, false, nil
 	}
-	if rec.Used.IsZero() {
+	if rec.Used.IsZero() && rec.Role == role {
 		used := rec
 		used.Used = now
 		st.Tokens[hash] = used

@@ -192,7 +192,7 @@ func (p *Placer) Parked(owner string) {
 		return
 	}
 	charge := ledger.ParkedResidue(dev, false, info.Plan[ledger.PhaseReady][info.Card])
-	if info.Plan[ledger.PhaseParked][info.Card] == charge {
+	if info.Plan[ledger.PhaseParked][info.Card] == charge && (info.Plan[ledger.PhaseParkedHost] == nil || info.Plan[ledger.PhaseParkedHost][info.Card] == charge) {
 		return
 	}
 	named := map[string]map[string]int64{}
@@ -203,6 +203,10 @@ func (p *Placer) Parked(owner string) {
 		}
 	}
 	named[ledger.PhaseParked][info.Card] = charge
+	if named[ledger.PhaseParkedHost] != nil {
+		// Both parks leave the same residue on the card.
+		named[ledger.PhaseParkedHost][info.Card] = charge
+	}
 	pl, err := p.planFrom(named)
 	if err == nil {
 		_, err = p.l.Place(owner, pl, info.Phase)
@@ -216,6 +220,9 @@ func (p *Placer) Parked(owner string) {
 	p.persist(owner, info)
 	if v := p.views[info.Deployment]; v != nil {
 		v.Sizing.Parked.Device = charge
+		if v.Sizing.ParkedHost != (ledger.Need{}) {
+			v.Sizing.ParkedHost.Device = charge
+		}
 		v.Sizing.ParkedProvenance = ledger.ProvMeasured
 	}
 	p.logger.Info("parked residue measured", "instance", owner, "residue", structs.FormatBytes(dev), "charged", structs.FormatBytes(charge))

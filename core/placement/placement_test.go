@@ -21,6 +21,7 @@ import (
 	"github.com/capyctl/capyctl/core/lifecycle"
 	"github.com/capyctl/capyctl/core/store"
 	"github.com/capyctl/capyctl/core/structs"
+	"github.com/capyctl/capyctl/plugins-testkit/poll"
 	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
 
@@ -481,6 +482,26 @@ func TestPlacer_MeasuresTheStartupPeak(t *testing.T) {
 	if mv.Startup.DeviceBytes != 6*gib || mv.Startup.DeviceProvenance != ledger.ProvMeasured || mv.Startup.HostProvenance != ledger.ProvMeasured {
 		t.Fatalf("second start: %+v", mv.Startup)
 	}
+	if mv.Measured == nil || mv.Measured.DeviceBytes != 6*gib {
+		t.Fatalf("the view shows no stored measurement: %+v", mv.Measured)
+	}
+	// A second start that peaks lower: the stored peak keeps the larger.
+	p.Launched("m/0", pid, []structs.ProcessIdentity{{PID: pid, Role: "engine"}})
+	g.set(gpu.ProcessMemory{PID: pid, DeviceUUID: "GPU-a", Bytes: 5 * gib})
+	poll.Until(t, 30*time.Second, "the sampler to see the second start", func() bool {
+		mv, _ := p.Memory("m", 1)
+		return mv.Startup.ObservedDeviceBytes == 5*gib
+	})
+	if err := p.Phase("m/0", ledger.PhaseReady); err != nil {
+		t.Fatal(err)
+	}
+	if m, _ := st.GetMeasurement(key); m.DeviceBytes != 6*gib {
+		t.Fatalf("a lower second peak replaced the stored one: %+v", m)
+	}
+	p.Release("m/0")
+	if _, err := reserve(p, "m/0", d); err != nil {
+		t.Fatal(err)
+	}
 	// A failed start's partial peak is discarded.
 	p.Launched("m/0", pid, []structs.ProcessIdentity{{PID: pid, Role: "engine"}})
 	g.set(gpu.ProcessMemory{PID: pid, DeviceUUID: "GPU-a", Bytes: 20 * gib})
@@ -581,8 +602,12 @@ func TestPlacer_MeasuresTheParkedResidue(t *testing.T) {
 	if o, _ := p.l.Owner("p/0"); o.Charges["gpu0"] != 5*gib/2 {
 		t.Fatalf("parked charge after the measurement: %v", o.Charges)
 	}
-	if m, err := st.GetMeasurement(ParkedKey("p", 1, "hostA", &structs.EngineRecord{Name: "e"})); err != nil || m.DeviceBytes != 5*gib/2 {
+	pkey := ParkedKey("p", 1, "hostA", &structs.EngineRecord{Name: "e"})
+	if m, err := st.GetMeasurement(pkey); err != nil || m.DeviceBytes != 5*gib/2 || m.Samples != 1 {
 		t.Fatalf("stored residue: %+v %v", m, err)
+	}
+	if mv, _ := p.Memory("p", 1); mv.Parked.DeviceBytes != 5*gib/2 {
+		t.Fatalf("the deployment's parked charge after the measurement: %+v", mv.Parked)
 	}
 	p.Release("p/0")
 	if _, err := res(); err != nil {
@@ -591,6 +616,30 @@ func TestPlacer_MeasuresTheParkedResidue(t *testing.T) {
 	mv, _ := p.Memory("p", 1)
 	if mv.Parked.DeviceBytes != 5*gib/2 || mv.Parked.Provenance != ledger.ProvMeasured {
 		t.Fatalf("next start's parked charge: %+v", mv.Parked)
+	}
+	// A park that reads nothing on the card measures nothing: the charge
+	// measured before stays (a reading of 0 is no evidence of a smaller
+	// residue).
+	p.Launched("p/0", pid, []structs.ProcessIdentity{{PID: pid, Role: "engine"}})
+	if err := p.Phase("p/0", ledger.PhaseReady); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Phase("p/0", ledger.PhaseParked); err != nil {
+		t.Fatal(err)
+	}
+	g.set(gpu.ProcessMemory{PID: pid, DeviceUUID: "GPU-a", Bytes: 0})
+	p.Parked("p/0")
+	if o, _ := p.l.Owner("p/0"); o.Charges["gpu0"] != 5*gib/2 {
+		t.Fatalf("parked charge after a reading of nothing: %v, want the measured %d kept", o.Charges, 5*gib/2)
+	}
+	if m, _ := st.GetMeasurement(pkey); m.Samples != 1 {
+		t.Fatalf("a reading of nothing was stored: %+v", m)
+	}
+	// A smaller residue later: the stored one keeps the largest seen.
+	g.set(gpu.ProcessMemory{PID: pid, DeviceUUID: "GPU-a", Bytes: 2 * gib})
+	p.Parked("p/0")
+	if m, _ := st.GetMeasurement(pkey); m.DeviceBytes != 5*gib/2 || m.Samples != 2 {
+		t.Fatalf("stored residue after a smaller one: %+v, want the larger kept", m)
 	}
 }
 
@@ -693,5 +742,71 @@ func TestPlacer_CompilersAreLeftOut(t *testing.T) {
 	key := MeasurementKey("c", 1, "hostA", &structs.EngineRecord{Name: "e", Digest: "sha256:x"})
 	if m, err := st.GetMeasurement(key); err != nil || m.DeviceBytes != 2*gib {
 		t.Fatalf("measurement = %+v %v", m, err)
+	}
+}
+
+// TestPlacer_ParkedHostChargesHostRAM: a park that keeps the weights in
+// host RAM (parked_host, vLLM's sleep level 1) is charged their copy in the
+// system domain and is admitted only while host RAM has room for it; a
+// park that drops them (parked) is not; on a unified pool there is no such
+// park.
+func TestPlacer_ParkedHostChargesHostRAM(t *testing.T) {
+	p := newPlacer(t, cards(1, 80*gib), newMemStore()) // host RAM: 32 GiB managed
+	vllm := func(name string) error {
+		_, err := p.Reserve(context.Background(), lifecycle.Reservation{
+			Owner: name + "/0", Deployment: &structs.Deployment{Name: name}, Revision: 1, Engine: &structs.EngineRecord{Name: "e"},
+			Hints: &pb.MemoryHints{WeightsBytes: 8 * gib}, Residency: structs.ResidencyDeep,
+		})
+		if err == nil {
+			err = p.Phase(name+"/0", ledger.PhaseReady)
+		}
+		return err
+	}
+	for _, n := range []string{"a", "b"} {
+		if err := vllm(n); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := reserve(p, "c/0", spec("c", 4*gib, 6*gib)); err != nil {
+		t.Fatal(err)
+	}
+	host := func(owner string) int64 {
+		now, _, ok := p.Charges(owner)
+		if !ok {
+			t.Fatalf("%s is not charged", owner)
+		}
+		return now[ledger.DomainSystem]
+	}
+	// a: its 4 GiB of host overhead and the copy of its weights (8 × 1.5).
+	if err := p.Phase("a/0", ledger.PhaseParkedHost); err != nil {
+		t.Fatalf("a parks with its weights in host RAM: %v", err)
+	}
+	if got := host("a/0"); got != 16*gib {
+		t.Fatalf("a parked_host charges %s of host RAM, want 16GiB", structs.FormatBytes(got))
+	}
+	// b: 16 + 16 + 6 GiB would pass the 32 GiB limit.
+	err := p.Phase("b/0", ledger.PhaseParkedHost)
+	if !structs.HasCode(err, structs.CodeCapacityBlocked) || !strings.Contains(err.Error(), "system") {
+		t.Fatalf("b parked_host: %v, want capacity_blocked on system", err)
+	}
+	if err := p.Phase("b/0", ledger.PhaseParked); err != nil {
+		t.Fatalf("b parks dropping its weights: %v", err)
+	}
+	if got := host("b/0"); got != 4*gib {
+		t.Fatalf("b parked charges %s of host RAM, want 4GiB", structs.FormatBytes(got))
+	}
+
+	u := newPlacer(t, &fakeGPU{devs: []gpu.Device{{UUID: "GPU-u", TotalBytes: 128 * gib, Unified: true}}}, newMemStore())
+	if _, err := u.Reserve(context.Background(), lifecycle.Reservation{
+		Owner: "a/0", Deployment: &structs.Deployment{Name: "a"}, Revision: 1, Engine: &structs.EngineRecord{Name: "e"},
+		Hints: &pb.MemoryHints{WeightsBytes: 8 * gib}, Residency: structs.ResidencyDeep,
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := u.Phase("a/0", ledger.PhaseReady); err != nil {
+		t.Fatal(err)
+	}
+	if err := u.Phase("a/0", ledger.PhaseParkedHost); !structs.HasCode(err, structs.CodeCapacityBlocked) {
+		t.Fatalf("parked_host on a unified pool: %v, want refused", err)
 	}
 }

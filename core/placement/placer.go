@@ -27,6 +27,7 @@ package placement
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"sort"
 	"strings"
@@ -113,7 +114,11 @@ type deploymentView struct {
 	Key      string
 }
 
-var _ lifecycle.Placer = (*Placer)(nil)
+var (
+	_ lifecycle.Placer       = (*Placer)(nil)
+	_ lifecycle.ChargeReader = (*Placer)(nil)
+	_ lifecycle.Forecaster   = (*Placer)(nil)
+)
 
 // New reads the inventory and host RAM, builds the domains and returns an
 // empty placer (call Restore before the lifecycle recovers instances).
@@ -315,6 +320,9 @@ func (p *Placer) plan(s ledger.Sizing, card string) (ledger.Plan, map[string]map
 		ledger.PhaseStartup: byName(s.Startup),
 		ledger.PhaseReady:   byName(s.Ready),
 		ledger.PhaseParked:  byName(s.Parked),
+	}
+	if s.ParkedHost != (ledger.Need{}) && !p.unified() {
+		named[ledger.PhaseParkedHost] = byName(s.ParkedHost)
 	}
 	pl, err := p.planFrom(named)
 	if err != nil {
@@ -535,7 +543,60 @@ func (p *Placer) Phase(owner, phase string) error {
 	if be, ok := err.(*ledger.BlockedError); ok {
 		return p.capacityBlocked(info.Deployment, be)
 	}
+	if errors.Is(err, ledger.ErrNoPhase) {
+		return structs.Wrap(structs.CodeCapacityBlocked, err, "deployment %s cannot keep its weights in host RAM here", info.Deployment)
+	}
 	return err
+}
+
+// Charges returns what an owner is charged now and in each phase, by
+// domain (lifecycle.ChargeReader): a switch evicts only victims that free
+// memory where the requester is short.
+func (p *Placer) Charges(owner string) (now map[string]int64, plan map[string]map[string]int64, ok bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	st, ok := p.l.Owner(owner)
+	if !ok {
+		return nil, nil, false
+	}
+	return st.Charges, st.Plan, true
+}
+
+// FitsReady reports whether an owner's ready charge fits now beside what is
+// charged (lifecycle.Forecaster): a charged owner (a parked one) by its own
+// plan, an uncharged one by its deployment's last sizing on any card;
+// known is false when neither is known.
+func (p *Placer) FitsReady(owner, deployment string) (fits, known bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if st, ok := p.l.Owner(owner); ok {
+		next, err := p.l.Charges(st.Plan[ledger.PhaseReady])
+		if err != nil {
+			return false, false
+		}
+		return p.l.Forecast(owner, next).Fits, true
+	}
+	v := p.views[deployment]
+	if v == nil {
+		return false, false
+	}
+	cards := []string{v.Card}
+	if !p.unified() && v.Card != "" {
+		cards = cards[:0]
+		for _, i := range p.cards() {
+			cards = append(cards, p.l.Domains()[i].Name)
+		}
+	}
+	for _, card := range cards {
+		pl, _, err := p.plan(v.Sizing, card)
+		if err != nil {
+			continue
+		}
+		if p.l.Forecast(owner, pl.Startup).Fits {
+			return true, true
+		}
+	}
+	return false, true
 }
 
 // Release drops an owner's charges (its processes are proven gone) and
@@ -656,6 +717,11 @@ func (p *Placer) planFrom(named map[string]map[string]int64) (ledger.Plan, error
 	}
 	if pl.Parked, err = p.l.Charges(named[ledger.PhaseParked]); err != nil {
 		return pl, err
+	}
+	if ph, ok := named[ledger.PhaseParkedHost]; ok {
+		if pl.ParkedHost, err = p.l.Charges(ph); err != nil {
+			return pl, err
+		}
 	}
 	return pl, nil
 }

@@ -39,13 +39,15 @@ type DeploymentMemory struct {
 	Host string
 	// Domain is where the last start was placed ("gpu0", "unified", or
 	// "system" on a host without GPUs).
-	Domain   string
-	Startup  StartupCharge
-	Ready    PhaseCharge
-	Parked   PhaseCharge
-	KVCache  int64
-	Weights  int64
-	Measured *store.Measurement
+	Domain  string
+	Startup StartupCharge
+	Ready   PhaseCharge
+	Parked  PhaseCharge
+	// ParkedHost is zero where a park cannot keep the weights in host RAM.
+	ParkedHost PhaseCharge
+	KVCache    int64
+	Weights    int64
+	Measured   *store.Measurement
 	// Ledger is the host's ledger: every domain's capacity, limit,
 	// reserve, charges and what is free.
 	Ledger []ledger.DomainState
@@ -74,6 +76,9 @@ func (p *Placer) Memory(name string, revision uint64) (DeploymentMemory, map[str
 		}
 		mv.Ready = PhaseCharge{DeviceBytes: s.Ready.Device, HostBytes: s.Ready.Host, Provenance: s.ReadyProvenance}
 		mv.Parked = PhaseCharge{DeviceBytes: s.Parked.Device, HostBytes: s.Parked.Host, Provenance: s.ParkedProvenance}
+		if s.ParkedHost != (ledger.Need{}) && !p.unified() {
+			mv.ParkedHost = PhaseCharge{DeviceBytes: s.ParkedHost.Device, HostBytes: s.ParkedHost.Host, Provenance: s.ParkedProvenance}
+		}
 		mv.KVCache, mv.Weights = s.KVCache, s.Weights
 		if v.Key != "" {
 			mv.Measured = p.measurement(v.Key)

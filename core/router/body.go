@@ -150,7 +150,7 @@ func (q *request) readBody() bool {
 	max := q.rt.cfg.MaxBodyBytes
 	r := q.r
 	if r.ContentLength > max {
-		q.refuseBody(structs.Errf(structs.CodeRequestTooLarge, "the request body is over %d bytes", max))
+		q.refuseBody(structs.Errf(structs.CodeRequestTooLarge, "the request body is over %s", structs.FormatBytes(max)))
 		return false
 	}
 	if r.ContentLength == 0 {
@@ -181,7 +181,7 @@ func (q *request) readBody() bool {
 		switch {
 		case errors.Is(err, errBodiesFull):
 			q.refuseBody(structs.Errf(structs.CodeBodiesInFlightFull,
-				"the role holds %d bytes of request bodies, its bound (limits.max_body_bytes_in_flight); retry shortly", q.rt.cfg.MaxBodyBytesInFlight))
+				"the role holds %s of request bodies, its bound (limits.max_body_bytes_in_flight); retry shortly", structs.FormatBytes(q.rt.cfg.MaxBodyBytesInFlight)))
 		case errors.As(err, &ne) && ne.Timeout():
 			q.refuseBody(structs.Errf(structs.CodeBodyReadTimeout, "the request body did not arrive within %s", timeout))
 		case r.Context().Err() != nil:
@@ -194,7 +194,7 @@ func (q *request) readBody() bool {
 	}
 	_ = q.rc.SetReadDeadline(time.Time{})
 	if int64(len(body)) > max {
-		q.refuseBody(structs.Errf(structs.CodeRequestTooLarge, "the request body is over %d bytes", max))
+		q.refuseBody(structs.Errf(structs.CodeRequestTooLarge, "the request body is over %s", structs.FormatBytes(max)))
 		q.releaseBody()
 		return false
 	}

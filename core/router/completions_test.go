@@ -180,7 +180,7 @@ func TestRouter_ModelsEndpoints(t *testing.T) {
 		api  string
 		want []string
 	}{
-		{api: structs.APIChat, want: []string{"/v1/chat/completions", "/v1/completions"}},
+		{api: structs.APIChat, want: []string{"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages", "/v1/messages/count_tokens"}},
 		{api: structs.APIDecisions, want: []string{decisions.Path}},
 		{api: structs.APIEmbeddings, want: []string{"/v1/embeddings"}},
 		{api: structs.APIRerank, want: []string{"/v1/rerank"}},

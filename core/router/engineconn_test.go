@@ -27,6 +27,10 @@ import (
 // connection the engine closed, and places are all free afterwards.
 // Before the check, the pooled connections were reused and their single
 // retry took the next pooled one, closed as well: 503 unexpected EOF.
+// Under load either defence alone mostly suffices, so each is also pinned
+// alone, deterministically: TestEngineClient_NeverWritesOnConnectionEngineClosed
+// (the check before reuse) and TestEngineClient_ResendsOnceWhenEngineClosesUnderRequest
+// (the one resend).
 func TestRouter_EngineClosesAfterEveryStream(t *testing.T) {
 	e := newEnv(t, envOpts{engine: fakeengine.Config{CloseAfterStream: true, Tokens: 4}})
 	const clients, each = 4, 50

@@ -7,6 +7,8 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -25,18 +27,37 @@ import (
 
 // fakeLC is a lifecycle with one deployment on one in-process fake engine.
 type fakeLC struct {
-	board    routes.Board
-	eng      atomic.Pointer[fakeengine.Engine]
-	gen      atomic.Uint64
-	state    atomic.Value // structs.InstanceState
-	noIdle   atomic.Bool
-	aborts   atomic.Int64
-	restarts atomic.Int64
+	board  routes.Board
+	eng    atomic.Pointer[fakeengine.Engine]
+	gen    atomic.Uint64
+	state  atomic.Value // structs.InstanceState
+	noIdle atomic.Bool
+	// noReading makes every load reading fail: the router has no evidence
+	// that the engine ended a cut request.
+	noReading atomic.Bool
+	// busy is added to the engine's waiting count in every reading, as an
+	// engine that still holds cut requests in its queue reads; busyReadings
+	// counts the readings given with busy > 0.
+	busy         atomic.Int64
+	busyReadings atomic.Int64
+	// unknownReadings are the next readings given without an idle signal.
+	unknownReadings atomic.Int64
+	aborts          atomic.Int64
+	restarts        atomic.Int64
 
 	mu       sync.Mutex
 	activate func(ctx context.Context, dep string) error
 	abortIDs []string
 	acts     atomic.Int64
+	// estimate, when set, is the lifecycle's wait estimate (WaitEstimate).
+	estimate atomic.Pointer[structs.WaitEstimate]
+}
+
+func (f *fakeLC) WaitEstimate(string) (structs.WaitEstimate, bool) {
+	if e := f.estimate.Load(); e != nil {
+		return *e, true
+	}
+	return structs.WaitEstimate{}, false
 }
 
 func (f *fakeLC) Board() *routes.Board { return &f.board }
@@ -52,7 +73,10 @@ func (f *fakeLC) Activate(ctx context.Context, dep string) error {
 	return nil
 }
 
-func (f *fakeLC) Abort(_ context.Context, _, requestID string) (bool, error) {
+func (f *fakeLC) Abort(ctx context.Context, _, requestID string) (bool, error) {
+	if err := ctx.Err(); err != nil {
+		return false, err // as a lifecycle asking a driver would
+	}
 	f.mu.Lock()
 	f.abortIDs = append(f.abortIDs, requestID)
 	f.mu.Unlock()
@@ -67,12 +91,26 @@ func (f *fakeLC) abortedIDs() []string {
 	return append([]string(nil), f.abortIDs...)
 }
 
-func (f *fakeLC) Load(context.Context, string) (routes.InstanceLoad, error) {
+func (f *fakeLC) Load(ctx context.Context, _ string) (routes.InstanceLoad, error) {
+	if err := ctx.Err(); err != nil {
+		return routes.InstanceLoad{}, err // as a lifecycle asking a driver would
+	}
+	if f.noReading.Load() {
+		return routes.InstanceLoad{}, errors.New("no reading (held by the test)")
+	}
 	if f.noIdle.Load() {
 		return routes.InstanceLoad{}, nil
 	}
+	if f.unknownReadings.Add(-1) >= 0 {
+		return routes.InstanceLoad{}, nil
+	}
+	f.unknownReadings.Store(0)
 	s := f.eng.Load().Stats()
-	return routes.InstanceLoad{Known: true, Running: int64(s.Running), Waiting: int64(s.Waiting), At: time.Now()}, nil
+	busy := f.busy.Load()
+	if busy > 0 {
+		defer f.busyReadings.Add(1)
+	}
+	return routes.InstanceLoad{Known: true, Running: int64(s.Running), Waiting: int64(s.Waiting) + busy, At: time.Now()}, nil
 }
 
 func (f *fakeLC) InstanceRun(string) (uint64, structs.InstanceState, bool) {
@@ -86,7 +124,7 @@ func (f *fakeLC) RestartForSettlement(string) {
 
 // env is a router in front of one fake engine.
 type env struct {
-	t    *testing.T
+	t    testing.TB
 	lc   *fakeLC
 	rt   *router.Router
 	srv  *httptest.Server
@@ -130,9 +168,11 @@ type envOpts struct {
 	api     string
 	// idleTimeout is the HTTP server's (0: none).
 	idleTimeout time.Duration
+	// wrap wraps the router's handlers (as the API's authentication does).
+	wrap func(http.Handler) http.Handler
 }
 
-func newEnv(t *testing.T, o envOpts) *env {
+func newEnv(t testing.TB, o envOpts) *env {
 	t.Helper()
 	eng, url := startEngine(t, o.engine)
 	lc := &fakeLC{}
@@ -159,7 +199,14 @@ func newEnv(t *testing.T, o envOpts) *env {
 	mux.HandleFunc("POST /v1/rerank", e.rt.Rerank)
 	mux.HandleFunc("POST /v1/systemone", e.rt.Decisions)
 	mux.HandleFunc("GET /v1/models", e.rt.Models)
-	e.srv = httptest.NewUnstartedServer(mux)
+	mux.HandleFunc("POST /v1/responses", e.rt.Responses)
+	mux.HandleFunc("POST /v1/messages", e.rt.Messages)
+	mux.HandleFunc("POST /v1/messages/count_tokens", e.rt.CountTokens)
+	var h http.Handler = mux
+	if o.wrap != nil {
+		h = o.wrap(h)
+	}
+	e.srv = httptest.NewUnstartedServer(h)
 	e.srv.Config.IdleTimeout = o.idleTimeout
 	e.srv.Start()
 	t.Cleanup(e.srv.Close)
@@ -294,6 +341,33 @@ func (e *env) idle() bool {
 		}
 	}
 	return s.Running == 0 && s.Waiting == 0
+}
+
+// heldUntilReading checks that n cut requests the engine may have hold
+// their places until the evidence that the engine ended them. With the load
+// readings held (e.lc.noReading set before the hang-up) and the requests
+// recorded with outcome, n places still wait for the idle reading; then,
+// given readings in which the engine still holds n requests more than it
+// does, they still wait. Then it gives the true readings back.
+func (e *env) heldUntilReading(t testing.TB, outcome string, n int) {
+	t.Helper()
+	want := fmt.Sprintf(`outcome=%q} %d`, outcome, n)
+	waitFor(t, "the hung-up request to be recorded", func() bool { return strings.Contains(scrape(t, e), want) })
+	if got := e.count("settle_when_idle"); got != n {
+		t.Fatalf("settle_when_idle = %d before any load reading, want %d: a cut request the engine may have was settled with no evidence (counts %v)", got, n, e.counts())
+	}
+	e.lc.busy.Store(int64(n))
+	e.lc.busyReadings.Store(0)
+	e.lc.noReading.Store(false)
+	// The second busy reading is taken after the router decided on the
+	// first one (the router takes none once nothing waits for one).
+	waitFor(t, "two readings of a busy engine", func() bool {
+		return e.lc.busyReadings.Load() >= 2 || e.count("settle_when_idle") != n
+	})
+	if got := e.count("settle_when_idle"); got != n {
+		t.Fatalf("settle_when_idle = %d after readings of an engine still running the cut requests, want %d (counts %v)", got, n, e.counts())
+	}
+	e.lc.busy.Store(0)
 }
 
 // settleAfterCuts waits until every cut request has settled on the

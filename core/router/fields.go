@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 )
 
 // The router reads a request's fields the way the engines do: by their exact
@@ -128,20 +129,57 @@ func skipValue(b []byte, i int) int {
 	}
 }
 
-// peekModel returns the body's "model" member, by its exact name.
+// errAmbiguousModel is the refusal of a body that names its model twice,
+// or with a member whose name is "model" in other letters ("Model"):
+// whoever reads the body another way (encoding/json matches names without
+// regard to case and keeps the last) would take another model than the
+// router, and a server's placement would not be what its host serves.
+var errAmbiguousModel = errors.New("ambiguous model")
+
+// oneModel checks a member's name against the model members seen so far.
+func oneModel(name string, seen *bool) error {
+	switch {
+	case name == "model" && *seen:
+		return fmt.Errorf("%w: the body names \"model\" twice", errAmbiguousModel)
+	case name == "model":
+		*seen = true
+	case len(name) == len("model") && strings.EqualFold(name, "model"):
+		return fmt.Errorf("%w: the body has a member %q: member names are case-sensitive, send \"model\" once", errAmbiguousModel, name)
+	}
+	return nil
+}
+
+// peekModel returns the body's "model" member, by its exact name; a body
+// that names it twice or in other letters is refused (errAmbiguousModel).
 func peekModel(body []byte) (string, error) {
 	var model string
+	seen := false
 	err := eachMember(body, func(name string, v []byte) error {
+		if err := oneModel(name, &seen); err != nil {
+			return err
+		}
 		if name != "model" {
 			return nil
 		}
-		model = ""
 		if err := json.Unmarshal(v, &model); err != nil {
 			return fmt.Errorf("model: %w", err)
 		}
 		return nil
 	})
 	return model, err
+}
+
+// RequestModel returns the model an inference request's body names, read
+// as the router reads it: the member "model" by its exact name, a body
+// that names it twice or in other letters refused. The server role's
+// relay places a request with it, so the server and the host that serves
+// the request agree on the model.
+func RequestModel(body []byte) (string, error) {
+	m, err := peekModel(body)
+	if err != nil && !errors.Is(err, errAmbiguousModel) {
+		err = fmt.Errorf("the request body is not a JSON object: %w", err)
+	}
+	return m, err
 }
 
 // hasMember reports whether body, a JSON object, has a top-level member
@@ -162,7 +200,11 @@ func hasMember(body []byte, name string) bool {
 // read when it is a string (api_mismatch is decided from the model alone).
 func parseChatHead(body []byte, head *chatHead) error {
 	var typeErr error
+	seen := false
 	err := eachMember(body, func(name string, v []byte) error {
+		if err := oneModel(name, &seen); err != nil {
+			return err
+		}
 		var err error
 		switch name {
 		case "model":

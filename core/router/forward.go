@@ -88,6 +88,17 @@ func (q *request) forward() *engineCall {
 		// vLLM and llama-server (--reranking) both serve it there.
 		path = rerankPath
 	}
+	native := false
+	if q.dl != nil {
+		// dialect: the engine's own route for the client's API, or chat.
+		var err error
+		if path, native, err = q.dl.route(ep); err != nil {
+			q.place.Done()
+			q.place = nil
+			q.fail(err)
+			return nil
+		}
+	}
 	t, err := q.rt.targets.engineURL(ep.BaseURL, path)
 	if err != nil {
 		q.place.Done()
@@ -101,7 +112,12 @@ func (q *request) forward() *engineCall {
 		q.fail(structs.Errf(structs.CodeCacheSaltUnsupported, "model %q runs where cache_salt is not honoured (llama.cpp, TensorFold, a custom engine, or vLLM or SGLang with LMCache, whose keys ignore it): remove it, or deploy with lmcache = \"off\"", q.model))
 		return nil
 	}
-	body, err := q.engineBody()
+	var body []byte
+	if q.dl != nil {
+		body, err = q.dl.body(q, ep, native)
+	} else {
+		body, err = q.engineBody()
+	}
 	if err != nil {
 		q.place.Done()
 		q.place = nil
@@ -120,7 +136,7 @@ func (q *request) forward() *engineCall {
 			q.place = nil
 			q.w.Header().Set("Retry-After", "1")
 			q.fail(structs.Errf(structs.CodeBodiesInFlightFull,
-				"the role holds %d bytes of request bodies, its bound (limits.max_body_bytes_in_flight); retry shortly", q.rt.cfg.MaxBodyBytesInFlight))
+				"the role holds %s of request bodies, its bound (limits.max_body_bytes_in_flight); retry shortly", structs.FormatBytes(q.rt.cfg.MaxBodyBytesInFlight)))
 			return nil
 		}
 		q.body = nil // the copy replaces it
@@ -168,6 +184,7 @@ func (q *request) forward() *engineCall {
 func (q *request) relay(call *engineCall) {
 	resp := call.Resp
 	switch {
+	case resp.StatusCode >= 400 && q.dl != nil && q.dialectStatus(call):
 	case resp.StatusCode >= 400:
 		q.engineStatusError(call)
 	case (q.api == structs.APIChat || q.api == structs.APICompletions) && strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream"):

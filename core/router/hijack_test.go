@@ -344,15 +344,14 @@ func TestRouter_HangUpAfterTakeOver(t *testing.T) {
 				s.send(t, contentChunk)
 				readUntil(t, br, `"hi"`)
 			}
+			e.lc.noReading.Store(true)
 			conn.Close()
 			select {
 			case <-s.gone:
 			case <-time.After(10 * time.Second):
 				t.Fatal("the engine request was not dropped after the hang-up")
 			}
-			waitFor(t, "the outcome", func() bool {
-				return strings.Contains(scrape(t, e), `outcome="cancelled"} 1`)
-			})
+			e.heldUntilReading(t, router.OutcomeCancelled, 1)
 			waitFor(t, "the stream to be forgotten", func() bool { return e.rt.Open() == 0 })
 			e.settleAfterCuts(t)
 		})

@@ -36,6 +36,14 @@ func (q *request) relayJSON(call *engineCall) {
 	q.endAt = time.Now()
 	q.firstContent = q.endAt
 	q.done()
+	if q.dl != nil {
+		// dialect: the whole answer in the API's shape.
+		if err := q.dl.whole(q, data); err != nil && !q.headersSent {
+			q.outcome = OutcomeEngineError
+			q.fail(structs.Errf(structs.CodeEngineError, "the engine's answer does not parse: %v", err))
+		}
+		return
+	}
 	out, ok := q.spliceJSON(data)
 	if !ok {
 		var m map[string]json.RawMessage

@@ -50,7 +50,11 @@ const (
 	DefaultMaxChunkBytes  = 64 << 10
 	DefaultSettleInterval = 200 * time.Millisecond
 	DefaultProgressAfter  = 250 * time.Millisecond
-	DefaultProgressEvery  = 5 * time.Second
+	// DefaultProgressEvery spaces a waiting stream's progress comments:
+	// well within the 60 s read timeouts of nginx (proxy_read_timeout),
+	// AWS load balancers and Cloud Run's defaults, which a stream that
+	// sends nothing would hit during a long switch or cold start.
+	DefaultProgressEvery = 10 * time.Second
 )
 
 // Lifecycle is what the router needs of the lifecycle on the hot path.
@@ -62,6 +66,14 @@ type Lifecycle interface {
 // lifecycle, where it offers it: the states of a deployment's instances.
 type instanceStates interface {
 	InstanceStates(deployment string) []structs.InstanceState
+}
+
+// waitEstimator is what a request for a model that is not in memory reads
+// of the lifecycle, where it offers it: the expected wait, from the queue
+// ahead and the measured wake and start times (a refusal's Retry-After, a
+// progress comment's ETA).
+type waitEstimator interface {
+	WaitEstimate(deployment string) (structs.WaitEstimate, bool)
 }
 
 // Requests is what the router asks of the lifecycle off the hot path (see
@@ -123,8 +135,14 @@ type Config struct {
 	// before CapyCTL answers 200 and starts sending SSE progress comments
 	// (default 250ms; negative: never).
 	ProgressAfter time.Duration
-	// ProgressEvery spaces the progress comments (default 5s).
+	// ProgressEvery spaces the progress comments, which keep proxies and
+	// clients that time out on silence from cutting a waiting stream
+	// (default 10s; limits.progress_interval).
 	ProgressEvery time.Duration
+	// Responses keeps the Responses API's stored responses (nil: none
+	// kept; a request's store reads false and previous_response_id finds
+	// nothing).
+	Responses ResponseStore
 	// KeepStreamsOnNetHTTP relays every answer on its net/http handler, as
 	// before streams were taken over (hijack.go): about 20 KiB more per
 	// open stream. For comparisons in the same run (make bench).
@@ -291,9 +309,19 @@ func WriteError(w http.ResponseWriter, err error) {
 	_, _ = w.Write(errorJSON(e, info))
 }
 
-// errorJSON is the envelope {"error":{"code","message","retryable"}}.
+// errorJSON is the envelope {"error":{"code","message","retryable"}}, with
+// "details" when the refusal has figures (a capacity refusal's memory, a
+// switch wait's holding models and expected wait).
 func errorJSON(e *structs.Error, info structs.CodeInfo) []byte {
-	b, _ := json.Marshal(map[string]any{"error": map[string]any{"code": string(e.Code), "message": e.Message, "retryable": info.Retryable}})
+	body := map[string]any{"code": string(e.Code), "message": e.Message, "retryable": info.Retryable}
+	if len(e.Details) > 0 {
+		body["details"] = e.Details
+	}
+	b, err := json.Marshal(map[string]any{"error": body})
+	if err != nil {
+		delete(body, "details")
+		b, _ = json.Marshal(map[string]any{"error": body})
+	}
 	return append(b, '\n')
 }
 

@@ -232,6 +232,7 @@ func TestRouter_HangUpCancelsOnTheEngine(t *testing.T) {
 				}
 			}()
 			waitFor(t, "the engine to generate", func() bool { return c.started(e) })
+			e.lc.noReading.Store(true)
 			hungUp := time.Now()
 			cancel()
 			<-done
@@ -240,6 +241,7 @@ func TestRouter_HangUpCancelsOnTheEngine(t *testing.T) {
 			if s.Running != 0 || s.LastCancelUnixNano < hungUp.UnixNano() {
 				t.Fatalf("engine %+v", s)
 			}
+			e.heldUntilReading(t, router.OutcomeCancelled, 1)
 			e.settleAfterCuts(t)
 		})
 	}
@@ -268,14 +270,16 @@ func TestRouter_HangUpBeforeTheFirstTokenSettlesOnTheIdleReading(t *testing.T) {
 		}
 	}()
 	waitFor(t, "the second request to wait on the engine", func() bool { return e.eng.Stats().Waiting == 1 })
+	e.lc.noReading.Store(true)
 	cancel2()
 	<-done
+	waitFor(t, "the engine to drop it", func() bool { s := e.eng.Stats(); return s.Waiting == 0 && s.Cancelled == 1 })
 	// The engine may have had it: its place stays held until the engine's
 	// load reading shows no more requests than the router still serves
 	// there. The first request still runs, so the engine never reads
 	// idle; the reading "one running, none waiting" against one live
 	// request is the evidence.
-	waitFor(t, "the engine to drop it", func() bool { s := e.eng.Stats(); return s.Waiting == 0 && s.Cancelled == 1 })
+	e.heldUntilReading(t, router.OutcomeCancelled, 1)
 	waitFor(t, "the cut request to settle while the first still runs", func() bool {
 		return e.count("settle_when_idle") == 0 && e.count("settle_at_stop") == 0 && e.count("in_flight") == 1
 	})
@@ -670,4 +674,52 @@ func TestRouter_CutsWaitingToSettleAtStopRestartTheInstance(t *testing.T) {
 	// place on the old launch before the new table was published).
 	e.lc.state.Store(structs.StateStopped)
 	waitFor(t, "idle", e.idle)
+}
+
+// TestRouter_RestartSettlesBeforeReady: cut requests waiting for the next
+// stop settle once the instance's launch changed, while the new launch
+// still starts (before the route table shows it ready).
+func TestRouter_RestartSettlesBeforeReady(t *testing.T) {
+	e := newEnv(t, envOpts{engine: fakeengine.Config{StallAfterTokens: 3}})
+	e.lc.noIdle.Store(true) // no idle signal: a cut waits for the next stop
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if resp, err := e.post(ctx, "/v1/chat/completions", chatBody(true, ""), nil); err == nil {
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}
+	}()
+	waitFor(t, "the engine to generate", func() bool { return e.eng.Stats().GenerationTokens >= 3 })
+	cancel()
+	<-done
+	waitFor(t, "the cut to wait for the next stop", func() bool { return e.count("settle_at_stop") == 1 })
+	// The instance restarts: a new launch, starting, not yet routable.
+	e.lc.state.Store(structs.StateStarting)
+	e.lc.gen.Add(1)
+	e.publish(false)
+	waitFor(t, "the cut of the old launch to settle", func() bool { return e.count("settle_at_stop") == 0 })
+}
+
+// TestRouter_OneUnknownReadingIsNotNoIdleSignal: an engine whose load
+// reading is unknown once (then idle) still settles a cut on its idle
+// reading; only noIdleReadings unknown readings in a row make the cut wait
+// for the next stop.
+func TestRouter_OneUnknownReadingIsNotNoIdleSignal(t *testing.T) {
+	e := newEnv(t, envOpts{engine: fakeengine.Config{StallAfterTokens: 3}})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if resp, err := e.post(ctx, "/v1/chat/completions", chatBody(true, ""), nil); err == nil {
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}
+	}()
+	waitFor(t, "the engine to generate", func() bool { return e.eng.Stats().GenerationTokens >= 3 })
+	e.lc.unknownReadings.Store(1)
+	cancel()
+	<-done
+	e.settleAfterCuts(t)
 }

@@ -7,8 +7,10 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"math"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -182,6 +184,8 @@ type request struct {
 
 	cutter   cutter      // ends the engine work on a hang-up or a bound
 	stopGone func() bool // stops the hang-up callback
+
+	dl dialect // the API a dialect request came in (dialect.go); nil for the others
 }
 
 // chatHead is the part of a chat body the router reads (parseChatHead
@@ -232,8 +236,18 @@ func isEmptyArray(b []byte) bool {
 }
 
 func (rt *Router) serve(w http.ResponseWriter, r *http.Request, api string) {
-	q := &request{rt: rt, w: w, r: r, api: api, start: time.Now(), id: NewRequestID()}
-	q.hjOK = hijackSupported && !rt.cfg.KeepStreamsOnNetHTTP && r.ProtoMajor == 1 && r.ProtoMinor >= 1 && r.TLS == nil && hijackable(w)
+	rt.serveWith(w, r, api, nil)
+}
+
+// serveDialect serves a dialect request (dialect.go) on the chat path.
+func (rt *Router) serveDialect(w http.ResponseWriter, r *http.Request, dl dialect) {
+	rt.serveWith(w, r, structs.APIChat, dl)
+}
+
+func (rt *Router) serveWith(w http.ResponseWriter, r *http.Request, api string, dl dialect) {
+	q := &request{rt: rt, w: w, r: r, api: api, start: time.Now(), id: NewRequestID(), dl: dl}
+	// dialect: a re-encoded stream stays on its net/http handler.
+	q.hjOK = dl == nil && hijackSupported && !rt.cfg.KeepStreamsOnNetHTTP && r.ProtoMajor == 1 && r.ProtoMinor >= 1 && r.TLS == nil && hijackable(w)
 	h := w.Header()
 	h.Set(HeaderRequestID, q.id)
 	defer q.finishHere()
@@ -284,14 +298,21 @@ func (q *request) resolve() bool {
 	var head chatHead
 	var headErr error
 	generates := q.api == structs.APIChat || q.api == structs.APICompletions
-	if generates {
+	if q.dl != nil {
+		// dialect: it reads the client's body (model, stream) itself.
+		if err := q.dl.parse(q); err != nil {
+			q.fail(err)
+			return false
+		}
+		generates = false
+	} else if generates {
 		headErr = parseChatHead(q.body, &head)
 		q.model = head.Model
 	}
-	if !generates || headErr != nil {
-		m, err := peekModel(q.body)
+	if q.dl == nil && (!generates || headErr != nil) {
+		m, err := RequestModel(q.body)
 		if err != nil {
-			q.fail(structs.Errf(structs.CodeInvalidRequest, "the request body is not a JSON object: %v", err))
+			q.fail(structs.Errf(structs.CodeInvalidRequest, "%v", err))
 			return false
 		}
 		q.model = m
@@ -316,8 +337,9 @@ func (q *request) resolve() bool {
 			WithDetail("endpoint", path))
 		return false
 	}
-	switch q.api {
-	case structs.APIChat:
+	switch {
+	case q.dl != nil:
+	case q.api == structs.APIChat:
 		if headErr != nil {
 			q.fail(structs.Errf(structs.CodeInvalidRequest, "the request body is not a valid chat request: %v", headErr))
 			return false
@@ -339,7 +361,7 @@ func (q *request) resolve() bool {
 		if !q.takeSalt(head.CacheSalt) {
 			return false
 		}
-	case structs.APICompletions:
+	case q.api == structs.APICompletions:
 		if headErr != nil {
 			q.fail(structs.Errf(structs.CodeInvalidRequest, "the request body is not a valid completions request: %v", headErr))
 			return false
@@ -353,17 +375,17 @@ func (q *request) resolve() bool {
 		if !q.takeSalt(head.CacheSalt) {
 			return false
 		}
-	case structs.APIEmbeddings:
+	case q.api == structs.APIEmbeddings:
 		if !hasMember(q.body, "input") {
 			q.fail(structs.Errf(structs.CodeInvalidRequest, "an embeddings request needs an input: a string or a list of strings"))
 			return false
 		}
-	case structs.APIRerank:
+	case q.api == structs.APIRerank:
 		if !hasMember(q.body, "query") || !hasMember(q.body, "documents") {
 			q.fail(structs.Errf(structs.CodeInvalidRequest, "a rerank request needs a query and documents"))
 			return false
 		}
-	case structs.APIDecisions:
+	case q.api == structs.APIDecisions:
 		var dr decisions.Request
 		if err := json.Unmarshal(q.body, &dr); err != nil {
 			q.fail(structs.Errf(structs.CodeInvalidRequest, "the request body is not a valid decision request: %v", err))
@@ -413,7 +435,7 @@ func Endpoints(api string) []string {
 	case structs.APIRerank:
 		return []string{rerankPath}
 	default:
-		return []string{"/v1/chat/completions", "/v1/completions"}
+		return []string{"/v1/chat/completions", "/v1/completions", ResponsesPath, MessagesPath, CountTokensPath}
 	}
 }
 
@@ -531,6 +553,9 @@ func (q *request) wait(wt *admission.Waiter) *admission.Place {
 		go func() { act <- rt.lc.Activate(ctx, dep) }()
 	}
 	if !q.ds.adm.Ready() {
+		if q.beyondBound(wt) {
+			return nil
+		}
 		startAct()
 	}
 	var progress <-chan time.Time
@@ -567,6 +592,9 @@ func (q *request) wait(wt *admission.Waiter) *admission.Place {
 		case <-changed:
 			changed = rt.cfg.Routes.Changed()
 			if q.resync() && act == nil && !q.ds.adm.Ready() {
+				if q.beyondBound(wt) {
+					return nil
+				}
 				startAct()
 			}
 		case <-deadline.C:
@@ -612,9 +640,70 @@ func (q *request) sendProgress(wt *admission.Waiter, activating bool) {
 	b = strconv.AppendInt(b, int64(max(wt.Position(), 0)), 10)
 	b = append(b, ",\"elapsed_ms\":"...)
 	b = strconv.AppendInt(b, time.Since(q.start).Milliseconds(), 10)
+	if activating {
+		if est, ok := q.estimate(); ok && est.Wait > 0 {
+			b = append(b, ",\"eta_ms\":"...)
+			b = strconv.AppendInt(b, est.Wait.Milliseconds(), 10)
+			if est.Switch && len(est.Holding) > 0 {
+				b = append(b, ",\"holding\":["...)
+				for i, h := range est.Holding {
+					if i > 0 {
+						b = append(b, ',')
+					}
+					b = strconv.AppendQuote(b, h)
+				}
+				b = append(b, ']')
+			}
+		}
+	}
 	b = append(b, "}\n\n"...)
 	q.write(b)
+	if q.dl != nil {
+		q.dl.progress(q) // dialect: its own keep-alive beside the comment
+	}
 	q.flush()
+}
+
+// estimate is the lifecycle's estimate of the request's wait, where it
+// offers one.
+func (q *request) estimate() (structs.WaitEstimate, bool) {
+	ev, ok := q.rt.lc.(waitEstimator)
+	if !ok {
+		return structs.WaitEstimate{}, false
+	}
+	return ev.WaitEstimate(q.route.Deployment)
+}
+
+// beyondBound refuses, before its model is activated, a request whose
+// model must wait for others to leave the card (their turns, the switch)
+// longer than what is left of its deadline, by the measured figures alone:
+// 429 insufficient_resources, Retry-After the expected wait, and details
+// naming the models that hold the memory. A wait within the bound is not
+// refused: the request waits.
+func (q *request) beyondBound(wt *admission.Waiter) bool {
+	est, ok := q.estimate()
+	if !ok || !est.Switch || est.Floor <= 0 {
+		return false
+	}
+	left := q.deadlineLeft()
+	if est.Floor <= left {
+		return false // IMPORTANT: never refused on a placeholder figure
+	}
+	wt.Leave()
+	holding := "other models"
+	if len(est.Holding) > 0 {
+		holding = strings.Join(est.Holding, ", ")
+	}
+	e := structs.Errf(structs.CodeInsufficientResources,
+		"model %q needs the memory %s hold: it is expected to serve in %s (%d models' turns first), past what is left of the request deadline (%s)",
+		q.model, holding, est.Wait.Round(100*time.Millisecond), est.Ahead, left.Round(100*time.Millisecond))
+	e.RetryAfter = max(int(math.Ceil(est.Wait.Seconds())), 1)
+	e.WithDetail("holding", est.Holding).
+		WithDetail("expected_wait_ms", est.Wait.Milliseconds()).
+		WithDetail("turns_ahead", est.Ahead).
+		WithDetail("deadline_left_ms", left.Milliseconds())
+	q.fail(e)
+	return true
 }
 
 // activationState names what an activation is doing, from the states of
@@ -664,6 +753,10 @@ func (q *request) fail(err error) {
 	}
 	if q.outcome == "" {
 		q.outcome = OutcomeRefused
+	}
+	if q.dl != nil {
+		q.dialectFail(e) // dialect: the error in the API's shape
+		return
 	}
 	if q.headersSent {
 		b := make([]byte, 0, 256)

@@ -33,10 +33,11 @@ type sseState struct {
 // rest on a goroutine of its own.
 func (q *request) relaySSE(sr *sseReader, call *engineCall) {
 	st := &sseState{sr: sr, call: call, rw: rewriter{newID: q.id, public: q.model, served: q.target.Endpoint.ServedName}}
-	if q.stream {
+	switch {
+	case q.stream:
 		q.setWriteDeadline()
-	} else {
-		st.agg = newAggregate()
+	case q.dl == nil:
+		st.agg = newAggregate() // dialect: the dialect builds its own answer
 	}
 	if q.sseLoop(st) {
 		q.st, q.handedOff = st, true
@@ -126,6 +127,10 @@ func (q *request) sseEvent(st *sseState, sr *sseReader, ev []byte) {
 		}
 	case evData:
 		if st.sawDone || st.engineErr != nil {
+			return
+		}
+		if q.dl != nil {
+			q.dialectData(st, sr, payload)
 			return
 		}
 		relay := true
@@ -243,7 +248,7 @@ func (q *request) cutEnd(cause error) {
 		q.fail(structs.Errf(structs.CodeStreamStalled, "model %q sent nothing for %s (limits.stream_idle)", q.model, q.b.streamIdle))
 	case errChunk:
 		q.outcome = OutcomeChunkTooLarge
-		q.fail(structs.Errf(structs.CodeChunkTooLarge, "the engine sent one piece of the answer larger than %d bytes (limits.max_chunk_bytes)", q.b.maxChunk))
+		q.fail(structs.Errf(structs.CodeChunkTooLarge, "the engine sent one piece of the answer larger than %s (limits.max_chunk_bytes)", structs.FormatBytes(int64(q.b.maxChunk))))
 	case errShutdown:
 		q.outcome = OutcomeShutdown
 		q.fail(structs.Errf(structs.CodeShuttingDown, "the role is shutting down and its drain timeout ended before the answer"))
@@ -274,6 +279,9 @@ var (
 // writeAnswer ends a complete answer: the metrics comment and [DONE] for a
 // stream, the aggregated JSON for a client that asked for none.
 func (q *request) writeAnswer(agg *aggregate) error {
+	if q.dl != nil {
+		return q.dl.finish(q) // dialect: the end in the API's shape
+	}
 	q.setWriteDeadline()
 	if agg == nil {
 		if !q.headersSent {

@@ -30,6 +30,7 @@ const ringSize = 1024
 type stats struct {
 	reg        *prometheus.Registry
 	requests   *prometheus.CounterVec
+	refusals   *prometheus.CounterVec
 	queueWait  *prometheus.HistogramVec
 	activation *prometheus.HistogramVec
 	ttfb       *prometheus.HistogramVec
@@ -72,13 +73,16 @@ func newStats() *stats {
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "capyctl", Name: "requests_total", Help: "Inference requests by deployment, API and outcome.",
 		}, []string{"deployment", "api", "outcome"}),
+		refusals: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "capyctl", Name: "refusals_total", Help: "Inference requests refused, by deployment and error code (queue_full, insufficient_resources, capacity_blocked, unavailable, ...).",
+		}, []string{"deployment", "code"}),
 		queueWait:  h("request_queue_wait_seconds", "Time from arrival to a running place, activation excluded."),
 		activation: h("request_activation_wait_seconds", "Time a request waited for its model to start or wake."),
 		ttfb:       h("request_time_to_first_byte_seconds", "Time from arrival to the engine's first output."),
 		total:      h("request_duration_seconds", "Time from arrival to the end of the answer."),
 		deps:       map[string]*depMetrics{},
 	}
-	s.reg.MustRegister(s.requests, s.queueWait, s.activation, s.ttfb, s.total,
+	s.reg.MustRegister(s.requests, s.refusals, s.queueWait, s.activation, s.ttfb, s.total,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return s
 }
@@ -108,7 +112,14 @@ func (rt *Router) record(q *request) {
 	if q.route != nil {
 		dep = q.route.Deployment
 	}
-	rt.stats.requests.WithLabelValues(dep, q.api, q.outcome).Inc()
+	api := q.api
+	if q.dl != nil {
+		api = q.dl.kind() // dialect: the route it came in
+	}
+	rt.stats.requests.WithLabelValues(dep, api, q.outcome).Inc()
+	if q.outcome == OutcomeRefused && q.code != "" {
+		rt.stats.refusals.WithLabelValues(dep, q.code).Inc()
+	}
 	sec := func(d time.Duration) float64 { return d.Seconds() }
 	if q.ds != nil {
 		m := q.ds.m
@@ -146,7 +157,7 @@ func (rt *Router) record(q *request) {
 	}
 	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 	rec := structs.RequestRecord{
-		ID: q.id, Deployment: dep, API: q.api, Stream: q.stream,
+		ID: q.id, Deployment: dep, API: api, Stream: q.stream,
 		Outcome: q.outcome, Code: q.code, Status: q.status, ReceivedAt: q.start.UTC(),
 		TotalMs: ms(q.endAt.Sub(q.start)), BytesIn: int64(q.bodyN), BytesOut: q.bytesOut,
 	}
@@ -170,11 +181,16 @@ func (rt *Router) record(q *request) {
 }
 
 // MetricsHandler serves the core's Prometheus metrics: requests by
-// outcome, queue depth, in-flight and unsettled requests, latency
-// histograms, and the Go runtime's and process's own.
+// outcome, refusals by code, queue depth, in-flight and unsettled
+// requests, latency histograms, what Register added (the lifecycle's
+// switching), and the Go runtime's and process's own.
 func (rt *Router) MetricsHandler() http.Handler {
 	return promhttp.HandlerFor(rt.stats.reg, promhttp.HandlerOpts{})
 }
+
+// Register adds a collector to the metrics the router serves (the agent
+// adds the lifecycle's switching figures).
+func (rt *Router) Register(c prometheus.Collector) error { return rt.stats.reg.Register(c) }
 
 // gauges reads the admission counts at scrape time (nothing on the hot
 // path).
@@ -347,5 +363,6 @@ func (rt *Router) DeploymentRequests(name string) map[string]any {
 		"settle_when_idle": c.SettleWhenIdle,
 		"settle_at_stop":   c.SettleAtStop,
 		"settle_on_abort":  c.SettleOnAbort,
+		"turn":             c.Turn,
 	}
 }

@@ -26,6 +26,10 @@ const (
 	CredentialsFile = "credentials"
 	// RunInfoFile is written by a running role: its addresses and PID.
 	RunInfoFile = "run/role.json"
+	// ManagementSocketFile is the management API's Unix socket (0600, in
+	// the owner-only run directory): the CLI's way in, which no other
+	// local user can open or flood.
+	ManagementSocketFile = "run/management.sock"
 )
 
 // Credentials are a role's secrets.
@@ -36,13 +40,17 @@ type Credentials struct {
 
 // RunInfo is what a running role records about itself.
 type RunInfo struct {
-	Role       string    `json:"role"`
-	PID        int       `json:"pid"`
-	Management string    `json:"management"`
-	Inference  string    `json:"inference"`
-	StartedAt  time.Time `json:"started_at"`
-	Version    string    `json:"version"`
-	Host       string    `json:"host"`
+	Role       string `json:"role"`
+	PID        int    `json:"pid"`
+	Management string `json:"management"`
+	// ManagementSocket is the management API's Unix socket, empty when the
+	// role serves none (a state directory whose path is too long for a
+	// socket's).
+	ManagementSocket string    `json:"management_socket,omitempty"`
+	Inference        string    `json:"inference"`
+	StartedAt        time.Time `json:"started_at"`
+	Version          string    `json:"version"`
+	Host             string    `json:"host"`
 }
 
 // ReadCredentials reads a state directory's credentials file.

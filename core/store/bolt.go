@@ -9,7 +9,7 @@
 //
 //	capyctl.db
 //	├── meta
-//	│   ├── schema_version ........ "2" (decimal; see migrations.go)
+//	│   ├── schema_version ........ "3" (decimal; see migrations.go)
 //	│   ├── incarnation ........... 26 base32 digits drawn when the file was created;
 //	│   │                           the event cursor is "<incarnation>:<seq>"
 //	│   ├── hostname .............. the machine name the state belongs to
@@ -39,10 +39,14 @@
 //	├── requests_by_deployment
 //	│   └── <deployment>/
 //	│       └── <seq u64> ......... (empty) index into requests
-//	├── fleet_log ................ sequence = index of the last applied command
-//	│   └── <index u64> ........... a server command, as core/fleet encoded it
-//	└── fleet_state
-//	    └── <key> ................. the server's state machine, JSON per key
+//	├── fleet_state
+//	│   └── <key> ................. the server's replicated state, JSON per key
+//	│                               (core/fleet/fsm; its log is raft's, under
+//	│                               <state_dir>/raft)
+//	├── responses ................ sequence = bytes of the stored responses
+//	│   └── <id> .................. structs.StoredResponse (responses.go)
+//	└── responses_by_time
+//	    └── <created u64><id> ..... (empty) age index of responses
 //
 // Events and request records are only ever removed from the oldest end, so
 // their keys stay contiguous and a count is last-first+1 without a scan.
@@ -87,8 +91,12 @@ var (
 	bucketMeasurements     = []byte("measurements")
 	bucketRequests         = []byte("requests")
 	bucketRequestsByDeploy = []byte("requests_by_deployment")
-	bucketFleetLog         = []byte("fleet_log")
-	bucketFleetState       = []byte("fleet_state")
+	// bucketFleetLog was the server's own command log (schema 2); schema
+	// 4 removed it: raft's log is the one log.
+	bucketFleetLog        = []byte("fleet_log")
+	bucketFleetState      = []byte("fleet_state")
+	bucketResponses       = []byte("responses")
+	bucketResponsesByTime = []byte("responses_by_time")
 )
 
 // Reserved meta keys.

@@ -9,59 +9,18 @@ import (
 	"fmt"
 )
 
-// FleetLogKeep is how many applied commands the server's log keeps; older
-// ones go as new ones are appended (the state in fleet_state is the
-// snapshot they were applied to).
-const FleetLogKeep = 10_000
-
-// ApplyFleet appends one server command to the log and runs apply on the
-// state in the same transaction: either both land or neither. apply reads
-// and writes the state through the FleetState it is given. It returns the
-// command's index in the log.
-func (s *Store) ApplyFleet(command []byte, apply func(st *FleetState) error) (uint64, error) {
-	var index uint64
-	err := s.Update(func(tx *Tx) error {
-		log := tx.bucket(bucketFleetLog)
-		seq, err := log.NextSequence()
-		if err != nil {
-			return err
-		}
-		if err := log.Put(u64(seq), command); err != nil {
-			return err
-		}
-		if seq > FleetLogKeep {
-			c := log.Cursor()
-			for k, _ := c.First(); k != nil && readU64(k) <= seq-FleetLogKeep; k, _ = c.Next() {
-				if err := c.Delete(); err != nil {
-					return err
-				}
-			}
-		}
-		index = seq
-		return apply(&FleetState{tx: tx})
-	})
-	return index, err
-}
-
-// FleetLogAfter returns the commands after index, oldest first, at most
-// limit of them, with their indexes.
-func (s *Store) FleetLogAfter(index uint64, limit int) ([]uint64, [][]byte, error) {
-	var idx []uint64
-	var cmds [][]byte
-	err := s.View(func(tx *Tx) error {
-		c := tx.bucket(bucketFleetLog).Cursor()
-		for k, v := c.Seek(u64(index + 1)); k != nil && len(idx) < limit; k, v = c.Next() {
-			idx = append(idx, readU64(k))
-			cmds = append(cmds, bytes.Clone(v))
-		}
-		return nil
-	})
-	return idx, cmds, err
+// UpdateFleet runs apply on the server's replicated state in one
+// transaction: either every change apply made lands or none does. The
+// replicated log itself is raft's (core/fleet/raftlog): this store keeps
+// only the state its entries built, with the index of the last one
+// applied (core/fleet/fsm writes it in the same transaction).
+func (s *Store) UpdateFleet(apply func(st *FleetState) error) error {
+	return s.Update(func(tx *Tx) error { return apply(&FleetState{tx: tx}) })
 }
 
 // FleetState reads and writes the server's state machine inside one
 // transaction. Keys are the state machine's ("host/<name>",
-// "placement/<deployment>").
+// "placement/<deployment>", "meta/...").
 type FleetState struct{ tx *Tx }
 
 // Put stores v under key as JSON.
@@ -97,9 +56,8 @@ func (s *Store) FleetStateList(prefix string) (map[string]json.RawMessage, error
 }
 
 // ReplaceFleetState replaces the whole server state in one transaction:
-// every key is removed, then fill writes the new state (a replicated log's
-// snapshot being restored). The log is left as it is: its entries are
-// history, the state is what counts.
+// every key is removed, then fill writes the new state (a snapshot being
+// restored).
 func (s *Store) ReplaceFleetState(fill func(st *FleetState) error) error {
 	return s.Update(func(tx *Tx) error {
 		b := tx.bucket(bucketFleetState)

@@ -8,12 +8,14 @@ import (
 	"maps"
 	"slices"
 	"testing"
+
+	bolt "go.etcd.io/bbolt"
 )
 
 func TestStore_ReplaceFleetState(t *testing.T) {
 	s, _ := newTestStore(t, Options{})
 	for _, k := range []string{"host/a", "host/b", "placement/x"} {
-		if _, err := s.ApplyFleet([]byte(`{}`), func(st *FleetState) error { return st.Put(k, k) }); err != nil {
+		if err := s.UpdateFleet(func(st *FleetState) error { return st.Put(k, k) }); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -61,4 +63,47 @@ func fleetGet(s *Store, key string, v any) (found bool, err error) {
 		return err
 	})
 	return found, err
+}
+
+// TestStore_MigrateV4DropsTheFleetLog opens a schema-3 file whose server
+// kept its own command log beside its state: the log goes, the state
+// stays (raft's log is the one log from schema 4 on).
+func TestStore_MigrateV4DropsTheFleetLog(t *testing.T) {
+	path := PathIn(t.TempDir())
+	db, err := bolt.Open(path, 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := migrate(db, migrations[:3]); err != nil {
+		t.Fatal(err)
+	}
+	err = db.Update(func(tx *bolt.Tx) error {
+		if err := tx.Bucket(bucketFleetLog).Put(u64(1), []byte(`{"op":"host_joined","host":"gpu-a"}`)); err != nil {
+			return err
+		}
+		return tx.Bucket(bucketFleetState).Put([]byte("host/gpu-a"), []byte(`{"name":"gpu-a"}`))
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s, err := Open(path, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if v, _ := s.SchemaVersion(); v != 4 {
+		t.Fatalf("schema version %d, want 4", v)
+	}
+	_ = s.View(func(tx *Tx) error {
+		if tx.tx.Bucket(bucketFleetLog) != nil {
+			t.Error("the fleet_log bucket is still there")
+		}
+		return nil
+	})
+	if m, err := s.FleetStateList("host/"); err != nil || len(m) != 1 {
+		t.Fatalf("the state after the migration: %v, %v", m, err)
+	}
 }

@@ -26,6 +26,8 @@ type migration struct {
 var migrations = []migration{
 	{version: 1, name: "initial buckets", apply: migrateV1},
 	{version: 2, name: "the server's command log and state (several machines)", apply: migrateV2},
+	{version: 3, name: "the Responses API's stored responses", apply: migrateV3},
+	{version: 4, name: "the server's command log goes: raft's log is the one log", apply: migrateV4},
 }
 
 // CurrentSchemaVersion is the schema this binary writes.
@@ -49,6 +51,19 @@ func migrateV2(tx *bolt.Tx) error {
 		if _, err := tx.CreateBucketIfNotExists(name); err != nil {
 			return fmt.Errorf("create bucket %s: %w", name, err)
 		}
+	}
+	return nil
+}
+
+// migrateV4 drops fleet_log: every server runs raft (a server alone is a
+// cluster of one voter), whose log is the one durable log of commands;
+// the state they built stays in fleet_state.
+func migrateV4(tx *bolt.Tx) error {
+	if tx.Bucket(bucketFleetLog) == nil {
+		return nil
+	}
+	if err := tx.DeleteBucket(bucketFleetLog); err != nil {
+		return fmt.Errorf("delete bucket %s: %w", bucketFleetLog, err)
 	}
 	return nil
 }

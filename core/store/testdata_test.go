@@ -62,6 +62,16 @@ func fillTestdata(t *testing.T, s *Store) {
 			return err
 		},
 		func() error { return s.SetMeta(MetaHostname, "gpu-a") },
+		func() error {
+			return s.Update(func(tx *Tx) error {
+				return tx.PutResponses([]structs.StoredResponse{{ID: "resp_0000000000000000000000000000", Owner: "default",
+					CreatedAt: testdataTime, Input: []byte(`[{"role":"user","content":"hello"}]`),
+					Response: []byte(`{"id":"resp_0000000000000000000000000000","object":"response","output":[]}`)}})
+			})
+		},
+		func() error {
+			return s.UpdateFleet(func(st *FleetState) error { return st.Put("host/gpu-a", map[string]string{"name": "gpu-a"}) })
+		},
 	}
 	for _, step := range steps {
 		if err := step(); err != nil {
@@ -119,9 +129,13 @@ func TestStore_OpenOldVersions(t *testing.T) {
 	cases := []struct {
 		name string
 		file string
+		// responses says whether the file holds a stored response (v3 on).
+		responses bool
 	}{
 		{name: "schema v1", file: "v1.db"},
 		{name: "schema v2", file: "v2.db"},
+		{name: "schema v3", file: "v3.db", responses: true},
+		{name: "schema v4", file: "v4.db", responses: true},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -171,7 +185,19 @@ func TestStore_OpenOldVersions(t *testing.T) {
 			if reqs, _ := s.ListRequests("chat-small", 10); len(reqs) != 1 {
 				t.Errorf("requests = %+v", reqs)
 			}
-			// The file stays writable after the upgrade.
+			r, err := s.GetResponse("resp_0000000000000000000000000000")
+			switch {
+			case c.responses && (err != nil || r.Owner != "default"):
+				t.Errorf("stored response = %+v, %v", r, err)
+			case !c.responses && !structs.HasCode(err, structs.CodeNotFound):
+				t.Errorf("stored response in a file older than v3: %+v, %v", r, err)
+			}
+			// The file stays writable after the upgrade, responses included.
+			if err := s.Update(func(tx *Tx) error {
+				return tx.PutResponses([]structs.StoredResponse{{ID: "resp_new", Owner: "default", CreatedAt: testdataTime}})
+			}); err != nil {
+				t.Error(err)
+			}
 			if _, err := s.AppendEvent(&structs.Event{Kind: "upgraded"}); err != nil {
 				t.Error(err)
 			}

@@ -122,6 +122,9 @@ const (
 	CodeNotLeader                 Code = "not_leader"
 	CodeSnapshotInvalid           Code = "snapshot_invalid"
 	CodeSnapshotCAMismatch        Code = "snapshot_ca_mismatch"
+	CodeCountTokensUnsupported    Code = "count_tokens_unsupported"
+	CodeResponseNotFound          Code = "response_not_found"
+	CodeAddressInUse              Code = "address_in_use"
 
 	// Groups: one model across several machines.
 	CodeGroupPlacementRequired    Code = "group_placement_required"
@@ -134,6 +137,11 @@ const (
 	CodeGroupStalled              Code = "group_stalled"
 	CodePeerAddressMissing        Code = "peer_address_missing"
 	CodeRendezvousPortsExhausted  Code = "rendezvous_ports_exhausted"
+	// The server cluster (core/fleet).
+	CodeServerCommandUnknown Code = "server_command_unknown"
+	CodeServerRemoved        Code = "server_removed"
+	CodeHostUnknown          Code = "host_unknown"
+	CodeStaleTerm            Code = "stale_term"
 	// The codes drivers return (sdk/driver.go) that no other row names,
 	// and a driver's failure without a code.
 	CodeInstanceNotFound Code = "instance_not_found"
@@ -240,6 +248,9 @@ func init() {
 	row(CodeNotLeader, 28, true, "this server is not the leader of the server cluster and cannot commit a change; details name the leader (leader_id, leader_address; empty while an election runs)")
 	row(CodeSnapshotInvalid, 2, false, "the server state snapshot is not one this release reads, or its checksum does not match its content: the file was changed or cut short; nothing was restored")
 	row(CodeSnapshotCAMismatch, 3, false, "the snapshot was saved on a cluster of another CA: its hosts' certificates are not trusted here (start the servers from the old cluster's pki directory, or restore with --force)")
+	row(CodeCountTokensUnsupported, 2, false, "the model's engine has no route that counts a Messages request's tokens with its own tokenizer and chat template (CapyCTL never estimates); vLLM and llama-server builds with /v1/messages/count_tokens have one")
+	row(CodeResponseNotFound, 2, false, "no stored response with this ID for this API key: never stored (store false), deleted, past the retention, or another key's")
+	row(CodeAddressInUse, 29, true, "another process listens on the address a role was told to listen on (listen, management_listen, cluster_listen): a role that did not stop yet, or another program; it is retried (the systemd units restart on it), or choose another address (--listen, --management-listen, --cluster-listen)")
 	row(CodeGroupPlacementRequired, 2, false, "a topology needs placement.hosts naming at least two hosts, one rank per host")
 	row(CodeGroupTopologyInvalid, 2, false, "the topology does not divide over the group's machines (tensor_parallel × pipeline_parallel must divide by the number of hosts)")
 	row(CodeGroupShapeUnsupported, 5, false, "the engine cannot run this group shape (the engine follows the colon: TensorFold runs tensor_parallel 2 on exactly two machines; llama.cpp and custom engines run no groups)")
@@ -250,6 +261,10 @@ func init() {
 	row(CodeGroupStalled, 13, false, "the group's bring-up stalled past group_stall_timeout; the group was stopped")
 	row(CodePeerAddressMissing, 2, false, "a group member's host has no peer address (set peer_address, --peer-address or CAPYCTL_PEER_ADDRESS on the host)")
 	row(CodeRendezvousPortsExhausted, 4, true, "every port of the head host's rendezvous_ports range is taken")
+	row(CodeServerCommandUnknown, 5, false, "the replicated log holds a command a newer CapyCTL wrote, which this server cannot apply (nor skip: its writer did not flag it ignorable); the server stopped instead of diverging: upgrade it")
+	row(CodeHostUnknown, 3, true, "the host's certificate is the cluster's but the cluster's state does not name the host (a state restored from a snapshot after the host first reached it): the host keeps trying, and is taken once a restore or a join names it")
+	row(CodeStaleTerm, 28, true, "a host refused a command or a desired state from a server that led an older raft term than one the host has seen: a deposed leader's late word changes nothing; the current leader's stands")
+	row(CodeServerRemoved, 3, false, "this server was removed from its cluster (capyctl remove server): move its state directory away and join it again with a new server join token")
 	row(CodeInstanceNotFound, 13, true, "the engine's driver does not know the instance (relaunched during a start, a park or a wake): that effect failed; the instance is stopped or started again")
 	row(CodeStopFailed, 25, true, "the driver could not stop the engine; the instance keeps its memory and its stop is retried")
 	row(CodeInvalidManifest, 2, false, "the custom engine's manifest is invalid (the field named)")

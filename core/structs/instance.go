@@ -84,6 +84,14 @@ type EngineEndpoint struct {
 	// router forwards a digest of the deployment, its revision and the
 	// salt).
 	CacheSalt bool `json:"cache_salt,omitempty"`
+	// MessagesPath, CountTokensPath and ResponsesPath are the engine's own
+	// routes for Anthropic's Messages API, its token count, and OpenAI's
+	// Responses API, where the driver lets the engine serve them (empty:
+	// the router translates Messages and Responses requests to chat and
+	// refuses count_tokens with count_tokens_unsupported).
+	MessagesPath    string `json:"messages_path,omitempty"`
+	CountTokensPath string `json:"count_tokens_path,omitempty"`
+	ResponsesPath   string `json:"responses_path,omitempty"`
 	// Exposure says who besides CapyCTL reaches the engine (nil from a
 	// driver that does not say).
 	Exposure *Exposure `json:"exposure,omitempty"`
@@ -148,6 +156,83 @@ type InstanceRecord struct {
 	LastUsedAt time.Time `json:"last_used_at,omitempty"`
 	// Parsers are the tool-call and reasoning parsers the launch renders.
 	Parsers *Parsers `json:"parsers,omitempty"`
+	// ParkTier is the tier the instance is parked at, chosen at each park
+	// ("host_backed": weights kept in host RAM, vLLM's sleep level 1;
+	// "deep": weights dropped, level 2); empty when it is not parked.
+	ParkTier string `json:"park_tier,omitempty"`
+	// ParkDetail is the driver's word on the park ("asleep at level 1
+	// (host_backed)").
+	ParkDetail string `json:"park_detail,omitempty"`
+	// Timings are the measured durations of the instance's lifecycle steps,
+	// what a switch's cost and a waiting request's estimate use.
+	Timings *Timings `json:"timings,omitempty"`
+}
+
+// Timings are an instance's measured step durations in milliseconds, each
+// a moving average of its last measurements (0: never measured).
+type Timings struct {
+	// StartMs is a launch's time from starting to ready (a cold start).
+	StartMs int64 `json:"start_ms,omitempty"`
+	// WakeMs is a wake's time from waking to ready, by the tier it woke
+	// from.
+	WakeMs map[string]int64 `json:"wake_ms,omitempty"`
+	// ParkMs is a park's time from parking to parked (the drain before it
+	// excluded).
+	ParkMs int64 `json:"park_ms,omitempty"`
+	// StopMs is a stop's time from stopping to stopped.
+	StopMs int64 `json:"stop_ms,omitempty"`
+}
+
+// timingAlpha weighs the newest measurement in a moving average.
+const timingAlpha = 0.5
+
+// Blend folds a new measurement into a moving average (the first one is
+// taken as it is).
+func Blend(avg, ms int64) int64 {
+	if ms <= 0 {
+		return avg
+	}
+	if avg <= 0 {
+		return ms
+	}
+	return int64(timingAlpha*float64(ms) + (1-timingAlpha)*float64(avg))
+}
+
+// Clone copies the timings.
+func (t *Timings) Clone() *Timings {
+	if t == nil {
+		return nil
+	}
+	c := *t
+	if t.WakeMs != nil {
+		c.WakeMs = make(map[string]int64, len(t.WakeMs))
+		for k, v := range t.WakeMs {
+			c.WakeMs[k] = v
+		}
+	}
+	return &c
+}
+
+// WaitEstimate is what a request for a model that is not in memory can
+// expect: how long until it is served, which models hold the memory it
+// needs, and how many models' turns come first. The lifecycle computes it
+// from the measured step durations and the queues; the router uses it for
+// a refusal's Retry-After and a waiting stream's progress.
+type WaitEstimate struct {
+	// Wait is the expected time until the model serves (0: unknown), with
+	// placeholders for steps never measured.
+	Wait time.Duration
+	// Floor is the part of Wait that measured figures alone give (steps
+	// never measured count 0): a request is refused only when this is past
+	// its deadline, never on a placeholder.
+	Floor time.Duration
+	// Holding are the deployments whose memory the model needs, busy or
+	// not.
+	Holding []string
+	// Ahead is the number of models whose turn comes first.
+	Ahead int
+	// Switch is true when the model needs another one out of memory.
+	Switch bool
 }
 
 // Parsers says which tool-call and reasoning parsers an engine runs with,

@@ -137,10 +137,40 @@ func ParseDuration(s string) (Duration, error) {
 func (d Duration) D() time.Duration { return time.Duration(d) }
 
 // String renders the duration.
-func (d Duration) String() string { return time.Duration(d).String() }
+func (d Duration) String() string { return FormatDuration(time.Duration(d)) }
 
 // MarshalJSON writes the duration as a string.
-func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(time.Duration(d).String()) }
+func (d Duration) MarshalJSON() ([]byte, error) {
+	return json.Marshal(FormatDuration(time.Duration(d)))
+}
+
+// FormatDuration renders a duration as an operator writes one: the units
+// that are not zero ("2m", "168h", "1h30m", "1m30s"), not Go's "2m0s"; a
+// fraction of a second as Go writes it ("1.5s", "250ms"). It parses back
+// with ParseDuration.
+func FormatDuration(d time.Duration) string {
+	if d == 0 {
+		return "0s"
+	}
+	if d < 0 {
+		return "-" + FormatDuration(-d)
+	}
+	if d%time.Second != 0 {
+		return d.String()
+	}
+	h, m, sec := d/time.Hour, (d%time.Hour)/time.Minute, (d%time.Minute)/time.Second
+	var b strings.Builder
+	if h > 0 {
+		b.WriteString(strconv.FormatInt(int64(h), 10) + "h")
+	}
+	if m > 0 {
+		b.WriteString(strconv.FormatInt(int64(m), 10) + "m")
+	}
+	if sec > 0 {
+		b.WriteString(strconv.FormatInt(int64(sec), 10) + "s")
+	}
+	return b.String()
+}
 
 // UnmarshalJSON reads a duration string or an integer of nanoseconds.
 func (d *Duration) UnmarshalJSON(data []byte) error {

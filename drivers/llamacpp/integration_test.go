@@ -6,6 +6,7 @@
 package llamacpp
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"net/http"
@@ -21,7 +22,8 @@ import (
 // TestIntegration_RealLlamaServer runs the driver against a real
 // llama-server (CAPYCTL_LLAMA_SERVER=/path/to/llama-server) with
 // stories260K.gguf: detect, plan, start, readiness (health, models, props,
-// a real answer), a streamed answer with usage and timings, the idle
+// a real answer), an answer with usage and timings, the same answer
+// streamed (its pieces, then usage and timings, then [DONE]), the idle
 // signal, and a stop that leaves nothing. The plan renders only the
 // options the build's --help lists (Detect's details), so an older build
 // or one from a source tarball ("version: 0 (unknown)") runs too. It skips
@@ -77,8 +79,9 @@ func TestIntegration_RealLlamaServer(t *testing.T) {
 	t.Logf("endpoint %s (%s)", ep.GetBaseUrl(), ep.GetListener())
 	client := engineapi.NewEngineClient(ep.GetBaseUrl(), ep.GetAuthHeader(), ep.GetAuthValue())
 	defer client.CloseIdleConnections()
-	req, err := client.NewRequest(ctx, http.MethodPost, ep.GetChatPath(),
-		strings.NewReader(`{"model":"stories","stream":false,"max_tokens":16,"temperature":0,"messages":[{"role":"user","content":"Once upon a time"}]}`))
+	const question = `"max_tokens":16,"temperature":0,"messages":[{"role":"user","content":"Once upon a time"}]`
+	// Non-streamed: the answer with usage and llama-server's timings.
+	req, err := client.NewRequest(ctx, http.MethodPost, ep.GetChatPath(), strings.NewReader(`{"model":"stories","stream":false,`+question+`}`))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -87,14 +90,49 @@ func TestIntegration_RealLlamaServer(t *testing.T) {
 		t.Fatal(err)
 	}
 	var answer struct {
+		Choices []struct {
+			Message struct {
+				Content string `json:"content"`
+			} `json:"message"`
+		} `json:"choices"`
 		Usage   map[string]int     `json:"usage"`
 		Timings map[string]float64 `json:"timings"`
 	}
 	json.NewDecoder(r.Body).Decode(&answer)
 	r.Body.Close()
-	if r.StatusCode != 200 || answer.Usage["completion_tokens"] == 0 || answer.Timings["predicted_n"] == 0 {
+	if r.StatusCode != 200 || len(answer.Choices) == 0 || answer.Choices[0].Message.Content == "" ||
+		answer.Usage["completion_tokens"] == 0 || answer.Timings["predicted_n"] == 0 {
 		t.Fatalf("answer %d %+v", r.StatusCode, answer)
 	}
+	whole := answer.Choices[0].Message.Content
+
+	// Streamed: server-sent events, each a piece of the same answer (the
+	// temperature is 0), then a last chunk with usage and timings, then
+	// [DONE]. The router relays exactly this.
+	req, err = client.NewRequest(ctx, http.MethodPost, ep.GetChatPath(),
+		strings.NewReader(`{"model":"stories","stream":true,"stream_options":{"include_usage":true},`+question+`}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err = client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	streamed, pieces, last, done := readChatStream(t, r)
+	if r.StatusCode != 200 || !strings.HasPrefix(r.Header.Get("Content-Type"), "text/event-stream") {
+		t.Fatalf("stream: %d %s", r.StatusCode, r.Header.Get("Content-Type"))
+	}
+	if !done {
+		t.Fatal("the stream did not end with data: [DONE]")
+	}
+	if pieces < 2 || streamed != whole {
+		t.Fatalf("the stream carried %q in %d pieces, want the non-streamed answer %q in several", streamed, pieces, whole)
+	}
+	if last.Usage["completion_tokens"] != answer.Usage["completion_tokens"] || last.Timings["predicted_n"] == 0 {
+		t.Fatalf("the stream's last chunk: usage %v timings %v, want the answer's usage %v and timings", last.Usage, last.Timings, answer.Usage)
+	}
+	t.Logf("streamed %q in %d pieces; usage %v; the engine closed the connection after it: %v", streamed, pieces, last.Usage, r.Close)
+
 	load, err := d.Load(ctx, &pb.LoadRequest{InstanceId: "stories/0"})
 	if err != nil || !load.GetKnown() || load.GetRunning() != 0 {
 		t.Fatalf("load %+v %v", load, err)
@@ -104,4 +142,52 @@ func TestIntegration_RealLlamaServer(t *testing.T) {
 		t.Fatalf("stop %+v %v", stop, err)
 	}
 	t.Logf("stopped: exit %d forced %v", stop.GetExitCode(), stop.GetForced())
+}
+
+// streamChunk is the part of a streamed chat chunk the test reads.
+type streamChunk struct {
+	Choices []struct {
+		Delta struct {
+			Content string `json:"content"`
+		} `json:"delta"`
+	} `json:"choices"`
+	Usage   map[string]int     `json:"usage"`
+	Timings map[string]float64 `json:"timings"`
+}
+
+// readChatStream reads a streamed chat answer to its end: the content it
+// carried, in how many non-empty pieces, the last chunk with usage, and
+// whether it ended with [DONE].
+func readChatStream(t *testing.T, r *http.Response) (text string, pieces int, last streamChunk, done bool) {
+	t.Helper()
+	defer r.Body.Close()
+	sc := bufio.NewScanner(r.Body)
+	var b strings.Builder
+	for sc.Scan() {
+		data, ok := strings.CutPrefix(sc.Text(), "data: ")
+		if !ok {
+			continue
+		}
+		if data == "[DONE]" {
+			done = true
+			continue
+		}
+		var c streamChunk
+		if err := json.Unmarshal([]byte(data), &c); err != nil {
+			t.Fatalf("a chunk that is not JSON: %q: %v", data, err)
+		}
+		for _, ch := range c.Choices {
+			if ch.Delta.Content != "" {
+				b.WriteString(ch.Delta.Content)
+				pieces++
+			}
+		}
+		if c.Usage != nil {
+			last = c
+		}
+	}
+	if err := sc.Err(); err != nil {
+		t.Fatalf("read the stream: %v", err)
+	}
+	return b.String(), pieces, last, done
 }

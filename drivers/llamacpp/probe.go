@@ -45,6 +45,11 @@ type handle struct {
 func newHandle(id, launchID string, l proc.Launched, port int, key string, dep *pb.Deployment, plan *pb.PlanResponse, grace time.Duration) *handle {
 	ep := enginekit.NewEndpoint(port, dep.GetServedName(), key)
 	ep.DecisionsPath = decisions.Path
+	// Builds since llama.cpp PR #17570 count a Messages request's tokens
+	// through the chat template; an older build answers 404, which the
+	// router answers count_tokens_unsupported. Messages and Responses
+	// requests are translated to chat (the engine table says why).
+	ep.CountTokensPath = enginefacts.LlamaCpp.Route(enginefacts.RouteCountTokens)
 	// IMPORTANT: llama-server checks a non-streamed client only when its
 	// one-second wait for results times out, and any result (another
 	// request's token, a /slots or /metrics call) restarts that wait: under

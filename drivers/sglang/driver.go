@@ -119,6 +119,17 @@ type Driver struct {
 	// rdmaDir lists the host's RDMA devices for require_rdma
 	// (enginekit.DefaultRDMADir when ""; tests point it elsewhere).
 	rdmaDir string
+	// netns reports whether this driver can launch in a network namespace
+	// of its own (nil: enginekit.NetnsPossible; tests set it).
+	netns func() bool
+}
+
+// netnsPossible is d.netns, or enginekit.NetnsPossible.
+func (d *Driver) netnsPossible() bool {
+	if d.netns != nil {
+		return d.netns()
+	}
+	return enginekit.NetnsPossible()
 }
 
 var _ sdk.Driver = (*Driver)(nil)

@@ -89,6 +89,7 @@ func (d *Driver) Plan(_ context.Context, req *pb.PlanRequest) (*pb.PlanResponse,
 	venv := pyengine.PlanVenv(inst, &r)
 	lmc := pyengine.PlanLMCache(pyengine.LMCacheInput{
 		Family: lmcacheFamily, Inst: inst, Dep: dep, Host: host, Launch: lctx, Venv: venv, Residency: res,
+		Isolated: d.netnsPossible() && !enginekit.InGroup(dep),
 	}, &r)
 	if len(r) > 0 {
 		return &pb.PlanResponse{Refusals: r}, nil
@@ -338,7 +339,7 @@ func (d *Driver) Start(_ context.Context, req *pb.StartRequest) (*pb.StartRespon
 	// SGLang cannot listen on a Unix socket: a driver that runs as root
 	// launches it in a network namespace of its own instead, except a
 	// group member, whose ranks reach each other over the host's network.
-	netns := enginekit.NetnsPossible() && !enginekit.InGroup(dep)
+	netns := d.netnsPossible() && !enginekit.InGroup(dep)
 	launched, server, err := enginekit.StartWithLMCache(enginekit.LaunchOptions{
 		Plan: req.GetPlan(), Host: req.GetHost(), Launch: lctx,
 		Secrets:      []string{engineKey(req.GetEngineKey()), req.GetEngineKey(), req.GetAdminKey()},

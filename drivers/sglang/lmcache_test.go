@@ -32,15 +32,22 @@ func TestPlan_LMCache(t *testing.T) {
 		dep     *pb.Deployment
 		runs    bool
 		refusal string
+		shared  bool // the driver cannot make a network namespace
 	}{
 		{name: "chat restart_only runs", inst: with, dep: &pb.Deployment{Name: "c", Api: "chat", ServedName: "c", ModelDir: f.qwen3, Residency: "restart_only"}, runs: true},
 		{name: "decisions run without it", inst: with, dep: &pb.Deployment{Name: "j", Api: "decisions", ServedName: "j", ModelDir: f.qwen3}},
 		{name: "decisions required refused", inst: with, dep: &pb.Deployment{Name: "j", Api: "decisions", ServedName: "j", ModelDir: f.qwen3, Lmcache: "required"}, refusal: "lmcache_unavailable:decisions"},
 		{name: "SGLang 0.5.21 refused", inst: f.old, dep: &pb.Deployment{Name: "c", Api: "chat", ServedName: "c", ModelDir: f.qwen3, Residency: "restart_only", Lmcache: "required"}, refusal: "lmcache_unavailable:engine_version"},
+		// M8: never on the host's loopback, where every local user
+		// reaches LMCache's unauthenticated server.
+		{name: "not isolated runs without it", inst: with, dep: &pb.Deployment{Name: "c", Api: "chat", ServedName: "c", ModelDir: f.qwen3, Residency: "restart_only"}, shared: true},
+		{name: "not isolated required refused", inst: with, dep: &pb.Deployment{Name: "c", Api: "chat", ServedName: "c", ModelDir: f.qwen3, Residency: "restart_only", Lmcache: "required"}, shared: true, refusal: "lmcache_unavailable:not_isolated"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			resp, err := New().Plan(context.Background(), &pb.PlanRequest{Installation: c.inst, Deployment: c.dep, Host: &pb.HostPolicy{}, Launch: lctx})
+			d := New()
+			d.netns = func() bool { return !c.shared }
+			resp, err := d.Plan(context.Background(), &pb.PlanRequest{Installation: c.inst, Deployment: c.dep, Host: &pb.HostPolicy{}, Launch: lctx})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -6,6 +6,7 @@ package sglang
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/capyctl/capyctl/drivers/internal/pyengine"
@@ -65,7 +66,7 @@ func (d *Driver) Park(ctx context.Context, req *pb.ParkRequest) (*pb.ParkRespons
 		return nil, sdk.Errorf(sdk.CodeParkFailed, "release memory: %v", err)
 	}
 	in.MarkParked(tier)
-	return &pb.ParkResponse{Detail: fmt.Sprintf("released %v (%s)", memoryTags, tier)}, nil
+	return &pb.ParkResponse{Detail: fmt.Sprintf("released %s (%s)", strings.Join(memoryTags, ", "), tier)}, nil
 }
 
 // Wake implements sdk.Driver: POST /resume_memory_occupation; unless the

@@ -91,6 +91,17 @@ type Driver struct {
 	// rdmaDir lists the host's RDMA devices for require_rdma
 	// (enginekit.DefaultRDMADir when ""; tests point it elsewhere).
 	rdmaDir string
+	// netns reports whether this driver can launch in a network namespace
+	// of its own (nil: enginekit.NetnsPossible; tests set it).
+	netns func() bool
+}
+
+// netnsPossible is d.netns, or enginekit.NetnsPossible.
+func (d *Driver) netnsPossible() bool {
+	if d.netns != nil {
+		return d.netns()
+	}
+	return enginekit.NetnsPossible()
 }
 
 var _ sdk.Driver = (*Driver)(nil)
@@ -101,7 +112,10 @@ func New() *Driver { return &Driver{reg: enginekit.NewRegistry[*enginekit.Instan
 // Describe implements sdk.Driver.
 func (d *Driver) Describe(context.Context, *pb.DescribeRequest) (*pb.DescribeResponse, error) {
 	return enginekit.Describe(Family, d.Version, &pb.Capabilities{
-		ParkTiers:       []string{enginekit.ResidencyDeep, enginekit.ResidencyHostBacked},
+		ParkTiers: []string{enginekit.ResidencyDeep, enginekit.ResidencyHostBacked},
+		// Every launch sleeps at either level (--enable-sleep-mode is on
+		// for both): the core picks the level at each park (park.go).
+		TierPerPark:     true,
 		Apis:            []string{"chat", "embeddings", "rerank"},
 		AbortMode:       pb.AbortMode_ABORT_MODE_CLOSE_CONNECTION,
 		IdleSignal:      true,

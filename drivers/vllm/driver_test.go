@@ -12,6 +12,7 @@ import (
 	"github.com/capyctl/capyctl/drivers/internal/drivertest"
 	"github.com/capyctl/capyctl/drivers/internal/pyengine"
 	"github.com/capyctl/capyctl/sdk"
+	"github.com/capyctl/capyctl/sdk/engineapi"
 	"github.com/capyctl/capyctl/sdk/enginekit"
 	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
@@ -320,7 +321,7 @@ func TestDescribeAndFlags(t *testing.T) {
 // its client disconnects (with_cancellation), so the router forwards one
 // as it is.
 func TestEndpoint_NonStreamedHangup(t *testing.T) {
-	ep := endpoint(1, "k", "m", "", true)
+	ep := endpoint(1, "k", "m", "", true, engineapi.NetnsAddr{})
 	if ep.GetNonStreamedHangup() != pb.NonStreamedHangup_NON_STREAMED_HANGUP_STOPS || ep.GetRequestIdHeader() != "X-Request-Id" {
 		t.Fatalf("endpoint %v", ep)
 	}

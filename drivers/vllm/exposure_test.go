@@ -60,9 +60,9 @@ func fakeVenv(t *testing.T, root, version string) string {
 // with a key, and plays another local user who knows the leased port but
 // not the key and POSTs /sleep. From 0.11 vLLM serves on a Unix socket in
 // the 0700 launch directory: the port refuses the foreign /sleep, and the
-// driver serves, parks and wakes through the socket. An older vLLM keeps
-// the port: the foreign /sleep puts the engine to sleep behind CapyCTL's
-// back (what issue 13 reproduced), and the endpoint reports it.
+// driver serves, parks and wakes through the socket. An older vLLM would
+// keep the port, where the foreign /sleep put the engine to sleep behind
+// CapyCTL's back (what issue 13 reproduced): it is refused at Plan.
 func TestStart_Exposure(t *testing.T) {
 	cases := []struct {
 		version string
@@ -93,8 +93,20 @@ func TestStart_Exposure(t *testing.T) {
 			lctx := &pb.LaunchContext{Port: int32(port), LaunchDir: filepath.Join(root, "launches", "chat", "0-L1"), InstanceId: "chat/0", LaunchId: "L1"}
 			host := &pb.HostPolicy{EngineLogs: "file"}
 			plan, err := d.Plan(ctx, &pb.PlanRequest{Installation: inst, Deployment: dep, Host: host, Launch: lctx})
-			if err != nil || len(plan.GetRefusals()) > 0 {
-				t.Fatalf("plan: %v %v", err, plan.GetRefusals())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !c.socket {
+				// L11: a vLLM without --uds would serve on a port every
+				// local user reaches (its /sleep answered a foreign
+				// request): it is refused, not started.
+				if rs := plan.GetRefusals(); len(rs) != 1 || rs[0].GetCode() != "engine_unsupported:no_socket" {
+					t.Fatalf("plan of vLLM %s: %v, want one refusal engine_unsupported:no_socket", c.version, rs)
+				}
+				return
+			}
+			if len(plan.GetRefusals()) > 0 {
+				t.Fatalf("plan: %v", plan.GetRefusals())
 			}
 			const key = "the-launch-key"
 			if _, err := d.Start(ctx, &pb.StartRequest{Installation: inst, Deployment: dep, Host: host, Launch: lctx, Plan: plan, EngineKey: key}); err != nil {

@@ -5,6 +5,8 @@ package vllm
 
 import (
 	"context"
+	"os"
+	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
@@ -102,6 +104,31 @@ func TestPlan_Group(t *testing.T) {
 	}
 }
 
+// TestPlan_GroupRequireRDMA: a member on a host with require_rdma and an
+// RDMA device gets NCCL_NET=IB, which makes NCCL use InfiniBand or RoCE or
+// fail the start: it cannot fall back to TCP sockets (the fake engine, as
+// NCCL, refuses to start with it where no RDMA device works).
+func TestPlan_GroupRequireRDMA(t *testing.T) {
+	f := newFixture(t)
+	d := New()
+	d.rdmaDir = t.TempDir()
+	if err := os.WriteFile(filepath.Join(d.rdmaDir, "mlx5_0"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, rank := range []int32{0, 1} {
+		g := drivertest.Member(rank, 2, 2, 1, 25000)
+		g.RequireRdma = true
+		dep := &pb.Deployment{Name: "chat", Api: "chat", ServedName: "chat", ModelDir: f.qwen3, Group: g}
+		resp, err := d.Plan(context.Background(), &pb.PlanRequest{Installation: f.inst, Deployment: dep, Host: &pb.HostPolicy{}, Launch: launchCtx()})
+		if err != nil || len(resp.GetRefusals()) > 0 {
+			t.Fatalf("rank %d: plan %v %v", rank, err, resp.GetRefusals())
+		}
+		if got := resp.GetEnv()["NCCL_NET"]; got != "IB" {
+			t.Errorf("rank %d: NCCL_NET %q, want IB", rank, got)
+		}
+	}
+}
+
 func TestPlan_GroupRefusals(t *testing.T) {
 	f := newFixture(t)
 	cases := []struct {
@@ -145,12 +172,12 @@ func TestPlan_GroupRefusals(t *testing.T) {
 // TestGroup_TwoRanks launches a two-machine vLLM group through two real
 // driver plugins against the fake engine on loopback: the worker is ready
 // without a canary, the head answers, the group parks deep (head first)
-// and wakes (worker first, then the head with its canary), a killed worker
-// ends the head.
+// and wakes (worker first, then the head with its canary); a killed worker
+// leaves the head up (vLLM notices at its next collective) until stopped.
 func TestGroup_TwoRanks(t *testing.T) {
 	dir := t.TempDir()
 	venv := conformance.FakeVenv(t, dir, map[string]string{"vllm": "0.31.0", "torch": "2.9.0"}, nil)
 	model := conformance.FakeModel(t, dir, 2<<20)
-	drivertest.GroupRun{Family: Family, Venv: venv, Size: 2, TP: 2, PP: 1, ParkTier: enginekit.ResidencyDeep,
+	drivertest.GroupRun{Family: Family, Venv: venv, Size: 2, TP: 2, PP: 1, ParkTier: enginekit.ResidencyDeep, PeerLossHangs: true,
 		Deployment: &pb.Deployment{Name: "chat", Revision: 1, Api: "chat", ServedName: "chat", ModelDir: model}}.Run(t)
 }

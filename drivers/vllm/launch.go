@@ -11,6 +11,8 @@ import (
 
 	"github.com/capyctl/capyctl/drivers/internal/engine"
 	"github.com/capyctl/capyctl/drivers/internal/pyengine"
+	"github.com/capyctl/capyctl/sdk"
+	"github.com/capyctl/capyctl/sdk/engineapi"
 	"github.com/capyctl/capyctl/sdk/enginefacts"
 	"github.com/capyctl/capyctl/sdk/enginekit"
 	"github.com/capyctl/capyctl/sdk/flags"
@@ -47,9 +49,18 @@ func (d *Driver) Plan(_ context.Context, req *pb.PlanRequest) (*pb.PlanResponse,
 	res := residency(dep)
 	group := dep.GetGroup()
 	enginekit.CheckGroup(group, enginekit.GroupOptions{RDMADir: d.rdmaDir}, &r)
+	if !engine.VersionAtLeast(inst.GetVersion(), UDSSince) && !enginekit.GroupWorker(group) {
+		// IMPORTANT: without --uds vLLM serves on a loopback port any local
+		// user reaches, and answers there without its key on every route
+		// outside /v1 (sleep, wake and collective_rpc when it parks): a
+		// local user would command the engine behind CapyCTL's back.
+		r.Add(enginekit.CodeEngineUnsupported+":no_socket", "engine",
+			"vLLM %s predates --uds (0.11): it would serve on a loopback port every local user reaches, its routes outside /v1 without the key; upgrade vLLM (CapyCTL verifies 0.29 to 0.32)", inst.GetVersion())
+	}
 	lmc := pyengine.PlanLMCache(pyengine.LMCacheInput{
 		Family: lmcacheFamily, Inst: inst, Dep: dep, Host: host, Launch: lctx, Venv: venv, Residency: res,
 		OwnConnector: flags.Find(args, "--kv-transfer-config") != nil,
+		Isolated:     d.netnsPossible() && !enginekit.InGroup(dep),
 	}, &r)
 	if len(r) > 0 {
 		return &pb.PlanResponse{Refusals: r}, nil
@@ -218,9 +229,13 @@ const lmcacheConnector = `{"kv_connector":"LMCacheConnectorV1","kv_role":"kv_bot
 // UDSSince is the first vLLM release CapyCTL serves on a Unix socket
 // (--uds, "Unix domain socket path. If set, host and port arguments are
 // ignored.", FrontendArgs in vllm/entrypoints/openai/cli_args.py, added by
-// vllm-project/vllm#18097 in May 2025). It was read first-hand in the 0.11
-// series; the first release that has it is unconfirmed, so older ones keep
-// the loopback port and report the exposure.
+// vllm-project/vllm#18097, opened in May 2025 and merged in August 2025 per
+// vLLM's weekly summaries of 2025-08-09 and 2025-08-15, so in 0.10.2 at the
+// latest). It was read first-hand in the 0.11 series, the one CapyCTL uses
+// it from; an older release is refused (Plan: engine_unsupported:no_socket)
+// rather than served on a port every local user reaches. A launch
+// directory whose path is too long for a socket still keeps the port, and
+// reports the exposure.
 var UDSSince = []int{0, 11}
 
 // socketFor is the socket a launch serves on, or "" and why it keeps the
@@ -258,14 +273,23 @@ func openRoutes(key string, parks bool) []string {
 // races the handler against the client's http.disconnect and aborts the
 // request in the engine the moment the connection closes, streamed or not
 // (engines.md §1.7, note 1; every verified release has it).
-func endpoint(port int, key, served, sock string, parks bool) *pb.Endpoint {
+// ns, when its PID is set, is the engine's network namespace of its own
+// (it joined its LMCache server's): a port there is reached only through
+// it.
+func endpoint(port int, key, served, sock string, parks bool, ns engineapi.NetnsAddr) *pb.Endpoint {
 	ep := enginekit.NewEndpoint(port, served, key)
 	ep.RequestIdHeader = "X-Request-Id"
 	ep.NonStreamedHangup = pb.NonStreamedHangup_NON_STREAMED_HANGUP_STOPS
 	// Chat and completion requests take cache_salt, which salts the
 	// prefix cache's block hashes (vllm/v1/request.py Request.cache_salt).
 	ep.CacheSalt = true
-	x := enginekit.Exposure{Socket: sock}
+	// Anthropic's Messages (and its token count) and OpenAI's Responses are
+	// served by vLLM itself in every verified release (the engine table's
+	// API routes, with their sources): their requests go there.
+	ep.MessagesPath = enginefacts.VLLM.Route(enginefacts.RouteMessages)
+	ep.CountTokensPath = enginefacts.VLLM.Route(enginefacts.RouteCountTokens)
+	ep.ResponsesPath = enginefacts.VLLM.Route(enginefacts.RouteResponses)
+	x := enginekit.Exposure{Socket: sock, Netns: ns}
 	if sock == "" {
 		x.OpenRoutes = openRoutes(key, parks)
 		x.Note = "vLLM guards only " + strings.Join(guardedPrefixes, ", ") + " with its key"
@@ -284,9 +308,17 @@ func (d *Driver) Start(_ context.Context, req *pb.StartRequest) (*pb.StartRespon
 	if k := req.GetEngineKey(); k != "" {
 		secretEnv["VLLM_API_KEY"] = k
 	}
+	// The instance's LMCache server gets a network namespace of its own,
+	// and vLLM joins it (its API is its Unix socket, a path that every
+	// namespace reaches): no other local user reaches the cache.
+	lmc := req.GetPlan().GetLmcache().GetRuns()
+	if lmc && (!d.netnsPossible() || enginekit.InGroup(dep)) {
+		return nil, sdk.Errorf(sdk.CodeLaunchFailed, "the plan runs LMCache, which this driver cannot isolate: %s", pyengine.LMCacheIsolationNeeded)
+	}
 	launched, server, err := enginekit.StartWithLMCache(enginekit.LaunchOptions{
 		Plan: req.GetPlan(), Host: req.GetHost(), Launch: lctx, SecretEnv: secretEnv,
-		Secrets: []string{req.GetEngineKey(), req.GetAdminKey()},
+		Secrets:      []string{req.GetEngineKey(), req.GetAdminKey()},
+		NetNamespace: lmc,
 	})
 	if err != nil {
 		return nil, err
@@ -296,7 +328,7 @@ func (d *Driver) Start(_ context.Context, req *pb.StartRequest) (*pb.StartRespon
 		res = r
 	}
 	sock := enginekit.SocketInArgv(req.GetPlan().GetArgv(), "--uds")
-	in := d.instance(lctx.GetInstanceId(), lctx.GetLaunchId(), *launched, int(lctx.GetPort()), req.GetEngineKey(), dep, sock, res)
+	in := d.instance(lctx.GetInstanceId(), lctx.GetLaunchId(), *launched, int(lctx.GetPort()), req.GetEngineKey(), dep, sock, res, lmc)
 	pyengine.SaltWithLMCache(in.Endpoint, server != nil)
 	if server != nil {
 		in.LMCachePort, in.LMCacheServer = int(lctx.GetLmcachePort()), server
@@ -305,9 +337,14 @@ func (d *Driver) Start(_ context.Context, req *pb.StartRequest) (*pb.StartRespon
 }
 
 // instance builds the driver's handle of a launch that serves on sock (""
-// for its port) at residency res.
-func (d *Driver) instance(id, launchID string, l proc.Launched, port int, key string, dep *pb.Deployment, sock, res string) *enginekit.Instance {
-	ep := endpoint(port, key, dep.GetServedName(), sock, enginekit.Parks(res))
+// for its port) at residency res; netns says the engine runs in a network
+// namespace of its own (its LMCache server's).
+func (d *Driver) instance(id, launchID string, l proc.Launched, port int, key string, dep *pb.Deployment, sock, res string, netns bool) *enginekit.Instance {
+	var ns engineapi.NetnsAddr
+	if netns {
+		ns = engineapi.NetnsAddr{Engine: l.Engine, Port: port}
+	}
+	ep := endpoint(port, key, dep.GetServedName(), sock, enginekit.Parks(res), ns)
 	if g := dep.GetGroup(); g != nil && g.GetRank() > 0 {
 		// A --headless rank runs no API server: nothing of it answers HTTP.
 		ep.OpenRoutes = nil

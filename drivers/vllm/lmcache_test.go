@@ -73,7 +73,7 @@ func TestPlan_LMCache(t *testing.T) {
 			if host == nil {
 				host = &pb.HostPolicy{}
 			}
-			resp, err := New().Plan(context.Background(), &pb.PlanRequest{Installation: c.inst, Deployment: c.dep, Host: host, Launch: lctx})
+			resp, err := isolating(true).Plan(context.Background(), &pb.PlanRequest{Installation: c.inst, Deployment: c.dep, Host: host, Launch: lctx})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -107,15 +107,35 @@ func TestPlan_LMCache(t *testing.T) {
 	// The golden launch: the server, its variables and the engine's.
 	d := dep("restart_only", "required")
 	d.LmcachePoolBytes = 8 << 30
-	resp, err := New().Plan(context.Background(), &pb.PlanRequest{Installation: with, Deployment: d, Host: &pb.HostPolicy{}, Launch: lctx})
+	resp, err := isolating(true).Plan(context.Background(), &pb.PlanRequest{Installation: with, Deployment: d, Host: &pb.HostPolicy{}, Launch: lctx})
 	if err != nil || len(resp.GetRefusals()) > 0 {
 		t.Fatalf("%v %v", err, resp.GetRefusals())
 	}
 	drivertest.Golden(t, "lmcache_restart_only", drivertest.RenderPlan(resp, map[string]string{f.root: "<tmp>"}))
 
 	// Written before the port is leased: it says it runs, renders nothing.
-	resp, err = New().Plan(context.Background(), &pb.PlanRequest{Installation: with, Deployment: dep("restart_only", ""), Host: &pb.HostPolicy{}})
+	resp, err = isolating(true).Plan(context.Background(), &pb.PlanRequest{Installation: with, Deployment: dep("restart_only", ""), Host: &pb.HostPolicy{}})
 	if err != nil || !resp.GetLmcache().GetRuns() || len(resp.GetLmcache().GetArgv()) != 0 {
 		t.Fatalf("at write time: %v %+v", err, resp.GetLmcache())
 	}
+
+	// M8: where the server cannot be isolated (no network namespace: the
+	// driver is not root), it never runs on the host's loopback: auto runs
+	// without, required is refused.
+	resp, err = isolating(false).Plan(context.Background(), &pb.PlanRequest{Installation: with, Deployment: dep("restart_only", "auto"), Host: &pb.HostPolicy{}, Launch: lctx})
+	if err != nil || len(resp.GetRefusals()) > 0 || resp.GetLmcache().GetRuns() || strings.Contains(strings.Join(resp.GetArgv(), " "), "--kv-transfer-config") ||
+		!strings.Contains(resp.GetLmcache().GetReason(), "network namespace") {
+		t.Fatalf("auto, not isolated: %v %v %+v", err, resp.GetRefusals(), resp.GetLmcache())
+	}
+	resp, err = isolating(false).Plan(context.Background(), &pb.PlanRequest{Installation: with, Deployment: dep("restart_only", "required"), Host: &pb.HostPolicy{}, Launch: lctx})
+	if err != nil || len(resp.GetRefusals()) != 1 || resp.GetRefusals()[0].GetCode() != "lmcache_unavailable:not_isolated" {
+		t.Fatalf("required, not isolated: %v %v", err, resp.GetRefusals())
+	}
+}
+
+// isolating is the driver with network namespaces possible or not.
+func isolating(ok bool) *Driver {
+	d := New()
+	d.netns = func() bool { return ok }
+	return d
 }

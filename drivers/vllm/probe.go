@@ -6,6 +6,7 @@ package vllm
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/capyctl/capyctl/drivers/internal/pyengine"
@@ -92,8 +93,14 @@ func (d *Driver) Stop(_ context.Context, req *pb.StopRequest) (*pb.StopResponse,
 func (d *Driver) Recover(ctx context.Context, req *pb.RecoverRequest) (*pb.RecoverResponse, error) {
 	return d.reg.Recover(req, func(launched proc.Launched, detail string) (*enginekit.Instance, string, error) {
 		l := req.GetLaunch()
+		// An engine that joined its LMCache server's network namespace is
+		// reached only there: read again from /proc.
+		netns, err := proc.OwnNetns(launched.Engine)
+		if err != nil {
+			return nil, "", fmt.Errorf("the engine's network namespace: %w", err)
+		}
 		in := d.instance(req.GetInstanceId(), l.GetLaunchId(), launched, int(l.GetPort()), req.GetEngineKey(), req.GetDeployment(),
-			enginekit.SocketOf(launched.LaunchDir), residency(req.GetDeployment()))
+			enginekit.SocketOf(launched.LaunchDir), residency(req.GetDeployment()), netns)
 		pyengine.SaltWithLMCache(in.Endpoint, l.GetLmcachePort() != 0)
 		if !enginekit.Parks(in.Residency) {
 			return in, detail, nil

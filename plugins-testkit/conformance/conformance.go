@@ -36,6 +36,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -112,6 +113,13 @@ type Failure struct {
 const (
 	// rpcTimeout bounds one driver call.
 	rpcTimeout = 60 * time.Second
+	// abortAnswerTokens is the answer of a request without max_tokens, at
+	// tokenRate tokens per second: 250 s, four times any wait of the
+	// suite (rpcTimeout), so the abort step sees only an engine that
+	// stops the request. Every other request (the suite's, a driver's
+	// probes and canaries) bounds its answer with max_tokens.
+	abortAnswerTokens = 100_000
+	tokenRate         = 400
 	// readyDeadline bounds a readiness probe (fakes start at once).
 	readyDeadline = 60 * time.Second
 	// deviceTotal is the simulated card.
@@ -293,10 +301,12 @@ func (s *suite) deployment() *pb.Deployment {
 // host is the host policy of a launch, with the suite's knobs and more.
 func (s *suite) host(extra map[string]string) *pb.HostPolicy {
 	env := map[string]string{
-		// Long answers at a moderate rate, so that a request can be
-		// aborted while it generates; bounded ones end quickly.
-		fakeengine.EnvName("tokens"):     "4000",
-		fakeengine.EnvName("token-rate"): "400",
+		// Answers far longer than any wait of the suite (see abortAnswer),
+		// so that an engine that does not stop an aborted request fails
+		// the abort step instead of ending the request by itself within
+		// its wait; bounded ones (max_tokens) end quickly.
+		fakeengine.EnvName("tokens"):     strconv.Itoa(abortAnswerTokens),
+		fakeengine.EnvName("token-rate"): strconv.Itoa(tokenRate),
 		// The engine prints its key: the logs must not show it.
 		fakeengine.EnvName("log-secret"): "true",
 	}
@@ -725,11 +735,15 @@ func (s *suite) waitIdle(t *testing.T, id string) {
 	}
 }
 
-// testAbort starts a long streamed request, asks the driver to abort it and
-// wants the engine to stop working on it.
+// testAbort starts a streamed request that would run for minutes
+// (abortAnswerTokens), asks the driver to abort it and wants the engine to
+// stop working on it within rpcTimeout: by request ID, the engine ends the
+// stream without finishing the answer; by closing the connection, the
+// engine reads idle once the client hung up. An engine that lets an
+// abandoned request run on fails either way.
 func (s *suite) testAbort(t *testing.T, id string, ep *pb.Endpoint) {
 	t.Helper()
-	rctx, hangUp := context.WithCancel(context.Background())
+	rctx, hangUp := context.WithTimeout(context.Background(), rpcTimeout)
 	defer hangUp()
 	const rid = "conformance-abort-1"
 	req, err := chatRequest(rctx, ep, true, 0, rid)
@@ -762,13 +776,17 @@ func (s *suite) testAbort(t *testing.T, id string, ep *pb.Endpoint) {
 		if !ab.GetSent() {
 			t.Fatal("abort by request ID sent nothing")
 		}
-		// The engine ends the stream itself.
-		rest, _ := io.ReadAll(rd)
-		if strings.Contains(string(rest), `"finish_reason":"stop"`) {
+		// The engine ends the stream itself, long before its answer's end.
+		rest, err := io.ReadAll(rd)
+		if err != nil {
+			t.Fatalf("the engine did not end the aborted request's stream within %s: %v", rpcTimeout, err)
+		}
+		if strings.Contains(string(rest), `"finish_reason":"stop"`) || strings.Contains(string(rest), `"finish_reason":"length"`) {
 			t.Fatal("the aborted request ran to its end")
 		}
 	case pb.AbortMode_ABORT_MODE_CLOSE_CONNECTION:
 		hangUp() // what the router does
+		t.Log("abort: the client hung up; the engine must read idle long before the request's own end")
 	default:
 		t.Fatalf("abort mode %v", ab.GetMode())
 	}

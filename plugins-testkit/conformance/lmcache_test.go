@@ -7,14 +7,17 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net"
 	"net/http"
 	"os"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/capyctl/capyctl/plugins-testkit/conformance"
 	"github.com/capyctl/capyctl/plugins-testkit/harness"
+	"github.com/capyctl/capyctl/sdk/proc"
 )
 
 // TestRole_LMCache registers vLLM 0.32.0 and SGLang 0.5.22 venvs with
@@ -24,7 +27,10 @@ import (
 // loopback); a prompt whose 256-token prefix was seen before is answered
 // with that prefix cached (usage.prompt_tokens_details.cached_tokens), so
 // less of it is prefilled; and a stop ends the server with the engine.
-// Where LMCache cannot run, lmcache = "required" is refused at deploy.
+// Where LMCache cannot run, lmcache = "required" is refused at deploy; the
+// server lives in a network namespace of its own (the engine joins it),
+// so another local user reaches nothing on its port, and where no
+// namespace can be made (not root) it never runs.
 func TestRole_LMCache(t *testing.T) {
 	r := harness.StartStandalone(t, harness.Options{})
 	for _, e := range []struct{ family, version string }{{"vllm", "0.32.0"}, {"sglang", "0.5.22"}} {
@@ -44,12 +50,30 @@ func TestRole_LMCache(t *testing.T) {
 
 			dep := "cache-" + e.family
 			spec := fmt.Sprintf("deployment %q {\n  engine = %q\n  residency = \"restart_only\"\n  lmcache = \"required\"\n  model {\n    path = %q\n  }\n}\n", dep, name, dep)
+			if !proc.NetnsSupported() {
+				// LMCache's server is unauthenticated TCP: where it cannot
+				// get a network namespace of its own (a role not run as
+				// root) it never runs, and required is refused.
+				out, errOut, code := r.Deploy(dep, spec)
+				if code != 5 || !strings.Contains(out+errOut, "lmcache_unavailable:not_isolated") {
+					t.Fatalf("deploy lmcache = required without a network namespace: exit %d, want 5 and lmcache_unavailable:not_isolated\n%s%s", code, out, errOut)
+				}
+				return
+			}
 			if out, errOut, code := r.Deploy(dep, spec, "--activate", "--wait"); code != 0 {
 				t.Fatalf("deploy: exit %d\n%s%s\nrole:\n%s", code, out, errOut, r.Output())
 			}
 			server := lmcacheServers(r)
 			if len(server) != 1 {
 				t.Fatalf("want one LMCache server of the launch, found %v\nrole:\n%s", server, r.Output())
+			}
+			// Another local user knows the server's port: it reaches
+			// nothing there (the server listens in a namespace of its own).
+			if port := lmcachePort(t, server[0]); port != "" {
+				if c, err := net.DialTimeout("tcp", "127.0.0.1:"+port, 2*time.Second); err == nil {
+					c.Close()
+					t.Fatalf("the LMCache server's port %s answers on the host's loopback", port)
+				}
 			}
 
 			words := make([]string, 300)
@@ -92,6 +116,24 @@ func TestRole_LMCache(t *testing.T) {
 	}
 }
 
+// lmcachePort is the port an LMCache server was started on (its command
+// line: lmcache.v1.server 127.0.0.1 PORT cpu).
+func lmcachePort(t *testing.T, pid int) string {
+	t.Helper()
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
+	if err != nil {
+		t.Fatal(err)
+	}
+	args := strings.Split(string(b), "\x00")
+	for i, a := range args {
+		if a == "127.0.0.1" && i+1 < len(args) {
+			return args[i+1]
+		}
+	}
+	t.Fatalf("no port in the LMCache server's command line %q", args)
+	return ""
+}
+
 // lmcacheServers are the live LMCache servers of the role's launches.
 func lmcacheServers(r *harness.Role) []int {
 	return launchedPIDs(r, "lmcache.v1.server\x00127.0.0.1\x00")
@@ -118,8 +160,11 @@ func launchedPIDs(r *harness.Role, marker string) []int {
 // restart_only deployment answers a 300-word prompt, is parked (its
 // engine stops), and a request wakes it with a new engine process that
 // reconnects to the same server, so the same prompt is answered with its
-// prefix cached. A stop then ends the server, and nothing of the role's
-// launches is left.
+// prefix cached. That needs the keys to survive the restart: the fake, as
+// LMCache, chains its chunk keys from a seed drawn per engine process
+// unless PYTHONHASHSEED fixes it, which the drivers set the same for every
+// launch of the instance. A stop then ends the server, and nothing of the
+// role's launches is left.
 func TestRole_LMCacheAcrossRestartOnlyPark(t *testing.T) {
 	r := harness.StartStandalone(t, harness.Options{})
 	for _, e := range []struct{ family, version string }{{"vllm", "0.32.0"}, {"sglang", "0.5.22"}} {

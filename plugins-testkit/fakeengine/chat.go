@@ -165,6 +165,9 @@ type ChatResult struct {
 	CachedTokens int
 	// CompletionTokens counts the answer.
 	CompletionTokens int
+	// ToolCall is the function call the answer makes instead of text
+	// (tools.go), nil for a text answer.
+	ToolCall *ToolCall
 }
 
 // NewRequestID returns a random request ID (32 hex digits).
@@ -198,6 +201,31 @@ func (e *Engine) serveGen(w http.ResponseWriter, r *http.Request, completions bo
 	if !e.prepare(w, r, req, err) {
 		return
 	}
+	var enc *answerEncoders
+	if completions {
+		enc = &answerEncoders{completions: true}
+	}
+	e.generate(w, r, req, enc)
+}
+
+// answerEncoders write one generation's answer in another API than the
+// flavour's chat completions (text completions, or an engine's own
+// Messages or Responses route); nil fields keep the flavour's.
+type answerEncoders struct {
+	completions bool
+	// stream encodes a streamed answer.
+	stream func(req *ChatRequest, meta ChatMeta) ChatStream
+	// whole is the body of a finished non-streamed answer.
+	whole func(res *ChatResult) any
+	// idPrefix is the answer ID's prefix ("chatcmpl-" by default).
+	idPrefix string
+}
+
+// generate runs one prepared request: it counts it, queues it for a slot,
+// plans the answer (text, or a function call the request's tools allow)
+// and writes it, streamed or whole.
+func (e *Engine) generate(w http.ResponseWriter, r *http.Request, req *ChatRequest, enc *answerEncoders) {
+	completions := enc != nil && enc.completions
 	if req.Stream {
 		e.streamed.Add(1)
 	}
@@ -208,8 +236,13 @@ func (e *Engine) serveGen(w http.ResponseWriter, r *http.Request, completions bo
 		return
 	}
 	g.completions = completions
+	g.enc = enc
+	prefix := idPrefix(completions)
+	if enc != nil && enc.idPrefix != "" {
+		prefix = enc.idPrefix
+	}
 	res := &ChatResult{
-		ChatMeta:     ChatMeta{ID: idPrefix(completions) + req.ID, Created: time.Now().Unix(), Model: req.ResponseModel},
+		ChatMeta:     ChatMeta{ID: prefix + req.ID, Created: time.Now().Unix(), Model: req.ResponseModel},
 		Request:      req,
 		FinishReason: "stop",
 		PromptTokens: prompt,
@@ -330,8 +363,13 @@ func (e *Engine) begin(w http.ResponseWriter, r *http.Request, req *ChatRequest,
 	return g, end
 }
 
-// plan lays out the answer's pieces and sets the finish reason.
+// plan lays out the answer's pieces and sets the finish reason: a
+// function call's arguments when the request's tools call for one
+// (tools.go), else text.
 func (e *Engine) plan(req *ChatRequest, res *ChatResult) []string {
+	if toks := e.planTool(req, res); toks != nil {
+		return toks
+	}
 	n := e.cfg.Tokens
 	if limit := req.Limit(); limit > 0 && limit < n {
 		n = limit
@@ -342,6 +380,7 @@ func (e *Engine) plan(req *ChatRequest, res *ChatResult) []string {
 		seed += uint64(e.wakes.Load())
 	}
 	toks := answerTokens(e.cfg.ServedName, req.LastUserText(), seed, n)
+	toks = afterToolResult(req, toks)
 	if e.cfg.BigChunkBytes > 0 {
 		toks = append([]string{bigChunk(e.cfg.BigChunkBytes)}, toks...)
 	}
@@ -353,7 +392,9 @@ type generation struct {
 	e           *Engine
 	ctx         context.Context
 	released    bool
-	completions bool // a text completion (/v1/completions), not a chat one
+	completions bool            // a text completion (/v1/completions), not a chat one
+	engineDead  bool            // the engine died under it (a collective gave up)
+	enc         *answerEncoders // another API's answer (nil: the flavour's chat)
 }
 
 // release gives the slot back (once).
@@ -384,6 +425,15 @@ func (g *generation) run(toks []string, emit func(tok string) bool) (bool, time.
 	if e.cfg.TokenRate > 0 {
 		tick = time.NewTicker(time.Duration(float64(time.Second) / e.cfg.TokenRate))
 		defer tick.Stop()
+	}
+	if e.groupStuck() {
+		// The model step is a collective over every rank: it waits for
+		// the lost one until the engine gives up, and the request fails
+		// with the engine (vLLM's EngineDeadError, 500).
+		e.startCollectiveTimeout()
+		<-ctx.Done()
+		g.engineDead = e.life.Err() != nil
+		return false, time.Now()
 	}
 	for i, tok := range toks {
 		if tick != nil {
@@ -424,12 +474,20 @@ func (g *generation) complete(w http.ResponseWriter, res *ChatResult, toks []str
 	case g.aborted():
 		g.cancelled(at)
 		res.FinishReason = "abort"
+	case g.engineDead:
+		g.cancelled(at)
+		g.e.flavour.WriteError(w, KindEngineFailure, "EngineCore encountered an issue. See stack trace (above) for the root cause.")
+		return
 	default:
 		g.cancelled(at)
 		return
 	}
 	if g.completions {
 		WriteJSON(w, http.StatusOK, CompletionResponse(res))
+		return
+	}
+	if g.enc != nil && g.enc.whole != nil {
+		WriteJSON(w, http.StatusOK, g.enc.whole(res))
 		return
 	}
 	WriteJSON(w, http.StatusOK, g.e.flavour.ChatResponse(res))
@@ -439,8 +497,15 @@ func (g *generation) complete(w http.ResponseWriter, res *ChatResult, toks []str
 func (g *generation) stream(w http.ResponseWriter, req *ChatRequest, res *ChatResult, toks []string) {
 	rc := http.NewResponseController(w)
 	enc := g.e.flavour.ChatStream(req, res.ChatMeta)
-	if g.completions {
+	switch {
+	case g.completions:
 		enc = &CompletionStream{Meta: res.ChatMeta, UsageChunk: req.IncludeUsage()}
+	case g.enc != nil && g.enc.stream != nil:
+		enc = g.enc.stream(req, res.ChatMeta)
+	}
+	emit := enc.Token
+	if res.ToolCall != nil {
+		emit = toolEmitter(enc, res.ToolCall)
 	}
 	h := w.Header()
 	h.Set("Content-Type", "text/event-stream")
@@ -463,7 +528,7 @@ func (g *generation) stream(w http.ResponseWriter, req *ChatRequest, res *ChatRe
 	ok, at := g.run(toks, func(tok string) bool {
 		sb.WriteString(tok)
 		res.CompletionTokens++
-		return send(enc.Token(tok))
+		return send(emit(tok))
 	})
 	res.Text = sb.String()
 	if !ok {

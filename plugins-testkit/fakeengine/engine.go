@@ -69,6 +69,9 @@ type Config struct {
 	// HostAllocBytes of host memory are allocated and touched at startup
 	// and kept, so that host-memory measurement has something to measure.
 	HostAllocBytes int64
+	// Sleep is what a sleep level costs and keeps (the vLLM flavour's
+	// /sleep, /wake_up and reload_weights).
+	Sleep SleepCosts
 
 	// TokenRate is the generation speed in tokens per second; 0 means no
 	// delay between tokens.
@@ -260,6 +263,10 @@ type Engine struct {
 	// group is the head's group once it serves: Park, Wake and the
 	// flavours' collective calls carry their command out on every rank.
 	group atomic.Pointer[groupHead]
+	// peerLost is a lost rank + 1 under PeerLossHang (0: none lost); stuck
+	// starts the collective timeout once.
+	peerLost atomic.Int64
+	stuck    sync.Once
 
 	parkMu    sync.Mutex
 	parkLevel int
@@ -529,12 +536,49 @@ func (e *Engine) Run(ctx context.Context) error {
 		e.Logf(LevelError, "%s", x.Reason)
 		return x
 	case rank := <-lost:
-		// A rank gone is fatal to the whole group in every engine the
-		// fake plays: the head's next collective cannot complete.
+		if e.cfg.Group.PeerLoss == PeerLossHang {
+			// Nothing notices yet: the head serves on until a
+			// collective needs the lost rank (groupCall, and a
+			// request's model step: startCollectiveTimeout). The
+			// line is the fake's own, for tests to wait on.
+			e.peerLost.Store(int64(rank) + 1)
+			e.Logf(LevelInfo, "fake: group rank %d's connection closed; the engine does not notice until its next collective", rank)
+			select {
+			case <-ctx.Done():
+				e.Logf(LevelInfo, "shutting down")
+				return nil
+			case x := <-e.fatal:
+				e.Logf(LevelError, "%s", x.Reason)
+				return x
+			}
+		}
+		// The head's next collective cannot complete, and the engine
+		// notices at once (PeerLossExit).
 		line := e.cfg.Group.lostLine(rank)
 		e.Logf(LevelError, "%s", line)
 		return &ExitError{Code: 1, Reason: line}
 	}
+}
+
+// groupStuck reports whether a rank of the head's group is gone under
+// PeerLossHang: its collectives cannot complete.
+func (e *Engine) groupStuck() bool { return e.peerLost.Load() > 0 }
+
+// startCollectiveTimeout starts, once, the group's collective timeout,
+// after which the engine exits with code 1 (StuckLog), which ends every
+// waiter.
+func (e *Engine) startCollectiveTimeout() {
+	e.stuck.Do(func() {
+		g := e.cfg.Group
+		t := time.AfterFunc(g.collectiveTimeout(), func() {
+			msg := g.StuckLog
+			if msg == "" {
+				msg = fmt.Sprintf("a collective waited %s for a group rank that is gone", g.collectiveTimeout())
+			}
+			e.exit(&ExitError{Code: 1, Reason: msg})
+		})
+		context.AfterFunc(e.life, func() { t.Stop() })
+	})
 }
 
 // waitStartup waits for the startup delay and the hold file.

@@ -15,7 +15,6 @@ import (
 	"time"
 
 	"github.com/capyctl/capyctl/sdk/decisions"
-	"github.com/capyctl/capyctl/sdk/enginefacts"
 )
 
 // LlamaCppBuild is the build the flavour reproduces (llama.cpp b4748, as
@@ -159,9 +158,9 @@ func (l *LlamaCpp) Routes(e *Engine) []Route {
 }
 
 // llamaPublic are the paths llama-server serves without a key: the
-// engine table's open routes (sdk/enginefacts), which the driver reports.
+// fake's own facts (LlamaCppFacts.OpenRoutes).
 func llamaPublic(path string) bool {
-	return slices.Contains(enginefacts.Values(enginefacts.LlamaCpp.OpenRoutes), path)
+	return slices.Contains(Values(LlamaCppFacts.OpenRoutes), path)
 }
 
 // Middleware answers 503 on every route while loading (before the key
@@ -333,7 +332,7 @@ type llamaChunk struct {
 // ChatResponse is a chat.completion with usage and timings.
 func (l *LlamaCpp) ChatResponse(res *ChatResult) any {
 	return llamaCompletion{
-		Choices:           []Choice{{Index: 0, Message: &ChatMessage{Role: "assistant", Content: res.Text}, FinishReason: res.FinishReason}},
+		Choices:           []Choice{{Index: 0, Message: wholeMessage(res), FinishReason: res.FinishReason}},
 		Created:           res.Created,
 		Model:             res.Model,
 		SystemFingerprint: LlamaCppBuild,
@@ -450,7 +449,9 @@ func (l *LlamaCpp) slots(e *Engine, w http.ResponseWriter, r *http.Request) {
 	WriteJSON(w, http.StatusOK, out)
 }
 
-// LlamaCppMetrics are llama-server's metrics for a stats snapshot.
+// LlamaCppMetrics are llama-server's metrics for a stats snapshot, those of
+// a current build (LlamaCppFacts): no KV usage gauge, which builds after
+// early 2025 no longer serve.
 func LlamaCppMetrics(s Stats, slotCtx int) []Metric {
 	m := func(name, typ, help string, v float64) Metric {
 		return Metric{Name: "llamacpp:" + name, Type: typ, Help: help, Value: v}
@@ -466,10 +467,9 @@ func LlamaCppMetrics(s Stats, slotCtx int) []Metric {
 		m("tokens_predicted_seconds_total", "counter", "Predict process time", float64(s.GenerationTokens)*0.000301),
 		m("n_decode_total", "counter", "Total number of llama_decode() calls", float64(s.GenerationTokens)),
 		m("n_busy_slots_per_decode", "counter", "Average number of busy slots per llama_decode() call", float64(s.Running)),
+		m("n_tokens_max", "counter", "Largest observed n_tokens.", busy*float64(slotCtx)),
 		m("prompt_tokens_seconds", "gauge", "Average prompt throughput in tokens/s.", 12188.66),
 		m("predicted_tokens_seconds", "gauge", "Average generation throughput in tokens/s.", 3318.13),
-		m("kv_cache_usage_ratio", "gauge", "KV-cache usage. 1 means 100 percent usage.", busy),
-		m("kv_cache_tokens", "gauge", "KV-cache tokens.", busy*float64(slotCtx*s.MaxRunning)),
 		m("requests_processing", "gauge", "Number of requests processing.", float64(s.Running)),
 		m("requests_deferred", "gauge", "Number of requests deferred.", float64(s.Waiting)),
 	}

@@ -15,8 +15,6 @@ import (
 	"time"
 
 	"github.com/capyctl/capyctl/sdk/decisions"
-
-	"github.com/capyctl/capyctl/sdk/enginefacts"
 )
 
 // DefaultSGLangVersion is what the SGLang flavour reports when told nothing.
@@ -414,7 +412,7 @@ func (s *SGLang) Middleware(e *Engine, next http.Handler) http.Handler {
 		if r.Method == http.MethodOptions {
 			return true
 		}
-		for _, open := range enginefacts.SGLang.OpenPrefixes {
+		for _, open := range SGLangFacts.OpenPrefixes {
 			if strings.HasPrefix(p, open.Value) {
 				return true
 			}
@@ -491,9 +489,9 @@ func SGLangMetrics(served string, st Stats) []Metric {
 		usage = float64(st.Running) / float64(st.MaxRunning)
 	}
 	return []Metric{
-		{Name: enginefacts.SGLang.Metrics.Running.Value, Type: "gauge", Help: "The number of running requests.", Labels: labels, Value: float64(st.Running)},
-		{Name: enginefacts.SGLang.Metrics.Waiting.Value, Type: "gauge", Help: "The number of requests in the waiting queue.", Labels: labels, Value: float64(st.Waiting)},
-		{Name: enginefacts.SGLang.Metrics.KVUsage[0].Value, Type: "gauge", Help: "The token usage.", Labels: labels, Value: usage},
+		{Name: SGLangFacts.Running.Value, Type: "gauge", Help: "The number of running requests.", Labels: labels, Value: float64(st.Running)},
+		{Name: SGLangFacts.Waiting.Value, Type: "gauge", Help: "The number of requests in the waiting queue.", Labels: labels, Value: float64(st.Waiting)},
+		{Name: SGLangFacts.KVUsage.Value, Type: "gauge", Help: "The token usage.", Labels: labels, Value: usage},
 		{Name: "sglang:num_used_tokens", Type: "gauge", Help: "The number of used tokens.", Labels: labels, Value: float64(st.Running * 16)},
 		{Name: "sglang:gen_throughput", Type: "gauge", Help: "The generation throughput (token/s).", Labels: labels, Value: 0},
 		{Name: "sglang:cache_hit_rate", Type: "gauge", Help: "The prefix cache hit rate.", Labels: labels, Value: 0},

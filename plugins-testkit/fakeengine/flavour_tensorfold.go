@@ -11,8 +11,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"github.com/capyctl/capyctl/sdk/enginefacts"
 )
 
 // TensorFoldVersion is the version the fake reports.
@@ -213,9 +211,9 @@ func (t *TensorFold) metrics(s Stats) []Metric {
 		kv = float64(s.Running) / float64(s.MaxRunning)
 	}
 	return []Metric{
-		{Name: enginefacts.TensorFold.Metrics.Running.Value, Type: "gauge", Help: "Requests decoding now.", Value: float64(s.Running)},
-		{Name: enginefacts.TensorFold.Metrics.Waiting.Value, Type: "gauge", Help: "Requests waiting for a stream.", Value: float64(s.Waiting)},
-		{Name: enginefacts.TensorFold.Metrics.KVUsage[0].Value, Type: "gauge", Help: "KV cache in use.", Value: kv},
+		{Name: TensorFoldFacts.Running.Value, Type: "gauge", Help: "Requests decoding now.", Value: float64(s.Running)},
+		{Name: TensorFoldFacts.Waiting.Value, Type: "gauge", Help: "Requests waiting for a stream.", Value: float64(s.Waiting)},
+		{Name: TensorFoldFacts.KVUsage.Value, Type: "gauge", Help: "KV cache in use.", Value: kv},
 		{Name: "tensorfold:requests_total", Type: "counter", Help: "Requests accepted.", Value: float64(s.Total)},
 		{Name: "tensorfold:generation_tokens_total", Type: "counter", Help: "Tokens generated.", Value: float64(s.GenerationTokens)},
 	}

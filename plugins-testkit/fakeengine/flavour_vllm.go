@@ -13,18 +13,15 @@ import (
 	"strings"
 	"sync"
 	"time"
-
-	"github.com/capyctl/capyctl/sdk/enginefacts"
 )
 
 // DefaultVLLMVersion is what the vLLM flavour reports when told nothing.
 const DefaultVLLMVersion = "0.32.0"
 
 // VLLMUDSSince is the first release the fake vLLM takes --uds in (serving
-// on a Unix socket instead of its port); it refuses the option in older
-// ones, as an argparse that lacks it does. It is the release CapyCTL's
-// driver uses it from (drivers/vllm.UDSSince).
-var VLLMUDSSince = []int{0, 11}
+// on a Unix socket instead of its port): FactVLLMUDS. It refuses the
+// option in older ones, as an argparse that lacks it does.
+var VLLMUDSSince = []int{0, 10, 2}
 
 // VLLMOptions are what a vLLM launch decides with its argv and environment.
 type VLLMOptions struct {
@@ -53,7 +50,7 @@ type VLLMOptions struct {
 //	POST /v1/embeddings        embeddings (embeddings.go), id "embd-…"
 //	POST /v1/rerank            rerank (rerank.go), id "rerank-…", each result's document
 //	                           (vLLM's /rerank is not served: it lies outside the guarded
-//	                           prefixes, which enginefacts.VLLM does not list as open)
+//	                           prefixes, which VLLMFacts does not list as guarded)
 //	GET  /metrics              vllm:num_requests_running/_waiting, vllm:kv_cache_usage_perc, counters
 //	dev mode only:
 //	POST /sleep?level=1|2[&mode=abort|wait|keep]   (500 without --enable-sleep-mode)
@@ -79,6 +76,10 @@ type VLLM struct {
 	stale        bool // weights woken without a reload: answers are garbage
 	prefixResets int
 	reloads      int
+	// offloaded is the weights kept in host RAM at level 1 (hostCopy
+	// holds them for real with SleepCosts.HoldHost).
+	offloaded int64
+	hostCopy  []byte
 }
 
 var _ Flavour = (*VLLM)(nil)
@@ -117,6 +118,7 @@ func (v *VLLM) Routes(e *Engine) []Route {
 		{Pattern: "GET /metrics", Handler: MetricsHandler(e, func(s Stats) []Metric { return VLLMMetrics(e.ServedName(), s) })},
 		{Pattern: "GET /fake/stats", Handler: e.StatsHandler()},
 	}
+	routes = append(routes, vllmAPIRoutes(e)...)
 	if v.opts.DevMode {
 		routes = append(routes,
 			Route{Pattern: "POST /sleep", Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { v.sleep(e, w, r) })},
@@ -196,6 +198,8 @@ func (v *VLLM) sleep(e *Engine, w http.ResponseWriter, r *http.Request) {
 		v.mu.Lock()
 		v.dropped = true
 		v.mu.Unlock()
+	} else {
+		v.offload(e)
 	}
 	e.Logf(LevelInfo, "It took %.6f seconds to fall asleep.", 0.0)
 	w.WriteHeader(http.StatusOK)
@@ -234,6 +238,10 @@ func (v *VLLM) wakeUp(e *Engine, w http.ResponseWriter, r *http.Request) {
 		v.stale, v.dropped = true, false
 	}
 	v.mu.Unlock()
+	if wokeWeights {
+		// Level 1 kept them in host RAM: they are copied back.
+		v.restore(e)
+	}
 	if err := e.Wake(tags...); err != nil {
 		v.mu.Lock()
 		v.stale, v.dropped = stale, dropped
@@ -258,6 +266,8 @@ func (v *VLLM) collectiveRPC(e *Engine, w http.ResponseWriter, r *http.Request) 
 		v.WriteError(w, KindEngineFailure, fmt.Sprintf("AttributeError: worker has no method %q", body.Method))
 		return
 	}
+	// The weights are read from disk again.
+	time.Sleep(moveTime(e.cfg.Sim.Weights, e.cfg.Sleep.ReloadRate))
 	// A group's head reloads on every rank (group.go's "reload"), as
 	// vLLM's collective_rpc runs on every worker of the executor.
 	e.parkMu.Lock()
@@ -302,7 +312,7 @@ func (v *VLLM) Middleware(e *Engine, next http.Handler) http.Handler {
 		if r.Method == http.MethodOptions {
 			return true
 		}
-		for _, p := range enginefacts.Values(enginefacts.VLLM.GuardedPrefixes) {
+		for _, p := range Values(VLLMFacts.GuardedPrefixes) {
 			if r.URL.Path == p || strings.HasPrefix(r.URL.Path, p+"/") {
 				return false
 			}
@@ -431,9 +441,9 @@ func VLLMMetrics(served string, s Stats) []Metric {
 		usage = float64(s.Running) / float64(s.MaxRunning)
 	}
 	return []Metric{
-		{Name: enginefacts.VLLM.Metrics.Running.Value, Type: "gauge", Help: "Number of requests in model execution batches.", Labels: labels, Value: float64(s.Running)},
-		{Name: enginefacts.VLLM.Metrics.Waiting.Value, Type: "gauge", Help: "Number of requests waiting to be processed.", Labels: labels, Value: float64(s.Waiting)},
-		{Name: enginefacts.VLLM.Metrics.KVUsage[0].Value, Type: "gauge", Help: "KV-cache usage. 1 means 100 percent usage.", Labels: labels, Value: usage},
+		{Name: VLLMFacts.Running.Value, Type: "gauge", Help: "Number of requests in model execution batches.", Labels: labels, Value: float64(s.Running)},
+		{Name: VLLMFacts.Waiting.Value, Type: "gauge", Help: "Number of requests waiting to be processed.", Labels: labels, Value: float64(s.Waiting)},
+		{Name: VLLMFacts.KVUsage.Value, Type: "gauge", Help: "KV-cache usage. 1 means 100 percent usage.", Labels: labels, Value: usage},
 		{Name: "vllm:num_preemptions_total", Type: "counter", Help: "Cumulative number of preemption from the engine.", Labels: labels, Value: 0},
 		{Name: "vllm:prompt_tokens_total", Type: "counter", Help: "Number of prefill tokens processed.", Labels: labels, Value: float64(s.PromptTokens)},
 		{Name: "vllm:generation_tokens_total", Type: "counter", Help: "Number of generation tokens processed.", Labels: labels, Value: float64(s.GenerationTokens)},
@@ -442,4 +452,69 @@ func VLLMMetrics(served string, s Stats) []Metric {
 		{Name: "vllm:request_success_total", Type: "counter", Help: "Count of successfully processed requests.",
 			Labels: append([]Label{{Name: "finished_reason", Value: "stop"}}, labels...), Value: float64(s.Completed)},
 	}
+}
+
+// SleepCosts are what vLLM's sleep levels cost and keep, by the size of the
+// simulated weights (Sim.Weights): level 1 offloads the weights to host
+// RAM (pinned CPU memory: the process's resident memory grows by their
+// size) and a wake copies them back over PCIe; level 2 discards them and
+// reload_weights reads them from disk again (vLLM's sleep mode docs;
+// reference/engines.md §1.7 note 3).
+type SleepCosts struct {
+	// WakeRate is how many bytes of weights per second a wake from level 1
+	// copies back (0: at once).
+	WakeRate int64
+	// ReloadRate is how many bytes of weights per second reload_weights
+	// reads after level 2 (0: at once).
+	ReloadRate int64
+	// HoldHost holds the weights' size in real host RAM while asleep at
+	// level 1; otherwise the offload is only counted (Offloaded), so that a
+	// demo's 8 GiB model does not take 8 GiB of the laptop's RAM.
+	HoldHost bool
+}
+
+// moveTime is the time to move n bytes at rate bytes per second.
+func moveTime(n, rate int64) time.Duration {
+	if n <= 0 || rate <= 0 {
+		return 0
+	}
+	return time.Duration(float64(n) / float64(rate) * float64(time.Second))
+}
+
+// offload keeps the weights in host RAM at level 1.
+func (v *VLLM) offload(e *Engine) {
+	n := e.cfg.Sim.Weights
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.offloaded = n
+	if e.cfg.Sleep.HoldHost && n > 0 {
+		v.hostCopy = make([]byte, n)
+		for i := int64(0); i < n; i += 4096 {
+			v.hostCopy[i] = 1
+		}
+	}
+	e.Logf(LevelInfo, "offloaded %s of weights to CPU memory", FormatBytes(n))
+}
+
+// restore copies the offloaded weights back (a wake after level 1), taking
+// the time the copy takes.
+func (v *VLLM) restore(e *Engine) {
+	v.mu.Lock()
+	n := v.offloaded
+	v.mu.Unlock()
+	if n == 0 {
+		return
+	}
+	time.Sleep(moveTime(n, e.cfg.Sleep.WakeRate))
+	v.mu.Lock()
+	v.offloaded, v.hostCopy = 0, nil
+	v.mu.Unlock()
+}
+
+// Offloaded is the weights the engine keeps in host RAM, asleep at level 1
+// (0 otherwise).
+func (v *VLLM) Offloaded() int64 {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.offloaded
 }

@@ -148,6 +148,10 @@ func TestVLLM_SleepLevel1(t *testing.T) {
 	if got := held(t, g); !reflect.DeepEqual(got, map[string]int64{"park_residue": 30}) {
 		t.Fatalf("asleep: %v", got)
 	}
+	// Level 1 keeps the weights, in host RAM.
+	if n := f.Offloaded(); n != 400 {
+		t.Fatalf("offloaded %d bytes at level 1, want the weights' 400", n)
+	}
 	if _, body, _ := do(t, "GET", te.url+"/is_sleeping", "", nil); strings.TrimSpace(string(body)) != `{"is_sleeping":true}` {
 		t.Fatalf("is_sleeping: %s", body)
 	}
@@ -167,6 +171,9 @@ func TestVLLM_SleepLevel1(t *testing.T) {
 	if got := held(t, g); !reflect.DeepEqual(got, map[string]int64{"weights": 400, "kv_cache": 200}) {
 		t.Fatalf("awake: %v", got)
 	}
+	if n := f.Offloaded(); n != 0 {
+		t.Fatalf("awake, %d bytes still offloaded", n)
+	}
 	if text := <-answered; text != before {
 		t.Fatalf("answer after a level-1 wake %q, before %q", text, before)
 	}
@@ -183,6 +190,10 @@ func TestVLLM_SleepLevel2NeedsReload(t *testing.T) {
 	_, before := chat(t, te, "Say ready.")
 	if status, _, _ := do(t, "POST", te.url+"/sleep?level=2", "", nil); status != 200 {
 		t.Fatalf("sleep: %d", status)
+	}
+	// Level 2 discards the weights: nothing is kept in host RAM.
+	if n := f.Offloaded(); n != 0 {
+		t.Fatalf("offloaded %d bytes at level 2", n)
 	}
 	// The reload needs the weights' memory back first.
 	if status, _, _ := do(t, "POST", te.url+"/collective_rpc", `{"method":"reload_weights"}`, nil); status != 500 {

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"maps"
 	"net"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -67,10 +68,27 @@ import (
 //
 // Otherwise the connection only carries life.
 // Either end reading EOF or an error means the peer is gone (a killed
-// process's sockets are closed by its kernel), and the survivor fails the
-// way the real engine does (GroupConfig.LostLog, exit status 1). A worker
-// that cannot reach the head retries until JoinTimeout, as a torch store
-// client does; a head waits as long for every rank.
+// process's sockets are closed by its kernel). What the survivor does then
+// is its engine's (GroupConfig.PeerLoss):
+//
+//   - PeerLossExit (SGLang, TensorFold): it fails at once the way the real
+//     engine does (GroupConfig.LostLog, exit status 1). SGLang's schedulers
+//     broadcast over a Gloo group on every loop, so a closed peer fails them
+//     at once (FactSGLangPeerLoss).
+//   - PeerLossHang (vLLM): nothing happens until the next collective. The
+//     head keeps serving /health with 200 while idle; a request's model
+//     step waits for the lost rank until CollectiveTimeout and then the
+//     engine dies (exit 1), as vLLM's execute_model gives up after
+//     VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS; a park, wake or reload (a
+//     collective RPC with no timeout) waits until the engine is stopped. A
+//     worker whose head is gone stays up, holding its memory, until it is
+//     stopped (FactVLLMPeerLoss).
+//     IMPORTANT: only the control plane (CapyCTL's group supervision) ends
+//     such a group; a test that kills one rank proves it.
+//
+// During the start every engine fails at once. A worker that cannot reach
+// the head retries until JoinTimeout, as a torch store client does; a head
+// waits as long for every rank.
 //
 // What this does not reproduce: a peer that vanishes without closing its
 // socket (a cable pulled, a machine frozen) is seen only when the kernel
@@ -85,6 +103,22 @@ const GroupProtocol = "capyctl-fake-group/2"
 // worker retries its head: torch.distributed's default process-group
 // timeout for NCCL (600 s, as vLLM's ParallelConfig documents it).
 const DefaultGroupJoinTimeout = 10 * time.Minute
+
+// DefaultCollectiveTimeout bounds a collective whose peer is gone under
+// PeerLossHang: vLLM's VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS default (300 s).
+const DefaultCollectiveTimeout = 300 * time.Second
+
+// PeerLoss is what a rank does when a peer's connection ends after the
+// group serves.
+type PeerLoss int
+
+// Peer loss policies (see the protocol above).
+const (
+	// PeerLossExit fails at once with exit status 1.
+	PeerLossExit PeerLoss = iota
+	// PeerLossHang carries on until a collective needs the lost peer.
+	PeerLossHang
+)
 
 // GroupConfig puts an engine in a group.
 type GroupConfig struct {
@@ -107,6 +141,42 @@ type GroupConfig struct {
 	// LostLog is the error line a survivor logs when a peer is gone, as
 	// its engine words it; %d is the lost rank (the head's is 0).
 	LostLog string
+	// PeerLoss is what a rank does when a peer is gone after the group
+	// serves (PeerLossExit when zero).
+	PeerLoss PeerLoss
+	// CollectiveTimeout bounds, under PeerLossHang, a collective that
+	// waits for a lost peer (DefaultCollectiveTimeout when 0); StuckLog
+	// is what the engine logs when it gives up.
+	CollectiveTimeout time.Duration
+	StuckLog          string
+	// NCCLNet is the rank's NCCL_NET ("" when unset): "IB" makes the rank
+	// fail its start, as NCCL's communicator init does, where RDMADir lists
+	// no device; "Socket" or unset uses TCP sockets (NCCL's fallback); any
+	// other name fails (FactNCCLNet).
+	NCCLNet string
+	// RDMADir lists the machine's RDMA devices (DefaultRDMADir when "").
+	RDMADir string
+}
+
+// DefaultRDMADir is where Linux lists a machine's InfiniBand and RoCE
+// devices.
+const DefaultRDMADir = "/sys/class/infiniband"
+
+// checkNet is NCCL's choice of network at a communicator's init: the one
+// NCCL_NET names, or the best available with TCP sockets as the fallback.
+func (g *GroupConfig) checkNet() error {
+	dir := g.RDMADir
+	if dir == "" {
+		dir = DefaultRDMADir
+	}
+	entries, _ := os.ReadDir(dir)
+	switch {
+	case g.NCCLNet == "" || strings.EqualFold(g.NCCLNet, "Socket"):
+		return nil
+	case strings.EqualFold(g.NCCLNet, "IB") && len(entries) > 0:
+		return nil
+	}
+	return fmt.Errorf("NCCL WARN Error: network %s not found. RuntimeError: NCCL error: invalid usage (run with NCCL_DEBUG=WARN for details)", g.NCCLNet)
 }
 
 // validate checks the configuration.
@@ -129,6 +199,13 @@ func (g *GroupConfig) joinTimeout() time.Duration {
 		return g.JoinTimeout
 	}
 	return DefaultGroupJoinTimeout
+}
+
+func (g *GroupConfig) collectiveTimeout() time.Duration {
+	if g.CollectiveTimeout > 0 {
+		return g.CollectiveTimeout
+	}
+	return DefaultCollectiveTimeout
 }
 
 // lostLine is the survivor's error line.
@@ -403,6 +480,11 @@ func (e *Engine) runGroupHead(ctx context.Context) (*groupHead, error) {
 		e.Logf(LevelError, "%v", err)
 		return nil, &ExitError{Code: 1, Reason: err.Error()}
 	}
+	if err := g.checkNet(); err != nil {
+		h.close()
+		e.Logf(LevelError, "%v", err)
+		return nil, &ExitError{Code: 1, Reason: err.Error()}
+	}
 	if err := h.broadcast("load"); err != nil {
 		h.close()
 		e.Logf(LevelError, "%v", err)
@@ -478,6 +560,9 @@ func (w *GroupWorker) Run(ctx context.Context) error {
 	if line, err := rd.ReadString('\n'); err != nil || strings.TrimSpace(line) != "load" {
 		return fail("%s", w.cfg.lostLine(0))
 	}
+	if err := w.cfg.checkNet(); err != nil {
+		return fail("%v", err)
+	}
 	if err := w.load(); err != nil {
 		return fail("%v", err)
 	}
@@ -489,13 +574,24 @@ func (w *GroupWorker) Run(ctx context.Context) error {
 	}
 	w.logf(LevelInfo, "group rank %d of %d: serving with the head", w.cfg.Rank, w.cfg.Size)
 	close(w.joined)
+	lost := func() error {
+		if w.cfg.PeerLoss == PeerLossHang && ctx.Err() == nil {
+			// Nothing tells this rank its head is gone: it waits for
+			// the head's next broadcast, holding its memory, until it
+			// is stopped. The line is the fake's own, for tests.
+			w.logf(LevelInfo, "fake: group rank %d: the head's connection closed; the engine does not notice and waits", w.cfg.Rank)
+			<-ctx.Done()
+			return nil
+		}
+		return fail("%s", w.cfg.lostLine(0))
+	}
 	for {
 		line, err := rd.ReadString('\n')
 		if err != nil {
-			return fail("%s", w.cfg.lostLine(0))
+			return lost()
 		}
 		if _, err := fmt.Fprintf(conn, "%s\n", w.do(strings.TrimSpace(line))); err != nil {
-			return fail("%s", w.cfg.lostLine(0))
+			return lost()
 		}
 	}
 }
@@ -547,7 +643,7 @@ func (w *GroupWorker) do(line string) string {
 }
 
 // sleep releases tags from the worker's card, as Engine.Park does for a
-// head or a single engine: the first sleep of a cycle takes the park
+// head or a single engine: the first sleep of a cycle then takes the park
 // residue (what a rank keeps on its card asleep: its CUDA context), and a
 // second one releases what is still held.
 func (w *GroupWorker) sleep(level int, tags []string) error {
@@ -557,12 +653,6 @@ func (w *GroupWorker) sleep(level int, tags []string) error {
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if !w.asleep {
-		if err := w.mem.alloc(TagParkResidue, w.mem.cfg.ParkResidue); err != nil {
-			return fmt.Errorf("park residue: %w", err)
-		}
-		w.asleep = true
-	}
 	for _, t := range tags {
 		if w.parked[t] {
 			continue
@@ -571,6 +661,13 @@ func (w *GroupWorker) sleep(level int, tags []string) error {
 			return err
 		}
 		w.parked[t] = true
+	}
+	if !w.asleep {
+		// What the rank keeps of what it released, as Engine.Park.
+		if err := w.mem.alloc(TagParkResidue, w.mem.cfg.ParkResidue); err != nil {
+			return fmt.Errorf("park residue: %w", err)
+		}
+		w.asleep = true
 	}
 	w.logf(LevelInfo, "group rank %d asleep (level %d): released %v", w.cfg.Rank, level, tags)
 	return nil
@@ -676,6 +773,9 @@ func (w *GroupWorker) load() error {
 		return fmt.Errorf("simulated gpu: %w", err)
 	}
 	w.logf(LevelInfo, "using simulated device %d (%s)", w.mem.dev.Index, w.mem.dev.UUID)
+	if err := w.mem.startCheck(); err != nil {
+		return err
+	}
 	for _, s := range []struct {
 		tag string
 		n   int64

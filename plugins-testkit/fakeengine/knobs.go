@@ -71,6 +71,9 @@ func RegisterKnobs(fs *flag.FlagSet, cfg *Config) *Knobs {
 	fs.Var(byteSize{&cfg.Sim.KV}, def("sim-kv"), "KV cache held on the simulated GPU")
 	fs.Var(byteSize{&cfg.Sim.StartupPeak}, def("sim-startup-peak"), "extra memory held during startup only")
 	fs.Var(byteSize{&cfg.Sim.ParkResidue}, def("sim-park-residue"), "memory kept while parked")
+	fs.Var(byteSize{&cfg.Sleep.WakeRate}, def("sim-wake-rate"), "bytes of weights per second a wake from sleep level 1 copies back from host RAM (0: at once)")
+	fs.Var(byteSize{&cfg.Sleep.ReloadRate}, def("sim-reload-rate"), "bytes of weights per second a reload after sleep level 2 reads from disk (0: at once)")
+	fs.BoolVar(&cfg.Sleep.HoldHost, def("sim-offload-host"), cfg.Sleep.HoldHost, "at sleep level 1, hold the weights' size in real host RAM until the wake (default: count it only)")
 	return k
 }
 

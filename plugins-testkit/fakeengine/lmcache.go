@@ -5,12 +5,14 @@ package fakeengine
 
 import (
 	"bufio"
+	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -31,8 +33,12 @@ import (
 //
 // A key is a chunk's prefix hash: the SHA-256 of the previous chunk's key
 // and this chunk's tokens, so a chunk matches only after the same prefix,
-// as LMCache's keys chain token chunks. Only whole chunks are stored and
-// looked up (LMCache's save_unfull_chunk = false).
+// as LMCache's keys chain token chunks. The chain starts from the engine
+// process's seed, as LMCache's starts from vLLM's NONE_HASH
+// (FactPythonHashSeed): drawn at random per process unless PYTHONHASHSEED
+// fixes it, so a restarted engine finds nothing its previous process
+// stored unless the seed is fixed. Only whole chunks are stored and looked
+// up (LMCache's save_unfull_chunk = false).
 
 // KVConnector is an external KV cache (Config.KVConnector):
 // *LMCacheClient is one.
@@ -127,6 +133,8 @@ func (s *LMCacheServer) handle(c net.Conn) {
 type LMCacheClient struct {
 	addr  string
 	chunk int
+	// seed starts every key chain: the process's NONE_HASH.
+	seed string
 
 	mu   sync.Mutex
 	conn net.Conn
@@ -135,8 +143,9 @@ type LMCacheClient struct {
 
 // DialLMCache connects to remoteURL ("lm://host:port") with chunks of
 // chunk tokens (LMCacheDefaultChunk when 0), and checks the server's
-// health.
-func DialLMCache(remoteURL string, chunk int) (*LMCacheClient, error) {
+// health. seed starts every key chain: NoneHash of the engine process's
+// PYTHONHASHSEED.
+func DialLMCache(remoteURL string, chunk int, seed string) (*LMCacheClient, error) {
 	u, err := url.Parse(remoteURL)
 	if err != nil || u.Scheme != "lm" || u.Host == "" {
 		return nil, fmt.Errorf("LMCache remote_url %q: want lm://host:port", remoteURL)
@@ -144,7 +153,7 @@ func DialLMCache(remoteURL string, chunk int) (*LMCacheClient, error) {
 	if chunk <= 0 {
 		chunk = LMCacheDefaultChunk
 	}
-	c := &LMCacheClient{addr: u.Host, chunk: chunk}
+	c := &LMCacheClient{addr: u.Host, chunk: chunk, seed: seed}
 	if _, err := c.call("HEALTH"); err != nil {
 		return nil, fmt.Errorf("LMCache server %s: %w", u.Host, err)
 	}
@@ -189,13 +198,35 @@ func (c *LMCacheClient) call(cmd string) (string, error) {
 	return strings.TrimSpace(line), nil
 }
 
+// NoneHash is the start of an engine process's key chains from its
+// PYTHONHASHSEED, as vLLM's init_none_hash makes NONE_HASH: an integer in
+// [0, 4294967295] fixes it; "" or "random" (Python's spellings of unset)
+// draws it at random for the process. Anything else is refused, as Python
+// refuses to start with it.
+func NoneHash(pythonHashSeed string) (string, error) {
+	if pythonHashSeed == "" || pythonHashSeed == "random" {
+		var b [32]byte
+		if _, err := rand.Read(b[:]); err != nil {
+			return "", err
+		}
+		return hex.EncodeToString(b[:]), nil
+	}
+	n, err := strconv.ParseUint(pythonHashSeed, 10, 32)
+	if err != nil {
+		return "", fmt.Errorf("Fatal Python error: PYTHONHASHSEED must be \"random\" or an integer in range [0; 4294967295]")
+	}
+	sum := sha256.Sum256([]byte("none-hash\x00" + strconv.FormatUint(n, 10)))
+	return hex.EncodeToString(sum[:]), nil
+}
+
 // chunkKeys are the prefix-hash keys of tokens' whole chunks; the chain
-// starts from the salt, so a chunk matches only under the same salt.
+// starts from the process's seed and the salt, so a chunk matches only
+// in a process with the same seed and under the same salt.
 func (c *LMCacheClient) chunkKeys(salt string, tokens []string) []string {
 	var keys []string
-	prev := ""
+	prev := c.seed
 	if salt != "" {
-		sum := sha256.Sum256([]byte("salt\x00" + salt))
+		sum := sha256.Sum256([]byte(prev + "\x00salt\x00" + salt))
 		prev = hex.EncodeToString(sum[:])
 	}
 	for i := 0; i+c.chunk <= len(tokens); i += c.chunk {

@@ -123,7 +123,7 @@ func (OpenAI) ChatResponse(res *ChatResult) any {
 		Model:   res.Model,
 		Choices: []Choice{{
 			Index:        0,
-			Message:      &ChatMessage{Role: "assistant", Content: res.Text},
+			Message:      wholeMessage(res),
 			FinishReason: res.FinishReason,
 		}},
 		Usage: UsageOf(res),
@@ -184,8 +184,10 @@ type Choice struct {
 type ChatMessage struct {
 	// Role is "assistant".
 	Role string `json:"role"`
-	// Content is the text.
+	// Content is the text (null beside tool calls).
 	Content string `json:"content"`
+	// ToolCalls are the function calls the answer makes (tools.go).
+	ToolCalls []WholeToolCall `json:"tool_calls,omitempty"`
 }
 
 // Delta is a chunk's piece of the message.

@@ -46,6 +46,12 @@ type SimConfig struct {
 	StartupPeak int64
 	// ParkResidue is held while parked.
 	ParkResidue int64
+	// StartCheck, when set, is asked once the device is open and before
+	// anything is loaded, with the device's free and total bytes and its
+	// index; an error fails the start (exit 1) with the error as the
+	// engine's last log line, as vLLM's free-memory check does
+	// (FactVLLMFreeMemory).
+	StartCheck func(free, total int64, index int) error
 }
 
 // validate refuses negative sizes.
@@ -84,6 +90,22 @@ func (m *simMemory) open() error {
 	m.gpu, m.dev = g, dev
 	m.mu.Unlock()
 	return nil
+}
+
+// startCheck runs the configured StartCheck against the device's free
+// memory now.
+func (m *simMemory) startCheck() error {
+	if m.cfg.StartCheck == nil {
+		return nil
+	}
+	m.mu.Lock()
+	g, dev := m.gpu, m.dev
+	m.mu.Unlock()
+	used, _, err := g.Usage(dev.UUID)
+	if err != nil {
+		return fmt.Errorf("simulated gpu: %w", err)
+	}
+	return m.cfg.StartCheck(dev.TotalBytes-used, dev.TotalBytes, dev.Index)
 }
 
 // enabled reports whether a simulated GPU is in use.
@@ -150,6 +172,10 @@ func (e *Engine) loadSim() error {
 		return &ExitError{Code: 1, Reason: fmt.Sprintf("simulated gpu: %v", err)}
 	}
 	e.Logf(LevelInfo, "using simulated device %d (%s)", e.mem.dev.Index, e.mem.dev.UUID)
+	if err := e.mem.startCheck(); err != nil {
+		e.Logf(LevelError, "%v", err)
+		return &ExitError{Code: 1, Reason: err.Error()}
+	}
 	steps := []struct {
 		tag string
 		n   int64
@@ -214,16 +240,11 @@ func (e *Engine) Park(level int, tags ...string) error {
 	if err := e.groupCall(fmt.Sprintf("sleep %d %s", level, strings.Join(tags, " ")), "slept"); err != nil {
 		return fmt.Errorf("park: %w", err)
 	}
+	first := false
 	switch e.Phase() {
 	case PhaseReady:
 		e.slots.setPaused(true)
-		if err := e.mem.alloc(TagParkResidue, e.cfg.Sim.ParkResidue); err != nil {
-			e.slots.setPaused(false)
-			return fmt.Errorf("park: %w", err)
-		}
-		e.parkLevel = level
-		e.phase.Store(int32(PhaseParked))
-		e.parks.Add(1)
+		first = true
 	case PhaseParked:
 		e.parkLevel = max(e.parkLevel, level)
 	default:
@@ -238,6 +259,21 @@ func (e *Engine) Park(level int, tags ...string) error {
 		}
 		e.parked[tag] = true
 	}
+	if first {
+		// The residue is what the engine keeps of what it released (its
+		// CUDA context, graphs, allocator caches): taken once the tags
+		// are free, so that it may be as large as they were.
+		e.parkLevel = level
+		e.phase.Store(int32(PhaseParked))
+		e.parks.Add(1)
+		if err := e.mem.alloc(TagParkResidue, e.cfg.Sim.ParkResidue); err != nil {
+			// Only another process taking the freed memory first can
+			// cause it (a simulation's race): the engine is parked,
+			// and the park reported failed.
+			e.logOOM(err)
+			return fmt.Errorf("park: %w", err)
+		}
+	}
 	e.Logf(LevelInfo, "parked (level %d): released %v", e.parkLevel, tags)
 	return nil
 }
@@ -249,7 +285,18 @@ func (e *Engine) groupCall(cmd, want string) error {
 	if g == nil {
 		return nil
 	}
+	if e.groupStuck() {
+		// vLLM runs sleep, wake_up and reload_weights as a collective RPC
+		// with no timeout: it waits for the lost rank until the engine is
+		// stopped.
+		<-e.life.Done()
+		return fmt.Errorf("%s: %w", cmd, errShutdown)
+	}
 	if err := g.call(cmd, want); err != nil {
+		if errors.Is(err, errGroupRankLost) && e.cfg.Group.PeerLoss == PeerLossHang {
+			<-e.life.Done()
+			return fmt.Errorf("%s: %w", cmd, errShutdown)
+		}
 		e.Logf(LevelError, "%v", err)
 		return err
 	}

@@ -16,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 )
 
@@ -44,20 +45,64 @@ func IdleConnections() Fault {
 				c.Close()
 			}
 		}()
+		opened := time.Now()
 		e.Note("%d connections opened%s", len(conns), countsSuffix(" not opened: ", failed))
+		if len(conns) != e.Scale.IdleConns {
+			e.Miss("%d of %d connections opened, want all (under the per-address cap)", len(conns), e.Scale.IdleConns)
+		}
 		out, code, took := e.CLI(30*time.Second, "status")
 		e.Note("capyctl status while they are open: exit %d in %.1f s%s", code, took.Seconds(), firstLineIfFailed(code, out))
+		if code != 0 {
+			e.Miss("capyctl status while they are open: exit %d, want 0", code)
+		}
 		// The fault lasts a window of traffic.
 		time.Sleep(e.Scale.Hold)
-		closed := 0
-		for _, c := range conns {
-			_ = c.SetReadDeadline(time.Now().Add(time.Millisecond))
-			if _, err := c.Read(make([]byte, 1)); err != nil && !isTimeout(err) {
-				closed++
+		// The role closes every one once listener.read_header_timeout
+		// passes (10 s, the default the suite keeps).
+		closed := make([]bool, len(conns))
+		count := func() int {
+			n := 0
+			for i, c := range conns {
+				if !closed[i] && closedByPeer(c) {
+					closed[i] = true
+				}
+				if closed[i] {
+					n++
+				}
 			}
+			return n
 		}
-		e.Note("%d closed by the role after %s", closed, e.Scale.Hold)
-	}}
+		bound := max(readHeaderTimeout+within-time.Since(opened), 0)
+		if waitUntil(bound, func() bool { return count() == len(conns) }) {
+			e.Note("%d closed by the role after %.0f s", len(conns), time.Since(opened).Seconds())
+		} else {
+			e.Miss("%d of %d closed by the role %.0f s after they opened, want all within listener.read_header_timeout (%s)",
+				count(), len(conns), time.Since(opened).Seconds(), readHeaderTimeout)
+		}
+	}, Expect: expect(allEnginesSurvive, nothingFails)}
+}
+
+// readHeaderTimeout is listener.read_header_timeout's default.
+const readHeaderTimeout = 10 * time.Second
+
+// closedByPeer reports whether the role closed or reset a connection: a
+// non-blocking peek reads its end (or a reset), not a timeout.
+func closedByPeer(c net.Conn) bool {
+	sc, ok := c.(syscall.Conn)
+	if !ok {
+		return false
+	}
+	raw, err := sc.SyscallConn()
+	if err != nil {
+		return false
+	}
+	closed := false
+	_ = raw.Control(func(fd uintptr) {
+		var b [1]byte
+		n, _, err := syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+		closed = (n == 0 && err == nil) || err == syscall.ECONNRESET
+	})
+	return closed
 }
 
 // SlowBody sends chat requests whose bodies drip one byte every 500 ms:
@@ -73,34 +118,44 @@ func SlowBody() Fault {
 		Inject: func(e *Env) {
 			var mu sync.Mutex
 			results := map[string]int{}
+			var misses []string
 			var wg sync.WaitGroup
 			for i := 0; i < 2*e.Scale.SlowClients; i++ {
 				authed := i%2 == 0
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
-					res := drip(e.Role.Info.Inference, e.Role.Creds.APIKey, authed, e.Scale.BodyReadTimeout+20*time.Second)
-					who := "without key"
+					res, took := drip(e.Role.Info.Inference, e.Role.Creds.APIKey, authed, e.Scale.BodyReadTimeout+20*time.Second)
+					who, want, bound := "without key", "401 unauthorized", within
 					if authed {
-						who = "with key"
+						// 408 once listener.body_read_timeout passes.
+						who, want, bound = "with key", "408 body_read_timeout", e.Scale.BodyReadTimeout+within
 					}
 					mu.Lock()
-					results[who+": "+res]++
-					mu.Unlock()
+					defer mu.Unlock()
+					results[fmt.Sprintf("%s: %s after %.0f s", who, res, took.Seconds())]++
+					if res != want || took > bound {
+						misses = append(misses, fmt.Sprintf("%s: %s after %.1f s, want %s within %s", who, res, took.Seconds(), want, bound))
+					}
 				}()
 			}
 			wg.Wait()
 			e.Note("drippers: %s", countsList(results))
+			for _, m := range misses {
+				e.Miss("a slow body %s", m)
+			}
 		},
+		Expect: expect(allEnginesSurvive, nothingFails),
 	}
 }
 
 // drip sends one request whose 4 KiB body arrives a byte every 500 ms,
-// and returns "<status> <code> after <s>" of the answer or what ended it.
-func drip(addr, key string, authed bool, bound time.Duration) string {
+// and returns "<status> <code>" of the answer or what ended it, and how
+// long after the head it came.
+func drip(addr, key string, authed bool, bound time.Duration) (string, time.Duration) {
 	c, err := net.DialTimeout("tcp", addr, 2*time.Second)
 	if err != nil {
-		return shortErr(err)
+		return shortErr(err), 0
 	}
 	defer c.Close()
 	_ = c.SetDeadline(time.Now().Add(bound))
@@ -110,7 +165,7 @@ func drip(addr, key string, authed bool, bound time.Duration) string {
 	}
 	start := time.Now()
 	if _, err := io.WriteString(c, head+"\r\n{"); err != nil {
-		return shortErr(err)
+		return shortErr(err), time.Since(start)
 	}
 	stop := make(chan struct{})
 	defer close(stop)
@@ -130,10 +185,11 @@ func drip(addr, key string, authed bool, bound time.Duration) string {
 	}()
 	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
 	if err != nil {
-		return shortErr(err)
+		return shortErr(err), time.Since(start)
 	}
 	defer resp.Body.Close()
-	return fmt.Sprintf("%s after %.0f s", statusOutcome(resp), time.Since(start).Seconds())
+	took := time.Since(start)
+	return statusOutcome(resp), took
 }
 
 // BigBodies sends BigClients×BigBodies chat requests of 64 MiB each
@@ -167,10 +223,30 @@ func BigBodies() Fault {
 		e.Note("%d bodies of 64 MiB: %s", e.Scale.BigClients*e.Scale.BigBodies, countsList(results))
 		e.Note("role resident memory %d MiB before, %d MiB peak (VmHWM), %d MiB just after",
 			rssBefore>>20, rss(e.Role.PID(), "VmHWM")>>20, rss(e.Role.PID(), "VmRSS")>>20)
+		// Each body is answered: forwarded (the fake engine takes up to
+		// 32 MiB, so 400 engine_rejected, or 503 when it hangs up before
+		// the body is sent), or refused 429 with Retry-After beyond
+		// limits.max_body_bytes_in_flight. Clients sending more at once
+		// than the bound holds see the refusal.
+		answered := codedAs("bodies_in_flight_full", "engine_rejected", "unavailable")
+		for res, n := range results {
+			if res != "200" && !answered(res) {
+				e.Miss("%d bodies answered %s, want 200, 400 engine_rejected, 503 unavailable or 429 bodies_in_flight_full with Retry-After", n, res)
+			}
+		}
+		if int64(e.Scale.BigClients)*64<<20 > bodiesInFlight && results["429 bodies_in_flight_full"] == 0 {
+			e.Miss("%d clients sent 64 MiB at once and none was refused 429 bodies_in_flight_full (bound %d MiB)", e.Scale.BigClients, bodiesInFlight>>20)
+		}
 	}, After: func(e *Env) {
 		e.Note("%d MiB at the end of the settle window", rss(e.Role.PID(), "VmRSS")>>20)
-	}}
+	},
+		// The bound keeps room for small requests: the traffic goes on.
+		Expect: expect(allEnginesSurvive, nothingFails),
+	}
 }
+
+// bodiesInFlight is limits.max_body_bytes_in_flight's default.
+const bodiesInFlight = 256 << 20
 
 func sendBig(hc *http.Client, base, key string, body []byte) string {
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
@@ -186,6 +262,9 @@ func sendBig(hc *http.Client, base, key string, body []byte) string {
 		return transportOutcome(ctx, err)
 	}
 	defer resp.Body.Close()
+	if resp.StatusCode == http.StatusTooManyRequests && resp.Header.Get("Retry-After") == "" {
+		return statusOutcome(resp) + " without Retry-After"
+	}
 	if resp.StatusCode != http.StatusOK {
 		return statusOutcome(resp)
 	}

@@ -43,14 +43,23 @@ func FullDisk() Fault {
 				e.T.Fatalf("fill the disk: %v", err)
 			}
 			e.Note("disk filled (%d MiB written)", n>>20)
-			probeDeploy(e, probe, "on the full disk")
+			code, out := probeDeploy(e, probe, "on the full disk")
+			refusedStoreUnavailable(e, "a deploy on the full disk", code, out)
 			// The fault lasts a window of traffic.
 			time.Sleep(e.Scale.Hold)
-			out, code, _ := e.CLI(30*time.Second, "status")
-			e.Note("capyctl status on the full disk: exit %d%s", code, requestsLine(out))
+			out, code, _ = e.CLI(30*time.Second, "status")
+			req := requestsLine(out)
+			e.Note("capyctl status on the full disk: exit %d%s", code, req)
+			if code != 0 || !strings.Contains(req, "dropped") {
+				e.Miss("capyctl status on the full disk: exit %d%s, want 0 and the request ledger's dropped records", code, req)
+			}
 			free()
-			probeDeploy(e, probe, "once the disk is freed")
+			if code, out := probeDeploy(e, probe, "once the disk is freed"); code != 0 {
+				e.Miss("a deploy once the disk is freed: exit %d (%s), want 0", code, firstLine(lastError(out)))
+			}
 		},
+		// The hot path writes nothing it waits for.
+		Expect: expect(allEnginesSurvive, nothingFails),
 	}
 }
 
@@ -172,11 +181,15 @@ func ReadOnlyStore() Fault {
 			if err := os.Chmod(db, 0o400); err != nil {
 				e.T.Fatal(err)
 			}
+			// Whether the file really refuses the role's writes: a file
+			// mode does not stop root.
+			readOnly := os.Geteuid() != 0
 			if os.Geteuid() == 0 {
 				if err := run("chattr", "+i", db); err != nil {
-					e.Note("chattr +i failed (%v): root still writes the file", err)
+					e.Note("chattr +i failed (%v): root still writes the file, the refusals are not checked", err)
 				} else {
 					how += " and chattr +i"
+					readOnly = true
 				}
 			}
 			restore := func() {
@@ -187,23 +200,46 @@ func ReadOnlyStore() Fault {
 			}
 			defer restore()
 			e.Note("capyctl.db made read-only with %s while the role runs", how)
-			probeDeploy(e, probe, "while the file is read-only")
+			code, out := probeDeploy(e, probe, "while the file is read-only")
+			if readOnly && code == 0 {
+				e.Miss("a deploy while capyctl.db is read-only was carried out")
+			}
+			refusedStoreUnavailable(e, "a deploy while capyctl.db is read-only", code, out)
 			// The fault lasts a window of traffic.
 			time.Sleep(e.Scale.Hold)
-			out, code, _ := e.CLI(30*time.Second, "status")
+			out, code, _ = e.CLI(30*time.Second, "status")
 			e.Note("capyctl status: exit %d%s", code, requestsLine(out))
+			if code != 0 {
+				e.Miss("capyctl status while capyctl.db is read-only: exit %d, want 0", code)
+			}
 			e.Role.Stop()
 			code, msg := tryStart(e)
 			if code == 0 {
 				e.Note("a start on the read-only store came up (and was stopped)")
+				if readOnly {
+					e.Miss("a role started on a read-only capyctl.db")
+				}
 			} else {
 				e.Note("a start on the read-only store: exit %d: %s", code, msg)
+				if code != exitStoreUnavailable || !strings.Contains(msg, "store_unavailable") {
+					e.Miss("a start on the read-only store: exit %d (%s), want %d store_unavailable", code, msg, exitStoreUnavailable)
+				}
 			}
 			restore()
 			e.Role.Restart()
 			e.Retarget()
-			probeDeploy(e, probe, "after the file is restored and the role restarted")
+			if code, out := probeDeploy(e, probe, "after the file is restored and the role restarted"); code != 0 {
+				e.Miss("a deploy after the file is restored: exit %d (%s), want 0", code, firstLine(lastError(out)))
+			}
 		},
+		Expect: expect(
+			// The engines ran on through the role's stop and were
+			// re-attached.
+			allEnginesSurvive,
+			// Clients saw the role drain (shutting_down) and go, and
+			// nothing else.
+			failOnly("lost connections and shutting_down", anyOf(connectionLost, codedAs("shutting_down"))),
+		),
 	}
 }
 

@@ -5,7 +5,6 @@ package faults
 
 import (
 	"context"
-	"fmt"
 	"strings"
 	"syscall"
 	"time"
@@ -30,7 +29,13 @@ func KillCore() Fault {
 		e.Role.Restart()
 		e.Retarget()
 		e.Note("restart answered the management API after %.1f s", time.Since(start).Seconds())
-	}}
+	}, Expect: expect(
+		// The engines ran on and were re-attached: nothing relaunched.
+		allEnginesSurvive,
+		// Clients saw the role gone until it listened again, and nothing
+		// else: the recovered instances served at once.
+		failOnly("lost connections", connectionLost),
+	)}
 }
 
 // KillDriver kills the custom engine's driver with SIGKILL: the role
@@ -42,8 +47,14 @@ func KillDriver() Fault {
 			_ = syscall.Kill(pid, syscall.SIGKILL)
 		}
 		e.Note("killed driver %v", old)
-		noteReplaced(e, old, e.Scale.Recover)
-	}}
+		if !noteReplaced(e, old, e.Scale.Recover) {
+			e.Miss("the killed driver was not replaced within %s", e.Scale.Recover)
+		}
+	}, Expect: expect(
+		// The request path never calls a driver, and the new driver
+		// recovers the engines.
+		allEnginesSurvive, nothingFails,
+	)}
 }
 
 // StopDriver stops the custom engine's driver with SIGSTOP: the role's
@@ -60,16 +71,28 @@ func StopDriver() Fault {
 			for _, pid := range old {
 				if harness.Alive(pid) {
 					_ = syscall.Kill(pid, syscall.SIGCONT)
-					e.Note("driver %d still alive after %s: SIGCONT", pid, e.Scale.StopFor)
+					e.Miss("driver %d still alive after %s: SIGCONT", pid, e.Scale.StopFor)
 				}
 			}
 		}()
 		// A command during the stop must come back.
 		out, code, took := e.CLI(30*time.Second, "status")
 		e.Note("capyctl status during the stop: exit %d in %.1f s%s", code, took.Seconds(), firstLineIfFailed(code, out))
-		noteReplaced(e, old, e.Scale.StopFor)
-	}}
+		if code != 0 {
+			e.Miss("capyctl status during the stop: exit %d, want 0", code)
+		}
+		if !noteReplaced(e, old, min(stoppedDriverBound, e.Scale.StopFor)) {
+			e.Miss("the stopped driver was not killed and replaced within %s (the default pings' bound)", min(stoppedDriverBound, e.Scale.StopFor))
+		}
+	}, Expect: expect(allEnginesSurvive, nothingFails)}
 }
+
+// stoppedDriverBound is when the role has replaced a stopped driver with
+// the default ping settings (drivers.ping_interval and ping_timeout 5 s,
+// two misses in a row): the first ping within an interval, a miss a
+// timeout later, the second at once (an interval after the first began),
+// its miss a timeout later; then the relaunch.
+const stoppedDriverBound = 5*time.Second + 2*5*time.Second + within
 
 // KillEngine kills the traffic's engine with SIGKILL: its requests fail,
 // the role sees it exit and starts a new one (on the next request or its
@@ -100,9 +123,18 @@ func KillEngine() Fault {
 		}) {
 			e.Note("new engine %d ready after %.1f s", now, time.Since(e.Start).Seconds())
 		} else {
-			e.Note("no new engine within %s", e.Scale.Recover)
+			e.Miss("no new engine ready within %s", e.Scale.Recover)
 		}
-	}}
+	}, Expect: expect(
+		// Only the killed engine is gone: the bystander's runs on.
+		func(e *Env, got Result) {
+			if got.Kept != got.Of-1 || len(got.Gone) != 1 || !strings.HasPrefix(got.Gone[0], trafficDep+":") {
+				e.Miss("engines survived %d/%d (%s), want every one but %s's", got.Kept, got.Of, strings.Join(got.Gone, "; "), trafficDep)
+			}
+		},
+		// Every request the dead engine costs is answered with a code.
+		failOnly("coded answers", coded),
+	)}
 }
 
 // driverPIDs are the live custom-engine drivers of the role.
@@ -114,8 +146,9 @@ func driverPIDs(e *Env) []int {
 	return pids
 }
 
-// noteReplaced waits until the old drivers are gone and a new one runs.
-func noteReplaced(e *Env, old []int, bound time.Duration) {
+// noteReplaced waits until the old drivers are gone and a new one runs,
+// and says whether that happened within bound.
+func noteReplaced(e *Env, old []int, bound time.Duration) bool {
 	var now []int
 	if waitUntil(bound, func() bool {
 		for _, pid := range old {
@@ -127,9 +160,10 @@ func noteReplaced(e *Env, old []int, bound time.Duration) {
 		return len(now) > 0
 	}) {
 		e.Note("new driver %v after %.1f s", now, time.Since(e.Start).Seconds())
-	} else {
-		e.Note("driver not replaced within %s", bound)
+		return true
 	}
+	e.Note("driver not replaced within %s", bound)
+	return false
 }
 
 func firstLineIfFailed(code int, out string) string {
@@ -155,7 +189,7 @@ func firstLine(s string) string {
 // role acknowledged must exist after the fault. The spec and model
 // directory are written by prepareProbe, before the fault (a full disk
 // takes no more files).
-func probeDeploy(e *Env, specPath, when string) {
+func probeDeploy(e *Env, specPath, when string) (int, string) {
 	out, code, took := e.CLI(60*time.Second, "deploy", "--file", specPath, "--activate", "--wait")
 	what := "deploy --activate --wait of a new deployment"
 	if code == 2 && strings.Contains(out, "conflict") {
@@ -166,9 +200,23 @@ func probeDeploy(e *Env, specPath, when string) {
 	if code == 0 {
 		e.Acknowledged("probe")
 		e.Note("%s %s: ok in %.1f s", what, when, took.Seconds())
-		return
+		return code, out
 	}
 	e.Note("%s %s: exit %d: %s", what, when, code, firstLine(lastError(out)))
+	return code, out
+}
+
+// exitStoreUnavailable is capyctl's exit code for store_unavailable (a
+// write the file system refused), as core/structs/errors.go gives it.
+const exitStoreUnavailable = 27
+
+// refusedStoreUnavailable: a command the store cannot take is refused
+// store_unavailable (exit 27) or, where it needed no write after all,
+// carried out; anything else is a miss.
+func refusedStoreUnavailable(e *Env, what string, code int, out string) {
+	if code != 0 && (code != exitStoreUnavailable || !strings.Contains(out, "store_unavailable")) {
+		e.Miss("%s: exit %d (%s), want 0 or %d store_unavailable", what, code, firstLine(lastError(out)), exitStoreUnavailable)
+	}
 }
 
 // prepareProbe writes the probe's spec and model directory.
@@ -186,5 +234,3 @@ func lastError(out string) string {
 	}
 	return out
 }
-
-var _ = fmt.Sprint

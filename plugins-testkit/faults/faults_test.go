@@ -33,6 +33,9 @@ func TestFaults_Suite(t *testing.T) {
 	}
 	rows := runAll(t, All(), Full)
 	table := Markdown(rows)
+	// The attack rows (attacks.go): a server and its hosts attacked as a
+	// network peer, a local user and a compromised host.
+	table += "\n" + AttackMarkdown(runAttacks(t, Attacks(), AttacksFull))
 	fmt.Printf("\n%s\n", table)
 	if p := os.Getenv(EnvFaultsOut); p != "" {
 		if err := os.WriteFile(p, []byte(table), 0o644); err != nil {

@@ -81,6 +81,22 @@ type Fault struct {
 	// After, when set, runs after the role served again and the settle
 	// window, before the traffic stops (a second reading).
 	After func(e *Env)
+	// Expect checks the fault's own promise against what the row
+	// measured (the traffic's outcomes, the engines that survived); the
+	// checks made while the fault lasts are in Inject. Both report a
+	// missed promise with Env.Miss.
+	Expect func(e *Env, got Result)
+}
+
+// Result is what a row measured, for Fault.Expect.
+type Result struct {
+	// Out are the traffic's outcomes from the injection to the end of
+	// the settle window.
+	Out Outcomes
+	// Kept of Of engines run on as the same instance's engine; Gone names
+	// the others.
+	Kept, Of int
+	Gone     []string
 }
 
 // Env is what a fault works with.
@@ -98,6 +114,16 @@ type Env struct {
 	// acked are deployments the role acknowledged during the fault: they
 	// must exist after it.
 	acked []string
+	// misses are the fault's own promises it did not keep.
+	misses []string
+}
+
+// Miss records a promise of the fault that was not kept: the row's notes
+// and problems say it, and the test fails.
+func (e *Env) Miss(format string, args ...any) {
+	msg := strings.ReplaceAll(fmt.Sprintf(format, args...), e.Role.StateDir, "<state>")
+	e.notes = append(e.notes, "MISSED: "+msg)
+	e.misses = append(e.misses, msg)
 }
 
 // Note adds to the row's notes (the state directory written <state>).
@@ -276,6 +302,7 @@ func Run(t testing.TB, f Fault, s Scale) Row {
 	if err != nil {
 		row.Lost, row.Ledger = "unknown: "+err.Error(), "unknown"
 		row.Problems = append(row.Problems, "role unreadable after the fault: "+err.Error())
+		row.Problems = append(row.Problems, e.misses...)
 		row.Notes = strings.Join(e.notes, "; ")
 		return row
 	}
@@ -295,6 +322,10 @@ func Run(t testing.TB, f Fault, s Scale) Row {
 	if len(gone) > 0 {
 		row.Engines += " (" + strings.Join(gone, "; ") + ")"
 	}
+	if f.Expect != nil {
+		f.Expect(e, Result{Out: out, Kept: kept, Of: of, Gone: gone})
+	}
+	row.Problems = append(row.Problems, e.misses...)
 	row.Ledger = "yes"
 	if len(after.Ledger) > 0 {
 		row.Ledger = "no: " + strings.Join(after.Ledger, "; ")

@@ -8,7 +8,9 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/capyctl/capyctl/core/api/wire"
 )
@@ -31,7 +33,7 @@ func (r *Role) JoinToken(ttl string) (token, cluster string) {
 	if ttl != "" {
 		args = append(args, "--ttl", ttl)
 	}
-	out, errOut, code := r.CLI(args...)
+	out, errOut, code := r.retryNotLeader(args...)
 	if code != 0 {
 		r.t.Fatalf("create join-token: exit %d: %s", code, errOut)
 	}
@@ -67,6 +69,11 @@ func StartHostWith(t testing.TB, cluster, token string, o HostOptions) *Role {
 	opts := o.Options
 	opts.Role = "host"
 	opts.Args = append(append([]string{"--server", cluster, "--hostname", o.Name}, o.GPU.SimArgs()...), opts.Args...)
+	if !strings.Contains(strings.Join(opts.Args, " "), "peer") {
+		// Every test host is this machine: group ranks meet on loopback,
+		// named as an operator names a host's group link (no default).
+		opts.Args = append(opts.Args, "--peer-address", "127.0.0.1")
+	}
 	if token != "" {
 		opts.Env = append(opts.Env, "CAPYCTL_JOIN_TOKEN="+token)
 	}
@@ -90,7 +97,7 @@ func StartFirstServer(t testing.TB, name string, expect int, opts Options) *Role
 // relays it to the leader), given in a file as an operator would.
 func JoinServer(t testing.TB, via *Role, name string, opts Options) *Role {
 	t.Helper()
-	out, errOut, code := via.CLI("create", "join-token", "--role", "server", "--json")
+	out, errOut, code := via.retryNotLeader("create", "join-token", "--role", "server", "--json")
 	if code != 0 {
 		t.Fatalf("create join-token --role server: exit %d: %s", code, errOut)
 	}
@@ -107,6 +114,21 @@ func JoinServer(t testing.TB, via *Role, name string, opts Options) *Role {
 	r := StartStandalone(t, opts)
 	r.ClusterAddr = r.selfClusterAddr()
 	return r
+}
+
+// retryNotLeader runs a CLI command against r, again while it answers
+// not_leader (exit 28, retryable: a cluster electing its leader, as when
+// a second server just joined) for up to 30 s, as an operator would.
+func (r *Role) retryNotLeader(args ...string) (string, string, int) {
+	r.t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		out, errOut, code := r.CLI(args...)
+		if code != 28 || time.Now().After(deadline) {
+			return out, errOut, code
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }
 
 // Servers is `list servers --json` on a server.

@@ -4,9 +4,9 @@
 package harness
 
 import (
-	"io"
 	"net"
 	"sync"
+	"sync/atomic"
 	"testing"
 )
 
@@ -23,6 +23,10 @@ type Partition struct {
 	cut   bool
 	drop  bool
 	conns []net.Conn
+
+	// lateTo and lateFrom count the bytes read during a cut and delivered
+	// at Heal, towards the target and from it.
+	lateTo, lateFrom atomic.Int64
 }
 
 // NewPartition proxies a loopback listener to target until the test ends.
@@ -48,6 +52,14 @@ func (p *Partition) Cut(drop bool) {
 	p.mu.Lock()
 	p.cut, p.drop = true, drop
 	p.mu.Unlock()
+}
+
+// Late reports the bytes that arrived during a cut and were delivered
+// once it healed: towards the target (from the clients that dialed the
+// proxy) and from the target. A test shows with it that something sent
+// during the partition really arrived late.
+func (p *Partition) Late() (toTarget, fromTarget int64) {
+	return p.lateTo.Load(), p.lateFrom.Load()
 }
 
 // Heal carries traffic again.
@@ -92,8 +104,8 @@ func (p *Partition) serve() {
 		p.mu.Lock()
 		p.conns = append(p.conns, c, up)
 		p.mu.Unlock()
-		go p.pipe(c, up)
-		go p.pipe(up, c)
+		go p.pipe(c, up, &p.lateTo)
+		go p.pipe(up, c, &p.lateFrom)
 	}
 }
 
@@ -113,34 +125,55 @@ func (p *Partition) hold(c net.Conn) {
 	p.mu.Lock()
 	p.conns = append(p.conns, c, up)
 	p.mu.Unlock()
-	go p.pipe(c, up)
-	go p.pipe(up, c)
+	go p.pipe(c, up, &p.lateTo)
+	go p.pipe(up, c, &p.lateFrom)
 }
 
-// pipe copies src to dst, holding (or dropping) what it reads while cut.
-func (p *Partition) pipe(src, dst net.Conn) {
-	defer dst.Close()
-	buf := make([]byte, 32<<10)
-	for {
-		n, err := src.Read(buf)
-		if n > 0 {
-			p.mu.Lock()
-			for p.cut && !p.drop {
-				p.cond.Wait()
-			}
-			dropped := p.cut && p.drop
-			p.mu.Unlock()
-			if !dropped {
-				if _, werr := dst.Write(buf[:n]); werr != nil {
-					return
+// pipe copies src to dst. What it reads while cut is held in the proxy
+// (dropped, with Cut(true)) and written at Heal, so the proxy keeps reading
+// during a cut: every byte sent during it is held here, not in the
+// kernel's buffers, and late counts what it delivered.
+func (p *Partition) pipe(src, dst net.Conn, late *atomic.Int64) {
+	type chunk struct {
+		b    []byte
+		late bool
+	}
+	q := make(chan chunk, 1024)
+	go func() {
+		defer close(q)
+		buf := make([]byte, 32<<10)
+		for {
+			n, err := src.Read(buf)
+			if n > 0 {
+				p.mu.Lock()
+				cut, drop := p.cut, p.drop
+				p.mu.Unlock()
+				if !cut || !drop {
+					q <- chunk{b: append([]byte(nil), buf[:n]...), late: cut}
 				}
 			}
-		}
-		if err != nil {
-			if err != io.EOF {
+			if err != nil {
 				return
 			}
+		}
+	}()
+	defer dst.Close()
+	for c := range q {
+		p.mu.Lock()
+		for p.cut {
+			p.cond.Wait()
+		}
+		p.mu.Unlock()
+		if _, err := dst.Write(c.b); err != nil {
+			// Drain the reader so it ends with its source.
+			go func() {
+				for range q {
+				}
+			}()
 			return
+		}
+		if c.late {
+			late.Add(int64(len(c.b)))
 		}
 	}
 }

@@ -95,26 +95,7 @@ func (r *Role) start() {
 		base := 10000 + rand.IntN(220)*100
 		r.ports = fmt.Sprintf("%d-%d", base, base+99)
 	}
-	args := []string{"start", r.RoleName, "--state-dir", r.StateDir, "--listen", "127.0.0.1:0", "--management-listen", "127.0.0.1:0"}
-	if r.RoleName == "server" {
-		addr := r.ClusterAddr
-		if addr == "" {
-			addr = "127.0.0.1:0"
-		}
-		args = append(args, "--cluster-listen", addr)
-	} else {
-		engine := r.ports
-		var first, last int
-		if _, err := fmt.Sscanf(r.ports, "%d-%d", &first, &last); err == nil && r.RoleName == "host" && last-first >= 20 {
-			// A group head's rendezvous port comes from the role's own
-			// range too, not from the shared default (25000-25099), which
-			// other tests' ports may hold.
-			engine = fmt.Sprintf("%d-%d", first, last-10)
-			args = append(args, "--rendezvous-ports", fmt.Sprintf("%d-%d", last-9, last))
-		}
-		args = append(args, "--engine-ports", engine, "--models-root", filepath.Join(r.StateDir, "models"))
-	}
-	args = append(args, r.Args...)
+	args := r.startArgs()
 	cmd := exec.Command(r.Bin, args...)
 	cmd.Env = append(baseEnv(), r.Env...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
@@ -160,6 +141,33 @@ func (r *Role) start() {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// startArgs are the role's `capyctl start` arguments: loopback
+// listeners, its state directory, its ports, then r.Args.
+func (r *Role) startArgs() []string {
+	args := []string{"start", r.RoleName, "--state-dir", r.StateDir, "--listen", "127.0.0.1:0", "--management-listen", "127.0.0.1:0"}
+	if r.RoleName == "server" {
+		addr := r.ClusterAddr
+		if addr == "" {
+			addr = "127.0.0.1:0"
+		}
+		args = append(args, "--cluster-listen", addr)
+	} else {
+		engine := r.ports
+		var first, last int
+		if _, err := fmt.Sscanf(r.ports, "%d-%d", &first, &last); err == nil && r.RoleName == "host" && last-first >= 56 {
+			// A group head's rendezvous port comes from the role's own
+			// range too, not from the shared default (25000-25099), which
+			// other tests' ports may hold: room for four heads of seven
+			// ports each (lifecycle.RendezvousSpan).
+			engine = fmt.Sprintf("%d-%d", first, last-28)
+			args = append(args, "--rendezvous-ports", fmt.Sprintf("%d-%d", last-27, last))
+		}
+		args = append(args, "--engine-ports", engine, "--models-root", filepath.Join(r.StateDir, "models"))
+	}
+	args = append(args, r.Args...)
+	return args
 }
 
 // raisedLogLevel reports whether the role's arguments or environment set

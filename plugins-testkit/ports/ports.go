@@ -59,6 +59,42 @@ func Lease(t testing.TB) int {
 	return port
 }
 
+// LeaseRange returns the first of n consecutive loopback ports nothing
+// listens on, each reserved for t until it ends as Lease reserves one (an
+// engine that binds ports next to the one it is given needs them all).
+func LeaseRange(t testing.TB, n int) int {
+	t.Helper()
+	for try := 0; try < 1000; try++ {
+		first, release, err := lease()
+		if err != nil {
+			t.Fatal(err)
+		}
+		releases := []func(){release}
+		ok := true
+		for i := 1; i < n && ok; i++ {
+			r, err := leasePort(first + i)
+			if err != nil {
+				ok = false
+				break
+			}
+			releases = append(releases, r)
+		}
+		if ok {
+			t.Cleanup(func() {
+				for _, r := range releases {
+					r()
+				}
+			})
+			return first
+		}
+		for _, r := range releases {
+			r()
+		}
+	}
+	t.Fatalf("no %d consecutive free loopback ports in %d-%d", n, lo, hi)
+	return 0
+}
+
 func lease() (int, func(), error) {
 	dir := filepath.Join(os.TempDir(), "capyctl-test-ports")
 	if err := os.MkdirAll(dir, 0o777); err != nil {
@@ -75,29 +111,53 @@ func lease() (int, func(), error) {
 		if leased[port] || (port >= eLo && port <= eHi) {
 			continue
 		}
-		f, err := os.OpenFile(filepath.Join(dir, strconv.Itoa(port)+".lock"), os.O_CREATE|os.O_RDWR, 0o666)
-		if err != nil {
-			continue
+		if release, ok := lockPort(dir, port); ok {
+			return port, release, nil
 		}
-		if syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB) != nil {
-			f.Close() // another test process holds it
-			continue
-		}
-		if !proc.PortFree(port) {
-			_ = syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
-			f.Close()
-			continue
-		}
-		leased[port] = true
-		return port, func() {
-			_ = syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
-			f.Close()
-			mu.Lock()
-			delete(leased, port)
-			mu.Unlock()
-		}, nil
 	}
 	return 0, nil, fmt.Errorf("no free loopback port in %d-%d", lo, hi)
+}
+
+// leasePort leases one given port, or fails.
+func leasePort(port int) (func(), error) {
+	dir := filepath.Join(os.TempDir(), "capyctl-test-ports")
+	eLo, eHi := ephemeralRange()
+	mu.Lock()
+	defer mu.Unlock()
+	if port > hi || leased[port] || (port >= eLo && port <= eHi) {
+		return nil, fmt.Errorf("port %d is taken", port)
+	}
+	release, ok := lockPort(dir, port)
+	if !ok {
+		return nil, fmt.Errorf("port %d is taken", port)
+	}
+	return release, nil
+}
+
+// lockPort takes port's lock file and checks nothing listens on it; mu is
+// held.
+func lockPort(dir string, port int) (func(), bool) {
+	f, err := os.OpenFile(filepath.Join(dir, strconv.Itoa(port)+".lock"), os.O_CREATE|os.O_RDWR, 0o666)
+	if err != nil {
+		return nil, false
+	}
+	if syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB) != nil {
+		f.Close() // another test process holds it
+		return nil, false
+	}
+	if !proc.PortFree(port) {
+		_ = syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
+		f.Close()
+		return nil, false
+	}
+	leased[port] = true
+	return func() {
+		_ = syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
+		f.Close()
+		mu.Lock()
+		delete(leased, port)
+		mu.Unlock()
+	}, true
 }
 
 // ephemeralRange is the kernel's range for outgoing connections' ports.

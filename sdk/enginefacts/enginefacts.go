@@ -4,10 +4,12 @@
 // Package enginefacts is one data table per first-party engine family:
 // the versions CapyCTL supports, the park (sleep/wake) and abort APIs, the
 // park levels, the metric names of the idle signal, and the routes the
-// engine answers without its key, each with its source. The drivers and
-// the testkit's fake engines both read these tables, so the two cannot
-// drift apart, and the engine pages render them. It imports nothing of
-// CapyCTL.
+// engine answers without its key, each with its source. The drivers read
+// these tables and the engine pages render them. The testkit's fake
+// engines keep tables of their own (plugins-testkit/fakeengine/facts.go)
+// and never read these, so that a wrong fact here fails a driver's test
+// against its fake (and TestFacts_DriversAgreeWithTheFakes names the
+// disagreement). It imports nothing of CapyCTL.
 package enginefacts
 
 import (
@@ -75,6 +77,35 @@ type Engine struct {
 	// ParkOpenRoutes are further routes open without the key while the
 	// engine can park (vLLM's development mode).
 	ParkOpenRoutes []Fact
+	// Env are variables the driver sets because the engine (or a library
+	// it loads) needs them, and when.
+	Env []Fact
+	// APIRoutes are the engine's routes for the APIs beyond chat that
+	// CapyCTL answers (Anthropic's Messages and its token count, OpenAI's
+	// Responses) and its tokenize routes. A fact with a Key ("messages",
+	// "count_tokens", "responses") is one the driver names in the
+	// endpoint, so that the router sends those requests to the engine
+	// (native); one without is recorded with the reason CapyCTL does not
+	// use it (the router translates to chat, or refuses count_tokens).
+	APIRoutes []Fact
+}
+
+// API route keys of APIRoutes (the endpoint fields they fill).
+const (
+	RouteMessages    = "messages"
+	RouteCountTokens = "count_tokens"
+	RouteResponses   = "responses"
+)
+
+// Route returns the path of the API route with the key, "" when the
+// engine's table names none (CapyCTL does not use the engine's own).
+func (e *Engine) Route(key string) string {
+	for _, f := range e.APIRoutes {
+		if f.Key == key {
+			return f.Value
+		}
+	}
+	return ""
 }
 
 // Values returns the facts' values.
@@ -126,7 +157,7 @@ func (e *Engine) Markdown() string {
 	if len(e.Verified) > 0 {
 		versions += " (verified: " + strings.Join(e.Verified, ", ") + ")"
 	}
-	fmt.Fprintf(&b, "Facts for %s %s, from `sdk/enginefacts`, which the driver and the fake engine both read.\n\n", e.Name, versions)
+	fmt.Fprintf(&b, "Facts for %s %s, from `sdk/enginefacts`, which the driver reads.\n\n", e.Name, versions)
 	b.WriteString("| fact | value | releases | note | source |\n|---|---|---|---|---|\n")
 	rows := func(what string, fs []Fact) {
 		for _, f := range fs {
@@ -153,6 +184,14 @@ func (e *Engine) Markdown() string {
 	rows("key-exempt prefix", e.OpenPrefixes)
 	rows("open without the key", e.OpenRoutes)
 	rows("open without the key while it can park", e.ParkOpenRoutes)
+	rows("environment", e.Env)
+	for _, f := range e.APIRoutes {
+		what := "API route, not used"
+		if f.Key != "" {
+			what = "API route, served natively"
+		}
+		rows(what, []Fact{f})
+	}
 	return b.String()
 }
 

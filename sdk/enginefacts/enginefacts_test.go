@@ -21,7 +21,7 @@ func TestTables_WellFormed(t *testing.T) {
 				t.Errorf("Lookup(%q) is not the table", e.Family)
 			}
 			all := [][]Fact{e.Park, e.Levels, e.Abort, {e.Metrics.Running, e.Metrics.Waiting}, e.Metrics.KVUsage,
-				e.Metrics.Figures, e.GuardedPrefixes, e.OpenPrefixes, e.OpenRoutes, e.ParkOpenRoutes}
+				e.Metrics.Figures, e.GuardedPrefixes, e.OpenPrefixes, e.OpenRoutes, e.ParkOpenRoutes, e.Env, e.APIRoutes}
 			for _, fs := range all {
 				for _, f := range fs {
 					if f.Value == "" || f.Source == "" {
@@ -64,4 +64,23 @@ func TestPath_UnknownKeyPanics(t *testing.T) {
 		}
 	}()
 	VLLM.Path("no-such")
+}
+
+// TestRoute_Keys: the API routes a driver names come from the table, and
+// every key is one the endpoint has a field for.
+func TestRoute_Keys(t *testing.T) {
+	known := []string{RouteMessages, RouteCountTokens, RouteResponses}
+	for _, e := range Engines() {
+		for _, f := range e.APIRoutes {
+			if f.Key != "" && !slices.Contains(known, f.Key) {
+				t.Errorf("%s: API route key %q is not one of %v", e.Family, f.Key, known)
+			}
+		}
+	}
+	if VLLM.Route(RouteMessages) != "/v1/messages" || LlamaCpp.Route(RouteCountTokens) != "/v1/messages/count_tokens" {
+		t.Errorf("routes: %q %q", VLLM.Route(RouteMessages), LlamaCpp.Route(RouteCountTokens))
+	}
+	if SGLang.Route(RouteMessages) != "" || LlamaCpp.Route(RouteMessages) != "" || TensorFold.Route(RouteResponses) != "" {
+		t.Error("a route recorded as not used is named")
+	}
 }

@@ -51,7 +51,26 @@ var VLLM = &Engine{
 	OpenRoutes: vllmOpen("/health", "/metrics", "/version", "/ping", "/invocations", "/tokenize", "/detokenize"),
 	ParkOpenRoutes: vllmOpen("/sleep", "/wake_up", "/is_sleeping", "/collective_rpc", "/reset_prefix_cache",
 		"/server_info", "/pause", "/resume"),
+	Env: []Fact{pythonHashSeed, ncclNet},
+	APIRoutes: []Fact{
+		{Key: RouteMessages, Value: "/v1/messages", Note: "native: vLLM converts it to its chat serving (stops on a hang-up: with_cancellation; names the request by X-Request-Id, as chat)", Source: vllmAnthropic},
+		{Key: RouteCountTokens, Value: "/v1/messages/count_tokens", Note: "native: counts the conversation and its tools through the model's chat template; answers {\"input_tokens\":N}", Source: vllmAnthropic},
+		{Key: RouteResponses, Value: "/v1/responses", Note: "native, always with store false and the whole conversation in input: vLLM keeps responses only with VLLM_ENABLE_RESPONSES_API_STORE, in memory, never removed", Source: "vllm/entrypoints/openai/responses/api_router.py and serving.py (commit 0001948b)"},
+		{Value: "/tokenize", Note: "counts messages through the chat template too; not used: /v1/messages/count_tokens counts Anthropic's request as is", Source: ref + "§1.4 (open routes); vllm/entrypoints/serve/tokenize"},
+	},
 }
+
+// vllmAnthropic is where vLLM serves Anthropic's Messages API.
+const vllmAnthropic = "vllm/entrypoints/anthropic/api_router.py and serving.py (commit 01540b75)"
+
+// pythonHashSeed is the seed every launch of an instance with LMCache gets
+// (pyengine.LMCacheHashSeed).
+var pythonHashSeed = Fact{Value: "PYTHONHASHSEED", Note: "with LMCache: the same for every launch of an instance (derived from it and its LMCache server's port), so that its chunk keys survive a restart_only park",
+	Source: "ChunkedTokenDatabase in lmcache/v1/token_database.py chains keys from vLLM's NONE_HASH; init_none_hash in vllm/v1/core/kv_cache_utils.py draws it from os.urandom unless PYTHONHASHSEED is set; vllm-project/vllm#21161"}
+
+// ncclNet makes NCCL fail rather than fall back to TCP (require_rdma).
+var ncclNet = Fact{Value: "NCCL_NET=IB", Note: "a group member on a host with require_rdma: NCCL uses InfiniBand or RoCE verbs or fails its start; the rendezvous and Gloo stay on TCP",
+	Source: "NCCL_NET (since 2.10), docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html; ncclNetInit in NVIDIA/nccl src/net.cc (\"Error: network %s not found.\")"}
 
 // vllmOpen are routes outside vLLM's guarded prefixes.
 func vllmOpen(routes ...string) []Fact {
@@ -108,6 +127,12 @@ var SGLang = &Engine{
 		{Value: "/metrics", Source: sglangAuth},
 		{Value: "/ready", Note: "newer releases", Source: sglangAuth},
 	},
+	Env: []Fact{pythonHashSeed, ncclNet},
+	APIRoutes: []Fact{
+		{Value: "/v1/responses", Note: "not used: translated to chat, whose rid CapyCTL aborts SGLang requests by (whether this route takes the rid is UNCONFIRMED); it also keeps responses in the engine's memory", Source: "v1_responses_request in python/sglang/srt/entrypoints/http_server.py (commit 0025436e)"},
+		{Value: "/v1/messages", Note: "not used: its conversion builds the chat request without the client's rid, so CapyCTL's abort by rid would miss the work; translated to chat (the release that adds the route is UNCONFIRMED)", Source: "python/sglang/srt/entrypoints/anthropic/serving.py (commit 0198d48d)"},
+		{Value: "/v1/tokenize", Note: "tokenizes a prompt string, without the chat template or tools: count_tokens answers count_tokens_unsupported", Source: "python/sglang/srt/entrypoints/openai/serving_tokenize.py; http_server.py (commit 0025436e)"},
+	},
 }
 
 // sglangAuth is where SGLang decides which paths need its key.
@@ -124,7 +149,10 @@ var LlamaCpp = &Engine{
 	Metrics: Metrics{
 		Running: Fact{Value: "llamacpp:requests_processing", Note: "needs --metrics; no labels", Source: ref + "§3.5"},
 		Waiting: Fact{Value: "llamacpp:requests_deferred", Source: ref + "§3.5"},
-		KVUsage: []Fact{{Value: "llamacpp:kv_cache_usage_ratio", Source: ref + "§3.5"}},
+		// Builds of the Nov-2025 layout serve no KV usage (the driver then
+		// reports it unknown); older ones do.
+		KVUsage: []Fact{{Value: "llamacpp:kv_cache_usage_ratio", Note: "older builds only: served up to early 2025 (examples/server/server.cpp at c392e509), gone from the Nov-2025 handler; current builds report no KV usage",
+			Source: ref + "§3.5"}},
 		Figures: []Fact{
 			{Value: "llamacpp:prompt_tokens_total", Source: ref + "§3.5"},
 			{Value: "llamacpp:tokens_predicted_total", Source: ref + "§3.5"},
@@ -140,14 +168,19 @@ var LlamaCpp = &Engine{
 		{Value: "/api/tags", Note: "older builds", Source: llamaAuth},
 		{Value: "/", Note: "the web UI, which CapyCTL turns off", Source: llamaAuth},
 	},
+	APIRoutes: []Fact{
+		{Key: RouteCountTokens, Value: "/v1/messages/count_tokens", Since: "builds with llama.cpp PR #17570 (November 2025)", Note: "native: counts through the chat template; an older build answers 404, which CapyCTL answers count_tokens_unsupported", Source: ref + "§3.2; ggml-org/llama.cpp pull request #17570"},
+		{Value: "/v1/messages", Since: "builds with llama.cpp PR #17570 (November 2025)", Note: "not used: a build number does not tell CapyCTL whether the build has it (older builds answer 404); translated to chat, as llama-server's own conversion does", Source: ref + "§3.2; ggml-org/llama.cpp pull request #17570"},
+		{Value: "/tokenize", Note: "tokenizes content text without the chat template (/apply-template renders one): not used", Source: ref + "§3.2"},
+	},
 }
 
 // llamaAuth is where llama-server lists its public endpoints.
 const llamaAuth = "get_public_endpoints in tools/server/server-http.cpp; " + ref + "§3.4"
 
-// tfMetrics: no reference documents TensorFold's /metrics; these are the
-// names its fake serves, unconfirmed on a real TensorFold.
-const tfMetrics = "unconfirmed: the fake engine's names (plugins-testkit/fakeengine/flavour_tensorfold.go)"
+// tfMetrics: no reference documents TensorFold's /metrics, and the driver
+// reads /health for its idle signal instead.
+const tfMetrics = "unconfirmed: no public TensorFold documentation names its metrics; the driver reads /health"
 
 // TensorFold is TensorFold's table. It has no park API (restart only), no
 // Prometheus idle signal (the driver reads /health) and no open route:
@@ -165,5 +198,9 @@ var TensorFold = &Engine{
 		Running: Fact{Value: "tensorfold:requests_running", Note: "the driver reads /health's requests_running and busy instead", Source: tfMetrics},
 		Waiting: Fact{Value: "tensorfold:requests_waiting", Source: tfMetrics},
 		KVUsage: []Fact{{Value: "tensorfold:kv_cache_usage_ratio", Source: tfMetrics}},
+	},
+	Env: []Fact{ncclNet},
+	APIRoutes: []Fact{
+		{Value: "chat only", Note: "Messages and Responses are translated to chat; count_tokens answers count_tokens_unsupported", Source: "nothing documented beyond chat (drivers/tensorfold)"},
 	},
 }

@@ -21,7 +21,8 @@ import (
 // every fact of a member (Deployment.group: rank, size, topology, the
 // head's address and rendezvous port, this host's peer address, RDMA
 // required); a driver renders them into its engine's own multi-node
-// options and adds no address or NCCL_* variable of its own.
+// options and adds no address or NCCL_* variable of its own (NCCL_NET for
+// require_rdma excepted: RDMAEnv).
 
 // Group refusal codes (core/structs/errors.go's catalogue).
 const (
@@ -40,6 +41,26 @@ const DefaultRDMADir = "/sys/class/infiniband"
 // GlooSocketEnv is PyTorch's variable naming the network interface Gloo
 // (the engines' CPU process groups) uses.
 const GlooSocketEnv = "GLOO_SOCKET_IFNAME"
+
+// NCCLNetEnv is NCCL's variable that forces one network module ("IB", its
+// verbs transport for InfiniBand and RoCE, or "Socket"): with it set NCCL
+// does not fall back to another, and fails its communicator's init with
+// "Error: network IB not found." when the module has no device (NCCL_NET,
+// since 2.10, docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html;
+// ncclNetInit in NVIDIA/nccl src/net.cc).
+const NCCLNetEnv = "NCCL_NET"
+
+// RDMAEnv sets what makes a member of a group on a host with require_rdma
+// unable to fall back to TCP for its tensor traffic: NCCL_NET=IB, so that
+// NCCL uses InfiniBand or RoCE verbs or fails the engine's start. It
+// governs NCCL only: the ranks' rendezvous (torch.distributed's TCP
+// store) and their CPU process groups (Gloo) run over TCP on the peer
+// address whatever it says. Nothing without require_rdma.
+func RDMAEnv(env Env, g *pb.Group) {
+	if g.GetRequireRdma() {
+		env[NCCLNetEnv] = "IB"
+	}
+}
 
 // InGroup reports whether a deployment is a member of a group.
 func InGroup(dep *pb.Deployment) bool { return dep.GetGroup() != nil }

@@ -4,6 +4,7 @@
 package enginekit
 
 import (
+	"maps"
 	"net"
 	"net/netip"
 	"os"
@@ -175,5 +176,28 @@ func TestWorker(t *testing.T) {
 	}
 	if l := WorkerLoad(); !l.GetKnown() || l.GetRunning() != 0 || l.GetWaiting() != 0 || l.GetKvUsage() != 0 {
 		t.Fatalf("load %v", l)
+	}
+}
+
+// TestRDMAEnv: a member on a host with require_rdma gets NCCL_NET=IB, so
+// that NCCL cannot fall back to TCP sockets; anything else gets no NCCL_*.
+func TestRDMAEnv(t *testing.T) {
+	cases := []struct {
+		name string
+		g    *pb.Group
+		want map[string]string
+	}{
+		{name: "rdma required", g: &pb.Group{Rank: 1, Size: 2, RequireRdma: true}, want: map[string]string{"NCCL_NET": "IB"}},
+		{name: "rdma not required", g: &pb.Group{Rank: 0, Size: 2}, want: map[string]string{}},
+		{name: "no group", want: map[string]string{}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			env := Env{}
+			RDMAEnv(env, c.g)
+			if !maps.Equal(map[string]string(env), c.want) {
+				t.Fatalf("env %v, want %v", env, c.want)
+			}
+		})
 	}
 }

@@ -54,6 +54,7 @@ func TestSite_Builds(t *testing.T) {
 		"guides/controller.md", "guides/driver-author.md",
 		"operations/install.md", "operations/systemd.md", "operations/containers.md", "operations/upgrades.md",
 		"operations/data-retention.md",
+		"reference/responses-and-messages.md", "guides/coding-agents.md",
 	}
 	have := map[string]bool{}
 	for _, p := range pages {
@@ -395,6 +396,7 @@ var programs = []string{
 	"rm", "ls", "install", "tar", "sha256sum", "go", "make", "docker", "podman", "awk", "grep", "cat", "jq",
 	"export", "cd", "echo", "test", "sh", "bash", "sudo", "git", "uname", "id", "kill", "ps", "free", "df",
 	"nvidia-smi", "python3", "pip", "uv", "huggingface-cli", "hf", "llama-server",
+	"codex", "claude", // the coding agents the Coding agents guide points at CapyCTL
 }
 
 var assignRe = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*=`)

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/capyctl/capyctl/plugins-testkit/fakeengine"
 	"github.com/capyctl/capyctl/sdk/enginefacts"
 )
 
@@ -17,7 +18,8 @@ import (
 var exposureLine = regexp.MustCompile(`exposure: loopback TCP: (.+?) answer any local user without the key`)
 
 // TestEnginePages_RenderTheirTables proves that each engine page shows its
-// engine table (the one its driver and fake read), and that the exposure
+// engine table (the one its driver reads) and its fake engine's own facts,
+// and that the exposure
 // lines it quotes list exactly the table's open routes.
 func TestEnginePages_RenderTheirTables(t *testing.T) {
 	byPath := map[string][]byte{}
@@ -32,6 +34,9 @@ func TestEnginePages_RenderTheirTables(t *testing.T) {
 			}
 			if !bytes.Contains(src, []byte(e.Markdown())) {
 				t.Errorf("engines/%s.md does not render its engine table (<!-- generated: engine-facts-%s -->)", e.Family, e.Family)
+			}
+			if f := fakeengine.FactsFor(e.Family); f == nil || !bytes.Contains(src, []byte(f.Markdown())) {
+				t.Errorf("engines/%s.md does not render its fake engine's facts (<!-- generated: fake-facts-%s -->)", e.Family, e.Family)
 			}
 			want := strings.Join(append(enginefacts.Values(e.OpenRoutes), enginefacts.Values(e.ParkOpenRoutes)...), ", ")
 			for _, m := range exposureLine.FindAllSubmatch(src, -1) {

@@ -15,6 +15,7 @@ import (
 	"github.com/capyctl/capyctl/core/config"
 	"github.com/capyctl/capyctl/core/jobspec"
 	"github.com/capyctl/capyctl/core/structs"
+	"github.com/capyctl/capyctl/plugins-testkit/fakeengine"
 	"github.com/capyctl/capyctl/sdk/enginefacts"
 	"github.com/capyctl/capyctl/sdk/hclbound"
 )
@@ -34,6 +35,11 @@ var Generators = map[string]func() (string, error){
 	"engine-facts-sglang":     engineFacts("sglang"),
 	"engine-facts-llamacpp":   engineFacts("llamacpp"),
 	"engine-facts-tensorfold": engineFacts("tensorfold"),
+	"fake-facts-vllm":         fakeFacts("vllm"),
+	"fake-facts-sglang":       fakeFacts("sglang"),
+	"fake-facts-llamacpp":     fakeFacts("llamacpp"),
+	"fake-facts-tensorfold":   fakeFacts("tensorfold"),
+	"fake-behaviour-facts":    func() (string, error) { return fakeengine.BehaviourMarkdown(), nil },
 }
 
 // engineFacts renders a family's engine table (sdk/enginefacts), the one
@@ -45,6 +51,18 @@ func engineFacts(family string) func() (string, error) {
 			return "", fmt.Errorf("no engine table %q", family)
 		}
 		return e.Markdown(), nil
+	}
+}
+
+// fakeFacts renders a family's fake engine facts
+// (plugins-testkit/fakeengine/facts.go), kept apart from the driver's.
+func fakeFacts(family string) func() (string, error) {
+	return func() (string, error) {
+		f := fakeengine.FactsFor(family)
+		if f == nil {
+			return "", fmt.Errorf("no fake engine facts %q", family)
+		}
+		return f.Markdown(), nil
 	}
 }
 

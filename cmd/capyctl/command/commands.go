@@ -75,12 +75,13 @@ func Commands(m *Meta) map[string]cli.CommandFactory {
 		"validate":          parent("validate", "Validate a job spec offline"),
 		"validate config":   f(&ValidateConfigCommand{Meta: m}),
 		"driver":            f(&DriverCommand{Meta: m}),
+		fakeEngineName:      f(&FakeEngineCommand{Meta: m}),
 	}
 	return table
 }
 
 // hidden commands are not listed in help.
-var hidden = []string{"driver"}
+var hidden = []string{"driver", fakeEngineName}
 
 // Run runs the CLI and returns the exit code.
 func Run(args []string) int {
@@ -89,6 +90,9 @@ func Run(args []string) int {
 
 // RunWith runs the CLI with a given Meta (tests use it).
 func RunWith(m *Meta, args []string) int {
+	// Hosts and engines write some of what the CLI prints: nothing a
+	// terminal would act on reaches it (termsafe.go).
+	m.Out, m.Err = safeOutput(m.Out), safeOutput(m.Err)
 	if len(args) == 1 && (args[0] == "--version" || args[0] == "-v") {
 		fmt.Fprintf(m.Out, "capyctl %s\n", version.Version)
 		return 0

@@ -23,9 +23,13 @@ func (c *DeployCommand) Help() string {
 	return `Usage: capyctl deploy --file <spec.hcl> [--activate] [--wait] [--revision N]
 
   Parses the job spec (offline first: a malformed file is refused with its
-  file:line:col and exit 2), then writes each deployment block to the
-  running role. A new deployment starts on the first request that names it,
-  or at once with --activate.
+  file:line:col and exit 2), then applies each deployment block to the
+  running role, which converges on it: a deployment that does not exist
+  is created; one whose spec is already this one is left alone ("unchanged",
+  exit 0, nothing restarted); any other change is a new revision, which
+  replaces the running instances. Deploying the same file twice is safe.
+  A new deployment starts on the first request that names it, or at once
+  with --activate.
 
 Deploy Options:
 
@@ -34,7 +38,8 @@ Deploy Options:
   --wait            With --activate, wait until every instance is ready; a
                     start that gives up ends the wait at once (exit 13).
   --timeout DUR     Bound for --wait (default 30m).
-  --revision N      Update an existing deployment, replacing revision N.
+  --revision N      Replace revision N only (a compare-and-set): if another
+                    revision is current, refuse with revision_conflict.
   --idempotency-key KEY
                     Send this key, so a retry of the same command is not
                     applied twice.
@@ -84,17 +89,20 @@ func (c *DeployCommand) Run(args []string) int {
 			k = key + "-" + strconv.Itoa(i)
 		}
 		since := time.Now().UTC()
-		acc, err := cl.Deploy(c.ctx(), wire.DeployRequest{Deployment: *spec, Activate: activate, ExpectedRevision: revision}, k)
+		acc, err := cl.Apply(c.ctx(), wire.DeployRequest{Deployment: *spec, Activate: activate, ExpectedRevision: revision}, k)
 		if err != nil {
 			return c.Fail(err)
 		}
 		results = append(results, acc)
 		if !c.JSON() {
-			verb := "updated"
-			if acc.Created {
-				verb = "created"
+			switch {
+			case acc.Created:
+				fmt.Fprintf(c.Out, "Deployment %s created (revision %d, %s)\n", acc.Name, acc.Revision, acc.Desired)
+			case acc.Unchanged:
+				fmt.Fprintf(c.Out, "Deployment %s unchanged (revision %d, %s): its spec is already this one\n", acc.Name, acc.Revision, acc.Desired)
+			default:
+				fmt.Fprintf(c.Out, "Deployment %s updated to revision %d (%s)\n", acc.Name, acc.Revision, acc.Desired)
 			}
-			fmt.Fprintf(c.Out, "Deployment %s %s (revision %d, %s)\n", acc.Name, verb, acc.Revision, acc.Desired)
 		}
 		if wait {
 			if code := c.waitReady(cl, acc.Name, since, tmo); code != 0 {

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+
+	"github.com/capyctl/capyctl/core/api/wire"
 )
 
 // DeploymentListCommand lists deployments.
@@ -17,7 +19,7 @@ func (c *DeploymentListCommand) Synopsis() string { return "List deployments" }
 
 // Help implements cli.Command.
 func (c *DeploymentListCommand) Help() string {
-	return "Usage: capyctl list deployments [--json]\n\n  Lists every deployment with its state.\n\n" + GeneralOptions
+	return "Usage: capyctl list deployments [--json]\n\n  Lists every deployment with its state. With --json, one object:\n  {\"api_version\", \"deployments\": [...]}, as GET /management/v1/deployments answers.\n\n" + GeneralOptions
 }
 
 // Run implements cli.Command.
@@ -35,7 +37,9 @@ func (c *DeploymentListCommand) Run(args []string) int {
 		return c.Fail(err)
 	}
 	if c.JSON() {
-		c.PrintJSON(list)
+		// An object, as every list (engines, servers) and the API's
+		// GET /deployments answer.
+		c.PrintJSON(wire.DeploymentList{APIVersion: wire.APIVersion, Deployments: list})
 		return 0
 	}
 	if len(list) == 0 {

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"sort"
 	"strings"
 	"syscall"
 	"time"
@@ -142,6 +143,12 @@ func (c *Meta) printStatus(st *wire.DeploymentStatus) {
 		}
 		if in.Released != "" {
 			fmt.Fprintf(c.Out, "%s released: %s\n", in.ID, in.Released)
+		}
+		if in.ParkTier != "" {
+			fmt.Fprintf(c.Out, "%s parked at: %s%s\n", in.ID, in.ParkTier, parkTierNote(in.ParkTier, in.ParkDetail))
+		}
+		if t := in.Timings; t != nil {
+			fmt.Fprintf(c.Out, "%s measured: %s\n", in.ID, timingsLine(t))
 		}
 		if x := in.Exposure; x != nil {
 			fmt.Fprintf(c.Out, "%s exposure: %s\n", in.ID, exposureLine(x))
@@ -291,4 +298,43 @@ func (c *Meta) watchEnd(ctx context.Context, err error) int {
 		return 0
 	}
 	return c.Fail(err)
+}
+
+// parkTierNote says what a park tier keeps, with the driver's word.
+func parkTierNote(tier, detail string) string {
+	note := " (weights dropped: a wake reloads them from disk)"
+	if tier == structs.ResidencyHostBacked {
+		note = " (weights kept in host RAM: a wake copies them back)"
+	}
+	if detail != "" {
+		note += "; " + detail
+	}
+	return note
+}
+
+// timingsLine renders an instance's measured step durations.
+func timingsLine(t *structs.Timings) string {
+	var parts []string
+	d := func(ms int64) string { return (time.Duration(ms) * time.Millisecond).String() }
+	if t.StartMs > 0 {
+		parts = append(parts, "start "+d(t.StartMs))
+	}
+	tiers := make([]string, 0, len(t.WakeMs))
+	for tier := range t.WakeMs {
+		tiers = append(tiers, tier)
+	}
+	sort.Strings(tiers)
+	for _, tier := range tiers {
+		parts = append(parts, "wake from "+tier+" "+d(t.WakeMs[tier]))
+	}
+	if t.ParkMs > 0 {
+		parts = append(parts, "park "+d(t.ParkMs))
+	}
+	if t.StopMs > 0 {
+		parts = append(parts, "stop "+d(t.StopMs))
+	}
+	if len(parts) == 0 {
+		return "nothing yet"
+	}
+	return strings.Join(parts, ", ")
 }

@@ -7,9 +7,10 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -21,8 +22,8 @@ import (
 )
 
 // DevCommand runs the embedded default: a standalone role in a temporary
-// state directory, the testkit's fake engine registered, a demo deployment
-// started, and a ready-to-paste curl printed.
+// state directory, the fake engine built into capyctl registered, a demo
+// deployment started, and a ready-to-paste curl printed.
 type DevCommand struct{ *Meta }
 
 // Synopsis implements cli.Command.
@@ -34,9 +35,9 @@ func (c *DevCommand) Synopsis() string {
 func (c *DevCommand) Help() string {
 	return `Usage: capyctl dev [--listen ADDR] [--state-dir DIR] [--sim-devices N] [--sim-device-memory SIZE] [--hosts N [--servers N]]
 
-  Starts a standalone role in a temporary state directory with the
-  testkit's fake engine (capyctl-fake-engine, built beside capyctl by
-  make build) registered as a custom engine, deploys a demo model and
+  Starts a standalone role in a temporary state directory with the fake
+  engine built into capyctl (capyctl fake-engine) registered as a custom
+  engine and as a fake vLLM, deploys a demo model and
   waits until it is ready, then prints the endpoint, the API key, the
   dashboard's address (log in with the admin token from the state
   directory's credentials file) and a curl line. Ctrl-C stops the engines and the role and leaves no process
@@ -54,7 +55,9 @@ Dev Options:
 
   --listen ADDR             Inference address (default 127.0.0.1:8443).
   --state-dir DIR           Keep the state here instead of a temporary directory.
-  --fake-engine PATH        The fake engine binary (default: beside capyctl, then PATH).
+  --fake-engine PATH        Run this fake engine program instead of the one
+                            built into capyctl (the testkit's
+                            capyctl-fake-engine, for instance).
   --gpu-provider P          simulated (default), auto, nvml or none.
   --sim-devices N           Simulated cards (default 1).
   --sim-device-memory SIZE  Memory of each simulated card (default 24GiB).
@@ -120,14 +123,15 @@ func (c *DevCommand) Run(args []string) int {
 	if temp {
 		defer os.RemoveAll(stateDir)
 	}
-	fakePath, err := findFakeEngine(fake)
+	fakeEng, err := findFakeEngine(fake)
 	if err != nil {
 		return c.Fail(err)
 	}
 	if hosts > 0 {
-		return c.runDevFleet(stateDir, listen, fakePath, hosts, servers)
+		return c.runDevFleet(stateDir, listen, fakeEng, hosts, servers)
 	}
-	logger := roleLogger("info", "auto", c.Err)
+	logger, logPath, closeLog := devLogger(stateDir, c.Err)
+	defer closeLog()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	err = agent.Run(ctx, agent.Options{
@@ -144,10 +148,10 @@ func (c *DevCommand) Run(args []string) int {
 			// The CLI is a client: dev sets the role up through its
 			// management API, as an operator's commands would.
 			cl := client.New(r.ManagementAddr(), r.AdminToken())
-			if err := devSetup(ctx, cl, stateDir, fakePath); err != nil {
+			if err := devSetup(ctx, cl, stateDir, fakeEng); err != nil {
 				return err
 			}
-			c.devReady(r, stateDir)
+			c.devReady(r, stateDir, logPath)
 			return nil
 		},
 		Stopping: func() (context.Context, context.CancelFunc) {
@@ -164,7 +168,7 @@ func (c *DevCommand) Run(args []string) int {
 }
 
 // devReady prints what dev runs and how to use it.
-func (c *DevCommand) devReady(r agent.Running, stateDir string) {
+func (c *DevCommand) devReady(r agent.Running, stateDir, logPath string) {
 	key := r.APIKey()
 	addr := r.InferenceAddr()
 	// The dashboard is served under /dashboard/ on the management listener
@@ -178,44 +182,80 @@ func (c *DevCommand) devReady(r agent.Running, stateDir string) {
 		})
 		return
 	}
+	self := selfCommand()
 	fmt.Fprintf(c.Out, "\nCapyCTL dev is running (standalone role, fake engine, %s GPU, no GPU needed).\n\n", r.GPUKind())
 	fmt.Fprintf(c.Out, "Endpoint: http://%s/v1\n", addr)
 	fmt.Fprintf(c.Out, "API key: %s\n", key)
 	fmt.Fprintf(c.Out, "Dashboard: %s\n", dashboard)
 	fmt.Fprintf(c.Out, "          (log in with the admin token: the admin_token line of %s)\n", filepath.Join(stateDir, client.CredentialsFile))
+	for i, line := range r.GPULines() {
+		label := "GPUs:"
+		if i > 0 {
+			label = ""
+		}
+		fmt.Fprintf(c.Out, "%-9s %s\n", label, line)
+	}
 	fmt.Fprintf(c.Out, "State:    %s\n", stateDir)
-	fmt.Fprintf(c.Out, "CLI:      CAPYCTL_STATE_DIR=%s capyctl status deployment demo\n\n", stateDir)
+	if logPath != "" {
+		fmt.Fprintf(c.Out, "Log:      %s (warnings and errors show here)\n", logPath)
+	}
+	fmt.Fprintf(c.Out, "CLI:      CAPYCTL_STATE_DIR=%s %s status deployment demo\n\n", stateDir, self)
 	fmt.Fprintf(c.Out, "Try a streamed chat request:\n\n")
 	fmt.Fprintf(c.Out, "  curl -N http://%s/v1/chat/completions \\\n    -H 'Authorization: Bearer %s' \\\n    -H 'Content-Type: application/json' \\\n    -d '{\"model\":\"demo\",\"stream\":true,\"messages\":[{\"role\":\"user\",\"content\":\"Hello\"}]}'\n\n", addr, key)
 	fmt.Fprintf(c.Out, "Two more models, chat-a and chat-b, run on a fake vLLM and do not fit on the\n")
 	fmt.Fprintf(c.Out, "simulated card together. Ask one, then the other: CapyCTL wakes the one you\n")
-	fmt.Fprintf(c.Out, "name and parks the other to make room (capyctl status deployment chat-a).\n\n")
+	fmt.Fprintf(c.Out, "name and parks the other to make room (%s status deployment chat-a).\n", self)
+	fmt.Fprintf(c.Out, "The dashboard's playground asks any of them from the browser.\n\n")
 	fmt.Fprintf(c.Out, "Press Ctrl-C to stop: the engines stop and nothing is left behind.\n")
 }
 
-// findFakeEngine locates the fake engine binary.
-func findFakeEngine(flagValue string) (string, error) {
-	if flagValue != "" {
-		return filepath.Abs(flagValue)
-	}
-	if exe, err := os.Executable(); err == nil {
-		p := filepath.Join(filepath.Dir(exe), "capyctl-fake-engine")
-		if st, err := os.Stat(p); err == nil && !st.IsDir() {
-			return p, nil
-		}
-	}
-	if p, err := exec.LookPath("capyctl-fake-engine"); err == nil {
-		return filepath.Abs(p)
-	}
-	return "", structs.Errf(structs.CodeEngineNotFound,
-		"capyctl-fake-engine was not found beside capyctl or on PATH: run make build (or pass --fake-engine PATH)")
+// fakeEngine is the program dev's engines run: capyctl itself (the
+// hidden fake-engine command) or a fake engine program of its own.
+type fakeEngine struct {
+	// path is the program.
+	path string
+	// args come before the fake engine's own arguments ("fake-engine"
+	// for capyctl).
+	args []string
 }
 
-// devManifest is the fake engine's custom-engine manifest.
-const devManifest = `# The testkit's fake OpenAI-compatible engine, as a custom engine.
-args        = ["serve", "--host", "{{host}}", "--port", "{{port}}", "--served-name", "{{served_name}}", "--token-rate", "200",
-               "--sim-weights", "3GiB", "--sim-kv", "512MiB"]
-api         = "chat"
+// findFakeEngine returns the fake engine: --fake-engine's program, or
+// this capyctl.
+func findFakeEngine(flagValue string) (fakeEngine, error) {
+	if flagValue != "" {
+		p, err := filepath.Abs(flagValue)
+		if err != nil {
+			return fakeEngine{}, structs.Wrap(structs.CodeEngineNotFound, err, "--fake-engine %s", flagValue)
+		}
+		if st, err := os.Stat(p); err != nil || st.IsDir() {
+			return fakeEngine{}, structs.Errf(structs.CodeEngineNotFound, "--fake-engine %s is not a program", flagValue)
+		}
+		return fakeEngine{path: p}, nil
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return fakeEngine{}, structs.Wrap(structs.CodeInternal, err, "find own executable")
+	}
+	return fakeEngine{path: exe, args: []string{fakeEngineName}}, nil
+}
+
+// manifest is the fake engine's custom-engine manifest: devManifestArgs
+// after the program's own leading arguments.
+func (f fakeEngine) manifest() string {
+	args := make([]string, 0, len(f.args)+len(devManifestArgs))
+	for _, a := range append(append([]string{}, f.args...), devManifestArgs...) {
+		args = append(args, strconv.Quote(a))
+	}
+	return "# The fake OpenAI-compatible engine of capyctl dev, as a custom engine.\n" +
+		"args = [" + strings.Join(args, ", ") + "]\n" + devManifest
+}
+
+// devManifestArgs are the fake engine's arguments in the manifest.
+var devManifestArgs = []string{"serve", "--host", "{{host}}", "--port", "{{port}}", "--served-name", "{{served_name}}",
+	"--token-rate", "200", "--sim-weights", "3GiB", "--sim-kv", "512MiB"}
+
+// devManifest is the rest of the fake engine's custom-engine manifest.
+const devManifest = `api         = "chat"
 health_path = "/health"
 key_env     = "FAKE_ENGINE_API_KEY"
 version     = "testkit"
@@ -284,8 +324,10 @@ var devModelFiles = map[string]string{
 }
 
 // devFakeVenv makes a Python environment whose interpreter is the fake
-// engine: the vLLM driver runs `<venv>/bin/python -m vllm.entrypoints...`
-// exactly as for a real vLLM and gets the fake vLLM flavour.
+// engine (a link to it, run with CAPYCTL_FAKE_ENGINE=1 when it is capyctl:
+// devFakeEnv): the vLLM driver runs `<venv>/bin/python -m
+// vllm.entrypoints...` exactly as for a real vLLM and gets the fake vLLM
+// flavour.
 func devFakeVenv(dir, fakePath string) (string, error) {
 	venv := filepath.Join(dir, "engines", "vllm-fake")
 	site := filepath.Join(venv, "lib", "python3.12", "site-packages", "vllm-0.32.0.dist-info")
@@ -315,17 +357,17 @@ func devFakeVenv(dir, fakePath string) (string, error) {
 // devSetup registers the fake engines and deploys the demo models: demo
 // (started at once) and chat-a and chat-b (started by the first request
 // that names each).
-func devSetup(ctx context.Context, cl *client.Client, stateDir, fakePath string) error {
-	if err := devSetupDemo(ctx, cl, stateDir, fakePath); err != nil {
+func devSetup(ctx context.Context, cl *client.Client, stateDir string, fake fakeEngine) error {
+	if err := devSetupDemo(ctx, cl, stateDir, fake); err != nil {
 		return err
 	}
-	venv, err := devFakeVenv(stateDir, fakePath)
+	venv, err := devFakeVenv(stateDir, fake.path)
 	if err != nil {
 		return structs.Wrap(structs.CodeInternal, err, "create the fake vLLM environment")
 	}
 	if _, err := cl.AddEngine(ctx, wire.EngineAddRequest{
 		Name: "vllm", Path: venv,
-		Env: map[string]string{"CAPYCTL_FAKE_SIM_WEIGHTS": "8GiB", "CAPYCTL_FAKE_TOKEN_RATE": "200"},
+		Env: devFakeEnv(map[string]string{"CAPYCTL_FAKE_SIM_WEIGHTS": "8GiB", "CAPYCTL_FAKE_TOKEN_RATE": "200"}),
 	}); err != nil && !structs.HasCode(err, structs.CodeEngineExists) {
 		return err
 	}
@@ -356,13 +398,13 @@ func devSetup(ctx context.Context, cl *client.Client, stateDir, fakePath string)
 }
 
 // devSetupDemo registers the generic fake engine and starts demo.
-func devSetupDemo(ctx context.Context, cl *client.Client, stateDir, fakePath string) error {
+func devSetupDemo(ctx context.Context, cl *client.Client, stateDir string, fake fakeEngine) error {
 	modelDir := filepath.Join(stateDir, "models", "demo")
 	if err := os.MkdirAll(modelDir, 0o700); err != nil {
 		return structs.Wrap(structs.CodeInternal, err, "create demo model directory")
 	}
 	_ = os.WriteFile(filepath.Join(modelDir, "README"), []byte("A placeholder model for the fake engine.\n"), 0o600)
-	if _, err := cl.AddEngine(ctx, wire.EngineAddRequest{Name: "fake", Family: structs.FamilyCustom, Path: fakePath, Manifest: devManifest}); err != nil {
+	if _, err := cl.AddEngine(ctx, wire.EngineAddRequest{Name: "fake", Family: structs.FamilyCustom, Path: fake.path, Manifest: fake.manifest()}); err != nil {
 		if !structs.HasCode(err, structs.CodeEngineExists) {
 			return err
 		}
@@ -383,4 +425,14 @@ func devSetupDemo(ctx context.Context, cl *client.Client, stateDir, fakePath str
 		}
 	}
 	return nil
+}
+
+// devFakeEnv is env with CAPYCTL_FAKE_ENGINE=1, which lets capyctl linked
+// as a venv's bin/python run as the fake engine (FakeEngineEnv).
+func devFakeEnv(env map[string]string) map[string]string {
+	out := map[string]string{FakeEngineEnv: "1"}
+	for k, v := range env {
+		out[k] = v
+	}
+	return out
 }

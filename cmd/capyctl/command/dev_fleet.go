@@ -40,8 +40,9 @@ type devHost struct {
 // process is the first of a raft cluster of M (bootstrap_expect M) and
 // M-1 server processes join it with server join tokens; the hosts join
 // the first.
-func (c *DevCommand) runDevFleet(stateDir, listen, fakePath string, n, servers int) int {
-	logger := roleLogger("info", "auto", c.Err)
+func (c *DevCommand) runDevFleet(stateDir, listen string, fake fakeEngine, n, servers int) int {
+	logger, logPath, closeLog := devLogger(stateDir, c.Err)
+	defer closeLog()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	exe, err := os.Executable()
@@ -79,15 +80,15 @@ func (c *DevCommand) runDevFleet(stateDir, listen, fakePath string, n, servers i
 			if err := waitDevHosts(ctx, cl, hosts); err != nil {
 				return err
 			}
-			if err := devSetup(ctx, cl, stateDir, fakePath); err != nil {
+			if err := devSetup(ctx, cl, stateDir, fake); err != nil {
 				return err
 			}
 			if len(hosts) >= 2 {
-				if err := devSetupGroup(ctx, cl, stateDir, fakePath, hosts[0].name, hosts[1].name); err != nil {
+				if err := devSetupGroup(ctx, cl, stateDir, fake.path, hosts[0].name, hosts[1].name); err != nil {
 					return err
 				}
 			}
-			c.devFleetReady(r, stateDir, hosts, srvs)
+			c.devFleetReady(r, stateDir, logPath, hosts, srvs)
 			return nil
 		},
 		Stopping: func() (context.Context, context.CancelFunc) {
@@ -130,7 +131,10 @@ func startDevHost(ctx context.Context, cl *client.Client, exe, stateDir string, 
 	cmd := exec.Command(exe, "start", "host", "--state-dir", dir, "--server", tok.ClusterAddress, "--hostname", name,
 		"--listen", "127.0.0.1:0", "--management-listen", "127.0.0.1:0", "--models-root", filepath.Join(stateDir, "models"),
 		"--engine-ports", fmt.Sprintf("%d-%d", first, first+49), "--gpu-provider", "simulated",
-		"--set", "gpu.sim_device_memory="+devHostCards[i%len(devHostCards)], "--log-format", "json")
+		"--set", "gpu.sim_device_memory="+devHostCards[i%len(devHostCards)], "--log-format", "json",
+		// The demo group's ranks meet on loopback: every dev host is this
+		// machine (a real host names its address on the GPU hosts' link).
+		"--peer-address", "127.0.0.1")
 	// The token travels in the environment, never on the command line.
 	cmd.Env = append(os.Environ(), "CAPYCTL_JOIN_TOKEN="+tok.Token)
 	cmd.Stdout, cmd.Stderr = logf, logf
@@ -217,7 +221,7 @@ func devSetupGroup(ctx context.Context, cl *client.Client, stateDir, fakePath, h
 		return structs.Wrap(structs.CodeInternal, err, "create the fake vLLM environment")
 	}
 	if _, err := cl.AddEngine(ctx, wire.EngineAddRequest{Name: "vllm-group", Path: venv,
-		Env: map[string]string{"CAPYCTL_FAKE_TOKEN_RATE": "200"}}); err != nil && !structs.HasCode(err, structs.CodeEngineExists) {
+		Env: devFakeEnv(map[string]string{"CAPYCTL_FAKE_TOKEN_RATE": "200"})}); err != nil && !structs.HasCode(err, structs.CodeEngineExists) {
 		return err
 	}
 	dir := filepath.Join(stateDir, "models", devGroupName)
@@ -264,8 +268,9 @@ func stopDevFleet(ctx context.Context, cl *client.Client, hosts []*devHost) {
 }
 
 // devFleetReady prints what dev --hosts runs and how to use it.
-func (c *DevCommand) devFleetReady(r agent.Running, stateDir string, hosts []*devHost, srvs []*devServer) {
+func (c *DevCommand) devFleetReady(r agent.Running, stateDir, logPath string, hosts []*devHost, srvs []*devServer) {
 	key, addr := r.APIKey(), r.InferenceAddr()
+	dashboard := "http://" + r.ManagementAddr() + "/dashboard/"
 	names := make([]string, 0, len(hosts))
 	for i, h := range hosts {
 		names = append(names, fmt.Sprintf("%s (%s card)", h.name, devHostCards[i%len(devHostCards)]))
@@ -277,22 +282,25 @@ func (c *DevCommand) devFleetReady(r agent.Running, stateDir string, hosts []*de
 		}
 		out := map[string]string{
 			"endpoint": "http://" + addr + "/v1", "api_key": key, "state_dir": stateDir, "role": "server",
-			"management": "http://" + r.ManagementAddr(), "hosts": strings.Join(hostNames, ","), "model": "demo",
+			"management": "http://" + r.ManagementAddr(), "dashboard": dashboard, "hosts": strings.Join(hostNames, ","), "model": "demo",
 			"switch_models": "chat-a,chat-b",
 		}
 		if len(hosts) >= 2 {
 			out["group_model"] = devGroupName
 		}
 		if len(srvs) > 1 {
-			var names, endpoints, mgmts []string
+			var names, endpoints, mgmts, dashboards []string
 			for _, s := range srvs {
 				names, endpoints, mgmts = append(names, s.name), append(endpoints, "http://"+s.inference+"/v1"), append(mgmts, "http://"+s.management)
+				dashboards = append(dashboards, "http://"+s.management+"/dashboard/")
 			}
 			out["servers"], out["server_endpoints"], out["server_managements"] = strings.Join(names, ","), strings.Join(endpoints, ","), strings.Join(mgmts, ",")
+			out["server_dashboards"] = strings.Join(dashboards, ",")
 		}
 		c.PrintJSON(out)
 		return
 	}
+	self := selfCommand()
 	if len(srvs) > 1 {
 		fmt.Fprintf(c.Out, "\nCapyCTL dev is running: a cluster of %d servers (raft) and %d hosts on loopback, joined over mutual TLS\n", len(srvs), len(hosts))
 	} else {
@@ -301,21 +309,26 @@ func (c *DevCommand) devFleetReady(r agent.Running, stateDir string, hosts []*de
 	fmt.Fprintf(c.Out, "(simulated GPUs, fake engines, no GPU needed).\n\n")
 	fmt.Fprintf(c.Out, "Endpoint: http://%s/v1\n", addr)
 	fmt.Fprintf(c.Out, "API key: %s\n", key)
-	fmt.Fprintf(c.Out, "Hosts:    %v\n", names)
+	fmt.Fprintf(c.Out, "Dashboard: %s\n", dashboard)
+	fmt.Fprintf(c.Out, "          (log in with the admin token: the admin_token line of %s; one token for every server)\n", filepath.Join(stateDir, client.CredentialsFile))
+	fmt.Fprintf(c.Out, "Hosts:    %s\n", strings.Join(names, ", "))
 	if len(srvs) > 1 {
 		fmt.Fprintf(c.Out, "Servers (one API key for all; the hosts link to %s, the leader at start):\n", srvs[0].name)
 		for _, s := range srvs {
-			fmt.Fprintf(c.Out, "  %-13s endpoint http://%s/v1  management http://%s  state %s\n", s.name, s.inference, s.management, s.dir)
+			fmt.Fprintf(c.Out, "  %-13s endpoint http://%s/v1  dashboard http://%s/dashboard/  state %s\n", s.name, s.inference, s.management, s.dir)
 		}
-		fmt.Fprintf(c.Out, "  capyctl list servers shows the raft state; capyctl snapshot save FILE backs the state up.\n")
+		fmt.Fprintf(c.Out, "  %s list servers shows the raft state; %s snapshot save FILE backs the state up.\n", self, self)
 	}
 	fmt.Fprintf(c.Out, "State:    %s (each host's under hosts/)\n", stateDir)
-	fmt.Fprintf(c.Out, "CLI:      CAPYCTL_STATE_DIR=%s capyctl list hosts\n\n", stateDir)
+	if logPath != "" {
+		fmt.Fprintf(c.Out, "Log:      %s (each host's host.log beside its state; warnings and errors show here)\n", logPath)
+	}
+	fmt.Fprintf(c.Out, "CLI:      CAPYCTL_STATE_DIR=%s %s list hosts\n\n", stateDir, self)
 	fmt.Fprintf(c.Out, "Try a streamed chat request (the server relays it to the host that runs demo):\n\n")
 	fmt.Fprintf(c.Out, "  curl -N http://%s/v1/chat/completions \\\n    -H 'Authorization: Bearer %s' \\\n    -H 'Content-Type: application/json' \\\n    -d '{\"model\":\"demo\",\"stream\":true,\"messages\":[{\"role\":\"user\",\"content\":\"Hello\"}]}'\n\n", addr, key)
 	if len(hosts) >= 2 {
 		fmt.Fprintf(c.Out, "One model across two machines: %s runs one vLLM rank on %s (the head) and one on %s;\n", devGroupName, hosts[0].name, hosts[1].name)
-		fmt.Fprintf(c.Out, "its first request starts both (\"model\":%q), and capyctl status deployment %s lists its members.\n\n", devGroupName, devGroupName)
+		fmt.Fprintf(c.Out, "its first request starts both (\"model\":%q), and %s status deployment %s lists its members.\n\n", devGroupName, self, devGroupName)
 	}
 	what := "the server"
 	if len(srvs) > 1 {

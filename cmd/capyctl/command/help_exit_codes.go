@@ -63,6 +63,7 @@ var exitMeanings = map[int]string{
 	26: "build tools the engine needs are missing",
 	27: "the state store cannot be written (a full disk, a read-only file); nothing was left running",
 	28: "this server is not the leader of the server cluster; the leader is named (retry there, or once one is elected)",
+	29: "an address the role listens on is taken by another process (retry once it is free, or choose another with --listen, --management-listen or --cluster-listen); the systemd units restart on it",
 }
 
 // ExitCodes returns the exit-code table built from the catalogue (wire.Catalogue).

@@ -382,12 +382,19 @@ CA fingerprint:  3f9a0c
 Joins:           gpu-d only, once
 Cluster address: 10.0.0.1:7444
 
-On the host, run:
+On the host, put the token in a file only its user reads (umask 077; cat > FILE), and run:
 
-  capyctl start host --server 10.0.0.1:7444 --join-token capyjoin1.3f9a0c.s3cr3t
+  capyctl start host --server 10.0.0.1:7444 --join-token-file FILE
+
+Or give it in CAPYCTL_JOIN_TOKEN (the systemd units read it from an owner-only environment file).
 `
 		if out != want {
 			t.Fatalf("create join-token:\n%s\nwant\n%s", out, want)
+		}
+		// The token is printed once, for the operator to keep; the command
+		// suggested never carries it (L6).
+		if strings.Count(out, "capyjoin1.3f9a0c.s3cr3t") != 1 {
+			t.Fatalf("the token appears %d times: a suggested command carries it\n%s", strings.Count(out, "capyjoin1.3f9a0c.s3cr3t"), out)
 		}
 		c := calls()
 		if len(c) != 1 || c[0].Method != http.MethodPost || c[0].Path != "/management/v1/join-tokens" ||

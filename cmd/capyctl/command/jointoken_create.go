@@ -27,9 +27,10 @@ func (c *JoinTokenCreateCommand) Help() string {
   Makes a one-time token that one host joins the server with, and prints
   it with its expiry, the fingerprint of the server's CA (the token
   carries it, and the host pins that CA before it sends anything) and the
-  command to run on the host:
+  command to run on the host, with the token in a file (never on a
+  command line, where every local user's process list shows it):
 
-    capyctl start host --server <cluster address> --join-token <token>
+    capyctl start host --server <cluster address> --join-token-file FILE
 
   The token is shown once: the server keeps only its digest. It joins one
   host, once, before it expires. For a script, take it from the JSON:
@@ -105,7 +106,10 @@ func (c *JoinTokenCreateCommand) Run(args []string) int {
 	fmt.Fprintf(c.Out, "CA fingerprint:  %s\n", tok.CAFingerprint)
 	fmt.Fprintf(c.Out, "Joins:           %s, once\n", bound)
 	fmt.Fprintf(c.Out, "Cluster address: %s\n", orDash(tok.ClusterAddress))
-	fmt.Fprintf(c.Out, "\nOn the host, run:\n\n  capyctl start host --server %s --join-token %s\n", server, tok.Token)
+	// IMPORTANT: never the token in the suggested command: an argument
+	// shows in every local user's process list while the host joins.
+	fmt.Fprintf(c.Out, "\nOn the host, put the token in a file only its user reads (umask 077; cat > FILE), and run:\n\n  capyctl start host --server %s --join-token-file FILE\n", server)
+	fmt.Fprintf(c.Out, "\nOr give it in CAPYCTL_JOIN_TOKEN (the systemd units read it from an owner-only environment file).\n")
 	if note != "" {
 		fmt.Fprintf(c.Out, "\n%s\n", note)
 	}

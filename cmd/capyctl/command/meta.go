@@ -102,7 +102,7 @@ func (m *Meta) Client() (*client.Client, error) {
 
 // isTerminal reports whether w is a terminal.
 func isTerminal(w io.Writer) bool {
-	f, ok := w.(*os.File)
+	f, ok := rawOutput(w).(*os.File)
 	return ok && (isatty.IsTerminal(f.Fd()) || isatty.IsCygwinTerminal(f.Fd()))
 }
 
@@ -188,6 +188,13 @@ func (m *Meta) parse(fs *flag.FlagSet, args []string) ([]string, int) {
 			return nil, -1
 		}
 		return nil, m.Usage("%v", err)
+	}
+	switch m.format {
+	case "", "text", "json":
+	default:
+		format := m.format
+		m.format = ""
+		return nil, m.Usage("--format %q is not an output format: use text or json", format)
 	}
 	return positional, 0
 }

@@ -142,11 +142,11 @@ func (b *progressBar) draw(p agent.PullProgress) {
 	if filled < width {
 		bar += ">" + strings.Repeat(" ", width-filled-1)
 	}
-	name := p.File
+	name := string(escapeTerminal([]byte(p.File))) // a repository's file name: the bar itself is written raw
 	if len(name) > 40 {
 		name = "…" + name[len(name)-39:]
 	}
-	fmt.Fprintf(b.m.Err, "\r[%s] %3.0f%% %s/%s  %d/%d files  %s\x1b[K", bar, frac*100, humanBytes(p.Done), humanBytes(p.Total), p.FilesDone, p.Files, name)
+	fmt.Fprintf(rawOutput(b.m.Err), "\r[%s] %3.0f%% %s/%s  %d/%d files  %s\x1b[K", bar, frac*100, humanBytes(p.Done), humanBytes(p.Total), p.FilesDone, p.Files, name)
 }
 
 // finish ends the bar's line.

@@ -83,8 +83,9 @@ func (c *RoleStartCommand) Help() string {
     --peer-address IP       This host's address on the direct link between
                             the GPU hosts, where the ranks of a group (one
                             model across machines) meet and talk,
-                            unauthenticated (default: the local address of
-                            the host's connection to its server).
+                            unauthenticated: name one only the GPU hosts
+                            reach. No default: a group member on a host
+                            without it is refused (peer_address_missing).
     --rendezvous-ports A-B  The ports a group head's host picks its
                             rendezvous port from (default 25000-25099).
     --require-rdma BOOL     Group traffic must go over RDMA (default false).

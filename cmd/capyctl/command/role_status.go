@@ -80,6 +80,18 @@ func (c *RoleStatusCommand) Run(args []string) int {
 		fmt.Fprintf(c.Out, "Warning:     %s\n", w)
 	}
 	fmt.Fprintf(c.Out, "Management:  %s\n", cl.Base())
+	if r.GPU != nil {
+		for i, line := range r.GPU.Lines() {
+			label := "GPUs:"
+			if i > 0 {
+				label = ""
+			}
+			fmt.Fprintf(c.Out, "%-12s %s\n", label, line)
+		}
+	}
+	if r.ModelsRoot != "" {
+		fmt.Fprintf(c.Out, "Models:      %s\n", r.ModelsRoot)
+	}
 	if r.Role == "server" {
 		// A cluster of servers: its health at a glance (capyctl list
 		// servers has each member).

@@ -24,8 +24,10 @@ func (c *VersionCommand) Synopsis() string {
 func (c *VersionCommand) Help() string {
 	return `Usage: capyctl version [--json]
 
-  Prints CapyCTL's version and the commit the binary was built from.
-  Include it in bug reports. (capyctl --version prints the version alone.)
+  Prints CapyCTL's version, the commit the binary was built from, and
+  whether it reads NVIDIA GPUs through NVML ("nvml no": compiled without
+  cgo, it sees no NVIDIA GPU). Include it in bug reports. (capyctl
+  --version prints the version alone.)
 
 ` + GeneralOptions
 }
@@ -36,11 +38,18 @@ func (c *VersionCommand) Run(args []string) int {
 	if _, code := c.parse(fs, args); code != 0 {
 		return helpOr(code)
 	}
+	nvml := "yes"
+	if !version.NVML {
+		nvml = "no"
+	}
 	if c.JSON() {
-		c.PrintJSON(map[string]string{"version": version.Version, "commit": version.GetCommit(), "go": runtime.Version()})
+		c.PrintJSON(map[string]string{"version": version.Version, "commit": version.GetCommit(), "go": runtime.Version(), "nvml": nvml})
 		return 0
 	}
-	fmt.Fprintf(c.Out, "capyctl %s\ncommit %s\n%s %s/%s\n", version.Version, version.GetCommit(), runtime.Version(), runtime.GOOS, runtime.GOARCH)
+	if !version.NVML {
+		nvml = "no (built without cgo: this binary sees no NVIDIA GPU)"
+	}
+	fmt.Fprintf(c.Out, "capyctl %s\ncommit %s\n%s %s/%s\nnvml %s\n", version.Version, version.GetCommit(), runtime.Version(), runtime.GOOS, runtime.GOARCH, nvml)
 	return 0
 }
 

@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -37,6 +38,18 @@ func New(addr, token string) *Client {
 		base = "http://" + base
 	}
 	return &Client{base: base, token: token, http: &http.Client{Transport: &http.Transport{Proxy: nil}}}
+}
+
+// NewOnSocket returns a client that reaches the management API through its
+// Unix socket (RunInfo.ManagementSocket); addr names the role in errors
+// and in the requests' Host.
+func NewOnSocket(socket, addr, token string) *Client {
+	c := New(addr, token)
+	var d net.Dialer
+	c.http.Transport = &http.Transport{Proxy: nil, DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		return d.DialContext(ctx, "unix", socket)
+	}}
+	return c
 }
 
 // Base returns the management base URL.
@@ -82,6 +95,10 @@ func (c *Client) do(ctx context.Context, method, path string, in, out any, heade
 	}
 	resp, err := c.http.Do(req)
 	if err != nil {
+		if ctx.Err() != nil {
+			// The caller's deadline or cancel, not an absent role.
+			return fmt.Errorf("%s %s: %w", method, path, ctx.Err())
+		}
 		return structs.Wrap(structs.CodeRoleNotRunning, err, "reach the management API at %s", c.base)
 	}
 	defer resp.Body.Close()
@@ -99,6 +116,11 @@ func (c *Client) do(ctx context.Context, method, path string, in, out any, heade
 	if out != nil && len(data) > 0 {
 		if err := json.Unmarshal(data, out); err != nil {
 			return fmt.Errorf("decode answer: %w", err)
+		}
+		// A deployment answered 201 was created, whichever role answered
+		// (a server's answer is the deployment's status).
+		if o, ok := out.(*wire.DeployAccepted); ok && resp.StatusCode == http.StatusCreated {
+			o.Created = true
 		}
 		if resp.Header.Get(wire.HeaderReplayed) == "true" {
 			switch o := out.(type) {
@@ -125,6 +147,46 @@ func (c *Client) Deploy(ctx context.Context, req wire.DeployRequest, idempotency
 		return nil, err
 	}
 	return &out, nil
+}
+
+// Apply converges a deployment to req.Deployment, as capyctl deploy
+// --file does, against a standalone role or a server alike: a deployment
+// that does not exist is created; one whose spec is already this one is
+// left alone (Unchanged: nothing written, nothing restarted; with Activate
+// it is started when it was not running); any other is replaced by a new
+// revision, a compare-and-set on the revision read (revision_conflict when
+// another writer got there first). req.ExpectedRevision, when set, is the
+// revision to replace instead of the one read. idempotencyKey may be "".
+func (c *Client) Apply(ctx context.Context, req wire.DeployRequest, idempotencyKey string) (*wire.DeployAccepted, error) {
+	cur, err := c.Deployment(ctx, req.Deployment.Name)
+	if structs.HasCode(err, structs.CodeNotFound) && req.ExpectedRevision == 0 {
+		return c.Deploy(ctx, req, idempotencyKey)
+	}
+	if err != nil {
+		return nil, err
+	}
+	expected := req.ExpectedRevision
+	if expected == 0 {
+		expected = cur.Revision
+	}
+	if expected == cur.Revision && structs.SameSpec(cur.Spec, &req.Deployment) {
+		acc := &wire.DeployAccepted{APIVersion: wire.APIVersion, Name: cur.Name, Revision: cur.Revision, Unchanged: true, Desired: cur.Desired}
+		if req.Activate && cur.Desired != structs.DesiredRunning {
+			if _, err := c.Action(ctx, cur.Name, wire.ActionRequest{Action: wire.ActionStart}); err != nil {
+				return nil, err
+			}
+			acc.Desired = structs.DesiredRunning
+		}
+		return acc, nil
+	}
+	req.ExpectedRevision = expected
+	acc, err := c.Deploy(ctx, req, idempotencyKey)
+	if err == nil && !acc.Created && acc.Revision == expected {
+		// The role found nothing to change (a server compares each host's
+		// share of the spec, which this client cannot see).
+		acc.Unchanged = true
+	}
+	return acc, err
 }
 
 // DeployDocument creates (expectedRevision 0) or updates a deployment
@@ -270,12 +332,18 @@ func (c *Client) Snapshot(ctx context.Context) (*wire.Snapshot, error) {
 // called with each new aggregate state.
 func (c *Client) WaitReady(ctx context.Context, name string, since time.Time, progress func(*wire.DeploymentStatus)) (*wire.DeploymentStatus, error) {
 	interval := 20 * time.Millisecond
-	last := ""
+	last, seen := "", ""
 	for {
 		st, err := c.Deployment(ctx, name)
+		if err != nil && ctx.Err() != nil {
+			// The deadline ran out during the read: a timeout, not a role
+			// that went away.
+			return nil, structs.Errf(structs.CodeActivationTimeout, "deployment %s was not ready in time (state %s)", name, orUnknown(seen))
+		}
 		if err != nil {
 			return nil, err
 		}
+		seen = st.State
 		if progress != nil && st.State != last {
 			progress(st)
 			last = st.State
@@ -443,4 +511,12 @@ func Retryable(err error) bool {
 		return se.Info().Retryable
 	}
 	return false
+}
+
+// orUnknown is s, or "unknown" when empty.
+func orUnknown(s string) string {
+	if s == "" {
+		return "unknown"
+	}
+	return s
 }

@@ -6,6 +6,7 @@ package client
 import (
 	"errors"
 	"io/fs"
+	"os"
 
 	"github.com/capyctl/capyctl/core/runinfo"
 	"github.com/capyctl/capyctl/core/structs"
@@ -58,6 +59,13 @@ func Discover(stateDir string) (*Client, *RunInfo, error) {
 	creds, err := ReadCredentials(stateDir)
 	if err != nil {
 		return nil, ri, structs.Wrap(structs.CodeUnauthorized, err, "read credentials")
+	}
+	// The role's Unix socket, when it serves one: only this user opens
+	// it, so no other local user's connections stand in the way.
+	if ri.ManagementSocket != "" {
+		if st, err := os.Stat(ri.ManagementSocket); err == nil && st.Mode()&fs.ModeSocket != 0 {
+			return NewOnSocket(ri.ManagementSocket, ri.Management, creds.AdminToken), ri, nil
+		}
 	}
 	return New(ri.Management, creds.AdminToken), ri, nil
 }

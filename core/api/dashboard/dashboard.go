@@ -68,6 +68,12 @@ type Options struct {
 	Logger     hclog.Logger
 	// Now is the clock (tests); default time.Now.
 	Now func() time.Time
+	// Inference is the role's inference API handler, which the
+	// playground's requests are handed to (nil: no playground).
+	Inference http.Handler
+	// Keys are the inference keys the playground may use by name: the
+	// role's API key today ("default").
+	Keys func() []Key
 }
 
 // Dashboard is the dashboard's handler (mount it at Prefix) and the
@@ -116,6 +122,10 @@ func (d *Dashboard) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case "/":
 		d.asset(w, r, "index.html")
 	default:
+		if p, ok := strings.CutPrefix(rest, playgroundPrefix); ok && strings.HasPrefix(p, "/") {
+			d.playground(w, r, p)
+			return
+		}
 		d.asset(w, r, strings.TrimPrefix(rest, "/"))
 	}
 }

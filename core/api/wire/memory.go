@@ -11,13 +11,17 @@ type MemoryView struct {
 	Host string `json:"host"`
 	// Domain is where the last start was placed ("gpu0", "unified", or
 	// "system" on a host without GPUs).
-	Domain   string       `json:"domain,omitempty"`
-	Startup  StartupView  `json:"startup"`
-	Ready    PhaseView    `json:"ready"`
-	Parked   PhaseView    `json:"parked"`
-	KVCache  int64        `json:"kv_cache_bytes,omitempty"`
-	Weights  int64        `json:"weights_bytes,omitempty"`
-	Measured *Measurement `json:"measured,omitempty"`
+	Domain  string      `json:"domain,omitempty"`
+	Startup StartupView `json:"startup"`
+	Ready   PhaseView   `json:"ready"`
+	Parked  PhaseView   `json:"parked"`
+	// ParkedHost is the charge of a park that keeps the weights in host
+	// RAM (host_backed, vLLM's sleep level 1), taken when the host has
+	// room for it; nil where a park cannot keep them.
+	ParkedHost *PhaseView   `json:"parked_host,omitempty"`
+	KVCache    int64        `json:"kv_cache_bytes,omitempty"`
+	Weights    int64        `json:"weights_bytes,omitempty"`
+	Measured   *Measurement `json:"measured,omitempty"`
 	// Ledger is the host's ledger: every domain's capacity, limit,
 	// reserve, charges and what is free.
 	Ledger []LedgerDomain `json:"ledger"`
@@ -136,6 +140,10 @@ type RequestCounts struct {
 	SettleOnAbort  int `json:"settle_on_abort"`
 	// Instances are the figures per instance.
 	Instances []InstanceRequestCounts `json:"instances,omitempty"`
+	// Turn is "open", "ending" (another model waits for its memory: it
+	// serves what waits for it, then closes) or "ended" (it admits nothing
+	// until it is back in memory).
+	Turn string `json:"turn,omitempty"`
 }
 
 // InstanceRequestCounts are one instance's requests.

@@ -86,6 +86,9 @@ var httpStatus = map[structs.Code]int{
 	structs.CodeNotLeader:                 http.StatusServiceUnavailable,
 	structs.CodeSnapshotInvalid:           http.StatusBadRequest,
 	structs.CodeSnapshotCAMismatch:        http.StatusConflict,
+	structs.CodeCountTokensUnsupported:    http.StatusBadRequest,
+	structs.CodeResponseNotFound:          http.StatusNotFound,
+	structs.CodeAddressInUse:              http.StatusServiceUnavailable,
 	structs.CodeGroupPlacementRequired:    http.StatusBadRequest,
 	structs.CodeGroupTopologyInvalid:      http.StatusBadRequest,
 	structs.CodeGroupShapeUnsupported:     http.StatusBadRequest,
@@ -119,6 +122,10 @@ var httpStatus = map[structs.Code]int{
 	structs.CodeEngineNotIdle:             http.StatusConflict,
 	structs.CodeBodiesInFlightFull:        http.StatusTooManyRequests,
 	structs.CodeBodyReadTimeout:           http.StatusRequestTimeout,
+	structs.CodeServerCommandUnknown:      http.StatusServiceUnavailable,
+	structs.CodeServerRemoved:             http.StatusForbidden,
+	structs.CodeHostUnknown:               http.StatusServiceUnavailable,
+	structs.CodeStaleTerm:                 http.StatusServiceUnavailable,
 }
 
 // HTTPStatus returns the HTTP status an API answers a code with (a suffix

@@ -8,6 +8,7 @@
 package wire
 
 import (
+	"fmt"
 	"time"
 
 	"github.com/capyctl/capyctl/core/structs"
@@ -38,7 +39,10 @@ type DeployRequest struct {
 	Deployment structs.Deployment `json:"deployment"`
 	// Activate starts it once written.
 	Activate bool `json:"activate,omitempty"`
-	// ExpectedRevision is the revision an update replaces (0 for a create).
+	// ExpectedRevision is the revision an update replaces: a
+	// compare-and-set (revision_conflict when another is current). 0 on a
+	// PUT applies the spec to whatever revision is current, creating the
+	// deployment when it does not exist; 0 on a POST creates one.
 	ExpectedRevision uint64 `json:"expected_revision,omitempty"`
 }
 
@@ -48,7 +52,11 @@ type DeployAccepted struct {
 	Name       string `json:"name"`
 	Revision   uint64 `json:"revision"`
 	Created    bool   `json:"created"`
-	Desired    string `json:"desired"`
+	// Unchanged is set when the deployment's spec was already the one
+	// asked for: nothing was written, no instance restarted, the revision
+	// stayed.
+	Unchanged bool   `json:"unchanged,omitempty"`
+	Desired   string `json:"desired"`
 	// Replayed is set by the Go client when the answer was replayed from
 	// an earlier request with the same Idempotency-Key.
 	Replayed bool `json:"replayed,omitempty"`
@@ -150,6 +158,14 @@ type InstanceStatus struct {
 	Released       string               `json:"released,omitempty"`
 	Charges        map[string]int64     `json:"charges,omitempty"`
 	Phase          string               `json:"phase,omitempty"`
+	// ParkTier is the tier a parked instance parked at: "host_backed"
+	// (weights kept in host RAM; vLLM's sleep level 1) or "deep" (weights
+	// dropped; level 2); ParkDetail is the driver's word on it.
+	ParkTier   string `json:"park_tier,omitempty"`
+	ParkDetail string `json:"park_detail,omitempty"`
+	// Timings are the instance's measured start, wake (by tier), park and
+	// stop durations, which switching weighs.
+	Timings *structs.Timings `json:"timings,omitempty"`
 	// Parsers are the tool-call and reasoning parsers the engine runs with.
 	Parsers *structs.Parsers `json:"parsers,omitempty"`
 	// Exposure is who besides CapyCTL can reach the engine's routes.
@@ -275,6 +291,54 @@ type RoleInfo struct {
 	// Warnings are what the operator should fix (a non-loopback inference
 	// endpoint without TLS).
 	Warnings []string `json:"warnings,omitempty"`
+	// GPU is what a role that runs engines found of its machine's GPUs;
+	// nil on a server, which runs none.
+	GPU *GPUInventory `json:"gpu,omitempty"`
+	// ModelsRoot is where a role that runs engines keeps its models
+	// (models_root): relative model paths and downloads.
+	ModelsRoot string `json:"models_root,omitempty"`
+}
+
+// GPUInventory is what a role found of its machine's GPUs at start: every
+// GPU with its model and memory and the driver's version, or why there is
+// none ("no GPU found (...)").
+type GPUInventory struct {
+	// Provider is nvml, simulated or none (gpu.provider, auto resolved).
+	Provider string `json:"provider"`
+	// Driver is the NVIDIA driver's version (nvml).
+	Driver string `json:"driver,omitempty"`
+	// Devices are the GPUs found.
+	Devices []GPU `json:"devices"`
+	// NoGPU is why no GPU was found, when Devices is empty.
+	NoGPU string `json:"no_gpu,omitempty"`
+}
+
+// Lines describes the inventory for people: one line per GPU ("0: NVIDIA
+// H100 80GB HBM3, 80GiB, driver 550.54.15"), or "no GPU found (<why>)".
+func (g GPUInventory) Lines() []string {
+	if len(g.Devices) == 0 {
+		why := g.NoGPU
+		if why == "" {
+			why = "none listed"
+		}
+		return []string{"no GPU found (" + why + ")"}
+	}
+	out := make([]string, 0, len(g.Devices))
+	for _, d := range g.Devices {
+		mem := structs.FormatBytes(d.TotalBytes)
+		if d.Unified {
+			mem = "unified memory"
+		}
+		line := fmt.Sprintf("%d: %s, %s", d.Index, d.Name, mem)
+		switch {
+		case g.Driver != "":
+			line += ", driver " + g.Driver
+		case g.Provider == "simulated":
+			line += " (simulated)"
+		}
+		out = append(out, line)
+	}
+	return out
 }
 
 // Host is a machine that runs engines.

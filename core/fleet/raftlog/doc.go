@@ -1,17 +1,20 @@
 // Copyright (c) CapyCTL authors
 // SPDX-License-Identifier: Apache-2.0
 
-// Package raftlog replicates the server's state machine (core/fleet's
-// State) over several servers with hashicorp/raft: a Node implements
-// fleet.Log, so State.Apply commits each Command through raft and every
-// server applies it in the same order.
+// Package raftlog replicates the server's state machine (core/fleet/fsm's
+// State) over the servers of a cluster with hashicorp/raft: a Node
+// implements fsm.Log, so State.Apply commits each command through raft and
+// every server applies it in the same order.
 //
-// The server role opens a Node through OpenFleet when it runs in a
-// cluster (bootstrap_expect above 1, or server_join): raft's traffic then
+// Every server role opens a Node (a server alone is a cluster of one
+// voter, which elects itself at once: Node.electAlone): raft's traffic
 // comes through the cluster listener's ALPN capyctl-raft/1, already
 // through its mutual TLS handshake (Options.Handshaken). Joining,
 // forwarding and the operator commands are core/fleet's (servers.go,
-// forward.go).
+// forward.go). The node publishes what the server waits on as signals,
+// never polled: its leadership (raft's NotifyCh: Leadership) and any
+// change of its view (raft's observations, a configuration entry applied:
+// Changed).
 //
 // The shape:
 //
@@ -19,14 +22,16 @@
 //     hashicorp/raft's; the log and raft's own state (term, vote) live in
 //     <dir>/raft.db (bbolt, through raft-boltdb/v2), snapshots in
 //     <dir>/snapshots (raft's FileSnapshotStore, checksummed).
-//   - The state machine is fleet.State: a committed entry goes to
-//     ApplyEncoded (the command and its state change in one transaction of
-//     the role's own store); a snapshot is State.Snapshot (hosts and
-//     placements, JSON) and a restore State.Restore (the state replaced in
-//     one transaction). On a restart raft restores the latest snapshot and
-//     replays the log after it; the commands are absolute (set a host's
-//     record, delete a placement), so replaying what the store already
-//     holds ends in the same state.
+//   - The state machine is fsm.State: a committed entry goes to
+//     ApplyEntry (the command, its state change and the entry's index in
+//     one transaction of the role's own store); a snapshot is
+//     State.Snapshot and a restore State.Restore (the state replaced in one
+//     transaction, with the snapshot's index). On a restart raft restores
+//     the latest snapshot and replays the log after it; an entry at or
+//     below the state's recorded index is skipped.
+//   - A state that halted (a command this server cannot read, a store that
+//     refused a write) blocks raft's apply until the node closes: raft
+//     never moves past an entry this server did not apply.
 //   - Servers talk over mutual TLS 1.3 (tlsStream, a raft.StreamLayer used
 //     with raft.NewNetworkTransport): each server holds a server peer
 //     certificate of the cluster's CA (pki.CA.IssueServerPeer: ServerAuth
@@ -46,15 +51,9 @@
 //     refusal is the same on every server). On a follower it returns
 //     not_leader with the leader's raft ID and server-to-server address in
 //     the details (leader_id, leader_address; empty during an election),
-//     so a later change can forward the mutation. A leader that loses its
-//     leadership while committing also answers not_leader, with
-//     committed=unknown: the entry may still commit, and a retry is safe
-//     because the commands are absolute.
+//     so the caller sends the command there (core/fleet's apply). A leader
+//     that loses its leadership while committing also answers not_leader,
+//     with committed=unknown: the entry may still commit.
 //   - Stats is this server's view (raft state, term, indexes, leader,
-//     configuration) for a later `capyctl list servers`.
-//
-// Not handled yet: a store failure on one server while it applies a
-// committed entry leaves that server's state without the entry (logged at
-// error); it should stop serving and restore from a snapshot. Server peer
-// certificates are not renewed and a removed server's is not revoked.
+//     configuration) for `capyctl list servers`.
 package raftlog

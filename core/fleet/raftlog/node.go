@@ -12,13 +12,15 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
-	"github.com/capyctl/capyctl/core/fleet"
-	"github.com/capyctl/capyctl/core/structs"
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
 	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
+
+	"github.com/capyctl/capyctl/core/fleet/fsm"
+	"github.com/capyctl/capyctl/core/structs"
 )
 
 // The files of a node's directory.
@@ -86,7 +88,7 @@ type Options struct {
 	// State is the state machine every committed command is applied to.
 	// Open does not call State.SetLog; the caller does once it is ready to
 	// send commands through the node.
-	State *fleet.State
+	State *fsm.State
 	// Bootstrap is the cluster's first configuration, this server among
 	// its peers; every server of the first set is given the same list.
 	// Empty: this server waits for a leader to add it (Node.AddVoter).
@@ -102,17 +104,31 @@ type Options struct {
 }
 
 // Node is one server's member of the raft cluster: it implements
-// fleet.Log over raft.
+// fsm.Log over raft, and publishes leadership and the cluster's changes
+// as signals (Leadership, Changed).
 type Node struct {
 	id           string
 	raft         *raft.Raft
-	fsm          *fsm
+	fsm          *stateMachine
 	logStore     *raftboltdb.BoltStore
 	transport    *raft.NetworkTransport
 	applyTimeout time.Duration
+
+	notify   chan bool
+	observed chan raft.Observation
+	observer *raft.Observer
+	done     chan struct{}
+	wg       sync.WaitGroup
+
+	closeOnce sync.Once
+	closeErr  error
+
+	mu      sync.Mutex
+	leader  bool
+	changed chan struct{}
 }
 
-var _ fleet.Log = (*Node)(nil)
+var _ fsm.Log = (*Node)(nil)
 
 // Open starts this server's raft node: it opens the log and the snapshots
 // in Dir, restores the latest snapshot into State and replays the log
@@ -200,16 +216,136 @@ func Open(o Options) (n *Node, err error) {
 		}
 	}
 
-	f := &fsm{state: o.State, logger: logger}
-	r, err := raft.NewRaft(cfg, f, logs, logStore, snaps, transport)
-	if err != nil {
-		return nil, fmt.Errorf("start raft: %w", err)
-	}
+	// raft sends every change of leadership on NotifyCh and waits for it
+	// to be taken: the node's own goroutine takes it at once.
+	notify := make(chan bool, 1)
+	cfg.NotifyCh = notify
+	closing := make(chan struct{})
 	timeout := o.ApplyTimeout
 	if timeout <= 0 {
 		timeout = defaultApplyTimeout
 	}
-	return &Node{id: o.ID, raft: r, fsm: f, logStore: logStore, transport: transport, applyTimeout: timeout}, nil
+	n = &Node{id: o.ID, logStore: logStore, transport: transport, applyTimeout: timeout,
+		notify: notify, observed: make(chan raft.Observation, 64), done: closing}
+	n.fsm = &stateMachine{state: o.State, logger: logger, closing: closing, configured: n.publish}
+	r, err := raft.NewRaft(cfg, n.fsm, logs, logStore, snaps, transport)
+	if err != nil {
+		return nil, fmt.Errorf("start raft: %w", err)
+	}
+	n.raft = r
+	n.observer = raft.NewObserver(n.observed, false, func(o *raft.Observation) bool {
+		switch o.Data.(type) {
+		case raft.LeaderObservation, raft.PeerObservation, raft.RaftState:
+			return true
+		}
+		return false
+	})
+	r.RegisterObserver(n.observer)
+	n.wg.Add(1)
+	go n.watch()
+	n.electAlone(cfg)
+	return n, nil
+}
+
+// electAlone starts the election at once when this server is the only
+// voter of its configuration (a server alone, or the first of a
+// cluster): raft would otherwise wait a heartbeat timeout (1 to 2 s) to
+// notice no leader speaks, and every start of a server alone would take
+// that long. Lowering the heartbeat timeout wakes raft's follower loop,
+// which finds no contact and stands; the timeout is put back at once.
+func (n *Node) electAlone(cfg *raft.Config) {
+	f := n.raft.GetConfiguration()
+	if f.Error() != nil {
+		return
+	}
+	voters := 0
+	self := false
+	for _, s := range f.Configuration().Servers {
+		if s.Suffrage == raft.Voter {
+			voters++
+			self = self || s.ID == cfg.LocalID
+		}
+	}
+	if voters != 1 || !self {
+		return
+	}
+	rc := n.raft.ReloadableConfig()
+	was := rc.HeartbeatTimeout
+	rc.HeartbeatTimeout = cfg.LeaderLeaseTimeout
+	if rc.HeartbeatTimeout >= was {
+		return
+	}
+	if err := n.raft.ReloadConfig(rc); err != nil {
+		return
+	}
+	rc.HeartbeatTimeout = was
+	_ = n.raft.ReloadConfig(rc)
+}
+
+// watch takes raft's leadership notifications and observations and
+// publishes them (Leadership, Changed).
+func (n *Node) watch() {
+	defer n.wg.Done()
+	for {
+		select {
+		case <-n.done:
+			return
+		case l := <-n.notify:
+			n.mu.Lock()
+			n.leader = l
+			n.mu.Unlock()
+			n.publish()
+		case <-n.observed:
+			n.publish()
+		}
+	}
+}
+
+// publish wakes the waiters on Changed.
+func (n *Node) publish() {
+	n.mu.Lock()
+	ch := n.changed
+	n.changed = nil
+	n.mu.Unlock()
+	if ch != nil {
+		close(ch)
+	}
+}
+
+// Changed returns a channel closed at the next change of this node's
+// view: its leadership, the leader it knows, its raft state, the
+// configuration's members. A waiter takes the channel before it reads
+// Stats, so that a change between the two is never missed.
+func (n *Node) Changed() <-chan struct{} {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.changed == nil {
+		n.changed = make(chan struct{})
+	}
+	return n.changed
+}
+
+// Leadership reports whether raft last said this server leads (raft's
+// NotifyCh: true once it won an election, false once it lost the
+// leadership), with a channel closed at the next change.
+func (n *Node) Leadership() (bool, <-chan struct{}) {
+	ch := n.Changed()
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.leader, ch
+}
+
+// Term is raft's current term on this server.
+func (n *Node) Term() uint64 { return n.raft.CurrentTerm() }
+
+// Barrier returns once every entry committed before it is applied on
+// this server (the leader's first duty after an election: its state is
+// then the cluster's); not_leader elsewhere.
+func (n *Node) Barrier(timeout time.Duration) error {
+	if err := n.raft.Barrier(timeout).Error(); err != nil {
+		return n.raftError(err)
+	}
+	return nil
 }
 
 // checkAdvertise refuses an address the other servers cannot dial.
@@ -269,21 +405,20 @@ func (t Tuning) apply(c *raft.Config) {
 }
 
 // Propose commits data through the log and returns once this server's
-// state machine applied it, with the apply's error (a refusal every
-// server made alike). On a server that is not the leader it returns
-// not_leader naming the leader, so the caller can send the change there.
-func (n *Node) Propose(data []byte) error {
+// state machine applied it, with the apply's Result (a refusal every
+// server made alike) and the entry's index. On a server that is not the
+// leader it returns not_leader naming the leader, so the caller can send
+// the change there.
+func (n *Node) Propose(data []byte) (fsm.Result, uint64, error) {
 	if n.raft.State() != raft.Leader {
-		return n.notLeader()
+		return fsm.Result{}, 0, n.notLeader()
 	}
 	f := n.raft.Apply(data, n.applyTimeout)
 	if err := f.Error(); err != nil {
-		return n.raftError(err)
+		return fsm.Result{}, 0, n.raftError(err)
 	}
-	if err, ok := f.Response().(error); ok {
-		return err
-	}
-	return nil
+	r, _ := f.Response().(fsm.Result)
+	return r, f.Index(), nil
 }
 
 // notLeader is the refusal of a server that is not the leader.
@@ -336,6 +471,15 @@ func (n *Node) RemoveServer(id string) error {
 		return n.notLeader()
 	}
 	if err := n.raft.RemoveServer(raft.ServerID(id), 0, n.applyTimeout).Error(); err != nil {
+		return n.raftError(err)
+	}
+	return nil
+}
+
+// TransferLeadership hands the leadership to another voter and returns
+// once one took it (on the leader; not_leader elsewhere).
+func (n *Node) TransferLeadership() error {
+	if err := n.raft.LeadershipTransfer().Error(); err != nil {
 		return n.raftError(err)
 	}
 	return nil
@@ -404,7 +548,13 @@ func (n *Node) Stats() Stats {
 // does not hand leadership over first; the others elect a new leader when
 // its heartbeats stop.
 func (n *Node) Close() error {
-	err := n.raft.Shutdown().Error()
-	err = errors.Join(err, n.transport.Close())
-	return errors.Join(err, n.logStore.Close())
+	n.closeOnce.Do(func() {
+		close(n.done) // an apply blocked on a halted state returns
+		err := n.raft.Shutdown().Error()
+		n.raft.DeregisterObserver(n.observer)
+		n.wg.Wait()
+		err = errors.Join(err, n.transport.Close())
+		n.closeErr = errors.Join(err, n.logStore.Close())
+	})
+	return n.closeErr
 }

@@ -4,6 +4,7 @@
 package raftlog
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -12,12 +13,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/capyctl/capyctl/core/fleet"
+	"github.com/capyctl/capyctl/core/fleet/fsm"
 	"github.com/capyctl/capyctl/core/pki"
 	"github.com/capyctl/capyctl/core/store"
 	"github.com/capyctl/capyctl/core/structs"
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
+	"go.uber.org/goleak"
 )
 
 // waitDeadline bounds every poll: generous, a condition usually holds in
@@ -70,7 +72,7 @@ type testNode struct {
 	name  string
 	addr  string
 	dir   string
-	state *fleet.State
+	state *fsm.State
 	store *store.Store
 }
 
@@ -96,7 +98,7 @@ func startNode(t *testing.T, ca *pki.CA, name, dir string, ln net.Listener, boot
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = st.Close() })
-	state, err := fleet.OpenState(st)
+	state, err := fsm.Open(st, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -169,8 +171,12 @@ func waitLeader(t *testing.T, nodes []*testNode) *testNode {
 	return leader
 }
 
-func joined(host string) fleet.Command {
-	return fleet.Command{Op: fleet.OpHostJoined, Host: host, At: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)}
+func joined(host string) fsm.Command { return fsm.HostJoined{Host: host} }
+
+// apply commits c through n's state and returns the apply's error.
+func apply(n *testNode, c fsm.Command) error {
+	_, _, err := n.state.Apply(c)
+	return err
 }
 
 // waitHost waits until every node's state holds host.
@@ -185,7 +191,7 @@ func TestNode_ReplicatesCommands(t *testing.T) {
 	nodes := startCluster(t, newCA(t), 3, testTuning)
 	leader := waitLeader(t, nodes)
 
-	if err := leader.state.Apply(joined("gpu-a")); err != nil {
+	if err := apply(leader, joined("gpu-a")); err != nil {
 		t.Fatalf("Apply on the leader: %v", err)
 	}
 	// Propose returns once the leader applied it.
@@ -196,11 +202,11 @@ func TestNode_ReplicatesCommands(t *testing.T) {
 
 	// A refusal of the state machine comes back through the log, and
 	// changes no server.
-	err := leader.state.Apply(fleet.Command{Op: fleet.OpHostDrain, Host: "nobody", Drain: true})
+	err := apply(leader, fsm.HostDrain{Host: "nobody", Drain: true})
 	if !structs.HasCode(err, structs.CodeNotFound) {
 		t.Fatalf("drain of an unknown host: %v, want not_found", err)
 	}
-	if err := leader.state.Apply(fleet.Command{Op: fleet.OpHostDrain, Host: "gpu-a", Drain: true}); err != nil {
+	if err := apply(leader, fsm.HostDrain{Host: "gpu-a", Drain: true}); err != nil {
 		t.Fatal(err)
 	}
 	for _, n := range nodes {
@@ -223,7 +229,7 @@ func TestNode_FollowerRefuses(t *testing.T) {
 		if n == leader {
 			continue
 		}
-		err := n.state.Apply(joined("gpu-b"))
+		err := apply(n, joined("gpu-b"))
 		var se *structs.Error
 		if !structs.HasCode(err, structs.CodeNotLeader) || !asError(err, &se) {
 			t.Fatalf("%s: Apply on a follower: %v, want not_leader", n.name, err)
@@ -248,7 +254,7 @@ func asError(err error, target **structs.Error) bool {
 func TestNode_LeaderLost(t *testing.T) {
 	nodes := startCluster(t, newCA(t), 3, testTuning)
 	old := waitLeader(t, nodes)
-	if err := old.state.Apply(joined("gpu-a")); err != nil {
+	if err := apply(old, joined("gpu-a")); err != nil {
 		t.Fatal(err)
 	}
 	waitHost(t, nodes, "gpu-a")
@@ -266,7 +272,7 @@ func TestNode_LeaderLost(t *testing.T) {
 	if leader == old {
 		t.Fatal("the stopped server still leads")
 	}
-	if err := leader.state.Apply(joined("gpu-b")); err != nil {
+	if err := apply(leader, joined("gpu-b")); err != nil {
 		t.Fatalf("Apply on the new leader: %v", err)
 	}
 	waitHost(t, rest, "gpu-b")
@@ -288,12 +294,12 @@ func TestNode_SnapshotToNewServer(t *testing.T) {
 	leader := waitLeader(t, nodes)
 	const hosts = 20
 	for i := range hosts {
-		if err := leader.state.Apply(joined(fmt.Sprintf("gpu-%02d", i))); err != nil {
+		if err := apply(leader, joined(fmt.Sprintf("gpu-%02d", i))); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if err := leader.state.Apply(fleet.Command{Op: fleet.OpPlaced, Placement: &fleet.Placement{
-		Deployment: "chat", Hosts: []fleet.HostShare{{Host: "gpu-00", Instances: 2}}, Routes: []string{"chat-model"}, Revision: 1,
+	if err := apply(leader, fsm.Placed{Placement: &fsm.Placement{
+		Deployment: "chat", Hosts: []fsm.HostShare{{Host: "gpu-00", Instances: 2}}, Routes: []string{"chat-model"}, Revision: 1,
 	}}); err != nil {
 		t.Fatal(err)
 	}
@@ -325,7 +331,7 @@ func TestNode_SnapshotToNewServer(t *testing.T) {
 		t.Errorf("the restored routes: %v, %v", p, ok)
 	}
 	// The new server follows the log past the snapshot.
-	if err := leader.state.Apply(joined("gpu-late")); err != nil {
+	if err := apply(leader, joined("gpu-late")); err != nil {
 		t.Fatal(err)
 	}
 	waitHost(t, append(nodes, fresh), "gpu-late")
@@ -341,7 +347,7 @@ func TestNode_Restart(t *testing.T) {
 	ca := newCA(t)
 	n := waitLeader(t, startCluster(t, ca, 1, tuning))
 	for _, h := range []string{"gpu-a", "gpu-b"} {
-		if err := n.state.Apply(joined(h)); err != nil {
+		if err := apply(n, joined(h)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -350,7 +356,7 @@ func TestNode_Restart(t *testing.T) {
 	}
 	// One entry after the snapshot: the restart restores the snapshot,
 	// then replays it.
-	if err := n.state.Apply(fleet.Command{Op: fleet.OpHostRemoved, Host: "gpu-a"}); err != nil {
+	if err := apply(n, fsm.HostRemoved{Host: "gpu-a"}); err != nil {
 		t.Fatal(err)
 	}
 	want := n.state.Hosts()
@@ -371,7 +377,7 @@ func TestNode_Restart(t *testing.T) {
 	}
 	waitLeader(t, []*testNode{again})
 	waitFor(t, "the log after the snapshot to be replayed", func() bool { return reflect.DeepEqual(again.state.Hosts(), want) })
-	if err := again.state.Apply(joined("gpu-c")); err != nil {
+	if err := apply(again, joined("gpu-c")); err != nil {
 		t.Fatalf("Apply after the restart: %v", err)
 	}
 }
@@ -409,11 +415,19 @@ func TestStream_ClusterCAOnly(t *testing.T) {
 		listenTLS, dialTLS := pki.ServerPeerTLS(trusts.Certificate(), creds, nil)
 		stream := &tlsStream{ln: ln, listen: listenTLS, dial: dialTLS, advertise: tcpAddr(ln.Addr().String()), timeout: 5 * time.Second}
 		tr := raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{Stream: stream, MaxPool: 1, Timeout: 5 * time.Second, Logger: testLogger()})
-		t.Cleanup(func() { _ = tr.Close() })
-		// Answer every vote request.
+		done := make(chan struct{})
+		answered := make(chan struct{})
+		t.Cleanup(func() { _ = tr.Close(); close(done); <-answered })
+		// Answer every vote request until the test ends.
 		go func() {
-			for rpc := range tr.Consumer() {
-				rpc.Respond(&raft.RequestVoteResponse{Term: 7, Granted: true}, nil)
+			defer close(answered)
+			for {
+				select {
+				case rpc := <-tr.Consumer():
+					rpc.Respond(&raft.RequestVoteResponse{Term: 7, Granted: true}, nil)
+				case <-done:
+					return
+				}
 			}
 		}()
 		return tr
@@ -453,5 +467,92 @@ func TestStream_ClusterCAOnly(t *testing.T) {
 				t.Fatalf("RequestVote: %v, want ok=%v", err, c.wantOK)
 			}
 		})
+	}
+}
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// TestNode_AloneElectsAtOnce: a server that is its configuration's only
+// voter does not wait a heartbeat timeout (here a minute) to lead.
+func TestNode_AloneElectsAtOnce(t *testing.T) {
+	tuning := testTuning
+	tuning.HeartbeatTimeout, tuning.ElectionTimeout = time.Minute, time.Minute
+	n := startCluster(t, newCA(t), 1, tuning)[0]
+	leads, changed := n.Leadership()
+	for !leads {
+		select {
+		case <-changed:
+		case <-time.After(waitDeadline):
+			t.Fatal("a server alone did not lead")
+		}
+		leads, changed = n.Leadership()
+	}
+	if err := apply(n, joined("gpu-a")); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestNode_Leadership follows leadership from one server to another on
+// the nodes' signals.
+func TestNode_Leadership(t *testing.T) {
+	nodes := startCluster(t, newCA(t), 3, testTuning)
+	old := waitLeader(t, nodes)
+	waitFor(t, "the leader's own signal", func() bool { l, _ := old.Leadership(); return l })
+	if err := old.Close(); err != nil {
+		t.Fatal(err)
+	}
+	var rest []*testNode
+	for _, n := range nodes {
+		if n != old {
+			rest = append(rest, n)
+		}
+	}
+	leader := waitLeader(t, rest)
+	waitFor(t, "the new leader's signal", func() bool { l, _ := leader.Leadership(); return l })
+	for _, n := range rest {
+		if l, _ := n.Leadership(); l != (n == leader) {
+			t.Errorf("%s says it leads: %v", n.name, l)
+		}
+	}
+	if err := leader.Barrier(5 * time.Second); err != nil {
+		t.Fatalf("Barrier on the leader: %v", err)
+	}
+}
+
+// TestNode_UnknownCommandHalts: a committed command this server cannot
+// read stops its state machine (the state is not moved past it) until the
+// node closes; one flagged ignorable is skipped.
+func TestNode_UnknownCommandHalts(t *testing.T) {
+	n := waitLeader(t, startCluster(t, newCA(t), 1, testTuning))
+	if _, _, err := n.Propose([]byte(`{"op":"future","v":1,"ignorable":true,"body":{}}`)); err != nil {
+		t.Fatalf("an ignorable command: %v", err)
+	}
+	if err := apply(n, joined("gpu-a")); err != nil {
+		t.Fatal(err)
+	}
+	proposed := make(chan error, 1)
+	go func() {
+		_, _, err := n.Propose([]byte(`{"op":"future","v":1,"body":{}}`))
+		proposed <- err
+	}()
+	select {
+	case <-n.state.Halted():
+	case <-time.After(waitDeadline):
+		t.Fatal("the state did not halt on an unknown command")
+	}
+	var unknown *fsm.UnknownCommandError
+	if !errors.As(n.state.HaltErr(), &unknown) || unknown.Op != "future" {
+		t.Fatalf("halted for %v", n.state.HaltErr())
+	}
+	applied := n.state.Applied()
+	if err := n.Close(); err != nil {
+		t.Logf("close: %v", err)
+	}
+	<-proposed
+	if n.state.Applied() != applied {
+		t.Fatal("the halted state moved")
+	}
+	if _, ok := n.state.Host("gpu-a"); !ok {
+		t.Fatal("the command before the unknown one is missing")
 	}
 }

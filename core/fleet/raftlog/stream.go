@@ -29,6 +29,10 @@ type tlsStream struct {
 	timeout   time.Duration
 	// handshaken: ln's connections are TLS already (Options.Handshaken).
 	handshaken bool
+
+	mu       sync.Mutex
+	closed   bool
+	accepted map[*trackedConn]struct{}
 }
 
 var _ raft.StreamLayer = (*tlsStream)(nil)
@@ -41,14 +45,55 @@ func (s *tlsStream) Accept() (net.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	if s.handshaken {
-		return c, nil
+	if !s.handshaken {
+		c = &serverConn{Conn: tls.Server(c, s.listen), timeout: s.timeout}
 	}
-	return &serverConn{Conn: tls.Server(c, s.listen), timeout: s.timeout}, nil
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		c.Close()
+		return nil, net.ErrClosed
+	}
+	if s.accepted == nil {
+		s.accepted = map[*trackedConn]struct{}{}
+	}
+	tc := &trackedConn{Conn: c, s: s}
+	s.accepted[tc] = struct{}{}
+	return tc, nil
 }
 
-// Close closes the listener.
-func (s *tlsStream) Close() error { return s.ln.Close() }
+// Close closes the listener and every connection it accepted: raft's
+// transport reads each one on a goroutine of its own, which ends only
+// when its connection does.
+func (s *tlsStream) Close() error {
+	err := s.ln.Close()
+	s.mu.Lock()
+	s.closed = true
+	conns := s.accepted
+	s.accepted = nil
+	s.mu.Unlock()
+	for c := range conns {
+		_ = c.Conn.Close()
+	}
+	return err
+}
+
+// trackedConn is an accepted connection the stream closes with itself.
+type trackedConn struct {
+	net.Conn
+	s    *tlsStream
+	once sync.Once
+}
+
+// Close closes the connection and forgets it.
+func (c *trackedConn) Close() error {
+	c.once.Do(func() {
+		c.s.mu.Lock()
+		delete(c.s.accepted, c)
+		c.s.mu.Unlock()
+	})
+	return c.Conn.Close()
+}
 
 // Addr is the address the other servers dial (raft records it as this
 // server's).

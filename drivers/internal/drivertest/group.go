@@ -73,6 +73,11 @@ type GroupRun struct {
 	// (the head first, then each worker) and wakes it (the workers first,
 	// then the head, whose canary must be its first readiness answer).
 	ParkTier string
+	// PeerLossHangs says the engine does not notice a lost rank until its
+	// next collective (vLLM): a head whose worker is killed stays up, and
+	// only a Stop ends it. Otherwise the head exits with an error (SGLang,
+	// TensorFold).
+	PeerLossHangs bool
 }
 
 // GroupMember is one launched member of a GroupRun.
@@ -99,7 +104,8 @@ func (m *GroupMember) probe(t testing.TB, kind pb.ProbeKind, deadline time.Durat
 // own, head first; it checks that every worker is ready without a canary
 // and loads nothing, that the head becomes ready with a canary and answers
 // a chat completion; then it kills the last worker and checks that the
-// head exits. It returns the members.
+// head exits (or, PeerLossHangs, stays up until stopped). It returns the
+// members.
 func (g GroupRun) Run(t *testing.T) []*GroupMember {
 	t.Helper()
 	root := t.TempDir()
@@ -179,11 +185,29 @@ func (g GroupRun) Run(t *testing.T) []*GroupMember {
 		g.parkAndWake(t, members, p.GetCanary())
 	}
 
-	// A worker killed: the head exits (the engines' collectives fail).
 	last := members[len(members)-1]
 	if err := syscall.Kill(-int(last.Launch.GetPgid()), syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
+	if g.PeerLossHangs {
+		// A worker killed: the head does not notice. Its liveness says
+		// alive once the worker is proven gone, and the driver's Stop
+		// ends it (what CapyCTL's group supervision does).
+		poll.Until(t, time.Minute, "the killed worker's exit", func() bool {
+			return last.probe(t, pb.ProbeKind_PROBE_KIND_LIVENESS, time.Second).GetExited()
+		})
+		if l := head.probe(t, pb.ProbeKind_PROBE_KIND_LIVENESS, time.Second); !l.GetAlive() {
+			t.Fatalf("the head's liveness after its worker died: %v, want alive (the engine notices at its next collective)", l)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		st, err := head.Driver.Stop(ctx, &pb.StopRequest{InstanceId: head.Lctx.GetInstanceId(), GraceMs: 5000, Launch: head.Launch})
+		if err != nil || !st.GetGone() {
+			t.Fatalf("stop the head: %v %v", st, err)
+		}
+		return members
+	}
+	// A worker killed: the head exits (the engines' collectives fail).
 	poll.Until(t, time.Minute, "the head to exit after its worker was killed", func() bool {
 		return !head.probe(t, pb.ProbeKind_PROBE_KIND_LIVENESS, time.Second).GetAlive()
 	})

@@ -4,6 +4,8 @@
 package pyengine
 
 import (
+	"crypto/sha256"
+	"encoding/binary"
 	"fmt"
 	"strconv"
 
@@ -82,7 +84,20 @@ type LMCacheInput struct {
 	// OwnConnector: the deployment renders its own KV connector
 	// (an approved --kv-transfer-config), which LMCache's would replace.
 	OwnConnector bool
+	// Isolated: the driver runs the server where no other local user
+	// reaches it (a network namespace of its own, which the engine joins:
+	// the driver runs as root, and the instance is no group member, whose
+	// ranks need the host's network). Without it LMCache does not run.
+	Isolated bool
 }
+
+// LMCacheIsolationNeeded says why an instance runs no LMCache where it
+// cannot be isolated. LMCache's server (lmcache.v1.server) and its
+// connector (lm:// URLs, lmcache/v1/storage_backend/connector/
+// lm_connector.py) speak TCP only (socket.AF_INET), with no
+// authentication: on the host's loopback, any local user could read
+// another user's prompts back out of the cache, or poison it.
+const LMCacheIsolationNeeded = "LMCache's server and connector speak unauthenticated TCP only (lmcache.v1.server, lm_connector.py): on the host's loopback every local user could read or poison the cache, so CapyCTL runs it only in a network namespace of its own, which needs the driver to run as root and no group"
 
 // LMCacheDecision is a plan's LMCache: the server and what the engine
 // needs to reach it.
@@ -155,6 +170,10 @@ func PlanLMCache(in LMCacheInput, r *enginekit.Refusals) LMCacheDecision {
 		// engine, model type and GPU; this release qualifies none.
 		return off("residency_not_qualified", fmt.Sprintf("residency %q is not qualified with LMCache yet: declare residency = \"restart_only\" to use it", in.Residency))
 	}
+	if !in.Isolated {
+		// IMPORTANT: never on the host's loopback (LMCacheIsolationNeeded).
+		return off("not_isolated", LMCacheIsolationNeeded)
+	}
 	if mode == LMCacheRequired && len(*r) > 0 {
 		return LMCacheDecision{Plan: &pb.LMCachePlan{Reason: "refused"}}
 	}
@@ -185,8 +204,32 @@ func PlanLMCache(in LMCacheInput, r *enginekit.Refusals) LMCacheDecision {
 		"LMCACHE_MAX_LOCAL_CPU_SIZE": gigabytes(pool),
 		"LMCACHE_REMOTE_URL":         "lm://127.0.0.1:" + ps,
 		"LMCACHE_REMOTE_SERDE":       "naive",
+		// IMPORTANT: without it a restart_only park loses the cache in
+		// all but name (LMCacheHashSeed).
+		"PYTHONHASHSEED": LMCacheHashSeed(in.Launch.GetInstanceId(), port),
 	}
 	return dec
+}
+
+// LMCacheHashSeed is the PYTHONHASHSEED of every engine launch of an
+// instance that runs its LMCache server on port. LMCache keys each chunk
+// by a hash chained from a seed (ChunkedTokenDatabase in
+// lmcache/v1/token_database.py starts from vLLM's NONE_HASH, which
+// init_none_hash in vllm/v1/core/kv_cache_utils.py draws from os.urandom
+// unless PYTHONHASHSEED is set; LMCache warns "Centralized cache sharing
+// detected but PYTHONHASHSEED not set", and vllm-project/vllm#21161 aligns
+// it for the same reason). Unset, the engine launched after a restart_only
+// park would look up keys its previous process never wrote. The seed is
+// the same for every launch that reaches the same server (the instance
+// and the server's port, kept while the server lives) and differs between
+// instances. It is no secret: like PYTHONHASHSEED=0, which LMCache's docs
+// suggest, it turns off Python's per-process string-hash randomisation in
+// the engine. IMPORTANT: it is not enough on Python before 3.12, whose
+// hash(None), part of LMCache's builtin chunk hash, is an address
+// (python/cpython#99541 made it constant in 3.12).
+func LMCacheHashSeed(instanceID string, port int32) string {
+	sum := sha256.Sum256([]byte("capyctl-lmcache-hash-seed\x00" + instanceID + "\x00" + strconv.Itoa(int(port))))
+	return strconv.FormatUint(uint64(binary.BigEndian.Uint32(sum[:4])), 10)
 }
 
 // gigabytes renders bytes as LMCache's size in GB (float, 2^30 bytes).

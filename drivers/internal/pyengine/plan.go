@@ -5,6 +5,7 @@ package pyengine
 
 import (
 	"encoding/json"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -277,12 +278,18 @@ func WakeTimeout(weights int64, residency string) time.Duration {
 
 // Fraction renders part/total as the fraction engines take
 // (--gpu-memory-utilization, --mem-fraction-static), four decimals at most,
-// within (0, 0.98]; "" when either is unknown.
+// rounded down, within (0, 0.98]; "" when either is unknown.
+//
+// IMPORTANT: rounded down, never to the nearest. vLLM asks the card for
+// ceil(total × gpu_memory_utilization) and refuses to start when less is
+// free (request_memory in vllm/v1/worker/utils.py); a fraction rounded up
+// asks for up to 0.00005 × total more than the ledger granted, which a card
+// packed to its grants does not have.
 func Fraction(part, total int64) string {
 	if part <= 0 || total <= 0 {
 		return ""
 	}
-	f := float64(part) / float64(total)
+	f := math.Floor(float64(part)*10000/float64(total)) / 10000
 	f = min(f, 0.98)
 	f = max(f, 0.0001)
 	s := strconv.FormatFloat(f, 'f', 4, 64)

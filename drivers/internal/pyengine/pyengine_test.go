@@ -4,8 +4,10 @@
 package pyengine
 
 import (
+	"math"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -158,9 +160,17 @@ func TestFraction(t *testing.T) {
 	for _, c := range []struct {
 		part, total int64
 		want        string
-	}{{20, 80, "0.25"}, {10, 24, "0.4167"}, {99, 100, "0.98"}, {0, 80, ""}, {5, 0, ""}, {1, 1 << 40, "0.0001"}} {
+	}{{20, 80, "0.25"}, {10, 24, "0.4166"}, {14, 24, "0.5833"}, {99, 100, "0.98"}, {0, 80, ""}, {5, 0, ""}, {1, 1 << 40, "0.0001"}} {
 		if got := Fraction(c.part, c.total); got != c.want {
 			t.Errorf("Fraction(%d, %d) = %q, want %q", c.part, c.total, got, c.want)
+		}
+	}
+	// What vLLM then asks the card for, ceil(total × fraction), is never
+	// more than the grant (request_memory in vllm/v1/worker/utils.py).
+	for _, c := range []struct{ part, total int64 }{{10 << 30, 24 << 30}, {14 << 30, 24 << 30}, {(7 << 30) + 12345, 24 << 30}, {23 << 30, 80 << 30}} {
+		f, _ := strconv.ParseFloat(Fraction(c.part, c.total), 64)
+		if asked := int64(math.Ceil(float64(c.total) * f)); asked > c.part {
+			t.Errorf("Fraction(%d, %d) = %v asks vLLM for %d bytes, more than the %d granted", c.part, c.total, f, asked, c.part)
 		}
 	}
 }
@@ -178,5 +188,25 @@ func TestBaseEnv(t *testing.T) {
 	env = BaseEnv(EnvOptions{Venv: "/v", Host: &pb.HostPolicy{HostEnv: map[string]string{"DO_NOT_TRACK": "0"}}})
 	if env["DO_NOT_TRACK"] != "1" {
 		t.Fatalf("DO_NOT_TRACK=%q with telemetry off", env["DO_NOT_TRACK"])
+	}
+}
+
+// TestLMCacheHashSeed: every launch of an instance that reaches the same
+// LMCache server gets the same PYTHONHASHSEED (so a restarted engine
+// finds the chunks its previous process stored), another instance or
+// another server another one, and Python accepts it (an integer in
+// [0, 4294967295]).
+func TestLMCacheHashSeed(t *testing.T) {
+	seed := LMCacheHashSeed("chat/0", 41299)
+	if again := LMCacheHashSeed("chat/0", 41299); again != seed {
+		t.Fatalf("the same instance and server: %s then %s", seed, again)
+	}
+	for _, other := range []string{LMCacheHashSeed("chat/1", 41299), LMCacheHashSeed("chat/0", 41300)} {
+		if other == seed {
+			t.Fatalf("another instance or server shares the seed %s", seed)
+		}
+	}
+	if n, err := strconv.ParseUint(seed, 10, 32); err != nil {
+		t.Fatalf("seed %q (%d) is no PYTHONHASHSEED: %v", seed, n, err)
 	}
 }

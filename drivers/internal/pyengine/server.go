@@ -167,8 +167,10 @@ func (r Rendered) Plan(lctx *pb.LaunchContext) *pb.PlanResponse {
 // GroupEnv sets the variables of a group member's environment that CapyCTL
 // owns: GLOO_SOCKET_IFNAME, the interface that holds the member's peer
 // address (PyTorch's Gloo process groups, which vLLM and SGLang use beside
-// NCCL, bind it), when an interface of this host holds it. No NCCL_*
-// variable is ever set: NCCL picks its interface and transport itself.
+// NCCL, bind it), when an interface of this host holds it; and, on a host
+// with require_rdma, NCCL_NET=IB (enginekit.RDMAEnv), so that NCCL cannot
+// fall back to TCP sockets. No other NCCL_* variable is set: NCCL picks its
+// interface and, without require_rdma, its transport itself.
 func GroupEnv(env enginekit.Env, g *pb.Group) {
 	if g == nil {
 		return
@@ -176,4 +178,5 @@ func GroupEnv(env enginekit.Env, g *pb.Group) {
 	if ifc := enginekit.InterfaceOf(g.GetPeerAddress()); ifc != "" {
 		env[enginekit.GlooSocketEnv] = ifc
 	}
+	enginekit.RDMAEnv(env, g)
 }

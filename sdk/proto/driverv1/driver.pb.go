@@ -512,8 +512,15 @@ type Capabilities struct {
 	// request_id_header names the header the router sets to its request ID,
 	// empty for none.
 	RequestIdHeader string `protobuf:"bytes,8,opt,name=request_id_header,json=requestIdHeader,proto3" json:"request_id_header,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// tier_per_park is true when any launch can park at any of park_tiers,
+	// the tier chosen at each park (vLLM's sleep levels: level 1 keeps the
+	// weights in host RAM, level 2 drops them); the core then parks at
+	// host_backed when the host has room for the weights, else deep. False:
+	// a launch parks at the residency it was launched for (SGLang keeps a
+	// host copy of the weights only when launched host_backed).
+	TierPerPark   bool `protobuf:"varint,9,opt,name=tier_per_park,json=tierPerPark,proto3" json:"tier_per_park,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Capabilities) Reset() {
@@ -600,6 +607,13 @@ func (x *Capabilities) GetRequestIdHeader() string {
 		return x.RequestIdHeader
 	}
 	return ""
+}
+
+func (x *Capabilities) GetTierPerPark() bool {
+	if x != nil {
+		return x.TierPerPark
+	}
+	return false
 }
 
 type DetectRequest struct {
@@ -2639,9 +2653,24 @@ type Endpoint struct {
 	// so no two deployments share a cache entry. False (every driver that
 	// predates it), a request with cache_salt is refused with
 	// cache_salt_unsupported.
-	CacheSalt     bool `protobuf:"varint,21,opt,name=cache_salt,json=cacheSalt,proto3" json:"cache_salt,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	CacheSalt bool `protobuf:"varint,21,opt,name=cache_salt,json=cacheSalt,proto3" json:"cache_salt,omitempty"`
+	// messages_path, count_tokens_path and responses_path are the engine's
+	// own routes for Anthropic's Messages API (POST /v1/messages), its
+	// token count (POST /v1/messages/count_tokens) and OpenAI's Responses
+	// API (POST /v1/responses), where the driver lets the engine serve them:
+	// the router then sends those requests there (the engine renders them)
+	// instead of translating them to chat. Empty (every driver that
+	// predates them): Messages and Responses requests are translated to
+	// chat, and a count_tokens request is refused with
+	// count_tokens_unsupported (CapyCTL never estimates a count). A driver
+	// names a route only where every release it runs serves it, honours the
+	// request ID the way its chat route does, and stops the work when the
+	// connection closes.
+	MessagesPath    string `protobuf:"bytes,22,opt,name=messages_path,json=messagesPath,proto3" json:"messages_path,omitempty"`
+	CountTokensPath string `protobuf:"bytes,23,opt,name=count_tokens_path,json=countTokensPath,proto3" json:"count_tokens_path,omitempty"`
+	ResponsesPath   string `protobuf:"bytes,24,opt,name=responses_path,json=responsesPath,proto3" json:"responses_path,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *Endpoint) Reset() {
@@ -2777,6 +2806,27 @@ func (x *Endpoint) GetCacheSalt() bool {
 		return x.CacheSalt
 	}
 	return false
+}
+
+func (x *Endpoint) GetMessagesPath() string {
+	if x != nil {
+		return x.MessagesPath
+	}
+	return ""
+}
+
+func (x *Endpoint) GetCountTokensPath() string {
+	if x != nil {
+		return x.CountTokensPath
+	}
+	return ""
+}
+
+func (x *Endpoint) GetResponsesPath() string {
+	if x != nil {
+		return x.ResponsesPath
+	}
+	return ""
 }
 
 type StartResponse struct {
@@ -3937,7 +3987,7 @@ const file_sdk_proto_driverv1_driver_proto_rawDesc = "" +
 	"\aversion\x18\x02 \x01(\tR\aversion\x12\x1a\n" +
 	"\bprotocol\x18\x03 \x01(\rR\bprotocol\x12C\n" +
 	"\fcapabilities\x18\x04 \x01(\v2\x1f.capyctl.driver.v1.CapabilitiesR\fcapabilities\x12#\n" +
-	"\rconfig_schema\x18\x05 \x01(\tR\fconfigSchema\"\xa7\x02\n" +
+	"\rconfig_schema\x18\x05 \x01(\tR\fconfigSchema\"\xcb\x02\n" +
 	"\fCapabilities\x12\x1d\n" +
 	"\n" +
 	"park_tiers\x18\x01 \x03(\tR\tparkTiers\x12\x12\n" +
@@ -3949,7 +3999,8 @@ const file_sdk_proto_driverv1_driver_proto_rawDesc = "" +
 	"\x06groups\x18\x05 \x01(\bR\x06groups\x12\x18\n" +
 	"\almcache\x18\x06 \x01(\bR\almcache\x12(\n" +
 	"\x10request_id_field\x18\a \x01(\tR\x0erequestIdField\x12*\n" +
-	"\x11request_id_header\x18\b \x01(\tR\x0frequestIdHeader\"S\n" +
+	"\x11request_id_header\x18\b \x01(\tR\x0frequestIdHeader\x12\"\n" +
+	"\rtier_per_park\x18\t \x01(\bR\vtierPerPark\"S\n" +
 	"\rDetectRequest\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12\x1a\n" +
 	"\bmanifest\x18\x02 \x01(\tR\bmanifest\x12\x12\n" +
@@ -4149,7 +4200,7 @@ const file_sdk_proto_driverv1_driver_proto_rawDesc = "" +
 	"launch_dir\x18\x03 \x01(\tR\tlaunchDir\x12\x12\n" +
 	"\x04port\x18\x04 \x01(\x05R\x04port\x12\x1b\n" +
 	"\tlaunch_id\x18\x05 \x01(\tR\blaunchId\x12!\n" +
-	"\flmcache_port\x18\x06 \x01(\x05R\vlmcachePort\"\xdf\x04\n" +
+	"\flmcache_port\x18\x06 \x01(\x05R\vlmcachePort\"\xd7\x05\n" +
 	"\bEndpoint\x12\x19\n" +
 	"\bbase_url\x18\x01 \x01(\tR\abaseUrl\x12\x1f\n" +
 	"\vauth_header\x18\x02 \x01(\tR\n" +
@@ -4172,7 +4223,10 @@ const file_sdk_proto_driverv1_driver_proto_rawDesc = "" +
 	"\x13non_streamed_hangup\x18\x10 \x01(\x0e2$.capyctl.driver.v1.NonStreamedHangupR\x11nonStreamedHangup\x12)\n" +
 	"\x10completions_path\x18\x14 \x01(\tR\x0fcompletionsPath\x12\x1d\n" +
 	"\n" +
-	"cache_salt\x18\x15 \x01(\bR\tcacheSalt\"\xbd\x01\n" +
+	"cache_salt\x18\x15 \x01(\bR\tcacheSalt\x12#\n" +
+	"\rmessages_path\x18\x16 \x01(\tR\fmessagesPath\x12*\n" +
+	"\x11count_tokens_path\x18\x17 \x01(\tR\x0fcountTokensPath\x12%\n" +
+	"\x0eresponses_path\x18\x18 \x01(\tR\rresponsesPath\"\xbd\x01\n" +
 	"\rStartResponse\x121\n" +
 	"\x06launch\x18\x01 \x01(\v2\x19.capyctl.driver.v1.LaunchR\x06launch\x127\n" +
 	"\bendpoint\x18\x02 \x01(\v2\x1b.capyctl.driver.v1.EndpointR\bendpoint\x12@\n" +

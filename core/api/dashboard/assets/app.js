@@ -11,6 +11,7 @@
   const MAX_EVENTS = 200;
   const HISTORY_EVENTS = 30;
   const SAMPLE_MS = 2000;
+  const REQUEST_ROWS = 15; // the requests panel's rows
   const MAX_SAMPLES = 90;
   const LOG_KIB = 16;
 
@@ -26,6 +27,8 @@
     prevCounts: null,
     series: new Map(), // deployment -> colour index
     logSel: '',
+    hostLedgers: new Map(), // host -> its ledger view, read from the host (a server's hosts)
+    pg: { abort: null, keys: null },
   };
 
   const $ = (id) => document.getElementById(id);
@@ -164,6 +167,9 @@
     $('logout').addEventListener('click', logout);
     $('log-refresh').addEventListener('click', () => refreshLog());
     $('log-instance').addEventListener('change', (e) => { state.logSel = e.target.value; refreshLog(); });
+    $('pg-form').addEventListener('submit', playgroundSend);
+    $('pg-stop').addEventListener('click', () => { if (state.pg.abort) state.pg.abort.abort(); });
+    $('pg-key').addEventListener('change', (e) => { $('pg-key-pasted').hidden = e.target.value !== ''; });
     document.addEventListener('visibilitychange', () => { if (state.csrf) startSampling(); });
     document.addEventListener('keydown', (e) => { if (e.key === 'Escape') hideTip(); });
     try {
@@ -184,6 +190,7 @@
     const snap = await refreshSnapshot();
     followEvents(snap.cursor);
     startSampling();
+    loadKeys();
   }
 
   // ------------------------------------------------------------ snapshot
@@ -193,7 +200,26 @@
     state.snap = data;
     state.snapSeq = seqOf(data.cursor);
     render();
+    refreshHostLedgers(data);
     return data;
+  }
+
+  // refreshHostLedgers reads the ledger of each host the snapshot lists
+  // without one (a server's hosts: the server keeps their totals, each
+  // host its ledger), through the server's GET /hosts/{name}/ledger.
+  async function refreshHostLedgers(snap) {
+    const hosts = (snap.hosts || []).filter((h) => !(h.ledger && h.ledger.domains));
+    if (!hosts.length) return;
+    await Promise.all(hosts.map(async (h) => {
+      if (!h.online) { state.hostLedgers.set(h.name, { error: 'the host is out of reach' }); return; }
+      try {
+        const { data } = await api('GET', API + '/hosts/' + encodeURIComponent(h.name) + '/ledger');
+        state.hostLedgers.set(h.name, { ledger: data.ledger || {}, gpus: data.gpus || [] });
+      } catch (e) {
+        state.hostLedgers.set(h.name, { error: e.message });
+      }
+    }));
+    if (state.snap === snap) renderMemory(snap);
   }
 
   // scheduleRefresh takes a new snapshot shortly after an event, once for
@@ -307,25 +333,51 @@
     }
   }
 
+  // EVENT_HIDDEN are payload members the list does not show: the ones it
+  // shows otherwise (who, the transition) and the host's own clock.
+  const EVENT_HIDDEN = ['from', 'to', 'why', 'generation', 'instance', 'deployment', 'host', 'message', 'host_time_unix_ms'];
+  const TIMESTAMP = /^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}/;
+
+  function eventWho(ev) {
+    const p = ev.payload || {};
+    return ev.instance || p.instance || ev.deployment || p.deployment || '';
+  }
+
+  // eventValue writes a payload value for people: a time as a date and
+  // clock, a digest shortened, a list joined.
+  function eventValue(k, v) {
+    if (Array.isArray(v)) return v.every((x) => x == null || typeof x !== 'object') ? v.join(', ') : null;
+    if (v == null || typeof v === 'object') return null;
+    const t = String(v);
+    if (TIMESTAMP.test(t) && !Number.isNaN(new Date(t).getTime())) {
+      return new Date(t).toLocaleString([], { hour12: false, year: 'numeric', month: 'short', day: 'numeric', hour: '2-digit', minute: '2-digit' });
+    }
+    if (k === 'digest' || /^sha256:[0-9a-f]{16,}$/.test(t)) return t.slice(0, 19) + '…';
+    return t;
+  }
+
   function eventDetail(ev) {
     const p = ev.payload || {};
     const parts = [];
     if (p.from || p.to) parts.push((p.from || '?') + ' → ' + (p.to || '?'));
     if (p.why) parts.push(p.why);
+    if (p.message) parts.push(p.message);
     for (const [k, v] of Object.entries(p)) {
-      if (['from', 'to', 'why', 'generation'].includes(k)) continue;
-      if (v == null || typeof v === 'object') continue;
-      parts.push(k + ' ' + v);
+      if (EVENT_HIDDEN.includes(k)) continue;
+      const text = eventValue(k, v);
+      if (text == null || text === '') continue;
+      parts.push(k.replace(/_/g, ' ') + ' ' + text);
     }
+    if (p.host && eventWho(ev) !== p.host) parts.push('on ' + p.host);
     return parts.join(' · ');
   }
 
   function addEvent(ev, fresh) {
     const list = $('event-list');
-    const who = ev.instance || ev.deployment || '';
-    const li = el('li', { cls: fresh ? 'new' : '', 'data-kind': ev.kind, 'data-seq': ev.seq, 'data-instance': ev.instance || '' },
-      el('time', { datetime: ev.recorded_at, text: clock(ev.recorded_at) }),
-      el('span', { cls: 'kind', text: ev.kind }),
+    const who = eventWho(ev);
+    const li = el('li', { cls: fresh ? 'new' : '', 'data-kind': ev.kind, 'data-seq': ev.seq, 'data-instance': ev.instance || (ev.payload || {}).instance || '' },
+      el('time', { datetime: ev.recorded_at, title: ev.recorded_at, text: clock(ev.recorded_at) }),
+      el('span', { cls: 'kind', text: ev.kind.replace(/_/g, ' ') }),
       el('span', { cls: 'detail', text: (who ? who + ' ' : '') + eventDetail(ev) }));
     list.prepend(li);
     while (list.children.length > MAX_EVENTS) list.lastElementChild.remove();
@@ -349,6 +401,7 @@
     renderMemory(snap);
     renderModels(snap);
     renderLogChoices(snap);
+    renderPlaygroundModels(snap);
     if (keep) {
       const again = document.querySelector(where + a.tagName.toLowerCase() + keep);
       if (again) again.focus();
@@ -358,7 +411,10 @@
   // provenance finds where an owner's figure on a domain comes from: the
   // deployment's memory view says it per phase (and per side for startup).
   function provenance(snap, ownerID, phase, domain) {
-    const dep = (snap.deployments || []).find((d) => (d.instances || []).some((i) => i.id === ownerID));
+    // A server numbers instances across its hosts, a host's ledger its own:
+    // the owner's deployment is the part before the slash.
+    const deps = snap.deployments || [];
+    const dep = deps.find((d) => (d.instances || []).some((i) => i.id === ownerID)) || deps.find((d) => ownerID.startsWith(d.name + '/'));
     const m = dep && dep.memory;
     if (!m) return 'unknown';
     const host = domain.kind === 'system';
@@ -381,12 +437,23 @@
     const root = $('hosts');
     root.replaceChildren();
     for (const h of snap.hosts || []) {
-      const ledger = h.ledger || {};
+      // A server lists its hosts with their totals; each host's own
+      // ledger (charges per instance) is read from the host.
+      const read = h.ledger && h.ledger.domains ? null : state.hostLedgers.get(h.name);
+      const ledger = read ? (read.ledger || {}) : (h.ledger || {});
+      const host = read && read.gpus ? Object.assign({}, h, { gpus: read.gpus }) : h;
       const box = el('div', { cls: 'host', 'data-host': h.name },
         el('h3', { text: h.name + (h.online ? '' : ' (offline)') + (ledger.gpu_provider ? ' · ' + ledger.gpu_provider + ' GPU' : '') }));
       const domains = (ledger.domains || []).slice().sort((a, b) => (a.kind === 'system') - (b.kind === 'system') || a.name.localeCompare(b.name));
-      for (const d of domains) box.append(renderDomain(snap, h, ledger, d));
-      if (!domains.length) box.append(el('p', { cls: 'hint', text: 'No memory ledger on this host.' }));
+      for (const d of domains) box.append(renderDomain(snap, host, ledger, d));
+      if (!domains.length) {
+        let why = 'No memory ledger on this host.';
+        if (!(h.ledger && h.ledger.domains)) {
+          const held = h.charged_bytes != null ? ' (' + bytes(h.charged_bytes) + ' charged at its last heartbeat)' : '';
+          why = read && read.error ? 'The ledger of ' + h.name + ' cannot be read now: ' + read.error + held + '.' : 'Reading the ledger of ' + h.name + '…';
+        }
+        box.append(el('p', { cls: 'hint', text: why }));
+      }
       root.append(box);
     }
   }
@@ -586,6 +653,140 @@
     }
   }
 
+  // ------------------------------------------------------------ playground
+
+  // loadKeys lists the inference keys the playground may use by name, and
+  // offers to paste another.
+  async function loadKeys() {
+    const sel = $('pg-key');
+    let keys = [];
+    try { keys = (await api('GET', '/dashboard/playground/keys')).data.keys || []; } catch (e) { /* paste one */ }
+    state.pg.keys = keys;
+    sel.replaceChildren(...keys.map((k) => el('option', { value: k.name, title: k.description, text: k.name + ' — ' + k.description })),
+      el('option', { value: '', text: 'another key (paste it)' }));
+    $('pg-key-pasted').hidden = keys.length > 0;
+  }
+
+  function renderPlaygroundModels(snap) {
+    const sel = $('pg-model');
+    const before = sel.value;
+    const models = [];
+    for (const d of snap.deployments || []) {
+      if (d.api && d.api !== 'chat') continue;
+      for (const r of d.routes || [d.name]) models.push([r, d.state]);
+    }
+    models.sort((a, b) => a[0].localeCompare(b[0]));
+    sel.replaceChildren(...models.map(([m, st]) => el('option', { value: m, text: m + ' (' + st + ')', selected: m === before })));
+    if (!before) {
+      const ready = models.find((m) => m[1] === 'ready');
+      if (ready) sel.value = ready[0];
+    }
+  }
+
+  const METRIC_WORDS = {
+    total_ms: ['total', 'ms'], queue_ms: ['queued', 'ms'], activation_ms: ['activation (wake or start)', 'ms'],
+    engine_ms: ['engine, from forward to end', 'ms'], ttft_ms: ['time to first token', 'ms'], prefill_ms: ['prefill', 'ms'],
+    decode_tokens_per_second: ['decode rate', 'tokens/s'], input_tokens: ['input tokens', ''], output_tokens: ['output tokens', ''],
+    cached_tokens: ['cached tokens', ''],
+  };
+
+  function showMetrics(m) {
+    const table = $('pg-metrics');
+    const rows = Object.entries(m || {}).map(([k, f]) => {
+      const [word, unit] = METRIC_WORDS[k] || [k.replace(/_/g, ' '), ''];
+      const v = Number(f.value);
+      return el('tr', { 'data-metric': k },
+        el('th', { scope: 'row', text: word }),
+        el('td', { text: (Number.isInteger(v) ? String(v) : v.toFixed(1)) + (unit ? ' ' + unit : '') }),
+        el('td', { text: f.source || '' }));
+    });
+    table.tBodies[0].replaceChildren(...rows);
+    table.hidden = rows.length === 0;
+  }
+
+  // playgroundSend sends the message and shows the answer as it streams:
+  // the text, the request ID from the answer's header, progress while the
+  // model wakes, and the figures the role sends before [DONE].
+  async function playgroundSend(ev) {
+    ev.preventDefault();
+    if (state.pg.abort) state.pg.abort.abort();
+    const model = $('pg-model').value;
+    const keyName = $('pg-key').value;
+    const pasted = $('pg-key-pasted').value.trim();
+    const status = $('pg-status');
+    const out = $('pg-answer');
+    status.classList.remove('error');
+    out.textContent = '';
+    out.dataset.chunks = '0';
+    $('pg-request-id').textContent = '–';
+    showMetrics(null);
+    if (!model) { status.textContent = 'No chat model to ask.'; return; }
+    const headers = { 'X-CapyCTL-CSRF': state.csrf, 'Content-Type': 'application/json', Accept: 'text/event-stream' };
+    if (keyName) headers['X-CapyCTL-Key-Name'] = keyName;
+    else if (pasted) headers['X-CapyCTL-Key'] = pasted;
+    else { status.textContent = 'Paste an API key, or choose one.'; status.classList.add('error'); return; }
+    const ctrl = new AbortController();
+    state.pg.abort = ctrl;
+    $('pg-send').disabled = true;
+    $('pg-stop').hidden = false;
+    status.textContent = 'Asking ' + model + '…';
+    const body = { model, stream: true, stream_options: { include_usage: true }, messages: [{ role: 'user', content: $('pg-prompt').value }] };
+    try {
+      const res = await fetch('/dashboard/playground/v1/chat/completions', {
+        method: 'POST', headers, body: JSON.stringify(body), credentials: 'same-origin', cache: 'no-store', signal: ctrl.signal,
+      });
+      $('pg-request-id').textContent = res.headers.get('X-CapyCTL-Request-Id') || '–';
+      if (res.status === 401 && !keyName) throw new Error('the inference API refused the pasted key');
+      if (!res.ok) {
+        const err = await res.json().catch(() => null);
+        throw new Error(err && err.error ? err.error.code + ': ' + err.error.message : 'HTTP ' + res.status);
+      }
+      const reader = res.body.pipeThrough(new TextDecoderStream()).getReader();
+      let buf = '';
+      let done = false;
+      while (!done) {
+        const r = await reader.read();
+        if (r.done) break;
+        buf += r.value.replace(/\r\n?/g, '\n');
+        let i;
+        while ((i = buf.indexOf('\n\n')) >= 0) {
+          const frame = buf.slice(0, i);
+          buf = buf.slice(i + 2);
+          for (const line of frame.split('\n')) {
+            if (line.startsWith(': x-capyctl-metrics ')) {
+              try { showMetrics(JSON.parse(line.slice(20))); } catch (e) { /* a figure the page cannot read */ }
+            } else if (line.startsWith(': capyctl progress ')) {
+              try { const p = JSON.parse(line.slice(19)); status.textContent = model + ': ' + p.state + ' (' + Math.round(p.elapsed_ms / 100) / 10 + ' s)…'; } catch (e) { /* ignore */ }
+            } else if (line.startsWith('data: ')) {
+              const data = line.slice(6);
+              if (data === '[DONE]') { done = true; continue; }
+              let chunk;
+              try { chunk = JSON.parse(data); } catch (e) { continue; }
+              if (chunk.error) throw new Error((chunk.error.code ? chunk.error.code + ': ' : '') + chunk.error.message);
+              for (const c of chunk.choices || []) {
+                const d = c.delta || {};
+                if (d.content) {
+                  out.textContent += d.content;
+                  out.dataset.chunks = String(Number(out.dataset.chunks || 0) + 1);
+                }
+              }
+              if (out.textContent) status.textContent = model + ' is answering…';
+            }
+          }
+        }
+      }
+      status.textContent = done ? model + ' answered.' : model + ': the answer ended without [DONE].';
+      if (!done) status.classList.add('error');
+    } catch (e) {
+      status.classList.add('error');
+      status.textContent = ctrl.signal.aborted ? 'Stopped: the request was cancelled on the engine.' : 'The request failed: ' + e.message;
+    } finally {
+      if (state.pg.abort === ctrl) state.pg.abort = null;
+      $('pg-send').disabled = false;
+      $('pg-stop').hidden = true;
+    }
+  }
+
   // ------------------------------------------------------------ charts
 
   // startSampling reads the load and latency views (and the request
@@ -611,9 +812,11 @@
 
   async function sample() {
     try {
-      const [load, lat, metrics] = await Promise.all([
+      const [load, lat, metrics, reqs] = await Promise.all([
         api('GET', API + '/metrics/load'), api('GET', API + '/metrics/latency'), api('GET', '/metrics', undefined, { Accept: 'text/plain' }),
+        api('GET', API + '/requests?limit=' + REQUEST_ROWS),
       ]);
+      drawRequests(reqs.data.requests || []);
       const t = Date.now();
       const counts = parseCounters(metrics.data);
       const s = { t, dep: {} };
@@ -647,6 +850,23 @@
       while (state.samples.length > MAX_SAMPLES) state.samples.shift();
       drawCharts();
     } catch (e) { console.warn('dashboard: sampling the views failed (the next tick tries again):', e.message); }
+  }
+
+  // drawRequests lists the request log's newest records, each with the
+  // route it came to.
+  function drawRequests(list) {
+    const ms = (v) => (v == null ? '–' : v < 1000 ? v.toFixed(v < 10 ? 1 : 0) + ' ms' : (v / 1000).toFixed(1) + ' s');
+    $('request-rows').replaceChildren(...list.map((r) => el('tr', { 'data-request': r.id },
+      el('td', { title: r.received_at, text: ago(r.received_at) }),
+      el('td', { text: r.deployment || '–' }),
+      el('td', {}, el('span', { cls: 'badge route', 'data-route': r.route, text: r.route + (r.stream ? ' · stream' : '') })),
+      el('td', { text: r.outcome + (r.code && r.code !== r.outcome ? ' (' + r.code + ')' : '') }),
+      el('td', { text: r.status || '–' }),
+      el('td', { text: ms(r.total_ms) }),
+      el('td', { text: ms(r.ttfb_ms) }),
+      el('td', { text: (r.prompt_tokens ?? '–') + ' / ' + (r.completion_tokens ?? '–') }),
+      el('td', { cls: 'mono', text: r.id }),
+    )));
   }
 
   function colour(name) {

@@ -46,17 +46,22 @@
 // resets the stream and the host's router cancels the engine's work, and
 // the answer streams back chunk by chunk.
 //
-// Commands. This release carries the server's mutations (deploy, update,
-// park, wake, stop, delete) as management calls over the relay, each with
-// an Idempotency-Key the host's management API remembers for 24 h: a retry
-// replays the first answer and never starts a second engine. The Command
-// and CommandResult messages below are the shape those calls will take
-// when they move onto Connect; no server sends them yet, and a host
-// answers one through core/hostlink's Deduper. Why not yet: a deployment's
-// actions (start, stop, park) also change its desired state on the host
-// (a stopped deployment is not woken by a request), which these
-// per-instance messages do not say; the relayed call keeps the exact
-// semantics, refusals with their details, and the same guarantee.
+// Desired state. The leader sends each host its share of the cluster's
+// desired state (Desired: the engines it registers, the deployments it
+// runs), whole, when the host's link comes up and whenever the share
+// changes; the host reconciles what it runs with it through its own
+// lifecycle and ledger and answers DesiredApplied. Every Desired and
+// Command carries the raft term of the leader that sent it, and every
+// Welcome the answering server's term: a host remembers the newest term
+// it has seen and refuses a Desired or Command of an older one
+// (stale_term), so a deposed leader's late message changes nothing.
+//
+// Commands. The server's actions that are not desired state travel as
+// management calls over the relay, each with an Idempotency-Key the
+// host's management API remembers for 24 h: a retry replays the first
+// answer and never starts a second engine. The Command and CommandResult
+// messages below are the shape per-instance actions take on Connect; a
+// host answers one through core/hostlink's Deduper.
 //
 // Why the home is core/hostlink and not sdk/proto: the driver protocol is a
 // contract with third-party drivers and belongs to the SDK; the host link is
@@ -99,6 +104,7 @@ type HostMessage struct {
 	//	*HostMessage_Journal
 	//	*HostMessage_Event
 	//	*HostMessage_Result
+	//	*HostMessage_Applied
 	Body          isHostMessage_Body `protobuf_oneof:"body"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -193,6 +199,15 @@ func (x *HostMessage) GetResult() *CommandResult {
 	return nil
 }
 
+func (x *HostMessage) GetApplied() *DesiredApplied {
+	if x != nil {
+		if x, ok := x.Body.(*HostMessage_Applied); ok {
+			return x.Applied
+		}
+	}
+	return nil
+}
+
 type isHostMessage_Body interface {
 	isHostMessage_Body()
 }
@@ -217,6 +232,10 @@ type HostMessage_Result struct {
 	Result *CommandResult `protobuf:"bytes,6,opt,name=result,proto3,oneof"`
 }
 
+type HostMessage_Applied struct {
+	Applied *DesiredApplied `protobuf:"bytes,7,opt,name=applied,proto3,oneof"`
+}
+
 func (*HostMessage_Hello) isHostMessage_Body() {}
 
 func (*HostMessage_Heartbeat) isHostMessage_Body() {}
@@ -226,6 +245,8 @@ func (*HostMessage_Journal) isHostMessage_Body() {}
 func (*HostMessage_Event) isHostMessage_Body() {}
 
 func (*HostMessage_Result) isHostMessage_Body() {}
+
+func (*HostMessage_Applied) isHostMessage_Body() {}
 
 // Hello is the first message on every Connect.
 type Hello struct {
@@ -724,7 +745,18 @@ type InstanceJournal struct {
 	// residency is the parked tier ("deep", "host_backed") while parked.
 	Residency string `protobuf:"bytes,9,opt,name=residency,proto3" json:"residency,omitempty"`
 	// charges is the instance's charge per ledger domain, in bytes.
-	Charges       map[string]int64 `protobuf:"bytes,10,rep,name=charges,proto3" json:"charges,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	Charges map[string]int64 `protobuf:"bytes,10,rep,name=charges,proto3" json:"charges,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	// revision is the deployment's revision the instance runs.
+	Revision uint64 `protobuf:"varint,11,opt,name=revision,proto3" json:"revision,omitempty"`
+	// phase is the ledger phase a start holds once the host's ledger
+	// admitted it ("startup"), empty before and when not starting.
+	Phase string `protobuf:"bytes,12,opt,name=phase,proto3" json:"phase,omitempty"`
+	// error_code and error_message are the instance's last error (a start
+	// refused by the ledger, a launch that failed), empty when none.
+	ErrorCode    string `protobuf:"bytes,13,opt,name=error_code,json=errorCode,proto3" json:"error_code,omitempty"`
+	ErrorMessage string `protobuf:"bytes,14,opt,name=error_message,json=errorMessage,proto3" json:"error_message,omitempty"`
+	// error_unix_ms is when that error was recorded (host clock).
+	ErrorUnixMs   int64 `protobuf:"varint,15,opt,name=error_unix_ms,json=errorUnixMs,proto3" json:"error_unix_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -827,6 +859,41 @@ func (x *InstanceJournal) GetCharges() map[string]int64 {
 		return x.Charges
 	}
 	return nil
+}
+
+func (x *InstanceJournal) GetRevision() uint64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
+func (x *InstanceJournal) GetPhase() string {
+	if x != nil {
+		return x.Phase
+	}
+	return ""
+}
+
+func (x *InstanceJournal) GetErrorCode() string {
+	if x != nil {
+		return x.ErrorCode
+	}
+	return ""
+}
+
+func (x *InstanceJournal) GetErrorMessage() string {
+	if x != nil {
+		return x.ErrorMessage
+	}
+	return ""
+}
+
+func (x *InstanceJournal) GetErrorUnixMs() int64 {
+	if x != nil {
+		return x.ErrorUnixMs
+	}
+	return 0
 }
 
 // Event is a notable thing on the host worth the server's event log
@@ -999,6 +1066,7 @@ type ServerMessage struct {
 	//	*ServerMessage_Command
 	//	*ServerMessage_Ack
 	//	*ServerMessage_Servers
+	//	*ServerMessage_Desired
 	Body          isServerMessage_Body `protobuf_oneof:"body"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1077,6 +1145,15 @@ func (x *ServerMessage) GetServers() *ClusterServers {
 	return nil
 }
 
+func (x *ServerMessage) GetDesired() *Desired {
+	if x != nil {
+		if x, ok := x.Body.(*ServerMessage_Desired); ok {
+			return x.Desired
+		}
+	}
+	return nil
+}
+
 type isServerMessage_Body interface {
 	isServerMessage_Body()
 }
@@ -1097,6 +1174,10 @@ type ServerMessage_Servers struct {
 	Servers *ClusterServers `protobuf:"bytes,4,opt,name=servers,proto3,oneof"`
 }
 
+type ServerMessage_Desired struct {
+	Desired *Desired `protobuf:"bytes,5,opt,name=desired,proto3,oneof"`
+}
+
 func (*ServerMessage_Welcome) isServerMessage_Body() {}
 
 func (*ServerMessage_Command) isServerMessage_Body() {}
@@ -1104,6 +1185,8 @@ func (*ServerMessage_Command) isServerMessage_Body() {}
 func (*ServerMessage_Ack) isServerMessage_Body() {}
 
 func (*ServerMessage_Servers) isServerMessage_Body() {}
+
+func (*ServerMessage_Desired) isServerMessage_Body() {}
 
 // Welcome answers Hello.
 type Welcome struct {
@@ -1123,7 +1206,10 @@ type Welcome struct {
 	Protocol uint32 `protobuf:"varint,6,opt,name=protocol,proto3" json:"protocol,omitempty"`
 	// cluster is the cluster of servers this server is a member of: the
 	// host keeps a link and a relay to each one (empty: a server alone).
-	Cluster       *ClusterServers `protobuf:"bytes,7,opt,name=cluster,proto3" json:"cluster,omitempty"`
+	Cluster *ClusterServers `protobuf:"bytes,7,opt,name=cluster,proto3" json:"cluster,omitempty"`
+	// term is the server's raft term: the host remembers the newest term
+	// it has seen and refuses a Desired or a Command of an older one.
+	Term          uint64 `protobuf:"varint,8,opt,name=term,proto3" json:"term,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1205,6 +1291,13 @@ func (x *Welcome) GetCluster() *ClusterServers {
 		return x.Cluster
 	}
 	return nil
+}
+
+func (x *Welcome) GetTerm() uint64 {
+	if x != nil {
+		return x.Term
+	}
+	return 0
 }
 
 // ClusterServers names the servers of a cluster (raft's configuration):
@@ -1330,7 +1423,10 @@ type Command struct {
 	//	*Command_Wake
 	//	*Command_Stop
 	//	*Command_Abort
-	Action        isCommand_Action `protobuf_oneof:"action"`
+	Action isCommand_Action `protobuf_oneof:"action"`
+	// term is the raft term of the leader that decided the command: a host
+	// refuses one older than the newest term it has seen (stale_term).
+	Term          uint64 `protobuf:"varint,7,opt,name=term,proto3" json:"term,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1424,6 +1520,13 @@ func (x *Command) GetAbort() *AbortRequest {
 	return nil
 }
 
+func (x *Command) GetTerm() uint64 {
+	if x != nil {
+		return x.Term
+	}
+	return 0
+}
+
 type isCommand_Action interface {
 	isCommand_Action()
 }
@@ -1458,6 +1561,382 @@ func (*Command_Stop) isCommand_Action() {}
 
 func (*Command_Abort) isCommand_Action() {}
 
+// Desired is the host's share of the cluster's desired state, whole: the
+// engines it registers and the deployments it runs, as the leader last
+// committed them. The leader sends it when the host's link comes up and
+// again whenever the share changes; the host reconciles what it runs with
+// it (its own lifecycle and ledger decide how) and answers
+// DesiredApplied. Only the leader sends it.
+type Desired struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// term is the raft term of the leader that sends it: a host refuses a
+	// Desired older than the newest term it has seen (stale_term), so a
+	// deposed leader's late message changes nothing.
+	Term uint64 `protobuf:"varint,1,opt,name=term,proto3" json:"term,omitempty"`
+	// index is the replicated state's index the share was read at; within
+	// a term a host applies only a newer one.
+	Index         uint64               `protobuf:"varint,2,opt,name=index,proto3" json:"index,omitempty"`
+	Engines       []*DesiredEngine     `protobuf:"bytes,3,rep,name=engines,proto3" json:"engines,omitempty"`
+	Deployments   []*DesiredDeployment `protobuf:"bytes,4,rep,name=deployments,proto3" json:"deployments,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Desired) Reset() {
+	*x = Desired{}
+	mi := &file_core_hostlink_proto_hostv1_host_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Desired) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Desired) ProtoMessage() {}
+
+func (x *Desired) ProtoReflect() protoreflect.Message {
+	mi := &file_core_hostlink_proto_hostv1_host_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Desired.ProtoReflect.Descriptor instead.
+func (*Desired) Descriptor() ([]byte, []int) {
+	return file_core_hostlink_proto_hostv1_host_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *Desired) GetTerm() uint64 {
+	if x != nil {
+		return x.Term
+	}
+	return 0
+}
+
+func (x *Desired) GetIndex() uint64 {
+	if x != nil {
+		return x.Index
+	}
+	return 0
+}
+
+func (x *Desired) GetEngines() []*DesiredEngine {
+	if x != nil {
+		return x.Engines
+	}
+	return nil
+}
+
+func (x *Desired) GetDeployments() []*DesiredDeployment {
+	if x != nil {
+		return x.Deployments
+	}
+	return nil
+}
+
+// DesiredEngine is one engine registration every host makes.
+type DesiredEngine struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// request_json is the registration as the operator asked it (the
+	// management API's POST /engines body).
+	RequestJson   []byte `protobuf:"bytes,2,opt,name=request_json,json=requestJson,proto3" json:"request_json,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DesiredEngine) Reset() {
+	*x = DesiredEngine{}
+	mi := &file_core_hostlink_proto_hostv1_host_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DesiredEngine) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DesiredEngine) ProtoMessage() {}
+
+func (x *DesiredEngine) ProtoReflect() protoreflect.Message {
+	mi := &file_core_hostlink_proto_hostv1_host_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DesiredEngine.ProtoReflect.Descriptor instead.
+func (*DesiredEngine) Descriptor() ([]byte, []int) {
+	return file_core_hostlink_proto_hostv1_host_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *DesiredEngine) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *DesiredEngine) GetRequestJson() []byte {
+	if x != nil {
+		return x.RequestJson
+	}
+	return nil
+}
+
+// DesiredDeployment is one deployment the host runs a share of.
+type DesiredDeployment struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// revision is the cluster's revision of the deployment.
+	Revision uint64 `protobuf:"varint,2,opt,name=revision,proto3" json:"revision,omitempty"`
+	// spec_json is the deployment's job spec (the JSON form) as this host
+	// runs it: its instances this host's share, a group member's facts in
+	// its group field.
+	SpecJson []byte `protobuf:"bytes,3,opt,name=spec_json,json=specJson,proto3" json:"spec_json,omitempty"`
+	// desired is "running", "on_demand" or "stopped".
+	Desired       string `protobuf:"bytes,4,opt,name=desired,proto3" json:"desired,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DesiredDeployment) Reset() {
+	*x = DesiredDeployment{}
+	mi := &file_core_hostlink_proto_hostv1_host_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DesiredDeployment) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DesiredDeployment) ProtoMessage() {}
+
+func (x *DesiredDeployment) ProtoReflect() protoreflect.Message {
+	mi := &file_core_hostlink_proto_hostv1_host_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DesiredDeployment.ProtoReflect.Descriptor instead.
+func (*DesiredDeployment) Descriptor() ([]byte, []int) {
+	return file_core_hostlink_proto_hostv1_host_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *DesiredDeployment) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *DesiredDeployment) GetRevision() uint64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
+func (x *DesiredDeployment) GetSpecJson() []byte {
+	if x != nil {
+		return x.SpecJson
+	}
+	return nil
+}
+
+func (x *DesiredDeployment) GetDesired() string {
+	if x != nil {
+		return x.Desired
+	}
+	return ""
+}
+
+// DesiredApplied answers one Desired: what the host could not do, each
+// with a catalogue code. A Desired refused whole (an older term) answers
+// code stale_term.
+type DesiredApplied struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Term          uint64                 `protobuf:"varint,1,opt,name=term,proto3" json:"term,omitempty"`
+	Index         uint64                 `protobuf:"varint,2,opt,name=index,proto3" json:"index,omitempty"`
+	Code          string                 `protobuf:"bytes,3,opt,name=code,proto3" json:"code,omitempty"`
+	Message       string                 `protobuf:"bytes,4,opt,name=message,proto3" json:"message,omitempty"`
+	Results       []*DesiredResult       `protobuf:"bytes,5,rep,name=results,proto3" json:"results,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DesiredApplied) Reset() {
+	*x = DesiredApplied{}
+	mi := &file_core_hostlink_proto_hostv1_host_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DesiredApplied) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DesiredApplied) ProtoMessage() {}
+
+func (x *DesiredApplied) ProtoReflect() protoreflect.Message {
+	mi := &file_core_hostlink_proto_hostv1_host_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DesiredApplied.ProtoReflect.Descriptor instead.
+func (*DesiredApplied) Descriptor() ([]byte, []int) {
+	return file_core_hostlink_proto_hostv1_host_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *DesiredApplied) GetTerm() uint64 {
+	if x != nil {
+		return x.Term
+	}
+	return 0
+}
+
+func (x *DesiredApplied) GetIndex() uint64 {
+	if x != nil {
+		return x.Index
+	}
+	return 0
+}
+
+func (x *DesiredApplied) GetCode() string {
+	if x != nil {
+		return x.Code
+	}
+	return ""
+}
+
+func (x *DesiredApplied) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+func (x *DesiredApplied) GetResults() []*DesiredResult {
+	if x != nil {
+		return x.Results
+	}
+	return nil
+}
+
+// DesiredResult is the outcome of one engine or deployment of a Desired.
+type DesiredResult struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// kind is "engine" or "deployment".
+	Kind string `protobuf:"bytes,1,opt,name=kind,proto3" json:"kind,omitempty"`
+	Name string `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	// code is empty when done, else a catalogue code.
+	Code    string `protobuf:"bytes,3,opt,name=code,proto3" json:"code,omitempty"`
+	Message string `protobuf:"bytes,4,opt,name=message,proto3" json:"message,omitempty"`
+	// head_address and rendezvous_port are a group head's rendezvous, as
+	// its host picked them.
+	HeadAddress    string `protobuf:"bytes,5,opt,name=head_address,json=headAddress,proto3" json:"head_address,omitempty"`
+	RendezvousPort int32  `protobuf:"varint,6,opt,name=rendezvous_port,json=rendezvousPort,proto3" json:"rendezvous_port,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *DesiredResult) Reset() {
+	*x = DesiredResult{}
+	mi := &file_core_hostlink_proto_hostv1_host_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DesiredResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DesiredResult) ProtoMessage() {}
+
+func (x *DesiredResult) ProtoReflect() protoreflect.Message {
+	mi := &file_core_hostlink_proto_hostv1_host_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DesiredResult.ProtoReflect.Descriptor instead.
+func (*DesiredResult) Descriptor() ([]byte, []int) {
+	return file_core_hostlink_proto_hostv1_host_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *DesiredResult) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *DesiredResult) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *DesiredResult) GetCode() string {
+	if x != nil {
+		return x.Code
+	}
+	return ""
+}
+
+func (x *DesiredResult) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+func (x *DesiredResult) GetHeadAddress() string {
+	if x != nil {
+		return x.HeadAddress
+	}
+	return ""
+}
+
+func (x *DesiredResult) GetRendezvousPort() int32 {
+	if x != nil {
+		return x.RendezvousPort
+	}
+	return 0
+}
+
 // StartInstance starts an engine for a deployment on cards the server
 // placed it on. The host plans the launch with its driver (port, argv) and
 // admits it in its own ledger before it starts anything.
@@ -1482,7 +1961,7 @@ type StartInstance struct {
 
 func (x *StartInstance) Reset() {
 	*x = StartInstance{}
-	mi := &file_core_hostlink_proto_hostv1_host_proto_msgTypes[15]
+	mi := &file_core_hostlink_proto_hostv1_host_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1494,7 +1973,7 @@ func (x *StartInstance) String() string {
 func (*StartInstance) ProtoMessage() {}
 
 func (x *StartInstance) ProtoReflect() protoreflect.Message {
-	mi := &file_core_hostlink_proto_hostv1_host_proto_msgTypes[15]
+	mi := &file_core_hostlink_proto_hostv1_host_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1507,7 +1986,7 @@ func (x *StartInstance) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartInstance.ProtoReflect.Descriptor instead.
 func (*StartInstance) Descriptor() ([]byte, []int) {
-	return file_core_hostlink_proto_hostv1_host_proto_rawDescGZIP(), []int{15}
+	return file_core_hostlink_proto_hostv1_host_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *StartInstance) GetInstanceId() string {
@@ -1572,7 +2051,7 @@ type ParkInstance struct {
 
 func (x *ParkInstance) Reset() {
 	*x = ParkInstance{}
-	mi := &file_core_hostlink_proto_hostv1_host_proto_msgTypes[16]
+	mi := &file_core_hostlink_proto_hostv1_host_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1584,7 +2063,7 @@ func (x *ParkInstance) String() string {
 func (*ParkInstance) ProtoMessage() {}
 
 func (x *ParkInstance) ProtoReflect() protoreflect.Message {
-	mi := &file_core_hostlink_proto_hostv1_host_proto_msgTypes[16]
+	mi := &file_core_hostlink_proto_hostv1_host_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1597,7 +2076,7 @@ func (x *ParkInstance) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ParkInstance.ProtoReflect.Descriptor instead.
 func (*ParkInstance) Descriptor() ([]byte, []int) {
-	return file_core_hostlink_proto_hostv1_host_proto_rawDescGZIP(), []int{16}
+	return file_core_hostlink_proto_hostv1_host_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ParkInstance) GetInstanceId() string {
@@ -1632,7 +2111,7 @@ type WakeInstance struct {
 
 func (x *WakeInstance) Reset() {
 	*x = WakeInstance{}
-	mi := &file_core_hostlink_proto_hostv1_host_proto_msgTypes[17]
+	mi := &file_core_hostlink_proto_hostv1_host_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1644,7 +2123,7 @@ func (x *WakeInstance) String() string {
 func (*WakeInstance) ProtoMessage() {}
 
 func (x *WakeInstance) ProtoReflect() protoreflect.Message {
-	mi := &file_core_hostlink_proto_hostv1_host_proto_msgTypes[17]
+	mi := &file_core_hostlink_proto_hostv1_host_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1657,7 +2136,7 @@ func (x *WakeInstance) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WakeInstance.ProtoReflect.Descriptor instead.
 func (*WakeInstance) Descriptor() ([]byte, []int) {
-	return file_core_hostlink_proto_hostv1_host_proto_rawDescGZIP(), []int{17}
+	return file_core_hostlink_proto_hostv1_host_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *WakeInstance) GetInstanceId() string {
@@ -1690,7 +2169,7 @@ type StopInstance struct {
 
 func (x *StopInstance) Reset() {
 	*x = StopInstance{}
-	mi := &file_core_hostlink_proto_hostv1_host_proto_msgTypes[18]
+	mi := &file_core_hostlink_proto_hostv1_host_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1702,7 +2181,7 @@ func (x *StopInstance) String() string {
 func (*StopInstance) ProtoMessage() {}
 
 func (x *StopInstance) ProtoReflect() protoreflect.Message {
-	mi := &file_core_hostlink_proto_hostv1_host_proto_msgTypes[18]
+	mi := &file_core_hostlink_proto_hostv1_host_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1715,7 +2194,7 @@ func (x *StopInstance) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StopInstance.ProtoReflect.Descriptor instead.
 func (*StopInstance) Descriptor() ([]byte, []int) {
-	return file_core_hostlink_proto_hostv1_host_proto_rawDescGZIP(), []int{18}
+	return file_core_hostlink_proto_hostv1_host_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *StopInstance) GetInstanceId() string {
@@ -1757,7 +2236,7 @@ type AbortRequest struct {
 
 func (x *AbortRequest) Reset() {
 	*x = AbortRequest{}
-	mi := &file_core_hostlink_proto_hostv1_host_proto_msgTypes[19]
+	mi := &file_core_hostlink_proto_hostv1_host_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1769,7 +2248,7 @@ func (x *AbortRequest) String() string {
 func (*AbortRequest) ProtoMessage() {}
 
 func (x *AbortRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_core_hostlink_proto_hostv1_host_proto_msgTypes[19]
+	mi := &file_core_hostlink_proto_hostv1_host_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1782,7 +2261,7 @@ func (x *AbortRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AbortRequest.ProtoReflect.Descriptor instead.
 func (*AbortRequest) Descriptor() ([]byte, []int) {
-	return file_core_hostlink_proto_hostv1_host_proto_rawDescGZIP(), []int{19}
+	return file_core_hostlink_proto_hostv1_host_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *AbortRequest) GetInstanceId() string {
@@ -1810,7 +2289,7 @@ type Ack struct {
 
 func (x *Ack) Reset() {
 	*x = Ack{}
-	mi := &file_core_hostlink_proto_hostv1_host_proto_msgTypes[20]
+	mi := &file_core_hostlink_proto_hostv1_host_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1822,7 +2301,7 @@ func (x *Ack) String() string {
 func (*Ack) ProtoMessage() {}
 
 func (x *Ack) ProtoReflect() protoreflect.Message {
-	mi := &file_core_hostlink_proto_hostv1_host_proto_msgTypes[20]
+	mi := &file_core_hostlink_proto_hostv1_host_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1835,7 +2314,7 @@ func (x *Ack) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Ack.ProtoReflect.Descriptor instead.
 func (*Ack) Descriptor() ([]byte, []int) {
-	return file_core_hostlink_proto_hostv1_host_proto_rawDescGZIP(), []int{20}
+	return file_core_hostlink_proto_hostv1_host_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *Ack) GetSeq() uint64 {
@@ -1849,14 +2328,15 @@ var File_core_hostlink_proto_hostv1_host_proto protoreflect.FileDescriptor
 
 const file_core_hostlink_proto_hostv1_host_proto_rawDesc = "" +
 	"\n" +
-	"%core/hostlink/proto/hostv1/host.proto\x12\x0fcapyctl.host.v1\"\xbb\x02\n" +
+	"%core/hostlink/proto/hostv1/host.proto\x12\x0fcapyctl.host.v1\"\xf8\x02\n" +
 	"\vHostMessage\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12.\n" +
 	"\x05hello\x18\x02 \x01(\v2\x16.capyctl.host.v1.HelloH\x00R\x05hello\x12:\n" +
 	"\theartbeat\x18\x03 \x01(\v2\x1a.capyctl.host.v1.HeartbeatH\x00R\theartbeat\x12<\n" +
 	"\ajournal\x18\x04 \x01(\v2 .capyctl.host.v1.InstanceJournalH\x00R\ajournal\x12.\n" +
 	"\x05event\x18\x05 \x01(\v2\x16.capyctl.host.v1.EventH\x00R\x05event\x128\n" +
-	"\x06result\x18\x06 \x01(\v2\x1e.capyctl.host.v1.CommandResultH\x00R\x06resultB\x06\n" +
+	"\x06result\x18\x06 \x01(\v2\x1e.capyctl.host.v1.CommandResultH\x00R\x06result\x12;\n" +
+	"\aapplied\x18\a \x01(\v2\x1f.capyctl.host.v1.DesiredAppliedH\x00R\aappliedB\x06\n" +
 	"\x04body\"\xd4\x01\n" +
 	"\x05Hello\x12\x1b\n" +
 	"\thost_name\x18\x01 \x01(\tR\bhostName\x12\x18\n" +
@@ -1894,7 +2374,7 @@ const file_core_hostlink_proto_hostv1_host_proto_rawDesc = "" +
 	"\x0eexternal_bytes\x18\x05 \x01(\x03R\rexternalBytes\x12#\n" +
 	"\rcharged_bytes\x18\x06 \x01(\x03R\fchargedBytes\x12\x1d\n" +
 	"\n" +
-	"room_bytes\x18\a \x01(\x03R\troomBytes\"\x97\x03\n" +
+	"room_bytes\x18\a \x01(\x03R\troomBytes\"\xb1\x04\n" +
 	"\x0fInstanceJournal\x12\x1f\n" +
 	"\vinstance_id\x18\x01 \x01(\tR\n" +
 	"instanceId\x12\x1e\n" +
@@ -1911,7 +2391,13 @@ const file_core_hostlink_proto_hostv1_host_proto_rawDesc = "" +
 	"\bendpoint\x18\b \x01(\tR\bendpoint\x12\x1c\n" +
 	"\tresidency\x18\t \x01(\tR\tresidency\x12G\n" +
 	"\acharges\x18\n" +
-	" \x03(\v2-.capyctl.host.v1.InstanceJournal.ChargesEntryR\acharges\x1a:\n" +
+	" \x03(\v2-.capyctl.host.v1.InstanceJournal.ChargesEntryR\acharges\x12\x1a\n" +
+	"\brevision\x18\v \x01(\x04R\brevision\x12\x14\n" +
+	"\x05phase\x18\f \x01(\tR\x05phase\x12\x1d\n" +
+	"\n" +
+	"error_code\x18\r \x01(\tR\terrorCode\x12#\n" +
+	"\rerror_message\x18\x0e \x01(\tR\ferrorMessage\x12\"\n" +
+	"\rerror_unix_ms\x18\x0f \x01(\x03R\verrorUnixMs\x1a:\n" +
 	"\fChargesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\"\xff\x01\n" +
@@ -1934,13 +2420,14 @@ const file_core_hostlink_proto_hostv1_host_proto_rawDesc = "" +
 	"\x02ok\x18\x02 \x01(\bR\x02ok\x12\x12\n" +
 	"\x04code\x18\x03 \x01(\tR\x04code\x12\x18\n" +
 	"\amessage\x18\x04 \x01(\tR\amessage\x12\x1a\n" +
-	"\breplayed\x18\x05 \x01(\bR\breplayed\"\xea\x01\n" +
+	"\breplayed\x18\x05 \x01(\bR\breplayed\"\xa0\x02\n" +
 	"\rServerMessage\x124\n" +
 	"\awelcome\x18\x01 \x01(\v2\x18.capyctl.host.v1.WelcomeH\x00R\awelcome\x124\n" +
 	"\acommand\x18\x02 \x01(\v2\x18.capyctl.host.v1.CommandH\x00R\acommand\x12(\n" +
 	"\x03ack\x18\x03 \x01(\v2\x14.capyctl.host.v1.AckH\x00R\x03ack\x12;\n" +
-	"\aservers\x18\x04 \x01(\v2\x1f.capyctl.host.v1.ClusterServersH\x00R\aserversB\x06\n" +
-	"\x04body\"\x8d\x02\n" +
+	"\aservers\x18\x04 \x01(\v2\x1f.capyctl.host.v1.ClusterServersH\x00R\aservers\x124\n" +
+	"\adesired\x18\x05 \x01(\v2\x18.capyctl.host.v1.DesiredH\x00R\adesiredB\x06\n" +
+	"\x04body\"\xa1\x02\n" +
 	"\aWelcome\x12\x1a\n" +
 	"\baccepted\x18\x01 \x01(\bR\baccepted\x12\x12\n" +
 	"\x04code\x18\x02 \x01(\tR\x04code\x12\x18\n" +
@@ -1948,13 +2435,14 @@ const file_core_hostlink_proto_hostv1_host_proto_rawDesc = "" +
 	"\x13server_time_unix_ms\x18\x04 \x01(\x03R\x10serverTimeUnixMs\x122\n" +
 	"\x15heartbeat_interval_ms\x18\x05 \x01(\x03R\x13heartbeatIntervalMs\x12\x1a\n" +
 	"\bprotocol\x18\x06 \x01(\rR\bprotocol\x129\n" +
-	"\acluster\x18\a \x01(\v2\x1f.capyctl.host.v1.ClusterServersR\acluster\"^\n" +
+	"\acluster\x18\a \x01(\v2\x1f.capyctl.host.v1.ClusterServersR\acluster\x12\x12\n" +
+	"\x04term\x18\b \x01(\x04R\x04term\"^\n" +
 	"\x0eClusterServers\x12\x12\n" +
 	"\x04self\x18\x01 \x01(\tR\x04self\x128\n" +
 	"\aservers\x18\x02 \x03(\v2\x1e.capyctl.host.v1.ClusterServerR\aservers\"=\n" +
 	"\rClusterServer\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
-	"\aaddress\x18\x02 \x01(\tR\aaddress\"\xc0\x02\n" +
+	"\aaddress\x18\x02 \x01(\tR\aaddress\"\xd4\x02\n" +
 	"\aCommand\x12\x1d\n" +
 	"\n" +
 	"command_id\x18\x01 \x01(\tR\tcommandId\x126\n" +
@@ -1962,8 +2450,35 @@ const file_core_hostlink_proto_hostv1_host_proto_rawDesc = "" +
 	"\x04park\x18\x03 \x01(\v2\x1d.capyctl.host.v1.ParkInstanceH\x00R\x04park\x123\n" +
 	"\x04wake\x18\x04 \x01(\v2\x1d.capyctl.host.v1.WakeInstanceH\x00R\x04wake\x123\n" +
 	"\x04stop\x18\x05 \x01(\v2\x1d.capyctl.host.v1.StopInstanceH\x00R\x04stop\x125\n" +
-	"\x05abort\x18\x06 \x01(\v2\x1d.capyctl.host.v1.AbortRequestH\x00R\x05abortB\b\n" +
-	"\x06action\"\xc7\x02\n" +
+	"\x05abort\x18\x06 \x01(\v2\x1d.capyctl.host.v1.AbortRequestH\x00R\x05abort\x12\x12\n" +
+	"\x04term\x18\a \x01(\x04R\x04termB\b\n" +
+	"\x06action\"\xb3\x01\n" +
+	"\aDesired\x12\x12\n" +
+	"\x04term\x18\x01 \x01(\x04R\x04term\x12\x14\n" +
+	"\x05index\x18\x02 \x01(\x04R\x05index\x128\n" +
+	"\aengines\x18\x03 \x03(\v2\x1e.capyctl.host.v1.DesiredEngineR\aengines\x12D\n" +
+	"\vdeployments\x18\x04 \x03(\v2\".capyctl.host.v1.DesiredDeploymentR\vdeployments\"F\n" +
+	"\rDesiredEngine\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12!\n" +
+	"\frequest_json\x18\x02 \x01(\fR\vrequestJson\"z\n" +
+	"\x11DesiredDeployment\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1a\n" +
+	"\brevision\x18\x02 \x01(\x04R\brevision\x12\x1b\n" +
+	"\tspec_json\x18\x03 \x01(\fR\bspecJson\x12\x18\n" +
+	"\adesired\x18\x04 \x01(\tR\adesired\"\xa2\x01\n" +
+	"\x0eDesiredApplied\x12\x12\n" +
+	"\x04term\x18\x01 \x01(\x04R\x04term\x12\x14\n" +
+	"\x05index\x18\x02 \x01(\x04R\x05index\x12\x12\n" +
+	"\x04code\x18\x03 \x01(\tR\x04code\x12\x18\n" +
+	"\amessage\x18\x04 \x01(\tR\amessage\x128\n" +
+	"\aresults\x18\x05 \x03(\v2\x1e.capyctl.host.v1.DesiredResultR\aresults\"\xb1\x01\n" +
+	"\rDesiredResult\x12\x12\n" +
+	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\x12\x12\n" +
+	"\x04code\x18\x03 \x01(\tR\x04code\x12\x18\n" +
+	"\amessage\x18\x04 \x01(\tR\amessage\x12!\n" +
+	"\fhead_address\x18\x05 \x01(\tR\vheadAddress\x12'\n" +
+	"\x0frendezvous_port\x18\x06 \x01(\x05R\x0erendezvousPort\"\xc7\x02\n" +
 	"\rStartInstance\x12\x1f\n" +
 	"\vinstance_id\x18\x01 \x01(\tR\n" +
 	"instanceId\x12\x1e\n" +
@@ -2024,32 +2539,37 @@ func file_core_hostlink_proto_hostv1_host_proto_rawDescGZIP() []byte {
 	return file_core_hostlink_proto_hostv1_host_proto_rawDescData
 }
 
-var file_core_hostlink_proto_hostv1_host_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
+var file_core_hostlink_proto_hostv1_host_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
 var file_core_hostlink_proto_hostv1_host_proto_goTypes = []any{
-	(*HostMessage)(nil),     // 0: capyctl.host.v1.HostMessage
-	(*Hello)(nil),           // 1: capyctl.host.v1.Hello
-	(*Inventory)(nil),       // 2: capyctl.host.v1.Inventory
-	(*Card)(nil),            // 3: capyctl.host.v1.Card
-	(*Engine)(nil),          // 4: capyctl.host.v1.Engine
-	(*Heartbeat)(nil),       // 5: capyctl.host.v1.Heartbeat
-	(*LedgerReading)(nil),   // 6: capyctl.host.v1.LedgerReading
-	(*InstanceJournal)(nil), // 7: capyctl.host.v1.InstanceJournal
-	(*Event)(nil),           // 8: capyctl.host.v1.Event
-	(*CommandResult)(nil),   // 9: capyctl.host.v1.CommandResult
-	(*ServerMessage)(nil),   // 10: capyctl.host.v1.ServerMessage
-	(*Welcome)(nil),         // 11: capyctl.host.v1.Welcome
-	(*ClusterServers)(nil),  // 12: capyctl.host.v1.ClusterServers
-	(*ClusterServer)(nil),   // 13: capyctl.host.v1.ClusterServer
-	(*Command)(nil),         // 14: capyctl.host.v1.Command
-	(*StartInstance)(nil),   // 15: capyctl.host.v1.StartInstance
-	(*ParkInstance)(nil),    // 16: capyctl.host.v1.ParkInstance
-	(*WakeInstance)(nil),    // 17: capyctl.host.v1.WakeInstance
-	(*StopInstance)(nil),    // 18: capyctl.host.v1.StopInstance
-	(*AbortRequest)(nil),    // 19: capyctl.host.v1.AbortRequest
-	(*Ack)(nil),             // 20: capyctl.host.v1.Ack
-	nil,                     // 21: capyctl.host.v1.InstanceJournal.ChargesEntry
-	nil,                     // 22: capyctl.host.v1.Event.AttributesEntry
-	nil,                     // 23: capyctl.host.v1.StartInstance.ChargesEntry
+	(*HostMessage)(nil),       // 0: capyctl.host.v1.HostMessage
+	(*Hello)(nil),             // 1: capyctl.host.v1.Hello
+	(*Inventory)(nil),         // 2: capyctl.host.v1.Inventory
+	(*Card)(nil),              // 3: capyctl.host.v1.Card
+	(*Engine)(nil),            // 4: capyctl.host.v1.Engine
+	(*Heartbeat)(nil),         // 5: capyctl.host.v1.Heartbeat
+	(*LedgerReading)(nil),     // 6: capyctl.host.v1.LedgerReading
+	(*InstanceJournal)(nil),   // 7: capyctl.host.v1.InstanceJournal
+	(*Event)(nil),             // 8: capyctl.host.v1.Event
+	(*CommandResult)(nil),     // 9: capyctl.host.v1.CommandResult
+	(*ServerMessage)(nil),     // 10: capyctl.host.v1.ServerMessage
+	(*Welcome)(nil),           // 11: capyctl.host.v1.Welcome
+	(*ClusterServers)(nil),    // 12: capyctl.host.v1.ClusterServers
+	(*ClusterServer)(nil),     // 13: capyctl.host.v1.ClusterServer
+	(*Command)(nil),           // 14: capyctl.host.v1.Command
+	(*Desired)(nil),           // 15: capyctl.host.v1.Desired
+	(*DesiredEngine)(nil),     // 16: capyctl.host.v1.DesiredEngine
+	(*DesiredDeployment)(nil), // 17: capyctl.host.v1.DesiredDeployment
+	(*DesiredApplied)(nil),    // 18: capyctl.host.v1.DesiredApplied
+	(*DesiredResult)(nil),     // 19: capyctl.host.v1.DesiredResult
+	(*StartInstance)(nil),     // 20: capyctl.host.v1.StartInstance
+	(*ParkInstance)(nil),      // 21: capyctl.host.v1.ParkInstance
+	(*WakeInstance)(nil),      // 22: capyctl.host.v1.WakeInstance
+	(*StopInstance)(nil),      // 23: capyctl.host.v1.StopInstance
+	(*AbortRequest)(nil),      // 24: capyctl.host.v1.AbortRequest
+	(*Ack)(nil),               // 25: capyctl.host.v1.Ack
+	nil,                       // 26: capyctl.host.v1.InstanceJournal.ChargesEntry
+	nil,                       // 27: capyctl.host.v1.Event.AttributesEntry
+	nil,                       // 28: capyctl.host.v1.StartInstance.ChargesEntry
 }
 var file_core_hostlink_proto_hostv1_host_proto_depIdxs = []int32{
 	1,  // 0: capyctl.host.v1.HostMessage.hello:type_name -> capyctl.host.v1.Hello
@@ -2057,33 +2577,38 @@ var file_core_hostlink_proto_hostv1_host_proto_depIdxs = []int32{
 	7,  // 2: capyctl.host.v1.HostMessage.journal:type_name -> capyctl.host.v1.InstanceJournal
 	8,  // 3: capyctl.host.v1.HostMessage.event:type_name -> capyctl.host.v1.Event
 	9,  // 4: capyctl.host.v1.HostMessage.result:type_name -> capyctl.host.v1.CommandResult
-	2,  // 5: capyctl.host.v1.Hello.inventory:type_name -> capyctl.host.v1.Inventory
-	7,  // 6: capyctl.host.v1.Hello.instances:type_name -> capyctl.host.v1.InstanceJournal
-	3,  // 7: capyctl.host.v1.Inventory.cards:type_name -> capyctl.host.v1.Card
-	4,  // 8: capyctl.host.v1.Inventory.engines:type_name -> capyctl.host.v1.Engine
-	6,  // 9: capyctl.host.v1.Heartbeat.readings:type_name -> capyctl.host.v1.LedgerReading
-	2,  // 10: capyctl.host.v1.Heartbeat.inventory:type_name -> capyctl.host.v1.Inventory
-	21, // 11: capyctl.host.v1.InstanceJournal.charges:type_name -> capyctl.host.v1.InstanceJournal.ChargesEntry
-	22, // 12: capyctl.host.v1.Event.attributes:type_name -> capyctl.host.v1.Event.AttributesEntry
-	11, // 13: capyctl.host.v1.ServerMessage.welcome:type_name -> capyctl.host.v1.Welcome
-	14, // 14: capyctl.host.v1.ServerMessage.command:type_name -> capyctl.host.v1.Command
-	20, // 15: capyctl.host.v1.ServerMessage.ack:type_name -> capyctl.host.v1.Ack
-	12, // 16: capyctl.host.v1.ServerMessage.servers:type_name -> capyctl.host.v1.ClusterServers
-	12, // 17: capyctl.host.v1.Welcome.cluster:type_name -> capyctl.host.v1.ClusterServers
-	13, // 18: capyctl.host.v1.ClusterServers.servers:type_name -> capyctl.host.v1.ClusterServer
-	15, // 19: capyctl.host.v1.Command.start:type_name -> capyctl.host.v1.StartInstance
-	16, // 20: capyctl.host.v1.Command.park:type_name -> capyctl.host.v1.ParkInstance
-	17, // 21: capyctl.host.v1.Command.wake:type_name -> capyctl.host.v1.WakeInstance
-	18, // 22: capyctl.host.v1.Command.stop:type_name -> capyctl.host.v1.StopInstance
-	19, // 23: capyctl.host.v1.Command.abort:type_name -> capyctl.host.v1.AbortRequest
-	23, // 24: capyctl.host.v1.StartInstance.charges:type_name -> capyctl.host.v1.StartInstance.ChargesEntry
-	0,  // 25: capyctl.host.v1.HostLink.Connect:input_type -> capyctl.host.v1.HostMessage
-	10, // 26: capyctl.host.v1.HostLink.Connect:output_type -> capyctl.host.v1.ServerMessage
-	26, // [26:27] is the sub-list for method output_type
-	25, // [25:26] is the sub-list for method input_type
-	25, // [25:25] is the sub-list for extension type_name
-	25, // [25:25] is the sub-list for extension extendee
-	0,  // [0:25] is the sub-list for field type_name
+	18, // 5: capyctl.host.v1.HostMessage.applied:type_name -> capyctl.host.v1.DesiredApplied
+	2,  // 6: capyctl.host.v1.Hello.inventory:type_name -> capyctl.host.v1.Inventory
+	7,  // 7: capyctl.host.v1.Hello.instances:type_name -> capyctl.host.v1.InstanceJournal
+	3,  // 8: capyctl.host.v1.Inventory.cards:type_name -> capyctl.host.v1.Card
+	4,  // 9: capyctl.host.v1.Inventory.engines:type_name -> capyctl.host.v1.Engine
+	6,  // 10: capyctl.host.v1.Heartbeat.readings:type_name -> capyctl.host.v1.LedgerReading
+	2,  // 11: capyctl.host.v1.Heartbeat.inventory:type_name -> capyctl.host.v1.Inventory
+	26, // 12: capyctl.host.v1.InstanceJournal.charges:type_name -> capyctl.host.v1.InstanceJournal.ChargesEntry
+	27, // 13: capyctl.host.v1.Event.attributes:type_name -> capyctl.host.v1.Event.AttributesEntry
+	11, // 14: capyctl.host.v1.ServerMessage.welcome:type_name -> capyctl.host.v1.Welcome
+	14, // 15: capyctl.host.v1.ServerMessage.command:type_name -> capyctl.host.v1.Command
+	25, // 16: capyctl.host.v1.ServerMessage.ack:type_name -> capyctl.host.v1.Ack
+	12, // 17: capyctl.host.v1.ServerMessage.servers:type_name -> capyctl.host.v1.ClusterServers
+	15, // 18: capyctl.host.v1.ServerMessage.desired:type_name -> capyctl.host.v1.Desired
+	12, // 19: capyctl.host.v1.Welcome.cluster:type_name -> capyctl.host.v1.ClusterServers
+	13, // 20: capyctl.host.v1.ClusterServers.servers:type_name -> capyctl.host.v1.ClusterServer
+	20, // 21: capyctl.host.v1.Command.start:type_name -> capyctl.host.v1.StartInstance
+	21, // 22: capyctl.host.v1.Command.park:type_name -> capyctl.host.v1.ParkInstance
+	22, // 23: capyctl.host.v1.Command.wake:type_name -> capyctl.host.v1.WakeInstance
+	23, // 24: capyctl.host.v1.Command.stop:type_name -> capyctl.host.v1.StopInstance
+	24, // 25: capyctl.host.v1.Command.abort:type_name -> capyctl.host.v1.AbortRequest
+	16, // 26: capyctl.host.v1.Desired.engines:type_name -> capyctl.host.v1.DesiredEngine
+	17, // 27: capyctl.host.v1.Desired.deployments:type_name -> capyctl.host.v1.DesiredDeployment
+	19, // 28: capyctl.host.v1.DesiredApplied.results:type_name -> capyctl.host.v1.DesiredResult
+	28, // 29: capyctl.host.v1.StartInstance.charges:type_name -> capyctl.host.v1.StartInstance.ChargesEntry
+	0,  // 30: capyctl.host.v1.HostLink.Connect:input_type -> capyctl.host.v1.HostMessage
+	10, // 31: capyctl.host.v1.HostLink.Connect:output_type -> capyctl.host.v1.ServerMessage
+	31, // [31:32] is the sub-list for method output_type
+	30, // [30:31] is the sub-list for method input_type
+	30, // [30:30] is the sub-list for extension type_name
+	30, // [30:30] is the sub-list for extension extendee
+	0,  // [0:30] is the sub-list for field type_name
 }
 
 func init() { file_core_hostlink_proto_hostv1_host_proto_init() }
@@ -2097,12 +2622,14 @@ func file_core_hostlink_proto_hostv1_host_proto_init() {
 		(*HostMessage_Journal)(nil),
 		(*HostMessage_Event)(nil),
 		(*HostMessage_Result)(nil),
+		(*HostMessage_Applied)(nil),
 	}
 	file_core_hostlink_proto_hostv1_host_proto_msgTypes[10].OneofWrappers = []any{
 		(*ServerMessage_Welcome)(nil),
 		(*ServerMessage_Command)(nil),
 		(*ServerMessage_Ack)(nil),
 		(*ServerMessage_Servers)(nil),
+		(*ServerMessage_Desired)(nil),
 	}
 	file_core_hostlink_proto_hostv1_host_proto_msgTypes[14].OneofWrappers = []any{
 		(*Command_Start)(nil),
@@ -2117,7 +2644,7 @@ func file_core_hostlink_proto_hostv1_host_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_core_hostlink_proto_hostv1_host_proto_rawDesc), len(file_core_hostlink_proto_hostv1_host_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   24,
+			NumMessages:   29,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

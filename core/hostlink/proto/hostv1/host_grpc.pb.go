@@ -46,17 +46,22 @@
 // resets the stream and the host's router cancels the engine's work, and
 // the answer streams back chunk by chunk.
 //
-// Commands. This release carries the server's mutations (deploy, update,
-// park, wake, stop, delete) as management calls over the relay, each with
-// an Idempotency-Key the host's management API remembers for 24 h: a retry
-// replays the first answer and never starts a second engine. The Command
-// and CommandResult messages below are the shape those calls will take
-// when they move onto Connect; no server sends them yet, and a host
-// answers one through core/hostlink's Deduper. Why not yet: a deployment's
-// actions (start, stop, park) also change its desired state on the host
-// (a stopped deployment is not woken by a request), which these
-// per-instance messages do not say; the relayed call keeps the exact
-// semantics, refusals with their details, and the same guarantee.
+// Desired state. The leader sends each host its share of the cluster's
+// desired state (Desired: the engines it registers, the deployments it
+// runs), whole, when the host's link comes up and whenever the share
+// changes; the host reconciles what it runs with it through its own
+// lifecycle and ledger and answers DesiredApplied. Every Desired and
+// Command carries the raft term of the leader that sent it, and every
+// Welcome the answering server's term: a host remembers the newest term
+// it has seen and refuses a Desired or Command of an older one
+// (stale_term), so a deposed leader's late message changes nothing.
+//
+// Commands. The server's actions that are not desired state travel as
+// management calls over the relay, each with an Idempotency-Key the
+// host's management API remembers for 24 h: a retry replays the first
+// answer and never starts a second engine. The Command and CommandResult
+// messages below are the shape per-instance actions take on Connect; a
+// host answers one through core/hostlink's Deduper.
 //
 // Why the home is core/hostlink and not sdk/proto: the driver protocol is a
 // contract with third-party drivers and belongs to the SDK; the host link is

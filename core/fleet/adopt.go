@@ -1,0 +1,111 @@
+// Copyright (c) CapyCTL authors
+// SPDX-License-Identifier: Apache-2.0
+
+package fleet
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"net/url"
+	"slices"
+	"time"
+
+	"github.com/capyctl/capyctl/core/api/wire"
+	"github.com/capyctl/capyctl/core/fleet/fsm"
+)
+
+// adoptLater runs adopt for a host once, in the background, unless one is
+// already due for it.
+func (s *Server) adoptLater(name string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if h := s.hosts[name]; h != nil {
+		s.adoptLaterLocked(s.leaderCtx, h)
+	}
+}
+
+// adoptLaterLocked is adoptLater with mu held, under the leader's context
+// ctx. Only the leader changes the state: a follower a host is linked to
+// leaves its deployments to the leader (ctx nil), which has a link of its
+// own and adopts again for every linked host when it is elected.
+func (s *Server) adoptLaterLocked(ctx context.Context, h *liveHost) {
+	if h.adoptDue || ctx == nil || ctx.Err() != nil {
+		return
+	}
+	h.adoptDue = true
+	name := h.name
+	s.goRun(func() {
+		s.mu.Lock()
+		h.adoptDue = false
+		s.mu.Unlock()
+		s.adopt(ctx, name)
+	})
+}
+
+// adopt places on the server the deployments a host runs that the server
+// has no placement for (deployed on the host itself, or a machine that ran
+// standalone before it joined), so that they are listed and routed; a
+// deployment the server placed on other hosts only is left alone and
+// logged. It waits for the host's relay to ask for each one's routes.
+func (s *Server) adopt(ctx context.Context, host string) {
+	s.adoptMu.Lock()
+	defer s.adoptMu.Unlock()
+	counts := map[string]int{}
+	s.mu.Lock()
+	if h := s.hosts[host]; h != nil {
+		for _, j := range h.journals {
+			if j.GetDeployment() != "" {
+				counts[j.GetDeployment()]++
+			}
+		}
+	}
+	s.mu.Unlock()
+	for dep, n := range counts {
+		if p, ok := s.State.Placement(dep); ok {
+			if !slices.Contains(p.HostNames(), host) {
+				s.logger.Warn("a host runs a deployment the server placed on other hosts; not adopted", "host", host, "deployment", dep, "hosts", p.HostNames())
+			}
+			continue
+		}
+		var st wire.DeploymentStatus
+		// The relay comes up just after the link; a host whose relay does
+		// not within 10 s is tried again at its next journal or Hello.
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			if ctx.Err() != nil || time.Now().After(deadline) {
+				return
+			}
+			status, data, err := s.hostCall(ctx, host, http.MethodGet, "/deployments/"+url.PathEscape(dep), nil, nil)
+			if err == nil && status == http.StatusOK && json.Unmarshal(data, &st) == nil {
+				break
+			}
+			if err == nil && status == http.StatusNotFound {
+				st.Name = ""
+				break
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
+		if st.Name == "" {
+			continue
+		}
+		if st.Spec != nil && st.Spec.Group != nil {
+			// A member of a group the server has no placement for (one
+			// whose placement was undone): one rank alone never serves.
+			s.logger.Warn("a host runs a group member the server has no placement for; not adopted (capyctl --address HOST delete deployment NAME on the host)",
+				"host", host, "deployment", dep, "rank", st.Spec.Group.Rank)
+			continue
+		}
+		p := &Placement{Deployment: dep, Hosts: []HostShare{{Host: host, Instances: n}}, Routes: st.Routes, Revision: st.Revision, At: time.Now().UTC()}
+		if err := s.apply(fsm.Placed{Placement: p}); err != nil {
+			s.logger.Warn("adopt a host's deployment", "host", host, "deployment", dep, "error", err)
+			continue
+		}
+		s.logger.Info("adopted a deployment the host runs", "host", host, "deployment", dep, "instances", n)
+		s.event("deployment_adopted", host, map[string]any{"deployment": dep, "instances": n})
+	}
+}

@@ -1,0 +1,83 @@
+// Copyright (c) CapyCTL authors
+// SPDX-License-Identifier: Apache-2.0
+
+package fsm
+
+import "time"
+
+// HostRecord is the cluster's record of a joined host.
+type HostRecord struct {
+	Name     string    `json:"name"`
+	JoinedAt time.Time `json:"joined_at"`
+	Drained  bool      `json:"drained,omitempty"`
+}
+
+// Placement says which hosts run a deployment and how many instances
+// each: the leader's decision, kept so that the hosts' engines are found
+// again after a restart, never started twice.
+type Placement struct {
+	Deployment string `json:"deployment"`
+	// Hosts are the hosts in instance order: the deployment's instance
+	// indexes run through them (host 0's instances first).
+	Hosts []HostShare `json:"hosts"`
+	// Routes are the model names the deployment answers.
+	Routes []string `json:"routes"`
+	// Endpoints are the inference endpoints its engine serves.
+	Endpoints []string `json:"endpoints,omitempty"`
+	// Revision is the revision the hosts run.
+	Revision uint64    `json:"revision"`
+	At       time.Time `json:"at"`
+	// Group is set for one model across several machines: one member per
+	// host of Hosts, in rank order.
+	Group *GroupPlacement `json:"group,omitempty"`
+}
+
+// HostShare is one host's part of a placement.
+type HostShare struct {
+	Host      string `json:"host"`
+	Instances int    `json:"instances"`
+}
+
+// GroupPlacement is a group's part of its placement.
+type GroupPlacement struct {
+	// ID names this placement of the group (its members carry it).
+	ID string `json:"id"`
+	// Hosts are the members' hosts in rank order: Hosts[0] runs the head.
+	Hosts []string `json:"hosts"`
+	// HeadAddress and RendezvousPort are where the ranks meet: the head
+	// host's peer address and the port its host picked.
+	HeadAddress      string `json:"head_address,omitempty"`
+	RendezvousPort   int    `json:"rendezvous_port,omitempty"`
+	TensorParallel   int    `json:"tensor_parallel"`
+	PipelineParallel int    `json:"pipeline_parallel"`
+}
+
+// HostNames lists the placement's hosts.
+func (p *Placement) HostNames() []string {
+	out := make([]string, 0, len(p.Hosts))
+	for _, h := range p.Hosts {
+		out = append(out, h.Host)
+	}
+	return out
+}
+
+// clone is a deep copy: callers get their own.
+func (p *Placement) clone() *Placement {
+	cp := *p
+	cp.Hosts = append([]HostShare(nil), p.Hosts...)
+	cp.Routes = append([]string(nil), p.Routes...)
+	cp.Endpoints = append([]string(nil), p.Endpoints...)
+	if p.Group != nil {
+		g := *p.Group
+		g.Hosts = append([]string(nil), p.Group.Hosts...)
+		cp.Group = &g
+	}
+	return &cp
+}
+
+// ClusterRecord is the cluster's own settings, from its first server.
+type ClusterRecord struct {
+	// Expect is the number of voters the operator intends
+	// (bootstrap_expect of the first server).
+	Expect int `json:"expect"`
+}

@@ -1,0 +1,314 @@
+// Copyright (c) CapyCTL authors
+// SPDX-License-Identifier: Apache-2.0
+
+package fleet
+
+import (
+	"context"
+	"errors"
+	"io"
+	"sort"
+	"time"
+
+	"github.com/capyctl/capyctl/core/hostlink/proto/hostv1"
+	"github.com/capyctl/capyctl/core/structs"
+)
+
+// Connect serves one host's link (hostv1.HostLinkServer): the host's
+// Hello checked, its link registered (the newer link of a host wins),
+// Welcome, then serveLink until the link breaks.
+func (s *Server) Connect(stream hostv1.HostLink_ConnectServer) error {
+	name, hello, refusal := s.checkHello(stream)
+	if refusal != nil {
+		_ = stream.Send(&hostv1.ServerMessage{Body: &hostv1.ServerMessage_Welcome{Welcome: &hostv1.Welcome{
+			Code: string(refusal.Code), Message: refusal.Message, ServerTimeUnixMs: time.Now().UnixMilli(), Protocol: 1,
+			Term: s.cl.node.Term()}}})
+		return nil
+	}
+	if hello == nil {
+		return nil // the stream broke before its Hello
+	}
+	ctx, cancel := context.WithCancel(stream.Context())
+	defer cancel()
+	gen, ok := s.linkUp(stream.Context(), name, hello, cancel)
+	if !ok {
+		return nil
+	}
+	defer s.linkDown(name, gen)
+	s.adoptLater(name)
+	members := s.clusterServers()
+	if err := stream.Send(&hostv1.ServerMessage{Body: &hostv1.ServerMessage_Welcome{Welcome: &hostv1.Welcome{
+		Accepted: true, ServerTimeUnixMs: time.Now().UnixMilli(), HeartbeatIntervalMs: s.o.Heartbeat.Milliseconds(), Protocol: 1,
+		Cluster: members, Term: s.cl.node.Term()}}}); err != nil {
+		return err
+	}
+	return s.serveLink(ctx, stream, name, gen, members)
+}
+
+// checkHello reads a link's Hello and checks it: the name its certificate
+// carries, the protocol, a member of the cluster. A refusal is answered
+// with a Welcome that says why; a broken stream returns neither.
+func (s *Server) checkHello(stream hostv1.HostLink_ConnectServer) (string, *hostv1.Hello, *structs.Error) {
+	name, err := peerHostName(stream.Context())
+	if err != nil {
+		return "", nil, structs.AsError(err)
+	}
+	first, err := stream.Recv()
+	if err != nil {
+		return name, nil, nil
+	}
+	hello := first.GetHello()
+	switch {
+	case hello == nil:
+		return name, nil, structs.Errf(structs.CodeInvalidRequest, "the first message on a host link is Hello")
+	case hello.GetProtocol() != 1:
+		return name, nil, structs.Errf(structs.CodeInvalidRequest, "this server speaks host link protocol 1, the host %d", hello.GetProtocol())
+	case hello.GetHostName() != name:
+		s.logger.Warn("host name changed", "certificate", name, "hello", hello.GetHostName())
+		return name, nil, structs.Errf(structs.CodeHostNameChanged, "this host's certificate names %q and it now calls itself %q; run it with its old name, or remove the host and join again",
+			name, hello.GetHostName())
+	}
+	if _, known := s.State.Host(name); !known {
+		return name, nil, s.hostRefusal(name)
+	}
+	return name, hello, nil
+}
+
+// linkUp registers a host's new link (ending an older one) with what its
+// Hello says, and returns the link's generation; false when the host was
+// removed meanwhile.
+func (s *Server) linkUp(ctx context.Context, name string, hello *hostv1.Hello, cancel context.CancelFunc) (uint64, bool) {
+	var expiry time.Time
+	if cert := peerCert(ctx); cert != nil {
+		expiry = cert.NotAfter
+	}
+	s.mu.Lock()
+	if _, member := s.State.Host(name); !member { // removed meanwhile
+		s.mu.Unlock()
+		return 0, false
+	}
+	h := s.hostLocked(name)
+	if h.linkCancel != nil {
+		h.linkCancel() // one link per host: the newer one wins
+	}
+	h.linkGen++
+	gen := h.linkGen
+	wasLost := !h.lastSeen.IsZero()
+	h.linkCancel, h.addr, h.version, h.inventory = cancel, peerAddr(ctx), hello.GetVersion(), hello.GetInventory()
+	h.lastSeen, h.certExpiry = time.Now(), expiry
+	h.journals = map[string]*hostv1.InstanceJournal{}
+	for _, j := range hello.GetInstances() {
+		h.journals[j.GetInstanceId()] = j
+	}
+	addr := h.addr
+	s.mu.Unlock()
+	h.changed.publish()
+	if wasLost {
+		s.event("host_reconnected", name, map[string]any{"instances": len(hello.GetInstances())})
+	}
+	s.logger.Info("host link up", "host", name, "address", addr, "instances", len(hello.GetInstances()))
+	return gen, true
+}
+
+// serveLink runs an accepted link until it breaks: each host message is
+// applied and acknowledged; the cluster's servers are told again when the
+// configuration changes; and, on the leader, the host's share of the
+// desired state is sent whenever it changed (a new term counts: the host
+// learns it, and fences the deposed leader).
+func (s *Server) serveLink(ctx context.Context, stream hostv1.HostLink_ConnectServer, name string, gen uint64, members *hostv1.ClusterServers) error {
+	msgs, errc := recvLoop(ctx, stream)
+	var sent [32]byte // the digest of the last share sent on this link
+	recheck := true
+	for {
+		stateChanged, raftChanged, leadChanged := s.State.Changed(), s.cl.node.Changed(), s.leading.changed()
+		if recheck {
+			recheck = false
+			if d := s.desiredFor(name); d != nil {
+				if dg := desiredDigest(d); dg != sent {
+					if err := stream.Send(&hostv1.ServerMessage{Body: &hostv1.ServerMessage_Desired{Desired: d}}); err != nil {
+						return err
+					}
+					sent = dg
+				}
+			}
+			if now := s.clusterServers(); !sameServers(now, members) {
+				members = now
+				if err := stream.Send(&hostv1.ServerMessage{Body: &hostv1.ServerMessage_Servers{Servers: now}}); err != nil {
+					return err
+				}
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case err := <-errc:
+			if errors.Is(err, io.EOF) {
+				return nil
+			}
+			return err
+		case <-stateChanged:
+			recheck = true
+		case <-raftChanged:
+			recheck = true
+		case <-leadChanged:
+			recheck = true
+		case m := <-msgs:
+			s.onHostMessage(name, gen, m)
+			if err := stream.Send(&hostv1.ServerMessage{Body: &hostv1.ServerMessage_Ack{Ack: &hostv1.Ack{Seq: m.GetSeq()}}}); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// recvLoop reads a link's messages on a goroutine of its own until the
+// stream breaks (its error on errc) or ctx ends.
+func recvLoop(ctx context.Context, stream hostv1.HostLink_ConnectServer) (<-chan *hostv1.HostMessage, <-chan error) {
+	msgs := make(chan *hostv1.HostMessage)
+	errc := make(chan error, 1)
+	go func() {
+		for {
+			m, err := stream.Recv()
+			if err != nil {
+				errc <- err
+				return
+			}
+			select {
+			case msgs <- m:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	return msgs, errc
+}
+
+// clusterServers is the raft configuration as hosts see it: this
+// server's name and every member's cluster address.
+func (s *Server) clusterServers() *hostv1.ClusterServers {
+	st := s.cl.node.Stats()
+	out := &hostv1.ClusterServers{Self: s.cl.name}
+	for _, m := range st.Servers {
+		out.Servers = append(out.Servers, &hostv1.ClusterServer{Name: m.ID, Address: m.Address})
+	}
+	sort.Slice(out.Servers, func(i, j int) bool { return out.Servers[i].GetName() < out.Servers[j].GetName() })
+	return out
+}
+
+// sameServers reports whether two lists of servers name the same members
+// at the same addresses.
+func sameServers(a, b *hostv1.ClusterServers) bool {
+	if len(a.GetServers()) != len(b.GetServers()) {
+		return false
+	}
+	for i, m := range a.GetServers() {
+		o := b.GetServers()[i]
+		if m.GetName() != o.GetName() || m.GetAddress() != o.GetAddress() {
+			return false
+		}
+	}
+	return true
+}
+
+// onHostMessage applies one message of a host's link; a host's events are
+// journalled in the order it sent them.
+func (s *Server) onHostMessage(name string, gen uint64, m *hostv1.HostMessage) {
+	if ev := m.GetEvent(); ev != nil {
+		payload := map[string]any{"instance": ev.GetInstanceId(), "message": ev.GetMessage(), "host_time_unix_ms": ev.GetTimeUnixMs()}
+		for k, v := range ev.GetAttributes() {
+			if _, taken := payload[k]; !taken {
+				payload[k] = v
+			}
+		}
+		s.event(ev.GetKind(), name, payload)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	h := s.hosts[name]
+	if h == nil || h.linkGen != gen {
+		return
+	}
+	h.lastSeen = time.Now()
+	switch b := m.GetBody().(type) {
+	case *hostv1.HostMessage_Heartbeat:
+		h.readings = b.Heartbeat.GetReadings()
+		if inv := b.Heartbeat.GetInventory(); inv != nil {
+			h.inventory = inv
+		}
+	case *hostv1.HostMessage_Applied:
+		h.applied = b.Applied
+		defer h.changed.publish()
+		if b.Applied.GetCode() == string(structs.CodeStaleTerm) {
+			s.logger.Warn("the host refused this server's desired state: a newer leader's term reached it first", "host", name,
+				"term", b.Applied.GetTerm(), "message", b.Applied.GetMessage())
+			s.event("host_refused_stale_term", name, map[string]any{"term": b.Applied.GetTerm(), "message": b.Applied.GetMessage()})
+		}
+	case *hostv1.HostMessage_Journal:
+		j := b.Journal
+		defer h.changed.publish()
+		if j.GetState() == string(structs.StateStopped) && j.GetDeployment() == "" {
+			delete(h.journals, j.GetInstanceId())
+		} else {
+			h.journals[j.GetInstanceId()] = j
+			if _, placed := s.State.Placement(j.GetDeployment()); !placed {
+				s.adoptLaterLocked(s.leaderCtx, h) // a deployment made on the host itself
+			}
+		}
+	}
+}
+
+// linkDown marks a host's link down when the link of generation gen ends.
+func (s *Server) linkDown(name string, gen uint64) {
+	s.mu.Lock()
+	h := s.hosts[name]
+	if h == nil || h.linkGen != gen || h.linkCancel == nil {
+		s.mu.Unlock()
+		return
+	}
+	h.linkCancel = nil
+	relay := h.relayConn
+	h.relay, h.relayConn = nil, nil
+	s.mu.Unlock()
+	if relay != nil {
+		relay.Close()
+	}
+	if s.ctx.Err() == nil {
+		s.logger.Warn("host link down: its instances are uncertain until it comes back", "host", name)
+		s.event("host_lost", name, nil)
+	}
+}
+
+// watchLost ends the link of a host silent for lostAfterBeats heartbeat
+// intervals (a partition may leave the TCP connection open).
+func (s *Server) watchLost() {
+	t := time.NewTicker(s.o.Heartbeat)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.ctx.Done():
+			return
+		case <-t.C:
+		}
+		now := time.Now()
+		limit := now.Add(-lostAfterBeats * s.o.Heartbeat)
+		s.mu.Lock()
+		for _, h := range s.hosts {
+			if h.linkCancel != nil && h.lastSeen.Before(limit) {
+				h.linkCancel()
+			}
+			// A connection outlives the certificate it was opened with:
+			// once that expired, the host must come back with a renewed one.
+			if !h.certExpiry.IsZero() && now.After(h.certExpiry) {
+				if h.linkCancel != nil {
+					h.linkCancel()
+				}
+				if h.relayConn != nil {
+					h.relayConn.Close()
+				}
+			}
+		}
+		s.mu.Unlock()
+	}
+}
+
+// event appends a fleet event to the server's journal.

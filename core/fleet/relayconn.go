@@ -1,0 +1,81 @@
+// Copyright (c) CapyCTL authors
+// SPDX-License-Identifier: Apache-2.0
+
+package fleet
+
+import (
+	"crypto/tls"
+	"time"
+
+	"golang.org/x/net/http2"
+
+	"github.com/capyctl/capyctl/core/hostlink/proto/hostv1"
+)
+
+// attachRelay takes a host's relay connection: the server is the HTTP/2
+// client on a connection the host opened.
+func (s *Server) attachRelay(tc *tls.Conn, cs tls.ConnectionState) {
+	if len(cs.PeerCertificates) == 0 {
+		tc.Close()
+		return
+	}
+	name := cs.PeerCertificates[0].Subject.CommonName
+	if _, known := s.State.Host(name); !known {
+		s.logger.Debug("relay from a host the server does not know", "host", name)
+		s.refused.note(refusedUnknown, remoteIP(tc.RemoteAddr()))
+		tc.Close()
+		return
+	}
+	t := &http2.Transport{ReadIdleTimeout: 10 * time.Second, PingTimeout: 5 * time.Second}
+	cc, err := t.NewClientConn(tc)
+	if err != nil {
+		tc.Close()
+		return
+	}
+	s.mu.Lock()
+	if _, member := s.State.Host(name); !member { // removed meanwhile
+		s.mu.Unlock()
+		tc.Close()
+		return
+	}
+	h := s.hostLocked(name)
+	old := h.relayConn
+	h.relay, h.relayConn = cc, tc
+	s.mu.Unlock()
+	if old != nil {
+		old.Close()
+	}
+	s.logger.Debug("relay attached", "host", name)
+}
+
+// hostLocked returns the live record of a host, made on first use; the
+// caller holds mu.
+func (s *Server) hostLocked(name string) *liveHost {
+	h := s.hosts[name]
+	if h == nil {
+		h = &liveHost{name: name, journals: map[string]*hostv1.InstanceJournal{}}
+		s.hosts[name] = h
+	}
+	return h
+}
+
+// relayOf returns a host's relay when its link is up and its relay works.
+func (s *Server) relayOf(name string) (*http2.ClientConn, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	h := s.hosts[name]
+	if h == nil || h.linkCancel == nil || !relayUp(h.relay) {
+		return nil, false
+	}
+	return h.relay, true
+}
+
+// relayUp reports whether a relay connection is open. A relay with every
+// stream slot taken is busy, not gone: its requests wait for a slot.
+func relayUp(cc *http2.ClientConn) bool {
+	if cc == nil {
+		return false
+	}
+	st := cc.State()
+	return !st.Closed && !st.Closing
+}

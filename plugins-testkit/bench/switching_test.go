@@ -1,0 +1,338 @@
+// Copyright (c) CapyCTL authors
+// SPDX-License-Identifier: Apache-2.0
+
+package bench
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"math"
+	"math/rand/v2"
+	"net/http"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/capyctl/capyctl/plugins-testkit/conformance"
+	"github.com/capyctl/capyctl/plugins-testkit/harness"
+)
+
+// The switching trace: four models on one simulated 24 GiB card (22.08 GiB
+// managed), any two of which fit and no three, on fake vLLM engines with
+// realistic costs replayed at traceSpeed: a cold start of 20 s, a wake of
+// 0.5 to 3 s by the model's size (4 to 7 GiB of weights: copied back from
+// host RAM at 8 GiB/s after sleep level 1, read from disk at 2.33 GiB/s
+// after level 2), answers of 100 tokens at 50 tokens/s. Requests arrive per
+// model as Poisson processes whose rates overlap, for ten minutes of trace
+// time; the same trace (same seed) is replayed against a role running
+// today's policy (switching.policy = "immediate") and one running turns.
+// Clients behave like the OpenAI SDKs: up to two retries of a 409, 429 or
+// 5xx answer, after its Retry-After (or 0.5 s doubling).
+
+const (
+	traceSpeed    = 10
+	traceDuration = 10 * time.Minute
+	traceSeed     = 26
+	// traceDeadline is every deployment's request_deadline, the bound a
+	// request may wait within.
+	traceDeadline = 60 * time.Second
+)
+
+// traceModel is one model of the trace.
+type traceModel struct {
+	name    string
+	weights string  // on the simulated card
+	request string  // engine_config.memory.request (and startup)
+	perMin  float64 // Poisson arrivals per minute of trace time
+}
+
+var traceModels = []traceModel{
+	{"m1", "4GiB", "7GiB", 30},
+	{"m2", "5GiB", "7.5GiB", 20},
+	{"m3", "6GiB", "8GiB", 15},
+	{"m4", "7GiB", "8.5GiB", 10},
+}
+
+// traceRequest is one request of the trace: its model and arrival, in
+// trace time.
+type traceRequest struct {
+	model string
+	at    time.Duration
+}
+
+// makeTrace draws the arrivals of every model, merged by time.
+func makeTrace() []traceRequest {
+	rng := rand.New(rand.NewPCG(traceSeed, traceSeed))
+	var out []traceRequest
+	for _, m := range traceModels {
+		mean := time.Duration(float64(time.Minute) / m.perMin)
+		for at := time.Duration(0); ; {
+			at += time.Duration(rng.ExpFloat64() * float64(mean))
+			if at >= traceDuration {
+				break
+			}
+			out = append(out, traceRequest{model: m.name, at: at})
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].at < out[j].at })
+	return out
+}
+
+// traceResult is one request's outcome.
+type traceResult struct {
+	status  int           // the last answer's status (0: no answer)
+	code    string        // the refusal's code, when it was refused
+	first   string        // the first answer's code, when it was refused
+	latency time.Duration // arrival to the end of the last answer, wall time
+	tries   int
+}
+
+// policyFigures are one policy's figures over the trace.
+type policyFigures struct {
+	policy        string
+	answered      int
+	refused       map[string]int // final refusals by code
+	firstRefused  map[string]int // first attempts refused, by code
+	p50, p95, p99 time.Duration  // of answered requests, retries included
+	switches      float64
+	swapShare     float64 // share of the replay's wall time spent switching
+	wall          time.Duration
+	// starts and wakes count the models' cold starts and wakes; evictions
+	// the models a switch parked or stopped (a switch that was refused in
+	// the end included).
+	starts, wakes, evictions int
+}
+
+// startTraceRole starts a role on the trace's card with the four models
+// deployed (stopped: the trace starts cold).
+func startTraceRole(b *testing.B, policy string) *harness.Role {
+	b.Helper()
+	// The turn time scales with the trace: 30 s of trace time.
+	r := harness.StartSimulated(b, harness.SimGPU{DeviceMemory: "24GiB", SystemLimit: "16GiB", SystemReserve: "1GiB"},
+		harness.Options{Env: []string{"CAPYCTL_SWITCHING_POLICY=" + policy, "CAPYCTL_SWITCHING_TURN_TIME=" + traceTurnTime().String()}})
+	for _, m := range traceModels {
+		venv := conformance.FakeVenv(b, b.TempDir(), map[string]string{"vllm": "0.32.0"}, nil)
+		env := []string{
+			"CAPYCTL_FAKE_SIM_WEIGHTS=" + m.weights,
+			"CAPYCTL_FAKE_SIM_KV=1GiB",
+			"CAPYCTL_FAKE_STARTUP_DELAY=" + (20 * time.Second / traceSpeed).String(),
+			"CAPYCTL_FAKE_TOKENS=100",
+			"CAPYCTL_FAKE_TOKEN_RATE=" + strconv.Itoa(50*traceSpeed),
+			"CAPYCTL_FAKE_SIM_WAKE_RATE=" + strconv.Itoa(8*traceSpeed) + "GiB",
+			"CAPYCTL_FAKE_SIM_RELOAD_RATE=" + strconv.Itoa(2386*traceSpeed) + "MiB", // 2.33 GiB/s
+		}
+		args := []string{"engine", "add", venv, "--name", "vllm-" + m.name, "--yes"}
+		for _, e := range env {
+			args = append(args, "--env", e)
+		}
+		if out, errOut, code := r.CLI(args...); code != 0 {
+			b.Fatalf("engine add %s: exit %d\n%s%s", m.name, code, out, errOut)
+		}
+		// A sparse checkpoint of the model's real size: the driver sizes the
+		// host copy of a sleep at level 1 from it.
+		w, err := strconv.ParseInt(strings.TrimSuffix(m.weights, "GiB"), 10, 64)
+		if err != nil {
+			b.Fatal(err)
+		}
+		conformance.FakeModel(b, filepath.Join(r.StateDir, "models", m.name), w<<30)
+		spec := fmt.Sprintf("deployment %q {\n  engine = %q\n  request_deadline = %q\n  model {\n    path = \"%s/model\"\n  }\n  engine_config {\n    memory {\n      request = %q\n      startup = %q\n    }\n  }\n}\n",
+			m.name, "vllm-"+m.name, traceDeadline.String(), m.name, m.request, m.request)
+		f := r.WriteFile("specs/"+m.name+".hcl", spec)
+		if out, errOut, code := r.CLI("deploy", "--file", f); code != 0 {
+			b.Fatalf("deploy %s: exit %d\n%s%s", m.name, code, out, errOut)
+		}
+	}
+	// Each model starts once and stops before the trace, so that its
+	// checkpoint's fingerprint and its startup peak are measured: the trace
+	// then begins with every model stopped, as after a role restart.
+	for _, m := range traceModels {
+		for _, action := range [][]string{{"start", "instance", m.name + "/0", "--wait"}, {"stop", "instance", m.name + "/0", "--wait"}} {
+			if out, errOut, code := r.CLI(action...); code != 0 {
+				b.Fatalf("%v: exit %d\n%s%s", action, code, out, errOut)
+			}
+		}
+	}
+	return r
+}
+
+// traceTurnTime is the role's switching.turn_time: the default, 30 s, of
+// trace time.
+func traceTurnTime() time.Duration { return 30 * time.Second / traceSpeed }
+
+// replay sends the trace to a role at traceSpeed and returns the figures.
+func replay(b *testing.B, policy string, trace []traceRequest) policyFigures {
+	b.Helper()
+	r := startTraceRole(b, policy)
+	s := &roleSetup{r: r, key: r.Creds.APIKey}
+	before := s.scrape(b)
+	ectx, stopEvents := context.WithCancel(context.Background())
+	kinds := map[string]int{}
+	eventsDone := make(chan struct{})
+	es, err := r.Mgmt.Events(ectx, "")
+	if err != nil {
+		b.Fatal(err)
+	}
+	go func() {
+		defer close(eventsDone)
+		for {
+			ev, err := es.Next()
+			if err != nil {
+				return
+			}
+			kinds[ev.Kind]++
+			if ev.Kind == "switch_released" {
+				kinds["released: "+fmt.Sprint(ev.Payload["released"])]++
+			}
+			if ev.Kind == "switch_planned" {
+				kinds["victim was "+fmt.Sprint(ev.Payload["victim_state"])]++
+			}
+		}
+	}()
+	results := make([]traceResult, len(trace))
+	var wg sync.WaitGroup
+	start := time.Now()
+	for i, tr := range trace {
+		if d := time.Until(start.Add(tr.at / traceSpeed)); d > 0 {
+			time.Sleep(d) // the trace's clock: arrivals at their time
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			results[i] = sdkRequest(r.InferenceURL(), s.key, tr.model)
+		}()
+	}
+	wg.Wait()
+	wall := time.Since(start)
+	after := s.scrape(b)
+	stopEvents()
+	_ = es.Close()
+	<-eventsDone
+	f := policyFigures{policy: policy, refused: map[string]int{}, firstRefused: map[string]int{}, wall: wall,
+		starts: kinds["instance_starting"], wakes: kinds["instance_waking"], evictions: kinds["switch_released"]}
+	var lat []time.Duration
+	for _, res := range results {
+		if res.first != "" {
+			f.firstRefused[res.first]++
+		}
+		if res.status == http.StatusOK {
+			f.answered++
+			lat = append(lat, res.latency)
+			continue
+		}
+		code := res.code
+		if code == "" {
+			code = "status_" + strconv.Itoa(res.status)
+		}
+		f.refused[code]++
+	}
+	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
+	at := func(p float64) time.Duration {
+		if len(lat) == 0 {
+			return 0
+		}
+		return lat[min(len(lat)-1, int(p*float64(len(lat))))]
+	}
+	f.p50, f.p95, f.p99 = at(.50), at(.95), at(.99)
+	f.switches = after["capyctl_switches_total"] - before["capyctl_switches_total"]
+	f.swapShare = (after["capyctl_switch_swap_seconds_total"] - before["capyctl_switch_swap_seconds_total"]) / wall.Seconds()
+	return f
+}
+
+// sdkRequest sends one chat request as the OpenAI SDKs do: up to two
+// retries of a 409, 429 or 5xx answer, waiting its Retry-After (at most
+// 60 s) or 0.5 s doubling.
+func sdkRequest(base, key, model string) traceResult {
+	start := time.Now()
+	var res traceResult
+	body := `{"model":"` + model + `","messages":[{"role":"user","content":"Tell me a story."}]}`
+	for try := 0; try < 3; try++ {
+		res.tries = try + 1
+		req, _ := http.NewRequestWithContext(context.Background(), http.MethodPost, base+"/v1/chat/completions", strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Authorization", "Bearer "+key)
+		resp, err := client.Do(req)
+		if err != nil {
+			res.status, res.code = 0, "transport"
+			break
+		}
+		data, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		res.status, res.code = resp.StatusCode, ""
+		if resp.StatusCode == http.StatusOK {
+			break
+		}
+		if i := strings.Index(string(data), `"code":"`); i >= 0 {
+			rest := string(data[i+8:])
+			res.code = rest[:strings.IndexByte(rest, '"')]
+		}
+		if try == 0 {
+			res.first = res.code
+		}
+		if resp.StatusCode != http.StatusConflict && resp.StatusCode != http.StatusTooManyRequests && resp.StatusCode < 500 {
+			break
+		}
+		wait := time.Duration(500*math.Pow(2, float64(try))) * time.Millisecond
+		if ra, err := strconv.Atoi(resp.Header.Get("Retry-After")); err == nil && ra >= 0 && ra <= 60 {
+			wait = time.Duration(ra) * time.Second
+		}
+		if try < 2 {
+			time.Sleep(wait)
+		}
+	}
+	res.latency = time.Since(start)
+	return res
+}
+
+var (
+	traceOnce    sync.Once
+	traceFigures [2]policyFigures
+)
+
+// BenchmarkSwitching_Trace replays the switching trace (see the top of
+// this file) against today's policy and turns, the same trace on each, and
+// reports per policy: requests answered, refused by code, latency
+// percentiles, switches and the share of wall time spent switching; and
+// the ratios of turns to today's p95 and switch count. The two replays run
+// once; later rounds report the same figures.
+func BenchmarkSwitching_Trace(b *testing.B) {
+	traceOnce.Do(func() {
+		trace := makeTrace()
+		b.Logf("trace: %d requests over %s of trace time, replayed at %dx", len(trace), traceDuration, traceSpeed)
+		traceFigures[0] = replay(b, "immediate", trace)
+		traceFigures[1] = replay(b, "turns", trace)
+	})
+	for i := 0; i < b.N; i++ {
+	}
+	for _, f := range traceFigures {
+		b.Logf("%-9s answered %d, refused %v (first tries refused %v), p50 %s p95 %s p99 %s, %v switches (%d models evicted; %d cold starts, %d wakes), %.1f%% of %s switching",
+			f.policy, f.answered, f.refused, f.firstRefused, f.p50.Round(time.Millisecond), f.p95.Round(time.Millisecond),
+			f.p99.Round(time.Millisecond), f.switches, f.evictions, f.starts, f.wakes, 100*f.swapShare, f.wall.Round(time.Second))
+		p := f.policy + "-"
+		b.ReportMetric(float64(f.answered), p+"answered")
+		refused := 0
+		for _, n := range f.refused {
+			refused += n
+		}
+		b.ReportMetric(float64(refused), p+"refused")
+		b.ReportMetric(float64(f.p50.Milliseconds()), p+"p50-ms")
+		b.ReportMetric(float64(f.p95.Milliseconds()), p+"p95-ms")
+		b.ReportMetric(float64(f.p99.Milliseconds()), p+"p99-ms")
+		b.ReportMetric(f.switches, p+"switches")
+		b.ReportMetric(float64(f.evictions), p+"evictions")
+		b.ReportMetric(100*f.swapShare, p+"switching-%")
+	}
+	old, turns := traceFigures[0], traceFigures[1]
+	if turns.p95 > 0 && turns.switches > 0 {
+		b.ReportMetric(float64(old.p95)/float64(turns.p95), "p95-today/turns")
+		b.ReportMetric(old.switches/turns.switches, "switches-today/turns")
+	}
+	if turns.evictions > 0 && turns.swapShare > 0 {
+		b.ReportMetric(float64(old.evictions)/float64(turns.evictions), "evictions-today/turns")
+		b.ReportMetric(old.swapShare/turns.swapShare, "switching-time-today/turns")
+	}
+}
