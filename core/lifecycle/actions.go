@@ -117,6 +117,9 @@ func (m *Manager) DeleteDeployment(ctx context.Context, name string) error {
 	// Its engines are proven gone: their launch directories (and logs) go
 	// with the deployment (launchdirs.go).
 	_ = os.RemoveAll(m.launchesDir(name))
+	// And its switching figures (capyctl_turns_ended_total and
+	// capyctl_switch_wait*{deployment}).
+	m.stats.forget(name)
 	m.event("deployment_deleted", name, "", nil)
 	m.rebuildRoutes()
 	return nil

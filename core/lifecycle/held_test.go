@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capyctl/capyctl/core/admission"
 	"github.com/capyctl/capyctl/core/structs"
 )
 
@@ -396,5 +397,46 @@ func TestDeploy_AStartQueuedBehindTheReplacedInstancesStopRunsNothing(t *testing
 	}
 	if h := f.m.Held(); h.PortLeases != want {
 		t.Fatalf("%d ports leased, the new instance is %s", h.PortLeases, rec.State)
+	}
+}
+
+// TestSwitchStats_DeletedDeploymentForgotten: a deleted deployment's
+// switching figures (turns it ended, switches it waited for) go with it,
+// as its router state does: a role keeps no metric series for every
+// deployment it ever deleted. The totals stay.
+func TestSwitchStats_DeletedDeploymentForgotten(t *testing.T) {
+	f, c := newTurnFixture(t)
+	f.deploy("a")
+	f.deploy("b")
+	if err := f.activate("a"); err != nil {
+		t.Fatal(err)
+	}
+	c.send("a", "A0") // holds a's only place
+	if c.next() != "A0" {
+		t.Fatal("A0 was not served at once")
+	}
+	c.send("b", "B1")
+	f.eventually("b to contend a's memory", func() bool { return c.turnGate("a") == "ending" })
+	c.done("A0")
+	if c.next() != "B1" {
+		t.Fatal("B1 was not served after a's turn")
+	}
+	c.done("B1")
+	f.eventually("the switch to b to complete", func() bool { return f.m.SwitchStats().Switches == 1 })
+	st := f.m.SwitchStats()
+	if st.Turns["a"] != 1 || st.Waits["b"].Count != 1 {
+		t.Fatalf("switch stats %+v: a's turn should have ended once and b waited once; the test proves nothing", st)
+	}
+	for _, dep := range []string{"a", "b"} {
+		if err := f.m.DeleteDeployment(context.Background(), dep); err != nil {
+			t.Fatalf("delete %s: %v", dep, err)
+		}
+	}
+	st = f.m.SwitchStats()
+	if len(st.Turns) != 0 || len(st.Waits) != 0 {
+		t.Fatalf("the deleted deployments' figures remain: turns %v, waits %v", st.Turns, st.Waits)
+	}
+	if st.Switches != 1 || st.TurnReasons[admission.TurnEndedIdle] == 0 {
+		t.Fatalf("the totals went too: %+v", st)
 	}
 }

@@ -102,4 +102,5 @@ func (s *stats) forget(name string) {
 		h.DeleteLabelValues(name)
 	}
 	s.requests.DeletePartialMatch(prometheus.Labels{"deployment": name})
+	s.refusals.DeletePartialMatch(prometheus.Labels{"deployment": name})
 }

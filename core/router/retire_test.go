@@ -106,7 +106,7 @@ func TestRouter_StoppedEngineConnectionsClosed(t *testing.T) {
 // longer has (deleted) is forgotten once it holds nothing: its admission
 // state, its latency rings and its metric series go. Before, a role kept
 // them for every deployment it ever served (about 50 KiB each, and eight
-// metric series per deployment for ever).
+// metric series per deployment for ever; the refusals by code too).
 func TestRouter_DeletedDeploymentForgotten(t *testing.T) {
 	e := newEnv(t, envOpts{})
 	resp, err := e.post(context.Background(), "/v1/chat/completions", chatBody(false, ""), nil)
@@ -121,9 +121,29 @@ func TestRouter_DeletedDeploymentForgotten(t *testing.T) {
 		e.rt.MetricsHandler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
 		return rec.Body.String()
 	}
+	// And one refused (its model fails to start): a refusals series.
+	e.lc.mu.Lock()
+	e.lc.activate = func(context.Context, string) error {
+		return structs.Errf(structs.CodeActivationFailed, "the engine did not start")
+	}
+	e.lc.mu.Unlock()
+	e.publish(false)
+	resp, err = e.post(context.Background(), "/v1/chat/completions", chatBody(false, ""), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if body := readBody(t, resp); resp.StatusCode == http.StatusOK {
+		t.Fatalf("a model that fails to start answered: %s", body)
+	}
 	if !strings.Contains(metrics(), `deployment="demo"`) || e.rt.DeploymentRequests("demo") == nil {
 		t.Fatal("no state for demo after its request: the test proves nothing")
 	}
+	waitFor(t, "demo's refusal counted", func() bool {
+		return strings.Contains(metrics(), `capyctl_refusals_total{code="activation_failed",deployment="demo"}`)
+	})
+	e.lc.mu.Lock()
+	e.lc.activate = nil
+	e.lc.mu.Unlock()
 	// Deleted: the table has it no more.
 	e.lc.board.Publish(routes.NewTable())
 	waitFor(t, "demo's state forgotten", func() bool {

@@ -330,7 +330,8 @@ func readRole(role *harness.Role, lmcacheDeps map[string]bool, baselines map[str
 	// Admission places: nothing in flight or waiting; cut requests that
 	// wait for an idle reading or an abort are settled by now. Those
 	// waiting for a stop hold places until their instance stops.
-	for _, name := range []string{"capyctl_requests_in_flight", "capyctl_queue_depth"} {
+	// Nor does any model wait for a switch, nor any body in a line.
+	for _, name := range []string{"capyctl_requests_in_flight", "capyctl_queue_depth", "capyctl_queue_waiting_bytes", "capyctl_switch_queue_length"} {
 		if n := m.Sum(name); n != 0 {
 			bad = append(bad, fmt.Sprintf("%s %v (%s)", name, n, series(m, name)))
 		}
