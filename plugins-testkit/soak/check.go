@@ -7,6 +7,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/http"
 	"os"
 	"sort"
 	"strconv"
@@ -358,6 +359,10 @@ func readRole(role *harness.Role, lmcacheDeps map[string]bool, baselines map[str
 			bad = append(bad, fmt.Sprintf("%s = %v", series, v))
 		}
 	}
+	// Turns: a model in memory serves; no turn stays ended or ending once
+	// the switch that contended it is over (a gate left closed refuses its
+	// ready model's requests for good).
+	bad = append(bad, turnsLeftClosed(ctx, role, snap)...)
 
 	// Engines, LMCache servers and their shims: one process group per
 	// running engine and per LMCache server, none without an instance.
@@ -531,6 +536,44 @@ func sameCharges(a, b map[string]int64) bool {
 		}
 	}
 	return true
+}
+
+// turnsLeftClosed lists the deployments with a ready instance whose turn
+// is not open, from the role's load view (GET /management/v1/metrics/load).
+func turnsLeftClosed(ctx context.Context, role *harness.Role, snap *wire.Snapshot) []string {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+role.Info.Management+"/management/v1/metrics/load", nil)
+	if err != nil {
+		return []string{"load view: " + err.Error()}
+	}
+	req.Header.Set("Authorization", "Bearer "+role.Creds.AdminToken)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return []string{"load view: " + err.Error()}
+	}
+	defer resp.Body.Close()
+	var load wire.LoadResponse
+	if resp.StatusCode != http.StatusOK {
+		return []string{"load view: " + resp.Status}
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&load); err != nil {
+		return []string{"load view: " + err.Error()}
+	}
+	turn := map[string]string{}
+	for _, d := range load.Deployments {
+		turn[d.Deployment] = d.Requests.Turn
+	}
+	var bad []string
+	for _, d := range snap.Deployments {
+		for _, in := range d.Instances {
+			if in.State != "ready" {
+				continue
+			}
+			if t, ok := turn[d.Name]; ok && t != "" && t != "open" {
+				bad = append(bad, fmt.Sprintf("%s is ready but its turn is %s", in.ID, t))
+			}
+		}
+	}
+	return bad
 }
 
 // launchGroup is one process group of the role's launches.
