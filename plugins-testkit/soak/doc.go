@@ -25,9 +25,12 @@
 // engine port leases (one per running engine and LMCache server), ledger
 // owners (exactly the instances that hold processes, with the same
 // charges), admission places (nothing in flight, waiting or waiting for
-// an idle reading), engine, shim and LMCache process groups (one per
-// running engine or server, none without an instance), driver processes
-// (at most one per family), and the role's goroutines and open files
+// an idle reading; no model waiting for a switch), turns (open for every
+// deployment with a ready instance), metric series (none of a deleted
+// deployment), idle connections to stopped engines (none), engine, shim
+// and LMCache process groups (one per running engine or server, none
+// without an instance), driver processes (at most one per family), and
+// the role's goroutines and open files
 // (within a margin of the first reading of the same state); and over the
 // run, that the role's resident memory is not growing.
 //
