@@ -7,7 +7,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net/http"
 	"os"
 	"sort"
 	"strconv"
@@ -362,7 +361,7 @@ func readRole(role *harness.Role, lmcacheDeps map[string]bool, baselines map[str
 	// Turns: a model in memory serves; no turn stays ended or ending once
 	// the switch that contended it is over (a gate left closed refuses its
 	// ready model's requests for good).
-	bad = append(bad, turnsLeftClosed(ctx, role, snap)...)
+	bad = append(bad, turnsLeftClosed(snap)...)
 
 	// Engines, LMCache servers and their shims: one process group per
 	// running engine and per LMCache server, none without an instance.
@@ -539,36 +538,18 @@ func sameCharges(a, b map[string]int64) bool {
 }
 
 // turnsLeftClosed lists the deployments with a ready instance whose turn
-// is not open, from the role's load view (GET /management/v1/metrics/load).
-func turnsLeftClosed(ctx context.Context, role *harness.Role, snap *wire.Snapshot) []string {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+role.Info.Management+"/management/v1/metrics/load", nil)
-	if err != nil {
-		return []string{"load view: " + err.Error()}
-	}
-	req.Header.Set("Authorization", "Bearer "+role.Creds.AdminToken)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return []string{"load view: " + err.Error()}
-	}
-	defer resp.Body.Close()
-	var load wire.LoadResponse
-	if resp.StatusCode != http.StatusOK {
-		return []string{"load view: " + resp.Status}
-	}
-	if err := json.NewDecoder(resp.Body).Decode(&load); err != nil {
-		return []string{"load view: " + err.Error()}
-	}
-	turn := map[string]string{}
-	for _, d := range load.Deployments {
-		turn[d.Deployment] = d.Requests.Turn
-	}
+// is not open, from the snapshot's statuses (requests.turn, the router's
+// counts; the load view would also read every engine's figures through
+// its driver, up to 3 s a deployment).
+func turnsLeftClosed(snap *wire.Snapshot) []string {
 	var bad []string
 	for _, d := range snap.Deployments {
+		t, _ := d.Requests["turn"].(string)
+		if t == "" || t == "open" {
+			continue
+		}
 		for _, in := range d.Instances {
-			if in.State != "ready" {
-				continue
-			}
-			if t, ok := turn[d.Name]; ok && t != "" && t != "open" {
+			if in.State == "ready" {
 				bad = append(bad, fmt.Sprintf("%s is ready but its turn is %s", in.ID, t))
 			}
 		}
