@@ -122,6 +122,10 @@ listener {
   # Connections of one client address that carried no authenticated request yet; 0: no cap (behind a reverse proxy all clients share the proxy's address).
   # (env CAPYCTL_LISTENER_MAX_UNAUTHENTICATED_PER_ADDRESS)
   # max_unauthenticated_per_address = 512
+
+  # Failed inference authentications one client address may make per minute (a burst of as many); past it the address is answered 429 rate_limited until its allowance refills; 0: no bound (behind a reverse proxy all clients share the proxy's address).
+  # (env CAPYCTL_LISTENER_AUTH_FAILURES_PER_MINUTE)
+  # auth_failures_per_minute = 30
 }
 
 tls {
@@ -166,4 +170,10 @@ responses {
   # The stored responses' bound, all together: the oldest go first.
   # (env CAPYCTL_RESPONSES_MAX_BYTES)
   # max_bytes = "1GiB"
+}
+
+usage {
+  # How long the API keys' usage (per key, model and hour) is kept; 90 days by default, and at least as long as the monthly budgets need (a month).
+  # (env CAPYCTL_USAGE_RETENTION)
+  # retention = "2160h"
 }

@@ -10,9 +10,11 @@
 // at once for an answer that ended normally, later for a request that was
 // cut short (a hang-up, a bound): the engine's idle reading, the engine's
 // next stop or restart, or the engine's own end of an aborted request.
-// Requests that find no free place wait in a FIFO line per deployment,
-// bounded per deployment, in total and in bytes; beyond the bounds they are
-// refused with queue_full.
+// Requests that find no free place wait in a line per deployment, bounded
+// per deployment, in total and in bytes; beyond the bounds they are
+// refused with queue_full. The line is first come first served within an
+// API key and fair between keys (weighted fair queuing, fair.go): one key
+// flooding a model cannot starve another key's requests.
 //
 // Lines are per deployment, so a request for a ready model never waits
 // behind requests for a model that is being woken or switched.
@@ -265,6 +267,8 @@ type Deployment struct {
 	queue      []*Waiter
 	rr         int
 	synced     any
+	// fair orders the line between the requests' keys (fair.go).
+	fair fairLine
 	// turn is where the deployment's turn is (turns.go).
 	turn turn
 	// service is the moving average of how long a request holds a place;
@@ -629,13 +633,22 @@ type Waiter struct {
 	place   *Place
 	left    bool
 	counted bool
+	// key, tag and seq place it in the fair line (fair.go).
+	key string
+	tag float64
+	seq uint64
 }
 
-// Enter admits a request of size bytes: it gets a place at once when one
-// is free, nobody waits ahead of it and the deployment's turn has not ended;
-// otherwise it joins the line and gets a Waiter, or is refused with
-// queue_full when the line is at a bound.
-func (d *Deployment) Enter(bytes int64) (*Place, *Waiter, error) {
+// Enter admits a request of size bytes for no key in particular (Fair's
+// zero value): see EnterFor.
+func (d *Deployment) Enter(bytes int64) (*Place, *Waiter, error) { return d.EnterFor(bytes, Fair{}) }
+
+// EnterFor admits a request of size bytes for f's key: it gets a place at
+// once when one is free, nobody waits ahead of it and the deployment's turn
+// has not ended; otherwise it joins the line in its key's fair order and
+// gets a Waiter (its next turn serves the line in that order too), or is
+// refused with queue_full when the line is at a bound.
+func (d *Deployment) EnterFor(bytes int64, f Fair) (*Place, *Waiter, error) {
 	d.mu.Lock()
 	d.arrived(d.c.cfg.Now())
 	if len(d.queue) == 0 && d.granting() {
@@ -665,7 +678,7 @@ func (d *Deployment) Enter(bytes int64) (*Place, *Waiter, error) {
 	c.waitingBytes += bytes
 	c.mu.Unlock()
 	w := &Waiter{d: d, at: c.cfg.Now(), bytes: bytes, ch: make(chan struct{}), counted: true}
-	d.queue = append(d.queue, w)
+	d.enqueue(w, f)
 	d.checkSaturated()
 	return nil, w, nil
 }
@@ -703,6 +716,7 @@ func (d *Deployment) dispatch() {
 		d.queue[0] = nil
 		d.queue = d.queue[1:]
 		d.uncount(w)
+		d.served(w)
 		w.place = d.grant(in)
 		close(w.ch)
 	}
@@ -746,6 +760,7 @@ func (w *Waiter) Leave() {
 	}
 	d.queue = slices.DeleteFunc(d.queue, func(x *Waiter) bool { return x == w })
 	d.uncount(w)
+	d.idleLine()
 	d.turnCheck()
 }
 

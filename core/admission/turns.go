@@ -231,7 +231,14 @@ func (d *Deployment) OldestWaiting() (at time.Time, ok bool) {
 	if len(d.queue) == 0 {
 		return time.Time{}, false
 	}
-	return d.queue[0].at, true
+	// The line is in fair order between keys, not in arrival order.
+	at = d.queue[0].at
+	for _, w := range d.queue[1:] {
+		if w.at.Before(at) {
+			at = w.at
+		}
+	}
+	return at, true
 }
 
 // serviceAlpha weighs the newest hold in the moving average of how long a

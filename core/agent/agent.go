@@ -30,6 +30,7 @@ import (
 	"github.com/capyctl/capyctl/core/api"
 	"github.com/capyctl/capyctl/core/api/dashboard"
 	"github.com/capyctl/capyctl/core/api/wire"
+	"github.com/capyctl/capyctl/core/apikeys"
 	"github.com/capyctl/capyctl/core/config"
 	"github.com/capyctl/capyctl/core/engines"
 	"github.com/capyctl/capyctl/core/fleet"
@@ -42,6 +43,7 @@ import (
 	"github.com/capyctl/capyctl/core/runinfo"
 	"github.com/capyctl/capyctl/core/store"
 	"github.com/capyctl/capyctl/core/structs"
+	"github.com/capyctl/capyctl/core/usage"
 	"github.com/capyctl/capyctl/core/version"
 	"github.com/capyctl/capyctl/sdk/proc"
 	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
@@ -94,6 +96,8 @@ type Settings struct {
 	// Responses keeps the Responses API's stored responses (zero: the
 	// defaults; a negative Retention keeps none).
 	Responses responses.Options
+	// Usage keeps the API keys' usage (zero: the defaults).
+	Usage usage.Options
 	// ReadyIdle and ParkedIdle are the role's default idle timers for
 	// deployments that set none (lifecycle_defaults.*; 0 = off).
 	ReadyIdle  time.Duration
@@ -152,6 +156,9 @@ type ListenerSettings struct {
 	BodyReadTimeout              time.Duration
 	MaxConnections               int
 	MaxUnauthenticatedPerAddress int
+	// AuthFailuresPerMinute bounds an address's failed inference
+	// authentications (0: the default; negative: no bound).
+	AuthFailuresPerMinute int
 }
 
 // options returns a listener's options, with the defaults for zero values.
@@ -204,7 +211,11 @@ type Agent struct {
 	Requests  *store.RequestWriter
 	// Responses are the Responses API's stored responses.
 	Responses *responses.Store
-	Creds     *runinfo.Credentials
+	// Keys are the inference API's named keys; Usage counts what each
+	// used (nil on a host: its server counts what it relays).
+	Keys  *apikeys.Keeper
+	Usage *usage.Meter
+	Creds *runinfo.Credentials
 	// Fleet is the server role's side of the fleet (nil otherwise);
 	// FleetHost the host role's.
 	Fleet     *fleet.Server
@@ -364,6 +375,13 @@ func New(s Settings, logger hclog.Logger) (*Agent, error) {
 	a.Engines = engines.New(st, a.Plugins, lc)
 	a.Requests = store.NewRequestWriter(st, ledgerOptions(s.RequestLedger, logger))
 	a.Responses = a.openResponses()
+	if err := a.openKeys(); err != nil {
+		_ = a.Responses.Close()
+		_ = a.Requests.Close()
+		a.closeMemory()
+		st.Close()
+		return nil, err
+	}
 	a.Router = router.New(router.Config{Lifecycle: lc, Admission: adm, Logger: logger, MaxBodyBytes: s.MaxBodyBytes, DefaultDeadline: s.RequestDeadline,
 		RequestLog: a.Requests, MaxWaitingTotal: s.MaxWaitingTotal, MaxWaitingBytes: s.MaxWaitingBytes,
 		MaxBodyBytesInFlight: s.MaxBodyBytesInFlight, BodyReadTimeout: s.Listener.options("inference", logger).BodyReadTimeout,
@@ -373,6 +391,7 @@ func New(s Settings, logger hclog.Logger) (*Agent, error) {
 	}
 
 	if err := a.listen(); err != nil {
+		a.closeKeys()
 		_ = a.Responses.Close()
 		_ = a.Requests.Close()
 		a.closeMemory()
@@ -380,6 +399,65 @@ func New(s Settings, logger hclog.Logger) (*Agent, error) {
 		return nil, err
 	}
 	return a, nil
+}
+
+// openKeys opens the usage counts (not on a host: its server counts what
+// it relays) and the named keys kept in the role's store, the role's own
+// key among them as the key named default.
+func (a *Agent) openKeys() error {
+	if err := a.openUsage(); err != nil {
+		return err
+	}
+	backend, err := apikeys.NewStoreBackend(a.Store, time.Now())
+	if err != nil {
+		a.closeKeys()
+		return err
+	}
+	return a.openKeeper(backend)
+}
+
+// openUsage opens the keys' usage counts (not on a host: its server
+// counts what it relays).
+func (a *Agent) openUsage() error {
+	if a.s.Role == config.RoleHost {
+		return nil
+	}
+	o := a.s.Usage
+	o.Logger = a.logger
+	m, err := usage.Open(a.Store, o)
+	if err != nil {
+		return err
+	}
+	a.Usage = m
+	return nil
+}
+
+// openKeeper starts the keeper of the keys in backend.
+func (a *Agent) openKeeper(backend apikeys.Backend) error {
+	cfg := apikeys.Config{Backend: backend, Journal: a.Store, Logger: a.logger,
+		RoleKey: func() string { return a.Creds.APIKey }}
+	if a.Usage != nil {
+		cfg.Usage = a.Usage
+	}
+	k, err := apikeys.New(cfg)
+	if err != nil {
+		a.closeKeys()
+		return err
+	}
+	a.Keys = k
+	k.Start()
+	return nil
+}
+
+// closeKeys stops the keeper and the usage counts, writing what they hold
+// (before the store closes).
+func (a *Agent) closeKeys() {
+	if a.Keys != nil {
+		a.Keys.Close()
+	}
+	if a.Usage != nil {
+		a.Usage.Close()
+	}
 }
 
 // ledgerOptions completes the request ledger's options.
@@ -628,6 +706,7 @@ func (a *Agent) Start(ctx context.Context) error {
 	requestExtras, memoryExtras := api.RequestExtras(a.Router), api.MemoryExtras(a.Placer)
 	backend := &api.Backend{
 		Lifecycle: a.Lifecycle, Store: a.Store, Engines: a.Engines, Router: a.Router, Logger: a.logger, Responses: a.Responses,
+		Keys: a.Keys, Usage: a.Usage,
 		Role: wire.RoleInfo{
 			Role: a.s.Role, Version: version.Version, Commit: version.GetCommit(), Host: a.s.Hostname,
 			Inference: a.InferenceAddr(), StartedAt: a.startedAt, PID: os.Getpid(),
@@ -645,7 +724,7 @@ func (a *Agent) Start(ctx context.Context) error {
 		backend.Config = func() *wire.RoleConfig { return rc }
 	}
 	iopts, mopts := a.s.Listener.options("inference", a.logger), a.s.Listener.options("management", a.logger)
-	inference := api.NewInferenceHandler(backend, a.Creds.APIKey)
+	inference := api.NewInferenceHandler(backend, a.Keys, api.AuthOptions{FailuresPerMinute: a.s.Listener.AuthFailuresPerMinute})
 	backend.Inference, backend.InferenceKeys = inference, a.playgroundKeys
 	management := api.NewManagementHandler(backend, a.Creds.AdminToken)
 	a.inferenceSrv = api.NewServer(inference, iopts)
@@ -758,6 +837,7 @@ func (a *Agent) Shutdown(ctx context.Context, stopEngines bool) {
 	if a.Responses != nil {
 		_ = a.Responses.Close()
 	}
+	a.closeKeys()
 	a.closeMemory()
 	a.Store.Close()
 }

@@ -10,7 +10,10 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"strconv"
 	"strings"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/capyctl/capyctl/core/api"
 	"github.com/capyctl/capyctl/core/api/wire"
@@ -35,7 +38,18 @@ func (a *Agent) openServer() error {
 	// The Responses API's stored responses of the requests this server
 	// takes: its IDs name this server (core/fleet/responses.go).
 	a.Responses = a.openResponses()
-	srv, err := fleet.NewServer(fleet.ServerOptions{StateDir: a.s.StateDir, Listen: listen, Advertise: a.s.ClusterAdvertise,
+	// The keys are the cluster's (replicated; the keeper opens on the
+	// server's state below); the usage is this server's own.
+	if err := a.openUsage(); err != nil {
+		_ = a.Responses.Close()
+		a.Store.Close()
+		return err
+	}
+	var collectors []prometheus.Collector
+	if a.Usage != nil {
+		collectors = append(collectors, a.Usage)
+	}
+	srv, err := fleet.NewServer(fleet.ServerOptions{Collectors: collectors, StateDir: a.s.StateDir, Listen: listen, Advertise: a.s.ClusterAdvertise,
 		Store: a.Store, Logger: a.logger, Heartbeat: a.s.HostHeartbeat,
 		GroupStallTimeout: a.s.GroupStallTimeout,
 		Name:              a.s.Hostname, BootstrapExpect: a.s.BootstrapExpect, Join: a.s.ServerJoin, JoinToken: a.s.JoinToken,
@@ -54,13 +68,21 @@ func (a *Agent) openServer() error {
 			return nil
 		}})
 	if err != nil {
+		a.closeKeys()
 		_ = a.Responses.Close()
 		a.Store.Close()
 		return err
 	}
 	a.Fleet = srv
+	if err := a.openKeeper(srv.KeyBackend()); err != nil {
+		srv.Close()
+		_ = a.Responses.Close()
+		a.Store.Close()
+		return err
+	}
 	if err := a.listen(); err != nil {
 		srv.Close()
+		a.closeKeys()
 		_ = a.Responses.Close()
 		a.Store.Close()
 		return err
@@ -91,13 +113,15 @@ func (a *Agent) startServer() error {
 	if err := a.Fleet.JoinCluster(ctx); err != nil {
 		return err
 	}
+	a.Fleet.UseKeys(a.Keys)
 	role := func() wire.RoleInfo {
 		return wire.RoleInfo{Role: a.s.Role, Version: version.Version, Commit: version.GetCommit(), Host: a.s.Hostname,
 			Inference: a.InferenceAddr(), StartedAt: a.startedAt, PID: os.Getpid(),
 			TLS: a.s.TLS.Enabled(), ClientCertificates: a.s.TLS.ClientCAFile != "", Warnings: a.Warnings()}
 	}
 	backend := &api.Backend{
-		Store: a.Store, Logger: a.logger, Role: role(), Hosts: a.Fleet.Hosts, Fleet: a.Fleet,
+		Store: a.Store, Logger: a.logger, Role: role(), Hosts: a.Fleet.Hosts, Fleet: a.Fleet, Keys: a.Keys, Usage: a.Usage,
+		PeerUsage: a.Fleet.PeerUsage, PeerKeyUses: a.Fleet.PeerKeyUses,
 		Override: a.Fleet.ManagementOverrides(role),
 		Servers:  a.Fleet, Forward: a.Fleet.ForwardMutation,
 	}
@@ -105,7 +129,7 @@ func (a *Agent) startServer() error {
 		backend.Config = func() *wire.RoleConfig { return rc }
 	}
 	iopts, mopts := a.s.Listener.options("inference", a.logger), a.s.Listener.options("management", a.logger)
-	inference := a.Fleet.InferenceHandler(a.Creds.APIKey, a.s.MaxBodyBytes, a.s.MaxBodyBytesInFlight)
+	inference := a.Fleet.InferenceHandler(a.Keys, api.AuthOptions{FailuresPerMinute: a.s.Listener.AuthFailuresPerMinute}, a.s.MaxBodyBytes, a.s.MaxBodyBytesInFlight)
 	backend.Inference, backend.InferenceKeys = inference, a.playgroundKeys
 	a.inferenceSrv = api.NewServer(api.BodyDeadline(inference, iopts.BodyReadTimeout), iopts)
 	mgmt := api.NewManagementHandler(backend, a.Creds.AdminToken)
@@ -178,8 +202,13 @@ func relayHandler(inference, management http.Handler, creds *runinfo.Credentials
 		if strings.HasPrefix(r.URL.Path, "/v1/") {
 			r.Header.Set("Authorization", "Bearer "+creds.APIKey)
 			// The server's own members (a Responses request's history and
-			// ID) are honoured on this path only.
-			inference.ServeHTTP(w, r.WithContext(router.WithRelayed(r.Context())))
+			// ID) and the key it relays for are honoured on this path only.
+			ctx := router.WithRelayed(r.Context())
+			if name := r.Header.Get(router.HeaderKeyName); name != "" {
+				weight, _ := strconv.Atoi(r.Header.Get(router.HeaderKeyWeight))
+				ctx = router.WithRelayedKey(ctx, name, weight)
+			}
+			inference.ServeHTTP(w, r.WithContext(ctx))
 			return
 		}
 		r.Header.Set("Authorization", "Bearer "+creds.AdminToken)

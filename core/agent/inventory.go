@@ -7,6 +7,7 @@ import (
 	"github.com/capyctl/capyctl/core/api/dashboard"
 	"github.com/capyctl/capyctl/core/api/wire"
 	"github.com/capyctl/capyctl/core/gpu"
+	"github.com/capyctl/capyctl/core/structs"
 )
 
 // gpuInventory is the wire form of what the GPU provider found at start;
@@ -53,8 +54,14 @@ func (r Running) GPULines() []string {
 }
 
 // playgroundKeys are the inference keys the dashboard's playground may use
-// by name: the role's one API key. Named keys, when the role has them,
-// join this list.
+// by name: the role's own key, the key named default, while it is not
+// revoked. Named keys are not offered: the role keeps only their digests
+// (paste one into the page to try it).
 func (a *Agent) playgroundKeys() []dashboard.Key {
-	return []dashboard.Key{{Name: "default", Description: "the role's API key, the api_key line of its credentials file", Secret: a.Creds.APIKey}}
+	if a.Keys != nil {
+		if v, err := a.Keys.Get(structs.DefaultKeyName); err != nil || !v.Key.Role {
+			return []dashboard.Key{}
+		}
+	}
+	return []dashboard.Key{{Name: structs.DefaultKeyName, Description: "the role's API key, the api_key line of its credentials file", Secret: a.Creds.APIKey}}
 }

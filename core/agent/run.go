@@ -17,6 +17,7 @@ import (
 	"github.com/capyctl/capyctl/core/pluginmgr"
 	"github.com/capyctl/capyctl/core/responses"
 	"github.com/capyctl/capyctl/core/store"
+	"github.com/capyctl/capyctl/core/usage"
 )
 
 // Options are what a command hands the agent to run a role: the CLI's one
@@ -169,6 +170,7 @@ func SettingsFromConfig(cfg *config.Config) Settings {
 			ReadHeaderTimeout: cfg.Listener.ReadHeaderTimeout.D(), IdleTimeout: cfg.Listener.IdleTimeout.D(),
 			BodyReadTimeout: cfg.Listener.BodyReadTimeout.D(), MaxConnections: noCap(cfg.Listener.MaxConnections),
 			MaxUnauthenticatedPerAddress: noCap(cfg.Listener.MaxUnauthenticatedPerAddress),
+			AuthFailuresPerMinute:        noCap(cfg.Listener.AuthFailuresPerMinute),
 		},
 		TLS:             api.TLSFiles{CertFile: cfg.TLS.CertFile, KeyFile: cfg.TLS.KeyFile, ClientCAFile: cfg.TLS.ClientCAFile},
 		RequestDeadline: cfg.Limits.RequestDeadline.D(),
@@ -182,6 +184,7 @@ func SettingsFromConfig(cfg *config.Config) Settings {
 		MaxWaitingBytes: int64(cfg.Limits.MaxWaitingBytes),
 		RequestLedger:   requestLedger(cfg.RequestLedger),
 		Responses:       responsesOptions(cfg),
+		Usage:           usage.Options{Retention: cfg.Usage.Retention.D()},
 		ReadyIdle:       cfg.LifecycleDefaults.ReadyIdleTimeout.D(),
 		ParkedIdle:      cfg.LifecycleDefaults.ParkedIdleTimeout.D(),
 		Switching: lifecycle.SwitchingConfig{

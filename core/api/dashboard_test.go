@@ -15,6 +15,7 @@ import (
 	"testing"
 
 	"github.com/capyctl/capyctl/core/api/dashboard"
+	"github.com/capyctl/capyctl/core/apikeys"
 	"github.com/capyctl/capyctl/core/store"
 )
 
@@ -157,7 +158,7 @@ func TestManagementHandler_ServesDashboard(t *testing.T) {
 // TestInferenceHandler_NoDashboard: the inference listener serves no part
 // of the dashboard, with the API key or without.
 func TestInferenceHandler_NoDashboard(t *testing.T) {
-	h := NewInferenceHandler(&Backend{}, "capy-key")
+	h := NewInferenceHandler(&Backend{}, apikeys.RoleOnly("capy-key"), AuthOptions{})
 	for _, c := range []struct{ method, path, key string }{
 		{http.MethodGet, "/dashboard/", ""},
 		{http.MethodGet, "/dashboard/", "capy-key"},

@@ -4,11 +4,13 @@
 package api
 
 import (
+	"math"
 	"net/http"
 	"strings"
 
 	"github.com/gorilla/mux"
 
+	"github.com/capyctl/capyctl/core/apikeys"
 	"github.com/capyctl/capyctl/core/router"
 	"github.com/capyctl/capyctl/core/structs"
 	"github.com/capyctl/capyctl/sdk/decisions"
@@ -21,7 +23,7 @@ import (
 // Anthropic's Messages API (/v1/messages, /v1/messages/count_tokens),
 // behind the API key. The core's Prometheus metrics are on the management
 // listener (MetricsView), not here.
-func NewInferenceHandler(b *Backend, apiKey string) http.Handler {
+func NewInferenceHandler(b *Backend, keys *apikeys.Keeper, o AuthOptions) http.Handler {
 	r := mux.NewRouter()
 	r.HandleFunc("/v1/models", b.Router.Models).Methods(http.MethodGet)
 	r.HandleFunc("/v1/chat/completions", b.Router.ChatCompletions).Methods(http.MethodPost)
@@ -41,13 +43,16 @@ func NewInferenceHandler(b *Backend, apiKey string) http.Handler {
 	r.MethodNotAllowedHandler = http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		writeInferenceError(w, req, structs.Errf(structs.CodeMethodNotAllowed, "%s is not allowed on %s", req.Method, req.URL.Path))
 	})
-	return inferenceAuth(r, apiKey)
+	return InferenceAuth(r, keys, o)
 }
 
-// InferenceAuth is inferenceAuth for a handler of another role's making
-// (the server's relay): the same key check, answers and connection
-// accounting.
-func InferenceAuth(next http.Handler, apiKey string) http.Handler { return inferenceAuth(next, apiKey) }
+// AuthOptions tune the inference API's authentication.
+type AuthOptions struct {
+	// FailuresPerMinute is how many failed authentications a client
+	// address may make per minute (0: DefaultAuthFailuresPerMinute;
+	// negative: no bound).
+	FailuresPerMinute int
+}
 
 // anthropicPath reports a path of Anthropic's Messages API, whose answers
 // (errors included) are in Anthropic's shape.
@@ -78,23 +83,62 @@ func apiKeyOf(r *http.Request) string {
 	return strings.TrimSpace(r.Header.Get("X-Api-Key"))
 }
 
-// inferenceAuth requires the API key on every route. There is no fallback
-// key and no unauthenticated route. A request without the key is answered
-// 401 without reading its body, on a connection closed after the answer.
-// An authenticated request carries its key's identity (router.Caller) to
-// what it stores.
-func inferenceAuth(next http.Handler, apiKey string) http.Handler {
+// InferenceAuth requires an API key on every route (the server role's
+// relay uses it too). There is no fallback key and no unauthenticated
+// route. A request without a key that authenticates is answered 401
+// without reading its body, on a connection closed after the answer; a
+// client address that failed too often is answered 429 rate_limited the
+// same way, before its key is looked at. An authenticated request takes
+// its share of its key's limits (429 rate_limited or quota_exceeded when
+// over one, the OpenAI-style x-ratelimit-* headers on every answer) and
+// carries its key's identity, scope and meter (router.Caller).
+func InferenceAuth(next http.Handler, keys *apikeys.Keeper, o AuthOptions) http.Handler {
+	perMinute := o.FailuresPerMinute
+	if perMinute == 0 {
+		perMinute = DefaultAuthFailuresPerMinute
+	}
+	guard := newAuthGuard(perMinute)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !tokenEqual(apiKeyOf(r), apiKey) {
+		addr := clientHost(r)
+		if wait := guard.blocked(addr); wait > 0 {
+			// IMPORTANT: as for a wrong key: the body is never read.
+			closeUnread(w)
+			e := structs.Errf(structs.CodeRateLimited, "too many failed authentications from this address; retry later")
+			e.RetryAfter = int(math.Ceil(wait.Seconds()))
+			writeInferenceError(w, r, e)
+			return
+		}
+		p, err := keys.Authenticate(apiKeyOf(r))
+		if err != nil {
+			guard.failed(addr)
 			// IMPORTANT: the body of an unauthenticated request is never
 			// read, and its connection is closed after the 401.
 			closeUnread(w)
 			w.Header().Set("WWW-Authenticate", `Bearer realm="capyctl"`)
-			writeInferenceError(w, r, structs.Errf(structs.CodeUnauthorized, "missing or wrong API key (send Authorization: Bearer <key>, or x-api-key: <key>)"))
+			writeInferenceError(w, r, err)
 			return
 		}
 		markAuthenticated(r)
-		// The role's one key; named keys put their own name here.
-		next.ServeHTTP(w, r.WithContext(router.WithCaller(r.Context(), router.Caller{Key: router.DefaultKeyName})))
+		var hdr apikeys.RateHeaders
+		ticket, err := p.Admit(&hdr)
+		hdr.Apply(w.Header())
+		if err != nil {
+			writeInferenceError(w, r, err)
+			return
+		}
+		c := router.Caller{Key: p.Key.Name, Weight: p.Key.EffectiveWeight(), Meter: ticket}
+		if p.Scope != nil {
+			c.Scope = p.Scope
+		}
+		if name, weight, ok := router.RelayedKeyOf(r.Context()); ok {
+			// A server relayed it (the host's relay, the host's own key):
+			// the request is the client's key's, for its fair share of
+			// places and the request log.
+			c.Key, c.Weight = name, max(weight, 1)
+		}
+		next.ServeHTTP(w, r.WithContext(router.WithCaller(r.Context(), c)))
+		// A request the router took over (a stream may outlive this
+		// handler) is settled when it ends; any other ends here.
+		ticket.EndUntaken()
 	})
 }

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capyctl/capyctl/core/apikeys"
 	"github.com/capyctl/capyctl/core/responses"
 	"github.com/capyctl/capyctl/core/router"
 	"github.com/capyctl/capyctl/core/store"
@@ -34,7 +35,7 @@ func inferenceServer(t *testing.T) (*httptest.Server, *responses.Store) {
 	}
 	rs := responses.Open(st, responses.Options{})
 	rt := router.New(router.Config{Lifecycle: noLifecycle{}, Responses: rs})
-	srv := httptest.NewServer(NewInferenceHandler(&Backend{Router: rt, Responses: rs}, testKey))
+	srv := httptest.NewServer(NewInferenceHandler(&Backend{Router: rt, Responses: rs}, apikeys.RoleOnly(testKey), AuthOptions{}))
 	t.Cleanup(func() {
 		srv.Close()
 		rt.Close()

@@ -15,10 +15,18 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capyctl/capyctl/core/apikeys"
 	"github.com/capyctl/capyctl/plugins-testkit/poll"
 )
 
 const testKey = "capy-test-key"
+
+// inferenceAuth is the inference API's authentication with one key, the
+// role's, and no bound on failed authentications (these tests fail many
+// from one address on purpose).
+func inferenceAuth(next http.Handler, key string) http.Handler {
+	return InferenceAuth(next, apikeys.RoleOnly(key), AuthOptions{FailuresPerMinute: -1})
+}
 
 // served is a test server on a LimitListener.
 type served struct {

@@ -70,6 +70,12 @@ func ManagementRoutes() []Route {
 		{http.MethodGet, "/hosts/{name}/ledger", "a host's GPUs and memory ledger: domains, limits, charges per owner", false, func(b *Backend) http.HandlerFunc { return b.hostLedger }},
 		{http.MethodGet, ViewLoad, "live load per deployment and instance (running, waiting, limits)", false, LoadView},
 		{http.MethodGet, ViewLatency, "latency distributions (router and engine)", false, LatencyView},
+		{http.MethodGet, "/api-keys", "the inference API's named keys: name, models, limits, weight, created, expiry, first and last use; never a key", false, func(b *Backend) http.HandlerFunc { return b.listAPIKeys }},
+		{http.MethodPost, "/api-keys", "create a named key: {name, models, limits {rpm, tpm, concurrency, monthly_tokens}, weight, expires}; 201 with the key in clear, this once (api_key_exists)", false, func(b *Backend) http.HandlerFunc { return b.createAPIKey }},
+		{http.MethodGet, "/api-keys/{name}", "one named key", false, func(b *Backend) http.HandlerFunc { return b.getAPIKey }},
+		{http.MethodPatch, "/api-keys/{name}", "change a key's models, limits, weight or expiry: each field present replaces the key's", false, func(b *Backend) http.HandlerFunc { return b.updateAPIKey }},
+		{http.MethodDelete, "/api-keys/{name}", "revoke a key: its next request is 401", false, func(b *Backend) http.HandlerFunc { return b.revokeAPIKey }},
+		{http.MethodGet, "/usage", "the keys' usage per key, model and hour: ?key=&model=&since= (a duration back, or an RFC 3339 time; 24h by default); requests, errors by code, prompt, completion and cached tokens, request time", false, func(b *Backend) http.HandlerFunc { return b.usageView }},
 		{http.MethodGet, ViewRequests, "the request log's newest records, newest first (?deployment=&limit=1..500, 50 by default): each request's route (chat, responses, messages, ...), outcome, status, timings and tokens; never its text (on a server: the hosts keep them)", false, RequestsView},
 	}
 }

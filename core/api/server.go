@@ -14,17 +14,20 @@ import (
 	"encoding/json"
 	"net/http"
 	"strings"
+	"time"
 
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/capyctl/capyctl/core/api/dashboard"
 	"github.com/capyctl/capyctl/core/api/wire"
+	"github.com/capyctl/capyctl/core/apikeys"
 	"github.com/capyctl/capyctl/core/engines"
 	"github.com/capyctl/capyctl/core/lifecycle"
 	"github.com/capyctl/capyctl/core/responses"
 	"github.com/capyctl/capyctl/core/router"
 	"github.com/capyctl/capyctl/core/store"
 	"github.com/capyctl/capyctl/core/structs"
+	"github.com/capyctl/capyctl/core/usage"
 )
 
 // Backend is what the handlers call.
@@ -66,6 +69,18 @@ type Backend struct {
 	// Responses are the Responses API's stored responses (nil: none
 	// kept).
 	Responses *responses.Store
+	// Keys are the inference API's named keys (nil: the routes answer
+	// unsupported).
+	Keys *apikeys.Keeper
+	// Usage counts the keys' usage (nil: GET /usage answers unsupported).
+	Usage *usage.Meter
+	// PeerUsage returns the other servers' usage rows for the request's
+	// query, the servers counted and those that did not answer (a cluster
+	// of servers; nil: none).
+	PeerUsage func(r *http.Request) (rows []wire.UsageRow, servers, missing []string)
+	// PeerKeyUses returns when the other servers first and last
+	// authenticated each key, by name (nil: none).
+	PeerKeyUses func(r *http.Request) map[string][2]time.Time
 
 	keys    keyLocks
 	streams streamSlots

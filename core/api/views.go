@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/capyctl/capyctl/core/api/wire"
 	"github.com/capyctl/capyctl/core/lifecycle"
@@ -91,7 +92,13 @@ func MetricsView(b *Backend) http.Handler {
 	if b.Router == nil {
 		return http.HandlerFunc(noRouter)
 	}
-	return b.Router.MetricsHandler()
+	if b.Usage == nil {
+		return b.Router.MetricsHandler()
+	}
+	// The keys' series (capyctl_key_*) beside the router's.
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(b.Usage)
+	return promhttp.HandlerFor(prometheus.Gatherers{b.Router.Gatherer(), reg}, promhttp.HandlerOpts{})
 }
 
 // noRouter answers the views of a role that routes no requests.
@@ -178,7 +185,7 @@ func RequestsView(b *Backend) http.HandlerFunc {
 					ID: rec.ID, Deployment: rec.Deployment, Instance: rec.Instance, Route: rec.API, Stream: rec.Stream,
 					Outcome: rec.Outcome, Code: rec.Code, Status: rec.Status, ReceivedAt: rec.ReceivedAt,
 					QueueMs: rec.QueueMs, ActivationMs: rec.ActivationMs, TTFBMs: rec.TTFBMs, TotalMs: rec.TotalMs,
-					PromptTokens: rec.PromptTokens, CompletionToks: rec.CompletionToks,
+					PromptTokens: rec.PromptTokens, CompletionToks: rec.CompletionToks, Key: rec.Key,
 				})
 			}
 		}

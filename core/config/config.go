@@ -88,6 +88,7 @@ type Config struct {
 	Shutdown          Shutdown
 	RequestLedger     RequestLedger
 	Responses         Responses
+	Usage             Usage
 	Drivers           Drivers
 
 	sources map[string]Source
@@ -158,6 +159,9 @@ type Listener struct {
 	BodyReadTimeout              structs.Duration
 	MaxConnections               int
 	MaxUnauthenticatedPerAddress int
+	// AuthFailuresPerMinute bounds the failed inference authentications
+	// of one client address (0: no bound).
+	AuthFailuresPerMinute int
 }
 
 // TLS is the inference endpoint's certificate: empty CertFile serves plain
@@ -198,6 +202,12 @@ type Responses struct {
 	Retention structs.Duration
 	// MaxBytes bounds the stored responses, all together (oldest out).
 	MaxBytes structs.ByteSize
+}
+
+// Usage configures the API keys' usage records.
+type Usage struct {
+	// Retention is how long rows (per key, model and hour) are kept.
+	Retention structs.Duration
 }
 
 // Source says where a setting's value came from.

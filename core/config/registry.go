@@ -316,6 +316,9 @@ var registry = []Definition{
 	intSetting("listener.max_unauthenticated_per_address", 512, 0, 1<<20,
 		"connections of one client address that carried no authenticated request yet; 0: no cap (behind a reverse proxy all clients share the proxy's address)", all,
 		func(c *Config) *int { return &c.Listener.MaxUnauthenticatedPerAddress }),
+	intSetting("listener.auth_failures_per_minute", 30, 0, 1<<20,
+		"failed inference authentications one client address may make per minute (a burst of as many); past it the address is answered 429 rate_limited until its allowance refills; 0: no bound (behind a reverse proxy all clients share the proxy's address)", routerSide,
+		func(c *Config) *int { return &c.Listener.AuthFailuresPerMinute }),
 
 	{
 		Path: "tls.cert_file", Kind: KindPath, Roles: all,
@@ -367,6 +370,9 @@ var registry = []Definition{
 	durationSetting("responses.retention", "720h", false,
 		"how long the Responses API keeps a stored response (store: true) for previous_response_id and GET /v1/responses/{id}; 0 keeps none", routerSide,
 		func(c *Config) *structs.Duration { return &c.Responses.Retention }),
+	durationSetting("usage.retention", "2160h", false,
+		"how long the API keys' usage (per key, model and hour) is kept; 90 days by default, and at least as long as the monthly budgets need (a month)", routerSide,
+		func(c *Config) *structs.Duration { return &c.Usage.Retention }),
 	sizeSetting("responses.max_bytes", "1GiB", "the stored responses' bound, all together: the oldest go first", routerSide,
 		func(c *Config) *structs.ByteSize { return &c.Responses.MaxBytes }),
 }

@@ -21,7 +21,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capyctl/capyctl/core/api"
 	"github.com/capyctl/capyctl/core/api/wire"
+	"github.com/capyctl/capyctl/core/apikeys"
 	"github.com/capyctl/capyctl/core/fleet/fsm"
 	"github.com/capyctl/capyctl/core/hostlink/proto/hostv1"
 	"github.com/capyctl/capyctl/core/store"
@@ -359,7 +361,7 @@ func TestRelay_StreamsAndCancelsOnHangUp(t *testing.T) {
 		Hosts: []HostShare{{Host: "gpu-a", Instances: 1}}}}); err != nil {
 		t.Fatal(err)
 	}
-	srv := httptest.NewServer(s.InferenceHandler("key", 0, 0))
+	srv := httptest.NewServer(s.InferenceHandler(apikeys.RoleOnly("key"), api.AuthOptions{}, 0, 0))
 	defer srv.Close()
 	post := func(ctx context.Context, body string) (*http.Response, error) {
 		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL+"/v1/chat/completions", strings.NewReader(body))

@@ -34,6 +34,9 @@ func (s *Server) metricsHandler() http.Handler {
 		}
 		s.mu.Unlock()
 	}})
+	for _, c := range s.o.Collectors {
+		reg.MustRegister(c)
+	}
 	// Uncompressed: the hosts' series are appended as text after these.
 	return promhttp.HandlerFor(reg, promhttp.HandlerOpts{DisableCompression: true})
 }

@@ -12,11 +12,13 @@ import (
 	"net/http"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/capyctl/capyctl/core/api"
+	"github.com/capyctl/capyctl/core/apikeys"
 	"github.com/capyctl/capyctl/core/router"
 	"github.com/capyctl/capyctl/core/structs"
 )
@@ -29,11 +31,11 @@ const relayBufSize = 2 << 10
 var relayBufs = sync.Pool{New: func() any { b := make([]byte, relayBufSize); return &b }}
 
 // InferenceHandler is the server's inference API: every request is
-// relayed to a host that runs the model, behind the API key. Each body is
+// relayed to a host that runs the model, behind the API keys. Each body is
 // at most maxBody bytes and all bodies held at once at most maxInFlight
 // (limits.max_body_bytes, limits.max_body_bytes_in_flight; 0: the
 // router's defaults).
-func (s *Server) InferenceHandler(apiKey string, maxBody, maxInFlight int64) http.Handler {
+func (s *Server) InferenceHandler(keys *apikeys.Keeper, auth api.AuthOptions, maxBody, maxInFlight int64) http.Handler {
 	bodies := router.NewBodyLimiter(maxBody, maxInFlight)
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /v1/models", s.models)
@@ -42,7 +44,7 @@ func (s *Server) InferenceHandler(apiKey string, maxBody, maxInFlight int64) htt
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		relayError(w, r, structs.Errf(structs.CodeNotFound, "no route %s %s", r.Method, r.URL.Path))
 	})
-	return api.InferenceAuth(mux, apiKey)
+	return api.InferenceAuth(mux, keys, auth)
 }
 
 // relayInference relays one inference request to the least busy reachable
@@ -88,6 +90,19 @@ func relayError(w http.ResponseWriter, r *http.Request, err error) {
 // relayBody relays one inference request's body to a host of the model;
 // tap, when set, sees the host's answer before the client does.
 func (s *Server) relayBody(w http.ResponseWriter, r *http.Request, body []byte, tap func(*http.Response)) {
+	// The request's key settles once the answer ended (a stream's too):
+	// its limits and usage count what the host's answer reported.
+	meter := meterFor(r)
+	settled := false
+	defer func() {
+		if !settled {
+			meter.end()
+		}
+	}()
+	relayError := func(w http.ResponseWriter, r *http.Request, err error) {
+		meter.refused(err)
+		relayError(w, r, err)
+	}
 	// The model as the host's router reads it (by its exact name): the
 	// server places the request where the host serves the same model.
 	model, err := router.RequestModel(body)
@@ -99,11 +114,20 @@ func (s *Server) relayBody(w http.ResponseWriter, r *http.Request, body []byte, 
 		relayError(w, r, structs.Errf(structs.CodeInvalidRequest, "the request names no model"))
 		return
 	}
+	caller := router.CallerOf(r.Context())
 	p, ok := s.State.RouteOwner(model)
-	if !ok {
+	// IMPORTANT: a model the key may not use is answered exactly as one no
+	// deployment serves.
+	if !ok || !caller.Allows(model) {
 		relayError(w, r, structs.Errf(structs.CodeUnknownModel, "no deployment serves model %q (GET /v1/models lists them)", model))
 		return
 	}
+	meter.model = model
+	// The host names the request after the client's key (its request log,
+	// its fair share of the model's places).
+	hdr := r.Header.Clone()
+	hdr.Set(router.HeaderKeyName, caller.Key)
+	hdr.Set(router.HeaderKeyWeight, strconv.Itoa(max(caller.Weight, 1)))
 	// A request that never left the server (the host's relay closed
 	// between the pick and the send) goes to another replica; one the host
 	// may have received is not sent twice.
@@ -142,7 +166,7 @@ func (s *Server) relayBody(w http.ResponseWriter, r *http.Request, body []byte, 
 		rctx, cancel = context.WithCancel(context.WithoutCancel(r.Context()))
 		unhook = context.AfterFunc(r.Context(), cancel)
 		var err error
-		resp, err = s.roundTrip(rctx, host, r.Method, r.URL.RequestURI(), r.Header, "", body)
+		resp, err = s.roundTrip(rctx, host, r.Method, r.URL.RequestURI(), hdr, "", body)
 		if err == nil && p.Group != nil && groupTry == 0 && resp.StatusCode == http.StatusServiceUnavailable &&
 			s.memberOf(r.Context(), host, 0, p.Deployment).state != string(structs.StateReady) {
 			// The head's host says its group is not up: this server's view
@@ -185,10 +209,12 @@ func (s *Server) relayBody(w http.ResponseWriter, r *http.Request, body []byte, 
 	if tap != nil {
 		tap(resp)
 	}
+	meter.watch(resp)
 	if strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") && unhook() {
 		s.taken.Add(1)
-		finish := func() { done(); s.taken.Add(-1) }
+		finish := func() { meter.end(); done(); s.taken.Add(-1) }
 		if takeOver(w, r, resp, cancel, finish) {
+			settled = true // the stream settles when it ends
 			return
 		}
 		s.taken.Add(-1)
@@ -339,9 +365,12 @@ func (s *Server) models(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 	}
+	caller := router.CallerOf(r.Context())
 	ids := make([]string, 0, len(seen))
 	for id := range seen {
-		ids = append(ids, id)
+		if caller.Allows(id) { // a key sees only the models it may use
+			ids = append(ids, id)
+		}
 	}
 	sort.Strings(ids)
 	data := make([]model, 0, len(ids))

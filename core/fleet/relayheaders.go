@@ -20,7 +20,10 @@ import (
 
 // relayRequestHeaders are the headers a request to a host may carry: what
 // the host's router and management API read.
-var relayRequestHeaders = []string{"Content-Type", "Accept", router.HeaderClientRequestID, "Idempotency-Key"}
+// The key's name and weight are the server's own (relayBody sets them
+// over any a client sent).
+var relayRequestHeaders = []string{"Content-Type", "Accept", router.HeaderClientRequestID, "Idempotency-Key",
+	router.HeaderKeyName, router.HeaderKeyWeight}
 
 // relayAnswerHeaders are the headers of a host's answer the client gets:
 // what CapyCTL's router writes (core/router: the request IDs, the answer's

@@ -20,11 +20,13 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/net/http2"
 	"google.golang.org/grpc"
 
 	"github.com/capyctl/capyctl/core/api"
 	"github.com/capyctl/capyctl/core/api/wire"
+	"github.com/capyctl/capyctl/core/apikeys"
 	"github.com/capyctl/capyctl/core/fleet/fsm"
 	"github.com/capyctl/capyctl/core/fleet/raftlog"
 	"github.com/capyctl/capyctl/core/hostlink/proto/hostv1"
@@ -83,6 +85,9 @@ type ServerOptions struct {
 	// Responses keeps the Responses API's stored responses of the
 	// requests this server takes (responses.go); nil keeps none.
 	Responses ResponseStore
+	// Collectors are more series of the server's own /metrics (the keys'
+	// usage of the requests this server took).
+	Collectors []prometheus.Collector
 }
 
 // Server is the server's side: the cluster listener, the hosts' links and
@@ -127,6 +132,8 @@ type Server struct {
 	leading   signal
 	// fatal carries the reason the server must stop (Fatal).
 	fatal chan error
+	// keys is the keeper of the cluster's named keys (UseKeys), under mu.
+	keys *apikeys.Keeper
 
 	ctx    context.Context
 	cancel context.CancelFunc

@@ -206,6 +206,8 @@ func (s *Server) servePeer(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusNoContent)
 	case strings.HasPrefix(r.URL.Path, "/responses/"):
 		s.servePeerResponses(w, r) // another server asks for a response this one holds (responses.go)
+	case r.Method == http.MethodPost && r.URL.Path == "/key-counts":
+		s.serveKeyCounts(w, r) // another server's use of the keys with limits (apikeys.go)
 	default:
 		cl.mu.Lock()
 		h, token := cl.mgmt, cl.adminToken

@@ -22,6 +22,8 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
+	"github.com/capyctl/capyctl/core/api"
+	"github.com/capyctl/capyctl/core/apikeys"
 	"github.com/capyctl/capyctl/core/fleet/fsm"
 	"github.com/capyctl/capyctl/core/pki"
 	"github.com/capyctl/capyctl/core/structs"
@@ -95,7 +97,7 @@ func TestClusterListener_IdleFloodCutsNoHostOff(t *testing.T) {
 		Hosts: []HostShare{{Host: "gpu-a", Instances: 1}}}}); err != nil {
 		t.Fatal(err)
 	}
-	srv := httptest.NewServer(s.InferenceHandler("key", 0, 0))
+	srv := httptest.NewServer(s.InferenceHandler(apikeys.RoleOnly("key"), api.AuthOptions{}, 0, 0))
 	defer srv.Close()
 
 	// One address floods with 300, eighty others with 5 each (400 in
@@ -343,7 +345,7 @@ func TestRelay_BodiesInFlightBounded(t *testing.T) {
 	joinHost(t, s, "gpu-a", newFakeLocal())
 	waitReady(t, s, "gpu-a")
 	place(t, s, "demo", "gpu-a")
-	srv := httptest.NewServer(s.InferenceHandler("key", 1<<20, 2<<20))
+	srv := httptest.NewServer(s.InferenceHandler(apikeys.RoleOnly("key"), api.AuthOptions{}, 1<<20, 2<<20))
 	t.Cleanup(srv.Close) // after the held connections close
 	addr := strings.TrimPrefix(srv.URL, "http://")
 
@@ -405,7 +407,7 @@ func TestRelay_ModelByItsExactName(t *testing.T) {
 	})})
 	waitReady(t, s, "gpu-a")
 	place(t, s, "demo", "gpu-a")
-	srv := httptest.NewServer(s.InferenceHandler("key", 0, 0))
+	srv := httptest.NewServer(s.InferenceHandler(apikeys.RoleOnly("key"), api.AuthOptions{}, 0, 0))
 	defer srv.Close()
 	for _, body := range []string{`{"model":"secret1","Model":"demo"}`, `{"Model":"demo","model":"secret1"}`, `{"MODEL":"demo"}`, `{"model":"demo","model":"secret1"}`} {
 		req, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/chat/completions", strings.NewReader(body))
@@ -455,7 +457,7 @@ func TestRelay_HeaderHygiene(t *testing.T) {
 	})})
 	waitReady(t, s, "gpu-a")
 	place(t, s, "demo", "gpu-a")
-	srv := httptest.NewServer(s.InferenceHandler("key", 0, 0))
+	srv := httptest.NewServer(s.InferenceHandler(apikeys.RoleOnly("key"), api.AuthOptions{}, 0, 0))
 	defer srv.Close()
 	for _, stream := range []bool{false, true} {
 		body := `{"model":"demo","messages":[]}`

@@ -338,6 +338,7 @@ func (rt *Router) Models(w http.ResponseWriter, r *http.Request) {
 		Object string  `json:"object"`
 		Data   []model `json:"data"`
 	}{Object: "list", Data: []model{}}
+	caller := CallerOf(r.Context())
 	for _, route := range rt.cfg.Routes.Load().List() {
 		state := "stopped"
 		switch {
@@ -357,6 +358,9 @@ func (rt *Router) Models(w http.ResponseWriter, r *http.Request) {
 			names = []string{route.Deployment}
 		}
 		for _, name := range names {
+			if !caller.Allows(name) {
+				continue // a key sees only the models it may use
+			}
 			out.Data = append(out.Data, model{
 				ID: name, Object: "model", OwnedBy: "capyctl",
 				CapyCTL: map[string]any{"api": api, "deployment": route.Deployment, "state": state, "endpoints": Endpoints(api)},

@@ -186,6 +186,11 @@ type request struct {
 	stopGone func() bool // stops the hang-up callback
 
 	dl dialect // the API a dialect request came in (dialect.go); nil for the others
+
+	caller Caller // who sent it (identity.go); its meter settles in finish
+	// allowed says the model resolved to a route the caller may use: the
+	// key's usage counts the request under the model's name.
+	allowed bool
 }
 
 // chatHead is the part of a chat body the router reads (parseChatHead
@@ -245,7 +250,10 @@ func (rt *Router) serveDialect(w http.ResponseWriter, r *http.Request, dl dialec
 }
 
 func (rt *Router) serveWith(w http.ResponseWriter, r *http.Request, api string, dl dialect) {
-	q := &request{rt: rt, w: w, r: r, api: api, start: time.Now(), id: NewRequestID(), dl: dl}
+	q := &request{rt: rt, w: w, r: r, api: api, start: time.Now(), id: NewRequestID(), dl: dl, caller: CallerOf(r.Context())}
+	if q.caller.Meter != nil {
+		q.caller.Meter.Take() // settled in finish, after a stream too
+	}
 	// dialect: a re-encoded stream stays on its net/http handler.
 	q.hjOK = dl == nil && hijackSupported && !rt.cfg.KeepStreamsOnNetHTTP && r.ProtoMajor == 1 && r.ProtoMinor >= 1 && r.TLS == nil && hijackable(w)
 	h := w.Header()
@@ -322,10 +330,14 @@ func (q *request) resolve() bool {
 		return false
 	}
 	route := q.rt.cfg.Routes.Load().Lookup(q.model)
-	if route == nil {
+	// IMPORTANT: a model the caller's key may not use is answered exactly
+	// as one that does not exist, on the same path: a key cannot learn
+	// what else is deployed.
+	if route == nil || !q.caller.Allows(q.model) {
 		q.fail(structs.Errf(structs.CodeUnknownModel, "no model %q: GET /v1/models lists the models", q.model))
 		return false
 	}
+	q.allowed = true
 	q.route = route
 	api := route.API
 	if api == "" {
@@ -456,7 +468,7 @@ func (q *request) admit() bool {
 		q.resync()
 	}
 	for try := 0; try < 3; try++ {
-		place, waiter, err := q.ds.adm.Enter(int64(len(q.body)))
+		place, waiter, err := q.ds.adm.EnterFor(int64(len(q.body)), admission.Fair{Key: q.caller.Key, Weight: q.caller.Weight})
 		if err != nil {
 			if !q.ds.adm.Ready() && q.b.maxWaiting == 0 {
 				// Nobody may wait: refuse, but start the model for the retry.
@@ -821,6 +833,25 @@ func (q *request) setWriteDeadline() {
 	_ = q.rc.SetWriteDeadline(time.Now().Add(q.b.clientIdle))
 }
 
+// settled is what the request used, for its key's limits and usage.
+func (q *request) settled() structs.RequestUsage {
+	u := structs.RequestUsage{Code: q.code, Duration: q.endAt.Sub(q.start)}
+	if u.Code == "" && q.outcome != OutcomeCompleted {
+		u.Code = q.outcome
+	}
+	if q.allowed {
+		u.Model = q.model
+	}
+	if q.usage.known {
+		u.UsageKnown = true
+		u.PromptTokens, u.CompletionTokens = q.usage.prompt, q.usage.completion
+		if q.usage.cachedOK {
+			u.CachedTokens = q.usage.cached
+		}
+	}
+	return u
+}
+
 // finish records the request: metrics and the ledger, after the answer
 // reached the client.
 func (q *request) finish() {
@@ -845,6 +876,9 @@ func (q *request) finish() {
 		q.outcome = OutcomeCompleted
 	}
 	q.rt.record(q)
+	if m := q.caller.Meter; m != nil {
+		m.Settle(q.settled())
+	}
 	if q.cc != nil {
 		// IMPORTANT: after the record, so that a role whose Drain returned
 		// has every taken-over stream's record before it closes the ledger.

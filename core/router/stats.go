@@ -159,7 +159,7 @@ func (rt *Router) record(q *request) {
 	rec := structs.RequestRecord{
 		ID: q.id, Deployment: dep, API: api, Stream: q.stream,
 		Outcome: q.outcome, Code: q.code, Status: q.status, ReceivedAt: q.start.UTC(),
-		TotalMs: ms(q.endAt.Sub(q.start)), BytesIn: int64(q.bodyN), BytesOut: q.bytesOut,
+		TotalMs: ms(q.endAt.Sub(q.start)), BytesIn: int64(q.bodyN), BytesOut: q.bytesOut, Key: q.caller.Key,
 	}
 	// IMPORTANT: the client's X-Request-Id is never stored (A5).
 	if q.target != nil {
@@ -187,6 +187,10 @@ func (rt *Router) record(q *request) {
 func (rt *Router) MetricsHandler() http.Handler {
 	return promhttp.HandlerFor(rt.stats.reg, promhttp.HandlerOpts{})
 }
+
+// Gatherer is the router's metrics registry, for a handler that serves
+// them with other series (the keys' usage).
+func (rt *Router) Gatherer() prometheus.Gatherer { return rt.stats.reg }
 
 // Register adds a collector to the metrics the router serves (the agent
 // adds the lifecycle's switching figures).

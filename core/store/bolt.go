@@ -9,7 +9,7 @@
 //
 //	capyctl.db
 //	├── meta
-//	│   ├── schema_version ........ "3" (decimal; see migrations.go)
+//	│   ├── schema_version ........ "5" (decimal; see migrations.go)
 //	│   ├── incarnation ........... 26 base32 digits drawn when the file was created;
 //	│   │                           the event cursor is "<incarnation>:<seq>"
 //	│   ├── hostname .............. the machine name the state belongs to
@@ -45,8 +45,16 @@
 //	│                               <state_dir>/raft)
 //	├── responses ................ sequence = bytes of the stored responses
 //	│   └── <id> .................. structs.StoredResponse (responses.go)
-//	└── responses_by_time
-//	    └── <created u64><id> ..... (empty) age index of responses
+//	├── responses_by_time
+//	│   └── <created u64><id> ..... (empty) age index of responses
+//	├── api_keys
+//	│   └── <name> ................ structs.APIKey: digest, scope, limits; never the key (apikeys.go)
+//	├── api_key_ids
+//	│   └── <public id> ........... the name of the key that carries it
+//	├── api_key_use
+//	│   └── <public id> ........... structs.KeyUse: this role's first and last use of the key
+//	└── usage
+//	    └── <hour u64><key>\x00<model>  structs.KeyUsage of one key, model and hour (apikeys.go)
 //
 // Events and request records are only ever removed from the oldest end, so
 // their keys stay contiguous and a count is last-first+1 without a scan.
@@ -97,6 +105,10 @@ var (
 	bucketFleetState      = []byte("fleet_state")
 	bucketResponses       = []byte("responses")
 	bucketResponsesByTime = []byte("responses_by_time")
+	bucketAPIKeys         = []byte("api_keys")
+	bucketAPIKeyIDs       = []byte("api_key_ids")
+	bucketAPIKeyUse       = []byte("api_key_use")
+	bucketUsage           = []byte("usage")
 )
 
 // Reserved meta keys.

@@ -94,8 +94,8 @@ func TestStore_MigrateV4DropsTheFleetLog(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	if v, _ := s.SchemaVersion(); v != 4 {
-		t.Fatalf("schema version %d, want 4", v)
+	if v, _ := s.SchemaVersion(); v != CurrentSchemaVersion() {
+		t.Fatalf("schema version %d, want %d", v, CurrentSchemaVersion())
 	}
 	_ = s.View(func(tx *Tx) error {
 		if tx.tx.Bucket(bucketFleetLog) != nil {

@@ -28,6 +28,7 @@ var migrations = []migration{
 	{version: 2, name: "the server's command log and state (several machines)", apply: migrateV2},
 	{version: 3, name: "the Responses API's stored responses", apply: migrateV3},
 	{version: 4, name: "the server's command log goes: raft's log is the one log", apply: migrateV4},
+	{version: 5, name: "named API keys and their usage", apply: migrateV5},
 }
 
 // CurrentSchemaVersion is the schema this binary writes.

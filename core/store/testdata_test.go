@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -78,6 +79,21 @@ func fillTestdata(t *testing.T, s *Store) {
 			t.Fatal(err)
 		}
 	}
+	if CurrentSchemaVersion() >= 5 {
+		if err := s.Update(func(tx *Tx) error {
+			if err := tx.PutAPIKey(&structs.APIKey{Name: "bob", ID: "0123456789ab", Digest: "sha256:" + strings.Repeat("0", 64),
+				Models: []string{"chat-*"}, Limits: structs.KeyLimits{RPM: 5}, CreatedAt: testdataTime}); err != nil {
+				return err
+			}
+			if err := tx.PutKeyUses(map[string]structs.KeyUse{"0123456789ab": {Name: "bob", FirstUsedAt: testdataTime, LastUsedAt: testdataTime}}); err != nil {
+				return err
+			}
+			return tx.AddUsage([]structs.KeyUsage{{Hour: testdataTime, Key: "bob", Model: "chat-small", Requests: 3,
+				Errors: map[string]int64{"rate_limited": 1}, PromptTokens: 10, CompletionTokens: 20, RequestMs: 300}})
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
 	w := NewRequestWriter(s, DefaultRequestWriterOptions())
 	w.Record(request("chat-small", 0, testdataTime))
 	if err := w.Close(); err != nil {
@@ -131,11 +147,14 @@ func TestStore_OpenOldVersions(t *testing.T) {
 		file string
 		// responses says whether the file holds a stored response (v3 on).
 		responses bool
+		// keys says whether it holds an API key and its usage (v5 on).
+		keys bool
 	}{
 		{name: "schema v1", file: "v1.db"},
 		{name: "schema v2", file: "v2.db"},
 		{name: "schema v3", file: "v3.db", responses: true},
 		{name: "schema v4", file: "v4.db", responses: true},
+		{name: "schema v5", file: "v5.db", responses: true, keys: true},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -191,6 +210,29 @@ func TestStore_OpenOldVersions(t *testing.T) {
 				t.Errorf("stored response = %+v, %v", r, err)
 			case !c.responses && !structs.HasCode(err, structs.CodeNotFound):
 				t.Errorf("stored response in a file older than v3: %+v, %v", r, err)
+			}
+			keys, err := s.APIKeys()
+			switch {
+			case err != nil:
+				t.Errorf("api keys: %v", err)
+			case c.keys && (len(keys) != 1 || keys[0].Name != "bob" || keys[0].Limits.RPM != 5):
+				t.Errorf("api keys = %+v", keys)
+			case !c.keys && len(keys) != 0:
+				t.Errorf("api keys in a file older than v5: %+v", keys)
+			}
+			rows, err := s.Usage(UsageFilter{})
+			if err != nil || (c.keys && (len(rows) != 1 || rows[0].Tokens() != 30)) || (!c.keys && len(rows) != 0) {
+				t.Errorf("usage = %+v, %v", rows, err)
+			}
+			// The file stays writable after the upgrade, keys and usage
+			// included.
+			if err := s.Update(func(tx *Tx) error {
+				if err := tx.PutAPIKey(&structs.APIKey{Name: "new", ID: "ba9876543210", CreatedAt: testdataTime}); err != nil {
+					return err
+				}
+				return tx.AddUsage([]structs.KeyUsage{{Hour: testdataTime, Key: "new", Model: "m", Requests: 1}})
+			}); err != nil {
+				t.Error(err)
 			}
 			// The file stays writable after the upgrade, responses included.
 			if err := s.Update(func(tx *Tx) error {

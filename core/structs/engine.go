@@ -73,4 +73,6 @@ type RequestRecord struct {
 	BytesOut        int64     `json:"bytes_out"`
 	PromptTokens    int64     `json:"prompt_tokens,omitempty"`
 	CompletionToks  int64     `json:"completion_tokens,omitempty"`
+	// Key is the name of the API key the request carried.
+	Key string `json:"key,omitempty"`
 }

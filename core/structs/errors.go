@@ -142,6 +142,11 @@ const (
 	CodeServerRemoved        Code = "server_removed"
 	CodeHostUnknown          Code = "host_unknown"
 	CodeStaleTerm            Code = "stale_term"
+
+	// Named API keys: limits, budgets and their management.
+	CodeRateLimited   Code = "rate_limited"
+	CodeQuotaExceeded Code = "quota_exceeded"
+	CodeAPIKeyExists  Code = "api_key_exists"
 	// The codes drivers return (sdk/driver.go) that no other row names,
 	// and a driver's failure without a code.
 	CodeInstanceNotFound Code = "instance_not_found"
@@ -265,6 +270,9 @@ func init() {
 	row(CodeHostUnknown, 3, true, "the host's certificate is the cluster's but the cluster's state does not name the host (a state restored from a snapshot after the host first reached it): the host keeps trying, and is taken once a restore or a join names it")
 	row(CodeStaleTerm, 28, true, "a host refused a command or a desired state from a server that led an older raft term than one the host has seen: a deposed leader's late word changes nothing; the current leader's stands")
 	row(CodeServerRemoved, 3, false, "this server was removed from its cluster (capyctl remove server): move its state directory away and join it again with a new server join token")
+	row(CodeRateLimited, 4, true, "the API key is over one of its limits (requests or tokens per minute, requests at once), or its client address failed authentication too often; retry after Retry-After (the x-ratelimit-* headers say which limit and when it resets)")
+	row(CodeQuotaExceeded, 4, true, "the API key spent its monthly token budget; Retry-After is the start of the next month (UTC), or raise the budget (capyctl update api-key NAME --monthly-tokens N)")
+	row(CodeAPIKeyExists, 2, false, "an API key with this name exists: pick another name, or revoke the old key first")
 	row(CodeInstanceNotFound, 13, true, "the engine's driver does not know the instance (relaunched during a start, a park or a wake): that effect failed; the instance is stopped or started again")
 	row(CodeStopFailed, 25, true, "the driver could not stop the engine; the instance keeps its memory and its stop is retried")
 	row(CodeInvalidManifest, 2, false, "the custom engine's manifest is invalid (the field named)")

@@ -21,7 +21,7 @@ var secretName = regexp.MustCompile(`(?i)(^|[_.-])(api[_-]?key|key|token|secret|
 
 // secretValue matches values that look like credentials wherever they are
 // (Hugging Face tokens, bearer values, URL user info).
-var secretValue = regexp.MustCompile(`(?i)(hf_[A-Za-z0-9]{8,}|bearer\s+\S+|://[^/@\s]+:[^/@\s]+@)`)
+var secretValue = regexp.MustCompile(`(?i)(hf_[A-Za-z0-9]{8,}|capyk_[0-9a-f]{12}_\S+|bearer\s+\S+|://[^/@\s]+:[^/@\s]+@)`)
 
 // IsSecretName reports whether a setting, variable or option name holds a
 // secret.

@@ -22,6 +22,7 @@ func TestRedactValue(t *testing.T) {
 		{"CUDA_VISIBLE_DEVICES", "0", "0"},
 		{"MIRROR", "https://user:pass@example.com/x", r},
 		{"NOTE", "hf_abcdefghijklmnop", r},
+		{"NOTE", "capyk_0123456789ab_ZGVtby1rZXktbm90LWEtcmVhbC1zZWNyZXQtYXQtYWxs", r},
 		{"HF_TOKEN", "", ""},
 	}
 	for _, c := range cases {

@@ -166,6 +166,12 @@ var wireTypes = map[string]func() any{
 	"ServerList":       func() any { return &wire.ServerList{} },
 	"StateRestored":    func() any { return &wire.StateRestored{} },
 	"StateSnapshot":    func() any { return &wire.StateSnapshot{} },
+	// Named API keys and their usage.
+	"APIKeyCreateRequest": func() any { return &wire.APIKeyCreateRequest{} },
+	"APIKeyCreated":       func() any { return &wire.APIKeyCreated{} },
+	"APIKey":              func() any { return &wire.APIKey{} },
+	"APIKeyUpdateRequest": func() any { return &wire.APIKeyUpdateRequest{} },
+	"UsageResponse":       func() any { return &wire.UsageResponse{} },
 }
 
 func validateBlock(t *testing.T, b docs.Block) error {

@@ -33,4 +33,6 @@ type RequestRecord struct {
 	TotalMs        float64   `json:"total_ms"`
 	PromptTokens   int64     `json:"prompt_tokens,omitempty"`
 	CompletionToks int64     `json:"completion_tokens,omitempty"`
+	// Key is the name of the API key the request carried.
+	Key string `json:"key,omitempty"`
 }

@@ -126,6 +126,9 @@ var httpStatus = map[structs.Code]int{
 	structs.CodeServerRemoved:             http.StatusForbidden,
 	structs.CodeHostUnknown:               http.StatusServiceUnavailable,
 	structs.CodeStaleTerm:                 http.StatusServiceUnavailable,
+	structs.CodeRateLimited:               http.StatusTooManyRequests,
+	structs.CodeQuotaExceeded:             http.StatusTooManyRequests,
+	structs.CodeAPIKeyExists:              http.StatusConflict,
 }
 
 // HTTPStatus returns the HTTP status an API answers a code with (a suffix

@@ -118,6 +118,9 @@ var types = func() map[Type]typeDef {
 		TypeServerAdmitted:    {version: 1, decode: decodeAs[ServerAdmitted]},
 		TypeEngineRegistered:  {version: 1, decode: decodeAs[EngineRegistered]},
 		TypeEngineRemoved:     {version: 1, decode: decodeAs[EngineRemoved]},
+		TypeKeyCreated:        {version: 1, decode: decodeAs[KeyCreated]},
+		TypeKeyUpdated:        {version: 1, decode: decodeAs[KeyUpdated]},
+		TypeKeyRevoked:        {version: 1, decode: decodeAs[KeyRevoked]},
 	}
 	for t, d := range extraTypes() {
 		m[t] = d

@@ -27,6 +27,11 @@ type snapshotData struct {
 	// digests (never a token).
 	Revocations []revocation      `json:"revocations,omitempty"`
 	Tokens      []pki.TokenRecord `json:"tokens,omitempty"`
+	// APIKeys are the named keys (digests, never a key); KeysSeeded says
+	// the snapshot holds them (a snapshot of an older release does not:
+	// a restore keeps the cluster's keys then).
+	APIKeys    []structs.APIKey `json:"api_keys,omitempty"`
+	KeysSeeded bool             `json:"api_keys_seeded,omitempty"`
 }
 
 // Snapshot returns the whole state encoded, for a replicated log's
@@ -34,7 +39,8 @@ type snapshotData struct {
 func (s *State) Snapshot() ([]byte, error) {
 	s.mu.RLock()
 	snap := snapshotData{Index: s.applied, Cluster: s.cluster, Hosts: s.hostsLocked(), Placements: s.placementsLocked(),
-		Engines: s.enginesLocked(), Revocations: s.revocationsLocked(), Tokens: s.tokensLocked()}
+		Engines: s.enginesLocked(), Revocations: s.revocationsLocked(), Tokens: s.tokensLocked(),
+		APIKeys: s.apiKeysLocked(), KeysSeeded: s.keys.seeded}
 	data, err := json.Marshal(snap)
 	s.mu.RUnlock()
 	if err != nil {
@@ -89,6 +95,13 @@ func decodeSnapshot(data []byte) (snapshotData, error) {
 			return snap, structs.Errf(structs.CodeSnapshotInvalid, "the snapshot has a revocation of %q %q", r.Kind, r.Name)
 		}
 	}
+	names := map[string]bool{}
+	for _, k := range snap.APIKeys {
+		if k.Name == "" || names[k.Name] {
+			return snap, structs.Errf(structs.CodeSnapshotInvalid, "the snapshot names API key %q twice or without a name", k.Name)
+		}
+		names[k.Name] = true
+	}
 	return snap, nil
 }
 
@@ -114,6 +127,13 @@ func (s *State) applyRestored(fs *store.FleetState, c Restored) (func(), any, er
 	for _, r := range s.revocationsLocked() {
 		keys = append(keys, revocationKey(r))
 	}
+	if snap.KeysSeeded {
+		// The snapshot's keys replace the cluster's; one of an older
+		// release holds none, and the cluster's stay.
+		for name := range s.keys.byName {
+			keys = append(keys, prefixAPIKey+name)
+		}
+	}
 	for _, k := range keys {
 		if err := fs.Delete(k); err != nil {
 			return nil, nil, err
@@ -128,6 +148,10 @@ func (s *State) applyRestored(fs *store.FleetState, c Restored) (func(), any, er
 		tokens := s.trust.tokens
 		s.hosts, s.placements, s.engines, s.trust = m.hosts, m.placements, m.engines, m.trust
 		s.trust.tokens = tokens
+		if snap.KeysSeeded {
+			m.keys.version = s.keys.version + 1
+			s.keys = m.keys
+		}
 		s.rebuildRoutes()
 	}, nil, nil
 }
@@ -146,13 +170,14 @@ type snapshotMemory struct {
 	placements map[string]*Placement
 	engines    map[string]EngineRecord
 	trust      trust
+	keys       keys
 }
 
 // putSnapshot writes a snapshot's records and returns them as memory
 // holds them.
 func putSnapshot(fs *store.FleetState, snap snapshotData) (snapshotMemory, error) {
 	m := snapshotMemory{hosts: make(map[string]HostRecord, len(snap.Hosts)), placements: make(map[string]*Placement, len(snap.Placements)),
-		engines: make(map[string]EngineRecord, len(snap.Engines)), trust: newTrust()}
+		engines: make(map[string]EngineRecord, len(snap.Engines)), trust: newTrust(), keys: newKeys()}
 	put := func(k string, v any) error { return fs.Put(k, v) }
 	for _, h := range snap.Hosts {
 		m.hosts[h.Name] = h
@@ -188,6 +213,18 @@ func putSnapshot(fs *store.FleetState, snap snapshotData) (snapshotMemory, error
 			return m, err
 		}
 	}
+	if snap.KeysSeeded {
+		m.keys.seeded = true
+		if err := put(keyKeysSeeded, true); err != nil {
+			return m, err
+		}
+		for _, k := range snap.APIKeys {
+			m.keys.byName[k.Name] = k
+			if err := put(prefixAPIKey+k.Name, k); err != nil {
+				return m, err
+			}
+		}
+	}
 	return m, nil
 }
 
@@ -219,7 +256,8 @@ func (s *State) Restore(data []byte) error {
 	if err != nil {
 		return structs.Wrap(structs.CodeStoreUnavailable, err, "restore the server's state")
 	}
-	s.hosts, s.placements, s.engines, s.trust, s.cluster, s.applied = m.hosts, m.placements, m.engines, m.trust, snap.Cluster, snap.Index
+	m.keys.version = s.keys.version + 1
+	s.hosts, s.placements, s.engines, s.trust, s.keys, s.cluster, s.applied = m.hosts, m.placements, m.engines, m.trust, m.keys, snap.Cluster, snap.Index
 	s.rebuildRoutes()
 	s.publish()
 	return nil

@@ -56,6 +56,7 @@ type State struct {
 	placements map[string]*Placement
 	engines    map[string]EngineRecord
 	trust      trust
+	keys       keys
 	// routes maps each model name to its deployment (rebuilt on every
 	// placement change).
 	routes map[string]string
@@ -75,7 +76,7 @@ func Open(st *store.Store, logger hclog.Logger) (*State, error) {
 		logger = hclog.NewNullLogger()
 	}
 	s := &State{st: st, logger: logger.Named("fsm"), hosts: map[string]HostRecord{}, placements: map[string]*Placement{},
-		engines: map[string]EngineRecord{}, trust: newTrust(), routes: map[string]string{}, halted: make(chan struct{})}
+		engines: map[string]EngineRecord{}, trust: newTrust(), keys: newKeys(), routes: map[string]string{}, halted: make(chan struct{})}
 	raw, err := st.FleetStateList("")
 	if err != nil {
 		return nil, err
@@ -116,6 +117,9 @@ func (s *State) load(k string, v json.RawMessage) error {
 		}
 		s.engines[e.Name] = e
 	default:
+		if ok, err := s.keys.load(k, v); ok {
+			return err
+		}
 		return s.trust.load(k, v)
 	}
 	return nil
@@ -337,6 +341,12 @@ func (s *State) apply(fs *store.FleetState, c Command, at time.Time) (func(), an
 		return s.applyEngineRegistered(fs, c, at)
 	case EngineRemoved:
 		return s.applyEngineRemoved(fs, c)
+	case KeyCreated:
+		return s.applyKeyCreated(fs, c)
+	case KeyUpdated:
+		return s.applyKeyUpdated(fs, c)
+	case KeyRevoked:
+		return s.applyKeyRevoked(fs, c)
 	}
 	if _, extra := extraTypes()[c.CommandType()]; extra {
 		return func() {}, nil, nil // a build's own types change nothing here

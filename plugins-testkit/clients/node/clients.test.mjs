@@ -8,7 +8,9 @@
 // and one the router translates to chat (a custom engine).
 //
 // Environment: CAPYCTL_ENDPOINT (".../v1"), CAPYCTL_API_KEY,
-// CAPYCTL_TRANSLATED_MODEL, CAPYCTL_NATIVE_MODEL.
+// CAPYCTL_TRANSLATED_MODEL, CAPYCTL_NATIVE_MODEL; CAPYCTL_LIMITED_KEY and
+// CAPYCTL_TIGHT_KEY, named keys the test made (one with generous limits
+// scoped to the native model, one allowed a single request a minute).
 
 import assert from 'node:assert/strict';
 import OpenAI from 'openai';
@@ -197,6 +199,47 @@ await check('messages.countTokens: an engine without a count route says so (tran
     (e) => e instanceof Anthropic.BadRequestError && e.error?.error?.code === 'count_tokens_unsupported',
   );
 });
+
+// ---------------------------------------------------------------- named keys' limits
+const limitedKey = process.env.CAPYCTL_LIMITED_KEY;
+const tightKey = process.env.CAPYCTL_TIGHT_KEY;
+if (limitedKey && tightKey) {
+  await check('chat.completions: a limited key\'s answer carries the rate-limit headers', async () => {
+    const limited = new OpenAI({ apiKey: limitedKey, baseURL: endpoint, maxRetries: 0, timeout: 120_000 });
+    const { data, response } = await limited.chat.completions
+      .create({ model: models.native, messages: [{ role: 'user', content: 'hi' }], max_tokens: 8 })
+      .withResponse();
+    assert.equal(data.object, 'chat.completion');
+    const h = response.headers;
+    assert.equal(h.get('x-ratelimit-limit-requests'), '1000');
+    assert.equal(h.get('x-ratelimit-remaining-requests'), '999');
+    assert.match(h.get('x-ratelimit-reset-requests'), /^\d+(ms|s)$/);
+    assert.equal(h.get('x-ratelimit-limit-tokens'), '100000');
+    assert.equal(h.get('x-ratelimit-remaining-tokens'), '100000', 'the first answer\'s tokens count from the next request on');
+    assert.ok(h.get('x-ratelimit-reset-tokens'));
+  });
+
+  await check('chat.completions: over a key\'s requests per minute, a RateLimitError with the headers', async () => {
+    const tight = new OpenAI({ apiKey: tightKey, baseURL: endpoint, maxRetries: 0, timeout: 120_000 });
+    await tight.chat.completions.create({ model: models.native, messages: [{ role: 'user', content: 'hi' }], max_tokens: 8 });
+    await assert.rejects(
+      tight.chat.completions.create({ model: models.native, messages: [{ role: 'user', content: 'hi' }], max_tokens: 8 }),
+      (e) => e instanceof OpenAI.RateLimitError && e.status === 429 && e.code === 'rate_limited' &&
+        Number(e.headers.get('retry-after')) > 0 && e.headers.get('x-ratelimit-remaining-requests') === '0',
+    );
+  });
+
+  await check('models.list: a scoped key sees its model only; another is a NotFoundError', async () => {
+    const limited = new OpenAI({ apiKey: limitedKey, baseURL: endpoint, maxRetries: 0, timeout: 120_000 });
+    const ids = [];
+    for await (const m of limited.models.list()) ids.push(m.id);
+    assert.deepEqual(ids, [models.native]);
+    await assert.rejects(
+      limited.chat.completions.create({ model: models.translated, messages: [{ role: 'user', content: 'hi' }], max_tokens: 8 }),
+      (e) => e instanceof OpenAI.NotFoundError && e.code === 'unknown_model',
+    );
+  });
+}
 
 if (failed > 0) {
   console.log(`${failed} check(s) failed`);

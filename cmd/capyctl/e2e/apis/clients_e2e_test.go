@@ -82,6 +82,11 @@ func TestClients_Official(t *testing.T) {
 		t.Fatalf("dev --json names no fake vLLM model: %q", line)
 	}
 
+	// Two named keys for the rate-limit checks: generous limits scoped to
+	// the native model, and one request a minute.
+	limited := createKey(t, bin, info["state_dir"], "node-limited", "--models", native, "--rpm", "1000", "--tpm", "100000")
+	tight := createKey(t, bin, info["state_dir"], "node-tight", "--rpm", "1")
+
 	script := filepath.Join(dir, "clients-"+strings.ReplaceAll(t.Name(), "/", "_")+".test.mjs")
 	src, err := os.ReadFile(filepath.Join(clientsSource(t), "clients.test.mjs"))
 	if err != nil {
@@ -97,7 +102,8 @@ func TestClients_Official(t *testing.T) {
 	run.Dir = dir
 	run.Env = append(os.Environ(),
 		"CAPYCTL_ENDPOINT="+info["endpoint"], "CAPYCTL_API_KEY="+info["api_key"],
-		"CAPYCTL_TRANSLATED_MODEL="+info["model"], "CAPYCTL_NATIVE_MODEL="+native)
+		"CAPYCTL_TRANSLATED_MODEL="+info["model"], "CAPYCTL_NATIVE_MODEL="+native,
+		"CAPYCTL_LIMITED_KEY="+limited, "CAPYCTL_TIGHT_KEY="+tight)
 	out, err := run.CombinedOutput()
 	t.Logf("node %s:\n%s", filepath.Base(script), out)
 	if err != nil {
@@ -117,6 +123,18 @@ func TestClients_Official(t *testing.T) {
 	case <-time.After(2 * time.Minute):
 		t.Fatal("capyctl dev did not stop on SIGINT")
 	}
+}
+
+// createKey makes a named key with the CLI (capyctl create api-key NAME
+// ... --json) and returns it.
+func createKey(t *testing.T, bin, stateDir, name string, args ...string) string {
+	t.Helper()
+	out, err := exec.Command(bin, append([]string{"create", "api-key", name, "--json", "--state-dir", stateDir}, args...)...).Output()
+	var created map[string]string
+	if err != nil || json.Unmarshal(out, &created) != nil || created["key"] == "" {
+		t.Fatalf("create api-key %s: %v %s", name, err, out)
+	}
+	return created["key"]
 }
 
 // clientsSource is the clients' directory in the source tree.

@@ -14,6 +14,7 @@
   const REQUEST_ROWS = 15; // the requests panel's rows
   const MAX_SAMPLES = 90;
   const LOG_KIB = 16;
+  const USAGE_MS = 15000; // the usage panel's refresh
 
   const state = {
     csrf: '',
@@ -27,6 +28,8 @@
     prevCounts: null,
     series: new Map(), // deployment -> colour index
     logSel: '',
+    usageTimer: null,
+    keysOff: false, // the role keeps no named keys (a host)
     hostLedgers: new Map(), // host -> its ledger view, read from the host (a server's hosts)
     pg: { abort: null, keys: null },
   };
@@ -170,6 +173,10 @@
     $('pg-form').addEventListener('submit', playgroundSend);
     $('pg-stop').addEventListener('click', () => { if (state.pg.abort) state.pg.abort.abort(); });
     $('pg-key').addEventListener('change', (e) => { $('pg-key-pasted').hidden = e.target.value !== ''; });
+    $('key-form').addEventListener('submit', createAPIKey);
+    $('key-copy').addEventListener('click', copyNewKey);
+    $('key-done').addEventListener('click', forgetNewKey);
+    $('usage-since').addEventListener('change', () => loadUsage());
     document.addEventListener('visibilitychange', () => { if (state.csrf) startSampling(); });
     document.addEventListener('keydown', (e) => { if (e.key === 'Escape') hideTip(); });
     try {
@@ -191,6 +198,7 @@
     followEvents(snap.cursor);
     startSampling();
     loadKeys();
+    loadAPIKeys();
   }
 
   // ------------------------------------------------------------ snapshot
@@ -329,6 +337,7 @@
     addEvent(ev, fresh);
     if (fresh) {
       scheduleRefresh();
+      if (ev.kind.startsWith('api_key_')) loadAPIKeys();
       if (ev.deployment && state.logSel.startsWith(ev.deployment + '/')) scheduleLog();
     }
   }
@@ -787,16 +796,197 @@
     }
   }
 
+  // ------------------------------------------------------------ API keys
+
+  function limitsText(l) {
+    const parts = [];
+    if (l.rpm) parts.push(l.rpm + ' requests/min');
+    if (l.tpm) parts.push(l.tpm + ' tokens/min');
+    if (l.concurrency) parts.push(l.concurrency + ' at once');
+    if (l.monthly_tokens) parts.push(l.monthly_tokens + ' tokens/month');
+    return parts.join(', ') || 'none';
+  }
+
+  // loadAPIKeys lists the named keys (never a key: the role has none to
+  // show); a role without them hides the keys and usage panels.
+  async function loadAPIKeys() {
+    if (state.keysOff) return;
+    let keys;
+    try {
+      keys = (await api('GET', API + '/api-keys')).data.keys || [];
+    } catch (e) {
+      if (e instanceof APIError && e.code === 'unsupported') {
+        state.keysOff = true;
+        $('keys').hidden = true;
+        $('usage').hidden = true;
+      }
+      return;
+    }
+    $('key-rows').replaceChildren(...keys.map((k) => el('tr', { 'data-key': k.name, 'data-expired': k.expired ? 'true' : 'false' },
+      el('td', { text: k.name }),
+      el('td', { cls: 'mono', text: k.role ? '(credentials file)' : (k.prefix || '–') }),
+      el('td', { text: (k.models || []).length ? k.models.join(', ') : 'every model' }),
+      el('td', { text: limitsText(k.limits || {}) }),
+      el('td', { text: k.weight }),
+      el('td', { title: k.created_at, text: ago(k.created_at) }),
+      el('td', { title: k.last_used_at || '', text: k.last_used_at ? ago(k.last_used_at) : 'never' }),
+      el('td', { title: k.expires_at || '', text: k.expired ? 'expired' : k.expires_at ? new Date(k.expires_at).toLocaleString([], { hour12: false }) : 'never' }),
+      el('td', { cls: 'actions' }, el('button', { type: 'button', cls: 'danger', 'data-revoke': k.name, text: 'Revoke', onclick: () => revokeAPIKey(k.name) })),
+    )));
+  }
+
+  function keyStatus(text, error) {
+    const s = $('key-status');
+    s.classList.toggle('error', !!error);
+    s.textContent = text;
+  }
+
+  // createAPIKey makes a key from the form and shows it, this once.
+  async function createAPIKey(ev) {
+    ev.preventDefault();
+    const num = (id) => { const v = $(id).value.trim(); return v === '' ? 0 : Number(v); };
+    const body = {
+      name: $('key-name').value.trim(),
+      models: $('key-models').value.split(',').map((m) => m.trim()).filter(Boolean),
+      limits: { rpm: num('key-rpm'), tpm: num('key-tpm'), concurrency: num('key-concurrency'), monthly_tokens: num('key-monthly') },
+    };
+    const exp = $('key-expires').value.trim();
+    if (exp && exp !== 'never') body.expires = exp;
+    keyStatus('Creating ' + body.name + '…');
+    try {
+      const { data } = await api('POST', API + '/api-keys', body);
+      $('key-new-name').textContent = data.name;
+      $('key-new-value').value = data.key;
+      $('key-new').hidden = false;
+      $('key-form').reset();
+      keyStatus('');
+      $('key-new-value').select();
+      loadAPIKeys();
+    } catch (e) {
+      keyStatus('Not created: ' + (e.code ? e.code + ': ' : '') + e.message, true);
+    }
+  }
+
+  async function copyNewKey() {
+    const v = $('key-new-value');
+    v.select();
+    try { await navigator.clipboard.writeText(v.value); keyStatus('Copied.'); } catch (e) { keyStatus('Select the key and copy it (the browser refused the clipboard).'); }
+  }
+
+  // forgetNewKey clears the key from the page: it cannot be shown again.
+  function forgetNewKey() {
+    $('key-new-value').value = '';
+    $('key-new-name').textContent = '';
+    $('key-new').hidden = true;
+  }
+
+  function revokeAPIKey(name) {
+    const dlg = $('confirm');
+    $('confirm-text').textContent = 'Revoke the key ' + name + '?';
+    $('confirm-detail').textContent = name === 'default'
+      ? 'The role\'s own key (its credentials file\'s api_key) stops working: every client that uses it gets 401.'
+      : 'Its next request is answered 401. Its usage stays.';
+    $('confirm-ok').textContent = 'Revoke';
+    dlg.returnValue = '';
+    dlg.onclose = async () => {
+      if (dlg.returnValue !== 'ok') return;
+      try {
+        await api('DELETE', API + '/api-keys/' + encodeURIComponent(name));
+        keyStatus('Revoked ' + name + '.');
+      } catch (e) {
+        keyStatus('Not revoked: ' + (e.code ? e.code + ': ' : '') + e.message, true);
+      }
+      loadAPIKeys();
+    };
+    dlg.showModal();
+    $('confirm-cancel').focus();
+  }
+
+  // loadUsage draws tokens per key and hour, and the totals per key.
+  async function loadUsage() {
+    if (state.keysOff) return;
+    const since = $('usage-since').value || '24h';
+    let rows;
+    try {
+      rows = (await api('GET', API + '/usage?since=' + encodeURIComponent(since))).data.rows || [];
+    } catch (e) {
+      if (e instanceof APIError && e.code === 'unsupported') $('usage').hidden = true;
+      return;
+    }
+    const hours = Math.round(parseInt(since, 10));
+    const now = Date.now();
+    const end = now - (now % 3600000);
+    const start = end - (hours - 1) * 3600000;
+    const byKey = new Map();
+    const totals = new Map();
+    for (const r of rows) {
+      const h = new Date(r.hour).getTime();
+      const t = (r.prompt_tokens || 0) + (r.completion_tokens || 0);
+      if (!byKey.has(r.key)) byKey.set(r.key, new Map());
+      const m = byKey.get(r.key);
+      m.set(h, (m.get(h) || 0) + t);
+      const tot = totals.get(r.key) || { requests: 0, errors: {}, prompt: 0, completion: 0, cached: 0 };
+      tot.requests += r.requests || 0;
+      tot.prompt += r.prompt_tokens || 0;
+      tot.completion += r.completion_tokens || 0;
+      tot.cached += r.cached_tokens || 0;
+      for (const [c, n] of Object.entries(r.errors || {})) tot.errors[c] = (tot.errors[c] || 0) + n;
+      totals.set(r.key, tot);
+    }
+    const keys = [...byKey.keys()].sort();
+    drawUsage(keys, byKey, start, end, hours);
+    $('usage-legend').replaceChildren(...keys.map((k) => el('li', {}, el('span', { cls: 'swatch line ' + colour('key:' + k) }), k)));
+    $('usage-rows').replaceChildren(...[...totals.keys()].sort().map((k) => {
+      const t = totals.get(k);
+      const errs = Object.entries(t.errors).sort().map(([c, n]) => c + ' ' + n).join(', ');
+      return el('tr', { 'data-usage-key': k },
+        el('td', { text: k }), el('td', { text: t.requests }), el('td', { text: errs || '–' }),
+        el('td', { 'data-prompt': t.prompt, text: t.prompt }), el('td', { 'data-completion': t.completion, text: t.completion }),
+        el('td', { text: t.cached }));
+    }));
+  }
+
+  function drawUsage(keys, byKey, start, end, hours) {
+    const svg = $('chart-usage');
+    const W = 640, H = 150, L = 50, R = 8, T = 8, B = 18;
+    let max = 0;
+    for (const m of byKey.values()) for (const v of m.values()) max = Math.max(max, v);
+    max = max > 0 ? max * 1.1 : 1;
+    const x = (h) => L + (hours <= 1 ? 0 : ((h - start) / (end - start || 1)) * (W - L - R));
+    const y = (v) => T + (1 - v / max) * (H - T - B);
+    const kids = [
+      sv('line', { cls: 'axis', x1: L, x2: W - R, y1: H - B, y2: H - B }),
+      sv('line', { cls: 'axis', x1: L, x2: L, y1: T, y2: H - B }),
+      sv('text', { cls: 'axis-label', x: L - 4, y: T + 8, 'text-anchor': 'end', text: Math.round(max) }),
+      sv('text', { cls: 'axis-label', x: L - 4, y: H - B, 'text-anchor': 'end', text: '0' }),
+      sv('text', { cls: 'axis-label', x: W - R, y: H - 4, 'text-anchor': 'end', text: 'this hour' }),
+      sv('text', { cls: 'axis-label', x: L, y: H - 4, text: '−' + hours + ' h' }),
+    ];
+    for (const k of keys) {
+      const m = byKey.get(k);
+      const pts = [];
+      for (let h = start; h <= end; h += 3600000) pts.push(x(h).toFixed(1) + ',' + y(m.get(h) || 0).toFixed(1));
+      kids.push(sv('polyline', { cls: 'series ' + colour('key:' + k), points: pts.join(' '), 'data-usage-series': k }));
+      const [lx, ly] = pts[pts.length - 1].split(',');
+      kids.push(sv('circle', { cls: 'dot ' + colour('key:' + k), cx: lx, cy: ly, r: 2.2 }));
+    }
+    svg.replaceChildren(...kids);
+  }
+
   // ------------------------------------------------------------ charts
 
   // startSampling reads the load and latency views (and the request
   // counters) every SAMPLE_MS while the page is visible.
   function startSampling() {
     clearInterval(state.sampleTimer);
+    clearInterval(state.usageTimer);
     state.sampleTimer = null;
+    state.usageTimer = null;
     if (document.visibilityState !== 'visible' || !state.csrf) return;
     sample();
     state.sampleTimer = setInterval(sample, SAMPLE_MS);
+    loadUsage();
+    state.usageTimer = setInterval(loadUsage, USAGE_MS);
   }
 
   function parseCounters(text) {
@@ -865,6 +1055,7 @@
       el('td', { text: ms(r.total_ms) }),
       el('td', { text: ms(r.ttfb_ms) }),
       el('td', { text: (r.prompt_tokens ?? '–') + ' / ' + (r.completion_tokens ?? '–') }),
+      el('td', { text: r.key || '–' }),
       el('td', { cls: 'mono', text: r.id }),
     )));
   }
