@@ -277,6 +277,11 @@ func (r *Runner) fail(where, what string) {
 	}
 	if r.role != nil {
 		fmt.Fprintf(&b, "role output (last 60 lines):\n%s\n", lastLines(r.role.Output(), 60))
+		// Every goroutine's stack goes into the role's output file: what
+		// a role that hangs was waiting for.
+		if !r.role.QuitWithStacks(15 * time.Second) {
+			fmt.Fprintf(&b, "the role did not exit on SIGQUIT within 15 s (killed): no goroutine dump\n")
+		}
 		if f, err := os.CreateTemp("", fmt.Sprintf("soak-%d-role-*.log", r.seed)); err == nil {
 			for i, l := range append(r.lives, r.role.Output()) {
 				fmt.Fprintf(f, "==== life %d of the role ====\n%s\n", i+1, l)
