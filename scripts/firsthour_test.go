@@ -7,6 +7,7 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -198,7 +199,11 @@ func TestInstall_FromLocalReleaseRunsDev(t *testing.T) {
 		t.Fatalf("dev did not stop within 3 minutes of Ctrl-C\n%s", stderr.String())
 	}
 	if left := runningFrom(prefix); len(left) != 0 {
-		t.Fatalf("processes of the installed capyctl left after Ctrl-C: %v", left)
+		var what []string
+		for _, pid := range left {
+			what = append(what, describeProcess(pid))
+		}
+		t.Fatalf("processes of the installed capyctl left after Ctrl-C:\n%s\n%s", strings.Join(what, "\n"), stderr.String())
 	}
 	if _, err := os.Stat(info["state_dir"]); !os.IsNotExist(err) {
 		t.Fatalf("the temporary state directory is left after Ctrl-C: %v", err)
@@ -243,6 +248,24 @@ func runningFrom(dir string) []int {
 		out = append(out, pid)
 	}
 	return out
+}
+
+// describeProcess says what a process is: its command line, state and
+// parent (read from /proc), for a failure's message.
+func describeProcess(pid int) string {
+	p := "/proc/" + strconv.Itoa(pid)
+	cmdline, _ := os.ReadFile(p + "/cmdline")
+	status, _ := os.ReadFile(p + "/status")
+	var state, ppid string
+	for _, l := range strings.Split(string(status), "\n") {
+		switch {
+		case strings.HasPrefix(l, "State:"):
+			state = strings.TrimSpace(strings.TrimPrefix(l, "State:"))
+		case strings.HasPrefix(l, "PPid:"):
+			ppid = strings.TrimSpace(strings.TrimPrefix(l, "PPid:"))
+		}
+	}
+	return fmt.Sprintf("pid %d (parent %s, %s): %s", pid, ppid, state, strings.ReplaceAll(strings.TrimRight(string(cmdline), "\x00"), "\x00", " "))
 }
 
 // lockedBuffer is a buffer a process writes while a test reads it.

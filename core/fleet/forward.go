@@ -49,7 +49,9 @@ func (s *Server) relayToLeader(w http.ResponseWriter, r *http.Request, st raftlo
 		writeError(w, err)
 		return
 	}
-	req, err := http.NewRequestWithContext(r.Context(), r.Method, "http://"+st.LeaderAddress+r.URL.RequestURI(), bytes.NewReader(body))
+	ctx, stop := s.relayContext(r.Context(), st)
+	defer stop()
+	req, err := http.NewRequestWithContext(ctx, r.Method, "http://"+st.LeaderAddress+r.URL.RequestURI(), bytes.NewReader(body))
 	if err != nil {
 		writeError(w, structs.Wrap(structs.CodeInternal, err, "relay to the leader"))
 		return
@@ -64,9 +66,7 @@ func (s *Server) relayToLeader(w http.ResponseWriter, r *http.Request, st raftlo
 	start := time.Now()
 	resp, err := s.cl.client.Do(req)
 	if err != nil {
-		// The leader may have gone: the change was not made, or its
-		// answer was lost; a retry with the same Idempotency-Key is safe.
-		writeError(w, s.notLeader(st).WithDetail("relay_error", err.Error()))
+		writeError(w, s.relayRefusal(ctx, st, err))
 		return
 	}
 	defer resp.Body.Close()

@@ -735,7 +735,7 @@ func (s *Server) evictGroups(ctx context.Context, requester string, err error) b
 	freed := false
 	for _, n := range names {
 		p, ok := s.State.Placement(n)
-		if !ok || p.Group == nil {
+		if !ok || p.Group == nil || !s.inTheWayOn(p, e, requester) {
 			continue
 		}
 		s.logger.Info("evicting a group to make room", "group", n, "for", requester)
@@ -923,7 +923,7 @@ func (s *Server) withGroupsOn(err error, host, except string) error {
 	if len(names) == 0 {
 		return err
 	}
-	return structs.Errf(e.Code, "%s", e.Message).WithDetail("evictable_groups", names)
+	return structs.Errf(e.Code, "%s", e.Message).WithDetail("evictable_groups", names).WithDetail("host", host)
 }
 
 // hostRunsGroup reports whether a host runs a member of any group.

@@ -324,6 +324,12 @@ func journalDigest(j *hostv1.InstanceJournal) [32]byte {
 	return sha256.Sum256(b)
 }
 
+// relayMaxStreams is how many requests a server may relay to a host at
+// once over its one relay connection. A stream past it waits on the
+// server for another to end, so it is far above what a host's engines
+// serve at once: an open stream costs the host a few KiB, not a slot.
+const relayMaxStreams = 1 << 16
+
 // runRelay keeps the relay connection to one server open: the host dials,
 // then serves HTTP/2 on it until it breaks.
 func (h *Host) runRelay(ctx context.Context, l *serverLink) {
@@ -332,7 +338,7 @@ func (h *Host) runRelay(ctx context.Context, l *serverLink) {
 	case <-ctx.Done():
 		return
 	}
-	srv := &http2.Server{MaxConcurrentStreams: 4096, ReadIdleTimeout: 10 * time.Second, PingTimeout: 5 * time.Second}
+	srv := &http2.Server{MaxConcurrentStreams: relayMaxStreams, ReadIdleTimeout: 10 * time.Second, PingTimeout: 5 * time.Second}
 	for attempt := 0; ctx.Err() == nil; attempt++ {
 		d := &tls.Dialer{NetDialer: &net.Dialer{Timeout: handshakeTimeout, KeepAlive: 15 * time.Second}, Config: h.tlsFor(l.addr, ALPNRelay)}
 		c, err := d.DialContext(ctx, "tcp", l.addr)

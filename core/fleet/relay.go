@@ -23,12 +23,48 @@ import (
 	"github.com/capyctl/capyctl/core/structs"
 )
 
-// relayBufSize is the copy buffer of a relayed stream, pooled; an open
-// stream holds one while it waits for its next chunk, so it is small (an
-// SSE chunk is a few hundred bytes; a larger one takes several reads).
-const relayBufSize = 2 << 10
+// A relayed stream reads the host's answer into a small pooled buffer
+// while it waits for its next chunk (an open stream holds it: an SSE chunk
+// is a few hundred bytes), and, after a read that filled it, into a large
+// one: a fast engine's chunks arrive together, and leave in one write
+// instead of one per small buffer. Each read's bytes are written before
+// the next read, so that no chunk waits for the next.
+const (
+	relayBufSize = 1 << 10
+	burstBufSize = 32 << 10
+)
 
-var relayBufs = sync.Pool{New: func() any { b := make([]byte, relayBufSize); return &b }}
+var (
+	relayBufs = sync.Pool{New: func() any { b := make([]byte, relayBufSize); return &b }}
+	burstBufs = sync.Pool{New: func() any { b := make([]byte, burstBufSize); return &b }}
+)
+
+// relayBuf hands out a relayed stream's read buffers.
+type relayBuf struct {
+	bp    *[]byte
+	burst bool // the last read filled its buffer: the next one reads into a large one
+}
+
+// get takes the buffer for the next read.
+func (r *relayBuf) get() []byte {
+	if r.burst {
+		r.bp = burstBufs.Get().(*[]byte)
+	} else {
+		r.bp = relayBufs.Get().(*[]byte)
+	}
+	return *r.bp
+}
+
+// put gives the buffer back after a read of n bytes.
+func (r *relayBuf) put(n int) {
+	if r.burst {
+		burstBufs.Put(r.bp)
+	} else {
+		relayBufs.Put(r.bp)
+	}
+	r.burst = n == len(*r.bp)
+	r.bp = nil
+}
 
 // InferenceHandler is the server's inference API: every request is
 // relayed to a host that runs the model, behind the API keys. Each body is
@@ -319,17 +355,18 @@ func copyAnswer(w http.ResponseWriter, resp *http.Response) {
 		return
 	}
 	rc := http.NewResponseController(w)
-	bp := relayBufs.Get().(*[]byte)
-	defer relayBufs.Put(bp)
-	buf := *bp
+	var rb relayBuf
 	for {
+		buf := rb.get()
 		n, err := resp.Body.Read(buf)
 		if n > 0 {
 			if _, werr := w.Write(buf[:n]); werr != nil {
+				rb.put(n)
 				return
 			}
 			_ = rc.Flush()
 		}
+		rb.put(n)
 		if err != nil {
 			if !errors.Is(err, io.EOF) {
 				panic(http.ErrAbortHandler) // cut short: no final chunk that would make it look whole

@@ -88,6 +88,10 @@ type ServerOptions struct {
 	// Collectors are more series of the server's own /metrics (the keys'
 	// usage of the requests this server took).
 	Collectors []prometheus.Collector
+	// ForwardTimeout bounds a follower's wait for the leader's answer to
+	// a mutation it relayed (forwarddeadline.go; 0: GroupStallTimeout
+	// plus a minute, the longest a change waits on the leader).
+	ForwardTimeout time.Duration
 }
 
 // Server is the server's side: the cluster listener, the hosts' links and

@@ -12,7 +12,6 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 )
 
@@ -29,12 +28,6 @@ import (
 // client socket for a hang-up with a goroutine that holds no buffer. A
 // hang-up cancels the relayed stream at once, and the host cancels the
 // engine's work.
-
-// streamBufSize is a taken-over stream's copy buffer, pooled, held only
-// while a chunk is on its way: an SSE chunk is a few hundred bytes.
-const streamBufSize = 1 << 10
-
-var streamBufs = sync.Pool{New: func() any { b := make([]byte, streamBufSize); return &b }}
 
 // takeOver hands a streamed answer's client connection to relayTaken and
 // reports whether it did; false leaves the answer to net/http (a TLS or
@@ -97,18 +90,21 @@ func relayTaken(conn net.Conn, raw syscall.RawConn, head []byte, resp *http.Resp
 	if raw != nil {
 		go watchHangUp(raw, cancel)
 	}
+	var rb relayBuf
+	var size [8]byte
 	for {
-		bp := streamBufs.Get().(*[]byte)
-		n, rerr := resp.Body.Read(*bp)
+		buf := rb.get()
+		n, rerr := resp.Body.Read(buf)
 		if n > 0 {
-			bufs := net.Buffers{[]byte(strconv.FormatInt(int64(n), 16) + "\r\n"), (*bp)[:n], crlf}
+			line := append(strconv.AppendInt(size[:0], int64(n), 16), '\r', '\n')
+			bufs := net.Buffers{line, buf[:n], crlf}
 			_, werr := bufs.WriteTo(conn)
 			if werr != nil {
-				streamBufs.Put(bp)
+				rb.put(n)
 				return
 			}
 		}
-		streamBufs.Put(bp)
+		rb.put(n)
 		if rerr != nil {
 			if errors.Is(rerr, io.EOF) {
 				_, _ = conn.Write([]byte("0\r\n\r\n"))

@@ -113,14 +113,24 @@ func TestClusterListener_IdleFloodCutsNoHostOff(t *testing.T) {
 
 	// An established host's link is cut: it links again through the
 	// flood, and its relay comes back.
-	s.mu.Lock()
-	h := s.hosts["gpu-a"]
-	gen := h.linkGen
-	h.linkCancel()
-	if h.relayConn != nil {
-		h.relayConn.Close()
-	}
-	s.mu.Unlock()
+	// (On a loaded machine the flood may have cut the link already: wait
+	// for it to be up, then cut it.)
+	var h *liveHost
+	var gen uint64
+	poll.Until(t, 10*time.Second, "gpu-a linked before the cut", func() bool {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		h = s.hosts["gpu-a"]
+		if h == nil || h.linkCancel == nil {
+			return false
+		}
+		gen = h.linkGen
+		h.linkCancel()
+		if h.relayConn != nil {
+			h.relayConn.Close()
+		}
+		return true
+	})
 	poll.Until(t, 10*time.Second, "gpu-a linked again", func() bool {
 		s.mu.Lock()
 		defer s.mu.Unlock()

@@ -113,6 +113,15 @@ func (in *instance) recover(why string, settle bool) error {
 		in.startMonitor(drv)
 		return nil
 	}
+	if prior == structs.StateStopping {
+		// A stop was in progress: finish it, after a restart and after a
+		// driver relaunch alike (the driver a stop hung in was replaced:
+		// its successor proves the processes gone now).
+		if err := in.transition(structs.StateStopping, "finish the stop begun before the "+restartOrRelaunch(settle), nil); err != nil {
+			return err
+		}
+		return in.stop("finish the stop begun before the " + restartOrRelaunch(settle))
+	}
 	if !settle {
 		if ep != nil && in.state() == structs.StateReady {
 			in.update(func(r *structs.InstanceRecord) { r.Endpoint = ep })
@@ -120,14 +129,6 @@ func (in *instance) recover(why string, settle bool) error {
 		}
 		in.startMonitor(drv)
 		return nil
-	}
-	switch prior {
-	case structs.StateStopping:
-		// A stop was in progress: finish it.
-		if err := in.transition(structs.StateStopping, "finish the stop begun before the restart", nil); err != nil {
-			return err
-		}
-		return in.stop("finish the stop begun before the restart")
 	}
 	// Prove readiness in this session before serving again.
 	pctx, pcancel := context.WithTimeout(m.ctx, 2*time.Minute)
@@ -176,4 +177,13 @@ func (in *instance) unsettled(err error) error {
 		r.LastError = &structs.ErrorRecord{Code: e.Code, Message: e.Message, At: in.m.cfg.Now().UTC()}
 	})
 	return err
+}
+
+// restartOrRelaunch names what a recovery follows: a role restart (settle)
+// or a driver relaunch.
+func restartOrRelaunch(settle bool) string {
+	if settle {
+		return "restart"
+	}
+	return "driver relaunch"
 }

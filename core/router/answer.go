@@ -116,8 +116,80 @@ type usageFigures struct {
 	raw        json.RawMessage
 }
 
+// usageValues are a usage object's counts (has: present and not null).
+type usageValues struct {
+	prompt, total, completion, cached             int64
+	hasPrompt, hasTotal, hasCompletion, hasCached bool
+}
+
 func (u *usageFigures) parse(raw json.RawMessage) {
-	var v struct {
+	v, ok := scanUsage(raw)
+	if !ok {
+		if v, ok = decodeUsage(raw); !ok {
+			return
+		}
+	}
+	if !v.hasPrompt && !v.hasCompletion && v.hasTotal {
+		// vLLM's rerank usage counts only total_tokens: all of it is
+		// input (a pooling model generates nothing).
+		v.prompt, v.hasPrompt = v.total, true
+	}
+	if !v.hasPrompt {
+		return
+	}
+	u.known = true
+	u.prompt = v.prompt
+	if v.hasCompletion {
+		u.completion = v.completion
+	}
+	if v.hasCached {
+		u.cached, u.cachedOK = v.cached, true
+	}
+	u.raw = append(u.raw[:0], raw...)
+}
+
+// scanUsage reads a usage object's counts without decoding it (a stream's
+// relay reads one on its own goroutine: see decodeChunk); false when it
+// is in a shape that needs decoding.
+func scanUsage(raw []byte) (usageValues, bool) {
+	var v usageValues
+	count := func(val []byte, n *int64, has *bool) bool {
+		if val[0] == 'n' {
+			*n, *has = 0, false
+			return string(val) == "null"
+		}
+		x, ok := jsonInt(val)
+		*n, *has = x, ok
+		return ok
+	}
+	ok := eachRawMember(raw, func(k, val []byte) bool {
+		switch string(k) {
+		case "prompt_tokens":
+			return count(val, &v.prompt, &v.hasPrompt)
+		case "total_tokens":
+			return count(val, &v.total, &v.hasTotal)
+		case "completion_tokens":
+			return count(val, &v.completion, &v.hasCompletion)
+		case "prompt_tokens_details":
+			v.cached, v.hasCached = 0, false
+			if val[0] == 'n' {
+				return string(val) == "null"
+			}
+			return eachRawMember(val, func(k, val []byte) bool {
+				if string(k) != "cached_tokens" {
+					return true
+				}
+				return count(val, &v.cached, &v.hasCached)
+			})
+		}
+		return true
+	})
+	return v, ok
+}
+
+// decodeUsage is scanUsage by decoding.
+func decodeUsage(raw []byte) (usageValues, bool) {
+	var d struct {
 		PromptTokens        *int64 `json:"prompt_tokens"`
 		TotalTokens         *int64 `json:"total_tokens"`
 		CompletionTokens    *int64 `json:"completion_tokens"`
@@ -125,26 +197,22 @@ func (u *usageFigures) parse(raw json.RawMessage) {
 			CachedTokens *int64 `json:"cached_tokens"`
 		} `json:"prompt_tokens_details"`
 	}
-	if json.Unmarshal(raw, &v) != nil {
-		return
+	if json.Unmarshal(raw, &d) != nil {
+		return usageValues{}, false
 	}
-	if v.PromptTokens == nil && v.CompletionTokens == nil && v.TotalTokens != nil {
-		// vLLM's rerank usage counts only total_tokens: all of it is
-		// input (a pooling model generates nothing).
-		v.PromptTokens = v.TotalTokens
+	var v usageValues
+	set := func(p *int64, n *int64, has *bool) {
+		if p != nil {
+			*n, *has = *p, true
+		}
 	}
-	if v.PromptTokens == nil {
-		return
+	set(d.PromptTokens, &v.prompt, &v.hasPrompt)
+	set(d.TotalTokens, &v.total, &v.hasTotal)
+	set(d.CompletionTokens, &v.completion, &v.hasCompletion)
+	if d.PromptTokensDetails != nil {
+		set(d.PromptTokensDetails.CachedTokens, &v.cached, &v.hasCached)
 	}
-	u.known = true
-	u.prompt = *v.PromptTokens
-	if v.CompletionTokens != nil {
-		u.completion = *v.CompletionTokens
-	}
-	if d := v.PromptTokensDetails; d != nil && d.CachedTokens != nil {
-		u.cached, u.cachedOK = *d.CachedTokens, true
-	}
-	u.raw = append(u.raw[:0], raw...)
+	return v, true
 }
 
 // engineTimings are the engine's own per-request figures (llama.cpp's
@@ -155,21 +223,74 @@ type engineTimings struct {
 	raw        json.RawMessage
 }
 
+// timingValues are the figures of a timings object the router reads.
+type timingValues struct {
+	promptMS, prefillMS, decodeRate          float64
+	hasPromptMS, hasPrefillMS, hasDecodeRate bool
+}
+
 func (t *engineTimings) parse(raw json.RawMessage) {
-	var v map[string]float64
-	if json.Unmarshal(raw, &v) != nil {
-		return
+	v, ok := scanTimings(raw)
+	if !ok {
+		if v, ok = decodeTimings(raw); !ok {
+			return
+		}
 	}
 	t.raw = append(t.raw[:0], raw...)
-	if x, ok := v["prompt_ms"]; ok && x > 0 {
-		t.prefillMS = x
+	if v.hasPromptMS && v.promptMS > 0 {
+		t.prefillMS = v.promptMS
 	}
-	if x, ok := v["prefill_ms"]; ok && x > 0 {
-		t.prefillMS = x
+	if v.hasPrefillMS && v.prefillMS > 0 {
+		t.prefillMS = v.prefillMS
 	}
-	if x, ok := v["predicted_per_second"]; ok && x > 0 {
-		t.decodeRate = x
+	if v.hasDecodeRate && v.decodeRate > 0 {
+		t.decodeRate = v.decodeRate
 	}
+}
+
+// scanTimings reads a timings object (every member a number) without
+// decoding it; false when it needs decoding.
+func scanTimings(raw []byte) (timingValues, bool) {
+	var v timingValues
+	if len(raw) > 0 && raw[0] == 'n' {
+		return v, string(raw) == "null"
+	}
+	ok := eachRawMember(raw, func(k, val []byte) bool {
+		if val[0] == 'n' {
+			// A null figure decodes as 0.
+			if string(val) != "null" {
+				return false
+			}
+			val = []byte("0")
+		}
+		x, ok := jsonFloat(val)
+		if !ok {
+			return false
+		}
+		switch string(k) {
+		case "prompt_ms":
+			v.promptMS, v.hasPromptMS = x, true
+		case "prefill_ms":
+			v.prefillMS, v.hasPrefillMS = x, true
+		case "predicted_per_second":
+			v.decodeRate, v.hasDecodeRate = x, true
+		}
+		return true
+	})
+	return v, ok
+}
+
+// decodeTimings is scanTimings by decoding.
+func decodeTimings(raw []byte) (timingValues, bool) {
+	var m map[string]float64
+	if json.Unmarshal(raw, &m) != nil {
+		return timingValues{}, false
+	}
+	var v timingValues
+	v.promptMS, v.hasPromptMS = m["prompt_ms"]
+	v.prefillMS, v.hasPrefillMS = m["prefill_ms"]
+	v.decodeRate, v.hasDecodeRate = m["predicted_per_second"]
+	return v, true
 }
 
 // appendMetrics appends capyctl.metrics: each figure with its source
@@ -263,7 +384,7 @@ func (a *aggregate) add(payload []byte, q *request) {
 			ac.hasText = true
 			if text != "" {
 				q.contentN++
-				q.lastContent = time.Now()
+				q.contentSeen = true
 			}
 			return
 		}
@@ -297,7 +418,7 @@ func (a *aggregate) add(payload []byte, q *request) {
 		}
 		if ch.hasContent() {
 			q.contentN++
-			q.lastContent = time.Now()
+			q.contentSeen = true
 		}
 		if ch.Text != nil {
 			ac.content.WriteString(*ch.Text)
@@ -484,46 +605,57 @@ func (ac *aggChoice) appendJSON(b []byte, index int) []byte {
 	return append(b, '}')
 }
 
-var (
-	plainDelta = []byte(`"delta":{"content":"`)
-	slowKeys   = [][]byte{usageKey, timingsKey, []byte(`"tool_calls"`), []byte(`"reasoning`), []byte(`"refusal"`), []byte(`"logprobs":{`), []byte(`"logprobs":[`), finishKey, []byte(`"index":1`)}
-)
-
-// plainContent reads the text of the common chunk whose only choice's
-// delta is {"content":"..."} without decoding the whole chunk; ok is false
-// for any other shape (decoded in full).
+// plainContent reads the text of the common chunk whose only choice (index
+// 0) has a delta of {"content":"..."} and no finish reason or log
+// probabilities, and which carries no usage or timings, without decoding
+// it: one walk over its members (scanChunkFacts' walker). ok is false for
+// any other shape (decoded in full).
 func plainContent(p []byte) (string, bool) {
-	i := bytes.Index(p, plainDelta)
-	if i < 0 || bytes.Count(p, []byte(`"delta":`)) != 1 {
+	var text []byte
+	choices := 0
+	ok := eachRawMember(p, func(key, v []byte) bool {
+		switch string(key) {
+		case "usage", "timings":
+			return false
+		case "choices":
+			choices++
+			return choices == 1 && eachRawElement(v, func(c []byte) bool {
+				if text != nil || len(c) == 0 || c[0] != '{' {
+					return false // a second choice, or not an object
+				}
+				return eachRawMember(c, func(key, v []byte) bool {
+					switch string(key) {
+					case "index":
+						return string(v) == "0"
+					case "finish_reason", "logprobs":
+						return string(v) == "null"
+					case "delta":
+						n := 0
+						return v[0] == '{' && eachRawMember(v, func(key, v []byte) bool {
+							n++
+							if n > 1 || string(key) != "content" || v[0] != '"' {
+								return false
+							}
+							text = v
+							return true
+						})
+					}
+					return false
+				})
+			})
+		}
+		return true
+	})
+	if !ok || text == nil {
 		return "", false
 	}
-	for _, k := range slowKeys {
-		if bytes.Contains(p, k) {
-			return "", false
-		}
+	raw := text[1 : len(text)-1]
+	if bytes.IndexByte(raw, '\\') < 0 {
+		return string(raw), true
 	}
-	start := i + len(plainDelta)
-	esc := false
-	for j := start; j < len(p); j++ {
-		switch c := p[j]; {
-		case c == '\\':
-			esc = true
-			j++
-		case c == '"':
-			if j+1 >= len(p) || p[j+1] != '}' {
-				return "", false
-			}
-			if !esc {
-				return string(p[start:j]), true
-			}
-			var out string
-			if json.Unmarshal(p[start-1:j+1], &out) != nil {
-				return "", false
-			}
-			return out, true
-		case c < 0x20:
-			return "", false
-		}
+	var out string
+	if json.Unmarshal(text, &out) != nil {
+		return "", false
 	}
-	return "", false
+	return out, true
 }

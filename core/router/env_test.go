@@ -186,7 +186,10 @@ func newEnv(t testing.TB, o envOpts) *env {
 	}
 	e.spec, e.api = o.spec, o.api
 	e.publish(!o.noReady)
-	cfg := router.Config{Lifecycle: lc, SettleInterval: 5 * time.Millisecond, SettleTransit: time.Millisecond, ProgressAfter: -1}
+	// Streams are taken over at their first flush (TakeOverAfter -1), so
+	// that the take-over is exercised by every streamed test;
+	// TestRouter_YoungStreamStaysOnNetHTTP covers the default.
+	cfg := router.Config{Lifecycle: lc, SettleInterval: 5 * time.Millisecond, SettleTransit: time.Millisecond, ProgressAfter: -1, TakeOverAfter: -1}
 	if o.router != nil {
 		o.router(&cfg)
 	}

@@ -41,10 +41,12 @@ import (
 // a listener of that one connection); a client that closes it instead, or
 // a role that drains, closes it.
 //
-// A stream is taken over only when its head has not been written yet, or
-// was written by net/http while it waited for its model (progress
-// comments; the taken-over answer goes on in the chunked coding net/http
-// began); an answer complete by its first flush stays on net/http.
+// A stream is taken over at a flush once it has run for TakeOverAfter
+// (takeOverOrWait): its head has not been written yet, or was written by
+// net/http (while it waited for its model, progress comments; or at an
+// earlier flush); the taken-over answer goes on in the chunked coding
+// net/http began. An answer complete by its first flush after
+// TakeOverAfter stays on net/http.
 // Non-streamed answers, HTTP versions other than 1.1, TLS, and systems
 // without the watcher (hijack_other.go) stay on net/http.
 
@@ -256,6 +258,28 @@ func (q *request) wantsTakeOver(st *sseState) bool {
 	return q.cc == nil && !st.trailer && (q.cw == cwPending || q.headViaHTTP)
 }
 
+// takeOverOrWait takes a stream over at a flush once it has run for
+// TakeOverAfter; a younger one goes on on net/http, which writes its head
+// (the router may take it over at a later flush, in the chunked coding
+// net/http began). A stream that ends within TakeOverAfter never pays for
+// the take-over: the hijack, the watcher, the relay's goroutine and the
+// connection's hand-back cost it more than net/http's buffers held for a
+// few milliseconds.
+func (q *request) takeOverOrWait() {
+	if after := q.rt.cfg.TakeOverAfter; after > 0 && time.Since(q.start) < after {
+		if q.cw == cwPending {
+			q.commitHTTP()
+			q.headViaHTTP = true
+		}
+		return
+	}
+	if !q.takeOver() {
+		// flush hands a pending head to net/http; a head net/http wrote
+		// stays there.
+		q.headViaHTTP = false
+	}
+}
+
 // takeOver hijacks the client connection and writes the head and what is
 // buffered; false (nothing changed) when the role is draining or net/http
 // refuses. IMPORTANT: the stream is registered before the hijack, while
@@ -360,20 +384,29 @@ func (q *request) commitHTTP() {
 	q.out.release()
 }
 
-// writeOut buffers bytes for a pending head or a taken-over connection,
-// flushing a chunk when the buffer is full (which takes a pending stream
-// over).
+// writeOut buffers an event stream's bytes until the next flush, for a
+// pending head, a taken-over connection or net/http, writing them on when
+// the buffer is full (which decides a pending stream's take-over). On
+// net/http, an event's pieces then reach its writer in one call per flush,
+// not several per event.
 func (q *request) writeOut(b []byte) error {
 	for len(b) > 0 {
 		if q.writeErr != nil {
 			return q.writeErr
 		}
 		if q.out.full() {
-			if q.cw == cwPending && !q.takeOver() {
-				q.commitHTTP()
-				return q.write(b)
+			if q.cw == cwPending {
+				if q.takeOverOrWait(); q.cw == cwPending {
+					q.commitHTTP()
+				}
 			}
-			if err := q.flushOut(false); err != nil {
+			var err error
+			if q.cw == cwHTTP {
+				err = q.pushHTTP()
+			} else {
+				err = q.flushOut(false)
+			}
+			if err != nil {
 				return err
 			}
 			continue
@@ -383,6 +416,22 @@ func (q *request) writeOut(b []byte) error {
 		b = b[n:]
 	}
 	return nil
+}
+
+// pushHTTP hands what is buffered to net/http's writer (which writes it
+// at its flush).
+func (q *request) pushHTTP() error {
+	d := q.out.data()
+	if len(d) == 0 {
+		q.out.release()
+		return q.writeErr
+	}
+	_, err := q.w.Write(d)
+	q.out.release()
+	if err != nil && q.writeErr == nil {
+		q.writeErr = err
+	}
+	return err
 }
 
 // flushOut writes what is buffered to the taken-over connection as one

@@ -179,6 +179,9 @@ func TestRouter_StreamTakenOverFromNetHTTP(t *testing.T) {
 	if n := e.rt.Open(); n != 1 {
 		t.Fatalf("open taken-over streams = %d, want 1", n)
 	}
+	if m := scrape(t, e); !strings.Contains(m, "\ncapyctl_streams_taken_over 1\n") {
+		t.Fatalf("metrics lack capyctl_streams_taken_over 1:\n%s", m)
+	}
 	s.send(t, finishChunk)
 	close(s.steps)
 	rest := readUntil(t, br, "data: [DONE]")
@@ -593,4 +596,81 @@ func modelsAnswer(t *testing.T, br *bufio.Reader) {
 	if b := readBody(t, resp); resp.StatusCode != 200 || !strings.Contains(b, `"demo"`) {
 		t.Fatalf("the next request on the connection: %d %s", resp.StatusCode, b)
 	}
+}
+
+func TestRouter_YoungStreamStaysOnNetHTTP(t *testing.T) {
+	// A stream stays young for the whole of the first two cases; the
+	// third waits for its stream to grow old.
+	young := func(c *router.Config) { c.TakeOverAfter = time.Minute }
+	const after = 200 * time.Millisecond
+	t.Run("a stream that ends young stays on net/http", func(t *testing.T) {
+		led := &ledger{}
+		e, s := scriptedEnv(t, envOpts{router: func(c *router.Config) { young(c); c.RequestLog = led }})
+		c, br, head := rawStream(t, e, s, "")
+		if !strings.Contains(head, "Transfer-Encoding: chunked\r\n") || !strings.Contains(head, "Content-Type: text/event-stream\r\n") {
+			t.Fatalf("head %q", head)
+		}
+		first := readUntil(t, br, `"role"`)
+		s.send(t, contentChunk)
+		body := readUntil(t, br, `"hi"`)
+		if n := e.rt.Open(); n != 0 {
+			t.Fatalf("open taken-over streams = %d, want 0", n)
+		}
+		s.send(t, finishChunk)
+		close(s.steps)
+		rest := readUntil(t, br, "data: [DONE]")
+		if last := readChunk(t, br); last != "" {
+			t.Fatalf("after [DONE]: %q", last)
+		}
+		if strings.Contains(body, `"e-1"`) || !strings.Contains(rest, ": x-capyctl-metrics {") {
+			t.Fatalf("answer %q %q", body, rest)
+		}
+		waitFor(t, "idle", e.idle)
+		recs := led.all()
+		if len(recs) != 1 || recs[0].Outcome != "completed" || recs[0].BytesOut != int64(len(first)+len(body)+len(rest)) || recs[0].PromptTokens != 3 {
+			t.Fatalf("records %+v", recs)
+		}
+		if n := e.rt.Open(); n != 0 {
+			t.Fatalf("open taken-over streams = %d, want 0", n)
+		}
+		// net/http kept the connection for the next request.
+		nextRequest(t, c, br)
+	})
+	t.Run("a hang-up while young reaches the engine", func(t *testing.T) {
+		e, s := scriptedEnv(t, envOpts{router: young})
+		c, br, _ := rawStream(t, e, s, "")
+		readUntil(t, br, `"role"`)
+		c.Close()
+		select {
+		case <-s.gone:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the engine request was not cut")
+		}
+		waitFor(t, "idle", e.idle)
+	})
+	t.Run("a stream that goes on is taken over at its first flush after TakeOverAfter", func(t *testing.T) {
+		e, s := scriptedEnv(t, envOpts{router: func(c *router.Config) { c.TakeOverAfter = after }})
+		start := time.Now()
+		c, br, _ := rawStream(t, e, s, "")
+		readUntil(t, br, `"role"`)
+		if n := e.rt.Open(); n != 0 {
+			t.Fatalf("open taken-over streams = %d, want 0", n)
+		}
+		waitFor(t, "the stream to grow old", func() bool { return time.Since(start) > after })
+		s.send(t, contentChunk)
+		readUntil(t, br, `"hi"`)
+		if n := e.rt.Open(); n != 1 {
+			t.Fatalf("open taken-over streams = %d, want 1", n)
+		}
+		// The answer goes on in net/http's chunked coding, to its end.
+		s.send(t, contentChunk)
+		s.send(t, finishChunk)
+		close(s.steps)
+		if data := lastEvents(t, br); len(data) < 3 || data[len(data)-1] != "[DONE]" {
+			t.Fatalf("events %q", data)
+		}
+		waitFor(t, "the stream to be forgotten", func() bool { return e.rt.Open() == 0 })
+		waitFor(t, "idle", e.idle)
+		nextRequest(t, c, br)
+	})
 }

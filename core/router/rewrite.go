@@ -9,11 +9,34 @@ import (
 )
 
 // rewriter replaces the engine's answer ID with CapyCTL's request ID and
-// the served model name with the public one, without decoding the chunk.
+// the served model name with the public one, without decoding the chunk:
+// it looks for the old value as a JSON string ("chatcmpl-…") and replaces
+// it where it is the value of an "id" (or "model") member, written as
+// `"id":` or `"id": `. One search per value and chunk, wherever the engine
+// puts its members.
 type rewriter struct {
 	newID, public, served string
 	oldID                 string
-	pairs                 [][2][]byte
+	subs                  []substitution
+	built                 bool
+}
+
+// substitution replaces old (a quoted JSON string) with new where it is
+// the value of the member key.
+type substitution struct {
+	key      []byte // `"id":`
+	old, new []byte // quoted
+	// tail is what the search looks for: old's last bytes, whose first
+	// byte (an ID's last characters) is rarer in a chunk than the quote
+	// old starts with, which bytes.Index would stop at in every member.
+	tail []byte
+}
+
+// maxTail is the longest tail a substitution searches for.
+const maxTail = 12
+
+func newSubstitution(key, old, new []byte) substitution {
+	return substitution{key: key, old: old, new: new, tail: old[max(len(old)-maxTail, 0):]}
 }
 
 func (rw *rewriter) setOldID(id string) {
@@ -22,49 +45,81 @@ func (rw *rewriter) setOldID(id string) {
 }
 
 func (rw *rewriter) build() {
-	rw.pairs = rw.pairs[:0]
+	rw.subs = rw.subs[:0]
+	rw.built = true
 	q := func(s string) []byte { b, _ := json.Marshal(s); return b }
 	if rw.oldID != "" && rw.oldID != rw.newID {
-		for _, sep := range []string{":", ": "} {
-			rw.pairs = append(rw.pairs, [2][]byte{
-				append([]byte(`"id"`+sep), q(rw.oldID)...),
-				append([]byte(`"id"`+sep), q(rw.newID)...),
-			})
-		}
+		rw.subs = append(rw.subs, newSubstitution([]byte(`"id":`), q(rw.oldID), q(rw.newID)))
 	}
 	if rw.served != "" && rw.served != rw.public {
-		for _, sep := range []string{":", ": "} {
-			rw.pairs = append(rw.pairs, [2][]byte{
-				append([]byte(`"model"`+sep), q(rw.served)...),
-				append([]byte(`"model"`+sep), q(rw.public)...),
-			})
+		rw.subs = append(rw.subs, newSubstitution([]byte(`"model":`), q(rw.served), q(rw.public)))
+	}
+}
+
+// at returns where in p the next replacement of s starts (the old value's
+// index; -1 when none), searching from from.
+func (s *substitution) at(p []byte, from int) int {
+	for next := from; next < len(p); {
+		i := bytes.Index(p[next:], s.tail)
+		if i < 0 {
+			return -1
+		}
+		end := next + i + len(s.tail)
+		next += i + 1
+		start := end - len(s.old)
+		if start < from || !bytes.Equal(p[start:end], s.old) {
+			continue
+		}
+		// The member's name, then a colon and at most one space.
+		k := start
+		if k > 0 && p[k-1] == ' ' {
+			k--
+		}
+		if k >= len(s.key) && bytes.Equal(p[k-len(s.key):k], s.key) {
+			return start
 		}
 	}
+	return -1
 }
 
 // write writes payload with the replacements.
 func (rw *rewriter) write(q *request, payload []byte) error {
-	if rw.pairs == nil && rw.served != "" && rw.served != rw.public {
+	if !rw.built && rw.served != "" && rw.served != rw.public {
 		rw.build()
 	}
-	rest := payload
-	for len(rest) > 0 {
-		at, which := -1, -1
-		for i, p := range rw.pairs {
-			if j := bytes.Index(rest, p[0]); j >= 0 && (at < 0 || j < at) {
-				at, which = j, i
+	if len(rw.subs) == 0 {
+		return q.write(payload)
+	}
+	// next[i] is where subs[i] applies next (-1: nowhere more).
+	var next [2]int
+	for i := range rw.subs {
+		next[i] = rw.subs[i].at(payload, 0)
+	}
+	done := 0
+	for {
+		which := -1
+		for i := range rw.subs {
+			if next[i] >= 0 && (which < 0 || next[i] < next[which]) {
+				which = i
 			}
 		}
-		if at < 0 {
-			return q.write(rest)
+		if which < 0 {
+			return q.write(payload[done:])
 		}
-		if err := q.write(rest[:at]); err != nil {
+		s := &rw.subs[which]
+		at := next[which]
+		if err := q.write(payload[done:at]); err != nil {
 			return err
 		}
-		if err := q.write(rw.pairs[which][1]); err != nil {
+		if err := q.write(s.new); err != nil {
 			return err
 		}
-		rest = rest[at+len(rw.pairs[which][0]):]
+		done = at + len(s.old)
+		for i := range rw.subs {
+			if next[i] >= 0 && next[i] < done {
+				next[i] = rw.subs[i].at(payload, done)
+			}
+		}
+		next[which] = s.at(payload, done)
 	}
-	return nil
 }

@@ -55,6 +55,7 @@ const (
 	// AWS load balancers and Cloud Run's defaults, which a stream that
 	// sends nothing would hit during a long switch or cold start.
 	DefaultProgressEvery = 10 * time.Second
+	DefaultTakeOverAfter = 100 * time.Millisecond
 )
 
 // Lifecycle is what the router needs of the lifecycle on the hot path.
@@ -151,6 +152,10 @@ type Config struct {
 	// router's own on /metrics (the agent adds the lifecycle's start slots
 	// and port leases).
 	Collectors []prometheus.Collector
+	// TakeOverAfter is how long a stream runs on its net/http handler
+	// before the router takes its connection over, at its first flush
+	// after that (hijack.go; default 100ms; negative: at its first flush).
+	TakeOverAfter time.Duration
 }
 
 // Router serves the inference API's model routes.
@@ -198,6 +203,9 @@ func New(cfg Config) *Router {
 	}
 	if cfg.ProgressEvery <= 0 {
 		cfg.ProgressEvery = DefaultProgressEvery
+	}
+	if cfg.TakeOverAfter == 0 {
+		cfg.TakeOverAfter = DefaultTakeOverAfter
 	}
 	if cfg.Requests == nil {
 		if r, ok := cfg.Lifecycle.(Requests); ok {

@@ -5,22 +5,25 @@ package router
 
 import (
 	"bytes"
-	"time"
 )
 
 // scan reads what the router needs from a streamed chunk (first content,
 // usage, finish) and says whether to relay it: a usage-only chunk the
-// client did not ask for is dropped. Most chunks need no decoding: once
-// the answer's ID and first content are known, a chunk without usage, a
-// finish reason or timings is content. The few that need decoding are
-// decoded by scanChunk, off the relay's goroutine for a stream taken over
-// from net/http (see decodeOff).
+// client did not ask for is dropped. Most chunks need no reading at all:
+// once the answer's ID and first content are known, a chunk without usage,
+// a finish reason or timings is content. The others are read by
+// scanChunkFacts, without decoding; only a chunk in a shape it does not
+// know is decoded (scanChunk), off the relay's goroutine for a stream taken
+// over from net/http (see decodeOff).
 func (q *request) scan(payload []byte, rw *rewriter) bool {
-	if rw.oldID != "" && q.contentN > 0 && !bytes.Contains(payload, usageKey) &&
-		!bytes.Contains(payload, finishKey) && !bytes.Contains(payload, timingsKey) {
+	if rw.oldID != "" && q.contentN > 0 && !carriesFigures(payload) {
 		q.contentN++
-		q.lastContent = time.Now()
+		q.contentSeen = true
 		return true
+	}
+	var f chunkFacts
+	if scanChunkFacts(payload, &f) && !f.idDecode {
+		return q.applyFacts(&f, true, rw)
 	}
 	if q.cc != nil {
 		return q.decodeOff(payload, rw)
@@ -32,9 +35,10 @@ func (q *request) scan(payload []byte, rw *rewriter) bool {
 // IMPORTANT: encoding/json needs several KiB of stack; a taken-over stream
 // waits on a goroutine that starts at 2 KiB, and a stack that grew once
 // stays grown until a collection shrinks it (only while the goroutine uses
-// under a quarter of it). Decoding the stream's first chunks there would
-// leave every open stream with a 4 to 8 KiB stack; the short-lived
-// goroutine's stack is freed when it ends.
+// under a quarter of it). Decoding the stream's chunks there would leave
+// every open stream with a 4 to 8 KiB stack; the short-lived goroutine's
+// stack is freed when it ends. Only chunks scanChunkFacts cannot read come
+// here.
 func (q *request) decodeOff(payload []byte, rw *rewriter) bool {
 	done := make(chan any, 1)
 	go func() {
@@ -55,68 +59,123 @@ func (q *request) decodeOff(payload []byte, rw *rewriter) bool {
 // panicked carries a panic from decodeOff's goroutine.
 type panicked struct{ v any }
 
-// scanChunk is scan for a chunk that may need decoding.
+// scanChunk is scan for a chunk that needs decoding.
 func (q *request) scanChunk(payload []byte, rw *rewriter) bool {
-	if rw.oldID == "" || q.contentN == 0 {
-		var c chunkHead
-		if decodeChunk(payload, &c) == nil {
-			if rw.oldID == "" && c.ID != "" {
-				rw.setOldID(c.ID)
-			}
-			for _, ch := range c.Choices {
-				if ch.hasContent() {
-					q.contentN++
-					q.lastContent = time.Now()
-				}
-				if len(ch.FinishReason) > 0 && string(ch.FinishReason) != "null" {
-					q.sawFinish = true
-				}
-			}
-			if len(c.Usage) > 0 && string(c.Usage) != "null" {
-				q.usage.parse(c.Usage)
-				if len(c.Choices) == 0 && !q.usageOpt {
-					return false
-				}
-			}
-			if len(c.Timings) > 0 {
-				q.timings.parse(c.Timings)
-			}
-			return true
+	var f chunkFacts
+	ok := decodedFacts(payload, &f)
+	return q.applyFacts(&f, ok, rw)
+}
+
+// decodedFacts is scanChunkFacts by decoding the chunk (usage and timings
+// are left to applyFacts to decode).
+func decodedFacts(payload []byte, f *chunkFacts) bool {
+	var c chunkHead
+	if decodeChunk(payload, &c) != nil {
+		return false
+	}
+	*f = chunkFacts{id: []byte(c.ID), choices: len(c.Choices)}
+	for _, ch := range c.Choices {
+		if ch.hasContent() {
+			f.content++
+		}
+		if len(ch.FinishReason) > 0 && string(ch.FinishReason) != "null" {
+			f.finish = true
 		}
 	}
-	q.contentN++
-	q.lastContent = time.Now()
-	if bytes.Contains(payload, usageKey) || bytes.Contains(payload, finishKey) || bytes.Contains(payload, timingsKey) {
-		var c chunkHead
-		if decodeChunk(payload, &c) == nil {
-			empty := true
-			for _, ch := range c.Choices {
-				if ch.hasContent() {
-					empty = false
-				}
-				if len(ch.FinishReason) > 0 && string(ch.FinishReason) != "null" {
-					q.sawFinish = true
-				}
-			}
-			if empty {
-				q.contentN--
-			}
-			if len(c.Timings) > 0 {
-				q.timings.parse(c.Timings)
-			}
-			if len(c.Usage) > 0 && string(c.Usage) != "null" {
-				q.usage.parse(c.Usage)
-				if len(c.Choices) == 0 && !q.usageOpt {
-					return false
-				}
-			}
-		}
+	if len(c.Usage) > 0 && string(c.Usage) != "null" {
+		f.usage = c.Usage
+	}
+	if len(c.Timings) > 0 {
+		f.timings = c.Timings
 	}
 	return true
+}
+
+// applyFacts records what a chunk says (ok false: a chunk that could not
+// be read, relayed as content) and says whether to relay it.
+func (q *request) applyFacts(f *chunkFacts, ok bool, rw *rewriter) bool {
+	if ok && (rw.oldID == "" || q.contentN == 0) {
+		// The answer's opening chunks: its ID, and its first content.
+		if rw.oldID == "" && len(f.id) > 0 {
+			rw.setOldID(string(f.id))
+		}
+		if f.content > 0 {
+			q.contentN += int64(f.content)
+			q.contentSeen = true
+		}
+		if f.finish {
+			q.sawFinish = true
+		}
+		if f.usage != nil {
+			q.usage.parse(f.usage)
+		}
+		if f.timings != nil {
+			q.timings.parse(f.timings)
+		}
+		return !(f.choices == 0 && f.usage != nil && !q.usageOpt)
+	}
+	q.contentN++
+	q.contentSeen = true
+	if !ok {
+		return true
+	}
+	if f.content == 0 {
+		q.contentN--
+	}
+	if f.finish {
+		q.sawFinish = true
+	}
+	if f.timings != nil {
+		q.timings.parse(f.timings)
+	}
+	if f.usage != nil {
+		q.usage.parse(f.usage)
+	}
+	return !(f.choices == 0 && f.usage != nil && !q.usageOpt)
 }
 
 var (
 	usageKey   = []byte(`"usage"`)
 	finishKey  = []byte(`"finish_reason":"`)
 	timingsKey = []byte(`"timings"`)
+	finishName = []byte(`"finish_reason"`)
 )
+
+// carriesFigures reports a chunk that may carry what the relay reads past
+// the answer's first content: a member "usage" or "timings", or a string
+// "finish_reason" (written "finish_reason":"…"). It walks the chunk's
+// colons and looks at the name before each: bytes.Contains of each name
+// finds its leading quote at almost every member and costs about four
+// times as much.
+func carriesFigures(p []byte) bool {
+	for i := 0; i < len(p); {
+		j := bytes.IndexByte(p[i:], ':')
+		if j < 0 {
+			return false
+		}
+		c := i + j
+		i = c + 1
+		k := c
+		for k > 0 && (p[k-1] == ' ' || p[k-1] == '\t' || p[k-1] == '\n' || p[k-1] == '\r') {
+			k--
+		}
+		if k < 2 || p[k-1] != '"' {
+			continue
+		}
+		switch p[k-2] {
+		case 'e':
+			if bytes.HasSuffix(p[:k], usageKey) {
+				return true
+			}
+		case 's':
+			if bytes.HasSuffix(p[:k], timingsKey) {
+				return true
+			}
+		case 'n':
+			if k == c && c+1 < len(p) && p[c+1] == '"' && bytes.HasSuffix(p[:k], finishName) {
+				return true
+			}
+		}
+	}
+	return false
+}

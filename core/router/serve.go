@@ -160,10 +160,12 @@ type request struct {
 	headAt       time.Time
 	firstContent time.Time
 	lastContent  time.Time
+	contentSeen  bool // output arrived since lastContent was stamped (stampContent)
 	endAt        time.Time
 
 	headersSent bool
 	cw          int         // where answer bytes go: cwHTTP, cwPending, cwHijacked (hijack.go)
+	sseOut      bool        // the answer is an event stream: its bytes gather in out until a flush, on net/http too
 	hjOK        bool        // the client connection may be taken over (hijack.go)
 	headViaHTTP bool        // net/http wrote the head (progress) before any take-over
 	handedOff   bool        // the stream goes on on its own goroutine (relayOn)
@@ -748,6 +750,7 @@ func (q *request) sseHeaders() {
 	h.Set("X-Accel-Buffering", "no")
 	q.headersSent = true
 	q.status = http.StatusOK
+	q.sseOut = true
 	if q.hjOK && q.stream {
 		q.cw = cwPending
 		return
@@ -794,7 +797,7 @@ func (q *request) gone() {
 // write sends bytes to the client; a failure ends the request's engine
 // work through the caller.
 func (q *request) write(b []byte) error {
-	if q.cw != cwHTTP {
+	if q.cw != cwHTTP || q.sseOut {
 		return q.writeOut(b)
 	}
 	n, err := q.w.Write(b)
@@ -814,6 +817,10 @@ func (q *request) flush() error {
 		return q.flushOut(false)
 	case cwPending:
 		q.commitHTTP()
+	case cwHTTP:
+		if err := q.pushHTTP(); err != nil {
+			return err
+		}
 	}
 	return q.flushHTTP()
 }
@@ -863,6 +870,8 @@ func (q *request) finish() {
 		q.endTakenOver()
 	case q.cw == cwPending:
 		q.commitHTTP()
+	case q.cw == cwHTTP:
+		_ = q.pushHTTP()
 	}
 	if q.rc != nil {
 		// IMPORTANT: a deadline left on the connection would fail the

@@ -65,6 +65,9 @@ type sseReader struct {
 	start, dec, end int
 	max             int
 
+	timed  bool          // fill measures how long its read waited (waited)
+	waited time.Duration // how long the last read waited for the engine
+
 	frame int
 	left  int64 // bytes left in the current chunk (chunked) or body (length)
 	chunk int   // state of the chunked decoder
@@ -210,7 +213,14 @@ func (s *sseReader) fill() {
 			s.buf = nb
 		}
 	}
+	var start time.Time
+	if s.timed {
+		start = time.Now()
+	}
 	n, err := s.readConn()
+	if s.timed {
+		s.waited = time.Since(start)
+	}
 	s.end += n
 	if derr := s.decode(); derr != nil {
 		s.err = derr

@@ -36,8 +36,11 @@ func (q *request) relaySSE(sr *sseReader, call *engineCall) {
 	switch {
 	case q.stream:
 		q.setWriteDeadline()
-	case q.dl == nil:
-		st.agg = newAggregate() // dialect: the dialect builds its own answer
+	default:
+		sr.timed = true
+		if q.dl == nil {
+			st.agg = newAggregate() // dialect: the dialect builds its own answer
+		}
 	}
 	if q.sseLoop(st) {
 		q.st, q.handedOff = st, true
@@ -72,12 +75,11 @@ func (q *request) sseLoop(st *sseState) bool {
 			}
 		}
 		if !sr.buffered() {
+			q.stampContent()
 			if st.wrote && q.stream {
 				st.wrote = false
-				if q.wantsTakeOver(st) && !q.takeOver() {
-					// flush hands a pending head to net/http; a head net/http
-					// wrote stays there.
-					q.headViaHTTP = false
+				if q.wantsTakeOver(st) {
+					q.takeOverOrWait()
 				}
 				if err := q.flush(); err != nil {
 					st.cutErr = q.clientErr()
@@ -87,6 +89,19 @@ func (q *request) sseLoop(st *sseState) bool {
 			}
 			if !q.firstContent.IsZero() && !st.trailer {
 				sr.readWithin(q.b.streamIdle)
+				if !q.stream && sr.waited < gatherWindow {
+					// An answer assembled for a client that asked for no
+					// stream: nobody sees its chunks arrive. An engine
+					// that sends them faster than the window has the next
+					// ones ready together after it, read at once: one
+					// wake-up for several chunks, not one each. A hang-up
+					// still cuts the engine at once (the cutter closes
+					// its connection); the answer ends at most one window
+					// later. The window ends on the clock's next multiple
+					// of it, the same instant for every answer gathering:
+					// the runtime wakes them together.
+					time.Sleep(gatherWindow - time.Duration(time.Now().UnixNano()%int64(gatherWindow)))
+				}
 			}
 			if q.cc != nil && !q.handedOff {
 				return true
@@ -94,6 +109,10 @@ func (q *request) sseLoop(st *sseState) bool {
 		}
 	}
 }
+
+// gatherWindow is how long the relay of an assembled answer waits between
+// reads of an engine that sends its chunks faster than that (sseLoop).
+const gatherWindow = 5 * time.Millisecond
 
 // sseReadErr records why the engine's stream ended.
 func (q *request) sseReadErr(st *sseState, err error) {
@@ -161,10 +180,20 @@ func (q *request) sseEvent(st *sseState, sr *sseReader, ev []byte) {
 	}
 }
 
+// stampContent records when the output read last arrived: once per read
+// from the engine, not once per chunk (its chunks arrived together).
+func (q *request) stampContent() {
+	if q.contentSeen {
+		q.lastContent = time.Now()
+		q.contentSeen = false
+	}
+}
+
 // sseComplete writes the end of a complete answer: it reaches the client
 // now, before the engine's body is drained (for a second at most).
 func (q *request) sseComplete(st *sseState, sr *sseReader) {
 	st.trailer = true
+	q.stampContent()
 	if st.engineErr == nil {
 		q.endAt = time.Now()
 		if err := q.writeAnswer(st.agg); err != nil {
@@ -178,6 +207,7 @@ func (q *request) sseComplete(st *sseState, sr *sseReader) {
 // sseEnd settles and answers the request once the engine's stream ended.
 func (q *request) sseEnd(st *sseState) {
 	sr, call := st.sr, st.call
+	q.stampContent()
 	if q.endAt.IsZero() {
 		q.endAt = time.Now()
 	}

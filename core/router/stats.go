@@ -207,6 +207,7 @@ var (
 	descPlaces   = prometheus.NewDesc("capyctl_running_places", "Running places per instance.", []string{"deployment"}, nil)
 	descWaitAll  = prometheus.NewDesc("capyctl_queue_waiting_bytes", "Bytes of waiting request bodies, all deployments.", nil, nil)
 	descStale    = prometheus.NewDesc("capyctl_engine_connections_stale_total", "Pooled engine connections found closed by the engine (dropped before use, or a request sent again on a new connection).", nil, nil)
+	descTaken    = prometheus.NewDesc("capyctl_streams_taken_over", "Open streams the router relays on client connections it took over from the HTTP server (see Memory per open stream).", nil, nil)
 	// descLedgerDropped is read from the ledger at scrape time: the ledger
 	// counts its drops itself, off the hot path.
 	descLedgerDropped = prometheus.NewDesc("capyctl_request_ledger_dropped_total",
@@ -227,6 +228,7 @@ func (g *gauges) Describe(ch chan<- *prometheus.Desc) {
 	ch <- descPlaces
 	ch <- descWaitAll
 	ch <- descStale
+	ch <- descTaken
 	ch <- descLedgerDropped
 }
 
@@ -244,6 +246,7 @@ func (g *gauges) Collect(ch chan<- prometheus.Metric) {
 	_, bytes := g.rt.adm.WaitingAll()
 	ch <- prometheus.MustNewConstMetric(descWaitAll, prometheus.GaugeValue, float64(bytes))
 	ch <- prometheus.MustNewConstMetric(descStale, prometheus.CounterValue, float64(g.rt.engine.stale.Load()))
+	ch <- prometheus.MustNewConstMetric(descTaken, prometheus.GaugeValue, float64(g.rt.Open()))
 	if l, ok := g.rt.cfg.RequestLog.(DroppingLog); ok {
 		ch <- prometheus.MustNewConstMetric(descLedgerDropped, prometheus.CounterValue, float64(l.Dropped()))
 	}

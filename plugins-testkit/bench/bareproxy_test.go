@@ -4,6 +4,7 @@
 package bench
 
 import (
+	"bytes"
 	"fmt"
 	"io"
 	"log"
@@ -33,7 +34,11 @@ func TestMain(m *testing.M) {
 }
 
 // serveBareProxy listens on a loopback port, prints its address on the
-// first line of stdout and proxies every request to target.
+// first line of stdout and proxies every request to target. It reads the
+// request body into memory first: the stock ReverseProxy otherwise closes
+// the engine connection when the answer arrives before its own last read
+// of the body (Go issue 40747), and a proxy must read the body anyway to
+// find the model.
 func serveBareProxy(target string) error {
 	u, err := url.Parse(target)
 	if err != nil {
@@ -48,7 +53,15 @@ func serveBareProxy(target string) error {
 	rp.FlushInterval = -1                    // relay streamed answers chunk by chunk, as the router does
 	rp.ErrorLog = log.New(io.Discard, "", 0) // its errors are counted by the client
 	fmt.Println(ln.Addr().String())
-	return http.Serve(ln, rp)
+	return http.Serve(ln, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, err := io.ReadAll(r.Body)
+		if err != nil {
+			w.WriteHeader(http.StatusBadRequest)
+			return
+		}
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		rp.ServeHTTP(w, r)
+	}))
 }
 
 // startBareProxy runs a bare proxy in front of target until the benchmark

@@ -180,10 +180,14 @@ func (s *roleSetup) hangUp(b testing.TB, base, body, key string) time.Duration {
 	}
 	fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n%sContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", auth, len(body), body)
 	br := bufio.NewReader(c)
+	var status string
 	for {
 		line, err := br.ReadString('\n')
+		if status == "" {
+			status = strings.TrimSpace(line)
+		}
 		if err != nil {
-			b.Fatalf("stream: %v", err)
+			b.Fatalf("stream (%s; last %q): %v", status, line, err)
 		}
 		if strings.Contains(line, `"content"`) {
 			break
@@ -239,7 +243,13 @@ func BenchmarkRole_MemoryPerOpenStream(b *testing.B) {
 		time.Sleep(200 * time.Millisecond)
 		before := s.scrape(b)
 		conns := openStreams(streams, 64, func() net.Conn { return s.open(b, body) })
+		// A stream is taken over at its first flush after
+		// router.DefaultTakeOverAfter: its next token.
 		after := s.scrape(b)
+		for deadline := time.Now().Add(30 * time.Second); after["capyctl_streams_taken_over"] < streams && time.Now().Before(deadline); {
+			time.Sleep(50 * time.Millisecond)
+			after = s.scrape(b)
+		}
 		if n := after[`capyctl_requests_in_flight{deployment="demo"}`]; n != streams {
 			b.Fatalf("in flight %v, want %d", n, streams)
 		}
@@ -303,13 +313,20 @@ func openStream(b testing.TB, addr, key, body string) net.Conn {
 		auth = "Authorization: Bearer " + key + "\r\n"
 	}
 	fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n%sContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", auth, len(body), body)
+	// A stream that never starts fails the benchmark instead of hanging it.
+	_ = c.SetReadDeadline(time.Now().Add(2 * time.Minute))
 	br := bufio.NewReader(c)
+	var status string
 	for {
 		line, err := br.ReadString('\n')
+		if status == "" {
+			status = strings.TrimSpace(line)
+		}
 		if err != nil {
-			b.Fatalf("stream: %v", err)
+			b.Fatalf("stream (%s; last %q): %v", status, line, err)
 		}
 		if strings.Contains(line, `"content"`) {
+			_ = c.SetReadDeadline(time.Time{})
 			return c
 		}
 	}

@@ -242,6 +242,10 @@ type Engine struct {
 	phase   atomic.Int32
 	started atomic.Bool
 	ready   chan struct{}
+	// listen, set by Serve for a flavour that serves only once ready, puts
+	// its deferred listener in the listening state; Run calls it before it
+	// says the engine is ready, so that Ready means a connection is taken.
+	listen atomic.Pointer[func() error]
 	fatal   chan *ExitError
 
 	// life ends when Run returns; generation stops with it.
@@ -525,6 +529,12 @@ func (e *Engine) Run(ctx context.Context) error {
 		lost = group.lost
 		e.group.Store(group)
 	}
+	if f := e.listen.Load(); f != nil {
+		if err := (*f)(); err != nil {
+			e.Logf(LevelError, "%v", err)
+			return &ExitError{Code: 1, Reason: err.Error()}
+		}
+	}
 	e.Logf(LevelInfo, "ready: serving %s", e.cfg.ServedName)
 	e.phase.Store(int32(PhaseReady))
 	close(e.ready)
@@ -678,6 +688,13 @@ func (e *Engine) Serve(ctx context.Context, ln net.Listener) error {
 				return fmt.Errorf("serve fake engine: %w", err)
 			}
 		}
+	}
+	if d, ok := ln.(*deferredListener); ok && !e.flavour.AcceptWhileLoading() {
+		listen := func() error {
+			_, err := d.listening()
+			return err
+		}
+		e.listen.Store(&listen)
 	}
 	e.Logf(LevelInfo, "listening on %s", ln.Addr())
 

@@ -34,7 +34,7 @@ import (
 // otherwise. The trust model they test is in the several-machines guide.
 //
 // A compromised host's attacks on the state it reports (events, journals,
-// inventory, routes: H2, H3, M2, M3, M4, M6, L2, L10 of the trust review)
+// inventory, routes: H3, M2, M3 of the trust review)
 // come with the fleet's rewrite: an Attack whose Inject drives
 // attack.CompromisedHost's Link adds one.
 
@@ -142,7 +142,7 @@ type AttackRow struct {
 
 // Attacks are the attack rows of make faults, in the order they run.
 func Attacks() []Attack {
-	return []Attack{ClusterFlood(), ManagementFlood(), ServerBigBodies(), CompromisedHostRelay()}
+	return []Attack{ClusterFlood(), ManagementFlood(), ServerBigBodies(), CompromisedHostRelay(), RemovedHostStolenCertificate()}
 }
 
 // attackSpec is a deployment on the fake engine placed on one host.

@@ -8,13 +8,13 @@ import (
 	"testing"
 )
 
-// TestAttacks_Quick runs the compromised host's row on little traffic:
+// TestAttacks_Quick runs the compromised host's rows on little traffic:
 // the attack suite's code runs in every make test.
 func TestAttacks_Quick(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a server and hosts")
 	}
-	rows := runAttacks(t, []Attack{CompromisedHostRelay()}, AttacksQuick)
+	rows := runAttacks(t, []Attack{CompromisedHostRelay(), RemovedHostStolenCertificate()}, AttacksQuick)
 	t.Logf("\n%s", AttackMarkdown(rows))
 }
 

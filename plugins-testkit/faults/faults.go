@@ -15,7 +15,7 @@ import (
 // All are the faults of make faults, in the order they run.
 func All() []Fault {
 	return []Fault{
-		KillCore(), KillDriver(), StopDriver(), KillEngine(), FullDisk(), ReadOnlyStore(),
+		KillCore(), KillDriver(), StopDriver(), StopDuringDriverStop(), KillEngine(), FullDisk(), ReadOnlyStore(),
 		IdleConnections(), SlowBody(), BigBodies(),
 	}
 }

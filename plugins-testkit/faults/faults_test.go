@@ -16,13 +16,14 @@ const EnvFaults = "CAPYCTL_FAULTS"
 // EnvFaultsOut names a file the full suite writes its Markdown table to.
 const EnvFaultsOut = "CAPYCTL_FAULTS_OUT"
 
-// TestFaults_Quick runs two faults on little traffic: the suite's code
-// runs in every make test.
+// TestFaults_Quick runs three faults on little traffic: the suite's code
+// runs in every make test (the stop under a stopped driver is the real
+// processes' check of the review's L2).
 func TestFaults_Quick(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts roles")
 	}
-	rows := runAll(t, []Fault{KillDriver(), SlowBody()}, Quick)
+	rows := runAll(t, []Fault{KillDriver(), SlowBody(), StopDuringDriverStop()}, Quick)
 	t.Logf("\n%s", Markdown(rows))
 }
 

@@ -52,6 +52,9 @@ type Role struct {
 
 // Options configure StartStandalone.
 type Options struct {
+	// Bin is the capyctl binary to run (default: Binaries'), for a
+	// benchmark that runs two builds side by side.
+	Bin string
 	// StateDir reuses a state directory (a restart); default a fresh one.
 	StateDir string
 	// Args are extra `start standalone` arguments.
@@ -76,6 +79,9 @@ func StartStandalone(t testing.TB, opts Options) *Role {
 	role := opts.Role
 	if role == "" {
 		role = "standalone"
+	}
+	if opts.Bin != "" {
+		bin = opts.Bin
 	}
 	r := &Role{t: t, Bin: bin, FakeBin: fake, StateDir: dir, Args: opts.Args, Env: opts.Env, RoleName: role}
 	r.start()

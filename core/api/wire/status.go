@@ -129,6 +129,7 @@ var httpStatus = map[structs.Code]int{
 	structs.CodeRateLimited:               http.StatusTooManyRequests,
 	structs.CodeQuotaExceeded:             http.StatusTooManyRequests,
 	structs.CodeAPIKeyExists:              http.StatusConflict,
+	structs.CodeLeaderUnanswered:          http.StatusGatewayTimeout,
 }
 
 // HTTPStatus returns the HTTP status an API answers a code with (a suffix

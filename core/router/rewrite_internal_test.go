@@ -1,0 +1,55 @@
+// Copyright (c) CapyCTL authors
+// SPDX-License-Identifier: Apache-2.0
+
+package router
+
+import "testing"
+
+func TestRewriter_Write(t *testing.T) {
+	cases := []struct {
+		name, in, oldID, served, want string
+	}{
+		{"id and model", `{"id":"e-1","object":"chat.completion.chunk","model":"m","choices":[]}`, "e-1", "m",
+			`{"id":"capy-1","object":"chat.completion.chunk","model":"demo","choices":[]}`},
+		{"spaces after the colons", `{"id": "e-1", "model": "m"}`, "e-1", "m", `{"id": "capy-1", "model": "demo"}`},
+		{"llama.cpp's order", `{"choices":[{"delta":{"content":"m"}}],"created":1,"id":"e-1","model":"m","object":"x"}`, "e-1", "m",
+			`{"choices":[{"delta":{"content":"m"}}],"created":1,"id":"capy-1","model":"demo","object":"x"}`},
+		{"the old id as another member's value", `{"id":"e-1","ref":"e-1","xid":"e-1"}`, "e-1", "",
+			`{"id":"capy-1","ref":"e-1","xid":"e-1"}`},
+		{"a nested id", `{"id":"e-1","x":{"id":"e-1"}}`, "e-1", "", `{"id":"capy-1","x":{"id":"capy-1"}}`},
+		{"inside a string", `{"content":"\"id\":\"e-1\"","id":"e-1"}`, "e-1", "", `{"content":"\"id\":\"e-1\"","id":"capy-1"}`},
+		{"a longer id with the same start", `{"id":"e-10"}`, "e-1", "", `{"id":"e-10"}`},
+		{"two spaces", `{"id":  "e-1"}`, "e-1", "", `{"id":  "e-1"}`},
+		{"model only", `{"model":"m","id":"x"}`, "", "m", `{"model":"demo","id":"x"}`},
+		{"nothing to replace", `{"id":"e-1","model":"demo"}`, "", "", `{"id":"e-1","model":"demo"}`},
+		{"an id with quotes", `{"id":"a\"b"}`, `a"b`, "", `{"id":"capy-1"}`},
+		// Longer than the tail the search looks for.
+		{"a long id", `{"id":"chatcmpl-8f2b0c7e9d0a4c1b9b5a","model":"m"}`, "chatcmpl-8f2b0c7e9d0a4c1b9b5a", "m", `{"id":"capy-1","model":"demo"}`},
+		{"a long id at the end", `{"choices":[],"model":"m","id":"chatcmpl-8f2b0c7e9d0a4c1b9b5a"}`, "chatcmpl-8f2b0c7e9d0a4c1b9b5a", "",
+			`{"choices":[],"model":"m","id":"capy-1"}`},
+		{"another value ending like the id", `{"ref":"xx-8f2b0c7e9d0a4c1b9b5a","id":"x-8f2b0c7e9d0a4c1b9b5a","id":"chatcmpl-8f2b0c7e9d0a4c1b9b5a"}`, "chatcmpl-8f2b0c7e9d0a4c1b9b5a", "",
+			`{"ref":"xx-8f2b0c7e9d0a4c1b9b5a","id":"x-8f2b0c7e9d0a4c1b9b5a","id":"capy-1"}`},
+		{"a long id twice", `{"id":"chatcmpl-8f2b0c7e9d0a4c1b9b5a","x":{"id": "chatcmpl-8f2b0c7e9d0a4c1b9b5a"}}`, "chatcmpl-8f2b0c7e9d0a4c1b9b5a", "",
+			`{"id":"capy-1","x":{"id": "capy-1"}}`},
+		{"a long served name", `{"model":"org/some-model-name-v2","id":"x"}`, "", "org/some-model-name-v2", `{"model":"demo","id":"x"}`},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			rw := rewriter{newID: "capy-1", public: "demo", served: c.served}
+			if c.served == "" {
+				rw.served = "demo"
+			}
+			if c.oldID != "" {
+				rw.setOldID(c.oldID)
+			}
+			q := &request{cw: cwPending}
+			defer q.out.release()
+			if err := rw.write(q, []byte(c.in)); err != nil {
+				t.Fatal(err)
+			}
+			if got := string(q.out.data()); got != c.want {
+				t.Fatalf("got  %s\nwant %s", got, c.want)
+			}
+		})
+	}
+}
