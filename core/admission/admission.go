@@ -191,6 +191,38 @@ func (c *Controller) Deployment(name string) *Deployment {
 	return d
 }
 
+// Forget drops a deployment's admission state when it holds nothing (no
+// request in flight, waiting, or cut and waiting for evidence) and reports
+// whether it did: the router forgets deleted deployments so that a role
+// keeps no state for every deployment it ever served. A later Deployment
+// of the same name starts afresh.
+func (c *Controller) Forget(name string) bool {
+	c.mu.Lock()
+	d := c.deps[name]
+	c.mu.Unlock()
+	if d == nil {
+		return false
+	}
+	// IMPORTANT: d.mu before c.mu, as Enter takes them.
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if len(d.queue) > 0 {
+		return false
+	}
+	for _, in := range d.instances {
+		if in.held() > 0 {
+			return false
+		}
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.deps[name] != d {
+		return false
+	}
+	delete(c.deps, name)
+	return true
+}
+
 // Lookup returns a deployment's admission state, nil when it has none.
 func (c *Controller) Lookup(name string) *Deployment {
 	c.mu.Lock()

@@ -24,6 +24,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/capyctl/capyctl/core/admission"
 	"github.com/capyctl/capyctl/core/api"
@@ -392,7 +393,7 @@ func New(s Settings, logger hclog.Logger) (*Agent, error) {
 	a.Router = router.New(router.Config{Lifecycle: lc, Admission: adm, Logger: logger, MaxBodyBytes: s.MaxBodyBytes, DefaultDeadline: s.RequestDeadline,
 		RequestLog: a.Requests, MaxWaitingTotal: s.MaxWaitingTotal, MaxWaitingBytes: s.MaxWaitingBytes,
 		MaxBodyBytesInFlight: s.MaxBodyBytesInFlight, BodyReadTimeout: s.Listener.options("inference", logger).BodyReadTimeout,
-		Responses: a.Responses, ProgressEvery: s.ProgressInterval})
+		Responses: a.Responses, ProgressEvery: s.ProgressInterval, Collectors: []prometheus.Collector{api.HeldCollector(lc)}})
 	if err := a.Router.Register(lifecycle.SwitchCollector{M: lc}); err != nil {
 		logger.Warn("could not export the switching metrics", "error", err)
 	}

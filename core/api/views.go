@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/capyctl/capyctl/core/api/wire"
+	"github.com/capyctl/capyctl/core/lifecycle"
 	"github.com/capyctl/capyctl/core/router"
 	"github.com/capyctl/capyctl/core/structs"
 )
@@ -123,6 +124,34 @@ func nonNil[T any](s []T) []T {
 		return []T{}
 	}
 	return s
+}
+
+var (
+	descStartSlots = prometheus.NewDesc("capyctl_start_slots_in_use",
+		"Start slots in use, by driver family: one per start under way (bounded by max_concurrent_effects per family); 0 when no start runs.", []string{"family"}, nil)
+	descPortLeases = prometheus.NewDesc("capyctl_engine_port_leases",
+		"Loopback ports leased to engines and LMCache servers: one per engine and per LMCache server that runs or is kept at a park.", nil, nil)
+)
+
+// heldCollector reads what the lifecycle holds at scrape time.
+type heldCollector struct{ lc *lifecycle.Manager }
+
+// HeldCollector returns the metrics of what the lifecycle holds (start
+// slots by family, engine port leases), for router.Config.Collectors: a
+// quiet role shows no slot in use and one lease per running engine.
+func HeldCollector(lc *lifecycle.Manager) prometheus.Collector { return heldCollector{lc: lc} }
+
+func (c heldCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- descStartSlots
+	ch <- descPortLeases
+}
+
+func (c heldCollector) Collect(ch chan<- prometheus.Metric) {
+	h := c.lc.Held()
+	for family, n := range h.StartSlots {
+		ch <- prometheus.MustNewConstMetric(descStartSlots, prometheus.GaugeValue, float64(n), family)
+	}
+	ch <- prometheus.MustNewConstMetric(descPortLeases, prometheus.GaugeValue, float64(h.PortLeases))
 }
 
 // Bounds of the requests view's page.

@@ -104,7 +104,7 @@ func (r *Registry) Detect(ctx context.Context, req AddRequest) (*pb.DetectRespon
 }
 
 func detectErr(err error, path string) error {
-	if code := sdk.CodeOf(err); code != "" && code != "driver_error" {
+	if code := sdk.CodeOf(err); code != "" && code != string(structs.CodeDriverError) && structs.Known(structs.Code(code)) {
 		return &structs.Error{Code: structs.Code(code), Message: err.Error(), Cause: err}
 	}
 	var se *structs.Error

@@ -5,6 +5,7 @@ package lifecycle
 
 import (
 	"context"
+	"os"
 	"sync"
 
 	"github.com/capyctl/capyctl/core/structs"
@@ -88,12 +89,16 @@ func (m *Manager) DeleteDeployment(ctx context.Context, name string) error {
 	if err != nil {
 		return err
 	}
+	// Being deleted, the instances start no more (deploy.go's retire).
+	retire(insts, true)
 	for _, in := range insts {
 		in.abortStartup()
 		if err := in.do(ctx, cmdStop, "delete"); err != nil {
+			retire(insts, false)
 			return err
 		}
 		if s := in.snapshot().State; s != structs.StateStopped && s != structs.StateFailed {
+			retire(insts, false)
 			return structs.Errf(structs.CodeDeleteRequiresCleanup, "instance %s is still %s", in.id, s)
 		}
 	}
@@ -109,6 +114,12 @@ func (m *Manager) DeleteDeployment(ctx context.Context, name string) error {
 	if err := m.cfg.Store.DeleteDeployment(name); err != nil {
 		return structs.Wrap(structs.CodeInternal, err, "delete deployment")
 	}
+	// Its engines are proven gone: their launch directories (and logs) go
+	// with the deployment (launchdirs.go).
+	_ = os.RemoveAll(m.launchesDir(name))
+	// And its switching figures (capyctl_turns_ended_total and
+	// capyctl_switch_wait*{deployment}).
+	m.stats.forget(name)
 	m.event("deployment_deleted", name, "", nil)
 	m.rebuildRoutes()
 	return nil

@@ -80,13 +80,20 @@ func (m *Manager) Deploy(ctx context.Context, spec *structs.Deployment, opts Dep
 	}
 	m.mu.Unlock()
 
-	// A new revision replaces the running instances: stop the old ones first.
+	// A new revision replaces the running instances: stop the old ones
+	// first. Retired, they start no more: a start a request or a retry
+	// queued behind the stop would launch an engine that no deployment
+	// owns once the new instances take their place.
+	retire(old, true)
 	for _, in := range old {
+		in.abortStartup()
 		if err := in.do(ctx, cmdStop, fmt.Sprintf("revision %d replaces %d", rec.Revision, rec.Revision-1)); err != nil {
+			retire(old, false) // the old revision stays
 			return nil, false, err
 		}
 	}
 	if err := m.cfg.Store.PutDeployment(&rec); err != nil {
+		retire(old, false)
 		return nil, false, structs.Wrap(structs.CodeInternal, err, "store deployment")
 	}
 	m.mu.Lock()
@@ -134,4 +141,12 @@ func (m *Manager) Deploy(ctx context.Context, spec *structs.Deployment, opts Dep
 		m.startAll(spec.Name, "deploy --activate")
 	}
 	return &rec, !exists, nil
+}
+
+// retire marks instances as replaced or being deleted (they start no
+// more), or, when what retired them failed, as current again.
+func retire(insts []*instance, retired bool) {
+	for _, in := range insts {
+		in.retired.Store(retired)
+	}
 }

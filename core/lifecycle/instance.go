@@ -82,24 +82,52 @@ type instance struct {
 	evicting atomic.Bool
 	swapping atomic.Bool
 
-	// probeCancel ends the readiness wait of a start under way (nil when
-	// none waits): an operator's stop must not wait out a load.
-	probeMu     sync.Mutex
-	probeCancel context.CancelFunc
+	// startCancel ends the waits of a start under way (nil when no start
+	// runs): its wait for a start slot and its readiness probe. An
+	// operator's stop must not wait out a load, nor other starts.
+	startMu     sync.Mutex
+	startCancel context.CancelFunc
 	stopAsked   atomic.Bool
 	// stopRetrying is set while a chain of stop retries runs (retryStop).
 	stopRetrying atomic.Bool
+	// retired is set once a new revision replaces the instance, or its
+	// deployment is being deleted: it starts no more (a start queued
+	// behind the stop that retires it would launch an engine no
+	// deployment owns any more).
+	retired atomic.Bool
 }
 
-// abortStartup ends the readiness wait of a start under way, so that a
-// stop queued behind it runs now instead of after the startup deadline
-// (the start ends failed and its launch is cleaned up first).
+// abortStartup ends the waits of a start under way (for a start slot, for
+// readiness), so that a stop queued behind it runs now instead of after
+// the startup deadline (the start ends failed and its launch is cleaned up
+// first).
 func (in *instance) abortStartup() {
-	in.probeMu.Lock()
-	defer in.probeMu.Unlock()
-	if in.probeCancel != nil {
+	in.startMu.Lock()
+	defer in.startMu.Unlock()
+	if in.startCancel != nil {
 		in.stopAsked.Store(true)
-		in.probeCancel()
+		in.startCancel()
+	}
+}
+
+// beginStartup returns the context of a start's waits, which abortStartup
+// ends; endStartup ends it with the start.
+func (in *instance) beginStartup() context.Context {
+	ctx, cancel := context.WithCancel(in.m.ctx)
+	in.startMu.Lock()
+	in.stopAsked.Store(false)
+	in.startCancel = cancel
+	in.startMu.Unlock()
+	return ctx
+}
+
+// endStartup ends the waits of the start that ended.
+func (in *instance) endStartup() {
+	in.startMu.Lock()
+	defer in.startMu.Unlock()
+	if in.startCancel != nil {
+		in.startCancel()
+		in.startCancel = nil
 	}
 }
 
@@ -282,6 +310,13 @@ func (in *instance) move(to structs.InstanceState, why string, f func(r *structs
 func (in *instance) handle(c *command) error {
 	switch c.kind {
 	case cmdStart:
+		if in.retired.Load() {
+			// IMPORTANT: a request's activation or a retry may have picked
+			// the instance before it was replaced or deleted.
+			e := structs.Errf(structs.CodeUnavailable, "instance %s was replaced or is being deleted; retry", in.id)
+			e.RetryAfter = 1
+			return e
+		}
 		return in.start(c)
 	case cmdPark:
 		return in.park(c.why, false)

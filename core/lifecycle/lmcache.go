@@ -172,7 +172,7 @@ func (r *startRun) leaseLMCachePort() error {
 	r.lctx.LmcachePort = int32(r.server.Port)
 	r.lctx.LmcacheServer = toLaunch(r.server)
 	server := r.server
-	r.push(func() {
+	r.keep("LMCache port and server", func() {
 		if r.keptServer && !r.reserved {
 			// Refused before the ledger granted anything (no room now, a
 			// driver call that failed): the instance stays parked, charged,

@@ -326,13 +326,16 @@ func (m *Manager) Close() {
 }
 
 // StopAllEngines stops every running instance (dev mode's Ctrl-C); it does
-// not change any deployment's desired state.
+// not change any deployment's desired state. A start under way stops
+// waiting (for a start slot, for readiness) so that the stop behind it
+// runs now.
 func (m *Manager) StopAllEngines(ctx context.Context) {
 	var wg sync.WaitGroup
 	for _, in := range m.allInstances() {
 		wg.Add(1)
 		go func(in *instance) {
 			defer wg.Done()
+			in.abortStartup()
 			_ = in.do(ctx, cmdStop, "role shutdown")
 		}(in)
 	}
@@ -468,7 +471,14 @@ func driverErr(err error, what string) error {
 		return se
 	}
 	if code := sdk.CodeOf(err); code != "" {
-		return &structs.Error{Code: structs.Code(code), Message: fmt.Sprintf("%s: %s", what, err.Error()), Cause: err}
+		c := structs.Code(code)
+		if !structs.Known(c) {
+			// IMPORTANT: a code outside the catalogue never reaches a
+			// client (a third-party driver may return any string).
+			e := &structs.Error{Code: structs.CodeDriverError, Message: fmt.Sprintf("%s: %s (driver code %s)", what, err.Error(), code), Cause: err}
+			return e.WithDetail("driver_code", code)
+		}
+		return &structs.Error{Code: c, Message: fmt.Sprintf("%s: %s", what, err.Error()), Cause: err}
 	}
 	if errors.Is(err, sdk.ErrNotSupported) {
 		return structs.Wrap(structs.CodeUnsupported, err, "%s", what)

@@ -71,3 +71,10 @@ func (p *PortPool) Release(port int) {
 	defer p.mu.Unlock()
 	delete(p.leased, port)
 }
+
+// Leased returns the number of ports leased now.
+func (p *PortPool) Leased() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.leased)
+}

@@ -9,7 +9,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/capyctl/capyctl/core/ledger"
@@ -21,11 +20,23 @@ import (
 // A start is a pipeline of steps, in the spirit of Nomad's task-runner
 // hooks: resolve → lease a port → plan → reserve memory (evicting where
 // allowed) → plan again with the grant → record the launch → launch →
-// probe → ready. Each step that takes something pushes its own undo; a
-// failing step unwinds the stack once, newest first, and then the step's
-// failure is recorded the way it asks (startRun.onFail). Nothing in a start
-// downloads a model: a model source is fetched before the start, with its
-// progress in the events.
+// probe → ready. What a step takes is one of two kinds, and the step says
+// which when it takes it:
+//
+//   - held for the start (take: a start slot of the driver's family): given
+//     back when the start ends, whatever the outcome (startRun.end, run by
+//     a defer, so no exit path can skip it);
+//   - taken for the instance (keep: the engine's port lease, its launch
+//     directory, the ledger charge, the LMCache port and server, the
+//     engine's processes): undone, newest first, when a later step fails
+//     (startRun.rollback); when every step succeeded they are handed over
+//     to the instance (startRun.handOver), whose record names each one and
+//     whose stop (or exit, or recovery that finds it gone) gives them back
+//     (instance.release).
+//
+// Then a failure is recorded the way the failing step asks (startRun.onFail).
+// Nothing in a start downloads a model: a model source is fetched before
+// the start, with its progress in the events.
 
 // resolved is what a deployment needs before anything is taken: its
 // engine, the driver of its family, and its model directory.
@@ -100,14 +111,28 @@ type startRun struct {
 	resp                 *pb.StartResponse
 	probe                *pb.ProbeResponse
 
-	undo []func()
-	// slot gives back the start slot (once): held for the start only, on
-	// success too (the soak work reshapes this; a slot kept by a
-	// successful start was lost for good).
-	slot func()
+	// waitCtx ends the waits an operator's stop may cut short (a start
+	// slot, the readiness probe): abortStartup cancels it.
+	waitCtx context.Context
+
+	// held are what the steps hold for the duration of the start (take);
+	// kept are what they took for the instance (keep). See the top of the
+	// file.
+	held []taken
+	kept []taken
+	// unproven: the rollback could not prove the launch's processes gone;
+	// what they hold stays with the instance (unprovenLaunch).
+	unproven bool
 	// onFail records a failed step after the undo: the default keeps the
 	// error as the instance's last error.
 	onFail func(err error) error
+}
+
+// taken is one thing a step took, named for the logs, and how to give it
+// back.
+type taken struct {
+	what     string
+	giveBack func()
 }
 
 // startStep is one step; it returns the step's error.
@@ -159,28 +184,110 @@ func (in *instance) start(c *command) error {
 	if r.placer == nil {
 		r.placer = noPlacer{}
 	}
+	if err := r.run(); err != nil {
+		return r.onFail(err)
+	}
+	return r.ready()
+}
+
+// run runs the steps; a failing step rolls back what the steps took for
+// the instance. Either way, what the start held is given back before the
+// outcome is recorded: an instance seen ready or failed holds no start
+// slot.
+func (r *startRun) run() error {
+	r.waitCtx = r.in.beginStartup()
+	// IMPORTANT: what the start holds goes back when it ends, on success
+	// too (a start slot kept by a successful start is lost for good: the
+	// family's ninth start would wait for ever).
+	defer r.end()
 	for _, s := range startSteps {
 		r.onFail = r.keepLastError
 		if err := s.run(r); err != nil {
 			r.rollback()
+			if r.unproven {
+				r.onFail = r.unprovenLaunch
+				return err
+			}
 			r.unpark()
-			return r.onFail(err)
+			return err
 		}
 	}
-	r.slot()
-	r.undo = nil // the launch stands: nothing to undo
-	return r.ready()
+	r.handOver()
+	return nil
 }
 
-// push registers the undo of what a step took.
-func (r *startRun) push(undo func()) { r.undo = append(r.undo, undo) }
+// unprovenLaunch records a failed start whose processes could not be
+// proven gone: the instance is stopping, with the launch's record, its
+// port and its memory charge, and its stop is retried until it proves
+// them gone (a role restart finishes it too).
+func (r *startRun) unprovenLaunch(err error) error {
+	e := structs.AsError(err)
+	msg := e.Message + "; its processes could not be proven gone: the instance keeps its memory and port until a stop proves it"
+	_ = r.in.transition(structs.StateStopping, "start failed", func(rec *structs.InstanceRecord) {
+		rec.LastError = &structs.ErrorRecord{Code: e.Code, Message: msg, At: r.m.cfg.Now().UTC()}
+		rec.Phase = ""
+		rec.Endpoint = nil
+	})
+	r.m.retryStop(r.in)
+	return err
+}
 
-// rollback undoes every step taken, newest first, once.
+// take registers what a step holds for the duration of the start only: it
+// is given back when the start ends, whatever the outcome.
+func (r *startRun) take(what string, giveBack func()) {
+	r.held = append(r.held, taken{what: what, giveBack: giveBack})
+}
+
+// keep registers what a step took for the instance: undone if a later step
+// fails, handed over to the instance when the start succeeds.
+func (r *startRun) keep(what string, undo func()) {
+	r.kept = append(r.kept, taken{what: what, giveBack: undo})
+}
+
+// rollback undoes everything the steps took for the instance, newest
+// first, once. IMPORTANT: when the launch's processes cannot be proven
+// gone, the unwinding stops there: the memory charge, the port, the
+// LMCache server and the launch's record stay with the instance, which a
+// later stop ends (unprovenLaunch); releasing them would leave an engine
+// running outside the ledger, on a port leased to the next launch.
 func (r *startRun) rollback() {
-	for i := len(r.undo) - 1; i >= 0; i-- {
-		r.undo[i]()
+	for i := len(r.kept) - 1; i >= 0; i-- {
+		r.kept[i].giveBack()
+		if r.unproven {
+			r.m.logger.Warn("a failed start's processes could not be proven gone; the instance keeps what they hold until a stop proves it",
+				"instance", r.in.id, "kept", names(r.kept[:i]))
+			break
+		}
 	}
-	r.undo = nil
+	r.kept = nil
+}
+
+// handOver gives the instance what the steps took for it: the launch
+// stands, and its record names the port, the launch directory, the LMCache
+// server and the processes, and the ledger its charge; the instance's stop
+// gives them back (instance.release), the start undoes nothing more.
+func (r *startRun) handOver() {
+	r.m.logger.Debug("start handed over to the instance", "instance", r.in.id, "kept", names(r.kept))
+	r.kept = nil
+}
+
+// names are what the taken things are.
+func names(list []taken) []string {
+	out := make([]string, len(list))
+	for i, k := range list {
+		out[i] = k.what
+	}
+	return out
+}
+
+// end gives back what the start held (newest first) and ends its
+// cancellable waits; it runs once the start ended, whatever the outcome.
+func (r *startRun) end() {
+	for i := len(r.held) - 1; i >= 0; i-- {
+		r.held[i].giveBack()
+	}
+	r.held = nil
+	r.in.endStartup()
 }
 
 // keepLastError records err as the instance's last error.
@@ -200,7 +307,10 @@ func asIs(err error) error { return err }
 func (r *startRun) launchFailed(what string, clearEndpoint bool) func(error) error {
 	return func(err error) error {
 		e := structs.AsError(driverErr(err, what))
-		if e.Code == structs.CodeInternal {
+		switch e.Code {
+		case structs.CodeInternal, structs.CodeInstanceNotFound, structs.CodeDriverError:
+			// The launch failed: the driver's own account is in the
+			// message (a driver relaunched meanwhile no longer knows it).
 			e.Code = structs.CodeLaunchFailed
 		}
 		_ = r.in.transition(structs.StateFailed, e.Message, func(rec *structs.InstanceRecord) {
@@ -226,14 +336,15 @@ func (r *startRun) resolveStep() error {
 		return err
 	}
 	r.resolved = res
-	release, err := r.in.acquire(r.ctx, res.eng.Family)
+	release, err := r.in.acquire(r.waitCtx, res.eng.Family)
 	if err != nil {
 		r.onFail = asIs
-		return err
+		if r.in.stopAsked.Load() && r.m.ctx.Err() == nil {
+			return structs.Errf(structs.CodeLaunchFailed, "stopped by an operator before it began (it waited for a start slot of the %s driver)", res.eng.Family)
+		}
+		return structs.Errf(structs.CodeShuttingDown, "shutting down before the start began")
 	}
-	var once sync.Once
-	r.slot = func() { once.Do(release) }
-	r.push(r.slot)
+	r.take("a start slot of "+res.eng.Family, release)
 	return nil
 }
 
@@ -246,7 +357,7 @@ func (r *startRun) leasePort() error {
 		return err
 	}
 	r.port = port
-	r.push(func() { m.cfg.Ports.Release(port) })
+	r.keep("engine port", func() { m.cfg.Ports.Release(port) })
 	r.launchID = randomID()
 	r.launchDir = filepath.Join(m.cfg.Host.StateDir, "launches", in.dep, fmt.Sprintf("%d-%s", in.idx, r.launchID))
 	if err := os.MkdirAll(r.launchDir, 0o700); err != nil {
@@ -256,7 +367,7 @@ func (r *startRun) leasePort() error {
 		}
 		return structs.Wrap(code, err, "create launch directory")
 	}
-	r.push(func() {
+	r.keep("launch directory", func() {
 		if !r.recorded {
 			_ = os.RemoveAll(r.launchDir)
 		}
@@ -299,7 +410,7 @@ func (r *startRun) reserve() error {
 		return err
 	}
 	r.reserved = true
-	r.push(func() { r.placer.Release(in.id) })
+	r.keep("ledger charge", func() { r.placer.Release(in.id) })
 	return nil
 }
 
@@ -363,6 +474,11 @@ func (r *startRun) record() error {
 		return err
 	}
 	r.recorded = true
+	serverDir := ""
+	if r.server != nil {
+		serverDir = r.server.LaunchDir
+	}
+	r.in.pruneLaunchDirs(r.launchDir, serverDir)
 	return nil
 }
 
@@ -378,7 +494,11 @@ func (r *startRun) unrecorded(err error) error {
 // identities.
 func (r *startRun) launch() error {
 	// A failed Start may still have spawned something: prove it gone.
-	r.push(func() { r.in.cleanupLaunch(r.drv, nil) })
+	r.keep("engine processes", func() {
+		if resp := r.in.cleanupLaunch(r.drv, nil); resp == nil || !resp.GetGone() {
+			r.unproven = true
+		}
+	})
 	resp, err := r.drv.Start(r.ctx, &pb.StartRequest{
 		Installation: r.installation, Deployment: r.pdep, Host: r.host, Launch: r.lctx, Plan: r.plan,
 		EngineKey: r.engineKey, AdminKey: r.adminKey,
@@ -414,16 +534,11 @@ func (r *startRun) probeReady() error {
 	if deadline <= 0 {
 		deadline = r.m.cfg.DefaultStartupTimeout
 	}
-	pctx, cancel := context.WithTimeout(r.ctx, deadline+10*time.Second)
+	// An operator's stop ends the wait (waitCtx): it must not wait out a
+	// load.
+	pctx, cancel := context.WithTimeout(r.waitCtx, deadline+10*time.Second)
 	in := r.in
-	in.probeMu.Lock()
-	in.stopAsked.Store(false)
-	in.probeCancel = cancel
-	in.probeMu.Unlock()
 	probe, err := r.drv.Probe(pctx, &pb.ProbeRequest{InstanceId: r.in.id, Kind: pb.ProbeKind_PROBE_KIND_READINESS, DeadlineMs: deadline.Milliseconds()})
-	in.probeMu.Lock()
-	in.probeCancel = nil
-	in.probeMu.Unlock()
 	cancel()
 	if err == nil && !probe.GetReady() {
 		err = probeFailure(probe, deadline)

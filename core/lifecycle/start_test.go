@@ -13,8 +13,8 @@ import (
 )
 
 // TestStart_FailedStepUndoesWhatWasTaken: a start that fails at any step
-// gives back everything the steps before it took (the port, the memory
-// charge, the launch directory of a launch never recorded, the engine of a
+// gives back everything the steps before it took (the start slot, the
+// port, the memory charge, the launch directory of a launch never recorded, the engine of a
 // launch that began) and leaves the instance stopped or failed with the
 // step's error.
 func TestStart_FailedStepUndoesWhatWasTaken(t *testing.T) {
@@ -30,7 +30,9 @@ func TestStart_FailedStepUndoesWhatWasTaken(t *testing.T) {
 	}{
 		{"plan", 10, func(d *stubDriver) { d.failPlan = structs.Errf(structs.CodeInvalidConfig, "no plan") }, structs.CodeInvalidConfig, structs.CodeInvalidConfig, structs.StateStopped, 0, false},
 		{"reserve", 2, func(d *stubDriver) {}, structs.CodeCapacityBlocked, structs.CodeCapacityBlocked, structs.StateStopped, 0, false},
-		{"launch", 10, func(d *stubDriver) { d.failStart = errors.New("no engine") }, structs.CodeLaunchFailed, structs.CodeActivationFailed, structs.StateFailed, 1, true},
+		// A Start that answered no identities is proven gone by Recover
+		// (TestStart_FailedStartWithoutIdentities), not by a Stop.
+		{"launch", 10, func(d *stubDriver) { d.failStart = errors.New("no engine") }, structs.CodeLaunchFailed, structs.CodeActivationFailed, structs.StateFailed, 0, true},
 		{"probe", 10, func(d *stubDriver) { d.notReady = true }, structs.CodeLaunchFailed, structs.CodeActivationFailed, structs.StateFailed, 1, true},
 	}
 	for _, c := range cases {
@@ -54,6 +56,7 @@ func TestStart_FailedStepUndoesWhatWasTaken(t *testing.T) {
 			if leased != 0 {
 				t.Fatalf("%d ports still leased", leased)
 			}
+			f.expectNothingHeld("after the failed start")
 			if got := f.drv.stops.Load(); got != c.stops {
 				t.Fatalf("driver stops %d, want %d", got, c.stops)
 			}

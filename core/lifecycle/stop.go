@@ -5,6 +5,7 @@ package lifecycle
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -26,15 +27,62 @@ func (in *instance) cleanupLaunch(drv sdk.Driver, r *structs.InstanceRecord) *pb
 	}
 	ctx, cancel := context.WithTimeout(in.m.ctx, in.m.cfg.StopGrace+30*time.Second)
 	defer cancel()
+	launch := toLaunch(rec.Launch)
+	if rec.Launch.Pgid == 0 && len(rec.Launch.Processes) == 0 {
+		// The driver's Start answered no identities (it failed, or the
+		// driver died meanwhile): whatever it spawned wrote them in the
+		// launch directory, where the driver's Recover reads them.
+		found, gone := in.launchedIdentities(ctx, drv, launch)
+		switch {
+		case gone && rec.LMCache == nil:
+			return &pb.StopResponse{Gone: true, Detail: "nothing of the launch runs"}
+		case gone:
+			launch = nil // only the LMCache server is left to end
+		case found != nil:
+			launch = found
+			in.update(func(r *structs.InstanceRecord) {
+				if r.Launch != nil && r.Launch.LaunchID == rec.Launch.LaunchID {
+					r.Launch.Pgid = int(found.GetPgid())
+					r.Launch.Processes = fromLaunch(found)
+				}
+			})
+		default:
+			return nil // unknown: not proven gone
+		}
+	}
 	// The instance's LMCache server ends with it (a restart_only park,
 	// which keeps it, stops the engine alone: parkKeepingLMCache).
-	resp, err := drv.Stop(ctx, &pb.StopRequest{InstanceId: in.id, GraceMs: in.m.cfg.StopGrace.Milliseconds(), Launch: toLaunch(rec.Launch),
+	resp, err := drv.Stop(ctx, &pb.StopRequest{InstanceId: in.id, GraceMs: in.m.cfg.StopGrace.Milliseconds(), Launch: launch,
 		LmcacheServer: toLaunch(rec.LMCache)})
 	if err != nil {
 		in.m.logger.Warn("stop after a failed launch failed", "instance", in.id, "error", err)
 		return nil
 	}
 	return resp
+}
+
+// launchedIdentities asks the driver what a launch recorded without
+// identities left running: gone when nothing of it runs (or the driver
+// cannot recover launches, so nothing can be proven either way), else the
+// launch with the identities its shim recorded; neither when the driver
+// could not say.
+func (in *instance) launchedIdentities(ctx context.Context, drv sdk.Driver, launch *pb.Launch) (found *pb.Launch, gone bool) {
+	resp, err := drv.Recover(ctx, &pb.RecoverRequest{InstanceId: in.id, Launch: launch,
+		Context: &pb.LaunchContext{InstanceId: in.id, LaunchId: launch.GetLaunchId(), LaunchDir: launch.GetLaunchDir(), Port: launch.GetPort()}})
+	switch {
+	case errors.Is(err, sdk.ErrNotSupported):
+		in.m.logger.Warn("the driver cannot recover a launch without identities; taken for gone", "instance", in.id)
+		return nil, true
+	case err != nil:
+		in.m.logger.Warn("could not learn what a launch without identities left", "instance", in.id, "error", err)
+		return nil, false
+	case resp.GetState() == pb.RecoverState_RECOVER_STATE_GONE:
+		return nil, true
+	}
+	if l := resp.GetLaunch(); l != nil && l.GetPgid() != 0 {
+		return l, false
+	}
+	return nil, false
 }
 
 // stop ends the engine and proves it gone.

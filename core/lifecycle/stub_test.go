@@ -49,6 +49,20 @@ type stubDriver struct {
 	// the probe's context ends (a model that loads for ever).
 	probeGate chan struct{}
 	probing   atomic.Int32
+	// notGone answers that many Stop calls with processes that remain.
+	notGone atomic.Int32
+	// probeErr, when set, fails every readiness probe with it.
+	probeErr error
+	// spawnedUnrecorded, when set, is the process group a failed Start
+	// left running without answering it (Recover finds it).
+	spawnedUnrecorded atomic.Int32
+	// stopNeedsIdentity answers a Stop of a launch without identities
+	// as the real drivers do: nothing can be proven.
+	stopNeedsIdentity bool
+	// stopGate, when set, holds every Stop until it closes; stopping
+	// counts the Stops that wait there.
+	stopGate chan struct{}
+	stopping atomic.Int32
 }
 
 func newStub() *stubDriver {
@@ -101,8 +115,11 @@ func (d *stubDriver) Probe(ctx context.Context, r *pb.ProbeRequest) (*pb.ProbeRe
 		}
 	}
 	d.mu.Lock()
-	notReady := d.notReady
+	notReady, probeErr := d.notReady, d.probeErr
 	d.mu.Unlock()
+	if probeErr != nil {
+		return nil, probeErr
+	}
 	if notReady {
 		return &pb.ProbeResponse{Exited: true, Code: "launch_failed", Detail: "the stub exited"}, nil
 	}
@@ -128,18 +145,38 @@ func (d *stubDriver) Wake(_ context.Context, r *pb.WakeRequest) (*pb.WakeRespons
 	return &pb.WakeResponse{Canary: c}, nil
 }
 
-func (d *stubDriver) Stop(context.Context, *pb.StopRequest) (*pb.StopResponse, error) {
+func (d *stubDriver) Stop(_ context.Context, r *pb.StopRequest) (*pb.StopResponse, error) {
 	d.stops.Add(1)
+	if d.stopGate != nil {
+		d.stopping.Add(1)
+		<-d.stopGate
+	}
 	d.mu.Lock()
 	fail := d.failStop
 	d.mu.Unlock()
 	if fail != nil {
 		return nil, fail
 	}
+	if d.stopNeedsIdentity && r.GetLaunch() != nil && r.GetLaunch().GetPgid() == 0 {
+		return &pb.StopResponse{Gone: false, Detail: "refusing to signal process group 0"}, nil
+	}
+	if d.notGone.Add(-1) >= 0 {
+		return &pb.StopResponse{Gone: false, Detail: "the stub's processes remain"}, nil
+	}
+	d.notGone.Store(0)
 	return &pb.StopResponse{Gone: true}, nil
 }
 
 func (d *stubDriver) Recover(_ context.Context, r *pb.RecoverRequest) (*pb.RecoverResponse, error) {
+	if r.GetLaunch().GetPgid() == 0 && d.spawnedUnrecorded.Load() == 0 {
+		// As enginekit.RecoverLaunch: nothing recorded, nothing runs.
+		return &pb.RecoverResponse{State: pb.RecoverState_RECOVER_STATE_GONE, Detail: "no identities recorded"}, nil
+	}
+	if r.GetLaunch().GetPgid() == 0 {
+		// A launch whose shim recorded its identities in its directory.
+		return &pb.RecoverResponse{State: pb.RecoverState_RECOVER_STATE_RUNNING,
+			Launch: &pb.Launch{Pgid: d.spawnedUnrecorded.Load(), LaunchDir: r.GetLaunch().GetLaunchDir()}}, nil
+	}
 	d.mu.Lock()
 	parked := d.parked[r.GetInstanceId()]
 	d.mu.Unlock()

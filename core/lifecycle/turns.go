@@ -345,6 +345,16 @@ func (s *switchStats) waited(dep string, d time.Duration) {
 	w.Seconds += d.Seconds()
 }
 
+// forget drops a deleted deployment's figures (its turns and waits): a
+// role that runs for weeks keeps no series for every deployment it ever
+// deleted. The totals by reason and the switch counts stay.
+func (s *switchStats) forget(dep string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.turns, dep)
+	delete(s.waits, dep)
+}
+
 func (s *switchStats) done(at time.Time, ok bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -5,8 +5,10 @@ package pluginmgr
 
 import (
 	"context"
+	"time"
 
 	"github.com/capyctl/capyctl/sdk"
+	sdkplugin "github.com/capyctl/capyctl/sdk/plugin"
 	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
 
@@ -22,6 +24,30 @@ type handle struct {
 
 var _ sdk.Driver = (*handle)(nil)
 
+// exitNoticeBound bounds the wait, after a transport error, for a dead
+// driver's exit to be noticed (go-plugin reaps it within milliseconds); a
+// driver still running past it is called again as it is.
+const exitNoticeBound = 5 * time.Second
+
+// awaitExit waits until the driver process behind rpc is seen exited (or
+// replaced, or being relaunched), ctx ends, or bound passes.
+func (d *driverProc) awaitExit(ctx context.Context, rpc *sdkplugin.Client, bound time.Duration) {
+	deadline := time.Now().Add(bound)
+	for {
+		d.mu.Lock()
+		done := d.rpc != rpc || d.client == nil || d.client.Exited() || d.launching != nil
+		d.mu.Unlock()
+		if done || ctx.Err() != nil || time.Now().After(deadline) {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}
+
 // call runs one driver call under its deadline (Deadlines, by kind): a
 // driver that does not answer in time (hung, stopped) gives driver_timeout
 // instead of holding the caller, and the supervisor's pings replace it.
@@ -36,6 +62,10 @@ func call[Req any, Resp any](ctx context.Context, h *handle, method string, retr
 	}
 	resp, err := f(c, cctx, req)
 	if err != nil && isTransport(err) && retry {
+		// The driver may have just died: wait until its process is seen
+		// exited, so that ensure relaunches it instead of handing back the
+		// same dead connection.
+		h.d.awaitExit(cctx, c, exitNoticeBound)
 		c, err2 := h.d.ensure(cctx, h.m)
 		if err2 != nil {
 			return zero, check(err)

@@ -99,6 +99,10 @@ type Manager struct {
 	sockMu       sync.Mutex
 	sockDir      string
 	sockFallback bool
+
+	// launcher marks every driver this manager launches (envLauncher), so
+	// that a later core tells them from the ones it must end (strays.go).
+	launcher string
 }
 
 // driverProc is one running (or relaunching) driver.
@@ -142,7 +146,7 @@ func New(cfg Config) *Manager {
 		cfg.MaxBackoff = 10 * time.Second
 	}
 	cfg.Deadlines = cfg.Deadlines.withDefaults()
-	return &Manager{cfg: cfg, logger: cfg.Logger.Named("pluginmgr"), drivers: map[string]*driverProc{}}
+	return &Manager{cfg: cfg, logger: cfg.Logger.Named("pluginmgr"), drivers: map[string]*driverProc{}, launcher: newLauncherID()}
 }
 
 // Families lists every driver the manager can launch: the built-ins and the
@@ -375,6 +379,7 @@ func (m *Manager) launch(ctx context.Context, d *driverProc, tryReattach bool) e
 		// The plugin half of go-plugin's AutoMTLS: the driver serves only
 		// the holder of this certificate's key (see tls.go).
 		envClientCert + "=" + string(tlsc.certPEM),
+		envLauncher + "=" + m.launcher,
 	}, m.cfg.Env...)
 	if m.cfg.LogDir != "" {
 		_ = os.MkdirAll(m.cfg.LogDir, 0o700)

@@ -214,6 +214,7 @@ func (m *Manager) AdoptRecorded(ctx context.Context) {
 		}
 		m.logger.Info("re-attached to a recorded driver", "driver", rec.Driver, "pid", rec.Pid)
 	}
+	m.endUnrecorded()
 }
 
 // Shutdown ends every driver and forgets their reattach configs (a clean

@@ -37,6 +37,10 @@ type engineClient struct {
 
 	mu   sync.Mutex
 	idle map[string][]net.Conn
+	// live are the addresses of the engines the route table has ready
+	// (retain): a connection to another one is not pooled. nil: every
+	// address is.
+	live map[string]bool
 
 	// stale counts pooled connections found closed by the engine (before
 	// use, or by a request that was then sent again).
@@ -332,7 +336,7 @@ func (c *engineCall) finish(reusable bool) {
 	c.conn = nil
 	if reusable {
 		c.cl.mu.Lock()
-		if len(c.cl.idle[c.addr]) < c.cl.maxIdle {
+		if len(c.cl.idle[c.addr]) < c.cl.maxIdle && (c.cl.live == nil || c.cl.live[c.addr]) {
 			c.cl.idle[c.addr] = append(c.cl.idle[c.addr], conn)
 			c.cl.mu.Unlock()
 			return

@@ -161,6 +161,12 @@ func (c *clientConn) end() {
 		c.closeNow()
 		return
 	}
+	// IMPORTANT: the answer's last write deadline (the client read bound)
+	// must not outlive it: net/http clears its own only after its final
+	// flush, so the next request on the connection would flush its first
+	// bytes (a progress comment) into an expired deadline, and the client
+	// would see the connection closed with no answer.
+	_ = c.conn.SetWriteDeadline(time.Time{})
 	c.mu.Lock()
 	c.ended, c.q = true, nil
 	back := !c.watching && c.next && !c.closed

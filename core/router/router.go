@@ -25,6 +25,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/capyctl/capyctl/core/admission"
 	"github.com/capyctl/capyctl/core/api/wire"
@@ -147,6 +148,10 @@ type Config struct {
 	// before streams were taken over (hijack.go): about 20 KiB more per
 	// open stream. For comparisons in the same run (make bench).
 	KeepStreamsOnNetHTTP bool
+	// Collectors are more of the role's metrics, served beside the
+	// router's own on /metrics (the agent adds the lifecycle's start slots
+	// and port leases).
+	Collectors []prometheus.Collector
 	// TakeOverAfter is how long a stream runs on its net/http handler
 	// before the router takes its connection over, at its first flush
 	// after that (hijack.go; default 100ms; negative: at its first flush).
@@ -236,8 +241,10 @@ func New(cfg Config) *Router {
 		})
 	}
 	rt.stats.reg.MustRegister(&gauges{rt: rt})
-	rt.wg.Add(1)
+	rt.stats.reg.MustRegister(cfg.Collectors...)
+	rt.wg.Add(2)
 	go rt.settleLoop()
+	go rt.watchRoutes()
 	return rt
 }
 

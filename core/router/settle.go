@@ -36,6 +36,9 @@ func (rt *Router) settleLoop() {
 const noIdleReadings = 3
 
 func (rt *Router) settleOnce(noIdle map[string]int) {
+	// Deployments deleted since, that hold nothing any more, are forgotten
+	// (retire.go).
+	defer rt.forgetDeleted(rt.cfg.Routes.Load())
 	if rt.req == nil {
 		return
 	}

@@ -148,6 +148,12 @@ const (
 	CodeRateLimited   Code = "rate_limited"
 	CodeQuotaExceeded Code = "quota_exceeded"
 	CodeAPIKeyExists  Code = "api_key_exists"
+	// The codes drivers return (sdk/driver.go) that no other row names,
+	// and a driver's failure without a code.
+	CodeInstanceNotFound Code = "instance_not_found"
+	CodeStopFailed       Code = "stop_failed"
+	CodeInvalidManifest  Code = "invalid_manifest"
+	CodeDriverError      Code = "driver_error"
 )
 
 var catalogue = map[Code]CodeInfo{}
@@ -269,6 +275,16 @@ func init() {
 	row(CodeRateLimited, 4, true, "the API key is over one of its limits (requests or tokens per minute, requests at once), or its client address failed authentication too often; retry after Retry-After (the x-ratelimit-* headers say which limit and when it resets)")
 	row(CodeQuotaExceeded, 4, true, "the API key spent its monthly token budget; Retry-After is the start of the next month (UTC), or raise the budget (capyctl update api-key NAME --monthly-tokens N)")
 	row(CodeAPIKeyExists, 2, false, "an API key with this name exists: pick another name, or revoke the old key first")
+	row(CodeInstanceNotFound, 13, true, "the engine's driver does not know the instance (relaunched during a start, a park or a wake): that effect failed; the instance is stopped or started again")
+	row(CodeStopFailed, 25, true, "the driver could not stop the engine; the instance keeps its memory and its stop is retried")
+	row(CodeInvalidManifest, 2, false, "the custom engine's manifest is invalid (the field named)")
+	row(CodeDriverError, 13, false, "the driver failed a call without a code (the driver's code or message attached); a fault of the driver")
+}
+
+// Known reports whether a code (suffix ignored) is in the catalogue.
+func Known(c Code) bool {
+	_, ok := catalogue[Code(strings.SplitN(string(c), ":", 2)[0])]
+	return ok
 }
 
 // Lookup returns the catalogue row of a code (suffix ignored); unknown codes
