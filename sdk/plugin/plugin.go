@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"github.com/hashicorp/go-hclog"
 	goplugin "github.com/hashicorp/go-plugin"
@@ -95,6 +96,9 @@ func Serve(d sdk.Driver) {
 		GRPCServer:       goplugin.DefaultGRPCServer,
 		Logger:           logger,
 	})
+	// The core ended the driver gracefully: its spare launch supervisor
+	// goes before it does.
+	proc.CloseSpares(2 * time.Second)
 }
 
 // NewLogger returns the JSON logger a served driver uses.

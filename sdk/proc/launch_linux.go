@@ -414,8 +414,36 @@ func Release(launchDir string) error {
 // shim started for its launch; it exits when the driver does (its spec
 // pipe closes).
 var spares struct {
-	mu sync.Mutex
-	by map[string]*shimProc // executable -> its spare
+	mu     sync.Mutex
+	by     map[string]*shimProc // executable -> its spare
+	closed bool                 // CloseSpares ran: no more spares
+}
+
+// CloseSpares ends the spare shims and waits up to wait for them to exit;
+// no spare is started after it. A driver calls it as it shuts down, so that
+// no process of its outlives it (a spare would exit on its own once the
+// driver's end closed its spec pipe, but after the driver, not before).
+func CloseSpares(wait time.Duration) {
+	spares.mu.Lock()
+	spares.closed = true
+	var all []*shimProc
+	for exe, sh := range spares.by {
+		all = append(all, sh)
+		delete(spares.by, exe)
+	}
+	spares.mu.Unlock()
+	deadline := time.NewTimer(wait)
+	defer deadline.Stop()
+	for _, sh := range all {
+		sh.specW.Close() // the spare reads EOF and exits
+		sh.repR.Close()
+		select {
+		case <-sh.waited:
+		case <-deadline.C:
+			_ = sh.cmd.Process.Kill()
+			return
+		}
+	}
 }
 
 // NoSpareShim turns the spare shim off (a test that counts processes).
@@ -449,7 +477,7 @@ func refillSpare(exe string) {
 		return
 	}
 	spares.mu.Lock()
-	if spares.by[exe] != nil {
+	if spares.closed || spares.by[exe] != nil {
 		spares.mu.Unlock()
 		return
 	}
@@ -464,8 +492,10 @@ func refillSpare(exe string) {
 	if spares.by == nil {
 		spares.by = map[string]*shimProc{}
 	}
-	if spares.by[exe] != nil {
-		sh.specW.Close() // another refill won: this one reads EOF and exits
+	if spares.closed || spares.by[exe] != nil {
+		// Another refill won, or the driver is ending: this one reads EOF
+		// and exits.
+		sh.specW.Close()
 		sh.repR.Close()
 		return
 	}

@@ -6,6 +6,7 @@ package proc
 import (
 	"syscall"
 	"testing"
+	"time"
 )
 
 // spareOf returns the spare shim waiting for exe's next launch, once the
@@ -50,5 +51,35 @@ func TestStart_SpareShim(t *testing.T) {
 	}
 	if st, err := ReadStatus(third.LaunchDir); err != nil || !st.Running {
 		t.Fatalf("status %+v, %v", st, err)
+	}
+}
+
+// TestCloseSpares: a driver that ends closes its spare shim and waits for
+// it, so that no process of the driver's outlives it; no spare is started
+// after that, even by a launch's refill still to come.
+func TestCloseSpares(t *testing.T) {
+	old := refillDelay
+	refillDelay = 0
+	t.Cleanup(func() {
+		refillDelay = old
+		spares.mu.Lock()
+		spares.closed = false
+		spares.mu.Unlock()
+	})
+	exe := testExe(t)
+	startEngine(t, engineSpec(t, "listen", nil))
+	spare := spareOf(t, exe)
+	CloseSpares(10 * time.Second)
+	select {
+	case <-spare.waited:
+	default:
+		t.Fatal("CloseSpares returned while the spare shim still ran")
+	}
+	refillSpare(exe)
+	spares.mu.Lock()
+	left := spares.by[exe]
+	spares.mu.Unlock()
+	if left != nil {
+		t.Fatal("a spare was started after CloseSpares")
 	}
 }

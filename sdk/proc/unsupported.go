@@ -15,6 +15,9 @@ import (
 // MaybeRunShim returns at once: there is no shim outside Linux.
 func MaybeRunShim() {}
 
+// CloseSpares does nothing outside Linux (no shim, no spare).
+func CloseSpares(time.Duration) {}
+
 // Start returns ErrUnsupported outside Linux.
 func Start(LaunchSpec) (*Launched, error) { return nil, ErrUnsupported }
 
