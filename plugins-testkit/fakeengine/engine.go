@@ -246,7 +246,7 @@ type Engine struct {
 	// its deferred listener in the listening state; Run calls it before it
 	// says the engine is ready, so that Ready means a connection is taken.
 	listen atomic.Pointer[func() error]
-	fatal   chan *ExitError
+	fatal  chan *ExitError
 
 	// life ends when Run returns; generation stops with it.
 	life     context.Context
