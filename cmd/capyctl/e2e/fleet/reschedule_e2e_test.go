@@ -4,9 +4,9 @@
 package fleet_test
 
 import (
-	"io"
+	"encoding/json"
 	"net/http"
-	"regexp"
+	"net/url"
 	"slices"
 	"strconv"
 	"strings"
@@ -19,26 +19,25 @@ import (
 	"github.com/capyctl/capyctl/plugins-testkit/poll"
 )
 
-// requestsServed is how many requests of dep a host's own router answered
-// (its capyctl_requests_total, every outcome), read from its management
-// API on its own loopback.
+// requestsServed is how many requests of dep a host's own router answered,
+// from its request log (every outcome), read from its management API on
+// its own loopback. Not from capyctl_requests_total: a deleted
+// deployment's series are forgotten with it, and the lost host deletes
+// its old copy.
 func requestsServed(t *testing.T, h *harness.Role, dep string) int {
 	t.Helper()
-	req, _ := http.NewRequest(http.MethodGet, "http://"+h.Info.Management+"/metrics", nil)
+	req, _ := http.NewRequest(http.MethodGet, "http://"+h.Info.Management+wire.Prefix+"/requests?limit=500&deployment="+url.QueryEscape(dep), nil)
 	req.Header.Set("Authorization", "Bearer "+h.Creds.AdminToken)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
-	re := regexp.MustCompile(`capyctl_requests_total\{[^}]*deployment="` + regexp.QuoteMeta(dep) + `"[^}]*\} (\d+)`)
-	n := 0
-	for _, m := range re.FindAllStringSubmatch(string(body), -1) {
-		v, _ := strconv.Atoi(m[1])
-		n += v
+	var out wire.RequestsResponse
+	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("the host's request log: %d %v", resp.StatusCode, err)
 	}
-	return n
+	return len(out.Requests)
 }
 
 // TestFleet_RescheduleAfterALostHost: a host cut off for longer than
@@ -68,8 +67,11 @@ func TestFleet_RescheduleAfterALostHost(t *testing.T) {
 	}
 	e2e.ChatOK(t, f.Server, "demo")
 
-	proxy.Cut(false)
+	// The request log is written in batches: gpu-a's one answer is
+	// waited in before the cut.
+	poll.Until(t, 10*time.Second, "gpu-a's answer in its request log", func() bool { return requestsServed(t, a, "demo") >= 1 })
 	served := requestsServed(t, a, "demo")
+	proxy.Cut(false)
 	poll.Until(t, 30*time.Second, "demo moved to gpu-b and ready there", func() bool {
 		st := f.Status("demo")
 		return slices.Equal(hostsOf(st), []string{"gpu-b"}) && st.ReadyN == 1
