@@ -105,6 +105,26 @@ func (s *stats) deployment(name string) *depMetrics {
 	return m
 }
 
+// count counts a finished request of dep (m: the metrics it was served
+// with, nil when it was not routed) and its refusal code, if any. A
+// request that ends after its deleted deployment was forgotten (its place
+// is given back before its answer is recorded, and settleOnce may forget
+// the deployment in between) is not counted: its series would come back
+// and stay for good. s.mu is held across the check and the count, so a
+// forget (which drops the deployment under s.mu before its series) comes
+// wholly before or after.
+func (s *stats) count(dep string, m *depMetrics, api, outcome, code string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if m != nil && s.deps[dep] != m {
+		return
+	}
+	s.requests.WithLabelValues(dep, api, outcome).Inc()
+	if code != "" {
+		s.refusals.WithLabelValues(dep, code).Inc()
+	}
+}
+
 // record counts a finished request and writes its ledger record; it runs
 // after the answer reached the client.
 func (rt *Router) record(q *request) {
@@ -116,10 +136,15 @@ func (rt *Router) record(q *request) {
 	if q.dl != nil {
 		api = q.dl.kind() // dialect: the route it came in
 	}
-	rt.stats.requests.WithLabelValues(dep, api, q.outcome).Inc()
-	if q.outcome == OutcomeRefused && q.code != "" {
-		rt.stats.refusals.WithLabelValues(dep, q.code).Inc()
+	var m *depMetrics
+	if q.ds != nil {
+		m = q.ds.m
 	}
+	code := ""
+	if q.outcome == OutcomeRefused {
+		code = q.code
+	}
+	rt.stats.count(dep, m, api, q.outcome, code)
 	sec := func(d time.Duration) float64 { return d.Seconds() }
 	if q.ds != nil {
 		m := q.ds.m
