@@ -88,7 +88,7 @@ func (m *Manager) switchTurns(ctx context.Context, requester *instance, try func
 		changed := m.board.Changed()
 		err := try()
 		if err == nil {
-			m.stats.waited(requester.dep, m.cfg.Now().Sub(joined))
+			m.whileDeployed(requester.dep, func() { m.stats.waited(requester.dep, m.cfg.Now().Sub(joined)) })
 			if len(sw.victims) > 0 {
 				requester.switched.Store(sw)
 			}
@@ -146,7 +146,7 @@ func (m *Manager) switchTurns(ctx context.Context, requester *instance, try func
 				return err
 			}
 			if why, served := reqs.TurnEnded(v.dep); v.busy() || served > 0 {
-				m.stats.turnEnded(v.dep, why)
+				m.whileDeployed(v.dep, func() { m.stats.turnEnded(v.dep, why) })
 				m.event("turn_ended", v.dep, v.in.id, map[string]any{"for": requester.dep, "why": why, "served": served})
 			}
 			continue // look again: the room may have come meanwhile
@@ -177,6 +177,19 @@ func (m *Manager) switchTurns(ctx context.Context, requester *instance, try func
 
 // awaitTurn waits until a contended model's turn ended, ending it when the
 // longest-waiting request of the switch has waited the turn time.
+// whileDeployed runs count (a switching figure of dep) only while dep is
+// deployed, under m.mu: a delete drops dep from m.deployments under m.mu
+// before it forgets dep's figures, so a late count (a switch that chose
+// dep before its delete) comes wholly before the forget or not at all,
+// and never brings dep's series back for good.
+func (m *Manager) whileDeployed(dep string, count func()) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if _, ok := m.deployments[dep]; ok {
+		count()
+	}
+}
+
 func (m *Manager) awaitTurn(ctx context.Context, ended <-chan struct{}, dep string, since time.Time) error {
 	left := m.turnTime() - m.cfg.Now().Sub(since)
 	if left <= 0 {
