@@ -208,24 +208,22 @@ func (m *Manager) whileDeployed(dep string, count func()) {
 }
 
 func (m *Manager) awaitTurn(ctx context.Context, ended <-chan struct{}, dep string, since time.Time) error {
-	left := m.turnTime() - m.cfg.Now().Sub(since)
-	if left <= 0 {
-		m.cfg.Requests.CloseTurn(dep)
-		left = 0
+	if left := m.turnTime() - m.cfg.Now().Sub(since); left > 0 {
+		t := time.NewTimer(left)
+		defer t.Stop()
+		select {
+		case <-ended:
+			return nil
+		case <-t.C:
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-m.ctx.Done():
+			return structs.Errf(structs.CodeShuttingDown, "shutting down")
+		}
 	}
-	t := time.NewTimer(left)
-	defer t.Stop()
-	select {
-	case <-ended:
-		return nil
-	case <-t.C:
-		m.cfg.Requests.CloseTurn(dep)
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-m.ctx.Done():
-		return structs.Errf(structs.CodeShuttingDown, "shutting down")
-	}
-	// Its turn is closed: it ends once what it admitted has drained.
+	m.cfg.Requests.CloseTurn(dep)
+	// Its turn is closed: it ends once what it admitted has drained (a
+	// wait bounded like the rest of the switch, by ctx).
 	select {
 	case <-ended:
 		return nil
