@@ -79,6 +79,12 @@ func (s *Server) adopt(ctx context.Context, host string) {
 	}
 	s.mu.Unlock()
 	for dep, n := range counts {
+		if s.o.RefuseAdoption {
+			if _, placed := s.State.Placement(dep); !placed {
+				s.logger.Warn("a host runs a deployment the servers did not place; not adopted (adopt_host_deployments = false)", "host", host, "deployment", dep)
+			}
+			continue
+		}
 		if p, ok := s.State.Placement(dep); ok {
 			if !slices.Contains(p.HostNames(), host) {
 				s.logger.Warn("a host runs a deployment the server placed on other hosts; not adopted", "host", host, "deployment", dep, "hosts", p.HostNames())

@@ -4,7 +4,6 @@
 package fleet
 
 import (
-	"github.com/hashicorp/go-hclog"
 	"context"
 	"fmt"
 	"net/http"
@@ -120,7 +119,12 @@ func sendAll(l *attack.Link, msgs func(i int) *hostv1.HostMessage, n int) (sent 
 // ends the link with host_link_flooded, each refusal is counted, and the
 // honest host stays ready and relayed throughout.
 func TestLink_ACompromisedHostIsBounded(t *testing.T) {
-	s := testServer(t, ServerOptions{Logger: hclog.New(&hclog.LoggerOptions{Level: hclog.Warn})})
+	// Tighter bounds than a server's, so that the test's floods are
+	// small.
+	limits := defaultHostLimits
+	limits.rate, limits.burst, limits.instances = 200, 1000, 64
+	limits.eventByteRate, limits.eventByteBurst = 32<<10, 256<<10
+	s := testServer(t, ServerOptions{hostLimits: &limits})
 	joinHost(t, s, "gpu-a", newFakeLocal())
 	waitReady(t, s, "gpu-a")
 	place(t, s, "demo", "gpu-a")
@@ -179,9 +183,9 @@ func TestLink_ACompromisedHostIsBounded(t *testing.T) {
 		_ = l.Send(&hostv1.HostMessage{Body: &hostv1.HostMessage_Event{Event: &hostv1.Event{Kind: "engine_added",
 			Attributes: map[string]string{"engine": strings.Repeat("z", 512<<10)}}}})
 		poll.Until(t, 10*time.Second, "the oversized event refused", func() bool { return refusedOf(s, "gpu-b")[refusedInvalid] > before })
-		// 2000 events of 3.5 KiB (7 MB) at once: the events' bucket
-		// takes its burst, the rest are dropped; the link stays.
-		n := 2000
+		// 300 events of 3.5 KiB (1 MB) at once: the events' bucket takes
+		// its burst (256 KiB), the rest are dropped; the link stays.
+		n := 300
 		start := time.Now()
 		sent := sendAll(l, func(i int) *hostv1.HostMessage {
 			return &hostv1.HostMessage{Body: &hostv1.HostMessage_Event{Event: &hostv1.Event{Kind: "engine_added",

@@ -62,6 +62,10 @@ type ServerOptions struct {
 	// RescheduleAfter is how long the leader waits for a lost host before
 	// it places the host's instances on other hosts (0: never).
 	RescheduleAfter time.Duration
+	// RefuseAdoption: the server adopts no deployment a host made itself
+	// (adopt_host_deployments = false): a host serves only what the
+	// servers placed on it.
+	RefuseAdoption bool
 	// HostCertLifetime is a host certificate's validity (0: pki's 24 h).
 	HostCertLifetime time.Duration
 
@@ -94,6 +98,8 @@ type ServerOptions struct {
 	// a mutation it relayed (forwarddeadline.go; 0: GroupStallTimeout
 	// plus a minute, the longest a change waits on the leader).
 	ForwardTimeout time.Duration
+	// hostLimits overrides defaultHostLimits (tests).
+	hostLimits *hostLimits
 }
 
 // Server is the server's side: the cluster listener, the hosts' links and
@@ -233,6 +239,9 @@ func NewServer(o ServerOptions) (*Server, error) {
 		lastStatus: statusCache{m: map[string]wire.DeploymentStatus{}}, fatal: make(chan error, 1)}
 	s.gate, s.refused = newHandshakeGate(defaultGateLimits), newRefusalLog(s.logger, refusalLogInterval)
 	s.limits, s.hostRefused = defaultHostLimits, newRefusalLog(s.logger, refusalLogInterval)
+	if o.hostLimits != nil {
+		s.limits = *o.hostLimits
+	}
 	s.hostRefused.what, s.hostRefused.by, s.hostRefused.bys = "host message refusals", "host", "hosts"
 	names, ips := serverNames(advertise)
 	// Join tokens and revocations are the cluster's: replicated.
