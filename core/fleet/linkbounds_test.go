@@ -5,6 +5,7 @@ package fleet
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	"github.com/capyctl/capyctl/core/api"
+	"github.com/capyctl/capyctl/core/api/wire"
 	"github.com/capyctl/capyctl/core/apikeys"
 	"github.com/capyctl/capyctl/core/hostlink/proto/hostv1"
 	"github.com/capyctl/capyctl/plugins-testkit/attack"
@@ -241,4 +243,121 @@ func metricsText(t *testing.T, s *Server) string {
 	rec := httptest.NewRecorder()
 	s.metrics.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
 	return rec.Body.String()
+}
+
+// TestLink_ACompromisedHostIsNotBelieved (M2 of the trust review): what a
+// host says is checked against the replicated state and its own
+// inventory. Events of a kind only servers write, or about a deployment
+// placed on another host, are refused; readings of more memory than the
+// host's cards hold are refused (the host does not attract placements
+// with them); a deployment it reports is adopted only under the spec's
+// rules (its routes' names and number), and not at all with
+// adopt_host_deployments = false.
+func TestLink_ACompromisedHostIsNotBelieved(t *testing.T) {
+	for _, refuse := range []bool{false, true} {
+		t.Run(fmt.Sprintf("refuse adoption %v", refuse), func(t *testing.T) {
+			s := testServer(t, ServerOptions{RefuseAdoption: refuse})
+			joinHost(t, s, "gpu-a", newFakeLocal())
+			waitReady(t, s, "gpu-a")
+			place(t, s, "demo", "gpu-a")
+			bad := compromisedHost(t, s, "gpu-b")
+			l := evilLink(t, bad, nil)
+			l.Beat(50*time.Millisecond, []*hostv1.LedgerReading{{Domain: "gpu0", DeviceUuid: "GPU-evil", CapacityBytes: 24 << 30, RoomBytes: 20 << 30}})
+			routes := map[string][]string{"many": nil, "badroute": {"ok", "bad route\x1b[2J"}, "fine": {"fine-model"}}
+			for i := 0; i < maxAdoptedRoutes+1; i++ {
+				routes["many"] = append(routes["many"], fmt.Sprintf("many-%d", i))
+			}
+			stop, err := bad.ServeRelay(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				dep := strings.TrimPrefix(r.URL.Path, "/management/v1/deployments/")
+				rs, ok := routes[dep]
+				if !ok {
+					http.NotFound(w, r)
+					return
+				}
+				w.Header().Set("Content-Type", "application/json")
+				_ = json.NewEncoder(w).Encode(wire.DeploymentStatus{Name: dep, Routes: rs, Revision: 1})
+			}))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(stop)
+			waitReady(t, s, "gpu-b")
+
+			event := func(kind, instance string, attrs map[string]string) *hostv1.HostMessage {
+				return &hostv1.HostMessage{Body: &hostv1.HostMessage_Event{Event: &hostv1.Event{Kind: kind, InstanceId: instance, Attributes: attrs,
+					TimeUnixMs: time.Now().UnixMilli()}}}
+			}
+			for _, m := range []*hostv1.HostMessage{
+				event("host_lost", "", nil), // a server's kind
+				event("deployment_adopted", "", map[string]string{"deployment": "mine"}), // a server's kind
+				event("deployment_deleted", "", map[string]string{"deployment": "demo"}), // demo is gpu-a's
+				event("instance_stopped", "demo/0", nil),                                 // demo is gpu-a's
+				event("deployment_desired", "", nil),                                     // about no deployment
+				event("engine_added", "", map[string]string{"engine": "fake"}),           // its own
+				event("deployment_created", "", map[string]string{"deployment": "mine"}), // its own (placed nowhere)
+			} {
+				if err := l.Send(m); err != nil {
+					t.Fatal(err)
+				}
+			}
+			poll.Until(t, 10*time.Second, "the host's own events journalled", func() bool {
+				got := eventsOf(t, s, "gpu-b")
+				return got["engine_added"] == 1 && got["deployment_created"] == 1
+			})
+			got := eventsOf(t, s, "gpu-b")
+			for _, kind := range []string{"host_lost", "deployment_adopted", "deployment_deleted", "instance_stopped", "deployment_desired"} {
+				if got[kind] != 0 {
+					t.Errorf("a forged %s event was journalled: %v", kind, got)
+				}
+			}
+			if c := refusedOf(s, "gpu-b"); c[refusedEventKind] != 2 || c[refusedEventNotOwn] != 3 {
+				t.Errorf("refusals %v, want 2 event_kind and 3 event_not_its_own", c)
+			}
+
+			// 1 PiB free on its 24 GiB card: refused, and so is a card of 1 PiB.
+			free := func() int64 { f, _ := s.readiness("gpu-b"); return f }
+			poll.Until(t, 10*time.Second, "the honest reading taken", func() bool { return free() == 20<<30 })
+			_ = l.Send(&hostv1.HostMessage{Body: &hostv1.HostMessage_Heartbeat{Heartbeat: &hostv1.Heartbeat{Readings: []*hostv1.LedgerReading{
+				{Domain: "gpu0", DeviceUuid: "GPU-evil", CapacityBytes: 1 << 50, RoomBytes: 1 << 50}}}}})
+			_ = l.Send(&hostv1.HostMessage{Body: &hostv1.HostMessage_Heartbeat{Heartbeat: &hostv1.Heartbeat{
+				Inventory: &hostv1.Inventory{Cards: []*hostv1.Card{{Uuid: "GPU-evil", MemoryBytes: 1 << 50}}},
+				Readings:  []*hostv1.LedgerReading{{Domain: "gpu0", DeviceUuid: "GPU-evil", CapacityBytes: 1 << 50, RoomBytes: 1 << 50}}}}})
+			poll.Until(t, 10*time.Second, "both refused", func() bool {
+				c := refusedOf(s, "gpu-b")
+				return c[refusedReadings] >= 1 && c[refusedInventory] >= 1
+			})
+			if f := free(); f > 24<<30 {
+				t.Fatalf("the server believes gpu-b has %d bytes free on a 24 GiB card", f)
+			}
+
+			// Its own deployments: adopted within the spec's rules only.
+			for dep := range routes {
+				if err := l.Send(&hostv1.HostMessage{Body: &hostv1.HostMessage_Journal{Journal: &hostv1.InstanceJournal{
+					InstanceId: dep + "/0", Deployment: dep, State: "ready"}}}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if refuse {
+				poll.Until(t, 15*time.Second, "the adoption ran", func() bool {
+					s.mu.Lock()
+					defer s.mu.Unlock()
+					h := s.hosts["gpu-b"]
+					return len(h.journals) == len(routes) && !h.adoptDue
+				})
+				for dep := range routes {
+					if _, placed := s.State.Placement(dep); placed {
+						t.Fatalf("%s adopted with adopt_host_deployments = false", dep)
+					}
+				}
+				return
+			}
+			poll.Until(t, 15*time.Second, "the valid deployment adopted", func() bool { _, ok := s.State.Placement("fine"); return ok })
+			poll.Until(t, 15*time.Second, "the invalid ones refused", func() bool { return refusedOf(s, "gpu-b")[refusedInvalid] >= 2 })
+			for _, dep := range []string{"many", "badroute"} {
+				if p, placed := s.State.Placement(dep); placed {
+					t.Errorf("%s adopted with routes %q", dep, p.Routes)
+				}
+			}
+		})
+	}
 }
