@@ -41,7 +41,7 @@ func (s *Server) createPlaced(ctx context.Context, spec *structs.Deployment, raw
 	if err != nil {
 		return nil, err
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), placeWait)
+	ctx, cancel := s.detach(ctx, placeWait)
 	defer cancel()
 	if err = s.bringUp(ctx, p, index, cands, activate, p.Hosts, map[string]bool{}); err != nil {
 		// Taken back: the hosts delete what they made of it before the
@@ -152,7 +152,7 @@ func (s *Server) updatePlaced(ctx context.Context, p *Placement, raw json.RawMes
 	if err != nil {
 		return nil, err
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), placeWait)
+	ctx, cancel := s.detach(ctx, placeWait)
 	defer cancel()
 	for _, v := range s.awaitVerdicts(ctx, p.Deployment, p.Hosts, index, false) {
 		if v.err != nil {
@@ -272,7 +272,7 @@ func (s *Server) deletePlaced(ctx context.Context, p *Placement) error {
 	if err != nil {
 		return err
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), placeWait)
+	ctx, cancel := s.detach(ctx, placeWait)
 	defer cancel()
 	for _, hs := range p.Hosts {
 		a, err := s.waitApplied(ctx, hs.Host, index)
