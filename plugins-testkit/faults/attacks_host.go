@@ -119,12 +119,12 @@ func CompromisedHostFlood() Attack {
 					Attributes: map[string]string{"engine": "x"}, Message: strings.Repeat("e", 3500)}}}
 			})
 			e.Note("4000 events of 3.5 KiB: %d sent before the link closed", sent)
+			defer link.Close()
 			journals := sendUntilRefused(link, 20000, func(i int) *hostv1.HostMessage {
 				return &hostv1.HostMessage{Body: &hostv1.HostMessage_Journal{Journal: &hostv1.InstanceJournal{
 					InstanceId: fmt.Sprintf("junk%d/0", i), Deployment: fmt.Sprintf("junk%d", i), State: "ready", Placed: true,
 					Message: strings.Repeat("j", 1000)}}}
 			})
-			link.Close()
 			e.Note("20 000 journals: the link closed after %d", journals)
 			var counts map[string]int
 			if !waitUntil(e.Scale.Recover, func() bool {
@@ -134,8 +134,8 @@ func CompromisedHostFlood() Attack {
 				e.Problem("refusals counted: %v; want message_too_large, events_over_rate and over_rate or too_many_instances", counts)
 			}
 			e.Note("refused (capyctl_host_messages_refused_total): %s", orNone(counts))
-			link = stolenLink(e, bad)
-			link.Close()
+			// What the server keeps of the host's last link (a new link's
+			// Hello replaces it).
 			n, size := hostInstances(e, "gpu-b")
 			e.Note("capyctl status host gpu-b: %d instances, %d KiB", n, size>>10)
 			if n > 512 {
