@@ -200,6 +200,18 @@ func exitCode(launchDir string) int {
 	return -1
 }
 
+// WaitExit blocks until the engine process is gone, then says how it ended
+// (what Liveness says of a dead engine); it returns ctx's error when the
+// core stops watching first. It waits on the kernel's word
+// (proc.WaitGone), not by polling.
+func (in *Instance) WaitExit(ctx context.Context) (*pb.ExitEvent, error) {
+	if err := proc.WaitGone(ctx, in.Launched.Engine); err != nil {
+		return nil, err
+	}
+	info := in.ExitInfo("the engine process is gone")
+	return &pb.ExitEvent{Exited: true, ExitCode: info.GetExitCode(), Detail: info.GetDetail(), LastLogLines: info.GetLastLogLines()}, nil
+}
+
 // Liveness answers a LIVENESS probe from the process table.
 func (in *Instance) Liveness() *pb.ProbeResponse {
 	if !in.Alive() {
