@@ -272,7 +272,7 @@ func sameServers(a, b *hostv1.ClusterServers) bool {
 // dropped and counted; a host's events are journalled in the order it
 // sent them.
 func (s *Server) onHostMessage(name string, gen uint64, g *hostGuard, m *hostv1.HostMessage) {
-	if ev := m.GetEvent(); ev != nil {
+	if ev := m.GetEvent(); ev != nil && !hostLocalKind(ev.GetKind()) {
 		if reason := s.checkHostEvent(name, g, ev); reason != "" {
 			s.refuseHost(g, name, reason)
 		} else {

@@ -96,11 +96,16 @@ var hostRefusalReasons = []string{refusedTooLarge, refusedOverRate, refusedInval
 // too. The server's own kinds (host_*, deployment_adopted, group_*...)
 // never come from a host.
 var hostEventKinds = map[string]bool{
-	"deployment_created": true, "deployment_updated": true, "deployment_deleted": true, "deployment_desired": true,
+	"deployment_created": true, "deployment_revised": true, "deployment_deleted": true, "deployment_desired": true,
 	"turn_ending": true, "turn_ended": true, "switch_planned": true, "switch_released": true, "switch_failed": true,
 	"switch_done": true, "start_gave_up": true, "start_retry_scheduled": true, "engine_exited": true,
 	"wake_failed": true, "engine_added": true, "engine_removed": true,
 }
+
+// hostLocalKind reports whether kind is one a host journals for itself
+// only (its own API keys' events: the cluster's keys are the servers'):
+// such an event is not taken, nor counted as a refusal.
+func hostLocalKind(kind string) bool { return strings.HasPrefix(kind, "api_key_") }
 
 // hostEventKind reports whether a host may emit an event of kind.
 func hostEventKind(kind string) bool {
@@ -375,10 +380,10 @@ func (l hostLimits) checkReadings(rs []*hostv1.LedgerReading, inv *hostv1.Invent
 		}
 		var most int64
 		switch d := r.GetDomain(); {
-		case d == "unified":
+		case d == "unified" || d == "system":
+			// The pool is the host's memory (a unified card may report
+			// none of its own): the larger figure the inventory gives.
 			most = max(inv.GetHostMemoryBytes(), cards)
-		case d == "system":
-			most = inv.GetHostMemoryBytes()
 			if most == 0 {
 				most = l.hostBytes
 			}
