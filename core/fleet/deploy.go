@@ -41,7 +41,10 @@ func (s *Server) createPlaced(ctx context.Context, spec *structs.Deployment, raw
 	if err != nil {
 		return nil, err
 	}
-	ctx, cancel := s.detach(ctx, placeWait)
+	// IMPORTANT: not detach: a bring-up that ends early is taken back
+	// (deletePlaced), which must never race a retry's placement on a new
+	// leader; it waits out placeWait as before.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), placeWait)
 	defer cancel()
 	if err = s.bringUp(ctx, p, index, cands, activate, p.Hosts, map[string]bool{}); err != nil {
 		// Taken back: the hosts delete what they made of it before the
