@@ -301,13 +301,13 @@ func (s *Server) onHostMessage(name string, gen uint64, g *hostGuard, m *hostv1.
 		inv := h.inventory
 		if next := b.Heartbeat.GetInventory(); next != nil {
 			if err := s.limits.checkInventory(next); err != nil {
-				s.refuseHostLocked(g, name, refusedInventory)
+				s.refuseHost(g, name, refusedInventory)
 				return
 			}
 			inv = next
 		}
 		if err := s.limits.checkReadings(b.Heartbeat.GetReadings(), inv); err != nil {
-			s.refuseHostLocked(g, name, refusedReadings)
+			s.refuseHost(g, name, refusedReadings)
 			return
 		}
 		h.inventory, h.readings = inv, b.Heartbeat.GetReadings()
@@ -331,7 +331,7 @@ func (s *Server) onHostMessage(name string, gen uint64, g *hostGuard, m *hostv1.
 			delete(h.journals, j.GetInstanceId())
 		} else {
 			if _, had := h.journals[j.GetInstanceId()]; !had && len(h.journals) >= s.limits.instances {
-				s.refuseHostLocked(g, name, refusedInstances)
+				s.refuseHost(g, name, refusedInstances)
 				return
 			}
 			g.remember(time.Now(), j.GetDeployment())
@@ -344,10 +344,6 @@ func (s *Server) onHostMessage(name string, gen uint64, g *hostGuard, m *hostv1.
 		defer h.changed.publish()
 	}
 }
-
-// refuseHostLocked is refuseHost with mu held (the guard and the log
-// have their own locks).
-func (s *Server) refuseHostLocked(g *hostGuard, host, reason string) { s.refuseHost(g, host, reason) }
 
 // checkHostMessage checks the shape of a message other than an event
 // (those are checkHostEvent's) and returns why it is refused, "" when not.

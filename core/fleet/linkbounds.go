@@ -222,7 +222,8 @@ func (g *hostGuard) knows(dep string, now time.Time) bool {
 }
 
 // refuseHost counts and logs (once per interval) one refused message of
-// host: why is the reason.
+// host for reason; it takes only the guard's and the log's own locks, so
+// it may be called with mu held.
 func (s *Server) refuseHost(g *hostGuard, host, reason string) {
 	g.count(reason)
 	s.hostRefused.note(reason, host)
