@@ -186,8 +186,14 @@ const exitRecordWait = 10 * time.Second
 // process dies (and copies its last output): until it has, or is gone
 // itself, the status is read again (proc.WaitExitStatus).
 func (in *Instance) ExitInfo(detail string) *pb.ProbeResponse {
+	code := -1
+	if !in.Alive() {
+		// No record comes while the engine runs: wait for one only
+		// once it is gone.
+		code = exitCode(in.Launched.LaunchDir)
+	}
 	return &pb.ProbeResponse{
-		Alive: false, Exited: true, ExitCode: int32(exitCode(in.Launched.LaunchDir)), Code: sdk.CodeLaunchFailed, Detail: detail,
+		Alive: false, Exited: true, ExitCode: int32(code), Code: sdk.CodeLaunchFailed, Detail: detail,
 		LastLogLines: proc.LastLines(in.Launched.LaunchDir, lastLogLines),
 	}
 }
