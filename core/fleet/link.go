@@ -98,6 +98,7 @@ func (s *Server) checkHelloBounds(hello *hostv1.Hello) error {
 		return err
 	}
 	for _, j := range hello.GetInstances() {
+		l.clipJournal(j)
 		if err := l.checkJournal(j); err != nil {
 			return err
 		}
@@ -273,6 +274,7 @@ func sameServers(a, b *hostv1.ClusterServers) bool {
 // sent them.
 func (s *Server) onHostMessage(name string, gen uint64, g *hostGuard, m *hostv1.HostMessage) {
 	if ev := m.GetEvent(); ev != nil && !hostLocalKind(ev.GetKind()) {
+		s.limits.clipEvent(ev)
 		if reason := s.checkHostEvent(name, g, ev); reason != "" {
 			s.refuseHost(g, name, reason)
 		} else {
@@ -352,6 +354,7 @@ func (s *Server) checkHostMessage(m *hostv1.HostMessage) string {
 	var err error
 	switch b := m.GetBody().(type) {
 	case *hostv1.HostMessage_Journal:
+		l.clipJournal(b.Journal)
 		err = l.checkJournal(b.Journal)
 	case *hostv1.HostMessage_Result:
 		err = errors.Join(l.checkText("command id", b.Result.GetCommandId(), 128), l.checkText("code", b.Result.GetCode(), 64),

@@ -25,10 +25,14 @@ import (
 //   - a host sends at most rate messages and byteRate bytes a second
 //     (with bursts): over either, the link ends with host_link_flooded
 //     and the host links again after its back-off;
-//   - its events are bounded in bytes a second as well: over, they are
-//     dropped, counted, and the link stays;
-//   - names follow the deployment spec's rules, texts and lists have
-//     lengths (a message over one is dropped and counted, the link stays);
+//   - its events (each a write of the server's store) are bounded in
+//     number and bytes a second as well: over, they are dropped, counted,
+//     and the link stays;
+//   - names follow the deployment spec's rules and lists have lengths (a
+//     message over one is dropped and counted, the link stays); a free
+//     text (an instance's message or error, an event's message or an
+//     attribute's value) is cut to its length, since an honest engine's
+//     error may be long;
 //   - the server keeps at most instances journals a host and a bounded
 //     set of the deployments it ran;
 //   - a host's ledger readings never say a card holds more than the card
@@ -45,7 +49,9 @@ type hostLimits struct {
 	// rate/burst: messages a second; byteRate/byteBurst: their bytes.
 	rate, burst         float64
 	byteRate, byteBurst float64
-	// eventByteRate/eventByteBurst: the bytes of its events a second.
+	// eventRate/eventBurst: its events a second (each is a write of the
+	// server's store); eventByteRate/eventByteBurst: their bytes.
+	eventRate, eventBurst         float64
 	eventByteRate, eventByteBurst float64
 	instances                     int
 	cards, engines, readings      int
@@ -66,7 +72,7 @@ var defaultHostLimits = hostLimits{
 	messageBytes: 2 << 20,
 	rate:         500, burst: 5000,
 	byteRate: 4 << 20, byteBurst: 32 << 20,
-	eventByteRate: 256 << 10, eventByteBurst: 2 << 20,
+	eventRate: 200, eventBurst: 1000, eventByteRate: 256 << 10, eventByteBurst: 1 << 20,
 	instances: 512, cards: 64, engines: 256, readings: 136,
 	cardBytes: 4 << 40, hostBytes: 256 << 40,
 	text: 4096, attributes: 32, attrValue: 1024, charges: 64,
@@ -143,15 +149,15 @@ func (b *bucket) take(n float64, now time.Time) bool {
 type hostGuard struct {
 	limits hostLimits
 
-	mu                   sync.Mutex
-	msgs, bytes, evBytes bucket
-	refused              map[string]uint64
-	known                map[string]time.Time // deployment -> last seen as the host's
+	mu                        sync.Mutex
+	msgs, bytes, evs, evBytes bucket
+	refused                   map[string]uint64
+	known                     map[string]time.Time // deployment -> last seen as the host's
 }
 
 func newHostGuard(l hostLimits) *hostGuard {
 	return &hostGuard{limits: l, msgs: newBucket(l.rate, l.burst), bytes: newBucket(l.byteRate, l.byteBurst),
-		evBytes: newBucket(l.eventByteRate, l.eventByteBurst), refused: map[string]uint64{}, known: map[string]time.Time{}}
+		evs: newBucket(l.eventRate, l.eventBurst), evBytes: newBucket(l.eventByteRate, l.eventByteBurst), refused: map[string]uint64{}, known: map[string]time.Time{}}
 }
 
 // admit takes one message of size bytes from the link's buckets; false:
@@ -162,11 +168,11 @@ func (g *hostGuard) admit(size int, now time.Time) bool {
 	return g.msgs.take(1, now) && g.bytes.take(float64(size), now)
 }
 
-// admitEvent takes an event of size bytes from the events' bucket.
+// admitEvent takes an event of size bytes from the events' buckets.
 func (g *hostGuard) admitEvent(size int, now time.Time) bool {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	return g.evBytes.take(float64(size), now)
+	return g.evs.take(1, now) && g.evBytes.take(float64(size), now)
 }
 
 // count counts one refusal of reason.
@@ -258,7 +264,29 @@ func checkInstanceID(id string) (string, error) {
 	return dep, nil
 }
 
-// checkText checks a free text's length.
+// clip cuts a free text a host sent to at most limit bytes (on a rune
+// boundary).
+func clip(s string, limit int) string {
+	if len(s) <= limit {
+		return s
+	}
+	return strings.ToValidUTF8(s[:limit], "")
+}
+
+// clipJournal cuts a journal's free texts to their length.
+func (l hostLimits) clipJournal(j *hostv1.InstanceJournal) {
+	j.Message, j.ErrorMessage = clip(j.GetMessage(), l.text), clip(j.GetErrorMessage(), l.text)
+}
+
+// clipEvent cuts an event's free texts to their length.
+func (l hostLimits) clipEvent(ev *hostv1.Event) {
+	ev.Message = clip(ev.GetMessage(), l.text)
+	for k, v := range ev.GetAttributes() {
+		ev.Attributes[k] = clip(v, l.attrValue)
+	}
+}
+
+// checkText checks a text's length.
 func (l hostLimits) checkText(what, s string, limit int) error {
 	if len(s) > limit {
 		return fmt.Errorf("%s is %d bytes, over %d", what, len(s), limit)
@@ -281,10 +309,8 @@ func (l hostLimits) checkJournal(j *hostv1.InstanceJournal) error {
 			return err
 		}
 	}
-	for what, v := range map[string]string{"message": j.GetMessage(), "error_message": j.GetErrorMessage(), "endpoint": j.GetEndpoint()} {
-		if err := l.checkText(what, v, l.text); err != nil {
-			return err
-		}
+	if err := l.checkText("endpoint", j.GetEndpoint(), l.text); err != nil {
+		return err
 	}
 	if len(j.GetCharges()) > l.charges {
 		return fmt.Errorf("%d charges, over %d", len(j.GetCharges()), l.charges)
@@ -303,15 +329,12 @@ func (l hostLimits) checkEvent(ev *hostv1.Event) (string, error) {
 	if len(ev.GetKind()) > 64 {
 		return "", fmt.Errorf("event kind of %d bytes", len(ev.GetKind()))
 	}
-	if err := l.checkText("event message", ev.GetMessage(), l.text); err != nil {
-		return "", err
-	}
 	if len(ev.GetAttributes()) > l.attributes {
 		return "", fmt.Errorf("%d event attributes, over %d", len(ev.GetAttributes()), l.attributes)
 	}
-	for k, v := range ev.GetAttributes() {
-		if len(k) > 64 || len(v) > l.attrValue {
-			return "", fmt.Errorf("event attribute %q of %d bytes", trimForLog(k), len(v))
+	for k := range ev.GetAttributes() {
+		if len(k) > 64 {
+			return "", fmt.Errorf("event attribute name of %d bytes", len(k))
 		}
 	}
 	dep := ev.GetAttributes()["deployment"]

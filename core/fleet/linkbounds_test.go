@@ -182,9 +182,16 @@ func TestLink_ACompromisedHostIsBounded(t *testing.T) {
 	t.Run("events: bounded in size and bytes a second", func(t *testing.T) {
 		l := evilLink(t, bad, nil)
 		before := refusedOf(s, "gpu-b")[refusedInvalid]
+		attrs := map[string]string{}
+		for i := 0; i <= s.limits.attributes; i++ {
+			attrs[fmt.Sprintf("a%d", i)] = "v"
+		}
+		_ = l.Send(&hostv1.HostMessage{Body: &hostv1.HostMessage_Event{Event: &hostv1.Event{Kind: "engine_added", Attributes: attrs}}})
+		poll.Until(t, 10*time.Second, "the event of too many attributes refused", func() bool { return refusedOf(s, "gpu-b")[refusedInvalid] > before })
+		// A long text is cut to its length, not refused.
 		_ = l.Send(&hostv1.HostMessage{Body: &hostv1.HostMessage_Event{Event: &hostv1.Event{Kind: "engine_added",
-			Attributes: map[string]string{"engine": strings.Repeat("z", 512<<10)}}}})
-		poll.Until(t, 10*time.Second, "the oversized event refused", func() bool { return refusedOf(s, "gpu-b")[refusedInvalid] > before })
+			Message: strings.Repeat("m", 64<<10), Attributes: map[string]string{"engine": strings.Repeat("z", 512<<10)}}}})
+		poll.Until(t, 10*time.Second, "the long event journalled, cut", func() bool { return eventsOf(t, s, "gpu-b")["engine_added"] == 1 })
 		// 300 events of 3.5 KiB (1 MB) at once: the events' bucket takes
 		// its burst (256 KiB), the rest are dropped; the link stays.
 		n := 300

@@ -100,13 +100,13 @@ func sendUntilRefused(link *attack.Link, n int, msg func(i int) *hostv1.HostMess
 }
 
 // CompromisedHostFlood (H3): the stolen identity sends one message of
-// 3 MiB, 4000 events of 3.5 KiB at once, then 20 000 instance journals of
+// 3 MiB, 2000 events of 3.5 KiB at once, then 20 000 instance journals of
 // deployments nobody placed. The server refuses the large message (the
 // link ends), journals the events only within their bytes a second,
 // keeps at most 512 instances of the host, and ends the link of a host
 // over its messages a second (host_link_flooded); every refusal counted.
 func CompromisedHostFlood() Attack {
-	return Attack{Name: "compromised host floods its link: a 3 MiB message, 4000 events of 3.5 KiB, 20 000 journals", Finding: "H3",
+	return Attack{Name: "compromised host floods its link: a 3 MiB message, 2000 events of 3.5 KiB, 20 000 journals", Finding: "H3",
 		Inject: func(e *AttackEnv) {
 			bad := takeOver(e)
 			link := stolenLink(e, bad)
@@ -114,11 +114,11 @@ func CompromisedHostFlood() Attack {
 				Message: strings.Repeat("x", 3<<20)}}})
 			link.Close()
 			link = stolenLink(e, bad)
-			sent := sendUntilRefused(link, 4000, func(int) *hostv1.HostMessage {
+			sent := sendUntilRefused(link, 2000, func(int) *hostv1.HostMessage {
 				return &hostv1.HostMessage{Body: &hostv1.HostMessage_Event{Event: &hostv1.Event{Kind: "engine_added",
 					Attributes: map[string]string{"engine": "x"}, Message: strings.Repeat("e", 3500)}}}
 			})
-			e.Note("4000 events of 3.5 KiB: %d sent before the link closed", sent)
+			e.Note("2000 events of 3.5 KiB: %d sent before the link closed", sent)
 			defer link.Close()
 			journals := sendUntilRefused(link, 20000, func(i int) *hostv1.HostMessage {
 				return &hostv1.HostMessage{Body: &hostv1.HostMessage_Journal{Journal: &hostv1.InstanceJournal{
