@@ -74,7 +74,8 @@ func (m *Manager) switchTurns(parent context.Context, requester *instance, try f
 	ctx, cancel := context.WithTimeout(parent, bound)
 	defer cancel()
 	defer func() {
-		if err != nil && parent.Err() == nil && errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		// Only the bound's own end: a refusal that came as it passed stays.
+		if errors.Is(err, context.DeadlineExceeded) && parent.Err() == nil && errors.Is(ctx.Err(), context.DeadlineExceeded) {
 			e := structs.Errf(structs.CodeActivationTimeout,
 				"deployment %s waited %s (a request's deadline) for room on host %s and got none; retry",
 				requester.dep, bound, m.cfg.Host.Name)
