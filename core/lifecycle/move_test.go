@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/capyctl/capyctl/core/structs"
+	"github.com/capyctl/capyctl/sdk"
+	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
 
 // countEvents counts the journaled events of a kind.
@@ -172,5 +174,102 @@ func TestResolveEngine_ByRegistrationName(t *testing.T) {
 		case c.code == "" && (err != nil || e.Name != c.want):
 			t.Fatalf("%s: %+v, %v; want %s", c.name, e, err, c.want)
 		}
+	}
+}
+
+// TestProbeFailure_Message: a failed readiness probe becomes a coded error
+// that says how the engine failed, with the driver's detail once and the
+// engine's last log lines where there are any.
+func TestProbeFailure_Message(t *testing.T) {
+	cases := []struct {
+		name string
+		p    *pb.ProbeResponse
+		code structs.Code
+		msg  string
+		// lines: the error carries last_log_lines; exit: exit_code.
+		lines, exit bool
+	}{
+		{"exited without a code", &pb.ProbeResponse{Exited: true, ExitCode: 3}, structs.CodeLaunchFailed,
+			"the engine exited with code 3 while starting", false, true},
+		{"exited with the driver's code and detail", &pb.ProbeResponse{Exited: true, ExitCode: 1, Code: "out_of_memory", Detail: "CUDA out of memory"},
+			"out_of_memory", "the engine exited with code 1 while starting: CUDA out of memory", false, true},
+		{"not ready in time", &pb.ProbeResponse{}, structs.CodeStartupTimeout,
+			"the engine was not ready within 2s", false, false},
+		{"the driver's own account, said once", &pb.ProbeResponse{Code: "launch_failed", Detail: "no such model"},
+			structs.CodeLaunchFailed, "no such model", false, false},
+		{"with log lines", &pb.ProbeResponse{Exited: true, ExitCode: 2, LastLogLines: []string{"a", "b"}}, structs.CodeLaunchFailed,
+			"the engine exited with code 2 while starting; last log lines:\n  a\n  b", true, true},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			e := structs.AsError(probeFailure(c.p, 2*time.Second))
+			if e.Code != c.code || e.Message != c.msg {
+				t.Fatalf("got %s %q, want %s %q", e.Code, e.Message, c.code, c.msg)
+			}
+			if _, ok := e.Details["last_log_lines"]; ok != c.lines {
+				t.Fatalf("last_log_lines in the details: %v, want %v (%v)", ok, c.lines, e.Details)
+			}
+			if _, ok := e.Details["exit_code"]; ok != c.exit {
+				t.Fatalf("exit_code in the details: %v, want %v (%v)", ok, c.exit, e.Details)
+			}
+		})
+	}
+}
+
+// lmcacheStub is the stub driver whose plans run a private LMCache server
+// beside the engine, as vLLM's and SGLang's drivers do with lmcache set.
+type lmcacheStub struct{ *stubDriver }
+
+func (d lmcacheStub) Plan(ctx context.Context, r *pb.PlanRequest) (*pb.PlanResponse, error) {
+	p, err := d.stubDriver.Plan(ctx, r)
+	if err == nil {
+		p.Lmcache = &pb.LMCachePlan{Runs: true}
+	}
+	return p, err
+}
+
+type lmcacheSource struct{ d lmcacheStub }
+
+func (s lmcacheSource) Driver(context.Context, string) (sdk.Driver, error) { return s.d, nil }
+func (s lmcacheSource) Describe(ctx context.Context, _ string) (*pb.DescribeResponse, error) {
+	return s.d.Describe(ctx, nil)
+}
+
+// TestPark_LMCacheServer: a restart_only instance with an LMCache server
+// parks by stopping its engine alone (the server and its cache stay); one
+// whose residency the driver cannot park at stops, server and all.
+func TestPark_LMCacheServer(t *testing.T) {
+	cases := []struct {
+		name      string
+		residency string
+		state     structs.InstanceState
+		kept      bool // the LMCache server stays
+	}{
+		{"restart only", structs.ResidencyRestartOnly, structs.StateParked, true},
+		{"a tier the driver lacks", structs.ResidencyDeep, structs.StateStopped, false},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			drv := newStub()
+			drv.tiers = nil
+			f := newFixture(t, 10, 6, 1, func(cfg *Config) { cfg.Drivers = lmcacheSource{lmcacheStub{drv}} })
+			f.drv = drv
+			f.deploy("a", func(d *structs.Deployment) { d.Residency = c.residency })
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			if err := f.m.StartInstance(ctx, "a", 0, StartOptions{Wait: true}); err != nil {
+				t.Fatal(err)
+			}
+			if f.inst("a").LMCache == nil {
+				t.Fatal("the start recorded no LMCache server")
+			}
+			if err := f.m.ParkInstance(ctx, "a", 0, true); err != nil {
+				t.Fatal(err)
+			}
+			rec := f.inst("a")
+			if rec.State != c.state || (rec.LMCache != nil) != c.kept {
+				t.Fatalf("after the park: %s, LMCache server %+v; want %s, kept %v", rec.State, rec.LMCache, c.state, c.kept)
+			}
+		})
 	}
 }
