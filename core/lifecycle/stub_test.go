@@ -126,8 +126,11 @@ func (d *stubDriver) Probe(ctx context.Context, r *pb.ProbeRequest) (*pb.ProbeRe
 	return &pb.ProbeResponse{Alive: true, Ready: true, Endpoint: ep, Canary: d.canary}, nil
 }
 
-func (d *stubDriver) Park(_ context.Context, r *pb.ParkRequest) (*pb.ParkResponse, error) {
+func (d *stubDriver) Park(ctx context.Context, r *pb.ParkRequest) (*pb.ParkResponse, error) {
 	d.parks.Add(1)
+	if err := ctx.Err(); err != nil {
+		return nil, err // as over gRPC: a call whose deadline passed fails
+	}
 	d.mu.Lock()
 	d.parked[r.GetInstanceId()] = true
 	d.parkedAt = append(d.parkedAt, r.GetTier())
