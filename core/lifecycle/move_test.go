@@ -5,6 +5,7 @@ package lifecycle
 
 import (
 	"context"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -271,5 +272,57 @@ func TestPark_LMCacheServer(t *testing.T) {
 				t.Fatalf("after the park: %s, LMCache server %+v; want %s, kept %v", rec.State, rec.LMCache, c.state, c.kept)
 			}
 		})
+	}
+}
+
+// countingRequests counts the reads of an instance's active requests.
+type countingRequests struct {
+	*fakeRequests
+	reads atomic.Int32
+}
+
+func (c *countingRequests) Active(i string) int {
+	c.reads.Add(1)
+	return c.fakeRequests.Active(i)
+}
+
+// TestPark_LastReadyInstanceAdmitsForTheWindow: the deployment's last
+// ready instance, asked to park while it serves, keeps admitting (ready,
+// routed) for the admission window before it drains; then it drains and
+// parks once its requests ended.
+func TestPark_LastReadyInstanceAdmitsForTheWindow(t *testing.T) {
+	var reqs *countingRequests
+	f := newFixture(t, 10, 6, 1, func(cfg *Config) {
+		cfg.AdmissionWindow = time.Hour // on the fixture's clock, which stands still
+		reqs = &countingRequests{fakeRequests: cfg.Requests.(*fakeRequests)}
+		cfg.Requests = reqs
+	})
+	f.deploy("a")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := f.m.StartInstance(ctx, "a", 0, StartOptions{Wait: true}); err != nil {
+		t.Fatal(err)
+	}
+	f.reqs.mu.Lock()
+	f.reqs.active["a/0"] = 1
+	f.reqs.mu.Unlock()
+	before := reqs.reads.Load()
+	parked := make(chan error, 1)
+	go func() { parked <- f.m.ParkInstance(ctx, "a", 0, true) }()
+	// The park reads the requests again and again within the window.
+	f.eventually("the park to wait in the admission window", func() bool { return reqs.reads.Load() >= before+4 })
+	if s := f.state("a"); s != structs.StateReady {
+		t.Fatalf("within the admission window the last ready instance is %s, want ready", s)
+	}
+	f.clock.Advance(2 * time.Hour)
+	f.eventually("the drain", func() bool { return f.state("a") == structs.StateDraining })
+	f.reqs.mu.Lock()
+	f.reqs.active["a/0"] = 0
+	f.reqs.mu.Unlock()
+	if err := <-parked; err != nil {
+		t.Fatal(err)
+	}
+	if s := f.state("a"); s != structs.StateParked {
+		t.Fatalf("after the drain: %s, want parked", s)
 	}
 }
