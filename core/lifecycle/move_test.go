@@ -288,41 +288,63 @@ func (c *countingRequests) Active(i string) int {
 
 // TestPark_LastReadyInstanceAdmitsForTheWindow: the deployment's last
 // ready instance, asked to park while it serves, keeps admitting (ready,
-// routed) for the admission window before it drains; then it drains and
-// parks once its requests ended.
+// routed) for the admission window, ending it early once it is idle; then
+// it drains (no park before its requests ended) and parks.
 func TestPark_LastReadyInstanceAdmitsForTheWindow(t *testing.T) {
-	var reqs *countingRequests
-	f := newFixture(t, 10, 6, 1, func(cfg *Config) {
-		cfg.AdmissionWindow = time.Hour // on the fixture's clock, which stands still
-		reqs = &countingRequests{fakeRequests: cfg.Requests.(*fakeRequests)}
-		cfg.Requests = reqs
-	})
-	f.deploy("a")
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := f.m.StartInstance(ctx, "a", 0, StartOptions{Wait: true}); err != nil {
-		t.Fatal(err)
-	}
-	f.reqs.mu.Lock()
-	f.reqs.active["a/0"] = 1
-	f.reqs.mu.Unlock()
-	before := reqs.reads.Load()
-	parked := make(chan error, 1)
-	go func() { parked <- f.m.ParkInstance(ctx, "a", 0, true) }()
-	// The park reads the requests again and again within the window.
-	f.eventually("the park to wait in the admission window", func() bool { return reqs.reads.Load() >= before+4 })
-	if s := f.state("a"); s != structs.StateReady {
-		t.Fatalf("within the admission window the last ready instance is %s, want ready", s)
-	}
-	f.clock.Advance(2 * time.Hour)
-	f.eventually("the drain", func() bool { return f.state("a") == structs.StateDraining })
-	f.reqs.mu.Lock()
-	f.reqs.active["a/0"] = 0
-	f.reqs.mu.Unlock()
-	if err := <-parked; err != nil {
-		t.Fatal(err)
-	}
-	if s := f.state("a"); s != structs.StateParked {
-		t.Fatalf("after the drain: %s, want parked", s)
+	for _, idle := range []bool{false, true} {
+		name := "the window runs out"
+		if idle {
+			name = "idle within the window"
+		}
+		t.Run(name, func(t *testing.T) {
+			var reqs *countingRequests
+			f := newFixture(t, 10, 6, 1, func(cfg *Config) {
+				cfg.AdmissionWindow = time.Hour // on the fixture's clock, which stands still
+				reqs = &countingRequests{fakeRequests: cfg.Requests.(*fakeRequests)}
+				cfg.Requests = reqs
+			})
+			f.deploy("a")
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			if err := f.m.StartInstance(ctx, "a", 0, StartOptions{Wait: true}); err != nil {
+				t.Fatal(err)
+			}
+			setActive := func(n int) {
+				f.reqs.mu.Lock()
+				f.reqs.active["a/0"] = n
+				f.reqs.mu.Unlock()
+			}
+			setActive(1)
+			before := reqs.reads.Load()
+			parked := make(chan error, 1)
+			go func() { parked <- f.m.ParkInstance(ctx, "a", 0, true) }()
+			// The park reads the requests again and again within the window.
+			f.eventually("the park to wait in the admission window", func() bool { return reqs.reads.Load() >= before+4 })
+			if s := f.state("a"); s != structs.StateReady {
+				t.Fatalf("within the admission window the last ready instance is %s, want ready", s)
+			}
+			if !idle {
+				f.clock.Advance(2 * time.Hour)
+				// It drains: it reads the requests again, parks nothing.
+				f.eventually("the drain", func() bool { return f.state("a") == structs.StateDraining })
+				before = reqs.reads.Load()
+				f.eventually("the drain to wait", func() bool { return reqs.reads.Load() >= before+3 })
+				if s, n := f.state("a"), f.drv.parks.Load(); s != structs.StateDraining || n != 0 {
+					t.Fatalf("with a request still active: %s, %d parks; want draining, none", s, n)
+				}
+			}
+			setActive(0)
+			select {
+			case err := <-parked:
+				if err != nil {
+					t.Fatal(err)
+				}
+			case <-ctx.Done():
+				t.Fatal("the park did not end once the instance was idle")
+			}
+			if s := f.state("a"); s != structs.StateParked {
+				t.Fatalf("after the drain: %s, want parked", s)
+			}
+		})
 	}
 }
