@@ -5,6 +5,7 @@ package lifecycle
 
 import (
 	"context"
+	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -344,6 +345,80 @@ func TestPark_LastReadyInstanceAdmitsForTheWindow(t *testing.T) {
 			}
 			if s := f.state("a"); s != structs.StateParked {
 				t.Fatalf("after the drain: %s, want parked", s)
+			}
+		})
+	}
+}
+
+// TestPark_NotTheLastReadyInstanceDrainsAtOnce: an instance whose
+// deployment has another ready instance drains at once when asked to park
+// while it serves (the other one admits); only the last ready one keeps
+// admitting for the admission window. The deployment is found by its own
+// name as a route, or, where its routes do not name it, among the routes.
+func TestPark_NotTheLastReadyInstanceDrainsAtOnce(t *testing.T) {
+	for _, routes := range [][]string{{"a"}, {"alias"}} {
+		t.Run(routes[0], func(t *testing.T) {
+			f := newFixture(t, 20, 6, 1, func(cfg *Config) { cfg.AdmissionWindow = time.Hour })
+			f.deploy("a", func(d *structs.Deployment) { d.Instances = 2; d.Routes = routes })
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			for i := range 2 {
+				if err := f.m.StartInstance(ctx, "a", i, StartOptions{Wait: true}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			f.reqs.mu.Lock()
+			f.reqs.active["a/0"] = 1
+			f.reqs.mu.Unlock()
+			go func() { _ = f.m.ParkInstance(ctx, "a", 0, true) }()
+			f.eventually("a/0 to drain", func() bool {
+				v, err := f.m.Deployment("a")
+				return err == nil && v.Instances[0].State == structs.StateDraining
+			})
+			f.reqs.mu.Lock()
+			f.reqs.active["a/0"] = 0
+			f.reqs.mu.Unlock()
+			f.eventually("a/0 to park", func() bool {
+				v, err := f.m.Deployment("a")
+				return err == nil && v.Instances[0].State == structs.StateParked
+			})
+		})
+	}
+}
+
+// TestWake_Timeout: a wake that does not finish fails after the
+// deployment's wake timeout (the instance is stopped, wake_failed); the
+// default is 5 minutes, past a test's patience: a wake within it succeeds.
+func TestWake_Timeout(t *testing.T) {
+	for _, declared := range []time.Duration{0, 50 * time.Millisecond} {
+		t.Run(fmt.Sprint(declared), func(t *testing.T) {
+			f := newFixture(t, 10, 6, 1)
+			f.deploy("a", func(d *structs.Deployment) { d.Timeouts.Wake = structs.Duration(declared) })
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			if err := f.m.StartInstance(ctx, "a", 0, StartOptions{Wait: true}); err != nil {
+				t.Fatal(err)
+			}
+			if err := f.m.ParkInstance(ctx, "a", 0, true); err != nil {
+				t.Fatal(err)
+			}
+			if declared == 0 {
+				// The default leaves the wake time enough.
+				if err := f.m.StartInstance(ctx, "a", 0, StartOptions{Wait: true}); err != nil {
+					t.Fatal(err)
+				}
+				if s := f.state("a"); s != structs.StateReady {
+					t.Fatalf("after the wake: %s", s)
+				}
+				return
+			}
+			f.drv.wakeGate = make(chan struct{}) // the wake never finishes
+			err := f.m.StartInstance(ctx, "a", 0, StartOptions{Wait: true})
+			if !structs.HasCode(err, structs.CodeWakeFailed) {
+				t.Fatalf("a wake past its timeout: err = %v, want %s", err, structs.CodeWakeFailed)
+			}
+			if s := f.state("a"); s != structs.StateStopped {
+				t.Fatalf("after the failed wake: %s, want stopped", s)
 			}
 		})
 	}

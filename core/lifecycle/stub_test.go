@@ -63,6 +63,9 @@ type stubDriver struct {
 	// counts the Stops that wait there.
 	stopGate chan struct{}
 	stopping atomic.Int32
+	// wakeGate, when set, holds every Wake until it closes or the call's
+	// context ends (a wake that never finishes).
+	wakeGate chan struct{}
 }
 
 func newStub() *stubDriver {
@@ -138,8 +141,17 @@ func (d *stubDriver) Park(ctx context.Context, r *pb.ParkRequest) (*pb.ParkRespo
 	return &pb.ParkResponse{Detail: "parked at " + r.GetTier()}, nil
 }
 
-func (d *stubDriver) Wake(_ context.Context, r *pb.WakeRequest) (*pb.WakeResponse, error) {
+func (d *stubDriver) Wake(ctx context.Context, r *pb.WakeRequest) (*pb.WakeResponse, error) {
 	d.wakes.Add(1)
+	if d.wakeGate != nil {
+		select {
+		case <-d.wakeGate:
+		case <-ctx.Done():
+		}
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err // as over gRPC: a call whose deadline passed fails
+	}
 	d.mu.Lock()
 	delete(d.parked, r.GetInstanceId())
 	d.wokeFrom = append(d.wokeFrom, r.GetTier())
