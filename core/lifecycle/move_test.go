@@ -6,6 +6,7 @@ package lifecycle
 import (
 	"context"
 	"fmt"
+	"path/filepath"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -421,5 +422,20 @@ func TestWake_Timeout(t *testing.T) {
 				t.Fatalf("after the failed wake: %s, want stopped", s)
 			}
 		})
+	}
+}
+
+// TestValidateDeployment_ModelPath: a validation resolves a model the spec
+// names (one that is not there is refused before anything is stored), and
+// needs none where the spec names none.
+func TestValidateDeployment_ModelPath(t *testing.T) {
+	f := newFixture(t, 10, 6, 1)
+	spec := &structs.Deployment{Name: "a", Engine: "stub", API: "chat", Routes: []string{"a"}, Instances: 1}
+	if err := f.m.ValidateDeployment(context.Background(), spec); err != nil {
+		t.Fatalf("a spec naming no model: %v", err)
+	}
+	spec.Model.Path = filepath.Join(t.TempDir(), "missing")
+	if err := f.m.ValidateDeployment(context.Background(), spec); !structs.HasCode(err, structs.CodeCheckpointUnusable) {
+		t.Fatalf("a spec naming a model that is not there: err = %v, want %s", err, structs.CodeCheckpointUnusable)
 	}
 }
