@@ -7,6 +7,7 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -14,6 +15,7 @@ import (
 	"github.com/capyctl/capyctl/core/structs"
 	"github.com/capyctl/capyctl/sdk"
 	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
+	"google.golang.org/protobuf/proto"
 )
 
 // countEvents counts the journaled events of a kind.
@@ -219,24 +221,61 @@ func TestProbeFailure_Message(t *testing.T) {
 	}
 }
 
-// lmcacheStub is the stub driver whose plans run a private LMCache server
-// beside the engine, as vLLM's and SGLang's drivers do with lmcache set.
-type lmcacheStub struct{ *stubDriver }
+// scriptedDriver is the stub driver whose plans a test shapes (edit), and
+// which records the plan requests it was asked.
+type scriptedDriver struct {
+	*stubDriver
+	edit func(*pb.PlanRequest, *pb.PlanResponse)
+	// started, when set, shapes the answers to Start.
+	started func(*pb.StartResponse)
+	mu      sync.Mutex
+	plans   []*pb.PlanRequest
+}
 
-func (d lmcacheStub) Plan(ctx context.Context, r *pb.PlanRequest) (*pb.PlanResponse, error) {
+func (d *scriptedDriver) Start(ctx context.Context, r *pb.StartRequest) (*pb.StartResponse, error) {
+	resp, err := d.stubDriver.Start(ctx, r)
+	if err == nil && d.started != nil {
+		d.started(resp)
+	}
+	return resp, err
+}
+
+func (d *scriptedDriver) Plan(ctx context.Context, r *pb.PlanRequest) (*pb.PlanResponse, error) {
+	d.mu.Lock()
+	d.plans = append(d.plans, proto.Clone(r).(*pb.PlanRequest))
+	d.mu.Unlock()
 	p, err := d.stubDriver.Plan(ctx, r)
-	if err == nil {
-		p.Lmcache = &pb.LMCachePlan{Runs: true}
+	if err == nil && d.edit != nil {
+		d.edit(r, p)
 	}
 	return p, err
 }
 
-type lmcacheSource struct{ d lmcacheStub }
+// planned returns the plan requests so far.
+func (d *scriptedDriver) planned() []*pb.PlanRequest {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return append([]*pb.PlanRequest(nil), d.plans...)
+}
 
-func (s lmcacheSource) Driver(context.Context, string) (sdk.Driver, error) { return s.d, nil }
-func (s lmcacheSource) Describe(ctx context.Context, _ string) (*pb.DescribeResponse, error) {
+type scriptedSource struct{ d *scriptedDriver }
+
+func (s scriptedSource) Driver(context.Context, string) (sdk.Driver, error) { return s.d, nil }
+func (s scriptedSource) Describe(ctx context.Context, _ string) (*pb.DescribeResponse, error) {
 	return s.d.Describe(ctx, nil)
 }
+
+// scriptedFixture is a fixture on a scripted driver.
+func scriptedFixture(t *testing.T, edit func(*pb.PlanRequest, *pb.PlanResponse), mutate ...func(*Config)) (*fixture, *scriptedDriver) {
+	drv := &scriptedDriver{stubDriver: newStub(), edit: edit}
+	f := newFixture(t, 10, 6, 1, append([]func(*Config){func(cfg *Config) { cfg.Drivers = scriptedSource{drv} }}, mutate...)...)
+	f.drv = drv.stubDriver
+	return f, drv
+}
+
+// runsLMCache is a plan edit: the plan runs a private LMCache server beside
+// the engine, as vLLM's and SGLang's drivers do with lmcache set.
+func runsLMCache(_ *pb.PlanRequest, p *pb.PlanResponse) { p.Lmcache = &pb.LMCachePlan{Runs: true} }
 
 // TestPark_LMCacheServer: a restart_only instance with an LMCache server
 // parks by stopping its engine alone (the server and its cache stay); one
@@ -253,18 +292,18 @@ func TestPark_LMCacheServer(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			drv := newStub()
-			drv.tiers = nil
-			f := newFixture(t, 10, 6, 1, func(cfg *Config) { cfg.Drivers = lmcacheSource{lmcacheStub{drv}} })
-			f.drv = drv
+			f, drv := scriptedFixture(t, runsLMCache)
+			f.drv.tiers = nil
+			drv.started = func(r *pb.StartResponse) { r.LmcacheServer = &pb.Launch{Pgid: 7} }
 			f.deploy("a", func(d *structs.Deployment) { d.Residency = c.residency })
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
 			if err := f.m.StartInstance(ctx, "a", 0, StartOptions{Wait: true}); err != nil {
 				t.Fatal(err)
 			}
-			if f.inst("a").LMCache == nil {
-				t.Fatal("the start recorded no LMCache server")
+			// The server's processes are recorded as the driver named them.
+			if s := f.inst("a").LMCache; s == nil || s.Pgid != 7 {
+				t.Fatalf("the start recorded the LMCache server %+v, want the driver's process group 7", s)
 			}
 			if err := f.m.ParkInstance(ctx, "a", 0, true); err != nil {
 				t.Fatal(err)
@@ -437,5 +476,109 @@ func TestValidateDeployment_ModelPath(t *testing.T) {
 	spec.Model.Path = filepath.Join(t.TempDir(), "missing")
 	if err := f.m.ValidateDeployment(context.Background(), spec); !structs.HasCode(err, structs.CodeCheckpointUnusable) {
 		t.Fatalf("a spec naming a model that is not there: err = %v, want %s", err, structs.CodeCheckpointUnusable)
+	}
+}
+
+// grantPlacer is the unit placer whose reservations grant what a test says.
+type grantPlacer struct {
+	*unitPlacer
+	grant *Grant
+}
+
+func (p grantPlacer) Reserve(ctx context.Context, r Reservation) (*Grant, error) {
+	if _, err := p.unitPlacer.Reserve(ctx, r); err != nil {
+		return nil, err
+	}
+	return p.grant, nil
+}
+
+// TestStart_PlansAgainWithTheGrant: a start plans again with what the
+// ledger's grant placed (devices, bytes, environment), so that the engine
+// launches on them; a grant that places nothing keeps the first plan,
+// unless an LMCache server's port, leased after it, is to be rendered.
+func TestStart_PlansAgainWithTheGrant(t *testing.T) {
+	cases := []struct {
+		name    string
+		grant   *Grant
+		lmcache bool
+		plans   int
+		check   func(second *pb.PlanRequest) bool
+	}{
+		{"no grant", nil, false, 1, nil},
+		{"a grant of nothing", &Grant{}, false, 1, nil},
+		{"device bytes", &Grant{DeviceBytes: 1 << 30, DeviceTotal: 2 << 30, KVBytes: 1 << 20}, false, 2, func(p *pb.PlanRequest) bool {
+			l := p.GetLaunch()
+			return l.GetDeviceBytes() == 1<<30 && l.GetDeviceTotalBytes() == 2<<30 && l.GetKvCacheBytes() == 1<<20
+		}},
+		{"devices", &Grant{DeviceUUIDs: []string{"GPU-1"}}, false, 2, func(p *pb.PlanRequest) bool {
+			return fmt.Sprint(p.GetLaunch().GetDeviceUuids()) == "[GPU-1]"
+		}},
+		{"environment", &Grant{Env: map[string]string{"CUDA_VISIBLE_DEVICES": "1"}}, false, 2, func(p *pb.PlanRequest) bool {
+			return p.GetHost().GetHostEnv()["CUDA_VISIBLE_DEVICES"] == "1"
+		}},
+		{"an LMCache server's port", &Grant{}, true, 2, func(p *pb.PlanRequest) bool { return p.GetLaunch().GetLmcachePort() != 0 }},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			var edit func(*pb.PlanRequest, *pb.PlanResponse)
+			if c.lmcache {
+				edit = runsLMCache
+			}
+			f, drv := scriptedFixture(t, edit, func(cfg *Config) {
+				cfg.Placer = grantPlacer{unitPlacer: cfg.Placer.(*unitPlacer), grant: c.grant}
+			})
+			f.deploy("a")
+			if err := f.activate("a"); err != nil {
+				t.Fatal(err)
+			}
+			plans := drv.planned()
+			if len(plans) != c.plans {
+				t.Fatalf("%d plans, want %d", len(plans), c.plans)
+			}
+			if c.check != nil && !c.check(plans[1]) {
+				t.Fatalf("the second plan lacks what the grant placed: launch %v, host %v", plans[1].GetLaunch(), plans[1].GetHost())
+			}
+		})
+	}
+}
+
+// TestStart_RecordsTheLaunch: each launch is recorded with a generation
+// above the one before (requests and metrics of an older launch are told
+// apart by it) and with the parsers the plan chose, none where it chose
+// none.
+func TestStart_RecordsTheLaunch(t *testing.T) {
+	cases := []struct {
+		name    string
+		parsers *pb.Parsers
+		want    *structs.Parsers
+	}{
+		{"no parsers", nil, nil},
+		{"empty parsers", &pb.Parsers{}, nil},
+		{"a tool-call parser", &pb.Parsers{ToolCall: "hermes"}, &structs.Parsers{ToolCall: "hermes"}},
+		{"a reasoning parser", &pb.Parsers{Reasoning: "qwen3"}, &structs.Parsers{Reasoning: "qwen3"}},
+		{"only the provenance", &pb.Parsers{Provenance: "off"}, &structs.Parsers{Provenance: "off"}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			f, _ := scriptedFixture(t, func(_ *pb.PlanRequest, p *pb.PlanResponse) { p.Parsers = c.parsers })
+			f.deploy("a")
+			var gen uint64
+			for i := range 2 {
+				if err := f.m.StartDeployment(context.Background(), "a", StartOptions{Wait: true}); err != nil {
+					t.Fatal(err)
+				}
+				rec := f.inst("a")
+				if rec.Generation <= gen {
+					t.Fatalf("launch %d: generation %d after %d", i+1, rec.Generation, gen)
+				}
+				gen = rec.Generation
+				if fmt.Sprint(rec.Parsers) != fmt.Sprint(c.want) {
+					t.Fatalf("parsers %+v, want %+v", rec.Parsers, c.want)
+				}
+				if err := f.m.StopDeployment(context.Background(), "a", true); err != nil {
+					t.Fatal(err)
+				}
+			}
+		})
 	}
 }
