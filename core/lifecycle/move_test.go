@@ -7,6 +7,7 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -228,8 +229,60 @@ type scriptedDriver struct {
 	edit func(*pb.PlanRequest, *pb.PlanResponse)
 	// started, when set, shapes the answers to Start.
 	started func(*pb.StartResponse)
-	mu      sync.Mutex
-	plans   []*pb.PlanRequest
+	// probe, when set, replaces the answers to readiness probes.
+	probe  *pb.ProbeResponse
+	mu     sync.Mutex
+	plans  []*pb.PlanRequest
+	probes []probeCall
+	stops  []stopCall
+}
+
+// stopCall is a Stop asked: the grace it asks, how long its call's
+// context gave it, and whether it names an LMCache server.
+type stopCall struct {
+	grace, given time.Duration
+	server       bool
+}
+
+func (d *scriptedDriver) Stop(ctx context.Context, r *pb.StopRequest) (*pb.StopResponse, error) {
+	given := time.Duration(-1)
+	if dl, ok := ctx.Deadline(); ok {
+		given = time.Until(dl)
+	}
+	d.mu.Lock()
+	d.stops = append(d.stops, stopCall{grace: time.Duration(r.GetGraceMs()) * time.Millisecond, given: given, server: r.GetLmcacheServer() != nil})
+	d.mu.Unlock()
+	return d.stubDriver.Stop(ctx, r)
+}
+
+// stopped returns the Stops asked so far.
+func (d *scriptedDriver) stopped() []stopCall {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return append([]stopCall(nil), d.stops...)
+}
+
+// probeCall is a readiness probe asked: its deadline, and how long its
+// call's context gave it.
+type probeCall struct {
+	deadline, given time.Duration
+}
+
+func (d *scriptedDriver) Probe(ctx context.Context, r *pb.ProbeRequest) (*pb.ProbeResponse, error) {
+	if r.GetKind() == pb.ProbeKind_PROBE_KIND_READINESS {
+		given := time.Duration(-1)
+		if dl, ok := ctx.Deadline(); ok {
+			given = time.Until(dl)
+		}
+		d.mu.Lock()
+		d.probes = append(d.probes, probeCall{deadline: time.Duration(r.GetDeadlineMs()) * time.Millisecond, given: given})
+		answer := d.probe
+		d.mu.Unlock()
+		if answer != nil {
+			return answer, nil
+		}
+	}
+	return d.stubDriver.Probe(ctx, r)
 }
 
 func (d *scriptedDriver) Start(ctx context.Context, r *pb.StartRequest) (*pb.StartResponse, error) {
@@ -580,5 +633,170 @@ func TestStart_RecordsTheLaunch(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestStart_ProbeDeadline: the readiness probe's deadline is the
+// deployment's initialize timeout, else the driver's plan's, else the
+// role's default; the probe's call is given seconds more than that, so
+// that the driver answers with its own account of a slow start rather
+// than being cut off.
+func TestStart_ProbeDeadline(t *testing.T) {
+	cases := []struct {
+		name       string
+		plan       int64 // the plan's startup_timeout_ms
+		initialize time.Duration
+		want       time.Duration
+	}{
+		{"the plan's", 30000, 0, 30 * time.Second},
+		{"the deployment's", 30000, 5 * time.Second, 5 * time.Second},
+		{"the default", 0, 0, 7 * time.Second},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			f, drv := scriptedFixture(t, func(_ *pb.PlanRequest, p *pb.PlanResponse) { p.StartupTimeoutMs = c.plan },
+				func(cfg *Config) { cfg.DefaultStartupTimeout = 7 * time.Second })
+			f.deploy("a", func(d *structs.Deployment) { d.Timeouts.Initialize = structs.Duration(c.initialize) })
+			if err := f.activate("a"); err != nil {
+				t.Fatal(err)
+			}
+			drv.mu.Lock()
+			probes := append([]probeCall(nil), drv.probes...)
+			drv.mu.Unlock()
+			if len(probes) != 1 {
+				t.Fatalf("%d readiness probes, want 1", len(probes))
+			}
+			if p := probes[0]; p.deadline != c.want || p.given < c.want+5*time.Second {
+				t.Fatalf("probe deadline %s given %s; want %s, given seconds more", p.deadline, p.given, c.want)
+			}
+		})
+	}
+}
+
+// TestStart_EndpointAndCanary: a ready instance serves at the endpoint its
+// readiness probe named, else at the one its Start answered; it keeps the
+// wake check's answer of its first start (a later launch does not replace
+// it: a wake is compared with what the model answered first).
+func TestStart_EndpointAndCanary(t *testing.T) {
+	f, drv := scriptedFixture(t, nil)
+	f.deploy("a")
+	if err := f.activate("a"); err != nil {
+		t.Fatal(err)
+	}
+	rec := f.inst("a")
+	if rec.Endpoint == nil || rec.Endpoint.ChatPath != "/v1/chat/completions" {
+		t.Fatalf("endpoint %+v, want the probe's (with its chat path)", rec.Endpoint)
+	}
+	if rec.Canary != "ready" {
+		t.Fatalf("canary %q, want the first start's ready", rec.Canary)
+	}
+	if err := f.m.StopDeployment(context.Background(), "a", true); err != nil {
+		t.Fatal(err)
+	}
+	// A probe that names no endpoint, with another canary.
+	drv.mu.Lock()
+	drv.probe = &pb.ProbeResponse{Alive: true, Ready: true, Canary: "other"}
+	drv.mu.Unlock()
+	if err := f.m.StartDeployment(context.Background(), "a", StartOptions{Wait: true}); err != nil {
+		t.Fatal(err)
+	}
+	rec = f.inst("a")
+	if rec.Endpoint == nil || rec.Endpoint.BaseURL != "http://127.0.0.1:1" || rec.Endpoint.ChatPath != "" {
+		t.Fatalf("endpoint %+v, want the Start's", rec.Endpoint)
+	}
+	if rec.Canary != "ready" {
+		t.Fatalf("canary %q after a second launch, want the first start's ready", rec.Canary)
+	}
+}
+
+// TestStart_FailedStartWhoseShimRecordedAGroupThatRemains: a Start that
+// failed answering no identities, whose shim recorded a process group
+// that a stop cannot prove gone: the instance stays stopping and its
+// record now names that group, so that its retried stop, or a role
+// restart, signals it.
+func TestStart_FailedStartWhoseShimRecordedAGroupThatRemains(t *testing.T) {
+	f := newFixture(t, 10, 6, 1, func(c *Config) { c.StopRetryCooldown = time.Hour })
+	f.drv.failStart = structs.Errf(structs.CodeInstallationDrift, "program changed")
+	f.drv.stopNeedsIdentity = true
+	f.drv.spawnedUnrecorded.Store(4242)
+	f.drv.notGone.Store(1)
+	f.deploy("a")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := f.m.StartDeployment(ctx, "a", StartOptions{Wait: true}); err == nil {
+		t.Fatal("the start succeeded")
+	}
+	rec := f.inst("a")
+	if rec.State != structs.StateStopping || rec.Launch == nil || rec.Launch.Pgid != 4242 {
+		t.Fatalf("instance %s, launch %+v: want stopping, the launch naming group 4242", rec.State, rec.Launch)
+	}
+}
+
+// TestStop_GivesTheDriverMoreThanTheGrace: a stop asks the driver to wait
+// the grace for the engine to exit and gives its call seconds more (to
+// kill what did not exit and prove it gone).
+func TestStop_GivesTheDriverMoreThanTheGrace(t *testing.T) {
+	f, drv := scriptedFixture(t, nil, func(cfg *Config) { cfg.StopGrace = 2 * time.Second })
+	f.deploy("a")
+	if err := f.activate("a"); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.m.StopDeployment(context.Background(), "a", true); err != nil {
+		t.Fatal(err)
+	}
+	stops := drv.stopped()
+	if len(stops) != 1 {
+		t.Fatalf("%d stops, want 1", len(stops))
+	}
+	if s := stops[0]; s.grace != 2*time.Second || s.given < s.grace+20*time.Second {
+		t.Fatalf("the stop asked a grace of %s and was given %s; want 2s, and seconds more", s.grace, s.given)
+	}
+}
+
+// TestStop_SaysTheDriversAccount: a stop that cannot prove the engine gone
+// fails with still_stopping and the driver's own account of why.
+func TestStop_SaysTheDriversAccount(t *testing.T) {
+	f := newFixture(t, 10, 6, 1, func(c *Config) { c.StopRetryCooldown = time.Hour })
+	f.deploy("a")
+	if err := f.activate("a"); err != nil {
+		t.Fatal(err)
+	}
+	f.drv.notGone.Store(1)
+	err := f.m.StopDeployment(context.Background(), "a", true)
+	if !structs.HasCode(err, structs.CodeStillStopping) || !strings.Contains(err.Error(), "the stub's processes remain") {
+		t.Fatalf("err = %v, want %s with the driver's account", err, structs.CodeStillStopping)
+	}
+	if rec := f.inst("a"); rec.LastError == nil || !strings.Contains(rec.LastError.Message, "the stub's processes remain") {
+		t.Fatalf("last error %+v, want the driver's account", rec.LastError)
+	}
+}
+
+// TestStop_AFailedInstanceEndsItsLMCacheServer: a failed instance that
+// still records an LMCache server (a failed start may leave one) ends it
+// when stopped, and forgets it only once proven gone.
+func TestStop_AFailedInstanceEndsItsLMCacheServer(t *testing.T) {
+	f, drv := scriptedFixture(t, runsLMCache)
+	f.deploy("a")
+	if err := f.activate("a"); err != nil {
+		t.Fatal(err)
+	}
+	in := f.m.byIDLocked("a/0")
+	// The engine failed; the record still names the server.
+	if err := in.transition(structs.StateFailed, "test: the engine failed", nil); err != nil {
+		t.Fatal(err)
+	}
+	if f.inst("a").LMCache == nil {
+		t.Fatal("no LMCache server recorded")
+	}
+	if err := f.m.StopDeployment(context.Background(), "a", true); err != nil {
+		t.Fatal(err)
+	}
+	rec := f.inst("a")
+	if rec.State != structs.StateStopped || rec.LMCache != nil {
+		t.Fatalf("after the stop: %s, LMCache server %+v; want stopped, none", rec.State, rec.LMCache)
+	}
+	stops := drv.stopped()
+	if len(stops) != 1 || !stops[0].server {
+		t.Fatalf("stops %+v, want one naming the LMCache server", stops)
 	}
 }

@@ -160,8 +160,11 @@ func (d *stubDriver) Wake(ctx context.Context, r *pb.WakeRequest) (*pb.WakeRespo
 	return &pb.WakeResponse{Canary: c}, nil
 }
 
-func (d *stubDriver) Stop(_ context.Context, r *pb.StopRequest) (*pb.StopResponse, error) {
+func (d *stubDriver) Stop(ctx context.Context, r *pb.StopRequest) (*pb.StopResponse, error) {
 	d.stops.Add(1)
+	if err := ctx.Err(); err != nil {
+		return nil, err // as over gRPC: a call whose deadline passed fails
+	}
 	if d.stopGate != nil {
 		d.stopping.Add(1)
 		<-d.stopGate
