@@ -7,10 +7,12 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"runtime"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -129,7 +131,9 @@ func TestRouter_SmallBodiesPassAFloodOfLargeOnes(t *testing.T) {
 	// is read: a client that asks with Expect: 100-continue sends nothing
 	// more (one that does not may see its connection reset mid-body).
 	large := chatBody(false, `,"pad":"`+strings.Repeat("x", 200<<10)+`"`)
-	req, _ := http.NewRequest(http.MethodPost, e.srv.URL+"/v1/chat/completions", strings.NewReader(large))
+	sent := &countingReader{r: strings.NewReader(large)}
+	req, _ := http.NewRequest(http.MethodPost, e.srv.URL+"/v1/chat/completions", sent)
+	req.ContentLength = int64(len(large))
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Expect", "100-continue")
 	cl := &http.Client{Transport: &http.Transport{ExpectContinueTimeout: time.Minute}}
@@ -141,4 +145,19 @@ func TestRouter_SmallBodiesPassAFloodOfLargeOnes(t *testing.T) {
 	if body := readBody(t, resp); resp.StatusCode != http.StatusTooManyRequests || errCode(body) != "bodies_in_flight_full" {
 		t.Fatalf("another large body during the flood: %d %s", resp.StatusCode, body)
 	}
+	if n := sent.n.Load(); n != 0 {
+		t.Fatalf("the refused body was asked for: the client sent %d bytes of it", n)
+	}
+}
+
+// countingReader counts the bytes read from r.
+type countingReader struct {
+	r io.Reader
+	n atomic.Int64
+}
+
+func (c *countingReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.n.Add(int64(n))
+	return n, err
 }
