@@ -161,3 +161,48 @@ func (c *countingReader) Read(p []byte) (int, error) {
 	c.n.Add(int64(n))
 	return n, err
 }
+
+// TestRouter_BodyOfTheBoundExactly: a body of max_body_bytes exactly is
+// served; one byte more is refused 413 request_too_large, announced or
+// not (a chunked body is counted as it arrives).
+func TestRouter_BodyOfTheBoundExactly(t *testing.T) {
+	const max = 4096
+	e := newEnv(t, envOpts{router: func(c *router.Config) { c.MaxBodyBytes = max }})
+	pad := func(n int) string {
+		b := chatBody(false, `,"pad":"`)
+		return b[:len(b)-1] + strings.Repeat("x", n-len(b)-1) + `"}`
+	}
+	cases := []struct {
+		name    string
+		size    int
+		chunked bool
+		status  int
+	}{
+		{"the bound, announced", max, false, 200},
+		{"the bound, chunked", max, true, 200},
+		{"one byte more, announced", max + 1, false, 413},
+		{"one byte more, chunked", max + 1, true, 413},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			body := pad(c.size)
+			if len(body) != c.size {
+				t.Fatalf("the test's body has %d bytes, want %d", len(body), c.size)
+			}
+			var r io.Reader = strings.NewReader(body)
+			if c.chunked {
+				r = io.MultiReader(r) // no length known: sent chunked
+			}
+			req, _ := http.NewRequest(http.MethodPost, e.srv.URL+"/v1/chat/completions", r)
+			req.Header.Set("Content-Type", "application/json")
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := readBody(t, resp)
+			if resp.StatusCode != c.status || (c.status == 413 && errCode(got) != "request_too_large") {
+				t.Fatalf("got %d %s, want %d", resp.StatusCode, got, c.status)
+			}
+		})
+	}
+}

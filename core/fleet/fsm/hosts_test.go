@@ -94,8 +94,16 @@ func TestState_RestoreWritesEveryRecord(t *testing.T) {
 		t.Fatal(err)
 	}
 	dst, st := openTestState(t)
+	if _, _, err := dst.Apply(KeyCreated{Key: structs.APIKey{Name: "default", Role: true}, Seed: true}); err != nil {
+		t.Fatal(err)
+	}
+	version := dst.KeysVersion()
 	if err := dst.Restore(snap); err != nil {
 		t.Fatal(err)
+	}
+	// The keepers of the keys reload: the version counts the restore.
+	if v := dst.KeysVersion(); v <= version {
+		t.Fatalf("keys version %d after the restore, was %d", v, version)
 	}
 	again, err := Open(st, nil)
 	if err != nil {
