@@ -44,7 +44,9 @@ results=()
 for pkg in "$@"; do
 	pkg="${pkg#./}"
 	name="${pkg//\//_}"
-	args=(unleash --workers 1 --timeout-coefficient "${MUTATE_TIMEOUT:-10}" -o "$out/$name.json")
+	# -E /: a subpackage is a package of its own (gremlins walks the
+	# folders below; list a subpackage in MUTATE_PKGS to mutate it).
+	args=(unleash --workers 1 --timeout-coefficient "${MUTATE_TIMEOUT:-10}" -o "$out/$name.json" -E /)
 	for x in ${MUTATE_EXCLUDE:-}; do
 		args+=(-E "$x")
 	done
