@@ -38,6 +38,7 @@ type fakeLocal struct {
 	mu        sync.Mutex
 	journals  []*hostv1.InstanceJournal
 	cancelled atomic.Int64 // streams whose request context ended early
+	answered  atomic.Int64 // non-streamed requests answered
 	started   chan struct{}
 	changes   signal
 	// desired is every share applied, in order; refuse answers each
@@ -126,6 +127,7 @@ func (l *fakeLocal) RelayHandler() http.Handler {
 		}
 		body, _ := io.ReadAll(r.Body)
 		if !strings.Contains(string(body), `"stream":true`) {
+			l.answered.Add(1)
 			w.Header().Set("Content-Type", "application/json")
 			fmt.Fprintf(w, `{"object":"chat.completion","echo":%d}`, len(body))
 			return
