@@ -39,6 +39,8 @@ type fakeLocal struct {
 	journals  []*hostv1.InstanceJournal
 	cancelled atomic.Int64 // streams whose request context ended early
 	answered  atomic.Int64 // non-streamed requests answered
+	// types are the Content-Type headers of the requests relayed.
+	types []string
 	started   chan struct{}
 	changes   signal
 	// desired is every share applied, in order; refuse answers each
@@ -126,6 +128,9 @@ func (l *fakeLocal) RelayHandler() http.Handler {
 			return
 		}
 		body, _ := io.ReadAll(r.Body)
+		l.mu.Lock()
+		l.types = append(l.types, r.Header.Get("Content-Type"))
+		l.mu.Unlock()
 		if !strings.Contains(string(body), `"stream":true`) {
 			l.answered.Add(1)
 			w.Header().Set("Content-Type", "application/json")

@@ -118,3 +118,40 @@ func TestRelay_NoHostInReachSaysWhenToRetry(t *testing.T) {
 		t.Fatalf("got %d (Retry-After %q) %s, want 503 host_unreachable, Retry-After 11", resp.StatusCode, resp.Header.Get("Retry-After"), b)
 	}
 }
+
+// TestRelay_ContentType: a relayed body keeps the client's Content-Type,
+// and is sent as JSON where the client named none.
+func TestRelay_ContentType(t *testing.T) {
+	s := testServer(t, ServerOptions{})
+	local := newFakeLocal()
+	joinHost(t, s, "gpu-a", local)
+	waitReady(t, s, "gpu-a")
+	if err := s.apply(fsm.Placed{Placement: &Placement{Deployment: "demo", Routes: []string{"demo"},
+		Hosts: []HostShare{{Host: "gpu-a", Instances: 1}}}}); err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(s.InferenceHandler(apikeys.RoleOnly("key"), api.AuthOptions{}, 0, 0))
+	defer srv.Close()
+	for _, ct := range []string{"application/json; charset=utf-8", ""} {
+		req, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/chat/completions", strings.NewReader(`{"model":"demo","messages":[]}`))
+		req.Header.Set("Authorization", "Bearer key")
+		if ct != "" {
+			req.Header.Set("Content-Type", ct)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("Content-Type %q: %d %s", ct, resp.StatusCode, b)
+		}
+	}
+	local.mu.Lock()
+	got := append([]string(nil), local.types...)
+	local.mu.Unlock()
+	if want := []string{"application/json; charset=utf-8", "application/json"}; strings.Join(got, "|") != strings.Join(want, "|") {
+		t.Fatalf("the host saw Content-Type %q, want %q", got, want)
+	}
+}
