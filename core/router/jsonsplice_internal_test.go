@@ -56,6 +56,8 @@ func TestSpliceJSON(t *testing.T) {
 		`{"id":"chatcmpl-1","object":"chat.completion","created":1,"model":"served","choices":[{"index":0,"message":{"role":"assistant","content":"a \"b\" {c}","tool_calls":[{"id":"call","function":{"name":"f","arguments":"{\"id\":1}"}}]},"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":2,"total_tokens":5}}`,
 		"{\"id\": \"x\", \"model\": \"served\", \"choices\": [], \"rid\": \"capy-1\", \"timings\": {\"prompt_ms\": 1.5, \"predicted_per_second\": 20}}",
 		`{"id":"x","choices":[{"message":{"content":"\u00e9\n"}}]}`,
+		// One member: no usage, no timings to read.
+		`{"id":"only"}`,
 	}
 	for _, a := range answers {
 		q := &request{id: "capy-0123", model: "public<&>", api: structs.APIChat, start: time.Now()}
