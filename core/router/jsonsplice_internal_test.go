@@ -58,6 +58,8 @@ func TestSpliceJSON(t *testing.T) {
 		`{"id":"x","choices":[{"message":{"content":"\u00e9\n"}}]}`,
 		// One member: no usage, no timings to read.
 		`{"id":"only"}`,
+		// Usage first.
+		`{"usage":{"prompt_tokens":1,"completion_tokens":2,"total_tokens":3},"id":"u"}`,
 	}
 	for _, a := range answers {
 		q := &request{id: "capy-0123", model: "public<&>", api: structs.APIChat, start: time.Now()}
@@ -88,6 +90,14 @@ func TestSpliceJSON(t *testing.T) {
 		q := &request{id: "capy-1", model: "m", api: structs.APIChat}
 		if _, ok := q.spliceJSON([]byte(bad)); ok {
 			t.Fatalf("spliced %s", bad)
+		}
+	}
+	// A decision answer without a model is not spliced (the rebuild adds
+	// it); one with a model is.
+	for a, want := range map[string]bool{`{"id":"x"}`: false, `{"id":"x","model":"served"}`: true} {
+		q := &request{id: "capy-1", model: "m", api: structs.APIDecisions}
+		if _, ok := q.spliceJSON([]byte(a)); ok != want {
+			t.Fatalf("decision answer %s: spliced %v, want %v", a, ok, want)
 		}
 	}
 }
