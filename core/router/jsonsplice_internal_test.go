@@ -58,8 +58,9 @@ func TestSpliceJSON(t *testing.T) {
 		`{"id":"x","choices":[{"message":{"content":"\u00e9\n"}}]}`,
 		// One member: no usage, no timings to read.
 		`{"id":"only"}`,
-		// Usage first.
+		// Usage first; timings first.
 		`{"usage":{"prompt_tokens":1,"completion_tokens":2,"total_tokens":3},"id":"u"}`,
+		`{"timings":{"prompt_ms":1.5,"predicted_per_second":20},"id":"t"}`,
 	}
 	for _, a := range answers {
 		q := &request{id: "capy-0123", model: "public<&>", api: structs.APIChat, start: time.Now()}
@@ -84,6 +85,9 @@ func TestSpliceJSON(t *testing.T) {
 		}
 		if !reflect.DeepEqual(q.usage, q2.usage) {
 			t.Fatalf("usage %+v, want %+v", q.usage, q2.usage)
+		}
+		if !reflect.DeepEqual(q.timings, q2.timings) {
+			t.Fatalf("timings %+v, want %+v", q.timings, q2.timings)
 		}
 	}
 	for _, bad := range []string{`{"object":"chat.completion"}`, `{"id":"x","capyctl":{}}`, `[{"id":"x"}]`} {
