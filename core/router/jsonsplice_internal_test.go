@@ -8,6 +8,7 @@ import (
 	"reflect"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/capyctl/capyctl/core/routes"
 	"github.com/capyctl/capyctl/core/structs"
@@ -155,8 +156,11 @@ func TestEngineBody_Splice(t *testing.T) {
 // TestAppendJSONString: what encoding/json decodes back to the same string
 // (invalid UTF-8 to U+FFFD, as encoding/json writes it).
 func TestAppendJSONString(t *testing.T) {
-	for _, s := range []string{"", "plain", `q"uo\te`, "line\nfeed\r\ttab\x00\x1f", "é ü 漢字 🙂", "bad \xff\xfe utf8", "sep \u2028 \u2029", "<a&b>"} {
+	for _, s := range []string{"", "plain", `q"uo\te`, "line\nfeed\r\ttab\x00\x1f", "é ü 漢字 🙂", "bad \xff\xfe utf8", "a lone \x80 byte", "sep \u2028 \u2029", "<a&b>"} {
 		got := appendJSONString(nil, s)
+		if !utf8.Valid(got) {
+			t.Fatalf("%q -> %q: not UTF-8", s, got)
+		}
 		var back string
 		if err := json.Unmarshal(got, &back); err != nil {
 			t.Fatalf("%q -> %s: %v", s, got, err)
