@@ -40,9 +40,9 @@ type fakeLocal struct {
 	cancelled atomic.Int64 // streams whose request context ended early
 	answered  atomic.Int64 // non-streamed requests answered
 	// types are the Content-Type headers of the requests relayed.
-	types []string
-	started   chan struct{}
-	changes   signal
+	types   []string
+	started chan struct{}
+	changes signal
 	// desired is every share applied, in order; refuse answers each
 	// engine of a share with its code.
 	desired []*hostv1.Desired
