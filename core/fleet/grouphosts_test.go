@@ -239,7 +239,7 @@ func (f *fakeHosts) journal(host, id string) *hostv1.InstanceJournal {
 
 func (f *fakeHosts) reachable(host string) bool { return f.hosts[host] != nil }
 
-// calls returns the calls made so far that start with prefix, in order.
+// calls returns the calls made so far that match, in order.
 func (f *fakeHosts) calls(match func(string) bool) []string {
 	f.mu.Lock()
 	defer f.mu.Unlock()
