@@ -123,6 +123,10 @@ type policyFigures struct {
 	// the models a switch parked or stopped (a switch that was refused in
 	// the end included).
 	starts, wakes, evictions int
+	// turnsEnded counts the turns ended for a switch, by why.
+	turnsEnded map[string]int
+	// modelP95 is each model's p95 (as p95).
+	modelP95 map[string]time.Duration
 }
 
 // startTraceRole starts a role on the trace's card with the four models
@@ -205,6 +209,9 @@ func replay(b *testing.B, policy string, trace []traceRequest) policyFigures {
 			if ev.Kind == "switch_released" {
 				kinds["released: "+fmt.Sprint(ev.Payload["released"])]++
 			}
+			if ev.Kind == "turn_ended" {
+				kinds["turn ended: "+fmt.Sprint(ev.Payload["why"])]++
+			}
 			if ev.Kind == "switch_planned" {
 				kinds["victim was "+fmt.Sprint(ev.Payload["victim_state"])]++
 			}
@@ -230,9 +237,20 @@ func replay(b *testing.B, policy string, trace []traceRequest) policyFigures {
 	_ = es.Close()
 	<-eventsDone
 	f := policyFigures{policy: policy, refused: map[string]int{}, firstRefused: map[string]int{}, wall: wall,
-		starts: kinds["instance_starting"], wakes: kinds["instance_waking"], evictions: kinds["switch_released"]}
+		starts: kinds["instance_starting"], wakes: kinds["instance_waking"], evictions: kinds["switch_released"],
+		turnsEnded: map[string]int{}, modelP95: map[string]time.Duration{}}
+	for k, n := range kinds {
+		if why, ok := strings.CutPrefix(k, "turn ended: "); ok {
+			f.turnsEnded[why] = n
+		}
+	}
+	byModel := map[string][]time.Duration{}
 	var lat, all []time.Duration
-	for _, res := range results {
+	for i, res := range results {
+		byModel[trace[i].model] = append(byModel[trace[i].model], res.latency)
+		if res.status != http.StatusOK {
+			byModel[trace[i].model][len(byModel[trace[i].model])-1] = time.Duration(math.MaxInt64)
+		}
 		f.tries += res.tries
 		if res.first != "" {
 			f.firstRefused[res.first]++
@@ -249,6 +267,9 @@ func replay(b *testing.B, policy string, trace []traceRequest) policyFigures {
 			code = "status_" + strconv.Itoa(res.status)
 		}
 		f.refused[code]++
+	}
+	for m, ds := range byModel {
+		f.modelP95[m] = percentile(ds, .95)
 	}
 	f.p50, f.p95, f.p99 = percentile(all, .50), percentile(all, .95), percentile(all, .99)
 	f.ap50, f.ap95, f.ap99 = percentile(lat, .50), percentile(lat, .95), percentile(lat, .99)
@@ -346,6 +367,11 @@ func BenchmarkSwitching_Trace(b *testing.B) {
 		b.Logf("%-9s answered %d, refused %v (first tries refused %v; %d tries), p50 %s p95 %s p99 %s (answered alone: %s %s %s), %d models evicted (%v switches completed; %d cold starts, %d wakes), %.1f%% of %s switching",
 			f.policy, f.answered, f.refused, f.firstRefused, f.tries, ms(f.p50), ms(f.p95), ms(f.p99),
 			ms(f.ap50), ms(f.ap95), ms(f.ap99), f.evictions, f.switches, f.starts, f.wakes, 100*f.swapShare, f.wall.Round(time.Second))
+		var per []string
+		for _, m := range traceModels {
+			per = append(per, m.name+" "+ms(f.modelP95[m.name]))
+		}
+		b.Logf("%-9s p95 by model: %s; turns ended for a switch, by why: %v", f.policy, strings.Join(per, ", "), f.turnsEnded)
 		p := f.policy + "-"
 		b.ReportMetric(float64(f.answered), p+"answered")
 		refused := 0
