@@ -142,7 +142,7 @@ func (m *Manager) switchTurns(ctx context.Context, requester *instance, try func
 			if v.busy() {
 				m.event("turn_ending", v.dep, v.in.id, map[string]any{"for": requester.dep, "waiting": v.waiting, "in_flight": v.active})
 			}
-			if err := m.awaitTurn(ctx, ended, v.dep, since); err != nil {
+			if err := m.awaitTurn(ctx, ended, v.dep, since, m.switchAfterTurn(v, requester)); err != nil {
 				return err
 			}
 			if why, served := reqs.TurnEnded(v.dep); v.busy() || served > 0 {
@@ -175,8 +175,6 @@ func (m *Manager) switchTurns(ctx context.Context, requester *instance, try func
 	}
 }
 
-// awaitTurn waits until a contended model's turn ended, ending it when the
-// longest-waiting request of the switch has waited the turn time.
 // whileDeployed runs count (a switching figure of dep) only while dep is
 // deployed, under m.mu: a delete drops dep from m.deployments under m.mu
 // before it forgets dep's figures, so a late count (a switch that chose
@@ -190,8 +188,13 @@ func (m *Manager) whileDeployed(dep string, count func()) {
 	}
 }
 
-func (m *Manager) awaitTurn(ctx context.Context, ended <-chan struct{}, dep string, since time.Time) error {
-	left := m.turnTime() - m.cfg.Now().Sub(since)
+// awaitTurn waits until a contended model's turn ended, ending it when the
+// longest-waiting request of the switch has waited the turn time less
+// after, what the switch still takes once the turn ended
+// (switchAfterTurn): so that request waits the turn time in all, its
+// switch included, not the turn time and then the switch.
+func (m *Manager) awaitTurn(ctx context.Context, ended <-chan struct{}, dep string, since time.Time, after time.Duration) error {
+	left := m.turnTime() - m.cfg.Now().Sub(since) - after
 	if left <= 0 {
 		m.cfg.Requests.CloseTurn(dep)
 		<-ended
@@ -209,6 +212,20 @@ func (m *Manager) awaitTurn(ctx context.Context, ended <-chan struct{}, dep stri
 		return structs.Errf(structs.CodeShuttingDown, "shutting down")
 	}
 	return nil
+}
+
+// switchAfterTurn is what a switch is measured to take once its victim's
+// turn ended: the victim's running requests draining (its mean service
+// time), its park (or stop) and the requester's wake (or start), from
+// measurements only (a step never measured counts 0, never a placeholder),
+// and at most half the turn time, so that a turn keeps at least half of
+// it.
+func (m *Manager) switchAfterTurn(v *victim, requester *instance) time.Duration {
+	d := m.measuredPark(v.in, v.parks) + m.measuredBringIn(requester)
+	if v.active > 0 {
+		d += m.cfg.Requests.ServiceTime(v.dep)
+	}
+	return min(d, m.turnTime()/2)
 }
 
 // awaitChange waits for the route table to change (an instance's state
