@@ -136,8 +136,9 @@ func (m *Manager) switchTurns(ctx context.Context, requester *instance, try func
 			// Its turn ends first: it serves what waits for it, then
 			// admits nothing more until it is back.
 			// An idle model lingers as long as bringing it back was
-			// measured to take (never on a placeholder).
-			ended := reqs.Contend(v.dep, m.cfg.Switching.TurnRequests, v.measured)
+			// measured to take (never on a placeholder), and one that
+			// came in lately until it has had its least turn.
+			ended := reqs.Contend(v.dep, m.cfg.Switching.TurnRequests, max(v.measured, m.leastTurnLeft(v)))
 			contended[v.dep] = true
 			if v.busy() {
 				m.event("turn_ending", v.dep, v.in.id, map[string]any{"for": requester.dep, "waiting": v.waiting, "in_flight": v.active})
@@ -212,6 +213,24 @@ func (m *Manager) awaitTurn(ctx context.Context, ended <-chan struct{}, dep stri
 		return structs.Errf(structs.CodeShuttingDown, "shutting down")
 	}
 	return nil
+}
+
+// leastTurnFactor is how many times what a switch was measured to cost a
+// model's turn lasts at least, idle or not, once it came in: so that
+// switching takes at most 1/(1+leastTurnFactor) of the card's time when
+// turns end because their models went idle. A turn that another model's
+// longest-waiting request bounds (the turn time) may be shorter.
+const leastTurnFactor = 10
+
+// leastTurnLeft is what is left of a ready victim's least turn: from when
+// it became ready, leastTurnFactor times what bringing it in and parking
+// it were measured to take (0 when never measured), at most the turn time.
+func (m *Manager) leastTurnLeft(v *victim) time.Duration {
+	if v.rec.State != structs.StateReady || v.measured <= 0 {
+		return 0
+	}
+	least := min(leastTurnFactor*(v.measured+m.measuredPark(v.in, v.parks)), m.turnTime())
+	return max(least-m.cfg.Now().Sub(v.rec.Since), 0)
 }
 
 // switchAfterTurn is what a switch is measured to take once its victim's

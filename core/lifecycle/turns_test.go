@@ -350,8 +350,22 @@ func TestSwitchQueue_Yield(t *testing.T) {
 // to close.
 type turnRecorder struct {
 	*fakeRequests
-	mu     sync.Mutex
-	closed []string
+	mu      sync.Mutex
+	closed  []string
+	lingers []string // "dep linger" of each Contend
+}
+
+func (r *turnRecorder) Contend(dep string, _ int, linger time.Duration) <-chan struct{} {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.lingers = append(r.lingers, fmt.Sprintf("%s %s", dep, linger))
+	return closedChan
+}
+
+func (r *turnRecorder) contended() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]string(nil), r.lingers...)
 }
 
 func (r *turnRecorder) CloseTurn(dep string) {
@@ -414,5 +428,52 @@ func TestAwaitTurn_TheSwitchCountsInTheTurn(t *testing.T) {
 	b.update(func(r *structs.InstanceRecord) { r.Timings = &structs.Timings{StartMs: 40000} })
 	if got := f.m.switchAfterTurn(v, b); got != 15*time.Second {
 		t.Fatalf("with b's start at 40s the switch counts %s, want 15s (half the turn)", got)
+	}
+}
+
+// TestSwitch_LeastTurnFromTheMeasuredSwitch: a model that came in lately
+// keeps its turn, idle or not, for leastTurnFactor times what its switch
+// was measured to cost (its wake of 1 s and park of 0.5 s: 15 s), so that
+// switching takes a bounded share of the card's time; past that an idle
+// model lingers only its measured bring-back (1 s), and the least turn
+// never exceeds the turn time.
+func TestSwitch_LeastTurnFromTheMeasuredSwitch(t *testing.T) {
+	rec := &turnRecorder{fakeRequests: newFakeRequests()}
+	f := newFixture(t, 10, 6, 1, func(c *Config) {
+		c.Requests = rec
+		c.Switching.TurnTime = 30 * time.Second
+	})
+	f.deploy("a")
+	f.deploy("b")
+	if err := f.activate("a"); err != nil {
+		t.Fatal(err)
+	}
+	a, _ := f.m.instance("a", 0)
+	a.update(func(r *structs.InstanceRecord) {
+		r.Timings = &structs.Timings{WakeMs: map[string]int64{structs.ResidencyDeep: 1000, structs.ResidencyHostBacked: 1000}, ParkMs: 500, StartMs: 9000}
+	})
+	v := &victim{in: a, rec: a.snapshot(), dep: "a", parks: true, measured: time.Second}
+	if got := f.m.leastTurnLeft(v); got != 15*time.Second {
+		t.Fatalf("least turn left %s just after a came in, want 15s", got)
+	}
+	f.clock.Advance(10 * time.Second)
+	if got := f.m.leastTurnLeft(v); got != 5*time.Second {
+		t.Fatalf("least turn left %s 10s after a came in, want 5s", got)
+	}
+	// The switch for b asks a to end its turn lingering what is left.
+	if err := f.activate("b"); err != nil {
+		t.Fatal(err)
+	}
+	if got := rec.contended(); fmt.Sprint(got) != "[a 5s]" {
+		t.Fatalf("a contended %v, want [a 5s] (what is left of its least turn, more than its 1s wake)", got)
+	}
+	f.clock.Advance(time.Minute)
+	if got := f.m.leastTurnLeft(v); got != 0 {
+		t.Fatalf("least turn left %s a minute later, want 0", got)
+	}
+	a.update(func(r *structs.InstanceRecord) { r.Timings.ParkMs = 9000 })
+	v.rec.Since = f.clock.Now()
+	if got := f.m.leastTurnLeft(v); got != 30*time.Second {
+		t.Fatalf("least turn left %s with a 10s switch, want the turn time (30s)", got)
 	}
 }
