@@ -5,7 +5,7 @@
 // table test: the arrows of ARCHITECTURE.md (cmd → core → sdk, drivers →
 // sdk) and the leaves that must stay leaves. The SDK's module set and the
 // management client's dependencies have guards of their own
-// (sdk/imports_test.go, core/api/client/imports_test.go).
+// (core/sdkmodules_test.go, core/api/client/imports_test.go).
 package core_test
 
 import (

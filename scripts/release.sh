@@ -10,6 +10,8 @@
 # The version: VERSION when given (make release VERSION=0.2.0), else the
 # release tag on HEAD (v0.2.0, from `git tag -a v0.2.0`); without either,
 # or on a tree with uncommitted changes and no VERSION, nothing is built.
+# A tagged release needs the SDK module's tag on HEAD as well (sdk/v0.2.0,
+# from `git tag -a sdk/v0.2.0`): driver authors require the SDK by it.
 # CHANGELOG.md must have the version's section ("## 0.2.0 (2027-01-15)"):
 # scripts/changelog.sh cut 0.2.0 makes it from "## Unreleased". A
 # pre-release (0.2.0-rc.1) without a section of its own takes the
@@ -42,6 +44,11 @@ if [ -z "$version" ]; then
   [ -n "$tag" ] || die "HEAD has no release tag: tag it (git tag -a v0.2.0 -m 'CapyCTL 0.2.0') or give the version (make release VERSION=0.2.0)"
   [ -z "$(git status --porcelain --untracked-files=no 2>/dev/null)" ] || die "the tree has uncommitted changes: a tagged release is built from the tag alone (commit or stash them, or give VERSION=)"
   version="$tag"
+  # The SDK is a Go module of its own (sdk/go.mod): driver authors require
+  # github.com/capyctl/capyctl/sdk at the tag sdk/vX.Y.Z, which Go's module
+  # proxy resolves for a module in a sub-directory. A release tags both.
+  git describe --tags --exact-match --match "sdk/$tag" HEAD >/dev/null 2>&1 ||
+    die "HEAD has $tag but not sdk/$tag, the SDK module's tag of the same release: git tag -a sdk/$tag -m 'CapyCTL SDK ${tag#v}'"
 fi
 version="${version#v}"
 [[ "$version" =~ ^[0-9]+\.[0-9]+\.[0-9]+(-[0-9A-Za-z.-]+)?$ ]] || die "version $version is not MAJOR.MINOR.PATCH[-PRERELEASE]"

@@ -283,3 +283,55 @@ func TestInstall(t *testing.T) {
 		})
 	}
 }
+
+// TestRelease_ATagWantsTheSDKTag: a release built from its tag needs the SDK
+// module's tag (sdk/vX.Y.Z) on the same commit, since driver authors
+// require the SDK by it; without it nothing is built and the refusal gives
+// the command that makes it. The script runs in a repository of its own
+// that holds only itself, so the real one's tags are never touched.
+func TestRelease_ATagWantsTheSDKTag(t *testing.T) {
+	if _, err := exec.LookPath("git"); err != nil {
+		t.Skip("git is not installed")
+	}
+	repo := t.TempDir()
+	script, err := os.ReadFile("release.sh")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Join(repo, "scripts"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(repo, "scripts", "release.sh"), script, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	git := func(args ...string) {
+		t.Helper()
+		cmd := exec.Command("git", append([]string{"-c", "user.name=t", "-c", "user.email=t@example.com"}, args...)...)
+		cmd.Dir = repo
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("git %v: %v\n%s", args, err, out)
+		}
+	}
+	git("init", "-q")
+	git("add", ".")
+	git("commit", "-q", "-m", "release script")
+	git("tag", "-a", "v"+testVersion, "-m", "CapyCTL "+testVersion)
+	run := func() string {
+		cmd := exec.Command("bash", "scripts/release.sh", "", testCommit)
+		cmd.Dir = repo
+		cmd.Env = append(os.Environ(), "RELEASE_DIR="+filepath.Join(repo, "dist"), "RELEASE_CHANGELOG="+filepath.Join(repo, "none.md"))
+		out, err := cmd.CombinedOutput()
+		if err == nil {
+			t.Fatalf("release.sh built a release from a repository with no changelog:\n%s", out)
+		}
+		return string(out)
+	}
+	want := "git tag -a sdk/v" + testVersion
+	if out := run(); !strings.Contains(out, want) {
+		t.Fatalf("without the SDK's tag, release.sh said:\n%s\nwant a refusal that gives %q", out, want)
+	}
+	git("tag", "-a", "sdk/v"+testVersion, "-m", "CapyCTL SDK "+testVersion)
+	if out := run(); strings.Contains(out, "sdk/v") {
+		t.Fatalf("with the SDK's tag on HEAD, release.sh still asked for it:\n%s", out)
+	}
+}

@@ -38,6 +38,16 @@ type Driver interface {
 	Logs(ctx context.Context, req *pb.LogsRequest) (*pb.LogsResponse, error)
 }
 
+// ExitWaiter is what a driver implements to report an engine's exit the
+// moment it happens (the WaitExit RPC): WaitExit blocks until the
+// instance's engine process is gone, then says how it ended (Exited true,
+// the exit code, the last log lines), or returns ctx's error when the core
+// stops watching. enginekit.Instance.WaitExit does the waiting. A driver
+// without it keeps working: the core polls LIVENESS instead.
+type ExitWaiter interface {
+	WaitExit(ctx context.Context, req *pb.WaitExitRequest) (*pb.ExitEvent, error)
+}
+
 // ErrNotSupported is returned for a call the driver does not implement. Over
 // gRPC it travels as codes.Unimplemented and comes back as ErrNotSupported.
 var ErrNotSupported = errors.New("not supported by this driver")

@@ -5,6 +5,7 @@ package lifecycle
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/capyctl/capyctl/sdk"
@@ -12,7 +13,8 @@ import (
 )
 
 // startMonitor watches a running engine's process and reports its death to
-// the lane within about one liveness interval.
+// the lane: at once where the driver serves the exit stream (WaitExit),
+// else within about one liveness interval.
 func (in *instance) startMonitor(drv sdk.Driver) {
 	in.stopMonitor()
 	ctx, cancel := context.WithCancel(in.m.ctx)
@@ -20,29 +22,54 @@ func (in *instance) startMonitor(drv sdk.Driver) {
 	in.monCancel = cancel
 	in.monMu.Unlock()
 	in.m.goTracked(func() {
-		t := time.NewTicker(in.m.cfg.LivenessInterval)
-		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-			}
-			pctx, pcancel := context.WithTimeout(ctx, 5*time.Second)
-			resp, err := drv.Probe(pctx, &pb.ProbeRequest{InstanceId: in.id, Kind: pb.ProbeKind_PROBE_KIND_LIVENESS})
-			pcancel()
-			if err != nil {
-				// The driver is unreachable (relaunching): that says nothing
-				// about the engine.
-				continue
-			}
-			if resp.GetExited() || !resp.GetAlive() {
-				c := &command{kind: cmdExited, why: "engine exited", done: make(chan error, 1), exit: resp}
-				in.m.goTracked(func() { _ = in.send(in.m.ctx, c) })
-				return
+		exit := in.watchExit(ctx, drv)
+		if exit == nil {
+			return
+		}
+		c := &command{kind: cmdExited, why: "engine exited", done: make(chan error, 1), exit: exit}
+		in.m.goTracked(func() { _ = in.send(in.m.ctx, c) })
+	})
+}
+
+// watchExit returns how the engine ended, or nil when ctx ends first. It
+// holds the driver's exit stream, which costs nothing while the engine
+// runs. It polls LIVENESS every LivenessInterval instead where the driver
+// does not serve the stream (one built before it: sdk.ErrNotSupported), and
+// for one interval whenever the stream breaks (the driver died or is being
+// relaunched, which says nothing about the engine), before watching again.
+func (in *instance) watchExit(ctx context.Context, drv sdk.Driver) *pb.ProbeResponse {
+	w, streams := drv.(sdk.ExitWaiter)
+	t := time.NewTicker(in.m.cfg.LivenessInterval)
+	defer t.Stop()
+	for {
+		if streams {
+			ev, err := w.WaitExit(ctx, &pb.WaitExitRequest{InstanceId: in.id})
+			switch {
+			case ctx.Err() != nil:
+				return nil
+			case err == nil:
+				return &pb.ProbeResponse{Exited: true, ExitCode: ev.GetExitCode(), Detail: ev.GetDetail(), LastLogLines: ev.GetLastLogLines()}
+			case errors.Is(err, sdk.ErrNotSupported):
+				streams = false
 			}
 		}
-	})
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+		pctx, pcancel := context.WithTimeout(ctx, 5*time.Second)
+		resp, err := drv.Probe(pctx, &pb.ProbeRequest{InstanceId: in.id, Kind: pb.ProbeKind_PROBE_KIND_LIVENESS})
+		pcancel()
+		if err != nil {
+			// The driver is unreachable (relaunching): that says nothing
+			// about the engine.
+			continue
+		}
+		if resp.GetExited() || !resp.GetAlive() {
+			return resp
+		}
+	}
 }
 
 func (in *instance) stopMonitor() {

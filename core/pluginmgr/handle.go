@@ -22,7 +22,10 @@ type handle struct {
 	d *driverProc
 }
 
-var _ sdk.Driver = (*handle)(nil)
+var (
+	_ sdk.Driver     = (*handle)(nil)
+	_ sdk.ExitWaiter = (*handle)(nil)
+)
 
 // exitNoticeBound bounds the wait, after a transport error, for a dead
 // driver's exit to be noticed (go-plugin reaps it within milliseconds); a
@@ -126,4 +129,22 @@ func (h *handle) Recover(ctx context.Context, r *pb.RecoverRequest) (*pb.Recover
 }
 func (h *handle) Logs(ctx context.Context, r *pb.LogsRequest) (*pb.LogsResponse, error) {
 	return call(ctx, h, "Logs", true, r, sdk.Driver.Logs)
+}
+
+// WaitExit holds the family's driver's exit stream for one instance. It has
+// no deadline (it lasts as long as the engine runs; ctx ends it) and is
+// never retried here: a driver that dies or is replaced ends it with
+// driver_unavailable, and the caller watches again once the driver is
+// back. A driver that does not serve the stream answers
+// sdk.ErrNotSupported.
+func (h *handle) WaitExit(ctx context.Context, r *pb.WaitExitRequest) (*pb.ExitEvent, error) {
+	c, err := h.d.ensure(ctx, h.m)
+	if err != nil {
+		return nil, err
+	}
+	ev, err := c.WaitExit(ctx, r)
+	if fault := replyFault(h.d, "WaitExit", err); fault != nil {
+		return nil, fault
+	}
+	return ev, err
 }

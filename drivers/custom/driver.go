@@ -41,7 +41,10 @@ type Driver struct {
 	stopGrace time.Duration
 }
 
-var _ sdk.Driver = (*Driver)(nil)
+var (
+	_ sdk.Driver     = (*Driver)(nil)
+	_ sdk.ExitWaiter = (*Driver)(nil)
+)
 
 // New returns the driver.
 func New() *Driver {

@@ -18,8 +18,9 @@ import (
 // restart only: the suite skips the park steps (the plan's residency).
 func TestConformance(t *testing.T) {
 	conformance.Run(t, conformance.Target{
-		Family: Family,
-		Driver: conformance.BuiltinDriver(Family),
+		Family:     Family,
+		Driver:     conformance.BuiltinDriver(Family),
+		ExitStream: true,
 		Install: func(t testing.TB, dir string) string {
 			_, fake := harness.Binaries(t)
 			p := filepath.Join(dir, "llama.cpp", "bin", "llama-server")

@@ -71,7 +71,10 @@ type Driver struct {
 	systemConfig string
 }
 
-var _ sdk.Driver = (*Driver)(nil)
+var (
+	_ sdk.Driver     = (*Driver)(nil)
+	_ sdk.ExitWaiter = (*Driver)(nil)
+)
 
 // New returns the driver.
 func New() *Driver {

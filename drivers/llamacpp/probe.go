@@ -214,3 +214,8 @@ func (d *Driver) Recover(_ context.Context, req *pb.RecoverRequest) (*pb.Recover
 func (d *Driver) Logs(_ context.Context, req *pb.LogsRequest) (*pb.LogsResponse, error) {
 	return d.reg.Logs(req)
 }
+
+// WaitExit reports the engine's exit the moment its process is gone.
+func (d *Driver) WaitExit(ctx context.Context, req *pb.WaitExitRequest) (*pb.ExitEvent, error) {
+	return d.reg.WaitExit(ctx, req)
+}

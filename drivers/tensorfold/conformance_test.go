@@ -18,8 +18,9 @@ import (
 // tools. TensorFold is restart only: the suite skips the park steps.
 func TestConformance(t *testing.T) {
 	conformance.Run(t, conformance.Target{
-		Family: Family,
-		Driver: conformance.BuiltinDriver(Family),
+		Family:     Family,
+		Driver:     conformance.BuiltinDriver(Family),
+		ExitStream: true,
 		Install: func(t testing.TB, dir string) string {
 			_, fake := harness.Binaries(t)
 			return harness.MakeTensorFoldVenv(t, filepath.Join(dir, "tensorfold"), fake, "0.6.6", true)

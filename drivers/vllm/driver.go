@@ -104,7 +104,10 @@ func (d *Driver) netnsPossible() bool {
 	return enginekit.NetnsPossible()
 }
 
-var _ sdk.Driver = (*Driver)(nil)
+var (
+	_ sdk.Driver     = (*Driver)(nil)
+	_ sdk.ExitWaiter = (*Driver)(nil)
+)
 
 // New returns the driver.
 func New() *Driver { return &Driver{reg: enginekit.NewRegistry[*enginekit.Instance]()} }

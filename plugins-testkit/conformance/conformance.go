@@ -29,6 +29,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -80,6 +81,11 @@ type Target struct {
 	// NoSimGPU skips the memory checks (a fake that holds nothing on the
 	// simulated GPU).
 	NoSimGPU bool
+	// ExitStream wants the driver to serve the exit stream (WaitExit,
+	// sdk.ExitWaiter): the suite kills a ready engine with SIGKILL and wants
+	// its exit, code 137, streamed. Left false, the step checks only that
+	// WaitExit answers "not supported" (the role then polls LIVENESS).
+	ExitStream bool
 	// IsolatedAsRoot wants the engine out of every other user's reach when
 	// the suite runs as root: on a Unix socket or in a network namespace
 	// of its own, never on the host's loopback.
@@ -167,6 +173,7 @@ func Run(t *testing.T, tg Target) {
 	}
 	t.Run("refusals", s.testRefusals)
 	t.Run("lifecycle", s.testLifecycle)
+	t.Run("exit", s.testExit)
 	failures := append([]Failure{{
 		Name:     "engine exits while loading",
 		Env:      map[string]string{fakeengine.EnvName("exit-during-startup"): "3"},
@@ -539,6 +546,59 @@ func (s *suite) testLifecycle(t *testing.T) {
 		if n := s.sim.heldBy(t, []int{st.enginePID()}); n != 0 {
 			t.Fatalf("%d bytes still held on the simulated GPU after the stop", n)
 		}
+	}
+}
+
+// testExit: a ready engine killed with SIGKILL is reported by the exit
+// stream, which stays open while the engine runs.
+func (s *suite) testExit(t *testing.T) {
+	st := s.start(t, nil)
+	id := st.lctx.GetInstanceId()
+	if ready := s.probe(t, id, pb.ProbeKind_PROBE_KIND_READINESS); !ready.GetReady() {
+		t.Fatalf("not ready: %v", ready)
+	}
+	w, ok := s.driver.drv.(sdk.ExitWaiter)
+	if !ok {
+		t.Fatalf("the plugin client %T has no WaitExit", s.driver.drv)
+	}
+	ctx, cancel := ctxT()
+	defer cancel()
+	type result struct {
+		ev  *pb.ExitEvent
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		ev, err := w.WaitExit(ctx, &pb.WaitExitRequest{InstanceId: id})
+		done <- result{ev, err}
+	}()
+	if !s.tg.ExitStream {
+		if r := <-done; !errors.Is(r.err, sdk.ErrNotSupported) {
+			t.Fatalf("WaitExit of a driver without the exit stream = %v, %v; want not supported (or set Target.ExitStream)", r.ev, r.err)
+		}
+	} else {
+		// A liveness round trip while the stream is open: the stream must
+		// not have ended for an engine that runs.
+		if live := s.probe(t, id, pb.ProbeKind_PROBE_KIND_LIVENESS); !live.GetAlive() {
+			t.Fatalf("liveness %v", live)
+		}
+		select {
+		case r := <-done:
+			t.Fatalf("WaitExit returned while the engine runs: %v, %v", r.ev, r.err)
+		default:
+		}
+		if err := syscall.Kill(st.enginePID(), syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		r := <-done
+		if r.err != nil || !r.ev.GetExited() || r.ev.GetExitCode() != 128+int32(syscall.SIGKILL) {
+			t.Fatalf("WaitExit after a SIGKILL of the engine = %v, %v; want exited with code 137", r.ev, r.err)
+		}
+	}
+	sctx, scancel := ctxT()
+	defer scancel()
+	if stop, err := s.driver.drv.Stop(sctx, &pb.StopRequest{InstanceId: id, GraceMs: 10_000, Launch: st.launch}); err != nil || !stop.GetGone() {
+		t.Fatalf("Stop = %v, %v", stop, err)
 	}
 }
 

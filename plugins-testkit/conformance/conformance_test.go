@@ -14,8 +14,9 @@ import (
 
 func TestConformance_VLLM(t *testing.T) {
 	conformance.Run(t, conformance.Target{
-		Family: "vllm",
-		Driver: conformance.BuiltinDriver("vllm"),
+		Family:     "vllm",
+		Driver:     conformance.BuiltinDriver("vllm"),
+		ExitStream: true,
 		Install: func(t testing.TB, dir string) string {
 			return conformance.FakeVenv(t, dir, map[string]string{"vllm": "0.31.0", "torch": "2.9.0"}, nil)
 		},
@@ -30,8 +31,9 @@ func TestConformance_VLLM(t *testing.T) {
 
 func TestConformance_SGLang(t *testing.T) {
 	conformance.Run(t, conformance.Target{
-		Family: "sglang",
-		Driver: conformance.BuiltinDriver("sglang"),
+		Family:     "sglang",
+		Driver:     conformance.BuiltinDriver("sglang"),
+		ExitStream: true,
 		// No socket option: as root, a network namespace of its own.
 		IsolatedAsRoot: true,
 		Install: func(t testing.TB, dir string) string {

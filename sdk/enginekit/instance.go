@@ -186,8 +186,14 @@ const exitRecordWait = 10 * time.Second
 // process dies (and copies its last output): until it has, or is gone
 // itself, the status is read again (proc.WaitExitStatus).
 func (in *Instance) ExitInfo(detail string) *pb.ProbeResponse {
+	code := -1
+	if !in.Alive() {
+		// No record comes while the engine runs: wait for one only
+		// once it is gone.
+		code = exitCode(in.Launched.LaunchDir)
+	}
 	return &pb.ProbeResponse{
-		Alive: false, Exited: true, ExitCode: int32(exitCode(in.Launched.LaunchDir)), Code: sdk.CodeLaunchFailed, Detail: detail,
+		Alive: false, Exited: true, ExitCode: int32(code), Code: sdk.CodeLaunchFailed, Detail: detail,
 		LastLogLines: proc.LastLines(in.Launched.LaunchDir, lastLogLines),
 	}
 }
@@ -198,6 +204,18 @@ func exitCode(launchDir string) int {
 		return st.ExitCode
 	}
 	return -1
+}
+
+// WaitExit blocks until the engine process is gone, then says how it ended
+// (what Liveness says of a dead engine); it returns ctx's error when the
+// core stops watching first. It waits on the kernel's word
+// (proc.WaitGone), not by polling.
+func (in *Instance) WaitExit(ctx context.Context) (*pb.ExitEvent, error) {
+	if err := proc.WaitGone(ctx, in.Launched.Engine); err != nil {
+		return nil, err
+	}
+	info := in.ExitInfo("the engine process is gone")
+	return &pb.ExitEvent{Exited: true, ExitCode: info.GetExitCode(), Detail: info.GetDetail(), LastLogLines: info.GetLastLogLines()}, nil
 }
 
 // Liveness answers a LIVENESS probe from the process table.

@@ -154,6 +154,17 @@ func (r *Registry[H]) Recover(req *pb.RecoverRequest, attach AttachFunc[H]) (*pb
 	return &pb.RecoverResponse{State: pb.RecoverState_RECOVER_STATE_RUNNING, Endpoint: in.Endpoint, Launch: in.LaunchPB(), Parked: in.Parked() != "", Detail: detail}, nil
 }
 
+// WaitExit answers a WaitExit: the kept handle's engine watched until it
+// is gone (Instance.WaitExit); instance_not_found for an ID it does not
+// keep.
+func (r *Registry[H]) WaitExit(ctx context.Context, req *pb.WaitExitRequest) (*pb.ExitEvent, error) {
+	h, err := r.Get(req.GetInstanceId())
+	if err != nil {
+		return nil, err
+	}
+	return h.Base().WaitExit(ctx)
+}
+
 // Logs answers a Logs: the redacted tail of the kept handle's launch, else
 // of the launch directory the request names.
 func (r *Registry[H]) Logs(req *pb.LogsRequest) (*pb.LogsResponse, error) {

@@ -5,6 +5,8 @@ package plugin
 
 import (
 	"context"
+	"errors"
+	"io"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
@@ -22,7 +24,10 @@ type Client struct {
 	rpc pb.DriverClient
 }
 
-var _ sdk.Driver = (*Client)(nil)
+var (
+	_ sdk.Driver     = (*Client)(nil)
+	_ sdk.ExitWaiter = (*Client)(nil)
+)
 
 // NewClient wraps a gRPC connection to a driver.
 func NewClient(conn grpc.ClientConnInterface) *Client {
@@ -119,4 +124,26 @@ func (c *Client) Recover(ctx context.Context, r *pb.RecoverRequest) (*pb.Recover
 func (c *Client) Logs(ctx context.Context, r *pb.LogsRequest) (*pb.LogsResponse, error) {
 	resp, err := c.rpc.Logs(ctx, r)
 	return resp, fromStatus(err)
+}
+
+// WaitExit holds the driver's exit stream until an event says the engine
+// exited. A stream that ends without one (the driver went away) is an
+// error of the driver_unavailable kind; the caller watches again.
+func (c *Client) WaitExit(ctx context.Context, r *pb.WaitExitRequest) (*pb.ExitEvent, error) {
+	stream, err := c.rpc.WaitExit(ctx, r)
+	if err != nil {
+		return nil, fromStatus(err)
+	}
+	for {
+		ev, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			return nil, &sdk.Error{Code: sdk.CodeDriverUnavailable, Message: "the driver ended the exit stream without an exit"}
+		}
+		if err != nil {
+			return nil, fromStatus(err)
+		}
+		if ev.GetExited() {
+			return ev, nil
+		}
+	}
 }

@@ -114,3 +114,17 @@ func (s *server) Logs(ctx context.Context, r *pb.LogsRequest) (*pb.LogsResponse,
 	resp, err := s.impl.Logs(ctx, r)
 	return resp, toStatus(err)
 }
+
+// WaitExit serves the exit stream from an sdk.ExitWaiter: one event, when
+// the engine is gone. A driver without it answers Unimplemented.
+func (s *server) WaitExit(r *pb.WaitExitRequest, stream pb.Driver_WaitExitServer) error {
+	w, ok := s.impl.(sdk.ExitWaiter)
+	if !ok {
+		return toStatus(sdk.ErrNotSupported)
+	}
+	ev, err := w.WaitExit(stream.Context(), r)
+	if err != nil {
+		return toStatus(err)
+	}
+	return toStatus(stream.Send(ev))
+}

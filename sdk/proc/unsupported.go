@@ -84,3 +84,6 @@ func NetnsSupported() bool { return false }
 
 // CoreFileLimit returns ErrUnsupported outside Linux.
 func CoreFileLimit(int) (string, string, error) { return "", "", ErrUnsupported }
+
+// WaitGone returns ErrUnsupported outside Linux.
+func WaitGone(context.Context, Identity) error { return ErrUnsupported }

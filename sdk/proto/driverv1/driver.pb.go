@@ -3976,6 +3976,121 @@ func (x *LogsResponse) GetTruncated() bool {
 	return false
 }
 
+type WaitExitRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	InstanceId    string                 `protobuf:"bytes,1,opt,name=instance_id,json=instanceId,proto3" json:"instance_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WaitExitRequest) Reset() {
+	*x = WaitExitRequest{}
+	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[42]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WaitExitRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WaitExitRequest) ProtoMessage() {}
+
+func (x *WaitExitRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[42]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WaitExitRequest.ProtoReflect.Descriptor instead.
+func (*WaitExitRequest) Descriptor() ([]byte, []int) {
+	return file_sdk_proto_driverv1_driver_proto_rawDescGZIP(), []int{42}
+}
+
+func (x *WaitExitRequest) GetInstanceId() string {
+	if x != nil {
+		return x.InstanceId
+	}
+	return ""
+}
+
+type ExitEvent struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// exited is true when the engine process is gone; exit_code is its
+	// status when known (-1 otherwise; a signal's death is 128+signal).
+	Exited   bool   `protobuf:"varint,1,opt,name=exited,proto3" json:"exited,omitempty"`
+	ExitCode int32  `protobuf:"varint,2,opt,name=exit_code,json=exitCode,proto3" json:"exit_code,omitempty"`
+	Detail   string `protobuf:"bytes,3,opt,name=detail,proto3" json:"detail,omitempty"`
+	// last_log_lines is the redacted end of the engine's output.
+	LastLogLines  []string `protobuf:"bytes,4,rep,name=last_log_lines,json=lastLogLines,proto3" json:"last_log_lines,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExitEvent) Reset() {
+	*x = ExitEvent{}
+	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[43]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExitEvent) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExitEvent) ProtoMessage() {}
+
+func (x *ExitEvent) ProtoReflect() protoreflect.Message {
+	mi := &file_sdk_proto_driverv1_driver_proto_msgTypes[43]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExitEvent.ProtoReflect.Descriptor instead.
+func (*ExitEvent) Descriptor() ([]byte, []int) {
+	return file_sdk_proto_driverv1_driver_proto_rawDescGZIP(), []int{43}
+}
+
+func (x *ExitEvent) GetExited() bool {
+	if x != nil {
+		return x.Exited
+	}
+	return false
+}
+
+func (x *ExitEvent) GetExitCode() int32 {
+	if x != nil {
+		return x.ExitCode
+	}
+	return 0
+}
+
+func (x *ExitEvent) GetDetail() string {
+	if x != nil {
+		return x.Detail
+	}
+	return ""
+}
+
+func (x *ExitEvent) GetLastLogLines() []string {
+	if x != nil {
+		return x.LastLogLines
+	}
+	return nil
+}
+
 var File_sdk_proto_driverv1_driver_proto protoreflect.FileDescriptor
 
 const file_sdk_proto_driverv1_driver_proto_rawDesc = "" +
@@ -4323,7 +4438,15 @@ const file_sdk_proto_driverv1_driver_proto_rawDesc = "" +
 	"launch_dir\x18\x03 \x01(\tR\tlaunchDir\"@\n" +
 	"\fLogsResponse\x12\x12\n" +
 	"\x04text\x18\x01 \x01(\tR\x04text\x12\x1c\n" +
-	"\ttruncated\x18\x02 \x01(\bR\ttruncated*c\n" +
+	"\ttruncated\x18\x02 \x01(\bR\ttruncated\"2\n" +
+	"\x0fWaitExitRequest\x12\x1f\n" +
+	"\vinstance_id\x18\x01 \x01(\tR\n" +
+	"instanceId\"~\n" +
+	"\tExitEvent\x12\x16\n" +
+	"\x06exited\x18\x01 \x01(\bR\x06exited\x12\x1b\n" +
+	"\texit_code\x18\x02 \x01(\x05R\bexitCode\x12\x16\n" +
+	"\x06detail\x18\x03 \x01(\tR\x06detail\x12$\n" +
+	"\x0elast_log_lines\x18\x04 \x03(\tR\flastLogLines*c\n" +
 	"\tAbortMode\x12\x1a\n" +
 	"\x16ABORT_MODE_UNSPECIFIED\x10\x00\x12\x1f\n" +
 	"\x1bABORT_MODE_CLOSE_CONNECTION\x10\x01\x12\x19\n" +
@@ -4351,7 +4474,7 @@ const file_sdk_proto_driverv1_driver_proto_rawDesc = "" +
 	"\x19RECOVER_STATE_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15RECOVER_STATE_RUNNING\x10\x01\x12\x16\n" +
 	"\x12RECOVER_STATE_GONE\x10\x02\x12\x1b\n" +
-	"\x17RECOVER_STATE_UNCERTAIN\x10\x032\xe4\a\n" +
+	"\x17RECOVER_STATE_UNCERTAIN\x10\x032\xb4\b\n" +
 	"\x06Driver\x12S\n" +
 	"\bDescribe\x12\".capyctl.driver.v1.DescribeRequest\x1a#.capyctl.driver.v1.DescribeResponse\x12M\n" +
 	"\x06Detect\x12 .capyctl.driver.v1.DetectRequest\x1a!.capyctl.driver.v1.DetectResponse\x12J\n" +
@@ -4365,7 +4488,8 @@ const file_sdk_proto_driverv1_driver_proto_rawDesc = "" +
 	"\x04Load\x12\x1e.capyctl.driver.v1.LoadRequest\x1a\x1f.capyctl.driver.v1.LoadResponse\x12G\n" +
 	"\x04Stop\x12\x1e.capyctl.driver.v1.StopRequest\x1a\x1f.capyctl.driver.v1.StopResponse\x12P\n" +
 	"\aRecover\x12!.capyctl.driver.v1.RecoverRequest\x1a\".capyctl.driver.v1.RecoverResponse\x12G\n" +
-	"\x04Logs\x12\x1e.capyctl.driver.v1.LogsRequest\x1a\x1f.capyctl.driver.v1.LogsResponseB8Z6github.com/capyctl/capyctl/sdk/proto/driverv1;driverv1b\x06proto3"
+	"\x04Logs\x12\x1e.capyctl.driver.v1.LogsRequest\x1a\x1f.capyctl.driver.v1.LogsResponse\x12N\n" +
+	"\bWaitExit\x12\".capyctl.driver.v1.WaitExitRequest\x1a\x1c.capyctl.driver.v1.ExitEvent0\x01B8Z6github.com/capyctl/capyctl/sdk/proto/driverv1;driverv1b\x06proto3"
 
 var (
 	file_sdk_proto_driverv1_driver_proto_rawDescOnce sync.Once
@@ -4380,7 +4504,7 @@ func file_sdk_proto_driverv1_driver_proto_rawDescGZIP() []byte {
 }
 
 var file_sdk_proto_driverv1_driver_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_sdk_proto_driverv1_driver_proto_msgTypes = make([]protoimpl.MessageInfo, 49)
+var file_sdk_proto_driverv1_driver_proto_msgTypes = make([]protoimpl.MessageInfo, 51)
 var file_sdk_proto_driverv1_driver_proto_goTypes = []any{
 	(AbortMode)(0),           // 0: capyctl.driver.v1.AbortMode
 	(NonStreamedHangup)(0),   // 1: capyctl.driver.v1.NonStreamedHangup
@@ -4430,24 +4554,26 @@ var file_sdk_proto_driverv1_driver_proto_goTypes = []any{
 	(*RecoverResponse)(nil),  // 45: capyctl.driver.v1.RecoverResponse
 	(*LogsRequest)(nil),      // 46: capyctl.driver.v1.LogsRequest
 	(*LogsResponse)(nil),     // 47: capyctl.driver.v1.LogsResponse
-	nil,                      // 48: capyctl.driver.v1.DetectResponse.DetailsEntry
-	nil,                      // 49: capyctl.driver.v1.Installation.DetailsEntry
-	nil,                      // 50: capyctl.driver.v1.HostPolicy.HostEnvEntry
-	nil,                      // 51: capyctl.driver.v1.Deployment.EnvEntry
-	nil,                      // 52: capyctl.driver.v1.PlanResponse.EnvEntry
-	nil,                      // 53: capyctl.driver.v1.LMCachePlan.EnvEntry
-	nil,                      // 54: capyctl.driver.v1.LoadResponse.FiguresEntry
+	(*WaitExitRequest)(nil),  // 48: capyctl.driver.v1.WaitExitRequest
+	(*ExitEvent)(nil),        // 49: capyctl.driver.v1.ExitEvent
+	nil,                      // 50: capyctl.driver.v1.DetectResponse.DetailsEntry
+	nil,                      // 51: capyctl.driver.v1.Installation.DetailsEntry
+	nil,                      // 52: capyctl.driver.v1.HostPolicy.HostEnvEntry
+	nil,                      // 53: capyctl.driver.v1.Deployment.EnvEntry
+	nil,                      // 54: capyctl.driver.v1.PlanResponse.EnvEntry
+	nil,                      // 55: capyctl.driver.v1.LMCachePlan.EnvEntry
+	nil,                      // 56: capyctl.driver.v1.LoadResponse.FiguresEntry
 }
 var file_sdk_proto_driverv1_driver_proto_depIdxs = []int32{
 	8,  // 0: capyctl.driver.v1.DescribeResponse.capabilities:type_name -> capyctl.driver.v1.Capabilities
 	0,  // 1: capyctl.driver.v1.Capabilities.abort_mode:type_name -> capyctl.driver.v1.AbortMode
-	48, // 2: capyctl.driver.v1.DetectResponse.details:type_name -> capyctl.driver.v1.DetectResponse.DetailsEntry
+	50, // 2: capyctl.driver.v1.DetectResponse.details:type_name -> capyctl.driver.v1.DetectResponse.DetailsEntry
 	3,  // 3: capyctl.driver.v1.FlagRule.kind:type_name -> capyctl.driver.v1.FlagKind
 	2,  // 4: capyctl.driver.v1.FlagRule.class:type_name -> capyctl.driver.v1.FlagClass
 	12, // 5: capyctl.driver.v1.FlagsResponse.rules:type_name -> capyctl.driver.v1.FlagRule
-	49, // 6: capyctl.driver.v1.Installation.details:type_name -> capyctl.driver.v1.Installation.DetailsEntry
-	50, // 7: capyctl.driver.v1.HostPolicy.host_env:type_name -> capyctl.driver.v1.HostPolicy.HostEnvEntry
-	51, // 8: capyctl.driver.v1.Deployment.env:type_name -> capyctl.driver.v1.Deployment.EnvEntry
+	51, // 6: capyctl.driver.v1.Installation.details:type_name -> capyctl.driver.v1.Installation.DetailsEntry
+	52, // 7: capyctl.driver.v1.HostPolicy.host_env:type_name -> capyctl.driver.v1.HostPolicy.HostEnvEntry
+	53, // 8: capyctl.driver.v1.Deployment.env:type_name -> capyctl.driver.v1.Deployment.EnvEntry
 	18, // 9: capyctl.driver.v1.Deployment.resources:type_name -> capyctl.driver.v1.Resources
 	19, // 10: capyctl.driver.v1.Deployment.memory:type_name -> capyctl.driver.v1.MemorySizes
 	17, // 11: capyctl.driver.v1.Deployment.group:type_name -> capyctl.driver.v1.Group
@@ -4457,11 +4583,11 @@ var file_sdk_proto_driverv1_driver_proto_depIdxs = []int32{
 	15, // 15: capyctl.driver.v1.PlanRequest.host:type_name -> capyctl.driver.v1.HostPolicy
 	20, // 16: capyctl.driver.v1.PlanRequest.launch:type_name -> capyctl.driver.v1.LaunchContext
 	22, // 17: capyctl.driver.v1.PlanResponse.refusals:type_name -> capyctl.driver.v1.Refusal
-	52, // 18: capyctl.driver.v1.PlanResponse.env:type_name -> capyctl.driver.v1.PlanResponse.EnvEntry
+	54, // 18: capyctl.driver.v1.PlanResponse.env:type_name -> capyctl.driver.v1.PlanResponse.EnvEntry
 	23, // 19: capyctl.driver.v1.PlanResponse.hints:type_name -> capyctl.driver.v1.MemoryHints
 	24, // 20: capyctl.driver.v1.PlanResponse.parsers:type_name -> capyctl.driver.v1.Parsers
 	26, // 21: capyctl.driver.v1.PlanResponse.lmcache:type_name -> capyctl.driver.v1.LMCachePlan
-	53, // 22: capyctl.driver.v1.LMCachePlan.env:type_name -> capyctl.driver.v1.LMCachePlan.EnvEntry
+	55, // 22: capyctl.driver.v1.LMCachePlan.env:type_name -> capyctl.driver.v1.LMCachePlan.EnvEntry
 	14, // 23: capyctl.driver.v1.StartRequest.installation:type_name -> capyctl.driver.v1.Installation
 	16, // 24: capyctl.driver.v1.StartRequest.deployment:type_name -> capyctl.driver.v1.Deployment
 	15, // 25: capyctl.driver.v1.StartRequest.host:type_name -> capyctl.driver.v1.HostPolicy
@@ -4476,7 +4602,7 @@ var file_sdk_proto_driverv1_driver_proto_depIdxs = []int32{
 	4,  // 34: capyctl.driver.v1.ProbeRequest.kind:type_name -> capyctl.driver.v1.ProbeKind
 	30, // 35: capyctl.driver.v1.ProbeResponse.endpoint:type_name -> capyctl.driver.v1.Endpoint
 	0,  // 36: capyctl.driver.v1.AbortResponse.mode:type_name -> capyctl.driver.v1.AbortMode
-	54, // 37: capyctl.driver.v1.LoadResponse.figures:type_name -> capyctl.driver.v1.LoadResponse.FiguresEntry
+	56, // 37: capyctl.driver.v1.LoadResponse.figures:type_name -> capyctl.driver.v1.LoadResponse.FiguresEntry
 	29, // 38: capyctl.driver.v1.StopRequest.launch:type_name -> capyctl.driver.v1.Launch
 	29, // 39: capyctl.driver.v1.StopRequest.lmcache_server:type_name -> capyctl.driver.v1.Launch
 	29, // 40: capyctl.driver.v1.RecoverRequest.launch:type_name -> capyctl.driver.v1.Launch
@@ -4500,21 +4626,23 @@ var file_sdk_proto_driverv1_driver_proto_depIdxs = []int32{
 	42, // 58: capyctl.driver.v1.Driver.Stop:input_type -> capyctl.driver.v1.StopRequest
 	44, // 59: capyctl.driver.v1.Driver.Recover:input_type -> capyctl.driver.v1.RecoverRequest
 	46, // 60: capyctl.driver.v1.Driver.Logs:input_type -> capyctl.driver.v1.LogsRequest
-	7,  // 61: capyctl.driver.v1.Driver.Describe:output_type -> capyctl.driver.v1.DescribeResponse
-	10, // 62: capyctl.driver.v1.Driver.Detect:output_type -> capyctl.driver.v1.DetectResponse
-	13, // 63: capyctl.driver.v1.Driver.Flags:output_type -> capyctl.driver.v1.FlagsResponse
-	25, // 64: capyctl.driver.v1.Driver.Plan:output_type -> capyctl.driver.v1.PlanResponse
-	31, // 65: capyctl.driver.v1.Driver.Start:output_type -> capyctl.driver.v1.StartResponse
-	33, // 66: capyctl.driver.v1.Driver.Probe:output_type -> capyctl.driver.v1.ProbeResponse
-	35, // 67: capyctl.driver.v1.Driver.Park:output_type -> capyctl.driver.v1.ParkResponse
-	37, // 68: capyctl.driver.v1.Driver.Wake:output_type -> capyctl.driver.v1.WakeResponse
-	39, // 69: capyctl.driver.v1.Driver.Abort:output_type -> capyctl.driver.v1.AbortResponse
-	41, // 70: capyctl.driver.v1.Driver.Load:output_type -> capyctl.driver.v1.LoadResponse
-	43, // 71: capyctl.driver.v1.Driver.Stop:output_type -> capyctl.driver.v1.StopResponse
-	45, // 72: capyctl.driver.v1.Driver.Recover:output_type -> capyctl.driver.v1.RecoverResponse
-	47, // 73: capyctl.driver.v1.Driver.Logs:output_type -> capyctl.driver.v1.LogsResponse
-	61, // [61:74] is the sub-list for method output_type
-	48, // [48:61] is the sub-list for method input_type
+	48, // 61: capyctl.driver.v1.Driver.WaitExit:input_type -> capyctl.driver.v1.WaitExitRequest
+	7,  // 62: capyctl.driver.v1.Driver.Describe:output_type -> capyctl.driver.v1.DescribeResponse
+	10, // 63: capyctl.driver.v1.Driver.Detect:output_type -> capyctl.driver.v1.DetectResponse
+	13, // 64: capyctl.driver.v1.Driver.Flags:output_type -> capyctl.driver.v1.FlagsResponse
+	25, // 65: capyctl.driver.v1.Driver.Plan:output_type -> capyctl.driver.v1.PlanResponse
+	31, // 66: capyctl.driver.v1.Driver.Start:output_type -> capyctl.driver.v1.StartResponse
+	33, // 67: capyctl.driver.v1.Driver.Probe:output_type -> capyctl.driver.v1.ProbeResponse
+	35, // 68: capyctl.driver.v1.Driver.Park:output_type -> capyctl.driver.v1.ParkResponse
+	37, // 69: capyctl.driver.v1.Driver.Wake:output_type -> capyctl.driver.v1.WakeResponse
+	39, // 70: capyctl.driver.v1.Driver.Abort:output_type -> capyctl.driver.v1.AbortResponse
+	41, // 71: capyctl.driver.v1.Driver.Load:output_type -> capyctl.driver.v1.LoadResponse
+	43, // 72: capyctl.driver.v1.Driver.Stop:output_type -> capyctl.driver.v1.StopResponse
+	45, // 73: capyctl.driver.v1.Driver.Recover:output_type -> capyctl.driver.v1.RecoverResponse
+	47, // 74: capyctl.driver.v1.Driver.Logs:output_type -> capyctl.driver.v1.LogsResponse
+	49, // 75: capyctl.driver.v1.Driver.WaitExit:output_type -> capyctl.driver.v1.ExitEvent
+	62, // [62:76] is the sub-list for method output_type
+	48, // [48:62] is the sub-list for method input_type
 	48, // [48:48] is the sub-list for extension type_name
 	48, // [48:48] is the sub-list for extension extendee
 	0,  // [0:48] is the sub-list for field type_name
@@ -4531,7 +4659,7 @@ func file_sdk_proto_driverv1_driver_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sdk_proto_driverv1_driver_proto_rawDesc), len(file_sdk_proto_driverv1_driver_proto_rawDesc)),
 			NumEnums:      6,
-			NumMessages:   49,
+			NumMessages:   51,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -55,6 +55,7 @@ const (
 	Driver_Stop_FullMethodName     = "/capyctl.driver.v1.Driver/Stop"
 	Driver_Recover_FullMethodName  = "/capyctl.driver.v1.Driver/Recover"
 	Driver_Logs_FullMethodName     = "/capyctl.driver.v1.Driver/Logs"
+	Driver_WaitExit_FullMethodName = "/capyctl.driver.v1.Driver/WaitExit"
 )
 
 // DriverClient is the client API for Driver service.
@@ -119,6 +120,15 @@ type DriverClient interface {
 	Recover(ctx context.Context, in *RecoverRequest, opts ...grpc.CallOption) (*RecoverResponse, error)
 	// Logs returns the redacted tail of an instance's engine output.
 	Logs(ctx context.Context, in *LogsRequest, opts ...grpc.CallOption) (*LogsResponse, error)
+	// WaitExit watches an instance's engine process and streams one
+	// ExitEvent, exited=true with what LIVENESS would say of the exit (the
+	// exit code and the engine's last log lines), the moment the process is
+	// gone; then the stream ends. It has no deadline: the core holds one per
+	// running instance instead of polling LIVENESS, and cancels it when the
+	// instance stops. An instance the driver does not know fails
+	// instance_not_found. Added within protocol 1: a driver that does not
+	// serve it answers Unimplemented and the core polls LIVENESS as before.
+	WaitExit(ctx context.Context, in *WaitExitRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ExitEvent], error)
 }
 
 type driverClient struct {
@@ -259,6 +269,25 @@ func (c *driverClient) Logs(ctx context.Context, in *LogsRequest, opts ...grpc.C
 	return out, nil
 }
 
+func (c *driverClient) WaitExit(ctx context.Context, in *WaitExitRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ExitEvent], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Driver_ServiceDesc.Streams[0], Driver_WaitExit_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[WaitExitRequest, ExitEvent]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Driver_WaitExitClient = grpc.ServerStreamingClient[ExitEvent]
+
 // DriverServer is the server API for Driver service.
 // All implementations must embed UnimplementedDriverServer
 // for forward compatibility.
@@ -321,6 +350,15 @@ type DriverServer interface {
 	Recover(context.Context, *RecoverRequest) (*RecoverResponse, error)
 	// Logs returns the redacted tail of an instance's engine output.
 	Logs(context.Context, *LogsRequest) (*LogsResponse, error)
+	// WaitExit watches an instance's engine process and streams one
+	// ExitEvent, exited=true with what LIVENESS would say of the exit (the
+	// exit code and the engine's last log lines), the moment the process is
+	// gone; then the stream ends. It has no deadline: the core holds one per
+	// running instance instead of polling LIVENESS, and cancels it when the
+	// instance stops. An instance the driver does not know fails
+	// instance_not_found. Added within protocol 1: a driver that does not
+	// serve it answers Unimplemented and the core polls LIVENESS as before.
+	WaitExit(*WaitExitRequest, grpc.ServerStreamingServer[ExitEvent]) error
 	mustEmbedUnimplementedDriverServer()
 }
 
@@ -369,6 +407,9 @@ func (UnimplementedDriverServer) Recover(context.Context, *RecoverRequest) (*Rec
 }
 func (UnimplementedDriverServer) Logs(context.Context, *LogsRequest) (*LogsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Logs not implemented")
+}
+func (UnimplementedDriverServer) WaitExit(*WaitExitRequest, grpc.ServerStreamingServer[ExitEvent]) error {
+	return status.Error(codes.Unimplemented, "method WaitExit not implemented")
 }
 func (UnimplementedDriverServer) mustEmbedUnimplementedDriverServer() {}
 func (UnimplementedDriverServer) testEmbeddedByValue()                {}
@@ -625,6 +666,17 @@ func _Driver_Logs_Handler(srv interface{}, ctx context.Context, dec func(interfa
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Driver_WaitExit_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(WaitExitRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(DriverServer).WaitExit(m, &grpc.GenericServerStream[WaitExitRequest, ExitEvent]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Driver_WaitExitServer = grpc.ServerStreamingServer[ExitEvent]
+
 // Driver_ServiceDesc is the grpc.ServiceDesc for Driver service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -685,6 +737,12 @@ var Driver_ServiceDesc = grpc.ServiceDesc{
 			Handler:    _Driver_Logs_Handler,
 		},
 	},
-	Streams:  []grpc.StreamDesc{},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "WaitExit",
+			Handler:       _Driver_WaitExit_Handler,
+			ServerStreams: true,
+		},
+	},
 	Metadata: "sdk/proto/driverv1/driver.proto",
 }

@@ -1,7 +1,7 @@
 // Copyright (c) CapyCTL authors
 // SPDX-License-Identifier: Apache-2.0
 
-package sdk_test
+package core_test
 
 import (
 	"os/exec"
@@ -10,8 +10,6 @@ import (
 	"testing"
 )
 
-const module = "github.com/capyctl/capyctl"
-
 // driverModules are the only modules a driver built on the SDK links
 // besides this one: go-plugin and what it needs (gRPC, protobuf, hclog,
 // yamux, oklog/run, and hclog's terminal colours), and golang.org/x/net,
@@ -19,6 +17,7 @@ const module = "github.com/capyctl/capyctl"
 // gorilla/mux, Prometheus, mitchellh/cli, go-nvml, goldmark, ...).
 var driverModules = []string{
 	module,
+	module + "/sdk",
 	"github.com/fatih/color",
 	"github.com/golang/protobuf",
 	"github.com/hashicorp/go-hclog",
@@ -45,21 +44,29 @@ var hclModules = []string{
 	"github.com/zclconf/go-cty",
 }
 
-// TestImportGuards proves that what a third-party driver author imports
-// (the SDK, the engine kit, the conformance suite and the testkit's fakes)
-// pulls in nothing of CapyCTL's core or first-party drivers, and no module
-// beyond the listed ones: they are importable without the core's
+// TestImportGuards_SDKModule proves that what a third-party driver author
+// imports (the SDK, the engine kit, the conformance suite and the testkit's
+// fakes) pulls in nothing of CapyCTL's core or first-party drivers, and no
+// module beyond the listed ones: they are importable without the core's
 // dependencies. The example driver (website/examples/driver) links only the
-// driver set.
-func TestImportGuards(t *testing.T) {
+// driver set. The SDK is a module of its own (sdk/go.mod): built from its
+// own directory, with its own go.mod alone, it needs nothing of this one.
+func TestImportGuards_SDKModule(t *testing.T) {
 	if _, err := exec.LookPath("go"); err != nil {
 		t.Skip("go tool not on PATH")
 	}
 	cases := []struct {
 		name    string
+		dir     string // where go list runs: the module whose go.mod decides
 		pkgs    []string
 		modules []string
 	}{
+		{
+			name:    "the SDK module on its own go.mod",
+			dir:     "../sdk",
+			pkgs:    []string{"./..."},
+			modules: append([]string{module + "/sdk"}, append(slices.Clone(driverModules[2:]), hclModules...)...),
+		},
 		{
 			name:    "a driver on the engine kit",
 			pkgs:    []string{module + "/website/examples/driver", module + "/sdk/enginekit", module + "/sdk/plugin"},
@@ -76,7 +83,9 @@ func TestImportGuards(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			args := append([]string{"list", "-deps", "-f", "{{.ImportPath}} {{with .Module}}{{.Path}}{{end}}"}, c.pkgs...)
-			out, err := exec.Command("go", args...).CombinedOutput()
+			cmd := exec.Command("go", args...)
+			cmd.Dir = c.dir
+			out, err := cmd.CombinedOutput()
 			if err != nil {
 				t.Fatalf("go list: %v\n%s", err, out)
 			}
