@@ -59,7 +59,24 @@ func (m *Manager) policy() string {
 // of busy ones first (see turns.go). It gives up when no request waits for
 // the model any more, and refuses capacity_blocked only when nothing left
 // can make room (warm models, groups, or a model larger than the card).
-func (m *Manager) switchTurns(ctx context.Context, requester *instance, try func() error) error {
+// IMPORTANT: its whole wait is bounded by a request's deadline (roomWait):
+// an activation that no request waits for (its requests hung up before it
+// joined) would otherwise wait for ever for room that never comes, and its
+// lane, held, would hold every later start or stop of its instance.
+func (m *Manager) switchTurns(parent context.Context, requester *instance, try func() error) (err error) {
+	bound := m.roomWait(requester.dep)
+	ctx, cancel := context.WithTimeout(parent, bound)
+	defer cancel()
+	defer func() {
+		if err != nil && parent.Err() == nil && errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			e := structs.Errf(structs.CodeActivationTimeout,
+				"deployment %s waited %s (a request's deadline) for room on host %s and got none; switch queue: %s",
+				requester.dep, bound, m.cfg.Host.Name, strings.Join(m.SwitchStats().Queue, ", "))
+			e.RetryAfter = 1
+			e.Cause = err
+			err = e
+		}
+	}()
 	reqs := m.cfg.Requests
 	joined := m.cfg.Now()
 	// wanted: requests wait for the model; when they all went away the
@@ -195,24 +212,39 @@ func (m *Manager) whileDeployed(dep string, count func()) {
 // (switchAfterTurn): so that request waits the turn time in all, its
 // switch included, not the turn time and then the switch.
 func (m *Manager) awaitTurn(ctx context.Context, ended <-chan struct{}, dep string, since time.Time, after time.Duration) error {
-	left := m.turnTime() - m.cfg.Now().Sub(since) - after
-	if left <= 0 {
-		m.cfg.Requests.CloseTurn(dep)
-		<-ended
-		return nil
+	if left := m.turnTime() - m.cfg.Now().Sub(since) - after; left > 0 {
+		t := time.NewTimer(left)
+		defer t.Stop()
+		select {
+		case <-ended:
+			return nil
+		case <-t.C:
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-m.ctx.Done():
+			return structs.Errf(structs.CodeShuttingDown, "shutting down")
+		}
 	}
-	t := time.NewTimer(left)
-	defer t.Stop()
+	m.cfg.Requests.CloseTurn(dep)
+	// Its turn is closed: it ends once what it admitted has drained (a
+	// wait bounded like the rest of the switch, by ctx).
 	select {
 	case <-ended:
-	case <-t.C:
-		m.cfg.Requests.CloseTurn(dep)
+		return nil
 	case <-ctx.Done():
 		return ctx.Err()
 	case <-m.ctx.Done():
 		return structs.Errf(structs.CodeShuttingDown, "shutting down")
 	}
-	return nil
+}
+
+// roomWait bounds a request's activation's wait for room: a request's
+// deadline, the deployment's own when it sets one.
+func (m *Manager) roomWait(dep string) time.Duration {
+	if dr, ok := m.spec(dep); ok && dr.Spec.RequestDeadline > 0 {
+		return dr.Spec.RequestDeadline.D()
+	}
+	return m.cfg.RequestDeadline
 }
 
 // leastTurnFactor is how many times what a switch was measured to cost a
@@ -286,10 +318,12 @@ func (m *Manager) switchCandidates(requester *instance, tried map[string]bool) (
 			pending = true
 			continue
 		default:
-			if in.busy.Load() {
+			if in.charging.Load() {
 				// A start between its reservation and its record (still
 				// stopped, already charged): what it holds is known once
-				// it moved.
+				// it moved. IMPORTANT: not any busy lane: a contender
+				// waiting in the queue for this switch to end holds
+				// nothing, and waiting for it would wait for ever.
 				pending = true
 			}
 			continue
