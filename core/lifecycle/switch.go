@@ -252,7 +252,7 @@ func (m *Manager) roomWait(dep string) time.Duration {
 // switching takes at most 1/(1+leastTurnFactor) of the card's time when
 // turns end because their models went idle. A turn that another model's
 // longest-waiting request bounds (the turn time) may be shorter.
-const leastTurnFactor = 10
+const leastTurnFactor = 4
 
 // leastTurnLeft is what is left of a ready victim's least turn: from when
 // it became ready, leastTurnFactor times what bringing it in and parking

@@ -433,7 +433,7 @@ func TestAwaitTurn_TheSwitchCountsInTheTurn(t *testing.T) {
 
 // TestSwitch_LeastTurnFromTheMeasuredSwitch: a model that came in lately
 // keeps its turn, idle or not, for leastTurnFactor times what its switch
-// was measured to cost (its wake of 1 s and park of 0.5 s: 15 s), so that
+// was measured to cost (4 × its wake of 1 s and park of 0.5 s: 6 s), so that
 // switching takes a bounded share of the card's time; past that an idle
 // model lingers only its measured bring-back (1 s), and the least turn
 // never exceeds the turn time.
@@ -453,19 +453,19 @@ func TestSwitch_LeastTurnFromTheMeasuredSwitch(t *testing.T) {
 		r.Timings = &structs.Timings{WakeMs: map[string]int64{structs.ResidencyDeep: 1000, structs.ResidencyHostBacked: 1000}, ParkMs: 500, StartMs: 9000}
 	})
 	v := &victim{in: a, rec: a.snapshot(), dep: "a", parks: true, measured: time.Second}
-	if got := f.m.leastTurnLeft(v); got != 15*time.Second {
-		t.Fatalf("least turn left %s just after a came in, want 15s", got)
+	if got := f.m.leastTurnLeft(v); got != 6*time.Second {
+		t.Fatalf("least turn left %s just after a came in, want 6s", got)
 	}
-	f.clock.Advance(10 * time.Second)
-	if got := f.m.leastTurnLeft(v); got != 5*time.Second {
-		t.Fatalf("least turn left %s 10s after a came in, want 5s", got)
+	f.clock.Advance(2 * time.Second)
+	if got := f.m.leastTurnLeft(v); got != 4*time.Second {
+		t.Fatalf("least turn left %s 2s after a came in, want 4s", got)
 	}
 	// The switch for b asks a to end its turn lingering what is left.
 	if err := f.activate("b"); err != nil {
 		t.Fatal(err)
 	}
-	if got := rec.contended(); fmt.Sprint(got) != "[a 5s]" {
-		t.Fatalf("a contended %v, want [a 5s] (what is left of its least turn, more than its 1s wake)", got)
+	if got := rec.contended(); fmt.Sprint(got) != "[a 4s]" {
+		t.Fatalf("a contended %v, want [a 4s] (what is left of its least turn, more than its 1s wake)", got)
 	}
 	f.clock.Advance(time.Minute)
 	if got := f.m.leastTurnLeft(v); got != 0 {
