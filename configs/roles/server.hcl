@@ -41,6 +41,10 @@ role = "server"
 # (env CAPYCTL_SERVER_JOIN)
 # server_join = "s1.example.com:8444,s2.example.com:8444"
 
+# The server adopts a deployment a host made itself (on its own management API, or before it joined): listed and routed under its own model names, never one another deployment serves; false: a host serves only what the servers placed on it (the trust model: a compromised host cannot publish a model name).
+# (env CAPYCTL_ADOPT_HOST_DEPLOYMENTS)
+# adopt_host_deployments = true
+
 # How long the leader waits for a lost host before it places the host's instances on other hosts that fit (its old copies are stopped when it returns; a group stays down, the reason in its status); "0s" never moves them.
 # (env CAPYCTL_RESCHEDULE_AFTER)
 # reschedule_after = "5m"

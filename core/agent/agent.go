@@ -146,6 +146,9 @@ type Settings struct {
 	// RescheduleAfter is how long the leader waits for a lost host before
 	// it moves the host's instances (0: never).
 	RescheduleAfter time.Duration
+	// RefuseAdoption: the server adopts no deployment a host made itself
+	// (adopt_host_deployments = false).
+	RefuseAdoption bool
 	// Config is the effective configuration with each value's source,
 	// published on the management API's GET /config (nil: not published).
 	Config *wire.RoleConfig

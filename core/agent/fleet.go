@@ -51,7 +51,7 @@ func (a *Agent) openServer() error {
 	}
 	srv, err := fleet.NewServer(fleet.ServerOptions{Collectors: collectors, StateDir: a.s.StateDir, Listen: listen, Advertise: a.s.ClusterAdvertise,
 		Store: a.Store, Logger: a.logger, Heartbeat: a.s.HostHeartbeat,
-		GroupStallTimeout: a.s.GroupStallTimeout, RescheduleAfter: a.s.RescheduleAfter,
+		GroupStallTimeout: a.s.GroupStallTimeout, RescheduleAfter: a.s.RescheduleAfter, RefuseAdoption: a.s.RefuseAdoption,
 		Name: a.s.Hostname, BootstrapExpect: a.s.BootstrapExpect, Join: a.s.ServerJoin, JoinToken: a.s.JoinToken,
 		Responses: a.Responses,
 		// One API key and one admin token per cluster: a joining server

@@ -157,6 +157,7 @@ func SettingsFromConfig(cfg *config.Config) Settings {
 		RequireRDMA:          cfg.RequireRDMA,
 		GroupStallTimeout:    cfg.GroupStallTimeout.D(),
 		RescheduleAfter:      cfg.RescheduleAfter.D(),
+		RefuseAdoption:       !cfg.AdoptHostDeployments,
 		PluginDir:            cfg.PluginDir,
 		ModelsRoot:           cfg.ModelsRoot,
 		EnginePorts:          fmt.Sprintf("%d-%d", cfg.EnginePorts.First, cfg.EnginePorts.Last),

@@ -63,12 +63,15 @@ type Config struct {
 	// RescheduleAfter is how long a server's leader waits for a lost host
 	// before it places the host's instances elsewhere (0: never).
 	RescheduleAfter structs.Duration
-	PluginDir       string
-	ModelsRoot      string
-	EnginePorts     PortRange
-	Hostname        string
-	LogLevel        string
-	LogFormat       string
+	// AdoptHostDeployments lets a server adopt the deployments a host
+	// made itself.
+	AdoptHostDeployments bool
+	PluginDir            string
+	ModelsRoot           string
+	EnginePorts          PortRange
+	Hostname             string
+	LogLevel             string
+	LogFormat            string
 	// EngineTelemetry is "off" (engines get DO_NOT_TRACK=1 and friends) or
 	// "allow".
 	EngineTelemetry string

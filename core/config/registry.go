@@ -185,6 +185,8 @@ var registry = []Definition{
 	},
 	boolSetting("require_rdma", false, "a group member's NCCL traffic must go over RDMA: its engine runs with NCCL_NET=IB and fails to start rather than fall back to TCP (rendezvous and Gloo traffic stay on TCP)", []string{RoleHost},
 		func(c *Config) *bool { return &c.RequireRDMA }),
+	boolSetting("adopt_host_deployments", true, "the server adopts a deployment a host made itself (on its own management API, or before it joined): listed and routed under its own model names, never one another deployment serves; false: a host serves only what the servers placed on it (the trust model: a compromised host cannot publish a model name)", []string{RoleServer},
+		func(c *Config) *bool { return &c.AdoptHostDeployments }),
 	durationSetting("reschedule_after", "5m", true,
 		"how long the leader waits for a lost host before it places the host's instances on other hosts that fit (its old copies are stopped when it returns; a group stays down, the reason in its status); \"0s\" never moves them",
 		[]string{RoleServer}, func(c *Config) *structs.Duration { return &c.RescheduleAfter }),

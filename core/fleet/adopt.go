@@ -6,6 +6,7 @@ package fleet
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/url"
 	"slices"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/capyctl/capyctl/core/api/wire"
 	"github.com/capyctl/capyctl/core/fleet/fsm"
+	"github.com/capyctl/capyctl/core/jobspec"
 	"github.com/capyctl/capyctl/core/structs"
 )
 
@@ -77,6 +79,12 @@ func (s *Server) adopt(ctx context.Context, host string) {
 	}
 	s.mu.Unlock()
 	for dep, n := range counts {
+		if s.o.RefuseAdoption {
+			if _, placed := s.State.Placement(dep); !placed {
+				s.logger.Warn("a host runs a deployment the servers did not place; not adopted (adopt_host_deployments = false)", "host", host, "deployment", dep)
+			}
+			continue
+		}
 		if p, ok := s.State.Placement(dep); ok {
 			if !slices.Contains(p.HostNames(), host) {
 				s.logger.Warn("a host runs a deployment the server placed on other hosts; not adopted", "host", host, "deployment", dep, "hosts", p.HostNames())
@@ -115,6 +123,13 @@ func (s *Server) adopt(ctx context.Context, host string) {
 				"host", host, "deployment", dep, "rank", st.Spec.Group.Rank)
 			continue
 		}
+		if err := checkAdopted(dep, st); err != nil {
+			// A route list is written into the replicated state: what a
+			// host says goes through the deployment spec's own rules.
+			s.refuseHost(s.guardOf(host), host, refusedInvalid)
+			s.logger.Warn("a host's deployment is not adopted", "host", host, "deployment", dep, "error", err)
+			continue
+		}
 		p := &Placement{Deployment: dep, Hosts: []HostShare{{Host: host, Instances: n}}, Routes: st.Routes, Revision: st.Revision, At: time.Now().UTC()}
 		// Checked: a placement of that name made meanwhile wins.
 		if err := s.apply(fsm.Placed{Placement: p, Checked: true}); err != nil {
@@ -127,4 +142,26 @@ func (s *Server) adopt(ctx context.Context, host string) {
 		s.logger.Info("adopted a deployment the host runs", "host", host, "deployment", dep, "instances", n)
 		s.event("deployment_adopted", host, map[string]any{"deployment": dep, "instances": n})
 	}
+}
+
+// maxAdoptedRoutes bounds the model names a deployment a host made
+// itself may bring.
+const maxAdoptedRoutes = 32
+
+// checkAdopted checks what a host says of a deployment it made itself
+// against the deployment spec's rules: its name and each route's, and
+// how many routes.
+func checkAdopted(dep string, st wire.DeploymentStatus) error {
+	if !jobspec.NameRe.MatchString(dep) || st.Name != dep {
+		return fmt.Errorf("the host answers for %q as %q", trimForLog(dep), trimForLog(st.Name))
+	}
+	if len(st.Routes) > maxAdoptedRoutes {
+		return fmt.Errorf("%d routes, over %d", len(st.Routes), maxAdoptedRoutes)
+	}
+	for _, r := range st.Routes {
+		if !jobspec.RouteRe.MatchString(r) {
+			return fmt.Errorf("route %q is not a model name", trimForLog(r))
+		}
+	}
+	return nil
 }

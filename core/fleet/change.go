@@ -49,7 +49,7 @@ func (s *Server) changePlaced(w http.ResponseWriter, r *http.Request, p *Placeme
 // placedAction runs one deployment action on a placed deployment.
 func (s *Server) placedAction(ctx context.Context, p *Placement, req wire.ActionRequest) (int, any, error) {
 	at := time.Now().UTC()
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), actionWait)
+	ctx, cancel := s.detach(ctx, actionWait)
 	defer cancel()
 	var err error
 	switch req.Action {
@@ -134,7 +134,7 @@ func (s *Server) instanceCommand(w http.ResponseWriter, r *http.Request, p *Plac
 		return
 	}
 	s.receipts.Run(w, r, body, func() (int, any, error) {
-		ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), actionWait)
+		ctx, cancel := s.detach(r.Context(), actionWait)
 		defer cancel()
 		at := time.Now().UTC()
 		if err := s.command(ctx, host, &hostv1.DeploymentAction{Deployment: p.Deployment, Action: req.Action, Instance: int32(local),

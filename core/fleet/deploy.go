@@ -41,6 +41,9 @@ func (s *Server) createPlaced(ctx context.Context, spec *structs.Deployment, raw
 	if err != nil {
 		return nil, err
 	}
+	// IMPORTANT: not detach: a bring-up that ends early is taken back
+	// (deletePlaced), which must never race a retry's placement on a new
+	// leader; it waits out placeWait as before.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), placeWait)
 	defer cancel()
 	if err = s.bringUp(ctx, p, index, cands, activate, p.Hosts, map[string]bool{}); err != nil {
@@ -152,7 +155,7 @@ func (s *Server) updatePlaced(ctx context.Context, p *Placement, raw json.RawMes
 	if err != nil {
 		return nil, err
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), placeWait)
+	ctx, cancel := s.detach(ctx, placeWait)
 	defer cancel()
 	for _, v := range s.awaitVerdicts(ctx, p.Deployment, p.Hosts, index, false) {
 		if v.err != nil {
@@ -272,7 +275,7 @@ func (s *Server) deletePlaced(ctx context.Context, p *Placement) error {
 	if err != nil {
 		return err
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), placeWait)
+	ctx, cancel := s.detach(ctx, placeWait)
 	defer cancel()
 	for _, hs := range p.Hosts {
 		a, err := s.waitApplied(ctx, hs.Host, index)

@@ -63,6 +63,9 @@ func (s *Server) relayToLeader(w http.ResponseWriter, r *http.Request, st raftlo
 		req.Header.Del(h)
 	}
 	req.Header.Set(headerForwarded, s.cl.name)
+	if d, ok := ctx.Deadline(); ok {
+		req.Header.Set(headerRelayDeadline, strconv.FormatInt(d.UnixMilli(), 10))
+	}
 	start := time.Now()
 	resp, err := s.cl.client.Do(req)
 	if err != nil {

@@ -6,6 +6,8 @@ package fleet
 import (
 	"context"
 	"errors"
+	"net/http"
+	"strconv"
 	"time"
 
 	"github.com/capyctl/capyctl/core/fleet/raftlog"
@@ -98,4 +100,58 @@ func (s *Server) relayRefusal(ctx context.Context, st raftlog.Stats, err error) 
 	// The leader may have gone: the change was not made, or its answer
 	// was lost; a retry with the same Idempotency-Key is safe.
 	return s.notLeader(st).WithDetail("relay_error", err.Error())
+}
+
+// headerRelayDeadline carries, on a mutation a follower relays, when the
+// follower gives up on the leader's answer (Unix milliseconds).
+const headerRelayDeadline = "X-Capyctl-Relay-Deadline"
+
+// relayGrace is how long past a follower's deadline the leader's handler
+// of the change it relayed may go on.
+const relayGrace = time.Second
+
+// relayDeadlineKey is the context key of a relayed mutation's deadline on
+// the leader.
+type relayDeadlineKey struct{}
+
+// withRelayDeadline keeps, in the context of a mutation a follower
+// relayed, when the follower gives up on it (from headerRelayDeadline,
+// which only a server's certificate sends: servePeer).
+func withRelayDeadline(r *http.Request) *http.Request {
+	ms, err := strconv.ParseInt(r.Header.Get(headerRelayDeadline), 10, 64)
+	if err != nil || ms <= 0 {
+		return r
+	}
+	return r.WithContext(context.WithValue(r.Context(), relayDeadlineKey{}, time.UnixMilli(ms)))
+}
+
+// detach returns the context a mutation's handler carries on in once its
+// client may have left (a change is never left half-made because a client
+// hung up), bounded by d. It still ends (the follow-up of the trust
+// review's M4: a leader's handler waited out its whole bound after the
+// follower that relayed the change had given up on it):
+//
+//   - when this server stops leading: the change is the new leader's now
+//     (a retry with the same Idempotency-Key reaches it);
+//   - for a change a follower relayed, when the follower gives up on it
+//     (leader_unanswered): nobody waits for the answer any more.
+//
+// Both make the client's answer "may or may not have been made", which
+// it already is when the follower gives up.
+func (s *Server) detach(ctx context.Context, d time.Duration) (context.Context, context.CancelFunc) {
+	deadline := time.Now().Add(d)
+	// A moment past the follower's deadline: the follower answers its
+	// client leader_unanswered first, not this handler's deadline error.
+	if rd, ok := ctx.Value(relayDeadlineKey{}).(time.Time); ok && rd.Add(relayGrace).Before(deadline) {
+		deadline = rd.Add(relayGrace)
+	}
+	out, cancel := context.WithDeadline(context.WithoutCancel(ctx), deadline)
+	s.mu.Lock()
+	lead := s.leaderCtx
+	s.mu.Unlock()
+	if lead == nil {
+		return out, cancel
+	}
+	stop := context.AfterFunc(lead, cancel)
+	return out, func() { stop(); cancel() }
 }

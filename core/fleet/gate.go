@@ -225,6 +225,8 @@ func (c *gatedConn) Close() error {
 type refusalLog struct {
 	logger   hclog.Logger
 	interval time.Duration
+	// what the log line says is refused, and the words for who by.
+	what, by, bys string
 
 	mu     sync.Mutex
 	counts map[string]int
@@ -236,7 +238,8 @@ type refusalLog struct {
 const refusalLogInterval = time.Minute
 
 func newRefusalLog(logger hclog.Logger, interval time.Duration) *refusalLog {
-	return &refusalLog{logger: logger, interval: interval, counts: map[string]int{}, addrs: map[string]int{}, since: time.Now()}
+	return &refusalLog{logger: logger, interval: interval, what: "cluster listener refusals", by: "address", bys: "addresses",
+		counts: map[string]int{}, addrs: map[string]int{}, since: time.Now()}
 }
 
 // note counts one refusal of reason from the address addr.
@@ -286,10 +289,10 @@ func (r *refusalLog) flush() {
 			busiest, most = a, n
 		}
 	}
-	kv := []any{"refused", total, "over", time.Since(since).Round(time.Second).String(), "addresses", len(addrs),
-		"busiest_address", busiest, "busiest_count", most}
+	kv := []any{"refused", total, "over", time.Since(since).Round(time.Second).String(), r.bys, len(addrs),
+		"busiest_" + r.by, busiest, "busiest_count", most}
 	for _, k := range reasons {
 		kv = append(kv, k, counts[k])
 	}
-	r.logger.Warn("cluster listener refusals (counted, logged once per interval)", kv...)
+	r.logger.Warn(r.what+" (counted, logged once per interval)", kv...)
 }

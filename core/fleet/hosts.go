@@ -4,6 +4,10 @@
 package fleet
 
 import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/url"
 	"slices"
 	"sort"
 	"strings"
@@ -112,23 +116,29 @@ func (s *Server) Drain(name string, drain bool) error {
 // it move to other hosts that fit (the host must be draining: capyctl
 // drain host NAME first), then one command forgets it and revokes its
 // certificates on every server, which close its link and relay. A group
-// member or a deployment the host made itself (adopted) keeps it:
-// delete those first.
+// member or a deployment the host made itself (adopted) keeps a host
+// that is up: delete those first. A host that is lost (it never comes
+// back: its link is down) takes them with it: each group with a member
+// on it is stopped on its other hosts and forgotten, each deployment it
+// made itself is forgotten (event deployment_forgotten, with the reason),
+// and their model names are free again.
 func (s *Server) Remove(name string) error {
 	rec, ok := s.State.Host(name)
 	if !ok {
 		return structs.Errf(structs.CodeNotFound, "no host %s (capyctl list hosts)", name)
 	}
+	_, up := s.relayOf(name)
 	var blocking []string
-	var movable []*Placement
+	var movable, orphans []*Placement
 	for _, p := range s.State.Placements() {
-		if !slices.Contains(p.HostNames(), name) {
-			continue
-		}
-		if p.Managed() {
+		switch {
+		case !slices.Contains(p.HostNames(), name):
+		case p.Managed():
 			movable = append(movable, p)
-		} else {
+		case up:
 			blocking = append(blocking, p.Deployment)
+		default:
+			orphans = append(orphans, p)
 		}
 	}
 	if len(blocking) > 0 {
@@ -144,6 +154,11 @@ func (s *Server) Remove(name string) error {
 			return structs.Wrap(structs.CodeOf(err), err, "move %s off host %s before its removal", p.Deployment, name)
 		}
 	}
+	for _, p := range orphans {
+		if err := s.forgetWithLostHost(s.runCtx(), p, name); err != nil {
+			return structs.Wrap(structs.CodeOf(err), err, "forget %s with host %s", p.Deployment, name)
+		}
+	}
 	// One command forgets the host and revokes its certificates on every
 	// server; every server (this one too) closes its link and relay once
 	// it applied the removal (watchMembers).
@@ -151,6 +166,41 @@ func (s *Server) Remove(name string) error {
 		return err
 	}
 	s.event("host_removed", name, nil)
+	return nil
+}
+
+// forgetWithLostHost forgets a placement that cannot go on without a lost
+// host being removed: a group with a member on it (stopped first on its
+// other hosts, their members' records deleted) or a deployment the host
+// made itself. The reason is logged and journalled.
+func (s *Server) forgetWithLostHost(ctx context.Context, p *Placement, host string) error {
+	why := fmt.Sprintf("host %s was removed while out of reach", host)
+	if p.Group != nil {
+		why += ": the group is stopped on its other hosts and forgotten (deploy it again on other hosts)"
+		s.failGroup(ctx, p.Deployment, p.Group, structs.CodeGroupMemberUncertain, why)
+		for _, h := range p.HostNames() {
+			if h == host {
+				continue
+			}
+			status, data, err := s.hostCall(ctx, h, http.MethodDelete, "/deployments/"+url.PathEscape(p.Deployment), nil, nil)
+			if err == nil && status >= 300 && status != http.StatusNotFound {
+				err = hostError(h, status, data)
+			}
+			if err != nil {
+				// The other host's member stays stopped; its record goes
+				// with the deployment's next delete there.
+				s.logger.Warn("a removed host's group member on another host was not deleted", "deployment", p.Deployment, "host", h, "error", err)
+			}
+		}
+	} else {
+		why += ": the deployment it made itself is forgotten (its engine ran on that host)"
+	}
+	if err := s.apply(fsm.Unplaced{Deployment: p.Deployment}); err != nil {
+		return err
+	}
+	s.forgetStatus(p.Deployment)
+	s.logger.Warn("deployment forgotten with its removed host", "deployment", p.Deployment, "host", host, "why", why)
+	s.event("deployment_forgotten", host, map[string]any{"deployment": p.Deployment, "routes": p.Routes, "why": why})
 	return nil
 }
 

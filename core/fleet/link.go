@@ -6,9 +6,15 @@ package fleet
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
+	"slices"
 	"sort"
 	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/capyctl/capyctl/core/hostlink/proto/hostv1"
 	"github.com/capyctl/capyctl/core/structs"
@@ -71,7 +77,33 @@ func (s *Server) checkHello(stream hostv1.HostLink_ConnectServer) (string, *host
 	if _, known := s.State.Host(name); !known {
 		return name, nil, s.hostRefusal(name)
 	}
+	if err := s.checkHelloBounds(hello); err != nil {
+		s.refuseHost(s.guardOf(name), name, refusedInvalid)
+		return name, nil, structs.Errf(structs.CodeInvalidRequest, "host %s's Hello: %v", name, err)
+	}
 	return name, hello, nil
+}
+
+// checkHelloBounds checks what a Hello brings: its inventory and its
+// instances (linkbounds.go).
+func (s *Server) checkHelloBounds(hello *hostv1.Hello) error {
+	l := s.limits
+	if len(hello.GetInstances()) > l.instances {
+		return fmt.Errorf("%d instances, over the %d a host may hold", len(hello.GetInstances()), l.instances)
+	}
+	if err := l.checkText("version", hello.GetVersion(), 256); err != nil {
+		return err
+	}
+	if err := l.checkInventory(hello.GetInventory()); err != nil {
+		return err
+	}
+	for _, j := range hello.GetInstances() {
+		l.clipJournal(j)
+		if err := l.checkJournal(j); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // linkUp registers a host's new link (ending an older one) with what its
@@ -120,7 +152,8 @@ func (s *Server) linkUp(ctx context.Context, name string, hello *hostv1.Hello, c
 // desired state is sent whenever it changed (a new term counts: the host
 // learns it, and fences the deposed leader).
 func (s *Server) serveLink(ctx context.Context, stream hostv1.HostLink_ConnectServer, name string, gen uint64, members *hostv1.ClusterServers) error {
-	msgs, errc := recvLoop(ctx, stream)
+	guard := s.guardOf(name)
+	msgs, errc := recvLoop(ctx, stream, func() { s.refuseHost(guard, name, refusedTooLarge) })
 	s.mu.Lock()
 	outbox := s.hosts[name].outbox
 	s.mu.Unlock()
@@ -133,6 +166,7 @@ func (s *Server) serveLink(ctx context.Context, stream hostv1.HostLink_ConnectSe
 	for {
 		if recheck {
 			recheck = false
+			s.rememberPlaced(name, guard)
 			if d := s.desiredFor(name); d != nil {
 				if dg := desiredDigest(d); dg != sent {
 					if err := stream.Send(&hostv1.ServerMessage{Body: &hostv1.ServerMessage_Desired{Desired: d}}); err != nil {
@@ -167,7 +201,13 @@ func (s *Server) serveLink(ctx context.Context, stream hostv1.HostLink_ConnectSe
 				return err
 			}
 		case m := <-msgs:
-			s.onHostMessage(name, gen, m)
+			if !guard.admit(proto.Size(m), time.Now()) {
+				s.refuseHost(guard, name, refusedOverRate)
+				s.logger.Warn("a host sent more than a host may: its link is closed", "host", name)
+				err := errHostLinkFlooded(name, s.limits)
+				return status.Error(codes.ResourceExhausted, string(structs.CodeHostLinkFlooded)+": "+err.Error())
+			}
+			s.onHostMessage(name, gen, guard, m)
 			if err := stream.Send(&hostv1.ServerMessage{Body: &hostv1.ServerMessage_Ack{Ack: &hostv1.Ack{Seq: m.GetSeq()}}}); err != nil {
 				return err
 			}
@@ -176,14 +216,18 @@ func (s *Server) serveLink(ctx context.Context, stream hostv1.HostLink_ConnectSe
 }
 
 // recvLoop reads a link's messages on a goroutine of its own until the
-// stream breaks (its error on errc) or ctx ends.
-func recvLoop(ctx context.Context, stream hostv1.HostLink_ConnectServer) (<-chan *hostv1.HostMessage, <-chan error) {
+// stream breaks (its error on errc) or ctx ends; tooLarge is called when
+// it broke on a message over the size bound (gRPC's MaxRecvMsgSize).
+func recvLoop(ctx context.Context, stream hostv1.HostLink_ConnectServer, tooLarge func()) (<-chan *hostv1.HostMessage, <-chan error) {
 	msgs := make(chan *hostv1.HostMessage)
 	errc := make(chan error, 1)
 	go func() {
 		for {
 			m, err := stream.Recv()
 			if err != nil {
+				if status.Code(err) == codes.ResourceExhausted {
+					tooLarge()
+				}
 				errc <- err
 				return
 			}
@@ -224,17 +268,28 @@ func sameServers(a, b *hostv1.ClusterServers) bool {
 	return true
 }
 
-// onHostMessage applies one message of a host's link; a host's events are
-// journalled in the order it sent them.
-func (s *Server) onHostMessage(name string, gen uint64, m *hostv1.HostMessage) {
-	if ev := m.GetEvent(); ev != nil {
-		payload := map[string]any{"instance": ev.GetInstanceId(), "message": ev.GetMessage(), "host_time_unix_ms": ev.GetTimeUnixMs()}
-		for k, v := range ev.GetAttributes() {
-			if _, taken := payload[k]; !taken {
-				payload[k] = v
+// onHostMessage applies one message of a host's link, once checked
+// against the host's bounds (linkbounds.go): a message over one is
+// dropped and counted; a host's events are journalled in the order it
+// sent them.
+func (s *Server) onHostMessage(name string, gen uint64, g *hostGuard, m *hostv1.HostMessage) {
+	if ev := m.GetEvent(); ev != nil && !hostLocalKind(ev.GetKind()) {
+		s.limits.clipEvent(ev)
+		if reason := s.checkHostEvent(name, g, ev); reason != "" {
+			s.refuseHost(g, name, reason)
+		} else {
+			payload := map[string]any{"instance": ev.GetInstanceId(), "message": ev.GetMessage(), "host_time_unix_ms": ev.GetTimeUnixMs()}
+			for k, v := range ev.GetAttributes() {
+				if _, taken := payload[k]; !taken {
+					payload[k] = v
+				}
 			}
+			s.event(ev.GetKind(), name, payload)
 		}
-		s.event(ev.GetKind(), name, payload)
+	}
+	if reason := s.checkHostMessage(m); reason != "" {
+		s.refuseHost(g, name, reason)
+		return
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -245,10 +300,19 @@ func (s *Server) onHostMessage(name string, gen uint64, m *hostv1.HostMessage) {
 	h.lastSeen = time.Now()
 	switch b := m.GetBody().(type) {
 	case *hostv1.HostMessage_Heartbeat:
-		h.readings = b.Heartbeat.GetReadings()
-		if inv := b.Heartbeat.GetInventory(); inv != nil {
-			h.inventory = inv
+		inv := h.inventory
+		if next := b.Heartbeat.GetInventory(); next != nil {
+			if err := s.limits.checkInventory(next); err != nil {
+				s.refuseHost(g, name, refusedInventory)
+				return
+			}
+			inv = next
 		}
+		if err := s.limits.checkReadings(b.Heartbeat.GetReadings(), inv); err != nil {
+			s.refuseHost(g, name, refusedReadings)
+			return
+		}
+		h.inventory, h.readings = inv, b.Heartbeat.GetReadings()
 	case *hostv1.HostMessage_Result:
 		h.commandResult(b.Result)
 		if b.Result.GetCode() == string(structs.CodeStaleTerm) {
@@ -265,17 +329,108 @@ func (s *Server) onHostMessage(name string, gen uint64, m *hostv1.HostMessage) {
 		}
 	case *hostv1.HostMessage_Journal:
 		j := b.Journal
-		defer s.journaled.publish()
-		defer h.changed.publish()
 		if j.GetState() == string(structs.StateStopped) && j.GetDeployment() == "" {
 			delete(h.journals, j.GetInstanceId())
 		} else {
+			if _, had := h.journals[j.GetInstanceId()]; !had && len(h.journals) >= s.limits.instances {
+				s.refuseHost(g, name, refusedInstances)
+				return
+			}
+			g.remember(time.Now(), j.GetDeployment())
 			h.journals[j.GetInstanceId()] = j
 			if _, placed := s.State.Placement(j.GetDeployment()); !placed && !j.GetPlaced() {
 				s.adoptLaterLocked(s.leaderCtx, h) // a deployment made on the host itself
 			}
 		}
+		defer s.journaled.publish()
+		defer h.changed.publish()
 	}
+}
+
+// checkHostMessage checks the shape of a message other than an event
+// (those are checkHostEvent's) and returns why it is refused, "" when not.
+func (s *Server) checkHostMessage(m *hostv1.HostMessage) string {
+	l := s.limits
+	var err error
+	switch b := m.GetBody().(type) {
+	case *hostv1.HostMessage_Journal:
+		l.clipJournal(b.Journal)
+		err = l.checkJournal(b.Journal)
+	case *hostv1.HostMessage_Result:
+		err = errors.Join(l.checkText("command id", b.Result.GetCommandId(), 128), l.checkText("code", b.Result.GetCode(), 64),
+			l.checkText("message", b.Result.GetMessage(), l.text))
+	case *hostv1.HostMessage_Applied:
+		a := b.Applied
+		err = errors.Join(l.checkText("code", a.GetCode(), 64), l.checkText("message", a.GetMessage(), l.text))
+		if len(a.GetResults()) > 4*l.knownMax {
+			err = fmt.Errorf("%d results", len(a.GetResults()))
+		}
+		for _, r := range a.GetResults() {
+			if err != nil {
+				break
+			}
+			err = errors.Join(l.checkText("kind", r.GetKind(), 64), l.checkText("name", r.GetName(), 128), l.checkText("code", r.GetCode(), 64),
+				l.checkText("message", r.GetMessage(), l.text), l.checkText("head address", r.GetHeadAddress(), 256))
+		}
+	}
+	if err != nil {
+		return refusedInvalid
+	}
+	return ""
+}
+
+// checkHostEvent checks a host's event (M2 of the trust review): its
+// shape and size, the events' rate, a kind a host's own lifecycle writes,
+// and a deployment that is the host's: one it holds, ran lately or was
+// placed, or one the cluster places nowhere (a deployment made on the
+// host itself). It returns why the event is refused, "" when it is not.
+func (s *Server) checkHostEvent(host string, g *hostGuard, ev *hostv1.Event) string {
+	dep, err := s.limits.checkEvent(ev)
+	if err != nil {
+		return refusedInvalid
+	}
+	if !g.admitEvent(proto.Size(ev), time.Now()) {
+		return refusedEventsRate
+	}
+	if !hostEventKind(ev.GetKind()) {
+		return refusedEventKind
+	}
+	if dep == "" {
+		if ev.GetKind() == "engine_added" || ev.GetKind() == "engine_removed" {
+			return ""
+		}
+		return refusedEventNotOwn // every other kind is about a deployment
+	}
+	if !s.hostOwns(host, g, dep) {
+		return refusedEventNotOwn
+	}
+	return ""
+}
+
+// hostOwns reports whether dep is host's to speak of: it holds an
+// instance of it, ran or was placed it lately, or no placement names it
+// (a deployment made on the host itself, not adopted yet).
+func (s *Server) hostOwns(host string, g *hostGuard, dep string) bool {
+	if g.knows(dep, time.Now()) {
+		return true
+	}
+	p, placed := s.State.Placement(dep)
+	if !placed {
+		return true
+	}
+	return slices.Contains(p.HostNames(), host)
+}
+
+// rememberPlaced marks the deployments placed on host as its own: its
+// events about one deleted meanwhile are still taken for a while.
+func (s *Server) rememberPlaced(host string, g *hostGuard) {
+	var deps []string
+	for _, p := range s.State.Placements() {
+		if slices.Contains(p.HostNames(), host) {
+			deps = append(deps, p.Deployment)
+		}
+	}
+	g.remember(time.Now(), deps...)
 }
 
 // linkDown marks a host's link down when the link of generation gen ends.

@@ -393,10 +393,25 @@ func copyAnswer(w http.ResponseWriter, r *http.Request, rl hostReply) {
 	}
 }
 
+// maxModelsAnswer bounds a host's answer to GET /v1/models.
+const maxModelsAnswer = 1 << 20
+
 // models answers GET /v1/models with every reachable host's models, each
 // once.
 func (s *Server) models(w http.ResponseWriter, r *http.Request) {
-	type model = map[string]any
+	// The fields a host's router writes (router.Models), nothing more.
+	type model struct {
+		ID      string `json:"id"`
+		Object  string `json:"object"`
+		Created int64  `json:"created"`
+		OwnedBy string `json:"owned_by"`
+		CapyCTL *struct {
+			API        string   `json:"api"`
+			Deployment string   `json:"deployment"`
+			State      string   `json:"state"`
+			Endpoints  []string `json:"endpoints"`
+		} `json:"capyctl,omitempty"`
+	}
 	seen := map[string]model{}
 	ctx, cancel := context.WithTimeout(r.Context(), fanOutTimeout)
 	defer cancel()
@@ -408,12 +423,18 @@ func (s *Server) models(w http.ResponseWriter, r *http.Request) {
 		var list struct {
 			Data []model `json:"data"`
 		}
+		// A host's answer is bounded, and only the models the cluster
+		// routes to it are taken from it (a host is trusted with what is
+		// placed on it: linkbounds.go).
 		if resp.StatusCode == http.StatusOK {
-			_ = json.NewDecoder(resp.Body).Decode(&list)
+			_ = json.NewDecoder(io.LimitReader(resp.Body, maxModelsAnswer)).Decode(&list)
 		}
 		resp.Body.Close()
 		for _, m := range list.Data {
-			id, _ := m["id"].(string)
+			id := m.ID
+			if p, routed := s.State.RouteOwner(id); !routed || !slices.Contains(p.HostNames(), name) {
+				continue
+			}
 			if _, dup := seen[id]; id != "" && !dup {
 				seen[id] = m
 			}

@@ -62,6 +62,10 @@ type ServerOptions struct {
 	// RescheduleAfter is how long the leader waits for a lost host before
 	// it places the host's instances on other hosts (0: never).
 	RescheduleAfter time.Duration
+	// RefuseAdoption: the server adopts no deployment a host made itself
+	// (adopt_host_deployments = false): a host serves only what the
+	// servers placed on it.
+	RefuseAdoption bool
 	// HostCertLifetime is a host certificate's validity (0: pki's 24 h).
 	HostCertLifetime time.Duration
 
@@ -94,6 +98,8 @@ type ServerOptions struct {
 	// a mutation it relayed (forwarddeadline.go; 0: GroupStallTimeout
 	// plus a minute, the longest a change waits on the leader).
 	ForwardTimeout time.Duration
+	// hostLimits overrides defaultHostLimits (tests).
+	hostLimits *hostLimits
 }
 
 // Server is the server's side: the cluster listener, the hosts' links and
@@ -130,6 +136,10 @@ type Server struct {
 	// refused counts what it turns away (gate.go).
 	gate    *handshakeGate
 	refused *refusalLog
+	// limits bound what each host sends on its link and hostRefused
+	// counts what is refused (linkbounds.go).
+	limits      hostLimits
+	hostRefused *refusalLog
 	// leaderCtx is the context of the leader's duties while this server
 	// leads and its state is the cluster's (nil otherwise), under mu;
 	// leading is published when it changes.
@@ -180,6 +190,8 @@ type liveHost struct {
 	// commands waiting for their result, by command_id.
 	outbox  chan *hostv1.ServerMessage
 	pending map[string]chan *hostv1.CommandResult
+	// guard bounds what the host sends (linkbounds.go); made on first use.
+	guard *hostGuard
 }
 
 // NewServer opens the CA (creating it on the first start), the join token
@@ -226,6 +238,11 @@ func NewServer(o ServerOptions) (*Server, error) {
 	s := &Server{o: o, logger: o.Logger.Named("fleet"), State: state, ln: ln, advertise: advertise, hosts: map[string]*liveHost{},
 		lastStatus: statusCache{m: map[string]wire.DeploymentStatus{}}, fatal: make(chan error, 1)}
 	s.gate, s.refused = newHandshakeGate(defaultGateLimits), newRefusalLog(s.logger, refusalLogInterval)
+	s.limits, s.hostRefused = defaultHostLimits, newRefusalLog(s.logger, refusalLogInterval)
+	if o.hostLimits != nil {
+		s.limits = *o.hostLimits
+	}
+	s.hostRefused.what, s.hostRefused.by, s.hostRefused.bys = "host message refusals", "host", "hosts"
 	names, ips := serverNames(advertise)
 	// Join tokens and revocations are the cluster's: replicated.
 	s.auth, err = pki.NewAuthority(pki.AuthorityOptions{CA: ca, Store: replicatedTokens{s}, ServerNames: names, ServerIPs: ips,
@@ -291,7 +308,7 @@ func (s *Server) Start() {
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	addr := s.ln.Addr()
 	s.linkQ, s.joinQ, s.renewQ = newConnQueue(addr), newConnQueue(addr), newConnQueue(addr)
-	s.grpcSrv = grpc.NewServer(grpc.Creds(handshaken{}))
+	s.grpcSrv = grpc.NewServer(grpc.Creds(handshaken{}), grpc.MaxRecvMsgSize(s.limits.messageBytes))
 	hostv1.RegisterHostLinkServer(s.grpcSrv, s)
 	quiet := log.New(io.Discard, "", 0)
 	// A join or a renewal is one small request: a connection that does not
@@ -307,6 +324,7 @@ func (s *Server) Start() {
 	s.startCluster()
 	s.goRun(s.accept)
 	s.goRun(func() { s.refused.run(s.ctx) })
+	s.goRun(func() { s.hostRefused.run(s.ctx) })
 	s.goRun(s.watchLost)
 	s.goRun(s.monitorLeadership)
 	s.goRun(s.watchMembers)

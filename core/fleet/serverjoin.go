@@ -220,7 +220,7 @@ func (s *Server) servePeer(w http.ResponseWriter, r *http.Request) {
 		if r.Header.Get(headerForwarded) == "" {
 			r.Header.Set(headerForwarded, "server")
 		}
-		h.ServeHTTP(&indexWriter{ResponseWriter: w, applied: s.State.Applied}, r)
+		h.ServeHTTP(&indexWriter{ResponseWriter: w, applied: s.State.Applied}, withRelayDeadline(r))
 	}
 }
 

@@ -143,6 +143,7 @@ const (
 	CodeHostUnknown          Code = "host_unknown"
 	CodeStaleTerm            Code = "stale_term"
 	CodeLeaderUnanswered     Code = "leader_unanswered"
+	CodeHostLinkFlooded      Code = "host_link_flooded"
 
 	// Named API keys: limits, budgets and their management.
 	CodeRateLimited   Code = "rate_limited"
@@ -269,6 +270,7 @@ func init() {
 	row(CodeRendezvousPortsExhausted, 4, true, "every port of the head host's rendezvous_ports range is taken")
 	row(CodeServerCommandUnknown, 5, false, "the replicated log holds a command a newer CapyCTL wrote, which this server cannot apply (nor skip: its writer did not flag it ignorable); the server stopped instead of diverging: upgrade it")
 	row(CodeHostUnknown, 3, true, "the host's certificate is the cluster's but the cluster's state does not name the host (a state restored from a snapshot after the host first reached it): the host keeps trying, and is taken once a restore or a join names it")
+	row(CodeHostLinkFlooded, 4, true, "a host sent more over its link than a host may (messages or bytes a second, with bursts): the server closed the link, counted it (capyctl_host_messages_refused_total{reason=\"over_rate\"}) and takes the host's next link; an honest host never reaches the bound")
 	row(CodeStaleTerm, 28, true, "a host refused a command or a desired state from a server that led an older raft term than one the host has seen: a deposed leader's late word changes nothing; the current leader's stands")
 	row(CodeLeaderUnanswered, 28, true, "the leader this server relayed a change to did not answer within the relay's bound (the longest a change may take: group_stall_timeout plus a minute): the change may or may not have been made; retry with the same Idempotency-Key (a server that lost its leader refuses not_leader as soon as raft notices, and a retry reaches the new leader)")
 	row(CodeServerRemoved, 3, false, "this server was removed from its cluster (capyctl remove server): move its state directory away and join it again with a new server join token")

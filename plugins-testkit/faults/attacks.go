@@ -34,9 +34,8 @@ import (
 // otherwise. The trust model they test is in the several-machines guide.
 //
 // A compromised host's attacks on the state it reports (events, journals,
-// inventory, routes: H3, M2, M3 of the trust review)
-// come with the fleet's rewrite: an Attack whose Inject drives
-// attack.CompromisedHost's Link adds one.
+// inventory, routes: H3, M2, M3 of the trust review) are in
+// attacks_host.go.
 
 // AttackScale sizes the attack rows.
 type AttackScale struct {
@@ -142,7 +141,8 @@ type AttackRow struct {
 
 // Attacks are the attack rows of make faults, in the order they run.
 func Attacks() []Attack {
-	return []Attack{ClusterFlood(), ManagementFlood(), ServerBigBodies(), CompromisedHostRelay(), RemovedHostStolenCertificate()}
+	return []Attack{ClusterFlood(), ManagementFlood(), ServerBigBodies(), CompromisedHostRelay(), RemovedHostStolenCertificate(),
+		CompromisedHostFlood(), CompromisedHostLies(), LostHostRemoved()}
 }
 
 // attackSpec is a deployment on the fake engine placed on one host.

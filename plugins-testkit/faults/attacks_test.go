@@ -14,7 +14,8 @@ func TestAttacks_Quick(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a server and hosts")
 	}
-	rows := runAttacks(t, []Attack{CompromisedHostRelay(), RemovedHostStolenCertificate()}, AttacksQuick)
+	rows := runAttacks(t, []Attack{CompromisedHostRelay(), RemovedHostStolenCertificate(), CompromisedHostFlood(), CompromisedHostLies(),
+		LostHostRemoved()}, AttacksQuick)
 	t.Logf("\n%s", AttackMarkdown(rows))
 }
 

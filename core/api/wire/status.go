@@ -130,6 +130,7 @@ var httpStatus = map[structs.Code]int{
 	structs.CodeQuotaExceeded:             http.StatusTooManyRequests,
 	structs.CodeAPIKeyExists:              http.StatusConflict,
 	structs.CodeLeaderUnanswered:          http.StatusGatewayTimeout,
+	structs.CodeHostLinkFlooded:           http.StatusTooManyRequests,
 }
 
 // HTTPStatus returns the HTTP status an API answers a code with (a suffix
