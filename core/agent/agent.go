@@ -381,6 +381,7 @@ func New(s Settings, logger hclog.Logger) (*Agent, error) {
 		ParkedIdleTimeout: s.ParkedIdle,
 		Group:             a.groupSettings(),
 		Switching:         s.Switching,
+		RequestDeadline:   s.RequestDeadline,
 	})
 	a.Lifecycle = lc
 	a.Engines = engines.New(st, a.Plugins, lc)

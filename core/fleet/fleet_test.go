@@ -169,6 +169,13 @@ func testServer(t testing.TB, o ServerOptions) *Server {
 // joins one) and waits until it knows its leader.
 func startTestServer(t testing.TB, o ServerOptions) *Server {
 	t.Helper()
+	return startTestServerWith(t, o, nil)
+}
+
+// startTestServerWith is startTestServer with a hook on the server made
+// and not yet started (a fake of its hosts, grouphosts_test.go).
+func startTestServerWith(t testing.TB, o ServerOptions, before func(*Server)) *Server {
+	t.Helper()
 	if o.Heartbeat == 0 {
 		o.Heartbeat = 100 * time.Millisecond
 	}
@@ -178,6 +185,9 @@ func startTestServer(t testing.TB, o ServerOptions) *Server {
 	s, err := NewServer(o)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if before != nil {
+		before(s)
 	}
 	s.Start()
 	t.Cleanup(func() { s.Close(); o.Store.Close() })

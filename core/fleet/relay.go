@@ -156,13 +156,13 @@ func (s *Server) relayBody(w http.ResponseWriter, r *http.Request, body []byte, 
 	if strings.HasPrefix(rl.resp.Header.Get("Content-Type"), "text/event-stream") && rl.unhook() {
 		s.streams.add(1)
 		u.push(func() { s.streams.add(-1) })
-		if takeOver(w, r, rl.resp, rl.cancel, &u) {
+		if takeOver(w, r, rl, &u) {
 			return
 		}
 		rehook := context.AfterFunc(r.Context(), rl.cancel)
 		u.push(func() { rehook() })
 	}
-	copyAnswer(w, rl.resp)
+	copyAnswer(w, r, rl)
 }
 
 // hostReply is a host's answer to a relayed request: cancel ends the
@@ -172,6 +172,9 @@ type hostReply struct {
 	resp   *http.Response
 	cancel context.CancelFunc
 	unhook func() bool
+	// ctx is the relayed stream's (ended by cancel); host answers it.
+	ctx  context.Context
+	host string
 }
 
 // relayTarget finds the placement that serves the request's model, the
@@ -258,7 +261,7 @@ func (s *Server) relaySend(r *http.Request, p *Placement, hosts []string, hdr ht
 			continue
 		case err == nil:
 			u.fns = append(u.fns, try.handOver().fns...)
-			return hostReply{resp: resp, cancel: cancel, unhook: unhook}, nil
+			return hostReply{resp: resp, cancel: cancel, unhook: unhook, ctx: rctx, host: host}, nil
 		}
 		try.run()
 		if r.Context().Err() != nil {
@@ -346,8 +349,11 @@ func (s *Server) roundTrip(ctx context.Context, host, method, uri string, hdr ht
 }
 
 // copyAnswer writes a host's answer to the client as it arrives, flushing
-// after every read so streamed chunks are not held.
-func copyAnswer(w http.ResponseWriter, resp *http.Response) {
+// after every read so streamed chunks are not held; a stream is written
+// in whole events, and one that breaks off ends with a coded event
+// (relaycut.go).
+func copyAnswer(w http.ResponseWriter, r *http.Request, rl hostReply) {
+	resp := rl.resp
 	copyHeaders(w.Header(), resp.Header, relayAnswerHeaders)
 	w.WriteHeader(resp.StatusCode)
 	if !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
@@ -360,11 +366,12 @@ func copyAnswer(w http.ResponseWriter, resp *http.Response) {
 	}
 	rc := http.NewResponseController(w)
 	var rb relayBuf
+	var ev sseRelay
 	for {
 		buf := rb.get()
 		n, err := resp.Body.Read(buf)
-		if n > 0 {
-			if _, werr := w.Write(buf[:n]); werr != nil {
+		if out := ev.whole(buf[:n]); len(out) > 0 {
+			if _, werr := w.Write(out); werr != nil {
 				rb.put(n)
 				return
 			}
@@ -372,10 +379,16 @@ func copyAnswer(w http.ResponseWriter, resp *http.Response) {
 		}
 		rb.put(n)
 		if err != nil {
-			if !errors.Is(err, io.EOF) {
-				panic(http.ErrAbortHandler) // cut short: no final chunk that would make it look whole
+			if errors.Is(err, io.EOF) {
+				_, _ = w.Write(ev.rest())
+				return
 			}
-			return
+			if end := brokeOff(rl.ctx, r.URL.Path, rl.host, err); end != nil {
+				_, _ = w.Write(end)
+				_ = rc.Flush()
+				return
+			}
+			panic(http.ErrAbortHandler) // cut short: no final chunk that would make it look whole
 		}
 	}
 }

@@ -8,6 +8,7 @@ package fleet
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"fmt"
 	"io"
 	"net"
@@ -69,7 +70,8 @@ func TestRelayTaken_BurstsLeaveInFewWrites(t *testing.T) {
 	u.push(func() { close(ended) })
 	var head bytes.Buffer
 	takeover.WriteHead(&head, resp.StatusCode, resp.Header, true)
-	go relayTaken(&takeover.Conn{Conn: server}, head.Bytes(), resp, func() {}, &u)
+	rl := hostReply{resp: resp, cancel: func() {}, ctx: context.Background(), host: "h"}
+	go relayTaken(&takeover.Conn{Conn: server}, head.Bytes(), rl, "/v1/chat/completions", &u)
 
 	br := bufio.NewReader(client)
 	_ = client.SetReadDeadline(time.Now().Add(10 * time.Second))

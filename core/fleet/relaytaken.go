@@ -28,7 +28,8 @@ import (
 // HTTP/2 client, a writer that cannot hand its connection over). The
 // relayed stream's cleanups go with it (undo); cancel ends it at a
 // hang-up.
-func takeOver(w http.ResponseWriter, r *http.Request, resp *http.Response, cancel func(), u *undo) bool {
+func takeOver(w http.ResponseWriter, r *http.Request, rl hostReply, u *undo) bool {
+	resp := rl.resp
 	if !takeover.Possible(w, r) {
 		return false
 	}
@@ -42,15 +43,18 @@ func takeOver(w http.ResponseWriter, r *http.Request, resp *http.Response, cance
 	takeover.WriteHead(&head, resp.StatusCode, h, true)
 	mine := u.handOver()
 	mine.push(func() { _ = conn.Close() })
-	go relayTaken(conn, head.Bytes(), resp, cancel, mine)
+	path := r.URL.Path
+	go relayTaken(conn, head.Bytes(), rl, path, mine)
 	return true
 }
 
-// relayTaken relays a taken-over stream until the host's answer ends, the
-// client hangs up or a write fails, then closes the connection and ends
-// the relayed stream (u).
-func relayTaken(conn *takeover.Conn, head []byte, resp *http.Response, cancel func(), u *undo) {
+// relayTaken relays a taken-over stream, in whole events, until the host's
+// answer ends (or breaks off: then with a coded event of its own, see
+// relaycut.go), the client hangs up or a write fails, then closes the
+// connection and ends the relayed stream (u).
+func relayTaken(conn *takeover.Conn, head []byte, rl hostReply, path string, u *undo) {
 	defer u.run()
+	resp, cancel := rl.resp, rl.cancel
 	if _, err := conn.Write(head); err != nil {
 		return
 	}
@@ -68,16 +72,23 @@ func relayTaken(conn *takeover.Conn, head []byte, resp *http.Response, cancel fu
 	// The copy buffer is pooled and held only while a chunk is on its
 	// way (relayBuf: a small one, a large one after a read that filled it).
 	var rb relayBuf
+	var ev sseRelay
 	for {
 		buf := rb.get()
 		n, rerr := resp.Body.Read(buf)
-		werr := takeover.WriteChunk(conn, buf[:n])
+		werr := takeover.WriteChunk(conn, ev.whole(buf[:n]))
 		rb.put(n)
 		if werr != nil {
 			return
 		}
 		if rerr != nil {
-			if errors.Is(rerr, io.EOF) {
+			end := ev.rest()
+			if !errors.Is(rerr, io.EOF) {
+				if end = brokeOff(rl.ctx, path, rl.host, rerr); end == nil {
+					return // cut: no last chunk that would make it look whole
+				}
+			}
+			if takeover.WriteChunk(conn, end) == nil {
 				_, _ = conn.Write(takeover.LastChunk)
 			}
 			return

@@ -110,6 +110,11 @@ func firstRoute(spec structs.Deployment, name string) string {
 	return name
 }
 
+// runActivation runs the activation in the instance's lane. It runs
+// under the manager's context, not a caller's (the model starts for the
+// retry even when its requests left), so each of its waits carries its
+// own bound: the wait for room by a request's deadline (switchTurns), the
+// driver calls by their deadlines, readiness by the startup deadline.
 func (m *Manager) runActivation(name string, d *deployment, act *activation, target *instance) {
 	var err error
 	if target == nil {

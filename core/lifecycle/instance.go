@@ -71,6 +71,10 @@ type instance struct {
 	lastUsed atomic.Int64
 	// busy is true while the lane performs a command.
 	busy atomic.Bool
+	// charging is true while a start holds a ledger reservation that its
+	// record does not show yet (the instance still stopped or failed): a
+	// switch waits for it to move before it weighs the room.
+	charging atomic.Bool
 	// room is how the lane's current start or wake makes room (the
 	// command's; read by withRoom, which runs in the lane).
 	room roomMode

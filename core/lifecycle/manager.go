@@ -111,6 +111,12 @@ type Config struct {
 	// Switching is how models that compete for one card take turns
 	// (switching.*; zero values take the defaults).
 	Switching SwitchingConfig
+	// RequestDeadline is the role's request deadline (limits.request_deadline,
+	// default 10m). A request's activation waits for room (the switch
+	// queue, busy models' turns) at most a request's deadline, the
+	// deployment's own when it sets one: past it, no request it could
+	// serve is left, and it ends activation_timeout.
+	RequestDeadline time.Duration
 }
 
 // Manager is the lifecycle of every deployment on this role.
@@ -193,6 +199,9 @@ func New(cfg Config) *Manager {
 	}
 	if cfg.DefaultStartupTimeout == 0 {
 		cfg.DefaultStartupTimeout = 10 * time.Minute
+	}
+	if cfg.RequestDeadline == 0 {
+		cfg.RequestDeadline = 10 * time.Minute
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now

@@ -287,6 +287,7 @@ func (r *startRun) end() {
 		r.held[i].giveBack()
 	}
 	r.held = nil
+	r.in.charging.Store(false)
 	r.in.endStartup()
 }
 
@@ -404,6 +405,11 @@ func (r *startRun) reserve() error {
 		r.grant, rerr = r.placer.Reserve(r.ctx, Reservation{
 			Owner: in.id, Deployment: r.spec, Revision: r.dr.Revision, Engine: r.eng, Hints: r.plan.GetHints(), Residency: r.plan.GetResidency(),
 		})
+		if rerr == nil {
+			// Charged, not yet recorded: a switch waits for the record
+			// (end clears it).
+			in.charging.Store(true)
+		}
 		return rerr
 	})
 	if err != nil {

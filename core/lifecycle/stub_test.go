@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capyctl/capyctl/core/ledger"
 	"github.com/capyctl/capyctl/core/store"
 	"github.com/capyctl/capyctl/core/structs"
 	"github.com/capyctl/capyctl/plugins-testkit/poll"
@@ -224,6 +225,10 @@ type unitPlacer struct {
 	hostCapacity, hostCopy int
 	charges                map[string]string
 	maxSeen                int
+	// shortfalls makes a refusal say what is short, and the placer read
+	// its charges (ChargeReader), as the ledger does: switches then know
+	// whether one victim alone frees enough.
+	shortfalls bool
 }
 
 func newPlacer(t *testing.T, capacity, ready, parked int) *unitPlacer {
@@ -269,7 +274,12 @@ func (p *unitPlacer) set(owner, phase string) error {
 	defer p.mu.Unlock()
 	total, parked := p.used(owner)
 	if total+p.cost(phase) > p.capacity {
-		return structs.Errf(structs.CodeCapacityBlocked, "need %d units, %d free of %d", p.cost(phase), p.capacity-total, p.capacity)
+		e := structs.Errf(structs.CodeCapacityBlocked, "need %d units, %d free of %d", p.cost(phase), p.capacity-total, p.capacity)
+		if p.shortfalls {
+			e.WithDetail("shortfalls", []ledger.Shortfall{{Domain: "units", Need: int64(p.cost(phase)),
+				Free: int64(p.capacity - total), Short: int64(total + p.cost(phase) - p.capacity)}})
+		}
+		return e
 	}
 	if phase == "parked" && p.parkedLimit >= 0 && parked+p.cost(phase) > p.parkedLimit {
 		return structs.Errf(structs.CodeCapacityBlocked, "parked limit")
@@ -300,6 +310,24 @@ func (p *unitPlacer) FitsReady(owner, _ string) (bool, bool) {
 	defer p.mu.Unlock()
 	total, _ := p.used(owner)
 	return total+p.ready <= p.capacity, true
+}
+
+// unitCharges is what the shortfalls placer reads as a ledger's charges.
+type unitCharges struct{ *unitPlacer }
+
+// Charges implements ChargeReader: an owner's units now and in each phase.
+func (p unitCharges) Charges(owner string) (map[string]int64, map[string]map[string]int64, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	ph, ok := p.charges[owner]
+	if !ok {
+		return nil, nil, false
+	}
+	plan := map[string]map[string]int64{}
+	for _, x := range []string{ledger.PhaseStartup, ledger.PhaseReady, ledger.PhaseParked} {
+		plan[x] = map[string]int64{"units": int64(p.cost(x))}
+	}
+	return map[string]int64{"units": int64(p.cost(ph))}, plan, true
 }
 
 func (p *unitPlacer) phase(owner string) string {

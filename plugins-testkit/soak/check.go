@@ -230,20 +230,19 @@ func (r *Runner) quietPoint() {
 	r.checkAlways("the requests before a quiet point")
 	r.reqs.client.CloseIdleConnections()
 	// No instance in transition: each transition is bounded, so this
-	// waits at most the longest bound.
+	// waits at most the longest bound. In the fleet profile, as each host
+	// knows it too: the server's view of a host's instances lags (a
+	// server just restarted shows what its store had), and a host's drain
+	// of an instance whose engine died meanwhile lasts its drain timeout.
 	deadline := time.Now().Add(transitionBounds["reconciling"])
 	for {
 		snap, err := r.snapshot()
 		if err != nil {
 			r.fail("quiet point", "snapshot: "+err.Error())
 		}
-		moving := ""
-		for _, d := range snap.Deployments {
-			for _, in := range d.Instances {
-				if _, ok := transitionBounds[in.State]; ok {
-					moving = in.ID + " " + in.State
-				}
-			}
+		moving := movingIn(snap, "")
+		if r.fleet != nil && moving == "" {
+			moving = r.fleet.moving()
 		}
 		if moving == "" {
 			break
@@ -303,6 +302,22 @@ func (r *Runner) readQuiet() (quietReading, []string) {
 		}
 	}
 	return readRole(r.role, lmcache, r.quiet.baselines)
+}
+
+// movingIn names an instance of snap in a transitional state ("" when
+// none), on host when it is not "".
+func movingIn(snap *wire.Snapshot, host string) string {
+	for _, d := range snap.Deployments {
+		for _, in := range d.Instances {
+			if _, ok := transitionBounds[in.State]; ok {
+				if host != "" {
+					return in.ID + " " + in.State + " on host " + host
+				}
+				return in.ID + " " + in.State
+			}
+		}
+	}
+	return ""
 }
 
 // readRole reads what a role that runs engines (standalone or host) holds

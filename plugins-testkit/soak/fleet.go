@@ -40,6 +40,9 @@ type fleetParts struct {
 	// server is the server's resident memory and open files (read from
 	// /proc: a server routes no request and has no /metrics).
 	server quietState
+	// lives are each host's output of its earlier lives (a kill -9 and
+	// restart starts a new one), for the failure report.
+	lives map[string][]string
 }
 
 // fleetPool are the deployments of the fleet profile: the fake engine
@@ -94,7 +97,7 @@ func RunFleet(t testing.TB, p Profile, seed uint64) {
 	r.say("soak: seed %d, profile %s (reproduce with %s=%d %s=%s)", seed, p.Name, EnvSeed, seed, EnvProfile, p.Name)
 	r.role = harness.StartServer(t, harness.Options{Args: []string{"--set", "host_heartbeat=300ms"}})
 	r.roleLives = 1
-	f := &fleetParts{hosts: map[string]*harness.Role{}, quiet: map[string]*quietState{}, server: newQuietState()}
+	f := &fleetParts{hosts: map[string]*harness.Role{}, quiet: map[string]*quietState{}, server: newQuietState(), lives: map[string][]string{}}
 	r.fleet = f
 	for _, name := range fleetHosts {
 		f.hosts[name] = harness.StartHost(t, r.role, harness.HostOptions{Name: name,
@@ -195,6 +198,7 @@ func (r *Runner) opKillHost() (string, string) {
 	name := f.names[r.rng.IntN(len(f.names))]
 	h := f.hosts[name]
 	h.Kill9()
+	f.lives[name] = append(f.lives[name], h.Output())
 	f.quiet[name].newLife()
 	h.Restart()
 	what := "kill -9 host agent " + name + ", restarted"
@@ -311,4 +315,37 @@ func procFigures(pid int) (rss, fds float64) {
 		fds = float64(len(entries))
 	}
 	return rss, fds
+}
+
+// report writes each host's goroutines and whole output, every life, to
+// f for a failure: a host that hangs says what it waits for (SIGQUIT), as
+// the server does.
+func (f *fleetParts) report(out *os.File) {
+	for _, name := range f.names {
+		h := f.hosts[name]
+		if !h.QuitWithStacks(15 * time.Second) {
+			fmt.Fprintf(out, "==== host %s did not exit on SIGQUIT within 15 s (killed): no goroutine dump ====\n", name)
+		}
+		for i, l := range append(f.lives[name], h.Output()) {
+			fmt.Fprintf(out, "==== host %s, life %d ====\n%s\n", name, i+1, l)
+		}
+	}
+}
+
+// moving names an instance in a transitional state as its own host knows
+// it ("" when none; an unreadable host is left to the quiet point's own
+// reading).
+func (f *fleetParts) moving() string {
+	for _, name := range f.names {
+		ctx, cancel := ctxFor(20 * time.Second)
+		snap, err := f.hosts[name].Mgmt.Snapshot(ctx)
+		cancel()
+		if err != nil {
+			continue
+		}
+		if m := movingIn(snap, name); m != "" {
+			return m
+		}
+	}
+	return ""
 }

@@ -286,8 +286,11 @@ func (r *Runner) fail(where, what string) {
 			for i, l := range append(r.lives, r.role.Output()) {
 				fmt.Fprintf(f, "==== life %d of the role ====\n%s\n", i+1, l)
 			}
+			if r.fleet != nil {
+				r.fleet.report(f)
+			}
 			f.Close()
-			fmt.Fprintf(&b, "the role's whole output, every life: %s\n", f.Name())
+			fmt.Fprintf(&b, "the role's whole output, every life (the fleet's hosts' too, each with its goroutines): %s\n", f.Name())
 		}
 	}
 	fmt.Fprintf(&b, "reproduce: %s=%d %s=%s make soak\n", EnvSeed, r.seed, EnvProfile, r.profile.Name)
