@@ -1,0 +1,59 @@
+// Copyright (c) CapyCTL authors
+// SPDX-License-Identifier: Apache-2.0
+
+package router_test
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+
+	"github.com/capyctl/capyctl/core/structs"
+)
+
+// sseEngine is an engine that answers every chat request with the given
+// server-sent events, as the engines stream them (llama-server, vLLM).
+func sseEngine(t *testing.T, events ...string) *httptest.Server {
+	t.Helper()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.WriteHeader(200)
+		for _, ev := range events {
+			_, _ = fmt.Fprintf(w, "data: %s\n\n", ev)
+			w.(http.Flusher).Flush()
+		}
+	}))
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+const roleOnlyChunk = `{"id":"c1","object":"chat.completion.chunk","model":"m","choices":[{"index":0,"delta":{"role":"assistant"},"finish_reason":null}]}`
+
+// TestRouter_InStreamErrorCodes: an error event in the engine's stream
+// before any output is the engine refusing the request when its code says
+// the request was invalid (400, 413, 422: engine_rejected), an engine
+// error otherwise; a first chunk that carries no output (the role alone)
+// is no output.
+func TestRouter_InStreamErrorCodes(t *testing.T) {
+	for _, tc := range []struct {
+		code int
+		want string
+	}{
+		{400, "engine_rejected"}, {413, "engine_rejected"}, {422, "engine_rejected"},
+		{500, "engine_error"}, {404, "engine_error"},
+	} {
+		t.Run(fmt.Sprint(tc.code), func(t *testing.T) {
+			srv := sseEngine(t, roleOnlyChunk, fmt.Sprintf(`{"error":{"message":"no","code":%d}}`, tc.code))
+			e := newEnv(t, envOpts{ep: func(ep *structs.EngineEndpoint) { ep.BaseURL = srv.URL }})
+			resp, err := e.post(context.Background(), "/v1/chat/completions", chatBody(false, ""), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if body := readBody(t, resp); errCode(body) != tc.want {
+				t.Fatalf("in-stream error code %d: got %d %s, want %s", tc.code, resp.StatusCode, body, tc.want)
+			}
+		})
+	}
+}
