@@ -6,8 +6,10 @@ package router_test
 import (
 	"context"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 
 	"github.com/capyctl/capyctl/core/structs"
@@ -55,5 +57,32 @@ func TestRouter_InStreamErrorCodes(t *testing.T) {
 				t.Fatalf("in-stream error code %d: got %d %s, want %s", tc.code, resp.StatusCode, body, tc.want)
 			}
 		})
+	}
+}
+
+// TestDialects_AnswerThatDoesNotParse: an engine's whole answer that is
+// not the JSON the dialect translates is an engine error, not an empty
+// answer.
+func TestDialects_AnswerThatDoesNotParse(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"id":"c1","choices":`)
+	}))
+	t.Cleanup(srv.Close)
+	e := newEnv(t, envOpts{ep: func(ep *structs.EngineEndpoint) {
+		ep.BaseURL = srv.URL
+		ep.MessagesPath, ep.ResponsesPath = "", ""
+	}})
+	for _, tc := range []struct{ path, body string }{
+		{"/v1/messages", `{"model":"demo","max_tokens":50,"messages":[{"role":"user","content":"hello"}]}`},
+		{"/v1/responses", `{"model":"demo","input":"hello"}`},
+	} {
+		resp, err := e.post(context.Background(), tc.path, tc.body, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if body := readBody(t, resp); resp.StatusCode != 502 || !strings.Contains(body, "does not parse") {
+			t.Errorf("%s: got %d %s, want 502 and the engine's answer that does not parse", tc.path, resp.StatusCode, body)
+		}
 	}
 }
