@@ -4,6 +4,7 @@
 package router_test
 
 import (
+	"bufio"
 	"context"
 	"fmt"
 	"io"
@@ -84,5 +85,60 @@ func TestDialects_AnswerThatDoesNotParse(t *testing.T) {
 		if body := readBody(t, resp); resp.StatusCode != 502 || !strings.Contains(body, "does not parse") {
 			t.Errorf("%s: got %d %s, want 502 and the engine's answer that does not parse", tc.path, resp.StatusCode, body)
 		}
+	}
+}
+
+// TestRouter_DoneReachesClientBeforeEngineBodyEnds: the end of a complete
+// stream ([DONE]) is flushed to the client as it arrives, not when the
+// engine's body ends after it (an engine may keep it open a while). The
+// engine here keeps its body open until the client has read [DONE], or
+// until the router gives up on its connection.
+func TestRouter_DoneReachesClientBeforeEngineBodyEnds(t *testing.T) {
+	gotFinish, seen := make(chan struct{}), make(chan struct{})
+	heldOpen := make(chan bool, 1)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.WriteHeader(200)
+		_, _ = io.WriteString(w, roleChunk+contentChunk+strings.TrimSuffix(finishChunk, "data: [DONE]\n\n"))
+		w.(http.Flusher).Flush()
+		// [DONE] alone, once the rest was relayed: nothing else in the
+		// read that brings it is flushed for it.
+		select {
+		case <-gotFinish:
+		case <-r.Context().Done():
+			heldOpen <- false
+			return
+		}
+		_, _ = io.WriteString(w, "data: [DONE]\n\n")
+		w.(http.Flusher).Flush()
+		select {
+		case <-seen:
+			heldOpen <- true
+		case <-r.Context().Done():
+			heldOpen <- false
+		}
+	}))
+	t.Cleanup(srv.Close)
+	e := newEnv(t, envOpts{ep: func(ep *structs.EngineEndpoint) { ep.BaseURL = srv.URL }})
+	resp, err := e.post(context.Background(), "/v1/chat/completions", chatBody(true, ""), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		if strings.Contains(sc.Text(), `"finish_reason":"stop"`) {
+			close(gotFinish)
+		}
+		if sc.Text() == "data: [DONE]" {
+			break
+		}
+	}
+	close(seen)
+	if sc.Err() != nil {
+		t.Fatal(sc.Err())
+	}
+	if !<-heldOpen {
+		t.Fatal("[DONE] reached the client only after the router left the engine's body")
 	}
 }
