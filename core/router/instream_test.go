@@ -142,3 +142,26 @@ func TestRouter_DoneReachesClientBeforeEngineBodyEnds(t *testing.T) {
 		t.Fatal("[DONE] reached the client only after the router left the engine's body")
 	}
 }
+
+// TestRouter_FinishedAnswerWhoseBodyBreaksOff: an answer assembled for a
+// client that asked for no stream is complete at its finish reason; a body
+// that then breaks off (no [DONE], no end of the chunked coding) costs the
+// client nothing.
+func TestRouter_FinishedAnswerWhoseBodyBreaksOff(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.WriteHeader(200)
+		_, _ = io.WriteString(w, roleChunk+contentChunk+strings.TrimSuffix(finishChunk, "data: [DONE]\n\n"))
+		w.(http.Flusher).Flush()
+		panic(http.ErrAbortHandler) // the connection closes amid the chunked body
+	}))
+	t.Cleanup(srv.Close)
+	e := newEnv(t, envOpts{ep: func(ep *structs.EngineEndpoint) { ep.BaseURL = srv.URL }})
+	resp, err := e.post(context.Background(), "/v1/chat/completions", chatBody(false, ""), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if body := readBody(t, resp); resp.StatusCode != 200 || !strings.Contains(body, `"content":"hi"`) || !strings.Contains(body, `"finish_reason":"stop"`) {
+		t.Fatalf("got %d %s, want the finished answer", resp.StatusCode, body)
+	}
+}
