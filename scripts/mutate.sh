@@ -19,6 +19,9 @@
 #   MUTATE_EXCLUDE  regexps of file names left out, space-separated
 #                   (gremlins -E, matched against the path inside the
 #                   package: "^serve\.go$")
+#   MUTATE_ONLY     file names of the package to mutate, space-separated
+#                   ("start.go stop.go"): every other file of it is left
+#                   out (a run of a whole package takes hours on 2 cores)
 #
 # Tests run with -short and -count=1 (GOFLAGS): the tests that start a whole role run
 # the capyctl binary built beforehand, without the mutant, so they cannot
@@ -41,10 +44,19 @@ results=()
 for pkg in "$@"; do
 	pkg="${pkg#./}"
 	name="${pkg//\//_}"
-	args=(unleash --workers 1 --timeout-coefficient "${MUTATE_TIMEOUT:-10}" -o "$out/$name.json")
+	# -E /: a subpackage is a package of its own (gremlins walks the
+	# folders below; list a subpackage in MUTATE_PKGS to mutate it).
+	args=(unleash --workers 1 --timeout-coefficient "${MUTATE_TIMEOUT:-10}" -o "$out/$name.json" -E /)
 	for x in ${MUTATE_EXCLUDE:-}; do
 		args+=(-E "$x")
 	done
+	if [ -n "${MUTATE_ONLY:-}" ]; then
+		for f in "$pkg"/*.go; do
+			f="${f##*/}"
+			case "$f" in *_test.go) continue ;; esac
+			case " $MUTATE_ONLY " in *" $f "*) ;; *) args+=(-E "^${f//./\\.}\$") ;; esac
+		done
+	fi
 	echo "== $pkg ($(date +%H:%M:%S))"
 	start=$(date +%s)
 	# gremlins' exit status says nothing here (no thresholds are set):

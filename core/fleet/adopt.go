@@ -56,29 +56,37 @@ func (s *Server) adoptLaterLocked(ctx context.Context, h *liveHost) {
 	})
 }
 
+// hostsOwn counts the instances of each deployment a host's journals
+// say it runs of its own (no instance of it placed by the cluster).
+func (s *Server) hostsOwn(host string) map[string]int {
+	counts := map[string]int{}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	h := s.hosts[host]
+	if h == nil {
+		return counts
+	}
+	placed := map[string]bool{}
+	for _, j := range h.journals {
+		if j.GetPlaced() {
+			placed[j.GetDeployment()] = true // the cluster's own are not the host's to give
+		} else if j.GetDeployment() != "" {
+			counts[j.GetDeployment()]++
+		}
+	}
+	for dep := range placed {
+		delete(counts, dep)
+	}
+	return counts
+}
+
 // adopt places on the server the deployments a host runs that the server
 // has no placement for (deployed on the host itself, or a machine that ran
 // standalone before it joined), so that they are listed and routed; a
 // deployment the server placed on other hosts only is left alone and
 // logged. It waits for the host's relay to ask for each one's routes.
 func (s *Server) adopt(ctx context.Context, host string) {
-	counts := map[string]int{}
-	s.mu.Lock()
-	if h := s.hosts[host]; h != nil {
-		placed := map[string]bool{}
-		for _, j := range h.journals {
-			if j.GetPlaced() {
-				placed[j.GetDeployment()] = true // the cluster's own are not the host's to give
-			} else if j.GetDeployment() != "" {
-				counts[j.GetDeployment()]++
-			}
-		}
-		for dep := range placed {
-			delete(counts, dep)
-		}
-	}
-	s.mu.Unlock()
-	for dep, n := range counts {
+	for dep, n := range s.hostsOwn(host) {
 		if s.o.RefuseAdoption {
 			if _, placed := s.State.Placement(dep); !placed {
 				s.logger.Warn("a host runs a deployment the servers did not place; not adopted (adopt_host_deployments = false)", "host", host, "deployment", dep)

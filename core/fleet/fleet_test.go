@@ -38,8 +38,11 @@ type fakeLocal struct {
 	mu        sync.Mutex
 	journals  []*hostv1.InstanceJournal
 	cancelled atomic.Int64 // streams whose request context ended early
-	started   chan struct{}
-	changes   signal
+	answered  atomic.Int64 // non-streamed requests answered
+	// types are the Content-Type headers of the requests relayed.
+	types   []string
+	started chan struct{}
+	changes signal
 	// desired is every share applied, in order; refuse answers each
 	// engine of a share with its code.
 	desired []*hostv1.Desired
@@ -125,7 +128,11 @@ func (l *fakeLocal) RelayHandler() http.Handler {
 			return
 		}
 		body, _ := io.ReadAll(r.Body)
+		l.mu.Lock()
+		l.types = append(l.types, r.Header.Get("Content-Type"))
+		l.mu.Unlock()
 		if !strings.Contains(string(body), `"stream":true`) {
+			l.answered.Add(1)
 			w.Header().Set("Content-Type", "application/json")
 			fmt.Fprintf(w, `{"object":"chat.completion","echo":%d}`, len(body))
 			return
@@ -162,6 +169,13 @@ func testServer(t testing.TB, o ServerOptions) *Server {
 // joins one) and waits until it knows its leader.
 func startTestServer(t testing.TB, o ServerOptions) *Server {
 	t.Helper()
+	return startTestServerWith(t, o, nil)
+}
+
+// startTestServerWith is startTestServer with a hook on the server made
+// and not yet started (a fake of its hosts, grouphosts_test.go).
+func startTestServerWith(t testing.TB, o ServerOptions, before func(*Server)) *Server {
+	t.Helper()
 	if o.Heartbeat == 0 {
 		o.Heartbeat = 100 * time.Millisecond
 	}
@@ -171,6 +185,9 @@ func startTestServer(t testing.TB, o ServerOptions) *Server {
 	s, err := NewServer(o)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if before != nil {
+		before(s)
 	}
 	s.Start()
 	t.Cleanup(func() { s.Close(); o.Store.Close() })
@@ -441,6 +458,14 @@ func TestRelay_StreamsAndCancelsOnHangUp(t *testing.T) {
 	cancel()
 	resp.Body.Close()
 	poll.Until(t, 5*time.Second, "the host's handler sees the hang-up", func() bool { return local.cancelled.Load() == 1 })
+	// The stream, taken over from net/http, is no longer counted: a
+	// stopping server's drain does not wait for it.
+	dctx, dcancel := context.WithTimeout(context.Background(), 10*time.Second)
+	s.DrainStreams(dctx)
+	if dctx.Err() != nil {
+		t.Fatal("the drain waited for a stream that had ended")
+	}
+	dcancel()
 
 	// The host goes away: a request fails fast with a coded 503 and
 	// Retry-After.

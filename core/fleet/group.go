@@ -59,7 +59,7 @@ func (s *Server) memberHostReady(host, dep string) error {
 	case rec.Drained:
 		return structs.Errf(structs.CodeHostDraining, "group %s names host %s, which is draining: capyctl drain host %s --resume", dep, host, host).WithDetail("host", host)
 	}
-	if _, ok := s.placeable(host); !ok {
+	if !s.hostIO.reachable(host) {
 		e := structs.Errf(structs.CodeHostUnreachable, "group %s names host %s, which is out of reach of the server: every member's host must be connected", dep, host).WithDetail("host", host)
 		e.RetryAfter = int(2*s.o.Heartbeat.Seconds()) + 1
 		return e
@@ -311,7 +311,7 @@ func (s *Server) waitStarted(ctx context.Context, host, name string, before memb
 	deadline := time.NewTimer(admitWait)
 	defer deadline.Stop()
 	for {
-		changes := s.hostChanges([]string{host})
+		changes := s.hostIO.changes([]string{host})
 		m := s.memberOf(ctx, host, 0, name)
 		// A start refused before it changed the state (no room) records
 		// only a newer last error.
@@ -468,7 +468,7 @@ func (s *Server) waitHeadReady(ctx context.Context, name string, g *GroupPlaceme
 	defer stall.Stop()
 	stops := s.groups.stopAsked(name)
 	for {
-		changes := s.hostChanges(g.Hosts, s.groups.stopped.changed())
+		changes := s.hostIO.changes(g.Hosts, s.groups.stopped.changed())
 		if s.groups.stopAsked(name) != stops {
 			return structs.Errf(structs.CodeActivationFailed, "group %s: an operator stopped it before it was ready", name)
 		}

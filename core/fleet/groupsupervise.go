@@ -65,7 +65,7 @@ func (s *Server) watchBringUp(name, id string) {
 // at again once the operation released the group.
 func (s *Server) superviseGroups(ctx context.Context) {
 	for {
-		more := []<-chan struct{}{s.journaled.changed()}
+		more := []<-chan struct{}{s.hostIO.journaled()}
 		for _, p := range s.State.Placements() {
 			if p.Group == nil {
 				continue
@@ -74,7 +74,7 @@ func (s *Server) superviseGroups(ctx context.Context) {
 				more = append(more, busy)
 			}
 		}
-		if _, err := s.hostChanges(nil, more...).wait(ctx, nil); err != nil {
+		if _, err := s.hostIO.changes(nil, more...).wait(ctx, nil); err != nil {
 			return
 		}
 	}
@@ -95,17 +95,11 @@ func (s *Server) superviseGroup(ctx context.Context, p *Placement) (busy <-chan 
 		msg   string
 	}
 	var failed []failure
-	s.mu.Lock()
 	for rank, host := range g.Hosts {
-		h := s.hosts[host]
-		if h == nil || h.linkCancel == nil {
-			continue
-		}
-		if j := h.journals[id]; j != nil && memberFailed(j.GetState(), j.GetWhy()) {
+		if j := s.hostIO.journal(host, id); j != nil && memberFailed(j.GetState(), j.GetWhy()) {
 			failed = append(failed, failure{rank, host, j.GetSinceUnixMs(), j.GetMessage()})
 		}
 	}
-	s.mu.Unlock()
 	if len(failed) == 0 {
 		return nil
 	}
@@ -216,14 +210,5 @@ func (s *Server) hostRunsGroup(host string) bool {
 // journalState is an instance's state as its host's last journal said,
 // empty when the host's link is down or it sent none.
 func (s *Server) journalState(host, id string) string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	h := s.hosts[host]
-	if h == nil || h.linkCancel == nil {
-		return ""
-	}
-	if j := h.journals[id]; j != nil {
-		return j.GetState()
-	}
-	return ""
+	return s.hostIO.journal(host, id).GetState()
 }

@@ -77,27 +77,7 @@ func (s *Server) hostCall(ctx context.Context, host, method, path string, hdr ht
 // hostCallWithin is hostCall bounded by d (a group member's park or wake
 // waits for the engine).
 func (s *Server) hostCallWithin(ctx context.Context, d time.Duration, host, method, path string, hdr http.Header, body []byte) (int, []byte, error) {
-	ctx, cancel := context.WithTimeout(ctx, d)
-	defer cancel()
-	h := http.Header{}
-	for _, k := range []string{"Content-Type", "Accept", "Idempotency-Key"} {
-		if v := hdr.Get(k); v != "" {
-			h.Set(k, v)
-		}
-	}
-	if k := h.Get(wire.HeaderIdempotencyKey); k != "" {
-		h.Set(wire.HeaderIdempotencyKey, k+"@"+host) // one key per host: a retry replays each host's answer
-	}
-	resp, err := s.roundTrip(ctx, host, method, wire.Prefix+path, h, "", body)
-	if err != nil {
-		return 0, nil, structs.Wrap(structs.CodeHostUnreachable, err, "host %s", host).WithDetail("host", host)
-	}
-	defer resp.Body.Close()
-	data, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
-	if err != nil {
-		return 0, nil, structs.Wrap(structs.CodeHostUnreachable, err, "read host %s's answer", host).WithDetail("host", host)
-	}
-	return resp.StatusCode, data, nil
+	return s.hostIO.call(ctx, d, host, method, path, hdr, body)
 }
 
 // hostError turns a host's error answer back into a catalogue error.
@@ -223,7 +203,7 @@ func (s *Server) waitAdmitted(ctx context.Context, host, name string) error {
 	deadline := time.NewTimer(admitWait)
 	defer deadline.Stop()
 	for {
-		changes := s.hostChanges([]string{host})
+		changes := s.hostIO.changes([]string{host})
 		status, data, err := s.hostCall(ctx, host, http.MethodGet, "/deployments/"+url.PathEscape(name), nil, nil)
 		if err != nil {
 			return err

@@ -150,6 +150,9 @@ type Server struct {
 	// journaled is published whenever a host's journal arrives (the
 	// groups' supervisor waits on it) or a link comes up.
 	journaled signal
+	// hostIO is what the group code and hostCall need from the hosts:
+	// linkedHosts, a fake in a test (grouphosts.go).
+	hostIO memberHosts
 	// fatal carries the reason the server must stop (Fatal).
 	fatal chan error
 	// keys is the keeper of the cluster's named keys (UseKeys), under mu.
@@ -237,6 +240,7 @@ func NewServer(o ServerOptions) (*Server, error) {
 	}
 	s := &Server{o: o, logger: o.Logger.Named("fleet"), State: state, ln: ln, advertise: advertise, hosts: map[string]*liveHost{},
 		lastStatus: statusCache{m: map[string]wire.DeploymentStatus{}}, fatal: make(chan error, 1)}
+	s.hostIO = linkedHosts{s}
 	s.gate, s.refused = newHandshakeGate(defaultGateLimits), newRefusalLog(s.logger, refusalLogInterval)
 	s.limits, s.hostRefused = defaultHostLimits, newRefusalLog(s.logger, refusalLogInterval)
 	if o.hostLimits != nil {

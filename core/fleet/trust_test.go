@@ -158,7 +158,10 @@ func TestClusterListener_IdleFloodCutsNoHostOff(t *testing.T) {
 	if strangers > defaultGateLimits.strangers || known > defaultGateLimits.known {
 		t.Fatalf("slots held: %d strangers, %d known; bounds %d and %d", strangers, known, defaultGateLimits.strangers, defaultGateLimits.known)
 	}
-	if n := s.gate.perAddr["127.0.0.2"]; n > defaultGateLimits.perAddress {
+	s.gate.mu.Lock()
+	n := s.gate.perAddr["127.0.0.2"]
+	s.gate.mu.Unlock()
+	if n > defaultGateLimits.perAddress {
 		t.Fatalf("one address holds %d slots, bound %d", n, defaultGateLimits.perAddress)
 	}
 }

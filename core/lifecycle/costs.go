@@ -28,15 +28,19 @@ import (
 //
 // The expected cost of evicting a victim, in seconds of waiting it causes:
 //
-//	cost = bring_back × (reuse + waiting + in_flight) + drain
+//	cost = max(bring_back × recent, rate × turn_time × (bring_back + out))
+//	       + bring_back × (waiting + in_flight) + drain
 //
 // where bring_back is the time to have it serve again (its wake when it
 // would park, its start when it would stop; for a parked one, what a start
-// costs beyond a wake), reuse = 60 s / (60 s + idle) the chance it is
-// asked for again soon (1 when just used, ½ after a minute idle), waiting
-// and in_flight its requests (each waits for it to come back), and drain
-// its mean service time when it serves (the requester waits for its
-// requests to end). Ready models come before parked ones (parking a ready
+// costs beyond a wake), recent = 60 s / (60 s + idle) the chance it is
+// asked for again soon (1 when just used, ½ after a minute idle), rate its
+// recent requests per second (rate × turn_time are the requests expected
+// while another model has its turn, and each waits for the victim's next
+// turn: out = turn_time / 2 on average for a ready victim, 0 for a parked
+// one, which is out already), waiting and in_flight its requests (each
+// waits for it to come back), and drain its mean service time when it
+// serves (the requester waits for its requests to end). Ready models come before parked ones (parking a ready
 // model frees the most for the least); within each, the cheapest first,
 // then the least recently used, then by ID.
 
@@ -266,10 +270,22 @@ func (m *Manager) costOf(v *victim, now time.Time) {
 		idle = max(now.Sub(time.Unix(0, v.used)), 0)
 	}
 	reuse := float64(reuseHorizon) / float64(reuseHorizon+idle)
+	back := v.bringBack.Seconds()
+	asked := back * reuse
 	// A model asked for often: the requests expected during a turn of
-	// another model, when more.
-	reuse = max(reuse, reqs.ArrivalRate(v.dep)*m.turnTime().Seconds())
-	v.cost = v.bringBack.Seconds() * (reuse + float64(v.waiting) + float64(v.active))
+	// another model. Evicting a ready one, each waits for its next turn,
+	// on average half the turn plus its bring-back, not its bring-back
+	// alone: a model that wakes fast but is asked for all the time costs
+	// more to evict than one that wakes slowly and is asked for seldom. (A
+	// parked one is out already: stopping it adds only what a start costs
+	// beyond a wake.)
+	turn := m.turnTime().Seconds()
+	out := 0.0
+	if v.rec.State == structs.StateReady {
+		out = turn / 2
+	}
+	asked = max(asked, reqs.ArrivalRate(v.dep)*turn*(back+out))
+	v.cost = asked + back*(float64(v.waiting)+float64(v.active))
 	if v.active > 0 {
 		v.cost += reqs.ServiceTime(v.dep).Seconds()
 	}

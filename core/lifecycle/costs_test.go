@@ -64,7 +64,8 @@ func TestVictims_ByExpectedCost(t *testing.T) {
 		t.Fatalf("first victim %s, want y (it alone frees the 5 short)", got)
 	}
 	// A model asked for often is costly to evict, however recently used:
-	// y at one request a second expects 30 during a 30 s turn of another.
+	// y at one request a second expects 30 during a 30 s turn of another,
+	// each waiting for its next turn: its start plus half a turn.
 	f.reqs.mu.Lock()
 	f.reqs.rate["y"] = 1
 	f.reqs.mu.Unlock()
@@ -72,12 +73,56 @@ func TestVictims_ByExpectedCost(t *testing.T) {
 	for _, v := range cands {
 		cost[v.dep] = math.Round(v.cost*100) / 100
 	}
-	if cost["y"] != 600 || rankVictims(cands, nil)[0].dep != "x" {
-		t.Fatalf("costs %v: y asked for every second should cost 20 s × 30 requests", cost)
+	if cost["y"] != 1050 || rankVictims(cands, nil)[0].dep != "x" {
+		t.Fatalf("costs %v: y asked for every second should cost 30 requests × (20 s + 15 s)", cost)
 	}
 	f.m.cfg.Switching.Policy = PolicyImmediate
 	if v, _ := f.m.pickVictim(me, map[string]bool{}); v == nil || v.dep != "y" {
 		t.Fatalf("immediate policy: first victim %v, want y (least recently used)", v)
+	}
+}
+
+// TestVictims_AskedForOftenWaitsForItsNextTurn: under load the requests
+// for an evicted model wait for its next turn, not only for its wake. hot
+// wakes in 0.5 s and is asked for twice a second; cold wakes in 3 s and is
+// asked for once in ten. Weighing the requests expected during a 30 s turn
+// by the bring-back alone would evict hot (0.5 × 15 = 7.5 against
+// 3 × 3 = 9), and its 15 requests would each wait for its next turn; with
+// the wait for the next turn (half a turn on average) it is cold:
+// 0.5 × 30 × (0.5 + 15) = 232.5 against 0.1 × 30 × (3 + 15) = 54.
+func TestVictims_AskedForOftenWaitsForItsNextTurn(t *testing.T) {
+	f := newFixture(t, 100, 1, 1)
+	for _, n := range []string{"hot", "cold", "me"} {
+		f.deploy(n)
+		if err := f.activate(n); err != nil {
+			t.Fatal(err)
+		}
+	}
+	now := f.clock.Now()
+	for n, wake := range map[string]int64{"hot": 500, "cold": 3000} {
+		in, err := f.m.instance(n, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		in.update(func(r *structs.InstanceRecord) {
+			r.Timings = &structs.Timings{WakeMs: map[string]int64{structs.ResidencyDeep: wake}, StartMs: 20000}
+		})
+		in.lastUsed.Store(now.UnixNano())
+	}
+	f.reqs.mu.Lock()
+	f.reqs.rate["hot"], f.reqs.rate["cold"] = 0.5, 0.1
+	f.reqs.mu.Unlock()
+	me, _ := f.m.instance("me", 0)
+	cands, _, _ := f.m.switchCandidates(me, map[string]bool{})
+	cost := map[string]float64{}
+	for _, v := range cands {
+		cost[v.dep] = math.Round(v.cost*100) / 100
+	}
+	if cost["hot"] != 232.5 || cost["cold"] != 54 {
+		t.Fatalf("costs %v, want hot 232.5 and cold 54", cost)
+	}
+	if got := rankVictims(cands, nil)[0].dep; got != "cold" {
+		t.Fatalf("first victim %s, want cold (hot's requests would wait for its next turn)", got)
 	}
 }
 

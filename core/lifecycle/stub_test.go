@@ -64,6 +64,9 @@ type stubDriver struct {
 	// counts the Stops that wait there.
 	stopGate chan struct{}
 	stopping atomic.Int32
+	// wakeGate, when set, holds every Wake until it closes or the call's
+	// context ends (a wake that never finishes).
+	wakeGate chan struct{}
 }
 
 func newStub() *stubDriver {
@@ -127,8 +130,11 @@ func (d *stubDriver) Probe(ctx context.Context, r *pb.ProbeRequest) (*pb.ProbeRe
 	return &pb.ProbeResponse{Alive: true, Ready: true, Endpoint: ep, Canary: d.canary}, nil
 }
 
-func (d *stubDriver) Park(_ context.Context, r *pb.ParkRequest) (*pb.ParkResponse, error) {
+func (d *stubDriver) Park(ctx context.Context, r *pb.ParkRequest) (*pb.ParkResponse, error) {
 	d.parks.Add(1)
+	if err := ctx.Err(); err != nil {
+		return nil, err // as over gRPC: a call whose deadline passed fails
+	}
 	d.mu.Lock()
 	d.parked[r.GetInstanceId()] = true
 	d.parkedAt = append(d.parkedAt, r.GetTier())
@@ -136,8 +142,17 @@ func (d *stubDriver) Park(_ context.Context, r *pb.ParkRequest) (*pb.ParkRespons
 	return &pb.ParkResponse{Detail: "parked at " + r.GetTier()}, nil
 }
 
-func (d *stubDriver) Wake(_ context.Context, r *pb.WakeRequest) (*pb.WakeResponse, error) {
+func (d *stubDriver) Wake(ctx context.Context, r *pb.WakeRequest) (*pb.WakeResponse, error) {
 	d.wakes.Add(1)
+	if d.wakeGate != nil {
+		select {
+		case <-d.wakeGate:
+		case <-ctx.Done():
+		}
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err // as over gRPC: a call whose deadline passed fails
+	}
 	d.mu.Lock()
 	delete(d.parked, r.GetInstanceId())
 	d.wokeFrom = append(d.wokeFrom, r.GetTier())
@@ -146,8 +161,11 @@ func (d *stubDriver) Wake(_ context.Context, r *pb.WakeRequest) (*pb.WakeRespons
 	return &pb.WakeResponse{Canary: c}, nil
 }
 
-func (d *stubDriver) Stop(_ context.Context, r *pb.StopRequest) (*pb.StopResponse, error) {
+func (d *stubDriver) Stop(ctx context.Context, r *pb.StopRequest) (*pb.StopResponse, error) {
 	d.stops.Add(1)
+	if err := ctx.Err(); err != nil {
+		return nil, err // as over gRPC: a call whose deadline passed fails
+	}
 	if d.stopGate != nil {
 		d.stopping.Add(1)
 		<-d.stopGate

@@ -160,13 +160,14 @@ func (m *Manager) switchTurns(parent context.Context, requester *instance, try f
 			// Its turn ends first: it serves what waits for it, then
 			// admits nothing more until it is back.
 			// An idle model lingers as long as bringing it back was
-			// measured to take (never on a placeholder).
-			ended := reqs.Contend(v.dep, m.cfg.Switching.TurnRequests, v.measured)
+			// measured to take (never on a placeholder), and one that
+			// came in lately until it has had its least turn.
+			ended := reqs.Contend(v.dep, m.cfg.Switching.TurnRequests, max(v.measured, m.leastTurnLeft(v)))
 			contended[v.dep] = true
 			if v.busy() {
 				m.event("turn_ending", v.dep, v.in.id, map[string]any{"for": requester.dep, "waiting": v.waiting, "in_flight": v.active})
 			}
-			if err := m.awaitTurn(ctx, ended, v.dep, since); err != nil {
+			if err := m.awaitTurn(ctx, ended, v.dep, since, m.switchAfterTurn(v, requester)); err != nil {
 				return err
 			}
 			if why, served := reqs.TurnEnded(v.dep); v.busy() || served > 0 {
@@ -199,8 +200,6 @@ func (m *Manager) switchTurns(parent context.Context, requester *instance, try f
 	}
 }
 
-// awaitTurn waits until a contended model's turn ended, ending it when the
-// longest-waiting request of the switch has waited the turn time.
 // whileDeployed runs count (a switching figure of dep) only while dep is
 // deployed, under m.mu: a delete drops dep from m.deployments under m.mu
 // before it forgets dep's figures, so a late count (a switch that chose
@@ -214,8 +213,13 @@ func (m *Manager) whileDeployed(dep string, count func()) {
 	}
 }
 
-func (m *Manager) awaitTurn(ctx context.Context, ended <-chan struct{}, dep string, since time.Time) error {
-	if left := m.turnTime() - m.cfg.Now().Sub(since); left > 0 {
+// awaitTurn waits until a contended model's turn ended, ending it when the
+// longest-waiting request of the switch has waited the turn time less
+// after, what the switch still takes once the turn ended
+// (switchAfterTurn): so that request waits the turn time in all, its
+// switch included, not the turn time and then the switch.
+func (m *Manager) awaitTurn(ctx context.Context, ended <-chan struct{}, dep string, since time.Time, after time.Duration) error {
+	if left := m.turnTime() - m.cfg.Now().Sub(since) - after; left > 0 {
 		t := time.NewTimer(left)
 		defer t.Stop()
 		select {
@@ -248,6 +252,38 @@ func (m *Manager) roomWait(dep string) time.Duration {
 		return dr.Spec.RequestDeadline.D()
 	}
 	return m.cfg.RequestDeadline
+}
+
+// leastTurnFactor is how many times what a switch was measured to cost a
+// model's turn lasts at least, idle or not, once it came in: so that
+// switching takes at most 1/(1+leastTurnFactor) of the card's time when
+// turns end because their models went idle. A turn that another model's
+// longest-waiting request bounds (the turn time) may be shorter.
+const leastTurnFactor = 4
+
+// leastTurnLeft is what is left of a ready victim's least turn: from when
+// it became ready, leastTurnFactor times what bringing it in and parking
+// it were measured to take (0 when never measured), at most the turn time.
+func (m *Manager) leastTurnLeft(v *victim) time.Duration {
+	if v.rec.State != structs.StateReady || v.measured <= 0 {
+		return 0
+	}
+	least := min(leastTurnFactor*(v.measured+m.measuredPark(v.in, v.parks)), m.turnTime())
+	return max(least-m.cfg.Now().Sub(v.rec.Since), 0)
+}
+
+// switchAfterTurn is what a switch is measured to take once its victim's
+// turn ended: the victim's running requests draining (its mean service
+// time), its park (or stop) and the requester's wake (or start), from
+// measurements only (a step never measured counts 0, never a placeholder),
+// and at most half the turn time, so that a turn keeps at least half of
+// it.
+func (m *Manager) switchAfterTurn(v *victim, requester *instance) time.Duration {
+	d := m.measuredPark(v.in, v.parks) + m.measuredBringIn(requester)
+	if v.active > 0 {
+		d += m.cfg.Requests.ServiceTime(v.dep)
+	}
+	return min(d, m.turnTime()/2)
 }
 
 // awaitChange waits for the route table to change (an instance's state

@@ -345,3 +345,135 @@ func TestSwitchQueue_Yield(t *testing.T) {
 	}
 	q.leave(b)
 }
+
+// turnRecorder is a scripted Requests that records the turns it was told
+// to close.
+type turnRecorder struct {
+	*fakeRequests
+	mu      sync.Mutex
+	closed  []string
+	lingers []string // "dep linger" of each Contend
+}
+
+func (r *turnRecorder) Contend(dep string, _ int, linger time.Duration) <-chan struct{} {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.lingers = append(r.lingers, fmt.Sprintf("%s %s", dep, linger))
+	return closedChan
+}
+
+func (r *turnRecorder) contended() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]string(nil), r.lingers...)
+}
+
+func (r *turnRecorder) CloseTurn(dep string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.closed = append(r.closed, dep)
+}
+
+func (r *turnRecorder) closedTurns() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]string(nil), r.closed...)
+}
+
+// TestAwaitTurn_TheSwitchCountsInTheTurn: a busy model's turn ends early
+// enough that the waiting model's switch fits in the turn time: b's
+// longest-waiting request has waited 25 s of a 30 s turn, and what the
+// switch still takes once a's turn ended is measured at 6 s (a's running
+// request draining at its mean service time of 1 s, a's park of 2 s, b's
+// start of 3 s), so a's turn ends now, not in 5 s with b served 6 s after
+// that. The switch counts at most half the turn: a turn keeps at least
+// half of it, however slow the switch.
+func TestAwaitTurn_TheSwitchCountsInTheTurn(t *testing.T) {
+	rec := &turnRecorder{fakeRequests: newFakeRequests()}
+	f := newFixture(t, 10, 6, 1, func(c *Config) {
+		c.Requests = rec
+		c.Switching.TurnTime = 30 * time.Second
+	})
+	f.deploy("a")
+	f.deploy("b")
+	if err := f.activate("a"); err != nil {
+		t.Fatal(err)
+	}
+	a, _ := f.m.instance("a", 0)
+	b, _ := f.m.instance("b", 0)
+	a.update(func(r *structs.InstanceRecord) { r.Timings = &structs.Timings{ParkMs: 2000, StartMs: 9000} })
+	b.update(func(r *structs.InstanceRecord) { r.Timings = &structs.Timings{StartMs: 3000} })
+	rec.fakeRequests.mu.Lock()
+	rec.fakeRequests.service["a"] = time.Second
+	rec.fakeRequests.mu.Unlock()
+	v := &victim{in: a, rec: a.snapshot(), dep: "a", parks: true, active: 1}
+	after := f.m.switchAfterTurn(v, b)
+	if after != 6*time.Second {
+		t.Fatalf("the switch after a's turn is measured at %s, want 6s", after)
+	}
+	// The turn's end is decided before any wait: with the context already
+	// ended, a turn that is not over is left open.
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	ended := make(chan struct{})
+	close(ended)
+	_ = f.m.awaitTurn(ctx, ended, "a", f.clock.Now().Add(-25*time.Second), after)
+	if got := rec.closedTurns(); fmt.Sprint(got) != "[a]" {
+		t.Fatalf("turns closed %v, want a's: b's request has waited the turn time less its switch", got)
+	}
+	_ = f.m.awaitTurn(ctx, ended, "a", f.clock.Now().Add(-23*time.Second), after)
+	if got := rec.closedTurns(); len(got) != 1 {
+		t.Fatalf("turns closed %v: a's turn ended with a second of it left", got)
+	}
+	b.update(func(r *structs.InstanceRecord) { r.Timings = &structs.Timings{StartMs: 40000} })
+	if got := f.m.switchAfterTurn(v, b); got != 15*time.Second {
+		t.Fatalf("with b's start at 40s the switch counts %s, want 15s (half the turn)", got)
+	}
+}
+
+// TestSwitch_LeastTurnFromTheMeasuredSwitch: a model that came in lately
+// keeps its turn, idle or not, for leastTurnFactor times what its switch
+// was measured to cost (4 × its wake of 1 s and park of 0.5 s: 6 s), so that
+// switching takes a bounded share of the card's time; past that an idle
+// model lingers only its measured bring-back (1 s), and the least turn
+// never exceeds the turn time.
+func TestSwitch_LeastTurnFromTheMeasuredSwitch(t *testing.T) {
+	rec := &turnRecorder{fakeRequests: newFakeRequests()}
+	f := newFixture(t, 10, 6, 1, func(c *Config) {
+		c.Requests = rec
+		c.Switching.TurnTime = 30 * time.Second
+	})
+	f.deploy("a")
+	f.deploy("b")
+	if err := f.activate("a"); err != nil {
+		t.Fatal(err)
+	}
+	a, _ := f.m.instance("a", 0)
+	a.update(func(r *structs.InstanceRecord) {
+		r.Timings = &structs.Timings{WakeMs: map[string]int64{structs.ResidencyDeep: 1000, structs.ResidencyHostBacked: 1000}, ParkMs: 500, StartMs: 9000}
+	})
+	v := &victim{in: a, rec: a.snapshot(), dep: "a", parks: true, measured: time.Second}
+	if got := f.m.leastTurnLeft(v); got != 6*time.Second {
+		t.Fatalf("least turn left %s just after a came in, want 6s", got)
+	}
+	f.clock.Advance(2 * time.Second)
+	if got := f.m.leastTurnLeft(v); got != 4*time.Second {
+		t.Fatalf("least turn left %s 2s after a came in, want 4s", got)
+	}
+	// The switch for b asks a to end its turn lingering what is left.
+	if err := f.activate("b"); err != nil {
+		t.Fatal(err)
+	}
+	if got := rec.contended(); fmt.Sprint(got) != "[a 4s]" {
+		t.Fatalf("a contended %v, want [a 4s] (what is left of its least turn, more than its 1s wake)", got)
+	}
+	f.clock.Advance(time.Minute)
+	if got := f.m.leastTurnLeft(v); got != 0 {
+		t.Fatalf("least turn left %s a minute later, want 0", got)
+	}
+	a.update(func(r *structs.InstanceRecord) { r.Timings.ParkMs = 9000 })
+	v.rec.Since = f.clock.Now()
+	if got := f.m.leastTurnLeft(v); got != 30*time.Second {
+		t.Fatalf("least turn left %s with a 10s switch, want the turn time (30s)", got)
+	}
+}

@@ -7,10 +7,12 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"runtime"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -129,7 +131,9 @@ func TestRouter_SmallBodiesPassAFloodOfLargeOnes(t *testing.T) {
 	// is read: a client that asks with Expect: 100-continue sends nothing
 	// more (one that does not may see its connection reset mid-body).
 	large := chatBody(false, `,"pad":"`+strings.Repeat("x", 200<<10)+`"`)
-	req, _ := http.NewRequest(http.MethodPost, e.srv.URL+"/v1/chat/completions", strings.NewReader(large))
+	sent := &countingReader{r: strings.NewReader(large)}
+	req, _ := http.NewRequest(http.MethodPost, e.srv.URL+"/v1/chat/completions", sent)
+	req.ContentLength = int64(len(large))
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Expect", "100-continue")
 	cl := &http.Client{Transport: &http.Transport{ExpectContinueTimeout: time.Minute}}
@@ -140,5 +144,65 @@ func TestRouter_SmallBodiesPassAFloodOfLargeOnes(t *testing.T) {
 	}
 	if body := readBody(t, resp); resp.StatusCode != http.StatusTooManyRequests || errCode(body) != "bodies_in_flight_full" {
 		t.Fatalf("another large body during the flood: %d %s", resp.StatusCode, body)
+	}
+	if n := sent.n.Load(); n != 0 {
+		t.Fatalf("the refused body was asked for: the client sent %d bytes of it", n)
+	}
+}
+
+// countingReader counts the bytes read from r.
+type countingReader struct {
+	r io.Reader
+	n atomic.Int64
+}
+
+func (c *countingReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.n.Add(int64(n))
+	return n, err
+}
+
+// TestRouter_BodyOfTheBoundExactly: a body of max_body_bytes exactly is
+// served; one byte more is refused 413 request_too_large, announced or
+// not (a chunked body is counted as it arrives).
+func TestRouter_BodyOfTheBoundExactly(t *testing.T) {
+	const max = 4096
+	e := newEnv(t, envOpts{router: func(c *router.Config) { c.MaxBodyBytes = max }})
+	pad := func(n int) string {
+		b := chatBody(false, `,"pad":"`)
+		return b[:len(b)-1] + strings.Repeat("x", n-len(b)-1) + `"}`
+	}
+	cases := []struct {
+		name    string
+		size    int
+		chunked bool
+		status  int
+	}{
+		{"the bound, announced", max, false, 200},
+		{"the bound, chunked", max, true, 200},
+		{"one byte more, announced", max + 1, false, 413},
+		{"one byte more, chunked", max + 1, true, 413},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			body := pad(c.size)
+			if len(body) != c.size {
+				t.Fatalf("the test's body has %d bytes, want %d", len(body), c.size)
+			}
+			var r io.Reader = strings.NewReader(body)
+			if c.chunked {
+				r = io.MultiReader(r) // no length known: sent chunked
+			}
+			req, _ := http.NewRequest(http.MethodPost, e.srv.URL+"/v1/chat/completions", r)
+			req.Header.Set("Content-Type", "application/json")
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := readBody(t, resp)
+			if resp.StatusCode != c.status || (c.status == 413 && errCode(got) != "request_too_large") {
+				t.Fatalf("got %d %s, want %d", resp.StatusCode, got, c.status)
+			}
+		})
 	}
 }

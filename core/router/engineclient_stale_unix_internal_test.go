@@ -195,3 +195,45 @@ func TestEngineClient_ResendsOnceWhenEngineClosesUnderRequest(t *testing.T) {
 		t.Fatalf("stale = %d, want 1", n)
 	}
 }
+
+// TestEngineClient_ResendsWhenWriteFailsOnReusedConnection: an engine that
+// closes a kept connection while a large request is being written to it
+// (the write itself fails: the engine's kernel resets the connection
+// holding unread bytes) costs the request nothing either: it never reached
+// the engine's handler and is sent again once on a new connection.
+func TestEngineClient_ResendsWhenWriteFailsOnReusedConnection(t *testing.T) {
+	e := startRawEngine(t, func(n int, c net.Conn, br *bufio.Reader) {
+		if !answerOne(c, br) {
+			return
+		}
+		if n == 0 {
+			_, _ = br.Peek(1) // the next request began: close unread
+			return
+		}
+		for answerOne(c, br) {
+		}
+	})
+	cl := newEngineClient(4)
+	t.Cleanup(cl.closeIdle)
+	if err := send(t, cl, e.addr); err != nil {
+		t.Fatal(err)
+	}
+	// Larger than what the kernel buffers on both ends of a loopback
+	// connection: its write is under way when the reset comes.
+	big := make([]byte, 64<<20)
+	call, err := cl.do(context.Background(), engineTarget{addr: e.addr, path: "/v1/chat/completions"}, nil, big, time.Now().Add(30*time.Second), &cutter{})
+	if err != nil {
+		t.Fatalf("the large request: %v", err)
+	}
+	b, err := io.ReadAll(call.Resp.Body)
+	call.finish(err == nil)
+	if err != nil || string(b) != `{"ok":true}` {
+		t.Fatalf("answer %q %v", b, err)
+	}
+	if n := e.conns.Load(); n != 2 {
+		t.Fatalf("%d connections, want 2 (the request sent again once)", n)
+	}
+	if n := cl.stale.Load(); n != 1 {
+		t.Fatalf("stale = %d, want 1", n)
+	}
+}

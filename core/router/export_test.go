@@ -10,3 +10,15 @@ func (rt *Router) IdleConns() int {
 	defer rt.streams.mu.Unlock()
 	return len(rt.streams.idle)
 }
+
+// PooledEngineConns returns the engine connections kept for the next
+// request, every engine together.
+func (rt *Router) PooledEngineConns() int {
+	rt.engine.mu.Lock()
+	defer rt.engine.mu.Unlock()
+	n := 0
+	for _, list := range rt.engine.idle {
+		n += len(list)
+	}
+	return n
+}

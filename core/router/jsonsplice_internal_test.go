@@ -8,6 +8,7 @@ import (
 	"reflect"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/capyctl/capyctl/core/routes"
 	"github.com/capyctl/capyctl/core/structs"
@@ -56,6 +57,11 @@ func TestSpliceJSON(t *testing.T) {
 		`{"id":"chatcmpl-1","object":"chat.completion","created":1,"model":"served","choices":[{"index":0,"message":{"role":"assistant","content":"a \"b\" {c}","tool_calls":[{"id":"call","function":{"name":"f","arguments":"{\"id\":1}"}}]},"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":2,"total_tokens":5}}`,
 		"{\"id\": \"x\", \"model\": \"served\", \"choices\": [], \"rid\": \"capy-1\", \"timings\": {\"prompt_ms\": 1.5, \"predicted_per_second\": 20}}",
 		`{"id":"x","choices":[{"message":{"content":"\u00e9\n"}}]}`,
+		// One member: no usage, no timings to read.
+		`{"id":"only"}`,
+		// Usage first; timings first.
+		`{"usage":{"prompt_tokens":1,"completion_tokens":2,"total_tokens":3},"id":"u"}`,
+		`{"timings":{"prompt_ms":1.5,"predicted_per_second":20},"id":"t"}`,
 	}
 	for _, a := range answers {
 		q := &request{id: "capy-0123", model: "public<&>", api: structs.APIChat, start: time.Now()}
@@ -81,11 +87,22 @@ func TestSpliceJSON(t *testing.T) {
 		if !reflect.DeepEqual(q.usage, q2.usage) {
 			t.Fatalf("usage %+v, want %+v", q.usage, q2.usage)
 		}
+		if !reflect.DeepEqual(q.timings, q2.timings) {
+			t.Fatalf("timings %+v, want %+v", q.timings, q2.timings)
+		}
 	}
 	for _, bad := range []string{`{"object":"chat.completion"}`, `{"id":"x","capyctl":{}}`, `[{"id":"x"}]`} {
 		q := &request{id: "capy-1", model: "m", api: structs.APIChat}
 		if _, ok := q.spliceJSON([]byte(bad)); ok {
 			t.Fatalf("spliced %s", bad)
+		}
+	}
+	// A decision answer without a model is not spliced (the rebuild adds
+	// it); one with a model is.
+	for a, want := range map[string]bool{`{"id":"x"}`: false, `{"id":"x","model":"served"}`: true} {
+		q := &request{id: "capy-1", model: "m", api: structs.APIDecisions}
+		if _, ok := q.spliceJSON([]byte(a)); ok != want {
+			t.Fatalf("decision answer %s: spliced %v, want %v", a, ok, want)
 		}
 	}
 }
@@ -139,8 +156,11 @@ func TestEngineBody_Splice(t *testing.T) {
 // TestAppendJSONString: what encoding/json decodes back to the same string
 // (invalid UTF-8 to U+FFFD, as encoding/json writes it).
 func TestAppendJSONString(t *testing.T) {
-	for _, s := range []string{"", "plain", `q"uo\te`, "line\nfeed\r\ttab\x00\x1f", "é ü 漢字 🙂", "bad \xff\xfe utf8", "sep \u2028 \u2029", "<a&b>"} {
+	for _, s := range []string{"", "plain", `q"uo\te`, "line\nfeed\r\ttab\x00\x1f", "é ü 漢字 🙂", "bad \xff\xfe utf8", "a lone \x80 byte", "sep \u2028 \u2029", "<a&b>"} {
 		got := appendJSONString(nil, s)
+		if !utf8.Valid(got) {
+			t.Fatalf("%q -> %q: not UTF-8", s, got)
+		}
 		var back string
 		if err := json.Unmarshal(got, &back); err != nil {
 			t.Fatalf("%q -> %s: %v", s, got, err)

@@ -47,15 +47,23 @@ func TestState_TokensAreRedeemedOnce(t *testing.T) {
 	if r, ok := again.Token("h1"); !ok || r.Used.IsZero() {
 		t.Fatalf("the used token after a reopen: %+v %v", r, ok)
 	}
-	// A token long expired goes with the next one made.
+	// A token long expired goes with the next one made; one expired
+	// within tokenKeep, or not expired, stays (a late reuse reads
+	// join_token_expired).
 	old := pki.TokenRecord{Hash: "h0", Expires: time.Now().Add(-30 * 24 * time.Hour)}
-	for _, c := range []Command{TokenCreated{Token: old}, TokenCreated{Token: pki.TokenRecord{Hash: "h2", Expires: time.Now().Add(time.Hour)}}} {
+	recent := pki.TokenRecord{Hash: "h-1d", Expires: time.Now().Add(-24 * time.Hour)}
+	for _, c := range []Command{TokenCreated{Token: old}, TokenCreated{Token: recent}, TokenCreated{Token: pki.TokenRecord{Hash: "h2", Expires: time.Now().Add(time.Hour)}}} {
 		if _, _, err := s.Apply(c); err != nil {
 			t.Fatal(err)
 		}
 	}
 	if _, ok := s.Token("h0"); ok {
 		t.Fatal("a token expired a month ago was kept")
+	}
+	for _, h := range []string{"h-1d", "h1"} {
+		if _, ok := s.Token(h); !ok {
+			t.Fatalf("the token %s, within its keep, was dropped", h)
+		}
 	}
 }
 

@@ -101,3 +101,13 @@ func TestWithout(t *testing.T) {
 		t.Fatalf("Without on the only host = %v, want none", got)
 	}
 }
+
+// TestReassign_TakesOnlyWhatIsPending: a refused share of one instance
+// moves to one untried host, however many remain.
+func TestReassign_TakesOnlyWhatIsPending(t *testing.T) {
+	cands := Candidates(three, nil)
+	shares, now := Reassign([]Share{{"b", 1}}, map[string]bool{"b": true}, cands, map[string]bool{"b": true})
+	if want := []Share{{"c", 1}}; !reflect.DeepEqual(shares, want) || !reflect.DeepEqual(now, []string{"c"}) {
+		t.Fatalf("Reassign = %v (tried %v), want %v: one host for the one pending instance", shares, now, want)
+	}
+}

@@ -1,0 +1,270 @@
+// Copyright (c) CapyCTL authors
+// SPDX-License-Identifier: Apache-2.0
+
+package fleet
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/capyctl/capyctl/core/api/wire"
+	"github.com/capyctl/capyctl/core/fleet/fsm"
+	"github.com/capyctl/capyctl/core/hostlink/proto/hostv1"
+	"github.com/capyctl/capyctl/core/store"
+	"github.com/capyctl/capyctl/core/structs"
+)
+
+// fakeHosts is memberHosts without a host agent: each host keeps its
+// group members as a host agent's management API shows them (a member's
+// record, its last error, its transition's reason), answers the calls the
+// server makes of a member (create, read, start, stop, park, delete), and
+// pushes a journal at each record write. As on real hosts, a group's head
+// passes readiness only once every rank started (its collective needs
+// them all). It keeps the calls in the order they came.
+type fakeHosts struct {
+	mu        sync.Mutex
+	hosts     map[string]*fakeHost
+	log       []string // "<host> <method> <path>", in order
+	journals  signal
+	headPort  int
+	refusal   map[string]structs.Code // host → what its ledger answers a member's admission
+	createdAs map[string]structs.GroupMember
+}
+
+type fakeHost struct {
+	changed signal
+	members map[string]*fakeMember
+}
+
+type fakeMember struct {
+	group   structs.GroupMember
+	desired string
+	in      wire.InstanceStatus
+}
+
+func newFakeHosts(names ...string) *fakeHosts {
+	f := &fakeHosts{hosts: map[string]*fakeHost{}, headPort: 29500, refusal: map[string]structs.Code{}, createdAs: map[string]structs.GroupMember{}}
+	for _, n := range names {
+		f.hosts[n] = &fakeHost{members: map[string]*fakeMember{}}
+	}
+	return f
+}
+
+// groupServer runs a fleet server whose hosts are f, each joined.
+func groupServer(t *testing.T, f *fakeHosts) *Server {
+	t.Helper()
+	dir := t.TempDir()
+	st, err := store.Open(filepath.Join(dir, "capyctl.db"), store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := ServerOptions{StateDir: dir, Listen: "127.0.0.1:0", Store: st}
+	s := startTestServerWith(t, o, func(s *Server) { s.hostIO = f })
+	for name := range f.hosts {
+		if err := s.apply(fsm.HostJoined{Host: name}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return s
+}
+
+func (f *fakeHosts) call(_ context.Context, _ time.Duration, host, method, path string, _ http.Header, body []byte) (int, []byte, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	h := f.hosts[host]
+	if h == nil {
+		return 0, nil, structs.Errf(structs.CodeHostUnreachable, "host %s", host).WithDetail("host", host)
+	}
+	f.log = append(f.log, host+" "+method+" "+path)
+	rest, _ := strings.CutPrefix(path, "/deployments")
+	name, action, _ := strings.Cut(strings.TrimPrefix(rest, "/"), "/")
+	switch {
+	case method == http.MethodPost && name == "":
+		return f.create(host, h, body)
+	case h.members[name] == nil:
+		return answer(http.StatusNotFound, wire.ErrorEnvelope{Error: wire.ErrorBody{Code: string(structs.CodeNotFound), Message: "no deployment " + name}})
+	case method == http.MethodGet && action == "":
+		m := h.members[name]
+		g := m.group
+		return answer(http.StatusOK, wire.DeploymentStatus{Name: name, Desired: m.desired,
+			Spec: &structs.Deployment{Name: name, Group: &g}, Instances: []wire.InstanceStatus{m.in}})
+	case method == http.MethodDelete && action == "":
+		delete(h.members, name)
+		h.changed.publish()
+		return http.StatusNoContent, nil, nil
+	case method == http.MethodPost && action == "actions":
+		var req wire.ActionRequest
+		if err := json.Unmarshal(body, &req); err != nil {
+			return 0, nil, err
+		}
+		f.act(host, h, name, req.Action)
+		return answer(http.StatusOK, wire.ActionAccepted{APIVersion: wire.APIVersion, Deployment: name, Action: req.Action, Done: true})
+	}
+	return answer(http.StatusNotFound, wire.ErrorEnvelope{Error: wire.ErrorBody{Code: string(structs.CodeNotFound), Message: path}})
+}
+
+// create takes a member as a host does: the head's host picks the
+// rendezvous port; with activate, its ledger admits the member (starting,
+// a ledger phase) or refuses it (stopped, with the refusal as last error).
+func (f *fakeHosts) create(host string, h *fakeHost, body []byte) (int, []byte, error) {
+	var req struct {
+		Deployment struct {
+			Name  string              `json:"name"`
+			Group structs.GroupMember `json:"group"`
+		} `json:"deployment"`
+		Activate bool `json:"activate"`
+	}
+	if err := json.Unmarshal(body, &req); err != nil {
+		return 0, nil, err
+	}
+	g := req.Deployment.Group
+	if g.Rank == 0 {
+		g.HeadAddress, g.RendezvousPort = host+".lan", f.headPort
+	}
+	f.createdAs[host] = req.Deployment.Group
+	m := &fakeMember{group: g, desired: structs.DesiredStopped,
+		in: wire.InstanceStatus{ID: structs.InstanceID(req.Deployment.Name, 0), Host: host, State: string(structs.StateStopped), Since: time.Now()}}
+	h.members[req.Deployment.Name] = m
+	if req.Activate {
+		f.act(host, h, req.Deployment.Name, wire.ActionStart)
+	}
+	return http.StatusCreated, nil, nil
+}
+
+// act runs an action on a member and pushes its journal.
+func (f *fakeHosts) act(host string, h *fakeHost, name, action string) {
+	m := h.members[name]
+	switch action {
+	case wire.ActionStart:
+		m.desired = structs.DesiredRunning
+		if code, refused := f.refusal[host]; refused {
+			m.in.LastError = &structs.ErrorRecord{Code: code, Message: "no room on gpu0 for the member", At: time.Now()}
+			f.move(m, structs.StateStopped, "")
+			break
+		}
+		f.move(m, structs.StateStarting, "")
+		m.in.Phase = "loading"
+		f.headReadyLocked(name)
+	case wire.ActionStop:
+		m.desired = structs.DesiredStopped
+		if m.in.State != string(structs.StateStopped) {
+			f.move(m, structs.StateStopped, "")
+		}
+	case wire.ActionPark:
+		f.move(m, structs.StateParked, "")
+	}
+	f.publishLocked(h)
+}
+
+func (f *fakeHosts) move(m *fakeMember, to structs.InstanceState, reason structs.TransitionReason) {
+	m.in.State, m.in.Reason, m.in.Since, m.in.Phase = string(to), string(reason), time.Now(), ""
+}
+
+// headReadyLocked makes a group's head ready once every rank started.
+func (f *fakeHosts) headReadyLocked(name string) {
+	var head *fakeMember
+	var headHost *fakeHost
+	started := 0
+	for _, h := range f.hosts {
+		m := h.members[name]
+		if m == nil {
+			continue
+		}
+		if m.in.State == string(structs.StateStarting) || m.in.State == string(structs.StateReady) {
+			started++
+		}
+		if m.group.Rank == 0 {
+			head, headHost = m, h
+		}
+	}
+	if head != nil && started == head.group.Size && head.in.State == string(structs.StateStarting) {
+		f.move(head, structs.StateReady, "")
+		f.publishLocked(headHost)
+	}
+}
+
+func (f *fakeHosts) publishLocked(h *fakeHost) {
+	h.changed.publish()
+	f.journals.publish()
+}
+
+// exit ends a member's engine on its own (engine_exited), as a killed
+// rank's host records it, and pushes its journal.
+func (f *fakeHosts) exit(host, name string, code int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	m := f.hosts[host].members[name]
+	m.in.LastError = &structs.ErrorRecord{Code: structs.CodeEngineError, Message: fmt.Sprintf("the engine exited with code %d", code), At: time.Now()}
+	f.move(m, structs.StateStopped, structs.ReasonEngineExited)
+	f.publishLocked(f.hosts[host])
+}
+
+func (f *fakeHosts) changes(hosts []string, more ...<-chan struct{}) hostChanges {
+	var cs hostChanges
+	for _, host := range hosts {
+		if h := f.hosts[host]; h != nil {
+			cs = append(cs, recvCase(h.changed.changed()))
+		}
+	}
+	for _, ch := range more {
+		cs = append(cs, recvCase(ch))
+	}
+	return cs
+}
+
+func (f *fakeHosts) journaled() <-chan struct{} { return f.journals.changed() }
+
+func (f *fakeHosts) journal(host, id string) *hostv1.InstanceJournal {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for name, m := range f.hosts[host].members {
+		if m.in.ID == id {
+			msg := ""
+			if m.in.LastError != nil {
+				msg = m.in.LastError.Message
+			}
+			return &hostv1.InstanceJournal{InstanceId: id, Deployment: name, State: m.in.State,
+				SinceUnixMs: m.in.Since.UnixMilli(), Why: m.in.Reason, Message: msg}
+		}
+	}
+	return nil
+}
+
+func (f *fakeHosts) reachable(host string) bool { return f.hosts[host] != nil }
+
+// calls returns the calls made so far that match, in order.
+func (f *fakeHosts) calls(match func(string) bool) []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []string
+	for _, c := range f.log {
+		if match(c) {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// member returns a host's member of name (nil: none there).
+func (f *fakeHosts) member(host, name string) *fakeMember {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	m := f.hosts[host].members[name]
+	if m == nil {
+		return nil
+	}
+	c := *m
+	return &c
+}
+
+func answer(status int, v any) (int, []byte, error) {
+	data, err := json.Marshal(v)
+	return status, data, err
+}
