@@ -172,9 +172,12 @@ type hostReply struct {
 	resp   *http.Response
 	cancel context.CancelFunc
 	unhook func() bool
-	// ctx is the relayed stream's (ended by cancel); host answers it.
-	ctx  context.Context
-	host string
+	// ctx is the relayed stream's (ended by cancel); host answers it;
+	// stopping closes when the server stops (its drain over, it cuts what
+	// is left).
+	ctx      context.Context
+	host     string
+	stopping <-chan struct{}
 }
 
 // relayTarget finds the placement that serves the request's model, the
@@ -261,7 +264,11 @@ func (s *Server) relaySend(r *http.Request, p *Placement, hosts []string, hdr ht
 			continue
 		case err == nil:
 			u.fns = append(u.fns, try.handOver().fns...)
-			return hostReply{resp: resp, cancel: cancel, unhook: unhook, ctx: rctx, host: host}, nil
+			rl := hostReply{resp: resp, cancel: cancel, unhook: unhook, ctx: rctx, host: host}
+			if s.ctx != nil {
+				rl.stopping = s.ctx.Done()
+			}
+			return rl, nil
 		}
 		try.run()
 		if r.Context().Err() != nil {
@@ -383,7 +390,7 @@ func copyAnswer(w http.ResponseWriter, r *http.Request, rl hostReply) {
 				_, _ = w.Write(ev.rest())
 				return
 			}
-			if end := brokeOff(rl.ctx, r.URL.Path, rl.host, err); end != nil {
+			if end := brokeOff(rl, r.URL.Path, err); end != nil {
 				_, _ = w.Write(end)
 				_ = rc.Flush()
 				return

@@ -5,7 +5,6 @@ package fleet
 
 import (
 	"bytes"
-	"context"
 
 	"github.com/capyctl/capyctl/core/router"
 	"github.com/capyctl/capyctl/core/structs"
@@ -70,15 +69,22 @@ func (s *sseRelay) rest() []byte {
 	return p
 }
 
-// brokeOff is the ending of a relayed stream whose host's answer broke off
-// with err, for the endpoint path; nil when the client hung up (ctx, the
-// relayed stream's context, ended: nothing is owed) or the endpoint has no
-// such ending (StreamFailure): the stream is then cut.
-func brokeOff(ctx context.Context, path, host string, err error) []byte {
-	if ctx.Err() != nil {
+// brokeOff is the ending of a relayed stream (rl) whose host's answer
+// broke off with err, for the endpoint path: host_unreachable, or
+// shutting_down when the server stopping cut it (as a standalone role's
+// drain timeout does); nil when the client hung up (the relayed stream's
+// context ended: nothing is owed) or the endpoint has no such ending
+// (StreamFailure): the stream is then cut.
+func brokeOff(rl hostReply, path string, err error) []byte {
+	if rl.ctx.Err() != nil {
 		return nil
 	}
-	e := structs.Errf(structs.CodeHostUnreachable, "the answer from host %s broke off: %v", host, err).WithDetail("host", host)
+	e := structs.Errf(structs.CodeHostUnreachable, "the answer from host %s broke off: %v", rl.host, err).WithDetail("host", rl.host)
 	e.RetryAfter = 1
+	select {
+	case <-rl.stopping:
+		e = structs.Errf(structs.CodeShuttingDown, "the server is shutting down and its drain timeout ended before the answer")
+	default:
+	}
 	return router.StreamFailure(path, e)
 }

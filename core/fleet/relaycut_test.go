@@ -126,6 +126,18 @@ func TestRelay_AHostStreamThatBreaksOffEndsWithACodedEvent(t *testing.T) {
 		}()
 		check(t, w.Body.String(), !aborted)
 	})
+	t.Run("the server stopping", func(t *testing.T) {
+		// Its drain timeout over, a stopping server cuts what is left: the
+		// client is told so, as a standalone role's drain tells it.
+		stopping := make(chan struct{})
+		close(stopping)
+		w := httptest.NewRecorder()
+		r := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", nil)
+		copyAnswer(w, r, hostReply{resp: hostStream(errLinkDown), ctx: context.Background(), host: "gpu-1", stopping: stopping})
+		if body := w.Body.String(); !strings.Contains(body, `data: {"error":{"code":"shutting_down"`) || !strings.HasSuffix(body, "data: [DONE]\n\n") {
+			t.Fatalf("a stream the stopping server cut does not end with shutting_down then [DONE]; read:\n%s", body)
+		}
+	})
 	t.Run("messages", func(t *testing.T) {
 		body, whole := relayTakenOver(t, context.Background(), hostStream(errLinkDown), "/v1/messages")
 		if !whole || !strings.HasSuffix(body, "\n\n") || !strings.Contains(body, "event: error\ndata: {\"type\":\"error\"") ||

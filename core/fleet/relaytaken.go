@@ -84,7 +84,7 @@ func relayTaken(conn *takeover.Conn, head []byte, rl hostReply, path string, u *
 		if rerr != nil {
 			end := ev.rest()
 			if !errors.Is(rerr, io.EOF) {
-				if end = brokeOff(rl.ctx, path, rl.host, rerr); end == nil {
+				if end = brokeOff(rl, path, rerr); end == nil {
 					return // cut: no last chunk that would make it look whole
 				}
 			}

@@ -5,6 +5,7 @@ package lifecycle
 
 import (
 	"context"
+	"errors"
 
 	"github.com/capyctl/capyctl/core/structs"
 )
@@ -19,8 +20,22 @@ type activation struct {
 // Activate makes sure a deployment has a ready instance, starting one when
 // none is: concurrent callers join the same activation. It returns when an
 // instance is ready, the activation failed, or ctx ended (the activation
-// itself goes on).
+// itself goes on). An activation that waited a request's deadline for
+// room gives up (activation_timeout) and frees its instance's lane for
+// what queued behind it; a caller whose own ctx has not ended asks again
+// (its wait is its own: a request that joined the activation late keeps
+// what is left of its deadline).
 func (m *Manager) Activate(ctx context.Context, name string) error {
+	for {
+		err := m.activateOnce(ctx, name)
+		if !errors.Is(err, errRoomWait) || ctx.Err() != nil {
+			return err
+		}
+	}
+}
+
+// activateOnce is one activation, joined or begun.
+func (m *Manager) activateOnce(ctx context.Context, name string) error {
 	m.mu.Lock()
 	d, ok := m.deployments[name]
 	if !ok {

@@ -80,6 +80,17 @@ func TestSwitch_TheHeadDoesNotWaitForAContenderInLine(t *testing.T) {
 	}
 }
 
+// shortDeadline gives b a request deadline of 300 ms: its activation waits
+// for room at most that long.
+func shortDeadline(t *testing.T, f *fixture) {
+	t.Helper()
+	spec := f.spec("b")
+	spec.RequestDeadline = structs.Duration(300 * time.Millisecond)
+	if _, _, err := f.m.Deploy(context.Background(), &spec, DeployOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // TestSwitch_RoomWaitIsBoundedByARequestDeadline: an activation that waits
 // for room that never comes (p never ready: its probe hangs) ends with a
 // coded answer once a request's deadline has passed (the deployment's
@@ -87,16 +98,12 @@ func TestSwitch_TheHeadDoesNotWaitForAContenderInLine(t *testing.T) {
 // then gets its own answer instead of waiting behind it for ever.
 func TestSwitch_RoomWaitIsBoundedByARequestDeadline(t *testing.T) {
 	f := roomCard(t)
-	spec := f.spec("b")
-	spec.RequestDeadline = structs.Duration(300 * time.Millisecond)
-	if _, _, err := f.m.Deploy(context.Background(), &spec, DeployOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	shortDeadline(t, f)
 	// The caller's bound is a failure's bound only: the activation must
 	// answer well before it.
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	err := f.m.Activate(ctx, "b")
+	err := f.m.activateOnce(ctx, "b")
 	if ctx.Err() != nil || !structs.HasCode(err, structs.CodeActivationTimeout) {
 		t.Fatalf("activate b: %v, want activation_timeout from the lifecycle (it waited for room past a request's deadline)", err)
 	}
@@ -108,4 +115,35 @@ func TestSwitch_RoomWaitIsBoundedByARequestDeadline(t *testing.T) {
 		t.Fatalf("operator's start of b: %v, want capacity_blocked (its lane free again)", err)
 	}
 	close(f.drv.probeGate)
+}
+
+// TestActivate_ACallerStillWaitingAsksAgain: the activation's bound frees
+// the lane (an operator's start queued behind it gets its answer), but a
+// caller that still waits — a request with time left of its own deadline —
+// is not answered activation_timeout for a wait that began before it: it
+// asks again, and is served once room comes.
+func TestActivate_ACallerStillWaitingAsksAgain(t *testing.T) {
+	f := roomCard(t)
+	shortDeadline(t, f)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- f.m.Activate(ctx, "b") }()
+	f.eventually("b to make room (waiting for p)", f.switchHead)
+	// Queued behind b's activation: answered once it gave up on its room.
+	if err := f.m.StartDeployment(ctx, "b", StartOptions{Wait: true}); ctx.Err() != nil || !structs.HasCode(err, structs.CodeCapacityBlocked) {
+		t.Fatalf("operator's start of b: %v, want capacity_blocked once the activation freed the lane", err)
+	}
+	select {
+	case err := <-done:
+		t.Fatalf("the caller was answered %v while it still waited: it should have asked again", err)
+	default:
+	}
+	close(f.drv.probeGate) // room comes: p is ready, a and p can be parked
+	if err := <-done; err != nil {
+		t.Fatalf("activate b: %v, want ready", err)
+	}
+	if s := f.state("b"); s != structs.StateReady {
+		t.Fatalf("b is %s, want ready", s)
+	}
 }

@@ -6,6 +6,7 @@ package lifecycle
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"sort"
 	"strings"
@@ -13,6 +14,11 @@ import (
 
 	"github.com/capyctl/capyctl/core/structs"
 )
+
+// errRoomWait is the cause of an activation_timeout of a request's
+// activation that waited a request's deadline for room (switchTurns): a
+// caller still waiting asks again (Activate).
+var errRoomWait = errors.New("the wait for room reached a request's deadline")
 
 // errLaneBusy means a victim's lane is performing an effect: it is not idle
 // and is skipped.
@@ -68,12 +74,13 @@ func (m *Manager) switchTurns(parent context.Context, requester *instance, try f
 	ctx, cancel := context.WithTimeout(parent, bound)
 	defer cancel()
 	defer func() {
-		if err != nil && parent.Err() == nil && errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		// Only the bound's own end: a refusal that came as it passed stays.
+		if errors.Is(err, context.DeadlineExceeded) && parent.Err() == nil && errors.Is(ctx.Err(), context.DeadlineExceeded) {
 			e := structs.Errf(structs.CodeActivationTimeout,
-				"deployment %s waited %s (a request's deadline) for room on host %s and got none; switch queue: %s",
-				requester.dep, bound, m.cfg.Host.Name, strings.Join(m.SwitchStats().Queue, ", "))
+				"deployment %s waited %s (a request's deadline) for room on host %s and got none; retry",
+				requester.dep, bound, m.cfg.Host.Name)
 			e.RetryAfter = 1
-			e.Cause = err
+			e.Cause = fmt.Errorf("%w (%w)", errRoomWait, err)
 			err = e
 		}
 	}()

@@ -474,9 +474,11 @@ func TestFleetFaults_DeployDeliveredLate(t *testing.T) {
 
 // openStream sends a long streamed chat and returns once its first chunk
 // arrived; the rest is read in the background into done (nil error: the
-// stream ended, cleanly or cut; the bool says whether [DONE] came).
+// stream ended, cleanly or cut; done says whether it finished: [DONE]
+// without an error event; code is the error event's code, if one came).
 type streamEnd struct {
 	done bool
+	code string
 	err  error
 }
 
@@ -510,7 +512,20 @@ func openStream(t *testing.T, r *harness.Role, model string, maxTokens int) <-ch
 		if errors.Is(err, io.ErrUnexpectedEOF) {
 			err = nil // cut: the connection ended
 		}
-		out <- streamEnd{done: strings.Contains(string(rest), "data: [DONE]"), err: err}
+		end := streamEnd{err: err}
+		if i := strings.Index(string(rest), `data: {"error":`); i >= 0 {
+			var ev struct {
+				Error struct {
+					Code string `json:"code"`
+				} `json:"error"`
+			}
+			line, _, _ := strings.Cut(string(rest[i+len("data: "):]), "\n")
+			_ = json.Unmarshal([]byte(line), &ev)
+			end.code = ev.Error.Code
+		} else {
+			end.done = strings.Contains(string(rest), "data: [DONE]")
+		}
+		out <- end
 	}()
 	return out
 }
@@ -576,9 +591,12 @@ func TestFleetFaults_ServerRestartWithOpenStreams(t *testing.T) {
 		return all
 	})
 	for i, e := range ends {
-		t.Logf("stream %d: [DONE] %v, error %v", i, e.done, e.err)
+		t.Logf("stream %d: finished %v, error event %q, error %v", i, e.done, e.code, e.err)
 		if e.done {
 			t.Errorf("stream %d finished its 1000 tokens within a 1 s drain: the stream was not the long one meant", i)
+		}
+		if e.code != "" && e.code != "shutting_down" {
+			t.Errorf("stream %d ended with %s, want shutting_down (the server's drain timeout cut it) or a cut", i, e.code)
 		}
 	}
 	select {
