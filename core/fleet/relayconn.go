@@ -12,6 +12,15 @@ import (
 	"github.com/capyctl/capyctl/core/hostlink/proto/hostv1"
 )
 
+// relayTransport is the HTTP/2 client of a host's relay connection: a
+// connection silent for 10 s is pinged, and one whose ping is not
+// answered in 5 s is closed, so a host that vanished without a FIN (its
+// machine off, a cable pulled) is seen out of reach instead of holding
+// every request sent to it.
+func relayTransport() *http2.Transport {
+	return &http2.Transport{ReadIdleTimeout: 10 * time.Second, PingTimeout: 5 * time.Second}
+}
+
 // attachRelay takes a host's relay connection: the server is the HTTP/2
 // client on a connection the host opened.
 func (s *Server) attachRelay(tc *tls.Conn, cs tls.ConnectionState) {
@@ -26,8 +35,7 @@ func (s *Server) attachRelay(tc *tls.Conn, cs tls.ConnectionState) {
 		tc.Close()
 		return
 	}
-	t := &http2.Transport{ReadIdleTimeout: 10 * time.Second, PingTimeout: 5 * time.Second}
-	cc, err := t.NewClientConn(tc)
+	cc, err := relayTransport().NewClientConn(tc)
 	if err != nil {
 		tc.Close()
 		return
