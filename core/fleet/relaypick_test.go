@@ -23,6 +23,10 @@ func relayClient(t *testing.T, s *Server) func(ctx context.Context, body string)
 	srv := httptest.NewServer(s.InferenceHandler(apikeys.RoleOnly("key"), api.AuthOptions{}, 0, 0))
 	t.Cleanup(srv.Close)
 	return func(ctx context.Context, body string) (*http.Response, error) {
+		// Bounded: a relay that never answers fails the test, saying
+		// so, instead of holding it until the package's timeout.
+		ctx, cancel := context.WithTimeout(ctx, time.Minute)
+		t.Cleanup(cancel)
 		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL+"/v1/chat/completions", strings.NewReader(body))
 		req.Header.Set("Authorization", "Bearer key")
 		req.Header.Set("Content-Type", "application/json")
