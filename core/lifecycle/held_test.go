@@ -371,8 +371,8 @@ func TestDeploy_AStartQueuedBehindTheReplacedInstancesStopRunsNothing(t *testing
 	}()
 	f.eventually("the activation waiting on the old instance", func() bool {
 		f.m.mu.Lock()
+		defer f.m.mu.Unlock()
 		d := f.m.deployments["a"]
-		f.m.mu.Unlock()
 		return d != nil && d.activation != nil
 	})
 	close(f.drv.stopGate)
