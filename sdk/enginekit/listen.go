@@ -9,9 +9,9 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/capyctl/capyctl/sdk"
 	"github.com/capyctl/capyctl/sdk/engineapi"
 	"github.com/capyctl/capyctl/sdk/proc"
-	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
 
 // Listeners an Endpoint reports.
@@ -53,8 +53,8 @@ const launchDirPlaceholder = "{{launch_dir}}"
 // SocketPath is where an engine of the launch listens when it serves on a
 // socket, and "" with the reason when it cannot: the launch directory's
 // path leaves no room in sun_path.
-func SocketPath(lctx *pb.LaunchContext) (string, string) {
-	dir := lctx.GetLaunchDir()
+func SocketPath(lctx *sdk.LaunchContext) (string, string) {
+	dir := lctx.LaunchDir
 	if dir == "" {
 		return filepath.Join(launchDirPlaceholder, SocketName), ""
 	}
@@ -108,16 +108,16 @@ type Exposure struct {
 
 // Apply points ep at the socket or the engine's network namespace (when
 // there is one) and records the exposure on it.
-func (x Exposure) Apply(ep *pb.Endpoint) *pb.Endpoint {
+func (x Exposure) Apply(ep *sdk.Endpoint) *sdk.Endpoint {
 	if x.Socket != "" {
-		ep.BaseUrl = engineapi.UnixBaseURL(x.Socket)
+		ep.BaseURL = engineapi.UnixBaseURL(x.Socket)
 		ep.Listener = ListenerUnix
 		ep.OpenRoutes = nil
 		ep.ExposureNote = ""
 		return ep
 	}
 	if x.Netns.Engine.PID > 0 {
-		ep.BaseUrl = engineapi.NetnsBaseURL(x.Netns)
+		ep.BaseURL = engineapi.NetnsBaseURL(x.Netns)
 		ep.Listener = ListenerNetns
 		ep.OpenRoutes = nil
 		ep.ExposureNote = NetnsNote
