@@ -87,15 +87,18 @@ func CheckOptions(t *flags.Table, dep *sdk.Deployment, host *sdk.HostPolicy, typ
 // Describe is a driver's Describe answer: its family, the driver's own
 // version, the protocol this SDK serves (sdk.ProtocolVersion), its
 // capabilities and the schema of its engine_config block ("" when it has
-// none).
+// none). A nil caps declares none.
 func Describe(family, version string, caps *sdk.Capabilities, configSchema string) *sdk.DescribeResponse {
-	return &sdk.DescribeResponse{
+	resp := &sdk.DescribeResponse{
 		Name:         family,
 		Version:      version,
 		Protocol:     sdk.ProtocolVersion,
-		Capabilities: *caps,
 		ConfigSchema: configSchema,
 	}
+	if caps != nil {
+		resp.Capabilities = *caps
+	}
+	return resp
 }
 
 // RestartOnly is embedded by the drivers of engines that cannot release

@@ -67,8 +67,11 @@ type Instance struct {
 }
 
 // NewInstance builds an instance; ep.AuthHeader/AuthValue set the client's
-// credentials.
+// credentials. A nil ep is an empty endpoint.
 func NewInstance(id, launchID string, l proc.Launched, port int, ep *sdk.Endpoint) *Instance {
+	if ep == nil {
+		ep = &sdk.Endpoint{}
+	}
 	return &Instance{
 		ID: id, LaunchID: launchID, Launched: l, Port: port, Endpoint: ep, ServedName: ep.ServedName,
 		Client:    engineapi.NewEngineClient(ep.BaseURL, ep.AuthHeader, ep.AuthValue),
@@ -158,6 +161,9 @@ func (in *Instance) LaunchRecord() *sdk.Launch {
 
 // FromLaunch rebuilds a proc.Launched from a recorded launch.
 func FromLaunch(l *sdk.Launch) proc.Launched {
+	if l == nil {
+		return proc.Launched{}
+	}
 	out := proc.Launched{Pgid: int(l.Pgid), LaunchDir: l.LaunchDir}
 	for _, p := range l.Processes {
 		id := proc.Identity{PID: int(p.Pid), StartTicks: p.StartTicks}

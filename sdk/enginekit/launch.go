@@ -27,6 +27,9 @@ func NewEnv(path string) Env { return Env{"PATH": path, "LANG": "C.UTF-8"} }
 // PinDevices pins the engine to the launch's cards, numbered in PCI bus
 // order.
 func (e Env) PinDevices(lctx *sdk.LaunchContext) {
+	if lctx == nil {
+		return
+	}
 	if uuids := lctx.DeviceUUIDs; len(uuids) > 0 {
 		e["CUDA_VISIBLE_DEVICES"] = strings.Join(uuids, ",")
 		e["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
@@ -49,8 +52,9 @@ func (e Env) Merge(m map[string]string) {
 }
 
 // TelemetryOff reports whether engines must not report off the host (the
-// default; engine_telemetry = "allow" lifts it).
-func TelemetryOff(h *sdk.HostPolicy) bool { return h.EngineTelemetry != "allow" }
+// default; engine_telemetry = "allow" lifts it). A nil policy allows
+// nothing.
+func TelemetryOff(h *sdk.HostPolicy) bool { return h == nil || h.EngineTelemetry != "allow" }
 
 // LaunchOptions is what StartLaunch needs.
 type LaunchOptions struct {
@@ -134,7 +138,7 @@ func StartLaunch(o LaunchOptions) (*proc.Launched, error) {
 // LogMode is proc's log mode for a host: memory when the host keeps engine
 // logs in memory or retains nothing.
 func LogMode(h *sdk.HostPolicy) string {
-	if h.EngineLogs == "memory" || h.Retention == "zero" {
+	if h != nil && (h.EngineLogs == "memory" || h.Retention == "zero") {
 		return proc.LogModeMemory
 	}
 	return proc.LogModeFile

@@ -54,11 +54,10 @@ const launchDirPlaceholder = "{{launch_dir}}"
 // socket, and "" with the reason when it cannot: the launch directory's
 // path leaves no room in sun_path.
 func SocketPath(lctx *sdk.LaunchContext) (string, string) {
-	dir := lctx.LaunchDir
-	if dir == "" {
+	if lctx == nil || lctx.LaunchDir == "" {
 		return filepath.Join(launchDirPlaceholder, SocketName), ""
 	}
-	p := filepath.Join(dir, SocketName)
+	p := filepath.Join(lctx.LaunchDir, SocketName)
 	if len(p) > maxSocketPath {
 		return "", "the launch directory's path is too long for a Unix socket (" + strconv.Itoa(len(p)) + " bytes, at most " + strconv.Itoa(maxSocketPath) + ")"
 	}

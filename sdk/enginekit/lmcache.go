@@ -101,6 +101,9 @@ func LMCacheServerRecord(l *proc.Launched, port int, launchID string) *sdk.Launc
 // is the launch's main process), read back from its directory when the
 // record has no identities (a driver that failed before answering).
 func lmcacheLaunched(rec *sdk.Launch) proc.Launched {
+	if rec == nil {
+		return proc.Launched{}
+	}
 	out := proc.Launched{Pgid: int(rec.Pgid), LaunchDir: rec.LaunchDir}
 	for _, p := range rec.Processes {
 		id := proc.Identity{PID: int(p.Pid), StartTicks: p.StartTicks}

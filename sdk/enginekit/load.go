@@ -84,7 +84,7 @@ func ReadLoad(ctx context.Context, c *engineapi.EngineClient, served string, nam
 // Idle reports whether the engine reads idle (nothing running or waiting);
 // false when the signal is unknown.
 func Idle(l *sdk.LoadResponse) bool {
-	return l.Known && l.Running == 0 && l.Waiting == 0
+	return l != nil && l.Known && l.Running == 0 && l.Waiting == 0
 }
 
 // CheckIdle refuses to park an instance that is not idle (or whose idle

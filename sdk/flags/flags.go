@@ -293,6 +293,9 @@ type Approvals struct {
 
 // HostApprovals reads the approvals of a host policy.
 func HostApprovals(h *sdk.HostPolicy) Approvals {
+	if h == nil {
+		return Approvals{}
+	}
 	return Approvals{
 		Options:    h.ApprovedOptions,
 		Paths:      h.ApprovedPaths,
