@@ -27,6 +27,69 @@ import (
 // of the same deployment loses on its version (conflict), and two
 // deployments of one name or route cannot both be reserved.
 
+// placing reports whether a placed deployment is still being made, so
+// that its requests are answered unavailable ("being placed", retry)
+// rather than relayed to a host that does not have it yet: a placement
+// written pending (a group's, until its members are up), or a managed one
+// whose share every linked host of it has yet to make (no instance of it
+// journaled). A deployment is placed with one command, its shares in it
+// (createPlaced): the hosts' journals say when it can be routed, on every
+// server, without a second command. With no host of it linked the relay
+// answers as before (host_unreachable).
+func (s *Server) placing(p *Placement) bool {
+	if p.Pending {
+		return true
+	}
+	if !p.Managed() {
+		return false
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	linked := false
+	for _, hs := range p.Hosts {
+		h := s.hosts[hs.Host]
+		if h == nil || h.linkCancel == nil {
+			continue
+		}
+		if h.made[p.Deployment] > 0 {
+			return false
+		}
+		linked = true
+	}
+	return linked
+}
+
+// setJournals replaces a host's journals (its link came up with them);
+// the caller holds s.mu.
+func (h *liveHost) setJournals(js []*hostv1.InstanceJournal) {
+	h.journals, h.made = map[string]*hostv1.InstanceJournal{}, map[string]int{}
+	for _, j := range js {
+		h.putJournal(j)
+	}
+}
+
+// putJournal records an instance's journal; the caller holds s.mu.
+func (h *liveHost) putJournal(j *hostv1.InstanceJournal) {
+	if h.journals == nil {
+		h.setJournals(nil)
+	}
+	h.dropJournal(j.GetInstanceId())
+	h.journals[j.GetInstanceId()] = j
+	h.made[j.GetDeployment()]++
+}
+
+// dropJournal forgets an instance's journal; the caller holds s.mu.
+func (h *liveHost) dropJournal(id string) {
+	old, had := h.journals[id]
+	if !had {
+		return
+	}
+	delete(h.journals, id)
+	if h.made[old.GetDeployment()]--; h.made[old.GetDeployment()] <= 0 {
+		delete(h.made, old.GetDeployment())
+	}
+}
+
 // admitWait bounds the wait for a host's ledger to admit a new start; one
 // still undecided then is taken as admitted (its status tells the rest).
 const admitWait = 30 * time.Second

@@ -173,6 +173,7 @@ type liveHost struct {
 	inventory  *hostv1.Inventory
 	readings   []*hostv1.LedgerReading
 	journals   map[string]*hostv1.InstanceJournal
+	made       map[string]int // journals by deployment (placing; kept by put/dropJournal)
 	lastSeen   time.Time
 	certExpiry time.Time
 

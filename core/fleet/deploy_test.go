@@ -1,0 +1,79 @@
+// Copyright (c) CapyCTL authors
+// SPDX-License-Identifier: Apache-2.0
+
+package fleet
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/capyctl/capyctl/core/api"
+	"github.com/capyctl/capyctl/core/hostlink/proto/hostv1"
+	"github.com/capyctl/capyctl/core/structs"
+	"github.com/capyctl/capyctl/plugins-testkit/poll"
+)
+
+// TestCreatePlaced_OneCommandRoutedOnceMade: a deployment is placed with
+// one raft command (its name reserved with its shares; a second command
+// marking it placed cost a synced write on every server before the
+// answer). Until its host made its share (an instance of it journaled),
+// its requests are answered unavailable "being placed", with a retry,
+// not relayed to a host that does not have it; then they are relayed.
+// The name stays reserved: a second deploy of it is refused.
+func TestCreatePlaced_OneCommandRoutedOnceMade(t *testing.T) {
+	s := testServer(t, ServerOptions{})
+	local := newFakeLocal() // makes nothing of its share: no journal until the test adds one
+	joinHost(t, s, "gpu-a", local)
+	waitReady(t, s, "gpu-a")
+	raw := json.RawMessage(`{"name":"demo","engine":"vllm","model":{"path":"demo"},"routes":["demo"]}`)
+	spec, err := api.SpecFromJSON(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := s.State.Applied()
+	if _, err := s.createPlaced(context.Background(), spec, raw, false); err != nil {
+		t.Fatal(err)
+	}
+	if n := s.State.Applied() - before; n != 1 {
+		t.Fatalf("a deploy took %d raft commands, want 1", n)
+	}
+	if p, ok := s.State.Placement("demo"); !ok || p.Version != 1 || len(p.Hosts) != 1 || p.Hosts[0].Host != "gpu-a" {
+		t.Fatalf("the placement: %+v %v", p, ok)
+	}
+	if _, err := s.createPlaced(context.Background(), spec, raw, false); !structs.HasCode(err, structs.CodeConflict) {
+		t.Fatalf("the same name placed again: %v, want conflict", err)
+	}
+
+	post := relayClient(t, s)
+	status := func() (int, string) {
+		t.Helper()
+		resp, err := post(context.Background(), `{"model":"demo","messages":[]}`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode, resp.Header.Get("Retry-After") + " " + string(b)
+	}
+	relayed := local.answered.Load() // the status read after the deploy
+	if code, body := status(); code != http.StatusServiceUnavailable || local.answered.Load() != relayed {
+		t.Fatalf("a request before the host made its share: %d %s (%d relayed), want 503 being placed", code, body, local.answered.Load()-relayed)
+	}
+
+	local.mu.Lock()
+	local.journals = append(local.journals, &hostv1.InstanceJournal{InstanceId: structs.InstanceID("demo", 0), Deployment: "demo",
+		State: string(structs.StateStarting), SinceUnixMs: time.Now().UnixMilli(), Placed: true})
+	local.mu.Unlock()
+	local.changes.publish()
+	poll.Until(t, 10*time.Second, "demo routed once its host journaled it", func() bool {
+		code, _ := status()
+		return code == http.StatusOK
+	})
+	if local.answered.Load() == relayed {
+		t.Fatal("no request reached the host")
+	}
+}
