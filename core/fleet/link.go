@@ -241,7 +241,7 @@ func recvLoop(ctx context.Context, stream hostv1.HostLink_ConnectServer, tooLarg
 // clusterServers is the raft configuration as hosts see it: this
 // server's name and every member's cluster address.
 func (s *Server) clusterServers() *hostv1.ClusterServers {
-	st := s.cl.node.Stats()
+	st := s.cl.node.View()
 	out := &hostv1.ClusterServers{Self: s.cl.name}
 	for _, m := range st.Servers {
 		out.Servers = append(out.Servers, &hostv1.ClusterServer{Name: m.ID, Address: m.Address})
@@ -422,10 +422,8 @@ func (s *Server) hostOwns(host string, g *hostGuard, dep string) bool {
 // events about one deleted meanwhile are still taken for a while.
 func (s *Server) rememberPlaced(host string, g *hostGuard) {
 	var deps []string
-	for _, p := range s.State.Placements() {
-		if slices.Contains(p.HostNames(), host) {
-			deps = append(deps, p.Deployment)
-		}
+	for _, p := range s.State.PlacementsOn(host) {
+		deps = append(deps, p.Deployment)
 	}
 	g.remember(time.Now(), deps...)
 }

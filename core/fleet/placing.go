@@ -167,7 +167,7 @@ func hostSpec(raw json.RawMessage, instances int) ([]byte, error) {
 // says them.
 func (s *Server) desiredDeployments(host string) []*hostv1.DesiredDeployment {
 	var out []*hostv1.DesiredDeployment
-	for _, p := range s.State.Placements() {
+	for _, p := range s.State.PlacementsOn(host) {
 		if !p.Managed() {
 			continue
 		}

@@ -576,6 +576,17 @@ type Stats struct {
 
 // Stats returns this server's view of the cluster.
 func (n *Node) Stats() Stats {
+	s := n.View()
+	s.LastSnapshotIndex, _ = strconv.ParseUint(n.raft.Stats()["last_snapshot_index"], 10, 64)
+	return s
+}
+
+// View is Stats without LastSnapshotIndex, which only raft's Stats map
+// gives (built with its configuration printed: most of a link's work on
+// every change of the state, one per host, with 100 hosts): the server's
+// own paths (its leadership, the leader it relays to, the members it
+// tells hosts) read this.
+func (n *Node) View() Stats {
 	addr, id := n.raft.LeaderWithID()
 	s := Stats{
 		ID:            n.id,
@@ -588,7 +599,6 @@ func (n *Node) Stats() Stats {
 		LeaderAddress: string(addr),
 		LastContact:   n.raft.LastContact(),
 	}
-	s.LastSnapshotIndex, _ = strconv.ParseUint(n.raft.Stats()["last_snapshot_index"], 10, 64)
 	if f := n.raft.GetConfiguration(); f.Error() == nil {
 		for _, srv := range f.Configuration().Servers {
 			s.Servers = append(s.Servers, Server{ID: string(srv.ID), Address: string(srv.Address), Voter: srv.Suffrage == raft.Voter})
