@@ -8,6 +8,8 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -21,9 +23,11 @@ import (
 // one raft command (its name reserved with its shares; a second command
 // marking it placed cost a synced write on every server before the
 // answer). Until its host made its share (an instance of it journaled),
-// its requests are answered unavailable "being placed", with a retry,
-// not relayed to a host that does not have it; then they are relayed.
-// The name stays reserved: a second deploy of it is refused.
+// a request for it is not relayed to a host that does not have it: it
+// waits for the host's journal (as a request waits for a starting
+// instance on a host), then is relayed; past madeWait it is answered
+// unavailable "being placed", with a retry. The name stays reserved: a
+// second deploy of it is refused.
 func TestCreatePlaced_OneCommandRoutedOnceMade(t *testing.T) {
 	s := testServer(t, ServerOptions{})
 	local := newFakeLocal() // makes nothing of its share: no journal until the test adds one
@@ -50,30 +54,39 @@ func TestCreatePlaced_OneCommandRoutedOnceMade(t *testing.T) {
 
 	post := relayClient(t, s)
 	status := func() (int, string) {
-		t.Helper()
 		resp, err := post(context.Background(), `{"model":"demo","messages":[]}`)
 		if err != nil {
-			t.Fatal(err)
+			return 0, err.Error()
 		}
 		b, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
 		return resp.StatusCode, resp.Header.Get("Retry-After") + " " + string(b)
 	}
 	relayed := local.answered.Load() // the status read after the deploy
-	if code, body := status(); code != http.StatusServiceUnavailable || local.answered.Load() != relayed {
-		t.Fatalf("a request before the host made its share: %d %s (%d relayed), want 503 being placed", code, body, local.answered.Load()-relayed)
+	s.madeWait.Store(int64(50 * time.Millisecond))
+	code, body := status()
+	s.madeWait.Store(0)
+	if code != http.StatusServiceUnavailable || !strings.Contains(body, "being placed") || local.answered.Load() != relayed {
+		t.Fatalf("a request while the host has not made its share: %d %s (%d relayed), want 503 being placed", code, body, local.answered.Load()-relayed)
 	}
 
+	answered := make(chan string, 1)
+	go func() {
+		code, body := status()
+		answered <- strconv.Itoa(code) + " " + body
+	}()
+	poll.Until(t, 10*time.Second, "the request waiting for the host to make demo", func() bool { return s.madeWaits.Load() == 1 })
 	local.mu.Lock()
 	local.journals = append(local.journals, &hostv1.InstanceJournal{InstanceId: structs.InstanceID("demo", 0), Deployment: "demo",
 		State: string(structs.StateStarting), SinceUnixMs: time.Now().UnixMilli(), Placed: true})
 	local.mu.Unlock()
 	local.changes.publish()
-	poll.Until(t, 10*time.Second, "demo routed once its host journaled it", func() bool {
-		code, _ := status()
-		return code == http.StatusOK
-	})
-	if local.answered.Load() == relayed {
-		t.Fatal("no request reached the host")
+	select {
+	case got := <-answered:
+		if !strings.HasPrefix(got, "200 ") || local.answered.Load() != relayed+1 {
+			t.Fatalf("the waiting request once the host journaled demo: %s (%d relayed)", got, local.answered.Load()-relayed)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("the waiting request was not answered once the host journaled demo")
 	}
 }

@@ -59,6 +59,49 @@ func (s *Server) placing(p *Placement) bool {
 	return linked
 }
 
+// madeWait bounds a request's wait for its deployment's hosts to make
+// their shares (awaitMade): a host makes one in milliseconds, and moves a
+// refused one on in about as long. Server.madeWait overrides it (tests).
+const madeWait = 5 * time.Second
+
+// awaitMade waits, on the hosts' journals and the state's change signal,
+// while model's placement p is being made by its hosts (placing, not a
+// pending group's), at most madeWait or until ctx ends, and returns the
+// placement that serves model then (p when it is still being made, or no
+// longer routed: the caller answers as for p). A request for a
+// deployment just placed waits for it, as on a host a request waits for
+// a starting instance: the deploy's answer comes with its host's verdict,
+// and a host's journal may reach a server a moment after.
+func (s *Server) awaitMade(ctx context.Context, model string, p *Placement) *Placement {
+	if p.Pending || !s.placing(p) {
+		return p
+	}
+	wait := madeWait
+	if d := time.Duration(s.madeWait.Load()); d > 0 {
+		wait = d
+	}
+	ctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	s.madeWaits.Add(1)
+	defer s.madeWaits.Add(-1)
+	for {
+		journaled, changed := s.journaled.changed(), s.State.Changed()
+		now, ok := s.State.RouteOwner(model)
+		if !ok {
+			return p
+		}
+		if p = now; p.Pending || !s.placing(p) {
+			return p
+		}
+		select {
+		case <-ctx.Done():
+			return p
+		case <-journaled:
+		case <-changed:
+		}
+	}
+}
+
 // setJournals replaces a host's journals (its link came up with them);
 // the caller holds s.mu.
 func (h *liveHost) setJournals(js []*hostv1.InstanceJournal) {

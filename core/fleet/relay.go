@@ -205,7 +205,7 @@ func (s *Server) relayTarget(r *http.Request, body []byte, meter *relayMeter) (*
 	hdr := r.Header.Clone()
 	hdr.Set(router.HeaderKeyName, caller.Key)
 	hdr.Set(router.HeaderKeyWeight, strconv.Itoa(max(caller.Weight, 1)))
-	if s.placing(p) {
+	if p = s.awaitMade(r.Context(), model, p); s.placing(p) {
 		e := structs.Errf(structs.CodeUnavailable, "deployment %s is being placed on its hosts: retry", p.Deployment).WithDetail("deployment", p.Deployment)
 		e.RetryAfter = 1
 		return nil, nil, nil, e
