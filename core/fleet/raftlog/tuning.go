@@ -19,12 +19,12 @@ import (
 // 600 ms, and the election timeout with it, because the lease already
 // bounds what the cluster tolerates: a leader that hears from no quorum
 // for LeaderLeaseTimeout (raft's 500 ms, kept) steps down, so a stall of
-// 500 ms costs the leader its leadership, and the followers' longer patience only
-// delayed the next one. A lone follower that misses heartbeats for
-// 600 ms (its own stall) disrupts nothing: its pre-vote is refused by the
-// others while they hear the leader. 600 ms stays above the lease, which
-// Node.electAlone needs. Measured: BenchmarkServers_LeaderLossToMutation
-// in plugins-testkit/bench.
+// 500 ms costs the leader its leadership, and the followers' longer
+// patience only delayed the next one. A lone follower that misses
+// heartbeats for 600 ms (its own stall) disrupts nothing: its pre-vote is
+// refused by the others while they hear the leader. 600 ms stays above the
+// lease, which Node.electAlone needs. Measured:
+// BenchmarkServers_LeaderLossToMutation in plugins-testkit/bench.
 const (
 	defaultHeartbeatTimeout = 600 * time.Millisecond
 	defaultElectionTimeout  = 600 * time.Millisecond
