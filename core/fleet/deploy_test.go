@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/capyctl/capyctl/core/api"
+	"github.com/capyctl/capyctl/core/fleet/fsm"
 	"github.com/capyctl/capyctl/core/hostlink/proto/hostv1"
 	"github.com/capyctl/capyctl/core/structs"
 	"github.com/capyctl/capyctl/plugins-testkit/poll"
@@ -88,5 +89,32 @@ func TestCreatePlaced_OneCommandRoutedOnceMade(t *testing.T) {
 		}
 	case <-time.After(time.Minute):
 		t.Fatal("the waiting request was not answered once the host journaled demo")
+	}
+
+	// A placement taken back while a request waits for it: the request
+	// is answered as for a model no deployment serves.
+	raw = json.RawMessage(`{"name":"gone","engine":"vllm","model":{"path":"gone"},"routes":["gone"]}`)
+	if spec, err = api.SpecFromJSON(raw); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.createPlaced(context.Background(), spec, raw, false); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		resp, err := post(context.Background(), `{"model":"gone","messages":[]}`)
+		if err != nil {
+			answered <- err.Error()
+			return
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		answered <- strconv.Itoa(resp.StatusCode) + " " + string(b)
+	}()
+	poll.Until(t, 10*time.Second, "the request waiting for the host to make gone", func() bool { return s.madeWaits.Load() == 1 })
+	if err := s.apply(fsm.Unplaced{Deployment: "gone"}); err != nil {
+		t.Fatal(err)
+	}
+	if got := <-answered; !strings.HasPrefix(got, "404 ") || !strings.Contains(got, "unknown_model") {
+		t.Fatalf("a request whose placement was taken back while it waited: %s, want 404 unknown_model", got)
 	}
 }

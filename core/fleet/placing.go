@@ -67,14 +67,14 @@ const madeWait = 5 * time.Second
 // awaitMade waits, on the hosts' journals and the state's change signal,
 // while model's placement p is being made by its hosts (placing, not a
 // pending group's), at most madeWait or until ctx ends, and returns the
-// placement that serves model then (p when it is still being made, or no
-// longer routed: the caller answers as for p). A request for a
-// deployment just placed waits for it, as on a host a request waits for
-// a starting instance: the deploy's answer comes with its host's verdict,
-// and a host's journal may reach a server a moment after.
-func (s *Server) awaitMade(ctx context.Context, model string, p *Placement) *Placement {
+// placement that serves model then (false when none does any more: its
+// placement was taken back). A request for a deployment just placed
+// waits for it, as on a host a request waits for a starting instance:
+// the deploy's answer comes with its host's verdict, and a host's
+// journal may reach a server a moment after.
+func (s *Server) awaitMade(ctx context.Context, model string, p *Placement) (*Placement, bool) {
 	if p.Pending || !s.placing(p) {
-		return p
+		return p, true
 	}
 	wait := madeWait
 	if d := time.Duration(s.madeWait.Load()); d > 0 {
@@ -88,14 +88,14 @@ func (s *Server) awaitMade(ctx context.Context, model string, p *Placement) *Pla
 		journaled, changed := s.journaled.changed(), s.State.Changed()
 		now, ok := s.State.RouteOwner(model)
 		if !ok {
-			return p
+			return nil, false
 		}
 		if p = now; p.Pending || !s.placing(p) {
-			return p
+			return p, true
 		}
 		select {
 		case <-ctx.Done():
-			return p
+			return p, true
 		case <-journaled:
 		case <-changed:
 		}
