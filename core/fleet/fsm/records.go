@@ -50,7 +50,9 @@ type Placement struct {
 	// the deployment again (its stopped or failed instances).
 	Starts uint64 `json:"starts,omitempty"`
 	// Pending marks a placement being made: its name and routes are
-	// reserved and its hosts are trying it; it routes no request yet.
+	// reserved and its hosts are trying it; it routes no request yet. A
+	// group's is written pending until its members are up; a deployment's
+	// is placed at once (its hosts' journals say when it routes).
 	Pending bool `json:"pending,omitempty"`
 	// Version counts the placement's changes (1 for the first): a change
 	// names the version it replaces (Placed.Expect).
