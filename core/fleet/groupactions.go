@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/capyctl/capyctl/core/api/wire"
-	"github.com/capyctl/capyctl/core/fleet/fsm"
 	"github.com/capyctl/capyctl/core/structs"
 )
 
@@ -35,7 +34,7 @@ func (s *Server) groupAction(w http.ResponseWriter, r *http.Request, p *Placemen
 			if err := s.groupStop(ctx, p); err != nil {
 				return err
 			}
-			return s.unplace(ctx, p)
+			return s.unplaceGroup(ctx, p)
 		}
 		return structs.Errf(structs.CodeInvalidRequest, "unknown action %q (start, stop, park, delete)", req.Action)
 	}
@@ -141,19 +140,4 @@ func (s *Server) groupStatus(p *Placement, out *wire.DeploymentStatus) {
 		spec.Group = nil
 		out.Spec = &spec
 	}
-}
-
-// unplace removes a group's members from their hosts and its placement.
-func (s *Server) unplace(ctx context.Context, p *Placement) error {
-	for _, host := range p.HostNames() {
-		status, data, err := s.hostCall(ctx, host, http.MethodDelete, "/deployments/"+url.PathEscape(p.Deployment), nil, nil)
-		if err == nil && status >= 300 && status != http.StatusNotFound {
-			err = hostError(host, status, data)
-		}
-		if err != nil {
-			return err
-		}
-	}
-	err := s.apply(fsm.Unplaced{Deployment: p.Deployment})
-	return err
 }

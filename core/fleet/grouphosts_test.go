@@ -23,12 +23,17 @@ import (
 
 // fakeHosts is memberHosts without a host agent: each host keeps its
 // group members as a host agent's management API shows them (a member's
-// record, its last error, its transition's reason), answers the calls the
-// server makes of a member (create, read, start, stop, park, delete), and
-// pushes a journal at each record write. As on real hosts, a group's head
-// passes readiness only once every rank started (its collective needs
-// them all). It keeps the calls in the order they came.
+// record, its last error, its transition's reason), reconciles them with
+// its share of the server's desired state as a host agent does (make,
+// start, stop, delete: core/agent/desired.go) when the server waits for
+// its answer, answers the calls the server makes of a member (read, park,
+// wake), and pushes a journal at each record write. As on real hosts, a
+// group's head passes readiness only once every rank started (its
+// collective needs them all). It keeps what it did and the calls it got
+// in the order they came ("<host> make|start|stop|delete", "<host>
+// <method> <path>").
 type fakeHosts struct {
+	s         *Server // whose desired state the hosts reconcile
 	mu        sync.Mutex
 	hosts     map[string]*fakeHost
 	log       []string // "<host> <method> <path>", in order
@@ -46,6 +51,8 @@ type fakeHost struct {
 type fakeMember struct {
 	group   structs.GroupMember
 	desired string
+	starts  uint64
+	acted   time.Time // when the host last made or started it from its share
 	in      wire.InstanceStatus
 }
 
@@ -66,7 +73,7 @@ func groupServer(t *testing.T, f *fakeHosts) *Server {
 		t.Fatal(err)
 	}
 	o := ServerOptions{StateDir: dir, Listen: "127.0.0.1:0", Store: st}
-	s := startTestServerWith(t, o, func(s *Server) { s.hostIO = f })
+	s := startTestServerWith(t, o, func(s *Server) { s.hostIO, f.s = f, s })
 	for name := range f.hosts {
 		if err := s.apply(fsm.HostJoined{Host: name}); err != nil {
 			t.Fatal(err)
@@ -86,8 +93,6 @@ func (f *fakeHosts) call(_ context.Context, _ time.Duration, host, method, path 
 	rest, _ := strings.CutPrefix(path, "/deployments")
 	name, action, _ := strings.Cut(strings.TrimPrefix(rest, "/"), "/")
 	switch {
-	case method == http.MethodPost && name == "":
-		return f.create(host, h, body)
 	case h.members[name] == nil:
 		return answer(http.StatusNotFound, wire.ErrorEnvelope{Error: wire.ErrorBody{Code: string(structs.CodeNotFound), Message: "no deployment " + name}})
 	case method == http.MethodGet && action == "":
@@ -95,10 +100,6 @@ func (f *fakeHosts) call(_ context.Context, _ time.Duration, host, method, path 
 		g := m.group
 		return answer(http.StatusOK, wire.DeploymentStatus{Name: name, Desired: m.desired,
 			Spec: &structs.Deployment{Name: name, Group: &g}, Instances: []wire.InstanceStatus{m.in}})
-	case method == http.MethodDelete && action == "":
-		delete(h.members, name)
-		h.changed.publish()
-		return http.StatusNoContent, nil, nil
 	case method == http.MethodPost && action == "actions":
 		var req wire.ActionRequest
 		if err := json.Unmarshal(body, &req); err != nil {
@@ -110,32 +111,78 @@ func (f *fakeHosts) call(_ context.Context, _ time.Duration, host, method, path 
 	return answer(http.StatusNotFound, wire.ErrorEnvelope{Error: wire.ErrorBody{Code: string(structs.CodeNotFound), Message: path}})
 }
 
-// create takes a member as a host does: the head's host picks the
-// rendezvous port; with activate, its ledger admits the member (starting,
-// a ledger phase) or refuses it (stopped, with the refusal as last error).
-func (f *fakeHosts) create(host string, h *fakeHost, body []byte) (int, []byte, error) {
-	var req struct {
-		Deployment struct {
-			Name  string              `json:"name"`
+// applied reconciles a host's members with its share of the server's
+// desired state, as a host agent does on each share, and answers it.
+func (f *fakeHosts) applied(_ context.Context, host string, _ uint64) (*hostv1.DesiredApplied, error) {
+	if f.hosts[host] == nil {
+		return nil, structs.Errf(structs.CodeHostUnreachable, "host %s", host).WithDetail("host", host)
+	}
+	d := f.s.desiredFor(host)
+	if d == nil {
+		return nil, structs.Errf(structs.CodeNotLeader, "the server does not lead")
+	}
+	started := time.Now()
+	return &hostv1.DesiredApplied{Term: d.GetTerm(), Index: d.GetIndex(), Results: f.reconcile(host, d), StartedUnixMs: started.UnixMilli()}, nil
+}
+
+// reconcile makes, starts, stops and deletes a host's members as its
+// share says: the head's host picks the rendezvous port (and answers
+// it); a start (desired running, or a new start) goes to the host's
+// ledger, which admits the member (starting, a ledger phase) or refuses
+// it (stopped, with the refusal as last error).
+func (f *fakeHosts) reconcile(host string, d *hostv1.Desired) []*hostv1.DesiredResult {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	h := f.hosts[host]
+	want := map[string]bool{}
+	var out []*hostv1.DesiredResult
+	for _, dd := range d.GetDeployments() {
+		var spec struct {
 			Group structs.GroupMember `json:"group"`
-		} `json:"deployment"`
-		Activate bool `json:"activate"`
+		}
+		if err := json.Unmarshal(dd.GetSpecJson(), &spec); err != nil {
+			out = append(out, &hostv1.DesiredResult{Kind: "deployment", Name: dd.GetName(), Code: string(structs.CodeInvalidRequest), Message: err.Error()})
+			continue
+		}
+		name := dd.GetName()
+		want[name] = true
+		m := h.members[name]
+		if m == nil {
+			g := spec.Group
+			if g.Rank == 0 {
+				g.HeadAddress, g.RendezvousPort = host+".lan", f.headPort
+			}
+			f.createdAs[host] = spec.Group
+			m = &fakeMember{group: g, acted: time.Now(),
+				in: wire.InstanceStatus{ID: structs.InstanceID(name, 0), Host: host, State: string(structs.StateStopped), Since: time.Now()}}
+			h.members[name] = m
+			f.log = append(f.log, host+" make")
+		}
+		switch want := dd.GetDesired(); {
+		case want == structs.DesiredRunning && (m.desired != structs.DesiredRunning || dd.GetStarts() > m.starts):
+			m.starts, m.acted = dd.GetStarts(), time.Now()
+			f.log = append(f.log, host+" start")
+			f.act(host, h, name, wire.ActionStart)
+		case want == structs.DesiredStopped && m.desired != structs.DesiredStopped:
+			f.log = append(f.log, host+" stop")
+			f.act(host, h, name, wire.ActionStop)
+		case m.desired == "":
+			m.desired = want
+		}
+		r := &hostv1.DesiredResult{Kind: "deployment", Name: name, ActedUnixMs: m.acted.UnixMilli()}
+		if m.group.Rank == 0 {
+			r.HeadAddress, r.RendezvousPort = m.group.HeadAddress, int32(m.group.RendezvousPort)
+		}
+		out = append(out, r)
 	}
-	if err := json.Unmarshal(body, &req); err != nil {
-		return 0, nil, err
+	for name := range h.members {
+		if !want[name] {
+			delete(h.members, name)
+			f.log = append(f.log, host+" delete")
+			f.publishLocked(h)
+		}
 	}
-	g := req.Deployment.Group
-	if g.Rank == 0 {
-		g.HeadAddress, g.RendezvousPort = host+".lan", f.headPort
-	}
-	f.createdAs[host] = req.Deployment.Group
-	m := &fakeMember{group: g, desired: structs.DesiredStopped,
-		in: wire.InstanceStatus{ID: structs.InstanceID(req.Deployment.Name, 0), Host: host, State: string(structs.StateStopped), Since: time.Now()}}
-	h.members[req.Deployment.Name] = m
-	if req.Activate {
-		f.act(host, h, req.Deployment.Name, wire.ActionStart)
-	}
-	return http.StatusCreated, nil, nil
+	return out
 }
 
 // act runs an action on a member and pushes its journal.
@@ -226,12 +273,12 @@ func (f *fakeHosts) journal(host, id string) *hostv1.InstanceJournal {
 	defer f.mu.Unlock()
 	for name, m := range f.hosts[host].members {
 		if m.in.ID == id {
-			msg := ""
-			if m.in.LastError != nil {
-				msg = m.in.LastError.Message
+			j := &hostv1.InstanceJournal{InstanceId: id, Deployment: name, State: m.in.State,
+				SinceUnixMs: m.in.Since.UnixMilli(), Why: m.in.Reason, Phase: m.in.Phase, Placed: true}
+			if e := m.in.LastError; e != nil {
+				j.Message, j.ErrorCode, j.ErrorMessage, j.ErrorUnixMs = e.Message, string(e.Code), e.Message, e.At.UnixMilli()
 			}
-			return &hostv1.InstanceJournal{InstanceId: id, Deployment: name, State: m.in.State,
-				SinceUnixMs: m.in.Since.UnixMilli(), Why: m.in.Reason, Message: msg}
+			return j
 		}
 	}
 	return nil

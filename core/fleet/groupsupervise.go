@@ -22,7 +22,7 @@ func (s *Server) failGroup(ctx context.Context, name string, g *GroupPlacement, 
 	s.event("group_stopped", g.Hosts[0], map[string]any{"deployment": name, "code": string(code), "message": msg})
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), groupCallTimeout)
 	defer cancel()
-	if err := s.stopMembers(ctx, name, g, nil); err != nil {
+	if err := s.stopMembers(ctx, name, g); err != nil {
 		s.logger.Warn("group stop incomplete", "deployment", name, "error", err)
 	}
 	// A rank that exited on its own meanwhile (its peer's death took it)
@@ -166,7 +166,7 @@ func (s *Server) evictGroups(ctx context.Context, requester string, err error) b
 		if ms[0].state == string(structs.StateReady) {
 			perr = s.groupParkLocked(ctx, p)
 		} else {
-			perr = s.stopMembers(ctx, n, p.Group, ms)
+			perr = s.stopMembers(ctx, n, p.Group)
 		}
 		l.release()
 		if perr == nil {
