@@ -40,6 +40,7 @@ type fakeHosts struct {
 	journals  signal
 	headPort  int
 	refusal   map[string]structs.Code // host → what its ledger answers a member's admission
+	down      map[string]bool         // hosts out of reach of the server
 	createdAs map[string]structs.GroupMember
 }
 
@@ -57,7 +58,8 @@ type fakeMember struct {
 }
 
 func newFakeHosts(names ...string) *fakeHosts {
-	f := &fakeHosts{hosts: map[string]*fakeHost{}, headPort: 29500, refusal: map[string]structs.Code{}, createdAs: map[string]structs.GroupMember{}}
+	f := &fakeHosts{hosts: map[string]*fakeHost{}, headPort: 29500, refusal: map[string]structs.Code{}, createdAs: map[string]structs.GroupMember{},
+		down: map[string]bool{}}
 	for _, n := range names {
 		f.hosts[n] = &fakeHost{members: map[string]*fakeMember{}}
 	}
@@ -86,7 +88,7 @@ func (f *fakeHosts) call(_ context.Context, _ time.Duration, host, method, path 
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	h := f.hosts[host]
-	if h == nil {
+	if h == nil || f.down[host] {
 		return 0, nil, structs.Errf(structs.CodeHostUnreachable, "host %s", host).WithDetail("host", host)
 	}
 	f.log = append(f.log, host+" "+method+" "+path)
@@ -114,7 +116,7 @@ func (f *fakeHosts) call(_ context.Context, _ time.Duration, host, method, path 
 // applied reconciles a host's members with its share of the server's
 // desired state, as a host agent does on each share, and answers it.
 func (f *fakeHosts) applied(_ context.Context, host string, _ uint64) (*hostv1.DesiredApplied, error) {
-	if f.hosts[host] == nil {
+	if !f.reachable(host) {
 		return nil, structs.Errf(structs.CodeHostUnreachable, "host %s", host).WithDetail("host", host)
 	}
 	d := f.s.desiredFor(host)
@@ -271,6 +273,9 @@ func (f *fakeHosts) journaled() <-chan struct{} { return f.journals.changed() }
 func (f *fakeHosts) journal(host, id string) *hostv1.InstanceJournal {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if f.down[host] {
+		return nil // its link is down
+	}
 	for name, m := range f.hosts[host].members {
 		if m.in.ID == id {
 			j := &hostv1.InstanceJournal{InstanceId: id, Deployment: name, State: m.in.State,
@@ -284,7 +289,19 @@ func (f *fakeHosts) journal(host, id string) *hostv1.InstanceJournal {
 	return nil
 }
 
-func (f *fakeHosts) reachable(host string) bool { return f.hosts[host] != nil }
+func (f *fakeHosts) reachable(host string) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.hosts[host] != nil && !f.down[host]
+}
+
+// setDown takes a host out of the server's reach, or brings it back.
+func (f *fakeHosts) setDown(host string, down bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.down[host] = down
+	f.hosts[host].changed.publish()
+}
 
 // calls returns the calls made so far that match, in order.
 func (f *fakeHosts) calls(match func(string) bool) []string {

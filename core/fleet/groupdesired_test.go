@@ -1,0 +1,89 @@
+// Copyright (c) CapyCTL authors
+// SPDX-License-Identifier: Apache-2.0
+
+package fleet
+
+import (
+	"context"
+	"encoding/json"
+	"slices"
+	"testing"
+
+	"github.com/capyctl/capyctl/core/hostlink/proto/hostv1"
+	"github.com/capyctl/capyctl/core/structs"
+)
+
+// memberShare is a host's member of the group in its share of the
+// desired state, and the member's facts its spec carries.
+func memberShare(t *testing.T, s *Server, host string) (*hostv1.DesiredDeployment, structs.GroupMember) {
+	t.Helper()
+	for _, d := range s.desiredFor(host).GetDeployments() {
+		if d.GetName() != groupName {
+			continue
+		}
+		var spec struct {
+			Instances int                 `json:"instances"`
+			Group     structs.GroupMember `json:"group"`
+		}
+		if err := json.Unmarshal(d.GetSpecJson(), &spec); err != nil || spec.Instances != 1 {
+			t.Fatalf("%s's member spec %s (instances %d): %v", host, d.GetSpecJson(), spec.Instances, err)
+		}
+		return d, spec.Group
+	}
+	t.Fatalf("host %s's share of the desired state has no member of %s", host, groupName)
+	return nil, structs.GroupMember{}
+}
+
+// TestGroupShares_MembersAreDesiredState: a group's placement in the
+// replicated state carries each member's desired state, and each host's
+// share of the desired state carries its member: its rank, the group's
+// size and hosts, and for a worker the head's rendezvous address (none
+// for the head, whose host picks it). A stop writes every member stopped;
+// a host out of reach then is not waited for (the stop answers), and
+// stops its member from its share when it links again.
+func TestGroupShares_MembersAreDesiredState(t *testing.T) {
+	f := newFakeHosts("gpu-a", "gpu-b")
+	s := groupServer(t, f)
+	spec, raw := groupSpec("gpu-b", "gpu-a")
+	if _, err := s.createGroup(context.Background(), spec, raw, true); err != nil {
+		t.Fatal(err)
+	}
+	p, _ := s.State.Placement(groupName)
+	if !p.Reconciled() || p.Pending || len(p.Group.Ranks) != 2 {
+		t.Fatalf("the group's placement is not desired state: %+v", p.Group)
+	}
+	for rank, rd := range p.Group.Ranks {
+		if rd.Desired != structs.DesiredRunning {
+			t.Fatalf("rank %d is desired %q after a deploy with activate, want running", rank, rd.Desired)
+		}
+	}
+	head, hg := memberShare(t, s, "gpu-b")
+	worker, wg := memberShare(t, s, "gpu-a")
+	if hg.Rank != 0 || hg.Size != 2 || hg.HeadAddress != "" || hg.RendezvousPort != 0 || hg.ID != p.Group.ID || !slices.Equal(hg.Hosts, []string{"gpu-b", "gpu-a"}) {
+		t.Fatalf("the head's share says %+v", hg)
+	}
+	if wg.Rank != 1 || wg.HeadAddress != "gpu-b.lan" || wg.RendezvousPort != f.headPort || wg.ID != p.Group.ID {
+		t.Fatalf("the worker's share says %+v, want rank 1 meeting at gpu-b.lan:%d", wg, f.headPort)
+	}
+	if head.GetDesired() != structs.DesiredRunning || worker.GetDesired() != structs.DesiredRunning {
+		t.Fatalf("the shares say %s (head) and %s (worker), want running", head.GetDesired(), worker.GetDesired())
+	}
+
+	f.setDown("gpu-a", true)
+	if err := s.groupStop(context.Background(), p); err != nil {
+		t.Fatalf("a stop with a member's host out of reach: %v", err)
+	}
+	if m := f.member("gpu-b", groupName); m.in.State != string(structs.StateStopped) {
+		t.Fatalf("the head is %s after the stop", m.in.State)
+	}
+	if d, _ := memberShare(t, s, "gpu-a"); d.GetDesired() != structs.DesiredStopped {
+		t.Fatalf("the worker's share says %s after the stop, want stopped", d.GetDesired())
+	}
+	f.setDown("gpu-a", false)
+	if _, err := f.applied(context.Background(), "gpu-a", 0); err != nil { // it links again and reconciles its share
+		t.Fatal(err)
+	}
+	if m := f.member("gpu-a", groupName); m.in.State != string(structs.StateStopped) || m.desired != structs.DesiredStopped {
+		t.Fatalf("the worker is %s (desired %s) once its host linked again, want stopped", m.in.State, m.desired)
+	}
+}
