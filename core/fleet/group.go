@@ -216,6 +216,9 @@ func (s *Server) callWait(ctx context.Context, host, name, action string, evict 
 // --evict, it may also park or stop another group in the way.
 func (s *Server) groupStart(ctx context.Context, p *Placement, evict, groups bool) (err error) {
 	g := p.Group
+	if err := earlierGroup(p); err != nil {
+		return err
+	}
 	l := s.groups.lock(p.Deployment)
 	if err := l.acquire(ctx); err != nil {
 		return err
@@ -327,6 +330,9 @@ func (s *Server) groupPark(ctx context.Context, p *Placement) error {
 
 func (s *Server) groupParkLocked(ctx context.Context, p *Placement) error {
 	g := p.Group
+	if err := earlierGroup(p); err != nil {
+		return err
+	}
 	s.groups.setDown(p.Deployment, true)
 	ms := s.members(ctx, p.Deployment, g)
 	if err := uncertain(p.Deployment, ms); err != nil {

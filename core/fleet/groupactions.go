@@ -31,10 +31,7 @@ func (s *Server) groupAction(w http.ResponseWriter, r *http.Request, p *Placemen
 		case wire.ActionStop:
 			return s.groupStop(ctx, p)
 		case wire.ActionDelete:
-			if err := s.groupStop(ctx, p); err != nil {
-				return err
-			}
-			return s.unplaceGroup(ctx, p)
+			return s.deleteGroup(ctx, p)
 		}
 		return structs.Errf(structs.CodeInvalidRequest, "unknown action %q (start, stop, park, delete)", req.Action)
 	}
@@ -140,4 +137,16 @@ func (s *Server) groupStatus(p *Placement, out *wire.DeploymentStatus) {
 		spec.Group = nil
 		out.Spec = &spec
 	}
+}
+
+// deleteGroup stops every rank, then takes the group out of the desired
+// state: each host deletes its member from its share. A group placed by
+// an earlier build (its hosts run it as their own) is only forgotten.
+func (s *Server) deleteGroup(ctx context.Context, p *Placement) error {
+	if p.Reconciled() {
+		if err := s.groupStop(ctx, p); err != nil {
+			return err
+		}
+	}
+	return s.unplaceGroup(ctx, p)
 }

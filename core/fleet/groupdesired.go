@@ -85,6 +85,17 @@ func (s *Server) desiredMembers(host string) []*hostv1.DesiredDeployment {
 	return out
 }
 
+// earlierGroup refuses to move a group placed by an earlier build (no
+// spec in its placement): its hosts run its members as their own.
+func earlierGroup(p *Placement) error {
+	if p.Reconciled() {
+		return nil
+	}
+	return structs.Errf(structs.CodeUnsupported,
+		"group %s was placed by an earlier build, whose hosts do not run it from the desired state: delete it (capyctl delete deployment %s, then on each host capyctl --address HOST delete deployment %s) and deploy it again",
+		p.Deployment, p.Deployment, p.Deployment)
+}
+
 // setRanks writes the desired state of ranks of group name (placement
 // id); a start counts (each rank's host starts its member again, even one
 // desired running already). It returns the placement written, the index
@@ -97,10 +108,10 @@ func (s *Server) setRanks(name, id string, ranks []int, desired string, evict bo
 		if !ok || p.Group == nil || p.Group.ID != id {
 			return nil, 0, nil, structs.Errf(structs.CodeNotFound, "group %s was deleted or placed again meanwhile", name)
 		}
-		g := p.Group
-		if len(g.Ranks) != len(g.Hosts) {
-			g.Ranks = make([]RankDesired, len(g.Hosts))
+		if err := earlierGroup(p); err != nil {
+			return nil, 0, nil, err
 		}
+		g := p.Group
 		changed := make([]bool, len(g.Hosts))
 		write := false
 		for _, r := range ranks {

@@ -7,8 +7,10 @@ import (
 	"context"
 	"encoding/json"
 	"slices"
+	"strings"
 	"testing"
 
+	"github.com/capyctl/capyctl/core/fleet/fsm"
 	"github.com/capyctl/capyctl/core/hostlink/proto/hostv1"
 	"github.com/capyctl/capyctl/core/structs"
 )
@@ -85,5 +87,31 @@ func TestGroupShares_MembersAreDesiredState(t *testing.T) {
 	}
 	if m := f.member("gpu-a", groupName); m.in.State != string(structs.StateStopped) || m.desired != structs.DesiredStopped {
 		t.Fatalf("the worker is %s (desired %s) once its host linked again, want stopped", m.in.State, m.desired)
+	}
+}
+
+// TestGroupStart_EarlierBuildsGroupRefused: a group placed by an earlier
+// build (no spec in its placement: its hosts run its members as their
+// own) is refused unsupported with the way out, and nothing is written.
+func TestGroupStart_EarlierBuildsGroupRefused(t *testing.T) {
+	f := newFakeHosts("gpu-a", "gpu-b")
+	s := groupServer(t, f)
+	p := &Placement{Deployment: groupName, Routes: []string{groupName}, Revision: 1,
+		Hosts: []HostShare{{Host: "gpu-b", Instances: 1}, {Host: "gpu-a", Instances: 1}},
+		Group: &GroupPlacement{ID: "g0", Hosts: []string{"gpu-b", "gpu-a"}, TensorParallel: 1, PipelineParallel: 2}}
+	if err := s.apply(fsm.Placed{Placement: p}); err != nil {
+		t.Fatal(err)
+	}
+	for what, err := range map[string]error{
+		"start": s.groupStart(context.Background(), p, false, false),
+		"stop":  s.groupStop(context.Background(), p),
+		"park":  s.groupPark(context.Background(), p),
+	} {
+		if e := structs.AsError(err); e == nil || e.Code != structs.CodeUnsupported || !strings.Contains(e.Message, "deploy it again") {
+			t.Fatalf("%s of an earlier build's group: %v, want unsupported with the way out", what, err)
+		}
+	}
+	if cur, _ := s.State.Placement(groupName); cur.Version != 1 || len(cur.Group.Ranks) != 0 {
+		t.Fatalf("the refused moves wrote the placement: version %d, ranks %+v", cur.Version, cur.Group.Ranks)
 	}
 }

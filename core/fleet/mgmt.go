@@ -283,11 +283,7 @@ func (s *Server) deleteDeployment(w http.ResponseWriter, r *http.Request) {
 	if p.Group != nil {
 		// Every rank stops before any member's record goes; each host
 		// then deletes its member from its share.
-		if err := s.groupStop(context.WithoutCancel(r.Context()), p); err != nil {
-			writeError(w, err)
-			return
-		}
-		if err := s.unplaceGroup(r.Context(), p); err != nil {
+		if err := s.deleteGroup(context.WithoutCancel(r.Context()), p); err != nil {
 			writeError(w, err)
 			return
 		}
