@@ -19,6 +19,7 @@ import (
 	"github.com/capyctl/capyctl/core/hostlink/proto/hostv1"
 	"github.com/capyctl/capyctl/core/store"
 	"github.com/capyctl/capyctl/core/structs"
+	"github.com/capyctl/capyctl/plugins-testkit/poll"
 )
 
 // fakeHosts is memberHosts without a host agent: each host keeps its
@@ -81,6 +82,13 @@ func groupServer(t *testing.T, f *fakeHosts) *Server {
 			t.Fatal(err)
 		}
 	}
+	// The hosts' shares are the leader's: its work starts with the
+	// leadership's notification.
+	poll.Until(t, 10*time.Second, "the server's leader work started", func() bool {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return s.leaderCtx != nil
+	})
 	return s
 }
 
