@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/capyctl/capyctl/core/api/wire"
+	"github.com/capyctl/capyctl/core/hostlink/proto/hostv1"
 	"github.com/capyctl/capyctl/core/structs"
 )
 
@@ -184,7 +185,7 @@ func (s *Server) memberOf(ctx context.Context, host string, rank int, name strin
 	return m
 }
 
-// memberAction runs one action on a member's host, bounded by d.
+// memberAction runs one action on a deployment's host, bounded by d.
 func (s *Server) memberAction(ctx context.Context, d time.Duration, host, name string, req wire.ActionRequest) error {
 	body, _ := json.Marshal(req)
 	status, data, err := s.hostCallWithin(ctx, d, host, http.MethodPost, "/deployments/"+url.PathEscape(name)+"/actions",
@@ -195,12 +196,26 @@ func (s *Server) memberAction(ctx context.Context, d time.Duration, host, name s
 	return err
 }
 
+// memberCommand parks or wakes a member: a typed command on its host's
+// link (the leader's term, run once), waited for, bounded by
+// groupCallTimeout.
+func (s *Server) memberCommand(ctx context.Context, host, name, action string, evict bool) error {
+	ctx, cancel := context.WithTimeout(ctx, groupCallTimeout)
+	defer cancel()
+	a := &hostv1.DeploymentAction{Deployment: name, Action: action, Instance: -1, Wait: true}
+	if action == wire.ActionStart {
+		a.Instance, a.Evict = 0, evict // a parked member's start wakes it
+	}
+	return s.hostIO.command(ctx, host, a)
+}
+
 // groupCallTimeout bounds one member's park or wake (a wake reloads the
 // weights) and a member's stop.
 const groupCallTimeout = 10 * time.Minute
 
-// callWait runs an action with wait on a member: the call's bound is the
-// group's, not a quick management call's.
+// callWait runs an action with wait on a deployment a host made itself
+// (adopted): the call's bound is a group's, since a group in the way may
+// be parked first.
 func (s *Server) callWait(ctx context.Context, host, name, action string, evict bool) error {
 	return s.memberAction(ctx, groupCallTimeout, host, name, wire.ActionRequest{Action: action, Wait: true, Evict: evict})
 }
@@ -283,8 +298,8 @@ func (s *Server) groupWake(ctx context.Context, p *Placement, ms []member, evict
 	var woken []int
 	wake := func(rank int) error {
 		for try := 0; ; try++ {
-			err := s.callWait(ctx, g.Hosts[rank], p.Deployment, wire.ActionStart, evict)
-			if err == nil || try > 0 || !groups || !s.evictGroups(ctx, p.Deployment, err) {
+			err := s.memberCommand(ctx, g.Hosts[rank], p.Deployment, wire.ActionStart, evict)
+			if err == nil || try > 0 || !groups || !s.evictGroups(ctx, p.Deployment, s.withGroupsOn(err, g.Hosts[rank], p.Deployment)) {
 				return err
 			}
 		}
@@ -297,7 +312,7 @@ func (s *Server) groupWake(ctx context.Context, p *Placement, ms []member, evict
 			// Nothing woke on the engines yet: the woken workers park again
 			// (their ranks never left their parked state).
 			for _, r := range woken {
-				_ = s.callWait(ctx, g.Hosts[r], p.Deployment, wire.ActionPark, false)
+				_ = s.memberCommand(ctx, g.Hosts[r], p.Deployment, wire.ActionPark, false)
 			}
 			return withMember(err, g.Hosts[rank], rank)
 		}
@@ -348,7 +363,7 @@ func (s *Server) groupParkLocked(ctx context.Context, p *Placement) error {
 		return s.stopMembers(ctx, p.Deployment, g)
 	}
 	for rank, host := range g.Hosts {
-		if err := s.callWait(ctx, host, p.Deployment, wire.ActionPark, false); err != nil {
+		if err := s.memberCommand(ctx, host, p.Deployment, wire.ActionPark, false); err != nil {
 			s.failGroup(ctx, p.Deployment, g, structs.CodeParkFailed, fmt.Sprintf("rank %d on host %s: %s", rank, host, structs.AsError(err).Message))
 			return withMember(err, host, rank)
 		}

@@ -115,3 +115,45 @@ func TestGroupStart_EarlierBuildsGroupRefused(t *testing.T) {
 		t.Fatalf("the refused moves wrote the placement: version %d, ranks %+v", cur.Version, cur.Group.Ranks)
 	}
 }
+
+// TestGroupPark_CommandsInRankOrder: a ready group parks the head first
+// (its sleep acts on every rank), then each worker, and wakes the
+// workers first, then the head (whose wake answers the wake check): each
+// a typed command on the member's host link, never a management call.
+func TestGroupPark_CommandsInRankOrder(t *testing.T) {
+	f := newFakeHosts("gpu-a", "gpu-b", "gpu-c")
+	s := groupServer(t, f)
+	spec, raw := groupSpec("gpu-b", "gpu-a", "gpu-c")
+	if _, err := s.createGroup(context.Background(), spec, raw, false); err != nil {
+		t.Fatal(err)
+	}
+	p, _ := s.State.Placement(groupName)
+	if err := s.groupStart(context.Background(), p, false, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.groupPark(context.Background(), p); err != nil {
+		t.Fatal(err)
+	}
+	parks := f.calls(func(c string) bool { return strings.HasSuffix(c, " park") })
+	if want := []string{"gpu-b park", "gpu-a park", "gpu-c park"}; !slices.Equal(parks, want) {
+		t.Fatalf("the members were parked in the order %q, want %q (the head first)", parks, want)
+	}
+	for _, h := range []string{"gpu-a", "gpu-b", "gpu-c"} {
+		if m := f.member(h, groupName); m.in.State != string(structs.StateParked) {
+			t.Fatalf("the member on %s is %s after the park", h, m.in.State)
+		}
+	}
+	if err := s.groupStart(context.Background(), p, false, false); err != nil {
+		t.Fatal(err)
+	}
+	wakes := f.calls(func(c string) bool { return strings.HasSuffix(c, " wake") })
+	if want := []string{"gpu-a wake", "gpu-c wake", "gpu-b wake"}; !slices.Equal(wakes, want) {
+		t.Fatalf("the members were woken in the order %q, want %q (the workers first, the head last)", wakes, want)
+	}
+	if m := f.member("gpu-b", groupName); m.in.State != string(structs.StateReady) {
+		t.Fatalf("the head is %s after the wake", m.in.State)
+	}
+	if mgmt := f.calls(func(c string) bool { return strings.Contains(c, " POST ") || strings.Contains(c, " DELETE ") }); len(mgmt) > 0 {
+		t.Fatalf("members were moved by management calls: %q", mgmt)
+	}
+}

@@ -27,12 +27,12 @@ import (
 // record, its last error, its transition's reason), reconciles them with
 // its share of the server's desired state as a host agent does (make,
 // start, stop, delete: core/agent/desired.go) when the server waits for
-// its answer, answers the calls the server makes of a member (read, park,
-// wake), and pushes a journal at each record write. As on real hosts, a
+// its answer, runs the commands the server sends a member (park, wake),
+// answers the server's reads of a member, and pushes a journal at each record write. As on real hosts, a
 // group's head passes readiness only once every rank started (its
 // collective needs them all). It keeps what it did and the calls it got
-// in the order they came ("<host> make|start|stop|delete", "<host>
-// <method> <path>").
+// in the order they came ("<host> make|start|stop|delete|park|wake",
+// "<host> <method> <path>").
 type fakeHosts struct {
 	s         *Server // whose desired state the hosts reconcile
 	mu        sync.Mutex
@@ -110,13 +110,6 @@ func (f *fakeHosts) call(_ context.Context, _ time.Duration, host, method, path 
 		g := m.group
 		return answer(http.StatusOK, wire.DeploymentStatus{Name: name, Desired: m.desired,
 			Spec: &structs.Deployment{Name: name, Group: &g}, Instances: []wire.InstanceStatus{m.in}})
-	case method == http.MethodPost && action == "actions":
-		var req wire.ActionRequest
-		if err := json.Unmarshal(body, &req); err != nil {
-			return 0, nil, err
-		}
-		f.act(host, h, name, req.Action)
-		return answer(http.StatusOK, wire.ActionAccepted{APIVersion: wire.APIVersion, Deployment: name, Action: req.Action, Done: true})
 	}
 	return answer(http.StatusNotFound, wire.ErrorEnvelope{Error: wire.ErrorBody{Code: string(structs.CodeNotFound), Message: path}})
 }
@@ -195,6 +188,24 @@ func (f *fakeHosts) reconcile(host string, d *hostv1.Desired) []*hostv1.DesiredR
 	return out
 }
 
+// command runs a member's park or wake as a host's command handler
+// does (core/agent/commands.go), once the server's term is checked.
+func (f *fakeHosts) command(_ context.Context, host string, a *hostv1.DeploymentAction) error {
+	if !f.reachable(host) {
+		return structs.Errf(structs.CodeHostUnreachable, "host %s is not connected", host).WithDetail("host", host)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	h := f.hosts[host]
+	if h.members[a.GetDeployment()] == nil {
+		return structs.Errf(structs.CodeNotFound, "host %s: no deployment %s", host, a.GetDeployment()).WithDetail("host", host)
+	}
+	what := map[string]string{wire.ActionPark: "park", wire.ActionStart: "wake"}[a.GetAction()]
+	f.log = append(f.log, host+" "+what)
+	f.act(host, h, a.GetDeployment(), a.GetAction())
+	return nil
+}
+
 // act runs an action on a member and pushes its journal.
 func (f *fakeHosts) act(host string, h *fakeHost, name, action string) {
 	m := h.members[name]
@@ -243,6 +254,7 @@ func (f *fakeHosts) headReadyLocked(name string) {
 	}
 	if head != nil && started == head.group.Size && head.in.State == string(structs.StateStarting) {
 		f.move(head, structs.StateReady, "")
+		head.in.Residency = "host_backed" // a vLLM head sleeps at level 1
 		f.publishLocked(headHost)
 	}
 }
