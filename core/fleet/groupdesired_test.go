@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/capyctl/capyctl/core/fleet/fsm"
 	"github.com/capyctl/capyctl/core/hostlink/proto/hostv1"
@@ -155,5 +156,46 @@ func TestGroupPark_CommandsInRankOrder(t *testing.T) {
 	}
 	if mgmt := f.calls(func(c string) bool { return strings.Contains(c, " POST ") || strings.Contains(c, " DELETE ") }); len(mgmt) > 0 {
 		t.Fatalf("members were moved by management calls: %q", mgmt)
+	}
+}
+
+// TestGroupBringUp_FailureAndStallStopTheGroup: the bring-up's wait for
+// the head reads the members' journals at each change of their hosts: a
+// head whose engine exits once the workers start stops the group
+// (group_member_failed, naming the rank and host), and a head not ready
+// within group_stall_timeout stops it too (group_stalled); every member
+// is stopped from its host's share.
+func TestGroupBringUp_FailureAndStallStopTheGroup(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		code  structs.Code
+		want  string
+		stall time.Duration
+	}{
+		{name: "the head exits", code: structs.CodeGroupMemberFailed, want: "rank 0 on host gpu-b failed during bring-up", stall: 30 * time.Second},
+		{name: "the head stalls", code: structs.CodeGroupStalled, want: "not ready within group_stall_timeout", stall: 100 * time.Millisecond},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			f := newFakeHosts("gpu-a", "gpu-b")
+			f.unready, f.headDies = true, c.code == structs.CodeGroupMemberFailed
+			s := groupServerWith(t, f, c.stall)
+			spec, raw := groupSpec("gpu-b", "gpu-a")
+			if _, err := s.createGroup(context.Background(), spec, raw, false); err != nil {
+				t.Fatal(err)
+			}
+			p, _ := s.State.Placement(groupName)
+			err := s.groupStart(context.Background(), p, false, false)
+			if e := structs.AsError(err); e == nil || e.Code != c.code || !strings.Contains(e.Message, c.want) {
+				t.Fatalf("the start answered %v, want %s saying %q", err, c.code, c.want)
+			}
+			if e := s.groups.err(groupName); e == nil || e.Code != c.code {
+				t.Fatalf("the group's last error is %+v, want %s", e, c.code)
+			}
+			for _, h := range []string{"gpu-a", "gpu-b"} {
+				if m := f.member(h, groupName); m.in.State != string(structs.StateStopped) || m.desired != structs.DesiredStopped {
+					t.Fatalf("the member on %s is %s (desired %s) after the bring-up failed", h, m.in.State, m.desired)
+				}
+			}
+		})
 	}
 }

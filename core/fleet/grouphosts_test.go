@@ -41,6 +41,8 @@ type fakeHosts struct {
 	journals  signal
 	headPort  int
 	refusal   map[string]structs.Code // host → what its ledger answers a member's admission
+	unready   bool                    // a head never passes readiness (a stalled bring-up)
+	headDies  bool                    // the head's engine exits once a worker starts (during the bring-up)
 	down      map[string]bool         // hosts out of reach of the server
 	createdAs map[string]structs.GroupMember
 }
@@ -68,14 +70,18 @@ func newFakeHosts(names ...string) *fakeHosts {
 }
 
 // groupServer runs a fleet server whose hosts are f, each joined.
-func groupServer(t *testing.T, f *fakeHosts) *Server {
+func groupServer(t *testing.T, f *fakeHosts) *Server { return groupServerWith(t, f, 0) }
+
+// groupServerWith is groupServer with a group_stall_timeout (0: the
+// default).
+func groupServerWith(t *testing.T, f *fakeHosts, stall time.Duration) *Server {
 	t.Helper()
 	dir := t.TempDir()
 	st, err := store.Open(filepath.Join(dir, "capyctl.db"), store.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	o := ServerOptions{StateDir: dir, Listen: "127.0.0.1:0", Store: st}
+	o := ServerOptions{StateDir: dir, Listen: "127.0.0.1:0", Store: st, GroupStallTimeout: stall}
 	s := startTestServerWith(t, o, func(s *Server) { s.hostIO, f.s = f, s })
 	for name := range f.hosts {
 		if err := s.apply(fsm.HostJoined{Host: name}); err != nil {
@@ -166,6 +172,9 @@ func (f *fakeHosts) reconcile(host string, d *hostv1.Desired) []*hostv1.DesiredR
 			m.starts, m.acted = dd.GetStarts(), time.Now()
 			f.log = append(f.log, host+" start")
 			f.act(host, h, name, wire.ActionStart)
+			if f.headDies && m.group.Rank > 0 {
+				f.exitLocked(m.group.Hosts[0], name, 1)
+			}
 		case want == structs.DesiredStopped && m.desired != structs.DesiredStopped:
 			f.log = append(f.log, host+" stop")
 			f.act(host, h, name, wire.ActionStop)
@@ -252,7 +261,7 @@ func (f *fakeHosts) headReadyLocked(name string) {
 			head, headHost = m, h
 		}
 	}
-	if head != nil && started == head.group.Size && head.in.State == string(structs.StateStarting) {
+	if head != nil && !f.unready && started == head.group.Size && head.in.State == string(structs.StateStarting) {
 		f.move(head, structs.StateReady, "")
 		head.in.Residency = "host_backed" // a vLLM head sleeps at level 1
 		f.publishLocked(headHost)
@@ -269,6 +278,10 @@ func (f *fakeHosts) publishLocked(h *fakeHost) {
 func (f *fakeHosts) exit(host, name string, code int) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	f.exitLocked(host, name, code)
+}
+
+func (f *fakeHosts) exitLocked(host, name string, code int) {
 	m := f.hosts[host].members[name]
 	m.in.LastError = &structs.ErrorRecord{Code: structs.CodeEngineError, Message: fmt.Sprintf("the engine exited with code %d", code), At: time.Now()}
 	f.move(m, structs.StateStopped, structs.ReasonEngineExited)
