@@ -87,6 +87,8 @@ func (s *Server) createGroup(ctx context.Context, spec *structs.Deployment, raw 
 	// is taken back, which must never race a retry's placement.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), placeWait)
 	defer cancel()
+	s.groups.setPlacing(g.ID, true) // before the commit: never taken back as an earlier leader's
+	defer s.groups.setPlacing(g.ID, false)
 	index, err := s.commitPlacement(p, 0)
 	if err != nil {
 		return nil, err

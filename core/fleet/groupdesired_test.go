@@ -199,3 +199,48 @@ func TestGroupBringUp_FailureAndStallStopTheGroup(t *testing.T) {
 		})
 	}
 }
+
+// TestTakeBackPending_AHalfPlacedGroupIsDeleted: a group whose placement
+// an earlier leader left pending (its bring-up ended with its leadership)
+// is taken back by the next leader: its hosts delete the member they made
+// from their shares and its name is free again. A group this server is
+// placing now is left to its bring-up.
+func TestTakeBackPending_AHalfPlacedGroupIsDeleted(t *testing.T) {
+	f := newFakeHosts("gpu-a", "gpu-b")
+	s := groupServer(t, f)
+	_, raw := groupSpec("gpu-b", "gpu-a")
+	p := &Placement{Deployment: groupName, Routes: []string{groupName}, Revision: 1, Spec: raw, Pending: true,
+		Hosts: []HostShare{{Host: "gpu-b", Instances: 1}, {Host: "gpu-a", Instances: 1}},
+		Group: &GroupPlacement{ID: "g0", Hosts: []string{"gpu-b", "gpu-a"}, TensorParallel: 1, PipelineParallel: 2,
+			Ranks: []RankDesired{{Desired: structs.DesiredRunning}, {Desired: structs.DesiredRunning}}}}
+	if err := s.apply(fsm.Placed{Placement: p}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.applied(context.Background(), "gpu-b", 0); err != nil { // the head's host made its member
+		t.Fatal(err)
+	}
+	if f.member("gpu-b", groupName) == nil {
+		t.Fatal("the head's host did not make the member of its share")
+	}
+	mine := &Placement{Deployment: "mine", Routes: []string{"mine"}, Revision: 1, Spec: raw, Pending: true,
+		Hosts: []HostShare{{Host: "gpu-a", Instances: 1}, {Host: "gpu-b", Instances: 1}},
+		Group: &GroupPlacement{ID: "g1", Hosts: []string{"gpu-a", "gpu-b"}, TensorParallel: 1, PipelineParallel: 2,
+			Ranks: []RankDesired{{Desired: structs.DesiredRunning}, {Desired: structs.DesiredRunning}}}}
+	if err := s.apply(fsm.Placed{Placement: mine}); err != nil {
+		t.Fatal(err)
+	}
+	s.groups.setPlacing("g1", true)
+	s.takeBackPending(context.Background())
+	if _, ok := s.State.Placement("mine"); !ok {
+		t.Fatal("a group this server is placing now was taken back")
+	}
+	if _, ok := s.State.Placement(groupName); ok {
+		t.Fatal("the half-placed group is still placed")
+	}
+	if m := f.member("gpu-b", groupName); m != nil {
+		t.Fatalf("the head's member is left on its host (%s)", m.in.State)
+	}
+	if _, owned := s.State.RouteOwner(groupName); owned {
+		t.Fatal("the half-placed group's model name is still claimed")
+	}
+}
