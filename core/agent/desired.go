@@ -167,6 +167,7 @@ func (a *Agent) applyDeployments(ctx context.Context, desired []*hostv1.DesiredD
 		// on it: a server waiting for its ledger's verdict reads what the
 		// instances recorded since.
 		r := &hostv1.DesiredResult{Kind: "deployment", Name: d.GetName(), ActedUnixMs: owned[d.GetName()].ActedUnixMs}
+		a.headAddress(d.GetName(), r)
 		if err != nil {
 			e := structs.AsError(err)
 			r.Code, r.Message = string(e.Code), e.Message
@@ -188,6 +189,19 @@ func (a *Agent) applyDeployments(ctx context.Context, desired []*hostv1.DesiredD
 	}
 	a.saveClusterDeployments(owned)
 	return out
+}
+
+// headAddress completes a group head's result with the rendezvous
+// address its host picked (its peer address and a port of its
+// rendezvous_ports): the server writes it into the workers' shares.
+func (a *Agent) headAddress(name string, r *hostv1.DesiredResult) {
+	view, err := a.Lifecycle.Deployment(name)
+	if err != nil {
+		return
+	}
+	if g := view.Record.Spec.Group; g.IsHead() && g.RendezvousPort != 0 {
+		r.HeadAddress, r.RendezvousPort = g.HeadAddress, int32(g.RendezvousPort)
+	}
 }
 
 // applyDeployment makes one deployment of the share, updates it to the

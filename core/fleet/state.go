@@ -22,6 +22,7 @@ type (
 	Placement      = fsm.Placement
 	HostShare      = fsm.HostShare
 	GroupPlacement = fsm.GroupPlacement
+	RankDesired    = fsm.RankDesired
 )
 
 // applyTimeout bounds a follower's call that has the leader commit a
