@@ -23,6 +23,7 @@ import (
 	"google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/capyctl/capyctl/core/structs"
+	"github.com/capyctl/capyctl/plugins-testkit/freeze"
 	"github.com/capyctl/capyctl/sdk"
 	"github.com/capyctl/capyctl/sdk/proc"
 )
@@ -294,9 +295,7 @@ func TestManager_HungDriver(t *testing.T) {
 	defer m.Shutdown(false)
 	alpha, beta := mustDriver(t, m, "alpha"), mustDriver(t, m, "beta")
 	stopped := m.PID("alpha")
-	if err := syscall.Kill(stopped, syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
+	freeze.Process(t, stopped)
 	t.Cleanup(func() { _ = syscall.Kill(stopped, syscall.SIGKILL) })
 
 	// (a) A call to the stopped driver returns a coded error.
@@ -338,9 +337,7 @@ func TestManager_AdoptRecordedDrivers(t *testing.T) {
 	mustDriver(t, first, "beta")
 	alpha, beta := first.PID("alpha"), first.PID("beta")
 	// beta hangs: the next core cannot re-attach to it.
-	if err := syscall.Kill(beta, syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
+	freeze.Process(t, beta)
 	t.Cleanup(func() { _ = syscall.Kill(beta, syscall.SIGKILL) })
 
 	// The first core dies; the next one uses no driver, then stops cleanly.
