@@ -463,9 +463,15 @@ func CompromisedHostRelay() Attack {
 			bad := &attack.CompromisedHost{ID: id, Server: e.Server.ClusterAddr}
 			ctx, cancel := context.WithTimeout(context.Background(), s.Recover)
 			defer cancel()
+			// It says hello as gpu-b would: the instance it ran, ready. A
+			// host that journals nothing for a deployment is still making
+			// its share, and gets none of its requests.
+			hello := &hostv1.Hello{HostName: id.Name, Protocol: 1, Inventory: &hostv1.Inventory{},
+				Instances: []*hostv1.InstanceJournal{{InstanceId: "victim/0", Generation: 1, Deployment: "victim", State: "ready",
+					SinceUnixMs: time.Now().UnixMilli()}}}
 			var link *attack.Link
 			if !waitUntil(s.Recover, func() bool {
-				link, err = bad.Link(ctx, nil)
+				link, err = bad.Link(ctx, hello)
 				return err == nil
 			}) {
 				e.T.Fatalf("the stolen identity's link: %v", err)
