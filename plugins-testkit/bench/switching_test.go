@@ -186,8 +186,14 @@ func startTraceRole(b *testing.B, policy string) *harness.Role {
 }
 
 // traceTurnTime is the role's switching.turn_time: the default, 30 s, of
-// trace time.
-func traceTurnTime() time.Duration { return 30 * time.Second / traceSpeed }
+// trace time, or $CAPYCTL_TRACE_TURN_TIME (trace time) to see what
+// another turn time trades (p95 against switches).
+func traceTurnTime() time.Duration {
+	if d, err := time.ParseDuration(os.Getenv("CAPYCTL_TRACE_TURN_TIME")); err == nil && d > 0 {
+		return d / traceSpeed
+	}
+	return 30 * time.Second / traceSpeed
+}
 
 // replay sends the trace to a role at traceSpeed and returns the figures.
 func replay(b *testing.B, policy string, trace []traceRequest) policyFigures {
@@ -382,7 +388,7 @@ var (
 func BenchmarkSwitching_Trace(b *testing.B) {
 	traceOnce.Do(func() {
 		trace := makeTrace()
-		b.Logf("trace: %d requests over %s of trace time, replayed at %dx", len(trace), traceDuration, traceSpeed)
+		b.Logf("trace: %d requests over %s of trace time, replayed at %dx, turn time %s of trace time", len(trace), traceDuration, traceSpeed, traceTurnTime()*traceSpeed)
 		traceFigures[0] = replay(b, "immediate", trace)
 		traceFigures[1] = replay(b, "turns", trace)
 	})
