@@ -250,17 +250,11 @@ func (m *Manager) costOf(v *victim, now time.Time) {
 	v.used = v.in.lastUsed.Load()
 	switch v.rec.State {
 	case structs.StateReady:
-		v.parks = v.in.canPark(v.rec)
+		v.measured, v.parks = m.measuredBringBack(v.in, v.rec)
 		if v.parks {
 			v.bringBack = m.expectWake(v.in, parkTierOf(v.rec))
 		} else {
 			v.bringBack = m.expectStart(v.in)
-		}
-		if t := m.timingsOf(v.in); t != nil {
-			v.measured = ms(t.StartMs)
-			if v.parks {
-				v.measured = ms(t.WakeMs[parkTierOf(v.rec)])
-			}
 		}
 	case structs.StateParked:
 		v.bringBack = max(m.expectStart(v.in)-m.expectWake(v.in, parkTierOf(v.rec)), 0)

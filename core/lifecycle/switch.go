@@ -265,11 +265,37 @@ const leastTurnFactor = 4
 // it became ready, leastTurnFactor times what bringing it in and parking
 // it were measured to take (0 when never measured), at most the turn time.
 func (m *Manager) leastTurnLeft(v *victim) time.Duration {
-	if v.rec.State != structs.StateReady || v.measured <= 0 {
+	if v.rec.State != structs.StateReady {
 		return 0
 	}
-	least := min(leastTurnFactor*(v.measured+m.measuredPark(v.in, v.parks)), m.turnTime())
-	return max(least-m.cfg.Now().Sub(v.rec.Since), 0)
+	return max(m.leastTurn(v.in, v.measured, v.parks)-m.cfg.Now().Sub(v.rec.Since), 0)
+}
+
+// leastTurn is a model's whole least turn: leastTurnFactor times its
+// measured bring-back (its wake when it parks, its start when it stops)
+// and its measured park or stop, at most the turn time; 0 when its
+// bring-back was never measured (never on a placeholder).
+func (m *Manager) leastTurn(in *instance, bringBack time.Duration, parks bool) time.Duration {
+	if bringBack <= 0 {
+		return 0
+	}
+	return min(leastTurnFactor*(bringBack+m.measuredPark(in, parks)), m.turnTime())
+}
+
+// measuredBringBack is what bringing a ready instance back after its
+// eviction was measured to take (its wake from the tier it parks at, or
+// its start when it cannot park; 0 when never measured), and whether it
+// parks.
+func (m *Manager) measuredBringBack(in *instance, rec structs.InstanceRecord) (time.Duration, bool) {
+	parks := in.canPark(rec)
+	t := m.timingsOf(in)
+	if t == nil {
+		return 0, parks
+	}
+	if parks {
+		return ms(t.WakeMs[parkTierOf(rec)]), true
+	}
+	return ms(t.StartMs), false
 }
 
 // switchAfterTurn is what a switch is measured to take once its victim's

@@ -424,10 +424,13 @@ func (m *Manager) switchDone(in *instance, sw *switchRun, bringIn time.Duration,
 //	wait = remaining(holders) + Σ over the models ahead (park + bring_in + serve)
 //	       + park + bring_in(this model)
 //
-// where serve(X) = min(turn_time, ⌈waiting(X)/places(X)⌉ × service(X)),
-// remaining is the same for the busy models in the way (their waiting and
-// in-flight requests), park the longest expected park of the models in the
-// way, and bring_in a wake or a start (costs.go).
+// where serve(X) = min(turn_time, max(⌈waiting(X)/places(X)⌉ ×
+// service(X), least(X))), least(X) what is left of X's least turn (a
+// model that came in lately keeps its turn that long, idle or not; from
+// measurements only), remaining is the same for the models in the way
+// (their waiting and in-flight requests; a model on its way in, its
+// bring-in left and its whole least turn), park the longest expected park
+// of the models in the way, and bring_in a wake or a start (costs.go).
 func (m *Manager) WaitEstimate(dep string) (structs.WaitEstimate, bool) {
 	m.mu.Lock()
 	d, ok := m.deployments[dep]
@@ -479,7 +482,7 @@ func (m *Manager) WaitEstimate(dep string) (structs.WaitEstimate, bool) {
 		parks := rec.State != structs.StateReady || o.canPark(rec)
 		park = max(park, m.expectPark(o, parks))
 		parkM = max(parkM, m.measuredPark(o, parks))
-		remaining = max(remaining, serve(o.dep, reqs.Active(o.id)))
+		remaining = max(remaining, min(max(serve(o.dep, reqs.Active(o.id)), m.turnHeld(o, rec)), turnTime))
 	}
 	sort.Strings(est.Holding)
 	// The contenders whose turn comes first.
@@ -510,7 +513,10 @@ func (m *Manager) WaitEstimate(dep string) (structs.WaitEstimate, bool) {
 		if in == nil {
 			continue
 		}
-		s := serve(t.dep, 0)
+		// Once in, it keeps its turn at least its least turn.
+		rec := in.snapshot()
+		back, parks := m.measuredBringBack(in, rec)
+		s := min(max(serve(t.dep, 0), m.leastTurn(in, back, parks)), turnTime)
 		wait += park + m.expectBringIn(in) + s
 		floor += parkM + m.measuredBringIn(in) + s
 	}
@@ -518,6 +524,23 @@ func (m *Manager) WaitEstimate(dep string) (structs.WaitEstimate, bool) {
 	est.Wait = wait + park + bringIn
 	est.Floor = floor + parkM + bringInM
 	return est, true
+}
+
+// turnHeld is how long a model in the way is expected to keep its turn at
+// least (from measurements only, 0 when never measured): what is left of
+// its least turn when it is ready, its bring-in left and its whole least
+// turn when it is on its way in, nothing when it is on its way out.
+func (m *Manager) turnHeld(in *instance, rec structs.InstanceRecord) time.Duration {
+	switch rec.State {
+	case structs.StateReady:
+		back, parks := m.measuredBringBack(in, rec)
+		return max(m.leastTurn(in, back, parks)-m.cfg.Now().Sub(rec.Since), 0)
+	case structs.StateStarting, structs.StateWaking:
+		back, parks := m.measuredBringBack(in, rec)
+		left := max(m.measuredBringIn(in)-m.cfg.Now().Sub(rec.Since), 0)
+		return left + m.leastTurn(in, back, parks)
+	}
+	return 0
 }
 
 // Forecaster is implemented by placers that can say whether an instance

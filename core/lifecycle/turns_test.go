@@ -298,6 +298,58 @@ func TestWaitEstimate_FromMeasuredFigures(t *testing.T) {
 	}
 }
 
+// TestWaitEstimate_CountsTheLeastTurn: a model in the way that came in
+// lately keeps its turn, idle or not, for its least turn (4 × its measured
+// wake of 1 s and park of 0.5 s: 6 s), so a request for a parked model is
+// told that wait, not only the park and its wake: 2 s after a came in, b
+// waits a's 4 s left, a's park (0.5 s) and its own wake (0.8 s). A model
+// whose turn comes first keeps its whole least turn once in.
+func TestWaitEstimate_CountsTheLeastTurn(t *testing.T) {
+	f := newFixture(t, 10, 6, 1)
+	for _, n := range []string{"a", "b", "c"} {
+		f.deploy(n)
+	}
+	for _, n := range []string{"c", "b", "a"} { // each parks for the next
+		if err := f.activate(n); err != nil {
+			t.Fatal(err)
+		}
+	}
+	set := func(name string, tm structs.Timings) {
+		in, err := f.m.instance(name, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		in.update(func(r *structs.InstanceRecord) {
+			r.Timings = &tm
+			if r.State == structs.StateParked {
+				r.ParkTier = structs.ResidencyHostBacked
+			}
+		})
+	}
+	wake := map[string]int64{structs.ResidencyDeep: 1000, structs.ResidencyHostBacked: 1000}
+	set("a", structs.Timings{WakeMs: wake, ParkMs: 500, StartMs: 20000})
+	set("b", structs.Timings{WakeMs: map[string]int64{structs.ResidencyHostBacked: 800}, ParkMs: 500, StartMs: 20000})
+	set("c", structs.Timings{WakeMs: wake, ParkMs: 500, StartMs: 20000})
+	f.clock.Advance(2 * time.Second)
+
+	est, ok := f.m.WaitEstimate("b")
+	if !ok || !est.Switch {
+		t.Fatalf("estimate %+v %v: b needs a's memory", est, ok)
+	}
+	if want := 5300 * time.Millisecond; est.Wait != want || est.Floor != want {
+		t.Fatalf("expected wait %v (measured %v), want %v: a's least turn left (4s), its park and b's wake", est.Wait, est.Floor, want)
+	}
+	// c's turn comes first: once in, it keeps its least turn (6 s).
+	now := f.clock.Now()
+	tk := f.m.switches.join("c", now.Add(-time.Minute), now)
+	defer f.m.switches.leave(tk)
+	est, _ = f.m.WaitEstimate("b")
+	if want := (5300 + 500 + 1000 + 6000) * time.Millisecond; est.Floor != want || est.Ahead != 1 {
+		t.Fatalf("expected wait %v (measured %v, %d ahead), want %v measured with c ahead: a's least turn left, a's park, c's wake and least turn, the park, b's wake",
+			est.Wait, est.Floor, est.Ahead, want)
+	}
+}
+
 // TestSwitchQueue_OldestRequestFirst: contenders take their turns in the
 // order of their longest-waiting requests, not the order they joined.
 func TestSwitchQueue_OldestRequestFirst(t *testing.T) {

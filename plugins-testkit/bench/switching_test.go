@@ -10,6 +10,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"net/http"
+	"os"
 	"path/filepath"
 	"sort"
 	"strconv"
@@ -127,6 +128,9 @@ type policyFigures struct {
 	turnsEnded map[string]int
 	// modelP95 is each model's p95 (as p95).
 	modelP95 map[string]time.Duration
+	// tailFirstMinute counts the requests at or past p95 that arrived in
+	// the trace's first minute (every model cold then).
+	tailFirstMinute, tail int
 }
 
 // startTraceRole starts a role on the trace's card with the four models
@@ -182,8 +186,14 @@ func startTraceRole(b *testing.B, policy string) *harness.Role {
 }
 
 // traceTurnTime is the role's switching.turn_time: the default, 30 s, of
-// trace time.
-func traceTurnTime() time.Duration { return 30 * time.Second / traceSpeed }
+// trace time, or $CAPYCTL_TRACE_TURN_TIME (trace time) to see what
+// another turn time trades (p95 against switches).
+func traceTurnTime() time.Duration {
+	if d, err := time.ParseDuration(os.Getenv("CAPYCTL_TRACE_TURN_TIME")); err == nil && d > 0 {
+		return d / traceSpeed
+	}
+	return 30 * time.Second / traceSpeed
+}
 
 // replay sends the trace to a role at traceSpeed and returns the figures.
 func replay(b *testing.B, policy string, trace []traceRequest) policyFigures {
@@ -272,10 +282,37 @@ func replay(b *testing.B, policy string, trace []traceRequest) policyFigures {
 		f.modelP95[m] = percentile(ds, .95)
 	}
 	f.p50, f.p95, f.p99 = percentile(all, .50), percentile(all, .95), percentile(all, .99)
+	for i, res := range results {
+		if res.status != http.StatusOK || res.latency >= f.p95 {
+			f.tail++
+			if trace[i].at < time.Minute {
+				f.tailFirstMinute++
+			}
+		}
+	}
+	dumpTrace(b, policy, trace, results)
 	f.ap50, f.ap95, f.ap99 = percentile(lat, .50), percentile(lat, .95), percentile(lat, .99)
 	f.switches = after["capyctl_switches_total"] - before["capyctl_switches_total"]
 	f.swapShare = (after["capyctl_switch_swap_seconds_total"] - before["capyctl_switch_swap_seconds_total"]) / wall.Seconds()
 	return f
+}
+
+// dumpTrace writes every request's outcome to
+// $CAPYCTL_TRACE_DUMP/<policy>.tsv when that is set (for a look at where
+// the slow requests are): model, arrival in trace seconds, latency in wall
+// milliseconds, status, tries, first refusal's code.
+func dumpTrace(b *testing.B, policy string, trace []traceRequest, results []traceResult) {
+	dir := os.Getenv("CAPYCTL_TRACE_DUMP")
+	if dir == "" {
+		return
+	}
+	var sb strings.Builder
+	for i, res := range results {
+		fmt.Fprintf(&sb, "%s\t%.3f\t%d\t%d\t%d\t%s\n", trace[i].model, trace[i].at.Seconds(), res.latency.Milliseconds(), res.status, res.tries, res.first)
+	}
+	if err := os.WriteFile(filepath.Join(dir, policy+".tsv"), []byte(sb.String()), 0o644); err != nil {
+		b.Logf("trace dump: %v", err)
+	}
 }
 
 // percentile is the p-quantile of ds (0 when empty); ds is sorted.
@@ -351,7 +388,7 @@ var (
 func BenchmarkSwitching_Trace(b *testing.B) {
 	traceOnce.Do(func() {
 		trace := makeTrace()
-		b.Logf("trace: %d requests over %s of trace time, replayed at %dx", len(trace), traceDuration, traceSpeed)
+		b.Logf("trace: %d requests over %s of trace time, replayed at %dx, turn time %s of trace time", len(trace), traceDuration, traceSpeed, traceTurnTime()*traceSpeed)
 		traceFigures[0] = replay(b, "immediate", trace)
 		traceFigures[1] = replay(b, "turns", trace)
 	})
@@ -371,7 +408,8 @@ func BenchmarkSwitching_Trace(b *testing.B) {
 		for _, m := range traceModels {
 			per = append(per, m.name+" "+ms(f.modelP95[m.name]))
 		}
-		b.Logf("%-9s p95 by model: %s; turns ended for a switch, by why: %v", f.policy, strings.Join(per, ", "), f.turnsEnded)
+		b.Logf("%-9s p95 by model: %s; turns ended for a switch, by why: %v; %d of the %d requests at or past p95 arrived in the first minute",
+			f.policy, strings.Join(per, ", "), f.turnsEnded, f.tailFirstMinute, f.tail)
 		p := f.policy + "-"
 		b.ReportMetric(float64(f.answered), p+"answered")
 		refused := 0
