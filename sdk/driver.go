@@ -1,8 +1,8 @@
 // Copyright (c) CapyCTL authors
 // SPDX-License-Identifier: Apache-2.0
 
-// Package sdk is what a CapyCTL driver author imports: the Driver interface,
-// the error type that carries a catalogue code across the wire, and helpers
+// Package sdk is what a CapyCTL driver author imports: the Driver interface
+// and its request and response types, the error type that carries a catalogue code across the wire, and helpers
 // in its sub-packages (plugin, flags, engineapi, proc, formats). It never
 // imports anything from CapyCTL's core or its first-party drivers.
 package sdk
@@ -11,31 +11,35 @@ import (
 	"context"
 	"errors"
 	"fmt"
-
-	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
 
 // ProtocolVersion is the driver protocol this SDK speaks.
 const ProtocolVersion = 1
 
-// Driver is the Go form of the driver protocol. Each method is the RPC of
-// the same name in sdk/proto/driverv1/driver.proto, whose comments are the
-// contract. A driver that does not support a call returns ErrNotSupported
-// (embed UnimplementedDriver to get that for every call).
+// Driver is what a driver implements: the driver protocol in Go types.
+// Each method is the RPC of the same name in
+// sdk/proto/driverv1/driver.proto, whose comments are the contract, and
+// each request and response type is the message of the same name
+// (messages.go). A driver never sees the generated protobuf types:
+// sdk/plugin converts at the gRPC boundary, on the driver's side
+// (plugin.Serve) and on the core's (plugin.Client). A driver that does not
+// support a call returns ErrNotSupported (embed UnimplementedDriver to get
+// that for every call); an error with a catalogue code is an *Error
+// (Errorf), and its code survives the hop.
 type Driver interface {
-	Describe(ctx context.Context, req *pb.DescribeRequest) (*pb.DescribeResponse, error)
-	Detect(ctx context.Context, req *pb.DetectRequest) (*pb.DetectResponse, error)
-	Flags(ctx context.Context, req *pb.FlagsRequest) (*pb.FlagsResponse, error)
-	Plan(ctx context.Context, req *pb.PlanRequest) (*pb.PlanResponse, error)
-	Start(ctx context.Context, req *pb.StartRequest) (*pb.StartResponse, error)
-	Probe(ctx context.Context, req *pb.ProbeRequest) (*pb.ProbeResponse, error)
-	Park(ctx context.Context, req *pb.ParkRequest) (*pb.ParkResponse, error)
-	Wake(ctx context.Context, req *pb.WakeRequest) (*pb.WakeResponse, error)
-	Abort(ctx context.Context, req *pb.AbortRequest) (*pb.AbortResponse, error)
-	Load(ctx context.Context, req *pb.LoadRequest) (*pb.LoadResponse, error)
-	Stop(ctx context.Context, req *pb.StopRequest) (*pb.StopResponse, error)
-	Recover(ctx context.Context, req *pb.RecoverRequest) (*pb.RecoverResponse, error)
-	Logs(ctx context.Context, req *pb.LogsRequest) (*pb.LogsResponse, error)
+	Describe(ctx context.Context, req *DescribeRequest) (*DescribeResponse, error)
+	Detect(ctx context.Context, req *DetectRequest) (*DetectResponse, error)
+	Flags(ctx context.Context, req *FlagsRequest) (*FlagsResponse, error)
+	Plan(ctx context.Context, req *PlanRequest) (*PlanResponse, error)
+	Start(ctx context.Context, req *StartRequest) (*StartResponse, error)
+	Probe(ctx context.Context, req *ProbeRequest) (*ProbeResponse, error)
+	Park(ctx context.Context, req *ParkRequest) (*ParkResponse, error)
+	Wake(ctx context.Context, req *WakeRequest) (*WakeResponse, error)
+	Abort(ctx context.Context, req *AbortRequest) (*AbortResponse, error)
+	Load(ctx context.Context, req *LoadRequest) (*LoadResponse, error)
+	Stop(ctx context.Context, req *StopRequest) (*StopResponse, error)
+	Recover(ctx context.Context, req *RecoverRequest) (*RecoverResponse, error)
+	Logs(ctx context.Context, req *LogsRequest) (*LogsResponse, error)
 }
 
 // ExitWaiter is what a driver implements to report an engine's exit the
@@ -45,7 +49,7 @@ type Driver interface {
 // stops watching. enginekit.Instance.WaitExit does the waiting. A driver
 // without it keeps working: the core polls LIVENESS instead.
 type ExitWaiter interface {
-	WaitExit(ctx context.Context, req *pb.WaitExitRequest) (*pb.ExitEvent, error)
+	WaitExit(ctx context.Context, req *WaitExitRequest) (*ExitEvent, error)
 }
 
 // ErrNotSupported is returned for a call the driver does not implement. Over
@@ -110,42 +114,42 @@ type UnimplementedDriver struct{}
 
 var _ Driver = UnimplementedDriver{}
 
-func (UnimplementedDriver) Describe(context.Context, *pb.DescribeRequest) (*pb.DescribeResponse, error) {
+func (UnimplementedDriver) Describe(context.Context, *DescribeRequest) (*DescribeResponse, error) {
 	return nil, ErrNotSupported
 }
-func (UnimplementedDriver) Detect(context.Context, *pb.DetectRequest) (*pb.DetectResponse, error) {
+func (UnimplementedDriver) Detect(context.Context, *DetectRequest) (*DetectResponse, error) {
 	return nil, ErrNotSupported
 }
-func (UnimplementedDriver) Flags(context.Context, *pb.FlagsRequest) (*pb.FlagsResponse, error) {
+func (UnimplementedDriver) Flags(context.Context, *FlagsRequest) (*FlagsResponse, error) {
 	return nil, ErrNotSupported
 }
-func (UnimplementedDriver) Plan(context.Context, *pb.PlanRequest) (*pb.PlanResponse, error) {
+func (UnimplementedDriver) Plan(context.Context, *PlanRequest) (*PlanResponse, error) {
 	return nil, ErrNotSupported
 }
-func (UnimplementedDriver) Start(context.Context, *pb.StartRequest) (*pb.StartResponse, error) {
+func (UnimplementedDriver) Start(context.Context, *StartRequest) (*StartResponse, error) {
 	return nil, ErrNotSupported
 }
-func (UnimplementedDriver) Probe(context.Context, *pb.ProbeRequest) (*pb.ProbeResponse, error) {
+func (UnimplementedDriver) Probe(context.Context, *ProbeRequest) (*ProbeResponse, error) {
 	return nil, ErrNotSupported
 }
-func (UnimplementedDriver) Park(context.Context, *pb.ParkRequest) (*pb.ParkResponse, error) {
+func (UnimplementedDriver) Park(context.Context, *ParkRequest) (*ParkResponse, error) {
 	return nil, ErrNotSupported
 }
-func (UnimplementedDriver) Wake(context.Context, *pb.WakeRequest) (*pb.WakeResponse, error) {
+func (UnimplementedDriver) Wake(context.Context, *WakeRequest) (*WakeResponse, error) {
 	return nil, ErrNotSupported
 }
-func (UnimplementedDriver) Abort(context.Context, *pb.AbortRequest) (*pb.AbortResponse, error) {
+func (UnimplementedDriver) Abort(context.Context, *AbortRequest) (*AbortResponse, error) {
 	return nil, ErrNotSupported
 }
-func (UnimplementedDriver) Load(context.Context, *pb.LoadRequest) (*pb.LoadResponse, error) {
+func (UnimplementedDriver) Load(context.Context, *LoadRequest) (*LoadResponse, error) {
 	return nil, ErrNotSupported
 }
-func (UnimplementedDriver) Stop(context.Context, *pb.StopRequest) (*pb.StopResponse, error) {
+func (UnimplementedDriver) Stop(context.Context, *StopRequest) (*StopResponse, error) {
 	return nil, ErrNotSupported
 }
-func (UnimplementedDriver) Recover(context.Context, *pb.RecoverRequest) (*pb.RecoverResponse, error) {
+func (UnimplementedDriver) Recover(context.Context, *RecoverRequest) (*RecoverResponse, error) {
 	return nil, ErrNotSupported
 }
-func (UnimplementedDriver) Logs(context.Context, *pb.LogsRequest) (*pb.LogsResponse, error) {
+func (UnimplementedDriver) Logs(context.Context, *LogsRequest) (*LogsResponse, error) {
 	return nil, ErrNotSupported
 }

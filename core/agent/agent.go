@@ -45,8 +45,8 @@ import (
 	"github.com/capyctl/capyctl/core/structs"
 	"github.com/capyctl/capyctl/core/usage"
 	"github.com/capyctl/capyctl/core/version"
+	"github.com/capyctl/capyctl/sdk"
 	"github.com/capyctl/capyctl/sdk/proc"
-	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
 
 // Builtins are the driver families compiled into the capyctl binary.
@@ -344,12 +344,12 @@ func New(s Settings, logger hclog.Logger) (*Agent, error) {
 	if len(hostEnv) == 0 {
 		hostEnv = nil
 	}
-	policy := &pb.HostPolicy{
+	policy := &sdk.HostPolicy{
 		EngineTelemetry: orDefault(s.EngineTelemetry, "off"),
 		EngineLogs:      orDefault(s.EngineLogs, "file"),
 		Retention:       orDefault(s.Retention, "standard"),
 		HostEnv:         hostEnv,
-		Lmcache:         offOrEmpty(s.LMCache),
+		LMCache:         offOrEmpty(s.LMCache),
 		Unified:         a.Placer != nil && a.Placer.Unified(),
 	}
 	if policy.Retention == "zero" {

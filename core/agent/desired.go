@@ -9,6 +9,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"maps"
+	"sort"
 	"time"
 
 	"github.com/capyctl/capyctl/core/api"
@@ -104,10 +105,25 @@ func (a *Agent) saveClusterEngines(owned map[string]bool) {
 	for n := range owned {
 		names = append(names, n)
 	}
-	data, _ := json.Marshal(names)
-	if err := a.Store.SetMeta(metaClusterEngines, string(data)); err != nil {
+	sort.Strings(names)
+	if err := a.setMetaChanged(metaClusterEngines, names); err != nil {
 		a.logger.Warn("record the engines registered for the cluster", "error", err)
 	}
+}
+
+// setMetaChanged writes v (its JSON form) under key in the store's meta
+// unless that is what the store holds already: every share the host
+// applies passes here, and a synced write each time (1 to 3 ms on a disk)
+// delayed the host's answer, and the start it carries, for nothing.
+func (a *Agent) setMetaChanged(key string, v any) error {
+	data, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	if had, err := a.Store.Meta(key); err == nil && had == string(data) {
+		return nil
+	}
+	return a.Store.SetMeta(key, string(data))
 }
 
 // metaClusterDeployments maps, in the host's store, each deployment the
@@ -151,6 +167,7 @@ func (a *Agent) applyDeployments(ctx context.Context, desired []*hostv1.DesiredD
 		// on it: a server waiting for its ledger's verdict reads what the
 		// instances recorded since.
 		r := &hostv1.DesiredResult{Kind: "deployment", Name: d.GetName(), ActedUnixMs: owned[d.GetName()].ActedUnixMs}
+		a.headAddress(d.GetName(), r)
 		if err != nil {
 			e := structs.AsError(err)
 			r.Code, r.Message = string(e.Code), e.Message
@@ -172,6 +189,19 @@ func (a *Agent) applyDeployments(ctx context.Context, desired []*hostv1.DesiredD
 	}
 	a.saveClusterDeployments(owned)
 	return out
+}
+
+// headAddress completes a group head's result with the rendezvous
+// address its host picked (its peer address and a port of its
+// rendezvous_ports): the server writes it into the workers' shares.
+func (a *Agent) headAddress(name string, r *hostv1.DesiredResult) {
+	view, err := a.Lifecycle.Deployment(name)
+	if err != nil {
+		return
+	}
+	if g := view.Record.Spec.Group; g.IsHead() && g.RendezvousPort != 0 {
+		r.HeadAddress, r.RendezvousPort = g.HeadAddress, int32(g.RendezvousPort)
+	}
 }
 
 // applyDeployment makes one deployment of the share, updates it to the
@@ -239,8 +269,7 @@ func (a *Agent) clusterDeployments() map[string]placedRecord {
 }
 
 func (a *Agent) saveClusterDeployments(owned map[string]placedRecord) {
-	data, _ := json.Marshal(owned)
-	if err := a.Store.SetMeta(metaClusterDeployments, string(data)); err != nil {
+	if err := a.setMetaChanged(metaClusterDeployments, owned); err != nil {
 		a.logger.Warn("record the deployments placed by the cluster", "error", err)
 	}
 	a.placedMu.Lock()

@@ -7,8 +7,8 @@ import (
 	"github.com/capyctl/capyctl/core/api/wire"
 	"github.com/capyctl/capyctl/core/engines"
 	"github.com/capyctl/capyctl/core/structs"
+	"github.com/capyctl/capyctl/sdk"
 	"github.com/capyctl/capyctl/sdk/flags"
-	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
 
 // engineView builds the wire form of a registration.
@@ -52,12 +52,12 @@ func engineDetected(a *engines.Added) *wire.EngineDetected {
 }
 
 // flagTable builds a family's flag table from its driver's answer.
-func flagTable(family string, resp *pb.FlagsResponse) *wire.FlagTable {
+func flagTable(family string, resp *sdk.FlagsResponse) *wire.FlagTable {
 	out := &wire.FlagTable{APIVersion: wire.APIVersion, Family: family}
-	for _, rule := range resp.GetRules() {
+	for _, rule := range resp.Rules {
 		out.Rules = append(out.Rules, wire.FlagRule{
-			Name: rule.GetName(), Kind: flags.KindName(rule.GetKind()), Class: flags.ClassName(rule.GetClass()),
-			Reason: rule.GetReason(), Approval: rule.GetApproval(), Aliases: rule.GetAliases(),
+			Name: rule.Name, Kind: flags.KindName(rule.Kind), Class: flags.ClassName(rule.Class),
+			Reason: rule.Reason, Approval: rule.Approval, Aliases: rule.Aliases,
 		})
 	}
 	return out

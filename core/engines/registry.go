@@ -15,7 +15,6 @@ import (
 
 	"github.com/capyctl/capyctl/core/structs"
 	"github.com/capyctl/capyctl/sdk"
-	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
 
 // Store is the part of the store the registry needs.
@@ -58,12 +57,12 @@ var detectionOrder = []string{structs.FamilyVLLM, structs.FamilySGLang, structs.
 
 // Detect inspects an installation through its driver without registering
 // it.
-func (r *Registry) Detect(ctx context.Context, req AddRequest) (*pb.DetectResponse, string, error) {
+func (r *Registry) Detect(ctx context.Context, req AddRequest) (*sdk.DetectResponse, string, error) {
 	family := req.Family
 	if req.Manifest != "" && family == "" {
 		family = structs.FamilyCustom
 	}
-	dreq := &pb.DetectRequest{Path: req.Path, Manifest: req.Manifest, Name: req.Name}
+	dreq := &sdk.DetectRequest{Path: req.Path, Manifest: req.Manifest, Name: req.Name}
 	if family != "" {
 		drv, err := r.drivers.Driver(ctx, family)
 		if err != nil {
@@ -89,7 +88,7 @@ func (r *Registry) Detect(ctx context.Context, req AddRequest) (*pb.DetectRespon
 			continue
 		}
 		resp, err := drv.Detect(ctx, dreq)
-		if err == nil && resp.GetFamily() != "" {
+		if err == nil && resp.Family != "" {
 			return resp, f, nil
 		}
 		if err != nil && firstErr == nil && sdk.CodeOf(err) != string(structs.CodeEngineUnsupported) {
@@ -160,17 +159,17 @@ func (r *Registry) Add(ctx context.Context, req AddRequest) (*Added, error) {
 		return nil, structs.Errf(structs.CodeInvalidRequest, "engine name %q must match %s", name, nameRE)
 	}
 	rec := &structs.EngineRecord{
-		Name: name, Family: det.GetFamily(), Path: req.Path, Program: det.GetProgram(), Version: det.GetVersion(),
-		Verified: det.GetVerified(), Digest: det.GetDigest(), Details: det.GetDetails(), Approvals: req.Approvals,
+		Name: name, Family: det.Family, Path: req.Path, Program: det.Program, Version: det.Version,
+		Verified: det.Verified, Digest: det.Digest, Details: det.Details, Approvals: req.Approvals,
 		Env: req.Env, AddedAt: r.now().UTC(),
 	}
 	if rec.Family == "" {
 		rec.Family = family
 	}
-	out := &Added{Record: rec, ToolchainMissing: det.GetToolchainMissing(), Notes: det.GetNotes(), Details: det.GetDetails()}
-	if len(det.GetToolchainMissing()) > 0 && !req.DryRun {
+	out := &Added{Record: rec, ToolchainMissing: det.ToolchainMissing, Notes: det.Notes, Details: det.Details}
+	if len(det.ToolchainMissing) > 0 && !req.DryRun {
 		return nil, structs.Errf(structs.CodeToolchainMissing,
-			"the engine needs build tools that are not on its PATH: %s", strings.Join(det.GetToolchainMissing(), ", "))
+			"the engine needs build tools that are not on its PATH: %s", strings.Join(det.ToolchainMissing, ", "))
 	}
 	if req.DryRun {
 		return out, nil
@@ -223,12 +222,12 @@ func (r *Registry) List() ([]Registration, error) {
 }
 
 // Flags returns a family's flag policy as its driver answers it.
-func (r *Registry) Flags(ctx context.Context, family string) (*pb.FlagsResponse, error) {
+func (r *Registry) Flags(ctx context.Context, family string) (*sdk.FlagsResponse, error) {
 	drv, err := r.drivers.Driver(ctx, family)
 	if err != nil {
 		return nil, err
 	}
-	resp, err := drv.Flags(ctx, &pb.FlagsRequest{})
+	resp, err := drv.Flags(ctx, &sdk.FlagsRequest{})
 	if err != nil {
 		if sdk.CodeOf(err) == "" {
 			return nil, structs.Wrap(structs.CodeUnsupported, err, "flags of %s", family)

@@ -11,18 +11,17 @@ import (
 	"github.com/capyctl/capyctl/core/store"
 	"github.com/capyctl/capyctl/core/structs"
 	"github.com/capyctl/capyctl/sdk"
-	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
 
 // detector is a driver whose Detect recognises the paths it is given.
 type detector struct {
 	sdk.UnimplementedDriver
 	family string
-	known  map[string]*pb.DetectResponse
+	known  map[string]*sdk.DetectResponse
 }
 
-func (d *detector) Detect(_ context.Context, r *pb.DetectRequest) (*pb.DetectResponse, error) {
-	if resp, ok := d.known[r.GetPath()]; ok {
+func (d *detector) Detect(_ context.Context, r *sdk.DetectRequest) (*sdk.DetectResponse, error) {
+	if resp, ok := d.known[r.Path]; ok {
 		return resp, nil
 	}
 	return nil, sdk.Errorf(string(structs.CodeEngineUnsupported), "not a %s installation", d.family)
@@ -56,10 +55,10 @@ func newRegistry(t *testing.T, u users) *Registry {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() })
-	vllm := &detector{family: structs.FamilyVLLM, known: map[string]*pb.DetectResponse{
+	vllm := &detector{family: structs.FamilyVLLM, known: map[string]*sdk.DetectResponse{
 		"/opt/vllm": {Family: structs.FamilyVLLM, Version: "0.32.0", Digest: "sha256:aa", Verified: true},
 	}}
-	llama := &detector{family: structs.FamilyLlamaCpp, known: map[string]*pb.DetectResponse{
+	llama := &detector{family: structs.FamilyLlamaCpp, known: map[string]*sdk.DetectResponse{
 		"/opt/llama-server": {Family: structs.FamilyLlamaCpp, Version: "b4748", Digest: "sha256:bb"},
 		"/opt/needs-tools":  {Family: structs.FamilyLlamaCpp, Digest: "sha256:cc", ToolchainMissing: []string{"nvcc"}},
 	}}

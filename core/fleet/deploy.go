@@ -20,11 +20,16 @@ import (
 // its ledger's verdict, host after host).
 const placeWait = 3 * time.Minute
 
-// createPlaced places a new deployment (not a group): its name and routes
-// reserved with its first shares, each refused share moved on to a host
-// not tried yet, placed once every share is taken. Refused whole (and
-// forgotten) when no host takes enough: capacity_blocked with each
-// host's refusal, or engine_not_found when no host has its engine.
+// createPlaced places a new deployment (not a group) with one raft
+// command: its name and routes reserved with its first shares (refused,
+// conflict, when the name is taken: the expected version 0). Each refused
+// share moves on to a host not tried yet with a command naming the
+// version it replaces. Refused whole (and forgotten) when no host takes
+// enough: capacity_blocked with each host's refusal, or engine_not_found
+// when no host has its engine. Its requests are answered "being placed"
+// until a host of it made its share (placing), so no second command marks
+// it placed: that one cost a synced write on every server before the
+// answer (the reservation and the placement were two).
 func (s *Server) createPlaced(ctx context.Context, spec *structs.Deployment, raw json.RawMessage, activate bool) (*wire.DeploymentStatus, error) {
 	n := max(spec.Instances, 1)
 	cands := s.candidates(spec.Placement)
@@ -36,7 +41,7 @@ func (s *Server) createPlaced(ctx context.Context, spec *structs.Deployment, raw
 		desired = structs.DesiredRunning
 	}
 	p := &Placement{Deployment: spec.Name, Hosts: toShares(scheduler.Spread(n, cands)), Routes: spec.Routes, Revision: 1, At: time.Now().UTC(),
-		Spec: raw, Desired: desired, Pending: true}
+		Spec: raw, Desired: desired}
 	index, err := s.commitPlacement(p, 0)
 	if err != nil {
 		return nil, err
@@ -52,10 +57,6 @@ func (s *Server) createPlaced(ctx context.Context, spec *structs.Deployment, raw
 		if uerr := s.deletePlaced(ctx, p); uerr != nil {
 			s.logger.Warn("take back a placement no host took", "deployment", p.Deployment, "error", uerr)
 		}
-		return nil, err
-	}
-	p.Pending = false
-	if _, err := s.commitPlacement(p, p.Version); err != nil {
 		return nil, err
 	}
 	st := s.deploymentStatus(ctx, p)

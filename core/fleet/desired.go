@@ -38,7 +38,7 @@ func (s *Server) desiredFor(host string) *hostv1.Desired {
 	for _, e := range s.State.Engines() {
 		d.Engines = append(d.Engines, &hostv1.DesiredEngine{Name: e.Name, RequestJson: e.Request})
 	}
-	d.Deployments = s.desiredDeployments(host)
+	d.Deployments = append(s.desiredDeployments(host), s.desiredMembers(host)...)
 	return d
 }
 

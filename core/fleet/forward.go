@@ -28,7 +28,7 @@ var relayDrop = []string{"Connection", "Keep-Alive", "Proxy-Connection", "Te", "
 // server relayed already is never relayed again.
 func (s *Server) ForwardMutation(next http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		st := s.cl.node.Stats()
+		st := s.cl.node.View()
 		if st.State == "leader" {
 			next(w, r)
 			return

@@ -63,7 +63,7 @@ func (s *Server) relayContext(parent context.Context, st raftlog.Stats) (ctx con
 		defer close(done)
 		for {
 			changed := s.cl.node.Changed()
-			if now := s.cl.node.Stats(); now.LeaderID != st.LeaderID {
+			if now := s.cl.node.View(); now.LeaderID != st.LeaderID {
 				cancel(errLeaderChanged)
 				return
 			}

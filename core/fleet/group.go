@@ -9,13 +9,12 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
-	"slices"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/capyctl/capyctl/core/api/wire"
-	"github.com/capyctl/capyctl/core/fleet/fsm"
+	"github.com/capyctl/capyctl/core/hostlink/proto/hostv1"
 	"github.com/capyctl/capyctl/core/structs"
 )
 
@@ -23,7 +22,8 @@ import (
 // per host of placement.hosts, rank in list order (the first host runs the
 // head, rank 0, which serves the engine's API). Each member is an ordinary
 // deployment of the same name on its host, with the group's facts in its
-// spec (structs.GroupMember): the host's own ledger admits its share, its
+// spec (structs.GroupMember), which the host runs from its share of the
+// desired state (groupdesired.go): the host's own ledger admits it, its
 // own driver plans its rank, its own lifecycle runs and journals it. What
 // no single host can do is the server's, here: the order of bring-up, park
 // and wake across hosts; stopping the whole group when one member fails or
@@ -33,22 +33,6 @@ import (
 
 // DefaultGroupStallTimeout bounds a group's bring-up (group_stall_timeout).
 const DefaultGroupStallTimeout = 120 * time.Second
-
-// memberBody is a member's deploy body: the deployment as the operator
-// wrote it, with one instance, the member's facts, and no warm start (a
-// host never starts a member on its own).
-func memberBody(depJSON json.RawMessage, m structs.GroupMember, activate bool) ([]byte, error) {
-	var dep map[string]any
-	if err := json.Unmarshal(depJSON, &dep); err != nil {
-		return nil, structs.Errf(structs.CodeInvalidRequest, "the deployment is not a JSON object: %v", err)
-	}
-	dep["instances"] = 1
-	dep["group"] = m
-	if lc, ok := dep["lifecycle"].(map[string]any); ok {
-		lc["warm"] = false
-	}
-	return json.Marshal(map[string]any{"deployment": dep, "activate": activate})
-}
 
 // memberHostReady refuses a group whose host cannot take a member now.
 func (s *Server) memberHostReady(host, dep string) error {
@@ -78,53 +62,45 @@ func withMember(err error, host string, rank int) error {
 	return out.WithDetail("host", host).WithDetail("rank", rank)
 }
 
-// createGroup places a group: the head first (its host picks the
-// rendezvous port), then each worker with the head's address; with
-// activate each member's ledger admits its share before the next member
-// is made. Any refusal removes the members made and refuses the deploy,
-// naming the member.
-func (s *Server) createGroup(ctx context.Context, hdr http.Header, spec *structs.Deployment, depJSON json.RawMessage, activate bool) (*wire.DeploymentStatus, error) {
+// createGroup places a group through the desired state: its name and
+// routes reserved with the head's share (placeMembers writes the rest);
+// any refusal takes the whole group back (each host deletes what it made
+// of it) and refuses the deploy, naming the member.
+func (s *Server) createGroup(ctx context.Context, spec *structs.Deployment, raw json.RawMessage, activate bool) (*wire.DeploymentStatus, error) {
 	hosts := spec.Placement.Hosts
 	for _, h := range hosts {
 		if err := s.memberHostReady(h, spec.Name); err != nil {
 			return nil, err
 		}
 	}
-	attempt := newAttempt()
-	g := &GroupPlacement{ID: attempt, Hosts: hosts, TensorParallel: spec.Topology.TensorParallel, PipelineParallel: spec.Topology.PipelineParallel}
-	var made []HostShare
-	for rank, host := range hosts {
-		m := structs.GroupMember{ID: attempt, Rank: rank, Size: len(hosts), Hosts: hosts, HeadAddress: g.HeadAddress, RendezvousPort: g.RendezvousPort}
-		body, err := memberBody(depJSON, m, activate)
-		if err != nil {
-			return nil, err
-		}
-		h := hdr.Clone()
-		if k := h.Get(wire.HeaderIdempotencyKey); k != "" {
-			h.Set(wire.HeaderIdempotencyKey, k+"#"+attempt)
-		}
-		status, data, err := s.hostCall(ctx, host, http.MethodPost, "/deployments", h, body)
-		if err == nil && status >= 300 {
-			err = hostError(host, status, data)
-		}
-		if err == nil && activate {
-			err = s.waitAdmitted(ctx, host, spec.Name)
-		}
-		if err == nil && rank == 0 {
-			err = s.readHead(ctx, host, spec.Name, g)
-		}
-		if err != nil {
-			if structs.CodeOf(err) != structs.CodeConflict {
-				_, _, _ = s.hostCall(ctx, host, http.MethodDelete, "/deployments/"+url.PathEscape(spec.Name), nil, nil)
-			}
-			s.rollback(ctx, spec.Name, made)
-			return nil, withMember(err, host, rank)
-		}
-		made = append(made, HostShare{Host: host, Instances: 1})
+	desired := structs.DesiredOnDemand
+	if activate {
+		desired = structs.DesiredRunning
 	}
-	p := &Placement{Deployment: spec.Name, Hosts: made, Routes: spec.Routes, Revision: 1, At: time.Now().UTC(), Group: g}
-	if err := s.apply(fsm.Placed{Placement: p}); err != nil {
-		s.rollback(ctx, spec.Name, made)
+	g := &GroupPlacement{ID: newAttempt(), Hosts: hosts, TensorParallel: spec.Topology.TensorParallel, PipelineParallel: spec.Topology.PipelineParallel}
+	p := &Placement{Deployment: spec.Name, Routes: spec.Routes, Revision: 1, At: time.Now().UTC(), Spec: raw, Group: g, Pending: true}
+	for _, h := range hosts {
+		p.Hosts = append(p.Hosts, HostShare{Host: h, Instances: 1})
+		g.Ranks = append(g.Ranks, RankDesired{Desired: desired})
+	}
+	// IMPORTANT: not detach (as createPlaced): a bring-up that ends early
+	// is taken back, which must never race a retry's placement.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), placeWait)
+	defer cancel()
+	s.groups.setPlacing(g.ID, true) // before the commit: never taken back as an earlier leader's
+	defer s.groups.setPlacing(g.ID, false)
+	index, err := s.commitPlacement(p, 0)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.placeMembers(ctx, p, index, activate); err != nil {
+		if uerr := s.unplaceGroup(ctx, p); uerr != nil {
+			s.logger.Warn("take back a group no host took whole", "deployment", p.Deployment, "error", uerr)
+		}
+		return nil, err
+	}
+	p.Pending = false
+	if _, err := s.commitPlacement(p, p.Version); err != nil {
 		return nil, err
 	}
 	s.groups.setErr(spec.Name, nil)
@@ -137,20 +113,31 @@ func (s *Server) createGroup(ctx context.Context, hdr http.Header, spec *structs
 	return &st, nil
 }
 
-// readHead reads the head's rendezvous address from its host's record.
-func (s *Server) readHead(ctx context.Context, host, name string, g *GroupPlacement) error {
-	status, data, err := s.hostCall(ctx, host, http.MethodGet, "/deployments/"+url.PathEscape(name), nil, nil)
+// placeMembers brings a new group's members up in rank order: the head's
+// share first (committed at index: its host picks the rendezvous port and
+// answers it; with activate its ledger admits the head), then the
+// workers' with the head's address, each admitted by its host's ledger.
+// A refusal names the member.
+func (s *Server) placeMembers(ctx context.Context, p *Placement, index uint64, activate bool) error {
+	g := p.Group
+	a, err := s.awaitMember(ctx, p, 0, index, activate)
+	if err == nil {
+		err = headAddress(a, p)
+	}
 	if err != nil {
+		return withMember(err, g.Hosts[0], 0)
+	}
+	if index, err = s.commitPlacement(p, p.Version); err != nil {
 		return err
 	}
-	var st wire.DeploymentStatus
-	if status != http.StatusOK || json.Unmarshal(data, &st) != nil {
-		return hostError(host, status, data)
+	workers := make([]int, 0, len(g.Hosts)-1)
+	changed := make([]bool, len(g.Hosts))
+	for r := 1; r < len(g.Hosts); r++ {
+		workers, changed[r] = append(workers, r), true
 	}
-	if st.Spec == nil || st.Spec.Group == nil || st.Spec.Group.RendezvousPort == 0 || st.Spec.Group.HeadAddress == "" {
-		return structs.Errf(structs.CodeInternal, "host %s recorded the group head without a rendezvous address (an older CapyCTL on the host?)", host)
+	for _, f := range s.awaitRanks(ctx, p, workers, index, changed, activate) {
+		return withMember(f.err, g.Hosts[f.rank], f.rank)
 	}
-	g.HeadAddress, g.RendezvousPort = st.Spec.Group.HeadAddress, st.Spec.Group.RendezvousPort
 	return nil
 }
 
@@ -200,7 +187,7 @@ func (s *Server) memberOf(ctx context.Context, host string, rank int, name strin
 	return m
 }
 
-// memberAction runs one action on a member's host, bounded by d.
+// memberAction runs one action on a deployment's host, bounded by d.
 func (s *Server) memberAction(ctx context.Context, d time.Duration, host, name string, req wire.ActionRequest) error {
 	body, _ := json.Marshal(req)
 	status, data, err := s.hostCallWithin(ctx, d, host, http.MethodPost, "/deployments/"+url.PathEscape(name)+"/actions",
@@ -211,12 +198,26 @@ func (s *Server) memberAction(ctx context.Context, d time.Duration, host, name s
 	return err
 }
 
+// memberCommand parks or wakes a member: a typed command on its host's
+// link (the leader's term, run once), waited for, bounded by
+// groupCallTimeout.
+func (s *Server) memberCommand(ctx context.Context, host, name, action string, evict bool) error {
+	ctx, cancel := context.WithTimeout(ctx, groupCallTimeout)
+	defer cancel()
+	a := &hostv1.DeploymentAction{Deployment: name, Action: action, Instance: -1, Wait: true}
+	if action == wire.ActionStart {
+		a.Instance, a.Evict = 0, evict // a parked member's start wakes it
+	}
+	return s.hostIO.command(ctx, host, a)
+}
+
 // groupCallTimeout bounds one member's park or wake (a wake reloads the
 // weights) and a member's stop.
 const groupCallTimeout = 10 * time.Minute
 
-// callWait runs an action with wait on a member: the call's bound is the
-// group's, not a quick management call's.
+// callWait runs an action with wait on a deployment a host made itself
+// (adopted): the call's bound is a group's, since a group in the way may
+// be parked first.
 func (s *Server) callWait(ctx context.Context, host, name, action string, evict bool) error {
 	return s.memberAction(ctx, groupCallTimeout, host, name, wire.ActionRequest{Action: action, Wait: true, Evict: evict})
 }
@@ -232,6 +233,9 @@ func (s *Server) callWait(ctx context.Context, host, name, action string, evict 
 // --evict, it may also park or stop another group in the way.
 func (s *Server) groupStart(ctx context.Context, p *Placement, evict, groups bool) (err error) {
 	g := p.Group
+	if err := earlierGroup(p); err != nil {
+		return err
+	}
 	l := s.groups.lock(p.Deployment)
 	if err := l.acquire(ctx); err != nil {
 		return err
@@ -267,17 +271,20 @@ func (s *Server) groupStart(ctx context.Context, p *Placement, evict, groups boo
 		return nil
 	}
 	// A cold start: every member stopped first (a failed member's launch
-	// record cleared).
-	if err := s.stopMembers(ctx, p.Deployment, g, ms); err != nil {
+	// record cleared), then the head, admitted by its host's ledger, then
+	// the workers.
+	if err := s.stopMembers(ctx, p.Deployment, g); err != nil {
 		return err
 	}
 	s.groups.setErr(p.Deployment, nil)
-	for rank, host := range g.Hosts {
-		before := s.memberOf(ctx, host, rank, p.Deployment)
-		err := s.startMember(ctx, host, p.Deployment, evict, groups, before)
-		if err != nil {
-			_ = s.stopMembers(ctx, p.Deployment, g, nil)
-			return withMember(err, host, rank)
+	workers := make([]int, 0, len(g.Hosts)-1)
+	for r := 1; r < len(g.Hosts); r++ {
+		workers = append(workers, r)
+	}
+	for _, ranks := range [][]int{{0}, workers} {
+		if err := s.startRanks(ctx, p, ranks, evict, groups); err != nil {
+			_ = s.stopMembers(ctx, p.Deployment, g)
+			return err
 		}
 	}
 	if err := s.waitHeadReady(ctx, p.Deployment, g); err != nil {
@@ -287,61 +294,14 @@ func (s *Server) groupStart(ctx context.Context, p *Placement, evict, groups boo
 	return nil
 }
 
-// startMember starts one stopped member without waiting for its readiness
-// (a head is ready only once every rank joined) and waits for its host's
-// ledger to admit it; a capacity refusal naming another group on the host
-// parks that group when evict allows, then tries once more.
-func (s *Server) startMember(ctx context.Context, host, name string, evict, groups bool, before member) error {
-	for try := 0; ; try++ {
-		err := s.memberAction(ctx, hostCallTimeout, host, name, wire.ActionRequest{Action: wire.ActionStart, Evict: evict})
-		if err == nil {
-			err = s.waitStarted(ctx, host, name, before)
-		}
-		if err == nil || try > 0 || !groups || !s.evictGroups(ctx, name, s.withGroupsOn(err, host, name)) {
-			return err
-		}
-		before = s.memberOf(ctx, host, 0, name)
-	}
-}
-
-// waitStarted waits until a member left the state it had before its start
-// and its host's ledger admitted it (starting with a ledger phase, or
-// ready), or refused it (stopped or failed again, with the error).
-func (s *Server) waitStarted(ctx context.Context, host, name string, before member) error {
-	deadline := time.NewTimer(admitWait)
-	defer deadline.Stop()
-	for {
-		changes := s.hostIO.changes([]string{host})
-		m := s.memberOf(ctx, host, 0, name)
-		// A start refused before it changed the state (no room) records
-		// only a newer last error.
-		newErr := m.lastErr != nil && (before.lastErr == nil || m.lastErr.At.After(before.lastErr.At))
-		moved := !m.since.Equal(before.since) || m.state != before.state || newErr
-		switch {
-		case !m.reachable:
-			return structs.Errf(structs.CodeHostUnreachable, "host %s went out of reach", host).WithDetail("host", host)
-		case moved && (m.state == string(structs.StateReady) || (m.state == string(structs.StateStarting) && m.phase != "")):
-			return nil
-		case moved && (m.state == string(structs.StateStopped) || m.state == string(structs.StateFailed)):
-			if m.lastErr != nil {
-				return structs.Errf(m.lastErr.Code, "host %s: %s", host, m.lastErr.Message).WithDetail("host", host)
-			}
-			return structs.Errf(structs.CodeActivationFailed, "host %s: the member is %s", host, m.state).WithDetail("host", host)
-		}
-		if expired, err := changes.wait(ctx, deadline.C); expired || err != nil {
-			return err
-		}
-	}
-}
-
 // groupWake wakes a parked group: workers first, then the head.
 func (s *Server) groupWake(ctx context.Context, p *Placement, ms []member, evict, groups bool) error {
 	g := p.Group
 	var woken []int
 	wake := func(rank int) error {
 		for try := 0; ; try++ {
-			err := s.callWait(ctx, g.Hosts[rank], p.Deployment, wire.ActionStart, evict)
-			if err == nil || try > 0 || !groups || !s.evictGroups(ctx, p.Deployment, err) {
+			err := s.memberCommand(ctx, g.Hosts[rank], p.Deployment, wire.ActionStart, evict)
+			if err == nil || try > 0 || !groups || !s.evictGroups(ctx, p.Deployment, s.withGroupsOn(err, g.Hosts[rank], p.Deployment)) {
 				return err
 			}
 		}
@@ -354,7 +314,7 @@ func (s *Server) groupWake(ctx context.Context, p *Placement, ms []member, evict
 			// Nothing woke on the engines yet: the woken workers park again
 			// (their ranks never left their parked state).
 			for _, r := range woken {
-				_ = s.callWait(ctx, g.Hosts[r], p.Deployment, wire.ActionPark, false)
+				_ = s.memberCommand(ctx, g.Hosts[r], p.Deployment, wire.ActionPark, false)
 			}
 			return withMember(err, g.Hosts[rank], rank)
 		}
@@ -387,6 +347,9 @@ func (s *Server) groupPark(ctx context.Context, p *Placement) error {
 
 func (s *Server) groupParkLocked(ctx context.Context, p *Placement) error {
 	g := p.Group
+	if err := earlierGroup(p); err != nil {
+		return err
+	}
 	s.groups.setDown(p.Deployment, true)
 	ms := s.members(ctx, p.Deployment, g)
 	if err := uncertain(p.Deployment, ms); err != nil {
@@ -399,10 +362,10 @@ func (s *Server) groupParkLocked(ctx context.Context, p *Placement) error {
 	case head.state != string(structs.StateReady):
 		return structs.Errf(structs.CodeConflict, "group %s is %s, not ready", p.Deployment, head.state)
 	case head.resid == structs.ResidencyRestartOnly || head.resid == "":
-		return s.stopMembers(ctx, p.Deployment, g, ms)
+		return s.stopMembers(ctx, p.Deployment, g)
 	}
 	for rank, host := range g.Hosts {
-		if err := s.callWait(ctx, host, p.Deployment, wire.ActionPark, false); err != nil {
+		if err := s.memberCommand(ctx, host, p.Deployment, wire.ActionPark, false); err != nil {
 			s.failGroup(ctx, p.Deployment, g, structs.CodeParkFailed, fmt.Sprintf("rank %d on host %s: %s", rank, host, structs.AsError(err).Message))
 			return withMember(err, host, rank)
 		}
@@ -424,31 +387,6 @@ func uncertain(name string, ms []member) error {
 	return nil
 }
 
-// stopMembers stops every member (all at once: a rank that loses a peer
-// exits anyway). ms, when given, skips the members already stopped.
-func (s *Server) stopMembers(ctx context.Context, name string, g *GroupPlacement, ms []member) error {
-	s.groups.setDown(name, true)
-	errs := make([]error, len(g.Hosts))
-	var wg sync.WaitGroup
-	for rank, host := range g.Hosts {
-		if ms != nil && ms[rank].reachable && ms[rank].state == string(structs.StateStopped) {
-			continue
-		}
-		wg.Add(1)
-		go func(rank int, host string) {
-			defer wg.Done()
-			errs[rank] = s.callWait(ctx, host, name, wire.ActionStop, false)
-		}(rank, host)
-	}
-	wg.Wait()
-	for rank, err := range errs {
-		if err != nil && structs.CodeOf(err) != structs.CodeNotFound {
-			return withMember(err, g.Hosts[rank], rank)
-		}
-	}
-	return nil
-}
-
 // groupStop stops a group on every host.
 func (s *Server) groupStop(ctx context.Context, p *Placement) error {
 	s.groups.askStop(p.Deployment) // a bring-up under way gives way
@@ -457,11 +395,14 @@ func (s *Server) groupStop(ctx context.Context, p *Placement) error {
 		return err
 	}
 	defer l.release()
-	return s.stopMembers(ctx, p.Deployment, p.Group, nil)
+	return s.stopMembers(ctx, p.Deployment, p.Group)
 }
 
-// waitHeadReady waits for the head's readiness within the stall timeout;
-// a stalled bring-up stops the group (group_stalled).
+// waitHeadReady waits for the head's readiness within the stall timeout,
+// reading the members' journals at each change of their hosts (a journal,
+// a link up or down) or an operator's stop; a member that failed stops
+// the group (group_member_failed), a stalled bring-up too
+// (group_stalled).
 func (s *Server) waitHeadReady(ctx context.Context, name string, g *GroupPlacement) error {
 	deadline := time.Now().Add(s.o.GroupStallTimeout)
 	stall := time.NewTimer(s.o.GroupStallTimeout)
@@ -472,7 +413,10 @@ func (s *Server) waitHeadReady(ctx context.Context, name string, g *GroupPlaceme
 		if s.groups.stopAsked(name) != stops {
 			return structs.Errf(structs.CodeActivationFailed, "group %s: an operator stopped it before it was ready", name)
 		}
-		ms := s.members(ctx, name, g)
+		ms := make([]member, len(g.Hosts))
+		for rank, host := range g.Hosts {
+			ms[rank] = s.memberJournal(host, rank, name)
+		}
 		if ms[0].state == string(structs.StateReady) {
 			return nil
 		}
@@ -491,18 +435,8 @@ func (s *Server) waitHeadReady(ctx context.Context, name string, g *GroupPlaceme
 			s.failGroup(ctx, name, g, structs.CodeGroupStalled, msg)
 			return structs.Errf(structs.CodeGroupStalled, "group %s: %s; the group was stopped", name, msg)
 		}
-		stopRetry := func() bool { return false }
-		if slices.ContainsFunc(ms, func(m member) bool { return !m.reachable }) {
-			// A member that could not be read may have moved meanwhile
-			// with no change to follow: it is read again shortly.
-			var retry <-chan struct{}
-			retry, stopRetry = retryAfter(memberReadRetry)
-			changes = append(changes, recvCase(retry))
-		}
 		// Past the stall deadline the next turn fails the group.
-		_, err := changes.wait(ctx, stall.C)
-		stopRetry()
-		if err != nil {
+		if _, err := changes.wait(ctx, stall.C); err != nil {
 			return err
 		}
 	}

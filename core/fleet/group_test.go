@@ -6,7 +6,6 @@ package fleet
 import (
 	"context"
 	"encoding/json"
-	"net/http"
 	"slices"
 	"strings"
 	"testing"
@@ -30,30 +29,35 @@ func groupSpec(hosts ...string) (*structs.Deployment, json.RawMessage) {
 	return spec, raw
 }
 
-func posts(f *fakeHosts) []string {
-	return f.calls(func(c string) bool { return strings.HasSuffix(c, " POST /deployments") })
+// made lists the members the hosts made from their shares, in order.
+func made(f *fakeHosts) []string {
+	return f.calls(func(c string) bool { return strings.HasSuffix(c, " make") })
 }
 
 // TestCreateGroup_BringUpInRankOrder: a group is made in the order of
-// placement.hosts (not the hosts' names): the head first, admitted by its
-// host's ledger and read back for the rendezvous address its host picked,
-// then the worker with that address; the group is placed once every
-// member is made, and its head is ready once every rank started.
+// placement.hosts (not the hosts' names), through the desired state: the
+// head's share first, admitted by its host's ledger, its rendezvous
+// address read from its host's answer, then the worker's share with that
+// address; the group is placed once every member is made, and its head
+// is ready once every rank started. No host is asked to make a member by
+// a management call.
 func TestCreateGroup_BringUpInRankOrder(t *testing.T) {
 	f := newFakeHosts("gpu-a", "gpu-b")
 	s := groupServer(t, f)
 	spec, raw := groupSpec("gpu-b", "gpu-a") // the head on gpu-b
-	if _, err := s.createGroup(context.Background(), http.Header{}, spec, raw, true); err != nil {
+	if _, err := s.createGroup(context.Background(), spec, raw, true); err != nil {
 		t.Fatal(err)
 	}
-	if got, want := posts(f), []string{"gpu-b POST /deployments", "gpu-a POST /deployments"}; !slices.Equal(got, want) {
+	if got, want := made(f), []string{"gpu-b make", "gpu-a make"}; !slices.Equal(got, want) {
 		t.Fatalf("the members were made in the order %q, want %q (the head's host first)", got, want)
 	}
-	// The head's admission and address were read before the worker was made.
+	// The head was started (and admitted) before the worker was made.
 	log := f.calls(func(string) bool { return true })
-	worker := slices.Index(log, "gpu-a POST /deployments")
-	if !slices.Contains(log[:worker], "gpu-b GET /deployments/"+groupName) {
-		t.Fatalf("the worker was made before the head's host was read: %q", log)
+	if h, w := slices.Index(log, "gpu-b start"), slices.Index(log, "gpu-a make"); h < 0 || h > w {
+		t.Fatalf("the worker was made before the head started: %q", log)
+	}
+	if mgmt := f.calls(func(c string) bool { return strings.Contains(c, " POST ") || strings.Contains(c, " DELETE ") }); len(mgmt) > 0 {
+		t.Fatalf("members were made or deleted by management calls: %q", mgmt)
 	}
 	head, work := f.createdAs["gpu-b"], f.createdAs["gpu-a"]
 	if head.Rank != 0 || work.Rank != 1 || work.Size != 2 || work.ID != head.ID {
@@ -78,15 +82,15 @@ func TestGroupStart_ColdStartInRankOrder(t *testing.T) {
 	f := newFakeHosts("gpu-a", "gpu-b")
 	s := groupServer(t, f)
 	spec, raw := groupSpec("gpu-b", "gpu-a")
-	if _, err := s.createGroup(context.Background(), http.Header{}, spec, raw, false); err != nil {
+	if _, err := s.createGroup(context.Background(), spec, raw, false); err != nil {
 		t.Fatal(err)
 	}
 	p, _ := s.State.Placement(groupName)
 	if err := s.groupStart(context.Background(), p, false, false); err != nil {
 		t.Fatal(err)
 	}
-	starts := f.calls(func(c string) bool { return strings.HasSuffix(c, "/actions") })
-	if want := []string{"gpu-b POST /deployments/" + groupName + "/actions", "gpu-a POST /deployments/" + groupName + "/actions"}; !slices.Equal(starts, want) {
+	starts := f.calls(func(c string) bool { return strings.HasSuffix(c, " start") })
+	if want := []string{"gpu-b start", "gpu-a start"}; !slices.Equal(starts, want) {
 		t.Fatalf("the members were started in the order %q, want %q", starts, want)
 	}
 	if m := f.member("gpu-b", groupName); m.in.State != string(structs.StateReady) {
@@ -103,10 +107,10 @@ func TestCreateGroup_MemberRefusedTakesTheGroupBack(t *testing.T) {
 		name     string
 		refuser  string
 		rank     int
-		wantPost []string
+		wantMade []string
 	}{
-		{name: "the worker's host", refuser: "gpu-a", rank: 1, wantPost: []string{"gpu-b POST /deployments", "gpu-a POST /deployments"}},
-		{name: "the head's host", refuser: "gpu-b", rank: 0, wantPost: []string{"gpu-b POST /deployments"}},
+		{name: "the worker's host", refuser: "gpu-a", rank: 1, wantMade: []string{"gpu-b make", "gpu-a make"}},
+		{name: "the head's host", refuser: "gpu-b", rank: 0, wantMade: []string{"gpu-b make"}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -114,13 +118,13 @@ func TestCreateGroup_MemberRefusedTakesTheGroupBack(t *testing.T) {
 			f.refusal[c.refuser] = structs.CodeCapacityBlocked
 			s := groupServer(t, f)
 			spec, raw := groupSpec("gpu-b", "gpu-a")
-			_, err := s.createGroup(context.Background(), http.Header{}, spec, raw, true)
+			_, err := s.createGroup(context.Background(), spec, raw, true)
 			e := structs.AsError(err)
 			if e == nil || e.Code != structs.CodeCapacityBlocked || e.Details["host"] != c.refuser || e.Details["rank"] != c.rank {
 				t.Fatalf("the deploy answered %v (details %v), want capacity_blocked naming rank %d on %s", err, e.Details, c.rank, c.refuser)
 			}
-			if got := posts(f); !slices.Equal(got, c.wantPost) {
-				t.Fatalf("members made: %q, want %q", got, c.wantPost)
+			if got := made(f); !slices.Equal(got, c.wantMade) {
+				t.Fatalf("members made: %q, want %q", got, c.wantMade)
 			}
 			for _, h := range []string{"gpu-a", "gpu-b"} {
 				if m := f.member(h, groupName); m != nil {
@@ -154,7 +158,7 @@ func TestSuperviseGroups_MemberLostStopsTheGroup(t *testing.T) {
 			// once the head is ready: no bring-up watcher left to see the
 			// exit first).
 			spec, raw := groupSpec("gpu-b", "gpu-a")
-			if _, err := s.createGroup(context.Background(), http.Header{}, spec, raw, false); err != nil {
+			if _, err := s.createGroup(context.Background(), spec, raw, false); err != nil {
 				t.Fatal(err)
 			}
 			p, _ := s.State.Placement(groupName)

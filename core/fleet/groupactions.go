@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/capyctl/capyctl/core/api/wire"
-	"github.com/capyctl/capyctl/core/fleet/fsm"
 	"github.com/capyctl/capyctl/core/structs"
 )
 
@@ -32,10 +31,7 @@ func (s *Server) groupAction(w http.ResponseWriter, r *http.Request, p *Placemen
 		case wire.ActionStop:
 			return s.groupStop(ctx, p)
 		case wire.ActionDelete:
-			if err := s.groupStop(ctx, p); err != nil {
-				return err
-			}
-			return s.unplace(ctx, p)
+			return s.deleteGroup(ctx, p)
 		}
 		return structs.Errf(structs.CodeInvalidRequest, "unknown action %q (start, stop, park, delete)", req.Action)
 	}
@@ -143,17 +139,14 @@ func (s *Server) groupStatus(p *Placement, out *wire.DeploymentStatus) {
 	}
 }
 
-// unplace removes a group's members from their hosts and its placement.
-func (s *Server) unplace(ctx context.Context, p *Placement) error {
-	for _, host := range p.HostNames() {
-		status, data, err := s.hostCall(ctx, host, http.MethodDelete, "/deployments/"+url.PathEscape(p.Deployment), nil, nil)
-		if err == nil && status >= 300 && status != http.StatusNotFound {
-			err = hostError(host, status, data)
-		}
-		if err != nil {
+// deleteGroup stops every rank, then takes the group out of the desired
+// state: each host deletes its member from its share. A group placed by
+// an earlier build (its hosts run it as their own) is only forgotten.
+func (s *Server) deleteGroup(ctx context.Context, p *Placement) error {
+	if p.Reconciled() {
+		if err := s.groupStop(ctx, p); err != nil {
 			return err
 		}
 	}
-	err := s.apply(fsm.Unplaced{Deployment: p.Deployment})
-	return err
+	return s.unplaceGroup(ctx, p)
 }

@@ -74,9 +74,11 @@ func TestEvictGroups_OnlyOnTheRefusingHost(t *testing.T) {
 	}
 	group := func(name string, on ...string) {
 		p := &Placement{Deployment: name, Routes: []string{name}, Revision: 1, At: time.Now().UTC(),
+			Spec:  json.RawMessage(`{"name":"` + name + `","engine":"vllm","routes":["` + name + `"]}`),
 			Group: &GroupPlacement{ID: name + "-1", Hosts: on, TensorParallel: len(on), PipelineParallel: 1}}
 		for _, h := range on {
 			p.Hosts = append(p.Hosts, HostShare{Host: h, Instances: 1})
+			p.Group.Ranks = append(p.Group.Ranks, RankDesired{Desired: structs.DesiredRunning})
 		}
 		if err := s.apply(fsm.Placed{Placement: p}); err != nil {
 			t.Fatal(err)

@@ -15,9 +15,11 @@ import (
 )
 
 // memberHosts is what the server's group code (group*.go) and its host
-// calls (hostCall) need from the hosts, and nothing more: a management
-// call over a host's link, the signals a wait waits on, the journals a
-// host pushed, and whether a host is in reach. The Server's own is
+// calls (hostCall) need from the hosts, and nothing more: a host's answer
+// to its share of the desired state, a typed command on a host's link (a
+// member's park or wake), a management call over a host's relay (a
+// member's status), the signals a wait waits on, the
+// journals a host pushed, and whether a host is in reach. The Server's own is
 // linkedHosts, over the host links; a test gives a fake of it
 // (ServerOptions has no knob for it: the test sets Server.hostIO before
 // Start), so the order of a bring-up, a take-back and a failure's stop
@@ -39,6 +41,14 @@ type memberHosts interface {
 	journal(host, id string) *hostv1.InstanceJournal
 	// reachable reports whether a host's link and relay are up.
 	reachable(host string) bool
+	// applied waits until a host answered its share of the desired state
+	// read at index or later (in this leader's term) and returns the
+	// answer; host_unreachable when its link is down or ctx ends first.
+	applied(ctx context.Context, host string, index uint64) (*hostv1.DesiredApplied, error)
+	// command runs a typed command (a member's park or wake) on a host
+	// over its link, with the leader's term, once per command ID, and
+	// waits for its result.
+	command(ctx context.Context, host string, a *hostv1.DeploymentAction) error
 }
 
 // linkedHosts is the Server's memberHosts: its hosts' links.
@@ -87,4 +97,12 @@ func (l linkedHosts) journal(host, id string) *hostv1.InstanceJournal {
 func (l linkedHosts) reachable(host string) bool {
 	_, ok := l.s.readiness(host)
 	return ok
+}
+
+func (l linkedHosts) applied(ctx context.Context, host string, index uint64) (*hostv1.DesiredApplied, error) {
+	return l.s.waitApplied(ctx, host, index)
+}
+
+func (l linkedHosts) command(ctx context.Context, host string, a *hostv1.DeploymentAction) error {
+	return l.s.command(ctx, host, a)
 }

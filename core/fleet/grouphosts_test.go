@@ -19,22 +19,31 @@ import (
 	"github.com/capyctl/capyctl/core/hostlink/proto/hostv1"
 	"github.com/capyctl/capyctl/core/store"
 	"github.com/capyctl/capyctl/core/structs"
+	"github.com/capyctl/capyctl/plugins-testkit/poll"
 )
 
 // fakeHosts is memberHosts without a host agent: each host keeps its
 // group members as a host agent's management API shows them (a member's
-// record, its last error, its transition's reason), answers the calls the
-// server makes of a member (create, read, start, stop, park, delete), and
-// pushes a journal at each record write. As on real hosts, a group's head
-// passes readiness only once every rank started (its collective needs
-// them all). It keeps the calls in the order they came.
+// record, its last error, its transition's reason), reconciles them with
+// its share of the server's desired state as a host agent does (make,
+// start, stop, delete: core/agent/desired.go) when the server waits for
+// its answer, runs the commands the server sends a member (park, wake),
+// answers the server's reads of a member, and pushes a journal at each record write. As on real hosts, a
+// group's head passes readiness only once every rank started (its
+// collective needs them all). It keeps what it did and the calls it got
+// in the order they came ("<host> make|start|stop|delete|park|wake",
+// "<host> <method> <path>").
 type fakeHosts struct {
+	s         *Server // whose desired state the hosts reconcile
 	mu        sync.Mutex
 	hosts     map[string]*fakeHost
 	log       []string // "<host> <method> <path>", in order
 	journals  signal
 	headPort  int
 	refusal   map[string]structs.Code // host → what its ledger answers a member's admission
+	unready   bool                    // a head never passes readiness (a stalled bring-up)
+	headDies  bool                    // the head's engine exits once a worker starts (during the bring-up)
+	down      map[string]bool         // hosts out of reach of the server
 	createdAs map[string]structs.GroupMember
 }
 
@@ -46,11 +55,14 @@ type fakeHost struct {
 type fakeMember struct {
 	group   structs.GroupMember
 	desired string
+	starts  uint64
+	acted   time.Time // when the host last made or started it from its share
 	in      wire.InstanceStatus
 }
 
 func newFakeHosts(names ...string) *fakeHosts {
-	f := &fakeHosts{hosts: map[string]*fakeHost{}, headPort: 29500, refusal: map[string]structs.Code{}, createdAs: map[string]structs.GroupMember{}}
+	f := &fakeHosts{hosts: map[string]*fakeHost{}, headPort: 29500, refusal: map[string]structs.Code{}, createdAs: map[string]structs.GroupMember{},
+		down: map[string]bool{}}
 	for _, n := range names {
 		f.hosts[n] = &fakeHost{members: map[string]*fakeMember{}}
 	}
@@ -58,20 +70,31 @@ func newFakeHosts(names ...string) *fakeHosts {
 }
 
 // groupServer runs a fleet server whose hosts are f, each joined.
-func groupServer(t *testing.T, f *fakeHosts) *Server {
+func groupServer(t *testing.T, f *fakeHosts) *Server { return groupServerWith(t, f, 0) }
+
+// groupServerWith is groupServer with a group_stall_timeout (0: the
+// default).
+func groupServerWith(t *testing.T, f *fakeHosts, stall time.Duration) *Server {
 	t.Helper()
 	dir := t.TempDir()
 	st, err := store.Open(filepath.Join(dir, "capyctl.db"), store.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	o := ServerOptions{StateDir: dir, Listen: "127.0.0.1:0", Store: st}
-	s := startTestServerWith(t, o, func(s *Server) { s.hostIO = f })
+	o := ServerOptions{StateDir: dir, Listen: "127.0.0.1:0", Store: st, GroupStallTimeout: stall}
+	s := startTestServerWith(t, o, func(s *Server) { s.hostIO, f.s = f, s })
 	for name := range f.hosts {
 		if err := s.apply(fsm.HostJoined{Host: name}); err != nil {
 			t.Fatal(err)
 		}
 	}
+	// The hosts' shares are the leader's: its work starts with the
+	// leadership's notification.
+	poll.Until(t, 10*time.Second, "the server's leader work started", func() bool {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return s.leaderCtx != nil
+	})
 	return s
 }
 
@@ -79,15 +102,13 @@ func (f *fakeHosts) call(_ context.Context, _ time.Duration, host, method, path 
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	h := f.hosts[host]
-	if h == nil {
+	if h == nil || f.down[host] {
 		return 0, nil, structs.Errf(structs.CodeHostUnreachable, "host %s", host).WithDetail("host", host)
 	}
 	f.log = append(f.log, host+" "+method+" "+path)
 	rest, _ := strings.CutPrefix(path, "/deployments")
 	name, action, _ := strings.Cut(strings.TrimPrefix(rest, "/"), "/")
 	switch {
-	case method == http.MethodPost && name == "":
-		return f.create(host, h, body)
 	case h.members[name] == nil:
 		return answer(http.StatusNotFound, wire.ErrorEnvelope{Error: wire.ErrorBody{Code: string(structs.CodeNotFound), Message: "no deployment " + name}})
 	case method == http.MethodGet && action == "":
@@ -95,47 +116,103 @@ func (f *fakeHosts) call(_ context.Context, _ time.Duration, host, method, path 
 		g := m.group
 		return answer(http.StatusOK, wire.DeploymentStatus{Name: name, Desired: m.desired,
 			Spec: &structs.Deployment{Name: name, Group: &g}, Instances: []wire.InstanceStatus{m.in}})
-	case method == http.MethodDelete && action == "":
-		delete(h.members, name)
-		h.changed.publish()
-		return http.StatusNoContent, nil, nil
-	case method == http.MethodPost && action == "actions":
-		var req wire.ActionRequest
-		if err := json.Unmarshal(body, &req); err != nil {
-			return 0, nil, err
-		}
-		f.act(host, h, name, req.Action)
-		return answer(http.StatusOK, wire.ActionAccepted{APIVersion: wire.APIVersion, Deployment: name, Action: req.Action, Done: true})
 	}
 	return answer(http.StatusNotFound, wire.ErrorEnvelope{Error: wire.ErrorBody{Code: string(structs.CodeNotFound), Message: path}})
 }
 
-// create takes a member as a host does: the head's host picks the
-// rendezvous port; with activate, its ledger admits the member (starting,
-// a ledger phase) or refuses it (stopped, with the refusal as last error).
-func (f *fakeHosts) create(host string, h *fakeHost, body []byte) (int, []byte, error) {
-	var req struct {
-		Deployment struct {
-			Name  string              `json:"name"`
+// applied reconciles a host's members with its share of the server's
+// desired state, as a host agent does on each share, and answers it.
+func (f *fakeHosts) applied(_ context.Context, host string, _ uint64) (*hostv1.DesiredApplied, error) {
+	if !f.reachable(host) {
+		return nil, structs.Errf(structs.CodeHostUnreachable, "host %s", host).WithDetail("host", host)
+	}
+	d := f.s.desiredFor(host)
+	if d == nil {
+		return nil, structs.Errf(structs.CodeNotLeader, "the server does not lead")
+	}
+	started := time.Now()
+	return &hostv1.DesiredApplied{Term: d.GetTerm(), Index: d.GetIndex(), Results: f.reconcile(host, d), StartedUnixMs: started.UnixMilli()}, nil
+}
+
+// reconcile makes, starts, stops and deletes a host's members as its
+// share says: the head's host picks the rendezvous port (and answers
+// it); a start (desired running, or a new start) goes to the host's
+// ledger, which admits the member (starting, a ledger phase) or refuses
+// it (stopped, with the refusal as last error).
+func (f *fakeHosts) reconcile(host string, d *hostv1.Desired) []*hostv1.DesiredResult {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	h := f.hosts[host]
+	want := map[string]bool{}
+	var out []*hostv1.DesiredResult
+	for _, dd := range d.GetDeployments() {
+		var spec struct {
 			Group structs.GroupMember `json:"group"`
-		} `json:"deployment"`
-		Activate bool `json:"activate"`
+		}
+		if err := json.Unmarshal(dd.GetSpecJson(), &spec); err != nil {
+			out = append(out, &hostv1.DesiredResult{Kind: "deployment", Name: dd.GetName(), Code: string(structs.CodeInvalidRequest), Message: err.Error()})
+			continue
+		}
+		name := dd.GetName()
+		want[name] = true
+		m := h.members[name]
+		if m == nil {
+			g := spec.Group
+			if g.Rank == 0 {
+				g.HeadAddress, g.RendezvousPort = host+".lan", f.headPort
+			}
+			f.createdAs[host] = spec.Group
+			m = &fakeMember{group: g, acted: time.Now(),
+				in: wire.InstanceStatus{ID: structs.InstanceID(name, 0), Host: host, State: string(structs.StateStopped), Since: time.Now()}}
+			h.members[name] = m
+			f.log = append(f.log, host+" make")
+		}
+		switch want := dd.GetDesired(); {
+		case want == structs.DesiredRunning && (m.desired != structs.DesiredRunning || dd.GetStarts() > m.starts):
+			m.starts, m.acted = dd.GetStarts(), time.Now()
+			f.log = append(f.log, host+" start")
+			f.act(host, h, name, wire.ActionStart)
+			if f.headDies && m.group.Rank > 0 {
+				f.exitLocked(m.group.Hosts[0], name, 1)
+			}
+		case want == structs.DesiredStopped && m.desired != structs.DesiredStopped:
+			f.log = append(f.log, host+" stop")
+			f.act(host, h, name, wire.ActionStop)
+		case m.desired == "":
+			m.desired = want
+		}
+		r := &hostv1.DesiredResult{Kind: "deployment", Name: name, ActedUnixMs: m.acted.UnixMilli()}
+		if m.group.Rank == 0 {
+			r.HeadAddress, r.RendezvousPort = m.group.HeadAddress, int32(m.group.RendezvousPort)
+		}
+		out = append(out, r)
 	}
-	if err := json.Unmarshal(body, &req); err != nil {
-		return 0, nil, err
+	for name := range h.members {
+		if !want[name] {
+			delete(h.members, name)
+			f.log = append(f.log, host+" delete")
+			f.publishLocked(h)
+		}
 	}
-	g := req.Deployment.Group
-	if g.Rank == 0 {
-		g.HeadAddress, g.RendezvousPort = host+".lan", f.headPort
+	return out
+}
+
+// command runs a member's park or wake as a host's command handler
+// does (core/agent/commands.go), once the server's term is checked.
+func (f *fakeHosts) command(_ context.Context, host string, a *hostv1.DeploymentAction) error {
+	if !f.reachable(host) {
+		return structs.Errf(structs.CodeHostUnreachable, "host %s is not connected", host).WithDetail("host", host)
 	}
-	f.createdAs[host] = req.Deployment.Group
-	m := &fakeMember{group: g, desired: structs.DesiredStopped,
-		in: wire.InstanceStatus{ID: structs.InstanceID(req.Deployment.Name, 0), Host: host, State: string(structs.StateStopped), Since: time.Now()}}
-	h.members[req.Deployment.Name] = m
-	if req.Activate {
-		f.act(host, h, req.Deployment.Name, wire.ActionStart)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	h := f.hosts[host]
+	if h.members[a.GetDeployment()] == nil {
+		return structs.Errf(structs.CodeNotFound, "host %s: no deployment %s", host, a.GetDeployment()).WithDetail("host", host)
 	}
-	return http.StatusCreated, nil, nil
+	what := map[string]string{wire.ActionPark: "park", wire.ActionStart: "wake"}[a.GetAction()]
+	f.log = append(f.log, host+" "+what)
+	f.act(host, h, a.GetDeployment(), a.GetAction())
+	return nil
 }
 
 // act runs an action on a member and pushes its journal.
@@ -184,8 +261,9 @@ func (f *fakeHosts) headReadyLocked(name string) {
 			head, headHost = m, h
 		}
 	}
-	if head != nil && started == head.group.Size && head.in.State == string(structs.StateStarting) {
+	if head != nil && !f.unready && started == head.group.Size && head.in.State == string(structs.StateStarting) {
 		f.move(head, structs.StateReady, "")
+		head.in.Residency = "host_backed" // a vLLM head sleeps at level 1
 		f.publishLocked(headHost)
 	}
 }
@@ -200,6 +278,10 @@ func (f *fakeHosts) publishLocked(h *fakeHost) {
 func (f *fakeHosts) exit(host, name string, code int) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	f.exitLocked(host, name, code)
+}
+
+func (f *fakeHosts) exitLocked(host, name string, code int) {
 	m := f.hosts[host].members[name]
 	m.in.LastError = &structs.ErrorRecord{Code: structs.CodeEngineError, Message: fmt.Sprintf("the engine exited with code %d", code), At: time.Now()}
 	f.move(m, structs.StateStopped, structs.ReasonEngineExited)
@@ -224,20 +306,35 @@ func (f *fakeHosts) journaled() <-chan struct{} { return f.journals.changed() }
 func (f *fakeHosts) journal(host, id string) *hostv1.InstanceJournal {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if f.down[host] {
+		return nil // its link is down
+	}
 	for name, m := range f.hosts[host].members {
 		if m.in.ID == id {
-			msg := ""
-			if m.in.LastError != nil {
-				msg = m.in.LastError.Message
+			j := &hostv1.InstanceJournal{InstanceId: id, Deployment: name, State: m.in.State,
+				SinceUnixMs: m.in.Since.UnixMilli(), Why: m.in.Reason, Phase: m.in.Phase, Placed: true}
+			if e := m.in.LastError; e != nil {
+				j.Message, j.ErrorCode, j.ErrorMessage, j.ErrorUnixMs = e.Message, string(e.Code), e.Message, e.At.UnixMilli()
 			}
-			return &hostv1.InstanceJournal{InstanceId: id, Deployment: name, State: m.in.State,
-				SinceUnixMs: m.in.Since.UnixMilli(), Why: m.in.Reason, Message: msg}
+			return j
 		}
 	}
 	return nil
 }
 
-func (f *fakeHosts) reachable(host string) bool { return f.hosts[host] != nil }
+func (f *fakeHosts) reachable(host string) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.hosts[host] != nil && !f.down[host]
+}
+
+// setDown takes a host out of the server's reach, or brings it back.
+func (f *fakeHosts) setDown(host string, down bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.down[host] = down
+	f.hosts[host].changed.publish()
+}
 
 // calls returns the calls made so far that match, in order.
 func (f *fakeHosts) calls(match func(string) bool) []string {

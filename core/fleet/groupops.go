@@ -28,6 +28,30 @@ type groupOps struct {
 	// seen are the member failures already acted on: "<deployment>\x00<host>"
 	// → the failed record's since (host clock, ms).
 	seen map[string]int64
+	// placing are the group placements (ids) this server is making now:
+	// a pending placement not among them was left by an earlier leader.
+	placing map[string]bool
+}
+
+// setPlacing records that this server makes (or no longer makes) group
+// placement id.
+func (g *groupOps) setPlacing(id string, on bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.placing == nil {
+		g.placing = map[string]bool{}
+	}
+	if on {
+		g.placing[id] = true
+	} else {
+		delete(g.placing, id)
+	}
+}
+
+func (g *groupOps) isPlacing(id string) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.placing[id]
 }
 
 // firstSight records a member's failure and reports whether it is new.

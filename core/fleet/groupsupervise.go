@@ -22,7 +22,7 @@ func (s *Server) failGroup(ctx context.Context, name string, g *GroupPlacement, 
 	s.event("group_stopped", g.Hosts[0], map[string]any{"deployment": name, "code": string(code), "message": msg})
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), groupCallTimeout)
 	defer cancel()
-	if err := s.stopMembers(ctx, name, g, nil); err != nil {
+	if err := s.stopMembers(ctx, name, g); err != nil {
 		s.logger.Warn("group stop incomplete", "deployment", name, "error", err)
 	}
 	// A rank that exited on its own meanwhile (its peer's death took it)
@@ -64,6 +64,7 @@ func (s *Server) watchBringUp(name, id string) {
 // up), never on a timer; a group whose operation was under way is looked
 // at again once the operation released the group.
 func (s *Server) superviseGroups(ctx context.Context) {
+	s.takeBackPending(ctx)
 	for {
 		more := []<-chan struct{}{s.hostIO.journaled()}
 		for _, p := range s.State.Placements() {
@@ -77,6 +78,26 @@ func (s *Server) superviseGroups(ctx context.Context) {
 		if _, err := s.hostIO.changes(nil, more...).wait(ctx, nil); err != nil {
 			return
 		}
+	}
+}
+
+// takeBackPending takes back the groups whose placement an earlier leader
+// left unfinished (pending: its bring-up ended with its leadership, and
+// the deploy that placed them was never answered done): each host deletes
+// what it made of them from its share, and their name and routes are
+// free again.
+func (s *Server) takeBackPending(ctx context.Context) {
+	for _, p := range s.State.Placements() {
+		if p.Group == nil || !p.Pending || s.groups.isPlacing(p.Group.ID) {
+			continue // not a group's, placed, or this server's bring-up under way
+		}
+		s.logger.Warn("taking back a group an earlier leader left half placed", "deployment", p.Deployment)
+		if err := s.unplaceGroup(ctx, p); err != nil {
+			s.logger.Warn("take back a half-placed group", "deployment", p.Deployment, "error", err)
+			continue
+		}
+		s.event("group_taken_back", p.Group.Hosts[0], map[string]any{"deployment": p.Deployment,
+			"why": "its placement was unfinished when the leader that made it lost its leadership"})
 	}
 }
 
@@ -166,7 +187,7 @@ func (s *Server) evictGroups(ctx context.Context, requester string, err error) b
 		if ms[0].state == string(structs.StateReady) {
 			perr = s.groupParkLocked(ctx, p)
 		} else {
-			perr = s.stopMembers(ctx, n, p.Group, ms)
+			perr = s.stopMembers(ctx, n, p.Group)
 		}
 		l.release()
 		if perr == nil {

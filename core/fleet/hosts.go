@@ -6,8 +6,6 @@ package fleet
 import (
 	"context"
 	"fmt"
-	"net/http"
-	"net/url"
 	"slices"
 	"sort"
 	"strings"
@@ -171,27 +169,15 @@ func (s *Server) Remove(name string) error {
 
 // forgetWithLostHost forgets a placement that cannot go on without a lost
 // host being removed: a group with a member on it (stopped first on its
-// other hosts, their members' records deleted) or a deployment the host
+// other hosts, which then delete their members from their shares) or a deployment the host
 // made itself. The reason is logged and journalled.
 func (s *Server) forgetWithLostHost(ctx context.Context, p *Placement, host string) error {
 	why := fmt.Sprintf("host %s was removed while out of reach", host)
 	if p.Group != nil {
 		why += ": the group is stopped on its other hosts and forgotten (deploy it again on other hosts)"
+		// Stopped on its other hosts; once unplaced, each deletes its
+		// member from its share.
 		s.failGroup(ctx, p.Deployment, p.Group, structs.CodeGroupMemberUncertain, why)
-		for _, h := range p.HostNames() {
-			if h == host {
-				continue
-			}
-			status, data, err := s.hostCall(ctx, h, http.MethodDelete, "/deployments/"+url.PathEscape(p.Deployment), nil, nil)
-			if err == nil && status >= 300 && status != http.StatusNotFound {
-				err = hostError(h, status, data)
-			}
-			if err != nil {
-				// The other host's member stays stopped; its record goes
-				// with the deployment's next delete there.
-				s.logger.Warn("a removed host's group member on another host was not deleted", "deployment", p.Deployment, "host", h, "error", err)
-			}
-		}
 	} else {
 		why += ": the deployment it made itself is forgotten (its engine ran on that host)"
 	}

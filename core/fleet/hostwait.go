@@ -50,19 +50,6 @@ func (c hostChanges) wait(ctx context.Context, deadline <-chan time.Time) (expir
 	return false, nil
 }
 
-// memberReadRetry is how soon a wait reads again a member it could not
-// read (a host call that failed while its link stayed up): no journal
-// may follow, so the change signals alone could miss its move.
-const memberReadRetry = 250 * time.Millisecond
-
-// retryAfter returns a channel closed after d, and the function that
-// stops its timer.
-func retryAfter(d time.Duration) (<-chan struct{}, func() bool) {
-	ch := make(chan struct{})
-	t := time.AfterFunc(d, func() { close(ch) })
-	return ch, t.Stop
-}
-
 func recvCase[T any](ch <-chan T) reflect.SelectCase {
 	return reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(ch)}
 }

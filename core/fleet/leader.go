@@ -66,7 +66,7 @@ func (s *Server) monitorLeadership() {
 // inConfiguration reports whether this server is in the raft
 // configuration it knows (known is false for an empty one).
 func (s *Server) inConfiguration() (in, known bool) {
-	servers := s.cl.node.Stats().Servers
+	servers := s.cl.node.View().Servers
 	return s.isMember(servers), len(servers) > 0
 }
 

@@ -128,11 +128,8 @@ func (s *Server) linkUp(ctx context.Context, name string, hello *hostv1.Hello, c
 	wasLost := !h.lastSeen.IsZero()
 	h.linkCancel, h.addr, h.version, h.inventory = cancel, peerAddr(ctx), hello.GetVersion(), hello.GetInventory()
 	h.lastSeen, h.certExpiry = time.Now(), expiry
-	h.journals = map[string]*hostv1.InstanceJournal{}
+	h.setJournals(hello.GetInstances())
 	h.outbox = make(chan *hostv1.ServerMessage, 16)
-	for _, j := range hello.GetInstances() {
-		h.journals[j.GetInstanceId()] = j
-	}
 	addr := h.addr
 	h.downSince = time.Time{}
 	s.mu.Unlock()
@@ -244,7 +241,7 @@ func recvLoop(ctx context.Context, stream hostv1.HostLink_ConnectServer, tooLarg
 // clusterServers is the raft configuration as hosts see it: this
 // server's name and every member's cluster address.
 func (s *Server) clusterServers() *hostv1.ClusterServers {
-	st := s.cl.node.Stats()
+	st := s.cl.node.View()
 	out := &hostv1.ClusterServers{Self: s.cl.name}
 	for _, m := range st.Servers {
 		out.Servers = append(out.Servers, &hostv1.ClusterServer{Name: m.ID, Address: m.Address})
@@ -330,14 +327,14 @@ func (s *Server) onHostMessage(name string, gen uint64, g *hostGuard, m *hostv1.
 	case *hostv1.HostMessage_Journal:
 		j := b.Journal
 		if j.GetState() == string(structs.StateStopped) && j.GetDeployment() == "" {
-			delete(h.journals, j.GetInstanceId())
+			h.dropJournal(j.GetInstanceId())
 		} else {
 			if _, had := h.journals[j.GetInstanceId()]; !had && len(h.journals) >= s.limits.instances {
 				s.refuseHost(g, name, refusedInstances)
 				return
 			}
 			g.remember(time.Now(), j.GetDeployment())
-			h.journals[j.GetInstanceId()] = j
+			h.putJournal(j)
 			if _, placed := s.State.Placement(j.GetDeployment()); !placed && !j.GetPlaced() {
 				s.adoptLaterLocked(s.leaderCtx, h) // a deployment made on the host itself
 			}
@@ -425,10 +422,8 @@ func (s *Server) hostOwns(host string, g *hostGuard, dep string) bool {
 // events about one deleted meanwhile are still taken for a while.
 func (s *Server) rememberPlaced(host string, g *hostGuard) {
 	var deps []string
-	for _, p := range s.State.Placements() {
-		if slices.Contains(p.HostNames(), host) {
-			deps = append(deps, p.Deployment)
-		}
+	for _, p := range s.State.PlacementsOn(host) {
+		deps = append(deps, p.Deployment)
 	}
 	g.remember(time.Now(), deps...)
 }

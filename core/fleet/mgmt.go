@@ -154,7 +154,7 @@ func (s *Server) create(r *http.Request, data []byte) (*wire.DeploymentStatus, e
 		return nil, err
 	}
 	if spec.IsGroup() {
-		return s.createGroup(context.WithoutCancel(r.Context()), r.Header, spec, req.Deployment, req.Activate)
+		return s.createGroup(r.Context(), spec, req.Deployment, req.Activate)
 	}
 	return s.createPlaced(r.Context(), spec, req.Deployment, req.Activate)
 }
@@ -256,16 +256,6 @@ func describeRefusals(refusals map[string]any) string {
 	return strings.Join(parts, "; ")
 }
 
-// rollback deletes the shares a failed placement already made, whatever
-// happened to the request that made them.
-func (s *Server) rollback(ctx context.Context, name string, shares []HostShare) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), hostCallTimeout)
-	defer cancel()
-	for _, sh := range shares {
-		_, _, _ = s.hostCall(ctx, sh.Host, http.MethodDelete, "/deployments/"+url.PathEscape(name), nil, nil)
-	}
-}
-
 func (s *Server) deleteDeployment(w http.ResponseWriter, r *http.Request) {
 	name := mux.Vars(r)["name"]
 	p, err := s.placementOf(name)
@@ -291,11 +281,15 @@ func (s *Server) deleteDeployment(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	if p.Group != nil {
-		// Every rank stops before any member's record goes.
-		if err := s.groupStop(context.WithoutCancel(r.Context()), p); err != nil {
+		// Every rank stops before any member's record goes; each host
+		// then deletes its member from its share.
+		if err := s.deleteGroup(context.WithoutCancel(r.Context()), p); err != nil {
 			writeError(w, err)
 			return
 		}
+		s.forgetStatus(name)
+		w.WriteHeader(http.StatusNoContent)
+		return
 	}
 	var last []byte
 	for _, host := range p.HostNames() {

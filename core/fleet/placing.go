@@ -27,6 +27,112 @@ import (
 // of the same deployment loses on its version (conflict), and two
 // deployments of one name or route cannot both be reserved.
 
+// placing reports whether a placed deployment is still being made, so
+// that its requests are answered unavailable ("being placed", retry)
+// rather than relayed to a host that does not have it yet: a placement
+// written pending (a group's, until its members are up), or a managed one
+// whose share every linked host of it has yet to make (no instance of it
+// journaled). A deployment is placed with one command, its shares in it
+// (createPlaced): the hosts' journals say when it can be routed, on every
+// server, without a second command. With no host of it linked the relay
+// answers as before (host_unreachable).
+func (s *Server) placing(p *Placement) bool {
+	if p.Pending {
+		return true
+	}
+	if !p.Managed() {
+		return false
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	linked := false
+	for _, hs := range p.Hosts {
+		h := s.hosts[hs.Host]
+		if h == nil || h.linkCancel == nil {
+			continue
+		}
+		if h.made[p.Deployment] > 0 {
+			return false
+		}
+		linked = true
+	}
+	return linked
+}
+
+// madeWait bounds a request's wait for its deployment's hosts to make
+// their shares (awaitMade): a host makes one in milliseconds, and moves a
+// refused one on in about as long. Server.madeWait overrides it (tests).
+const madeWait = 5 * time.Second
+
+// awaitMade waits, on the hosts' journals and the state's change signal,
+// while model's placement p is being made by its hosts (placing, not a
+// pending group's), at most madeWait or until ctx ends, and returns the
+// placement that serves model then (false when none does any more: its
+// placement was taken back). A request for a deployment just placed
+// waits for it, as on a host a request waits for a starting instance:
+// the deploy's answer comes with its host's verdict, and a host's
+// journal may reach a server a moment after.
+func (s *Server) awaitMade(ctx context.Context, model string, p *Placement) (*Placement, bool) {
+	if p.Pending || !s.placing(p) {
+		return p, true
+	}
+	wait := madeWait
+	if d := time.Duration(s.madeWait.Load()); d > 0 {
+		wait = d
+	}
+	ctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	s.madeWaits.Add(1)
+	defer s.madeWaits.Add(-1)
+	for {
+		journaled, changed := s.journaled.changed(), s.State.Changed()
+		now, ok := s.State.RouteOwner(model)
+		if !ok {
+			return nil, false
+		}
+		if p = now; p.Pending || !s.placing(p) {
+			return p, true
+		}
+		select {
+		case <-ctx.Done():
+			return p, true
+		case <-journaled:
+		case <-changed:
+		}
+	}
+}
+
+// setJournals replaces a host's journals (its link came up with them);
+// the caller holds s.mu.
+func (h *liveHost) setJournals(js []*hostv1.InstanceJournal) {
+	h.journals, h.made = map[string]*hostv1.InstanceJournal{}, map[string]int{}
+	for _, j := range js {
+		h.putJournal(j)
+	}
+}
+
+// putJournal records an instance's journal; the caller holds s.mu.
+func (h *liveHost) putJournal(j *hostv1.InstanceJournal) {
+	if h.journals == nil {
+		h.setJournals(nil)
+	}
+	h.dropJournal(j.GetInstanceId())
+	h.journals[j.GetInstanceId()] = j
+	h.made[j.GetDeployment()]++
+}
+
+// dropJournal forgets an instance's journal; the caller holds s.mu.
+func (h *liveHost) dropJournal(id string) {
+	old, had := h.journals[id]
+	if !had {
+		return
+	}
+	delete(h.journals, id)
+	if h.made[old.GetDeployment()]--; h.made[old.GetDeployment()] <= 0 {
+		delete(h.made, old.GetDeployment())
+	}
+}
+
 // admitWait bounds the wait for a host's ledger to admit a new start; one
 // still undecided then is taken as admitted (its status tells the rest).
 const admitWait = 30 * time.Second
@@ -104,7 +210,7 @@ func hostSpec(raw json.RawMessage, instances int) ([]byte, error) {
 // says them.
 func (s *Server) desiredDeployments(host string) []*hostv1.DesiredDeployment {
 	var out []*hostv1.DesiredDeployment
-	for _, p := range s.State.Placements() {
+	for _, p := range s.State.PlacementsOn(host) {
 		if !p.Managed() {
 			continue
 		}

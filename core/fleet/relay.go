@@ -205,6 +205,9 @@ func (s *Server) relayTarget(r *http.Request, body []byte, meter *relayMeter) (*
 	}
 	caller := router.CallerOf(r.Context())
 	p, ok := s.State.RouteOwner(model)
+	if ok && caller.Allows(model) {
+		p, ok = s.awaitMade(r.Context(), model, p) // a deployment its hosts are making
+	}
 	// IMPORTANT: a model the key may not use is answered exactly as one no
 	// deployment serves.
 	if !ok || !caller.Allows(model) {
@@ -214,7 +217,7 @@ func (s *Server) relayTarget(r *http.Request, body []byte, meter *relayMeter) (*
 	hdr := r.Header.Clone()
 	hdr.Set(router.HeaderKeyName, caller.Key)
 	hdr.Set(router.HeaderKeyWeight, strconv.Itoa(max(caller.Weight, 1)))
-	if p.Pending {
+	if s.placing(p) {
 		e := structs.Errf(structs.CodeUnavailable, "deployment %s is being placed on its hosts: retry", p.Deployment).WithDetail("deployment", p.Deployment)
 		e.RetryAfter = 1
 		return nil, nil, nil, e

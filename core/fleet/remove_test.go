@@ -5,6 +5,7 @@ package fleet
 
 import (
 	"context"
+	"encoding/json"
 	"testing"
 	"time"
 
@@ -41,7 +42,9 @@ func TestRemove_ALostHostTakesItsGroupsAndAdoptedDeployments(t *testing.T) {
 	}
 	if err := s.apply(fsm.Placed{Placement: &Placement{Deployment: "grp", Routes: []string{"grp"},
 		Hosts: []HostShare{{Host: "gpu-a", Instances: 1}, {Host: "gpu-b", Instances: 1}},
-		Group: &GroupPlacement{ID: "g1", Hosts: []string{"gpu-a", "gpu-b"}, TensorParallel: 2, PipelineParallel: 1}}}); err != nil {
+		Spec:  json.RawMessage(`{"name":"grp","engine":"vllm","routes":["grp"]}`),
+		Group: &GroupPlacement{ID: "g1", Hosts: []string{"gpu-a", "gpu-b"}, TensorParallel: 2, PipelineParallel: 1,
+			Ranks: []RankDesired{{Desired: structs.DesiredRunning}, {Desired: structs.DesiredRunning}}}}}); err != nil {
 		t.Fatal(err)
 	}
 

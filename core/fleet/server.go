@@ -15,6 +15,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -150,6 +151,10 @@ type Server struct {
 	// journaled is published whenever a host's journal arrives (the
 	// groups' supervisor waits on it) or a link comes up.
 	journaled signal
+	// madeWaits counts the requests waiting for their deployment's hosts
+	// to make it (awaitMade).
+	madeWaits atomic.Int64
+	madeWait  atomic.Int64 // a time.Duration; 0: madeWait
 	// hostIO is what the group code and hostCall need from the hosts:
 	// linkedHosts, a fake in a test (grouphosts.go).
 	hostIO memberHosts
@@ -173,6 +178,7 @@ type liveHost struct {
 	inventory  *hostv1.Inventory
 	readings   []*hostv1.LedgerReading
 	journals   map[string]*hostv1.InstanceJournal
+	made       map[string]int // journals by deployment (placing; kept by put/dropJournal)
 	lastSeen   time.Time
 	certExpiry time.Time
 

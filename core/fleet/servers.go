@@ -374,7 +374,7 @@ func (s *Server) notLeader(st raftlog.Stats) *structs.Error {
 
 // leaderOnly returns not_leader on a follower, nil on the leader.
 func (s *Server) leaderOnly() error {
-	if st := s.cl.node.Stats(); st.State != "leader" {
+	if st := s.cl.node.View(); st.State != "leader" {
 		return s.notLeader(st)
 	}
 	return nil

@@ -22,6 +22,7 @@ type (
 	Placement      = fsm.Placement
 	HostShare      = fsm.HostShare
 	GroupPlacement = fsm.GroupPlacement
+	RankDesired    = fsm.RankDesired
 )
 
 // applyTimeout bounds a follower's call that has the leader commit a
@@ -89,7 +90,7 @@ type applyAnswer struct {
 func (s *Server) applyOnLeader(data []byte, out any) (uint64, error) {
 	ctx, cancel := context.WithTimeout(s.runCtx(), applyTimeout)
 	defer cancel()
-	st := s.cl.node.Stats()
+	st := s.cl.node.View()
 	if st.LeaderAddress == "" {
 		return 0, s.notLeader(st)
 	}

@@ -67,7 +67,7 @@ type MemorySpec struct {
 	Startup int64
 }
 
-// Hints are the driver's memory hints (sdk/proto/driverv1 MemoryHints).
+// Hints are the driver's memory hints (sdk.MemoryHints).
 type Hints struct {
 	WeightsBytes       int64
 	KVCacheBytes       int64

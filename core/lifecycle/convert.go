@@ -5,17 +5,17 @@ package lifecycle
 
 import (
 	"encoding/json"
+	"maps"
+	"slices"
 	"strconv"
 
-	"google.golang.org/protobuf/proto"
-
 	"github.com/capyctl/capyctl/core/structs"
-	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
+	"github.com/capyctl/capyctl/sdk"
 )
 
 // ToInstallation converts an engine registration for a driver.
-func ToInstallation(e *structs.EngineRecord) *pb.Installation {
-	return &pb.Installation{
+func ToInstallation(e *structs.EngineRecord) *sdk.Installation {
+	return &sdk.Installation{
 		Name:     e.Name,
 		Family:   e.Family,
 		Path:     e.Path,
@@ -27,46 +27,46 @@ func ToInstallation(e *structs.EngineRecord) *pb.Installation {
 }
 
 // ToDeployment converts a completed spec for a driver.
-func ToDeployment(spec *structs.Deployment, revision uint64, modelDir string) *pb.Deployment {
+func ToDeployment(spec *structs.Deployment, revision uint64, modelDir string) *sdk.Deployment {
 	ec := spec.EngineConfig
-	d := &pb.Deployment{
+	d := &sdk.Deployment{
 		Name:                  spec.Name,
 		Revision:              revision,
-		Api:                   spec.API,
+		API:                   spec.API,
 		ServedName:            servedName(spec),
 		ModelDir:              modelDir,
 		Residency:             spec.Residency,
-		Lmcache:               spec.LMCache,
-		LmcachePoolBytes:      int64(spec.LMCachePool),
+		LMCache:               spec.LMCache,
+		LMCachePoolBytes:      int64(spec.LMCachePool),
 		MaxConcurrentRequests: int32(ec.MaxConcurrentRequests),
 		ContextLength:         ec.ContextLength,
 		Dtype:                 ec.Dtype,
 		Quantization:          ec.Quantization,
-		KvCacheDtype:          ec.KVCacheDtype,
+		KVCacheDtype:          ec.KVCacheDtype,
 		TrustRemoteCode:       ec.TrustRemoteCode,
 		AcceptExtraArgs:       ec.AcceptExtraArgs,
 		ExtraArgs:             ec.ExtraArgs,
 		Env:                   ec.Env,
-		Memory: &pb.MemorySizes{
+		Memory: sdk.MemorySizes{
 			RequestBytes: int64(ec.Memory.Request),
-			KvCacheBytes: int64(ec.Memory.KVCache),
+			KVCacheBytes: int64(ec.Memory.KVCache),
 			StartupBytes: int64(ec.Memory.Startup),
 		},
 	}
 	if g := spec.Group; g != nil {
-		d.Group = &pb.Group{
+		d.Group = &sdk.Group{
 			Rank: int32(g.Rank), Size: int32(g.Size), HeadAddress: g.HeadAddress, RendezvousPort: int32(g.RendezvousPort),
-			PeerAddress: g.PeerAddress, RequireRdma: g.RequireRDMA,
+			PeerAddress: g.PeerAddress, RequireRDMA: g.RequireRDMA,
 		}
 		if t := spec.Topology; t != nil {
 			d.Group.TensorParallel, d.Group.PipelineParallel = int32(t.TensorParallel), int32(t.PipelineParallel)
 		}
 	}
 	if ec.CUDAGraphs != nil {
-		d.CudaGraphs = strconv.FormatBool(*ec.CUDAGraphs)
+		d.CUDAGraphs = strconv.FormatBool(*ec.CUDAGraphs)
 	}
 	if spec.Resources != nil {
-		d.Resources = &pb.Resources{Declared: true, DeviceBytes: int64(spec.Resources.GPU), HostBytes: int64(spec.Resources.RAM)}
+		d.Resources = sdk.Resources{Declared: true, DeviceBytes: int64(spec.Resources.GPU), HostBytes: int64(spec.Resources.RAM)}
 		if ready, ok := spec.Resources.Phases["ready"]; ok && spec.Resources.GPU == 0 && spec.Resources.RAM == 0 {
 			d.Resources.DeviceBytes = int64(ready.GPU)
 			d.Resources.HostBytes = int64(ready.RAM)
@@ -93,12 +93,17 @@ func servedName(spec *structs.Deployment) string {
 
 // hostPolicy merges the host's policy with an engine registration's
 // approvals.
-func (m *Manager) hostPolicy(e *structs.EngineRecord) *pb.HostPolicy {
-	var hp *pb.HostPolicy
+func (m *Manager) hostPolicy(e *structs.EngineRecord) *sdk.HostPolicy {
+	var hp *sdk.HostPolicy
 	if m.cfg.Host.Policy != nil {
-		hp = proto.Clone(m.cfg.Host.Policy).(*pb.HostPolicy)
+		cp := *m.cfg.Host.Policy
+		cp.ApprovedOptions = slices.Clone(cp.ApprovedOptions)
+		cp.ApprovedPaths = slices.Clone(cp.ApprovedPaths)
+		cp.ApprovedEnv = slices.Clone(cp.ApprovedEnv)
+		cp.HostEnv = maps.Clone(cp.HostEnv)
+		hp = &cp
 	} else {
-		hp = &pb.HostPolicy{}
+		hp = &sdk.HostPolicy{}
 	}
 	if e != nil {
 		hp.ApprovedOptions = append(hp.ApprovedOptions, e.Approvals.Options...)
@@ -117,58 +122,59 @@ func (m *Manager) hostPolicy(e *structs.EngineRecord) *pb.HostPolicy {
 	return hp
 }
 
-// toEndpoint converts a driver endpoint.
-func toEndpoint(e *pb.Endpoint) *structs.EngineEndpoint {
-	if e == nil {
+// toEndpoint converts a driver endpoint; nil when the driver gave none
+// (no base URL: a zero sdk.Endpoint is an absent one).
+func toEndpoint(e *sdk.Endpoint) *structs.EngineEndpoint {
+	if e == nil || e.BaseURL == "" {
 		return nil
 	}
 	return &structs.EngineEndpoint{
-		BaseURL:         e.GetBaseUrl(),
-		AuthHeader:      e.GetAuthHeader(),
-		AuthValue:       e.GetAuthValue(),
-		ChatPath:        e.GetChatPath(),
-		DecisionsPath:   e.GetDecisionsPath(),
-		CompletionsPath: e.GetCompletionsPath(),
-		RequestIDField:  e.GetRequestIdField(),
-		RequestIDHeader: e.GetRequestIdHeader(),
-		AbortByID:       e.GetAbortMode() == pb.AbortMode_ABORT_MODE_REQUEST_ID,
-		ServedName:      e.GetServedName(),
+		BaseURL:         e.BaseURL,
+		AuthHeader:      e.AuthHeader,
+		AuthValue:       e.AuthValue,
+		ChatPath:        e.ChatPath,
+		DecisionsPath:   e.DecisionsPath,
+		CompletionsPath: e.CompletionsPath,
+		RequestIDField:  e.RequestIDField,
+		RequestIDHeader: e.RequestIDHeader,
+		AbortByID:       e.AbortMode == sdk.AbortModeRequestID,
+		ServedName:      e.ServedName,
 		// IMPORTANT: only an engine declared to stop a non-streamed request
 		// on a hang-up gets it as is; unspecified means stream.
-		ForwardNonStreamed: e.GetNonStreamedHangup() == pb.NonStreamedHangup_NON_STREAMED_HANGUP_STOPS,
+		ForwardNonStreamed: e.NonStreamedHangup == sdk.NonStreamedHangupStops,
 		Exposure:           toExposure(e),
-		CacheSalt:          e.GetCacheSalt(),
-		MessagesPath:       e.GetMessagesPath(),
-		CountTokensPath:    e.GetCountTokensPath(),
-		ResponsesPath:      e.GetResponsesPath(),
+		CacheSalt:          e.CacheSalt,
+		MessagesPath:       e.MessagesPath,
+		CountTokensPath:    e.CountTokensPath,
+		ResponsesPath:      e.ResponsesPath,
 	}
 }
 
 // toExposure is what the driver says of who can reach the engine; a driver
 // that says nothing listens on TCP with nothing reported.
-func toExposure(e *pb.Endpoint) *structs.Exposure {
-	if e.GetListener() == "" && len(e.GetOpenRoutes()) == 0 && e.GetExposureNote() == "" {
+func toExposure(e *sdk.Endpoint) *structs.Exposure {
+	if e.Listener == "" && len(e.OpenRoutes) == 0 && e.ExposureNote == "" {
 		return nil
 	}
-	return &structs.Exposure{Listener: e.GetListener(), OpenRoutes: e.GetOpenRoutes(), Note: e.GetExposureNote()}
+	return &structs.Exposure{Listener: e.Listener, OpenRoutes: e.OpenRoutes, Note: e.ExposureNote}
 }
 
 // toLaunch converts a recorded launch for a driver.
-func toLaunch(l *structs.LaunchRecord) *pb.Launch {
+func toLaunch(l *structs.LaunchRecord) *sdk.Launch {
 	if l == nil {
 		return nil
 	}
-	out := &pb.Launch{Pgid: int32(l.Pgid), LaunchDir: l.LaunchDir, Port: int32(l.Port), LmcachePort: int32(l.LMCachePort), LaunchId: l.LaunchID}
+	out := &sdk.Launch{Pgid: int32(l.Pgid), LaunchDir: l.LaunchDir, Port: int32(l.Port), LMCachePort: int32(l.LMCachePort), LaunchID: l.LaunchID}
 	for _, p := range l.Processes {
-		out.Processes = append(out.Processes, &pb.ProcessIdentity{Pid: int32(p.PID), StartTicks: p.StartTicks, Role: p.Role})
+		out.Processes = append(out.Processes, &sdk.ProcessIdentity{Pid: int32(p.PID), StartTicks: p.StartTicks, Role: p.Role})
 	}
 	return out
 }
 
-func fromLaunch(l *pb.Launch) []structs.ProcessIdentity {
+func fromLaunch(l *sdk.Launch) []structs.ProcessIdentity {
 	var out []structs.ProcessIdentity
-	for _, p := range l.GetProcesses() {
-		out = append(out, structs.ProcessIdentity{PID: int(p.GetPid()), StartTicks: p.GetStartTicks(), Role: p.GetRole()})
+	for _, p := range l.Processes {
+		out = append(out, structs.ProcessIdentity{PID: int(p.Pid), StartTicks: p.StartTicks, Role: p.Role})
 	}
 	return out
 }

@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/capyctl/capyctl/core/structs"
-	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
+	"github.com/capyctl/capyctl/sdk"
 )
 
 type cmdKind int
@@ -39,7 +39,7 @@ type command struct {
 	why  string
 	done chan error
 	// exit carries what the monitor saw for cmdExited.
-	exit *pb.ProbeResponse
+	exit *sdk.ProbeResponse
 	// evict lets a start or wake make room by evicting other models; room
 	// says how (roomIdle when only evict is set).
 	evict bool
@@ -416,55 +416,55 @@ func (in *instance) unrecorded(err error) {
 
 // probeFailure turns a failed readiness probe into a coded error with the
 // engine's last log lines.
-func probeFailure(p *pb.ProbeResponse, deadline time.Duration) error {
-	code := structs.Code(p.GetCode())
+func probeFailure(p *sdk.ProbeResponse, deadline time.Duration) error {
+	code := structs.Code(p.Code)
 	var msg string
 	switch {
-	case p.GetExited():
+	case p.Exited:
 		if code == "" {
 			code = structs.CodeLaunchFailed
 		}
-		msg = fmt.Sprintf("the engine exited with code %d while starting", p.GetExitCode())
+		msg = fmt.Sprintf("the engine exited with code %d while starting", p.ExitCode)
 	case code == "":
 		code = structs.CodeStartupTimeout
 		msg = fmt.Sprintf("the engine was not ready within %s", deadline)
 	default:
-		msg = p.GetDetail()
+		msg = p.Detail
 	}
-	if p.GetDetail() != "" && !strings.Contains(msg, p.GetDetail()) {
-		msg += ": " + p.GetDetail()
+	if p.Detail != "" && !strings.Contains(msg, p.Detail) {
+		msg += ": " + p.Detail
 	}
-	if lines := p.GetLastLogLines(); len(lines) > 0 {
+	if lines := p.LastLogLines; len(lines) > 0 {
 		msg += "; last log lines:\n  " + strings.Join(lines, "\n  ")
 	}
 	e := structs.Errf(code, "%s", msg)
-	if lines := p.GetLastLogLines(); len(lines) > 0 {
+	if lines := p.LastLogLines; len(lines) > 0 {
 		e.WithDetail("last_log_lines", lines)
 	}
-	if p.GetExited() {
-		e.WithDetail("exit_code", p.GetExitCode())
+	if p.Exited {
+		e.WithDetail("exit_code", p.ExitCode)
 	}
 	return e
 }
 
 // refusalErr turns the driver's refusals into one coded error naming them
 // all (the first one's code).
-func refusalErr(rs []*pb.Refusal) error {
+func refusalErr(rs []*sdk.Refusal) error {
 	if len(rs) == 0 {
 		return nil
 	}
 	msgs := make([]string, 0, len(rs))
 	for _, r := range rs {
-		m := r.GetMessage()
-		if r.GetField() != "" {
-			m = r.GetField() + ": " + m
+		m := r.Message
+		if r.Field != "" {
+			m = r.Field + ": " + m
 		}
 		msgs = append(msgs, m)
 	}
-	e := structs.Errf(structs.Code(rs[0].GetCode()), "%s", strings.Join(msgs, "; "))
+	e := structs.Errf(structs.Code(rs[0].Code), "%s", strings.Join(msgs, "; "))
 	var rows []map[string]string
 	for _, r := range rs {
-		rows = append(rows, map[string]string{"code": r.GetCode(), "message": r.GetMessage(), "field": r.GetField()})
+		rows = append(rows, map[string]string{"code": r.Code, "message": r.Message, "field": r.Field})
 	}
 	return e.WithDetail("refusals", rows)
 }

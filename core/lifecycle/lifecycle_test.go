@@ -16,7 +16,6 @@ import (
 	"github.com/capyctl/capyctl/core/store"
 	"github.com/capyctl/capyctl/core/structs"
 	"github.com/capyctl/capyctl/sdk"
-	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
 
 func TestTransitions_Table(t *testing.T) {
@@ -461,7 +460,7 @@ type familySource map[string]*stubDriver
 func (s familySource) Driver(_ context.Context, family string) (sdk.Driver, error) {
 	return s[family], nil
 }
-func (s familySource) Describe(ctx context.Context, family string) (*pb.DescribeResponse, error) {
+func (s familySource) Describe(ctx context.Context, family string) (*sdk.DescribeResponse, error) {
 	return s[family].Describe(ctx, nil)
 }
 

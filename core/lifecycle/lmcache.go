@@ -13,7 +13,6 @@ import (
 	"github.com/capyctl/capyctl/core/ledger"
 	"github.com/capyctl/capyctl/core/structs"
 	"github.com/capyctl/capyctl/sdk"
-	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
 
 // An instance's private LMCache server belongs to the instance, not to one
@@ -69,10 +68,10 @@ func (in *instance) parkKeepingLMCache(why string, forSwitch bool) error {
 		return in.parkFailed(why, err)
 	}
 	ctx, cancel := context.WithTimeout(m.ctx, m.cfg.StopGrace+30*time.Second)
-	resp, err := drv.Stop(ctx, &pb.StopRequest{InstanceId: in.id, GraceMs: m.cfg.StopGrace.Milliseconds(), Launch: toLaunch(rec.Launch)})
+	resp, err := drv.Stop(ctx, &sdk.StopRequest{InstanceID: in.id, Grace: m.cfg.StopGrace, Launch: toLaunch(rec.Launch)})
 	cancel()
-	if err == nil && !resp.GetGone() {
-		err = structs.Errf(structs.CodeStillStopping, "the engine could not be proven gone: %s", resp.GetDetail())
+	if err == nil && !resp.Gone {
+		err = structs.Errf(structs.CodeStillStopping, "the engine could not be proven gone: %s", resp.Detail)
 	}
 	if err != nil {
 		return in.parkFailed(why, driverErr(err, "stop the engine"))
@@ -106,10 +105,10 @@ func (in *instance) endLMCache(drv sdk.Driver) bool {
 	}
 	m := in.m
 	ctx, cancel := context.WithTimeout(m.ctx, m.cfg.StopGrace+30*time.Second)
-	resp, err := drv.Stop(ctx, &pb.StopRequest{InstanceId: in.id, GraceMs: m.cfg.StopGrace.Milliseconds(), LmcacheServer: toLaunch(rec.LMCache)})
+	resp, err := drv.Stop(ctx, &sdk.StopRequest{InstanceID: in.id, Grace: m.cfg.StopGrace, LMCacheServer: toLaunch(rec.LMCache)})
 	cancel()
-	if err != nil || !resp.GetGone() {
-		m.logger.Warn("the LMCache server could not be proven gone", "instance", in.id, "error", err, "detail", resp.GetDetail())
+	if err != nil || !resp.Gone {
+		m.logger.Warn("the LMCache server could not be proven gone", "instance", in.id, "error", err, "detail", resp.Detail)
 		return false
 	}
 	in.forgetLMCache(rec.LMCache)
@@ -141,7 +140,7 @@ func (in *instance) forgetLMCache(s *structs.LaunchRecord) {
 func (r *startRun) leaseLMCachePort() error {
 	m, in := r.m, r.in
 	rec := in.snapshot()
-	runs := r.plan.GetLmcache().GetRuns()
+	runs := r.plan.LMCache.Runs
 	if rec.LMCache != nil && (!runs || rec.Revision != r.dr.Revision) {
 		if !in.endLMCache(r.drv) {
 			return structs.Errf(structs.CodeStillStopping, "the LMCache server of %s from revision %d could not be proven gone", in.id, rec.Revision)
@@ -169,8 +168,8 @@ func (r *startRun) leaseLMCachePort() error {
 		r.server = &structs.LaunchRecord{LaunchID: id, Port: port, LaunchDir: dir, StartedAt: m.cfg.Now().UTC()}
 	}
 	r.lmcachePort = r.server.Port
-	r.lctx.LmcachePort = int32(r.server.Port)
-	r.lctx.LmcacheServer = toLaunch(r.server)
+	r.lctx.LMCachePort = int32(r.server.Port)
+	r.lctx.LMCacheServer = toLaunch(r.server)
 	server := r.server
 	r.keep("LMCache port and server", func() {
 		if r.keptServer && !r.reserved {

@@ -24,7 +24,6 @@ import (
 	"github.com/capyctl/capyctl/core/routes"
 	"github.com/capyctl/capyctl/core/structs"
 	"github.com/capyctl/capyctl/sdk"
-	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
 
 // Store is the part of the store the lifecycle needs.
@@ -43,7 +42,7 @@ type Store interface {
 // DriverSource hands out drivers by family (the plugin manager).
 type DriverSource interface {
 	Driver(ctx context.Context, family string) (sdk.Driver, error)
-	Describe(ctx context.Context, family string) (*pb.DescribeResponse, error)
+	Describe(ctx context.Context, family string) (*sdk.DescribeResponse, error)
 }
 
 // Host describes the machine the lifecycle runs engines on.
@@ -52,7 +51,7 @@ type Host struct {
 	StateDir   string
 	ModelsRoot string
 	// Policy is what the host allows and sets for every engine.
-	Policy *pb.HostPolicy
+	Policy *sdk.HostPolicy
 }
 
 // Config configures a Manager.

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/capyctl/capyctl/sdk"
-	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
 
 // startMonitor watches a running engine's process and reports its death to
@@ -37,18 +36,18 @@ func (in *instance) startMonitor(drv sdk.Driver) {
 // does not serve the stream (one built before it: sdk.ErrNotSupported), and
 // for one interval whenever the stream breaks (the driver died or is being
 // relaunched, which says nothing about the engine), before watching again.
-func (in *instance) watchExit(ctx context.Context, drv sdk.Driver) *pb.ProbeResponse {
+func (in *instance) watchExit(ctx context.Context, drv sdk.Driver) *sdk.ProbeResponse {
 	w, streams := drv.(sdk.ExitWaiter)
 	t := time.NewTicker(in.m.cfg.LivenessInterval)
 	defer t.Stop()
 	for {
 		if streams {
-			ev, err := w.WaitExit(ctx, &pb.WaitExitRequest{InstanceId: in.id})
+			ev, err := w.WaitExit(ctx, &sdk.WaitExitRequest{InstanceID: in.id})
 			switch {
 			case ctx.Err() != nil:
 				return nil
 			case err == nil:
-				return &pb.ProbeResponse{Exited: true, ExitCode: ev.GetExitCode(), Detail: ev.GetDetail(), LastLogLines: ev.GetLastLogLines()}
+				return &sdk.ProbeResponse{Exited: true, ExitCode: ev.ExitCode, Detail: ev.Detail, LastLogLines: ev.LastLogLines}
 			case errors.Is(err, sdk.ErrNotSupported):
 				streams = false
 			}
@@ -59,14 +58,14 @@ func (in *instance) watchExit(ctx context.Context, drv sdk.Driver) *pb.ProbeResp
 		case <-t.C:
 		}
 		pctx, pcancel := context.WithTimeout(ctx, 5*time.Second)
-		resp, err := drv.Probe(pctx, &pb.ProbeRequest{InstanceId: in.id, Kind: pb.ProbeKind_PROBE_KIND_LIVENESS})
+		resp, err := drv.Probe(pctx, &sdk.ProbeRequest{InstanceID: in.id, Kind: sdk.ProbeKindLiveness})
 		pcancel()
 		if err != nil {
 			// The driver is unreachable (relaunching): that says nothing
 			// about the engine.
 			continue
 		}
-		if resp.GetExited() || !resp.GetAlive() {
+		if resp.Exited || !resp.Alive {
 			return resp
 		}
 	}

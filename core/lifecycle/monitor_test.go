@@ -12,7 +12,6 @@ import (
 
 	"github.com/capyctl/capyctl/core/structs"
 	"github.com/capyctl/capyctl/sdk"
-	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
 
 // exitStub is the stub driver with the exit stream: WaitExit blocks until
@@ -20,12 +19,12 @@ import (
 // fail as a dying driver's stream does.
 type exitStub struct {
 	*stubDriver
-	exits  chan *pb.ExitEvent
+	exits  chan *sdk.ExitEvent
 	breaks atomic.Int32
 	calls  atomic.Int32
 }
 
-func (d *exitStub) WaitExit(ctx context.Context, r *pb.WaitExitRequest) (*pb.ExitEvent, error) {
+func (d *exitStub) WaitExit(ctx context.Context, r *sdk.WaitExitRequest) (*sdk.ExitEvent, error) {
 	d.calls.Add(1)
 	if d.breaks.Add(-1) >= 0 {
 		return nil, &sdk.Error{Code: sdk.CodeDriverUnavailable, Message: "the driver ended the exit stream without an exit"}
@@ -41,7 +40,7 @@ func (d *exitStub) WaitExit(ctx context.Context, r *pb.WaitExitRequest) (*pb.Exi
 type exitSource struct{ d *exitStub }
 
 func (s exitSource) Driver(context.Context, string) (sdk.Driver, error) { return s.d, nil }
-func (s exitSource) Describe(ctx context.Context, family string) (*pb.DescribeResponse, error) {
+func (s exitSource) Describe(ctx context.Context, family string) (*sdk.DescribeResponse, error) {
 	return stubSource{s.d.stubDriver}.Describe(ctx, family)
 }
 
@@ -54,14 +53,14 @@ func withExitStream(d *exitStub) func(*Config) {
 // from the driver's exit stream, with its code and last lines, though the
 // liveness interval (an hour here) would not have polled yet.
 func TestMonitor_TheExitStreamReportsAnExitAtOnce(t *testing.T) {
-	d := &exitStub{exits: make(chan *pb.ExitEvent, 1)}
+	d := &exitStub{exits: make(chan *sdk.ExitEvent, 1)}
 	f := newFixture(t, 10, 4, 1, func(c *Config) { d.stubDriver = c.Drivers.(stubSource).d }, withExitStream(d))
 	f.deploy("a")
 	if err := f.activate("a"); err != nil {
 		t.Fatal(err)
 	}
 	f.eventually("the monitor watches the exit stream", func() bool { return d.calls.Load() == 1 })
-	d.exits <- &pb.ExitEvent{Exited: true, ExitCode: 137, LastLogLines: []string{"Killed"}}
+	d.exits <- &sdk.ExitEvent{Exited: true, ExitCode: 137, LastLogLines: []string{"Killed"}}
 	f.eventually("the instance stopped: engine exited", func() bool { return f.state("a") == structs.StateStopped })
 	rec := f.inst("a")
 	if rec.Reason != structs.ReasonEngineExited || rec.LastError == nil || rec.LastError.Code != structs.CodeEngineError {
@@ -76,7 +75,7 @@ func TestMonitor_TheExitStreamReportsAnExitAtOnce(t *testing.T) {
 // driver died) is no exit: the engine is probed once, found alive, and
 // watched again, and the next stream's exit is reported.
 func TestMonitor_ABrokenExitStreamIsWatchedAgain(t *testing.T) {
-	d := &exitStub{exits: make(chan *pb.ExitEvent, 1)}
+	d := &exitStub{exits: make(chan *sdk.ExitEvent, 1)}
 	d.breaks.Store(2)
 	f := newFixture(t, 10, 4, 1, func(c *Config) {
 		d.stubDriver = c.Drivers.(stubSource).d
@@ -90,6 +89,6 @@ func TestMonitor_ABrokenExitStreamIsWatchedAgain(t *testing.T) {
 	if s := f.state("a"); s != structs.StateReady {
 		t.Fatalf("after two broken streams the instance is %s, want ready (a driver's death says nothing of the engine)", s)
 	}
-	d.exits <- &pb.ExitEvent{Exited: true, ExitCode: 1}
+	d.exits <- &sdk.ExitEvent{Exited: true, ExitCode: 1}
 	f.eventually("the instance stopped: engine exited", func() bool { return f.state("a") == structs.StateStopped })
 }

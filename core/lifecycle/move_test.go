@@ -15,8 +15,6 @@ import (
 
 	"github.com/capyctl/capyctl/core/structs"
 	"github.com/capyctl/capyctl/sdk"
-	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
-	"google.golang.org/protobuf/proto"
 )
 
 // countEvents counts the journaled events of a kind.
@@ -189,21 +187,21 @@ func TestResolveEngine_ByRegistrationName(t *testing.T) {
 func TestProbeFailure_Message(t *testing.T) {
 	cases := []struct {
 		name string
-		p    *pb.ProbeResponse
+		p    *sdk.ProbeResponse
 		code structs.Code
 		msg  string
 		// lines: the error carries last_log_lines; exit: exit_code.
 		lines, exit bool
 	}{
-		{"exited without a code", &pb.ProbeResponse{Exited: true, ExitCode: 3}, structs.CodeLaunchFailed,
+		{"exited without a code", &sdk.ProbeResponse{Exited: true, ExitCode: 3}, structs.CodeLaunchFailed,
 			"the engine exited with code 3 while starting", false, true},
-		{"exited with the driver's code and detail", &pb.ProbeResponse{Exited: true, ExitCode: 1, Code: "out_of_memory", Detail: "CUDA out of memory"},
+		{"exited with the driver's code and detail", &sdk.ProbeResponse{Exited: true, ExitCode: 1, Code: "out_of_memory", Detail: "CUDA out of memory"},
 			"out_of_memory", "the engine exited with code 1 while starting: CUDA out of memory", false, true},
-		{"not ready in time", &pb.ProbeResponse{}, structs.CodeStartupTimeout,
+		{"not ready in time", &sdk.ProbeResponse{}, structs.CodeStartupTimeout,
 			"the engine was not ready within 2s", false, false},
-		{"the driver's own account, said once", &pb.ProbeResponse{Code: "launch_failed", Detail: "no such model"},
+		{"the driver's own account, said once", &sdk.ProbeResponse{Code: "launch_failed", Detail: "no such model"},
 			structs.CodeLaunchFailed, "no such model", false, false},
-		{"with log lines", &pb.ProbeResponse{Exited: true, ExitCode: 2, LastLogLines: []string{"a", "b"}}, structs.CodeLaunchFailed,
+		{"with log lines", &sdk.ProbeResponse{Exited: true, ExitCode: 2, LastLogLines: []string{"a", "b"}}, structs.CodeLaunchFailed,
 			"the engine exited with code 2 while starting; last log lines:\n  a\n  b", true, true},
 	}
 	for _, c := range cases {
@@ -226,13 +224,13 @@ func TestProbeFailure_Message(t *testing.T) {
 // which records the plan requests it was asked.
 type scriptedDriver struct {
 	*stubDriver
-	edit func(*pb.PlanRequest, *pb.PlanResponse)
+	edit func(*sdk.PlanRequest, *sdk.PlanResponse)
 	// started, when set, shapes the answers to Start.
-	started func(*pb.StartResponse)
+	started func(*sdk.StartResponse)
 	// probe, when set, replaces the answers to readiness probes.
-	probe  *pb.ProbeResponse
+	probe  *sdk.ProbeResponse
 	mu     sync.Mutex
-	plans  []*pb.PlanRequest
+	plans  []*sdk.PlanRequest
 	probes []probeCall
 	stops  []stopCall
 }
@@ -244,13 +242,13 @@ type stopCall struct {
 	server       bool
 }
 
-func (d *scriptedDriver) Stop(ctx context.Context, r *pb.StopRequest) (*pb.StopResponse, error) {
+func (d *scriptedDriver) Stop(ctx context.Context, r *sdk.StopRequest) (*sdk.StopResponse, error) {
 	given := time.Duration(-1)
 	if dl, ok := ctx.Deadline(); ok {
 		given = time.Until(dl)
 	}
 	d.mu.Lock()
-	d.stops = append(d.stops, stopCall{grace: time.Duration(r.GetGraceMs()) * time.Millisecond, given: given, server: r.GetLmcacheServer() != nil})
+	d.stops = append(d.stops, stopCall{grace: r.Grace, given: given, server: r.LMCacheServer != nil})
 	d.mu.Unlock()
 	return d.stubDriver.Stop(ctx, r)
 }
@@ -268,14 +266,14 @@ type probeCall struct {
 	deadline, given time.Duration
 }
 
-func (d *scriptedDriver) Probe(ctx context.Context, r *pb.ProbeRequest) (*pb.ProbeResponse, error) {
-	if r.GetKind() == pb.ProbeKind_PROBE_KIND_READINESS {
+func (d *scriptedDriver) Probe(ctx context.Context, r *sdk.ProbeRequest) (*sdk.ProbeResponse, error) {
+	if r.Kind == sdk.ProbeKindReadiness {
 		given := time.Duration(-1)
 		if dl, ok := ctx.Deadline(); ok {
 			given = time.Until(dl)
 		}
 		d.mu.Lock()
-		d.probes = append(d.probes, probeCall{deadline: time.Duration(r.GetDeadlineMs()) * time.Millisecond, given: given})
+		d.probes = append(d.probes, probeCall{deadline: r.Deadline, given: given})
 		answer := d.probe
 		d.mu.Unlock()
 		if answer != nil {
@@ -285,7 +283,7 @@ func (d *scriptedDriver) Probe(ctx context.Context, r *pb.ProbeRequest) (*pb.Pro
 	return d.stubDriver.Probe(ctx, r)
 }
 
-func (d *scriptedDriver) Start(ctx context.Context, r *pb.StartRequest) (*pb.StartResponse, error) {
+func (d *scriptedDriver) Start(ctx context.Context, r *sdk.StartRequest) (*sdk.StartResponse, error) {
 	resp, err := d.stubDriver.Start(ctx, r)
 	if err == nil && d.started != nil {
 		d.started(resp)
@@ -293,9 +291,10 @@ func (d *scriptedDriver) Start(ctx context.Context, r *pb.StartRequest) (*pb.Sta
 	return resp, err
 }
 
-func (d *scriptedDriver) Plan(ctx context.Context, r *pb.PlanRequest) (*pb.PlanResponse, error) {
+func (d *scriptedDriver) Plan(ctx context.Context, r *sdk.PlanRequest) (*sdk.PlanResponse, error) {
 	d.mu.Lock()
-	d.plans = append(d.plans, proto.Clone(r).(*pb.PlanRequest))
+	cp := *r // a copy: the nested messages are values
+	d.plans = append(d.plans, &cp)
 	d.mu.Unlock()
 	p, err := d.stubDriver.Plan(ctx, r)
 	if err == nil && d.edit != nil {
@@ -305,21 +304,21 @@ func (d *scriptedDriver) Plan(ctx context.Context, r *pb.PlanRequest) (*pb.PlanR
 }
 
 // planned returns the plan requests so far.
-func (d *scriptedDriver) planned() []*pb.PlanRequest {
+func (d *scriptedDriver) planned() []*sdk.PlanRequest {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	return append([]*pb.PlanRequest(nil), d.plans...)
+	return append([]*sdk.PlanRequest(nil), d.plans...)
 }
 
 type scriptedSource struct{ d *scriptedDriver }
 
 func (s scriptedSource) Driver(context.Context, string) (sdk.Driver, error) { return s.d, nil }
-func (s scriptedSource) Describe(ctx context.Context, _ string) (*pb.DescribeResponse, error) {
+func (s scriptedSource) Describe(ctx context.Context, _ string) (*sdk.DescribeResponse, error) {
 	return s.d.Describe(ctx, nil)
 }
 
 // scriptedFixture is a fixture on a scripted driver.
-func scriptedFixture(t *testing.T, edit func(*pb.PlanRequest, *pb.PlanResponse), mutate ...func(*Config)) (*fixture, *scriptedDriver) {
+func scriptedFixture(t *testing.T, edit func(*sdk.PlanRequest, *sdk.PlanResponse), mutate ...func(*Config)) (*fixture, *scriptedDriver) {
 	drv := &scriptedDriver{stubDriver: newStub(), edit: edit}
 	f := newFixture(t, 10, 6, 1, append([]func(*Config){func(cfg *Config) { cfg.Drivers = scriptedSource{drv} }}, mutate...)...)
 	f.drv = drv.stubDriver
@@ -328,7 +327,7 @@ func scriptedFixture(t *testing.T, edit func(*pb.PlanRequest, *pb.PlanResponse),
 
 // runsLMCache is a plan edit: the plan runs a private LMCache server beside
 // the engine, as vLLM's and SGLang's drivers do with lmcache set.
-func runsLMCache(_ *pb.PlanRequest, p *pb.PlanResponse) { p.Lmcache = &pb.LMCachePlan{Runs: true} }
+func runsLMCache(_ *sdk.PlanRequest, p *sdk.PlanResponse) { p.LMCache = sdk.LMCachePlan{Runs: true} }
 
 // TestPark_LMCacheServer: a restart_only instance with an LMCache server
 // parks by stopping its engine alone (the server and its cache stay); one
@@ -347,7 +346,7 @@ func TestPark_LMCacheServer(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			f, drv := scriptedFixture(t, runsLMCache)
 			f.drv.tiers = nil
-			drv.started = func(r *pb.StartResponse) { r.LmcacheServer = &pb.Launch{Pgid: 7} }
+			drv.started = func(r *sdk.StartResponse) { r.LMCacheServer = &sdk.Launch{Pgid: 7} }
 			f.deploy("a", func(d *structs.Deployment) { d.Residency = c.residency })
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
@@ -555,25 +554,25 @@ func TestStart_PlansAgainWithTheGrant(t *testing.T) {
 		grant   *Grant
 		lmcache bool
 		plans   int
-		check   func(second *pb.PlanRequest) bool
+		check   func(second *sdk.PlanRequest) bool
 	}{
 		{"no grant", nil, false, 1, nil},
 		{"a grant of nothing", &Grant{}, false, 1, nil},
-		{"device bytes", &Grant{DeviceBytes: 1 << 30, DeviceTotal: 2 << 30, KVBytes: 1 << 20}, false, 2, func(p *pb.PlanRequest) bool {
-			l := p.GetLaunch()
-			return l.GetDeviceBytes() == 1<<30 && l.GetDeviceTotalBytes() == 2<<30 && l.GetKvCacheBytes() == 1<<20
+		{"device bytes", &Grant{DeviceBytes: 1 << 30, DeviceTotal: 2 << 30, KVBytes: 1 << 20}, false, 2, func(p *sdk.PlanRequest) bool {
+			l := &p.Launch
+			return l.DeviceBytes == 1<<30 && l.DeviceTotalBytes == 2<<30 && l.KVCacheBytes == 1<<20
 		}},
-		{"devices", &Grant{DeviceUUIDs: []string{"GPU-1"}}, false, 2, func(p *pb.PlanRequest) bool {
-			return fmt.Sprint(p.GetLaunch().GetDeviceUuids()) == "[GPU-1]"
+		{"devices", &Grant{DeviceUUIDs: []string{"GPU-1"}}, false, 2, func(p *sdk.PlanRequest) bool {
+			return fmt.Sprint(p.Launch.DeviceUUIDs) == "[GPU-1]"
 		}},
-		{"environment", &Grant{Env: map[string]string{"CUDA_VISIBLE_DEVICES": "1"}}, false, 2, func(p *pb.PlanRequest) bool {
-			return p.GetHost().GetHostEnv()["CUDA_VISIBLE_DEVICES"] == "1"
+		{"environment", &Grant{Env: map[string]string{"CUDA_VISIBLE_DEVICES": "1"}}, false, 2, func(p *sdk.PlanRequest) bool {
+			return p.Host.HostEnv["CUDA_VISIBLE_DEVICES"] == "1"
 		}},
-		{"an LMCache server's port", &Grant{}, true, 2, func(p *pb.PlanRequest) bool { return p.GetLaunch().GetLmcachePort() != 0 }},
+		{"an LMCache server's port", &Grant{}, true, 2, func(p *sdk.PlanRequest) bool { return p.Launch.LMCachePort != 0 }},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			var edit func(*pb.PlanRequest, *pb.PlanResponse)
+			var edit func(*sdk.PlanRequest, *sdk.PlanResponse)
 			if c.lmcache {
 				edit = runsLMCache
 			}
@@ -589,7 +588,7 @@ func TestStart_PlansAgainWithTheGrant(t *testing.T) {
 				t.Fatalf("%d plans, want %d", len(plans), c.plans)
 			}
 			if c.check != nil && !c.check(plans[1]) {
-				t.Fatalf("the second plan lacks what the grant placed: launch %v, host %v", plans[1].GetLaunch(), plans[1].GetHost())
+				t.Fatalf("the second plan lacks what the grant placed: launch %v, host %v", &plans[1].Launch, &plans[1].Host)
 			}
 		})
 	}
@@ -602,18 +601,17 @@ func TestStart_PlansAgainWithTheGrant(t *testing.T) {
 func TestStart_RecordsTheLaunch(t *testing.T) {
 	cases := []struct {
 		name    string
-		parsers *pb.Parsers
+		parsers sdk.Parsers
 		want    *structs.Parsers
 	}{
-		{"no parsers", nil, nil},
-		{"empty parsers", &pb.Parsers{}, nil},
-		{"a tool-call parser", &pb.Parsers{ToolCall: "hermes"}, &structs.Parsers{ToolCall: "hermes"}},
-		{"a reasoning parser", &pb.Parsers{Reasoning: "qwen3"}, &structs.Parsers{Reasoning: "qwen3"}},
-		{"only the provenance", &pb.Parsers{Provenance: "off"}, &structs.Parsers{Provenance: "off"}},
+		{"no parsers", sdk.Parsers{}, nil},
+		{"a tool-call parser", sdk.Parsers{ToolCall: "hermes"}, &structs.Parsers{ToolCall: "hermes"}},
+		{"a reasoning parser", sdk.Parsers{Reasoning: "qwen3"}, &structs.Parsers{Reasoning: "qwen3"}},
+		{"only the provenance", sdk.Parsers{Provenance: "off"}, &structs.Parsers{Provenance: "off"}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			f, _ := scriptedFixture(t, func(_ *pb.PlanRequest, p *pb.PlanResponse) { p.Parsers = c.parsers })
+			f, _ := scriptedFixture(t, func(_ *sdk.PlanRequest, p *sdk.PlanResponse) { p.Parsers = c.parsers })
 			f.deploy("a")
 			var gen uint64
 			for i := range 2 {
@@ -644,17 +642,17 @@ func TestStart_RecordsTheLaunch(t *testing.T) {
 func TestStart_ProbeDeadline(t *testing.T) {
 	cases := []struct {
 		name       string
-		plan       int64 // the plan's startup_timeout_ms
+		plan       time.Duration // the plan's StartupTimeout
 		initialize time.Duration
 		want       time.Duration
 	}{
-		{"the plan's", 30000, 0, 30 * time.Second},
-		{"the deployment's", 30000, 5 * time.Second, 5 * time.Second},
+		{"the plan's", 30 * time.Second, 0, 30 * time.Second},
+		{"the deployment's", 30 * time.Second, 5 * time.Second, 5 * time.Second},
 		{"the default", 0, 0, 7 * time.Second},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			f, drv := scriptedFixture(t, func(_ *pb.PlanRequest, p *pb.PlanResponse) { p.StartupTimeoutMs = c.plan },
+			f, drv := scriptedFixture(t, func(_ *sdk.PlanRequest, p *sdk.PlanResponse) { p.StartupTimeout = c.plan },
 				func(cfg *Config) { cfg.DefaultStartupTimeout = 7 * time.Second })
 			f.deploy("a", func(d *structs.Deployment) { d.Timeouts.Initialize = structs.Duration(c.initialize) })
 			if err := f.activate("a"); err != nil {
@@ -695,7 +693,7 @@ func TestStart_EndpointAndCanary(t *testing.T) {
 	}
 	// A probe that names no endpoint, with another canary.
 	drv.mu.Lock()
-	drv.probe = &pb.ProbeResponse{Alive: true, Ready: true, Canary: "other"}
+	drv.probe = &sdk.ProbeResponse{Alive: true, Ready: true, Canary: "other"}
 	drv.mu.Unlock()
 	if err := f.m.StartDeployment(context.Background(), "a", StartOptions{Wait: true}); err != nil {
 		t.Fatal(err)

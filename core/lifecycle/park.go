@@ -10,7 +10,7 @@ import (
 
 	"github.com/capyctl/capyctl/core/ledger"
 	"github.com/capyctl/capyctl/core/structs"
-	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
+	"github.com/capyctl/capyctl/sdk"
 )
 
 // ParkDeployment parks every ready instance of a deployment at its
@@ -97,7 +97,7 @@ func (in *instance) canPark(rec structs.InstanceRecord) bool {
 	if err != nil {
 		return false
 	}
-	return contains(desc.GetCapabilities().GetParkTiers(), rec.Residency)
+	return contains(desc.Capabilities.ParkTiers, rec.Residency)
 }
 
 // park drains the instance and parks it, or stops it when it is restart
@@ -145,7 +145,7 @@ func (in *instance) park(why string, forSwitch bool) error {
 	}
 	group := m.isGroupMember(in.dep)
 	ctx, cancel := context.WithTimeout(m.ctx, 2*time.Minute)
-	resp, err := drv.Park(ctx, &pb.ParkRequest{InstanceId: in.id, Tier: tier})
+	resp, err := drv.Park(ctx, &sdk.ParkRequest{InstanceID: in.id, Tier: tier})
 	if err == nil && group {
 		// A group member's park completes once its own rank proves it
 		// released its memory (the head's sleep acts on every rank).
@@ -163,7 +163,7 @@ func (in *instance) park(why string, forSwitch bool) error {
 		r.Phase = phase
 		r.Released = released
 		r.ParkTier = tier
-		r.ParkDetail = resp.GetDetail()
+		r.ParkDetail = resp.Detail
 	}); err != nil {
 		return err
 	}
@@ -287,14 +287,14 @@ func (in *instance) wake(c *command) error {
 		timeout = dr.Spec.Timeouts.Wake.D()
 	}
 	ctx, cancel := context.WithTimeout(m.ctx, timeout)
-	resp, err := drv.Wake(ctx, &pb.WakeRequest{InstanceId: in.id, Tier: parkTierOf(rec)})
+	resp, err := drv.Wake(ctx, &sdk.WakeRequest{InstanceID: in.id, Tier: parkTierOf(rec)})
 	cancel()
 	if err != nil {
 		return in.wakeFailed(why, structs.CodeWakeFailed, structs.AsError(driverErr(err, "wake")).Message)
 	}
-	if rec.Canary != "" && resp.GetCanary() != rec.Canary {
+	if rec.Canary != "" && resp.Canary != rec.Canary {
 		return in.wakeFailed(why, structs.CodeWakeMismatch,
-			fmt.Sprintf("the woken model answered the wake check %q, not %q as at its first start", resp.GetCanary(), rec.Canary))
+			fmt.Sprintf("the woken model answered the wake check %q, not %q as at its first start", resp.Canary, rec.Canary))
 	}
 	return in.transition(structs.StateReady, why, func(r *structs.InstanceRecord) {
 		r.Phase = ledger.PhaseReady
@@ -314,17 +314,17 @@ func (in *instance) wake(c *command) error {
 // parks at the residency it launched with.
 func (in *instance) parkTiers(rec structs.InstanceRecord) []string {
 	desc, err := in.m.cfg.Drivers.Describe(in.m.ctx, rec.Driver)
-	if err != nil || !desc.GetCapabilities().GetTierPerPark() || in.m.isGroupMember(in.dep) {
+	if err != nil || !desc.Capabilities.TierPerPark || in.m.isGroupMember(in.dep) {
 		// IMPORTANT: a group's members park at one tier (the head's sleep
 		// acts on every rank): the residency it launched with.
 		return []string{rec.Residency}
 	}
-	offered := desc.GetCapabilities().GetParkTiers()
+	offered := desc.Capabilities.ParkTiers
 	declared := ""
 	if dr, ok := in.m.spec(in.dep); ok {
 		declared = dr.Spec.Residency
 	}
-	unified := in.m.cfg.Host.Policy != nil && in.m.cfg.Host.Policy.GetUnified()
+	unified := in.m.cfg.Host.Policy != nil && in.m.cfg.Host.Policy.Unified
 	var out []string
 	if !unified && declared != structs.ResidencyDeep && contains(offered, structs.ResidencyHostBacked) {
 		out = append(out, structs.ResidencyHostBacked)

@@ -10,7 +10,7 @@ import (
 
 	"github.com/capyctl/capyctl/core/ledger"
 	"github.com/capyctl/capyctl/core/structs"
-	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
+	"github.com/capyctl/capyctl/sdk"
 )
 
 // TestPark_LevelByHostRoom: a model whose driver picks the tier at each
@@ -40,7 +40,7 @@ func TestPark_LevelByHostRoom(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			f := newFixture(t, 10, 6, 1, func(cfg *Config) {
-				cfg.Host.Policy = &pb.HostPolicy{Unified: c.unified}
+				cfg.Host.Policy = &sdk.HostPolicy{Unified: c.unified}
 			})
 			f.drv.tiers = []string{structs.ResidencyDeep, structs.ResidencyHostBacked}
 			f.drv.tierPerPark = c.tierPerPark

@@ -7,7 +7,7 @@ import (
 	"context"
 
 	"github.com/capyctl/capyctl/core/structs"
-	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
+	"github.com/capyctl/capyctl/sdk"
 )
 
 // Placer reserves memory for instances (the ledger and GPU inventory
@@ -39,7 +39,7 @@ type Reservation struct {
 	Deployment *structs.Deployment
 	Revision   uint64
 	Engine     *structs.EngineRecord
-	Hints      *pb.MemoryHints
+	Hints      *sdk.MemoryHints
 	Residency  string
 }
 

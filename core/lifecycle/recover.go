@@ -9,7 +9,7 @@ import (
 
 	"github.com/capyctl/capyctl/core/ledger"
 	"github.com/capyctl/capyctl/core/structs"
-	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
+	"github.com/capyctl/capyctl/sdk"
 )
 
 // recover re-attaches to a recorded launch after a core restart (settle
@@ -40,9 +40,9 @@ func (in *instance) recover(why string, settle bool) error {
 		eng = e
 	}
 	dr, _ := m.spec(in.dep)
-	req := &pb.RecoverRequest{
-		InstanceId: in.id, Launch: toLaunch(rec.Launch), Host: m.hostPolicy(eng),
-		Context:   &pb.LaunchContext{Port: int32(rec.Launch.Port), LmcachePort: int32(rec.Launch.LMCachePort), LaunchDir: rec.Launch.LaunchDir, InstanceId: in.id, LaunchId: rec.Launch.LaunchID, DeviceUuids: rec.Launch.DeviceUUIDs},
+	req := &sdk.RecoverRequest{
+		InstanceID: in.id, Launch: *toLaunch(rec.Launch), Host: *m.hostPolicy(eng),
+		Context:   sdk.LaunchContext{Port: int32(rec.Launch.Port), LMCachePort: int32(rec.Launch.LMCachePort), LaunchDir: rec.Launch.LaunchDir, InstanceID: in.id, LaunchID: rec.Launch.LaunchID, DeviceUUIDs: rec.Launch.DeviceUUIDs},
 		EngineKey: rec.Launch.EngineKey, AdminKey: rec.Launch.AdminKey,
 		RecordedState: string(prior),
 	}
@@ -50,13 +50,13 @@ func (in *instance) recover(why string, settle bool) error {
 		req.ParkTier = rec.Residency
 	}
 	if eng != nil {
-		req.Installation = ToInstallation(eng)
+		req.Installation = *ToInstallation(eng)
 	}
 	if dr.Name != "" {
 		modelDir, _ := m.resolveModel(&dr.Spec)
-		req.Deployment = ToDeployment(&dr.Spec, rec.Revision, modelDir)
+		req.Deployment = *ToDeployment(&dr.Spec, rec.Revision, modelDir)
 		if eng != nil {
-			req.Deployment.EngineConfigJson = familyConfig(&dr.Spec, eng.Family)
+			req.Deployment.EngineConfigJSON = familyConfig(&dr.Spec, eng.Family)
 		}
 	}
 	ctx, cancel := context.WithTimeout(m.ctx, time.Minute)
@@ -65,37 +65,37 @@ func (in *instance) recover(why string, settle bool) error {
 	if err != nil {
 		return in.unsettled(driverErr(err, "recover"))
 	}
-	switch resp.GetState() {
-	case pb.RecoverState_RECOVER_STATE_GONE:
+	switch resp.State {
+	case sdk.RecoverStateGone:
 		in.stopMonitor()
 		// Its LMCache server ends too: never an orphan.
 		if !in.endLMCache(drv) {
 			return in.unsettled(structs.Errf(structs.CodeStillStopping, "the engine of %s is gone, its LMCache server could not be proven gone", in.id))
 		}
 		in.release(in.snapshot())
-		return in.transition(structs.StateStopped, "engine gone: "+resp.GetDetail(), func(r *structs.InstanceRecord) {
+		return in.transition(structs.StateStopped, "engine gone: "+resp.Detail, func(r *structs.InstanceRecord) {
 			r.Endpoint = nil
 			r.Phase = ""
 			r.Released = "engine gone"
 			if prior == structs.StateReady || prior == structs.StateStarting {
-				r.LastError = &structs.ErrorRecord{Code: structs.CodeEngineError, Message: "the engine was gone when re-attached: " + resp.GetDetail(), At: m.cfg.Now().UTC()}
+				r.LastError = &structs.ErrorRecord{Code: structs.CodeEngineError, Message: "the engine was gone when re-attached: " + resp.Detail, At: m.cfg.Now().UTC()}
 			}
 		})
-	case pb.RecoverState_RECOVER_STATE_RUNNING:
+	case sdk.RecoverStateRunning:
 	default:
-		return in.unsettled(structs.Errf(structs.CodeUnavailable, "re-attach uncertain: %s", resp.GetDetail()))
+		return in.unsettled(structs.Errf(structs.CodeUnavailable, "re-attach uncertain: %s", resp.Detail))
 	}
-	ep := toEndpoint(resp.GetEndpoint())
-	if l := resp.GetLaunch(); l != nil && len(l.GetProcesses()) > 0 {
+	ep := toEndpoint(&resp.Endpoint)
+	if l := &resp.Launch; len(l.Processes) > 0 {
 		// The driver may have found identities the core never recorded.
 		in.update(func(r *structs.InstanceRecord) {
 			if r.Launch != nil {
-				r.Launch.Pgid = int(l.GetPgid())
+				r.Launch.Pgid = int(l.Pgid)
 				r.Launch.Processes = fromLaunch(l)
 			}
 		})
 	}
-	if settle && resp.GetParked() {
+	if settle && resp.Parked {
 		// The engine holds its memory released: it is parked, whatever
 		// step the restart interrupted (a park that completed, a wake that
 		// had not begun).
@@ -132,16 +132,16 @@ func (in *instance) recover(why string, settle bool) error {
 	}
 	// Prove readiness in this session before serving again.
 	pctx, pcancel := context.WithTimeout(m.ctx, 2*time.Minute)
-	probe, err := drv.Probe(pctx, &pb.ProbeRequest{InstanceId: in.id, Kind: pb.ProbeKind_PROBE_KIND_READINESS, DeadlineMs: 90_000})
+	probe, err := drv.Probe(pctx, &sdk.ProbeRequest{InstanceID: in.id, Kind: sdk.ProbeKindReadiness, Deadline: 90 * time.Second})
 	pcancel()
-	if err != nil || !probe.GetReady() {
+	if err != nil || !probe.Ready {
 		if err == nil {
 			err = probeFailure(probe, 90*time.Second)
 		}
 		return in.unsettled(driverErr(err, "readiness after re-attach"))
 	}
-	if probe.GetEndpoint() != nil {
-		ep = toEndpoint(probe.GetEndpoint())
+	if probe.Endpoint.BaseURL != "" {
+		ep = toEndpoint(&probe.Endpoint)
 	}
 	in.adopt(ledger.PhaseReady)
 	if err := in.transition(structs.StateReady, "re-attached", func(r *structs.InstanceRecord) {

@@ -9,24 +9,23 @@ import (
 
 	"github.com/capyctl/capyctl/core/structs"
 	"github.com/capyctl/capyctl/sdk"
-	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
 
 // recoverDriver is the stub driver with a scripted answer to Recover.
 type recoverDriver struct {
 	*stubDriver
-	state  pb.RecoverState
+	state  sdk.RecoverState
 	parked bool
 }
 
-func (d *recoverDriver) Recover(context.Context, *pb.RecoverRequest) (*pb.RecoverResponse, error) {
-	return &pb.RecoverResponse{State: d.state, Parked: d.parked, Endpoint: &pb.Endpoint{BaseUrl: "http://127.0.0.1:1"}}, nil
+func (d *recoverDriver) Recover(context.Context, *sdk.RecoverRequest) (*sdk.RecoverResponse, error) {
+	return &sdk.RecoverResponse{State: d.state, Parked: d.parked, Endpoint: sdk.Endpoint{BaseURL: "http://127.0.0.1:1"}}, nil
 }
 
 type driverSource struct{ d sdk.Driver }
 
 func (s driverSource) Driver(context.Context, string) (sdk.Driver, error) { return s.d, nil }
-func (s driverSource) Describe(ctx context.Context, _ string) (*pb.DescribeResponse, error) {
+func (s driverSource) Describe(ctx context.Context, _ string) (*sdk.DescribeResponse, error) {
 	return s.d.Describe(ctx, nil)
 }
 
@@ -34,11 +33,11 @@ func (s driverSource) Describe(ctx context.Context, _ string) (*pb.DescribeRespo
 // each state that holds processes, with each answer a driver gives to
 // Recover, and checks where the instance settles.
 func TestManager_Recovery(t *testing.T) {
-	running, gone := pb.RecoverState_RECOVER_STATE_RUNNING, pb.RecoverState_RECOVER_STATE_GONE
+	running, gone := sdk.RecoverStateRunning, sdk.RecoverStateGone
 	cases := []struct {
 		name     string
 		recorded structs.InstanceState
-		answer   pb.RecoverState
+		answer   sdk.RecoverState
 		parked   bool
 		want     structs.InstanceState
 		// lastError is the code recorded, "" for none.
@@ -57,7 +56,7 @@ func TestManager_Recovery(t *testing.T) {
 		{name: "a wake that completed", recorded: structs.StateWaking, answer: running, want: structs.StateReady},
 		{name: "a stop in progress is finished", recorded: structs.StateStopping, answer: running, want: structs.StateStopped, stops: 1},
 		{name: "draining", recorded: structs.StateDraining, answer: running, want: structs.StateReady},
-		{name: "an uncertain re-attach stays reconciling", recorded: structs.StateReady, answer: pb.RecoverState_RECOVER_STATE_UNSPECIFIED,
+		{name: "an uncertain re-attach stays reconciling", recorded: structs.StateReady, answer: sdk.RecoverStateUnspecified,
 			want: structs.StateReconciling, lastError: structs.CodeUnavailable},
 	}
 	for _, c := range cases {

@@ -8,7 +8,7 @@ import (
 
 	"github.com/capyctl/capyctl/core/routes"
 	"github.com/capyctl/capyctl/core/structs"
-	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
+	"github.com/capyctl/capyctl/sdk"
 )
 
 // This file holds what the router asks of the lifecycle about requests, off
@@ -59,11 +59,11 @@ func (m *Manager) Abort(ctx context.Context, instanceID, requestID string) (sent
 	if err != nil {
 		return false, err
 	}
-	resp, err := drv.Abort(ctx, &pb.AbortRequest{InstanceId: instanceID, RequestId: requestID})
+	resp, err := drv.Abort(ctx, &sdk.AbortRequest{InstanceID: instanceID, RequestID: requestID})
 	if err != nil {
 		return false, driverErr(err, "abort request")
 	}
-	return resp.GetSent() && resp.GetMode() == pb.AbortMode_ABORT_MODE_REQUEST_ID, nil
+	return resp.Sent && resp.Mode == sdk.AbortModeRequestID, nil
 }
 
 // Load reads an instance's idle signal through its driver.
@@ -80,13 +80,13 @@ func (m *Manager) Load(ctx context.Context, instanceID string) (routes.InstanceL
 	if err != nil {
 		return routes.InstanceLoad{}, err
 	}
-	resp, err := drv.Load(ctx, &pb.LoadRequest{InstanceId: instanceID})
+	resp, err := drv.Load(ctx, &sdk.LoadRequest{InstanceID: instanceID})
 	if err != nil {
 		return routes.InstanceLoad{}, driverErr(err, "read engine load")
 	}
 	return routes.InstanceLoad{
-		Known: resp.GetKnown(), Running: resp.GetRunning(), Waiting: resp.GetWaiting(),
-		KVUsage: resp.GetKvUsage(), Figures: resp.GetFigures(), At: m.cfg.Now(),
+		Known: resp.Known, Running: resp.Running, Waiting: resp.Waiting,
+		KVUsage: resp.KVUsage, Figures: resp.Figures, At: m.cfg.Now(),
 	}, nil
 }
 

@@ -14,7 +14,6 @@ import (
 	"github.com/capyctl/capyctl/core/ledger"
 	"github.com/capyctl/capyctl/core/structs"
 	"github.com/capyctl/capyctl/sdk"
-	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
 
 // A start is a pipeline of steps, in the spirit of Nomad's task-runner
@@ -58,11 +57,11 @@ func (m *Manager) resolve(ctx context.Context, spec *structs.Deployment, needMod
 	if err != nil {
 		return nil, driverErr(err, "describe driver")
 	}
-	if !contains(desc.GetCapabilities().GetApis(), spec.API) {
+	if !contains(desc.Capabilities.APIs, spec.API) {
 		return nil, structs.Errf(structs.CodeCapabilityMissing+":"+structs.Code(spec.API),
-			"the %s engine cannot serve api %q (it serves %s)", eng.Family, spec.API, strings.Join(desc.GetCapabilities().GetApis(), ", "))
+			"the %s engine cannot serve api %q (it serves %s)", eng.Family, spec.API, strings.Join(desc.Capabilities.APIs, ", "))
 	}
-	if spec.LMCache == structs.LMCacheRequired && !desc.GetCapabilities().GetLmcache() {
+	if spec.LMCache == structs.LMCacheRequired && !desc.Capabilities.LMCache {
 		return nil, structs.Errf(structs.CodeCapabilityMissing+":lmcache",
 			"lmcache = \"required\", but the %s driver cannot run a private LMCache (vLLM 0.32 and SGLang 0.5.22 can)", eng.Family)
 	}
@@ -100,16 +99,16 @@ type startRun struct {
 	// reserved: the ledger granted this start (a parked charge was then
 	// replaced); keptServer: it reuses the LMCache server kept at a park.
 	reserved, keptServer bool
-	installation         *pb.Installation
-	host                 *pb.HostPolicy
-	pdep                 *pb.Deployment
-	lctx                 *pb.LaunchContext
-	plan                 *pb.PlanResponse
+	installation         *sdk.Installation
+	host                 *sdk.HostPolicy
+	pdep                 *sdk.Deployment
+	lctx                 *sdk.LaunchContext
+	plan                 *sdk.PlanResponse
 	grant                *Grant
 	engineKey            string
 	adminKey             string
-	resp                 *pb.StartResponse
-	probe                *pb.ProbeResponse
+	resp                 *sdk.StartResponse
+	probe                *sdk.ProbeResponse
 
 	// waitCtx ends the waits an operator's stop may cut short (a start
 	// slot, the readiness probe): abortStartup cancels it.
@@ -376,18 +375,18 @@ func (r *startRun) leasePort() error {
 	r.installation = ToInstallation(r.eng)
 	r.host = m.hostPolicy(r.eng)
 	r.pdep = ToDeployment(r.spec, r.dr.Revision, r.modelDir)
-	r.pdep.EngineConfigJson = familyConfig(r.spec, r.eng.Family)
-	r.lctx = &pb.LaunchContext{Port: int32(port), LaunchDir: r.launchDir, InstanceId: in.id, LaunchId: r.launchID}
+	r.pdep.EngineConfigJSON = familyConfig(r.spec, r.eng.Family)
+	r.lctx = &sdk.LaunchContext{Port: int32(port), LaunchDir: r.launchDir, InstanceID: in.id, LaunchID: r.launchID}
 	return nil
 }
 
 // planOnce asks the driver for the launch plan.
 func (r *startRun) planOnce() error {
-	plan, err := r.drv.Plan(r.ctx, &pb.PlanRequest{Installation: r.installation, Deployment: r.pdep, Host: r.host, Launch: r.lctx})
+	plan, err := r.drv.Plan(r.ctx, &sdk.PlanRequest{Installation: *r.installation, Deployment: *r.pdep, Host: *r.host, Launch: *r.lctx})
 	if err != nil {
 		return driverErr(err, "plan")
 	}
-	if err := refusalErr(plan.GetRefusals()); err != nil {
+	if err := refusalErr(plan.Refusals); err != nil {
 		return err
 	}
 	r.plan = plan
@@ -403,7 +402,7 @@ func (r *startRun) reserve() error {
 	err := r.m.withRoom(r.ctx, in, r.evict, func() error {
 		var rerr error
 		r.grant, rerr = r.placer.Reserve(r.ctx, Reservation{
-			Owner: in.id, Deployment: r.spec, Revision: r.dr.Revision, Engine: r.eng, Hints: r.plan.GetHints(), Residency: r.plan.GetResidency(),
+			Owner: in.id, Deployment: r.spec, Revision: r.dr.Revision, Engine: r.eng, Hints: &r.plan.Hints, Residency: r.plan.Residency,
 		})
 		if rerr == nil {
 			// Charged, not yet recorded: a switch waits for the record
@@ -430,10 +429,10 @@ func (r *startRun) replan() error {
 		}
 		return nil
 	}
-	r.lctx.DeviceUuids = g.DeviceUUIDs
+	r.lctx.DeviceUUIDs = g.DeviceUUIDs
 	r.lctx.DeviceBytes = g.DeviceBytes
 	r.lctx.DeviceTotalBytes = g.DeviceTotal
-	r.lctx.KvCacheBytes = g.KVBytes
+	r.lctx.KVCacheBytes = g.KVBytes
 	if len(g.Env) > 0 {
 		if r.host.HostEnv == nil {
 			r.host.HostEnv = map[string]string{}
@@ -455,8 +454,8 @@ func (r *startRun) record() error {
 	plan := r.plan
 	launch := &structs.LaunchRecord{
 		LaunchID: r.launchID, Port: r.port, LMCachePort: r.lmcachePort, LaunchDir: r.launchDir, StartedAt: m.cfg.Now().UTC(),
-		DeviceUUIDs: r.lctx.DeviceUuids, EngineKey: r.engineKey, AdminKey: r.adminKey,
-		Argv: plan.GetArgv(), Env: plan.GetEnv(),
+		DeviceUUIDs: r.lctx.DeviceUUIDs, EngineKey: r.engineKey, AdminKey: r.adminKey,
+		Argv: plan.Argv, Env: plan.Env,
 	}
 	err := r.in.transitionStored(structs.StateStarting, r.why, func(rec *structs.InstanceRecord) {
 		rec.Launch = launch
@@ -466,10 +465,10 @@ func (r *startRun) record() error {
 		rec.Driver = r.eng.Family
 		rec.Revision = r.dr.Revision
 		rec.Generation++
-		rec.Residency = plan.GetResidency()
+		rec.Residency = plan.Residency
 		rec.Parsers = nil
-		if p := plan.GetParsers(); p != nil && (p.GetToolCall() != "" || p.GetReasoning() != "" || p.GetProvenance() != "") {
-			rec.Parsers = &structs.Parsers{ToolCall: p.GetToolCall(), Reasoning: p.GetReasoning(), Provenance: p.GetProvenance()}
+		if p := plan.Parsers; p != (sdk.Parsers{}) {
+			rec.Parsers = &structs.Parsers{ToolCall: p.ToolCall, Reasoning: p.Reasoning, Provenance: p.Provenance}
 		}
 		rec.LastError = nil
 		rec.Released = ""
@@ -501,12 +500,12 @@ func (r *startRun) unrecorded(err error) error {
 func (r *startRun) launch() error {
 	// A failed Start may still have spawned something: prove it gone.
 	r.keep("engine processes", func() {
-		if resp := r.in.cleanupLaunch(r.drv, nil); resp == nil || !resp.GetGone() {
+		if resp := r.in.cleanupLaunch(r.drv, nil); resp == nil || !resp.Gone {
 			r.unproven = true
 		}
 	})
-	resp, err := r.drv.Start(r.ctx, &pb.StartRequest{
-		Installation: r.installation, Deployment: r.pdep, Host: r.host, Launch: r.lctx, Plan: r.plan,
+	resp, err := r.drv.Start(r.ctx, &sdk.StartRequest{
+		Installation: *r.installation, Deployment: *r.pdep, Host: *r.host, Launch: *r.lctx, Plan: *r.plan,
 		EngineKey: r.engineKey, AdminKey: r.adminKey,
 	})
 	if err != nil {
@@ -515,10 +514,10 @@ func (r *startRun) launch() error {
 	}
 	r.resp = resp
 	if err := r.in.update(func(rec *structs.InstanceRecord) {
-		rec.Launch.Pgid = int(resp.GetLaunch().GetPgid())
-		rec.Launch.Processes = fromLaunch(resp.GetLaunch())
-		if s := resp.GetLmcacheServer(); s != nil && rec.LMCache != nil {
-			rec.LMCache.Pgid = int(s.GetPgid())
+		rec.Launch.Pgid = int(resp.Launch.Pgid)
+		rec.Launch.Processes = fromLaunch(&resp.Launch)
+		if s := resp.LMCacheServer; s != nil && rec.LMCache != nil {
+			rec.LMCache.Pgid = int(s.Pgid)
 			rec.LMCache.Processes = fromLaunch(s)
 		}
 	}); err != nil {
@@ -526,14 +525,14 @@ func (r *startRun) launch() error {
 		return err
 	}
 	if po, ok := r.placer.(ProcessObserver); ok {
-		po.Launched(r.in.id, int(resp.GetLaunch().GetPgid()), fromLaunch(resp.GetLaunch()))
+		po.Launched(r.in.id, int(resp.Launch.Pgid), fromLaunch(&resp.Launch))
 	}
 	return nil
 }
 
 // probeReady waits for the engine's readiness within its startup deadline.
 func (r *startRun) probeReady() error {
-	deadline := time.Duration(r.plan.GetStartupTimeoutMs()) * time.Millisecond
+	deadline := r.plan.StartupTimeout
 	if r.spec.Timeouts.Initialize > 0 {
 		deadline = r.spec.Timeouts.Initialize.D()
 	}
@@ -544,9 +543,9 @@ func (r *startRun) probeReady() error {
 	// load.
 	pctx, cancel := context.WithTimeout(r.waitCtx, deadline+10*time.Second)
 	in := r.in
-	probe, err := r.drv.Probe(pctx, &pb.ProbeRequest{InstanceId: r.in.id, Kind: pb.ProbeKind_PROBE_KIND_READINESS, DeadlineMs: deadline.Milliseconds()})
+	probe, err := r.drv.Probe(pctx, &sdk.ProbeRequest{InstanceID: r.in.id, Kind: sdk.ProbeKindReadiness, Deadline: deadline})
 	cancel()
-	if err == nil && !probe.GetReady() {
+	if err == nil && !probe.Ready {
 		err = probeFailure(probe, deadline)
 	}
 	if err != nil && in.stopAsked.Load() {
@@ -564,17 +563,17 @@ func (r *startRun) probeReady() error {
 // ready, its monitor started.
 func (r *startRun) ready() error {
 	m, in := r.m, r.in
-	ep := toEndpoint(r.probe.GetEndpoint())
+	ep := toEndpoint(&r.probe.Endpoint)
 	if ep == nil {
-		ep = toEndpoint(r.resp.GetEndpoint())
+		ep = toEndpoint(&r.resp.Endpoint)
 	}
 	if err := r.placer.Phase(in.id, ledger.PhaseReady); err != nil {
 		m.logger.Warn("ledger phase change failed", "instance", in.id, "error", err)
 	}
 	if err := in.transition(structs.StateReady, r.why, func(rec *structs.InstanceRecord) {
 		rec.Endpoint = ep
-		if r.probe.GetCanary() != "" && rec.Canary == "" {
-			rec.Canary = r.probe.GetCanary()
+		if r.probe.Canary != "" && rec.Canary == "" {
+			rec.Canary = r.probe.Canary
 		}
 		rec.Phase = ledger.PhaseReady
 		rec.Attempts = 0

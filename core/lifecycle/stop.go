@@ -12,12 +12,11 @@ import (
 
 	"github.com/capyctl/capyctl/core/structs"
 	"github.com/capyctl/capyctl/sdk"
-	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
 
 // cleanupLaunch ends whatever a launch left, and the instance's LMCache
 // server, proving them gone.
-func (in *instance) cleanupLaunch(drv sdk.Driver, r *structs.InstanceRecord) *pb.StopResponse {
+func (in *instance) cleanupLaunch(drv sdk.Driver, r *structs.InstanceRecord) *sdk.StopResponse {
 	rec := in.snapshot()
 	if r != nil {
 		rec = *r
@@ -35,14 +34,14 @@ func (in *instance) cleanupLaunch(drv sdk.Driver, r *structs.InstanceRecord) *pb
 		found, gone := in.launchedIdentities(ctx, drv, launch)
 		switch {
 		case gone && rec.LMCache == nil:
-			return &pb.StopResponse{Gone: true, Detail: "nothing of the launch runs"}
+			return &sdk.StopResponse{Gone: true, Detail: "nothing of the launch runs"}
 		case gone:
 			launch = nil // only the LMCache server is left to end
 		case found != nil:
 			launch = found
 			in.update(func(r *structs.InstanceRecord) {
 				if r.Launch != nil && r.Launch.LaunchID == rec.Launch.LaunchID {
-					r.Launch.Pgid = int(found.GetPgid())
+					r.Launch.Pgid = int(found.Pgid)
 					r.Launch.Processes = fromLaunch(found)
 				}
 			})
@@ -52,8 +51,8 @@ func (in *instance) cleanupLaunch(drv sdk.Driver, r *structs.InstanceRecord) *pb
 	}
 	// The instance's LMCache server ends with it (a restart_only park,
 	// which keeps it, stops the engine alone: parkKeepingLMCache).
-	resp, err := drv.Stop(ctx, &pb.StopRequest{InstanceId: in.id, GraceMs: in.m.cfg.StopGrace.Milliseconds(), Launch: launch,
-		LmcacheServer: toLaunch(rec.LMCache)})
+	resp, err := drv.Stop(ctx, &sdk.StopRequest{InstanceID: in.id, Grace: in.m.cfg.StopGrace, Launch: launch,
+		LMCacheServer: toLaunch(rec.LMCache)})
 	if err != nil {
 		in.m.logger.Warn("stop after a failed launch failed", "instance", in.id, "error", err)
 		return nil
@@ -66,9 +65,9 @@ func (in *instance) cleanupLaunch(drv sdk.Driver, r *structs.InstanceRecord) *pb
 // cannot recover launches, so nothing can be proven either way), else the
 // launch with the identities its shim recorded; neither when the driver
 // could not say.
-func (in *instance) launchedIdentities(ctx context.Context, drv sdk.Driver, launch *pb.Launch) (found *pb.Launch, gone bool) {
-	resp, err := drv.Recover(ctx, &pb.RecoverRequest{InstanceId: in.id, Launch: launch,
-		Context: &pb.LaunchContext{InstanceId: in.id, LaunchId: launch.GetLaunchId(), LaunchDir: launch.GetLaunchDir(), Port: launch.GetPort()}})
+func (in *instance) launchedIdentities(ctx context.Context, drv sdk.Driver, launch *sdk.Launch) (found *sdk.Launch, gone bool) {
+	resp, err := drv.Recover(ctx, &sdk.RecoverRequest{InstanceID: in.id, Launch: *launch,
+		Context: sdk.LaunchContext{InstanceID: in.id, LaunchID: launch.LaunchID, LaunchDir: launch.LaunchDir, Port: launch.Port}})
 	switch {
 	case errors.Is(err, sdk.ErrNotSupported):
 		in.m.logger.Warn("the driver cannot recover a launch without identities; taken for gone", "instance", in.id)
@@ -76,11 +75,11 @@ func (in *instance) launchedIdentities(ctx context.Context, drv sdk.Driver, laun
 	case err != nil:
 		in.m.logger.Warn("could not learn what a launch without identities left", "instance", in.id, "error", err)
 		return nil, false
-	case resp.GetState() == pb.RecoverState_RECOVER_STATE_GONE:
+	case resp.State == sdk.RecoverStateGone:
 		return nil, true
 	}
-	if l := resp.GetLaunch(); l != nil && l.GetPgid() != 0 {
-		return l, false
+	if resp.Launch.Pgid != 0 {
+		return &resp.Launch, false
 	}
 	return nil, false
 }
@@ -134,10 +133,10 @@ func (in *instance) stop(why string) error {
 		return err
 	}
 	resp := in.cleanupLaunch(drv, nil)
-	if resp == nil || !resp.GetGone() {
+	if resp == nil || !resp.Gone {
 		detail := "the engine's processes could not be proven gone"
-		if resp != nil && resp.GetDetail() != "" {
-			detail = resp.GetDetail()
+		if resp != nil && resp.Detail != "" {
+			detail = resp.Detail
 		}
 		e := structs.Errf(structs.CodeStillStopping, "instance %s: %s", in.id, detail)
 		in.update(func(r *structs.InstanceRecord) {
@@ -193,21 +192,21 @@ func (in *instance) release(rec structs.InstanceRecord) {
 }
 
 // exited handles an engine that died while it should be running.
-func (in *instance) exited(p *pb.ProbeResponse) error {
+func (in *instance) exited(p *sdk.ProbeResponse) error {
 	rec := in.snapshot()
 	if rec.State != structs.StateReady && rec.State != structs.StateParked {
 		return nil
 	}
 	m := in.m
 	in.stopMonitor()
-	msg := fmt.Sprintf("the engine exited with code %d", p.GetExitCode())
-	if lines := p.GetLastLogLines(); len(lines) > 0 {
+	msg := fmt.Sprintf("the engine exited with code %d", p.ExitCode)
+	if lines := p.LastLogLines; len(lines) > 0 {
 		msg += "; last log lines:\n  " + strings.Join(lines, "\n  ")
 	}
 	drv, err := m.cfg.Drivers.Driver(m.ctx, rec.Driver)
 	if err == nil {
 		// Helpers the engine started may remain: end the whole group.
-		if resp := in.cleanupLaunch(drv, nil); resp != nil && !resp.GetGone() {
+		if resp := in.cleanupLaunch(drv, nil); resp != nil && !resp.Gone {
 			m.logger.Warn("processes of an exited engine remain", "instance", in.id)
 			err := in.transition(structs.StateStopping, "engine exited; helpers remain", nil)
 			m.retryStop(in)
@@ -215,7 +214,7 @@ func (in *instance) exited(p *pb.ProbeResponse) error {
 		}
 	}
 	in.release(rec)
-	m.event("engine_exited", in.dep, in.id, map[string]any{"exit_code": p.GetExitCode()})
+	m.event("engine_exited", in.dep, in.id, map[string]any{"exit_code": p.ExitCode})
 	return in.transition(structs.StateStopped, "engine exited", func(r *structs.InstanceRecord) {
 		r.Reason = structs.ReasonEngineExited
 		r.LastError = &structs.ErrorRecord{Code: structs.CodeEngineError, Message: msg, At: m.cfg.Now().UTC()}

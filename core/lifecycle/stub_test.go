@@ -16,7 +16,6 @@ import (
 	"github.com/capyctl/capyctl/core/structs"
 	"github.com/capyctl/capyctl/plugins-testkit/poll"
 	"github.com/capyctl/capyctl/sdk"
-	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
 
 // stubDriver is a scriptable driver without processes: the lifecycle's
@@ -73,25 +72,25 @@ func newStub() *stubDriver {
 	return &stubDriver{canary: "ready", wakeCanary: "ready", parked: map[string]bool{}, tiers: []string{"deep"}}
 }
 
-func (d *stubDriver) Describe(context.Context, *pb.DescribeRequest) (*pb.DescribeResponse, error) {
-	return &pb.DescribeResponse{Name: "stub", Protocol: 1, Capabilities: &pb.Capabilities{Apis: []string{"chat"}, ParkTiers: d.tiers, TierPerPark: d.tierPerPark}}, nil
+func (d *stubDriver) Describe(context.Context, *sdk.DescribeRequest) (*sdk.DescribeResponse, error) {
+	return &sdk.DescribeResponse{Name: "stub", Protocol: 1, Capabilities: sdk.Capabilities{APIs: []string{"chat"}, ParkTiers: d.tiers, TierPerPark: d.tierPerPark}}, nil
 }
 
-func (d *stubDriver) Plan(_ context.Context, r *pb.PlanRequest) (*pb.PlanResponse, error) {
+func (d *stubDriver) Plan(_ context.Context, r *sdk.PlanRequest) (*sdk.PlanResponse, error) {
 	d.mu.Lock()
 	fail := d.failPlan
 	d.mu.Unlock()
 	if fail != nil {
 		return nil, fail
 	}
-	res := r.GetDeployment().GetResidency()
+	res := r.Deployment.Residency
 	if res == "" {
 		res = "deep"
 	}
-	return &pb.PlanResponse{Argv: []string{"stub"}, Residency: res, Hints: &pb.MemoryHints{}}, nil
+	return &sdk.PlanResponse{Argv: []string{"stub"}, Residency: res, Hints: sdk.MemoryHints{}}, nil
 }
 
-func (d *stubDriver) Start(_ context.Context, r *pb.StartRequest) (*pb.StartResponse, error) {
+func (d *stubDriver) Start(_ context.Context, r *sdk.StartRequest) (*sdk.StartResponse, error) {
 	d.starts.Add(1)
 	if d.startGate != nil {
 		<-d.startGate
@@ -102,13 +101,13 @@ func (d *stubDriver) Start(_ context.Context, r *pb.StartRequest) (*pb.StartResp
 	if err != nil {
 		return nil, err
 	}
-	return &pb.StartResponse{Launch: &pb.Launch{Pgid: 1}, Endpoint: &pb.Endpoint{BaseUrl: "http://127.0.0.1:1", ServedName: r.GetDeployment().GetServedName()}}, nil
+	return &sdk.StartResponse{Launch: sdk.Launch{Pgid: 1}, Endpoint: sdk.Endpoint{BaseURL: "http://127.0.0.1:1", ServedName: r.Deployment.ServedName}}, nil
 }
 
-func (d *stubDriver) Probe(ctx context.Context, r *pb.ProbeRequest) (*pb.ProbeResponse, error) {
-	ep := &pb.Endpoint{BaseUrl: "http://127.0.0.1:1", ChatPath: "/v1/chat/completions"}
-	if r.GetKind() == pb.ProbeKind_PROBE_KIND_LIVENESS {
-		return &pb.ProbeResponse{Alive: true}, nil
+func (d *stubDriver) Probe(ctx context.Context, r *sdk.ProbeRequest) (*sdk.ProbeResponse, error) {
+	ep := &sdk.Endpoint{BaseURL: "http://127.0.0.1:1", ChatPath: "/v1/chat/completions"}
+	if r.Kind == sdk.ProbeKindLiveness {
+		return &sdk.ProbeResponse{Alive: true}, nil
 	}
 	if d.probeGate != nil {
 		d.probing.Add(1)
@@ -125,24 +124,24 @@ func (d *stubDriver) Probe(ctx context.Context, r *pb.ProbeRequest) (*pb.ProbeRe
 		return nil, probeErr
 	}
 	if notReady {
-		return &pb.ProbeResponse{Exited: true, Code: "launch_failed", Detail: "the stub exited"}, nil
+		return &sdk.ProbeResponse{Exited: true, Code: "launch_failed", Detail: "the stub exited"}, nil
 	}
-	return &pb.ProbeResponse{Alive: true, Ready: true, Endpoint: ep, Canary: d.canary}, nil
+	return &sdk.ProbeResponse{Alive: true, Ready: true, Endpoint: *ep, Canary: d.canary}, nil
 }
 
-func (d *stubDriver) Park(ctx context.Context, r *pb.ParkRequest) (*pb.ParkResponse, error) {
+func (d *stubDriver) Park(ctx context.Context, r *sdk.ParkRequest) (*sdk.ParkResponse, error) {
 	d.parks.Add(1)
 	if err := ctx.Err(); err != nil {
 		return nil, err // as over gRPC: a call whose deadline passed fails
 	}
 	d.mu.Lock()
-	d.parked[r.GetInstanceId()] = true
-	d.parkedAt = append(d.parkedAt, r.GetTier())
+	d.parked[r.InstanceID] = true
+	d.parkedAt = append(d.parkedAt, r.Tier)
 	d.mu.Unlock()
-	return &pb.ParkResponse{Detail: "parked at " + r.GetTier()}, nil
+	return &sdk.ParkResponse{Detail: "parked at " + r.Tier}, nil
 }
 
-func (d *stubDriver) Wake(ctx context.Context, r *pb.WakeRequest) (*pb.WakeResponse, error) {
+func (d *stubDriver) Wake(ctx context.Context, r *sdk.WakeRequest) (*sdk.WakeResponse, error) {
 	d.wakes.Add(1)
 	if d.wakeGate != nil {
 		select {
@@ -154,14 +153,14 @@ func (d *stubDriver) Wake(ctx context.Context, r *pb.WakeRequest) (*pb.WakeRespo
 		return nil, err // as over gRPC: a call whose deadline passed fails
 	}
 	d.mu.Lock()
-	delete(d.parked, r.GetInstanceId())
-	d.wokeFrom = append(d.wokeFrom, r.GetTier())
+	delete(d.parked, r.InstanceID)
+	d.wokeFrom = append(d.wokeFrom, r.Tier)
 	c := d.wakeCanary
 	d.mu.Unlock()
-	return &pb.WakeResponse{Canary: c}, nil
+	return &sdk.WakeResponse{Canary: c}, nil
 }
 
-func (d *stubDriver) Stop(ctx context.Context, r *pb.StopRequest) (*pb.StopResponse, error) {
+func (d *stubDriver) Stop(ctx context.Context, r *sdk.StopRequest) (*sdk.StopResponse, error) {
 	d.stops.Add(1)
 	if err := ctx.Err(); err != nil {
 		return nil, err // as over gRPC: a call whose deadline passed fails
@@ -176,37 +175,37 @@ func (d *stubDriver) Stop(ctx context.Context, r *pb.StopRequest) (*pb.StopRespo
 	if fail != nil {
 		return nil, fail
 	}
-	if d.stopNeedsIdentity && r.GetLaunch() != nil && r.GetLaunch().GetPgid() == 0 {
-		return &pb.StopResponse{Gone: false, Detail: "refusing to signal process group 0"}, nil
+	if d.stopNeedsIdentity && r.Launch != nil && r.Launch.Pgid == 0 {
+		return &sdk.StopResponse{Gone: false, Detail: "refusing to signal process group 0"}, nil
 	}
 	if d.notGone.Add(-1) >= 0 {
-		return &pb.StopResponse{Gone: false, Detail: "the stub's processes remain"}, nil
+		return &sdk.StopResponse{Gone: false, Detail: "the stub's processes remain"}, nil
 	}
 	d.notGone.Store(0)
-	return &pb.StopResponse{Gone: true}, nil
+	return &sdk.StopResponse{Gone: true}, nil
 }
 
-func (d *stubDriver) Recover(_ context.Context, r *pb.RecoverRequest) (*pb.RecoverResponse, error) {
-	if r.GetLaunch().GetPgid() == 0 && d.spawnedUnrecorded.Load() == 0 {
+func (d *stubDriver) Recover(_ context.Context, r *sdk.RecoverRequest) (*sdk.RecoverResponse, error) {
+	if r.Launch.Pgid == 0 && d.spawnedUnrecorded.Load() == 0 {
 		// As enginekit.RecoverLaunch: nothing recorded, nothing runs.
-		return &pb.RecoverResponse{State: pb.RecoverState_RECOVER_STATE_GONE, Detail: "no identities recorded"}, nil
+		return &sdk.RecoverResponse{State: sdk.RecoverStateGone, Detail: "no identities recorded"}, nil
 	}
-	if r.GetLaunch().GetPgid() == 0 {
+	if r.Launch.Pgid == 0 {
 		// A launch whose shim recorded its identities in its directory.
-		return &pb.RecoverResponse{State: pb.RecoverState_RECOVER_STATE_RUNNING,
-			Launch: &pb.Launch{Pgid: d.spawnedUnrecorded.Load(), LaunchDir: r.GetLaunch().GetLaunchDir()}}, nil
+		return &sdk.RecoverResponse{State: sdk.RecoverStateRunning,
+			Launch: sdk.Launch{Pgid: d.spawnedUnrecorded.Load(), LaunchDir: r.Launch.LaunchDir}}, nil
 	}
 	d.mu.Lock()
-	parked := d.parked[r.GetInstanceId()]
+	parked := d.parked[r.InstanceID]
 	d.mu.Unlock()
-	return &pb.RecoverResponse{State: pb.RecoverState_RECOVER_STATE_RUNNING, Parked: parked,
-		Endpoint: &pb.Endpoint{BaseUrl: "http://127.0.0.1:1"}}, nil
+	return &sdk.RecoverResponse{State: sdk.RecoverStateRunning, Parked: parked,
+		Endpoint: sdk.Endpoint{BaseURL: "http://127.0.0.1:1"}}, nil
 }
 
 type stubSource struct{ d *stubDriver }
 
 func (s stubSource) Driver(context.Context, string) (sdk.Driver, error) { return s.d, nil }
-func (s stubSource) Describe(ctx context.Context, _ string) (*pb.DescribeResponse, error) {
+func (s stubSource) Describe(ctx context.Context, _ string) (*sdk.DescribeResponse, error) {
 	return s.d.Describe(ctx, nil)
 }
 

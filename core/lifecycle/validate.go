@@ -7,7 +7,7 @@ import (
 	"context"
 
 	"github.com/capyctl/capyctl/core/structs"
-	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
+	"github.com/capyctl/capyctl/sdk"
 )
 
 // ValidateDeployment checks a deployment against this host when it is
@@ -22,19 +22,19 @@ func (m *Manager) ValidateDeployment(ctx context.Context, spec *structs.Deployme
 	}
 	eng, drv, modelDir := res.eng, res.drv, res.modelDir
 	pdep := ToDeployment(spec, 0, modelDir)
-	pdep.EngineConfigJson = familyConfig(spec, eng.Family)
-	plan, err := drv.Plan(ctx, &pb.PlanRequest{Installation: ToInstallation(eng), Deployment: pdep, Host: m.hostPolicy(eng)})
+	pdep.EngineConfigJSON = familyConfig(spec, eng.Family)
+	plan, err := drv.Plan(ctx, &sdk.PlanRequest{Installation: *ToInstallation(eng), Deployment: *pdep, Host: *m.hostPolicy(eng)})
 	if err != nil {
 		return driverErr(err, "plan")
 	}
-	if err := refusalErr(plan.GetRefusals()); err != nil {
+	if err := refusalErr(plan.Refusals); err != nil {
 		return err
 	}
 	if m.cfg.Placer != nil {
 		if v, ok := m.cfg.Placer.(interface {
-			Validate(spec *structs.Deployment, eng *structs.EngineRecord, hints *pb.MemoryHints, residency string) error
+			Validate(spec *structs.Deployment, eng *structs.EngineRecord, hints *sdk.MemoryHints, residency string) error
 		}); ok {
-			return v.Validate(spec, eng, plan.GetHints(), plan.GetResidency())
+			return v.Validate(spec, eng, &plan.Hints, plan.Residency)
 		}
 	}
 	return nil

@@ -8,7 +8,7 @@ import (
 	"sort"
 
 	"github.com/capyctl/capyctl/core/structs"
-	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
+	"github.com/capyctl/capyctl/sdk"
 )
 
 // DeploymentView is a deployment with its instances, for status and the
@@ -81,11 +81,11 @@ func (m *Manager) Logs(ctx context.Context, dep string, idx int, maxBytes int64)
 	if err != nil {
 		return "", false, err
 	}
-	resp, err := drv.Logs(ctx, &pb.LogsRequest{InstanceId: in.id, MaxBytes: maxBytes, LaunchDir: rec.Launch.LaunchDir})
+	resp, err := drv.Logs(ctx, &sdk.LogsRequest{InstanceID: in.id, MaxBytes: maxBytes, LaunchDir: rec.Launch.LaunchDir})
 	if err != nil {
 		return "", false, driverErr(err, "read engine log")
 	}
-	return resp.GetText(), resp.GetTruncated(), nil
+	return resp.Text, resp.Truncated, nil
 }
 
 // UsesEngine returns the deployments that name an engine registration.

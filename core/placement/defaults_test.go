@@ -13,7 +13,7 @@ import (
 	"github.com/capyctl/capyctl/core/lifecycle"
 	"github.com/capyctl/capyctl/core/structs"
 	"github.com/capyctl/capyctl/plugins-testkit/poll"
-	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
+	"github.com/capyctl/capyctl/sdk"
 )
 
 // Tests written against the mutants make mutate found alive in this
@@ -82,7 +82,7 @@ func TestPlacer_DeviceLimitIsTheCards(t *testing.T) {
 	p := newPlacer(t, g, newMemStore())
 	_, err := p.Reserve(context.Background(), lifecycle.Reservation{
 		Owner: "w/0", Deployment: &structs.Deployment{Name: "w"}, Revision: 1, Engine: &structs.EngineRecord{Name: "e"},
-		Hints:     &pb.MemoryHints{ReadyDeviceBytes: 10 * gib, ReadyHostBytes: gib, StartupDeviceBytes: 30 * gib},
+		Hints:     &sdk.MemoryHints{ReadyDeviceBytes: 10 * gib, ReadyHostBytes: gib, StartupDeviceBytes: 30 * gib},
 		Residency: structs.ResidencyRestartOnly,
 	})
 	if err != nil {
@@ -156,7 +156,7 @@ func TestPlacer_ValidateAgainstTheLargestCard(t *testing.T) {
 	g := cards(2, 16*gib)
 	g.devs[1].TotalBytes = 24 * gib
 	p := newPlacer(t, g, newMemStore())
-	if err := p.Validate(spec("a", 20*gib, gib), nil, &pb.MemoryHints{}, structs.ResidencyRestartOnly); err != nil {
+	if err := p.Validate(spec("a", 20*gib, gib), nil, &sdk.MemoryHints{}, structs.ResidencyRestartOnly); err != nil {
 		t.Fatalf("fits the 24 GiB card: %v", err)
 	}
 }

@@ -22,7 +22,7 @@ import (
 	"github.com/capyctl/capyctl/core/store"
 	"github.com/capyctl/capyctl/core/structs"
 	"github.com/capyctl/capyctl/plugins-testkit/poll"
-	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
+	"github.com/capyctl/capyctl/sdk"
 )
 
 const gib = structs.GiB
@@ -137,7 +137,7 @@ func spec(name string, gpuBytes, ramBytes int64) *structs.Deployment {
 func reserve(p *Placer, owner string, d *structs.Deployment) (*lifecycle.Grant, error) {
 	return p.Reserve(context.Background(), lifecycle.Reservation{
 		Owner: owner, Deployment: d, Revision: 1, Engine: &structs.EngineRecord{Name: "e", Digest: "sha256:x"},
-		Hints: &pb.MemoryHints{}, Residency: structs.ResidencyRestartOnly,
+		Hints: &sdk.MemoryHints{}, Residency: structs.ResidencyRestartOnly,
 	})
 }
 
@@ -314,12 +314,12 @@ func TestPlacer_NoGPU(t *testing.T) {
 // card, and runs on a host without a GPU; a partial offload charges each
 // side its share.
 func TestPlacer_OffCardModel(t *testing.T) {
-	cpuHints := &pb.MemoryHints{WeightsBytes: 4 * gib, KvCacheBytes: gib, ReadyHostBytes: 5 * gib}
-	partHints := &pb.MemoryHints{WeightsBytes: 4 * gib, KvCacheBytes: gib, ReadyDeviceBytes: 3 * gib, ReadyHostBytes: 2 * gib, StartupDeviceBytes: 3 * gib}
+	cpuHints := &sdk.MemoryHints{WeightsBytes: 4 * gib, KVCacheBytes: gib, ReadyHostBytes: 5 * gib}
+	partHints := &sdk.MemoryHints{WeightsBytes: 4 * gib, KVCacheBytes: gib, ReadyDeviceBytes: 3 * gib, ReadyHostBytes: 2 * gib, StartupDeviceBytes: 3 * gib}
 	cases := []struct {
 		name  string
 		gpu   *fakeGPU
-		hints *pb.MemoryHints
+		hints *sdk.MemoryHints
 		want  map[string]int64
 		card  string
 	}{
@@ -392,7 +392,7 @@ func TestPlacer_Validate(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			err := p.Validate(c.spec, nil, &pb.MemoryHints{}, structs.ResidencyRestartOnly)
+			err := p.Validate(c.spec, nil, &sdk.MemoryHints{}, structs.ResidencyRestartOnly)
 			if c.code == "" {
 				if err != nil {
 					t.Fatal(err)
@@ -406,10 +406,10 @@ func TestPlacer_Validate(t *testing.T) {
 		})
 	}
 	// Derived from the weights: an estimate above the card starts alone.
-	if err := p.Validate(&structs.Deployment{Name: "w"}, nil, &pb.MemoryHints{WeightsBytes: 8 * gib}, structs.ResidencyDeep); err != nil {
+	if err := p.Validate(&structs.Deployment{Name: "w"}, nil, &sdk.MemoryHints{WeightsBytes: 8 * gib}, structs.ResidencyDeep); err != nil {
 		t.Fatalf("a derived start that fits once ready: %v", err)
 	}
-	if err := p.Validate(&structs.Deployment{Name: "w"}, nil, &pb.MemoryHints{WeightsBytes: 30 * gib}, structs.ResidencyDeep); !structs.HasCode(err, structs.CodeInsufficientDevice) {
+	if err := p.Validate(&structs.Deployment{Name: "w"}, nil, &sdk.MemoryHints{WeightsBytes: 30 * gib}, structs.ResidencyDeep); !structs.HasCode(err, structs.CodeInsufficientDevice) {
 		t.Fatalf("weights larger than any card: %v", err)
 	}
 }
@@ -755,7 +755,7 @@ func TestPlacer_ParkedHostChargesHostRAM(t *testing.T) {
 	vllm := func(name string) error {
 		_, err := p.Reserve(context.Background(), lifecycle.Reservation{
 			Owner: name + "/0", Deployment: &structs.Deployment{Name: name}, Revision: 1, Engine: &structs.EngineRecord{Name: "e"},
-			Hints: &pb.MemoryHints{WeightsBytes: 8 * gib}, Residency: structs.ResidencyDeep,
+			Hints: &sdk.MemoryHints{WeightsBytes: 8 * gib}, Residency: structs.ResidencyDeep,
 		})
 		if err == nil {
 			err = p.Phase(name+"/0", ledger.PhaseReady)
@@ -799,7 +799,7 @@ func TestPlacer_ParkedHostChargesHostRAM(t *testing.T) {
 	u := newPlacer(t, &fakeGPU{devs: []gpu.Device{{UUID: "GPU-u", TotalBytes: 128 * gib, Unified: true}}}, newMemStore())
 	if _, err := u.Reserve(context.Background(), lifecycle.Reservation{
 		Owner: "a/0", Deployment: &structs.Deployment{Name: "a"}, Revision: 1, Engine: &structs.EngineRecord{Name: "e"},
-		Hints: &pb.MemoryHints{WeightsBytes: 8 * gib}, Residency: structs.ResidencyDeep,
+		Hints: &sdk.MemoryHints{WeightsBytes: 8 * gib}, Residency: structs.ResidencyDeep,
 	}); err != nil {
 		t.Fatal(err)
 	}

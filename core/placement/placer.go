@@ -42,7 +42,7 @@ import (
 	"github.com/capyctl/capyctl/core/lifecycle"
 	"github.com/capyctl/capyctl/core/store"
 	"github.com/capyctl/capyctl/core/structs"
-	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
+	"github.com/capyctl/capyctl/sdk"
 )
 
 // Store is the part of the store the placer needs: measurements, and meta
@@ -268,7 +268,7 @@ func (p *Placer) pgids() []launchIDs {
 // ---------------------------------------------------------------- sizing
 
 // sizingInput gathers what ledger.Size needs for a deployment.
-func (p *Placer) sizingInput(spec *structs.Deployment, hints *pb.MemoryHints, residency string, measured *store.Measurement) ledger.SizingInput {
+func (p *Placer) sizingInput(spec *structs.Deployment, hints *sdk.MemoryHints, residency string, measured *store.Measurement) ledger.SizingInput {
 	in := ledger.SizingInput{Unified: p.unified(), Residency: residency}
 	if in.Residency == "" {
 		in.Residency = spec.Residency
@@ -287,9 +287,9 @@ func (p *Placer) sizingInput(spec *structs.Deployment, hints *pb.MemoryHints, re
 	in.Memory = ledger.MemorySpec{Request: int64(m.Request), KVCache: int64(m.KVCache), Startup: int64(m.Startup)}
 	if hints != nil {
 		in.Hints = ledger.Hints{
-			WeightsBytes: hints.GetWeightsBytes(), KVCacheBytes: hints.GetKvCacheBytes(),
-			ReadyDeviceBytes: hints.GetReadyDeviceBytes(), ReadyHostBytes: hints.GetReadyHostBytes(),
-			StartupDeviceBytes: hints.GetStartupDeviceBytes(), BesideHostBytes: hints.GetBesideHostBytes(),
+			WeightsBytes: hints.WeightsBytes, KVCacheBytes: hints.KVCacheBytes,
+			ReadyDeviceBytes: hints.ReadyDeviceBytes, ReadyHostBytes: hints.ReadyHostBytes,
+			StartupDeviceBytes: hints.StartupDeviceBytes, BesideHostBytes: hints.BesideHostBytes,
 		}
 	}
 	if measured != nil {

@@ -6,7 +6,7 @@ package placement
 import (
 	"github.com/capyctl/capyctl/core/ledger"
 	"github.com/capyctl/capyctl/core/structs"
-	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
+	"github.com/capyctl/capyctl/sdk"
 )
 
 // Validate refuses, when a deployment is written, a charge that no domain
@@ -15,7 +15,7 @@ import (
 // RAM charge above the system domain's is insufficient_memory. Whether it
 // fits beside what runs is decided at start (capacity_blocked).
 // lifecycle.ValidateDeployment calls it.
-func (p *Placer) Validate(spec *structs.Deployment, eng *structs.EngineRecord, hints *pb.MemoryHints, residency string) error {
+func (p *Placer) Validate(spec *structs.Deployment, eng *structs.EngineRecord, hints *sdk.MemoryHints, residency string) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	in := p.sizingInput(spec, hints, residency, nil)

@@ -10,7 +10,6 @@ import (
 
 	"github.com/capyctl/capyctl/core/structs"
 	"github.com/capyctl/capyctl/sdk"
-	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
 
 // Deadlines bound every driver call by its kind, and set how drivers are
@@ -79,13 +78,13 @@ func (d Deadlines) bound(method string, req any) time.Duration {
 	case "park":
 		return d.Park
 	case "stop":
-		if r, ok := req.(*pb.StopRequest); ok && r.GetGraceMs() > 0 {
-			return d.Stop + time.Duration(r.GetGraceMs())*time.Millisecond
+		if r, ok := req.(*sdk.StopRequest); ok && r.Grace > 0 {
+			return d.Stop + r.Grace
 		}
 		return d.Stop
 	}
-	if r, ok := req.(*pb.ProbeRequest); ok && r.GetDeadlineMs() > 0 {
-		return d.Call + time.Duration(r.GetDeadlineMs())*time.Millisecond
+	if r, ok := req.(*sdk.ProbeRequest); ok && r.Deadline > 0 {
+		return d.Call + r.Deadline
 	}
 	return d.Call
 }

@@ -15,7 +15,6 @@ import (
 	"github.com/capyctl/capyctl/core/structs"
 	"github.com/capyctl/capyctl/sdk"
 	sdkplugin "github.com/capyctl/capyctl/sdk/plugin"
-	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
 
 // The faults of a driver, as its author reads them: each error names the
@@ -158,35 +157,34 @@ func checkReply(method string, negotiated int, resp any) string {
 		return "an empty reply"
 	}
 	switch r := resp.(type) {
-	case *pb.DescribeResponse:
+	case *sdk.DescribeResponse:
 		switch {
-		case r.GetName() == "":
+		case r.Name == "":
 			return "no name"
-		case r.GetProtocol() != 0 && negotiated != 0 && int(r.GetProtocol()) != negotiated:
-			return fmt.Sprintf("protocol %d, but the plugin handshake agreed on %d", r.GetProtocol(), negotiated)
+		case r.Protocol != 0 && negotiated != 0 && int(r.Protocol) != negotiated:
+			return fmt.Sprintf("protocol %d, but the plugin handshake agreed on %d", r.Protocol, negotiated)
 		}
-	case *pb.DetectResponse:
-		if r.GetFamily() != "" && r.GetDigest() == "" {
+	case *sdk.DetectResponse:
+		if r.Family != "" && r.Digest == "" {
 			return "no digest of the installation (Detect must pin what it found)"
 		}
-	case *pb.PlanResponse:
-		if len(r.GetRefusals()) == 0 && (len(r.GetArgv()) == 0 || r.GetResidency() == "") {
+	case *sdk.PlanResponse:
+		if len(r.Refusals) == 0 && (len(r.Argv) == 0 || r.Residency == "") {
 			return "neither refusals nor a command and a residency"
 		}
-	case *pb.StartResponse:
-		l := r.GetLaunch()
-		if l == nil || l.GetPgid() <= 0 || len(l.GetProcesses()) == 0 {
+	case *sdk.StartResponse:
+		if l := r.Launch; l.Pgid <= 0 || len(l.Processes) == 0 {
 			return "no launch with its process group and processes (the core could not stop what runs)"
 		}
-	case *pb.ProbeResponse:
-		if r.GetReady() && r.GetEndpoint().GetBaseUrl() == "" {
+	case *sdk.ProbeResponse:
+		if r.Ready && r.Endpoint.BaseURL == "" {
 			return "ready without an endpoint"
 		}
-	case *pb.RecoverResponse:
+	case *sdk.RecoverResponse:
 		switch {
-		case r.GetState() == pb.RecoverState_RECOVER_STATE_UNSPECIFIED:
+		case r.State == sdk.RecoverStateUnspecified:
 			return "no state"
-		case r.GetState() == pb.RecoverState_RECOVER_STATE_RUNNING && r.GetEndpoint().GetBaseUrl() == "":
+		case r.State == sdk.RecoverStateRunning && r.Endpoint.BaseURL == "":
 			return "running without an endpoint"
 		}
 	}

@@ -13,7 +13,6 @@ import (
 
 	"github.com/capyctl/capyctl/core/structs"
 	"github.com/capyctl/capyctl/sdk"
-	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
 
 // malformedFamily is the built-in family the test binary serves with
@@ -24,12 +23,12 @@ const malformedFamily = "malformed"
 // without the digest and Start without the launch.
 type malformedDriver struct{ testDriver }
 
-func (malformedDriver) Detect(context.Context, *pb.DetectRequest) (*pb.DetectResponse, error) {
-	return &pb.DetectResponse{Family: malformedFamily, Version: "1"}, nil
+func (malformedDriver) Detect(context.Context, *sdk.DetectRequest) (*sdk.DetectResponse, error) {
+	return &sdk.DetectResponse{Family: malformedFamily, Version: "1"}, nil
 }
 
-func (malformedDriver) Start(context.Context, *pb.StartRequest) (*pb.StartResponse, error) {
-	return &pb.StartResponse{}, nil
+func (malformedDriver) Start(context.Context, *sdk.StartRequest) (*sdk.StartResponse, error) {
+	return &sdk.StartResponse{}, nil
 }
 
 // TestManager_DriverFaults: a driver that fails the handshake, speaks an
@@ -62,11 +61,11 @@ func TestManager_DriverFaults(t *testing.T) {
 	t.Cleanup(func() { m.Shutdown(false) })
 
 	detect := func(d sdk.Driver) error {
-		_, err := d.Detect(context.Background(), &pb.DetectRequest{Path: "/bin/true"})
+		_, err := d.Detect(context.Background(), &sdk.DetectRequest{Path: "/bin/true"})
 		return err
 	}
 	start := func(d sdk.Driver) error {
-		_, err := d.Start(context.Background(), &pb.StartRequest{Launch: &pb.LaunchContext{LaunchId: "l1"}})
+		_, err := d.Start(context.Background(), &sdk.StartRequest{Launch: sdk.LaunchContext{LaunchID: "l1"}})
 		return err
 	}
 	cases := []struct {

@@ -9,7 +9,6 @@ import (
 
 	"github.com/capyctl/capyctl/sdk"
 	sdkplugin "github.com/capyctl/capyctl/sdk/plugin"
-	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
 
 // handle is the sdk.Driver the rest of the core holds. It routes each call
@@ -89,45 +88,45 @@ func call[Req any, Resp any](ctx context.Context, h *handle, method string, retr
 	return resp, check(err)
 }
 
-func (h *handle) Describe(ctx context.Context, r *pb.DescribeRequest) (*pb.DescribeResponse, error) {
+func (h *handle) Describe(ctx context.Context, r *sdk.DescribeRequest) (*sdk.DescribeResponse, error) {
 	return call(ctx, h, "Describe", true, r, sdk.Driver.Describe)
 }
-func (h *handle) Detect(ctx context.Context, r *pb.DetectRequest) (*pb.DetectResponse, error) {
+func (h *handle) Detect(ctx context.Context, r *sdk.DetectRequest) (*sdk.DetectResponse, error) {
 	return call(ctx, h, "Detect", true, r, sdk.Driver.Detect)
 }
-func (h *handle) Flags(ctx context.Context, r *pb.FlagsRequest) (*pb.FlagsResponse, error) {
+func (h *handle) Flags(ctx context.Context, r *sdk.FlagsRequest) (*sdk.FlagsResponse, error) {
 	return call(ctx, h, "Flags", true, r, sdk.Driver.Flags)
 }
-func (h *handle) Plan(ctx context.Context, r *pb.PlanRequest) (*pb.PlanResponse, error) {
+func (h *handle) Plan(ctx context.Context, r *sdk.PlanRequest) (*sdk.PlanResponse, error) {
 	return call(ctx, h, "Plan", true, r, sdk.Driver.Plan)
 }
-func (h *handle) Start(ctx context.Context, r *pb.StartRequest) (*pb.StartResponse, error) {
+func (h *handle) Start(ctx context.Context, r *sdk.StartRequest) (*sdk.StartResponse, error) {
 	return call(ctx, h, "Start", false, r, sdk.Driver.Start)
 }
-func (h *handle) Probe(ctx context.Context, r *pb.ProbeRequest) (*pb.ProbeResponse, error) {
+func (h *handle) Probe(ctx context.Context, r *sdk.ProbeRequest) (*sdk.ProbeResponse, error) {
 	return call(ctx, h, "Probe", true, r, sdk.Driver.Probe)
 }
-func (h *handle) Park(ctx context.Context, r *pb.ParkRequest) (*pb.ParkResponse, error) {
+func (h *handle) Park(ctx context.Context, r *sdk.ParkRequest) (*sdk.ParkResponse, error) {
 	return call(ctx, h, "Park", false, r, sdk.Driver.Park)
 }
-func (h *handle) Wake(ctx context.Context, r *pb.WakeRequest) (*pb.WakeResponse, error) {
+func (h *handle) Wake(ctx context.Context, r *sdk.WakeRequest) (*sdk.WakeResponse, error) {
 	return call(ctx, h, "Wake", false, r, sdk.Driver.Wake)
 }
-func (h *handle) Abort(ctx context.Context, r *pb.AbortRequest) (*pb.AbortResponse, error) {
+func (h *handle) Abort(ctx context.Context, r *sdk.AbortRequest) (*sdk.AbortResponse, error) {
 	return call(ctx, h, "Abort", false, r, sdk.Driver.Abort)
 }
-func (h *handle) Load(ctx context.Context, r *pb.LoadRequest) (*pb.LoadResponse, error) {
+func (h *handle) Load(ctx context.Context, r *sdk.LoadRequest) (*sdk.LoadResponse, error) {
 	return call(ctx, h, "Load", true, r, sdk.Driver.Load)
 }
-func (h *handle) Stop(ctx context.Context, r *pb.StopRequest) (*pb.StopResponse, error) {
+func (h *handle) Stop(ctx context.Context, r *sdk.StopRequest) (*sdk.StopResponse, error) {
 	// Stop with a recorded launch is safe to repeat: it proves the group
 	// gone whether or not an earlier attempt signalled it.
 	return call(ctx, h, "Stop", true, r, sdk.Driver.Stop)
 }
-func (h *handle) Recover(ctx context.Context, r *pb.RecoverRequest) (*pb.RecoverResponse, error) {
+func (h *handle) Recover(ctx context.Context, r *sdk.RecoverRequest) (*sdk.RecoverResponse, error) {
 	return call(ctx, h, "Recover", true, r, sdk.Driver.Recover)
 }
-func (h *handle) Logs(ctx context.Context, r *pb.LogsRequest) (*pb.LogsResponse, error) {
+func (h *handle) Logs(ctx context.Context, r *sdk.LogsRequest) (*sdk.LogsResponse, error) {
 	return call(ctx, h, "Logs", true, r, sdk.Driver.Logs)
 }
 
@@ -137,7 +136,7 @@ func (h *handle) Logs(ctx context.Context, r *pb.LogsRequest) (*pb.LogsResponse,
 // driver_unavailable, and the caller watches again once the driver is
 // back. A driver that does not serve the stream answers
 // sdk.ErrNotSupported.
-func (h *handle) WaitExit(ctx context.Context, r *pb.WaitExitRequest) (*pb.ExitEvent, error) {
+func (h *handle) WaitExit(ctx context.Context, r *sdk.WaitExitRequest) (*sdk.ExitEvent, error) {
 	c, err := h.d.ensure(ctx, h.m)
 	if err != nil {
 		return nil, err

@@ -23,7 +23,6 @@ import (
 	"github.com/capyctl/capyctl/sdk"
 	sdkplugin "github.com/capyctl/capyctl/sdk/plugin"
 	"github.com/capyctl/capyctl/sdk/proc"
-	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
 
 // helperEnv selects what the test binary does when re-executed: "driver"
@@ -69,23 +68,23 @@ func connect(path string) int {
 // process set for itself), Flags and Start with fixed answers.
 type testDriver struct{ sdk.UnimplementedDriver }
 
-func (testDriver) Describe(context.Context, *pb.DescribeRequest) (*pb.DescribeResponse, error) {
+func (testDriver) Describe(context.Context, *sdk.DescribeRequest) (*sdk.DescribeResponse, error) {
 	dumpable, err := proc.Dumpable()
 	if err != nil {
 		return nil, err
 	}
-	return &pb.DescribeResponse{Name: "test", Version: "dumpable=" + strconv.FormatBool(dumpable), Protocol: sdk.ProtocolVersion}, nil
+	return &sdk.DescribeResponse{Name: "test", Version: "dumpable=" + strconv.FormatBool(dumpable), Protocol: sdk.ProtocolVersion}, nil
 }
 
-func (testDriver) Flags(context.Context, *pb.FlagsRequest) (*pb.FlagsResponse, error) {
-	return &pb.FlagsResponse{}, nil
+func (testDriver) Flags(context.Context, *sdk.FlagsRequest) (*sdk.FlagsResponse, error) {
+	return &sdk.FlagsResponse{}, nil
 }
 
-func (testDriver) Start(_ context.Context, r *pb.StartRequest) (*pb.StartResponse, error) {
+func (testDriver) Start(_ context.Context, r *sdk.StartRequest) (*sdk.StartResponse, error) {
 	// A well-formed launch: a process group and its processes (this
 	// driver's own, which no test signals through it).
-	return &pb.StartResponse{Launch: &pb.Launch{LaunchId: r.GetLaunch().GetLaunchId(), Pgid: int32(syscall.Getpgrp()),
-		Processes: []*pb.ProcessIdentity{{Pid: int32(os.Getpid()), Role: "engine"}}}}, nil
+	return &sdk.StartResponse{Launch: sdk.Launch{LaunchID: r.Launch.LaunchID, Pgid: int32(syscall.Getpgrp()),
+		Processes: []*sdk.ProcessIdentity{{Pid: int32(os.Getpid()), Role: "engine"}}}}, nil
 }
 
 // rig is a state directory with a store, and managers over it that launch

@@ -39,7 +39,6 @@ import (
 	"github.com/capyctl/capyctl/sdk"
 	sdkplugin "github.com/capyctl/capyctl/sdk/plugin"
 	"github.com/capyctl/capyctl/sdk/proc"
-	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
 
 // ExternalPrefix is the file-name prefix of third-party driver programs.
@@ -115,7 +114,7 @@ type driverProc struct {
 	client   *goplugin.Client
 	rpc      *sdkplugin.Client
 	conn     *grpc.ClientConn
-	describe *pb.DescribeResponse
+	describe *sdk.DescribeResponse
 	pid      int
 	// ticks is the driver process's start time, so that a kill never
 	// reaches a recycled PID.
@@ -205,7 +204,7 @@ func (m *Manager) Driver(ctx context.Context, family string) (sdk.Driver, error)
 }
 
 // Describe returns the family's Describe answer (cached per launch).
-func (m *Manager) Describe(ctx context.Context, family string) (*pb.DescribeResponse, error) {
+func (m *Manager) Describe(ctx context.Context, family string) (*sdk.DescribeResponse, error) {
 	d, err := m.proc(family)
 	if err != nil {
 		return nil, err
@@ -465,7 +464,7 @@ func (m *Manager) launch(ctx context.Context, d *driverProc, tryReattach bool) e
 	d.pingFailures = 0
 	d.generation++
 	d.mu.Unlock()
-	log.Info("driver launched", "pid", pid, "version", desc.GetVersion(), "protocol", client.NegotiatedVersion())
+	log.Info("driver launched", "pid", pid, "version", desc.Version, "protocol", client.NegotiatedVersion())
 	return nil
 }
 
@@ -549,7 +548,7 @@ func (m *Manager) dialOptions() []grpc.DialOption {
 // failure the connection is closed: a re-attach that fails is ended with a
 // kill of the process, never through go-plugin, and its connection would
 // otherwise go on redialling a dead socket for the life of the core.
-func (m *Manager) dispense(ctx context.Context, client *goplugin.Client) (_ *grpc.ClientConn, _ *sdkplugin.Client, _ *pb.DescribeResponse, err error) {
+func (m *Manager) dispense(ctx context.Context, client *goplugin.Client) (_ *grpc.ClientConn, _ *sdkplugin.Client, _ *sdk.DescribeResponse, err error) {
 	cp, err := client.Client()
 	if err != nil {
 		return nil, nil, nil, err
@@ -575,7 +574,7 @@ func (m *Manager) dispense(ctx context.Context, client *goplugin.Client) (_ *grp
 	}
 	pctx, cancel := context.WithTimeout(ctx, m.cfg.Deadlines.Call)
 	defer cancel()
-	desc, err := rpc.Describe(pctx, &pb.DescribeRequest{})
+	desc, err := rpc.Describe(pctx, &sdk.DescribeRequest{})
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("describe: %w", err)
 	}

@@ -23,8 +23,9 @@ import (
 	"google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/capyctl/capyctl/core/structs"
+	"github.com/capyctl/capyctl/plugins-testkit/freeze"
+	"github.com/capyctl/capyctl/sdk"
 	"github.com/capyctl/capyctl/sdk/proc"
-	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
 
 func TestManager_DriverSocketIsOwnerOnly(t *testing.T) {
@@ -98,7 +99,7 @@ func TestManager_LongSocketDirectoryFallsBackToAPrivateOne(t *testing.T) {
 	r.sockets = filepath.Join(r.dir, strings.Repeat("long-state-directory-", 5), "run", "plugins")
 	m := r.manager(Deadlines{}, nil)
 	d := mustDriver(t, m, "alpha")
-	if _, err := d.Flags(context.Background(), &pb.FlagsRequest{}); err != nil {
+	if _, err := d.Flags(context.Background(), &sdk.FlagsRequest{}); err != nil {
 		t.Fatal(err)
 	}
 	rec := r.record("alpha")
@@ -252,7 +253,7 @@ func TestManager_ReattachAfterCoreDeathKeepsTheDriver(t *testing.T) {
 	if got := second.PID("alpha"); got != pid {
 		t.Fatalf("driver pid %d after the restart, want the re-attached %d", got, pid)
 	}
-	if _, err := d.Flags(context.Background(), &pb.FlagsRequest{}); err != nil {
+	if _, err := d.Flags(context.Background(), &sdk.FlagsRequest{}); err != nil {
 		t.Fatalf("call over the re-attached (mutual TLS) connection: %v", err)
 	}
 }
@@ -262,12 +263,12 @@ func TestManager_DriversDumpNoCore(t *testing.T) {
 	m := r.manager(Deadlines{}, nil)
 	defer m.Shutdown(false)
 	d := mustDriver(t, m, "alpha")
-	desc, err := d.Describe(context.Background(), &pb.DescribeRequest{})
+	desc, err := d.Describe(context.Background(), &sdk.DescribeRequest{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if desc.GetVersion() != "dumpable=false" {
-		t.Fatalf("the served driver reports %s, want dumpable=false", desc.GetVersion())
+	if desc.Version != "dumpable=false" {
+		t.Fatalf("the served driver reports %s, want dumpable=false", desc.Version)
 	}
 	if f := coreLimit(t, m.PID("alpha")); f[0] != "0" || f[1] != "0" {
 		t.Fatalf("driver core-file limit %v, want 0 0", f)
@@ -294,18 +295,16 @@ func TestManager_HungDriver(t *testing.T) {
 	defer m.Shutdown(false)
 	alpha, beta := mustDriver(t, m, "alpha"), mustDriver(t, m, "beta")
 	stopped := m.PID("alpha")
-	if err := syscall.Kill(stopped, syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
+	freeze.Process(t, stopped)
 	t.Cleanup(func() { _ = syscall.Kill(stopped, syscall.SIGKILL) })
 
 	// (a) A call to the stopped driver returns a coded error.
-	_, err := alpha.Flags(context.Background(), &pb.FlagsRequest{})
+	_, err := alpha.Flags(context.Background(), &sdk.FlagsRequest{})
 	if e := structs.AsError(err); e == nil || e.Code != structs.CodeDriverTimeout {
 		t.Fatalf("Flags on a stopped driver: %v, want %s", err, structs.CodeDriverTimeout)
 	}
 	// (b) Another family is served meanwhile.
-	if _, err := beta.Start(context.Background(), &pb.StartRequest{Launch: &pb.LaunchContext{LaunchId: "l1"}}); err != nil {
+	if _, err := beta.Start(context.Background(), &sdk.StartRequest{Launch: sdk.LaunchContext{LaunchID: "l1"}}); err != nil {
 		t.Fatalf("start on the healthy driver: %v", err)
 	}
 	// (c) The supervisor's pings find the stopped driver, kill it and
@@ -323,7 +322,7 @@ func TestManager_HungDriver(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("no relaunch reported")
 	}
-	if _, err := alpha.Flags(context.Background(), &pb.FlagsRequest{}); err != nil {
+	if _, err := alpha.Flags(context.Background(), &sdk.FlagsRequest{}); err != nil {
 		t.Fatalf("Flags after the relaunch: %v", err)
 	}
 	if m.PID("beta") == 0 {
@@ -338,9 +337,7 @@ func TestManager_AdoptRecordedDrivers(t *testing.T) {
 	mustDriver(t, first, "beta")
 	alpha, beta := first.PID("alpha"), first.PID("beta")
 	// beta hangs: the next core cannot re-attach to it.
-	if err := syscall.Kill(beta, syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
+	freeze.Process(t, beta)
 	t.Cleanup(func() { _ = syscall.Kill(beta, syscall.SIGKILL) })
 
 	// The first core dies; the next one uses no driver, then stops cleanly.

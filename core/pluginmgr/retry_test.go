@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
+	"github.com/capyctl/capyctl/sdk"
 )
 
 // TestManager_CallRightAfterADriverDiedIsRetriedOnTheRelaunchedOne: a call
@@ -32,7 +32,7 @@ func TestManager_CallRightAfterADriverDiedIsRetriedOnTheRelaunchedOne(t *testing
 			t.Fatal(err)
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		_, err := d.Flags(ctx, &pb.FlagsRequest{})
+		_, err := d.Flags(ctx, &sdk.FlagsRequest{})
 		cancel()
 		if err != nil {
 			t.Fatalf("round %d: a call right after the driver died: %v", round+1, err)

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
+	"github.com/capyctl/capyctl/sdk"
 )
 
 func TestRelaunchBackoff(t *testing.T) {
@@ -70,7 +70,7 @@ func TestManager_WatchRelaunchesACrashedDriver(t *testing.T) {
 	if m.PID("beta") != beta {
 		t.Fatal("the other driver was relaunched")
 	}
-	if _, err := mustDriver(t, m, "alpha").Flags(context.Background(), &pb.FlagsRequest{}); err != nil {
+	if _, err := mustDriver(t, m, "alpha").Flags(context.Background(), &sdk.FlagsRequest{}); err != nil {
 		t.Fatalf("a call to the relaunched driver: %v", err)
 	}
 	cancel()

@@ -182,6 +182,10 @@ type Store struct {
 	commits atomic.Uint64
 }
 
+// Commits is how many read-write transactions committed since the store
+// opened (each one a synced write: tests count a caller's writes).
+func (s *Store) Commits() uint64 { return s.commits.Load() }
+
 // PathIn returns the store's path inside a state directory.
 func PathIn(stateDir string) string { return filepath.Join(stateDir, FileName) }
 

@@ -20,7 +20,6 @@ import (
 
 	"github.com/capyctl/capyctl/sdk"
 	"github.com/capyctl/capyctl/sdk/enginekit"
-	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
 
 // Family is this driver's engine family.
@@ -52,18 +51,18 @@ func New() *Driver {
 }
 
 // Describe implements sdk.Driver.
-func (d *Driver) Describe(context.Context, *pb.DescribeRequest) (*pb.DescribeResponse, error) {
-	return enginekit.Describe(Family, d.Version, &pb.Capabilities{
-		Apis:       []string{"chat", "decisions"},
-		AbortMode:  pb.AbortMode_ABORT_MODE_CLOSE_CONNECTION,
+func (d *Driver) Describe(context.Context, *sdk.DescribeRequest) (*sdk.DescribeResponse, error) {
+	return enginekit.Describe(Family, d.Version, &sdk.Capabilities{
+		APIs:       []string{"chat", "decisions"},
+		AbortMode:  sdk.AbortModeCloseConnection,
 		IdleSignal: true,
 	}, `{"custom":{}}`), nil
 }
 
 // Detect implements sdk.Driver: the program must exist and be executable;
 // the manifest must parse. The digest is the program's sha256.
-func (d *Driver) Detect(_ context.Context, req *pb.DetectRequest) (*pb.DetectResponse, error) {
-	prog := req.GetPath()
+func (d *Driver) Detect(_ context.Context, req *sdk.DetectRequest) (*sdk.DetectResponse, error) {
+	prog := req.Path
 	if prog == "" {
 		return nil, sdk.Errorf(sdk.CodeEngineNotFound, "no program named")
 	}
@@ -74,10 +73,10 @@ func (d *Driver) Detect(_ context.Context, req *pb.DetectRequest) (*pb.DetectRes
 	if st.IsDir() || st.Mode()&0o111 == 0 {
 		return nil, sdk.Errorf(sdk.CodeEngineNotFound, "program %s is not an executable file", prog)
 	}
-	if req.GetManifest() == "" {
+	if req.Manifest == "" {
 		return nil, sdk.Errorf("invalid_config", "a custom engine needs a manifest (--manifest <file>)")
 	}
-	m, err := ParseManifest([]byte(req.GetManifest()), "manifest.hcl")
+	m, err := ParseManifest([]byte(req.Manifest), "manifest.hcl")
 	if err != nil {
 		return nil, err
 	}
@@ -93,7 +92,7 @@ func (d *Driver) Detect(_ context.Context, req *pb.DetectRequest) (*pb.DetectRes
 	if m.Idle == nil {
 		notes = append(notes, "no idle signal: a request a client abandons stays counted until the engine's next stop")
 	}
-	return &pb.DetectResponse{
+	return &sdk.DetectResponse{
 		Family:   Family,
 		Version:  m.Version,
 		Verified: false,
@@ -106,18 +105,18 @@ func (d *Driver) Detect(_ context.Context, req *pb.DetectRequest) (*pb.DetectRes
 
 // Flags implements sdk.Driver: a custom engine's options are its own; only
 // the environment names CapyCTL owns are listed.
-func (d *Driver) Flags(context.Context, *pb.FlagsRequest) (*pb.FlagsResponse, error) {
-	rules := []*pb.FlagRule{
-		{Name: "DO_NOT_TRACK", Kind: pb.FlagKind_FLAG_KIND_ENV, Class: pb.FlagClass_FLAG_CLASS_OWNED, Reason: "set to 1 so the engine reports nothing off the host (engine_telemetry = \"allow\" lifts it)"},
-		{Name: "CAPYCTL_*", Kind: pb.FlagKind_FLAG_KIND_ENV, Class: pb.FlagClass_FLAG_CLASS_RESERVED, Reason: "CapyCTL's own variables"},
-		{Name: "CUDA_VISIBLE_DEVICES", Kind: pb.FlagKind_FLAG_KIND_ENV, Class: pb.FlagClass_FLAG_CLASS_OWNED, Reason: "the ledger pins the instance to a card"},
-		{Name: "LD_*", Kind: pb.FlagKind_FLAG_KIND_ENV, Class: pb.FlagClass_FLAG_CLASS_RESERVED, Reason: "dynamic-loader variables change what runs"},
-		{Name: "PATH", Kind: pb.FlagKind_FLAG_KIND_ENV, Class: pb.FlagClass_FLAG_CLASS_OWNED, Reason: "the engine runs with a closed PATH"},
-		{Name: "HOME", Kind: pb.FlagKind_FLAG_KIND_ENV, Class: pb.FlagClass_FLAG_CLASS_OWNED, Reason: "the engine's home is its launch directory"},
-		{Name: "<manifest key_env>", Kind: pb.FlagKind_FLAG_KIND_ENV, Class: pb.FlagClass_FLAG_CLASS_OWNED, Reason: "receives the per-launch key"},
-		{Name: "--*", Kind: pb.FlagKind_FLAG_KIND_OPTION, Class: pb.FlagClass_FLAG_CLASS_PASSED, Reason: "a custom engine's options are not policed; extra_args need accept_extra_args = true"},
+func (d *Driver) Flags(context.Context, *sdk.FlagsRequest) (*sdk.FlagsResponse, error) {
+	rules := []*sdk.FlagRule{
+		{Name: "DO_NOT_TRACK", Kind: sdk.FlagKindEnv, Class: sdk.FlagClassOwned, Reason: "set to 1 so the engine reports nothing off the host (engine_telemetry = \"allow\" lifts it)"},
+		{Name: "CAPYCTL_*", Kind: sdk.FlagKindEnv, Class: sdk.FlagClassReserved, Reason: "CapyCTL's own variables"},
+		{Name: "CUDA_VISIBLE_DEVICES", Kind: sdk.FlagKindEnv, Class: sdk.FlagClassOwned, Reason: "the ledger pins the instance to a card"},
+		{Name: "LD_*", Kind: sdk.FlagKindEnv, Class: sdk.FlagClassReserved, Reason: "dynamic-loader variables change what runs"},
+		{Name: "PATH", Kind: sdk.FlagKindEnv, Class: sdk.FlagClassOwned, Reason: "the engine runs with a closed PATH"},
+		{Name: "HOME", Kind: sdk.FlagKindEnv, Class: sdk.FlagClassOwned, Reason: "the engine's home is its launch directory"},
+		{Name: "<manifest key_env>", Kind: sdk.FlagKindEnv, Class: sdk.FlagClassOwned, Reason: "receives the per-launch key"},
+		{Name: "--*", Kind: sdk.FlagKindOption, Class: sdk.FlagClassPassed, Reason: "a custom engine's options are not policed; extra_args need accept_extra_args = true"},
 	}
-	return &pb.FlagsResponse{Family: Family, Rules: rules}, nil
+	return &sdk.FlagsResponse{Family: Family, Rules: rules}, nil
 }
 
 // reservedEnv reports whether a deployment may not set an environment name.

@@ -15,7 +15,6 @@ import (
 	"github.com/capyctl/capyctl/plugins-testkit/harness"
 	"github.com/capyctl/capyctl/sdk"
 	"github.com/capyctl/capyctl/sdk/proc"
-	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
 
 // The test binary is also the launch shim of the engines it starts.
@@ -31,15 +30,15 @@ func testManifest() string {
 }
 
 // fakeProgram registers the testkit's fake engine as a custom program.
-func fakeProgram(t *testing.T) (*Driver, *pb.Installation) {
+func fakeProgram(t *testing.T) (*Driver, *sdk.Installation) {
 	t.Helper()
 	_, fake := harness.Binaries(t)
 	d := New()
-	det, err := d.Detect(context.Background(), &pb.DetectRequest{Path: fake, Manifest: testManifest()})
+	det, err := d.Detect(context.Background(), &sdk.DetectRequest{Path: fake, Manifest: testManifest()})
 	if err != nil {
 		t.Fatal(err)
 	}
-	return d, &pb.Installation{Name: "fake", Family: Family, Path: fake, Version: det.GetVersion(), Digest: det.GetDigest(), Details: det.GetDetails()}
+	return d, &sdk.Installation{Name: "fake", Family: Family, Path: fake, Version: det.Version, Digest: det.Digest, Details: det.Details}
 }
 
 // TestPlan_Golden renders the manifest's command and environment: the
@@ -47,26 +46,26 @@ func fakeProgram(t *testing.T) (*Driver, *pb.Installation) {
 // deployment's variables, the declared memory.
 func TestPlan_Golden(t *testing.T) {
 	d, inst := fakeProgram(t)
-	host := &pb.HostPolicy{HostEnv: map[string]string{"HOST_VAR": "1"}, ApprovedEnv: []string{"APP_*"}}
+	host := &sdk.HostPolicy{HostEnv: map[string]string{"HOST_VAR": "1"}, ApprovedEnv: []string{"APP_*"}}
 	cases := []struct {
 		name string
-		dep  *pb.Deployment
-		lctx *pb.LaunchContext
+		dep  *sdk.Deployment
+		lctx *sdk.LaunchContext
 	}{
-		{"plan-declared", &pb.Deployment{Name: "m", ServedName: "m", ModelDir: "/models/m", Env: map[string]string{"APP_MODE": "fast"},
-			ExtraArgs: []string{"--verbose"}, AcceptExtraArgs: true, Resources: &pb.Resources{Declared: true, DeviceBytes: 8 << 30, HostBytes: 2 << 30}},
-			&pb.LaunchContext{Port: 4242, LaunchDir: "/state/launches/m-0", DeviceUuids: []string{"GPU-1"}}},
-		{"plan-validate", &pb.Deployment{Name: "m", ServedName: "m"}, &pb.LaunchContext{}},
+		{"plan-declared", &sdk.Deployment{Name: "m", ServedName: "m", ModelDir: "/models/m", Env: map[string]string{"APP_MODE": "fast"},
+			ExtraArgs: []string{"--verbose"}, AcceptExtraArgs: true, Resources: sdk.Resources{Declared: true, DeviceBytes: 8 << 30, HostBytes: 2 << 30}},
+			&sdk.LaunchContext{Port: 4242, LaunchDir: "/state/launches/m-0", DeviceUUIDs: []string{"GPU-1"}}},
+		{"plan-validate", &sdk.Deployment{Name: "m", ServedName: "m"}, &sdk.LaunchContext{}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			resp, err := d.Plan(context.Background(), &pb.PlanRequest{Installation: inst, Deployment: c.dep, Host: host, Launch: c.lctx})
+			resp, err := d.Plan(context.Background(), &sdk.PlanRequest{Installation: *inst, Deployment: drivertest.Value(c.dep), Host: drivertest.Value(host), Launch: drivertest.Value(c.lctx)})
 			if err != nil {
 				t.Fatal(err)
 			}
-			h := resp.GetHints()
-			got := drivertest.RenderPlan(resp, map[string]string{inst.GetPath(): "<fake-engine>"}) +
-				fmt.Sprintf("declared: ready_device=%d ready_host=%d startup_device=%d\n", h.GetReadyDeviceBytes(), h.GetReadyHostBytes(), h.GetStartupDeviceBytes())
+			h := &resp.Hints
+			got := drivertest.RenderPlan(resp, map[string]string{inst.Path: "<fake-engine>"}) +
+				fmt.Sprintf("declared: ready_device=%d ready_host=%d startup_device=%d\n", h.ReadyDeviceBytes, h.ReadyHostBytes, h.StartupDeviceBytes)
 			drivertest.Golden(t, c.name, got)
 		})
 	}
@@ -77,27 +76,27 @@ func TestPlan_Refusals(t *testing.T) {
 	d, inst := fakeProgram(t)
 	cases := []struct {
 		name string
-		dep  *pb.Deployment
+		dep  *sdk.Deployment
 		code string
 	}{
-		{"another api", &pb.Deployment{Api: "decisions"}, "capability_missing:decisions"},
-		{"a park", &pb.Deployment{Residency: "deep"}, "capability_missing:deep_park"},
-		{"an unknown residency", &pb.Deployment{Residency: "later"}, "invalid_config"},
-		{"extra_args unaccepted", &pb.Deployment{ExtraArgs: []string{"--x"}}, "extra_args_not_accepted"},
-		{"a placeholder in extra_args", &pb.Deployment{ExtraArgs: []string{"{{port}}"}, AcceptExtraArgs: true}, "invalid_config"},
-		{"an owned variable", &pb.Deployment{Env: map[string]string{"PATH": "/x"}}, "engine_env_reserved:PATH"},
-		{"the key variable", &pb.Deployment{Env: map[string]string{"FAKE_ENGINE_API_KEY": "x"}}, "engine_env_reserved:FAKE_ENGINE_API_KEY"},
-		{"an unapproved variable", &pb.Deployment{Env: map[string]string{"OTHER": "x"}}, "engine_env_not_approved:OTHER"},
-		{"remote code", &pb.Deployment{TrustRemoteCode: true}, "remote_code_not_allowed"},
-		{"a group", &pb.Deployment{Group: &pb.Group{Rank: 1, Size: 2, TensorParallel: 2, PipelineParallel: 1, HeadAddress: "10.0.0.1", RendezvousPort: 25000, PeerAddress: "10.0.0.2"}}, "group_shape_unsupported:custom"},
+		{"another api", &sdk.Deployment{API: "decisions"}, "capability_missing:decisions"},
+		{"a park", &sdk.Deployment{Residency: "deep"}, "capability_missing:deep_park"},
+		{"an unknown residency", &sdk.Deployment{Residency: "later"}, "invalid_config"},
+		{"extra_args unaccepted", &sdk.Deployment{ExtraArgs: []string{"--x"}}, "extra_args_not_accepted"},
+		{"a placeholder in extra_args", &sdk.Deployment{ExtraArgs: []string{"{{port}}"}, AcceptExtraArgs: true}, "invalid_config"},
+		{"an owned variable", &sdk.Deployment{Env: map[string]string{"PATH": "/x"}}, "engine_env_reserved:PATH"},
+		{"the key variable", &sdk.Deployment{Env: map[string]string{"FAKE_ENGINE_API_KEY": "x"}}, "engine_env_reserved:FAKE_ENGINE_API_KEY"},
+		{"an unapproved variable", &sdk.Deployment{Env: map[string]string{"OTHER": "x"}}, "engine_env_not_approved:OTHER"},
+		{"remote code", &sdk.Deployment{TrustRemoteCode: true}, "remote_code_not_allowed"},
+		{"a group", &sdk.Deployment{Group: &sdk.Group{Rank: 1, Size: 2, TensorParallel: 2, PipelineParallel: 1, HeadAddress: "10.0.0.1", RendezvousPort: 25000, PeerAddress: "10.0.0.2"}}, "group_shape_unsupported:custom"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			resp, err := d.Plan(context.Background(), &pb.PlanRequest{Installation: inst, Deployment: c.dep})
+			resp, err := d.Plan(context.Background(), &sdk.PlanRequest{Installation: *inst, Deployment: drivertest.Value(c.dep)})
 			if err != nil {
 				t.Fatal(err)
 			}
-			if rs := resp.GetRefusals(); len(rs) != 1 || rs[0].GetCode() != c.code {
+			if rs := resp.Refusals; len(rs) != 1 || rs[0].Code != c.code {
 				t.Fatalf("refusals %v, want one %s", rs, c.code)
 			}
 		})
@@ -112,75 +111,77 @@ func TestPlan_Refusals(t *testing.T) {
 func TestDriver_Lifecycle(t *testing.T) {
 	ctx := context.Background()
 	d, inst := fakeProgram(t)
-	dep := &pb.Deployment{Name: "m", ServedName: "m", ModelDir: t.TempDir()}
-	lctx := &pb.LaunchContext{Port: int32(drivertest.FreePort(t)), LaunchDir: t.TempDir(), InstanceId: "m/0", LaunchId: "l1"}
-	plan, err := d.Plan(ctx, &pb.PlanRequest{Installation: inst, Deployment: dep, Launch: lctx})
-	if err != nil || len(plan.GetRefusals()) > 0 {
-		t.Fatalf("plan %v %v", err, plan.GetRefusals())
+	dep := &sdk.Deployment{Name: "m", ServedName: "m", ModelDir: t.TempDir()}
+	lctx := &sdk.LaunchContext{Port: int32(drivertest.FreePort(t)), LaunchDir: t.TempDir(), InstanceID: "m/0", LaunchID: "l1"}
+	plan, err := d.Plan(ctx, &sdk.PlanRequest{Installation: *inst, Deployment: *dep, Launch: *lctx})
+	if err != nil || len(plan.Refusals) > 0 {
+		t.Fatalf("plan %v %v", err, plan.Refusals)
 	}
-	st, err := d.Start(ctx, &pb.StartRequest{Installation: inst, Deployment: dep, Launch: lctx, Plan: plan, EngineKey: "engine-key-123"})
+	st, err := d.Start(ctx, &sdk.StartRequest{Installation: *inst, Deployment: *dep, Launch: *lctx, Plan: *plan, EngineKey: "engine-key-123"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { d.Stop(ctx, &pb.StopRequest{InstanceId: "m/0", Launch: st.GetLaunch(), GraceMs: 5000}) })
-	ep := st.GetEndpoint()
-	if ep.GetAuthValue() != "Bearer engine-key-123" || ep.GetChatPath() != "/v1/chat/completions" || ep.GetServedName() != "m" ||
-		ep.GetAbortMode() != pb.AbortMode_ABORT_MODE_CLOSE_CONNECTION || st.GetLaunch().GetLaunchId() != "l1" || len(st.GetLaunch().GetProcesses()) != 2 ||
-		ep.GetNonStreamedHangup() != pb.NonStreamedHangup_NON_STREAMED_HANGUP_STREAM {
+	t.Cleanup(func() {
+		d.Stop(ctx, &sdk.StopRequest{InstanceID: "m/0", Launch: &st.Launch, Grace: 5 * time.Second})
+	})
+	ep := &st.Endpoint
+	if ep.AuthValue != "Bearer engine-key-123" || ep.ChatPath != "/v1/chat/completions" || ep.ServedName != "m" ||
+		ep.AbortMode != sdk.AbortModeCloseConnection || st.Launch.LaunchID != "l1" || len(st.Launch.Processes) != 2 ||
+		ep.NonStreamedHangup != sdk.NonStreamedHangupStream {
 		t.Fatalf("start %+v", st)
 	}
-	probe := func(d *Driver, kind pb.ProbeKind) *pb.ProbeResponse {
+	probe := func(d *Driver, kind sdk.ProbeKind) *sdk.ProbeResponse {
 		t.Helper()
-		p, err := d.Probe(ctx, &pb.ProbeRequest{InstanceId: "m/0", Kind: kind, DeadlineMs: 30_000})
+		p, err := d.Probe(ctx, &sdk.ProbeRequest{InstanceID: "m/0", Kind: kind, Deadline: 30 * time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}
 		return p
 	}
-	if p := probe(d, pb.ProbeKind_PROBE_KIND_READINESS); !p.GetReady() || p.GetCanary() == "" || p.GetEndpoint().GetBaseUrl() != ep.GetBaseUrl() {
+	if p := probe(d, sdk.ProbeKindReadiness); !p.Ready || p.Canary == "" || p.Endpoint.BaseURL != ep.BaseURL {
 		t.Fatalf("readiness %+v", p)
 	}
-	if p := probe(d, pb.ProbeKind_PROBE_KIND_LIVENESS); !p.GetAlive() {
+	if p := probe(d, sdk.ProbeKindLiveness); !p.Alive {
 		t.Fatalf("liveness %+v", p)
 	}
-	if l, err := d.Load(ctx, &pb.LoadRequest{InstanceId: "m/0"}); err != nil || !l.GetKnown() || l.GetRunning() != 0 || l.GetKvUsage() != -1 {
+	if l, err := d.Load(ctx, &sdk.LoadRequest{InstanceID: "m/0"}); err != nil || !l.Known || l.Running != 0 || l.KVUsage != -1 {
 		t.Fatalf("load %+v %v", l, err)
 	}
-	if logs, err := d.Logs(ctx, &pb.LogsRequest{InstanceId: "m/0"}); err != nil || logs.GetText() == "" || strings.Contains(logs.GetText(), "engine-key-123") {
-		t.Fatalf("logs %v %q", err, logs.GetText())
+	if logs, err := d.Logs(ctx, &sdk.LogsRequest{InstanceID: "m/0"}); err != nil || logs.Text == "" || strings.Contains(logs.Text, "engine-key-123") {
+		t.Fatalf("logs %v %q", err, logs.Text)
 	}
-	if rec, err := d.Recover(ctx, &pb.RecoverRequest{InstanceId: "m/0", Launch: st.GetLaunch()}); err != nil || rec.GetState() != pb.RecoverState_RECOVER_STATE_RUNNING || rec.GetDetail() != "handle kept by this driver" {
+	if rec, err := d.Recover(ctx, &sdk.RecoverRequest{InstanceID: "m/0", Launch: st.Launch}); err != nil || rec.State != sdk.RecoverStateRunning || rec.Detail != "handle kept by this driver" {
 		t.Fatalf("recover a kept handle %+v %v", rec, err)
 	}
 
 	// A fresh driver needs the recorded manifest to re-attach.
 	fresh := New()
-	rec, err := fresh.Recover(ctx, &pb.RecoverRequest{InstanceId: "m/0", Launch: st.GetLaunch(), Installation: &pb.Installation{Path: inst.GetPath()}, Deployment: dep})
-	if err != nil || rec.GetState() != pb.RecoverState_RECOVER_STATE_UNCERTAIN || !strings.Contains(rec.GetDetail(), "no recorded manifest") {
+	rec, err := fresh.Recover(ctx, &sdk.RecoverRequest{InstanceID: "m/0", Launch: st.Launch, Installation: sdk.Installation{Path: inst.Path}, Deployment: *dep})
+	if err != nil || rec.State != sdk.RecoverStateUncertain || !strings.Contains(rec.Detail, "no recorded manifest") {
 		t.Fatalf("recover without a manifest %+v %v", rec, err)
 	}
 	// Identities the core never recorded are read from the launch directory.
-	fromDir := &pb.Launch{LaunchDir: lctx.GetLaunchDir(), Port: lctx.GetPort(), LaunchId: "l1"}
-	rec, err = fresh.Recover(ctx, &pb.RecoverRequest{InstanceId: "m/0", Launch: fromDir, Installation: inst, Deployment: dep, EngineKey: "engine-key-123"})
-	if err != nil || rec.GetState() != pb.RecoverState_RECOVER_STATE_RUNNING || rec.GetDetail() != "re-attached from the recorded launch" ||
-		rec.GetEndpoint().GetAuthValue() != "Bearer engine-key-123" || len(rec.GetLaunch().GetProcesses()) != 2 {
+	fromDir := &sdk.Launch{LaunchDir: lctx.LaunchDir, Port: lctx.Port, LaunchID: "l1"}
+	rec, err = fresh.Recover(ctx, &sdk.RecoverRequest{InstanceID: "m/0", Launch: *fromDir, Installation: *inst, Deployment: *dep, EngineKey: "engine-key-123"})
+	if err != nil || rec.State != sdk.RecoverStateRunning || rec.Detail != "re-attached from the recorded launch" ||
+		rec.Endpoint.AuthValue != "Bearer engine-key-123" || len(rec.Launch.Processes) != 2 {
 		t.Fatalf("recover from the launch directory %+v %v", rec, err)
 	}
-	if p := probe(fresh, pb.ProbeKind_PROBE_KIND_WAKE_CHECK); !p.GetReady() {
+	if p := probe(fresh, sdk.ProbeKindWakeCheck); !p.Ready {
 		t.Fatalf("readiness after the re-attach %+v", p)
 	}
-	stop, err := fresh.Stop(ctx, &pb.StopRequest{InstanceId: "m/0", GraceMs: 5000})
-	if err != nil || !stop.GetGone() || stop.GetForced() || stop.GetExitCode() != 0 {
+	stop, err := fresh.Stop(ctx, &sdk.StopRequest{InstanceID: "m/0", Grace: 5 * time.Second})
+	if err != nil || !stop.Gone || stop.Forced || stop.ExitCode != 0 {
 		t.Fatalf("stop %+v %v", stop, err)
 	}
-	if _, err := fresh.Probe(ctx, &pb.ProbeRequest{InstanceId: "m/0", Kind: pb.ProbeKind_PROBE_KIND_LIVENESS}); sdk.CodeOf(err) != sdk.CodeInstanceNotFound {
+	if _, err := fresh.Probe(ctx, &sdk.ProbeRequest{InstanceID: "m/0", Kind: sdk.ProbeKindLiveness}); sdk.CodeOf(err) != sdk.CodeInstanceNotFound {
 		t.Fatalf("probe after the stop: %v", err)
 	}
 	// The first driver still holds its handle: liveness reads the exit.
-	if p := probe(d, pb.ProbeKind_PROBE_KIND_LIVENESS); p.GetAlive() || !p.GetExited() || p.GetExitCode() != 0 || p.GetCode() != sdk.CodeLaunchFailed {
+	if p := probe(d, sdk.ProbeKindLiveness); p.Alive || !p.Exited || p.ExitCode != 0 || p.Code != sdk.CodeLaunchFailed {
 		t.Fatalf("liveness after the stop %+v", p)
 	}
-	if rec, _ := New().Recover(ctx, &pb.RecoverRequest{InstanceId: "m/0", Launch: st.GetLaunch(), Installation: inst}); rec.GetState() != pb.RecoverState_RECOVER_STATE_GONE {
+	if rec, _ := New().Recover(ctx, &sdk.RecoverRequest{InstanceID: "m/0", Launch: st.Launch, Installation: *inst}); rec.State != sdk.RecoverStateGone {
 		t.Fatalf("recover after the stop %+v", rec)
 	}
 }
@@ -190,16 +191,18 @@ func TestDriver_Lifecycle(t *testing.T) {
 func TestDriver_ExitAtStart(t *testing.T) {
 	ctx := context.Background()
 	d, inst := fakeProgram(t)
-	dep := &pb.Deployment{Name: "m", ServedName: "m"}
-	lctx := &pb.LaunchContext{Port: int32(drivertest.FreePort(t)), LaunchDir: t.TempDir(), InstanceId: "m/0", LaunchId: "l1"}
-	plan := &pb.PlanResponse{Argv: []string{inst.GetPath(), "no-such-command"}, Workdir: lctx.GetLaunchDir()}
-	st, err := d.Start(ctx, &pb.StartRequest{Installation: inst, Deployment: dep, Launch: lctx, Plan: plan})
+	dep := &sdk.Deployment{Name: "m", ServedName: "m"}
+	lctx := &sdk.LaunchContext{Port: int32(drivertest.FreePort(t)), LaunchDir: t.TempDir(), InstanceID: "m/0", LaunchID: "l1"}
+	plan := &sdk.PlanResponse{Argv: []string{inst.Path, "no-such-command"}, Workdir: lctx.LaunchDir}
+	st, err := d.Start(ctx, &sdk.StartRequest{Installation: *inst, Deployment: *dep, Launch: *lctx, Plan: *plan})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { d.Stop(ctx, &pb.StopRequest{InstanceId: "m/0", Launch: st.GetLaunch(), GraceMs: 5000}) })
-	p, err := d.Probe(ctx, &pb.ProbeRequest{InstanceId: "m/0", Kind: pb.ProbeKind_PROBE_KIND_READINESS, DeadlineMs: 30_000})
-	if err != nil || p.GetReady() || !p.GetExited() || p.GetExitCode() != 2 || p.GetCode() != sdk.CodeLaunchFailed || len(p.GetLastLogLines()) == 0 {
+	t.Cleanup(func() {
+		d.Stop(ctx, &sdk.StopRequest{InstanceID: "m/0", Launch: &st.Launch, Grace: 5 * time.Second})
+	})
+	p, err := d.Probe(ctx, &sdk.ProbeRequest{InstanceID: "m/0", Kind: sdk.ProbeKindReadiness, Deadline: 30 * time.Second})
+	if err != nil || p.Ready || !p.Exited || p.ExitCode != 2 || p.Code != sdk.CodeLaunchFailed || len(p.LastLogLines) == 0 {
 		t.Fatalf("probe %+v %v", p, err)
 	}
 }
@@ -209,21 +212,21 @@ func TestDriver_ExitAtStart(t *testing.T) {
 func TestDriver_StartRefusals(t *testing.T) {
 	ctx := context.Background()
 	d, inst := fakeProgram(t)
-	dep := &pb.Deployment{Name: "m", ServedName: "m"}
-	lctx := &pb.LaunchContext{Port: int32(drivertest.FreePort(t)), LaunchDir: t.TempDir(), InstanceId: "m/0"}
-	plan, _ := d.Plan(ctx, &pb.PlanRequest{Installation: inst, Deployment: dep, Launch: lctx})
-	changed := &pb.Installation{Path: inst.GetPath(), Digest: "sha256:0000", Details: inst.GetDetails()}
-	if _, err := d.Start(ctx, &pb.StartRequest{Installation: changed, Deployment: dep, Launch: lctx, Plan: plan}); sdk.CodeOf(err) != "installation_drift" ||
+	dep := &sdk.Deployment{Name: "m", ServedName: "m"}
+	lctx := &sdk.LaunchContext{Port: int32(drivertest.FreePort(t)), LaunchDir: t.TempDir(), InstanceID: "m/0"}
+	plan, _ := d.Plan(ctx, &sdk.PlanRequest{Installation: *inst, Deployment: *dep, Launch: *lctx})
+	changed := &sdk.Installation{Path: inst.Path, Digest: "sha256:0000", Details: inst.Details}
+	if _, err := d.Start(ctx, &sdk.StartRequest{Installation: *changed, Deployment: *dep, Launch: *lctx, Plan: *plan}); sdk.CodeOf(err) != "installation_drift" ||
 		!strings.Contains(err.Error(), "engine add --custom") {
 		t.Fatalf("a changed program: %v", err)
 	}
-	if _, err := d.Start(ctx, &pb.StartRequest{Installation: inst, Deployment: dep, Launch: &pb.LaunchContext{}, Plan: plan}); sdk.CodeOf(err) != sdk.CodeLaunchFailed {
+	if _, err := d.Start(ctx, &sdk.StartRequest{Installation: *inst, Deployment: *dep, Launch: sdk.LaunchContext{}, Plan: *plan}); sdk.CodeOf(err) != sdk.CodeLaunchFailed {
 		t.Fatalf("no leased port: %v", err)
 	}
-	if _, err := d.Park(ctx, &pb.ParkRequest{}); err != sdk.ErrNotSupported {
+	if _, err := d.Park(ctx, &sdk.ParkRequest{}); err != sdk.ErrNotSupported {
 		t.Fatalf("park: %v", err)
 	}
-	if a, _ := d.Abort(ctx, &pb.AbortRequest{}); a.GetMode() != pb.AbortMode_ABORT_MODE_CLOSE_CONNECTION {
+	if a, _ := d.Abort(ctx, &sdk.AbortRequest{}); a.Mode != sdk.AbortModeCloseConnection {
 		t.Fatalf("abort %+v", a)
 	}
 }
@@ -234,12 +237,12 @@ func TestDriver_StartRefusals(t *testing.T) {
 func TestParseManifest_NonStreamedHangup(t *testing.T) {
 	cases := []struct {
 		name, value string
-		want        pb.NonStreamedHangup
+		want        sdk.NonStreamedHangup
 		code        string
 	}{
-		{"default", "", pb.NonStreamedHangup_NON_STREAMED_HANGUP_STREAM, ""},
-		{"stream", `non_streamed_hangup = "stream"`, pb.NonStreamedHangup_NON_STREAMED_HANGUP_STREAM, ""},
-		{"stops", `non_streamed_hangup = "stops"`, pb.NonStreamedHangup_NON_STREAMED_HANGUP_STOPS, ""},
+		{"default", "", sdk.NonStreamedHangupStream, ""},
+		{"stream", `non_streamed_hangup = "stream"`, sdk.NonStreamedHangupStream, ""},
+		{"stops", `non_streamed_hangup = "stops"`, sdk.NonStreamedHangupStops, ""},
 		{"unknown", `non_streamed_hangup = "sometimes"`, 0, "invalid_config"},
 	}
 	for _, c := range cases {
@@ -255,8 +258,8 @@ func TestParseManifest_NonStreamedHangup(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			h := newHandle("m/0", "l1", proc.Launched{}, 8000, "", m, &pb.Deployment{ServedName: "m"}, time.Second)
-			if got := h.Endpoint.GetNonStreamedHangup(); got != c.want {
+			h := newHandle("m/0", "l1", proc.Launched{}, 8000, "", m, &sdk.Deployment{ServedName: "m"}, time.Second)
+			if got := h.Endpoint.NonStreamedHangup; got != c.want {
 				t.Fatalf("endpoint says %v, want %v", got, c.want)
 			}
 		})

@@ -13,7 +13,6 @@ import (
 	"github.com/capyctl/capyctl/sdk/engineapi"
 	"github.com/capyctl/capyctl/sdk/enginekit"
 	"github.com/capyctl/capyctl/sdk/proc"
-	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
 
 // canaryPrompt is the fixed prompt whose answer proves readiness.
@@ -29,17 +28,17 @@ type handle struct {
 // newHandle builds the handle of a launch. The router reaches the engine at
 // the manifest's paths, with the key only when the manifest hands the
 // engine one (key_env); the stop grace is the manifest's, else grace.
-func newHandle(id, launchID string, l proc.Launched, port int, key string, m *Manifest, dep *pb.Deployment, grace time.Duration) *handle {
+func newHandle(id, launchID string, l proc.Launched, port int, key string, m *Manifest, dep *sdk.Deployment, grace time.Duration) *handle {
 	if m.KeyEnv == "" {
 		key = ""
 	}
-	ep := enginekit.NewEndpoint(port, dep.GetServedName(), key)
+	ep := enginekit.NewEndpoint(port, dep.ServedName, key)
 	ep.ChatPath, ep.DecisionsPath = m.ChatPath, m.DecisionsPath
 	if m.NonStreamedHangup == "stops" {
-		ep.NonStreamedHangup = pb.NonStreamedHangup_NON_STREAMED_HANGUP_STOPS
+		ep.NonStreamedHangup = sdk.NonStreamedHangupStops
 	}
 	in := enginekit.NewInstance(id, launchID, l, port, ep)
-	in.API, in.Residency, in.StopGrace = dep.GetApi(), enginekit.ResidencyRestartOnly, m.stopGrace(grace)
+	in.API, in.Residency, in.StopGrace = dep.API, enginekit.ResidencyRestartOnly, m.stopGrace(grace)
 	if in.API == "" {
 		in.API = m.API
 	}
@@ -47,18 +46,18 @@ func newHandle(id, launchID string, l proc.Launched, port int, key string, m *Ma
 }
 
 // Probe implements sdk.Driver.
-func (d *Driver) Probe(ctx context.Context, req *pb.ProbeRequest) (*pb.ProbeResponse, error) {
-	h, err := d.reg.Get(req.GetInstanceId())
+func (d *Driver) Probe(ctx context.Context, req *sdk.ProbeRequest) (*sdk.ProbeResponse, error) {
+	h, err := d.reg.Get(req.InstanceID)
 	if err != nil {
 		return nil, err
 	}
-	switch req.GetKind() {
-	case pb.ProbeKind_PROBE_KIND_LIVENESS:
+	switch req.Kind {
+	case sdk.ProbeKindLiveness:
 		return h.Liveness(), nil
-	case pb.ProbeKind_PROBE_KIND_READINESS, pb.ProbeKind_PROBE_KIND_WAKE_CHECK:
+	case sdk.ProbeKindReadiness, sdk.ProbeKindWakeCheck:
 		return h.WaitReady(ctx, enginekit.ProbeDeadline(req, h.manifest.startupTimeout()), h.readyOnce, nil, nil), nil
 	}
-	return nil, sdk.Errorf("invalid_request", "unknown probe kind %v", req.GetKind())
+	return nil, sdk.Errorf("invalid_request", "unknown probe kind %v", req.Kind)
 }
 
 // readyOnce runs the readiness checks once: health, the served name, and a
@@ -95,32 +94,32 @@ func (h *handle) readyOnce(ctx context.Context) (bool, string, string) {
 }
 
 // Load implements sdk.Driver: the manifest's idle gauges.
-func (d *Driver) Load(ctx context.Context, req *pb.LoadRequest) (*pb.LoadResponse, error) {
-	h, err := d.reg.Get(req.GetInstanceId())
+func (d *Driver) Load(ctx context.Context, req *sdk.LoadRequest) (*sdk.LoadResponse, error) {
+	h, err := d.reg.Get(req.InstanceID)
 	if err != nil {
 		return nil, err
 	}
 	idle := h.manifest.Idle
 	if idle == nil {
-		return &pb.LoadResponse{Known: false, KvUsage: enginekit.KVUsageUnknown}, nil
+		return &sdk.LoadResponse{Known: false, KVUsage: enginekit.KVUsageUnknown}, nil
 	}
 	lctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
 	resp, err := h.Client.Get(lctx, idle.MetricsPath)
 	if err != nil {
-		return &pb.LoadResponse{Known: false, KvUsage: enginekit.KVUsageUnknown}, nil
+		return &sdk.LoadResponse{Known: false, KVUsage: enginekit.KVUsageUnknown}, nil
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return &pb.LoadResponse{Known: false, KvUsage: enginekit.KVUsageUnknown}, nil
+		return &sdk.LoadResponse{Known: false, KVUsage: enginekit.KVUsageUnknown}, nil
 	}
 	// A malformed line spoils only itself: the parser keeps the good
 	// samples.
 	ms, _ := engineapi.ParseMetrics(resp.Body)
-	out := &pb.LoadResponse{KvUsage: enginekit.KVUsageUnknown}
+	out := &sdk.LoadResponse{KVUsage: enginekit.KVUsageUnknown}
 	running, ok := ms.Value(idle.Running, nil)
 	if !ok {
-		return &pb.LoadResponse{Known: false, KvUsage: enginekit.KVUsageUnknown}, nil
+		return &sdk.LoadResponse{Known: false, KVUsage: enginekit.KVUsageUnknown}, nil
 	}
 	out.Known = true
 	out.Running = int64(running)
@@ -133,30 +132,30 @@ func (d *Driver) Load(ctx context.Context, req *pb.LoadRequest) (*pb.LoadRespons
 }
 
 // Stop implements sdk.Driver.
-func (d *Driver) Stop(_ context.Context, req *pb.StopRequest) (*pb.StopResponse, error) {
+func (d *Driver) Stop(_ context.Context, req *sdk.StopRequest) (*sdk.StopResponse, error) {
 	return d.reg.Stop(req, d.stopGrace, enginekit.StopHooks{})
 }
 
 // Recover implements sdk.Driver: it rebuilds the handle from the recorded
 // launch and the manifest recorded with the installation, and reports the
 // engine running or gone (uncertain without the manifest).
-func (d *Driver) Recover(_ context.Context, req *pb.RecoverRequest) (*pb.RecoverResponse, error) {
+func (d *Driver) Recover(_ context.Context, req *sdk.RecoverRequest) (*sdk.RecoverResponse, error) {
 	return d.reg.Recover(req, func(launched proc.Launched, detail string) (*handle, string, error) {
-		m, err := manifestFromDetails(req.GetInstallation().GetDetails())
+		m, err := manifestFromDetails(req.Installation.Details)
 		if err != nil {
 			return nil, "", err
 		}
-		l := req.GetLaunch()
-		return newHandle(req.GetInstanceId(), l.GetLaunchId(), launched, int(l.GetPort()), req.GetEngineKey(), m, req.GetDeployment(), d.stopGrace), detail, nil
+		l := &req.Launch
+		return newHandle(req.InstanceID, l.LaunchID, launched, int(l.Port), req.EngineKey, m, &req.Deployment, d.stopGrace), detail, nil
 	})
 }
 
 // Logs implements sdk.Driver.
-func (d *Driver) Logs(_ context.Context, req *pb.LogsRequest) (*pb.LogsResponse, error) {
+func (d *Driver) Logs(_ context.Context, req *sdk.LogsRequest) (*sdk.LogsResponse, error) {
 	return d.reg.Logs(req)
 }
 
 // WaitExit reports the engine's exit the moment its process is gone.
-func (d *Driver) WaitExit(ctx context.Context, req *pb.WaitExitRequest) (*pb.ExitEvent, error) {
+func (d *Driver) WaitExit(ctx context.Context, req *sdk.WaitExitRequest) (*sdk.ExitEvent, error) {
 	return d.reg.WaitExit(ctx, req)
 }

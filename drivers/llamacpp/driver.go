@@ -32,7 +32,6 @@ import (
 	"github.com/capyctl/capyctl/drivers/internal/engine"
 	"github.com/capyctl/capyctl/sdk"
 	"github.com/capyctl/capyctl/sdk/enginekit"
-	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
 
 // Family is this driver's engine family.
@@ -84,10 +83,10 @@ func New() *Driver {
 // Describe implements sdk.Driver: restart only (no park tiers), chat,
 // decisions, embeddings and rerank, aborts by closing the connection, an
 // idle signal.
-func (d *Driver) Describe(context.Context, *pb.DescribeRequest) (*pb.DescribeResponse, error) {
-	return enginekit.Describe(Family, d.Version, &pb.Capabilities{
-		Apis:       []string{"chat", "decisions", "embeddings", "rerank"},
-		AbortMode:  pb.AbortMode_ABORT_MODE_CLOSE_CONNECTION,
+func (d *Driver) Describe(context.Context, *sdk.DescribeRequest) (*sdk.DescribeResponse, error) {
+	return enginekit.Describe(Family, d.Version, &sdk.Capabilities{
+		APIs:       []string{"chat", "decisions", "embeddings", "rerank"},
+		AbortMode:  sdk.AbortModeCloseConnection,
 		IdleSignal: true,
 	}, configSchema), nil
 }
@@ -100,8 +99,8 @@ var versionRE = regexp.MustCompile(`(?m)^version: ([0-9A-Za-z.+-]+)(?: \(([0-9a-
 // binary; its version comes from `--version`, run with a clean
 // environment in its own process group and bounded in time and output.
 // The digest is the binary's sha256. Every build is listed as custom.
-func (d *Driver) Detect(ctx context.Context, req *pb.DetectRequest) (*pb.DetectResponse, error) {
-	p := req.GetPath()
+func (d *Driver) Detect(ctx context.Context, req *sdk.DetectRequest) (*sdk.DetectResponse, error) {
+	p := req.Path
 	if p == "" {
 		return nil, sdk.Errorf(enginekit.CodeEngineUnsupported, "no program named")
 	}
@@ -170,7 +169,7 @@ func (d *Driver) Detect(ctx context.Context, req *pb.DetectRequest) (*pb.DetectR
 	if details[detailUnixSocket] != "true" {
 		notes = append(notes, "this build cannot listen on a Unix socket: its models listen on a loopback port, where /health and /v1/models answer any local user")
 	}
-	return &pb.DetectResponse{
+	return &sdk.DetectResponse{
 		Family: Family, Version: ver, Verified: false, Digest: digest, Program: abs, Notes: notes, Details: details,
 	}, nil
 }
@@ -313,6 +312,6 @@ func clip(s string, n int) string {
 }
 
 // Flags implements sdk.Driver.
-func (d *Driver) Flags(context.Context, *pb.FlagsRequest) (*pb.FlagsResponse, error) {
-	return Table.Proto(), nil
+func (d *Driver) Flags(context.Context, *sdk.FlagsRequest) (*sdk.FlagsResponse, error) {
+	return Table.Response(), nil
 }

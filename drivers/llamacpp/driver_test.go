@@ -22,7 +22,6 @@ import (
 	"github.com/capyctl/capyctl/sdk/enginekit"
 	"github.com/capyctl/capyctl/sdk/flags"
 	"github.com/capyctl/capyctl/sdk/proc"
-	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
 
 // The test binary is also the launch shim of the engines it starts.
@@ -147,12 +146,12 @@ func TestSize_Refusals(t *testing.T) {
 }
 
 // deployment is a chat deployment of stories260K.
-func deployment(dir string) *pb.Deployment {
-	return &pb.Deployment{Name: "stories", Revision: 1, Api: "chat", ServedName: "stories", ModelDir: dir}
+func deployment(dir string) *sdk.Deployment {
+	return &sdk.Deployment{Name: "stories", Revision: 1, API: "chat", ServedName: "stories", ModelDir: dir}
 }
 
-func installation(path string) *pb.Installation {
-	return &pb.Installation{Name: "llamacpp", Family: Family, Path: path, Version: "0.7.0"}
+func installation(path string) *sdk.Installation {
+	return &sdk.Installation{Name: "llamacpp", Family: Family, Path: path, Version: "0.7.0"}
 }
 
 // newDriver is a driver that never finds a system configuration file.
@@ -168,19 +167,19 @@ func TestPlan_Golden(t *testing.T) {
 	launch := t.TempDir()
 	cases := []struct {
 		name string
-		dep  func(*pb.Deployment)
-		host *pb.HostPolicy
-		lctx *pb.LaunchContext
+		dep  func(*sdk.Deployment)
+		host *sdk.HostPolicy
+		lctx *sdk.LaunchContext
 	}{
-		{name: "chat", lctx: &pb.LaunchContext{Port: 8123, LaunchDir: launch}},
+		{name: "chat", lctx: &sdk.LaunchContext{Port: 8123, LaunchDir: launch}},
 		{name: "validate", lctx: nil}, // at deploy time: no port, no launch directory yet
-		{name: "decisions-q8-one-slot", dep: func(d *pb.Deployment) {
-			d.Api, d.ServedName = "decisions", "judge"
-			d.MaxConcurrentRequests, d.ContextLength, d.KvCacheDtype = 1, 4096, "q8_0"
-			d.EngineConfigJson = []byte(`{"gguf_file":"stories260K.gguf","n_gpu_layers":3}`)
+		{name: "decisions-q8-one-slot", dep: func(d *sdk.Deployment) {
+			d.API, d.ServedName = "decisions", "judge"
+			d.MaxConcurrentRequests, d.ContextLength, d.KVCacheDtype = 1, 4096, "q8_0"
+			d.EngineConfigJSON = []byte(`{"gguf_file":"stories260K.gguf","n_gpu_layers":3}`)
 			d.AcceptExtraArgs, d.ExtraArgs = true, []string{"--batch-size", "4096", "--ubatch-size", "4096"}
-		}, host: &pb.HostPolicy{EngineTelemetry: "allow", HostEnv: map[string]string{"CUDA_VISIBLE_DEVICES": "GPU-1234"}, ApprovedEnv: []string{"GGML_*"}},
-			lctx: &pb.LaunchContext{Port: 8124, LaunchDir: launch}},
+		}, host: &sdk.HostPolicy{EngineTelemetry: "allow", HostEnv: map[string]string{"CUDA_VISIBLE_DEVICES": "GPU-1234"}, ApprovedEnv: []string{"GGML_*"}},
+			lctx: &sdk.LaunchContext{Port: 8124, LaunchDir: launch}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -188,9 +187,9 @@ func TestPlan_Golden(t *testing.T) {
 			if c.dep != nil {
 				c.dep(dep)
 			}
-			p, err := newDriver().Plan(context.Background(), &pb.PlanRequest{Installation: installation("/opt/llama/bin/llama-server"), Deployment: dep, Host: c.host, Launch: c.lctx})
-			if err != nil || len(p.GetRefusals()) > 0 {
-				t.Fatalf("plan: %v %v", err, p.GetRefusals())
+			p, err := newDriver().Plan(context.Background(), &sdk.PlanRequest{Installation: *installation("/opt/llama/bin/llama-server"), Deployment: *dep, Host: drivertest.Value(c.host), Launch: drivertest.Value(c.lctx)})
+			if err != nil || len(p.Refusals) > 0 {
+				t.Fatalf("plan: %v %v", err, p.Refusals)
 			}
 			drivertest.Golden(t, "plan-"+c.name, drivertest.RenderPlan(p, map[string]string{dir: "{{model_dir}}", launch: "{{launch_dir}}"}))
 		})
@@ -216,20 +215,20 @@ func TestPlan_OffloadHints(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			dep := deployment(modelDir(t))
-			dep.EngineConfigJson = []byte(`{"n_gpu_layers":` + c.layers + `}`)
-			p, err := newDriver().Plan(context.Background(), &pb.PlanRequest{Installation: installation("/opt/llama/bin/llama-server"), Deployment: dep,
-				Launch: &pb.LaunchContext{Port: 8080, LaunchDir: t.TempDir()}})
-			if err != nil || len(p.GetRefusals()) > 0 {
-				t.Fatalf("plan: %v %v", err, p.GetRefusals())
+			dep.EngineConfigJSON = []byte(`{"n_gpu_layers":` + c.layers + `}`)
+			p, err := newDriver().Plan(context.Background(), &sdk.PlanRequest{Installation: *installation("/opt/llama/bin/llama-server"), Deployment: *dep,
+				Launch: sdk.LaunchContext{Port: 8080, LaunchDir: t.TempDir()}})
+			if err != nil || len(p.Refusals) > 0 {
+				t.Fatalf("plan: %v %v", err, p.Refusals)
 			}
-			h := p.GetHints()
-			if h.GetReadyDeviceBytes() != c.device || h.GetStartupDeviceBytes() != c.device || h.GetReadyHostBytes() != c.host || h.GetWeightsBytes() != 1_171_200 {
+			h := &p.Hints
+			if h.ReadyDeviceBytes != c.device || h.StartupDeviceBytes != c.device || h.ReadyHostBytes != c.host || h.WeightsBytes != 1_171_200 {
 				t.Fatalf("hints %+v, want %d on the card and %d in host RAM", h, c.device, c.host)
 			}
-			if argv := strings.Join(p.GetArgv(), " "); !strings.Contains(argv, "--n-gpu-layers "+c.ngl+" ") {
+			if argv := strings.Join(p.Argv, " "); !strings.Contains(argv, "--n-gpu-layers "+c.ngl+" ") {
 				t.Fatalf("argv %s, want --n-gpu-layers %s", argv, c.ngl)
 			}
-			if v, ok := p.GetEnv()["CUDA_VISIBLE_DEVICES"]; ok != c.hidden || v != "" {
+			if v, ok := p.Env["CUDA_VISIBLE_DEVICES"]; ok != c.hidden || v != "" {
 				t.Fatalf("CUDA_VISIBLE_DEVICES = %q (set %v), want hidden %v", v, ok, c.hidden)
 			}
 		})
@@ -243,11 +242,11 @@ func TestPlan_OlderBuild(t *testing.T) {
 	inst := installation("/opt/llama/b4748/llama-server")
 	inst.Version = "b4748"
 	inst.Details = map[string]string{detailOptions: "--alias --cache-type-k --cache-type-v --ctx-size --host --metrics --model --n-gpu-layers --no-context-shift --parallel --port --slots"}
-	p, err := newDriver().Plan(context.Background(), &pb.PlanRequest{Installation: inst, Deployment: deployment(modelDir(t)), Launch: &pb.LaunchContext{Port: 8080}})
-	if err != nil || len(p.GetRefusals()) > 0 {
-		t.Fatalf("%v %v", err, p.GetRefusals())
+	p, err := newDriver().Plan(context.Background(), &sdk.PlanRequest{Installation: *inst, Deployment: *deployment(modelDir(t)), Launch: sdk.LaunchContext{Port: 8080}})
+	if err != nil || len(p.Refusals) > 0 {
+		t.Fatalf("%v %v", err, p.Refusals)
 	}
-	argv := strings.Join(p.GetArgv(), " ")
+	argv := strings.Join(p.Argv, " ")
 	for _, absent := range []string{"--fit", "--cache-ram", "--offline", "--no-webui", "--no-kv-unified"} {
 		if strings.Contains(argv, absent) {
 			t.Fatalf("%s rendered for a build without it: %s", absent, argv)
@@ -264,37 +263,37 @@ func TestPlan_Refusals(t *testing.T) {
 	dir := modelDir(t)
 	cases := []struct {
 		name string
-		dep  func(*pb.Deployment)
-		inst func(*pb.Installation)
-		host *pb.HostPolicy
+		dep  func(*sdk.Deployment)
+		inst func(*sdk.Installation)
+		host *sdk.HostPolicy
 		code string
 	}{
-		{name: "parks deep", dep: func(d *pb.Deployment) { d.Residency = "deep" }, code: "capability_missing:deep_park"},
-		{name: "host backed", dep: func(d *pb.Deployment) { d.Residency = "host_backed" }, code: "capability_missing:deep_park"},
-		{name: "decisions on 0.6.0", dep: func(d *pb.Deployment) { d.Api = "decisions" }, inst: func(i *pb.Installation) { i.Version = "0.6.0" }, code: "capability_missing:decisions"},
-		{name: "decisions on a build number", dep: func(d *pb.Deployment) { d.Api = "decisions" }, inst: func(i *pb.Installation) { i.Version = "b4748" }, code: "capability_missing:decisions"},
-		{name: "unknown key", dep: func(d *pb.Deployment) { d.EngineConfigJson = []byte(`{"threads":8}`) }, code: "unknown_config_key:threads"},
-		{name: "a group", dep: func(d *pb.Deployment) {
-			d.Group = &pb.Group{Rank: 0, Size: 2, TensorParallel: 2, PipelineParallel: 1, HeadAddress: "10.0.0.1", RendezvousPort: 25000, PeerAddress: "10.0.0.1"}
+		{name: "parks deep", dep: func(d *sdk.Deployment) { d.Residency = "deep" }, code: "capability_missing:deep_park"},
+		{name: "host backed", dep: func(d *sdk.Deployment) { d.Residency = "host_backed" }, code: "capability_missing:deep_park"},
+		{name: "decisions on 0.6.0", dep: func(d *sdk.Deployment) { d.API = "decisions" }, inst: func(i *sdk.Installation) { i.Version = "0.6.0" }, code: "capability_missing:decisions"},
+		{name: "decisions on a build number", dep: func(d *sdk.Deployment) { d.API = "decisions" }, inst: func(i *sdk.Installation) { i.Version = "b4748" }, code: "capability_missing:decisions"},
+		{name: "unknown key", dep: func(d *sdk.Deployment) { d.EngineConfigJSON = []byte(`{"threads":8}`) }, code: "unknown_config_key:threads"},
+		{name: "a group", dep: func(d *sdk.Deployment) {
+			d.Group = &sdk.Group{Rank: 0, Size: 2, TensorParallel: 2, PipelineParallel: 1, HeadAddress: "10.0.0.1", RendezvousPort: 25000, PeerAddress: "10.0.0.1"}
 		}, code: "group_shape_unsupported:llamacpp"},
-		{name: "bad gpu layers", dep: func(d *pb.Deployment) { d.EngineConfigJson = []byte(`{"n_gpu_layers":"most"}`) }, code: "invalid_config"},
-		{name: "remote code", dep: func(d *pb.Deployment) { d.TrustRemoteCode = true }, code: "remote_code_not_allowed"},
-		{name: "dtype", dep: func(d *pb.Deployment) { d.Dtype = "bfloat16" }, code: "invalid_config"},
-		{name: "kv cache size", dep: func(d *pb.Deployment) { d.Memory = &pb.MemorySizes{KvCacheBytes: 1 << 30} }, code: "invalid_config"},
-		{name: "bad cache type", dep: func(d *pb.Deployment) { d.KvCacheDtype = "fp8" }, code: "checkpoint_unusable"},
-		{name: "escaping gguf", dep: func(d *pb.Deployment) { d.EngineConfigJson = []byte(`{"gguf_file":"../../etc/x.gguf"}`) }, code: "checkpoint_unusable"},
-		{name: "extra args not accepted", dep: func(d *pb.Deployment) { d.ExtraArgs = []string{"--threads", "4"} }, code: "extra_args_not_accepted"},
-		{name: "reserved option", dep: func(d *pb.Deployment) { d.AcceptExtraArgs, d.ExtraArgs = true, []string{"--api-key", "x"} }, code: "engine_option_reserved:--api-key"},
-		{name: "reserved pattern", dep: func(d *pb.Deployment) { d.AcceptExtraArgs, d.ExtraArgs = true, []string{"--hf-repo=org/x"} }, code: "engine_option_reserved:--hf-repo"},
-		{name: "owned option", dep: func(d *pb.Deployment) { d.AcceptExtraArgs, d.ExtraArgs = true, []string{"--ctx-size", "100"} }, code: "engine_option_owned:--ctx-size"},
-		{name: "owned negation", dep: func(d *pb.Deployment) { d.AcceptExtraArgs, d.ExtraArgs = true, []string{"--no-metrics"} }, code: "engine_option_owned:--metrics"},
-		{name: "short option", dep: func(d *pb.Deployment) { d.AcceptExtraArgs, d.ExtraArgs = true, []string{"-c", "100"} }, code: "engine_option_reserved:-c"},
-		{name: "unapproved path", dep: func(d *pb.Deployment) {
+		{name: "bad gpu layers", dep: func(d *sdk.Deployment) { d.EngineConfigJSON = []byte(`{"n_gpu_layers":"most"}`) }, code: "invalid_config"},
+		{name: "remote code", dep: func(d *sdk.Deployment) { d.TrustRemoteCode = true }, code: "remote_code_not_allowed"},
+		{name: "dtype", dep: func(d *sdk.Deployment) { d.Dtype = "bfloat16" }, code: "invalid_config"},
+		{name: "kv cache size", dep: func(d *sdk.Deployment) { d.Memory = sdk.MemorySizes{KVCacheBytes: 1 << 30} }, code: "invalid_config"},
+		{name: "bad cache type", dep: func(d *sdk.Deployment) { d.KVCacheDtype = "fp8" }, code: "checkpoint_unusable"},
+		{name: "escaping gguf", dep: func(d *sdk.Deployment) { d.EngineConfigJSON = []byte(`{"gguf_file":"../../etc/x.gguf"}`) }, code: "checkpoint_unusable"},
+		{name: "extra args not accepted", dep: func(d *sdk.Deployment) { d.ExtraArgs = []string{"--threads", "4"} }, code: "extra_args_not_accepted"},
+		{name: "reserved option", dep: func(d *sdk.Deployment) { d.AcceptExtraArgs, d.ExtraArgs = true, []string{"--api-key", "x"} }, code: "engine_option_reserved:--api-key"},
+		{name: "reserved pattern", dep: func(d *sdk.Deployment) { d.AcceptExtraArgs, d.ExtraArgs = true, []string{"--hf-repo=org/x"} }, code: "engine_option_reserved:--hf-repo"},
+		{name: "owned option", dep: func(d *sdk.Deployment) { d.AcceptExtraArgs, d.ExtraArgs = true, []string{"--ctx-size", "100"} }, code: "engine_option_owned:--ctx-size"},
+		{name: "owned negation", dep: func(d *sdk.Deployment) { d.AcceptExtraArgs, d.ExtraArgs = true, []string{"--no-metrics"} }, code: "engine_option_owned:--metrics"},
+		{name: "short option", dep: func(d *sdk.Deployment) { d.AcceptExtraArgs, d.ExtraArgs = true, []string{"-c", "100"} }, code: "engine_option_reserved:-c"},
+		{name: "unapproved path", dep: func(d *sdk.Deployment) {
 			d.AcceptExtraArgs, d.ExtraArgs = true, []string{"--lora", "/tmp/adapter.gguf"}
-		}, host: &pb.HostPolicy{ApprovedPaths: []string{"/srv/adapters"}}, code: "engine_option_not_approved:--lora"},
-		{name: "reserved env", dep: func(d *pb.Deployment) { d.Env = map[string]string{"LLAMA_ARG_HOST": "0.0.0.0"} }, host: &pb.HostPolicy{ApprovedEnv: []string{"*"}}, code: "engine_env_reserved:LLAMA_ARG_HOST"},
-		{name: "key env", dep: func(d *pb.Deployment) { d.Env = map[string]string{"LLAMA_API_KEY": "x"} }, host: &pb.HostPolicy{ApprovedEnv: []string{"*"}}, code: "engine_env_reserved:LLAMA_API_KEY"},
-		{name: "unapproved env", dep: func(d *pb.Deployment) { d.Env = map[string]string{"GGML_CUDA_NO_PINNED": "1"} }, code: "engine_env_not_approved:GGML_CUDA_NO_PINNED"},
+		}, host: &sdk.HostPolicy{ApprovedPaths: []string{"/srv/adapters"}}, code: "engine_option_not_approved:--lora"},
+		{name: "reserved env", dep: func(d *sdk.Deployment) { d.Env = map[string]string{"LLAMA_ARG_HOST": "0.0.0.0"} }, host: &sdk.HostPolicy{ApprovedEnv: []string{"*"}}, code: "engine_env_reserved:LLAMA_ARG_HOST"},
+		{name: "key env", dep: func(d *sdk.Deployment) { d.Env = map[string]string{"LLAMA_API_KEY": "x"} }, host: &sdk.HostPolicy{ApprovedEnv: []string{"*"}}, code: "engine_env_reserved:LLAMA_API_KEY"},
+		{name: "unapproved env", dep: func(d *sdk.Deployment) { d.Env = map[string]string{"GGML_CUDA_NO_PINNED": "1"} }, code: "engine_env_not_approved:GGML_CUDA_NO_PINNED"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -305,73 +304,73 @@ func TestPlan_Refusals(t *testing.T) {
 			if c.inst != nil {
 				c.inst(inst)
 			}
-			p, err := newDriver().Plan(context.Background(), &pb.PlanRequest{Installation: inst, Deployment: dep, Host: c.host})
+			p, err := newDriver().Plan(context.Background(), &sdk.PlanRequest{Installation: *inst, Deployment: *dep, Host: drivertest.Value(c.host)})
 			if err != nil {
 				t.Fatal(err)
 			}
-			if len(p.GetRefusals()) == 0 || p.GetRefusals()[0].GetCode() != c.code {
-				t.Fatalf("refusals %v, want %s first", p.GetRefusals(), c.code)
+			if len(p.Refusals) == 0 || p.Refusals[0].Code != c.code {
+				t.Fatalf("refusals %v, want %s first", p.Refusals, c.code)
 			}
-			if len(p.GetArgv()) > 0 {
-				t.Fatalf("a refused plan rendered %v", p.GetArgv())
+			if len(p.Argv) > 0 {
+				t.Fatalf("a refused plan rendered %v", p.Argv)
 			}
 		})
 	}
 	t.Run("approved path passes", func(t *testing.T) {
 		dep := deployment(dir)
 		dep.AcceptExtraArgs, dep.ExtraArgs = true, []string{"--lora", "/srv/adapters/a.gguf"}
-		p, _ := newDriver().Plan(context.Background(), &pb.PlanRequest{Installation: installation("/x/llama-server"), Deployment: dep, Host: &pb.HostPolicy{ApprovedPaths: []string{"/srv/adapters"}}})
-		if len(p.GetRefusals()) != 0 || p.GetArgv()[len(p.GetArgv())-1] != "/srv/adapters/a.gguf" {
-			t.Fatalf("refusals %v argv %v", p.GetRefusals(), p.GetArgv())
+		p, _ := newDriver().Plan(context.Background(), &sdk.PlanRequest{Installation: *installation("/x/llama-server"), Deployment: *dep, Host: sdk.HostPolicy{ApprovedPaths: []string{"/srv/adapters"}}})
+		if len(p.Refusals) != 0 || p.Argv[len(p.Argv)-1] != "/srv/adapters/a.gguf" {
+			t.Fatalf("refusals %v argv %v", p.Refusals, p.Argv)
 		}
 	})
 	t.Run("a host llama.cpp configuration", func(t *testing.T) {
 		d := newDriver()
 		d.systemConfig = filepath.Join(t.TempDir(), "config.ini")
 		os.WriteFile(d.systemConfig, nil, 0o644)
-		p, _ := d.Plan(context.Background(), &pb.PlanRequest{Installation: installation("/x/llama-server"), Deployment: deployment(dir)})
-		if len(p.GetRefusals()) != 1 || p.GetRefusals()[0].GetCode() != enginekit.CodeEngineUnsupported {
-			t.Fatalf("refusals %v", p.GetRefusals())
+		p, _ := d.Plan(context.Background(), &sdk.PlanRequest{Installation: *installation("/x/llama-server"), Deployment: *deployment(dir)})
+		if len(p.Refusals) != 1 || p.Refusals[0].Code != enginekit.CodeEngineUnsupported {
+			t.Fatalf("refusals %v", p.Refusals)
 		}
 	})
 }
 
 func TestFlags_Table(t *testing.T) {
-	resp, err := newDriver().Flags(context.Background(), &pb.FlagsRequest{})
+	resp, err := newDriver().Flags(context.Background(), &sdk.FlagsRequest{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	seen := map[string]bool{}
-	byName := map[string]*pb.FlagRule{}
-	for _, r := range resp.GetRules() {
-		for _, n := range append([]string{r.GetName()}, r.GetAliases()...) {
-			key := r.GetKind().String() + n
+	byName := map[string]*sdk.FlagRule{}
+	for _, r := range resp.Rules {
+		for _, n := range append([]string{r.Name}, r.Aliases...) {
+			key := r.Kind.String() + n
 			if seen[key] {
 				t.Fatalf("%s listed twice", n)
 			}
 			seen[key] = true
-			if r.GetKind() == pb.FlagKind_FLAG_KIND_OPTION && !strings.HasPrefix(n, "--") {
+			if r.Kind == sdk.FlagKindOption && !strings.HasPrefix(n, "--") {
 				t.Fatalf("option %q is not a long option", n)
 			}
 		}
-		if r.GetReason() == "" || (r.GetClass() == pb.FlagClass_FLAG_CLASS_GATED) != (r.GetApproval() != "") {
+		if r.Reason == "" || (r.Class == sdk.FlagClassGated) != (r.Approval != "") {
 			t.Fatalf("rule %v", r)
 		}
-		byName[r.GetName()] = r
+		byName[r.Name] = r
 	}
-	want := map[string]pb.FlagClass{
-		"--api-key": pb.FlagClass_FLAG_CLASS_RESERVED, "--ctx-size": pb.FlagClass_FLAG_CLASS_OWNED, "--parallel": pb.FlagClass_FLAG_CLASS_OWNED,
-		"--offline": pb.FlagClass_FLAG_CLASS_OWNED, "--sleep-idle-seconds": pb.FlagClass_FLAG_CLASS_RESERVED, "--model-draft": pb.FlagClass_FLAG_CLASS_GATED,
-		"--batch-size": pb.FlagClass_FLAG_CLASS_PASSED, "LLAMA_ARG_*": pb.FlagClass_FLAG_CLASS_RESERVED, "LLAMA_API_KEY": pb.FlagClass_FLAG_CLASS_OWNED,
+	want := map[string]sdk.FlagClass{
+		"--api-key": sdk.FlagClassReserved, "--ctx-size": sdk.FlagClassOwned, "--parallel": sdk.FlagClassOwned,
+		"--offline": sdk.FlagClassOwned, "--sleep-idle-seconds": sdk.FlagClassReserved, "--model-draft": sdk.FlagClassGated,
+		"--batch-size": sdk.FlagClassPassed, "LLAMA_ARG_*": sdk.FlagClassReserved, "LLAMA_API_KEY": sdk.FlagClassOwned,
 	}
 	for n, c := range want {
-		if r := byName[n]; r == nil || r.GetClass() != c {
+		if r := byName[n]; r == nil || r.Class != c {
 			t.Fatalf("%s: %v, want %s", n, r, c)
 		}
 	}
 	// Every option the plan renders is one CapyCTL owns.
-	p, _ := newDriver().Plan(context.Background(), &pb.PlanRequest{Installation: installation("/x/llama-server"), Deployment: deployment(modelDir(t))})
-	for _, a := range p.GetArgv()[1:] {
+	p, _ := newDriver().Plan(context.Background(), &sdk.PlanRequest{Installation: *installation("/x/llama-server"), Deployment: *deployment(modelDir(t))})
+	for _, a := range p.Argv[1:] {
 		if strings.HasPrefix(a, "--") {
 			if c := Table.ResolveOption(a).Class(flags.Option); c != flags.Owned {
 				t.Fatalf("rendered %s is %s, not owned", a, c)
@@ -398,25 +397,25 @@ func fakeLlama(t *testing.T) string {
 func TestDetect(t *testing.T) {
 	llama := fakeLlama(t)
 	d := newDriver()
-	resp, err := d.Detect(context.Background(), &pb.DetectRequest{Path: llama})
+	resp, err := d.Detect(context.Background(), &sdk.DetectRequest{Path: llama})
 	if err != nil {
 		t.Fatal(err)
 	}
 	_, fake := harness.Binaries(t)
 	digest, _ := enginekit.FileDigest(fake)
-	if resp.GetFamily() != Family || resp.GetVersion() != "0.7.0" || resp.GetVerified() || resp.GetDigest() != digest || resp.GetProgram() != llama || resp.GetDetails()["commit"] != "c392e5094" {
+	if resp.Family != Family || resp.Version != "0.7.0" || resp.Verified || resp.Digest != digest || resp.Program != llama || resp.Details["commit"] != "c392e5094" {
 		t.Fatalf("detect %+v", resp)
 	}
 	// The build's options come from its --help.
 	for _, o := range []string{"--fit", "--cache-ram", "--no-kv-unified", "--offline", "--ctx-size"} {
-		if !strings.Contains(" "+resp.GetDetails()[detailOptions]+" ", " "+o+" ") {
-			t.Fatalf("options %q lack %s", resp.GetDetails()[detailOptions], o)
+		if !strings.Contains(" "+resp.Details[detailOptions]+" ", " "+o+" ") {
+			t.Fatalf("options %q lack %s", resp.Details[detailOptions], o)
 		}
 	}
 	// The build binds a Unix socket for a --host ending in .sock: its
 	// --help says so.
-	if resp.GetDetails()[detailUnixSocket] != "true" {
-		t.Fatalf("details %v: the fake's --help names the .sock host form", resp.GetDetails())
+	if resp.Details[detailUnixSocket] != "true" {
+		t.Fatalf("details %v: the fake's --help names the .sock host form", resp.Details)
 	}
 	scripts := t.TempDir()
 	write := func(name, body string) string {
@@ -436,10 +435,10 @@ func TestDetect(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			resp, err := d.Detect(context.Background(), &pb.DetectRequest{Path: c.path})
+			resp, err := d.Detect(context.Background(), &sdk.DetectRequest{Path: c.path})
 			if c.code == "" {
-				if err != nil || resp.GetVersion() != "b4748" || !strings.Contains(strings.Join(resp.GetNotes(), "\n"), "chat only") ||
-					resp.GetDetails()[detailUnixSocket] != "" || !strings.Contains(strings.Join(resp.GetNotes(), "\n"), "cannot listen on a Unix socket") {
+				if err != nil || resp.Version != "b4748" || !strings.Contains(strings.Join(resp.Notes, "\n"), "chat only") ||
+					resp.Details[detailUnixSocket] != "" || !strings.Contains(strings.Join(resp.Notes, "\n"), "cannot listen on a Unix socket") {
 					t.Fatalf("%+v %v", resp, err)
 				}
 				return
@@ -451,17 +450,17 @@ func TestDetect(t *testing.T) {
 	}
 	t.Run("a build from a source tarball is an unknown build", func(t *testing.T) {
 		p := write("llama-server-tarball", "echo 'version: 0 (unknown)' >&2\necho 'built with cc for x86_64-linux-gnu' >&2")
-		resp, err := d.Detect(context.Background(), &pb.DetectRequest{Path: p})
-		if err != nil || resp.GetVersion() != UnknownBuild || resp.GetDetails()["commit"] != "" ||
-			!strings.Contains(strings.Join(resp.GetNotes(), "\n"), "does not say which llama.cpp it is") {
+		resp, err := d.Detect(context.Background(), &sdk.DetectRequest{Path: p})
+		if err != nil || resp.Version != UnknownBuild || resp.Details["commit"] != "" ||
+			!strings.Contains(strings.Join(resp.Notes, "\n"), "does not say which llama.cpp it is") {
 			t.Fatalf("%+v %v", resp, err)
 		}
 	})
 	t.Run("the environment is cleared", func(t *testing.T) {
 		t.Setenv("SECRET_OF_THE_CORE", "x")
 		p := write("llama-server-env", `echo "version: 1.0.0 ($(env | grep -c SECRET_OF_THE_CORE)00)" >&2`)
-		resp, err := d.Detect(context.Background(), &pb.DetectRequest{Path: p})
-		if err != nil || resp.GetDetails()["commit"] != "000" {
+		resp, err := d.Detect(context.Background(), &sdk.DetectRequest{Path: p})
+		if err != nil || resp.Details["commit"] != "000" {
 			t.Fatalf("%+v %v", resp, err)
 		}
 	})
@@ -471,42 +470,42 @@ func TestDetect(t *testing.T) {
 type started struct {
 	d    *Driver
 	id   string
-	resp *pb.StartResponse
-	plan *pb.PlanResponse
+	resp *sdk.StartResponse
+	plan *sdk.PlanResponse
 }
 
 // start plans and starts dep on the fake llama-server; beforeStart runs
 // between the plan and the start.
-func start(t *testing.T, d *Driver, dep *pb.Deployment, host *pb.HostPolicy, beforeStart ...func()) *started {
+func start(t *testing.T, d *Driver, dep *sdk.Deployment, host *sdk.HostPolicy, beforeStart ...func()) *started {
 	t.Helper()
 	inst := installation(fakeLlama(t))
-	det, err := d.Detect(context.Background(), &pb.DetectRequest{Path: inst.Path})
+	det, err := d.Detect(context.Background(), &sdk.DetectRequest{Path: inst.Path})
 	if err != nil {
 		t.Fatal(err)
 	}
-	inst.Digest = det.GetDigest()
-	lctx := &pb.LaunchContext{Port: int32(drivertest.FreePort(t)), LaunchDir: t.TempDir(), InstanceId: dep.GetName() + "/0", LaunchId: "l1"}
-	plan, err := d.Plan(context.Background(), &pb.PlanRequest{Installation: inst, Deployment: dep, Host: host, Launch: lctx})
-	if err != nil || len(plan.GetRefusals()) > 0 {
-		t.Fatalf("plan: %v %v", err, plan.GetRefusals())
+	inst.Digest = det.Digest
+	lctx := &sdk.LaunchContext{Port: int32(drivertest.FreePort(t)), LaunchDir: t.TempDir(), InstanceID: dep.Name + "/0", LaunchID: "l1"}
+	plan, err := d.Plan(context.Background(), &sdk.PlanRequest{Installation: *inst, Deployment: *dep, Host: drivertest.Value(host), Launch: *lctx})
+	if err != nil || len(plan.Refusals) > 0 {
+		t.Fatalf("plan: %v %v", err, plan.Refusals)
 	}
 	for _, f := range beforeStart {
 		f()
 	}
-	resp, err := d.Start(context.Background(), &pb.StartRequest{Installation: inst, Deployment: dep, Host: host, Launch: lctx, Plan: plan, EngineKey: "engine-key-123"})
+	resp, err := d.Start(context.Background(), &sdk.StartRequest{Installation: *inst, Deployment: *dep, Host: drivertest.Value(host), Launch: *lctx, Plan: *plan, EngineKey: "engine-key-123"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := &started{d: d, id: lctx.InstanceId, resp: resp, plan: plan}
+	s := &started{d: d, id: lctx.InstanceID, resp: resp, plan: plan}
 	t.Cleanup(func() {
-		d.Stop(context.Background(), &pb.StopRequest{InstanceId: s.id, Launch: resp.GetLaunch(), GraceMs: 5000})
+		d.Stop(context.Background(), &sdk.StopRequest{InstanceID: s.id, Launch: &resp.Launch, Grace: 5 * time.Second})
 	})
 	return s
 }
 
-func (s *started) probe(t *testing.T, kind pb.ProbeKind) *pb.ProbeResponse {
+func (s *started) probe(t *testing.T, kind sdk.ProbeKind) *sdk.ProbeResponse {
 	t.Helper()
-	p, err := s.d.Probe(context.Background(), &pb.ProbeRequest{InstanceId: s.id, Kind: kind, DeadlineMs: 30_000})
+	p, err := s.d.Probe(context.Background(), &sdk.ProbeRequest{InstanceID: s.id, Kind: kind, Deadline: 30 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -514,10 +513,10 @@ func (s *started) probe(t *testing.T, kind pb.ProbeKind) *pb.ProbeResponse {
 }
 
 // post sends a body to the endpoint with its auth.
-func post(t *testing.T, ep *pb.Endpoint, path, body string, stream bool) *http.Response {
+func post(t *testing.T, ep *sdk.Endpoint, path, body string, stream bool) *http.Response {
 	t.Helper()
-	req, _ := http.NewRequest(http.MethodPost, ep.GetBaseUrl()+path, strings.NewReader(body))
-	req.Header.Set(ep.GetAuthHeader(), ep.GetAuthValue())
+	req, _ := http.NewRequest(http.MethodPost, ep.BaseURL+path, strings.NewReader(body))
+	req.Header.Set(ep.AuthHeader, ep.AuthValue)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
@@ -532,67 +531,67 @@ func TestDriver_ChatLifecycle(t *testing.T) {
 	d := newDriver()
 	// Answers run long (the probe's 8 tokens take 80 ms), so that two
 	// requests on one slot are one running and one waiting.
-	host := &pb.HostPolicy{HostEnv: map[string]string{"CAPYCTL_FAKE_TOKENS": "1000000", "CAPYCTL_FAKE_TOKEN_RATE": "100"}}
+	host := &sdk.HostPolicy{HostEnv: map[string]string{"CAPYCTL_FAKE_TOKENS": "1000000", "CAPYCTL_FAKE_TOKEN_RATE": "100"}}
 	dep := deployment(modelDir(t))
 	dep.MaxConcurrentRequests = 1
 	s := start(t, d, dep, host)
-	if ep := s.resp.GetEndpoint(); ep.GetAuthValue() != "Bearer engine-key-123" || ep.GetDecisionsPath() != "/v1/systemone" || ep.GetServedName() != "stories" ||
-		ep.GetNonStreamedHangup() != pb.NonStreamedHangup_NON_STREAMED_HANGUP_STREAM {
+	if ep := &s.resp.Endpoint; ep.AuthValue != "Bearer engine-key-123" || ep.DecisionsPath != "/v1/systemone" || ep.ServedName != "stories" ||
+		ep.NonStreamedHangup != sdk.NonStreamedHangupStream {
 		t.Fatalf("endpoint %+v", ep)
 	}
-	ready := s.probe(t, pb.ProbeKind_PROBE_KIND_READINESS)
-	if !ready.GetReady() || ready.GetCanary() == "" {
+	ready := s.probe(t, sdk.ProbeKindReadiness)
+	if !ready.Ready || ready.Canary == "" {
 		t.Fatalf("readiness %+v", ready)
 	}
-	if live := s.probe(t, pb.ProbeKind_PROBE_KIND_LIVENESS); !live.GetAlive() {
+	if live := s.probe(t, sdk.ProbeKindLiveness); !live.Alive {
 		t.Fatalf("liveness %+v", live)
 	}
-	load := func() *pb.LoadResponse {
-		l, err := d.Load(context.Background(), &pb.LoadRequest{InstanceId: s.id})
+	load := func() *sdk.LoadResponse {
+		l, err := d.Load(context.Background(), &sdk.LoadRequest{InstanceID: s.id})
 		if err != nil {
 			t.Fatal(err)
 		}
 		return l
 	}
-	if l := load(); !l.GetKnown() || l.GetRunning() != 0 || l.GetWaiting() != 0 {
+	if l := load(); !l.Known || l.Running != 0 || l.Waiting != 0 {
 		t.Fatalf("idle load %+v", l)
 	}
 	// One slot: a long stream runs, a second waits.
-	ep := s.resp.GetEndpoint()
+	ep := &s.resp.Endpoint
 	body := `{"model":"stories","stream":true,"messages":[{"role":"user","content":"Once upon a time"}]}`
-	a := post(t, ep, ep.GetChatPath(), body, true)
+	a := post(t, ep, ep.ChatPath, body, true)
 	line, _ := bufio.NewReader(a.Body).ReadString('\n')
 	if !strings.Contains(line, `"content"`) {
 		t.Fatalf("first event %q", line)
 	}
 	ctx, hangUp := context.WithCancel(context.Background())
 	go func() {
-		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, ep.GetBaseUrl()+ep.GetChatPath(), strings.NewReader(body))
-		req.Header.Set(ep.GetAuthHeader(), ep.GetAuthValue())
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, ep.BaseURL+ep.ChatPath, strings.NewReader(body))
+		req.Header.Set(ep.AuthHeader, ep.AuthValue)
 		if b, err := http.DefaultClient.Do(req); err == nil {
 			b.Body.Close()
 		}
 	}()
 	harness.Eventually(t, 10*time.Second, "one running, one waiting", func() bool {
 		l := load()
-		return l.GetRunning() == 1 && l.GetWaiting() == 1
+		return l.Running == 1 && l.Waiting == 1
 	})
 	// Both clients hang up: llama-server frees the slot and the queue.
 	a.Body.Close()
 	hangUp()
 	harness.Eventually(t, 10*time.Second, "idle after the hang-ups", func() bool {
 		l := load()
-		return l.GetRunning() == 0 && l.GetWaiting() == 0
+		return l.Running == 0 && l.Waiting == 0
 	})
-	logs, err := d.Logs(context.Background(), &pb.LogsRequest{InstanceId: s.id})
-	if err != nil || !strings.Contains(logs.GetText(), "listening on 127.0.0.1:") || strings.Contains(logs.GetText(), "engine-key-123") {
-		t.Fatalf("logs %v %q", err, logs.GetText())
+	logs, err := d.Logs(context.Background(), &sdk.LogsRequest{InstanceID: s.id})
+	if err != nil || !strings.Contains(logs.Text, "listening on 127.0.0.1:") || strings.Contains(logs.Text, "engine-key-123") {
+		t.Fatalf("logs %v %q", err, logs.Text)
 	}
-	stop, err := d.Stop(context.Background(), &pb.StopRequest{InstanceId: s.id, GraceMs: 5000})
-	if err != nil || !stop.GetGone() || stop.GetExitCode() != 134 || stop.GetForced() {
+	stop, err := d.Stop(context.Background(), &sdk.StopRequest{InstanceID: s.id, Grace: 5 * time.Second})
+	if err != nil || !stop.Gone || stop.ExitCode != 134 || stop.Forced {
 		t.Fatalf("stop %+v %v", stop, err)
 	}
-	if _, err := d.Probe(context.Background(), &pb.ProbeRequest{InstanceId: s.id, Kind: pb.ProbeKind_PROBE_KIND_LIVENESS}); sdk.CodeOf(err) != sdk.CodeInstanceNotFound {
+	if _, err := d.Probe(context.Background(), &sdk.ProbeRequest{InstanceID: s.id, Kind: sdk.ProbeKindLiveness}); sdk.CodeOf(err) != sdk.CodeInstanceNotFound {
 		t.Fatalf("probe after stop: %v", err)
 	}
 }
@@ -602,14 +601,14 @@ func TestDriver_ChatLifecycle(t *testing.T) {
 func TestDriver_DecisionsReadiness(t *testing.T) {
 	d := newDriver()
 	dep := deployment(modelDir(t))
-	dep.Api, dep.ServedName = "decisions", "judge"
+	dep.API, dep.ServedName = "decisions", "judge"
 	s := start(t, d, dep, nil)
-	ready := s.probe(t, pb.ProbeKind_PROBE_KIND_READINESS)
-	if !ready.GetReady() || !strings.HasPrefix(ready.GetCanary(), "yes=") {
+	ready := s.probe(t, sdk.ProbeKindReadiness)
+	if !ready.Ready || !strings.HasPrefix(ready.Canary, "yes=") {
 		t.Fatalf("readiness %+v", ready)
 	}
-	ep := s.resp.GetEndpoint()
-	resp := post(t, ep, ep.GetDecisionsPath(), `{"model":"judge","state":"s","questions":[{"id":"q","type":"noul","text":"t?"}]}`, false)
+	ep := &s.resp.Endpoint
+	resp := post(t, ep, ep.DecisionsPath, `{"model":"judge","state":"s","questions":[{"id":"q","type":"noul","text":"t?"}]}`, false)
 	var ans struct {
 		Answers []struct {
 			Probabilities map[string]float64 `json:"probabilities"`
@@ -621,8 +620,8 @@ func TestDriver_DecisionsReadiness(t *testing.T) {
 		t.Fatalf("decision %d %+v", resp.StatusCode, ans)
 	}
 	// The fake's stats show no chat request was ever sent.
-	req, _ := http.NewRequest("GET", ep.GetBaseUrl()+"/fake/stats", nil)
-	req.Header.Set(ep.GetAuthHeader(), ep.GetAuthValue())
+	req, _ := http.NewRequest("GET", ep.BaseURL+"/fake/stats", nil)
+	req.Header.Set(ep.AuthHeader, ep.AuthValue)
 	st, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
@@ -648,8 +647,8 @@ func TestDriver_FailedLoad(t *testing.T) {
 		// The plan read a good header; the file is cut before the start.
 		os.WriteFile(model, raw[:len(raw)/2], 0o644)
 	})
-	p := s.probe(t, pb.ProbeKind_PROBE_KIND_READINESS)
-	if p.GetReady() || !p.GetExited() || p.GetExitCode() != 134 || p.GetCode() != sdk.CodeLaunchFailed || !strings.Contains(strings.Join(p.GetLastLogLines(), "\n"), "error loading model") {
+	p := s.probe(t, sdk.ProbeKindReadiness)
+	if p.Ready || !p.Exited || p.ExitCode != 134 || p.Code != sdk.CodeLaunchFailed || !strings.Contains(strings.Join(p.LastLogLines, "\n"), "error loading model") {
 		t.Fatalf("probe %+v", p)
 	}
 }
@@ -660,23 +659,23 @@ func TestDriver_Recover(t *testing.T) {
 	d := newDriver()
 	dep := deployment(modelDir(t))
 	s := start(t, d, dep, nil)
-	if p := s.probe(t, pb.ProbeKind_PROBE_KIND_READINESS); !p.GetReady() {
+	if p := s.probe(t, sdk.ProbeKindReadiness); !p.Ready {
 		t.Fatalf("readiness %+v", p)
 	}
 	fresh := newDriver()
-	rec, err := fresh.Recover(context.Background(), &pb.RecoverRequest{InstanceId: s.id, Launch: s.resp.GetLaunch(), Deployment: dep, EngineKey: "engine-key-123"})
-	if err != nil || rec.GetState() != pb.RecoverState_RECOVER_STATE_RUNNING || rec.GetEndpoint().GetAuthValue() != "Bearer engine-key-123" {
+	rec, err := fresh.Recover(context.Background(), &sdk.RecoverRequest{InstanceID: s.id, Launch: s.resp.Launch, Deployment: *dep, EngineKey: "engine-key-123"})
+	if err != nil || rec.State != sdk.RecoverStateRunning || rec.Endpoint.AuthValue != "Bearer engine-key-123" {
 		t.Fatalf("recover %+v %v", rec, err)
 	}
-	if p, err := fresh.Probe(context.Background(), &pb.ProbeRequest{InstanceId: s.id, Kind: pb.ProbeKind_PROBE_KIND_READINESS, DeadlineMs: 10_000}); err != nil || !p.GetReady() {
+	if p, err := fresh.Probe(context.Background(), &sdk.ProbeRequest{InstanceID: s.id, Kind: sdk.ProbeKindReadiness, Deadline: 10 * time.Second}); err != nil || !p.Ready {
 		t.Fatalf("readiness after recover %+v %v", p, err)
 	}
-	stop, err := fresh.Stop(context.Background(), &pb.StopRequest{InstanceId: s.id, GraceMs: 5000})
-	if err != nil || !stop.GetGone() {
+	stop, err := fresh.Stop(context.Background(), &sdk.StopRequest{InstanceID: s.id, Grace: 5 * time.Second})
+	if err != nil || !stop.Gone {
 		t.Fatalf("stop %+v %v", stop, err)
 	}
-	rec, _ = newDriver().Recover(context.Background(), &pb.RecoverRequest{InstanceId: s.id, Launch: s.resp.GetLaunch()})
-	if rec.GetState() != pb.RecoverState_RECOVER_STATE_GONE {
+	rec, _ = newDriver().Recover(context.Background(), &sdk.RecoverRequest{InstanceID: s.id, Launch: s.resp.Launch})
+	if rec.State != sdk.RecoverStateGone {
 		t.Fatalf("recover after stop %+v", rec)
 	}
 }
@@ -686,21 +685,21 @@ func TestDriver_StartRefusals(t *testing.T) {
 	dep := deployment(modelDir(t))
 	inst := installation(fakeLlama(t))
 	inst.Digest = "sha256:0000"
-	lctx := &pb.LaunchContext{Port: int32(drivertest.FreePort(t)), LaunchDir: t.TempDir(), InstanceId: "stories/0"}
-	plan, _ := d.Plan(context.Background(), &pb.PlanRequest{Installation: inst, Deployment: dep, Launch: lctx})
-	if _, err := d.Start(context.Background(), &pb.StartRequest{Installation: inst, Deployment: dep, Launch: lctx, Plan: plan}); sdk.CodeOf(err) != enginekit.CodeInstallationDrift {
+	lctx := &sdk.LaunchContext{Port: int32(drivertest.FreePort(t)), LaunchDir: t.TempDir(), InstanceID: "stories/0"}
+	plan, _ := d.Plan(context.Background(), &sdk.PlanRequest{Installation: *inst, Deployment: *dep, Launch: *lctx})
+	if _, err := d.Start(context.Background(), &sdk.StartRequest{Installation: *inst, Deployment: *dep, Launch: *lctx, Plan: *plan}); sdk.CodeOf(err) != enginekit.CodeInstallationDrift {
 		t.Fatalf("a changed binary: %v", err)
 	}
 	inst.Digest = ""
 	ln, _ := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", lctx.Port))
 	defer ln.Close()
-	if _, err := d.Start(context.Background(), &pb.StartRequest{Installation: inst, Deployment: dep, Launch: lctx, Plan: plan}); sdk.CodeOf(err) != enginekit.CodePortConflict {
+	if _, err := d.Start(context.Background(), &sdk.StartRequest{Installation: *inst, Deployment: *dep, Launch: *lctx, Plan: *plan}); sdk.CodeOf(err) != enginekit.CodePortConflict {
 		t.Fatalf("a taken port: %v", err)
 	}
-	if _, err := d.Park(context.Background(), &pb.ParkRequest{}); err != sdk.ErrNotSupported {
+	if _, err := d.Park(context.Background(), &sdk.ParkRequest{}); err != sdk.ErrNotSupported {
 		t.Fatalf("park: %v", err)
 	}
-	if desc, _ := d.Describe(context.Background(), &pb.DescribeRequest{}); len(desc.GetCapabilities().GetParkTiers()) != 0 || !desc.GetCapabilities().GetIdleSignal() {
+	if desc, _ := d.Describe(context.Background(), &sdk.DescribeRequest{}); len(desc.Capabilities.ParkTiers) != 0 || !desc.Capabilities.IdleSignal {
 		t.Fatalf("describe %+v", desc)
 	}
 }
@@ -712,13 +711,13 @@ func TestPlan_Embeddings(t *testing.T) {
 	dir := modelDir(t)
 	for _, api := range []string{"chat", "embeddings"} {
 		dep := deployment(dir)
-		dep.Api = api
-		p, err := newDriver().Plan(context.Background(), &pb.PlanRequest{Installation: installation("/opt/llama/bin/llama-server"), Deployment: dep, Launch: &pb.LaunchContext{Port: 8080}})
-		if err != nil || len(p.GetRefusals()) > 0 {
-			t.Fatalf("%s: %v %v", api, err, p.GetRefusals())
+		dep.API = api
+		p, err := newDriver().Plan(context.Background(), &sdk.PlanRequest{Installation: *installation("/opt/llama/bin/llama-server"), Deployment: *dep, Launch: sdk.LaunchContext{Port: 8080}})
+		if err != nil || len(p.Refusals) > 0 {
+			t.Fatalf("%s: %v %v", api, err, p.Refusals)
 		}
-		if got := strings.Contains(strings.Join(p.GetArgv(), " ")+" ", " --embeddings "); got != (api == "embeddings") {
-			t.Fatalf("%s: --embeddings %v: %v", api, got, p.GetArgv())
+		if got := strings.Contains(strings.Join(p.Argv, " ")+" ", " --embeddings "); got != (api == "embeddings") {
+			t.Fatalf("%s: --embeddings %v: %v", api, got, p.Argv)
 		}
 	}
 }
@@ -730,21 +729,21 @@ func TestPlan_Rerank(t *testing.T) {
 	dir := modelDir(t)
 	for _, api := range []string{"chat", "embeddings", "rerank"} {
 		dep := deployment(dir)
-		dep.Api = api
-		p, err := newDriver().Plan(context.Background(), &pb.PlanRequest{Installation: installation("/opt/llama/bin/llama-server"), Deployment: dep, Launch: &pb.LaunchContext{Port: 8080}})
-		if err != nil || len(p.GetRefusals()) > 0 {
-			t.Fatalf("%s: %v %v", api, err, p.GetRefusals())
+		dep.API = api
+		p, err := newDriver().Plan(context.Background(), &sdk.PlanRequest{Installation: *installation("/opt/llama/bin/llama-server"), Deployment: *dep, Launch: sdk.LaunchContext{Port: 8080}})
+		if err != nil || len(p.Refusals) > 0 {
+			t.Fatalf("%s: %v %v", api, err, p.Refusals)
 		}
-		argv := strings.Join(p.GetArgv(), " ") + " "
+		argv := strings.Join(p.Argv, " ") + " "
 		if got := strings.Contains(argv, " --reranking "); got != (api == "rerank") {
-			t.Fatalf("%s: --reranking %v: %v", api, got, p.GetArgv())
+			t.Fatalf("%s: --reranking %v: %v", api, got, p.Argv)
 		}
 		if got := strings.Contains(argv, " --embeddings "); got != (api == "embeddings") {
-			t.Fatalf("%s: --embeddings %v: %v", api, got, p.GetArgv())
+			t.Fatalf("%s: --embeddings %v: %v", api, got, p.Argv)
 		}
 	}
-	desc, _ := newDriver().Describe(context.Background(), &pb.DescribeRequest{})
-	if got := strings.Join(desc.GetCapabilities().GetApis(), ","); got != "chat,decisions,embeddings,rerank" {
+	desc, _ := newDriver().Describe(context.Background(), &sdk.DescribeRequest{})
+	if got := strings.Join(desc.Capabilities.APIs, ","); got != "chat,decisions,embeddings,rerank" {
 		t.Fatalf("apis %s", got)
 	}
 }

@@ -13,10 +13,11 @@ import (
 	"os"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/capyctl/capyctl/drivers/internal/drivertest"
+	"github.com/capyctl/capyctl/sdk"
 	"github.com/capyctl/capyctl/sdk/engineapi"
-	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
 
 // TestIntegration_RealLlamaServer runs the driver against a real
@@ -38,50 +39,50 @@ func TestIntegration_RealLlamaServer(t *testing.T) {
 	d := New()
 	d.systemConfig = ""
 	ctx := context.Background()
-	det, err := d.Detect(ctx, &pb.DetectRequest{Path: bin})
+	det, err := d.Detect(ctx, &sdk.DetectRequest{Path: bin})
 	if err != nil {
 		t.Fatalf("detect %s: %v", bin, err)
 	}
-	t.Logf("llama-server %s (%s), notes %v", det.GetVersion(), det.GetDetails()["commit"], det.GetNotes())
+	t.Logf("llama-server %s (%s), notes %v", det.Version, det.Details["commit"], det.Notes)
 	// The installation as engine add registers it: with the details Detect
 	// read (the options of this build's --help), so the plan renders only
 	// options this build takes (an older build refuses --no-kv-unified,
 	// --fit, --cache-ram, --offline).
-	inst := &pb.Installation{Name: "llamacpp", Family: Family, Path: det.GetProgram(), Version: det.GetVersion(), Digest: det.GetDigest(), Details: det.GetDetails()}
+	inst := &sdk.Installation{Name: "llamacpp", Family: Family, Path: det.Program, Version: det.Version, Digest: det.Digest, Details: det.Details}
 	dep := deployment(modelDir(t))
 	dep.MaxConcurrentRequests, dep.ContextLength = 2, 256
-	lctx := &pb.LaunchContext{Port: int32(drivertest.FreePort(t)), LaunchDir: t.TempDir(), InstanceId: "stories/0", LaunchId: "it"}
-	plan, err := d.Plan(ctx, &pb.PlanRequest{Installation: inst, Deployment: dep, Launch: lctx})
-	if err != nil || len(plan.GetRefusals()) > 0 {
-		t.Fatalf("plan: %v %v", err, plan.GetRefusals())
+	lctx := &sdk.LaunchContext{Port: int32(drivertest.FreePort(t)), LaunchDir: t.TempDir(), InstanceID: "stories/0", LaunchID: "it"}
+	plan, err := d.Plan(ctx, &sdk.PlanRequest{Installation: *inst, Deployment: *dep, Launch: *lctx})
+	if err != nil || len(plan.Refusals) > 0 {
+		t.Fatalf("plan: %v %v", err, plan.Refusals)
 	}
-	t.Logf("argv: %s", strings.Join(plan.GetArgv(), " "))
-	if opts := det.GetDetails()[detailOptions]; opts != "" {
-		for _, a := range plan.GetArgv()[1:] {
+	t.Logf("argv: %s", strings.Join(plan.Argv, " "))
+	if opts := det.Details[detailOptions]; opts != "" {
+		for _, a := range plan.Argv[1:] {
 			if strings.HasPrefix(a, "--") && !supports(inst, a) {
 				t.Fatalf("the plan renders %s, which this build's --help does not list", a)
 			}
 		}
 	}
-	resp, err := d.Start(ctx, &pb.StartRequest{Installation: inst, Deployment: dep, Launch: lctx, Plan: plan, EngineKey: "integration-key"})
+	resp, err := d.Start(ctx, &sdk.StartRequest{Installation: *inst, Deployment: *dep, Launch: *lctx, Plan: *plan, EngineKey: "integration-key"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer d.Stop(ctx, &pb.StopRequest{InstanceId: "stories/0", GraceMs: 10_000})
-	ready, err := d.Probe(ctx, &pb.ProbeRequest{InstanceId: "stories/0", Kind: pb.ProbeKind_PROBE_KIND_READINESS, DeadlineMs: 120_000})
-	if err != nil || !ready.GetReady() {
+	defer d.Stop(ctx, &sdk.StopRequest{InstanceID: "stories/0", Grace: 10 * time.Second})
+	ready, err := d.Probe(ctx, &sdk.ProbeRequest{InstanceID: "stories/0", Kind: sdk.ProbeKindReadiness, Deadline: 120 * time.Second})
+	if err != nil || !ready.Ready {
 		t.Fatalf("readiness %+v %v\n(a build older than the flags the driver renders refuses them: see the log lines)", ready, err)
 	}
-	t.Logf("canary: %q", ready.GetCanary())
+	t.Logf("canary: %q", ready.Canary)
 	// The endpoint is a loopback port, or a Unix socket on a build that
 	// binds one (engineapi's client dials either).
-	ep := resp.GetEndpoint()
-	t.Logf("endpoint %s (%s)", ep.GetBaseUrl(), ep.GetListener())
-	client := engineapi.NewEngineClient(ep.GetBaseUrl(), ep.GetAuthHeader(), ep.GetAuthValue())
+	ep := &resp.Endpoint
+	t.Logf("endpoint %s (%s)", ep.BaseURL, ep.Listener)
+	client := engineapi.NewEngineClient(ep.BaseURL, ep.AuthHeader, ep.AuthValue)
 	defer client.CloseIdleConnections()
 	const question = `"max_tokens":16,"temperature":0,"messages":[{"role":"user","content":"Once upon a time"}]`
 	// Non-streamed: the answer with usage and llama-server's timings.
-	req, err := client.NewRequest(ctx, http.MethodPost, ep.GetChatPath(), strings.NewReader(`{"model":"stories","stream":false,`+question+`}`))
+	req, err := client.NewRequest(ctx, http.MethodPost, ep.ChatPath, strings.NewReader(`{"model":"stories","stream":false,`+question+`}`))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -109,7 +110,7 @@ func TestIntegration_RealLlamaServer(t *testing.T) {
 	// Streamed: server-sent events, each a piece of the same answer (the
 	// temperature is 0), then a last chunk with usage and timings, then
 	// [DONE]. The router relays exactly this.
-	req, err = client.NewRequest(ctx, http.MethodPost, ep.GetChatPath(),
+	req, err = client.NewRequest(ctx, http.MethodPost, ep.ChatPath,
 		strings.NewReader(`{"model":"stories","stream":true,"stream_options":{"include_usage":true},`+question+`}`))
 	if err != nil {
 		t.Fatal(err)
@@ -133,15 +134,15 @@ func TestIntegration_RealLlamaServer(t *testing.T) {
 	}
 	t.Logf("streamed %q in %d pieces; usage %v; the engine closed the connection after it: %v", streamed, pieces, last.Usage, r.Close)
 
-	load, err := d.Load(ctx, &pb.LoadRequest{InstanceId: "stories/0"})
-	if err != nil || !load.GetKnown() || load.GetRunning() != 0 {
+	load, err := d.Load(ctx, &sdk.LoadRequest{InstanceID: "stories/0"})
+	if err != nil || !load.Known || load.Running != 0 {
 		t.Fatalf("load %+v %v", load, err)
 	}
-	stop, err := d.Stop(ctx, &pb.StopRequest{InstanceId: "stories/0", GraceMs: 10_000})
-	if err != nil || !stop.GetGone() {
+	stop, err := d.Stop(ctx, &sdk.StopRequest{InstanceID: "stories/0", Grace: 10 * time.Second})
+	if err != nil || !stop.Gone {
 		t.Fatalf("stop %+v %v", stop, err)
 	}
-	t.Logf("stopped: exit %d forced %v", stop.GetExitCode(), stop.GetForced())
+	t.Logf("stopped: exit %d forced %v", stop.ExitCode, stop.Forced)
 }
 
 // streamChunk is the part of a streamed chat chunk the test reads.

@@ -17,7 +17,6 @@ import (
 	"github.com/capyctl/capyctl/sdk"
 	"github.com/capyctl/capyctl/sdk/enginekit"
 	"github.com/capyctl/capyctl/sdk/flags"
-	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
 
 // Startup bounds: llama.cpp loads by mmap, so a start takes about the time
@@ -102,45 +101,45 @@ func decodeConfig(raw []byte, r *enginekit.Refusals) Config {
 
 // Plan implements sdk.Driver: it checks the deployment, sizes it from the
 // GGUF header, and renders llama-server's command line and environment.
-func (d *Driver) Plan(_ context.Context, req *pb.PlanRequest) (*pb.PlanResponse, error) {
-	inst, dep, host, lctx := req.GetInstallation(), req.GetDeployment(), req.GetHost(), req.GetLaunch()
-	resp := &pb.PlanResponse{Residency: enginekit.ResidencyRestartOnly}
+func (d *Driver) Plan(_ context.Context, req *sdk.PlanRequest) (*sdk.PlanResponse, error) {
+	inst, dep, host, lctx := &req.Installation, &req.Deployment, &req.Host, &req.Launch
+	resp := &sdk.PlanResponse{Residency: enginekit.ResidencyRestartOnly}
 	var r enginekit.Refusals
 	// llama.cpp runs a model on one machine (its RPC backend is not a
 	// group CapyCTL runs): Capabilities.groups is false.
 	enginekit.RefuseGroup(dep, Family, "llama.cpp", &r)
-	cfg := decodeConfig(dep.GetEngineConfigJson(), &r)
+	cfg := decodeConfig(dep.EngineConfigJSON, &r)
 
-	switch dep.GetApi() {
+	switch dep.API {
 	case "", "chat", "embeddings", "rerank":
 	case "decisions":
-		if !versionAtLeast(inst.GetVersion(), DecisionsMinVersion) {
-			r.Add(enginekit.CodeCapabilityMissing+":decisions", "api", "decision models need llama.cpp %s or newer; engine %s is %s", DecisionsMinVersion, inst.GetName(), inst.GetVersion())
+		if !versionAtLeast(inst.Version, DecisionsMinVersion) {
+			r.Add(enginekit.CodeCapabilityMissing+":decisions", "api", "decision models need llama.cpp %s or newer; engine %s is %s", DecisionsMinVersion, inst.Name, inst.Version)
 		}
 	default:
-		r.Add(enginekit.CodeCapabilityMissing+":"+dep.GetApi(), "api", "llama.cpp serves chat, decisions, embeddings and rerank, not %q", dep.GetApi())
+		r.Add(enginekit.CodeCapabilityMissing+":"+dep.API, "api", "llama.cpp serves chat, decisions, embeddings and rerank, not %q", dep.API)
 	}
-	switch dep.GetResidency() {
+	switch dep.Residency {
 	case "", enginekit.ResidencyRestartOnly:
 	case enginekit.ResidencyDeep, enginekit.ResidencyHostBacked:
 		r.Add(enginekit.CodeCapabilityMissing+":deep_park", "residency", "llama.cpp cannot park: remove residency or set restart_only (CapyCTL stops the model when it needs the memory)")
 	default:
-		r.Add(flags.CodeInvalidConfig, "residency", "unknown residency %q", dep.GetResidency())
+		r.Add(flags.CodeInvalidConfig, "residency", "unknown residency %q", dep.Residency)
 	}
-	if dep.GetTrustRemoteCode() {
+	if dep.TrustRemoteCode {
 		r.Add(flags.CodeRemoteCode, "engine_config.trust_remote_code", "llama.cpp runs no code from a checkpoint: remove trust_remote_code")
 	}
 	for _, f := range []struct{ field, v string }{
-		{"engine_config.dtype", dep.GetDtype()}, {"engine_config.quantization", dep.GetQuantization()}, {"engine_config.cuda_graphs", dep.GetCudaGraphs()},
+		{"engine_config.dtype", dep.Dtype}, {"engine_config.quantization", dep.Quantization}, {"engine_config.cuda_graphs", dep.CUDAGraphs},
 	} {
 		if f.v != "" {
 			r.Add(flags.CodeInvalidConfig, f.field, "llama.cpp runs the GGUF file's own types and has no such setting: remove %s", f.field)
 		}
 	}
-	if m := dep.GetMemory(); m.GetKvCacheBytes() > 0 {
+	if m := &dep.Memory; m.KVCacheBytes > 0 {
 		r.Add(flags.CodeInvalidConfig, "engine_config.memory.kv_cache", "llama.cpp's KV cache is a full window per slot: set context_length and max_concurrent_requests instead")
 	}
-	if n := dep.GetMaxConcurrentRequests(); n < 0 || n > 256 {
+	if n := dep.MaxConcurrentRequests; n < 0 || n > 256 {
 		r.Add(flags.CodeInvalidConfig, "engine_config.max_concurrent_requests", "llama.cpp runs 1 to 256 slots, not %d", n)
 	}
 	enginekit.CheckOptions(Table, dep, host, nil, &r)
@@ -152,16 +151,16 @@ func (d *Driver) Plan(_ context.Context, req *pb.PlanRequest) (*pb.PlanResponse,
 
 	// The memory, from the header (when the model directory is known).
 	var sz *Sizing
-	if dir := dep.GetModelDir(); dir != "" && len(r) == 0 {
+	if dir := dep.ModelDir; dir != "" && len(r) == 0 {
 		var err error
 		sz, err = Size(SizeInput{
-			Dir: dir, File: cfg.GGUFFile, Context: dep.GetContextLength(), Slots: int(dep.GetMaxConcurrentRequests()),
-			KVType: dep.GetKvCacheDtype(), GPULayers: cfg.GPULayers, MMProj: cfg.MMProjFile,
+			Dir: dir, File: cfg.GGUFFile, Context: dep.ContextLength, Slots: int(dep.MaxConcurrentRequests),
+			KVType: dep.KVCacheDtype, GPULayers: cfg.GPULayers, MMProj: cfg.MMProjFile,
 		})
 		if err != nil {
 			r.Add(enginekit.CodeCheckpointUnusable, "model", "%v", err)
-		} else if dep.GetContextLength() > 0 && sz.TrainContext > 0 && dep.GetContextLength() > sz.TrainContext {
-			resp.Notes = append(resp.Notes, fmt.Sprintf("context_length %d is beyond the %d tokens %s was trained with", dep.GetContextLength(), sz.TrainContext, filepath.Base(sz.File)))
+		} else if dep.ContextLength > 0 && sz.TrainContext > 0 && dep.ContextLength > sz.TrainContext {
+			resp.Notes = append(resp.Notes, fmt.Sprintf("context_length %d is beyond the %d tokens %s was trained with", dep.ContextLength, sz.TrainContext, filepath.Base(sz.File)))
 		}
 	}
 	if len(r) > 0 {
@@ -181,10 +180,10 @@ func (d *Driver) Plan(_ context.Context, req *pb.PlanRequest) (*pb.PlanResponse,
 		// Written before the model is resolved: nothing to size yet.
 		return resp, nil
 	}
-	resp.Hints = &pb.MemoryHints{
+	resp.Hints = sdk.MemoryHints{
 		WeightsBytes:          sz.WeightsBytes + sz.MMProjBytes,
-		KvBytesPerToken:       sz.KVBytesPerToken,
-		KvCacheBytes:          sz.KVCacheBytes,
+		KVBytesPerToken:       sz.KVBytesPerToken,
+		KVCacheBytes:          sz.KVCacheBytes,
 		ReadyDeviceBytes:      sz.ReadyDeviceBytes(),
 		ReadyHostBytes:        sz.ReadyHostBytes(),
 		StartupDeviceBytes:    sz.ReadyDeviceBytes(),
@@ -192,10 +191,10 @@ func (d *Driver) Plan(_ context.Context, req *pb.PlanRequest) (*pb.PlanResponse,
 		MaxConcurrentRequests: int32(sz.Slots),
 		Source:                "gguf_header",
 	}
-	resp.StartupTimeoutMs = startupTimeout(sz.WeightsBytes).Milliseconds()
+	resp.StartupTimeout = startupTimeout(sz.WeightsBytes)
 	resp.Argv = renderArgv(inst, dep, lctx, cfg, sz)
 	resp.Env = renderEnv(dep, host, lctx, cfg)
-	resp.Workdir = lctx.GetLaunchDir()
+	resp.Workdir = lctx.LaunchDir
 	return resp, nil
 }
 
@@ -220,8 +219,8 @@ var hardening = [][]string{
 
 // supports reports whether the build takes an option (or its --no- or
 // positive spelling); unknown options lists mean every option.
-func supports(inst *pb.Installation, opt string) bool {
-	list := inst.GetDetails()[detailOptions]
+func supports(inst *sdk.Installation, opt string) bool {
+	list := inst.Details[detailOptions]
 	if list == "" {
 		return true
 	}
@@ -239,10 +238,10 @@ func supports(inst *pb.Installation, opt string) bool {
 
 // renderArgv is llama-server's command line. Options are long so the
 // rendered command reads like the flag table.
-func renderArgv(inst *pb.Installation, dep *pb.Deployment, lctx *pb.LaunchContext, cfg Config, sz *Sizing) []string {
+func renderArgv(inst *sdk.Installation, dep *sdk.Deployment, lctx *sdk.LaunchContext, cfg Config, sz *Sizing) []string {
 	port := "{{port}}"
-	if lctx.GetPort() > 0 {
-		port = strconv.Itoa(int(lctx.GetPort()))
+	if lctx.Port > 0 {
+		port = strconv.Itoa(int(lctx.Port))
 	}
 	// Every layer and the output layer: one more than the layers (a number
 	// every build takes, where "all" is newer).
@@ -256,12 +255,12 @@ func renderArgv(inst *pb.Installation, dep *pb.Deployment, lctx *pb.LaunchContex
 		listen = []string{"--host", sock}
 	}
 	argv := []string{
-		inst.GetPath(),
+		inst.Path,
 		"--model", sz.File,
 	}
 	argv = append(argv, listen...)
 	argv = append(argv,
-		"--alias", dep.GetServedName(),
+		"--alias", dep.ServedName,
 		"--ctx-size", strconv.FormatInt(sz.CtxSize, 10),
 		"--parallel", strconv.Itoa(sz.Slots),
 		"--n-gpu-layers", ngl,
@@ -275,28 +274,28 @@ func renderArgv(inst *pb.Installation, dep *pb.Deployment, lctx *pb.LaunchContex
 			argv = append(argv, h...)
 		}
 	}
-	if dep.GetApi() == "embeddings" {
+	if dep.API == "embeddings" {
 		// An embedding model: llama-server serves /v1/embeddings only
 		// with --embeddings (an option of every build since 2023).
 		argv = append(argv, "--embeddings")
 	}
-	if dep.GetApi() == "rerank" {
+	if dep.API == "rerank" {
 		// A reranker: llama-server serves /v1/rerank only with
 		// --reranking (which also sets the rank pooling).
 		argv = append(argv, "--reranking")
 	}
 	if cfg.MMProjFile != "" {
-		p, _ := inside(dep.GetModelDir(), cfg.MMProjFile)
+		p, _ := inside(dep.ModelDir, cfg.MMProjFile)
 		argv = append(argv, "--mmproj", p)
 	}
-	return append(argv, dep.GetExtraArgs()...)
+	return append(argv, dep.ExtraArgs...)
 }
 
 // socketFor is the socket a launch listens on: in its launch directory
 // when the build binds a Unix socket for a --host ending in .sock and the
 // path fits, else "".
-func socketFor(inst *pb.Installation, lctx *pb.LaunchContext) string {
-	if inst.GetDetails()[detailUnixSocket] != "true" {
+func socketFor(inst *sdk.Installation, lctx *sdk.LaunchContext) string {
+	if inst.Details[detailUnixSocket] != "true" {
 		return ""
 	}
 	sock, _ := enginekit.SocketPath(lctx)
@@ -311,8 +310,8 @@ var launchDirs = []string{"home", "config", "cache"}
 // model (n_gpu_layers = 0) sees no card: a CUDA build would otherwise
 // still take a context and compute buffers on the first card for prompt
 // processing, memory its host-RAM-only charge does not hold.
-func renderEnv(dep *pb.Deployment, host *pb.HostPolicy, lctx *pb.LaunchContext, cfg Config) map[string]string {
-	dir := lctx.GetLaunchDir()
+func renderEnv(dep *sdk.Deployment, host *sdk.HostPolicy, lctx *sdk.LaunchContext, cfg Config) map[string]string {
+	dir := lctx.LaunchDir
 	if dir == "" {
 		dir = "{{launch_dir}}"
 	}
@@ -323,11 +322,11 @@ func renderEnv(dep *pb.Deployment, host *pb.HostPolicy, lctx *pb.LaunchContext, 
 	env["LLAMA_CACHE"] = filepath.Join(dir, "cache")
 	env.NoTelemetry(host)
 	env.PinDevices(lctx)
-	env.Merge(host.GetHostEnv())
+	env.Merge(host.HostEnv)
 	if cfg.GPULayers == 0 {
 		env["CUDA_VISIBLE_DEVICES"] = ""
 	}
-	env.Merge(dep.GetEnv())
+	env.Merge(dep.Env)
 	return env
 }
 
@@ -337,18 +336,18 @@ const keyEnv = "LLAMA_API_KEY"
 // Start implements sdk.Driver: it proves the registered binary is what
 // runs, that the leased port is free, and launches llama-server behind the
 // launch shim with its key in the environment.
-func (d *Driver) Start(_ context.Context, req *pb.StartRequest) (*pb.StartResponse, error) {
-	inst, dep, lctx, plan := req.GetInstallation(), req.GetDeployment(), req.GetLaunch(), req.GetPlan()
+func (d *Driver) Start(_ context.Context, req *sdk.StartRequest) (*sdk.StartResponse, error) {
+	inst, dep, lctx, plan := &req.Installation, &req.Deployment, &req.Launch, &req.Plan
 	// IMPORTANT: the pinned installation must be what runs.
-	digest, err := enginekit.FileDigest(inst.GetPath())
+	digest, err := enginekit.FileDigest(inst.Path)
 	if err != nil {
-		return nil, sdk.Errorf(sdk.CodeEngineNotFound, "llama-server %s: %v", inst.GetPath(), enginekit.UnwrapPathErr(err))
+		return nil, sdk.Errorf(sdk.CodeEngineNotFound, "llama-server %s: %v", inst.Path, enginekit.UnwrapPathErr(err))
 	}
-	if inst.GetDigest() != "" && digest != inst.GetDigest() {
+	if inst.Digest != "" && digest != inst.Digest {
 		return nil, sdk.Errorf(enginekit.CodeInstallationDrift,
-			"llama-server %s changed since it was registered (pinned %s, now %s); register it again with capyctl engine add", inst.GetPath(), inst.GetDigest(), digest)
+			"llama-server %s changed since it was registered (pinned %s, now %s); register it again with capyctl engine add", inst.Path, inst.Digest, digest)
 	}
-	if dir := lctx.GetLaunchDir(); dir != "" {
+	if dir := lctx.LaunchDir; dir != "" {
 		for _, sub := range launchDirs {
 			if err := os.MkdirAll(filepath.Join(dir, sub), 0o700); err != nil {
 				return nil, sdk.Errorf(sdk.CodeLaunchFailed, "prepare the launch directory: %v", err)
@@ -356,16 +355,16 @@ func (d *Driver) Start(_ context.Context, req *pb.StartRequest) (*pb.StartRespon
 		}
 	}
 	secret := map[string]string{}
-	if k := req.GetEngineKey(); k != "" {
+	if k := req.EngineKey; k != "" {
 		secret[keyEnv] = k
 	}
 	launched, err := enginekit.StartLaunch(enginekit.LaunchOptions{
-		Plan: plan, Host: req.GetHost(), Launch: lctx, SecretEnv: secret, Secrets: []string{req.GetEngineKey(), req.GetAdminKey()},
+		Plan: plan, Host: &req.Host, Launch: lctx, SecretEnv: secret, Secrets: []string{req.EngineKey, req.AdminKey},
 	})
 	if err != nil {
 		return nil, err
 	}
-	h := newHandle(lctx.GetInstanceId(), lctx.GetLaunchId(), *launched, int(lctx.GetPort()), req.GetEngineKey(), dep, plan, d.stopGrace)
+	h := newHandle(lctx.InstanceID, lctx.LaunchID, *launched, int(lctx.Port), req.EngineKey, dep, plan, d.stopGrace)
 	return d.reg.Started(h), nil
 }
 

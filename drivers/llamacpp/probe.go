@@ -16,7 +16,6 @@ import (
 	"github.com/capyctl/capyctl/sdk/enginefacts"
 	"github.com/capyctl/capyctl/sdk/enginekit"
 	"github.com/capyctl/capyctl/sdk/proc"
-	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
 
 // canaryPrompt is the fixed prompt whose answer proves a chat model ready.
@@ -42,8 +41,8 @@ type handle struct {
 	mismatch string
 }
 
-func newHandle(id, launchID string, l proc.Launched, port int, key string, dep *pb.Deployment, plan *pb.PlanResponse, grace time.Duration) *handle {
-	ep := enginekit.NewEndpoint(port, dep.GetServedName(), key)
+func newHandle(id, launchID string, l proc.Launched, port int, key string, dep *sdk.Deployment, plan *sdk.PlanResponse, grace time.Duration) *handle {
+	ep := enginekit.NewEndpoint(port, dep.ServedName, key)
 	ep.DecisionsPath = decisions.Path
 	// Builds since llama.cpp PR #17570 count a Messages request's tokens
 	// through the chat template; an older build answers 404, which the
@@ -56,10 +55,10 @@ func newHandle(id, launchID string, l proc.Launched, port int, key string, dep *
 	// load an abandoned non-streamed request runs to max_tokens
 	// (llamaserver-observed.md, "Cancellation"). Streamed, it stops at the
 	// next token. So the router streams from it whatever the client asked.
-	ep.NonStreamedHangup = pb.NonStreamedHangup_NON_STREAMED_HANGUP_STREAM
+	ep.NonStreamedHangup = sdk.NonStreamedHangupStream
 	sock := enginekit.SocketOf(l.LaunchDir)
 	if plan != nil {
-		sock = enginekit.SocketInArgv(plan.GetArgv(), "--host")
+		sock = enginekit.SocketInArgv(plan.Argv, "--host")
 	}
 	x := enginekit.Exposure{Socket: sock}
 	if sock == "" {
@@ -67,11 +66,11 @@ func newHandle(id, launchID string, l proc.Launched, port int, key string, dep *
 	}
 	x.Apply(ep)
 	in := enginekit.NewInstance(id, launchID, l, port, ep)
-	in.API, in.ModelDir, in.Residency, in.StopGrace = dep.GetApi(), dep.GetModelDir(), enginekit.ResidencyRestartOnly, grace
+	in.API, in.ModelDir, in.Residency, in.StopGrace = dep.API, dep.ModelDir, enginekit.ResidencyRestartOnly, grace
 	h := &handle{Instance: in, startup: startupBase}
 	if plan != nil {
-		h.slots, h.slotCtx = slotsOf(plan.GetArgv())
-		if t := time.Duration(plan.GetStartupTimeoutMs()) * time.Millisecond; t > 0 {
+		h.slots, h.slotCtx = slotsOf(plan.Argv)
+		if t := plan.StartupTimeout; t > 0 {
 			h.startup = t
 		}
 	}
@@ -79,15 +78,15 @@ func newHandle(id, launchID string, l proc.Launched, port int, key string, dep *
 }
 
 // Probe implements sdk.Driver.
-func (d *Driver) Probe(ctx context.Context, req *pb.ProbeRequest) (*pb.ProbeResponse, error) {
-	h, err := d.reg.Get(req.GetInstanceId())
+func (d *Driver) Probe(ctx context.Context, req *sdk.ProbeRequest) (*sdk.ProbeResponse, error) {
+	h, err := d.reg.Get(req.InstanceID)
 	if err != nil {
 		return nil, err
 	}
-	switch req.GetKind() {
-	case pb.ProbeKind_PROBE_KIND_LIVENESS:
+	switch req.Kind {
+	case sdk.ProbeKindLiveness:
 		return h.Liveness(), nil
-	case pb.ProbeKind_PROBE_KIND_READINESS, pb.ProbeKind_PROBE_KIND_WAKE_CHECK:
+	case sdk.ProbeKindReadiness, sdk.ProbeKindWakeCheck:
 		watch := func() (bool, string) {
 			h.mu.Lock()
 			defer h.mu.Unlock()
@@ -95,7 +94,7 @@ func (d *Driver) Probe(ctx context.Context, req *pb.ProbeRequest) (*pb.ProbeResp
 		}
 		return h.WaitReady(ctx, enginekit.ProbeDeadline(req, h.startup), h.readyOnce, watch, nil), nil
 	}
-	return nil, sdk.Errorf("invalid_request", "unknown probe kind %v", req.GetKind())
+	return nil, sdk.Errorf("invalid_request", "unknown probe kind %v", req.Kind)
 }
 
 // readyOnce runs llama.cpp's readiness checks in order: /health 200 (503
@@ -142,7 +141,7 @@ func (h *handle) readyOnce(ctx context.Context) (bool, string, string) {
 		return h.readinessDecision(ctx)
 	}
 	probe := func() (string, error) {
-		return engineapi.ChatProbe(ctx, c, h.Endpoint.GetChatPath(), h.ServedName, canaryPrompt, 8)
+		return engineapi.ChatProbe(ctx, c, h.Endpoint.ChatPath, h.ServedName, canaryPrompt, 8)
 	}
 	switch h.API {
 	case "embeddings":
@@ -172,16 +171,16 @@ func (h *handle) readinessDecision(ctx context.Context) (bool, string, string) {
 
 // Load implements sdk.Driver: the idle signal is llama-server's busy slots
 // (llamacpp:requests_processing) and queued tasks (requests_deferred).
-func (d *Driver) Load(ctx context.Context, req *pb.LoadRequest) (*pb.LoadResponse, error) {
+func (d *Driver) Load(ctx context.Context, req *sdk.LoadRequest) (*sdk.LoadResponse, error) {
 	return d.reg.Load(ctx, req, metricNames)
 }
 
 // Stop implements sdk.Driver: SIGTERM to the group, SIGKILL after the
 // grace, proof that every process is gone. llama-server's exit status
 // after SIGTERM is 134 (it aborts on its way out); that is a clean stop.
-func (d *Driver) Stop(_ context.Context, req *pb.StopRequest) (*pb.StopResponse, error) {
+func (d *Driver) Stop(_ context.Context, req *sdk.StopRequest) (*sdk.StopResponse, error) {
 	resp, err := d.reg.Stop(req, d.stopGrace, enginekit.StopHooks{})
-	if err == nil && resp.GetExitCode() == 134 && !resp.GetForced() {
+	if err == nil && resp.ExitCode == 134 && !resp.Forced {
 		resp.Detail += " (llama-server exits 134 after SIGTERM)"
 	}
 	return resp, err
@@ -203,19 +202,19 @@ func openRoutes(key string) []string {
 
 // Recover implements sdk.Driver: it rebuilds the handle from the recorded
 // launch and reports the engine running, gone or uncertain.
-func (d *Driver) Recover(_ context.Context, req *pb.RecoverRequest) (*pb.RecoverResponse, error) {
+func (d *Driver) Recover(_ context.Context, req *sdk.RecoverRequest) (*sdk.RecoverResponse, error) {
 	return d.reg.Recover(req, func(launched proc.Launched, detail string) (*handle, string, error) {
-		l := req.GetLaunch()
-		return newHandle(req.GetInstanceId(), l.GetLaunchId(), launched, int(l.GetPort()), req.GetEngineKey(), req.GetDeployment(), nil, d.stopGrace), detail, nil
+		l := &req.Launch
+		return newHandle(req.InstanceID, l.LaunchID, launched, int(l.Port), req.EngineKey, &req.Deployment, nil, d.stopGrace), detail, nil
 	})
 }
 
 // Logs implements sdk.Driver.
-func (d *Driver) Logs(_ context.Context, req *pb.LogsRequest) (*pb.LogsResponse, error) {
+func (d *Driver) Logs(_ context.Context, req *sdk.LogsRequest) (*sdk.LogsResponse, error) {
 	return d.reg.Logs(req)
 }
 
 // WaitExit reports the engine's exit the moment its process is gone.
-func (d *Driver) WaitExit(ctx context.Context, req *pb.WaitExitRequest) (*pb.ExitEvent, error) {
+func (d *Driver) WaitExit(ctx context.Context, req *sdk.WaitExitRequest) (*sdk.ExitEvent, error) {
 	return d.reg.WaitExit(ctx, req)
 }

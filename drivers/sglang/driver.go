@@ -35,7 +35,6 @@ import (
 	"github.com/capyctl/capyctl/sdk"
 	"github.com/capyctl/capyctl/sdk/enginefacts"
 	"github.com/capyctl/capyctl/sdk/enginekit"
-	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
 
 // Family is this driver's engine family.
@@ -141,30 +140,30 @@ var (
 func New() *Driver { return &Driver{reg: enginekit.NewRegistry[*enginekit.Instance]()} }
 
 // Describe implements sdk.Driver.
-func (d *Driver) Describe(context.Context, *pb.DescribeRequest) (*pb.DescribeResponse, error) {
-	return enginekit.Describe(Family, d.Version, &pb.Capabilities{
+func (d *Driver) Describe(context.Context, *sdk.DescribeRequest) (*sdk.DescribeResponse, error) {
+	return enginekit.Describe(Family, d.Version, &sdk.Capabilities{
 		ParkTiers:      []string{enginekit.ResidencyDeep, enginekit.ResidencyHostBacked},
-		Apis:           []string{"chat", "decisions", "embeddings"},
-		AbortMode:      pb.AbortMode_ABORT_MODE_REQUEST_ID,
+		APIs:           []string{"chat", "decisions", "embeddings"},
+		AbortMode:      sdk.AbortModeRequestID,
 		IdleSignal:     true,
-		Lmcache:        true,
-		RequestIdField: RequestIDField,
+		LMCache:        true,
+		RequestIDField: RequestIDField,
 		Groups:         true,
 	}, pyengine.ConfigSchema(Family, configKeys)), nil
 }
 
 // Detect implements sdk.Driver: a venv with an sglang distribution, read
 // from its *.dist-info without running Python.
-func (d *Driver) Detect(_ context.Context, req *pb.DetectRequest) (*pb.DetectResponse, error) {
-	v, resp, err := pyengine.Detect(req.GetPath(), pyengine.DetectSpec{Family: Family, Dist: "sglang", Verified: VerifiedVersions, Module: Module})
+func (d *Driver) Detect(_ context.Context, req *sdk.DetectRequest) (*sdk.DetectResponse, error) {
+	v, resp, err := pyengine.Detect(req.Path, pyengine.DetectSpec{Family: Family, Dist: "sglang", Verified: VerifiedVersions, Module: Module})
 	if err != nil {
 		return nil, err
 	}
-	resp.Notes = []string{"launches " + resp.GetProgram() + " -m " + Module + " with SGLANG_PLUGINS=" + NoPlugins + " (no plugin is loaded)"}
-	if !resp.GetVerified() {
-		resp.Notes = append(resp.Notes, "SGLang "+resp.GetVersion()+" is not a verified version (0.5.20 to 0.5.22): it runs as custom")
+	resp.Notes = []string{"launches " + resp.Program + " -m " + Module + " with SGLANG_PLUGINS=" + NoPlugins + " (no plugin is loaded)"}
+	if !resp.Verified {
+		resp.Notes = append(resp.Notes, "SGLang "+resp.Version+" is not a verified version (0.5.20 to 0.5.22): it runs as custom")
 	}
-	if !pyengine.VersionAtLeast(resp.GetVersion(), DecisionsSince) {
+	if !pyengine.VersionAtLeast(resp.Version, DecisionsSince) {
 		resp.Notes = append(resp.Notes, "decision models need SGLang "+DecisionsSince+" or newer")
 	}
 	if dirs := v.PthDirs("nvidia_cutlass_dsl"); len(dirs) > 0 {
@@ -174,6 +173,6 @@ func (d *Driver) Detect(_ context.Context, req *pb.DetectRequest) (*pb.DetectRes
 }
 
 // Flags implements sdk.Driver.
-func (d *Driver) Flags(context.Context, *pb.FlagsRequest) (*pb.FlagsResponse, error) {
-	return Table.Proto(), nil
+func (d *Driver) Flags(context.Context, *sdk.FlagsRequest) (*sdk.FlagsResponse, error) {
+	return Table.Response(), nil
 }

@@ -15,14 +15,13 @@ import (
 	"github.com/capyctl/capyctl/sdk"
 	"github.com/capyctl/capyctl/sdk/engineapi"
 	"github.com/capyctl/capyctl/sdk/enginekit"
-	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
 
 // fixture is a registered SGLang venv and model directories in a temp dir.
 type fixture struct {
 	root  string
-	inst  *pb.Installation
-	old   *pb.Installation // 0.5.21: no decision models
+	inst  *sdk.Installation
+	old   *sdk.Installation // 0.5.21: no decision models
 	qwen3 string
 	llama string
 }
@@ -45,66 +44,66 @@ func newFixture(t *testing.T) *fixture {
 	f.qwen3, f.llama = drivertest.WriteModels(t, root, `{"chat_template":"<|im_start|><think>\n"}`)
 	for _, p := range []struct {
 		path string
-		into **pb.Installation
+		into **sdk.Installation
 	}{{venv, &f.inst}, {oldVenv, &f.old}} {
-		det, err := New().Detect(context.Background(), &pb.DetectRequest{Path: p.path})
+		det, err := New().Detect(context.Background(), &sdk.DetectRequest{Path: p.path})
 		if err != nil {
 			t.Fatal(err)
 		}
-		*p.into = &pb.Installation{Name: "sglang", Family: Family, Path: p.path, Version: det.GetVersion(), Verified: det.GetVerified(), Digest: det.GetDigest()}
+		*p.into = &sdk.Installation{Name: "sglang", Family: Family, Path: p.path, Version: det.Version, Verified: det.Verified, Digest: det.Digest}
 	}
 	return f
 }
 
-func launchCtx() *pb.LaunchContext { return drivertest.LaunchContext(41300) }
+func launchCtx() *sdk.LaunchContext { return drivertest.LaunchContext(41300) }
 
 func TestPlan_Golden(t *testing.T) {
 	f := newFixture(t)
 	cases := []struct {
 		name string
-		dep  *pb.Deployment
-		host *pb.HostPolicy
-		lctx *pb.LaunchContext
+		dep  *sdk.Deployment
+		host *sdk.HostPolicy
+		lctx *sdk.LaunchContext
 	}{
 		{
 			name: "default_deep_qwen3",
-			dep:  &pb.Deployment{Name: "chat", Api: "chat", ServedName: "chat", ModelDir: f.qwen3},
-			host: &pb.HostPolicy{},
+			dep:  &sdk.Deployment{Name: "chat", API: "chat", ServedName: "chat", ModelDir: f.qwen3},
+			host: &sdk.HostPolicy{},
 			lctx: launchCtx(),
 		},
 		{
 			name: "host_backed_typed_fields",
-			dep: &pb.Deployment{
-				Name: "chat", Api: "chat", ServedName: "public-chat", ModelDir: f.llama, Residency: "host_backed",
-				MaxConcurrentRequests: 16, ContextLength: 32768, KvCacheDtype: "fp8_e4m3", CudaGraphs: "false",
-				EngineConfigJson: []byte(`{"chunked_prefill_size":8192,"tool_call_parser":"auto","reasoning_parser":"none"}`),
+			dep: &sdk.Deployment{
+				Name: "chat", API: "chat", ServedName: "public-chat", ModelDir: f.llama, Residency: "host_backed",
+				MaxConcurrentRequests: 16, ContextLength: 32768, KVCacheDtype: "fp8_e4m3", CUDAGraphs: "false",
+				EngineConfigJSON: []byte(`{"chunked_prefill_size":8192,"tool_call_parser":"auto","reasoning_parser":"none"}`),
 				AcceptExtraArgs:  true, ExtraArgs: []string{"--enable-mixed-chunk"},
 				Env: map[string]string{"TOKENIZERS_PARALLELISM": "false"},
 			},
-			host: &pb.HostPolicy{EngineTelemetry: "allow", CudaHome: "/usr/local/cuda"},
+			host: &sdk.HostPolicy{EngineTelemetry: "allow", CUDAHome: "/usr/local/cuda"},
 			lctx: launchCtx(),
 		},
 		{
 			name: "decisions_restart_only_at_write_time",
-			dep:  &pb.Deployment{Name: "judge", Api: "decisions", ServedName: "judge", ModelDir: f.qwen3, Memory: &pb.MemorySizes{KvCacheBytes: 1 << 30}},
-			host: &pb.HostPolicy{},
+			dep:  &sdk.Deployment{Name: "judge", API: "decisions", ServedName: "judge", ModelDir: f.qwen3, Memory: sdk.MemorySizes{KVCacheBytes: 1 << 30}},
+			host: &sdk.HostPolicy{},
 		},
 		{
 			name: "speculative_restarts",
-			dep: &pb.Deployment{Name: "spec", Api: "chat", ServedName: "spec", ModelDir: f.qwen3, AcceptExtraArgs: true,
+			dep: &sdk.Deployment{Name: "spec", API: "chat", ServedName: "spec", ModelDir: f.qwen3, AcceptExtraArgs: true,
 				ExtraArgs: []string{"--speculative-algorithm", "EAGLE", "--speculative-draft-model-path", "/models/drafts/eagle"}},
-			host: &pb.HostPolicy{ApprovedPaths: []string{"/models/drafts"}},
+			host: &sdk.HostPolicy{ApprovedPaths: []string{"/models/drafts"}},
 			lctx: launchCtx(),
 		},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			resp, err := New().Plan(context.Background(), &pb.PlanRequest{Installation: f.inst, Deployment: c.dep, Host: c.host, Launch: c.lctx})
+			resp, err := New().Plan(context.Background(), &sdk.PlanRequest{Installation: *f.inst, Deployment: drivertest.Value(c.dep), Host: drivertest.Value(c.host), Launch: drivertest.Value(c.lctx)})
 			if err != nil {
 				t.Fatal(err)
 			}
-			if len(resp.GetRefusals()) > 0 {
-				t.Fatalf("refused: %v", resp.GetRefusals())
+			if len(resp.Refusals) > 0 {
+				t.Fatalf("refused: %v", resp.Refusals)
 			}
 			drivertest.Golden(t, c.name, drivertest.RenderPlan(resp, map[string]string{f.root: "<tmp>"}))
 		})
@@ -114,12 +113,12 @@ func TestPlan_Golden(t *testing.T) {
 func TestPlan_Invariants(t *testing.T) {
 	f := newFixture(t)
 	for _, res := range []string{"", "deep", "host_backed", "restart_only"} {
-		dep := &pb.Deployment{Name: "d", Api: "chat", ServedName: "d", ModelDir: f.llama, Residency: res}
-		resp, err := New().Plan(context.Background(), &pb.PlanRequest{Installation: f.inst, Deployment: dep, Host: &pb.HostPolicy{}, Launch: launchCtx()})
-		if err != nil || len(resp.GetRefusals()) > 0 {
-			t.Fatalf("%s: %v %v", res, err, resp.GetRefusals())
+		dep := &sdk.Deployment{Name: "d", API: "chat", ServedName: "d", ModelDir: f.llama, Residency: res}
+		resp, err := New().Plan(context.Background(), &sdk.PlanRequest{Installation: *f.inst, Deployment: *dep, Host: sdk.HostPolicy{}, Launch: *launchCtx()})
+		if err != nil || len(resp.Refusals) > 0 {
+			t.Fatalf("%s: %v %v", res, err, resp.Refusals)
 		}
-		argv := strings.Join(resp.GetArgv(), " ")
+		argv := strings.Join(resp.Argv, " ")
 		if strings.Contains(argv, "--enable-memory-saver") != (res != "restart_only") {
 			t.Errorf("%s: memory saver: %s", res, argv)
 		}
@@ -134,7 +133,7 @@ func TestPlan_Invariants(t *testing.T) {
 		if strings.Contains(argv, "--api-key") {
 			t.Errorf("a key on the command line: %s", argv)
 		}
-		if e := resp.GetEnv(); e["SGLANG_PLUGINS"] != NoPlugins || e["DO_NOT_TRACK"] != "1" {
+		if e := resp.Env; e["SGLANG_PLUGINS"] != NoPlugins || e["DO_NOT_TRACK"] != "1" {
 			t.Errorf("env %v", e)
 		}
 	}
@@ -142,52 +141,52 @@ func TestPlan_Invariants(t *testing.T) {
 
 func TestPlan_Refusals(t *testing.T) {
 	f := newFixture(t)
-	base := func() *pb.Deployment {
-		return &pb.Deployment{Name: "d", Api: "chat", ServedName: "d", ModelDir: f.llama, AcceptExtraArgs: true}
+	base := func() *sdk.Deployment {
+		return &sdk.Deployment{Name: "d", API: "chat", ServedName: "d", ModelDir: f.llama, AcceptExtraArgs: true}
 	}
 	cases := []struct {
 		name  string
-		edit  func(d *pb.Deployment)
-		host  *pb.HostPolicy
-		inst  *pb.Installation
+		edit  func(d *sdk.Deployment)
+		host  *sdk.HostPolicy
+		inst  *sdk.Installation
 		codes []string
 	}{
-		{name: "dump option", edit: func(d *pb.Deployment) { d.ExtraArgs = []string{"--debug-tensor-dump-output-folder", "/tmp/x"} }, codes: []string{"engine_option_reserved:--debug-tensor-dump-output-folder"}},
-		{name: "dump option even when approved", edit: func(d *pb.Deployment) { d.ExtraArgs = []string{"--export-metrics-to-file-dir=/srv/m"} },
-			host: &pb.HostPolicy{ApprovedPaths: []string{"/srv"}, ApprovedOptions: []string{"--export-metrics-to-file-dir"}}, codes: []string{"engine_option_reserved:--export-metrics-to-file-dir"}},
-		{name: "watermark config", edit: func(d *pb.Deployment) { d.ExtraArgs = []string{"--watermark-config", "{}"} }, codes: []string{"engine_option_reserved:--watermark-config"}},
-		{name: "api key", edit: func(d *pb.Deployment) { d.ExtraArgs = []string{"--api-key", "x"} }, codes: []string{"engine_option_reserved:--api-key"}},
-		{name: "config file", edit: func(d *pb.Deployment) { d.ExtraArgs = []string{"--config", "/tmp/c.yaml"} }, codes: []string{"engine_option_reserved:--config"}},
-		{name: "tp alias", edit: func(d *pb.Deployment) { d.ExtraArgs = []string{"--tp", "2"} }, codes: []string{"engine_option_owned:--tp-size"}},
-		{name: "lmcache", edit: func(d *pb.Deployment) { d.ExtraArgs = []string{"--lmcache-mp-port", "1"} }, codes: []string{"engine_option_reserved:--lmcache-mp-port"}},
-		{name: "owned", edit: func(d *pb.Deployment) { d.ExtraArgs = []string{"--mem-fraction-static", "0.9"} }, codes: []string{"engine_option_owned:--mem-fraction-static"}},
-		{name: "unapproved path option", edit: func(d *pb.Deployment) { d.ExtraArgs = []string{"--speculative-draft-model-path", "/tmp/d"} }, codes: []string{"engine_option_not_approved:--speculative-draft-model-path"}},
-		{name: "unapproved dir option", edit: func(d *pb.Deployment) { d.ExtraArgs = []string{"--file-storage-dir", "/tmp/d"} }, codes: []string{"engine_option_not_approved:--file-storage-dir"}},
-		{name: "custom loader", edit: func(d *pb.Deployment) { d.ExtraArgs = []string{"--custom-weight-loader", "m.f"} }, codes: []string{"engine_option_not_approved:--custom-weight-loader"}},
-		{name: "dump variable", edit: func(d *pb.Deployment) { d.Env = map[string]string{"SGLANG_DUMPER_DIR": "/tmp"} }, codes: []string{"engine_env_reserved:SGLANG_DUMPER_DIR"}},
-		{name: "dumper variable", edit: func(d *pb.Deployment) { d.Env = map[string]string{"DUMPER_ENABLE": "1"} }, codes: []string{"engine_env_reserved:DUMPER_ENABLE"}},
-		{name: "kernel api variable", edit: func(d *pb.Deployment) { d.Env = map[string]string{"SGLANG_KERNEL_API_LOGDIR": "/tmp"} }, codes: []string{"engine_env_reserved:SGLANG_KERNEL_API_LOGDIR"}},
-		{name: "coredump variable", edit: func(d *pb.Deployment) { d.Env = map[string]string{"SGLANG_CUDA_COREDUMP": "1"} }, codes: []string{"engine_env_reserved:SGLANG_CUDA_COREDUMP"}},
-		{name: "plugins", edit: func(d *pb.Deployment) { d.Env = map[string]string{"SGLANG_PLUGINS": ""} }, codes: []string{"engine_env_reserved:SGLANG_PLUGINS"}},
-		{name: "platform", edit: func(d *pb.Deployment) { d.Env = map[string]string{"SGLANG_PLATFORM": "x"} }, codes: []string{"engine_env_reserved:SGLANG_PLATFORM"}},
-		{name: "smg", edit: func(d *pb.Deployment) { d.Env = map[string]string{"SMG_PORT": "1"} }, codes: []string{"engine_env_reserved:SMG_PORT"}},
-		{name: "unknown config key", edit: func(d *pb.Deployment) { d.EngineConfigJson = []byte(`{"mem_fraction":0.5}`) }, codes: []string{"unknown_config_key:engine_config.sglang.mem_fraction"}},
-		{name: "remote code", edit: func(d *pb.Deployment) { d.TrustRemoteCode = true }, codes: []string{"remote_code_not_allowed"}},
-		{name: "decisions parking", edit: func(d *pb.Deployment) { d.Api = "decisions"; d.Residency = "deep" }, codes: []string{"capability_missing:deep_park"}},
-		{name: "decisions with a parser", edit: func(d *pb.Deployment) {
-			d.Api = "decisions"
-			d.EngineConfigJson = []byte(`{"tool_call_parser":"qwen25"}`)
+		{name: "dump option", edit: func(d *sdk.Deployment) { d.ExtraArgs = []string{"--debug-tensor-dump-output-folder", "/tmp/x"} }, codes: []string{"engine_option_reserved:--debug-tensor-dump-output-folder"}},
+		{name: "dump option even when approved", edit: func(d *sdk.Deployment) { d.ExtraArgs = []string{"--export-metrics-to-file-dir=/srv/m"} },
+			host: &sdk.HostPolicy{ApprovedPaths: []string{"/srv"}, ApprovedOptions: []string{"--export-metrics-to-file-dir"}}, codes: []string{"engine_option_reserved:--export-metrics-to-file-dir"}},
+		{name: "watermark config", edit: func(d *sdk.Deployment) { d.ExtraArgs = []string{"--watermark-config", "{}"} }, codes: []string{"engine_option_reserved:--watermark-config"}},
+		{name: "api key", edit: func(d *sdk.Deployment) { d.ExtraArgs = []string{"--api-key", "x"} }, codes: []string{"engine_option_reserved:--api-key"}},
+		{name: "config file", edit: func(d *sdk.Deployment) { d.ExtraArgs = []string{"--config", "/tmp/c.yaml"} }, codes: []string{"engine_option_reserved:--config"}},
+		{name: "tp alias", edit: func(d *sdk.Deployment) { d.ExtraArgs = []string{"--tp", "2"} }, codes: []string{"engine_option_owned:--tp-size"}},
+		{name: "lmcache", edit: func(d *sdk.Deployment) { d.ExtraArgs = []string{"--lmcache-mp-port", "1"} }, codes: []string{"engine_option_reserved:--lmcache-mp-port"}},
+		{name: "owned", edit: func(d *sdk.Deployment) { d.ExtraArgs = []string{"--mem-fraction-static", "0.9"} }, codes: []string{"engine_option_owned:--mem-fraction-static"}},
+		{name: "unapproved path option", edit: func(d *sdk.Deployment) { d.ExtraArgs = []string{"--speculative-draft-model-path", "/tmp/d"} }, codes: []string{"engine_option_not_approved:--speculative-draft-model-path"}},
+		{name: "unapproved dir option", edit: func(d *sdk.Deployment) { d.ExtraArgs = []string{"--file-storage-dir", "/tmp/d"} }, codes: []string{"engine_option_not_approved:--file-storage-dir"}},
+		{name: "custom loader", edit: func(d *sdk.Deployment) { d.ExtraArgs = []string{"--custom-weight-loader", "m.f"} }, codes: []string{"engine_option_not_approved:--custom-weight-loader"}},
+		{name: "dump variable", edit: func(d *sdk.Deployment) { d.Env = map[string]string{"SGLANG_DUMPER_DIR": "/tmp"} }, codes: []string{"engine_env_reserved:SGLANG_DUMPER_DIR"}},
+		{name: "dumper variable", edit: func(d *sdk.Deployment) { d.Env = map[string]string{"DUMPER_ENABLE": "1"} }, codes: []string{"engine_env_reserved:DUMPER_ENABLE"}},
+		{name: "kernel api variable", edit: func(d *sdk.Deployment) { d.Env = map[string]string{"SGLANG_KERNEL_API_LOGDIR": "/tmp"} }, codes: []string{"engine_env_reserved:SGLANG_KERNEL_API_LOGDIR"}},
+		{name: "coredump variable", edit: func(d *sdk.Deployment) { d.Env = map[string]string{"SGLANG_CUDA_COREDUMP": "1"} }, codes: []string{"engine_env_reserved:SGLANG_CUDA_COREDUMP"}},
+		{name: "plugins", edit: func(d *sdk.Deployment) { d.Env = map[string]string{"SGLANG_PLUGINS": ""} }, codes: []string{"engine_env_reserved:SGLANG_PLUGINS"}},
+		{name: "platform", edit: func(d *sdk.Deployment) { d.Env = map[string]string{"SGLANG_PLATFORM": "x"} }, codes: []string{"engine_env_reserved:SGLANG_PLATFORM"}},
+		{name: "smg", edit: func(d *sdk.Deployment) { d.Env = map[string]string{"SMG_PORT": "1"} }, codes: []string{"engine_env_reserved:SMG_PORT"}},
+		{name: "unknown config key", edit: func(d *sdk.Deployment) { d.EngineConfigJSON = []byte(`{"mem_fraction":0.5}`) }, codes: []string{"unknown_config_key:engine_config.sglang.mem_fraction"}},
+		{name: "remote code", edit: func(d *sdk.Deployment) { d.TrustRemoteCode = true }, codes: []string{"remote_code_not_allowed"}},
+		{name: "decisions parking", edit: func(d *sdk.Deployment) { d.API = "decisions"; d.Residency = "deep" }, codes: []string{"capability_missing:deep_park"}},
+		{name: "decisions with a parser", edit: func(d *sdk.Deployment) {
+			d.API = "decisions"
+			d.EngineConfigJSON = []byte(`{"tool_call_parser":"qwen25"}`)
 		}, codes: []string{"invalid_config"}},
-		{name: "decisions on 0.5.21", edit: func(d *pb.Deployment) { d.Api = "decisions" }, inst: f.old, codes: []string{"capability_missing:decisions"}},
-		{name: "speculative parking", edit: func(d *pb.Deployment) {
+		{name: "decisions on 0.5.21", edit: func(d *sdk.Deployment) { d.API = "decisions" }, inst: f.old, codes: []string{"capability_missing:decisions"}},
+		{name: "speculative parking", edit: func(d *sdk.Deployment) {
 			d.Residency = "host_backed"
 			d.ExtraArgs = []string{"--speculative-algorithm", "NGRAM"}
 		}, codes: []string{"capability_missing:deep_park"}},
-		{name: "embeddings with a parser", edit: func(d *pb.Deployment) {
-			d.Api = "embeddings"
-			d.EngineConfigJson = []byte(`{"reasoning_parser":"qwen3"}`)
+		{name: "embeddings with a parser", edit: func(d *sdk.Deployment) {
+			d.API = "embeddings"
+			d.EngineConfigJSON = []byte(`{"reasoning_parser":"qwen3"}`)
 		}, codes: []string{"invalid_config"}},
-		{name: "another api", edit: func(d *pb.Deployment) { d.Api = "rerank" }, codes: []string{"capability_missing:rerank"}},
+		{name: "another api", edit: func(d *sdk.Deployment) { d.API = "rerank" }, codes: []string{"capability_missing:rerank"}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -195,21 +194,21 @@ func TestPlan_Refusals(t *testing.T) {
 			c.edit(dep)
 			host, inst := c.host, c.inst
 			if host == nil {
-				host = &pb.HostPolicy{}
+				host = &sdk.HostPolicy{}
 			}
 			if inst == nil {
 				inst = f.inst
 			}
-			resp, err := New().Plan(context.Background(), &pb.PlanRequest{Installation: inst, Deployment: dep, Host: host})
+			resp, err := New().Plan(context.Background(), &sdk.PlanRequest{Installation: *inst, Deployment: *dep, Host: drivertest.Value(host)})
 			if err != nil {
 				t.Fatal(err)
 			}
 			var got []string
-			for _, r := range resp.GetRefusals() {
-				got = append(got, r.GetCode())
+			for _, r := range resp.Refusals {
+				got = append(got, r.Code)
 			}
 			if strings.Join(got, ",") != strings.Join(c.codes, ",") {
-				t.Fatalf("refusals %v, want %v (%v)", got, c.codes, resp.GetRefusals())
+				t.Fatalf("refusals %v, want %v (%v)", got, c.codes, resp.Refusals)
 			}
 		})
 	}
@@ -239,14 +238,14 @@ func TestDetect(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			resp, err := New().Detect(context.Background(), &pb.DetectRequest{Path: c.path})
+			resp, err := New().Detect(context.Background(), &sdk.DetectRequest{Path: c.path})
 			if c.wantCode != "" {
 				if sdk.CodeOf(err) != c.wantCode {
 					t.Fatalf("Detect = %v, %v; want %s", resp, err, c.wantCode)
 				}
 				return
 			}
-			if err != nil || resp.GetFamily() != Family || resp.GetVersion() != c.wantVersion || resp.GetVerified() != c.wantVerified {
+			if err != nil || resp.Family != Family || resp.Version != c.wantVersion || resp.Verified != c.wantVerified {
 				t.Fatalf("Detect = %+v, %v", resp, err)
 			}
 		})
@@ -254,9 +253,9 @@ func TestDetect(t *testing.T) {
 }
 
 func TestDescribeAndFlags(t *testing.T) {
-	d, _ := New().Describe(context.Background(), &pb.DescribeRequest{})
-	c := d.GetCapabilities()
-	if c.GetRequestIdField() != "rid" || c.GetAbortMode() != pb.AbortMode_ABORT_MODE_REQUEST_ID || strings.Join(c.GetApis(), ",") != "chat,decisions,embeddings" {
+	d, _ := New().Describe(context.Background(), &sdk.DescribeRequest{})
+	c := &d.Capabilities
+	if c.RequestIDField != "rid" || c.AbortMode != sdk.AbortModeRequestID || strings.Join(c.APIs, ",") != "chat,decisions,embeddings" {
 		t.Fatalf("Describe = %v", d)
 	}
 	if err := Table.Validate(); err != nil {
@@ -272,9 +271,9 @@ func TestEngineKey(t *testing.T) {
 			t.Errorf("engineKey(%q) = %q, want %q", in, got, want)
 		}
 	}
-	ep := endpoint(1, "-abc", &pb.Deployment{ServedName: "m"}, 1, engineapi.NetnsAddr{})
-	if ep.GetAuthValue() != "Bearer k-abc" {
-		t.Fatalf("endpoint auth %q", ep.GetAuthValue())
+	ep := endpoint(1, "-abc", &sdk.Deployment{ServedName: "m"}, 1, engineapi.NetnsAddr{})
+	if ep.AuthValue != "Bearer k-abc" {
+		t.Fatalf("endpoint auth %q", ep.AuthValue)
 	}
 	dir := t.TempDir()
 	if err := writeConfig(dir, "-abc"); err != nil {
@@ -295,16 +294,16 @@ func TestEngineKey(t *testing.T) {
 func TestEndpoint_NonStreamedHangup(t *testing.T) {
 	cases := []struct {
 		workers int64
-		abort   pb.AbortMode
-		hangup  pb.NonStreamedHangup
+		abort   sdk.AbortMode
+		hangup  sdk.NonStreamedHangup
 	}{
-		{1, pb.AbortMode_ABORT_MODE_REQUEST_ID, pb.NonStreamedHangup_NON_STREAMED_HANGUP_STOPS},
-		{2, pb.AbortMode_ABORT_MODE_CLOSE_CONNECTION, pb.NonStreamedHangup_NON_STREAMED_HANGUP_STREAM},
+		{1, sdk.AbortModeRequestID, sdk.NonStreamedHangupStops},
+		{2, sdk.AbortModeCloseConnection, sdk.NonStreamedHangupStream},
 	}
 	for _, c := range cases {
-		ep := endpoint(1, "k", &pb.Deployment{ServedName: "m"}, c.workers, engineapi.NetnsAddr{})
-		if ep.GetAbortMode() != c.abort || ep.GetNonStreamedHangup() != c.hangup {
-			t.Errorf("%d workers: abort %v, hang-up %v; want %v, %v", c.workers, ep.GetAbortMode(), ep.GetNonStreamedHangup(), c.abort, c.hangup)
+		ep := endpoint(1, "k", &sdk.Deployment{ServedName: "m"}, c.workers, engineapi.NetnsAddr{})
+		if ep.AbortMode != c.abort || ep.NonStreamedHangup != c.hangup {
+			t.Errorf("%d workers: abort %v, hang-up %v; want %v, %v", c.workers, ep.AbortMode, ep.NonStreamedHangup, c.abort, c.hangup)
 		}
 	}
 }
@@ -314,12 +313,12 @@ func TestEndpoint_NonStreamedHangup(t *testing.T) {
 func TestPlan_Embeddings(t *testing.T) {
 	f := newFixture(t)
 	for _, api := range []string{"chat", "embeddings"} {
-		dep := &pb.Deployment{Name: "d", Api: api, ServedName: "d", ModelDir: f.qwen3, Residency: "restart_only"}
-		resp, err := New().Plan(context.Background(), &pb.PlanRequest{Installation: f.inst, Deployment: dep, Host: &pb.HostPolicy{}, Launch: launchCtx()})
-		if err != nil || len(resp.GetRefusals()) > 0 {
-			t.Fatalf("%s: %v %v", api, err, resp.GetRefusals())
+		dep := &sdk.Deployment{Name: "d", API: api, ServedName: "d", ModelDir: f.qwen3, Residency: "restart_only"}
+		resp, err := New().Plan(context.Background(), &sdk.PlanRequest{Installation: *f.inst, Deployment: *dep, Host: sdk.HostPolicy{}, Launch: *launchCtx()})
+		if err != nil || len(resp.Refusals) > 0 {
+			t.Fatalf("%s: %v %v", api, err, resp.Refusals)
 		}
-		argv := strings.Join(resp.GetArgv(), " ")
+		argv := strings.Join(resp.Argv, " ")
 		embeds := api == "embeddings"
 		if strings.Contains(argv, "--is-embedding") != embeds || strings.Contains(argv, "--reasoning-parser") == embeds {
 			t.Errorf("%s: %s", api, argv)

@@ -11,14 +11,14 @@ import (
 
 	"github.com/capyctl/capyctl/drivers/internal/drivertest"
 	"github.com/capyctl/capyctl/plugins-testkit/conformance"
+	"github.com/capyctl/capyctl/sdk"
 	"github.com/capyctl/capyctl/sdk/enginekit"
-	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
 
 func TestDescribe_Groups(t *testing.T) {
-	d, err := New().Describe(context.Background(), &pb.DescribeRequest{})
-	if err != nil || !d.GetCapabilities().GetGroups() {
-		t.Fatalf("groups %v (%v)", d.GetCapabilities().GetGroups(), err)
+	d, err := New().Describe(context.Background(), &sdk.DescribeRequest{})
+	if err != nil || !d.Capabilities.Groups {
+		t.Fatalf("groups %v (%v)", d.Capabilities.Groups, err)
 	}
 }
 
@@ -31,7 +31,7 @@ func TestPlan_Group(t *testing.T) {
 	lo := enginekit.InterfaceOf("127.0.0.1")
 	cases := []struct {
 		name  string
-		group *pb.Group
+		group *sdk.Group
 		want  map[string][]string
 		note  string
 	}{
@@ -46,21 +46,21 @@ func TestPlan_Group(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			dep := &pb.Deployment{Name: "chat", Api: "chat", ServedName: "chat", ModelDir: f.qwen3, Group: c.group}
-			resp, err := New().Plan(context.Background(), &pb.PlanRequest{Installation: f.inst, Deployment: dep, Host: &pb.HostPolicy{}, Launch: launchCtx()})
-			if err != nil || len(resp.GetRefusals()) > 0 {
-				t.Fatalf("plan: %v %v", err, resp.GetRefusals())
+			dep := &sdk.Deployment{Name: "chat", API: "chat", ServedName: "chat", ModelDir: f.qwen3, Group: c.group}
+			resp, err := New().Plan(context.Background(), &sdk.PlanRequest{Installation: *f.inst, Deployment: *dep, Host: sdk.HostPolicy{}, Launch: *launchCtx()})
+			if err != nil || len(resp.Refusals) > 0 {
+				t.Fatalf("plan: %v %v", err, resp.Refusals)
 			}
-			argv := resp.GetArgv()
+			argv := resp.Argv
 			for opt, want := range c.want {
 				if got := drivertest.ArgsAfter(argv, opt, len(want)); !reflect.DeepEqual(got, want) {
 					t.Errorf("%s %v, want %v in %v", opt, got, want, argv)
 				}
 			}
-			if resp.GetResidency() != enginekit.ResidencyRestartOnly || drivertest.Has(argv, "--enable-memory-saver") {
-				t.Errorf("residency %q, memory saver %v: a group restarts", resp.GetResidency(), drivertest.Has(argv, "--enable-memory-saver"))
+			if resp.Residency != enginekit.ResidencyRestartOnly || drivertest.Has(argv, "--enable-memory-saver") {
+				t.Errorf("residency %q, memory saver %v: a group restarts", resp.Residency, drivertest.Has(argv, "--enable-memory-saver"))
 			}
-			env := resp.GetEnv()
+			env := resp.Env
 			if lo != "" && env["GLOO_SOCKET_IFNAME"] != lo {
 				t.Errorf("GLOO_SOCKET_IFNAME %q, want %q", env["GLOO_SOCKET_IFNAME"], lo)
 			}
@@ -69,13 +69,13 @@ func TestPlan_Group(t *testing.T) {
 					t.Errorf("%s set", k)
 				}
 			}
-			whole, size := int64(3<<30), int64(c.group.GetSize())
-			if h := resp.GetHints(); h.GetWeightsBytes() != (whole+size-1)/size || !strings.Contains(h.GetSource(), "group rank share") {
-				t.Errorf("hints weights %d source %q", h.GetWeightsBytes(), h.GetSource())
+			whole, size := int64(3<<30), int64(c.group.Size)
+			if h := &resp.Hints; h.WeightsBytes != (whole+size-1)/size || !strings.Contains(h.Source, "group rank share") {
+				t.Errorf("hints weights %d source %q", h.WeightsBytes, h.Source)
 			}
-			notes := strings.Join(resp.GetNotes(), "\n")
+			notes := strings.Join(resp.Notes, "\n")
 			if !strings.Contains(notes, "group rank") || !strings.Contains(notes, c.note) {
-				t.Errorf("notes %v", resp.GetNotes())
+				t.Errorf("notes %v", resp.Notes)
 			}
 		})
 	}
@@ -85,39 +85,39 @@ func TestPlan_GroupRefusals(t *testing.T) {
 	f := newFixture(t)
 	cases := []struct {
 		name  string
-		edit  func(*pb.Deployment)
+		edit  func(*sdk.Deployment)
 		codes []string
 	}{
-		{name: "deep", edit: func(d *pb.Deployment) { d.Residency = "deep" }, codes: []string{"capability_missing:deep_park"}},
-		{name: "host_backed", edit: func(d *pb.Deployment) { d.Residency = "host_backed" }, codes: []string{"capability_missing:deep_park"}},
-		{name: "restart_only declared", edit: func(d *pb.Deployment) { d.Residency = "restart_only" }},
-		{name: "no peer address", edit: func(d *pb.Deployment) { d.Group.PeerAddress = "" }, codes: []string{"peer_address_missing"}},
-		{name: "rdma required on a host without", edit: func(d *pb.Deployment) { d.Group.RequireRdma = true }, codes: []string{"capability_missing:rdma"}},
-		{name: "dist-init-addr in extra_args", edit: func(d *pb.Deployment) { d.ExtraArgs = []string{"--dist-init-addr", "10.0.0.1:5000"} }, codes: []string{"engine_option_owned:--dist-init-addr"}},
-		{name: "node rank in extra_args", edit: func(d *pb.Deployment) { d.ExtraArgs = []string{"--node-rank=1"} }, codes: []string{"engine_option_owned:--node-rank"}},
-		{name: "pp in extra_args", edit: func(d *pb.Deployment) { d.ExtraArgs = []string{"--pipeline-parallel-size", "2"} }, codes: []string{"engine_option_owned:--pp-size"}},
-		{name: "gloo interface in env", edit: func(d *pb.Deployment) { d.Env = map[string]string{"GLOO_SOCKET_IFNAME": "eth0"} }, codes: []string{"engine_env_reserved:GLOO_SOCKET_IFNAME"}},
+		{name: "deep", edit: func(d *sdk.Deployment) { d.Residency = "deep" }, codes: []string{"capability_missing:deep_park"}},
+		{name: "host_backed", edit: func(d *sdk.Deployment) { d.Residency = "host_backed" }, codes: []string{"capability_missing:deep_park"}},
+		{name: "restart_only declared", edit: func(d *sdk.Deployment) { d.Residency = "restart_only" }},
+		{name: "no peer address", edit: func(d *sdk.Deployment) { d.Group.PeerAddress = "" }, codes: []string{"peer_address_missing"}},
+		{name: "rdma required on a host without", edit: func(d *sdk.Deployment) { d.Group.RequireRDMA = true }, codes: []string{"capability_missing:rdma"}},
+		{name: "dist-init-addr in extra_args", edit: func(d *sdk.Deployment) { d.ExtraArgs = []string{"--dist-init-addr", "10.0.0.1:5000"} }, codes: []string{"engine_option_owned:--dist-init-addr"}},
+		{name: "node rank in extra_args", edit: func(d *sdk.Deployment) { d.ExtraArgs = []string{"--node-rank=1"} }, codes: []string{"engine_option_owned:--node-rank"}},
+		{name: "pp in extra_args", edit: func(d *sdk.Deployment) { d.ExtraArgs = []string{"--pipeline-parallel-size", "2"} }, codes: []string{"engine_option_owned:--pp-size"}},
+		{name: "gloo interface in env", edit: func(d *sdk.Deployment) { d.Env = map[string]string{"GLOO_SOCKET_IFNAME": "eth0"} }, codes: []string{"engine_env_reserved:GLOO_SOCKET_IFNAME"}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			d := New()
 			d.rdmaDir = t.TempDir() // no RDMA device
-			dep := &pb.Deployment{Name: "chat", Api: "chat", ServedName: "chat", ModelDir: f.qwen3, AcceptExtraArgs: true,
+			dep := &sdk.Deployment{Name: "chat", API: "chat", ServedName: "chat", ModelDir: f.qwen3, AcceptExtraArgs: true,
 				Group: drivertest.Member(1, 2, 2, 1, 25000)}
 			c.edit(dep)
-			resp, err := d.Plan(context.Background(), &pb.PlanRequest{Installation: f.inst, Deployment: dep, Host: &pb.HostPolicy{}, Launch: launchCtx()})
+			resp, err := d.Plan(context.Background(), &sdk.PlanRequest{Installation: *f.inst, Deployment: *dep, Host: sdk.HostPolicy{}, Launch: *launchCtx()})
 			if err != nil {
 				t.Fatal(err)
 			}
 			var got []string
-			for _, r := range resp.GetRefusals() {
-				got = append(got, r.GetCode())
-				if strings.HasPrefix(r.GetCode(), "capability_missing:deep_park") && !strings.Contains(r.GetMessage(), `residency = "restart_only"`) {
-					t.Errorf("no hint in %q", r.GetMessage())
+			for _, r := range resp.Refusals {
+				got = append(got, r.Code)
+				if strings.HasPrefix(r.Code, "capability_missing:deep_park") && !strings.Contains(r.Message, `residency = "restart_only"`) {
+					t.Errorf("no hint in %q", r.Message)
 				}
 			}
 			if !reflect.DeepEqual(got, c.codes) {
-				t.Fatalf("refusals %v, want %v", resp.GetRefusals(), c.codes)
+				t.Fatalf("refusals %v, want %v", resp.Refusals, c.codes)
 			}
 		})
 	}
@@ -132,5 +132,5 @@ func TestGroup_TwoRanks(t *testing.T) {
 	venv := conformance.FakeVenv(t, dir, map[string]string{"sglang": "0.5.22"}, nil)
 	model := conformance.FakeModel(t, dir, 2<<20)
 	drivertest.GroupRun{Family: Family, Venv: venv, Size: 2, TP: 2, PP: 1,
-		Deployment: &pb.Deployment{Name: "chat", Revision: 1, Api: "chat", ServedName: "chat", ModelDir: model}}.Run(t)
+		Deployment: &sdk.Deployment{Name: "chat", Revision: 1, API: "chat", ServedName: "chat", ModelDir: model}}.Run(t)
 }

@@ -18,7 +18,6 @@ import (
 	"github.com/capyctl/capyctl/sdk/enginekit"
 	"github.com/capyctl/capyctl/sdk/flags"
 	"github.com/capyctl/capyctl/sdk/proc"
-	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
 
 // speculative reports whether extra_args turn speculative decoding on: a
@@ -30,11 +29,11 @@ func speculative(args []flags.Arg) bool {
 // residency is the effective residency: the deployment's; by default deep,
 // or restart_only for a decision model, speculative decoding or a group
 // member (SGLang groups restart instead of parking).
-func residency(dep *pb.Deployment, args []flags.Arg) string {
-	if r := dep.GetResidency(); r != "" {
+func residency(dep *sdk.Deployment, args []flags.Arg) string {
+	if r := dep.Residency; r != "" {
 		return r
 	}
-	if dep.GetApi() == "decisions" || speculative(args) || enginekit.InGroup(dep) {
+	if dep.API == "decisions" || speculative(args) || enginekit.InGroup(dep) {
 		return enginekit.ResidencyRestartOnly
 	}
 	return enginekit.ResidencyDeep
@@ -42,10 +41,10 @@ func residency(dep *pb.Deployment, args []flags.Arg) string {
 
 // Plan implements sdk.Driver: it checks the deployment (refusals with
 // codes) and renders the launch.
-func (d *Driver) Plan(_ context.Context, req *pb.PlanRequest) (*pb.PlanResponse, error) {
-	inst, dep, host, lctx := req.GetInstallation(), req.GetDeployment(), req.GetHost(), req.GetLaunch()
+func (d *Driver) Plan(_ context.Context, req *sdk.PlanRequest) (*sdk.PlanResponse, error) {
+	inst, dep, host, lctx := &req.Installation, &req.Deployment, &req.Host, &req.Launch
 	var r enginekit.Refusals
-	cfg := pyengine.DecodeFamily(dep.GetEngineConfigJson(), Family, configKeys, &r)
+	cfg := pyengine.DecodeFamily(dep.EngineConfigJSON, Family, configKeys, &r)
 	typed := pyengine.TypedFields(dep, map[string]bool{
 		"engine_config.sglang.chunked_prefill_size": cfg.Has("chunked_prefill_size"),
 		"engine_config.sglang.tool_call_parser":     cfg.Declared("tool_call_parser"),
@@ -53,11 +52,11 @@ func (d *Driver) Plan(_ context.Context, req *pb.PlanRequest) (*pb.PlanResponse,
 	})
 	args := pyengine.Common(Table, dep, host, typed, &r)
 	res := residency(dep, args)
-	switch api := dep.GetApi(); api {
+	switch api := dep.API; api {
 	case "", "chat":
 	case "decisions":
-		if inst.GetVersion() != "" && !pyengine.VersionAtLeast(inst.GetVersion(), DecisionsSince) {
-			r.Add(enginekit.CodeCapabilityMissing+":decisions", "api", "decision models need SGLang %s or newer; engine %s is %s", DecisionsSince, inst.GetName(), inst.GetVersion())
+		if inst.Version != "" && !pyengine.VersionAtLeast(inst.Version, DecisionsSince) {
+			r.Add(enginekit.CodeCapabilityMissing+":decisions", "api", "decision models need SGLang %s or newer; engine %s is %s", DecisionsSince, inst.Name, inst.Version)
 		}
 		if enginekit.Parks(res) {
 			r.Add(enginekit.CodeCapabilityMissing+":deep_park", "residency", "decision models restart instead of parking: remove residency or set restart_only")
@@ -80,7 +79,7 @@ func (d *Driver) Plan(_ context.Context, req *pb.PlanRequest) (*pb.PlanResponse,
 		r.Add(enginekit.CodeCapabilityMissing+":deep_park", "residency",
 			"with speculative decoding a wake would not restore the draft model's weights: remove residency or set restart_only")
 	}
-	group := dep.GetGroup()
+	group := dep.Group
 	if group != nil && enginekit.Parks(res) {
 		r.Add(enginekit.CodeCapabilityMissing+":deep_park", "residency",
 			"SGLang groups restart instead of parking (the memory saver is not verified across machines): declare residency = %q", enginekit.ResidencyRestartOnly)
@@ -92,7 +91,7 @@ func (d *Driver) Plan(_ context.Context, req *pb.PlanRequest) (*pb.PlanResponse,
 		Isolated: d.netnsPossible() && !enginekit.InGroup(dep),
 	}, &r)
 	if len(r) > 0 {
-		return &pb.PlanResponse{Refusals: r}, nil
+		return &sdk.PlanResponse{Refusals: r}, nil
 	}
 
 	ck := pyengine.ReadCheckpoint(dep, lctx)
@@ -112,14 +111,14 @@ func (d *Driver) Plan(_ context.Context, req *pb.PlanRequest) (*pb.PlanResponse,
 	argv = append(argv, groupArgs(group)...)
 	maxRunning := pyengine.MaxConcurrent(dep, pyengine.DefaultMaxConcurrent)
 	argv = append(argv, "--max-running-requests", strconv.Itoa(maxRunning))
-	if n := dep.GetContextLength(); n > 0 {
+	if n := dep.ContextLength; n > 0 {
 		argv = append(argv, "--context-length", strconv.FormatInt(n, 10))
 	}
 	argv = append(argv, pyengine.TypedArgs(dep)...)
-	if dep.GetCudaGraphs() == "false" {
+	if dep.CUDAGraphs == "false" {
 		argv = append(argv, "--disable-cuda-graph")
 	}
-	if f := pyengine.Fraction(lctx.GetDeviceBytes(), lctx.GetDeviceTotalBytes()); f != "" {
+	if f := pyengine.Fraction(lctx.DeviceBytes, lctx.DeviceTotalBytes); f != "" {
 		argv = append(argv, "--mem-fraction-static", f)
 	}
 	if totalTokens > 0 {
@@ -135,10 +134,10 @@ func (d *Driver) Plan(_ context.Context, req *pb.PlanRequest) (*pb.PlanResponse,
 		argv = append(argv, "--enable-weights-cpu-backup")
 	}
 	argv = append(argv, "--enable-metrics", "--tokenizer-worker-num", strconv.FormatInt(workers, 10))
-	if dep.GetTrustRemoteCode() {
+	if dep.TrustRemoteCode {
 		argv = append(argv, "--trust-remote-code")
 	}
-	if dep.GetApi() == "embeddings" {
+	if dep.API == "embeddings" {
 		// An embedding model: SGLang serves /v1/embeddings (and no
 		// generation) only with --is-embedding.
 		argv = append(argv, "--is-embedding")
@@ -156,14 +155,14 @@ func (d *Driver) Plan(_ context.Context, req *pb.PlanRequest) (*pb.PlanResponse,
 		// SGLang reports usage.prompt_tokens_details.cached_tokens only
 		// with --enable-cache-report (ServerArgs.enable_cache_report,
 		// False by default).
-		if !hasArg(dep.GetExtraArgs(), "--enable-cache-report") {
+		if !hasArg(dep.ExtraArgs, "--enable-cache-report") {
 			argv = append(argv, "--enable-cache-report")
 		}
 	}
-	if dir := lctx.GetLaunchDir(); dir != "" {
+	if dir := lctx.LaunchDir; dir != "" {
 		argv = append(argv, "--config", filepath.Join(dir, configFile))
 	}
-	argv = append(argv, dep.GetExtraArgs()...)
+	argv = append(argv, dep.ExtraArgs...)
 
 	env := pyengine.BaseEnv(pyengine.EnvOptions{Venv: venv.Dir, Host: host, Launch: lctx})
 	env["SGLANG_PLUGINS"] = NoPlugins
@@ -172,10 +171,10 @@ func (d *Driver) Plan(_ context.Context, req *pb.PlanRequest) (*pb.PlanResponse,
 		// a .pth hook puts on the path: add that directory, run no hook.
 		env["PYTHONPATH"] = strings.Join(dirs, ":")
 	}
-	env.Merge(dep.GetEnv())
+	env.Merge(dep.Env)
 	pyengine.GroupEnv(env, group)
 
-	resp := pyengine.Rendered{Argv: argv, Env: env, Checkpoint: ck, ContextLength: dep.GetContextLength(), MaxConcurrent: maxRunning,
+	resp := pyengine.Rendered{Argv: argv, Env: env, Checkpoint: ck, ContextLength: dep.ContextLength, MaxConcurrent: maxRunning,
 		Parsers: parsers, Residency: res, Group: group}.Plan(lctx)
 	pyengine.ApplyLMCache(resp, lmc)
 	if enginekit.Parks(res) {
@@ -201,15 +200,15 @@ func (d *Driver) Plan(_ context.Context, req *pb.PlanRequest) (*pb.PlanResponse,
 // (--dist-init-addr host:port, the same on every rank: torch.distributed's
 // rendezvous on the head, and the base of the head's ZeroMQ ports). None
 // without a group.
-func groupArgs(g *pb.Group) []string {
+func groupArgs(g *sdk.Group) []string {
 	if g == nil {
 		return nil
 	}
 	return []string{
-		"--tp-size", strconv.Itoa(int(g.GetTensorParallel())),
-		"--pp-size", strconv.Itoa(int(g.GetPipelineParallel())),
-		"--nnodes", strconv.Itoa(int(g.GetSize())),
-		"--node-rank", strconv.Itoa(int(g.GetRank())),
+		"--tp-size", strconv.Itoa(int(g.TensorParallel)),
+		"--pp-size", strconv.Itoa(int(g.PipelineParallel)),
+		"--nnodes", strconv.Itoa(int(g.Size)),
+		"--node-rank", strconv.Itoa(int(g.Rank)),
 		"--dist-init-addr", enginekit.RendezvousAddr(g),
 	}
 }
@@ -236,10 +235,10 @@ func engineKey(key string) string {
 // body's "rid", by which a request is aborted (with one tokenizer worker;
 // with more, an abort may miss the worker and hang-ups close the
 // connection), and decisions for a decision model.
-func endpoint(port int, key string, dep *pb.Deployment, workers int64, netns engineapi.NetnsAddr) *pb.Endpoint {
-	ep := enginekit.NewEndpoint(port, dep.GetServedName(), engineKey(key))
-	ep.RequestIdField = RequestIDField
-	ep.AbortMode = pb.AbortMode_ABORT_MODE_REQUEST_ID
+func endpoint(port int, key string, dep *sdk.Deployment, workers int64, netns engineapi.NetnsAddr) *sdk.Endpoint {
+	ep := enginekit.NewEndpoint(port, dep.ServedName, engineKey(key))
+	ep.RequestIDField = RequestIDField
+	ep.AbortMode = sdk.AbortModeRequestID
 	// ChatCompletionRequest and CompletionRequest have cache_salt
 	// (python/sglang/srt/entrypoints/openai/protocol.py).
 	ep.CacheSalt = true
@@ -248,13 +247,13 @@ func endpoint(port int, key string, dep *pb.Deployment, workers int64, netns eng
 	// notices a non-streamed client's hang-up only when
 	// TokenizerManager._wait_one_response wakes up to check
 	// (engines.md §2.4, its period unconfirmed): stream instead.
-	ep.NonStreamedHangup = pb.NonStreamedHangup_NON_STREAMED_HANGUP_STOPS
-	if dep.GetApi() == "decisions" {
+	ep.NonStreamedHangup = sdk.NonStreamedHangupStops
+	if dep.API == "decisions" {
 		ep.DecisionsPath = decisionsPath
 	}
 	if workers > 1 {
-		ep.AbortMode = pb.AbortMode_ABORT_MODE_CLOSE_CONNECTION
-		ep.NonStreamedHangup = pb.NonStreamedHangup_NON_STREAMED_HANGUP_STREAM
+		ep.AbortMode = sdk.AbortModeCloseConnection
+		ep.NonStreamedHangup = sdk.NonStreamedHangupStream
 	}
 	x := enginekit.Exposure{OpenRoutes: enginekit.OpenToAll, Note: noSocketNote, Netns: netns}
 	if key != "" {
@@ -280,9 +279,9 @@ var publicRoutes = enginefacts.Values(enginefacts.SGLang.OpenRoutes)
 
 // tokenizerWorkers reads engine_config.sglang.tokenizer_workers (1 when
 // unset or unreadable).
-func tokenizerWorkers(dep *pb.Deployment) int64 {
+func tokenizerWorkers(dep *sdk.Deployment) int64 {
 	var r enginekit.Refusals
-	if n, ok := pyengine.DecodeFamily(dep.GetEngineConfigJson(), Family, configKeys, &r).Int("tokenizer_workers"); ok {
+	if n, ok := pyengine.DecodeFamily(dep.EngineConfigJSON, Family, configKeys, &r).Int("tokenizer_workers"); ok {
 		return n
 	}
 	return 1
@@ -324,58 +323,58 @@ func removeConfig(launchDir string) {
 // the key reaches SGLang through the launch's private configuration file;
 // the shared-memory segments that exist before the launch are noted so that
 // only the launch's own are cleaned up.
-func (d *Driver) Start(_ context.Context, req *pb.StartRequest) (*pb.StartResponse, error) {
-	inst, dep, lctx := req.GetInstallation(), req.GetDeployment(), req.GetLaunch()
-	if _, err := pyengine.CheckPinned(inst.GetPath(), inst.GetDigest()); err != nil {
+func (d *Driver) Start(_ context.Context, req *sdk.StartRequest) (*sdk.StartResponse, error) {
+	inst, dep, lctx := &req.Installation, &req.Deployment, &req.Launch
+	if _, err := pyengine.CheckPinned(inst.Path, inst.Digest); err != nil {
 		return nil, err
 	}
-	if lctx.GetLaunchDir() == "" {
+	if lctx.LaunchDir == "" {
 		return nil, sdk.Errorf(sdk.CodeLaunchFailed, "start needs a launch directory")
 	}
-	if err := writeConfig(lctx.GetLaunchDir(), req.GetEngineKey()); err != nil {
+	if err := writeConfig(lctx.LaunchDir, req.EngineKey); err != nil {
 		return nil, sdk.Errorf(sdk.CodeLaunchFailed, "write the launch's configuration: %v", err)
 	}
-	_ = shm(lctx.GetLaunchDir()).RecordBefore()
+	_ = shm(lctx.LaunchDir).RecordBefore()
 	// SGLang cannot listen on a Unix socket: a driver that runs as root
 	// launches it in a network namespace of its own instead, except a
 	// group member, whose ranks reach each other over the host's network.
 	netns := d.netnsPossible() && !enginekit.InGroup(dep)
 	launched, server, err := enginekit.StartWithLMCache(enginekit.LaunchOptions{
-		Plan: req.GetPlan(), Host: req.GetHost(), Launch: lctx,
-		Secrets:      []string{engineKey(req.GetEngineKey()), req.GetEngineKey(), req.GetAdminKey()},
+		Plan: &req.Plan, Host: &req.Host, Launch: lctx,
+		Secrets:      []string{engineKey(req.EngineKey), req.EngineKey, req.AdminKey},
 		NetNamespace: netns,
 	})
 	if err != nil {
-		removeConfig(lctx.GetLaunchDir())
+		removeConfig(lctx.LaunchDir)
 		return nil, err
 	}
-	in := d.instance(lctx.GetInstanceId(), lctx.GetLaunchId(), *launched, int(lctx.GetPort()), req.GetEngineKey(), dep, req.GetPlan().GetResidency(), netns)
+	in := d.instance(lctx.InstanceID, lctx.LaunchID, *launched, int(lctx.Port), req.EngineKey, dep, req.Plan.Residency, netns)
 	pyengine.SaltWithLMCache(in.Endpoint, server != nil)
 	if server != nil {
-		in.LMCachePort, in.LMCacheServer = int(lctx.GetLmcachePort()), server
+		in.LMCachePort, in.LMCacheServer = int(lctx.LMCachePort), server
 	}
 	return d.reg.Started(in), nil
 }
 
 // instance builds the driver's handle of a launch.
 // netns says the engine listens in a network namespace of its own.
-func (d *Driver) instance(id, launchID string, l proc.Launched, port int, key string, dep *pb.Deployment, res string, netns bool) *enginekit.Instance {
+func (d *Driver) instance(id, launchID string, l proc.Launched, port int, key string, dep *sdk.Deployment, res string, netns bool) *enginekit.Instance {
 	var ns engineapi.NetnsAddr
 	if netns {
 		ns = engineapi.NetnsAddr{Engine: l.Engine, Port: port}
 	}
 	in := enginekit.NewInstance(id, launchID, l, port, endpoint(port, key, dep, tokenizerWorkers(dep), ns))
-	in.API = dep.GetApi()
+	in.API = dep.API
 	if in.API == "" {
 		in.API = "chat"
 	}
 	if res == "" {
-		args, _ := Table.SplitArgs(dep.GetExtraArgs())
+		args, _ := Table.SplitArgs(dep.ExtraArgs)
 		res = residency(dep, args)
 	}
 	in.Residency = res
-	in.ModelDir = dep.GetModelDir()
-	in.Group = dep.GetGroup()
+	in.ModelDir = dep.ModelDir
+	in.Group = dep.Group
 	return in
 }
 

@@ -13,7 +13,6 @@ import (
 	"github.com/capyctl/capyctl/sdk"
 	"github.com/capyctl/capyctl/sdk/engineapi"
 	"github.com/capyctl/capyctl/sdk/enginekit"
-	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
 
 // stepTimeout bounds one park or wake step that moves no weights.
@@ -49,8 +48,8 @@ func (d *Driver) parkable(id, tier string) (*enginekit.Instance, string, error) 
 // /release_memory_occupation with the KV cache and the weights. The core
 // has stopped routing to the instance first: SGLang itself does not hold
 // back a request that arrives while its memory is released.
-func (d *Driver) Park(ctx context.Context, req *pb.ParkRequest) (*pb.ParkResponse, error) {
-	in, tier, err := d.parkable(req.GetInstanceId(), req.GetTier())
+func (d *Driver) Park(ctx context.Context, req *sdk.ParkRequest) (*sdk.ParkResponse, error) {
+	in, tier, err := d.parkable(req.InstanceID, req.Tier)
 	if err != nil {
 		return nil, err
 	}
@@ -66,7 +65,7 @@ func (d *Driver) Park(ctx context.Context, req *pb.ParkRequest) (*pb.ParkRespons
 		return nil, sdk.Errorf(sdk.CodeParkFailed, "release memory: %v", err)
 	}
 	in.MarkParked(tier)
-	return &pb.ParkResponse{Detail: fmt.Sprintf("released %s (%s)", strings.Join(memoryTags, ", "), tier)}, nil
+	return &sdk.ParkResponse{Detail: fmt.Sprintf("released %s (%s)", strings.Join(memoryTags, ", "), tier)}, nil
 }
 
 // Wake implements sdk.Driver: POST /resume_memory_occupation; unless the
@@ -74,8 +73,8 @@ func (d *Driver) Park(ctx context.Context, req *pb.ParkRequest) (*pb.ParkRespons
 // /update_weights_from_disk to reload them; POST /flush_cache; then the
 // canary prompt, whose answer the core compares with the one recorded at
 // first readiness.
-func (d *Driver) Wake(ctx context.Context, req *pb.WakeRequest) (*pb.WakeResponse, error) {
-	in, tier, err := d.parkable(req.GetInstanceId(), req.GetTier())
+func (d *Driver) Wake(ctx context.Context, req *sdk.WakeRequest) (*sdk.WakeResponse, error) {
+	in, tier, err := d.parkable(req.InstanceID, req.Tier)
 	if err != nil {
 		if sdk.CodeOf(err) == sdk.CodeParkFailed {
 			return nil, &sdk.Error{Code: sdk.CodeWakeFailed, Message: err.Error()}
@@ -123,5 +122,5 @@ func (d *Driver) Wake(ctx context.Context, req *pb.WakeRequest) (*pb.WakeRespons
 	if err != nil {
 		return nil, sdk.Errorf(sdk.CodeWakeFailed, "wake check: %v", err)
 	}
-	return &pb.WakeResponse{Canary: canary, Detail: "resumed (" + tier + ")"}, nil
+	return &sdk.WakeResponse{Canary: canary, Detail: "resumed (" + tier + ")"}, nil
 }

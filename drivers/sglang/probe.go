@@ -17,7 +17,6 @@ import (
 	"github.com/capyctl/capyctl/sdk/engineapi"
 	"github.com/capyctl/capyctl/sdk/enginekit"
 	"github.com/capyctl/capyctl/sdk/proc"
-	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
 
 // Probe implements sdk.Driver. READINESS waits for the served name in
@@ -28,23 +27,23 @@ import (
 // model loads: then the driver ends the launch's remaining processes and
 // removes the shared-memory segments it made, instead of waiting out the
 // deadline for a server that will never be ready.
-func (d *Driver) Probe(ctx context.Context, req *pb.ProbeRequest) (*pb.ProbeResponse, error) {
-	in, err := d.reg.Get(req.GetInstanceId())
+func (d *Driver) Probe(ctx context.Context, req *sdk.ProbeRequest) (*sdk.ProbeResponse, error) {
+	in, err := d.reg.Get(req.InstanceID)
 	if err != nil {
 		return nil, err
 	}
-	switch req.GetKind() {
-	case pb.ProbeKind_PROBE_KIND_LIVENESS:
+	switch req.Kind {
+	case sdk.ProbeKindLiveness:
 		if in.Alive() {
 			shm(in.Launched.LaunchDir).Observe(proc.GroupPIDs(in.Launched.Pgid))
 		}
 		return in.Liveness(), nil
-	case pb.ProbeKind_PROBE_KIND_READINESS:
+	case sdk.ProbeKindReadiness:
 		if !in.Alive() {
 			return in.ExitInfo("the engine process is gone"), nil
 		}
 		if tier := in.Parked(); tier != "" {
-			return &pb.ProbeResponse{Alive: true, Detail: "the engine's memory is released (parked " + tier + "): wake it first"}, nil
+			return &sdk.ProbeResponse{Alive: true, Detail: "the engine's memory is released (parked " + tier + "): wake it first"}, nil
 		}
 		deadline := enginekit.ProbeDeadline(req, pyengine.StartupTimeout(pyengine.WeightsBytes(in.ModelDir)))
 		ready := in.ChatReady(canaryPrompt, canaryTokens, canaryExtra)
@@ -60,19 +59,19 @@ func (d *Driver) Probe(ctx context.Context, req *pb.ProbeRequest) (*pb.ProbeResp
 			removeConfig(in.Launched.LaunchDir)
 		}
 		resp := in.WaitReady(ctx, deadline, ready, schedulerWatch(in), fail)
-		if resp.GetReady() {
+		if resp.Ready {
 			// SGLang read its key at start; the file has done its work.
 			removeConfig(in.Launched.LaunchDir)
 		}
 		return resp, nil
-	case pb.ProbeKind_PROBE_KIND_WAKE_CHECK:
+	case sdk.ProbeKindWakeCheck:
 		if in.Worker() {
 			// The wake check is the head's canary; a worker has none.
 			return in.Liveness(), nil
 		}
 		return in.WakeCheck(ctx, wakeCanary(in)), nil
 	}
-	return nil, sdk.Errorf("invalid_request", "unknown probe kind %v", req.GetKind())
+	return nil, sdk.Errorf("invalid_request", "unknown probe kind %v", req.Kind)
 }
 
 // workerReady is a group worker's readiness: SGLang's non-zero node ranks
@@ -180,39 +179,39 @@ func wakeCanary(in *enginekit.Instance) func(context.Context) (string, error) {
 // Abort implements sdk.Driver: POST /abort_request {"rid"} with the ID the
 // router put in the request body. With several tokenizer workers the abort
 // may not reach the request's worker: the connection close is then all.
-func (d *Driver) Abort(ctx context.Context, req *pb.AbortRequest) (*pb.AbortResponse, error) {
-	in, err := d.reg.Get(req.GetInstanceId())
+func (d *Driver) Abort(ctx context.Context, req *sdk.AbortRequest) (*sdk.AbortResponse, error) {
+	in, err := d.reg.Get(req.InstanceID)
 	if err != nil {
 		return nil, err
 	}
-	if in.Worker() || in.Endpoint.GetAbortMode() != pb.AbortMode_ABORT_MODE_REQUEST_ID || req.GetRequestId() == "" {
-		return &pb.AbortResponse{Mode: pb.AbortMode_ABORT_MODE_CLOSE_CONNECTION}, nil
+	if in.Worker() || in.Endpoint.AbortMode != sdk.AbortModeRequestID || req.RequestID == "" {
+		return &sdk.AbortResponse{Mode: sdk.AbortModeCloseConnection}, nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	body := map[string]any{"rid": req.GetRequestId(), "abort_all": false}
+	body := map[string]any{"rid": req.RequestID, "abort_all": false}
 	if _, err := in.Client.PostJSON(ctx, abortPath, body, nil); err != nil {
-		return nil, sdk.Errorf("engine_error", "abort request %s: %v", req.GetRequestId(), err)
+		return nil, sdk.Errorf("engine_error", "abort request %s: %v", req.RequestID, err)
 	}
-	return &pb.AbortResponse{Mode: pb.AbortMode_ABORT_MODE_REQUEST_ID, Sent: true}, nil
+	return &sdk.AbortResponse{Mode: sdk.AbortModeRequestID, Sent: true}, nil
 }
 
 // Load implements sdk.Driver: sglang:num_running_reqs and num_queue_reqs of
 // the served model, and the KV pool usage.
-func (d *Driver) Load(ctx context.Context, req *pb.LoadRequest) (*pb.LoadResponse, error) {
+func (d *Driver) Load(ctx context.Context, req *sdk.LoadRequest) (*sdk.LoadResponse, error) {
 	return d.reg.Load(ctx, req, metricNames)
 }
 
 // Stop implements sdk.Driver: the whole group ends, then the launch's
 // shared-memory segments that no process holds any more are removed.
-func (d *Driver) Stop(_ context.Context, req *pb.StopRequest) (*pb.StopResponse, error) {
+func (d *Driver) Stop(_ context.Context, req *sdk.StopRequest) (*sdk.StopResponse, error) {
 	return d.reg.Stop(req, enginekit.DefaultStopGrace, enginekit.StopHooks{
 		Before: func(launched proc.Launched) {
 			if launched.LaunchDir != "" && proc.Alive(launched.Engine) {
 				shm(launched.LaunchDir).Observe(proc.GroupPIDs(launched.Pgid))
 			}
 		},
-		Gone: func(launched proc.Launched, resp *pb.StopResponse) {
+		Gone: func(launched proc.Launched, resp *sdk.StopResponse) {
 			if launched.LaunchDir != "" {
 				resp.Cleaned = shm(launched.LaunchDir).Clean()
 				removeConfig(launched.LaunchDir)
@@ -223,23 +222,23 @@ func (d *Driver) Stop(_ context.Context, req *pb.StopRequest) (*pb.StopResponse,
 
 // Recover implements sdk.Driver: it rebuilds the handle from the recorded
 // launch.
-func (d *Driver) Recover(_ context.Context, req *pb.RecoverRequest) (*pb.RecoverResponse, error) {
+func (d *Driver) Recover(_ context.Context, req *sdk.RecoverRequest) (*sdk.RecoverResponse, error) {
 	return d.reg.Recover(req, func(launched proc.Launched, detail string) (*enginekit.Instance, string, error) {
-		l := req.GetLaunch()
+		l := &req.Launch
 		// A launch in a network namespace of its own is reached only
 		// there: the namespace is the engine's, read again from /proc.
 		netns, err := proc.OwnNetns(launched.Engine)
 		if err != nil {
 			return nil, "", fmt.Errorf("the engine's network namespace: %w", err)
 		}
-		in := d.instance(req.GetInstanceId(), l.GetLaunchId(), launched, int(l.GetPort()), req.GetEngineKey(), req.GetDeployment(), "", netns)
-		pyengine.SaltWithLMCache(in.Endpoint, l.GetLmcachePort() != 0)
+		in := d.instance(req.InstanceID, l.LaunchID, launched, int(l.Port), req.EngineKey, &req.Deployment, "", netns)
+		pyengine.SaltWithLMCache(in.Endpoint, l.LMCachePort != 0)
 		// SGLang has no route that says whether its memory is released: the
 		// launch directory records a completed park, and a park the core saw
 		// complete counts too.
 		tier := enginekit.RecordedPark(launched.LaunchDir)
-		if tier == "" && req.GetRecordedState() == "parked" {
-			if tier = req.GetParkTier(); tier == "" {
+		if tier == "" && req.RecordedState == "parked" {
+			if tier = req.ParkTier; tier == "" {
 				tier = in.Residency
 			}
 		}
@@ -252,11 +251,11 @@ func (d *Driver) Recover(_ context.Context, req *pb.RecoverRequest) (*pb.Recover
 }
 
 // Logs implements sdk.Driver.
-func (d *Driver) Logs(_ context.Context, req *pb.LogsRequest) (*pb.LogsResponse, error) {
+func (d *Driver) Logs(_ context.Context, req *sdk.LogsRequest) (*sdk.LogsResponse, error) {
 	return d.reg.Logs(req)
 }
 
 // WaitExit reports the engine's exit the moment its process is gone.
-func (d *Driver) WaitExit(ctx context.Context, req *pb.WaitExitRequest) (*pb.ExitEvent, error) {
+func (d *Driver) WaitExit(ctx context.Context, req *sdk.WaitExitRequest) (*sdk.ExitEvent, error) {
 	return d.reg.WaitExit(ctx, req)
 }

@@ -9,7 +9,7 @@ import (
 
 	"github.com/capyctl/capyctl/plugins-testkit/conformance"
 	"github.com/capyctl/capyctl/plugins-testkit/harness"
-	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
+	"github.com/capyctl/capyctl/sdk"
 )
 
 // TestConformance runs the driver conformance suite against the TensorFold
@@ -25,9 +25,9 @@ func TestConformance(t *testing.T) {
 			_, fake := harness.Binaries(t)
 			return harness.MakeTensorFoldVenv(t, filepath.Join(dir, "tensorfold"), fake, "0.6.6", true)
 		},
-		Deployment: func(modelDir string) *pb.Deployment {
-			return &pb.Deployment{Name: "conformance", Revision: 1, Api: "chat", ServedName: "conformance", ModelDir: modelDir,
-				ContextLength: 8192, Resources: &pb.Resources{Declared: true, DeviceBytes: 20 << 30, HostBytes: 4 << 30}}
+		Deployment: func(modelDir string) *sdk.Deployment {
+			return &sdk.Deployment{Name: "conformance", Revision: 1, API: "chat", ServedName: "conformance", ModelDir: modelDir,
+				ContextLength: 8192, Resources: sdk.Resources{Declared: true, DeviceBytes: 20 << 30, HostBytes: 4 << 30}}
 		},
 		Refusals: []conformance.Refusal{
 			{Name: "the key variable", Env: map[string]string{"TENSORFOLD_API_KEY": "x"}, Code: "engine_env_reserved:TENSORFOLD_API_KEY"},

@@ -31,7 +31,6 @@ import (
 	"github.com/capyctl/capyctl/sdk"
 	"github.com/capyctl/capyctl/sdk/enginefacts"
 	"github.com/capyctl/capyctl/sdk/enginekit"
-	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
 
 // Family is this driver's engine family.
@@ -81,10 +80,10 @@ func New() *Driver {
 
 // Describe implements sdk.Driver: restart only, chat, aborts by closing
 // the connection, an idle signal.
-func (d *Driver) Describe(context.Context, *pb.DescribeRequest) (*pb.DescribeResponse, error) {
-	return enginekit.Describe(Family, d.Version, &pb.Capabilities{
-		Apis:       []string{"chat"},
-		AbortMode:  pb.AbortMode_ABORT_MODE_CLOSE_CONNECTION,
+func (d *Driver) Describe(context.Context, *sdk.DescribeRequest) (*sdk.DescribeResponse, error) {
+	return enginekit.Describe(Family, d.Version, &sdk.Capabilities{
+		APIs:       []string{"chat"},
+		AbortMode:  sdk.AbortModeCloseConnection,
 		IdleSignal: true,
 		Groups:     true,
 	}, pyengine.ConfigSchema(Family, configKeys)), nil
@@ -95,14 +94,14 @@ func (d *Driver) Describe(context.Context, *pb.DescribeRequest) (*pb.DescribeRes
 // TensorFold compiles its kernels with are looked for on the engine's PATH
 // (the venv's bin, pip's CUDA compiler, the CUDA toolkit's bin, the
 // system's) and the missing ones reported.
-func (d *Driver) Detect(_ context.Context, req *pb.DetectRequest) (*pb.DetectResponse, error) {
-	v, resp, err := pyengine.Detect(req.GetPath(), pyengine.DetectSpec{Family: Family, Dist: "tensorfold", Verified: VerifiedVersions})
+func (d *Driver) Detect(_ context.Context, req *sdk.DetectRequest) (*sdk.DetectResponse, error) {
+	v, resp, err := pyengine.Detect(req.Path, pyengine.DetectSpec{Family: Family, Dist: "tensorfold", Verified: VerifiedVersions})
 	if err != nil {
 		return nil, err
 	}
 	resp.Program = filepath.Join(v.Dir, "bin", "tensorfold")
 	if st, err := os.Stat(resp.Program); err != nil || st.IsDir() || st.Mode()&0o111 == 0 {
-		return nil, sdk.Errorf(sdk.CodeEngineNotFound, "%s has tensorfold %s installed but no executable bin/tensorfold", v.Dir, resp.GetVersion())
+		return nil, sdk.Errorf(sdk.CodeEngineNotFound, "%s has tensorfold %s installed but no executable bin/tensorfold", v.Dir, resp.Version)
 	}
 	cuda := d.cudaHome()
 	dirs := toolDirs(v)
@@ -112,8 +111,8 @@ func (d *Driver) Detect(_ context.Context, req *pb.DetectRequest) (*pb.DetectRes
 		"a TensorFold deployment states its resources and context_length; the engine is capped at its ready allocation",
 		"the first request after a start builds CUDA kernels; the first start may take up to 30 minutes",
 	}
-	if !resp.GetVerified() {
-		resp.Notes = append(resp.Notes, "TensorFold "+resp.GetVersion()+" is not a verified version: it runs as custom")
+	if !resp.Verified {
+		resp.Notes = append(resp.Notes, "TensorFold "+resp.Version+" is not a verified version: it runs as custom")
 	}
 	if cuda != "" {
 		resp.Details[detailCUDAHome] = cuda
@@ -195,6 +194,6 @@ func isExecutable(p string) bool {
 }
 
 // Flags implements sdk.Driver.
-func (d *Driver) Flags(context.Context, *pb.FlagsRequest) (*pb.FlagsResponse, error) {
-	return Table.Proto(), nil
+func (d *Driver) Flags(context.Context, *sdk.FlagsRequest) (*sdk.FlagsResponse, error) {
+	return Table.Response(), nil
 }

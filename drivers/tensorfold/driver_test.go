@@ -17,7 +17,6 @@ import (
 	"github.com/capyctl/capyctl/plugins-testkit/harness"
 	"github.com/capyctl/capyctl/sdk"
 	"github.com/capyctl/capyctl/sdk/proc"
-	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
 
 // The test binary is also the launch shim of the engines it starts.
@@ -73,13 +72,13 @@ func TestDetect(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			v := venv(t, c.version, c.toolchain)
-			resp, err := newDriver(t).Detect(context.Background(), &pb.DetectRequest{Path: v})
+			resp, err := newDriver(t).Detect(context.Background(), &sdk.DetectRequest{Path: v})
 			if err != nil {
 				t.Fatal(err)
 			}
-			if resp.GetFamily() != Family || resp.GetVersion() != c.version || resp.GetVerified() != c.verified ||
-				resp.GetProgram() != filepath.Join(v, "bin", "tensorfold") || !strings.HasPrefix(resp.GetDigest(), "sha256:") ||
-				fmt.Sprint(resp.GetToolchainMissing()) != fmt.Sprint(c.missing) {
+			if resp.Family != Family || resp.Version != c.version || resp.Verified != c.verified ||
+				resp.Program != filepath.Join(v, "bin", "tensorfold") || !strings.HasPrefix(resp.Digest, "sha256:") ||
+				fmt.Sprint(resp.ToolchainMissing) != fmt.Sprint(c.missing) {
 				t.Fatalf("detect %+v", resp)
 			}
 		})
@@ -101,28 +100,28 @@ func TestDetect(t *testing.T) {
 			}
 			return ""
 		}
-		resp, err := d.Detect(context.Background(), &pb.DetectRequest{Path: v})
-		if err != nil || len(resp.GetToolchainMissing()) != 0 || resp.GetDetails()[detailCUDAHome] != cuda || resp.GetDetails()[detailToolDirs] != nv {
+		resp, err := d.Detect(context.Background(), &sdk.DetectRequest{Path: v})
+		if err != nil || len(resp.ToolchainMissing) != 0 || resp.Details[detailCUDAHome] != cuda || resp.Details[detailToolDirs] != nv {
 			t.Fatalf("%+v %v", resp, err)
 		}
 	})
 	t.Run("not a tensorfold venv", func(t *testing.T) {
-		_, err := newDriver(t).Detect(context.Background(), &pb.DetectRequest{Path: t.TempDir()})
+		_, err := newDriver(t).Detect(context.Background(), &sdk.DetectRequest{Path: t.TempDir()})
 		if sdk.CodeOf(err) != "engine_unsupported" {
 			t.Fatalf("err = %v", err)
 		}
 	})
 }
 
-func deployment(dir string) *pb.Deployment {
-	return &pb.Deployment{
-		Name: "fold", Revision: 1, Api: "chat", ServedName: "fold", ModelDir: dir, ContextLength: 16384,
-		Resources: &pb.Resources{Declared: true, DeviceBytes: 20 << 30, HostBytes: 4 << 30},
+func deployment(dir string) *sdk.Deployment {
+	return &sdk.Deployment{
+		Name: "fold", Revision: 1, API: "chat", ServedName: "fold", ModelDir: dir, ContextLength: 16384,
+		Resources: sdk.Resources{Declared: true, DeviceBytes: 20 << 30, HostBytes: 4 << 30},
 	}
 }
 
-func installation(v string) *pb.Installation {
-	return &pb.Installation{Name: "tensorfold", Family: Family, Path: v, Version: "0.6.6", Digest: "sha256:0123456789abcdef0123", Details: map[string]string{detailVenv: v}}
+func installation(v string) *sdk.Installation {
+	return &sdk.Installation{Name: "tensorfold", Family: Family, Path: v, Version: "0.6.6", Digest: "sha256:0123456789abcdef0123", Details: map[string]string{detailVenv: v}}
 }
 
 func TestPlan_Golden(t *testing.T) {
@@ -132,18 +131,18 @@ func TestPlan_Golden(t *testing.T) {
 	launch := filepath.Join(state, "launches", "fold", "0-abc")
 	cases := []struct {
 		name string
-		dep  func(*pb.Deployment)
-		host *pb.HostPolicy
-		lctx *pb.LaunchContext
+		dep  func(*sdk.Deployment)
+		host *sdk.HostPolicy
+		lctx *sdk.LaunchContext
 	}{
-		{name: "declared", lctx: &pb.LaunchContext{Port: 8200, LaunchDir: launch}},
+		{name: "declared", lctx: &sdk.LaunchContext{Port: 8200, LaunchDir: launch}},
 		// The ledger granted 11.5 GiB on the card: that is the cap.
-		{name: "granted-parallel-4", dep: func(d *pb.Deployment) {
-			d.MaxConcurrentRequests, d.KvCacheDtype = 4, "fp8"
-			d.EngineConfigJson = []byte(`{"max_tokens":4096,"thinking":false}`)
+		{name: "granted-parallel-4", dep: func(d *sdk.Deployment) {
+			d.MaxConcurrentRequests, d.KVCacheDtype = 4, "fp8"
+			d.EngineConfigJSON = []byte(`{"max_tokens":4096,"thinking":false}`)
 			d.AcceptExtraArgs, d.ExtraArgs = true, []string{"--no-drafts"}
-		}, host: &pb.HostPolicy{CudaHome: "/usr/local/cuda-13", EngineTelemetry: "allow"},
-			lctx: &pb.LaunchContext{Port: 8201, LaunchDir: launch, DeviceBytes: 23 << 29, DeviceUuids: []string{"GPU-1"}}},
+		}, host: &sdk.HostPolicy{CUDAHome: "/usr/local/cuda-13", EngineTelemetry: "allow"},
+			lctx: &sdk.LaunchContext{Port: 8201, LaunchDir: launch, DeviceBytes: 23 << 29, DeviceUUIDs: []string{"GPU-1"}}},
 		{name: "validate"},
 	}
 	for _, c := range cases {
@@ -153,9 +152,9 @@ func TestPlan_Golden(t *testing.T) {
 				c.dep(dep)
 			}
 			d := New() // the real system PATH, as a launch renders it
-			p, err := d.Plan(context.Background(), &pb.PlanRequest{Installation: installation(v), Deployment: dep, Host: c.host, Launch: c.lctx})
-			if err != nil || len(p.GetRefusals()) > 0 {
-				t.Fatalf("%v %v", err, p.GetRefusals())
+			p, err := d.Plan(context.Background(), &sdk.PlanRequest{Installation: *installation(v), Deployment: *dep, Host: drivertest.Value(c.host), Launch: drivertest.Value(c.lctx)})
+			if err != nil || len(p.Refusals) > 0 {
+				t.Fatalf("%v %v", err, p.Refusals)
 			}
 			drivertest.Golden(t, "plan-"+c.name, drivertest.RenderPlan(p, map[string]string{dir: "{{model_dir}}", state: "{{state_dir}}"}))
 		})
@@ -166,37 +165,37 @@ func TestPlan_Refusals(t *testing.T) {
 	dir := modelDir(t, 4096)
 	cases := []struct {
 		name string
-		dep  func(*pb.Deployment)
+		dep  func(*sdk.Deployment)
 		code string
 	}{
-		{"no resources", func(d *pb.Deployment) { d.Resources = nil }, "invalid_config"},
-		{"no context", func(d *pb.Deployment) { d.ContextLength = 0 }, "invalid_config"},
-		{"parks deep", func(d *pb.Deployment) { d.Residency = "deep" }, "capability_missing:deep_park"},
-		{"decisions", func(d *pb.Deployment) { d.Api = "decisions" }, "capability_missing:decisions"},
-		{"key variable", func(d *pb.Deployment) { d.Env = map[string]string{"TENSORFOLD_API_KEY": "x"} }, "engine_env_reserved:TENSORFOLD_API_KEY"},
-		{"cap variable", func(d *pb.Deployment) { d.Env = map[string]string{"TENSORFOLD_CUDA_MEMORY_LIMIT_GB": "99"} }, "engine_env_reserved:TENSORFOLD_CUDA_MEMORY_LIMIT_GB"},
-		{"key option", func(d *pb.Deployment) { d.AcceptExtraArgs, d.ExtraArgs = true, []string{"--api-key", "x"} }, "engine_option_reserved:--api-key"},
-		{"metrics-open", func(d *pb.Deployment) { d.AcceptExtraArgs, d.ExtraArgs = true, []string{"--metrics-open"} }, "engine_option_reserved:--metrics-open"},
-		{"parallel owned", func(d *pb.Deployment) { d.AcceptExtraArgs, d.ExtraArgs = true, []string{"--parallel", "2"} }, "engine_option_owned:--parallel"},
-		{"drafter unapproved", func(d *pb.Deployment) { d.AcceptExtraArgs, d.ExtraArgs = true, []string{"--drafter", "/tmp/d"} }, "engine_option_not_approved:--drafter"},
-		{"unknown key", func(d *pb.Deployment) { d.EngineConfigJson = []byte(`{"speed":3}`) }, "unknown_config_key:engine_config.tensorfold.speed"},
-		{"remote code", func(d *pb.Deployment) { d.TrustRemoteCode = true }, "remote_code_not_allowed"},
-		{"cap below the weights", func(d *pb.Deployment) { d.Resources.DeviceBytes = 1024 }, "invalid_config"},
+		{"no resources", func(d *sdk.Deployment) { d.Resources = sdk.Resources{} }, "invalid_config"},
+		{"no context", func(d *sdk.Deployment) { d.ContextLength = 0 }, "invalid_config"},
+		{"parks deep", func(d *sdk.Deployment) { d.Residency = "deep" }, "capability_missing:deep_park"},
+		{"decisions", func(d *sdk.Deployment) { d.API = "decisions" }, "capability_missing:decisions"},
+		{"key variable", func(d *sdk.Deployment) { d.Env = map[string]string{"TENSORFOLD_API_KEY": "x"} }, "engine_env_reserved:TENSORFOLD_API_KEY"},
+		{"cap variable", func(d *sdk.Deployment) { d.Env = map[string]string{"TENSORFOLD_CUDA_MEMORY_LIMIT_GB": "99"} }, "engine_env_reserved:TENSORFOLD_CUDA_MEMORY_LIMIT_GB"},
+		{"key option", func(d *sdk.Deployment) { d.AcceptExtraArgs, d.ExtraArgs = true, []string{"--api-key", "x"} }, "engine_option_reserved:--api-key"},
+		{"metrics-open", func(d *sdk.Deployment) { d.AcceptExtraArgs, d.ExtraArgs = true, []string{"--metrics-open"} }, "engine_option_reserved:--metrics-open"},
+		{"parallel owned", func(d *sdk.Deployment) { d.AcceptExtraArgs, d.ExtraArgs = true, []string{"--parallel", "2"} }, "engine_option_owned:--parallel"},
+		{"drafter unapproved", func(d *sdk.Deployment) { d.AcceptExtraArgs, d.ExtraArgs = true, []string{"--drafter", "/tmp/d"} }, "engine_option_not_approved:--drafter"},
+		{"unknown key", func(d *sdk.Deployment) { d.EngineConfigJSON = []byte(`{"speed":3}`) }, "unknown_config_key:engine_config.tensorfold.speed"},
+		{"remote code", func(d *sdk.Deployment) { d.TrustRemoteCode = true }, "remote_code_not_allowed"},
+		{"cap below the weights", func(d *sdk.Deployment) { d.Resources.DeviceBytes = 1024 }, "invalid_config"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			dep := deployment(dir)
 			c.dep(dep)
-			p, err := newDriver(t).Plan(context.Background(), &pb.PlanRequest{Installation: installation("/v"), Deployment: dep, Host: &pb.HostPolicy{AllowRemoteCode: true}})
+			p, err := newDriver(t).Plan(context.Background(), &sdk.PlanRequest{Installation: *installation("/v"), Deployment: *dep, Host: sdk.HostPolicy{AllowRemoteCode: true}})
 			if err != nil {
 				t.Fatal(err)
 			}
 			codes := []string{}
-			for _, r := range p.GetRefusals() {
-				codes = append(codes, r.GetCode())
+			for _, r := range p.Refusals {
+				codes = append(codes, r.Code)
 			}
-			if !contains(codes, c.code) || len(p.GetArgv()) > 0 {
-				t.Fatalf("refusals %v, want %s", p.GetRefusals(), c.code)
+			if !contains(codes, c.code) || len(p.Argv) > 0 {
+				t.Fatalf("refusals %v, want %s", p.Refusals, c.code)
 			}
 		})
 	}
@@ -215,15 +214,15 @@ func TestFlags(t *testing.T) {
 	if err := Table.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	resp, _ := New().Flags(context.Background(), &pb.FlagsRequest{})
-	want := map[string]pb.FlagClass{
-		"TENSORFOLD_API_KEY": pb.FlagClass_FLAG_CLASS_RESERVED, "TENSORFOLD_CUDA_MEMORY_LIMIT_GB": pb.FlagClass_FLAG_CLASS_OWNED,
-		"--api-key": pb.FlagClass_FLAG_CLASS_RESERVED, "--metrics-open": pb.FlagClass_FLAG_CLASS_RESERVED, "--parallel": pb.FlagClass_FLAG_CLASS_OWNED,
-		"--no-drafts": pb.FlagClass_FLAG_CLASS_PASSED, "--drafter": pb.FlagClass_FLAG_CLASS_GATED,
+	resp, _ := New().Flags(context.Background(), &sdk.FlagsRequest{})
+	want := map[string]sdk.FlagClass{
+		"TENSORFOLD_API_KEY": sdk.FlagClassReserved, "TENSORFOLD_CUDA_MEMORY_LIMIT_GB": sdk.FlagClassOwned,
+		"--api-key": sdk.FlagClassReserved, "--metrics-open": sdk.FlagClassReserved, "--parallel": sdk.FlagClassOwned,
+		"--no-drafts": sdk.FlagClassPassed, "--drafter": sdk.FlagClassGated,
 	}
-	got := map[string]pb.FlagClass{}
-	for _, r := range resp.GetRules() {
-		got[r.GetName()] = r.GetClass()
+	got := map[string]sdk.FlagClass{}
+	for _, r := range resp.Rules {
+		got[r.Name] = r.Class
 	}
 	for n, c := range want {
 		if got[n] != c {
@@ -238,61 +237,61 @@ func TestFlags(t *testing.T) {
 func TestDriver_KernelBuildAndIdle(t *testing.T) {
 	d := newDriver(t)
 	v := venv(t, "0.6.6", true)
-	det, err := d.Detect(context.Background(), &pb.DetectRequest{Path: v})
+	det, err := d.Detect(context.Background(), &sdk.DetectRequest{Path: v})
 	if err != nil {
 		t.Fatal(err)
 	}
-	inst := &pb.Installation{Name: "tensorfold", Family: Family, Path: v, Version: det.GetVersion(), Digest: det.GetDigest(), Details: det.GetDetails()}
+	inst := &sdk.Installation{Name: "tensorfold", Family: Family, Path: v, Version: det.Version, Digest: det.Digest, Details: det.Details}
 	built := filepath.Join(t.TempDir(), "kernels-built")
-	host := &pb.HostPolicy{HostEnv: map[string]string{"CAPYCTL_FAKE_KERNEL_BUILD_FILE": built}}
+	host := &sdk.HostPolicy{HostEnv: map[string]string{"CAPYCTL_FAKE_KERNEL_BUILD_FILE": built}}
 	dep := deployment(modelDir(t, 4096))
-	lctx := &pb.LaunchContext{Port: int32(drivertest.FreePort(t)), LaunchDir: t.TempDir(), InstanceId: "fold/0", LaunchId: "l1"}
-	plan, err := d.Plan(context.Background(), &pb.PlanRequest{Installation: inst, Deployment: dep, Host: host, Launch: lctx})
-	if err != nil || len(plan.GetRefusals()) > 0 {
-		t.Fatalf("plan %v %v", err, plan.GetRefusals())
+	lctx := &sdk.LaunchContext{Port: int32(drivertest.FreePort(t)), LaunchDir: t.TempDir(), InstanceID: "fold/0", LaunchID: "l1"}
+	plan, err := d.Plan(context.Background(), &sdk.PlanRequest{Installation: *inst, Deployment: *dep, Host: drivertest.Value(host), Launch: *lctx})
+	if err != nil || len(plan.Refusals) > 0 {
+		t.Fatalf("plan %v %v", err, plan.Refusals)
 	}
-	resp, err := d.Start(context.Background(), &pb.StartRequest{Installation: inst, Deployment: dep, Host: host, Launch: lctx, Plan: plan, EngineKey: "k"})
+	resp, err := d.Start(context.Background(), &sdk.StartRequest{Installation: *inst, Deployment: *dep, Host: drivertest.Value(host), Launch: *lctx, Plan: *plan, EngineKey: "k"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		d.Stop(context.Background(), &pb.StopRequest{InstanceId: "fold/0", Launch: resp.GetLaunch(), GraceMs: 5000})
+		d.Stop(context.Background(), &sdk.StopRequest{InstanceID: "fold/0", Launch: &resp.Launch, Grace: 5 * time.Second})
 	})
-	if resp.GetEndpoint().GetAuthHeader() != "" {
-		t.Fatalf("TensorFold gets no key: %+v", resp.GetEndpoint())
+	if resp.Endpoint.AuthHeader != "" {
+		t.Fatalf("TensorFold gets no key: %+v", &resp.Endpoint)
 	}
-	probed := make(chan *pb.ProbeResponse, 1)
+	probed := make(chan *sdk.ProbeResponse, 1)
 	go func() {
-		p, _ := d.Probe(context.Background(), &pb.ProbeRequest{InstanceId: "fold/0", Kind: pb.ProbeKind_PROBE_KIND_READINESS, DeadlineMs: 60_000})
+		p, _ := d.Probe(context.Background(), &sdk.ProbeRequest{InstanceID: "fold/0", Kind: sdk.ProbeKindReadiness, Deadline: 60 * time.Second})
 		probed <- p
 	}()
-	load := func() *pb.LoadResponse {
-		l, err := d.Load(context.Background(), &pb.LoadRequest{InstanceId: "fold/0"})
+	load := func() *sdk.LoadResponse {
+		l, err := d.Load(context.Background(), &sdk.LoadRequest{InstanceID: "fold/0"})
 		if err != nil {
 			t.Fatal(err)
 		}
 		return l
 	}
-	harness.Eventually(t, 10*time.Second, "busy while the kernels build", func() bool { l := load(); return l.GetKnown() && l.GetRunning() == 1 })
+	harness.Eventually(t, 10*time.Second, "busy while the kernels build", func() bool { l := load(); return l.Known && l.Running == 1 })
 	select {
 	case p := <-probed:
 		t.Fatalf("ready during the kernel build: %+v", p)
 	default:
 	}
 	os.WriteFile(built, nil, 0o644)
-	if p := <-probed; !p.GetReady() || p.GetCanary() == "" {
+	if p := <-probed; !p.Ready || p.Canary == "" {
 		t.Fatalf("readiness %+v", p)
 	}
-	harness.Eventually(t, 10*time.Second, "idle", func() bool { l := load(); return l.GetKnown() && l.GetRunning() == 0 && l.GetWaiting() == 0 })
-	if _, err := d.Park(context.Background(), &pb.ParkRequest{InstanceId: "fold/0"}); err != sdk.ErrNotSupported {
+	harness.Eventually(t, 10*time.Second, "idle", func() bool { l := load(); return l.Known && l.Running == 0 && l.Waiting == 0 })
+	if _, err := d.Park(context.Background(), &sdk.ParkRequest{InstanceID: "fold/0"}); err != sdk.ErrNotSupported {
 		t.Fatalf("park %v", err)
 	}
-	rec, err := New().Recover(context.Background(), &pb.RecoverRequest{InstanceId: "fold/0", Launch: resp.GetLaunch(), Deployment: dep})
-	if err != nil || rec.GetState() != pb.RecoverState_RECOVER_STATE_RUNNING {
+	rec, err := New().Recover(context.Background(), &sdk.RecoverRequest{InstanceID: "fold/0", Launch: resp.Launch, Deployment: *dep})
+	if err != nil || rec.State != sdk.RecoverStateRunning {
 		t.Fatalf("recover %+v %v", rec, err)
 	}
-	stop, err := d.Stop(context.Background(), &pb.StopRequest{InstanceId: "fold/0", GraceMs: 5000})
-	if err != nil || !stop.GetGone() || stop.GetExitCode() != 0 {
+	stop, err := d.Stop(context.Background(), &sdk.StopRequest{InstanceID: "fold/0", Grace: 5 * time.Second})
+	if err != nil || !stop.Gone || stop.ExitCode != 0 {
 		t.Fatalf("stop %+v %v", stop, err)
 	}
 }
@@ -302,9 +301,9 @@ func TestDriver_KernelBuildAndIdle(t *testing.T) {
 func TestDriver_DriftRefused(t *testing.T) {
 	d := newDriver(t)
 	v := venv(t, "0.6.6", true)
-	inst := &pb.Installation{Path: v, Digest: "sha256:other", Details: map[string]string{detailVenv: v}}
-	_, err := d.Start(context.Background(), &pb.StartRequest{Installation: inst, Deployment: deployment(t.TempDir()),
-		Launch: &pb.LaunchContext{Port: int32(drivertest.FreePort(t)), LaunchDir: t.TempDir()}, Plan: &pb.PlanResponse{Argv: []string{"x"}}})
+	inst := &sdk.Installation{Path: v, Digest: "sha256:other", Details: map[string]string{detailVenv: v}}
+	_, err := d.Start(context.Background(), &sdk.StartRequest{Installation: *inst, Deployment: *deployment(t.TempDir()),
+		Launch: sdk.LaunchContext{Port: int32(drivertest.FreePort(t)), LaunchDir: t.TempDir()}, Plan: sdk.PlanResponse{Argv: []string{"x"}}})
 	if sdk.CodeOf(err) != "installation_drift" {
 		t.Fatalf("err = %v", err)
 	}

@@ -11,14 +11,14 @@ import (
 	"testing"
 
 	"github.com/capyctl/capyctl/drivers/internal/drivertest"
+	"github.com/capyctl/capyctl/sdk"
 	"github.com/capyctl/capyctl/sdk/enginekit"
-	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
 
 func TestDescribe_Groups(t *testing.T) {
-	d, err := New().Describe(context.Background(), &pb.DescribeRequest{})
-	if err != nil || !d.GetCapabilities().GetGroups() {
-		t.Fatalf("groups %v (%v)", d.GetCapabilities().GetGroups(), err)
+	d, err := New().Describe(context.Background(), &sdk.DescribeRequest{})
+	if err != nil || !d.Capabilities.Groups {
+		t.Fatalf("groups %v (%v)", d.Capabilities.Groups, err)
 	}
 }
 
@@ -31,31 +31,31 @@ func TestPlan_Group(t *testing.T) {
 	for _, rank := range []int32{0, 1} {
 		dep := deployment(dir)
 		dep.Group = drivertest.Member(rank, 2, 2, 1, 25000)
-		p, err := newDriver(t).Plan(context.Background(), &pb.PlanRequest{Installation: installation("/v"), Deployment: dep, Host: &pb.HostPolicy{},
-			Launch: &pb.LaunchContext{Port: 41400, LaunchDir: "/state/launches/fold/0-L1"}})
-		if err != nil || len(p.GetRefusals()) > 0 {
-			t.Fatalf("rank %d: %v %v", rank, err, p.GetRefusals())
+		p, err := newDriver(t).Plan(context.Background(), &sdk.PlanRequest{Installation: *installation("/v"), Deployment: *dep, Host: sdk.HostPolicy{},
+			Launch: sdk.LaunchContext{Port: 41400, LaunchDir: "/state/launches/fold/0-L1"}})
+		if err != nil || len(p.Refusals) > 0 {
+			t.Fatalf("rank %d: %v %v", rank, err, p.Refusals)
 		}
 		want := []string{"2", "--rank", strconv.Itoa(int(rank)), "--master", "127.0.0.1", "--master-port", "25000"}
-		if got := drivertest.ArgsAfter(p.GetArgv(), "--tp", len(want)); !reflect.DeepEqual(got, want) {
+		if got := drivertest.ArgsAfter(p.Argv, "--tp", len(want)); !reflect.DeepEqual(got, want) {
 			t.Errorf("rank %d: --tp %v, want %v", rank, got, want)
 		}
-		if got := drivertest.ArgsAfter(p.GetArgv(), "--port", 1); !reflect.DeepEqual(got, []string{"41400"}) {
+		if got := drivertest.ArgsAfter(p.Argv, "--port", 1); !reflect.DeepEqual(got, []string{"41400"}) {
 			t.Errorf("rank %d: --port %v", rank, got)
 		}
-		if lo != "" && p.GetEnv()["GLOO_SOCKET_IFNAME"] != lo {
-			t.Errorf("rank %d: GLOO_SOCKET_IFNAME %q, want %q", rank, p.GetEnv()["GLOO_SOCKET_IFNAME"], lo)
+		if lo != "" && p.Env["GLOO_SOCKET_IFNAME"] != lo {
+			t.Errorf("rank %d: GLOO_SOCKET_IFNAME %q, want %q", rank, p.Env["GLOO_SOCKET_IFNAME"], lo)
 		}
-		for k := range p.GetEnv() {
+		for k := range p.Env {
 			if strings.HasPrefix(k, "NCCL_") {
 				t.Errorf("%s set", k)
 			}
 		}
-		if h := p.GetHints(); h.GetWeightsBytes() != 2048 || !strings.Contains(h.GetSource(), "group rank share") {
+		if h := &p.Hints; h.WeightsBytes != 2048 || !strings.Contains(h.Source, "group rank share") {
 			t.Errorf("rank %d: hints %v", rank, h)
 		}
-		if p.GetResidency() != enginekit.ResidencyRestartOnly {
-			t.Errorf("rank %d: residency %q", rank, p.GetResidency())
+		if p.Residency != enginekit.ResidencyRestartOnly {
+			t.Errorf("rank %d: residency %q", rank, p.Residency)
 		}
 	}
 }
@@ -64,18 +64,18 @@ func TestPlan_GroupRefusals(t *testing.T) {
 	dir := modelDir(t, 4096)
 	cases := []struct {
 		name  string
-		group *pb.Group
-		edit  func(*pb.Deployment)
+		group *sdk.Group
+		edit  func(*sdk.Deployment)
 		codes []string
 	}{
 		{name: "three machines", group: drivertest.Member(0, 3, 3, 1, 25000), codes: []string{"group_shape_unsupported:tensorfold"}},
 		{name: "pipeline parallel", group: drivertest.Member(0, 2, 1, 2, 25000), codes: []string{"group_shape_unsupported:tensorfold"}},
 		{name: "tp 4 on two", group: drivertest.Member(1, 2, 4, 1, 25000), codes: []string{"group_shape_unsupported:tensorfold"}},
-		{name: "parks deep", group: drivertest.Member(0, 2, 2, 1, 25000), edit: func(d *pb.Deployment) { d.Residency = "deep" }, codes: []string{"capability_missing:deep_park"}},
-		{name: "no peer address", group: &pb.Group{Rank: 1, Size: 2, TensorParallel: 2, PipelineParallel: 1, HeadAddress: "10.0.0.1", RendezvousPort: 25000}, codes: []string{"peer_address_missing"}},
-		{name: "rdma required on a host without", group: &pb.Group{Rank: 1, Size: 2, TensorParallel: 2, PipelineParallel: 1, HeadAddress: "127.0.0.1", RendezvousPort: 25000, PeerAddress: "127.0.0.1", RequireRdma: true}, codes: []string{"capability_missing:rdma"}},
-		{name: "rank in extra_args", group: drivertest.Member(0, 2, 2, 1, 25000), edit: func(d *pb.Deployment) { d.AcceptExtraArgs, d.ExtraArgs = true, []string{"--rank", "1"} }, codes: []string{"engine_option_owned:--rank"}},
-		{name: "master in extra_args", group: drivertest.Member(0, 2, 2, 1, 25000), edit: func(d *pb.Deployment) { d.AcceptExtraArgs, d.ExtraArgs = true, []string{"--master=10.0.0.1"} }, codes: []string{"engine_option_owned:--master"}},
+		{name: "parks deep", group: drivertest.Member(0, 2, 2, 1, 25000), edit: func(d *sdk.Deployment) { d.Residency = "deep" }, codes: []string{"capability_missing:deep_park"}},
+		{name: "no peer address", group: &sdk.Group{Rank: 1, Size: 2, TensorParallel: 2, PipelineParallel: 1, HeadAddress: "10.0.0.1", RendezvousPort: 25000}, codes: []string{"peer_address_missing"}},
+		{name: "rdma required on a host without", group: &sdk.Group{Rank: 1, Size: 2, TensorParallel: 2, PipelineParallel: 1, HeadAddress: "127.0.0.1", RendezvousPort: 25000, PeerAddress: "127.0.0.1", RequireRDMA: true}, codes: []string{"capability_missing:rdma"}},
+		{name: "rank in extra_args", group: drivertest.Member(0, 2, 2, 1, 25000), edit: func(d *sdk.Deployment) { d.AcceptExtraArgs, d.ExtraArgs = true, []string{"--rank", "1"} }, codes: []string{"engine_option_owned:--rank"}},
+		{name: "master in extra_args", group: drivertest.Member(0, 2, 2, 1, 25000), edit: func(d *sdk.Deployment) { d.AcceptExtraArgs, d.ExtraArgs = true, []string{"--master=10.0.0.1"} }, codes: []string{"engine_option_owned:--master"}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -86,16 +86,16 @@ func TestPlan_GroupRefusals(t *testing.T) {
 			if c.edit != nil {
 				c.edit(dep)
 			}
-			p, err := d.Plan(context.Background(), &pb.PlanRequest{Installation: installation("/v"), Deployment: dep, Host: &pb.HostPolicy{}})
+			p, err := d.Plan(context.Background(), &sdk.PlanRequest{Installation: *installation("/v"), Deployment: *dep, Host: sdk.HostPolicy{}})
 			if err != nil {
 				t.Fatal(err)
 			}
 			var got []string
-			for _, r := range p.GetRefusals() {
-				got = append(got, r.GetCode())
+			for _, r := range p.Refusals {
+				got = append(got, r.Code)
 			}
 			if !reflect.DeepEqual(got, c.codes) {
-				t.Fatalf("refusals %v, want %v", p.GetRefusals(), c.codes)
+				t.Fatalf("refusals %v, want %v", p.Refusals, c.codes)
 			}
 		})
 	}

@@ -11,7 +11,6 @@ import (
 	"github.com/capyctl/capyctl/sdk"
 	"github.com/capyctl/capyctl/sdk/enginekit"
 	"github.com/capyctl/capyctl/sdk/proc"
-	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
 
 // canaryPrompt is the fixed prompt whose answer proves readiness.
@@ -31,15 +30,15 @@ type health struct {
 // build, which each attempt joins until the startup budget runs out. Rank
 // 1 of a two-machine pair serves no HTTP: it is ready once its process
 // runs.
-func (d *Driver) Probe(ctx context.Context, req *pb.ProbeRequest) (*pb.ProbeResponse, error) {
-	in, err := d.reg.Get(req.GetInstanceId())
+func (d *Driver) Probe(ctx context.Context, req *sdk.ProbeRequest) (*sdk.ProbeResponse, error) {
+	in, err := d.reg.Get(req.InstanceID)
 	if err != nil {
 		return nil, err
 	}
-	switch req.GetKind() {
-	case pb.ProbeKind_PROBE_KIND_LIVENESS:
+	switch req.Kind {
+	case sdk.ProbeKindLiveness:
 		return in.Liveness(), nil
-	case pb.ProbeKind_PROBE_KIND_READINESS, pb.ProbeKind_PROBE_KIND_WAKE_CHECK:
+	case sdk.ProbeKindReadiness, sdk.ProbeKindWakeCheck:
 		if in.Worker() {
 			// Rank 1 of a pair serves no HTTP: its process is its
 			// readiness, and it has no canary.
@@ -55,21 +54,21 @@ func (d *Driver) Probe(ctx context.Context, req *pb.ProbeRequest) (*pb.ProbeResp
 		}
 		return in.WaitReady(ctx, enginekit.ProbeDeadline(req, StartupTimeout), ready, nil, nil), nil
 	}
-	return nil, sdk.Errorf("invalid_request", "unknown probe kind %v", req.GetKind())
+	return nil, sdk.Errorf("invalid_request", "unknown probe kind %v", req.Kind)
 }
 
 // Load implements sdk.Driver: the idle signal is /health's
 // requests_running and busy (a busy engine with nothing counted is
 // building kernels for a request).
-func (d *Driver) Load(ctx context.Context, req *pb.LoadRequest) (*pb.LoadResponse, error) {
-	in, err := d.reg.Get(req.GetInstanceId())
+func (d *Driver) Load(ctx context.Context, req *sdk.LoadRequest) (*sdk.LoadResponse, error) {
+	in, err := d.reg.Get(req.InstanceID)
 	if err != nil {
 		return nil, err
 	}
 	if in.Worker() {
 		return enginekit.WorkerLoad(), nil
 	}
-	unknown := &pb.LoadResponse{Known: false, KvUsage: enginekit.KVUsageUnknown}
+	unknown := &sdk.LoadResponse{Known: false, KVUsage: enginekit.KVUsageUnknown}
 	lctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
 	var h health
@@ -77,7 +76,7 @@ func (d *Driver) Load(ctx context.Context, req *pb.LoadRequest) (*pb.LoadRespons
 	if err != nil || status != http.StatusOK || h.RequestsRunning == nil || h.Busy == nil {
 		return unknown, nil
 	}
-	out := &pb.LoadResponse{Known: true, Running: *h.RequestsRunning, KvUsage: enginekit.KVUsageUnknown}
+	out := &sdk.LoadResponse{Known: true, Running: *h.RequestsRunning, KVUsage: enginekit.KVUsageUnknown}
 	if h.RequestsWaiting != nil {
 		out.Waiting = *h.RequestsWaiting
 	}
@@ -88,24 +87,24 @@ func (d *Driver) Load(ctx context.Context, req *pb.LoadRequest) (*pb.LoadRespons
 }
 
 // Stop implements sdk.Driver.
-func (d *Driver) Stop(_ context.Context, req *pb.StopRequest) (*pb.StopResponse, error) {
+func (d *Driver) Stop(_ context.Context, req *sdk.StopRequest) (*sdk.StopResponse, error) {
 	return d.reg.Stop(req, enginekit.DefaultStopGrace, enginekit.StopHooks{})
 }
 
 // Recover implements sdk.Driver.
-func (d *Driver) Recover(_ context.Context, req *pb.RecoverRequest) (*pb.RecoverResponse, error) {
+func (d *Driver) Recover(_ context.Context, req *sdk.RecoverRequest) (*sdk.RecoverResponse, error) {
 	return d.reg.Recover(req, func(launched proc.Launched, detail string) (*enginekit.Instance, string, error) {
-		l := req.GetLaunch()
-		return instance(req.GetInstanceId(), l.GetLaunchId(), launched, int(l.GetPort()), req.GetDeployment()), detail, nil
+		l := &req.Launch
+		return instance(req.InstanceID, l.LaunchID, launched, int(l.Port), &req.Deployment), detail, nil
 	})
 }
 
 // Logs implements sdk.Driver.
-func (d *Driver) Logs(_ context.Context, req *pb.LogsRequest) (*pb.LogsResponse, error) {
+func (d *Driver) Logs(_ context.Context, req *sdk.LogsRequest) (*sdk.LogsResponse, error) {
 	return d.reg.Logs(req)
 }
 
 // WaitExit reports the engine's exit the moment its process is gone.
-func (d *Driver) WaitExit(ctx context.Context, req *pb.WaitExitRequest) (*pb.ExitEvent, error) {
+func (d *Driver) WaitExit(ctx context.Context, req *sdk.WaitExitRequest) (*sdk.ExitEvent, error) {
 	return d.reg.WaitExit(ctx, req)
 }

@@ -33,7 +33,6 @@ import (
 	"github.com/capyctl/capyctl/sdk"
 	"github.com/capyctl/capyctl/sdk/enginefacts"
 	"github.com/capyctl/capyctl/sdk/enginekit"
-	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
 
 // Family is this driver's engine family.
@@ -113,36 +112,36 @@ var (
 func New() *Driver { return &Driver{reg: enginekit.NewRegistry[*enginekit.Instance]()} }
 
 // Describe implements sdk.Driver.
-func (d *Driver) Describe(context.Context, *pb.DescribeRequest) (*pb.DescribeResponse, error) {
-	return enginekit.Describe(Family, d.Version, &pb.Capabilities{
+func (d *Driver) Describe(context.Context, *sdk.DescribeRequest) (*sdk.DescribeResponse, error) {
+	return enginekit.Describe(Family, d.Version, &sdk.Capabilities{
 		ParkTiers: []string{enginekit.ResidencyDeep, enginekit.ResidencyHostBacked},
 		// Every launch sleeps at either level (--enable-sleep-mode is on
 		// for both): the core picks the level at each park (park.go).
 		TierPerPark:     true,
-		Apis:            []string{"chat", "embeddings", "rerank"},
-		AbortMode:       pb.AbortMode_ABORT_MODE_CLOSE_CONNECTION,
+		APIs:            []string{"chat", "embeddings", "rerank"},
+		AbortMode:       sdk.AbortModeCloseConnection,
 		IdleSignal:      true,
-		Lmcache:         true,
-		RequestIdHeader: "X-Request-Id",
+		LMCache:         true,
+		RequestIDHeader: "X-Request-Id",
 		Groups:          true,
 	}, pyengine.ConfigSchema(Family, configKeys)), nil
 }
 
 // Detect implements sdk.Driver: a venv with a vllm distribution, read from
 // its *.dist-info without running Python.
-func (d *Driver) Detect(_ context.Context, req *pb.DetectRequest) (*pb.DetectResponse, error) {
-	_, resp, err := pyengine.Detect(req.GetPath(), pyengine.DetectSpec{Family: Family, Dist: "vllm", Verified: VerifiedVersions, Module: Module})
+func (d *Driver) Detect(_ context.Context, req *sdk.DetectRequest) (*sdk.DetectResponse, error) {
+	_, resp, err := pyengine.Detect(req.Path, pyengine.DetectSpec{Family: Family, Dist: "vllm", Verified: VerifiedVersions, Module: Module})
 	if err != nil {
 		return nil, err
 	}
-	resp.Notes = []string{"launches " + resp.GetProgram() + " -m " + Module}
-	if !resp.GetVerified() {
-		resp.Notes = append(resp.Notes, "vLLM "+resp.GetVersion()+" is not a verified version (0.29 to 0.32): it runs as custom")
+	resp.Notes = []string{"launches " + resp.Program + " -m " + Module}
+	if !resp.Verified {
+		resp.Notes = append(resp.Notes, "vLLM "+resp.Version+" is not a verified version (0.29 to 0.32): it runs as custom")
 	}
 	return resp, nil
 }
 
 // Flags implements sdk.Driver.
-func (d *Driver) Flags(context.Context, *pb.FlagsRequest) (*pb.FlagsResponse, error) {
-	return Table.Proto(), nil
+func (d *Driver) Flags(context.Context, *sdk.FlagsRequest) (*sdk.FlagsResponse, error) {
+	return Table.Response(), nil
 }

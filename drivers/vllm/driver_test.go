@@ -14,13 +14,12 @@ import (
 	"github.com/capyctl/capyctl/sdk"
 	"github.com/capyctl/capyctl/sdk/engineapi"
 	"github.com/capyctl/capyctl/sdk/enginekit"
-	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
 
 // fixture is a registered vLLM venv and model directories in a temp dir.
 type fixture struct {
 	root  string
-	inst  *pb.Installation
+	inst  *sdk.Installation
 	qwen3 string // a Qwen3 checkpoint with a thinking template
 	llama string // a Llama checkpoint (unknown family for parsers)
 }
@@ -34,71 +33,71 @@ func newFixture(t *testing.T) *fixture {
 	}
 	f := &fixture{root: root}
 	f.qwen3, f.llama = drivertest.WriteModels(t, root, `{"chat_template":"{% for m in messages %}<|im_start|>{{m.role}}{% endfor %}<think>\n"}`)
-	det, err := New().Detect(context.Background(), &pb.DetectRequest{Path: venv})
+	det, err := New().Detect(context.Background(), &sdk.DetectRequest{Path: venv})
 	if err != nil {
 		t.Fatal(err)
 	}
-	f.inst = &pb.Installation{Name: "vllm", Family: Family, Path: venv, Version: det.GetVersion(), Verified: det.GetVerified(), Digest: det.GetDigest()}
+	f.inst = &sdk.Installation{Name: "vllm", Family: Family, Path: venv, Version: det.Version, Verified: det.Verified, Digest: det.Digest}
 	return f
 }
 
-func launchCtx() *pb.LaunchContext { return drivertest.LaunchContext(41234) }
+func launchCtx() *sdk.LaunchContext { return drivertest.LaunchContext(41234) }
 
 func TestPlan_Golden(t *testing.T) {
 	f := newFixture(t)
 	cases := []struct {
 		name string
-		dep  *pb.Deployment
-		host *pb.HostPolicy
-		lctx *pb.LaunchContext
+		dep  *sdk.Deployment
+		host *sdk.HostPolicy
+		lctx *sdk.LaunchContext
 	}{
 		{
 			name: "default_deep_qwen3",
-			dep:  &pb.Deployment{Name: "chat", Api: "chat", ServedName: "chat", ModelDir: f.qwen3},
-			host: &pb.HostPolicy{},
+			dep:  &sdk.Deployment{Name: "chat", API: "chat", ServedName: "chat", ModelDir: f.qwen3},
+			host: &sdk.HostPolicy{},
 			lctx: launchCtx(),
 		},
 		{
 			name: "restart_only_typed_fields_telemetry_allowed",
-			dep: &pb.Deployment{
-				Name: "chat", Api: "chat", ServedName: "public-chat", ModelDir: f.llama, Residency: "restart_only",
-				MaxConcurrentRequests: 8, ContextLength: 8192, Dtype: "bfloat16", KvCacheDtype: "fp8", CudaGraphs: "false",
+			dep: &sdk.Deployment{
+				Name: "chat", API: "chat", ServedName: "public-chat", ModelDir: f.llama, Residency: "restart_only",
+				MaxConcurrentRequests: 8, ContextLength: 8192, Dtype: "bfloat16", KVCacheDtype: "fp8", CUDAGraphs: "false",
 				AcceptExtraArgs: true, ExtraArgs: []string{"--enable-prefix-caching", "--seed", "7"},
 				Env: map[string]string{"VLLM_LOGGING_LEVEL": "INFO", "TOKENIZERS_PARALLELISM": "false"},
 			},
-			host: &pb.HostPolicy{EngineTelemetry: "allow", ApprovedEnv: []string{"VLLM_LOGGING_*"}, CudaHome: "/usr/local/cuda",
+			host: &sdk.HostPolicy{EngineTelemetry: "allow", ApprovedEnv: []string{"VLLM_LOGGING_*"}, CUDAHome: "/usr/local/cuda",
 				HostEnv: map[string]string{"CAPYCTL_SIMGPU_STATE": "/state/simgpu.json"}},
 			lctx: launchCtx(),
 		},
 		{
 			name: "host_backed_declared_parsers_at_write_time",
-			dep: &pb.Deployment{
-				Name: "tools", Api: "chat", ServedName: "tools", ModelDir: f.qwen3, Residency: "host_backed",
-				Memory:           &pb.MemorySizes{KvCacheBytes: 2 << 30},
-				EngineConfigJson: []byte(`{"tool_call_parser":"qwen3_coder","reasoning_parser":"none","block_size_tokens":32,"max_num_batched_tokens":4096,"safetensors_load_strategy":"lazy"}`),
+			dep: &sdk.Deployment{
+				Name: "tools", API: "chat", ServedName: "tools", ModelDir: f.qwen3, Residency: "host_backed",
+				Memory:           sdk.MemorySizes{KVCacheBytes: 2 << 30},
+				EngineConfigJSON: []byte(`{"tool_call_parser":"qwen3_coder","reasoning_parser":"none","block_size_tokens":32,"max_num_batched_tokens":4096,"safetensors_load_strategy":"lazy"}`),
 			},
-			host: &pb.HostPolicy{},
+			host: &sdk.HostPolicy{},
 			lctx: nil,
 		},
 		{
 			name: "parser_in_extra_args_and_fitted_context",
-			dep: &pb.Deployment{
-				Name: "llama", Api: "chat", ServedName: "llama", ModelDir: f.qwen3, TrustRemoteCode: true,
+			dep: &sdk.Deployment{
+				Name: "llama", API: "chat", ServedName: "llama", ModelDir: f.qwen3, TrustRemoteCode: true,
 				AcceptExtraArgs: true, ExtraArgs: []string{"--tool-call-parser", "pythonic", "--enable-auto-tool-choice"},
 			},
-			host: &pb.HostPolicy{AllowRemoteCode: true},
-			lctx: &pb.LaunchContext{Port: 41235, DeviceBytes: 10 << 30, DeviceTotalBytes: 24 << 30, KvCacheBytes: 1 << 30,
-				LaunchDir: "/state/launches/llama/0-L2", InstanceId: "llama/0", LaunchId: "L2"},
+			host: &sdk.HostPolicy{AllowRemoteCode: true},
+			lctx: &sdk.LaunchContext{Port: 41235, DeviceBytes: 10 << 30, DeviceTotalBytes: 24 << 30, KVCacheBytes: 1 << 30,
+				LaunchDir: "/state/launches/llama/0-L2", InstanceID: "llama/0", LaunchID: "L2"},
 		},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			resp, err := New().Plan(context.Background(), &pb.PlanRequest{Installation: f.inst, Deployment: c.dep, Host: c.host, Launch: c.lctx})
+			resp, err := New().Plan(context.Background(), &sdk.PlanRequest{Installation: *f.inst, Deployment: drivertest.Value(c.dep), Host: drivertest.Value(c.host), Launch: drivertest.Value(c.lctx)})
 			if err != nil {
 				t.Fatal(err)
 			}
-			if len(resp.GetRefusals()) > 0 {
-				t.Fatalf("refused: %v", resp.GetRefusals())
+			if len(resp.Refusals) > 0 {
+				t.Fatalf("refused: %v", resp.Refusals)
 			}
 			drivertest.Golden(t, c.name, drivertest.RenderPlan(resp, map[string]string{f.root: "<tmp>"}))
 		})
@@ -109,13 +108,13 @@ func TestPlan_Invariants(t *testing.T) {
 	f := newFixture(t)
 	for _, res := range []string{"", "deep", "host_backed", "restart_only"} {
 		for _, telemetry := range []string{"", "off", "allow"} {
-			dep := &pb.Deployment{Name: "d", Api: "chat", ServedName: "d", ModelDir: f.llama, Residency: res}
-			resp, err := New().Plan(context.Background(), &pb.PlanRequest{Installation: f.inst, Deployment: dep, Host: &pb.HostPolicy{EngineTelemetry: telemetry}, Launch: launchCtx()})
-			if err != nil || len(resp.GetRefusals()) > 0 {
-				t.Fatalf("%s/%s: %v %v", res, telemetry, err, resp.GetRefusals())
+			dep := &sdk.Deployment{Name: "d", API: "chat", ServedName: "d", ModelDir: f.llama, Residency: res}
+			resp, err := New().Plan(context.Background(), &sdk.PlanRequest{Installation: *f.inst, Deployment: *dep, Host: sdk.HostPolicy{EngineTelemetry: telemetry}, Launch: *launchCtx()})
+			if err != nil || len(resp.Refusals) > 0 {
+				t.Fatalf("%s/%s: %v %v", res, telemetry, err, resp.Refusals)
 			}
-			argv := strings.Join(resp.GetArgv(), " ")
-			env := resp.GetEnv()
+			argv := strings.Join(resp.Argv, " ")
+			env := resp.Env
 			parks := res != "restart_only"
 			if strings.Contains(argv, "--enable-sleep-mode") != parks || (env["VLLM_SERVER_DEV_MODE"] == "1") != parks {
 				t.Errorf("%s: sleep mode %v / dev mode %q", res, strings.Contains(argv, "--enable-sleep-mode"), env["VLLM_SERVER_DEV_MODE"])
@@ -143,46 +142,46 @@ func TestPlan_Invariants(t *testing.T) {
 
 func TestPlan_Refusals(t *testing.T) {
 	f := newFixture(t)
-	base := func() *pb.Deployment {
-		return &pb.Deployment{Name: "d", Api: "chat", ServedName: "d", ModelDir: f.llama, AcceptExtraArgs: true}
+	base := func() *sdk.Deployment {
+		return &sdk.Deployment{Name: "d", API: "chat", ServedName: "d", ModelDir: f.llama, AcceptExtraArgs: true}
 	}
 	cases := []struct {
 		name  string
-		edit  func(d *pb.Deployment)
-		host  *pb.HostPolicy
+		edit  func(d *sdk.Deployment)
+		host  *sdk.HostPolicy
 		codes []string
 	}{
-		{name: "decisions", edit: func(d *pb.Deployment) { d.Api = "decisions" }, codes: []string{"capability_missing:decisions"}},
-		{name: "reserved option", edit: func(d *pb.Deployment) { d.ExtraArgs = []string{"--api-key", "x"} }, codes: []string{"engine_option_reserved:--api-key"}},
-		{name: "reserved option with equals", edit: func(d *pb.Deployment) { d.ExtraArgs = []string{"--uvicorn-log-level=debug"} }, codes: []string{"engine_option_reserved:--uvicorn-log-level"}},
-		{name: "reserved abbreviation", edit: func(d *pb.Deployment) { d.ExtraArgs = []string{"--api-k=x"} }, codes: []string{"engine_option_reserved:--api-key"}},
-		{name: "reserved logging field", edit: func(d *pb.Deployment) { d.ExtraArgs = []string{"--logging-config.level", "DEBUG"} }, codes: []string{"engine_option_reserved:--logging-config"}},
-		{name: "owned underscore spelling", edit: func(d *pb.Deployment) { d.ExtraArgs = []string{"--tensor_parallel_size", "2"} }, codes: []string{"engine_option_owned:--tensor-parallel-size"}},
-		{name: "short option", edit: func(d *pb.Deployment) { d.ExtraArgs = []string{"-tp", "2"} }, codes: []string{"engine_option_reserved:-tp"}},
-		{name: "owned option", edit: func(d *pb.Deployment) { d.ExtraArgs = []string{"--max-num-seqs", "64"} }, codes: []string{"engine_option_owned:--max-num-seqs"}},
-		{name: "request logging back on", edit: func(d *pb.Deployment) { d.ExtraArgs = []string{"--enable-log-requests"} }, codes: []string{"engine_option_owned:--enable-log-requests"}},
-		{name: "typed field twice", edit: func(d *pb.Deployment) { d.Dtype = "float16"; d.ExtraArgs = []string{"--dtype", "bfloat16"} }, codes: []string{"engine_option_owned:--dtype"}},
-		{name: "unapproved path option", edit: func(d *pb.Deployment) { d.ExtraArgs = []string{"--download-dir", "/tmp/x"} }, codes: []string{"engine_option_not_approved:--download-dir"}},
-		{name: "approved path option", edit: func(d *pb.Deployment) { d.ExtraArgs = []string{"--download-dir", "/srv/cache/x"} }, host: &pb.HostPolicy{ApprovedPaths: []string{"/srv/cache"}}},
-		{name: "unapproved config option", edit: func(d *pb.Deployment) { d.ExtraArgs = []string{"--speculative-config", "{}"} }, codes: []string{"engine_option_not_approved:--speculative-config"}},
-		{name: "approved config option", edit: func(d *pb.Deployment) { d.ExtraArgs = []string{"--speculative-config", "{}"} }, host: &pb.HostPolicy{ApprovedOptions: []string{"--speculative-config"}}},
-		{name: "extra args not accepted", edit: func(d *pb.Deployment) { d.AcceptExtraArgs = false; d.ExtraArgs = []string{"--seed", "1"} }, codes: []string{"extra_args_not_accepted"}},
-		{name: "reserved env", edit: func(d *pb.Deployment) { d.Env = map[string]string{"VLLM_API_KEY": "x"} }, codes: []string{"engine_env_reserved:VLLM_API_KEY"}},
-		{name: "telemetry env", edit: func(d *pb.Deployment) { d.Env = map[string]string{"VLLM_NO_USAGE_STATS": "0"} }, codes: []string{"engine_env_reserved:VLLM_NO_USAGE_STATS"}},
-		{name: "do not track", edit: func(d *pb.Deployment) { d.Env = map[string]string{"DO_NOT_TRACK": "0"} }, codes: []string{"engine_env_reserved:DO_NOT_TRACK"}},
-		{name: "dev mode env", edit: func(d *pb.Deployment) { d.Env = map[string]string{"VLLM_SERVER_DEV_MODE": "1"} }, codes: []string{"engine_env_reserved:VLLM_SERVER_DEV_MODE"}},
-		{name: "env not approved", edit: func(d *pb.Deployment) { d.Env = map[string]string{"HF_TOKEN": "x"} }, codes: []string{"engine_env_not_approved:HF_TOKEN"}},
-		{name: "unknown config key", edit: func(d *pb.Deployment) { d.EngineConfigJson = []byte(`{"gpu_util":0.5}`) }, codes: []string{"unknown_config_key:engine_config.vllm.gpu_util"}},
-		{name: "config key of the wrong type", edit: func(d *pb.Deployment) { d.EngineConfigJson = []byte(`{"block_size_tokens":"big"}`) }, codes: []string{"invalid_config"}},
-		{name: "config value not allowed", edit: func(d *pb.Deployment) { d.EngineConfigJson = []byte(`{"safetensors_load_strategy":"mmap"}`) }, codes: []string{"invalid_config"}},
-		{name: "remote code not allowed", edit: func(d *pb.Deployment) { d.TrustRemoteCode = true }, codes: []string{"remote_code_not_allowed"}},
-		{name: "remote code allowed", edit: func(d *pb.Deployment) { d.TrustRemoteCode = true }, host: &pb.HostPolicy{AllowRemoteCode: true}},
-		{name: "remote code option", edit: func(d *pb.Deployment) { d.ExtraArgs = []string{"--trust-remote-code"} }, codes: []string{"remote_code_not_allowed"}},
-		{name: "host backed on unified memory", edit: func(d *pb.Deployment) { d.Residency = "host_backed" }, host: &pb.HostPolicy{Unified: true}, codes: []string{"host_backed_unavailable"}},
-		{name: "unknown residency", edit: func(d *pb.Deployment) { d.Residency = "frozen" }, codes: []string{"invalid_config"}},
-		{name: "missing model directory", edit: func(d *pb.Deployment) { d.ModelDir = "/nonexistent/model" }, codes: []string{"checkpoint_unusable"}},
-		{name: "several at once", edit: func(d *pb.Deployment) {
-			d.Api = "decisions"
+		{name: "decisions", edit: func(d *sdk.Deployment) { d.API = "decisions" }, codes: []string{"capability_missing:decisions"}},
+		{name: "reserved option", edit: func(d *sdk.Deployment) { d.ExtraArgs = []string{"--api-key", "x"} }, codes: []string{"engine_option_reserved:--api-key"}},
+		{name: "reserved option with equals", edit: func(d *sdk.Deployment) { d.ExtraArgs = []string{"--uvicorn-log-level=debug"} }, codes: []string{"engine_option_reserved:--uvicorn-log-level"}},
+		{name: "reserved abbreviation", edit: func(d *sdk.Deployment) { d.ExtraArgs = []string{"--api-k=x"} }, codes: []string{"engine_option_reserved:--api-key"}},
+		{name: "reserved logging field", edit: func(d *sdk.Deployment) { d.ExtraArgs = []string{"--logging-config.level", "DEBUG"} }, codes: []string{"engine_option_reserved:--logging-config"}},
+		{name: "owned underscore spelling", edit: func(d *sdk.Deployment) { d.ExtraArgs = []string{"--tensor_parallel_size", "2"} }, codes: []string{"engine_option_owned:--tensor-parallel-size"}},
+		{name: "short option", edit: func(d *sdk.Deployment) { d.ExtraArgs = []string{"-tp", "2"} }, codes: []string{"engine_option_reserved:-tp"}},
+		{name: "owned option", edit: func(d *sdk.Deployment) { d.ExtraArgs = []string{"--max-num-seqs", "64"} }, codes: []string{"engine_option_owned:--max-num-seqs"}},
+		{name: "request logging back on", edit: func(d *sdk.Deployment) { d.ExtraArgs = []string{"--enable-log-requests"} }, codes: []string{"engine_option_owned:--enable-log-requests"}},
+		{name: "typed field twice", edit: func(d *sdk.Deployment) { d.Dtype = "float16"; d.ExtraArgs = []string{"--dtype", "bfloat16"} }, codes: []string{"engine_option_owned:--dtype"}},
+		{name: "unapproved path option", edit: func(d *sdk.Deployment) { d.ExtraArgs = []string{"--download-dir", "/tmp/x"} }, codes: []string{"engine_option_not_approved:--download-dir"}},
+		{name: "approved path option", edit: func(d *sdk.Deployment) { d.ExtraArgs = []string{"--download-dir", "/srv/cache/x"} }, host: &sdk.HostPolicy{ApprovedPaths: []string{"/srv/cache"}}},
+		{name: "unapproved config option", edit: func(d *sdk.Deployment) { d.ExtraArgs = []string{"--speculative-config", "{}"} }, codes: []string{"engine_option_not_approved:--speculative-config"}},
+		{name: "approved config option", edit: func(d *sdk.Deployment) { d.ExtraArgs = []string{"--speculative-config", "{}"} }, host: &sdk.HostPolicy{ApprovedOptions: []string{"--speculative-config"}}},
+		{name: "extra args not accepted", edit: func(d *sdk.Deployment) { d.AcceptExtraArgs = false; d.ExtraArgs = []string{"--seed", "1"} }, codes: []string{"extra_args_not_accepted"}},
+		{name: "reserved env", edit: func(d *sdk.Deployment) { d.Env = map[string]string{"VLLM_API_KEY": "x"} }, codes: []string{"engine_env_reserved:VLLM_API_KEY"}},
+		{name: "telemetry env", edit: func(d *sdk.Deployment) { d.Env = map[string]string{"VLLM_NO_USAGE_STATS": "0"} }, codes: []string{"engine_env_reserved:VLLM_NO_USAGE_STATS"}},
+		{name: "do not track", edit: func(d *sdk.Deployment) { d.Env = map[string]string{"DO_NOT_TRACK": "0"} }, codes: []string{"engine_env_reserved:DO_NOT_TRACK"}},
+		{name: "dev mode env", edit: func(d *sdk.Deployment) { d.Env = map[string]string{"VLLM_SERVER_DEV_MODE": "1"} }, codes: []string{"engine_env_reserved:VLLM_SERVER_DEV_MODE"}},
+		{name: "env not approved", edit: func(d *sdk.Deployment) { d.Env = map[string]string{"HF_TOKEN": "x"} }, codes: []string{"engine_env_not_approved:HF_TOKEN"}},
+		{name: "unknown config key", edit: func(d *sdk.Deployment) { d.EngineConfigJSON = []byte(`{"gpu_util":0.5}`) }, codes: []string{"unknown_config_key:engine_config.vllm.gpu_util"}},
+		{name: "config key of the wrong type", edit: func(d *sdk.Deployment) { d.EngineConfigJSON = []byte(`{"block_size_tokens":"big"}`) }, codes: []string{"invalid_config"}},
+		{name: "config value not allowed", edit: func(d *sdk.Deployment) { d.EngineConfigJSON = []byte(`{"safetensors_load_strategy":"mmap"}`) }, codes: []string{"invalid_config"}},
+		{name: "remote code not allowed", edit: func(d *sdk.Deployment) { d.TrustRemoteCode = true }, codes: []string{"remote_code_not_allowed"}},
+		{name: "remote code allowed", edit: func(d *sdk.Deployment) { d.TrustRemoteCode = true }, host: &sdk.HostPolicy{AllowRemoteCode: true}},
+		{name: "remote code option", edit: func(d *sdk.Deployment) { d.ExtraArgs = []string{"--trust-remote-code"} }, codes: []string{"remote_code_not_allowed"}},
+		{name: "host backed on unified memory", edit: func(d *sdk.Deployment) { d.Residency = "host_backed" }, host: &sdk.HostPolicy{Unified: true}, codes: []string{"host_backed_unavailable"}},
+		{name: "unknown residency", edit: func(d *sdk.Deployment) { d.Residency = "frozen" }, codes: []string{"invalid_config"}},
+		{name: "missing model directory", edit: func(d *sdk.Deployment) { d.ModelDir = "/nonexistent/model" }, codes: []string{"checkpoint_unusable"}},
+		{name: "several at once", edit: func(d *sdk.Deployment) {
+			d.API = "decisions"
 			d.ExtraArgs = []string{"--port", "1"}
 			d.Env = map[string]string{"LD_PRELOAD": "/x.so"}
 		}, codes: []string{"capability_missing:decisions", "engine_option_owned:--port", "engine_env_reserved:LD_PRELOAD"}},
@@ -193,23 +192,23 @@ func TestPlan_Refusals(t *testing.T) {
 			c.edit(dep)
 			host := c.host
 			if host == nil {
-				host = &pb.HostPolicy{}
+				host = &sdk.HostPolicy{}
 			}
-			resp, err := New().Plan(context.Background(), &pb.PlanRequest{Installation: f.inst, Deployment: dep, Host: host})
+			resp, err := New().Plan(context.Background(), &sdk.PlanRequest{Installation: *f.inst, Deployment: *dep, Host: drivertest.Value(host)})
 			if err != nil {
 				t.Fatal(err)
 			}
 			var got []string
-			for _, r := range resp.GetRefusals() {
-				got = append(got, r.GetCode())
-				if r.GetMessage() == "" || r.GetField() == "" {
+			for _, r := range resp.Refusals {
+				got = append(got, r.Code)
+				if r.Message == "" || r.Field == "" {
 					t.Errorf("refusal %v lacks a message or field", r)
 				}
 			}
 			if strings.Join(got, ",") != strings.Join(c.codes, ",") {
-				t.Fatalf("refusals %v, want %v (%v)", got, c.codes, resp.GetRefusals())
+				t.Fatalf("refusals %v, want %v (%v)", got, c.codes, resp.Refusals)
 			}
-			if len(got) > 0 && len(resp.GetArgv()) > 0 {
+			if len(got) > 0 && len(resp.Argv) > 0 {
 				t.Fatal("a refused plan rendered a command")
 			}
 		})
@@ -249,7 +248,7 @@ func TestDetect(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			resp, err := New().Detect(context.Background(), &pb.DetectRequest{Path: c.path})
+			resp, err := New().Detect(context.Background(), &sdk.DetectRequest{Path: c.path})
 			if c.wantCode != "" {
 				if sdk.CodeOf(err) != c.wantCode {
 					t.Fatalf("Detect = %v, %v; want code %s", resp, err, c.wantCode)
@@ -259,57 +258,57 @@ func TestDetect(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if resp.GetFamily() != Family || resp.GetVersion() != c.wantVersion || resp.GetVerified() != c.wantVerified ||
-				!strings.HasPrefix(resp.GetDigest(), "sha256:") || !strings.HasSuffix(resp.GetProgram(), "/bin/python") {
+			if resp.Family != Family || resp.Version != c.wantVersion || resp.Verified != c.wantVerified ||
+				!strings.HasPrefix(resp.Digest, "sha256:") || !strings.HasSuffix(resp.Program, "/bin/python") {
 				t.Fatalf("Detect = %+v", resp)
 			}
 		})
 	}
 	// The digest pins the installation: a package installed later changes it.
-	a, _ := New().Detect(context.Background(), &pb.DetectRequest{Path: verified})
+	a, _ := New().Detect(context.Background(), &sdk.DetectRequest{Path: verified})
 	if _, err := pyengine.MakeVenv(verified, "", map[string]string{"extra-package": "1.0"}, nil); err != nil {
 		t.Fatal(err)
 	}
-	b, _ := New().Detect(context.Background(), &pb.DetectRequest{Path: verified})
-	if a.GetDigest() == b.GetDigest() {
+	b, _ := New().Detect(context.Background(), &sdk.DetectRequest{Path: verified})
+	if a.Digest == b.Digest {
 		t.Fatal("the digest did not change when a package was installed")
 	}
-	if _, err := pyengine.CheckPinned(verified, a.GetDigest()); sdk.CodeOf(err) != enginekit.CodeInstallationDrift {
+	if _, err := pyengine.CheckPinned(verified, a.Digest); sdk.CodeOf(err) != enginekit.CodeInstallationDrift {
 		t.Fatalf("CheckPinned after a change: %v", err)
 	}
 }
 
 func TestDescribeAndFlags(t *testing.T) {
-	d, err := New().Describe(context.Background(), &pb.DescribeRequest{})
+	d, err := New().Describe(context.Background(), &sdk.DescribeRequest{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := d.GetCapabilities()
-	if d.GetName() != Family || d.GetProtocol() != sdk.ProtocolVersion || strings.Join(c.GetApis(), ",") != "chat,embeddings,rerank" ||
-		c.GetAbortMode() != pb.AbortMode_ABORT_MODE_CLOSE_CONNECTION || !c.GetIdleSignal() || len(c.GetParkTiers()) != 2 {
+	c := &d.Capabilities
+	if d.Name != Family || d.Protocol != sdk.ProtocolVersion || strings.Join(c.APIs, ",") != "chat,embeddings,rerank" ||
+		c.AbortMode != sdk.AbortModeCloseConnection || !c.IdleSignal || len(c.ParkTiers) != 2 {
 		t.Fatalf("Describe = %v", d)
 	}
 	if err := Table.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	fl, err := New().Flags(context.Background(), &pb.FlagsRequest{})
-	if err != nil || fl.GetFamily() != Family {
+	fl, err := New().Flags(context.Background(), &sdk.FlagsRequest{})
+	if err != nil || fl.Family != Family {
 		t.Fatal(fl, err)
 	}
-	want := map[string]pb.FlagClass{
-		"--api-key": pb.FlagClass_FLAG_CLASS_RESERVED, "--logging-config": pb.FlagClass_FLAG_CLASS_RESERVED,
-		"--uvicorn-log-level": pb.FlagClass_FLAG_CLASS_RESERVED, "--enable-scale-out": pb.FlagClass_FLAG_CLASS_RESERVED,
-		"--port": pb.FlagClass_FLAG_CLASS_OWNED, "--enable-log-requests": pb.FlagClass_FLAG_CLASS_OWNED,
-		"--*-config": pb.FlagClass_FLAG_CLASS_GATED, "--trust-remote-code": pb.FlagClass_FLAG_CLASS_GATED,
-		"VLLM_API_KEY": pb.FlagClass_FLAG_CLASS_OWNED, "VLLM_DO_NOT_TRACK": pb.FlagClass_FLAG_CLASS_OWNED,
-		"DO_NOT_TRACK": pb.FlagClass_FLAG_CLASS_OWNED, "VLLM_USAGE_STATS_SERVER": pb.FlagClass_FLAG_CLASS_RESERVED,
+	want := map[string]sdk.FlagClass{
+		"--api-key": sdk.FlagClassReserved, "--logging-config": sdk.FlagClassReserved,
+		"--uvicorn-log-level": sdk.FlagClassReserved, "--enable-scale-out": sdk.FlagClassReserved,
+		"--port": sdk.FlagClassOwned, "--enable-log-requests": sdk.FlagClassOwned,
+		"--*-config": sdk.FlagClassGated, "--trust-remote-code": sdk.FlagClassGated,
+		"VLLM_API_KEY": sdk.FlagClassOwned, "VLLM_DO_NOT_TRACK": sdk.FlagClassOwned,
+		"DO_NOT_TRACK": sdk.FlagClassOwned, "VLLM_USAGE_STATS_SERVER": sdk.FlagClassReserved,
 	}
-	for _, r := range fl.GetRules() {
-		if w, ok := want[r.GetName()]; ok {
-			if r.GetClass() != w {
-				t.Errorf("%s is %v, want %v", r.GetName(), r.GetClass(), w)
+	for _, r := range fl.Rules {
+		if w, ok := want[r.Name]; ok {
+			if r.Class != w {
+				t.Errorf("%s is %v, want %v", r.Name, r.Class, w)
 			}
-			delete(want, r.GetName())
+			delete(want, r.Name)
 		}
 	}
 	if len(want) > 0 {
@@ -322,7 +321,7 @@ func TestDescribeAndFlags(t *testing.T) {
 // as it is.
 func TestEndpoint_NonStreamedHangup(t *testing.T) {
 	ep := endpoint(1, "k", "m", "", true, engineapi.NetnsAddr{})
-	if ep.GetNonStreamedHangup() != pb.NonStreamedHangup_NON_STREAMED_HANGUP_STOPS || ep.GetRequestIdHeader() != "X-Request-Id" {
+	if ep.NonStreamedHangup != sdk.NonStreamedHangupStops || ep.RequestIDHeader != "X-Request-Id" {
 		t.Fatalf("endpoint %v", ep)
 	}
 }
@@ -332,12 +331,12 @@ func TestEndpoint_NonStreamedHangup(t *testing.T) {
 // parsers its family would get for chat.
 func TestPlan_Embeddings(t *testing.T) {
 	f := newFixture(t)
-	dep := &pb.Deployment{Name: "d", Api: "embeddings", ServedName: "d", ModelDir: f.qwen3, Residency: "restart_only"}
-	resp, err := New().Plan(context.Background(), &pb.PlanRequest{Installation: f.inst, Deployment: dep, Host: &pb.HostPolicy{}, Launch: launchCtx()})
-	if err != nil || len(resp.GetRefusals()) > 0 {
-		t.Fatalf("%v %v", err, resp.GetRefusals())
+	dep := &sdk.Deployment{Name: "d", API: "embeddings", ServedName: "d", ModelDir: f.qwen3, Residency: "restart_only"}
+	resp, err := New().Plan(context.Background(), &sdk.PlanRequest{Installation: *f.inst, Deployment: *dep, Host: sdk.HostPolicy{}, Launch: *launchCtx()})
+	if err != nil || len(resp.Refusals) > 0 {
+		t.Fatalf("%v %v", err, resp.Refusals)
 	}
-	if argv := strings.Join(resp.GetArgv(), " "); strings.Contains(argv, "--reasoning-parser") || strings.Contains(argv, "--tool-call-parser") {
+	if argv := strings.Join(resp.Argv, " "); strings.Contains(argv, "--reasoning-parser") || strings.Contains(argv, "--tool-call-parser") {
 		t.Fatalf("parsers for an embedding model: %s", argv)
 	}
 }
@@ -347,17 +346,17 @@ func TestPlan_Embeddings(t *testing.T) {
 // family would get for chat; a decision model is still refused.
 func TestPlan_Rerank(t *testing.T) {
 	f := newFixture(t)
-	dep := &pb.Deployment{Name: "d", Api: "rerank", ServedName: "d", ModelDir: f.qwen3, Residency: "restart_only"}
-	resp, err := New().Plan(context.Background(), &pb.PlanRequest{Installation: f.inst, Deployment: dep, Host: &pb.HostPolicy{}, Launch: launchCtx()})
-	if err != nil || len(resp.GetRefusals()) > 0 {
-		t.Fatalf("%v %v", err, resp.GetRefusals())
+	dep := &sdk.Deployment{Name: "d", API: "rerank", ServedName: "d", ModelDir: f.qwen3, Residency: "restart_only"}
+	resp, err := New().Plan(context.Background(), &sdk.PlanRequest{Installation: *f.inst, Deployment: *dep, Host: sdk.HostPolicy{}, Launch: *launchCtx()})
+	if err != nil || len(resp.Refusals) > 0 {
+		t.Fatalf("%v %v", err, resp.Refusals)
 	}
-	if argv := strings.Join(resp.GetArgv(), " "); strings.Contains(argv, "--reasoning-parser") || strings.Contains(argv, "--tool-call-parser") {
+	if argv := strings.Join(resp.Argv, " "); strings.Contains(argv, "--reasoning-parser") || strings.Contains(argv, "--tool-call-parser") {
 		t.Fatalf("parsers for a reranker: %s", argv)
 	}
-	dep.Api = "decisions"
-	resp, err = New().Plan(context.Background(), &pb.PlanRequest{Installation: f.inst, Deployment: dep, Host: &pb.HostPolicy{}, Launch: launchCtx()})
-	if err != nil || len(resp.GetRefusals()) == 0 || resp.GetRefusals()[0].GetCode() != "capability_missing:decisions" {
-		t.Fatalf("decisions: %v %v", err, resp.GetRefusals())
+	dep.API = "decisions"
+	resp, err = New().Plan(context.Background(), &sdk.PlanRequest{Installation: *f.inst, Deployment: *dep, Host: sdk.HostPolicy{}, Launch: *launchCtx()})
+	if err != nil || len(resp.Refusals) == 0 || resp.Refusals[0].Code != "capability_missing:decisions" {
+		t.Fatalf("decisions: %v %v", err, resp.Refusals)
 	}
 }

@@ -16,10 +16,10 @@ import (
 
 	"github.com/capyctl/capyctl/drivers/internal/drivertest"
 	"github.com/capyctl/capyctl/plugins-testkit/harness"
+	"github.com/capyctl/capyctl/sdk"
 	"github.com/capyctl/capyctl/sdk/engineapi"
 	"github.com/capyctl/capyctl/sdk/enginekit"
 	"github.com/capyctl/capyctl/sdk/proc"
-	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
 
 // The test binary is also the launch shim of the engines it starts.
@@ -83,16 +83,16 @@ func TestStart_Exposure(t *testing.T) {
 			_, llama := drivertest.WriteModels(t, root, "")
 			d := New()
 			ctx := context.Background()
-			det, err := d.Detect(ctx, &pb.DetectRequest{Path: venv})
+			det, err := d.Detect(ctx, &sdk.DetectRequest{Path: venv})
 			if err != nil {
 				t.Fatal(err)
 			}
-			inst := &pb.Installation{Name: "vllm", Family: Family, Path: venv, Version: det.GetVersion(), Digest: det.GetDigest()}
-			dep := &pb.Deployment{Name: "chat", Api: "chat", ServedName: "chat", ModelDir: llama, Residency: enginekit.ResidencyHostBacked}
+			inst := &sdk.Installation{Name: "vllm", Family: Family, Path: venv, Version: det.Version, Digest: det.Digest}
+			dep := &sdk.Deployment{Name: "chat", API: "chat", ServedName: "chat", ModelDir: llama, Residency: enginekit.ResidencyHostBacked}
 			port := drivertest.FreePort(t)
-			lctx := &pb.LaunchContext{Port: int32(port), LaunchDir: filepath.Join(root, "launches", "chat", "0-L1"), InstanceId: "chat/0", LaunchId: "L1"}
-			host := &pb.HostPolicy{EngineLogs: "file"}
-			plan, err := d.Plan(ctx, &pb.PlanRequest{Installation: inst, Deployment: dep, Host: host, Launch: lctx})
+			lctx := &sdk.LaunchContext{Port: int32(port), LaunchDir: filepath.Join(root, "launches", "chat", "0-L1"), InstanceID: "chat/0", LaunchID: "L1"}
+			host := &sdk.HostPolicy{EngineLogs: "file"}
+			plan, err := d.Plan(ctx, &sdk.PlanRequest{Installation: *inst, Deployment: *dep, Host: drivertest.Value(host), Launch: *lctx})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -100,24 +100,26 @@ func TestStart_Exposure(t *testing.T) {
 				// L11: a vLLM without --uds would serve on a port every
 				// local user reaches (its /sleep answered a foreign
 				// request): it is refused, not started.
-				if rs := plan.GetRefusals(); len(rs) != 1 || rs[0].GetCode() != "engine_unsupported:no_socket" {
+				if rs := plan.Refusals; len(rs) != 1 || rs[0].Code != "engine_unsupported:no_socket" {
 					t.Fatalf("plan of vLLM %s: %v, want one refusal engine_unsupported:no_socket", c.version, rs)
 				}
 				return
 			}
-			if len(plan.GetRefusals()) > 0 {
-				t.Fatalf("plan: %v", plan.GetRefusals())
+			if len(plan.Refusals) > 0 {
+				t.Fatalf("plan: %v", plan.Refusals)
 			}
 			const key = "the-launch-key"
-			if _, err := d.Start(ctx, &pb.StartRequest{Installation: inst, Deployment: dep, Host: host, Launch: lctx, Plan: plan, EngineKey: key}); err != nil {
+			if _, err := d.Start(ctx, &sdk.StartRequest{Installation: *inst, Deployment: *dep, Host: drivertest.Value(host), Launch: *lctx, Plan: *plan, EngineKey: key}); err != nil {
 				t.Fatal(err)
 			}
-			t.Cleanup(func() { _, _ = d.Stop(ctx, &pb.StopRequest{InstanceId: "chat/0", GraceMs: 5000}) })
-			ready, err := d.Probe(ctx, &pb.ProbeRequest{InstanceId: "chat/0", Kind: pb.ProbeKind_PROBE_KIND_READINESS, DeadlineMs: 60_000})
-			if err != nil || !ready.GetReady() {
+			t.Cleanup(func() {
+				_, _ = d.Stop(ctx, &sdk.StopRequest{InstanceID: "chat/0", Grace: 5 * time.Second})
+			})
+			ready, err := d.Probe(ctx, &sdk.ProbeRequest{InstanceID: "chat/0", Kind: sdk.ProbeKindReadiness, Deadline: 60 * time.Second})
+			if err != nil || !ready.Ready {
 				t.Fatalf("readiness: %v %v", ready, err)
 			}
-			ep := ready.GetEndpoint()
+			ep := &ready.Endpoint
 
 			// Another local user: the leased port, no key.
 			foreign := &http.Client{Timeout: 10 * time.Second}
@@ -130,7 +132,7 @@ func TestStart_Exposure(t *testing.T) {
 				if err != nil || sleep.StatusCode != http.StatusOK {
 					t.Fatalf("the foreign /sleep on TCP: %v %v (want it answered: that is the exposure)", sleep, err)
 				}
-				if ep.GetListener() != enginekit.ListenerTCP || !slices.Contains(ep.GetOpenRoutes(), sleepPath) {
+				if ep.Listener != enginekit.ListenerTCP || !slices.Contains(ep.OpenRoutes, sleepPath) {
 					t.Fatalf("endpoint %v does not report /sleep open to local users", ep)
 				}
 				return
@@ -138,23 +140,23 @@ func TestStart_Exposure(t *testing.T) {
 			if err == nil {
 				t.Fatalf("the foreign /sleep reached the engine over TCP: %d", sleep.StatusCode)
 			}
-			sock, ok := engineapi.UnixSocket(ep.GetBaseUrl())
-			if !ok || ep.GetListener() != enginekit.ListenerUnix || filepath.Dir(sock) != lctx.GetLaunchDir() {
-				t.Fatalf("endpoint %v: want the socket in %s", ep, lctx.GetLaunchDir())
+			sock, ok := engineapi.UnixSocket(ep.BaseURL)
+			if !ok || ep.Listener != enginekit.ListenerUnix || filepath.Dir(sock) != lctx.LaunchDir {
+				t.Fatalf("endpoint %v: want the socket in %s", ep, lctx.LaunchDir)
 			}
-			if fi, err := os.Stat(lctx.GetLaunchDir()); err != nil || fi.Mode().Perm() != 0o700 {
+			if fi, err := os.Stat(lctx.LaunchDir); err != nil || fi.Mode().Perm() != 0o700 {
 				t.Fatalf("launch directory: %v %v", fi, err)
 			}
 			// The driver parks and wakes through the socket; the router's
 			// requests go there too.
-			if _, err := d.Park(ctx, &pb.ParkRequest{InstanceId: "chat/0"}); err != nil {
+			if _, err := d.Park(ctx, &sdk.ParkRequest{InstanceID: "chat/0"}); err != nil {
 				t.Fatalf("park: %v", err)
 			}
-			if _, err := d.Wake(ctx, &pb.WakeRequest{InstanceId: "chat/0"}); err != nil {
+			if _, err := d.Wake(ctx, &sdk.WakeRequest{InstanceID: "chat/0"}); err != nil {
 				t.Fatalf("wake: %v", err)
 			}
-			cl := engineapi.NewEngineClient(ep.GetBaseUrl(), ep.GetAuthHeader(), ep.GetAuthValue())
-			answer, err := engineapi.ChatProbe(ctx, cl, ep.GetChatPath(), ep.GetServedName(), "Hello", 8)
+			cl := engineapi.NewEngineClient(ep.BaseURL, ep.AuthHeader, ep.AuthValue)
+			answer, err := engineapi.ChatProbe(ctx, cl, ep.ChatPath, ep.ServedName, "Hello", 8)
 			if err != nil || answer == "" {
 				t.Fatalf("chat through the socket: %q %v", answer, err)
 			}

@@ -13,14 +13,14 @@ import (
 
 	"github.com/capyctl/capyctl/drivers/internal/drivertest"
 	"github.com/capyctl/capyctl/plugins-testkit/conformance"
+	"github.com/capyctl/capyctl/sdk"
 	"github.com/capyctl/capyctl/sdk/enginekit"
-	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
 
 func TestDescribe_Groups(t *testing.T) {
-	d, err := New().Describe(context.Background(), &pb.DescribeRequest{})
-	if err != nil || !d.GetCapabilities().GetGroups() {
-		t.Fatalf("groups %v (%v)", d.GetCapabilities().GetGroups(), err)
+	d, err := New().Describe(context.Background(), &sdk.DescribeRequest{})
+	if err != nil || !d.Capabilities.Groups {
+		t.Fatalf("groups %v (%v)", d.Capabilities.Groups, err)
 	}
 }
 
@@ -33,7 +33,7 @@ func TestPlan_Group(t *testing.T) {
 	lo := enginekit.InterfaceOf("127.0.0.1")
 	cases := []struct {
 		name     string
-		group    *pb.Group
+		group    *sdk.Group
 		want     map[string][]string // option → the tokens that follow
 		headless bool
 		socket   bool
@@ -49,12 +49,12 @@ func TestPlan_Group(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			dep := &pb.Deployment{Name: "chat", Api: "chat", ServedName: "chat", ModelDir: f.qwen3, Group: c.group}
-			resp, err := New().Plan(context.Background(), &pb.PlanRequest{Installation: f.inst, Deployment: dep, Host: &pb.HostPolicy{}, Launch: launchCtx()})
-			if err != nil || len(resp.GetRefusals()) > 0 {
-				t.Fatalf("plan: %v %v", err, resp.GetRefusals())
+			dep := &sdk.Deployment{Name: "chat", API: "chat", ServedName: "chat", ModelDir: f.qwen3, Group: c.group}
+			resp, err := New().Plan(context.Background(), &sdk.PlanRequest{Installation: *f.inst, Deployment: *dep, Host: sdk.HostPolicy{}, Launch: *launchCtx()})
+			if err != nil || len(resp.Refusals) > 0 {
+				t.Fatalf("plan: %v %v", err, resp.Refusals)
 			}
-			argv := resp.GetArgv()
+			argv := resp.Argv
 			for opt, want := range c.want {
 				if got := drivertest.ArgsAfter(argv, opt, len(want)); !reflect.DeepEqual(got, want) {
 					t.Errorf("%s %v, want %v in %v", opt, got, want, argv)
@@ -66,7 +66,7 @@ func TestPlan_Group(t *testing.T) {
 			if drivertest.Has(argv, "--uds") != c.socket {
 				t.Errorf("--uds %v, want %v", drivertest.Has(argv, "--uds"), c.socket)
 			}
-			env := resp.GetEnv()
+			env := resp.Env
 			if env["VLLM_HOST_IP"] != "127.0.0.1" {
 				t.Errorf("VLLM_HOST_IP %q", env["VLLM_HOST_IP"])
 			}
@@ -79,27 +79,27 @@ func TestPlan_Group(t *testing.T) {
 				}
 			}
 			whole := int64(3 << 30)
-			size := int64(c.group.GetSize())
-			if h := resp.GetHints(); h.GetWeightsBytes() != (whole+size-1)/size || !strings.Contains(h.GetSource(), "group rank share") {
-				t.Errorf("hints weights %d source %q, want the share %d", h.GetWeightsBytes(), h.GetSource(), whole/size)
+			size := int64(c.group.Size)
+			if h := &resp.Hints; h.WeightsBytes != (whole+size-1)/size || !strings.Contains(h.Source, "group rank share") {
+				t.Errorf("hints weights %d source %q, want the share %d", h.WeightsBytes, h.Source, whole/size)
 			}
-			if !strings.Contains(strings.Join(resp.GetNotes(), "\n"), "group rank") {
-				t.Errorf("no group note in %v", resp.GetNotes())
+			if !strings.Contains(strings.Join(resp.Notes, "\n"), "group rank") {
+				t.Errorf("no group note in %v", resp.Notes)
 			}
 		})
 	}
 	// Without a group, none of it.
-	dep := &pb.Deployment{Name: "chat", Api: "chat", ServedName: "chat", ModelDir: f.qwen3}
-	resp, err := New().Plan(context.Background(), &pb.PlanRequest{Installation: f.inst, Deployment: dep, Host: &pb.HostPolicy{}, Launch: launchCtx()})
+	dep := &sdk.Deployment{Name: "chat", API: "chat", ServedName: "chat", ModelDir: f.qwen3}
+	resp, err := New().Plan(context.Background(), &sdk.PlanRequest{Installation: *f.inst, Deployment: *dep, Host: sdk.HostPolicy{}, Launch: *launchCtx()})
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, o := range []string{"--nnodes", "--headless", "--master-addr", "--tensor-parallel-size"} {
-		if drivertest.Has(resp.GetArgv(), o) {
+		if drivertest.Has(resp.Argv, o) {
 			t.Errorf("%s without a group", o)
 		}
 	}
-	if _, ok := resp.GetEnv()["VLLM_HOST_IP"]; ok {
+	if _, ok := resp.Env["VLLM_HOST_IP"]; ok {
 		t.Error("VLLM_HOST_IP without a group")
 	}
 }
@@ -117,13 +117,13 @@ func TestPlan_GroupRequireRDMA(t *testing.T) {
 	}
 	for _, rank := range []int32{0, 1} {
 		g := drivertest.Member(rank, 2, 2, 1, 25000)
-		g.RequireRdma = true
-		dep := &pb.Deployment{Name: "chat", Api: "chat", ServedName: "chat", ModelDir: f.qwen3, Group: g}
-		resp, err := d.Plan(context.Background(), &pb.PlanRequest{Installation: f.inst, Deployment: dep, Host: &pb.HostPolicy{}, Launch: launchCtx()})
-		if err != nil || len(resp.GetRefusals()) > 0 {
-			t.Fatalf("rank %d: plan %v %v", rank, err, resp.GetRefusals())
+		g.RequireRDMA = true
+		dep := &sdk.Deployment{Name: "chat", API: "chat", ServedName: "chat", ModelDir: f.qwen3, Group: g}
+		resp, err := d.Plan(context.Background(), &sdk.PlanRequest{Installation: *f.inst, Deployment: *dep, Host: sdk.HostPolicy{}, Launch: *launchCtx()})
+		if err != nil || len(resp.Refusals) > 0 {
+			t.Fatalf("rank %d: plan %v %v", rank, err, resp.Refusals)
 		}
-		if got := resp.GetEnv()["NCCL_NET"]; got != "IB" {
+		if got := resp.Env["NCCL_NET"]; got != "IB" {
 			t.Errorf("rank %d: NCCL_NET %q, want IB", rank, got)
 		}
 	}
@@ -133,37 +133,37 @@ func TestPlan_GroupRefusals(t *testing.T) {
 	f := newFixture(t)
 	cases := []struct {
 		name  string
-		edit  func(*pb.Deployment)
+		edit  func(*sdk.Deployment)
 		codes []string
 	}{
-		{name: "no peer address", edit: func(d *pb.Deployment) { d.Group.PeerAddress = "" }, codes: []string{"peer_address_missing"}},
-		{name: "rdma required on a host without", edit: func(d *pb.Deployment) { d.Group.RequireRdma = true }, codes: []string{"capability_missing:rdma"}},
-		{name: "nnodes in extra_args", edit: func(d *pb.Deployment) { d.ExtraArgs = []string{"--nnodes", "4"} }, codes: []string{"engine_option_owned:--nnodes"}},
-		{name: "headless in extra_args", edit: func(d *pb.Deployment) { d.ExtraArgs = []string{"--headless"} }, codes: []string{"engine_option_owned:--headless"}},
-		{name: "master port in extra_args", edit: func(d *pb.Deployment) { d.ExtraArgs = []string{"--master-port=1"} }, codes: []string{"engine_option_owned:--master-port"}},
-		{name: "backend in extra_args", edit: func(d *pb.Deployment) { d.ExtraArgs = []string{"--distributed-executor-backend", "ray"} }, codes: []string{"engine_option_owned:--distributed-executor-backend"}},
-		{name: "pp in extra_args", edit: func(d *pb.Deployment) { d.ExtraArgs = []string{"--pp", "2"} }, codes: []string{"engine_option_owned:--pipeline-parallel-size"}},
-		{name: "host IP in env", edit: func(d *pb.Deployment) { d.Env = map[string]string{"VLLM_HOST_IP": "10.0.0.1"} }, codes: []string{"engine_env_reserved:VLLM_HOST_IP"}},
-		{name: "gloo interface in env", edit: func(d *pb.Deployment) { d.Env = map[string]string{"GLOO_SOCKET_IFNAME": "eth0"} }, codes: []string{"engine_env_reserved:GLOO_SOCKET_IFNAME"}},
-		{name: "nccl in env", edit: func(d *pb.Deployment) { d.Env = map[string]string{"NCCL_SOCKET_IFNAME": "eth0"} }, codes: []string{"engine_env_reserved:NCCL_SOCKET_IFNAME"}},
+		{name: "no peer address", edit: func(d *sdk.Deployment) { d.Group.PeerAddress = "" }, codes: []string{"peer_address_missing"}},
+		{name: "rdma required on a host without", edit: func(d *sdk.Deployment) { d.Group.RequireRDMA = true }, codes: []string{"capability_missing:rdma"}},
+		{name: "nnodes in extra_args", edit: func(d *sdk.Deployment) { d.ExtraArgs = []string{"--nnodes", "4"} }, codes: []string{"engine_option_owned:--nnodes"}},
+		{name: "headless in extra_args", edit: func(d *sdk.Deployment) { d.ExtraArgs = []string{"--headless"} }, codes: []string{"engine_option_owned:--headless"}},
+		{name: "master port in extra_args", edit: func(d *sdk.Deployment) { d.ExtraArgs = []string{"--master-port=1"} }, codes: []string{"engine_option_owned:--master-port"}},
+		{name: "backend in extra_args", edit: func(d *sdk.Deployment) { d.ExtraArgs = []string{"--distributed-executor-backend", "ray"} }, codes: []string{"engine_option_owned:--distributed-executor-backend"}},
+		{name: "pp in extra_args", edit: func(d *sdk.Deployment) { d.ExtraArgs = []string{"--pp", "2"} }, codes: []string{"engine_option_owned:--pipeline-parallel-size"}},
+		{name: "host IP in env", edit: func(d *sdk.Deployment) { d.Env = map[string]string{"VLLM_HOST_IP": "10.0.0.1"} }, codes: []string{"engine_env_reserved:VLLM_HOST_IP"}},
+		{name: "gloo interface in env", edit: func(d *sdk.Deployment) { d.Env = map[string]string{"GLOO_SOCKET_IFNAME": "eth0"} }, codes: []string{"engine_env_reserved:GLOO_SOCKET_IFNAME"}},
+		{name: "nccl in env", edit: func(d *sdk.Deployment) { d.Env = map[string]string{"NCCL_SOCKET_IFNAME": "eth0"} }, codes: []string{"engine_env_reserved:NCCL_SOCKET_IFNAME"}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			d := New()
 			d.rdmaDir = t.TempDir() // no RDMA device
-			dep := &pb.Deployment{Name: "chat", Api: "chat", ServedName: "chat", ModelDir: f.qwen3, AcceptExtraArgs: true,
+			dep := &sdk.Deployment{Name: "chat", API: "chat", ServedName: "chat", ModelDir: f.qwen3, AcceptExtraArgs: true,
 				Group: drivertest.Member(1, 2, 2, 1, 25000)}
 			c.edit(dep)
-			resp, err := d.Plan(context.Background(), &pb.PlanRequest{Installation: f.inst, Deployment: dep, Host: &pb.HostPolicy{}, Launch: launchCtx()})
+			resp, err := d.Plan(context.Background(), &sdk.PlanRequest{Installation: *f.inst, Deployment: *dep, Host: sdk.HostPolicy{}, Launch: *launchCtx()})
 			if err != nil {
 				t.Fatal(err)
 			}
 			var got []string
-			for _, r := range resp.GetRefusals() {
-				got = append(got, r.GetCode())
+			for _, r := range resp.Refusals {
+				got = append(got, r.Code)
 			}
 			if !reflect.DeepEqual(got, c.codes) {
-				t.Fatalf("refusals %v, want %v", resp.GetRefusals(), c.codes)
+				t.Fatalf("refusals %v, want %v", resp.Refusals, c.codes)
 			}
 		})
 	}
@@ -179,5 +179,5 @@ func TestGroup_TwoRanks(t *testing.T) {
 	venv := conformance.FakeVenv(t, dir, map[string]string{"vllm": "0.31.0", "torch": "2.9.0"}, nil)
 	model := conformance.FakeModel(t, dir, 2<<20)
 	drivertest.GroupRun{Family: Family, Venv: venv, Size: 2, TP: 2, PP: 1, ParkTier: enginekit.ResidencyDeep, PeerLossHangs: true,
-		Deployment: &pb.Deployment{Name: "chat", Revision: 1, Api: "chat", ServedName: "chat", ModelDir: model}}.Run(t)
+		Deployment: &sdk.Deployment{Name: "chat", Revision: 1, API: "chat", ServedName: "chat", ModelDir: model}}.Run(t)
 }

@@ -17,12 +17,11 @@ import (
 	"github.com/capyctl/capyctl/sdk/enginekit"
 	"github.com/capyctl/capyctl/sdk/flags"
 	"github.com/capyctl/capyctl/sdk/proc"
-	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
 
 // residency is the effective residency: the deployment's, deep by default.
-func residency(dep *pb.Deployment) string {
-	if r := dep.GetResidency(); r != "" {
+func residency(dep *sdk.Deployment) string {
+	if r := dep.Residency; r != "" {
 		return r
 	}
 	return enginekit.ResidencyDeep
@@ -30,14 +29,14 @@ func residency(dep *pb.Deployment) string {
 
 // Plan implements sdk.Driver: it checks the deployment (refusals with
 // codes) and renders the launch.
-func (d *Driver) Plan(_ context.Context, req *pb.PlanRequest) (*pb.PlanResponse, error) {
-	inst, dep, host, lctx := req.GetInstallation(), req.GetDeployment(), req.GetHost(), req.GetLaunch()
+func (d *Driver) Plan(_ context.Context, req *sdk.PlanRequest) (*sdk.PlanResponse, error) {
+	inst, dep, host, lctx := &req.Installation, &req.Deployment, &req.Host, &req.Launch
 	var r enginekit.Refusals
-	if api := dep.GetApi(); api != "" && api != "chat" && api != "embeddings" && api != "rerank" {
+	if api := dep.API; api != "" && api != "chat" && api != "embeddings" && api != "rerank" {
 		r.Add(enginekit.CodeCapabilityMissing+":"+api, "api",
 			"vLLM answers decision models from their text output instead of their decision head: deploy api = %q on SGLang 0.5.22 or llama.cpp 0.7.0", api)
 	}
-	cfg := pyengine.DecodeFamily(dep.GetEngineConfigJson(), Family, configKeys, &r)
+	cfg := pyengine.DecodeFamily(dep.EngineConfigJSON, Family, configKeys, &r)
 	typed := pyengine.TypedFields(dep, map[string]bool{
 		"engine_config.vllm.block_size_tokens":      cfg.Has("block_size_tokens"),
 		"engine_config.vllm.max_num_batched_tokens": cfg.Has("max_num_batched_tokens"),
@@ -47,15 +46,15 @@ func (d *Driver) Plan(_ context.Context, req *pb.PlanRequest) (*pb.PlanResponse,
 	args := pyengine.Common(Table, dep, host, typed, &r)
 	venv := pyengine.PlanVenv(inst, &r)
 	res := residency(dep)
-	group := dep.GetGroup()
+	group := dep.Group
 	enginekit.CheckGroup(group, enginekit.GroupOptions{RDMADir: d.rdmaDir}, &r)
-	if !engine.VersionAtLeast(inst.GetVersion(), UDSSince) && !enginekit.GroupWorker(group) {
+	if !engine.VersionAtLeast(inst.Version, UDSSince) && !enginekit.GroupWorker(group) {
 		// IMPORTANT: without --uds vLLM serves on a loopback port any local
 		// user reaches, and answers there without its key on every route
 		// outside /v1 (sleep, wake and collective_rpc when it parks): a
 		// local user would command the engine behind CapyCTL's back.
 		r.Add(enginekit.CodeEngineUnsupported+":no_socket", "engine",
-			"vLLM %s predates --uds (0.11): it would serve on a loopback port every local user reaches, its routes outside /v1 without the key; upgrade vLLM (CapyCTL verifies 0.29 to 0.32)", inst.GetVersion())
+			"vLLM %s predates --uds (0.11): it would serve on a loopback port every local user reaches, its routes outside /v1 without the key; upgrade vLLM (CapyCTL verifies 0.29 to 0.32)", inst.Version)
 	}
 	lmc := pyengine.PlanLMCache(pyengine.LMCacheInput{
 		Family: lmcacheFamily, Inst: inst, Dep: dep, Host: host, Launch: lctx, Venv: venv, Residency: res,
@@ -63,11 +62,11 @@ func (d *Driver) Plan(_ context.Context, req *pb.PlanRequest) (*pb.PlanResponse,
 		Isolated:     d.netnsPossible() && !enginekit.InGroup(dep),
 	}, &r)
 	if len(r) > 0 {
-		return &pb.PlanResponse{Refusals: r}, nil
+		return &sdk.PlanResponse{Refusals: r}, nil
 	}
 
 	ck := pyengine.ReadCheckpoint(dep, lctx)
-	contextLen := dep.GetContextLength()
+	contextLen := dep.ContextLength
 	fitted := false
 	// A group member's card holds its share of each token's KV cache.
 	kvPerToken := enginekit.GroupShare(ck.KVPerToken, group)
@@ -96,7 +95,7 @@ func (d *Driver) Plan(_ context.Context, req *pb.PlanRequest) (*pb.PlanResponse,
 		argv = append(argv, "--max-model-len", strconv.FormatInt(contextLen, 10))
 	}
 	argv = append(argv, pyengine.TypedArgs(dep)...)
-	if dep.GetCudaGraphs() == "false" {
+	if dep.CUDAGraphs == "false" {
 		argv = append(argv, "--enforce-eager")
 	}
 	if n, ok := cfg.Int("block_size_tokens"); ok {
@@ -105,7 +104,7 @@ func (d *Driver) Plan(_ context.Context, req *pb.PlanRequest) (*pb.PlanResponse,
 	if n, ok := cfg.Int("max_num_batched_tokens"); ok {
 		argv = append(argv, "--max-num-batched-tokens", strconv.FormatInt(n, 10))
 	}
-	if f := pyengine.Fraction(lctx.GetDeviceBytes(), lctx.GetDeviceTotalBytes()); f != "" {
+	if f := pyengine.Fraction(lctx.DeviceBytes, lctx.DeviceTotalBytes); f != "" {
 		argv = append(argv, "--gpu-memory-utilization", f)
 	}
 	if ck.KVBudget > 0 {
@@ -122,7 +121,7 @@ func (d *Driver) Plan(_ context.Context, req *pb.PlanRequest) (*pb.PlanResponse,
 	}
 	// IMPORTANT: prompts and answers never reach a log.
 	argv = append(argv, "--no-enable-log-requests", "--no-enable-log-outputs")
-	if dep.GetTrustRemoteCode() {
+	if dep.TrustRemoteCode {
 		argv = append(argv, "--trust-remote-code")
 	}
 	if parsers.Tool != "" {
@@ -142,7 +141,7 @@ func (d *Driver) Plan(_ context.Context, req *pb.PlanRequest) (*pb.PlanResponse,
 			argv = append(argv, "--enable-prompt-tokens-details")
 		}
 	}
-	argv = append(argv, dep.GetExtraArgs()...)
+	argv = append(argv, dep.ExtraArgs...)
 
 	env := pyengine.BaseEnv(pyengine.EnvOptions{Venv: venv.Dir, Host: host, Launch: lctx})
 	if enginekit.TelemetryOff(host) {
@@ -153,7 +152,7 @@ func (d *Driver) Plan(_ context.Context, req *pb.PlanRequest) (*pb.PlanResponse,
 		// vLLM parses it with int(): "1", never "true".
 		env["VLLM_SERVER_DEV_MODE"] = "1"
 	}
-	env.Merge(dep.GetEnv())
+	env.Merge(dep.Env)
 	groupEnv(env, group)
 
 	resp := pyengine.Rendered{Argv: argv, Env: env, Checkpoint: ck, ContextLength: contextLen, MaxConcurrent: maxSeqs,
@@ -183,18 +182,18 @@ func (d *Driver) Plan(_ context.Context, req *pb.PlanRequest) (*pb.PlanResponse,
 // over all machines, the multiprocessing backend (no Ray cluster beside the
 // engine), the head's address and rendezvous port, and --headless on every
 // rank but the head, which alone serves the API. None without a group.
-func groupArgs(g *pb.Group) []string {
+func groupArgs(g *sdk.Group) []string {
 	if g == nil {
 		return nil
 	}
 	out := []string{
-		"--tensor-parallel-size", strconv.Itoa(int(g.GetTensorParallel())),
-		"--pipeline-parallel-size", strconv.Itoa(int(g.GetPipelineParallel())),
+		"--tensor-parallel-size", strconv.Itoa(int(g.TensorParallel)),
+		"--pipeline-parallel-size", strconv.Itoa(int(g.PipelineParallel)),
 		"--distributed-executor-backend", "mp",
-		"--nnodes", strconv.Itoa(int(g.GetSize())),
-		"--node-rank", strconv.Itoa(int(g.GetRank())),
-		"--master-addr", g.GetHeadAddress(),
-		"--master-port", strconv.Itoa(int(g.GetRendezvousPort())),
+		"--nnodes", strconv.Itoa(int(g.Size)),
+		"--node-rank", strconv.Itoa(int(g.Rank)),
+		"--master-addr", g.HeadAddress,
+		"--master-port", strconv.Itoa(int(g.RendezvousPort)),
 	}
 	if enginekit.GroupWorker(g) {
 		out = append(out, "--headless")
@@ -207,12 +206,12 @@ func groupArgs(g *pb.Group) []string {
 // to the others ("unique for each worker"; vLLM's distributed serving docs
 // ask for "an address on a private network segment"), when the peer
 // address is an IP address. Never NCCL_*.
-func groupEnv(env enginekit.Env, g *pb.Group) {
+func groupEnv(env enginekit.Env, g *sdk.Group) {
 	if g == nil {
 		return
 	}
 	pyengine.GroupEnv(env, g)
-	if ip, err := netip.ParseAddr(g.GetPeerAddress()); err == nil {
+	if ip, err := netip.ParseAddr(g.PeerAddress); err == nil {
 		env["VLLM_HOST_IP"] = ip.Unmap().String()
 	}
 }
@@ -240,9 +239,9 @@ var UDSSince = []int{0, 11}
 
 // socketFor is the socket a launch serves on, or "" and why it keeps the
 // port.
-func socketFor(inst *pb.Installation, lctx *pb.LaunchContext) (string, string) {
-	if !engine.VersionAtLeast(inst.GetVersion(), UDSSince) {
-		return "", "vLLM " + inst.GetVersion() + " predates --uds, which CapyCTL uses from 0.11"
+func socketFor(inst *sdk.Installation, lctx *sdk.LaunchContext) (string, string) {
+	if !engine.VersionAtLeast(inst.Version, UDSSince) {
+		return "", "vLLM " + inst.Version + " predates --uds, which CapyCTL uses from 0.11"
 	}
 	return enginekit.SocketPath(lctx)
 }
@@ -276,10 +275,10 @@ func openRoutes(key string, parks bool) []string {
 // ns, when its PID is set, is the engine's network namespace of its own
 // (it joined its LMCache server's): a port there is reached only through
 // it.
-func endpoint(port int, key, served, sock string, parks bool, ns engineapi.NetnsAddr) *pb.Endpoint {
+func endpoint(port int, key, served, sock string, parks bool, ns engineapi.NetnsAddr) *sdk.Endpoint {
 	ep := enginekit.NewEndpoint(port, served, key)
-	ep.RequestIdHeader = "X-Request-Id"
-	ep.NonStreamedHangup = pb.NonStreamedHangup_NON_STREAMED_HANGUP_STOPS
+	ep.RequestIDHeader = "X-Request-Id"
+	ep.NonStreamedHangup = sdk.NonStreamedHangupStops
 	// Chat and completion requests take cache_salt, which salts the
 	// prefix cache's block hashes (vllm/v1/request.py Request.cache_salt).
 	ep.CacheSalt = true
@@ -299,39 +298,39 @@ func endpoint(port int, key, served, sock string, parks bool, ns engineapi.Netns
 
 // Start implements sdk.Driver: the pinned installation must be what runs;
 // the key reaches vLLM through VLLM_API_KEY.
-func (d *Driver) Start(_ context.Context, req *pb.StartRequest) (*pb.StartResponse, error) {
-	inst, dep, lctx := req.GetInstallation(), req.GetDeployment(), req.GetLaunch()
-	if _, err := pyengine.CheckPinned(inst.GetPath(), inst.GetDigest()); err != nil {
+func (d *Driver) Start(_ context.Context, req *sdk.StartRequest) (*sdk.StartResponse, error) {
+	inst, dep, lctx := &req.Installation, &req.Deployment, &req.Launch
+	if _, err := pyengine.CheckPinned(inst.Path, inst.Digest); err != nil {
 		return nil, err
 	}
 	secretEnv := map[string]string{}
-	if k := req.GetEngineKey(); k != "" {
+	if k := req.EngineKey; k != "" {
 		secretEnv["VLLM_API_KEY"] = k
 	}
 	// The instance's LMCache server gets a network namespace of its own,
 	// and vLLM joins it (its API is its Unix socket, a path that every
 	// namespace reaches): no other local user reaches the cache.
-	lmc := req.GetPlan().GetLmcache().GetRuns()
+	lmc := req.Plan.LMCache.Runs
 	if lmc && (!d.netnsPossible() || enginekit.InGroup(dep)) {
 		return nil, sdk.Errorf(sdk.CodeLaunchFailed, "the plan runs LMCache, which this driver cannot isolate: %s", pyengine.LMCacheIsolationNeeded)
 	}
 	launched, server, err := enginekit.StartWithLMCache(enginekit.LaunchOptions{
-		Plan: req.GetPlan(), Host: req.GetHost(), Launch: lctx, SecretEnv: secretEnv,
-		Secrets:      []string{req.GetEngineKey(), req.GetAdminKey()},
+		Plan: &req.Plan, Host: &req.Host, Launch: lctx, SecretEnv: secretEnv,
+		Secrets:      []string{req.EngineKey, req.AdminKey},
 		NetNamespace: lmc,
 	})
 	if err != nil {
 		return nil, err
 	}
 	res := residency(dep)
-	if r := req.GetPlan().GetResidency(); r != "" {
+	if r := req.Plan.Residency; r != "" {
 		res = r
 	}
-	sock := enginekit.SocketInArgv(req.GetPlan().GetArgv(), "--uds")
-	in := d.instance(lctx.GetInstanceId(), lctx.GetLaunchId(), *launched, int(lctx.GetPort()), req.GetEngineKey(), dep, sock, res, lmc)
+	sock := enginekit.SocketInArgv(req.Plan.Argv, "--uds")
+	in := d.instance(lctx.InstanceID, lctx.LaunchID, *launched, int(lctx.Port), req.EngineKey, dep, sock, res, lmc)
 	pyengine.SaltWithLMCache(in.Endpoint, server != nil)
 	if server != nil {
-		in.LMCachePort, in.LMCacheServer = int(lctx.GetLmcachePort()), server
+		in.LMCachePort, in.LMCacheServer = int(lctx.LMCachePort), server
 	}
 	return d.reg.Started(in), nil
 }
@@ -339,27 +338,27 @@ func (d *Driver) Start(_ context.Context, req *pb.StartRequest) (*pb.StartRespon
 // instance builds the driver's handle of a launch that serves on sock (""
 // for its port) at residency res; netns says the engine runs in a network
 // namespace of its own (its LMCache server's).
-func (d *Driver) instance(id, launchID string, l proc.Launched, port int, key string, dep *pb.Deployment, sock, res string, netns bool) *enginekit.Instance {
+func (d *Driver) instance(id, launchID string, l proc.Launched, port int, key string, dep *sdk.Deployment, sock, res string, netns bool) *enginekit.Instance {
 	var ns engineapi.NetnsAddr
 	if netns {
 		ns = engineapi.NetnsAddr{Engine: l.Engine, Port: port}
 	}
-	ep := endpoint(port, key, dep.GetServedName(), sock, enginekit.Parks(res), ns)
-	if g := dep.GetGroup(); g != nil && g.GetRank() > 0 {
+	ep := endpoint(port, key, dep.ServedName, sock, enginekit.Parks(res), ns)
+	if g := dep.Group; g != nil && g.Rank > 0 {
 		// A --headless rank runs no API server: nothing of it answers HTTP.
 		ep.OpenRoutes = nil
 		ep.ExposureNote = "a --headless group rank serves no HTTP API; its group traffic on the peer address is unauthenticated"
 	}
 	in := enginekit.NewInstance(id, launchID, l, port, ep)
 	in.API = "chat"
-	switch dep.GetApi() {
+	switch dep.API {
 	case "embeddings":
 		in.API = "embeddings" // a pooling model: vLLM serves /v1/embeddings for it
 	case "rerank":
 		in.API = "rerank" // a cross-encoder: vLLM serves /v1/rerank for it
 	}
 	in.Residency = res
-	in.ModelDir = dep.GetModelDir()
-	in.Group = dep.GetGroup()
+	in.ModelDir = dep.ModelDir
+	in.Group = dep.Group
 	return in
 }

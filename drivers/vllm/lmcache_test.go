@@ -11,21 +11,21 @@ import (
 
 	"github.com/capyctl/capyctl/drivers/internal/drivertest"
 	"github.com/capyctl/capyctl/drivers/internal/pyengine"
-	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
+	"github.com/capyctl/capyctl/sdk"
 )
 
 // installation registers a venv with the given distributions.
-func installation(t *testing.T, root, name string, dists map[string]string) *pb.Installation {
+func installation(t *testing.T, root, name string, dists map[string]string) *sdk.Installation {
 	t.Helper()
 	venv, err := pyengine.MakeVenv(filepath.Join(root, name), "", dists, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	det, err := New().Detect(context.Background(), &pb.DetectRequest{Path: venv})
+	det, err := New().Detect(context.Background(), &sdk.DetectRequest{Path: venv})
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &pb.Installation{Name: name, Family: Family, Path: venv, Version: det.GetVersion(), Verified: det.GetVerified(), Digest: det.GetDigest()}
+	return &sdk.Installation{Name: name, Family: Family, Path: venv, Version: det.Version, Verified: det.Verified, Digest: det.Digest}
 }
 
 func TestPlan_LMCache(t *testing.T) {
@@ -37,15 +37,15 @@ func TestPlan_LMCache(t *testing.T) {
 	next := installation(t, f.root, "next-lmcache", map[string]string{"vllm": "0.32.0", "lmcache": "0.6.0"})
 	oldVLLM := installation(t, f.root, "old-vllm", map[string]string{"vllm": "0.31.0", "lmcache": "0.5.6"})
 	lctx := launchCtx()
-	lctx.LmcachePort = 41299
-	dep := func(res, mode string) *pb.Deployment {
-		return &pb.Deployment{Name: "c", Api: "chat", ServedName: "c", ModelDir: f.qwen3, Residency: res, Lmcache: mode}
+	lctx.LMCachePort = 41299
+	dep := func(res, mode string) *sdk.Deployment {
+		return &sdk.Deployment{Name: "c", API: "chat", ServedName: "c", ModelDir: f.qwen3, Residency: res, LMCache: mode}
 	}
 	cases := []struct {
 		name    string
-		inst    *pb.Installation
-		dep     *pb.Deployment
-		host    *pb.HostPolicy
+		inst    *sdk.Installation
+		dep     *sdk.Deployment
+		host    *sdk.HostPolicy
 		runs    bool
 		refusal string // the code of a refusal, "" for none
 	}{
@@ -56,10 +56,10 @@ func TestPlan_LMCache(t *testing.T) {
 		{name: "deep auto runs without", inst: with, dep: dep("", "auto")},
 		{name: "deep required refused", inst: with, dep: dep("", "required"), refusal: "lmcache_unavailable:residency_not_qualified"},
 		{name: "host_backed required refused", inst: with, dep: dep("host_backed", "required"), refusal: "lmcache_unavailable:residency_not_qualified"},
-		{name: "host off", inst: with, dep: dep("restart_only", "auto"), host: &pb.HostPolicy{Lmcache: "off"}},
-		{name: "host off required refused", inst: with, dep: dep("restart_only", "required"), host: &pb.HostPolicy{Lmcache: "off"}, refusal: "lmcache_unavailable:host_off"},
-		{name: "retention zero never starts it", inst: with, dep: dep("restart_only", "auto"), host: &pb.HostPolicy{Retention: "zero"}},
-		{name: "retention zero required refused", inst: with, dep: dep("restart_only", "required"), host: &pb.HostPolicy{Retention: "zero"}, refusal: "lmcache_unavailable:retention_zero"},
+		{name: "host off", inst: with, dep: dep("restart_only", "auto"), host: &sdk.HostPolicy{LMCache: "off"}},
+		{name: "host off required refused", inst: with, dep: dep("restart_only", "required"), host: &sdk.HostPolicy{LMCache: "off"}, refusal: "lmcache_unavailable:host_off"},
+		{name: "retention zero never starts it", inst: with, dep: dep("restart_only", "auto"), host: &sdk.HostPolicy{Retention: "zero"}},
+		{name: "retention zero required refused", inst: with, dep: dep("restart_only", "required"), host: &sdk.HostPolicy{Retention: "zero"}, refusal: "lmcache_unavailable:retention_zero"},
 		{name: "not installed", inst: without, dep: dep("restart_only", "auto")},
 		{name: "not installed required refused", inst: without, dep: dep("restart_only", "required"), refusal: "lmcache_unavailable:not_installed"},
 		{name: "lmcache 0.5.5 refused", inst: old, dep: dep("restart_only", "required"), refusal: "lmcache_unavailable:lmcache_version"},
@@ -71,15 +71,15 @@ func TestPlan_LMCache(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			host := c.host
 			if host == nil {
-				host = &pb.HostPolicy{}
+				host = &sdk.HostPolicy{}
 			}
-			resp, err := isolating(true).Plan(context.Background(), &pb.PlanRequest{Installation: c.inst, Deployment: c.dep, Host: host, Launch: lctx})
+			resp, err := isolating(true).Plan(context.Background(), &sdk.PlanRequest{Installation: drivertest.Value(c.inst), Deployment: drivertest.Value(c.dep), Host: drivertest.Value(host), Launch: *lctx})
 			if err != nil {
 				t.Fatal(err)
 			}
 			var codes []string
-			for _, r := range resp.GetRefusals() {
-				codes = append(codes, r.GetCode())
+			for _, r := range resp.Refusals {
+				codes = append(codes, r.Code)
 			}
 			if got := strings.Join(codes, ","); got != c.refusal {
 				t.Fatalf("refusals %q, want %q", got, c.refusal)
@@ -87,18 +87,18 @@ func TestPlan_LMCache(t *testing.T) {
 			if c.refusal != "" {
 				return
 			}
-			argv := strings.Join(resp.GetArgv(), " ")
+			argv := strings.Join(resp.Argv, " ")
 			connector := strings.Contains(argv, "--kv-transfer-config")
-			if resp.GetLmcache().GetRuns() != c.runs || connector != c.runs || (resp.GetEnv()["LMCACHE_REMOTE_URL"] != "") != c.runs {
-				t.Fatalf("runs %v (connector %v, remote %q), want %v: %s", resp.GetLmcache().GetRuns(), connector, resp.GetEnv()["LMCACHE_REMOTE_URL"], c.runs, resp.GetLmcache().GetReason())
+			if resp.LMCache.Runs != c.runs || connector != c.runs || (resp.Env["LMCACHE_REMOTE_URL"] != "") != c.runs {
+				t.Fatalf("runs %v (connector %v, remote %q), want %v: %s", resp.LMCache.Runs, connector, resp.Env["LMCACHE_REMOTE_URL"], c.runs, resp.LMCache.Reason)
 			}
 			if c.runs {
-				l := resp.GetLmcache()
-				if strings.Join(l.GetArgv()[1:], " ") != "-u -m lmcache.v1.server 127.0.0.1 41299 cpu" || resp.GetEnv()["LMCACHE_REMOTE_URL"] != "lm://127.0.0.1:41299" {
-					t.Fatalf("server %v, remote %q", l.GetArgv(), resp.GetEnv()["LMCACHE_REMOTE_URL"])
+				l := &resp.LMCache
+				if strings.Join(l.Argv[1:], " ") != "-u -m lmcache.v1.server 127.0.0.1 41299 cpu" || resp.Env["LMCACHE_REMOTE_URL"] != "lm://127.0.0.1:41299" {
+					t.Fatalf("server %v, remote %q", l.Argv, resp.Env["LMCACHE_REMOTE_URL"])
 				}
-				if resp.GetHints().GetBesideHostBytes() != l.GetPoolBytes()+l.GetServerBytes() || l.GetPoolBytes() != pyengine.DefaultLMCachePool {
-					t.Fatalf("beside %d, pool %d", resp.GetHints().GetBesideHostBytes(), l.GetPoolBytes())
+				if resp.Hints.BesideHostBytes != l.PoolBytes+l.ServerBytes || l.PoolBytes != pyengine.DefaultLMCachePool {
+					t.Fatalf("beside %d, pool %d", resp.Hints.BesideHostBytes, l.PoolBytes)
 				}
 			}
 		})
@@ -106,30 +106,30 @@ func TestPlan_LMCache(t *testing.T) {
 
 	// The golden launch: the server, its variables and the engine's.
 	d := dep("restart_only", "required")
-	d.LmcachePoolBytes = 8 << 30
-	resp, err := isolating(true).Plan(context.Background(), &pb.PlanRequest{Installation: with, Deployment: d, Host: &pb.HostPolicy{}, Launch: lctx})
-	if err != nil || len(resp.GetRefusals()) > 0 {
-		t.Fatalf("%v %v", err, resp.GetRefusals())
+	d.LMCachePoolBytes = 8 << 30
+	resp, err := isolating(true).Plan(context.Background(), &sdk.PlanRequest{Installation: *with, Deployment: *d, Host: sdk.HostPolicy{}, Launch: *lctx})
+	if err != nil || len(resp.Refusals) > 0 {
+		t.Fatalf("%v %v", err, resp.Refusals)
 	}
 	drivertest.Golden(t, "lmcache_restart_only", drivertest.RenderPlan(resp, map[string]string{f.root: "<tmp>"}))
 
 	// Written before the port is leased: it says it runs, renders nothing.
-	resp, err = isolating(true).Plan(context.Background(), &pb.PlanRequest{Installation: with, Deployment: dep("restart_only", ""), Host: &pb.HostPolicy{}})
-	if err != nil || !resp.GetLmcache().GetRuns() || len(resp.GetLmcache().GetArgv()) != 0 {
-		t.Fatalf("at write time: %v %+v", err, resp.GetLmcache())
+	resp, err = isolating(true).Plan(context.Background(), &sdk.PlanRequest{Installation: *with, Deployment: *dep("restart_only", ""), Host: sdk.HostPolicy{}})
+	if err != nil || !resp.LMCache.Runs || len(resp.LMCache.Argv) != 0 {
+		t.Fatalf("at write time: %v %+v", err, &resp.LMCache)
 	}
 
 	// M8: where the server cannot be isolated (no network namespace: the
 	// driver is not root), it never runs on the host's loopback: auto runs
 	// without, required is refused.
-	resp, err = isolating(false).Plan(context.Background(), &pb.PlanRequest{Installation: with, Deployment: dep("restart_only", "auto"), Host: &pb.HostPolicy{}, Launch: lctx})
-	if err != nil || len(resp.GetRefusals()) > 0 || resp.GetLmcache().GetRuns() || strings.Contains(strings.Join(resp.GetArgv(), " "), "--kv-transfer-config") ||
-		!strings.Contains(resp.GetLmcache().GetReason(), "network namespace") {
-		t.Fatalf("auto, not isolated: %v %v %+v", err, resp.GetRefusals(), resp.GetLmcache())
+	resp, err = isolating(false).Plan(context.Background(), &sdk.PlanRequest{Installation: *with, Deployment: *dep("restart_only", "auto"), Host: sdk.HostPolicy{}, Launch: *lctx})
+	if err != nil || len(resp.Refusals) > 0 || resp.LMCache.Runs || strings.Contains(strings.Join(resp.Argv, " "), "--kv-transfer-config") ||
+		!strings.Contains(resp.LMCache.Reason, "network namespace") {
+		t.Fatalf("auto, not isolated: %v %v %+v", err, resp.Refusals, &resp.LMCache)
 	}
-	resp, err = isolating(false).Plan(context.Background(), &pb.PlanRequest{Installation: with, Deployment: dep("restart_only", "required"), Host: &pb.HostPolicy{}, Launch: lctx})
-	if err != nil || len(resp.GetRefusals()) != 1 || resp.GetRefusals()[0].GetCode() != "lmcache_unavailable:not_isolated" {
-		t.Fatalf("required, not isolated: %v %v", err, resp.GetRefusals())
+	resp, err = isolating(false).Plan(context.Background(), &sdk.PlanRequest{Installation: *with, Deployment: *dep("restart_only", "required"), Host: sdk.HostPolicy{}, Launch: *lctx})
+	if err != nil || len(resp.Refusals) != 1 || resp.Refusals[0].Code != "lmcache_unavailable:not_isolated" {
+		t.Fatalf("required, not isolated: %v %v", err, resp.Refusals)
 	}
 }
 

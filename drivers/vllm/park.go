@@ -11,7 +11,6 @@ import (
 	"github.com/capyctl/capyctl/drivers/internal/pyengine"
 	"github.com/capyctl/capyctl/sdk"
 	"github.com/capyctl/capyctl/sdk/enginekit"
-	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
 
 // stepTimeout bounds one park or wake step that moves no weights.
@@ -69,8 +68,8 @@ func (d *Driver) parkable(id, tier string) (*enginekit.Instance, string, int, er
 // wait until it wakes. A group's worker has no API (the head's sleep is
 // collective over every rank): its park calls nothing and succeeds, and
 // the core measures what the rank's processes still hold.
-func (d *Driver) Park(ctx context.Context, req *pb.ParkRequest) (*pb.ParkResponse, error) {
-	in, tier, level, err := d.parkable(req.GetInstanceId(), req.GetTier())
+func (d *Driver) Park(ctx context.Context, req *sdk.ParkRequest) (*sdk.ParkResponse, error) {
+	in, tier, level, err := d.parkable(req.InstanceID, req.Tier)
 	if err != nil {
 		return nil, err
 	}
@@ -93,7 +92,7 @@ func (d *Driver) Park(ctx context.Context, req *pb.ParkRequest) (*pb.ParkRespons
 		return nil, sdk.Errorf(sdk.CodeParkFailed, "vLLM answered the sleep but /is_sleeping says it is awake")
 	}
 	in.MarkParked(tier)
-	return &pb.ParkResponse{Detail: fmt.Sprintf("asleep at level %d (%s)", level, tier)}, nil
+	return &sdk.ParkResponse{Detail: fmt.Sprintf("asleep at level %d (%s)", level, tier)}, nil
 }
 
 // Wake implements sdk.Driver: POST /wake_up?tags=weights, then after a deep
@@ -103,13 +102,13 @@ func (d *Driver) Park(ctx context.Context, req *pb.ParkRequest) (*pb.ParkRespons
 // canary prompt, whose answer the core compares with the one recorded at
 // first readiness. A group's worker wakes first and at once, without a
 // canary: the head's wake and its canary follow.
-func (d *Driver) Wake(ctx context.Context, req *pb.WakeRequest) (*pb.WakeResponse, error) {
-	tier := req.GetTier()
-	in, err := d.reg.Get(req.GetInstanceId())
+func (d *Driver) Wake(ctx context.Context, req *sdk.WakeRequest) (*sdk.WakeResponse, error) {
+	tier := req.Tier
+	in, err := d.reg.Get(req.InstanceID)
 	if err == nil && tier == "" {
 		tier = in.Parked()
 	}
-	in, tier, level, err := d.parkable(req.GetInstanceId(), tier)
+	in, tier, level, err := d.parkable(req.InstanceID, tier)
 	if err != nil {
 		return nil, wakeErr(err)
 	}
@@ -150,7 +149,7 @@ func (d *Driver) Wake(ctx context.Context, req *pb.WakeRequest) (*pb.WakeRespons
 	if err != nil {
 		return nil, sdk.Errorf(sdk.CodeWakeFailed, "wake check: %v", err)
 	}
-	return &pb.WakeResponse{Canary: canary, Detail: fmt.Sprintf("awake after level %d (%s)", level, tier)}, nil
+	return &sdk.WakeResponse{Canary: canary, Detail: fmt.Sprintf("awake after level %d (%s)", level, tier)}, nil
 }
 
 // wakeErr keeps a coded error and codes any other as wake_failed.

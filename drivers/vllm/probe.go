@@ -14,7 +14,6 @@ import (
 	"github.com/capyctl/capyctl/sdk/engineapi"
 	"github.com/capyctl/capyctl/sdk/enginekit"
 	"github.com/capyctl/capyctl/sdk/proc"
-	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
 
 // Probe implements sdk.Driver. READINESS waits for the served name in
@@ -23,15 +22,15 @@ import (
 // A parked (sleeping) engine is reported alive and not ready at once:
 // a request to it would wait until it wakes. A group's worker (--headless)
 // serves no HTTP: it is ready once its process runs, and has no canary.
-func (d *Driver) Probe(ctx context.Context, req *pb.ProbeRequest) (*pb.ProbeResponse, error) {
-	in, err := d.reg.Get(req.GetInstanceId())
+func (d *Driver) Probe(ctx context.Context, req *sdk.ProbeRequest) (*sdk.ProbeResponse, error) {
+	in, err := d.reg.Get(req.InstanceID)
 	if err != nil {
 		return nil, err
 	}
-	switch req.GetKind() {
-	case pb.ProbeKind_PROBE_KIND_LIVENESS:
+	switch req.Kind {
+	case sdk.ProbeKindLiveness:
 		return in.Liveness(), nil
-	case pb.ProbeKind_PROBE_KIND_READINESS:
+	case sdk.ProbeKindReadiness:
 		if !in.Alive() {
 			return in.ExitInfo("the engine process is gone"), nil
 		}
@@ -42,17 +41,17 @@ func (d *Driver) Probe(ctx context.Context, req *pb.ProbeRequest) (*pb.ProbeResp
 			return in.WaitReady(ctx, deadline, enginekit.WorkerReady, nil, nil), nil
 		}
 		if tier := in.Parked(); tier != "" {
-			return &pb.ProbeResponse{Alive: true, Detail: "the engine is asleep (parked " + tier + "): wake it first"}, nil
+			return &sdk.ProbeResponse{Alive: true, Detail: "the engine is asleep (parked " + tier + "): wake it first"}, nil
 		}
 		return in.WaitReady(ctx, deadline, in.ChatReady(canaryPrompt, canaryTokens, nil), nil, nil), nil
-	case pb.ProbeKind_PROBE_KIND_WAKE_CHECK:
+	case sdk.ProbeKindWakeCheck:
 		if in.Worker() {
 			// The wake check is the head's canary; a worker has none.
 			return in.Liveness(), nil
 		}
 		return in.WakeCheck(ctx, wakeCanary(in)), nil
 	}
-	return nil, sdk.Errorf("invalid_request", "unknown probe kind %v", req.GetKind())
+	return nil, sdk.Errorf("invalid_request", "unknown probe kind %v", req.Kind)
 }
 
 // wakeCanary asks the canary prompt once.
@@ -72,42 +71,42 @@ func wakeCanary(in *enginekit.Instance) func(context.Context) (string, error) {
 
 // Abort implements sdk.Driver: vLLM aborts a request when its connection
 // closes; there is nothing to send.
-func (d *Driver) Abort(context.Context, *pb.AbortRequest) (*pb.AbortResponse, error) {
-	return &pb.AbortResponse{Mode: pb.AbortMode_ABORT_MODE_CLOSE_CONNECTION}, nil
+func (d *Driver) Abort(context.Context, *sdk.AbortRequest) (*sdk.AbortResponse, error) {
+	return &sdk.AbortResponse{Mode: sdk.AbortModeCloseConnection}, nil
 }
 
 // Load implements sdk.Driver: vllm:num_requests_running and _waiting of the
 // served model, and the KV cache usage.
-func (d *Driver) Load(ctx context.Context, req *pb.LoadRequest) (*pb.LoadResponse, error) {
+func (d *Driver) Load(ctx context.Context, req *sdk.LoadRequest) (*sdk.LoadResponse, error) {
 	return d.reg.Load(ctx, req, metricNames)
 }
 
 // Stop implements sdk.Driver.
-func (d *Driver) Stop(_ context.Context, req *pb.StopRequest) (*pb.StopResponse, error) {
+func (d *Driver) Stop(_ context.Context, req *sdk.StopRequest) (*sdk.StopResponse, error) {
 	return d.reg.Stop(req, enginekit.DefaultStopGrace, enginekit.StopHooks{})
 }
 
 // Recover implements sdk.Driver: it rebuilds the handle from the recorded
 // launch and, for a deployment that parks, asks the engine whether it is
 // asleep.
-func (d *Driver) Recover(ctx context.Context, req *pb.RecoverRequest) (*pb.RecoverResponse, error) {
+func (d *Driver) Recover(ctx context.Context, req *sdk.RecoverRequest) (*sdk.RecoverResponse, error) {
 	return d.reg.Recover(req, func(launched proc.Launched, detail string) (*enginekit.Instance, string, error) {
-		l := req.GetLaunch()
+		l := &req.Launch
 		// An engine that joined its LMCache server's network namespace is
 		// reached only there: read again from /proc.
 		netns, err := proc.OwnNetns(launched.Engine)
 		if err != nil {
 			return nil, "", fmt.Errorf("the engine's network namespace: %w", err)
 		}
-		in := d.instance(req.GetInstanceId(), l.GetLaunchId(), launched, int(l.GetPort()), req.GetEngineKey(), req.GetDeployment(),
-			enginekit.SocketOf(launched.LaunchDir), residency(req.GetDeployment()), netns)
-		pyengine.SaltWithLMCache(in.Endpoint, l.GetLmcachePort() != 0)
+		in := d.instance(req.InstanceID, l.LaunchID, launched, int(l.Port), req.EngineKey, &req.Deployment,
+			enginekit.SocketOf(launched.LaunchDir), residency(&req.Deployment), netns)
+		pyengine.SaltWithLMCache(in.Endpoint, l.LMCachePort != 0)
 		if !enginekit.Parks(in.Residency) {
 			return in, detail, nil
 		}
 		if in.Worker() {
 			// A --headless rank has no /is_sleeping: the record decides.
-			tier := req.GetParkTier()
+			tier := req.ParkTier
 			if tier == "" {
 				tier = enginekit.RecordedPark(launched.LaunchDir)
 			}
@@ -120,7 +119,7 @@ func (d *Driver) Recover(ctx context.Context, req *pb.RecoverRequest) (*pb.Recov
 		case err != nil:
 			return nil, "", errors.New("the engine runs but does not say whether it sleeps: " + err.Error())
 		case asleep:
-			tier := req.GetParkTier()
+			tier := req.ParkTier
 			if tier == "" {
 				tier = enginekit.RecordedPark(launched.LaunchDir)
 			}
@@ -137,11 +136,11 @@ func (d *Driver) Recover(ctx context.Context, req *pb.RecoverRequest) (*pb.Recov
 }
 
 // Logs implements sdk.Driver.
-func (d *Driver) Logs(_ context.Context, req *pb.LogsRequest) (*pb.LogsResponse, error) {
+func (d *Driver) Logs(_ context.Context, req *sdk.LogsRequest) (*sdk.LogsResponse, error) {
 	return d.reg.Logs(req)
 }
 
 // WaitExit reports the engine's exit the moment its process is gone.
-func (d *Driver) WaitExit(ctx context.Context, req *pb.WaitExitRequest) (*pb.ExitEvent, error) {
+func (d *Driver) WaitExit(ctx context.Context, req *sdk.WaitExitRequest) (*sdk.ExitEvent, error) {
 	return d.reg.WaitExit(ctx, req)
 }

@@ -7,6 +7,7 @@ import (
 	"context"
 	"net"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -30,8 +31,25 @@ type fleetSetup struct {
 func startFleetBench(b testing.TB, spec string, fakeArgs ...string) *fleetSetup {
 	b.Helper()
 	alone := startRole(b, spec, fakeArgs...)
-	server := harness.StartServer(b, harness.Options{})
-	host := harness.StartHost(b, server, harness.HostOptions{Name: "gpu-a", GPU: harness.SimGPU{DeviceMemory: "80GiB"}})
+	server, host := startFleet(b, "", spec, fakeArgs...)
+	return &fleetSetup{alone: alone, server: server, host: host}
+}
+
+// baselineBin is the capyctl of another build to measure beside this one
+// (CAPYCTL_BENCH_BASELINE names its directory; "": none).
+func baselineBin() string {
+	if dir := os.Getenv("CAPYCTL_BENCH_BASELINE"); dir != "" {
+		return filepath.Join(dir, "capyctl")
+	}
+	return ""
+}
+
+// startFleet starts a server and a host of the capyctl at bin ("": this
+// build's) serving spec on the fake engine.
+func startFleet(b testing.TB, bin, spec string, fakeArgs ...string) (*harness.Role, *roleSetup) {
+	b.Helper()
+	server := harness.StartServer(b, harness.Options{Bin: bin})
+	host := harness.StartHost(b, server, harness.HostOptions{Options: harness.Options{Bin: bin}, Name: "gpu-a", GPU: harness.SimGPU{DeviceMemory: "80GiB"}})
 	poll.Until(b, 30*time.Second, "the host ready", func() bool {
 		out, _, _ := server.CLI("list", "hosts")
 		return strings.Contains(out, "ready")
@@ -51,8 +69,7 @@ func startFleetBench(b testing.TB, spec string, fakeArgs ...string) *fleetSetup 
 	if err != nil || len(st.Instances) == 0 || st.Instances[0].Port == 0 {
 		b.Fatalf("host status: %v %+v", err, st)
 	}
-	hs := &roleSetup{r: host, engine: "http://127.0.0.1:" + strconv.Itoa(st.Instances[0].Port), key: server.Creds.APIKey}
-	return &fleetSetup{alone: alone, server: server, host: hs}
+	return server, &roleSetup{r: host, engine: "http://127.0.0.1:" + strconv.Itoa(st.Instances[0].Port), key: server.Creds.APIKey}
 }
 
 var (

@@ -114,49 +114,75 @@ func firstTransitionAfter(b testing.TB, mgmt *mgmtclient.Client, before, t0 time
 
 // actionReps is how many of each action BenchmarkFleet_ActionsThroughTheServer
 // times on each side.
-const actionReps = 10
+const actionReps = 20
 
 var (
 	actionsOnce sync.Once
-	// actionTimes: stop, start and deploy-to-ready, each on the
-	// standalone role ([k][0]) and through the server to its host
-	// ([k][1]).
-	actionTimes [3][2][]time.Duration
+	// actionTimes: stop, start, park, wake (a start of the parked
+	// deployment) and deploy-to-ready, each on the
+	// standalone role ([k][0]), through the server to its host ([k][1])
+	// and, with CAPYCTL_BENCH_BASELINE, through a server and host of the
+	// baseline build ([k][2]).
+	actionTimes [5][3][]time.Duration
+	// deployCalls: the deploy call alone (its answer), by side.
+	deployCalls [3][]time.Duration
 )
 
 // BenchmarkFleet_ActionsThroughTheServer is what the server adds to an
 // action (issue 27's figure: at most 20 ms over the same action on a host):
-// stop and start with wait, and a deploy until its instance is ready, each
+// stop, start, park and wake (a start of the parked deployment) with wait,
+// and a deploy until its instance is ready, each
 // through a standalone role and through a server that places it on its
 // host, alternated, on the same fake engine. The deploy is read every
 // millisecond until ready (the CLI's wait reads every 20 ms), and counted
 // without the engine's own start, which the instance measures and which
-// varies with the machine's load more than the rest.
+// varies with the machine's load more than the rest. The fake engine is
+// restart only, so its park stops it and its wake starts it: what differs
+// is the server's path (a park is a command to each host, a start a change
+// of the desired state). With
+// CAPYCTL_BENCH_BASELINE naming another build's bin directory, a server
+// and a host of that build are measured in the same rounds (baseline-*).
 func BenchmarkFleet_ActionsThroughTheServer(b *testing.B) {
 	actionsOnce.Do(func() {
 		s := startFleetBench(b, harness.SimpleSpec("demo", "fake"), "--tokens", "4")
 		sides := []*mgmtclient.Client{s.alone.r.Mgmt, s.server.Mgmt}
+		if bin := baselineBin(); bin != "" {
+			server, _ := startFleet(b, bin, harness.SimpleSpec("demo", "fake"), "--tokens", "4")
+			sides = append(sides, server.Mgmt)
+		}
 		ctx := context.Background()
 		for i := 0; i < actionReps; i++ {
 			for k, mgmt := range sides {
-				for a, action := range []string{"stop", "start"} {
+				for a, action := range []string{"stop", "start", "park", "start"} {
 					t0 := time.Now()
 					if _, err := mgmt.Action(ctx, "demo", wire.ActionRequest{Action: action, Wait: true}); err != nil {
 						b.Fatalf("%s demo at %s: %v", action, mgmt.Base(), err)
 					}
 					actionTimes[a][k] = append(actionTimes[a][k], time.Since(t0))
 				}
-				actionTimes[2][k] = append(actionTimes[2][k], deployToReady(b, mgmt, fmt.Sprintf("bench-%d", i)))
+				toReady, call := deployToReady(b, mgmt, fmt.Sprintf("bench-%d", i))
+				actionTimes[4][k] = append(actionTimes[4][k], toReady)
+				deployCalls[k] = append(deployCalls[k], call)
 			}
 		}
 	})
 	for i := 0; i < b.N; i++ {
 	}
-	for a, name := range []string{"stop", "start", "deploy-less-engine-start"} {
+	for a, name := range []string{"stop", "start", "park", "wake", "deploy-less-engine-start"} {
 		alone, server := pct(actionTimes[a][0], .5), pct(actionTimes[a][1], .5)
 		b.ReportMetric(alone, name+"-standalone-p50-ms")
 		b.ReportMetric(server, name+"-server-p50-ms")
 		b.ReportMetric(server-alone, name+"-added-p50-ms")
+		if len(actionTimes[a][2]) > 0 {
+			base := pct(actionTimes[a][2], .5)
+			b.ReportMetric(base, name+"-baseline-server-p50-ms")
+			b.ReportMetric(base-alone, name+"-baseline-added-p50-ms")
+		}
+	}
+	for k, side := range []string{"standalone", "server", "baseline-server"} {
+		if len(deployCalls[k]) > 0 {
+			b.ReportMetric(pct(deployCalls[k], .5), "deploy-call-"+side+"-p50-ms")
+		}
 	}
 }
 
@@ -164,8 +190,9 @@ func BenchmarkFleet_ActionsThroughTheServer(b *testing.B) {
 // model and engine) and times it until its instance is ready; it returns
 // that time less the start the instance itself measured (the engine's
 // launch and load, which vary with the machine's load): the control
-// plane's own share. Then it deletes the copy.
-func deployToReady(b testing.TB, mgmt *mgmtclient.Client, name string) time.Duration {
+// plane's own share, and how long the deploy call itself took. Then it
+// deletes the copy.
+func deployToReady(b testing.TB, mgmt *mgmtclient.Client, name string) (toReady, call time.Duration) {
 	b.Helper()
 	ctx := context.Background()
 	v, err := mgmt.Deployment(ctx, "demo")
@@ -178,6 +205,7 @@ func deployToReady(b testing.TB, mgmt *mgmtclient.Client, name string) time.Dura
 	if _, err := mgmt.Deploy(ctx, wire.DeployRequest{Deployment: spec, Activate: true}, ""); err != nil {
 		b.Fatalf("deploy %s at %s: %v", name, mgmt.Base(), err)
 	}
+	call = time.Since(t0)
 	var ready wire.InstanceStatus
 	for {
 		st, err := mgmt.Deployment(ctx, name)
@@ -197,5 +225,5 @@ func deployToReady(b testing.TB, mgmt *mgmtclient.Client, name string) time.Dura
 	if err := mgmt.Delete(ctx, name); err != nil {
 		b.Fatalf("delete %s at %s: %v", name, mgmt.Base(), err)
 	}
-	return took - time.Duration(ready.Timings.StartMs)*time.Millisecond
+	return took - time.Duration(ready.Timings.StartMs)*time.Millisecond, call
 }

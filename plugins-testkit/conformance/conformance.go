@@ -51,7 +51,6 @@ import (
 	"github.com/capyctl/capyctl/sdk/engineapi"
 	sdkplugin "github.com/capyctl/capyctl/sdk/plugin"
 	"github.com/capyctl/capyctl/sdk/proc"
-	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
 
 // Target is a driver under test.
@@ -69,7 +68,7 @@ type Target struct {
 	Model func(t testing.TB, dir string) string
 	// Deployment returns the deployment the lifecycle runs (a chat
 	// deployment named "conformance" when nil).
-	Deployment func(modelDir string) *pb.Deployment
+	Deployment func(modelDir string) *sdk.Deployment
 	// HostEnv are more variables every launch gets (the fake engine's
 	// knobs); the suite adds its own.
 	HostEnv map[string]string
@@ -113,7 +112,7 @@ type Failure struct {
 	// ExitCode, when not 0, is the exit code the probe must report.
 	ExitCode int
 	// Check runs after the probe reported the failure, before the stop.
-	Check func(t *testing.T, launch *pb.Launch)
+	Check func(t *testing.T, launch *sdk.Launch)
 }
 
 const (
@@ -140,8 +139,8 @@ type suite struct {
 	dir    string
 	sim    *simGPU
 	model  string
-	inst   *pb.Installation
-	desc   *pb.DescribeResponse
+	inst   *sdk.Installation
+	desc   *sdk.DescribeResponse
 	driver *driverProc
 	seq    int
 	// root is Run's test: a relaunched driver lives as long as it does.
@@ -224,24 +223,24 @@ func ctxT() (context.Context, context.CancelFunc) {
 func (s *suite) testDescribe(t *testing.T) {
 	ctx, cancel := ctxT()
 	defer cancel()
-	d, err := s.driver.drv.Describe(ctx, &pb.DescribeRequest{})
+	d, err := s.driver.drv.Describe(ctx, &sdk.DescribeRequest{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := d.GetCapabilities()
+	c := &d.Capabilities
 	switch {
-	case d.GetName() != s.tg.Family:
-		t.Fatalf("Describe name %q, want %q", d.GetName(), s.tg.Family)
-	case d.GetProtocol() != sdk.ProtocolVersion:
-		t.Fatalf("protocol %d, want %d", d.GetProtocol(), sdk.ProtocolVersion)
-	case len(c.GetApis()) == 0:
+	case d.Name != s.tg.Family:
+		t.Fatalf("Describe name %q, want %q", d.Name, s.tg.Family)
+	case d.Protocol != sdk.ProtocolVersion:
+		t.Fatalf("protocol %d, want %d", d.Protocol, sdk.ProtocolVersion)
+	case len(c.APIs) == 0:
 		t.Fatal("no API in the capabilities")
-	case c.GetAbortMode() == pb.AbortMode_ABORT_MODE_UNSPECIFIED:
+	case c.AbortMode == sdk.AbortModeUnspecified:
 		t.Fatal("no abort mode")
-	case c.GetAbortMode() == pb.AbortMode_ABORT_MODE_REQUEST_ID && c.GetRequestIdField() == "" && c.GetRequestIdHeader() == "":
+	case c.AbortMode == sdk.AbortModeRequestID && c.RequestIDField == "" && c.RequestIDHeader == "":
 		t.Fatal("abort by request ID without a request ID field or header")
 	}
-	for _, tier := range c.GetParkTiers() {
+	for _, tier := range c.ParkTiers {
 		if tier != "deep" && tier != "host_backed" {
 			t.Fatalf("unknown park tier %q", tier)
 		}
@@ -252,23 +251,23 @@ func (s *suite) testDescribe(t *testing.T) {
 func (s *suite) testFlags(t *testing.T) {
 	ctx, cancel := ctxT()
 	defer cancel()
-	fl, err := s.driver.drv.Flags(ctx, &pb.FlagsRequest{})
+	fl, err := s.driver.drv.Flags(ctx, &sdk.FlagsRequest{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if fl.GetFamily() != s.tg.Family || len(fl.GetRules()) == 0 {
+	if fl.Family != s.tg.Family || len(fl.Rules) == 0 {
 		t.Fatalf("Flags = %v", fl)
 	}
 	seen := map[string]bool{}
-	for _, r := range fl.GetRules() {
-		key := r.GetKind().String() + "/" + r.GetName()
+	for _, r := range fl.Rules {
+		key := r.Kind.String() + "/" + r.Name
 		switch {
-		case r.GetName() == "" || r.GetReason() == "":
+		case r.Name == "" || r.Reason == "":
 			t.Errorf("rule %v lacks a name or reason", r)
-		case r.GetKind() == pb.FlagKind_FLAG_KIND_UNSPECIFIED || r.GetClass() == pb.FlagClass_FLAG_CLASS_UNSPECIFIED:
-			t.Errorf("rule %s lacks a kind or class", r.GetName())
-		case (r.GetClass() == pb.FlagClass_FLAG_CLASS_GATED) != (r.GetApproval() != ""):
-			t.Errorf("rule %s: class %v with approval %q", r.GetName(), r.GetClass(), r.GetApproval())
+		case r.Kind == sdk.FlagKindUnspecified || r.Class == sdk.FlagClassUnspecified:
+			t.Errorf("rule %s lacks a kind or class", r.Name)
+		case (r.Class == sdk.FlagClassGated) != (r.Approval != ""):
+			t.Errorf("rule %s: class %v with approval %q", r.Name, r.Class, r.Approval)
 		case seen[key]:
 			t.Errorf("rule %s listed twice", key)
 		}
@@ -279,34 +278,34 @@ func (s *suite) testFlags(t *testing.T) {
 func (s *suite) testDetect(t *testing.T, path string) {
 	ctx, cancel := ctxT()
 	defer cancel()
-	det, err := s.driver.drv.Detect(ctx, &pb.DetectRequest{Path: path})
+	det, err := s.driver.drv.Detect(ctx, &sdk.DetectRequest{Path: path})
 	if err != nil {
 		t.Fatalf("Detect(%s): %v", path, err)
 	}
-	if det.GetFamily() != s.tg.Family || det.GetVersion() == "" || !strings.HasPrefix(det.GetDigest(), "sha256:") || det.GetProgram() == "" {
+	if det.Family != s.tg.Family || det.Version == "" || !strings.HasPrefix(det.Digest, "sha256:") || det.Program == "" {
 		t.Fatalf("Detect = %v", det)
 	}
-	again, err := s.driver.drv.Detect(ctx, &pb.DetectRequest{Path: path})
-	if err != nil || again.GetDigest() != det.GetDigest() {
+	again, err := s.driver.drv.Detect(ctx, &sdk.DetectRequest{Path: path})
+	if err != nil || again.Digest != det.Digest {
 		t.Fatalf("the digest of an unchanged installation changed: %v %v", again, err)
 	}
-	if _, err := s.driver.drv.Detect(ctx, &pb.DetectRequest{Path: t.TempDir()}); err == nil {
+	if _, err := s.driver.drv.Detect(ctx, &sdk.DetectRequest{Path: t.TempDir()}); err == nil {
 		t.Fatal("Detect of an empty directory succeeded")
 	}
-	s.inst = &pb.Installation{Name: s.tg.Family, Family: s.tg.Family, Path: path, Version: det.GetVersion(),
-		Verified: det.GetVerified(), Digest: det.GetDigest(), Details: det.GetDetails()}
+	s.inst = &sdk.Installation{Name: s.tg.Family, Family: s.tg.Family, Path: path, Version: det.Version,
+		Verified: det.Verified, Digest: det.Digest, Details: det.Details}
 }
 
 // deployment is the target's deployment.
-func (s *suite) deployment() *pb.Deployment {
+func (s *suite) deployment() *sdk.Deployment {
 	if s.tg.Deployment != nil {
 		return s.tg.Deployment(s.model)
 	}
-	return &pb.Deployment{Name: "conformance", Revision: 1, Api: "chat", ServedName: "conformance", ModelDir: s.model}
+	return &sdk.Deployment{Name: "conformance", Revision: 1, API: "chat", ServedName: "conformance", ModelDir: s.model}
 }
 
 // host is the host policy of a launch, with the suite's knobs and more.
-func (s *suite) host(extra map[string]string) *pb.HostPolicy {
+func (s *suite) host(extra map[string]string) *sdk.HostPolicy {
 	env := map[string]string{
 		// Answers far longer than any wait of the suite (see abortAnswer),
 		// so that an engine that does not stop an aborted request fails
@@ -326,22 +325,22 @@ func (s *suite) host(extra map[string]string) *pb.HostPolicy {
 	for k, v := range extra {
 		env[k] = v
 	}
-	return &pb.HostPolicy{EngineTelemetry: "off", EngineLogs: "file", Retention: "standard", HostEnv: env}
+	return &sdk.HostPolicy{EngineTelemetry: "off", EngineLogs: "file", Retention: "standard", HostEnv: env}
 }
 
 // launchContext is a fresh launch context.
-func (s *suite) launchContext(t *testing.T) *pb.LaunchContext {
+func (s *suite) launchContext(t *testing.T) *sdk.LaunchContext {
 	s.seq++
 	id := fmt.Sprintf("conformance/%d", s.seq)
-	lctx := &pb.LaunchContext{
+	lctx := &sdk.LaunchContext{
 		Port: int32(freePort(t)), LaunchDir: filepath.Join(s.dir, "launches", fmt.Sprintf("%d", s.seq)),
-		InstanceId: id, LaunchId: fmt.Sprintf("L%d", s.seq),
+		InstanceID: id, LaunchID: fmt.Sprintf("L%d", s.seq),
 	}
 	if s.sim != nil {
-		lctx.DeviceUuids = []string{s.sim.dev.UUID}
+		lctx.DeviceUUIDs = []string{s.sim.dev.UUID}
 		lctx.DeviceTotalBytes = deviceTotal
 		lctx.DeviceBytes = 20 << 30
-		lctx.KvCacheBytes = 4 << 30
+		lctx.KVCacheBytes = 4 << 30
 	}
 	return lctx
 }
@@ -361,12 +360,12 @@ func (s *suite) testRefusals(t *testing.T) {
 			}
 			ctx, cancel := ctxT()
 			defer cancel()
-			plan, err := s.driver.drv.Plan(ctx, &pb.PlanRequest{Installation: s.inst, Deployment: dep, Host: s.host(nil)})
+			plan, err := s.driver.drv.Plan(ctx, &sdk.PlanRequest{Installation: *s.inst, Deployment: *dep, Host: *s.host(nil)})
 			if err != nil {
 				t.Fatalf("Plan failed instead of refusing: %v", err)
 			}
-			rs := plan.GetRefusals()
-			if len(rs) == 0 || rs[0].GetCode() != c.Code || rs[0].GetMessage() == "" {
+			rs := plan.Refusals
+			if len(rs) == 0 || rs[0].Code != c.Code || rs[0].Message == "" {
 				t.Fatalf("refusals %v, want %s first", rs, c.Code)
 			}
 		})
@@ -375,11 +374,11 @@ func (s *suite) testRefusals(t *testing.T) {
 
 // started is a launch under test.
 type started struct {
-	lctx   *pb.LaunchContext
-	dep    *pb.Deployment
-	host   *pb.HostPolicy
-	plan   *pb.PlanResponse
-	launch *pb.Launch
+	lctx   *sdk.LaunchContext
+	dep    *sdk.Deployment
+	host   *sdk.HostPolicy
+	plan   *sdk.PlanResponse
+	launch *sdk.Launch
 	key    string
 }
 
@@ -389,29 +388,29 @@ func (s *suite) start(t *testing.T, extraEnv map[string]string) *started {
 	st := &started{lctx: s.launchContext(t), dep: s.deployment(), host: s.host(extraEnv), key: "-conformance-key-" + fmt.Sprint(time.Now().UnixNano())} // a leading "-", as one launch key in 64 has
 	ctx, cancel := ctxT()
 	defer cancel()
-	plan, err := s.driver.drv.Plan(ctx, &pb.PlanRequest{Installation: s.inst, Deployment: st.dep, Host: st.host, Launch: st.lctx})
+	plan, err := s.driver.drv.Plan(ctx, &sdk.PlanRequest{Installation: *s.inst, Deployment: *st.dep, Host: *st.host, Launch: *st.lctx})
 	if err != nil {
 		t.Fatalf("Plan: %v", err)
 	}
-	if len(plan.GetRefusals()) > 0 || len(plan.GetArgv()) == 0 || plan.GetResidency() == "" {
+	if len(plan.Refusals) > 0 || len(plan.Argv) == 0 || plan.Residency == "" {
 		t.Fatalf("Plan = %v", plan)
 	}
-	for _, a := range plan.GetArgv() {
+	for _, a := range plan.Argv {
 		if strings.Contains(a, st.key) {
 			t.Fatal("the key is in the plan")
 		}
 	}
 	st.plan = plan
-	resp, err := s.driver.drv.Start(ctx, &pb.StartRequest{Installation: s.inst, Deployment: st.dep, Host: st.host, Launch: st.lctx,
-		Plan: plan, EngineKey: st.key, AdminKey: st.key + "-admin"})
+	resp, err := s.driver.drv.Start(ctx, &sdk.StartRequest{Installation: *s.inst, Deployment: *st.dep, Host: *st.host, Launch: *st.lctx,
+		Plan: *plan, EngineKey: st.key, AdminKey: st.key + "-admin"})
 	if err != nil {
 		t.Fatalf("Start: %v", err)
 	}
-	st.launch = resp.GetLaunch()
-	if st.launch.GetPgid() <= 1 || len(st.launch.GetProcesses()) == 0 {
+	st.launch = &resp.Launch
+	if st.launch.Pgid <= 1 || len(st.launch.Processes) == 0 {
 		t.Fatalf("Start recorded no processes: %v", st.launch)
 	}
-	pgid := int(st.launch.GetPgid())
+	pgid := int(st.launch.Pgid)
 	t.Cleanup(func() {
 		if len(proc.GroupPIDs(pgid)) > 0 {
 			_ = syscall.Kill(-pgid, syscall.SIGKILL)
@@ -422,9 +421,9 @@ func (s *suite) start(t *testing.T, extraEnv map[string]string) *started {
 
 // enginePID is the launch's engine process.
 func (st *started) enginePID() int {
-	for _, p := range st.launch.GetProcesses() {
-		if p.GetRole() == "engine" {
-			return int(p.GetPid())
+	for _, p := range st.launch.Processes {
+		if p.Role == "engine" {
+			return int(p.Pid)
 		}
 	}
 	return 0
@@ -432,15 +431,15 @@ func (st *started) enginePID() int {
 
 // held is what the launch's processes hold on the simulated GPU.
 func (s *suite) held(t *testing.T, st *started) int64 {
-	pids := append(proc.GroupPIDs(int(st.launch.GetPgid())), st.enginePID())
+	pids := append(proc.GroupPIDs(int(st.launch.Pgid)), st.enginePID())
 	return s.sim.heldBy(t, pids)
 }
 
-func (s *suite) probe(t *testing.T, id string, kind pb.ProbeKind) *pb.ProbeResponse {
+func (s *suite) probe(t *testing.T, id string, kind sdk.ProbeKind) *sdk.ProbeResponse {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), readyDeadline+10*time.Second)
 	defer cancel()
-	p, err := s.driver.drv.Probe(ctx, &pb.ProbeRequest{InstanceId: id, Kind: kind, DeadlineMs: readyDeadline.Milliseconds()})
+	p, err := s.driver.drv.Probe(ctx, &sdk.ProbeRequest{InstanceID: id, Kind: kind, Deadline: readyDeadline})
 	if err != nil {
 		t.Fatalf("Probe %v: %v", kind, err)
 	}
@@ -449,23 +448,23 @@ func (s *suite) probe(t *testing.T, id string, kind pb.ProbeKind) *pb.ProbeRespo
 
 func (s *suite) testLifecycle(t *testing.T) {
 	st := s.start(t, nil)
-	id := st.lctx.GetInstanceId()
+	id := st.lctx.InstanceID
 
 	// ready
-	ready := s.probe(t, id, pb.ProbeKind_PROBE_KIND_READINESS)
-	if !ready.GetReady() || ready.GetEndpoint() == nil {
+	ready := s.probe(t, id, sdk.ProbeKindReadiness)
+	if !ready.Ready || ready.Endpoint.BaseURL == "" {
 		t.Fatalf("not ready: %v", ready)
 	}
-	canary := ready.GetCanary()
+	canary := ready.Canary
 	if canary == "" {
 		t.Fatal("readiness recorded no canary answer")
 	}
-	ep := ready.GetEndpoint()
-	if ep.GetServedName() != st.dep.GetServedName() {
+	ep := &ready.Endpoint
+	if ep.ServedName != st.dep.ServedName {
 		t.Fatalf("endpoint %v", ep)
 	}
 	s.checkListener(t, st, ep)
-	if live := s.probe(t, id, pb.ProbeKind_PROBE_KIND_LIVENESS); !live.GetAlive() {
+	if live := s.probe(t, id, sdk.ProbeKindLiveness); !live.Alive {
 		t.Fatalf("liveness %v", live)
 	}
 
@@ -481,14 +480,14 @@ func (s *suite) testLifecycle(t *testing.T) {
 	}
 
 	// abort
-	if contains(s.desc.GetCapabilities().GetApis(), "chat") {
+	if contains(s.desc.Capabilities.APIs, "chat") {
 		s.testAbort(t, id, ep)
 	}
 
 	// park → parked → wake → serve, at each tier the driver has, when the
 	// launch parks.
-	tiers := s.desc.GetCapabilities().GetParkTiers()
-	parks := st.plan.GetResidency() == "deep" || st.plan.GetResidency() == "host_backed"
+	tiers := s.desc.Capabilities.ParkTiers
+	parks := st.plan.Residency == "deep" || st.plan.Residency == "host_backed"
 	if parks {
 		for _, tier := range tiers {
 			s.park(t, st, tier, readyBytes)
@@ -498,7 +497,7 @@ func (s *suite) testLifecycle(t *testing.T) {
 		// parked, and wakes it.
 		if len(tiers) > 0 {
 			s.park(t, st, tiers[0], readyBytes)
-			if rec := s.restartAndRecover(t, st, "parked", tiers[0]); !rec.GetParked() {
+			if rec := s.restartAndRecover(t, st, "parked", tiers[0]); !rec.Parked {
 				t.Fatalf("Recover of a parked engine: %v, want parked", rec)
 			}
 			s.wake(t, st, ep, tiers[0], canary, readyBytes)
@@ -507,39 +506,39 @@ func (s *suite) testLifecycle(t *testing.T) {
 
 	// A driver restart while ready: the engine survives, a new driver
 	// re-attaches.
-	if rec := s.restartAndRecover(t, st, "ready", ""); rec.GetParked() {
+	if rec := s.restartAndRecover(t, st, "ready", ""); rec.Parked {
 		t.Fatalf("Recover of a ready engine says parked: %v", rec)
 	}
-	again := s.probe(t, id, pb.ProbeKind_PROBE_KIND_READINESS)
-	if !again.GetReady() {
+	again := s.probe(t, id, sdk.ProbeKindReadiness)
+	if !again.Ready {
 		t.Fatalf("not ready after re-attaching: %v", again)
 	}
-	s.checkListener(t, st, again.GetEndpoint())
-	s.serve(t, again.GetEndpoint())
+	s.checkListener(t, st, &again.Endpoint)
+	s.serve(t, &again.Endpoint)
 	s.waitIdle(t, id)
 
 	// logs: the engine's output, its key redacted
 	ctx, cancel := ctxT()
-	logs, err := s.driver.drv.Logs(ctx, &pb.LogsRequest{InstanceId: id, MaxBytes: 64 << 10})
+	logs, err := s.driver.drv.Logs(ctx, &sdk.LogsRequest{InstanceID: id, MaxBytes: 64 << 10})
 	cancel()
-	if err != nil || strings.TrimSpace(logs.GetText()) == "" {
+	if err != nil || strings.TrimSpace(logs.Text) == "" {
 		t.Fatalf("Logs = %v, %v", logs, err)
 	}
-	if strings.Contains(logs.GetText(), st.key) {
+	if strings.Contains(logs.Text, st.key) {
 		t.Fatal("the engine key is in the logs")
 	}
-	if !strings.Contains(logs.GetText(), proc.Redacted) {
-		t.Fatalf("the engine printed its key (log-secret) but the logs show no redaction:\n%s", logs.GetText())
+	if !strings.Contains(logs.Text, proc.Redacted) {
+		t.Fatalf("the engine printed its key (log-secret) but the logs show no redaction:\n%s", logs.Text)
 	}
 
 	// stop with proof
 	ctx, cancel = ctxT()
-	stop, err := s.driver.drv.Stop(ctx, &pb.StopRequest{InstanceId: id, GraceMs: 10_000, Launch: st.launch})
+	stop, err := s.driver.drv.Stop(ctx, &sdk.StopRequest{InstanceID: id, Grace: 10 * time.Second, Launch: st.launch})
 	cancel()
-	if err != nil || !stop.GetGone() {
+	if err != nil || !stop.Gone {
 		t.Fatalf("Stop = %v, %v", stop, err)
 	}
-	if left := proc.GroupPIDs(int(st.launch.GetPgid())); len(left) > 0 {
+	if left := proc.GroupPIDs(int(st.launch.Pgid)); len(left) > 0 {
 		t.Fatalf("processes left after a stop that reported them gone: %v", left)
 	}
 	if s.sim != nil {
@@ -553,8 +552,8 @@ func (s *suite) testLifecycle(t *testing.T) {
 // stream, which stays open while the engine runs.
 func (s *suite) testExit(t *testing.T) {
 	st := s.start(t, nil)
-	id := st.lctx.GetInstanceId()
-	if ready := s.probe(t, id, pb.ProbeKind_PROBE_KIND_READINESS); !ready.GetReady() {
+	id := st.lctx.InstanceID
+	if ready := s.probe(t, id, sdk.ProbeKindReadiness); !ready.Ready {
 		t.Fatalf("not ready: %v", ready)
 	}
 	w, ok := s.driver.drv.(sdk.ExitWaiter)
@@ -564,12 +563,12 @@ func (s *suite) testExit(t *testing.T) {
 	ctx, cancel := ctxT()
 	defer cancel()
 	type result struct {
-		ev  *pb.ExitEvent
+		ev  *sdk.ExitEvent
 		err error
 	}
 	done := make(chan result, 1)
 	go func() {
-		ev, err := w.WaitExit(ctx, &pb.WaitExitRequest{InstanceId: id})
+		ev, err := w.WaitExit(ctx, &sdk.WaitExitRequest{InstanceID: id})
 		done <- result{ev, err}
 	}()
 	if !s.tg.ExitStream {
@@ -579,7 +578,7 @@ func (s *suite) testExit(t *testing.T) {
 	} else {
 		// A liveness round trip while the stream is open: the stream must
 		// not have ended for an engine that runs.
-		if live := s.probe(t, id, pb.ProbeKind_PROBE_KIND_LIVENESS); !live.GetAlive() {
+		if live := s.probe(t, id, sdk.ProbeKindLiveness); !live.Alive {
 			t.Fatalf("liveness %v", live)
 		}
 		select {
@@ -591,13 +590,13 @@ func (s *suite) testExit(t *testing.T) {
 			t.Fatal(err)
 		}
 		r := <-done
-		if r.err != nil || !r.ev.GetExited() || r.ev.GetExitCode() != 128+int32(syscall.SIGKILL) {
+		if r.err != nil || !r.ev.Exited || r.ev.ExitCode != 128+int32(syscall.SIGKILL) {
 			t.Fatalf("WaitExit after a SIGKILL of the engine = %v, %v; want exited with code 137", r.ev, r.err)
 		}
 	}
 	sctx, scancel := ctxT()
 	defer scancel()
-	if stop, err := s.driver.drv.Stop(sctx, &pb.StopRequest{InstanceId: id, GraceMs: 10_000, Launch: st.launch}); err != nil || !stop.GetGone() {
+	if stop, err := s.driver.drv.Stop(sctx, &sdk.StopRequest{InstanceID: id, Grace: 10 * time.Second, Launch: st.launch}); err != nil || !stop.Gone {
 		t.Fatalf("Stop = %v, %v", stop, err)
 	}
 }
@@ -606,7 +605,7 @@ func (s *suite) testExit(t *testing.T) {
 func (s *suite) park(t *testing.T, st *started, tier string, readyBytes int64) {
 	t.Helper()
 	ctx, cancel := ctxT()
-	_, err := s.driver.drv.Park(ctx, &pb.ParkRequest{InstanceId: st.lctx.GetInstanceId(), Tier: tier})
+	_, err := s.driver.drv.Park(ctx, &sdk.ParkRequest{InstanceID: st.lctx.InstanceID, Tier: tier})
 	cancel()
 	if err != nil {
 		t.Fatalf("Park %s: %v", tier, err)
@@ -620,17 +619,17 @@ func (s *suite) park(t *testing.T, st *started, tier string, readyBytes int64) {
 }
 
 // wake wakes from a tier, checks the canary and the memory, and serves.
-func (s *suite) wake(t *testing.T, st *started, ep *pb.Endpoint, tier, canary string, readyBytes int64) {
+func (s *suite) wake(t *testing.T, st *started, ep *sdk.Endpoint, tier, canary string, readyBytes int64) {
 	t.Helper()
-	id := st.lctx.GetInstanceId()
+	id := st.lctx.InstanceID
 	ctx, cancel := ctxT()
-	woke, err := s.driver.drv.Wake(ctx, &pb.WakeRequest{InstanceId: id, Tier: tier})
+	woke, err := s.driver.drv.Wake(ctx, &sdk.WakeRequest{InstanceID: id, Tier: tier})
 	cancel()
 	if err != nil {
 		t.Fatalf("Wake %s: %v", tier, err)
 	}
-	if woke.GetCanary() != canary {
-		t.Fatalf("wake %s: canary %q, want the readiness answer %q", tier, woke.GetCanary(), canary)
+	if woke.Canary != canary {
+		t.Fatalf("wake %s: canary %q, want the readiness answer %q", tier, woke.Canary, canary)
 	}
 	if s.sim != nil {
 		if n := s.held(t, st); n != readyBytes {
@@ -643,16 +642,16 @@ func (s *suite) wake(t *testing.T, st *started, ep *pb.Endpoint, tier, canary st
 
 // restartAndRecover kills the driver, launches a new one and re-attaches
 // to the launch as the core would after a restart.
-func (s *suite) restartAndRecover(t *testing.T, st *started, recorded, tier string) *pb.RecoverResponse {
+func (s *suite) restartAndRecover(t *testing.T, st *started, recorded, tier string) *sdk.RecoverResponse {
 	t.Helper()
 	s.driver.client.Kill()
 	s.driver = launchDriver(s.root, s.tg.Driver(t))
 	ctx, cancel := ctxT()
 	defer cancel()
-	rec, err := s.driver.drv.Recover(ctx, &pb.RecoverRequest{InstanceId: st.lctx.GetInstanceId(), Launch: st.launch, Installation: s.inst,
-		Deployment: st.dep, Host: st.host, Context: st.lctx, EngineKey: st.key, AdminKey: st.key + "-admin",
+	rec, err := s.driver.drv.Recover(ctx, &sdk.RecoverRequest{InstanceID: st.lctx.InstanceID, Launch: *st.launch, Installation: *s.inst,
+		Deployment: *st.dep, Host: *st.host, Context: *st.lctx, EngineKey: st.key, AdminKey: st.key + "-admin",
 		RecordedState: recorded, ParkTier: tier})
-	if err != nil || rec.GetState() != pb.RecoverState_RECOVER_STATE_RUNNING {
+	if err != nil || rec.State != sdk.RecoverStateRunning {
 		t.Fatalf("Recover (%s) after a driver restart: %v %v", recorded, rec, err)
 	}
 	return rec
@@ -661,20 +660,20 @@ func (s *suite) restartAndRecover(t *testing.T, st *started, recorded, tier stri
 // checkListener wants the engine where its endpoint says: on a Unix
 // socket in its 0700 launch directory with nothing on the leased port, or
 // on the leased loopback port, saying which routes answer any local user.
-func (s *suite) checkListener(t *testing.T, st *started, ep *pb.Endpoint) {
+func (s *suite) checkListener(t *testing.T, st *started, ep *sdk.Endpoint) {
 	t.Helper()
-	port := st.lctx.GetPort()
-	if ns, ok := engineapi.NetnsFromURL(ep.GetBaseUrl()); ok {
+	port := st.lctx.Port
+	if ns, ok := engineapi.NetnsFromURL(ep.BaseURL); ok {
 		var engine proc.Identity
-		for _, p := range st.launch.GetProcesses() {
-			if p.GetRole() == "engine" {
-				engine = proc.Identity{PID: int(p.GetPid()), StartTicks: p.GetStartTicks()}
+		for _, p := range st.launch.Processes {
+			if p.Role == "engine" {
+				engine = proc.Identity{PID: int(p.Pid), StartTicks: p.StartTicks}
 			}
 		}
-		if ep.GetListener() != "netns" || ns.Port != int(port) || ns.Engine != engine {
+		if ep.Listener != "netns" || ns.Port != int(port) || ns.Engine != engine {
 			t.Fatalf("endpoint %v: a namespaced engine not on the leased port %d of the launched engine %+v, or not reported", ep, port, engine)
 		}
-		if len(ep.GetOpenRoutes()) > 0 {
+		if len(ep.OpenRoutes) > 0 {
 			t.Fatalf("endpoint %v: in a namespace of its own yet routes open to other users", ep)
 		}
 		// A foreign client on the host's loopback reaches nothing: the
@@ -691,14 +690,14 @@ func (s *suite) checkListener(t *testing.T, st *started, ep *pb.Endpoint) {
 		t.Logf("the engine listens on port %d in a network namespace of its own", port)
 		return
 	}
-	if s.tg.IsolatedAsRoot && os.Geteuid() == 0 && ep.GetListener() != "unix" {
+	if s.tg.IsolatedAsRoot && os.Geteuid() == 0 && ep.Listener != "unix" {
 		t.Fatalf("endpoint %v: as root the engine must be on a Unix socket or in a network namespace of its own, not on the host's loopback where any user reaches it", ep)
 	}
-	if sock, ok := engineapi.UnixSocket(ep.GetBaseUrl()); ok {
-		if ep.GetListener() != "unix" || filepath.Dir(sock) != st.lctx.GetLaunchDir() {
-			t.Fatalf("endpoint %v: a socket outside the launch directory %s, or not reported", ep, st.lctx.GetLaunchDir())
+	if sock, ok := engineapi.UnixSocket(ep.BaseURL); ok {
+		if ep.Listener != "unix" || filepath.Dir(sock) != st.lctx.LaunchDir {
+			t.Fatalf("endpoint %v: a socket outside the launch directory %s, or not reported", ep, st.lctx.LaunchDir)
 		}
-		if fi, err := os.Stat(st.lctx.GetLaunchDir()); err != nil || fi.Mode().Perm() != 0o700 {
+		if fi, err := os.Stat(st.lctx.LaunchDir); err != nil || fi.Mode().Perm() != 0o700 {
 			t.Fatalf("launch directory %v, %v: want mode 0700", fi, err)
 		}
 		if c, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", port)); err == nil {
@@ -708,45 +707,45 @@ func (s *suite) checkListener(t *testing.T, st *started, ep *pb.Endpoint) {
 		t.Logf("the engine listens on %s only", sock)
 		return
 	}
-	if ep.GetBaseUrl() != fmt.Sprintf("http://127.0.0.1:%d", port) {
+	if ep.BaseURL != fmt.Sprintf("http://127.0.0.1:%d", port) {
 		t.Fatalf("endpoint %v: neither the leased loopback port %d nor a socket", ep, port)
 	}
-	if ep.GetListener() == "unix" {
+	if ep.Listener == "unix" {
 		t.Fatalf("endpoint %v: says unix but is a port", ep)
 	}
-	if ep.GetListener() == "tcp" && len(ep.GetOpenRoutes()) == 0 {
+	if ep.Listener == "tcp" && len(ep.OpenRoutes) == 0 {
 		t.Fatalf("endpoint %v: on TCP without saying which routes answer any local user", ep)
 	}
-	t.Logf("the engine listens on the loopback port %d; open without the key: %v (%s)", port, ep.GetOpenRoutes(), ep.GetExposureNote())
+	t.Logf("the engine listens on the loopback port %d; open without the key: %v (%s)", port, ep.OpenRoutes, ep.ExposureNote)
 }
 
 // engineClient is a client of the endpoint's engine, on its port or its
 // socket, with its key.
-func engineClient(ep *pb.Endpoint) *engineapi.EngineClient {
-	return engineapi.NewEngineClient(ep.GetBaseUrl(), ep.GetAuthHeader(), ep.GetAuthValue())
+func engineClient(ep *sdk.Endpoint) *engineapi.EngineClient {
+	return engineapi.NewEngineClient(ep.BaseURL, ep.AuthHeader, ep.AuthValue)
 }
 
 // chatRequest builds a chat request to an endpoint; engineClient(ep) sends
 // it.
-func chatRequest(ctx context.Context, ep *pb.Endpoint, stream bool, maxTokens int, requestID string) (*http.Request, error) {
+func chatRequest(ctx context.Context, ep *sdk.Endpoint, stream bool, maxTokens int, requestID string) (*http.Request, error) {
 	body := map[string]any{
-		"model":    ep.GetServedName(),
+		"model":    ep.ServedName,
 		"messages": []map[string]string{{"role": "user", "content": "Hello from the conformance suite"}},
 		"stream":   stream,
 	}
 	if maxTokens > 0 {
 		body["max_tokens"] = maxTokens
 	}
-	if f := ep.GetRequestIdField(); f != "" && requestID != "" {
+	if f := ep.RequestIDField; f != "" && requestID != "" {
 		body[f] = requestID
 	}
 	b, _ := json.Marshal(body)
-	req, err := engineClient(ep).NewRequest(ctx, http.MethodPost, ep.GetChatPath(), strings.NewReader(string(b)))
+	req, err := engineClient(ep).NewRequest(ctx, http.MethodPost, ep.ChatPath, strings.NewReader(string(b)))
 	if err != nil {
 		return nil, err
 	}
 	req.Header.Set("Content-Type", "application/json")
-	if h := ep.GetRequestIdHeader(); h != "" && requestID != "" {
+	if h := ep.RequestIDHeader; h != "" && requestID != "" {
 		req.Header.Set(h, requestID)
 	}
 	return req, nil
@@ -754,7 +753,7 @@ func chatRequest(ctx context.Context, ep *pb.Endpoint, stream bool, maxTokens in
 
 // serve sends one short chat request through the endpoint, as the router
 // would, and wants an answer.
-func (s *suite) serve(t *testing.T, ep *pb.Endpoint) {
+func (s *suite) serve(t *testing.T, ep *sdk.Endpoint) {
 	t.Helper()
 	ctx, cancel := ctxT()
 	defer cancel()
@@ -781,14 +780,14 @@ func (s *suite) waitIdle(t *testing.T, id string) {
 	t.Helper()
 	ctx, cancel := ctxT()
 	defer cancel()
-	var last *pb.LoadResponse
+	var last *sdk.LoadResponse
 	err := engineapi.Poll(ctx, func(ctx context.Context) (bool, error) {
-		l, err := s.driver.drv.Load(ctx, &pb.LoadRequest{InstanceId: id})
+		l, err := s.driver.drv.Load(ctx, &sdk.LoadRequest{InstanceID: id})
 		if err != nil {
 			return false, err
 		}
 		last = l
-		return l.GetKnown() && l.GetRunning() == 0 && l.GetWaiting() == 0, nil
+		return l.Known && l.Running == 0 && l.Waiting == 0, nil
 	})
 	if err != nil {
 		t.Fatalf("the engine never read idle: %v (last %v)", err, last)
@@ -801,7 +800,7 @@ func (s *suite) waitIdle(t *testing.T, id string) {
 // stream without finishing the answer; by closing the connection, the
 // engine reads idle once the client hung up. An engine that lets an
 // abandoned request run on fails either way.
-func (s *suite) testAbort(t *testing.T, id string, ep *pb.Endpoint) {
+func (s *suite) testAbort(t *testing.T, id string, ep *sdk.Endpoint) {
 	t.Helper()
 	rctx, hangUp := context.WithTimeout(context.Background(), rpcTimeout)
 	defer hangUp()
@@ -826,14 +825,14 @@ func (s *suite) testAbort(t *testing.T, id string, ep *pb.Endpoint) {
 		}
 	}
 	ctx, cancel := ctxT()
-	ab, err := s.driver.drv.Abort(ctx, &pb.AbortRequest{InstanceId: id, RequestId: rid})
+	ab, err := s.driver.drv.Abort(ctx, &sdk.AbortRequest{InstanceID: id, RequestID: rid})
 	cancel()
 	if err != nil {
 		t.Fatalf("Abort: %v", err)
 	}
-	switch ab.GetMode() {
-	case pb.AbortMode_ABORT_MODE_REQUEST_ID:
-		if !ab.GetSent() {
+	switch ab.Mode {
+	case sdk.AbortModeRequestID:
+		if !ab.Sent {
 			t.Fatal("abort by request ID sent nothing")
 		}
 		// The engine ends the stream itself, long before its answer's end.
@@ -844,11 +843,11 @@ func (s *suite) testAbort(t *testing.T, id string, ep *pb.Endpoint) {
 		if strings.Contains(string(rest), `"finish_reason":"stop"`) || strings.Contains(string(rest), `"finish_reason":"length"`) {
 			t.Fatal("the aborted request ran to its end")
 		}
-	case pb.AbortMode_ABORT_MODE_CLOSE_CONNECTION:
+	case sdk.AbortModeCloseConnection:
 		hangUp() // what the router does
 		t.Log("abort: the client hung up; the engine must read idle long before the request's own end")
 	default:
-		t.Fatalf("abort mode %v", ab.GetMode())
+		t.Fatalf("abort mode %v", ab.Mode)
 	}
 	s.waitIdle(t, id)
 }
@@ -857,24 +856,24 @@ func (s *suite) testAbort(t *testing.T, id string, ep *pb.Endpoint) {
 // probe to say so at once, with the engine's last log lines.
 func (s *suite) testFailure(t *testing.T, f Failure) {
 	st := s.start(t, f.Env)
-	id := st.lctx.GetInstanceId()
-	p := s.probe(t, id, pb.ProbeKind_PROBE_KIND_READINESS)
-	if p.GetReady() || !p.GetExited() || p.GetCode() != sdk.CodeLaunchFailed {
+	id := st.lctx.InstanceID
+	p := s.probe(t, id, sdk.ProbeKindReadiness)
+	if p.Ready || !p.Exited || p.Code != sdk.CodeLaunchFailed {
 		t.Fatalf("probe of a failing launch: %v", p)
 	}
-	if len(p.GetLastLogLines()) == 0 {
+	if len(p.LastLogLines) == 0 {
 		t.Fatal("the failure carries no log lines")
 	}
-	if f.ExitCode != 0 && int(p.GetExitCode()) != f.ExitCode {
-		t.Fatalf("exit code %d, want %d", p.GetExitCode(), f.ExitCode)
+	if f.ExitCode != 0 && int(p.ExitCode) != f.ExitCode {
+		t.Fatalf("exit code %d, want %d", p.ExitCode, f.ExitCode)
 	}
 	if f.Check != nil {
 		f.Check(t, st.launch)
 	}
 	ctx, cancel := ctxT()
-	stop, err := s.driver.drv.Stop(ctx, &pb.StopRequest{InstanceId: id, GraceMs: 5_000, Launch: st.launch})
+	stop, err := s.driver.drv.Stop(ctx, &sdk.StopRequest{InstanceID: id, Grace: 5 * time.Second, Launch: st.launch})
 	cancel()
-	if err != nil || !stop.GetGone() {
+	if err != nil || !stop.Gone {
 		t.Fatalf("Stop after a failed start = %v, %v", stop, err)
 	}
 	if s.sim != nil {

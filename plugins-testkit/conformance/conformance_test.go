@@ -8,8 +8,8 @@ import (
 
 	"github.com/capyctl/capyctl/plugins-testkit/conformance"
 	"github.com/capyctl/capyctl/plugins-testkit/fakeengine"
+	"github.com/capyctl/capyctl/sdk"
 	"github.com/capyctl/capyctl/sdk/proc"
-	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
 
 func TestConformance_VLLM(t *testing.T) {
@@ -50,14 +50,14 @@ func TestConformance_SGLang(t *testing.T) {
 		Failures: []conformance.Failure{{
 			Name: "scheduler dies while loading",
 			Env:  map[string]string{fakeengine.EnvName("scheduler-exit-during-startup"): "1"},
-			Check: func(t *testing.T, launch *pb.Launch) {
+			Check: func(t *testing.T, launch *sdk.Launch) {
 				// The driver ended the hung server and removed the segment
 				// it left.
-				if left := proc.GroupPIDs(int(launch.GetPgid())); len(left) > 0 {
+				if left := proc.GroupPIDs(int(launch.Pgid)); len(left) > 0 {
 					t.Fatalf("processes left after the scheduler died: %v", left)
 				}
-				for _, p := range launch.GetProcesses() {
-					if segs := conformance.ShmSegmentsOf(int(p.GetPid())); len(segs) > 0 {
+				for _, p := range launch.Processes {
+					if segs := conformance.ShmSegmentsOf(int(p.Pid)); len(segs) > 0 {
 						t.Fatalf("shared memory left behind: %v", segs)
 					}
 				}

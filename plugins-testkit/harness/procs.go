@@ -139,9 +139,12 @@ func Alive(pid int) bool {
 
 // ProgramPIDs returns the live processes of a state directory that run
 // program with no arguments: a third-party driver (capyctl-driver-<name>),
-// not the launch shims it re-executes itself as.
+// not the launch shims it re-executes itself as. A child the driver has
+// forked but not yet executed as a shim still reads as the driver (same
+// command line); it is left out by its parent, which is a match itself.
 func ProgramPIDs(stateDir, program string) []int {
-	var out []int
+	matched := map[int]bool{}
+	var found []int
 	for _, pid := range Leftovers(stateDir) {
 		b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
 		if err != nil {
@@ -149,8 +152,34 @@ func ProgramPIDs(stateDir, program string) []int {
 		}
 		args := strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
 		if len(args) == 1 && filepath.Base(args[0]) == program {
+			matched[pid] = true
+			found = append(found, pid)
+		}
+	}
+	var out []int
+	for _, pid := range found {
+		if !matched[parentPID(pid)] {
 			out = append(out, pid)
 		}
 	}
 	return out
+}
+
+// parentPID reads a process's parent from /proc (0 when it is gone).
+func parentPID(pid int) int {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return 0
+	}
+	fields := strings.Fields(s[i+1:])
+	if len(fields) < 2 {
+		return 0
+	}
+	ppid, _ := strconv.Atoi(fields[1])
+	return ppid
 }

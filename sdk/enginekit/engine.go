@@ -16,7 +16,6 @@ import (
 
 	"github.com/capyctl/capyctl/sdk"
 	"github.com/capyctl/capyctl/sdk/flags"
-	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
 
 // Residencies.
@@ -60,11 +59,11 @@ const (
 )
 
 // Refusals collects Plan refusals.
-type Refusals []*pb.Refusal
+type Refusals []*sdk.Refusal
 
 // Add appends a refusal.
 func (r *Refusals) Add(code, field, format string, args ...any) {
-	*r = append(*r, &pb.Refusal{Code: code, Field: field, Message: fmt.Sprintf(format, args...)})
+	*r = append(*r, &sdk.Refusal{Code: code, Field: field, Message: fmt.Sprintf(format, args...)})
 }
 
 // Violations appends flag violations.
@@ -74,29 +73,32 @@ func (r *Refusals) Violations(vs []flags.Violation) { *r = append(*r, flags.Refu
 // table: extra_args need accept_extra_args and pass the table, and so does
 // engine_config.env. typed maps each job-spec field the deployment sets to
 // true (Rule.Field). It returns extra_args parsed.
-func CheckOptions(t *flags.Table, dep *pb.Deployment, host *pb.HostPolicy, typed map[string]bool, r *Refusals) []flags.Arg {
+func CheckOptions(t *flags.Table, dep *sdk.Deployment, host *sdk.HostPolicy, typed map[string]bool, r *Refusals) []flags.Arg {
 	ap := flags.HostApprovals(host)
-	if len(dep.GetExtraArgs()) > 0 && !dep.GetAcceptExtraArgs() {
+	if len(dep.ExtraArgs) > 0 && !dep.AcceptExtraArgs {
 		r.Add(flags.CodeExtraArgsRefused, flags.FieldExtraArgs, "extra_args need engine_config.accept_extra_args = true")
 	}
-	args, vs := t.CheckArgs(dep.GetExtraArgs(), ap, typed)
+	args, vs := t.CheckArgs(dep.ExtraArgs, ap, typed)
 	r.Violations(vs)
-	r.Violations(t.CheckEnv(dep.GetEnv(), ap))
+	r.Violations(t.CheckEnv(dep.Env, ap))
 	return args
 }
 
 // Describe is a driver's Describe answer: its family, the driver's own
 // version, the protocol this SDK serves (sdk.ProtocolVersion), its
 // capabilities and the schema of its engine_config block ("" when it has
-// none).
-func Describe(family, version string, caps *pb.Capabilities, configSchema string) *pb.DescribeResponse {
-	return &pb.DescribeResponse{
+// none). A nil caps declares none.
+func Describe(family, version string, caps *sdk.Capabilities, configSchema string) *sdk.DescribeResponse {
+	resp := &sdk.DescribeResponse{
 		Name:         family,
 		Version:      version,
 		Protocol:     sdk.ProtocolVersion,
-		Capabilities: caps,
 		ConfigSchema: configSchema,
 	}
+	if caps != nil {
+		resp.Capabilities = *caps
+	}
+	return resp
 }
 
 // RestartOnly is embedded by the drivers of engines that cannot release
@@ -106,18 +108,18 @@ func Describe(family, version string, caps *pb.Capabilities, configSchema string
 type RestartOnly struct{}
 
 // Park implements sdk.Driver: nothing parks.
-func (RestartOnly) Park(context.Context, *pb.ParkRequest) (*pb.ParkResponse, error) {
+func (RestartOnly) Park(context.Context, *sdk.ParkRequest) (*sdk.ParkResponse, error) {
 	return nil, sdk.ErrNotSupported
 }
 
 // Wake implements sdk.Driver: nothing parks, nothing wakes.
-func (RestartOnly) Wake(context.Context, *pb.WakeRequest) (*pb.WakeResponse, error) {
+func (RestartOnly) Wake(context.Context, *sdk.WakeRequest) (*sdk.WakeResponse, error) {
 	return nil, sdk.ErrNotSupported
 }
 
 // Abort implements sdk.Driver: closing the connection stops the request.
-func (RestartOnly) Abort(context.Context, *pb.AbortRequest) (*pb.AbortResponse, error) {
-	return &pb.AbortResponse{Mode: pb.AbortMode_ABORT_MODE_CLOSE_CONNECTION}, nil
+func (RestartOnly) Abort(context.Context, *sdk.AbortRequest) (*sdk.AbortResponse, error) {
+	return &sdk.AbortResponse{Mode: sdk.AbortModeCloseConnection}, nil
 }
 
 // FileDigest is "sha256:<hex>" of a file's content (an engine's binary).

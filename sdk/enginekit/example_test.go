@@ -9,17 +9,17 @@ import (
 	"path/filepath"
 	"sort"
 
+	"github.com/capyctl/capyctl/sdk"
 	"github.com/capyctl/capyctl/sdk/enginekit"
-	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
 
 // An engine on its leased loopback port, with the per-launch key as a
 // bearer token: what Start hands the router.
 func ExampleNewEndpoint() {
 	ep := enginekit.NewEndpoint(8123, "demo", "k3y")
-	fmt.Println(ep.GetBaseUrl(), ep.GetChatPath(), ep.GetServedName())
-	fmt.Println(ep.GetAuthHeader()+":", ep.GetAuthValue())
-	fmt.Println(ep.GetAbortMode())
+	fmt.Println(ep.BaseURL, ep.ChatPath, ep.ServedName)
+	fmt.Println(ep.AuthHeader+":", ep.AuthValue)
+	fmt.Println(ep.AbortMode)
 	// Output:
 	// http://127.0.0.1:8123 /v1/chat/completions demo
 	// Authorization: Bearer k3y
@@ -30,11 +30,11 @@ func ExampleNewEndpoint() {
 // cards, no telemetry unless the host allows it, then the host's and the
 // deployment's variables (a later step wins).
 func ExampleEnv() {
-	host := &pb.HostPolicy{HostEnv: map[string]string{"HF_HOME": "/srv/hf"}}
+	host := &sdk.HostPolicy{HostEnv: map[string]string{"HF_HOME": "/srv/hf"}}
 	env := enginekit.NewEnv(enginekit.SystemPath)
-	env.PinDevices(&pb.LaunchContext{DeviceUuids: []string{"GPU-0"}})
+	env.PinDevices(&sdk.LaunchContext{DeviceUUIDs: []string{"GPU-0"}})
 	env.NoTelemetry(host)
-	env.Merge(host.GetHostEnv())
+	env.Merge(host.HostEnv)
 	keys := make([]string, 0, len(env))
 	for k := range env {
 		keys = append(keys, k)
@@ -57,9 +57,9 @@ func ExampleEnv() {
 func ExampleRefusals() {
 	var r enginekit.Refusals
 	r.Add(enginekit.CodeCapabilityMissing+":deep_park", "residency", "hello engines do not park: set residency = %q", enginekit.ResidencyRestartOnly)
-	resp := &pb.PlanResponse{Refusals: r}
-	for _, x := range resp.GetRefusals() {
-		fmt.Println(x.GetCode(), x.GetField(), x.GetMessage())
+	resp := &sdk.PlanResponse{Refusals: r}
+	for _, x := range resp.Refusals {
+		fmt.Println(x.Code, x.Field, x.Message)
 	}
 	// Output:
 	// capability_missing:deep_park residency hello engines do not park: set residency = "restart_only"
@@ -70,8 +70,8 @@ func ExampleRefusals() {
 // an engine that still runs.
 func ExampleRegistry_Recover() {
 	reg := enginekit.NewRegistry[*enginekit.Instance]()
-	resp, _ := reg.Recover(&pb.RecoverRequest{InstanceId: "demo/0"}, nil)
-	fmt.Println(resp.GetState(), "-", resp.GetDetail())
+	resp, _ := reg.Recover(&sdk.RecoverRequest{InstanceID: "demo/0"}, nil)
+	fmt.Println(resp.State, "-", resp.Detail)
 	// Output:
 	// RECOVER_STATE_GONE - no launch recorded
 }
@@ -82,10 +82,10 @@ func ExampleRegistry_Recover() {
 func ExampleExposure_Apply() {
 	tcp := enginekit.Exposure{OpenRoutes: []string{"/metrics"}, Note: "the engine has no socket option"}.
 		Apply(enginekit.NewEndpoint(8123, "demo", "k3y"))
-	fmt.Println(tcp.GetListener(), tcp.GetBaseUrl(), tcp.GetOpenRoutes())
+	fmt.Println(tcp.Listener, tcp.BaseURL, tcp.OpenRoutes)
 	unix := enginekit.Exposure{Socket: "/run/capyctl/launches/7/engine.sock"}.
 		Apply(enginekit.NewEndpoint(8123, "demo", "k3y"))
-	fmt.Println(unix.GetListener(), unix.GetBaseUrl())
+	fmt.Println(unix.Listener, unix.BaseURL)
 	// Output:
 	// tcp http://127.0.0.1:8123 [/metrics]
 	// unix http+unix://%2Frun%2Fcapyctl%2Flaunches%2F7%2Fengine.sock
@@ -106,9 +106,9 @@ func ExampleFileDigest() {
 
 // The idle signal: nothing running or waiting, and known.
 func ExampleIdle() {
-	fmt.Println(enginekit.Idle(&pb.LoadResponse{Known: true}))
-	fmt.Println(enginekit.Idle(&pb.LoadResponse{Known: true, Running: 1}))
-	fmt.Println(enginekit.Idle(&pb.LoadResponse{Known: false}))
+	fmt.Println(enginekit.Idle(&sdk.LoadResponse{Known: true}))
+	fmt.Println(enginekit.Idle(&sdk.LoadResponse{Known: true, Running: 1}))
+	fmt.Println(enginekit.Idle(&sdk.LoadResponse{Known: false}))
 	// Output:
 	// true
 	// false

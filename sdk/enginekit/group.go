@@ -11,9 +11,9 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/capyctl/capyctl/sdk"
 	"github.com/capyctl/capyctl/sdk/flags"
 	"github.com/capyctl/capyctl/sdk/proc"
-	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
 
 // What follows is what the drivers of engines that run groups (one model
@@ -56,22 +56,22 @@ const NCCLNetEnv = "NCCL_NET"
 // governs NCCL only: the ranks' rendezvous (torch.distributed's TCP
 // store) and their CPU process groups (Gloo) run over TCP on the peer
 // address whatever it says. Nothing without require_rdma.
-func RDMAEnv(env Env, g *pb.Group) {
-	if g.GetRequireRdma() {
+func RDMAEnv(env Env, g *sdk.Group) {
+	if g != nil && g.RequireRDMA {
 		env[NCCLNetEnv] = "IB"
 	}
 }
 
 // InGroup reports whether a deployment is a member of a group.
-func InGroup(dep *pb.Deployment) bool { return dep.GetGroup() != nil }
+func InGroup(dep *sdk.Deployment) bool { return dep.Group != nil }
 
 // GroupWorker reports whether a group member is a worker: any rank but the
 // head (rank 0), which alone serves the engine's HTTP API.
-func GroupWorker(g *pb.Group) bool { return g != nil && g.GetRank() > 0 }
+func GroupWorker(g *sdk.Group) bool { return g != nil && g.Rank > 0 }
 
 // RefuseGroup refuses a group member on an engine that runs no groups
 // (Capabilities.groups false): group_shape_unsupported:<family>.
-func RefuseGroup(dep *pb.Deployment, family, engine string, r *Refusals) {
+func RefuseGroup(dep *sdk.Deployment, family, engine string, r *Refusals) {
 	if InGroup(dep) {
 		r.Add(CodeGroupShapeUnsupported+":"+family, "topology",
 			"%s runs a model on one machine: remove topology and placement.hosts, or deploy the group on vLLM or SGLang", engine)
@@ -88,23 +88,23 @@ type GroupOptions struct {
 // the group, no peer address on its host (peer_address_missing), no head
 // address or rendezvous port, and RDMA required on a host without an RDMA
 // device (capability_missing:rdma). A deployment without a group passes.
-func CheckGroup(g *pb.Group, o GroupOptions, r *Refusals) {
+func CheckGroup(g *sdk.Group, o GroupOptions, r *Refusals) {
 	if g == nil {
 		return
 	}
-	if g.GetSize() < 2 || g.GetRank() < 0 || g.GetRank() >= g.GetSize() {
-		r.Add(flags.CodeInvalidConfig, "placement.hosts", "rank %d of a group of %d machines: a group has at least two ranks, 0 to size - 1", g.GetRank(), g.GetSize())
+	if g.Size < 2 || g.Rank < 0 || g.Rank >= g.Size {
+		r.Add(flags.CodeInvalidConfig, "placement.hosts", "rank %d of a group of %d machines: a group has at least two ranks, 0 to size - 1", g.Rank, g.Size)
 	}
-	if g.GetTensorParallel() < 1 || g.GetPipelineParallel() < 1 {
-		r.Add(flags.CodeInvalidConfig, "topology", "tensor_parallel and pipeline_parallel are at least 1 (got %d and %d)", g.GetTensorParallel(), g.GetPipelineParallel())
+	if g.TensorParallel < 1 || g.PipelineParallel < 1 {
+		r.Add(flags.CodeInvalidConfig, "topology", "tensor_parallel and pipeline_parallel are at least 1 (got %d and %d)", g.TensorParallel, g.PipelineParallel)
 	}
-	if g.GetPeerAddress() == "" {
+	if g.PeerAddress == "" {
 		r.Add(CodePeerAddressMissing, "placement.hosts",
-			"rank %d's host has no peer address, the address the group's ranks reach it at: set peer_address in its host configuration (or --peer-address, CAPYCTL_PEER_ADDRESS)", g.GetRank())
-	} else if g.GetHeadAddress() == "" || g.GetRendezvousPort() <= 0 || g.GetRendezvousPort() > 65535 {
-		r.Add(flags.CodeInvalidConfig, "placement.hosts", "the group's head address and rendezvous port are missing (%q, %d)", g.GetHeadAddress(), g.GetRendezvousPort())
+			"rank %d's host has no peer address, the address the group's ranks reach it at: set peer_address in its host configuration (or --peer-address, CAPYCTL_PEER_ADDRESS)", g.Rank)
+	} else if g.HeadAddress == "" || g.RendezvousPort <= 0 || g.RendezvousPort > 65535 {
+		r.Add(flags.CodeInvalidConfig, "placement.hosts", "the group's head address and rendezvous port are missing (%q, %d)", g.HeadAddress, g.RendezvousPort)
 	}
-	if g.GetRequireRdma() {
+	if g.RequireRDMA {
 		dir := o.RDMADir
 		if dir == "" {
 			dir = DefaultRDMADir
@@ -123,8 +123,8 @@ func HasRDMA(dir string) bool {
 }
 
 // RendezvousAddr is host:port of the group's head, bracketed for IPv6.
-func RendezvousAddr(g *pb.Group) string {
-	return net.JoinHostPort(g.GetHeadAddress(), strconv.Itoa(int(g.GetRendezvousPort())))
+func RendezvousAddr(g *sdk.Group) string {
+	return net.JoinHostPort(g.HeadAddress, strconv.Itoa(int(g.RendezvousPort)))
 }
 
 // lookupTimeout bounds resolving a peer address that is a name.
@@ -175,8 +175,11 @@ func InterfaceOf(addr string) string {
 
 // GroupShare is one rank's share of n bytes over a group of size
 // machines, rounded up: ceil(n / size). Without a group it is n.
-func GroupShare(n int64, g *pb.Group) int64 {
-	size := int64(g.GetSize())
+func GroupShare(n int64, g *sdk.Group) int64 {
+	if g == nil {
+		return n
+	}
+	size := int64(g.Size)
 	if size < 2 || n <= 0 {
 		return n
 	}
@@ -185,23 +188,23 @@ func GroupShare(n int64, g *pb.Group) int64 {
 
 // GroupNote is the plan note of a group member: its rank, its role, and
 // that its memory hints are its share.
-func GroupNote(g *pb.Group) string {
+func GroupNote(g *sdk.Group) string {
 	role := "the head: it serves the engine's HTTP API"
 	if GroupWorker(g) {
 		role = "a worker: it serves no inference and holds its share of the model"
 	}
-	return "group rank " + strconv.Itoa(int(g.GetRank())) + " of " + strconv.Itoa(int(g.GetSize())) + " (" + role +
-		"); its memory hints are this rank's share: ceil(weights / " + strconv.Itoa(int(g.GetSize())) + "), and its own KV cache; " +
+	return "group rank " + strconv.Itoa(int(g.Rank)) + " of " + strconv.Itoa(int(g.Size)) + " (" + role +
+		"); its memory hints are this rank's share: ceil(weights / " + strconv.Itoa(int(g.Size)) + "), and its own KV cache; " +
 		"the ranks meet at " + RendezvousAddr(g) + " with no authentication"
 }
 
 // GroupSource is MemoryHints.source for a member: the source of the
 // figures and that they are this rank's share.
-func GroupSource(source string, g *pb.Group) string {
+func GroupSource(source string, g *sdk.Group) string {
 	if g == nil {
 		return source
 	}
-	return source + "; group rank share (ceil(total / " + strconv.Itoa(int(g.GetSize())) + "))"
+	return source + "; group rank share (ceil(total / " + strconv.Itoa(int(g.Size)) + "))"
 }
 
 // WorkerReady is a worker's ReadyFunc when it serves no HTTP (vLLM
@@ -212,23 +215,23 @@ func WorkerReady(context.Context) (bool, string, string) { return true, "", "" }
 // WorkerPark answers Park for a worker: it has no API to call (the head's
 // park is collective over every rank); the core proves the rank released
 // its memory by measuring its processes.
-func WorkerPark(in *Instance, tier string) *pb.ParkResponse {
+func WorkerPark(in *Instance, tier string) *sdk.ParkResponse {
 	if tier == "" {
 		tier = in.Residency
 	}
 	in.MarkParked(tier)
-	return &pb.ParkResponse{Detail: "a worker rank parks with its head (" + tier + "); nothing to call on this host"}
+	return &sdk.ParkResponse{Detail: "a worker rank parks with its head (" + tier + "); nothing to call on this host"}
 }
 
 // WorkerWake answers Wake for a worker: at once, without a canary (the
 // head's wake and its wake check follow).
-func WorkerWake(in *Instance) *pb.WakeResponse {
+func WorkerWake(in *Instance) *sdk.WakeResponse {
 	in.MarkParked("")
-	return &pb.WakeResponse{Detail: "a worker rank wakes with its head; nothing to call on this host"}
+	return &sdk.WakeResponse{Detail: "a worker rank wakes with its head; nothing to call on this host"}
 }
 
 // WorkerLoad is a worker's load: it serves no requests.
-func WorkerLoad() *pb.LoadResponse { return &pb.LoadResponse{Known: true} }
+func WorkerLoad() *sdk.LoadResponse { return &sdk.LoadResponse{Known: true} }
 
 // groupListener reports whether a group member may listen on a: its
 // engine's rendezvous and collective sockets listen on its peer address or
@@ -241,7 +244,7 @@ func (in *Instance) groupListener(a netip.AddrPort) bool {
 	if addr.IsUnspecified() {
 		return true
 	}
-	peer, err := netip.ParseAddr(in.Group.GetPeerAddress())
+	peer, err := netip.ParseAddr(in.Group.PeerAddress)
 	return err == nil && peer.Unmap() == addr
 }
 

@@ -12,12 +12,12 @@ import (
 	"reflect"
 	"testing"
 
-	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
+	"github.com/capyctl/capyctl/sdk"
 )
 
 // member is rank of a two-machine group on loopback.
-func member(rank int32) *pb.Group {
-	return &pb.Group{Rank: rank, Size: 2, TensorParallel: 2, PipelineParallel: 1,
+func member(rank int32) *sdk.Group {
+	return &sdk.Group{Rank: rank, Size: 2, TensorParallel: 2, PipelineParallel: 1,
 		HeadAddress: "127.0.0.1", RendezvousPort: 25000, PeerAddress: "127.0.0.1"}
 }
 
@@ -29,22 +29,22 @@ func TestCheckGroup(t *testing.T) {
 	}
 	cases := []struct {
 		name  string
-		edit  func(*pb.Group)
+		edit  func(*sdk.Group)
 		rdma  string
 		codes []string
 	}{
-		{name: "head", edit: func(*pb.Group) {}},
+		{name: "head", edit: func(*sdk.Group) {}},
 		{name: "no group", edit: nil},
-		{name: "no peer address", edit: func(g *pb.Group) { g.PeerAddress = "" }, codes: []string{CodePeerAddressMissing}},
-		{name: "rdma required, none", edit: func(g *pb.Group) { g.RequireRdma = true }, rdma: noRDMA, codes: []string{"capability_missing:rdma"}},
-		{name: "rdma required, directory missing", edit: func(g *pb.Group) { g.RequireRdma = true }, rdma: filepath.Join(noRDMA, "absent"), codes: []string{"capability_missing:rdma"}},
-		{name: "rdma required, present", edit: func(g *pb.Group) { g.RequireRdma = true }, rdma: withRDMA},
-		{name: "rank outside", edit: func(g *pb.Group) { g.Rank = 2 }, codes: []string{"invalid_config"}},
-		{name: "no rendezvous port", edit: func(g *pb.Group) { g.RendezvousPort = 0 }, codes: []string{"invalid_config"}},
+		{name: "no peer address", edit: func(g *sdk.Group) { g.PeerAddress = "" }, codes: []string{CodePeerAddressMissing}},
+		{name: "rdma required, none", edit: func(g *sdk.Group) { g.RequireRDMA = true }, rdma: noRDMA, codes: []string{"capability_missing:rdma"}},
+		{name: "rdma required, directory missing", edit: func(g *sdk.Group) { g.RequireRDMA = true }, rdma: filepath.Join(noRDMA, "absent"), codes: []string{"capability_missing:rdma"}},
+		{name: "rdma required, present", edit: func(g *sdk.Group) { g.RequireRDMA = true }, rdma: withRDMA},
+		{name: "rank outside", edit: func(g *sdk.Group) { g.Rank = 2 }, codes: []string{"invalid_config"}},
+		{name: "no rendezvous port", edit: func(g *sdk.Group) { g.RendezvousPort = 0 }, codes: []string{"invalid_config"}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			var g *pb.Group
+			var g *sdk.Group
 			if c.edit != nil {
 				g = member(1)
 				c.edit(g)
@@ -53,8 +53,8 @@ func TestCheckGroup(t *testing.T) {
 			CheckGroup(g, GroupOptions{RDMADir: c.rdma}, &r)
 			var got []string
 			for _, x := range r {
-				got = append(got, x.GetCode())
-				if x.GetMessage() == "" || x.GetField() == "" {
+				got = append(got, x.Code)
+				if x.Message == "" || x.Field == "" {
 					t.Errorf("refusal without a message or field: %v", x)
 				}
 			}
@@ -67,12 +67,12 @@ func TestCheckGroup(t *testing.T) {
 
 func TestRefuseGroup(t *testing.T) {
 	var r Refusals
-	RefuseGroup(&pb.Deployment{}, "llamacpp", "llama.cpp", &r)
+	RefuseGroup(&sdk.Deployment{}, "llamacpp", "llama.cpp", &r)
 	if len(r) != 0 {
 		t.Fatalf("a deployment without a group refused: %v", r)
 	}
-	RefuseGroup(&pb.Deployment{Group: member(0)}, "llamacpp", "llama.cpp", &r)
-	if len(r) != 1 || r[0].GetCode() != "group_shape_unsupported:llamacpp" {
+	RefuseGroup(&sdk.Deployment{Group: member(0)}, "llamacpp", "llama.cpp", &r)
+	if len(r) != 1 || r[0].Code != "group_shape_unsupported:llamacpp" {
 		t.Fatalf("refusals %v", r)
 	}
 }
@@ -81,13 +81,13 @@ func TestGroupShare(t *testing.T) {
 	cases := []struct {
 		name string
 		n    int64
-		g    *pb.Group
+		g    *sdk.Group
 		want int64
 	}{
 		{"no group", 10, nil, 10},
 		{"even", 10, member(0), 5},
 		{"rounded up", 11, member(1), 6},
-		{"three", 10, &pb.Group{Size: 3}, 4},
+		{"three", 10, &sdk.Group{Size: 3}, 4},
 		{"nothing", 0, member(0), 0},
 	}
 	for _, c := range cases {
@@ -132,10 +132,10 @@ func TestInterfaceOf(t *testing.T) {
 
 func TestInstance_GroupListener(t *testing.T) {
 	in := &Instance{Port: 41000}
-	peer := &pb.Group{Rank: 1, Size: 2, PeerAddress: "10.0.0.2"}
+	peer := &sdk.Group{Rank: 1, Size: 2, PeerAddress: "10.0.0.2"}
 	cases := []struct {
 		name  string
-		group *pb.Group
+		group *sdk.Group
 		addr  string
 		want  bool
 	}{
@@ -168,13 +168,13 @@ func TestWorker(t *testing.T) {
 	if !in.Worker() {
 		t.Fatal("rank 1 is not a worker")
 	}
-	if p := WorkerPark(in, ""); p.GetDetail() == "" || in.Parked() != ResidencyDeep {
+	if p := WorkerPark(in, ""); p.Detail == "" || in.Parked() != ResidencyDeep {
 		t.Fatalf("park: %v, parked %q", p, in.Parked())
 	}
-	if w := WorkerWake(in); w.GetCanary() != "" || in.Parked() != "" {
+	if w := WorkerWake(in); w.Canary != "" || in.Parked() != "" {
 		t.Fatalf("wake: %v, parked %q", w, in.Parked())
 	}
-	if l := WorkerLoad(); !l.GetKnown() || l.GetRunning() != 0 || l.GetWaiting() != 0 || l.GetKvUsage() != 0 {
+	if l := WorkerLoad(); !l.Known || l.Running != 0 || l.Waiting != 0 || l.KVUsage != 0 {
 		t.Fatalf("load %v", l)
 	}
 }
@@ -184,11 +184,11 @@ func TestWorker(t *testing.T) {
 func TestRDMAEnv(t *testing.T) {
 	cases := []struct {
 		name string
-		g    *pb.Group
+		g    *sdk.Group
 		want map[string]string
 	}{
-		{name: "rdma required", g: &pb.Group{Rank: 1, Size: 2, RequireRdma: true}, want: map[string]string{"NCCL_NET": "IB"}},
-		{name: "rdma not required", g: &pb.Group{Rank: 0, Size: 2}, want: map[string]string{}},
+		{name: "rdma required", g: &sdk.Group{Rank: 1, Size: 2, RequireRDMA: true}, want: map[string]string{"NCCL_NET": "IB"}},
+		{name: "rdma not required", g: &sdk.Group{Rank: 0, Size: 2}, want: map[string]string{}},
 		{name: "no group", want: map[string]string{}},
 	}
 	for _, c := range cases {

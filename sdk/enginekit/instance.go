@@ -15,7 +15,6 @@ import (
 	"github.com/capyctl/capyctl/sdk"
 	"github.com/capyctl/capyctl/sdk/engineapi"
 	"github.com/capyctl/capyctl/sdk/proc"
-	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
 
 // DefaultStopGrace is how long an engine may take after SIGTERM.
@@ -39,7 +38,7 @@ type Instance struct {
 	LMCachePort int
 	// LMCacheServer is the instance's LMCache server the engine connects
 	// to (a launch of its own: StartLMCacheServer), nil for none.
-	LMCacheServer *pb.Launch
+	LMCacheServer *sdk.Launch
 	// ServedName is the model name the engine serves.
 	ServedName string
 	// API is "chat", "decisions", "embeddings" or "rerank".
@@ -50,7 +49,7 @@ type Instance struct {
 	// ModelDir is the model directory (SGLang reloads weights from it).
 	ModelDir string
 	// Endpoint tells the router how to reach the engine.
-	Endpoint *pb.Endpoint
+	Endpoint *sdk.Endpoint
 	// Client talks to the engine with its key.
 	Client *engineapi.EngineClient
 	// StopGrace is the grace period after SIGTERM.
@@ -60,7 +59,7 @@ type Instance struct {
 	// readiness is its process, its park, wake, abort and load call
 	// nothing, and its rendezvous and collective sockets may listen off
 	// loopback (on its peer address or every address, never on its port).
-	Group *pb.Group
+	Group *sdk.Group
 
 	mu     sync.Mutex
 	parked string
@@ -68,11 +67,14 @@ type Instance struct {
 }
 
 // NewInstance builds an instance; ep.AuthHeader/AuthValue set the client's
-// credentials.
-func NewInstance(id, launchID string, l proc.Launched, port int, ep *pb.Endpoint) *Instance {
+// credentials. A nil ep is an empty endpoint.
+func NewInstance(id, launchID string, l proc.Launched, port int, ep *sdk.Endpoint) *Instance {
+	if ep == nil {
+		ep = &sdk.Endpoint{}
+	}
 	return &Instance{
-		ID: id, LaunchID: launchID, Launched: l, Port: port, Endpoint: ep, ServedName: ep.GetServedName(),
-		Client:    engineapi.NewEngineClient(ep.GetBaseUrl(), ep.GetAuthHeader(), ep.GetAuthValue()),
+		ID: id, LaunchID: launchID, Launched: l, Port: port, Endpoint: ep, ServedName: ep.ServedName,
+		Client:    engineapi.NewEngineClient(ep.BaseURL, ep.AuthHeader, ep.AuthValue),
 		StopGrace: DefaultStopGrace,
 	}
 }
@@ -96,12 +98,12 @@ const ChatPath = "/v1/chat/completions"
 // pb.NonStreamedHangup), and the per-launch key, when there is one, as a
 // bearer token. A driver sets what its engine does otherwise (decisions, a
 // request ID, an abort by ID, a non-streamed request stopped on hang-up).
-func NewEndpoint(port int, served, key string) *pb.Endpoint {
-	ep := &pb.Endpoint{
-		BaseUrl:           BaseURL(port),
+func NewEndpoint(port int, served, key string) *sdk.Endpoint {
+	ep := &sdk.Endpoint{
+		BaseURL:           BaseURL(port),
 		ChatPath:          ChatPath,
-		AbortMode:         pb.AbortMode_ABORT_MODE_CLOSE_CONNECTION,
-		NonStreamedHangup: pb.NonStreamedHangup_NON_STREAMED_HANGUP_STREAM,
+		AbortMode:         sdk.AbortModeCloseConnection,
+		NonStreamedHangup: sdk.NonStreamedHangupStream,
 		ServedName:        served,
 	}
 	if key != "" {
@@ -141,15 +143,15 @@ func (in *Instance) SetCanary(s string) {
 	}
 }
 
-// LaunchPB is the launch to record.
-func (in *Instance) LaunchPB() *pb.Launch {
-	l := &pb.Launch{
+// LaunchRecord is the launch to record.
+func (in *Instance) LaunchRecord() *sdk.Launch {
+	l := &sdk.Launch{
 		Pgid:        int32(in.Launched.Pgid),
 		LaunchDir:   in.Launched.LaunchDir,
 		Port:        int32(in.Port),
-		LaunchId:    in.LaunchID,
-		LmcachePort: int32(in.LMCachePort),
-		Processes: []*pb.ProcessIdentity{
+		LaunchID:    in.LaunchID,
+		LMCachePort: int32(in.LMCachePort),
+		Processes: []*sdk.ProcessIdentity{
 			{Pid: int32(in.Launched.Shim.PID), StartTicks: in.Launched.Shim.StartTicks, Role: "shim"},
 			{Pid: int32(in.Launched.Engine.PID), StartTicks: in.Launched.Engine.StartTicks, Role: "engine"},
 		},
@@ -158,11 +160,14 @@ func (in *Instance) LaunchPB() *pb.Launch {
 }
 
 // FromLaunch rebuilds a proc.Launched from a recorded launch.
-func FromLaunch(l *pb.Launch) proc.Launched {
-	out := proc.Launched{Pgid: int(l.GetPgid()), LaunchDir: l.GetLaunchDir()}
-	for _, p := range l.GetProcesses() {
-		id := proc.Identity{PID: int(p.GetPid()), StartTicks: p.GetStartTicks()}
-		switch p.GetRole() {
+func FromLaunch(l *sdk.Launch) proc.Launched {
+	if l == nil {
+		return proc.Launched{}
+	}
+	out := proc.Launched{Pgid: int(l.Pgid), LaunchDir: l.LaunchDir}
+	for _, p := range l.Processes {
+		id := proc.Identity{PID: int(p.Pid), StartTicks: p.StartTicks}
+		switch p.Role {
 		case "shim":
 			out.Shim = id
 		case "engine":
@@ -185,14 +190,14 @@ const exitRecordWait = 10 * time.Second
 // engine's last log lines. The shim records the exit a moment after the
 // process dies (and copies its last output): until it has, or is gone
 // itself, the status is read again (proc.WaitExitStatus).
-func (in *Instance) ExitInfo(detail string) *pb.ProbeResponse {
+func (in *Instance) ExitInfo(detail string) *sdk.ProbeResponse {
 	code := -1
 	if !in.Alive() {
 		// No record comes while the engine runs: wait for one only
 		// once it is gone.
 		code = exitCode(in.Launched.LaunchDir)
 	}
-	return &pb.ProbeResponse{
+	return &sdk.ProbeResponse{
 		Alive: false, Exited: true, ExitCode: int32(code), Code: sdk.CodeLaunchFailed, Detail: detail,
 		LastLogLines: proc.LastLines(in.Launched.LaunchDir, lastLogLines),
 	}
@@ -210,34 +215,34 @@ func exitCode(launchDir string) int {
 // (what Liveness says of a dead engine); it returns ctx's error when the
 // core stops watching first. It waits on the kernel's word
 // (proc.WaitGone), not by polling.
-func (in *Instance) WaitExit(ctx context.Context) (*pb.ExitEvent, error) {
+func (in *Instance) WaitExit(ctx context.Context) (*sdk.ExitEvent, error) {
 	if err := proc.WaitGone(ctx, in.Launched.Engine); err != nil {
 		return nil, err
 	}
 	info := in.ExitInfo("the engine process is gone")
-	return &pb.ExitEvent{Exited: true, ExitCode: info.GetExitCode(), Detail: info.GetDetail(), LastLogLines: info.GetLastLogLines()}, nil
+	return &sdk.ExitEvent{Exited: true, ExitCode: info.ExitCode, Detail: info.Detail, LastLogLines: info.LastLogLines}, nil
 }
 
 // Liveness answers a LIVENESS probe from the process table.
-func (in *Instance) Liveness() *pb.ProbeResponse {
+func (in *Instance) Liveness() *sdk.ProbeResponse {
 	if !in.Alive() {
 		return in.ExitInfo("the engine process is gone")
 	}
-	return &pb.ProbeResponse{Alive: true, Endpoint: in.Endpoint}
+	return &sdk.ProbeResponse{Alive: true, Endpoint: *in.Endpoint}
 }
 
 // WakeCheck answers a WAKE_CHECK probe of an engine that parks: the canary
 // asked once, its answer for the core to compare with the one recorded at
 // first readiness.
-func (in *Instance) WakeCheck(ctx context.Context, canary func(context.Context) (string, error)) *pb.ProbeResponse {
+func (in *Instance) WakeCheck(ctx context.Context, canary func(context.Context) (string, error)) *sdk.ProbeResponse {
 	if !in.Alive() {
 		return in.ExitInfo("the engine process is gone")
 	}
 	answer, err := canary(ctx)
 	if err != nil {
-		return &pb.ProbeResponse{Alive: true, Detail: err.Error(), Code: sdk.CodeWakeFailed}
+		return &sdk.ProbeResponse{Alive: true, Detail: err.Error(), Code: sdk.CodeWakeFailed}
 	}
-	return &pb.ProbeResponse{Alive: true, Ready: true, Canary: answer, Endpoint: in.Endpoint}
+	return &sdk.ProbeResponse{Alive: true, Ready: true, Canary: answer, Endpoint: *in.Endpoint}
 }
 
 // parkedFile in a launch directory records the tier the engine is parked

@@ -10,7 +10,6 @@ import (
 
 	"github.com/capyctl/capyctl/sdk"
 	"github.com/capyctl/capyctl/sdk/proc"
-	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
 
 // SystemPath ends every engine's PATH; an engine that is not installed in
@@ -27,15 +26,18 @@ func NewEnv(path string) Env { return Env{"PATH": path, "LANG": "C.UTF-8"} }
 
 // PinDevices pins the engine to the launch's cards, numbered in PCI bus
 // order.
-func (e Env) PinDevices(lctx *pb.LaunchContext) {
-	if uuids := lctx.GetDeviceUuids(); len(uuids) > 0 {
+func (e Env) PinDevices(lctx *sdk.LaunchContext) {
+	if lctx == nil {
+		return
+	}
+	if uuids := lctx.DeviceUUIDs; len(uuids) > 0 {
 		e["CUDA_VISIBLE_DEVICES"] = strings.Join(uuids, ",")
 		e["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
 	}
 }
 
 // NoTelemetry sets DO_NOT_TRACK=1 unless the host allows engine telemetry.
-func (e Env) NoTelemetry(h *pb.HostPolicy) {
+func (e Env) NoTelemetry(h *sdk.HostPolicy) {
 	if TelemetryOff(h) {
 		e["DO_NOT_TRACK"] = "1"
 	}
@@ -50,17 +52,18 @@ func (e Env) Merge(m map[string]string) {
 }
 
 // TelemetryOff reports whether engines must not report off the host (the
-// default; engine_telemetry = "allow" lifts it).
-func TelemetryOff(h *pb.HostPolicy) bool { return h.GetEngineTelemetry() != "allow" }
+// default; engine_telemetry = "allow" lifts it). A nil policy allows
+// nothing.
+func TelemetryOff(h *sdk.HostPolicy) bool { return h == nil || h.EngineTelemetry != "allow" }
 
 // LaunchOptions is what StartLaunch needs.
 type LaunchOptions struct {
 	// Plan is the rendered launch.
-	Plan *pb.PlanResponse
+	Plan *sdk.PlanResponse
 	// Host is the host's policy (log mode).
-	Host *pb.HostPolicy
+	Host *sdk.HostPolicy
 	// Launch is the launch context (port, launch directory).
-	Launch *pb.LaunchContext
+	Launch *sdk.LaunchContext
 	// SecretEnv are environment entries that carry secrets (the key).
 	SecretEnv map[string]string
 	// Secrets are values redacted from the engine's output.
@@ -84,17 +87,17 @@ type LaunchOptions struct {
 // nothing.
 func StartLaunch(o LaunchOptions) (*proc.Launched, error) {
 	lctx := o.Launch
-	if lctx.GetPort() <= 0 || lctx.GetLaunchDir() == "" {
+	if lctx.Port <= 0 || lctx.LaunchDir == "" {
 		return nil, sdk.Errorf(sdk.CodeLaunchFailed, "start needs a leased port and a launch directory")
 	}
-	if len(o.Plan.GetArgv()) == 0 {
+	if len(o.Plan.Argv) == 0 {
 		return nil, sdk.Errorf(sdk.CodeLaunchFailed, "the plan has no command")
 	}
-	if !proc.PortFree(int(lctx.GetPort())) {
-		return nil, sdk.Errorf(CodePortConflict, "another process listens on the leased port %d", lctx.GetPort())
+	if !proc.PortFree(int(lctx.Port)) {
+		return nil, sdk.Errorf(CodePortConflict, "another process listens on the leased port %d", lctx.Port)
 	}
 	env := map[string]string{}
-	for k, v := range o.Plan.GetEnv() {
+	for k, v := range o.Plan.Env {
 		env[k] = v
 	}
 	for k, v := range o.SecretEnv {
@@ -113,13 +116,13 @@ func StartLaunch(o LaunchOptions) (*proc.Launched, error) {
 		join = o.LMCacheServer.Engine
 	}
 	launched, err := proc.Start(proc.LaunchSpec{
-		Argv:         o.Plan.GetArgv(),
+		Argv:         o.Plan.Argv,
 		Env:          env,
-		Dir:          o.Plan.GetWorkdir(),
-		LaunchDir:    lctx.GetLaunchDir(),
+		Dir:          o.Plan.Workdir,
+		LaunchDir:    lctx.LaunchDir,
 		LogMode:      LogMode(o.Host),
 		Secrets:      secrets,
-		NoCoreDumps:  o.Host.GetRetention() == "zero",
+		NoCoreDumps:  o.Host.Retention == "zero",
 		NetNamespace: o.NetNamespace && join.PID == 0,
 		JoinNetns:    join,
 	})
@@ -134,58 +137,58 @@ func StartLaunch(o LaunchOptions) (*proc.Launched, error) {
 
 // LogMode is proc's log mode for a host: memory when the host keeps engine
 // logs in memory or retains nothing.
-func LogMode(h *pb.HostPolicy) string {
-	if h.GetEngineLogs() == "memory" || h.GetRetention() == "zero" {
+func LogMode(h *sdk.HostPolicy) string {
+	if h != nil && (h.EngineLogs == "memory" || h.Retention == "zero") {
 		return proc.LogModeMemory
 	}
 	return proc.LogModeFile
 }
 
 // StopLaunch ends a launch's whole group and proves it gone.
-func StopLaunch(l proc.Launched, grace time.Duration) *pb.StopResponse {
+func StopLaunch(l proc.Launched, grace time.Duration) *sdk.StopResponse {
 	res, err := proc.Stop(l, grace)
 	if err != nil {
-		return &pb.StopResponse{Gone: res.Gone, Forced: res.Forced, ExitCode: -1, Detail: err.Error()}
+		return &sdk.StopResponse{Gone: res.Gone, Forced: res.Forced, ExitCode: -1, Detail: err.Error()}
 	}
-	return &pb.StopResponse{Gone: res.Gone, Forced: res.Forced, ExitCode: int32(res.ExitCode), Detail: res.Detail}
+	return &sdk.StopResponse{Gone: res.Gone, Forced: res.Forced, ExitCode: int32(res.ExitCode), Detail: res.Detail}
 }
 
 // RecoverLaunch decides from a recorded launch whether its engine runs:
 // RUNNING when the engine's identity is alive, GONE when nothing of the
 // launch is left, UNCERTAIN when the engine is gone but its group still has
-// processes.
-func RecoverLaunch(l *pb.Launch) (proc.Launched, pb.RecoverState, string) {
-	if l == nil {
-		return proc.Launched{}, pb.RecoverState_RECOVER_STATE_GONE, "no launch recorded"
+// processes. A nil or zero launch (none recorded) is GONE.
+func RecoverLaunch(l *sdk.Launch) (proc.Launched, sdk.RecoverState, string) {
+	if l == nil || (l.Pgid == 0 && len(l.Processes) == 0 && l.LaunchDir == "") {
+		return proc.Launched{}, sdk.RecoverStateGone, "no launch recorded"
 	}
 	launched := FromLaunch(l)
-	if launched.Engine.PID == 0 && l.GetLaunchDir() != "" {
+	if launched.Engine.PID == 0 && l.LaunchDir != "" {
 		// The core died between the spawn and recording the identities:
 		// the shim wrote them in the launch directory.
-		if fromDir, err := proc.ReadLaunched(l.GetLaunchDir()); err == nil {
+		if fromDir, err := proc.ReadLaunched(l.LaunchDir); err == nil {
 			launched = fromDir
 		}
 	}
 	if proc.Alive(launched.Engine) {
-		return launched, pb.RecoverState_RECOVER_STATE_RUNNING, "re-attached from the recorded launch"
+		return launched, sdk.RecoverStateRunning, "re-attached from the recorded launch"
 	}
 	if len(proc.GroupPIDs(launched.Pgid)) > 0 && proc.Alive(launched.Shim) {
-		return launched, pb.RecoverState_RECOVER_STATE_UNCERTAIN, "the engine is gone but its group still has processes"
+		return launched, sdk.RecoverStateUncertain, "the engine is gone but its group still has processes"
 	}
-	return launched, pb.RecoverState_RECOVER_STATE_GONE, "the engine process is gone"
+	return launched, sdk.RecoverStateGone, "the engine process is gone"
 }
 
 // Logs returns the redacted tail of a launch's output.
-func Logs(dir string, maxBytes int64) *pb.LogsResponse {
+func Logs(dir string, maxBytes int64) *sdk.LogsResponse {
 	n := int(maxBytes)
 	if n <= 0 {
 		n = 64 << 10
 	}
 	text, trunc, err := proc.Tail(dir, n)
 	if err != nil {
-		return &pb.LogsResponse{}
+		return &sdk.LogsResponse{}
 	}
-	return &pb.LogsResponse{Text: strings.TrimRight(text, "\n") + "\n", Truncated: trunc}
+	return &sdk.LogsResponse{Text: strings.TrimRight(text, "\n") + "\n", Truncated: trunc}
 }
 
 // OffLoopback returns a non-loopback address the group listens on, "" if

@@ -9,9 +9,9 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/capyctl/capyctl/sdk"
 	"github.com/capyctl/capyctl/sdk/engineapi"
 	"github.com/capyctl/capyctl/sdk/proc"
-	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
 
 // Listeners an Endpoint reports.
@@ -53,12 +53,11 @@ const launchDirPlaceholder = "{{launch_dir}}"
 // SocketPath is where an engine of the launch listens when it serves on a
 // socket, and "" with the reason when it cannot: the launch directory's
 // path leaves no room in sun_path.
-func SocketPath(lctx *pb.LaunchContext) (string, string) {
-	dir := lctx.GetLaunchDir()
-	if dir == "" {
+func SocketPath(lctx *sdk.LaunchContext) (string, string) {
+	if lctx == nil || lctx.LaunchDir == "" {
 		return filepath.Join(launchDirPlaceholder, SocketName), ""
 	}
-	p := filepath.Join(dir, SocketName)
+	p := filepath.Join(lctx.LaunchDir, SocketName)
 	if len(p) > maxSocketPath {
 		return "", "the launch directory's path is too long for a Unix socket (" + strconv.Itoa(len(p)) + " bytes, at most " + strconv.Itoa(maxSocketPath) + ")"
 	}
@@ -108,16 +107,16 @@ type Exposure struct {
 
 // Apply points ep at the socket or the engine's network namespace (when
 // there is one) and records the exposure on it.
-func (x Exposure) Apply(ep *pb.Endpoint) *pb.Endpoint {
+func (x Exposure) Apply(ep *sdk.Endpoint) *sdk.Endpoint {
 	if x.Socket != "" {
-		ep.BaseUrl = engineapi.UnixBaseURL(x.Socket)
+		ep.BaseURL = engineapi.UnixBaseURL(x.Socket)
 		ep.Listener = ListenerUnix
 		ep.OpenRoutes = nil
 		ep.ExposureNote = ""
 		return ep
 	}
 	if x.Netns.Engine.PID > 0 {
-		ep.BaseUrl = engineapi.NetnsBaseURL(x.Netns)
+		ep.BaseURL = engineapi.NetnsBaseURL(x.Netns)
 		ep.Listener = ListenerNetns
 		ep.OpenRoutes = nil
 		ep.ExposureNote = NetnsNote

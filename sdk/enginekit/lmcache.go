@@ -8,7 +8,6 @@ import (
 
 	"github.com/capyctl/capyctl/sdk"
 	"github.com/capyctl/capyctl/sdk/proc"
-	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
 
 // An instance's private LMCache server is a launch of its own: its own
@@ -34,18 +33,18 @@ const lmcacheStopGrace = 5 * time.Second
 // leased port, which must be free. started says the server is new (a
 // caller whose engine launch then fails ends it: StopLMCacheServer).
 func StartLMCacheServer(o LaunchOptions) (server *proc.Launched, started bool, err error) {
-	p := o.Plan.GetLmcache()
-	if !p.GetRuns() {
+	p := &o.Plan.LMCache
+	if !p.Runs {
 		return nil, false, nil
 	}
 	lctx := o.Launch
-	rec := lctx.GetLmcacheServer()
-	port := int(lctx.GetLmcachePort())
-	if port <= 0 || rec.GetLaunchDir() == "" || len(p.GetArgv()) == 0 {
+	rec := lctx.LMCacheServer
+	port := int(lctx.LMCachePort)
+	if port <= 0 || rec == nil || rec.LaunchDir == "" || len(p.Argv) == 0 {
 		return nil, false, sdk.Errorf(sdk.CodeLaunchFailed, "the plan runs LMCache but has no leased LMCache port, server directory or command")
 	}
-	if int(rec.GetPort()) != 0 && int(rec.GetPort()) != port {
-		return nil, false, sdk.Errorf(sdk.CodeLaunchFailed, "the LMCache server is recorded on port %d, the launch renders port %d", rec.GetPort(), port)
+	if int(rec.Port) != 0 && int(rec.Port) != port {
+		return nil, false, sdk.Errorf(sdk.CodeLaunchFailed, "the LMCache server is recorded on port %d, the launch renders port %d", rec.Port, port)
 	}
 	if l := lmcacheLaunched(rec); l.Pgid != 0 {
 		if proc.Alive(l.Engine) {
@@ -53,19 +52,19 @@ func StartLMCacheServer(o LaunchOptions) (server *proc.Launched, started bool, e
 		}
 		// A server that died: what is left of its group ends before the
 		// port is used again.
-		if res := StopLaunch(l, lmcacheStopGrace); !res.GetGone() {
-			return nil, false, sdk.Errorf(sdk.CodeLaunchFailed, "the instance's earlier LMCache server could not be proven gone: %s", res.GetDetail())
+		if res := StopLaunch(l, lmcacheStopGrace); !res.Gone {
+			return nil, false, sdk.Errorf(sdk.CodeLaunchFailed, "the instance's earlier LMCache server could not be proven gone: %s", res.Detail)
 		}
 	}
 	if !proc.PortFree(port) {
 		return nil, false, sdk.Errorf(CodePortConflict, "another process listens on the leased LMCache port %d", port)
 	}
 	launched, err := proc.Start(proc.LaunchSpec{
-		Argv:         p.GetArgv(),
-		Env:          p.GetEnv(),
-		LaunchDir:    rec.GetLaunchDir(),
+		Argv:         p.Argv,
+		Env:          p.Env,
+		LaunchDir:    rec.LaunchDir,
 		LogMode:      LogMode(o.Host),
-		NoCoreDumps:  o.Host.GetRetention() == "zero",
+		NoCoreDumps:  o.Host.Retention == "zero",
 		NetNamespace: o.NetNamespace,
 	})
 	if err != nil {
@@ -76,22 +75,22 @@ func StartLMCacheServer(o LaunchOptions) (server *proc.Launched, started bool, e
 
 // StopLMCacheServer ends a recorded LMCache server and proves it gone; a
 // record with no processes (none was ever started) is gone already.
-func StopLMCacheServer(rec *pb.Launch) *pb.StopResponse {
+func StopLMCacheServer(rec *sdk.Launch) *sdk.StopResponse {
 	l := lmcacheLaunched(rec)
 	if l.Pgid == 0 {
-		return &pb.StopResponse{Gone: true, ExitCode: -1, Detail: "no LMCache server was started"}
+		return &sdk.StopResponse{Gone: true, ExitCode: -1, Detail: "no LMCache server was started"}
 	}
 	return StopLaunch(l, lmcacheStopGrace)
 }
 
-// LMCacheServerPB is the record of a server launch on port.
-func LMCacheServerPB(l *proc.Launched, port int, launchID string) *pb.Launch {
+// LMCacheServerRecord is the record of a server launch on port.
+func LMCacheServerRecord(l *proc.Launched, port int, launchID string) *sdk.Launch {
 	if l == nil {
 		return nil
 	}
-	return &pb.Launch{
-		Pgid: int32(l.Pgid), LaunchDir: l.LaunchDir, Port: int32(port), LaunchId: launchID,
-		Processes: []*pb.ProcessIdentity{
+	return &sdk.Launch{
+		Pgid: int32(l.Pgid), LaunchDir: l.LaunchDir, Port: int32(port), LaunchID: launchID,
+		Processes: []*sdk.ProcessIdentity{
 			{Pid: int32(l.Shim.PID), StartTicks: l.Shim.StartTicks, Role: "shim"},
 			{Pid: int32(l.Engine.PID), StartTicks: l.Engine.StartTicks, Role: RoleLMCache},
 		},
@@ -101,19 +100,22 @@ func LMCacheServerPB(l *proc.Launched, port int, launchID string) *pb.Launch {
 // lmcacheLaunched is a recorded server launch as proc sees it (the server
 // is the launch's main process), read back from its directory when the
 // record has no identities (a driver that failed before answering).
-func lmcacheLaunched(rec *pb.Launch) proc.Launched {
-	out := proc.Launched{Pgid: int(rec.GetPgid()), LaunchDir: rec.GetLaunchDir()}
-	for _, p := range rec.GetProcesses() {
-		id := proc.Identity{PID: int(p.GetPid()), StartTicks: p.GetStartTicks()}
-		switch p.GetRole() {
+func lmcacheLaunched(rec *sdk.Launch) proc.Launched {
+	if rec == nil {
+		return proc.Launched{}
+	}
+	out := proc.Launched{Pgid: int(rec.Pgid), LaunchDir: rec.LaunchDir}
+	for _, p := range rec.Processes {
+		id := proc.Identity{PID: int(p.Pid), StartTicks: p.StartTicks}
+		switch p.Role {
 		case "shim":
 			out.Shim = id
 		case RoleLMCache, "engine":
 			out.Engine = id
 		}
 	}
-	if out.Pgid == 0 && rec.GetLaunchDir() != "" {
-		if fromDir, err := proc.ReadLaunched(rec.GetLaunchDir()); err == nil {
+	if out.Pgid == 0 && rec.LaunchDir != "" {
+		if fromDir, err := proc.ReadLaunched(rec.LaunchDir); err == nil {
 			out = fromDir
 		}
 	}
@@ -125,7 +127,7 @@ func lmcacheLaunched(rec *pb.Launch) proc.Launched {
 // connected to it. A server started here for an engine launch that fails
 // is ended again; a kept one stays the instance's. server is the record to
 // answer in StartResponse.lmcache_server, nil without LMCache.
-func StartWithLMCache(o LaunchOptions) (launched *proc.Launched, server *pb.Launch, err error) {
+func StartWithLMCache(o LaunchOptions) (launched *proc.Launched, server *sdk.Launch, err error) {
 	srv, started, err := StartLMCacheServer(o)
 	if err != nil {
 		return nil, nil, err
@@ -139,8 +141,8 @@ func StartWithLMCache(o LaunchOptions) (launched *proc.Launched, server *pb.Laun
 		return nil, nil, err
 	}
 	if srv != nil {
-		rec := o.Launch.GetLmcacheServer()
-		server = LMCacheServerPB(srv, int(o.Launch.GetLmcachePort()), rec.GetLaunchId())
+		rec := o.Launch.LMCacheServer
+		server = LMCacheServerRecord(srv, int(o.Launch.LMCachePort), rec.LaunchID)
 	}
 	return launched, server, nil
 }

@@ -11,7 +11,6 @@ import (
 	"github.com/capyctl/capyctl/sdk"
 	"github.com/capyctl/capyctl/sdk/engineapi"
 	"github.com/capyctl/capyctl/sdk/enginefacts"
-	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
 
 // KVUsageUnknown is a LoadResponse's kv_usage when the engine reports none
@@ -38,8 +37,8 @@ func MetricNamesOf(m enginefacts.Metrics) MetricNames {
 // requests of the served model (the samples labelled model_name, or all of
 // them when the engine does not label), the KV usage and the figures.
 // known is false when the engine does not answer or lacks the gauges.
-func ReadLoad(ctx context.Context, c *engineapi.EngineClient, served string, names MetricNames) *pb.LoadResponse {
-	unknown := &pb.LoadResponse{Known: false, KvUsage: KVUsageUnknown}
+func ReadLoad(ctx context.Context, c *engineapi.EngineClient, served string, names MetricNames) *sdk.LoadResponse {
+	unknown := &sdk.LoadResponse{Known: false, KVUsage: KVUsageUnknown}
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	resp, err := c.Get(ctx, "/metrics")
@@ -64,13 +63,13 @@ func ReadLoad(ctx context.Context, c *engineapi.EngineClient, served string, nam
 	if !ok {
 		return unknown
 	}
-	out := &pb.LoadResponse{Known: true, Running: int64(running), KvUsage: KVUsageUnknown, Figures: map[string]float64{}}
+	out := &sdk.LoadResponse{Known: true, Running: int64(running), KVUsage: KVUsageUnknown, Figures: map[string]float64{}}
 	if w, ok := value(names.Waiting); ok {
 		out.Waiting = int64(w)
 	}
 	for _, n := range names.KVUsage {
 		if v, ok := value(n); ok {
-			out.KvUsage = v
+			out.KVUsage = v
 			break
 		}
 	}
@@ -84,8 +83,8 @@ func ReadLoad(ctx context.Context, c *engineapi.EngineClient, served string, nam
 
 // Idle reports whether the engine reads idle (nothing running or waiting);
 // false when the signal is unknown.
-func Idle(l *pb.LoadResponse) bool {
-	return l.GetKnown() && l.GetRunning() == 0 && l.GetWaiting() == 0
+func Idle(l *sdk.LoadResponse) bool {
+	return l != nil && l.Known && l.Running == 0 && l.Waiting == 0
 }
 
 // CheckIdle refuses to park an instance that is not idle (or whose idle
@@ -93,7 +92,7 @@ func Idle(l *pb.LoadResponse) bool {
 func CheckIdle(ctx context.Context, in *Instance, names MetricNames) error {
 	if load := ReadLoad(ctx, in.Client, in.ServedName, names); !Idle(load) {
 		return sdk.Errorf(sdk.CodeNotIdle, "instance %s is not idle (running %d, waiting %d, known %v): drain it before parking",
-			in.ID, load.GetRunning(), load.GetWaiting(), load.GetKnown())
+			in.ID, load.Running, load.Waiting, load.Known)
 	}
 	return nil
 }

@@ -13,7 +13,6 @@ import (
 	"github.com/capyctl/capyctl/sdk/decisions"
 	"github.com/capyctl/capyctl/sdk/engineapi"
 	"github.com/capyctl/capyctl/sdk/proc"
-	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
 
 // ReadyFunc runs the readiness checks once: ready, the canary answer, or
@@ -30,11 +29,11 @@ type WatchFunc func() (failed bool, detail string)
 // once more when ready says so), or the deadline passes. On a failure seen
 // by watch, fail runs (to end the launch and clean up) before the answer is
 // returned.
-func (in *Instance) WaitReady(ctx context.Context, deadline time.Duration, ready ReadyFunc, watch WatchFunc, fail func()) *pb.ProbeResponse {
+func (in *Instance) WaitReady(ctx context.Context, deadline time.Duration, ready ReadyFunc, watch WatchFunc, fail func()) *sdk.ProbeResponse {
 	ctx, cancel := context.WithTimeout(ctx, deadline)
 	defer cancel()
 	why := "starting"
-	var out *pb.ProbeResponse
+	var out *sdk.ProbeResponse
 	// A launch just started listens nowhere yet: the first check is due
 	// after offLoopbackEvery (or when ready says so, whatever the time).
 	lastListen := time.Now()
@@ -49,7 +48,7 @@ func (in *Instance) WaitReady(ctx context.Context, deadline time.Duration, ready
 				if fail != nil {
 					fail()
 				}
-				out = &pb.ProbeResponse{Exited: true, ExitCode: int32(exitCode(in.Launched.LaunchDir)), Code: sdk.CodeLaunchFailed, Detail: detail, LastLogLines: lines}
+				out = &sdk.ProbeResponse{Exited: true, ExitCode: int32(exitCode(in.Launched.LaunchDir)), Code: sdk.CodeLaunchFailed, Detail: detail, LastLogLines: lines}
 				return true, nil
 			}
 		}
@@ -70,7 +69,7 @@ func (in *Instance) WaitReady(ctx context.Context, deadline time.Duration, ready
 				return true, nil
 			}
 			in.SetCanary(canary)
-			out = &pb.ProbeResponse{Alive: true, Ready: true, Endpoint: in.Endpoint, Canary: canary}
+			out = &sdk.ProbeResponse{Alive: true, Ready: true, Endpoint: *in.Endpoint, Canary: canary}
 			return true, nil
 		}
 		why = w
@@ -79,7 +78,7 @@ func (in *Instance) WaitReady(ctx context.Context, deadline time.Duration, ready
 	if out != nil {
 		return out
 	}
-	return &pb.ProbeResponse{
+	return &sdk.ProbeResponse{
 		Alive: in.Alive(), Code: sdk.CodeStartupTimeout,
 		Detail:       fmt.Sprintf("not ready within %s (last: %s)", deadline, why),
 		LastLogLines: proc.LastLines(in.Launched.LaunchDir, lastLogLines),
@@ -111,7 +110,7 @@ func (in *Instance) ChatReady(prompt string, maxTokens int, extra map[string]any
 		case "rerank":
 			answer, err = engineapi.RerankProbe(ctx, in.Client, in.ServedName, prompt, engineapi.RerankCanaryDocuments)
 		default:
-			answer, err = engineapi.ChatProbeExtra(ctx, in.Client, in.Endpoint.GetChatPath(), in.ServedName, prompt, maxTokens, extra)
+			answer, err = engineapi.ChatProbeExtra(ctx, in.Client, in.Endpoint.ChatPath, in.ServedName, prompt, maxTokens, extra)
 		}
 		if err != nil {
 			return false, "", "waiting for a first answer: " + err.Error()
@@ -124,8 +123,8 @@ func (in *Instance) ChatReady(prompt string, maxTokens int, extra map[string]any
 // and describes it; nil when every listener is on loopback (or, for a
 // group member, is one of its peer listeners: groupListener). The last lines
 // are read before the stop (in memory mode they leave with the shim).
-func (in *Instance) offLoopback() *pb.ProbeResponse {
-	if in.Endpoint.GetListener() == ListenerNetns {
+func (in *Instance) offLoopback() *sdk.ProbeResponse {
+	if in.Endpoint.Listener == ListenerNetns {
 		// The listeners are read through sock_diag in the driver's
 		// namespace, which cannot see the engine's; and in a namespace of
 		// its own the engine has nothing but loopback to listen on.
@@ -137,13 +136,13 @@ func (in *Instance) offLoopback() *pb.ProbeResponse {
 	}
 	lines := proc.LastLines(in.Launched.LaunchDir, lastLogLines)
 	res, _ := proc.Stop(in.Launched, in.StopGrace)
-	return &pb.ProbeResponse{Exited: true, ExitCode: int32(res.ExitCode), Code: sdk.CodeOffLoopback,
+	return &sdk.ProbeResponse{Exited: true, ExitCode: int32(res.ExitCode), Code: sdk.CodeOffLoopback,
 		Detail: fmt.Sprintf("the engine listened on %s, not only on loopback; it was stopped", bad), LastLogLines: lines}
 }
 
 // ProbeDeadline is a readiness probe's deadline: the request's, else def.
-func ProbeDeadline(req *pb.ProbeRequest, def time.Duration) time.Duration {
-	if d := time.Duration(req.GetDeadlineMs()) * time.Millisecond; d > 0 {
+func ProbeDeadline(req *sdk.ProbeRequest, def time.Duration) time.Duration {
+	if d := req.Deadline; d > 0 {
 		return d
 	}
 	return def

@@ -10,7 +10,6 @@ import (
 
 	"github.com/capyctl/capyctl/sdk"
 	"github.com/capyctl/capyctl/sdk/proc"
-	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
 
 // Handle is what a driver keeps per instance: the shared Instance itself,
@@ -58,10 +57,10 @@ func (r *Registry[H]) Drop(id string) {
 }
 
 // Started records a launched instance and answers its Start.
-func (r *Registry[H]) Started(h H) *pb.StartResponse {
+func (r *Registry[H]) Started(h H) *sdk.StartResponse {
 	r.Put(h)
 	in := h.Base()
-	return &pb.StartResponse{Launch: in.LaunchPB(), Endpoint: in.Endpoint, LmcacheServer: in.LMCacheServer}
+	return &sdk.StartResponse{Launch: *in.LaunchRecord(), Endpoint: *in.Endpoint, LMCacheServer: in.LMCacheServer}
 }
 
 // StopHooks adapt Stop to an engine that leaves more than processes
@@ -71,22 +70,22 @@ type StopHooks struct {
 	Before func(proc.Launched)
 	// Gone runs once the group is proven gone, before the handle is
 	// dropped; it may complete the answer (Cleaned).
-	Gone func(proc.Launched, *pb.StopResponse)
+	Gone func(proc.Launched, *sdk.StopResponse)
 }
 
 // Stop answers a Stop: the launch of the handle this driver keeps (with its
 // grace period), else the recorded launch (with grace), else
 // instance_not_found; the request's grace wins over both. The whole group
 // ends; once it is proven gone the handle is dropped.
-func (r *Registry[H]) Stop(req *pb.StopRequest, grace time.Duration, hooks StopHooks) (*pb.StopResponse, error) {
-	h, err := r.Get(req.GetInstanceId())
-	server := req.GetLmcacheServer()
+func (r *Registry[H]) Stop(req *sdk.StopRequest, grace time.Duration, hooks StopHooks) (*sdk.StopResponse, error) {
+	h, err := r.Get(req.InstanceID)
+	server := req.LMCacheServer
 	var launched proc.Launched
 	switch {
 	case err == nil:
 		launched, grace = h.Base().Launched, h.Base().StopGrace
-	case req.GetLaunch() != nil:
-		launched = FromLaunch(req.GetLaunch())
+	case req.Launch != nil:
+		launched = FromLaunch(req.Launch)
 	case server != nil:
 		// Only the server is left (an instance parked with its engine
 		// stopped).
@@ -94,27 +93,27 @@ func (r *Registry[H]) Stop(req *pb.StopRequest, grace time.Duration, hooks StopH
 	default:
 		return nil, err
 	}
-	if req.GetGraceMs() > 0 {
-		grace = time.Duration(req.GetGraceMs()) * time.Millisecond
+	if req.Grace > 0 {
+		grace = req.Grace
 	}
 	if hooks.Before != nil {
 		hooks.Before(launched)
 	}
 	resp := StopLaunch(launched, grace)
-	if resp.GetGone() {
+	if resp.Gone {
 		if hooks.Gone != nil {
 			hooks.Gone(launched, resp)
 		}
 		if err == nil {
 			h.Base().Client.CloseIdleConnections()
 		}
-		r.Drop(req.GetInstanceId())
+		r.Drop(req.InstanceID)
 		// The server ends after its engine, which may write to it as it
 		// stops.
 		if server != nil {
-			if sr := StopLMCacheServer(server); !sr.GetGone() {
+			if sr := StopLMCacheServer(server); !sr.Gone {
 				resp.Gone = false
-				resp.Detail = "the engine is gone, its LMCache server is not: " + sr.GetDetail()
+				resp.Detail = "the engine is gone, its LMCache server is not: " + sr.Detail
 			}
 		}
 	}
@@ -131,34 +130,34 @@ type AttachFunc[H Handle] func(launched proc.Launched, detail string) (H, string
 // GONE (and dropped) when its engine is; else the recorded launch decides
 // (RecoverLaunch), and the handle of a running one is built by attach and
 // kept.
-func (r *Registry[H]) Recover(req *pb.RecoverRequest, attach AttachFunc[H]) (*pb.RecoverResponse, error) {
-	id := req.GetInstanceId()
+func (r *Registry[H]) Recover(req *sdk.RecoverRequest, attach AttachFunc[H]) (*sdk.RecoverResponse, error) {
+	id := req.InstanceID
 	if h, err := r.Get(id); err == nil {
 		in := h.Base()
 		if in.Alive() {
-			return &pb.RecoverResponse{State: pb.RecoverState_RECOVER_STATE_RUNNING, Endpoint: in.Endpoint, Launch: in.LaunchPB(), Parked: in.Parked() != "", Detail: "handle kept by this driver"}, nil
+			return &sdk.RecoverResponse{State: sdk.RecoverStateRunning, Endpoint: *in.Endpoint, Launch: *in.LaunchRecord(), Parked: in.Parked() != "", Detail: "handle kept by this driver"}, nil
 		}
 		r.Drop(id)
-		return &pb.RecoverResponse{State: pb.RecoverState_RECOVER_STATE_GONE, Detail: "the engine process is gone"}, nil
+		return &sdk.RecoverResponse{State: sdk.RecoverStateGone, Detail: "the engine process is gone"}, nil
 	}
-	launched, state, detail := RecoverLaunch(req.GetLaunch())
-	if state != pb.RecoverState_RECOVER_STATE_RUNNING {
-		return &pb.RecoverResponse{State: state, Detail: detail}, nil
+	launched, state, detail := RecoverLaunch(&req.Launch)
+	if state != sdk.RecoverStateRunning {
+		return &sdk.RecoverResponse{State: state, Detail: detail}, nil
 	}
 	h, detail, err := attach(launched, detail)
 	if err != nil {
-		return &pb.RecoverResponse{State: pb.RecoverState_RECOVER_STATE_UNCERTAIN, Detail: err.Error()}, nil
+		return &sdk.RecoverResponse{State: sdk.RecoverStateUncertain, Detail: err.Error()}, nil
 	}
 	r.Put(h)
 	in := h.Base()
-	return &pb.RecoverResponse{State: pb.RecoverState_RECOVER_STATE_RUNNING, Endpoint: in.Endpoint, Launch: in.LaunchPB(), Parked: in.Parked() != "", Detail: detail}, nil
+	return &sdk.RecoverResponse{State: sdk.RecoverStateRunning, Endpoint: *in.Endpoint, Launch: *in.LaunchRecord(), Parked: in.Parked() != "", Detail: detail}, nil
 }
 
 // WaitExit answers a WaitExit: the kept handle's engine watched until it
 // is gone (Instance.WaitExit); instance_not_found for an ID it does not
 // keep.
-func (r *Registry[H]) WaitExit(ctx context.Context, req *pb.WaitExitRequest) (*pb.ExitEvent, error) {
-	h, err := r.Get(req.GetInstanceId())
+func (r *Registry[H]) WaitExit(ctx context.Context, req *sdk.WaitExitRequest) (*sdk.ExitEvent, error) {
+	h, err := r.Get(req.InstanceID)
 	if err != nil {
 		return nil, err
 	}
@@ -167,20 +166,20 @@ func (r *Registry[H]) WaitExit(ctx context.Context, req *pb.WaitExitRequest) (*p
 
 // Logs answers a Logs: the redacted tail of the kept handle's launch, else
 // of the launch directory the request names.
-func (r *Registry[H]) Logs(req *pb.LogsRequest) (*pb.LogsResponse, error) {
-	dir := req.GetLaunchDir()
-	if h, err := r.Get(req.GetInstanceId()); err == nil {
+func (r *Registry[H]) Logs(req *sdk.LogsRequest) (*sdk.LogsResponse, error) {
+	dir := req.LaunchDir
+	if h, err := r.Get(req.InstanceID); err == nil {
 		dir = h.Base().Launched.LaunchDir
 	}
 	if dir == "" {
-		return nil, sdk.Errorf(sdk.CodeInstanceNotFound, "no launch directory for %s", req.GetInstanceId())
+		return nil, sdk.Errorf(sdk.CodeInstanceNotFound, "no launch directory for %s", req.InstanceID)
 	}
-	return Logs(dir, req.GetMaxBytes()), nil
+	return Logs(dir, req.MaxBytes), nil
 }
 
 // Load answers a Load from the engine's /metrics (ReadLoad).
-func (r *Registry[H]) Load(ctx context.Context, req *pb.LoadRequest, names MetricNames) (*pb.LoadResponse, error) {
-	h, err := r.Get(req.GetInstanceId())
+func (r *Registry[H]) Load(ctx context.Context, req *sdk.LoadRequest, names MetricNames) (*sdk.LoadResponse, error) {
+	h, err := r.Get(req.InstanceID)
 	if err != nil {
 		return nil, err
 	}

@@ -14,25 +14,24 @@ import (
 
 	"github.com/capyctl/capyctl/sdk"
 	"github.com/capyctl/capyctl/sdk/proc"
-	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
 
 // self is a launch whose engine is this test process: alive, and never
 // signalled by these tests.
-func self(t *testing.T) *pb.Launch {
+func self(t *testing.T) *sdk.Launch {
 	t.Helper()
 	ticks, err := proc.ReadStartTicks(os.Getpid())
 	if err != nil {
 		t.Skipf("no process table: %v", err)
 	}
-	return &pb.Launch{LaunchDir: t.TempDir(), Port: 4242, LaunchId: "l1",
-		Processes: []*pb.ProcessIdentity{{Pid: int32(os.Getpid()), StartTicks: ticks, Role: "engine"}}}
+	return &sdk.Launch{LaunchDir: t.TempDir(), Port: 4242, LaunchID: "l1",
+		Processes: []*sdk.ProcessIdentity{{Pid: int32(os.Getpid()), StartTicks: ticks, Role: "engine"}}}
 }
 
 // gone is a launch whose processes do not exist.
-func gone(t *testing.T) *pb.Launch {
-	return &pb.Launch{Pgid: 999999, LaunchDir: t.TempDir(),
-		Processes: []*pb.ProcessIdentity{{Pid: 999999, StartTicks: 1, Role: "engine"}}}
+func gone(t *testing.T) *sdk.Launch {
+	return &sdk.Launch{Pgid: 999999, LaunchDir: t.TempDir(),
+		Processes: []*sdk.ProcessIdentity{{Pid: 999999, StartTicks: 1, Role: "engine"}}}
 }
 
 func TestRegistry_Recover(t *testing.T) {
@@ -44,20 +43,20 @@ func TestRegistry_Recover(t *testing.T) {
 	}
 	cases := []struct {
 		name   string
-		kept   *pb.Launch
-		launch *pb.Launch
+		kept   *sdk.Launch
+		launch *sdk.Launch
 		attach AttachFunc[*Instance]
-		state  pb.RecoverState
+		state  sdk.RecoverState
 		detail string
 		keeps  bool
 	}{
-		{name: "no launch", attach: attach, state: pb.RecoverState_RECOVER_STATE_GONE, detail: "no launch recorded"},
-		{name: "a launch that is gone", launch: gone(t), attach: attach, state: pb.RecoverState_RECOVER_STATE_GONE, detail: "the engine process is gone"},
-		{name: "a running launch", launch: self(t), attach: attach, state: pb.RecoverState_RECOVER_STATE_RUNNING,
+		{name: "no launch", attach: attach, state: sdk.RecoverStateGone, detail: "no launch recorded"},
+		{name: "a launch that is gone", launch: gone(t), attach: attach, state: sdk.RecoverStateGone, detail: "the engine process is gone"},
+		{name: "a running launch", launch: self(t), attach: attach, state: sdk.RecoverStateRunning,
 			detail: "re-attached from the recorded launch; attached", keeps: true},
-		{name: "a running launch the driver cannot tell", launch: self(t), attach: refuse, state: pb.RecoverState_RECOVER_STATE_UNCERTAIN, detail: "cannot tell"},
-		{name: "a kept handle", kept: self(t), attach: refuse, state: pb.RecoverState_RECOVER_STATE_RUNNING, detail: "handle kept by this driver", keeps: true},
-		{name: "a kept handle that is gone", kept: gone(t), launch: self(t), attach: attach, state: pb.RecoverState_RECOVER_STATE_GONE, detail: "the engine process is gone"},
+		{name: "a running launch the driver cannot tell", launch: self(t), attach: refuse, state: sdk.RecoverStateUncertain, detail: "cannot tell"},
+		{name: "a kept handle", kept: self(t), attach: refuse, state: sdk.RecoverStateRunning, detail: "handle kept by this driver", keeps: true},
+		{name: "a kept handle that is gone", kept: gone(t), launch: self(t), attach: attach, state: sdk.RecoverStateGone, detail: "the engine process is gone"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -65,12 +64,16 @@ func TestRegistry_Recover(t *testing.T) {
 			if c.kept != nil {
 				r.Put(NewInstance("d/0", "l1", FromLaunch(c.kept), 4242, NewEndpoint(4242, "d", "k")))
 			}
-			resp, err := r.Recover(&pb.RecoverRequest{InstanceId: "d/0", Launch: c.launch}, c.attach)
-			if err != nil || resp.GetState() != c.state || resp.GetDetail() != c.detail {
+			req := &sdk.RecoverRequest{InstanceID: "d/0"}
+			if c.launch != nil {
+				req.Launch = *c.launch
+			}
+			resp, err := r.Recover(req, c.attach)
+			if err != nil || resp.State != c.state || resp.Detail != c.detail {
 				t.Fatalf("recover %+v %v, want %v %q", resp, err, c.state, c.detail)
 			}
-			if c.state == pb.RecoverState_RECOVER_STATE_RUNNING &&
-				(resp.GetEndpoint().GetAuthValue() != "Bearer k" || resp.GetLaunch().GetLaunchId() != "l1" || resp.GetLaunch().GetPort() != 4242) {
+			if c.state == sdk.RecoverStateRunning &&
+				(resp.Endpoint.AuthValue != "Bearer k" || resp.Launch.LaunchID != "l1" || resp.Launch.Port != 4242) {
 				t.Fatalf("recover %+v", resp)
 			}
 			if _, err := r.Get("d/0"); (err == nil) != c.keeps {
@@ -82,10 +85,10 @@ func TestRegistry_Recover(t *testing.T) {
 
 func TestRegistry_StopAndLogs(t *testing.T) {
 	r := NewRegistry[*Instance]()
-	if _, err := r.Stop(&pb.StopRequest{InstanceId: "d/0"}, DefaultStopGrace, StopHooks{}); sdk.CodeOf(err) != sdk.CodeInstanceNotFound {
+	if _, err := r.Stop(&sdk.StopRequest{InstanceID: "d/0"}, DefaultStopGrace, StopHooks{}); sdk.CodeOf(err) != sdk.CodeInstanceNotFound {
 		t.Fatalf("stop without a handle or a launch: %v", err)
 	}
-	if _, err := r.Logs(&pb.LogsRequest{InstanceId: "d/0"}); sdk.CodeOf(err) != sdk.CodeInstanceNotFound {
+	if _, err := r.Logs(&sdk.LogsRequest{InstanceID: "d/0"}); sdk.CodeOf(err) != sdk.CodeInstanceNotFound {
 		t.Fatalf("logs without a handle or a directory: %v", err)
 	}
 	l := gone(t)
@@ -93,44 +96,44 @@ func TestRegistry_StopAndLogs(t *testing.T) {
 	var before, after []string
 	hooks := StopHooks{
 		Before: func(l proc.Launched) { before = append(before, l.LaunchDir) },
-		Gone: func(l proc.Launched, resp *pb.StopResponse) {
+		Gone: func(l proc.Launched, resp *sdk.StopResponse) {
 			after = append(after, l.LaunchDir)
 			resp.Cleaned = []string{"x"}
 		},
 	}
-	resp, err := r.Stop(&pb.StopRequest{InstanceId: "d/0", GraceMs: 10}, DefaultStopGrace, hooks)
-	if err != nil || !resp.GetGone() || len(resp.GetCleaned()) != 1 || len(before) != 1 || len(after) != 1 || before[0] != l.GetLaunchDir() {
+	resp, err := r.Stop(&sdk.StopRequest{InstanceID: "d/0", Grace: 10 * time.Millisecond}, DefaultStopGrace, hooks)
+	if err != nil || !resp.Gone || len(resp.Cleaned) != 1 || len(before) != 1 || len(after) != 1 || before[0] != l.LaunchDir {
 		t.Fatalf("stop %+v %v (hooks %v %v)", resp, err, before, after)
 	}
 	if _, err := r.Get("d/0"); err == nil {
 		t.Fatal("a stopped instance is still kept")
 	}
 	// Without a handle, the recorded launch is stopped.
-	if resp, err := r.Stop(&pb.StopRequest{InstanceId: "d/0", Launch: gone(t)}, DefaultStopGrace, StopHooks{}); err != nil || !resp.GetGone() {
+	if resp, err := r.Stop(&sdk.StopRequest{InstanceID: "d/0", Launch: gone(t)}, DefaultStopGrace, StopHooks{}); err != nil || !resp.Gone {
 		t.Fatalf("stop a recorded launch %+v %v", resp, err)
 	}
-	if resp, err := r.Logs(&pb.LogsRequest{InstanceId: "d/0", LaunchDir: t.TempDir()}); err != nil || resp.GetText() != "" {
+	if resp, err := r.Logs(&sdk.LogsRequest{InstanceID: "d/0", LaunchDir: t.TempDir()}); err != nil || resp.Text != "" {
 		t.Fatalf("logs of an empty directory %+v %v", resp, err)
 	}
 }
 
 func TestNewEndpoint(t *testing.T) {
 	ep := NewEndpoint(4242, "m", "k")
-	if ep.GetBaseUrl() != "http://127.0.0.1:4242" || ep.GetChatPath() != ChatPath || ep.GetServedName() != "m" ||
-		ep.GetAbortMode() != pb.AbortMode_ABORT_MODE_CLOSE_CONNECTION || ep.GetAuthHeader() != "Authorization" || ep.GetAuthValue() != "Bearer k" {
+	if ep.BaseURL != "http://127.0.0.1:4242" || ep.ChatPath != ChatPath || ep.ServedName != "m" ||
+		ep.AbortMode != sdk.AbortModeCloseConnection || ep.AuthHeader != "Authorization" || ep.AuthValue != "Bearer k" {
 		t.Fatalf("endpoint %+v", ep)
 	}
-	if ep := NewEndpoint(4242, "m", ""); ep.GetAuthHeader() != "" || ep.GetAuthValue() != "" {
+	if ep := NewEndpoint(4242, "m", ""); ep.AuthHeader != "" || ep.AuthValue != "" {
 		t.Fatalf("an endpoint without a key %+v", ep)
 	}
 }
 
 func TestEnv(t *testing.T) {
-	host := &pb.HostPolicy{HostEnv: map[string]string{"DO_NOT_TRACK": "0", "X": "1"}}
+	host := &sdk.HostPolicy{HostEnv: map[string]string{"DO_NOT_TRACK": "0", "X": "1"}}
 	e := NewEnv("/bin")
-	e.PinDevices(&pb.LaunchContext{DeviceUuids: []string{"GPU-a", "GPU-b"}})
+	e.PinDevices(&sdk.LaunchContext{DeviceUUIDs: []string{"GPU-a", "GPU-b"}})
 	e.NoTelemetry(host)
-	e.Merge(host.GetHostEnv())
+	e.Merge(host.HostEnv)
 	want := map[string]string{"PATH": "/bin", "LANG": "C.UTF-8", "CUDA_VISIBLE_DEVICES": "GPU-a,GPU-b", "CUDA_DEVICE_ORDER": "PCI_BUS_ID", "DO_NOT_TRACK": "0", "X": "1"}
 	if len(e) != len(want) {
 		t.Fatalf("env %v", e)
@@ -141,8 +144,8 @@ func TestEnv(t *testing.T) {
 		}
 	}
 	e = NewEnv("/bin")
-	e.NoTelemetry(&pb.HostPolicy{EngineTelemetry: "allow"})
-	e.PinDevices(&pb.LaunchContext{})
+	e.NoTelemetry(&sdk.HostPolicy{EngineTelemetry: "allow"})
+	e.PinDevices(&sdk.LaunchContext{})
 	if _, ok := e["DO_NOT_TRACK"]; ok || len(e) != 2 {
 		t.Fatalf("telemetry allowed, no devices: %v", e)
 	}
@@ -192,13 +195,13 @@ func cachedDigests() int {
 
 func TestLogMode(t *testing.T) {
 	cases := []struct {
-		host *pb.HostPolicy
+		host *sdk.HostPolicy
 		want string
 	}{
-		{&pb.HostPolicy{}, proc.LogModeFile},
-		{&pb.HostPolicy{EngineLogs: "file", Retention: "standard"}, proc.LogModeFile},
-		{&pb.HostPolicy{EngineLogs: "memory"}, proc.LogModeMemory},
-		{&pb.HostPolicy{Retention: "zero"}, proc.LogModeMemory},
+		{&sdk.HostPolicy{}, proc.LogModeFile},
+		{&sdk.HostPolicy{EngineLogs: "file", Retention: "standard"}, proc.LogModeFile},
+		{&sdk.HostPolicy{EngineLogs: "memory"}, proc.LogModeMemory},
+		{&sdk.HostPolicy{Retention: "zero"}, proc.LogModeMemory},
 	}
 	for _, c := range cases {
 		if got := LogMode(c.host); got != c.want {

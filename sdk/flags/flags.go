@@ -29,7 +29,7 @@ import (
 	"sort"
 	"strings"
 
-	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
+	"github.com/capyctl/capyctl/sdk"
 )
 
 // Class is the policy class of an option or environment name.
@@ -78,32 +78,32 @@ func (c Class) strictness() int {
 	return 0
 }
 
-// Proto is the class on the wire.
-func (c Class) Proto() pb.FlagClass {
+// FlagClass is the class as the protocol names it (FlagRule.Class).
+func (c Class) FlagClass() sdk.FlagClass {
 	switch c {
 	case Owned:
-		return pb.FlagClass_FLAG_CLASS_OWNED
+		return sdk.FlagClassOwned
 	case Reserved:
-		return pb.FlagClass_FLAG_CLASS_RESERVED
+		return sdk.FlagClassReserved
 	case Gated:
-		return pb.FlagClass_FLAG_CLASS_GATED
+		return sdk.FlagClassGated
 	case Passed:
-		return pb.FlagClass_FLAG_CLASS_PASSED
+		return sdk.FlagClassPassed
 	}
-	return pb.FlagClass_FLAG_CLASS_UNSPECIFIED
+	return sdk.FlagClassUnspecified
 }
 
 // ClassName names a class received on the wire as `capyctl engine flags`
 // prints it: "owned", "reserved", "gated", "passed" or "unknown".
-func ClassName(c pb.FlagClass) string {
+func ClassName(c sdk.FlagClass) string {
 	switch c {
-	case pb.FlagClass_FLAG_CLASS_OWNED:
+	case sdk.FlagClassOwned:
 		return Owned.String()
-	case pb.FlagClass_FLAG_CLASS_RESERVED:
+	case sdk.FlagClassReserved:
 		return Reserved.String()
-	case pb.FlagClass_FLAG_CLASS_GATED:
+	case sdk.FlagClassGated:
 		return Gated.String()
-	case pb.FlagClass_FLAG_CLASS_PASSED:
+	case sdk.FlagClassPassed:
 		return Passed.String()
 	}
 	return "unknown"
@@ -120,21 +120,21 @@ const (
 	Env
 )
 
-// Proto is the kind on the wire.
-func (k Kind) Proto() pb.FlagKind {
+// FlagKind is the kind as the protocol names it (FlagRule.Kind).
+func (k Kind) FlagKind() sdk.FlagKind {
 	if k == Env {
-		return pb.FlagKind_FLAG_KIND_ENV
+		return sdk.FlagKindEnv
 	}
-	return pb.FlagKind_FLAG_KIND_OPTION
+	return sdk.FlagKindOption
 }
 
 // KindName names a kind received on the wire as `capyctl engine flags`
 // prints it: "option", "env" or "unknown".
-func KindName(k pb.FlagKind) string {
+func KindName(k sdk.FlagKind) string {
 	switch k {
-	case pb.FlagKind_FLAG_KIND_OPTION:
+	case sdk.FlagKindOption:
 		return "option"
-	case pb.FlagKind_FLAG_KIND_ENV:
+	case sdk.FlagKindEnv:
 		return "env"
 	}
 	return "unknown"
@@ -218,14 +218,14 @@ type Table struct {
 	Rules []Rule
 }
 
-// Proto is the table as the Flags RPC returns it.
-func (t *Table) Proto() *pb.FlagsResponse {
-	out := &pb.FlagsResponse{Family: t.Family}
+// Response is the table as the Flags call returns it.
+func (t *Table) Response() *sdk.FlagsResponse {
+	out := &sdk.FlagsResponse{Family: t.Family}
 	for _, r := range t.Rules {
-		out.Rules = append(out.Rules, &pb.FlagRule{
+		out.Rules = append(out.Rules, &sdk.FlagRule{
 			Name:     r.Name,
-			Kind:     r.Kind.Proto(),
-			Class:    r.Class.Proto(),
+			Kind:     r.Kind.FlagKind(),
+			Class:    r.Class.FlagClass(),
 			Reason:   r.Reason,
 			Approval: r.Approval,
 			Aliases:  append([]string(nil), r.Aliases...),
@@ -292,12 +292,15 @@ type Approvals struct {
 }
 
 // HostApprovals reads the approvals of a host policy.
-func HostApprovals(h *pb.HostPolicy) Approvals {
+func HostApprovals(h *sdk.HostPolicy) Approvals {
+	if h == nil {
+		return Approvals{}
+	}
 	return Approvals{
-		Options:    h.GetApprovedOptions(),
-		Paths:      h.GetApprovedPaths(),
-		Env:        h.GetApprovedEnv(),
-		RemoteCode: h.GetAllowRemoteCode(),
+		Options:    h.ApprovedOptions,
+		Paths:      h.ApprovedPaths,
+		Env:        h.ApprovedEnv,
+		RemoteCode: h.AllowRemoteCode,
 	}
 }
 
@@ -361,13 +364,13 @@ type Violation struct {
 }
 
 // Refusal is the violation as a Plan refusal.
-func (v Violation) Refusal() *pb.Refusal {
-	return &pb.Refusal{Code: v.Code, Field: v.Field, Message: v.Message}
+func (v Violation) Refusal() *sdk.Refusal {
+	return &sdk.Refusal{Code: v.Code, Field: v.Field, Message: v.Message}
 }
 
 // Refusals converts violations.
-func Refusals(vs []Violation) []*pb.Refusal {
-	out := make([]*pb.Refusal, 0, len(vs))
+func Refusals(vs []Violation) []*sdk.Refusal {
+	out := make([]*sdk.Refusal, 0, len(vs))
 	for _, v := range vs {
 		out = append(out, v.Refusal())
 	}

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
+	"github.com/capyctl/capyctl/sdk"
 )
 
 // testTable is a small family with every kind of row.
@@ -209,17 +209,17 @@ func TestTable_CheckEnv(t *testing.T) {
 }
 
 func TestTable_Proto(t *testing.T) {
-	p := testTable().Proto()
-	if p.GetFamily() != "test" || len(p.GetRules()) != len(testTable().Rules) {
+	p := testTable().Response()
+	if p.Family != "test" || len(p.Rules) != len(testTable().Rules) {
 		t.Fatalf("proto: %v", p)
 	}
 	var sawGated bool
-	for _, r := range p.GetRules() {
-		if r.GetClass() == pb.FlagClass_FLAG_CLASS_UNSPECIFIED || r.GetKind() == pb.FlagKind_FLAG_KIND_UNSPECIFIED || r.GetReason() == "" {
+	for _, r := range p.Rules {
+		if r.Class == sdk.FlagClassUnspecified || r.Kind == sdk.FlagKindUnspecified || r.Reason == "" {
 			t.Fatalf("rule %v incomplete", r)
 		}
-		if r.GetName() == "--*-config" {
-			sawGated = r.GetClass() == pb.FlagClass_FLAG_CLASS_GATED && r.GetApproval() == ApproveOption
+		if r.Name == "--*-config" {
+			sawGated = r.Class == sdk.FlagClassGated && r.Approval == ApproveOption
 		}
 	}
 	if !sawGated {
@@ -267,17 +267,17 @@ func TestWildcard(t *testing.T) {
 // sends on the wire.
 func TestNames(t *testing.T) {
 	for _, c := range []Class{Owned, Reserved, Gated, Passed} {
-		if got := ClassName(c.Proto()); got != c.String() {
-			t.Errorf("ClassName(%v) = %q, want %q", c.Proto(), got, c.String())
+		if got := ClassName(c.FlagClass()); got != c.String() {
+			t.Errorf("ClassName(%v) = %q, want %q", c.FlagClass(), got, c.String())
 		}
 	}
-	if got := ClassName(pb.FlagClass_FLAG_CLASS_UNSPECIFIED); got != "unknown" {
+	if got := ClassName(sdk.FlagClassUnspecified); got != "unknown" {
 		t.Errorf("unspecified class = %q", got)
 	}
 	cases := []struct {
-		kind pb.FlagKind
+		kind sdk.FlagKind
 		want string
-	}{{Option.Proto(), "option"}, {Env.Proto(), "env"}, {pb.FlagKind(99), "unknown"}}
+	}{{Option.FlagKind(), "option"}, {Env.FlagKind(), "env"}, {sdk.FlagKind(99), "unknown"}}
 	for _, c := range cases {
 		if got := KindName(c.kind); got != c.want {
 			t.Errorf("KindName(%v) = %q, want %q", c.kind, got, c.want)

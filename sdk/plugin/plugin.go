@@ -3,7 +3,10 @@
 
 // Package plugin carries the driver protocol over hashicorp/go-plugin: the
 // handshake, the versioned plugin sets, Serve for a driver's main function,
-// and the gRPC client the core uses.
+// the gRPC client the core uses, and the conversion between the SDK's Go
+// types and the generated protobuf messages. IMPORTANT: it is the only
+// package that imports the generated package (sdk/proto/driverv1); drivers
+// and the core see Go types only (core/imports_test.go keeps it so).
 package plugin
 
 import (

@@ -18,7 +18,9 @@ import (
 // errorDomain marks ErrorInfo details that carry a CapyCTL catalogue code.
 const errorDomain = "capyctl.driver"
 
-// server adapts an sdk.Driver to the generated gRPC service.
+// server adapts an sdk.Driver to the generated gRPC service: each call
+// converts the protobuf request to its Go type, calls the driver, and
+// converts the Go answer back (convert.go).
 type server struct {
 	pb.UnimplementedDriverServer
 	impl sdk.Driver
@@ -51,68 +53,120 @@ func toStatus(err error) error {
 }
 
 func (s *server) Describe(ctx context.Context, r *pb.DescribeRequest) (*pb.DescribeResponse, error) {
-	resp, err := s.impl.Describe(ctx, r)
-	return resp, toStatus(err)
+	req := describeRequestFromPB(r)
+	resp, err := s.impl.Describe(ctx, &req)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return describeResponseToPB(resp), nil
 }
 
 func (s *server) Detect(ctx context.Context, r *pb.DetectRequest) (*pb.DetectResponse, error) {
-	resp, err := s.impl.Detect(ctx, r)
-	return resp, toStatus(err)
+	req := detectRequestFromPB(r)
+	resp, err := s.impl.Detect(ctx, &req)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return detectResponseToPB(resp), nil
 }
 
 func (s *server) Flags(ctx context.Context, r *pb.FlagsRequest) (*pb.FlagsResponse, error) {
-	resp, err := s.impl.Flags(ctx, r)
-	return resp, toStatus(err)
+	req := flagsRequestFromPB(r)
+	resp, err := s.impl.Flags(ctx, &req)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return flagsResponseToPB(resp), nil
 }
 
 func (s *server) Plan(ctx context.Context, r *pb.PlanRequest) (*pb.PlanResponse, error) {
-	resp, err := s.impl.Plan(ctx, r)
-	return resp, toStatus(err)
+	req := planRequestFromPB(r)
+	resp, err := s.impl.Plan(ctx, &req)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return planResponseToPB(resp), nil
 }
 
 func (s *server) Start(ctx context.Context, r *pb.StartRequest) (*pb.StartResponse, error) {
-	resp, err := s.impl.Start(ctx, r)
-	return resp, toStatus(err)
+	req := startRequestFromPB(r)
+	resp, err := s.impl.Start(ctx, &req)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return startResponseToPB(resp), nil
 }
 
 func (s *server) Probe(ctx context.Context, r *pb.ProbeRequest) (*pb.ProbeResponse, error) {
-	resp, err := s.impl.Probe(ctx, r)
-	return resp, toStatus(err)
+	req := probeRequestFromPB(r)
+	resp, err := s.impl.Probe(ctx, &req)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return probeResponseToPB(resp), nil
 }
 
 func (s *server) Park(ctx context.Context, r *pb.ParkRequest) (*pb.ParkResponse, error) {
-	resp, err := s.impl.Park(ctx, r)
-	return resp, toStatus(err)
+	req := parkRequestFromPB(r)
+	resp, err := s.impl.Park(ctx, &req)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return parkResponseToPB(resp), nil
 }
 
 func (s *server) Wake(ctx context.Context, r *pb.WakeRequest) (*pb.WakeResponse, error) {
-	resp, err := s.impl.Wake(ctx, r)
-	return resp, toStatus(err)
+	req := wakeRequestFromPB(r)
+	resp, err := s.impl.Wake(ctx, &req)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return wakeResponseToPB(resp), nil
 }
 
 func (s *server) Abort(ctx context.Context, r *pb.AbortRequest) (*pb.AbortResponse, error) {
-	resp, err := s.impl.Abort(ctx, r)
-	return resp, toStatus(err)
+	req := abortRequestFromPB(r)
+	resp, err := s.impl.Abort(ctx, &req)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return abortResponseToPB(resp), nil
 }
 
 func (s *server) Load(ctx context.Context, r *pb.LoadRequest) (*pb.LoadResponse, error) {
-	resp, err := s.impl.Load(ctx, r)
-	return resp, toStatus(err)
+	req := loadRequestFromPB(r)
+	resp, err := s.impl.Load(ctx, &req)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return loadResponseToPB(resp), nil
 }
 
 func (s *server) Stop(ctx context.Context, r *pb.StopRequest) (*pb.StopResponse, error) {
-	resp, err := s.impl.Stop(ctx, r)
-	return resp, toStatus(err)
+	req := stopRequestFromPB(r)
+	resp, err := s.impl.Stop(ctx, &req)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return stopResponseToPB(resp), nil
 }
 
 func (s *server) Recover(ctx context.Context, r *pb.RecoverRequest) (*pb.RecoverResponse, error) {
-	resp, err := s.impl.Recover(ctx, r)
-	return resp, toStatus(err)
+	req := recoverRequestFromPB(r)
+	resp, err := s.impl.Recover(ctx, &req)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return recoverResponseToPB(resp), nil
 }
 
 func (s *server) Logs(ctx context.Context, r *pb.LogsRequest) (*pb.LogsResponse, error) {
-	resp, err := s.impl.Logs(ctx, r)
-	return resp, toStatus(err)
+	req := logsRequestFromPB(r)
+	resp, err := s.impl.Logs(ctx, &req)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return logsResponseToPB(resp), nil
 }
 
 // WaitExit serves the exit stream from an sdk.ExitWaiter: one event, when
@@ -122,9 +176,10 @@ func (s *server) WaitExit(r *pb.WaitExitRequest, stream pb.Driver_WaitExitServer
 	if !ok {
 		return toStatus(sdk.ErrNotSupported)
 	}
-	ev, err := w.WaitExit(stream.Context(), r)
+	req := waitExitRequestFromPB(r)
+	ev, err := w.WaitExit(stream.Context(), &req)
 	if err != nil {
 		return toStatus(err)
 	}
-	return toStatus(stream.Send(ev))
+	return toStatus(stream.Send(exitEventToPB(ev)))
 }

@@ -11,7 +11,6 @@ import (
 	"github.com/capyctl/capyctl/core/structs"
 	"github.com/capyctl/capyctl/sdk"
 	"github.com/capyctl/capyctl/sdk/flags"
-	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
 
 // EngineFlagsCommand prints a family's flag policy.
@@ -85,7 +84,7 @@ func (c *EngineFlagsCommand) Run(args []string) int {
 // runs this binary as `capyctl driver <family>`), and builds the table the
 // management API answers with.
 func builtinFlagTable(ctx context.Context, family string) (*wire.FlagTable, error) {
-	resp, err := builtinDrivers[family]().Flags(ctx, &pb.FlagsRequest{})
+	resp, err := builtinDrivers[family]().Flags(ctx, &sdk.FlagsRequest{})
 	if err != nil {
 		if sdk.CodeOf(err) == "" {
 			return nil, structs.Wrap(structs.CodeUnsupported, err, "flags of %s", family)
@@ -93,10 +92,10 @@ func builtinFlagTable(ctx context.Context, family string) (*wire.FlagTable, erro
 		return nil, &structs.Error{Code: structs.Code(sdk.CodeOf(err)), Message: err.Error(), Cause: err}
 	}
 	out := &wire.FlagTable{APIVersion: wire.APIVersion, Family: family}
-	for _, rule := range resp.GetRules() {
+	for _, rule := range resp.Rules {
 		out.Rules = append(out.Rules, wire.FlagRule{
-			Name: rule.GetName(), Kind: flags.KindName(rule.GetKind()), Class: flags.ClassName(rule.GetClass()),
-			Reason: rule.GetReason(), Approval: rule.GetApproval(), Aliases: rule.GetAliases(),
+			Name: rule.Name, Kind: flags.KindName(rule.Kind), Class: flags.ClassName(rule.Class),
+			Reason: rule.Reason, Approval: rule.Approval, Aliases: rule.Aliases,
 		})
 	}
 	return out, nil

@@ -50,7 +50,9 @@ type Placement struct {
 	// the deployment again (its stopped or failed instances).
 	Starts uint64 `json:"starts,omitempty"`
 	// Pending marks a placement being made: its name and routes are
-	// reserved and its hosts are trying it; it routes no request yet.
+	// reserved and its hosts are trying it; it routes no request yet. A
+	// group's is written pending until its members are up; a deployment's
+	// is placed at once (its hosts' journals say when it routes).
 	Pending bool `json:"pending,omitempty"`
 	// Version counts the placement's changes (1 for the first): a change
 	// names the version it replaces (Placed.Expect).
@@ -60,6 +62,12 @@ type Placement struct {
 // Managed reports whether the hosts run the placement from the desired
 // state (not adopted, not a group).
 func (p *Placement) Managed() bool { return len(p.Spec) > 0 && p.Group == nil }
+
+// Reconciled reports whether a group's members are run by their hosts
+// from the desired state (its spec and each rank's desired state).
+func (p *Placement) Reconciled() bool {
+	return len(p.Spec) > 0 && p.Group != nil && len(p.Group.Ranks) == len(p.Group.Hosts)
+}
 
 // HostShare is one host's part of a placement.
 type HostShare struct {
@@ -79,6 +87,23 @@ type GroupPlacement struct {
 	RendezvousPort   int    `json:"rendezvous_port,omitempty"`
 	TensorParallel   int    `json:"tensor_parallel"`
 	PipelineParallel int    `json:"pipeline_parallel"`
+	// Ranks are each member's desired state, in rank order (one per
+	// host of Hosts): what each host reconciles its member with, from
+	// the placement's Spec. A worker's share is sent once the head's
+	// rendezvous address is known (HeadAddress set).
+	Ranks []RankDesired `json:"ranks,omitempty"`
+}
+
+// RankDesired is one group member's desired state.
+type RankDesired struct {
+	// Desired is "running", "on_demand" (made, not started) or
+	// "stopped".
+	Desired string `json:"desired"`
+	// Starts counts the server's starts of the member: when it grows, its
+	// host starts the member again (a stopped or failed one).
+	Starts uint64 `json:"starts,omitempty"`
+	// Evict lets the member's start make room on its host.
+	Evict bool `json:"evict,omitempty"`
 }
 
 // HostNames lists the placement's hosts.
@@ -100,6 +125,7 @@ func (p *Placement) clone() *Placement {
 	if p.Group != nil {
 		g := *p.Group
 		g.Hosts = append([]string(nil), p.Group.Hosts...)
+		g.Ranks = append([]RankDesired(nil), p.Group.Ranks...)
 		cp.Group = &g
 	}
 	return &cp

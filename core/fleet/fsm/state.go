@@ -469,6 +469,26 @@ func (s *State) placementsLocked() []*Placement {
 	return out
 }
 
+// PlacementsOn returns the placements with a share on host, as
+// Placements does (copies, by name): each host's link reads its share at
+// every change of the state, and copying every placement for every host
+// made a change cost hosts × placements copies.
+func (s *State) PlacementsOn(host string) []*Placement {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	var out []*Placement
+	for _, p := range s.placements {
+		for _, hs := range p.Hosts {
+			if hs.Host == host {
+				out = append(out, p.clone())
+				break
+			}
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Deployment < out[j].Deployment })
+	return out
+}
+
 // Empty reports whether the state holds no host and no placement.
 func (s *State) Empty() bool {
 	s.mu.RLock()

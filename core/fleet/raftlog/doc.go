@@ -54,6 +54,9 @@
 //     so the caller sends the command there (core/fleet's apply). A leader
 //     that loses its leadership while committing also answers not_leader,
 //     with committed=unknown: the entry may still commit.
+//   - Timing: a heartbeat timeout and an election timeout of 600 ms
+//     (raft's are 1 s), raft's 500 ms leader lease; the reason is at
+//     defaultHeartbeatTimeout. Tuning overrides them (tests).
 //   - Stats is this server's view (raft state, term, indexes, leader,
 //     configuration) for `capyctl list servers`.
 package raftlog

@@ -48,23 +48,6 @@ type Peer struct {
 	Address string
 }
 
-// Tuning overrides raft's defaults; a zero field keeps raft's. Tests use
-// short timeouts; an operator's configuration does not reach these yet.
-type Tuning struct {
-	HeartbeatTimeout   time.Duration
-	ElectionTimeout    time.Duration
-	LeaderLeaseTimeout time.Duration
-	CommitTimeout      time.Duration
-	// SnapshotInterval is how often raft checks whether to snapshot, and
-	// SnapshotThreshold how many entries since the last snapshot make it.
-	SnapshotInterval  time.Duration
-	SnapshotThreshold uint64
-	// TrailingLogs is how many entries a snapshot leaves in the log (the
-	// rest is compacted away); a follower further behind gets the
-	// snapshot instead.
-	TrailingLogs uint64
-}
-
 // Options configure a Node.
 type Options struct {
 	// ID is this server's name in the cluster (raft's ServerID).
@@ -413,25 +396,6 @@ func bootstrapConfiguration(id, advertise string, peers []Peer) (raft.Configurat
 	return conf, nil
 }
 
-func (t Tuning) apply(c *raft.Config) {
-	set := func(dst *time.Duration, v time.Duration) {
-		if v > 0 {
-			*dst = v
-		}
-	}
-	set(&c.HeartbeatTimeout, t.HeartbeatTimeout)
-	set(&c.ElectionTimeout, t.ElectionTimeout)
-	set(&c.LeaderLeaseTimeout, t.LeaderLeaseTimeout)
-	set(&c.CommitTimeout, t.CommitTimeout)
-	set(&c.SnapshotInterval, t.SnapshotInterval)
-	if t.SnapshotThreshold > 0 {
-		c.SnapshotThreshold = t.SnapshotThreshold
-	}
-	if t.TrailingLogs > 0 {
-		c.TrailingLogs = t.TrailingLogs
-	}
-}
-
 // Propose commits data through the log and returns once this server's
 // state machine applied it, with the apply's Result (a refusal every
 // server made alike) and the entry's index. On a server that is not the
@@ -551,6 +515,17 @@ type Stats struct {
 
 // Stats returns this server's view of the cluster.
 func (n *Node) Stats() Stats {
+	s := n.View()
+	s.LastSnapshotIndex, _ = strconv.ParseUint(n.raft.Stats()["last_snapshot_index"], 10, 64)
+	return s
+}
+
+// View is Stats without LastSnapshotIndex, which only raft's Stats map
+// gives (built with its configuration printed: most of a link's work on
+// every change of the state, one per host, with 100 hosts): the server's
+// own paths (its leadership, the leader it relays to, the members it
+// tells hosts) read this.
+func (n *Node) View() Stats {
 	addr, id := n.raft.LeaderWithID()
 	s := Stats{
 		ID:            n.id,
@@ -563,7 +538,6 @@ func (n *Node) Stats() Stats {
 		LeaderAddress: string(addr),
 		LastContact:   n.raft.LastContact(),
 	}
-	s.LastSnapshotIndex, _ = strconv.ParseUint(n.raft.Stats()["last_snapshot_index"], 10, 64)
 	if f := n.raft.GetConfiguration(); f.Error() == nil {
 		for _, srv := range f.Configuration().Servers {
 			s.Servers = append(s.Servers, Server{ID: string(srv.ID), Address: string(srv.Address), Voter: srv.Suffrage == raft.Voter})

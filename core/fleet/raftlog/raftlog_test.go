@@ -492,6 +492,38 @@ func TestNode_AloneElectsAtOnce(t *testing.T) {
 	}
 }
 
+// TestNode_DefaultTiming: with no Tuning a follower gives up on a silent
+// leader after 600 ms (raft's own default, 1 s, left a cluster without a
+// leader for up to 3 s), the election timeout is no shorter, and the
+// heartbeat timeout stays above the leader's lease, which electAlone
+// lowers it to: a server alone leads at once with the defaults too. The
+// commit timeout is 10 ms.
+func TestNode_DefaultTiming(t *testing.T) {
+	n := startCluster(t, newCA(t), 1, Tuning{})[0]
+	rc := n.raft.ReloadableConfig()
+	if rc.HeartbeatTimeout != 600*time.Millisecond || rc.ElectionTimeout != 600*time.Millisecond {
+		t.Fatalf("default heartbeat and election timeouts: %s and %s, want 600ms each", rc.HeartbeatTimeout, rc.ElectionTimeout)
+	}
+	if lease := raft.DefaultConfig().LeaderLeaseTimeout; lease >= rc.HeartbeatTimeout {
+		t.Fatalf("the leader lease %s is not below the heartbeat timeout %s: electAlone cannot lower it", lease, rc.HeartbeatTimeout)
+	}
+	waitFor(t, "a server alone leads", func() bool { l, _ := n.Leadership(); return l })
+	// A follower learns of a lone committed change within 10 to 20 ms,
+	// not raft's 50 to 100.
+	c := raft.DefaultConfig()
+	Tuning{}.apply(c)
+	if c.CommitTimeout != 10*time.Millisecond {
+		t.Fatalf("default commit timeout %s, want 10ms", c.CommitTimeout)
+	}
+	// A heartbeat timeout set alone keeps an election timeout raft takes.
+	c = raft.DefaultConfig()
+	c.LocalID = "server-1"
+	Tuning{HeartbeatTimeout: 2 * time.Second, LeaderLeaseTimeout: time.Second}.apply(c)
+	if err := raft.ValidateConfig(c); err != nil || c.ElectionTimeout != 2*time.Second {
+		t.Fatalf("heartbeat timeout 2s alone: election timeout %s, %v", c.ElectionTimeout, err)
+	}
+}
+
 // TestNode_Leadership follows leadership from one server to another on
 // the nodes' signals.
 func TestNode_Leadership(t *testing.T) {

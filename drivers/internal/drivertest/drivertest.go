@@ -18,7 +18,7 @@ import (
 
 	"github.com/capyctl/capyctl/drivers/internal/pyengine"
 	"github.com/capyctl/capyctl/plugins-testkit/ports"
-	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
+	"github.com/capyctl/capyctl/sdk"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files in testdata")
@@ -56,7 +56,7 @@ func FreePort(t testing.TB) int {
 // RenderPlan renders a plan as stable text for golden files: argv one
 // token a line, env sorted, then the plan's other fields; every occurrence
 // of each replace key is written as its value.
-func RenderPlan(p *pb.PlanResponse, replace map[string]string) string {
+func RenderPlan(p *sdk.PlanResponse, replace map[string]string) string {
 	var b strings.Builder
 	rep := func(s string) string {
 		keys := make([]string, 0, len(replace))
@@ -70,52 +70,52 @@ func RenderPlan(p *pb.PlanResponse, replace map[string]string) string {
 		}
 		return s
 	}
-	for _, r := range p.GetRefusals() {
-		fmt.Fprintf(&b, "refusal %s [%s] %s\n", r.GetCode(), r.GetField(), rep(r.GetMessage()))
+	for _, r := range p.Refusals {
+		fmt.Fprintf(&b, "refusal %s [%s] %s\n", r.Code, r.Field, rep(r.Message))
 	}
 	b.WriteString("# argv\n")
-	for _, a := range p.GetArgv() {
+	for _, a := range p.Argv {
 		b.WriteString(rep(a) + "\n")
 	}
 	b.WriteString("# env\n")
-	keys := make([]string, 0, len(p.GetEnv()))
-	for k := range p.GetEnv() {
+	keys := make([]string, 0, len(p.Env))
+	for k := range p.Env {
 		keys = append(keys, k)
 	}
 	sort.Strings(keys)
 	for _, k := range keys {
-		fmt.Fprintf(&b, "%s=%s\n", k, rep(p.GetEnv()[k]))
+		fmt.Fprintf(&b, "%s=%s\n", k, rep(p.Env[k]))
 	}
 	b.WriteString("# plan\n")
-	fmt.Fprintf(&b, "workdir: %s\n", rep(p.GetWorkdir()))
-	fmt.Fprintf(&b, "residency: %s\n", p.GetResidency())
-	if ps := p.GetParsers(); ps != nil {
-		fmt.Fprintf(&b, "parsers: tool_call=%q reasoning=%q provenance=%s\n", ps.GetToolCall(), ps.GetReasoning(), ps.GetProvenance())
+	fmt.Fprintf(&b, "workdir: %s\n", rep(p.Workdir))
+	fmt.Fprintf(&b, "residency: %s\n", p.Residency)
+	if ps := p.Parsers; ps != (sdk.Parsers{}) {
+		fmt.Fprintf(&b, "parsers: tool_call=%q reasoning=%q provenance=%s\n", ps.ToolCall, ps.Reasoning, ps.Provenance)
 	}
-	if h := p.GetHints(); h != nil {
+	if h := p.Hints; h != (sdk.MemoryHints{}) {
 		fmt.Fprintf(&b, "hints: weights=%d kv_per_token=%d kv_cache=%d context=%d max_concurrent=%d source=%s\n",
-			h.GetWeightsBytes(), h.GetKvBytesPerToken(), h.GetKvCacheBytes(), h.GetContextLength(), h.GetMaxConcurrentRequests(), h.GetSource())
-		if h.GetReadyDeviceBytes() != 0 || h.GetReadyHostBytes() != 0 || h.GetStartupDeviceBytes() != 0 {
+			h.WeightsBytes, h.KVBytesPerToken, h.KVCacheBytes, h.ContextLength, h.MaxConcurrentRequests, h.Source)
+		if h.ReadyDeviceBytes != 0 || h.ReadyHostBytes != 0 || h.StartupDeviceBytes != 0 {
 			fmt.Fprintf(&b, "hints: ready_device=%d ready_host=%d startup_device=%d\n",
-				h.GetReadyDeviceBytes(), h.GetReadyHostBytes(), h.GetStartupDeviceBytes())
+				h.ReadyDeviceBytes, h.ReadyHostBytes, h.StartupDeviceBytes)
 		}
 	}
-	if l := p.GetLmcache(); l.GetRuns() {
-		fmt.Fprintf(&b, "lmcache: pool=%d server=%d beside_host=%d\n", l.GetPoolBytes(), l.GetServerBytes(), p.GetHints().GetBesideHostBytes())
-		for _, a := range l.GetArgv() {
+	if l := &p.LMCache; l.Runs {
+		fmt.Fprintf(&b, "lmcache: pool=%d server=%d beside_host=%d\n", l.PoolBytes, l.ServerBytes, p.Hints.BesideHostBytes)
+		for _, a := range l.Argv {
 			b.WriteString("lmcache argv: " + rep(a) + "\n")
 		}
-		keys := make([]string, 0, len(l.GetEnv()))
-		for k := range l.GetEnv() {
+		keys := make([]string, 0, len(l.Env))
+		for k := range l.Env {
 			keys = append(keys, k)
 		}
 		sort.Strings(keys)
 		for _, k := range keys {
-			fmt.Fprintf(&b, "lmcache env: %s=%s\n", k, rep(l.GetEnv()[k]))
+			fmt.Fprintf(&b, "lmcache env: %s=%s\n", k, rep(l.Env[k]))
 		}
 	}
-	fmt.Fprintf(&b, "startup_timeout_ms: %d\nwake_timeout_ms: %d\n", p.GetStartupTimeoutMs(), p.GetWakeTimeoutMs())
-	for _, n := range p.GetNotes() {
+	fmt.Fprintf(&b, "startup_timeout_ms: %d\nwake_timeout_ms: %d\n", p.StartupTimeout.Milliseconds(), p.WakeTimeout.Milliseconds())
+	for _, n := range p.Notes {
 		fmt.Fprintf(&b, "note: %s\n", rep(n))
 	}
 	return b.String()
@@ -147,18 +147,18 @@ func WriteModels(t testing.TB, root, qwen3Tokenizer string) (qwen3, llama string
 
 // LaunchContext is a launch of instance chat/0 on one 80 GiB card, 20 GiB
 // of it for the engine, on port.
-func LaunchContext(port int) *pb.LaunchContext {
-	return &pb.LaunchContext{
-		Port: int32(port), DeviceUuids: []string{"GPU-11111111-2222-3333-4444-555555555555"},
-		DeviceBytes: 20 << 30, DeviceTotalBytes: 80 << 30, KvCacheBytes: 4 << 30,
-		LaunchDir: "/state/launches/chat/0-L1", InstanceId: "chat/0", LaunchId: "L1",
+func LaunchContext(port int) *sdk.LaunchContext {
+	return &sdk.LaunchContext{
+		Port: int32(port), DeviceUUIDs: []string{"GPU-11111111-2222-3333-4444-555555555555"},
+		DeviceBytes: 20 << 30, DeviceTotalBytes: 80 << 30, KVCacheBytes: 4 << 30,
+		LaunchDir: "/state/launches/chat/0-L1", InstanceID: "chat/0", LaunchID: "L1",
 	}
 }
 
 // Member is rank of a group of size machines on loopback: topology tp × pp,
 // the head at 127.0.0.1:port, this host's peer address 127.0.0.1.
-func Member(rank, size, tp, pp, port int32) *pb.Group {
-	return &pb.Group{Rank: rank, Size: size, TensorParallel: tp, PipelineParallel: pp,
+func Member(rank, size, tp, pp, port int32) *sdk.Group {
+	return &sdk.Group{Rank: rank, Size: size, TensorParallel: tp, PipelineParallel: pp,
 		HeadAddress: "127.0.0.1", RendezvousPort: port, PeerAddress: "127.0.0.1"}
 }
 
@@ -181,4 +181,14 @@ func Has(argv []string, token string) bool {
 		}
 	}
 	return false
+}
+
+// Value is *p, or T's zero value when p is nil: a table's optional request
+// part (a host policy, a launch context) left out of a case.
+func Value[T any](p *T) T {
+	if p == nil {
+		var zero T
+		return zero
+	}
+	return *p
 }

@@ -21,10 +21,9 @@ import (
 	"github.com/capyctl/capyctl/sdk/engineapi"
 	sdkplugin "github.com/capyctl/capyctl/sdk/plugin"
 	"github.com/capyctl/capyctl/sdk/proc"
-	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
+
 	"github.com/hashicorp/go-hclog"
 	goplugin "github.com/hashicorp/go-plugin"
-	"google.golang.org/protobuf/proto"
 )
 
 // Plugin serves a built-in driver as a real go-plugin subprocess
@@ -66,7 +65,7 @@ type GroupRun struct {
 	Venv string
 	// Deployment is the deployment every member runs; its Group is set
 	// per member.
-	Deployment *pb.Deployment
+	Deployment *sdk.Deployment
 	// Size is the number of machines; TP and PP the topology.
 	Size, TP, PP int32
 	// ParkTier, when set, parks the group at that tier once it answers
@@ -83,16 +82,16 @@ type GroupRun struct {
 // GroupMember is one launched member of a GroupRun.
 type GroupMember struct {
 	Driver sdk.Driver
-	Launch *pb.Launch
-	Lctx   *pb.LaunchContext
+	Launch *sdk.Launch
+	Lctx   *sdk.LaunchContext
 }
 
 // probe asks one probe of a member.
-func (m *GroupMember) probe(t testing.TB, kind pb.ProbeKind, deadline time.Duration) *pb.ProbeResponse {
+func (m *GroupMember) probe(t testing.TB, kind sdk.ProbeKind, deadline time.Duration) *sdk.ProbeResponse {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), deadline+10*time.Second)
 	defer cancel()
-	p, err := m.Driver.Probe(ctx, &pb.ProbeRequest{InstanceId: m.Lctx.GetInstanceId(), Kind: kind, DeadlineMs: deadline.Milliseconds()})
+	p, err := m.Driver.Probe(ctx, &sdk.ProbeRequest{InstanceID: m.Lctx.InstanceID, Kind: kind, Deadline: deadline})
 	if err != nil {
 		t.Fatalf("probe %v: %v", kind, err)
 	}
@@ -111,82 +110,82 @@ func (g GroupRun) Run(t *testing.T) []*GroupMember {
 	root := t.TempDir()
 	rendezvous := FreePort(t)
 	var members []*GroupMember
-	var inst *pb.Installation
+	var inst *sdk.Installation
 	for rank := int32(0); rank < g.Size; rank++ {
 		d := Plugin(t, g.Family)
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
 		if inst == nil {
-			det, err := d.Detect(ctx, &pb.DetectRequest{Path: g.Venv})
+			det, err := d.Detect(ctx, &sdk.DetectRequest{Path: g.Venv})
 			if err != nil {
 				t.Fatalf("detect: %v", err)
 			}
-			inst = &pb.Installation{Name: g.Family, Family: g.Family, Path: g.Venv, Version: det.GetVersion(), Verified: det.GetVerified(),
-				Digest: det.GetDigest(), Details: det.GetDetails()}
+			inst = &sdk.Installation{Name: g.Family, Family: g.Family, Path: g.Venv, Version: det.Version, Verified: det.Verified,
+				Digest: det.Digest, Details: det.Details}
 		}
 		state := filepath.Join(root, fmt.Sprintf("host%d-gpu.json", rank))
 		dev := simgpu.DefaultDevices(1, 8<<30)[0]
 		if err := simgpu.Create(state, []simgpu.Device{dev}); err != nil {
 			t.Fatal(err)
 		}
-		host := &pb.HostPolicy{EngineTelemetry: "off", EngineLogs: "file", Retention: "standard",
+		host := &sdk.HostPolicy{EngineTelemetry: "off", EngineLogs: "file", Retention: "standard",
 			HostEnv: map[string]string{fakeengine.EnvSimState: state}}
-		lctx := &pb.LaunchContext{Port: int32(FreePort(t)), LaunchDir: filepath.Join(root, fmt.Sprintf("host%d", rank), "launches", "0"),
-			InstanceId: g.Deployment.GetName() + "/0", LaunchId: fmt.Sprintf("L%d", rank),
-			DeviceUuids: []string{dev.UUID}, DeviceTotalBytes: 8 << 30, DeviceBytes: 4 << 30, KvCacheBytes: 1 << 20}
-		dep := proto.Clone(g.Deployment).(*pb.Deployment)
+		lctx := &sdk.LaunchContext{Port: int32(FreePort(t)), LaunchDir: filepath.Join(root, fmt.Sprintf("host%d", rank), "launches", "0"),
+			InstanceID: g.Deployment.Name + "/0", LaunchID: fmt.Sprintf("L%d", rank),
+			DeviceUUIDs: []string{dev.UUID}, DeviceTotalBytes: 8 << 30, DeviceBytes: 4 << 30, KVCacheBytes: 1 << 20}
+		dep := *g.Deployment // Group is the only field set apart
 		dep.Group = Member(rank, g.Size, g.TP, g.PP, int32(rendezvous))
-		plan, err := d.Plan(ctx, &pb.PlanRequest{Installation: inst, Deployment: dep, Host: host, Launch: lctx})
-		if err != nil || len(plan.GetRefusals()) > 0 {
-			t.Fatalf("rank %d: plan %v %v", rank, err, plan.GetRefusals())
+		plan, err := d.Plan(ctx, &sdk.PlanRequest{Installation: *inst, Deployment: dep, Host: *host, Launch: *lctx})
+		if err != nil || len(plan.Refusals) > 0 {
+			t.Fatalf("rank %d: plan %v %v", rank, err, plan.Refusals)
 		}
-		resp, err := d.Start(ctx, &pb.StartRequest{Installation: inst, Deployment: dep, Host: host, Launch: lctx, Plan: plan,
+		resp, err := d.Start(ctx, &sdk.StartRequest{Installation: *inst, Deployment: dep, Host: *host, Launch: *lctx, Plan: *plan,
 			EngineKey: "group-test-key", AdminKey: "group-test-admin"})
 		if err != nil {
 			t.Fatalf("rank %d: start: %v", rank, err)
 		}
-		pgid := int(resp.GetLaunch().GetPgid())
+		pgid := int(resp.Launch.Pgid)
 		t.Cleanup(func() {
 			if len(proc.GroupPIDs(pgid)) > 0 {
 				_ = syscall.Kill(-pgid, syscall.SIGKILL)
 			}
 		})
-		members = append(members, &GroupMember{Driver: d, Launch: resp.GetLaunch(), Lctx: lctx})
+		members = append(members, &GroupMember{Driver: d, Launch: &resp.Launch, Lctx: lctx})
 	}
 
 	const ready = 2 * time.Minute
 	for _, w := range members[1:] {
-		p := w.probe(t, pb.ProbeKind_PROBE_KIND_READINESS, ready)
-		if !p.GetReady() || p.GetCanary() != "" {
+		p := w.probe(t, sdk.ProbeKindReadiness, ready)
+		if !p.Ready || p.Canary != "" {
 			t.Fatalf("worker readiness %v", p)
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		load, err := w.Driver.Load(ctx, &pb.LoadRequest{InstanceId: w.Lctx.GetInstanceId()})
+		load, err := w.Driver.Load(ctx, &sdk.LoadRequest{InstanceID: w.Lctx.InstanceID})
 		cancel()
-		if err != nil || load.GetRunning() != 0 || load.GetWaiting() != 0 {
+		if err != nil || load.Running != 0 || load.Waiting != 0 {
 			t.Fatalf("worker load %v %v", load, err)
 		}
 	}
 	head := members[0]
-	p := head.probe(t, pb.ProbeKind_PROBE_KIND_READINESS, ready)
-	if !p.GetReady() || p.GetCanary() == "" {
+	p := head.probe(t, sdk.ProbeKindReadiness, ready)
+	if !p.Ready || p.Canary == "" {
 		t.Fatalf("head readiness %v", p)
 	}
-	ep := p.GetEndpoint()
+	ep := &p.Endpoint
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	answer, err := engineapi.ChatProbe(ctx, engineapi.NewEngineClient(ep.GetBaseUrl(), ep.GetAuthHeader(), ep.GetAuthValue()),
-		ep.GetChatPath(), ep.GetServedName(), "Hello there", 4)
+	answer, err := engineapi.ChatProbe(ctx, engineapi.NewEngineClient(ep.BaseURL, ep.AuthHeader, ep.AuthValue),
+		ep.ChatPath, ep.ServedName, "Hello there", 4)
 	cancel()
 	if err != nil || answer == "" {
 		t.Fatalf("chat through the head: %q %v", answer, err)
 	}
 
 	if g.ParkTier != "" {
-		g.parkAndWake(t, members, p.GetCanary())
+		g.parkAndWake(t, members, p.Canary)
 	}
 
 	last := members[len(members)-1]
-	if err := syscall.Kill(-int(last.Launch.GetPgid()), syscall.SIGKILL); err != nil {
+	if err := syscall.Kill(-int(last.Launch.Pgid), syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
 	if g.PeerLossHangs {
@@ -194,26 +193,26 @@ func (g GroupRun) Run(t *testing.T) []*GroupMember {
 		// alive once the worker is proven gone, and the driver's Stop
 		// ends it (what CapyCTL's group supervision does).
 		poll.Until(t, time.Minute, "the killed worker's exit", func() bool {
-			return last.probe(t, pb.ProbeKind_PROBE_KIND_LIVENESS, time.Second).GetExited()
+			return last.probe(t, sdk.ProbeKindLiveness, time.Second).Exited
 		})
-		if l := head.probe(t, pb.ProbeKind_PROBE_KIND_LIVENESS, time.Second); !l.GetAlive() {
+		if l := head.probe(t, sdk.ProbeKindLiveness, time.Second); !l.Alive {
 			t.Fatalf("the head's liveness after its worker died: %v, want alive (the engine notices at its next collective)", l)
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
-		st, err := head.Driver.Stop(ctx, &pb.StopRequest{InstanceId: head.Lctx.GetInstanceId(), GraceMs: 5000, Launch: head.Launch})
-		if err != nil || !st.GetGone() {
+		st, err := head.Driver.Stop(ctx, &sdk.StopRequest{InstanceID: head.Lctx.InstanceID, Grace: 5 * time.Second, Launch: head.Launch})
+		if err != nil || !st.Gone {
 			t.Fatalf("stop the head: %v %v", st, err)
 		}
 		return members
 	}
 	// A worker killed: the head exits (the engines' collectives fail).
 	poll.Until(t, time.Minute, "the head to exit after its worker was killed", func() bool {
-		return !head.probe(t, pb.ProbeKind_PROBE_KIND_LIVENESS, time.Second).GetAlive()
+		return !head.probe(t, sdk.ProbeKindLiveness, time.Second).Alive
 	})
-	l := head.probe(t, pb.ProbeKind_PROBE_KIND_LIVENESS, time.Second)
-	if !l.GetExited() || l.GetExitCode() == 0 {
-		t.Fatalf("the head's liveness after the worker died: %v (logs:\n%s)", l, strings.Join(l.GetLastLogLines(), "\n"))
+	l := head.probe(t, sdk.ProbeKindLiveness, time.Second)
+	if !l.Exited || l.ExitCode == 0 {
+		t.Fatalf("the head's liveness after the worker died: %v (logs:\n%s)", l, strings.Join(l.LastLogLines, "\n"))
 	}
 	return members
 }
@@ -226,21 +225,21 @@ func (g GroupRun) parkAndWake(t *testing.T, members []*GroupMember, canary strin
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	for i, m := range members {
-		if _, err := m.Driver.Park(ctx, &pb.ParkRequest{InstanceId: m.Lctx.GetInstanceId(), Tier: g.ParkTier}); err != nil {
+		if _, err := m.Driver.Park(ctx, &sdk.ParkRequest{InstanceID: m.Lctx.InstanceID, Tier: g.ParkTier}); err != nil {
 			t.Fatalf("park rank %d: %v", i, err)
 		}
 	}
 	for i := len(members) - 1; i >= 0; i-- {
 		m := members[i]
-		w, err := m.Driver.Wake(ctx, &pb.WakeRequest{InstanceId: m.Lctx.GetInstanceId(), Tier: g.ParkTier})
+		w, err := m.Driver.Wake(ctx, &sdk.WakeRequest{InstanceID: m.Lctx.InstanceID, Tier: g.ParkTier})
 		if err != nil {
 			t.Fatalf("wake rank %d: %v", i, err)
 		}
 		switch {
-		case i > 0 && w.GetCanary() != "":
+		case i > 0 && w.Canary != "":
 			t.Fatalf("a worker's wake answered a canary: %v", w)
-		case i == 0 && w.GetCanary() != canary:
-			t.Fatalf("the head's wake canary %q, want %q", w.GetCanary(), canary)
+		case i == 0 && w.Canary != canary:
+			t.Fatalf("the head's wake canary %q, want %q", w.Canary, canary)
 		}
 	}
 }

@@ -28,7 +28,6 @@ import (
 	"github.com/capyctl/capyctl/drivers/internal/engine"
 	"github.com/capyctl/capyctl/sdk"
 	"github.com/capyctl/capyctl/sdk/enginekit"
-	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
 
 // Venv is a Python virtual environment (or any prefix with bin/python and
@@ -308,7 +307,7 @@ type DetectSpec struct {
 // interpreter a launch runs as its program, and the environment (and
 // spec.Module, when set) in its details; the driver adds its notes. An
 // environment without the family's distribution is CodeEngineUnsupported.
-func Detect(path string, spec DetectSpec) (*Venv, *pb.DetectResponse, error) {
+func Detect(path string, spec DetectSpec) (*Venv, *sdk.DetectResponse, error) {
 	v, err := FindVenv(path)
 	if err != nil {
 		return nil, nil, err
@@ -322,7 +321,7 @@ func Detect(path string, spec DetectSpec) (*Venv, *pb.DetectResponse, error) {
 	if err != nil {
 		return nil, nil, sdk.Errorf(sdk.CodeEngineNotFound, "%v", err)
 	}
-	resp := &pb.DetectResponse{
+	resp := &sdk.DetectResponse{
 		Family:   spec.Family,
 		Version:  d.Version,
 		Verified: VersionIn(d.Version, spec.Verified),

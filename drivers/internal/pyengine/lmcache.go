@@ -9,8 +9,8 @@ import (
 	"fmt"
 	"strconv"
 
+	"github.com/capyctl/capyctl/sdk"
 	"github.com/capyctl/capyctl/sdk/enginekit"
-	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
 
 // What follows decides whether an instance gets a private LMCache server
@@ -75,10 +75,10 @@ type LMCacheFamily struct {
 // LMCacheInput is what PlanLMCache decides from.
 type LMCacheInput struct {
 	Family    LMCacheFamily
-	Inst      *pb.Installation
-	Dep       *pb.Deployment
-	Host      *pb.HostPolicy
-	Launch    *pb.LaunchContext
+	Inst      *sdk.Installation
+	Dep       *sdk.Deployment
+	Host      *sdk.HostPolicy
+	Launch    *sdk.LaunchContext
 	Venv      *Venv
 	Residency string
 	// OwnConnector: the deployment renders its own KV connector
@@ -102,18 +102,18 @@ const LMCacheIsolationNeeded = "LMCache's server and connector speak unauthentic
 // LMCacheDecision is a plan's LMCache: the server and what the engine
 // needs to reach it.
 type LMCacheDecision struct {
-	Plan *pb.LMCachePlan
+	Plan *sdk.LMCachePlan
 	// Env are the engine's LMCACHE_* variables (empty when it does not
 	// run, or before the port is leased).
 	Env map[string]string
 }
 
 // Runs reports whether the instance gets its LMCache.
-func (d LMCacheDecision) Runs() bool { return d.Plan.GetRuns() }
+func (d LMCacheDecision) Runs() bool { return d.Plan.Runs }
 
 // LMCacheMode is a deployment's mode, auto when unset.
-func LMCacheMode(dep *pb.Deployment) string {
-	if m := dep.GetLmcache(); m != "" {
+func LMCacheMode(dep *sdk.Deployment) string {
+	if m := dep.LMCache; m != "" {
 		return m
 	}
 	return LMCacheAuto
@@ -126,28 +126,28 @@ func PlanLMCache(in LMCacheInput, r *enginekit.Refusals) LMCacheDecision {
 	mode := LMCacheMode(in.Dep)
 	if mode != LMCacheAuto && mode != LMCacheOff && mode != LMCacheRequired {
 		r.Add(enginekit.CodeLMCacheUnavailable+":mode", "lmcache", "lmcache is %q: want auto, off or required", mode)
-		return LMCacheDecision{Plan: &pb.LMCachePlan{Reason: "invalid mode"}}
+		return LMCacheDecision{Plan: &sdk.LMCachePlan{Reason: "invalid mode"}}
 	}
 	off := func(key, why string) LMCacheDecision {
 		if mode == LMCacheRequired {
 			r.Add(enginekit.CodeLMCacheUnavailable+":"+key, "lmcache", "lmcache = \"required\", but %s", why)
 		}
-		return LMCacheDecision{Plan: &pb.LMCachePlan{Reason: why}}
+		return LMCacheDecision{Plan: &sdk.LMCachePlan{Reason: why}}
 	}
 	if mode == LMCacheOff {
-		return LMCacheDecision{Plan: &pb.LMCachePlan{Reason: "the deployment sets lmcache = \"off\""}}
+		return LMCacheDecision{Plan: &sdk.LMCachePlan{Reason: "the deployment sets lmcache = \"off\""}}
 	}
-	if in.Host.GetLmcache() == LMCacheOff {
+	if in.Host.LMCache == LMCacheOff {
 		return off("host_off", "the host sets lmcache = \"off\"")
 	}
-	if in.Host.GetRetention() == "zero" {
+	if in.Host.Retention == "zero" {
 		// IMPORTANT: its cache would hold request content in host RAM.
 		return off("retention_zero", "the host keeps no request data (retention = \"zero\"), and LMCache holds prompts' KV in host RAM")
 	}
-	if v := in.Inst.GetVersion(); v != "" && !VersionAtLeast(v, in.Family.Since) {
+	if v := in.Inst.Version; v != "" && !VersionAtLeast(v, in.Family.Since) {
 		return off("engine_version", fmt.Sprintf("%s %s predates %s, the first release CapyCTL runs LMCache with", in.Family.Name, v, in.Family.Since))
 	}
-	if in.Family.NoDecisions && in.Dep.GetApi() == "decisions" {
+	if in.Family.NoDecisions && in.Dep.API == "decisions" {
 		return off("decisions", fmt.Sprintf("%s fails with LMCache while its radix cache is disabled, as decision models run (sgl-project/sglang#45929)", in.Family.Name))
 	}
 	var lmv string
@@ -158,9 +158,9 @@ func PlanLMCache(in LMCacheInput, r *enginekit.Refusals) LMCacheDecision {
 	}
 	switch {
 	case lmv == "":
-		return off("not_installed", fmt.Sprintf("LMCache is not installed in the environment of engine %s (install lmcache %s or a later 0.5.x there and register the engine again)", in.Inst.GetName(), LMCacheMin))
+		return off("not_installed", fmt.Sprintf("LMCache is not installed in the environment of engine %s (install lmcache %s or a later 0.5.x there and register the engine again)", in.Inst.Name, LMCacheMin))
 	case !VersionIn(lmv, LMCacheSeries) || !VersionAtLeast(lmv, LMCacheMin):
-		return off("lmcache_version", fmt.Sprintf("engine %s has LMCache %s; CapyCTL runs %s or a later 0.5.x", in.Inst.GetName(), lmv, LMCacheMin))
+		return off("lmcache_version", fmt.Sprintf("engine %s has LMCache %s; CapyCTL runs %s or a later 0.5.x", in.Inst.Name, lmv, LMCacheMin))
 	}
 	if in.OwnConnector {
 		return off("own_connector", "the deployment sets its own KV connector (--kv-transfer-config)")
@@ -175,20 +175,20 @@ func PlanLMCache(in LMCacheInput, r *enginekit.Refusals) LMCacheDecision {
 		return off("not_isolated", LMCacheIsolationNeeded)
 	}
 	if mode == LMCacheRequired && len(*r) > 0 {
-		return LMCacheDecision{Plan: &pb.LMCachePlan{Reason: "refused"}}
+		return LMCacheDecision{Plan: &sdk.LMCachePlan{Reason: "refused"}}
 	}
-	pool := in.Dep.GetLmcachePoolBytes()
+	pool := in.Dep.LMCachePoolBytes
 	if pool <= 0 {
 		pool = DefaultLMCachePool
 	}
-	p := &pb.LMCachePlan{
+	p := &sdk.LMCachePlan{
 		Runs:        true,
 		Reason:      fmt.Sprintf("LMCache %s, residency restart_only, lmcache = %q", lmv, mode),
 		PoolBytes:   pool,
 		ServerBytes: LMCacheServerBytes,
 	}
 	dec := LMCacheDecision{Plan: p}
-	port := in.Launch.GetLmcachePort()
+	port := in.Launch.LMCachePort
 	if port <= 0 || in.Venv == nil {
 		return dec // rendered once the core leased the port
 	}
@@ -206,7 +206,7 @@ func PlanLMCache(in LMCacheInput, r *enginekit.Refusals) LMCacheDecision {
 		"LMCACHE_REMOTE_SERDE":       "naive",
 		// IMPORTANT: without it a restart_only park loses the cache in
 		// all but name (LMCacheHashSeed).
-		"PYTHONHASHSEED": LMCacheHashSeed(in.Launch.GetInstanceId(), port),
+		"PYTHONHASHSEED": LMCacheHashSeed(in.Launch.InstanceID, port),
 	}
 	return dec
 }
@@ -239,11 +239,13 @@ func gigabytes(b int64) string {
 
 // ApplyLMCache puts a decision into a rendered plan: the server, the
 // engine's variables and the host RAM beside the engine.
-func ApplyLMCache(resp *pb.PlanResponse, d LMCacheDecision) {
-	resp.Lmcache = d.Plan
+func ApplyLMCache(resp *sdk.PlanResponse, d LMCacheDecision) {
+	if d.Plan != nil {
+		resp.LMCache = *d.Plan
+	}
 	if !d.Runs() {
-		if d.Plan.GetReason() != "" {
-			resp.Notes = append(resp.Notes, "no LMCache: "+d.Plan.GetReason())
+		if d.Plan.Reason != "" {
+			resp.Notes = append(resp.Notes, "no LMCache: "+d.Plan.Reason)
 		}
 		return
 	}
@@ -253,11 +255,8 @@ func ApplyLMCache(resp *pb.PlanResponse, d LMCacheDecision) {
 	for k, v := range d.Env {
 		resp.Env[k] = v
 	}
-	if resp.Hints == nil {
-		resp.Hints = &pb.MemoryHints{}
-	}
-	resp.Hints.BesideHostBytes = d.Plan.GetPoolBytes() + d.Plan.GetServerBytes()
-	resp.Notes = append(resp.Notes, "a private LMCache server runs beside the engine on loopback: "+d.Plan.GetReason())
+	resp.Hints.BesideHostBytes = d.Plan.PoolBytes + d.Plan.ServerBytes
+	resp.Notes = append(resp.Notes, "a private LMCache server runs beside the engine on loopback: "+d.Plan.Reason)
 }
 
 // SaltWithLMCache turns cache_salt off on the endpoint of an instance that
@@ -267,7 +266,7 @@ func ApplyLMCache(resp *pb.PlanResponse, d LMCacheDecision) {
 // open in 2026-09), so two salts would share cached prefixes. The router
 // then refuses a salted request (cache_salt_unsupported) instead of
 // promising an isolation the cache does not give.
-func SaltWithLMCache(ep *pb.Endpoint, lmcache bool) {
+func SaltWithLMCache(ep *sdk.Endpoint, lmcache bool) {
 	if lmcache && ep != nil {
 		ep.CacheSalt = false
 	}

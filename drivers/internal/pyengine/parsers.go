@@ -6,9 +6,9 @@ package pyengine
 import (
 	"strings"
 
+	"github.com/capyctl/capyctl/sdk"
 	"github.com/capyctl/capyctl/sdk/flags"
 	"github.com/capyctl/capyctl/sdk/formats"
-	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
 
 // Parser provenances (Parsers.provenance).
@@ -57,7 +57,7 @@ type Chosen struct {
 	Tool, Reasoning string
 	// Report is what status shows (the effective parsers, with their
 	// provenance).
-	Report *pb.Parsers
+	Report *sdk.Parsers
 }
 
 // ChooseParsers picks the tool-call and reasoning parsers: a parser in
@@ -69,7 +69,7 @@ type Chosen struct {
 // without "<think>" gets no reasoning parser. Other families get none.
 func ChooseParsers(in ParserInput, names ParserNames) Chosen {
 	if in.API == "decisions" || in.API == "embeddings" || in.API == "rerank" {
-		return Chosen{Report: &pb.Parsers{Provenance: ProvenanceUnsupported}}
+		return Chosen{Report: &sdk.Parsers{Provenance: ProvenanceUnsupported}}
 	}
 	famTool, famReasoning, known := familyParsers(in.ModelDir, names)
 	var provs []string
@@ -97,7 +97,7 @@ func ChooseParsers(in ParserInput, names ParserNames) Chosen {
 		return declared, declared
 	}
 	var out Chosen
-	out.Report = &pb.Parsers{}
+	out.Report = &sdk.Parsers{}
 	out.Tool, out.Report.ToolCall = pick(in.ToolOption, in.Tool, famTool)
 	out.Reasoning, out.Report.Reasoning = pick(in.ReasoningOption, in.Reasoning, famReasoning)
 	out.Report.Provenance = strongest(provs)

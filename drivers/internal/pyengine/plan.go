@@ -14,9 +14,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/capyctl/capyctl/sdk"
 	"github.com/capyctl/capyctl/sdk/enginekit"
 	"github.com/capyctl/capyctl/sdk/flags"
-	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
 
 // DefaultMaxConcurrent is the running requests of an instance when the
@@ -29,27 +29,27 @@ const DefaultMaxConcurrent = 32
 // host_backed needs a discrete card; the model directory, when resolved,
 // is a directory. typed maps each job-spec field the deployment sets to
 // true (Rule.Field). It returns extra_args parsed.
-func Common(t *flags.Table, dep *pb.Deployment, host *pb.HostPolicy, typed map[string]bool, r *enginekit.Refusals) []flags.Arg {
+func Common(t *flags.Table, dep *sdk.Deployment, host *sdk.HostPolicy, typed map[string]bool, r *enginekit.Refusals) []flags.Arg {
 	args := enginekit.CheckOptions(t, dep, host, typed, r)
-	if dep.GetTrustRemoteCode() && !flags.HostApprovals(host).RemoteCode {
+	if dep.TrustRemoteCode && !flags.HostApprovals(host).RemoteCode {
 		r.Add(flags.CodeRemoteCode, "engine_config.trust_remote_code",
 			"trust_remote_code runs code the checkpoint ships; the host must allow it: capyctl engine add ... --allow-remote-code")
 	}
-	switch dep.GetResidency() {
+	switch dep.Residency {
 	case "", enginekit.ResidencyDeep, enginekit.ResidencyRestartOnly:
 	case enginekit.ResidencyHostBacked:
-		if host.GetUnified() {
+		if host.Unified {
 			r.Add(enginekit.CodeHostBackedUnavailable, "residency", "host_backed keeps weights in host RAM beside a discrete card; this host has unified memory: use deep or restart_only")
 		}
 	default:
-		r.Add(flags.CodeInvalidConfig, "residency", "unknown residency %q (deep, host_backed or restart_only)", dep.GetResidency())
+		r.Add(flags.CodeInvalidConfig, "residency", "unknown residency %q (deep, host_backed or restart_only)", dep.Residency)
 	}
-	if d := dep.GetModelDir(); d != "" {
+	if d := dep.ModelDir; d != "" {
 		if fi, err := os.Stat(d); err != nil || !fi.IsDir() {
 			r.Add(enginekit.CodeCheckpointUnusable, "model", "the model directory %s cannot be read", d)
 		}
 	}
-	if dep.GetMaxConcurrentRequests() < 0 {
+	if dep.MaxConcurrentRequests < 0 {
 		r.Add(flags.CodeInvalidConfig, "engine_config.max_concurrent_requests", "max_concurrent_requests must be positive")
 	}
 	return args
@@ -57,19 +57,19 @@ func Common(t *flags.Table, dep *pb.Deployment, host *pb.HostPolicy, typed map[s
 
 // TypedFields returns the typed job-spec fields a deployment sets, for
 // duplicate detection against extra_args.
-func TypedFields(dep *pb.Deployment, family map[string]bool) map[string]bool {
+func TypedFields(dep *sdk.Deployment, family map[string]bool) map[string]bool {
 	out := map[string]bool{}
 	set := func(field string, ok bool) {
 		if ok {
 			out[field] = true
 		}
 	}
-	set("engine_config.dtype", dep.GetDtype() != "")
-	set("engine_config.quantization", dep.GetQuantization() != "")
-	set("engine_config.kv_cache_dtype", dep.GetKvCacheDtype() != "")
-	set("engine_config.context_length", dep.GetContextLength() > 0)
-	set("engine_config.cuda_graphs", dep.GetCudaGraphs() != "")
-	set("engine_config.trust_remote_code", dep.GetTrustRemoteCode())
+	set("engine_config.dtype", dep.Dtype != "")
+	set("engine_config.quantization", dep.Quantization != "")
+	set("engine_config.kv_cache_dtype", dep.KVCacheDtype != "")
+	set("engine_config.context_length", dep.ContextLength > 0)
+	set("engine_config.cuda_graphs", dep.CUDAGraphs != "")
+	set("engine_config.trust_remote_code", dep.TrustRemoteCode)
 	for k, v := range family {
 		set(k, v)
 	}
@@ -81,9 +81,9 @@ type EnvOptions struct {
 	// Venv is the environment's root (its bin leads PATH).
 	Venv string
 	// Host is the host's policy.
-	Host *pb.HostPolicy
+	Host *sdk.HostPolicy
 	// Launch is the launch context (launch directory, devices).
-	Launch *pb.LaunchContext
+	Launch *sdk.LaunchContext
 }
 
 // BaseEnv is the environment every Python engine starts from: a closed
@@ -93,20 +93,20 @@ type EnvOptions struct {
 // allows engine telemetry.
 func BaseEnv(o EnvOptions) enginekit.Env {
 	path := filepath.Join(o.Venv, "bin")
-	if ch := o.Host.GetCudaHome(); ch != "" {
+	if ch := o.Host.CUDAHome; ch != "" {
 		path += ":" + filepath.Join(ch, "bin")
 	}
 	env := enginekit.NewEnv(path + ":" + enginekit.SystemPath)
 	env["PYTHONUNBUFFERED"] = "1"
 	env["HF_HUB_OFFLINE"] = "1"
-	if d := o.Launch.GetLaunchDir(); d != "" {
+	if d := o.Launch.LaunchDir; d != "" {
 		env["HOME"] = d
 	}
-	if ch := o.Host.GetCudaHome(); ch != "" {
+	if ch := o.Host.CUDAHome; ch != "" {
 		env["CUDA_HOME"] = ch
 	}
 	env.PinDevices(o.Launch)
-	env.Merge(o.Host.GetHostEnv())
+	env.Merge(o.Host.HostEnv)
 	env.NoTelemetry(o.Host)
 	return env
 }
@@ -298,8 +298,8 @@ func Fraction(part, total int64) string {
 }
 
 // MaxConcurrent is the deployment's max_concurrent_requests or def.
-func MaxConcurrent(dep *pb.Deployment, def int) int {
-	if n := int(dep.GetMaxConcurrentRequests()); n > 0 {
+func MaxConcurrent(dep *sdk.Deployment, def int) int {
+	if n := int(dep.MaxConcurrentRequests); n > 0 {
 		return n
 	}
 	return def

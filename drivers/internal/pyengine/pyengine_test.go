@@ -11,9 +11,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/capyctl/capyctl/sdk"
 	"github.com/capyctl/capyctl/sdk/enginekit"
 	"github.com/capyctl/capyctl/sdk/flags"
-	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
 
 func TestVersionIn(t *testing.T) {
@@ -94,7 +94,7 @@ func TestDecodeFamily(t *testing.T) {
 		cfg := DecodeFamily([]byte(c.raw), "fam", keys, &r)
 		var got []string
 		for _, x := range r {
-			got = append(got, x.GetCode())
+			got = append(got, x.Code)
 		}
 		if strings.Join(got, ",") != strings.Join(c.codes, ",") {
 			t.Errorf("DecodeFamily(%s) = %v, want %v", c.raw, got, c.codes)
@@ -149,7 +149,7 @@ func TestChooseParsers(t *testing.T) {
 			c.in.ToolOption, c.in.ReasoningOption = "--tool-call-parser", "--reasoning-parser"
 			got := ChooseParsers(c.in, names)
 			if got.Tool != c.render[0] || got.Reasoning != c.render[1] ||
-				got.Report.GetToolCall() != c.effective[0] || got.Report.GetReasoning() != c.effective[1] || got.Report.GetProvenance() != c.provenance {
+				got.Report.ToolCall != c.effective[0] || got.Report.Reasoning != c.effective[1] || got.Report.Provenance != c.provenance {
 				t.Fatalf("ChooseParsers = render %q/%q report %v", got.Tool, got.Reasoning, got.Report)
 			}
 		})
@@ -176,8 +176,8 @@ func TestFraction(t *testing.T) {
 }
 
 func TestBaseEnv(t *testing.T) {
-	env := BaseEnv(EnvOptions{Venv: "/v", Host: &pb.HostPolicy{EngineTelemetry: "allow", HostEnv: map[string]string{"X": "1", "DO_NOT_TRACK": "0"}},
-		Launch: &pb.LaunchContext{LaunchDir: "/l", DeviceUuids: []string{"GPU-a", "GPU-b"}}})
+	env := BaseEnv(EnvOptions{Venv: "/v", Host: &sdk.HostPolicy{EngineTelemetry: "allow", HostEnv: map[string]string{"X": "1", "DO_NOT_TRACK": "0"}},
+		Launch: &sdk.LaunchContext{LaunchDir: "/l", DeviceUUIDs: []string{"GPU-a", "GPU-b"}}})
 	want := map[string]string{"PATH": "/v/bin:/usr/local/bin:/usr/bin:/bin", "HOME": "/l", "CUDA_VISIBLE_DEVICES": "GPU-a,GPU-b", "X": "1", "DO_NOT_TRACK": "0"}
 	for k, v := range want {
 		if env[k] != v {
@@ -185,7 +185,7 @@ func TestBaseEnv(t *testing.T) {
 		}
 	}
 	// Telemetry off wins over the host's own variables.
-	env = BaseEnv(EnvOptions{Venv: "/v", Host: &pb.HostPolicy{HostEnv: map[string]string{"DO_NOT_TRACK": "0"}}})
+	env = BaseEnv(EnvOptions{Venv: "/v", Host: &sdk.HostPolicy{HostEnv: map[string]string{"DO_NOT_TRACK": "0"}}, Launch: &sdk.LaunchContext{}})
 	if env["DO_NOT_TRACK"] != "1" {
 		t.Fatalf("DO_NOT_TRACK=%q with telemetry off", env["DO_NOT_TRACK"])
 	}

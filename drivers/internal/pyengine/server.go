@@ -10,7 +10,6 @@ import (
 	"github.com/capyctl/capyctl/sdk/enginekit"
 	"github.com/capyctl/capyctl/sdk/flags"
 	"github.com/capyctl/capyctl/sdk/formats"
-	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
 
 // What follows renders the plans of the OpenAI-compatible servers started
@@ -19,10 +18,10 @@ import (
 
 // PlanVenv finds the installation's environment for a plan; a missing one
 // is refused (engine_not_found) and returns nil.
-func PlanVenv(inst *pb.Installation, r *enginekit.Refusals) *Venv {
-	venv, err := FindVenv(inst.GetPath())
+func PlanVenv(inst *sdk.Installation, r *enginekit.Refusals) *Venv {
+	venv, err := FindVenv(inst.Path)
 	if err != nil {
-		r.Add(sdk.CodeEngineNotFound, "engine", "engine %s: %v", inst.GetName(), err)
+		r.Add(sdk.CodeEngineNotFound, "engine", "engine %s: %v", inst.Name, err)
 	}
 	return venv
 }
@@ -42,16 +41,16 @@ type Checkpoint struct {
 }
 
 // ReadCheckpoint reads a deployment's checkpoint and KV budget.
-func ReadCheckpoint(dep *pb.Deployment, lctx *pb.LaunchContext) Checkpoint {
-	hf, _ := formats.ReadHFConfig(dep.GetModelDir())
+func ReadCheckpoint(dep *sdk.Deployment, lctx *sdk.LaunchContext) Checkpoint {
+	hf, _ := formats.ReadHFConfig(dep.ModelDir)
 	c := Checkpoint{
-		Weights:    WeightsBytes(dep.GetModelDir()),
+		Weights:    WeightsBytes(dep.ModelDir),
 		HF:         hf,
-		KVPerToken: hf.KVBytesPerToken(1, dep.GetKvCacheDtype()),
-		KVBudget:   lctx.GetKvCacheBytes(),
+		KVPerToken: hf.KVBytesPerToken(1, dep.KVCacheDtype),
+		KVBudget:   lctx.KVCacheBytes,
 	}
 	if c.KVBudget <= 0 {
-		c.KVBudget = dep.GetMemory().GetKvCacheBytes()
+		c.KVBudget = dep.Memory.KVCacheBytes
 	}
 	return c
 }
@@ -59,9 +58,9 @@ func ReadCheckpoint(dep *pb.Deployment, lctx *pb.LaunchContext) Checkpoint {
 // FamilyParsers picks the parsers of a deployment (ChooseParsers) from
 // engine_config.<family>.tool_call_parser and reasoning_parser, and the
 // --tool-call-parser and --reasoning-parser options in extra_args.
-func FamilyParsers(dep *pb.Deployment, cfg FamilyConfig, args []flags.Arg, names ParserNames) Chosen {
+func FamilyParsers(dep *sdk.Deployment, cfg FamilyConfig, args []flags.Arg, names ParserNames) Chosen {
 	return ChooseParsers(ParserInput{
-		ModelDir: dep.GetModelDir(), API: dep.GetApi(), Tool: cfg.String("tool_call_parser"), Reasoning: cfg.String("reasoning_parser"),
+		ModelDir: dep.ModelDir, API: dep.API, Tool: cfg.String("tool_call_parser"), Reasoning: cfg.String("reasoning_parser"),
 		Args: args, ToolOption: "--tool-call-parser", ReasoningOption: "--reasoning-parser",
 	}, names)
 }
@@ -69,13 +68,13 @@ func FamilyParsers(dep *pb.Deployment, cfg FamilyConfig, args []flags.Arg, names
 // ServerArgv starts a server's command line: `<python> -m <module>
 // <modelOption> <model dir> --served-model-name <name> --host 127.0.0.1`,
 // and --port when the port is leased.
-func ServerArgv(python, module, modelOption string, dep *pb.Deployment, lctx *pb.LaunchContext) []string {
+func ServerArgv(python, module, modelOption string, dep *sdk.Deployment, lctx *sdk.LaunchContext) []string {
 	argv := []string{python, "-m", module,
-		modelOption, dep.GetModelDir(),
-		"--served-model-name", dep.GetServedName(),
+		modelOption, dep.ModelDir,
+		"--served-model-name", dep.ServedName,
 		"--host", "127.0.0.1",
 	}
-	if p := lctx.GetPort(); p > 0 {
+	if p := lctx.Port; p > 0 {
 		argv = append(argv, "--port", strconv.Itoa(int(p)))
 	}
 	return argv
@@ -97,10 +96,10 @@ func OnSocket(argv []string, option, sock string) []string {
 
 // TypedArgs renders the typed fields both servers spell alike: --dtype,
 // --quantization and --kv-cache-dtype, each when set.
-func TypedArgs(dep *pb.Deployment) []string {
+func TypedArgs(dep *sdk.Deployment) []string {
 	var out []string
 	for _, o := range []struct{ flag, val string }{
-		{"--dtype", dep.GetDtype()}, {"--quantization", dep.GetQuantization()}, {"--kv-cache-dtype", dep.GetKvCacheDtype()},
+		{"--dtype", dep.Dtype}, {"--quantization", dep.Quantization}, {"--kv-cache-dtype", dep.KVCacheDtype},
 	} {
 		if o.val != "" {
 			out = append(out, o.flag, o.val)
@@ -126,7 +125,7 @@ type Rendered struct {
 	Residency string
 	// Group is the launch's group membership, nil for none: the weights
 	// and KV per token in the hints are then this rank's share.
-	Group *pb.Group
+	Group *sdk.Group
 }
 
 // Plan answers Plan with a rendered launch: the launch directory as the
@@ -134,12 +133,12 @@ type Rendered struct {
 // context when none is rendered; a group member's share of the weights and
 // of the KV per token), the parsers, and the startup and wake timeouts
 // derived from the weights.
-func (r Rendered) Plan(lctx *pb.LaunchContext) *pb.PlanResponse {
+func (r Rendered) Plan(lctx *sdk.LaunchContext) *sdk.PlanResponse {
 	ck := r.Checkpoint
-	hints := &pb.MemoryHints{
+	hints := &sdk.MemoryHints{
 		WeightsBytes:          enginekit.GroupShare(ck.Weights, r.Group),
-		KvBytesPerToken:       enginekit.GroupShare(ck.KVPerToken, r.Group),
-		KvCacheBytes:          ck.KVBudget,
+		KVBytesPerToken:       enginekit.GroupShare(ck.KVPerToken, r.Group),
+		KVCacheBytes:          ck.KVBudget,
 		ContextLength:         r.ContextLength,
 		MaxConcurrentRequests: int32(r.MaxConcurrent),
 		Source:                enginekit.GroupSource("safetensors+config.json", r.Group),
@@ -151,16 +150,16 @@ func (r Rendered) Plan(lctx *pb.LaunchContext) *pb.PlanResponse {
 	if r.Group != nil {
 		notes = append(notes, enginekit.GroupNote(r.Group))
 	}
-	return &pb.PlanResponse{
-		Notes:            notes,
-		Argv:             r.Argv,
-		Env:              r.Env,
-		Workdir:          lctx.GetLaunchDir(),
-		Hints:            hints,
-		Parsers:          r.Parsers.Report,
-		Residency:        r.Residency,
-		StartupTimeoutMs: StartupTimeout(ck.Weights).Milliseconds(),
-		WakeTimeoutMs:    WakeTimeout(ck.Weights, r.Residency).Milliseconds(),
+	return &sdk.PlanResponse{
+		Notes:          notes,
+		Argv:           r.Argv,
+		Env:            r.Env,
+		Workdir:        lctx.LaunchDir,
+		Hints:          *hints,
+		Parsers:        *r.Parsers.Report,
+		Residency:      r.Residency,
+		StartupTimeout: StartupTimeout(ck.Weights),
+		WakeTimeout:    WakeTimeout(ck.Weights, r.Residency),
 	}
 }
 
@@ -171,11 +170,11 @@ func (r Rendered) Plan(lctx *pb.LaunchContext) *pb.PlanResponse {
 // with require_rdma, NCCL_NET=IB (enginekit.RDMAEnv), so that NCCL cannot
 // fall back to TCP sockets. No other NCCL_* variable is set: NCCL picks its
 // interface and, without require_rdma, its transport itself.
-func GroupEnv(env enginekit.Env, g *pb.Group) {
+func GroupEnv(env enginekit.Env, g *sdk.Group) {
 	if g == nil {
 		return
 	}
-	if ifc := enginekit.InterfaceOf(g.GetPeerAddress()); ifc != "" {
+	if ifc := enginekit.InterfaceOf(g.PeerAddress); ifc != "" {
 		env[enginekit.GlooSocketEnv] = ifc
 	}
 	enginekit.RDMAEnv(env, g)

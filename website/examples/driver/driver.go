@@ -13,7 +13,6 @@ import (
 	"github.com/capyctl/capyctl/sdk/enginekit"
 	"github.com/capyctl/capyctl/sdk/flags"
 	"github.com/capyctl/capyctl/sdk/proc"
-	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
 
 // Family is the engine family this driver serves: capyctl engine add
@@ -58,76 +57,76 @@ type Driver struct {
 func New() *Driver { return &Driver{reg: enginekit.NewRegistry[*enginekit.Instance]()} }
 
 // Describe names the driver and declares what it can do.
-func (d *Driver) Describe(context.Context, *pb.DescribeRequest) (*pb.DescribeResponse, error) {
-	caps := &pb.Capabilities{Apis: []string{"chat"}, AbortMode: pb.AbortMode_ABORT_MODE_CLOSE_CONNECTION, IdleSignal: true}
+func (d *Driver) Describe(context.Context, *sdk.DescribeRequest) (*sdk.DescribeResponse, error) {
+	caps := &sdk.Capabilities{APIs: []string{"chat"}, AbortMode: sdk.AbortModeCloseConnection, IdleSignal: true}
 	return enginekit.Describe(Family, version, caps, ""), nil
 }
 
 // Detect checks the program capyctl engine add names and pins its digest.
-func (d *Driver) Detect(_ context.Context, req *pb.DetectRequest) (*pb.DetectResponse, error) {
-	st, err := os.Stat(req.GetPath())
+func (d *Driver) Detect(_ context.Context, req *sdk.DetectRequest) (*sdk.DetectResponse, error) {
+	st, err := os.Stat(req.Path)
 	if err != nil || st.IsDir() || st.Mode()&0o111 == 0 {
-		return nil, sdk.Errorf(sdk.CodeEngineNotFound, "%s is not an executable program", req.GetPath())
+		return nil, sdk.Errorf(sdk.CodeEngineNotFound, "%s is not an executable program", req.Path)
 	}
-	digest, err := enginekit.FileDigest(req.GetPath())
+	digest, err := enginekit.FileDigest(req.Path)
 	if err != nil {
-		return nil, sdk.Errorf(sdk.CodeEngineNotFound, "read %s: %v", req.GetPath(), err)
+		return nil, sdk.Errorf(sdk.CodeEngineNotFound, "read %s: %v", req.Path, err)
 	}
-	return &pb.DetectResponse{Family: Family, Version: "unknown", Digest: digest, Program: req.GetPath(),
+	return &sdk.DetectResponse{Family: Family, Version: "unknown", Digest: digest, Program: req.Path,
 		Notes: []string{"hello engines run restart only"}}, nil
 }
 
 // Flags returns the flag policy.
-func (d *Driver) Flags(context.Context, *pb.FlagsRequest) (*pb.FlagsResponse, error) {
-	return table.Proto(), nil
+func (d *Driver) Flags(context.Context, *sdk.FlagsRequest) (*sdk.FlagsResponse, error) {
+	return table.Response(), nil
 }
 
 // Plan refuses what the engine cannot do, then renders the command line and
 // the environment (never the key: Start adds it).
-func (d *Driver) Plan(_ context.Context, req *pb.PlanRequest) (*pb.PlanResponse, error) {
-	dep, host, lctx := req.GetDeployment(), req.GetHost(), req.GetLaunch()
+func (d *Driver) Plan(_ context.Context, req *sdk.PlanRequest) (*sdk.PlanResponse, error) {
+	dep, host, lctx := &req.Deployment, &req.Host, &req.Launch
 	var r enginekit.Refusals
 	enginekit.CheckOptions(table, dep, host, nil, &r)
-	if res := dep.GetResidency(); res != "" && res != enginekit.ResidencyRestartOnly {
+	if res := dep.Residency; res != "" && res != enginekit.ResidencyRestartOnly {
 		r.Add(enginekit.CodeCapabilityMissing+":deep_park", "residency", "hello engines do not park: set residency = %q", enginekit.ResidencyRestartOnly)
 	}
-	if api := dep.GetApi(); api != "" && api != "chat" {
+	if api := dep.API; api != "" && api != "chat" {
 		r.Add(enginekit.CodeCapabilityMissing+":"+api, "api", "hello engines serve the chat API only")
 	}
-	resp := &pb.PlanResponse{Residency: enginekit.ResidencyRestartOnly, StartupTimeoutMs: startupTimeout.Milliseconds(), Refusals: r}
+	resp := &sdk.PlanResponse{Residency: enginekit.ResidencyRestartOnly, StartupTimeout: startupTimeout, Refusals: r}
 	if len(r) > 0 {
 		return resp, nil
 	}
 	port := "{{port}}" // a plan checked before there is a launch
-	if lctx.GetPort() > 0 {
-		port = strconv.Itoa(int(lctx.GetPort()))
+	if lctx.Port > 0 {
+		port = strconv.Itoa(int(lctx.Port))
 	}
-	resp.Argv = append([]string{req.GetInstallation().GetPath(), "serve", "--host", "127.0.0.1", "--port", port,
-		"--served-name", dep.GetServedName()}, dep.GetExtraArgs()...)
+	resp.Argv = append([]string{req.Installation.Path, "serve", "--host", "127.0.0.1", "--port", port,
+		"--served-name", dep.ServedName}, dep.ExtraArgs...)
 	env := enginekit.NewEnv(enginekit.SystemPath)
 	env.PinDevices(lctx)
 	env.NoTelemetry(host)
-	env.Merge(host.GetHostEnv())
-	env.Merge(dep.GetEnv())
-	resp.Env, resp.Workdir = env, lctx.GetLaunchDir()
+	env.Merge(host.HostEnv)
+	env.Merge(dep.Env)
+	resp.Env, resp.Workdir = env, lctx.LaunchDir
 	return resp, nil
 }
 
 // Start runs the plan behind the launch shim, the key in the environment
 // and redacted from the output, and keeps the instance.
-func (d *Driver) Start(_ context.Context, req *pb.StartRequest) (*pb.StartResponse, error) {
-	inst, lctx, key := req.GetInstallation(), req.GetLaunch(), req.GetEngineKey()
+func (d *Driver) Start(_ context.Context, req *sdk.StartRequest) (*sdk.StartResponse, error) {
+	inst, lctx, key := &req.Installation, &req.Launch, req.EngineKey
 	// IMPORTANT: the program registered and pinned must be what runs.
-	if digest, err := enginekit.FileDigest(inst.GetPath()); err != nil || digest != inst.GetDigest() {
-		return nil, sdk.Errorf(enginekit.CodeInstallationDrift, "%s changed since it was registered: capyctl engine add it again", inst.GetPath())
+	if digest, err := enginekit.FileDigest(inst.Path); err != nil || digest != inst.Digest {
+		return nil, sdk.Errorf(enginekit.CodeInstallationDrift, "%s changed since it was registered: capyctl engine add it again", inst.Path)
 	}
-	launched, err := enginekit.StartLaunch(enginekit.LaunchOptions{Plan: req.GetPlan(), Host: req.GetHost(), Launch: lctx,
-		SecretEnv: map[string]string{keyEnv: key}, Secrets: []string{key, req.GetAdminKey()}})
+	launched, err := enginekit.StartLaunch(enginekit.LaunchOptions{Plan: &req.Plan, Host: &req.Host, Launch: lctx,
+		SecretEnv: map[string]string{keyEnv: key}, Secrets: []string{key, req.AdminKey}})
 	if err != nil {
 		return nil, err
 	}
-	served := req.GetDeployment().GetServedName()
-	return d.reg.Started(instance(lctx.GetInstanceId(), lctx.GetLaunchId(), *launched, int(lctx.GetPort()), served, key)), nil
+	served := req.Deployment.ServedName
+	return d.reg.Started(instance(lctx.InstanceID, lctx.LaunchID, *launched, int(lctx.Port), served, key)), nil
 }
 
 // instance is the handle of a launch: the router reaches the engine on its
@@ -142,37 +141,37 @@ func instance(id, launchID string, l proc.Launched, port int, served, key string
 
 // Probe answers liveness from the process table, and readiness once the
 // engine lists the served name and answers a real request.
-func (d *Driver) Probe(ctx context.Context, req *pb.ProbeRequest) (*pb.ProbeResponse, error) {
-	in, err := d.reg.Get(req.GetInstanceId())
+func (d *Driver) Probe(ctx context.Context, req *sdk.ProbeRequest) (*sdk.ProbeResponse, error) {
+	in, err := d.reg.Get(req.InstanceID)
 	if err != nil {
 		return nil, err
 	}
-	if req.GetKind() == pb.ProbeKind_PROBE_KIND_LIVENESS {
+	if req.Kind == sdk.ProbeKindLiveness {
 		return in.Liveness(), nil
 	}
 	return in.WaitReady(ctx, enginekit.ProbeDeadline(req, startupTimeout), in.ChatReady("Say ready.", 8, nil), nil, nil), nil
 }
 
 // Load reads the idle signal from the engine's /metrics.
-func (d *Driver) Load(ctx context.Context, req *pb.LoadRequest) (*pb.LoadResponse, error) {
+func (d *Driver) Load(ctx context.Context, req *sdk.LoadRequest) (*sdk.LoadResponse, error) {
 	return d.reg.Load(ctx, req, metrics)
 }
 
 // Stop ends the engine's whole process group and proves it gone.
-func (d *Driver) Stop(_ context.Context, req *pb.StopRequest) (*pb.StopResponse, error) {
+func (d *Driver) Stop(_ context.Context, req *sdk.StopRequest) (*sdk.StopResponse, error) {
 	return d.reg.Stop(req, stopGrace, enginekit.StopHooks{})
 }
 
 // Recover re-attaches a restarted driver to an engine that kept running.
-func (d *Driver) Recover(_ context.Context, req *pb.RecoverRequest) (*pb.RecoverResponse, error) {
+func (d *Driver) Recover(_ context.Context, req *sdk.RecoverRequest) (*sdk.RecoverResponse, error) {
 	return d.reg.Recover(req, func(l proc.Launched, detail string) (*enginekit.Instance, string, error) {
-		launch := req.GetLaunch()
-		served := req.GetDeployment().GetServedName()
-		return instance(req.GetInstanceId(), launch.GetLaunchId(), l, int(launch.GetPort()), served, req.GetEngineKey()), detail, nil
+		launch := &req.Launch
+		served := req.Deployment.ServedName
+		return instance(req.InstanceID, launch.LaunchID, l, int(launch.Port), served, req.EngineKey), detail, nil
 	})
 }
 
 // Logs returns the redacted tail of the engine's output.
-func (d *Driver) Logs(_ context.Context, req *pb.LogsRequest) (*pb.LogsResponse, error) {
+func (d *Driver) Logs(_ context.Context, req *sdk.LogsRequest) (*sdk.LogsResponse, error) {
 	return d.reg.Logs(req)
 }

@@ -27,7 +27,6 @@ import (
 	"github.com/capyctl/capyctl/plugins-testkit/testbin"
 	"github.com/capyctl/capyctl/sdk"
 	sdkplugin "github.com/capyctl/capyctl/sdk/plugin"
-	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
 
 // program is the name a role looks for in its plugin directory.
@@ -252,8 +251,8 @@ func TestProtocol_OneLoadsBesideANewerOne(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	desc, err := raw.(sdk.Driver).Describe(context.Background(), &pb.DescribeRequest{})
-	if err != nil || desc.GetName() != Family || desc.GetProtocol() != 1 {
+	desc, err := raw.(sdk.Driver).Describe(context.Background(), &sdk.DescribeRequest{})
+	if err != nil || desc.Name != Family || desc.Protocol != 1 {
 		t.Fatalf("Describe over protocol 1: %v %v", desc, err)
 	}
 

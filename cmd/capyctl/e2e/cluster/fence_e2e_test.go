@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/capyctl/capyctl/cmd/capyctl/internal/e2e"
+	"github.com/capyctl/capyctl/plugins-testkit/freeze"
 	"github.com/capyctl/capyctl/plugins-testkit/harness"
 	"github.com/capyctl/capyctl/plugins-testkit/poll"
 )
@@ -71,9 +72,7 @@ func TestServers_StaleLeaderFenced(t *testing.T) {
 	// few heartbeats far less.
 	poll.Until(t, 15*time.Second, "s1 sent the host its share, held by the proxy", func() bool { return proxy.HeldFromTarget()-held > 300 })
 
-	if err := syscall.Kill(s1.PID(), syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
+	freeze.Process(t, s1.PID())
 	resumed := false
 	defer func() {
 		if !resumed {

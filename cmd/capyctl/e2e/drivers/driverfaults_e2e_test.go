@@ -14,7 +14,6 @@ import (
 	"github.com/capyctl/capyctl/sdk"
 	"github.com/capyctl/capyctl/sdk/enginekit"
 	sdkplugin "github.com/capyctl/capyctl/sdk/plugin"
-	pb "github.com/capyctl/capyctl/sdk/proto/driverv1"
 )
 
 // brokenDriver is the name under which this test binary serves
@@ -32,21 +31,21 @@ func TestMain(m *testing.M) {
 // plans well, then answers Start without the launch it made.
 type brokenStartDriver struct{ sdk.UnimplementedDriver }
 
-func (brokenStartDriver) Describe(context.Context, *pb.DescribeRequest) (*pb.DescribeResponse, error) {
-	return enginekit.Describe("broken", "0.1.0", &pb.Capabilities{Apis: []string{"chat"}, AbortMode: pb.AbortMode_ABORT_MODE_CLOSE_CONNECTION}, ""), nil
+func (brokenStartDriver) Describe(context.Context, *sdk.DescribeRequest) (*sdk.DescribeResponse, error) {
+	return enginekit.Describe("broken", "0.1.0", &sdk.Capabilities{APIs: []string{"chat"}, AbortMode: sdk.AbortModeCloseConnection}, ""), nil
 }
 
-func (brokenStartDriver) Detect(_ context.Context, req *pb.DetectRequest) (*pb.DetectResponse, error) {
-	d, err := enginekit.FileDigest(req.GetPath())
-	return &pb.DetectResponse{Family: "broken", Version: "1", Digest: d, Program: req.GetPath()}, err
+func (brokenStartDriver) Detect(_ context.Context, req *sdk.DetectRequest) (*sdk.DetectResponse, error) {
+	d, err := enginekit.FileDigest(req.Path)
+	return &sdk.DetectResponse{Family: "broken", Version: "1", Digest: d, Program: req.Path}, err
 }
 
-func (brokenStartDriver) Plan(_ context.Context, req *pb.PlanRequest) (*pb.PlanResponse, error) {
-	return &pb.PlanResponse{Argv: []string{req.GetInstallation().GetPath()}, Residency: enginekit.ResidencyRestartOnly}, nil
+func (brokenStartDriver) Plan(_ context.Context, req *sdk.PlanRequest) (*sdk.PlanResponse, error) {
+	return &sdk.PlanResponse{Argv: []string{req.Installation.Path}, Residency: enginekit.ResidencyRestartOnly}, nil
 }
 
-func (brokenStartDriver) Start(context.Context, *pb.StartRequest) (*pb.StartResponse, error) {
-	return &pb.StartResponse{}, nil
+func (brokenStartDriver) Start(context.Context, *sdk.StartRequest) (*sdk.StartResponse, error) {
+	return &sdk.StartResponse{}, nil
 }
 
 // TestDrivers_ThirdPartyFaultsAreExplained: capyctl engine add and capyctl

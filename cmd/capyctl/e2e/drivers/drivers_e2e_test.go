@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/capyctl/capyctl/cmd/capyctl/internal/e2e"
+	"github.com/capyctl/capyctl/plugins-testkit/freeze"
 	"github.com/capyctl/capyctl/plugins-testkit/harness"
 	"github.com/capyctl/capyctl/sdk/proc"
 )
@@ -36,9 +37,7 @@ func TestDrivers_StoppedDriverIsReplaced(t *testing.T) {
 		t.Fatalf("custom driver processes %v", drivers)
 	}
 	stopped := drivers[0]
-	if err := syscall.Kill(stopped, syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
+	freeze.Process(t, stopped)
 	t.Cleanup(func() { _ = syscall.Kill(stopped, syscall.SIGKILL) })
 
 	// (a) A command that needs the stopped driver returns a coded error.

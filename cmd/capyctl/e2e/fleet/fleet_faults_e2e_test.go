@@ -24,6 +24,7 @@ import (
 
 	"github.com/capyctl/capyctl/cmd/capyctl/internal/e2e"
 	"github.com/capyctl/capyctl/core/api/wire"
+	"github.com/capyctl/capyctl/plugins-testkit/freeze"
 	"github.com/capyctl/capyctl/plugins-testkit/harness"
 	"github.com/capyctl/capyctl/plugins-testkit/poll"
 )
@@ -150,9 +151,7 @@ func TestFleetFaults_DeployRetriedWithSameKey(t *testing.T) {
 	}
 	t.Cleanup(resume)
 	for _, pid := range drivers {
-		if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
-			t.Fatal(err)
-		}
+		freeze.Process(t, pid)
 	}
 
 	first, second := make(chan e2e.MgmtAnswer, 1), make(chan e2e.MgmtAnswer, 1)

@@ -62,7 +62,9 @@ func groupPIDs(st wire.DeploymentStatus) map[string]int {
 // rank running); a
 // host agent that goes away leaves its member uncertain with its charge,
 // then launched again; the group alternates with another model under
-// --evict; no engine is left behind and no ledger ever goes over a limit.
+// --evict; a stop while a host agent is away answers, and the agent stops
+// its member from its share once back; no engine is left behind and no
+// ledger ever goes over a limit.
 func TestFleetGroups_AcrossHosts(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a server, three hosts and group engines")
@@ -247,6 +249,29 @@ func TestFleetGroups_AcrossHosts(t *testing.T) {
 	}
 
 	step("alternated")
+
+	// A stop while a member's host agent is away answers at once: the
+	// head stops now; the worker stops from its host's share of the
+	// desired state as soon as the agent is back (its engine outlives the
+	// agent meanwhile).
+	pids = groupPIDs(f.Status("big"))
+	b.Kill9()
+	poll.Until(t, 10*time.Second, "big's worker uncertain", func() bool { return f.Status("big").Instances[1].State == "uncertain" })
+	if _, errOut, code := f.Server.CLI("stop", "deployment", "big", "--wait"); code != 0 {
+		t.Fatalf("stop big with gpu-b's agent away: exit %d: %s", code, errOut)
+	}
+	f.NoGroupEngine(map[string]int{"gpu-a": pids["gpu-a"]})
+	if !harness.Alive(pids["gpu-b"]) {
+		t.Fatal("the worker's engine ended while its host agent was away: this test no longer shows the agent's return stops it")
+	}
+	b.Restart()
+	f.NoGroupEngine(map[string]int{"gpu-b": pids["gpu-b"]})
+	poll.Until(t, 30*time.Second, "big stopped on both hosts", func() bool {
+		states := e2e.MemberStates(f.Status("big"))
+		return len(states) == 2 && states[0] == "stopped" && states[1] == "stopped"
+	})
+
+	step("stopped with an agent away")
 
 	// Delete everything: no engine process left on any host.
 	for _, name := range []string{"big", "wide", "solo"} {

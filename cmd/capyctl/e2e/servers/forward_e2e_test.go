@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/capyctl/capyctl/cmd/capyctl/internal/e2e"
+	"github.com/capyctl/capyctl/plugins-testkit/freeze"
 	"github.com/capyctl/capyctl/plugins-testkit/harness"
 	"github.com/capyctl/capyctl/plugins-testkit/poll"
 )
@@ -48,9 +49,7 @@ func TestServers_AFrozenLeaderHangsNoMutation(t *testing.T) {
 	}
 
 	pid := leader.PID()
-	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
+	freeze.Process(t, pid)
 	defer func() { _ = syscall.Kill(pid, syscall.SIGCONT) }()
 
 	// The bound is far above raft's election (about 2 s here) and far
