@@ -7,6 +7,7 @@ import (
 	"bytes"
 	"io"
 	"net/http"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -55,14 +56,18 @@ func (t *tailReader) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// bytes returns the tail, oldest first.
+// bytes returns the tail, oldest first, in the reader's own buffer (the
+// ring is turned in place: no copy per answer); valid until the next Read.
 func (t *tailReader) bytes() []byte {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if t.n < tailSize {
-		return append([]byte(nil), t.buf[:t.n]...)
+	if t.n == tailSize && t.next != 0 {
+		slices.Reverse(t.buf[:t.next])
+		slices.Reverse(t.buf[t.next:])
+		slices.Reverse(t.buf[:])
+		t.next = 0
 	}
-	return append(append([]byte(nil), t.buf[t.next:]...), t.buf[:t.next]...)
+	return t.buf[:t.n]
 }
 
 // relayMeter settles a relayed request against its key once.

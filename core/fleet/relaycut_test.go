@@ -179,3 +179,62 @@ func TestRelay_EndsWholeEventsOnly(t *testing.T) {
 		t.Fatalf("the rest at the end: %q", got)
 	}
 }
+
+// TestRelay_LastEventEndFindsTheLastSeparator: the backward scan finds
+// what searching for each of SSE's three separators finds (the end just
+// past the last one), on every string of up to 8 bytes over the bytes
+// that matter, and on a read that ends mid-event after many events.
+func TestRelay_LastEventEndFindsTheLastSeparator(t *testing.T) {
+	want := func(b []byte) int {
+		end := 0
+		for _, sep := range []string{"\n\n", "\r\n\r\n", "\r\r"} {
+			if i := bytes.LastIndex(b, []byte(sep)); i >= 0 && i+len(sep) > end {
+				end = i + len(sep)
+			}
+		}
+		return end
+	}
+	alphabet := []byte("\n\ra")
+	var walk func(b []byte)
+	walk = func(b []byte) {
+		if got, w := lastEventEnd(b), want(b); got != w {
+			t.Fatalf("lastEventEnd(%q) = %d, want %d", b, got, w)
+		}
+		if len(b) == 8 {
+			return
+		}
+		for _, c := range alphabet {
+			walk(append(b, c))
+		}
+	}
+	walk(nil)
+	long := []byte(strings.Repeat("data: {\"a\":1}\n\n", 100) + "data: {\"b\"")
+	if got, w := lastEventEnd(long), want(long); got != w {
+		t.Fatalf("long read: %d, want %d", got, w)
+	}
+}
+
+// TestRelay_WholeEventsWithoutCopies: a burst that ends mid-event holds its
+// rest in a pooled buffer and joins it to the next read without allocating;
+// once nothing waits, the relay holds no buffer (an open stream stays
+// small).
+func TestRelay_WholeEventsWithoutCopies(t *testing.T) {
+	var ev sseRelay
+	first := []byte(strings.Repeat("data: {\"a\":1}\n\n", 60) + "data: {\"b\"")
+	second := []byte(":2}\n\n")
+	allocs := testing.AllocsPerRun(200, func() {
+		if out := ev.whole(first); len(out) != len(first)-len("data: {\"b\"") {
+			t.Fatalf("wrote %d bytes", len(out))
+		}
+		if out := ev.whole(second); !bytes.Equal(out, []byte("data: {\"b\":2}\n\n")) {
+			t.Fatalf("wrote %q", out)
+		}
+	})
+	if allocs >= 1 {
+		t.Fatalf("%.1f allocations per burst that ends mid-event, want none", allocs)
+	}
+	ev.whole([]byte("data: c\n\n"))
+	if ev.pending != nil || ev.joined != nil {
+		t.Fatal("the relay holds a buffer with nothing waiting")
+	}
+}

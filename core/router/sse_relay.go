@@ -190,15 +190,24 @@ func (q *request) stampContent() {
 }
 
 // sseComplete writes the end of a complete answer: it reaches the client
-// now, before the engine's body is drained (for a second at most).
+// now, before the engine's body is drained (for a second at most). Where
+// the engine's body has ended already (its last chunk read with the last
+// event, as almost always) nothing is left to wait for: the end goes with
+// the answer's own end (net/http's last chunk, or the taken-over
+// connection's), in one write instead of two, once the request is
+// recorded.
 func (q *request) sseComplete(st *sseState, sr *sseReader) {
 	st.trailer = true
 	q.stampContent()
 	if st.engineErr == nil {
 		q.endAt = time.Now()
-		if err := q.writeAnswer(st.agg); err != nil {
+		flush := !sr.done || q.dl != nil
+		if err := q.writeAnswer(st.agg, flush); err != nil {
 			st.cutErr = q.clientErr()
 			return
+		}
+		if !flush {
+			st.wrote = false
 		}
 	}
 	sr.readWithin(time.Second)
@@ -241,7 +250,7 @@ func (q *request) sseEnd(st *sseState) {
 		q.done()
 		if !st.trailer {
 			q.endAt = time.Now()
-			if err := q.writeAnswer(st.agg); err != nil {
+			if err := q.writeAnswer(st.agg, true); err != nil {
 				q.outcome = OutcomeCancelled
 			}
 		}
@@ -307,8 +316,9 @@ var (
 )
 
 // writeAnswer ends a complete answer: the metrics comment and [DONE] for a
-// stream, the aggregated JSON for a client that asked for none.
-func (q *request) writeAnswer(agg *aggregate) error {
+// stream (flushed now, or left to the answer's end), the aggregated JSON
+// for a client that asked for none.
+func (q *request) writeAnswer(agg *aggregate, flush bool) error {
 	if q.dl != nil {
 		return q.dl.finish(q) // dialect: the end in the API's shape
 	}
@@ -322,7 +332,7 @@ func (q *request) writeAnswer(agg *aggregate) error {
 		b = q.appendMetrics(b)
 		b = append(b, "\n\n"...)
 		b = append(b, doneEvent...)
-		if err := q.write(b); err != nil {
+		if err := q.write(b); err != nil || !flush {
 			return err
 		}
 		return q.flush()

@@ -38,6 +38,10 @@ import (
 //   - a standalone role;
 //   - a server relaying to a host (the engine runs on the host).
 //
+// With CAPYCTL_BENCH_BASELINE=<dir>, <dir>/capyctl runs beside this build
+// as a standalone role and as a server relaying to a host of its own
+// ("baseline", "baseline relay"), for before and after in one run.
+//
 // The load generator is closed-loop over keep-alive connections (one per
 // client, a new one only when the answer closes it): 1 s of warm-up, then
 // 5 s measured; every figure three times, the targets interleaved in each
@@ -131,6 +135,7 @@ type sbSide struct {
 	direct string       // its engine's own base URL
 	cpu    func() int64 // CPU ticks of the target's processes
 	extra  func() int64 // CPU ticks of the host behind a server (nil: none)
+	pid    int          // the target's (proxy, role or server) process
 }
 
 func measureSideBySide(b *testing.B) []string {
@@ -169,14 +174,14 @@ func startSides(b *testing.B, server bool) (bare *sbSide, roles []*harness.Role,
 	_, fakeBin := harness.Binaries(b)
 	engURL, _ := spawnFake(b, fakeBin, "demo", sbFakeArgs...)
 	proxyURL, proxyPID := startBareProxyPID(b, engURL)
-	bare = &sbSide{name: "bare proxy", base: proxyURL, direct: engURL, cpu: func() int64 { return cpuTicks(proxyPID) }}
+	bare = &sbSide{name: "bare proxy", base: proxyURL, direct: engURL, pid: proxyPID, cpu: func() int64 { return cpuTicks(proxyPID) }}
 
 	r := harness.StartStandalone(b, harness.Options{})
 	addFake(b, r, "fake", sbFakeArgs...)
 	r.MustDeploy("demo", sbSpec("demo", "fake", 64, ""))
 	eng, _ := instanceOf(b, r, "demo")
 	rolePID := r.PID()
-	role := &sbSide{name: "CapyCTL", base: r.InferenceURL(), key: r.Creds.APIKey, direct: eng,
+	role := &sbSide{name: "CapyCTL", base: r.InferenceURL(), key: r.Creds.APIKey, direct: eng, pid: rolePID,
 		cpu: func() int64 { return treeTicks(rolePID, engineSet(r)) }}
 	sides = []*sbSide{bare, role}
 	roles = []*harness.Role{r}
@@ -188,24 +193,33 @@ func startSides(b *testing.B, server bool) (bare *sbSide, roles []*harness.Role,
 		beng, _ := instanceOf(b, br, "demo")
 		brPID := br.PID()
 		roles = append(roles, br)
-		sides = append(sides, &sbSide{name: "baseline", base: br.InferenceURL(), key: br.Creds.APIKey, direct: beng,
+		sides = append(sides, &sbSide{name: "baseline", base: br.InferenceURL(), key: br.Creds.APIKey, direct: beng, pid: brPID,
 			cpu: func() int64 { return treeTicks(brPID, engineSet(br)) }})
 	}
 	if server {
-		srv := harness.StartServer(b, harness.Options{})
-		host := harness.StartHost(b, srv, harness.HostOptions{Name: "gpu-a", GPU: harness.SimGPU{DeviceMemory: "80GiB"}})
-		waitHosts(b, srv, 1)
-		addFake(b, srv, "fake", sbFakeArgs...)
-		host.WriteFile("models/demo/README", "fake model\n")
-		waitEngineOnHosts(b, srv, "fake")
-		srv.MustDeploy("demo", sbSpec("demo", "fake", 64, ""))
-		heng, _ := instanceOf(b, host, "demo")
-		srvPID, hostPID := srv.PID(), host.PID()
-		sides = append(sides, &sbSide{name: "server relay", base: srv.InferenceURL(), key: srv.Creds.APIKey, direct: heng,
-			cpu:   func() int64 { return treeTicks(srvPID, nil) },
-			extra: func() int64 { return treeTicks(hostPID, engineSet(host)) }})
+		sides = append(sides, startRelay(b, "server relay", ""))
+		if dir := os.Getenv("CAPYCTL_BENCH_BASELINE"); dir != "" {
+			sides = append(sides, startRelay(b, "baseline relay", filepath.Join(dir, "capyctl")))
+		}
 	}
 	return bare, roles, sides
+}
+
+// startRelay starts a server relaying to a host that runs the fake engine
+// (bin: the capyctl of both, "" for this build's).
+func startRelay(b *testing.B, name, bin string) *sbSide {
+	srv := harness.StartServer(b, harness.Options{Bin: bin})
+	host := harness.StartHost(b, srv, harness.HostOptions{Options: harness.Options{Bin: bin}, Name: "gpu-a", GPU: harness.SimGPU{DeviceMemory: "80GiB"}})
+	waitHosts(b, srv, 1)
+	addFake(b, srv, "fake", sbFakeArgs...)
+	host.WriteFile("models/demo/README", "fake model\n")
+	waitEngineOnHosts(b, srv, "fake")
+	srv.MustDeploy("demo", sbSpec("demo", "fake", 64, ""))
+	heng, _ := instanceOf(b, host, "demo")
+	srvPID, hostPID := srv.PID(), host.PID()
+	return &sbSide{name: name, base: srv.InferenceURL(), key: srv.Creds.APIKey, direct: heng, pid: srvPID,
+		cpu:   func() int64 { return treeTicks(srvPID, nil) },
+		extra: func() int64 { return treeTicks(hostPID, engineSet(host)) }}
 }
 
 // addFake registers the fake engine (without an engine key, so that the

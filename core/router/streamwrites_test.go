@@ -1,0 +1,135 @@
+// Copyright (c) CapyCTL authors
+// SPDX-License-Identifier: Apache-2.0
+
+package router_test
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/capyctl/capyctl/core/router"
+	"github.com/capyctl/capyctl/core/structs"
+)
+
+// writesConn records what each Write of a connection carried.
+type writesConn struct {
+	net.Conn
+	mu     sync.Mutex
+	writes [][]byte
+}
+
+func (c *writesConn) Write(p []byte) (int, error) {
+	c.mu.Lock()
+	c.writes = append(c.writes, append([]byte(nil), p...))
+	c.mu.Unlock()
+	return c.Conn.Write(p)
+}
+
+func (c *writesConn) all() [][]byte {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([][]byte(nil), c.writes...)
+}
+
+// writesListener hands out writesConns.
+type writesListener struct {
+	net.Listener
+	conns chan *writesConn
+}
+
+func (l *writesListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	wc := &writesConn{Conn: c}
+	l.conns <- wc
+	return wc, nil
+}
+
+// wholeEngine answers every request with a stream written in parts: each
+// part one write, the last one with the chunked coding's end.
+func wholeEngine(t *testing.T, parts ...string) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func(c net.Conn) {
+				defer c.Close()
+				br := bufio.NewReader(c)
+				req, err := http.ReadRequest(br)
+				if err != nil {
+					return
+				}
+				_, _ = io.Copy(io.Discard, req.Body)
+				_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+				for i, p := range parts {
+					w := strconv.FormatInt(int64(len(p)), 16) + "\r\n" + p + "\r\n"
+					if i == len(parts)-1 {
+						w += "0\r\n\r\n"
+					}
+					_, _ = io.WriteString(c, w)
+					time.Sleep(5 * time.Millisecond) // each part read on its own
+				}
+				_, _ = io.Copy(io.Discard, br) // until the router closes or reuses it
+			}(c)
+		}
+	}()
+	return "http://" + ln.Addr().String()
+}
+
+// TestRouter_StreamEndLeavesInOneWrite: where the engine's body ended with
+// its last event, the answer's end ([DONE], then the chunked coding's end)
+// leaves in one write, not a flush of [DONE] and then net/http's last
+// chunk. Every event still arrives, the metrics comment and [DONE] last.
+func TestRouter_StreamEndLeavesInOneWrite(t *testing.T) {
+	url := wholeEngine(t, roleChunk+contentChunk, finishChunk)
+	e := newEnv(t, envOpts{
+		ep:     func(ep *structs.EngineEndpoint) { ep.BaseURL = url },
+		router: func(c *router.Config) { c.TakeOverAfter = time.Hour },
+	})
+	inner, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln := &writesListener{Listener: inner, conns: make(chan *writesConn, 1)}
+	srv := &http.Server{Handler: e.srv.Config.Handler}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { srv.Close() })
+	resp, err := http.Post("http://"+inner.Addr().String()+"/v1/chat/completions", "application/json", strings.NewReader(chatBody(true, "")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := readBody(t, resp)
+	data, comments := sseLines(body)
+	if len(data) != 4 || data[3] != "[DONE]" || len(comments) == 0 {
+		t.Fatalf("the stream: %q", body)
+	}
+	wc := <-ln.conns
+	writes := wc.all()
+	last := writes[len(writes)-1]
+	if !bytes.Contains(last, []byte("data: [DONE]\n\n")) || !bytes.HasSuffix(last, []byte("0\r\n\r\n")) {
+		var b strings.Builder
+		for i, w := range writes {
+			fmt.Fprintf(&b, "\nwrite %d: %q", i, w)
+		}
+		t.Fatalf("the answer's end left in more than one write:%s", b.String())
+	}
+}
