@@ -140,6 +140,29 @@ func TestImportGuards(t *testing.T) {
 			},
 		},
 		{
+			// The fleet's two sides meet only at the cluster address:
+			// what both read (ALPN names, join bodies, error answers) is
+			// core/fleet/linkwire, which links neither.
+			name: "the host agent links no fleet server, raft log or state machine",
+			pkgs: []string{module + "/core/fleet/hostagent"}, deps: true,
+			forbidden: func(pkg string) bool {
+				return pkg == module+"/core/fleet" || under(module+"/core/fleet/raftlog", module+"/core/fleet/fsm",
+					module+"/core/fleet/scheduler", module+"/core/lifecycle", module+"/core/api")(pkg) && pkg != module+"/core/api/wire"
+			},
+		},
+		{
+			name: "the fleet server links no host agent",
+			pkgs: []string{module + "/core/fleet"}, deps: true,
+			forbidden: under(module + "/core/fleet/hostagent"),
+		},
+		{
+			name: "the link's shared wire links neither side of the fleet",
+			pkgs: []string{module + "/core/fleet/linkwire"}, deps: true,
+			forbidden: func(pkg string) bool {
+				return pkg == module+"/core/fleet" || under(module+"/core/fleet/hostagent")(pkg)
+			},
+		},
+		{
 			name: "the raft log links the state machine, not the fleet server",
 			pkgs: []string{module + "/core/fleet/raftlog"}, deps: true,
 			forbidden: func(pkg string) bool {

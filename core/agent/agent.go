@@ -34,6 +34,7 @@ import (
 	"github.com/capyctl/capyctl/core/config"
 	"github.com/capyctl/capyctl/core/engines"
 	"github.com/capyctl/capyctl/core/fleet"
+	"github.com/capyctl/capyctl/core/fleet/hostagent"
 	"github.com/capyctl/capyctl/core/gpu"
 	"github.com/capyctl/capyctl/core/lifecycle"
 	"github.com/capyctl/capyctl/core/placement"
@@ -225,7 +226,7 @@ type Agent struct {
 	// Fleet is the server role's side of the fleet (nil otherwise);
 	// FleetHost the host role's.
 	Fleet     *fleet.Server
-	FleetHost *fleet.Host
+	FleetHost *hostagent.Host
 
 	// relay is the host role's relay handler (its own inference and
 	// management APIs, credentials supplied); fatal carries a host's

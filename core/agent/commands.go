@@ -19,7 +19,7 @@ type hostCommands struct{ lc *lifecycle.Manager }
 
 var _ hostlink.Handler = hostCommands{}
 
-// Commands implements fleet.Local.
+// Commands implements hostagent.Local.
 func (a *Agent) Commands() hostlink.Handler { return hostCommands{a.Lifecycle} }
 
 // DeploymentAction parks a deployment, or starts, stops or parks one of

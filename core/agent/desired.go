@@ -25,11 +25,11 @@ import (
 // host itself is never removed).
 const metaClusterEngines = "fleet_engines"
 
-// Changed implements fleet.Local: the lifecycle publishes every write of
+// Changed implements hostagent.Local: the lifecycle publishes every write of
 // an instance's record (a transition, a last error, a charge).
 func (a *Agent) Changed() <-chan struct{} { return a.Lifecycle.Changed() }
 
-// ApplyDesired implements fleet.Local: the host reconciles what it runs
+// ApplyDesired implements hostagent.Local: the host reconciles what it runs
 // with its share of the cluster's desired state.
 func (a *Agent) ApplyDesired(ctx context.Context, d *hostv1.Desired) []*hostv1.DesiredResult {
 	out := a.applyEngines(ctx, d.GetEngines())

@@ -19,6 +19,7 @@ import (
 	"github.com/capyctl/capyctl/core/api/wire"
 	"github.com/capyctl/capyctl/core/config"
 	"github.com/capyctl/capyctl/core/fleet"
+	"github.com/capyctl/capyctl/core/fleet/hostagent"
 	"github.com/capyctl/capyctl/core/hostlink/proto/hostv1"
 	"github.com/capyctl/capyctl/core/lifecycle"
 	"github.com/capyctl/capyctl/core/router"
@@ -170,7 +171,7 @@ func (a *Agent) serve() {
 // stops. The server's lasting refusal (host_name_changed, host_revoked)
 // stops the role.
 func (a *Agent) joinServer(ctx, rctx context.Context) error {
-	h, err := fleet.NewHost(ctx, fleet.HostOptions{StateDir: a.s.StateDir, Server: a.s.ServerAddress, JoinToken: a.s.JoinToken,
+	h, err := hostagent.NewHost(ctx, hostagent.HostOptions{StateDir: a.s.StateDir, Server: a.s.ServerAddress, JoinToken: a.s.JoinToken,
 		Name: a.s.Hostname, Local: a, Logger: a.logger})
 	if err != nil {
 		return err
@@ -216,10 +217,10 @@ func relayHandler(inference, management http.Handler, creds *runinfo.Credentials
 	})
 }
 
-// RelayHandler implements fleet.Local.
+// RelayHandler implements hostagent.Local.
 func (a *Agent) RelayHandler() http.Handler { return a.relay }
 
-// Inventory implements fleet.Local: the cards, the host's RAM, the
+// Inventory implements hostagent.Local: the cards, the host's RAM, the
 // registered engines.
 func (a *Agent) Inventory() *hostv1.Inventory {
 	inv := &hostv1.Inventory{Unified: a.Placer != nil && a.Placer.Unified()}
@@ -242,7 +243,7 @@ func (a *Agent) Inventory() *hostv1.Inventory {
 	return inv
 }
 
-// Readings implements fleet.Local: each ledger domain as it stands.
+// Readings implements hostagent.Local: each ledger domain as it stands.
 func (a *Agent) Readings() []*hostv1.LedgerReading {
 	if a.Placer == nil {
 		return nil
@@ -260,7 +261,7 @@ func (a *Agent) Readings() []*hostv1.LedgerReading {
 	return out
 }
 
-// Events implements fleet.Local: the host's event journal after cursor,
+// Events implements hostagent.Local: the host's event journal after cursor,
 // each with its deployment and payload as attributes.
 func (a *Agent) Events(cursor uint64, max int) ([]*hostv1.Event, uint64) {
 	if max <= 0 {
@@ -287,7 +288,7 @@ func (a *Agent) Events(cursor uint64, max int) ([]*hostv1.Event, uint64) {
 	return out, cursor
 }
 
-// Journals implements fleet.Local: every instance the host holds.
+// Journals implements hostagent.Local: every instance the host holds.
 func (a *Agent) Journals() []*hostv1.InstanceJournal {
 	var out []*hostv1.InstanceJournal
 	for _, v := range a.Lifecycle.Deployments() {

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/capyctl/capyctl/core/fleet/hostagent"
 	"github.com/capyctl/capyctl/core/fleet/raftlog"
 	"github.com/capyctl/capyctl/core/store"
 	"github.com/capyctl/capyctl/core/structs"
@@ -62,7 +63,7 @@ func TestCluster_TrustIsTheClusters(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h, err := NewHost(context.Background(), HostOptions{StateDir: t.TempDir(), Server: s2.Addr(), JoinToken: tok.Token, Name: "gpu-a", Local: newFakeLocal()})
+	h, err := hostagent.NewHost(context.Background(), hostagent.HostOptions{StateDir: t.TempDir(), Server: s2.Addr(), JoinToken: tok.Token, Name: "gpu-a", Local: newFakeLocal()})
 	if err != nil {
 		t.Fatalf("join through s2 with s1's token: %v", err)
 	}
@@ -71,7 +72,7 @@ func TestCluster_TrustIsTheClusters(t *testing.T) {
 	waitReady(t, s1, "gpu-a") // the host links to every server
 	// ...and never again, on either server.
 	for _, s := range []*Server{s1, s2} {
-		_, err := NewHost(context.Background(), HostOptions{StateDir: t.TempDir(), Server: s.Addr(), JoinToken: tok.Token, Name: "gpu-b", Local: newFakeLocal()})
+		_, err := hostagent.NewHost(context.Background(), hostagent.HostOptions{StateDir: t.TempDir(), Server: s.Addr(), JoinToken: tok.Token, Name: "gpu-b", Local: newFakeLocal()})
 		if !structs.HasCode(err, structs.CodeJoinTokenUsed) {
 			t.Fatalf("the used token on %s: %v, want join_token_used", s.cl.name, err)
 		}
@@ -97,7 +98,7 @@ func TestCluster_TrustIsTheClusters(t *testing.T) {
 	poll.Until(t, 10*time.Second, "s3 applied the removal", func() bool { _, ok := s3.State.Host("gpu-a"); return !ok })
 	// The refusal is the handshake's (the certificate revoked), not only
 	// the server's answer to a non-member.
-	if err := h.renew(context.Background()); err == nil || !strings.Contains(err.Error(), "bad certificate") {
+	if err := h.RenewNow(context.Background()); err == nil || !strings.Contains(err.Error(), "bad certificate") {
 		t.Fatalf("the removed host's renewal through s2 and s3: %v, want refused at the handshake", err)
 	}
 	list, err := s2.Servers(context.Background())

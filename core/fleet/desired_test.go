@@ -6,14 +6,12 @@ package fleet
 import (
 	"context"
 	"encoding/json"
-	"os"
 	"testing"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/capyctl/capyctl/core/fleet/fsm"
-	"github.com/capyctl/capyctl/core/hostlink/proto/hostv1"
 	"github.com/capyctl/capyctl/core/structs"
 	"github.com/capyctl/capyctl/plugins-testkit/poll"
 )
@@ -67,55 +65,6 @@ func TestDesired_EnginesReachEveryHost(t *testing.T) {
 		t.Fatal(err)
 	}
 	poll.Until(t, 10*time.Second, "the removal reaches both", func() bool { return !hasEngine(a, "vllm") && !hasEngine(b, "vllm") })
-}
-
-// TestHost_RefusesAnOlderTerm: a host that has seen term 5 refuses a share
-// of term 4 (stale_term, answered on the link it came on) and never
-// applies it; a share of term 5 or later is applied, and within a term an
-// older share than the pending one is dropped.
-func TestHost_RefusesAnOlderTerm(t *testing.T) {
-	local := newFakeLocal()
-	dir := t.TempDir()
-	if err := os.MkdirAll(hostPKIDir(dir), 0o700); err != nil {
-		t.Fatal(err)
-	}
-	h := &Host{o: HostOptions{StateDir: dir, Local: local}, logger: testLogger(), desiredDue: make(chan struct{}, 1)}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	done := make(chan struct{})
-	go func() { defer close(done); h.reconcileDesired(ctx) }()
-	defer func() { cancel(); <-done }()
-	l := newServerLink("s1", true)
-	h.seeTerm(5)
-
-	h.offerDesired(l, &hostv1.Desired{Term: 4, Index: 9, Engines: []*hostv1.DesiredEngine{{Name: "old"}}})
-	select {
-	case m := <-l.out:
-		if a := m.GetApplied(); a.GetCode() != string(structs.CodeStaleTerm) || a.GetTerm() != 4 {
-			t.Fatalf("the answer to an older term: %v", m)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("no answer to an older term's share")
-	}
-	applied := local.applied.changed()
-	h.offerDesired(l, &hostv1.Desired{Term: 6, Index: 10, Engines: []*hostv1.DesiredEngine{{Name: "new"}}})
-	select {
-	case <-applied:
-	case <-time.After(10 * time.Second):
-		t.Fatal("a newer term's share was not applied")
-	}
-	if d := local.lastDesired(); d.GetTerm() != 6 || len(local.desired) != 1 {
-		t.Fatalf("applied %v (%d shares)", d, len(local.desired))
-	}
-	if h.Term() != 6 {
-		t.Fatalf("the newest term seen: %d", h.Term())
-	}
-	// The fence survives a restart of the host.
-	again := &Host{o: h.o, logger: testLogger()}
-	again.loadTerm()
-	if again.Term() != 6 {
-		t.Fatalf("the term after a restart: %d", again.Term())
-	}
 }
 
 // testLogger is a logger that discards.

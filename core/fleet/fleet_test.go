@@ -25,6 +25,7 @@ import (
 	"github.com/capyctl/capyctl/core/api/wire"
 	"github.com/capyctl/capyctl/core/apikeys"
 	"github.com/capyctl/capyctl/core/fleet/fsm"
+	"github.com/capyctl/capyctl/core/fleet/hostagent"
 	"github.com/capyctl/capyctl/core/hostlink"
 	"github.com/capyctl/capyctl/core/hostlink/proto/hostv1"
 	"github.com/capyctl/capyctl/core/store"
@@ -204,13 +205,13 @@ func startTestServerWith(t testing.TB, o ServerOptions, before func(*Server)) *S
 
 // joinHost joins a host named name with a fresh token and runs it until
 // the test ends.
-func joinHost(t testing.TB, s *Server, name string, local Local) *Host {
+func joinHost(t testing.TB, s *Server, name string, local hostagent.Local) *hostagent.Host {
 	t.Helper()
 	tok, err := s.NewJoinToken("", time.Minute)
 	if err != nil {
 		t.Fatal(err)
 	}
-	h, err := NewHost(context.Background(), HostOptions{StateDir: t.TempDir(), Server: s.Addr(), JoinToken: tok.Token, Name: name, Local: local})
+	h, err := hostagent.NewHost(context.Background(), hostagent.HostOptions{StateDir: t.TempDir(), Server: s.Addr(), JoinToken: tok.Token, Name: name, Local: local})
 	if err != nil {
 		t.Fatalf("join %s: %v", name, err)
 	}
@@ -218,7 +219,7 @@ func joinHost(t testing.TB, s *Server, name string, local Local) *Host {
 	return h
 }
 
-func runHost(t testing.TB, h *Host) (stop func()) {
+func runHost(t testing.TB, h *hostagent.Host) (stop func()) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- h.Run(ctx) }()
@@ -256,34 +257,34 @@ func TestJoin_Refusals(t *testing.T) {
 	// A token redeemed once is refused the second time, and an expired
 	// one is refused.
 	tok, _ := s.NewJoinToken("", time.Minute)
-	if _, err := NewHost(context.Background(), HostOptions{StateDir: t.TempDir(), Server: s.Addr(), JoinToken: tok.Token, Name: "a", Local: newFakeLocal()}); err != nil {
+	if _, err := hostagent.NewHost(context.Background(), hostagent.HostOptions{StateDir: t.TempDir(), Server: s.Addr(), JoinToken: tok.Token, Name: "a", Local: newFakeLocal()}); err != nil {
 		t.Fatal(err)
 	}
-	_, err := NewHost(context.Background(), HostOptions{StateDir: t.TempDir(), Server: s.Addr(), JoinToken: tok.Token, Name: "b", Local: newFakeLocal()})
+	_, err := hostagent.NewHost(context.Background(), hostagent.HostOptions{StateDir: t.TempDir(), Server: s.Addr(), JoinToken: tok.Token, Name: "b", Local: newFakeLocal()})
 	if !structs.HasCode(err, structs.CodeJoinTokenUsed) {
 		t.Fatalf("a reused token: %v, want join_token_used", err)
 	}
 	short, _ := s.NewJoinToken("", 50*time.Millisecond)
 	time.Sleep(100 * time.Millisecond)
-	_, err = NewHost(context.Background(), HostOptions{StateDir: t.TempDir(), Server: s.Addr(), JoinToken: short.Token, Name: "c", Local: newFakeLocal()})
+	_, err = hostagent.NewHost(context.Background(), hostagent.HostOptions{StateDir: t.TempDir(), Server: s.Addr(), JoinToken: short.Token, Name: "c", Local: newFakeLocal()})
 	if !structs.HasCode(err, structs.CodeJoinTokenExpired) {
 		t.Fatalf("an expired token: %v, want join_token_expired", err)
 	}
 	// A token of another server's CA: the host refuses the server before
 	// it sends the token.
 	foreign, _ := other.NewJoinToken("", time.Minute)
-	_, err = NewHost(context.Background(), HostOptions{StateDir: t.TempDir(), Server: s.Addr(), JoinToken: foreign.Token, Name: "d", Local: newFakeLocal()})
+	_, err = hostagent.NewHost(context.Background(), hostagent.HostOptions{StateDir: t.TempDir(), Server: s.Addr(), JoinToken: foreign.Token, Name: "d", Local: newFakeLocal()})
 	if !structs.HasCode(err, structs.CodeJoinCAMismatch) {
 		t.Fatalf("another CA's token: %v, want join_ca_mismatch", err)
 	}
 	// A token for one host name does not join another.
 	named, _ := s.NewJoinToken("gpu-x", time.Minute)
-	_, err = NewHost(context.Background(), HostOptions{StateDir: t.TempDir(), Server: s.Addr(), JoinToken: named.Token, Name: "gpu-y", Local: newFakeLocal()})
+	_, err = hostagent.NewHost(context.Background(), hostagent.HostOptions{StateDir: t.TempDir(), Server: s.Addr(), JoinToken: named.Token, Name: "gpu-y", Local: newFakeLocal()})
 	if !structs.HasCode(err, structs.CodeHostNameChanged) {
 		t.Fatalf("a token for gpu-x used by gpu-y: %v, want host_name_changed", err)
 	}
 	// No token and no certificate.
-	_, err = NewHost(context.Background(), HostOptions{StateDir: t.TempDir(), Server: s.Addr(), Name: "e", Local: newFakeLocal()})
+	_, err = hostagent.NewHost(context.Background(), hostagent.HostOptions{StateDir: t.TempDir(), Server: s.Addr(), Name: "e", Local: newFakeLocal()})
 	if !structs.HasCode(err, structs.CodeJoinTokenInvalid) {
 		t.Fatalf("no token: %v, want join_token_invalid", err)
 	}
@@ -316,26 +317,26 @@ func TestCluster_RefusesWhatItShould(t *testing.T) {
 	waitReady(t, s, "gpu-a")
 
 	// The host's own certificate is taken (a relay conversation).
-	if handshakeRefused(t, s.Addr(), h.tlsFor(s.Addr(), ALPNRelay)) {
+	if handshakeRefused(t, s.Addr(), h.TLSFor(s.Addr(), ALPNRelay)) {
 		t.Fatal("the host's valid certificate was refused")
 	}
 	// No certificate.
-	noCert := h.tlsFor(s.Addr(), ALPNRelay)
+	noCert := h.TLSFor(s.Addr(), ALPNRelay)
 	noCert.GetClientCertificate = nil
 	if !handshakeRefused(t, s.Addr(), noCert) {
 		t.Fatal("a connection without a client certificate was taken")
 	}
 	// A certificate of another server's CA.
 	stranger := joinHost(t, other, "gpu-a", newFakeLocal())
-	foreign := stranger.tlsFor(s.Addr(), ALPNRelay)
-	foreign.RootCAs = h.tlsFor(s.Addr(), ALPNRelay).RootCAs // trust s, present other's certificate
+	foreign := stranger.TLSFor(s.Addr(), ALPNRelay)
+	foreign.RootCAs = h.TLSFor(s.Addr(), ALPNRelay).RootCAs // trust s, present other's certificate
 	if !handshakeRefused(t, s.Addr(), foreign) {
 		t.Fatal("a certificate of another CA was taken")
 	}
 	// An expired certificate: keep a copy of the current one and wait past
 	// its expiry (the running host renews its own meanwhile).
-	old := *h.creds.Current()
-	expired := h.tlsFor(s.Addr(), ALPNRelay)
+	old := *h.Certificate()
+	expired := h.TLSFor(s.Addr(), ALPNRelay)
 	expired.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return &old, nil }
 	time.Sleep(time.Until(old.Leaf.NotAfter) + 100*time.Millisecond)
 	if !handshakeRefused(t, s.Addr(), expired) {
@@ -353,7 +354,7 @@ func TestCluster_RefusesWhatItShould(t *testing.T) {
 	if err := s.Remove("gpu-a"); err != nil {
 		t.Fatal(err)
 	}
-	if !handshakeRefused(t, s.Addr(), h.tlsFor(s.Addr(), ALPNRelay)) {
+	if !handshakeRefused(t, s.Addr(), h.TLSFor(s.Addr(), ALPNRelay)) {
 		t.Fatal("a removed host's certificate was taken")
 	}
 	if got := hostState(s, "gpu-a"); got != "" {
@@ -365,18 +366,18 @@ func TestLink_HostNameChanged(t *testing.T) {
 	s := testServer(t, ServerOptions{})
 	dir := t.TempDir()
 	tok, _ := s.NewJoinToken("", time.Minute)
-	h, err := NewHost(context.Background(), HostOptions{StateDir: dir, Server: s.Addr(), JoinToken: tok.Token, Name: "gpu-a", Local: newFakeLocal()})
+	h, err := hostagent.NewHost(context.Background(), hostagent.HostOptions{StateDir: dir, Server: s.Addr(), JoinToken: tok.Token, Name: "gpu-a", Local: newFakeLocal()})
 	if err != nil {
 		t.Fatal(err)
 	}
 	// The same state under another name is refused on the host itself...
-	_, err = NewHost(context.Background(), HostOptions{StateDir: dir, Server: s.Addr(), Name: "gpu-b", Local: newFakeLocal()})
+	_, err = hostagent.NewHost(context.Background(), hostagent.HostOptions{StateDir: dir, Server: s.Addr(), Name: "gpu-b", Local: newFakeLocal()})
 	if !structs.HasCode(err, structs.CodeHostNameChanged) {
 		t.Fatalf("restart under another name: %v, want host_name_changed", err)
 	}
 	// ...and a Hello that names another host than the certificate is
 	// refused by the server, which ends the host's Run.
-	h.o.Name = "gpu-b"
+	h.Rename("gpu-b")
 	done := make(chan error, 1)
 	go func() { done <- h.Run(context.Background()) }()
 	select {
@@ -502,13 +503,13 @@ func TestJoin_AMemberNameNeedsItsOwnToken(t *testing.T) {
 	waitReady(t, s, "gpu-a")
 	// Another machine with any host's token cannot take gpu-a's name...
 	tok, _ := s.NewJoinToken("", time.Minute)
-	_, err := NewHost(context.Background(), HostOptions{StateDir: t.TempDir(), Server: s.Addr(), JoinToken: tok.Token, Name: "gpu-a", Local: newFakeLocal()})
+	_, err := hostagent.NewHost(context.Background(), hostagent.HostOptions{StateDir: t.TempDir(), Server: s.Addr(), JoinToken: tok.Token, Name: "gpu-a", Local: newFakeLocal()})
 	if !structs.HasCode(err, structs.CodeConflict) {
 		t.Fatalf("an unbound token for a member's name: %v, want conflict", err)
 	}
 	// ...a token made for gpu-a joins it again.
 	bound, _ := s.NewJoinToken("gpu-a", time.Minute)
-	if _, err := NewHost(context.Background(), HostOptions{StateDir: t.TempDir(), Server: s.Addr(), JoinToken: bound.Token, Name: "gpu-a", Local: newFakeLocal()}); err != nil {
+	if _, err := hostagent.NewHost(context.Background(), hostagent.HostOptions{StateDir: t.TempDir(), Server: s.Addr(), JoinToken: bound.Token, Name: "gpu-a", Local: newFakeLocal()}); err != nil {
 		t.Fatalf("a token bound to gpu-a: %v", err)
 	}
 }
@@ -521,14 +522,14 @@ func TestRenew_RefusedForANonMember(t *testing.T) {
 	s := testServer(t, ServerOptions{})
 	h := joinHost(t, s, "gpu-a", newFakeLocal())
 	waitReady(t, s, "gpu-a")
-	if err := h.renew(context.Background()); err != nil {
+	if err := h.RenewNow(context.Background()); err != nil {
 		t.Fatalf("a member's renewal: %v", err)
 	}
 	// A state restored from a backup that predates the host.
 	if err := s.apply(fsm.Restored{State: []byte(`{"hosts":[],"placements":[]}`)}); err != nil {
 		t.Fatal(err)
 	}
-	if err := h.renew(context.Background()); !structs.HasCode(err, structs.CodeHostUnknown) {
+	if err := h.RenewNow(context.Background()); !structs.HasCode(err, structs.CodeHostUnknown) {
 		t.Fatalf("an unknown host's renewal: %v, want host_unknown", err)
 	}
 	// Known again, then removed: revoked.
@@ -538,7 +539,7 @@ func TestRenew_RefusedForANonMember(t *testing.T) {
 	if err := s.Remove("gpu-a"); err != nil {
 		t.Fatal(err)
 	}
-	if err := h.renew(context.Background()); err == nil || !strings.Contains(err.Error(), "bad certificate") {
+	if err := h.RenewNow(context.Background()); err == nil || !strings.Contains(err.Error(), "bad certificate") {
 		t.Fatalf("a removed host's renewal: %v, want refused at the handshake", err)
 	}
 }

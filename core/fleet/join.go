@@ -11,23 +11,17 @@ import (
 
 	"github.com/capyctl/capyctl/core/api/wire"
 	"github.com/capyctl/capyctl/core/fleet/fsm"
+	"github.com/capyctl/capyctl/core/fleet/linkwire"
 	"github.com/capyctl/capyctl/core/pki"
 	"github.com/capyctl/capyctl/core/structs"
 )
 
-// JoinRequest is the body of a host's POST /join.
-type JoinRequest struct {
-	Token    string `json:"token"`
-	CSR      []byte `json:"csr"`
-	Previous []byte `json:"previous,omitempty"`
-}
-
-// JoinAnswer is the answer to a join or a renewal: the host certificate's
-// and the CA's DER.
-type JoinAnswer struct {
-	Certificate []byte `json:"certificate"`
-	CA          []byte `json:"ca"`
-}
+// JoinRequest and JoinAnswer are the join's and renewal's bodies
+// (linkwire: the host agent reads them too).
+type (
+	JoinRequest = linkwire.JoinRequest
+	JoinAnswer  = linkwire.JoinAnswer
+)
 
 func (s *Server) serveJoin(w http.ResponseWriter, r *http.Request) {
 	if r.Method != http.MethodPost || r.URL.Path != "/join" {

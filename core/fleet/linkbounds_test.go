@@ -16,6 +16,7 @@ import (
 	"github.com/capyctl/capyctl/core/api"
 	"github.com/capyctl/capyctl/core/api/wire"
 	"github.com/capyctl/capyctl/core/apikeys"
+	"github.com/capyctl/capyctl/core/fleet/hostagent"
 	"github.com/capyctl/capyctl/core/hostlink/proto/hostv1"
 	"github.com/capyctl/capyctl/plugins-testkit/attack"
 	"github.com/capyctl/capyctl/plugins-testkit/poll"
@@ -30,7 +31,7 @@ func compromisedHost(t *testing.T, s *Server, name string) *attack.CompromisedHo
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := NewHost(context.Background(), HostOptions{StateDir: dir, Server: s.Addr(), JoinToken: tok.Token, Name: name, Local: newFakeLocal()}); err != nil {
+	if _, err := hostagent.NewHost(context.Background(), hostagent.HostOptions{StateDir: dir, Server: s.Addr(), JoinToken: tok.Token, Name: name, Local: newFakeLocal()}); err != nil {
 		t.Fatalf("join %s: %v", name, err)
 	}
 	id, err := attack.StealHostIdentity(dir)

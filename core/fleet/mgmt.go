@@ -22,6 +22,7 @@ import (
 	"github.com/capyctl/capyctl/core/api"
 	"github.com/capyctl/capyctl/core/api/wire"
 	"github.com/capyctl/capyctl/core/fleet/fsm"
+	"github.com/capyctl/capyctl/core/fleet/linkwire"
 	"github.com/capyctl/capyctl/core/jobspec"
 	"github.com/capyctl/capyctl/core/structs"
 )
@@ -81,17 +82,7 @@ func (s *Server) hostCallWithin(ctx context.Context, d time.Duration, host, meth
 }
 
 // hostError turns a host's error answer back into a catalogue error.
-func hostError(host string, status int, data []byte) error {
-	var env wire.ErrorEnvelope
-	if json.Unmarshal(data, &env) == nil && env.Error.Code != "" {
-		e := structs.Errf(structs.Code(env.Error.Code), "host %s: %s", host, env.Error.Message)
-		for k, v := range env.Error.Details {
-			e = e.WithDetail(k, v)
-		}
-		return e.WithDetail("host", host)
-	}
-	return structs.Errf(structs.CodeInternal, "host %s answered %d", host, status).WithDetail("host", host)
-}
+var hostError = linkwire.HostError
 
 // writeJSON and writeError are the management API's own.
 var (

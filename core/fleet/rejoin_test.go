@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/capyctl/capyctl/core/api/wire"
+	"github.com/capyctl/capyctl/core/fleet/hostagent"
 	"github.com/capyctl/capyctl/core/structs"
 	"github.com/capyctl/capyctl/plugins-testkit/poll"
 )
@@ -35,9 +36,9 @@ func TestCluster_ARemovedHostsOldCertificateStaysRefused(t *testing.T) {
 		return err
 	})
 	dir := t.TempDir()
-	var h *Host
+	var h *hostagent.Host
 	onLeader(t, "join gpu-a through a follower", func() (err error) {
-		h, err = NewHost(context.Background(), HostOptions{StateDir: dir, Server: s2.Addr(), JoinToken: tok.Token, Name: "gpu-a", Local: newFakeLocal()})
+		h, err = hostagent.NewHost(context.Background(), hostagent.HostOptions{StateDir: dir, Server: s2.Addr(), JoinToken: tok.Token, Name: "gpu-a", Local: newFakeLocal()})
 		return err
 	})
 	stop := runHost(t, h)
@@ -67,9 +68,9 @@ func TestCluster_ARemovedHostsOldCertificateStaysRefused(t *testing.T) {
 		tok, err = s2.NewJoinToken("", time.Minute)
 		return err
 	})
-	var again *Host
+	var again *hostagent.Host
 	onLeader(t, "join gpu-a again", func() (err error) {
-		again, err = NewHost(context.Background(), HostOptions{StateDir: t.TempDir(), Server: s3.Addr(), JoinToken: tok.Token, Name: "gpu-a", Local: newFakeLocal()})
+		again, err = hostagent.NewHost(context.Background(), hostagent.HostOptions{StateDir: t.TempDir(), Server: s3.Addr(), JoinToken: tok.Token, Name: "gpu-a", Local: newFakeLocal()})
 		return err
 	})
 	runHost(t, again)
@@ -82,14 +83,14 @@ func TestCluster_ARemovedHostsOldCertificateStaysRefused(t *testing.T) {
 	for _, s := range servers {
 		copyDir := t.TempDir()
 		copyPrivate(t, copyDir, stolen)
-		thief, err := NewHost(context.Background(), HostOptions{StateDir: copyDir, Server: s.Addr(), Name: "gpu-a", Local: newFakeLocal()})
+		thief, err := hostagent.NewHost(context.Background(), hostagent.HostOptions{StateDir: copyDir, Server: s.Addr(), Name: "gpu-a", Local: newFakeLocal()})
 		if err != nil {
 			if !structs.HasCode(err, structs.CodeHostRevoked) {
 				t.Fatalf("the stolen certificate at %s: %v, want host_revoked", s.cl.name, err)
 			}
 			continue
 		}
-		if err := thief.renew(context.Background()); err == nil {
+		if err := thief.RenewNow(context.Background()); err == nil {
 			t.Fatalf("server %s renewed the removed host's old certificate", s.cl.name)
 		}
 		// Its link is refused at the handshake, again and again; the host's
@@ -99,9 +100,8 @@ func TestCluster_ARemovedHostsOldCertificateStaysRefused(t *testing.T) {
 		ran := make(chan error, 1)
 		go func() { ran <- thief.Run(ctx) }()
 		poll.Until(t, 20*time.Second, "the stolen certificate refused at "+s.cl.name, func() bool {
-			thief.mu.Lock()
-			defer thief.mu.Unlock()
-			return thief.primary != nil && thief.primary.lastErr != nil && strings.Contains(thief.primary.lastErr.Error(), "bad certificate")
+			_, lastErr := thief.Linked()
+			return lastErr != nil && strings.Contains(lastErr.Error(), "bad certificate")
 		})
 		cancel()
 		<-ran
@@ -111,7 +111,7 @@ func TestCluster_ARemovedHostsOldCertificateStaysRefused(t *testing.T) {
 	}
 	// The host's new certificate renews at a follower, and every server
 	// takes the renewed one.
-	if err := again.renew(context.Background()); err != nil {
+	if err := again.RenewNow(context.Background()); err != nil {
 		t.Fatalf("the new certificate's renewal: %v", err)
 	}
 	for _, s := range servers {

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/capyctl/capyctl/core/fleet/fsm"
+	"github.com/capyctl/capyctl/core/fleet/hostagent"
 	"github.com/capyctl/capyctl/core/structs"
 	"github.com/capyctl/capyctl/plugins-testkit/poll"
 )
@@ -27,7 +28,7 @@ func TestRemove_ALostHostTakesItsGroupsAndAdoptedDeployments(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	lost, err := NewHost(context.Background(), HostOptions{StateDir: t.TempDir(), Server: s.Addr(), JoinToken: tok.Token, Name: "gpu-a", Local: newFakeLocal()})
+	lost, err := hostagent.NewHost(context.Background(), hostagent.HostOptions{StateDir: t.TempDir(), Server: s.Addr(), JoinToken: tok.Token, Name: "gpu-a", Local: newFakeLocal()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -28,6 +28,7 @@ import (
 	"github.com/capyctl/capyctl/core/api/wire"
 	"github.com/capyctl/capyctl/core/apikeys"
 	"github.com/capyctl/capyctl/core/fleet/fsm"
+	"github.com/capyctl/capyctl/core/fleet/linkwire"
 	"github.com/capyctl/capyctl/core/fleet/raftlog"
 	"github.com/capyctl/capyctl/core/hostlink/proto/hostv1"
 	"github.com/capyctl/capyctl/core/pki"
@@ -37,11 +38,11 @@ import (
 
 // Defaults of ServerOptions.
 const (
-	DefaultHeartbeat = 2 * time.Second
+	DefaultHeartbeat = linkwire.DefaultHeartbeat
 	// lostAfterBeats is how many heartbeat intervals without a word make a
 	// host lost.
 	lostAfterBeats   = 3
-	handshakeTimeout = 10 * time.Second
+	handshakeTimeout = linkwire.HandshakeTimeout
 )
 
 // ServerOptions configure the server's side of the fleet.

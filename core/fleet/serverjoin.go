@@ -255,3 +255,9 @@ func (w *indexWriter) Flush() {
 		f.Flush()
 	}
 }
+
+// mustJSON marshals v, whose types always marshal.
+func mustJSON(v any) []byte {
+	b, _ := json.Marshal(v)
+	return b
+}

@@ -13,6 +13,7 @@ import (
 
 	"google.golang.org/grpc/credentials"
 
+	"github.com/capyctl/capyctl/core/fleet/linkwire"
 	"github.com/capyctl/capyctl/core/pki"
 )
 
@@ -23,15 +24,10 @@ import (
 // to get the join config (no client certificate) and both sides then agree
 // on http/1.1; a renewal is http/1.1 with the host's certificate.
 const (
-	// ALPNJoin asks for enrolment with a join token (no client
-	// certificate).
-	ALPNJoin = "capyctl-join/1"
-	// ALPNLink is the host link's gRPC (HTTP/2).
-	ALPNLink = "h2"
-	// ALPNRelay is the relay: the host serves HTTP/2, the server asks.
-	ALPNRelay = "capyctl-relay/1"
-	// ALPNHTTP1 carries a join or a renewal.
-	ALPNHTTP1 = "http/1.1"
+	ALPNJoin  = linkwire.ALPNJoin
+	ALPNLink  = linkwire.ALPNLink
+	ALPNRelay = linkwire.ALPNRelay
+	ALPNHTTP1 = linkwire.ALPNHTTP1
 )
 
 // clusterTLS is the cluster listener's config: a joining host (ALPN

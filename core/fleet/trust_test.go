@@ -25,6 +25,7 @@ import (
 	"github.com/capyctl/capyctl/core/api"
 	"github.com/capyctl/capyctl/core/apikeys"
 	"github.com/capyctl/capyctl/core/fleet/fsm"
+	"github.com/capyctl/capyctl/core/fleet/hostagent"
 	"github.com/capyctl/capyctl/core/pki"
 	"github.com/capyctl/capyctl/core/structs"
 	"github.com/capyctl/capyctl/plugins-testkit/attack"
@@ -524,15 +525,15 @@ func TestHost_KeyFilesOwnerOnly(t *testing.T) {
 		t.Fatal(err)
 	}
 	dir := t.TempDir()
-	o := HostOptions{StateDir: dir, Server: s.Addr(), JoinToken: tok.Token, Name: "gpu-a", Local: newFakeLocal()}
-	if _, err := NewHost(context.Background(), o); err != nil {
+	o := hostagent.HostOptions{StateDir: dir, Server: s.Addr(), JoinToken: tok.Token, Name: "gpu-a", Local: newFakeLocal()}
+	if _, err := hostagent.NewHost(context.Background(), o); err != nil {
 		t.Fatal(err)
 	}
 	o.JoinToken = ""
 	for _, c := range []struct {
 		path string
 		mode os.FileMode
-	}{{filepath.Join(hostPKIDir(dir), "host.key"), 0o644}, {filepath.Join(hostPKIDir(dir), "host.key"), 0o640}, {hostPKIDir(dir), 0o755}} {
+	}{{filepath.Join(hostagent.PKIDir(dir), "host.key"), 0o644}, {filepath.Join(hostagent.PKIDir(dir), "host.key"), 0o640}, {hostagent.PKIDir(dir), 0o755}} {
 		good := os.FileMode(0o600)
 		if c.mode.Perm()&0o100 != 0 {
 			good = 0o700
@@ -540,7 +541,7 @@ func TestHost_KeyFilesOwnerOnly(t *testing.T) {
 		if err := os.Chmod(c.path, c.mode); err != nil {
 			t.Fatal(err)
 		}
-		_, err := NewHost(context.Background(), o)
+		_, err := hostagent.NewHost(context.Background(), o)
 		if !structs.HasCode(err, structs.CodeInvalidConfig) || !strings.Contains(err.Error(), "chmod") {
 			t.Fatalf("%s with mode %04o: %v, want invalid_config naming the chmod", c.path, c.mode, err)
 		}
@@ -548,7 +549,7 @@ func TestHost_KeyFilesOwnerOnly(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if _, err := NewHost(context.Background(), o); err != nil {
+	if _, err := hostagent.NewHost(context.Background(), o); err != nil {
 		t.Fatalf("owner-only again: %v", err)
 	}
 }

@@ -1,7 +1,7 @@
 // Copyright (c) CapyCTL authors
 // SPDX-License-Identifier: Apache-2.0
 
-package fleet
+package hostagent
 
 import (
 	"context"
@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 
+	"github.com/capyctl/capyctl/core/fleet/linkwire"
 	"github.com/capyctl/capyctl/core/hostlink/proto/hostv1"
 	"github.com/capyctl/capyctl/core/structs"
 	"github.com/capyctl/capyctl/core/version"
@@ -101,7 +102,7 @@ func (h *Host) runLink(ctx context.Context, l *serverLink) {
 
 // link runs one Connect stream to one server until it breaks.
 func (h *Host) link(ctx context.Context, l *serverLink, up func()) error {
-	conn, err := grpc.NewClient(l.addr, grpc.WithTransportCredentials(credentials.NewTLS(h.tlsFor(l.addr, ALPNLink))))
+	conn, err := grpc.NewClient(l.addr, grpc.WithTransportCredentials(credentials.NewTLS(h.tlsFor(l.addr, linkwire.ALPNLink))))
 	if err != nil {
 		return err
 	}
@@ -176,7 +177,7 @@ func (ls *linkSession) hello() (time.Duration, error) {
 	}
 	beat := time.Duration(wel.GetHeartbeatIntervalMs()) * time.Millisecond
 	if beat <= 0 {
-		beat = DefaultHeartbeat
+		beat = linkwire.DefaultHeartbeat
 	}
 	h.mu.Lock()
 	l.linked, l.lastErr = true, nil
@@ -345,7 +346,7 @@ func (h *Host) runRelay(ctx context.Context, l *serverLink) {
 	}
 	srv := &http2.Server{MaxConcurrentStreams: relayMaxStreams, ReadIdleTimeout: 10 * time.Second, PingTimeout: 5 * time.Second}
 	for attempt := 0; ctx.Err() == nil; attempt++ {
-		d := &tls.Dialer{NetDialer: &net.Dialer{Timeout: handshakeTimeout, KeepAlive: 15 * time.Second}, Config: h.tlsFor(l.addr, ALPNRelay)}
+		d := &tls.Dialer{NetDialer: &net.Dialer{Timeout: linkwire.HandshakeTimeout, KeepAlive: 15 * time.Second}, Config: h.tlsFor(l.addr, linkwire.ALPNRelay)}
 		c, err := d.DialContext(ctx, "tcp", l.addr)
 		if err == nil {
 			attempt = 0

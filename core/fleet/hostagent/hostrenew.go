@@ -1,7 +1,7 @@
 // Copyright (c) CapyCTL authors
 // SPDX-License-Identifier: Apache-2.0
 
-package fleet
+package hostagent
 
 import (
 	"context"
@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/capyctl/capyctl/core/api/wire"
+	"github.com/capyctl/capyctl/core/fleet/linkwire"
 	"github.com/capyctl/capyctl/core/pki"
 	"github.com/capyctl/capyctl/core/structs"
 )
@@ -71,9 +72,9 @@ func (h *Host) renew(ctx context.Context) error {
 		addrs = append(addrs, l.addr)
 	}
 	h.mu.Unlock()
-	var ans *JoinAnswer
+	var ans *linkwire.JoinAnswer
 	for _, addr := range addrs {
-		if ans, err = h.post(ctx, h.tlsFor(addr, ALPNHTTP1), addr, "/renew", "application/octet-stream", csr); err == nil {
+		if ans, err = h.post(ctx, h.tlsFor(addr, linkwire.ALPNHTTP1), addr, "/renew", "application/octet-stream", csr); err == nil {
 			break
 		}
 	}

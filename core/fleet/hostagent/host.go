@@ -1,7 +1,7 @@
 // Copyright (c) CapyCTL authors
 // SPDX-License-Identifier: Apache-2.0
 
-package fleet
+package hostagent
 
 import (
 	"bytes"
@@ -25,6 +25,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
+	"github.com/capyctl/capyctl/core/fleet/linkwire"
 	"github.com/capyctl/capyctl/core/hostlink"
 	"github.com/capyctl/capyctl/core/hostlink/proto/hostv1"
 	"github.com/capyctl/capyctl/core/pki"
@@ -267,12 +268,12 @@ func (h *Host) join(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	req := JoinRequest{Token: h.o.JoinToken, CSR: csr}
+	req := linkwire.JoinRequest{Token: h.o.JoinToken, CSR: csr}
 	if h.creds != nil {
 		req.Previous = h.creds.Current().Leaf.Raw
 	}
 	cfg := pki.HostJoinTLS(tok.Fingerprint)
-	cfg.NextProtos = []string{ALPNJoin, ALPNHTTP1}
+	cfg.NextProtos = []string{linkwire.ALPNJoin, linkwire.ALPNHTTP1}
 	cfg.ServerName = serverName(h.o.Server)
 	ans, err := h.post(ctx, cfg, h.o.Server, "/join", "application/json", mustJSON(req))
 	if err != nil {
@@ -300,8 +301,8 @@ func (h *Host) join(ctx context.Context) error {
 
 // post sends one join or renewal and decodes its answer or its coded
 // refusal.
-func (h *Host) post(ctx context.Context, cfg *tls.Config, addr, path, ctype string, body []byte) (*JoinAnswer, error) {
-	tr := &http.Transport{TLSClientConfig: cfg, ForceAttemptHTTP2: false, TLSHandshakeTimeout: handshakeTimeout}
+func (h *Host) post(ctx context.Context, cfg *tls.Config, addr, path, ctype string, body []byte) (*linkwire.JoinAnswer, error) {
+	tr := &http.Transport{TLSClientConfig: cfg, ForceAttemptHTTP2: false, TLSHandshakeTimeout: linkwire.HandshakeTimeout}
 	defer tr.CloseIdleConnections()
 	cl := &http.Client{Transport: tr, Timeout: 30 * time.Second}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "https://"+addr+path, bytes.NewReader(body))
@@ -320,9 +321,9 @@ func (h *Host) post(ctx context.Context, cfg *tls.Config, addr, path, ctype stri
 	defer resp.Body.Close()
 	data, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 	if resp.StatusCode != http.StatusOK {
-		return nil, hostError("server", resp.StatusCode, data)
+		return nil, linkwire.HostError("server", resp.StatusCode, data)
 	}
-	var ans JoinAnswer
+	var ans linkwire.JoinAnswer
 	if err := json.Unmarshal(data, &ans); err != nil {
 		return nil, structs.Wrap(structs.CodeInternal, err, "the server's answer")
 	}
