@@ -91,6 +91,15 @@ func TestServers_AloneIsAClusterOfOne(t *testing.T) {
 		t.Fatalf("a joined server's view: %+v (%v), want expect 1 (the cluster's), 3 voters, healthy", list, err)
 	}
 
+	// A host learns the other servers from a server it is linked to: it
+	// reaches s2 and s3 only once it linked again to the restarted s1. Kill
+	// s1 before that and no survivor can ever reach it.
+	for _, r := range []*harness.Role{s2, s3} {
+		poll.Until(t, 20*time.Second, "the host linked to a joined server", func() bool {
+			out, _, code := r.CLI("list", "hosts")
+			return code == 0 && strings.Contains(out, "ready")
+		})
+	}
 	s1.Kill9()
 	poll.Until(t, 20*time.Second, "the survivors elect a leader", func() bool { l := e2e.LeaderOf(s2); return l == "s2" || l == "s3" })
 	poll.Until(t, 20*time.Second, "a survivor serves the deployment", func() bool { return e2e.ChatAnswers(s2, "demo") })
