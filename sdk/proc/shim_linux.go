@@ -216,7 +216,7 @@ func runShim() int {
 	copied := make(chan struct{})
 	go func() {
 		defer close(copied)
-		_, _ = io.Copy(out, pr)
+		copyGathered(out, pr)
 	}()
 	waited := make(chan *os.ProcessState, 1)
 	go func() {
@@ -402,6 +402,29 @@ func (k *sink) Write(p []byte) (int, error) {
 	}
 	return len(p), nil
 }
+
+// copyGathered copies the engine's output to w until r ends, reading at
+// most once every logGather: an engine writes its log a piece at a time
+// (llama-server a dozen lines per answer, each in two or three writes),
+// and the shim reads it all at once instead of waking for each piece. The
+// pipe holds what the engine writes meanwhile.
+func copyGathered(w io.Writer, r io.Reader) {
+	buf := make([]byte, 64<<10)
+	for {
+		n, err := r.Read(buf)
+		if n > 0 {
+			_, _ = w.Write(buf[:n])
+		}
+		if err != nil {
+			return
+		}
+		time.Sleep(logGather)
+	}
+}
+
+// logGather is how long the shim lets an engine's output gather between
+// reads (copyGathered).
+const logGather = 20 * time.Millisecond
 
 // waitFor waits until ch is closed or d has passed.
 func waitFor(ch <-chan struct{}, d time.Duration) {
