@@ -45,3 +45,27 @@ func TestCopyGathered_ReadsOutputInGathers(t *testing.T) {
 		t.Fatalf("%d reads for 50 pieces, want them gathered (at most 25)", len(w.writes))
 	}
 }
+
+// TestOutputPipe_OutsideThePoller: the engine's output pipe is read with
+// plain blocking reads, outside the runtime's poller (a file in the poller
+// takes a deadline, one outside it does not), so that the engine's writes
+// wake nothing while the shim gathers; it carries the bytes as a pipe does.
+func TestOutputPipe_OutsideThePoller(t *testing.T) {
+	pr, pw, err := outputPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pr.Close()
+	if err := pr.SetReadDeadline(time.Now().Add(time.Second)); err == nil {
+		t.Fatal("the read end is in the runtime's poller")
+	}
+	if _, err := pw.WriteString("line\n"); err != nil {
+		t.Fatal(err)
+	}
+	pw.Close()
+	var w writeCounter
+	copyGathered(&w, pr)
+	if got := strings.Join(w.writes, ""); got != "line\n" {
+		t.Fatalf("copied %q", got)
+	}
+}

@@ -149,7 +149,7 @@ func runShim() int {
 	defer os.Remove(filepath.Join(spec.LaunchDir, SocketName))
 	defer ln.Close()
 
-	pr, pw, err := os.Pipe()
+	pr, pw, err := outputPipe()
 	if err != nil {
 		report(shimReport{Error: fmt.Sprintf("output pipe: %v", err)})
 		return 2
@@ -420,6 +420,18 @@ func copyGathered(w io.Writer, r io.Reader) {
 		}
 		time.Sleep(logGather)
 	}
+}
+
+// outputPipe is the engine's output pipe, both ends in blocking mode and
+// outside the runtime's poller: the shim's reads (copyGathered) wait in
+// read(2), and the engine's writes while the shim gathers wake nobody (a
+// polled pipe wakes the poller's thread at every write).
+func outputPipe() (r, w *os.File, err error) {
+	var p [2]int
+	if err := syscall.Pipe2(p[:], syscall.O_CLOEXEC); err != nil {
+		return nil, nil, err
+	}
+	return os.NewFile(uintptr(p[0]), "|0"), os.NewFile(uintptr(p[1]), "|1"), nil
 }
 
 // logGather is how long the shim lets an engine's output gather between
