@@ -231,8 +231,7 @@ func (s *Server) callWait(ctx context.Context, host, name, action string, evict 
 // evict, a host that has no room for a member may evict its idle models
 // (as a request's activation does); with groups too, an operator's
 // --evict, it may also park or stop another group in the way.
-func (s *Server) groupStart(ctx context.Context, p *Placement, evict, groups bool) (err error) {
-	g := p.Group
+func (s *Server) groupStart(ctx context.Context, p *Placement, evict, groups bool) error {
 	if err := earlierGroup(p); err != nil {
 		return err
 	}
@@ -241,6 +240,12 @@ func (s *Server) groupStart(ctx context.Context, p *Placement, evict, groups boo
 		return err
 	}
 	defer l.release()
+	return s.groupStartLocked(ctx, p, evict, groups)
+}
+
+// groupStartLocked is groupStart with the group's lock held.
+func (s *Server) groupStartLocked(ctx context.Context, p *Placement, evict, groups bool) (err error) {
+	g := p.Group
 	defer func() {
 		// The group's own verdict, for whoever waits on its status (a
 		// member's record says only its part, and may be retried).

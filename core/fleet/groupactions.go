@@ -124,6 +124,7 @@ func (s *Server) groupStatus(p *Placement, out *wire.DeploymentStatus) {
 		}
 	}
 	out.Group = gs
+	out.Revision = p.Revision // the cluster's: each host counts its member's own
 	// ReadyN counts the members ready; the group serves only when all are.
 	out.ReadyN = ready
 	if ready == len(out.Instances) && ready > 0 {
