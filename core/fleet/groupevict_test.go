@@ -117,3 +117,62 @@ func TestEvictGroups_OnlyOnTheRefusingHost(t *testing.T) {
 			hosts["gpu-a"].calls("here")-before, hosts["gpu-b"].calls("elsewhere"))
 	}
 }
+
+// namedGroup is a group named name on hosts (the head on the first), as
+// a client sends it.
+func namedGroup(t *testing.T, name string, hosts ...string) (*structs.Deployment, json.RawMessage) {
+	t.Helper()
+	hs, _ := json.Marshal(hosts)
+	raw := json.RawMessage(`{"name":"` + name + `","engine":"vllm","model":{"path":"` + name + `"},"routes":["` + name + `"],` +
+		`"placement":{"hosts":` + string(hs) + `},"topology":{"tensor_parallel":1,"pipeline_parallel":2}}`)
+	spec, err := specOf(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return spec, raw
+}
+
+// TestEvictGroups_NeverStopsAParkedGroup: a start refused for room on a
+// host parks a ready group in the way there; a group in the way that is
+// parked already is left parked (its residue is what its hosts' ledgers
+// charged for its park; a refusal that follows that park at once may
+// predate the host crediting it), and nothing counts as freed.
+func TestEvictGroups_NeverStopsAParkedGroup(t *testing.T) {
+	cases := []struct {
+		name   string
+		parked bool // the group in the way is parked before the refusal
+		freed  bool
+	}{
+		{name: "a ready group is parked", freed: true},
+		{name: "a parked group stays parked", parked: true},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			f := newFakeHosts("gpu-a", "gpu-b")
+			s := groupServer(t, f)
+			spec, raw := namedGroup(t, "two", "gpu-a", "gpu-b")
+			if _, err := s.createGroup(context.Background(), spec, raw, true); err != nil {
+				t.Fatal(err)
+			}
+			p, _ := s.State.Placement("two")
+			if c.parked {
+				if err := s.groupPark(context.Background(), p); err != nil {
+					t.Fatal(err)
+				}
+			}
+			refusal := structs.Errf(structs.CodeCapacityBlocked, "host gpu-a: no room on gpu0 for the member").
+				WithDetail("host", "gpu-a").WithDetail("evictable_groups", []string{"two"})
+			if freed := s.evictGroups(context.Background(), "one", refusal); freed != c.freed {
+				t.Fatalf("evictGroups freed %v, want %v", freed, c.freed)
+			}
+			for _, h := range []string{"gpu-a", "gpu-b"} {
+				if m := f.member(h, "two"); m.in.State != string(structs.StateParked) {
+					t.Fatalf("the group in the way is %s on %s, want parked", m.in.State, h)
+				}
+			}
+			if p, _ := s.State.Placement("two"); p.Group.Ranks[0].Desired != structs.DesiredRunning {
+				t.Fatalf("the group in the way is desired %s, want running (parked, not stopped)", p.Group.Ranks[0].Desired)
+			}
+		})
+	}
+}
