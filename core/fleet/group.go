@@ -10,7 +10,6 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/capyctl/capyctl/core/api/wire"
@@ -155,22 +154,27 @@ type member struct {
 	reachable bool
 }
 
-// members reads every member's status from its host (a host out of reach
-// reads uncertain).
-func (s *Server) members(ctx context.Context, name string, g *GroupPlacement) []member {
+// members is every member as its host's journals last said (a host out
+// of reach reads uncertain). The journals cannot lag an answer the server
+// waited for: a host sends a command's result and its answer to a share
+// only after the journals of the record writes before them
+// (hostagent/hostlink.go), and the group's operations run under its lock,
+// so what the last one waited for is in. What a host does on its own (an
+// engine that exits, a start's progress) may still be on its way, as it
+// was for a read over the relay a moment earlier; the supervisor acts on
+// it when it comes.
+func (s *Server) members(name string, g *GroupPlacement) []member {
 	out := make([]member, len(g.Hosts))
-	var wg sync.WaitGroup
 	for rank, host := range g.Hosts {
-		wg.Add(1)
-		go func(rank int, host string) {
-			defer wg.Done()
-			out[rank] = s.memberOf(ctx, host, rank, name)
-		}(rank, host)
+		out[rank] = s.memberJournal(host, rank, name)
 	}
-	wg.Wait()
 	return out
 }
 
+// memberOf reads a member's status from its host over the relay: where
+// the host's own answer decides (relay.go: after the head's host answered
+// a request 503 over the relay, a connection the journals do not share,
+// so its journal may be older than that answer).
 func (s *Server) memberOf(ctx context.Context, host string, rank int, name string) member {
 	m := member{host: host, rank: rank, state: stateUncertain}
 	status, data, err := s.hostCall(ctx, host, http.MethodGet, "/deployments/"+url.PathEscape(name), nil, nil)
@@ -256,7 +260,7 @@ func (s *Server) groupStartLocked(ctx context.Context, p *Placement, evict, grou
 			}
 		}
 	}()
-	ms := s.members(ctx, p.Deployment, g)
+	ms := s.members(p.Deployment, g)
 	if err := uncertain(p.Deployment, ms); err != nil {
 		return err
 	}
@@ -356,7 +360,7 @@ func (s *Server) groupParkLocked(ctx context.Context, p *Placement) error {
 		return err
 	}
 	s.groups.setDown(p.Deployment, true)
-	ms := s.members(ctx, p.Deployment, g)
+	ms := s.members(p.Deployment, g)
 	if err := uncertain(p.Deployment, ms); err != nil {
 		return err
 	}

@@ -338,7 +338,7 @@ func (f *fakeHosts) journal(host, id string) *hostv1.InstanceJournal {
 	for name, m := range f.hosts[host].members {
 		if m.in.ID == id {
 			j := &hostv1.InstanceJournal{InstanceId: id, Deployment: name, State: m.in.State,
-				SinceUnixMs: m.in.Since.UnixMilli(), Why: m.in.Reason, Phase: m.in.Phase, Placed: true, Revision: m.revision}
+				SinceUnixMs: m.in.Since.UnixMilli(), Why: m.in.Reason, Phase: m.in.Phase, Placed: true, Revision: m.revision, Residency: m.in.Residency}
 			if e := m.in.LastError; e != nil {
 				j.Message, j.ErrorCode, j.ErrorMessage, j.ErrorUnixMs = e.Message, string(e.Code), e.Message, e.At.UnixMilli()
 			}

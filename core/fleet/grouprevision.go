@@ -105,7 +105,7 @@ func (s *Server) reviseGroup(ctx context.Context, name string, raw json.RawMessa
 			return nil, err
 		}
 	}
-	ms := s.members(ctx, name, old.Group)
+	ms := s.members(name, old.Group)
 	if err := uncertain(name, ms); err != nil {
 		return nil, err
 	}

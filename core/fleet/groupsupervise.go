@@ -27,7 +27,7 @@ func (s *Server) failGroup(ctx context.Context, name string, g *GroupPlacement, 
 	}
 	// A rank that exited on its own meanwhile (its peer's death took it)
 	// is part of this failure, not a new one.
-	s.markSeen(name, s.members(ctx, name, g))
+	s.markSeen(name, s.members(name, g))
 }
 
 // markSeen records the failures members show now as acted on.
@@ -196,7 +196,7 @@ func (s *Server) evictGroups(ctx context.Context, requester string, err error) b
 			s.logger.Info("a group in the way is busy; not evicted", "group", n, "for", requester)
 			continue
 		}
-		ms := s.members(ctx, n, p.Group)
+		ms := s.members(n, p.Group)
 		var perr error
 		switch ms[0].state {
 		case string(structs.StateReady):
