@@ -95,11 +95,18 @@ func (s *Server) reviseGroup(ctx context.Context, name string, raw json.RawMessa
 	if err != nil {
 		return nil, err
 	}
-	start := activate || old.Group.Ranks[0].Desired == structs.DesiredRunning
-	if cur, err := specOf(old.Spec); err == nil && structs.SameSpec(cur, spec) && !activate {
+	if cur, err := jobspec.FromJSON(old.Spec); err == nil && structs.SameSpec(cur, spec) {
+		// The same spec: nothing restarts; with activate, the group starts
+		// (or wakes) unless it is up.
+		if activate {
+			if err := s.groupStartLocked(ctx, old, false, false); err != nil {
+				return nil, err
+			}
+		}
 		st := s.deploymentStatus(ctx, old)
-		return &st, nil // the same spec: nothing restarts
+		return &st, nil
 	}
+	start := activate || old.Group.Ranks[0].Desired == structs.DesiredRunning
 	for _, h := range old.Group.Hosts {
 		if err := s.memberHostReady(h, name); err != nil {
 			return nil, err

@@ -63,21 +63,25 @@ func since(f *fakeHosts, n int) []string {
 // member of the new spec, then the group starts as a cold start does
 // (the head, admitted, then the worker) and answers ready at the new
 // revision; a group never started stays on demand, nothing started; the
-// same spec changes nothing.
+// same spec changes nothing (with activate, a group not up starts as any
+// start does, at the same revision).
 func TestGroupRevision_RestartsWholeOnTheNewSpec(t *testing.T) {
 	cases := []struct {
-		name    string
-		start   bool // the group was started before its new revision
-		model   string
-		want    []string // what the hosts did, in order (a "|" joins steps done at once, in any order)
-		wantRev uint64
-		state   structs.InstanceState // the head's once answered
+		name     string
+		start    bool // the group was started before its new revision
+		activate bool // the PUT says activate
+		model    string
+		want     []string // what the hosts did, in order (a "|" joins steps done at once, in any order)
+		wantRev  uint64
+		state    structs.InstanceState // the head's once answered
 	}{
 		{name: "started", start: true, model: "new",
 			want:    []string{"gpu-b stop|gpu-a stop", "gpu-b revise", "gpu-a revise", "gpu-b start", "gpu-a start"},
 			wantRev: 2, state: structs.StateReady},
 		{name: "never started", model: "new", want: []string{"gpu-b revise", "gpu-a revise"}, wantRev: 2, state: structs.StateStopped},
 		{name: "the same spec", start: true, model: "old", wantRev: 1, state: structs.StateReady},
+		{name: "the same spec, activated", model: "old", activate: true, want: []string{"gpu-b stop|gpu-a stop", "gpu-b start", "gpu-a start"},
+			wantRev: 1, state: structs.StateReady},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -85,7 +89,7 @@ func TestGroupRevision_RestartsWholeOnTheNewSpec(t *testing.T) {
 			s := groupServer(t, f)
 			placeRevisionGroup(t, f, s, c.start)
 			n := len(f.calls(func(string) bool { return true }))
-			st, err := s.reviseGroup(context.Background(), groupName, revisionRaw(c.model, "gpu-b", "gpu-a"), 1, false)
+			st, err := s.reviseGroup(context.Background(), groupName, revisionRaw(c.model, "gpu-b", "gpu-a"), 1, c.activate)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -106,7 +110,7 @@ func TestGroupRevision_RestartsWholeOnTheNewSpec(t *testing.T) {
 				}
 			}
 			waitHead(t, f, c.state)
-			if !c.start {
+			if !c.start && !c.activate {
 				if d := p.Group.Ranks[0].Desired; d != structs.DesiredOnDemand {
 					t.Fatalf("a group never started is %s at its new revision, want on_demand", d)
 				}
