@@ -8,7 +8,6 @@ import (
 	"encoding/json"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -17,59 +16,14 @@ import (
 	"github.com/capyctl/capyctl/core/structs"
 )
 
-// managedLocal is a fakeLocal whose relay answers the server's management
-// calls (an instance's status, an action) and records which deployments
-// they named.
-type managedLocal struct {
-	*fakeLocal
-	mu    sync.Mutex
-	named map[string]int
-}
-
-func newManagedLocal() *managedLocal {
-	return &managedLocal{fakeLocal: newFakeLocal(), named: map[string]int{}}
-}
-
-// RelayHandler answers every management call about a deployment: its
-// status (one ready instance) or an action (done).
-func (l *managedLocal) RelayHandler() http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		rest, ok := strings.CutPrefix(r.URL.Path, wire.Prefix+"/deployments/")
-		if !ok {
-			http.NotFound(w, r)
-			return
-		}
-		name, _, _ := strings.Cut(rest, "/")
-		l.mu.Lock()
-		l.named[name]++
-		l.mu.Unlock()
-		w.Header().Set("Content-Type", "application/json")
-		if r.Method == http.MethodGet {
-			_ = json.NewEncoder(w).Encode(wire.DeploymentStatus{Name: name, State: string(structs.StateReady),
-				Instances: []wire.InstanceStatus{{ID: structs.InstanceID(name, 0), State: string(structs.StateReady)}}})
-			return
-		}
-		_ = json.NewEncoder(w).Encode(wire.ActionAccepted{APIVersion: wire.APIVersion, Deployment: name, Done: true})
-	})
-}
-
-// calls is how many management calls named deployment dep.
-func (l *managedLocal) calls(dep string) int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.named[dep]
-}
-
 // TestEvictGroups_OnlyOnTheRefusingHost pins the fleet-trust review's
 // L10: a capacity refusal from one host named groups in its way, and the
 // server parked them wherever they ran, other hosts' included. Now a
 // refusal evicts only the groups with a member on the host that refused.
 func TestEvictGroups_OnlyOnTheRefusingHost(t *testing.T) {
 	s := testServer(t, ServerOptions{})
-	hosts := map[string]*managedLocal{}
 	for _, name := range []string{"gpu-a", "gpu-b", "gpu-c"} {
-		hosts[name] = newManagedLocal()
-		joinHost(t, s, name, hosts[name])
+		joinHost(t, s, name, newFakeLocal())
 		waitReady(t, s, name)
 	}
 	group := func(name string, on ...string) {
