@@ -5,6 +5,7 @@ package agent
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -300,6 +301,9 @@ func (a *Agent) Journals() []*hostv1.InstanceJournal {
 			if in.LastError != nil {
 				j.ErrorCode, j.ErrorMessage, j.ErrorUnixMs = string(in.LastError.Code), in.LastError.Message, in.LastError.At.UnixMilli()
 			}
+			// The instance as this host's status shows it: the server
+			// answers its status from the journals (core/fleet/journalstatus.go).
+			j.StatusJson, _ = json.Marshal(api.InstanceStatus(&in))
 			out = append(out, j)
 		}
 	}

@@ -58,6 +58,10 @@ type hostLimits struct {
 	cardBytes, hostBytes          int64
 	text, attributes, attrValue   int
 	charges                       int
+	// statusBytes bounds an instance journal's status (its status_json,
+	// which the server shows and never acts on); one over it is dropped
+	// and the server asks the host instead.
+	statusBytes int
 	// knownFor is how long a deployment the host ran (or was placed)
 	// stays its own for its events; knownMax bounds that set.
 	knownFor time.Duration
@@ -75,7 +79,7 @@ var defaultHostLimits = hostLimits{
 	eventRate: 200, eventBurst: 1000, eventByteRate: 256 << 10, eventByteBurst: 1 << 20,
 	instances: 512, cards: 64, engines: 256, readings: 136,
 	cardBytes: 4 << 40, hostBytes: 256 << 40,
-	text: 4096, attributes: 32, attrValue: 1024, charges: 64,
+	text: 4096, attributes: 32, attrValue: 1024, charges: 64, statusBytes: 16 << 10,
 	knownFor: 15 * time.Minute, knownMax: 2048,
 }
 
@@ -273,9 +277,13 @@ func clip(s string, limit int) string {
 	return strings.ToValidUTF8(s[:limit], "")
 }
 
-// clipJournal cuts a journal's free texts to their length.
+// clipJournal cuts a journal's free texts to their length and drops a
+// status over its bound.
 func (l hostLimits) clipJournal(j *hostv1.InstanceJournal) {
 	j.Message, j.ErrorMessage = clip(j.GetMessage(), l.text), clip(j.GetErrorMessage(), l.text)
+	if len(j.GetStatusJson()) > l.statusBytes {
+		j.StatusJson = nil
+	}
 }
 
 // clipEvent cuts an event's free texts to their length.
