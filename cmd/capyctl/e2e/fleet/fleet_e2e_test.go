@@ -162,15 +162,19 @@ func TestFleet_ServerAndThreeHosts(t *testing.T) {
 	}
 	e2e.ChatOK(t, f.Server, "chat-a")
 	e2e.ChatOK(t, f.Server, "chat-b")
-	if a, b := f.Status("chat-a"), f.Status("chat-b"); a.Instances[0].State != "parked" || b.Instances[0].State != "ready" ||
-		a.Instances[0].Host != "gpu-b" || b.Instances[0].Host != "gpu-b" {
+	// The server's status is what the host pushed (its journals): a
+	// transition the answer raced reaches it milliseconds later.
+	var a, b wire.DeploymentStatus
+	poll.Until(t, 10*time.Second, "chat-a parked and chat-b ready", func() bool {
+		a, b = f.Status("chat-a"), f.Status("chat-b")
+		return a.Instances[0].State == "parked" && b.Instances[0].State == "ready"
+	})
+	if a.Instances[0].Host != "gpu-b" || b.Instances[0].Host != "gpu-b" {
 		t.Fatalf("after chat-b: chat-a %s on %s, chat-b %s on %s; want parked and ready on gpu-b",
 			a.Instances[0].State, a.Instances[0].Host, b.Instances[0].State, b.Instances[0].Host)
 	}
 	e2e.ChatOK(t, f.Server, "chat-a") // and back: chat-a wakes, chat-b parks
-	if a := f.Status("chat-a"); a.Instances[0].State != "ready" {
-		t.Fatalf("chat-a after its request: %s", a.Instances[0].State)
-	}
+	poll.Until(t, 10*time.Second, "chat-a ready after its request", func() bool { return f.Status("chat-a").Instances[0].State == "ready" })
 
 	// A host agent that goes away: its instance reads uncertain, requests
 	// go to the other replica, and it comes back with its journal, its
