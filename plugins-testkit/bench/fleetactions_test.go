@@ -144,6 +144,8 @@ var (
 	actionTimes [5][3][]time.Duration
 	// deployCalls: the deploy call alone (its answer), by side.
 	deployCalls [3][]time.Duration
+	// statusReads: a read of demo's status (ready), by side.
+	statusReads [3][]time.Duration
 )
 
 // BenchmarkFleet_ActionsThroughTheServer is what the server adds to an
@@ -160,6 +162,7 @@ var (
 // of the desired state). With
 // CAPYCTL_BENCH_BASELINE naming another build's bin directory, a server
 // and a host of that build are measured in the same rounds (baseline-*).
+// Each round also times 5 reads of the deployment's status (status-read-*).
 func BenchmarkFleet_ActionsThroughTheServer(b *testing.B) {
 	actionsOnce.Do(func() {
 		s := startFleetBench(b, harness.SimpleSpec("demo", "fake"), "--tokens", "4")
@@ -181,6 +184,13 @@ func BenchmarkFleet_ActionsThroughTheServer(b *testing.B) {
 				toReady, call := deployToReady(b, mgmt, fmt.Sprintf("bench-%d", i))
 				actionTimes[4][k] = append(actionTimes[4][k], toReady)
 				deployCalls[k] = append(deployCalls[k], call)
+				for r := 0; r < 5; r++ {
+					t0 := time.Now()
+					if _, err := mgmt.Deployment(ctx, "demo"); err != nil {
+						b.Fatalf("demo's status at %s: %v", mgmt.Base(), err)
+					}
+					statusReads[k] = append(statusReads[k], time.Since(t0))
+				}
 			}
 		}
 	})
@@ -200,6 +210,7 @@ func BenchmarkFleet_ActionsThroughTheServer(b *testing.B) {
 	for k, side := range []string{"standalone", "server", "baseline-server"} {
 		if len(deployCalls[k]) > 0 {
 			b.ReportMetric(pct(deployCalls[k], .5), "deploy-call-"+side+"-p50-ms")
+			b.ReportMetric(pct(statusReads[k], .5), "status-read-"+side+"-p50-ms")
 		}
 	}
 }
