@@ -32,7 +32,8 @@ import (
 //     message over one is dropped and counted, the link stays); a free
 //     text (an instance's message or error, an event's message or an
 //     attribute's value) is cut to its length, since an honest engine's
-//     error may be long;
+//     error may be long; an instance's status (shown, never acted on) over
+//     its bound is dropped, and the server asks the host instead;
 //   - the server keeps at most instances journals a host and a bounded
 //     set of the deployments it ran;
 //   - a host's ledger readings never say a card holds more than the card
