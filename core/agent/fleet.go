@@ -303,7 +303,11 @@ func (a *Agent) Journals() []*hostv1.InstanceJournal {
 			}
 			// The instance as this host's status shows it: the server
 			// answers its status from the journals (core/fleet/journalstatus.go).
-			j.StatusJson, _ = json.Marshal(api.InstanceStatus(&in))
+			is := api.InstanceStatus(&in)
+			if a.Placer != nil {
+				api.InstanceCharges(a.Placer, &is)
+			}
+			j.StatusJson, _ = json.Marshal(is)
 			out = append(out, j)
 		}
 	}
