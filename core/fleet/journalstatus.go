@@ -106,6 +106,11 @@ func (s *Server) askStatus(ctx context.Context, p *Placement, host, key string) 
 	if s.statusAsks.m == nil {
 		s.statusAsks.m = map[string]statusAsk{}
 	}
+	for k, a := range s.statusAsks.m {
+		if asked.Sub(a.at) > s.statusFresh() {
+			delete(s.statusAsks.m, k) // stands no more (a deleted deployment's too)
+		}
+	}
 	s.statusAsks.m[key] = statusAsk{at: asked, version: p.Version}
 	s.lastStatus.mu.Lock()
 	s.lastStatus.m[key] = st
@@ -120,17 +125,21 @@ func (s *Server) freshAnswer(key string, version uint64) (wire.DeploymentStatus,
 	s.statusAsks.mu.Lock()
 	a, had := s.statusAsks.m[key]
 	s.statusAsks.mu.Unlock()
-	fresh := statusFresh
-	if d := time.Duration(s.statusAsks.fresh.Load()); d != 0 {
-		fresh = d
-	}
-	if !had || a.version != version || time.Since(a.at) > fresh {
+	if !had || a.version != version || time.Since(a.at) > s.statusFresh() {
 		return wire.DeploymentStatus{}, false
 	}
 	s.lastStatus.mu.Lock()
 	defer s.lastStatus.mu.Unlock()
 	st, ok := s.lastStatus.m[key]
 	return st, ok
+}
+
+// statusFresh is statusFresh, or a test's.
+func (s *Server) statusFresh() time.Duration {
+	if d := time.Duration(s.statusAsks.fresh.Load()); d != 0 {
+		return d
+	}
+	return statusFresh
 }
 
 // journalInstances are the instances of p's deployment on host hs as its
