@@ -342,8 +342,7 @@ func (s *Server) toEveryHost(w http.ResponseWriter, r *http.Request) {
 	}
 	if p.Group != nil {
 		if r.Method == http.MethodPut {
-			writeError(w, structs.Errf(structs.CodeUnsupported,
-				"%s is a group: a new revision of a group is not supported yet; delete it and deploy again", name))
+			s.groupRevision(w, r, p, body)
 			return
 		}
 		s.groupAction(w, r, p, body)
