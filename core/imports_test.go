@@ -175,6 +175,18 @@ func TestImportGuards(t *testing.T) {
 			},
 		},
 		{
+			// Placement decisions are pure functions of what the leader
+			// read (issue #27): no clock, no randomness, no I/O, nothing
+			// of the module, so the same hosts give the same placement on
+			// every leader and in every test.
+			name: "the fleet scheduler is pure functions: no clock, randomness, I/O or module package",
+			pkgs: []string{module + "/core/fleet/scheduler"}, deps: true,
+			forbidden: func(pkg string) bool {
+				return under(module)(pkg) && pkg != module+"/core/fleet/scheduler" ||
+					under("time", "math/rand", "crypto/rand", "os", "net", "syscall")(pkg)
+			},
+		},
+		{
 			name: "the raft log links the state machine, not the fleet server",
 			pkgs: []string{module + "/core/fleet/raftlog"}, deps: true,
 			forbidden: func(pkg string) bool {

@@ -96,3 +96,48 @@ func TestSemaphore_ReleaseSignals(t *testing.T) {
 	}
 	l.release()
 }
+
+// TestSemaphore_AWaitGivesUpWithItsContext: a group operation waiting for
+// another's semaphore gives up when its context ends (its request's
+// client went away, its deadline passed), with the context's error and
+// without taking the semaphore; a waiter whose context lives takes it
+// once it is released. No spinning: the wait is a channel send.
+func TestSemaphore_AWaitGivesUpWithItsContext(t *testing.T) {
+	l := newSemaphore()
+	if err := l.acquire(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	gaveUp := make(chan error, 1)
+	go func() { gaveUp <- l.acquire(ctx) }()
+	cancel()
+	select {
+	case err := <-gaveUp:
+		if err != context.Canceled {
+			t.Fatalf("a wait whose context ended: %v, want context.Canceled", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("a wait whose context ended is still waiting")
+	}
+	dctx, dcancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer dcancel()
+	if err := l.acquire(dctx); err != context.DeadlineExceeded {
+		t.Fatalf("a wait past its deadline: %v, want context.DeadlineExceeded", err)
+	}
+
+	took := make(chan error, 1)
+	go func() { took <- l.acquire(context.Background()) }()
+	l.release()
+	select {
+	case err := <-took:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("a waiter did not take the released semaphore (a waiter that gave up took it)")
+	}
+	if l.tryAcquire() {
+		t.Fatal("the semaphore was free while the last waiter held it")
+	}
+	l.release()
+}

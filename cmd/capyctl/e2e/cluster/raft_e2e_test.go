@@ -166,6 +166,23 @@ func TestServers_RestartsStayClustered(t *testing.T) {
 	if code := gone.WaitExit(30 * time.Second); code != 3 || !strings.Contains(gone.Output(), "server_removed") {
 		t.Fatalf("the removed server exited %d\n%s", code, gone.Output())
 	}
+	// The cluster refuses it too, not only its own word: every survivor's
+	// cluster listener refuses its server peer certificate (signed by the
+	// cluster's CA, not expired), and takes a member's.
+	for _, r := range servers {
+		if r == gone {
+			continue
+		}
+		if err := peerAnswered(t, r.ClusterAddr, follower.StateDir); err != nil {
+			t.Fatalf("%s refused a member's server peer certificate: %v", r.Info.Host, err)
+		}
+		var err error
+		poll.Until(t, 10*time.Second, r.Info.Host+" refuses the removed server's certificate at the handshake", func() bool {
+			err = peerAnswered(t, r.ClusterAddr, gone.StateDir)
+			return err != nil && strings.Contains(err.Error(), "tls: ")
+		})
+		t.Logf("%s refused the removed %s: %v", r.Info.Host, name, err)
+	}
 	code, out := gone.RestartExpectingFailure()
 	if code != 3 || !strings.Contains(out, "server_removed") || !strings.Contains(out, "join it again") {
 		t.Fatalf("the removed server's restart: exit %d\n%s", code, out)

@@ -101,11 +101,26 @@ func TestFleet_RescheduleAfterALostHost(t *testing.T) {
 // stop its instance, remove it; the deployment's instance moves to the
 // other host (before, the removal was refused conflict while the stopped
 // instance was still placed there), the removed host is refused and
-// stops, and its engine is gone.
+// stops, and its engine is gone. The guide's own commands in its order
+// too: a drained host takes no new placement until drain --resume, and
+// remove moves a running instance (solo's) to the other host, where it
+// serves.
 func TestFleet_RetireAHost(t *testing.T) {
 	f := e2e.StartFleet(t, map[string]string{"gpu-a": "48GiB", "gpu-b": "24GiB"})
 	for _, h := range f.Hosts {
 		h.WriteFile("models/demo/README", "fake model\n")
+	}
+	if _, errOut, code := f.Server.CLI("drain", "host", "gpu-a"); code != 0 {
+		t.Fatalf("drain host gpu-a: exit %d\n%s", code, errOut)
+	}
+	if out, errOut, code := f.Deploy("solo", harness.SimpleSpec("solo", "fake"), "--activate", "--wait"); code != 0 {
+		t.Fatalf("deploy solo: exit %d\n%s%s", code, out, errOut)
+	}
+	if hs := hostsOf(f.Status("solo")); !slices.Equal(hs, []string{"gpu-b"}) {
+		t.Fatalf("solo placed on %v with gpu-a drained, want gpu-b", hs)
+	}
+	if _, errOut, code := f.Server.CLI("drain", "host", "gpu-a", "--resume"); code != 0 {
+		t.Fatalf("drain host gpu-a --resume: exit %d\n%s", code, errOut)
 	}
 	spec := strings.Replace(harness.SimpleSpec("demo", "fake"), "  engine = ", "  instances = 2\n  engine = ", 1)
 	if out, errOut, code := f.Deploy("demo", spec, "--activate", "--wait"); code != 0 {
@@ -141,4 +156,9 @@ func TestFleet_RetireAHost(t *testing.T) {
 		t.Fatalf("demo after gpu-b's retirement: %d instances on %v, %d ready", len(st.Instances), hostsOf(st), st.ReadyN)
 	}
 	e2e.ChatOK(t, f.Server, "demo")
+	poll.Until(t, 30*time.Second, "solo, running on gpu-b, moved to gpu-a and ready", func() bool {
+		st := f.Status("solo")
+		return slices.Equal(hostsOf(st), []string{"gpu-a"}) && st.ReadyN == 1
+	})
+	e2e.ChatOK(t, f.Server, "solo")
 }
