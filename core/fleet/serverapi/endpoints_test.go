@@ -164,6 +164,58 @@ func TestEndpoints_UpdateAdopted(t *testing.T) {
 	}
 }
 
+// TestEndpoints_ChangeDeployment: a change goes where the placement's
+// kind says: a placed deployment's to the server's moves (decoded), a
+// group's to the group's own, an adopted one's to its hosts.
+func TestEndpoints_ChangeDeployment(t *testing.T) {
+	placed := adopted("demo", fsm.HostShare{Host: "a", Instances: 1})
+	placed.Spec = json.RawMessage(`{"name":"demo"}`)
+	group := adopted("demo", fsm.HostShare{Host: "a", Instances: 1}, fsm.HostShare{Host: "b", Instances: 1})
+	group.Group = &fsm.GroupPlacement{}
+	cases := []struct {
+		name      string
+		p         *fsm.Placement
+		method    string
+		path      string
+		body      string
+		wantCode  string
+		wantCalls []string
+		wantMoves []string
+	}{
+		{name: "a placed deployment's update", p: placed, method: http.MethodPut, path: "/deployments/demo",
+			body:      `{"deployment":{"name":"demo"},"expected_revision":3,"activate":true}`,
+			wantMoves: []string{`update demo expected=3 activate=true spec={"name":"demo"}`}},
+		{name: "a placed deployment's action", p: placed, method: http.MethodPost, path: "/deployments/demo/actions",
+			body: `{"action":"start","wait":true,"evict":true}`, wantMoves: []string{"start demo wait=true evict=true"}},
+		{name: "a placed deployment's update needs a deployment", p: placed, method: http.MethodPut, path: "/deployments/demo",
+			body: `{"expected_revision":3}`, wantCode: "invalid_request"},
+		{name: "a group's update is the group's", p: group, method: http.MethodPut, path: "/deployments/demo",
+			body: `{"deployment":{"name":"demo"}}`, wantMoves: []string{`group PUT demo {"deployment":{"name":"demo"}}`}},
+		{name: "a group's action is the group's", p: group, method: http.MethodPost, path: "/deployments/demo/actions",
+			body: `{"action":"park"}`, wantMoves: []string{`group POST demo {"action":"park"}`}},
+		{name: "an adopted deployment's action goes to each host", p: adopted("demo", fsm.HostShare{Host: "a", Instances: 1}, fsm.HostShare{Host: "b", Instances: 1}),
+			method: http.MethodPost, path: "/deployments/demo/actions", body: `{"action":"stop"}`,
+			wantCalls: []string{"a POST /deployments/demo/actions", "b POST /deployments/demo/actions"}},
+		{name: "no such deployment", p: placed, method: http.MethodPost, path: "/deployments/other/actions", body: `{"action":"stop"}`,
+			wantCode: "not_found"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			f := &fakeServer{placements: map[string]*fsm.Placement{"demo": c.p}, inReach: map[string]bool{"a": true, "b": true},
+				answer: func(host, method, path string, body []byte) (int, []byte) {
+					return http.StatusOK, []byte(`{"deployment":"demo","action":"stop","done":true}`)
+				}}
+			w := serve(t, f, c.method, wire.Prefix+c.path, c.body)
+			if got := errorCode(t, w); got != c.wantCode {
+				t.Fatalf("code %q (%d %s), want %q", got, w.Code, w.Body, c.wantCode)
+			}
+			if !slices.Equal(f.calls, c.wantCalls) || !slices.Equal(f.moves, c.wantMoves) {
+				t.Fatalf("host calls %q and moves %q, want %q and %q", f.calls, f.moves, c.wantCalls, c.wantMoves)
+			}
+		})
+	}
+}
+
 func TestEndpoints_CreateExisting(t *testing.T) {
 	f := &fakeServer{placements: map[string]*fsm.Placement{"demo": adopted("demo", fsm.HostShare{Host: "a", Instances: 1})}}
 	body := `{"deployment":{"name":"demo","engine":"fake","model":{"path":"/m"}}}`

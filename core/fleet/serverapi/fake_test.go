@@ -134,6 +134,21 @@ func (f *fakeServer) Replace(p *fsm.Placement) error {
 
 func (f *fakeServer) ForgetStatus(name string) { f.record(&f.moves, "forget "+name) }
 
+func (f *fakeServer) Update(_ context.Context, p *fsm.Placement, raw json.RawMessage, expected uint64, activate bool) (*wire.DeploymentStatus, error) {
+	f.record(&f.moves, fmt.Sprintf("update %s expected=%d activate=%v spec=%s", p.Deployment, expected, activate, raw))
+	return &wire.DeploymentStatus{Name: p.Deployment, Revision: expected + 1}, nil
+}
+
+func (f *fakeServer) Action(_ context.Context, p *fsm.Placement, req wire.ActionRequest) (int, any, error) {
+	f.record(&f.moves, fmt.Sprintf("%s %s wait=%v evict=%v", req.Action, p.Deployment, req.Wait, req.Evict))
+	return http.StatusAccepted, wire.ActionAccepted{Deployment: p.Deployment, Action: req.Action}, nil
+}
+
+func (f *fakeServer) GroupChange(w http.ResponseWriter, r *http.Request, p *fsm.Placement, body []byte) {
+	f.record(&f.moves, fmt.Sprintf("group %s %s %s", r.Method, p.Deployment, body))
+	w.WriteHeader(http.StatusAccepted)
+}
+
 func (f *fakeServer) StartEvicting(context.Context, string, string) (bool, error) { return false, nil }
 
 // serve runs one request through the routes as the management API mounts
