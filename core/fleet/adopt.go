@@ -99,27 +99,9 @@ func (s *Server) adopt(ctx context.Context, host string) {
 			}
 			continue
 		}
-		var st wire.DeploymentStatus
-		// The relay comes up just after the link; a host whose relay does
-		// not within 10 s is tried again at its next journal or Hello.
-		deadline := time.Now().Add(10 * time.Second)
-		for {
-			if ctx.Err() != nil || time.Now().After(deadline) {
-				return
-			}
-			status, data, err := s.hostCall(ctx, host, http.MethodGet, "/deployments/"+url.PathEscape(dep), nil, nil)
-			if err == nil && status == http.StatusOK && json.Unmarshal(data, &st) == nil {
-				break
-			}
-			if err == nil && status == http.StatusNotFound {
-				st.Name = ""
-				break
-			}
-			select {
-			case <-ctx.Done():
-				return
-			case <-time.After(100 * time.Millisecond):
-			}
+		st, ok := s.readOwn(ctx, host, dep)
+		if !ok {
+			return
 		}
 		if st.Name == "" {
 			continue
@@ -149,6 +131,31 @@ func (s *Server) adopt(ctx context.Context, host string) {
 		}
 		s.logger.Info("adopted a deployment the host runs", "host", host, "deployment", dep, "instances", n)
 		s.event("deployment_adopted", host, map[string]any{"deployment": dep, "instances": n})
+	}
+}
+
+// readOwn reads what a host says of a deployment it runs of its own
+// (an empty Name: it has none of that name). The relay comes up just
+// after the link: a read that fails waits for the host's next change (its
+// relay attached, a journal, its link going down), never on a timer; a
+// host whose relay does not answer within 10 s is tried again at its next
+// journal or Hello (false).
+func (s *Server) readOwn(ctx context.Context, host, dep string) (wire.DeploymentStatus, bool) {
+	deadline := time.NewTimer(10 * time.Second)
+	defer deadline.Stop()
+	for {
+		changes := s.hostChanges([]string{host}) // taken before the read: a change in between is not missed
+		var st wire.DeploymentStatus
+		status, data, err := s.hostCall(ctx, host, http.MethodGet, "/deployments/"+url.PathEscape(dep), nil, nil)
+		if err == nil && status == http.StatusOK && json.Unmarshal(data, &st) == nil {
+			return st, true
+		}
+		if err == nil && status == http.StatusNotFound {
+			return wire.DeploymentStatus{}, true
+		}
+		if expired, err := changes.wait(ctx, deadline.C); expired || err != nil {
+			return wire.DeploymentStatus{}, false
+		}
 	}
 }
 

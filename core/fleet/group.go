@@ -10,7 +10,6 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/capyctl/capyctl/core/api/wire"
@@ -155,22 +154,27 @@ type member struct {
 	reachable bool
 }
 
-// members reads every member's status from its host (a host out of reach
-// reads uncertain).
-func (s *Server) members(ctx context.Context, name string, g *GroupPlacement) []member {
+// members is every member as its host's journals last said (a host out
+// of reach reads uncertain). The journals cannot lag an answer the server
+// waited for: a host sends a command's result and its answer to a share
+// only after the journals of the record writes before them
+// (hostagent/hostlink.go), and the group's operations run under its lock,
+// so what the last one waited for is in. What a host does on its own (an
+// engine that exits, a start's progress) may still be on its way, as it
+// was for a read over the relay a moment earlier; the supervisor acts on
+// it when it comes.
+func (s *Server) members(name string, g *GroupPlacement) []member {
 	out := make([]member, len(g.Hosts))
-	var wg sync.WaitGroup
 	for rank, host := range g.Hosts {
-		wg.Add(1)
-		go func(rank int, host string) {
-			defer wg.Done()
-			out[rank] = s.memberOf(ctx, host, rank, name)
-		}(rank, host)
+		out[rank] = s.memberJournal(host, rank, name)
 	}
-	wg.Wait()
 	return out
 }
 
+// memberOf reads a member's status from its host over the relay: where
+// the host's own answer decides (relay.go: after the head's host answered
+// a request 503 over the relay, a connection the journals do not share,
+// so its journal may be older than that answer).
 func (s *Server) memberOf(ctx context.Context, host string, rank int, name string) member {
 	m := member{host: host, rank: rank, state: stateUncertain}
 	status, data, err := s.hostCall(ctx, host, http.MethodGet, "/deployments/"+url.PathEscape(name), nil, nil)
@@ -231,8 +235,7 @@ func (s *Server) callWait(ctx context.Context, host, name, action string, evict 
 // evict, a host that has no room for a member may evict its idle models
 // (as a request's activation does); with groups too, an operator's
 // --evict, it may also park or stop another group in the way.
-func (s *Server) groupStart(ctx context.Context, p *Placement, evict, groups bool) (err error) {
-	g := p.Group
+func (s *Server) groupStart(ctx context.Context, p *Placement, evict, groups bool) error {
 	if err := earlierGroup(p); err != nil {
 		return err
 	}
@@ -241,6 +244,12 @@ func (s *Server) groupStart(ctx context.Context, p *Placement, evict, groups boo
 		return err
 	}
 	defer l.release()
+	return s.groupStartLocked(ctx, p, evict, groups)
+}
+
+// groupStartLocked is groupStart with the group's lock held.
+func (s *Server) groupStartLocked(ctx context.Context, p *Placement, evict, groups bool) (err error) {
+	g := p.Group
 	defer func() {
 		// The group's own verdict, for whoever waits on its status (a
 		// member's record says only its part, and may be retried).
@@ -251,7 +260,7 @@ func (s *Server) groupStart(ctx context.Context, p *Placement, evict, groups boo
 			}
 		}
 	}()
-	ms := s.members(ctx, p.Deployment, g)
+	ms := s.members(p.Deployment, g)
 	if err := uncertain(p.Deployment, ms); err != nil {
 		return err
 	}
@@ -351,7 +360,7 @@ func (s *Server) groupParkLocked(ctx context.Context, p *Placement) error {
 		return err
 	}
 	s.groups.setDown(p.Deployment, true)
-	ms := s.members(ctx, p.Deployment, g)
+	ms := s.members(p.Deployment, g)
 	if err := uncertain(p.Deployment, ms); err != nil {
 		return err
 	}

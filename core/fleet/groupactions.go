@@ -64,13 +64,13 @@ func (s *Server) ensureGroupUp(ctx context.Context, p *Placement) error {
 	if !s.groups.isDown(p.Deployment) && s.journalState(p.Group.Hosts[0], structs.InstanceID(p.Deployment, 0)) == string(structs.StateReady) {
 		return nil // the head's host said so last: no call on the request path
 	}
-	head := s.memberOf(ctx, p.Group.Hosts[0], 0, p.Deployment)
+	head := s.memberJournal(p.Group.Hosts[0], 0, p.Deployment)
 	switch {
 	case head.state == string(structs.StateReady):
 		return nil
 	case !head.reachable:
 		return uncertain(p.Deployment, []member{head})
-	case head.desired == structs.DesiredStopped:
+	case p.Reconciled() && p.Group.Ranks[0].Desired == structs.DesiredStopped:
 		return nil // the head's host answers deployment_stopped or deployment_inactive
 	}
 	if s.leaderOnly() != nil {
@@ -124,6 +124,7 @@ func (s *Server) groupStatus(p *Placement, out *wire.DeploymentStatus) {
 		}
 	}
 	out.Group = gs
+	out.Revision = p.Revision // the cluster's: each host counts its member's own
 	// ReadyN counts the members ready; the group serves only when all are.
 	out.ReadyN = ready
 	if ready == len(out.Instances) && ready > 0 {

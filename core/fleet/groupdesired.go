@@ -354,7 +354,7 @@ func (s *Server) memberJournal(host string, rank int, name string) member {
 	if j == nil {
 		return m
 	}
-	m.state, m.since, m.phase, m.reason = j.GetState(), time.UnixMilli(j.GetSinceUnixMs()), j.GetPhase(), j.GetWhy()
+	m.state, m.since, m.phase, m.reason, m.resid = j.GetState(), time.UnixMilli(j.GetSinceUnixMs()), j.GetPhase(), j.GetWhy(), j.GetResidency()
 	if j.GetErrorCode() != "" {
 		m.lastErr = &structs.ErrorRecord{Code: structs.Code(j.GetErrorCode()), Message: j.GetErrorMessage(), At: time.UnixMilli(j.GetErrorUnixMs())}
 	} else if j.GetMessage() != "" && memberFailed(m.state, m.reason) {

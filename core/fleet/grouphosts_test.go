@@ -45,6 +45,10 @@ type fakeHosts struct {
 	headDies  bool                    // the head's engine exits once a worker starts (during the bring-up)
 	down      map[string]bool         // hosts out of reach of the server
 	createdAs map[string]structs.GroupMember
+	// rejectModel: a host refuses to make a member of a model ("<host>
+	// <model JSON>": its driver's plan refuses the spec); refuseModel
+	// (by model JSON): a ledger refuses the member's start.
+	rejectModel, refuseModel map[string]structs.Code
 }
 
 type fakeHost struct {
@@ -53,16 +57,18 @@ type fakeHost struct {
 }
 
 type fakeMember struct {
-	group   structs.GroupMember
-	desired string
-	starts  uint64
-	acted   time.Time // when the host last made or started it from its share
-	in      wire.InstanceStatus
+	group    structs.GroupMember
+	revision uint64 // the cluster's revision the host made it of
+	model    string // its spec's model, as JSON
+	desired  string
+	starts   uint64
+	acted    time.Time // when the host last made or started it from its share
+	in       wire.InstanceStatus
 }
 
 func newFakeHosts(names ...string) *fakeHosts {
 	f := &fakeHosts{hosts: map[string]*fakeHost{}, headPort: 29500, refusal: map[string]structs.Code{}, createdAs: map[string]structs.GroupMember{},
-		down: map[string]bool{}}
+		down: map[string]bool{}, rejectModel: map[string]structs.Code{}, refuseModel: map[string]structs.Code{}}
 	for _, n := range names {
 		f.hosts[n] = &fakeHost{members: map[string]*fakeMember{}}
 	}
@@ -148,6 +154,7 @@ func (f *fakeHosts) reconcile(host string, d *hostv1.Desired) []*hostv1.DesiredR
 	for _, dd := range d.GetDeployments() {
 		var spec struct {
 			Group structs.GroupMember `json:"group"`
+			Model json.RawMessage     `json:"model"`
 		}
 		if err := json.Unmarshal(dd.GetSpecJson(), &spec); err != nil {
 			out = append(out, &hostv1.DesiredResult{Kind: "deployment", Name: dd.GetName(), Code: string(structs.CodeInvalidRequest), Message: err.Error()})
@@ -155,14 +162,29 @@ func (f *fakeHosts) reconcile(host string, d *hostv1.Desired) []*hostv1.DesiredR
 		}
 		name := dd.GetName()
 		want[name] = true
+		if code, ok := f.rejectModel[host+" "+string(spec.Model)]; ok {
+			out = append(out, &hostv1.DesiredResult{Kind: "deployment", Name: name, Code: string(code), Message: "the driver refuses model " + string(spec.Model)})
+			continue
+		}
 		m := h.members[name]
+		if m != nil && m.revision != dd.GetRevision() {
+			// A new revision: the old member stops, the new one is made
+			// in its place (its desired state kept), as the host's
+			// lifecycle.Deploy does.
+			if m.in.State != string(structs.StateStopped) {
+				f.move(m, structs.StateStopped, "")
+			}
+			m.revision, m.model, m.acted = dd.GetRevision(), string(spec.Model), time.Now()
+			f.log = append(f.log, host+" revise")
+			f.publishLocked(h)
+		}
 		if m == nil {
 			g := spec.Group
 			if g.Rank == 0 {
 				g.HeadAddress, g.RendezvousPort = host+".lan", f.headPort
 			}
 			f.createdAs[host] = spec.Group
-			m = &fakeMember{group: g, acted: time.Now(),
+			m = &fakeMember{group: g, acted: time.Now(), revision: dd.GetRevision(), model: string(spec.Model),
 				in: wire.InstanceStatus{ID: structs.InstanceID(name, 0), Host: host, State: string(structs.StateStopped), Since: time.Now()}}
 			h.members[name] = m
 			f.log = append(f.log, host+" make")
@@ -221,7 +243,11 @@ func (f *fakeHosts) act(host string, h *fakeHost, name, action string) {
 	switch action {
 	case wire.ActionStart:
 		m.desired = structs.DesiredRunning
-		if code, refused := f.refusal[host]; refused {
+		code, refused := f.refusal[host]
+		if c, ok := f.refuseModel[m.model]; ok {
+			code, refused = c, true
+		}
+		if refused {
 			m.in.LastError = &structs.ErrorRecord{Code: code, Message: "no room on gpu0 for the member", At: time.Now()}
 			f.move(m, structs.StateStopped, "")
 			break
@@ -312,7 +338,7 @@ func (f *fakeHosts) journal(host, id string) *hostv1.InstanceJournal {
 	for name, m := range f.hosts[host].members {
 		if m.in.ID == id {
 			j := &hostv1.InstanceJournal{InstanceId: id, Deployment: name, State: m.in.State,
-				SinceUnixMs: m.in.Since.UnixMilli(), Why: m.in.Reason, Phase: m.in.Phase, Placed: true}
+				SinceUnixMs: m.in.Since.UnixMilli(), Why: m.in.Reason, Phase: m.in.Phase, Placed: true, Revision: m.revision, Residency: m.in.Residency}
 			if e := m.in.LastError; e != nil {
 				j.Message, j.ErrorCode, j.ErrorMessage, j.ErrorUnixMs = e.Message, string(e.Code), e.Message, e.At.UnixMilli()
 			}

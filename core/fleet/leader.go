@@ -159,6 +159,27 @@ func (s *Server) establishLeadership(ctx context.Context) {
 	s.leading.publish()
 }
 
+// growExpect raises the cluster's expected size to its voters when a
+// server joined beyond it (a server alone grown into a cluster, or one
+// more server than bootstrap_expect): the expectation follows what the
+// operator did, so that status reads "3 of 3", not "3 of 1". Removing a
+// server does not lower it: a cluster below the size it reached is
+// degraded until a server joins again in its place.
+func (s *Server) growExpect() {
+	voters := 0
+	for _, m := range s.cl.node.Stats().Servers {
+		if m.Voter {
+			voters++
+		}
+	}
+	if voters <= s.expect() {
+		return
+	}
+	if err := s.apply(fsm.ClusterConfigured{Expect: voters}); err != nil {
+		s.logger.Warn("record the cluster's expected size", "voters", voters, "error", err)
+	}
+}
+
 // updateOwnAddress records this server's advertised address in the
 // configuration when it changed since it was added (a new
 // cluster_advertise, a port bound anew): the other servers and the hosts

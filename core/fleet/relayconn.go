@@ -53,6 +53,7 @@ func (s *Server) attachRelay(tc *tls.Conn, cs tls.ConnectionState) {
 	if old != nil {
 		old.Close()
 	}
+	h.changed.publish() // a wait for the host's relay (an adoption's read) goes on
 	s.logger.Debug("relay attached", "host", name)
 }
 

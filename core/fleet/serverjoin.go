@@ -203,6 +203,7 @@ func (s *Server) servePeer(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		s.logger.Info("server added to the cluster", "name", req.Name, "address", req.Address)
+		s.growExpect()
 		w.WriteHeader(http.StatusNoContent)
 	case strings.HasPrefix(r.URL.Path, "/responses/"):
 		s.servePeerResponses(w, r) // another server asks for a response this one holds (responses.go)

@@ -243,6 +243,15 @@ func (ls *linkSession) run(ctx context.Context, beat time.Duration, acks <-chan 
 			ls.acked(acked)
 			continue
 		case m := <-ls.l.out:
+			// IMPORTANT: the journals first. An answer (a command's result,
+			// a share's) follows the record writes it reports; sent ahead
+			// of their journals, it let the server act on a journal older
+			// than the answer (a group's member read "ready" just after its
+			// park was answered), so the server read members with a
+			// management call instead.
+			if err := ls.flush(); err != nil {
+				return err
+			}
 			if err := ls.send(m); err != nil {
 				return err
 			}

@@ -223,6 +223,48 @@ func TestFleetGroups_AcrossHosts(t *testing.T) {
 
 	step("agent back")
 
+	// A new revision of the group (deploy of a changed spec): the whole
+	// group restarts on it, the old engines gone, and status shows the
+	// new revision. A revision no host can run (a member larger than its
+	// card) is refused and the old revision runs again; one that moves
+	// the group to other hosts is refused before anything stops.
+	revised := func(ctx int, request string) string {
+		return groupSpec("big", "vllm", 2, []string{"gpu-a", "gpu-b"}, fmt.Sprintf(
+			"  engine_config {\n    context_length = %d\n    memory {\n      request = %q\n      startup = %q\n    }\n  }\n", ctx, request, request))
+	}
+	pids = groupPIDs(f.Status("big"))
+	if out, errOut, code := f.DeployEverywhere("big", revised(4096, "14GiB"), "--wait"); code != 0 || !strings.Contains(out, "revision 2") {
+		t.Fatalf("deploy big's revision 2: exit %d\n%s%s", code, out, errOut)
+	}
+	f.NoGroupEngine(pids)
+	st = f.WaitGroup("big", "ready", 60*time.Second)
+	if st.Revision != 2 || st.Spec == nil || st.Spec.EngineConfig.ContextLength != 4096 {
+		t.Fatalf("big after its new revision: revision %d spec %+v", st.Revision, st.Spec)
+	}
+	e2e.ChatOK(t, f.Server, "big")
+	if out, _, code := f.Server.CLI("status", "deployment", "big"); code != 0 || !strings.Contains(out, "Revision:  2") {
+		t.Fatalf("status deployment big after its new revision: exit %d\n%s", code, out)
+	}
+	_, errOut, code := f.DeployEverywhere("big", revised(4096, "30GiB"))
+	t.Logf("a revision larger than the cards: exit %d: %s", code, strings.TrimSpace(errOut))
+	if code == 0 || !strings.Contains(errOut, "the old revision runs again") {
+		t.Fatalf("a revision larger than the cards: exit %d: %s", code, errOut)
+	}
+	if st = f.WaitGroup("big", "ready", 60*time.Second); st.Revision != 2 || st.Spec == nil || st.Spec.EngineConfig.ContextLength != 4096 {
+		t.Fatalf("big after a refused revision: revision %d spec %+v", st.Revision, st.Spec)
+	}
+	e2e.ChatOK(t, f.Server, "big")
+	pids = groupPIDs(st)
+	moved := strings.Replace(revised(2048, "14GiB"), `"gpu-a", "gpu-b"`, `"gpu-b", "gpu-a"`, 1)
+	if _, errOut, code := f.DeployEverywhere("big", moved); code != 5 || !strings.Contains(errOut, "unsupported") {
+		t.Fatalf("a revision on other hosts: exit %d: %s", code, errOut)
+	}
+	if got := groupPIDs(f.Status("big")); got["gpu-a"] != pids["gpu-a"] || got["gpu-b"] != pids["gpu-b"] {
+		t.Fatalf("a revision refused before anything stops restarted the group: %v, were %v", got, pids)
+	}
+
+	step("revised")
+
 	// Alternate the group with another model on gpu-b under --evict.
 	solo := fmt.Sprintf("deployment \"solo\" {\n  engine = \"vllm\"\n  placement {\n    hosts = [\"gpu-b\"]\n  }\n  model {\n    path = \"solo/model\"\n  }\n%s}\n",
 		fmt.Sprintf(groupMemory, "14GiB", "14GiB"))
