@@ -171,12 +171,11 @@ func (e endpoints) Replace(p *fsm.Placement) error { return e.s.apply(fsm.Placed
 
 func (e endpoints) ForgetStatus(name string) { e.s.forgetStatus(name) }
 
-// GroupChange answers a change of a group: an action moves all of its
-// members; a new revision is not supported yet.
+// GroupChange answers a change of a group: a new revision (PUT,
+// grouprevision.go) or an action, each moving all of its members.
 func (e endpoints) GroupChange(w http.ResponseWriter, r *http.Request, p *fsm.Placement, body []byte) {
 	if r.Method == http.MethodPut {
-		writeError(w, structs.Errf(structs.CodeUnsupported,
-			"%s is a group: a new revision of a group is not supported yet; delete it and deploy again", p.Deployment))
+		e.s.groupRevision(w, r, p, body)
 		return
 	}
 	e.s.groupAction(w, r, p, body)
