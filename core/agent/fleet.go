@@ -5,6 +5,7 @@ package agent
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -300,6 +301,13 @@ func (a *Agent) Journals() []*hostv1.InstanceJournal {
 			if in.LastError != nil {
 				j.ErrorCode, j.ErrorMessage, j.ErrorUnixMs = string(in.LastError.Code), in.LastError.Message, in.LastError.At.UnixMilli()
 			}
+			// The instance as this host's status shows it: the server
+			// answers its status from the journals (core/fleet/journalstatus.go).
+			is := api.InstanceStatus(&in)
+			if a.Placer != nil {
+				api.InstanceCharges(a.Placer, &is)
+			}
+			j.StatusJson, _ = json.Marshal(is)
 			out = append(out, j)
 		}
 	}

@@ -196,34 +196,41 @@ func Status(v *lifecycle.DeploymentView) wire.DeploymentStatus {
 		Name: v.Record.Name, Engine: spec.Engine, API: spec.API, Routes: spec.Routes, Revision: v.Record.Revision,
 		Desired: v.Record.Desired, Spec: &spec, UpdatedAt: v.Record.UpdatedAt,
 	}
-	for _, r := range v.Instances {
-		is := wire.InstanceStatus{
-			ID: r.ID(), Index: r.Index, State: string(r.State), Since: r.Since, Revision: r.Revision, Generation: r.Generation,
-			Engine: r.Engine, Driver: r.Driver, Residency: r.Residency, LastTransition: r.LastTransition, Reason: string(r.Reason), LastError: r.LastError,
-			Released: r.Released, Charges: r.Charges, Phase: r.Phase, Parsers: r.Parsers,
-			ParkTier: r.ParkTier, ParkDetail: r.ParkDetail, Timings: r.Timings,
-		}
-		if r.Launch != nil && r.State != structs.StateStopped && r.State != structs.StateFailed {
-			is.Port = r.Launch.Port
-			for _, p := range r.Launch.Processes {
-				if p.Role == "engine" {
-					is.PID = p.PID
-				}
-			}
-		}
-		if r.Endpoint != nil {
-			is.Endpoint = r.Endpoint.BaseURL
-			if r.State != structs.StateStopped && r.State != structs.StateFailed {
-				is.Exposure = r.Endpoint.Exposure
-			}
-		}
+	for i := range v.Instances {
+		r := &v.Instances[i]
 		if r.State == structs.StateReady {
 			st.ReadyN++
 		}
-		st.Instances = append(st.Instances, is)
+		st.Instances = append(st.Instances, InstanceStatus(r))
 	}
 	st.State = aggregate(st.Instances, v.Record.Desired)
 	return st
+}
+
+// InstanceStatus converts one instance record for the API (a host also
+// sends it in the instance's journal, for the server's status).
+func InstanceStatus(r *structs.InstanceRecord) wire.InstanceStatus {
+	is := wire.InstanceStatus{
+		ID: r.ID(), Index: r.Index, State: string(r.State), Since: r.Since, Revision: r.Revision, Generation: r.Generation,
+		Engine: r.Engine, Driver: r.Driver, Residency: r.Residency, LastTransition: r.LastTransition, Reason: string(r.Reason), LastError: r.LastError,
+		Released: r.Released, Charges: r.Charges, Phase: r.Phase, Parsers: r.Parsers,
+		ParkTier: r.ParkTier, ParkDetail: r.ParkDetail, Timings: r.Timings,
+	}
+	if r.Launch != nil && r.State != structs.StateStopped && r.State != structs.StateFailed {
+		is.Port = r.Launch.Port
+		for _, p := range r.Launch.Processes {
+			if p.Role == "engine" {
+				is.PID = p.PID
+			}
+		}
+	}
+	if r.Endpoint != nil {
+		is.Endpoint = r.Endpoint.BaseURL
+		if r.State != structs.StateStopped && r.State != structs.StateFailed {
+			is.Exposure = r.Endpoint.Exposure
+		}
+	}
+	return is
 }
 
 // aggregate summarises instance states.

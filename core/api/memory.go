@@ -21,15 +21,28 @@ func MemoryExtras(p *placement.Placer) func(st *wire.DeploymentStatus) {
 		mem, owners := p.Memory(st.Name, st.Revision)
 		st.Memory = toMap(memoryView(mem))
 		for i := range st.Instances {
-			if o, ok := owners[st.Instances[i].ID]; ok {
-				st.Instances[i].Charges = o.Charges
-				if st.Instances[i].Phase == "" {
-					st.Instances[i].Phase = o.Phase
-				}
-			} else {
-				st.Instances[i].Charges = nil
-			}
+			o, ok := owners[st.Instances[i].ID]
+			withCharges(&st.Instances[i], o, ok)
 		}
+	}
+}
+
+// InstanceCharges sets an instance's charges (and its ledger phase when
+// the lifecycle gave none) from the placer's ledger, as a status shows
+// them (a host's journal carries the instance so).
+func InstanceCharges(p *placement.Placer, is *wire.InstanceStatus) {
+	o, ok := p.Owner(is.ID)
+	withCharges(is, o, ok)
+}
+
+func withCharges(is *wire.InstanceStatus, o ledger.OwnerState, owner bool) {
+	if !owner {
+		is.Charges = nil
+		return
+	}
+	is.Charges = o.Charges
+	if is.Phase == "" {
+		is.Phase = o.Phase
 	}
 }
 

@@ -32,7 +32,8 @@ import (
 //     message over one is dropped and counted, the link stays); a free
 //     text (an instance's message or error, an event's message or an
 //     attribute's value) is cut to its length, since an honest engine's
-//     error may be long;
+//     error may be long; an instance's status (shown, never acted on) over
+//     its bound is dropped, and the server asks the host instead;
 //   - the server keeps at most instances journals a host and a bounded
 //     set of the deployments it ran;
 //   - a host's ledger readings never say a card holds more than the card
@@ -58,6 +59,10 @@ type hostLimits struct {
 	cardBytes, hostBytes          int64
 	text, attributes, attrValue   int
 	charges                       int
+	// statusBytes bounds an instance journal's status (its status_json,
+	// which the server shows and never acts on); one over it is dropped
+	// and the server asks the host instead.
+	statusBytes int
 	// knownFor is how long a deployment the host ran (or was placed)
 	// stays its own for its events; knownMax bounds that set.
 	knownFor time.Duration
@@ -75,7 +80,7 @@ var defaultHostLimits = hostLimits{
 	eventRate: 200, eventBurst: 1000, eventByteRate: 256 << 10, eventByteBurst: 1 << 20,
 	instances: 512, cards: 64, engines: 256, readings: 136,
 	cardBytes: 4 << 40, hostBytes: 256 << 40,
-	text: 4096, attributes: 32, attrValue: 1024, charges: 64,
+	text: 4096, attributes: 32, attrValue: 1024, charges: 64, statusBytes: 16 << 10,
 	knownFor: 15 * time.Minute, knownMax: 2048,
 }
 
@@ -273,9 +278,13 @@ func clip(s string, limit int) string {
 	return strings.ToValidUTF8(s[:limit], "")
 }
 
-// clipJournal cuts a journal's free texts to their length.
+// clipJournal cuts a journal's free texts to their length and drops a
+// status over its bound.
 func (l hostLimits) clipJournal(j *hostv1.InstanceJournal) {
 	j.Message, j.ErrorMessage = clip(j.GetMessage(), l.text), clip(j.GetErrorMessage(), l.text)
+	if len(j.GetStatusJson()) > l.statusBytes {
+		j.StatusJson = nil
+	}
 }
 
 // clipEvent cuts an event's free texts to their length.

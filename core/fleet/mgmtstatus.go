@@ -5,9 +5,7 @@ package fleet
 
 import (
 	"context"
-	"encoding/json"
 	"net/http"
-	"net/url"
 	"sync"
 
 	"github.com/capyctl/capyctl/core/api/wire"
@@ -34,17 +32,11 @@ func (s *Server) deploymentStatus(ctx context.Context, p *Placement) wire.Deploy
 	var wg sync.WaitGroup
 	for i, hs := range p.Hosts {
 		wg.Add(1)
-		go func(i int, host string) {
+		go func(i int, hs HostShare) {
 			defer wg.Done()
-			status, data, err := s.hostCall(ctx, host, http.MethodGet, "/deployments/"+url.PathEscape(p.Deployment), nil, nil)
-			var st wire.DeploymentStatus
-			if err == nil && status == http.StatusOK && json.Unmarshal(data, &st) == nil {
-				answers[i] = answer{st, true}
-				s.lastStatus.mu.Lock()
-				s.lastStatus.m[p.Deployment+"\x00"+host] = st
-				s.lastStatus.mu.Unlock()
-			}
-		}(i, hs.Host)
+			st, ok := s.hostStatus(ctx, p, hs) // from its journals where they answer (journalstatus.go)
+			answers[i] = answer{st, ok}
+		}(i, hs)
 	}
 	wg.Wait()
 	out := wire.DeploymentStatus{Name: p.Deployment, Routes: p.Routes, Revision: p.Revision, Instances: []wire.InstanceStatus{}}

@@ -130,6 +130,8 @@ type Server struct {
 	receipts api.Receipts // the Idempotency-Key receipts of the server's own mutations
 	// lastStatus keeps each host's last answer for a deployment (mgmtstatus.go).
 	lastStatus statusCache
+	// statusAsks is when each was asked (journalstatus.go).
+	statusAsks statusAsks
 	// groups serialises the operations on each group (group.go).
 	groups groupOps
 	// cl is the cluster of servers (servers.go).

@@ -562,6 +562,13 @@ func (p *Placer) Charges(owner string) (now map[string]int64, plan map[string]ma
 	return st.Charges, st.Plan, true
 }
 
+// Owner returns an owner's state in the ledger (its charges and phase).
+func (p *Placer) Owner(owner string) (ledger.OwnerState, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.l.Owner(owner)
+}
+
 // FitsReady reports whether an owner's ready charge fits now beside what is
 // charged (lifecycle.Forecaster): a charged owner (a parked one) by its own
 // plan, an uncharged one by its deployment's last sizing on any card;

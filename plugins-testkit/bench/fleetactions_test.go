@@ -24,8 +24,10 @@ const transitionReps = 15
 var (
 	transitionOnce sync.Once
 	// transitionSeen: from the engine's kill -9 to the first transition
-	// the host's own status shows, and to the first the server's shows.
-	transitionSeen [2][]time.Duration
+	// the host's own status shows ([side][0]), and to the first the
+	// server's shows ([side][1]); side 0 is this build, side 1, with
+	// CAPYCTL_BENCH_BASELINE, a server and host of the baseline build.
+	transitionSeen [2][2][]time.Duration
 )
 
 // BenchmarkFleet_TransitionSeen is how soon a host's transition reaches
@@ -34,58 +36,74 @@ var (
 // and the server's are each read every millisecond until they show a
 // transition newer than the one before the kill. The host's delay is the
 // exit noticed (the driver's exit stream); the server's, minus the host's,
-// is the journal's trip over the host link. The instance, stopped by its
+// is the journal's trip over the host link (and, in a build whose server
+// asks the host for each status, that call). The instance, stopped by its
 // engine's death, is started again through the server before the next
-// kill.
+// kill. With CAPYCTL_BENCH_BASELINE naming another build's bin directory,
+// a server and a host of that build are measured in the same rounds
+// (baseline-*).
 func BenchmarkFleet_TransitionSeen(b *testing.B) {
 	transitionOnce.Do(func() {
 		s := startFleetBench(b, harness.SimpleSpec("demo", "fake"), "--tokens", "4")
+		sides := [][2]*mgmtclient.Client{{s.host.r.Mgmt, s.server.Mgmt}}
+		if bin := baselineBin(); bin != "" {
+			server, host := startFleet(b, bin, harness.SimpleSpec("demo", "fake"), "--tokens", "4")
+			sides = append(sides, [2]*mgmtclient.Client{host.r.Mgmt, server.Mgmt})
+		}
 		for i := 0; i < transitionReps; i++ {
-			before := bothReady(b, s)
-			t0 := time.Now()
-			if err := syscall.Kill(before.PID, syscall.SIGKILL); err != nil {
-				b.Fatalf("kill the engine: %v", err)
+			for side, mgmts := range sides {
+				before := bothReady(b, mgmts[0], mgmts[1])
+				t0 := time.Now()
+				if err := syscall.Kill(before.PID, syscall.SIGKILL); err != nil {
+					b.Fatalf("kill the engine: %v", err)
+				}
+				var wg sync.WaitGroup
+				for k, mgmt := range mgmts {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						transitionSeen[side][k] = append(transitionSeen[side][k], firstTransitionAfter(b, mgmt, before.Since, t0))
+					}()
+				}
+				wg.Wait()
 			}
-			var wg sync.WaitGroup
-			for k, mgmt := range []*mgmtclient.Client{s.host.r.Mgmt, s.server.Mgmt} {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					transitionSeen[k] = append(transitionSeen[k], firstTransitionAfter(b, mgmt, before.Since, t0))
-				}()
-			}
-			wg.Wait()
 		}
 	})
 	for i := 0; i < b.N; i++ {
 	}
-	b.ReportMetric(pct(transitionSeen[0], .5), "host-seen-p50-ms")
-	b.ReportMetric(pct(transitionSeen[1], .5), "server-seen-p50-ms")
-	hop := make([]time.Duration, len(transitionSeen[1]))
-	for i := range hop {
-		hop[i] = transitionSeen[1][i] - transitionSeen[0][i]
+	for side, prefix := range []string{"", "baseline-"} {
+		seen := transitionSeen[side]
+		if len(seen[1]) == 0 {
+			continue
+		}
+		b.ReportMetric(pct(seen[0], .5), prefix+"host-seen-p50-ms")
+		b.ReportMetric(pct(seen[1], .5), prefix+"server-seen-p50-ms")
+		hop := make([]time.Duration, len(seen[1]))
+		for i := range hop {
+			hop[i] = seen[1][i] - seen[0][i]
+		}
+		b.ReportMetric(pct(hop, .5), prefix+"server-after-host-p50-ms")
+		b.ReportMetric(pct(hop, 1), prefix+"server-after-host-max-ms")
+		b.ReportMetric(pct(seen[1], .95), prefix+"server-seen-p95-ms")
+		b.ReportMetric(pct(seen[1], 1), prefix+"server-seen-max-ms")
 	}
-	b.ReportMetric(pct(hop, .5), "server-after-host-p50-ms")
-	b.ReportMetric(pct(hop, 1), "server-after-host-max-ms")
-	b.ReportMetric(pct(transitionSeen[1], .95), "server-seen-p95-ms")
-	b.ReportMetric(pct(transitionSeen[1], 1), "server-seen-max-ms")
 }
 
-// bothReady waits until the host and the server both show demo's instance
+// bothReady waits until a host and its server both show demo's instance
 // ready on one engine process, and returns the host's view.
-func bothReady(b testing.TB, s *fleetSetup) wire.InstanceStatus {
+func bothReady(b testing.TB, host, server *mgmtclient.Client) wire.InstanceStatus {
 	b.Helper()
 	// An engine that died stays stopped until asked for: start it.
-	if _, err := s.server.Mgmt.Action(context.Background(), "demo", wire.ActionRequest{Action: "start", Wait: true}); err != nil {
+	if _, err := server.Action(context.Background(), "demo", wire.ActionRequest{Action: "start", Wait: true}); err != nil {
 		b.Fatalf("start demo through the server: %v", err)
 	}
 	var inst wire.InstanceStatus
 	poll.Until(b, 60*time.Second, "demo ready on the host and at the server", func() bool {
-		h, err := s.host.r.Mgmt.Deployment(context.Background(), "demo")
+		h, err := host.Deployment(context.Background(), "demo")
 		if err != nil || len(h.Instances) == 0 || h.Instances[0].State != "ready" || h.Instances[0].PID == 0 {
 			return false
 		}
-		v, err := s.server.Mgmt.Deployment(context.Background(), "demo")
+		v, err := server.Deployment(context.Background(), "demo")
 		if err != nil || len(v.Instances) == 0 || v.Instances[0].State != "ready" {
 			return false
 		}
@@ -126,6 +144,8 @@ var (
 	actionTimes [5][3][]time.Duration
 	// deployCalls: the deploy call alone (its answer), by side.
 	deployCalls [3][]time.Duration
+	// statusReads: a read of demo's status (ready), by side.
+	statusReads [3][]time.Duration
 )
 
 // BenchmarkFleet_ActionsThroughTheServer is what the server adds to an
@@ -142,6 +162,7 @@ var (
 // of the desired state). With
 // CAPYCTL_BENCH_BASELINE naming another build's bin directory, a server
 // and a host of that build are measured in the same rounds (baseline-*).
+// Each round also times 5 reads of the deployment's status (status-read-*).
 func BenchmarkFleet_ActionsThroughTheServer(b *testing.B) {
 	actionsOnce.Do(func() {
 		s := startFleetBench(b, harness.SimpleSpec("demo", "fake"), "--tokens", "4")
@@ -163,6 +184,13 @@ func BenchmarkFleet_ActionsThroughTheServer(b *testing.B) {
 				toReady, call := deployToReady(b, mgmt, fmt.Sprintf("bench-%d", i))
 				actionTimes[4][k] = append(actionTimes[4][k], toReady)
 				deployCalls[k] = append(deployCalls[k], call)
+				for r := 0; r < 5; r++ {
+					t0 := time.Now()
+					if _, err := mgmt.Deployment(ctx, "demo"); err != nil {
+						b.Fatalf("demo's status at %s: %v", mgmt.Base(), err)
+					}
+					statusReads[k] = append(statusReads[k], time.Since(t0))
+				}
 			}
 		}
 	})
@@ -182,6 +210,7 @@ func BenchmarkFleet_ActionsThroughTheServer(b *testing.B) {
 	for k, side := range []string{"standalone", "server", "baseline-server"} {
 		if len(deployCalls[k]) > 0 {
 			b.ReportMetric(pct(deployCalls[k], .5), "deploy-call-"+side+"-p50-ms")
+			b.ReportMetric(pct(statusReads[k], .5), "status-read-"+side+"-p50-ms")
 		}
 	}
 }

@@ -79,8 +79,12 @@ type traceRequest struct {
 }
 
 // makeTrace draws the arrivals of every model, merged by time.
-func makeTrace() []traceRequest {
-	rng := rand.New(rand.NewPCG(traceSeed, traceSeed))
+func makeTrace() []traceRequest { return makeTraceSeed(traceSeed) }
+
+// makeTraceSeed draws the trace of another seed (the trace model's check
+// that a policy is not fitted to one draw).
+func makeTraceSeed(seed uint64) []traceRequest {
+	rng := rand.New(rand.NewPCG(seed, seed))
 	var out []traceRequest
 	for _, m := range traceModels {
 		mean := time.Duration(float64(time.Minute) / m.perMin)

@@ -6,6 +6,7 @@ package fleet_test
 import (
 	"context"
 	"fmt"
+	"maps"
 	"net/http"
 	"path/filepath"
 	"slices"
@@ -29,6 +30,25 @@ func hostsOf(st wire.DeploymentStatus) []string {
 	return out
 }
 
+// sameAsHosts checks that the server shows each instance of st as its
+// host's own status does (from the journal the host pushed): its process,
+// its ledger phase and charges (some, with charged), its timings.
+func sameAsHosts(t *testing.T, f *e2e.Fleet, st wire.DeploymentStatus, charged bool) {
+	t.Helper()
+	for _, in := range st.Instances {
+		own, err := f.Hosts[in.Host].Mgmt.Deployment(context.Background(), st.Name)
+		if err != nil || len(own.Instances) != 1 {
+			t.Fatalf("%s on %s: %v %+v", st.Name, in.Host, err, own)
+		}
+		h := own.Instances[0]
+		if in.PID == 0 || in.PID != h.PID || in.Port != h.Port || in.Engine != h.Engine || in.Phase != h.Phase ||
+			!maps.Equal(in.Charges, h.Charges) || (charged && len(in.Charges) == 0) ||
+			in.Timings == nil || h.Timings == nil || in.Timings.StartMs != h.Timings.StartMs {
+			t.Fatalf("%s's instance on %s: the server shows %+v, the host %+v", st.Name, in.Host, in, h)
+		}
+	}
+}
+
 func TestFleet_ServerAndThreeHosts(t *testing.T) {
 	f := e2e.StartFleet(t, map[string]string{"gpu-a": "24GiB", "gpu-b": "24GiB", "gpu-c": "80GiB"})
 
@@ -50,6 +70,7 @@ func TestFleet_ServerAndThreeHosts(t *testing.T) {
 	if len(hs) != 2 || hs[0] != "gpu-c" || hs[0] == hs[1] || st.ReadyN != 2 {
 		t.Fatalf("demo placed on %v (ready %d), want gpu-c first and two distinct hosts, both ready", hs, st.ReadyN)
 	}
+	sameAsHosts(t, f, st, false)
 	e2e.ChatOK(t, f.Server, "demo")
 	resp, err := f.Server.Chat(context.Background(), harness.ChatBody("demo", true, "hello"), map[string]string{"X-Request-Id": "client-7"})
 	if err != nil {
@@ -162,15 +183,20 @@ func TestFleet_ServerAndThreeHosts(t *testing.T) {
 	}
 	e2e.ChatOK(t, f.Server, "chat-a")
 	e2e.ChatOK(t, f.Server, "chat-b")
-	if a, b := f.Status("chat-a"), f.Status("chat-b"); a.Instances[0].State != "parked" || b.Instances[0].State != "ready" ||
-		a.Instances[0].Host != "gpu-b" || b.Instances[0].Host != "gpu-b" {
+	// The server's status is what the host pushed (its journals): a
+	// transition the answer raced reaches it milliseconds later.
+	var a, b wire.DeploymentStatus
+	poll.Until(t, 10*time.Second, "chat-a parked and chat-b ready", func() bool {
+		a, b = f.Status("chat-a"), f.Status("chat-b")
+		return a.Instances[0].State == "parked" && b.Instances[0].State == "ready"
+	})
+	if a.Instances[0].Host != "gpu-b" || b.Instances[0].Host != "gpu-b" {
 		t.Fatalf("after chat-b: chat-a %s on %s, chat-b %s on %s; want parked and ready on gpu-b",
 			a.Instances[0].State, a.Instances[0].Host, b.Instances[0].State, b.Instances[0].Host)
 	}
+	sameAsHosts(t, f, b, true)
 	e2e.ChatOK(t, f.Server, "chat-a") // and back: chat-a wakes, chat-b parks
-	if a := f.Status("chat-a"); a.Instances[0].State != "ready" {
-		t.Fatalf("chat-a after its request: %s", a.Instances[0].State)
-	}
+	poll.Until(t, 10*time.Second, "chat-a ready after its request", func() bool { return f.Status("chat-a").Instances[0].State == "ready" })
 
 	// A host agent that goes away: its instance reads uncertain, requests
 	// go to the other replica, and it comes back with its journal, its

@@ -760,7 +760,15 @@ type InstanceJournal struct {
 	// placed is true for an instance of a deployment the cluster placed on
 	// the host (the host runs it from its share of the desired state); a
 	// server adopts only the others.
-	Placed        bool `protobuf:"varint,16,opt,name=placed,proto3" json:"placed,omitempty"`
+	Placed bool `protobuf:"varint,16,opt,name=placed,proto3" json:"placed,omitempty"`
+	// status_json is the instance as the host's management API shows it
+	// (core/api/wire.InstanceStatus, JSON), rendered from the same record
+	// as the fields above, so a server answers a placed deployment's status
+	// from the journals instead of asking the host. A server shows it and
+	// never acts on it (it acts on the typed fields). Empty from a host of
+	// an older version, or when over the server's bound: the server then
+	// asks the host as before.
+	StatusJson    []byte `protobuf:"bytes,17,opt,name=status_json,json=statusJson,proto3" json:"status_json,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -905,6 +913,13 @@ func (x *InstanceJournal) GetPlaced() bool {
 		return x.Placed
 	}
 	return false
+}
+
+func (x *InstanceJournal) GetStatusJson() []byte {
+	if x != nil {
+		return x.StatusJson
+	}
+	return nil
 }
 
 // Event is a notable thing on the host worth the server's event log
@@ -2527,7 +2542,7 @@ const file_core_hostlink_proto_hostv1_host_proto_rawDesc = "" +
 	"\x0eexternal_bytes\x18\x05 \x01(\x03R\rexternalBytes\x12#\n" +
 	"\rcharged_bytes\x18\x06 \x01(\x03R\fchargedBytes\x12\x1d\n" +
 	"\n" +
-	"room_bytes\x18\a \x01(\x03R\troomBytes\"\xc9\x04\n" +
+	"room_bytes\x18\a \x01(\x03R\troomBytes\"\xea\x04\n" +
 	"\x0fInstanceJournal\x12\x1f\n" +
 	"\vinstance_id\x18\x01 \x01(\tR\n" +
 	"instanceId\x12\x1e\n" +
@@ -2551,7 +2566,9 @@ const file_core_hostlink_proto_hostv1_host_proto_rawDesc = "" +
 	"error_code\x18\r \x01(\tR\terrorCode\x12#\n" +
 	"\rerror_message\x18\x0e \x01(\tR\ferrorMessage\x12\"\n" +
 	"\rerror_unix_ms\x18\x0f \x01(\x03R\verrorUnixMs\x12\x16\n" +
-	"\x06placed\x18\x10 \x01(\bR\x06placed\x1a:\n" +
+	"\x06placed\x18\x10 \x01(\bR\x06placed\x12\x1f\n" +
+	"\vstatus_json\x18\x11 \x01(\fR\n" +
+	"statusJson\x1a:\n" +
 	"\fChargesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01\"\xff\x01\n" +
