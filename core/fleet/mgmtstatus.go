@@ -5,7 +5,6 @@ package fleet
 
 import (
 	"context"
-	"net/http"
 	"sync"
 
 	"github.com/capyctl/capyctl/core/api/wire"
