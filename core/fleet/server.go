@@ -128,7 +128,7 @@ type Server struct {
 	metrics  http.Handler
 	streams  openCount    // streams taken over from net/http (relaytaken.go)
 	receipts api.Receipts // the Idempotency-Key receipts of the server's own mutations
-	// lastStatus keeps each host's last answer for a deployment (mgmt.go).
+	// lastStatus keeps each host's last answer for a deployment (mgmtstatus.go).
 	lastStatus statusCache
 	// statusAsks is when each was asked (journalstatus.go).
 	statusAsks statusAsks
