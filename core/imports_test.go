@@ -156,6 +156,18 @@ func TestImportGuards(t *testing.T) {
 			forbidden: under(module + "/core/fleet/hostagent"),
 		},
 		{
+			// The endpoints reach the server through serverapi.Server
+			// alone, so a handler is tested against a fake: core/fleet
+			// imports them, never the other way (which would be a cycle),
+			// and nothing of the link, raft or the host agent comes in.
+			name: "the server's endpoints link no fleet server, raft, host link or host agent",
+			pkgs: []string{module + "/core/fleet/serverapi"}, deps: true,
+			forbidden: func(pkg string) bool {
+				return pkg == module+"/core/fleet" || under(module+"/core/fleet/raftlog", module+"/core/fleet/hostagent",
+					module+"/core/fleet/scheduler", module+"/core/hostlink", "github.com/hashicorp/raft", "google.golang.org/grpc")(pkg)
+			},
+		},
+		{
 			name: "the link's shared wire links neither side of the fleet",
 			pkgs: []string{module + "/core/fleet/linkwire"}, deps: true,
 			forbidden: func(pkg string) bool {

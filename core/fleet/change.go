@@ -5,7 +5,6 @@ package fleet
 
 import (
 	"context"
-	"encoding/json"
 	"net/http"
 	"time"
 
@@ -18,33 +17,8 @@ import (
 // park until parked).
 const actionWait = 10 * time.Minute
 
-// changePlaced answers PUT and POST .../actions on a placed deployment.
-func (s *Server) changePlaced(w http.ResponseWriter, r *http.Request, p *Placement, body []byte) {
-	if r.Method == http.MethodPut {
-		var req struct {
-			Deployment       json.RawMessage `json:"deployment"`
-			Activate         bool            `json:"activate"`
-			ExpectedRevision uint64          `json:"expected_revision"`
-		}
-		if err := json.Unmarshal(body, &req); err != nil || len(req.Deployment) == 0 {
-			writeError(w, structs.Errf(structs.CodeInvalidRequest, "the body is not {deployment, expected_revision, activate}: %v", err))
-			return
-		}
-		s.receipts.Run(w, r, body, func() (int, any, error) {
-			st, err := s.updatePlaced(r.Context(), p, req.Deployment, req.ExpectedRevision, req.Activate)
-			return http.StatusOK, st, err
-		})
-		return
-	}
-	var req wire.ActionRequest
-	if err := json.Unmarshal(body, &req); err != nil {
-		writeError(w, structs.Errf(structs.CodeInvalidRequest, "the body is not {action, wait, evict}: %v", err))
-		return
-	}
-	// A retry with the same Idempotency-Key replays the first answer: a
-	// start is not counted twice.
-	s.receipts.Run(w, r, body, func() (int, any, error) { return s.placedAction(r.Context(), p, req) })
-}
+// The management endpoints (core/fleet/serverapi) decode a change of a
+// placed deployment; the server carries it out here.
 
 // placedAction runs one deployment action on a placed deployment.
 func (s *Server) placedAction(ctx context.Context, p *Placement, req wire.ActionRequest) (int, any, error) {
@@ -120,32 +94,21 @@ func (s *Server) onEveryHost(ctx context.Context, p *Placement, a *hostv1.Deploy
 	return nil
 }
 
-// instanceCommand answers an action on one instance of a placed
-// deployment: a command to its host, with the host's own index.
-func (s *Server) instanceCommand(w http.ResponseWriter, r *http.Request, p *Placement, idx int, body []byte) {
-	host, local, err := instanceHost(p, idx)
-	if err != nil {
-		writeError(w, err)
-		return
+// instanceAction runs an action on one instance of a placed deployment:
+// a command to its host, with the host's own index (local); the answer
+// names the deployment-wide one (idx).
+func (s *Server) instanceAction(ctx context.Context, p *Placement, host string, local, idx int, req wire.ActionRequest) (int, any, error) {
+	ctx, cancel := s.detach(ctx, actionWait)
+	defer cancel()
+	at := time.Now().UTC()
+	if err := s.command(ctx, host, &hostv1.DeploymentAction{Deployment: p.Deployment, Action: req.Action, Instance: int32(local),
+		Wait: req.Wait, Evict: req.Evict}); err != nil {
+		return 0, nil, err
 	}
-	var req wire.ActionRequest
-	if err := json.Unmarshal(body, &req); err != nil {
-		writeError(w, structs.Errf(structs.CodeInvalidRequest, "the body is not {action, wait, evict}: %v", err))
-		return
+	status := http.StatusAccepted
+	if req.Wait {
+		status = http.StatusOK
 	}
-	s.receipts.Run(w, r, body, func() (int, any, error) {
-		ctx, cancel := s.detach(r.Context(), actionWait)
-		defer cancel()
-		at := time.Now().UTC()
-		if err := s.command(ctx, host, &hostv1.DeploymentAction{Deployment: p.Deployment, Action: req.Action, Instance: int32(local),
-			Wait: req.Wait, Evict: req.Evict}); err != nil {
-			return 0, nil, err
-		}
-		status := http.StatusAccepted
-		if req.Wait {
-			status = http.StatusOK
-		}
-		return status, wire.ActionAccepted{APIVersion: wire.APIVersion, Deployment: p.Deployment, Instance: &idx, Action: req.Action,
-			Revision: p.Revision, AcceptedAt: at, Done: req.Wait}, nil
-	})
+	return status, wire.ActionAccepted{APIVersion: wire.APIVersion, Deployment: p.Deployment, Instance: &idx, Action: req.Action,
+		Revision: p.Revision, AcceptedAt: at, Done: req.Wait}, nil
 }

@@ -61,14 +61,19 @@ func (s *Server) waitApplied(ctx context.Context, host string, index uint64) (*h
 		var ch <-chan struct{}
 		var a *hostv1.DesiredApplied
 		up := false
+		var sentIndex, sameThrough uint64
 		if h != nil {
 			ch, a, up = h.changed.changed(), h.applied, h.linkCancel != nil
+			sentIndex, sameThrough = h.sentIndex, h.sameThrough
 		}
 		s.mu.Unlock()
 		switch {
 		case h == nil || !up:
 			return nil, structs.Errf(structs.CodeHostUnreachable, "host %s is not connected", host).WithDetail("host", host)
-		case a != nil && a.GetTerm() == s.cl.node.Term() && a.GetIndex() >= index:
+		case a != nil && a.GetTerm() == s.cl.node.Term() &&
+			(a.GetIndex() >= index || a.GetIndex() >= sentIndex && sameThrough >= index):
+			// Its answer to index or later, or to the last share sent,
+			// which is still the same at index (not sent again).
 			return a, nil
 		}
 		select {

@@ -11,8 +11,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/gorilla/mux"
-
 	"github.com/capyctl/capyctl/core/api/wire"
 	"github.com/capyctl/capyctl/core/fleet/fsm"
 	"github.com/capyctl/capyctl/core/structs"
@@ -25,92 +23,60 @@ import (
 // bad path is refused at once: when every one of them refuses, the
 // registration is taken back.
 
-// noHostToDetect notes a dry run that found no host linked: nothing was
-// detected, and the registration would still be the cluster's.
-const noHostToDetect = "no host is linked: nothing was detected; each host checks the installation when it links " +
-	"and registers it or refuses it (capyctl list hosts shows each host's engines)"
-
 // engineWait bounds the wait for the linked hosts' answers (a
 // registration runs the engine's version check).
 const engineWait = 2 * time.Minute
 
-// addEngine answers POST /engines: a dry run (the installation detected,
-// nothing registered) and ?host=NAME (a registration on that host alone)
-// go to one host; anything else is the cluster's.
-func (s *Server) addEngine(w http.ResponseWriter, r *http.Request) {
-	body, err := readMgmtBody(r)
-	if err != nil {
-		writeError(w, err)
-		return
-	}
-	var req wire.EngineAddRequest
-	if err := json.Unmarshal(body, &req); err != nil || req.Name == "" {
-		writeError(w, structs.Errf(structs.CodeInvalidRequest, "the body is not an engine registration with a name: %v", err))
-		return
-	}
-	if req.DryRun && r.URL.Query().Get("host") == "" && len(s.reachable()) == 0 {
-		// No host to detect the installation on: the registration is the
-		// cluster's all the same, and each host checks it when it links.
-		writeJSON(w, http.StatusOK, wire.EngineDetected{APIVersion: wire.APIVersion,
-			Engine: wire.Engine{Name: req.Name, Family: req.Family, Path: req.Path}, Notes: []string{noHostToDetect}})
-		return
-	}
-	if req.DryRun || r.URL.Query().Get("host") != "" {
-		s.toOneHost(w, r, body)
-		return
-	}
-	ctx, cancel := context.WithTimeout(r.Context(), engineWait)
+// registerEngine registers an engine as the cluster's: committed, then
+// waited for on the hosts linked now; taken back when every one of them
+// refused it (serverapi: POST /engines without dry_run or ?host=).
+func (s *Server) registerEngine(ctx context.Context, req wire.EngineAddRequest, body []byte) (wire.EngineDetected, error) {
+	wctx, cancel := context.WithTimeout(ctx, engineWait)
 	defer cancel()
 	index, err := s.applyIndexed(fsm.EngineRegistered{Engine: fsm.EngineRecord{Name: req.Name, Request: body}}, nil)
 	if err != nil {
-		writeError(w, err)
-		return
+		return wire.EngineDetected{}, err
 	}
-	done, refused := s.hostAnswers(ctx, index, "engine", req.Name)
+	done, refused := s.hostAnswers(wctx, index, "engine", req.Name)
 	if len(done) == 0 && len(refused) > 0 {
 		// Every linked host refused it: a bad registration, taken back.
 		if err := s.apply(fsm.EngineRemoved{Name: req.Name}); err != nil {
 			s.logger.Warn("take back an engine every host refused", "engine", req.Name, "error", err)
 		}
-		writeError(w, firstRefusal(refused))
-		return
+		return wire.EngineDetected{}, firstRefusal(refused)
 	}
 	out := wire.EngineDetected{APIVersion: wire.APIVersion, Engine: wire.Engine{Name: req.Name, Family: req.Family, Path: req.Path}, Registered: true}
-	if e, ok := s.engineOn(r.Context(), done, req.Name); ok {
+	if e, ok := s.engineOn(ctx, done, req.Name); ok {
 		out.Engine = e
 	}
 	out.Notes = engineNotes(done, refused)
 	s.event("engine_added", "", map[string]any{"engine": req.Name, "hosts": done})
-	writeJSON(w, http.StatusCreated, out)
+	return out, nil
 }
 
-// removeEngine answers DELETE /engines/{name}: a registration of the
-// cluster is taken back from every host (engine_in_use, and nothing
-// removed, when a host still runs a deployment with it); one made on the
-// hosts themselves goes to every reachable host as before.
-func (s *Server) removeEngine(w http.ResponseWriter, r *http.Request) {
-	name := mux.Vars(r)["name"]
+// removeEngine takes back a registration of the cluster from every host
+// (engine_in_use, and nothing removed, when a host still runs a
+// deployment with it); registered is false when the cluster has none of
+// that name (serverapi then relays the removal to every host).
+func (s *Server) removeEngine(ctx context.Context, name string) (registered bool, err error) {
 	rec, desired := s.State.Engine(name)
 	if !desired {
-		s.toAllHosts(w, r)
-		return
+		return false, nil
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), engineWait)
+	wctx, cancel := context.WithTimeout(ctx, engineWait)
 	defer cancel()
 	index, err := s.applyIndexed(fsm.EngineRemoved{Name: name}, nil)
 	if err != nil {
-		writeError(w, err)
-		return
+		return true, err
 	}
-	if _, refused := s.hostAnswers(ctx, index, "engine", name); len(refused) > 0 {
+	if _, refused := s.hostAnswers(wctx, index, "engine", name); len(refused) > 0 {
 		if err := s.apply(fsm.EngineRegistered{Engine: fsm.EngineRecord{Name: name, Request: rec.Request}}); err != nil {
 			s.logger.Warn("put back an engine a host could not remove", "engine", name, "error", err)
 		}
-		writeError(w, firstRefusal(refused))
-		return
+		return true, firstRefusal(refused)
 	}
 	s.event("engine_removed", "", map[string]any{"engine": name})
-	writeJSON(w, http.StatusOK, wire.Removed{APIVersion: wire.APIVersion, Removed: name})
+	return true, nil
 }
 
 // hostAnswers waits until every host linked now answered a share read at
@@ -184,26 +150,4 @@ func (s *Server) engineOn(ctx context.Context, hosts []string, name string) (wir
 		}
 	}
 	return wire.Engine{}, false
-}
-
-// toOneHost relays a request to the host ?host= names, or to the first
-// reachable host, and copies its answer.
-func (s *Server) toOneHost(w http.ResponseWriter, r *http.Request, body []byte) {
-	host := r.URL.Query().Get("host")
-	if host == "" {
-		hosts := s.reachable()
-		if len(hosts) == 0 {
-			writeError(w, structs.Errf(structs.CodeHostUnreachable, "no host is connected to the server (capyctl list hosts)"))
-			return
-		}
-		host = hosts[0]
-	}
-	status, data, err := s.hostCall(r.Context(), host, r.Method, strings.TrimPrefix(r.URL.Path, wire.Prefix), r.Header, body)
-	if err != nil {
-		writeError(w, err)
-		return
-	}
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	_, _ = w.Write(data)
 }

@@ -165,12 +165,15 @@ func (s *Server) serveLink(ctx context.Context, stream hostv1.HostLink_ConnectSe
 			recheck = false
 			s.rememberPlaced(name, guard)
 			if d := s.desiredFor(name); d != nil {
-				if dg := desiredDigest(d); dg != sent {
+				dg := desiredDigest(d)
+				fresh := dg != sent
+				if fresh {
 					if err := stream.Send(&hostv1.ServerMessage{Body: &hostv1.ServerMessage_Desired{Desired: d}}); err != nil {
 						return err
 					}
 					sent = dg
 				}
+				s.noteShare(name, gen, d.GetIndex(), fresh)
 			}
 			if now := s.clusterServers(); !sameServers(now, members) {
 				members = now
@@ -209,6 +212,30 @@ func (s *Server) serveLink(ctx context.Context, stream hostv1.HostLink_ConnectSe
 				return err
 			}
 		}
+	}
+}
+
+// noteShare records, for waitApplied, the index of a host's share sent
+// on link gen (fresh) or found the same as the last one sent (not sent
+// again: a change undone before the link read it, a change to other hosts'
+// shares). A wait for a write's index then ends on the host's answer to
+// the share that already says what the write says; without it, a wait
+// for a share never sent waited out its whole bound.
+func (s *Server) noteShare(host string, gen, index uint64, fresh bool) {
+	s.mu.Lock()
+	h := s.hosts[host]
+	if h == nil || h.linkGen != gen {
+		s.mu.Unlock()
+		return
+	}
+	advanced := index > h.sameThrough
+	if fresh {
+		h.sentIndex = index
+	}
+	h.sameThrough = max(h.sameThrough, index)
+	s.mu.Unlock()
+	if advanced && !fresh {
+		h.changed.publish()
 	}
 }
 

@@ -5,10 +5,7 @@ package fleet
 
 import (
 	"context"
-	"net/http"
 	"sync"
-
-	"github.com/gorilla/mux"
 
 	"github.com/capyctl/capyctl/core/api/wire"
 	"github.com/capyctl/capyctl/core/structs"
@@ -139,40 +136,4 @@ func mergeState(states map[string]int, n, ready int) string {
 		}
 	}
 	return "degraded"
-}
-
-func (s *Server) listDeployments(w http.ResponseWriter, r *http.Request) {
-	writeJSON(w, http.StatusOK, wire.DeploymentList{APIVersion: wire.APIVersion, Deployments: s.allStatuses(r.Context())})
-}
-
-func (s *Server) allStatuses(ctx context.Context) []wire.DeploymentStatus {
-	ps := s.State.Placements()
-	out := make([]wire.DeploymentStatus, len(ps))
-	var wg sync.WaitGroup
-	for i, p := range ps {
-		wg.Add(1)
-		go func(i int, p *Placement) {
-			defer wg.Done()
-			out[i] = s.deploymentStatus(ctx, p)
-		}(i, p)
-	}
-	wg.Wait()
-	return out
-}
-
-func (s *Server) placementOf(name string) (*Placement, error) {
-	p, ok := s.State.Placement(name)
-	if !ok {
-		return nil, structs.Errf(structs.CodeNotFound, "no deployment %s", name)
-	}
-	return p, nil
-}
-
-func (s *Server) getDeployment(w http.ResponseWriter, r *http.Request) {
-	p, err := s.placementOf(mux.Vars(r)["name"])
-	if err != nil {
-		writeError(w, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, s.deploymentStatus(r.Context(), p))
 }

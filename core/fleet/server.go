@@ -128,7 +128,7 @@ type Server struct {
 	metrics  http.Handler
 	streams  openCount    // streams taken over from net/http (relaytaken.go)
 	receipts api.Receipts // the Idempotency-Key receipts of the server's own mutations
-	// lastStatus keeps each host's last answer for a deployment (mgmt.go).
+	// lastStatus keeps each host's last answer for a deployment (mgmtstatus.go).
 	lastStatus statusCache
 	// statusAsks is when each was asked (journalstatus.go).
 	statusAsks statusAsks
@@ -198,6 +198,10 @@ type liveHost struct {
 	// published when it, a journal or the link changes.
 	applied *hostv1.DesiredApplied
 	changed signal
+	// sentIndex is the index of the last share sent on the current link;
+	// sameThrough the newest index whose share was the same as that one
+	// (not sent again: the host's answer to it stands for it).
+	sentIndex, sameThrough uint64
 	// outbox are the commands to send on the current link; pending the
 	// commands waiting for their result, by command_id.
 	outbox  chan *hostv1.ServerMessage

@@ -1,7 +1,7 @@
 // Copyright (c) CapyCTL authors
 // SPDX-License-Identifier: Apache-2.0
 
-package fleet
+package serverapi
 
 import (
 	"context"
@@ -15,12 +15,13 @@ import (
 	"github.com/gorilla/mux"
 
 	"github.com/capyctl/capyctl/core/api/wire"
+	"github.com/capyctl/capyctl/core/fleet/fsm"
 	"github.com/capyctl/capyctl/core/structs"
 )
 
 // sameInstances refuses an update that changes how many instances a
 // placed deployment runs: its spread over hosts stays as placed.
-func sameInstances(body []byte, p *Placement) error {
+func sameInstances(body []byte, p *fsm.Placement) error {
 	var req struct {
 		Deployment struct {
 			Instances int `json:"instances"`
@@ -36,10 +37,18 @@ func sameInstances(body []byte, p *Placement) error {
 	return nil
 }
 
+func sumShares(shares []fsm.HostShare) int {
+	n := 0
+	for _, s := range shares {
+		n += s.Instances
+	}
+	return n
+}
+
 // sameRevision checks, before any host is changed, that every host of the
 // deployment runs the revision an update names: an update refused by one
 // host after another took it would leave them at different revisions.
-func (s *Server) sameRevision(ctx context.Context, body []byte, p *Placement) error {
+func (e *endpoints) sameRevision(ctx context.Context, body []byte, p *fsm.Placement) error {
 	var req struct {
 		ExpectedRevision uint64 `json:"expected_revision"`
 	}
@@ -47,7 +56,7 @@ func (s *Server) sameRevision(ctx context.Context, body []byte, p *Placement) er
 		return structs.Errf(structs.CodeInvalidRequest, "the body is not valid JSON: %v", err)
 	}
 	for _, host := range p.HostNames() {
-		status, data, err := s.hostCall(ctx, host, http.MethodGet, "/deployments/"+url.PathEscape(p.Deployment), nil, nil)
+		status, data, err := e.s.Call(ctx, host, http.MethodGet, "/deployments/"+url.PathEscape(p.Deployment), nil, nil)
 		if err == nil && status != http.StatusOK {
 			err = hostError(host, status, data)
 		}
@@ -79,9 +88,9 @@ func withShare(body []byte, n int) ([]byte, error) {
 	return json.Marshal(req)
 }
 
-// instanceHost maps a deployment-wide instance index to its host and the
+// InstanceHost maps a deployment-wide instance index to its host and the
 // host's own index.
-func instanceHost(p *Placement, idx int) (string, int, error) {
+func InstanceHost(p *fsm.Placement, idx int) (string, int, error) {
 	for _, hs := range p.Hosts {
 		if idx < hs.Instances {
 			return hs.Host, idx, nil
@@ -91,9 +100,9 @@ func instanceHost(p *Placement, idx int) (string, int, error) {
 	return "", 0, structs.Errf(structs.CodeNotFound, "deployment %s has no instance %d", p.Deployment, idx)
 }
 
-func (s *Server) instanceAction(w http.ResponseWriter, r *http.Request) {
+func (e *endpoints) instanceAction(w http.ResponseWriter, r *http.Request) {
 	v := mux.Vars(r)
-	p, err := s.placementOf(v["name"])
+	p, err := e.placementOf(v["name"])
 	if err != nil {
 		writeError(w, err)
 		return
@@ -108,21 +117,44 @@ func (s *Server) instanceAction(w http.ResponseWriter, r *http.Request) {
 			"%s is a group: its members start, park and stop together (capyctl start|park|stop deployment %s)", p.Deployment, p.Deployment))
 		return
 	}
-	body, err := readMgmtBody(r)
+	body, err := ReadBody(r)
 	if err != nil {
 		writeError(w, err)
 		return
 	}
 	if p.Managed() {
-		s.instanceCommand(w, r, p, idx, body)
+		e.instanceCommand(w, r, p, idx, body)
 		return
 	}
-	host, local, err := instanceHost(p, idx)
+	e.instanceRelay(w, r, p, idx, body)
+}
+
+// instanceCommand answers an action on one instance of a placed
+// deployment: a command to its host, with the host's own index.
+func (e *endpoints) instanceCommand(w http.ResponseWriter, r *http.Request, p *fsm.Placement, idx int, body []byte) {
+	host, local, err := InstanceHost(p, idx)
 	if err != nil {
 		writeError(w, err)
 		return
 	}
-	status, data, err := s.hostCall(r.Context(), host, r.Method, fmt.Sprintf("/deployments/%s/instances/%d/actions", url.PathEscape(p.Deployment), local), r.Header, body)
+	var req wire.ActionRequest
+	if err := json.Unmarshal(body, &req); err != nil {
+		writeError(w, structs.Errf(structs.CodeInvalidRequest, "the body is not {action, wait, evict}: %v", err))
+		return
+	}
+	e.s.Once(w, r, body, func() (int, any, error) { return e.s.InstanceAction(r.Context(), p, host, local, idx, req) })
+}
+
+// instanceRelay relays an action on one instance of an adopted deployment
+// to its host, and answers the host's answer with the deployment-wide
+// index.
+func (e *endpoints) instanceRelay(w http.ResponseWriter, r *http.Request, p *fsm.Placement, idx int, body []byte) {
+	host, local, err := InstanceHost(p, idx)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	status, data, err := e.s.Call(r.Context(), host, r.Method, fmt.Sprintf("/deployments/%s/instances/%d/actions", url.PathEscape(p.Deployment), local), r.Header, body)
 	if err == nil && status >= 300 {
 		err = hostError(host, status, data)
 	}
@@ -130,7 +162,6 @@ func (s *Server) instanceAction(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	// The host's answer, with the deployment-wide index.
 	var ans map[string]any
 	if json.Unmarshal(data, &ans) != nil {
 		writeError(w, structs.Errf(structs.CodeInternal, "host %s answered an action with %q", host, data))
@@ -144,23 +175,23 @@ func (s *Server) instanceAction(w http.ResponseWriter, r *http.Request) {
 
 // toFirstHost answers a read from the first reachable host of the
 // deployment.
-func (s *Server) toFirstHost(w http.ResponseWriter, r *http.Request) {
-	p, err := s.placementOf(mux.Vars(r)["name"])
+func (e *endpoints) toFirstHost(w http.ResponseWriter, r *http.Request) {
+	p, err := e.placementOf(mux.Vars(r)["name"])
 	if err != nil {
 		writeError(w, err)
 		return
 	}
 	for _, host := range p.HostNames() {
-		if _, ok := s.relayOf(host); ok {
-			s.relayAnswer(w, r, host, strings.TrimPrefix(r.URL.RequestURI(), wire.Prefix))
+		if e.s.InReach(host) {
+			e.relayAnswer(w, r, host, strings.TrimPrefix(r.URL.RequestURI(), wire.Prefix))
 			return
 		}
 	}
 	writeError(w, structs.Errf(structs.CodeHostUnreachable, "no host of %s is in reach", p.Deployment))
 }
 
-func (s *Server) engineLog(w http.ResponseWriter, r *http.Request) {
-	p, err := s.placementOf(mux.Vars(r)["name"])
+func (e *endpoints) engineLog(w http.ResponseWriter, r *http.Request) {
+	p, err := e.placementOf(mux.Vars(r)["name"])
 	if err != nil {
 		writeError(w, err)
 		return
@@ -172,19 +203,19 @@ func (s *Server) engineLog(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	host, local, err := instanceHost(p, idx)
+	host, local, err := InstanceHost(p, idx)
 	if err != nil {
 		writeError(w, err)
 		return
 	}
 	q := r.URL.Query()
 	q.Set("instance", strconv.Itoa(local))
-	s.relayAnswer(w, r, host, "/deployments/"+url.PathEscape(p.Deployment)+"/engine-log?"+q.Encode())
+	e.relayAnswer(w, r, host, "/deployments/"+url.PathEscape(p.Deployment)+"/engine-log?"+q.Encode())
 }
 
 // relayAnswer relays a read to one host and copies its answer.
-func (s *Server) relayAnswer(w http.ResponseWriter, r *http.Request, host, path string) {
-	status, data, err := s.hostCall(r.Context(), host, r.Method, path, r.Header, nil)
+func (e *endpoints) relayAnswer(w http.ResponseWriter, r *http.Request, host, path string) {
+	status, data, err := e.s.Call(r.Context(), host, r.Method, path, r.Header, nil)
 	if err != nil {
 		writeError(w, err)
 		return

@@ -1,38 +1,39 @@
 // Copyright (c) CapyCTL authors
 // SPDX-License-Identifier: Apache-2.0
 
-package fleet
+package serverapi
 
 import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"io"
 	"net/http"
 	"net/url"
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/gorilla/mux"
 
 	"github.com/capyctl/capyctl/core/api/wire"
+	"github.com/capyctl/capyctl/core/fleet/fsm"
 	"github.com/capyctl/capyctl/core/structs"
 )
 
-func (s *Server) listEngines(w http.ResponseWriter, r *http.Request) {
-	writeJSON(w, http.StatusOK, wire.EngineList{APIVersion: wire.APIVersion, Engines: s.engines(r.Context())})
+func (e *endpoints) listEngines(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, http.StatusOK, wire.EngineList{APIVersion: wire.APIVersion, Engines: e.engines(r.Context())})
 }
 
 // engines merges the hosts' registered engines, each name once.
-func (s *Server) engines(ctx context.Context) []wire.Engine {
+func (e *endpoints) engines(ctx context.Context) []wire.Engine {
 	seen := map[string]bool{}
 	out := []wire.Engine{}
-	ctx, cancel := context.WithTimeout(ctx, fanOutTimeout)
+	ctx, cancel := context.WithTimeout(ctx, FanOutTimeout)
 	defer cancel()
-	for _, host := range s.reachable() {
-		status, data, err := s.hostCall(ctx, host, http.MethodGet, "/engines", nil, nil)
+	for _, host := range e.s.Reachable() {
+		status, data, err := e.s.Call(ctx, host, http.MethodGet, "/engines", nil, nil)
 		if err != nil || status != http.StatusOK {
 			continue
 		}
@@ -54,13 +55,13 @@ func (s *Server) engines(ctx context.Context) []wire.Engine {
 // toAllHosts relays an engine registration or removal to every reachable
 // host (?host=NAME: that one only) and answers the last host's answer, or
 // the first refusal.
-func (s *Server) toAllHosts(w http.ResponseWriter, r *http.Request) {
-	body, err := readMgmtBody(r)
+func (e *endpoints) toAllHosts(w http.ResponseWriter, r *http.Request) {
+	body, err := ReadBody(r)
 	if err != nil {
 		writeError(w, err)
 		return
 	}
-	hosts := s.reachable()
+	hosts := e.s.Reachable()
 	if only := r.URL.Query().Get("host"); only != "" {
 		hosts = []string{only}
 	}
@@ -72,7 +73,7 @@ func (s *Server) toAllHosts(w http.ResponseWriter, r *http.Request) {
 	var status int
 	var data []byte
 	for _, host := range hosts {
-		status, data, err = s.hostCall(r.Context(), host, r.Method, path, r.Header, body)
+		status, data, err = e.s.Call(r.Context(), host, r.Method, path, r.Header, body)
 		if err == nil && status >= 300 {
 			err = hostError(host, status, data)
 		}
@@ -88,36 +89,36 @@ func (s *Server) toAllHosts(w http.ResponseWriter, r *http.Request) {
 
 // toAnyHost answers a read any host answers alike (a family's flag
 // policy).
-func (s *Server) toAnyHost(w http.ResponseWriter, r *http.Request) {
-	hosts := s.reachable()
+func (e *endpoints) toAnyHost(w http.ResponseWriter, r *http.Request) {
+	hosts := e.s.Reachable()
 	if len(hosts) == 0 {
 		writeError(w, structs.Errf(structs.CodeHostUnreachable, "no host is connected to the server (capyctl list hosts)"))
 		return
 	}
-	s.relayAnswer(w, r, hosts[0], strings.TrimPrefix(r.URL.RequestURI(), wire.Prefix))
+	e.relayAnswer(w, r, hosts[0], strings.TrimPrefix(r.URL.RequestURI(), wire.Prefix))
 }
 
-func (s *Server) hostLedger(w http.ResponseWriter, r *http.Request) {
+func (e *endpoints) hostLedger(w http.ResponseWriter, r *http.Request) {
 	name := mux.Vars(r)["name"]
-	if _, ok := s.State.Host(name); !ok {
+	if !e.s.HostKnown(name) {
 		writeError(w, structs.Errf(structs.CodeNotFound, "no host %s", name))
 		return
 	}
-	if _, ok := s.relayOf(name); !ok {
+	if !e.s.InReach(name) {
 		writeError(w, structs.Errf(structs.CodeHostUnreachable, "host %s is out of reach", name).WithDetail("host", name))
 		return
 	}
-	s.relayAnswer(w, r, name, "/hosts/"+url.PathEscape(name)+"/ledger")
+	e.relayAnswer(w, r, name, "/hosts/"+url.PathEscape(name)+"/ledger")
 }
 
 // hostViews asks each reachable host for a view and returns the answers
 // that decoded, by host.
-func (s *Server) hostViews(r *http.Request, v func() any) map[string]any {
+func (e *endpoints) hostViews(r *http.Request, v func() any) map[string]any {
 	out := map[string]any{}
-	ctx, cancel := context.WithTimeout(r.Context(), fanOutTimeout)
+	ctx, cancel := context.WithTimeout(r.Context(), FanOutTimeout)
 	defer cancel()
-	for _, host := range s.reachable() {
-		status, data, err := s.hostCall(ctx, host, http.MethodGet, strings.TrimPrefix(r.URL.RequestURI(), wire.Prefix), nil, nil)
+	for _, host := range e.s.Reachable() {
+		status, data, err := e.s.Call(ctx, host, http.MethodGet, strings.TrimPrefix(r.URL.RequestURI(), wire.Prefix), nil, nil)
 		if err != nil || status != http.StatusOK {
 			continue
 		}
@@ -131,11 +132,11 @@ func (s *Server) hostViews(r *http.Request, v func() any) map[string]any {
 
 // loadView merges the hosts' load views: a deployment's counts summed over
 // its hosts, its instances numbered deployment-wide as in its status.
-func (s *Server) loadView(w http.ResponseWriter, r *http.Request) {
+func (e *endpoints) loadView(w http.ResponseWriter, r *http.Request) {
 	merged := map[string]*wire.DeploymentLoad{}
 	var order []string
-	views := s.hostViews(r, func() any { return &wire.LoadResponse{} })
-	for _, p := range s.State.Placements() {
+	views := e.hostViews(r, func() any { return &wire.LoadResponse{} })
+	for _, p := range e.s.Placements() {
 		offset := 0
 		for _, hs := range p.Hosts {
 			lv, ok := views[hs.Host].(*wire.LoadResponse)
@@ -196,12 +197,12 @@ func globalID(dep, id string, offset int) string {
 
 // latencyView lists every host's latency distributions, each naming its
 // host.
-func (s *Server) latencyView(w http.ResponseWriter, r *http.Request) {
+func (e *endpoints) latencyView(w http.ResponseWriter, r *http.Request) {
 	type latency struct {
 		Deployments []map[string]any `json:"deployments"`
 	}
 	deps := []map[string]any{}
-	views := s.hostViews(r, func() any { return &latency{} })
+	views := e.hostViews(r, func() any { return &latency{} })
 	hosts := make([]string, 0, len(views))
 	for h := range views {
 		hosts = append(hosts, h)
@@ -218,21 +219,15 @@ func (s *Server) latencyView(w http.ResponseWriter, r *http.Request) {
 
 // perHostText answers /metrics with the server's own series, then every
 // reachable host's, each of those labelled with its host.
-func (s *Server) perHostText(w http.ResponseWriter, r *http.Request) {
+func (e *endpoints) perHostText(w http.ResponseWriter, r *http.Request) {
 	r.Header.Del("Accept") // the text format, which the hosts' series follow
 	r.Header.Del("Accept-Encoding")
-	s.metrics.ServeHTTP(w, r)
-	for _, host := range s.reachable() {
+	e.s.ServeMetrics(w, r)
+	for _, host := range e.s.Reachable() {
 		func() {
-			ctx, cancel := context.WithTimeout(r.Context(), fanOutTimeout)
+			ctx, cancel := context.WithTimeout(r.Context(), FanOutTimeout)
 			defer cancel()
-			resp, err := s.roundTrip(ctx, host, http.MethodGet, "/metrics", nil, "", nil)
-			if err != nil {
-				return
-			}
-			data, _ := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
+			if data, ok := e.s.Metrics(ctx, host); ok {
 				_, _ = w.Write(labelHost(data, host))
 			}
 		}()
@@ -262,12 +257,41 @@ func labelHost(text []byte, host string) []byte {
 	return b.Bytes()
 }
 
-func (s *Server) snapshot(w http.ResponseWriter, r *http.Request, role wire.RoleInfo) {
-	seq, err := s.o.Store.LatestEventSeq()
+func (e *endpoints) snapshot(w http.ResponseWriter, r *http.Request, role wire.RoleInfo) {
+	cursor, err := e.s.EventCursor()
 	if err != nil {
 		writeError(w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, wire.Snapshot{APIVersion: wire.APIVersion, Cursor: s.o.Store.Cursor(seq), TakenAt: time.Now().UTC(), Role: role,
-		Deployments: s.allStatuses(r.Context()), Engines: s.engines(r.Context()), Hosts: s.Hosts()})
+	writeJSON(w, http.StatusOK, wire.Snapshot{APIVersion: wire.APIVersion, Cursor: cursor, TakenAt: time.Now().UTC(), Role: role,
+		Deployments: e.allStatuses(r.Context()), Engines: e.engines(r.Context()), Hosts: e.s.HostList()})
+}
+
+func (e *endpoints) listDeployments(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, http.StatusOK, wire.DeploymentList{APIVersion: wire.APIVersion, Deployments: e.allStatuses(r.Context())})
+}
+
+// allStatuses is every placement's merged status, asked all at once.
+func (e *endpoints) allStatuses(ctx context.Context) []wire.DeploymentStatus {
+	ps := e.s.Placements()
+	out := make([]wire.DeploymentStatus, len(ps))
+	var wg sync.WaitGroup
+	for i, p := range ps {
+		wg.Add(1)
+		go func(i int, p *fsm.Placement) {
+			defer wg.Done()
+			out[i] = e.s.Status(ctx, p)
+		}(i, p)
+	}
+	wg.Wait()
+	return out
+}
+
+func (e *endpoints) getDeployment(w http.ResponseWriter, r *http.Request) {
+	p, err := e.placementOf(mux.Vars(r)["name"])
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, e.s.Status(r.Context(), p))
 }
