@@ -42,9 +42,17 @@ type engineClient struct {
 	// address is.
 	live map[string]bool
 
+	// closers are the addresses of engines seen closing their connection
+	// right after a streamed answer (llama-server does, whatever its head
+	// says): learnClose.
+	closers map[string]bool
+
 	// stale counts pooled connections found closed by the engine (before
 	// use, or by a request that was then sent again).
 	stale atomic.Int64
+	// assembledReads counts the reads of the engine's connection made for
+	// complete answers assembled from a stream (learnClose).
+	assembledReads atomic.Int64
 }
 
 func newEngineClient(maxIdlePerAddr int) *engineClient {
@@ -344,6 +352,56 @@ func (c *engineCall) finish(reusable bool) {
 		c.cl.mu.Unlock()
 	}
 	_ = conn.Close()
+}
+
+// closesAfterStream reports whether the call's engine was seen closing
+// its connection right after a streamed answer.
+func (c *engineCall) closesAfterStream() bool {
+	if c.cl == nil {
+		return false
+	}
+	c.cl.mu.Lock()
+	defer c.cl.mu.Unlock()
+	return c.cl.closers[c.addr]
+}
+
+// learnClose learns, at the end of an answer assembled from the engine's
+// stream (read by sr), whether the engine closes its connection after a
+// stream, and reports whether the connection may be pooled. A connection
+// read to its end is looked at once (a peek): closed already, the engine
+// is one that closes. One read with the low-water mark whose end came on
+// the clock (sseReader.readLow), on a connection still open, was not: the
+// engine is taken off the list, and its next answers are gathered again.
+func (c *engineCall) learnClose(sr *sseReader) bool {
+	if c.cl != nil {
+		c.cl.assembledReads.Add(int64(sr.reads))
+	}
+	switch {
+	case c.cl == nil || c.conn == nil:
+		return sr.reusable()
+	case sr.low:
+		if sr.clocked && alive(c.conn) {
+			c.cl.setCloses(c.addr, false)
+		}
+		return false
+	case sr.reusable() && !alive(c.conn):
+		c.cl.setCloses(c.addr, true)
+		return false
+	}
+	return sr.reusable()
+}
+
+func (cl *engineClient) setCloses(addr string, closes bool) {
+	cl.mu.Lock()
+	defer cl.mu.Unlock()
+	if closes {
+		if cl.closers == nil {
+			cl.closers = map[string]bool{}
+		}
+		cl.closers[addr] = true
+	} else {
+		delete(cl.closers, addr)
+	}
 }
 
 // closeIdle closes every pooled connection.

@@ -22,3 +22,15 @@ func (rt *Router) PooledEngineConns() int {
 	}
 	return n
 }
+
+// AssembledEngineReads returns the reads of engine connections made for
+// complete answers assembled from a stream, every engine together.
+func (rt *Router) AssembledEngineReads() int64 { return rt.engine.assembledReads.Load() }
+
+// EnginesClosingAfterStream returns how many engines the router saw
+// closing their connection after a stream.
+func (rt *Router) EnginesClosingAfterStream() int {
+	rt.engine.mu.Lock()
+	defer rt.engine.mu.Unlock()
+	return len(rt.engine.closers)
+}

@@ -65,6 +65,11 @@ func (cl *engineClient) retain(live map[string]bool) {
 	cl.mu.Lock()
 	defer cl.mu.Unlock()
 	cl.live = live
+	for addr := range cl.closers {
+		if !live[addr] {
+			delete(cl.closers, addr)
+		}
+	}
 	for addr, list := range cl.idle {
 		if live[addr] {
 			continue

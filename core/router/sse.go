@@ -68,6 +68,16 @@ type sseReader struct {
 	timed  bool          // fill measures how long its read waited (waited)
 	waited time.Duration // how long the last read waited for the engine
 
+	// low: the kernel wakes the reader only once lowWaterBytes are
+	// pending or the engine closed the connection (lowWater); reads are
+	// bounded by until instead of the connection's deadline, and look at
+	// the connection every lowWaterCheck on their own.
+	low     bool
+	until   time.Time
+	first   bool // readRaw's read was the first of its RawConn.Read
+	clocked bool // low: the last bytes were read on the clock, not on a wake-up
+	reads   int  // reads of the connection that returned bytes or its end
+
 	frame int
 	left  int64 // bytes left in the current chunk (chunked) or body (length)
 	chunk int   // state of the chunked decoder
@@ -125,9 +135,11 @@ func (s *sseReader) release() {
 }
 
 // reusable reports whether the connection may carry another request: the
-// body's framing ended it cleanly and nothing followed it.
+// body's framing ended it cleanly and nothing followed it, and it has no
+// low-water mark (an engine that closes its connections after a stream
+// was read with one).
 func (s *sseReader) reusable() bool {
-	return s.frame != frameClose && s.eof && s.done && !s.extra
+	return s.frame != frameClose && s.eof && s.done && !s.extra && !s.low
 }
 
 // eventBoundary finds the end of the first event in b: the index of the
@@ -241,8 +253,22 @@ func (s *sseReader) fill() {
 // readWithin bounds the wait for the engine's next bytes (the stream idle
 // bound; a second for the end of a complete answer).
 func (s *sseReader) readWithin(d time.Duration) {
+	if s.low {
+		s.until = time.Now().Add(d)
+		return
+	}
 	_ = s.conn.SetReadDeadline(time.Now().Add(d))
 }
+
+// lowWaterBytes is the low-water mark of an assembled answer's engine
+// connection (lowWater): about a hundred tokens of llama-server's events.
+const lowWaterBytes = 32 << 10
+
+// lowWaterCheck is how often a read with the low-water mark looks at the
+// connection without a wake-up: it bounds how late the end of an answer
+// is seen if the engine did not close the connection after all, and how
+// precisely the stream idle bound is kept.
+const lowWaterCheck = 200 * time.Millisecond
 
 // readPlain reads into the buffer, holding it while it waits.
 func (s *sseReader) readPlain() (int, error) {

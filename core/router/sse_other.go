@@ -12,3 +12,6 @@ func (s *sseReader) initRaw() {}
 func (s *sseReader) readConn() (int, error) {
 	return s.readPlain()
 }
+
+// lowWater: no low-water mark here; an assembled answer is read in gathers.
+func (s *sseReader) lowWater() bool { return false }

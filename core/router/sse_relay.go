@@ -89,24 +89,35 @@ func (q *request) sseLoop(st *sseState) bool {
 			}
 			if !q.firstContent.IsZero() && !st.trailer {
 				sr.readWithin(q.b.streamIdle)
-				if !q.stream && sr.waited < gatherWindow {
-					// An answer assembled for a client that asked for no
-					// stream: nobody sees its chunks arrive. An engine
-					// that sends them faster than the window has the next
-					// ones ready together after it, read at once: one
-					// wake-up for several chunks, not one each. A hang-up
-					// still cuts the engine at once (the cutter closes
-					// its connection); the answer ends at most one window
-					// later. The window ends on the clock's next multiple
-					// of it, the same instant for every answer gathering:
-					// the runtime wakes them together.
-					time.Sleep(gatherWindow - time.Duration(time.Now().UnixNano()%int64(gatherWindow)))
+				if !q.stream && !sr.low {
+					q.gather(st.call, sr)
 				}
 			}
 			if q.cc != nil && !q.handedOff {
 				return true
 			}
 		}
+	}
+}
+
+// gather spaces the reads of an answer assembled for a client that asked
+// for no stream: nobody sees its chunks arrive. From an engine seen
+// closing its connection after a stream (llama-server), the rest is read
+// with a low-water mark (sseReader.lowWater): the kernel wakes the relay
+// for the engine's close at the end, not for its events. Otherwise, an
+// engine that sends its chunks faster than gatherWindow has the next ones
+// ready together after it, read at once: one wake-up for several chunks,
+// not one each. The window ends on the clock's next multiple of it, the
+// same instant for every answer gathering: the runtime wakes them
+// together. Either way a hang-up still cuts the engine at once (the
+// cutter closes its connection).
+func (q *request) gather(call *engineCall, sr *sseReader) {
+	if call.closesAfterStream() && sr.lowWater() {
+		sr.readWithin(q.b.streamIdle)
+		return
+	}
+	if sr.waited < gatherWindow {
+		time.Sleep(gatherWindow - time.Duration(time.Now().UnixNano()%int64(gatherWindow)))
 	}
 }
 
@@ -246,7 +257,11 @@ func (q *request) sseEnd(st *sseState) {
 		q.outcome = OutcomeEngineError
 		q.fail(structs.Errf(structs.CodeEngineError, "the engine ended its answer without finishing it"))
 	default:
-		call.finish(sr.reusable())
+		reusable := sr.reusable()
+		if !q.stream {
+			reusable = call.learnClose(sr)
+		}
+		call.finish(reusable)
 		q.done()
 		if !st.trailer {
 			q.endAt = time.Now()

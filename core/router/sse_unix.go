@@ -6,8 +6,12 @@
 package router
 
 import (
+	"errors"
 	"io"
+	"net"
+	"os"
 	"syscall"
+	"time"
 )
 
 // initRaw prepares reads that wait for the connection without a buffer.
@@ -33,10 +37,18 @@ func (s *sseReader) readConn() (int, error) {
 	if s.raw == nil {
 		return s.readPlain()
 	}
+	if s.low {
+		return s.readLow()
+	}
 	s.rn, s.rerr = 0, nil
 	if err := s.raw.Read(s.readFn); err != nil {
 		return 0, err
 	}
+	s.reads++
+	return s.readResult()
+}
+
+func (s *sseReader) readResult() (int, error) {
 	switch {
 	case s.rerr != nil:
 		return 0, s.rerr
@@ -44,6 +56,60 @@ func (s *sseReader) readConn() (int, error) {
 		return 0, io.EOF
 	}
 	return s.rn, nil
+}
+
+// lowWater sets the connection's low-water mark (SO_RCVLOWAT) for the
+// rest of an assembled answer from an engine that closes its connection
+// after a stream: the kernel then wakes the reader for lowWaterBytes or
+// for the engine's close, not for every event the engine writes (one
+// wake-up per answer of a hundred tokens instead of one per few tokens).
+// TCP connections only (a unix socket's poll ignores the mark).
+func (s *sseReader) lowWater() bool {
+	if _, ok := s.conn.(*net.TCPConn); !ok || s.raw == nil {
+		return false
+	}
+	var serr error
+	if err := s.raw.Control(func(fd uintptr) {
+		serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVLOWAT, lowWaterBytes)
+	}); err != nil || serr != nil {
+		return false
+	}
+	s.low = true
+	return true
+}
+
+// readLow is readConn with the low-water mark: it waits for a wake-up
+// (lowWaterBytes pending, the engine's close, a cut) or lowWaterCheck,
+// whichever comes first, and reads what is pending either way; once until
+// passed with nothing pending it returns os.ErrDeadlineExceeded.
+func (s *sseReader) readLow() (int, error) {
+	clocked := false
+	for {
+		now := time.Now()
+		d, last := now.Add(lowWaterCheck), false
+		if !s.until.After(d) {
+			d, last = s.until, true
+		}
+		_ = s.conn.SetReadDeadline(d)
+		s.rn, s.rerr, s.first = 0, nil, true
+		err := s.raw.Read(s.readFn)
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			clocked = true
+			if !last {
+				continue
+			}
+			// The bound passed: bytes below the mark are output too.
+			got := false
+			if cerr := s.raw.Control(func(fd uintptr) { got = s.readRaw(fd) }); cerr != nil || !got {
+				return 0, err
+			}
+		} else if err != nil {
+			return 0, err
+		}
+		s.clocked = clocked && s.first
+		s.reads++
+		return s.readResult()
+	}
 }
 
 // readRaw is the callback of syscall.RawConn.Read: one read(2) into the
@@ -62,6 +128,7 @@ func (s *sseReader) readRaw(fd uintptr) bool {
 			if s.start == s.end {
 				s.release()
 			}
+			s.first = false
 			return false
 		}
 		s.rn, s.rerr = max(n, 0), err

@@ -63,7 +63,8 @@ import (
 // Knobs (environment): CAPYCTL_BENCH_WARMUP and CAPYCTL_BENCH_MEASURE
 // (durations), CAPYCTL_BENCH_REPS, CAPYCTL_BENCH_ONLY (a comma list of
 // sections: proxy, llama, cold, fleet), CAPYCTL_BENCH_LLAMA_REQUESTS,
-// CAPYCTL_BENCH_FLEET_STREAMS. Nothing is asserted: the behaviour behind
+// CAPYCTL_BENCH_FLEET_STREAMS, CAPYCTL_BENCH_LLAMA_STREAMED=0 (the
+// llama-server section without its streamed half). Nothing is asserted: the behaviour behind
 // the figures is tested elsewhere.
 func BenchmarkSideBySide(b *testing.B) {
 	sideOnce.Do(func() { sideLines = measureSideBySide(b) })
@@ -761,7 +762,11 @@ func measureLlama(b *testing.B, k sbKnobs, roles []*harness.Role) []string {
 	say("")
 	say("llama-server (%s, stories260K), concurrency 4, %d answers of 64 tokens a run, %d runs interleaved, medians; CPU of the bare proxy, of the role and its children (not llama-server):",
 		filepath.Base(bin), k.llamaN, k.reps)
-	for _, stream := range []bool{false, true} {
+	kinds := []bool{false, true}
+	if os.Getenv("CAPYCTL_BENCH_LLAMA_STREAMED") == "0" {
+		kinds = kinds[:1]
+	}
+	for _, stream := range kinds {
 		body := fmt.Sprintf(`{"model":"stories","stream":%v,"max_tokens":64,"temperature":0,"messages":[{"role":"user","content":"Once upon a time"}]}`, stream)
 		cpu := make([][]float64, len(targets))
 		p50 := make([][]float64, len(targets))

@@ -384,6 +384,7 @@ type redactingWriter struct {
 	w      io.Writer
 	r      *Redactor
 	buf    []byte
+	out    []byte // redacted lines not yet written
 	closed bool
 }
 
@@ -405,6 +406,20 @@ func (rw *redactingWriter) Write(p []byte) (int, error) {
 	}
 	rw.buf = append(rw.buf, p...)
 	var firstErr error
+	// The redacted lines go out together, one write for what this write
+	// completed (an engine's log file and ring are written once per read
+	// of its output, not once per line), in pieces of at most
+	// MaxLineBytes: the log file rotates between writes.
+	out := rw.out[:0]
+	flush := func() {
+		if len(out) == 0 {
+			return
+		}
+		if _, err := rw.w.Write(out); err != nil && firstErr == nil {
+			firstErr = err
+		}
+		out = out[:0]
+	}
 	rest := rw.buf
 	for len(rest) > 0 {
 		i := bytes.IndexAny(rest, "\n\r")
@@ -421,10 +436,16 @@ func (rw *redactingWriter) Write(p []byte) (int, error) {
 		if n == 0 {
 			break
 		}
-		if _, err := rw.w.Write(rw.r.Redact(rest[:n])); err != nil && firstErr == nil {
-			firstErr = err
+		line := rw.r.Redact(rest[:n])
+		if len(out)+len(line) > MaxLineBytes {
+			flush()
 		}
+		out = append(out, line...)
 		rest = rest[n:]
+	}
+	flush()
+	if cap(out) <= 4*MaxLineBytes {
+		rw.out = out
 	}
 	// Move the partial line to the front; drop a buffer grown by one huge
 	// write.

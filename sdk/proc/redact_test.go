@@ -197,3 +197,37 @@ func FuzzRedactor_Redact(f *testing.F) {
 		}
 	})
 }
+
+// writeCounter records each write it is given.
+type writeCounter struct{ writes []string }
+
+func (w *writeCounter) Write(p []byte) (int, error) {
+	w.writes = append(w.writes, string(p))
+	return len(p), nil
+}
+
+// TestRedactingWriter_OneWritePerWrite: the lines one write completes go
+// out in one write (an engine's log file and ring are written once per
+// read of its output, not once per line), redacted each; lines that
+// together pass MaxLineBytes go out in pieces of at most that.
+func TestRedactingWriter_OneWritePerWrite(t *testing.T) {
+	var w writeCounter
+	rw := NewRedactingWriter(&w, NewRedactor([]string{"hunter2-secret"}))
+	_, _ = rw.Write([]byte("slot launch_slot_: id 0\nslot release: hunter2-secret\nsrv update_slots: all slots are idle\npartial"))
+	if len(w.writes) != 1 || w.writes[0] != "slot launch_slot_: id 0\nslot release: <redacted>\nsrv update_slots: all slots are idle\n" {
+		t.Fatalf("writes %q, want the three whole lines, redacted, in one", w.writes)
+	}
+	w.writes = nil
+	line := strings.Repeat("x", MaxLineBytes/3) + "\n"
+	_, _ = rw.Write([]byte(" end\n" + strings.Repeat(line, 4)))
+	total := 0
+	for _, s := range w.writes {
+		if len(s) > MaxLineBytes || !strings.HasSuffix(s, "\n") {
+			t.Fatalf("a write of %d bytes (not whole lines, or over MaxLineBytes)", len(s))
+		}
+		total += len(s)
+	}
+	if want := len("partial end\n") + 4*len(line); total != want || len(w.writes) != 2 {
+		t.Fatalf("%d writes of %d bytes, want 2 of %d", len(w.writes), total, want)
+	}
+}

@@ -149,7 +149,7 @@ func runShim() int {
 	defer os.Remove(filepath.Join(spec.LaunchDir, SocketName))
 	defer ln.Close()
 
-	pr, pw, err := os.Pipe()
+	pr, pw, err := outputPipe()
 	if err != nil {
 		report(shimReport{Error: fmt.Sprintf("output pipe: %v", err)})
 		return 2
@@ -216,7 +216,7 @@ func runShim() int {
 	copied := make(chan struct{})
 	go func() {
 		defer close(copied)
-		_, _ = io.Copy(out, pr)
+		copyGathered(out, pr)
 	}()
 	waited := make(chan *os.ProcessState, 1)
 	go func() {
@@ -402,6 +402,41 @@ func (k *sink) Write(p []byte) (int, error) {
 	}
 	return len(p), nil
 }
+
+// copyGathered copies the engine's output to w until r ends, reading at
+// most once every logGather: an engine writes its log a piece at a time
+// (llama-server a dozen lines per answer, each in two or three writes),
+// and the shim reads it all at once instead of waking for each piece. The
+// pipe holds what the engine writes meanwhile.
+func copyGathered(w io.Writer, r io.Reader) {
+	buf := make([]byte, 64<<10)
+	for {
+		n, err := r.Read(buf)
+		if n > 0 {
+			_, _ = w.Write(buf[:n])
+		}
+		if err != nil {
+			return
+		}
+		time.Sleep(logGather)
+	}
+}
+
+// outputPipe is the engine's output pipe, both ends in blocking mode and
+// outside the runtime's poller: the shim's reads (copyGathered) wait in
+// read(2), and the engine's writes while the shim gathers wake nobody (a
+// polled pipe wakes the poller's thread at every write).
+func outputPipe() (r, w *os.File, err error) {
+	var p [2]int
+	if err := syscall.Pipe2(p[:], syscall.O_CLOEXEC); err != nil {
+		return nil, nil, err
+	}
+	return os.NewFile(uintptr(p[0]), "|0"), os.NewFile(uintptr(p[1]), "|1"), nil
+}
+
+// logGather is how long the shim lets an engine's output gather between
+// reads (copyGathered).
+const logGather = 20 * time.Millisecond
 
 // waitFor waits until ch is closed or d has passed.
 func waitFor(ch <-chan struct{}, d time.Duration) {
