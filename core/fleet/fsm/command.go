@@ -75,8 +75,9 @@ type Restored struct {
 }
 
 // ClusterConfigured records the cluster's own settings (the first
-// server's bootstrap_expect): every server reads them from the state, not
-// from its own flags.
+// server's bootstrap_expect, raised as servers join beyond it): every
+// server reads them from the state, not from its own flags. Its Expect
+// never lowers the recorded one.
 type ClusterConfigured struct {
 	Expect int `json:"expect"`
 }

@@ -368,3 +368,19 @@ func TestState_PlacedExpectsItsVersion(t *testing.T) {
 		t.Fatalf("the placement: %+v", got)
 	}
 }
+
+// TestState_ClusterExpectOnlyGrows: the leader raises the expected size
+// to its voter count as servers join; two joins' commands committed in
+// the other order (a count read before the other join applied) must not
+// lower it.
+func TestState_ClusterExpectOnlyGrows(t *testing.T) {
+	s, _ := openTestState(t)
+	for i, expect := range []int{1, 3, 2} {
+		if r := s.ApplyEntry(uint64(i+1), mustEncode(t, ClusterConfigured{Expect: expect})); r.Err != nil {
+			t.Fatal(r.Err)
+		}
+	}
+	if c := s.Cluster(); c == nil || c.Expect != 3 {
+		t.Fatalf("the expected size after 1, 3, then a late 2: %+v, want 3", c)
+	}
+}

@@ -327,7 +327,13 @@ func (s *State) apply(fs *store.FleetState, c Command, at time.Time) (func(), an
 	case Restored:
 		return s.applyRestored(fs, c)
 	case ClusterConfigured:
+		// The expected size only grows: two servers' joins committed in
+		// either order leave the larger (a leader's count read before the
+		// other join applied cannot lower it).
 		rec := &ClusterRecord{Expect: c.Expect}
+		if s.cluster != nil && s.cluster.Expect > rec.Expect {
+			rec.Expect = s.cluster.Expect
+		}
 		return func() { s.cluster = rec }, nil, fs.Put(keyCluster, rec)
 	case TokenCreated:
 		return s.applyTokenCreated(fs, c, at)
