@@ -4,18 +4,12 @@
 package fleet
 
 import (
-	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"encoding/json"
 	"fmt"
-	"net/http"
-	"net/url"
 	"sort"
 	"strings"
-	"time"
 
-	"github.com/capyctl/capyctl/core/api/wire"
 	"github.com/capyctl/capyctl/core/structs"
 )
 
@@ -40,14 +34,6 @@ func hostsClause(ps *structs.PlacementSpec) string {
 	return "; placement.hosts = " + strings.Join(ps.Hosts, ", ")
 }
 
-func sumShares(shares []HostShare) int {
-	n := 0
-	for _, s := range shares {
-		n += s.Instances
-	}
-	return n
-}
-
 // allDraining reports whether every named host is joined and draining.
 func (s *Server) allDraining(names []string) bool {
 	for _, n := range names {
@@ -57,44 +43,6 @@ func (s *Server) allDraining(names []string) bool {
 		}
 	}
 	return true
-}
-
-// waitAdmitted waits until every instance of a deployment a host just
-// took is admitted by its ledger (started with a ledger phase, or ready),
-// or one was refused
-// (stopped or failed with an error): that refusal is returned.
-func (s *Server) waitAdmitted(ctx context.Context, host, name string) error {
-	deadline := time.NewTimer(admitWait)
-	defer deadline.Stop()
-	for {
-		changes := s.hostIO.changes([]string{host})
-		status, data, err := s.hostCall(ctx, host, http.MethodGet, "/deployments/"+url.PathEscape(name), nil, nil)
-		if err != nil {
-			return err
-		}
-		var st wire.DeploymentStatus
-		if status != http.StatusOK || json.Unmarshal(data, &st) != nil {
-			return hostError(host, status, data)
-		}
-		admitted := 0
-		for _, in := range st.Instances {
-			switch {
-			// The start records its ledger phase once the ledger granted it
-			// (a deployment that states no memory is charged nothing).
-			case in.State == string(structs.StateReady) || len(in.Charges) > 0 ||
-				(in.State == string(structs.StateStarting) && in.Phase != ""):
-				admitted++
-			case (in.State == string(structs.StateStopped) || in.State == string(structs.StateFailed)) && in.LastError != nil:
-				return structs.Errf(in.LastError.Code, "host %s: %s", host, in.LastError.Message).WithDetail("host", host)
-			}
-		}
-		if len(st.Instances) > 0 && admitted == len(st.Instances) {
-			return nil
-		}
-		if expired, err := changes.wait(ctx, deadline.C); expired || err != nil {
-			return err
-		}
-	}
 }
 
 // allCodes reports whether every host refused with code.
