@@ -125,6 +125,7 @@ func (s *Server) linkUp(ctx context.Context, name string, hello *hostv1.Hello, c
 	}
 	h.linkGen++
 	gen := h.linkGen
+	h.sentIndex, h.sameThrough = 0, 0 // this link has sent nothing yet
 	wasLost := !h.lastSeen.IsZero()
 	h.linkCancel, h.addr, h.version, h.inventory = cancel, peerAddr(ctx), hello.GetVersion(), hello.GetInventory()
 	h.lastSeen, h.certExpiry = time.Now(), expiry
