@@ -407,7 +407,10 @@ func (k *sink) Write(p []byte) (int, error) {
 // most once every logGather: an engine writes its log a piece at a time
 // (llama-server a dozen lines per answer, each in two or three writes),
 // and the shim reads it all at once instead of waking for each piece. The
-// pipe holds what the engine writes meanwhile.
+// pipe holds what the engine writes meanwhile, up to its size (64 KiB): a
+// read that fills the buffer is followed by the next at once, so an
+// engine writing faster than that (its start, a verbose log) is not held
+// in write(2).
 func copyGathered(w io.Writer, r io.Reader) {
 	buf := make([]byte, 64<<10)
 	for {
@@ -418,7 +421,9 @@ func copyGathered(w io.Writer, r io.Reader) {
 		if err != nil {
 			return
 		}
-		time.Sleep(logGather)
+		if n < len(buf) {
+			time.Sleep(logGather)
+		}
 	}
 }
 
