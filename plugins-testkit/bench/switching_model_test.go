@@ -6,6 +6,7 @@ package bench
 import (
 	"fmt"
 	"math"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -214,7 +215,7 @@ func simulateTrace(trace []traceRequest, p simPolicy, dt float64) simOutcome {
 		}
 		var ws []waiter
 		for k, m := range ms {
-			if (m.state != simStopped && m.state != simParked) || len(m.queue) == 0 || containsInt(promised, k) {
+			if (m.state != simStopped && m.state != simParked) || len(m.queue) == 0 || slices.Contains(promised, k) {
 				continue
 			}
 			in := start
@@ -282,15 +283,6 @@ func deleteDone(ds []float64, t float64) []float64 {
 		}
 	}
 	return ds[:j]
-}
-
-func containsInt(xs []int, x int) bool {
-	for _, y := range xs {
-		if y == x {
-			return true
-		}
-	}
-	return false
 }
 
 // simPolicies is the family the model searches: one bound for every model
