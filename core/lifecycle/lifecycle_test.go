@@ -553,3 +553,92 @@ func TestManager_ActivationAnswersBeforeTheReadyRecord(t *testing.T) {
 		return err == nil && rec.State == structs.StateReady && rec.Endpoint != nil
 	})
 }
+
+// heldIdentitiesStore is the store with the write of a launch's process
+// identities held until release closes.
+type heldIdentitiesStore struct {
+	*store.Store
+	release chan struct{}
+	written atomic.Bool
+	// readyFirst: a ready record was written before the identities.
+	readyFirst atomic.Bool
+}
+
+func (s *heldIdentitiesStore) PutInstance(r *structs.InstanceRecord) error {
+	if r.State == structs.StateReady && !s.written.Load() {
+		s.readyFirst.Store(true)
+	}
+	if r.State == structs.StateStarting && r.Launch != nil && r.Launch.Pgid != 0 && !s.written.Load() {
+		<-s.release
+		defer s.written.Store(true)
+	}
+	return s.Store.PutInstance(r)
+}
+
+// TestManager_ProbeRunsBesideTheIdentitiesWrite: the readiness probe
+// begins while the launch's process identities are being written (the
+// write does not delay it), and the instance is ready only once they are
+// written.
+func TestManager_ProbeRunsBesideTheIdentitiesWrite(t *testing.T) {
+	var held *heldIdentitiesStore
+	f := newFixture(t, 10, 6, 1, func(cfg *Config) {
+		held = &heldIdentitiesStore{Store: cfg.Store.(*store.Store), release: make(chan struct{})}
+		cfg.Store = held
+	})
+	f.deploy("a")
+	gate := make(chan struct{})
+	f.drv.probeGate = gate
+	done := make(chan error, 1)
+	go func() { done <- f.activate("a") }()
+	released := false
+	defer func() {
+		if !released {
+			close(held.release)
+		}
+	}()
+	f.eventually("the probe began while the identities' write is held", func() bool { return f.drv.probing.Load() >= 1 })
+	close(gate)
+	if len(f.m.Routes().Lookup("a").Ready) != 0 {
+		t.Fatal("routable before its process identities are written")
+	}
+	released = true
+	close(held.release)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if held.readyFirst.Load() {
+		t.Fatal("the ready record was written before the process identities")
+	}
+	if rec := f.inst("a"); rec.State != structs.StateReady || rec.Launch == nil || rec.Launch.Pgid == 0 {
+		t.Fatalf("instance %s, launch %+v", rec.State, rec.Launch)
+	}
+}
+
+// TestManager_FailedIdentitiesWriteEndsTheProbe: a launch whose process
+// identities cannot be written fails at once with store_unavailable, its
+// engine stopped, even while its model is still loading (the probe beside
+// the write is ended).
+func TestManager_FailedIdentitiesWriteEndsTheProbe(t *testing.T) {
+	var failing atomic.Bool
+	f := newFixture(t, 10, 6, 1, func(cfg *Config) {
+		st := cfg.Store.(*store.Store)
+		cfg.Store = &failingStore{Store: st, fail: func(r *structs.InstanceRecord) bool {
+			return failing.Load() && r.Launch != nil && r.Launch.Pgid != 0
+		}}
+	})
+	f.deploy("a")
+	gate := make(chan struct{}) // the model loads for ever
+	defer close(gate)
+	f.drv.probeGate = gate
+	failing.Store(true)
+	err := f.activate("a")
+	if !structs.HasCode(err, structs.CodeStoreUnavailable) || !errors.Is(err, errDiskFull) {
+		t.Fatalf("err = %v, want store_unavailable wrapping the disk error", err)
+	}
+	if starts, stops := f.drv.starts.Load(), f.drv.stops.Load(); starts != 1 || stops < 1 {
+		t.Fatalf("driver starts %d stops %d, want 1 and at least 1", starts, stops)
+	}
+	if len(f.m.Routes().Lookup("a").Ready) != 0 {
+		t.Fatal("the instance is routable")
+	}
+}
