@@ -521,6 +521,11 @@ func (r *startRun) launch() error {
 		return err
 	}
 	r.resp = resp
+	// The placer samples the processes from their start (the startup
+	// peak), whatever the write below.
+	if po, ok := r.placer.(ProcessObserver); ok {
+		po.Launched(r.in.id, int(resp.Launch.Pgid), fromLaunch(&resp.Launch))
+	}
 	// The process identities are written while the engine loads (the
 	// probe does not wait for the write, the ready state does: identities
 	// proved, see probeReady); a write that fails ends the probe, and the
@@ -547,18 +552,15 @@ func (r *startRun) launch() error {
 	return nil
 }
 
-// identitiesWritten waits for the write of the process identities (launch)
-// and tells the placer of the processes once they are recorded; a failed
-// write fails the start (the instance is failed as unrecorded).
+// identitiesWritten waits for the write of the process identities
+// (launch); a failed write fails the start (the instance is failed as
+// unrecorded).
 func (r *startRun) identitiesWritten() error {
 	err := <-r.identities
 	r.cancelProbe()
 	if err != nil {
 		r.onFail = func(err error) error { r.in.unrecorded(err); return err }
 		return err
-	}
-	if po, ok := r.placer.(ProcessObserver); ok {
-		po.Launched(r.in.id, int(r.resp.Launch.Pgid), fromLaunch(&r.resp.Launch))
 	}
 	return nil
 }
