@@ -63,7 +63,7 @@ import (
 // Knobs (environment): CAPYCTL_BENCH_WARMUP and CAPYCTL_BENCH_MEASURE
 // (durations), CAPYCTL_BENCH_REPS, CAPYCTL_BENCH_ONLY (a comma list of
 // sections: proxy, llama, cold, fleet), CAPYCTL_BENCH_LLAMA_REQUESTS,
-// CAPYCTL_BENCH_FLEET_STREAMS, CAPYCTL_BENCH_LLAMA_STREAMED=0 (the
+// CAPYCTL_BENCH_FLEET_STREAMS, CAPYCTL_BENCH_COLD_SAMPLES, CAPYCTL_BENCH_LLAMA_STREAMED=0 (the
 // llama-server section without its streamed half). Nothing is asserted: the behaviour behind
 // the figures is tested elsewhere.
 func BenchmarkSideBySide(b *testing.B) {
@@ -89,10 +89,11 @@ type sbKnobs struct {
 	only          map[string]bool
 	llamaN        int
 	fleetStreams  int
+	coldN         int
 }
 
 func sideKnobs() sbKnobs {
-	k := sbKnobs{warm: time.Second, measure: 5 * time.Second, reps: 3, llamaN: 400, fleetStreams: 10000}
+	k := sbKnobs{warm: time.Second, measure: 5 * time.Second, reps: 3, llamaN: 400, fleetStreams: 10000, coldN: 7}
 	if d, err := time.ParseDuration(os.Getenv("CAPYCTL_BENCH_WARMUP")); err == nil {
 		k.warm = d
 	}
@@ -107,6 +108,9 @@ func sideKnobs() sbKnobs {
 	}
 	if n, err := strconv.Atoi(os.Getenv("CAPYCTL_BENCH_FLEET_STREAMS")); err == nil && n > 0 {
 		k.fleetStreams = n
+	}
+	if n, err := strconv.Atoi(os.Getenv("CAPYCTL_BENCH_COLD_SAMPLES")); err == nil && n > 0 {
+		k.coldN = n
 	}
 	if v := os.Getenv("CAPYCTL_BENCH_ONLY"); v != "" {
 		k.only = map[string]bool{}
@@ -866,8 +870,9 @@ func sbCount(b *testing.B, base, key, body string, stream bool, conc, n int, cpu
 // load generator keeps the machine busy (32 clients against the bare
 // proxy): a request to a parked deployment whose engine needs 30 ms
 // before it listens, against the same engine started by hand and polled
-// every half millisecond, p50 of seven each; with a baseline build, its
-// role's cold requests are interleaved with this build's.
+// every half millisecond, p50 of seven each (CAPYCTL_BENCH_COLD_SAMPLES);
+// with a baseline build, its role's cold requests are interleaved with this
+// build's, each going first in turn.
 func measureColdUnderLoad(b *testing.B, k sbKnobs, roles []*harness.Role, bare *sbSide) []string {
 	var stop atomic.Bool
 	var wg sync.WaitGroup
@@ -884,7 +889,7 @@ func measureColdUnderLoad(b *testing.B, k sbKnobs, roles []*harness.Role, bare *
 	}
 	defer func() { stop.Store(true); wg.Wait() }()
 	time.Sleep(k.warm)
-	own, colds := coldStartN(b, roles, 7)
+	own, colds := coldStartN(b, roles, k.coldN)
 	var out []string
 	for i, cold := range colds {
 		name := "CapyCTL"
@@ -983,7 +988,7 @@ func measureFleetScale(b *testing.B, k sbKnobs) []string {
 }
 
 // coldStartN is coldStart with n samples each, medians: the engine alone,
-// then a cold request through each role, in turn.
+// then a cold request through each role, a different role first each time.
 func coldStartN(b *testing.B, roles []*harness.Role, n int) (own float64, colds []float64) {
 	args := []string{"--tokens", "4", "--startup-delay", "30ms"}
 	for _, r := range roles {
@@ -1008,7 +1013,9 @@ func coldStartN(b *testing.B, roles []*harness.Role, n int) (own float64, colds 
 		if p, err := os.FindProcess(pid); err == nil {
 			_ = p.Kill()
 		}
-		for j, r := range roles {
+		for o := range roles {
+			j := (o + i) % len(roles)
+			r := roles[j]
 			// A restart-only engine parks by stopping; the next request
 			// starts it again.
 			if out, errOut, code := r.CLI("park", "deployment", "cold", "--wait"); code != 0 && i > 0 {
