@@ -6,7 +6,6 @@ package lifecycle
 import (
 	"context"
 	"errors"
-	"sync"
 
 	"github.com/capyctl/capyctl/core/structs"
 )
@@ -16,10 +15,6 @@ import (
 type activation struct {
 	done chan struct{}
 	err  error
-	// served closes when the target is ready and routable, before its
-	// ready record is written (command.served): the waiters go then.
-	served     chan struct{}
-	servedOnce sync.Once
 }
 
 // Activate makes sure a deployment has a ready instance, starting one when
@@ -79,7 +74,7 @@ func (m *Manager) activateOnce(ctx context.Context, name string) error {
 	}
 	act := d.activation
 	if act == nil {
-		act = &activation{done: make(chan struct{}), served: make(chan struct{})}
+		act = &activation{done: make(chan struct{})}
 		d.activation = act
 		target := pickActivationTarget(d.instances)
 		if !m.goTracked(func() { m.runActivation(name, d, act, target) }) {
@@ -92,8 +87,6 @@ func (m *Manager) activateOnce(ctx context.Context, name string) error {
 	select {
 	case <-act.done:
 		return act.err
-	case <-act.served:
-		return nil
 	case <-ctx.Done():
 		return ctx.Err()
 	}
@@ -142,8 +135,7 @@ func (m *Manager) runActivation(name string, d *deployment, act *activation, tar
 	if target == nil {
 		err = structs.Errf(structs.CodeUnavailable, "deployment %s has no instance", name)
 	} else {
-		err = target.send(m.ctx, &command{kind: cmdStart, why: "request", evict: true, room: roomTurns, done: make(chan error, 1),
-			served: func() { act.servedOnce.Do(func() { close(act.served) }) }})
+		err = target.send(m.ctx, &command{kind: cmdStart, why: "request", evict: true, room: roomTurns, done: make(chan error, 1)})
 	}
 	if err != nil {
 		ae := structs.AsError(err)

@@ -47,11 +47,6 @@ type command struct {
 	// afterTurn marks an eviction whose victim's turn ended (switch.go):
 	// it drains what the victim serves and ignores what waits for it.
 	afterTurn bool
-	// served, when set, runs once a start or wake of the command made the
-	// instance ready and routable, before its ready record is written: a
-	// request's activation answers its waiters then (the record is not
-	// needed to serve, see startRun.ready).
-	served func()
 }
 
 // instance is one instance and its lane: a goroutine that owns its state
@@ -246,21 +241,14 @@ func (in *instance) persist(r *structs.InstanceRecord) error {
 // logged, not returned: the state has changed in memory and the router
 // already follows it (transitionStored returns it).
 func (in *instance) transition(to structs.InstanceState, why string, f func(r *structs.InstanceRecord)) error {
-	_, err := in.move(to, why, f, nil)
-	return err
-}
-
-// transitionServed is transition that runs published (when not nil) once
-// the route table follows the new state, before the record is written.
-func (in *instance) transitionServed(to structs.InstanceState, why string, f func(r *structs.InstanceRecord), published func()) error {
-	_, err := in.move(to, why, f, published)
+	_, err := in.move(to, why, f)
 	return err
 }
 
 // transitionStored is transition for a record a launch cannot go without:
 // a store failure is returned (store_unavailable) as well.
 func (in *instance) transitionStored(to structs.InstanceState, why string, f func(r *structs.InstanceRecord)) error {
-	stored, err := in.move(to, why, f, nil)
+	stored, err := in.move(to, why, f)
 	if err != nil {
 		return err
 	}
@@ -268,9 +256,8 @@ func (in *instance) transitionStored(to structs.InstanceState, why string, f fun
 }
 
 // move is transition, returning the store's failure apart from the
-// table's refusal; published, when not nil, runs once the route table
-// follows the new state, before the record is written.
-func (in *instance) move(to structs.InstanceState, why string, f func(r *structs.InstanceRecord), published func()) (stored, err error) {
+// table's refusal.
+func (in *instance) move(to structs.InstanceState, why string, f func(r *structs.InstanceRecord)) (stored, err error) {
 	in.mu.Lock()
 	from := in.rec.State
 	since := in.rec.Since
@@ -302,9 +289,6 @@ func (in *instance) move(to structs.InstanceState, why string, f func(r *structs
 	in.mu.Unlock()
 	// The router sees the change first: routing opens or closes at once.
 	in.m.rebuildRoutes()
-	if published != nil {
-		published()
-	}
 	in.stepDone(from, to, step)
 	stored = in.persist(&r)
 	payload := map[string]any{"from": string(from), "to": string(to), "generation": r.Generation}

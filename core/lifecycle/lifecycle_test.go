@@ -505,55 +505,6 @@ func TestManager_StopDeploymentReportsAFailedStop(t *testing.T) {
 	}
 }
 
-// slowReadyStore is the store with the write of a ready record held until
-// release closes, as on a disk whose fsync takes its time under load.
-type slowReadyStore struct {
-	*store.Store
-	hold    atomic.Bool
-	release chan struct{}
-}
-
-func (s *slowReadyStore) PutInstance(r *structs.InstanceRecord) error {
-	if r.State == structs.StateReady && s.hold.Load() {
-		<-s.release
-	}
-	return s.Store.PutInstance(r)
-}
-
-// TestManager_ActivationAnswersBeforeTheReadyRecord: a request's
-// activation is answered once the started instance is routable, not after
-// its ready record is written (the record is not needed to serve; a crash
-// before it is written leaves the starting record, which recovery takes
-// back); the record is written all the same.
-func TestManager_ActivationAnswersBeforeTheReadyRecord(t *testing.T) {
-	var slow *slowReadyStore
-	f := newFixture(t, 10, 6, 1, func(cfg *Config) {
-		slow = &slowReadyStore{Store: cfg.Store.(*store.Store), release: make(chan struct{})}
-		cfg.Store = slow
-	})
-	f.deploy("a")
-	slow.hold.Store(true)
-	released := false
-	release := func() {
-		if !released {
-			released = true
-			close(slow.release)
-		}
-	}
-	defer release()
-	if err := f.activate("a"); err != nil {
-		t.Fatalf("the activation waited for the ready record's write: %v", err)
-	}
-	if len(f.m.Routes().Lookup("a").Ready) != 1 {
-		t.Fatal("answered, but the instance is not routable")
-	}
-	release()
-	f.eventually("the ready record is written", func() bool {
-		rec, err := slow.Store.GetInstance("a", 0)
-		return err == nil && rec.State == structs.StateReady && rec.Endpoint != nil
-	})
-}
-
 // heldIdentitiesStore is the store with the write of a launch's process
 // identities held until release closes.
 type heldIdentitiesStore struct {

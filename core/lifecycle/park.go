@@ -296,11 +296,11 @@ func (in *instance) wake(c *command) error {
 		return in.wakeFailed(why, structs.CodeWakeMismatch,
 			fmt.Sprintf("the woken model answered the wake check %q, not %q as at its first start", resp.Canary, rec.Canary))
 	}
-	return in.transitionServed(structs.StateReady, why, func(r *structs.InstanceRecord) {
+	return in.transition(structs.StateReady, why, func(r *structs.InstanceRecord) {
 		r.Phase = ledger.PhaseReady
 		r.Released = ""
 		r.ParkTier, r.ParkDetail = "", ""
-	}, c.served)
+	})
 }
 
 // parkTiers are the tiers a park of the instance may take, the preferred

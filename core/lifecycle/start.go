@@ -84,8 +84,6 @@ type startRun struct {
 	ctx   context.Context
 	why   string
 	evict bool
-	// served is the command's: it runs once the instance is routable.
-	served func()
 
 	dr   *structs.DeploymentRecord
 	spec *structs.Deployment
@@ -187,7 +185,7 @@ func (in *instance) start(c *command) error {
 	if !ok {
 		return structs.Errf(structs.CodeNotFound, "no deployment %s", in.dep)
 	}
-	r := &startRun{in: in, m: in.m, ctx: in.m.ctx, why: why, evict: evict, dr: &dr, spec: &dr.Spec, placer: in.m.cfg.Placer, served: c.served}
+	r := &startRun{in: in, m: in.m, ctx: in.m.ctx, why: why, evict: evict, dr: &dr, spec: &dr.Spec, placer: in.m.cfg.Placer}
 	if r.placer == nil {
 		r.placer = noPlacer{}
 	}
@@ -610,13 +608,7 @@ func (r *startRun) ready() error {
 	if err := r.placer.Phase(in.id, ledger.PhaseReady); err != nil {
 		m.logger.Warn("ledger phase change failed", "instance", in.id, "error", err)
 	}
-	// The request that asked for the start is answered once the route
-	// table has the instance (served), not after the ready record's write:
-	// that record is not needed to serve, nor to recover (a crash before
-	// it is written leaves the starting record, whose launch recovery
-	// probes and takes back, recover.go), and a request that arrives now
-	// is routed already.
-	if err := in.transitionServed(structs.StateReady, r.why, func(rec *structs.InstanceRecord) {
+	if err := in.transition(structs.StateReady, r.why, func(rec *structs.InstanceRecord) {
 		rec.Endpoint = ep
 		if r.probe.Canary != "" && rec.Canary == "" {
 			rec.Canary = r.probe.Canary
@@ -624,7 +616,7 @@ func (r *startRun) ready() error {
 		rec.Phase = ledger.PhaseReady
 		rec.Attempts = 0
 		rec.LastUsedAt = m.cfg.Now().UTC()
-	}, r.served); err != nil {
+	}); err != nil {
 		return err
 	}
 	in.startMonitor(r.drv)
