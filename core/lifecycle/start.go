@@ -109,12 +109,6 @@ type startRun struct {
 	adminKey             string
 	resp                 *sdk.StartResponse
 	probe                *sdk.ProbeResponse
-	// identities is the result of the process identities' write (launch),
-	// which runs beside the probe; probeCtx is the probe's, ended when
-	// that write fails (cancelProbe).
-	identities  chan error
-	probeCtx    context.Context
-	cancelProbe context.CancelFunc
 
 	// waitCtx ends the waits an operator's stop may cut short (a start
 	// slot, the readiness probe): abortStartup cancels it.
@@ -519,46 +513,19 @@ func (r *startRun) launch() error {
 		return err
 	}
 	r.resp = resp
-	// The placer samples the processes from their start (the startup
-	// peak), whatever the write below.
-	if po, ok := r.placer.(ProcessObserver); ok {
-		po.Launched(r.in.id, int(resp.Launch.Pgid), fromLaunch(&resp.Launch))
-	}
-	// The process identities are written while the engine loads (the
-	// probe does not wait for the write, the ready state does: identities
-	// proved, see probeReady); a write that fails ends the probe, and the
-	// start fails, its engine stopped by the rollback.
-	probeCtx, cancel := context.WithCancel(r.waitCtx)
-	r.probeCtx, r.cancelProbe = probeCtx, cancel
-	r.keep("the probe's context", cancel)
-	written := make(chan error, 1)
-	r.identities = written
-	go func() {
-		err := r.in.update(func(rec *structs.InstanceRecord) {
-			rec.Launch.Pgid = int(resp.Launch.Pgid)
-			rec.Launch.Processes = fromLaunch(&resp.Launch)
-			if s := resp.LMCacheServer; s != nil && rec.LMCache != nil {
-				rec.LMCache.Pgid = int(s.Pgid)
-				rec.LMCache.Processes = fromLaunch(s)
-			}
-		})
-		if err != nil {
-			cancel()
+	if err := r.in.update(func(rec *structs.InstanceRecord) {
+		rec.Launch.Pgid = int(resp.Launch.Pgid)
+		rec.Launch.Processes = fromLaunch(&resp.Launch)
+		if s := resp.LMCacheServer; s != nil && rec.LMCache != nil {
+			rec.LMCache.Pgid = int(s.Pgid)
+			rec.LMCache.Processes = fromLaunch(s)
 		}
-		written <- err
-	}()
-	return nil
-}
-
-// identitiesWritten waits for the write of the process identities
-// (launch); a failed write fails the start (the instance is failed as
-// unrecorded).
-func (r *startRun) identitiesWritten() error {
-	err := <-r.identities
-	r.cancelProbe()
-	if err != nil {
+	}); err != nil {
 		r.onFail = func(err error) error { r.in.unrecorded(err); return err }
 		return err
+	}
+	if po, ok := r.placer.(ProcessObserver); ok {
+		po.Launched(r.in.id, int(resp.Launch.Pgid), fromLaunch(&resp.Launch))
 	}
 	return nil
 }
@@ -574,15 +541,10 @@ func (r *startRun) probeReady() error {
 	}
 	// An operator's stop ends the wait (waitCtx): it must not wait out a
 	// load.
-	pctx, cancel := context.WithTimeout(r.probeCtx, deadline+10*time.Second)
+	pctx, cancel := context.WithTimeout(r.waitCtx, deadline+10*time.Second)
 	in := r.in
 	probe, err := r.drv.Probe(pctx, &sdk.ProbeRequest{InstanceID: r.in.id, Kind: sdk.ProbeKindReadiness, Deadline: deadline})
 	cancel()
-	// IMPORTANT: never ready before the process identities are recorded
-	// (a restart must find the engine to take it back).
-	if werr := r.identitiesWritten(); werr != nil {
-		return werr
-	}
 	if err == nil && !probe.Ready {
 		err = probeFailure(probe, deadline)
 	}
