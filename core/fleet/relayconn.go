@@ -54,6 +54,7 @@ func (s *Server) attachRelay(tc *tls.Conn, cs tls.ConnectionState) {
 		old.Close()
 	}
 	h.changed.publish() // a wait for the host's relay (an adoption's read) goes on
+	s.links.publish()   // the host takes placements again (a blocked reschedule tries it)
 	s.logger.Debug("relay attached", "host", name)
 }
 

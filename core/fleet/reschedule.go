@@ -27,40 +27,95 @@ import (
 // large model loads elsewhere in minutes and takes its memory there, so
 // moving sooner costs more than it saves.
 
+// rescheduleRetry is the first wait before a lost host's instances that
+// could not all be placed elsewhere are tried again (doubling up to
+// rescheduleRetryMax); a host's link or relay coming up tries them at
+// once, since that is what most often lets them move.
+const (
+	rescheduleRetry    = time.Second
+	rescheduleRetryMax = 30 * time.Second
+)
+
+// lostMove is where the moving of one lost host's instances stands.
+type lostMove struct {
+	done    bool      // every instance placed elsewhere (or none to move)
+	tries   int       // attempts that left some unplaced
+	retryAt time.Time // when the next attempt is due
+}
+
 // rescheduleLoop moves the instances of hosts lost for longer than
 // reschedule_after while this server leads (ctx is the leader's; since,
 // when it began leading: a host lost before counts from then).
+//
+// IMPORTANT: an attempt that leaves instances unplaced (no other host
+// ready at that moment: one that flapped, or whose relay is not back
+// yet; a placement that changed meanwhile) is tried again, on the next
+// link or relay change or after a backoff, until the host links again.
+// Marking the host handled on the first attempt left its instances on a
+// lost host for good when another host was briefly out of reach at the
+// moment it fell due.
 func (s *Server) rescheduleLoop(ctx context.Context, since time.Time) {
 	after := s.o.RescheduleAfter
 	if after <= 0 {
 		return
 	}
-	handled := map[string]bool{} // lost hosts moved off, until they link again
+	moves := map[string]*lostMove{} // lost hosts being moved off, until they link again
 	for {
 		linksChanged, stateChanged := s.links.changed(), s.State.Changed()
 		now := time.Now()
 		var next time.Time
+		soonest := func(t time.Time) {
+			if next.IsZero() || t.Before(next) {
+				next = t
+			}
+		}
 		for _, rec := range s.State.Hosts() {
 			lostAt, lost := s.lostSince(rec.Name, since)
 			if !lost {
-				delete(handled, rec.Name)
+				delete(moves, rec.Name)
 				continue
 			}
-			due := lostAt.Add(after)
-			if now.Before(due) {
-				if next.IsZero() || due.Before(next) {
-					next = due
+			if due := lostAt.Add(after); now.Before(due) {
+				soonest(due)
+				continue
+			}
+			m := moves[rec.Name]
+			if m == nil {
+				m = &lostMove{}
+				moves[rec.Name] = m
+				s.stopLostGroups(ctx, rec.Name, s.lostWhy(rec.Name, now.Sub(lostAt)))
+			}
+			if m.done || now.Before(m.retryAt) {
+				if !m.done {
+					soonest(m.retryAt)
 				}
 				continue
 			}
-			if !handled[rec.Name] {
-				handled[rec.Name] = true
-				s.moveOffLost(ctx, rec.Name, now.Sub(lostAt))
+			if m.done = s.moveOffLost(ctx, rec.Name, m.tries == 0); !m.done {
+				m.tries++
+				m.retryAt = now.Add(min(rescheduleRetry<<min(m.tries-1, 5), rescheduleRetryMax))
+				soonest(m.retryAt)
 			}
 		}
 		if !s.waitLost(ctx, next, linksChanged, stateChanged) {
 			return
 		}
+		if linksChangedNow(linksChanged) {
+			for _, m := range moves {
+				m.retryAt = time.Time{} // a host came up or went: try the blocked again now
+			}
+		}
+	}
+}
+
+// linksChangedNow reports whether the links signal c has fired (a
+// host's link or relay came up or went).
+func linksChangedNow(c <-chan struct{}) bool {
+	select {
+	case <-c:
+		return true
+	default:
+		return false
 	}
 }
 
@@ -100,24 +155,44 @@ func (s *Server) lostSince(host string, since time.Time) (time.Time, bool) {
 	return since, true
 }
 
-// moveOffLost places elsewhere what a lost host runs for the cluster, and
-// stops the groups it has a member of.
-func (s *Server) moveOffLost(ctx context.Context, host string, lost time.Duration) {
-	why := fmt.Sprintf("host %s lost for %s (reschedule_after %s)", host, lost.Round(time.Second), s.o.RescheduleAfter)
+// lostWhy is the reason given for what is done about a lost host.
+func (s *Server) lostWhy(host string, lost time.Duration) string {
+	return fmt.Sprintf("host %s lost for %s (reschedule_after %s)", host, lost.Round(time.Second), s.o.RescheduleAfter)
+}
+
+// stopLostGroups stops the groups a lost host has a member of: a
+// group's placement names its hosts, so it cannot move; it is stopped
+// whole (a rank alone never serves) and says why. Once per loss.
+func (s *Server) stopLostGroups(ctx context.Context, host, why string) {
 	for _, p := range s.State.Placements() {
-		switch {
-		case p.Group != nil && slices.Contains(p.Group.Hosts, host):
-			// A group's placement names its hosts: it cannot move; it is
-			// stopped whole (a rank alone never serves) and says why.
+		if p.Group != nil && slices.Contains(p.Group.Hosts, host) {
 			s.failGroup(ctx, p.Deployment, p.Group, structs.CodeGroupMemberUncertain,
 				why+": the group is stopped and stays down until its host is back (or deploy it again on other hosts)")
-		case p.Managed() && slices.Contains(p.HostNames(), host):
-			if err := s.moveOff(ctx, p, host); err != nil {
-				s.logger.Warn("a lost host's instances could not be placed elsewhere", "host", host, "deployment", p.Deployment, "error", err)
-				s.event("reschedule_blocked", host, map[string]any{"deployment": p.Deployment, "code": string(structs.CodeOf(err)), "message": err.Error()})
-			}
 		}
 	}
+}
+
+// moveOffLost places elsewhere what a lost host runs for the cluster
+// (groups aside: stopLostGroups). It reports whether nothing is left to
+// move; first says whether this is the first attempt for this loss (a
+// later one that fails again logs at debug level and adds no event).
+func (s *Server) moveOffLost(ctx context.Context, host string, first bool) bool {
+	all := true
+	for _, p := range s.State.Placements() {
+		if (p.Group != nil && slices.Contains(p.Group.Hosts, host)) || !p.Managed() || !slices.Contains(p.HostNames(), host) {
+			continue // a group of the host's: stopLostGroups
+		}
+		if err := s.moveOff(ctx, p, host); err != nil {
+			all = false
+			if !first {
+				s.logger.Debug("a lost host's instances could not be placed elsewhere again", "host", host, "deployment", p.Deployment, "error", err)
+				continue
+			}
+			s.logger.Warn("a lost host's instances could not be placed elsewhere: trying again when another host comes up", "host", host, "deployment", p.Deployment, "error", err)
+			s.event("reschedule_blocked", host, map[string]any{"deployment": p.Deployment, "code": string(structs.CodeOf(err)), "message": err.Error()})
+		}
+	}
+	return all
 }
 
 // moveOff places a deployment's instances on host on other hosts that

@@ -149,7 +149,8 @@ type Server struct {
 	// leading is published when it changes.
 	leaderCtx context.Context
 	leading   signal
-	// links is published whenever a host's link comes up or goes.
+	// links is published whenever a host's link comes up or goes, or its
+	// relay attaches (the host is ready for placements).
 	links signal
 	// journaled is published whenever a host's journal arrives (the
 	// groups' supervisor waits on it) or a link comes up.

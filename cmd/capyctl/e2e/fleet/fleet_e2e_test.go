@@ -30,23 +30,57 @@ func hostsOf(st wire.DeploymentStatus) []string {
 	return out
 }
 
-// sameAsHosts checks that the server shows each instance of st as its
-// host's own status does (from the journal the host pushed): its process,
-// its ledger phase and charges (some, with charged), its timings.
-func sameAsHosts(t *testing.T, f *e2e.Fleet, st wire.DeploymentStatus, charged bool) {
+// sameAsHosts checks that the server shows each instance of deployment
+// name as its host's own status does (from the journal the host pushed):
+// its process, its ledger phase and charges (some, with charged), its
+// timings. The server's copy trails the host's by one journal push
+// (milliseconds, more under load): a change the host made between the
+// two reads is in flight, so both are read again until they agree, for
+// up to 30 s; the last difference fails the test.
+func sameAsHosts(t *testing.T, f *e2e.Fleet, name string, charged bool) {
 	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		diff := differsFromHosts(t, f, f.Status(name), charged)
+		if diff == "" {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal(diff)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// differsFromHosts is how the server's status st differs from its hosts'
+// own ("": it does not).
+func differsFromHosts(t *testing.T, f *e2e.Fleet, st wire.DeploymentStatus, charged bool) string {
+	t.Helper()
+	if len(st.Instances) == 0 {
+		return fmt.Sprintf("%s: the server shows no instance", st.Name)
+	}
 	for _, in := range st.Instances {
 		own, err := f.Hosts[in.Host].Mgmt.Deployment(context.Background(), st.Name)
 		if err != nil || len(own.Instances) != 1 {
-			t.Fatalf("%s on %s: %v %+v", st.Name, in.Host, err, own)
+			return fmt.Sprintf("%s on %s: %v %+v", st.Name, in.Host, err, own)
 		}
 		h := own.Instances[0]
 		if in.PID == 0 || in.PID != h.PID || in.Port != h.Port || in.Engine != h.Engine || in.Phase != h.Phase ||
 			!maps.Equal(in.Charges, h.Charges) || (charged && len(in.Charges) == 0) ||
 			in.Timings == nil || h.Timings == nil || in.Timings.StartMs != h.Timings.StartMs {
-			t.Fatalf("%s's instance on %s: the server shows %+v, the host %+v", st.Name, in.Host, in, h)
+			return fmt.Sprintf("%s's instance on %s: the server shows %+v, the host %+v", st.Name, in.Host, in, h)
 		}
 	}
+	return ""
+}
+
+// firstState is the state of a deployment's first instance as the server
+// shows it ("" with none: a poll reads on).
+func firstState(st wire.DeploymentStatus) string {
+	if len(st.Instances) == 0 {
+		return ""
+	}
+	return st.Instances[0].State
 }
 
 func TestFleet_ServerAndThreeHosts(t *testing.T) {
@@ -70,7 +104,7 @@ func TestFleet_ServerAndThreeHosts(t *testing.T) {
 	if len(hs) != 2 || hs[0] != "gpu-c" || hs[0] == hs[1] || st.ReadyN != 2 {
 		t.Fatalf("demo placed on %v (ready %d), want gpu-c first and two distinct hosts, both ready", hs, st.ReadyN)
 	}
-	sameAsHosts(t, f, st, false)
+	sameAsHosts(t, f, "demo", false)
 	e2e.ChatOK(t, f.Server, "demo")
 	resp, err := f.Server.Chat(context.Background(), harness.ChatBody("demo", true, "hello"), map[string]string{"X-Request-Id": "client-7"})
 	if err != nil {
@@ -186,17 +220,17 @@ func TestFleet_ServerAndThreeHosts(t *testing.T) {
 	// The server's status is what the host pushed (its journals): a
 	// transition the answer raced reaches it milliseconds later.
 	var a, b wire.DeploymentStatus
-	poll.Until(t, 10*time.Second, "chat-a parked and chat-b ready", func() bool {
+	poll.Until(t, 30*time.Second, "chat-a parked and chat-b ready", func() bool {
 		a, b = f.Status("chat-a"), f.Status("chat-b")
-		return a.Instances[0].State == "parked" && b.Instances[0].State == "ready"
+		return firstState(a) == "parked" && firstState(b) == "ready"
 	})
 	if a.Instances[0].Host != "gpu-b" || b.Instances[0].Host != "gpu-b" {
 		t.Fatalf("after chat-b: chat-a %s on %s, chat-b %s on %s; want parked and ready on gpu-b",
 			a.Instances[0].State, a.Instances[0].Host, b.Instances[0].State, b.Instances[0].Host)
 	}
-	sameAsHosts(t, f, b, true)
+	sameAsHosts(t, f, "chat-b", true)
 	e2e.ChatOK(t, f.Server, "chat-a") // and back: chat-a wakes, chat-b parks
-	poll.Until(t, 10*time.Second, "chat-a ready after its request", func() bool { return f.Status("chat-a").Instances[0].State == "ready" })
+	poll.Until(t, 30*time.Second, "chat-a ready after its request", func() bool { return firstState(f.Status("chat-a")) == "ready" })
 
 	// A host agent that goes away: its instance reads uncertain, requests
 	// go to the other replica, and it comes back with its journal, its

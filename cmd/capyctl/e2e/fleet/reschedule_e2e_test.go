@@ -40,19 +40,27 @@ func requestsServed(t *testing.T, h *harness.Role, dep string) int {
 	return len(out.Requests)
 }
 
-// TestFleet_RescheduleAfterALostHost: a host cut off for longer than
-// reschedule_after has its instance placed on another host that fits,
-// which serves it; when the lost host comes back, its old copy is stopped
-// and deleted (its share no longer names it) and it answers no request of
-// the deployment in the meantime: one copy serves at any time.
-func TestFleet_RescheduleAfterALostHost(t *testing.T) {
-	f := &e2e.Fleet{T: t, Hosts: map[string]*harness.Role{}}
+// rescheduleFleet is a server with host_heartbeat 300ms (a host is lost
+// after 3 silent beats, 0.9-1.2 s) and reschedule_after 2s, and two hosts
+// each behind a partition of its own: gpu-a (80 GiB, the most free) and
+// gpu-b; demo is deployed, placed on gpu-a, and has answered there.
+//
+// The bounds of the waits below cover the product's own timers with
+// margin for a loaded 2-core CI machine (load 8 or more): a move is due
+// 0.9-1.2 s (lost) + 2 s (reschedule_after) after a cut, a blocked one is
+// tried again at once when a host's link or relay comes up (else after
+// 1 s, doubling), and the fake engine starts in well under a second
+// unloaded. 30 s is ten times the timers.
+func rescheduleFleet(t *testing.T) (f *e2e.Fleet, pa, pb *harness.Partition) {
+	f = &e2e.Fleet{T: t, Hosts: map[string]*harness.Role{}}
 	f.Server = harness.StartServer(t, harness.Options{Args: []string{"--set", "host_heartbeat=300ms", "--set", "reschedule_after=2s"}})
+	f.DumpOnFailure() // the server's fleet log says when each host was lost, back, and what moved
 	token, cluster := f.Server.JoinToken("")
-	proxy := harness.NewPartition(t, cluster)
-	a := harness.StartHostWith(t, proxy.Addr(), token, harness.HostOptions{Name: "gpu-a", GPU: harness.SimGPU{DeviceMemory: "80GiB"}})
-	f.Hosts["gpu-a"] = a
-	f.Hosts["gpu-b"] = harness.StartHost(t, f.Server, harness.HostOptions{Name: "gpu-b"})
+	pa = harness.NewPartition(t, cluster)
+	f.Hosts["gpu-a"] = harness.StartHostWith(t, pa.Addr(), token, harness.HostOptions{Name: "gpu-a", GPU: harness.SimGPU{DeviceMemory: "80GiB"}})
+	token, cluster = f.Server.JoinToken("")
+	pb = harness.NewPartition(t, cluster)
+	f.Hosts["gpu-b"] = harness.StartHostWith(t, pb.Addr(), token, harness.HostOptions{Name: "gpu-b"})
 	f.WaitHosts(2, wire.HostReady)
 	f.Server.AddFakeEngine("fake")
 	f.WaitEngine("fake")
@@ -66,6 +74,17 @@ func TestFleet_RescheduleAfterALostHost(t *testing.T) {
 		t.Fatalf("demo placed on %v, want gpu-a (the most free)", hs)
 	}
 	e2e.ChatOK(t, f.Server, "demo")
+	return f, pa, pb
+}
+
+// TestFleet_RescheduleAfterALostHost: a host cut off for longer than
+// reschedule_after has its instance placed on another host that fits,
+// which serves it; when the lost host comes back, its old copy is stopped
+// and deleted (its share no longer names it) and it answers no request of
+// the deployment in the meantime: one copy serves at any time.
+func TestFleet_RescheduleAfterALostHost(t *testing.T) {
+	f, proxy, _ := rescheduleFleet(t)
+	a := f.Hosts["gpu-a"]
 
 	// The request log is written in batches: gpu-a's one answer is
 	// waited in before the cut.
@@ -95,6 +114,30 @@ func TestFleet_RescheduleAfterALostHost(t *testing.T) {
 	if !strings.Contains(f.Server.Output(), "instances placed off a host") {
 		t.Fatal("the server did not say it moved the instance")
 	}
+}
+
+// TestFleet_RescheduleWhenAnotherHostIsBack: a lost host falls due while
+// the only other host is out of reach too, so its instance has nowhere to
+// go; it moves as soon as the other host is back. Before, the first
+// blocked attempt was the only one: the instance stayed on the lost host
+// until that host came back (under load, a host whose heartbeats were
+// late at the wrong moment was enough).
+func TestFleet_RescheduleWhenAnotherHostIsBack(t *testing.T) {
+	f, pa, pb := rescheduleFleet(t)
+	pa.Cut(false)
+	pb.Cut(false)
+	poll.Until(t, 30*time.Second, "the server's move of demo off gpu-a blocked (no other host ready)", func() bool {
+		return strings.Contains(f.Server.Output(), "could not be placed elsewhere")
+	})
+	if hs := hostsOf(f.Status("demo")); !slices.Equal(hs, []string{"gpu-a"}) {
+		t.Fatalf("demo on %v while no other host was ready, want gpu-a still", hs)
+	}
+	pb.Heal()
+	poll.Until(t, 30*time.Second, "gpu-b back, demo moved to it and ready there", func() bool {
+		st := f.Status("demo")
+		return slices.Equal(hostsOf(st), []string{"gpu-b"}) && st.ReadyN == 1
+	})
+	e2e.ChatOK(t, f.Server, "demo")
 }
 
 // TestFleet_RetireAHost follows the several-machines guide: drain a host,
