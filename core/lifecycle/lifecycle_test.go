@@ -504,3 +504,64 @@ func TestManager_StopDeploymentReportsAFailedStop(t *testing.T) {
 		t.Fatal("a stop the driver failed was reported done")
 	}
 }
+
+// heldRecordPlacer is the unit placer with what a phase change writes (its
+// charge record, the startup peak: PhaseRecorder's record) held, at ready,
+// until gate closes, as on a disk whose fsync takes its time under load.
+type heldRecordPlacer struct {
+	*unitPlacer
+	gate    chan struct{}
+	records atomic.Int32
+}
+
+func (p *heldRecordPlacer) PhaseThen(owner, phase string) (func(), error) {
+	err := p.set(owner, phase)
+	return func() {
+		if phase == "ready" {
+			<-p.gate
+		}
+		p.records.Add(1)
+	}, err
+}
+
+func (p *heldRecordPlacer) Phase(owner, phase string) error {
+	record, err := p.PhaseThen(owner, phase)
+	record()
+	return err
+}
+
+// TestManager_ReadyServesBeforeThePlacersRecords: a started instance is
+// routable once its charge is ready, before the placer's writes for the
+// phase (its charge record, the startup peak) are done; they are done
+// after.
+func TestManager_ReadyServesBeforeThePlacersRecords(t *testing.T) {
+	var held *heldRecordPlacer
+	f := newFixture(t, 10, 6, 1, func(cfg *Config) {
+		held = &heldRecordPlacer{unitPlacer: cfg.Placer.(*unitPlacer), gate: make(chan struct{})}
+		cfg.Placer = held
+	})
+	f.deploy("a")
+	done := make(chan error, 1)
+	go func() { done <- f.activate("a") }()
+	opened := false
+	defer func() {
+		if !opened {
+			close(held.gate)
+		}
+	}()
+	f.eventually("routable while the placer's records are held", func() bool { return len(f.m.Routes().Lookup("a").Ready) == 1 })
+	if ph := f.placer.phase("a/0"); ph != "ready" {
+		t.Fatalf("routable with the charge in phase %q", ph)
+	}
+	if n := held.records.Load(); n != 0 {
+		t.Fatalf("%d records written while held", n)
+	}
+	opened = true
+	close(held.gate)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if n := held.records.Load(); n != 1 {
+		t.Fatalf("%d records written for the ready phase, want 1", n)
+	}
+}

@@ -24,6 +24,16 @@ type Placer interface {
 	Release(owner string)
 }
 
+// PhaseRecorder is implemented by placers whose phase change can be split:
+// PhaseThen changes the charge at once, in memory, and leaves what it
+// writes (its charge record, a measurement) to record (never nil), which
+// the lifecycle runs on the instance's lane once the instance serves. A
+// restart before record ran finds the charge record in the phase before;
+// recovery adopts the instance in the phase it is in (Adopt).
+type PhaseRecorder interface {
+	PhaseThen(owner string, phase string) (record func(), err error)
+}
+
 // ProcessObserver is implemented by placers that measure a start from the
 // engine's own processes (the startup peak, SPEC D2): the lifecycle calls
 // Launched once the driver reports the launch's process group and

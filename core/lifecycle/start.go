@@ -567,9 +567,21 @@ func (r *startRun) ready() error {
 	if ep == nil {
 		ep = toEndpoint(&r.resp.Endpoint)
 	}
-	if err := r.placer.Phase(in.id, ledger.PhaseReady); err != nil {
+	// The ledger's charge moves to ready before the instance serves; what
+	// the placer writes for it (its charge record, the startup peak) waits
+	// until the route table has the instance: a request waits for the
+	// route, not for those writes.
+	record := func() {}
+	var err error
+	if pr, ok := r.placer.(PhaseRecorder); ok {
+		record, err = pr.PhaseThen(in.id, ledger.PhaseReady)
+	} else {
+		err = r.placer.Phase(in.id, ledger.PhaseReady)
+	}
+	if err != nil {
 		m.logger.Warn("ledger phase change failed", "instance", in.id, "error", err)
 	}
+	defer record()
 	if err := in.transition(structs.StateReady, r.why, func(rec *structs.InstanceRecord) {
 		rec.Endpoint = ep
 		if r.probe.Canary != "" && rec.Canary == "" {

@@ -5,6 +5,7 @@ package placement
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"os"
 	"os/exec"
@@ -808,5 +809,52 @@ func TestPlacer_ParkedHostChargesHostRAM(t *testing.T) {
 	}
 	if err := u.Phase("a/0", ledger.PhaseParkedHost); !structs.HasCode(err, structs.CodeCapacityBlocked) {
 		t.Fatalf("parked_host on a unified pool: %v, want refused", err)
+	}
+}
+
+// TestPlacer_PhaseThenWritesOnRecord: PhaseThen moves the charge at once
+// and writes the charge's record only when record runs (the phase then
+// current); a release before record leaves the release recorded.
+func TestPlacer_PhaseThenWritesOnRecord(t *testing.T) {
+	st := newMemStore()
+	p := newPlacer(t, cards(1, 24*gib), st)
+	d := &structs.Deployment{Name: "m", Resources: &structs.ResourceSpec{Phases: map[string]structs.PhaseCharge{"ready": {GPU: structs.ByteSize(4 * gib), RAM: 1 << 20}}}}
+	phaseOf := func() string {
+		v, err := st.Meta(metaPrefix + "m/0")
+		if err != nil || v == "" {
+			return ""
+		}
+		var info ownerInfo
+		if err := json.Unmarshal([]byte(v), &info); err != nil {
+			t.Fatal(err)
+		}
+		return info.Phase
+	}
+	if _, err := reserve(p, "m/0", d); err != nil {
+		t.Fatal(err)
+	}
+	record, err := p.PhaseThen("m/0", ledger.PhaseReady)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o, ok := p.l.Owner("m/0"); !ok || o.Phase != ledger.PhaseReady {
+		t.Fatalf("the charge is not ready at once: %+v", o)
+	}
+	if got := phaseOf(); got != ledger.PhaseStartup {
+		t.Fatalf("recorded %q before record ran, want startup", got)
+	}
+	record()
+	if got := phaseOf(); got != ledger.PhaseReady {
+		t.Fatalf("recorded %q after record, want ready", got)
+	}
+	// A release between the change and its record: the release stands.
+	record, err = p.PhaseThen("m/0", ledger.PhaseParked)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Release("m/0")
+	record()
+	if got := phaseOf(); got != "" {
+		t.Fatalf("recorded %q after a release", got)
 	}
 }

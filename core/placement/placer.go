@@ -512,6 +512,17 @@ func (p *Placer) capacityBlocked(dep string, be *ledger.BlockedError) error {
 // Phase moves an owner to a phase's charge. Reaching ready ends the startup
 // measurement and stores its peak.
 func (p *Placer) Phase(owner, phase string) error {
+	record, err := p.PhaseThen(owner, phase)
+	record()
+	return err
+}
+
+// PhaseThen is Phase with its writes left to record
+// (lifecycle.PhaseRecorder): the charge changes at once, in memory; record
+// writes the owner's charge record (its current phase, whatever changed
+// since) and, at ready, takes the startup measurement's last reading and
+// stores its peak. record is never nil.
+func (p *Placer) PhaseThen(owner, phase string) (record func(), err error) {
 	p.mu.Lock()
 	info := p.owners[owner]
 	s := p.samples[owner]
@@ -519,18 +530,28 @@ func (p *Placer) Phase(owner, phase string) error {
 		delete(p.samples, owner)
 		p.launches[owner] = s.ids
 	}
-	var err error
+	changed := false
 	if info != nil {
 		_, err = p.l.SetPhase(owner, phase)
 		if err == nil {
 			info.Phase = phase
-			p.persist(owner, info)
+			changed = true
 		}
 	}
 	p.mu.Unlock()
 	if s != nil {
 		s.halt()
-		if info != nil && phase == ledger.PhaseReady {
+	}
+	record = func() {
+		if changed {
+			p.mu.Lock()
+			// A release meanwhile unpersisted the owner: nothing to write.
+			if p.owners[owner] == info {
+				p.persist(owner, info)
+			}
+			p.mu.Unlock()
+		}
+		if s != nil && info != nil && phase == ledger.PhaseReady {
 			// One last reading at ready: a start shorter than the sampling
 			// interval is still measured at least as it serves.
 			s.record(p.sample(s.ids))
@@ -538,15 +559,15 @@ func (p *Placer) Phase(owner, phase string) error {
 		}
 	}
 	if info == nil {
-		return fmt.Errorf("phase %s: %w %q", phase, ledger.ErrUnknownOwner, owner)
+		return record, fmt.Errorf("phase %s: %w %q", phase, ledger.ErrUnknownOwner, owner)
 	}
 	if be, ok := err.(*ledger.BlockedError); ok {
-		return p.capacityBlocked(info.Deployment, be)
+		return record, p.capacityBlocked(info.Deployment, be)
 	}
 	if errors.Is(err, ledger.ErrNoPhase) {
-		return structs.Wrap(structs.CodeCapacityBlocked, err, "deployment %s cannot keep its weights in host RAM here", info.Deployment)
+		return record, structs.Wrap(structs.CodeCapacityBlocked, err, "deployment %s cannot keep its weights in host RAM here", info.Deployment)
 	}
-	return err
+	return record, err
 }
 
 // Charges returns what an owner is charged now and in each phase, by

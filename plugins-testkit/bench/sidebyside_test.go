@@ -63,7 +63,7 @@ import (
 // Knobs (environment): CAPYCTL_BENCH_WARMUP and CAPYCTL_BENCH_MEASURE
 // (durations), CAPYCTL_BENCH_REPS, CAPYCTL_BENCH_ONLY (a comma list of
 // sections: proxy, llama, cold, fleet), CAPYCTL_BENCH_LLAMA_REQUESTS,
-// CAPYCTL_BENCH_FLEET_STREAMS, CAPYCTL_BENCH_LLAMA_STREAMED=0 (the
+// CAPYCTL_BENCH_FLEET_STREAMS, CAPYCTL_BENCH_COLD_SAMPLES, CAPYCTL_BENCH_LLAMA_STREAMED=0 (the
 // llama-server section without its streamed half). Nothing is asserted: the behaviour behind
 // the figures is tested elsewhere.
 func BenchmarkSideBySide(b *testing.B) {
@@ -89,10 +89,11 @@ type sbKnobs struct {
 	only          map[string]bool
 	llamaN        int
 	fleetStreams  int
+	coldN         int
 }
 
 func sideKnobs() sbKnobs {
-	k := sbKnobs{warm: time.Second, measure: 5 * time.Second, reps: 3, llamaN: 400, fleetStreams: 10000}
+	k := sbKnobs{warm: time.Second, measure: 5 * time.Second, reps: 3, llamaN: 400, fleetStreams: 10000, coldN: 7}
 	if d, err := time.ParseDuration(os.Getenv("CAPYCTL_BENCH_WARMUP")); err == nil {
 		k.warm = d
 	}
@@ -107,6 +108,9 @@ func sideKnobs() sbKnobs {
 	}
 	if n, err := strconv.Atoi(os.Getenv("CAPYCTL_BENCH_FLEET_STREAMS")); err == nil && n > 0 {
 		k.fleetStreams = n
+	}
+	if n, err := strconv.Atoi(os.Getenv("CAPYCTL_BENCH_COLD_SAMPLES")); err == nil && n > 0 {
+		k.coldN = n
 	}
 	if v := os.Getenv("CAPYCTL_BENCH_ONLY"); v != "" {
 		k.only = map[string]bool{}
@@ -158,7 +162,7 @@ func measureSideBySide(b *testing.B) []string {
 		out = append(out, measureLlama(b, k, roles)...)
 	}
 	if k.runs("cold") {
-		out = append(out, measureColdUnderLoad(b, k, roles[0], bare)...)
+		out = append(out, measureColdUnderLoad(b, k, roles, bare)...)
 	}
 	if k.runs("fleet") {
 		out = append(out, measureFleetScale(b, k)...)
@@ -866,8 +870,10 @@ func sbCount(b *testing.B, base, key, body string, stream bool, conc, n int, cpu
 // load generator keeps the machine busy (32 clients against the bare
 // proxy): a request to a parked deployment whose engine needs 30 ms
 // before it listens, against the same engine started by hand and polled
-// every half millisecond, p50 of seven each.
-func measureColdUnderLoad(b *testing.B, k sbKnobs, role *harness.Role, bare *sbSide) []string {
+// every half millisecond, p50 of seven each (CAPYCTL_BENCH_COLD_SAMPLES);
+// with a baseline build, its role's cold requests are interleaved with this
+// build's, each going first in turn.
+func measureColdUnderLoad(b *testing.B, k sbKnobs, roles []*harness.Role, bare *sbSide) []string {
 	var stop atomic.Bool
 	var wg sync.WaitGroup
 	for w := 0; w < 32; w++ {
@@ -883,9 +889,17 @@ func measureColdUnderLoad(b *testing.B, k sbKnobs, role *harness.Role, bare *sbS
 	}
 	defer func() { stop.Store(true); wg.Wait() }()
 	time.Sleep(k.warm)
-	own, cold := coldStartN(b, role, role.Creds.APIKey, 7)
-	return []string{"", fmt.Sprintf("cold start under load (32 clients on the bare proxy, load average %s): the engine alone %.1f ms, a cold request through CapyCTL %.1f ms, CapyCTL's own share %.1f ms (target < 20)",
-		loadAverage(), own, cold, cold-own)}
+	own, colds := coldStartN(b, roles, k.coldN)
+	var out []string
+	for i, cold := range colds {
+		name := "CapyCTL"
+		if i > 0 {
+			name = "baseline"
+		}
+		out = append(out, fmt.Sprintf("cold start under load (32 clients on the bare proxy, load average %s), %s: the engine alone %.1f ms, a cold request through CapyCTL %.1f ms, CapyCTL's own share %.1f ms (target < 20)",
+			loadAverage(), name, own, cold, cold-own))
+	}
+	return append([]string{""}, out...)
 }
 
 // measureFleetScale opens streams through a server to two hosts (half on
@@ -973,10 +987,14 @@ func measureFleetScale(b *testing.B, k sbKnobs) []string {
 		float64(c1-c0)*10_000/float64(max(relayed, 1)), float64(h1-h0)*10_000/float64(max(relayed, 1)))}
 }
 
-// coldStartN is coldStart with n samples each, medians.
-func coldStartN(b *testing.B, r *harness.Role, key string, n int) (own, cold float64) {
+// coldStartN is coldStart with n samples each, medians: the engine alone,
+// then a cold request through each role, a different role first each time.
+func coldStartN(b *testing.B, roles []*harness.Role, n int) (own float64, colds []float64) {
 	args := []string{"--tokens", "4", "--startup-delay", "30ms"}
-	if _, err := r.Mgmt.Deployment(context.Background(), "cold"); err != nil {
+	for _, r := range roles {
+		if _, err := r.Mgmt.Deployment(context.Background(), "cold"); err == nil {
+			continue
+		}
 		m := strings.Replace(harness.FakeManifest(args...), "key_env     = \"FAKE_ENGINE_API_KEY\"\n", "", 1)
 		f := r.WriteFile("manifests/cold.hcl", m)
 		if out, errOut, code := r.CLI("engine", "add", "--custom", r.FakeBin, "--name", "cold", "--manifest", f, "--yes"); code != 0 {
@@ -986,27 +1004,35 @@ func coldStartN(b *testing.B, r *harness.Role, key string, n int) (own, cold flo
 			b.Fatalf("deploy cold: %d %s %s", code, out, errOut)
 		}
 	}
-	var owns, colds []time.Duration
+	var owns []time.Duration
+	lats := make([][]time.Duration, len(roles))
 	for i := 0; i < n; i++ {
 		start := time.Now()
-		_, pid := spawnFake(b, r.FakeBin, "cold", args...)
+		_, pid := spawnFake(b, roles[0].FakeBin, "cold", args...)
 		owns = append(owns, time.Since(start))
 		if p, err := os.FindProcess(pid); err == nil {
 			_ = p.Kill()
 		}
-		// A restart-only engine parks by stopping; the next request starts
-		// it again.
-		if out, errOut, code := r.CLI("park", "deployment", "cold", "--wait"); code != 0 && i > 0 {
-			b.Fatalf("park cold: %d %s %s", code, out, errOut)
+		for o := range roles {
+			j := (o + i) % len(roles)
+			r := roles[j]
+			// A restart-only engine parks by stopping; the next request
+			// starts it again.
+			if out, errOut, code := r.CLI("park", "deployment", "cold", "--wait"); code != 0 && i > 0 {
+				b.Fatalf("park cold: %d %s %s", code, out, errOut)
+			}
+			c := newSBClient(strings.TrimPrefix(r.InferenceURL(), "http://"), r.Creds.APIKey, `{"model":"cold","messages":[{"role":"user","content":"hi"}]}`)
+			_, lat, err := c.do(false)
+			c.close()
+			if err != nil {
+				b.Fatalf("cold request: %v", err)
+			}
+			lats[j] = append(lats[j], lat)
 		}
-		c := newSBClient(strings.TrimPrefix(r.InferenceURL(), "http://"), key, `{"model":"cold","messages":[{"role":"user","content":"hi"}]}`)
-		_, lat, err := c.do(false)
-		c.close()
-		if err != nil {
-			b.Fatalf("cold request: %v", err)
-		}
-		colds = append(colds, lat)
 	}
 	sort.Slice(owns, func(i, j int) bool { return owns[i] < owns[j] })
-	return pct(owns, 0.5), pct(colds, 0.5)
+	for _, l := range lats {
+		colds = append(colds, pct(l, 0.5))
+	}
+	return pct(owns, 0.5), colds
 }
