@@ -71,7 +71,7 @@ func TestRelayTaken_BurstsLeaveInFewWrites(t *testing.T) {
 	var head bytes.Buffer
 	takeover.WriteHead(&head, resp.StatusCode, resp.Header, true)
 	rl := hostReply{resp: resp, cancel: func() {}, ctx: context.Background(), host: "h"}
-	go relayTaken(&takeover.Conn{Conn: server}, head.Bytes(), rl, "/v1/chat/completions", &u)
+	go relayTaken(&takeover.Conn{Conn: server}, head.Bytes(), rl, "/v1/chat/completions", &u, nil)
 
 	br := bufio.NewReader(client)
 	_ = client.SetReadDeadline(time.Now().Add(10 * time.Second))
