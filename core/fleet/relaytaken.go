@@ -7,7 +7,10 @@ import (
 	"context"
 	"errors"
 	"io"
+	"net"
 	"net/http"
+	"strconv"
+	"sync"
 	"time"
 
 	"github.com/capyctl/capyctl/core/router"
@@ -35,6 +38,37 @@ import (
 // takeOverAfter is how long a stream runs on net/http before it is taken
 // over: the router's (a variable for tests).
 var takeOverAfter = router.DefaultTakeOverAfter
+
+// chunkBufs hold a taken-over stream's chunk with its framing while it is
+// written (a stream holds none while it waits).
+var chunkBufs = sync.Pool{New: func() any { b := make([]byte, 0, 4<<10); return &b }}
+
+// maxPooledChunk is the largest buffer chunkBufs takes back.
+const maxPooledChunk = 64 << 10
+
+// writeChunk writes p as one chunk of the chunked coding in one write.
+//
+// IMPORTANT: not takeover.WriteChunk. Its net.Buffers write with writev
+// only on the net package's own connections; a connection taken over from
+// the server's listener is that listener's wrapper (core/api's tracked
+// connection), on which net.Buffers made one write(2) per part: three per
+// chunk, each of them waking the client. A copy of the chunk costs less.
+func writeChunk(conn net.Conn, p []byte) error {
+	if len(p) == 0 {
+		return nil
+	}
+	bp := chunkBufs.Get().(*[]byte)
+	b := strconv.AppendUint((*bp)[:0], uint64(len(p)), 16)
+	b = append(b, '\r', '\n')
+	b = append(b, p...)
+	b = append(b, '\r', '\n')
+	_, err := conn.Write(b)
+	if cap(b) <= maxPooledChunk {
+		*bp = b[:0]
+		chunkBufs.Put(bp)
+	}
+	return err
+}
 
 // laterTakeOver returns copyStream's take-over of a stream relayed to the
 // client on w: once the stream has run for takeOverAfter, at a flush, it
@@ -133,7 +167,7 @@ func relayTaken(conn *takeover.Conn, head []byte, rl hostReply, path string, u *
 	for {
 		buf := rb.get()
 		n, rerr := resp.Body.Read(buf)
-		werr := takeover.WriteChunk(conn, ev.whole(buf[:n]))
+		werr := writeChunk(conn, ev.whole(buf[:n]))
 		rb.put(n)
 		if werr != nil {
 			return
@@ -145,7 +179,7 @@ func relayTaken(conn *takeover.Conn, head []byte, rl hostReply, path string, u *
 					return // cut: no last chunk that would make it look whole
 				}
 			}
-			if takeover.WriteChunk(conn, end) != nil {
+			if writeChunk(conn, end) != nil {
 				return
 			}
 			if _, err := conn.Write(takeover.LastChunk); err != nil || t.srv == nil || watched == nil {
