@@ -411,7 +411,14 @@ func (k *sink) Write(p []byte) (int, error) {
 // read that fills the buffer is followed by the next at once, so an
 // engine writing faster than that (its start, a verbose log) is not held
 // in write(2).
-func copyGathered(w io.Writer, r io.Reader) {
+func copyGathered(w io.Writer, r io.Reader) { copyGatheredWith(w, r, sleepGather) }
+
+// sleepGather lets the engine's output gather for logGather.
+func sleepGather() { time.Sleep(logGather) }
+
+// copyGatheredWith is copyGathered with its wait between reads given (a
+// test holds the wait while it writes, instead of racing a clock).
+func copyGatheredWith(w io.Writer, r io.Reader, gather func()) {
 	buf := make([]byte, 64<<10)
 	for {
 		n, err := r.Read(buf)
@@ -422,7 +429,7 @@ func copyGathered(w io.Writer, r io.Reader) {
 			return
 		}
 		if n < len(buf) {
-			time.Sleep(logGather)
+			gather()
 		}
 	}
 }
