@@ -218,7 +218,7 @@ func (m *Manager) AdoptRecorded(ctx context.Context) {
 }
 
 // Shutdown ends every driver and forgets their reattach configs (a clean
-// stop; engines keep running in their own sessions and the next core
+// stop; engines keep running in their own process groups and the next core
 // launches fresh drivers and recovers them). With detach, drivers are left
 // running and their reattach configs kept, as after a crash. A driver that
 // does not end within killGrace (a stopped one) is killed.

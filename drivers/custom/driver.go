@@ -4,7 +4,7 @@
 // Package custom is the driver for programs CapyCTL has no integration for
 // (SPEC E5): a manifest states the command, the API served, an optional
 // health path and an optional idle signal. CapyCTL owns the process: a
-// private loopback port, a clean environment, its own session and process
+// private loopback port, a clean environment, its own process
 // group, a per-launch key, readiness by a real answer, and a stop that
 // proves every process gone. A custom engine does not park (restart only),
 // its options are not policed, and closing a request's connection is all

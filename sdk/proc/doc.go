@@ -1,8 +1,8 @@
 // Copyright (c) CapyCTL authors
 // SPDX-License-Identifier: Apache-2.0
 
-// Package proc runs engine processes for drivers: launch in a session and
-// process group of their own, identities that survive PID reuse, log capture
+// Package proc runs engine processes for drivers: launch in a process group
+// of their own, identities that survive PID reuse, log capture
 // with redaction, graceful and forced stop with proof of exit, and readings
 // from /proc (listening sockets, tree memory).
 //
@@ -10,7 +10,8 @@
 // SIGKILL and relaunched, and the relaunched driver re-attaches through the
 // recorded identities. So the engine's output is never a pipe to the driver.
 // Start launches a small supervisor, the shim (a re-execution of the current
-// executable), as the leader of a new session; the shim starts the engine as
+// executable), as the leader of a new process group (in the caller's
+// session: see newShim); the shim starts the engine as
 // its child in the same process group, copies the engine's stdout and stderr
 // through a redacting writer into a ring buffer and, in file mode, a rotated
 // log file, records the exit status in exit.json, and serves a unix socket

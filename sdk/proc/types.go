@@ -104,8 +104,7 @@ type LaunchSpec struct {
 
 // Launched is a running launch: what a driver records to find it again.
 type Launched struct {
-	// Pgid is the process group (and session) of the launch; it equals the
-	// shim's PID.
+	// Pgid is the process group of the launch; it equals the shim's PID.
 	Pgid int `json:"pgid"`
 	// Shim is the supervisor process.
 	Shim Identity `json:"shim"`

@@ -2519,7 +2519,7 @@ func (x *ProcessIdentity) GetRole() string {
 
 type Launch struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// pgid is the process group (and session) of the launch.
+	// pgid is the process group of the launch.
 	Pgid int32 `protobuf:"varint,1,opt,name=pgid,proto3" json:"pgid,omitempty"`
 	// processes are the launch's recorded processes: the supervisor ("shim")
 	// and the engine.

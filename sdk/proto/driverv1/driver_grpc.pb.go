@@ -86,7 +86,7 @@ type DriverClient interface {
 	// right before Start (port, device and budget known).
 	Plan(ctx context.Context, in *PlanRequest, opts ...grpc.CallOption) (*PlanResponse, error)
 	// Start spawns the engine from a Plan's launch on the loopback port the
-	// core leased, in its own session and process group, with a clean
+	// core leased, in its own process group, with a clean
 	// environment and the per-launch key. It returns as soon as the process
 	// runs (not when it is ready) with the process identities to record.
 	Start(ctx context.Context, in *StartRequest, opts ...grpc.CallOption) (*StartResponse, error)
@@ -316,7 +316,7 @@ type DriverServer interface {
 	// right before Start (port, device and budget known).
 	Plan(context.Context, *PlanRequest) (*PlanResponse, error)
 	// Start spawns the engine from a Plan's launch on the loopback port the
-	// core leased, in its own session and process group, with a clean
+	// core leased, in its own process group, with a clean
 	// environment and the per-launch key. It returns as soon as the process
 	// runs (not when it is ready) with the process identities to record.
 	Start(context.Context, *StartRequest) (*StartResponse, error)
