@@ -4,6 +4,7 @@
 package proc
 
 import (
+	"io"
 	"os"
 	"strings"
 	"sync"
@@ -12,41 +13,160 @@ import (
 	"time"
 )
 
-// TestCopyGathered_ReadsOutputInGathers: an engine that writes its log a
-// piece at a time, 50 pieces a millisecond or so apart, is read in a few
-// gathers (a pause of 20 ms or more between reads), not once per piece;
-// every byte arrives,
-// in order, and the copy ends with the pipe.
+// copyEvent is one step of copyGatheredWith as a test sees it: a write of
+// n bytes to the sink, or (n < 0) a pause of d between reads.
+type copyEvent struct {
+	n    int
+	data string
+	d    time.Duration
+}
+
+// stepCopy runs copyGatheredWith over r with enginePauses on a goroutine
+// and reports each of its writes and pauses on the returned channel; each
+// pause holds until the test calls resume (resume(false): the engine
+// exited). done closes when the copy returns. (After tidy5's stepping
+// tests of the fixed gather.)
+func stepCopy(t *testing.T, r io.Reader) (events <-chan copyEvent, resume func(bool), done <-chan struct{}) {
+	t.Helper()
+	ev := make(chan copyEvent, 128)
+	res := make(chan bool)
+	d := make(chan struct{})
+	w := writerFunc(func(p []byte) (int, error) {
+		ev <- copyEvent{n: len(p), data: string(p)}
+		return len(p), nil
+	})
+	go func() {
+		defer close(d)
+		copyGatheredWith(w, r, enginePauses, func(p time.Duration) bool {
+			ev <- copyEvent{n: -1, d: p}
+			more, ok := <-res
+			return more && ok
+		})
+	}()
+	t.Cleanup(func() {
+		close(res) // a failed test leaves no copy held in a pause
+		<-d
+	})
+	return ev, func(more bool) { res <- more }, d
+}
+
+// next is the copy's next step (a test that waits long fails: the copy is
+// stuck in a read that nothing will end).
+func next(t *testing.T, events <-chan copyEvent) copyEvent {
+	t.Helper()
+	select {
+	case e := <-events:
+		return e
+	case <-time.After(10 * time.Second):
+		t.Fatal("the copy took no further step: it is blocked in a read")
+		return copyEvent{}
+	}
+}
+
+// TestCopyGathered_ReadsOutputInGathers: after a read, the copy pauses
+// before it reads again, and the pieces an engine wrote meanwhile, one
+// write each, come in one read: 50 pieces are read in 2 reads, not 50.
+// Every byte arrives, in order, and the copy ends with the pipe. The test
+// writes while the copy is held in its pause, so no clock decides the
+// count.
 func TestCopyGathered_ReadsOutputInGathers(t *testing.T) {
 	pr, pw, err := os.Pipe()
 	if err != nil {
 		t.Fatal(err)
 	}
-	var w writeCounter
-	done := make(chan struct{})
-	go func() { defer close(done); copyGathered(&w, pr, nil, smallPipePauses) }()
-	var want strings.Builder
-	for i := 0; i < 50; i++ {
-		piece := "srv  log_server_r: request: POST /v1/chat/completions 127.0.0.1 200\n"
-		want.WriteString(piece)
+	defer pr.Close()
+	events, resume, done := stepCopy(t, pr)
+	const piece = "srv  log_server_r: request: POST /v1/chat/completions 127.0.0.1 200\n"
+	if _, err := pw.WriteString(piece); err != nil {
+		t.Fatal(err)
+	}
+	if e := next(t, events); e.data != piece {
+		t.Fatalf("first step %+v, want the first piece", e)
+	}
+	if e := next(t, events); e.n >= 0 || e.d < enginePauses.min {
+		t.Fatalf("after a read the copy took step %+v instead of a pause: it reads without gathering", e)
+	}
+	var rest strings.Builder
+	for i := 1; i < 50; i++ {
+		rest.WriteString(piece)
 		if _, err := pw.WriteString(piece); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(time.Millisecond)
+	}
+	resume(true)
+	if e := next(t, events); e.data != rest.String() {
+		t.Fatalf("after the pause the copy wrote %d bytes, want the other 49 pieces (%d bytes) in one read", e.n, rest.Len())
+	}
+	if e := next(t, events); e.n >= 0 {
+		t.Fatalf("the copy wrote %d bytes more, want a pause", e.n)
 	}
 	pw.Close()
+	resume(true)
 	select {
 	case <-done:
 	case <-time.After(30 * time.Second):
 		t.Fatal("the copy did not end with the pipe")
 	}
-	pr.Close()
-	if got := strings.Join(w.writes, ""); got != want.String() {
-		t.Fatalf("copied %d bytes, want %d, in order", len(got), want.Len())
+}
+
+// TestCopyGathered_FullReadReadsAgainAtOnce: a read that filled the
+// copy's buffer (64 KiB) is followed by the next read at once, without a
+// pause: an engine writing more than a pipe holds per pause is not held in
+// write(2).
+func TestCopyGathered_FullReadReadsAgainAtOnce(t *testing.T) {
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
 	}
-	if len(w.writes) > 25 {
-		t.Fatalf("%d reads for 50 pieces, want them gathered (at most 25)", len(w.writes))
+	defer pr.Close()
+	// A pipe holds at least 64 KiB: this write returns before any read.
+	full := strings.Repeat("x", 64<<10)
+	if _, err := pw.WriteString(full); err != nil {
+		t.Fatal(err)
 	}
+	events, resume, done := stepCopy(t, pr)
+	if e := next(t, events); e.n != len(full) {
+		t.Fatalf("first step %+v, want one read of %d bytes", e.n, len(full))
+	}
+	if _, err := pw.WriteString("tail\n"); err != nil {
+		t.Fatal(err)
+	}
+	if e := next(t, events); e.data != "tail\n" {
+		t.Fatalf("after a full read the copy took step %+v, want the next read at once", e)
+	}
+	if e := next(t, events); e.n >= 0 {
+		t.Fatalf("the copy wrote %d bytes more, want a pause", e.n)
+	}
+	pw.Close()
+	resume(true)
+	<-done
+}
+
+// TestCopyGathered_NoPausesOnceExited: once a pause reports that the
+// engine exited, the copy reads on without pauses until the pipe ends.
+func TestCopyGathered_NoPausesOnceExited(t *testing.T) {
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pr.Close()
+	events, resume, done := stepCopy(t, pr)
+	_, _ = pw.WriteString("a\n")
+	next(t, events)
+	if e := next(t, events); e.n >= 0 {
+		t.Fatalf("step %+v, want a pause", e)
+	}
+	resume(false) // the engine exited
+	_, _ = pw.WriteString("b\n")
+	if e := next(t, events); e.data != "b\n" {
+		t.Fatalf("step %+v, want the read of b", e)
+	}
+	_, _ = pw.WriteString("c\n")
+	if e := next(t, events); e.data != "c\n" {
+		t.Fatalf("step %+v after the exit, want the next read without a pause", e)
+	}
+	pw.Close()
+	<-done
 }
 
 // TestOutputPipe_OutsideThePoller: the engine's output pipe is read with

@@ -422,10 +422,28 @@ func (k *sink) Write(p []byte) (int, error) {
 // writing faster than that is not held in write(2). Once exited is closed
 // (the engine ended) there are no pauses: what is left is read at once.
 func copyGathered(w io.Writer, r io.Reader, exited <-chan struct{}, p gatherPauses) {
-	buf := make([]byte, 64<<10)
-	var pause time.Duration
 	t := time.NewTimer(time.Hour)
 	t.Stop()
+	copyGatheredWith(w, r, p, func(d time.Duration) bool {
+		t.Reset(d)
+		select {
+		case <-t.C:
+			return true
+		case <-exited:
+			t.Stop()
+			return false
+		}
+	})
+}
+
+// copyGatheredWith is copyGathered with its pause given: pause(d) waits d
+// and reports false once there are to be no more pauses (the engine
+// exited). A test holds the pause while it writes instead of racing a
+// clock.
+func copyGatheredWith(w io.Writer, r io.Reader, p gatherPauses, pause func(time.Duration) bool) {
+	buf := make([]byte, 64<<10)
+	var last time.Duration
+	pausing := true
 	for {
 		began := time.Now()
 		n, err := r.Read(buf)
@@ -435,18 +453,11 @@ func copyGathered(w io.Writer, r io.Reader, exited <-chan struct{}, p gatherPaus
 		if err != nil {
 			return
 		}
-		if n == len(buf) {
+		if n == len(buf) || !pausing {
 			continue
 		}
-		pause = p.next(pause, time.Since(began))
-		t.Reset(pause)
-		select {
-		case <-t.C:
-		case <-exited:
-			t.Stop()
-			copyRest(w, r, buf)
-			return
-		}
+		last = p.next(last, time.Since(began))
+		pausing = pause(last)
 	}
 }
 
@@ -461,19 +472,6 @@ func (p gatherPauses) next(last, waited time.Duration) time.Duration {
 		return p.min
 	}
 	return min(2*last, p.max)
-}
-
-// copyRest copies what is left of r to w without pauses.
-func copyRest(w io.Writer, r io.Reader, buf []byte) {
-	for {
-		n, err := r.Read(buf)
-		if n > 0 {
-			_, _ = w.Write(buf[:n])
-		}
-		if err != nil {
-			return
-		}
-	}
 }
 
 // outputPipe is the engine's output pipe, both ends in blocking mode and
