@@ -45,10 +45,12 @@ type fakeLocal struct {
 	started chan struct{}
 	changes signal
 	// desired is every share applied, in order; refuse answers each
-	// engine of a share with its code.
-	desired []*hostv1.Desired
-	refuse  structs.Code
-	applied signal
+	// engine of a share with its code, refuseDeps each deployment.
+	desired    []*hostv1.Desired
+	refuse     structs.Code
+	refuseDeps structs.Code
+	refuseAt   []bool // per share of desired: its deployments were refused
+	applied    signal
 }
 
 // Commands implements Local: a host of no engines refuses every command.
@@ -74,17 +76,23 @@ var errNoEngines = structs.Errf(structs.CodeNotFound, "this host runs no engines
 func (l *fakeLocal) Changed() <-chan struct{} { return l.changes.changed() }
 
 // ApplyDesired implements Local: it records the share and refuses each
-// engine with l.refuse when set.
+// engine with l.refuse, each deployment with l.refuseDeps, when set.
 func (l *fakeLocal) ApplyDesired(_ context.Context, d *hostv1.Desired) []*hostv1.DesiredResult {
 	l.mu.Lock()
 	l.desired = append(l.desired, d)
-	refuse := l.refuse
+	refuse, refuseDeps := l.refuse, l.refuseDeps
+	l.refuseAt = append(l.refuseAt, refuseDeps != "")
 	l.mu.Unlock()
 	defer l.applied.publish()
 	var out []*hostv1.DesiredResult
 	if refuse != "" {
 		for _, e := range d.GetEngines() {
 			out = append(out, &hostv1.DesiredResult{Kind: "engine", Name: e.GetName(), Code: string(refuse), Message: "refused here"})
+		}
+	}
+	if refuseDeps != "" {
+		for _, dep := range d.GetDeployments() {
+			out = append(out, &hostv1.DesiredResult{Kind: "deployment", Name: dep.GetName(), Code: string(refuseDeps), Message: "refused here"})
 		}
 	}
 	return out

@@ -5,8 +5,13 @@ package fleet
 
 import (
 	"context"
+	"fmt"
+	"runtime"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/capyctl/capyctl/plugins-testkit/poll"
 )
 
 // TestHostChanges_WaitEndsOnASignal: a wait on hosts ends at a change of
@@ -110,6 +115,7 @@ func TestSemaphore_AWaitGivesUpWithItsContext(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	gaveUp := make(chan error, 1)
 	go func() { gaveUp <- l.acquire(ctx) }()
+	waitQueued(t, 1) // a context that ended before the wait began proves nothing
 	cancel()
 	select {
 	case err := <-gaveUp:
@@ -127,6 +133,7 @@ func TestSemaphore_AWaitGivesUpWithItsContext(t *testing.T) {
 
 	took := make(chan error, 1)
 	go func() { took <- l.acquire(context.Background()) }()
+	waitQueued(t, 1)
 	l.release()
 	select {
 	case err := <-took:
@@ -140,4 +147,31 @@ func TestSemaphore_AWaitGivesUpWithItsContext(t *testing.T) {
 		t.Fatal("the semaphore was free while the last waiter held it")
 	}
 	l.release()
+}
+
+// waitQueued waits until n goroutines are parked in semaphore.acquire's
+// wait (the runtime's stacks say so), without sleeping for a guessed
+// time.
+func waitQueued(t *testing.T, n int) {
+	t.Helper()
+	poll.Until(t, 30*time.Second, fmt.Sprintf("%d waiter(s) queued on the semaphore", n), func() bool {
+		buf := make([]byte, 1<<20)
+		for {
+			m := runtime.Stack(buf, true)
+			if m < len(buf) {
+				buf = buf[:m]
+				break
+			}
+			buf = make([]byte, 2*len(buf))
+		}
+		queued := 0
+		for _, g := range strings.Split(string(buf), "\n\n") {
+			head, _, _ := strings.Cut(g, "\n")
+			parked := strings.Contains(head, "[select") || strings.Contains(head, "[chan send")
+			if parked && strings.Contains(g, "fleet.(*semaphore).acquire(") {
+				queued++
+			}
+		}
+		return queued == n
+	})
 }

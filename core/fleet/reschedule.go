@@ -38,9 +38,13 @@ const (
 
 // lostMove is where the moving of one lost host's instances stands.
 type lostMove struct {
-	done    bool      // every instance placed elsewhere (or none to move)
-	tries   int       // attempts that left some unplaced
+	done    bool      // every instance placed elsewhere and up (or none to move)
+	tries   int       // attempts that left some unplaced or not up
 	retryAt time.Time // when the next attempt is due
+	// failed are the deployments whose last attempt failed: blocked (the
+	// placement still names the lost host) or placed elsewhere but not
+	// brought up there (the placement no longer names it: bringUpAgain).
+	failed map[string]bool
 }
 
 // rescheduleLoop moves the instances of hosts lost for longer than
@@ -49,11 +53,14 @@ type lostMove struct {
 //
 // IMPORTANT: an attempt that leaves instances unplaced (no other host
 // ready at that moment: one that flapped, or whose relay is not back
-// yet; a placement that changed meanwhile) is tried again, on the next
-// link or relay change or after a backoff, until the host links again.
-// Marking the host handled on the first attempt left its instances on a
-// lost host for good when another host was briefly out of reach at the
-// moment it fell due.
+// yet; a placement that changed meanwhile) or placed but not brought up
+// (their new host refused them, went out of reach, did not answer in
+// time) is tried again, on the next link or relay change or after a
+// backoff, until the host links again. Marking the host handled on the
+// first attempt left its instances on a lost host for good when another
+// host was briefly out of reach at the moment it fell due; counting a
+// placement committed as a move done left them down on a host that had
+// refused them.
 func (s *Server) rescheduleLoop(ctx context.Context, since time.Time) {
 	after := s.o.RescheduleAfter
 	if after <= 0 {
@@ -91,7 +98,7 @@ func (s *Server) rescheduleLoop(ctx context.Context, since time.Time) {
 				}
 				continue
 			}
-			if m.done = s.moveOffLost(ctx, rec.Name, m.tries == 0); !m.done {
+			if m.done = s.moveOffLost(ctx, rec.Name, m); !m.done {
 				m.tries++
 				m.retryAt = now.Add(min(rescheduleRetry<<min(m.tries-1, 5), rescheduleRetryMax))
 				soonest(m.retryAt)
@@ -173,17 +180,34 @@ func (s *Server) stopLostGroups(ctx context.Context, host, why string) {
 }
 
 // moveOffLost places elsewhere what a lost host runs for the cluster
-// (groups aside: stopLostGroups). It reports whether nothing is left to
-// move; first says whether this is the first attempt for this loss (a
-// later one that fails again logs at debug level and adds no event).
-func (s *Server) moveOffLost(ctx context.Context, host string, first bool) bool {
+// (groups aside: stopLostGroups), and tries again the bring-up of what an
+// earlier attempt placed elsewhere but did not bring up (m.failed). It
+// reports whether nothing is left to move or bring up; an attempt after
+// the first (m.tries) that fails again logs at debug level and adds no
+// event.
+func (s *Server) moveOffLost(ctx context.Context, host string, m *lostMove) bool {
+	first := m.tries == 0
 	all := true
 	for _, p := range s.State.Placements() {
-		if (p.Group != nil && slices.Contains(p.Group.Hosts, host)) || !p.Managed() || !slices.Contains(p.HostNames(), host) {
+		if (p.Group != nil && slices.Contains(p.Group.Hosts, host)) || !p.Managed() {
 			continue // a group of the host's: stopLostGroups
 		}
-		if err := s.moveOff(ctx, p, host); err != nil {
+		var err error
+		switch {
+		case slices.Contains(p.HostNames(), host):
+			err = s.moveOff(ctx, p, host)
+		case m.failed[p.Deployment]:
+			err = s.bringUpAgain(ctx, p, host)
+		default:
+			continue
+		}
+		delete(m.failed, p.Deployment)
+		if err != nil {
 			all = false
+			if m.failed == nil {
+				m.failed = map[string]bool{}
+			}
+			m.failed[p.Deployment] = true
 			if !first {
 				s.logger.Debug("a lost host's instances could not be placed elsewhere again", "host", host, "deployment", p.Deployment, "error", err)
 				continue
@@ -201,18 +225,9 @@ func (s *Server) moveOffLost(ctx context.Context, host string, first bool) bool 
 // host at all the placement stays as it is: the deployment comes back
 // with its host.
 func (s *Server) moveOff(ctx context.Context, p *Placement, host string) error {
-	spec, err := specOf(p.Spec)
+	cands, err := s.candidatesBut(p, host)
 	if err != nil {
 		return err
-	}
-	var cands []scheduler.Host
-	for _, c := range s.candidates(spec.Placement) {
-		if c.Name != host {
-			cands = append(cands, c)
-		}
-	}
-	if len(cands) == 0 {
-		return structs.Errf(structs.CodeCapacityBlocked, "no other host takes placements for %s (placement.hosts, draining, lost)", p.Deployment)
 	}
 	before := map[string]int{}
 	for _, hs := range p.Hosts {
@@ -236,4 +251,43 @@ func (s *Server) moveOff(ctx context.Context, p *Placement, host string) error {
 	ctx, cancel := context.WithTimeout(ctx, placeWait)
 	defer cancel()
 	return s.bringUp(ctx, p, index, cands, p.Desired == structs.DesiredRunning, waiting, tried)
+}
+
+// bringUpAgain tries again to bring up a deployment that an earlier
+// attempt moved off host but whose new hosts did not all take their
+// share: the hosts are asked to start its instances again (Starts, as an
+// operator's start does: only stopped or failed ones start) and their
+// verdicts are awaited as the move's were; a capacity refusal moves on to
+// another host.
+func (s *Server) bringUpAgain(ctx context.Context, p *Placement, host string) error {
+	cands, err := s.candidatesBut(p, host)
+	if err != nil {
+		return err
+	}
+	p.Starts++
+	index, err := s.commitPlacement(p, p.Version)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, placeWait)
+	defer cancel()
+	return s.bringUp(ctx, p, index, cands, p.Desired == structs.DesiredRunning, slices.Clone(p.Hosts), map[string]bool{host: true})
+}
+
+// candidatesBut are the hosts that take placements for p, host aside.
+func (s *Server) candidatesBut(p *Placement, host string) ([]scheduler.Host, error) {
+	spec, err := specOf(p.Spec)
+	if err != nil {
+		return nil, err
+	}
+	var cands []scheduler.Host
+	for _, c := range s.candidates(spec.Placement) {
+		if c.Name != host {
+			cands = append(cands, c)
+		}
+	}
+	if len(cands) == 0 {
+		return nil, structs.Errf(structs.CodeCapacityBlocked, "no other host takes placements for %s (placement.hosts, draining, lost)", p.Deployment)
+	}
+	return cands, nil
 }

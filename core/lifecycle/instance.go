@@ -228,8 +228,24 @@ func (in *instance) update(f func(r *structs.InstanceRecord)) error {
 // persist writes r to the store; a failure is logged and coded. Either
 // way the record changed in memory: Changed's waiters wake.
 func (in *instance) persist(r *structs.InstanceRecord) error {
+	return in.persistWith(r, nil, nil)
+}
+
+// persistWith is persist with the transition's event journaled in the same
+// synced write, and what charge adds to it (a launch's charge record, see
+// ChargeRecorder; nil for none).
+func (in *instance) persistWith(r *structs.InstanceRecord, ev *structs.Event, charge chargeWrite) error {
 	defer in.m.recordsChanged()
-	if err := in.m.cfg.Store.PutInstance(r); err != nil {
+	var err error
+	switch {
+	case charge != nil:
+		err = charge(func(meta map[string]string) error { return in.m.cfg.Store.PutInstanceEvent(r, ev, meta) })
+	case ev != nil:
+		err = in.m.cfg.Store.PutInstanceEvent(r, ev, nil)
+	default:
+		err = in.m.cfg.Store.PutInstance(r)
+	}
+	if err != nil {
 		in.m.logger.Error("could not store an instance", "instance", in.id, "state", r.State, "error", err)
 		return structs.Wrap(structs.CodeStoreUnavailable, err, "store the record of instance %s", in.id)
 	}
@@ -248,7 +264,13 @@ func (in *instance) transition(to structs.InstanceState, why string, f func(r *s
 // transitionStored is transition for a record a launch cannot go without:
 // a store failure is returned (store_unavailable) as well.
 func (in *instance) transitionStored(to structs.InstanceState, why string, f func(r *structs.InstanceRecord)) error {
-	stored, err := in.move(to, why, f)
+	return in.transitionCharged(to, why, f, nil)
+}
+
+// transitionCharged is transitionStored whose write carries what charge
+// adds (a launch's charge record).
+func (in *instance) transitionCharged(to structs.InstanceState, why string, f func(r *structs.InstanceRecord), charge chargeWrite) error {
+	stored, err := in.moveWith(to, why, f, charge)
 	if err != nil {
 		return err
 	}
@@ -258,6 +280,12 @@ func (in *instance) transitionStored(to structs.InstanceState, why string, f fun
 // move is transition, returning the store's failure apart from the
 // table's refusal.
 func (in *instance) move(to structs.InstanceState, why string, f func(r *structs.InstanceRecord)) (stored, err error) {
+	return in.moveWith(to, why, f, nil)
+}
+
+// moveWith is move whose write carries what charge adds. The record and
+// its event are one synced write: a crash leaves both or neither.
+func (in *instance) moveWith(to structs.InstanceState, why string, f func(r *structs.InstanceRecord), charge chargeWrite) (stored, err error) {
 	in.mu.Lock()
 	from := in.rec.State
 	since := in.rec.Since
@@ -290,7 +318,6 @@ func (in *instance) move(to structs.InstanceState, why string, f func(r *structs
 	// The router sees the change first: routing opens or closes at once.
 	in.m.rebuildRoutes()
 	in.stepDone(from, to, step)
-	stored = in.persist(&r)
 	payload := map[string]any{"from": string(from), "to": string(to), "generation": r.Generation}
 	if why != "" {
 		payload["why"] = why
@@ -306,7 +333,7 @@ func (in *instance) move(to structs.InstanceState, why string, f func(r *structs
 			payload["detail"] = r.ParkDetail
 		}
 	}
-	in.m.event("instance_"+string(to), in.dep, in.id, payload)
+	stored = in.persistWith(&r, in.m.newEvent("instance_"+string(to), in.dep, in.id, payload), charge)
 	in.m.logger.Info("instance transition", "instance", in.id, "from", from, "to", to, "why", why)
 	return stored, nil
 }

@@ -6,6 +6,7 @@ package lifecycle
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -398,6 +399,13 @@ func (s *failingStore) PutInstance(r *structs.InstanceRecord) error {
 	return s.Store.PutInstance(r)
 }
 
+func (s *failingStore) PutInstanceEvent(r *structs.InstanceRecord, e *structs.Event, meta map[string]string) error {
+	if s.fail(r) {
+		return errDiskFull
+	}
+	return s.Store.PutInstanceEvent(r, e, meta)
+}
+
 // TestManager_StartFailsWhenItsRecordCannotBeStored: a request-driven
 // start whose launch record, or whose engine's process identities, cannot
 // be written fails with store_unavailable, and no engine is left running.
@@ -563,5 +571,69 @@ func TestManager_ReadyServesBeforeThePlacersRecords(t *testing.T) {
 	}
 	if n := held.records.Load(); n != 1 {
 		t.Fatalf("%d records written for the ready phase, want 1", n)
+	}
+}
+
+// chargeRecordPlacer is a unitPlacer with a charge record in the store: a
+// plain Reserve writes it at once; a ChargeRecorder's lifecycle writes it
+// with the launch record (WithCharge).
+type chargeRecordPlacer struct {
+	*unitPlacer
+	st *store.Store
+}
+
+func (p *chargeRecordPlacer) Reserve(ctx context.Context, r Reservation) (*Grant, error) {
+	g, err := p.unitPlacer.Reserve(ctx, r)
+	if err == nil {
+		err = p.st.SetMeta("test/charge/"+r.Owner, "startup")
+	}
+	return g, err
+}
+
+func (p *chargeRecordPlacer) ReserveUnrecorded(ctx context.Context, r Reservation) (*Grant, error) {
+	return p.unitPlacer.Reserve(ctx, r)
+}
+
+func (p *chargeRecordPlacer) WithCharge(owner string, put func(map[string]string) error) error {
+	return put(map[string]string{"test/charge/" + owner: p.phase(owner)})
+}
+
+// TestManager_LaunchFollowsOneSyncedWrite: between the plan and the
+// launch, a start writes the store once: the launch record, its event and
+// the grant's charge record in one transaction, all there when the driver
+// is asked to start.
+func TestManager_LaunchFollowsOneSyncedWrite(t *testing.T) {
+	var st *store.Store
+	f := newFixture(t, 10, 6, 1, func(cfg *Config) {
+		st = cfg.Store.(*store.Store)
+		cfg.Placer = &chargeRecordPlacer{unitPlacer: cfg.Placer.(*unitPlacer), st: st}
+	})
+	f.deploy("a")
+	var planned, started atomic.Uint64
+	var seen atomic.Value
+	f.drv.onPlan = func() { planned.Store(st.Commits()) }
+	f.drv.onStart = func() {
+		started.Store(st.Commits())
+		var why []string
+		if rec, err := st.GetInstance("a", 0); err != nil || rec.State != structs.StateStarting || rec.Launch == nil {
+			why = append(why, fmt.Sprintf("launch record %+v (%v)", rec, err))
+		}
+		if v, err := st.Meta("test/charge/a/0"); err != nil || v != "startup" {
+			why = append(why, fmt.Sprintf("charge record %q (%v)", v, err))
+		}
+		last, _ := st.LatestEventSeq()
+		if evs, err := st.EventsAfter(last-1, 1); err != nil || len(evs) != 1 || evs[0].Kind != "instance_starting" {
+			why = append(why, fmt.Sprintf("last event %+v (%v)", evs, err))
+		}
+		seen.Store(strings.Join(why, "; "))
+	}
+	if err := f.activate("a"); err != nil {
+		t.Fatal(err)
+	}
+	if why := seen.Load(); why != "" {
+		t.Fatalf("at the launch: %v", why)
+	}
+	if n := started.Load() - planned.Load(); n != 1 {
+		t.Fatalf("%d synced writes between the plan and the launch, want 1", n)
 	}
 }

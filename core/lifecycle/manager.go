@@ -33,6 +33,9 @@ type Store interface {
 	DeleteDeployment(name string) error
 	AllInstances() ([]structs.InstanceRecord, error)
 	PutInstance(*structs.InstanceRecord) error
+	// PutInstanceEvent stores a record, the meta values and the event (nil
+	// for none) in one synced write.
+	PutInstanceEvent(r *structs.InstanceRecord, e *structs.Event, meta map[string]string) error
 	DeleteInstance(dep string, idx int) error
 	GetEngine(name string) (*structs.EngineRecord, error)
 	ListEngines() ([]structs.EngineRecord, error)
@@ -427,10 +430,14 @@ func (m *Manager) newInstanceRecord(rec *structs.DeploymentRecord, idx int) *str
 
 // event journals an event; a journal failure is logged, never fatal.
 func (m *Manager) event(kind, dep, inst string, payload map[string]any) {
-	ev := &structs.Event{At: m.cfg.Now().UTC(), Kind: kind, Deployment: dep, Instance: inst, Payload: payload}
-	if _, err := m.cfg.Store.AppendEvent(ev); err != nil {
+	if _, err := m.cfg.Store.AppendEvent(m.newEvent(kind, dep, inst, payload)); err != nil {
 		m.logger.Warn("could not journal an event", "kind", kind, "error", err)
 	}
+}
+
+// newEvent is an event of the journal, stamped now.
+func (m *Manager) newEvent(kind, dep, inst string, payload map[string]any) *structs.Event {
+	return &structs.Event{At: m.cfg.Now().UTC(), Kind: kind, Deployment: dep, Instance: inst, Payload: payload}
 }
 
 // ----------------------------------------------------------------- helpers

@@ -34,6 +34,25 @@ type PhaseRecorder interface {
 	PhaseThen(owner string, phase string) (record func(), err error)
 }
 
+// ChargeRecorder is implemented by placers whose charge record can be
+// written with the launch record, in one synced write before the launch
+// instead of two: ReserveUnrecorded charges the ledger as Reserve does
+// (at once, in memory: the next placement counts it) but writes nothing;
+// WithCharge calls put with the store meta values of the owner's charge
+// record as it is then (none for an owner released meanwhile), under the
+// placer's lock, and put writes them in the launch record's transaction.
+// IMPORTANT: a crash before that write leaves neither the launch nor its
+// charge recorded, and no engine was started: nothing is lost and nothing
+// is charged twice; after it, both are, as with two writes.
+type ChargeRecorder interface {
+	ReserveUnrecorded(ctx context.Context, req Reservation) (*Grant, error)
+	WithCharge(owner string, put func(meta map[string]string) error) error
+}
+
+// chargeWrite wraps a record's write so that it carries a charge record
+// (ChargeRecorder.WithCharge, bound to its owner).
+type chargeWrite func(put func(meta map[string]string) error) error
+
 // ProcessObserver is implemented by placers that measure a start from the
 // engine's own processes (the startup peak, SPEC D2): the lifecycle calls
 // Launched once the driver reports the launch's process group and

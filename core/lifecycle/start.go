@@ -99,16 +99,19 @@ type startRun struct {
 	// reserved: the ledger granted this start (a parked charge was then
 	// replaced); keptServer: it reuses the LMCache server kept at a park.
 	reserved, keptServer bool
-	installation         *sdk.Installation
-	host                 *sdk.HostPolicy
-	pdep                 *sdk.Deployment
-	lctx                 *sdk.LaunchContext
-	plan                 *sdk.PlanResponse
-	grant                *Grant
-	engineKey            string
-	adminKey             string
-	resp                 *sdk.StartResponse
-	probe                *sdk.ProbeResponse
+	// charge writes the grant's charge record with the launch record (a
+	// ChargeRecorder's); nil when Reserve wrote it.
+	charge       chargeWrite
+	installation *sdk.Installation
+	host         *sdk.HostPolicy
+	pdep         *sdk.Deployment
+	lctx         *sdk.LaunchContext
+	plan         *sdk.PlanResponse
+	grant        *Grant
+	engineKey    string
+	adminKey     string
+	resp         *sdk.StartResponse
+	probe        *sdk.ProbeResponse
 
 	// waitCtx ends the waits an operator's stop may cut short (a start
 	// slot, the readiness probe): abortStartup cancels it.
@@ -399,11 +402,18 @@ func (r *startRun) firstPlan() error { return r.planOnce() }
 // reserve charges the memory ledger, evicting idle models where allowed.
 func (r *startRun) reserve() error {
 	in := r.in
+	cr, deferred := r.placer.(ChargeRecorder)
 	err := r.m.withRoom(r.ctx, in, r.evict, func() error {
 		var rerr error
-		r.grant, rerr = r.placer.Reserve(r.ctx, Reservation{
+		req := Reservation{
 			Owner: in.id, Deployment: r.spec, Revision: r.dr.Revision, Engine: r.eng, Hints: &r.plan.Hints, Residency: r.plan.Residency,
-		})
+		}
+		if deferred {
+			// The charge record goes with the launch record (record).
+			r.grant, rerr = cr.ReserveUnrecorded(r.ctx, req)
+		} else {
+			r.grant, rerr = r.placer.Reserve(r.ctx, req)
+		}
 		if rerr == nil {
 			// Charged, not yet recorded: a switch waits for the record
 			// (end clears it).
@@ -415,6 +425,9 @@ func (r *startRun) reserve() error {
 		return err
 	}
 	r.reserved = true
+	if deferred {
+		r.charge = func(put func(map[string]string) error) error { return cr.WithCharge(in.id, put) }
+	}
 	r.keep("ledger charge", func() { r.placer.Release(in.id) })
 	return nil
 }
@@ -448,6 +461,8 @@ func (r *startRun) replan() error {
 // is recorded before the engine exists, and its process identities as soon
 // as it does (launch); an engine whose record cannot be written is never
 // left running (after a restart it would hold memory outside the ledger).
+// The record, its event and the grant's charge record (ChargeRecorder) are
+// one synced write: the only one between the plan and the launch.
 func (r *startRun) record() error {
 	m := r.m
 	r.engineKey, r.adminKey = randomKey(), randomKey()
@@ -457,7 +472,7 @@ func (r *startRun) record() error {
 		DeviceUUIDs: r.lctx.DeviceUUIDs, EngineKey: r.engineKey, AdminKey: r.adminKey,
 		Argv: plan.Argv, Env: plan.Env,
 	}
-	err := r.in.transitionStored(structs.StateStarting, r.why, func(rec *structs.InstanceRecord) {
+	err := r.in.transitionCharged(structs.StateStarting, r.why, func(rec *structs.InstanceRecord) {
 		rec.Launch = launch
 		rec.LMCache = r.server
 		rec.Endpoint = nil
@@ -473,7 +488,7 @@ func (r *startRun) record() error {
 		rec.LastError = nil
 		rec.Released = ""
 		rec.Phase = ledger.PhaseStartup
-	})
+	}, r.charge)
 	if err != nil {
 		r.onFail = r.unrecorded
 		return err

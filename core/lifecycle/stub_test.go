@@ -66,6 +66,8 @@ type stubDriver struct {
 	// wakeGate, when set, holds every Wake until it closes or the call's
 	// context ends (a wake that never finishes).
 	wakeGate chan struct{}
+	// onPlan and onStart, when set, run as Plan and Start begin.
+	onPlan, onStart func()
 }
 
 func newStub() *stubDriver {
@@ -83,6 +85,9 @@ func (d *stubDriver) Plan(_ context.Context, r *sdk.PlanRequest) (*sdk.PlanRespo
 	if fail != nil {
 		return nil, fail
 	}
+	if d.onPlan != nil {
+		d.onPlan()
+	}
 	res := r.Deployment.Residency
 	if res == "" {
 		res = "deep"
@@ -92,6 +97,9 @@ func (d *stubDriver) Plan(_ context.Context, r *sdk.PlanRequest) (*sdk.PlanRespo
 
 func (d *stubDriver) Start(_ context.Context, r *sdk.StartRequest) (*sdk.StartResponse, error) {
 	d.starts.Add(1)
+	if d.onStart != nil {
+		d.onStart()
+	}
 	if d.startGate != nil {
 		<-d.startGate
 	}

@@ -858,3 +858,65 @@ func TestPlacer_PhaseThenWritesOnRecord(t *testing.T) {
 		t.Fatalf("recorded %q after a release", got)
 	}
 }
+
+// TestPlacer_ReserveUnrecordedWritesWithTheLaunch: ReserveUnrecorded
+// charges at once and writes nothing; WithCharge hands the charge record to
+// the launch record's write. A restart before that write finds neither
+// charge nor launch (nothing charged, nothing running); after it, the
+// restarted role charges the recorded launch once, in its phase.
+func TestPlacer_ReserveUnrecordedWritesWithTheLaunch(t *testing.T) {
+	g := cards(1, 24*gib)
+	st := newMemStore()
+	p := newPlacer(t, g, st)
+	req := lifecycle.Reservation{
+		Owner: "a/0", Deployment: spec("a", 10*gib, gib), Revision: 1, Engine: &structs.EngineRecord{Name: "e", Digest: "sha256:x"},
+		Hints: &sdk.MemoryHints{}, Residency: structs.ResidencyRestartOnly,
+	}
+	if _, err := p.ReserveUnrecorded(context.Background(), req); err != nil {
+		t.Fatal(err)
+	}
+	if !p.l.Has("a/0") {
+		t.Fatal("not charged at once")
+	}
+	if v, err := st.Meta(metaPrefix + "a/0"); err == nil {
+		t.Fatalf("charge record written before the launch record: %q", v)
+	}
+	// A crash here: the launch was never recorded (the record's state is
+	// the one before the start) and nothing is charged after the restart.
+	q := newPlacer(t, g, st)
+	q.Restore([]structs.InstanceRecord{{Deployment: "a", Index: 0, State: structs.StateStopped}})
+	if q.l.Has("a/0") {
+		t.Fatal("charged after a crash before the launch record")
+	}
+	// The launch record's write carries the charge record.
+	launch := structs.InstanceRecord{Deployment: "a", Index: 0, State: structs.StateStarting, Launch: &structs.LaunchRecord{Pgid: 1}}
+	if err := p.WithCharge("a/0", func(meta map[string]string) error {
+		if len(meta) != 1 {
+			t.Fatalf("meta %v, want the one charge record", meta)
+		}
+		for k, v := range meta {
+			if err := st.SetMeta(k, v); err != nil {
+				return err
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	r := newPlacer(t, g, st)
+	r.Restore([]structs.InstanceRecord{launch})
+	sa, ok := r.l.Owner("a/0")
+	if !ok || sa.Phase != ledger.PhaseStartup || sa.Charges["gpu0"] != 10*gib {
+		t.Fatalf("restored %+v %v, want the startup charge of the recorded launch", sa, ok)
+	}
+	// An owner released before its launch record carries no charge record.
+	p.Release("a/0")
+	if err := p.WithCharge("a/0", func(meta map[string]string) error {
+		if len(meta) != 0 {
+			t.Fatalf("a released owner's charge record: %v", meta)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -365,7 +365,34 @@ func (p *Placer) measurement(key string) *store.Measurement {
 
 // Reserve admits an instance's startup phase on the card with the most room
 // that fits it (or the unified pool), and pins it there.
-func (p *Placer) Reserve(_ context.Context, req lifecycle.Reservation) (*lifecycle.Grant, error) {
+func (p *Placer) Reserve(ctx context.Context, req lifecycle.Reservation) (*lifecycle.Grant, error) {
+	return p.reserve(ctx, req, true)
+}
+
+// ReserveUnrecorded is Reserve without the charge record's write: the
+// lifecycle writes it with the launch record (WithCharge), one synced
+// write before the launch instead of two (lifecycle.ChargeRecorder).
+func (p *Placer) ReserveUnrecorded(ctx context.Context, req lifecycle.Reservation) (*lifecycle.Grant, error) {
+	return p.reserve(ctx, req, false)
+}
+
+// WithCharge calls put with the owner's charge record as it is now (the
+// store meta values persist would write; none for an owner released or
+// never charged), holding the placer's lock until put returns, so that no
+// other write of that record comes between (lifecycle.ChargeRecorder).
+func (p *Placer) WithCharge(owner string, put func(meta map[string]string) error) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var meta map[string]string
+	if info := p.owners[owner]; info != nil && p.cfg.Store != nil {
+		data, _ := json.Marshal(info)
+		meta = map[string]string{metaPrefix + owner: string(data)}
+	}
+	return put(meta)
+}
+
+// reserve is Reserve; record says whether it writes the charge record.
+func (p *Placer) reserve(_ context.Context, req lifecycle.Reservation, record bool) (*lifecycle.Grant, error) {
 	if req.Deployment == nil {
 		return nil, structs.Errf(structs.CodeInternal, "reserve %s: no deployment", req.Owner)
 	}
@@ -456,7 +483,9 @@ func (p *Placer) Reserve(_ context.Context, req lifecycle.Reservation) (*lifecyc
 		}
 		p.owners[req.Owner] = info
 		p.views[req.Deployment.Name] = &deploymentView{Revision: req.Revision, Sizing: sz, Card: card, Key: key}
-		p.persist(req.Owner, info)
+		if record {
+			p.persist(req.Owner, info)
+		}
 		grant := &lifecycle.Grant{DeviceBytes: sz.Ready.Device, KVBytes: sz.KVCache}
 		for _, d := range doms {
 			if d.Name == card || d.Kind == ledger.KindUnified {

@@ -51,7 +51,9 @@ type engineClient struct {
 	// use, or by a request that was then sent again).
 	stale atomic.Int64
 	// assembledReads counts the reads of the engine's connection made for
-	// complete answers assembled from a stream (learnClose).
+	// complete answers assembled from a stream (learnClose); with the
+	// low-water mark, only those the kernel woke the relay for
+	// (sseReader.reads).
 	assembledReads atomic.Int64
 }
 

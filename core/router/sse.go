@@ -76,7 +76,7 @@ type sseReader struct {
 	until   time.Time
 	first   bool // readRaw's read was the first of its RawConn.Read
 	clocked bool // low: the last bytes were read on the clock, not on a wake-up
-	reads   int  // reads of the connection that returned bytes or its end
+	reads   int  // reads of the connection that returned bytes or its end (low: those the kernel woke it for)
 
 	frame int
 	left  int64 // bytes left in the current chunk (chunked) or body (length)

@@ -81,7 +81,9 @@ func (s *sseReader) lowWater() bool {
 // readLow is readConn with the low-water mark: it waits for a wake-up
 // (lowWaterBytes pending, the engine's close, a cut) or lowWaterCheck,
 // whichever comes first, and reads what is pending either way; once until
-// passed with nothing pending it returns os.ErrDeadlineExceeded.
+// passed with nothing pending it returns os.ErrDeadlineExceeded. Bytes
+// read on the clock, at until too, mark the read clocked (learnClose);
+// only the reads the kernel woke it for count in reads.
 func (s *sseReader) readLow() (int, error) {
 	clocked := false
 	for {
@@ -98,8 +100,10 @@ func (s *sseReader) readLow() (int, error) {
 			if !last {
 				continue
 			}
-			// The bound passed: bytes below the mark are output too.
+			// The bound passed: bytes below the mark are output too, read
+			// on the clock as a look's are (first: not a wake-up).
 			got := false
+			s.first = true
 			if cerr := s.raw.Control(func(fd uintptr) { got = s.readRaw(fd) }); cerr != nil || !got {
 				return 0, err
 			}
@@ -107,7 +111,9 @@ func (s *sseReader) readLow() (int, error) {
 			return 0, err
 		}
 		s.clocked = clocked && s.first
-		s.reads++
+		if !s.first {
+			s.reads++ // woken by the kernel: the mark, the engine's close
+		}
 		return s.readResult()
 	}
 }

@@ -70,3 +70,98 @@ func TestSSEReader_HoldsNoBufferWhileWaiting(t *testing.T) {
 		t.Fatalf("events %q, %v, reusable %v", got, err, s.reusable())
 	}
 }
+
+// TestSSEReader_LowWaterReadsAtAnIdleBoundBelowTheCheck: with the
+// low-water mark and a stream idle bound shorter than lowWaterCheck, every
+// wait ends at the bound, not at a look of the clock. Events below the
+// mark that arrived meanwhile are read there, on the clock (clocked: an
+// engine that left its connection open after its answer is learned from
+// it, learnClose) and not counted as a wake-up; with nothing pending the
+// bound ends the read (a stalled stream is cut); the engine's close wakes
+// the reader. Before, a read at the bound was never clocked, so with such
+// a bound an engine that stopped closing its connections was never taken
+// off the list.
+func TestSSEReader_LowWaterReadsAtAnIdleBoundBelowTheCheck(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	engineC := make(chan net.Conn, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			close(engineC)
+			return
+		}
+		engineC <- c
+	}()
+	router, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer router.Close()
+	engine := <-engineC
+	if engine == nil {
+		t.Fatal("accept failed")
+	}
+	defer engine.Close()
+
+	if _, err := engine.Write([]byte(sseHead("") + "data: {\"a\":1}\n\n")); err != nil {
+		t.Fatal(err)
+	}
+	s, _ := readerOver(t, router, 1024)
+	if ev, err := s.next(); err != nil || string(ev) != `data: {"a":1}` {
+		t.Fatalf("first event %q, %v", ev, err)
+	}
+	if !s.lowWater() {
+		t.Fatal("no low-water mark on a TCP connection")
+	}
+	// onWait runs once, when the reader finds nothing pending and is about
+	// to wait: what it writes arrives while the reader waits.
+	var onWait func()
+	inner := s.readFn
+	s.readFn = func(fd uintptr) bool {
+		ok := inner(fd)
+		if f := onWait; !ok && f != nil {
+			onWait = nil
+			f()
+		}
+		return ok
+	}
+	const bound = lowWaterCheck / 4
+
+	s.readWithin(bound)
+	onWait = func() {
+		if _, err := engine.Write([]byte("data: {\"a\":2}\n\n")); err != nil {
+			t.Error(err)
+		}
+	}
+	reads := s.reads
+	if n, err := s.readConn(); n == 0 || err != nil {
+		t.Fatalf("read at the bound = %d, %v; want the event below the mark", n, err)
+	}
+	if !s.clocked || s.reads != reads {
+		t.Fatalf("an event below the mark read at the bound: clocked %v, wake-ups %d, want clocked and none", s.clocked, s.reads-reads)
+	}
+
+	s.readWithin(bound)
+	if n, err := s.readConn(); n != 0 || !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("read with nothing pending = %d, %v; want the bound's deadline", n, err)
+	}
+
+	s.readWithin(time.Minute)
+	onWait = func() {
+		if _, err := engine.Write([]byte("data: [DONE]\n\n")); err != nil {
+			t.Error(err)
+		}
+		engine.Close()
+	}
+	reads = s.reads
+	if n, err := s.readConn(); n == 0 || err != nil {
+		t.Fatalf("read at the engine's close = %d, %v", n, err)
+	}
+	if s.clocked || s.reads != reads+1 {
+		t.Fatalf("the engine's close: clocked %v, wake-ups %d, want a wake-up", s.clocked, s.reads-reads)
+	}
+}

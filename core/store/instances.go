@@ -14,6 +14,29 @@ func (s *Store) PutInstance(r *structs.InstanceRecord) error {
 	return s.Update(func(tx *Tx) error { return tx.PutInstance(r) })
 }
 
+// PutInstanceEvent stores an instance record, sets the meta values and
+// journals the event (when not nil) in one transaction: one synced write
+// where each would take one (a lifecycle transition: the record and its
+// event; a launch: its charge record too). All of it is stored, or none.
+func (s *Store) PutInstanceEvent(r *structs.InstanceRecord, e *structs.Event, meta map[string]string) error {
+	return s.Update(func(tx *Tx) error {
+		if err := tx.PutInstance(r); err != nil {
+			return err
+		}
+		for k, v := range meta {
+			if err := tx.SetMeta(k, v); err != nil {
+				return err
+			}
+		}
+		if e != nil {
+			if _, err := tx.AppendEvent(e); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
 // GetInstance returns one instance record, or not_found.
 func (s *Store) GetInstance(deployment string, index int) (*structs.InstanceRecord, error) {
 	return view(s, func(tx *Tx) (*structs.InstanceRecord, error) { return tx.GetInstance(deployment, index) })

@@ -138,3 +138,18 @@ func TestProcessName(t *testing.T) {
 		t.Error("ProcessName(self) is empty")
 	}
 }
+
+// TestReadStat_LongerThanTheBuffer: a stat line that fills the first read's
+// buffer is read again whole, not parsed cut.
+func TestReadStat_LongerThanTheBuffer(t *testing.T) {
+	want, err := readStat(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, size := range []int{16, 64, 200} {
+		got, err := readStatInto(os.Getpid(), make([]byte, size))
+		if err != nil || got.pgrp != want.pgrp || got.session != want.session || got.startTicks != want.startTicks {
+			t.Errorf("buffer of %d: %+v (%v), want %+v", size, got, err, want)
+		}
+	}
+}
