@@ -354,6 +354,7 @@ func (q *request) writeOut(b []byte) error {
 				}
 			}
 			var err error
+			q.setWriteDeadline()
 			if q.cw == cwHTTP {
 				err = q.pushHTTP()
 			} else {
@@ -432,6 +433,9 @@ func (q *request) clientWent() bool {
 // records the request and only then does Drain stop counting it.
 func (q *request) endTakenOver() {
 	cc := q.cc
+	if q.writeErr == nil && !cc.gone.Load() {
+		q.setWriteDeadline() // the last chunk may follow the last output by a while
+	}
 	if q.writeErr != nil || cc.gone.Load() || q.flushOut(true) != nil {
 		q.out.release()
 		cc.closeNow()

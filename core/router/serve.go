@@ -811,8 +811,11 @@ func (q *request) write(b []byte) error {
 
 // flush sends what is buffered to the client. A pending head goes to
 // net/http here: the relay takes a stream over before its flush when the
-// answer goes on (wantsTakeOver).
+// answer goes on (wantsTakeOver). The client read bound starts with the
+// flush: a stream's next output (or its error event) may come long after
+// the last one, and the client is not idle while the engine is.
 func (q *request) flush() error {
+	q.setWriteDeadline()
 	switch q.cw {
 	case cwHijacked:
 		return q.flushOut(false)
@@ -827,7 +830,10 @@ func (q *request) flush() error {
 }
 
 // setWriteDeadline bounds how long the client may take to accept what is
-// written next.
+// written next. IMPORTANT: call it just before the write it bounds, never
+// after the last one: the bound would then run while the router waits for
+// the engine, and an engine slower than the bound would look like an idle
+// client.
 func (q *request) setWriteDeadline() {
 	if q.cc != nil {
 		if q.cc.conn != nil {
@@ -872,6 +878,9 @@ func (q *request) finish() {
 	case q.cw == cwPending:
 		q.commitHTTP()
 	case q.cw == cwHTTP:
+		if len(q.out.data()) > 0 {
+			q.setWriteDeadline()
+		}
 		_ = q.pushHTTP()
 	}
 	if q.rc != nil {

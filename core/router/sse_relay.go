@@ -85,7 +85,6 @@ func (q *request) sseLoop(st *sseState) bool {
 					st.cutErr = q.clientErr()
 					return false
 				}
-				q.setWriteDeadline()
 			}
 			if !q.firstContent.IsZero() && !st.trailer {
 				sr.readWithin(q.b.streamIdle)

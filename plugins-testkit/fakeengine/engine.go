@@ -383,7 +383,11 @@ func (e *Engine) buildHandler() (h http.Handler, err error) {
 			e.flavour.WriteError(w, KindRouteNotFound, "Not Found")
 		})
 	}
-	return e.flavour.Middleware(e, mux), nil
+	h = e.flavour.Middleware(e, mux)
+	if al, ok := e.flavour.(AccessLogger); ok {
+		h = e.accessLog(al, h)
+	}
+	return h, nil
 }
 
 // Handler is the engine's HTTP handler: the flavour's routes behind its

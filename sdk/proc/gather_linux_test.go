@@ -7,24 +7,29 @@ import (
 	"io"
 	"os"
 	"strings"
+	"sync"
+	"syscall"
 	"testing"
 	"time"
 )
 
-// copyEvent is one step of copyGatheredWith as a test sees it: a write
-// of n bytes to the sink, or (n < 0) a wait between reads.
+// copyEvent is one step of copyGatheredWith as a test sees it: a write of
+// n bytes to the sink, or (n < 0) a pause of d between reads.
 type copyEvent struct {
 	n    int
 	data string
+	d    time.Duration
 }
 
-// stepCopy runs copyGatheredWith over r on a goroutine and reports each of
-// its writes and waits on the returned channel; each wait holds until the
-// test calls resume. done closes when the copy returns.
-func stepCopy(t *testing.T, r io.Reader) (events <-chan copyEvent, resume func(), done <-chan struct{}) {
+// stepCopy runs copyGatheredWith over r with enginePauses on a goroutine
+// and reports each of its writes and pauses on the returned channel; each
+// pause holds until the test calls resume (resume(false): the engine
+// exited). done closes when the copy returns. (After tidy5's stepping
+// tests of the fixed gather.)
+func stepCopy(t *testing.T, r io.Reader) (events <-chan copyEvent, resume func(bool), done <-chan struct{}) {
 	t.Helper()
 	ev := make(chan copyEvent, 128)
-	res := make(chan struct{})
+	res := make(chan bool)
 	d := make(chan struct{})
 	w := writerFunc(func(p []byte) (int, error) {
 		ev <- copyEvent{n: len(p), data: string(p)}
@@ -32,20 +37,21 @@ func stepCopy(t *testing.T, r io.Reader) (events <-chan copyEvent, resume func()
 	})
 	go func() {
 		defer close(d)
-		copyGatheredWith(w, r, func() {
-			ev <- copyEvent{n: -1}
-			<-res
+		copyGatheredWith(w, r, enginePauses, func(p time.Duration) bool {
+			ev <- copyEvent{n: -1, d: p}
+			more, ok := <-res
+			return more && ok
 		})
 	}()
 	t.Cleanup(func() {
-		close(res) // a failed test leaves no copy held in a wait
+		close(res) // a failed test leaves no copy held in a pause
 		<-d
 	})
-	return ev, func() { res <- struct{}{} }, d
+	return ev, func(more bool) { res <- more }, d
 }
 
-// next is the copy's next step (a test that waits long fails: the copy
-// is stuck in a read that nothing will end).
+// next is the copy's next step (a test that waits long fails: the copy is
+// stuck in a read that nothing will end).
 func next(t *testing.T, events <-chan copyEvent) copyEvent {
 	t.Helper()
 	select {
@@ -57,11 +63,11 @@ func next(t *testing.T, events <-chan copyEvent) copyEvent {
 	}
 }
 
-// TestCopyGathered_ReadsOutputInGathers: after a read, the copy waits (a
-// gather) before it reads again, and the pieces an engine wrote meanwhile,
-// one write each, come in one read: 50 pieces are read in 2 reads, not 50.
+// TestCopyGathered_ReadsOutputInGathers: after a read, the copy pauses
+// before it reads again, and the pieces an engine wrote meanwhile, one
+// write each, come in one read: 50 pieces are read in 2 reads, not 50.
 // Every byte arrives, in order, and the copy ends with the pipe. The test
-// writes while the copy is held in its wait, so no clock decides the
+// writes while the copy is held in its pause, so no clock decides the
 // count.
 func TestCopyGathered_ReadsOutputInGathers(t *testing.T) {
 	pr, pw, err := os.Pipe()
@@ -77,8 +83,8 @@ func TestCopyGathered_ReadsOutputInGathers(t *testing.T) {
 	if e := next(t, events); e.data != piece {
 		t.Fatalf("first step %+v, want the first piece", e)
 	}
-	if e := next(t, events); e.n >= 0 {
-		t.Fatalf("after a read the copy wrote %d bytes instead of waiting: it reads without gathering", e.n)
+	if e := next(t, events); e.n >= 0 || e.d < enginePauses.min {
+		t.Fatalf("after a read the copy took step %+v instead of a pause: it reads without gathering", e)
 	}
 	var rest strings.Builder
 	for i := 1; i < 50; i++ {
@@ -87,15 +93,15 @@ func TestCopyGathered_ReadsOutputInGathers(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	resume()
+	resume(true)
 	if e := next(t, events); e.data != rest.String() {
-		t.Fatalf("after the wait the copy wrote %d bytes, want the other 49 pieces (%d bytes) in one read", e.n, rest.Len())
+		t.Fatalf("after the pause the copy wrote %d bytes, want the other 49 pieces (%d bytes) in one read", e.n, rest.Len())
 	}
 	if e := next(t, events); e.n >= 0 {
-		t.Fatalf("the copy wrote %d bytes more, want a wait", e.n)
+		t.Fatalf("the copy wrote %d bytes more, want a pause", e.n)
 	}
 	pw.Close()
-	resume()
+	resume(true)
 	select {
 	case <-done:
 	case <-time.After(30 * time.Second):
@@ -105,8 +111,8 @@ func TestCopyGathered_ReadsOutputInGathers(t *testing.T) {
 
 // TestCopyGathered_FullReadReadsAgainAtOnce: a read that filled the
 // copy's buffer (64 KiB) is followed by the next read at once, without a
-// wait: an engine writing more than a pipe holds per gather is not held
-// in write(2).
+// pause: an engine writing more than a pipe holds per pause is not held in
+// write(2).
 func TestCopyGathered_FullReadReadsAgainAtOnce(t *testing.T) {
 	pr, pw, err := os.Pipe()
 	if err != nil {
@@ -129,10 +135,37 @@ func TestCopyGathered_FullReadReadsAgainAtOnce(t *testing.T) {
 		t.Fatalf("after a full read the copy took step %+v, want the next read at once", e)
 	}
 	if e := next(t, events); e.n >= 0 {
-		t.Fatalf("the copy wrote %d bytes more, want a wait", e.n)
+		t.Fatalf("the copy wrote %d bytes more, want a pause", e.n)
 	}
 	pw.Close()
-	resume()
+	resume(true)
+	<-done
+}
+
+// TestCopyGathered_NoPausesOnceExited: once a pause reports that the
+// engine exited, the copy reads on without pauses until the pipe ends.
+func TestCopyGathered_NoPausesOnceExited(t *testing.T) {
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pr.Close()
+	events, resume, done := stepCopy(t, pr)
+	_, _ = pw.WriteString("a\n")
+	next(t, events)
+	if e := next(t, events); e.n >= 0 {
+		t.Fatalf("step %+v, want a pause", e)
+	}
+	resume(false) // the engine exited
+	_, _ = pw.WriteString("b\n")
+	if e := next(t, events); e.data != "b\n" {
+		t.Fatalf("step %+v, want the read of b", e)
+	}
+	_, _ = pw.WriteString("c\n")
+	if e := next(t, events); e.data != "c\n" {
+		t.Fatalf("step %+v after the exit, want the next read without a pause", e)
+	}
+	pw.Close()
 	<-done
 }
 
@@ -141,7 +174,7 @@ func TestCopyGathered_FullReadReadsAgainAtOnce(t *testing.T) {
 // takes a deadline, one outside it does not), so that the engine's writes
 // wake nothing while the shim gathers; it carries the bytes as a pipe does.
 func TestOutputPipe_OutsideThePoller(t *testing.T) {
-	pr, pw, err := outputPipe()
+	pr, pw, _, err := outputPipe()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -154,8 +187,99 @@ func TestOutputPipe_OutsideThePoller(t *testing.T) {
 	}
 	pw.Close()
 	var w writeCounter
-	copyGathered(&w, pr)
+	copyGathered(&w, pr, nil, smallPipePauses)
 	if got := strings.Join(w.writes, ""); got != "line\n" {
 		t.Fatalf("copied %q", got)
 	}
+}
+
+// TestGatherPauses_GrowWhileOutputKeepsComing: the pause after a read is
+// 20 ms after a quiet spell and doubles, up to 250 ms, while each read
+// finds output waiting; a read that waited 20 ms or more starts again at
+// 20 ms. With the pipe's default size the pause stays at 20 ms.
+func TestGatherPauses_GrowWhileOutputKeepsComing(t *testing.T) {
+	ms := time.Millisecond
+	var got []int64
+	last := time.Duration(0)
+	for _, waited := range []time.Duration{time.Second, 0, 0, ms, 0, 0, 0, 25 * ms, 0} {
+		last = enginePauses.next(last, waited)
+		got = append(got, int64(last/ms))
+	}
+	want := []int64{20, 40, 80, 160, 250, 250, 250, 20, 40}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Fatalf("pauses %v ms, want %v ms", got, want)
+		}
+	}
+	if p := smallPipePauses.next(20*ms, 0); p != 20*ms {
+		t.Fatalf("pause %v with the small pipe, want 20ms", p)
+	}
+}
+
+// TestCopyGathered_NoPauseAfterExit: once the engine has exited, the copy
+// reads what is left at once instead of finishing its pause (an hour here),
+// so that the engine's last lines are in the log when its exit is
+// reported.
+func TestCopyGathered_NoPauseAfterExit(t *testing.T) {
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pr.Close()
+	w := &syncWriter{wrote: make(chan struct{}, 8)}
+	exited, done := make(chan struct{}), make(chan struct{})
+	go func() { defer close(done); copyGathered(w, pr, exited, gatherPauses{min: time.Hour, max: time.Hour}) }()
+	_, _ = pw.WriteString("first line\n")
+	<-w.wrote // read; the copy now pauses for an hour
+	_, _ = pw.WriteString("last line\n")
+	pw.Close()
+	close(exited)
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the copy went on pausing after the engine exited")
+	}
+	if got := w.String(); got != "first line\nlast line\n" {
+		t.Fatalf("copied %q", got)
+	}
+}
+
+// TestOutputPipe_Enlarged: the engine's output pipe holds 1 MiB, so that
+// an engine writing 4 MiB/s of log is not held in write(2) during the
+// shim's longest pause.
+func TestOutputPipe_Enlarged(t *testing.T) {
+	pr, pw, big, err := outputPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pr.Close()
+	defer pw.Close()
+	n, _, errno := syscall.Syscall(syscall.SYS_FCNTL, pw.Fd(), syscall.F_GETPIPE_SZ, 0)
+	if errno != 0 {
+		t.Fatal(errno)
+	}
+	if !big || int(n) < pipeBytes {
+		t.Fatalf("pipe of %d bytes (big %v), want %d", n, big, pipeBytes)
+	}
+}
+
+// syncWriter collects writes and signals each.
+type syncWriter struct {
+	mu    sync.Mutex
+	b     strings.Builder
+	wrote chan struct{}
+}
+
+func (w *syncWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	w.b.Write(p)
+	w.mu.Unlock()
+	w.wrote <- struct{}{}
+	return len(p), nil
+}
+
+func (w *syncWriter) String() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.b.String()
 }

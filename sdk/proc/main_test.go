@@ -58,6 +58,8 @@ var engineKeep []any
 //	alloc=MIB    start a child that allocates and touches MIB MiB
 //	flood=BYTES  write BYTES of numbered lines
 //	tick         print "tick N" every 5 ms, forever
+//	llamalog=N   write llama-server's log of N answers a second, forever
+//	             (llamaAnswerLog: its lines, one write each, in its bursts)
 //	env          print "env " and the sorted environment joined by ";"
 //	pwd          print "pwd " and the working directory
 //	partial      print "partial line" without a newline
@@ -119,6 +121,9 @@ func fakeEngine() int {
 				fmt.Println("tick", i)
 				time.Sleep(5 * time.Millisecond)
 			}
+		case "llamalog":
+			n, _ := strconv.Atoi(arg)
+			go writeLlamaLog(n)
 		case "env":
 			env := os.Environ()
 			sort.Strings(env)

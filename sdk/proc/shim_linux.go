@@ -149,7 +149,7 @@ func runShim() int {
 	defer os.Remove(filepath.Join(spec.LaunchDir, SocketName))
 	defer ln.Close()
 
-	pr, pw, err := outputPipe()
+	pr, pw, bigPipe, err := outputPipe()
 	if err != nil {
 		report(shimReport{Error: fmt.Sprintf("output pipe: %v", err)})
 		return 2
@@ -213,14 +213,19 @@ func runShim() int {
 
 	go s.serve(ln)
 
-	copied := make(chan struct{})
+	copied, exited := make(chan struct{}), make(chan struct{})
+	pauses := smallPipePauses
+	if bigPipe {
+		pauses = enginePauses
+	}
 	go func() {
 		defer close(copied)
-		copyGathered(out, pr)
+		copyGathered(out, pr, exited, pauses)
 	}()
 	waited := make(chan *os.ProcessState, 1)
 	go func() {
 		_ = cmd.Wait()
+		close(exited)
 		waited <- cmd.ProcessState
 	}()
 
@@ -403,24 +408,44 @@ func (k *sink) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// copyGathered copies the engine's output to w until r ends, reading at
-// most once every logGather: an engine writes its log a piece at a time
-// (llama-server a dozen lines per answer, each in two or three writes),
-// and the shim reads it all at once instead of waking for each piece. The
-// pipe holds what the engine writes meanwhile, up to its size (64 KiB): a
-// read that fills the buffer is followed by the next at once, so an
-// engine writing faster than that (its start, a verbose log) is not held
-// in write(2).
-func copyGathered(w io.Writer, r io.Reader) { copyGatheredWith(w, r, sleepGather) }
+// copyGathered copies the engine's output to w until r ends, letting it
+// gather between reads: an engine writes its log a piece at a time
+// (llama-server a dozen lines per answer, each in a write of its own), and
+// the shim reads it all at once instead of waking for each piece. The
+// first read after a quiet spell is followed by a pause of p.min; while
+// the output keeps coming (the read after a pause finds it waiting) the
+// pause doubles up to p.max, so that an engine logging a line every few
+// milliseconds under load wakes the shim four times a second, not fifty. A
+// read that waited p.min or more for output starts again at p.min. The pipe
+// holds what the engine writes meanwhile (outputPipe enlarges it); a read
+// that fills the buffer is followed by the next at once, so an engine
+// writing faster than that is not held in write(2). Once exited is closed
+// (the engine ended) there are no pauses: what is left is read at once.
+func copyGathered(w io.Writer, r io.Reader, exited <-chan struct{}, p gatherPauses) {
+	t := time.NewTimer(time.Hour)
+	t.Stop()
+	copyGatheredWith(w, r, p, func(d time.Duration) bool {
+		t.Reset(d)
+		select {
+		case <-t.C:
+			return true
+		case <-exited:
+			t.Stop()
+			return false
+		}
+	})
+}
 
-// sleepGather lets the engine's output gather for logGather.
-func sleepGather() { time.Sleep(logGather) }
-
-// copyGatheredWith is copyGathered with its wait between reads given (a
-// test holds the wait while it writes, instead of racing a clock).
-func copyGatheredWith(w io.Writer, r io.Reader, gather func()) {
+// copyGatheredWith is copyGathered with its pause given: pause(d) waits d
+// and reports false once there are to be no more pauses (the engine
+// exited). A test holds the pause while it writes instead of racing a
+// clock.
+func copyGatheredWith(w io.Writer, r io.Reader, p gatherPauses, pause func(time.Duration) bool) {
 	buf := make([]byte, 64<<10)
+	var last time.Duration
+	pausing := true
 	for {
+		began := time.Now()
 		n, err := r.Read(buf)
 		if n > 0 {
 			_, _ = w.Write(buf[:n])
@@ -428,27 +453,53 @@ func copyGatheredWith(w io.Writer, r io.Reader, gather func()) {
 		if err != nil {
 			return
 		}
-		if n < len(buf) {
-			gather()
+		if n == len(buf) || !pausing {
+			continue
 		}
+		last = p.next(last, time.Since(began))
+		pausing = pause(last)
 	}
+}
+
+// gatherPauses are copyGathered's shortest and longest pauses.
+type gatherPauses struct{ min, max time.Duration }
+
+// next is the pause after a read that waited for output: min after a
+// quiet spell (the first read, or one that waited min or more), else twice
+// the last one, at most max.
+func (p gatherPauses) next(last, waited time.Duration) time.Duration {
+	if last == 0 || waited >= p.min {
+		return p.min
+	}
+	return min(2*last, p.max)
 }
 
 // outputPipe is the engine's output pipe, both ends in blocking mode and
 // outside the runtime's poller: the shim's reads (copyGathered) wait in
 // read(2), and the engine's writes while the shim gathers wake nobody (a
-// polled pipe wakes the poller's thread at every write).
-func outputPipe() (r, w *os.File, err error) {
+// polled pipe wakes the poller's thread at every write). The pipe is
+// enlarged to pipeBytes where the system allows (big reports whether it
+// was), so that it holds what an engine writes during the longest pause.
+func outputPipe() (r, w *os.File, big bool, err error) {
 	var p [2]int
 	if err := syscall.Pipe2(p[:], syscall.O_CLOEXEC); err != nil {
-		return nil, nil, err
+		return nil, nil, false, err
 	}
-	return os.NewFile(uintptr(p[0]), "|0"), os.NewFile(uintptr(p[1]), "|1"), nil
+	got, _, errno := syscall.Syscall(syscall.SYS_FCNTL, uintptr(p[1]), syscall.F_SETPIPE_SZ, pipeBytes)
+	big = errno == 0 && int(got) >= pipeBytes
+	return os.NewFile(uintptr(p[0]), "|0"), os.NewFile(uintptr(p[1]), "|1"), big, nil
 }
 
-// logGather is how long the shim lets an engine's output gather between
-// reads (copyGathered).
-const logGather = 20 * time.Millisecond
+// The shim's pauses between reads of the engine's output (copyGathered):
+// 20 ms to 250 ms with a pipe of pipeBytes (1 MiB, the most Linux allows an
+// unprivileged process by default, fs.pipe-max-size: 4 MiB/s of log at the
+// longest pause); 20 ms with the pipe's default 64 KiB.
+var (
+	enginePauses    = gatherPauses{min: 20 * time.Millisecond, max: 250 * time.Millisecond}
+	smallPipePauses = gatherPauses{min: 20 * time.Millisecond, max: 20 * time.Millisecond}
+)
+
+const pipeBytes = 1 << 20
 
 // waitFor waits until ch is closed or d has passed.
 func waitFor(ch <-chan struct{}, d time.Duration) {

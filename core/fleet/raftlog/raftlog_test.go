@@ -26,11 +26,14 @@ import (
 // well under a second.
 const waitDeadline = 15 * time.Second
 
-// testTuning makes elections and commits fast on loopback.
+// testTuning makes elections and commits fast on loopback, yet slow
+// enough that a follower starved of CPU for a moment on a loaded 2-core
+// machine does not call an election between a test's waitLeader and its
+// next Apply (150 ms did: "not the leader" one run in a few at load 10).
 var testTuning = Tuning{
-	HeartbeatTimeout:   150 * time.Millisecond,
-	ElectionTimeout:    150 * time.Millisecond,
-	LeaderLeaseTimeout: 100 * time.Millisecond,
+	HeartbeatTimeout:   400 * time.Millisecond,
+	ElectionTimeout:    400 * time.Millisecond,
+	LeaderLeaseTimeout: 200 * time.Millisecond,
 	CommitTimeout:      5 * time.Millisecond,
 }
 
