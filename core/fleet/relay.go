@@ -151,18 +151,27 @@ func (s *Server) relayBody(w http.ResponseWriter, r *http.Request, body []byte, 
 		tap(rl.resp)
 	}
 	meter.watch(rl.resp)
-	// A stream outlives the handler: the client's context no longer
-	// cancels it (unless it did already), the watcher does.
+	// A stream may outlive the handler (taken over, relaytaken.go): the
+	// client's context cancels it only while it is on net/http (unless it
+	// did already), the watcher does after.
 	if strings.HasPrefix(rl.resp.Header.Get("Content-Type"), "text/event-stream") && rl.unhook() {
 		s.streams.add(1)
 		u.push(func() { s.streams.add(-1) })
-		if takeOver(w, r, rl, &u) {
-			return
-		}
-		rehook := context.AfterFunc(r.Context(), rl.cancel)
-		u.push(func() { rehook() })
+		relayStream(w, r, rl, &u)
+		return
 	}
 	copyAnswer(w, r, rl)
+}
+
+// relayStream relays a host's streamed answer whose relayed stream no
+// longer ends with the client's context: on net/http, where the client's
+// context cancels it, then, once it has run for takeOverAfter, taken over
+// (relaytaken.go), where the watcher does; what the stream took (u) ends
+// with it.
+func relayStream(w http.ResponseWriter, r *http.Request, rl hostReply, u *undo) {
+	rehook := context.AfterFunc(r.Context(), rl.cancel)
+	u.push(func() { rehook() })
+	copyStream(w, r, rl, laterTakeOver(w, r, rl, u, rehook))
 }
 
 // hostReply is a host's answer to a relayed request: cancel ends the
@@ -363,6 +372,13 @@ func (s *Server) roundTrip(ctx context.Context, host, method, uri string, hdr ht
 // in whole events, and one that breaks off ends with a coded event
 // (relaycut.go).
 func copyAnswer(w http.ResponseWriter, r *http.Request, rl hostReply) {
+	copyStream(w, r, rl, nil)
+}
+
+// copyStream is copyAnswer that, after each flush of a stream, asks
+// takeOver (when not nil) whether the stream was taken over from net/http
+// and goes on elsewhere: then it returns at once.
+func copyStream(w http.ResponseWriter, r *http.Request, rl hostReply, takeOver func(*sseRelay) bool) {
 	resp := rl.resp
 	copyHeaders(w.Header(), resp.Header, relayAnswerHeaders)
 	w.WriteHeader(resp.StatusCode)
@@ -399,6 +415,9 @@ func copyAnswer(w http.ResponseWriter, r *http.Request, rl hostReply) {
 				return
 			}
 			panic(http.ErrAbortHandler) // cut short: no final chunk that would make it look whole
+		}
+		if takeOver != nil && takeOver(&ev) {
+			return
 		}
 	}
 }

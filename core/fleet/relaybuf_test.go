@@ -14,6 +14,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -71,7 +72,7 @@ func TestRelayTaken_BurstsLeaveInFewWrites(t *testing.T) {
 	var head bytes.Buffer
 	takeover.WriteHead(&head, resp.StatusCode, resp.Header, true)
 	rl := hostReply{resp: resp, cancel: func() {}, ctx: context.Background(), host: "h"}
-	go relayTaken(&takeover.Conn{Conn: server}, head.Bytes(), rl, "/v1/chat/completions", &u)
+	go relayTaken(&takeover.Conn{Conn: server}, head.Bytes(), rl, "/v1/chat/completions", &u, nil)
 
 	br := bufio.NewReader(client)
 	_ = client.SetReadDeadline(time.Now().Add(10 * time.Second))
@@ -123,5 +124,63 @@ func TestRelayTaken_BurstsLeaveInFewWrites(t *testing.T) {
 	<-ended
 	if line, _ := br.ReadString('\n'); line != "0\r\n" {
 		t.Fatalf("the answer's end: %q", line)
+	}
+}
+
+// writeCounter is a connection wrapped as a listener wraps its own (core/api's
+// tracked connection): no writev; it counts the writes made on it.
+type writeCounter struct {
+	net.Conn
+	writes atomic.Int32
+}
+
+func (w *writeCounter) Write(p []byte) (int, error) {
+	w.writes.Add(1)
+	return w.Conn.Write(p)
+}
+
+// TestRelayTaken_AChunkLeavesInOneWrite: on a connection the listener
+// wrapped, each read's chunk leaves in one write, its framing with it (it
+// left in three: the size line, the bytes, the line end), and the
+// answer's end in one more.
+func TestRelayTaken_AChunkLeavesInOneWrite(t *testing.T) {
+	server, client := net.Pipe()
+	defer client.Close()
+	wc := &writeCounter{Conn: server}
+	body := &burstBody{ch: make(chan []byte), waiting: make(chan struct{}, 1)}
+	resp := &http.Response{StatusCode: 200, Header: http.Header{"Content-Type": {"text/event-stream"}}, Body: body}
+	ended := make(chan struct{})
+	var u undo
+	u.push(func() { close(ended) })
+	rl := hostReply{resp: resp, cancel: func() {}, ctx: context.Background(), host: "h"}
+	go relayTaken(&takeover.Conn{Conn: wc}, nil, rl, "/v1/chat/completions", &u, nil)
+	read := make(chan string, 1)
+	go func() {
+		b, _ := io.ReadAll(client)
+		read <- string(b)
+	}()
+	const event = "data: {\"choices\":[{\"delta\":{\"content\":\"x\"}}]}\n\n"
+	for i := 0; i < 3; i++ {
+		select {
+		case <-body.waiting:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the relay did not read")
+		}
+		body.ch <- []byte(event)
+	}
+	<-body.waiting
+	close(body.ch)
+	select {
+	case <-ended:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the relay did not end")
+	}
+	got := <-read
+	chunk := fmt.Sprintf("%x\r\n%s\r\n", len(event), event)
+	if want := strings.Repeat(chunk, 3) + "0\r\n\r\n"; got != want {
+		t.Fatalf("the client read %q, want %q", got, want)
+	}
+	if n := wc.writes.Load(); n != 4 {
+		t.Fatalf("3 chunks and the end left in %d writes, want 4", n)
 	}
 }

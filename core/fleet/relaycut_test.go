@@ -78,7 +78,7 @@ func relayTakenOver(t *testing.T, ctx context.Context, resp *http.Response, path
 	var head bytes.Buffer
 	takeover.WriteHead(&head, resp.StatusCode, resp.Header, true)
 	rl := hostReply{resp: resp, cancel: func() {}, ctx: ctx, host: "gpu-1"}
-	go relayTaken(&takeover.Conn{Conn: server}, head.Bytes(), rl, path, &u)
+	go relayTaken(&takeover.Conn{Conn: server}, head.Bytes(), rl, path, &u, nil)
 	_ = client.SetReadDeadline(time.Now().Add(10 * time.Second))
 	got, err := http.ReadResponse(bufio.NewReader(client), nil)
 	if err != nil {
