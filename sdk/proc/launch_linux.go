@@ -139,7 +139,10 @@ var errShimGone = errors.New("the shim exited before its launch")
 // fork and exec the engine, against 2 ms for a shim in the driver's
 // session; the engine's own start was slowed the same way. A terminal's
 // signals (hang-up, interrupt) go to its foreground group only, never to
-// this one; the engine's stdin is /dev/null and its output a pipe.
+// this one, and the shim gives up the session's terminal before it starts
+// the engine (dropTerminal): an engine that opens /dev/tty fails instead
+// of being stopped by it. The engine's stdin is /dev/null and its output
+// a pipe.
 func newShim(exe string) (*shimProc, error) {
 	specR, specW, err := os.Pipe()
 	if err != nil {

@@ -93,6 +93,7 @@ func runShim() int {
 	// default, so the engine gets a clean signal table.
 	sigs := make(chan os.Signal, 8)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
+	dropTerminal()
 	// The spec and report pipes must not leak into the engine.
 	syscall.CloseOnExec(shimSpecFD)
 	syscall.CloseOnExec(shimReportFD)
@@ -569,4 +570,19 @@ func envList(env map[string]string) []string {
 	}
 	sort.Strings(out)
 	return out
+}
+
+// dropTerminal gives up the controlling terminal the shim inherited from
+// its driver's session, if it has one. The shim shares that session (a
+// session of its own is a scheduling group of its own: see newShim), so
+// without this an engine that reads /dev/tty would be stopped by the
+// terminal (SIGTTIN) instead of failing, and a stopped engine would get
+// SIGHUP when its driver exits. Its children inherit no terminal.
+func dropTerminal() {
+	fd, err := syscall.Open("/dev/tty", syscall.O_RDWR|syscall.O_NOCTTY|syscall.O_CLOEXEC, 0)
+	if err != nil {
+		return // no controlling terminal
+	}
+	_, _, _ = syscall.Syscall(syscall.SYS_IOCTL, uintptr(fd), syscall.TIOCNOTTY, 0)
+	_ = syscall.Close(fd)
 }
