@@ -202,19 +202,31 @@ func (s *Server) moveOffLost(ctx context.Context, host string, m *lostMove) bool
 			continue
 		}
 		delete(m.failed, p.Deployment)
-		if err != nil {
-			all = false
-			if m.failed == nil {
-				m.failed = map[string]bool{}
-			}
-			m.failed[p.Deployment] = true
-			if !first {
-				s.logger.Debug("a lost host's instances could not be placed elsewhere again", "host", host, "deployment", p.Deployment, "error", err)
-				continue
-			}
-			s.logger.Warn("a lost host's instances could not be placed elsewhere: trying again when another host comes up", "host", host, "deployment", p.Deployment, "error", err)
-			s.event("reschedule_blocked", host, map[string]any{"deployment": p.Deployment, "code": string(structs.CodeOf(err)), "message": err.Error()})
+		if err == nil {
+			continue
 		}
+		if cur, ok := s.State.Placement(p.Deployment); ok && !slices.Contains(cur.HostNames(), host) && !capacityCodes[structs.CodeOf(err)] {
+			// The instances were placed off the host, and the new hosts'
+			// refusal is not about room or reach (a plan a host's policy
+			// refuses, a spec it cannot run): asking again changes nothing.
+			// Said once; the deployment is left where the placement says.
+			// (A move that failed before its placement was written, a
+			// conflict or a lost leadership, is tried again below.)
+			s.logger.Warn("a lost host's instances could not be brought up elsewhere, and are not tried again: the refusal is not about room", "host", host, "deployment", p.Deployment, "error", err)
+			s.event("reschedule_blocked", host, map[string]any{"deployment": p.Deployment, "code": string(structs.CodeOf(err)), "message": err.Error(), "retry": false})
+			continue
+		}
+		all = false
+		if m.failed == nil {
+			m.failed = map[string]bool{}
+		}
+		m.failed[p.Deployment] = true
+		if !first {
+			s.logger.Debug("a lost host's instances could not be placed elsewhere again", "host", host, "deployment", p.Deployment, "error", err)
+			continue
+		}
+		s.logger.Warn("a lost host's instances could not be placed elsewhere: trying again when another host comes up", "host", host, "deployment", p.Deployment, "error", err)
+		s.event("reschedule_blocked", host, map[string]any{"deployment": p.Deployment, "code": string(structs.CodeOf(err)), "message": err.Error(), "retry": true})
 	}
 	return all
 }

@@ -68,6 +68,47 @@ func TestReschedule_RetriesAFailedBringUp(t *testing.T) {
 	})
 }
 
+// TestReschedule_ARefusalNotAboutRoomIsFinal: a lost host's deployment
+// placed on another host whose refusal is not about room (a reserved
+// engine option: its policy) is not asked again and again: the
+// reschedule_blocked event says it is not retried. Refusals about room
+// (TestReschedule_RetriesAFailedBringUp) are.
+func TestReschedule_ARefusalNotAboutRoomIsFinal(t *testing.T) {
+	s := testServer(t, ServerOptions{RescheduleAfter: 100 * time.Millisecond})
+	stopA := runHostNamed(t, s, "gpu-a", newFakeLocal())
+	waitReady(t, s, "gpu-a")
+	raw := json.RawMessage(`{"name":"demo","engine":"vllm","model":{"path":"demo"},"routes":["demo"]}`)
+	spec, err := api.SpecFromJSON(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.createPlaced(context.Background(), spec, raw, false); err != nil {
+		t.Fatal(err)
+	}
+	b := newFakeLocal()
+	b.refuseDeps = structs.CodeEngineOptionReserved
+	runHostNamed(t, s, "gpu-b", b)
+	waitReady(t, s, "gpu-b")
+	stopA()
+	var retry any
+	poll.Until(t, 30*time.Second, "a reschedule_blocked event for demo", func() bool {
+		evs, err := s.o.Store.EventsAfter(0, 1000)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range evs {
+			if e.Kind == "reschedule_blocked" && e.Payload["deployment"] == "demo" {
+				retry = e.Payload["retry"]
+				return true
+			}
+		}
+		return false
+	})
+	if retry != false {
+		t.Fatalf("reschedule_blocked says retry %v for a refusal not about room, want false", retry)
+	}
+}
+
 // runHostNamed joins a host named name with a fresh token and runs it
 // until stop is called or the test ends.
 func runHostNamed(t *testing.T, s *Server, name string, local hostagent.Local) (stop func()) {
