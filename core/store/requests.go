@@ -182,6 +182,7 @@ func NewRequestWriter(s *Store, opts RequestWriterOptions) *RequestWriter {
 	}
 	path := JournalIn(s.Path())
 	if w.off {
+		s.requestTail.Store(nil)
 		close(w.done)
 		err := s.Update(func(tx *Tx) error { return tx.purgeRequests() })
 		if err == nil {
