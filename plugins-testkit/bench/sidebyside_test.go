@@ -64,7 +64,8 @@ import (
 // (durations), CAPYCTL_BENCH_REPS, CAPYCTL_BENCH_ONLY (a comma list of
 // sections: proxy, llama, cold, fleet), CAPYCTL_BENCH_LLAMA_REQUESTS,
 // CAPYCTL_BENCH_FLEET_STREAMS, CAPYCTL_BENCH_COLD_SAMPLES, CAPYCTL_BENCH_LLAMA_STREAMED=0 (the
-// llama-server section without its streamed half). Nothing is asserted: the behaviour behind
+// llama-server section without its streamed half), CAPYCTL_BENCH_PERF=1 (perf stat's system
+// calls and context switches per request of each target, in the proxy section). Nothing is asserted: the behaviour behind
 // the figures is tested elsewhere.
 func BenchmarkSideBySide(b *testing.B) {
 	sideOnce.Do(func() { sideLines = measureSideBySide(b) })
