@@ -64,6 +64,9 @@ func Release(string) error { return ErrUnsupported }
 // ListeningAddrs returns ErrUnsupported outside Linux.
 func ListeningAddrs(int) ([]netip.AddrPort, error) { return nil, ErrUnsupported }
 
+// AskShortSlice does nothing outside Linux.
+func AskShortSlice() error { return nil }
+
 // Group is a process group's members; nothing outside Linux.
 type Group struct{}
 
