@@ -12,6 +12,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -118,7 +119,6 @@ type RequestWriter struct {
 	journal *os.File // nil: the journal could not be opened; write to the store
 	jsize   int64
 	seq     uint64 // the last key given to a record
-	buf     []byte
 
 	// tail is what the journal holds, oldest first, for ListRequests. Only
 	// run changes it; it appends to it or replaces it.
@@ -377,19 +377,26 @@ func (w *RequestWriter) write(batch []structs.RequestRecord) {
 		w.opts.beforeWrite()
 	}
 	entries := make([]journaled, 0, len(batch))
-	buf := w.buf[:0]
+	// IMPORTANT: a fresh buffer per group: the entries' raw JSON are its
+	// slices, kept until the fold.
+	buf := make([]byte, 0, len(batch)*512)
 	for i := range batch {
-		raw, err := json.Marshal(&batch[i])
-		if err != nil {
+		line := len(buf)
+		buf = strconv.AppendUint(buf, w.seq+1, 10)
+		buf = append(buf, ' ')
+		start := len(buf)
+		var err error
+		if buf, err = appendRecord(buf, &batch[i]); err != nil {
+			buf = buf[:line]
 			w.dropped.Add(1)
 			w.lastErr.Store(&err)
 			continue
 		}
+		raw := buf[start:len(buf):len(buf)]
+		buf = append(buf, '\n')
 		w.seq++
 		entries = append(entries, journaled{seq: w.seq, deployment: batch[i].Deployment, raw: raw})
-		buf = appendJournal(buf, w.seq, raw)
 	}
-	w.buf = buf[:0]
 	if len(entries) == 0 {
 		return
 	}

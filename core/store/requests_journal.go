@@ -14,13 +14,6 @@ import (
 // never holds a raw newline), a newline. A crash can leave a torn last
 // line; parseJournal stops at the first line that is not whole.
 
-func appendJournal(buf []byte, seq uint64, raw []byte) []byte {
-	buf = strconv.AppendUint(buf, seq, 10)
-	buf = append(buf, ' ')
-	buf = append(buf, raw...)
-	return append(buf, '\n')
-}
-
 // parseJournal returns the journal's whole records, oldest first.
 func parseJournal(data []byte) []journaled {
 	var out []journaled

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -399,6 +400,14 @@ func TestRequestWriter_WrittenRecordsSurviveACrash(t *testing.T) {
 			}
 		})
 	}
+}
+
+// appendJournal appends a journal line as RequestWriter.write writes it.
+func appendJournal(buf []byte, seq uint64, raw []byte) []byte {
+	buf = strconv.AppendUint(buf, seq, 10)
+	buf = append(buf, ' ')
+	buf = append(buf, raw...)
+	return append(buf, '\n')
 }
 
 // TestRequestWriter_OffRemovesTheJournal: turning the ledger off removes
