@@ -59,15 +59,18 @@ import (
 // (CAPYCTL_LLAMA_SERVER, with stories260K), 400 answers of 64 tokens at
 // concurrency 4, non-streamed (the role streams from llama.cpp and
 // assembles the answer); a cold start while the same load generator keeps
-// the machine busy; and a server relaying 10,000 open streams of one chunk
-// a second from two hosts (resident memory per stream and CPU per chunk on
-// the server).
+// the machine busy; and a server relaying 10,000 open streams from two
+// hosts, one chunk a second each where the machine's cores can make them
+// and fewer on a small machine (resident memory per stream and CPU per
+// relayed chunk on the server; the hosts', engines' and client's CPU per
+// chunk apart). Streams that fail to open or end early fail it.
 //
 // Knobs (environment): CAPYCTL_BENCH_WARMUP and CAPYCTL_BENCH_MEASURE
 // (durations), CAPYCTL_BENCH_REPS, CAPYCTL_BENCH_ONLY (a comma list of
 // sections: proxy, llama, cold, fleet), CAPYCTL_BENCH_LLAMA_REQUESTS,
-// CAPYCTL_BENCH_FLEET_STREAMS, CAPYCTL_BENCH_COLD_SAMPLES, CAPYCTL_BENCH_LLAMA_STREAMED=0 (the
-// llama-server section without its streamed half). Nothing is asserted: the behaviour behind
+// CAPYCTL_BENCH_FLEET_STREAMS, CAPYCTL_BENCH_FLEET_EVERY (the time between
+// a stream's chunks, e.g. 1s), CAPYCTL_BENCH_COLD_SAMPLES, CAPYCTL_BENCH_LLAMA_STREAMED=0 (the
+// llama-server section without its streamed half). Nothing else is asserted: the behaviour behind
 // the figures is tested elsewhere.
 func BenchmarkSideBySide(b *testing.B) {
 	sideOnce.Do(func() { sideLines = measureSideBySide(b) })
@@ -995,6 +998,8 @@ func measureFleetScale(b *testing.B, k sbKnobs) []string {
 	}
 	chunks.Store(0)
 	var broke atomic.Int64 // streams that ended before the client closed them
+	var lastMu sync.Mutex
+	var lastWords string // what the first of them read last, and why it ended
 	var closing atomic.Bool
 	var wg sync.WaitGroup
 	for _, c := range conns {
@@ -1008,8 +1013,10 @@ func measureFleetScale(b *testing.B, k sbKnobs) []string {
 					chunks.Add(int64(bytes.Count(buf[:m], []byte("data: "))))
 				}
 				if err != nil {
-					if !closing.Load() {
-						broke.Add(1)
+					if !closing.Load() && broke.Add(1) == 1 {
+						lastMu.Lock()
+						lastWords = fmt.Sprintf("%q, then %v", buf[:m], err)
+						lastMu.Unlock()
 					}
 					return
 				}
@@ -1041,7 +1048,7 @@ func measureFleetScale(b *testing.B, k sbKnobs) []string {
 	}
 	wg.Wait()
 	if m := broke.Load(); m > 0 {
-		b.Errorf("%d of %d open streams ended before the client closed them", m, len(conns))
+		b.Errorf("%d of %d open streams ended before the client closed them (the first read %s)", m, len(conns), lastWords)
 	}
 	relayed := n1 - n0
 	asked := float64(len(conns)) / every.Seconds()
