@@ -946,7 +946,11 @@ func measureFleetScale(b *testing.B, k sbKnobs) []string {
 	rate := strconv.FormatFloat(1/every.Seconds(), 'g', -1, 64)
 	// The streams trickle; the driver's readiness probe (8 tokens, not
 	// streamed) is answered at once.
-	addFake(b, srv, "trickle", "--stream-token-rate", rate, "--tokens", "100000", "--max-running", strconv.Itoa(places+100))
+	// As many tokens as 15 minutes of the run need, no more: an engine
+	// holds each stream's answer whole (100,000 tokens a stream were
+	// 1.8 GiB in each of the 12 engines).
+	tokens := strconv.Itoa(int(15*time.Minute/every) + 16)
+	addFake(b, srv, "trickle", "--stream-token-rate", rate, "--tokens", tokens, "--max-running", strconv.Itoa(places+100))
 	for i, h := range hosts {
 		dep := []string{"a", "b"}[i]
 		h.WriteFile("models/"+dep+"/README", "fake model\n")
