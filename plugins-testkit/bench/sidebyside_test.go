@@ -975,7 +975,8 @@ func measureFleetScale(b *testing.B, k sbKnobs) []string {
 		}
 	}
 	time.Sleep(500 * time.Millisecond)
-	rss0 := vmRSS(b, srv.PID())
+	srvSetup := &roleSetup{r: srv}
+	rss0, m0 := vmRSS(b, srv.PID()), srvSetup.scrape(b)
 	var chunks atomic.Int64
 	var mu sync.Mutex
 	failed := map[string]int{}
@@ -1032,7 +1033,8 @@ func measureFleetScale(b *testing.B, k sbKnobs) []string {
 	// them, wherever its ticks fall.
 	time.Sleep(every + time.Second)
 	window := every * time.Duration((k.measure+every-1)/every)
-	rss1 := vmRSS(b, srv.PID())
+	rss1, m1 := vmRSS(b, srv.PID()), srvSetup.scrape(b)
+	live := func(name string) float64 { return m1[name] - m0[name] }
 	engines := append(slices.Collect(maps.Keys(engineSet(hosts[0]))), slices.Collect(maps.Keys(engineSet(hosts[1])))...)
 	ticks := func() [4]int64 {
 		var e int64
@@ -1062,8 +1064,9 @@ func measureFleetScale(b *testing.B, k sbKnobs) []string {
 	if got < 0.9*asked {
 		kept = "the producers did NOT keep up: the server's figure is not the relay's alone"
 	}
-	return []string{"", fmt.Sprintf("fleet scale: a server relaying %d open streams from two hosts, one chunk every %s each (%d engines), load average %s: %.0f chunks/s asked, %.0f relayed (%s); on the server %.1f KiB resident per stream and %.1f µs of CPU per relayed chunk; producers per chunk: hosts %.1f µs, engines %.1f µs, client %.1f µs",
+	return []string{"", fmt.Sprintf("fleet scale: a server relaying %d open streams from two hosts, one chunk every %s each (%d engines), load average %s: %.0f chunks/s asked, %.0f relayed (%s); on the server %.1f KiB resident per stream (%.1f KiB of heap and stacks in use, %.1f goroutines) and %.1f µs of CPU per relayed chunk; producers per chunk: hosts %.1f µs, engines %.1f µs, client %.1f µs",
 		len(conns), every, len(engines), loadAverage(), asked, got, kept, float64(rss1-rss0)/float64(len(conns)),
+		(live("go_memstats_heap_inuse_bytes")+live("go_memstats_stack_inuse_bytes"))/1024/float64(len(conns)), live("go_goroutines")/float64(len(conns)),
 		perChunk(0), perChunk(1), perChunk(2), perChunk(3))}
 }
 
