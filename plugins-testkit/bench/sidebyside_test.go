@@ -16,7 +16,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"sort"
 	"strconv"
@@ -59,11 +58,10 @@ import (
 // (CAPYCTL_LLAMA_SERVER, with stories260K), 400 answers of 64 tokens at
 // concurrency 4, non-streamed (the role streams from llama.cpp and
 // assembles the answer); a cold start while the same load generator keeps
-// the machine busy; and a server relaying 10,000 open streams from two
-// hosts, one chunk a second each where the machine's cores can make them
-// and fewer on a small machine (resident memory per stream and CPU per
-// relayed chunk on the server; the hosts', engines' and client's CPU per
-// chunk apart). Streams that fail to open or end early fail it.
+// the machine busy; and a server relaying 10,000 open streams of one chunk
+// a second from two hosts (resident memory per stream and CPU per relayed
+// chunk on the server; the hosts', engines' and client's CPU per chunk
+// apart). Streams that fail to open or end early fail it.
 //
 // Knobs (environment): CAPYCTL_BENCH_WARMUP and CAPYCTL_BENCH_MEASURE
 // (durations), CAPYCTL_BENCH_REPS, CAPYCTL_BENCH_ONLY (a comma list of
@@ -116,10 +114,7 @@ func sideKnobs() sbKnobs {
 	if n, err := strconv.Atoi(os.Getenv("CAPYCTL_BENCH_FLEET_STREAMS")); err == nil && n > 0 {
 		k.fleetStreams = n
 	}
-	// One chunk a second per stream where the machine's cores can make
-	// them; on fewer, fewer chunks (about 500 a second per core in all,
-	// the hosts' and the engines' cost included).
-	k.fleetEvery = max(time.Second, time.Duration(k.fleetStreams/(500*runtime.NumCPU()))*time.Second)
+	k.fleetEvery = time.Second
 	if d, err := time.ParseDuration(os.Getenv("CAPYCTL_BENCH_FLEET_EVERY")); err == nil && d > 0 {
 		k.fleetEvery = d
 	}
@@ -917,17 +912,12 @@ func measureColdUnderLoad(b *testing.B, k sbKnobs, roles []*harness.Role, bare *
 }
 
 // measureFleetScale opens streams through a server to two hosts (half on
-// each), each carrying one chunk every fleetEvery, and reads the server's
-// resident memory per open stream and CPU per relayed chunk, and what the
-// producers (the hosts, their engines, the client) spent per chunk.
-//
-// The figure is the relay's only while the producers keep up: on 2 cores
-// the hosts (about 200 µs per chunk), a dozen fake engines and the client
-// cannot make 10,000 chunks a second, and a server that relays a few
-// hundred of them spreads its fixed costs (10,000 streams' goroutines for
-// the collector, timers) over too few chunks. So the streams stay 10,000,
-// and the chunks each carries are fewer (fleetEvery, sized to the
-// machine); the run says whether the producers kept up.
+// each), each carrying one chunk every fleetEvery (1 s), and reads the
+// server's resident memory per open stream and CPU per relayed chunk, and
+// what the producers (the hosts, their engines, the client) spent per
+// chunk. The figure is the relay's only while the producers keep up: the
+// run says whether they did (a server that relays a few hundred chunks a
+// second spreads its fixed costs over too few of them).
 func measureFleetScale(b *testing.B, k sbKnobs) []string {
 	n, every := k.fleetStreams, k.fleetEvery
 	// More open streams than a listener's default cap of connections.
