@@ -192,6 +192,9 @@ type liveHost struct {
 	adoptAgain bool               // ...and another was asked for meanwhile
 	relay      *http2.ClientConn
 	relayConn  net.Conn
+	// relayHeard is the current relay connection's clock of its last read
+	// (nil: no relay): a host whose relay answers is not silent.
+	relayHeard *heardClock
 	inFlight   int64
 	// downSince is when its link last went down (zero while up).
 	downSince time.Time
