@@ -490,7 +490,9 @@ func (s *Server) linkDown(name string, gen uint64) {
 // apart while the relay delivered the host's chunks; the server then took
 // the host for lost and closed its relay, cutting every stream on it (200
 // then a host_unreachable event) and refusing the next ones 503 until the
-// host linked again.
+// host linked again. The relay keeps a host for linkWedgedBeats intervals
+// at most: a link that long silent is wedged, and commands sent on it
+// would go nowhere without a word.
 func (s *Server) watchLost() {
 	t := time.NewTicker(s.o.Heartbeat)
 	defer t.Stop()
@@ -502,9 +504,11 @@ func (s *Server) watchLost() {
 		}
 		now := time.Now()
 		limit := now.Add(-lostAfterBeats * s.o.Heartbeat)
+		wedged := now.Add(-linkWedgedBeats * s.o.Heartbeat)
 		s.mu.Lock()
 		for _, h := range s.hosts {
-			if h.linkCancel != nil && h.lastSeen.Before(limit) && !h.relayHeard.since(limit) {
+			if h.linkCancel != nil && h.lastSeen.Before(limit) &&
+				(!h.relayHeard.since(limit) || h.lastSeen.Before(wedged)) {
 				h.linkCancel()
 			}
 			// A connection outlives the certificate it was opened with:

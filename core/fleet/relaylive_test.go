@@ -8,6 +8,7 @@ import (
 	"context"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -22,7 +23,30 @@ import (
 // it); once its relay is silent too, it is lost.
 func TestWatchLost_AHostWhoseRelayAnswersIsNotLost(t *testing.T) {
 	const beat = 100 * time.Millisecond // lost after 3 silent beats
-	s := testServer(t, ServerOptions{Heartbeat: beat})
+	s, stopBeats, chunk, cancel := relayWithoutBeats(t, beat)
+	stopBeats() // the host's heartbeats stop; its relay goes on
+	// Ten times the silence that makes a host lost, counted in the relay's
+	// chunks (100 ms of them each) rather than by the clock.
+	for i := 0; i < 10*3*10; i++ {
+		if c := chunk(); strings.Contains(c, "error") {
+			t.Fatalf("the stream ended with %s: its host was taken for lost while its relay answered", c)
+		}
+	}
+	if !linked(s, "gpu-a") {
+		t.Fatal("the host was taken for lost while its relay answered")
+	}
+	// The stream ends: link and relay are silent, and the host is lost.
+	cancel()
+	poll.Until(t, 10*time.Second, "the silent host lost", func() bool { return !linked(s, "gpu-a") })
+}
+
+// relayWithoutBeats links host gpu-a, whose relay streams a chunk every
+// 10 ms, opens one stream through the server and reads its first chunk;
+// stopBeats ends the host's heartbeats (each 50 ms until then), chunk reads
+// the stream's next chunk, cancel ends the stream.
+func relayWithoutBeats(t *testing.T, beat time.Duration) (s *Server, stopBeats func(), chunk func() string, cancel context.CancelFunc) {
+	t.Helper()
+	s = testServer(t, ServerOptions{Heartbeat: beat})
 	bad := compromisedHost(t, s, "gpu-a")
 	l := evilLink(t, bad, nil)
 	beating := make(chan struct{})
@@ -66,17 +90,17 @@ func TestWatchLost_AHostWhoseRelayAnswersIsNotLost(t *testing.T) {
 	place(t, s, "demo", "gpu-a")
 
 	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
+	t.Cleanup(cancel)
 	resp, err := relayClient(t, s)(ctx, `{"model":"demo","stream":true,"messages":[]}`)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer resp.Body.Close()
+	t.Cleanup(func() { resp.Body.Close() })
 	if resp.StatusCode != http.StatusOK {
 		t.Fatalf("status %d, want 200", resp.StatusCode)
 	}
 	br := bufio.NewReader(resp.Body)
-	chunk := func() string {
+	chunk = func() string {
 		for {
 			line, err := br.ReadString('\n')
 			if err != nil {
@@ -88,18 +112,35 @@ func TestWatchLost_AHostWhoseRelayAnswersIsNotLost(t *testing.T) {
 		}
 	}
 	chunk()
-	close(beating) // the host's heartbeats stop; its relay goes on
-	// Ten times the silence that makes a host lost, counted in the relay's
-	// chunks (100 ms of them each) rather than by the clock.
-	for i := 0; i < 10*3*10; i++ {
+	var once sync.Once
+	stopBeats = func() { once.Do(func() { close(beating) }) }
+	t.Cleanup(stopBeats)
+	return s, stopBeats, chunk, cancel
+}
+
+// TestWatchLost_AWedgedLinkIsLostWhileItsRelayAnswers: the relay keeps a
+// host whose heartbeats are late, but not for ever: a link silent for
+// linkWedgedBeats intervals (its heartbeat goroutine stuck, its connection
+// half-open) is ended even while the relay delivers chunks, so commands
+// sent on it are not lost without a word.
+func TestWatchLost_AWedgedLinkIsLostWhileItsRelayAnswers(t *testing.T) {
+	const beat = 100 * time.Millisecond
+	s, stopBeats, chunk, _ := relayWithoutBeats(t, beat)
+	stopBeats()
+	// Counted in the relay's chunks (10 ms each): past lostAfterBeats the
+	// relay keeps the host; at linkWedgedBeats the link ends, and with it
+	// the relay (the stream ends with its host_unreachable event). Four
+	// times linkWedgedBeats' worth of chunks without that is a failure.
+	for i := 0; i < 4*linkWedgedBeats*10; i++ {
 		if c := chunk(); strings.Contains(c, "error") {
-			t.Fatalf("the stream ended with %s: its host was taken for lost while its relay answered", c)
+			if i < lostAfterBeats*10 {
+				t.Fatalf("the stream ended after %d chunks, before the host could be lost", i)
+			}
+			return
+		}
+		if !linked(s, "gpu-a") {
+			return
 		}
 	}
-	if !linked(s, "gpu-a") {
-		t.Fatal("the host was taken for lost while its relay answered")
-	}
-	// The stream ends: link and relay are silent, and the host is lost.
-	cancel()
-	poll.Until(t, 10*time.Second, "the silent host lost", func() bool { return !linked(s, "gpu-a") })
+	t.Fatalf("a host silent on its link for 4×%d heartbeat intervals is still linked: its relay kept it", linkWedgedBeats)
 }

@@ -41,7 +41,11 @@ const (
 	DefaultHeartbeat = linkwire.DefaultHeartbeat
 	// lostAfterBeats is how many heartbeat intervals without a word make a
 	// host lost.
-	lostAfterBeats   = 3
+	lostAfterBeats = 3
+	// linkWedgedBeats is how many heartbeat intervals without a word on
+	// its link make a host lost even while its relay delivers chunks (a
+	// stuck heartbeat goroutine or a half-open link connection).
+	linkWedgedBeats  = 20 * lostAfterBeats
 	handshakeTimeout = linkwire.HandshakeTimeout
 )
 
