@@ -189,3 +189,37 @@ func TestRouter_AnswerInTheSocketLeavesInOneWrite(t *testing.T) {
 		t.Fatalf("the answer left in %d writes, want 1:%s", len(writes), b.String())
 	}
 }
+
+// TestRouter_TakenOverHeadLeavesWithItsEvents: a stream taken over at its
+// first flush (its head still the router's to write) sends the head and
+// the events read so far in one write, also on a connection that offers
+// no writev (a listener's wrapper, as core/api's).
+func TestRouter_TakenOverHeadLeavesWithItsEvents(t *testing.T) {
+	url := wholeEngine(t, roleChunk+contentChunk, contentChunk, finishChunk)
+	e := newEnv(t, envOpts{ep: func(ep *structs.EngineEndpoint) { ep.BaseURL = url }})
+	inner, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln := &writesListener{Listener: inner, conns: make(chan *writesConn, 1)}
+	srv := &http.Server{Handler: e.srv.Config.Handler}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { srv.Close() })
+	resp, err := http.Post("http://"+inner.Addr().String()+"/v1/chat/completions", "application/json", strings.NewReader(chatBody(true, "")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := readBody(t, resp)
+	if data, _ := sseLines(body); len(data) != 5 || data[4] != "[DONE]" {
+		t.Fatalf("the stream: %q", body)
+	}
+	wc := <-ln.conns
+	writes := wc.all()
+	if len(writes) == 0 || !bytes.HasPrefix(writes[0], []byte("HTTP/1.1 200 OK\r\n")) || !bytes.Contains(writes[0], []byte("data: ")) {
+		var b strings.Builder
+		for i, w := range writes {
+			fmt.Fprintf(&b, "\nwrite %d: %q", i, w)
+		}
+		t.Fatalf("the head left without the events read with it:%s", b.String())
+	}
+}
