@@ -3,7 +3,11 @@
 
 package router
 
-import "testing"
+import (
+	"math/rand/v2"
+	"strings"
+	"testing"
+)
 
 func TestRewriter_Write(t *testing.T) {
 	cases := []struct {
@@ -51,5 +55,53 @@ func TestRewriter_Write(t *testing.T) {
 				t.Fatalf("got  %s\nwant %s", got, c.want)
 			}
 		})
+	}
+}
+
+// TestRewriter_WalkedSitesAreTheSearchedOnes: where scanMembers walked a
+// chunk (no figures in it), write replaces exactly what its search would:
+// the cases above and chunks built at random from members, values and
+// strings that look like them.
+func TestRewriter_WalkedSitesAreTheSearchedOnes(t *testing.T) {
+	const oldID = "chatcmpl-8f2b0c7e9d0a4c1b9b5a"
+	pieces := []string{`{`, `}`, `,`, `[`, `]`, `"id":`, `"id": `, `"id" :`, `"id":  `, `"xid":`, `"model":`, `"model": `,
+		`"` + oldID + `"`, `"chatcmpl-x` + oldID + `"`, `"e-1"`, `"m"`, `"m2"`, `"demo"`, `"content":`, `"a:b"`,
+		`"\"id\":\"` + oldID + `\""`, `"object":"chat.completion.chunk"`, `1`, ` `, `:`, `"`, `\"`, `"e-1`}
+	rng := rand.New(rand.NewPCG(1, 2))
+	var chunks []string
+	for i := 0; i < 20000; i++ {
+		var b strings.Builder
+		for n := rng.IntN(12); n >= 0; n-- {
+			b.WriteString(pieces[rng.IntN(len(pieces))])
+		}
+		chunks = append(chunks, b.String())
+	}
+	for _, c := range []struct{ oldID, served string }{{oldID, "m"}, {"e-1", "m"}, {oldID, ""}, {"", "m"}} {
+		for _, in := range chunks {
+			write := func(walk bool) (string, bool) {
+				rw := rewriter{newID: "capy-1", public: "demo", served: c.served}
+				if c.served == "" {
+					rw.served = "demo"
+				}
+				if c.oldID != "" {
+					rw.setOldID(c.oldID)
+				}
+				walked := false
+				if walk {
+					walked = !rw.scanMembers([]byte(in)) && rw.walked
+				}
+				q := &request{cw: cwPending}
+				defer q.out.release()
+				if err := rw.write(q, []byte(in)); err != nil {
+					t.Fatal(err)
+				}
+				return string(q.out.data()), walked
+			}
+			searched, _ := write(false)
+			walkedOut, walked := write(true)
+			if walked && walkedOut != searched {
+				t.Fatalf("old id %q, served %q, chunk %s:\nwalked   %s\nsearched %s", c.oldID, c.served, in, walkedOut, searched)
+			}
+		}
 	}
 }

@@ -16,7 +16,7 @@ import (
 // know is decoded (scanChunk), off the relay's goroutine for a stream taken
 // over from net/http (see decodeOff).
 func (q *request) scan(payload []byte, rw *rewriter) bool {
-	if rw.oldID != "" && q.contentN > 0 && !carriesFigures(payload) {
+	if rw.oldID != "" && q.contentN > 0 && !rw.scanMembers(payload) {
 		q.contentN++
 		q.contentSeen = true
 		return true
@@ -148,10 +148,25 @@ var (
 // finds its leading quote at almost every member and costs about four
 // times as much.
 func carriesFigures(p []byte) bool {
+	var rw rewriter
+	return rw.scanMembers(p)
+}
+
+// scanMembers is carriesFigures, which also finds, on the same walk, where
+// rw's replacements apply in p (rewriter.sites): the same places
+// substitution.at finds, since each one's value follows a colon. The
+// relay then writes the chunk without searching it again. Where it
+// reports figures, the sites are left unknown.
+func (rw *rewriter) scanMembers(p []byte) bool {
+	rw.walked = false
+	if !rw.built && rw.served != "" && rw.served != rw.public {
+		rw.build()
+	}
+	n := 0
 	for i := 0; i < len(p); {
 		j := bytes.IndexByte(p[i:], ':')
 		if j < 0 {
-			return false
+			break
 		}
 		c := i + j
 		i = c + 1
@@ -176,6 +191,28 @@ func carriesFigures(p []byte) bool {
 				return true
 			}
 		}
+		if k != c || len(rw.subs) == 0 {
+			continue
+		}
+		// A replacement's member: its name right before the colon, then its
+		// old value after the colon and at most one space.
+		v := c + 1
+		if v < len(p) && p[v] == ' ' {
+			v++
+		}
+		for j := range rw.subs {
+			sb := &rw.subs[j]
+			if bytes.HasPrefix(p[v:], sb.old) && bytes.HasSuffix(p[:c+1], sb.key) {
+				if n == len(rw.sites) {
+					return false // more than it records: write searches
+				}
+				rw.sites[n] = site{at: v, sub: j}
+				n++
+				i = v + len(sb.old)
+				break
+			}
+		}
 	}
+	rw.nsites, rw.walked = n, true
 	return false
 }
