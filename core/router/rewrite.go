@@ -25,6 +25,14 @@ type rewriter struct {
 	sites  [4]site
 	nsites int
 	walked bool
+	// tpl is the last walked chunk without figures around its content
+	// string: its first tplPre bytes come before the string's body, the
+	// rest from the closing quote on; tplSites are its replacement sites,
+	// those after the content counted from the chunk's end (negative)
+	// (scanMembers, fitsTemplate).
+	tpl      []byte
+	tplPre   int
+	tplSites []site
 }
 
 // site is where a replacement applies: the old value's index and which
@@ -56,6 +64,7 @@ func (rw *rewriter) setOldID(id string) {
 
 func (rw *rewriter) build() {
 	rw.subs = rw.subs[:0]
+	rw.tpl, rw.tplPre, rw.tplSites = rw.tpl[:0], 0, rw.tplSites[:0] // its sites were the old substitutions
 	rw.built = true
 	q := func(s string) []byte { b, _ := json.Marshal(s); return b }
 	if rw.oldID != "" && rw.oldID != rw.newID {

@@ -162,7 +162,17 @@ func (rw *rewriter) scanMembers(p []byte) bool {
 	if !rw.built && rw.served != "" && rw.served != rw.public {
 		rw.build()
 	}
-	n := 0
+	if rw.fitsTemplate(p) {
+		for i, st := range rw.tplSites {
+			if st.at < 0 {
+				st.at += len(p) // a site after the content, from the end
+			}
+			rw.sites[i] = st
+		}
+		rw.nsites, rw.walked = len(rw.tplSites), true
+		return false
+	}
+	n, content := 0, -1
 	for i := 0; i < len(p); {
 		j := bytes.IndexByte(p[i:], ':')
 		if j < 0 {
@@ -181,6 +191,10 @@ func (rw *rewriter) scanMembers(p []byte) bool {
 		case 'e':
 			if bytes.HasSuffix(p[:k], usageKey) {
 				return true
+			}
+		case 't':
+			if content < 0 && k == c && c+1 < len(p) && p[c+1] == '"' && bytes.HasSuffix(p[:k], contentName) {
+				content = c + 2
 			}
 		case 's':
 			if bytes.HasSuffix(p[:k], timingsKey) {
@@ -214,5 +228,69 @@ func (rw *rewriter) scanMembers(p []byte) bool {
 		}
 	}
 	rw.nsites, rw.walked = n, true
+	rw.keepTemplate(p, content)
 	return false
+}
+
+var contentName = []byte(`"content"`)
+
+// Chunks of one answer differ mostly in their content: an engine writes
+// the same members around it, in the same order, with the same values (the
+// answer's id, the model, "finish_reason":null). The rewriter keeps the
+// last walked chunk without figures as a template: its bytes up to its
+// content string's opening quote (tplPre) and from its closing quote on
+// (the rest). A chunk made of the same two parts around a body without a
+// quote has the walk's figures and replacement sites of the template:
+// the walk reads a member's name from the quote before its colon, so a
+// colon in such a body (or one of the parts' that looks back into it) is
+// never a member's, and the parts are the same bytes. It is then checked
+// with two comparisons and one search for a quote, instead of a walk
+// over every colon.
+
+// fitsTemplate reports whether p is the template around another string
+// body.
+func (rw *rewriter) fitsTemplate(p []byte) bool {
+	pre, post := rw.tpl[:rw.tplPre], rw.tpl[rw.tplPre:]
+	if len(post) == 0 || len(p) < len(pre)+len(post) || !bytes.HasPrefix(p, pre) || !bytes.HasSuffix(p, post) {
+		return false
+	}
+	return bytes.IndexByte(p[len(pre):len(p)-len(post)], '"') < 0
+}
+
+// keepTemplate makes p, walked without figures, the template, where its
+// content string starts at content (-1: none).
+func (rw *rewriter) keepTemplate(p []byte, content int) {
+	if content < 0 {
+		return
+	}
+	end := content
+	for {
+		i := bytes.IndexByte(p[end:], '"')
+		if i < 0 {
+			return
+		}
+		end += i
+		bs := 0
+		for j := end - 1; j >= content && p[j] == '\\'; j-- {
+			bs++
+		}
+		if bs%2 == 0 {
+			break
+		}
+		end++
+	}
+	for _, st := range rw.sites[:rw.nsites] {
+		if st.at >= content && st.at < end {
+			return // never: the walk finds no member inside a string
+		}
+	}
+	rw.tpl = append(append(rw.tpl[:0], p[:content]...), p[end:]...)
+	rw.tplPre = content
+	rw.tplSites = rw.tplSites[:0]
+	for _, st := range rw.sites[:rw.nsites] {
+		if st.at >= end {
+			st.at -= len(p) // after the content: counted from the end
+		}
+		rw.tplSites = append(rw.tplSites, st)
+	}
 }
