@@ -74,21 +74,32 @@ func (h *handle) readyOnce(ctx context.Context) (bool, string, string) {
 			return false, "", fmt.Sprintf("health answered %d", resp.StatusCode)
 		}
 	}
-	found, err := engineapi.ModelsContain(ctx, c, h.ServedName)
-	if err != nil || !found {
-		return false, "", "waiting for " + h.ServedName + " in " + h.manifest.ModelsPath
-	}
+	// The served name and the first answer are asked at once: an engine
+	// that answers its health answers both, and a cold start waits for the
+	// slower of the two rather than for their sum. Both must pass; the
+	// name's answer decides first.
+	listed := make(chan bool, 1)
+	go func() {
+		found, err := engineapi.ModelsContain(ctx, c, h.ServedName)
+		listed <- err == nil && found
+	}()
+	var answer, why string
 	if h.API == "decisions" {
 		// A decision model is proven ready by the fixed readiness decision,
 		// answered with a complete set of probabilities; never a chat.
-		if resp, why := enginekit.ReadinessDecision(ctx, c, h.manifest.DecisionsPath, h.ServedName, "waiting for the readiness decision"); resp == nil {
-			return false, "", why
+		if resp, w := enginekit.ReadinessDecision(ctx, c, h.manifest.DecisionsPath, h.ServedName, "waiting for the readiness decision"); resp == nil {
+			why = w
 		}
-		return true, "", ""
+	} else if a, err := engineapi.ChatProbe(ctx, c, h.manifest.ChatPath, h.ServedName, canaryPrompt, 8); err != nil {
+		why = "waiting for a first answer: " + err.Error()
+	} else {
+		answer = a
 	}
-	answer, err := engineapi.ChatProbe(ctx, c, h.manifest.ChatPath, h.ServedName, canaryPrompt, 8)
-	if err != nil {
-		return false, "", "waiting for a first answer: " + err.Error()
+	if !<-listed {
+		return false, "", "waiting for " + h.ServedName + " in " + h.manifest.ModelsPath
+	}
+	if why != "" {
+		return false, "", why
 	}
 	return true, answer, ""
 }

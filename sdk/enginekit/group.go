@@ -251,7 +251,12 @@ func (in *Instance) groupListener(a netip.AddrPort) bool {
 // offLoopbackAddr is a listener of the launch that is neither on loopback
 // nor a group member's peer listener, "" when none.
 func (in *Instance) offLoopbackAddr() string {
-	addrs, err := proc.ListeningAddrs(in.Launched.Pgid)
+	in.membersMu.Lock()
+	if in.members == nil {
+		in.members = proc.NewGroup(in.Launched.Pgid)
+	}
+	addrs, err := in.members.ListeningAddrs()
+	in.membersMu.Unlock()
 	if err != nil {
 		return ""
 	}

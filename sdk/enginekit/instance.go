@@ -64,6 +64,12 @@ type Instance struct {
 	mu     sync.Mutex
 	parked string
 	canary string
+
+	// members follows the launch's group between listener checks
+	// (offLoopbackAddr), so that each after the first reads only what
+	// changed in /proc.
+	membersMu sync.Mutex
+	members   *proc.Group
 }
 
 // NewInstance builds an instance; ep.AuthHeader/AuthValue set the client's

@@ -35,8 +35,10 @@ func (in *Instance) WaitReady(ctx context.Context, deadline time.Duration, ready
 	why := "starting"
 	var out *sdk.ProbeResponse
 	// A launch just started listens nowhere yet: the first check is due
-	// after offLoopbackEvery (or when ready says so, whatever the time).
-	lastListen := time.Now()
+	// after offLoopbackFirst (or when ready says so, whatever the time).
+	// It reads every process in /proc; the checks after it, the one at
+	// ready among them, read only what changed since (proc.Group).
+	lastListen := time.Now().Add(offLoopbackFirst - offLoopbackEvery)
 	_ = engineapi.Poll(ctx, func(ctx context.Context) (bool, error) {
 		if !in.Alive() {
 			out = in.ExitInfo("the engine exited while " + why)
@@ -89,6 +91,11 @@ func (in *Instance) WaitReady(ctx context.Context, deadline time.Duration, ready
 // ready yet; a launch that becomes ready is checked then, whatever the
 // time.
 const offLoopbackEvery = 50 * time.Millisecond
+
+// offLoopbackFirst is when the first listener check of a launch is due: a
+// full read of /proc early in the start, while the engine loads, rather
+// than at ready, where its milliseconds would delay the first request.
+const offLoopbackFirst = 10 * time.Millisecond
 
 // ChatReady is the usual ReadyFunc of a chat engine: the served name in
 // /v1/models, then a real short answer to the canary prompt (content or

@@ -80,6 +80,10 @@ func Serve(d sdk.Driver) {
 	// A driver's engines run behind a launch supervisor that is this binary
 	// re-executed (sdk/proc); it takes over before go-plugin does.
 	proc.MaybeRunShim()
+	// A driver sleeps until a start needs it: quick to wake on a busy
+	// machine (its shims inherit this; their engines do not). An older
+	// kernel keeps its own slice.
+	_ = proc.AskShortSlice()
 	// IMPORTANT: a driver outlives the core that launched it (the core
 	// re-attaches after a restart). Once that core is gone, writes to the
 	// stderr pipe fail; with SIGPIPE ignored they fail quietly instead of

@@ -24,9 +24,16 @@ const tcpListen = "0A"
 // tcp6) whose socket inode one of the group's processes holds open. Sorted, without duplicates. Drivers use it
 // to refuse an engine that listens off loopback.
 func ListeningAddrs(pgid int) ([]netip.AddrPort, error) {
-	pids := GroupPIDs(pgid)
+	return NewGroup(pgid).ListeningAddrs()
+}
+
+// ListeningAddrs is the package's ListeningAddrs for the group's members
+// as PIDs reads them: a driver that checks a launch again and again keeps
+// its Group, so that each check after the first reads only what changed.
+func (g *Group) ListeningAddrs() ([]netip.AddrPort, error) {
+	pids := g.PIDs()
 	if len(pids) == 0 {
-		return nil, fmt.Errorf("listening addresses: no live process in group %d", pgid)
+		return nil, fmt.Errorf("listening addresses: no live process in group %d", g.pgid)
 	}
 	inodes := map[string]bool{}
 	for _, pid := range pids {

@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 )
 
 // procRoot is where /proc is mounted.
@@ -209,17 +210,97 @@ func scanProcs(fn func(pid int, s statInfo)) {
 // GroupPIDs returns every live (not zombie) process whose process group is
 // pgid, in ascending order. It returns nil for pgid <= 0.
 func GroupPIDs(pgid int) []int {
-	if pgid <= 0 {
+	return NewGroup(pgid).PIDs()
+}
+
+// Group follows the live members of one process group from read to read.
+// The first read, and a read more than groupRescan after the one before,
+// reads every process's stat (a few milliseconds on a busy machine); the
+// others read /proc's list of processes and the stat of only the ones
+// started since the read before and of the group's members then. So a
+// process the group started since is seen, even one orphaned at once (a
+// double fork: its PID is new), and so is a member that left or died.
+//
+// IMPORTANT: what a later read does not see: a process that was alive
+// outside the group at the read before and has moved into the group since
+// (setpgid into a group of another process tree in the same session: code
+// written for it, in another process of the driver's session), and a new
+// member that took the PID of a process that ended since the read before
+// (pid_max processes started between two reads). Drivers read a launch's
+// group every 50-250 ms while it starts, never more than groupRescan
+// apart without a full read.
+type Group struct {
+	pgid    int
+	known   map[int]bool // the processes alive outside the group at the last read
+	members []int
+	at      time.Time
+}
+
+// groupRescan is how old a Group's last read may be for the next to read
+// only what changed.
+const groupRescan = time.Second
+
+// statOf reads a process's stat (a test counts the reads).
+var statOf = readStat
+
+// NewGroup returns the Group of pgid; it reads nothing yet.
+func NewGroup(pgid int) *Group { return &Group{pgid: pgid} }
+
+// PIDs returns the group's live (not zombie) members in ascending order,
+// nil for pgid <= 0.
+func (g *Group) PIDs() []int {
+	if g.pgid <= 0 {
 		return nil
 	}
-	var pids []int
-	scanProcs(func(pid int, s statInfo) {
-		if s.pgrp == pgid && !s.dead() {
+	names, err := procPIDs()
+	if err != nil {
+		return nil
+	}
+	now := time.Now()
+	full := g.known == nil || now.Sub(g.at) > groupRescan
+	known := make(map[int]bool, len(names))
+	var members []int
+	for _, pid := range names {
+		if !full && g.known[pid] {
+			known[pid] = true // alive outside the group at the last read
+			continue
+		}
+		s, err := statOf(pid)
+		if err != nil {
+			continue // gone: its PID counts as new if it comes back
+		}
+		if s.pgrp == g.pgid && !s.dead() {
+			members = append(members, pid)
+		} else {
+			known[pid] = true
+		}
+	}
+	sort.Ints(members)
+	g.known, g.members, g.at = known, members, now
+	return members
+}
+
+// procPIDs lists the processes in /proc.
+func procPIDs() ([]int, error) {
+	d, err := os.Open(procRoot)
+	if err != nil {
+		return nil, err
+	}
+	defer d.Close()
+	names, err := d.Readdirnames(-1)
+	if err != nil {
+		return nil, err
+	}
+	pids := make([]int, 0, len(names))
+	for _, name := range names {
+		if name == "" || name[0] < '0' || name[0] > '9' {
+			continue
+		}
+		if pid, err := strconv.Atoi(name); err == nil {
 			pids = append(pids, pid)
 		}
-	})
-	sort.Ints(pids)
-	return pids
+	}
+	return pids, nil
 }
 
 // Descendants returns the live descendants of pid (children, grandchildren

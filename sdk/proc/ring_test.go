@@ -4,6 +4,8 @@
 package proc
 
 import (
+	"bytes"
+	"math/rand/v2"
 	"strings"
 	"sync"
 	"testing"
@@ -69,5 +71,51 @@ func TestRing_Concurrent(t *testing.T) {
 	got, _ := r.Tail(-1)
 	if len(got) != 64 || strings.Trim(string(got), "0123456789\n") != "" {
 		t.Errorf("Tail = %q", got)
+	}
+}
+
+// TestRing_StartsSmallAndGrows: a ring takes room as output comes, not its
+// whole size at once, and holds the same bytes as one allocated whole,
+// across every growth and wrap.
+func TestRing_StartsSmallAndGrows(t *testing.T) {
+	r := NewRing(RingSize)
+	if _, err := r.Write([]byte("engine starting\n")); err != nil {
+		t.Fatal(err)
+	}
+	if got := cap(r.buf); got > ringFirst {
+		t.Fatalf("a ring of %d bytes holding 16 took %d bytes at once, want at most %d", RingSize, got, ringFirst)
+	}
+	for _, size := range []int{1, 3, ringFirst - 1, ringFirst, ringFirst + 1, 3*ringFirst + 7, 8 * ringFirst} {
+		r := NewRing(size)
+		var all []byte
+		rng := rand.New(rand.NewPCG(uint64(size), 7))
+		for i := 0; len(all) < 3*size+ringFirst; i++ {
+			n := rng.IntN(ringFirst / 2)
+			switch i % 7 {
+			case 1:
+				n = 2*len(r.buf) - r.next // fill a doubled buffer exactly
+			case 3:
+				n = ringFirst - r.next // fill the buffer exactly
+			case 5:
+				n = size + 1 // more than the whole ring
+			}
+			n = max(n, 0)
+			p := make([]byte, n)
+			for j := range p {
+				p[j] = byte(rng.IntN(256))
+			}
+			all = append(all, p...)
+			if m, err := r.Write(p); m != n || err != nil {
+				t.Fatalf("Write = %d, %v", m, err)
+			}
+			want := all[max(0, len(all)-size):]
+			got, truncated := r.Tail(-1)
+			if !bytes.Equal(got, want) || truncated != (len(all) > size) {
+				t.Fatalf("size %d after %d bytes: Tail holds %d bytes (truncated %v), want the last %d", size, len(all), len(got), truncated, len(want))
+			}
+			if r.Len() != len(want) || len(r.buf) > size {
+				t.Fatalf("size %d: Len %d, buffer %d; want %d, at most %d", size, r.Len(), len(r.buf), len(want), size)
+			}
+		}
 	}
 }

@@ -94,6 +94,9 @@ func runShim() int {
 	sigs := make(chan os.Signal, 8)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
 	dropTerminal()
+	// Quick to wake when the spec comes; the engine gets the default back
+	// (engineSlice, before the fork).
+	_ = AskShortSlice()
 	// The spec and report pipes must not leak into the engine.
 	syscall.CloseOnExec(shimSpecFD)
 	syscall.CloseOnExec(shimReportFD)
@@ -193,7 +196,13 @@ func runShim() int {
 			return 2
 		}
 	}
+	// IMPORTANT: the engine is forked from this thread and inherits its
+	// slice: the kernel's default, not the shim's short one.
+	runtime.LockOSThread()
+	restore := engineSlice()
 	err = cmd.Start()
+	restore()
+	runtime.UnlockOSThread()
 	pw.Close()
 	if err != nil {
 		pr.Close()

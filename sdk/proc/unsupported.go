@@ -64,6 +64,21 @@ func Release(string) error { return ErrUnsupported }
 // ListeningAddrs returns ErrUnsupported outside Linux.
 func ListeningAddrs(int) ([]netip.AddrPort, error) { return nil, ErrUnsupported }
 
+// AskShortSlice does nothing outside Linux.
+func AskShortSlice() error { return nil }
+
+// Group is a process group's members; nothing outside Linux.
+type Group struct{}
+
+// NewGroup returns an empty Group outside Linux.
+func NewGroup(int) *Group { return &Group{} }
+
+// PIDs returns nil outside Linux.
+func (*Group) PIDs() []int { return nil }
+
+// ListeningAddrs returns ErrUnsupported outside Linux.
+func (*Group) ListeningAddrs() ([]netip.AddrPort, error) { return nil, ErrUnsupported }
+
 // Inspect reports LaunchUncertain outside Linux.
 func Inspect(Launched) (LaunchState, string) { return LaunchUncertain, ErrUnsupported.Error() }
 
