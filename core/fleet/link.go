@@ -467,7 +467,7 @@ func (s *Server) linkDown(name string, gen uint64) {
 	h.linkCancel = nil
 	h.downSince = time.Now()
 	relay := h.relayConn
-	h.relay, h.relayConn = nil, nil
+	h.relay, h.relayConn, h.relayHeard = nil, nil, nil
 	s.mu.Unlock()
 	h.changed.publish() // a wait on the host ends: it is out of reach
 	s.links.publish()
@@ -481,7 +481,18 @@ func (s *Server) linkDown(name string, gen uint64) {
 }
 
 // watchLost ends the link of a host silent for lostAfterBeats heartbeat
-// intervals (a partition may leave the TCP connection open).
+// intervals (a partition may leave the TCP connection open): no message on
+// its link and nothing on its relay for that long.
+//
+// IMPORTANT: the relay counts. Under a burst (10,000 streams opening on a
+// loaded machine) a host's heartbeat waits its turn behind the goroutines
+// relaying its streams, and reached the server more than three intervals
+// apart while the relay delivered the host's chunks; the server then took
+// the host for lost and closed its relay, cutting every stream on it (200
+// then a host_unreachable event) and refusing the next ones 503 until the
+// host linked again. The relay keeps a host for linkWedgedBeats intervals
+// at most: a link that long silent is wedged, and commands sent on it
+// would go nowhere without a word.
 func (s *Server) watchLost() {
 	t := time.NewTicker(s.o.Heartbeat)
 	defer t.Stop()
@@ -493,9 +504,11 @@ func (s *Server) watchLost() {
 		}
 		now := time.Now()
 		limit := now.Add(-lostAfterBeats * s.o.Heartbeat)
+		wedged := now.Add(-linkWedgedBeats * s.o.Heartbeat)
 		s.mu.Lock()
 		for _, h := range s.hosts {
-			if h.linkCancel != nil && h.lastSeen.Before(limit) {
+			if h.linkCancel != nil && h.lastSeen.Before(limit) &&
+				(!h.relayHeard.since(limit) || h.lastSeen.Before(wedged)) {
 				h.linkCancel()
 			}
 			// A connection outlives the certificate it was opened with:

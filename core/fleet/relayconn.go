@@ -5,6 +5,7 @@ package fleet
 
 import (
 	"crypto/tls"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/net/http2"
@@ -35,7 +36,8 @@ func (s *Server) attachRelay(tc *tls.Conn, cs tls.ConnectionState) {
 		tc.Close()
 		return
 	}
-	cc, err := relayTransport().NewClientConn(tc)
+	heard := &heardConn{Conn: tc, clock: &heardClock{}}
+	cc, err := relayTransport().NewClientConn(heard)
 	if err != nil {
 		tc.Close()
 		return
@@ -48,7 +50,7 @@ func (s *Server) attachRelay(tc *tls.Conn, cs tls.ConnectionState) {
 	}
 	h := s.hostLocked(name)
 	old := h.relayConn
-	h.relay, h.relayConn = cc, tc
+	h.relay, h.relayConn, h.relayHeard = cc, tc, heard.clock
 	s.mu.Unlock()
 	if old != nil {
 		old.Close()
@@ -88,4 +90,32 @@ func relayUp(cc *http2.ClientConn) bool {
 	}
 	st := cc.State()
 	return !st.Closed && !st.Closing
+}
+
+// heardConn is a host's relay connection that keeps the time of its last
+// read (a frame from the host: an answer's bytes, a ping's answer), so
+// that watchLost does not take a host whose relay is answering for lost
+// when its heartbeat is late. It embeds *tls.Conn: the HTTP/2 client
+// still reads the connection's TLS state.
+type heardConn struct {
+	*tls.Conn
+	clock *heardClock
+}
+
+func (c *heardConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	if n > 0 {
+		c.clock.last.Store(time.Now().UnixNano())
+	}
+	return n, err
+}
+
+// heardClock is when a relay connection last read something (unix
+// nanoseconds; 0: never).
+type heardClock struct{ last atomic.Int64 }
+
+// since reports whether the relay read something after t (false for a nil
+// clock: no relay).
+func (c *heardClock) since(t time.Time) bool {
+	return c != nil && c.last.Load() > t.UnixNano()
 }

@@ -41,7 +41,11 @@ const (
 	DefaultHeartbeat = linkwire.DefaultHeartbeat
 	// lostAfterBeats is how many heartbeat intervals without a word make a
 	// host lost.
-	lostAfterBeats   = 3
+	lostAfterBeats = 3
+	// linkWedgedBeats is how many heartbeat intervals without a word on
+	// its link make a host lost even while its relay delivers chunks (a
+	// stuck heartbeat goroutine or a half-open link connection).
+	linkWedgedBeats  = 20 * lostAfterBeats
 	handshakeTimeout = linkwire.HandshakeTimeout
 )
 
@@ -192,6 +196,9 @@ type liveHost struct {
 	adoptAgain bool               // ...and another was asked for meanwhile
 	relay      *http2.ClientConn
 	relayConn  net.Conn
+	// relayHeard is the current relay connection's clock of its last read
+	// (nil: no relay): a host whose relay answers is not silent.
+	relayHeard *heardClock
 	inFlight   int64
 	// downSince is when its link last went down (zero while up).
 	downSince time.Time

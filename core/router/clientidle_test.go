@@ -36,6 +36,29 @@ func TestRouter_SlowEngineIsNotAnIdleClient(t *testing.T) {
 	}
 }
 
+// TestRouter_SlowEngineIsNotAnIdleClientOverHTTP2: the same over HTTP/2
+// (a server relaying from a host speaks it; so does a TLS listener's
+// client), where a write deadline is a timer that resets the stream when
+// it fires, written to or not: left on while the router waited for the
+// engine, it reset every relayed stream whose engine paused longer than
+// the bound (10 s by default) between two chunks.
+func TestRouter_SlowEngineIsNotAnIdleClientOverHTTP2(t *testing.T) {
+	const bound = 100 * time.Millisecond
+	e := newEnv(t, envOpts{engine: fakeengine.Config{Tokens: 3, TokenRate: 10.0 / 3}, // a chunk every 300 ms
+		spec: func(d *structs.Deployment) { d.Limits.ClientReadIdle = structs.Duration(bound) }, h2: true})
+	resp, err := e.post(context.Background(), "/v1/chat/completions", chatBody(true, ""), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.ProtoMajor != 2 {
+		t.Fatalf("answered over HTTP/%d, want 2", resp.ProtoMajor)
+	}
+	body := readBody(t, resp)
+	if resp.StatusCode != 200 || !strings.Contains(body, "[DONE]") || strings.Contains(body, "client_read_idle") {
+		t.Fatalf("a slow engine's stream over HTTP/2: %d %q", resp.StatusCode, body)
+	}
+}
+
 // TestRouter_StalledStreamErrorReachesAClientThatReads: a stream cut by its
 // idle bound, longer than the client read bound, ends with the
 // stream_stalled error event and [DONE]: the bound of the write that

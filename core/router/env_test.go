@@ -170,6 +170,8 @@ type envOpts struct {
 	idleTimeout time.Duration
 	// wrap wraps the router's handlers (as the API's authentication does).
 	wrap func(http.Handler) http.Handler
+	// h2 serves HTTP/2 over TLS (as a host's relay and a TLS listener do).
+	h2 bool
 }
 
 func newEnv(t testing.TB, o envOpts) *env {
@@ -211,7 +213,12 @@ func newEnv(t testing.TB, o envOpts) *env {
 	}
 	e.srv = httptest.NewUnstartedServer(h)
 	e.srv.Config.IdleTimeout = o.idleTimeout
-	e.srv.Start()
+	if o.h2 {
+		e.srv.EnableHTTP2 = true
+		e.srv.StartTLS()
+	} else {
+		e.srv.Start()
+	}
 	t.Cleanup(e.srv.Close)
 	return e
 }
@@ -240,6 +247,9 @@ func (e *env) post(ctx context.Context, path, body string, hdr map[string]string
 	req.Header.Set("Content-Type", "application/json")
 	for k, v := range hdr {
 		req.Header.Set(k, v)
+	}
+	if e.srv.TLS != nil {
+		return e.srv.Client().Do(req)
 	}
 	return http.DefaultClient.Do(req)
 }

@@ -333,6 +333,15 @@ func (q *request) flushHTTP() error {
 	}
 	err := q.rc.Flush()
 	q.noteWriteErr(err)
+	if q.r.ProtoMajor == 2 {
+		// IMPORTANT: over HTTP/2 a write deadline is a timer that resets
+		// the stream when it fires, written to or not; the bound of what
+		// was written ends with its flush, else it would run while the
+		// router waits for the engine and reset a stream whose engine
+		// pauses longer than client_read_idle between two chunks (every
+		// stream a server relays from a host is HTTP/2).
+		_ = q.rc.SetWriteDeadline(time.Time{})
+	}
 	return err
 }
 

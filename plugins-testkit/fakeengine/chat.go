@@ -394,6 +394,7 @@ type generation struct {
 	released    bool
 	completions bool            // a text completion (/v1/completions), not a chat one
 	engineDead  bool            // the engine died under it (a collective gave up)
+	streamed    bool            // its answer is streamed (StreamTokenRate applies)
 	enc         *answerEncoders // another API's answer (nil: the flavour's chat)
 }
 
@@ -421,9 +422,13 @@ func (g *generation) aborted() bool { return errors.Is(context.Cause(g.ctx), err
 // every piece was emitted, else the time the end was observed.
 func (g *generation) run(toks []string, emit func(tok string) bool) (bool, time.Time) {
 	e, ctx := g.e, g.ctx
+	rate := e.cfg.TokenRate
+	if g.streamed && e.cfg.StreamTokenRate > 0 {
+		rate = e.cfg.StreamTokenRate
+	}
 	var tick *time.Ticker
-	if e.cfg.TokenRate > 0 {
-		tick = time.NewTicker(time.Duration(float64(time.Second) / e.cfg.TokenRate))
+	if rate > 0 {
+		tick = time.NewTicker(time.Duration(float64(time.Second) / rate))
 		defer tick.Stop()
 	}
 	if e.groupStuck() {
@@ -495,6 +500,7 @@ func (g *generation) complete(w http.ResponseWriter, res *ChatResult, toks []str
 
 // stream generates the answer as server-sent events, flushing each.
 func (g *generation) stream(w http.ResponseWriter, req *ChatRequest, res *ChatResult, toks []string) {
+	g.streamed = true
 	rc := http.NewResponseController(w)
 	enc := g.e.flavour.ChatStream(req, res.ChatMeta)
 	switch {

@@ -76,6 +76,11 @@ type Config struct {
 	// TokenRate is the generation speed in tokens per second; 0 means no
 	// delay between tokens.
 	TokenRate float64
+	// StreamTokenRate, when above 0, is a streamed answer's speed instead
+	// of TokenRate: a benchmark keeps thousands of streams open at a
+	// chunk every few seconds while the driver's readiness probe (a short
+	// answer, not streamed) is answered at TokenRate.
+	StreamTokenRate float64
 	// Tokens is the natural answer length (DefaultTokens when 0); a lower
 	// max_tokens cuts it with finish_reason "length".
 	Tokens int
@@ -306,6 +311,8 @@ func New(cfg Config) (*Engine, error) {
 		return nil, fmt.Errorf("new fake engine: max running %d is negative", cfg.MaxRunning)
 	case cfg.TokenRate < 0:
 		return nil, fmt.Errorf("new fake engine: token rate %v is negative", cfg.TokenRate)
+	case cfg.StreamTokenRate < 0:
+		return nil, fmt.Errorf("new fake engine: stream token rate %v is negative", cfg.StreamTokenRate)
 	case cfg.CrashAfter < 0, cfg.FailRequests < 0, cfg.StallAfterTokens < 0, cfg.BigChunkBytes < 0, cfg.HostAllocBytes < 0:
 		return nil, errors.New("new fake engine: knobs must not be negative")
 	case cfg.StartupDelay < 0:

@@ -827,3 +827,31 @@ func TestListen(t *testing.T) {
 		})
 	}
 }
+
+// TestStreamTokenRate_SlowsStreamedAnswersOnly: a streamed answer comes at
+// StreamTokenRate (one token per 100 s here: after its first event, the
+// role's, nothing more for a while), while a non-streamed one (a driver's
+// readiness probe) comes at TokenRate (at once).
+func TestStreamTokenRate_SlowsStreamedAnswersOnly(t *testing.T) {
+	te := startEngine(t, fakeengine.Config{Tokens: 4, StreamTokenRate: 0.01}, true)
+	if status, body := te.chat(t, chatBody("m", "hi", nil)); status != http.StatusOK {
+		t.Fatalf("non-streamed: %d %s", status, body)
+	}
+	s, ready := startStream(t, te.url, chatBody("m", "hi", map[string]any{"stream": true}), nil)
+	if err := <-ready; err != nil {
+		t.Fatal(err)
+	}
+	if first := s.next(t); strings.Contains(first, `"content":"`) && !strings.Contains(first, `"content":""`) {
+		t.Fatalf("the first event carries a token: %s", first)
+	}
+	got := make(chan string, 1)
+	go func() {
+		line, _ := s.rd.ReadString('\n')
+		got <- line
+	}()
+	select {
+	case line := <-got:
+		t.Fatalf("a token came at once, not at the stream's rate: %q", line)
+	case <-time.After(300 * time.Millisecond):
+	}
+}

@@ -53,6 +53,7 @@ func RegisterKnobs(fs *flag.FlagSet, cfg *Config) *Knobs {
 	fs.StringVar(&cfg.HoldStartupFile, def("hold-startup-file"), cfg.HoldStartupFile, "stay loading until this file exists")
 	fs.IntVar(&k.exitDuringStartup, def("exit-during-startup"), -1, "log a startup failure and exit with this code instead of becoming ready (-1: off)")
 	fs.Float64Var(&cfg.TokenRate, def("token-rate"), cfg.TokenRate, "tokens per second (0: no delay)")
+	fs.Float64Var(&cfg.StreamTokenRate, def("stream-token-rate"), cfg.StreamTokenRate, "tokens per second of a streamed answer (0: --token-rate)")
 	fs.IntVar(&cfg.Tokens, def("tokens"), orDefault(cfg.Tokens, DefaultTokens), "natural answer length in tokens")
 	fs.IntVar(&cfg.MaxRunning, def("max-running"), orDefault(cfg.MaxRunning, DefaultMaxRunning), "requests generating at once; the rest wait")
 	fs.IntVar(&cfg.CrashAfter, def("crash-after"), cfg.CrashAfter, "exit with code 1 after finishing this many chat requests (0: never)")

@@ -252,8 +252,10 @@ func (in *Instance) groupListener(a netip.AddrPort) bool {
 // nor a group member's peer listener, "" when none.
 func (in *Instance) offLoopbackAddr() string {
 	in.membersMu.Lock()
-	if in.members == nil {
+	// A relaunch on the same Instance has a new group: follow that one.
+	if in.members == nil || in.membersPgid != in.Launched.Pgid {
 		in.members = proc.NewGroup(in.Launched.Pgid)
+		in.membersPgid = in.Launched.Pgid
 	}
 	addrs, err := in.members.ListeningAddrs()
 	in.membersMu.Unlock()

@@ -68,8 +68,9 @@ type Instance struct {
 	// members follows the launch's group between listener checks
 	// (offLoopbackAddr), so that each after the first reads only what
 	// changed in /proc.
-	membersMu sync.Mutex
-	members   *proc.Group
+	membersMu   sync.Mutex
+	members     *proc.Group
+	membersPgid int // the process group members follows
 }
 
 // NewInstance builds an instance; ep.AuthHeader/AuthValue set the client's

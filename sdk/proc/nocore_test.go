@@ -1,6 +1,8 @@
 // Copyright (c) CapyCTL authors
 // SPDX-License-Identifier: Apache-2.0
 
+//go:build linux
+
 package proc
 
 import (

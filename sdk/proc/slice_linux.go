@@ -27,7 +27,8 @@ const shortSlice = 100_000
 // waited 4 ms at the 75th percentile with six busy threads beside it,
 // against 0.05 ms with a short slice (2 cores, Linux 6.18). A short slice changes when a task runs, not
 // how much: its share of the CPU stays the same. Kernels before 6.12 keep
-// their own slice; an error changes nothing and is returned for the log.
+// their own slice and return no error (the slice is ignored); an error
+// (e.g. a seccomp filter refusing sched_setattr) changes nothing.
 func AskShortSlice() error {
 	return setSlice(0, shortSlice, true)
 }
@@ -52,9 +53,18 @@ func engineSlice() (restore func()) {
 // setSlice sets the slice of tid (every thread of the process for all) to
 // ns (0: the kernel's default), keeping each thread's policy and nice;
 // only threads of the normal policy are changed.
+//
+// For all, the threads are listed again until a listing shows none not
+// yet set: a thread started by a thread not yet set, after the listing
+// before, inherits the old slice; one started by a thread already set
+// inherits the new one.
 func setSlice(tid int, ns uint64, all bool) error {
-	tids := []int{tid}
-	if all {
+	if !all {
+		return setThreadSlice(tid, ns)
+	}
+	done := map[int]bool{}
+	var last error
+	for {
 		d, err := os.Open("/proc/self/task")
 		if err != nil {
 			return err
@@ -64,27 +74,33 @@ func setSlice(tid int, ns uint64, all bool) error {
 		if err != nil {
 			return err
 		}
-		tids = tids[:0]
+		fresh := false
 		for _, n := range names {
-			if t, err := strconv.Atoi(n); err == nil {
-				tids = append(tids, t)
+			t, err := strconv.Atoi(n)
+			if err != nil || done[t] {
+				continue
+			}
+			done[t], fresh = true, true
+			if err := setThreadSlice(t, ns); err != nil {
+				last = err
 			}
 		}
-	}
-	var last error
-	for _, t := range tids {
-		a, err := unix.SchedGetAttr(t, 0)
-		if err != nil {
-			last = err
-			continue
-		}
-		if a.Policy != 0 { // SCHED_OTHER only: never a real-time or batch thread
-			continue
-		}
-		a.Size, a.Flags, a.Runtime, a.Deadline, a.Period = unix.SizeofSchedAttr, 0, ns, 0, 0
-		if err := unix.SchedSetAttr(t, a, 0); err != nil {
-			last = err
+		if !fresh {
+			return last
 		}
 	}
-	return last
+}
+
+// setThreadSlice sets one thread's slice; a thread of another policy than
+// the normal one is left alone.
+func setThreadSlice(t int, ns uint64) error {
+	a, err := unix.SchedGetAttr(t, 0)
+	if err != nil {
+		return err
+	}
+	if a.Policy != 0 { // SCHED_OTHER only: never a real-time or batch thread
+		return nil
+	}
+	a.Size, a.Flags, a.Runtime, a.Deadline, a.Period = unix.SizeofSchedAttr, 0, ns, 0, 0
+	return unix.SchedSetAttr(t, a, 0)
 }
