@@ -66,7 +66,8 @@ func TestRewriter_WalkedSitesAreTheSearchedOnes(t *testing.T) {
 	const oldID = "chatcmpl-8f2b0c7e9d0a4c1b9b5a"
 	pieces := []string{`{`, `}`, `,`, `[`, `]`, `"id":`, `"id": `, `"id" :`, `"id":  `, `"xid":`, `"model":`, `"model": `,
 		`"` + oldID + `"`, `"chatcmpl-x` + oldID + `"`, `"e-1"`, `"m"`, `"m2"`, `"demo"`, `"content":`, `"a:b"`,
-		`"\"id\":\"` + oldID + `\""`, `"object":"chat.completion.chunk"`, `1`, ` `, `:`, `"`, `\"`, `"e-1`}
+		`"\"id\":\"` + oldID + `\""`, `"object":"chat.completion.chunk"`, `1`, ` `, `:`, `"`, `\"`, `"e-1`,
+		`"usage":`, `"finish_reason":"stop"`, `"timings":`}
 	rng := rand.New(rand.NewPCG(1, 2))
 	var chunks []string
 	for i := 0; i < 20000; i++ {
@@ -76,8 +77,20 @@ func TestRewriter_WalkedSitesAreTheSearchedOnes(t *testing.T) {
 		}
 		chunks = append(chunks, b.String())
 	}
+	// More replacement sites than a walk records, then the figures.
+	many := `{"id":"` + oldID + `","model":"m","a":{"id":"` + oldID + `","model":"m"},"b":{"id":"` + oldID + `"},"usage":{"total_tokens":3}}`
+	chunks = append(chunks, many, many[:len(many)-len(`"usage":{"total_tokens":3}}`)]+`"x":1}`)
 	for _, c := range []struct{ oldID, served string }{{oldID, "m"}, {"e-1", "m"}, {oldID, ""}, {"", "m"}} {
 		for _, in := range chunks {
+			// The walk's verdict on figures is the one without
+			// replacements, whatever the chunk's replacement sites.
+			rw := rewriter{newID: "capy-1", public: "demo", served: c.served}
+			if c.oldID != "" {
+				rw.setOldID(c.oldID)
+			}
+			if got, want := rw.scanMembers([]byte(in)), carriesFigures([]byte(in)); got != want {
+				t.Fatalf("old id %q, served %q, chunk %s: figures %v, want %v", c.oldID, c.served, in, got, want)
+			}
 			write := func(walk bool) (string, bool) {
 				rw := rewriter{newID: "capy-1", public: "demo", served: c.served}
 				if c.served == "" {

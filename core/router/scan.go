@@ -217,15 +217,19 @@ func (rw *rewriter) scanMembers(p []byte) bool {
 		for j := range rw.subs {
 			sb := &rw.subs[j]
 			if bytes.HasPrefix(p[v:], sb.old) && bytes.HasSuffix(p[:c+1], sb.key) {
-				if n == len(rw.sites) {
-					return false // more than it records: write searches
+				// More sites than it records: the walk goes on for the
+				// figures, and write searches the chunk.
+				if n < len(rw.sites) {
+					rw.sites[n] = site{at: v, sub: j}
 				}
-				rw.sites[n] = site{at: v, sub: j}
 				n++
 				i = v + len(sb.old)
 				break
 			}
 		}
+	}
+	if n > len(rw.sites) {
+		return false
 	}
 	rw.nsites, rw.walked = n, true
 	rw.keepTemplate(p, content)
