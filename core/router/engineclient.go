@@ -66,8 +66,12 @@ func newEngineClient(maxIdlePerAddr int) *engineClient {
 }
 
 // readerPool holds the readers of answer heads; a call returns its reader
-// once the head is read (SSE) or the body is (JSON, errors).
-var readerPool = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, 2048) }}
+// once the head is read (SSE) or the body is (JSON, errors). A reader is
+// as large as the relay's event buffer: the read that brings the head
+// brings as much of the answer as the relay's next read would (an engine
+// that wrote its answer at once has it in the socket), and the relay's
+// first flush carries it all.
+var readerPool = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, eventBufSize) }}
 
 var headPool = sync.Pool{New: func() any { b := make([]byte, 0, 512); return &b }}
 

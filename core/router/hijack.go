@@ -304,12 +304,24 @@ func (q *request) takeOver() bool {
 }
 
 // writeHead writes the answer's head as net/http would have, and the
-// bytes buffered so far, in one write.
+// bytes buffered so far, in one write: gathered in a pooled buffer where
+// they fit, since the connection a listener wrapped (core/api's) offers
+// no writev and net.Buffers would write them one by one.
 func (q *request) writeHead(hdr http.Header, closing bool) {
 	b := bytes.NewBuffer(make([]byte, 0, 384))
 	takeover.WriteHead(b, http.StatusOK, hdr, closing)
-	bufs := net.Buffers{b.Bytes(), q.out.frame(false)}
-	_, err := bufs.WriteTo(q.cc.conn)
+	frame := q.out.frame(false)
+	var err error
+	if bp := eventBufPool.Get().(*[]byte); b.Len()+len(frame) <= len(*bp) {
+		n := copy(*bp, b.Bytes())
+		n += copy((*bp)[n:], frame)
+		_, err = q.cc.conn.Write((*bp)[:n])
+		eventBufPool.Put(bp)
+	} else {
+		eventBufPool.Put(bp)
+		bufs := net.Buffers{b.Bytes(), frame}
+		_, err = bufs.WriteTo(q.cc.conn)
+	}
 	q.out.release()
 	q.noteWriteErr(err)
 }

@@ -19,7 +19,25 @@ type rewriter struct {
 	oldID                 string
 	subs                  []substitution
 	built                 bool
+	// sites are where the replacements apply in the chunk scanMembers
+	// walked last (nsites of them), for the write that follows; walked
+	// says they are known (otherwise write searches).
+	sites  [4]site
+	nsites int
+	walked bool
+	// tpl is the last walked chunk without figures around its content
+	// string: its first tplPre bytes come before the string's body, the
+	// rest from the closing quote on; tplSites are its replacement sites,
+	// those after the content counted from the chunk's end (negative)
+	// (scanMembers, fitsTemplate).
+	tpl      []byte
+	tplPre   int
+	tplSites []site
 }
+
+// site is where a replacement applies: the old value's index and which
+// substitution.
+type site struct{ at, sub int }
 
 // substitution replaces old (a quoted JSON string) with new where it is
 // the value of the member key.
@@ -46,6 +64,7 @@ func (rw *rewriter) setOldID(id string) {
 
 func (rw *rewriter) build() {
 	rw.subs = rw.subs[:0]
+	rw.tpl, rw.tplPre, rw.tplSites = rw.tpl[:0], 0, rw.tplSites[:0] // its sites were the old substitutions
 	rw.built = true
 	q := func(s string) []byte { b, _ := json.Marshal(s); return b }
 	if rw.oldID != "" && rw.oldID != rw.newID {
@@ -87,8 +106,25 @@ func (rw *rewriter) write(q *request, payload []byte) error {
 	if !rw.built && rw.served != "" && rw.served != rw.public {
 		rw.build()
 	}
+	walked := rw.walked
+	rw.walked = false
 	if len(rw.subs) == 0 {
 		return q.write(payload)
+	}
+	if walked {
+		// scanMembers walked this chunk: the sites are known.
+		done := 0
+		for _, st := range rw.sites[:rw.nsites] {
+			s := &rw.subs[st.sub]
+			if err := q.write(payload[done:st.at]); err != nil {
+				return err
+			}
+			if err := q.write(s.new); err != nil {
+				return err
+			}
+			done = st.at + len(s.old)
+		}
+		return q.write(payload[done:])
 	}
 	// next[i] is where subs[i] applies next (-1: nowhere more).
 	var next [2]int

@@ -16,7 +16,7 @@ import (
 // know is decoded (scanChunk), off the relay's goroutine for a stream taken
 // over from net/http (see decodeOff).
 func (q *request) scan(payload []byte, rw *rewriter) bool {
-	if rw.oldID != "" && q.contentN > 0 && !carriesFigures(payload) {
+	if rw.oldID != "" && q.contentN > 0 && !rw.scanMembers(payload) {
 		q.contentN++
 		q.contentSeen = true
 		return true
@@ -148,10 +148,35 @@ var (
 // finds its leading quote at almost every member and costs about four
 // times as much.
 func carriesFigures(p []byte) bool {
+	var rw rewriter
+	return rw.scanMembers(p)
+}
+
+// scanMembers is carriesFigures, which also finds, on the same walk, where
+// rw's replacements apply in p (rewriter.sites): the same places
+// substitution.at finds, since each one's value follows a colon. The
+// relay then writes the chunk without searching it again. Where it
+// reports figures, the sites are left unknown.
+func (rw *rewriter) scanMembers(p []byte) bool {
+	rw.walked = false
+	if !rw.built && rw.served != "" && rw.served != rw.public {
+		rw.build()
+	}
+	if rw.fitsTemplate(p) {
+		for i, st := range rw.tplSites {
+			if st.at < 0 {
+				st.at += len(p) // a site after the content, from the end
+			}
+			rw.sites[i] = st
+		}
+		rw.nsites, rw.walked = len(rw.tplSites), true
+		return false
+	}
+	n, content := 0, -1
 	for i := 0; i < len(p); {
 		j := bytes.IndexByte(p[i:], ':')
 		if j < 0 {
-			return false
+			break
 		}
 		c := i + j
 		i = c + 1
@@ -167,6 +192,10 @@ func carriesFigures(p []byte) bool {
 			if bytes.HasSuffix(p[:k], usageKey) {
 				return true
 			}
+		case 't':
+			if content < 0 && k == c && c+1 < len(p) && p[c+1] == '"' && bytes.HasSuffix(p[:k], contentName) {
+				content = c + 2
+			}
 		case 's':
 			if bytes.HasSuffix(p[:k], timingsKey) {
 				return true
@@ -176,6 +205,96 @@ func carriesFigures(p []byte) bool {
 				return true
 			}
 		}
+		if k != c || len(rw.subs) == 0 {
+			continue
+		}
+		// A replacement's member: its name right before the colon, then its
+		// old value after the colon and at most one space.
+		v := c + 1
+		if v < len(p) && p[v] == ' ' {
+			v++
+		}
+		for j := range rw.subs {
+			sb := &rw.subs[j]
+			if bytes.HasPrefix(p[v:], sb.old) && bytes.HasSuffix(p[:c+1], sb.key) {
+				// More sites than it records: the walk goes on for the
+				// figures, and write searches the chunk.
+				if n < len(rw.sites) {
+					rw.sites[n] = site{at: v, sub: j}
+				}
+				n++
+				i = v + len(sb.old)
+				break
+			}
+		}
 	}
+	if n > len(rw.sites) {
+		return false
+	}
+	rw.nsites, rw.walked = n, true
+	rw.keepTemplate(p, content)
 	return false
+}
+
+var contentName = []byte(`"content"`)
+
+// Chunks of one answer differ mostly in their content: an engine writes
+// the same members around it, in the same order, with the same values (the
+// answer's id, the model, "finish_reason":null). The rewriter keeps the
+// last walked chunk without figures as a template: its bytes up to its
+// content string's opening quote (tplPre) and from its closing quote on
+// (the rest). A chunk made of the same two parts around a body without a
+// quote has the walk's figures and replacement sites of the template:
+// the walk reads a member's name from the quote before its colon, so a
+// colon in such a body (or one of the parts' that looks back into it) is
+// never a member's, and the parts are the same bytes. It is then checked
+// with two comparisons and one search for a quote, instead of a walk
+// over every colon.
+
+// fitsTemplate reports whether p is the template around another string
+// body.
+func (rw *rewriter) fitsTemplate(p []byte) bool {
+	pre, post := rw.tpl[:rw.tplPre], rw.tpl[rw.tplPre:]
+	if len(post) == 0 || len(p) < len(pre)+len(post) || !bytes.HasPrefix(p, pre) || !bytes.HasSuffix(p, post) {
+		return false
+	}
+	return bytes.IndexByte(p[len(pre):len(p)-len(post)], '"') < 0
+}
+
+// keepTemplate makes p, walked without figures, the template, where its
+// content string starts at content (-1: none).
+func (rw *rewriter) keepTemplate(p []byte, content int) {
+	if content < 0 {
+		return
+	}
+	end := content
+	for {
+		i := bytes.IndexByte(p[end:], '"')
+		if i < 0 {
+			return
+		}
+		end += i
+		bs := 0
+		for j := end - 1; j >= content && p[j] == '\\'; j-- {
+			bs++
+		}
+		if bs%2 == 0 {
+			break
+		}
+		end++
+	}
+	for _, st := range rw.sites[:rw.nsites] {
+		if st.at >= content && st.at < end {
+			return // never: the walk finds no member inside a string
+		}
+	}
+	rw.tpl = append(append(rw.tpl[:0], p[:content]...), p[end:]...)
+	rw.tplPre = content
+	rw.tplSites = rw.tplSites[:0]
+	for _, st := range rw.sites[:rw.nsites] {
+		if st.at >= end {
+			st.at -= len(p) // after the content: counted from the end
+		}
+		rw.tplSites = append(rw.tplSites, st)
+	}
 }

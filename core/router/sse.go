@@ -8,6 +8,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"os"
 	"sync"
 	"syscall"
 	"time"
@@ -67,6 +68,11 @@ type sseReader struct {
 
 	timed  bool          // fill measures how long its read waited (waited)
 	waited time.Duration // how long the last read waited for the engine
+
+	// want is the end of the wait readWithin asked for last; armed is the
+	// connection's read deadline, which readWithin leaves where it is while
+	// it comes at most a sixteenth of the bound before want (rearm).
+	want, armed time.Time
 
 	// low: the kernel wakes the reader only once lowWaterBytes are
 	// pending or the engine closed the connection (lowWater); reads are
@@ -251,13 +257,35 @@ func (s *sseReader) fill() {
 }
 
 // readWithin bounds the wait for the engine's next bytes (the stream idle
-// bound; a second for the end of a complete answer).
+// bound; a second for the end of a complete answer). The relay calls it
+// at every read; the connection's deadline moves only when the one it
+// has would come more than d/16 before the new bound (or after it): a
+// read that meets the earlier deadline waits on until the bound (rearm).
+// One deadline change per sixteenth of the bound, not one per read.
 func (s *sseReader) readWithin(d time.Duration) {
+	now := time.Now()
 	if s.low {
-		s.until = time.Now().Add(d)
+		s.until = now.Add(d)
 		return
 	}
-	_ = s.conn.SetReadDeadline(time.Now().Add(d))
+	s.want = now.Add(d)
+	if early := s.want.Sub(s.armed); early >= 0 && early < d/16 {
+		return
+	}
+	s.armed = s.want
+	_ = s.conn.SetReadDeadline(s.want)
+}
+
+// rearm moves a read deadline that passed before the bound readWithin
+// asked for to that bound; false when the bound itself passed (or the
+// deadline is not readWithin's).
+func (s *sseReader) rearm(err error) bool {
+	if s.low || !errors.Is(err, os.ErrDeadlineExceeded) || !s.armed.Before(s.want) {
+		return false
+	}
+	s.armed = s.want
+	_ = s.conn.SetReadDeadline(s.want)
+	return true
 }
 
 // lowWaterBytes is the low-water mark of an assembled answer's engine
@@ -275,7 +303,13 @@ func (s *sseReader) readPlain() (int, error) {
 	if s.buf == nil {
 		s.acquire()
 	}
-	return s.conn.Read(s.buf[s.end:])
+	for {
+		n, err := s.conn.Read(s.buf[s.end:])
+		if n == 0 && s.rearm(err) {
+			continue
+		}
+		return n, err
+	}
 }
 
 // decode turns the raw bytes buf[dec:end] into body bytes in place,

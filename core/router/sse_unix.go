@@ -40,9 +40,15 @@ func (s *sseReader) readConn() (int, error) {
 	if s.low {
 		return s.readLow()
 	}
-	s.rn, s.rerr = 0, nil
-	if err := s.raw.Read(s.readFn); err != nil {
-		return 0, err
+	for {
+		s.rn, s.rerr = 0, nil
+		err := s.raw.Read(s.readFn)
+		if err == nil {
+			break
+		}
+		if !s.rearm(err) {
+			return 0, err
+		}
 	}
 	s.reads++
 	return s.readResult()

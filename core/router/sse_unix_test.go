@@ -165,3 +165,100 @@ func TestSSEReader_LowWaterReadsAtAnIdleBoundBelowTheCheck(t *testing.T) {
 		t.Fatalf("the engine's close: clocked %v, wake-ups %d, want a wake-up", s.clocked, s.reads-reads)
 	}
 }
+
+// deadlineConn counts the read deadlines set on a TCP connection (its
+// RawConn stays reachable: the reader waits on it as on any TCP one).
+type deadlineConn struct {
+	*net.TCPConn
+	reads int
+}
+
+func (c *deadlineConn) SetReadDeadline(t time.Time) error {
+	c.reads++
+	return c.TCPConn.SetReadDeadline(t)
+}
+
+// tcpPair is a connected router and engine end over loopback TCP.
+func tcpPair(t *testing.T) (router *net.TCPConn, engine net.Conn) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	engineC := make(chan net.Conn, 1)
+	go func() {
+		c, _ := ln.Accept()
+		engineC <- c
+	}()
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	engine = <-engineC
+	if engine == nil {
+		t.Fatal("accept failed")
+	}
+	t.Cleanup(func() { engine.Close() })
+	return c.(*net.TCPConn), engine
+}
+
+// TestSSEReader_StreamIdleBoundMovesOncePerSixteenth: the relay asks for
+// the stream idle bound at every read, but the connection's deadline moves
+// once per sixteenth of the bound, not once per read (each move is a
+// timer change in the runtime).
+func TestSSEReader_StreamIdleBoundMovesOncePerSixteenth(t *testing.T) {
+	router, engine := tcpPair(t)
+	if _, err := engine.Write([]byte(sseHead("Transfer-Encoding: chunked\r\n"))); err != nil {
+		t.Fatal(err)
+	}
+	dc := &deadlineConn{TCPConn: router}
+	s, _ := readerOver(t, dc, 1024)
+	if s.raw == nil {
+		t.Fatal("the counting connection is read without RawConn")
+	}
+	for i := 0; i < 100; i++ {
+		s.readWithin(time.Hour)
+	}
+	if dc.reads != 1 {
+		t.Fatalf("100 bounds asked within a second moved the deadline %d times, want 1", dc.reads)
+	}
+	s.readWithin(time.Second) // a shorter bound moves it at once
+	if dc.reads != 2 || !s.armed.Equal(s.want) {
+		t.Fatalf("a shorter bound: %d moves, armed %v, want %v", dc.reads, s.armed, s.want)
+	}
+}
+
+// TestSSEReader_EarlyDeadlineWaitsOnToTheBound: a read that meets the
+// connection's deadline before the bound readWithin asked for last waits on
+// until that bound: the stream idle bound holds from the last output,
+// never less.
+func TestSSEReader_EarlyDeadlineWaitsOnToTheBound(t *testing.T) {
+	router, engine := tcpPair(t)
+	if _, err := engine.Write([]byte(sseHead("Transfer-Encoding: chunked\r\n"))); err != nil {
+		t.Fatal(err)
+	}
+	s, _ := readerOver(t, router, 1024)
+	s.readWithin(200 * time.Millisecond)
+	// As a later readWithin within the sixteenth leaves it: the connection's
+	// deadline is 100 ms before the bound.
+	s.want = s.armed.Add(100 * time.Millisecond)
+	n, err := s.readConn()
+	if n != 0 || !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("readConn = %d, %v; want a deadline", n, err)
+	}
+	if now := time.Now(); now.Before(s.want) {
+		t.Fatalf("the read ended %v before the bound", s.want.Sub(now))
+	}
+	// Bytes within the bound are read as ever.
+	s.readWithin(time.Second)
+	s.want = s.armed.Add(time.Second)
+	go func() {
+		time.Sleep(50 * time.Millisecond)
+		_, _ = engine.Write([]byte("f\r\ndata: {\"a\":1}\n\n\r\n"))
+	}()
+	if ev, err := s.next(); err != nil || string(ev) != `data: {"a":1}` {
+		t.Fatalf("next = %q, %v", ev, err)
+	}
+}
