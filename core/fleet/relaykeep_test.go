@@ -132,15 +132,24 @@ func (ks *keepServer) stream(t *testing.T, client *http.Client, parts ...string)
 
 var keepParts = []string{"data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n", "data: [DONE]\n\n"}
 
+// setTakeOverAfter sets takeOverAfter for one test and restores it in a
+// cleanup registered before the test's servers, so that it runs after they
+// stopped (cleanups run last first): a deferred restore ran while their
+// taken-over streams could still read it.
+func setTakeOverAfter(t *testing.T, d time.Duration) {
+	t.Helper()
+	old := takeOverAfter
+	takeOverAfter = d
+	t.Cleanup(func() { takeOverAfter = old })
+}
+
 // TestRelay_AShortStreamKeepsItsConnection: a stream that ends before the
 // take-over stays on net/http, and the client's keep-alive connection
 // carries its next request. Before, every relayed stream was taken over at
 // its head and its connection closed after it: a new connection per
 // stream.
 func TestRelay_AShortStreamKeepsItsConnection(t *testing.T) {
-	old := takeOverAfter
-	takeOverAfter = time.Hour
-	defer func() { takeOverAfter = old }()
+	setTakeOverAfter(t, time.Hour)
 	ks := startKeepServer(t)
 	client := ks.client()
 	for i := 0; i < 3; i++ {
@@ -162,9 +171,7 @@ func TestRelay_AShortStreamKeepsItsConnection(t *testing.T) {
 // watch: the second stream's connection closed after a whole answer, and
 // the client's next request on it was reset).
 func TestRelay_ALongStreamIsTakenOverAndItsConnectionComesBack(t *testing.T) {
-	old := takeOverAfter
-	takeOverAfter = 0
-	defer func() { takeOverAfter = old }()
+	setTakeOverAfter(t, 0)
 	ks := startKeepServer(t)
 	client := ks.client()
 	for i := 0; i < 3; i++ {
@@ -214,9 +221,7 @@ func TestRelay_ALongStreamIsTakenOverAndItsConnectionComesBack(t *testing.T) {
 // middle of a taken-over stream cancels it (the host then cancels the
 // engine's work).
 func TestRelay_AHangUpCutsATakenOverStream(t *testing.T) {
-	old := takeOverAfter
-	takeOverAfter = 0
-	defer func() { takeOverAfter = old }()
+	setTakeOverAfter(t, 0)
 	ks := startKeepServer(t)
 	conn, err := net.Dial("tcp", strings.TrimPrefix(ks.url, "http://"))
 	if err != nil {

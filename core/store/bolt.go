@@ -180,6 +180,10 @@ type Store struct {
 	// commits counts committed read-write transactions (the request
 	// writer's tests assert its group commit with it).
 	commits atomic.Uint64
+
+	// requestTail is the request ledger's writer, whose journal
+	// ListRequests reads beside the store (nil: no writer, or it is off).
+	requestTail atomic.Pointer[RequestWriter]
 }
 
 // Commits is how many read-write transactions committed since the store

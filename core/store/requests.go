@@ -5,9 +5,17 @@ package store
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
+	"io/fs"
+	"math"
+	"os"
+	"path/filepath"
+	"strconv"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/capyctl/capyctl/core/structs"
@@ -21,6 +29,12 @@ const (
 	DefaultRequestBuffer     = 4096
 	DefaultRequestMaxRecords = 100_000
 	DefaultRequestMaxAge     = 7 * 24 * time.Hour
+	// DefaultRequestFoldInterval is how long records stay in the journal
+	// before they are folded into the store.
+	DefaultRequestFoldInterval = 5 * time.Second
+	// DefaultRequestFoldMax folds as soon as this many records wait in the
+	// journal (it bounds the memory they hold: about 0.4 KiB each).
+	DefaultRequestFoldMax = 4096
 	// DefaultRequestPage is what ListRequests returns when its limit is
 	// not positive.
 	DefaultRequestPage = 100
@@ -34,42 +48,61 @@ const (
 // from DefaultRequestWriterOptions() to keep 100 000 records for 7 days.
 type RequestWriterOptions struct {
 	// Interval is the most a record waits in the queue before its group
-	// commit (default 50 ms).
+	// is written to disk (default 50 ms).
 	Interval time.Duration
-	// MaxBatch commits as soon as this many records wait (default 256).
+	// MaxBatch writes as soon as this many records wait (default 256).
 	MaxBatch int
 	// Buffer is the queue's capacity (default 4096). A Record that finds
 	// it full is dropped and counted, never waited for.
 	Buffer int
+	// FoldInterval is the most a written record waits in the journal
+	// before it is folded into the store (default 5 s).
+	FoldInterval time.Duration
+	// FoldMax folds as soon as this many records wait in the journal
+	// (default 4096).
+	FoldMax int
 	// MaxRecords bounds the number of stored records.
 	MaxRecords int
 	// MaxAge bounds their age, by ReceivedAt.
 	MaxAge time.Duration
-	// Logger reports failed commits; silent when nil.
+	// Logger reports failed writes; silent when nil.
 	Logger hclog.Logger
+
+	// beforeWrite, when set (tests), runs before each group is written.
+	beforeWrite func()
 }
 
-// DefaultRequestWriterOptions returns the defaults: 50 ms or 256 records
-// per commit, a 4096-record queue, 100 000 records kept for 7 days.
+// DefaultRequestWriterOptions returns the defaults: a write every 50 ms or
+// 256 records, a fold into the store every 5 s or 4096 records, a
+// 4096-record queue, 100 000 records kept for 7 days.
 func DefaultRequestWriterOptions() RequestWriterOptions {
 	return RequestWriterOptions{
-		Interval:   DefaultRequestInterval,
-		MaxBatch:   DefaultRequestBatch,
-		Buffer:     DefaultRequestBuffer,
-		MaxRecords: DefaultRequestMaxRecords,
-		MaxAge:     DefaultRequestMaxAge,
+		Interval:     DefaultRequestInterval,
+		MaxBatch:     DefaultRequestBatch,
+		Buffer:       DefaultRequestBuffer,
+		FoldInterval: DefaultRequestFoldInterval,
+		FoldMax:      DefaultRequestFoldMax,
+		MaxRecords:   DefaultRequestMaxRecords,
+		MaxAge:       DefaultRequestMaxAge,
 	}
 }
 
 // RequestWriter is the request ledger's writer. Record never blocks: the
-// router hands a record over and goes on; a goroutine group-commits the
-// queue in one transaction per Interval (or per MaxBatch records).
+// router hands a record over and goes on; a goroutine writes the queue to
+// the ledger's journal (JournalIn: one synchronous append, O_DSYNC) every
+// Interval or MaxBatch records, and folds the journal into the store (one
+// bbolt transaction, which costs two fdatasyncs and a page write per
+// touched page) every FoldInterval or FoldMax records, at Flush and at
+// Close. A writer made on a store whose journal holds records (the last
+// role crashed) folds them first.
 //
 // Durability, as documented for operators: a record is on disk at most
-// Interval after its request ended; a crash or power loss can lose the
-// records still queued (they describe requests to engines the same crash
-// stopped). The state written beside them (deployments, instances, events)
-// is committed synchronously and is never put at risk by the ledger.
+// Interval after its request ended (plus the write itself); a crash or
+// power loss can lose the records still queued (they describe requests to
+// engines the same crash stopped), never one written to the journal.
+// ListRequests reads the journal's records too. The state written beside
+// them (deployments, instances, events) is committed synchronously and is
+// never put at risk by the ledger.
 type RequestWriter struct {
 	s    *Store
 	opts RequestWriterOptions
@@ -82,9 +115,39 @@ type RequestWriter struct {
 	flushReq chan chan struct{}
 	done     chan struct{}
 
+	// Owned by run (and NewRequestWriter before it starts).
+	journal *os.File // nil: the journal could not be opened; write to the store
+	jsize   int64
+	seq     uint64 // the last key given to a record
+
+	// tail is what the journal holds, oldest first, for ListRequests. Only
+	// run changes it; it appends to it or replaces it.
+	tailMu sync.RWMutex
+	tail   []journaled
+
 	dropped atomic.Uint64
 	lastErr atomic.Pointer[error]
+	// writes and folds count the journal's appends and the folds that
+	// committed (tests pin the group writes with them).
+	writes atomic.Uint64
+	folds  atomic.Uint64
 }
+
+// journaled is one record written to the journal and not yet folded.
+type journaled struct {
+	seq        uint64
+	deployment string
+	raw        []byte // the record's JSON, as stored
+}
+
+// JournalIn returns the request ledger's journal beside a store file.
+func JournalIn(storePath string) string {
+	return filepath.Join(filepath.Dir(storePath), JournalFileName)
+}
+
+// JournalFileName is the request ledger journal's name in the state
+// directory.
+const JournalFileName = "requests.journal"
 
 // NewRequestWriter starts a writer on s. With MaxRecords or MaxAge at 0 the
 // ledger is off: it removes what is stored and records nothing. Close the
@@ -99,6 +162,12 @@ func NewRequestWriter(s *Store, opts RequestWriterOptions) *RequestWriter {
 	if opts.Buffer <= 0 {
 		opts.Buffer = DefaultRequestBuffer
 	}
+	if opts.FoldInterval <= 0 {
+		opts.FoldInterval = DefaultRequestFoldInterval
+	}
+	if opts.FoldMax <= 0 {
+		opts.FoldMax = DefaultRequestFoldMax
+	}
 	w := &RequestWriter{
 		s:        s,
 		opts:     opts,
@@ -111,22 +180,68 @@ func NewRequestWriter(s *Store, opts RequestWriterOptions) *RequestWriter {
 	if w.log == nil {
 		w.log = hclog.NewNullLogger()
 	}
+	path := JournalIn(s.Path())
 	if w.off {
+		s.requestTail.Store(nil)
 		close(w.done)
-		if err := s.Update(func(tx *Tx) error { return tx.purgeRequests() }); err != nil {
+		err := s.Update(func(tx *Tx) error { return tx.purgeRequests() })
+		if err == nil {
+			if rerr := os.Remove(path); rerr != nil && !errors.Is(rerr, fs.ErrNotExist) {
+				err = fmt.Errorf("remove the request ledger journal: %w", rerr)
+			}
+		}
+		if err != nil {
 			w.log.Warn("could not remove the stored request ledger", "error", err)
 			w.lastErr.Store(&err)
 		}
 		return w
 	}
+	w.recover(path)
+	s.requestTail.Store(w)
 	go w.run()
 	return w
+}
+
+// recover opens the journal, folds what a crashed role left in it, and
+// takes up the store's sequence. Without a journal (it cannot be opened)
+// each group is committed to the store, as before the journal.
+func (w *RequestWriter) recover(path string) {
+	// O_DSYNC: each append returns once its bytes are on disk, one syscall
+	// where a write and an fdatasync were two.
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_APPEND|syscall.O_DSYNC, 0o600)
+	if err != nil {
+		w.log.Warn("request ledger journal unavailable; records go to the store directly", "error", err)
+		w.lastErr.Store(&err)
+	} else {
+		data, rerr := io.ReadAll(f)
+		left := parseJournal(data)
+		if rerr != nil {
+			w.log.Warn("could not read the request ledger journal", "error", rerr)
+		}
+		if len(left) > 0 {
+			if err := w.commit(left); err != nil {
+				w.dropped.Add(uint64(len(left)))
+				w.lastErr.Store(&err)
+				w.log.Warn("could not fold the request ledger journal; records dropped", "records", len(left), "error", err)
+			} else {
+				w.log.Info("request ledger journal folded", "records", len(left))
+			}
+		}
+		if err := f.Truncate(0); err != nil {
+			w.log.Warn("could not empty the request ledger journal", "error", err)
+		}
+		w.journal = f
+	}
+	_ = w.s.View(func(tx *Tx) error {
+		w.seq = tx.bucket(bucketRequests).Sequence()
+		return nil
+	})
 }
 
 // Enabled reports whether the ledger keeps records.
 func (w *RequestWriter) Enabled() bool { return !w.off }
 
-// Record queues r for the next group commit. It never blocks: when the
+// Record queues r for the next group write. It never blocks: when the
 // queue is full, or the writer closed, r is dropped and counted.
 func (w *RequestWriter) Record(r structs.RequestRecord) {
 	if w.off {
@@ -146,10 +261,10 @@ func (w *RequestWriter) Record(r structs.RequestRecord) {
 }
 
 // Dropped returns how many records were lost: the queue was full, the
-// writer was closed, or their commit failed.
+// writer was closed, or their write failed.
 func (w *RequestWriter) Dropped() uint64 { return w.dropped.Load() }
 
-// Err returns the last commit error, nil when every commit worked.
+// Err returns the last write error, nil when every write worked.
 func (w *RequestWriter) Err() error {
 	if p := w.lastErr.Load(); p != nil {
 		return *p
@@ -157,8 +272,8 @@ func (w *RequestWriter) Err() error {
 	return nil
 }
 
-// Flush commits every record queued before the call and returns when it is
-// on disk (or dropped).
+// Flush writes every record queued before the call, folds the journal into
+// the store, and returns when they are there (or dropped).
 func (w *RequestWriter) Flush() {
 	reply := make(chan struct{})
 	select {
@@ -168,8 +283,8 @@ func (w *RequestWriter) Flush() {
 	}
 }
 
-// Close commits what is queued and stops the writer. Later Records are
-// dropped. It returns the last commit error.
+// Close writes what is queued, folds the journal into the store and stops
+// the writer. Later Records are dropped. It returns the last write error.
 func (w *RequestWriter) Close() error {
 	w.mu.Lock()
 	if !w.closed {
@@ -186,9 +301,16 @@ func (w *RequestWriter) Close() error {
 func (w *RequestWriter) run() {
 	defer close(w.done)
 	batch := make([]structs.RequestRecord, 0, w.opts.MaxBatch)
-	var timer *time.Timer
-	var timerC <-chan time.Time
-	flush := func() {
+	var timer, foldTimer *time.Timer
+	var timerC, foldC <-chan time.Time
+	fold := func() {
+		if foldTimer != nil {
+			foldTimer.Stop()
+			foldTimer, foldC = nil, nil
+		}
+		w.fold()
+	}
+	write := func() {
 		if timer != nil {
 			timer.Stop()
 			timer, timerC = nil, nil
@@ -196,30 +318,39 @@ func (w *RequestWriter) run() {
 		if len(batch) == 0 {
 			return
 		}
-		if err := w.commit(batch); err != nil {
-			w.dropped.Add(uint64(len(batch)))
-			w.lastErr.Store(&err)
-			w.log.Warn("request ledger commit failed; records dropped", "records", len(batch), "error", err)
-		}
+		w.write(batch)
 		batch = batch[:0]
+		if n := w.tailLen(); n >= w.opts.FoldMax {
+			fold()
+		} else if n > 0 && foldC == nil {
+			foldTimer = time.NewTimer(w.opts.FoldInterval)
+			foldC = foldTimer.C
+		}
 	}
 	for {
 		select {
 		case r, ok := <-w.ch:
 			if !ok {
-				flush()
+				write()
+				fold()
+				if w.journal != nil {
+					_ = w.journal.Close()
+				}
 				return
 			}
 			batch = append(batch, r)
 			if len(batch) >= w.opts.MaxBatch {
-				flush()
+				write()
 			} else if timerC == nil {
 				timer = time.NewTimer(w.opts.Interval)
 				timerC = timer.C
 			}
 		case <-timerC:
 			timer, timerC = nil, nil
-			flush()
+			write()
+		case <-foldC:
+			foldTimer, foldC = nil, nil
+			fold()
 		case reply := <-w.flushReq:
 			for n := len(w.ch); n > 0; n-- {
 				r, ok := <-w.ch
@@ -228,35 +359,174 @@ func (w *RequestWriter) run() {
 				}
 				batch = append(batch, r)
 				if len(batch) >= w.opts.MaxBatch {
-					flush()
+					write()
 				}
 			}
-			flush()
+			write()
+			fold()
 			close(reply)
 		}
 	}
 }
 
-func (w *RequestWriter) commit(batch []structs.RequestRecord) error {
+// write puts a group of records on disk: appended to the journal and
+// synced (O_DSYNC; without a journal, committed to the store). A group
+// that could not be written is dropped and counted.
+func (w *RequestWriter) write(batch []structs.RequestRecord) {
+	if w.opts.beforeWrite != nil {
+		w.opts.beforeWrite()
+	}
+	entries := make([]journaled, 0, len(batch))
+	// IMPORTANT: a fresh buffer per group: the entries' raw JSON are its
+	// slices, kept until the fold.
+	buf := make([]byte, 0, len(batch)*512)
+	for i := range batch {
+		line := len(buf)
+		buf = strconv.AppendUint(buf, w.seq+1, 10)
+		buf = append(buf, ' ')
+		start := len(buf)
+		var err error
+		if buf, err = appendRecord(buf, &batch[i]); err != nil {
+			buf = buf[:line]
+			w.dropped.Add(1)
+			w.lastErr.Store(&err)
+			continue
+		}
+		raw := buf[start:len(buf):len(buf)]
+		buf = append(buf, '\n')
+		w.seq++
+		entries = append(entries, journaled{seq: w.seq, deployment: batch[i].Deployment, raw: raw})
+	}
+	if len(entries) == 0 {
+		return
+	}
+	if w.journal == nil {
+		if err := w.commit(entries); err != nil {
+			w.failed(len(entries), err)
+		}
+		return
+	}
+	if _, err := w.journal.Write(buf); err != nil {
+		// A torn line would hide the lines after it from a recovery.
+		_ = w.journal.Truncate(w.jsize)
+		w.failed(len(entries), fmt.Errorf("write the request ledger journal: %w", err))
+		return
+	}
+	w.jsize += int64(len(buf))
+	w.writes.Add(1)
+	w.tailMu.Lock()
+	w.tail = append(w.tail, entries...)
+	w.tailMu.Unlock()
+}
+
+// fold commits the journal's records to the store and empties the journal.
+// Records whose fold failed are dropped and counted, as a failed commit's
+// always were.
+func (w *RequestWriter) fold() {
+	w.tailMu.RLock()
+	entries := w.tail
+	w.tailMu.RUnlock()
+	if len(entries) == 0 {
+		return
+	}
+	if err := w.commit(entries); err != nil {
+		w.failed(len(entries), err)
+	} else {
+		w.folds.Add(1)
+	}
+	// IMPORTANT: empty the journal only after the commit: a crash between
+	// the two folds its records again at the next start, and commit skips
+	// those the store already holds (by key).
+	if w.journal == nil {
+		// unreachable: without a journal, groups go to the store at once
+	} else if err := w.journal.Truncate(0); err != nil {
+		w.log.Warn("could not empty the request ledger journal", "error", err)
+	} else {
+		w.jsize = 0
+	}
+	w.tailMu.Lock()
+	w.tail = nil
+	w.tailMu.Unlock()
+}
+
+func (w *RequestWriter) failed(n int, err error) {
+	w.dropped.Add(uint64(n))
+	w.lastErr.Store(&err)
+	w.log.Warn("request ledger write failed; records dropped", "records", n, "error", err)
+}
+
+func (w *RequestWriter) tailLen() int {
+	w.tailMu.RLock()
+	defer w.tailMu.RUnlock()
+	return len(w.tail)
+}
+
+// tailSnapshot returns the records in the journal, oldest first.
+func (w *RequestWriter) tailSnapshot() []journaled {
+	w.tailMu.RLock()
+	defer w.tailMu.RUnlock()
+	return w.tail
+}
+
+func (w *RequestWriter) commit(entries []journaled) error {
 	return w.s.Update(func(tx *Tx) error {
-		if err := tx.putRequests(batch); err != nil {
+		if err := tx.putJournaled(entries); err != nil {
 			return err
 		}
-		return tx.pruneRequests(w.opts.MaxRecords, w.opts.MaxAge, len(batch)+pruneBatch)
+		return tx.pruneRequests(w.opts.MaxRecords, w.opts.MaxAge, len(entries)+pruneBatch)
 	})
 }
 
 // ListRequests returns up to limit records, newest first, of one
-// deployment ("" for all; limit <= 0: DefaultRequestPage).
+// deployment ("" for all; limit <= 0: DefaultRequestPage): those in the
+// request ledger's journal, then those folded into the store.
 func (s *Store) ListRequests(deployment string, limit int) ([]structs.RequestRecord, error) {
-	return view(s, func(tx *Tx) ([]structs.RequestRecord, error) { return tx.ListRequests(deployment, limit) })
+	if limit <= 0 {
+		limit = DefaultRequestPage
+	}
+	out := []structs.RequestRecord{}
+	// floor: the store's keys from here up are in the tail read first (a
+	// fold may commit them between the two reads).
+	floor := uint64(math.MaxUint64)
+	if w := s.requestTail.Load(); w != nil {
+		tail := w.tailSnapshot()
+		if len(tail) > 0 {
+			floor = tail[0].seq
+		}
+		for i := len(tail) - 1; i >= 0 && len(out) < limit; i-- {
+			if deployment != "" && tail[i].deployment != deployment {
+				continue
+			}
+			var r structs.RequestRecord
+			if err := json.Unmarshal(tail[i].raw, &r); err != nil {
+				return nil, fmt.Errorf("decode request record %d: %w", tail[i].seq, err)
+			}
+			out = append(out, r)
+		}
+	}
+	if len(out) >= limit {
+		return out, nil
+	}
+	stored, err := view(s, func(tx *Tx) ([]structs.RequestRecord, error) {
+		return tx.listRequests(deployment, limit-len(out), floor)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return append(out, stored...), nil
 }
 
-// ListRequests is Store.ListRequests inside a transaction.
+// ListRequests is Store.ListRequests inside a transaction, of the records
+// folded into the store.
 func (t *Tx) ListRequests(deployment string, limit int) ([]structs.RequestRecord, error) {
 	if limit <= 0 {
 		limit = DefaultRequestPage
 	}
+	return t.listRequests(deployment, limit, math.MaxUint64)
+}
+
+// listRequests lists up to limit records with keys below floor.
+func (t *Tx) listRequests(deployment string, limit int, floor uint64) ([]structs.RequestRecord, error) {
 	out := []structs.RequestRecord{}
 	b := t.bucket(bucketRequests)
 	decode := func(k, v []byte) error {
@@ -270,6 +540,9 @@ func (t *Tx) ListRequests(deployment string, limit int) ([]structs.RequestRecord
 	if deployment == "" {
 		c := b.Cursor()
 		for k, v := c.Last(); k != nil && len(out) < limit; k, v = c.Prev() {
+			if readU64(k) >= floor {
+				continue
+			}
 			if err := decode(k, v); err != nil {
 				return nil, err
 			}
@@ -282,6 +555,9 @@ func (t *Tx) ListRequests(deployment string, limit int) ([]structs.RequestRecord
 	}
 	c := idx.Cursor()
 	for k, _ := c.Last(); k != nil && len(out) < limit; k, _ = c.Prev() {
+		if readU64(k) >= floor {
+			continue
+		}
 		v := b.Get(k)
 		if v == nil {
 			continue
@@ -291,6 +567,39 @@ func (t *Tx) ListRequests(deployment string, limit int) ([]structs.RequestRecord
 		}
 	}
 	return out, nil
+}
+
+// putJournaled stores records under their journal keys. A record the store
+// already holds (its key is not above the bucket's sequence: a fold the
+// last role committed without emptying its journal) is skipped, so a
+// journal folded twice stores each record once.
+func (t *Tx) putJournaled(entries []journaled) error {
+	b, idx := t.bucket(bucketRequests), t.bucket(bucketRequestsByDeploy)
+	last := b.Sequence()
+	top := last
+	for _, e := range entries {
+		if e.seq <= last {
+			continue
+		}
+		if err := b.Put(u64(e.seq), e.raw); err != nil {
+			return fmt.Errorf("put request records: %w", err)
+		}
+		top = max(top, e.seq)
+		if e.deployment == "" {
+			continue
+		}
+		dep, err := idx.CreateBucketIfNotExists([]byte(e.deployment))
+		if err != nil {
+			return fmt.Errorf("put request records: %w", err)
+		}
+		if err := dep.Put(u64(e.seq), nil); err != nil {
+			return fmt.Errorf("put request records: %w", err)
+		}
+	}
+	if err := b.SetSequence(top); err != nil {
+		return fmt.Errorf("put request records: %w", err)
+	}
+	return nil
 }
 
 func (t *Tx) putRequests(batch []structs.RequestRecord) error {

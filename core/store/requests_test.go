@@ -5,6 +5,9 @@ package store
 
 import (
 	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -80,8 +83,8 @@ func TestRequestWriter_Concurrent(t *testing.T) {
 	cases := []struct {
 		name   string
 		buffer int
-		// block holds the store's writer lock while the goroutines record,
-		// so that nothing is committed and the queue fills up.
+		// block holds the writer at its first write while the goroutines
+		// record, so that nothing is written and the queue fills up.
 		block bool
 	}{
 		{name: "large buffer loses nothing", buffer: 8 * 500},
@@ -93,19 +96,24 @@ func TestRequestWriter_Concurrent(t *testing.T) {
 			opts := DefaultRequestWriterOptions()
 			opts.Buffer = c.buffer
 			opts.MaxBatch = 32
-			w := NewRequestWriter(s, opts)
+			var w *RequestWriter
+			if !c.block {
+				w = NewRequestWriter(s, opts)
+			}
 			release := func() {}
 			if c.block {
+				// Hold the writer at its first write, so that nothing is
+				// written and the queue fills up.
 				held, done := make(chan struct{}), make(chan struct{})
-				go func() {
-					_ = s.Update(func(tx *Tx) error {
-						close(held)
-						<-done
-						return nil
-					})
-				}()
-				<-held
+				var once sync.Once
+				opts.beforeWrite = func() {
+					once.Do(func() { close(held) })
+					<-done
+				}
 				release = func() { close(done) }
+				w = NewRequestWriter(s, opts)
+				w.Record(request("first", 0, time.Now()))
+				<-held
 			}
 			const goroutines, each = 8, 500
 			var wg sync.WaitGroup
@@ -127,9 +135,13 @@ func TestRequestWriter_Concurrent(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			want := goroutines * each
+			if c.block {
+				want++ // the record that holds the writer
+			}
 			total := len(stored) + int(w.Dropped())
-			if total != goroutines*each {
-				t.Errorf("stored %d + dropped %d = %d, want %d", len(stored), w.Dropped(), total, goroutines*each)
+			if total != want {
+				t.Errorf("stored %d + dropped %d = %d, want %d", len(stored), w.Dropped(), total, want)
 			}
 			if !c.block && w.Dropped() != 0 {
 				t.Errorf("dropped %d with room in the buffer", w.Dropped())
@@ -236,27 +248,29 @@ func TestRequestWriter_Off(t *testing.T) {
 	}
 }
 
-// TestRequestWriter_GroupCommit pins the writer's group commit: the records
-// queued before a Flush are committed in one transaction, and a batch
-// commits as soon as MaxBatch records wait. A writer that committed each
-// record alone would pass every other test here.
+// TestRequestWriter_GroupCommit pins the writer's group writes: the records
+// queued before a Flush are written to the journal in one write, a group is
+// written as soon as MaxBatch records wait, and the journal is folded into
+// the store in one transaction. A writer that wrote or committed each record
+// alone would pass every other test here.
 func TestRequestWriter_GroupCommit(t *testing.T) {
 	cases := []struct {
 		name     string
 		records  int
 		maxBatch int
-		commits  uint64
+		writes   uint64
 	}{
-		{name: "one commit for the queue", records: 100, maxBatch: 256, commits: 1},
-		{name: "a commit per full batch", records: 10, maxBatch: 4, commits: 3},
-		{name: "exactly full batches", records: 8, maxBatch: 4, commits: 2},
+		{name: "one write for the queue", records: 100, maxBatch: 256, writes: 1},
+		{name: "a write per full batch", records: 10, maxBatch: 4, writes: 3},
+		{name: "exactly full batches", records: 8, maxBatch: 4, writes: 2},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			clock := newFakeClock()
 			s, _ := newTestStore(t, Options{Now: clock.Now})
 			opts := DefaultRequestWriterOptions()
-			opts.Interval = time.Hour // only Flush and MaxBatch commit
+			opts.Interval = time.Hour // only Flush and MaxBatch write
+			opts.FoldInterval = time.Hour
 			opts.MaxBatch = c.maxBatch
 			w := NewRequestWriter(s, opts)
 			defer w.Close()
@@ -265,12 +279,152 @@ func TestRequestWriter_GroupCommit(t *testing.T) {
 				w.Record(request("a", i, clock.Now()))
 			}
 			w.Flush()
-			if got := s.commits.Load() - before; got != c.commits {
-				t.Fatalf("%d records in %d commits, want %d", c.records, got, c.commits)
+			if got := w.writes.Load(); got != c.writes {
+				t.Fatalf("%d records in %d writes, want %d", c.records, got, c.writes)
+			}
+			if got := s.commits.Load() - before; got != 1 {
+				t.Fatalf("%d records folded in %d commits, want 1", c.records, got)
 			}
 			if got, _ := s.ListRequests("a", 1000); len(got) != c.records || w.Dropped() != 0 {
 				t.Fatalf("%d records stored, %d dropped; want %d, 0", len(got), w.Dropped(), c.records)
 			}
 		})
+	}
+}
+
+// waitFor polls cond until it holds (or fails the test after 30 s).
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// copyFile copies src to dst (a missing src is an empty dst).
+func copyFile(t *testing.T, src, dst string) {
+	t.Helper()
+	data, err := os.ReadFile(src)
+	if err != nil && !os.IsNotExist(err) {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(dst, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestRequestWriter_WrittenRecordsSurviveACrash: what a crashed role left
+// on disk (the store file and the journal as they were at the crash) gives
+// the next role every record written to the journal, once each, whether
+// the crash came before the journal was folded, after the fold committed
+// but before the journal was emptied, or in the middle of a write (a torn
+// last line). Records only queued are lost, as documented.
+func TestRequestWriter_WrittenRecordsSurviveACrash(t *testing.T) {
+	cases := []struct {
+		name string
+		// folded: the crash came after the fold's commit, before the
+		// journal was emptied.
+		folded bool
+		torn   bool
+	}{
+		{name: "before the fold"},
+		{name: "after the fold's commit", folded: true},
+		{name: "torn last line", torn: true},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			s, path := newTestStore(t, Options{})
+			opts := DefaultRequestWriterOptions()
+			opts.Interval = time.Hour // only full batches are written
+			opts.FoldInterval = time.Hour
+			opts.MaxBatch = 4
+			w := NewRequestWriter(s, opts)
+			for i := 0; i < 10; i++ {
+				w.Record(request("a", i, time.Now()))
+			}
+			w.Record(structs.RequestRecord{ID: "unrouted", Status: 404, ReceivedAt: time.Now()})
+			w.Record(request("b", 0, time.Now()))
+			// 12 records: three groups of 4 are written; nothing is folded.
+			waitFor(t, "three writes", func() bool { return w.writes.Load() == 3 })
+			if got := s.commits.Load(); got != 0 {
+				t.Fatalf("%d commits before the fold, want 0", got)
+			}
+			if got, _ := s.ListRequests("", 100); len(got) != 12 {
+				t.Fatalf("ListRequests lists %d written records before the fold, want 12", len(got))
+			}
+			crash := filepath.Join(t.TempDir(), "crash")
+			if err := os.MkdirAll(crash, 0o700); err != nil {
+				t.Fatal(err)
+			}
+			copyFile(t, JournalIn(path), JournalIn(PathIn(crash)))
+			if c.folded {
+				w.Flush()
+			}
+			copyFile(t, path, PathIn(crash))
+			if c.torn {
+				f, err := os.OpenFile(JournalIn(PathIn(crash)), os.O_WRONLY|os.O_APPEND, 0)
+				if err != nil {
+					t.Fatal(err)
+				}
+				_, _ = f.WriteString(`13 {"id":"torn","deploym`)
+				_ = f.Close()
+			}
+			w.Record(request("a", 99, time.Now())) // queued after the crash's image
+			_ = w.Close()
+
+			s2, err := Open(PathIn(crash), Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s2.Close()
+			w2 := NewRequestWriter(s2, opts)
+			defer w2.Close()
+			got, _ := s2.ListRequests("", 100)
+			want := []string{"b-0", "unrouted", "a-9", "a-8", "a-7", "a-6", "a-5", "a-4", "a-3", "a-2", "a-1", "a-0"}
+			if fmt.Sprint(ids(got)) != fmt.Sprint(want) {
+				t.Fatalf("after the crash the ledger lists %v, want %v", ids(got), want)
+			}
+			if a, _ := s2.ListRequests("a", 100); len(a) != 10 {
+				t.Errorf("deployment a lists %d records, want 10", len(a))
+			}
+			w2.Record(request("c", 0, time.Now()))
+			w2.Flush()
+			if got, _ := s2.ListRequests("", 2); fmt.Sprint(ids(got)) != "[c-0 b-0]" {
+				t.Errorf("a record after the recovery: newest %v, want [c-0 b-0]", ids(got))
+			}
+			if data, _ := os.ReadFile(JournalIn(PathIn(crash))); len(data) != 0 {
+				t.Errorf("the journal holds %d bytes after the fold", len(data))
+			}
+		})
+	}
+}
+
+// appendJournal appends a journal line as RequestWriter.write writes it.
+func appendJournal(buf []byte, seq uint64, raw []byte) []byte {
+	buf = strconv.AppendUint(buf, seq, 10)
+	buf = append(buf, ' ')
+	buf = append(buf, raw...)
+	return append(buf, '\n')
+}
+
+// TestRequestWriter_OffRemovesTheJournal: turning the ledger off removes
+// the records a crashed role left in the journal, not only the store's.
+func TestRequestWriter_OffRemovesTheJournal(t *testing.T) {
+	s, path := newTestStore(t, Options{})
+	if err := os.WriteFile(JournalIn(path), appendJournal(nil, 1, []byte(`{"id":"x","deployment":"a"}`)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	opts := DefaultRequestWriterOptions()
+	opts.MaxRecords = 0
+	w := NewRequestWriter(s, opts)
+	_ = w.Close()
+	if _, err := os.Stat(JournalIn(path)); !os.IsNotExist(err) {
+		t.Errorf("the journal is still there with the ledger off (stat: %v)", err)
+	}
+	if got, _ := s.ListRequests("", 10); len(got) != 0 {
+		t.Errorf("an off ledger lists %v", ids(got))
 	}
 }

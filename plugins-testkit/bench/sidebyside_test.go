@@ -68,7 +68,9 @@ import (
 // sections: proxy, llama, cold, fleet), CAPYCTL_BENCH_LLAMA_REQUESTS,
 // CAPYCTL_BENCH_FLEET_STREAMS, CAPYCTL_BENCH_FLEET_EVERY (the time between
 // a stream's chunks, e.g. 1s), CAPYCTL_BENCH_COLD_SAMPLES, CAPYCTL_BENCH_LLAMA_STREAMED=0 (the
-// llama-server section without its streamed half). Nothing else is asserted: the behaviour behind
+// llama-server section without its streamed half), CAPYCTL_BENCH_PERF=1 (perf stat's system
+// calls and context switches per request of each target, in the proxy section). Nothing else
+// is asserted: the behaviour behind
 // the figures is tested elsewhere.
 func BenchmarkSideBySide(b *testing.B) {
 	sideOnce.Do(func() { sideLines = measureSideBySide(b) })
@@ -95,6 +97,7 @@ type sbKnobs struct {
 	fleetStreams  int
 	fleetEvery    time.Duration
 	coldN         int
+	perf          bool // CAPYCTL_BENCH_PERF=1: count syscalls and switches
 }
 
 func sideKnobs() sbKnobs {
@@ -121,6 +124,7 @@ func sideKnobs() sbKnobs {
 	if n, err := strconv.Atoi(os.Getenv("CAPYCTL_BENCH_COLD_SAMPLES")); err == nil && n > 0 {
 		k.coldN = n
 	}
+	k.perf = os.Getenv("CAPYCTL_BENCH_PERF") == "1"
 	if v := os.Getenv("CAPYCTL_BENCH_ONLY"); v != "" {
 		k.only = map[string]bool{}
 		for _, s := range strings.Split(v, ",") {
@@ -150,6 +154,7 @@ type sbSide struct {
 	cpu    func() int64 // CPU ticks of the target's processes
 	extra  func() int64 // CPU ticks of the host behind a server (nil: none)
 	pid    int          // the target's (proxy, role or server) process
+	tree   func() []int // the processes cpu reads
 }
 
 func measureSideBySide(b *testing.B) []string {
@@ -188,7 +193,8 @@ func startSides(b *testing.B, server bool) (bare *sbSide, roles []*harness.Role,
 	_, fakeBin := harness.Binaries(b)
 	engURL, _ := spawnFake(b, fakeBin, "demo", sbFakeArgs...)
 	proxyURL, proxyPID := startBareProxyPID(b, engURL)
-	bare = &sbSide{name: "bare proxy", base: proxyURL, direct: engURL, pid: proxyPID, cpu: func() int64 { return cpuTicks(proxyPID) }}
+	bare = &sbSide{name: "bare proxy", base: proxyURL, direct: engURL, pid: proxyPID, cpu: func() int64 { return cpuTicks(proxyPID) },
+		tree: func() []int { return []int{proxyPID} }}
 
 	r := harness.StartStandalone(b, harness.Options{})
 	addFake(b, r, "fake", sbFakeArgs...)
@@ -196,7 +202,7 @@ func startSides(b *testing.B, server bool) (bare *sbSide, roles []*harness.Role,
 	eng, _ := instanceOf(b, r, "demo")
 	rolePID := r.PID()
 	role := &sbSide{name: "CapyCTL", base: r.InferenceURL(), key: r.Creds.APIKey, direct: eng, pid: rolePID,
-		cpu: func() int64 { return treeTicks(rolePID, engineSet(r)) }}
+		cpu: func() int64 { return treeTicks(rolePID, engineSet(r)) }, tree: func() []int { return treePIDs(rolePID, engineSet(r)) }}
 	sides = []*sbSide{bare, role}
 	roles = []*harness.Role{r}
 	if dir := os.Getenv("CAPYCTL_BENCH_BASELINE"); dir != "" {
@@ -208,7 +214,7 @@ func startSides(b *testing.B, server bool) (bare *sbSide, roles []*harness.Role,
 		brPID := br.PID()
 		roles = append(roles, br)
 		sides = append(sides, &sbSide{name: "baseline", base: br.InferenceURL(), key: br.Creds.APIKey, direct: beng, pid: brPID,
-			cpu: func() int64 { return treeTicks(brPID, engineSet(br)) }})
+			cpu: func() int64 { return treeTicks(brPID, engineSet(br)) }, tree: func() []int { return treePIDs(brPID, engineSet(br)) }})
 	}
 	if server {
 		sides = append(sides, startRelay(b, "server relay", ""))
@@ -233,6 +239,7 @@ func startRelay(b *testing.B, name, bin string) *sbSide {
 	srvPID, hostPID := srv.PID(), host.PID()
 	return &sbSide{name: name, base: srv.InferenceURL(), key: srv.Creds.APIKey, direct: heng, pid: srvPID,
 		cpu:   func() int64 { return treeTicks(srvPID, nil) },
+		tree:  func() []int { return treePIDs(srvPID, nil) },
 		extra: func() int64 { return treeTicks(hostPID, engineSet(host)) }}
 }
 
@@ -337,7 +344,10 @@ var sbFigures = []sbFigure{
 // sbResult gathers one figure's repetitions for one side.
 type sbResult struct {
 	cpu, extra, rate, p50, p99, first50, added, addedFirst []float64
-	errs                                                   int
+	// syscalls and switches per request of the target's processes
+	// (CAPYCTL_BENCH_PERF=1)
+	sys, cs []float64
+	errs    int
 }
 
 func measureProxies(b *testing.B, k sbKnobs, sides []*sbSide) []string {
@@ -356,8 +366,16 @@ func measureProxies(b *testing.B, k sbKnobs, sides []*sbSide) []string {
 				if f.conc == 1 {
 					direct = sbRun(b, s.direct, "", f, k, nil, nil)
 				}
-				l := sbRun(b, s.base, s.key, f, k, s.cpu, s.extra)
+				var pids func() []int
+				if k.perf {
+					pids = s.tree
+				}
+				l := sbRunPerf(b, s.base, s.key, f, k, s.cpu, s.extra, pids)
 				r.errs += l.failed()
+				if l.perf {
+					r.sys = append(r.sys, float64(l.sys)/float64(max(l.n, 1)))
+					r.cs = append(r.cs, float64(l.cs)/float64(max(l.n, 1)))
+				}
 				r.cpu = append(r.cpu, ticksPer(l.cpu, l.n))
 				r.extra = append(r.extra, ticksPer(l.extra, l.n))
 				r.rate = append(r.rate, float64(l.n)/l.window.Seconds())
@@ -402,6 +420,18 @@ func measureProxies(b *testing.B, k sbKnobs, sides []*sbSide) []string {
 	row("8-token answer, c=1: CPU per request", "µs", cpu, "≤ 1.0", "%.0f")
 	row("8-token answer, c=32: requests/s", "/s", func(r *sbResult) []float64 { return r.rate }, "≥ 1.0", "%.0f")
 	row("8-token answer, c=32: CPU per request", "µs", cpu, "≤ 1.0", "%.0f")
+	if k.perf {
+		say("")
+		for _, f := range sbFigures {
+			line := f.name + ": syscalls, context switches per request (perf stat, the target's processes):"
+			for _, s := range sides {
+				if r := get(f.name, s.name); len(r.sys) > 0 {
+					line += fmt.Sprintf(" %s %.1f, %.2f;", s.name, median(r.sys), median(r.cs))
+				}
+			}
+			say("%s", line)
+		}
+	}
 	say("")
 	for _, f := range sbFigures {
 		line := f.name + ": last chunk or answer p50, first chunk p50:"
@@ -432,7 +462,11 @@ type sbLoad struct {
 	window time.Duration
 	cpu    int64 // ticks of the target's processes in the window
 	extra  int64
-	errs   map[string]int
+	// perf: sys and cs were counted (syscalls and context switches of
+	// the target's processes in the window)
+	perf    bool
+	sys, cs int64
+	errs    map[string]int
 }
 
 func (l *sbLoad) failed() int {
@@ -446,6 +480,12 @@ func (l *sbLoad) failed() int {
 // sbRun runs f's closed loop against base: warm-up, then the measured
 // window, reading cpu and extra at its edges.
 func sbRun(b *testing.B, base, key string, f sbFigure, k sbKnobs, cpu, extra func() int64) *sbLoad {
+	return sbRunPerf(b, base, key, f, k, cpu, extra, nil)
+}
+
+// sbRunPerf is sbRun that also counts, with perf stat, the syscalls and
+// context switches of the processes pids names at the window's start.
+func sbRunPerf(b *testing.B, base, key string, f sbFigure, k sbKnobs, cpu, extra func() int64, pids func() []int) *sbLoad {
 	res := &sbLoad{errs: map[string]int{}}
 	var mu sync.Mutex
 	var stop atomic.Bool
@@ -491,11 +531,18 @@ func sbRun(b *testing.B, base, key string, f sbFigure, k sbKnobs, cpu, extra fun
 	if extra != nil {
 		e0 = extra()
 	}
+	var counter *perfStat
+	if pids != nil {
+		counter = startPerfStat(pids())
+	}
 	start := time.Now()
 	t0.Store(start.UnixNano())
 	time.Sleep(k.measure)
 	end := time.Now()
 	t1.Store(end.UnixNano())
+	if counter != nil {
+		res.sys, res.cs, res.perf = counter.stop()
+	}
 	if cpu != nil {
 		res.cpu = cpu() - c0
 	}
@@ -692,6 +739,65 @@ func treeShares(before, after map[int]int64, n int) string {
 		parts = append(parts, fmt.Sprintf("%s %.0f µs", s.name, s.us))
 	}
 	return strings.Join(parts, "; ")
+}
+
+// treePIDs is root and every process below it, leaving out the processes
+// in skip and theirs.
+func treePIDs(root int, skip map[int]bool) []int {
+	var out []int
+	for pid := range procTree(root, skip) {
+		out = append(out, pid)
+	}
+	return out
+}
+
+// perfStat is a perf stat counting syscalls and context switches of some
+// processes.
+type perfStat struct {
+	cmd *exec.Cmd
+	out bytes.Buffer
+}
+
+// startPerfStat starts counting (nil when perf cannot start).
+func startPerfStat(pids []int) *perfStat {
+	if len(pids) == 0 {
+		return nil
+	}
+	list := make([]string, len(pids))
+	for i, p := range pids {
+		list[i] = strconv.Itoa(p)
+	}
+	p := &perfStat{}
+	p.cmd = exec.Command("perf", "stat", "-x,", "-e", "raw_syscalls:sys_enter,context-switches", "-p", strings.Join(list, ","))
+	p.cmd.Stderr = &p.out
+	if err := p.cmd.Start(); err != nil {
+		return nil
+	}
+	time.Sleep(50 * time.Millisecond) // perf attaches
+	return p
+}
+
+// stop ends the count and returns it (ok false: perf counted nothing).
+func (p *perfStat) stop() (sys, cs int64, ok bool) {
+	_ = p.cmd.Process.Signal(syscall.SIGINT)
+	_ = p.cmd.Wait()
+	for _, line := range strings.Split(p.out.String(), "\n") {
+		f := strings.Split(line, ",")
+		if len(f) < 3 {
+			continue
+		}
+		v, err := strconv.ParseInt(f[0], 10, 64)
+		if err != nil {
+			continue
+		}
+		switch f[2] {
+		case "raw_syscalls:sys_enter":
+			sys, ok = v, true
+		case "context-switches":
+			cs = v
+		}
+	}
+	return sys, cs, ok
 }
 
 // loadAverage is /proc/loadavg's first three figures.
