@@ -4,6 +4,7 @@
 package store
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -15,7 +16,6 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/capyctl/capyctl/core/structs"
@@ -70,7 +70,14 @@ type RequestWriterOptions struct {
 
 	// beforeWrite, when set (tests), runs before each group is written.
 	beforeWrite func()
+	// commitErr, when set (tests), fails a commit to the store.
+	commitErr func() error
 }
+
+// foldKeep bounds, in FoldMax, how many records a failing fold keeps in the
+// journal to fold again: past it they are dropped, as a failed commit's
+// always were.
+const foldKeep = 4
 
 // DefaultRequestWriterOptions returns the defaults: a write every 50 ms or
 // 256 records, a fold into the store every 5 s or 4096 records, a
@@ -99,7 +106,8 @@ func DefaultRequestWriterOptions() RequestWriterOptions {
 // Durability, as documented for operators: a record is on disk at most
 // Interval after its request ended (plus the write itself); a crash or
 // power loss can lose the records still queued (they describe requests to
-// engines the same crash stopped), never one written to the journal.
+// engines the same crash stopped), never one written to the journal (a
+// failed fold keeps them there, up to foldKeep×FoldMax records).
 // ListRequests reads the journal's records too. The state written beside
 // them (deployments, instances, events) is committed synchronously and is
 // never put at risk by the ledger.
@@ -208,7 +216,7 @@ func NewRequestWriter(s *Store, opts RequestWriterOptions) *RequestWriter {
 func (w *RequestWriter) recover(path string) {
 	// O_DSYNC: each append returns once its bytes are on disk, one syscall
 	// where a write and an fdatasync were two.
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_APPEND|syscall.O_DSYNC, 0o600)
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_APPEND|journalSync, 0o600)
 	if err != nil {
 		w.log.Warn("request ledger journal unavailable; records go to the store directly", "error", err)
 		w.lastErr.Store(&err)
@@ -218,16 +226,25 @@ func (w *RequestWriter) recover(path string) {
 		if rerr != nil {
 			w.log.Warn("could not read the request ledger journal", "error", rerr)
 		}
+		kept := false
 		if len(left) > 0 {
 			if err := w.commit(left); err != nil {
-				w.dropped.Add(uint64(len(left)))
+				// The records stay in the journal, listed, and are
+				// folded again with the next fold.
 				w.lastErr.Store(&err)
-				w.log.Warn("could not fold the request ledger journal; records dropped", "records", len(left), "error", err)
+				w.log.Warn("could not fold the request ledger journal; its records stay in it", "records", len(left), "error", err)
+				w.tail, w.jsize, kept = left, int64(len(data)), true
 			} else {
 				w.log.Info("request ledger journal folded", "records", len(left))
 			}
 		}
-		if err := f.Truncate(0); err != nil {
+		if kept {
+			// A torn last line is cut off: the next append starts a line.
+			if end := bytes.LastIndexByte(data, '\n') + 1; end < len(data) {
+				_ = f.Truncate(int64(end))
+				w.jsize = int64(end)
+			}
+		} else if err := f.Truncate(0); err != nil {
 			w.log.Warn("could not empty the request ledger journal", "error", err)
 		}
 		w.journal = f
@@ -236,6 +253,9 @@ func (w *RequestWriter) recover(path string) {
 		w.seq = tx.bucket(bucketRequests).Sequence()
 		return nil
 	})
+	if n := len(w.tail); n > 0 && w.tail[n-1].seq > w.seq {
+		w.seq = w.tail[n-1].seq
+	}
 }
 
 // Enabled reports whether the ledger keeps records.
@@ -420,8 +440,9 @@ func (w *RequestWriter) write(batch []structs.RequestRecord) {
 }
 
 // fold commits the journal's records to the store and empties the journal.
-// Records whose fold failed are dropped and counted, as a failed commit's
-// always were.
+// Records whose fold failed stay in the journal, listed, and are folded
+// again with the next fold (or by the next start); past foldKeep×FoldMax
+// of them they are dropped and counted, as a failed commit's always were.
 func (w *RequestWriter) fold() {
 	w.tailMu.RLock()
 	entries := w.tail
@@ -430,6 +451,11 @@ func (w *RequestWriter) fold() {
 		return
 	}
 	if err := w.commit(entries); err != nil {
+		if len(entries) < foldKeep*w.opts.FoldMax {
+			w.lastErr.Store(&err)
+			w.log.Warn("request ledger fold failed; its records stay in the journal", "records", len(entries), "error", err)
+			return
+		}
 		w.failed(len(entries), err)
 	} else {
 		w.folds.Add(1)
@@ -469,6 +495,11 @@ func (w *RequestWriter) tailSnapshot() []journaled {
 }
 
 func (w *RequestWriter) commit(entries []journaled) error {
+	if w.opts.commitErr != nil {
+		if err := w.opts.commitErr(); err != nil {
+			return err
+		}
+	}
 	return w.s.Update(func(tx *Tx) error {
 		if err := tx.putJournaled(entries); err != nil {
 			return err
