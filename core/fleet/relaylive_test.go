@@ -25,9 +25,10 @@ func TestWatchLost_AHostWhoseRelayAnswersIsNotLost(t *testing.T) {
 	const beat = 100 * time.Millisecond // lost after 3 silent beats
 	s, stopBeats, chunk, cancel := relayWithoutBeats(t, beat)
 	stopBeats() // the host's heartbeats stop; its relay goes on
-	// Ten times the silence that makes a host lost, counted in the relay's
-	// chunks (100 ms of them each) rather than by the clock.
-	for i := 0; i < 10*3*10; i++ {
+	// Three times the silence that makes a host lost (and well within
+	// linkWedgedBeats), counted in the relay's chunks (10 ms each) rather
+	// than by the clock.
+	for i := 0; i < 3*lostAfterBeats*10; i++ {
 		if c := chunk(); strings.Contains(c, "error") {
 			t.Fatalf("the stream ended with %s: its host was taken for lost while its relay answered", c)
 		}
