@@ -323,12 +323,16 @@ func (w *RequestWriter) run() {
 	batch := make([]structs.RequestRecord, 0, w.opts.MaxBatch)
 	var timer, foldTimer *time.Timer
 	var timerC, foldC <-chan time.Time
+	// kept: the last fold failed and kept its records; the next is tried
+	// by the fold timer, Flush or Close, not by every group's write, until
+	// foldKeep×FoldMax records wait.
+	kept := false
 	fold := func() {
 		if foldTimer != nil {
 			foldTimer.Stop()
 			foldTimer, foldC = nil, nil
 		}
-		w.fold()
+		kept = !w.fold()
 	}
 	write := func() {
 		if timer != nil {
@@ -340,7 +344,7 @@ func (w *RequestWriter) run() {
 		}
 		w.write(batch)
 		batch = batch[:0]
-		if n := w.tailLen(); n >= w.opts.FoldMax {
+		if n := w.tailLen(); n >= w.opts.FoldMax && (!kept || n >= foldKeep*w.opts.FoldMax) {
 			fold()
 		} else if n > 0 && foldC == nil {
 			foldTimer = time.NewTimer(w.opts.FoldInterval)
@@ -443,18 +447,19 @@ func (w *RequestWriter) write(batch []structs.RequestRecord) {
 // Records whose fold failed stay in the journal, listed, and are folded
 // again with the next fold (or by the next start); past foldKeep×FoldMax
 // of them they are dropped and counted, as a failed commit's always were.
-func (w *RequestWriter) fold() {
+// It reports false when a failed fold kept its records.
+func (w *RequestWriter) fold() bool {
 	w.tailMu.RLock()
 	entries := w.tail
 	w.tailMu.RUnlock()
 	if len(entries) == 0 {
-		return
+		return true
 	}
 	if err := w.commit(entries); err != nil {
 		if len(entries) < foldKeep*w.opts.FoldMax {
 			w.lastErr.Store(&err)
 			w.log.Warn("request ledger fold failed; its records stay in the journal", "records", len(entries), "error", err)
-			return
+			return false
 		}
 		w.failed(len(entries), err)
 	} else {
@@ -473,6 +478,7 @@ func (w *RequestWriter) fold() {
 	w.tailMu.Lock()
 	w.tail = nil
 	w.tailMu.Unlock()
+	return true
 }
 
 func (w *RequestWriter) failed(n int, err error) {
@@ -629,30 +635,6 @@ func (t *Tx) putJournaled(entries []journaled) error {
 	}
 	if err := b.SetSequence(top); err != nil {
 		return fmt.Errorf("put request records: %w", err)
-	}
-	return nil
-}
-
-func (t *Tx) putRequests(batch []structs.RequestRecord) error {
-	b, idx := t.bucket(bucketRequests), t.bucket(bucketRequestsByDeploy)
-	for i := range batch {
-		seq, err := b.NextSequence()
-		if err != nil {
-			return fmt.Errorf("put request records: %w", err)
-		}
-		if err := putJSON(b, u64(seq), &batch[i]); err != nil {
-			return fmt.Errorf("put request records: %w", err)
-		}
-		if batch[i].Deployment == "" {
-			continue
-		}
-		dep, err := idx.CreateBucketIfNotExists([]byte(batch[i].Deployment))
-		if err != nil {
-			return fmt.Errorf("put request records: %w", err)
-		}
-		if err := dep.Put(u64(seq), nil); err != nil {
-			return fmt.Errorf("put request records: %w", err)
-		}
 	}
 	return nil
 }

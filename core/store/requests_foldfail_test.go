@@ -99,3 +99,44 @@ func TestRequestWriter_AFailedFoldKeepsTheJournal(t *testing.T) {
 	}
 	_ = w3.Close()
 }
+
+// TestRequestWriter_AFailedFoldIsNotRetriedByEveryWrite: once a fold
+// failed and kept its records, the group writes that follow do not each
+// try the store again (a transaction of thousands of records against a
+// full disk every 50 ms); the fold timer, Flush and Close do, and a write
+// does once foldKeep×FoldMax records wait, to drop them.
+func TestRequestWriter_AFailedFoldIsNotRetriedByEveryWrite(t *testing.T) {
+	s, _ := newTestStore(t, Options{})
+	var tries atomic.Int64
+	opts := DefaultRequestWriterOptions()
+	opts.Interval = time.Hour // only full batches are written
+	opts.FoldInterval = time.Hour
+	opts.MaxBatch = 4
+	opts.FoldMax = 8
+	opts.commitErr = func() error {
+		tries.Add(1)
+		return errors.New("no space left on device")
+	}
+	w := NewRequestWriter(s, opts)
+	defer w.Close()
+	// Flush (which folds too) is the sync point: every fold a write
+	// started before it has been tried.
+	record := func(from, n int) {
+		for i := from; i < from+n; i++ {
+			w.Record(request("a", i, time.Now()))
+		}
+		w.Flush()
+	}
+	record(0, 8) // FoldMax: tried by the write, then by Flush; kept
+	if got := tries.Load(); got != 2 {
+		t.Fatalf("%d folds tried (FoldMax, then Flush), want 2", got)
+	}
+	record(8, 16) // 24 waiting, under foldKeep×FoldMax: four writes, then Flush
+	if got := tries.Load(); got != 3 {
+		t.Fatalf("%d folds tried after four more writes and a Flush on a failing store, want 3 (only Flush's)", got)
+	}
+	record(24, 8) // 32 = foldKeep×FoldMax: the write tries, and drops
+	if got, dropped := tries.Load(), w.Dropped(); got != 4 || dropped != 32 {
+		t.Fatalf("at foldKeep×FoldMax: %d folds tried, %d dropped; want 4, 32", got, dropped)
+	}
+}

@@ -57,14 +57,15 @@ func engineSlice() (restore func()) {
 // For all, the threads are listed again until a listing shows none not
 // yet set: a thread started by a thread not yet set, after the listing
 // before, inherits the old slice; one started by a thread already set
-// inherits the new one.
+// inherits the new one. Go's runtime settles in a round or two; a
+// process that keeps starting threads is given up on after sliceRounds.
 func setSlice(tid int, ns uint64, all bool) error {
 	if !all {
 		return setThreadSlice(tid, ns)
 	}
 	done := map[int]bool{}
 	var last error
-	for {
+	for round := 0; round < sliceRounds; round++ {
 		d, err := os.Open("/proc/self/task")
 		if err != nil {
 			return err
@@ -89,7 +90,11 @@ func setSlice(tid int, ns uint64, all bool) error {
 			return last
 		}
 	}
+	return last
 }
+
+// sliceRounds bounds setSlice's listings of the process's threads.
+const sliceRounds = 8
 
 // setThreadSlice sets one thread's slice; a thread of another policy than
 // the normal one is left alone.
