@@ -12,7 +12,8 @@ import (
 // The request ledger's journal holds one line per record written and not
 // yet folded into the store: its key in the store, a space, its JSON (which
 // never holds a raw newline), a newline. A crash can leave a torn last
-// line; parseJournal stops at the first line that is not whole.
+// line, which parseJournal ignores; a bad line within (a failed append
+// whose cut also failed) is skipped, and the lines after it are read.
 
 // parseJournal returns the journal's whole records, oldest first.
 func parseJournal(data []byte) []journaled {
@@ -26,18 +27,18 @@ func parseJournal(data []byte) []journaled {
 		data = data[nl+1:]
 		sp := bytes.IndexByte(line, ' ')
 		if sp <= 0 {
-			break
+			continue
 		}
 		seq, err := strconv.ParseUint(string(line[:sp]), 10, 64)
 		if err != nil || seq == 0 {
-			break
+			continue
 		}
 		raw := line[sp+1:]
 		var head struct {
 			Deployment string `json:"deployment"`
 		}
 		if err := json.Unmarshal(raw, &head); err != nil {
-			break
+			continue
 		}
 		out = append(out, journaled{seq: seq, deployment: head.Deployment, raw: raw})
 	}
