@@ -464,8 +464,13 @@ func CloseSpares(wait time.Duration) {
 // NoSpareShim turns the spare shim off (a test that counts processes).
 var NoSpareShim bool
 
-// refillDelay is how long after a launch its successor's spare is started.
-var refillDelay = 250 * time.Millisecond
+// refillDelay is how long after a launch its successor's spare is started:
+// past the fork of the engine just launched (its first milliseconds are
+// the cold request's), short of the next launch of a burst (a switch,
+// several deployments started at once, a restart). At 250 ms, 35-45 % of
+// the benchmark's cold requests, one every ~150-300 ms, found no spare
+// and paid a shim's exec (15-25 ms under load).
+var refillDelay = 100 * time.Millisecond
 
 // takeSpare returns exe's spare, nil when there is none or it died.
 func takeSpare(exe string) *shimProc {
