@@ -5,6 +5,7 @@ package store
 
 import (
 	"bytes"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -20,6 +21,7 @@ import (
 
 	"github.com/capyctl/capyctl/core/structs"
 	"github.com/hashicorp/go-hclog"
+	bolt "go.etcd.io/bbolt"
 )
 
 // Defaults of RequestWriterOptions.
@@ -117,9 +119,16 @@ type RequestWriter struct {
 	log  hclog.Logger
 	off  bool
 
-	mu       sync.RWMutex // guards closed against Record's send
+	// mu guards closed and pending: Record appends to pending and wakes
+	// the writer (kick) only for a group's first record, which arms the
+	// Interval timer, and at each MaxBatch records; a channel send per
+	// record woke an idle writer for every request (a futex wake, about
+	// 6 µs of a processor at one request at a time).
+	mu       sync.Mutex
 	closed   bool
-	ch       chan structs.RequestRecord
+	pending  []structs.RequestRecord // at most Buffer
+	kick     chan struct{}           // 1 slot: pending needs the writer
+	stop     chan struct{}           // closed by Close
 	flushReq chan chan struct{}
 	done     chan struct{}
 
@@ -181,7 +190,8 @@ func NewRequestWriter(s *Store, opts RequestWriterOptions) *RequestWriter {
 		opts:     opts,
 		log:      opts.Logger,
 		off:      opts.MaxRecords <= 0 || opts.MaxAge <= 0,
-		ch:       make(chan structs.RequestRecord, opts.Buffer),
+		kick:     make(chan struct{}, 1),
+		stop:     make(chan struct{}),
 		flushReq: make(chan chan struct{}),
 		done:     make(chan struct{}),
 	}
@@ -267,16 +277,20 @@ func (w *RequestWriter) Record(r structs.RequestRecord) {
 	if w.off {
 		return
 	}
-	w.mu.RLock()
-	defer w.mu.RUnlock()
-	if w.closed {
+	w.mu.Lock()
+	if w.closed || len(w.pending) >= w.opts.Buffer {
+		w.mu.Unlock()
 		w.dropped.Add(1)
 		return
 	}
-	select {
-	case w.ch <- r:
-	default:
-		w.dropped.Add(1)
+	w.pending = append(w.pending, r)
+	n := len(w.pending)
+	w.mu.Unlock()
+	if n == 1 || n%w.opts.MaxBatch == 0 {
+		select {
+		case w.kick <- struct{}{}:
+		default: // the writer has a kick waiting and reads pending then
+		}
 	}
 }
 
@@ -309,9 +323,7 @@ func (w *RequestWriter) Close() error {
 	w.mu.Lock()
 	if !w.closed {
 		w.closed = true
-		if !w.off {
-			close(w.ch)
-		}
+		close(w.stop)
 	}
 	w.mu.Unlock()
 	<-w.done
@@ -320,9 +332,15 @@ func (w *RequestWriter) Close() error {
 
 func (w *RequestWriter) run() {
 	defer close(w.done)
-	batch := make([]structs.RequestRecord, 0, w.opts.MaxBatch)
-	var timer, foldTimer *time.Timer
-	var timerC, foldC <-chan time.Time
+	// batch: the records taken from pending, to write; spare: the array
+	// pending is given next (batch's, once written), so that neither is
+	// allocated again.
+	var batch, spare []structs.RequestRecord
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	armed := false
+	var foldTimer *time.Timer
+	var foldC <-chan time.Time
 	// kept: the last fold failed and kept its records; the next is tried
 	// by the fold timer, Flush or Close, not by every group's write, until
 	// foldKeep×FoldMax records wait.
@@ -334,58 +352,74 @@ func (w *RequestWriter) run() {
 		}
 		kept = !w.fold()
 	}
-	write := func() {
-		if timer != nil {
+	// take moves pending's records to batch: all of them, or (whole
+	// false) only MaxBatch's multiples, the rest left waiting for the
+	// timer.
+	take := func(whole bool) {
+		w.mu.Lock()
+		n := len(w.pending)
+		if !whole {
+			n -= n % w.opts.MaxBatch
+		}
+		if n > 0 {
+			// The records are not copied: batch is pending's array
+			// (spare its next), only the rest is.
+			batch = w.pending[:n]
+			w.pending, spare = append(spare[:0], w.pending[n:]...), nil
+		}
+		left := len(w.pending)
+		w.mu.Unlock()
+		if left == 0 && armed {
 			timer.Stop()
-			timer, timerC = nil, nil
+			armed = false
+		} else if left > 0 && !armed {
+			timer.Reset(w.opts.Interval)
+			armed = true
 		}
-		if len(batch) == 0 {
-			return
+	}
+	// write writes batch to disk, MaxBatch records a group.
+	write := func() {
+		for rest := batch; len(rest) > 0; {
+			n := min(len(rest), w.opts.MaxBatch)
+			w.write(rest[:n])
+			rest = rest[n:]
+			if n := w.tailLen(); n >= w.opts.FoldMax && (!kept || n >= foldKeep*w.opts.FoldMax) {
+				fold()
+			} else if n > 0 && foldC == nil {
+				foldTimer = time.NewTimer(w.opts.FoldInterval)
+				foldC = foldTimer.C
+			}
 		}
-		w.write(batch)
-		batch = batch[:0]
-		if n := w.tailLen(); n >= w.opts.FoldMax && (!kept || n >= foldKeep*w.opts.FoldMax) {
-			fold()
-		} else if n > 0 && foldC == nil {
-			foldTimer = time.NewTimer(w.opts.FoldInterval)
-			foldC = foldTimer.C
+		if batch != nil {
+			clear(batch) // its strings are not kept alive
+			spare, batch = batch[:0], nil
 		}
 	}
 	for {
 		select {
-		case r, ok := <-w.ch:
-			if !ok {
-				write()
-				fold()
-				if w.journal != nil {
-					_ = w.journal.Close()
-				}
-				return
+		case <-w.stop:
+			take(true)
+			write()
+			fold()
+			if w.journal != nil {
+				_ = w.journal.Close()
 			}
-			batch = append(batch, r)
-			if len(batch) >= w.opts.MaxBatch {
+			return
+		case <-w.kick:
+			// A group's first record (arm the timer) or MaxBatch of them.
+			take(false)
+			if len(batch) > 0 {
 				write()
-			} else if timerC == nil {
-				timer = time.NewTimer(w.opts.Interval)
-				timerC = timer.C
 			}
-		case <-timerC:
-			timer, timerC = nil, nil
+		case <-timer.C:
+			armed = false
+			take(true)
 			write()
 		case <-foldC:
 			foldTimer, foldC = nil, nil
 			fold()
 		case reply := <-w.flushReq:
-			for n := len(w.ch); n > 0; n-- {
-				r, ok := <-w.ch
-				if !ok {
-					break
-				}
-				batch = append(batch, r)
-				if len(batch) >= w.opts.MaxBatch {
-					write()
-				}
-			}
+			take(true)
 			write()
 			fold()
 			close(reply)
@@ -614,22 +648,35 @@ func (t *Tx) putJournaled(entries []journaled) error {
 	b, idx := t.bucket(bucketRequests), t.bucket(bucketRequestsByDeploy)
 	last := b.Sequence()
 	top := last
+	// One array for every key (bbolt keeps them until the commit), and
+	// each deployment's index bucket looked up once.
+	keys := make([]byte, 0, 8*len(entries))
+	var deps map[string]*bolt.Bucket
 	for _, e := range entries {
 		if e.seq <= last {
 			continue
 		}
-		if err := b.Put(u64(e.seq), e.raw); err != nil {
+		keys = binary.BigEndian.AppendUint64(keys, e.seq)
+		key := keys[len(keys)-8:]
+		if err := b.Put(key, e.raw); err != nil {
 			return fmt.Errorf("put request records: %w", err)
 		}
 		top = max(top, e.seq)
 		if e.deployment == "" {
 			continue
 		}
-		dep, err := idx.CreateBucketIfNotExists([]byte(e.deployment))
-		if err != nil {
-			return fmt.Errorf("put request records: %w", err)
+		dep := deps[e.deployment]
+		if dep == nil {
+			var err error
+			if dep, err = idx.CreateBucketIfNotExists([]byte(e.deployment)); err != nil {
+				return fmt.Errorf("put request records: %w", err)
+			}
+			if deps == nil {
+				deps = map[string]*bolt.Bucket{}
+			}
+			deps[e.deployment] = dep
 		}
-		if err := dep.Put(u64(e.seq), nil); err != nil {
+		if err := dep.Put(key, nil); err != nil {
 			return fmt.Errorf("put request records: %w", err)
 		}
 	}
@@ -646,7 +693,7 @@ func (t *Tx) pruneRequests(maxRecords int, maxAge time.Duration, budget int) err
 	latest := b.Sequence()
 	cutoff := t.s.opts.Now().Add(-maxAge)
 	type doomed struct {
-		key        []byte
+		seq        uint64
 		deployment string
 	}
 	var gone []doomed
@@ -656,28 +703,41 @@ func (t *Tx) pruneRequests(maxRecords int, maxAge time.Duration, budget int) err
 		if count <= uint64(maxRecords) && !olderThan(v, cutoff) {
 			break
 		}
-		var head struct {
-			Deployment string `json:"deployment"`
-		}
-		_ = json.Unmarshal(v, &head)
-		gone = append(gone, doomed{key: append([]byte(nil), k...), deployment: head.Deployment})
+		gone = append(gone, doomed{seq: readU64(k), deployment: recordDeployment(v)})
 	}
+	if len(gone) == 0 {
+		return nil
+	}
+	// Each touched deployment's index bucket is looked up once, and
+	// checked for emptiness once, at the end.
+	deps := map[string]*bolt.Bucket{}
+	var key [8]byte
 	for _, d := range gone {
-		if err := b.Delete(d.key); err != nil {
+		binary.BigEndian.PutUint64(key[:], d.seq)
+		if err := b.Delete(key[:]); err != nil {
 			return fmt.Errorf("prune request records: %w", err)
 		}
 		if d.deployment == "" {
 			continue
 		}
-		dep := idx.Bucket([]byte(d.deployment))
+		dep, seen := deps[d.deployment]
+		if !seen {
+			dep = idx.Bucket([]byte(d.deployment))
+			deps[d.deployment] = dep
+		}
 		if dep == nil {
 			continue
 		}
-		if err := dep.Delete(d.key); err != nil {
+		if err := dep.Delete(key[:]); err != nil {
 			return fmt.Errorf("prune request records: %w", err)
 		}
+	}
+	for name, dep := range deps {
+		if dep == nil {
+			continue
+		}
 		if k, _ := dep.Cursor().First(); k == nil {
-			if err := deleteNested(idx, []byte(d.deployment)); err != nil {
+			if err := deleteNested(idx, []byte(name)); err != nil {
 				return fmt.Errorf("prune request records: %w", err)
 			}
 		}
