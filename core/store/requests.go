@@ -646,6 +646,10 @@ func (t *Tx) listRequests(deployment string, limit int, floor uint64) ([]structs
 // journal folded twice stores each record once.
 func (t *Tx) putJournaled(entries []journaled) error {
 	b, idx := t.bucket(bucketRequests), t.bucket(bucketRequestsByDeploy)
+	// Keys only grow (deletes take the oldest): full pages, not bbolt's
+	// half-full splits, mean fewer pages to write and to search (about
+	// 15 % of a fold). Not stored: the file's format is the same.
+	b.FillPercent = 1.0
 	last := b.Sequence()
 	top := last
 	// One array for every key (bbolt keeps them until the commit), and
@@ -671,6 +675,7 @@ func (t *Tx) putJournaled(entries []journaled) error {
 			if dep, err = idx.CreateBucketIfNotExists([]byte(e.deployment)); err != nil {
 				return fmt.Errorf("put request records: %w", err)
 			}
+			dep.FillPercent = 1.0
 			if deps == nil {
 				deps = map[string]*bolt.Bucket{}
 			}

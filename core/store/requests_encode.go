@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"math"
 	"strconv"
+	"time"
 
 	"github.com/capyctl/capyctl/core/structs"
 )
@@ -47,11 +48,9 @@ func appendRecord(b []byte, r *structs.RequestRecord) ([]byte, error) {
 	b = append(b, `,"status":`...)
 	b = strconv.AppendInt(b, int64(r.Status), 10)
 	b = append(b, `,"received_at":`...)
-	t, err := r.ReceivedAt.MarshalJSON()
-	if err != nil {
+	if b, err = appendTime(b, r.ReceivedAt); err != nil {
 		return b, err
 	}
-	b = append(b, t...)
 	for _, f := range []struct {
 		name string
 		v    float64
@@ -98,6 +97,27 @@ func appendString(b []byte, s string) []byte {
 	b = append(b, '"')
 	b = append(b, s...)
 	return append(b, '"')
+}
+
+// appendTime appends t as time.Time.MarshalJSON writes it, without its
+// allocation: RFC 3339 with nanoseconds, quoted; a time it refuses (a year
+// outside 0-9999, a zone offset of 24 hours or more) goes through it, for
+// its error.
+func appendTime(b []byte, t time.Time) ([]byte, error) {
+	n0 := len(b)
+	b = append(b, '"')
+	b = t.AppendFormat(b, time.RFC3339Nano)
+	num2 := func(b []byte) byte { return 10*(b[0]-'0') + (b[1] - '0') }
+	ok := len(b) > n0+6 && b[n0+1+len("9999")] == '-'
+	if ok && b[len(b)-1] != 'Z' {
+		c := b[len(b)-len("Z07:00")]
+		ok = !('0' <= c && c <= '9') && num2(b[len(b)-len("07:00"):]) < 24
+	}
+	if !ok {
+		q, err := t.MarshalJSON()
+		return append(b[:n0], q...), err
+	}
+	return append(b, '"'), nil
 }
 
 // appendFloat appends f as encoding/json writes a float64.

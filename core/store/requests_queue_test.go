@@ -233,3 +233,29 @@ func TestRequestWriter_PruneRemovesTheIndex(t *testing.T) {
 		t.Errorf("index after pruning one more: %s, want %s", got, want)
 	}
 }
+
+// TestAppendTime_IsMarshalJSON: appendTime writes what time.Time's
+// MarshalJSON writes, and fails where it fails (a year outside 0-9999, a
+// zone offset of 24 hours or more).
+func TestAppendTime_IsMarshalJSON(t *testing.T) {
+	base := time.Date(2026, 12, 7, 1, 2, 3, 450_000_000, time.UTC)
+	var times []time.Time
+	for _, y := range []int{-1, 0, 1, 999, 2026, 9999, 10000, 123456} {
+		times = append(times, base.AddDate(y-2026, 0, 0))
+	}
+	for _, off := range []int{0, 1, -1, 3600, 5*3600 + 1800, 23*3600 + 59*60, 24 * 3600, -24 * 3600, 100 * 3600, 17*60 + 30} {
+		times = append(times, base.In(time.FixedZone("z", off)), base.AddDate(7973, 0, 0).In(time.FixedZone("z", off)))
+	}
+	times = append(times, time.Time{}, base.Add(1), base.Truncate(time.Second))
+	for _, tm := range times {
+		want, wantErr := tm.MarshalJSON()
+		got, err := appendTime([]byte("x"), tm)
+		if (err != nil) != (wantErr != nil) {
+			t.Errorf("%v: error %v, MarshalJSON's %v", tm, err, wantErr)
+			continue
+		}
+		if err == nil && string(got) != "x"+string(want) {
+			t.Errorf("%v: %s, MarshalJSON writes %s", tm, got, want)
+		}
+	}
+}
