@@ -447,7 +447,7 @@ func (w *RequestWriter) write(batch []structs.RequestRecord) {
 		if buf, err = appendRecord(buf, &batch[i]); err != nil {
 			buf = buf[:line]
 			w.dropped.Add(1)
-			w.lastErr.Store(&err)
+			w.setErr(err)
 			continue
 		}
 		raw := buf[start:len(buf):len(buf)]
@@ -514,6 +514,10 @@ func (w *RequestWriter) fold() bool {
 	w.tailMu.Unlock()
 	return true
 }
+
+// setErr keeps err as the last error. (Its own function: err's address
+// taken in write's loop put every record's err on the heap.)
+func (w *RequestWriter) setErr(err error) { w.lastErr.Store(&err) }
 
 func (w *RequestWriter) failed(n int, err error) {
 	w.dropped.Add(uint64(n))
