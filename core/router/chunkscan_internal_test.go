@@ -258,3 +258,10 @@ func TestScanChunkFacts_NoAllocation(t *testing.T) {
 		t.Fatalf("scanChunkFacts allocates %v times a chunk", n)
 	}
 }
+
+// carriesFigures is scanMembers's verdict alone, of a rewriter with no
+// replacements: the tests' reference for what a chunk carries.
+func carriesFigures(p []byte) bool {
+	var rw rewriter
+	return rw.scanMembers(p)
+}

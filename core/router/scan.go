@@ -141,22 +141,16 @@ var (
 	finishName = []byte(`"finish_reason"`)
 )
 
-// carriesFigures reports a chunk that may carry what the relay reads past
+// scanMembers reports a chunk that may carry what the relay reads past
 // the answer's first content: a member "usage" or "timings", or a string
 // "finish_reason" (written "finish_reason":"…"). It walks the chunk's
 // colons and looks at the name before each: bytes.Contains of each name
 // finds its leading quote at almost every member and costs about four
-// times as much.
-func carriesFigures(p []byte) bool {
-	var rw rewriter
-	return rw.scanMembers(p)
-}
-
-// scanMembers is carriesFigures, which also finds, on the same walk, where
-// rw's replacements apply in p (rewriter.sites): the same places
-// substitution.at finds, since each one's value follows a colon. The
-// relay then writes the chunk without searching it again. Where it
-// reports figures, the sites are left unknown.
+// times as much. On the same walk it finds where rw's replacements apply
+// in p (rewriter.sites): the same places substitution.at finds, since
+// each one's value follows a colon. The relay then writes the chunk
+// without searching it again. Where it reports figures, the sites are
+// left unknown.
 func (rw *rewriter) scanMembers(p []byte) bool {
 	rw.walked = false
 	if !rw.built && rw.served != "" && rw.served != rw.public {
