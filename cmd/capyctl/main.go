@@ -10,6 +10,7 @@ import (
 	"os"
 
 	"github.com/capyctl/capyctl/cmd/capyctl/command"
+	"github.com/capyctl/capyctl/cmd/capyctl/internal/sysmonpace"
 	"github.com/capyctl/capyctl/sdk/proc"
 )
 
@@ -22,5 +23,8 @@ func main() {
 	if code, ok := command.MaybeRunFakeEngine(os.Args); ok {
 		os.Exit(code)
 	}
+	// A role's process runs with the runtime's system monitor at its own
+	// pace: this may re-execute the binary once (see sysmonpace).
+	sysmonpace.Settle(os.Args)
 	os.Exit(command.Run(os.Args[1:]))
 }

@@ -1,0 +1,83 @@
+// Copyright (c) CapyCTL authors
+// SPDX-License-Identifier: Apache-2.0
+
+// Package sysmonpace keeps the Go runtime's system monitor of a role's
+// process at its own pace instead of waking it on every return from idle.
+//
+// The runtime's system monitor (sysmon) sleeps deeply while every
+// processor is idle, and the first system call after that wakes it (a
+// futex wake on the request's path) and sets it polling every 20 µs for
+// at least a millisecond: a bet that it will soon have to take back a
+// processor held by a blocking system call. A role serving one request at
+// a time goes idle and back several times per request (it waits for the
+// engine, for the client), so the bet is made again and again: 14 % of
+// the role's CPU at one stream at a time was the monitor's 20 µs sleeps
+// (perf record, 64-chunk streams in front of the fake engine), and as
+// much again in the bare Go proxy it is measured against.
+//
+// The one way to keep the monitor out of its deep sleep is the runtime's
+// own GODEBUG schedtrace setting (runtime/proc.go: "sysmon should not
+// enter deep sleep if schedtrace is enabled"), read once as the process
+// starts. With it the monitor never sleeps deeply: it polls every 20 µs
+// for a millisecond after it last took a processor back, then doubles its
+// sleep up to 10 ms, as it does today between those bets; under load,
+// when it does take processors back, nothing changes. Its period is the
+// largest the setting takes (2³¹-1 ms, 24.8 days), so that it prints no
+// trace: a machine up for longer than that prints one scheduler line on
+// the role's standard error at its start, and again every 24.8 days.
+//
+// Settle re-executes the binary with the setting, once, before a role
+// starts; the re-executed process puts GODEBUG back as it was, so that
+// the drivers, supervisors and engines it starts inherit the operator's
+// environment, not the setting. An operator's own schedtrace (any value,
+// 0 included) is left alone, and so is a runtime with one processor
+// (nothing to take back from another).
+package sysmonpace
+
+import (
+	"os"
+	"strings"
+)
+
+// Setting is the GODEBUG setting Settle adds.
+const Setting = "schedtrace=2147483647"
+
+// origEnv holds GODEBUG as it was before Settle re-executed the binary
+// ("-" when it was unset).
+const origEnv = "CAPYCTL_GODEBUG_BEFORE_SYSMONPACE"
+
+// Wants reports whether args start a role: `capyctl start ...` or
+// `capyctl dev ...`, the commands that run one in this process.
+func Wants(args []string) bool {
+	return len(args) > 1 && (args[1] == "start" || args[1] == "dev")
+}
+
+// withSetting returns GODEBUG with Setting added, and false when it holds
+// a schedtrace of its own.
+func withSetting(godebug string) (string, bool) {
+	for _, f := range strings.Split(godebug, ",") {
+		if strings.HasPrefix(strings.TrimSpace(f), "schedtrace=") {
+			return godebug, false
+		}
+	}
+	if godebug == "" {
+		return Setting, true
+	}
+	return godebug + "," + Setting, true
+}
+
+// restore puts GODEBUG back as it was before the re-execution; it reports
+// whether this process is the re-executed one.
+func restore() bool {
+	was, ok := os.LookupEnv(origEnv)
+	if !ok {
+		return false
+	}
+	_ = os.Unsetenv(origEnv)
+	if was == "-" {
+		_ = os.Unsetenv("GODEBUG")
+	} else {
+		_ = os.Setenv("GODEBUG", was)
+	}
+	return true
+}

@@ -1,0 +1,65 @@
+// Copyright (c) CapyCTL authors
+// SPDX-License-Identifier: Apache-2.0
+
+package sysmonpace
+
+import (
+	"os"
+	"testing"
+)
+
+func TestWithSetting_AddsItOnceAndLeavesAnOperatorsOwn(t *testing.T) {
+	cases := []struct {
+		in, want string
+		add      bool
+	}{
+		{"", Setting, true},
+		{"gctrace=1", "gctrace=1," + Setting, true},
+		{"schedtrace=1000", "schedtrace=1000", false},
+		{"gctrace=1, schedtrace=0", "gctrace=1, schedtrace=0", false},
+		{Setting, Setting, false},
+		{"xschedtrace=1", "xschedtrace=1," + Setting, true},
+	}
+	for _, c := range cases {
+		got, add := withSetting(c.in)
+		if got != c.want || add != c.add {
+			t.Errorf("withSetting(%q) = %q, %v; want %q, %v", c.in, got, add, c.want, c.add)
+		}
+	}
+}
+
+func TestWants_OnlyTheCommandsThatRunARole(t *testing.T) {
+	for args, want := range map[string]bool{"start": true, "dev": true, "status": false, "driver": false, "": false} {
+		a := []string{"capyctl"}
+		if args != "" {
+			a = append(a, args, "x")
+		}
+		if got := Wants(a); got != want {
+			t.Errorf("Wants(%v) = %v, want %v", a, got, want)
+		}
+	}
+}
+
+func TestRestore_PutsGODEBUGBackAsItWas(t *testing.T) {
+	t.Setenv("GODEBUG", "gctrace=1,"+Setting)
+	t.Setenv(origEnv, "gctrace=1")
+	if !restore() {
+		t.Fatal("restore found no marker")
+	}
+	if got := os.Getenv("GODEBUG"); got != "gctrace=1" {
+		t.Fatalf("GODEBUG = %q after restore", got)
+	}
+	if _, ok := os.LookupEnv(origEnv); ok {
+		t.Fatal("the marker is still set: the role's children would inherit it")
+	}
+	// Unset before: unset after.
+	t.Setenv("GODEBUG", Setting)
+	t.Setenv(origEnv, "-")
+	restore()
+	if v, ok := os.LookupEnv("GODEBUG"); ok {
+		t.Fatalf("GODEBUG = %q, want it unset as it was", v)
+	}
+	if restore() {
+		t.Fatal("a second restore found a marker")
+	}
+}
