@@ -17,15 +17,10 @@ func Settle(args []string) {
 	if restore() || !Wants(args) || runtime.GOMAXPROCS(0) < 2 {
 		return
 	}
-	was, set := os.LookupEnv("GODEBUG")
-	next, ok := withSetting(was)
+	env, ok := reexecEnv(os.Environ())
 	if !ok {
 		return
 	}
-	if !set {
-		was = "-"
-	}
-	env := append(os.Environ(), "GODEBUG="+next, origEnv+"="+was)
 	// /proc/self/exe: the binary itself, even when args[0] is a bare name
 	// or the file was replaced since.
 	_ = syscall.Exec("/proc/self/exe", args, env)

@@ -66,6 +66,34 @@ func withSetting(godebug string) (string, bool) {
 	return godebug + "," + Setting, true
 }
 
+// reexecEnv returns environ with GODEBUG holding Setting and the marker
+// holding GODEBUG as it was, each once (the runtime and os read a
+// variable's first occurrence); false when GODEBUG has a schedtrace of
+// its own.
+func reexecEnv(environ []string) ([]string, bool) {
+	was, set := "", false
+	out := make([]string, 0, len(environ)+2)
+	for _, kv := range environ {
+		switch {
+		case strings.HasPrefix(kv, "GODEBUG="):
+			if !set {
+				was, set = kv[len("GODEBUG="):], true
+			}
+		case strings.HasPrefix(kv, origEnv+"="):
+		default:
+			out = append(out, kv)
+		}
+	}
+	next, ok := withSetting(was)
+	if !ok {
+		return environ, false
+	}
+	if !set {
+		was = "-"
+	}
+	return append(out, "GODEBUG="+next, origEnv+"="+was), true
+}
+
 // restore puts GODEBUG back as it was before the re-execution; it reports
 // whether this process is the re-executed one.
 func restore() bool {

@@ -5,6 +5,7 @@ package sysmonpace
 
 import (
 	"os"
+	"strings"
 	"testing"
 )
 
@@ -61,5 +62,23 @@ func TestRestore_PutsGODEBUGBackAsItWas(t *testing.T) {
 	}
 	if restore() {
 		t.Fatal("a second restore found a marker")
+	}
+}
+
+func TestReexecEnv_OneGODEBUGAndOneMarker(t *testing.T) {
+	env, ok := reexecEnv([]string{"PATH=/bin", "GODEBUG=gctrace=1", "GODEBUG=madvdontneed=1", origEnv + "=stale"})
+	if !ok {
+		t.Fatal("no re-execution for a GODEBUG without schedtrace")
+	}
+	want := []string{"PATH=/bin", "GODEBUG=gctrace=1," + Setting, origEnv + "=gctrace=1"}
+	if strings.Join(env, "\n") != strings.Join(want, "\n") {
+		t.Fatalf("env = %q, want %q", env, want)
+	}
+	env, _ = reexecEnv([]string{"PATH=/bin"})
+	if want := []string{"PATH=/bin", "GODEBUG=" + Setting, origEnv + "=-"}; strings.Join(env, "\n") != strings.Join(want, "\n") {
+		t.Fatalf("env = %q, want %q", env, want)
+	}
+	if _, ok := reexecEnv([]string{"GODEBUG=schedtrace=0"}); ok {
+		t.Fatal("an operator's schedtrace=0 was overridden")
 	}
 }
