@@ -25,10 +25,12 @@ const module = "github.com/capyctl/capyctl"
 // SDK (the driver plugin server of `capyctl driver`, the shim, the flag
 // policy's names), and the first-party drivers (served by `capyctl driver
 // <family>` and asked in process by `capyctl engine flags` when no role
-// runs), and the fake engine's command line (`capyctl fake-engine`, which
-// `capyctl dev` runs). Nothing else of the core.
+// runs), the fake engine's command line (`capyctl fake-engine`, which
+// `capyctl dev` runs), and the role process's runtime setting (sysmonpace:
+// the standard library only). Nothing else of the core.
 var cliAllowed = []string{
 	module + "/cmd/capyctl/command",
+	module + "/cmd/capyctl/internal/sysmonpace",
 	module + "/core/agent",
 	module + "/core/api/client",
 	module + "/core/api/wire",

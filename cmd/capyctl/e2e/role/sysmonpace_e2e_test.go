@@ -23,13 +23,17 @@ import (
 // making; that the role puts GODEBUG back for anything else it starts is
 // TestRestore_PutsGODEBUGBackAsItWas's.)
 func TestSysmonPace_TheRoleRunsWithItItsChildrenWithout(t *testing.T) {
-	if runtime.NumCPU() < 2 {
-		t.Skip("one processor: the role keeps the runtime's default (nothing to measure)")
+	if runtime.GOMAXPROCS(0) < 2 {
+		t.Skip("one processor for Go here: the role keeps the runtime's default")
 	}
 	r := e2e.StartWithDemo(t)
 	e2e.ChatOK(t, r, "demo")
 	if env := environ(t, r.PID()); !bytes.Contains(env, []byte(sysmonpace.Setting)) {
 		t.Fatalf("the role's environment at exec has no %s: it was not re-executed\n%s", sysmonpace.Setting, env)
+	}
+	// Still known by its binary's name, not /proc/self/exe's "exe".
+	if comm, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", r.PID())); err != nil || string(bytes.TrimSpace(comm)) != "capyctl" {
+		t.Fatalf("the role's process is named %q (%v), want capyctl", comm, err)
 	}
 	drivers := harness.DriverPIDs(r.StateDir, "custom")
 	if len(drivers) == 0 {

@@ -21,7 +21,13 @@ func Settle(args []string) {
 	if !ok {
 		return
 	}
-	// /proc/self/exe: the binary itself, even when args[0] is a bare name
-	// or the file was replaced since.
-	_ = syscall.Exec("/proc/self/exe", args, env)
+	// The binary's path, not /proc/self/exe: the kernel names a process
+	// after the file it was executed from, and ps, pgrep and journald
+	// know a role as capyctl. A binary replaced or removed since the
+	// start fails here, and the role starts with the runtime's default.
+	exe, err := os.Executable()
+	if err != nil {
+		return
+	}
+	_ = syscall.Exec(exe, args, env)
 }

@@ -30,13 +30,14 @@ func TestWithSetting_AddsItOnceAndLeavesAnOperatorsOwn(t *testing.T) {
 }
 
 func TestWants_OnlyTheCommandsThatRunARole(t *testing.T) {
-	for args, want := range map[string]bool{"start": true, "dev": true, "status": false, "driver": false, "": false} {
-		a := []string{"capyctl"}
-		if args != "" {
-			a = append(a, args, "x")
-		}
+	for args, want := range map[string]bool{
+		"start standalone": true, "start server": true, "start host": true, "dev": true, "dev fleet": true,
+		"start deployment x": false, "start instance x": false, "start": false,
+		"status": false, "driver custom": false, "": false,
+	} {
+		a := append([]string{"capyctl"}, strings.Fields(args)...)
 		if got := Wants(a); got != want {
-			t.Errorf("Wants(%v) = %v, want %v", a, got, want)
+			t.Errorf("Wants(%q) = %v, want %v", a, got, want)
 		}
 	}
 }
