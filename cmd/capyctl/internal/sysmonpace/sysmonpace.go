@@ -40,8 +40,8 @@
 // starts; the re-executed process puts GODEBUG back as it was, so that
 // anything it starts inherits the operator's environment, not the
 // setting. An operator's own schedtrace is left alone: GODEBUG=schedtrace=0
-// keeps the runtime's default. So is a runtime with one processor (nothing
-// to take back from another).
+// keeps the runtime's default. So is a process limited to one processor
+// (GOMAXPROCS, or a CPU quota): nothing to take back from another.
 package sysmonpace
 
 import (
@@ -120,6 +120,13 @@ func reexecEnv(environ []string) ([]string, bool) {
 func restore() bool {
 	was, ok := os.LookupEnv(origEnv)
 	if !ok {
+		return false
+	}
+	// Only the environment Settle made: a marker copied with the rest of
+	// a role's environment (/proc/<pid>/environ shows it) into an
+	// operator's shell must not rewrite the operator's GODEBUG.
+	if g := os.Getenv("GODEBUG"); g != Setting && !strings.HasSuffix(g, ","+Setting) {
+		_ = os.Unsetenv(origEnv)
 		return false
 	}
 	_ = os.Unsetenv(origEnv)

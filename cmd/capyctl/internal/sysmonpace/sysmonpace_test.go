@@ -83,3 +83,17 @@ func TestReexecEnv_OneGODEBUGAndOneMarker(t *testing.T) {
 		t.Fatal("an operator's schedtrace=0 was overridden")
 	}
 }
+
+func TestRestore_IgnoresAStaleMarker(t *testing.T) {
+	t.Setenv("GODEBUG", "gctrace=1")
+	t.Setenv(origEnv, "-")
+	if restore() {
+		t.Fatal("a marker beside a GODEBUG Settle did not make was taken for a re-execution")
+	}
+	if got := os.Getenv("GODEBUG"); got != "gctrace=1" {
+		t.Fatalf("the operator's GODEBUG became %q", got)
+	}
+	if _, ok := os.LookupEnv(origEnv); ok {
+		t.Fatal("the stale marker is still set")
+	}
+}
